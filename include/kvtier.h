@@ -1,0 +1,152 @@
+/* kvtier: a CPU inference engine whose KV cache is a first-class system.
+ *
+ * The boundary is two opaque objects:
+ *
+ *   kvt_model    immutable after open: architecture config, weights, tokenizer.
+ *                Safe to share between sessions and threads.
+ *   kvt_session  one timeline over a model: the exact token ids it holds, the KV
+ *                cache rows for them, and the next-token logits after the last
+ *                one. Not thread-safe; one caller at a time.
+ *
+ * A session is advanced only by kvt_session_sync (make the timeline equal to a
+ * given prompt, reusing the longest common token prefix) and kvt_session_decode
+ * (append one token). Whatever the chunk schedule or thread count, the logits
+ * and cache bytes are bit-identical to one uninterrupted run: every kernel
+ * reduces in a fixed order anchored to absolute positions.
+ *
+ * Errors: functions return KVT_OK (0) or a negative KVT_E* code. The message of
+ * the last failure on the calling thread is kvt_errmsg(); it names what was
+ * wrong (a key, an offset, a size) and stays valid until the next failure on
+ * that thread.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    KVT_OK = 0,
+    KVT_EINVAL = -1,      /* bad argument or request */
+    KVT_ENOMEM = -2,      /* allocation failed */
+    KVT_EIO = -3,         /* read/write/open failed (errno in message) */
+    KVT_EFORMAT = -4,     /* malformed file: bad magic, size, offset, type */
+    KVT_ECORRUPT = -5,    /* checksum mismatch */
+    KVT_EMISMATCH = -6,   /* well formed, but for another model/tokenizer/prefix */
+    KVT_ECTX = -7,        /* the prompt does not fit the context */
+    KVT_EUNSUPPORTED = -8,/* valid, but a feature this build does not handle */
+    KVT_ENOENT = -9,      /* no such key, tensor, file or entry */
+    KVT_ECANCELED = -10,  /* stopped by the caller's progress callback */
+};
+
+/* Static string for an error code. */
+const char *kvt_strerror(int err);
+/* Detail of the last failure on this thread (never NULL). */
+const char *kvt_errmsg(void);
+
+/* ---- models ---------------------------------------------------------- */
+
+typedef struct kvt_model kvt_model;
+
+typedef struct kvt_model_info {
+    const char *arch;        /* "llama" or "ds4" */
+    const char *name;        /* general.name or the preset name */
+    uint32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    uint64_t n_params;
+    int32_t bos, eos;        /* -1 when the tokenizer has none */
+    bool add_bos;
+    const char *tokenizer;   /* "llama" (SentencePiece), "gpt2" (BPE) or "bytes" */
+} kvt_model_info;
+
+/* Open a model: a GGUF path. The model owns everything it needs; the file may
+ * be replaced afterwards. Free with kvt_model_close (accepts NULL). */
+int kvt_model_open(kvt_model **out, const char *path);
+void kvt_model_close(kvt_model *m);
+void kvt_model_info_get(const kvt_model *m, kvt_model_info *out);
+
+/* Tokenize text (len bytes, any bytes). add_bos follows the model when
+ * add_bos < 0, else forces it on (1) or off (0). *out is malloc'ed; the caller
+ * frees it. */
+int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos,
+                 int32_t **out, size_t *n_out);
+/* Bytes of one token as it appears in decoded text (borrowed from the model).
+ * The SentencePiece dummy-prefix space is not removed here. */
+int kvt_token_piece(const kvt_model *m, int32_t id, const char **bytes, size_t *len);
+/* Decode ids to text (malloc'ed, NUL-terminated, *len excludes the NUL).
+ * decode(tokenize(text)) == text for any text. */
+int kvt_detokenize(const kvt_model *m, const int32_t *ids, size_t n, char **out, size_t *len);
+
+/* ---- sessions -------------------------------------------------------- */
+
+typedef struct kvt_session kvt_session;
+
+/* Progress callback for long prefills: done/total tokens of the current sync.
+ * Return false to cancel (the tokens done so far stay in the session). */
+typedef bool (*kvt_progress_fn)(void *user, size_t done, size_t total);
+
+typedef struct kvt_session_opts {
+    uint32_t n_ctx;        /* 0: the model's training context */
+    uint32_t n_threads;    /* 0: all cores */
+    uint32_t chunk;        /* prefill chunk in tokens; 0: 256 */
+    bool rolling;          /* when full, re-prefill the last n_ctx/2 ... see README */
+    kvt_progress_fn progress;
+    void *progress_user;
+} kvt_session_opts;
+
+int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts);
+void kvt_session_free(kvt_session *s);
+
+/* Make the session hold exactly tokens[0..n): keep the longest common prefix
+ * with what it holds (rows are reused only where the token ids match), then
+ * prefill the rest. *reused (may be NULL) receives the kept prefix length.
+ * KVT_ECTX when n exceeds the context (unless rolling). */
+int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *reused);
+/* Prefill the rest with an explicit chunk schedule (sizes cycled); used by
+ * tests to prove chunk invariance. */
+int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
+                            const uint32_t *chunks, size_t n_chunks, size_t *reused);
+/* Append one token. */
+int kvt_session_decode(kvt_session *s, int32_t token);
+
+/* Next-token logits after the last held token (n_vocab floats, borrowed until
+ * the session changes); NULL when the session is empty. */
+const float *kvt_session_logits(const kvt_session *s);
+size_t kvt_session_len(const kvt_session *s);
+const int32_t *kvt_session_tokens(const kvt_session *s);
+/* Times the context was rebuilt by rolling mode since the session began. */
+uint64_t kvt_session_rebuilds(const kvt_session *s);
+/* Set the thread count for later work (0: all cores). */
+void kvt_session_set_threads(kvt_session *s, uint32_t n);
+
+/* Sum of -log p(tokens[i+1] | tokens[..i]) over i in [0, n-1), computed by
+ * syncing tokens[0..n-1); *n_scored receives n - 1. */
+int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n,
+                    double *sum_nll, size_t *n_scored);
+
+/* Bytes of the cache state for the held tokens, in a canonical layout (only
+ * valid rows): equal bytes mean equal state. Malloc'ed; caller frees. */
+int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len);
+
+/* ---- sampling -------------------------------------------------------- */
+
+typedef struct kvt_sampler_opts {
+    float temperature;     /* <= 0: greedy (argmax, lowest id on ties) */
+    float top_p;           /* 1: off */
+    uint32_t top_k;        /* 0: off */
+    uint64_t seed;
+} kvt_sampler_opts;
+
+typedef struct kvt_sampler kvt_sampler;
+int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts);
+void kvt_sampler_free(kvt_sampler *s);
+int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t n_vocab);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

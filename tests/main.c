@@ -1,0 +1,108 @@
+/* Test runner: see test.h. */
+#include "test.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct entry { const char *name; kvt_test_fn fn; };
+static struct entry tests[512];
+static int n_tests, cur_failed, cur_skipped;
+
+void kvt_test_register(const char *name, kvt_test_fn fn)
+{
+    if (n_tests < (int)(sizeof tests / sizeof tests[0]))
+        tests[n_tests++] = (struct entry){name, fn};
+}
+
+void kvt_test_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stdout, "    %s:%d: ", file, line);
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    cur_failed = 1;
+}
+
+void kvt_test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stdout, "    skipped: ");
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    cur_skipped = 1;
+}
+
+int kvt_test_failed(void) { return cur_failed; }
+
+const char *kvt_test_shared(const char *rel)
+{
+    static char buf[8][4096];
+    static int slot;
+    const char *root = getenv("KVT_SHARED");
+    if (!root) root = "../shared";
+    char *p = buf[slot++ % 8];
+    snprintf(p, 4096, "%s/%s", root, rel);
+    return access(p, R_OK) == 0 ? p : NULL;
+}
+
+const char *kvt_test_bin(void)
+{
+    const char *b = getenv("KVT_BIN");
+    return b ? b : "build/kvtier";
+}
+
+uint64_t kvt_test_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t kvt_test_seed(const char *test)
+{
+    const char *e = getenv("KVT_TEST_SEED");
+    uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+    fprintf(stdout, "    %s: seed %llu (set KVT_TEST_SEED to repeat)\n", test,
+            (unsigned long long)seed);
+    return seed;
+}
+
+char *kvt_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) { buf[n] = 0; if (len) *len = (size_t)n; }
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    const char *pat = argc > 1 ? argv[1] : NULL;
+    int passed = 0, failed = 0, skipped = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 0; i < n_tests; i++) {
+        if (pat && !strstr(tests[i].name, pat)) continue;
+        cur_failed = cur_skipped = 0;
+        tests[i].fn();
+        if (cur_failed) { failed++; printf("FAIL %s\n", tests[i].name); }
+        else if (cur_skipped) { skipped++; printf("skip %s\n", tests[i].name); }
+        else { passed++; printf("ok   %s\n", tests[i].name); }
+    }
+    if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

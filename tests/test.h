@@ -1,0 +1,47 @@
+/* Minimal test harness. Tests register themselves (TEST(name) { ... }) from any
+ * tests/*.c file; the runner (tests/main.c) runs those whose name contains the
+ * command-line pattern, prints "ok"/"FAIL"/"skip" per test and closes with
+ * "N passed, N failed[, N skipped]". CHECK* return from the test function on
+ * failure, so use them in the test body (or in void helpers). */
+#ifndef KVT_TEST_H
+#define KVT_TEST_H
+
+#include "kvtier.h"
+#include <stdint.h>
+#include <stdio.h>
+
+typedef void (*kvt_test_fn)(void);
+void kvt_test_register(const char *name, kvt_test_fn fn);
+void kvt_test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kvt_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int kvt_test_failed(void); /* current test has failed */
+
+/* Path of a file under ../shared (or $KVT_SHARED); NULL when absent. The
+ * returned string is static per call site use: copy it if you keep two. */
+const char *kvt_test_shared(const char *rel);
+/* The kvtier binary under test ($KVT_BIN, default build/kvtier). */
+const char *kvt_test_bin(void);
+/* Seed for a random test: $KVT_TEST_SEED when set, else time-based; printed. */
+uint64_t kvt_test_seed(const char *test);
+uint64_t kvt_test_rand(uint64_t *state); /* splitmix64 */
+/* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
+char *kvt_test_read_file(const char *path, size_t *len);
+
+#define TEST(name)                                                          \
+    static void name(void);                                                 \
+    __attribute__((constructor)) static void kvt_reg_##name(void)           \
+    { kvt_test_register(#name, name); }                                     \
+    static void name(void)
+
+#define CHECK(cond)                                                         \
+    do { if (!(cond)) { kvt_test_fail(__FILE__, __LINE__, "%s", #cond); return; } } while (0)
+#define CHECKF(cond, ...)                                                   \
+    do { if (!(cond)) { kvt_test_fail(__FILE__, __LINE__, __VA_ARGS__); return; } } while (0)
+#define CHECK_OK(expr)                                                      \
+    do { int rc_ = (expr); if (rc_ != KVT_OK) {                             \
+        kvt_test_fail(__FILE__, __LINE__, "%s = %s: %s", #expr,             \
+                      kvt_strerror(rc_), kvt_errmsg()); return; } } while (0)
+#define SKIP(...) do { kvt_test_skip(__VA_ARGS__); return; } while (0)
+
+#endif
