@@ -1,0 +1,58 @@
+/* The in-RAM KV cache.
+ *
+ * Storage is organised on one grid for every architecture: 128-token blocks
+ * (lcm(4, 128), so ds4's ratio-4 and ratio-128 compression both tile a block
+ * exactly). A cache is a set of row streams; a stream holds fixed-size rows
+ * and a block of 128 tokens contributes `rows_per_block` rows to it (128 for
+ * llama's full K and V rows; 32 and 1 for ds4's compressed rows). Each block
+ * is a separate allocation, so whole blocks can later be addressed, shared
+ * and persisted by the token prefix they cover.
+ *
+ * The cache does not know what a row means; the architecture does. It only
+ * guarantees that rows for tokens [0, n) stay put until truncated, and that
+ * truncation frees whole blocks past the new end.
+ */
+#ifndef KVT_CACHE_H
+#define KVT_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_BLOCK 128
+
+typedef struct kvt_stream {
+    uint32_t row_bytes;      /* bytes of one row */
+    uint32_t rows_per_block; /* rows one 128-token block contributes: divides 128 */
+    size_t n_blocks;         /* allocated block slots */
+    uint8_t **blocks;        /* (n_blocks) -> (rows_per_block, row_bytes) or NULL */
+} kvt_stream;
+
+typedef struct kvt_cache {
+    size_t n_streams;
+    kvt_stream *streams;     /* (n_streams) */
+    size_t max_tokens;       /* capacity in tokens (the context) */
+} kvt_cache;
+
+/* spec[i] = {row_bytes, rows_per_block} for each stream. NULL on failure. */
+kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens);
+void kvt_cache_free(kvt_cache *c);
+/* Row r of stream s, allocating its block on first use (NULL: out of memory
+ * or r past capacity). */
+void *kvt_cache_row(kvt_cache *c, size_t s, size_t r);
+/* Row r of stream s for reading; the block must exist. */
+static inline const void *kvt_cache_row_ro(const kvt_cache *c, size_t s, size_t r)
+{
+    const kvt_stream *st = &c->streams[s];
+    return st->blocks[r / st->rows_per_block] + (r % st->rows_per_block) * (size_t)st->row_bytes;
+}
+/* Rows of stream s that cover tokens [0, n_tokens). */
+static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_tokens)
+{
+    return n_tokens * c->streams[s].rows_per_block / KVT_BLOCK;
+}
+/* Keep tokens [0, n_tokens): free blocks that lie wholly past them. */
+void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
+/* Bytes held in allocated blocks. */
+size_t kvt_cache_bytes_allocated(const kvt_cache *c);
+
+#endif

@@ -1,0 +1,317 @@
+/* The kvtier command: one binary, one subcommand per job. Argument parsing is
+ * strict (unknown flags and malformed numbers are errors, exit 2); runtime
+ * failures print kvt_errmsg() and exit 1. This file is the only place that
+ * calls exit(). */
+#include "kvtier.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- argument parsing ---- */
+
+typedef struct opt {
+    const char *name;   /* "--model" */
+    const char *value;  /* NULL when absent; "" for a switch that is present */
+    bool is_switch;
+} opt;
+
+static void usage(FILE *f);
+
+static int parse_opts(int argc, char **argv, opt *opts, size_t n_opts)
+{
+    for (int i = 0; i < argc; i++) {
+        size_t k = 0;
+        for (; k < n_opts; k++) if (!strcmp(argv[i], opts[k].name)) break;
+        if (k == n_opts) { fprintf(stderr, "kvtier: unknown argument '%s'\n", argv[i]); return -1; }
+        if (opts[k].is_switch) { opts[k].value = ""; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "kvtier: %s needs a value\n", argv[i]); return -1; }
+        opts[k].value = argv[++i];
+    }
+    return 0;
+}
+
+static const char *get(const opt *opts, size_t n, const char *name)
+{
+    for (size_t k = 0; k < n; k++) if (!strcmp(opts[k].name, name)) return opts[k].value;
+    return NULL;
+}
+
+static bool parse_u64(const char *s, const char *what, uint64_t max, uint64_t *out)
+{
+    if (!s) return true;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > max) {
+        fprintf(stderr, "kvtier: %s must be an integer in [0, %llu], got '%s'\n", what,
+                (unsigned long long)max, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_f(const char *s, const char *what, double lo, double hi, double *out)
+{
+    if (!s) return true;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kvtier: %s must be a number in [%g, %g], got '%s'\n", what, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static int fail(int rc, const char *what)
+{
+    fprintf(stderr, "kvtier: %s: %s: %s\n", what, kvt_strerror(rc), kvt_errmsg());
+    return 1;
+}
+
+/* ---- shared pieces ---- */
+
+static int open_model(const char *path, kvt_model **m)
+{
+    if (!path) {
+        fprintf(stderr, "kvtier: --model PATH is required\n");
+        return 2;
+    }
+    int rc = kvt_model_open(m, path);
+    if (rc) return fail(rc, path);
+    return 0;
+}
+
+struct progress { double t0; bool shown; };
+
+static bool progress_bar(void *user, size_t done, size_t total)
+{
+    struct progress *p = user;
+    if (total < 512 || !isatty(2)) return true;
+    int width = 40, fill = (int)(width * done / total);
+    fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu", fill, "########################################",
+            width - fill, "", done, total);
+    if (done == total) fputc('\n', stderr);
+    p->shown = true;
+    return true;
+}
+
+/* ---- subcommands ---- */
+
+static int cmd_run(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
+               {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
+               {"--rolling", NULL, true}};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc, argv, o, no)) return 2;
+    uint64_t max_tokens = 256, seed = 0, top_k = 0, threads = 0, ctx = 0;
+    double temp = 0, top_p = 1;
+    if (!parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
+        !parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX, &seed) ||
+        !parse_u64(get(o, no, "--top-k"), "--top-k", 1u << 24, &top_k) ||
+        !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
+        !parse_f(get(o, no, "--temperature"), "--temperature", 0, 100, &temp) ||
+        !parse_f(get(o, no, "--top-p"), "--top-p", 0, 1, &top_p))
+        return 2;
+    const char *output = get(o, no, "--output");
+    if (output && strcmp(output, "text") && strcmp(output, "ids")) {
+        fprintf(stderr, "kvtier: --output must be text or ids\n");
+        return 2;
+    }
+    bool ids_out = output && !strcmp(output, "ids");
+    const char *prompt = get(o, no, "--prompt");
+    if (!prompt) prompt = "";
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), &m);
+    if (r) return r;
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    int32_t *toks = NULL;
+    size_t n = 0;
+    kvt_session *s = NULL;
+    kvt_sampler *smp = NULL;
+    int32_t *gen = NULL;
+    int ret = 1, rc;
+    if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, &toks, &n))) { fail(rc, "tokenize"); goto out; }
+    if (n == 0) {
+        fprintf(stderr, "kvtier: the prompt is empty and the model adds no BOS: nothing to condition on\n");
+        ret = 2;
+        goto out;
+    }
+    struct progress pr = {0};
+    kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
+                           .rolling = get(o, no, "--rolling") != NULL,
+                           .progress = progress_bar, .progress_user = &pr};
+    if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    if ((rc = kvt_session_sync(s, toks, n, NULL))) { fail(rc, "prefill"); goto out; }
+    kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
+                             .top_k = (uint32_t)top_k, .seed = seed};
+    if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
+    gen = malloc((max_tokens ? max_tokens : 1) * sizeof *gen);
+    if (!gen) { fprintf(stderr, "kvtier: out of memory\n"); goto out; }
+    size_t ng = 0;
+    bool first = true;
+    while (ng < max_tokens) {
+        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), info.n_vocab);
+        if (t < 0) { fprintf(stderr, "kvtier: sampling failed\n"); goto out; }
+        if (t == info.eos || t == info.bos) break;
+        gen[ng++] = t;
+        if (!ids_out) {
+            const char *piece;
+            size_t len;
+            if (kvt_token_piece(m, t, &piece, &len) == KVT_OK) {
+                /* A SentencePiece continuation right after BOS carries the dummy-prefix space. */
+                if (first && n == 1 && len && piece[0] == ' ') { piece++; len--; }
+                fwrite(piece, 1, len, stdout);
+                fflush(stdout);
+            }
+        }
+        first = false;
+        if (ng == max_tokens) break;
+        if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
+    }
+    if (ids_out) {
+        for (size_t i = 0; i < ng; i++) printf(i ? " %d" : "%d", gen[i]);
+    }
+    putchar('\n');
+    ret = 0;
+out:
+    free(gen);
+    free(toks);
+    kvt_sampler_free(smp);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    return ret;
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--text"}, {"--no-bos", NULL, true}};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc, argv, o, no)) return 2;
+    const char *text = get(o, no, "--text");
+    if (!text) { fprintf(stderr, "kvtier: --text is required\n"); return 2; }
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), &m);
+    if (r) return r;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = kvt_tokenize(m, text, strlen(text), get(o, no, "--no-bos") ? 0 : -1, &ids, &n);
+    if (rc) { kvt_model_close(m); return fail(rc, "tokenize"); }
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(ids);
+    kvt_model_close(m);
+    return 0;
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    opt o[] = {{"--model"}};
+    if (parse_opts(argc, argv, o, 1)) return 2;
+    kvt_model *m = NULL;
+    int r = open_model(get(o, 1, "--model"), &m);
+    if (r) return r;
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    printf("architecture  %s\nname          %s\nparameters    %llu\n", i.arch, i.name,
+           (unsigned long long)i.n_params);
+    printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nffn           %u\n",
+           i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
+    printf("context       %u (training)\nvocabulary    %u\ntokenizer     %s (bos %d, eos %d, add_bos %s)\n",
+           i.n_ctx_train, i.n_vocab, i.tokenizer, i.bos, i.eos, i.add_bos ? "yes" : "no");
+    kvt_model_close(m);
+    return 0;
+}
+
+static int cmd_perplexity(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--file"}, {"--threads"}, {"--ctx"}};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc, argv, o, no)) return 2;
+    uint64_t threads = 0, ctx = 0;
+    if (!parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx))
+        return 2;
+    const char *path = get(o, no, "--file");
+    if (!path) { fprintf(stderr, "kvtier: --file is required\n"); return 2; }
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "kvtier: %s: %s\n", path, strerror(errno)); return 1; }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (size_t got; text && (got = fread(text + len, 1, cap - len, f)) > 0;) {
+        len += got;
+        if (len == cap) { char *t = realloc(text, cap *= 2); if (!t) { free(text); text = NULL; } else text = t; }
+    }
+    fclose(f);
+    if (!text) { fprintf(stderr, "kvtier: out of memory reading %s\n", path); return 1; }
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), &m);
+    if (r) { free(text); return r; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kvt_session *s = NULL;
+    int ret = 1, rc;
+    if ((rc = kvt_tokenize(m, text, len, -1, &ids, &n))) { fail(rc, "tokenize"); goto out; }
+    kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads};
+    if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    /* Consecutive windows of at most ctx tokens, each scored from its start. */
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    size_t win = ctx ? ctx : info.n_ctx_train, scored = 0;
+    double sum = 0;
+    for (size_t b = 0; b + 1 < n; b += win) {
+        size_t e = b + win + 1 < n ? b + win + 1 : n, k;
+        double part;
+        if ((rc = kvt_session_nll(s, ids + b, e - b, &part, &k))) { fail(rc, "perplexity"); goto out; }
+        sum += part;
+        scored += k;
+    }
+    if (!scored) { fprintf(stderr, "kvtier: fewer than 2 tokens: nothing to score\n"); goto out; }
+    printf("tokens %zu  mean_nll %.6f  perplexity %.4f\n", scored, sum / scored, exp(sum / scored));
+    ret = 0;
+out:
+    free(ids);
+    free(text);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    return ret;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: kvtier COMMAND [options]\n"
+          "\n"
+          "  run         --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
+          "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
+          "              [--threads N] [--ctx N] [--rolling]\n"
+          "  tokenize    --model PATH --text TEXT [--no-bos]\n"
+          "  info        --model PATH\n"
+          "  perplexity  --model PATH --file F [--threads N] [--ctx N]\n", f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    argc -= 2;
+    argv += 2;
+    if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
+    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc, argv);
+    fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,201 @@
+/* A session: one timeline over a model. It owns the exact token ids it holds,
+ * the KV cache for them and the next-token logits after the last one.
+ *
+ * Invariant: after every public call returns, tokens[0..n) are exactly the ids
+ * the cache rows were computed from, and logits (when n > 0) are the logits
+ * after tokens[n-1]. Reuse is decided only by comparing token ids, never by
+ * text or by length, so rows computed from another prefix are never used. */
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_CHUNK 256
+
+int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
+{
+    *out = NULL;
+    kvt_session_opts o = {0};
+    if (opts) o = *opts;
+    kvt_session *s = kvt_calloc(1, sizeof *s);
+    if (!s) return KVT_ENOMEM;
+    s->m = m;
+    s->n_ctx = o.n_ctx ? o.n_ctx : m->info.n_ctx_train;
+    s->chunk = o.chunk ? o.chunk : DEFAULT_CHUNK;
+    s->rolling = o.rolling;
+    s->progress = o.progress;
+    s->progress_user = o.progress_user;
+    s->n_threads = o.n_threads;
+    int rc = KVT_ENOMEM;
+    if (s->n_ctx == 0 || s->n_ctx > (1u << 24)) {
+        rc = kvt_fail(KVT_EINVAL, "context of %u tokens is out of range", s->n_ctx);
+        goto fail;
+    }
+    s->pool = kvt_pool_new(o.n_threads);
+    s->tokens = kvt_malloc((size_t)s->n_ctx * sizeof(int32_t));
+    s->logits = kvt_malloc((size_t)m->info.n_vocab * sizeof(float));
+    if (!s->pool || !s->tokens || !s->logits) goto fail;
+    if ((rc = m->arch->cache_new(s))) goto fail;
+    *out = s;
+    return KVT_OK;
+fail:
+    kvt_session_free(s);
+    return rc;
+}
+
+void kvt_session_free(kvt_session *s)
+{
+    if (!s) return;
+    kvt_cache_free(s->cache);
+    kvt_pool_free(s->pool);
+    free(s->tokens);
+    free(s->logits);
+    free(s);
+}
+
+void kvt_session_set_threads(kvt_session *s, uint32_t n)
+{
+    kvt_pool *p = kvt_pool_new(n);
+    if (!p) return;
+    kvt_pool_free(s->pool);
+    s->pool = p;
+    s->n_threads = n;
+}
+
+const float *kvt_session_logits(const kvt_session *s) { return s->n ? s->logits : NULL; }
+size_t kvt_session_len(const kvt_session *s) { return s->n; }
+const int32_t *kvt_session_tokens(const kvt_session *s) { return s->tokens; }
+uint64_t kvt_session_rebuilds(const kvt_session *s) { return s->rebuilds; }
+
+static void truncate_to(kvt_session *s, size_t n)
+{
+    s->n = n;
+    kvt_cache_truncate(s->cache, n);
+}
+
+/* Run tokens[s->n .. n) in chunks (sizes cycled from chunks[]). The logits of
+ * the last row of every chunk are kept, so a cancelled prefill still leaves a
+ * consistent session. */
+static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32_t *chunks,
+                   size_t n_chunks)
+{
+    size_t start = s->n, ci = 0;
+    while (s->n < n) {
+        size_t c = chunks ? chunks[ci++ % n_chunks] : s->chunk;
+        if (c == 0) c = 1;
+        if (c > n - s->n) c = n - s->n;
+        int rc = s->m->arch->forward(s, tokens + s->n, c, s->n, s->logits, c - 1);
+        if (rc) { truncate_to(s, start); return rc; }
+        memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
+        s->n += c;
+        if (s->progress && !s->progress(s->progress_user, s->n - start, n - start))
+            return s->n < n ? kvt_fail(KVT_ECANCELED, "prefill canceled at %zu of %zu tokens", s->n, n)
+                            : KVT_OK;
+    }
+    return KVT_OK;
+}
+
+int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
+                            const uint32_t *chunks, size_t n_chunks, size_t *reused)
+{
+    if (reused) *reused = 0;
+    if (chunks && !n_chunks) return kvt_fail(KVT_EINVAL, "empty chunk schedule");
+    if (n > s->n_ctx) {
+        if (!s->rolling)
+            return kvt_fail(KVT_ECTX, "prompt of %zu tokens exceeds the context of %u tokens", n, s->n_ctx);
+        /* Rolling mode: keep the last n_ctx tokens, re-prefilled from position 0. */
+        tokens += n - s->n_ctx;
+        n = s->n_ctx;
+        s->rebuilds++;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= s->m->info.n_vocab)
+            return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range [0, %u)", i, tokens[i],
+                            s->m->info.n_vocab);
+    size_t common = 0, lim = n < s->n ? n : s->n;
+    while (common < lim && s->tokens[common] == tokens[common]) common++;
+    if (common == n && n == s->n) {
+        if (reused) *reused = n;
+        return KVT_OK;
+    }
+    /* The prompt ends inside what we hold: recompute its last token to get
+     * the logits after it (rows are rewritten with identical bytes). */
+    if (common == n && n > 0) common = n - 1;
+    truncate_to(s, common);
+    if (reused) *reused = common;
+    return prefill(s, tokens, n, chunks, n_chunks);
+}
+
+int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
+{
+    return kvt_session_sync_chunks(s, tokens, n, NULL, 0, reused);
+}
+
+int kvt_session_decode(kvt_session *s, int32_t token)
+{
+    if (token < 0 || (uint32_t)token >= s->m->info.n_vocab)
+        return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", token, s->m->info.n_vocab);
+    if (s->n >= s->n_ctx) {
+        if (!s->rolling)
+            return kvt_fail(KVT_ECTX, "context of %u tokens is full", s->n_ctx);
+        int32_t *win = kvt_malloc((size_t)s->n_ctx * sizeof(int32_t));
+        if (!win) return KVT_ENOMEM;
+        memcpy(win, s->tokens + 1, (s->n_ctx - 1) * sizeof(int32_t));
+        win[s->n_ctx - 1] = token;
+        s->rebuilds++;
+        truncate_to(s, 0);
+        int rc = prefill(s, win, s->n_ctx, NULL, 0);
+        free(win);
+        return rc;
+    }
+    int rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
+    if (rc) { truncate_to(s, s->n); return rc; }
+    s->tokens[s->n++] = token;
+    return KVT_OK;
+}
+
+int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum_nll, size_t *n_scored)
+{
+    *sum_nll = 0;
+    *n_scored = 0;
+    if (n < 2) return KVT_OK;
+    if (n - 1 > s->n_ctx)
+        return kvt_fail(KVT_ECTX, "%zu tokens exceed the context of %u tokens", n - 1, s->n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= s->m->info.n_vocab)
+            return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range", i, tokens[i]);
+    size_t V = s->m->info.n_vocab;
+    float *lg = kvt_malloc((size_t)s->chunk * V * sizeof(float));
+    if (!lg) return KVT_ENOMEM;
+    truncate_to(s, 0);
+    double sum = 0;
+    int rc = KVT_OK;
+    while (s->n < n - 1) {
+        size_t c = s->chunk < n - 1 - s->n ? s->chunk : n - 1 - s->n;
+        if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { truncate_to(s, 0); break; }
+        for (size_t i = 0; i < c; i++) {
+            const float *l = lg + i * V;
+            float mx = l[0];
+            for (size_t j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+            double z = 0;
+            for (size_t j = 0; j < V; j++) z += exp((double)l[j] - mx);
+            sum += log(z) + mx - l[tokens[s->n + i + 1]];
+        }
+        memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
+        memcpy(s->logits, lg + (c - 1) * V, V * sizeof(float));
+        s->n += c;
+    }
+    free(lg);
+    if (rc) return rc;
+    *sum_nll = sum;
+    *n_scored = n - 1;
+    return KVT_OK;
+}
+
+int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len)
+{
+    return s->m->arch->cache_bytes(s, s->n, out, len);
+}

@@ -1,0 +1,23 @@
+/* A fixed pool of worker threads for data-parallel loops. kvt_pool_for splits
+ * [0, n) into contiguous ranges, one per thread. Kernels never let the split
+ * change a result: each output element is computed start to finish by one
+ * thread in a fixed order, so any thread count gives identical bytes. */
+#ifndef KVT_THREADS_H
+#define KVT_THREADS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvt_pool kvt_pool;
+typedef void (*kvt_range_fn)(void *ctx, size_t begin, size_t end);
+
+/* n_threads 0: all online cores. NULL on failure. */
+kvt_pool *kvt_pool_new(uint32_t n_threads);
+void kvt_pool_free(kvt_pool *p);
+uint32_t kvt_pool_size(const kvt_pool *p);
+/* Run fn over [0, n) on all threads (the caller is one of them); returns when
+ * every range is done. Ranges smaller than min_per_thread are not split. */
+void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx);
+uint32_t kvt_ncpu(void);
+
+#endif
