@@ -1,5 +1,5 @@
 /* Minimal test harness. Tests register themselves (TEST(name) { ... }) from any
- * tests/*.c file; the runner (tests/main.c) runs those whose name contains the
+ * test file; the runner (tests/main.c) runs those whose name contains the
  * command-line pattern, prints "ok"/"FAIL"/"skip" per test and closes with
  * "N passed, N failed[, N skipped]". CHECK* return from the test function on
  * failure, so use them in the test body (or in void helpers). */
