@@ -63,9 +63,39 @@ typedef struct kvt_model_info {
     const char *tokenizer;   /* "llama" (SentencePiece), "gpt2" (BPE) or "bytes" */
 } kvt_model_info;
 
-/* Open a model: a GGUF path. The model owns everything it needs; the file may
- * be replaced afterwards. Free with kvt_model_close (accepts NULL). */
+/* Open a model: a GGUF path, or a built-in preset name ("ds4-tiny",
+ * "ds4-mini": synthetic weights from KVT_DEFAULT_SEED with the built-in byte
+ * tokenizer), or NULL for the default model (ds4-mini). The model owns
+ * everything it needs; the file may be replaced afterwards. Free with
+ * kvt_model_close (accepts NULL). */
 int kvt_model_open(kvt_model **out, const char *path);
+#define KVT_DEFAULT_MODEL "ds4-mini"
+#define KVT_DEFAULT_SEED 1
+
+/* A preset with synthetic weights from seed, with the built-in byte tokenizer
+ * (vocab_gguf NULL) or the tokenizer of a vocabulary GGUF. */
+int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf);
+/* Write the model (config, weights as F32, tokenizer) as a GGUF file that
+ * kvt_model_open loads back bit-identically. ds4 models only. */
+int kvt_model_save(const kvt_model *m, const char *path);
+/* Hashes identifying the weights (with config) and the tokenizer. */
+uint64_t kvt_model_fingerprint(const kvt_model *m);
+uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m);
+
+/* KV cache bytes for a context of ctx tokens. */
+typedef struct kvt_plan {
+    uint64_t window;      /* sliding-window rings (fixed) */
+    uint64_t compressed;  /* completed compressed rows */
+    uint64_t indexer;     /* completed indexer rows */
+    uint64_t frontier;    /* pooling state of incomplete blocks (fixed) */
+    uint64_t full;        /* full K and V rows (llama) */
+    uint64_t fixed, total;
+    uint64_t per_token_x1000; /* bytes per token x 1000 (may be fractional) */
+} kvt_plan;
+int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out);
+/* The same for a preset shape, without building its weights ("ds4-tiny",
+ * "ds4-mini", "ds4-flash"). */
+int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out);
 void kvt_model_close(kvt_model *m);
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out);
 
@@ -129,8 +159,18 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n,
                     double *sum_nll, size_t *n_scored);
 
 /* Bytes of the cache state for the held tokens, in a canonical layout (only
- * valid rows): equal bytes mean equal state. Malloc'ed; caller frees. */
+ * valid entries, window rows in logical order): equal bytes mean equal
+ * state. Malloc'ed; caller frees. */
 int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len);
+
+/* Serialise the session (tokens, logits, cache) into a self-contained,
+ * checksummed byte string (docs/FORMAT.md); malloc'ed, caller frees. */
+int kvt_session_snapshot(const kvt_session *s, uint8_t **out, size_t *len);
+/* Replace the session's state with a snapshot. KVT_EMISMATCH for another
+ * model or tokenizer, KVT_ECORRUPT for a checksum failure, KVT_EFORMAT for
+ * anything malformed, KVT_ECTX when it exceeds the session's context. On
+ * failure the session is left empty (never half-restored). */
+int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len);
 
 /* ---- sampling -------------------------------------------------------- */
 

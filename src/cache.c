@@ -10,14 +10,18 @@
 
 #include <stdlib.h>
 
-kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens)
+kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
+                         size_t state_bytes)
 {
     kvt_cache *c = kvt_calloc(1, sizeof *c);
     if (!c) return NULL;
+    c->state_bytes = state_bytes;
+    c->state = kvt_calloc(state_bytes ? state_bytes : 1, 1);
+    if (!c->state) { free(c); return NULL; }
     c->n_streams = n_streams;
     c->max_tokens = max_tokens;
     c->streams = kvt_calloc(n_streams ? n_streams : 1, sizeof *c->streams);
-    if (!c->streams) { free(c); return NULL; }
+    if (!c->streams) { free(c->state); free(c); return NULL; }
     size_t n_blocks = (max_tokens + KVT_BLOCK - 1) / KVT_BLOCK;
     for (size_t s = 0; s < n_streams; s++) {
         kvt_stream *st = &c->streams[s];
@@ -43,6 +47,7 @@ void kvt_cache_free(kvt_cache *c)
         free(st->blocks);
     }
     free(c->streams);
+    free(c->state);
     free(c);
 }
 
@@ -69,7 +74,7 @@ void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
 
 size_t kvt_cache_bytes_allocated(const kvt_cache *c)
 {
-    size_t total = 0;
+    size_t total = c->state_bytes;
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];
         for (size_t b = 0; b < st->n_blocks; b++)

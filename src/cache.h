@@ -8,6 +8,10 @@
  * is a separate allocation, so whole blocks can later be addressed, shared
  * and persisted by the token prefix they cover.
  *
+ * Next to the streams, a cache holds a fixed-size state area whose size does
+ * not depend on the context: ds4's sliding-window ring and the frontier (the
+ * pooling inputs of compressed blocks not yet complete).
+ *
  * The cache does not know what a row means; the architecture does. It only
  * guarantees that rows for tokens [0, n) stay put until truncated, and that
  * truncation frees whole blocks past the new end.
@@ -31,10 +35,14 @@ typedef struct kvt_cache {
     size_t n_streams;
     kvt_stream *streams;     /* (n_streams) */
     size_t max_tokens;       /* capacity in tokens (the context) */
+    uint8_t *state;          /* (state_bytes) fixed-size state: window rings, frontiers */
+    size_t state_bytes;
 } kvt_cache;
 
-/* spec[i] = {row_bytes, rows_per_block} for each stream. NULL on failure. */
-kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens);
+/* spec[i] = {row_bytes, rows_per_block} for each stream, plus state_bytes of
+ * fixed state (zeroed). NULL on failure. */
+kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
+                         size_t state_bytes);
 void kvt_cache_free(kvt_cache *c);
 /* Row r of stream s, allocating its block on first use (NULL: out of memory
  * or r past capacity). */

@@ -77,14 +77,11 @@ static int fail(int rc, const char *what)
 
 /* ---- shared pieces ---- */
 
+/* A GGUF path or a preset name; NULL is the built-in default model. */
 static int open_model(const char *path, kvt_model **m)
 {
-    if (!path) {
-        fprintf(stderr, "kvtier: --model PATH is required\n");
-        return 2;
-    }
     int rc = kvt_model_open(m, path);
-    if (rc) return fail(rc, path);
+    if (rc) return fail(rc, path ? path : KVT_DEFAULT_MODEL);
     return 0;
 }
 
@@ -286,16 +283,104 @@ out:
     return ret;
 }
 
+static int cmd_model(int argc, char **argv)
+{
+    if (argc < 1 || strcmp(argv[0], "new")) {
+        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n");
+        return 2;
+    }
+    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc - 1, argv + 1, o, no)) return 2;
+    uint64_t seed = KVT_DEFAULT_SEED;
+    if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
+    const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
+    if (!preset || !out) { fprintf(stderr, "kvtier: --preset and --out are required\n"); return 2; }
+    kvt_model *m = NULL;
+    int rc = kvt_model_preset(&m, preset, seed, get(o, no, "--vocab"));
+    if (rc) return fail(rc, preset);
+    rc = kvt_model_save(m, out);
+    if (rc) { kvt_model_close(m); return fail(rc, out); }
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    printf("wrote %s: %s, %llu parameters, vocabulary %u (%s), seed %llu\n", out, i.name,
+           (unsigned long long)i.n_params, i.n_vocab, i.tokenizer, (unsigned long long)seed);
+    kvt_model_close(m);
+    return 0;
+}
+
+static void print_bytes(const char *what, uint64_t b)
+{
+    printf("%-12s %20llu B  %12.3f MiB\n", what, (unsigned long long)b, b / 1048576.0);
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--preset"}, {"--ctx"}, {"--layers"}, {"--kv-heads"}, {"--head-dim"}, {"--bytes"}};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc, argv, o, no)) return 2;
+    uint64_t ctx = 0, L = 0, H = 0, D = 0, B = 2;
+    if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1ull << 32, &ctx) ||
+        !parse_u64(get(o, no, "--layers"), "--layers", 4096, &L) ||
+        !parse_u64(get(o, no, "--kv-heads"), "--kv-heads", 4096, &H) ||
+        !parse_u64(get(o, no, "--head-dim"), "--head-dim", 65536, &D) ||
+        !parse_u64(get(o, no, "--bytes"), "--bytes", 16, &B))
+        return 2;
+    if (!get(o, no, "--ctx")) { fprintf(stderr, "kvtier: --ctx N is required\n"); return 2; }
+    kvt_plan p = {0};
+    const char *what;
+    if (get(o, no, "--layers") || get(o, no, "--kv-heads") || get(o, no, "--head-dim")) {
+        if (!L || !H || !D || !B) {
+            fprintf(stderr, "kvtier: a bare shape needs --layers, --kv-heads, --head-dim (and --bytes, default 2)\n");
+            return 2;
+        }
+        /* full attention: K and V rows, 2 * L * H_kv * D * S * B */
+        p.per_token_x1000 = 2 * L * H * D * B * 1000;
+        p.full = 2 * L * H * D * B * ctx;
+        p.total = p.full;
+        what = "shape";
+    } else if (get(o, no, "--preset") && strcmp(get(o, no, "--preset"), "ds4-tiny") &&
+               strcmp(get(o, no, "--preset"), "ds4-mini")) {
+        what = get(o, no, "--preset");
+        int rc = kvt_plan_preset(what, ctx, &p);
+        if (rc) return fail(rc, what);
+    } else {
+        kvt_model *m = NULL;
+        what = get(o, no, "--model") ? get(o, no, "--model") : get(o, no, "--preset");
+        int r = open_model(what, &m);
+        if (r) return r;
+        kvt_model_plan(m, ctx, &p);
+        kvt_model_close(m);
+        if (!what) what = KVT_DEFAULT_MODEL;
+    }
+    printf("KV cache plan for %s at %llu tokens\n", what, (unsigned long long)ctx);
+    print_bytes("window", p.window);
+    print_bytes("compressed", p.compressed);
+    print_bytes("indexer", p.indexer);
+    print_bytes("frontier", p.frontier);
+    print_bytes("full rows", p.full);
+    printf("%-12s %24.3f B\n", "per token", p.per_token_x1000 / 1000.0);
+    print_bytes("fixed", p.fixed);
+    print_bytes("total", p.total);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: kvtier COMMAND [options]\n"
           "\n"
-          "  run         --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
+          "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling]\n"
           "  tokenize    --model PATH --text TEXT [--no-bos]\n"
           "  info        --model PATH\n"
-          "  perplexity  --model PATH --file F [--threads N] [--ctx N]\n", f);
+          "  perplexity  --model PATH --file F [--threads N] [--ctx N]\n"
+          "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
+          "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
+          "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
+          "\n"
+          "--model takes a GGUF path or a preset name (ds4-tiny, ds4-mini); without it\n"
+          "the built-in " KVT_DEFAULT_MODEL " is used.\n", f);
 }
 
 int main(int argc, char **argv)
@@ -311,6 +396,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc, argv);
+    if (!strcmp(cmd, "model")) return cmd_model(argc, argv);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
     fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

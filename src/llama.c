@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <xxhash.h>
 
 typedef struct llama_layer {
     float *attn_norm;  /* (D) */
@@ -158,7 +159,7 @@ static int llama_cache_new(kvt_session *s)
     uint32_t (*spec)[2] = kvt_calloc(n, sizeof *spec);
     if (!spec) return KVT_ENOMEM;
     for (size_t i = 0; i < n; i++) { spec[i][0] = w->KV * (uint32_t)sizeof(float); spec[i][1] = KVT_BLOCK; }
-    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx);
+    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, 0);
     free(spec);
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
@@ -261,25 +262,36 @@ done:
     return rc;
 }
 
-static int llama_cache_bytes(const kvt_session *s, size_t n, uint8_t **buf, size_t *len)
+static uint64_t llama_fingerprint(const void *p)
 {
-    const llama_weights *w = s->m->weights;
-    size_t row = w->KV * sizeof(float), total;
-    if (!kvt_mul_ok(row, n * 2 * w->L, &total)) return kvt_fail(KVT_EINVAL, "cache too large");
-    uint8_t *p = kvt_malloc(total);
-    if (!p) return KVT_ENOMEM;
-    size_t off = 0;
-    for (size_t st = 0; st < 2 * (size_t)w->L; st++)
-        for (size_t j = 0; j < n; j++, off += row) memcpy(p + off, kvt_cache_row_ro(s->cache, st, j), row);
-    *buf = p;
-    *len = total;
-    return KVT_OK;
+    const llama_weights *w = p;
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return 0;
+    XXH3_64bits_reset(st);
+    uint32_t hdr[] = {w->D, w->L, w->H, w->Hkv, w->hd, w->KV, w->F, w->V, w->n_rot};
+    XXH3_64bits_update(st, "llama", 5);
+    XXH3_64bits_update(st, hdr, sizeof hdr);
+    XXH3_64bits_update(st, &w->eps, 4);
+    XXH3_64bits_update(st, &w->rope_base, 4);
+    size_t D = w->D, KV = w->KV, F = w->F, V = w->V;
+    XXH3_64bits_update(st, w->tok_embd, V * D * 4);
+    XXH3_64bits_update(st, w->out_norm, D * 4);
+    if (w->out != w->tok_embd) XXH3_64bits_update(st, w->out, V * D * 4);
+    for (uint32_t l = 0; l < w->L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        const float *t[9] = {ly->attn_norm, ly->wq, ly->wk, ly->wv, ly->wo, ly->ffn_norm, ly->w1, ly->w3, ly->w2};
+        size_t n[9] = {D, D * D, KV * D, KV * D, D * D, D, F * D, F * D, D * F};
+        for (int i = 0; i < 9; i++) XXH3_64bits_update(st, t[i], n[i] * 4);
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
 }
 
 const kvt_arch kvt_arch_llama = {
     .name = "llama",
     .cache_new = llama_cache_new,
     .forward = llama_forward,
-    .cache_bytes = llama_cache_bytes,
+    .fingerprint = llama_fingerprint,
     .weights_free = llama_free,
 };

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, float **out)
 {
@@ -27,6 +28,21 @@ int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint
     return KVT_OK;
 }
 
+/* The tokenizer's identity is the hash of its GGUF serialisation: every
+ * token, score, type, merge and special id, in one canonical form. */
+static int tokenizer_fingerprint(kvt_model *m)
+{
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = w ? kvt_tokenizer_to_gguf(m->tok, w) : KVT_ENOMEM;
+    if (!rc) rc = kvt_gguf_writer_to_mem(w, &buf, &len);
+    if (!rc) m->tok_fingerprint = XXH3_64bits(buf, len);
+    free(buf);
+    kvt_gguf_writer_free(w);
+    return rc;
+}
+
 static void fill_tokenizer_info(kvt_model *m)
 {
     m->info.bos = kvt_tokenizer_bos(m->tok);
@@ -35,9 +51,56 @@ static void fill_tokenizer_info(kvt_model *m)
     m->info.tokenizer = kvt_tokenizer_model(m->tok);
 }
 
+static bool is_preset(const char *name)
+{
+    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini");
+}
+
+/* Identity and derived facts, once the weights and tokenizer are in place. */
+static int finish(kvt_model *m)
+{
+    fill_tokenizer_info(m);
+    m->fingerprint = m->arch->fingerprint(m->weights);
+    return tokenizer_fingerprint(m);
+}
+
+int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf)
+{
+    *out = NULL;
+    if (!preset || !is_preset(preset))
+        return kvt_fail(KVT_ENOENT, "no preset '%s' (ds4-tiny, ds4-mini)", preset ? preset : "");
+    kvt_tokenizer *tok = NULL;
+    int rc;
+    if (vocab_gguf) {
+        kvt_gguf *g = NULL;
+        if ((rc = kvt_gguf_open(&g, vocab_gguf))) return rc;
+        rc = kvt_tokenizer_from_gguf(&tok, g);
+        kvt_gguf_close(g);
+    } else {
+        rc = kvt_tokenizer_new_bytes(&tok);
+    }
+    if (rc) return rc;
+    kvt_model *m = kvt_calloc(1, sizeof *m);
+    if (!m) { kvt_tokenizer_free(tok); return KVT_ENOMEM; }
+    if ((rc = kvt_ds4_preset(m, preset, seed, tok))) {
+        kvt_tokenizer_free(tok);
+        free(m);
+        return rc;
+    }
+    m->name = kvt_strndup(preset, strlen(preset));
+    m->info.name = m->name;
+    if (!m->name) rc = KVT_ENOMEM;
+    if (!rc) rc = finish(m);
+    if (rc) { kvt_model_close(m); return rc; }
+    *out = m;
+    return KVT_OK;
+}
+
 int kvt_model_open(kvt_model **out, const char *path)
 {
     *out = NULL;
+    if (!path) path = KVT_DEFAULT_MODEL;
+    if (is_preset(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, path);
     if (rc) return rc;
@@ -49,6 +112,7 @@ int kvt_model_open(kvt_model **out, const char *path)
     if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
     if (rc) goto fail;
     if (arch_len == 5 && !memcmp(arch, "llama", 5)) rc = kvt_llama_load(m, g);
+    else if (arch_len == 3 && !memcmp(arch, "ds4", 3)) rc = kvt_ds4_load(m, g);
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);
     if (rc) goto fail;
@@ -64,7 +128,7 @@ int kvt_model_open(kvt_model **out, const char *path)
                       kvt_tokenizer_n_vocab(m->tok), m->info.n_vocab);
         goto fail;
     }
-    fill_tokenizer_info(m);
+    if ((rc = finish(m))) goto fail;
     kvt_gguf_close(g);
     *out = m;
     return KVT_OK;
@@ -81,6 +145,32 @@ void kvt_model_close(kvt_model *m)
     kvt_tokenizer_free(m->tok);
     free(m->name);
     free(m);
+}
+
+int kvt_model_save(const kvt_model *m, const char *path)
+{
+    return kvt_ds4_write_gguf(m, path);
+}
+
+uint64_t kvt_model_fingerprint(const kvt_model *m) { return m->fingerprint; }
+uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fingerprint; }
+
+int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
+{
+    if (m->arch == &kvt_arch_ds4) return kvt_ds4_plan(NULL, m, ctx, out);
+    /* llama: K and V rows of n_head_kv * head_dim f32 per layer per token */
+    const kvt_model_info *i = &m->info;
+    memset(out, 0, sizeof *out);
+    uint64_t per = 2ull * i->n_layer * i->n_head_kv * i->head_dim * sizeof(float);
+    out->full = per * ctx;
+    out->per_token_x1000 = per * 1000;
+    out->total = out->full;
+    return KVT_OK;
+}
+
+int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
+{
+    return kvt_ds4_plan(preset, NULL, ctx, out);
 }
 
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out) { *out = m->info; }

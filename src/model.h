@@ -5,6 +5,7 @@
 #define KVT_MODEL_H
 
 #include "kvtier.h"
+#include "buf.h"
 #include "cache.h"
 #include "gguf.h"
 #include "threads.h"
@@ -21,18 +22,33 @@ typedef struct kvt_arch {
      * logits (logits may be NULL when lfrom >= n). */
     int (*forward)(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
                    float *logits, size_t lfrom);
-    /* Append the canonical bytes of the state for tokens [0, n) to buf. */
-    int (*cache_bytes)(const kvt_session *s, size_t n, uint8_t **buf, size_t *len);
+    /* Append the fixed state (window, frontier) for the s->n held tokens in
+     * logical order: only entries valid at s->n, oldest first. NULL: none. */
+    void (*state_save)(const kvt_session *s, kvt_wbuf *b);
+    /* Inverse of state_save for n tokens; KVT_EFORMAT when r is short. */
+    int (*state_load)(kvt_session *s, size_t n, kvt_rbuf *r);
+    /* Hash over the architecture config and every weight. */
+    uint64_t (*fingerprint)(const void *w);
     void (*weights_free)(void *w);
 } kvt_arch;
 
 struct kvt_model {
     kvt_model_info info;
+    uint64_t fingerprint;      /* model: config + weights */
+    uint64_t tok_fingerprint;  /* tokenizer: vocabulary, scores, merges, specials */
     char *name;
     const kvt_arch *arch;
     void *weights;           /* architecture-specific */
     kvt_tokenizer *tok;
 };
+
+/* A rollback point: the fixed state and logits at a position (the streams'
+ * rows are append-only, so truncating them restores the rest). */
+typedef struct kvt_checkpoint {
+    size_t pos;
+    float *logits;            /* (n_vocab) */
+    kvt_wbuf state;
+} kvt_checkpoint;
 
 struct kvt_session {
     kvt_model *m;
@@ -47,11 +63,35 @@ struct kvt_session {
     size_t n;                /* tokens held */
     float *logits;           /* (n_vocab) after tokens[n-1] when n > 0 */
     uint64_t rebuilds;
+    kvt_checkpoint *ckpt;      /* (n_ckpt) by increasing pos; architectures with state only */
+    size_t n_ckpt, cap_ckpt;
+    uint32_t ckpt_interval;    /* tokens between grid checkpoints */
 };
+
+/* Session checkpoints (session.c): remember the state at the current
+ * position; forget all. */
+void kvt_session_checkpoint(kvt_session *s);
+void kvt_session_ckpt_clear(kvt_session *s);
 
 /* Architectures. */
 extern const kvt_arch kvt_arch_llama;
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g);
+extern const kvt_arch kvt_arch_ds4;
+int kvt_ds4_load(kvt_model *m, const kvt_gguf *g);
+/* A ds4 preset ("ds4-tiny", "ds4-mini") with synthetic weights from seed and
+ * the given tokenizer (taken over by the model). KVT_ENOENT: no such preset. */
+int kvt_ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenizer *tok);
+/* Write a ds4 model (config, weights, tokenizer) as GGUF. */
+int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
+
+/* Indices of the k best scores (ties: lower index), sorted ascending;
+ * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
+size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
+/* Fault injection for the tests that must prove they catch such bugs. */
+enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER };
+extern int kvt_ds4_fault;
+/* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */
+int kvt_ds4_plan(const char *preset, const kvt_model *m, uint64_t ctx, kvt_plan *out);
 
 /* Dequantise a named tensor of the expected shape into a new f32 array. */
 int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,

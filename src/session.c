@@ -14,6 +14,90 @@
 #include <string.h>
 
 #define DEFAULT_CHUNK 256
+#define CKPT_INTERVAL 2048
+
+/* ---- checkpoints (architectures with fixed state only) ----
+ *
+ * llama rows are per token, so any prefix of a session is a valid state by
+ * truncation. ds4's window ring and frontier are overwritten as the session
+ * advances, so going back to an earlier position needs that state as it was
+ * then: a checkpoint. Sessions keep one at every multiple of CKPT_INTERVAL
+ * tokens (prefill chunks are cut to land on them) and one at the end of the
+ * latest sync, so regenerating from the same prompt costs nothing and a
+ * divergence costs at most CKPT_INTERVAL tokens of prefill. */
+
+static bool stateful(const kvt_session *s) { return s->m->arch->state_save != NULL; }
+
+static void ckpt_free(kvt_checkpoint *c)
+{
+    free(c->logits);
+    kvt_wbuf_free(&c->state);
+}
+
+/* Drop checkpoints past pos (all when pos is 0). */
+static void ckpt_drop_after(kvt_session *s, size_t pos)
+{
+    while (s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos > pos) ckpt_free(&s->ckpt[--s->n_ckpt]);
+}
+
+void kvt_session_ckpt_clear(kvt_session *s) { ckpt_drop_after(s, 0); }
+
+/* Remember the state at s->n. Failure to allocate only loses the checkpoint. */
+void kvt_session_checkpoint(kvt_session *s)
+{
+    if (!stateful(s) || s->n == 0) return;
+    if (s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == s->n) return;
+    bool grid = s->n % s->ckpt_interval == 0;
+    if (!grid) /* keep at most one off-grid checkpoint: the latest */
+        for (size_t i = 0; i < s->n_ckpt; i++)
+            if (s->ckpt[i].pos % s->ckpt_interval) {
+                ckpt_free(&s->ckpt[i]);
+                memmove(&s->ckpt[i], &s->ckpt[i + 1], (s->n_ckpt - i - 1) * sizeof *s->ckpt);
+                s->n_ckpt--;
+                break;
+            }
+    if (s->n_ckpt == s->cap_ckpt) {
+        size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
+        kvt_checkpoint *p = realloc(s->ckpt, cap * sizeof *p);
+        if (!p) return;
+        s->ckpt = p;
+        s->cap_ckpt = cap;
+    }
+    kvt_checkpoint c = {.pos = s->n};
+    size_t V = s->m->info.n_vocab;
+    c.logits = malloc(V * sizeof(float));
+    if (!c.logits) return;
+    memcpy(c.logits, s->logits, V * sizeof(float));
+    s->m->arch->state_save(s, &c.state);
+    if (c.state.oom) { ckpt_free(&c); return; }
+    s->ckpt[s->n_ckpt++] = c;
+}
+
+/* Go back to the latest restorable position <= pos; returns it. */
+static size_t rollback_to(kvt_session *s, size_t pos)
+{
+    if (!stateful(s) || pos == s->n) {
+        if (pos > s->n) pos = s->n;
+        s->n = pos;
+        kvt_cache_truncate(s->cache, pos);
+        return pos;
+    }
+    ckpt_drop_after(s, pos);
+    size_t at = 0;
+    if (s->n_ckpt) {
+        kvt_checkpoint *c = &s->ckpt[s->n_ckpt - 1];
+        kvt_rbuf r = {c->state.p, c->state.len, 0};
+        if (s->m->arch->state_load(s, c->pos, &r) == KVT_OK) {
+            memcpy(s->logits, c->logits, (size_t)s->m->info.n_vocab * sizeof(float));
+            at = c->pos;
+        } else {
+            kvt_session_ckpt_clear(s);
+        }
+    }
+    s->n = at;
+    kvt_cache_truncate(s->cache, at);
+    return at;
+}
 
 int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
 {
@@ -29,6 +113,7 @@ int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opt
     s->progress = o.progress;
     s->progress_user = o.progress_user;
     s->n_threads = o.n_threads;
+    s->ckpt_interval = CKPT_INTERVAL;
     int rc = KVT_ENOMEM;
     if (s->n_ctx == 0 || s->n_ctx > (1u << 24)) {
         rc = kvt_fail(KVT_EINVAL, "context of %u tokens is out of range", s->n_ctx);
@@ -49,6 +134,8 @@ fail:
 void kvt_session_free(kvt_session *s)
 {
     if (!s) return;
+    kvt_session_ckpt_clear(s);
+    free(s->ckpt);
     kvt_cache_free(s->cache);
     kvt_pool_free(s->pool);
     free(s->tokens);
@@ -70,15 +157,10 @@ size_t kvt_session_len(const kvt_session *s) { return s->n; }
 const int32_t *kvt_session_tokens(const kvt_session *s) { return s->tokens; }
 uint64_t kvt_session_rebuilds(const kvt_session *s) { return s->rebuilds; }
 
-static void truncate_to(kvt_session *s, size_t n)
-{
-    s->n = n;
-    kvt_cache_truncate(s->cache, n);
-}
-
 /* Run tokens[s->n .. n) in chunks (sizes cycled from chunks[]). The logits of
  * the last row of every chunk are kept, so a cancelled prefill still leaves a
- * consistent session. */
+ * consistent session. Chunks are cut at checkpoint positions; that changes
+ * no result (chunking never does). */
 static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32_t *chunks,
                    size_t n_chunks)
 {
@@ -87,10 +169,13 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
         size_t c = chunks ? chunks[ci++ % n_chunks] : s->chunk;
         if (c == 0) c = 1;
         if (c > n - s->n) c = n - s->n;
+        size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
+        if (stateful(s) && s->n + c > grid) c = grid - s->n;
         int rc = s->m->arch->forward(s, tokens + s->n, c, s->n, s->logits, c - 1);
-        if (rc) { truncate_to(s, start); return rc; }
+        if (rc) { rollback_to(s, start); return rc; }
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         s->n += c;
+        if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s);
         if (s->progress && !s->progress(s->progress_user, s->n - start, n - start))
             return s->n < n ? kvt_fail(KVT_ECANCELED, "prefill canceled at %zu of %zu tokens", s->n, n)
                             : KVT_OK;
@@ -121,12 +206,28 @@ int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
         if (reused) *reused = n;
         return KVT_OK;
     }
-    /* The prompt ends inside what we hold: recompute its last token to get
-     * the logits after it (rows are rewritten with identical bytes). */
-    if (common == n && n > 0) common = n - 1;
-    truncate_to(s, common);
+    if (common < s->n) {
+        /* Going back. The prompt may end inside what we hold: then we need
+         * the logits after its last token, from a checkpoint right there or
+         * by recomputing at least that token. */
+        bool exact = false;
+        if (common == n && n > 0) {
+            if (stateful(s)) {
+                ckpt_drop_after(s, n);
+                exact = s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == n;
+            }
+            if (!exact) common = n - 1;
+        }
+        common = rollback_to(s, common);
+        if (exact) {
+            if (reused) *reused = n;
+            return KVT_OK;
+        }
+    }
     if (reused) *reused = common;
-    return prefill(s, tokens, n, chunks, n_chunks);
+    int rc = prefill(s, tokens, n, chunks, n_chunks);
+    if (!rc) kvt_session_checkpoint(s);
+    return rc;
 }
 
 int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
@@ -146,13 +247,13 @@ int kvt_session_decode(kvt_session *s, int32_t token)
         memcpy(win, s->tokens + 1, (s->n_ctx - 1) * sizeof(int32_t));
         win[s->n_ctx - 1] = token;
         s->rebuilds++;
-        truncate_to(s, 0);
+        rollback_to(s, 0);
         int rc = prefill(s, win, s->n_ctx, NULL, 0);
         free(win);
         return rc;
     }
     int rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
-    if (rc) { truncate_to(s, s->n); return rc; }
+    if (rc) { rollback_to(s, s->n); return rc; }
     s->tokens[s->n++] = token;
     return KVT_OK;
 }
@@ -170,12 +271,12 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     size_t V = s->m->info.n_vocab;
     float *lg = kvt_malloc((size_t)s->chunk * V * sizeof(float));
     if (!lg) return KVT_ENOMEM;
-    truncate_to(s, 0);
+    rollback_to(s, 0);
     double sum = 0;
     int rc = KVT_OK;
     while (s->n < n - 1) {
         size_t c = s->chunk < n - 1 - s->n ? s->chunk : n - 1 - s->n;
-        if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { truncate_to(s, 0); break; }
+        if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { rollback_to(s, 0); break; }
         for (size_t i = 0; i < c; i++) {
             const float *l = lg + i * V;
             float mx = l[0];
@@ -193,9 +294,4 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     *sum_nll = sum;
     *n_scored = n - 1;
     return KVT_OK;
-}
-
-int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len)
-{
-    return s->m->arch->cache_bytes(s, s->n, out, len);
 }
