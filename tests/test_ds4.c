@@ -1,0 +1,445 @@
+/* ds4 and its heterogeneous cache: block alignment of the compressed
+ * classes, agreement with the independent f64 reference, exactness under any
+ * chunk schedule / thread count / kernel path, snapshot and restore, shared
+ * prefixes, rollback, and negative controls that prove the checks catch a
+ * corrupt frontier, a shifted mask and a wrong prefix. */
+#include "test.h"
+#include "kernels.h"
+#include "model.h"
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TINY_SEED 7
+
+static kvt_model *tiny(void)
+{
+    kvt_model *m = NULL;
+    if (kvt_model_preset(&m, "ds4-tiny", TINY_SEED, NULL) != KVT_OK) {
+        printf("    ds4-tiny: %s\n", kvt_errmsg());
+        return NULL;
+    }
+    return m;
+}
+
+/* BOS then pseudo-random bytes. */
+static void seqb(int32_t *t, size_t n, uint64_t seed)
+{
+    t[0] = 256;
+    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
+}
+
+typedef struct state { float *logits; uint8_t *cache; size_t len; uint32_t V; } state;
+
+static void state_free(state *s) { free(s->logits); free(s->cache); *s = (state){0}; }
+
+static int capture(const kvt_session *s, const kvt_model *m, state *o)
+{
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    o->V = i.n_vocab;
+    o->logits = malloc(i.n_vocab * sizeof(float));
+    if (!o->logits) return KVT_ENOMEM;
+    memcpy(o->logits, kvt_session_logits(s), i.n_vocab * sizeof(float));
+    return kvt_session_cache_bytes(s, &o->cache, &o->len);
+}
+
+static bool equal(const state *a, const state *b)
+{
+    return a->V == b->V && !memcmp(a->logits, b->logits, a->V * sizeof(float)) && a->len == b->len &&
+           !memcmp(a->cache, b->cache, a->len);
+}
+
+static int run(kvt_model *m, const int32_t *t, size_t n, const uint32_t *ch, size_t nc, uint32_t th, state *o)
+{
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.n_threads = th};
+    int rc = kvt_session_new(&s, m, &so);
+    if (!rc) rc = ch ? kvt_session_sync_chunks(s, t, n, ch, nc, NULL) : kvt_session_sync(s, t, n, NULL);
+    if (!rc) rc = capture(s, m, o);
+    kvt_session_free(s);
+    return rc;
+}
+
+static size_t nonzero_rows(const kvt_stream *st)
+{
+    size_t n = 0;
+    for (size_t b = 0; b < st->n_blocks; b++) {
+        if (!st->blocks[b]) continue;
+        for (size_t r = 0; r < st->rows_per_block; r++) {
+            const uint8_t *row = st->blocks[b] + r * st->row_bytes;
+            for (size_t k = 0; k < st->row_bytes; k++)
+                if (row[k]) { n++; break; }
+        }
+    }
+    return n;
+}
+
+TEST(ds4_block_alignment)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 3 * 128 + 50 };
+    int32_t t[N];
+    seqb(t, N, 1);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    const kvt_cache *c = s->cache;
+    CHECK(c->n_streams == 3); /* ds4-tiny: layer 2 (ratio 4: rows + indexer rows), layer 3 (ratio 128) */
+    size_t prev[3] = {0};
+    for (size_t i = 0; i < N; i++) {
+        CHECK_OK(kvt_session_decode(s, t[i]));
+        for (size_t k = 0; k < 3; k++) {
+            uint32_t r = KVT_BLOCK / c->streams[k].rows_per_block;
+            size_t rows = nonzero_rows(&c->streams[k]);
+            CHECKF(rows == (i + 1) / r, "stream %zu (ratio %u) has %zu rows after %zu tokens", k, r, rows, i + 1);
+            if ((i + 1) % KVT_BLOCK == 0) {
+                CHECKF(rows - prev[k] == c->streams[k].rows_per_block,
+                       "block %zu added %zu rows to a ratio-%u stream", i / KVT_BLOCK, rows - prev[k], r);
+                prev[k] = rows;
+            }
+        }
+    }
+    /* Memory accounting: a block-aligned context allocates exactly the plan. */
+    kvt_session_free(s);
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, t, 3 * 128, NULL));
+    kvt_plan p;
+    CHECK_OK(kvt_model_plan(m, 3 * 128, &p));
+    CHECKF(kvt_cache_bytes_allocated(s->cache) == p.total, "allocated %zu, plan %llu",
+           kvt_cache_bytes_allocated(s->cache), (unsigned long long)p.total);
+    kvt_session_free(s);
+    CHECK_OK(kvt_plan_preset("ds4-mini", 1000, &p));
+    CHECK(p.per_token_x1000 == 147000); /* the spec's 147 B per token */
+    kvt_model_close(m);
+}
+
+static const char *tiny_path(void)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/kvtier-test-tiny-%d.gguf", (int)getpid());
+    return path;
+}
+
+/* Max |engine - f64| over positions the reference calls unambiguous. */
+static int ref_maxdiff(kvt_model *m, const char *path, const int32_t *t, size_t n, double *maxd, size_t *skipped)
+{
+    double *ref = NULL;
+    uint32_t V = 0;
+    unsigned char *amb = calloc(n, 1);
+    if (!amb || ref_ds4_logits(path, t, n, &ref, &V, amb)) { free(amb); return -1; }
+    kvt_session *s = NULL;
+    int rc = kvt_session_new(&s, m, NULL);
+    *maxd = 0;
+    *skipped = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = kvt_session_decode(s, t[i]);
+        if (rc) break;
+        if (amb[i]) { (*skipped)++; continue; }
+        const float *lg = kvt_session_logits(s);
+        for (uint32_t j = 0; j < V; j++) *maxd = fmax(*maxd, fabs(lg[j] - ref[i * V + j]));
+    }
+    kvt_session_free(s);
+    free(ref);
+    free(amb);
+    return rc;
+}
+
+#define REF_TOL 1e-2
+
+TEST(ds4_f64_reference_and_model_file)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    const char *path = tiny_path();
+    CHECK_OK(kvt_model_save(m, path));
+    kvt_model *mf = NULL;
+    CHECK_OK(kvt_model_open(&mf, path));
+    CHECK(kvt_model_fingerprint(mf) == kvt_model_fingerprint(m));
+    CHECK(kvt_model_tokenizer_fingerprint(mf) == kvt_model_tokenizer_fingerprint(m));
+    enum { N = 640 }; /* crosses W = 16, every 4, and the 128 boundaries 5 times */
+    int32_t t[N];
+    seqb(t, N, 3);
+    state a = {0}, b = {0};
+    CHECK_OK(run(m, t, N, NULL, 0, 1, &a));
+    CHECK_OK(run(mf, t, N, NULL, 0, 1, &b));
+    bool eq = equal(&a, &b);
+    state_free(&a);
+    state_free(&b);
+    CHECKF(eq, "the model loaded from its GGUF differs from the in-memory preset");
+    double maxd;
+    size_t skipped;
+    CHECK(ref_maxdiff(mf, path, t, N, &maxd, &skipped) == 0);
+    printf("    max |f32 - f64| = %.3g over %d positions (%zu skipped as top-k ties)\n", maxd, N, skipped);
+    /* Tolerance: the engine rounds window, compressed and indexer rows to
+     * binary16 exactly where the reference does, but from an f32 value that
+     * differs from the f64 one by ~1e-6 relative; when that straddles a
+     * binary16 rounding boundary the two round to neighbours 2^-11 (4.9e-4)
+     * apart. Such flips are rare and each moves a logit by well under 1e-3;
+     * 1e-2 bounds their sum over 4 layers while any real error in the math
+     * (a wrong row, position or weight) moves logits by >= 1e-1. */
+    CHECKF(maxd < REF_TOL, "max |f32 - f64| = %g", maxd);
+    CHECK(skipped < N / 10);
+    /* Negative control: an off-by-one window mask must fail this check. */
+    kvt_ds4_fault = KVT_DS4_FAULT_MASK;
+    int rc = ref_maxdiff(mf, path, t, 200, &maxd, &skipped);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECK(rc == 0);
+    printf("    with a shifted mask: max diff %.3g\n", maxd);
+    CHECKF(maxd > REF_TOL, "a shifted window mask went unnoticed (max diff %g)", maxd);
+    unlink(path);
+    kvt_model_close(mf);
+    kvt_model_close(m);
+}
+
+TEST(ds4_chunk_thread_kernel_invariance)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 700 };
+    int32_t t[N];
+    seqb(t, N, 5);
+    state base = {0}, o = {0};
+    CHECK_OK(run(m, t, N, NULL, 0, 1, &base));
+    static const uint32_t one[] = {1}, odd[] = {4, 1, 7, 12}, blk[] = {128}, win[] = {16},
+                          mix[] = {3, 5, 120, 17, 128, 1, 255}, all[] = {N};
+    uint32_t rnd[64];
+    uint64_t st = kvt_test_seed("ds4_chunk_thread_kernel_invariance");
+    for (int i = 0; i < 64; i++) rnd[i] = 1 + (uint32_t)(kvt_test_rand(&st) % 200);
+    struct { const uint32_t *c; size_t n; uint32_t th; const char *what; } cases[] = {
+        {all, 1, 1, "one-shot"}, {one, 1, 1, "1 token at a time"}, {odd, 4, 1, "4/1/7/12"},
+        {blk, 1, 1, "128-token chunks"}, {win, 1, 1, "W-token chunks"}, {mix, 7, 1, "3/5/120/17/128/1/255"},
+        {rnd, 64, 1, "random chunks"}, {NULL, 0, 2, "2 threads"}, {mix, 7, 3, "mixed chunks, 3 threads"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK_OK(run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o));
+        bool eq = equal(&base, &o);
+        state_free(&o);
+        CHECKF(eq, "%s differs from the default schedule", cases[i].what);
+    }
+    bool old = kvt_kernels_force_scalar(true);
+    int rc = run(m, t, N, odd, 4, 2, &o);
+    kvt_kernels_force_scalar(old);
+    CHECK_OK(rc);
+    bool eq = equal(&base, &o);
+    state_free(&o);
+    CHECK(eq);
+    state_free(&base);
+    kvt_model_close(m);
+}
+
+/* Uninterrupted run of t[0..n) vs snapshot at k, restore in a new session,
+ * continue to n. Returns true when bit-identical. */
+static bool restore_equivalent(kvt_model *m, const int32_t *t, size_t n, size_t k)
+{
+    state a = {0}, b = {0}, c0 = {0}, c1 = {0};
+    kvt_session *s1 = NULL, *s2 = NULL;
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    bool ok = run(m, t, n, NULL, 0, 1, &a) == KVT_OK && kvt_session_new(&s1, m, NULL) == KVT_OK &&
+              kvt_session_sync(s1, t, k, NULL) == KVT_OK && kvt_session_snapshot(s1, &snap, &len) == KVT_OK &&
+              kvt_session_new(&s2, m, NULL) == KVT_OK && kvt_session_restore(s2, snap, len) == KVT_OK &&
+              kvt_session_len(s2) == k;
+    if (ok && k) ok = capture(s1, m, &c0) == KVT_OK && capture(s2, m, &c1) == KVT_OK && equal(&c0, &c1);
+    size_t reused = 0;
+    ok = ok && kvt_session_sync(s2, t, n, &reused) == KVT_OK && reused == k && capture(s2, m, &b) == KVT_OK &&
+         equal(&a, &b);
+    state_free(&a); state_free(&b); state_free(&c0); state_free(&c1);
+    kvt_session_free(s1);
+    kvt_session_free(s2);
+    free(snap);
+    return ok;
+}
+
+TEST(ds4_snapshot_restore_equivalence)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 420 };
+    int32_t t[N];
+    seqb(t, N, 9);
+    const size_t ks[] = {0, 1, 3, 4, 5, 15, 16, 17, 127, 128, 129, 131, 256, 300, 384, 419};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        CHECKF(restore_equivalent(m, t, N, ks[i]), "restore at %zu differs from the uninterrupted run", ks[i]);
+    /* Negative control: a corrupt frontier on restore must be caught. */
+    kvt_ds4_fault = KVT_DS4_FAULT_FRONTIER;
+    bool caught = !restore_equivalent(m, t, N, 300) && !restore_equivalent(m, t, N, 130);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECKF(caught, "a corrupted frontier went unnoticed");
+    kvt_model_close(m);
+}
+
+TEST(ds4_shared_prefix_and_wrong_prefix)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { P = 300, N = 380 };
+    int32_t a[N], b[N], w[N];
+    seqb(a, N, 11);
+    memcpy(b, a, sizeof a);
+    for (size_t i = P; i < N; i++) b[i] = (int32_t)((a[i] + 1 + i) % 256); /* diverge after P */
+    memcpy(w, a, sizeof a);
+    for (size_t i = 1; i < P; i++) w[i] = (int32_t)((a[i] + 7) % 256);     /* other prefix, same suffix */
+    kvt_session *s = NULL, *x = NULL, *y = NULL;
+    uint8_t *snap = NULL, *wsnap = NULL;
+    size_t len = 0, wlen = 0;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, P, NULL));
+    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+    CHECK_OK(kvt_session_sync(s, w, P, NULL));
+    CHECK_OK(kvt_session_snapshot(s, &wsnap, &wlen));
+    CHECK_OK(kvt_session_new(&x, m, NULL));
+    CHECK_OK(kvt_session_new(&y, m, NULL));
+    CHECK_OK(kvt_session_restore(x, snap, len));
+    CHECK_OK(kvt_session_restore(y, snap, len));
+    CHECK_OK(kvt_session_sync(x, a, N, NULL));
+    CHECK_OK(kvt_session_sync(y, b, N, NULL));
+    state sx = {0}, sy = {0}, ta = {0}, tb = {0}, sw = {0};
+    CHECK_OK(capture(x, m, &sx));
+    CHECK_OK(capture(y, m, &sy));
+    CHECK_OK(run(m, a, N, NULL, 0, 2, &ta));
+    CHECK_OK(run(m, b, N, NULL, 0, 2, &tb));
+    CHECK(equal(&sx, &ta));
+    CHECK(equal(&sy, &tb));
+    /* Negative control: the other prefix's snapshot + the same suffix. */
+    kvt_session *z = NULL;
+    CHECK_OK(kvt_session_new(&z, m, NULL));
+    CHECK_OK(kvt_session_restore(z, wsnap, wlen));
+    size_t reused = 0;
+    CHECK_OK(kvt_session_sync(z, w, N, &reused));
+    CHECK(reused == P);
+    CHECK_OK(capture(z, m, &sw));
+    double maxd = 0;
+    for (uint32_t j = 0; j < sw.V; j++) maxd = fmax(maxd, fabs(sw.logits[j] - ta.logits[j]));
+    CHECKF(maxd > 1e-3, "a different prefix gave the same logits (max diff %g)", maxd);
+    /* Syncing a to a session holding w's prefix reuses only the BOS. */
+    CHECK_OK(kvt_session_sync(z, a, N, &reused));
+    CHECKF(reused <= 1, "reused %zu rows of another prefix", reused);
+    state sz = {0};
+    CHECK_OK(capture(z, m, &sz));
+    CHECK(equal(&sz, &ta));
+    state_free(&sx); state_free(&sy); state_free(&ta); state_free(&tb); state_free(&sw); state_free(&sz);
+    kvt_session_free(s); kvt_session_free(x); kvt_session_free(y); kvt_session_free(z);
+    free(snap);
+    free(wsnap);
+    kvt_model_close(m);
+}
+
+TEST(ds4_rollback_and_checkpoints)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 2400, D = 2300 };
+    int32_t a[N], b[N];
+    seqb(a, N, 13);
+    memcpy(b, a, sizeof a);
+    for (size_t i = D; i < N; i++) b[i] = (int32_t)((a[i] + 3) % 256);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    /* Diverge at D: the session goes back to its checkpoint at 2048. */
+    size_t reused = 0;
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECKF(reused == 2048, "reused %zu (checkpoint at 2048 expected)", reused);
+    state x = {0}, y = {0};
+    CHECK_OK(capture(s, m, &x));
+    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
+    CHECK(equal(&x, &y));
+    state_free(&x); state_free(&y);
+    /* Regenerate: the same prompt after decoding reuses all of it, exactly. */
+    CHECK_OK(kvt_session_decode(s, 65));
+    CHECK_OK(kvt_session_decode(s, 66));
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECKF(reused == N, "regenerate reused %zu of %d", reused, N);
+    CHECK_OK(capture(s, m, &x));
+    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
+    CHECK(equal(&x, &y));
+    state_free(&x); state_free(&y);
+    /* A strict prefix off every checkpoint: recomputed from 2048, exact. */
+    CHECK_OK(kvt_session_sync(s, b, 2100, &reused));
+    CHECK(reused == 2048);
+    CHECK_OK(capture(s, m, &x));
+    CHECK_OK(run(m, b, 2100, NULL, 0, 1, &y));
+    CHECK(equal(&x, &y));
+    state_free(&x); state_free(&y);
+    kvt_session_free(s);
+    kvt_model_close(m);
+}
+
+TEST(ds4_causality_and_topk_ties)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 300, P = 200 };
+    int32_t a[N], b[N];
+    seqb(a, N, 17);
+    memcpy(b, a, sizeof a);
+    b[P] = (a[P] + 1) % 256;
+    kvt_session *x = NULL, *y = NULL;
+    CHECK_OK(kvt_session_new(&x, m, NULL));
+    CHECK_OK(kvt_session_new(&y, m, NULL));
+    bool early = true, late = false;
+    for (size_t i = 0; i < N; i++) {
+        CHECK_OK(kvt_session_decode(x, a[i]));
+        CHECK_OK(kvt_session_decode(y, b[i]));
+        bool eq = !memcmp(kvt_session_logits(x), kvt_session_logits(y), 271 * sizeof(float));
+        if (i < P) early = early && eq;
+        else late = late || !eq;
+    }
+    CHECK(early);
+    CHECK(late);
+    kvt_session_free(x);
+    kvt_session_free(y);
+    /* Ties resolve to the lower index, whatever the order they arrive in. */
+    float sc[10] = {1, 3, 3, 2, 3, 0, 3, 3, 1, 3};
+    uint32_t sel[4];
+    char scratch[8 * 16];
+    CHECK(kvt_ds4_topk(sc, 10, 4, sel, scratch) == 4);
+    CHECK(sel[0] == 1 && sel[1] == 2 && sel[2] == 4 && sel[3] == 6);
+    CHECK(kvt_ds4_topk(sc, 3, 4, sel, scratch) == 3 && sel[2] == 2);
+    kvt_model_close(m);
+}
+
+TEST(ds4_snapshot_rejects_damage)
+{
+    kvt_model *m = tiny(), *other = NULL;
+    CHECK(m);
+    CHECK_OK(kvt_model_preset(&other, "ds4-tiny", TINY_SEED + 1, NULL));
+    enum { N = 150 };
+    int32_t t[N];
+    seqb(t, N, 19);
+    kvt_session *s = NULL, *r = NULL, *o = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_new(&r, m, NULL));
+    CHECK_OK(kvt_session_new(&o, other, NULL));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+    CHECK(kvt_session_restore(o, snap, len) == KVT_EMISMATCH);
+    CHECK(kvt_session_len(o) == 0);
+    uint8_t *bad = malloc(len);
+    for (size_t cut = 0; cut < len; cut += 1 + cut / 7) {
+        CHECK(kvt_session_restore(r, snap, cut) != KVT_OK);
+        CHECK(kvt_session_len(r) == 0);
+    }
+    uint64_t st = kvt_test_seed("ds4_snapshot_rejects_damage");
+    for (int i = 0; i < 300; i++) {
+        memcpy(bad, snap, len);
+        bad[kvt_test_rand(&st) % len] ^= (uint8_t)(1 + kvt_test_rand(&st) % 255);
+        int rc = kvt_session_restore(r, bad, len);
+        CHECKF(rc == KVT_ECORRUPT || rc == KVT_EFORMAT || rc == KVT_EMISMATCH, "flip %d: %s", i, kvt_strerror(rc));
+        CHECK(kvt_session_len(r) == 0);
+    }
+    /* Still usable after all that: a good restore works. */
+    CHECK_OK(kvt_session_restore(r, snap, len));
+    CHECK(kvt_session_len(r) == N);
+    free(bad);
+    free(snap);
+    kvt_session_free(s); kvt_session_free(r); kvt_session_free(o);
+    kvt_model_close(other);
+    kvt_model_close(m);
+}
