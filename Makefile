@@ -6,8 +6,9 @@ CC      ?= cc
 PKGS    := libpcre2-8 jansson libxxhash
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every fma
 # in the kernels is explicit so scalar and AVX2 paths share one rounding order.
-CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+OPT     ?= -O2 -g
+SAN     ?=
+CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
            -ffp-contract=off -fno-math-errno -Iinclude -Isrc \
            $(shell pkg-config --cflags $(PKGS))
 LDLIBS  += $(shell pkg-config --libs $(PKGS)) -lpthread -lm
@@ -44,7 +45,8 @@ test: $(TBIN) $(BIN)
 	KVT_BIN=$(BIN) ./$(TBIN) $(T)
 
 asan:
-	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	$(MAKE) BUILD=build-asan OPT="-O1 -g" \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
 bench: $(BIN)
 	./bench/run.sh $(BIN)

@@ -188,5 +188,7 @@ int kvt_token_piece(const kvt_model *m, int32_t id, const char **bytes, size_t *
 
 int kvt_detokenize(const kvt_model *m, const int32_t *ids, size_t n, char **out, size_t *len)
 {
+    /* a leading BOS is what tokenize added, not text */
+    if (n && m->info.bos >= 0 && ids[0] == m->info.bos) { ids++; n--; }
     return kvt_tokenizer_decode(m->tok, ids, n, out, len);
 }
