@@ -487,15 +487,8 @@ static inline float *front_slot(const kvt_cache *cache, size_t off, uint32_t r, 
     return (float *)(cache->state + off) + (t % slots) * 2 * cw;
 }
 
-static void to_f16(uint16_t *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
-}
-
-static void from_f16(float *dst, const uint16_t *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
-}
+#define to_f16 kvt_f32_row_to_f16
+#define from_f16 kvt_f16_row_to_f32
 
 /* Pool the block of ratio r that token t completes into out (width d), then
  * normalise, rotate and round it: one compressed row. Inputs come from the
@@ -541,6 +534,11 @@ typedef struct fwd {
     const float *iq;       /* (n, Hi*Di) indexer queries */
     const float *iw;       /* (n, Hi) indexer head weights */
     float *att;            /* (n, H*Dh) */
+    /* indexer selection (ratio 4 with more than K visible rows) */
+    const float *dots;     /* (ns, Hi, maxc) qI · kI for tokens [i_base, i_base + ns) */
+    size_t i_base, maxc;
+    uint32_t *sel;         /* (n, K) selected rows per token, ascending */
+    uint32_t *nsel;        /* (n) */
 } fwd;
 
 typedef struct cand { float score; uint32_t c; } cand;
@@ -587,6 +585,60 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
 
 int kvt_ds4_fault;
 
+/* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
+ * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
+static void select_range(void *arg, size_t j0, size_t j1)
+{
+    fwd *f = arg;
+    const ds4_config *c = &f->w->c;
+    size_t Hi = c->Hi, maxc = f->maxc;
+    float *isc = malloc((maxc + 1) * sizeof(float));
+    cand *heap = malloc((c->K + 1) * sizeof(cand));
+    if (!isc || !heap) abort(); /* bounded scratch */
+    for (size_t j = j0; j < j1; j++) {
+        size_t i = f->i_base + j, t = f->pos0 + i, ncomp = (t + 1) / 4;
+        if (ncomp <= c->K) continue;
+        const float *wi = f->iw + i * Hi, *d = f->dots + j * Hi * maxc;
+        for (size_t k = 0; k < ncomp; k++) {
+            float s = 0;
+            for (size_t h = 0; h < Hi; h++) {
+                float v = d[h * maxc + k];
+                s = fmaf(wi[h], v > 0 ? v : 0, s);
+            }
+            isc[k] = s;
+        }
+        f->nsel[i] = (uint32_t)kvt_ds4_topk(isc, ncomp, c->K, f->sel + i * c->K, heap);
+    }
+    free(isc);
+    free(heap);
+}
+
+/* Score all visible indexer rows for every token of the chunk as one matrix
+ * product per slice of tokens (each score is still one fixed-order dot
+ * product), then select per token. */
+static int index_select(fwd *f)
+{
+    const ds4_config *c = &f->w->c;
+    size_t Di = c->Di, Hi = c->Hi, maxc = f->maxc;
+    float *kI = kvt_malloc(maxc * Di * sizeof(float));   /* (maxc, Di) */
+    size_t slice = (size_t)(1u << 22) / (Hi * maxc);      /* ~16 MB of dots */
+    if (slice < 1) slice = 1;
+    if (slice > f->n) slice = f->n;
+    float *dots = kvt_malloc(slice * Hi * maxc * sizeof(float));
+    if (!kI || !dots) { free(kI); free(dots); return KVT_ENOMEM; }
+    for (size_t k = 0; k < maxc; k++) from_f16(kI + k * Di, kvt_cache_row_ro(f->s->cache, f->ly->s_idx, k), Di);
+    for (size_t i0 = 0; i0 < f->n; i0 += slice) {
+        size_t ns = f->n - i0 < slice ? f->n - i0 : slice;
+        kvt_matmul(f->s->pool, dots, kI, f->iq + i0 * Hi * Di, ns * Hi, Di, maxc);
+        f->dots = dots;
+        f->i_base = i0;
+        kvt_pool_for(f->s->pool, ns, 1, select_range, f);
+    }
+    free(kI);
+    free(dots);
+    return KVT_OK;
+}
+
 static void attn_range(void *arg, size_t i0, size_t i1)
 {
     fwd *f = arg;
@@ -600,30 +652,14 @@ static void attn_range(void *arg, size_t i0, size_t i1)
     size_t nk_max = nsel_max + c->W;
     float *keys = malloc(nk_max * Dh * sizeof(float));
     float *sc = malloc(nk_max * sizeof(float));
-    uint32_t *sel = malloc((nsel_max + 1) * sizeof(uint32_t));
-    cand *heap = malloc((c->K + 1) * sizeof(cand));
-    float *ik = malloc(c->Di * sizeof(float));
-    float *isc = malloc((maxc + 1) * sizeof(float));
-    if (!keys || !sc || !sel || !heap || !ik || !isc) abort(); /* bounded scratch; no recovery possible mid-pass */
+    uint32_t *all = malloc((maxc + 1) * sizeof(uint32_t));
+    if (!keys || !sc || !all) abort(); /* bounded scratch; no recovery possible mid-pass */
+    for (size_t k = 0; k < maxc; k++) all[k] = (uint32_t)k;
     float scale = 1.0f / sqrtf((float)Dh);
     for (size_t i = i0; i < i1; i++) {
-        size_t t = f->pos0 + i, ncomp = r ? (t + 1) / r : 0, nsel = 0;
-        if (r == 128) {
-            for (size_t k = 0; k < ncomp; k++) sel[nsel++] = (uint32_t)k;
-        } else if (r == 4) {
-            /* indexer: score every visible compressed row, keep the K best */
-            const float *qi = f->iq + i * c->Hi * c->Di, *wi = f->iw + i * c->Hi;
-            for (size_t k = 0; k < ncomp && ncomp > c->K; k++) {
-                from_f16(ik, kvt_cache_row_ro(cache, ly->s_idx, k), c->Di);
-                float s = 0;
-                for (size_t h = 0; h < c->Hi; h++) {
-                    float d = kvt_dot(qi + h * c->Di, ik, c->Di);
-                    s = fmaf(wi[h], d > 0 ? d : 0, s);
-                }
-                isc[k] = s;
-            }
-            nsel = kvt_ds4_topk(isc, ncomp, c->K, sel, heap);
-        }
+        size_t t = f->pos0 + i, ncomp = r ? (t + 1) / r : 0, nsel = ncomp;
+        const uint32_t *sel = all;
+        if (r == 4 && ncomp > c->K) { sel = f->sel + i * c->K; nsel = f->nsel[i]; }
         size_t nk = 0;
         for (size_t k = 0; k < nsel; k++) from_f16(keys + nk++ * Dh, kvt_cache_row_ro(cache, ly->s_comp, sel[k]), Dh);
         size_t w0 = t + 1 > c->W ? t + 1 - c->W : 0;
@@ -648,7 +684,7 @@ static void attn_range(void *arg, size_t i0, size_t i1)
             kvt_rope_inv(o + Dh - c->Dr, c->Dr, t, c->base[f->l]);
         }
     }
-    free(keys); free(sc); free(sel); free(heap); free(ik); free(isc);
+    free(keys); free(sc); free(all);
 }
 
 static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom)
@@ -673,7 +709,9 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
     float *f3 = kvt_malloc(n * F * sizeof(float));     /* (n, F) */
     float *tmp = kvt_malloc(n * (D > HD ? D : HD) * sizeof(float));
     float *p = kvt_malloc((Dh > Di ? Dh : Di) * sizeof(float));
-    if (!x || !h || !qr || !q || !kv || !rows || !ckv || !csc || !iq || !iw || !att || !f1 || !f3 || !tmp || !p)
+    uint32_t *sel = kvt_malloc(n * c->K * sizeof(uint32_t)); /* (n, K) */
+    uint32_t *nsel = kvt_malloc(n * sizeof(uint32_t));       /* (n) */
+    if (!sel || !nsel ||!x || !h || !qr || !q || !kv || !rows || !ckv || !csc || !iq || !iw || !att || !f1 || !f3 || !tmp || !p)
         goto done;
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= c->V) {
@@ -737,6 +775,10 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
             for (size_t j = 0; j < n * Hi; j++) iw[j] *= isc;
         }
         fwd fa = {s, w, ly, l, n, pos0, q, rows, iq, iw, att};
+        fa.maxc = r ? (pos0 + n) / r : 0;
+        fa.sel = sel;
+        fa.nsel = nsel;
+        if (r == 4 && fa.maxc > c->K && (rc = index_select(&fa))) goto done;
         kvt_pool_for(s->pool, n, 1, attn_range, &fa);
         /* only now does the ring take this chunk's rows */
         for (size_t i = n > c->W ? n - c->W : 0; i < n; i++)
@@ -758,7 +800,7 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
     rc = KVT_OK;
 done:
     free(x); free(h); free(qr); free(q); free(kv); free(rows); free(ckv); free(csc);
-    free(iq); free(iw); free(att); free(f1); free(f3); free(tmp); free(p);
+    free(iq); free(iw); free(att); free(f1); free(f3); free(tmp); free(p); free(sel); free(nsel);
     return rc;
 }
 

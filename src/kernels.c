@@ -3,6 +3,7 @@
  * and chosen at run time, so one binary runs on any x86-64 (and elsewhere the
  * scalar path is the only one). */
 #include "kernels.h"
+#include "util.h"
 
 #include <math.h>
 #include <string.h>
@@ -104,6 +105,23 @@ __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, con
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
+
+__attribute__((target("avx2,fma,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+}
 #endif
 
 static int simd_state = -1; /* -1 unknown, 0 scalar, 1 avx2 */
@@ -114,7 +132,8 @@ static bool use_simd(void)
     if (simd_state < 0) {
 #ifdef KVT_HAVE_X86
         __builtin_cpu_init();
-        simd_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        simd_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("f16c");
 #else
         simd_state = 0;
 #endif
@@ -145,6 +164,22 @@ void kvt_axpy(float *y, float a, const float *x, size_t n)
     if (use_simd()) { axpy_avx2(y, a, x, n); return; }
 #endif
     axpy_scalar(y, a, x, n);
+}
+
+void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { f16_to_f32_f16c(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { f32_to_f16_f16c(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
 }
 
 struct mm_ctx { float *y; const float *W, *x; size_t n, d_in, d_out; };

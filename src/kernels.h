@@ -15,6 +15,7 @@
 #include "threads.h"
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Force the scalar path (tests); returns the previous setting. */
 bool kvt_kernels_force_scalar(bool on);
@@ -24,6 +25,11 @@ bool kvt_kernels_simd(void);
 float kvt_dot(const float *a, const float *b, size_t n);
 /* y += a * x, element-wise fma. */
 void kvt_axpy(float *y, float a, const float *x, size_t n);
+
+/* binary16 rows <-> f32 (round to nearest even). Conversions are exact
+ * IEEE operations, so the F16C path and the scalar path agree bit for bit. */
+void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
+void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
 
 /* y (n, d_out) = x (n, d_in) · W^T, W (d_out, d_in). Parallel over d_out. */
 void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,

@@ -70,7 +70,7 @@ float kvt_f16_to_f32(uint16_t h)
             do { man <<= 1; e++; } while (!(man & 0x400));
             bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
         }
-    } else if (exp == 31) bits = sign | 0x7f800000u | man << 13;
+    } else if (exp == 31) bits = sign | 0x7f800000u | man << 13 | (man ? 0x400000u : 0); /* NaNs quiet, as F16C */
     else bits = sign | (exp + 112) << 23 | man << 13;
     float f;
     memcpy(&f, &bits, 4);
