@@ -1,14 +1,27 @@
 /* One serializer for session state: RAM snapshots, canonical cache bytes for
- * the exactness tests, and (through the disk tier) files. docs/FORMAT.md is
- * the normative description of the layout written here.
+ * the exactness tests, and the disk tier's records. docs/FORMAT.md is the
+ * normative description of the layout written here.
  *
- * A snapshot carries state bytes, never pointers: the exact token ids, the
- * next-token logits, the architecture's fixed state in logical order (window
- * rows oldest first, frontier entries) and the rows of every cache stream that
- * the held tokens cover. Restoring validates every size against the model
- * and the bytes that remain before touching the session, and a failure
- * leaves the session empty rather than half-restored.
+ * A session's state at n tokens splits into two kinds of record:
+ *
+ *   block records   one per completed 128-token block: its token ids and the
+ *                   rows every cache stream gained in it. Immutable and keyed
+ *                   by a chained hash of the token ids (key_{b+1} =
+ *                   XXH3(key_b || 128 ids), key_0 = XXH3(model fingerprint ||
+ *                   tokenizer fingerprint)), so equal prefixes of equal models
+ *                   have equal keys and the disk tier stores each block once.
+ *   snapshot record the rest: the ids after the last whole block, the
+ *                   next-token logits, the rendered text, the fixed state in
+ *                   logical order (window rows oldest first, frontier), the
+ *                   stream rows of the incomplete block, and the list of block
+ *                   keys it stands on.
+ *
+ * Every section and every block carries an XXH3-64 checksum and every size is
+ * checked against the model before use, so a damaged or foreign record is
+ * refused with a reason, never loaded. A RAM snapshot is a snapshot record
+ * with its blocks inline after it.
  */
+#include "snapshot.h"
 #include "model.h"
 #include "util.h"
 
@@ -16,140 +29,378 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define SNAP_MAGIC "KVTSNAP\0"
-#define SNAP_VERSION 1
-#define SNAP_HEADER 48
+#define REC_MAGIC "KVTSNAP\0"
+#define BLK_MAGIC "KVTBLK\0\0"
+#define HDR_FIXED 64
+#define SEC_ENTRY 24
+#define BLK_HDR 48
 
-/* State and stream rows for the held tokens (the canonical cache bytes). */
-static void put_cache(const kvt_session *s, kvt_wbuf *b)
+enum { SEC_TOKENS = 1, SEC_LOGITS, SEC_TEXT, SEC_STATE, SEC_ROWS, SEC_KEYS, N_SEC = 6 };
+static const char *sec_name[] = {"", "tokens", "logits", "text", "state", "rows", "block keys"};
+
+static void put_u32_at(uint8_t *p, uint32_t v) { for (int k = 0; k < 4; k++) p[k] = (uint8_t)(v >> (8 * k)); }
+static void put_u64_at(uint8_t *p, uint64_t v) { for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k)); }
+
+uint64_t kvt_snap_key0(const kvt_model *m)
 {
-    if (s->m->arch->state_save) s->m->arch->state_save(s, b);
-    const kvt_cache *c = s->cache;
-    for (size_t i = 0; i < c->n_streams; i++) {
-        size_t rows = kvt_cache_rows_for(c, i, s->n);
-        for (size_t r = 0; r < rows; r++) kvt_wbuf_put(b, kvt_cache_row_ro(c, i, r), c->streams[i].row_bytes);
-    }
+    uint64_t seed[2] = {m->fingerprint, m->tok_fingerprint};
+    return XXH3_64bits(seed, sizeof seed);
 }
 
-int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len)
+uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids)
 {
+    uint8_t buf[8 + 4 * KVT_BLOCK];
+    put_u64_at(buf, prev);
+    for (size_t i = 0; i < KVT_BLOCK; i++) put_u32_at(buf + 8 + 4 * i, (uint32_t)ids[i]);
+    return XXH3_64bits(buf, sizeof buf);
+}
+
+uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n)
+{
+    uint8_t buf[4 * KVT_BLOCK];
+    if (n > KVT_BLOCK) n = KVT_BLOCK; /* a tail is shorter than a block */
+    for (size_t i = 0; i < n; i++) put_u32_at(buf + 4 * i, (uint32_t)ids[i]);
+    return XXH3_64bits_withSeed(buf, 4 * n, head);
+}
+
+/* ---- state at a position: now, or a checkpoint ---- */
+
+static int state_at(kvt_session *s, size_t n, kvt_wbuf *state, const float **logits)
+{
+    if (n == s->n) {
+        if (s->m->arch->state_save) s->m->arch->state_save(s, state);
+        *logits = s->logits;
+        return state->oom ? kvt_fail(KVT_ENOMEM, "snapshot state") : KVT_OK;
+    }
+    if (!s->m->arch->state_save) { /* per-token rows only: any prefix is a state */
+        if (n == 0 || n > s->n) return kvt_fail(KVT_EINVAL, "no state at %zu tokens", n);
+        return kvt_fail(KVT_EINVAL, "no logits at %zu tokens (session holds %zu)", n, s->n);
+    }
+    for (size_t i = 0; i < s->n_ckpt; i++)
+        if (s->ckpt[i].pos == n) {
+            kvt_wbuf_put(state, s->ckpt[i].state.p, s->ckpt[i].state.len);
+            *logits = s->ckpt[i].logits;
+            return state->oom ? kvt_fail(KVT_ENOMEM, "snapshot state") : KVT_OK;
+        }
+    return kvt_fail(KVT_EINVAL, "no checkpoint at %zu tokens (session holds %zu)", n, s->n);
+}
+
+bool kvt_snap_can_save(const kvt_session *s, size_t n)
+{
+    if (n == 0 || n > s->n) return false;
+    if (n == s->n) return true;
+    for (size_t i = 0; i < s->n_ckpt; i++)
+        if (s->ckpt[i].pos == n) return true;
+    return false;
+}
+
+/* ---- encoding ---- */
+
+int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key)
+{
+    const kvt_cache *c = s->cache;
+    if ((size_t)(b + 1) * KVT_BLOCK > s->n) return kvt_fail(KVT_EINVAL, "block %u is not complete", b);
+    const int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
+    *key = kvt_snap_key_next(prev, ids);
+    size_t start = out->len, payload = 4 * KVT_BLOCK;
+    for (size_t i = 0; i < c->n_streams; i++) payload += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
+    kvt_wbuf_put(out, BLK_MAGIC, 8);
+    kvt_wbuf_u32(out, KVT_SNAP_VERSION);
+    kvt_wbuf_u32(out, b);
+    kvt_wbuf_u64(out, s->m->fingerprint);
+    kvt_wbuf_u64(out, *key);
+    kvt_wbuf_u64(out, prev);
+    kvt_wbuf_u32(out, (uint32_t)c->n_streams);
+    kvt_wbuf_u32(out, (uint32_t)payload);
+    for (size_t i = 0; i < KVT_BLOCK; i++) kvt_wbuf_u32(out, (uint32_t)ids[i]);
+    for (size_t i = 0; i < c->n_streams; i++) {
+        const kvt_stream *st = &c->streams[i];
+        size_t r0 = (size_t)b * st->rows_per_block;
+        for (size_t r = 0; r < st->rows_per_block; r++) kvt_wbuf_put(out, kvt_cache_row_ro(c, i, r0 + r), st->row_bytes);
+    }
+    if (!out->oom) kvt_wbuf_u64(out, XXH3_64bits(out->p + start, out->len - start));
+    return out->oom ? kvt_fail(KVT_ENOMEM, "block record") : KVT_OK;
+}
+
+int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys_out)
+{
+    const kvt_model *m = s->m;
+    const kvt_cache *c = s->cache;
+    if (n > s->n) return kvt_fail(KVT_EINVAL, "cannot save %zu tokens of %zu", n, s->n);
+    size_t nb = n / KVT_BLOCK, tail = n - nb * KVT_BLOCK;
+    uint64_t *keys = kvt_malloc((nb ? nb : 1) * sizeof *keys);
+    if (!keys) return KVT_ENOMEM;
+    kvt_wbuf state = {0};
+    const float *logits = NULL;
+    char *text = NULL;
+    size_t text_len = 0;
+    int rc = n ? state_at(s, n, &state, &logits) : KVT_OK;
+    if (!rc) rc = kvt_detokenize(m, s->tokens, n, &text, &text_len);
+    if (rc) goto done;
+    uint64_t key = kvt_snap_key0(m);
+    for (size_t b = 0; b < nb; b++) keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
+    /* sections */
+    kvt_wbuf sec[N_SEC + 1] = {{0}};
+    for (size_t i = 0; i < tail; i++) kvt_wbuf_u32(&sec[SEC_TOKENS], (uint32_t)s->tokens[nb * KVT_BLOCK + i]);
+    if (n) kvt_wbuf_put(&sec[SEC_LOGITS], logits, (size_t)m->info.n_vocab * sizeof(float));
+    kvt_wbuf_put(&sec[SEC_TEXT], text, text_len);
+    kvt_wbuf_put(&sec[SEC_STATE], state.p, state.len);
+    for (size_t i = 0; i < c->n_streams; i++) {
+        const kvt_stream *st = &c->streams[i];
+        for (size_t r = nb * st->rows_per_block; r < kvt_cache_rows_for(c, i, n); r++)
+            kvt_wbuf_put(&sec[SEC_ROWS], kvt_cache_row_ro(c, i, r), st->row_bytes);
+    }
+    for (size_t b = 0; b < nb; b++) kvt_wbuf_u64(&sec[SEC_KEYS], keys[b]);
+    size_t start = rec->len, hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
+    kvt_wbuf_put(rec, REC_MAGIC, 8);
+    kvt_wbuf_u32(rec, KVT_SNAP_VERSION);
+    kvt_wbuf_u32(rec, flags);
+    kvt_wbuf_u64(rec, m->fingerprint);
+    kvt_wbuf_u64(rec, m->tok_fingerprint);
+    kvt_wbuf_u32(rec, (uint32_t)n);
+    kvt_wbuf_u32(rec, (uint32_t)nb);
+    kvt_wbuf_u32(rec, m->info.n_vocab);
+    kvt_wbuf_u32(rec, (uint32_t)c->n_streams);
+    kvt_wbuf_u64(rec, key);
+    kvt_wbuf_u32(rec, N_SEC);
+    kvt_wbuf_u32(rec, 0);
+    uint64_t off = hdr;
+    for (int i = 1; i <= N_SEC; i++) {
+        kvt_wbuf_u64(rec, off);
+        kvt_wbuf_u64(rec, sec[i].len);
+        kvt_wbuf_u64(rec, XXH3_64bits(sec[i].p, sec[i].len));
+        off += sec[i].len;
+    }
+    if (!rec->oom) kvt_wbuf_u64(rec, XXH3_64bits(rec->p + start, rec->len - start));
+    for (int i = 1; i <= N_SEC; i++) {
+        kvt_wbuf_put(rec, sec[i].p, sec[i].len);
+        rec->oom |= sec[i].oom;
+        kvt_wbuf_free(&sec[i]);
+    }
+    rc = rec->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
+done:
+    kvt_wbuf_free(&state);
+    free(text);
+    if (rc || !keys_out) free(keys);
+    else *keys_out = keys;
+    return rc;
+}
+
+/* ---- decoding ---- */
+
+int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_info *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
+    if (len < 12 || memcmp(p, REC_MAGIC, 8))
+        return kvt_fail(KVT_EFORMAT, "snapshot: bad magic");
+    uint32_t version = kvt_rd32(p + 8);
+    if (version != KVT_SNAP_VERSION)
+        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d)", version, KVT_SNAP_VERSION);
+    if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
+    if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
+        return kvt_fail(KVT_ECORRUPT, "snapshot: header checksum mismatch");
+    out->flags = kvt_rd32(p + 12);
+    uint64_t fp = kvt_rd64(p + 16), tfp = kvt_rd64(p + 24);
+    out->n = kvt_rd32(p + 32);
+    out->nb = kvt_rd32(p + 36);
+    uint32_t n_vocab = kvt_rd32(p + 40), n_streams = kvt_rd32(p + 44);
+    out->head = kvt_rd64(p + 48);
+    if (fp != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
+    if (tfp != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
+    if (kvt_rd32(p + 56) != N_SEC || kvt_rd32(p + 60) || n_vocab != m->info.n_vocab ||
+        out->nb != out->n / KVT_BLOCK || (out->flags & ~KVT_SNAP_INLINE))
+        return kvt_fail(KVT_EFORMAT, "snapshot: header does not fit the model");
+    uint64_t off = hdr;
+    for (int i = 1; i <= N_SEC; i++) {
+        const uint8_t *e = p + HDR_FIXED + (size_t)(i - 1) * SEC_ENTRY;
+        uint64_t so = kvt_rd64(e), sl = kvt_rd64(e + 8);
+        if (so != off || sl > len - so)
+            return kvt_fail(KVT_EFORMAT, "snapshot: section %s at %llu+%llu outside %zu bytes", sec_name[i],
+                            (unsigned long long)so, (unsigned long long)sl, len);
+        if (XXH3_64bits(p + so, sl) != kvt_rd64(e + 16))
+            return kvt_fail(KVT_ECORRUPT, "snapshot: checksum mismatch in section %s", sec_name[i]);
+        out->sec[i] = p + so;
+        out->sec_len[i] = sl;
+        off = so + sl;
+    }
+    out->rec_len = off;
+    (void)n_streams;
+    return KVT_OK;
+}
+
+/* Expected sizes of the snapshot sections for n tokens of this session. */
+static int expect(kvt_session *s, size_t n, size_t *state_len, size_t *rows_len)
+{
+    *state_len = 0;
+    if (s->m->arch->state_save) {
+        size_t held = s->n;
+        s->n = n; /* the state's length depends only on n */
+        kvt_wbuf b = {0};
+        s->m->arch->state_save(s, &b);
+        s->n = held;
+        *state_len = b.len;
+        bool oom = b.oom;
+        kvt_wbuf_free(&b);
+        if (oom) return kvt_fail(KVT_ENOMEM, "snapshot state");
+    }
+    *rows_len = 0;
+    size_t nb = n / KVT_BLOCK;
+    for (size_t i = 0; i < s->cache->n_streams; i++) {
+        const kvt_stream *st = &s->cache->streams[i];
+        *rows_len += (kvt_cache_rows_for(s->cache, i, n) - nb * st->rows_per_block) * st->row_bytes;
+    }
+    return KVT_OK;
+}
+
+static void reset(kvt_session *s)
+{
+    s->n = 0;
+    kvt_cache_truncate(s->cache, 0);
+    kvt_session_ckpt_clear(s);
+}
+
+/* Check a block record against what the snapshot expects, then copy it in. */
+static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, const uint8_t *p, size_t len)
+{
+    const kvt_cache *c = s->cache;
+    size_t payload = 4 * KVT_BLOCK;
+    for (size_t i = 0; i < c->n_streams; i++) payload += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
+    if (len != BLK_HDR + payload + 8 || memcmp(p, BLK_MAGIC, 8))
+        return kvt_fail(KVT_EFORMAT, "block %u: %zu bytes or bad magic (expected %zu)", b, len, BLK_HDR + payload + 8);
+    if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8))
+        return kvt_fail(KVT_ECORRUPT, "block %u: checksum mismatch", b);
+    if (kvt_rd32(p + 8) != KVT_SNAP_VERSION || kvt_rd32(p + 12) != b || kvt_rd64(p + 16) != s->m->fingerprint ||
+        kvt_rd64(p + 24) != key || kvt_rd64(p + 32) != prev || kvt_rd32(p + 40) != c->n_streams ||
+        kvt_rd32(p + 44) != payload)
+        return kvt_fail(KVT_EMISMATCH, "block %u: header does not match the snapshot", b);
+    int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
+    for (size_t i = 0; i < KVT_BLOCK; i++) {
+        uint32_t t = kvt_rd32(p + BLK_HDR + 4 * i);
+        if (t >= s->m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "block %u: token id %u out of range", b, t);
+        ids[i] = (int32_t)t;
+    }
+    if (kvt_snap_key_next(prev, ids) != key) return kvt_fail(KVT_EMISMATCH, "block %u: ids do not hash to its key", b);
+    const uint8_t *rows = p + BLK_HDR + 4 * KVT_BLOCK;
+    for (size_t i = 0; i < c->n_streams; i++) {
+        const kvt_stream *st = &c->streams[i];
+        for (size_t r = 0; r < st->rows_per_block; r++, rows += st->row_bytes) {
+            void *dst = kvt_cache_row(s->cache, i, (size_t)b * st->rows_per_block + r);
+            if (!dst) return kvt_fail(KVT_ENOMEM, "block %u rows", b);
+            memcpy(dst, rows, st->row_bytes);
+        }
+    }
+    return KVT_OK;
+}
+
+int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user)
+{
+    kvt_snap_info in;
+    reset(s);
+    int rc = kvt_snap_parse(s->m, rec, len, &in);
+    if (rc) return rc;
+    if (in.n > s->n_ctx) return kvt_fail(KVT_ECTX, "snapshot of %u tokens exceeds the context of %u", in.n, s->n_ctx);
+    size_t tail = in.n - (size_t)in.nb * KVT_BLOCK, state_len = 0, rows_len = 0, V = s->m->info.n_vocab;
+    if ((rc = expect(s, in.n, &state_len, &rows_len))) return rc;
+    if (in.sec_len[SEC_TOKENS] != 4 * tail || in.sec_len[SEC_LOGITS] != (in.n ? V * 4 : 0) ||
+        in.sec_len[SEC_STATE] != state_len || in.sec_len[SEC_ROWS] != rows_len ||
+        in.sec_len[SEC_KEYS] != 8 * (size_t)in.nb)
+        return kvt_fail(KVT_EFORMAT, "snapshot: section sizes do not fit %u tokens of this model", in.n);
+    uint64_t prev = kvt_snap_key0(s->m);
+    for (uint32_t b = 0; b < in.nb; b++) {
+        uint64_t key = kvt_rd64(in.sec[SEC_KEYS] + 8 * (size_t)b);
+        const uint8_t *bp = NULL;
+        size_t bl = 0;
+        if ((rc = get(user, b, key, &bp, &bl)) || (rc = load_block(s, b, prev, key, bp, bl))) { reset(s); return rc; }
+        prev = key;
+    }
+    if (prev != in.head) { reset(s); return kvt_fail(KVT_EMISMATCH, "snapshot: block chain does not end at its head"); }
+    for (size_t i = 0; i < tail; i++) {
+        uint32_t t = kvt_rd32(in.sec[SEC_TOKENS] + 4 * i);
+        if (t >= V) { reset(s); return kvt_fail(KVT_EFORMAT, "snapshot: token id %u out of range", t); }
+        s->tokens[(size_t)in.nb * KVT_BLOCK + i] = (int32_t)t;
+    }
+    if (in.n) memcpy(s->logits, in.sec[SEC_LOGITS], V * 4);
+    kvt_rbuf r = {in.sec[SEC_STATE], in.sec_len[SEC_STATE], 0};
+    if (s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) { reset(s); return rc; }
+    const uint8_t *rows = in.sec[SEC_ROWS];
+    for (size_t i = 0; i < s->cache->n_streams; i++) {
+        const kvt_stream *st = &s->cache->streams[i];
+        for (size_t k = (size_t)in.nb * st->rows_per_block; k < kvt_cache_rows_for(s->cache, i, in.n); k++) {
+            void *dst = kvt_cache_row(s->cache, i, k);
+            if (!dst) { reset(s); return kvt_fail(KVT_ENOMEM, "snapshot rows"); }
+            memcpy(dst, rows, st->row_bytes);
+            rows += st->row_bytes;
+        }
+    }
+    s->n = in.n;
+    kvt_session_checkpoint(s);
+    return KVT_OK;
+}
+
+/* ---- RAM snapshots: the record with its blocks inline ---- */
+
+int kvt_session_snapshot(const kvt_session *cs, uint8_t **out, size_t *len)
+{
+    kvt_session *s = (kvt_session *)cs; /* encoding reads only; state_at may measure */
     kvt_wbuf b = {0};
-    put_cache(s, &b);
-    if (b.oom) { kvt_wbuf_free(&b); return kvt_fail(KVT_ENOMEM, "cache bytes"); }
+    uint64_t *keys = NULL;
+    int rc = kvt_snap_encode(s, s->n, KVT_SNAP_INLINE, &b, &keys);
+    uint64_t prev = kvt_snap_key0(s->m), key;
+    for (size_t i = 0; !rc && i < s->n / KVT_BLOCK; i++) {
+        rc = kvt_snap_block(s, (uint32_t)i, prev, &b, &key);
+        prev = key;
+    }
+    free(keys);
+    if (rc) { kvt_wbuf_free(&b); return rc; }
     *out = b.p ? b.p : malloc(1);
     *len = b.len;
     return *out ? KVT_OK : KVT_ENOMEM;
 }
 
-int kvt_session_snapshot(const kvt_session *s, uint8_t **out, size_t *len)
-{
-    const kvt_model *m = s->m;
-    kvt_wbuf b = {0};
-    kvt_wbuf_put(&b, SNAP_MAGIC, 8);
-    kvt_wbuf_u32(&b, SNAP_VERSION);
-    kvt_wbuf_u32(&b, 0);                       /* flags */
-    kvt_wbuf_u64(&b, m->fingerprint);
-    kvt_wbuf_u64(&b, m->tok_fingerprint);
-    kvt_wbuf_u32(&b, (uint32_t)s->n);
-    kvt_wbuf_u32(&b, m->info.n_vocab);
-    kvt_wbuf_u32(&b, (uint32_t)s->cache->n_streams);
-    kvt_wbuf_u32(&b, 0);                       /* reserved */
-    for (size_t i = 0; i < s->n; i++) kvt_wbuf_u32(&b, (uint32_t)s->tokens[i]);
-    if (s->n) kvt_wbuf_put(&b, s->logits, (size_t)m->info.n_vocab * sizeof(float));
-    size_t at = b.len;
-    kvt_wbuf_u64(&b, 0);                       /* cache section length, patched below */
-    put_cache(s, &b);
-    if (!b.oom) {
-        uint64_t n = b.len - at - 8;
-        for (int k = 0; k < 8; k++) b.p[at + k] = (uint8_t)(n >> (8 * k));
-        kvt_wbuf_u64(&b, XXH3_64bits(b.p, b.len));
-    }
-    if (b.oom) { kvt_wbuf_free(&b); return kvt_fail(KVT_ENOMEM, "snapshot of %zu tokens", s->n); }
-    *out = b.p;
-    *len = b.len;
-    return KVT_OK;
-}
+struct inline_blocks { const uint8_t *p; size_t len, off, block_len; };
 
-/* Expected cache section length for n tokens of this session's model. */
-static int cache_len_for(kvt_session *s, size_t n, size_t *out)
+static int get_inline(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
 {
-    size_t total = 0;
-    if (s->m->arch->state_save) {
-        /* the state's length depends only on n: measure it on an empty save */
-        size_t held = s->n;
-        s->n = n;
-        kvt_wbuf b = {0};
-        s->m->arch->state_save(s, &b);
-        s->n = held;
-        bool oom = b.oom;
-        total = b.len;
-        kvt_wbuf_free(&b);
-        if (oom) return kvt_fail(KVT_ENOMEM, "snapshot state");
-    }
-    for (size_t i = 0; i < s->cache->n_streams; i++)
-        total += kvt_cache_rows_for(s->cache, i, n) * s->cache->streams[i].row_bytes;
-    *out = total;
+    struct inline_blocks *ib = user;
+    size_t at = ib->off + (size_t)b * ib->block_len;
+    if (at > ib->len || ib->len - at < ib->block_len)
+        return kvt_fail(KVT_EFORMAT, "snapshot: inline block %u missing", b);
+    *p = ib->p + at;
+    *len = ib->block_len;
+    (void)key;
     return KVT_OK;
 }
 
 int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len)
 {
-    const kvt_model *m = s->m;
-    kvt_rbuf r = {buf, len, 0};
-    s->n = 0;
-    kvt_cache_truncate(s->cache, 0);
-    kvt_session_ckpt_clear(s);
-    if (len < SNAP_HEADER + 8 || memcmp(buf, SNAP_MAGIC, 8))
-        return kvt_fail(KVT_EFORMAT, "snapshot: bad magic or shorter than its header (%zu bytes)", len);
-    uint32_t version, flags, n, n_vocab, n_streams, reserved;
-    uint64_t fp, tfp, cache_len;
-    r.off = 8;
-    kvt_rbuf_u32(&r, &version);
-    kvt_rbuf_u32(&r, &flags);
-    if (version != SNAP_VERSION)
-        return kvt_fail(KVT_EFORMAT, "snapshot: version %u (this build reads %d)", version, SNAP_VERSION);
-    if (XXH3_64bits(buf, len - 8) != kvt_rd64(buf + len - 8))
-        return kvt_fail(KVT_ECORRUPT, "snapshot: checksum mismatch");
-    kvt_rbuf_u64(&r, &fp);
-    kvt_rbuf_u64(&r, &tfp);
-    kvt_rbuf_u32(&r, &n);
-    kvt_rbuf_u32(&r, &n_vocab);
-    kvt_rbuf_u32(&r, &n_streams);
-    kvt_rbuf_u32(&r, &reserved);
-    if (fp != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
-    if (tfp != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
-    if (flags || reserved || n_vocab != m->info.n_vocab || n_streams != s->cache->n_streams)
-        return kvt_fail(KVT_EFORMAT, "snapshot: header does not fit the model");
-    if (n > s->n_ctx)
-        return kvt_fail(KVT_ECTX, "snapshot of %u tokens exceeds the context of %u", n, s->n_ctx);
-    r.len = len - 8; /* the checksum is not payload */
-    size_t need = (size_t)n * 4 + (n ? (size_t)n_vocab * 4 : 0) + 8;
-    if (kvt_rbuf_left(&r) < need) return kvt_fail(KVT_EFORMAT, "snapshot: truncated token section");
-    int32_t *tok = s->tokens;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t t;
-        kvt_rbuf_u32(&r, &t);
-        if (t >= m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "snapshot: token %u has id %u", i, t);
-        tok[i] = (int32_t)t;
-    }
-    if (n) kvt_rbuf_get(&r, s->logits, (size_t)n_vocab * 4);
-    kvt_rbuf_u64(&r, &cache_len);
-    size_t want = 0;
-    int rc = cache_len_for(s, n, &want);
+    kvt_snap_info in;
+    reset(s);
+    int rc = kvt_snap_parse(s->m, buf, len, &in);
     if (rc) return rc;
-    if (cache_len != want || kvt_rbuf_left(&r) != want)
-        return kvt_fail(KVT_EFORMAT, "snapshot: cache section of %llu bytes, expected %zu",
-                        (unsigned long long)cache_len, want);
-    if (m->arch->state_load && (rc = m->arch->state_load(s, n, &r))) return rc;
-    for (size_t i = 0; i < s->cache->n_streams; i++) {
-        size_t rows = kvt_cache_rows_for(s->cache, i, n), rb = s->cache->streams[i].row_bytes;
-        for (size_t k = 0; k < rows; k++) {
-            void *dst = kvt_cache_row(s->cache, i, k);
-            if (!dst) { kvt_cache_truncate(s->cache, 0); return kvt_fail(KVT_ENOMEM, "snapshot rows"); }
-            kvt_rbuf_get(&r, dst, rb);
-        }
+    if (!(in.flags & KVT_SNAP_INLINE)) return kvt_fail(KVT_EFORMAT, "snapshot: blocks are not inline");
+    size_t blen = BLK_HDR + 4 * KVT_BLOCK + 8;
+    for (size_t i = 0; i < s->cache->n_streams; i++)
+        blen += (size_t)s->cache->streams[i].rows_per_block * s->cache->streams[i].row_bytes;
+    if ((len - in.rec_len) != (size_t)in.nb * blen)
+        return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of blocks for %u blocks", len - in.rec_len, in.nb);
+    struct inline_blocks ib = {buf, len, in.rec_len, blen};
+    return kvt_snap_load(s, buf, in.rec_len, get_inline, &ib);
+}
+
+/* ---- canonical cache bytes ---- */
+
+int kvt_session_cache_bytes(const kvt_session *s, uint8_t **out, size_t *len)
+{
+    kvt_wbuf b = {0};
+    if (s->m->arch->state_save) s->m->arch->state_save(s, &b);
+    const kvt_cache *c = s->cache;
+    for (size_t i = 0; i < c->n_streams; i++) {
+        size_t rows = kvt_cache_rows_for(c, i, s->n);
+        for (size_t r = 0; r < rows; r++) kvt_wbuf_put(&b, kvt_cache_row_ro(c, i, r), c->streams[i].row_bytes);
     }
-    s->n = n;
-    kvt_session_checkpoint(s);
-    return KVT_OK;
+    if (b.oom) { kvt_wbuf_free(&b); return kvt_fail(KVT_ENOMEM, "cache bytes"); }
+    *out = b.p ? b.p : malloc(1);
+    *len = b.len;
+    return *out ? KVT_OK : KVT_ENOMEM;
 }

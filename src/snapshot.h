@@ -1,0 +1,50 @@
+/* The serializer behind RAM snapshots and the disk tier (see snapshot.c and
+ * docs/FORMAT.md). Records are byte strings; nothing here does I/O. */
+#ifndef KVT_SNAPSHOT_H
+#define KVT_SNAPSHOT_H
+
+#include "buf.h"
+#include "kvtier.h"
+
+#define KVT_SNAP_VERSION 2
+#define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
+
+/* Chained block keys: key0 from the model and tokenizer fingerprints, then
+ * one step per 128 token ids. tail_hash covers ids after the last block. */
+uint64_t kvt_snap_key0(const kvt_model *m);
+uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids);
+uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n);
+
+/* True when the state at n tokens can be saved: n is the session's length
+ * or one of its checkpoints. */
+bool kvt_snap_can_save(const kvt_session *s, size_t n);
+/* Append the snapshot record for the first n tokens to rec; *keys (malloc'ed,
+ * n / 128 entries; may be NULL) receives the block keys. */
+int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
+/* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
+int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
+
+typedef struct kvt_snap_info {
+    uint32_t flags, n, nb;
+    uint64_t head;                 /* key of the last whole block (key0 if none) */
+    const uint8_t *sec[7];         /* section bytes, by section id 1..6 */
+    size_t sec_len[7];
+    size_t rec_len;                /* bytes of the record itself */
+} kvt_snap_info;
+
+/* Validate a snapshot record's header, section table and checksums for
+ * model m (KVT_EFORMAT, KVT_ECORRUPT, KVT_EMISMATCH with a reason). */
+int kvt_snap_parse(const kvt_model *m, const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Text section of a parsed record (rendered prefix). */
+static inline const uint8_t *kvt_snap_text(const kvt_snap_info *in, size_t *len)
+{
+    *len = in->sec_len[3];
+    return in->sec[3];
+}
+/* Block records come from the caller (inline bytes or the disk store). */
+typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len);
+/* Replace the session's state with a record and its blocks; on failure the
+ * session is left empty. */
+int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
+
+#endif
