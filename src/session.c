@@ -16,12 +16,13 @@
 #define DEFAULT_CHUNK 256
 #define CKPT_INTERVAL 2048
 
-/* ---- checkpoints (architectures with fixed state only) ----
+/* ---- checkpoints ----
  *
  * llama rows are per token, so any prefix of a session is a valid state by
- * truncation. ds4's window ring and frontier are overwritten as the session
- * advances, so going back to an earlier position needs that state as it was
- * then: a checkpoint. Sessions keep one at every multiple of CKPT_INTERVAL
+ * truncation; only the logits there are lost. ds4's window ring and frontier
+ * are overwritten as the session advances, so going back to an earlier
+ * position needs that state as it was then. A checkpoint keeps both: the
+ * logits and the fixed state (empty for llama) at a position. Sessions keep one at every multiple of CKPT_INTERVAL
  * tokens (prefill chunks are cut to land on them) and one at the end of the
  * latest sync, so regenerating from the same prompt costs nothing and a
  * divergence costs at most CKPT_INTERVAL tokens of prefill. */
@@ -45,7 +46,7 @@ void kvt_session_ckpt_clear(kvt_session *s) { ckpt_drop_after(s, 0); }
 /* Remember the state at s->n. Failure to allocate only loses the checkpoint. */
 void kvt_session_checkpoint(kvt_session *s)
 {
-    if (!stateful(s) || s->n == 0) return;
+    if (s->n == 0) return;
     if (s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == s->n) return;
     bool grid = s->n % s->ckpt_interval == 0;
     if (!grid) /* keep at most one off-grid checkpoint: the latest */
@@ -68,26 +69,19 @@ void kvt_session_checkpoint(kvt_session *s)
     c.logits = malloc(V * sizeof(float));
     if (!c.logits) return;
     memcpy(c.logits, s->logits, V * sizeof(float));
-    s->m->arch->state_save(s, &c.state);
+    if (s->m->arch->state_save) s->m->arch->state_save(s, &c.state);
     if (c.state.oom) { ckpt_free(&c); return; }
     s->ckpt[s->n_ckpt++] = c;
 }
 
-/* Go back to the latest restorable position <= pos; returns it. */
-static size_t rollback_to(kvt_session *s, size_t pos)
+/* Return to the latest checkpoint (state and logits), or to empty. */
+static size_t restore_last(kvt_session *s)
 {
-    if (!stateful(s) || pos == s->n) {
-        if (pos > s->n) pos = s->n;
-        s->n = pos;
-        kvt_cache_truncate(s->cache, pos);
-        return pos;
-    }
-    ckpt_drop_after(s, pos);
     size_t at = 0;
     if (s->n_ckpt) {
         kvt_checkpoint *c = &s->ckpt[s->n_ckpt - 1];
         kvt_rbuf r = {c->state.p, c->state.len, 0};
-        if (s->m->arch->state_load(s, c->pos, &r) == KVT_OK) {
+        if (!s->m->arch->state_load || s->m->arch->state_load(s, c->pos, &r) == KVT_OK) {
             memcpy(s->logits, c->logits, (size_t)s->m->info.n_vocab * sizeof(float));
             at = c->pos;
         } else {
@@ -97,6 +91,42 @@ static size_t rollback_to(kvt_session *s, size_t pos)
     s->n = at;
     kvt_cache_truncate(s->cache, at);
     return at;
+}
+
+/* Go back to the latest restorable position <= pos and return it. llama
+ * rows are per token, so that is pos itself, but its logits are only known
+ * when a checkpoint sits there: *logits_ok says whether they are (a sync
+ * recomputes at least one token when not). ds4 goes back to its latest
+ * checkpoint <= pos, logits included. */
+static size_t rollback_to(kvt_session *s, size_t pos, bool *logits_ok)
+{
+    *logits_ok = true;
+    if (pos >= s->n) return s->n;
+    ckpt_drop_after(s, pos);
+    if (stateful(s)) return restore_last(s);
+    kvt_checkpoint *c = s->n_ckpt ? &s->ckpt[s->n_ckpt - 1] : NULL;
+    *logits_ok = pos == 0 || (c && c->pos == pos);
+    if (c && c->pos == pos) memcpy(s->logits, c->logits, (size_t)s->m->info.n_vocab * sizeof(float));
+    s->n = pos;
+    kvt_cache_truncate(s->cache, pos);
+    return pos;
+}
+
+/* After a failed forward from position pos: back to a consistent state. A
+ * failed llama forward never touched rows [0, pos) or the logits; a failed
+ * ds4 forward may have touched the window and frontier, so it returns to a
+ * checkpoint (the one at the end of the last sync, when decoding). */
+static void recover(kvt_session *s, size_t pos)
+{
+    if (pos > s->n) pos = s->n;
+    bool ok;
+    if (!stateful(s)) {
+        rollback_to(s, pos, &ok);
+        if (!ok) restore_last(s);
+        return;
+    }
+    ckpt_drop_after(s, pos);
+    restore_last(s);
 }
 
 int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
@@ -170,9 +200,9 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
         if (c == 0) c = 1;
         if (c > n - s->n) c = n - s->n;
         size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
-        if (stateful(s) && s->n + c > grid) c = grid - s->n;
+        if (s->n + c > grid) c = grid - s->n;
         int rc = s->m->arch->forward(s, tokens + s->n, c, s->n, s->logits, c - 1);
-        if (rc) { rollback_to(s, start); return rc; }
+        if (rc) { recover(s, start); return rc; }
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         s->n += c;
         if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s);
@@ -210,15 +240,13 @@ int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
         /* Going back. The prompt may end inside what we hold: then we need
          * the logits after its last token, from a checkpoint right there or
          * by recomputing at least that token. */
-        bool exact = false;
+        bool exact = false, logits_ok;
         if (common == n && n > 0) {
-            if (stateful(s)) {
-                ckpt_drop_after(s, n);
-                exact = s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == n;
-            }
+            ckpt_drop_after(s, n);
+            exact = s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == n;
             if (!exact) common = n - 1;
         }
-        common = rollback_to(s, common);
+        common = rollback_to(s, common, &logits_ok);
         if (exact) {
             if (reused) *reused = n;
             return KVT_OK;
@@ -247,13 +275,13 @@ int kvt_session_decode(kvt_session *s, int32_t token)
         memcpy(win, s->tokens + 1, (s->n_ctx - 1) * sizeof(int32_t));
         win[s->n_ctx - 1] = token;
         s->rebuilds++;
-        rollback_to(s, 0);
+        recover(s, 0);
         int rc = prefill(s, win, s->n_ctx, NULL, 0);
         free(win);
         return rc;
     }
     int rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
-    if (rc) { rollback_to(s, s->n); return rc; }
+    if (rc) { recover(s, s->n); return rc; }
     s->tokens[s->n++] = token;
     return KVT_OK;
 }
@@ -271,12 +299,12 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     size_t V = s->m->info.n_vocab;
     float *lg = kvt_malloc((size_t)s->chunk * V * sizeof(float));
     if (!lg) return KVT_ENOMEM;
-    rollback_to(s, 0);
+    recover(s, 0);
     double sum = 0;
     int rc = KVT_OK;
     while (s->n < n - 1) {
         size_t c = s->chunk < n - 1 - s->n ? s->chunk : n - 1 - s->n;
-        if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { rollback_to(s, 0); break; }
+        if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { recover(s, 0); break; }
         for (size_t i = 0; i < c; i++) {
             const float *l = lg + i * V;
             float mx = l[0];
