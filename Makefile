@@ -3,7 +3,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer in a separate build tree.
 
 CC      ?= cc
-PKGS    := libpcre2-8 jansson libxxhash
+PKGS    := libpcre2-8 jansson libxxhash sqlite3
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every fma
 # in the kernels is explicit so scalar and AVX2 paths share one rounding order.
 OPT     ?= -O2 -g

@@ -123,7 +123,8 @@ typedef struct kvt_session_opts {
     uint32_t n_ctx;        /* 0: the model's training context */
     uint32_t n_threads;    /* 0: all cores */
     uint32_t chunk;        /* prefill chunk in tokens; 0: 256 */
-    bool rolling;          /* when full, re-prefill the last n_ctx/2 ... see README */
+    bool rolling;          /* when full, re-prefill the last n_ctx tokens from position 0 */
+    uint32_t checkpoint_interval; /* tokens between rollback/save points; 0: 2048 */
     kvt_progress_fn progress;
     void *progress_user;
 } kvt_session_opts;
@@ -171,6 +172,90 @@ int kvt_session_snapshot(const kvt_session *s, uint8_t **out, size_t *len);
  * anything malformed, KVT_ECTX when it exceeds the session's context. On
  * failure the session is left empty (never half-restored). */
 int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len);
+
+/* ---- the disk tier --------------------------------------------------- *
+ *
+ * A durable, budgeted store of session snapshots in one directory (an SQLite
+ * database in WAL mode; docs/STORE.md). Completed 128-token blocks are
+ * stored once, keyed by a chained hash of their token ids, and shared by
+ * every snapshot that covers them. Damaged, foreign or unreadable entries
+ * are a miss: counted, logged once to stderr, removed (future format
+ * versions are skipped, not removed). Several processes may share a
+ * directory. */
+
+typedef struct kvt_store kvt_store;
+
+/* Open (creating) the store in dir with a byte budget (0: 4096 MiB). */
+int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget_bytes);
+void kvt_store_close(kvt_store *st);
+/* Silence the one-line stderr reports of damaged entries (tests). */
+void kvt_store_set_quiet(kvt_store *st, bool quiet);
+
+/* Save the session's state at n tokens (its length, or a checkpoint
+ * position) with a reason ("cold", "continued", "evict", "shutdown",
+ * "manual"). An identical entry is reused. Evicts least recently used
+ * entries (never this one) to stay within the budget. *id may be NULL. */
+int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id);
+/* Longest stored prefix of tokens[0..n) for the session's model: *match
+ * tokens (0: none) in entry *id. Linear in n; no file access unless the
+ * store changed since the last call. */
+int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n,
+                     size_t *match, int64_t *id);
+/* Replace the session's state with entry id. A damaged entry is removed and
+ * reported as KVT_ECORRUPT / KVT_EFORMAT / KVT_EMISMATCH; the session is
+ * then empty. */
+int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s);
+/* Lookup + load + check that the restored ids equal tokens[0..match):
+ * the session ends up holding the longest stored prefix, or nothing.
+ * *reused receives its length. Errors other than KVT_ENOMEM are a miss. */
+int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n,
+                             size_t *reused);
+int kvt_store_rm(kvt_store *st, int64_t id);
+/* Enforce the budget, drop unreferenced blocks, checkpoint the WAL. */
+int kvt_store_gc(kvt_store *st);
+/* Check every checksum; *bad receives the number of damaged entries. */
+int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked);
+
+typedef struct kvt_store_stats {
+    uint64_t snapshots, blocks, bytes, budget;
+    uint64_t block_refs;          /* sum over snapshots of blocks referenced */
+    uint64_t lookups, hits, misses, saves, evictions, damaged, save_errors;
+} kvt_store_stats;
+int kvt_store_stats_get(kvt_store *st, kvt_store_stats *out);
+
+typedef struct kvt_store_entry {
+    int64_t id;
+    uint64_t model, bytes, hits;
+    uint32_t n_tokens, n_blocks, shared_blocks;
+    double created, used_at;      /* Unix time */
+    char reason[16];
+    char preview[64];             /* start of the text, printable ASCII */
+} kvt_store_entry;
+/* All entries, most recently used first (malloc'ed array). */
+int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n);
+/* The rendered text of an entry (malloc'ed). */
+int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len);
+
+/* When to save (the server and the CLI share this policy):
+ *   cold       a prompt the disk tier did not already cover: save at
+ *              align_down(n - trim_tokens, align_tokens) when that is at
+ *              least min_tokens (a client that appends text re-merges the
+ *              last BPE tokens, so the very end is not worth keeping);
+ *   continued  every continued_interval tokens on an absolute grid;
+ *   evict, shutdown, manual   by the caller, at the session's length.
+ * Save points must be checkpoint positions: use checkpoint_interval =
+ * kvt_save_policy_grid(). */
+typedef struct kvt_save_policy {
+    uint32_t min_tokens, trim_tokens, align_tokens, continued_interval;
+} kvt_save_policy;
+#define KVT_SAVE_POLICY_DEFAULT {512, 32, 2048, 8192}
+/* The checkpoint grid the policy needs (gcd of align and interval). */
+uint32_t kvt_save_policy_grid(const kvt_save_policy *p);
+/* Save what the policy asks for after a sync of n prompt tokens of which
+ * `from_disk` were restored from the store. *saved (may be NULL) receives
+ * the number of snapshots written. Save failures are reported, not fatal. */
+int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
+                           size_t from_disk, size_t *saved);
 
 /* ---- sampling -------------------------------------------------------- */
 

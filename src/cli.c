@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "bench.h"
 
 /* ---- argument parsing ---- */
 
@@ -85,6 +88,13 @@ static int open_model(const char *path, kvt_model **m)
     return 0;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 struct progress { double t0; bool shown; };
 
 static bool progress_bar(void *user, size_t done, size_t total)
@@ -101,13 +111,74 @@ static bool progress_bar(void *user, size_t done, size_t total)
 
 /* ---- subcommands ---- */
 
+/* ---- the disk tier's flags (run and serve share them) ---- */
+
+#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, \
+    {"--kv-cache-min-tokens"}, {"--kv-cache-trim-tokens"}, {"--kv-cache-align-tokens"}, \
+    {"--kv-cache-continued-interval"}
+
+typedef struct disk_cfg {
+    bool on;
+    char dir[4096];
+    uint64_t budget;
+    kvt_save_policy policy;
+} disk_cfg;
+
+static void default_dir(char *out, size_t cap)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (x && *x) snprintf(out, cap, "%s/kvtier", x);
+    else snprintf(out, cap, "%s/.cache/kvtier", home && *home ? home : ".");
+}
+
+static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
+{
+    kvt_save_policy def = KVT_SAVE_POLICY_DEFAULT;
+    d->policy = def;
+    d->on = get(o, no, "--no-kv-disk") == NULL;
+    const char *dir = get(o, no, "--kv-disk-dir");
+    if (dir) snprintf(d->dir, sizeof d->dir, "%s", dir);
+    else default_dir(d->dir, sizeof d->dir);
+    uint64_t mb = 4096, v[4] = {def.min_tokens, def.trim_tokens, def.align_tokens, def.continued_interval};
+    const char *names[4] = {"--kv-cache-min-tokens", "--kv-cache-trim-tokens", "--kv-cache-align-tokens",
+                            "--kv-cache-continued-interval"};
+    if (!parse_u64(get(o, no, "--kv-disk-mb"), "--kv-disk-mb", 1ull << 30, &mb)) return false;
+    for (int i = 0; i < 4; i++)
+        if (!parse_u64(get(o, no, names[i]), names[i], 1u << 24, &v[i])) return false;
+    for (int i = 2; i < 4; i++)
+        if (v[i] % 128) {
+            fprintf(stderr, "kvtier: %s must be a multiple of 128 (the cache block), got %llu\n", names[i],
+                    (unsigned long long)v[i]);
+            return false;
+        }
+    if (mb == 0) { fprintf(stderr, "kvtier: --kv-disk-mb must be positive\n"); return false; }
+    d->budget = mb << 20;
+    d->policy = (kvt_save_policy){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3]};
+    return true;
+}
+
+/* Open the store; a store that cannot be opened is reported and skipped. */
+static kvt_store *open_disk(const disk_cfg *d)
+{
+    if (!d->on) return NULL;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&st, d->dir, d->budget);
+    if (rc) {
+        fprintf(stderr, "kvtier: disk cache disabled: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
+        return NULL;
+    }
+    return st;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
-               {"--rolling", NULL, true}};
+               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
     if (parse_opts(argc, argv, o, no)) return 2;
+    disk_cfg disk;
+    if (!parse_disk(o, no, &disk)) return 2;
     uint64_t max_tokens = 256, seed = 0, top_k = 0, threads = 0, ctx = 0;
     double temp = 0, top_p = 1;
     if (!parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
@@ -135,6 +206,7 @@ static int cmd_run(int argc, char **argv)
     size_t n = 0;
     kvt_session *s = NULL;
     kvt_sampler *smp = NULL;
+    kvt_store *store = NULL;
     int32_t *gen = NULL;
     int ret = 1, rc;
     if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, &toks, &n))) { fail(rc, "tokenize"); goto out; }
@@ -146,9 +218,19 @@ static int cmd_run(int argc, char **argv)
     struct progress pr = {0};
     kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
                            .rolling = get(o, no, "--rolling") != NULL,
+                           .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    store = open_disk(&disk);
+    size_t from_disk = 0, saved = 0;
+    if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
+    double t0 = now_s();
     if ((rc = kvt_session_sync(s, toks, n, NULL))) { fail(rc, "prefill"); goto out; }
+    double t_prefill = now_s() - t0;
+    if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, &saved))) { fail(rc, "disk cache"); goto out; }
+    if (store)
+        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
+                from_disk, n - from_disk, t_prefill, saved);
     kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
                              .top_k = (uint32_t)top_k, .seed = seed};
     if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
@@ -179,10 +261,13 @@ static int cmd_run(int argc, char **argv)
         for (size_t i = 0; i < ng; i++) printf(i ? " %d" : "%d", gen[i]);
     }
     putchar('\n');
+    if (store && get(o, no, "--kv-save") && (rc = kvt_store_save(store, s, kvt_session_len(s), "manual", NULL)))
+        fprintf(stderr, "kvtier: manual save failed: %s\n", kvt_errmsg());
     ret = 0;
 out:
     free(gen);
     free(toks);
+    kvt_store_close(store);
     kvt_sampler_free(smp);
     kvt_session_free(s);
     kvt_model_close(m);
@@ -309,6 +394,93 @@ static int cmd_model(int argc, char **argv)
     return 0;
 }
 
+static int cmd_cache(int argc, char **argv)
+{
+    const char *sub = argc > 0 ? argv[0] : "";
+    bool need_key = !strcmp(sub, "show") || !strcmp(sub, "rm");
+    if (strcmp(sub, "ls") && strcmp(sub, "verify") && strcmp(sub, "gc") && strcmp(sub, "stats") && !need_key) {
+        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n");
+        return 2;
+    }
+    int64_t key = 0;
+    int skip = 1;
+    if (need_key) {
+        uint64_t k;
+        if (argc < 2 || !parse_u64(argv[1], "KEY", INT64_MAX, &k)) return 2;
+        key = (int64_t)k;
+        skip = 2;
+    }
+    opt o[] = {DISK_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc - skip, argv + skip, o, no)) return 2;
+    disk_cfg d;
+    if (!parse_disk(o, no, &d)) return 2;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&st, d.dir, d.budget);
+    if (rc) return fail(rc, d.dir);
+    int ret = 0;
+    if (!strcmp(sub, "ls")) {
+        kvt_store_entry *e = NULL;
+        size_t n = 0;
+        if ((rc = kvt_store_list(st, &e, &n))) { ret = fail(rc, "cache ls"); goto out; }
+        printf("%6s %8s %12s %7s %5s %-19s %-9s %s\n", "KEY", "TOKENS", "BYTES", "SHARED", "HITS", "LAST USED",
+               "REASON", "TEXT");
+        for (size_t i = 0; i < n; i++) {
+            char when[32];
+            time_t t = (time_t)e[i].used_at;
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+            printf("%6lld %8u %12llu %3u/%-3u %5llu %-19s %-9s %.40s\n", (long long)e[i].id, e[i].n_tokens,
+                   (unsigned long long)e[i].bytes, e[i].shared_blocks, e[i].n_blocks,
+                   (unsigned long long)e[i].hits, when, e[i].reason, e[i].preview);
+        }
+        free(e);
+    } else if (!strcmp(sub, "show")) {
+        kvt_store_entry *e = NULL;
+        size_t n = 0;
+        char *text = NULL;
+        size_t len = 0;
+        if ((rc = kvt_store_list(st, &e, &n)) || (rc = kvt_store_text(st, key, &text, &len))) {
+            free(e);
+            ret = fail(rc, "cache show");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (e[i].id == key)
+                printf("key       %lld\ntokens    %u\nblocks    %u (%u shared)\nbytes     %llu (own record)\n"
+                       "hits      %llu\nreason    %s\nmodel     %016llx\ntext      %zu bytes:\n",
+                       (long long)key, e[i].n_tokens, e[i].n_blocks, e[i].shared_blocks,
+                       (unsigned long long)e[i].bytes, (unsigned long long)e[i].hits, e[i].reason,
+                       (unsigned long long)e[i].model, len);
+        fwrite(text, 1, len, stdout);
+        putchar('\n');
+        free(text);
+        free(e);
+    } else if (!strcmp(sub, "verify")) {
+        size_t bad = 0, checked = 0;
+        if ((rc = kvt_store_verify(st, &bad, &checked))) { ret = fail(rc, "cache verify"); goto out; }
+        printf("checked %zu records: %zu damaged\n", checked, bad);
+        ret = bad ? 1 : 0;
+    } else if (!strcmp(sub, "rm")) {
+        if ((rc = kvt_store_rm(st, key))) ret = fail(rc, "cache rm");
+    } else if (!strcmp(sub, "gc")) {
+        if ((rc = kvt_store_gc(st))) ret = fail(rc, "cache gc");
+    }
+    if (!ret && (!strcmp(sub, "stats") || !strcmp(sub, "gc"))) {
+        kvt_store_stats s;
+        kvt_store_stats_get(st, &s);
+        printf("directory   %s\nsnapshots   %llu\nblocks      %llu (%llu references)\nbytes       %llu of %llu budget\n"
+               "lookups     %llu\nhits        %llu\nmisses      %llu\nsaves       %llu\nevictions   %llu\n"
+               "damaged     %llu\nsave errors %llu\n", d.dir,
+               (unsigned long long)s.snapshots, (unsigned long long)s.blocks, (unsigned long long)s.block_refs,
+               (unsigned long long)s.bytes, (unsigned long long)s.budget, (unsigned long long)s.lookups,
+               (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.saves,
+               (unsigned long long)s.evictions, (unsigned long long)s.damaged, (unsigned long long)s.save_errors);
+    }
+out:
+    kvt_store_close(st);
+    return ret;
+}
+
 static void print_bytes(const char *what, uint64_t b)
 {
     printf("%-12s %20llu B  %12.3f MiB\n", what, (unsigned long long)b, b / 1048576.0);
@@ -371,13 +543,20 @@ static void usage(FILE *f)
           "\n"
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
-          "              [--threads N] [--ctx N] [--rolling]\n"
+          "              [--threads N] [--ctx N] [--rolling] [--kv-save] [disk options]\n"
           "  tokenize    --model PATH --text TEXT [--no-bos]\n"
           "  info        --model PATH\n"
           "  perplexity  --model PATH --file F [--threads N] [--ctx N]\n"
           "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
+          "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+          "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
+          "\n"
+          "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
+          "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
+          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (2048)\n"
+          "  --kv-cache-continued-interval N (8192)\n"
           "\n"
           "--model takes a GGUF path or a preset name (ds4-tiny, ds4-mini); without it\n"
           "the built-in " KVT_DEFAULT_MODEL " is used.\n", f);
@@ -398,6 +577,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc, argv);
     if (!strcmp(cmd, "model")) return cmd_model(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
+    if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
+    if (!strcmp(cmd, "bench")) return kvt_bench_main(argc, argv);
     fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

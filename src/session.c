@@ -143,7 +143,7 @@ int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opt
     s->progress = o.progress;
     s->progress_user = o.progress_user;
     s->n_threads = o.n_threads;
-    s->ckpt_interval = CKPT_INTERVAL;
+    s->ckpt_interval = o.checkpoint_interval ? o.checkpoint_interval : CKPT_INTERVAL;
     int rc = KVT_ENOMEM;
     if (s->n_ctx == 0 || s->n_ctx > (1u << 24)) {
         rc = kvt_fail(KVT_EINVAL, "context of %u tokens is out of range", s->n_ctx);

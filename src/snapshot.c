@@ -188,34 +188,35 @@ done:
 
 /* ---- decoding ---- */
 
-int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_info *out)
+int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
 {
     memset(out, 0, sizeof *out);
     size_t hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
     if (len < 12 || memcmp(p, REC_MAGIC, 8))
         return kvt_fail(KVT_EFORMAT, "snapshot: bad magic");
-    uint32_t version = kvt_rd32(p + 8);
-    if (version != KVT_SNAP_VERSION)
-        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d)", version, KVT_SNAP_VERSION);
+    out->version = kvt_rd32(p + 8);
+    if (out->version != KVT_SNAP_VERSION)
+        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d)", out->version,
+                        KVT_SNAP_VERSION);
     if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
     if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
         return kvt_fail(KVT_ECORRUPT, "snapshot: header checksum mismatch");
     out->flags = kvt_rd32(p + 12);
-    uint64_t fp = kvt_rd64(p + 16), tfp = kvt_rd64(p + 24);
+    out->model = kvt_rd64(p + 16);
+    out->tok = kvt_rd64(p + 24);
     out->n = kvt_rd32(p + 32);
     out->nb = kvt_rd32(p + 36);
-    uint32_t n_vocab = kvt_rd32(p + 40), n_streams = kvt_rd32(p + 44);
+    out->n_vocab = kvt_rd32(p + 40);
+    out->n_streams = kvt_rd32(p + 44);
     out->head = kvt_rd64(p + 48);
-    if (fp != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
-    if (tfp != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
-    if (kvt_rd32(p + 56) != N_SEC || kvt_rd32(p + 60) || n_vocab != m->info.n_vocab ||
-        out->nb != out->n / KVT_BLOCK || (out->flags & ~KVT_SNAP_INLINE))
-        return kvt_fail(KVT_EFORMAT, "snapshot: header does not fit the model");
+    if (kvt_rd32(p + 56) != N_SEC || kvt_rd32(p + 60) || out->nb != out->n / KVT_BLOCK ||
+        (out->flags & ~KVT_SNAP_INLINE))
+        return kvt_fail(KVT_EFORMAT, "snapshot: malformed header");
     uint64_t off = hdr;
     for (int i = 1; i <= N_SEC; i++) {
         const uint8_t *e = p + HDR_FIXED + (size_t)(i - 1) * SEC_ENTRY;
         uint64_t so = kvt_rd64(e), sl = kvt_rd64(e + 8);
-        if (so != off || sl > len - so)
+        if (so != off || so > len || sl > len - so)
             return kvt_fail(KVT_EFORMAT, "snapshot: section %s at %llu+%llu outside %zu bytes", sec_name[i],
                             (unsigned long long)so, (unsigned long long)sl, len);
         if (XXH3_64bits(p + so, sl) != kvt_rd64(e + 16))
@@ -224,8 +225,34 @@ int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_in
         out->sec_len[i] = sl;
         off = so + sl;
     }
+    if (out->sec_len[SEC_KEYS] != 8 * (size_t)out->nb)
+        return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of block keys for %u blocks", out->sec_len[SEC_KEYS], out->nb);
     out->rec_len = off;
-    (void)n_streams;
+    return KVT_OK;
+}
+
+int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_info *out)
+{
+    int rc = kvt_snap_parse_raw(p, len, out);
+    if (rc) return rc;
+    if (out->model != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
+    if (out->tok != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
+    if (out->n_vocab != m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "snapshot: vocabulary size differs");
+    return KVT_OK;
+}
+
+int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
+{
+    if (len < BLK_HDR + 4 * KVT_BLOCK + 8 || memcmp(p, BLK_MAGIC, 8))
+        return kvt_fail(KVT_EFORMAT, "block: %zu bytes or bad magic", len);
+    if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8)) return kvt_fail(KVT_ECORRUPT, "block: checksum mismatch");
+    if (kvt_rd32(p + 8) != KVT_SNAP_VERSION) return kvt_fail(KVT_EFORMAT, "block: format version %u", kvt_rd32(p + 8));
+    if ((size_t)kvt_rd32(p + 44) != len - BLK_HDR - 8) return kvt_fail(KVT_EFORMAT, "block: payload length");
+    int32_t ids[KVT_BLOCK];
+    for (size_t i = 0; i < KVT_BLOCK; i++) ids[i] = (int32_t)kvt_rd32(p + BLK_HDR + 4 * i);
+    if (kvt_snap_key_next(kvt_rd64(p + 32), ids) != kvt_rd64(p + 24))
+        return kvt_fail(KVT_EMISMATCH, "block: ids do not hash to its key");
+    if (key) *key = kvt_rd64(p + 24);
     return KVT_OK;
 }
 

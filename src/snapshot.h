@@ -25,15 +25,21 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
 
 typedef struct kvt_snap_info {
-    uint32_t flags, n, nb;
+    uint32_t version, flags, n, nb, n_vocab, n_streams;
+    uint64_t model, tok;           /* fingerprints */
     uint64_t head;                 /* key of the last whole block (key0 if none) */
     const uint8_t *sec[7];         /* section bytes, by section id 1..6 */
     size_t sec_len[7];
     size_t rec_len;                /* bytes of the record itself */
 } kvt_snap_info;
 
-/* Validate a snapshot record's header, section table and checksums for
- * model m (KVT_EFORMAT, KVT_ECORRUPT, KVT_EMISMATCH with a reason). */
+/* Validate a snapshot record's header, section table and checksums
+ * (KVT_EFORMAT, KVT_ECORRUPT with a reason), without a model. */
+int kvt_snap_parse_raw(const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Check a block record on its own: magic, checksum, version, and that its
+ * ids hash to its key. *key (may be NULL) receives the key. */
+int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
+/* kvt_snap_parse_raw plus the model's fingerprints (KVT_EMISMATCH). */
 int kvt_snap_parse(const kvt_model *m, const uint8_t *rec, size_t len, kvt_snap_info *out);
 /* Text section of a parsed record (rendered prefix). */
 static inline const uint8_t *kvt_snap_text(const kvt_snap_info *in, size_t *len)
