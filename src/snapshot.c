@@ -4,14 +4,14 @@
  *
  * A session's state at n tokens splits into two kinds of record:
  *
- *   block records   one per completed 128-token block: its token ids and the
- *                   rows every cache stream gained in it. Immutable and keyed
+ *   block records   one per completed 128-token block: its token ids, their
+ *                   text, and the rows every cache stream gained in it. Immutable and keyed
  *                   by a chained hash of the token ids (key_{b+1} =
  *                   XXH3(key_b || 128 ids), key_0 = XXH3(model fingerprint ||
  *                   tokenizer fingerprint)), so equal prefixes of equal models
  *                   have equal keys and the disk tier stores each block once.
  *   snapshot record the rest: the ids after the last whole block, the
- *                   next-token logits, the rendered text, the fixed state in
+ *                   next-token logits, their text, the fixed state in
  *                   logical order (window rows oldest first, frontier), the
  *                   stream rows of the incomplete block, and the list of block
  *                   keys it stands on.
@@ -63,6 +63,17 @@ uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n)
     return XXH3_64bits_withSeed(buf, 4 * n, head);
 }
 
+/* Concatenated pieces of ids: the text those tokens stand for, exactly as
+ * decoding emits it (control tokens as their text). */
+static void put_pieces(const kvt_model *m, const int32_t *ids, size_t n, kvt_wbuf *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *p;
+        size_t len;
+        if (kvt_token_piece(m, ids[i], &p, &len) == KVT_OK) kvt_wbuf_put(out, p, len);
+    }
+}
+
 /* ---- state at a position: now, or a checkpoint ---- */
 
 static int state_at(kvt_session *s, size_t n, kvt_wbuf *state, const float **logits)
@@ -102,7 +113,10 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
     if ((size_t)(b + 1) * KVT_BLOCK > s->n) return kvt_fail(KVT_EINVAL, "block %u is not complete", b);
     const int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
     *key = kvt_snap_key_next(prev, ids);
-    size_t start = out->len, payload = 4 * KVT_BLOCK;
+    kvt_wbuf text = {0};
+    put_pieces(s->m, ids, KVT_BLOCK, &text);
+    if (text.oom) { kvt_wbuf_free(&text); return kvt_fail(KVT_ENOMEM, "block text"); }
+    size_t start = out->len, payload = 4 * KVT_BLOCK + 4 + text.len;
     for (size_t i = 0; i < c->n_streams; i++) payload += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
     kvt_wbuf_put(out, BLK_MAGIC, 8);
     kvt_wbuf_u32(out, KVT_SNAP_VERSION);
@@ -113,6 +127,9 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
     kvt_wbuf_u32(out, (uint32_t)c->n_streams);
     kvt_wbuf_u32(out, (uint32_t)payload);
     for (size_t i = 0; i < KVT_BLOCK; i++) kvt_wbuf_u32(out, (uint32_t)ids[i]);
+    kvt_wbuf_u32(out, (uint32_t)text.len);
+    kvt_wbuf_put(out, text.p, text.len);
+    kvt_wbuf_free(&text);
     for (size_t i = 0; i < c->n_streams; i++) {
         const kvt_stream *st = &c->streams[i];
         size_t r0 = (size_t)b * st->rows_per_block;
@@ -132,10 +149,7 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     if (!keys) return KVT_ENOMEM;
     kvt_wbuf state = {0};
     const float *logits = NULL;
-    char *text = NULL;
-    size_t text_len = 0;
     int rc = n ? state_at(s, n, &state, &logits) : KVT_OK;
-    if (!rc) rc = kvt_detokenize(m, s->tokens, n, &text, &text_len);
     if (rc) goto done;
     uint64_t key = kvt_snap_key0(m);
     for (size_t b = 0; b < nb; b++) keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
@@ -143,7 +157,7 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     kvt_wbuf sec[N_SEC + 1] = {{0}};
     for (size_t i = 0; i < tail; i++) kvt_wbuf_u32(&sec[SEC_TOKENS], (uint32_t)s->tokens[nb * KVT_BLOCK + i]);
     if (n) kvt_wbuf_put(&sec[SEC_LOGITS], logits, (size_t)m->info.n_vocab * sizeof(float));
-    kvt_wbuf_put(&sec[SEC_TEXT], text, text_len);
+    put_pieces(m, s->tokens + nb * KVT_BLOCK, tail, &sec[SEC_TEXT]);
     kvt_wbuf_put(&sec[SEC_STATE], state.p, state.len);
     for (size_t i = 0; i < c->n_streams; i++) {
         const kvt_stream *st = &c->streams[i];
@@ -180,7 +194,6 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     rc = rec->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 done:
     kvt_wbuf_free(&state);
-    free(text);
     if (rc || !keys_out) free(keys);
     else *keys_out = keys;
     return rc;
@@ -248,11 +261,22 @@ int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
     if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8)) return kvt_fail(KVT_ECORRUPT, "block: checksum mismatch");
     if (kvt_rd32(p + 8) != KVT_SNAP_VERSION) return kvt_fail(KVT_EFORMAT, "block: format version %u", kvt_rd32(p + 8));
     if ((size_t)kvt_rd32(p + 44) != len - BLK_HDR - 8) return kvt_fail(KVT_EFORMAT, "block: payload length");
+    if (kvt_rd32(p + BLK_HDR + 4 * KVT_BLOCK) > len - BLK_HDR - 4 * KVT_BLOCK - 12)
+        return kvt_fail(KVT_EFORMAT, "block: text length");
     int32_t ids[KVT_BLOCK];
     for (size_t i = 0; i < KVT_BLOCK; i++) ids[i] = (int32_t)kvt_rd32(p + BLK_HDR + 4 * i);
     if (kvt_snap_key_next(kvt_rd64(p + 32), ids) != kvt_rd64(p + 24))
         return kvt_fail(KVT_EMISMATCH, "block: ids do not hash to its key");
     if (key) *key = kvt_rd64(p + 24);
+    return KVT_OK;
+}
+
+int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen)
+{
+    int rc = kvt_snap_block_check(p, len, NULL);
+    if (rc) return rc;
+    *tlen = kvt_rd32(p + BLK_HDR + 4 * KVT_BLOCK);
+    *text = p + BLK_HDR + 4 * KVT_BLOCK + 4;
     return KVT_OK;
 }
 
@@ -291,10 +315,12 @@ static void reset(kvt_session *s)
 static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, const uint8_t *p, size_t len)
 {
     const kvt_cache *c = s->cache;
-    size_t payload = 4 * KVT_BLOCK;
-    for (size_t i = 0; i < c->n_streams; i++) payload += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
-    if (len != BLK_HDR + payload + 8 || memcmp(p, BLK_MAGIC, 8))
-        return kvt_fail(KVT_EFORMAT, "block %u: %zu bytes or bad magic (expected %zu)", b, len, BLK_HDR + payload + 8);
+    size_t rows_len = 0;
+    for (size_t i = 0; i < c->n_streams; i++) rows_len += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
+    size_t fixed = BLK_HDR + 4 * KVT_BLOCK + 4 + rows_len + 8;
+    if (len < fixed || memcmp(p, BLK_MAGIC, 8))
+        return kvt_fail(KVT_EFORMAT, "block %u: %zu bytes or bad magic (at least %zu expected)", b, len, fixed);
+    size_t payload = len - BLK_HDR - 8;
     if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8))
         return kvt_fail(KVT_ECORRUPT, "block %u: checksum mismatch", b);
     if (kvt_rd32(p + 8) != KVT_SNAP_VERSION || kvt_rd32(p + 12) != b || kvt_rd64(p + 16) != s->m->fingerprint ||
@@ -308,7 +334,9 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
         ids[i] = (int32_t)t;
     }
     if (kvt_snap_key_next(prev, ids) != key) return kvt_fail(KVT_EMISMATCH, "block %u: ids do not hash to its key", b);
-    const uint8_t *rows = p + BLK_HDR + 4 * KVT_BLOCK;
+    size_t text_len = kvt_rd32(p + BLK_HDR + 4 * KVT_BLOCK);
+    if (text_len != len - fixed) return kvt_fail(KVT_EFORMAT, "block %u: text of %zu bytes does not fit", b, text_len);
+    const uint8_t *rows = p + BLK_HDR + 4 * KVT_BLOCK + 4 + text_len;
     for (size_t i = 0; i < c->n_streams; i++) {
         const kvt_stream *st = &c->streams[i];
         for (size_t r = 0; r < st->rows_per_block; r++, rows += st->row_bytes) {
@@ -385,16 +413,18 @@ int kvt_session_snapshot(const kvt_session *cs, uint8_t **out, size_t *len)
     return *out ? KVT_OK : KVT_ENOMEM;
 }
 
-struct inline_blocks { const uint8_t *p; size_t len, off, block_len; };
+struct inline_blocks { const uint8_t *p; size_t len, off; };
 
+/* Inline block records follow each other; each states its payload length. */
 static int get_inline(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
 {
     struct inline_blocks *ib = user;
-    size_t at = ib->off + (size_t)b * ib->block_len;
-    if (at > ib->len || ib->len - at < ib->block_len)
-        return kvt_fail(KVT_EFORMAT, "snapshot: inline block %u missing", b);
-    *p = ib->p + at;
-    *len = ib->block_len;
+    if (ib->len - ib->off < BLK_HDR + 8) return kvt_fail(KVT_EFORMAT, "snapshot: inline block %u missing", b);
+    size_t n = BLK_HDR + (size_t)kvt_rd32(ib->p + ib->off + 44) + 8;
+    if (n > ib->len - ib->off) return kvt_fail(KVT_EFORMAT, "snapshot: inline block %u truncated", b);
+    *p = ib->p + ib->off;
+    *len = n;
+    ib->off += n;
     (void)key;
     return KVT_OK;
 }
@@ -406,13 +436,13 @@ int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len)
     int rc = kvt_snap_parse(s->m, buf, len, &in);
     if (rc) return rc;
     if (!(in.flags & KVT_SNAP_INLINE)) return kvt_fail(KVT_EFORMAT, "snapshot: blocks are not inline");
-    size_t blen = BLK_HDR + 4 * KVT_BLOCK + 8;
-    for (size_t i = 0; i < s->cache->n_streams; i++)
-        blen += (size_t)s->cache->streams[i].rows_per_block * s->cache->streams[i].row_bytes;
-    if ((len - in.rec_len) != (size_t)in.nb * blen)
-        return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of blocks for %u blocks", len - in.rec_len, in.nb);
-    struct inline_blocks ib = {buf, len, in.rec_len, blen};
-    return kvt_snap_load(s, buf, in.rec_len, get_inline, &ib);
+    struct inline_blocks ib = {buf, len, in.rec_len};
+    rc = kvt_snap_load(s, buf, in.rec_len, get_inline, &ib);
+    if (!rc && ib.off != len) {
+        reset(s);
+        rc = kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes after the last block", len - ib.off);
+    }
+    return rc;
 }
 
 /* ---- canonical cache bytes ---- */

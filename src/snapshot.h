@@ -39,9 +39,11 @@ int kvt_snap_parse_raw(const uint8_t *rec, size_t len, kvt_snap_info *out);
 /* Check a block record on its own: magic, checksum, version, and that its
  * ids hash to its key. *key (may be NULL) receives the key. */
 int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
+/* The text of a (checked) block record, borrowed from p. */
+int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen);
 /* kvt_snap_parse_raw plus the model's fingerprints (KVT_EMISMATCH). */
 int kvt_snap_parse(const kvt_model *m, const uint8_t *rec, size_t len, kvt_snap_info *out);
-/* Text section of a parsed record (rendered prefix). */
+/* Text section of a parsed record: the text of the ids after the last block. */
 static inline const uint8_t *kvt_snap_text(const kvt_snap_info *in, size_t *len)
 {
     *len = in->sec_len[3];

@@ -308,10 +308,17 @@ int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, 
     size_t nb = in.nb, tail_n = n - nb * KVT_BLOCK;
     int64_t head = (int64_t)in.head;
     int64_t tail = (int64_t)kvt_snap_tail_hash(in.head, s->tokens + nb * KVT_BLOCK, tail_n);
-    size_t text_len;
-    const uint8_t *text = kvt_snap_text(&in, &text_len);
-    char preview[64];
-    preview_of((const char *)text, text_len, preview, sizeof preview);
+    char head_text[256], preview[64];
+    size_t hl = 0;
+    for (size_t i = 0; i < n && i < 64 && hl < sizeof head_text; i++) {
+        const char *pc;
+        size_t pl;
+        if (kvt_token_piece(s->m, s->tokens[i], &pc, &pl) != KVT_OK) continue;
+        if (pl > sizeof head_text - hl) pl = sizeof head_text - hl;
+        memcpy(head_text + hl, pc, pl);
+        hl += pl;
+    }
+    preview_of(head_text, hl, preview, sizeof preview);
     if ((rc = exec(st, "BEGIN IMMEDIATE"))) goto out;
     int64_t id = -1;
     {
@@ -727,18 +734,35 @@ int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
 
 int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 {
-    sqlite3_stmt *stmt = NULL;
+    sqlite3_stmt *stmt = NULL, *blk = NULL;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
     if (r != SQLITE_ROW) return q_ok(r) ? kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id) : sql_fail(st, "show");
     kvt_snap_info in;
+    kvt_wbuf out = {0};
     int rc = kvt_snap_parse_raw(sqlite3_column_blob(stmt, 0), (size_t)sqlite3_column_bytes(stmt, 0), &in);
+    if (!rc && sqlite3_prepare_v2(st->db, "SELECT data FROM blocks WHERE key = ?", -1, &blk, NULL) != SQLITE_OK)
+        rc = sql_fail(st, "show");
+    /* the prefix's text: every block's text, then the tail's */
+    for (uint32_t b = 0; !rc && b < in.nb; b++) {
+        sqlite3_reset(blk);
+        sqlite3_bind_int64(blk, 1, (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b));
+        const uint8_t *t;
+        size_t tl;
+        if (sqlite3_step(blk) != SQLITE_ROW) rc = kvt_fail(KVT_EFORMAT, "block %u is missing", b);
+        else if (!(rc = kvt_snap_block_text(sqlite3_column_blob(blk, 0), (size_t)sqlite3_column_bytes(blk, 0), &t, &tl)))
+            kvt_wbuf_put(&out, t, tl);
+    }
     if (!rc) {
         size_t n;
         const uint8_t *t = kvt_snap_text(&in, &n);
-        *text = kvt_strndup((const char *)t, n);
-        *len = n;
-        if (!*text) rc = KVT_ENOMEM;
+        kvt_wbuf_put(&out, t, n);
+        kvt_wbuf_put(&out, "", 1);
+        if (out.oom) rc = kvt_fail(KVT_ENOMEM, "text");
     }
+    sqlite3_finalize(blk);
     sqlite3_finalize(stmt);
-    return rc;
+    if (rc) { kvt_wbuf_free(&out); return rc; }
+    *text = (char *)out.p;
+    *len = out.len - 1;
+    return KVT_OK;
 }
