@@ -25,6 +25,7 @@
  * never the one evicted.
  */
 #include "snapshot.h"
+#include "store.h"
 #include "model.h"
 #include "util.h"
 
@@ -246,6 +247,13 @@ void kvt_store_close(kvt_store *st)
 }
 
 void kvt_store_set_quiet(kvt_store *st, bool quiet) { st->quiet = quiet; }
+
+int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
+{
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count = %u", pages);
+    return exec(st, sql);
+}
 
 /* ---- removal and eviction (inside a write transaction) ---- */
 

@@ -1,0 +1,582 @@
+/* The disk tier: persist round trips through separate processes, shared
+ * prefixes across processes, crash safety under SIGKILL, corruption and
+ * truncation detection, foreign and future records, the budget's eviction
+ * order, dedupe of nested snapshots, a full disk, and the save policy. */
+#include "test.h"
+#include "model.h"
+#include "snapshot.h"
+#include "store.h"
+#include "util.h"
+
+#include <math.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+static void tmpdir(char *out, size_t cap, const char *tag)
+{
+    snprintf(out, cap, "/tmp/kvtier-store-%s-%d", tag, (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+    if (system(cmd) != 0) {}
+}
+
+static void rmdir_all(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {}
+}
+
+static void seqb(int32_t *t, size_t n, uint64_t seed)
+{
+    t[0] = 256;
+    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
+}
+
+/* Digest of a session's logits and canonical cache bytes. */
+static uint64_t digest(const kvt_session *s, const kvt_model *m)
+{
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    uint8_t *c = NULL;
+    size_t len = 0;
+    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
+    uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
+    free(c);
+    return h ^ kvt_session_len(s);
+}
+
+/* Uninterrupted run of t[0..n). */
+static uint64_t twin(kvt_model *m, const int32_t *t, size_t n)
+{
+    kvt_session *s = NULL;
+    uint64_t h = 0;
+    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = digest(s, m);
+    kvt_session_free(s);
+    return h;
+}
+
+static kvt_model *open_named(const char *name)
+{
+    kvt_model *m = NULL;
+    if (!strcmp(name, "ds4-tiny")) kvt_model_preset(&m, "ds4-tiny", 7, NULL);
+    else if (kvt_test_shared(name)) kvt_model_open(&m, kvt_test_shared(name));
+    return m;
+}
+
+/* In a child process (a fresh model, store and session): restore the longest
+ * stored prefix of t[0..n), continue to n, report the digest and the reused
+ * length through a pipe. */
+static bool child_continue(const char *model, const char *dir, const int32_t *t, size_t n, uint64_t *h, size_t *reused)
+{
+    int fd[2];
+    if (pipe(fd)) return false;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        uint64_t out[2] = {0, 0};
+        kvt_model *m = open_named(model);
+        kvt_store *st = NULL;
+        kvt_session *s = NULL;
+        size_t r = 0;
+        if (m && !kvt_store_open(&st, dir, 0) && !kvt_session_new(&s, m, NULL) &&
+            !kvt_store_restore_prefix(st, s, t, n, &r) && !kvt_session_sync(s, t, n, NULL)) {
+            out[0] = digest(s, m);
+            out[1] = r;
+        }
+        if (write(fd[1], out, sizeof out) != sizeof out) _exit(3);
+        _exit(0);
+    }
+    close(fd[1]);
+    uint64_t in[2] = {0, 0};
+    bool ok = read(fd[0], in, sizeof in) == sizeof in;
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *h = in[0];
+    *reused = (size_t)in[1];
+    return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 && in[0];
+}
+
+static void persist_round_trip(const char *model, size_t save_at, size_t n)
+{
+    kvt_model *m = open_named(model);
+    if (!m) SKIP("%s absent", model);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "rt");
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    int32_t *t = malloc(n * sizeof *t);
+    uint64_t seed = 31;
+    t[0] = info.bos;
+    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(3 + kvt_test_rand(&seed) % (info.n_vocab < 256 ? info.n_vocab - 3 : 250));
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, t, save_at, NULL));
+    CHECK_OK(kvt_store_save(st, s, save_at, "manual", NULL));
+    kvt_store_close(st);
+    uint64_t h = 0, want = twin(m, t, n);
+    size_t reused = 0;
+    CHECK(child_continue(model, dir, t, n, &h, &reused));
+    CHECKF(reused == save_at, "reused %zu of %zu", reused, save_at);
+    CHECKF(h == want, "%s: continued state differs from the uninterrupted run", model);
+    kvt_session_free(s);
+    free(t);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+TEST(store_persist_round_trip_ds4)
+{
+    persist_round_trip("ds4-tiny", 300, 520);  /* off the block grid */
+    if (kvt_test_failed()) return;
+    persist_round_trip("ds4-tiny", 384, 400);  /* on it */
+}
+
+TEST(store_persist_round_trip_llama)
+{
+    persist_round_trip("models/stories260K.gguf", 200, 300);
+}
+
+TEST(store_shared_prefix_across_processes)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "shared");
+    enum { P = 260, N = 400 };
+    int32_t a[N], b[N];
+    seqb(a, N, 41);
+    memcpy(b, a, sizeof a);
+    for (size_t i = P; i < N; i++) b[i] = (a[i] + 5) % 256;
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, P, NULL));
+    CHECK_OK(kvt_store_save(st, s, P, "manual", NULL));
+    kvt_store_close(st);
+    uint64_t ha, hb;
+    size_t ra, rb;
+    CHECK(child_continue("ds4-tiny", dir, a, N, &ha, &ra));
+    CHECK(child_continue("ds4-tiny", dir, b, N, &hb, &rb));
+    CHECK(ra == P && rb == P);
+    CHECK(ha == twin(m, a, N));
+    CHECK(hb == twin(m, b, N));
+    CHECK(ha != hb);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+TEST(store_crash_safety_sigkill)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "crash");
+    enum { N = 700 };
+    int32_t t[N];
+    seqb(t, N, 43);
+    uint64_t st_seed = kvt_test_seed("store_crash_safety_sigkill");
+    int rounds = 12;
+    for (int round = 0; round < rounds; round++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) { /* save prefixes of t as fast as possible until killed */
+            kvt_store *st = NULL;
+            kvt_session *s = NULL;
+            if (kvt_store_open(&st, dir, 1u << 20) || kvt_session_new(&s, m, NULL)) _exit(1);
+            kvt_store_set_quiet(st, true);
+            for (size_t k = 0;; k++) {
+                size_t n = 100 + (k * 37 + (size_t)round * 11) % (N - 100);
+                kvt_session_sync(s, t, n, NULL);
+                kvt_store_save(st, s, n, "continued", NULL);
+            }
+        }
+        usleep((useconds_t)(2000 + kvt_test_rand(&st_seed) % 40000));
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        /* Every entry still loads to exactly the state of its prefix. */
+        kvt_store *st = NULL;
+        CHECK_OK(kvt_store_open(&st, dir, 1u << 20));
+        kvt_store_set_quiet(st, true);
+        size_t bad = 0, checked = 0;
+        CHECK_OK(kvt_store_verify(st, &bad, &checked));
+        CHECKF(bad == 0, "round %d: %zu damaged records after SIGKILL", round, bad);
+        kvt_store_entry *e = NULL;
+        size_t ne = 0;
+        CHECK_OK(kvt_store_list(st, &e, &ne));
+        for (size_t i = 0; i < ne && i < 4; i++) {
+            kvt_session *s = NULL;
+            CHECK_OK(kvt_session_new(&s, m, NULL));
+            CHECK_OK(kvt_store_load(st, e[i].id, s));
+            CHECK(kvt_session_len(s) == e[i].n_tokens);
+            CHECK(!memcmp(kvt_session_tokens(s), t, e[i].n_tokens * sizeof(int32_t)));
+            CHECKF(digest(s, m) == twin(m, t, e[i].n_tokens), "round %d: entry %lld loads wrong", round,
+                   (long long)e[i].id);
+            kvt_session_free(s);
+        }
+        free(e);
+        kvt_store_close(st);
+    }
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* Rewrite a stored blob through SQL (the tests' way of damaging a record). */
+static void tamper(const char *dir, const char *table, const char *col, int64_t id, const uint8_t *data, size_t len)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_open(path, &db);
+    sqlite3_busy_timeout(db, 5000);
+    char sql[200];
+    snprintf(sql, sizeof sql, "UPDATE %s SET data = ? WHERE %s = ?", table, col);
+    sqlite3_stmt *stmt = NULL;
+    sqlite3_prepare_v2(db, sql, -1, &stmt, NULL);
+    sqlite3_bind_blob(stmt, 1, data, (int)len, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(stmt, 2, id);
+    sqlite3_step(stmt);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+}
+
+static uint8_t *fetch(const char *dir, const char *sql, int64_t id, size_t *len)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_open(path, &db);
+    sqlite3_stmt *stmt = NULL;
+    uint8_t *out = NULL;
+    sqlite3_prepare_v2(db, sql, -1, &stmt, NULL);
+    sqlite3_bind_int64(stmt, 1, id);
+    if (sqlite3_step(stmt) == SQLITE_ROW) {
+        *len = (size_t)sqlite3_column_bytes(stmt, 0);
+        out = malloc(*len);
+        memcpy(out, sqlite3_column_blob(stmt, 0), *len);
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return out;
+}
+
+/* Save one snapshot of t[0..n) into a fresh store; returns its id. */
+static int64_t fresh_store(kvt_model *m, const char *dir, const int32_t *t, size_t n)
+{
+    rmdir_all(dir);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    int64_t id = -1;
+    if (!kvt_store_open(&st, dir, 0) && !kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL))
+        kvt_store_save(st, s, n, "manual", &id);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    return id;
+}
+
+/* Load entry id; true when refused (and then it must be gone or skipped). */
+static bool refused(kvt_model *m, const char *dir, int64_t id, int *rc_out)
+{
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    if (kvt_store_open(&st, dir, 0) || kvt_session_new(&s, m, NULL)) return false;
+    kvt_store_set_quiet(st, true);
+    int rc = kvt_store_load(st, id, s);
+    bool empty = kvt_session_len(s) == 0;
+    if (rc_out) *rc_out = rc;
+    kvt_session_free(s);
+    kvt_store_close(st);
+    return rc != KVT_OK && empty;
+}
+
+TEST(store_corruption_and_truncation)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "corrupt");
+    enum { N = 300 };
+    int32_t t[N];
+    seqb(t, N, 47);
+    int64_t id = fresh_store(m, dir, t, N);
+    CHECK(id > 0);
+    size_t len = 0, blen = 0;
+    uint8_t *rec = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &len);
+    int64_t key = 0;
+    {
+        kvt_snap_info in;
+        CHECK_OK(kvt_snap_parse_raw(rec, len, &in));
+        key = (int64_t)kvt_rd64(in.sec[6] + 8); /* block 1 */
+    }
+    uint8_t *blk = fetch(dir, "SELECT data FROM blocks WHERE key = ?", key, &blen);
+    CHECK(rec && blk);
+    uint8_t *bad = malloc(len > blen ? len : blen);
+    uint64_t seed = kvt_test_seed("store_corruption_and_truncation");
+    int flips = 0;
+    /* single-byte flips at sampled positions of the record, then of a block */
+    for (int which = 0; which < 2; which++) {
+        const uint8_t *src = which ? blk : rec;
+        size_t n = which ? blen : len;
+        for (size_t k = 0; k < 24; k++) {
+            size_t pos = k < 8 ? k * n / 8 : kvt_test_rand(&seed) % n;
+            int64_t fid = fresh_store(m, dir, t, N);
+            memcpy(bad, src, n);
+            bad[pos] ^= (uint8_t)(1u << (kvt_test_rand(&seed) % 8));
+            tamper(dir, which ? "blocks" : "snaps", which ? "key" : "id", which ? key : fid, bad, n);
+            int rc;
+            CHECKF(refused(m, dir, fid, &rc), "%s flip at %zu of %zu loaded", which ? "block" : "record", pos, n);
+            /* removed from the store, which stays usable */
+            kvt_store *st = NULL;
+            CHECK_OK(kvt_store_open(&st, dir, 0));
+            size_t match = 1;
+            int64_t got;
+            CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &got));
+            CHECK(match == 0);
+            kvt_store_close(st);
+            flips++;
+        }
+    }
+    /* truncation at every section boundary of the record */
+    kvt_snap_info in;
+    CHECK_OK(kvt_snap_parse_raw(rec, len, &in));
+    size_t cuts[16], nc = 0;
+    cuts[nc++] = 0;
+    cuts[nc++] = 8;
+    cuts[nc++] = 64;
+    for (int sct = 1; sct <= 6; sct++) cuts[nc++] = (size_t)(in.sec[sct] - rec);
+    cuts[nc++] = len - 1;
+    for (size_t k = 0; k < nc; k++) {
+        int64_t fid = fresh_store(m, dir, t, N);
+        tamper(dir, "snaps", "id", fid, rec, cuts[k]);
+        CHECKF(refused(m, dir, fid, NULL), "record truncated at %zu loaded", cuts[k]);
+    }
+    printf("    %d flips and %zu truncations refused\n", flips, nc);
+    free(bad);
+    free(rec);
+    free(blk);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* Rewrite a header field and re-seal the header checksum. */
+static void reseal(uint8_t *rec, size_t off, uint64_t v, int width)
+{
+    for (int k = 0; k < width; k++) rec[off + k] = (uint8_t)(v >> (8 * k));
+    size_t hdr = 64 + 6 * 24 + 8;
+    uint64_t h = XXH3_64bits(rec, hdr - 8);
+    for (int k = 0; k < 8; k++) rec[hdr - 8 + k] = (uint8_t)(h >> (8 * k));
+}
+
+TEST(store_foreign_and_future_records)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "foreign");
+    enum { N = 200 };
+    int32_t t[N];
+    seqb(t, N, 53);
+    size_t len = 0;
+    struct { size_t off; int width; uint64_t xor; int want; bool kept; const char *what; } cases[] = {
+        {16, 8, 1, KVT_EMISMATCH, false, "another model"},
+        {24, 8, 1, KVT_EMISMATCH, false, "another tokenizer"},
+        {8, 4, 3 ^ 2, KVT_EFORMAT, true, "a future version"}, /* version 2 -> 3: skipped, kept */
+    };
+    for (size_t c = 0; c < 3; c++) {
+        int64_t id = fresh_store(m, dir, t, N);
+        uint8_t *rec = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &len);
+        uint64_t v = c < 2 ? kvt_rd64(rec + cases[c].off) : kvt_rd32(rec + cases[c].off);
+        reseal(rec, cases[c].off, v ^ cases[c].xor, cases[c].width);
+        tamper(dir, "snaps", "id", id, rec, len);
+        int rc = 0;
+        CHECKF(refused(m, dir, id, &rc) && rc == cases[c].want, "%s: %s", cases[c].what, kvt_strerror(rc));
+        size_t left = 0;
+        uint8_t *still = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &left);
+        CHECKF((still != NULL) == cases[c].kept, "%s: entry %s", cases[c].what, still ? "kept" : "removed");
+        free(still);
+        free(rec);
+    }
+    /* A model with other weights never even matches the keys. */
+    kvt_model *other = NULL;
+    CHECK_OK(kvt_model_preset(&other, "ds4-tiny", 8, NULL));
+    fresh_store(m, dir, t, N);
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    size_t match = 1;
+    int64_t got;
+    CHECK_OK(kvt_store_lookup(st, other, t, N, &match, &got));
+    CHECK(match == 0);
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &got));
+    CHECK(match == N);
+    kvt_store_close(st);
+    kvt_model_close(other);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+TEST(store_budget_lru_and_dedupe)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "budget");
+    enum { N = 32768 };
+    int32_t *t = malloc(N * sizeof *t);
+    seqb(t, N, 59);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.n_ctx = N};
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    /* dedupe: nested snapshots at 2K, 4K, ... 32K vs the 32K one alone */
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, N, "manual", NULL));
+    kvt_store_stats a, b;
+    CHECK_OK(kvt_store_stats_get(st, &a));
+    for (size_t k = 2048; k < N; k += 2048) CHECK_OK(kvt_store_save(st, s, k, "continued", NULL));
+    CHECK_OK(kvt_store_stats_get(st, &b));
+    double ratio = (double)b.bytes / (double)a.bytes;
+    printf("    16 nested snapshots: %llu bytes vs %llu for 32K alone (%.3fx); %llu blocks\n",
+           (unsigned long long)b.bytes, (unsigned long long)a.bytes, ratio, (unsigned long long)b.blocks);
+    CHECK(b.blocks == a.blocks && b.snapshots == 16);
+    CHECKF(ratio <= 1.25, "nested snapshots take %.3fx", ratio);
+    kvt_store_close(st);
+    rmdir_all(dir);
+    /* LRU: three snapshots of different prompts; using A makes B the oldest */
+    int32_t u[3][600];
+    for (int i = 0; i < 3; i++) seqb(u[i], 600, 61 + (uint64_t)i);
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    int64_t ids[4];
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(kvt_session_sync(s, u[i], 600, NULL));
+        CHECK_OK(kvt_store_save(st, s, 600, "manual", &ids[i]));
+    }
+    kvt_store_stats one;
+    CHECK_OK(kvt_store_stats_get(st, &one));
+    kvt_store_close(st);
+    CHECK_OK(kvt_store_open(&st, dir, one.bytes + one.bytes / 6)); /* room for three and a half */
+    CHECK_OK(kvt_store_load(st, ids[0], s));                        /* A used: B is now the LRU */
+    int32_t d[600];
+    seqb(d, 600, 71);
+    CHECK_OK(kvt_session_sync(s, d, 600, NULL));
+    CHECK_OK(kvt_store_save(st, s, 600, "manual", &ids[3]));
+    kvt_store_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    bool has[4] = {0};
+    for (size_t i = 0; i < ne; i++)
+        for (int k = 0; k < 4; k++) has[k] |= e[i].id == ids[k];
+    free(e);
+    CHECKF(has[0] && !has[1] && has[2] && has[3], "after eviction: A %d B %d C %d D %d", has[0], has[1], has[2], has[3]);
+    /* A budget smaller than one snapshot still keeps the one just written. */
+    kvt_store_close(st);
+    CHECK_OK(kvt_store_open(&st, dir, 1000));
+    CHECK_OK(kvt_session_sync(s, u[1], 600, NULL));
+    int64_t last;
+    CHECK_OK(kvt_store_save(st, s, 600, "manual", &last));
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    CHECK(ne == 1 && e[0].id == last);
+    free(e);
+    kvt_store_stats z;
+    CHECK_OK(kvt_store_stats_get(st, &z));
+    CHECK(z.evictions >= 4);
+    kvt_store_close(st);
+    kvt_session_free(s);
+    free(t);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+TEST(store_full_disk_fails_cleanly)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "full");
+    enum { N = 1500 };
+    int32_t t[N];
+    seqb(t, N, 67);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    /* cap the database as a full disk would */
+    CHECK_OK(kvt_store_limit_pages(st, 1)); /* no growth past its current size */
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    int rc = kvt_store_save(st, s, N, "manual", NULL);
+    CHECKF(rc == KVT_EIO, "save into a full store: %s", kvt_strerror(rc));
+    CHECK(strstr(kvt_errmsg(), "full") != NULL);
+    kvt_store_stats z;
+    CHECK_OK(kvt_store_stats_get(st, &z));
+    CHECK(z.snapshots == 0 && z.save_errors == 1);
+    /* the process goes on: once there is room, saving works again */
+    CHECK_OK(kvt_store_limit_pages(st, 1u << 30));
+    CHECK_OK(kvt_session_sync(s, t, 100, NULL));
+    CHECK_OK(kvt_store_save(st, s, 100, "manual", NULL));
+    kvt_store_close(st);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+TEST(store_policy_and_lookup_longest)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "policy");
+    enum { N = 5000 };
+    int32_t *t = malloc(N * sizeof *t);
+    seqb(t, N, 73);
+    kvt_save_policy p = {512, 32, 2048, 4096};
+    kvt_session_opts so = {.n_ctx = 8192, .checkpoint_interval = kvt_save_policy_grid(&p)};
+    CHECK(so.checkpoint_interval == 2048);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    size_t saved = 0;
+    CHECK_OK(kvt_store_apply_policy(st, s, &p, N, 0, &saved));
+    /* cold at align_down(5000 - 32, 2048) = 4096; continued at 4096 (same) -> one entry */
+    kvt_store_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    CHECKF(ne == 1 && e[0].n_tokens == 4096 && !strcmp(e[0].reason, "cold"), "%zu entries", ne);
+    free(e);
+    /* too short for a cold save */
+    kvt_session *s2 = NULL;
+    CHECK_OK(kvt_session_new(&s2, m, &so));
+    CHECK_OK(kvt_session_sync(s2, t + 1, 540, NULL));
+    CHECK_OK(kvt_store_apply_policy(st, s2, &p, 540, 0, &saved));
+    CHECK(saved == 0);
+    /* longest stored prefix wins; a diverging prompt finds the shorter one */
+    CHECK_OK(kvt_store_save(st, s, 2048, "manual", NULL));
+    size_t match;
+    int64_t id;
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECK(match == 4096);
+    t[3000] ^= 1;
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECK(match == 2048);
+    t[3000] ^= 1;
+    CHECK_OK(kvt_store_lookup(st, m, t, 4095, &match, &id));
+    CHECK(match == 2048);
+    kvt_session_free(s2);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    free(t);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
