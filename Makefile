@@ -3,7 +3,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer in a separate build tree.
 
 CC      ?= cc
-PKGS    := libpcre2-8 jansson libxxhash sqlite3
+PKGS    := libpcre2-8 jansson libxxhash sqlite3 libmicrohttpd
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every fma
 # in the kernels is explicit so scalar and AVX2 paths share one rounding order.
 OPT     ?= -O2 -g
@@ -22,7 +22,7 @@ LIB     := $(BUILD)/libkvtier.a
 BIN     := $(BUILD)/kvtier
 TBIN    := $(BUILD)/kvtier-tests
 
-.PHONY: all test asan bench clean
+.PHONY: all test asan bench tools clean
 all: $(BIN)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h include/*.h) | $(BUILD)/obj
@@ -50,6 +50,11 @@ asan:
 
 bench: $(BIN)
 	./bench/run.sh $(BIN)
+
+# tools/store_io measures the durable-write strategies (docs/STORE.md).
+tools: $(BUILD)/store_io
+$(BUILD)/store_io: tools/store_io.c | $(BUILD)/obj
+	$(CC) -O2 -Wall -o $@ $< $(shell pkg-config --libs sqlite3)
 
 clean:
 	rm -rf build build-asan

@@ -72,6 +72,8 @@ struct kvt_session {
  * position; forget all. */
 void kvt_session_checkpoint(kvt_session *s);
 void kvt_session_ckpt_clear(kvt_session *s);
+/* RAM held by a session's cache and checkpoints. */
+size_t kvt_session_bytes(const kvt_session *s);
 
 /* Architectures. */
 extern const kvt_arch kvt_arch_llama;

@@ -323,3 +323,11 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     *n_scored = n - 1;
     return KVT_OK;
 }
+
+size_t kvt_session_bytes(const kvt_session *s)
+{
+    size_t b = kvt_cache_bytes_allocated(s->cache);
+    for (size_t i = 0; i < s->n_ckpt; i++)
+        b += s->ckpt[i].state.cap + (size_t)s->m->info.n_vocab * sizeof(float);
+    return b;
+}
