@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "server.h"
 
 /* ---- argument parsing ---- */
 
@@ -481,6 +482,38 @@ out:
     return ret;
 }
 
+static int cmd_serve(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
+               {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--max-body-mb"}, {"--any-model", NULL, true}, DISK_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    if (parse_opts(argc, argv, o, no)) return 2;
+    disk_cfg disk;
+    if (!parse_disk(o, no, &disk)) return 2;
+    uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32;
+    if (!parse_u64(get(o, no, "--port"), "--port", 65535, &port) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
+        !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
+        !parse_u64(get(o, no, "--queue"), "--queue", 1u << 16, &queue) ||
+        !parse_u64(get(o, no, "--kv-ram-mb"), "--kv-ram-mb", 1u << 30, &ram_mb) ||
+        !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb))
+        return 2;
+    const char *key = get(o, no, "--api-key");
+    if (!key) key = getenv("KVTIER_API_KEY");
+    kvt_server_opts so = {
+        .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
+        .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
+        .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
+        .queue = (uint32_t)(queue ? queue : 1), .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
+        .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
+        .api_key = key && *key ? key : NULL, .any_model = get(o, no, "--any-model") != NULL, .policy = disk.policy,
+    };
+    int rc = kvt_serve(&so);
+    if (rc) return fail(rc, "serve");
+    return 0;
+}
+
 static void print_bytes(const char *what, uint64_t b)
 {
     printf("%-12s %20llu B  %12.3f MiB\n", what, (unsigned long long)b, b / 1048576.0);
@@ -550,6 +583,9 @@ static void usage(FILE *f)
           "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
+          "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
+          "              [--threads N] [--max-tokens N (1024)] [--queue N (8)] [--kv-ram-mb N (2048)]\n"
+          "              [--api-key K | $KVTIER_API_KEY] [--max-body-mb N (32)] [--any-model] [disk options]\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
           "\n"
@@ -578,6 +614,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "model")) return cmd_model(argc, argv);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
     if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc, argv);
     if (!strcmp(cmd, "bench")) return kvt_bench_main(argc, argv);
     fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -1,0 +1,841 @@
+/* kvtier serve: the OpenAI- and Anthropic-compatible HTTP server and its
+ * cache tiers.
+ *
+ * Transport: libmicrohttpd, one thread per connection, loopback by default.
+ * Request bodies are bounded; the API shapes (parsing, templates, response
+ * JSON, SSE events, error bodies) live in api.c.
+ *
+ * Inference: one worker thread runs jobs from a bounded queue (the CPU is
+ * the bottleneck; a full queue answers 429 with Retry-After). Streaming
+ * responses read from the job's output buffer; while a long prefill runs the
+ * reader sends an SSE comment at least every KEEPALIVE seconds, and a client
+ * that goes away cancels the prefill at its next chunk (what was computed
+ * stays in the session, and checkpoint saves still happen).
+ *
+ * Tiers, in the order a request tries them:
+ *   1. RAM: a pool of live sessions under --kv-ram-mb. The request goes to
+ *      the session with the longest reusable prefix, matched on token ids or,
+ *      when the client resent the conversation as text, on the rendered bytes
+ *      of the session's exact sampled tokens (only the new suffix is then
+ *      tokenized, so a sampled token that the tokenizer would split
+ *      differently does not break reuse). Least recently used sessions are
+ *      saved to disk (reason evict) and dropped beyond the budget.
+ *   2. Disk: the store (store.c), when it covers more of the prompt.
+ *   3. Prefill, with snapshot saves per the save policy (policy.c).
+ */
+#include "api.h"
+#include "model.h"
+#include "server.h"
+#include "snapshot.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KEEPALIVE 2          /* seconds between SSE comments while waiting */
+#define MAX_POOL 64
+
+/* ---- metrics ---- */
+
+static const double hist_bounds[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60};
+#define N_BOUNDS (sizeof hist_bounds / sizeof hist_bounds[0])
+typedef struct hist { uint64_t bucket[N_BOUNDS + 1]; double sum; uint64_t count; } hist;
+
+static void hist_add(hist *h, double v)
+{
+    size_t i = 0;
+    while (i < N_BOUNDS && v > hist_bounds[i]) i++;
+    h->bucket[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+typedef struct metrics {
+    uint64_t requests[4][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
+    uint64_t prompt_tokens, prefilled, generated;
+    uint64_t reused_ram, reused_disk, hits_ram, hits_disk, misses;
+    uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
+    hist load, save, prefill;
+} metrics;
+
+/* ---- jobs ---- */
+
+typedef struct job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                     /* handler/response + worker */
+    kvt_request req;
+    kvt_api api;
+    bool stream, done, canceled, started;
+    int status;                   /* HTTP status when done */
+    char *body;                   /* non-streaming: the full response */
+    kvt_wbuf out;                 /* streaming: SSE bytes produced so far */
+    size_t sent;
+    char tier[16];
+    size_t reused;
+    struct job *next;
+} job;
+
+typedef struct pooled {
+    kvt_session *s;
+    uint64_t last_used;
+} pooled;
+
+typedef struct server {
+    kvt_server_opts o;
+    kvt_model *m;
+    char model_id[128];
+    kvt_store *store;
+    pooled pool[MAX_POOL];
+    size_t n_pool;
+    uint64_t clock;
+    pthread_mutex_t mu;           /* queue, metrics */
+    pthread_cond_t cv;
+    job *head, *tail;
+    size_t queued;
+    bool stopping, busy;
+    pthread_t worker;
+    metrics mx;
+    long started;
+} server;
+
+static job *job_new(void)
+{
+    job *j = kvt_calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    return j;
+}
+
+static void job_unref(job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    kvt_request_free(&j->req);
+    free(j->body);
+    kvt_wbuf_free(&j->out);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+static void job_emit(job *j, char *sse)
+{
+    if (!sse) return;
+    pthread_mutex_lock(&j->mu);
+    kvt_wbuf_put(&j->out, sse, strlen(sse));
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    free(sse);
+}
+
+static bool job_canceled(job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool c = j->canceled;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+static void job_finish(job *j, int status, char *body)
+{
+    pthread_mutex_lock(&j->mu);
+    j->status = status;
+    if (j->stream && body) {
+        kvt_wbuf_put(&j->out, body, strlen(body));
+        free(body);
+    } else {
+        j->body = body;
+    }
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* ---- the RAM tier ---- */
+
+static size_t pool_bytes(server *sv)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < sv->n_pool; i++) b += kvt_session_bytes(sv->pool[i].s);
+    return b;
+}
+
+static void pool_drop(server *sv, size_t i, const char *reason)
+{
+    kvt_session *s = sv->pool[i].s;
+    if (sv->store && kvt_session_len(s) >= sv->o.policy.min_tokens) {
+        double t0 = kvt_now();
+        int rc = kvt_store_save(sv->store, s, kvt_session_len(s), reason, NULL);
+        pthread_mutex_lock(&sv->mu);
+        hist_add(&sv->mx.save, kvt_now() - t0);
+        if (rc) sv->mx.disk_save_errors++;
+        else sv->mx.disk_saves++;
+        pthread_mutex_unlock(&sv->mu);
+    }
+    kvt_session_free(s);
+    sv->pool[i] = sv->pool[--sv->n_pool];
+}
+
+/* Longest prefix of a session's exact tokens whose rendered bytes start the
+ * prompt text: the retokenization defence. Returns the token count. */
+static size_t text_match(const kvt_model *m, const kvt_session *s, const char *text, size_t len)
+{
+    const int32_t *t = kvt_session_tokens(s);
+    size_t n = kvt_session_len(s), off = 0, k = 0;
+    for (; k < n; k++) {
+        const char *p;
+        size_t pl;
+        if (kvt_token_piece(m, t[k], &p, &pl) != KVT_OK || pl > len - off || memcmp(text + off, p, pl)) break;
+        off += pl;
+    }
+    return k;
+}
+
+/* Tokens of the prompt for a session whose first k tokens render the start
+ * of the prompt text: its exact tokens, then the suffix tokenized alone. */
+static int splice(const kvt_model *m, const kvt_session *s, size_t k, const char *text, size_t len,
+                  int32_t **out, size_t *n)
+{
+    const int32_t *t = kvt_session_tokens(s);
+    size_t off = 0;
+    for (size_t i = 0; i < k; i++) {
+        const char *p;
+        size_t pl;
+        kvt_token_piece(m, t[i], &p, &pl);
+        off += pl;
+    }
+    int32_t *suf = NULL;
+    size_t ns = 0;
+    int rc = kvt_tokenizer_encode(m->tok, text + off, len - off, false, true, &suf, &ns);
+    if (rc) return rc;
+    int32_t *all = kvt_malloc((k + ns + 1) * sizeof *all);
+    if (!all) { free(suf); return KVT_ENOMEM; }
+    memcpy(all, t, k * sizeof *all);
+    memcpy(all + k, suf, ns * sizeof *all);
+    free(suf);
+    *out = all;
+    *n = k + ns;
+    return KVT_OK;
+}
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* ---- running a job ---- */
+
+struct prog { server *sv; job *j; double last; };
+
+static bool on_progress(void *user, size_t done, size_t total)
+{
+    struct prog *p = user;
+    if (job_canceled(p->j)) return false;
+    double now = kvt_now();
+    if (p->j->stream && now - p->last >= 1.0) {
+        char buf[96];
+        snprintf(buf, sizeof buf, ": prefill %zu/%zu\n\n", done, total);
+        job_emit(p->j, kvt_strndup(buf, strlen(buf)));
+        p->last = now;
+    }
+    return true;
+}
+
+/* Emit text that is complete: hold back a partial UTF-8 sequence at the end
+ * and anything that could still become a stop sequence. */
+static size_t safe_len(const char *text, size_t len, const kvt_request *r)
+{
+    size_t keep = len;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        for (size_t k = sl > 1 ? sl - 1 : 0; k > 0; k--)
+            if (k <= len && !memcmp(text + len - k, r->stop[i], k)) {
+                if (len - k < keep) keep = len - k;
+                break;
+            }
+    }
+    /* back up to a UTF-8 boundary */
+    size_t b = keep;
+    while (b > 0 && b > keep - 4 && ((unsigned char)text[b - 1] & 0xC0) == 0x80) b--;
+    if (b > 0) {
+        unsigned char c = (unsigned char)text[b - 1];
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (keep - (b - 1) < need) keep = b - 1;
+    }
+    return keep;
+}
+
+static void run_job(server *sv, job *j)
+{
+    kvt_model *m = sv->m;
+    kvt_request *r = &j->req;
+    char id[48];
+    snprintf(id, sizeof id, "%s%llx%04x", j->api == KVT_API_MESSAGES ? "msg_" : "chatcmpl-",
+             (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
+    long created = (long)time(NULL);
+    int32_t *toks = NULL;
+    size_t n = 0;
+    kvt_sampler *smp = NULL;
+    kvt_wbuf text = {0};
+    int rc = kvt_tokenizer_encode(m->tok, r->prompt, r->prompt_len, r->prompt_has_bos ? false : m->info.add_bos,
+                                  r->prompt_has_bos, &toks, &n);
+    if (rc) { job_finish(j, 400, kvt_error_json(j->api, 400, kvt_errmsg())); return; }
+    /* tier 1: RAM. Per session: the common token prefix, or (when the client
+     * resent our output as text) the longer prefix matched on its bytes. */
+    size_t best = SIZE_MAX, reuse = 0;
+    int32_t *best_alt = NULL;
+    size_t best_alt_n = 0;
+    for (size_t i = 0; i < sv->n_pool; i++) {
+        kvt_session *s = sv->pool[i].s;
+        size_t c = common_prefix(kvt_session_tokens(s), kvt_session_len(s), toks, n);
+        size_t k = text_match(m, s, r->prompt, r->prompt_len);
+        int32_t *alt = NULL;
+        size_t na = 0;
+        if (k > c && splice(m, s, k, r->prompt, r->prompt_len, &alt, &na) == KVT_OK) c = k;
+        if (c > reuse) {
+            reuse = c;
+            best = i;
+            free(best_alt);
+            best_alt = alt;
+            best_alt_n = na;
+        } else {
+            free(alt);
+        }
+    }
+    if (best_alt) { free(toks); toks = best_alt; n = best_alt_n; }
+    if (n > sv->o.n_ctx) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the prompt has %zu tokens; the context holds %u", n, sv->o.n_ctx);
+        job_finish(j, 400, kvt_error_json(j->api, 400, msg));
+        free(toks);
+        return;
+    }
+    /* tier 2: disk, when it covers more than RAM does */
+    size_t disk_match = 0;
+    int64_t disk_id = -1;
+    if (sv->store) kvt_store_lookup(sv->store, m, toks, n, &disk_match, &disk_id);
+    kvt_session *s = NULL;
+    size_t from_disk = 0, reused = reuse;
+    const char *tier = reuse ? "ram" : "none";
+    if (best != SIZE_MAX && reuse >= disk_match && reuse > 0) {
+        s = sv->pool[best].s;
+        sv->pool[best].last_used = ++sv->clock;
+    } else {
+        /* a fresh session (or the least recently used one, when full) */
+        while (sv->n_pool && (sv->n_pool >= MAX_POOL || pool_bytes(sv) > sv->o.ram_bytes)) {
+            size_t lru = 0;
+            for (size_t i = 1; i < sv->n_pool; i++) if (sv->pool[i].last_used < sv->pool[lru].last_used) lru = i;
+            pool_drop(sv, lru, "evict");
+            pthread_mutex_lock(&sv->mu);
+            sv->mx.ram_evictions++;
+            pthread_mutex_unlock(&sv->mu);
+        }
+        kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = sv->o.n_threads,
+                               .checkpoint_interval = kvt_save_policy_grid(&sv->o.policy)};
+        if ((rc = kvt_session_new(&s, m, &so))) {
+            job_finish(j, 500, kvt_error_json(j->api, 500, kvt_errmsg()));
+            free(toks);
+            return;
+        }
+        sv->pool[sv->n_pool++] = (pooled){s, ++sv->clock};
+        reused = 0;
+        tier = "none";
+        if (disk_match && sv->store) {
+            double t0 = kvt_now();
+            size_t got = 0;
+            rc = kvt_store_restore_prefix(sv->store, s, toks, n, &got);
+            pthread_mutex_lock(&sv->mu);
+            hist_add(&sv->mx.load, kvt_now() - t0);
+            pthread_mutex_unlock(&sv->mu);
+            if (!rc && got) { from_disk = reused = got; tier = "disk"; }
+        }
+    }
+    pthread_mutex_lock(&sv->mu);
+    sv->mx.prompt_tokens += n;
+    if (!strcmp(tier, "ram")) { sv->mx.hits_ram++; sv->mx.reused_ram += reused; }
+    else if (!strcmp(tier, "disk")) { sv->mx.hits_disk++; sv->mx.reused_disk += reused; }
+    else sv->mx.misses++;
+    pthread_mutex_unlock(&sv->mu);
+    snprintf(j->tier, sizeof j->tier, "%s", tier);
+    /* tier 3: prefill the rest */
+    struct prog pg = {sv, j, kvt_now()};
+    s->progress = on_progress;
+    s->progress_user = &pg;
+    kvt_usage u = {(uint32_t)n, 0, 0, 0};
+    size_t kept = 0;
+    double t0 = kvt_now();
+    rc = kvt_session_sync(s, toks, n, &kept);
+    double t_prefill = kvt_now() - t0;
+    s->progress = NULL;
+    if (kept > reused) reused = kept; /* the session itself may have held more */
+    u.cached_tokens = (uint32_t)(reused < n ? reused : n);
+    pthread_mutex_lock(&sv->mu);
+    hist_add(&sv->mx.prefill, t_prefill);
+    sv->mx.prefilled += kvt_session_len(s) > kept ? kvt_session_len(s) - kept : 0;
+    pthread_mutex_unlock(&sv->mu);
+    j->reused = u.cached_tokens;
+    /* saves per the policy (also after a cancel: what was computed is kept) */
+    if (sv->store) {
+        size_t after = 0;
+        double ts = kvt_now();
+        kvt_store_apply_policy(sv->store, s, &sv->o.policy, kvt_session_len(s), from_disk, &after);
+        pthread_mutex_lock(&sv->mu);
+        if (after) hist_add(&sv->mx.save, kvt_now() - ts);
+        sv->mx.disk_saves += after;
+        pthread_mutex_unlock(&sv->mu);
+        if (after && !rc) {
+            size_t cold = (n - sv->o.policy.trim_tokens) / sv->o.policy.align_tokens * sv->o.policy.align_tokens;
+            if (cold > from_disk) u.created_tokens = (uint32_t)(cold - from_disk);
+            if (u.created_tokens + u.cached_tokens > n) u.created_tokens = (uint32_t)(n - u.cached_tokens);
+        }
+    }
+    if (rc) {
+        if (rc == KVT_ECANCELED) {
+            pthread_mutex_lock(&sv->mu);
+            sv->mx.canceled++;
+            pthread_mutex_unlock(&sv->mu);
+        }
+        int status = rc == KVT_ECTX ? 400 : rc == KVT_ECANCELED ? 499 : 500;
+        job_finish(j, status, kvt_error_json(j->api, status == 499 ? 400 : status, kvt_errmsg()));
+        free(toks);
+        return;
+    }
+    /* generation */
+    kvt_sampler_opts sopt = {.temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
+                             .seed = r->has_seed ? r->seed : (uint64_t)time(NULL) ^ sv->clock};
+    kvt_sampler_new(&smp, &sopt);
+    uint32_t max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
+    const char *finish = "length", *stop_hit = NULL;
+    size_t emitted = 0;
+    if (j->stream) job_emit(j, kvt_stream_begin(r, id, sv->model_id, &u, created));
+    while (u.completion_tokens < max_new && smp) {
+        if (job_canceled(j)) { finish = "stop"; break; }
+        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), m->info.n_vocab);
+        bool eos = t == m->info.eos;
+        if (kvt_session_len(s) < sv->o.n_ctx) {
+            if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
+        } else {
+            finish = "length";
+            break;
+        }
+        if (eos) { finish = "stop"; break; }
+        u.completion_tokens++;
+        const char *p;
+        size_t pl;
+        if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&text, p, pl);
+        for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
+            const char *hit = text.len ? memmem(text.p, text.len, r->stop[i], strlen(r->stop[i])) : NULL;
+            if (hit) { stop_hit = r->stop[i]; text.len = (size_t)(hit - (const char *)text.p); }
+        }
+        if (stop_hit) { finish = "stop"; break; }
+        if (j->stream) {
+            size_t ok = safe_len((const char *)text.p, text.len, r);
+            if (ok > emitted) {
+                job_emit(j, kvt_stream_delta(r, id, sv->model_id, (const char *)text.p + emitted, ok - emitted, created));
+                emitted = ok;
+            }
+        }
+    }
+    pthread_mutex_lock(&sv->mu);
+    sv->mx.generated += u.completion_tokens;
+    pthread_mutex_unlock(&sv->mu);
+    /* a partial UTF-8 tail left at the end is not text: drop it */
+    size_t final_len = safe_len((const char *)text.p, text.len, &(kvt_request){0});
+    if (j->stream) {
+        if (final_len > emitted)
+            job_emit(j, kvt_stream_delta(r, id, sv->model_id, (const char *)text.p + emitted, final_len - emitted, created));
+        job_finish(j, 200, kvt_stream_end(r, id, sv->model_id, finish, stop_hit, &u, created));
+    } else {
+        job_finish(j, 200, kvt_response_json(r, id, sv->model_id, text.p ? (const char *)text.p : "", final_len, finish,
+                                             stop_hit, &u, created));
+    }
+    kvt_wbuf_free(&text);
+    kvt_sampler_free(smp);
+    free(toks);
+}
+
+static void *worker_main(void *arg)
+{
+    server *sv = arg;
+    for (;;) {
+        pthread_mutex_lock(&sv->mu);
+        while (!sv->head && !sv->stopping) pthread_cond_wait(&sv->cv, &sv->mu);
+        if (!sv->head) { pthread_mutex_unlock(&sv->mu); break; }
+        job *j = sv->head;
+        sv->head = j->next;
+        if (!sv->head) sv->tail = NULL;
+        sv->queued--;
+        sv->busy = true;
+        bool stopping = sv->stopping;
+        pthread_mutex_unlock(&sv->mu);
+        if (stopping) job_finish(j, 503, kvt_error_json(j->api, 503, "the server is shutting down"));
+        else run_job(sv, j);
+        job_unref(j);
+        pthread_mutex_lock(&sv->mu);
+        sv->busy = false;
+        pthread_cond_broadcast(&sv->cv);
+        pthread_mutex_unlock(&sv->mu);
+    }
+    return NULL;
+}
+
+/* ---- HTTP ---- */
+
+typedef struct conn {
+    kvt_wbuf body;
+    bool too_big;
+} conn;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, const char *text,
+                                 const char *extra_h, const char *extra_v)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(resp, "Content-Type", type);
+    if (extra_h) MHD_add_response_header(resp, extra_h, extra_v);
+    enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *json)
+{
+    enum MHD_Result r = send_text(c, status, "application/json", json ? json : "{}", NULL, NULL);
+    free(json);
+    return r;
+}
+
+static int endpoint_index(kvt_api api) { return api == KVT_API_CHAT ? 0 : api == KVT_API_COMPLETIONS ? 1 : 2; }
+
+static void count_request(server *sv, int ep, int status)
+{
+    int cls = status == 429 ? 5 : status / 100 - 1;
+    if (cls < 0 || cls > 5) cls = 4;
+    pthread_mutex_lock(&sv->mu);
+    sv->mx.requests[ep][cls]++;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->out.len > j->sent) {
+            size_t n = j->out.len - j->sent;
+            if (n > max) n = max;
+            memcpy(buf, j->out.p + j->sent, n);
+            j->sent += n;
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        if (j->done) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += KEEPALIVE;
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && j->out.len == j->sent && !j->done) {
+            static const char ka[] = ": keepalive\n\n";
+            size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
+            memcpy(buf, ka, n);
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+    }
+    (void)pos;
+}
+
+static void stream_free(void *cls)
+{
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done) j->canceled = true; /* the client went away */
+    pthread_mutex_unlock(&j->mu);
+    job_unref(j);
+}
+
+static bool authorized(server *sv, struct MHD_Connection *c)
+{
+    if (!sv->o.api_key) return true;
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (xk && !strcmp(xk, sv->o.api_key)) return true;
+    return auth && !strncmp(auth, "Bearer ", 7) && !strcmp(auth + 7, sv->o.api_key);
+}
+
+static char *metrics_text(server *sv);
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    server *sv = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        cn = kvt_calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
+        else kvt_wbuf_put(&cn->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    (void)version;
+    kvt_api api = strstr(url, "/messages") ? KVT_API_MESSAGES
+                : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS : KVT_API_CHAT;
+    bool is_get = !strcmp(method, "GET"), is_head = !strcmp(method, "HEAD"), is_post = !strcmp(method, "POST");
+    if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
+    if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
+    if (!authorized(sv, c)) {
+        count_request(sv, 3, 401);
+        return send_json(c, 401, kvt_error_json(api, 401, "invalid or missing API key"));
+    }
+    if (is_get && !strcmp(url, "/v1/models")) return send_json(c, 200, kvt_models_json(sv->model_id, sv->started));
+    if (is_get && !strcmp(url, "/metrics")) {
+        char *t = metrics_text(sv);
+        enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
+        free(t);
+        return r;
+    }
+    bool known = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
+                 !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages");
+    if (!known) {
+        count_request(sv, 3, 404);
+        char msg[160];
+        snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
+        return send_json(c, 404, kvt_error_json(api, 404, msg));
+    }
+    int ep = endpoint_index(api);
+    if (!is_post) {
+        count_request(sv, ep, 405);
+        return send_json(c, 405, kvt_error_json(api, 400, "use POST"));
+    }
+    if (cn->too_big) {
+        count_request(sv, ep, 413);
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", sv->o.max_body);
+        return send_json(c, 413, kvt_error_json(api, 413, msg));
+    }
+    job *j = job_new();
+    if (!j) return MHD_NO;
+    int status = 400;
+    int rc = kvt_request_parse(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m, &status);
+    if (!rc && j->req.model && strcmp(j->req.model, sv->model_id) && !sv->o.any_model) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
+                 sv->model_id);
+        rc = kvt_fail(KVT_ENOENT, "%s", msg);
+        status = 404;
+    }
+    if (rc) {
+        count_request(sv, ep, status);
+        char *body = kvt_error_json(api, status, kvt_errmsg());
+        j->refs = 1; /* never queued: no worker reference */
+        job_unref(j);
+        return send_json(c, status, body);
+    }
+    j->api = api;
+    j->stream = j->req.stream;
+    pthread_mutex_lock(&sv->mu);
+    bool full = sv->queued >= sv->o.queue || sv->stopping;
+    if (!full) {
+        if (sv->tail) sv->tail->next = j;
+        else sv->head = j;
+        sv->tail = j;
+        sv->queued++;
+        pthread_cond_broadcast(&sv->cv);
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (full) {
+        count_request(sv, ep, sv->stopping ? 503 : 429);
+        j->refs = 1;
+        job_unref(j);
+        if (sv->stopping) return send_json(c, 503, kvt_error_json(api, 503, "the server is shutting down"));
+        char *body = kvt_error_json(api, 429, "the inference queue is full; retry shortly");
+        enum MHD_Result r = send_text(c, 429, "application/json", body, "Retry-After", "2");
+        free(body);
+        return r;
+    }
+    if (j->stream) {
+        count_request(sv, ep, 200);
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result r = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return r;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    int st = j->status == 499 ? 400 : j->status;
+    count_request(sv, ep, st);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(j->body ? j->body : "{}"),
+                                                                j->body ? j->body : "{}", MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    char hv[64];
+    snprintf(hv, sizeof hv, "%s; reused=%zu", j->tier[0] ? j->tier : "none", j->reused);
+    MHD_add_response_header(resp, "X-KVTier-Cache", hv);
+    enum MHD_Result r = MHD_queue_response(c, (unsigned)st, resp);
+    MHD_destroy_response(resp);
+    job_unref(j);
+    return r;
+}
+
+static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    conn *cn = *con_cls;
+    if (!cn) return;
+    kvt_wbuf_free(&cn->body);
+    free(cn);
+    *con_cls = NULL;
+    (void)cls; (void)c; (void)toe;
+}
+
+/* ---- metrics text ---- */
+
+static void put_hist(kvt_wbuf *b, const char *name, const char *help, const hist *h)
+{
+    char line[256];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    kvt_wbuf_put(b, line, strlen(line));
+    uint64_t cum = 0;
+    for (size_t i = 0; i <= N_BOUNDS; i++) {
+        cum += h->bucket[i];
+        if (i < N_BOUNDS) snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, hist_bounds[i], (unsigned long long)cum);
+        else snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+        kvt_wbuf_put(b, line, strlen(line));
+    }
+    snprintf(line, sizeof line, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+    kvt_wbuf_put(b, line, strlen(line));
+}
+
+static char *metrics_text(server *sv)
+{
+    kvt_wbuf b = {0};
+    char line[512];
+    static const char *eps[] = {"chat_completions", "completions", "messages", "other"};
+    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "4xx", "429"};
+    kvt_store_stats ds = {0};
+    if (sv->store) kvt_store_stats_get(sv->store, &ds);
+    pthread_mutex_lock(&sv->mu);
+    metrics mx = sv->mx;
+    size_t n_pool = sv->n_pool, ram = pool_bytes(sv), queued = sv->queued;
+    pthread_mutex_unlock(&sv->mu);
+#define P(...) do { snprintf(line, sizeof line, __VA_ARGS__); kvt_wbuf_put(&b, line, strlen(line)); } while (0)
+    P("# HELP kvtier_requests_total HTTP requests by endpoint and status class.\n# TYPE kvtier_requests_total counter\n");
+    for (int e = 0; e < 4; e++)
+        for (int k = 0; k < 6; k++)
+            if (mx.requests[e][k]) P("kvtier_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", eps[e], cls[k], (unsigned long long)mx.requests[e][k]);
+    P("# HELP kvtier_prompt_tokens_total Prompt tokens received.\n# TYPE kvtier_prompt_tokens_total counter\nkvtier_prompt_tokens_total %llu\n", (unsigned long long)mx.prompt_tokens);
+    P("# HELP kvtier_prefilled_tokens_total Prompt tokens computed by prefill.\n# TYPE kvtier_prefilled_tokens_total counter\nkvtier_prefilled_tokens_total %llu\n", (unsigned long long)mx.prefilled);
+    P("# HELP kvtier_generated_tokens_total Tokens generated.\n# TYPE kvtier_generated_tokens_total counter\nkvtier_generated_tokens_total %llu\n", (unsigned long long)mx.generated);
+    P("# HELP kvtier_reused_tokens_total Prompt tokens reused, by tier.\n# TYPE kvtier_reused_tokens_total counter\n");
+    P("kvtier_reused_tokens_total{tier=\"ram\"} %llu\nkvtier_reused_tokens_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.reused_ram, (unsigned long long)mx.reused_disk);
+    P("# HELP kvtier_cache_hits_total Requests served from a tier.\n# TYPE kvtier_cache_hits_total counter\n");
+    P("kvtier_cache_hits_total{tier=\"ram\"} %llu\nkvtier_cache_hits_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.hits_ram, (unsigned long long)mx.hits_disk);
+    P("# HELP kvtier_cache_misses_total Requests no tier could serve.\n# TYPE kvtier_cache_misses_total counter\nkvtier_cache_misses_total %llu\n", (unsigned long long)mx.misses);
+    P("# HELP kvtier_cache_bytes Bytes held, by tier.\n# TYPE kvtier_cache_bytes gauge\n");
+    P("kvtier_cache_bytes{tier=\"ram\"} %zu\nkvtier_cache_bytes{tier=\"disk\"} %llu\n", ram, (unsigned long long)ds.bytes);
+    P("# HELP kvtier_cache_entries Entries held, by tier.\n# TYPE kvtier_cache_entries gauge\n");
+    P("kvtier_cache_entries{tier=\"ram\"} %zu\nkvtier_cache_entries{tier=\"disk\"} %llu\n", n_pool, (unsigned long long)ds.snapshots);
+    P("# HELP kvtier_cache_evictions_total Evictions, by tier.\n# TYPE kvtier_cache_evictions_total counter\n");
+    P("kvtier_cache_evictions_total{tier=\"ram\"} %llu\nkvtier_cache_evictions_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.ram_evictions, (unsigned long long)ds.evictions);
+    P("# HELP kvtier_disk_saves_total Snapshots written.\n# TYPE kvtier_disk_saves_total counter\nkvtier_disk_saves_total %llu\n", (unsigned long long)mx.disk_saves);
+    P("# HELP kvtier_canceled_total Prefills stopped because the client went away.\n# TYPE kvtier_canceled_total counter\nkvtier_canceled_total %llu\n", (unsigned long long)mx.canceled);
+    P("# HELP kvtier_queue_depth Jobs waiting for the worker.\n# TYPE kvtier_queue_depth gauge\nkvtier_queue_depth %zu\n", queued);
+#undef P
+    put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", &mx.load);
+    put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", &mx.save);
+    put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", &mx.prefill);
+    kvt_wbuf_put(&b, "", 1);
+    if (b.oom) { kvt_wbuf_free(&b); return NULL; }
+    return (char *)b.p;
+}
+
+/* ---- lifecycle ---- */
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+int kvt_serve(const kvt_server_opts *opts)
+{
+    server *sv = kvt_calloc(1, sizeof *sv);
+    if (!sv) return KVT_ENOMEM;
+    sv->o = *opts;
+    pthread_mutex_init(&sv->mu, NULL);
+    pthread_cond_init(&sv->cv, NULL);
+    sv->started = (long)time(NULL);
+    int rc = kvt_model_open(&sv->m, opts->model);
+    if (rc) { free(sv); return rc; }
+    if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
+    snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
+    if (opts->disk_dir && (rc = kvt_store_open(&sv->store, opts->disk_dir, opts->disk_bytes))) {
+        fprintf(stderr, "kvtier: disk cache disabled: %s\n", kvt_errmsg());
+        sv->store = NULL;
+    }
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(opts->port)};
+    if (inet_pton(AF_INET, opts->host, &addr.sin_addr) != 1) {
+        rc = kvt_fail(KVT_EINVAL, "--host '%s' is not an IPv4 address", opts->host);
+        goto out;
+    }
+    if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                                                MHD_USE_ERROR_LOG,
+                                            opts->port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, &addr,
+                                            MHD_OPTION_NOTIFY_COMPLETED, request_done, sv,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
+    if (!d) {
+        rc = kvt_fail(KVT_EIO, "cannot listen on %s:%u: %s", opts->host, opts->port, strerror(errno));
+        pthread_mutex_lock(&sv->mu);
+        sv->stopping = true;
+        pthread_cond_broadcast(&sv->cv);
+        pthread_mutex_unlock(&sv->mu);
+        pthread_join(sv->worker, NULL);
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, disk cache %s)\n", sv->model_id, opts->host,
+            opts->port, sv->o.n_ctx, sv->store ? opts->disk_dir : "off");
+    if (opts->ready) opts->ready(opts->ready_user);
+    while (!got_signal) pause();
+    fprintf(stderr, "kvtier: signal %d: stopping\n", (int)got_signal);
+    MHD_socket ls = MHD_quiesce_daemon(d); /* stop accepting */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    pthread_mutex_lock(&sv->mu);
+    sv->stopping = true;                   /* queued jobs get 503; the running one finishes */
+    pthread_cond_broadcast(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
+    pthread_join(sv->worker, NULL);
+    MHD_stop_daemon(d);
+    while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
+    rc = KVT_OK;
+out:
+    while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
+    kvt_store_close(sv->store);
+    kvt_model_close(sv->m);
+    pthread_mutex_destroy(&sv->mu);
+    pthread_cond_destroy(&sv->cv);
+    free(sv);
+    return rc;
+}

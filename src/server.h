@@ -1,0 +1,28 @@
+/* kvtier serve (server.c): options and the blocking entry point. */
+#ifndef KVT_SERVER_H
+#define KVT_SERVER_H
+
+#include "kvtier.h"
+
+typedef struct kvt_server_opts {
+    const char *model;        /* GGUF path or preset; NULL: the default model */
+    const char *model_id;     /* id clients use; NULL: the model's name */
+    const char *host;         /* IPv4 address to bind */
+    uint16_t port;
+    uint32_t n_ctx, n_threads, max_tokens, queue;
+    const char *disk_dir;     /* NULL: no disk tier */
+    uint64_t disk_bytes;
+    size_t ram_bytes;         /* budget of the RAM tier */
+    size_t max_body;          /* request body limit */
+    const char *api_key;      /* NULL: no authentication */
+    bool any_model;           /* accept any "model" name (agent clients with fixed names) */
+    kvt_save_policy policy;
+    void (*ready)(void *user); /* called once listening */
+    void *ready_user;
+} kvt_server_opts;
+
+/* Serve until SIGTERM/SIGINT, then stop accepting, let the running job
+ * finish, save live sessions (reason shutdown) and return KVT_OK. */
+int kvt_serve(const kvt_server_opts *o);
+
+#endif
