@@ -30,6 +30,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@
 typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 
 struct kvt_store {
+    pthread_mutex_t mu;      /* the server's worker and its metrics reader share a store */
     sqlite3 *db;
     char *dir;
     uint64_t budget;
@@ -199,6 +201,7 @@ int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget)
     if (rc) return rc;
     kvt_store *st = kvt_calloc(1, sizeof *st);
     if (!st) return KVT_ENOMEM;
+    pthread_mutex_init(&st->mu, NULL);
     st->budget = budget ? budget : DEFAULT_BUDGET;
     st->dirty = true;
     st->data_version = -1;
@@ -243,12 +246,13 @@ void kvt_store_close(kvt_store *st)
     sqlite3_close(st->db);
     free(st->idx);
     free(st->dir);
+    pthread_mutex_destroy(&st->mu);
     free(st);
 }
 
 void kvt_store_set_quiet(kvt_store *st, bool quiet) { st->quiet = quiet; }
 
-int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
+static int store_limit_pages(kvt_store *st, uint32_t pages)
 {
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA max_page_count = %u", pages);
@@ -303,7 +307,7 @@ static void preview_of(const char *text, size_t len, char *out, size_t cap)
     out[k] = 0;
 }
 
-int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
+static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
 {
     if (!kvt_snap_can_save(s, n))
         return kvt_fail(KVT_EINVAL, "cannot save %zu tokens: the session holds %zu and no checkpoint there", n, s->n);
@@ -447,7 +451,7 @@ static int refresh_index(kvt_store *st)
     return KVT_OK;
 }
 
-int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
+static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
 {
     *match = 0;
     *id = -1;
@@ -545,7 +549,7 @@ static void quarantine(kvt_store *st, int64_t id, bool block_bad, uint64_t key, 
     exec(st, "COMMIT");
 }
 
-int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)
+static int store_load(kvt_store *st, int64_t id, kvt_session *s)
 {
     sqlite3_stmt *stmt = NULL;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
@@ -598,16 +602,16 @@ int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)
     return kvt_fail(rc, "%s", reason);
 }
 
-int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
+static int store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
 {
     *reused = 0;
     for (int attempt = 0; attempt < 4; attempt++) {
         size_t match;
         int64_t id;
-        int rc = kvt_store_lookup(st, s->m, tokens, n, &match, &id);
+        int rc = store_lookup(st, s->m, tokens, n, &match, &id);
         if (rc || !match) return rc == KVT_ENOMEM ? rc : KVT_OK;
         if (match > s->n_ctx) return KVT_OK;
-        rc = kvt_store_load(st, id, s);
+        rc = store_load(st, id, s);
         if (rc == KVT_ENOMEM) return rc;
         if (rc) continue; /* removed; the next lookup may find a shorter prefix */
         if (kvt_session_len(s) == match && !memcmp(kvt_session_tokens(s), tokens, match * sizeof *tokens)) {
@@ -625,7 +629,7 @@ int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *token
 
 /* ---- maintenance and inspection ---- */
 
-int kvt_store_rm(kvt_store *st, int64_t id)
+static int store_rm(kvt_store *st, int64_t id)
 {
     int rc = exec(st, "BEGIN IMMEDIATE");
     if (rc) return rc;
@@ -637,7 +641,7 @@ int kvt_store_rm(kvt_store *st, int64_t id)
     return exec(st, "COMMIT");
 }
 
-int kvt_store_gc(kvt_store *st)
+static int store_gc(kvt_store *st)
 {
     int rc = exec(st, "BEGIN IMMEDIATE");
     if (rc) return rc;
@@ -651,7 +655,7 @@ int kvt_store_gc(kvt_store *st)
     return exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked)
+static int store_verify(kvt_store *st, size_t *bad, size_t *checked)
 {
     *bad = *checked = 0;
     const char *sqls[2] = {"SELECT id, data FROM snaps", "SELECT key, data FROM blocks"};
@@ -679,7 +683,7 @@ int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked)
     return KVT_OK;
 }
 
-int kvt_store_stats_get(kvt_store *st, kvt_store_stats *o)
+static int store_stats_get(kvt_store *st, kvt_store_stats *o)
 {
     memset(o, 0, sizeof *o);
     o->snapshots = (uint64_t)q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0);
@@ -704,7 +708,7 @@ int kvt_store_stats_get(kvt_store *st, kvt_store_stats *o)
     return KVT_OK;
 }
 
-int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
+static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -740,7 +744,7 @@ int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
     return KVT_OK;
 }
 
-int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
+static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 {
     sqlite3_stmt *stmt = NULL, *blk = NULL;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
@@ -774,3 +778,94 @@ int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     *len = out.len - 1;
     return KVT_OK;
 }
+
+/* ---- public entry points: one caller at a time per store ---- */
+
+int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_save(st, s, n, reason, id_out);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_lookup(st, m, tokens, n, match, id);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_load(st, id, s);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_restore_prefix(st, s, tokens, n, reused);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_rm(kvt_store *st, int64_t id)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_rm(st, id);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_gc(kvt_store *st)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_gc(st);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_verify(st, bad, checked);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_stats_get(kvt_store *st, kvt_store_stats *o)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_stats_get(st, o);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_list(st, out, n);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_text(st, id, text, len);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_limit_pages(st, pages);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
