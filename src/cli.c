@@ -98,10 +98,21 @@ static double now_s(void)
 
 struct progress { double t0; bool shown; };
 
+/* A bar on a terminal; elsewhere a line at most every 2 seconds. */
 static bool progress_bar(void *user, size_t done, size_t total)
 {
     struct progress *p = user;
-    if (total < 512 || !isatty(2)) return true;
+    if (total < 512) return true;
+    if (!isatty(2)) {
+        double now = now_s();
+        if (p->t0 == 0) p->t0 = now;
+        if (now - p->t0 >= 2.0 || (done == total && p->shown)) {
+            fprintf(stderr, "kvtier: prefill %zu/%zu tokens\n", done, total);
+            p->t0 = now;
+            p->shown = true;
+        }
+        return true;
+    }
     int width = 40, fill = (int)(width * done / total);
     fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu", fill, "########################################",
             width - fill, "", done, total);
