@@ -287,7 +287,8 @@ static void run_job(server *sv, job *j)
     kvt_model *m = sv->m;
     kvt_request *r = &j->req;
     char id[48];
-    snprintf(id, sizeof id, "%s%llx%04x", j->api == KVT_API_MESSAGES ? "msg_" : "chatcmpl-",
+    snprintf(id, sizeof id, "%s%llx%04x",
+             j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-" : "chatcmpl-",
              (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
     long created = (long)time(NULL);
     int32_t *toks = NULL;
