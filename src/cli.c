@@ -25,9 +25,14 @@ typedef struct opt {
 
 static void usage(FILE *f);
 
+/* 0: parsed; -1: bad arguments (reported); 1: --help was printed. */
 static int parse_opts(int argc, char **argv, opt *opts, size_t n_opts)
 {
     for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        }
         size_t k = 0;
         for (; k < n_opts; k++) if (!strcmp(argv[i], opts[k].name)) break;
         if (k == n_opts) { fprintf(stderr, "kvtier: unknown argument '%s'\n", argv[i]); return -1; }
@@ -188,7 +193,7 @@ static int cmd_run(int argc, char **argv)
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
                {"--rolling", NULL, true}, {"--kv-save", NULL, true}, DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc, argv, o, no)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
     if (!parse_disk(o, no, &disk)) return 2;
     uint64_t max_tokens = 256, seed = 0, top_k = 0, threads = 0, ctx = 0;
@@ -290,7 +295,7 @@ static int cmd_tokenize(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--text"}, {"--no-bos", NULL, true}};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc, argv, o, no)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     const char *text = get(o, no, "--text");
     if (!text) { fprintf(stderr, "kvtier: --text is required\n"); return 2; }
     kvt_model *m = NULL;
@@ -310,7 +315,7 @@ static int cmd_tokenize(int argc, char **argv)
 static int cmd_info(int argc, char **argv)
 {
     opt o[] = {{"--model"}};
-    if (parse_opts(argc, argv, o, 1)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, 1); if (pr_) return pr_ < 0 ? 2 : 0; }
     kvt_model *m = NULL;
     int r = open_model(get(o, 1, "--model"), &m);
     if (r) return r;
@@ -330,7 +335,7 @@ static int cmd_perplexity(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--file"}, {"--threads"}, {"--ctx"}};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc, argv, o, no)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t threads = 0, ctx = 0;
     if (!parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
         !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx))
@@ -388,7 +393,7 @@ static int cmd_model(int argc, char **argv)
     }
     opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc - 1, argv + 1, o, no)) return 2;
+    { int pr_ = parse_opts(argc - 1, argv + 1, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t seed = KVT_DEFAULT_SEED;
     if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
     const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
@@ -418,13 +423,14 @@ static int cmd_cache(int argc, char **argv)
     int skip = 1;
     if (need_key) {
         uint64_t k;
-        if (argc < 2 || !parse_u64(argv[1], "KEY", INT64_MAX, &k)) return 2;
+        if (argc < 2) { fprintf(stderr, "kvtier: cache %s needs a KEY (see kvtier cache ls)\n", sub); return 2; }
+        if (!parse_u64(argv[1], "KEY", INT64_MAX, &k)) return 2;
         key = (int64_t)k;
         skip = 2;
     }
     opt o[] = {DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc - skip, argv + skip, o, no)) return 2;
+    { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg d;
     if (!parse_disk(o, no, &d)) return 2;
     kvt_store *st = NULL;
@@ -498,7 +504,7 @@ static int cmd_serve(int argc, char **argv)
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
                {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--max-body-mb"}, {"--any-model", NULL, true}, DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc, argv, o, no)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
     if (!parse_disk(o, no, &disk)) return 2;
     uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32;
@@ -534,7 +540,7 @@ static int cmd_plan(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--preset"}, {"--ctx"}, {"--layers"}, {"--kv-heads"}, {"--head-dim"}, {"--bytes"}};
     size_t no = sizeof o / sizeof o[0];
-    if (parse_opts(argc, argv, o, no)) return 2;
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t ctx = 0, L = 0, H = 0, D = 0, B = 2;
     if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1ull << 32, &ctx) ||
         !parse_u64(get(o, no, "--layers"), "--layers", 4096, &L) ||
@@ -551,8 +557,12 @@ static int cmd_plan(int argc, char **argv)
             return 2;
         }
         /* full attention: K and V rows, 2 * L * H_kv * D * S * B */
-        p.per_token_x1000 = 2 * L * H * D * B * 1000;
-        p.full = 2 * L * H * D * B * ctx;
+        uint64_t per;
+        if (__builtin_mul_overflow(2 * L * H, D * B, &per) || __builtin_mul_overflow(per, ctx, &p.full) ||
+            __builtin_mul_overflow(per, 1000, &p.per_token_x1000)) {
+            fprintf(stderr, "kvtier: that shape needs more than 2^64 bytes\n");
+            return 2;
+        }
         p.total = p.full;
         what = "shape";
     } else if (get(o, no, "--preset") && strcmp(get(o, no, "--preset"), "ds4-tiny") &&
@@ -588,9 +598,9 @@ static void usage(FILE *f)
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling] [--kv-save] [disk options]\n"
-          "  tokenize    --model PATH --text TEXT [--no-bos]\n"
-          "  info        --model PATH\n"
-          "  perplexity  --model PATH --file F [--threads N] [--ctx N]\n"
+          "  tokenize    [--model M] --text TEXT [--no-bos]\n"
+          "  info        [--model M]\n"
+          "  perplexity  [--model M] --file F [--threads N] [--ctx N]\n"
           "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"

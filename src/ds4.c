@@ -1,5 +1,6 @@
 /* The ds4 architecture: DeepSeek-V4-style hybrid compressed attention, as
- * specified in docs/ds4-architecture.md (the spec kvtier implements).
+ * specified in the project's ds4 architecture document (ds4-architecture.md
+ * in the shared docs; docs/ds4.md here describes the files and presets).
  *
  * Per layer the cache holds three entry classes:
  *

@@ -297,7 +297,7 @@ static void run_job(server *sv, job *j)
     kvt_wbuf text = {0};
     int rc = kvt_tokenizer_encode(m->tok, r->prompt, r->prompt_len, r->prompt_has_bos ? false : m->info.add_bos,
                                   r->prompt_has_bos, &toks, &n);
-    if (rc) { job_finish(j, 400, kvt_error_json(j->api, 400, kvt_errmsg())); return; }
+    if (rc) { job_finish(j, 400, kvt_error_json(j->api, 400, kvt_errmsg())); free(toks); return; }
     /* tier 1: RAM. Per session: the common token prefix, or (when the client
      * resent our output as text) the longer prefix matched on its bytes. */
     size_t best = SIZE_MAX, reuse = 0;
@@ -328,6 +328,11 @@ static void run_job(server *sv, job *j)
         free(toks);
         return;
     }
+    /* validated: a streaming response may start now */
+    pthread_mutex_lock(&j->mu);
+    j->started = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
     /* tier 2: disk, when it covers more than RAM does */
     size_t disk_match = 0;
     int64_t disk_id = -1;
@@ -414,7 +419,8 @@ static void run_job(server *sv, job *j)
             pthread_mutex_unlock(&sv->mu);
         }
         int status = rc == KVT_ECTX ? 400 : rc == KVT_ECANCELED ? 499 : 500;
-        job_finish(j, status, kvt_error_json(j->api, status == 499 ? 400 : status, kvt_errmsg()));
+        job_finish(j, status, j->stream ? kvt_stream_error(j->api, status == 499 ? 400 : status, kvt_errmsg())
+                                        : kvt_error_json(j->api, status == 499 ? 400 : status, kvt_errmsg()));
         free(toks);
         return;
     }
@@ -639,7 +645,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     int status = 400;
     int rc = kvt_request_parse(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m, &status);
     if (!rc && j->req.model && strcmp(j->req.model, sv->model_id) && !sv->o.any_model) {
-        char msg[300];
+        char msg[512];
         snprintf(msg, sizeof msg, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
                  sv->model_id);
         rc = kvt_fail(KVT_ENOENT, "%s", msg);
@@ -675,6 +681,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return r;
     }
     if (j->stream) {
+        /* Wait until the worker has taken and validated the job, so that a
+         * request it refuses still gets its status code. */
+        pthread_mutex_lock(&j->mu);
+        while (!j->started && !j->done) pthread_cond_wait(&j->cv, &j->mu);
+        bool refused = j->done && !j->started;
+        pthread_mutex_unlock(&j->mu);
+        if (refused) {
+            count_request(sv, ep, j->status);
+            enum MHD_Result r = send_text(c, j->status, "application/json", j->body ? j->body : "{}", NULL, NULL);
+            j->refs = 1; /* the worker is done with it; no response holds it */
+            job_unref(j);
+            return r;
+        }
         count_request(sv, ep, 200);
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");

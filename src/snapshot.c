@@ -83,10 +83,8 @@ static int state_at(kvt_session *s, size_t n, kvt_wbuf *state, const float **log
         *logits = s->logits;
         return state->oom ? kvt_fail(KVT_ENOMEM, "snapshot state") : KVT_OK;
     }
-    if (!s->m->arch->state_save) { /* per-token rows only: any prefix is a state */
-        if (n == 0 || n > s->n) return kvt_fail(KVT_EINVAL, "no state at %zu tokens", n);
-        return kvt_fail(KVT_EINVAL, "no logits at %zu tokens (session holds %zu)", n, s->n);
-    }
+    /* an earlier position: its checkpoint has the logits (and the fixed
+     * state, for architectures that have one) */
     for (size_t i = 0; i < s->n_ckpt; i++)
         if (s->ckpt[i].pos == n) {
             kvt_wbuf_put(state, s->ckpt[i].state.p, s->ckpt[i].state.len);

@@ -1,0 +1,552 @@
+/* The kvtier command, run as a user runs it: the built binary (KVT_BIN) in a
+ * child process, its stdout, stderr and exit status checked. Greedy ids on
+ * stories260K must equal the golden file token for token; `model new` must
+ * write exactly the weights the in-memory preset uses (and another seed must
+ * give other weights); a prompt served from the disk cache must generate
+ * what a cold run generates; bad input must end in exit status 2 (arguments)
+ * or 1 (runtime), with a message on stderr and never a signal or a sanitizer
+ * report. Every child gets its own XDG_CACHE_HOME under /tmp, so the tests
+ * never touch the user's disk cache. Everything stays small so the whole file
+ * runs in about a second (a few seconds under `make asan`). */
+#include "test.h"
+
+#include <ftw.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define STORIES "models/stories260K.gguf"
+#define GOLDEN "golden/stories260K-greedy.jsonl"
+
+/* ---- running the binary ---- */
+
+typedef struct proc {
+    int status;   /* exit status, or -signal when killed by one */
+    char *out;    /* stdout, NUL-terminated */
+    char *err;    /* stderr, NUL-terminated */
+} proc;
+
+static void proc_free(proc *p)
+{
+    free(p->out);
+    free(p->err);
+    *p = (proc){0};
+}
+
+/* Append s to the command line single-quoted, after a space when sep. */
+static bool put_quoted(char *cmd, size_t cap, size_t *len, const char *s, bool sep)
+{
+    size_t n = *len;
+    if (n + 2 >= cap) return false;
+    if (sep) cmd[n++] = ' ';
+    cmd[n++] = '\'';
+    for (; *s; s++) {
+        if (*s == '\'') {
+            if (n + 4 >= cap) return false;
+            memcpy(cmd + n, "'\\''", 4);
+            n += 4;
+        } else {
+            if (n + 1 >= cap) return false;
+            cmd[n++] = *s;
+        }
+    }
+    if (n + 2 >= cap) return false;
+    cmd[n++] = '\'';
+    cmd[n] = 0;
+    *len = n;
+    return true;
+}
+
+/* Append s as one more shell word. */
+static bool put_word(char *cmd, size_t cap, size_t *len, const char *s) { return put_quoted(cmd, cap, len, s, true); }
+
+static char *read_stream(FILE *f)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) break;
+        if (len + 1 == cap) {
+            char *p = realloc(buf, cap *= 2);
+            if (!p) { free(buf); buf = NULL; }
+            else buf = p;
+        }
+    }
+    if (buf) buf[len] = 0;
+    return buf;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st; (void)flag; (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Remove a directory tree this file created. */
+static void rm_tree(const char *dir)
+{
+    if (dir && dir[0]) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char cache_home[64];
+
+static void rm_cache_home(void) { rm_tree(cache_home); }
+
+/* The XDG_CACHE_HOME of every child: a fresh directory, removed at exit. */
+static const char *child_cache_home(void)
+{
+    if (!cache_home[0]) {
+        strcpy(cache_home, "/tmp/kvtier-cli-home-XXXXXX");
+        if (!mkdtemp(cache_home)) strcpy(cache_home, "/tmp");
+        else atexit(rm_cache_home);
+    }
+    return cache_home;
+}
+
+/* Run the binary with args (NULL-terminated, the binary itself excluded).
+ * The shell execs the binary, so a signal shows up in the wait status. */
+static bool run_cli(proc *p, const char *const *args)
+{
+    *p = (proc){0};
+    char errpath[] = "/tmp/kvtier-cli-err-XXXXXX";
+    int fd = mkstemp(errpath);
+    if (fd < 0) return false;
+    close(fd);
+    static char cmd[8192];
+    size_t len = (size_t)snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=");
+    bool ok = put_quoted(cmd, sizeof cmd, &len, child_cache_home(), false);
+    if (ok && len + 32 < sizeof cmd) len += (size_t)snprintf(cmd + len, sizeof cmd - len, "; export XDG_CACHE_HOME; exec");
+    else ok = false;
+    ok = ok && put_word(cmd, sizeof cmd, &len, kvt_test_bin());
+    for (size_t i = 0; ok && args[i]; i++) ok = put_word(cmd, sizeof cmd, &len, args[i]);
+    if (ok && len + 3 < sizeof cmd) { strcpy(cmd + len, " 2>"); len += 3; }
+    else ok = false;
+    ok = ok && put_word(cmd, sizeof cmd, &len, errpath);
+    FILE *f = ok ? popen(cmd, "r") : NULL;
+    if (f) {
+        p->out = read_stream(f);
+        int st = pclose(f);
+        p->status = st == -1 ? -1000 : WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : -1000;
+        p->err = kvt_test_read_file(errpath, NULL);
+    }
+    unlink(errpath);
+    if (!f || !p->out || !p->err) { proc_free(p); return false; }
+    return true;
+}
+
+/* No sanitizer report and no crash (signals and 128+ statuses). */
+static bool clean(const proc *p)
+{
+    return p->status >= 0 && p->status < 128 && !strstr(p->err, "Sanitizer") &&
+           !strstr(p->err, "runtime error");
+}
+
+static void show(const proc *p)
+{
+    printf("    exit %d\n    stdout: %.300s\n    stderr: %.600s\n", p->status, p->out, p->err);
+}
+
+#define RUN(p, ...)                                                                 \
+    do {                                                                            \
+        const char *const args_[] = {__VA_ARGS__, NULL};                            \
+        CHECKF(run_cli(p, args_), "could not run %s", kvt_test_bin());              \
+        if (!clean(p)) show(p);                                                     \
+        CHECKF(clean(p), "%s %s: crashed or reported a sanitizer error", kvt_test_bin(), args_[0]); \
+    } while (0)
+
+/* Run and require exit 0. */
+#define RUN_OK(p, ...)                                                              \
+    do {                                                                            \
+        RUN(p, __VA_ARGS__);                                                        \
+        if ((p)->status != 0) show(p);                                              \
+        CHECKF((p)->status == 0, "exit status %d", (p)->status);                    \
+    } while (0)
+
+static bool have_bin(void) { return access(kvt_test_bin(), X_OK) == 0; }
+
+/* Space-separated decimal ids; false on anything else. */
+static bool parse_ids(const char *s, long *ids, size_t cap, size_t *n)
+{
+    *n = 0;
+    for (;;) {
+        while (*s == ' ' || *s == '\n') s++;
+        if (!*s) return true;
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || *n == cap) return false;
+        ids[(*n)++] = v;
+        s = end;
+    }
+}
+
+/* A temp file under /tmp holding data; path receives its name. */
+static bool temp_file(char path[64], const void *data, size_t len)
+{
+    strcpy(path, "/tmp/kvtier-cli-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0) return false;
+    bool ok = write(fd, data, len) == (ssize_t)len;
+    close(fd);
+    if (!ok) unlink(path);
+    return ok;
+}
+
+/* The line of out that starts with prefix (NULL when none). */
+static const char *line_of(const char *out, const char *prefix)
+{
+    size_t k = strlen(prefix);
+    for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, prefix, k)) return l;
+    return NULL;
+}
+
+/* ---- tests ---- */
+
+TEST(cli_run_stories_golden_ids)
+{
+    const char *model = kvt_test_shared(STORIES), *gpath = kvt_test_shared(GOLDEN);
+    if (!model || !gpath || !have_bin()) SKIP("../shared or %s absent", kvt_test_bin());
+    char mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s", model);
+    /* The first golden case: its prompt and greedy ids. */
+    FILE *f = fopen(gpath, "r");
+    CHECK(f);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got = getline(&line, &cap, f);
+    fclose(f);
+    json_error_t je;
+    json_t *j = got > 0 ? json_loads(line, 0, &je) : NULL;
+    free(line);
+    CHECKF(j, "%s: first line is not JSON", gpath);
+    json_t *ga = json_object_get(j, "greedy_ids");
+    const char *prompt = json_string_value(json_object_get(j, "prompt"));
+    enum { N = 40 };
+    long want[N];
+    bool shape = prompt && json_is_array(ga) && json_array_size(ga) >= N;
+    for (size_t i = 0; shape && i < N; i++) want[i] = (long)json_integer_value(json_array_get(ga, i));
+    char prompt_copy[256];
+    snprintf(prompt_copy, sizeof prompt_copy, "%s", shape ? prompt : "");
+    json_decref(j);
+    CHECKF(shape, "%s: first case has no prompt or fewer than %d greedy ids", gpath, N);
+
+    proc p;
+    RUN_OK(&p, "run", "--model", mpath, "--prompt", prompt_copy, "--output", "ids", "--max-tokens", "40");
+    long ids[N + 8];
+    size_t n = 0;
+    bool parsed = parse_ids(p.out, ids, N + 8, &n);
+    if (!parsed || n != N) show(&p);
+    proc_free(&p);
+    CHECKF(parsed && n == N, "expected %d ids, got %zu", N, n);
+    for (size_t i = 0; i < N; i++) CHECKF(ids[i] == want[i], "id %zu: %ld, golden %ld", i, ids[i], want[i]);
+
+    /* --max-tokens 0 generates nothing: an empty line. */
+    RUN_OK(&p, "run", "--model", mpath, "--prompt", prompt_copy, "--max-tokens", "0", "--output", "ids");
+    bool empty = !strcmp(p.out, "\n");
+    proc_free(&p);
+    CHECK(empty);
+}
+
+TEST(cli_tokenize_stories)
+{
+    const char *model = kvt_test_shared(STORIES);
+    if (!model || !have_bin()) SKIP("../shared or %s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "tokenize", "--model", model, "--text", "Once upon a time");
+    bool eq = !strcmp(p.out, "1 403 407 261 378\n");
+    if (!eq) show(&p);
+    proc_free(&p);
+    CHECK(eq);
+    /* --no-bos drops the leading 1; the byte tokenizer maps bytes to ids. */
+    RUN_OK(&p, "tokenize", "--model", model, "--text", "Once upon a time", "--no-bos");
+    eq = !strcmp(p.out, "403 407 261 378\n");
+    proc_free(&p);
+    CHECK(eq);
+    RUN_OK(&p, "tokenize", "--model", "ds4-tiny", "--text", "hi");
+    eq = !strcmp(p.out, "256 104 105\n");
+    proc_free(&p);
+    CHECK(eq);
+}
+
+TEST(cli_info)
+{
+    const char *model = kvt_test_shared(STORIES);
+    if (!model || !have_bin()) SKIP("../shared or %s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "info", "--model", model);
+    const char *arch = line_of(p.out, "architecture"), *voc = line_of(p.out, "vocabulary");
+    bool ok = arch && voc && strstr(arch, "llama") && strstr(voc, "512");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "info does not report a llama model with 512 tokens");
+    RUN_OK(&p, "info");
+    arch = line_of(p.out, "architecture");
+    const char *name = line_of(p.out, "name");
+    ok = arch && name && strstr(arch, "ds4") && strstr(name, KVT_DEFAULT_MODEL);
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "info without --model does not describe " KVT_DEFAULT_MODEL);
+}
+
+TEST(cli_plan)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    proc p;
+    /* 2 (K, V) x 80 layers x 8 heads x 128 dims x 2 bytes x 32768 tokens */
+    RUN_OK(&p, "plan", "--ctx", "32768", "--layers", "80", "--kv-heads", "8", "--head-dim", "128");
+    const char *total = line_of(p.out, "total");
+    bool ok = total && strstr(total, "10737418240");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECK(ok);
+    /* ds4-mini: 3 x (64 + 32)/4 x 2 B + 3 x 64/128 x 2 B = 147 B per token */
+    RUN_OK(&p, "plan", "--preset", "ds4-mini", "--ctx", "1000");
+    const char *per = line_of(p.out, "per token");
+    ok = per && strstr(per, "147.000");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECK(ok);
+    /* a bare shape needs all three dimensions */
+    RUN(&p, "plan", "--ctx", "100", "--layers", "2");
+    ok = p.status == 2 && p.err[0];
+    proc_free(&p);
+    CHECK(ok);
+}
+
+static bool same_out(const proc *a, const proc *b) { return !strcmp(a->out, b->out); }
+
+TEST(cli_model_new_matches_preset)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    char m1[64], m3[64], txt[64];
+    static const char text[] = "Once upon a time there was a cache that never forgot a token.";
+    CHECK(temp_file(m1, "", 0));
+    if (!temp_file(m3, "", 0)) { unlink(m1); CHECK(false); }
+    if (!temp_file(txt, text, sizeof text - 1)) { unlink(m1); unlink(m3); CHECK(false); }
+    proc w1 = {0}, w3 = {0}, a = {0}, b = {0}, c = {0}, pa = {0}, pb = {0}, pc = {0}, sa = {0}, sc = {0};
+    const char *const w1a[] = {"model", "new", "--preset", "ds4-tiny", "--seed", "1", "--out", m1, NULL};
+    const char *const w3a[] = {"model", "new", "--preset", "ds4-tiny", "--seed", "3", "--out", m3, NULL};
+    bool ran = run_cli(&w1, w1a) && run_cli(&w3, w3a);
+    /* KVT_DEFAULT_SEED is 1: `--model ds4-tiny` is seed 1's weights in memory. */
+    const char *const ra[] = {"run", "--model", "ds4-tiny", "--prompt", "hi", "--output", "ids", "--max-tokens", "8", NULL};
+    const char *const rb[] = {"run", "--model", m1, "--prompt", "hi", "--output", "ids", "--max-tokens", "8", NULL};
+    const char *const rc[] = {"run", "--model", m3, "--prompt", "hi", "--output", "ids", "--max-tokens", "8", NULL};
+    const char *const qa[] = {"perplexity", "--model", "ds4-tiny", "--file", txt, NULL};
+    const char *const qb[] = {"perplexity", "--model", m1, "--file", txt, NULL};
+    const char *const qc[] = {"perplexity", "--model", m3, "--file", txt, NULL};
+    const char *const ta[] = {"run", "--model", m1, "--prompt", "Once upon a time", "--output", "ids",
+                              "--max-tokens", "16", "--temperature", "1", "--seed", "5", NULL};
+    const char *const tc[] = {"run", "--model", m3, "--prompt", "Once upon a time", "--output", "ids",
+                              "--max-tokens", "16", "--temperature", "1", "--seed", "5", NULL};
+    ran = ran && run_cli(&a, ra) && run_cli(&b, rb) && run_cli(&c, rc) && run_cli(&pa, qa) &&
+          run_cli(&pb, qb) && run_cli(&pc, qc) && run_cli(&sa, ta) && run_cli(&sc, tc);
+    unlink(m1);
+    unlink(m3);
+    unlink(txt);
+    proc *all[] = {&w1, &w3, &a, &b, &c, &pa, &pb, &pc, &sa, &sc};
+    bool ok = ran;
+    for (size_t i = 0; ok && i < sizeof all / sizeof *all; i++)
+        if (!clean(all[i]) || all[i]->status != 0) { show(all[i]); ok = false; }
+    size_t n = 0;
+    long ids[16];
+    bool eight = ok && parse_ids(a.out, ids, 16, &n) && n == 8;
+    bool wrote = ok && strstr(w1.out, "seed 1") && strstr(w3.out, "seed 3");
+    bool same_ids = ok && same_out(&a, &b), same_ppl = ok && same_out(&pa, &pb);
+    bool other_ppl = ok && !same_out(&pa, &pc), other_sampled = ok && !same_out(&sa, &sc);
+    if (ok && !(same_ids && same_ppl && other_ppl && other_sampled)) {
+        printf("    ds4-tiny: %s    seed 1:   %s    seed 3:   %s", a.out, b.out, c.out);
+        printf("    perplexity ds4-tiny: %s    seed 1: %s    seed 3: %s", pa.out, pb.out, pc.out);
+        printf("    sampled seed 1: %s    sampled seed 3: %s", sa.out, sc.out);
+    }
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) proc_free(all[i]);
+    CHECKF(ran, "could not run %s", kvt_test_bin());
+    CHECK(ok);
+    CHECK(eight);
+    CHECK(wrote);
+    CHECKF(same_ids, "the GGUF written with --seed 1 generates other ids than --model ds4-tiny");
+    CHECKF(same_ppl, "the GGUF written with --seed 1 scores text differently from --model ds4-tiny");
+    /* Negative controls: another seed is another model. */
+    CHECKF(other_ppl, "--seed 3 scores text exactly like --seed 1");
+    CHECKF(other_sampled, "--seed 3 samples exactly like --seed 1");
+}
+
+TEST(cli_perplexity_stories)
+{
+    const char *model = kvt_test_shared(STORIES);
+    if (!model || !have_bin()) SKIP("../shared or %s absent", kvt_test_bin());
+    char path[64];
+    static const char text[] = "Once upon a time, there was a little girl named Lily. She loved to play outside.\n";
+    CHECK(temp_file(path, text, sizeof text - 1));
+    proc p;
+    const char *const args[] = {"perplexity", "--model", model, "--file", path, NULL};
+    bool ran = run_cli(&p, args);
+    unlink(path);
+    CHECKF(ran, "could not run %s", kvt_test_bin());
+    if (!clean(&p) || p.status != 0) show(&p);
+    bool ok = clean(&p) && p.status == 0;
+    const char *at = ok ? strstr(p.out, "perplexity ") : NULL, *tk = ok ? strstr(p.out, "tokens ") : NULL;
+    double ppl = at ? strtod(at + 11, NULL) : NAN;
+    long ntok = tk ? strtol(tk + 7, NULL, 10) : 0;
+    if (ok && !(isfinite(ppl) && ppl >= 1 && ntok > 0)) show(&p);
+    proc_free(&p);
+    CHECK(ok);
+    CHECKF(isfinite(ppl) && ppl >= 1, "perplexity %g", ppl);
+    CHECKF(ntok > 0, "scored %ld tokens", ntok);
+}
+
+/* Expect a refusal: status want (1 runtime, 2 arguments), a message on stderr,
+ * nothing on stdout. */
+static bool refused(const char *const *args, int want)
+{
+    proc p;
+    if (!run_cli(&p, args)) { printf("    could not run %s\n", kvt_test_bin()); return false; }
+    bool ok = clean(&p) && p.status == want && strstr(p.err, "kvtier") && !p.out[0];
+    if (!ok) {
+        printf("    %s %s ...: want exit %d with a message\n", kvt_test_bin(), args[0], want);
+        show(&p);
+    }
+    proc_free(&p);
+    return ok;
+}
+
+TEST(cli_bad_input)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    const char *model = kvt_test_shared(STORIES);
+    char mpath[4096] = "build/kvtier-no-such-model.gguf";
+    if (model) snprintf(mpath, sizeof mpath, "%s", model);
+    /* 100 bytes of noise, and a real GGUF cut short, given as --model */
+    uint8_t noise[100];
+    uint64_t st = kvt_test_seed("cli_bad_input");
+    for (size_t i = 0; i < sizeof noise; i++) noise[i] = (uint8_t)kvt_test_rand(&st);
+    noise[0] = 'X'; /* never the GGUF magic */
+    char garbage[64], cut[64];
+    CHECK(temp_file(garbage, noise, sizeof noise));
+    size_t glen = 0;
+    char *gguf = model ? kvt_test_read_file(model, &glen) : NULL;
+    bool have_cut = gguf && glen > 4096 && temp_file(cut, gguf, 4096);
+    free(gguf);
+    char missing[80];
+    snprintf(missing, sizeof missing, "%s.missing", garbage);
+
+    struct { const char *args[12]; int want; } cases[] = {
+        {{"run", "--prompt", "hi", "--bogus"}, 2},
+        {{"run", "--prompt", "hi", "--max-tokens", "-1"}, 2},
+        {{"run", "--prompt", "hi", "--max-tokens", "12x"}, 2},
+        {{"run", "--prompt", "hi", "--temperature", "abc"}, 2},
+        {{"run", "--prompt", "hi", "--temperature", "nan"}, 2},
+        {{"run", "--prompt", "hi", "--top-p", "2"}, 2},
+        {{"run", "--prompt", "hi", "--output", "xml"}, 2},
+        {{"run", "--prompt"}, 2},
+        {{"tokenize", "--model", mpath}, 2},
+        {{"plan"}, 2},
+        {{"model", "new", "--preset", "ds4-tiny"}, 2},
+        {{"model", "old"}, 2},
+        {{"frobnicate"}, 2},
+        {{"run", "--model", missing, "--prompt", "hi"}, 1},
+        {{"run", "--model", garbage, "--prompt", "hi"}, 1},
+        {{"info", "--model", garbage}, 1},
+        {{"tokenize", "--model", garbage, "--text", "hi"}, 1},
+        {{"perplexity", "--model", garbage, "--file", garbage}, 1},
+        {{"perplexity", "--model", "ds4-tiny", "--file", missing}, 1},
+        {{"plan", "--ctx", "10", "--preset", "no-such-preset"}, 1},
+        {{"model", "new", "--preset", "no-such-preset", "--out", missing}, 1},
+        {{"run", "--model", "ds4-tiny", "--prompt", "hello", "--ctx", "3"}, 1},
+        {{"run", "--model", have_cut ? cut : garbage, "--prompt", "hi"}, 1},
+        {{"run", "--prompt", "hi", "--kv-cache-align-tokens", "100"}, 2},
+        {{"run", "--prompt", "hi", "--kv-disk-mb", "0"}, 2},
+        {{"cache", "frob"}, 2},
+    };
+    bool ok = true;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ok = refused(cases[i].args, cases[i].want) && ok;
+    unlink(garbage);
+    if (have_cut) unlink(cut);
+    CHECK(ok);
+    CHECKF(access(missing, F_OK) != 0, "a failed `model new` left %s behind", missing);
+}
+
+TEST(cli_default_model)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "run", "--prompt", "hi", "--max-tokens", "4", "--output", "ids");
+    long ids[8];
+    size_t n = 0;
+    bool ok = parse_ids(p.out, ids, 8, &n) && n == 4;
+    for (size_t i = 0; ok && i < n; i++) ok = ids[i] >= 0 && ids[i] < 271; /* the byte tokenizer */
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "expected 4 ids of the built-in byte vocabulary");
+}
+
+TEST(cli_usage)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "--help");
+    static const char *const cmds[] = {"run", "tokenize", "info", "perplexity", "model new", "plan"};
+    bool ok = true;
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) ok = ok && strstr(p.out, cmds[i]);
+    proc_free(&p);
+    CHECKF(ok, "--help does not list every command");
+    /* no command at all: usage on stderr, status 2 */
+    const char *const none[] = {NULL};
+    CHECK(run_cli(&p, none));
+    ok = clean(&p) && p.status == 2 && strstr(p.err, "usage") && !p.out[0];
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECK(ok);
+}
+
+TEST(cli_disk_cache_round_trip)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    char dir[] = "/tmp/kvtier-cli-disk-XXXXXX";
+    CHECK(mkdtemp(dir));
+    char prompt[400] = "";
+    for (int i = 0; i < 7; i++) strcat(prompt, "The quick brown fox jumps over the lazy dog. ");
+    /* 316 tokens with BOS: a cold save at 256 with a 128-token grid. */
+#define DISK "--kv-disk-dir", dir, "--kv-cache-min-tokens", "128", "--kv-cache-align-tokens", "128", \
+             "--kv-cache-continued-interval", "0"
+#define GEN "--model", "ds4-tiny", "--prompt", prompt, "--output", "ids", "--max-tokens", "12", \
+            "--temperature", "1", "--seed", "5"
+    const char *const a1[] = {"run", GEN, DISK, NULL};
+    const char *const a3[] = {"run", GEN, "--no-kv-disk", NULL};
+    const char *const av[] = {"cache", "verify", "--kv-disk-dir", dir, NULL};
+    const char *const al[] = {"cache", "ls", "--kv-disk-dir", dir, NULL};
+#undef DISK
+#undef GEN
+    proc cold = {0}, warm = {0}, off = {0}, ver = {0}, ls = {0};
+    bool ran = run_cli(&cold, a1) && run_cli(&warm, a1) && run_cli(&off, a3) && run_cli(&ver, av) &&
+               run_cli(&ls, al);
+    rm_tree(dir);
+    proc *all[] = {&cold, &warm, &off, &ver, &ls};
+    bool ok = ran;
+    for (size_t i = 0; ok && i < sizeof all / sizeof *all; i++)
+        if (!clean(all[i]) || all[i]->status != 0) { show(all[i]); ok = false; }
+    long ids[16];
+    size_t n = 0;
+    bool twelve = ok && parse_ids(cold.out, ids, 16, &n) && n == 12;
+    bool cold_miss = ok && strstr(cold.err, " 0 from the disk cache");
+    bool warm_hit = ok && strstr(warm.err, " 256 from the disk cache");
+    bool same = ok && same_out(&cold, &warm) && same_out(&cold, &off);
+    bool verified = ok && strstr(ver.out, " 0 damaged");
+    bool listed = ok && strstr(ls.out, " 256 ");
+    if (ok && !(twelve && cold_miss && warm_hit && same && verified && listed))
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) show(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) proc_free(all[i]);
+    CHECKF(ran, "could not run %s", kvt_test_bin());
+    CHECK(ok);
+    CHECK(twelve);
+    CHECKF(cold_miss, "the first run found something in an empty disk cache");
+    CHECKF(warm_hit, "the second run did not restore the 256-token prefix from disk");
+    CHECKF(same, "a prompt restored from disk (or run without it) generates other ids");
+    CHECK(verified);
+    CHECK(listed);
+}
