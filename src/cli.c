@@ -19,8 +19,10 @@
 
 typedef struct opt {
     const char *name;   /* "--model" */
-    const char *value;  /* NULL when absent; "" for a switch that is present */
+    const char *value;  /* NULL when absent; "" for a switch that is present; the last one given */
     bool is_switch;
+    const char *vals[32]; /* every value, for options that may repeat */
+    size_t n_vals;
 } opt;
 
 static void usage(FILE *f);
@@ -39,6 +41,8 @@ static int parse_opts(int argc, char **argv, opt *opts, size_t n_opts)
         if (opts[k].is_switch) { opts[k].value = ""; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "kvtier: %s needs a value\n", argv[i]); return -1; }
         opts[k].value = argv[++i];
+        if (opts[k].n_vals == 32) { fprintf(stderr, "kvtier: %s given too often\n", argv[i - 1]); return -1; }
+        opts[k].vals[opts[k].n_vals++] = argv[i];
     }
     return 0;
 }
@@ -502,7 +506,8 @@ out:
 static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
-               {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--max-body-mb"}, {"--any-model", NULL, true}, DISK_OPTS};
+               {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
+               {"--any-model", NULL, true}, DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -516,17 +521,40 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--kv-ram-mb"), "--kv-ram-mb", 1u << 30, &ram_mb) ||
         !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb))
         return 2;
-    const char *key = get(o, no, "--api-key");
-    if (!key) key = getenv("KVTIER_API_KEY");
+    /* API keys: --api-key (repeatable), --api-key-file (one per line), or $KVTIER_API_KEY */
+    const char *keys[32];
+    size_t n_keys = 0;
+    char *file_text = NULL;
+    for (size_t k = 0; k < no; k++)
+        if (!strcmp(o[k].name, "--api-key"))
+            for (size_t i = 0; i < o[k].n_vals; i++) keys[n_keys++] = o[k].vals[i];
+    const char *kf = get(o, no, "--api-key-file");
+    if (kf) {
+        FILE *f = fopen(kf, "r");
+        if (!f) { fprintf(stderr, "kvtier: %s: %s\n", kf, strerror(errno)); return 1; }
+        file_text = calloc(1, 65537);
+        size_t got = file_text ? fread(file_text, 1, 65536, f) : 0;
+        fclose(f);
+        (void)got;
+        for (char *line = file_text ? strtok(file_text, "\r\n") : NULL; line; line = strtok(NULL, "\r\n")) {
+            while (*line == ' ' || *line == '\t') line++;
+            if (!*line || *line == '#') continue;
+            if (n_keys == 32) { fprintf(stderr, "kvtier: at most 32 API keys\n"); free(file_text); return 2; }
+            keys[n_keys++] = line;
+        }
+    }
+    const char *env_key = getenv("KVTIER_API_KEY");
+    if (!n_keys && env_key && *env_key) keys[n_keys++] = env_key;
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
-        .api_key = key && *key ? key : NULL, .any_model = get(o, no, "--any-model") != NULL, .policy = disk.policy,
+        .api_keys = keys, .n_keys = n_keys, .any_model = get(o, no, "--any-model") != NULL, .policy = disk.policy,
     };
     int rc = kvt_serve(&so);
+    free(file_text);
     if (rc) return fail(rc, "serve");
     return 0;
 }
@@ -606,7 +634,8 @@ static void usage(FILE *f)
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--queue N (8)] [--kv-ram-mb N (2048)]\n"
-          "              [--api-key K | $KVTIER_API_KEY] [--max-body-mb N (32)] [--any-model] [disk options]\n"
+          "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
+          "              [--any-model] [disk options]; each API key is its own cache namespace\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
           "\n"

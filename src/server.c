@@ -22,6 +22,10 @@
  *      saved to disk (reason evict) and dropped beyond the budget.
  *   2. Disk: the store (store.c), when it covers more of the prompt.
  *   3. Prefill, with snapshot saves per the save policy (policy.c).
+ *
+ * With several API keys every key is a tenant with its own cache namespace:
+ * sessions of one key are never candidates for another's requests, each key
+ * has its own share of the RAM budget and its own disk store directory.
  */
 #include "api.h"
 #include "model.h"
@@ -41,6 +45,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
 #define MAX_POOL 64
@@ -83,19 +88,31 @@ typedef struct job {
     size_t sent;
     char tier[16];
     size_t reused;
+    int tenant;
     struct job *next;
 } job;
 
 typedef struct pooled {
     kvt_session *s;
     uint64_t last_used;
+    int tenant;
 } pooled;
+
+/* One cache namespace per API key: its own RAM share and its own disk
+ * store, so no key can hit, time or evict another key's entries. */
+typedef struct tenant {
+    const char *key;          /* NULL: the open server's only tenant */
+    kvt_store *store;
+    char dir[4200];
+} tenant;
+#define MAX_TENANTS 32
 
 typedef struct server {
     kvt_server_opts o;
     kvt_model *m;
     char model_id[128];
-    kvt_store *store;
+    tenant tn[MAX_TENANTS];
+    size_t n_tn;
     pooled pool[MAX_POOL];
     size_t n_pool;
     uint64_t clock;
@@ -168,19 +185,29 @@ static void job_finish(job *j, int status, char *body)
 
 /* ---- the RAM tier ---- */
 
-static size_t pool_bytes(server *sv)
+/* RAM held by a tenant's sessions (all tenants: -1). */
+static size_t pool_bytes(server *sv, int t)
 {
     size_t b = 0;
-    for (size_t i = 0; i < sv->n_pool; i++) b += kvt_session_bytes(sv->pool[i].s);
+    for (size_t i = 0; i < sv->n_pool; i++)
+        if (t < 0 || sv->pool[i].tenant == t) b += kvt_session_bytes(sv->pool[i].s);
     return b;
+}
+
+static size_t pool_count(server *sv, int t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < sv->n_pool; i++) n += sv->pool[i].tenant == t;
+    return n;
 }
 
 static void pool_drop(server *sv, size_t i, const char *reason)
 {
     kvt_session *s = sv->pool[i].s;
-    if (sv->store && kvt_session_len(s) >= sv->o.policy.min_tokens) {
+    kvt_store *store = sv->tn[sv->pool[i].tenant].store;
+    if (store && kvt_session_len(s) >= sv->o.policy.min_tokens) {
         double t0 = kvt_now();
-        int rc = kvt_store_save(sv->store, s, kvt_session_len(s), reason, NULL);
+        int rc = kvt_store_save(store, s, kvt_session_len(s), reason, NULL);
         pthread_mutex_lock(&sv->mu);
         hist_add(&sv->mx.save, kvt_now() - t0);
         if (rc) sv->mx.disk_save_errors++;
@@ -303,7 +330,9 @@ static void run_job(server *sv, job *j)
     size_t best = SIZE_MAX, reuse = 0;
     int32_t *best_alt = NULL;
     size_t best_alt_n = 0;
+    kvt_store *store = sv->tn[j->tenant].store;
     for (size_t i = 0; i < sv->n_pool; i++) {
+        if (sv->pool[i].tenant != j->tenant) continue;
         kvt_session *s = sv->pool[i].s;
         size_t c = common_prefix(kvt_session_tokens(s), kvt_session_len(s), toks, n);
         size_t k = text_match(m, s, r->prompt, r->prompt_len);
@@ -336,7 +365,7 @@ static void run_job(server *sv, job *j)
     /* tier 2: disk, when it covers more than RAM does */
     size_t disk_match = 0;
     int64_t disk_id = -1;
-    if (sv->store) kvt_store_lookup(sv->store, m, toks, n, &disk_match, &disk_id);
+    if (store) kvt_store_lookup(store, m, toks, n, &disk_match, &disk_id);
     kvt_session *s = NULL;
     size_t from_disk = 0, reused = reuse;
     const char *tier = reuse ? "ram" : "none";
@@ -345,9 +374,14 @@ static void run_job(server *sv, job *j)
         sv->pool[best].last_used = ++sv->clock;
     } else {
         /* a fresh session (or the least recently used one, when full) */
-        while (sv->n_pool && (sv->n_pool >= MAX_POOL || pool_bytes(sv) > sv->o.ram_bytes)) {
-            size_t lru = 0;
-            for (size_t i = 1; i < sv->n_pool; i++) if (sv->pool[i].last_used < sv->pool[lru].last_used) lru = i;
+        /* a tenant's share: ram_bytes / tenants and MAX_POOL / tenants sessions */
+        size_t share = sv->o.ram_bytes / sv->n_tn, slots = MAX_POOL / sv->n_tn;
+        while (pool_count(sv, j->tenant) &&
+               (pool_count(sv, j->tenant) >= slots || pool_bytes(sv, j->tenant) > share)) {
+            size_t lru = SIZE_MAX;
+            for (size_t i = 0; i < sv->n_pool; i++)
+                if (sv->pool[i].tenant == j->tenant && (lru == SIZE_MAX || sv->pool[i].last_used < sv->pool[lru].last_used))
+                    lru = i;
             pool_drop(sv, lru, "evict");
             pthread_mutex_lock(&sv->mu);
             sv->mx.ram_evictions++;
@@ -360,13 +394,13 @@ static void run_job(server *sv, job *j)
             free(toks);
             return;
         }
-        sv->pool[sv->n_pool++] = (pooled){s, ++sv->clock};
+        sv->pool[sv->n_pool++] = (pooled){s, ++sv->clock, j->tenant};
         reused = 0;
         tier = "none";
-        if (disk_match && sv->store) {
+        if (disk_match && store) {
             double t0 = kvt_now();
             size_t got = 0;
-            rc = kvt_store_restore_prefix(sv->store, s, toks, n, &got);
+            rc = kvt_store_restore_prefix(store, s, toks, n, &got);
             pthread_mutex_lock(&sv->mu);
             hist_add(&sv->mx.load, kvt_now() - t0);
             pthread_mutex_unlock(&sv->mu);
@@ -398,10 +432,10 @@ static void run_job(server *sv, job *j)
     pthread_mutex_unlock(&sv->mu);
     j->reused = u.cached_tokens;
     /* saves per the policy (also after a cancel: what was computed is kept) */
-    if (sv->store) {
+    if (store) {
         size_t after = 0;
         double ts = kvt_now();
-        kvt_store_apply_policy(sv->store, s, &sv->o.policy, kvt_session_len(s), from_disk, &after);
+        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, &after);
         pthread_mutex_lock(&sv->mu);
         if (after) hist_add(&sv->mx.save, kvt_now() - ts);
         sv->mx.disk_saves += after;
@@ -576,13 +610,27 @@ static void stream_free(void *cls)
     job_unref(j);
 }
 
-static bool authorized(server *sv, struct MHD_Connection *c)
+/* Constant-time comparison: a wrong key's timing says nothing of the right one. */
+static bool same_key(const char *a, const char *b)
 {
-    if (!sv->o.api_key) return true;
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char d = la != lb;
+    for (size_t i = 0; i < la && i < lb; i++) d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* The tenant a request belongs to, or -1 when its key is missing or wrong. */
+static int authorized(server *sv, struct MHD_Connection *c)
+{
+    if (!sv->tn[0].key) return 0;
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    if (xk && !strcmp(xk, sv->o.api_key)) return true;
-    return auth && !strncmp(auth, "Bearer ", 7) && !strcmp(auth + 7, sv->o.api_key);
+    const char *given = xk ? xk : auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : NULL;
+    if (!given) return -1;
+    int found = -1;
+    for (size_t t = 0; t < sv->n_tn; t++)
+        if (same_key(given, sv->tn[t].key)) found = (int)t;
+    return found;
 }
 
 static char *metrics_text(server *sv);
@@ -610,7 +658,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     bool is_get = !strcmp(method, "GET"), is_head = !strcmp(method, "HEAD"), is_post = !strcmp(method, "POST");
     if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
     if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
-    if (!authorized(sv, c)) {
+    int tnt = authorized(sv, c);
+    if (tnt < 0) {
         count_request(sv, 3, 401);
         return send_json(c, 401, kvt_error_json(api, 401, "invalid or missing API key"));
     }
@@ -659,6 +708,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_json(c, status, body);
     }
     j->api = api;
+    j->tenant = tnt;
     j->stream = j->req.stream;
     pthread_mutex_lock(&sv->mu);
     bool full = sv->queued >= sv->o.queue || sv->stopping;
@@ -754,10 +804,17 @@ static char *metrics_text(server *sv)
     static const char *eps[] = {"chat_completions", "completions", "messages", "other"};
     static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "4xx", "429"};
     kvt_store_stats ds = {0};
-    if (sv->store) kvt_store_stats_get(sv->store, &ds);
+    for (size_t t = 0; t < sv->n_tn; t++) {
+        kvt_store_stats one;
+        if (sv->tn[t].store && kvt_store_stats_get(sv->tn[t].store, &one) == KVT_OK) {
+            ds.bytes += one.bytes;
+            ds.snapshots += one.snapshots;
+            ds.evictions += one.evictions;
+        }
+    }
     pthread_mutex_lock(&sv->mu);
     metrics mx = sv->mx;
-    size_t n_pool = sv->n_pool, ram = pool_bytes(sv), queued = sv->queued;
+    size_t n_pool = sv->n_pool, ram = pool_bytes(sv, -1), queued = sv->queued;
     pthread_mutex_unlock(&sv->mu);
 #define P(...) do { snprintf(line, sizeof line, __VA_ARGS__); kvt_wbuf_put(&b, line, strlen(line)); } while (0)
     P("# HELP kvtier_requests_total HTTP requests by endpoint and status class.\n# TYPE kvtier_requests_total counter\n");
@@ -807,9 +864,24 @@ int kvt_serve(const kvt_server_opts *opts)
     if (rc) { free(sv); return rc; }
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
-    if (opts->disk_dir && (rc = kvt_store_open(&sv->store, opts->disk_dir, opts->disk_bytes))) {
-        fprintf(stderr, "kvtier: disk cache disabled: %s\n", kvt_errmsg());
-        sv->store = NULL;
+    sv->n_tn = opts->n_keys ? opts->n_keys : 1;
+    if (sv->n_tn > MAX_TENANTS) {
+        rc = kvt_fail(KVT_EINVAL, "at most %d API keys", MAX_TENANTS);
+        goto out;
+    }
+    for (size_t t = 0; t < sv->n_tn; t++) {
+        tenant *tt = &sv->tn[t];
+        tt->key = opts->n_keys ? opts->api_keys[t] : NULL;
+        if (!opts->disk_dir) continue;
+        if (tt->key) /* a directory per key, named by a hash of it */
+            snprintf(tt->dir, sizeof tt->dir, "%s/ns-%016llx", opts->disk_dir,
+                     (unsigned long long)XXH3_64bits(tt->key, strlen(tt->key)));
+        else
+            snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        if ((rc = kvt_store_open(&tt->store, tt->dir, opts->disk_bytes))) {
+            fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->dir, kvt_errmsg());
+            tt->store = NULL;
+        }
     }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(opts->port)};
     if (inet_pton(AF_INET, opts->host, &addr.sin_addr) != 1) {
@@ -836,7 +908,7 @@ int kvt_serve(const kvt_server_opts *opts)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, disk cache %s)\n", sv->model_id, opts->host,
-            opts->port, sv->o.n_ctx, sv->store ? opts->disk_dir : "off");
+            opts->port, sv->o.n_ctx, sv->tn[0].store ? opts->disk_dir : "off");
     if (opts->ready) opts->ready(opts->ready_user);
     while (!got_signal) pause();
     fprintf(stderr, "kvtier: signal %d: stopping\n", (int)got_signal);
@@ -852,7 +924,7 @@ int kvt_serve(const kvt_server_opts *opts)
     rc = KVT_OK;
 out:
     while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
-    kvt_store_close(sv->store);
+    for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);
     pthread_mutex_destroy(&sv->mu);
     pthread_cond_destroy(&sv->cv);

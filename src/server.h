@@ -14,7 +14,8 @@ typedef struct kvt_server_opts {
     uint64_t disk_bytes;
     size_t ram_bytes;         /* budget of the RAM tier */
     size_t max_body;          /* request body limit */
-    const char *api_key;      /* NULL: no authentication */
+    const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
+    size_t n_keys;
     bool any_model;           /* accept any "model" name (agent clients with fixed names) */
     kvt_save_policy policy;
     void (*ready)(void *user); /* called once listening */
