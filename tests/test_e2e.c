@@ -1,0 +1,654 @@
+/* End to end: `kvtier serve` over loopback, driven by real clients.
+ *
+ * Each test starts the built binary (KVT_BIN) as a child with its own port
+ * and its own fresh --kv-disk-dir under /tmp, waits for GET /health, runs
+ * one of the Node scripts in tests/e2e/ against it (the official `openai`
+ * and `@anthropic-ai/sdk` clients, or raw fetch()), or curl for raw HTTP,
+ * then stops it with SIGTERM the way a service manager does: the server
+ * must exit 0 within 30 s with no sanitizer report in its log, and where
+ * the test left a live session of at least the save policy's minimum (512
+ * tokens by default), `kvtier cache ls` must then list it with reason
+ * "shutdown".
+ *
+ *   e2e_clients        ds4-tiny: both clients, streaming and not, usage
+ *                      fields, sampling parameters, stop sequences
+ *   e2e_errors         ds4-tiny: malformed and mistyped requests, unknown
+ *                      model and route, error bodies in each API's shape
+ *   e2e_context_limit  --ctx 256: a longer prompt is a 400
+ *   e2e_body_limit     --max-body-mb 1: a 2 MB body is a 413
+ *   e2e_api_key        --api-key: 401 without it, 200 with either header
+ *   e2e_queue_full     --queue 1: concurrent long requests meet a 429
+ *   e2e_tiers_stories  stories260K (a trained model: its text depends on
+ *                      the whole prompt): cold, RAM and disk give equal text;
+ *                      skipped without ../shared/models/stories260K.gguf
+ *   e2e_agent_tiers    ds4-mini, a 25,000-token system prompt: cold turn,
+ *                      RAM turn, restart, disk turn, and a cold server, with
+ *                      X-KVTier-Cache, usage and /metrics
+ *   e2e_agent_prefill  ds4-mini: SSE comments during a long prefill, and a
+ *                      client that goes away cancels it
+ *
+ * Requirements: node on PATH (the tests skip without it) and the packages
+ * of tests/e2e/package-lock.json, installed with `npm ci` on first use when
+ * tests/e2e/node_modules lacks them; curl. Run from the repository root.
+ *
+ * Environment:
+ *   KVT_E2E=0          skip every e2e test
+ *   KVT_E2E_AGENT=0|1  skip / run the two ds4-mini agent tests. By default
+ *                      they are skipped when KVT_BIN's path contains "asan"
+ *                      (`make asan`: ~10x slower, and their 25,000-token
+ *                      prefills would take minutes)
+ *   KVT_E2E_VERBOSE=1  print the scripts' output when they pass too
+ *
+ * The whole set takes 60 to 90 s on 2 cores, most of it the two cold
+ * 25,000-token and the two 20,000-token ds4-mini prefills (one of those is
+ * cancelled after a second); without the agent tests it takes about 10 s. */
+#include "test.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define E2E_DIR "tests/e2e"
+#define STORIES "models/stories260K.gguf"
+#define START_TIMEOUT 30.0   /* seconds until /health answers */
+#define STOP_TIMEOUT 30.0    /* seconds from SIGTERM to exit */
+
+/* ---- the test's world: a temp dir, at most one server, its files ---- */
+
+typedef struct e2e {
+    char dir[64];            /* /tmp/kvtier-e2e-XXXXXX, removed at the end */
+    char kv[96];             /* dir/kv: the server's --kv-disk-dir */
+    pid_t pid;               /* the running server, 0 when none */
+    int port;
+    char base[64];           /* http://127.0.0.1:PORT */
+    char log[128];           /* the server's stdout + stderr */
+    int n_logs, n_runs;
+} e2e;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st; (void)flag; (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Print a file (a log, a script's output), each line indented. */
+static void print_file(const char *what, const char *path)
+{
+    char *text = kvt_test_read_file(path, NULL);
+    printf("    --- %s (%s) ---\n", what, path);
+    if (!text) { printf("    (unreadable)\n"); return; }
+    const char *p = text;
+    /* the tail is what explains a failure: at most the last 12 KB */
+    size_t len = strlen(text);
+    if (len > 12000) { p = text + len - 12000; printf("    ...\n"); }
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        int n = nl ? (int)(nl - p) : (int)strlen(p);
+        printf("    | %.*s\n", n, p);
+        p += n + (nl ? 1 : 0);
+    }
+    free(text);
+}
+
+static bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
+/* Why the e2e tests cannot run here (NULL: they can). */
+static const char *skip_reason(bool agent)
+{
+    if (env_is("KVT_E2E", "0")) return "KVT_E2E=0";
+    if (system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
+    if (system("command -v curl >/dev/null 2>&1") != 0) return "curl is not on PATH";
+    if (access(E2E_DIR "/package.json", R_OK) != 0) return "run from the repository root (" E2E_DIR " not found)";
+    if (access(kvt_test_bin(), X_OK) != 0) return "the kvtier binary is not built";
+    if (agent) {
+        if (env_is("KVT_E2E_AGENT", "0")) return "KVT_E2E_AGENT=0";
+        if (!env_is("KVT_E2E_AGENT", "1") && strstr(kvt_test_bin(), "asan"))
+            return "ds4-mini agent session under a sanitizer build (KVT_E2E_AGENT=1 forces it)";
+    }
+    return NULL;
+}
+
+/* Install the Node packages when they are missing. An exclusive lock on
+ * package.json keeps two test runs from installing at once. */
+static bool ensure_deps(void)
+{
+    static bool done;
+    if (done) return true;
+    int fd = open(E2E_DIR "/package.json", O_RDONLY);
+    if (fd < 0) return false;
+    flock(fd, LOCK_EX);
+    bool ok = access(E2E_DIR "/node_modules/openai/package.json", R_OK) == 0 &&
+              access(E2E_DIR "/node_modules/@anthropic-ai/sdk/package.json", R_OK) == 0;
+    if (!ok) {
+        char log[] = "/tmp/kvtier-e2e-npm-XXXXXX";
+        int lf = mkstemp(log);
+        if (lf >= 0) close(lf);
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "npm ci --prefix " E2E_DIR " --no-audit --no-fund --loglevel=error >%s 2>&1",
+                 lf >= 0 ? log : "/dev/null");
+        printf("    installing the Node packages: npm ci --prefix " E2E_DIR "\n");
+        ok = system(cmd) == 0;
+        if (!ok && lf >= 0) print_file("npm ci", log);
+        if (lf >= 0) unlink(log);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    done = ok;
+    return ok;
+}
+
+/* A port nobody listens on right now (the kernel's pick for port 0). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (!bind(s, (struct sockaddr *)&a, sizeof a) && !getsockname(s, (struct sockaddr *)&a, &len))
+        port = ntohs(a.sin_port);
+    close(s);
+    return port;
+}
+
+/* The HTTP status of a curl request (args: shell words, already quoted as
+ * needed), its body written to dir/curl.out and its headers to
+ * dir/curl.hdr; -1 when curl could not connect. */
+static int curl(e2e *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int curl(e2e *t, const char *fmt, ...)
+{
+    char args[2048], cmd[2600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "curl -s -o %s/curl.out -D %s/curl.hdr -w '%%{http_code}' --max-time 60 %s",
+             t->dir, t->dir, args);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    char code[16] = {0};
+    size_t n = fread(code, 1, sizeof code - 1, f);
+    code[n] = 0;
+    pclose(f);
+    int c = atoi(code);
+    return c > 0 ? c : -1;
+}
+
+/* The body or headers of the last curl() (malloc'ed; "" when unreadable). */
+static char *curl_file(e2e *t, const char *which)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/curl.%s", t->dir, which);
+    char *s = kvt_test_read_file(path, NULL);
+    return s ? s : calloc(1, 1);
+}
+
+static bool health_ok(e2e *t)
+{
+    return curl(t, "--max-time 2 %s/health", t->base) == 200;
+}
+
+/* Start `KVT_BIN serve --host 127.0.0.1 --port P args...` (args
+ * NULL-terminated) and wait until /health answers. A port taken between
+ * free_port() and the bind is retried on another one. */
+static bool server_start(e2e *t, const char *const *args)
+{
+    const char *bin = kvt_test_bin();
+    for (int attempt = 0; attempt < 3; attempt++) {
+        t->port = free_port();
+        if (t->port <= 0) return false;
+        snprintf(t->base, sizeof t->base, "http://127.0.0.1:%d", t->port);
+        snprintf(t->log, sizeof t->log, "%s/server-%d.log", t->dir, ++t->n_logs);
+        char port[16];
+        snprintf(port, sizeof port, "%d", t->port);
+        const char *argv[48] = {bin, "serve", "--host", "127.0.0.1", "--port", port};
+        size_t n = 6;
+        for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
+        argv[n] = NULL;
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0) return false;
+        if (pid == 0) {
+            int fd = open(t->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+            execvp(bin, (char *const *)argv);
+            _exit(127);
+        }
+        t->pid = pid;
+        double t0 = now_s();
+        while (now_s() - t0 < START_TIMEOUT) {
+            int st;
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                t->pid = 0;
+                char *log = kvt_test_read_file(t->log, NULL);
+                bool port_taken = log && strstr(log, "cannot listen");
+                free(log);
+                if (port_taken) break; /* try another port */
+                printf("    the server exited before answering /health (status 0x%x)\n", st);
+                print_file("server log", t->log);
+                return false;
+            }
+            if (health_ok(t)) return true;
+            sleep_ms(100);
+        }
+        if (t->pid) {
+            printf("    no answer on %s/health within %.0f s\n", t->base, START_TIMEOUT);
+            print_file("server log", t->log);
+            kill(t->pid, SIGKILL);
+            waitpid(t->pid, NULL, 0);
+            t->pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* SIGTERM; true when the server exited with status 0 within STOP_TIMEOUT
+ * and its log holds no sanitizer report. */
+static bool server_stop(e2e *t)
+{
+    if (!t->pid) return false;
+    kill(t->pid, SIGTERM);
+    double t0 = now_s();
+    int st = 0;
+    pid_t got = 0;
+    while (now_s() - t0 < STOP_TIMEOUT && (got = waitpid(t->pid, &st, WNOHANG)) == 0) sleep_ms(50);
+    bool ok = got == t->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (got == 0) {
+        printf("    the server did not exit within %.0f s of SIGTERM\n", STOP_TIMEOUT);
+        kill(t->pid, SIGKILL);
+        waitpid(t->pid, NULL, 0);
+    } else if (!ok) {
+        printf("    the server ended with %s %d after SIGTERM\n", WIFEXITED(st) ? "exit status" : "signal",
+               WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+    }
+    /* a sanitizer build reports and usually exits non-zero; say why */
+    char *log = kvt_test_read_file(t->log, NULL);
+    if (ok && log && (strstr(log, "Sanitizer") || strstr(log, "runtime error"))) {
+        printf("    the server log holds a sanitizer report\n");
+        ok = false;
+    }
+    free(log);
+    if (!ok) print_file("server log", t->log);
+    t->pid = 0;
+    return ok;
+}
+
+/* `node tests/e2e/SCRIPT base args...` (args NULL-terminated); its output
+ * is printed when it fails (or with KVT_E2E_VERBOSE=1). */
+static bool node_run(e2e *t, const char *script, const char *const *args, double timeout)
+{
+    char path[128], out[128];
+    snprintf(path, sizeof path, E2E_DIR "/%s", script);
+    snprintf(out, sizeof out, "%s/node-%d.out", t->dir, ++t->n_runs);
+    const char *argv[16] = {"node", path, t->base};
+    size_t n = 3;
+    for (size_t i = 0; args && args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execvp("node", (char *const *)argv);
+        _exit(127);
+    }
+    double t0 = now_s();
+    int st = 0;
+    pid_t got = 0;
+    while (now_s() - t0 < timeout && (got = waitpid(pid, &st, WNOHANG)) == 0) sleep_ms(50);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        printf("    node %s %s: no exit within %.0f s\n", script, args && args[0] ? args[0] : "", timeout);
+    }
+    bool ok = got == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!ok || env_is("KVT_E2E_VERBOSE", "1")) {
+        if (!ok && got == pid)
+            printf("    node %s %s: exit status %d\n", script, args && args[0] ? args[0] : "",
+                   WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        print_file(script, out);
+    }
+    if (!ok && t->pid) print_file("server log", t->log);
+    return ok;
+}
+
+/* `KVT_BIN cache ls --kv-disk-dir DIR` (malloc'ed; NULL on failure). */
+static char *cache_ls(e2e *t, const char *kv)
+{
+    char cmd[512], path[128];
+    snprintf(path, sizeof path, "%s/cache-ls.out", t->dir);
+    snprintf(cmd, sizeof cmd, "'%s' cache ls --kv-disk-dir '%s' >%s 2>&1", kvt_test_bin(), kv, path);
+    if (system(cmd) != 0) { print_file("cache ls", path); return NULL; }
+    return kvt_test_read_file(path, NULL);
+}
+
+/* An entry of `cache ls` with this reason (the REASON column). */
+static bool has_reason(const char *ls, const char *reason)
+{
+    char word[32];
+    snprintf(word, sizeof word, " %s ", reason);
+    return ls && strstr(ls, word);
+}
+
+static bool e2e_begin(e2e *t, bool agent)
+{
+    *t = (e2e){0};
+    const char *why = skip_reason(agent);
+    if (why) { kvt_test_skip("%s", why); return false; }
+    strcpy(t->dir, "/tmp/kvtier-e2e-XXXXXX");
+    if (!mkdtemp(t->dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno)); return false; }
+    snprintf(t->kv, sizeof t->kv, "%s/kv", t->dir);
+    if (!ensure_deps()) {
+        kvt_test_fail(__FILE__, __LINE__, "npm ci --prefix " E2E_DIR " failed (see above)");
+        nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return false;
+    }
+    return true;
+}
+
+/* Kill a server a failed check left running; remove the temp dir. */
+static void e2e_end(e2e *t)
+{
+    if (t->pid) {
+        kill(t->pid, SIGKILL);
+        waitpid(t->pid, NULL, 0);
+        t->pid = 0;
+    }
+    if (t->dir[0]) nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+#define START(t, ...)                                                       \
+    do {                                                                    \
+        const char *const a_[] = {__VA_ARGS__, NULL};                       \
+        CHECKF(server_start(t, a_), "kvtier serve did not come up");        \
+    } while (0)
+
+#define NODE(t, timeout, script, ...)                                       \
+    do {                                                                    \
+        const char *const a_[] = {__VA_ARGS__, NULL};                       \
+        CHECKF(node_run(t, script, a_, timeout), "node %s failed", script); \
+    } while (0)
+
+#define STOP(t) CHECKF(server_stop(t), "kvtier serve did not exit 0 within %.0f s of SIGTERM", STOP_TIMEOUT)
+
+/* A live session of 600 prompt tokens, enough for a shutdown save (the
+ * save policy's minimum is 512). ds4 presets: one token per byte. */
+static void long_session(e2e *t)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/long.json", t->dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs("{\"prompt\":\"", f);
+    for (int i = 0; i < 600; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 7 % 37], f);
+    fputs("\",\"max_tokens\":1,\"temperature\":0}", f);
+    fclose(f);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/completions", path, t->base);
+    char *body = curl_file(t, "out");
+    CHECKF(code == 200, "600-token completion: HTTP %d %.300s", code, body);
+    free(body);
+}
+
+/* Stop the server and require a "shutdown" entry in its disk tier. */
+static void stop_expect_shutdown_save(e2e *t)
+{
+    STOP(t);
+    char *ls = cache_ls(t, t->kv);
+    if (!has_reason(ls, "shutdown")) printf("    cache ls:\n%s\n", ls ? ls : "(failed)");
+    CHECKF(has_reason(ls, "shutdown"), "no snapshot with reason shutdown after SIGTERM");
+    free(ls);
+}
+
+/* ---- the tests ---- */
+
+static void clients(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    NODE(t, 300, "clients.mjs", "ds4-tiny");
+    long_session(t);
+    if (kvt_test_failed()) return;
+    stop_expect_shutdown_save(t);
+}
+
+TEST(e2e_clients)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    clients(&t);
+    e2e_end(&t);
+}
+
+static void errors(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    NODE(t, 300, "errors.mjs", "basic");
+    /* the same cases as raw HTTP */
+    const char *json = "-H 'content-type: application/json'";
+    int code = curl(t, "%s -d '{\"messages\": [' %s/v1/chat/completions", json, t->base);
+    char *body = curl_file(t, "out");
+    CHECKF(code == 400 && strstr(body, "{\"error\":{\"message\":"), "curl, malformed JSON on chat: %d %s", code, body);
+    free(body);
+    code = curl(t, "%s -d '{\"messages\": [' %s/v1/messages", json, t->base);
+    body = curl_file(t, "out");
+    CHECKF(code == 400 && strstr(body, "{\"type\":\"error\",\"error\":{"), "curl, malformed JSON on messages: %d %s",
+           code, body);
+    free(body);
+    code = curl(t, "%s -d '{\"messages\":\"hi\"}' %s/v1/chat/completions", json, t->base);
+    CHECKF(code == 400, "curl, messages not an array: %d", code);
+    code = curl(t, "%s -d '{\"max_tokens\":\"abc\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}' %s/v1/messages",
+                json, t->base);
+    CHECKF(code == 400, "curl, max_tokens \"abc\": %d", code);
+    code = curl(t, "%s -d '{\"model\":\"nope\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}' %s/v1/chat/completions",
+                json, t->base);
+    CHECKF(code == 404, "curl, unknown model: %d", code);
+    CHECKF(health_ok(t), "/health after the errors");
+    long_session(t);
+    if (kvt_test_failed()) return;
+    stop_expect_shutdown_save(t);
+}
+
+TEST(e2e_errors)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    errors(&t);
+    e2e_end(&t);
+}
+
+static void context_limit(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--ctx", "256");
+    NODE(t, 300, "errors.mjs", "ctx");
+    STOP(t);
+}
+
+TEST(e2e_context_limit)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    context_limit(&t);
+    e2e_end(&t);
+}
+
+static void body_limit(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--max-body-mb", "1");
+    NODE(t, 300, "errors.mjs", "body");
+    /* curl sends a large body after "Expect: 100-continue": the server may
+     * answer before reading it, or read and discard it; 413 either way */
+    char path[128];
+    snprintf(path, sizeof path, "%s/big.json", t->dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs("{\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < (2 << 20); i++) fputc('q', f);
+    fputs("\"}]}", f);
+    fclose(f);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/chat/completions", path, t->base);
+    char *body = curl_file(t, "out");
+    CHECKF(code == 413 && strstr(body, "request_too_large"), "curl, 2 MB body: %d %.200s", code, body);
+    free(body);
+    code = curl(t, "-H 'content-type: application/json' -H 'Expect:' --data-binary @%s %s/v1/messages", path, t->base);
+    body = curl_file(t, "out");
+    CHECKF(code == 413 && strstr(body, "\"type\":\"error\""), "curl, 2 MB body without Expect: %d %.200s", code, body);
+    free(body);
+    CHECKF(health_ok(t), "/health after the oversized bodies");
+    STOP(t);
+}
+
+TEST(e2e_body_limit)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    body_limit(&t);
+    e2e_end(&t);
+}
+
+static void api_key(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "K");
+    NODE(t, 300, "errors.mjs", "auth");
+    const char *req = "-H 'content-type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                      "\"max_tokens\":1}'";
+    int code = curl(t, "%s %s/v1/chat/completions", req, t->base);
+    CHECKF(code == 401, "curl, no key: %d", code);
+    code = curl(t, "-H 'Authorization: Bearer K' %s %s/v1/chat/completions", req, t->base);
+    CHECKF(code == 200, "curl, Authorization: Bearer K: %d", code);
+    code = curl(t, "-H 'x-api-key: K' %s %s/v1/messages", req, t->base);
+    CHECKF(code == 200, "curl, x-api-key: K: %d", code);
+    code = curl(t, "-H 'Authorization: Bearer k' %s %s/v1/chat/completions", req, t->base);
+    CHECKF(code == 401, "curl, a key that differs in case: %d", code);
+    CHECKF(health_ok(t), "/health without the key");
+    STOP(t);
+}
+
+TEST(e2e_api_key)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    api_key(&t);
+    e2e_end(&t);
+}
+
+static void queue_full(e2e *t)
+{
+    /* ds4-mini: 2000 tokens take seconds, so the requests overlap */
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv, "--queue", "1");
+    NODE(t, 600, "errors.mjs", "queue");
+    STOP(t);
+}
+
+TEST(e2e_queue_full)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    queue_full(&t);
+    e2e_end(&t);
+}
+
+static void tiers_stories(e2e *t, const char *model)
+{
+    char state[128];
+    snprintf(state, sizeof state, "%s/state.json", t->dir);
+    /* the save policy scaled to a 2048-token context */
+#define STORIES_ARGS "--model", model, "--kv-disk-dir", t->kv, "--kv-cache-min-tokens", "128", \
+                     "--kv-cache-align-tokens", "256", "--kv-cache-continued-interval", "1024"
+    START(t, STORIES_ARGS);
+    NODE(t, 300, "tiers.mjs", "ram", state);
+    stop_expect_shutdown_save(t);
+    if (kvt_test_failed()) return;
+    START(t, STORIES_ARGS);
+    NODE(t, 300, "tiers.mjs", "disk", state);
+    STOP(t);
+#undef STORIES_ARGS
+}
+
+TEST(e2e_tiers_stories)
+{
+    const char *model = kvt_test_shared(STORIES);
+    if (!model) SKIP("%s not found under ../shared", STORIES);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", model);
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    tiers_stories(&t, path);
+    e2e_end(&t);
+}
+
+static void agent_tiers(e2e *t)
+{
+    char state[128], kv2[128];
+    snprintf(state, sizeof state, "%s/state.json", t->dir);
+    snprintf(kv2, sizeof kv2, "%s/kv-fresh", t->dir);
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv);
+    NODE(t, 600, "agent.mjs", "turns", state);
+    STOP(t);
+    char *ls = cache_ls(t, t->kv);
+    bool ok = has_reason(ls, "cold") && has_reason(ls, "shutdown");
+    if (!ok) printf("    cache ls:\n%s\n", ls ? ls : "(failed)");
+    free(ls);
+    CHECKF(ok, "after turn 1 and SIGTERM the disk tier lacks a \"cold\" or a \"shutdown\" snapshot");
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv);
+    NODE(t, 600, "agent.mjs", "disk", state);
+    STOP(t);
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", kv2);
+    NODE(t, 600, "agent.mjs", "cold", state);
+    STOP(t);
+}
+
+TEST(e2e_agent_tiers)
+{
+    e2e t;
+    if (!e2e_begin(&t, true)) return;
+    agent_tiers(&t);
+    e2e_end(&t);
+}
+
+static void agent_prefill(e2e *t)
+{
+    char state[128];
+    snprintf(state, sizeof state, "%s/state.json", t->dir);
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv);
+    NODE(t, 600, "agent.mjs", "prefill", state);
+    STOP(t);
+}
+
+TEST(e2e_agent_prefill)
+{
+    e2e t;
+    if (!e2e_begin(&t, true)) return;
+    agent_prefill(&t);
+    e2e_end(&t);
+}
