@@ -72,6 +72,9 @@ struct kvt_session {
  * position; forget all. */
 void kvt_session_checkpoint(kvt_session *s);
 void kvt_session_ckpt_clear(kvt_session *s);
+/* Make dst an exact copy of src (same model; dst's context must hold it):
+ * rows, state, tokens, logits and checkpoints. */
+int kvt_session_clone(kvt_session *dst, const kvt_session *src);
 /* RAM held by a session's cache and checkpoints. */
 size_t kvt_session_bytes(const kvt_session *s);
 

@@ -38,8 +38,10 @@
 #include <jansson.h>
 #include <math.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +83,7 @@ typedef struct job {
     int refs;                     /* handler/response + worker */
     kvt_request req;
     kvt_api api;
-    bool stream, done, canceled, started;
+    bool stream, done, canceled;
     int status;                   /* HTTP status when done */
     char *body;                   /* non-streaming: the full response */
     kvt_wbuf out;                 /* streaming: SSE bytes produced so far */
@@ -89,6 +91,8 @@ typedef struct job {
     char tier[16];
     size_t reused;
     int tenant;
+    int32_t *toks;                /* the prompt's tokens (tokenized by the handler) */
+    size_t n_toks;
     struct job *next;
 } job;
 
@@ -143,6 +147,7 @@ static void job_unref(job *j)
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     kvt_request_free(&j->req);
+    free(j->toks);
     free(j->body);
     kvt_wbuf_free(&j->out);
     pthread_mutex_destroy(&j->mu);
@@ -318,13 +323,12 @@ static void run_job(server *sv, job *j)
              j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-" : "chatcmpl-",
              (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
     long created = (long)time(NULL);
-    int32_t *toks = NULL;
-    size_t n = 0;
+    int32_t *toks = j->toks;
+    size_t n = j->n_toks;
+    j->toks = NULL;
     kvt_sampler *smp = NULL;
     kvt_wbuf text = {0};
-    int rc = kvt_tokenizer_encode(m->tok, r->prompt, r->prompt_len, r->prompt_has_bos ? false : m->info.add_bos,
-                                  r->prompt_has_bos, &toks, &n);
-    if (rc) { job_finish(j, 400, kvt_error_json(j->api, 400, kvt_errmsg())); free(toks); return; }
+    int rc;
     /* tier 1: RAM. Per session: the common token prefix, or (when the client
      * resent our output as text) the longer prefix matched on its bytes. */
     size_t best = SIZE_MAX, reuse = 0;
@@ -353,15 +357,10 @@ static void run_job(server *sv, job *j)
     if (n > sv->o.n_ctx) {
         char msg[160];
         snprintf(msg, sizeof msg, "the prompt has %zu tokens; the context holds %u", n, sv->o.n_ctx);
-        job_finish(j, 400, kvt_error_json(j->api, 400, msg));
+        job_finish(j, 400, j->stream ? kvt_stream_error(j->api, 400, msg) : kvt_error_json(j->api, 400, msg));
         free(toks);
         return;
     }
-    /* validated: a streaming response may start now */
-    pthread_mutex_lock(&j->mu);
-    j->started = true;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
     /* tier 2: disk, when it covers more than RAM does */
     size_t disk_match = 0;
     int64_t disk_id = -1;
@@ -369,19 +368,28 @@ static void run_job(server *sv, job *j)
     kvt_session *s = NULL;
     size_t from_disk = 0, reused = reuse;
     const char *tier = reuse ? "ram" : "none";
-    if (best != SIZE_MAX && reuse >= disk_match && reuse > 0) {
+    /* A session is extended in place when the prompt continues it. A prompt
+     * that leaves it part way (another conversation on the same system
+     * prompt) gets a copy, so the session it shares a prefix with stays
+     * whole; a short shared prefix is not worth a copy. */
+    bool extend = best != SIZE_MAX && reuse > 0 && reuse >= disk_match && reuse == kvt_session_len(sv->pool[best].s);
+    bool fork = !extend && best != SIZE_MAX && reuse >= 256 && reuse >= disk_match;
+    if (extend) {
         s = sv->pool[best].s;
         sv->pool[best].last_used = ++sv->clock;
     } else {
-        /* a fresh session (or the least recently used one, when full) */
+        kvt_session *src = fork ? sv->pool[best].s : NULL;
+        if (fork) sv->pool[best].last_used = ++sv->clock; /* keep the source out of the eviction below */
         /* a tenant's share: ram_bytes / tenants and MAX_POOL / tenants sessions */
         size_t share = sv->o.ram_bytes / sv->n_tn, slots = MAX_POOL / sv->n_tn;
-        while (pool_count(sv, j->tenant) &&
+        while (pool_count(sv, j->tenant) > (fork ? 1u : 0u) &&
                (pool_count(sv, j->tenant) >= slots || pool_bytes(sv, j->tenant) > share)) {
             size_t lru = SIZE_MAX;
             for (size_t i = 0; i < sv->n_pool; i++)
-                if (sv->pool[i].tenant == j->tenant && (lru == SIZE_MAX || sv->pool[i].last_used < sv->pool[lru].last_used))
+                if (sv->pool[i].tenant == j->tenant && sv->pool[i].s != src &&
+                    (lru == SIZE_MAX || sv->pool[i].last_used < sv->pool[lru].last_used))
                     lru = i;
+            if (lru == SIZE_MAX) break;
             pool_drop(sv, lru, "evict");
             pthread_mutex_lock(&sv->mu);
             sv->mx.ram_evictions++;
@@ -389,15 +397,17 @@ static void run_job(server *sv, job *j)
         }
         kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = sv->o.n_threads,
                                .checkpoint_interval = kvt_save_policy_grid(&sv->o.policy)};
-        if ((rc = kvt_session_new(&s, m, &so))) {
-            job_finish(j, 500, kvt_error_json(j->api, 500, kvt_errmsg()));
+        if ((rc = kvt_session_new(&s, m, &so)) || (src && (rc = kvt_session_clone(s, src)))) {
+            kvt_session_free(s);
+            job_finish(j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
+                                         : kvt_error_json(j->api, 500, kvt_errmsg()));
             free(toks);
             return;
         }
         sv->pool[sv->n_pool++] = (pooled){s, ++sv->clock, j->tenant};
-        reused = 0;
-        tier = "none";
-        if (disk_match && store) {
+        reused = src ? reuse : 0;
+        tier = src ? "ram" : "none";
+        if (!src && disk_match && store) {
             double t0 = kvt_now();
             size_t got = 0;
             rc = kvt_store_restore_prefix(store, s, toks, n, &got);
@@ -527,6 +537,7 @@ static void *worker_main(void *arg)
         bool stopping = sv->stopping;
         pthread_mutex_unlock(&sv->mu);
         if (stopping) job_finish(j, 503, kvt_error_json(j->api, 503, "the server is shutting down"));
+        else if (job_canceled(j)) job_finish(j, 499, kvt_error_json(j->api, 400, "the client went away"));
         else run_job(sv, j);
         job_unref(j);
         pthread_mutex_lock(&sv->mu);
@@ -566,8 +577,8 @@ static int endpoint_index(kvt_api api) { return api == KVT_API_CHAT ? 0 : api ==
 
 static void count_request(server *sv, int ep, int status)
 {
-    int cls = status == 429 ? 5 : status / 100 - 1;
-    if (cls < 0 || cls > 5) cls = 4;
+    int cls = status == 429 ? 5 : status / 100 - 2; /* 2xx 3xx 4xx 5xx, then 429 apart */
+    if (cls < 0 || cls > 3) cls = 3;
     pthread_mutex_lock(&sv->mu);
     sv->mx.requests[ep][cls]++;
     pthread_mutex_unlock(&sv->mu);
@@ -635,6 +646,22 @@ static int authorized(server *sv, struct MHD_Connection *c)
 
 static char *metrics_text(server *sv);
 
+/* Give a JSON object body a max_tokens of 1 when it has none. */
+static void add_max_tokens(kvt_wbuf *body)
+{
+    json_t *o = json_loadb(body->p ? (const char *)body->p : "", body->len, 0, NULL);
+    if (json_is_object(o) && !json_object_get(o, "max_tokens")) {
+        json_object_set_new(o, "max_tokens", json_integer(1));
+        char *t = json_dumps(o, JSON_COMPACT);
+        if (t) {
+            body->len = 0;
+            kvt_wbuf_put(body, t, strlen(t));
+            free(t);
+        }
+    }
+    json_decref(o);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -670,7 +697,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         free(t);
         return r;
     }
-    bool known = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
+    bool counting = !strcmp(url, "/v1/messages/count_tokens");
+    bool known = counting || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
                  !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages");
     if (!known) {
         count_request(sv, 3, 404);
@@ -692,6 +720,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     job *j = job_new();
     if (!j) return MHD_NO;
     int status = 400;
+    if (counting) add_max_tokens(&cn->body); /* count_tokens bodies carry no max_tokens */
     int rc = kvt_request_parse(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m, &status);
     if (!rc && j->req.model && strcmp(j->req.model, sv->model_id) && !sv->o.any_model) {
         char msg[512];
@@ -706,6 +735,27 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         j->refs = 1; /* never queued: no worker reference */
         job_unref(j);
         return send_json(c, status, body);
+    }
+    /* tokenize here, so that a prompt over the context is a 400 before any
+     * streaming starts (the tokenizer is immutable and thread-safe) */
+    const kvt_request *rq = &j->req;
+    rc = kvt_tokenizer_encode(sv->m->tok, rq->prompt, rq->prompt_len, rq->prompt_has_bos ? false : sv->m->info.add_bos,
+                              rq->prompt_has_bos, &j->toks, &j->n_toks);
+    if (!rc && counting) {
+        char body[64];
+        snprintf(body, sizeof body, "{\"input_tokens\":%zu}", j->n_toks);
+        j->refs = 1;
+        job_unref(j);
+        return send_text(c, 200, "application/json", body, NULL, NULL);
+    }
+    if (!rc && j->n_toks > sv->o.n_ctx)
+        rc = kvt_fail(KVT_ECTX, "the prompt has %zu tokens; the context holds %u", j->n_toks, sv->o.n_ctx);
+    if (rc) {
+        count_request(sv, ep, 400);
+        char *body = kvt_error_json(api, 400, kvt_errmsg());
+        j->refs = 1;
+        job_unref(j);
+        return send_json(c, 400, body);
     }
     j->api = api;
     j->tenant = tnt;
@@ -730,20 +780,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         free(body);
         return r;
     }
-    if (j->stream) {
-        /* Wait until the worker has taken and validated the job, so that a
-         * request it refuses still gets its status code. */
-        pthread_mutex_lock(&j->mu);
-        while (!j->started && !j->done) pthread_cond_wait(&j->cv, &j->mu);
-        bool refused = j->done && !j->started;
-        pthread_mutex_unlock(&j->mu);
-        if (refused) {
-            count_request(sv, ep, j->status);
-            enum MHD_Result r = send_text(c, j->status, "application/json", j->body ? j->body : "{}", NULL, NULL);
-            j->refs = 1; /* the worker is done with it; no response holds it */
-            job_unref(j);
-            return r;
-        }
+    if (j->stream) { /* headers now; keepalive comments while queued or prefilling */
         count_request(sv, ep, 200);
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
@@ -752,8 +789,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         MHD_destroy_response(resp);
         return r;
     }
+    /* Wait, watching the socket: a client that hangs up cancels its job. */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&j->mu);
-    while (!j->done) pthread_cond_wait(&j->cv, &j->mu);
+    while (!j->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!j->done && fd >= 0) {
+            struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
+            if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->canceled = true;
+        }
+    }
     pthread_mutex_unlock(&j->mu);
     int st = j->status == 499 ? 400 : j->status;
     count_request(sv, ep, st);
@@ -802,7 +852,7 @@ static char *metrics_text(server *sv)
     kvt_wbuf b = {0};
     char line[512];
     static const char *eps[] = {"chat_completions", "completions", "messages", "other"};
-    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "4xx", "429"};
+    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "5xx", "429"};
     kvt_store_stats ds = {0};
     for (size_t t = 0; t < sv->n_tn; t++) {
         kvt_store_stats one;
@@ -849,6 +899,14 @@ static char *metrics_text(server *sv)
 
 /* ---- lifecycle ---- */
 
+/* libmicrohttpd's messages, minus the one every client disconnect causes. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    if (strstr(fmt, "Failed to send")) return;
+    vfprintf(stderr, fmt, ap);
+    (void)cls;
+}
+
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
 
@@ -893,7 +951,8 @@ int kvt_serve(const kvt_server_opts *opts)
                                                 MHD_USE_ERROR_LOG,
                                             opts->port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, &addr,
                                             MHD_OPTION_NOTIFY_COMPLETED, request_done, sv,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!d) {
         rc = kvt_fail(KVT_EIO, "cannot listen on %s:%u: %s", opts->host, opts->port, strerror(errno));
         pthread_mutex_lock(&sv->mu);

@@ -331,3 +331,46 @@ size_t kvt_session_bytes(const kvt_session *s)
         b += s->ckpt[i].state.cap + (size_t)s->m->info.n_vocab * sizeof(float);
     return b;
 }
+
+int kvt_session_clone(kvt_session *dst, const kvt_session *src)
+{
+    if (dst->m != src->m || dst->n_ctx < src->n)
+        return kvt_fail(KVT_EINVAL, "clone: another model or a smaller context");
+    kvt_session_ckpt_clear(dst);
+    dst->n = 0;
+    kvt_cache_truncate(dst->cache, 0);
+    const kvt_cache *a = src->cache;
+    kvt_cache *b = dst->cache;
+    for (size_t i = 0; i < a->n_streams; i++) {
+        const kvt_stream *st = &a->streams[i];
+        size_t blocks = (kvt_cache_rows_for(a, i, src->n) + st->rows_per_block - 1) / st->rows_per_block;
+        for (size_t k = 0; k < blocks; k++) {
+            if (!st->blocks[k]) continue;
+            void *row = kvt_cache_row(b, i, k * st->rows_per_block);
+            if (!row) { kvt_cache_truncate(b, 0); return kvt_fail(KVT_ENOMEM, "clone"); }
+            memcpy(row, st->blocks[k], (size_t)st->rows_per_block * st->row_bytes);
+        }
+    }
+    memcpy(b->state, a->state, a->state_bytes);
+    memcpy(dst->tokens, src->tokens, src->n * sizeof(int32_t));
+    memcpy(dst->logits, src->logits, (size_t)src->m->info.n_vocab * sizeof(float));
+    dst->n = src->n;
+    for (size_t i = 0; i < src->n_ckpt; i++) {
+        const kvt_checkpoint *c = &src->ckpt[i];
+        if (dst->n_ckpt == dst->cap_ckpt) {
+            size_t cap = dst->cap_ckpt ? 2 * dst->cap_ckpt : 8;
+            kvt_checkpoint *p = realloc(dst->ckpt, cap * sizeof *p);
+            if (!p) break;
+            dst->ckpt = p;
+            dst->cap_ckpt = cap;
+        }
+        kvt_checkpoint d = {.pos = c->pos};
+        d.logits = malloc((size_t)src->m->info.n_vocab * sizeof(float));
+        if (!d.logits) break;
+        memcpy(d.logits, c->logits, (size_t)src->m->info.n_vocab * sizeof(float));
+        kvt_wbuf_put(&d.state, c->state.p, c->state.len);
+        if (d.state.oom) { ckpt_free(&d); break; }
+        dst->ckpt[dst->n_ckpt++] = d;
+    }
+    return KVT_OK;
+}

@@ -861,6 +861,11 @@ int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     return rc;
 }
 
+int kvt_store_set_synchronous(kvt_store *st, bool on)
+{
+    return exec(st, on ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF");
+}
+
 int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
 {
     pthread_mutex_lock(&st->mu);

@@ -8,4 +8,10 @@
  * (tests of the save error path). */
 int kvt_store_limit_pages(kvt_store *st, uint32_t pages);
 
+/* Commit without waiting for the disk (populating a benchmark store only). */
+int kvt_store_set_synchronous(kvt_store *st, bool on);
+
+/* The disk tier's benchmark suite (bench_store.c); 0 on success. */
+int kvt_bench_store(const char *csv_path, bool quick);
+
 #endif

@@ -1,0 +1,263 @@
+/* kvtier bench --suite store: what the disk tier buys, measured.
+ *
+ *   1. A long prefix on ds4-mini (131072 tokens; --quick: 16384): the time
+ *      to prefill it, to persist it (bytes written), and to load it in a
+ *      fresh process; the exchange rate prefill / load; and the load's
+ *      throughput as a fraction of reading the same number of bytes from a
+ *      file with plain read() in the same run.
+ *   2. Lookup of a 131072-token prompt in a store holding 10,000 snapshots.
+ *   3. Nested snapshots of one ds4-mini conversation at 2K, 4K, ... 32K
+ *      tokens (--quick: ... 8K) against the largest one alone.
+ *
+ * Rows go to the table and, with --csv, to a CSV file. Like the rest of
+ * bench/, nothing here is asserted: the numbers are for reading.
+ */
+#include "bench.h"
+#include "store.h"
+#include "kvtier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static FILE *csv;
+
+static void row(const char *test, double value, const char *unit, const char *note)
+{
+    printf("%-44s %16.4f %-8s %s\n", test, value, unit, note ? note : "");
+    if (csv) fprintf(csv, "store,%s,%.6f,%s,\"%s\"\n", test, value, unit, note ? note : "");
+}
+
+static int32_t *tokens(size_t n, uint64_t seed)
+{
+    int32_t *t = malloc(n * sizeof *t);
+    if (!t) return NULL;
+    t[0] = 256; /* BOS of the built-in tokenizer */
+    for (size_t i = 1; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((seed >> 33) % 256);
+    }
+    return t;
+}
+
+static void rm_rf(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+}
+
+static uint64_t dir_bytes(const char *dir)
+{
+    char path[600];
+    uint64_t total = 0;
+    const char *names[] = {"kvtier.db", "kvtier.db-wal"};
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (stat(path, &st) == 0) total += (uint64_t)st.st_size;
+    }
+    return total;
+}
+
+static bool progress(void *user, size_t done, size_t total)
+{
+    double *last = user;
+    double t = now();
+    if (t - *last > 10) {
+        fprintf(stderr, "bench: prefill %zu/%zu\n", done, total);
+        *last = t;
+    }
+    return true;
+}
+
+/* Load the longest stored prefix of t in a child process; returns seconds. */
+static double load_in_child(const char *dir, const int32_t *t, size_t n, uint32_t ctx, size_t *got)
+{
+    int fd[2];
+    if (pipe(fd)) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        double out[2] = {-1, 0};
+        kvt_model *m = NULL;
+        kvt_store *st = NULL;
+        kvt_session *s = NULL;
+        kvt_session_opts so = {.n_ctx = ctx};
+        if (!kvt_model_open(&m, "ds4-mini") && !kvt_session_new(&s, m, &so)) {
+            double t0 = now(); /* from opening the store: what a restarted process pays */
+            size_t r = 0;
+            if (!kvt_store_open(&st, dir, 0) && !kvt_store_restore_prefix(st, s, t, n, &r)) {
+                out[0] = now() - t0;
+                out[1] = (double)r;
+            }
+        }
+        if (write(fd[1], out, sizeof out) != sizeof out) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    double in[2] = {-1, 0};
+    if (read(fd[0], in, sizeof in) != sizeof in) in[0] = -1;
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    *got = (size_t)in[1];
+    return in[0];
+}
+
+/* Plain read() of `bytes` bytes from a fresh file, as the baseline. */
+static double plain_read(const char *dir, uint64_t bytes)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/plain.bin", dir);
+    char *buf = malloc(1 << 20);
+    if (!buf) return -1;
+    memset(buf, 0x5a, 1 << 20);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (uint64_t left = bytes; fd >= 0 && left;) {
+        size_t k = left < (1u << 20) ? (size_t)left : 1u << 20;
+        if (write(fd, buf, k) != (ssize_t)k) break;
+        left -= k;
+    }
+    if (fd >= 0) { fsync(fd); close(fd); }
+    double best = 1e9;
+    for (int rep = 0; rep < 3; rep++) {
+        fd = open(path, O_RDONLY);
+        if (fd < 0) break;
+        double t0 = now();
+        while (read(fd, buf, 1 << 20) > 0) {}
+        double dt = now() - t0;
+        close(fd);
+        if (dt < best) best = dt;
+    }
+    free(buf);
+    unlink(path);
+    return best;
+}
+
+int kvt_bench_store(const char *csv_path, bool quick)
+{
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/kvtier-bench-store-%d", (int)getpid());
+    rm_rf(dir);
+    if (csv_path) {
+        csv = fopen(csv_path, "a");
+        if (!csv) { fprintf(stderr, "bench: %s: %s\n", csv_path, strerror(errno)); return 1; }
+    }
+    size_t N = quick ? 16384 : 131072;
+    printf("\n%-44s %16s %-8s %s\n", "store (ds4-mini)", "value", "unit", "note");
+    kvt_model *m = NULL, *tiny = NULL;
+    kvt_session *s = NULL;
+    kvt_store *st = NULL;
+    int32_t *t = tokens(N, 1);
+    int ret = 1;
+    kvt_session_opts so = {.n_ctx = (uint32_t)N};
+    double last = now();
+    so.progress = progress;
+    so.progress_user = &last;
+    if (!t || kvt_model_open(&m, "ds4-mini") || kvt_session_new(&s, m, &so)) goto fail;
+    /* 1. prefill, persist, load in a fresh process */
+    double t0 = now();
+    if (kvt_session_sync(s, t, N, NULL)) goto fail;
+    double prefill = now() - t0;
+    char note[160];
+    snprintf(note, sizeof note, "%zu tokens", N);
+    row("prefill", prefill, "s", note);
+    if (kvt_store_open(&st, dir, 16ull << 30)) goto fail;
+    t0 = now();
+    if (kvt_store_save(st, s, N, "manual", NULL)) goto fail;
+    double persist = now() - t0;
+    kvt_store_close(st);
+    st = NULL;
+    uint64_t bytes = dir_bytes(dir);
+    row("persist", persist, "s", "one transaction, synchronous=FULL");
+    row("persisted bytes", (double)bytes, "B", "database + WAL");
+    row("persisted bytes per token", (double)bytes / (double)N, "B", "ds4-mini compressed rows are 147 B/token");
+    size_t got = 0;
+    double load = load_in_child(dir, t, N, (uint32_t)N, &got);
+    if (load < 0 || got != N) { fprintf(stderr, "bench: load in a fresh process failed\n"); goto fail; }
+    row("load in a fresh process", load, "s", "open store, lookup, verify, restore");
+    row("exchange rate prefill / load", prefill / load, "x", NULL);
+    double rd = plain_read(dir, bytes);
+    snprintf(note, sizeof note, "plain read() of %llu B takes %.4f s", (unsigned long long)bytes, rd);
+    row("load throughput / plain read()", rd / load, "ratio", note);
+    /* 3. nested snapshots */
+    size_t top = quick ? 8192 : 32768;
+    rm_rf(dir);
+    if (kvt_store_open(&st, dir, 16ull << 30)) goto fail;
+    if (kvt_session_sync(s, t, top, NULL) || kvt_store_save(st, s, top, "manual", NULL)) goto fail;
+    kvt_store_stats a, b;
+    kvt_store_stats_get(st, &a);
+    for (size_t k = 2048; k < top; k += 2048)
+        if (kvt_store_save(st, s, k, "continued", NULL)) goto fail;
+    kvt_store_stats_get(st, &b);
+    snprintf(note, sizeof note, "%llu snapshots at 2K..%zuK: %llu B vs %llu B", (unsigned long long)b.snapshots,
+             top / 1024, (unsigned long long)b.bytes, (unsigned long long)a.bytes);
+    row("nested snapshots / largest alone", (double)b.bytes / (double)a.bytes, "x", note);
+    kvt_store_close(st);
+    st = NULL;
+    rm_rf(dir);
+    /* 2. lookup among 10,000 snapshots (ds4-tiny: the cost is the index and
+     * the prompt's hashing, not the model) */
+    if (kvt_model_preset(&tiny, "ds4-tiny", 1, NULL) || kvt_store_open(&st, dir, 64ull << 30)) goto fail;
+    kvt_store_set_synchronous(st, false); /* populating only */
+    kvt_session *ts = NULL;
+    if (kvt_session_new(&ts, tiny, NULL)) goto fail;
+    size_t n_snaps = quick ? 2000 : 10000;
+    t0 = now();
+    for (size_t i = 0; i < n_snaps; i++) {
+        int32_t *u = tokens(130 + i % 200, 1000 + i);
+        int rc = u ? kvt_session_sync(ts, u, 130 + i % 200, NULL) : KVT_ENOMEM;
+        if (!rc) rc = kvt_store_save(st, ts, 130 + i % 200, "manual", NULL);
+        free(u);
+        if (rc) { kvt_session_free(ts); goto fail; }
+        if (now() - last > 10) { fprintf(stderr, "bench: %zu snapshots stored\n", i); last = now(); }
+    }
+    /* and a few that are prefixes of the long prompt */
+    if (kvt_session_sync(ts, t, 4000, NULL) || kvt_store_save(st, ts, 4000, "manual", NULL)) {
+        kvt_session_free(ts);
+        goto fail;
+    }
+    kvt_session_free(ts);
+    kvt_store_set_synchronous(st, true);
+    size_t match = 0;
+    int64_t id;
+    kvt_store_lookup(st, tiny, t, N, &match, &id); /* builds the index */
+    double best = 1e9, sum = 0;
+    int reps = 200;
+    for (int r = 0; r < reps; r++) {
+        t0 = now();
+        kvt_store_lookup(st, tiny, t, N, &match, &id);
+        double dt = now() - t0;
+        sum += dt;
+        if (dt < best) best = dt;
+    }
+    snprintf(note, sizeof note, "%zu-token prompt, %zu snapshots, match %zu; best %.3f ms", N, n_snaps + 1, match,
+             best * 1e3);
+    row("lookup (mean)", sum / reps * 1e3, "ms", note);
+    ret = 0;
+fail:
+    if (ret) fprintf(stderr, "bench: store suite failed: %s\n", kvt_errmsg());
+    kvt_store_close(st);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    kvt_model_close(tiny);
+    free(t);
+    rm_rf(dir);
+    if (csv) fclose(csv);
+    csv = NULL;
+    return ret;
+}
