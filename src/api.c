@@ -1,18 +1,29 @@
-/* The API-shape layer (api.h): OpenAI and Anthropic request bodies in,
- * rendered prompt text and response / SSE / error bodies out.
+/* The API-shape layer (api.h): OpenAI chat / completions / Responses and
+ * Anthropic request bodies in, rendered prompt text and response / SSE /
+ * error bodies out.
  *
  * Why it is shaped so:
  *  - Parsing is strict about what the server uses and lenient about the rest.
  *    Clients send many fields we have no use for (metadata, user, store,
- *    tools, logprobs, ...): those are ignored. A field we do use with a wrong
- *    type or range is a 400 naming the field, because silently falling back
- *    to a default would hide a client bug. Content we cannot honour (images,
- *    audio, tool calls, n > 1) is a 400 too: answering as if it were not there
- *    would be a wrong answer, not a degraded one.
+ *    prompt_cache_key, item ids, ...): those are ignored. A field we do use
+ *    with a wrong type or range is a 400 naming the field, because silently
+ *    falling back to a default would hide a client bug. Content we cannot
+ *    honour (images, audio, n > 1, a reference to a stored response) is a 400
+ *    too: answering as if it were not there would be a wrong answer, not a
+ *    degraded one.
  *  - Templates render message text byte for byte, with fixed separators and
  *    markers, so that a conversation resent with one more turn renders to a
  *    string that extends the previous rendering. That append-only growth is
- *    what lets the session and the disk tier reuse the cached prefix.
+ *    what lets the session and the disk tier reuse the cached prefix. The
+ *    same goal shapes the tool rendering: tool definitions and call arguments
+ *    are re-serialised in one canonical JSON form (whatever key order and
+ *    whitespace the client used), per-request metadata never enters the
+ *    prompt, volatile lines clients inject into system text are dropped, and
+ *    a tool call the server sampled can be rendered back with the bytes it
+ *    sampled (the replay hook).
+ *  - Tool calls use DeepSeek-V3's syntax, whose markers are special tokens of
+ *    the built-in byte tokenizer; kvt_tool_calls_parse reads the same syntax
+ *    back out of generated text.
  *  - Output JSON is built with jansson and dumped compact (one line, which an
  *    SSE "data:" field needs). Generated text may hold invalid UTF-8 (a byte
  *    token, a cut character); it is repaired to U+FFFD, never dropped whole.
@@ -27,21 +38,52 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
-/* The DeepSeek chat markers; each is one special token of the built-in byte
- * tokenizer (src/tokenizer.c, ids 256..259). ｜ is U+FF5C, ▁ is U+2581. */
+/* The DeepSeek chat and tool markers; each is one special token of the
+ * built-in byte tokenizer (src/tokenizer.c, ids 256..259 and 262..270).
+ * ｜ is U+FF5C, ▁ is U+2581. */
 #define FW_BAR "\xef\xbd\x9c"
 #define SP_MARK "\xe2\x96\x81"
-#define DS_BOS "<" FW_BAR "begin" SP_MARK "of" SP_MARK "sentence" FW_BAR ">"
-#define DS_EOS "<" FW_BAR "end" SP_MARK "of" SP_MARK "sentence" FW_BAR ">"
-#define DS_USER "<" FW_BAR "User" FW_BAR ">"
-#define DS_ASSISTANT "<" FW_BAR "Assistant" FW_BAR ">"
+#define DS_MARK(words) "<" FW_BAR words FW_BAR ">"
+#define DS_BOS DS_MARK("begin" SP_MARK "of" SP_MARK "sentence")
+#define DS_EOS DS_MARK("end" SP_MARK "of" SP_MARK "sentence")
+#define DS_USER DS_MARK("User")
+#define DS_ASSISTANT DS_MARK("Assistant")
+#define DS_CALLS_BEGIN DS_MARK("tool" SP_MARK "calls" SP_MARK "begin")
+#define DS_CALLS_END DS_MARK("tool" SP_MARK "calls" SP_MARK "end")
+#define DS_CALL_BEGIN DS_MARK("tool" SP_MARK "call" SP_MARK "begin")
+#define DS_CALL_END DS_MARK("tool" SP_MARK "call" SP_MARK "end")
+#define DS_SEP DS_MARK("tool" SP_MARK "sep")
+#define DS_OUTPUTS_BEGIN DS_MARK("tool" SP_MARK "outputs" SP_MARK "begin")
+#define DS_OUTPUTS_END DS_MARK("tool" SP_MARK "outputs" SP_MARK "end")
+#define DS_OUTPUT_BEGIN DS_MARK("tool" SP_MARK "output" SP_MARK "begin")
+#define DS_OUTPUT_END DS_MARK("tool" SP_MARK "output" SP_MARK "end")
+#define LIT(s) (sizeof(s "") - 1)
 /* Between system texts, content parts, and (plain template) messages. */
 #define SEP "\n\n"
+
+/* The tool definitions in the system part: this heading, then one canonical
+ * JSON object per line; the deepseek template adds how to call them. */
+#define TOOLS_HEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description " \
+                   "and parameters (a JSON Schema):\n\n"
+#define TOOLS_HOWTO "\n\nTo call functions, reply with " DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP \
+                    "NAME\n```json\nARGUMENTS\n```" DS_CALL_END DS_CALLS_END ": one " DS_CALL_BEGIN "..."       \
+                    DS_CALL_END " per call, separated by a newline, with ARGUMENTS a JSON object."
+
+/* System text lines that clients inject without meaning for the model and
+ * that change from request to request (a per-prompt hash): dropped from the
+ * prompt unless kvt_parse_opts.keep_volatile. Matched at a line start,
+ * case-insensitively. */
+static const char *const volatile_prefixes[] = {
+    "x-anthropic-billing-header:",
+};
 
 /* ---- parse errors --------------------------------------------------------- */
 
@@ -67,6 +109,7 @@ static int oom(int *status)
 
 static const char *type_name(const json_t *v)
 {
+    if (!v) return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -79,7 +122,7 @@ static const char *type_name(const json_t *v)
     return "something else";
 }
 
-/* A top-level field; null counts as absent (clients send null for "unset"). */
+/* A field; null counts as absent (clients send null for "unset"). */
 static json_t *field(const json_t *obj, const char *key)
 {
     json_t *v = json_object_get(obj, key);
@@ -132,6 +175,148 @@ static int get_int(const json_t *root, const char *key, int64_t lo, int64_t hi, 
     return KVT_OK;
 }
 
+/* A string field of an object nested somewhere (where names it), or NULL
+ * when absent; anything but a string is a 400. */
+static int get_str(const json_t *obj, const char *key, const char *where, bool required, const json_t **out,
+                   int *status)
+{
+    json_t *v = field(obj, key);
+    *out = NULL;
+    if (!v) return required ? bad(status, "\"%s.%s\": required", where, key) : KVT_OK;
+    if (!json_is_string(v)) return bad(status, "\"%s.%s\": expected a string, got %s", where, key, type_name(v));
+    *out = v;
+    return KVT_OK;
+}
+
+/* ---- canonical JSON ------------------------------------------------------- */
+
+/* One serialisation per JSON value, so that the same tool schema or call
+ * arguments render to the same prompt bytes whatever key order, whitespace
+ * and number spelling the client used: compact, object keys sorted by byte
+ * value (code point order), strings with only the escapes JSON requires (",
+ * \, and control characters; everything else as UTF-8, which is how jansson
+ * writes them too), integers in decimal, reals in the shortest %g form that
+ * reads back to the same double (0.95, not 0.94999999999999996). */
+
+static void put_str(kvt_wbuf *b, const char *s) { kvt_wbuf_put(b, s, strlen(s)); }
+
+/* The body of a JSON string (no quotes). */
+static void canon_chars(kvt_wbuf *b, const char *s, size_t n)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        kvt_wbuf_put(b, s + run, i - run);
+        run = i + 1;
+        char esc[8];
+        switch (c) {
+        case '"': put_str(b, "\\\""); break;
+        case '\\': put_str(b, "\\\\"); break;
+        case '\n': put_str(b, "\\n"); break;
+        case '\r': put_str(b, "\\r"); break;
+        case '\t': put_str(b, "\\t"); break;
+        case '\b': put_str(b, "\\b"); break;
+        case '\f': put_str(b, "\\f"); break;
+        default:
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            put_str(b, esc);
+        }
+    }
+    kvt_wbuf_put(b, s + run, n - run);
+}
+
+static void canon_string(kvt_wbuf *b, const char *s, size_t n)
+{
+    kvt_wbuf_put(b, "\"", 1);
+    canon_chars(b, s, n);
+    kvt_wbuf_put(b, "\"", 1);
+}
+
+static int cmp_key(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Append v canonically; sets b->oom on failure. skip_schema drops the
+ * object's own "$schema" key (a tool's parameters: the JSON Schema dialect
+ * URL some clients add is no information for the model). jansson bounds the
+ * nesting depth of what it parsed, so the recursion is bounded too. */
+static void canon(kvt_wbuf *b, const json_t *v, bool skip_schema)
+{
+    char num[40];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        size_t n = json_object_size(v), k = 0;
+        const char **keys = n ? malloc(n * sizeof *keys) : NULL;
+        if (n && !keys) { b->oom = true; return; }
+        const char *key;
+        json_t *x;
+        json_object_foreach((json_t *)v, key, x) keys[k++] = key;
+        if (k > 1) qsort(keys, k, sizeof *keys, cmp_key);
+        kvt_wbuf_put(b, "{", 1);
+        bool first = true;
+        for (size_t i = 0; i < k; i++) {
+            if (skip_schema && !strcmp(keys[i], "$schema")) continue;
+            if (!first) kvt_wbuf_put(b, ",", 1);
+            first = false;
+            canon_string(b, keys[i], strlen(keys[i]));
+            kvt_wbuf_put(b, ":", 1);
+            canon(b, json_object_get(v, keys[i]), false);
+        }
+        kvt_wbuf_put(b, "}", 1);
+        free(keys);
+        return;
+    }
+    case JSON_ARRAY: {
+        kvt_wbuf_put(b, "[", 1);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (i) kvt_wbuf_put(b, ",", 1);
+            canon(b, json_array_get(v, i), false);
+        }
+        kvt_wbuf_put(b, "]", 1);
+        return;
+    }
+    case JSON_STRING: canon_string(b, json_string_value(v), json_string_length(v)); return;
+    case JSON_INTEGER:
+        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        put_str(b, num);
+        return;
+    case JSON_REAL: {
+        double d = json_real_value(v); /* finite: jansson refuses overflow */
+        for (int p = 1; p <= 17; p++) {
+            snprintf(num, sizeof num, "%.*g", p, d);
+            if (strtod(num, NULL) == d) break;
+        }
+        put_str(b, num);
+        return;
+    }
+    case JSON_TRUE: put_str(b, "true"); return;
+    case JSON_FALSE: put_str(b, "false"); return;
+    case JSON_NULL: put_str(b, "null"); return;
+    }
+}
+
+/* The canonical form of a JSON text s (n bytes) into b; when s is not JSON,
+ * s itself (its meaning is the client's business). *is_json (may be NULL)
+ * tells which; *is_object whether it was a JSON object. Returns KVT_ENOMEM
+ * or KVT_OK. */
+static int canon_text(kvt_wbuf *b, const char *s, size_t n, bool *is_json, bool *is_object)
+{
+    json_error_t e;
+    json_t *v = json_loadb(s, n, JSON_DECODE_ANY, &e);
+    if (is_json) *is_json = v != NULL;
+    if (is_object) *is_object = json_is_object(v);
+    if (!v) {
+        if (json_error_code(&e) == json_error_out_of_memory) return KVT_ENOMEM;
+        kvt_wbuf_put(b, s, n);
+    } else {
+        canon(b, v, false);
+        json_decref(v);
+    }
+    return b->oom ? KVT_ENOMEM : KVT_OK;
+}
+
 /* ---- stop sequences ------------------------------------------------------- */
 
 /* OpenAI "stop" (a string or an array) or Anthropic "stop_sequences" (an
@@ -160,150 +345,710 @@ static int parse_stop(kvt_request *r, const json_t *root, const char *key, bool 
     return KVT_OK;
 }
 
-/* ---- messages ------------------------------------------------------------- */
+/* ---- the conversation ----------------------------------------------------- */
 
-enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+/* A request's conversation, whatever the api, reduced to turns: role, text
+ * (parts joined), and for an assistant turn the tool calls after its text. */
+enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
 
-/* One message reduced to its role and text (its parts joined). */
+typedef struct call {
+    char *id;        /* the client's call id; NULL when it sent none */
+    char *name;
+    char *args;      /* (args_len) canonical JSON, or the client's bytes when not JSON */
+    size_t args_len;
+    bool args_json;
+} call;
+
 typedef struct turn {
     int role;
-    char *text;  /* (len) bytes, malloc'ed */
+    char *text;      /* (len) bytes, malloc'ed, NUL-terminated */
     size_t len;
+    call *calls;     /* (n_calls) assistant only */
+    size_t n_calls, cap_calls;
 } turn;
 
 typedef struct chat {
-    turn *t;     /* (n) in request order, Anthropic's "system" first */
+    turn *t;         /* (n) in request order; Anthropic's "system" and Responses'
+                      * "instructions" first */
     size_t n, cap;
+    kvt_wbuf tools;  /* canonical function definitions, one per line */
+    size_t n_tools;
+    bool keep_volatile;
 } chat;
 
 static void chat_free(chat *c)
 {
-    for (size_t i = 0; i < c->n; i++) free(c->t[i].text);
+    for (size_t i = 0; i < c->n; i++) {
+        turn *t = &c->t[i];
+        for (size_t k = 0; k < t->n_calls; k++) {
+            free(t->calls[k].id);
+            free(t->calls[k].name);
+            free(t->calls[k].args);
+        }
+        free(t->calls);
+        free(t->text);
+    }
     free(c->t);
+    kvt_wbuf_free(&c->tools);
     *c = (chat){0};
 }
 
-/* Append the text of content c (a string, or an array of parts / blocks) to
- * b. Text parts are joined with SEP; any other part type is refused. where
- * names c in messages ("messages[2].content", "system"). */
-static int content_text(kvt_wbuf *b, const json_t *c, const char *where, int *status)
+/* Append a turn with empty text; NULL on out of memory. */
+static turn *chat_push(chat *ch, int role)
+{
+    if (ch->n == ch->cap) {
+        size_t cap = ch->cap ? ch->cap * 2 : 8, bytes; /* cap <= 2 x the turns the body holds + 8 */
+        turn *t = kvt_mul_ok(cap, sizeof *t, &bytes) ? realloc(ch->t, bytes) : NULL;
+        if (!t) return NULL;
+        ch->t = t;
+        ch->cap = cap;
+    }
+    char *empty = kvt_strndup("", 0);
+    if (!empty) return NULL;
+    turn *t = &ch->t[ch->n++];
+    *t = (turn){.role = role, .text = empty};
+    return t;
+}
+
+/* Give t the bytes of b (consumed, also on failure). */
+static int turn_take(turn *t, kvt_wbuf *b, int *status)
+{
+    kvt_wbuf_put(b, "", 1); /* NUL: b->p is never NULL afterwards */
+    if (b->oom) { kvt_wbuf_free(b); return oom(status); }
+    free(t->text);
+    t->text = (char *)b->p;
+    t->len = b->len - 1;
+    *b = (kvt_wbuf){0};
+    return KVT_OK;
+}
+
+/* Add a tool call to assistant turn t; args (the canonical or verbatim
+ * arguments) is consumed. */
+static int turn_call(turn *t, const json_t *id, const char *ns, const char *name, size_t name_len, kvt_wbuf *args,
+                     bool args_json, int *status)
+{
+    call c = {.args_json = args_json};
+    kvt_wbuf_put(args, "", 1);
+    kvt_wbuf qn = {0};
+    if (ns) {
+        put_str(&qn, ns);
+        put_str(&qn, KVT_API_NS_SEP);
+    }
+    kvt_wbuf_put(&qn, name, name_len);
+    kvt_wbuf_put(&qn, "", 1);
+    c.name = (char *)qn.p;
+    c.args = (char *)args->p;
+    c.args_len = args->len - 1;
+    if (id && !(c.id = kvt_strndup(json_string_value(id), json_string_length(id)))) args->oom = true;
+    if (t->n_calls == t->cap_calls && !args->oom && !qn.oom) {
+        size_t cap = t->cap_calls ? t->cap_calls * 2 : 4, bytes;
+        call *p = kvt_mul_ok(cap, sizeof *p, &bytes) ? realloc(t->calls, bytes) : NULL;
+        if (!p) args->oom = true;
+        else { t->calls = p; t->cap_calls = cap; }
+    }
+    if (args->oom || qn.oom) {
+        free(c.id);
+        kvt_wbuf_free(&qn);
+        kvt_wbuf_free(args);
+        return oom(status);
+    }
+    t->calls[t->n_calls++] = c;
+    *args = (kvt_wbuf){0};
+    return KVT_OK;
+}
+
+/* ---- text of content ------------------------------------------------------ */
+
+static bool volatile_line(const char *s, size_t n)
+{
+    for (size_t i = 0; i < sizeof volatile_prefixes / sizeof *volatile_prefixes; i++) {
+        size_t k = strlen(volatile_prefixes[i]);
+        if (n >= k && !strncasecmp(s, volatile_prefixes[i], k)) return true;
+    }
+    return false;
+}
+
+/* s without its volatile lines (each with its newline) into out, when it
+ * has one (true); false, out untouched, when it has none. */
+static bool strip_volatile(kvt_wbuf *out, const char *s, size_t n)
+{
+    bool any = false;
+    for (size_t i = 0; i < n && !any;) {
+        const char *nl = memchr(s + i, '\n', n - i);
+        size_t end = nl ? (size_t)(nl - s) + 1 : n;
+        any = volatile_line(s + i, end - i);
+        i = end;
+    }
+    if (!any) return false;
+    for (size_t i = 0; i < n;) {
+        const char *nl = memchr(s + i, '\n', n - i);
+        size_t end = nl ? (size_t)(nl - s) + 1 : n;
+        if (!volatile_line(s + i, end - i)) kvt_wbuf_put(out, s + i, end - i);
+        i = end;
+    }
+    return true;
+}
+
+/* Text being collected from content parts: SEP between parts. System text
+ * (filter) loses its volatile lines; dropped tells whether any went. */
+typedef struct text_acc {
+    kvt_wbuf b;
+    size_t n_parts;
+    bool filter, dropped;
+} text_acc;
+
+/* Append one text part. A system part that held nothing but volatile lines
+ * is dropped whole. */
+static void put_part(text_acc *a, const char *s, size_t n)
+{
+    kvt_wbuf f = {0};
+    if (a->filter && strip_volatile(&f, s, n)) {
+        a->dropped = true;
+        if (f.oom) a->b.oom = true;
+        else if (f.len) {
+            if (a->n_parts++) put_str(&a->b, SEP);
+            kvt_wbuf_put(&a->b, f.p, f.len);
+        }
+        kvt_wbuf_free(&f);
+        return;
+    }
+    if (a->n_parts++) put_str(&a->b, SEP);
+    kvt_wbuf_put(&a->b, s, n);
+}
+
+static bool is_text_type(const char *t)
+{
+    return !strcmp(t, "text") || !strcmp(t, "input_text") || !strcmp(t, "output_text");
+}
+
+/* The 400 for a content part of type t that the context cannot take. */
+static int part_refused(int *status, const char *where, size_t i, const char *t)
+{
+    bool media = !strcmp(t, "image_url") || !strcmp(t, "image") || !strcmp(t, "input_audio") ||
+                 !strcmp(t, "audio") || !strcmp(t, "file") || !strcmp(t, "document") ||
+                 !strcmp(t, "input_image") || !strcmp(t, "input_file");
+    bool tool = !strncmp(t, "tool_", 5) || strstr(t, "tool_use") || strstr(t, "tool_result");
+    return bad(status, "\"%s[%zu]\": content of type \"%.40s\" is not supported%s", where, i, t,
+               media ? ": this model reads text only"
+               : tool ? " in this place"
+               : "; send text parts");
+}
+
+/* The type of content part i (an object with a string "type"). */
+static int part_type(const json_t *part, const char *where, size_t i, const char **t, int *status)
+{
+    if (!json_is_object(part))
+        return bad(status, "\"%s[%zu]\": expected an object, got %s", where, i, type_name(part));
+    json_t *ty = json_object_get(part, "type");
+    if (!json_is_string(ty))
+        return bad(status, "\"%s[%zu].type\": expected a string, got %s", where, i, type_name(ty));
+    *t = json_string_value(ty);
+    return KVT_OK;
+}
+
+/* Append the text of text part i. */
+static int part_text(text_acc *a, const json_t *part, const char *where, size_t i, int *status)
+{
+    json_t *tx = json_object_get(part, "text");
+    if (!json_is_string(tx))
+        return bad(status, "\"%s[%zu].text\": expected a string, got %s", where, i, type_name(tx));
+    /* cache_control (Anthropic prompt caching hints), annotations, ids and
+     * any other key of the part are ignored: kvtier caches every prefix on
+     * its own, and none of them is text for the model. */
+    put_part(a, json_string_value(tx), json_string_length(tx));
+    return KVT_OK;
+}
+
+/* Append the text of content c (a string, or an array of text parts).
+ * Text parts ("text", and Responses' "input_text" / "output_text") are
+ * joined with SEP; "refusal" parts are skipped; any other type is refused.
+ * where names c ("messages[2].content", "system"). */
+static int content_text(text_acc *a, const json_t *c, const char *where, int *status)
 {
     if (json_is_string(c)) {
-        kvt_wbuf_put(b, json_string_value(c), json_string_length(c));
+        put_part(a, json_string_value(c), json_string_length(c));
         return KVT_OK;
     }
     if (!json_is_array(c))
         return bad(status, "\"%s\": expected a string or an array of content parts, got %s", where, type_name(c));
-    size_t i, n_text = 0;
+    size_t i;
     json_t *part;
     json_array_foreach(c, i, part) {
-        if (!json_is_object(part))
-            return bad(status, "\"%s[%zu]\": expected an object, got %s", where, i, type_name(part));
-        json_t *ty = json_object_get(part, "type");
-        if (!json_is_string(ty))
-            return bad(status, "\"%s[%zu].type\": expected a string, got %s", where, i,
-                       ty ? type_name(ty) : "nothing");
-        const char *t = json_string_value(ty);
-        if (strcmp(t, "text") != 0) {
-            bool media = !strcmp(t, "image_url") || !strcmp(t, "image") || !strcmp(t, "input_audio") ||
-                         !strcmp(t, "audio") || !strcmp(t, "file") || !strcmp(t, "document");
-            bool tool = !strncmp(t, "tool_", 5) || !strcmp(t, "server_tool_use");
-            return bad(status, "\"%s[%zu]\": content of type \"%.40s\" is not supported%s", where, i, t,
-                       media ? ": this model reads text only"
-                       : tool ? ": this server does not do tool calls"
-                       : "; send text parts");
-        }
-        json_t *tx = json_object_get(part, "text");
-        if (!json_is_string(tx))
-            return bad(status, "\"%s[%zu].text\": expected a string, got %s", where, i,
-                       tx ? type_name(tx) : "nothing");
-        /* cache_control (Anthropic prompt caching hints) and any other key of
-         * the part are ignored: kvtier caches every prefix on its own. */
-        if (n_text++) kvt_wbuf_put(b, SEP, sizeof SEP - 1);
-        kvt_wbuf_put(b, json_string_value(tx), json_string_length(tx));
+        const char *t;
+        int rc = part_type(part, where, i, &t, status);
+        if (rc) return rc;
+        if (!strcmp(t, "refusal")) continue;
+        if (!is_text_type(t)) return part_refused(status, where, i, t);
+        if ((rc = part_text(a, part, where, i, status))) return rc;
     }
     return KVT_OK;
 }
 
-/* Add a turn whose text is content c. */
+/* Add a turn with the collected text (a->b consumed). A system turn left
+ * empty only because its volatile lines were dropped is no turn. */
+static int chat_add_acc(chat *ch, int role, text_acc *a, int *status)
+{
+    if (a->dropped && a->b.len == 0 && !a->b.oom) {
+        kvt_wbuf_free(&a->b);
+        return KVT_OK;
+    }
+    turn *t = chat_push(ch, role);
+    if (!t) { kvt_wbuf_free(&a->b); return oom(status); }
+    return turn_take(t, &a->b, status);
+}
+
+/* Add a turn whose text is content c (NULL: empty). */
 static int chat_add(chat *ch, int role, const json_t *c, const char *where, int *status)
 {
-    if (ch->n == ch->cap) {
-        size_t cap = ch->cap ? ch->cap * 2 : 8, bytes; /* cap <= 2 x the JSON array's size + 8 */
-        turn *t = kvt_mul_ok(cap, sizeof *t, &bytes) ? realloc(ch->t, bytes) : NULL;
-        if (!t) return oom(status);
-        ch->t = t;
-        ch->cap = cap;
+    text_acc a = {.filter = role == ROLE_SYSTEM && !ch->keep_volatile};
+    int rc = c ? content_text(&a, c, where, status) : KVT_OK;
+    if (rc) { kvt_wbuf_free(&a.b); return rc; }
+    return chat_add_acc(ch, role, &a, status);
+}
+
+/* ---- tool definitions ----------------------------------------------------- */
+
+/* Append one function to ch->tools as a canonical line:
+ * {"name":…,"description":…,"parameters":…}, fixed key order at the top (the
+ * name first reads best), parameters canonical without "$schema"; absent
+ * description or parameters are left out. ns: the Responses namespace. */
+static int tool_add(chat *ch, const char *ns, const json_t *fn, const char *name_key, const char *params_key,
+                    const char *where, int *status)
+{
+    const json_t *name, *desc;
+    int rc = get_str(fn, name_key, where, true, &name, status);
+    if (rc || (rc = get_str(fn, "description", where, false, &desc, status))) return rc;
+    if (json_string_length(name) == 0) return bad(status, "\"%s.%s\": must not be empty", where, name_key);
+    json_t *params = field(fn, params_key);
+    if (params && !json_is_object(params))
+        return bad(status, "\"%s.%s\": expected an object (a JSON Schema), got %s", where, params_key,
+                   type_name(params));
+    kvt_wbuf *b = &ch->tools;
+    if (ch->n_tools++) kvt_wbuf_put(b, "\n", 1);
+    put_str(b, "{\"name\":\"");
+    if (ns) {
+        canon_chars(b, ns, strlen(ns));
+        put_str(b, KVT_API_NS_SEP);
     }
-    kvt_wbuf b = {0};
-    int rc = c ? content_text(&b, c, where, status) : KVT_OK;
-    if (!rc && b.oom) rc = oom(status);
-    if (!rc) {
-        kvt_wbuf_put(&b, "", 1); /* NUL: b.p is never NULL afterwards */
-        if (b.oom) rc = oom(status);
+    canon_chars(b, json_string_value(name), json_string_length(name));
+    put_str(b, "\"");
+    if (desc) {
+        put_str(b, ",\"description\":");
+        canon_string(b, json_string_value(desc), json_string_length(desc));
     }
-    if (rc) { kvt_wbuf_free(&b); return rc; }
-    ch->t[ch->n++] = (turn){role, (char *)b.p, b.len - 1};
+    if (params) {
+        put_str(b, ",\"parameters\":");
+        canon(b, params, true);
+    }
+    put_str(b, "}");
+    return b->oom ? oom(status) : KVT_OK;
+}
+
+static int add_namespace(kvt_request *r, const json_t *name, int *status)
+{
+    size_t bytes;
+    char **p = kvt_mul_ok(r->n_namespaces + 1, sizeof *p, &bytes) ? realloc(r->namespaces, bytes) : NULL;
+    if (!p) return oom(status);
+    r->namespaces = p;
+    if (!(p[r->n_namespaces] = kvt_strndup(json_string_value(name), json_string_length(name)))) return oom(status);
+    r->n_namespaces++;
     return KVT_OK;
 }
 
-static int parse_messages(chat *ch, const json_t *root, kvt_api api, int *status)
+/* The function tools a request offers, rendered into ch->tools; anything
+ * else (hosted tools such as web_search, Anthropic server tools, custom
+ * grammar tools) is ignored: the model cannot run them. */
+static int parse_tools(chat *ch, kvt_request *r, const json_t *root, kvt_api api, int *status)
 {
+    json_t *tools = field(root, "tools");
+    if (tools && !json_is_array(tools)) return bad(status, "\"tools\": expected an array, got %s", type_name(tools));
+    size_t i;
+    json_t *tool;
+    char where[64];
     int rc;
-    if (api == KVT_API_MESSAGES) {
-        json_t *sys = field(root, "system");
-        if (sys && !json_is_string(sys) && !json_is_array(sys))
-            return bad(status, "\"system\": expected a string or an array of text blocks, got %s", type_name(sys));
-        /* An empty system prompt is no system prompt. */
-        if (sys && (json_is_string(sys) ? json_string_length(sys) : json_array_size(sys)) > 0 &&
-            (rc = chat_add(ch, ROLE_SYSTEM, sys, "system", status)))
-            return rc;
+    json_array_foreach(tools, i, tool) {
+        snprintf(where, sizeof where, "tools[%zu]", i);
+        if (!json_is_object(tool)) return bad(status, "\"%s\": expected an object, got %s", where, type_name(tool));
+        const json_t *ty;
+        if ((rc = get_str(tool, "type", where, false, &ty, status))) return rc;
+        const char *t = ty ? json_string_value(ty) : NULL;
+        if (api == KVT_API_CHAT) {
+            /* {type:"function", function:{name, description, parameters, strict}} */
+            if (t && strcmp(t, "function")) continue;
+            json_t *fn = field(tool, "function");
+            if (!json_is_object(fn))
+                return bad(status, "\"%s.function\": expected an object, got %s", where, type_name(fn));
+            snprintf(where, sizeof where, "tools[%zu].function", i);
+            rc = tool_add(ch, NULL, fn, "name", "parameters", where, status);
+        } else if (api == KVT_API_MESSAGES) {
+            /* {name, description, input_schema}; a typed tool other than
+             * "custom" is a server or client-defined Anthropic tool. */
+            if (t && strcmp(t, "custom")) continue;
+            rc = tool_add(ch, NULL, tool, "name", "input_schema", where, status);
+        } else {
+            /* Responses: {type:"function", name, description, parameters,
+             * strict}, or {type:"namespace", name, tools:[functions]}. */
+            if (!t) return bad(status, "\"%s.type\": required", where);
+            if (!strcmp(t, "function")) {
+                rc = tool_add(ch, NULL, tool, "name", "parameters", where, status);
+            } else if (!strcmp(t, "namespace")) {
+                const json_t *ns;
+                if ((rc = get_str(tool, "name", where, true, &ns, status))) return rc;
+                if (json_string_length(ns) == 0) return bad(status, "\"%s.name\": must not be empty", where);
+                json_t *inner = field(tool, "tools");
+                if (!json_is_array(inner))
+                    return bad(status, "\"%s.tools\": expected an array, got %s", where, type_name(inner));
+                size_t k;
+                json_t *fn;
+                json_array_foreach(inner, k, fn) {
+                    char w2[128];
+                    snprintf(w2, sizeof w2, "tools[%zu].tools[%zu]", i, k);
+                    if (!json_is_object(fn))
+                        return bad(status, "\"%s\": expected an object, got %s", w2, type_name(fn));
+                    const json_t *ity;
+                    if ((rc = get_str(fn, "type", w2, false, &ity, status))) return rc;
+                    if (ity && strcmp(json_string_value(ity), "function")) continue;
+                    if ((rc = tool_add(ch, json_string_value(ns), fn, "name", "parameters", w2, status))) return rc;
+                }
+                rc = add_namespace(r, ns, status);
+            } else {
+                continue;
+            }
+        }
+        if (rc) return rc;
     }
-    json_t *msgs = json_object_get(root, "messages");
-    if (!msgs || json_is_null(msgs)) return bad(status, "\"messages\": required");
+    /* OpenAI's deprecated "functions": [{name, description, parameters}]. */
+    json_t *fns = api == KVT_API_CHAT ? field(root, "functions") : NULL;
+    if (fns && !json_is_array(fns)) return bad(status, "\"functions\": expected an array, got %s", type_name(fns));
+    json_array_foreach(fns, i, tool) {
+        snprintf(where, sizeof where, "functions[%zu]", i);
+        if (!json_is_object(tool)) return bad(status, "\"%s\": expected an object, got %s", where, type_name(tool));
+        if ((rc = tool_add(ch, NULL, tool, "name", "parameters", where, status))) return rc;
+    }
+    return KVT_OK;
+}
+
+/* ---- conversations, per api ---------------------------------------------- */
+
+static void turn_clear(turn *t)
+{
+    for (size_t k = 0; k < t->n_calls; k++) {
+        free(t->calls[k].id);
+        free(t->calls[k].name);
+        free(t->calls[k].args);
+    }
+    free(t->calls);
+    free(t->text);
+    *t = (turn){0};
+}
+
+/* A tool call: its name is obj[name_key], its arguments obj[args_key], a
+ * JSON text (OpenAI, Responses) or a JSON value (Anthropic's input);
+ * absent arguments are {}. id: the call id (may be NULL). */
+static int add_call(turn *t, const json_t *id, const char *ns, const json_t *obj, const char *name_key,
+                    const char *args_key, const char *where, int *status)
+{
+    const json_t *name;
+    int rc = get_str(obj, name_key, where, true, &name, status);
+    if (rc) return rc;
+    json_t *a = field(obj, args_key);
+    kvt_wbuf args = {0};
+    bool is_json = true;
+    if (!a) put_str(&args, "{}");
+    else if (json_is_string(a)) rc = canon_text(&args, json_string_value(a), json_string_length(a), &is_json, NULL);
+    else canon(&args, a, false);
+    if (rc || args.oom) { kvt_wbuf_free(&args); return oom(status); }
+    return turn_call(t, id, ns, json_string_value(name), json_string_length(name), &args, is_json, status);
+}
+
+/* Move the collected text and calls of tmp into a new assistant turn. */
+static int chat_add_assistant(chat *ch, text_acc *a, turn *tmp, int *status)
+{
+    turn *t = chat_push(ch, ROLE_ASSISTANT);
+    if (!t) { kvt_wbuf_free(&a->b); turn_clear(tmp); return oom(status); }
+    t->calls = tmp->calls;
+    t->n_calls = tmp->n_calls;
+    t->cap_calls = tmp->cap_calls;
+    *tmp = (turn){0};
+    return turn_take(t, &a->b, status);
+}
+
+static int role_of(const json_t *jr, const char *where, bool allow_tool, int *role, int *status)
+{
+    if (!json_is_string(jr)) return bad(status, "\"%s.role\": expected a string, got %s", where, type_name(jr));
+    const char *rs = json_string_value(jr);
+    if (!strcmp(rs, "user")) *role = ROLE_USER;
+    else if (!strcmp(rs, "assistant")) *role = ROLE_ASSISTANT;
+    else if (!strcmp(rs, "system") || !strcmp(rs, "developer")) *role = ROLE_SYSTEM;
+    else if (allow_tool && (!strcmp(rs, "tool") || !strcmp(rs, "function"))) *role = ROLE_TOOL;
+    else return bad(status, "\"%s.role\": unknown role \"%.40s\"", where, rs);
+    return KVT_OK;
+}
+
+static int messages_array(const json_t *root, const json_t **out, int *status)
+{
+    json_t *msgs = field(root, "messages");
+    if (!msgs) return bad(status, "\"messages\": required");
     if (!json_is_array(msgs)) return bad(status, "\"messages\": expected an array, got %s", type_name(msgs));
     if (json_array_size(msgs) == 0) return bad(status, "\"messages\": must hold at least one message");
+    *out = msgs;
+    return KVT_OK;
+}
+
+/* One entry of an OpenAI assistant message's tool_calls:
+ * {id, type:"function", function:{name, arguments}}. */
+static int openai_call(turn *tmp, const json_t *call, const char *w, int *status)
+{
+    if (!json_is_object(call)) return bad(status, "\"%s\": expected an object, got %s", w, type_name(call));
+    const json_t *ty, *id;
+    int rc = get_str(call, "type", w, false, &ty, status);
+    if (rc || (rc = get_str(call, "id", w, false, &id, status))) return rc;
+    if (ty && strcmp(json_string_value(ty), "function"))
+        return bad(status, "\"%s.type\": tool calls of type \"%.40s\" are not supported", w, json_string_value(ty));
+    json_t *fn = field(call, "function");
+    if (!json_is_object(fn)) return bad(status, "\"%s.function\": expected an object, got %s", w, type_name(fn));
+    char fw[160];
+    snprintf(fw, sizeof fw, "%s.function", w);
+    return add_call(tmp, id, NULL, fn, "name", "arguments", fw, status);
+}
+
+/* OpenAI chat: system / developer / user messages, assistant messages with
+ * optional tool_calls (and the legacy function_call), tool (and legacy
+ * function) messages with the results. */
+static int parse_chat(chat *ch, const json_t *root, int *status)
+{
+    const json_t *msgs;
+    int rc = messages_array(root, &msgs, status);
+    if (rc) return rc;
     size_t i;
     json_t *msg;
     json_array_foreach(msgs, i, msg) {
-        char where[48];
-        snprintf(where, sizeof where, "messages[%zu].content", i);
-        if (!json_is_object(msg)) return bad(status, "\"messages[%zu]\": expected an object, got %s", i, type_name(msg));
-        json_t *jr = json_object_get(msg, "role");
-        if (!json_is_string(jr))
-            return bad(status, "\"messages[%zu].role\": expected a string, got %s", i, jr ? type_name(jr) : "nothing");
-        const char *rs = json_string_value(jr);
+        char where[48], cwhere[64];
+        snprintf(where, sizeof where, "messages[%zu]", i);
+        snprintf(cwhere, sizeof cwhere, "messages[%zu].content", i);
+        if (!json_is_object(msg)) return bad(status, "\"%s\": expected an object, got %s", where, type_name(msg));
         int role;
-        if (!strcmp(rs, "user")) role = ROLE_USER;
-        else if (!strcmp(rs, "assistant")) role = ROLE_ASSISTANT;
-        else if (!strcmp(rs, "system") || !strcmp(rs, "developer")) role = ROLE_SYSTEM;
-        else if (!strcmp(rs, "tool") || !strcmp(rs, "function"))
-            return bad(status, "\"messages[%zu]\": role \"%s\" is not supported: this server does not do tool calls", i, rs);
-        else
-            return bad(status, "\"messages[%zu].role\": unknown role \"%.40s\"", i, rs);
-        json_t *tc = field(msg, "tool_calls"), *fc = field(msg, "function_call");
-        if ((tc && (!json_is_array(tc) || json_array_size(tc) > 0)) || fc)
-            return bad(status, "\"messages[%zu]\": tool calls are not supported by this server", i);
+        if ((rc = role_of(json_object_get(msg, "role"), where, true, &role, status))) return rc;
         json_t *c = field(msg, "content");
+        if (role != ROLE_ASSISTANT) {
+            /* a tool message's tool_call_id and name are not rendered: the
+             * results follow their calls in order */
+            if (!c) return bad(status, "\"%s\": required", cwhere);
+            if ((rc = chat_add(ch, role, c, cwhere, status))) return rc;
+            continue;
+        }
         /* OpenAI allows an assistant message without content (it then
-         * carries tool calls, refused above): render it as empty text. */
-        if (!c && role != ROLE_ASSISTANT) return bad(status, "\"%s\": required", where);
-        if ((rc = chat_add(ch, role, c, where, status))) return rc;
+         * carries tool calls): its text is empty. */
+        text_acc a = {0};
+        turn tmp = {0};
+        rc = c ? content_text(&a, c, cwhere, status) : KVT_OK;
+        json_t *tc = field(msg, "tool_calls"), *fc = field(msg, "function_call");
+        if (!rc && tc && !json_is_array(tc))
+            rc = bad(status, "\"%s.tool_calls\": expected an array, got %s", where, type_name(tc));
+        size_t k;
+        json_t *call;
+        json_array_foreach(tc, k, call) {
+            if (rc) break;
+            char w[128];
+            snprintf(w, sizeof w, "%s.tool_calls[%zu]", where, k);
+            rc = openai_call(&tmp, call, w, status);
+        }
+        if (!rc && fc) {
+            char w[128];
+            snprintf(w, sizeof w, "%s.function_call", where);
+            rc = json_is_object(fc) ? add_call(&tmp, NULL, NULL, fc, "name", "arguments", w, status)
+                                    : bad(status, "\"%s\": expected an object, got %s", w, type_name(fc));
+        }
+        if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
+        if ((rc = chat_add_assistant(ch, &a, &tmp, status))) return rc;
+    }
+    return KVT_OK;
+}
+
+/* Anthropic content blocks of a user or assistant message: text blocks;
+ * tool_result blocks in user messages (each becomes a tool turn, with the
+ * user text around it as user turns, in order); tool_use blocks in assistant
+ * messages (the calls, after the text); thinking blocks are skipped (the
+ * model's own reasoning is not part of the conversation it continues). */
+static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *where, int *status)
+{
+    text_acc a = {0};
+    turn tmp = {0};
+    bool any = false;
+    size_t j;
+    json_t *blk;
+    int rc = KVT_OK;
+    json_array_foreach(c, j, blk) {
+        const char *t;
+        char w[128];
+        snprintf(w, sizeof w, "%s[%zu]", where, j);
+        if ((rc = part_type(blk, where, j, &t, status))) break;
+        if (is_text_type(t)) {
+            if ((rc = part_text(&a, blk, where, j, status))) break;
+        } else if (role == ROLE_USER && !strcmp(t, "tool_result")) {
+            /* tool_use_id and is_error are not rendered: results follow
+             * their calls in order, and an error result says so in its text */
+            if (a.n_parts && (rc = chat_add_acc(ch, ROLE_USER, &a, status))) break;
+            a = (text_acc){0};
+            text_acc o = {0};
+            json_t *oc = field(blk, "content");
+            char cw[160];
+            snprintf(cw, sizeof cw, "%s.content", w);
+            if (oc && (rc = content_text(&o, oc, cw, status))) { kvt_wbuf_free(&o.b); break; }
+            if ((rc = chat_add_acc(ch, ROLE_TOOL, &o, status))) break;
+            any = true;
+        } else if (role == ROLE_ASSISTANT && !strcmp(t, "tool_use")) {
+            const json_t *id;
+            if ((rc = get_str(blk, "id", w, false, &id, status))) break;
+            if ((rc = add_call(&tmp, id, NULL, blk, "name", "input", w, status))) break;
+        } else if (role == ROLE_ASSISTANT && (!strcmp(t, "thinking") || !strcmp(t, "redacted_thinking"))) {
+            continue;
+        } else {
+            rc = part_refused(status, where, j, t);
+            break;
+        }
+    }
+    if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
+    if (role == ROLE_ASSISTANT) return chat_add_assistant(ch, &a, &tmp, status);
+    if (a.n_parts || !any) return chat_add_acc(ch, role, &a, status); /* [] is an empty turn */
+    kvt_wbuf_free(&a.b);
+    return KVT_OK;
+}
+
+/* Anthropic: "system" (a string or text blocks), then the messages. */
+static int parse_anthropic(chat *ch, const json_t *root, int *status)
+{
+    int rc;
+    json_t *sys = field(root, "system");
+    if (sys && !json_is_string(sys) && !json_is_array(sys))
+        return bad(status, "\"system\": expected a string or an array of text blocks, got %s", type_name(sys));
+    /* An empty system prompt is no system prompt. */
+    if (sys && (json_is_string(sys) ? json_string_length(sys) : json_array_size(sys)) > 0 &&
+        (rc = chat_add(ch, ROLE_SYSTEM, sys, "system", status)))
+        return rc;
+    const json_t *msgs;
+    if ((rc = messages_array(root, &msgs, status))) return rc;
+    size_t i;
+    json_t *msg;
+    json_array_foreach(msgs, i, msg) {
+        char where[48], cwhere[64];
+        snprintf(where, sizeof where, "messages[%zu]", i);
+        snprintf(cwhere, sizeof cwhere, "messages[%zu].content", i);
+        if (!json_is_object(msg)) return bad(status, "\"%s\": expected an object, got %s", where, type_name(msg));
+        int role;
+        /* Anthropic itself takes only user and assistant here; system and
+         * developer messages are accepted as system text (a leniency) */
+        if ((rc = role_of(json_object_get(msg, "role"), where, false, &role, status))) return rc;
+        json_t *c = field(msg, "content");
+        if (!c && role != ROLE_ASSISTANT) return bad(status, "\"%s\": required", cwhere);
+        if (!c || !json_is_array(c) || role == ROLE_SYSTEM) rc = chat_add(ch, role, c, cwhere, status);
+        else rc = anthropic_blocks(ch, role, c, cwhere, status);
+        if (rc) return rc;
+    }
+    return KVT_OK;
+}
+
+/* OpenAI Responses: "instructions", then "input": a string (one user
+ * message) or items. Message items (with or without "type"), function_call
+ * items (joining the assistant turn before them, as the model writes text
+ * then calls), function_call_output items, their custom-tool twins, and
+ * reasoning items (skipped). Item ids are never rendered. */
+static int parse_responses(chat *ch, const json_t *root, int *status)
+{
+    int rc;
+    json_t *ins = field(root, "instructions");
+    if (ins && !json_is_string(ins))
+        return bad(status, "\"instructions\": expected a string, got %s", type_name(ins));
+    if (ins && json_string_length(ins) > 0 && (rc = chat_add(ch, ROLE_SYSTEM, ins, "instructions", status)))
+        return rc;
+    json_t *in = field(root, "input");
+    if (!in) return bad(status, "\"input\": required");
+    if (json_is_string(in)) return chat_add(ch, ROLE_USER, in, "input", status);
+    if (!json_is_array(in))
+        return bad(status, "\"input\": expected a string or an array of items, got %s", type_name(in));
+    size_t i;
+    json_t *item;
+    json_array_foreach(in, i, item) {
+        char where[48], cwhere[64];
+        snprintf(where, sizeof where, "input[%zu]", i);
+        if (!json_is_object(item)) return bad(status, "\"%s\": expected an object, got %s", where, type_name(item));
+        const json_t *ty;
+        if ((rc = get_str(item, "type", where, false, &ty, status))) return rc;
+        const char *t = ty ? json_string_value(ty) : "message";
+        if (!strcmp(t, "message")) {
+            int role;
+            if ((rc = role_of(json_object_get(item, "role"), where, false, &role, status))) return rc;
+            json_t *c = field(item, "content");
+            snprintf(cwhere, sizeof cwhere, "input[%zu].content", i);
+            if (!c) return bad(status, "\"%s\": required", cwhere);
+            rc = chat_add(ch, role, c, cwhere, status);
+        } else if (!strcmp(t, "function_call") || !strcmp(t, "custom_tool_call")) {
+            const json_t *id, *ns;
+            if ((rc = get_str(item, "call_id", where, true, &id, status)) ||
+                (rc = get_str(item, "namespace", where, false, &ns, status)))
+                return rc;
+            if (ch->n == 0 || ch->t[ch->n - 1].role != ROLE_ASSISTANT) {
+                if (!chat_push(ch, ROLE_ASSISTANT)) return oom(status);
+            }
+            rc = add_call(&ch->t[ch->n - 1], id, ns && json_string_length(ns) ? json_string_value(ns) : NULL, item,
+                          "name", !strcmp(t, "function_call") ? "arguments" : "input", where, status);
+        } else if (!strcmp(t, "function_call_output") || !strcmp(t, "custom_tool_call_output")) {
+            snprintf(cwhere, sizeof cwhere, "input[%zu].output", i);
+            rc = chat_add(ch, ROLE_TOOL, field(item, "output"), cwhere, status);
+        } else if (!strcmp(t, "reasoning")) {
+            continue;
+        } else {
+            return bad(status, "\"%s\": items of type \"%.40s\" are not supported", where, t);
+        }
+        if (rc) return rc;
     }
     return KVT_OK;
 }
 
 /* ---- templates ------------------------------------------------------------ */
 
-static void put_str(kvt_wbuf *b, const char *s) { kvt_wbuf_put(b, s, strlen(s)); }
+/* One assistant tool call in DeepSeek's syntax: the bytes the server sampled
+ * for it when the replay hook has them (they include the separator before
+ * the call), else the canonical form, "\n" before every call but the
+ * first. */
+static void render_call(kvt_wbuf *b, const call *c, size_t k, const kvt_parse_opts *o)
+{
+    size_t rl = 0;
+    const char *rp = c->id && o->replay ? o->replay(o->replay_user, c->id, &rl) : NULL;
+    if (rp) {
+        kvt_wbuf_put(b, rp, rl);
+        return;
+    }
+    if (k) put_str(b, "\n");
+    put_str(b, DS_CALL_BEGIN "function" DS_SEP);
+    put_str(b, c->name);
+    put_str(b, "\n```json\n");
+    kvt_wbuf_put(b, c->args, c->args_len);
+    put_str(b, "\n```" DS_CALL_END);
+}
 
 /* deepseek: BOS, every system text (joined with SEP, hoisted to the front as
- * DeepSeek's own template does), then each turn as <｜User｜>text or
- * <｜Assistant｜>text<｜end▁of▁sentence｜>, then <｜Assistant｜> to prompt the
- * reply. A conversation that ends with an assistant turn is a prefill: that
- * turn stays open (no end-of-sentence, no new marker) and the reply continues
- * its text. Either way each rendering is a prefix of the next one. */
-static void render_deepseek(kvt_wbuf *b, const chat *ch)
+ * DeepSeek's own template does), the tool definitions, then the turns as
+ * DeepSeek-V3's template writes them:
+ *
+ *   user        <｜User｜>text
+ *   assistant   <｜Assistant｜>text<｜end▁of▁sentence｜>, or with tool calls
+ *               <｜Assistant｜>text<｜tool▁calls▁begin｜>CALL\nCALL<｜tool▁calls▁end｜>
+ *               <｜end▁of▁sentence｜>
+ *   tool        <｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>result<｜tool▁output▁end｜>, further
+ *               results of the same run \n<｜tool▁output▁begin｜>...; the run is closed by
+ *               <｜tool▁outputs▁end｜>, and an assistant turn right after it has no
+ *               <｜Assistant｜> marker (the model continues after the results).
+ *
+ * then <｜Assistant｜> to prompt the reply (after tool results: nothing more).
+ * A conversation that ends with an assistant turn without tool calls is a
+ * prefill: that turn stays open (no end-of-sentence, no new marker) and the
+ * reply continues its text. Either way each rendering is a prefix of the next
+ * one. DeepSeek's published template sets two of its flags once per
+ * conversation (so only the first assistant turn with calls and the first
+ * run of results get their opening markers) and leaves a run of results
+ * open before a user turn; here every such turn and run is marked alike. */
+static void render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o)
 {
     put_str(b, DS_BOS);
     size_t n_sys = 0, last = SIZE_MAX;
@@ -312,23 +1057,83 @@ static void render_deepseek(kvt_wbuf *b, const chat *ch)
         if (n_sys++) put_str(b, SEP);
         kvt_wbuf_put(b, ch->t[i].text, ch->t[i].len);
     }
+    if (ch->n_tools) {
+        if (n_sys) put_str(b, SEP);
+        put_str(b, TOOLS_HEAD);
+        kvt_wbuf_put(b, ch->tools.p, ch->tools.len);
+        put_str(b, TOOLS_HOWTO);
+    }
+    bool outputs = false, after_outputs = false;
     for (size_t i = 0; i < ch->n; i++) {
         const turn *t = &ch->t[i];
         if (t->role == ROLE_SYSTEM) continue;
-        put_str(b, t->role == ROLE_USER ? DS_USER : DS_ASSISTANT);
-        kvt_wbuf_put(b, t->text, t->len);
-        if (t->role == ROLE_ASSISTANT && i != last) put_str(b, DS_EOS);
+        if (outputs && t->role != ROLE_TOOL) {
+            put_str(b, DS_OUTPUTS_END);
+            outputs = false;
+            after_outputs = true;
+        }
+        if (t->role == ROLE_TOOL) {
+            put_str(b, outputs ? "\n" DS_OUTPUT_BEGIN : DS_OUTPUTS_BEGIN DS_OUTPUT_BEGIN);
+            kvt_wbuf_put(b, t->text, t->len);
+            put_str(b, DS_OUTPUT_END);
+            outputs = true;
+            continue;
+        }
+        if (t->role == ROLE_USER) {
+            put_str(b, DS_USER);
+            kvt_wbuf_put(b, t->text, t->len);
+        } else {
+            if (!after_outputs) put_str(b, DS_ASSISTANT);
+            kvt_wbuf_put(b, t->text, t->len);
+            if (t->n_calls) {
+                put_str(b, DS_CALLS_BEGIN);
+                for (size_t k = 0; k < t->n_calls; k++) render_call(b, &t->calls[k], k, o);
+                put_str(b, DS_CALLS_END DS_EOS);
+            } else if (i != last) {
+                put_str(b, DS_EOS);
+            }
+        }
+        after_outputs = false;
     }
-    if (last == SIZE_MAX || ch->t[last].role != ROLE_ASSISTANT) put_str(b, DS_ASSISTANT);
+    if (outputs) put_str(b, DS_OUTPUTS_END);
+    else if (last == SIZE_MAX || ch->t[last].role != ROLE_ASSISTANT || ch->t[last].n_calls)
+        put_str(b, DS_ASSISTANT);
 }
 
-/* plain: the text of every message in order, joined with SEP, no markers. For
- * models trained on raw text, the reply continues the last message. */
+/* One piece of the plain rendering: SEP before every piece but the first. */
+static void plain_piece(kvt_wbuf *b, size_t *k, const void *p, size_t n)
+{
+    if ((*k)++) put_str(b, SEP);
+    kvt_wbuf_put(b, p, n);
+}
+
+/* plain: the text of every message in order, joined with SEP, no markers;
+ * the tool definitions after the leading system messages; an assistant's
+ * tool calls after its text as {"name":…,"arguments":…} lines; a tool
+ * result as its text. For models trained on raw text, the reply continues
+ * the last message. */
 static void render_plain(kvt_wbuf *b, const chat *ch)
 {
-    for (size_t i = 0; i < ch->n; i++) {
-        if (i) put_str(b, SEP);
-        kvt_wbuf_put(b, ch->t[i].text, ch->t[i].len);
+    size_t k = 0;
+    bool tools_done = ch->n_tools == 0;
+    for (size_t i = 0; i <= ch->n; i++) {
+        const turn *t = i < ch->n ? &ch->t[i] : NULL;
+        if (!tools_done && (!t || t->role != ROLE_SYSTEM)) {
+            plain_piece(b, &k, TOOLS_HEAD, LIT(TOOLS_HEAD));
+            kvt_wbuf_put(b, ch->tools.p, ch->tools.len);
+            tools_done = true;
+        }
+        if (!t) break;
+        if (!t->n_calls || t->len) plain_piece(b, &k, t->text, t->len);
+        for (size_t c = 0; c < t->n_calls; c++) {
+            const call *x = &t->calls[c];
+            plain_piece(b, &k, "{\"name\":", 8);
+            canon_string(b, x->name, strlen(x->name));
+            put_str(b, ",\"arguments\":");
+            if (x->args_json) kvt_wbuf_put(b, x->args, x->args_len);
+            else canon_string(b, x->args, x->args_len);
+            put_str(b, "}");
+        }
     }
 }
 
@@ -368,6 +1173,8 @@ void kvt_request_free(kvt_request *r)
     free(r->prompt);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    for (size_t i = 0; i < r->n_namespaces; i++) free(r->namespaces[i]);
+    free(r->namespaces);
     memset(r, 0, sizeof *r);
 }
 
@@ -376,7 +1183,7 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     int rc;
     bool present;
     int64_t x;
-    const bool openai = api != KVT_API_MESSAGES;
+    const bool legacy = api == KVT_API_CHAT || api == KVT_API_COMPLETIONS; /* OpenAI, pre-Responses */
 
     json_t *model = field(root, "model");
     if (model) {
@@ -384,7 +1191,7 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
         if (!(r->model = kvt_strndup(json_string_value(model), json_string_length(model)))) return oom(status);
     }
     if ((rc = get_bool(root, "stream", &r->stream, status))) return rc;
-    if (openai) {
+    if (legacy) {
         json_t *so = field(root, "stream_options");
         if (so && !json_is_object(so))
             return bad(status, "\"stream_options\": expected an object, got %s", type_name(so));
@@ -395,8 +1202,9 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     }
 
     /* max_tokens: Anthropic requires it; OpenAI chat prefers its newer name
-     * max_completion_tokens when both are sent. */
-    const char *mt = "max_tokens";
+     * max_completion_tokens when both are sent; Responses calls it
+     * max_output_tokens. */
+    const char *mt = api == KVT_API_RESPONSES ? "max_output_tokens" : "max_tokens";
     if (api == KVT_API_CHAT && field(root, "max_completion_tokens")) mt = "max_completion_tokens";
     if ((rc = get_int(root, mt, 1, UINT32_MAX, &x, &present, status))) return rc;
     if (present) r->max_tokens = (uint32_t)x;
@@ -410,13 +1218,14 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->has_seed, status))) return rc;
     if (r->has_seed) r->seed = (uint64_t)x;
 
-    if (openai) rc = parse_stop(r, root, "stop", true, KVT_API_MAX_STOP_OPENAI, status);
-    else rc = parse_stop(r, root, "stop_sequences", false, KVT_API_MAX_STOP_ANTHROPIC, status);
+    if (legacy) rc = parse_stop(r, root, "stop", true, KVT_API_MAX_STOP_OPENAI, status);
+    else if (api == KVT_API_MESSAGES)
+        rc = parse_stop(r, root, "stop_sequences", false, KVT_API_MAX_STOP_ANTHROPIC, status);
     if (rc) return rc;
 
     /* Known OpenAI fields whose other values ask for more than one plain
      * completion: refuse rather than quietly answer something else. */
-    if (openai) {
+    if (legacy) {
         if ((rc = get_int(root, "n", 1, INT64_MAX, &x, &present, status))) return rc;
         if (present && x != 1) return bad(status, "\"n\": only one choice per request is supported");
     }
@@ -430,10 +1239,20 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
         if (sfx && !json_is_string(sfx)) return bad(status, "\"suffix\": expected a string, got %s", type_name(sfx));
         if (sfx && json_string_length(sfx) > 0) return bad(status, "\"suffix\": insertion is not supported");
     }
+    /* Responses that build on server-side state this server does not keep
+     * (it stores nothing: every request carries its whole conversation). */
+    if (api == KVT_API_RESPONSES) {
+        static const char *const stored[] = {"previous_response_id", "conversation", "prompt"};
+        for (size_t i = 0; i < sizeof stored / sizeof *stored; i++)
+            if (field(root, stored[i]))
+                return bad(status, "\"%s\": stored responses, conversations and prompts are not supported; "
+                                   "send the whole conversation in \"input\"", stored[i]);
+    }
     return KVT_OK;
 }
 
-static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt_model *m, int *status)
+static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt_model *m,
+                      const kvt_parse_opts *o, int *status)
 {
     int rc = parse_sampling(r, root, api, status);
     if (rc) return rc;
@@ -441,11 +1260,17 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
     if (api == KVT_API_COMPLETIONS) {
         rc = completions_prompt(&b, root, status);
     } else {
-        chat ch = {0};
-        rc = parse_messages(&ch, root, api, status);
+        chat ch = {.keep_volatile = o->keep_volatile};
+        rc = parse_tools(&ch, r, root, api, status);
         if (!rc) {
+            if (api == KVT_API_CHAT) rc = parse_chat(&ch, root, status);
+            else if (api == KVT_API_MESSAGES) rc = parse_anthropic(&ch, root, status);
+            else rc = parse_responses(&ch, root, status);
+        }
+        if (!rc) {
+            r->n_tools = ch.n_tools;
             r->prompt_has_bos = !strcmp(kvt_template_name(m), "deepseek");
-            if (r->prompt_has_bos) render_deepseek(&b, &ch);
+            if (r->prompt_has_bos) render_deepseek(&b, &ch, o);
             else render_plain(&b, &ch);
         }
         chat_free(&ch);
@@ -460,16 +1285,18 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
     return KVT_OK;
 }
 
-int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t len,
-                      const kvt_model *m, int *status)
+int kvt_request_parse_opts(kvt_request *out, kvt_api api, const char *body, size_t len,
+                           const kvt_model *m, const kvt_parse_opts *opts, int *status)
 {
     int st;
     if (!status) status = &st;
     *status = 500;
     if (!out) return kvt_fail(KVT_EINVAL, "api: NULL request");
     memset(out, 0, sizeof *out);
-    if (api != KVT_API_CHAT && api != KVT_API_COMPLETIONS && api != KVT_API_MESSAGES)
+    if (api != KVT_API_CHAT && api != KVT_API_COMPLETIONS && api != KVT_API_MESSAGES && api != KVT_API_RESPONSES)
         return kvt_fail(KVT_EINVAL, "api: unknown api %d", (int)api);
+    static const kvt_parse_opts defaults = {0};
+    if (!opts) opts = &defaults;
     if (!body || len == 0) return bad(status, "the request body is empty; send a JSON object");
     json_error_t je;
     /* Flags 0: the top level must be an object or array, and \u0000 is
@@ -487,7 +1314,7 @@ int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t le
         out->api = api;
         out->temperature = 1;
         out->top_p = 1;
-        rc = parse_root(out, root, api, m, status);
+        rc = parse_root(out, root, api, m, opts, status);
     }
     json_decref(root);
     if (rc) {
@@ -496,6 +1323,186 @@ int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t le
     }
     *status = 200;
     return KVT_OK;
+}
+
+int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t len,
+                      const kvt_model *m, int *status)
+{
+    return kvt_request_parse_opts(out, api, body, len, m, NULL, status);
+}
+
+/* ---- tool calls in generated text ---------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* "call_" + 16 hex digits: a counter through a bijective mix, so ids never
+ * repeat within a run, offset by a seed from the clock and the process id so
+ * that they are unlikely to repeat across runs (a client's history may hold
+ * ids from an earlier run of the server). */
+static void new_call_id(char out[24])
+{
+    static _Atomic uint64_t seed, counter;
+    uint64_t s = atomic_load(&seed);
+    if (!s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) ^
+                     mix64((uint64_t)getpid() << 20 ^ (uint64_t)(uintptr_t)out);
+        uint64_t zero = 0;
+        atomic_compare_exchange_strong(&seed, &zero, x | 1);
+        s = atomic_load(&seed);
+    }
+    uint64_t v = mix64(s + atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ULL);
+    snprintf(out, 24, "call_%016llx", (unsigned long long)v);
+}
+
+static const char *find(const char *s, size_t from, size_t to, const char *needle, size_t nl)
+{
+    return to > from ? memmem(s + from, to - from, needle, nl) : NULL;
+}
+
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* [*a, *b) without surrounding whitespace. */
+static void trim(const char *s, size_t *a, size_t *b)
+{
+    while (*a < *b && is_space(s[*a])) (*a)++;
+    while (*b > *a && is_space(s[*b - 1])) (*b)--;
+}
+
+void kvt_tool_calls_free(kvt_tool_call *calls, size_t n)
+{
+    if (!calls) return;
+    for (size_t i = 0; i < n; i++) {
+        free(calls[i].id);
+        free(calls[i].name);
+        free(calls[i].arguments);
+    }
+    free(calls);
+}
+
+/* The name and arguments of one call's body s[a, b) (between
+ * <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>): DeepSeek-V3's
+ * "function<｜tool▁sep｜>NAME\n```json\nARGS\n```", leniently (the fence
+ * optional, any whitespace), or V3.1's "NAME<｜tool▁sep｜>ARGS". False when
+ * the body is not a call. */
+static bool call_body(const char *s, size_t a, size_t b, size_t *na, size_t *nb, size_t *aa, size_t *ab)
+{
+    const char *sep = find(s, a, b, DS_SEP, LIT(DS_SEP));
+    if (!sep) return false;
+    size_t ha = a, hb = (size_t)(sep - s), ra = hb + LIT(DS_SEP), rb = b;
+    trim(s, &ha, &hb);
+    trim(s, &ra, &rb);
+    if (hb > ha && !(hb - ha == 8 && !memcmp(s + ha, "function", 8))) {
+        *na = ha, *nb = hb, *aa = ra, *ab = rb; /* V3.1: the head is the name */
+    } else {
+        const char *nl = memchr(s + ra, '\n', rb - ra);
+        *na = ra;
+        *nb = nl ? (size_t)(nl - s) : rb;
+        *aa = *nb;
+        *ab = rb;
+        trim(s, na, nb);
+        trim(s, aa, ab);
+        /* the ```json fence around the arguments */
+        if (*ab - *aa >= 3 && !memcmp(s + *aa, "```", 3)) {
+            *aa += 3;
+            if (*ab - *aa >= 4 && !memcmp(s + *aa, "json", 4)) *aa += 4;
+            if (*ab - *aa >= 3 && !memcmp(s + *ab - 3, "```", 3)) *ab -= 3;
+            trim(s, aa, ab);
+        }
+    }
+    return *nb > *na && !memchr(s + *na, '\n', *nb - *na);
+}
+
+int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+{
+    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
+    *calls = NULL;
+    *n = 0;
+    *text_end = len;
+    const char *cb = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
+    const char *c1 = find(text, 0, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
+    if (!cb && !c1) return KVT_OK;
+    bool outer = cb && (!c1 || cb < c1);
+    size_t start = (size_t)((outer ? cb : c1) - text);
+    size_t pos = start + (outer ? LIT(DS_CALLS_BEGIN) : 0);
+    kvt_tool_call *v = NULL;
+    size_t nv = 0, cap = 0;
+    for (;;) {
+        const char *b = find(text, pos, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
+        if (!b) break;
+        size_t body = (size_t)(b - text) + LIT(DS_CALL_BEGIN);
+        const char *e = find(text, body, len, DS_CALL_END, LIT(DS_CALL_END));
+        if (!e) break; /* unfinished */
+        size_t end = (size_t)(e - text);
+        size_t na, nb, aa, ab;
+        if (find(text, body, end, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN)) ||
+            !call_body(text, body, end, &na, &nb, &aa, &ab))
+            break; /* malformed: what follows is not read as calls */
+        if (nv == cap) {
+            size_t c2 = cap ? cap * 2 : 4, bytes;
+            kvt_tool_call *p = kvt_mul_ok(c2, sizeof *p, &bytes) ? realloc(v, bytes) : NULL;
+            if (!p) goto nomem;
+            v = p;
+            cap = c2;
+        }
+        kvt_tool_call *c = &v[nv];
+        memset(c, 0, sizeof *c);
+        char id[24];
+        new_call_id(id);
+        kvt_wbuf args = {0};
+        bool is_obj = true;
+        if (ab == aa) put_str(&args, "{}"); /* no arguments written: none */
+        else if (canon_text(&args, text + aa, ab - aa, NULL, &is_obj)) { kvt_wbuf_free(&args); goto nomem; }
+        if (!is_obj) { /* not JSON, or a JSON value that is not an object: keep the bytes */
+            args.len = 0;
+            kvt_wbuf_put(&args, text + aa, ab - aa);
+        }
+        kvt_wbuf_put(&args, "", 1);
+        c->id = kvt_strndup(id, strlen(id));
+        c->name = kvt_strndup(text + na, nb - na);
+        c->arguments = (char *)args.p;
+        c->valid = is_obj;
+        c->raw_off = pos;
+        c->raw_len = end + LIT(DS_CALL_END) - pos;
+        nv++;
+        if (args.oom || !c->id || !c->name) goto nomem;
+        pos = end + LIT(DS_CALL_END);
+    }
+    if (!nv) {
+        free(v);
+        return KVT_OK;
+    }
+    *text_end = start;
+    *calls = v;
+    *n = nv;
+    return KVT_OK;
+nomem:
+    kvt_tool_calls_free(v, nv);
+    return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
+}
+
+size_t kvt_tool_calls_text_len(const char *text, size_t len)
+{
+    if (!text) return 0;
+    const char *a = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
+    const char *c = find(text, 0, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
+    if (a || c) return (size_t)((a && (!c || a < c) ? a : c) - text);
+    /* a marker may be arriving: hold back a tail that starts one */
+    static const char *const marks[] = {DS_CALLS_BEGIN, DS_CALL_BEGIN};
+    for (size_t k = LIT(DS_CALLS_BEGIN) - 1; k > 0; k--) {
+        if (k > len) continue;
+        for (size_t m = 0; m < 2; m++)
+            if (k < strlen(marks[m]) && !memcmp(text + len - k, marks[m], k)) return len - k;
+    }
+    return len;
 }
 
 /* ---- JSON output ---------------------------------------------------------- */
@@ -548,19 +1555,28 @@ static json_t *jstr(const char *s, size_t len)
 
 static json_t *jcstr(const char *s) { return s ? jstr(s, strlen(s)) : json_string(""); }
 
-/* Dump v (stolen) compact; NULL when v is NULL or out of memory. */
-static char *dump(json_t *v)
+/* Reals in Responses bodies are only the echoed temperature and top_p, which
+ * were floats: 7 digits write them as sent (0.2, not 0.20000000298023224).
+ * Every other body keeps jansson's exact 17 digits (an Anthropic tool input
+ * may hold any real). */
+#define FLOAT_ECHO JSON_REAL_PRECISION(7)
+
+/* Dump v (stolen) compact, with extra flags; NULL when v is NULL or out of
+ * memory. */
+static char *dump_f(json_t *v, size_t flags)
 {
     if (!v) return NULL;
-    char *s = json_dumps(v, JSON_COMPACT);
+    char *s = json_dumps(v, JSON_COMPACT | flags);
     json_decref(v);
     return s;
 }
 
+static char *dump(json_t *v) { return dump_f(v, 0); }
+
 /* Append one SSE event carrying v (stolen); sets b->oom on failure. */
-static void sse(kvt_wbuf *b, const char *event, json_t *v)
+static void sse_f(kvt_wbuf *b, const char *event, json_t *v, size_t flags)
 {
-    char *s = dump(v);
+    char *s = dump_f(v, flags);
     if (!s) { b->oom = true; return; }
     if (event) {
         put_str(b, "event: ");
@@ -572,6 +1588,8 @@ static void sse(kvt_wbuf *b, const char *event, json_t *v)
     put_str(b, "\n\n");
     free(s);
 }
+
+static void sse(kvt_wbuf *b, const char *event, json_t *v) { sse_f(b, event, v, 0); }
 
 /* The buffer as a malloc'ed string (b is consumed); NULL on out of memory. */
 static char *finish_buf(kvt_wbuf *b)
@@ -618,53 +1636,265 @@ static json_t *usage_anthropic(const kvt_usage *in, uint32_t output)
                      "cache_read_input_tokens", ji(u.cached_tokens));
 }
 
-static const char *openai_finish(const char *finish) { return finish ? finish : "stop"; }
-
-static const char *anthropic_stop(const char *finish, const char *stop_seq)
+/* Responses usage: input_tokens is the whole prompt, cached_tokens the part
+ * reused; no reasoning tokens (the model's text is all output). */
+static json_t *usage_responses(const kvt_usage *in)
 {
-    if (finish && !strcmp(finish, "length")) return "max_tokens";
+    kvt_usage u = usage_of(in);
+    return json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}",
+                     "input_tokens", ji(u.prompt_tokens),
+                     "input_tokens_details", "cached_tokens", ji(u.cached_tokens),
+                     "output_tokens", ji(u.completion_tokens),
+                     "output_tokens_details", "reasoning_tokens", (json_int_t)0,
+                     "total_tokens", ji((uint64_t)u.prompt_tokens + u.completion_tokens));
+}
+
+static bool is_length(const char *finish) { return finish && !strcmp(finish, "length"); }
+
+/* finish_reason: "length" stays; with tool calls anything else is
+ * "tool_calls"; otherwise the server's word ("stop" when NULL). */
+static const char *openai_finish(const char *finish, size_t n_calls)
+{
+    if (is_length(finish)) return "length";
+    if (n_calls) return "tool_calls";
+    return finish && strcmp(finish, "tool_calls") ? finish : "stop";
+}
+
+static const char *anthropic_stop(const char *finish, const char *stop_seq, size_t n_calls)
+{
+    if (is_length(finish)) return "max_tokens";
+    if (n_calls) return "tool_use";
     return stop_seq ? "stop_sequence" : "end_turn";
 }
 
 /* stop_sequence: the matched sequence, only with stop_reason "stop_sequence". */
-static json_t *anthropic_stop_seq(const char *finish, const char *stop_seq)
+static json_t *anthropic_stop_seq(const char *finish, const char *stop_seq, size_t n_calls)
 {
-    return !strcmp(anthropic_stop(finish, stop_seq), "stop_sequence") ? jcstr(stop_seq) : json_null();
+    return !strcmp(anthropic_stop(finish, stop_seq, n_calls), "stop_sequence") ? jcstr(stop_seq) : json_null();
+}
+
+/* A call's arguments as a JSON object (Anthropic's input): {} when the model
+ * wrote something that is not one. */
+static json_t *call_input(const kvt_tool_call *c)
+{
+    json_t *v = c->valid ? json_loads(c->arguments, 0, NULL) : NULL;
+    if (json_is_object(v)) return v;
+    json_decref(v);
+    return json_object();
+}
+
+/* The arguments text Anthropic streams as input_json_delta. */
+static const char *call_input_text(const kvt_tool_call *c) { return c->valid ? c->arguments : "{}"; }
+
+/* OpenAI chat tool_calls entry k. */
+static json_t *openai_call_json(const kvt_tool_call *c, size_t k, bool with_index)
+{
+    json_t *v = json_pack("{s:o, s:s, s:{s:o, s:o}}", "id", jcstr(c->id), "type", "function", "function",
+                          "name", jcstr(c->name), "arguments", jcstr(c->arguments));
+    if (v && with_index && json_object_set_new(v, "index", json_integer((json_int_t)k))) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+static json_t *anthropic_tool_use(const kvt_tool_call *c, bool empty_input)
+{
+    return json_pack("{s:s, s:o, s:o, s:o}", "type", "tool_use", "id", jcstr(c->id), "name", jcstr(c->name),
+                     "input", empty_input ? json_object() : call_input(c));
+}
+
+/* ---- Responses objects ---------------------------------------------------- */
+
+/* An item id derived from another id: prefix + what follows the other's own
+ * prefix ("resp_abc" -> "msg_abc", "call_123" -> "fc_123"), so that every
+ * event of a stream names the same items without the caller keeping them. */
+static void derived_id(char *out, size_t n, const char *prefix, const char *id)
+{
+    if (!id) id = "";
+    const char *u = strchr(id, '_');
+    snprintf(out, n, "%s%.100s", prefix, u && u[1] ? u + 1 : id);
+}
+
+static json_t *output_text_part(json_t *text)
+{
+    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text, "annotations");
+}
+
+/* The assistant message item; text (stolen) NULL: no content yet. */
+static json_t *message_item(const char *resp_id, json_t *text, const char *status)
+{
+    char mid[128];
+    derived_id(mid, sizeof mid, "msg_", resp_id);
+    json_t *content = text ? json_pack("[o]", output_text_part(text)) : json_array();
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", mid, "type", "message", "status", status, "role",
+                     "assistant", "content", content);
+}
+
+/* The name a call goes out under in Responses: a name "ns.fn" of a
+ * namespace the request offered is "fn", with *ns (length *ns_len) "ns", as
+ * OpenAI returns calls of namespace tools; any other name is itself. */
+static const char *responses_name(const kvt_request *r, const kvt_tool_call *c, const char **ns, size_t *ns_len)
+{
+    *ns = NULL;
+    *ns_len = 0;
+    const char *name = c->name ? c->name : "";
+    for (size_t i = 0; i < r->n_namespaces; i++) {
+        size_t k = strlen(r->namespaces[i]);
+        if (!strncmp(name, r->namespaces[i], k) && !strncmp(name + k, KVT_API_NS_SEP, LIT(KVT_API_NS_SEP)) &&
+            name[k + LIT(KVT_API_NS_SEP)]) {
+            *ns = r->namespaces[i];
+            *ns_len = k;
+            return name + k + LIT(KVT_API_NS_SEP);
+        }
+    }
+    return name;
+}
+
+/* A function_call item (arguments "" while in progress). */
+static json_t *function_call_item(const kvt_request *r, const kvt_tool_call *c, const char *status, bool with_args)
+{
+    char fid[128];
+    derived_id(fid, sizeof fid, "fc_", c->id);
+    const char *ns;
+    size_t ns_len;
+    const char *name = responses_name(r, c, &ns, &ns_len);
+    json_t *v = json_pack("{s:s, s:s, s:s, s:o, s:o, s:o}", "id", fid, "type", "function_call", "status", status,
+                          "call_id", jcstr(c->id), "name", jcstr(name), "arguments",
+                          with_args ? jcstr(c->arguments) : json_string(""));
+    if (v && ns && json_object_set_new(v, "namespace", jstr(ns, ns_len))) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Whether the Responses output has a message item: when there is text, or
+ * nothing else to show. */
+static bool has_message(size_t len, size_t n_calls) { return len > 0 || n_calls == 0; }
+
+/* The output items of a finished response. */
+static json_t *responses_output(const kvt_request *r, const char *id, const char *text, size_t len,
+                                const kvt_tool_call *calls, size_t n_calls, const char *finish)
+{
+    json_t *out = json_array();
+    const char *st = is_length(finish) ? "incomplete" : "completed";
+    if (out && has_message(len, n_calls) && json_array_append_new(out, message_item(id, jstr(text, len), st))) {
+        json_decref(out);
+        return NULL;
+    }
+    for (size_t k = 0; out && k < n_calls; k++)
+        if (json_array_append_new(out, function_call_item(r, &calls[k], "completed", true))) {
+            json_decref(out);
+            return NULL;
+        }
+    return out;
+}
+
+/* A Response object; output and usage are stolen (NULL: out of memory).
+ * finish "length" makes a completed response incomplete, as OpenAI reports a
+ * max_output_tokens cut. The request's tools and instructions are not echoed
+ * (a coding agent's run to tens of kilobytes); the sampling fields are. */
+static json_t *response_obj(const kvt_request *r, const char *id, const char *model_name, long created,
+                            const char *status, json_t *output, json_t *usage, const char *finish)
+{
+    bool incomplete = !strcmp(status, "completed") && is_length(finish);
+    json_t *details = incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null();
+    json_t *v = json_pack("{s:o, s:s, s:I, s:s, s:n, s:o, s:n, s:o, s:o, s:o, s:b, s:n, s:{s:n, s:n},"
+                          " s:b, s:f, s:{s:{s:s}}, s:s, s:[], s:f, s:s, s:o, s:{}}",
+                          "id", jcstr(id), "object", "response", "created_at", (json_int_t)created,
+                          "status", incomplete ? "incomplete" : status, "error", "incomplete_details", details,
+                          "instructions", "max_output_tokens",
+                          r->max_tokens ? json_integer((json_int_t)r->max_tokens) : json_null(),
+                          "model", jcstr(model_name), "output", output,
+                          "parallel_tool_calls", 1, "previous_response_id", "reasoning", "effort", "summary",
+                          "store", 0, "temperature", (double)r->temperature, "text", "format", "type", "text",
+                          "tool_choice", "auto", "tools", "top_p", r->top_p < 1e-30f ? 0.0 : (double)r->top_p,
+                          "truncation", "disabled", "usage", usage, "metadata");
+    return v;
+}
+
+/* One Responses event: type and the next sequence_number added to v (stolen). */
+static void rsse(kvt_request *r, kvt_wbuf *b, const char *type, json_t *v)
+{
+    if (v && (json_object_set_new(v, "type", json_string(type)) ||
+              json_object_set_new(v, "sequence_number", json_integer((json_int_t)r->sse_seq++)))) {
+        json_decref(v);
+        v = NULL;
+    }
+    sse_f(b, type, v, FLOAT_ECHO);
+}
+
+/* ---- complete responses ---------------------------------------------------- */
+
+char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *model_name,
+                              const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                              const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+{
+    if (!r) return NULL;
+    if (!text) len = 0;
+    if (!calls) n_calls = 0;
+    if (!text) text = "";
+    switch (r->api) {
+    case KVT_API_CHAT: {
+        /* content is null when the reply is only tool calls, as OpenAI sends it */
+        json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
+                                len || !n_calls ? jstr(text, len) : json_null(), "refusal");
+        json_t *tc = n_calls ? json_array() : NULL;
+        for (size_t k = 0; tc && k < n_calls; k++)
+            if (json_array_append_new(tc, openai_call_json(&calls[k], k, false))) { json_decref(tc); tc = NULL; }
+        if (msg && n_calls && (!tc || json_object_set_new(msg, "tool_calls", tc))) {
+            json_decref(msg);
+            msg = NULL;
+        }
+        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:i, s:o, s:n, s:s}], s:o}",
+                              "id", jcstr(id), "object", "chat.completion", "created", (json_int_t)created,
+                              "model", jcstr(model_name),
+                              "choices", "index", 0, "message", msg, "logprobs",
+                              "finish_reason", openai_finish(finish, n_calls),
+                              "usage", usage_openai(u)));
+    }
+    case KVT_API_COMPLETIONS:
+        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s}], s:o}",
+                              "id", jcstr(id), "object", "text_completion", "created", (json_int_t)created,
+                              "model", jcstr(model_name),
+                              "choices", "text", jstr(text, len), "index", 0, "logprobs",
+                              "finish_reason", openai_finish(finish, 0),
+                              "usage", usage_openai(u)));
+    case KVT_API_MESSAGES: {
+        uint32_t out = u ? u->completion_tokens : 0;
+        json_t *content = json_array();
+        if (content && (len || !n_calls) &&
+            json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", jstr(text, len)))) {
+            json_decref(content);
+            content = NULL;
+        }
+        for (size_t k = 0; content && k < n_calls; k++)
+            if (json_array_append_new(content, anthropic_tool_use(&calls[k], false))) {
+                json_decref(content);
+                content = NULL;
+            }
+        return dump(json_pack("{s:o, s:s, s:s, s:o, s:o, s:s, s:o, s:o}",
+                              "id", jcstr(id), "type", "message", "role", "assistant", "model", jcstr(model_name),
+                              "content", content,
+                              "stop_reason", anthropic_stop(finish, stop_seq, n_calls),
+                              "stop_sequence", anthropic_stop_seq(finish, stop_seq, n_calls),
+                              "usage", usage_anthropic(u, out)));
+    }
+    case KVT_API_RESPONSES:
+        return dump_f(response_obj(r, id, model_name, created, "completed",
+                                   responses_output(r, id, text, len, calls, n_calls, finish), usage_responses(u),
+                                   finish),
+                      FLOAT_ECHO);
+    }
+    return NULL;
 }
 
 char *kvt_response_json(const kvt_request *r, const char *id, const char *model_name,
                         const char *text, size_t len, const char *finish, const char *stop_seq,
                         const kvt_usage *u, long created)
 {
-    if (!r) return NULL;
-    if (!text) len = 0;
-    json_t *t = jstr(text ? text : "", len);
-    switch (r->api) {
-    case KVT_API_CHAT:
-        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:i, s:{s:s, s:o, s:n}, s:n, s:s}], s:o}",
-                              "id", jcstr(id), "object", "chat.completion", "created", (json_int_t)created,
-                              "model", jcstr(model_name),
-                              "choices", "index", 0, "message", "role", "assistant", "content", t, "refusal",
-                              "logprobs", "finish_reason", openai_finish(finish),
-                              "usage", usage_openai(u)));
-    case KVT_API_COMPLETIONS:
-        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s}], s:o}",
-                              "id", jcstr(id), "object", "text_completion", "created", (json_int_t)created,
-                              "model", jcstr(model_name),
-                              "choices", "text", t, "index", 0, "logprobs", "finish_reason", openai_finish(finish),
-                              "usage", usage_openai(u)));
-    case KVT_API_MESSAGES: {
-        uint32_t out = u ? u->completion_tokens : 0;
-        return dump(json_pack("{s:o, s:s, s:s, s:o, s:[{s:s, s:o}], s:s, s:o, s:o}",
-                              "id", jcstr(id), "type", "message", "role", "assistant", "model", jcstr(model_name),
-                              "content", "type", "text", "text", t,
-                              "stop_reason", anthropic_stop(finish, stop_seq),
-                              "stop_sequence", anthropic_stop_seq(finish, stop_seq),
-                              "usage", usage_anthropic(u, out)));
-    }
-    }
-    json_decref(t);
-    return NULL;
+    return kvt_response_json_calls(r, id, model_name, text, len, NULL, 0, finish, stop_seq, u, created);
 }
 
 /* ---- streaming ------------------------------------------------------------ */
@@ -696,11 +1926,27 @@ static json_t *choice(const kvt_request *r, json_t *content, const char *finish)
     return json_pack("[{s:o, s:i, s:n, s:o}]", "text", content, "index", 0, "logprobs", "finish_reason", fr);
 }
 
-char *kvt_stream_begin(const kvt_request *r, const char *id, const char *model_name,
+/* Responses: the message item and its text part come into being (the first
+ * text, or the end of a reply with neither text nor calls). */
+static void responses_open_text(kvt_request *r, kvt_wbuf *b, const char *id)
+{
+    char mid[128];
+    derived_id(mid, sizeof mid, "msg_", id);
+    rsse(r, b, "response.output_item.added",
+         json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(id, NULL, "in_progress")));
+    rsse(r, b, "response.content_part.added",
+         json_pack("{s:s, s:i, s:i, s:o}", "item_id", mid, "output_index", 0, "content_index", 0, "part",
+                   output_text_part(json_string(""))));
+    r->sse_text_open = true;
+}
+
+char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
                        const kvt_usage *u, long created)
 {
     if (!r) return NULL;
     kvt_wbuf b = {0};
+    r->sse_seq = 0;
+    r->sse_text_open = false;
     if (r->api == KVT_API_CHAT) {
         sse(&b, NULL, chunk(r, id, model_name, created,
                             choice(r, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL), NULL));
@@ -714,51 +1960,140 @@ char *kvt_stream_begin(const kvt_request *r, const char *id, const char *model_n
             json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
                       "type", "text", "text", ""));
         sse(&b, "ping", json_pack("{s:s}", "type", "ping"));
+    } else if (r->api == KVT_API_RESPONSES) {
+        static const char *const events[] = {"response.created", "response.in_progress"};
+        for (int i = 0; i < 2; i++)
+            rsse(r, &b, events[i],
+                 json_pack("{s:o}", "response",
+                           response_obj(r, id, model_name, created, "in_progress", json_array(), json_null(), NULL)));
     }
     return finish_buf(&b);
 }
 
-char *kvt_stream_delta(const kvt_request *r, const char *id, const char *model_name,
+char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
                        const char *text, size_t len, long created)
 {
     if (!r) return NULL;
     kvt_wbuf b = {0};
     if (text && len) {
         json_t *t = jstr(text, len);
-        if (r->api == KVT_API_CHAT)
+        if (r->api == KVT_API_CHAT) {
             sse(&b, NULL, chunk(r, id, model_name, created, choice(r, json_pack("{s:o}", "content", t), NULL), NULL));
-        else if (r->api == KVT_API_COMPLETIONS)
+        } else if (r->api == KVT_API_COMPLETIONS) {
             sse(&b, NULL, chunk(r, id, model_name, created, choice(r, t, NULL), NULL));
-        else
+        } else if (r->api == KVT_API_MESSAGES) {
             sse(&b, "content_block_delta",
                 json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
                           "text_delta", "text", t));
+        } else {
+            if (!r->sse_text_open) responses_open_text(r, &b, id);
+            char mid[128];
+            derived_id(mid, sizeof mid, "msg_", id);
+            rsse(r, &b, "response.output_text.delta",
+                 json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", mid, "output_index", 0, "content_index", 0,
+                           "delta", t, "logprobs"));
+        }
     }
     return finish_buf(&b);
 }
 
-char *kvt_stream_end(const kvt_request *r, const char *id, const char *model_name,
-                     const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+/* Responses: close the text (if any), add each call, then response.completed. */
+static void responses_end(kvt_request *r, kvt_wbuf *b, const char *id, const char *model_name, const char *text,
+                          size_t len, const kvt_tool_call *calls, size_t n_calls, const char *finish,
+                          const kvt_usage *u, long created)
+{
+    const char *st = is_length(finish) ? "incomplete" : "completed";
+    size_t index = 0;
+    if (r->sse_text_open || !n_calls) {
+        if (!r->sse_text_open) responses_open_text(r, b, id);
+        char mid[128];
+        derived_id(mid, sizeof mid, "msg_", id);
+        rsse(r, b, "response.output_text.done",
+             json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", mid, "output_index", 0, "content_index", 0, "text",
+                       jstr(text, len), "logprobs"));
+        rsse(r, b, "response.content_part.done",
+             json_pack("{s:s, s:i, s:i, s:o}", "item_id", mid, "output_index", 0, "content_index", 0, "part",
+                       output_text_part(jstr(text, len))));
+        rsse(r, b, "response.output_item.done",
+             json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(id, jstr(text, len), st)));
+        index = 1;
+    }
+    for (size_t k = 0; k < n_calls; k++, index++) {
+        char fid[128];
+        derived_id(fid, sizeof fid, "fc_", calls[k].id);
+        json_t *oi = json_integer((json_int_t)index);
+        const char *ns;
+        size_t ns_len;
+        const char *name = responses_name(r, &calls[k], &ns, &ns_len);
+        rsse(r, b, "response.output_item.added",
+             json_pack("{s:O, s:o}", "output_index", oi, "item",
+                       function_call_item(r, &calls[k], "in_progress", false)));
+        rsse(r, b, "response.function_call_arguments.delta",
+             json_pack("{s:s, s:O, s:o}", "item_id", fid, "output_index", oi, "delta", jcstr(calls[k].arguments)));
+        rsse(r, b, "response.function_call_arguments.done",
+             json_pack("{s:s, s:O, s:o, s:o}", "item_id", fid, "output_index", oi, "name",
+                       jcstr(name),
+                       "arguments", jcstr(calls[k].arguments)));
+        rsse(r, b, "response.output_item.done",
+             json_pack("{s:O, s:o}", "output_index", oi, "item", function_call_item(r, &calls[k], "completed", true)));
+        json_decref(oi);
+    }
+    rsse(r, b, "response.completed",
+         json_pack("{s:o}", "response",
+                   response_obj(r, id, model_name, created, "completed",
+                                responses_output(r, id, text, len, calls, n_calls, finish), usage_responses(u),
+                                finish)));
+}
+
+char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                           const char *finish, const char *stop_seq, const kvt_usage *u, long created)
 {
     if (!r) return NULL;
+    if (!text) text = "", len = 0;
+    if (!calls || r->api == KVT_API_COMPLETIONS) n_calls = 0;
     kvt_wbuf b = {0};
     if (r->api == KVT_API_MESSAGES) {
         sse(&b, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+        for (size_t k = 0; k < n_calls; k++) {
+            json_int_t index = (json_int_t)k + 1;
+            sse(&b, "content_block_start",
+                json_pack("{s:s, s:I, s:o}", "type", "content_block_start", "index", index, "content_block",
+                          anthropic_tool_use(&calls[k], true)));
+            sse(&b, "content_block_delta",
+                json_pack("{s:s, s:I, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta",
+                          "type", "input_json_delta", "partial_json", jcstr(call_input_text(&calls[k]))));
+            sse(&b, "content_block_stop", json_pack("{s:s, s:I}", "type", "content_block_stop", "index", index));
+        }
         sse(&b, "message_delta",
             json_pack("{s:s, s:{s:s, s:o}, s:o}", "type", "message_delta", "delta",
-                      "stop_reason", anthropic_stop(finish, stop_seq),
-                      "stop_sequence", anthropic_stop_seq(finish, stop_seq),
+                      "stop_reason", anthropic_stop(finish, stop_seq, n_calls),
+                      "stop_sequence", anthropic_stop_seq(finish, stop_seq, n_calls),
                       "usage", usage_anthropic(u, u ? u->completion_tokens : 0)));
         sse(&b, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+    } else if (r->api == KVT_API_RESPONSES) {
+        responses_end(r, &b, id, model_name, text, len, calls, n_calls, finish, u, created);
     } else {
+        /* one chunk per call, with everything: the openai client merges
+         * deltas by index, and a whole call is one delta */
+        for (size_t k = 0; k < n_calls; k++)
+            sse(&b, NULL, chunk(r, id, model_name, created,
+                                choice(r, json_pack("{s:[o]}", "tool_calls", openai_call_json(&calls[k], k, true)),
+                                       NULL),
+                                NULL));
         json_t *empty = r->api == KVT_API_CHAT ? json_object() : json_string("");
-        sse(&b, NULL, chunk(r, id, model_name, created, choice(r, empty, openai_finish(finish)), NULL));
+        sse(&b, NULL, chunk(r, id, model_name, created, choice(r, empty, openai_finish(finish, n_calls)), NULL));
         if (r->include_usage) sse(&b, NULL, chunk(r, id, model_name, created, json_array(), usage_openai(u)));
         put_str(&b, "data: [DONE]\n\n");
     }
     return finish_buf(&b);
 }
 
+char *kvt_stream_end(kvt_request *r, const char *id, const char *model_name,
+                     const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+{
+    return kvt_stream_end_calls(r, id, model_name, NULL, 0, NULL, 0, finish, stop_seq, u, created);
+}
 /* ---- errors and models ---------------------------------------------------- */
 
 const char *kvt_error_type(int status)
@@ -790,10 +2125,28 @@ char *kvt_error_json(kvt_api api, int status, const char *message)
     return dump(error_obj(api, status, message));
 }
 
+/* Responses: an error event, which carries "error" too so that the openai
+ * client throws on it, then response.failed, whose response.error Codex
+ * reads (it ignores error events). The sequence numbers restart at 0: this
+ * call has no request to count with, and the error ends the stream. */
+static void responses_error(kvt_wbuf *b, int status, const char *message)
+{
+    const char *type = kvt_error_type(status);
+    sse(b, "error",
+        json_pack("{s:s, s:s, s:o, s:n, s:i, s:{s:o, s:s, s:n, s:s}}", "type", "error", "code", type, "message",
+                  jcstr(message), "param", "sequence_number", 0, "error", "message", jcstr(message), "type", type,
+                  "param", "code", type));
+    sse(b, "response.failed",
+        json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{s:s, s:o}, s:[], s:n}}", "type", "response.failed",
+                  "sequence_number", 1, "response", "id", "", "object", "response", "status", "failed", "error",
+                  "code", type, "message", jcstr(message), "output", "usage"));
+}
+
 char *kvt_stream_error(kvt_api api, int status, const char *message)
 {
     kvt_wbuf b = {0};
-    sse(&b, api == KVT_API_MESSAGES ? "error" : NULL, error_obj(api, status, message));
+    if (api == KVT_API_RESPONSES) responses_error(&b, status, message);
+    else sse(&b, api == KVT_API_MESSAGES ? "error" : NULL, error_obj(api, status, message));
     return finish_buf(&b);
 }
 

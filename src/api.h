@@ -1,14 +1,22 @@
-/* The API-shape layer of the HTTP server: OpenAI /v1/chat/completions and
- * /v1/completions, Anthropic /v1/messages.
+/* The API-shape layer of the HTTP server: OpenAI /v1/chat/completions,
+ * /v1/completions and /v1/responses, Anthropic /v1/messages.
  *
  * Requests come in as JSON bodies; kvt_request_parse checks every field the
- * server uses and renders the conversation into the model's prompt text with
- * a chat template. Responses go out as complete JSON bodies, as Server-Sent
- * Events for streaming, or as error bodies, each in the shape the official
- * `openai` and `@anthropic-ai/sdk` clients parse. Nothing here touches a
+ * server uses and renders the conversation (tool definitions, tool calls and
+ * tool results included) into the model's prompt text with a chat template.
+ * Responses go out as complete JSON bodies, as Server-Sent Events for
+ * streaming, or as error bodies, each in the shape the official `openai` and
+ * `@anthropic-ai/sdk` clients (and Codex) parse. Nothing here touches a
  * session or a socket: strings in, malloc'ed strings out, so every shape is
  * testable without a server. docs/API.md documents the templates, which
  * request fields are used or ignored, and how cache tiers show in `usage`.
+ *
+ * Prompt reuse is the reason for most of the rendering rules: the same tools,
+ * sent in any key order by any api, render to the same bytes; per-request
+ * metadata (ids, cache keys, user ids) never reaches the prompt; known
+ * volatile lines that clients inject are dropped; and a tool call the server
+ * sampled can be rendered back with the exact bytes it sampled (the replay
+ * hook), so the conversation's next request extends the cached tokens.
  *
  * Ownership: every char * returned is malloc'ed, NUL-terminated, and the
  * caller's to free; NULL means out of memory (or a NULL request). Text passed
@@ -28,12 +36,19 @@ typedef enum {
     KVT_API_CHAT,        /* POST /v1/chat/completions (OpenAI) */
     KVT_API_COMPLETIONS, /* POST /v1/completions (OpenAI, legacy text) */
     KVT_API_MESSAGES,    /* POST /v1/messages (Anthropic) */
+    KVT_API_RESPONSES,   /* POST /v1/responses (OpenAI Responses) */
 } kvt_api;
 
 /* Most stop sequences per request: OpenAI documents 4; Anthropic documents
  * no limit, so it gets a generous one that still bounds the server's scan. */
 #define KVT_API_MAX_STOP_OPENAI 4
 #define KVT_API_MAX_STOP_ANTHROPIC 32
+
+/* A Responses function inside a {"type":"namespace"} tool is shown to the
+ * model, and parsed back from it, as NAMESPACE KVT_API_NS_SEP NAME
+ * ("github.get_issue"). OpenAI function names cannot contain '.', so the
+ * qualified name is never ambiguous. */
+#define KVT_API_NS_SEP "."
 
 typedef struct kvt_request {
     kvt_api api;
@@ -54,19 +69,49 @@ typedef struct kvt_request {
     char **stop;                /* (n_stop) non-empty NUL-terminated strings: OpenAI "stop"
                                  * (string or array), Anthropic "stop_sequences" */
     size_t n_stop;
+    size_t n_tools;             /* function tools rendered into the prompt: when 0 the
+                                 * client offered none, and generated text is text */
+    char **namespaces;          /* (n_namespaces) Responses namespace tool names, to split
+                                 * "ns.fn" back into name and namespace in the output */
+    size_t n_namespaces;
+    /* Streaming state, advanced by the kvt_stream_* calls (which is why they
+     * take a non-const request): the next Responses sequence_number, and
+     * whether the Responses message item has been opened. */
+    uint32_t sse_seq;
+    bool sse_text_open;
 } kvt_request;
 
+/* Exact replay: the text the server sampled for the tool call call_id (as
+ * kvt_tool_calls_parse delimited it: kvt_tool_call.raw_off/raw_len), or NULL
+ * when it has none. *len receives its length. The text must stay valid until
+ * the parse returns. */
+typedef const char *(*kvt_replay_fn)(void *user, const char *call_id, size_t *len);
+
+typedef struct kvt_parse_opts {
+    bool keep_volatile;         /* keep the volatile lines clients inject into system
+                                 * text (x-anthropic-billing-header: ...); by default
+                                 * they are dropped from the prompt */
+    kvt_replay_fn replay;       /* NULL: every tool call in history renders canonically */
+    void *replay_user;
+} kvt_parse_opts;
+
 /* Parse a request body (len bytes, need not be NUL-terminated) for api and
- * render its prompt for model m (the template: kvt_template_name(m)).
+ * render its prompt for model m (the template: kvt_template_name(m)), with
+ * the default options (volatile lines dropped, no replay).
  * On success *out owns its strings (free with kvt_request_free) and *status
  * is 200. On failure *out is left empty, the return is KVT_EINVAL (or
  * KVT_ENOMEM), kvt_errmsg() is a message fit for the client naming the field,
  * and *status (may be NULL) is the HTTP status to send: 400 for malformed JSON,
  * wrong types, values out of range, missing fields and unsupported content
- * (images, audio, tools, n > 1); 500 for KVT_ENOMEM. An unknown model is the
- * server's 404, not decided here. */
+ * (images, audio, n > 1, stored-response references); 500 for KVT_ENOMEM. An
+ * unknown model is the server's 404, not decided here. */
 int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t len,
                       const kvt_model *m, int *status);
+/* The same with options (opts NULL: the defaults). replay is called during
+ * the parse only, once per tool call in the history that carries an id, by
+ * the deepseek template (the plain one renders every call canonically). */
+int kvt_request_parse_opts(kvt_request *out, kvt_api api, const char *body, size_t len,
+                           const kvt_model *m, const kvt_parse_opts *opts, int *status);
 /* Free what a parse put in r and zero it (accepts NULL and a zeroed r). */
 void kvt_request_free(kvt_request *r);
 
@@ -74,52 +119,119 @@ void kvt_request_free(kvt_request *r);
  * (also for m NULL). Static string. */
 const char *kvt_template_name(const kvt_model *m);
 
+/* ---- tool calls in generated text ------------------------------------- *
+ *
+ * The model calls tools in DeepSeek's syntax (each marker one special token
+ * of the built-in tokenizer, ids 262..270):
+ *
+ *   text<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+ *   ```json
+ *   ARGUMENTS
+ *   ```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+ */
+typedef struct kvt_tool_call {
+    char *id;                   /* "call_" + 16 hex digits, unique per process run and
+                                 * unlikely to repeat across runs; the caller may replace
+                                 * it (malloc'ed; kvt_tool_calls_free frees it) */
+    char *name;                 /* as the model wrote it ("ns.fn" for a namespace tool) */
+    char *arguments;            /* canonical JSON (compact, keys sorted) when the model
+                                 * wrote a JSON object; otherwise its bytes, trimmed */
+    bool valid;                 /* arguments is a JSON object */
+    size_t raw_off, raw_len;    /* the generated bytes of this call: from the end of the
+                                 * previous call (the first: the end of the text and any
+                                 * <｜tool▁calls▁begin｜>) through its <｜tool▁call▁end｜>.
+                                 * Keep them under id for the replay hook. */
+} kvt_tool_call;
+
+/* Parse the tool calls out of generated text (len bytes). *text_end receives
+ * where ordinary text stops: the first <｜tool▁calls▁begin｜> or
+ * <｜tool▁call▁begin｜>, or len when there is none or no complete call follows
+ * it (then all of it is text). *calls (malloc'ed, free with
+ * kvt_tool_calls_free) receives the complete calls in order, *n their count;
+ * an unfinished last call (cut by max_tokens) is left out, and so is anything
+ * after the calls. KVT_ENOMEM, or KVT_EINVAL for NULL arguments. */
+int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n,
+                         size_t *text_end);
+void kvt_tool_calls_free(kvt_tool_call *calls, size_t n);
+/* While streaming: how many leading bytes of text are certainly ordinary
+ * text, i.e. before any tool-call marker and before a trailing partial one. */
+size_t kvt_tool_calls_text_len(const char *text, size_t len);
+
+/* ---- responses --------------------------------------------------------- */
+
 typedef struct kvt_usage {
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens;   /* prompt tokens reused from a cache tier (RAM or disk) */
     uint32_t created_tokens;  /* prompt tokens newly written to the disk tier by this request */
 } kvt_usage;
 
-/* Complete (non-streaming) response body. finish: "stop" or "length" (NULL:
- * "stop"); for Anthropic "stop" becomes "end_turn", or "stop_sequence" with
- * stop_sequence = stop_seq when stop_seq is not NULL, and "length" becomes
- * "max_tokens". text is len bytes. id and model_name are echoed (NULL: "").
- * u may be NULL (all zero). */
+/* Complete (non-streaming) response body for text (len bytes) and tool calls
+ * (n_calls, may be 0). finish: "stop", "length" or "tool_calls" (NULL:
+ * "stop"; with n_calls > 0 anything but "length" is "tool_calls"). For Anthropic
+ * "stop" becomes "end_turn", or "stop_sequence" with stop_sequence = stop_seq
+ * when stop_seq is not NULL, "length" becomes "max_tokens" and "tool_calls"
+ * "tool_use"; for Responses "length" makes the status "incomplete". id and
+ * model_name are echoed (NULL: ""); id is the response id ("resp_..." for
+ * Responses: its output item ids are derived from it). u may be NULL (all
+ * zero). Tool calls are not part of the legacy completions shape: ignored
+ * there. */
+char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *model_name,
+                              const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                              const char *finish, const char *stop_seq, const kvt_usage *u, long created);
+/* The same without tool calls. */
 char *kvt_response_json(const kvt_request *r, const char *id, const char *model_name,
                         const char *text, size_t len, const char *finish, const char *stop_seq,
                         const kvt_usage *u, long created);
 
 /* Streaming. Each returns SSE text to write as is: "data: {...}\n\n" events
- * (OpenAI) or "event: X\ndata: {...}\n\n" events (Anthropic), possibly several
- * concatenated, possibly "" when the api has nothing to say at that point.
+ * (OpenAI chat and completions) or "event: X\ndata: {...}\n\n" events
+ * (Anthropic, Responses), possibly several concatenated, possibly "" when the
+ * api has nothing to say at that point. Call them in order: begin, delta per
+ * piece of text, end (or error).
  *
  *   begin   OpenAI chat: a chunk whose delta is {role:"assistant", content:""};
  *           completions: nothing; Anthropic: message_start (input-side usage
  *           from u, output_tokens = u->completion_tokens), content_block_start
- *           (index 0, an empty text block) and a ping.
+ *           (index 0, an empty text block) and a ping; Responses:
+ *           response.created and response.in_progress.
  *   delta   len bytes of text: a chunk with the text (OpenAI) or a
- *           content_block_delta with a text_delta (Anthropic); "" when len is 0.
- *   end     OpenAI: the chunk with finish_reason, then a chunk with empty
- *           choices and usage when include_usage, then "data: [DONE]\n\n";
- *           Anthropic: content_block_stop, message_delta (stop_reason,
- *           stop_sequence, usage with output_tokens and the input fields
- *           repeated), message_stop.
+ *           content_block_delta with a text_delta (Anthropic), or
+ *           response.output_text.delta (Responses; the first one is preceded
+ *           by output_item.added and content_part.added); "" when len is 0.
+ *   end     tool calls, then the close: OpenAI chat: a chunk per tool call,
+ *           then the chunk with finish_reason, then a chunk with empty choices
+ *           and usage when include_usage, then "data: [DONE]\n\n";
+ *           Anthropic: content_block_stop for the text, a tool_use block per
+ *           call (start, one input_json_delta, stop), message_delta
+ *           (stop_reason, stop_sequence, usage with output_tokens and the input
+ *           fields repeated), message_stop; Responses: the text's done events,
+ *           a function_call item per call (added, arguments delta and done,
+ *           item done), then response.completed with the whole response.
+ *           text is the whole text (all deltas together): only Responses uses
+ *           it; kvt_stream_end passes none (use kvt_stream_end_calls for
+ *           Responses).
  *
  * With include_usage every OpenAI chunk before the usage chunk carries
  * "usage": null, as OpenAI sends them. */
-char *kvt_stream_begin(const kvt_request *r, const char *id, const char *model_name,
+char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
                        const kvt_usage *u, long created);
-char *kvt_stream_delta(const kvt_request *r, const char *id, const char *model_name,
+char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
                        const char *text, size_t len, long created);
-char *kvt_stream_end(const kvt_request *r, const char *id, const char *model_name,
+char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                           const char *finish, const char *stop_seq, const kvt_usage *u, long created);
+char *kvt_stream_end(kvt_request *r, const char *id, const char *model_name,
                      const char *finish, const char *stop_seq, const kvt_usage *u, long created);
 /* An error after the stream began (the HTTP status is already sent): OpenAI
  * "data: {"error":{...}}\n\n" (the openai client throws on it), Anthropic
- * "event: error\ndata: {"type":"error",...}\n\n". */
+ * "event: error\ndata: {"type":"error",...}\n\n", Responses an error event
+ * (with "error" for the openai client) then response.failed (what Codex
+ * reads). */
 char *kvt_stream_error(kvt_api api, int status, const char *message);
 
-/* Error body in the api's shape: OpenAI {"error":{"message","type","param",
- * "code"}}, Anthropic {"type":"error","error":{"type","message"}}. The type
+/* Error body in the api's shape: OpenAI (chat, completions, Responses)
+ * {"error":{"message","type","param","code"}}, Anthropic
+ * {"type":"error","error":{"type","message"}}. The type
  * follows the status: 400 invalid_request_error, 401 authentication_error,
  * 403 permission_error, 404 not_found_error, 413 request_too_large,
  * 429 rate_limit_error, 500 api_error, 503 overloaded_error; another 4xx is

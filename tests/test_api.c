@@ -21,6 +21,22 @@
 #define EOS "<" FW "end" SPM "of" SPM "sentence" FW ">"
 #define USR "<" FW "User" FW ">"
 #define AST "<" FW "Assistant" FW ">"
+#define CSB "<" FW "tool" SPM "calls" SPM "begin" FW ">"
+#define CSE "<" FW "tool" SPM "calls" SPM "end" FW ">"
+#define CB "<" FW "tool" SPM "call" SPM "begin" FW ">"
+#define CE "<" FW "tool" SPM "call" SPM "end" FW ">"
+#define TSEP "<" FW "tool" SPM "sep" FW ">"
+#define OSB "<" FW "tool" SPM "outputs" SPM "begin" FW ">"
+#define OSE "<" FW "tool" SPM "outputs" SPM "end" FW ">"
+#define OB "<" FW "tool" SPM "output" SPM "begin" FW ">"
+#define OE "<" FW "tool" SPM "output" SPM "end" FW ">"
+/* The tool definitions in the system part (docs/API.md). */
+#define THEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description and " \
+              "parameters (a JSON Schema):\n\n"
+#define THOWTO "\n\nTo call functions, reply with " CSB CB "function" TSEP "NAME\n```json\nARGUMENTS\n```" CE CSE \
+               ": one " CB "..." CE " per call, separated by a newline, with ARGUMENTS a JSON object."
+/* One canonical call as the deepseek template renders it. */
+#define DSCALL(name, args) CB "function" TSEP name "\n```json\n" args "\n```" CE
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -51,10 +67,23 @@ static int parse(kvt_request *r, kvt_api api, const char *body, const kvt_model 
     return rc;
 }
 
+/* The same with parse options. */
+static int parse_o(kvt_request *r, kvt_api api, const char *body, const kvt_model *m, const kvt_parse_opts *o)
+{
+    size_t n = strlen(body);
+    char *copy = malloc(n ? n : 1);
+    if (!copy) return KVT_ENOMEM;
+    memcpy(copy, body, n);
+    int st;
+    int rc = kvt_request_parse_opts(r, api, copy, n, m, o, &st);
+    free(copy);
+    return rc;
+}
+
 /* Printable form of text for failure messages (static buffer). */
 static const char *esc(const char *s, size_t n)
 {
-    static char buf[2048];
+    static char buf[8192];
     size_t o = 0;
     for (size_t i = 0; i < n && o + 8 < sizeof buf; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -112,7 +141,7 @@ static bool streq(const char *a, const char *b) { return a && b && !strcmp(a, b)
 static bool is_null(const json_t *o, const char *path) { return json_is_null(at(o, path)); }
 
 /* One SSE event: its "event:" name (or "") and parsed data (NULL for [DONE]). */
-typedef struct event { char name[32]; json_t *data; bool done; } event;
+typedef struct event { char name[64]; json_t *data; bool done; } event;
 
 /* Split SSE text into events; every event must be well formed: optional
  * "event: X\n", then one "data: ...\n", then a blank line. */
@@ -190,7 +219,9 @@ TEST(api_parse_chat)
     CHECK(r.has_seed && r.seed == UINT64_MAX);
     CHECK(r.n_stop == 1 && streq(r.stop[0], "\n\n"));
     CHECK(r.prompt_has_bos);
-    CHECK(prompt_is(&r, BOS "You are terse." USR "Part one.\n\nPart two." AST));
+    /* the one tool, a function with a name only, goes into the system part */
+    CHECK(r.n_tools == 1);
+    CHECK(prompt_is(&r, BOS "You are terse.\n\n" THEAD "{\"name\":\"f\"}" THOWTO USR "Part one.\n\nPart two." AST));
     kvt_request_free(&r);
     CHECK(!r.prompt && !r.stop && !r.model);
     kvt_request_free(&r); /* twice is fine: the first zeroed it */
@@ -553,9 +584,22 @@ static const bad_case bad_cases[] = {
     {KVT_API_CHAT, "{\"messages\":[\"hi\"]}", "messages[0]"},
     {KVT_API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", "messages[0].role"},
     {KVT_API_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "unknown role"},
-    {KVT_API_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":\"1\"}]}", "tool"},
+    {KVT_API_CHAT, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"1\"}]}", "messages[0].content\": required"},
     {KVT_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\"}]}]}",
-     "tool calls"},
+     "\"messages[0].tool_calls[0].function\": expected an object"},
+    {KVT_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}", "tool_calls\": expected an array"},
+    {KVT_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"custom\",\"custom\":{}}]}]}",
+     "of type \"custom\" are not supported"},
+    {KVT_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]}",
+     "\"messages[0].tool_calls[0].function.name\": required"},
+    {KVT_API_CHAT, "{\"messages\":" U ",\"tools\":{}}", "\"tools\": expected an array"},
+    {KVT_API_CHAT, "{\"messages\":" U ",\"tools\":[{\"type\":\"function\"}]}", "\"tools[0].function\""},
+    {KVT_API_CHAT, "{\"messages\":" U ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}",
+     "\"tools[0].function.name\": must not be empty"},
+    {KVT_API_CHAT, "{\"messages\":" U ",\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":[]}}]}",
+     "\"tools[0].function.parameters\": expected an object"},
+    {KVT_API_CHAT, "{\"messages\":" U ",\"tools\":[{\"function\":{\"name\":\"f\",\"description\":5}}]}",
+     "\"tools[0].function.description\": expected a string"},
     {KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content\": required"},
     {KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content"},
     {KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[\"x\"]}]}", "content[0]"},
@@ -613,12 +657,49 @@ static const bad_case bad_cases[] = {
      "\"image\" is not supported: this model reads text only"},
     {KVT_API_MESSAGES,
      "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
-     "\"tool_use_id\":\"t\",\"content\":\"r\"}]}]}",
-     "tool calls"},
+     "\"tool_use_id\":\"t\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}]}",
+     "\"messages[0].content[0].content[0]\": content of type \"image\" is not supported: this model reads text only"},
+    {KVT_API_MESSAGES,
+     "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\","
+     "\"name\":\"f\",\"input\":{}}]}]}",
+     "\"messages[0].content[0]\": content of type \"tool_use\" is not supported in this place"},
     {KVT_API_MESSAGES,
      "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
-     "\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}]}]}",
-     "messages[1].content[0]"},
+     "\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"input\":{}}]}]}",
+     "\"messages[1].content[0].name\": required"},
+    {KVT_API_MESSAGES,
+     "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+     "\"content\":[{\"type\":\"server_tool_use\",\"id\":\"t\",\"name\":\"web_search\",\"input\":{}}]}]}",
+     "content of type \"server_tool_use\" is not supported in this place"},
+    {KVT_API_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"tool\",\"content\":\"r\"}]}", "unknown role \"tool\""},
+    {KVT_API_MESSAGES, "{\"max_tokens\":5,\"messages\":" U ",\"tools\":[{\"description\":\"d\"}]}",
+     "\"tools[0].name\": required"},
+    {KVT_API_MESSAGES, "{\"max_tokens\":5,\"messages\":" U ",\"tools\":[{\"name\":\"f\",\"input_schema\":\"s\"}]}",
+     "\"tools[0].input_schema\": expected an object"},
+    {KVT_API_RESPONSES, "{\"model\":\"m\"}", "\"input\": required"},
+    {KVT_API_RESPONSES, "{\"input\":5}", "\"input\": expected a string or an array of items"},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"instructions\":[]}", "\"instructions\": expected a string"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"type\":\"message\",\"content\":\"x\"}]}", "\"input[0].role\""},
+    {KVT_API_RESPONSES, "{\"input\":[{\"role\":\"user\"}]}", "\"input[0].content\": required"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "unknown role \"tool\""},
+    {KVT_API_RESPONSES, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}",
+     "\"input_image\" is not supported: this model reads text only"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}",
+     "\"input[0].call_id\": required"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"arguments\":\"{}\"}]}",
+     "\"input[0].name\": required"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}",
+     "items of type \"item_reference\" are not supported"},
+    {KVT_API_RESPONSES, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":5}]}",
+     "\"input[0].output\": expected a string or an array"},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"previous_response_id\":\"resp_1\"}", "\"previous_response_id\": stored"},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"conversation\":\"conv_1\"}", "\"conversation\""},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"max_output_tokens\":0}", "\"max_output_tokens\""},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"tools\":[{\"name\":\"f\"}]}", "\"tools[0].type\": required"},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"tools\":[{\"type\":\"namespace\",\"name\":\"ns\"}]}",
+     "\"tools[0].tools\": expected an array"},
+    {KVT_API_RESPONSES, "{\"input\":\"q\",\"tools\":[{\"type\":\"namespace\",\"name\":\"ns\",\"tools\":[{\"type\":\"function\"}]}]}",
+     "\"tools[0].tools[0].name\": required"},
 };
 
 TEST(api_parse_errors)
@@ -646,6 +727,7 @@ TEST(api_parse_errors)
     int st = 0;
     CHECK(kvt_request_parse(NULL, KVT_API_CHAT, "{}", 2, m, &st) == KVT_EINVAL && st == 500);
     CHECK(kvt_request_parse(&r, (kvt_api)9, "{}", 2, m, &st) == KVT_EINVAL && st == 500);
+    CHECK(kvt_request_parse_opts(NULL, KVT_API_RESPONSES, "{}", 2, m, NULL, &st) == KVT_EINVAL && st == 500);
     kvt_model_close(m);
 }
 
@@ -813,7 +895,7 @@ TEST(api_invalid_utf8_repaired)
 /* ---- streams ---------------------------------------------------------------- */
 
 /* Run a whole stream for r with the deltas and return the SSE text. */
-static char *stream_all(const kvt_request *r, const char *const *deltas, int nd, const char *finish,
+static char *stream_all(kvt_request *r, const char *const *deltas, int nd, const char *finish,
                         const char *stop_seq, const kvt_usage *u)
 {
     char *acc = NULL;
@@ -1048,6 +1130,1121 @@ TEST(api_models_json)
     CHECK(ok);
 }
 
+/* ---- tools: definitions and history ------------------------------------------- */
+
+/* The weather conversation: system text, one tool, a user turn, an assistant
+ * turn with text and two calls, two results, the answer after them, and a
+ * user turn; as each api sends it, and as the deepseek template renders it. */
+#define WTOOL "{\"name\":\"get_weather\",\"description\":\"Weather\",\"parameters\":{\"properties\":{\"city\":" \
+              "{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}"
+#define WCALLS "Checking." CSB DSCALL("get_weather", "{\"city\":\"Paris\"}") "\n" \
+               DSCALL("get_weather", "{\"city\":\"Rome\"}") CSE
+static const char weather_want[] = BOS "S\n\n" THEAD WTOOL THOWTO USR "Weather in Paris and Rome?" AST WCALLS EOS
+    OSB OB "18C" OE "\n" OB "21C" OE OSE "Paris 18C, Rome 21C." EOS USR "Thanks" AST;
+
+static const char *const w_chat[] = {
+    "{\"role\":\"system\",\"content\":\"S\"}",
+    "{\"role\":\"user\",\"content\":\"Weather in Paris and Rome?\"}",
+    "{\"role\":\"assistant\",\"content\":\"Checking.\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}},{\"id\":\"c2\","
+    "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]}",
+    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"18C\"}",
+    "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":[{\"type\":\"text\",\"text\":\"21C\"}]}",
+    "{\"role\":\"assistant\",\"content\":\"Paris 18C, Rome 21C.\"}",
+    "{\"role\":\"user\",\"content\":\"Thanks\"}",
+};
+static const char *const w_msgs[] = {
+    "{\"role\":\"user\",\"content\":\"Weather in Paris and Rome?\"}",
+    "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Checking.\"},{\"type\":\"tool_use\",\"id\":\"c1\","
+    "\"name\":\"get_weather\",\"input\":{\"city\":\"Paris\"}},{\"type\":\"tool_use\",\"id\":\"c2\",\"name\":\"get_weather\","
+    "\"input\":{\"city\":\"Rome\"},\"cache_control\":{\"type\":\"ephemeral\"}}]}",
+    "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"c1\",\"content\":\"18C\"},"
+    "{\"type\":\"tool_result\",\"tool_use_id\":\"c2\",\"content\":[{\"type\":\"text\",\"text\":\"21C\"}],\"is_error\":false}]}",
+    "{\"role\":\"assistant\",\"content\":\"Paris 18C, Rome 21C.\"}",
+    "{\"role\":\"user\",\"content\":\"Thanks\"}",
+};
+static const char *const w_resp[] = {
+    "{\"type\":\"message\",\"role\":\"user\",\"id\":\"msg_u1\",\"content\":[{\"type\":\"input_text\","
+    "\"text\":\"Weather in Paris and Rome?\"}]}",
+    "{\"type\":\"message\",\"role\":\"assistant\",\"id\":\"msg_a1\",\"status\":\"completed\",\"content\":"
+    "[{\"type\":\"output_text\",\"text\":\"Checking.\",\"annotations\":[]}]}",
+    "{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"c1\",\"name\":\"get_weather\","
+    "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\",\"status\":\"completed\"}",
+    "{\"type\":\"function_call\",\"id\":\"fc_2\",\"call_id\":\"c2\",\"name\":\"get_weather\","
+    "\"arguments\":\"{ \\\"city\\\" : \\\"Rome\\\" }\"}",
+    "{\"type\":\"function_call_output\",\"id\":\"fco_1\",\"call_id\":\"c1\",\"output\":\"18C\"}",
+    "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":[{\"type\":\"input_text\",\"text\":\"21C\"}]}",
+    "{\"role\":\"assistant\",\"content\":\"Paris 18C, Rome 21C.\"}",
+    "{\"role\":\"user\",\"content\":\"Thanks\"}",
+};
+
+typedef struct convo_api {
+    kvt_api api;
+    const char *head;            /* the body up to the opening of the item array */
+    const char *const *items;
+    size_t n;
+    size_t states[3];            /* item counts at which a client sends a request */
+} convo_api;
+
+static const convo_api weather[] = {
+    {KVT_API_CHAT,
+     "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather\","
+     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}],"
+     "\"messages\":[",
+     w_chat, sizeof w_chat / sizeof *w_chat, {2, 5, 7}},
+    {KVT_API_MESSAGES,
+     "{\"max_tokens\":100,\"system\":\"S\",\"tools\":[{\"name\":\"get_weather\",\"input_schema\":{\"required\":[\"city\"],"
+     "\"properties\":{\"city\":{\"type\":\"string\"}},\"type\":\"object\"},\"description\":\"Weather\"},"
+     "{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],\"messages\":[",
+     w_msgs, sizeof w_msgs / sizeof *w_msgs, {1, 3, 5}},
+    {KVT_API_RESPONSES,
+     "{\"model\":\"m\",\"instructions\":\"S\",\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\","
+     "\"description\":\"Weather\",\"strict\":false,\"parameters\":{\"type\":\"object\",\"required\":[\"city\"],"
+     "\"properties\":{\"city\":{\"type\":\"string\"}}}},{\"type\":\"web_search\"}],\"input\":[",
+     w_resp, sizeof w_resp / sizeof *w_resp, {1, 6, 8}},
+};
+
+/* The body of c with its first k items (malloc'ed). */
+static char *body_k(const convo_api *c, size_t k)
+{
+    size_t n = strlen(c->head) + 3;
+    for (size_t i = 0; i < k; i++) n += strlen(c->items[i]) + 1;
+    char *b = malloc(n);
+    if (!b) return NULL;
+    strcpy(b, c->head);
+    for (size_t i = 0; i < k; i++) {
+        if (i) strcat(b, ",");
+        strcat(b, c->items[i]);
+    }
+    strcat(b, "]}");
+    return b;
+}
+
+static int render_convo(kvt_request *r, const convo_api *c, size_t k, const kvt_model *m, const kvt_parse_opts *o)
+{
+    char *b = body_k(c, k);
+    if (!b) return KVT_ENOMEM;
+    int rc = parse_o(r, c->api, b, m, o);
+    free(b);
+    return rc;
+}
+
+/* Occurrences of text s in p[0..n). */
+static size_t count(const char *p, size_t n, const char *s)
+{
+    size_t k = 0, l = strlen(s);
+    for (const char *q = p; (q = memmem(q, n - (size_t)(q - p), s, l)); q += l) k++;
+    return k;
+}
+
+TEST(api_tool_history_deepseek)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    for (size_t a = 0; a < 3; a++) {
+        kvt_request r;
+        int rc = render_convo(&r, &weather[a], weather[a].n, m, NULL);
+        if (rc) { kvt_model_close(m); CHECK_OK(rc); }
+        bool ok = prompt_is(&r, weather_want) && r.n_tools == 1 && r.prompt_has_bos;
+        if (!ok) printf("      api %d\n", (int)weather[a].api);
+        /* as the server tokenizes it, every marker is one special token:
+         * as many ids >= 256 as marker texts, and ids 262..270 among them */
+        int32_t *ids = NULL;
+        size_t n = 0, specials = 0, tool_ids = 0;
+        if (ok && !kvt_tokenizer_encode(m->tok, r.prompt, r.prompt_len, false, true, &ids, &n)) {
+            for (size_t i = 0; i < n; i++) {
+                specials += ids[i] >= 256;
+                tool_ids += ids[i] >= 262 && ids[i] <= 270;
+            }
+            static const char *const marks[] = {BOS, EOS, USR, AST, CSB, CSE, CB, CE, TSEP, OSB, OSE, OB, OE};
+            size_t want = 0, want_tool = 0;
+            for (size_t k = 0; k < sizeof marks / sizeof *marks; k++) {
+                size_t c = count(r.prompt, r.prompt_len, marks[k]);
+                want += c;
+                if (k >= 4) want_tool += c;
+            }
+            ok = specials == want && tool_ids == want_tool && want_tool == 14 + 7; /* the history; the how-to */
+            if (!ok) printf("      %zu special ids (want %zu), %zu tool ids (want %zu)\n", specials, want, tool_ids, want_tool);
+        } else {
+            ok = false;
+        }
+        free(ids);
+        kvt_request_free(&r);
+        if (!ok) kvt_model_close(m);
+        CHECK(ok);
+    }
+    kvt_model_close(m);
+}
+
+/* Append-only growth with tool calls: each request's rendering is a prefix of
+ * the next one's, and what the model generated after it (the calls, then the
+ * answer after the results), with its end-of-sentence token, is exactly where
+ * the next rendering continues. */
+TEST(api_tool_history_prefix)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    static const char *const gen[] = {WCALLS EOS, "Paris 18C, Rome 21C." EOS};
+    for (size_t a = 0; a < 3; a++) {
+        kvt_request r[3] = {0};
+        bool ok = true;
+        for (int s = 0; s < 3 && ok; s++) ok = !render_convo(&r[s], &weather[a], weather[a].states[s], m, NULL);
+        for (int s = 0; s < 2 && ok; s++) {
+            size_t gl = strlen(gen[s]);
+            ok = is_prefix(&r[s], &r[s + 1]) && r[s + 1].prompt_len >= r[s].prompt_len + gl &&
+                 !memcmp(r[s + 1].prompt + r[s].prompt_len, gen[s], gl);
+            if (!ok) {
+                printf("      api %d, request %d:\n      prev '%s'\n", (int)weather[a].api, s, esc(r[s].prompt, r[s].prompt_len));
+                printf("      next '%s'\n", esc(r[s + 1].prompt, r[s + 1].prompt_len));
+            }
+        }
+        /* a request that ends with tool results prompts the reply with the
+         * closed results run, as DeepSeek's template does: no new marker */
+        size_t l = r[1].prompt_len;
+        ok = ok && l > strlen(OSE) && !strcmp(r[1].prompt + l - strlen(OE OSE), OE OSE);
+        for (int s = 0; s < 3; s++) kvt_request_free(&r[s]);
+        if (!ok) kvt_model_close(m);
+        CHECK(ok);
+    }
+    kvt_model_close(m);
+}
+
+TEST(api_tool_history_plain)
+{
+    static const char want[] = "S\n\n" THEAD WTOOL "\n\nWeather in Paris and Rome?\n\nChecking.\n\n"
+                               "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n\n"
+                               "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n\n18C\n\n21C\n\n"
+                               "Paris 18C, Rome 21C.\n\nThanks";
+    for (size_t a = 0; a < 3; a++) {
+        kvt_request r;
+        CHECK_OK(render_convo(&r, &weather[a], weather[a].n, NULL, NULL));
+        bool ok = prompt_is(&r, want) && !r.prompt_has_bos;
+        kvt_request_free(&r);
+        CHECK(ok);
+    }
+    /* a call whose arguments are not JSON is quoted */
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"x\",\"function\":{\"name\":\"f\","
+                   "\"arguments\":\"not json\"}}]},{\"role\":\"tool\",\"content\":\"r\"}]}", NULL, NULL));
+    bool ok = prompt_is(&r, "{\"name\":\"f\",\"arguments\":\"not json\"}\n\nr");
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+/* One canonical form: compact, keys sorted at every depth (the top level
+ * fixed as name, description, parameters), "$schema" dropped from the
+ * parameters, reals in their shortest exact form, only the escapes JSON
+ * needs. */
+TEST(api_tools_canonical)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    const char *a = "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                    "{\"name\":\"t\",\"description\":\"d \\\"q\\\"\\n\",\"strict\":true,\"parameters\":{\"$schema\":"
+                    "\"http://json-schema.org/draft-07/schema#\",\"type\":\"object\",\"properties\":{\"z\":{\"type\":"
+                    "\"number\",\"default\":0.95,\"minimum\":-1e-7},\"a\":{\"type\":\"string\",\"enum\":[\"\\u00e9\","
+                    "\"\\u0001\",\"/\"],\"maxLength\":10}},\"required\":[\"z\"],\"additionalProperties\":false}}}]}";
+    /* the same in another key order, other whitespace and number spelling */
+    const char *b = "{ \"tools\" : [ { \"function\" : { \"parameters\" : { \"additionalProperties\" : false,"
+                    " \"required\" : [ \"z\" ], \"properties\" : { \"a\" : { \"maxLength\" : 10, \"enum\" : [ \"\xc3\xa9\","
+                    " \"\\u0001\", \"\\/\" ], \"type\" : \"string\" }, \"z\" : { \"minimum\" : -0.0000001, \"default\" :"
+                    " 9.5e-1, \"type\" : \"number\" } }, \"type\" : \"object\" }, \"description\" : \"d \\\"q\\\"\\n\","
+                    " \"name\" : \"t\" }, \"type\" : \"function\" } ],\n \"messages\" : [ { \"content\" : \"q\", \"role\" :"
+                    " \"user\" } ] }";
+    kvt_request ra, rb;
+    CHECK_OK(parse(&ra, KVT_API_CHAT, a, m, NULL));
+    CHECK_OK(parse(&rb, KVT_API_CHAT, b, m, NULL));
+    bool same = ra.prompt_len == rb.prompt_len && !memcmp(ra.prompt, rb.prompt, ra.prompt_len);
+    bool exact = prompt_is(&ra, BOS THEAD "{\"name\":\"t\",\"description\":\"d \\\"q\\\"\\n\",\"parameters\":"
+                                "{\"additionalProperties\":false,\"properties\":{\"a\":{\"enum\":[\"\xc3\xa9\","
+                                "\"\\u0001\",\"/\"],\"maxLength\":10,\"type\":\"string\"},\"z\":{\"default\":0.95,"
+                                "\"minimum\":-1e-07,\"type\":\"number\"}},\"required\":[\"z\"],\"type\":\"object\"}}"
+                                THOWTO USR "q" AST);
+    if (!same) printf("      b '%s'\n", esc(rb.prompt, rb.prompt_len));
+    kvt_request_free(&ra);
+    kvt_request_free(&rb);
+    kvt_model_close(m);
+    CHECK(same);
+    CHECK(exact);
+}
+
+/* Claude Code 2.1-like /v1/messages body: three system blocks, the first a
+ * billing line whose hash changes per prompt; tools with "$schema"; a system
+ * message after the user turn; thinking, context_management, output_config,
+ * metadata.user_id and cache_control everywhere. */
+static char *claude_code_body(const char *hash)
+{
+    static const char fmt[] =
+        "{\"model\":\"claude-sonnet-4-5-20250929\",\"max_tokens\":32000,"
+        "\"system\":[{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: cc_version=2.1.3.%s; cc_entrypoint=cli;\"},"
+        "{\"type\":\"text\",\"text\":\"You are Claude Code, Anthropic's official CLI for Claude.\","
+        "\"cache_control\":{\"type\":\"ephemeral\"}},"
+        "{\"type\":\"text\",\"text\":\"You are an interactive CLI tool.\\nUse the tools.\\n\","
+        "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"}}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"<system-reminder>\\nBe brief.\\n"
+        "</system-reminder>\"},{\"type\":\"text\",\"text\":\"List the files.\",\"cache_control\":{\"type\":\"ephemeral\"}}]},"
+        "{\"role\":\"system\",\"content\":\"Today is 2026-01-01.\"}],"
+        "\"tools\":[{\"name\":\"Bash\",\"description\":\"Run a command\",\"input_schema\":{\"$schema\":"
+        "\"http://json-schema.org/draft-07/schema#\",\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\","
+        "\"description\":\"The command\"},\"timeout\":{\"type\":\"number\"}},\"required\":[\"command\"],"
+        "\"additionalProperties\":false}},{\"name\":\"Read\",\"description\":\"Read a file\",\"input_schema\":"
+        "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"type\":\"object\",\"properties\":{\"file_path\":"
+        "{\"type\":\"string\"}},\"required\":[\"file_path\"],\"additionalProperties\":false},"
+        "\"cache_control\":{\"type\":\"ephemeral\"}}],"
+        "\"metadata\":{\"user_id\":\"user_5f2e_account__session_a81c\"},\"stream\":true,"
+        "\"thinking\":{\"type\":\"adaptive\"},\"context_management\":{\"edits\":[{\"type\":\"clear_thinking_20251015\","
+        "\"keep\":\"all\"}]},\"output_config\":{\"effort\":\"medium\",\"format\":{\"type\":\"json_schema\",\"schema\":"
+        "{\"type\":\"object\"}}},\"temperature\":1}";
+    size_t n = sizeof fmt + strlen(hash);
+    char *b = malloc(n);
+    if (b) snprintf(b, n, fmt, hash);
+    return b;
+}
+
+TEST(api_claude_code_like)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    char *b1 = claude_code_body("9f3a1"), *b2 = claude_code_body("07c4e");
+    kvt_request r1 = {0}, r2 = {0}, v1 = {0}, v2 = {0};
+    kvt_parse_opts keep = {.keep_volatile = true};
+    bool ok = b1 && b2 && !parse(&r1, KVT_API_MESSAGES, b1, m, NULL) && !parse(&r2, KVT_API_MESSAGES, b2, m, NULL) &&
+              !parse_o(&v1, KVT_API_MESSAGES, b1, m, &keep) && !parse_o(&v2, KVT_API_MESSAGES, b2, m, &keep);
+    free(b1);
+    free(b2);
+    kvt_model_close(m);
+    if (!ok) printf("      %s\n", kvt_errmsg());
+    CHECK(ok);
+    ok = r1.stream && r1.max_tokens == 32000 && r1.n_tools == 2 &&
+         prompt_is(&r1, BOS "You are Claude Code, Anthropic's official CLI for Claude.\n\n"
+                        "You are an interactive CLI tool.\nUse the tools.\n\n\nToday is 2026-01-01.\n\n" THEAD
+                        "{\"name\":\"Bash\",\"description\":\"Run a command\",\"parameters\":{\"additionalProperties\":false,"
+                        "\"properties\":{\"command\":{\"description\":\"The command\",\"type\":\"string\"},\"timeout\":"
+                        "{\"type\":\"number\"}},\"required\":[\"command\"],\"type\":\"object\"}}\n"
+                        "{\"name\":\"Read\",\"description\":\"Read a file\",\"parameters\":{\"additionalProperties\":false,"
+                        "\"properties\":{\"file_path\":{\"type\":\"string\"}},\"required\":[\"file_path\"],\"type\":\"object\"}}"
+                        THOWTO USR "<system-reminder>\nBe brief.\n</system-reminder>\n\nList the files." AST);
+    /* the billing hash is the only difference: dropped, the prompts are equal */
+    bool same = r1.prompt_len == r2.prompt_len && !memcmp(r1.prompt, r2.prompt, r1.prompt_len);
+    bool clean = !strstr(r1.prompt, "billing") && !strstr(r1.prompt, "user_5f2e") && !strstr(r1.prompt, "ephemeral") &&
+                 !strstr(r1.prompt, "$schema") && !strstr(r1.prompt, "adaptive") && !strstr(r1.prompt, "json_schema");
+    /* kept, they differ, and the line is where the client put it */
+    bool kept = strstr(v1.prompt, BOS "x-anthropic-billing-header: cc_version=2.1.3.9f3a1; cc_entrypoint=cli;\n\n"
+                                      "You are Claude Code") != NULL &&
+                !(v1.prompt_len == v2.prompt_len && !memcmp(v1.prompt, v2.prompt, v1.prompt_len));
+    kvt_request_free(&r1);
+    kvt_request_free(&r2);
+    kvt_request_free(&v1);
+    kvt_request_free(&v2);
+    CHECK(ok);
+    CHECK(same);
+    CHECK(clean);
+    CHECK(kept);
+}
+
+TEST(api_volatile_lines)
+{
+    /* a volatile line inside a block goes with its newline; the rest stays
+     * byte for byte; the match is at line starts only, any case */
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_MESSAGES,
+                   "{\"max_tokens\":1,\"system\":\"A\\nX-Anthropic-Billing-Header: h=1;\\nB \\n"
+                   "see x-anthropic-billing-header: kept\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+                   NULL, NULL));
+    bool ok = prompt_is(&r, "A\nB \nsee x-anthropic-billing-header: kept\n\nq");
+    kvt_request_free(&r);
+    CHECK(ok);
+    /* in a developer message of any api too; a message of nothing else is
+     * no message, and an ordinary empty system block stays */
+    CHECK_OK(parse(&r, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"developer\",\"content\":\"x-anthropic-billing-header: a\"},"
+                   "{\"role\":\"system\",\"content\":\"\"},{\"role\":\"user\",\"content\":\"q\"}]}", NULL, NULL));
+    ok = prompt_is(&r, "\n\nq");
+    kvt_request_free(&r);
+    CHECK(ok);
+    /* user text is never filtered */
+    CHECK_OK(parse(&r, KVT_API_RESPONSES, "{\"input\":\"x-anthropic-billing-header: u\"}", NULL, NULL));
+    ok = prompt_is(&r, "x-anthropic-billing-header: u");
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+/* Codex 0.171-like /v1/responses body: instructions, two developer items, an
+ * environment item, the prompt, ids on every item, a namespace tool and a
+ * hosted web_search, a reasoning item, replayed function_call and
+ * function_call_output items (one of a namespace function), and the fields
+ * Codex sends that mean nothing for the prompt. */
+static const char codex_body[] =
+    "{\"model\":\"gpt-5.1-codex\",\"instructions\":\"You are Codex.\","
+    "\"input\":["
+    "{\"type\":\"message\",\"role\":\"developer\",\"id\":\"msg_d1\",\"content\":[{\"type\":\"input_text\",\"text\":"
+    "\"<permissions instructions>\\nsandbox: workspace-write\\n</permissions instructions>\"}]},"
+    "{\"type\":\"message\",\"role\":\"developer\",\"id\":\"msg_d2\",\"content\":[{\"type\":\"input_text\",\"text\":"
+    "\"# AGENTS.md\\nBe careful.\"}]},"
+    "{\"type\":\"message\",\"role\":\"user\",\"id\":\"msg_e1\",\"content\":[{\"type\":\"input_text\",\"text\":"
+    "\"<environment_context>\\n  <cwd>/work</cwd>\\n</environment_context>\"}]},"
+    "{\"type\":\"message\",\"role\":\"user\",\"id\":\"msg_u1\",\"content\":[{\"type\":\"input_text\",\"text\":\"Fix the bug.\"}]},"
+    "{\"type\":\"reasoning\",\"id\":\"rs_77\",\"summary\":[],\"encrypted_content\":\"gAAAAB-secret\"},"
+    "{\"type\":\"function_call\",\"id\":\"fc_91\",\"call_id\":\"call_A1\",\"name\":\"shell_command\","
+    "\"arguments\":\"{\\\"workdir\\\":\\\"/work\\\",\\\"command\\\":\\\"ls\\\"}\"},"
+    "{\"type\":\"function_call_output\",\"id\":\"fco_92\",\"call_id\":\"call_A1\",\"output\":\"a.c\\nb.c\"},"
+    "{\"type\":\"function_call\",\"id\":\"fc_93\",\"call_id\":\"call_B2\",\"namespace\":\"github\",\"name\":\"get_issue\","
+    "\"arguments\":\"{\\\"number\\\":7}\"},"
+    "{\"type\":\"function_call_output\",\"call_id\":\"call_B2\",\"output\":[{\"type\":\"input_text\",\"text\":\"Issue 7: crash\"}]}],"
+    "\"tools\":[{\"type\":\"function\",\"name\":\"shell_command\",\"description\":\"Runs a shell command\",\"strict\":false,"
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"},\"workdir\":{\"type\":\"string\"}},"
+    "\"required\":[\"command\"],\"additionalProperties\":false}},"
+    "{\"type\":\"namespace\",\"name\":\"github\",\"description\":\"GitHub\",\"tools\":[{\"type\":\"function\",\"name\":"
+    "\"get_issue\",\"description\":\"Get an issue\",\"defer_loading\":true,\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"number\":{\"type\":\"integer\"}}}},{\"type\":\"custom\",\"name\":\"patch\",\"format\":{\"type\":\"text\"}}]},"
+    "{\"type\":\"web_search\",\"external_web_access\":false}],"
+    "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,\"reasoning\":{\"effort\":\"medium\",\"summary\":\"auto\"},"
+    "\"store\":false,\"stream\":true,\"include\":[\"reasoning.encrypted_content\"],\"prompt_cache_key\":\"0199a2c4-sess\","
+    "\"client_metadata\":{\"x-codex-turn\":\"turn-3\"},\"text\":{\"verbosity\":\"low\"},\"service_tier\":\"auto\"}";
+
+#define CODEX_TOOLS "{\"name\":\"shell_command\",\"description\":\"Runs a shell command\",\"parameters\":" \
+                    "{\"additionalProperties\":false,\"properties\":{\"command\":{\"type\":\"string\"},\"workdir\":"  \
+                    "{\"type\":\"string\"}},\"required\":[\"command\"],\"type\":\"object\"}}\n"                     \
+                    "{\"name\":\"github.get_issue\",\"description\":\"Get an issue\",\"parameters\":{\"properties\":"  \
+                    "{\"number\":{\"type\":\"integer\"}},\"type\":\"object\"}}"
+
+TEST(api_codex_like)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    kvt_request r;
+    int rc = parse(&r, KVT_API_RESPONSES, codex_body, m, NULL);
+    kvt_model_close(m);
+    CHECK_OK(rc);
+    bool ok = r.api == KVT_API_RESPONSES && r.stream && streq(r.model, "gpt-5.1-codex") && r.n_tools == 2 &&
+              r.n_namespaces == 1 && streq(r.namespaces[0], "github") && r.max_tokens == 0 && r.n_stop == 0 &&
+              prompt_is(&r, BOS "You are Codex.\n\n<permissions instructions>\nsandbox: workspace-write\n"
+                            "</permissions instructions>\n\n# AGENTS.md\nBe careful.\n\n" THEAD CODEX_TOOLS THOWTO
+                            USR "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>" USR "Fix the bug."
+                            AST CSB DSCALL("shell_command", "{\"command\":\"ls\",\"workdir\":\"/work\"}") CSE EOS
+                            OSB OB "a.c\nb.c" OE OSE
+                            CSB DSCALL("github.get_issue", "{\"number\":7}") CSE EOS OSB OB "Issue 7: crash" OE OSE);
+    /* per-request metadata and item ids never reach the prompt */
+    static const char *const never[] = {"msg_d1", "msg_u1", "rs_77", "gAAAAB", "fc_91", "fco_92", "call_A1", "call_B2",
+                                        "0199a2c4", "turn-3", "x-codex", "web_search", "patch", "verbosity"};
+    for (size_t i = 0; i < sizeof never / sizeof *never && ok; i++) {
+        ok = !strstr(r.prompt, never[i]);
+        if (!ok) printf("      '%s' is in the prompt\n", never[i]);
+    }
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+/* Pi 0.73-like chat body: messages before tools, content as parts, a
+ * developer message, the fields Pi sends. The same request with the keys in
+ * another order, and the same conversation through /v1/messages, render to
+ * the same prompt. */
+TEST(api_pi_like)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    static const char pi[] =
+        "{\"model\":\"kvtier\",\"messages\":[{\"role\":\"developer\",\"content\":\"You are pi.\"},{\"role\":\"user\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"Read a.c\"}]}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"Read a file\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\"},\"offset\":{\"type\":\"number\"}},\"required\":"
+        "[\"path\"]},\"strict\":false}},{\"type\":\"function\",\"function\":{\"name\":\"bash\",\"description\":\"Run\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"}},\"required\":[\"command\"]},"
+        "\"strict\":false}},{\"type\":\"function\",\"function\":{\"name\":\"edit\",\"description\":\"Edit\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{}},\"strict\":false}},{\"type\":\"function\",\"function\":{\"name\":\"write\","
+        "\"description\":\"Write\",\"parameters\":{\"type\":\"object\",\"properties\":{}},\"strict\":false}}],"
+        "\"max_completion_tokens\":4096,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"store\":false,"
+        "\"reasoning_effort\":\"medium\"}";
+    static const char pi_reordered[] =
+        "{\"reasoning_effort\":\"medium\",\"store\":false,\"stream_options\":{\"include_usage\":true},\"stream\":true,"
+        "\"tools\":[{\"function\":{\"strict\":false,\"parameters\":{\"required\":[\"path\"],\"properties\":{\"offset\":"
+        "{\"type\":\"number\"},\"path\":{\"type\":\"string\"}},\"type\":\"object\"},\"description\":\"Read a file\","
+        "\"name\":\"read\"},\"type\":\"function\"},{\"function\":{\"parameters\":{\"required\":[\"command\"],\"properties\":"
+        "{\"command\":{\"type\":\"string\"}},\"type\":\"object\"},\"name\":\"bash\",\"description\":\"Run\"},\"type\":"
+        "\"function\"},{\"function\":{\"name\":\"edit\",\"description\":\"Edit\",\"parameters\":{\"properties\":{},\"type\":"
+        "\"object\"}},\"type\":\"function\"},{\"function\":{\"description\":\"Write\",\"name\":\"write\",\"parameters\":"
+        "{\"properties\":{},\"type\":\"object\"}}}],\"max_completion_tokens\":4096,"
+        "\"messages\":[{\"content\":\"You are pi.\",\"role\":\"developer\"},{\"content\":[{\"text\":\"Read a.c\",\"type\":"
+        "\"text\"}],\"role\":\"user\"}],\"model\":\"kvtier\"}";
+    static const char anthropic[] =
+        "{\"max_tokens\":4096,\"system\":[{\"type\":\"text\",\"text\":\"You are pi.\"}],\"messages\":[{\"role\":\"user\","
+        "\"content\":\"Read a.c\"}],\"tools\":[{\"name\":\"read\",\"description\":\"Read a file\",\"input_schema\":"
+        "{\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\"},\"offset\":{\"type\":\"number\"}},\"required\":"
+        "[\"path\"]}},{\"name\":\"bash\",\"description\":\"Run\",\"input_schema\":{\"type\":\"object\",\"properties\":"
+        "{\"command\":{\"type\":\"string\"}},\"required\":[\"command\"]}},{\"name\":\"edit\",\"description\":\"Edit\","
+        "\"input_schema\":{\"type\":\"object\",\"properties\":{}}},{\"name\":\"write\",\"description\":\"Write\","
+        "\"input_schema\":{\"type\":\"object\",\"properties\":{}}}]}";
+    kvt_request a, b, c;
+    CHECK_OK(parse(&a, KVT_API_CHAT, pi, m, NULL));
+    CHECK_OK(parse(&b, KVT_API_CHAT, pi_reordered, m, NULL));
+    CHECK_OK(parse(&c, KVT_API_MESSAGES, anthropic, m, NULL));
+    kvt_model_close(m);
+    bool ok = a.stream && a.include_usage && a.max_tokens == 4096 && a.n_tools == 4 &&
+              strstr(a.prompt, BOS "You are pi.\n\n" THEAD "{\"name\":\"read\",") &&
+              strstr(a.prompt, THOWTO USR "Read a.c" AST);
+    bool ab = a.prompt_len == b.prompt_len && !memcmp(a.prompt, b.prompt, a.prompt_len);
+    bool ac = a.prompt_len == c.prompt_len && !memcmp(a.prompt, c.prompt, a.prompt_len);
+    if (!ac) printf("      chat     '%s'\n      messages '%s'\n", esc(a.prompt, a.prompt_len), esc(c.prompt, c.prompt_len));
+    kvt_request_free(&a);
+    kvt_request_free(&b);
+    kvt_request_free(&c);
+    CHECK(ok);
+    CHECK(ab);
+    CHECK(ac);
+}
+
+/* ---- tool calls in generated text ----------------------------------------------- */
+
+/* What a model might write: text, then two calls with the arguments in its
+ * own spacing and key order. */
+static const char gen_text[] = "Checking." CSB CB "function" TSEP "get_weather\n```json\n{ \"city\" : \"Paris\" }\n```" CE
+                               "\n" CB "function" TSEP "get_weather\n```json\n{\"units\":\"C\",  \"city\":\"Rome\"}\n```"
+                               CE CSE;
+#define GEN_LEN (sizeof gen_text - 1)
+#define GEN_TEXT_END 9 /* "Checking." */
+
+static bool id_ok(const char *id)
+{
+    if (!id || strlen(id) != 21 || strncmp(id, "call_", 5)) return false;
+    for (int i = 5; i < 21; i++)
+        if (!strchr("0123456789abcdef", id[i])) return false;
+    return true;
+}
+
+TEST(api_tool_calls_parse)
+{
+    kvt_tool_call *c;
+    size_t n, te;
+    CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_LEN, &c, &n, &te));
+    bool ok = n == 2 && te == GEN_TEXT_END && streq(c[0].name, "get_weather") && streq(c[1].name, "get_weather") &&
+              streq(c[0].arguments, "{\"city\":\"Paris\"}") && streq(c[1].arguments, "{\"city\":\"Rome\",\"units\":\"C\"}") &&
+              c[0].valid && c[1].valid && id_ok(c[0].id) && id_ok(c[1].id) && strcmp(c[0].id, c[1].id);
+    /* the raw spans tile the calls: the first starts after the outer marker,
+     * the second takes the newline between them, and they end at the call
+     * ends */
+    ok = ok && c[0].raw_off == GEN_TEXT_END + strlen(CSB) && c[1].raw_off == c[0].raw_off + c[0].raw_len &&
+         gen_text[c[1].raw_off] == '\n' && c[1].raw_off + c[1].raw_len == GEN_LEN - strlen(CSE) &&
+         !memcmp(gen_text + c[0].raw_off + c[0].raw_len - strlen(CE), CE, strlen(CE));
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+
+    /* no markers: all text */
+    CHECK_OK(kvt_tool_calls_parse("plain text", 10, &c, &n, &te));
+    CHECK(n == 0 && !c && te == 10);
+    CHECK_OK(kvt_tool_calls_parse(NULL, 0, &c, &n, &te));
+    CHECK(n == 0 && te == 0);
+    /* cut by max_tokens inside the second call: the first is complete */
+    size_t cut = GEN_LEN - strlen(CE CSE) - 10;
+    CHECK_OK(kvt_tool_calls_parse(gen_text, cut, &c, &n, &te));
+    ok = n == 1 && te == GEN_TEXT_END && streq(c[0].arguments, "{\"city\":\"Paris\"}");
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+    /* cut inside the first: no call, so everything is text */
+    CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_TEXT_END + 20, &c, &n, &te));
+    CHECK(n == 0 && te == GEN_TEXT_END + 20);
+    /* without the outer marker, without the fence, the V3.1 layout, no
+     * arguments, arguments that are not an object, text after the calls */
+    const char *loose = "Hi " CB "function" TSEP " ls \n  {\"a\": [1, 2.50]}  " CE CB "read" TSEP "{\"p\":\"x\"}" CE
+                        CB "function" TSEP "now" CE CB "function" TSEP "bad\n```json\n{oops\n```" CE
+                        CB "function" TSEP "arr\n[1,2]" CE CSE " trailing";
+    CHECK_OK(kvt_tool_calls_parse(loose, strlen(loose), &c, &n, &te));
+    ok = n == 5 && te == 3 && streq(c[0].name, "ls") && streq(c[0].arguments, "{\"a\":[1,2.5]}") && c[0].valid &&
+         streq(c[1].name, "read") && streq(c[1].arguments, "{\"p\":\"x\"}") && streq(c[2].name, "now") &&
+         streq(c[2].arguments, "{}") && c[2].valid && streq(c[3].name, "bad") && streq(c[3].arguments, "{oops") &&
+         !c[3].valid && streq(c[4].arguments, "[1,2]") && !c[4].valid && c[0].raw_off == 3;
+    if (!ok && n == 5)
+        for (size_t i = 0; i < n; i++) printf("      %zu: '%s' '%s' %d\n", i, c[i].name, c[i].arguments, c[i].valid);
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+    /* malformed: a call without a separator stops the parse */
+    const char *bad1 = "x" CB "function get_weather {}" CE;
+    CHECK_OK(kvt_tool_calls_parse(bad1, strlen(bad1), &c, &n, &te));
+    CHECK(n == 0 && te == strlen(bad1));
+    CHECK(kvt_tool_calls_parse(gen_text, GEN_LEN, NULL, &n, &te) == KVT_EINVAL);
+    kvt_tool_calls_free(NULL, 0);
+
+    /* ids stay unique */
+    char seen[64][24];
+    for (int i = 0; i < 64; i++) {
+        CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_LEN, &c, &n, &te));
+        ok = n == 2 && id_ok(c[0].id);
+        if (ok) snprintf(seen[i], sizeof seen[i], "%s", c[0].id);
+        for (int k = 0; k < i && ok; k++) ok = strcmp(seen[k], seen[i]) != 0;
+        kvt_tool_calls_free(c, n);
+        CHECK(ok);
+    }
+}
+
+TEST(api_tool_calls_text_len)
+{
+    /* streaming: text before a marker is safe; a tail that could start one
+     * is held back until it can be told apart */
+    CHECK(kvt_tool_calls_text_len(gen_text, GEN_LEN) == GEN_TEXT_END);
+    CHECK(kvt_tool_calls_text_len("abc", 3) == 3);
+    CHECK(kvt_tool_calls_text_len("abc<", 4) == 3);
+    const char *part = "abc" CSB;
+    for (size_t k = 1; k < strlen(CSB); k++) CHECK(kvt_tool_calls_text_len(part, 3 + k) == 3);
+    CHECK(kvt_tool_calls_text_len(part, strlen(part)) == 3);
+    const char *single = "ab" CB;
+    CHECK(kvt_tool_calls_text_len(single, strlen(single)) == 2);
+    CHECK(kvt_tool_calls_text_len("a<b", 3) == 3);
+    CHECK(kvt_tool_calls_text_len("x <\xef\xbd\x9c" "User", 10) == 10); /* another marker */
+    CHECK(kvt_tool_calls_text_len(NULL, 0) == 0);
+}
+
+/* The replay hook of the round trip: the raw bytes of each call, by id. */
+typedef struct replay_map {
+    const kvt_tool_call *calls;
+    size_t n;
+    const char *text;
+    int hits;
+} replay_map;
+
+static const char *replay_cb(void *user, const char *id, size_t *len)
+{
+    replay_map *rm = user;
+    for (size_t i = 0; i < rm->n; i++)
+        if (!strcmp(rm->calls[i].id, id)) {
+            rm->hits++;
+            *len = rm->calls[i].raw_len;
+            return rm->text + rm->calls[i].raw_off;
+        }
+    return NULL;
+}
+
+/* The next request a client sends after the response j to request body1:
+ * the reply as the client got it, then the two results. */
+static char *next_body(kvt_api api, const char *body1, const json_t *j, const kvt_tool_call *c)
+{
+    json_t *b = json_loads(body1, 0, NULL);
+    if (!b) return NULL;
+    json_t *arr = json_object_get(b, api == KVT_API_RESPONSES ? "input" : "messages");
+    static const char *const results[] = {"18C", "21C"};
+    if (api == KVT_API_CHAT) {
+        json_array_append(arr, at(j, "choices.0.message"));
+        for (int i = 0; i < 2; i++)
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", c[i].id, "content",
+                                                 results[i]));
+    } else if (api == KVT_API_MESSAGES) {
+        json_array_append_new(arr, json_pack("{s:s, s:O}", "role", "assistant", "content", at(j, "content")));
+        json_array_append_new(arr, json_pack("{s:s, s:[{s:s, s:s, s:s}, {s:s, s:s, s:s}]}", "role", "user", "content",
+                                             "type", "tool_result", "tool_use_id", c[0].id, "content", results[0],
+                                             "type", "tool_result", "tool_use_id", c[1].id, "content", results[1]));
+    } else {
+        json_array_extend(arr, at(j, "output"));
+        for (int i = 0; i < 2; i++)
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "type", "function_call_output", "call_id", c[i].id,
+                                                 "output", results[i]));
+    }
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    return s;
+}
+
+/* The whole loop for each api: a request with tools, the model's forced
+ * output parsed into calls, the response the client gets, the client's next
+ * request built from that response, and its rendering. With the replay hook
+ * the rendering continues exactly where the sampled tokens end; without it
+ * the calls render canonically (a negative control: the bytes differ). */
+TEST(api_tool_roundtrip)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    static const char *const ids[] = {"chatcmpl-7", "msg_7", "resp_7"};
+    for (size_t a = 0; a < 3; a++) {
+        const convo_api *cv = &weather[a];
+        char *body1 = body_k(cv, cv->states[0]);
+        kvt_request r1 = {0}, r2 = {0}, r3 = {0};
+        kvt_tool_call *c = NULL;
+        size_t n = 0, te = 0;
+        char *resp = NULL, *body2 = NULL;
+        json_t *j = NULL;
+        bool ok = body1 && !parse(&r1, cv->api, body1, m, NULL) &&
+                  !kvt_tool_calls_parse(gen_text, GEN_LEN, &c, &n, &te) && n == 2;
+        if (ok) {
+            resp = kvt_response_json_calls(&r1, ids[a], "kvtier", gen_text, te, c, n, "stop", NULL, &U1, 1);
+            ok = (j = load(resp)) && (body2 = next_body(cv->api, body1, j, c));
+        }
+        replay_map rm = {c, n, gen_text, 0};
+        kvt_parse_opts o = {.replay = replay_cb, .replay_user = &rm};
+        ok = ok && !parse_o(&r2, cv->api, body2, m, &o) && !parse(&r3, cv->api, body2, m, NULL);
+        if (!ok) printf("      api %d: %s\n", (int)cv->api, kvt_errmsg());
+        if (ok) {
+            /* prompt 1, the sampled bytes, the end-of-sentence token */
+            size_t l1 = r1.prompt_len;
+            ok = rm.hits == 2 && is_prefix(&r1, &r2) && r2.prompt_len > l1 + GEN_LEN &&
+                 !memcmp(r2.prompt + l1, gen_text, GEN_LEN) &&
+                 !strncmp(r2.prompt + l1 + GEN_LEN, EOS OSB OB "18C" OE "\n" OB "21C" OE OSE,
+                          strlen(EOS OSB OB "18C" OE "\n" OB "21C" OE OSE));
+            if (!ok) printf("      api %d with replay: '%s'\n", (int)cv->api, esc(r2.prompt, r2.prompt_len));
+            const char *canon = "Checking." CSB DSCALL("get_weather", "{\"city\":\"Paris\"}") "\n"
+                                DSCALL("get_weather", "{\"city\":\"Rome\",\"units\":\"C\"}") CSE EOS;
+            bool neg = is_prefix(&r1, &r3) && memcmp(r3.prompt + r1.prompt_len, gen_text, GEN_LEN) != 0 &&
+                       !strncmp(r3.prompt + r1.prompt_len, canon, strlen(canon));
+            if (!neg) printf("      api %d without replay: '%s'\n", (int)cv->api, esc(r3.prompt, r3.prompt_len));
+            ok = ok && neg;
+        }
+        json_decref(j);
+        free(resp);
+        free(body1);
+        free(body2);
+        kvt_tool_calls_free(c, n);
+        kvt_request_free(&r1);
+        kvt_request_free(&r2);
+        kvt_request_free(&r3);
+        if (!ok) kvt_model_close(m);
+        CHECK(ok);
+    }
+    kvt_model_close(m);
+}
+
+/* A call of a namespace function goes out as name + namespace and comes
+ * back (as Codex replays it) to the same rendering. */
+TEST(api_tool_namespace_roundtrip)
+{
+    const char *body = "{\"input\":\"q\",\"tools\":[{\"type\":\"namespace\",\"name\":\"github\",\"description\":\"G\","
+                       "\"tools\":[{\"type\":\"function\",\"name\":\"get_issue\",\"parameters\":{\"type\":\"object\"}}]},"
+                       "{\"type\":\"function\",\"name\":\"github_x\"}]}";
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_RESPONSES, body, NULL, NULL));
+    const char *gen = CSB DSCALL("github.get_issue", "{\"number\":7}") "\n" DSCALL("github_x", "{}") CSE;
+    kvt_tool_call *c;
+    size_t n, te;
+    CHECK_OK(kvt_tool_calls_parse(gen, strlen(gen), &c, &n, &te));
+    char *s = kvt_response_json_calls(&r, "resp_1", "m", gen, te, c, n, NULL, NULL, NULL, 0);
+    json_t *j = load(s);
+    free(s);
+    bool ok = j && n == 2 && te == 0 && json_array_size(at(j, "output")) == 2 &&
+              streq(sget(j, "output.0.type"), "function_call") && streq(sget(j, "output.0.name"), "get_issue") &&
+              streq(sget(j, "output.0.namespace"), "github") && streq(sget(j, "output.1.name"), "github_x") &&
+              !at(j, "output.1.namespace");
+    json_t *item = ok ? json_deep_copy(at(j, "output.0")) : NULL;
+    json_decref(j);
+    kvt_tool_calls_free(c, n);
+    kvt_request_free(&r);
+    CHECK(ok);
+    json_t *b2 = json_pack("{s:[{s:s, s:s}, o, {s:s, s:s, s:s}]}", "input", "role", "user", "content", "q", item,
+                           "type", "function_call_output", "call_id", "x", "output", "done");
+    char *body2 = json_dumps(b2, JSON_COMPACT);
+    json_decref(b2);
+    CHECK(body2);
+    int rc = parse(&r, KVT_API_RESPONSES, body2, NULL, NULL);
+    free(body2);
+    CHECK_OK(rc);
+    ok = strstr(r.prompt, "{\"name\":\"github.get_issue\",\"arguments\":{\"number\":7}}") != NULL;
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+/* ---- responses with tool calls ---------------------------------------------------- */
+
+static int gen_calls(kvt_tool_call **c, size_t *n)
+{
+    size_t te;
+    return kvt_tool_calls_parse(gen_text, GEN_LEN, c, n, &te);
+}
+
+TEST(api_response_tool_calls)
+{
+    kvt_tool_call *c;
+    size_t n;
+    CHECK_OK(gen_calls(&c, &n));
+    /* OpenAI chat: message.tool_calls, finish_reason tool_calls */
+    kvt_request r = {.api = KVT_API_CHAT};
+    char *s = kvt_response_json_calls(&r, "chatcmpl-1", "kvtier", gen_text, GEN_TEXT_END, c, n, "stop", NULL, &U1, 3);
+    json_t *j = load(s);
+    free(s);
+    bool ok = j && streq(sget(j, "choices.0.message.content"), "Checking.") &&
+              json_array_size(at(j, "choices.0.message.tool_calls")) == 2 &&
+              streq(sget(j, "choices.0.message.tool_calls.0.id"), c[0].id) &&
+              streq(sget(j, "choices.0.message.tool_calls.0.type"), "function") &&
+              streq(sget(j, "choices.0.message.tool_calls.1.function.name"), "get_weather") &&
+              streq(sget(j, "choices.0.message.tool_calls.1.function.arguments"), "{\"city\":\"Rome\",\"units\":\"C\"}") &&
+              streq(sget(j, "choices.0.finish_reason"), "tool_calls") && openai_usage_ok(at(j, "usage"), 100, 20, 60);
+    json_decref(j);
+    /* only calls: content null */
+    s = kvt_response_json_calls(&r, "c", "m", "", 0, c, 1, NULL, NULL, NULL, 0);
+    j = load(s);
+    free(s);
+    ok = ok && j && is_null(j, "choices.0.message.content") && json_array_size(at(j, "choices.0.message.tool_calls")) == 1;
+    json_decref(j);
+    /* length stays length */
+    s = kvt_response_json_calls(&r, "c", "m", "", 0, c, 1, "length", NULL, NULL, 0);
+    j = load(s);
+    free(s);
+    ok = ok && j && streq(sget(j, "choices.0.finish_reason"), "length");
+    json_decref(j);
+    CHECK(ok);
+
+    /* Anthropic: tool_use blocks with input objects, stop_reason tool_use */
+    r.api = KVT_API_MESSAGES;
+    s = kvt_response_json_calls(&r, "msg_1", "kvtier", gen_text, GEN_TEXT_END, c, n, "stop", NULL, &U1, 0);
+    j = load(s);
+    free(s);
+    ok = j && json_array_size(at(j, "content")) == 3 && streq(sget(j, "content.0.type"), "text") &&
+         streq(sget(j, "content.0.text"), "Checking.") && streq(sget(j, "content.1.type"), "tool_use") &&
+         streq(sget(j, "content.1.id"), c[0].id) && streq(sget(j, "content.1.name"), "get_weather") &&
+         streq(sget(j, "content.1.input.city"), "Paris") && streq(sget(j, "content.2.input.units"), "C") &&
+         streq(sget(j, "stop_reason"), "tool_use") && is_null(j, "stop_sequence") &&
+         anthropic_usage_ok(at(j, "usage"), 10, 20, 60, 30);
+    json_decref(j);
+    /* input keeps every digit of a real */
+    kvt_tool_call exact = {.id = "call_1", .name = "f", .arguments = "{\"x\":0.123456789012}", .valid = true};
+    s = kvt_response_json_calls(&r, "msg_3", "m", "", 0, &exact, 1, NULL, NULL, NULL, 0);
+    j = load(s);
+    free(s);
+    ok = ok && j && json_real_value(at(j, "content.0.input.x")) == 0.123456789012;
+    json_decref(j);
+    /* only calls: no empty text block; arguments that are not an object: {} */
+    kvt_tool_call odd = {.id = "call_0", .name = "f", .arguments = "not json", .valid = false};
+    s = kvt_response_json_calls(&r, "msg_2", "m", "", 0, &odd, 1, NULL, NULL, NULL, 0);
+    j = load(s);
+    free(s);
+    ok = ok && j && json_array_size(at(j, "content")) == 1 && streq(sget(j, "content.0.type"), "tool_use") &&
+         json_is_object(at(j, "content.0.input")) && json_object_size(at(j, "content.0.input")) == 0;
+    json_decref(j);
+    CHECK(ok);
+
+    /* legacy completions: text only */
+    r.api = KVT_API_COMPLETIONS;
+    s = kvt_response_json_calls(&r, "cmpl", "m", "ab", 2, c, n, "stop", NULL, NULL, 0);
+    j = load(s);
+    free(s);
+    ok = j && streq(sget(j, "choices.0.text"), "ab") && streq(sget(j, "choices.0.finish_reason"), "stop");
+    json_decref(j);
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+}
+
+/* The Response object as the openai client types it and Codex reads it. */
+static bool response_ok(const json_t *j, const char *id, const char *status, size_t n_out)
+{
+    bool ok = j && streq(sget(j, "id"), id) && streq(sget(j, "object"), "response") && iget(j, "created_at") == 1234 &&
+              streq(sget(j, "status"), status) && is_null(j, "error") && streq(sget(j, "model"), "kvtier") &&
+              json_array_size(at(j, "output")) == n_out && json_is_true(at(j, "parallel_tool_calls")) &&
+              json_is_array(at(j, "tools")) && streq(sget(j, "tool_choice"), "auto") &&
+              json_is_number(at(j, "temperature")) && json_is_number(at(j, "top_p")) && json_is_object(at(j, "metadata")) &&
+              at(j, "instructions") && at(j, "incomplete_details");
+    if (!ok) {
+        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        printf("      response %s\n", s ? s : "(null)");
+        free(s);
+    }
+    return ok;
+}
+
+static bool responses_usage_ok(const json_t *u)
+{
+    return iget(u, "input_tokens") == 100 && iget(u, "input_tokens_details.cached_tokens") == 60 &&
+           iget(u, "output_tokens") == 20 && iget(u, "output_tokens_details.reasoning_tokens") == 0 &&
+           iget(u, "total_tokens") == 120;
+}
+
+TEST(api_response_responses)
+{
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_RESPONSES, "{\"input\":\"q\",\"temperature\":0.2,\"top_p\":0,\"max_output_tokens\":50}",
+                   NULL, NULL));
+    char *s = kvt_response_json(&r, "resp_abc", "kvtier", "Hi \"there\"", 10, "stop", NULL, &U1, 1234);
+    json_t *j = load(s);
+    free(s);
+    bool ok = response_ok(j, "resp_abc", "completed", 1) && is_null(j, "incomplete_details") &&
+              iget(j, "max_output_tokens") == 50 && json_real_value(at(j, "temperature")) == 0.2 &&
+              json_number_value(at(j, "top_p")) == 0 &&
+              streq(sget(j, "output.0.type"), "message") && streq(sget(j, "output.0.id"), "msg_abc") &&
+              streq(sget(j, "output.0.status"), "completed") && streq(sget(j, "output.0.role"), "assistant") &&
+              json_array_size(at(j, "output.0.content")) == 1 && streq(sget(j, "output.0.content.0.type"), "output_text") &&
+              streq(sget(j, "output.0.content.0.text"), "Hi \"there\"") &&
+              json_array_size(at(j, "output.0.content.0.annotations")) == 0 && responses_usage_ok(at(j, "usage"));
+    json_decref(j);
+    CHECK(ok);
+    /* max_output_tokens reached: incomplete, with the reason */
+    s = kvt_response_json(&r, "resp_2", "kvtier", "Hi", 2, "length", NULL, &U1, 1234);
+    j = load(s);
+    free(s);
+    ok = response_ok(j, "resp_2", "incomplete", 1) &&
+         streq(sget(j, "incomplete_details.reason"), "max_output_tokens") && streq(sget(j, "output.0.status"), "incomplete");
+    json_decref(j);
+    CHECK(ok);
+    /* tool calls: the message (there is text), then function_call items */
+    kvt_tool_call *c;
+    size_t n;
+    CHECK_OK(gen_calls(&c, &n));
+    s = kvt_response_json_calls(&r, "resp_3", "kvtier", gen_text, GEN_TEXT_END, c, n, "stop", NULL, &U1, 1234);
+    j = load(s);
+    free(s);
+    char fid[40];
+    snprintf(fid, sizeof fid, "fc_%s", c[1].id + 5);
+    ok = response_ok(j, "resp_3", "completed", 3) && streq(sget(j, "output.0.content.0.text"), "Checking.") &&
+         streq(sget(j, "output.1.type"), "function_call") && streq(sget(j, "output.1.call_id"), c[0].id) &&
+         streq(sget(j, "output.1.name"), "get_weather") && streq(sget(j, "output.1.arguments"), "{\"city\":\"Paris\"}") &&
+         streq(sget(j, "output.1.status"), "completed") && streq(sget(j, "output.2.id"), fid) &&
+         !at(j, "output.1.namespace");
+    json_decref(j);
+    /* only calls: no message item */
+    s = kvt_response_json_calls(&r, "resp_4", "kvtier", "", 0, c, n, NULL, NULL, &U1, 1234);
+    j = load(s);
+    free(s);
+    ok = ok && response_ok(j, "resp_4", "completed", 2) && streq(sget(j, "output.0.type"), "function_call");
+    json_decref(j);
+    kvt_tool_calls_free(c, n);
+    kvt_request_free(&r);
+    CHECK(ok);
+    /* errors in the OpenAI shape */
+    s = kvt_error_json(KVT_API_RESPONSES, 400, "bad");
+    j = load(s);
+    free(s);
+    ok = j && streq(sget(j, "error.type"), "invalid_request_error") && streq(sget(j, "error.message"), "bad");
+    json_decref(j);
+    CHECK(ok);
+}
+
+/* ---- streams with tool calls, and Responses streams ------------------------------------- */
+
+/* A whole stream: begin, the text in pieces, the end with the calls. */
+static char *stream_calls(kvt_request *r, const char *id, const char *text, const kvt_tool_call *c, size_t n,
+                          const char *finish)
+{
+    char *acc = NULL;
+    kvt_usage begin = U1;
+    begin.completion_tokens = 0;
+    size_t len = strlen(text), half = len / 2;
+    cat(&acc, kvt_stream_begin(r, id, "kvtier", &begin, 1234));
+    cat(&acc, kvt_stream_delta(r, id, "kvtier", text, half, 1234));
+    cat(&acc, kvt_stream_delta(r, id, "kvtier", text + half, len - half, 1234));
+    cat(&acc, kvt_stream_end_calls(r, id, "kvtier", text, len, c, n, finish, NULL, &U1, 1234));
+    return acc;
+}
+
+TEST(api_stream_chat_tool_calls)
+{
+    kvt_tool_call *c;
+    size_t n;
+    CHECK_OK(gen_calls(&c, &n));
+    kvt_request r = {.api = KVT_API_CHAT, .stream = true, .include_usage = true};
+    char *s = stream_calls(&r, "chatcmpl-1", "Checking.", c, n, "stop");
+    event ev[16];
+    int ne = split_sse(s, ev, 16);
+    if (ne < 0) printf("      malformed SSE: %s\n", s ? s : "(null)");
+    free(s);
+    /* role, 2 text chunks, 2 call chunks, finish, usage, [DONE] */
+    bool ok = ne == 8;
+    /* the openai client merges tool_calls deltas by index */
+    for (int k = 0; k < 2 && ok; k++) {
+        json_t *d = ev[3 + k].data;
+        ok = json_array_size(at(d, "choices.0.delta.tool_calls")) == 1 && iget(d, "choices.0.delta.tool_calls.0.index") == k &&
+             streq(sget(d, "choices.0.delta.tool_calls.0.id"), c[k].id) &&
+             streq(sget(d, "choices.0.delta.tool_calls.0.type"), "function") &&
+             streq(sget(d, "choices.0.delta.tool_calls.0.function.name"), "get_weather") &&
+             streq(sget(d, "choices.0.delta.tool_calls.0.function.arguments"), c[k].arguments) &&
+             is_null(d, "choices.0.finish_reason") && is_null(d, "usage");
+    }
+    ok = ok && streq(sget(ev[5].data, "choices.0.finish_reason"), "tool_calls") &&
+         json_array_size(at(ev[6].data, "choices")) == 0 && openai_usage_ok(at(ev[6].data, "usage"), 100, 20, 60) &&
+         ev[7].done;
+    free_events(ev, ne > 0 ? ne : 0);
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+}
+
+TEST(api_stream_messages_tool_calls)
+{
+    kvt_tool_call *c;
+    size_t n;
+    CHECK_OK(gen_calls(&c, &n));
+    kvt_request r = {.api = KVT_API_MESSAGES, .stream = true};
+    char *s = stream_calls(&r, "msg_1", "Checking.", c, n, "stop");
+    event ev[24];
+    int ne = split_sse(s, ev, 24);
+    if (ne < 0) printf("      malformed SSE: %s\n", s ? s : "(null)");
+    free(s);
+    static const char *const names[] = {"message_start", "content_block_start", "ping", "content_block_delta",
+                                        "content_block_delta", "content_block_stop",
+                                        "content_block_start", "content_block_delta", "content_block_stop",
+                                        "content_block_start", "content_block_delta", "content_block_stop",
+                                        "message_delta", "message_stop"};
+    bool ok = ne == 14;
+    for (int i = 0; i < ne && ok; i++) ok = streq(ev[i].name, names[i]) && streq(sget(ev[i].data, "type"), names[i]);
+    /* tool_use blocks at indices 1 and 2; the SDK joins partial_json and
+     * parses it into the block's input */
+    for (int k = 0; k < 2 && ok; k++) {
+        json_t *st = ev[6 + 3 * k].data, *d = ev[7 + 3 * k].data, *sp = ev[8 + 3 * k].data;
+        json_t *input = load(sget(d, "delta.partial_json"));
+        ok = iget(st, "index") == k + 1 && streq(sget(st, "content_block.type"), "tool_use") &&
+             streq(sget(st, "content_block.id"), c[k].id) && streq(sget(st, "content_block.name"), "get_weather") &&
+             json_object_size(at(st, "content_block.input")) == 0 && iget(d, "index") == k + 1 &&
+             streq(sget(d, "delta.type"), "input_json_delta") && json_is_object(input) && iget(sp, "index") == k + 1;
+        ok = ok && streq(sget(input, "city"), k ? "Rome" : "Paris");
+        json_decref(input);
+    }
+    ok = ok && iget(ev[5].data, "index") == 0 && streq(sget(ev[12].data, "delta.stop_reason"), "tool_use") &&
+         is_null(ev[12].data, "delta.stop_sequence") && anthropic_usage_ok(at(ev[12].data, "usage"), 10, 20, 60, 30);
+    free_events(ev, ne > 0 ? ne : 0);
+    kvt_tool_calls_free(c, n);
+    CHECK(ok);
+}
+
+/* Every Responses event: named as its type, sequence numbers 0, 1, 2, ... */
+static bool responses_events_ok(const event *ev, int n, const char *const *names)
+{
+    for (int i = 0; i < n; i++) {
+        bool ok = streq(ev[i].name, names[i]) && streq(sget(ev[i].data, "type"), names[i]) &&
+                  iget(ev[i].data, "sequence_number") == i;
+        if (!ok) {
+            printf("      event %d: '%s' (want '%s'), sequence %lld\n", i, ev[i].name, names[i],
+                   iget(ev[i].data, "sequence_number"));
+            return false;
+        }
+    }
+    return true;
+}
+
+TEST(api_stream_responses)
+{
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_RESPONSES, "{\"input\":\"q\",\"stream\":true}", NULL, NULL));
+    char *s = stream_calls(&r, "resp_9", "Hello w\xc3\xb6rld", NULL, 0, "stop");
+    event ev[16];
+    int ne = split_sse(s, ev, 16);
+    if (ne < 0) printf("      malformed SSE: %s\n", s ? s : "(null)");
+    free(s);
+    static const char *const names[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                        "response.content_part.added", "response.output_text.delta",
+                                        "response.output_text.delta", "response.output_text.done",
+                                        "response.content_part.done", "response.output_item.done",
+                                        "response.completed"};
+    bool ok = ne == 10 && responses_events_ok(ev, ne, names);
+    char text[64] = "";
+    if (ok) {
+        json_t *cr = at(ev[0].data, "response");
+        ok = streq(sget(cr, "id"), "resp_9") && streq(sget(cr, "status"), "in_progress") &&
+             json_array_size(at(cr, "output")) == 0 && is_null(cr, "usage") &&
+             streq(sget(ev[1].data, "response.status"), "in_progress");
+        json_t *ia = ev[2].data, *pa = ev[3].data;
+        ok = ok && iget(ia, "output_index") == 0 && streq(sget(ia, "item.id"), "msg_9") &&
+             streq(sget(ia, "item.type"), "message") && streq(sget(ia, "item.status"), "in_progress") &&
+             json_array_size(at(ia, "item.content")) == 0 && streq(sget(pa, "item_id"), "msg_9") &&
+             iget(pa, "output_index") == 0 && iget(pa, "content_index") == 0 &&
+             streq(sget(pa, "part.type"), "output_text") && streq(sget(pa, "part.text"), "") &&
+             json_is_array(at(pa, "part.annotations"));
+        for (int i = 4; i < 6 && ok; i++) {
+            json_t *d = ev[i].data;
+            ok = streq(sget(d, "item_id"), "msg_9") && iget(d, "output_index") == 0 && iget(d, "content_index") == 0 &&
+                 json_is_array(at(d, "logprobs")) && sget(d, "delta");
+            if (ok) strncat(text, sget(d, "delta"), sizeof text - strlen(text) - 1);
+        }
+        ok = ok && streq(text, "Hello w\xc3\xb6rld") && streq(sget(ev[6].data, "text"), text) &&
+             streq(sget(ev[7].data, "part.text"), text) && streq(sget(ev[8].data, "item.status"), "completed") &&
+             streq(sget(ev[8].data, "item.content.0.text"), text);
+        /* response.completed carries what the non-streaming body holds */
+        char *body = kvt_response_json(&r, "resp_9", "kvtier", text, strlen(text), "stop", NULL, &U1, 1234);
+        json_t *j = load(body);
+        free(body);
+        ok = ok && response_ok(at(ev[9].data, "response"), "resp_9", "completed", 1) &&
+             json_equal(at(ev[9].data, "response"), j) && responses_usage_ok(at(ev[9].data, "response.usage"));
+        json_decref(j);
+    }
+    free_events(ev, ne > 0 ? ne : 0);
+    CHECK(ok);
+
+    /* nothing generated: the message item still opens and closes, empty */
+    s = stream_calls(&r, "resp_10", "", NULL, 0, "stop");
+    ne = split_sse(s, ev, 16);
+    free(s);
+    static const char *const empty[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                        "response.content_part.added", "response.output_text.done",
+                                        "response.content_part.done", "response.output_item.done", "response.completed"};
+    ok = ne == 8 && responses_events_ok(ev, ne, empty) && streq(sget(ev[4].data, "text"), "");
+    free_events(ev, ne > 0 ? ne : 0);
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+TEST(api_stream_responses_tool_calls)
+{
+    kvt_request r;
+    CHECK_OK(parse(&r, KVT_API_RESPONSES, codex_body, NULL, NULL));
+    /* a namespace call and a plain one, after text */
+    const char *gen = "On it." CSB DSCALL("github.get_issue", "{\"number\": 7}") "\n"
+                      DSCALL("shell_command", "{\"command\":\"make\"}") CSE;
+    kvt_tool_call *c;
+    size_t n, te;
+    CHECK_OK(kvt_tool_calls_parse(gen, strlen(gen), &c, &n, &te));
+    CHECK(n == 2 && te == 6);
+    char *s = stream_calls(&r, "resp_5", "On it.", c, n, "stop");
+    event ev[32];
+    int ne = split_sse(s, ev, 32);
+    if (ne < 0) printf("      malformed SSE: %s\n", s ? s : "(null)");
+    free(s);
+    static const char *const names[] = {
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"};
+    bool ok = ne == 18 && responses_events_ok(ev, ne, names);
+    for (int k = 0; k < 2 && ok; k++) {
+        json_t *added = ev[9 + 4 * k].data, *delta = ev[10 + 4 * k].data, *done = ev[11 + 4 * k].data,
+               *item = ev[12 + 4 * k].data;
+        char fid[40];
+        snprintf(fid, sizeof fid, "fc_%s", c[k].id + 5);
+        const char *name = k ? "shell_command" : "get_issue";
+        ok = iget(added, "output_index") == 1 + k && streq(sget(added, "item.type"), "function_call") &&
+             streq(sget(added, "item.id"), fid) && streq(sget(added, "item.status"), "in_progress") &&
+             streq(sget(added, "item.call_id"), c[k].id) && streq(sget(added, "item.name"), name) &&
+             streq(sget(added, "item.arguments"), "") && streq(sget(delta, "item_id"), fid) &&
+             iget(delta, "output_index") == 1 + k && streq(sget(delta, "delta"), c[k].arguments) &&
+             streq(sget(done, "item_id"), fid) && streq(sget(done, "name"), name) &&
+             streq(sget(done, "arguments"), c[k].arguments) && iget(item, "output_index") == 1 + k &&
+             streq(sget(item, "item.status"), "completed") && streq(sget(item, "item.arguments"), c[k].arguments);
+        ok = ok && (k ? !at(added, "item.namespace") : streq(sget(added, "item.namespace"), "github") &&
+                                                          streq(sget(item, "item.namespace"), "github"));
+    }
+    json_t *resp = ok ? at(ev[17].data, "response") : NULL;
+    char *body = kvt_response_json_calls(&r, "resp_5", "kvtier", "On it.", 6, c, n, "stop", NULL, &U1, 1234);
+    json_t *j = load(body);
+    free(body);
+    ok = ok && response_ok(resp, "resp_5", "completed", 3) && json_equal(resp, j) &&
+         streq(sget(resp, "output.1.arguments"), "{\"number\":7}");
+    json_decref(j);
+    free_events(ev, ne > 0 ? ne : 0);
+
+    /* only calls: no message item, the first call at output_index 0 */
+    s = stream_calls(&r, "resp_6", "", c, 1, "stop");
+    ne = split_sse(s, ev, 32);
+    free(s);
+    static const char *const only[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                       "response.function_call_arguments.delta",
+                                       "response.function_call_arguments.done", "response.output_item.done",
+                                       "response.completed"};
+    ok = ok && ne == 7 && responses_events_ok(ev, ne, only) && iget(ev[2].data, "output_index") == 0 &&
+         json_array_size(at(ev[6].data, "response.output")) == 1;
+    free_events(ev, ne > 0 ? ne : 0);
+    kvt_tool_calls_free(c, n);
+    kvt_request_free(&r);
+    CHECK(ok);
+}
+
+TEST(api_stream_error_responses)
+{
+    char *s = kvt_stream_error(KVT_API_RESPONSES, 503, "busy");
+    event ev[4];
+    int n = split_sse(s, ev, 4);
+    free(s);
+    /* the openai client throws on data.error; Codex reads response.failed */
+    bool ok = n == 2 && streq(ev[0].name, "error") && streq(sget(ev[0].data, "type"), "error") &&
+              streq(sget(ev[0].data, "message"), "busy") && streq(sget(ev[0].data, "error.message"), "busy") &&
+              streq(sget(ev[0].data, "error.type"), "overloaded_error") && streq(ev[1].name, "response.failed") &&
+              streq(sget(ev[1].data, "type"), "response.failed") && streq(sget(ev[1].data, "response.status"), "failed") &&
+              streq(sget(ev[1].data, "response.error.message"), "busy") &&
+              iget(ev[1].data, "sequence_number") > iget(ev[0].data, "sequence_number");
+    free_events(ev, n > 0 ? n : 0);
+    CHECK(ok);
+}
+
 /* ---- fuzz ----------------------------------------------------------------------- */
 
 /* Mutated bodies (bytes flipped, inserted, deleted, truncated) must parse or
@@ -1063,15 +2260,30 @@ TEST(api_parse_fuzz)
         {KVT_API_MESSAGES, "{\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"S\"}],\"messages\":"
                            "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"}],"
                            "\"stop_sequences\":[\"z\"],\"top_k\":3}"},
+        {KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+                       "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+                       "\"{\\\"a\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}],\"tools\":"
+                       "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]}"},
+        {KVT_API_MESSAGES, "{\"max_tokens\":9,\"system\":\"x-anthropic-billing-header: a;\\nS\",\"messages\":[{\"role\":"
+                           "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":"
+                           "{\"b\":[1.5,null]}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
+                           "\"t\",\"content\":\"r\"},{\"type\":\"text\",\"text\":\"q\"}]}],\"tools\":[{\"name\":\"f\","
+                           "\"input_schema\":{\"$schema\":\"s\",\"type\":\"object\"}}]}"},
+        {KVT_API_RESPONSES, "{\"instructions\":\"I\",\"input\":[{\"role\":\"user\",\"content\":\"q\"},{\"type\":"
+                            "\"function_call\",\"call_id\":\"c\",\"namespace\":\"n\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                            "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"r\"}],\"tools\":[{\"type\":"
+                            "\"namespace\",\"name\":\"n\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}],"
+                            "\"max_output_tokens\":5,\"stream\":true}"},
     };
+    const int n_seeds = (int)(sizeof seeds / sizeof *seeds);
     static const char alphabet[] = "{}[]\":,0123456789.-eE tfnulrsa\\\xc3\xa9\xff\x00";
     kvt_model *m = tiny();
     CHECK(m);
     uint64_t st = kvt_test_seed("api_parse_fuzz");
-    char buf[512];
+    char buf[1024];
     int parsed = 0;
-    for (int it = 0; it < 3000; it++) {
-        int k = (int)(kvt_test_rand(&st) % 3);
+    for (int it = 0; it < 4000; it++) {
+        int k = (int)(kvt_test_rand(&st) % (uint64_t)n_seeds);
         size_t n = strlen(seeds[k].body);
         memcpy(buf, seeds[k].body, n);
         int edits = 1 + (int)(kvt_test_rand(&st) % 4);
@@ -1099,25 +2311,86 @@ TEST(api_parse_fuzz)
         parsed++;
         CHECK(status == 200 && r.prompt && r.prompt[r.prompt_len] == 0);
         kvt_usage u = {.prompt_tokens = 3, .completion_tokens = 1};
+        /* the prompt as if generated: its tool-call syntax (the how-to and
+         * the history) parsed into calls for the responses */
+        kvt_tool_call *calls = NULL;
+        size_t nc = 0, te = 0;
+        CHECK_OK(kvt_tool_calls_parse(r.prompt, r.prompt_len, &calls, &nc, &te));
         char *outs[4] = {
-            kvt_response_json(&r, "id", r.model, r.prompt, r.prompt_len, "stop", r.n_stop ? r.stop[0] : NULL, &u, 0),
+            kvt_response_json_calls(&r, "id", r.model, r.prompt, te, calls, nc, "stop", r.n_stop ? r.stop[0] : NULL, &u, 0),
             kvt_stream_begin(&r, "id", r.model, &u, 0),
-            kvt_stream_delta(&r, "id", r.model, r.prompt, r.prompt_len, 0),
-            kvt_stream_end(&r, "id", r.model, "stop", r.n_stop ? r.stop[0] : NULL, &u, 0),
+            kvt_stream_delta(&r, "id", r.model, r.prompt, te, 0),
+            kvt_stream_end_calls(&r, "id", r.model, r.prompt, te, calls, nc, "stop", r.n_stop ? r.stop[0] : NULL, &u, 0),
         };
         json_t *j = load(outs[0]);
         bool ok = j != NULL;
         json_decref(j);
         for (int i = 1; i < 4; i++) {
-            event ev[8];
-            int ne = outs[i] ? split_sse(outs[i], ev, 8) : -1;
+            event ev[64];
+            int ne = outs[i] ? split_sse(outs[i], ev, 64) : -1;
             if (ne < 0) ok = false;
             else free_events(ev, ne);
         }
         for (int i = 0; i < 4; i++) free(outs[i]);
+        kvt_tool_calls_free(calls, nc);
         kvt_request_free(&r);
         CHECKF(ok, "iteration %d: a response did not render", it);
     }
-    printf("    api_parse_fuzz: %d of 3000 mutated bodies parsed\n", parsed);
+    printf("    api_parse_fuzz: %d of 4000 mutated bodies parsed\n", parsed);
     kvt_model_close(m);
+}
+
+/* Mutated model output (bytes and marker pieces flipped, inserted, deleted,
+ * cut) must parse without reading past the text, and what comes back must be
+ * consistent: text_end within the text, spans in order and inside it, each
+ * ending with a call-end marker, valid arguments a canonical JSON object. */
+TEST(api_tool_calls_fuzz)
+{
+    static const char *const pieces[] = {CSB, CSE, CB, CE, TSEP, "\n", "```json", "```", "{", "}", "\"", ":", "function",
+                                         "\xef\xbd", "\xe2\x96\x81", "a", " ", "<"};
+    uint64_t st = kvt_test_seed("api_tool_calls_fuzz");
+    char buf[1024];
+    size_t total_calls = 0;
+    for (int it = 0; it < 3000; it++) {
+        size_t n = GEN_LEN;
+        memcpy(buf, gen_text, n);
+        int edits = 1 + (int)(kvt_test_rand(&st) % 4);
+        for (int e = 0; e < edits && n > 0; e++) {
+            size_t pos = (size_t)(kvt_test_rand(&st) % n);
+            const char *p = pieces[kvt_test_rand(&st) % (sizeof pieces / sizeof *pieces)];
+            size_t pl = strlen(p);
+            switch (kvt_test_rand(&st) % 4) {
+            case 0: if (pos + pl <= n) memcpy(buf + pos, p, pl); break;
+            case 1: if (n + pl < sizeof buf) { memmove(buf + pos + pl, buf + pos, n - pos); memcpy(buf + pos, p, pl); n += pl; } break;
+            case 2: memmove(buf + pos, buf + pos + 1, n - pos - 1); n--; break;
+            case 3: n = pos; break;
+            }
+        }
+        char *copy = malloc(n ? n : 1);
+        CHECK(copy);
+        memcpy(copy, buf, n);
+        kvt_tool_call *c;
+        size_t nc, te;
+        int rc = kvt_tool_calls_parse(copy, n, &c, &nc, &te);
+        bool ok = rc == KVT_OK && te <= n && (nc > 0 || te == n) && kvt_tool_calls_text_len(copy, n) <= n;
+        size_t end = te;
+        for (size_t i = 0; i < nc && ok; i++) {
+            ok = c[i].raw_off >= end && c[i].raw_off + c[i].raw_len <= n && c[i].name && c[i].name[0] &&
+                 c[i].arguments && id_ok(c[i].id) && c[i].raw_len >= strlen(CE) &&
+                 !memcmp(copy + c[i].raw_off + c[i].raw_len - strlen(CE), CE, strlen(CE));
+            end = c[i].raw_off + c[i].raw_len;
+            if (ok && c[i].valid) {
+                json_t *v = json_loads(c[i].arguments, 0, NULL);
+                char *again = v ? json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+                ok = json_is_object(v) && again && !strcmp(again, c[i].arguments);
+                free(again);
+                json_decref(v);
+            }
+        }
+        total_calls += nc;
+        kvt_tool_calls_free(c, nc);
+        free(copy);
+        CHECKF(ok, "iteration %d: rc %d, %zu calls, text_end %zu of %zu", it, rc, nc, te, n);
+    }
+    printf("    api_tool_calls_fuzz: %zu calls parsed\n", total_calls);
 }
