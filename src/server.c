@@ -68,7 +68,7 @@ static void hist_add(hist *h, double v)
 }
 
 typedef struct metrics {
-    uint64_t requests[4][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
+    uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
     uint64_t prompt_tokens, prefilled, generated;
     uint64_t reused_ram, reused_disk, hits_ram, hits_disk, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
@@ -111,8 +111,16 @@ typedef struct tenant {
 } tenant;
 #define MAX_TENANTS 32
 
+/* Exact text of sampled tool calls by call id, so a replayed call renders
+ * byte for byte as it was sampled (per tenant, bounded, oldest first out). */
+#define MAX_REPLAY 4096
+typedef struct replay { int tenant; char id[48]; char *text; size_t len; } replay;
+
 typedef struct server {
     kvt_server_opts o;
+    pthread_mutex_t replay_mu;
+    replay rp[MAX_REPLAY];
+    size_t rp_next;
     kvt_model *m;
     char model_id[128];
     tenant tn[MAX_TENANTS];
@@ -314,13 +322,44 @@ static size_t safe_len(const char *text, size_t len, const kvt_request *r)
     return keep;
 }
 
+static void remember_calls(server *sv, int tenant, const char *text, const kvt_tool_call *calls, size_t n)
+{
+    pthread_mutex_lock(&sv->replay_mu);
+    for (size_t i = 0; i < n; i++) {
+        replay *e = &sv->rp[sv->rp_next++ % MAX_REPLAY];
+        free(e->text);
+        e->text = kvt_strndup(text + calls[i].raw_off, calls[i].raw_len);
+        e->len = e->text ? calls[i].raw_len : 0;
+        e->tenant = tenant;
+        snprintf(e->id, sizeof e->id, "%s", calls[i].id ? calls[i].id : "");
+    }
+    pthread_mutex_unlock(&sv->replay_mu);
+}
+
+struct replay_ctx { server *sv; int tenant; };
+
+/* Called by the parser with replay_mu held. */
+static const char *replay_lookup(void *user, const char *call_id, size_t *len)
+{
+    struct replay_ctx *rc = user;
+    for (size_t i = 0; i < MAX_REPLAY; i++) {
+        const replay *e = &rc->sv->rp[i];
+        if (e->text && e->tenant == rc->tenant && !strcmp(e->id, call_id)) {
+            *len = e->len;
+            return e->text;
+        }
+    }
+    return NULL;
+}
+
 static void run_job(server *sv, job *j)
 {
     kvt_model *m = sv->m;
     kvt_request *r = &j->req;
     char id[48];
     snprintf(id, sizeof id, "%s%llx%04x",
-             j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-" : "chatcmpl-",
+             j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-"
+             : j->api == KVT_API_RESPONSES ? "resp_" : "chatcmpl-",
              (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
     long created = (long)time(NULL);
     int32_t *toks = j->toks;
@@ -498,6 +537,10 @@ static void run_job(server *sv, job *j)
         if (stop_hit) { finish = "stop"; break; }
         if (j->stream) {
             size_t ok = safe_len((const char *)text.p, text.len, r);
+            if (r->n_tools) { /* never stream the start of a tool call as text */
+                size_t t_ok = kvt_tool_calls_text_len((const char *)text.p, text.len);
+                if (t_ok < ok) ok = t_ok;
+            }
             if (ok > emitted) {
                 job_emit(j, kvt_stream_delta(r, id, sv->model_id, (const char *)text.p + emitted, ok - emitted, created));
                 emitted = ok;
@@ -509,14 +552,21 @@ static void run_job(server *sv, job *j)
     pthread_mutex_unlock(&sv->mu);
     /* a partial UTF-8 tail left at the end is not text: drop it */
     size_t final_len = safe_len((const char *)text.p, text.len, &(kvt_request){0});
+    const char *tp = text.p ? (const char *)text.p : "";
+    kvt_tool_call *calls = NULL;
+    size_t n_calls = 0, text_end = final_len;
+    if (r->n_tools && kvt_tool_calls_parse(tp, final_len, &calls, &n_calls, &text_end) == KVT_OK && n_calls)
+        remember_calls(sv, j->tenant, tp, calls, n_calls);
     if (j->stream) {
-        if (final_len > emitted)
-            job_emit(j, kvt_stream_delta(r, id, sv->model_id, (const char *)text.p + emitted, final_len - emitted, created));
-        job_finish(j, 200, kvt_stream_end(r, id, sv->model_id, finish, stop_hit, &u, created));
+        size_t upto = n_calls ? text_end : final_len;
+        if (upto > emitted) job_emit(j, kvt_stream_delta(r, id, sv->model_id, tp + emitted, upto - emitted, created));
+        job_finish(j, 200, kvt_stream_end_calls(r, id, sv->model_id, tp, final_len, calls, n_calls, finish, stop_hit, &u,
+                                                created));
     } else {
-        job_finish(j, 200, kvt_response_json(r, id, sv->model_id, text.p ? (const char *)text.p : "", final_len, finish,
-                                             stop_hit, &u, created));
+        job_finish(j, 200, kvt_response_json_calls(r, id, sv->model_id, tp, n_calls ? text_end : final_len, calls,
+                                                   n_calls, finish, stop_hit, &u, created));
     }
+    kvt_tool_calls_free(calls, n_calls);
     kvt_wbuf_free(&text);
     kvt_sampler_free(smp);
     free(toks);
@@ -573,7 +623,10 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *jso
     return r;
 }
 
-static int endpoint_index(kvt_api api) { return api == KVT_API_CHAT ? 0 : api == KVT_API_COMPLETIONS ? 1 : 2; }
+static int endpoint_index(kvt_api api)
+{
+    return api == KVT_API_CHAT ? 0 : api == KVT_API_COMPLETIONS ? 1 : api == KVT_API_MESSAGES ? 2 : 4;
+}
 
 static void count_request(server *sv, int ep, int status)
 {
@@ -681,7 +734,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     (void)version;
     kvt_api api = strstr(url, "/messages") ? KVT_API_MESSAGES
-                : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS : KVT_API_CHAT;
+                : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
+                : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
     bool is_get = !strcmp(method, "GET"), is_head = !strcmp(method, "HEAD"), is_post = !strcmp(method, "POST");
     if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
     if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
@@ -699,7 +753,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     bool counting = !strcmp(url, "/v1/messages/count_tokens");
     bool known = counting || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
-                 !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages");
+                 !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages") ||
+                 !strcmp(url, "/v1/responses") || !strcmp(url, "/responses");
     if (!known) {
         count_request(sv, 3, 404);
         char msg[160];
@@ -721,7 +776,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!j) return MHD_NO;
     int status = 400;
     if (counting) add_max_tokens(&cn->body); /* count_tokens bodies carry no max_tokens */
-    int rc = kvt_request_parse(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m, &status);
+    struct replay_ctx rpc = {sv, tnt};
+    kvt_parse_opts po = {.keep_volatile = sv->o.keep_volatile, .replay = replay_lookup, .replay_user = &rpc};
+    pthread_mutex_lock(&sv->replay_mu);
+    int rc = kvt_request_parse_opts(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m,
+                                    &po, &status);
+    pthread_mutex_unlock(&sv->replay_mu);
     if (!rc && j->req.model && strcmp(j->req.model, sv->model_id) && !sv->o.any_model) {
         char msg[512];
         snprintf(msg, sizeof msg, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
@@ -851,7 +911,7 @@ static char *metrics_text(server *sv)
 {
     kvt_wbuf b = {0};
     char line[512];
-    static const char *eps[] = {"chat_completions", "completions", "messages", "other"};
+    static const char *eps[] = {"chat_completions", "completions", "messages", "other", "responses"};
     static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "5xx", "429"};
     kvt_store_stats ds = {0};
     for (size_t t = 0; t < sv->n_tn; t++) {
@@ -868,7 +928,7 @@ static char *metrics_text(server *sv)
     pthread_mutex_unlock(&sv->mu);
 #define P(...) do { snprintf(line, sizeof line, __VA_ARGS__); kvt_wbuf_put(&b, line, strlen(line)); } while (0)
     P("# HELP kvtier_requests_total HTTP requests by endpoint and status class.\n# TYPE kvtier_requests_total counter\n");
-    for (int e = 0; e < 4; e++)
+    for (int e = 0; e < 5; e++)
         for (int k = 0; k < 6; k++)
             if (mx.requests[e][k]) P("kvtier_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", eps[e], cls[k], (unsigned long long)mx.requests[e][k]);
     P("# HELP kvtier_prompt_tokens_total Prompt tokens received.\n# TYPE kvtier_prompt_tokens_total counter\nkvtier_prompt_tokens_total %llu\n", (unsigned long long)mx.prompt_tokens);
@@ -916,6 +976,7 @@ int kvt_serve(const kvt_server_opts *opts)
     if (!sv) return KVT_ENOMEM;
     sv->o = *opts;
     pthread_mutex_init(&sv->mu, NULL);
+    pthread_mutex_init(&sv->replay_mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
     int rc = kvt_model_open(&sv->m, opts->model);
@@ -985,7 +1046,9 @@ out:
     while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
     for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);
+    for (size_t i = 0; i < MAX_REPLAY; i++) free(sv->rp[i].text);
     pthread_mutex_destroy(&sv->mu);
+    pthread_mutex_destroy(&sv->replay_mu);
     pthread_cond_destroy(&sv->cv);
     free(sv);
     return rc;

@@ -17,6 +17,7 @@ typedef struct kvt_server_opts {
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
     bool any_model;           /* accept any "model" name (agent clients with fixed names) */
+    bool keep_volatile;       /* keep volatile lines (billing headers) in prompts */
     kvt_save_policy policy;
     void (*ready)(void *user); /* called once listening */
     void *ready_user;
