@@ -43,7 +43,28 @@ static void ckpt_drop_after(kvt_session *s, size_t pos)
 
 void kvt_session_ckpt_clear(kvt_session *s) { ckpt_drop_after(s, 0); }
 
-/* Remember the state at s->n. Failure to allocate only loses the checkpoint. */
+/* Append a checkpoint (copies logits and state). Failure to allocate only
+ * loses the checkpoint. */
+static void ckpt_push(kvt_session *s, size_t pos, const float *logits, const kvt_wbuf *state)
+{
+    if (state->oom) return;
+    if (s->n_ckpt == s->cap_ckpt) {
+        size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
+        kvt_checkpoint *p = realloc(s->ckpt, cap * sizeof *p);
+        if (!p) return;
+        s->ckpt = p;
+        s->cap_ckpt = cap;
+    }
+    size_t V = s->m->info.n_vocab;
+    kvt_checkpoint c = {.pos = pos, .logits = malloc(V * sizeof(float))};
+    if (!c.logits) return;
+    memcpy(c.logits, logits, V * sizeof(float));
+    kvt_wbuf_put(&c.state, state->p, state->len);
+    if (c.state.oom) { ckpt_free(&c); return; }
+    s->ckpt[s->n_ckpt++] = c;
+}
+
+/* Remember the state at s->n. */
 void kvt_session_checkpoint(kvt_session *s)
 {
     if (s->n == 0) return;
@@ -57,21 +78,10 @@ void kvt_session_checkpoint(kvt_session *s)
                 s->n_ckpt--;
                 break;
             }
-    if (s->n_ckpt == s->cap_ckpt) {
-        size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
-        kvt_checkpoint *p = realloc(s->ckpt, cap * sizeof *p);
-        if (!p) return;
-        s->ckpt = p;
-        s->cap_ckpt = cap;
-    }
-    kvt_checkpoint c = {.pos = s->n};
-    size_t V = s->m->info.n_vocab;
-    c.logits = malloc(V * sizeof(float));
-    if (!c.logits) return;
-    memcpy(c.logits, s->logits, V * sizeof(float));
-    if (s->m->arch->state_save) s->m->arch->state_save(s, &c.state);
-    if (c.state.oom) { ckpt_free(&c); return; }
-    s->ckpt[s->n_ckpt++] = c;
+    kvt_wbuf state = {0};
+    if (s->m->arch->state_save) s->m->arch->state_save(s, &state);
+    ckpt_push(s, s->n, s->logits, &state);
+    kvt_wbuf_free(&state);
 }
 
 /* Return to the latest checkpoint (state and logits), or to empty. */
@@ -355,22 +365,6 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
     memcpy(dst->tokens, src->tokens, src->n * sizeof(int32_t));
     memcpy(dst->logits, src->logits, (size_t)src->m->info.n_vocab * sizeof(float));
     dst->n = src->n;
-    for (size_t i = 0; i < src->n_ckpt; i++) {
-        const kvt_checkpoint *c = &src->ckpt[i];
-        if (dst->n_ckpt == dst->cap_ckpt) {
-            size_t cap = dst->cap_ckpt ? 2 * dst->cap_ckpt : 8;
-            kvt_checkpoint *p = realloc(dst->ckpt, cap * sizeof *p);
-            if (!p) break;
-            dst->ckpt = p;
-            dst->cap_ckpt = cap;
-        }
-        kvt_checkpoint d = {.pos = c->pos};
-        d.logits = malloc((size_t)src->m->info.n_vocab * sizeof(float));
-        if (!d.logits) break;
-        memcpy(d.logits, c->logits, (size_t)src->m->info.n_vocab * sizeof(float));
-        kvt_wbuf_put(&d.state, c->state.p, c->state.len);
-        if (d.state.oom) { ckpt_free(&d); break; }
-        dst->ckpt[dst->n_ckpt++] = d;
-    }
+    for (size_t i = 0; i < src->n_ckpt; i++) ckpt_push(dst, src->ckpt[i].pos, src->ckpt[i].logits, &src->ckpt[i].state);
     return KVT_OK;
 }
