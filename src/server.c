@@ -456,13 +456,6 @@ static void run_job(server *sv, job *j)
             if (!rc && got) { from_disk = reused = got; tier = "disk"; }
         }
     }
-    pthread_mutex_lock(&sv->mu);
-    sv->mx.prompt_tokens += n;
-    if (!strcmp(tier, "ram")) { sv->mx.hits_ram++; sv->mx.reused_ram += reused; }
-    else if (!strcmp(tier, "disk")) { sv->mx.hits_disk++; sv->mx.reused_disk += reused; }
-    else sv->mx.misses++;
-    pthread_mutex_unlock(&sv->mu);
-    snprintf(j->tier, sizeof j->tier, "%s", tier);
     /* tier 3: prefill the rest */
     struct prog pg = {sv, j, kvt_now()};
     s->progress = on_progress;
@@ -473,9 +466,17 @@ static void run_job(server *sv, job *j)
     rc = kvt_session_sync(s, toks, n, &kept);
     double t_prefill = kvt_now() - t0;
     s->progress = NULL;
-    if (kept > reused) reused = kept; /* the session itself may have held more */
+    /* What was really not recomputed: a ds4 session that leaves its old
+     * timeline goes back to a checkpoint, which may lie before the match. */
+    reused = kept;
+    if (!reused) tier = "none";
     u.cached_tokens = (uint32_t)(reused < n ? reused : n);
+    snprintf(j->tier, sizeof j->tier, "%s", tier);
     pthread_mutex_lock(&sv->mu);
+    sv->mx.prompt_tokens += n;
+    if (!strcmp(tier, "ram")) { sv->mx.hits_ram++; sv->mx.reused_ram += reused; }
+    else if (!strcmp(tier, "disk")) { sv->mx.hits_disk++; sv->mx.reused_disk += reused; }
+    else sv->mx.misses++;
     hist_add(&sv->mx.prefill, t_prefill);
     sv->mx.prefilled += kvt_session_len(s) > kept ? kvt_session_len(s) - kept : 0;
     pthread_mutex_unlock(&sv->mu);
