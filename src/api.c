@@ -1649,7 +1649,11 @@ static json_t *usage_responses(const kvt_usage *in)
                      "total_tokens", ji((uint64_t)u.prompt_tokens + u.completion_tokens));
 }
 
-static bool is_length(const char *finish) { return finish && !strcmp(finish, "length"); }
+/* "length": max_tokens reached; "context": the context window filled up. */
+static bool is_length(const char *finish)
+{
+    return finish && (!strcmp(finish, "length") || !strcmp(finish, "context"));
+}
 
 /* finish_reason: "length" stays; with tool calls anything else is
  * "tool_calls"; otherwise the server's word ("stop" when NULL). */
@@ -1662,6 +1666,7 @@ static const char *openai_finish(const char *finish, size_t n_calls)
 
 static const char *anthropic_stop(const char *finish, const char *stop_seq, size_t n_calls)
 {
+    if (finish && !strcmp(finish, "context")) return "model_context_window_exceeded";
     if (is_length(finish)) return "max_tokens";
     if (n_calls) return "tool_use";
     return stop_seq ? "stop_sequence" : "end_turn";

@@ -322,6 +322,30 @@ static size_t safe_len(const char *text, size_t len, const kvt_request *r)
     return keep;
 }
 
+/* A prompt over the context, in the words clients recognise (Claude Code
+ * "prompt is too long", OpenAI code "context_length_exceeded"), so that they
+ * compact or stop instead of retrying. */
+static char *ctx_error(kvt_api api, size_t n, uint32_t ctx, bool stream)
+{
+    char msg[200];
+    if (api == KVT_API_MESSAGES)
+        snprintf(msg, sizeof msg, "prompt is too long: %zu tokens > %u maximum", n, ctx);
+    else
+        snprintf(msg, sizeof msg, "This model's maximum context length is %u tokens, but the prompt has %zu tokens: "
+                 "it exceeds the context window.", ctx, n);
+    char *body = stream ? kvt_stream_error(api, 400, msg) : kvt_error_json(api, 400, msg);
+    if (!body || api == KVT_API_MESSAGES || stream) return body;
+    json_t *o = json_loads(body, 0, NULL);
+    json_t *e = o ? json_object_get(o, "error") : NULL;
+    if (json_is_object(e)) {
+        json_object_set_new(e, "code", json_string("context_length_exceeded"));
+        char *t = json_dumps(o, JSON_COMPACT);
+        if (t) { free(body); body = t; }
+    }
+    json_decref(o);
+    return body;
+}
+
 static void remember_calls(server *sv, int tenant, const char *text, const kvt_tool_call *calls, size_t n)
 {
     pthread_mutex_lock(&sv->replay_mu);
@@ -394,9 +418,7 @@ static void run_job(server *sv, job *j)
     }
     if (best_alt) { free(toks); toks = best_alt; n = best_alt_n; }
     if (n > sv->o.n_ctx) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "the prompt has %zu tokens; the context holds %u", n, sv->o.n_ctx);
-        job_finish(j, 400, j->stream ? kvt_stream_error(j->api, 400, msg) : kvt_error_json(j->api, 400, msg));
+        job_finish(j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
         free(toks);
         return;
     }
@@ -484,15 +506,19 @@ static void run_job(server *sv, job *j)
     /* saves per the policy (also after a cancel: what was computed is kept) */
     if (store) {
         size_t after = 0;
+        kvt_store_stats st0 = {0}, st1 = {0};
+        kvt_store_stats_get(store, &st0);
         double ts = kvt_now();
         kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, &after);
+        kvt_store_stats_get(store, &st1);
+        size_t written = st1.saves - st0.saves; /* new entries, not re-saves of existing ones */
         pthread_mutex_lock(&sv->mu);
         if (after) hist_add(&sv->mx.save, kvt_now() - ts);
-        sv->mx.disk_saves += after;
+        sv->mx.disk_saves += written;
         pthread_mutex_unlock(&sv->mu);
-        if (after && !rc) {
+        if (written && !rc) {
             size_t cold = (n - sv->o.policy.trim_tokens) / sv->o.policy.align_tokens * sv->o.policy.align_tokens;
-            if (cold > from_disk) u.created_tokens = (uint32_t)(cold - from_disk);
+            if (cold > u.cached_tokens) u.created_tokens = (uint32_t)(cold - u.cached_tokens);
             if (u.created_tokens + u.cached_tokens > n) u.created_tokens = (uint32_t)(n - u.cached_tokens);
         }
     }
@@ -523,7 +549,7 @@ static void run_job(server *sv, job *j)
         if (kvt_session_len(s) < sv->o.n_ctx) {
             if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
         } else {
-            finish = "length";
+            finish = "context";
             break;
         }
         if (eos) { finish = "stop"; break; }
@@ -809,8 +835,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         job_unref(j);
         return send_text(c, 200, "application/json", body, NULL, NULL);
     }
-    if (!rc && j->n_toks > sv->o.n_ctx)
-        rc = kvt_fail(KVT_ECTX, "the prompt has %zu tokens; the context holds %u", j->n_toks, sv->o.n_ctx);
+    if (!rc && j->n_toks > sv->o.n_ctx) {
+        count_request(sv, ep, 400);
+        char *body = ctx_error(api, j->n_toks, sv->o.n_ctx, false);
+        j->refs = 1;
+        job_unref(j);
+        return send_json(c, 400, body);
+    }
     if (rc) {
         count_request(sv, ep, 400);
         char *body = kvt_error_json(api, 400, kvt_errmsg());
