@@ -58,88 +58,31 @@
  * installed (the install takes 20 to 30 s with a warm npm cache), most of it
  * the cold prefills of Claude Code's (48,000 tokens) and Codex's (38,000
  * tokens) prompts. */
+#include "fixture.h"
 #include "test.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define AGENTS_DIR "tests/agents"
-#define START_TIMEOUT 30.0   /* seconds until /health answers */
-#define STOP_TIMEOUT 30.0    /* seconds from SIGTERM to exit */
 #define SESSION_TIMEOUT 240  /* seconds for one run.mjs (it stops the client at 180) */
 
 typedef struct agt {
-    char dir[64];            /* /tmp/kvtier-agents-XXXXXX */
-    char state[96];          /* dir/state: client homes, the shared work dir, proxy logs */
-    pid_t pid;               /* the running server, 0 when none */
-    int port;
-    char base[64];
-    char log[128];           /* the current server's stdout + stderr */
-    int n_logs, n_runs;
+    fx_server s;             /* s.dir: /tmp/kvtier-agents-XXXXXX */
+    char state[96];          /* s.dir/state: client homes, the shared work dir, proxy logs */
+    int n_runs;
 } agt;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st; (void)flag; (void)ftw;
-    remove(path);
-    return 0;
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
-
-/* Print a file, each line indented; at most its last 12 KB. */
-static void print_file(const char *what, const char *path)
-{
-    char *text = kvt_test_read_file(path, NULL);
-    printf("    --- %s (%s) ---\n", what, path);
-    if (!text) { printf("    (unreadable)\n"); return; }
-    const char *p = text;
-    size_t len = strlen(text);
-    if (len > 12000) { p = text + len - 12000; printf("    ...\n"); }
-    while (*p) {
-        const char *nl = strchr(p, '\n');
-        int n = nl ? (int)(nl - p) : (int)strlen(p);
-        printf("    | %.*s\n", n, p);
-        p += n + (nl ? 1 : 0);
-    }
-    free(text);
-}
 
 /* Why these tests cannot run here (NULL: they can). */
 static const char *skip_reason(void)
 {
-    if (env_is("KVT_AGENTS", "0")) return "KVT_AGENTS=0";
-    if (!env_is("KVT_AGENTS", "1") && strstr(kvt_test_bin(), "asan"))
+    if (fx_env_is("KVT_AGENTS", "0")) return "KVT_AGENTS=0";
+    if (!fx_env_is("KVT_AGENTS", "1") && strstr(kvt_test_bin(), "asan"))
         return "agent CLIs against a sanitizer build (KVT_AGENTS=1 forces them)";
     if (system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
     if (system("command -v npm >/dev/null 2>&1") != 0) return "npm is not on PATH";
@@ -164,23 +107,13 @@ static const char *ensure_clients(void)
     const char *check = "node " AGENTS_DIR "/run.mjs check >/dev/null 2>&1";
     bool ok = system(check) == 0;
     if (!ok) {
-        char log[] = "/tmp/kvtier-agents-npm-XXXXXX";
-        int lf = mkstemp(log);
-        if (lf >= 0) close(lf);
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "npm ci --prefix " AGENTS_DIR " --no-audit --no-fund --loglevel=error >%s 2>&1",
-                 lf >= 0 ? log : "/dev/null");
-        printf("    installing the agent CLIs: npm ci --prefix " AGENTS_DIR "\n");
-        fflush(stdout);
-        double t0 = now_s();
-        ok = system(cmd) == 0;
-        if (ok) printf("    installed in %.0f s\n", now_s() - t0);
-        else if (lf >= 0) print_file("npm ci", log);
+        double t0 = fx_now();
+        ok = fx_npm_ci(AGENTS_DIR, "kvtier-agents", "agent CLIs");
+        if (ok) printf("    installed in %.0f s\n", fx_now() - t0);
         if (ok && system("node " AGENTS_DIR "/run.mjs check") != 0) {
             printf("    npm ci succeeded but the clients are not usable (see above)\n");
             ok = false;
         }
-        if (lf >= 0) unlink(log);
     }
     flock(fd, LOCK_UN);
     close(fd);
@@ -188,99 +121,13 @@ static const char *ensure_clients(void)
     return ok ? NULL : "npm ci --prefix " AGENTS_DIR " failed (offline?); the agent CLIs are not installed";
 }
 
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (!bind(s, (struct sockaddr *)&a, sizeof a) && !getsockname(s, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
-    close(s);
-    return port;
-}
-
-static bool health_ok(agt *t)
-{
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "curl -sf -o /dev/null --max-time 2 %s/health", t->base);
-    return system(cmd) == 0;
-}
-
 /* Start the server on the disk dir kv and wait until /health answers. */
 static bool server_start(agt *t, const char *kv)
 {
-    const char *bin = kvt_test_bin();
-    for (int attempt = 0; attempt < 3; attempt++) {
-        t->port = free_port();
-        if (t->port <= 0) return false;
-        snprintf(t->base, sizeof t->base, "http://127.0.0.1:%d", t->port);
-        snprintf(t->log, sizeof t->log, "%s/server-%d.log", t->dir, ++t->n_logs);
-        char port[16];
-        snprintf(port, sizeof port, "%d", t->port);
-        const char *argv[] = {bin, "serve", "--host", "127.0.0.1", "--port", port, "--model", "ds4-tiny",
-                              "--ctx", "131072", "--any-model", "--api-key", "K1", "--api-key", "K2",
-                              "--max-tokens", "64", "--kv-cache-align-tokens", "256", "--kv-disk-dir", kv, NULL};
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid < 0) return false;
-        if (pid == 0) {
-            int fd = open(t->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-            execvp(bin, (char *const *)argv);
-            _exit(127);
-        }
-        t->pid = pid;
-        double t0 = now_s();
-        while (now_s() - t0 < START_TIMEOUT) {
-            int st;
-            if (waitpid(pid, &st, WNOHANG) == pid) {
-                t->pid = 0;
-                char *log = kvt_test_read_file(t->log, NULL);
-                bool port_taken = log && strstr(log, "cannot listen");
-                free(log);
-                if (port_taken) break;
-                printf("    the server exited before answering /health (status 0x%x)\n", st);
-                print_file("server log", t->log);
-                return false;
-            }
-            if (health_ok(t)) return true;
-            sleep_ms(100);
-        }
-        if (t->pid) {
-            printf("    no answer on %s/health within %.0f s\n", t->base, START_TIMEOUT);
-            print_file("server log", t->log);
-            kill(t->pid, SIGKILL);
-            waitpid(t->pid, NULL, 0);
-            t->pid = 0;
-            return false;
-        }
-    }
-    return false;
-}
-
-/* SIGTERM; true when the server exited 0 within STOP_TIMEOUT. */
-static bool server_stop(agt *t)
-{
-    if (!t->pid) return false;
-    kill(t->pid, SIGTERM);
-    double t0 = now_s();
-    int st = 0;
-    pid_t got = 0;
-    while (now_s() - t0 < STOP_TIMEOUT && (got = waitpid(t->pid, &st, WNOHANG)) == 0) sleep_ms(50);
-    bool ok = got == t->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (got == 0) {
-        printf("    the server did not exit within %.0f s of SIGTERM\n", STOP_TIMEOUT);
-        kill(t->pid, SIGKILL);
-        waitpid(t->pid, NULL, 0);
-    } else if (!ok) {
-        printf("    the server ended with %s %d after SIGTERM\n", WIFEXITED(st) ? "exit status" : "signal",
-               WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? WTERMSIG(st) : -1);
-    }
-    if (!ok) print_file("server log", t->log);
-    t->pid = 0;
-    return ok;
+    const char *const args[] = {"--model", "ds4-tiny", "--ctx", "131072", "--any-model", "--api-key", "K1",
+                                "--api-key", "K2", "--max-tokens", "64", "--kv-cache-align-tokens", "256",
+                                "--kv-disk-dir", kv, NULL};
+    return fx_server_start(&t->s, args);
 }
 
 /* One client session: `node tests/agents/run.mjs BASE CLIENT KEY CHECK
@@ -289,32 +136,19 @@ static bool server_stop(agt *t)
 static bool session(agt *t, const char *client, const char *key, const char *expect, const char *prompt)
 {
     char out[128];
-    snprintf(out, sizeof out, "%s/run-%d.out", t->dir, ++t->n_runs);
-    const char *argv[] = {"node", AGENTS_DIR "/run.mjs", t->base, client, key, expect, prompt, t->state, NULL};
-    fflush(stdout);
-    double t0 = now_s();
-    pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execvp("node", (char *const *)argv);
-        _exit(127);
-    }
+    snprintf(out, sizeof out, "%s/run-%d.out", t->s.dir, ++t->n_runs);
+    const char *argv[] = {"node", AGENTS_DIR "/run.mjs", t->s.base, client, key, expect, prompt, t->state, NULL};
+    double t0 = fx_now();
     int st = 0;
-    pid_t got = 0;
-    while (now_s() - t0 < SESSION_TIMEOUT && (got = waitpid(pid, &st, WNOHANG)) == 0) sleep_ms(50);
-    if (got == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        printf("    %s %s %s: no exit within %d s\n", client, key, expect, SESSION_TIMEOUT);
+    int ran = fx_run(argv, out, SESSION_TIMEOUT, &st);
+    if (ran < 0) return false;
+    if (ran == 0) printf("    %s %s %s: no exit within %d s\n", client, key, expect, SESSION_TIMEOUT);
+    bool ok = ran > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!ok || fx_env_is("KVT_AGENTS_VERBOSE", "1")) {
+        printf("    %s, %s, %s: %.1f s%s\n", client, key, expect, fx_now() - t0, ok ? "" : ", failed");
+        fx_print_file("run.mjs", out);
     }
-    bool ok = got == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (!ok || env_is("KVT_AGENTS_VERBOSE", "1")) {
-        printf("    %s, %s, %s: %.1f s%s\n", client, key, expect, now_s() - t0, ok ? "" : ", failed");
-        print_file("run.mjs", out);
-    }
-    if (!ok && t->pid) print_file("server log", t->log);
+    if (!ok && t->s.pid) fx_print_file("server log", t->s.log);
     return ok;
 }
 
@@ -324,32 +158,31 @@ static bool begin(agt *t)
     const char *why = skip_reason();
     if (!why) why = ensure_clients();
     if (why) { kvt_test_skip("%s", why); return false; }
-    strcpy(t->dir, "/tmp/kvtier-agents-XXXXXX");
-    if (!mkdtemp(t->dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno)); return false; }
-    snprintf(t->state, sizeof t->state, "%s/state", t->dir);
+    if (!fx_tmpdir_make(&t->s, "kvtier-agents")) {
+        kvt_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
+        return false;
+    }
+    snprintf(t->state, sizeof t->state, "%s/state", t->s.dir);
     return true;
 }
 
 static void end(agt *t)
 {
-    if (t->pid) {
-        kill(t->pid, SIGKILL);
-        waitpid(t->pid, NULL, 0);
-        t->pid = 0;
-    }
-    if (!t->dir[0]) return;
-    if (env_is("KVT_AGENTS_KEEP", "1")) {
-        printf("    kept %s\n", t->dir);
+    fx_server_kill(&t->s);
+    if (!t->s.dir[0]) return;
+    if (fx_env_is("KVT_AGENTS_KEEP", "1")) {
+        printf("    kept %s\n", t->s.dir);
         return;
     }
     if (kvt_test_failed())
         printf("    KVT_AGENTS_KEEP=1 keeps the temp dir: the client's home, every exchange "
                "(state/CLIENT/session-N.jsonl), the server logs\n");
-    nftw(t->dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS);
+    fx_tmpdir_remove(&t->s);
 }
 
 #define START(t, kv) CHECKF(server_start(t, kv), "kvtier serve did not come up")
-#define STOP(t) CHECKF(server_stop(t), "kvtier serve did not exit 0 within %.0f s of SIGTERM", STOP_TIMEOUT)
+#define STOP(t)                                                                                  \
+    CHECKF(fx_server_stop(&(t)->s), "kvtier serve did not exit 0 within %.0f s of SIGTERM", FX_STOP_TIMEOUT)
 #define SESSION(t, client, key, expect, prompt)                                                  \
     CHECKF(session(t, client, key, expect, prompt), "%s session under %s (%s) failed", client, key, expect)
 
@@ -362,8 +195,8 @@ static void end(agt *t)
 static void sequence(agt *t, const char *client)
 {
     char kv_a[128], kv_b[128];
-    snprintf(kv_a, sizeof kv_a, "%s/kv-a", t->dir);
-    snprintf(kv_b, sizeof kv_b, "%s/kv-b", t->dir);
+    snprintf(kv_a, sizeof kv_a, "%s/kv-a", t->s.dir);
+    snprintf(kv_b, sizeof kv_b, "%s/kv-b", t->s.dir);
     START(t, kv_a);
     SESSION(t, client, "K1", "cold", P1);
     SESSION(t, client, "K1", "ram", P2);

@@ -42,97 +42,39 @@
  * The whole set takes 60 to 90 s on 2 cores, most of it the two cold
  * 25,000-token and the two 20,000-token ds4-mini prefills (one of those is
  * cancelled after a second); without the agent tests it takes about 10 s. */
+#include "fixture.h"
 #include "test.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define E2E_DIR "tests/e2e"
 #define STORIES "models/stories260K.gguf"
-#define START_TIMEOUT 30.0   /* seconds until /health answers */
-#define STOP_TIMEOUT 30.0    /* seconds from SIGTERM to exit */
 
 /* ---- the test's world: a temp dir, at most one server, its files ---- */
 
 typedef struct e2e {
-    char dir[64];            /* /tmp/kvtier-e2e-XXXXXX, removed at the end */
-    char kv[96];             /* dir/kv: the server's --kv-disk-dir */
-    pid_t pid;               /* the running server, 0 when none */
-    int port;
-    char base[64];           /* http://127.0.0.1:PORT */
-    char log[128];           /* the server's stdout + stderr */
-    int n_logs, n_runs;
+    fx_server s;             /* s.dir: /tmp/kvtier-e2e-XXXXXX, removed at the end */
+    char kv[96];             /* s.dir/kv: the server's --kv-disk-dir */
+    int n_runs;
 } e2e;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st; (void)flag; (void)ftw;
-    remove(path);
-    return 0;
-}
-
-/* Print a file (a log, a script's output), each line indented. */
-static void print_file(const char *what, const char *path)
-{
-    char *text = kvt_test_read_file(path, NULL);
-    printf("    --- %s (%s) ---\n", what, path);
-    if (!text) { printf("    (unreadable)\n"); return; }
-    const char *p = text;
-    /* the tail is what explains a failure: at most the last 12 KB */
-    size_t len = strlen(text);
-    if (len > 12000) { p = text + len - 12000; printf("    ...\n"); }
-    while (*p) {
-        const char *nl = strchr(p, '\n');
-        int n = nl ? (int)(nl - p) : (int)strlen(p);
-        printf("    | %.*s\n", n, p);
-        p += n + (nl ? 1 : 0);
-    }
-    free(text);
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
 
 /* Why the e2e tests cannot run here (NULL: they can). */
 static const char *skip_reason(bool agent)
 {
-    if (env_is("KVT_E2E", "0")) return "KVT_E2E=0";
+    if (fx_env_is("KVT_E2E", "0")) return "KVT_E2E=0";
     if (system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
     if (system("command -v curl >/dev/null 2>&1") != 0) return "curl is not on PATH";
     if (access(E2E_DIR "/package.json", R_OK) != 0) return "run from the repository root (" E2E_DIR " not found)";
     if (access(kvt_test_bin(), X_OK) != 0) return "the kvtier binary is not built";
     if (agent) {
-        if (env_is("KVT_E2E_AGENT", "0")) return "KVT_E2E_AGENT=0";
-        if (!env_is("KVT_E2E_AGENT", "1") && strstr(kvt_test_bin(), "asan"))
+        if (fx_env_is("KVT_E2E_AGENT", "0")) return "KVT_E2E_AGENT=0";
+        if (!fx_env_is("KVT_E2E_AGENT", "1") && strstr(kvt_test_bin(), "asan"))
             return "ds4-mini agent session under a sanitizer build (KVT_E2E_AGENT=1 forces it)";
     }
     return NULL;
@@ -149,36 +91,11 @@ static bool ensure_deps(void)
     flock(fd, LOCK_EX);
     bool ok = access(E2E_DIR "/node_modules/openai/package.json", R_OK) == 0 &&
               access(E2E_DIR "/node_modules/@anthropic-ai/sdk/package.json", R_OK) == 0;
-    if (!ok) {
-        char log[] = "/tmp/kvtier-e2e-npm-XXXXXX";
-        int lf = mkstemp(log);
-        if (lf >= 0) close(lf);
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "npm ci --prefix " E2E_DIR " --no-audit --no-fund --loglevel=error >%s 2>&1",
-                 lf >= 0 ? log : "/dev/null");
-        printf("    installing the Node packages: npm ci --prefix " E2E_DIR "\n");
-        ok = system(cmd) == 0;
-        if (!ok && lf >= 0) print_file("npm ci", log);
-        if (lf >= 0) unlink(log);
-    }
+    if (!ok) ok = fx_npm_ci(E2E_DIR, "kvtier-e2e", "Node packages");
     flock(fd, LOCK_UN);
     close(fd);
     done = ok;
     return ok;
-}
-
-/* A port nobody listens on right now (the kernel's pick for port 0). */
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (!bind(s, (struct sockaddr *)&a, sizeof a) && !getsockname(s, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
-    close(s);
-    return port;
 }
 
 /* The HTTP status of a curl request (args: shell words, already quoted as
@@ -193,7 +110,7 @@ static int curl(e2e *t, const char *fmt, ...)
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "curl -s -o %s/curl.out -D %s/curl.hdr -w '%%{http_code}' --max-time 60 %s",
-             t->dir, t->dir, args);
+             t->s.dir, t->s.dir, args);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     char code[16] = {0};
@@ -208,99 +125,24 @@ static int curl(e2e *t, const char *fmt, ...)
 static char *curl_file(e2e *t, const char *which)
 {
     char path[128];
-    snprintf(path, sizeof path, "%s/curl.%s", t->dir, which);
+    snprintf(path, sizeof path, "%s/curl.%s", t->s.dir, which);
     char *s = kvt_test_read_file(path, NULL);
     return s ? s : calloc(1, 1);
 }
 
-static bool health_ok(e2e *t)
-{
-    return curl(t, "--max-time 2 %s/health", t->base) == 200;
-}
-
-/* Start `KVT_BIN serve --host 127.0.0.1 --port P args...` (args
- * NULL-terminated) and wait until /health answers. A port taken between
- * free_port() and the bind is retried on another one. */
-static bool server_start(e2e *t, const char *const *args)
-{
-    const char *bin = kvt_test_bin();
-    for (int attempt = 0; attempt < 3; attempt++) {
-        t->port = free_port();
-        if (t->port <= 0) return false;
-        snprintf(t->base, sizeof t->base, "http://127.0.0.1:%d", t->port);
-        snprintf(t->log, sizeof t->log, "%s/server-%d.log", t->dir, ++t->n_logs);
-        char port[16];
-        snprintf(port, sizeof port, "%d", t->port);
-        const char *argv[48] = {bin, "serve", "--host", "127.0.0.1", "--port", port};
-        size_t n = 6;
-        for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
-        argv[n] = NULL;
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid < 0) return false;
-        if (pid == 0) {
-            int fd = open(t->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-            execvp(bin, (char *const *)argv);
-            _exit(127);
-        }
-        t->pid = pid;
-        double t0 = now_s();
-        while (now_s() - t0 < START_TIMEOUT) {
-            int st;
-            if (waitpid(pid, &st, WNOHANG) == pid) {
-                t->pid = 0;
-                char *log = kvt_test_read_file(t->log, NULL);
-                bool port_taken = log && strstr(log, "cannot listen");
-                free(log);
-                if (port_taken) break; /* try another port */
-                printf("    the server exited before answering /health (status 0x%x)\n", st);
-                print_file("server log", t->log);
-                return false;
-            }
-            if (health_ok(t)) return true;
-            sleep_ms(100);
-        }
-        if (t->pid) {
-            printf("    no answer on %s/health within %.0f s\n", t->base, START_TIMEOUT);
-            print_file("server log", t->log);
-            kill(t->pid, SIGKILL);
-            waitpid(t->pid, NULL, 0);
-            t->pid = 0;
-            return false;
-        }
-    }
-    return false;
-}
-
-/* SIGTERM; true when the server exited with status 0 within STOP_TIMEOUT
- * and its log holds no sanitizer report. */
+/* SIGTERM (fx_server_stop); and a clean exit must leave no sanitizer
+ * report in the server log. */
 static bool server_stop(e2e *t)
 {
-    if (!t->pid) return false;
-    kill(t->pid, SIGTERM);
-    double t0 = now_s();
-    int st = 0;
-    pid_t got = 0;
-    while (now_s() - t0 < STOP_TIMEOUT && (got = waitpid(t->pid, &st, WNOHANG)) == 0) sleep_ms(50);
-    bool ok = got == t->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (got == 0) {
-        printf("    the server did not exit within %.0f s of SIGTERM\n", STOP_TIMEOUT);
-        kill(t->pid, SIGKILL);
-        waitpid(t->pid, NULL, 0);
-    } else if (!ok) {
-        printf("    the server ended with %s %d after SIGTERM\n", WIFEXITED(st) ? "exit status" : "signal",
-               WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? WTERMSIG(st) : -1);
-    }
+    if (!fx_server_stop(&t->s)) return false;
     /* a sanitizer build reports and usually exits non-zero; say why */
-    char *log = kvt_test_read_file(t->log, NULL);
-    if (ok && log && (strstr(log, "Sanitizer") || strstr(log, "runtime error"))) {
-        printf("    the server log holds a sanitizer report\n");
-        ok = false;
-    }
+    char *log = kvt_test_read_file(t->s.log, NULL);
+    bool ok = !(log && (strstr(log, "Sanitizer") || strstr(log, "runtime error")));
     free(log);
-    if (!ok) print_file("server log", t->log);
-    t->pid = 0;
+    if (!ok) {
+        printf("    the server log holds a sanitizer report\n");
+        fx_print_file("server log", t->s.log);
+    }
     return ok;
 }
 
@@ -310,37 +152,24 @@ static bool node_run(e2e *t, const char *script, const char *const *args, double
 {
     char path[128], out[128];
     snprintf(path, sizeof path, E2E_DIR "/%s", script);
-    snprintf(out, sizeof out, "%s/node-%d.out", t->dir, ++t->n_runs);
-    const char *argv[16] = {"node", path, t->base};
+    snprintf(out, sizeof out, "%s/node-%d.out", t->s.dir, ++t->n_runs);
+    const char *argv[16] = {"node", path, t->s.base};
     size_t n = 3;
     for (size_t i = 0; args && args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
     argv[n] = NULL;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execvp("node", (char *const *)argv);
-        _exit(127);
-    }
-    double t0 = now_s();
     int st = 0;
-    pid_t got = 0;
-    while (now_s() - t0 < timeout && (got = waitpid(pid, &st, WNOHANG)) == 0) sleep_ms(50);
-    if (got == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
+    int ran = fx_run(argv, out, timeout, &st);
+    if (ran < 0) return false;
+    if (ran == 0)
         printf("    node %s %s: no exit within %.0f s\n", script, args && args[0] ? args[0] : "", timeout);
-    }
-    bool ok = got == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (!ok || env_is("KVT_E2E_VERBOSE", "1")) {
-        if (!ok && got == pid)
+    bool ok = ran > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!ok || fx_env_is("KVT_E2E_VERBOSE", "1")) {
+        if (!ok && ran > 0)
             printf("    node %s %s: exit status %d\n", script, args && args[0] ? args[0] : "",
                    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-        print_file(script, out);
+        fx_print_file(script, out);
     }
-    if (!ok && t->pid) print_file("server log", t->log);
+    if (!ok && t->s.pid) fx_print_file("server log", t->s.log);
     return ok;
 }
 
@@ -348,9 +177,9 @@ static bool node_run(e2e *t, const char *script, const char *const *args, double
 static char *cache_ls(e2e *t, const char *kv)
 {
     char cmd[512], path[128];
-    snprintf(path, sizeof path, "%s/cache-ls.out", t->dir);
+    snprintf(path, sizeof path, "%s/cache-ls.out", t->s.dir);
     snprintf(cmd, sizeof cmd, "'%s' cache ls --kv-disk-dir '%s' >%s 2>&1", kvt_test_bin(), kv, path);
-    if (system(cmd) != 0) { print_file("cache ls", path); return NULL; }
+    if (system(cmd) != 0) { fx_print_file("cache ls", path); return NULL; }
     return kvt_test_read_file(path, NULL);
 }
 
@@ -367,12 +196,14 @@ static bool e2e_begin(e2e *t, bool agent)
     *t = (e2e){0};
     const char *why = skip_reason(agent);
     if (why) { kvt_test_skip("%s", why); return false; }
-    strcpy(t->dir, "/tmp/kvtier-e2e-XXXXXX");
-    if (!mkdtemp(t->dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno)); return false; }
-    snprintf(t->kv, sizeof t->kv, "%s/kv", t->dir);
+    if (!fx_tmpdir_make(&t->s, "kvtier-e2e")) {
+        kvt_test_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
+        return false;
+    }
+    snprintf(t->kv, sizeof t->kv, "%s/kv", t->s.dir);
     if (!ensure_deps()) {
         kvt_test_fail(__FILE__, __LINE__, "npm ci --prefix " E2E_DIR " failed (see above)");
-        nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        fx_tmpdir_remove(&t->s);
         return false;
     }
     return true;
@@ -381,18 +212,14 @@ static bool e2e_begin(e2e *t, bool agent)
 /* Kill a server a failed check left running; remove the temp dir. */
 static void e2e_end(e2e *t)
 {
-    if (t->pid) {
-        kill(t->pid, SIGKILL);
-        waitpid(t->pid, NULL, 0);
-        t->pid = 0;
-    }
-    if (t->dir[0]) nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    fx_server_kill(&t->s);
+    fx_tmpdir_remove(&t->s);
 }
 
 #define START(t, ...)                                                       \
     do {                                                                    \
         const char *const a_[] = {__VA_ARGS__, NULL};                       \
-        CHECKF(server_start(t, a_), "kvtier serve did not come up");        \
+        CHECKF(fx_server_start(&(t)->s, a_), "kvtier serve did not come up"); \
     } while (0)
 
 #define NODE(t, timeout, script, ...)                                       \
@@ -401,21 +228,21 @@ static void e2e_end(e2e *t)
         CHECKF(node_run(t, script, a_, timeout), "node %s failed", script); \
     } while (0)
 
-#define STOP(t) CHECKF(server_stop(t), "kvtier serve did not exit 0 within %.0f s of SIGTERM", STOP_TIMEOUT)
+#define STOP(t) CHECKF(server_stop(t), "kvtier serve did not exit 0 within %.0f s of SIGTERM", FX_STOP_TIMEOUT)
 
 /* A live session of 600 prompt tokens, enough for a shutdown save (the
  * save policy's minimum is 512). ds4 presets: one token per byte. */
 static void long_session(e2e *t)
 {
     char path[128];
-    snprintf(path, sizeof path, "%s/long.json", t->dir);
+    snprintf(path, sizeof path, "%s/long.json", t->s.dir);
     FILE *f = fopen(path, "w");
     CHECK(f);
     fputs("{\"prompt\":\"", f);
     for (int i = 0; i < 600; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 7 % 37], f);
     fputs("\",\"max_tokens\":1,\"temperature\":0}", f);
     fclose(f);
-    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/completions", path, t->base);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/completions", path, t->s.base);
     char *body = curl_file(t, "out");
     CHECKF(code == 200, "600-token completion: HTTP %d %.300s", code, body);
     free(body);
@@ -456,24 +283,24 @@ static void errors(e2e *t)
     NODE(t, 300, "errors.mjs", "basic");
     /* the same cases as raw HTTP */
     const char *json = "-H 'content-type: application/json'";
-    int code = curl(t, "%s -d '{\"messages\": [' %s/v1/chat/completions", json, t->base);
+    int code = curl(t, "%s -d '{\"messages\": [' %s/v1/chat/completions", json, t->s.base);
     char *body = curl_file(t, "out");
     CHECKF(code == 400 && strstr(body, "{\"error\":{\"message\":"), "curl, malformed JSON on chat: %d %s", code, body);
     free(body);
-    code = curl(t, "%s -d '{\"messages\": [' %s/v1/messages", json, t->base);
+    code = curl(t, "%s -d '{\"messages\": [' %s/v1/messages", json, t->s.base);
     body = curl_file(t, "out");
     CHECKF(code == 400 && strstr(body, "{\"type\":\"error\",\"error\":{"), "curl, malformed JSON on messages: %d %s",
            code, body);
     free(body);
-    code = curl(t, "%s -d '{\"messages\":\"hi\"}' %s/v1/chat/completions", json, t->base);
+    code = curl(t, "%s -d '{\"messages\":\"hi\"}' %s/v1/chat/completions", json, t->s.base);
     CHECKF(code == 400, "curl, messages not an array: %d", code);
     code = curl(t, "%s -d '{\"max_tokens\":\"abc\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}' %s/v1/messages",
-                json, t->base);
+                json, t->s.base);
     CHECKF(code == 400, "curl, max_tokens \"abc\": %d", code);
     code = curl(t, "%s -d '{\"model\":\"nope\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}' %s/v1/chat/completions",
-                json, t->base);
+                json, t->s.base);
     CHECKF(code == 404, "curl, unknown model: %d", code);
-    CHECKF(health_ok(t), "/health after the errors");
+    CHECKF(fx_health_ok(&t->s), "/health after the errors");
     long_session(t);
     if (kvt_test_failed()) return;
     stop_expect_shutdown_save(t);
@@ -509,22 +336,22 @@ static void body_limit(e2e *t)
     /* curl sends a large body after "Expect: 100-continue": the server may
      * answer before reading it, or read and discard it; 413 either way */
     char path[128];
-    snprintf(path, sizeof path, "%s/big.json", t->dir);
+    snprintf(path, sizeof path, "%s/big.json", t->s.dir);
     FILE *f = fopen(path, "w");
     CHECK(f);
     fputs("{\"messages\":[{\"role\":\"user\",\"content\":\"", f);
     for (int i = 0; i < (2 << 20); i++) fputc('q', f);
     fputs("\"}]}", f);
     fclose(f);
-    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/chat/completions", path, t->base);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s/v1/chat/completions", path, t->s.base);
     char *body = curl_file(t, "out");
     CHECKF(code == 413 && strstr(body, "request_too_large"), "curl, 2 MB body: %d %.200s", code, body);
     free(body);
-    code = curl(t, "-H 'content-type: application/json' -H 'Expect:' --data-binary @%s %s/v1/messages", path, t->base);
+    code = curl(t, "-H 'content-type: application/json' -H 'Expect:' --data-binary @%s %s/v1/messages", path, t->s.base);
     body = curl_file(t, "out");
     CHECKF(code == 413 && strstr(body, "\"type\":\"error\""), "curl, 2 MB body without Expect: %d %.200s", code, body);
     free(body);
-    CHECKF(health_ok(t), "/health after the oversized bodies");
+    CHECKF(fx_health_ok(&t->s), "/health after the oversized bodies");
     STOP(t);
 }
 
@@ -542,15 +369,15 @@ static void api_key(e2e *t)
     NODE(t, 300, "errors.mjs", "auth");
     const char *req = "-H 'content-type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                       "\"max_tokens\":1}'";
-    int code = curl(t, "%s %s/v1/chat/completions", req, t->base);
+    int code = curl(t, "%s %s/v1/chat/completions", req, t->s.base);
     CHECKF(code == 401, "curl, no key: %d", code);
-    code = curl(t, "-H 'Authorization: Bearer K' %s %s/v1/chat/completions", req, t->base);
+    code = curl(t, "-H 'Authorization: Bearer K' %s %s/v1/chat/completions", req, t->s.base);
     CHECKF(code == 200, "curl, Authorization: Bearer K: %d", code);
-    code = curl(t, "-H 'x-api-key: K' %s %s/v1/messages", req, t->base);
+    code = curl(t, "-H 'x-api-key: K' %s %s/v1/messages", req, t->s.base);
     CHECKF(code == 200, "curl, x-api-key: K: %d", code);
-    code = curl(t, "-H 'Authorization: Bearer k' %s %s/v1/chat/completions", req, t->base);
+    code = curl(t, "-H 'Authorization: Bearer k' %s %s/v1/chat/completions", req, t->s.base);
     CHECKF(code == 401, "curl, a key that differs in case: %d", code);
-    CHECKF(health_ok(t), "/health without the key");
+    CHECKF(fx_health_ok(&t->s), "/health without the key");
     STOP(t);
 }
 
@@ -581,7 +408,7 @@ TEST(e2e_queue_full)
 static void tiers_stories(e2e *t, const char *model)
 {
     char state[128];
-    snprintf(state, sizeof state, "%s/state.json", t->dir);
+    snprintf(state, sizeof state, "%s/state.json", t->s.dir);
     /* the save policy scaled to a 2048-token context */
 #define STORIES_ARGS "--model", model, "--kv-disk-dir", t->kv, "--kv-cache-min-tokens", "128", \
                      "--kv-cache-align-tokens", "256", "--kv-cache-continued-interval", "1024"
@@ -610,8 +437,8 @@ TEST(e2e_tiers_stories)
 static void agent_tiers(e2e *t)
 {
     char state[128], kv2[128];
-    snprintf(state, sizeof state, "%s/state.json", t->dir);
-    snprintf(kv2, sizeof kv2, "%s/kv-fresh", t->dir);
+    snprintf(state, sizeof state, "%s/state.json", t->s.dir);
+    snprintf(kv2, sizeof kv2, "%s/kv-fresh", t->s.dir);
     START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv);
     NODE(t, 600, "agent.mjs", "turns", state);
     STOP(t);
@@ -639,7 +466,7 @@ TEST(e2e_agent_tiers)
 static void agent_prefill(e2e *t)
 {
     char state[128];
-    snprintf(state, sizeof state, "%s/state.json", t->dir);
+    snprintf(state, sizeof state, "%s/state.json", t->s.dir);
     START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv);
     NODE(t, 600, "agent.mjs", "prefill", state);
     STOP(t);

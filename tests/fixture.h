@@ -1,0 +1,78 @@
+/* A kvtier server child process for end-to-end tests (tests/test_e2e.c,
+ * tests/test_agents.c), and the plumbing around it.
+ *
+ * fx_server_start runs the built binary (KVT_BIN) as
+ * `serve --host 127.0.0.1 --port P args...` on a free loopback port, its
+ * stdout + stderr in DIR/server-N.log, and waits for GET /health;
+ * fx_server_stop sends SIGTERM the way a service manager does and says
+ * whether it exited 0. Around it: a temp dir per test, a child run with a
+ * timeout and its output in a file, `npm ci` under a lock, environment
+ * switches, and printing a log when a check fails.
+ *
+ * Nothing here calls CHECK or kvt_test_fail: the functions say what went
+ * wrong on stdout and return false, and the test decides what fails. */
+#ifndef KVT_FIXTURE_H
+#define KVT_FIXTURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define FX_START_TIMEOUT 30.0   /* seconds until /health answers */
+#define FX_STOP_TIMEOUT 30.0    /* seconds from SIGTERM to exit */
+
+/* A test's temp dir and at most one server running in it. Zero it before
+ * use; dir is set by fx_tmpdir_make. */
+typedef struct fx_server {
+    char dir[64];            /* /tmp/kvtier-NAME-XXXXXX: the test's files, the server logs */
+    pid_t pid;               /* the running server, 0 when none */
+    int port;
+    char base[64];           /* http://127.0.0.1:PORT */
+    char log[128];           /* the current server's stdout + stderr */
+    int n_logs;              /* server logs written so far */
+} fx_server;
+
+double fx_now(void);                                  /* monotonic seconds */
+void fx_sleep_ms(int ms);
+bool fx_env_is(const char *name, const char *value);  /* getenv(name) equals value */
+
+/* Print a file (a log, a script's output), each line indented; at most its
+ * last 12 KB, which is what explains a failure. */
+void fx_print_file(const char *what, const char *path);
+
+/* A port nobody listens on right now (the kernel's pick for port 0); -1 on
+ * failure. */
+int fx_free_port(void);
+
+/* Make s->dir a fresh /tmp/NAME-XXXXXX; false (errno set) on failure.
+ * fx_tmpdir_remove removes it and everything below it. */
+bool fx_tmpdir_make(fx_server *s, const char *name);
+void fx_tmpdir_remove(fx_server *s);
+
+/* `npm ci --prefix DIR`, its log in a temp file /tmp/NAME-npm-XXXXXX that is
+ * printed when npm fails; what names the packages in the progress line.
+ * Locking DIR/package.json against a concurrent install is the caller's. */
+bool fx_npm_ci(const char *dir, const char *name, const char *what);
+
+/* Run argv (argv[0] looked up on PATH) with stdout + stderr in the file out
+ * and wait up to timeout seconds. 1: it exited, *status holds its wait
+ * status; 0: it did not exit in time and was killed; -1: fork failed. */
+int fx_run(const char *const *argv, const char *out, double timeout, int *status);
+
+/* GET /health answers 200 within 2 s. */
+bool fx_health_ok(const fx_server *s);
+
+/* Start `KVT_BIN serve --host 127.0.0.1 --port P args...` (args
+ * NULL-terminated) and wait until /health answers, at most
+ * FX_START_TIMEOUT. A port taken between fx_free_port() and the bind is
+ * retried on another one. On failure the server log is printed. */
+bool fx_server_start(fx_server *s, const char *const *args);
+
+/* SIGTERM; true when the server exited with status 0 within
+ * FX_STOP_TIMEOUT (killed otherwise). The server log is printed when not. */
+bool fx_server_stop(fx_server *s);
+
+/* SIGKILL a server a failed check left running; nothing when none. */
+void fx_server_kill(fx_server *s);
+
+#endif
