@@ -66,6 +66,7 @@ struct kvt_session {
     kvt_checkpoint *ckpt;      /* (n_ckpt) by increasing pos; architectures with state only */
     size_t n_ckpt, cap_ckpt;
     uint32_t ckpt_interval;    /* tokens between grid checkpoints */
+    size_t mark;               /* also checkpoint here during prefill (0: none) */
 };
 
 /* Session checkpoints (session.c): remember the state at the current
@@ -75,6 +76,8 @@ void kvt_session_ckpt_clear(kvt_session *s);
 /* Make dst an exact copy of src (same model; dst's context must hold it):
  * rows, state, tokens, logits and checkpoints. */
 int kvt_session_clone(kvt_session *dst, const kvt_session *src);
+/* Make later syncs also leave a checkpoint at pos (0: none). */
+void kvt_session_set_mark(kvt_session *s, size_t pos);
 /* RAM held by a session's cache and checkpoints. */
 size_t kvt_session_bytes(const kvt_session *s);
 

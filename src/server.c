@@ -478,7 +478,14 @@ static void run_job(server *sv, job *j)
             if (!rc && got) { from_disk = reused = got; tier = "disk"; }
         }
     }
-    /* tier 3: prefill the rest */
+    /* tier 3: prefill the rest, leaving a checkpoint where the last user turn
+     * begins: the next conversation on the same prompt forks from there */
+    static const char user_turn[] = "<｜User｜>"; /* the deepseek template's turn marker */
+    int32_t user_id = kvt_tokenizer_find(m->tok, user_turn, sizeof user_turn - 1);
+    size_t mark = 0;
+    for (size_t i = n; user_id >= 0 && i-- > 1;)
+        if (toks[i] == user_id) { mark = i; break; }
+    kvt_session_set_mark(s, mark);
     struct prog pg = {sv, j, kvt_now()};
     s->progress = on_progress;
     s->progress_user = &pg;
@@ -1042,10 +1049,10 @@ int kvt_serve(const kvt_server_opts *opts)
     if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }
     struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                                                 MHD_USE_ERROR_LOG,
-                                            opts->port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, &addr,
+                                            opts->port, NULL, NULL, handle, sv,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr,
                                             MHD_OPTION_NOTIFY_COMPLETED, request_done, sv,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
     if (!d) {
         rc = kvt_fail(KVT_EIO, "cannot listen on %s:%u: %s", opts->host, opts->port, strerror(errno));
         pthread_mutex_lock(&sv->mu);

@@ -23,9 +23,11 @@
  * are overwritten as the session advances, so going back to an earlier
  * position needs that state as it was then. A checkpoint keeps both: the
  * logits and the fixed state (empty for llama) at a position. Sessions keep one at every multiple of CKPT_INTERVAL
- * tokens (prefill chunks are cut to land on them) and one at the end of the
- * latest sync, so regenerating from the same prompt costs nothing and a
- * divergence costs at most CKPT_INTERVAL tokens of prefill. */
+ * tokens (prefill chunks are cut to land on them), one at the end of the
+ * latest sync, so regenerating from the same prompt costs nothing, and one
+ * at a position the caller marks (the server marks where the last user turn
+ * begins, which is where the next conversation on the same prompt diverges);
+ * any other divergence costs at most CKPT_INTERVAL tokens of prefill. */
 
 static bool stateful(const kvt_session *s) { return s->m->arch->state_save != NULL; }
 
@@ -70,7 +72,9 @@ void kvt_session_checkpoint(kvt_session *s)
     if (s->n == 0) return;
     if (s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == s->n) return;
     bool grid = s->n % s->ckpt_interval == 0;
-    if (!grid) /* keep at most one off-grid checkpoint: the latest */
+    size_t off = 0;
+    for (size_t i = 0; i < s->n_ckpt; i++) off += s->ckpt[i].pos % s->ckpt_interval != 0;
+    if (!grid && off >= 2) /* keep at most two off-grid checkpoints: drop the oldest */
         for (size_t i = 0; i < s->n_ckpt; i++)
             if (s->ckpt[i].pos % s->ckpt_interval) {
                 ckpt_free(&s->ckpt[i]);
@@ -211,11 +215,12 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
         if (c > n - s->n) c = n - s->n;
         size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
         if (s->n + c > grid) c = grid - s->n;
+        if (s->mark > s->n && s->n + c > s->mark) c = s->mark - s->n;
         int rc = s->m->arch->forward(s, tokens + s->n, c, s->n, s->logits, c - 1);
         if (rc) { recover(s, start); return rc; }
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         s->n += c;
-        if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s);
+        if (s->n % s->ckpt_interval == 0 || s->n == s->mark) kvt_session_checkpoint(s);
         if (s->progress && !s->progress(s->progress_user, s->n - start, n - start))
             return s->n < n ? kvt_fail(KVT_ECANCELED, "prefill canceled at %zu of %zu tokens", s->n, n)
                             : KVT_OK;
@@ -368,3 +373,5 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
     for (size_t i = 0; i < src->n_ckpt; i++) ckpt_push(dst, src->ckpt[i].pos, src->ckpt[i].logits, &src->ckpt[i].state);
     return KVT_OK;
 }
+
+void kvt_session_set_mark(kvt_session *s, size_t pos) { s->mark = pos; }

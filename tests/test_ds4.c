@@ -443,3 +443,38 @@ TEST(ds4_snapshot_rejects_damage)
     kvt_model_close(other);
     kvt_model_close(m);
 }
+
+TEST(ds4_marked_checkpoint)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 900, MARK = 777 };
+    int32_t a[N], b[N];
+    seqb(a, N, 23);
+    memcpy(b, a, sizeof a);
+    for (size_t i = MARK + 1; i < N; i++) b[i] = (a[i] + 9) % 256; /* another last turn */
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    kvt_session_set_mark(s, MARK);
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    size_t reused = 0;
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECKF(reused == MARK, "reused %zu, the mark is at %d", reused, MARK);
+    state x = {0}, y = {0};
+    CHECK_OK(capture(s, m, &x));
+    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
+    CHECK(equal(&x, &y));
+    state_free(&x);
+    state_free(&y);
+    /* without a mark the same divergence goes back to the start (no grid point below 2048) */
+    kvt_session_set_mark(s, 0);
+    CHECK_OK(kvt_session_sync(s, a, N, &reused));
+    CHECK(reused == MARK); /* the marked checkpoint is still there */
+    kvt_session_free(s);
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECK(reused == 0);
+    kvt_session_free(s);
+    kvt_model_close(m);
+}
