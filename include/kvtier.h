@@ -253,7 +253,7 @@ typedef struct kvt_save_policy {
 uint32_t kvt_save_policy_grid(const kvt_save_policy *p);
 /* Save what the policy asks for after a sync of n prompt tokens of which
  * `from_disk` were restored from the store. *saved (may be NULL) receives
- * the number of snapshots written. Save failures are reported, not fatal. */
+ * the number of new snapshots written (not re-saves of stored ones). Save failures are reported, not fatal. */
 int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
                            size_t from_disk, size_t *saved);
 

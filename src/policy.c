@@ -2,6 +2,7 @@
  * prefixes of a session become disk snapshots, and why. */
 #include "model.h"
 #include "snapshot.h"
+#include "store.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -21,10 +22,11 @@ uint32_t kvt_save_policy_grid(const kvt_save_policy *p)
 static int save_one(kvt_store *st, kvt_session *s, size_t at, const char *why, size_t *saved)
 {
     if (!kvt_snap_can_save(s, at)) return KVT_OK;
-    int rc = kvt_store_save(st, s, at, why, NULL);
+    bool created = false;
+    int rc = kvt_store_save_new(st, s, at, why, NULL, &created);
     if (rc == KVT_ENOMEM) return rc;
     if (rc) fprintf(stderr, "kvtier: cache: %s save at %zu tokens failed: %s\n", why, at, kvt_errmsg());
-    else if (saved) (*saved)++;
+    else if (saved && created) (*saved)++;
     return KVT_OK;
 }
 

@@ -31,6 +31,7 @@
 #include "model.h"
 #include "server.h"
 #include "snapshot.h"
+#include "store.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -220,11 +221,12 @@ static void pool_drop(server *sv, size_t i, const char *reason)
     kvt_store *store = sv->tn[sv->pool[i].tenant].store;
     if (store && kvt_session_len(s) >= sv->o.policy.min_tokens) {
         double t0 = kvt_now();
-        int rc = kvt_store_save(store, s, kvt_session_len(s), reason, NULL);
+        bool created = false;
+        int rc = kvt_store_save_new(store, s, kvt_session_len(s), reason, NULL, &created);
         pthread_mutex_lock(&sv->mu);
         hist_add(&sv->mx.save, kvt_now() - t0);
         if (rc) sv->mx.disk_save_errors++;
-        else sv->mx.disk_saves++;
+        else if (created) sv->mx.disk_saves++;
         pthread_mutex_unlock(&sv->mu);
     }
     kvt_session_free(s);
@@ -512,15 +514,11 @@ static void run_job(server *sv, job *j)
     j->reused = u.cached_tokens;
     /* saves per the policy (also after a cancel: what was computed is kept) */
     if (store) {
-        size_t after = 0;
-        kvt_store_stats st0 = {0}, st1 = {0};
-        kvt_store_stats_get(store, &st0);
+        size_t written = 0; /* new entries, not re-saves of stored ones */
         double ts = kvt_now();
-        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, &after);
-        kvt_store_stats_get(store, &st1);
-        size_t written = st1.saves - st0.saves; /* new entries, not re-saves of existing ones */
+        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, &written);
         pthread_mutex_lock(&sv->mu);
-        if (after) hist_add(&sv->mx.save, kvt_now() - ts);
+        if (written) hist_add(&sv->mx.save, kvt_now() - ts);
         sv->mx.disk_saves += written;
         pthread_mutex_unlock(&sv->mu);
         if (written && !rc) {

@@ -307,8 +307,9 @@ static void preview_of(const char *text, size_t len, char *out, size_t cap)
     out[k] = 0;
 }
 
-static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
+static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out, bool *created)
 {
+    if (created) *created = false;
     if (!kvt_snap_can_save(s, n))
         return kvt_fail(KVT_EINVAL, "cannot save %zu tokens: the session holds %zu and no checkpoint there", n, s->n);
     kvt_wbuf rec = {0}, blk = {0};
@@ -338,6 +339,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         id = q_int(st, "SELECT id FROM snaps WHERE head = ? AND n_tokens = ? AND tail = ?", 3, a, -1);
     }
     int64_t t = tick(st);
+    bool fresh = id < 0;
     if (id >= 0) { /* already stored: only the use moves */
         int64_t a[2] = {t, id};
         q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, a);
@@ -410,6 +412,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     }
     st->dirty = true;
     if (id_out) *id_out = id;
+    if (created) *created = fresh;
 out:
     kvt_wbuf_free(&rec);
     kvt_wbuf_free(&blk);
@@ -784,7 +787,15 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
 {
     pthread_mutex_lock(&st->mu);
-    int rc = store_save(st, s, n, reason, id_out);
+    int rc = store_save(st, s, n, reason, id_out, NULL);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out, bool *created)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = store_save(st, s, n, reason, id_out, created);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }

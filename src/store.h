@@ -8,6 +8,10 @@
  * (tests of the save error path). */
 int kvt_store_limit_pages(kvt_store *st, uint32_t pages);
 
+/* kvt_store_save that also says whether a new entry was written (false
+ * when an identical one was already stored). */
+int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id, bool *created);
+
 /* Commit without waiting for the disk (populating a benchmark store only). */
 int kvt_store_set_synchronous(kvt_store *st, bool on);
 
