@@ -688,7 +688,13 @@ static void attn_range(void *arg, size_t i0, size_t i1)
     free(keys); free(sc); free(all);
 }
 
-static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom)
+/* One chunk of the forward pass. replay_from is SIZE_MAX for a normal pass.
+ * Otherwise the chunk is part of a replay that started at replay_from over a
+ * cache whose stream rows are already complete (see ds4_state_rebuild): the
+ * compressed rows are not written, and each one whose inputs the replay has
+ * already made exact is recomputed and must equal the stored row. */
+static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom,
+                         size_t replay_from)
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
@@ -712,7 +718,9 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
     float *p = kvt_malloc((Dh > Di ? Dh : Di) * sizeof(float));
     uint32_t *sel = kvt_malloc(n * c->K * sizeof(uint32_t)); /* (n, K) */
     uint32_t *nsel = kvt_malloc(n * sizeof(uint32_t));       /* (n) */
-    if (!sel || !nsel ||!x || !h || !qr || !q || !kv || !rows || !ckv || !csc || !iq || !iw || !att || !f1 || !f3 || !tmp || !p)
+    uint16_t *chk = kvt_malloc((Dh > Di ? Dh : Di) * 2);       /* a replayed row */
+    bool replay = replay_from != SIZE_MAX;
+    if (!chk || !sel || !nsel ||!x || !h || !qr || !q || !kv || !rows || !ckv || !csc || !iq || !iw || !att || !f1 || !f3 || !tmp || !p)
         goto done;
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= c->V) {
@@ -759,7 +767,16 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
                 float *sl = front_slot(s->cache, off, r, cw, t);
                 memcpy(sl, ckv + i * cw, cw * sizeof(float));
                 for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
-                if ((t + 1) % r == 0) {
+                if ((t + 1) % r == 0 && replay) {
+                    /* layer l's inputs are exact from replay_from + l(W-1) on */
+                    size_t row = (t + 1) / r - 1, s0 = r == 4 && row > 0 ? row * r - 4 : row * r;
+                    if (replay_from && s0 < replay_from + (size_t)l * (c->W - 1)) continue;
+                    emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, chk);
+                    if (memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2)) {
+                        rc = kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
+                        goto done;
+                    }
+                } else if ((t + 1) % r == 0) {
                     uint16_t *out = kvt_cache_row(s->cache, (size_t)stream, (t + 1) / r - 1);
                     if (!out) { rc = kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t); goto done; }
                     emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, out);
@@ -801,8 +818,69 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
     rc = KVT_OK;
 done:
     free(x); free(h); free(qr); free(q); free(kv); free(rows); free(ckv); free(csc);
-    free(iq); free(iw); free(att); free(f1); free(f3); free(tmp); free(p); free(sel); free(nsel);
+    free(iq); free(iw); free(att); free(f1); free(f3); free(tmp); free(p); free(sel); free(nsel); free(chk);
     return rc;
+}
+
+static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom)
+{
+    return forward_chunk(s, tok, n, pos0, logits, lfrom, SIZE_MAX);
+}
+
+/* Where a replay that ends at n must start so that everything it leaves is
+ * exact. Layer 0's input (the embedding) is exact at every position, and
+ * attention at t reads the window rows t-W+1..t of its layer (the stored
+ * compressed rows are exact), so the input of layer l is exact from
+ * q + l(W-1) on. The state at n needs that for layer L-1 at the window's
+ * first position n-W, at the first frontier token of every compressing
+ * layer, and (for the logits, which check the replay) at n-1 after the last
+ * layer. */
+static size_t replay_start(const ds4_config *c, size_t n)
+{
+    size_t w1 = c->W - 1, need = n > c->W ? n - c->W : 0;
+    for (uint32_t l = 0; l < c->L; l++) {
+        size_t lead = (size_t)l * w1, first = n; /* first position layer l's state needs */
+        if (n > c->W && n - c->W < first) first = n - c->W;
+        if (c->ratio[l] == 128 && n / 128 * 128 < first) first = n / 128 * 128;
+        if (c->ratio[l] == 4) {
+            size_t b = n / 4 * 4;
+            if ((b >= 4 ? b - 4 : 0) < first) first = b >= 4 ? b - 4 : 0;
+        }
+        size_t q = first > lead ? first - lead : 0;
+        if (q < need) need = q;
+    }
+    size_t lead = (size_t)c->L * w1;
+    size_t q = n - 1 > lead ? n - 1 - lead : 0;
+    if (q < need) need = q;
+    if (kvt_ds4_fault == KVT_DS4_FAULT_REPLAY && need > 0) need++; /* tests: one token short */
+    return need;
+}
+
+/* Rebuild the fixed state at s->n from the token ids and the stream rows
+ * alone: replay the last tokens from a zeroed state, then check the replay
+ * against the stored logits. */
+static int ds4_state_rebuild(kvt_session *s)
+{
+    const ds4_config *c = &((const ds4_weights *)s->m->weights)->c;
+    size_t n = s->n, q = replay_start(c, n), chunk = 256;
+    if (n == 0) return KVT_OK;
+    float *lg = kvt_malloc((size_t)c->V * sizeof(float));
+    if (!lg) return KVT_ENOMEM;
+    memset(s->cache->state, 0, s->cache->state_bytes);
+    int rc = KVT_OK;
+    for (size_t pos = q; pos < n && !rc; pos += chunk) {
+        size_t k = n - pos < chunk ? n - pos : chunk;
+        rc = forward_chunk(s, s->tokens + pos, k, pos, lg, pos + k == n ? k - 1 : k, q);
+    }
+    if (!rc && memcmp(lg, s->logits, (size_t)c->V * sizeof(float)))
+        rc = kvt_fail(KVT_ECORRUPT, "ds4 replay: the logits after %zu tokens differ from the stored ones", n);
+    free(lg);
+    return rc;
+}
+
+size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n)
+{
+    return n - replay_start(&((const ds4_weights *)m->weights)->c, n);
 }
 
 /* ---- state in logical order ---- */
@@ -895,6 +973,7 @@ const kvt_arch kvt_arch_ds4 = {
     .forward = ds4_forward,
     .state_save = ds4_state_save,
     .state_load = ds4_state_load,
+    .state_rebuild = ds4_state_rebuild,
     .fingerprint = ds4_fingerprint,
     .weights_free = ds4_free,
 };

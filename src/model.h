@@ -27,6 +27,11 @@ typedef struct kvt_arch {
     void (*state_save)(const kvt_session *s, kvt_wbuf *b);
     /* Inverse of state_save for n tokens; KVT_EFORMAT when r is short. */
     int (*state_load)(kvt_session *s, size_t n, kvt_rbuf *r);
+    /* Rebuild the fixed state for the s->n held tokens from the token ids,
+     * the stream rows and s->logits alone (a snapshot stored without its
+     * state); KVT_ECORRUPT when the rebuilt state disagrees with them.
+     * NULL: the architecture cannot (it has no state to rebuild). */
+    int (*state_rebuild)(kvt_session *s);
     /* Hash over the architecture config and every weight. */
     uint64_t (*fingerprint)(const void *w);
     void (*weights_free)(void *w);
@@ -96,8 +101,10 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
  * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
 /* Fault injection for the tests that must prove they catch such bugs. */
-enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER };
+enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY };
 extern int kvt_ds4_fault;
+/* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
+size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */
 int kvt_ds4_plan(const char *preset, const kvt_model *m, uint64_t ctx, kvt_plan *out);
 

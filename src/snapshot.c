@@ -137,8 +137,33 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
     return out->oom ? kvt_fail(KVT_ENOMEM, "block record") : KVT_OK;
 }
 
+/* Append a snapshot record: header, section table, header checksum, then
+ * the sections. mid holds header bytes 16..56 (fingerprints, n, nb, V,
+ * streams, head). A record without its state is version 3, others 2. */
+static void put_record(kvt_wbuf *rec, uint32_t flags, const uint8_t *mid, const uint8_t *const *sec,
+                       const size_t *len)
+{
+    size_t start = rec->len, hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
+    kvt_wbuf_put(rec, REC_MAGIC, 8);
+    kvt_wbuf_u32(rec, flags & KVT_SNAP_REPLAY ? KVT_SNAP_VERSION_REPLAY : KVT_SNAP_VERSION);
+    kvt_wbuf_u32(rec, flags);
+    kvt_wbuf_put(rec, mid, 40);
+    kvt_wbuf_u32(rec, N_SEC);
+    kvt_wbuf_u32(rec, 0);
+    uint64_t off = hdr;
+    for (int i = 1; i <= N_SEC; i++) {
+        kvt_wbuf_u64(rec, off);
+        kvt_wbuf_u64(rec, len[i]);
+        kvt_wbuf_u64(rec, XXH3_64bits(sec[i], len[i]));
+        off += len[i];
+    }
+    if (!rec->oom) kvt_wbuf_u64(rec, XXH3_64bits(rec->p + start, rec->len - start));
+    for (int i = 1; i <= N_SEC; i++) kvt_wbuf_put(rec, sec[i], len[i]);
+}
+
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys_out)
 {
+    if (!s->m->arch->state_rebuild) flags &= ~KVT_SNAP_REPLAY; /* no state to leave out */
     const kvt_model *m = s->m;
     const kvt_cache *c = s->cache;
     if (n > s->n) return kvt_fail(KVT_EINVAL, "cannot save %zu tokens of %zu", n, s->n);
@@ -163,32 +188,25 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
             kvt_wbuf_put(&sec[SEC_ROWS], kvt_cache_row_ro(c, i, r), st->row_bytes);
     }
     for (size_t b = 0; b < nb; b++) kvt_wbuf_u64(&sec[SEC_KEYS], keys[b]);
-    size_t start = rec->len, hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
-    kvt_wbuf_put(rec, REC_MAGIC, 8);
-    kvt_wbuf_u32(rec, KVT_SNAP_VERSION);
-    kvt_wbuf_u32(rec, flags);
-    kvt_wbuf_u64(rec, m->fingerprint);
-    kvt_wbuf_u64(rec, m->tok_fingerprint);
-    kvt_wbuf_u32(rec, (uint32_t)n);
-    kvt_wbuf_u32(rec, (uint32_t)nb);
-    kvt_wbuf_u32(rec, m->info.n_vocab);
-    kvt_wbuf_u32(rec, (uint32_t)c->n_streams);
-    kvt_wbuf_u64(rec, key);
-    kvt_wbuf_u32(rec, N_SEC);
-    kvt_wbuf_u32(rec, 0);
-    uint64_t off = hdr;
+    kvt_wbuf mid = {0}; /* header bytes 16..56 */
+    kvt_wbuf_u64(&mid, m->fingerprint);
+    kvt_wbuf_u64(&mid, m->tok_fingerprint);
+    kvt_wbuf_u32(&mid, (uint32_t)n);
+    kvt_wbuf_u32(&mid, (uint32_t)nb);
+    kvt_wbuf_u32(&mid, m->info.n_vocab);
+    kvt_wbuf_u32(&mid, (uint32_t)c->n_streams);
+    kvt_wbuf_u64(&mid, key);
+    const uint8_t *sp[N_SEC + 1];
+    size_t sl[N_SEC + 1];
     for (int i = 1; i <= N_SEC; i++) {
-        kvt_wbuf_u64(rec, off);
-        kvt_wbuf_u64(rec, sec[i].len);
-        kvt_wbuf_u64(rec, XXH3_64bits(sec[i].p, sec[i].len));
-        off += sec[i].len;
-    }
-    if (!rec->oom) kvt_wbuf_u64(rec, XXH3_64bits(rec->p + start, rec->len - start));
-    for (int i = 1; i <= N_SEC; i++) {
-        kvt_wbuf_put(rec, sec[i].p, sec[i].len);
+        sp[i] = sec[i].p;
+        sl[i] = flags & KVT_SNAP_REPLAY && i == SEC_STATE ? 0 : sec[i].len;
         rec->oom |= sec[i].oom;
-        kvt_wbuf_free(&sec[i]);
     }
+    if (!mid.oom) put_record(rec, flags, mid.p, sp, sl);
+    rec->oom |= mid.oom;
+    kvt_wbuf_free(&mid);
+    for (int i = 1; i <= N_SEC; i++) kvt_wbuf_free(&sec[i]);
     rc = rec->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 done:
     kvt_wbuf_free(&state);
@@ -206,9 +224,9 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     if (len < 12 || memcmp(p, REC_MAGIC, 8))
         return kvt_fail(KVT_EFORMAT, "snapshot: bad magic");
     out->version = kvt_rd32(p + 8);
-    if (out->version != KVT_SNAP_VERSION)
-        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d)", out->version,
-                        KVT_SNAP_VERSION);
+    if (out->version != KVT_SNAP_VERSION && out->version != KVT_SNAP_VERSION_REPLAY)
+        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d and %d)", out->version,
+                        KVT_SNAP_VERSION, KVT_SNAP_VERSION_REPLAY);
     if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
     if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
         return kvt_fail(KVT_ECORRUPT, "snapshot: header checksum mismatch");
@@ -221,7 +239,8 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     out->n_streams = kvt_rd32(p + 44);
     out->head = kvt_rd64(p + 48);
     if (kvt_rd32(p + 56) != N_SEC || kvt_rd32(p + 60) || out->nb != out->n / KVT_BLOCK ||
-        (out->flags & ~KVT_SNAP_INLINE))
+        (out->flags & ~(KVT_SNAP_INLINE | KVT_SNAP_REPLAY)) ||
+        !(out->flags & KVT_SNAP_REPLAY) != (out->version == KVT_SNAP_VERSION))
         return kvt_fail(KVT_EFORMAT, "snapshot: malformed header");
     uint64_t off = hdr;
     for (int i = 1; i <= N_SEC; i++) {
@@ -250,6 +269,18 @@ int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_in
     if (out->tok != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
     if (out->n_vocab != m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "snapshot: vocabulary size differs");
     return KVT_OK;
+}
+
+int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
+{
+    kvt_snap_info in;
+    int rc = kvt_snap_parse_raw(p, len, &in);
+    if (rc) return rc;
+    if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0) return KVT_OK;
+    size_t sl[N_SEC + 1];
+    for (int i = 1; i <= N_SEC; i++) sl[i] = i == SEC_STATE ? 0 : in.sec_len[i];
+    put_record(out, in.flags | KVT_SNAP_REPLAY, p + 16, in.sec, sl);
+    return out->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 }
 
 int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
@@ -355,6 +386,10 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
     if (in.n > s->n_ctx) return kvt_fail(KVT_ECTX, "snapshot of %u tokens exceeds the context of %u", in.n, s->n_ctx);
     size_t tail = in.n - (size_t)in.nb * KVT_BLOCK, state_len = 0, rows_len = 0, V = s->m->info.n_vocab;
     if ((rc = expect(s, in.n, &state_len, &rows_len))) return rc;
+    bool replay = in.flags & KVT_SNAP_REPLAY;
+    if (replay && !s->m->arch->state_rebuild)
+        return kvt_fail(KVT_EFORMAT, "snapshot: stored without its state, which this model cannot rebuild");
+    if (replay) state_len = 0;
     if (in.sec_len[SEC_TOKENS] != 4 * tail || in.sec_len[SEC_LOGITS] != (in.n ? V * 4 : 0) ||
         in.sec_len[SEC_STATE] != state_len || in.sec_len[SEC_ROWS] != rows_len ||
         in.sec_len[SEC_KEYS] != 8 * (size_t)in.nb)
@@ -375,7 +410,7 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
     }
     if (in.n) memcpy(s->logits, in.sec[SEC_LOGITS], V * 4);
     kvt_rbuf r = {in.sec[SEC_STATE], in.sec_len[SEC_STATE], 0};
-    if (s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) { reset(s); return rc; }
+    if (!replay && s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) { reset(s); return rc; }
     const uint8_t *rows = in.sec[SEC_ROWS];
     for (size_t i = 0; i < s->cache->n_streams; i++) {
         const kvt_stream *st = &s->cache->streams[i];
@@ -387,6 +422,7 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
         }
     }
     s->n = in.n;
+    if (replay && (rc = s->m->arch->state_rebuild(s))) { reset(s); return rc; }
     kvt_session_checkpoint(s);
     return KVT_OK;
 }

@@ -7,7 +7,9 @@
 #include "kvtier.h"
 
 #define KVT_SNAP_VERSION 2
+#define KVT_SNAP_VERSION_REPLAY 3 /* a snapshot record stored without its state */
 #define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
+#define KVT_SNAP_REPLAY 2u   /* flag: no state section; loading rebuilds it by replay */
 
 /* Chained block keys: key0 from the model and tokenizer fingerprints, then
  * one step per 128 token ids. tail_hash covers ids after the last block. */
@@ -21,6 +23,9 @@ bool kvt_snap_can_save(const kvt_session *s, size_t n);
 /* Append the snapshot record for the first n tokens to rec; *keys (malloc'ed,
  * n / 128 entries; may be NULL) receives the block keys. */
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
+/* Append to out the same record without its state (version 3, flag
+ * KVT_SNAP_REPLAY); appends nothing when the record has no state to drop. */
+int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
 /* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
 

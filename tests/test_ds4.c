@@ -7,6 +7,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "ref.h"
+#include "snapshot.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -233,15 +234,40 @@ TEST(ds4_chunk_thread_kernel_invariance)
 
 /* Uninterrupted run of t[0..n) vs snapshot at k, restore in a new session,
  * continue to n. Returns true when bit-identical. */
-static bool restore_equivalent(kvt_model *m, const int32_t *t, size_t n, size_t k)
+/* The same RAM snapshot with its record stored without the state. */
+static int without_state(const uint8_t *snap, size_t len, uint8_t **out, size_t *olen)
+{
+    kvt_snap_info in;
+    kvt_wbuf b = {0};
+    int rc = kvt_snap_parse_raw(snap, len, &in);
+    if (!rc) rc = kvt_snap_without_state(snap, in.rec_len, &b);
+    if (!rc && b.len == 0) kvt_wbuf_put(&b, snap, in.rec_len); /* nothing to drop */
+    kvt_wbuf_put(&b, snap + in.rec_len, len - in.rec_len);
+    if (!rc && b.oom) rc = KVT_ENOMEM;
+    if (rc) { kvt_wbuf_free(&b); return rc; }
+    *out = b.p;
+    *olen = b.len;
+    return KVT_OK;
+}
+
+/* Restore the state at k (stored whole, or without its state when replay)
+ * into a new session, check it equals the original's, then run on to n and
+ * compare with one uninterrupted run. */
+static bool restore_equivalent_as(kvt_model *m, const int32_t *t, size_t n, size_t k, bool replay)
 {
     state a = {0}, b = {0}, c0 = {0}, c1 = {0};
     kvt_session *s1 = NULL, *s2 = NULL;
     uint8_t *snap = NULL;
     size_t len = 0;
     bool ok = run(m, t, n, NULL, 0, 1, &a) == KVT_OK && kvt_session_new(&s1, m, NULL) == KVT_OK &&
-              kvt_session_sync(s1, t, k, NULL) == KVT_OK && kvt_session_snapshot(s1, &snap, &len) == KVT_OK &&
-              kvt_session_new(&s2, m, NULL) == KVT_OK && kvt_session_restore(s2, snap, len) == KVT_OK &&
+              kvt_session_sync(s1, t, k, NULL) == KVT_OK && kvt_session_snapshot(s1, &snap, &len) == KVT_OK;
+    if (ok && replay) {
+        uint8_t *thin = NULL;
+        ok = without_state(snap, len, &thin, &len) == KVT_OK;
+        free(snap);
+        snap = thin;
+    }
+    ok = ok && kvt_session_new(&s2, m, NULL) == KVT_OK && kvt_session_restore(s2, snap, len) == KVT_OK &&
               kvt_session_len(s2) == k;
     if (ok && k) ok = capture(s1, m, &c0) == KVT_OK && capture(s2, m, &c1) == KVT_OK && equal(&c0, &c1);
     size_t reused = 0;
@@ -252,6 +278,11 @@ static bool restore_equivalent(kvt_model *m, const int32_t *t, size_t n, size_t 
     kvt_session_free(s2);
     free(snap);
     return ok;
+}
+
+static bool restore_equivalent(kvt_model *m, const int32_t *t, size_t n, size_t k)
+{
+    return restore_equivalent_as(m, t, n, k, false);
 }
 
 TEST(ds4_snapshot_restore_equivalence)
@@ -481,10 +512,11 @@ TEST(ds4_marked_checkpoint)
 
 /* The snapshot format is pinned by a golden file per version: today's
  * encoder must reproduce it byte for byte and today's decoder must load it.
- * KVT_WRITE_GOLDEN=1 rewrites it (only when the format version changes). */
-TEST(ds4_snapshot_golden_v2)
+ * KVT_WRITE_GOLDEN=1 rewrites them (only when a format version changes).
+ * Version 2 is a whole record, version 3 the same record without its state. */
+TEST(ds4_snapshot_golden_v2_v3)
 {
-    const char *path = "tests/golden/snapshot-v2-ds4-tiny-300.bin";
+    const char *paths[2] = {"tests/golden/snapshot-v2-ds4-tiny-300.bin", "tests/golden/snapshot-v3-ds4-tiny-300.bin"};
     kvt_model *m = tiny();
     CHECK(m);
     enum { N = 300 };
@@ -493,31 +525,101 @@ TEST(ds4_snapshot_golden_v2)
     kvt_session *s = NULL;
     CHECK_OK(kvt_session_new(&s, m, NULL));
     CHECK_OK(kvt_session_sync(s, t, N, NULL));
-    uint8_t *snap = NULL;
-    size_t len = 0;
-    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
-    const char *w = getenv("KVT_WRITE_GOLDEN");
-    if (w && !strcmp(w, "1")) {
-        FILE *f = fopen(path, "wb");
-        CHECK(f && fwrite(snap, 1, len, f) == len);
-        fclose(f);
+    state a = {0};
+    CHECK_OK(capture(s, m, &a));
+    for (int v = 0; v < 2; v++) {
+        uint8_t *snap = NULL;
+        size_t len = 0;
+        CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+        if (v == 1) {
+            uint8_t *thin = NULL;
+            CHECK_OK(without_state(snap, len, &thin, &len));
+            free(snap);
+            snap = thin;
+        }
+        const char *w = getenv("KVT_WRITE_GOLDEN");
+        if (w && !strcmp(w, "1")) {
+            FILE *f = fopen(paths[v], "wb");
+            CHECK(f && fwrite(snap, 1, len, f) == len);
+            fclose(f);
+        }
+        size_t glen = 0;
+        char *golden = kvt_test_read_file(paths[v], &glen);
+        CHECKF(golden, "%s missing", paths[v]);
+        CHECKF(glen == len && !memcmp(golden, snap, len), "the encoder no longer writes %s (%zu vs %zu bytes)",
+               paths[v], len, glen);
+        kvt_session *r = NULL;
+        CHECK_OK(kvt_session_new(&r, m, NULL));
+        CHECK_OK(kvt_session_restore(r, (const uint8_t *)golden, glen));
+        state b = {0};
+        CHECK_OK(capture(r, m, &b));
+        CHECK(equal(&a, &b));
+        state_free(&b);
+        free(golden);
+        free(snap);
+        kvt_session_free(r);
     }
-    size_t glen = 0;
-    char *golden = kvt_test_read_file(path, &glen);
-    CHECKF(golden, "%s missing", path);
-    CHECKF(glen == len && !memcmp(golden, snap, len), "the encoder no longer writes %s (%zu vs %zu bytes)", path, len, glen);
+    state_free(&a);
+    kvt_session_free(s);
+    kvt_model_close(m);
+}
+
+/* A snapshot stored without its fixed state (window, frontier) is restored
+ * by replaying its last tokens over the stored rows. The result must be the
+ * uninterrupted run's state bit for bit, wherever the snapshot ends; a
+ * replay that starts one token too late must not be (so the span is as short
+ * as it can be and the tests would see it shrink). */
+TEST(ds4_snapshot_replay)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    enum { N = 720 };
+    int32_t t[N];
+    seqb(t, N, 31);
+    const size_t ks[] = {1, 4, 15, 16, 17, 60, 61, 62, 127, 128, 129, 172, 173, 255, 256, 300, 383, 384, 511, 640, 719};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        CHECKF(restore_equivalent_as(m, t, N, ks[i], true), "replayed restore at %zu differs", ks[i]);
+    printf("    ds4-tiny replays %zu tokens at 300, %zu at 383, %zu at 384\n", kvt_ds4_replay_tokens(m, 300),
+           kvt_ds4_replay_tokens(m, 383), kvt_ds4_replay_tokens(m, 384));
+    kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+    size_t missed = 0;
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        if (kvt_ds4_replay_tokens(m, ks[i]) + 1 < ks[i] && restore_equivalent_as(m, t, N, ks[i], true)) {
+            printf("    a replay one token short went unnoticed at %zu\n", ks[i]);
+            missed++;
+        }
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECK(missed == 0);
+    /* the record is the whole one less its state section, as version 3 */
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, t, 300, NULL));
+    uint8_t *snap = NULL, *thin = NULL;
+    size_t len = 0, tlen = 0;
+    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+    CHECK_OK(without_state(snap, len, &thin, &tlen));
+    kvt_snap_info a, b;
+    CHECK_OK(kvt_snap_parse_raw(snap, len, &a));
+    CHECK_OK(kvt_snap_parse_raw(thin, tlen, &b));
+    CHECK(a.version == 2 && b.version == 3 && b.flags == (KVT_SNAP_INLINE | KVT_SNAP_REPLAY));
+    CHECK(tlen + a.sec_len[4] == len && b.sec_len[4] == 0);
+    /* the replay checks itself against the stored logits: at 384 the logits
+     * bound the span, so a replay one token short is refused, not loaded */
+    free(snap);
+    free(thin);
+    CHECK_OK(kvt_session_sync(s, t, 384, NULL));
+    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+    CHECK_OK(without_state(snap, len, &thin, &tlen));
     kvt_session *r = NULL;
     CHECK_OK(kvt_session_new(&r, m, NULL));
-    CHECK_OK(kvt_session_restore(r, (const uint8_t *)golden, glen));
-    state a = {0}, b = {0};
-    CHECK_OK(capture(s, m, &a));
-    CHECK_OK(capture(r, m, &b));
-    CHECK(equal(&a, &b));
-    state_free(&a);
-    state_free(&b);
-    free(golden);
-    free(snap);
+    kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+    int rc = kvt_session_restore(r, thin, tlen);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECKF(rc == KVT_ECORRUPT && kvt_session_len(r) == 0, "rc %d: %s", rc, kvt_errmsg());
+    CHECK_OK(kvt_session_restore(r, thin, tlen));
     kvt_session_free(r);
+    free(snap);
+    free(thin);
     kvt_session_free(s);
     kvt_model_close(m);
 }
