@@ -230,6 +230,7 @@ typedef struct kvt_store_entry {
     double created, used_at;      /* Unix time */
     char reason[16];
     char preview[64];             /* start of the text, printable ASCII */
+    bool replay;                  /* stored without its fixed state: rebuilt by replay on load */
 } kvt_store_entry;
 /* All entries, most recently used first (malloc'ed array). */
 int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n);

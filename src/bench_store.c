@@ -13,6 +13,7 @@
  * bench/, nothing here is asserted: the numbers are for reading.
  */
 #include "bench.h"
+#include "model.h"
 #include "store.h"
 #include "kvtier.h"
 
@@ -194,21 +195,35 @@ int kvt_bench_store(const char *csv_path, bool quick)
     double rd = plain_read(dir, bytes);
     snprintf(note, sizeof note, "plain read() of %llu B takes %.4f s", (unsigned long long)bytes, rd);
     row("load throughput / plain read()", rd / load, "ratio", note);
-    /* 3. nested snapshots */
+    /* 3. nested snapshots, saved as the conversation grows: a cold save at
+     * 2K, then continued saves; each drops the state of the one it extends */
     size_t top = quick ? 8192 : 32768;
     rm_rf(dir);
-    if (kvt_store_open(&st, dir, 16ull << 30)) goto fail;
-    if (kvt_session_sync(s, t, top, NULL) || kvt_store_save(st, s, top, "manual", NULL)) goto fail;
     kvt_store_stats a, b;
-    kvt_store_stats_get(st, &a);
-    for (size_t k = 2048; k < top; k += 2048)
-        if (kvt_store_save(st, s, k, "continued", NULL)) goto fail;
+    if (kvt_store_open(&st, dir, 16ull << 30) || kvt_session_sync(s, t, top, NULL) ||
+        kvt_store_save(st, s, top, "manual", NULL) || kvt_store_stats_get(st, &a))
+        goto fail;
+    kvt_store_close(st);
+    rm_rf(dir);
+    if (kvt_store_open(&st, dir, 16ull << 30)) goto fail;
+    for (size_t k = 2048; k <= top; k += 2048)
+        if (kvt_session_sync(s, t, k, NULL) || kvt_store_save(st, s, k, k == 2048 ? "cold" : "continued", NULL))
+            goto fail;
     kvt_store_stats_get(st, &b);
+    kvt_store_close(st);
+    st = NULL;
     snprintf(note, sizeof note, "%llu snapshots at 2K..%zuK: %llu B vs %llu B", (unsigned long long)b.snapshots,
              top / 1024, (unsigned long long)b.bytes, (unsigned long long)a.bytes);
     row("nested snapshots / largest alone", (double)b.bytes / (double)a.bytes, "x", note);
-    kvt_store_close(st);
-    st = NULL;
+    size_t mid = top / 2;
+    double whole = load_in_child(dir, t, top, (uint32_t)top, &got);
+    double thin = load_in_child(dir, t, mid, (uint32_t)top, &got);
+    if (whole < 0 || thin < 0 || got != mid) { fprintf(stderr, "bench: nested loads failed\n"); goto fail; }
+    snprintf(note, sizeof note, "%zu tokens, state stored", top);
+    row("load, newest nested snapshot", whole, "s", note);
+    snprintf(note, sizeof note, "%zu tokens, state rebuilt by replaying the last %zu", mid,
+             kvt_ds4_replay_tokens(m, mid));
+    row("load, earlier nested snapshot", thin, "s", note);
     rm_rf(dir);
     /* 2. lookup among 10,000 snapshots (ds4-tiny: the cost is the index and
      * the prompt's hashing, not the model) */

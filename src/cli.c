@@ -445,15 +445,15 @@ static int cmd_cache(int argc, char **argv)
         kvt_store_entry *e = NULL;
         size_t n = 0;
         if ((rc = kvt_store_list(st, &e, &n))) { ret = fail(rc, "cache ls"); goto out; }
-        printf("%6s %8s %12s %7s %5s %-19s %-9s %s\n", "KEY", "TOKENS", "BYTES", "SHARED", "HITS", "LAST USED",
-               "REASON", "TEXT");
+        printf("%6s %8s %12s %7s %5s %-19s %-9s %-6s %s\n", "KEY", "TOKENS", "BYTES", "SHARED", "HITS", "LAST USED",
+               "REASON", "STATE", "TEXT");
         for (size_t i = 0; i < n; i++) {
             char when[32];
             time_t t = (time_t)e[i].used_at;
             strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
-            printf("%6lld %8u %12llu %3u/%-3u %5llu %-19s %-9s %.40s\n", (long long)e[i].id, e[i].n_tokens,
+            printf("%6lld %8u %12llu %3u/%-3u %5llu %-19s %-9s %-6s %.40s\n", (long long)e[i].id, e[i].n_tokens,
                    (unsigned long long)e[i].bytes, e[i].shared_blocks, e[i].n_blocks,
-                   (unsigned long long)e[i].hits, when, e[i].reason, e[i].preview);
+                   (unsigned long long)e[i].hits, when, e[i].reason, e[i].replay ? "replay" : "whole", e[i].preview);
         }
         free(e);
     } else if (!strcmp(sub, "show")) {
@@ -469,9 +469,10 @@ static int cmd_cache(int argc, char **argv)
         for (size_t i = 0; i < n; i++)
             if (e[i].id == key)
                 printf("key       %lld\ntokens    %u\nblocks    %u (%u shared)\nbytes     %llu (own record)\n"
-                       "hits      %llu\nreason    %s\nmodel     %016llx\ntext      %zu bytes:\n",
+                       "hits      %llu\nreason    %s\nstate     %s\nmodel     %016llx\ntext      %zu bytes:\n",
                        (long long)key, e[i].n_tokens, e[i].n_blocks, e[i].shared_blocks,
                        (unsigned long long)e[i].bytes, (unsigned long long)e[i].hits, e[i].reason,
+                       e[i].replay ? "not stored: rebuilt on load by replaying the last tokens" : "stored",
                        (unsigned long long)e[i].model, len);
         fwrite(text, 1, len, stdout);
         putchar('\n');

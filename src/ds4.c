@@ -730,26 +730,34 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
         memcpy(x + i * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
     }
     for (uint32_t l = 0; l < c->L; l++) {
+        /* A replay skips the positions whose values at this layer cannot
+         * reach what it keeps (see replay_start): they start exact at
+         * replay_from + l(W-1). */
+        size_t skip = 0, lead = replay ? replay_from + (size_t)l * (c->W - 1) : 0;
+        if (replay && replay_from && lead > pos0) skip = lead - pos0 < n ? lead - pos0 : n;
+        if (skip == n) continue;
+        const size_t nn = n - skip, p0 = pos0 + skip;
+        float *xl = x + skip * D;
         const ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l];
         float base = c->base[l];
-        for (size_t i = 0; i < n; i++) kvt_rmsnorm(h + i * D, x + i * D, ly->attn_norm, D, c->eps);
+        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, xl + i * D, ly->attn_norm, D, c->eps);
         /* queries */
-        kvt_matmul(s->pool, tmp, ly->wqa, h, n, D, Rq);
-        for (size_t i = 0; i < n; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
-        kvt_matmul(s->pool, q, ly->wqb, qr, n, Rq, HD);
-        for (size_t i = 0; i < n; i++)
+        kvt_matmul(s->pool, tmp, ly->wqa, h, nn, D, Rq);
+        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
+        kvt_matmul(s->pool, q, ly->wqb, qr, nn, Rq, HD);
+        for (size_t i = 0; i < nn; i++)
             for (size_t hh = 0; hh < c->H; hh++) {
                 float *qh = q + (i * c->H + hh) * Dh;
                 kvt_rmsnorm(qh, qh, NULL, Dh, c->eps);
-                kvt_rope(qh + Dh - c->Dr, c->Dr, pos0 + i, base);
+                kvt_rope(qh + Dh - c->Dr, c->Dr, p0 + i, base);
             }
         /* raw rows: key and value at once */
-        kvt_matmul(s->pool, kv, ly->wkv, h, n, D, Dh);
-        for (size_t i = 0; i < n; i++) {
+        kvt_matmul(s->pool, kv, ly->wkv, h, nn, D, Dh);
+        for (size_t i = 0; i < nn; i++) {
             float *k = kv + i * Dh;
             kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
-            kvt_rope(k + Dh - c->Dr, c->Dr, pos0 + i, base);
+            kvt_rope(k + Dh - c->Dr, c->Dr, p0 + i, base);
             to_f16(rows + i * Dh, k, Dh);
         }
         /* compressors: pool in position order, emit rows as blocks complete */
@@ -757,13 +765,13 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
             bool idx = pass == 1;
             size_t d = idx ? Di : Dh, cw = (r == 4 ? 2 : 1) * d, off = idx ? ly->off_if : ly->off_cf;
             int stream = idx ? ly->s_idx : ly->s_comp;
-            kvt_matmul(s->pool, ckv, idx ? ly->i_kv : ly->c_kv, h, n, D, cw);
-            kvt_matmul(s->pool, csc, idx ? ly->i_gate : ly->c_gate, h, n, D, cw);
+            kvt_matmul(s->pool, ckv, idx ? ly->i_kv : ly->c_kv, h, nn, D, cw);
+            kvt_matmul(s->pool, csc, idx ? ly->i_gate : ly->c_gate, h, nn, D, cw);
             const float *ape = idx ? ly->i_ape : ly->c_ape;
             size_t n_rot = idx ? (c->Dr < Di ? c->Dr : Di) : c->Dr;
             float rb = idx ? c->idx_base : base;
-            for (size_t i = 0; i < n; i++) {
-                size_t t = pos0 + i;
+            for (size_t i = 0; i < nn; i++) {
+                size_t t = p0 + i;
                 float *sl = front_slot(s->cache, off, r, cw, t);
                 memcpy(sl, ckv + i * cw, cw * sizeof(float));
                 for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
@@ -784,31 +792,31 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
             }
         }
         if (r == 4) {
-            kvt_matmul(s->pool, iq, ly->i_q, qr, n, Rq, Hi * Di);
+            kvt_matmul(s->pool, iq, ly->i_q, qr, nn, Rq, Hi * Di);
             size_t n_rot = c->Dr < Di ? c->Dr : Di;
-            for (size_t i = 0; i < n; i++)
-                for (size_t hh = 0; hh < Hi; hh++) kvt_rope(iq + (i * Hi + hh) * Di + Di - n_rot, n_rot, pos0 + i, c->idx_base);
-            kvt_matmul(s->pool, iw, ly->i_w, h, n, D, Hi);
+            for (size_t i = 0; i < nn; i++)
+                for (size_t hh = 0; hh < Hi; hh++) kvt_rope(iq + (i * Hi + hh) * Di + Di - n_rot, n_rot, p0 + i, c->idx_base);
+            kvt_matmul(s->pool, iw, ly->i_w, h, nn, D, Hi);
             float isc = 1.0f / sqrtf((float)(Di * Hi));
-            for (size_t j = 0; j < n * Hi; j++) iw[j] *= isc;
+            for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
         }
-        fwd fa = {s, w, ly, l, n, pos0, q, rows, iq, iw, att};
-        fa.maxc = r ? (pos0 + n) / r : 0;
+        fwd fa = {s, w, ly, l, nn, p0, q, rows, iq, iw, att};
+        fa.maxc = r ? (p0 + nn) / r : 0;
         fa.sel = sel;
         fa.nsel = nsel;
         if (r == 4 && fa.maxc > c->K && (rc = index_select(&fa))) goto done;
-        kvt_pool_for(s->pool, n, 1, attn_range, &fa);
+        kvt_pool_for(s->pool, nn, 1, attn_range, &fa);
         /* only now does the ring take this chunk's rows */
-        for (size_t i = n > c->W ? n - c->W : 0; i < n; i++)
-            memcpy(win_row(s->cache, ly, c, pos0 + i), rows + i * Dh, Dh * 2);
-        kvt_matmul(s->pool, tmp, ly->wo, att, n, HD, D);
-        for (size_t j = 0; j < n * D; j++) x[j] += tmp[j];
-        for (size_t i = 0; i < n; i++) kvt_rmsnorm(h + i * D, x + i * D, ly->ffn_norm, D, c->eps);
-        kvt_matmul(s->pool, f1, ly->w1, h, n, D, F);
-        kvt_matmul(s->pool, f3, ly->w3, h, n, D, F);
-        for (size_t j = 0; j < n * F; j++) f1[j] = kvt_silu(f1[j]) * f3[j];
-        kvt_matmul(s->pool, tmp, ly->w2, f1, n, F, D);
-        for (size_t j = 0; j < n * D; j++) x[j] += tmp[j];
+        for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
+            memcpy(win_row(s->cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
+        kvt_matmul(s->pool, tmp, ly->wo, att, nn, HD, D);
+        for (size_t j = 0; j < nn * D; j++) xl[j] += tmp[j];
+        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, xl + i * D, ly->ffn_norm, D, c->eps);
+        kvt_matmul(s->pool, f1, ly->w1, h, nn, D, F);
+        kvt_matmul(s->pool, f3, ly->w3, h, nn, D, F);
+        for (size_t j = 0; j < nn * F; j++) f1[j] = kvt_silu(f1[j]) * f3[j];
+        kvt_matmul(s->pool, tmp, ly->w2, f1, nn, F, D);
+        for (size_t j = 0; j < nn * D; j++) xl[j] += tmp[j];
     }
     if (lfrom < n) {
         size_t nl = n - lfrom;

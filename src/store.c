@@ -297,6 +297,78 @@ static void enforce_budget(kvt_store *st, int64_t keep)
 
 /* ---- save ---- */
 
+/* Replace a stored record by the same record without its fixed state. */
+static int drop_state(kvt_store *st, int64_t id)
+{
+    sqlite3_stmt *get = NULL, *put = NULL;
+    kvt_wbuf out = {0};
+    int rc = KVT_OK;
+    if (sqlite3_prepare_v2(st->db, "SELECT data FROM snaps WHERE id = ?", -1, &get, NULL) != SQLITE_OK)
+        return sql_fail(st, "thin snapshot");
+    sqlite3_bind_int64(get, 1, id);
+    if (sqlite3_step(get) == SQLITE_ROW &&
+        kvt_snap_without_state(sqlite3_column_blob(get, 0), (size_t)sqlite3_column_bytes(get, 0), &out) == KVT_OK &&
+        out.len > 0) {
+        if (sqlite3_prepare_v2(st->db, "UPDATE snaps SET data = ?, bytes = ? WHERE id = ?", -1, &put, NULL) !=
+            SQLITE_OK) {
+            rc = sql_fail(st, "thin snapshot");
+        } else {
+            sqlite3_bind_blob(put, 1, out.p, (int)out.len, SQLITE_STATIC);
+            sqlite3_bind_int64(put, 2, (int64_t)out.len);
+            sqlite3_bind_int64(put, 3, id);
+            if (sqlite3_step(put) != SQLITE_DONE) rc = sql_fail(st, "thin snapshot");
+        }
+    }
+    /* a record that does not parse stays as it is: loading will quarantine it */
+    sqlite3_finalize(get);
+    sqlite3_finalize(put);
+    kvt_wbuf_free(&out);
+    return rc;
+}
+
+/* Snapshots that the one just saved (n tokens, block keys keys) extends keep
+ * only what their blocks cannot give: their fixed state is dropped, and
+ * loading one rebuilds it by replay (docs/STORE.md). Cold snapshots stay
+ * whole: new conversations fork from them. */
+static int thin_ancestors(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, const uint64_t *keys,
+                          int64_t self)
+{
+    size_t nb = n / KVT_BLOCK, cap = 16, k = 0;
+    int64_t *ids = kvt_malloc(cap * sizeof *ids);
+    sqlite3_stmt *sel = NULL;
+    if (!ids) return KVT_ENOMEM;
+    if (sqlite3_prepare_v2(st->db, "SELECT id, n_tokens, tail FROM snaps WHERE head = ? AND n_tokens < ? AND"
+                           " reason != 'cold' AND id != ? AND substr(data, 9, 1) != x'03'", -1, &sel, NULL) != SQLITE_OK) {
+        free(ids);
+        return sql_fail(st, "thin snapshots");
+    }
+    int rc = KVT_OK;
+    for (size_t b = 0; b <= nb && !rc; b++) {
+        uint64_t head = b ? keys[b - 1] : kvt_snap_key0(m);
+        sqlite3_reset(sel);
+        sqlite3_bind_int64(sel, 1, (int64_t)head);
+        sqlite3_bind_int64(sel, 2, (int64_t)n);
+        sqlite3_bind_int64(sel, 3, self);
+        while (sqlite3_step(sel) == SQLITE_ROW) {
+            size_t na = (size_t)sqlite3_column_int64(sel, 1);
+            if (na / KVT_BLOCK != b || (uint64_t)sqlite3_column_int64(sel, 2) !=
+                                           kvt_snap_tail_hash(head, tokens + b * KVT_BLOCK, na - b * KVT_BLOCK))
+                continue;
+            if (k == cap) {
+                int64_t *g = realloc(ids, 2 * cap * sizeof *ids);
+                if (!g) { rc = KVT_ENOMEM; break; }
+                ids = g;
+                cap *= 2;
+            }
+            ids[k++] = sqlite3_column_int64(sel, 0);
+        }
+    }
+    sqlite3_finalize(sel);
+    for (size_t i = 0; i < k && !rc; i++) rc = drop_state(st, ids[i]);
+    free(ids);
+    return rc;
+}
+
 static void preview_of(const char *text, size_t len, char *out, size_t cap)
 {
     size_t k = 0;
@@ -395,6 +467,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
                 !q_ok(q(st, NULL, "UPDATE blocks SET refs = refs + 1 WHERE key = ?", 1, &a[2])))
                 rc = sql_fail(st, "save references");
         }
+        if (!rc) rc = thin_ancestors(st, s->m, s->tokens, n, keys, id);
         if (!rc) {
             counter_add(st, "saves", 1);
             enforce_budget(st, id);
@@ -723,6 +796,7 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
                            "SELECT id, model, bytes, hits, n_tokens, n_blocks, created, used_at, reason, preview,"
                            " (SELECT COUNT(*) FROM snap_blocks sb JOIN blocks b ON b.key = sb.key"
                            "   WHERE sb.snap = snaps.id AND b.refs > 1)"
+                           ", substr(data, 9, 1) = x'03'"
                            " FROM snaps ORDER BY last_used DESC", -1, &stmt, NULL) != SQLITE_OK) {
         free(e);
         return sql_fail(st, "list");
@@ -740,6 +814,7 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
         snprintf(x->reason, sizeof x->reason, "%s", (const char *)sqlite3_column_text(stmt, 8));
         snprintf(x->preview, sizeof x->preview, "%s", (const char *)sqlite3_column_text(stmt, 9));
         x->shared_blocks = (uint32_t)sqlite3_column_int64(stmt, 10);
+        x->replay = sqlite3_column_int64(stmt, 11) != 0;
     }
     sqlite3_finalize(stmt);
     *out = e;

@@ -89,6 +89,8 @@ static bool child_continue(const char *model, const char *dir, const int32_t *t,
             !kvt_store_restore_prefix(st, s, t, n, &r) && !kvt_session_sync(s, t, n, NULL)) {
             out[0] = digest(s, m);
             out[1] = r;
+        } else {
+            printf("    child: %s\n", kvt_errmsg());
         }
         if (write(fd[1], out, sizeof out) != sizeof out) _exit(3);
         _exit(0);
@@ -436,22 +438,53 @@ TEST(store_budget_lru_and_dedupe)
     seqb(t, N, 59);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
+    kvt_session *s2 = NULL;
     kvt_session_opts so = {.n_ctx = N};
     CHECK_OK(kvt_session_new(&s, m, &so));
-    /* dedupe: nested snapshots at 2K, 4K, ... 32K vs the 32K one alone */
+    /* dedupe: nested snapshots at 2K, 4K, ... 32K, saved as the conversation
+     * grows, vs the 32K one alone. The first is a cold save and stays whole;
+     * each later save drops the fixed state of the continued one it extends. */
     CHECK_OK(kvt_store_open(&st, dir, 0));
     CHECK_OK(kvt_session_sync(s, t, N, NULL));
     CHECK_OK(kvt_store_save(st, s, N, "manual", NULL));
     kvt_store_stats a, b;
     CHECK_OK(kvt_store_stats_get(st, &a));
-    for (size_t k = 2048; k < N; k += 2048) CHECK_OK(kvt_store_save(st, s, k, "continued", NULL));
+    kvt_store_close(st);
+    rmdir_all(dir);
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s2, m, &so));
+    for (size_t k = 2048; k <= N; k += 2048) {
+        CHECK_OK(kvt_session_sync(s2, t, k, NULL));
+        CHECK_OK(kvt_store_save(st, s2, k, k == 2048 ? "cold" : "continued", NULL));
+    }
     CHECK_OK(kvt_store_stats_get(st, &b));
     double ratio = (double)b.bytes / (double)a.bytes;
     printf("    16 nested snapshots: %llu bytes vs %llu for 32K alone (%.3fx); %llu blocks\n",
            (unsigned long long)b.bytes, (unsigned long long)a.bytes, ratio, (unsigned long long)b.blocks);
     CHECK(b.blocks == a.blocks && b.snapshots == 16);
     CHECKF(ratio <= 1.25, "nested snapshots take %.3fx", ratio);
+    kvt_store_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    size_t thin = 0;
+    for (size_t i = 0; i < ne; i++) {
+        bool want = e[i].n_tokens != 2048 && e[i].n_tokens != N; /* the cold one and the newest stay whole */
+        CHECKF(e[i].replay == want, "snapshot at %u: replay %d", e[i].n_tokens, e[i].replay);
+        thin += e[i].replay;
+    }
+    CHECK(thin == 14);
+    free(e);
     kvt_store_close(st);
+    /* every kind loads, in a fresh process, to the uninterrupted run's state */
+    const size_t at[] = {2048, 4096}; /* whole (cold) and replayed; the child has ds4-tiny's 4096-token context */
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        uint64_t h = 0;
+        size_t reused = 0;
+        CHECKF(child_continue("ds4-tiny", dir, t, at[i], &h, &reused), "load at %zu", at[i]);
+        CHECKF(reused == at[i] && h == twin(m, t, at[i]), "snapshot at %zu: reused %zu, %s", at[i], reused,
+               h == twin(m, t, at[i]) ? "same state" : "different state");
+    }
+    kvt_session_free(s2);
     rmdir_all(dir);
     /* LRU: three snapshots of different prompts; using A makes B the oldest */
     int32_t u[3][600];
@@ -471,8 +504,6 @@ TEST(store_budget_lru_and_dedupe)
     seqb(d, 600, 71);
     CHECK_OK(kvt_session_sync(s, d, 600, NULL));
     CHECK_OK(kvt_store_save(st, s, 600, "manual", &ids[3]));
-    kvt_store_entry *e = NULL;
-    size_t ne = 0;
     CHECK_OK(kvt_store_list(st, &e, &ne));
     bool has[4] = {0};
     for (size_t i = 0; i < ne; i++)
