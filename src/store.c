@@ -645,7 +645,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         if (rc == KVT_OK) g.bad_block = UINT32_MAX;
     }
     sqlite3_finalize(g.stmt);
-    bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION;
+    bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
     free(g.buf);
     if (rc == KVT_OK) {

@@ -393,7 +393,7 @@ TEST(store_foreign_and_future_records)
     struct { size_t off; int width; uint64_t xor; int want; bool kept; const char *what; } cases[] = {
         {16, 8, 1, KVT_EMISMATCH, false, "another model"},
         {24, 8, 1, KVT_EMISMATCH, false, "another tokenizer"},
-        {8, 4, 3 ^ 2, KVT_EFORMAT, true, "a future version"}, /* version 2 -> 3: skipped, kept */
+        {8, 4, 4 ^ 2, KVT_EFORMAT, true, "a future version"}, /* version 2 -> 4: skipped, kept */
     };
     for (size_t c = 0; c < 3; c++) {
         int64_t id = fresh_store(m, dir, t, N);
