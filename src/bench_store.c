@@ -220,10 +220,10 @@ int kvt_bench_store(const char *csv_path, bool quick)
     double thin = load_in_child(dir, t, mid, (uint32_t)top, &got);
     if (whole < 0 || thin < 0 || got != mid) { fprintf(stderr, "bench: nested loads failed\n"); goto fail; }
     snprintf(note, sizeof note, "%zu tokens, state stored", top);
-    row("load, newest nested snapshot", whole, "s", note);
+    row("load of the newest nested snapshot", whole, "s", note);
     snprintf(note, sizeof note, "%zu tokens, state rebuilt by replaying the last %zu", mid,
              kvt_ds4_replay_tokens(m, mid));
-    row("load, earlier nested snapshot", thin, "s", note);
+    row("load of an earlier nested snapshot", thin, "s", note);
     rm_rf(dir);
     /* 2. lookup among 10,000 snapshots (ds4-tiny: the cost is the index and
      * the prompt's hashing, not the model) */
