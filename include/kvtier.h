@@ -241,7 +241,10 @@ int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len);
  *   cold       a prompt the disk tier did not already cover: save at
  *              align_down(n - trim_tokens, align_tokens) when that is at
  *              least min_tokens (a client that appends text re-merges the
- *              last BPE tokens, so the very end is not worth keeping);
+ *              last BPE tokens, so the very end is not worth keeping), and
+ *              at the fork point the caller names (the server: where the
+ *              first user turn of a one-turn conversation begins, so a new
+ *              conversation on the same system prompt reuses all of it);
  *   continued  every continued_interval tokens on an absolute grid;
  *   evict, shutdown, manual   by the caller, at the session's length.
  * Save points must be checkpoint positions: use checkpoint_interval =
@@ -253,10 +256,12 @@ typedef struct kvt_save_policy {
 /* The checkpoint grid the policy needs (gcd of align and interval). */
 uint32_t kvt_save_policy_grid(const kvt_save_policy *p);
 /* Save what the policy asks for after a sync of n prompt tokens of which
- * `from_disk` were restored from the store. *saved (may be NULL) receives
- * the number of new snapshots written (not re-saves of stored ones). Save failures are reported, not fatal. */
+ * `from_disk` were restored from the store; fork_at (0: none) is a cold save
+ * point besides the aligned one, saved when the session holds a checkpoint
+ * there. *saved (may be NULL) receives the number of new snapshots written
+ * (not re-saves of stored ones). Save failures are reported, not fatal. */
 int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
-                           size_t from_disk, size_t *saved);
+                           size_t from_disk, size_t fork_at, size_t *saved);
 
 /* ---- sampling -------------------------------------------------------- */
 

@@ -248,7 +248,7 @@ static int cmd_run(int argc, char **argv)
     double t0 = now_s();
     if ((rc = kvt_session_sync(s, toks, n, NULL))) { fail(rc, "prefill"); goto out; }
     double t_prefill = now_s() - t0;
-    if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, &saved))) { fail(rc, "disk cache"); goto out; }
+    if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
     if (store)
         fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
                 from_disk, n - from_disk, t_prefill, saved);

@@ -31,7 +31,7 @@ static int save_one(kvt_store *st, kvt_session *s, size_t at, const char *why, s
 }
 
 int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
-                           size_t from_disk, size_t *saved)
+                           size_t from_disk, size_t fork_at, size_t *saved)
 {
     if (saved) *saved = 0;
     if (!st) return KVT_OK;
@@ -42,6 +42,9 @@ int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy 
     }
     int rc;
     if (cold && (rc = save_one(st, s, cold, "cold", saved))) return rc;
+    if (fork_at >= p->min_tokens && fork_at > from_disk && fork_at != cold && fork_at <= n &&
+        (rc = save_one(st, s, fork_at, "cold", saved)))
+        return rc;
     if (p->continued_interval)
         for (size_t g = (from_disk / p->continued_interval + 1) * (size_t)p->continued_interval; g <= s->n;
              g += p->continued_interval)

@@ -579,7 +579,7 @@ TEST(store_policy_and_lookup_longest)
     CHECK_OK(kvt_session_new(&s, m, &so));
     CHECK_OK(kvt_session_sync(s, t, N, NULL));
     size_t saved = 0;
-    CHECK_OK(kvt_store_apply_policy(st, s, &p, N, 0, &saved));
+    CHECK_OK(kvt_store_apply_policy(st, s, &p, N, 0, 0, &saved));
     /* cold at align_down(5000 - 32, 2048) = 4096; continued at 4096 (same) -> one entry */
     kvt_store_entry *e = NULL;
     size_t ne = 0;
@@ -590,8 +590,24 @@ TEST(store_policy_and_lookup_longest)
     kvt_session *s2 = NULL;
     CHECK_OK(kvt_session_new(&s2, m, &so));
     CHECK_OK(kvt_session_sync(s2, t + 1, 540, NULL));
-    CHECK_OK(kvt_store_apply_policy(st, s2, &p, 540, 0, &saved));
+    CHECK_OK(kvt_store_apply_policy(st, s2, &p, 540, 0, 0, &saved));
     CHECK(saved == 0);
+    /* a fork point (the server's first user turn) is saved as cold, whole,
+     * when the session holds a checkpoint there; without one it is skipped */
+    kvt_session *s3 = NULL;
+    CHECK_OK(kvt_session_new(&s3, m, &so));
+    kvt_session_set_mark(s3, 3000);
+    CHECK_OK(kvt_session_sync(s3, t, N, NULL));
+    CHECK_OK(kvt_store_apply_policy(st, s3, &p, N, 0, 3001, &saved));
+    CHECK(saved == 0);
+    CHECK_OK(kvt_store_apply_policy(st, s3, &p, N, 0, 3000, &saved));
+    CHECK(saved == 1);
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    bool fork = false;
+    for (size_t i = 0; i < ne; i++) fork |= e[i].n_tokens == 3000 && !strcmp(e[i].reason, "cold") && !e[i].replay;
+    free(e);
+    CHECK(fork);
+    kvt_session_free(s3);
     /* longest stored prefix wins; a diverging prompt finds the shorter one */
     CHECK_OK(kvt_store_save(st, s, 2048, "manual", NULL));
     size_t match;
@@ -600,10 +616,14 @@ TEST(store_policy_and_lookup_longest)
     CHECK(match == 4096);
     t[3000] ^= 1;
     CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECK(match == 3000);
+    t[2500] ^= 1;
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
     CHECK(match == 2048);
+    t[2500] ^= 1;
     t[3000] ^= 1;
     CHECK_OK(kvt_store_lookup(st, m, t, 4095, &match, &id));
-    CHECK(match == 2048);
+    CHECK(match == 3000);
     kvt_session_free(s2);
     kvt_session_free(s);
     kvt_store_close(st);
