@@ -484,9 +484,14 @@ static void run_job(server *sv, job *j)
      * begins: the next conversation on the same prompt forks from there */
     static const char user_turn[] = "<｜User｜>"; /* the deepseek template's turn marker */
     int32_t user_id = kvt_tokenizer_find(m->tok, user_turn, sizeof user_turn - 1);
-    size_t mark = 0, first = 0;
-    for (size_t i = n; user_id >= 0 && i-- > 1;)
-        if (toks[i] == user_id) { mark = mark ? mark : i; first = i; }
+    static const char asst_turn[] = "<｜Assistant｜>";
+    int32_t asst_id = kvt_tokenizer_find(m->tok, asst_turn, sizeof asst_turn - 1);
+    size_t mark = 0;
+    bool opening = true; /* no assistant turn before the mark: a conversation's first request */
+    for (size_t i = n; user_id >= 0 && i-- > 1;) {
+        if (toks[i] == user_id && !mark) mark = i;
+        if (toks[i] == asst_id && mark) opening = false;
+    }
     kvt_session_set_mark(s, mark);
     struct prog pg = {sv, j, kvt_now()};
     s->progress = on_progress;
@@ -516,9 +521,10 @@ static void run_job(server *sv, job *j)
     if (store) {
         size_t written = 0; /* new entries, not re-saves of stored ones */
         double ts = kvt_now();
-        /* a conversation's first turn also saves where that turn begins: new
-         * conversations on the same system prompt fork there, after a restart too */
-        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, mark == first ? mark : 0,
+        /* a conversation's first request also saves where its last user
+         * turn begins: new conversations on the same prompt fork there,
+         * after a restart too */
+        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, opening ? mark : 0,
                                &written);
         pthread_mutex_lock(&sv->mu);
         if (written) hist_add(&sv->mx.save, kvt_now() - ts);

@@ -125,7 +125,7 @@ static const char *ensure_clients(void)
 static bool server_start(agt *t, const char *kv)
 {
     const char *const args[] = {"--model", "ds4-tiny", "--ctx", "131072", "--any-model", "--api-key", "K1",
-                                "--api-key", "K2", "--max-tokens", "64", "--kv-cache-align-tokens", "256",
+                                "--api-key", "K2", "--max-tokens", "64",
                                 "--kv-disk-dir", kv, NULL};
     return fx_server_start(&t->s, args);
 }
