@@ -6,13 +6,12 @@
  * sequence. The server is the built binary (KVT_BIN):
  *
  *   serve --model ds4-tiny --ctx 131072 --any-model --api-key K1 --api-key K2
- *         --max-tokens 64 --kv-cache-align-tokens 256 --kv-disk-dir DIR
+ *         --max-tokens 64 --kv-disk-dir DIR
  *
  * (--any-model: Claude Code sends its own model names; --max-tokens bounds
- * the replies of clients that send no limit; the 256-token grid is where
- * cold snapshots go and where a RAM session keeps the checkpoints a new
- * conversation forks from: of Pi's 5,400-token prompt it keeps 95% or more,
- * where the default 2048 keeps 4,096 tokens, 76%.) Every session runs the
+ * the replies of clients that send no limit; the save policy is the
+ * default: a new conversation forks where the last one's user turn began,
+ * from RAM or, after a restart, from disk.) Every session runs the
  * client through
  * tests/agents/run.mjs, which puts a recording proxy (tests/agents/proxy.mjs)
  * between client and server, reads /metrics around each request, and checks
