@@ -157,6 +157,7 @@ int kvt_bench_store(const char *csv_path, bool quick)
     if (csv_path) {
         csv = fopen(csv_path, "a");
         if (!csv) { fprintf(stderr, "bench: %s: %s\n", csv_path, strerror(errno)); return 1; }
+        if (fseek(csv, 0, SEEK_END) == 0 && ftell(csv) == 0) fprintf(csv, "suite,test,value,unit,note\n");
     }
     size_t N = quick ? 16384 : 131072;
     printf("\n%-44s %16s %-8s %s\n", "store (ds4-mini)", "value", "unit", "note");

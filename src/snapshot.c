@@ -367,12 +367,13 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
     if (text_len != len - fixed) return kvt_fail(KVT_EFORMAT, "block %u: text of %zu bytes does not fit", b, text_len);
     const uint8_t *rows = p + BLK_HDR + 4 * KVT_BLOCK + 4 + text_len;
     for (size_t i = 0; i < c->n_streams; i++) {
+        /* a block's rows of one stream are one allocation (cache.h) */
         const kvt_stream *st = &c->streams[i];
-        for (size_t r = 0; r < st->rows_per_block; r++, rows += st->row_bytes) {
-            void *dst = kvt_cache_row(s->cache, i, (size_t)b * st->rows_per_block + r);
-            if (!dst) return kvt_fail(KVT_ENOMEM, "block %u rows", b);
-            memcpy(dst, rows, st->row_bytes);
-        }
+        size_t bytes = (size_t)st->rows_per_block * st->row_bytes;
+        void *dst = kvt_cache_row(s->cache, i, (size_t)b * st->rows_per_block);
+        if (!dst) return kvt_fail(KVT_ENOMEM, "block %u rows", b);
+        memcpy(dst, rows, bytes);
+        rows += bytes;
     }
     return KVT_OK;
 }

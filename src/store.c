@@ -50,6 +50,7 @@ struct kvt_store {
     char *dir;
     uint64_t budget;
     bool quiet;
+    bool durable;            /* synchronous=FULL (off only while a benchmark populates) */
     ientry *idx;             /* (n_idx) sorted by head */
     size_t n_idx;
     int64_t data_version;
@@ -205,6 +206,7 @@ int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget)
     st->budget = budget ? budget : DEFAULT_BUDGET;
     st->dirty = true;
     st->data_version = -1;
+    st->durable = true;
     st->dir = kvt_strndup(dir, strlen(dir));
     size_t plen = strlen(dir) + 32;
     char *path = kvt_malloc(plen);
@@ -567,7 +569,7 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
 
 /* ---- load ---- */
 
-struct getter { kvt_store *st; sqlite3_stmt *stmt; uint8_t *buf; size_t cap; uint32_t bad_block; uint64_t bad_key; };
+struct getter { kvt_store *st; sqlite3_stmt *stmt; uint32_t bad_block; uint64_t bad_key; };
 
 static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
 {
@@ -577,16 +579,11 @@ static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, si
     sqlite3_reset(g->stmt);
     sqlite3_bind_int64(g->stmt, 1, (int64_t)key);
     if (sqlite3_step(g->stmt) != SQLITE_ROW) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is missing", b, (unsigned long long)key);
-    size_t n = (size_t)sqlite3_column_bytes(g->stmt, 0);
-    if (n > g->cap) {
-        uint8_t *nb = realloc(g->buf, n);
-        if (!nb) return kvt_fail(KVT_ENOMEM, "block buffer");
-        g->buf = nb;
-        g->cap = n;
-    }
-    if (n) memcpy(g->buf, sqlite3_column_blob(g->stmt, 0), n);
-    *p = g->buf;
-    *len = n;
+    /* SQLite's copy stays valid until the next step: the loader checks and
+     * copies a block before it asks for the next one */
+    *p = sqlite3_column_blob(g->stmt, 0);
+    *len = (size_t)sqlite3_column_bytes(g->stmt, 0);
+    if (!*p) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is empty", b, (unsigned long long)key);
     return KVT_OK;
 }
 
@@ -628,15 +625,23 @@ static void quarantine(kvt_store *st, int64_t id, bool block_bad, uint64_t key, 
 static int store_load(kvt_store *st, int64_t id, kvt_session *s)
 {
     sqlite3_stmt *stmt = NULL;
+    /* one read transaction: the record and its blocks come from one state of
+     * the store whatever other processes commit meanwhile, and the blocks
+     * are read without a lock round trip each */
+    int rc = exec(st, "BEGIN");
+    if (rc) return rc;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
-    if (r != SQLITE_ROW) return q_ok(r) ? kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id) : sql_fail(st, "load");
+    if (r != SQLITE_ROW) {
+        rc = q_ok(r) ? kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id) : sql_fail(st, "load");
+        exec(st, "COMMIT");
+        return rc;
+    }
     size_t len = (size_t)sqlite3_column_bytes(stmt, 0);
     uint8_t *rec = kvt_malloc(len ? len : 1);
-    if (!rec) { sqlite3_finalize(stmt); return KVT_ENOMEM; }
+    if (!rec) { sqlite3_finalize(stmt); exec(st, "COMMIT"); return KVT_ENOMEM; }
     if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
     sqlite3_finalize(stmt);
-    struct getter g = {st, NULL, NULL, 0, UINT32_MAX, 0};
-    int rc;
+    struct getter g = {st, NULL, UINT32_MAX, 0};
     if (sqlite3_prepare_v2(st->db, "SELECT data FROM blocks WHERE key = ?", -1, &g.stmt, NULL) != SQLITE_OK) {
         rc = sql_fail(st, "load");
     } else {
@@ -645,11 +650,15 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         if (rc == KVT_OK) g.bad_block = UINT32_MAX;
     }
     sqlite3_finalize(g.stmt);
+    exec(st, "COMMIT"); /* ends the read; kvt_errmsg() still says why a load failed */
     bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
-    free(g.buf);
     if (rc == KVT_OK) {
         st->hits++;
+        /* Recording a use is bookkeeping: in WAL mode a commit without its
+         * fsync keeps the store consistent, and a crash forgets at most the
+         * last uses. Saves and removals stay synchronous=FULL. */
+        if (st->durable) exec(st, "PRAGMA synchronous=NORMAL");
         if (exec(st, "BEGIN IMMEDIATE") == KVT_OK) {
             int64_t a[2] = {tick(st), id};
             q(st, NULL, "UPDATE snaps SET hits = hits + 1, last_used = ? WHERE id = ?", 2, a);
@@ -663,6 +672,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
             flush_counters(st);
             exec(st, "COMMIT");
         }
+        if (st->durable) exec(st, "PRAGMA synchronous=FULL");
         return KVT_OK;
     }
     if (rc == KVT_ENOMEM || rc == KVT_ECTX || rc == KVT_EIO || future) {
@@ -949,6 +959,7 @@ int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 
 int kvt_store_set_synchronous(kvt_store *st, bool on)
 {
+    st->durable = on;
     return exec(st, on ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF");
 }
 
