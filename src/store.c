@@ -53,6 +53,8 @@ struct kvt_store {
     bool durable;            /* synchronous=FULL (off only while a benchmark populates) */
     ientry *idx;             /* (n_idx) sorted by head */
     size_t n_idx;
+    int64_t skip[64];        /* entries of a newer format: kept for the build that wrote them, */
+    size_t n_skip;           /* passed over by this one's lookups */
     int64_t data_version;
     bool dirty;              /* our own writes since the index was built */
     /* counters not yet written to the database */
@@ -148,7 +150,7 @@ static const char *schema =
     "  head INTEGER NOT NULL, n_tokens INTEGER NOT NULL, tail INTEGER NOT NULL, n_blocks INTEGER NOT NULL,"
     "  reason TEXT NOT NULL, created REAL NOT NULL, last_used INTEGER NOT NULL, used_at REAL NOT NULL,"
     "  hits INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL, preview TEXT NOT NULL, data BLOB NOT NULL,"
-    "  UNIQUE(head, n_tokens, tail));"
+    "  replay INTEGER NOT NULL DEFAULT 0, UNIQUE(head, n_tokens, tail));"
     "CREATE TABLE IF NOT EXISTS snap_blocks(snap INTEGER NOT NULL, idx INTEGER NOT NULL, key INTEGER NOT NULL,"
     "  PRIMARY KEY(snap, idx)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
@@ -187,6 +189,14 @@ static int open_db(kvt_store *st, const char *path)
         (rc = exec(st, "BEGIN IMMEDIATE")))
         return rc;
     if ((rc = exec(st, schema))) { exec(st, "ROLLBACK"); return rc; }
+    /* snaps.replay (the record has no state section) came after the first
+     * stores: add it where it is missing. Builds that predate it ignore it
+     * and write whole records, which its default describes. */
+    if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0 &&
+        (rc = exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0"))) {
+        exec(st, "ROLLBACK");
+        return rc;
+    }
     int64_t ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
     exec(st, "COMMIT");
     if (ver != SCHEMA_VERSION)
@@ -311,7 +321,7 @@ static int drop_state(kvt_store *st, int64_t id)
     if (sqlite3_step(get) == SQLITE_ROW &&
         kvt_snap_without_state(sqlite3_column_blob(get, 0), (size_t)sqlite3_column_bytes(get, 0), &out) == KVT_OK &&
         out.len > 0) {
-        if (sqlite3_prepare_v2(st->db, "UPDATE snaps SET data = ?, bytes = ? WHERE id = ?", -1, &put, NULL) !=
+        if (sqlite3_prepare_v2(st->db, "UPDATE snaps SET data = ?, bytes = ?, replay = 1 WHERE id = ?", -1, &put, NULL) !=
             SQLITE_OK) {
             rc = sql_fail(st, "thin snapshot");
         } else {
@@ -340,7 +350,7 @@ static int thin_ancestors(kvt_store *st, const kvt_model *m, const int32_t *toke
     sqlite3_stmt *sel = NULL;
     if (!ids) return KVT_ENOMEM;
     if (sqlite3_prepare_v2(st->db, "SELECT id, n_tokens, tail FROM snaps WHERE head = ? AND n_tokens < ? AND"
-                           " reason != 'cold' AND id != ? AND substr(data, 9, 1) != x'03'", -1, &sel, NULL) != SQLITE_OK) {
+                           " reason != 'cold' AND id != ? AND replay = 0", -1, &sel, NULL) != SQLITE_OK) {
         free(ids);
         return sql_fail(st, "thin snapshots");
     }
@@ -529,6 +539,13 @@ static int refresh_index(kvt_store *st)
     return KVT_OK;
 }
 
+static bool skipped(const kvt_store *st, int64_t id)
+{
+    for (size_t i = 0; i < st->n_skip && i < 64; i++) /* the last 64 */
+        if (st->skip[i] == id) return true;
+    return false;
+}
+
 static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
 {
     *match = 0;
@@ -554,7 +571,7 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
         for (size_t k = end; k-- > lo;) {
             const ientry *e = &st->idx[k];
             size_t start = b * KVT_BLOCK;
-            if (e->n > n || e->n < start || e->n - start >= KVT_BLOCK || e->n == 0) continue;
+            if (e->n > n || e->n < start || e->n - start >= KVT_BLOCK || e->n == 0 || skipped(st, e->id)) continue;
             if (kvt_snap_tail_hash(heads[b], tokens + start, e->n - start) == e->tail) {
                 *match = e->n;
                 *id = e->id;
@@ -676,6 +693,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         return KVT_OK;
     }
     if (rc == KVT_ENOMEM || rc == KVT_ECTX || rc == KVT_EIO || future) {
+        if (future && !skipped(st, id)) st->skip[st->n_skip++ % 64] = id;
         st->misses++;
         return rc;
     }
@@ -806,7 +824,7 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
                            "SELECT id, model, bytes, hits, n_tokens, n_blocks, created, used_at, reason, preview,"
                            " (SELECT COUNT(*) FROM snap_blocks sb JOIN blocks b ON b.key = sb.key"
                            "   WHERE sb.snap = snaps.id AND b.refs > 1)"
-                           ", substr(data, 9, 1) = x'03'"
+                           ", replay"
                            " FROM snaps ORDER BY last_used DESC", -1, &stmt, NULL) != SQLITE_OK) {
         free(e);
         return sql_fail(st, "list");
