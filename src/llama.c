@@ -238,7 +238,11 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
         struct attn_ctx ac = {w, s->cache, l, pos0, q, att};
-        kvt_pool_for(s->pool, n * w->H, 1, attn_range, &ac);
+        /* one (token, head) scores and mixes up to pos0 + n rows: give a
+         * thread at least 32K multiply-adds, as kvt_matmul does, so a short
+         * decode step does not pay for waking the pool */
+        size_t per = 2 * (pos0 + n) * hd;
+        kvt_pool_for(s->pool, n * w->H, (131072 + per - 1) / per, attn_range, &ac);
         kvt_matmul(s->pool, xb, ly->wo, att, n, D, D);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
