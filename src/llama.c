@@ -239,8 +239,8 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
         }
         struct attn_ctx ac = {w, s->cache, l, pos0, q, att};
         /* one (token, head) scores and mixes up to pos0 + n rows: give a
-         * thread at least 32K multiply-adds, as kvt_matmul does, so a short
-         * decode step does not pay for waking the pool */
+         * thread at least 128K multiply-adds (measured in bench/README.md),
+         * so a tiny model's decode step does not pay for waking the pool */
         size_t per = 2 * (pos0 + n) * hd;
         kvt_pool_for(s->pool, n * w->H, (131072 + per - 1) / per, attn_range, &ac);
         kvt_matmul(s->pool, xb, ly->wo, att, n, D, D);
