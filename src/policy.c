@@ -30,24 +30,32 @@ static int save_one(kvt_store *st, kvt_session *s, size_t at, const char *why, s
     return KVT_OK;
 }
 
+/* Save points go in increasing length, so each save can drop the state of
+ * the shorter continued snapshots it extends (store.c). */
 int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
                            size_t from_disk, size_t fork_at, size_t *saved)
 {
     if (saved) *saved = 0;
     if (!st) return KVT_OK;
-    size_t cold = 0;
+    size_t cold[2] = {0, 0}; /* the aligned cold point and the caller's fork point, ascending */
     if (p->align_tokens && n > p->trim_tokens) {
-        cold = (n - p->trim_tokens) / p->align_tokens * p->align_tokens;
-        if (cold < p->min_tokens || cold <= from_disk) cold = 0;
+        cold[0] = (n - p->trim_tokens) / p->align_tokens * p->align_tokens;
+        if (cold[0] < p->min_tokens || cold[0] <= from_disk) cold[0] = 0;
     }
+    if (fork_at >= p->min_tokens && fork_at > from_disk && fork_at <= n && fork_at != cold[0]) cold[1] = fork_at;
+    if (cold[0] > cold[1]) { size_t t = cold[0]; cold[0] = cold[1]; cold[1] = t; }
+    size_t next = p->continued_interval ? (from_disk / p->continued_interval + 1) * (size_t)p->continued_interval : 0;
+    size_t c = 0;
     int rc;
-    if (cold && (rc = save_one(st, s, cold, "cold", saved))) return rc;
-    if (fork_at >= p->min_tokens && fork_at > from_disk && fork_at != cold && fork_at <= n &&
-        (rc = save_one(st, s, fork_at, "cold", saved)))
-        return rc;
-    if (p->continued_interval)
-        for (size_t g = (from_disk / p->continued_interval + 1) * (size_t)p->continued_interval; g <= s->n;
-             g += p->continued_interval)
-            if (g != cold && g >= p->min_tokens && (rc = save_one(st, s, g, "continued", saved))) return rc;
-    return KVT_OK;
+    for (;;) {
+        size_t g = next && next <= s->n ? next : SIZE_MAX;
+        while (c < 2 && (!cold[c] || cold[c] <= g)) {
+            if (cold[c] && (rc = save_one(st, s, cold[c], "cold", saved))) return rc;
+            c++;
+        }
+        if (g == SIZE_MAX) return KVT_OK;
+        if (g != cold[0] && g != cold[1] && g >= p->min_tokens && (rc = save_one(st, s, g, "continued", saved)))
+            return rc;
+        next += p->continued_interval;
+    }
 }
