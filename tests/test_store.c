@@ -686,6 +686,25 @@ TEST(store_policy_and_lookup_longest)
     kvt_session_free(s2);
     kvt_session_free(s);
     kvt_store_close(st);
+    /* continued points below the cold one are saved first, so each later
+     * save drops the state of the continued ones it extends */
+    rmdir_all(dir);
+    kvt_save_policy p2 = {512, 32, 2048, 1024};
+    so.checkpoint_interval = kvt_save_policy_grid(&p2);
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    CHECK_OK(kvt_store_apply_policy(st, s, &p2, N, 0, 0, &saved));
+    CHECK(saved == 4);
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    size_t ok = 0;
+    for (size_t i = 0; i < ne; i++)
+        ok += e[i].n_tokens == 4096 ? !strcmp(e[i].reason, "cold") && !e[i].replay
+                                     : !strcmp(e[i].reason, "continued") && e[i].replay;
+    free(e);
+    CHECKF(ne == 4 && ok == 4, "%zu entries, %zu as expected", ne, ok);
+    kvt_session_free(s);
+    kvt_store_close(st);
     free(t);
     kvt_model_close(m);
     rmdir_all(dir);
