@@ -487,7 +487,7 @@ static void run_job(server *sv, job *j)
     static const char asst_turn[] = "<｜Assistant｜>";
     int32_t asst_id = kvt_tokenizer_find(m->tok, asst_turn, sizeof asst_turn - 1);
     size_t mark = 0;
-    bool opening = true; /* no assistant turn before the mark: a conversation's first request */
+    bool opening = asst_id >= 0; /* no assistant turn before the mark: a conversation's first request */
     for (size_t i = n; user_id >= 0 && i-- > 1;) {
         if (toks[i] == user_id && !mark) mark = i;
         if (toks[i] == asst_id && mark) opening = false;

@@ -25,6 +25,7 @@
 #include "model.h"
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -378,8 +379,35 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
     return KVT_OK;
 }
 
+/* An architecture's error while restoring the state, reported as the
+ * record's (the disk tier blames the record, not its last block). */
+static int state_fail(kvt_session *s, int rc)
+{
+    char why[400];
+    snprintf(why, sizeof why, "%s", kvt_errmsg());
+    reset(s);
+    return kvt_fail(rc, "snapshot: %s", why);
+}
+
 int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user)
 {
+    bool rebuild = false;
+    int rc = kvt_snap_load_start(s, rec, len, get, user, &rebuild);
+    return rc ? rc : kvt_snap_load_finish(s, rebuild);
+}
+
+int kvt_snap_load_finish(kvt_session *s, bool rebuild)
+{
+    int rc;
+    if (rebuild && (rc = s->m->arch->state_rebuild(s))) return state_fail(s, rc);
+    kvt_session_checkpoint(s);
+    return KVT_OK;
+}
+
+int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user,
+                        bool *rebuild)
+{
+    *rebuild = false;
     kvt_snap_info in;
     reset(s);
     int rc = kvt_snap_parse(s->m, rec, len, &in);
@@ -411,7 +439,7 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
     }
     if (in.n) memcpy(s->logits, in.sec[SEC_LOGITS], V * 4);
     kvt_rbuf r = {in.sec[SEC_STATE], in.sec_len[SEC_STATE], 0};
-    if (!replay && s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) { reset(s); return rc; }
+    if (!replay && s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) return state_fail(s, rc);
     const uint8_t *rows = in.sec[SEC_ROWS];
     for (size_t i = 0; i < s->cache->n_streams; i++) {
         const kvt_stream *st = &s->cache->streams[i];
@@ -423,8 +451,7 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
         }
     }
     s->n = in.n;
-    if (replay && (rc = s->m->arch->state_rebuild(s))) { reset(s); return rc; }
-    kvt_session_checkpoint(s);
+    *rebuild = replay;
     return KVT_OK;
 }
 

@@ -59,5 +59,13 @@ typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint
 /* Replace the session's state with a record and its blocks; on failure the
  * session is left empty. */
 int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
+/* kvt_snap_load in two steps, so that a caller can release what it read the
+ * blocks from before the slow part: _start checks and copies everything in
+ * and sets *rebuild when the state must still be rebuilt by replay; _finish
+ * does that (a failure empties the session) and leaves the restore
+ * checkpoint. */
+int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user,
+                        bool *rebuild);
+int kvt_snap_load_finish(kvt_session *s, bool rebuild);
 
 #endif

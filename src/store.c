@@ -78,6 +78,20 @@ static int exec(kvt_store *st, const char *sql)
     return KVT_OK;
 }
 
+/* Commit a write transaction; one that cannot commit is rolled back, so the
+ * connection is never left inside it. */
+static int commit(kvt_store *st)
+{
+    int rc = exec(st, "COMMIT");
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvt_errmsg());
+        exec(st, "ROLLBACK");
+        rc = kvt_fail(rc, "%s", why);
+    }
+    return rc;
+}
+
 /* Prepare, bind int64 parameters, step once. Returns the sqlite3 result; a
  * row, when there is one, is left in *out (finalize it). */
 static int q(kvt_store *st, sqlite3_stmt **out, const char *sql, int n, const int64_t *args)
@@ -253,7 +267,7 @@ void kvt_store_close(kvt_store *st)
     if (st->db && (st->lookups || st->hits || st->misses || st->save_errors) &&
         exec(st, "BEGIN IMMEDIATE") == KVT_OK) {
         flush_counters(st);
-        exec(st, "COMMIT");
+        commit(st);
     }
     sqlite3_close(st->db);
     free(st->idx);
@@ -368,7 +382,7 @@ static int thin_ancestors(kvt_store *st, const kvt_model *m, const int32_t *toke
                 continue;
             if (k == cap) {
                 int64_t *g = realloc(ids, 2 * cap * sizeof *ids);
-                if (!g) { rc = KVT_ENOMEM; break; }
+                if (!g) { rc = kvt_fail(KVT_ENOMEM, "thin snapshots"); break; }
                 ids = g;
                 cap *= 2;
             }
@@ -427,6 +441,18 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     if (id >= 0) { /* already stored: only the use moves */
         int64_t a[2] = {t, id};
         q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, a);
+        /* ...unless a cold save meets another kind of entry: it becomes a
+         * whole cold one, as if saved cold first (fork points stay whole) */
+        sqlite3_stmt *up = NULL;
+        if (reason && !strcmp(reason, "cold") &&
+            sqlite3_prepare_v2(st->db, "UPDATE snaps SET reason = 'cold', replay = 0, data = ?, bytes = ?"
+                               " WHERE id = ? AND (reason != 'cold' OR replay != 0)", -1, &up, NULL) == SQLITE_OK) {
+            sqlite3_bind_blob(up, 1, rec.p, (int)rec.len, SQLITE_STATIC);
+            sqlite3_bind_int64(up, 2, (int64_t)rec.len);
+            sqlite3_bind_int64(up, 3, id);
+            if (sqlite3_step(up) != SQLITE_DONE) rc = sql_fail(st, "save snapshot");
+        }
+        sqlite3_finalize(up);
     } else {
         uint64_t prev = kvt_snap_key0(s->m);
         for (size_t b = 0; b < nb && !rc; b++) {
@@ -479,7 +505,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
                 !q_ok(q(st, NULL, "UPDATE blocks SET refs = refs + 1 WHERE key = ?", 1, &a[2])))
                 rc = sql_fail(st, "save references");
         }
-        if (!rc) rc = thin_ancestors(st, s->m, s->tokens, n, keys, id);
+        if (!rc && s->m->arch->state_rebuild) rc = thin_ancestors(st, s->m, s->tokens, n, keys, id);
         if (!rc) {
             counter_add(st, "saves", 1);
             enforce_budget(st, id);
@@ -636,7 +662,7 @@ static void quarantine(kvt_store *st, int64_t id, bool block_bad, uint64_t key, 
     }
     drop_snap(st, id);
     counter_add(st, "damaged", 1);
-    exec(st, "COMMIT");
+    commit(st);
 }
 
 static int store_load(kvt_store *st, int64_t id, kvt_session *s)
@@ -645,6 +671,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     /* one read transaction: the record and its blocks come from one state of
      * the store whatever other processes commit meanwhile, and the blocks
      * are read without a lock round trip each */
+    if (!sqlite3_get_autocommit(st->db)) exec(st, "ROLLBACK"); /* one a failed commit left open */
     int rc = exec(st, "BEGIN");
     if (rc) return rc;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
@@ -659,15 +686,16 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
     sqlite3_finalize(stmt);
     struct getter g = {st, NULL, UINT32_MAX, 0};
+    bool rebuild = false;
     if (sqlite3_prepare_v2(st->db, "SELECT data FROM blocks WHERE key = ?", -1, &g.stmt, NULL) != SQLITE_OK) {
         rc = sql_fail(st, "load");
     } else {
-        g.bad_block = UINT32_MAX;
-        rc = kvt_snap_load(s, rec, len, get_block, &g);
-        if (rc == KVT_OK) g.bad_block = UINT32_MAX;
+        rc = kvt_snap_load_start(s, rec, len, get_block, &g, &rebuild);
+        if (rc == KVT_OK) g.bad_block = UINT32_MAX; /* from here on a failure is the record's */
     }
     sqlite3_finalize(g.stmt);
     exec(st, "COMMIT"); /* ends the read; kvt_errmsg() still says why a load failed */
+    if (rc == KVT_OK) rc = kvt_snap_load_finish(s, rebuild); /* a replay needs no database */
     bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
     if (rc == KVT_OK) {
@@ -687,7 +715,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
             }
             sqlite3_finalize(u);
             flush_counters(st);
-            exec(st, "COMMIT");
+            commit(st);
         }
         if (st->durable) exec(st, "PRAGMA synchronous=FULL");
         return KVT_OK;
@@ -742,7 +770,7 @@ static int store_rm(kvt_store *st, int64_t id)
         return kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
     }
     drop_snap(st, id);
-    return exec(st, "COMMIT");
+    return commit(st);
 }
 
 static int store_gc(kvt_store *st)
@@ -754,7 +782,7 @@ static int store_gc(kvt_store *st)
     q(st, NULL, "UPDATE blocks SET refs = (SELECT COUNT(*) FROM snap_blocks WHERE snap_blocks.key = blocks.key)", 0, NULL);
     q(st, NULL, "DELETE FROM blocks WHERE refs <= 0", 0, NULL);
     flush_counters(st);
-    if ((rc = exec(st, "COMMIT"))) return rc;
+    if ((rc = commit(st))) return rc;
     st->dirty = true;
     return exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }

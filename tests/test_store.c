@@ -486,6 +486,64 @@ TEST(store_schema_gains_replay_column)
     rmdir_all(dir);
 }
 
+/* A record without its state whose replay fails is that record's damage:
+ * it alone is removed, never the snapshots that share its blocks. A cold
+ * save at a point stored as a continued snapshot makes it whole again. */
+TEST(store_replay_failure_blames_the_record)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "replayfail");
+    enum { N = 640 };
+    int32_t t[N];
+    seqb(t, N, 79);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.checkpoint_interval = 128};
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    int64_t a, b, c;
+    CHECK_OK(kvt_session_sync(s, t, 384, NULL));
+    CHECK_OK(kvt_store_save(st, s, 384, "continued", &a));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, N, "continued", &b));
+    kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+    int rc = kvt_store_load(st, a, s);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECKF(rc == KVT_ECORRUPT && kvt_session_len(s) == 0, "rc %d", rc);
+    kvt_store_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    CHECKF(ne == 1 && e[0].id == b, "%zu entries left", ne);
+    free(e);
+    CHECK_OK(kvt_store_load(st, b, s));
+    CHECK(kvt_session_len(s) == N);
+    kvt_session *s2 = NULL; /* a restored session holds no earlier checkpoints: compute them */
+    CHECK_OK(kvt_session_new(&s2, m, &so));
+    CHECK_OK(kvt_session_sync(s2, t, N, NULL));
+    CHECK_OK(kvt_store_save(st, s2, 256, "continued", &c));
+    CHECK_OK(kvt_store_save(st, s2, 512, "continued", NULL));
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    for (size_t i = 0; i < ne; i++)
+        if (e[i].id == c) CHECK(e[i].replay);
+    free(e);
+    CHECK_OK(kvt_store_save(st, s2, 256, "cold", NULL));
+    kvt_session_free(s2);
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    bool whole_cold = false;
+    for (size_t i = 0; i < ne; i++) whole_cold |= e[i].id == c && !strcmp(e[i].reason, "cold") && !e[i].replay;
+    free(e);
+    CHECK(whole_cold);
+    CHECK_OK(kvt_store_load(st, c, s));
+    CHECK(kvt_session_len(s) == 256);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
 TEST(store_budget_lru_and_dedupe)
 {
     kvt_model *m = open_named("ds4-tiny");
