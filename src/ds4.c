@@ -524,6 +524,14 @@ static void emit_row(const kvt_cache *cache, size_t off, uint32_t r, size_t d, s
 
 /* ---- forward ---- */
 
+/* Frontier tokens valid at n: the incomplete block, plus for ratio 4 the
+ * previous complete block. */
+static size_t front_start(uint32_t r, size_t n)
+{
+    size_t b = n / r * r;
+    return r == 4 ? (b >= 4 ? b - 4 : 0) : b;
+}
+
 typedef struct fwd {
     kvt_session *s;
     const ds4_weights *w;
@@ -775,19 +783,18 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
                 float *sl = front_slot(s->cache, off, r, cw, t);
                 memcpy(sl, ckv + i * cw, cw * sizeof(float));
                 for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
-                if ((t + 1) % r == 0 && replay) {
-                    /* layer l's inputs are exact from replay_from + l(W-1) on */
-                    size_t row = (t + 1) / r - 1, s0 = r == 4 && row > 0 ? row * r - 4 : row * r;
-                    if (replay_from && s0 < replay_from + (size_t)l * (c->W - 1)) continue;
-                    emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, chk);
-                    if (memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2)) {
-                        rc = kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
-                        goto done;
-                    }
-                } else if ((t + 1) % r == 0) {
-                    uint16_t *out = kvt_cache_row(s->cache, (size_t)stream, (t + 1) / r - 1);
-                    if (!out) { rc = kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t); goto done; }
-                    emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, out);
+                if ((t + 1) % r) continue;
+                size_t row = (t + 1) / r - 1;
+                uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
+                if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
+                if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row))) {
+                    rc = kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
+                    goto done;
+                }
+                emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, out);
+                if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2)) {
+                    rc = kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
+                    goto done;
                 }
             }
         }
@@ -845,21 +852,16 @@ static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0
  * layer. */
 static size_t replay_start(const ds4_config *c, size_t n)
 {
-    size_t w1 = c->W - 1, need = n > c->W ? n - c->W : 0;
+    if (n == 0) return 0;
+    size_t w1 = c->W - 1, win = n > c->W ? n - c->W : 0, lead = (size_t)c->L * w1;
+    size_t need = n - 1 > lead ? n - 1 - lead : 0; /* the logits, after the last layer */
     for (uint32_t l = 0; l < c->L; l++) {
-        size_t lead = (size_t)l * w1, first = n; /* first position layer l's state needs */
-        if (n > c->W && n - c->W < first) first = n - c->W;
-        if (c->ratio[l] == 128 && n / 128 * 128 < first) first = n / 128 * 128;
-        if (c->ratio[l] == 4) {
-            size_t b = n / 4 * 4;
-            if ((b >= 4 ? b - 4 : 0) < first) first = b >= 4 ? b - 4 : 0;
-        }
+        size_t first = win; /* the first position layer l's state holds */
+        if (c->ratio[l] && front_start(c->ratio[l], n) < first) first = front_start(c->ratio[l], n);
+        lead = (size_t)l * w1;
         size_t q = first > lead ? first - lead : 0;
         if (q < need) need = q;
     }
-    size_t lead = (size_t)c->L * w1;
-    size_t q = n - 1 > lead ? n - 1 - lead : 0;
-    if (q < need) need = q;
     if (kvt_ds4_fault == KVT_DS4_FAULT_REPLAY && need > 0) need++; /* tests: one token short */
     return need;
 }
@@ -892,14 +894,6 @@ size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n)
 }
 
 /* ---- state in logical order ---- */
-
-/* Frontier tokens valid at n: the incomplete block, plus for ratio 4 the
- * previous complete block. */
-static size_t front_start(uint32_t r, size_t n)
-{
-    size_t b = n / r * r;
-    return r == 4 ? (b >= 4 ? b - 4 : 0) : b;
-}
 
 static void ds4_state_save(const kvt_session *s, kvt_wbuf *b)
 {
