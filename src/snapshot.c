@@ -164,7 +164,6 @@ static void put_record(kvt_wbuf *rec, uint32_t flags, const uint8_t *mid, const 
 
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys_out)
 {
-    if (!s->m->arch->state_rebuild) flags &= ~KVT_SNAP_REPLAY; /* no state to leave out */
     const kvt_model *m = s->m;
     const kvt_cache *c = s->cache;
     if (n > s->n) return kvt_fail(KVT_EINVAL, "cannot save %zu tokens of %zu", n, s->n);
@@ -201,7 +200,7 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     size_t sl[N_SEC + 1];
     for (int i = 1; i <= N_SEC; i++) {
         sp[i] = sec[i].p;
-        sl[i] = flags & KVT_SNAP_REPLAY && i == SEC_STATE ? 0 : sec[i].len;
+        sl[i] = sec[i].len;
         rec->oom |= sec[i].oom;
     }
     if (!mid.oom) put_record(rec, flags, mid.p, sp, sl);

@@ -20,8 +20,9 @@ uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n);
 /* True when the state at n tokens can be saved: n is the session's length
  * or one of its checkpoints. */
 bool kvt_snap_can_save(const kvt_session *s, size_t n);
-/* Append the snapshot record for the first n tokens to rec; *keys (malloc'ed,
- * n / 128 entries; may be NULL) receives the block keys. */
+/* Append the snapshot record for the first n tokens to rec (flags 0 or
+ * KVT_SNAP_INLINE; kvt_snap_without_state makes a record without its state);
+ * *keys (malloc'ed, n / 128 entries; may be NULL) receives the block keys. */
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
 /* Append to out the same record without its state (version 3, flag
  * KVT_SNAP_REPLAY); appends nothing when the record has no state to drop. */
