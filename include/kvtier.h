@@ -54,7 +54,7 @@ const char *kvt_errmsg(void);
 typedef struct kvt_model kvt_model;
 
 typedef struct kvt_model_info {
-    const char *arch;        /* "llama" or "ds4" */
+    const char *arch;        /* "llama" or "ds4"; "none" for kvt_model_open_vocab */
     const char *name;        /* general.name or the preset name */
     uint32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     uint64_t n_params;
@@ -72,6 +72,11 @@ int kvt_model_open(kvt_model **out, const char *path);
 #define KVT_DEFAULT_MODEL "ds4-mini"
 #define KVT_DEFAULT_SEED 1
 
+/* Only the tokenizer of a GGUF (a vocabulary file with no tensors is enough)
+ * or of a preset, for kvt_tokenize / kvt_detokenize / kvt_token_piece; its
+ * info.arch is "none" and kvt_session_new refuses it. Free with
+ * kvt_model_close. */
+int kvt_model_open_vocab(kvt_model **out, const char *path);
 /* A preset with synthetic weights from seed, with the built-in byte tokenizer
  * (vocab_gguf NULL) or the tokenizer of a vocabulary GGUF. */
 int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf);
@@ -100,9 +105,10 @@ void kvt_model_close(kvt_model *m);
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out);
 
 /* Tokenize text (len bytes, any bytes). add_bos follows the model when
- * add_bos < 0, else forces it on (1) or off (0). *out is malloc'ed; the caller
- * frees it. */
-int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos,
+ * add_bos < 0, else forces it on (1) or off (0). User-defined tokens are
+ * always split out of the text; control tokens (BOS, chat markers) only with
+ * parse_special, as in llama.cpp. *out is malloc'ed; the caller frees it. */
+int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos, bool parse_special,
                  int32_t **out, size_t *n_out);
 /* Bytes of one token as it appears in decoded text (borrowed from the model).
  * The SentencePiece dummy-prefix space is not removed here. */

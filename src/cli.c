@@ -230,7 +230,7 @@ static int cmd_run(int argc, char **argv)
     kvt_store *store = NULL;
     int32_t *gen = NULL;
     int ret = 1, rc;
-    if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, &toks, &n))) { fail(rc, "tokenize"); goto out; }
+    if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
     if (n == 0) {
         fprintf(stderr, "kvtier: the prompt is empty and the model adds no BOS: nothing to condition on\n");
         ret = 2;
@@ -295,24 +295,87 @@ out:
     return ret;
 }
 
+/* tokenize and detokenize need only the tokenizer, so a vocabulary GGUF
+ * (no tensors) is enough and a model file's weights are never read. */
+static int open_vocab(const char *path, kvt_model **m)
+{
+    int rc = kvt_model_open_vocab(m, path);
+    if (rc) return fail(rc, path ? path : KVT_DEFAULT_MODEL);
+    return 0;
+}
+
 static int cmd_tokenize(int argc, char **argv)
 {
-    opt o[] = {{"--model"}, {"--text"}, {"--no-bos", NULL, true}};
+    opt o[] = {{"--model"}, {"--text"}, {"--no-bos", NULL, true}, {"--special", NULL, true}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     const char *text = get(o, no, "--text");
     if (!text) { fprintf(stderr, "kvtier: --text is required\n"); return 2; }
     kvt_model *m = NULL;
-    int r = open_model(get(o, no, "--model"), &m);
+    int r = open_vocab(get(o, no, "--model"), &m);
     if (r) return r;
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = kvt_tokenize(m, text, strlen(text), get(o, no, "--no-bos") ? 0 : -1, &ids, &n);
+    int rc = kvt_tokenize(m, text, strlen(text), get(o, no, "--no-bos") ? 0 : -1,
+                          get(o, no, "--special") != NULL, &ids, &n);
     if (rc) { kvt_model_close(m); return fail(rc, "tokenize"); }
     for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     putchar('\n');
     free(ids);
     kvt_model_close(m);
+    return 0;
+}
+
+/* Ids separated by spaces or commas, each in [0, 2^31). */
+static bool parse_ids(const char *s, int32_t **out, size_t *n)
+{
+    size_t cap = strlen(s) / 2 + 1, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) { fprintf(stderr, "kvtier: out of memory\n"); return false; }
+    for (const char *p = s;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && !strchr(" ,\t\n", *end))) {
+            int w = (int)strcspn(p, " ,\t\n");
+            fprintf(stderr, "kvtier: --ids must be token ids (integers in [0, %d]), got '%.*s'\n",
+                    INT32_MAX, w > 64 ? 64 : w, p);
+            free(v);
+            return false;
+        }
+        v[k++] = (int32_t)x; /* k < cap: every id takes a digit and a separator but the last */
+        p = end;
+    }
+    *out = v;
+    *n = k;
+    return true;
+}
+
+/* The text of ids, written as its exact bytes (no newline is added). */
+static int cmd_detokenize(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--ids"}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    const char *list = get(o, no, "--ids");
+    if (!list) { fprintf(stderr, "kvtier: --ids is required\n"); return 2; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!parse_ids(list, &ids, &n)) return 2;
+    kvt_model *m = NULL;
+    int r = open_vocab(get(o, no, "--model"), &m);
+    if (r) { free(ids); return r; }
+    char *text = NULL;
+    size_t len = 0;
+    int rc = kvt_detokenize(m, ids, n, &text, &len);
+    free(ids);
+    kvt_model_close(m);
+    if (rc) return fail(rc, "detokenize");
+    bool ok = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0;
+    free(text);
+    if (!ok) { fprintf(stderr, "kvtier: detokenize: cannot write the text: %s\n", strerror(errno)); return 1; }
     return 0;
 }
 
@@ -363,7 +426,7 @@ static int cmd_perplexity(int argc, char **argv)
     size_t n = 0;
     kvt_session *s = NULL;
     int ret = 1, rc;
-    if ((rc = kvt_tokenize(m, text, len, -1, &ids, &n))) { fail(rc, "tokenize"); goto out; }
+    if ((rc = kvt_tokenize(m, text, len, -1, false, &ids, &n))) { fail(rc, "tokenize"); goto out; }
     kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
     /* Consecutive windows of at most ctx tokens, each scored from its start. */
@@ -628,7 +691,8 @@ static void usage(FILE *f)
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling] [--kv-save] [disk options]\n"
-          "  tokenize    [--model M] --text TEXT [--no-bos]\n"
+          "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
+          "  detokenize  [--model M] --ids \"ID ID ...\"\n"
           "  info        [--model M]\n"
           "  perplexity  [--model M] --file F [--threads N] [--ctx N]\n"
           "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
@@ -662,6 +726,7 @@ int main(int argc, char **argv)
     argv += 2;
     if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc, argv);
     if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc, argv);
     if (!strcmp(cmd, "model")) return cmd_model(argc, argv);

@@ -138,6 +138,37 @@ fail:
     return rc;
 }
 
+/* A model with a tokenizer and no weights: what `tokenize` and `detokenize`
+ * need, so a vocabulary GGUF (tokenizer.ggml.* keys only, as llama.cpp's
+ * vocab files are) is enough, and a full model file is not read past its
+ * metadata. Sessions refuse such a model. */
+int kvt_model_open_vocab(kvt_model **out, const char *path)
+{
+    *out = NULL;
+    if (!path) path = KVT_DEFAULT_MODEL;
+    kvt_model *m = kvt_calloc(1, sizeof *m);
+    if (!m) return KVT_ENOMEM;
+    kvt_gguf *g = NULL;
+    int rc;
+    if (is_preset(path)) rc = kvt_tokenizer_new_bytes(&m->tok);
+    else if (!(rc = kvt_gguf_open(&g, path))) rc = kvt_tokenizer_from_gguf(&m->tok, g);
+    const char *s = NULL;
+    size_t sl = 0;
+    if (!rc && !(g && kvt_gguf_get_str(g, "general.name", &s, &sl) == KVT_OK)) s = path, sl = strlen(path);
+    if (!rc && !(m->name = kvt_strndup(s, sl))) rc = KVT_ENOMEM;
+    kvt_gguf_close(g);
+    if (!rc) {
+        m->info.name = m->name;
+        m->info.arch = "none";
+        m->info.n_vocab = kvt_tokenizer_n_vocab(m->tok);
+        fill_tokenizer_info(m);
+        rc = tokenizer_fingerprint(m);
+    }
+    if (rc) { kvt_model_close(m); return rc; }
+    *out = m;
+    return KVT_OK;
+}
+
 void kvt_model_close(kvt_model *m)
 {
     if (!m) return;
@@ -157,6 +188,7 @@ uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fin
 
 int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
+    if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
     if (m->arch == &kvt_arch_ds4) return kvt_ds4_plan(NULL, m, ctx, out);
     /* llama: K and V rows of n_head_kv * head_dim f32 per layer per token */
     const kvt_model_info *i = &m->info;
@@ -175,10 +207,11 @@ int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
 
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out) { *out = m->info; }
 
-int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos, int32_t **out, size_t *n_out)
+int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos, bool parse_special,
+                 int32_t **out, size_t *n_out)
 {
     bool bos = add_bos < 0 ? m->info.add_bos : add_bos != 0;
-    return kvt_tokenizer_encode(m->tok, text, len, bos, false, out, n_out);
+    return kvt_tokenizer_encode(m->tok, text, len, bos, parse_special, out, n_out);
 }
 
 int kvt_token_piece(const kvt_model *m, int32_t id, const char **bytes, size_t *len)

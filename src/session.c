@@ -146,6 +146,8 @@ static void recover(kvt_session *s, size_t pos)
 int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
 {
     *out = NULL;
+    if (!m->arch)
+        return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only (opened for tokenize)", m->name);
     kvt_session_opts o = {0};
     if (opts) o = *opts;
     kvt_session *s = kvt_calloc(1, sizeof *s);

@@ -11,13 +11,11 @@
  * stack/heap of the call, so one tokenizer may be shared by many threads.
  *
  * Encoding, as in llama.cpp:
- *  1. With parse_special, spans of text equal to a control, user-defined or
- *     unknown token's text become that token, longest texts first (llama.cpp's
- *     tokenizer_st_partition); a trie scan first picks which special texts
- *     occur at all. Without parse_special no span is special (this is the
- *     header's contract; llama.cpp's parse_special=false still splits
- *     user-defined tokens, which equals our parse_special=true whenever the
- *     text holds no control-token text).
+ *  1. Spans of text equal to a user-defined token's text become that token,
+ *     and with parse_special so do spans equal to a control or unknown
+ *     token's text; longest texts first (llama.cpp's tokenizer_st_partition,
+ *     which splits user-defined tokens out whatever parse_special says); a
+ *     trie scan first picks which special texts occur at all.
  *  2. "llama" (SentencePiece): each text span gets a dummy-prefix space when it
  *     starts the text or follows a special token (tokenizer.ggml.
  *     add_space_prefix, default true), spaces become U+2581, the span is split
@@ -900,14 +898,16 @@ static int fvec_push(fvec *a, size_t off, size_t len, int32_t id)
 static int partition(const kvt_tokenizer *t, const char *s, size_t n, bool parse_special, fvec *out)
 {
     int rc = fvec_push(out, 0, n, -1);
-    if (rc || !parse_special || !t->n_special) return rc;
+    if (rc || !t->n_special) return rc;
     uint8_t *present = kvt_calloc(t->n_special, 1);
     if (!present) return KVT_ENOMEM;
     bool any = false;
     for (size_t i = 0; i < n; i++) {
         int32_t node = t->trie_root[(uint8_t)s[i]];
         for (size_t j = i + 1; node >= 0; j++) {
-            if (t->trie[node].special >= 0) { present[t->trie[node].special] = 1; any = true; }
+            int32_t k = t->trie[node].special;
+            /* control and unknown tokens only when the caller asks for them */
+            if (k >= 0 && (parse_special || t->type[t->special[k]] == TT_USER)) present[k] = 1, any = true;
             if (j == n) break;
             int32_t c = t->trie[node].child;
             while (c >= 0 && t->trie[c].c != (uint8_t)s[j]) c = t->trie[c].sibling;

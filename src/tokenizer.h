@@ -33,10 +33,10 @@ bool kvt_tokenizer_add_bos(const kvt_tokenizer *t);
 /* Id of a token by its exact vocabulary text, or -1. */
 int32_t kvt_tokenizer_find(const kvt_tokenizer *t, const char *text, size_t len);
 
-/* Encode len bytes of text. parse_special: text spans equal to a control or
- * user-defined token's text become that token (as llama.cpp does with
- * parse_special = true); otherwise all text is ordinary. add_bos prepends BOS.
- * *out is malloc'ed (caller frees). */
+/* Encode len bytes of text. Text spans equal to a user-defined token's text
+ * always become that token, and with parse_special so do spans equal to a
+ * control or unknown token's text (llama.cpp's partition, id for id). add_bos
+ * prepends BOS. *out is malloc'ed (caller frees). */
 int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, size_t len,
                          bool add_bos, bool parse_special, int32_t **out, size_t *n);
 /* The bytes a token stands for in text: U+2581 -> ' ', <0xXX> -> the byte,

@@ -404,7 +404,7 @@ TEST(api_plain_stories)
     size_t bl = 0;
     kvt_model_info info;
     kvt_model_info_get(m, &info);
-    ok = ok && kvt_tokenize(m, r.prompt, r.prompt_len, -1, &ids, &n) == KVT_OK && n > 1 && info.add_bos &&
+    ok = ok && kvt_tokenize(m, r.prompt, r.prompt_len, -1, false, &ids, &n) == KVT_OK && n > 1 && info.add_bos &&
          ids[0] == info.bos && kvt_detokenize(m, ids, n, &back, &bl) == KVT_OK && bl == r.prompt_len &&
          !memcmp(back, r.prompt, bl);
     free(ids);

@@ -274,6 +274,64 @@ TEST(cli_tokenize_stories)
     CHECK(eq);
 }
 
+static bool refused(const char *const *args, int want);
+
+/* tokenize and detokenize need only a tokenizer: llama.cpp's vocabulary
+ * files (no tensors) are enough, user-defined tokens split out as llama.cpp
+ * splits them (deepseek-llm's "ö" is 100003, not 7962 "ö" as bytes), control
+ * tokens only with --special, and detokenize gives back the exact text. */
+TEST(cli_tokenize_vocab_file)
+{
+    const char *spm = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    const char *ds = kvt_test_shared("vocab/ggml-vocab-deepseek-llm.gguf");
+    if (!spm || !ds || !have_bin()) SKIP("../shared/vocab or %s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "tokenize", "--model", spm, "--text", "hi");
+    bool eq = !strcmp(p.out, "1 7251\n");
+    if (!eq) show(&p);
+    proc_free(&p);
+    CHECK(eq);
+    const char *text = "\xc3\x9cn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9 w\xc3\xb6rds";
+    RUN_OK(&p, "tokenize", "--model", ds, "--text", text, "--no-bos");
+    long ids[64];
+    size_t n = 0;
+    bool parsed = parse_ids(p.out, ids, 64, &n);
+    size_t n_o = 0, n_7962 = 0;
+    for (size_t i = 0; parsed && i < n; i++) n_o += ids[i] == 100003, n_7962 += ids[i] == 7962;
+    char idlist[512];
+    snprintf(idlist, sizeof idlist, "%s", p.out);
+    idlist[strcspn(idlist, "\n")] = 0;
+    if (n_o != 2) show(&p);
+    proc_free(&p);
+    CHECK(parsed);
+    CHECKF(n_o == 2 && n_7962 == 0, "want the user-defined token 100003 for both 'ö'");
+    RUN_OK(&p, "detokenize", "--model", ds, "--ids", idlist);
+    eq = !strcmp(p.out, text);
+    if (!eq) show(&p);
+    proc_free(&p);
+    CHECKF(eq, "detokenize(tokenize(x)) != x");
+    /* A control token's text is text unless --special is given. */
+    const char *bos = "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+    RUN_OK(&p, "tokenize", "--model", ds, "--text", bos, "--no-bos");
+    bool plain = strcmp(p.out, "100000\n") && !strstr(p.out, "100000");
+    proc_free(&p);
+    RUN_OK(&p, "tokenize", "--model", ds, "--text", bos, "--no-bos", "--special");
+    bool special = !strcmp(p.out, "100000\n");
+    proc_free(&p);
+    CHECK(plain && special);
+    /* A leading BOS is not text; ids outside the vocabulary or not numbers are refused. */
+    RUN_OK(&p, "detokenize", "--model", "ds4-tiny", "--ids", "256 104,105");
+    eq = !strcmp(p.out, "hi");
+    proc_free(&p);
+    CHECK(eq);
+    CHECK(refused((const char *const[]){"detokenize", "--model", ds, "--ids", "1 x", NULL}, 2));
+    CHECK(refused((const char *const[]){"detokenize", "--model", ds, "--ids", "-1", NULL}, 2));
+    CHECK(refused((const char *const[]){"detokenize", "--model", ds, "--ids", "99999999", NULL}, 1));
+    CHECK(refused((const char *const[]){"detokenize", "--model", ds, NULL}, 2));
+    /* A vocabulary file is not a model to run. */
+    CHECK(refused((const char *const[]){"run", "--model", ds, "--prompt", "hi", NULL}, 1));
+}
+
 TEST(cli_info)
 {
     const char *model = kvt_test_shared(STORIES);

@@ -83,7 +83,7 @@ TEST(llama_golden_tokenize_logits_greedy)
         golden *gc = &g[c];
         int32_t *ids = NULL;
         size_t n = 0;
-        CHECK_OK(kvt_tokenize(m, gc->prompt, strlen(gc->prompt), -1, &ids, &n));
+        CHECK_OK(kvt_tokenize(m, gc->prompt, strlen(gc->prompt), -1, false, &ids, &n));
         bool same = n == gc->n_prompt && !memcmp(ids, gc->ids, n * sizeof *ids);
         free(ids);
         CHECKF(same, "case %zu: tokenization of '%s' differs", c, gc->prompt);

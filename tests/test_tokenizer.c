@@ -4,11 +4,10 @@
  * fuzz over all vocabularies.
  *
  * parse_special: llama.cpp produced the .out files with parse_special = false,
- * but its partition still splits user-defined tokens then (deepseek-llm's
- * "ü" is token 100014 in "Führer"). Our header's contract splits specials only
- * with parse_special = true, and the inputs hold no control-token text, so the
- * cases run with parse_special = true; tok_vocab_deepseek_llm also shows that
- * parse_special = false gives a different answer on that case. */
+ * and its partition splits user-defined tokens out even then (deepseek-llm's
+ * "ü" is token 100014 in "Führer"), so the cases run with parse_special =
+ * false, as llama.cpp ran them; tok_vocab_deepseek_llm shows that control
+ * tokens still need parse_special. */
 #include "test.h"
 #include "tokenizer.h"
 
@@ -129,7 +128,7 @@ static void run_vocab_cases(const char *name)
 
         int32_t *ids = NULL;
         size_t n = 0;
-        rc = kvt_tokenizer_encode(t, cs, clen, false, true, &ids, &n);
+        rc = kvt_tokenizer_encode(t, cs, clen, false, false, &ids, &n);
         bool ok = !rc && n == nw && (n == 0 || !memcmp(ids, want, n * sizeof *ids));
         if (ok) n_pass++;
         else {
@@ -159,27 +158,39 @@ TEST(tok_vocab_deepseek_llm)
 {
     run_vocab_cases("deepseek-llm");
     if (kvt_test_failed()) return;
-    /* The parse_special decision: "Führer" needs the user-defined token "ü". */
+    /* User-defined tokens split out with or without parse_special, control
+     * tokens only with it (llama.cpp's tokenizer_st_partition). */
     kvt_tokenizer *t = NULL;
     int rc = load_vocab(&t, "vocab/ggml-vocab-deepseek-llm.gguf");
     if (rc == KVT_ENOENT) SKIP("deepseek-llm vocab not found");
     CHECK_OK(rc);
-    static const int32_t want[] = {37, 100014, 71, 6245};
-    int32_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    const char *text = "F\xc3\xbchrer";
-    rc = kvt_tokenizer_encode(t, text, strlen(text), false, true, &a, &na);
-    if (!rc) rc = kvt_tokenizer_encode(t, text, strlen(text), false, false, &b, &nb);
-    bool special_ok = !rc && na == 4 && !memcmp(a, want, sizeof want);
-    bool plain_differs = !rc && (nb != 4 || memcmp(b, want, sizeof want));
-    bool no_100014 = true;
-    for (size_t i = 0; !rc && i < nb; i++) no_100014 &= b[i] != 100014;
-    free(a);
-    free(b);
+    static const int32_t fuhrer[] = {37, 100014, 71, 6245};
+    const char *bos = "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+    int32_t bos_id = kvt_tokenizer_find(t, bos, strlen(bos));
+    struct { const char *text; bool special; } cases[] = {
+        {"F\xc3\xbchrer", false}, {"F\xc3\xbchrer", true}, /* "ü" is user-defined 100014 */
+        {"\xc3\x9cn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9 w\xc3\xb6rds", false}, /* "ö" is 100003 */
+        {"a<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>b", false},
+        {"a<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>b", true},
+    };
+    int32_t *ids[5] = {0};
+    size_t n[5] = {0};
+    for (int c = 0; c < 5 && !rc; c++)
+        rc = kvt_tokenizer_encode(t, cases[c].text, strlen(cases[c].text), false, cases[c].special, &ids[c], &n[c]);
     kvt_tokenizer_free(t);
+    bool has_100003 = false, plain_bos = false, special_bos = false;
+    for (size_t i = 0; !rc && i < n[2]; i++) has_100003 |= ids[2][i] == 100003;
+    for (size_t i = 0; !rc && i < n[3]; i++) plain_bos |= ids[3][i] == bos_id;
+    special_bos = !rc && n[4] == 3 && ids[4][1] == bos_id;
+    bool fuhrer_ok = !rc && n[0] == 4 && !memcmp(ids[0], fuhrer, sizeof fuhrer) && n[1] == 4 &&
+                     !memcmp(ids[1], fuhrer, sizeof fuhrer);
+    if (!rc && !has_100003) print_ids("Ünïcödé wörds", ids[2], n[2]);
+    for (int c = 0; c < 5; c++) free(ids[c]);
     CHECK_OK(rc);
-    CHECK(special_ok);
-    CHECK(plain_differs && no_100014);
+    CHECK(bos_id >= 0);
+    CHECKF(fuhrer_ok, "Führer: the user-defined token 100014 must split out either way");
+    CHECKF(has_100003, "Ünïcödé wörds: the user-defined token 100003 (ö) must split out");
+    CHECKF(!plain_bos && special_bos, "a control token splits out only with parse_special");
 }
 
 /* ---- stories260K: prompts against llama2.c's reference ids ----------------- */

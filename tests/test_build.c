@@ -1,0 +1,102 @@
+/* The set-up a new user runs: the Makefile's dependency check and the one
+ * list of Debian packages (tools/debian-packages) that the check, .ci/run and
+ * the README share. Run from the repository root, as `make test` does. */
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PKG_LIST "tools/debian-packages"
+
+/* The package names of tools/debian-packages, and the pkg-config checked
+ * ones among them (want_pc). Returns the count, at most cap. */
+static size_t read_packages(char names[][64], size_t cap, bool want_pc)
+{
+    char *list = kvt_test_read_file(PKG_LIST, NULL);
+    size_t n = 0;
+    for (char *line = list ? strtok(list, "\n") : NULL; line && n < cap; line = strtok(NULL, "\n")) {
+        char pkg[64], check[128];
+        if (line[0] == '#' || sscanf(line, "%63s %127s", pkg, check) != 2) continue;
+        if (want_pc && strncmp(check, "pc:", 3)) continue;
+        strcpy(names[n++], pkg);
+    }
+    free(list);
+    return n;
+}
+
+/* Run a shell command; its stdout and stderr together in *out (malloc'ed). */
+static int run_sh(const char *cmd, char **out)
+{
+    char path[] = "/tmp/kvtier-build-out-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return -1;
+    close(fd);
+    char full[4096];
+    snprintf(full, sizeof full, "(%s) >%s 2>&1", cmd, path);
+    int st = system(full);
+    *out = kvt_test_read_file(path, NULL);
+    unlink(path);
+    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/* With a pkg-config that finds nothing, `make` stops before compiling and
+ * names the missing packages with the apt-get line that installs them. */
+TEST(build_missing_packages_named)
+{
+    if (access("Makefile", R_OK) || access(PKG_LIST, R_OK) || system("command -v make >/dev/null 2>&1"))
+        SKIP("not run from the repository root, or make is absent");
+    char pc[64][64];
+    size_t n_pc = read_packages(pc, 64, true);
+    CHECKF(n_pc >= 5, "%s lists %zu pkg-config checked packages", PKG_LIST, n_pc);
+    char dir[] = "/tmp/kvtier-build-XXXXXX", empty[] = "/tmp/kvtier-pc-XXXXXX";
+    CHECK(mkdtemp(dir) && mkdtemp(empty));
+    char cmd[1024], *out = NULL;
+    /* KVT_DEPS_INSTALL=0: never call apt-get, as when not root. */
+    snprintf(cmd, sizeof cmd,
+             "PKG_CONFIG_LIBDIR=%s PKG_CONFIG_PATH= KVT_DEPS_INSTALL=0 make --no-print-directory BUILD=%s/b all",
+             empty, dir);
+    int st = run_sh(cmd, &out);
+    struct stat sb;
+    bool compiled = stat(strcat(strcpy((char[128]){0}, dir), "/b/obj"), &sb) == 0;
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, empty);
+    if (system(cmd)) printf("    could not remove %s\n", dir);
+    CHECK(out);
+    bool named = true;
+    for (size_t i = 0; i < n_pc; i++) {
+        if (!strstr(out, pc[i])) { named = false; printf("    %s is not named\n", pc[i]); }
+    }
+    bool line = strstr(out, "apt-get install -y ") != NULL;
+    bool cc_error = strstr(out, "error:") || strstr(out, ".h: No such file");
+    if (st == 0 || !named || !line || cc_error || compiled) printf("    exit %d, output:\n%.2000s\n", st, out);
+    free(out);
+    CHECKF(st != 0, "make succeeded without its packages");
+    CHECK(named && line);
+    CHECKF(!cc_error && !compiled, "the compiler ran before the check stopped the build");
+}
+
+/* The README names the same packages as the list, and .ci/run runs the
+ * README's test command and nothing in its place. */
+TEST(build_one_package_list)
+{
+    char *readme = kvt_test_read_file("README.md", NULL), *ci = kvt_test_read_file(".ci/run", NULL);
+    if (!readme || !ci) { free(readme); free(ci); SKIP("not run from the repository root"); }
+    char pkgs[64][64];
+    size_t n = read_packages(pkgs, 64, false);
+    bool all = n >= 8;
+    for (size_t i = 0; i < n; i++) {
+        char word[80];
+        snprintf(word, sizeof word, "`%s`", pkgs[i]);
+        if (!strstr(readme, word)) { all = false; printf("    README.md does not name %s\n", word); }
+    }
+    bool readme_test = strstr(readme, "\nmake run\nmake test\n") != NULL;
+    /* .ci/run: its only command that builds is the README's `make test` */
+    bool ci_test = strstr(ci, "\nmake test\n") != NULL && !strstr(ci, "apt-get");
+    free(readme);
+    free(ci);
+    CHECKF(all, "README.md and %s disagree", PKG_LIST);
+    CHECKF(readme_test, "README's set-up is not `make run` and `make test`");
+    CHECKF(ci_test, ".ci/run does not run exactly `make test`");
+}
