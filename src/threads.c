@@ -21,6 +21,7 @@ struct kvt_pool {
     void *ctx;
     size_t total;
     uint32_t parts;
+    uint32_t last_parts; /* parts of the latest kvt_pool_for, 1 when it ran unsplit */
 };
 
 uint32_t kvt_ncpu(void)
@@ -102,6 +103,7 @@ void kvt_pool_free(kvt_pool *p)
 }
 
 uint32_t kvt_pool_size(const kvt_pool *p) { return p ? p->n : 1; }
+uint32_t kvt_pool_last_parts(const kvt_pool *p) { return p ? p->last_parts : 1; }
 
 void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
 {
@@ -109,6 +111,7 @@ void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn,
     uint32_t parts = p ? p->n : 1;
     if (min_per_thread < 1) min_per_thread = 1;
     if (n / min_per_thread < parts) parts = (uint32_t)(n / min_per_thread);
+    if (p) p->last_parts = parts > 1 ? parts : 1;
     if (parts <= 1) { fn(ctx, 0, n); return; }
     pthread_mutex_lock(&p->mu);
     p->fn = fn;

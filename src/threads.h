@@ -18,6 +18,9 @@ uint32_t kvt_pool_size(const kvt_pool *p);
 /* Run fn over [0, n) on all threads (the caller is one of them); returns when
  * every range is done. Ranges smaller than min_per_thread are not split. */
 void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx);
+/* How many ranges the latest kvt_pool_for on p ran as (1: unsplit), so tests
+ * can show that a split happened. */
+uint32_t kvt_pool_last_parts(const kvt_pool *p);
 uint32_t kvt_ncpu(void);
 
 #endif

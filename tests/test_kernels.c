@@ -3,6 +3,7 @@
  * matmul's bytes do not depend on the batch size or the thread count. */
 #include "test.h"
 #include "kernels.h"
+#include "threads.h"
 #include "util.h"
 
 #include <math.h>
@@ -58,22 +59,41 @@ TEST(kernels_f16_every_value)
     for (int i = 0; i < N; i++) CHECKF(r1[i] == r2[i], "%a: %#x vs %#x", x[i], r1[i], r2[i]);
 }
 
+/* A matmul's bytes equal one row at a time and do not depend on how many
+ * threads split the outputs. The shapes make the pool split for real (it
+ * keeps at least 32K multiply-adds per part): 9 rows x 517 inputs give
+ * parts of 8 outputs, so 53 outputs run as 2, 3 and 4 parts with uneven
+ * boundaries; d_in 517 leaves a 5-element tail past the 16 lanes. */
 TEST(kernels_matmul_batch_and_threads)
 {
-    enum { DI = 77, DO = 53, NB = 9 };
+    enum { DI = 517, DO = 53, NB = 9 };
     uint64_t st = 42;
-    float W[DO * DI], x[NB * DI], y1[NB * DO], y2[NB * DO];
+    float *W = malloc(sizeof(float) * DO * DI), *x = malloc(sizeof(float) * NB * DI);
+    float *y1 = malloc(sizeof(float) * NB * DO), *y2 = malloc(sizeof(float) * NB * DO);
+    CHECK(W && x && y1 && y2);
     for (int i = 0; i < DO * DI; i++) W[i] = frand(&st);
     for (int i = 0; i < NB * DI; i++) x[i] = frand(&st);
     kvt_matmul(NULL, y1, W, x, NB, DI, DO);
     for (int i = 0; i < NB; i++) kvt_matmul(NULL, y2 + i * DO, W, x + i * DI, 1, DI, DO);
-    CHECK(!memcmp(y1, y2, sizeof y1));
+    bool rows_eq = !memcmp(y1, y2, sizeof(float) * NB * DO);
+    bool threads_eq = true, split = true;
     for (uint32_t th = 2; th <= 4; th++) {
         kvt_pool *p = kvt_pool_new(th);
-        CHECK(p);
-        memset(y2, 0, sizeof y2);
+        if (!p) { split = false; break; }
+        memset(y2, 0, sizeof(float) * NB * DO);
         kvt_matmul(p, y2, W, x, NB, DI, DO);
+        uint32_t parts = kvt_pool_last_parts(p);
         kvt_pool_free(p);
-        CHECKF(!memcmp(y1, y2, sizeof y1), "%u threads differ", th);
+        if (parts != th) { printf("    %u threads ran as %u parts\n", th, parts); split = false; }
+        if (memcmp(y1, y2, sizeof(float) * NB * DO)) { printf("    %u threads differ\n", th); threads_eq = false; }
     }
+    /* One row is too little work to split: it runs as one part. */
+    kvt_pool *p = kvt_pool_new(2);
+    if (p) kvt_matmul(p, y2, W, x, 1, DI, DO);
+    uint32_t one = kvt_pool_last_parts(p);
+    kvt_pool_free(p);
+    free(W), free(x), free(y1), free(y2);
+    CHECK(rows_eq);
+    CHECK(split && threads_eq);
+    CHECK(one == 1);
 }
