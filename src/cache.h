@@ -19,6 +19,7 @@
 #ifndef KVT_CACHE_H
 #define KVT_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,11 @@ typedef struct kvt_cache {
     size_t max_tokens;       /* capacity in tokens (the context) */
     uint8_t *state;          /* (state_bytes) fixed-size state: window rings, frontiers */
     size_t state_bytes;
+    /* Set by a snapshot load that leaves the state to be rebuilt by replay
+     * (snapshot.c): the XXH3-64 the rebuilt state's canonical bytes must
+     * have. Cleared once checked and whenever the session is emptied. */
+    bool state_check;
+    uint64_t state_digest;
 } kvt_cache;
 
 /* spec[i] = {row_bytes, rows_per_block} for each stream, plus state_bytes of

@@ -14,7 +14,10 @@
  *                   next-token logits, their text, the fixed state in
  *                   logical order (window rows oldest first, frontier), the
  *                   stream rows of the incomplete block, and the list of block
- *                   keys it stands on.
+ *                   keys it stands on. A record stored without its state
+ *                   (version 4) holds the XXH3-64 of that state instead, and
+ *                   loading it rebuilds the state by replay and checks it
+ *                   against that digest.
  *
  * Every section and every block carries an XXH3-64 checksum and every size is
  * checked against the model before use, so a damaged or foreign record is
@@ -35,6 +38,7 @@
 #define HDR_FIXED 64
 #define SEC_ENTRY 24
 #define BLK_HDR 48
+#define DIGEST_LEN 8 /* the state section of a version 4 record: XXH3-64 of the state */
 
 enum { SEC_TOKENS = 1, SEC_LOGITS, SEC_TEXT, SEC_STATE, SEC_ROWS, SEC_KEYS, N_SEC = 6 };
 static const char *sec_name[] = {"", "tokens", "logits", "text", "state", "rows", "block keys"};
@@ -140,7 +144,7 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
 
 /* Append a snapshot record: header, section table, header checksum, then
  * the sections. mid holds header bytes 16..56 (fingerprints, n, nb, V,
- * streams, head). A record without its state is version 3, others 2. */
+ * streams, head). A record without its state is version 4, others 2. */
 static void put_record(kvt_wbuf *rec, uint32_t flags, const uint8_t *mid, const uint8_t *const *sec,
                        const size_t *len)
 {
@@ -224,8 +228,9 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     if (len < 12 || memcmp(p, REC_MAGIC, 8))
         return kvt_fail(KVT_EFORMAT, "snapshot: bad magic");
     out->version = kvt_rd32(p + 8);
-    if (out->version != KVT_SNAP_VERSION && out->version != KVT_SNAP_VERSION_REPLAY)
-        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d and %d)", out->version,
+    if (out->version != KVT_SNAP_VERSION && out->version != KVT_SNAP_VERSION_REPLAY_V3 &&
+        out->version != KVT_SNAP_VERSION_REPLAY)
+        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d to %d)", out->version,
                         KVT_SNAP_VERSION, KVT_SNAP_VERSION_REPLAY);
     if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
     if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
@@ -271,15 +276,23 @@ int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_in
     return KVT_OK;
 }
 
+/* The state section becomes the digest of the state it held: the bytes a
+ * rebuilt state must hash to (kvt_snap_load_finish). */
 int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
 {
     kvt_snap_info in;
     int rc = kvt_snap_parse_raw(p, len, &in);
     if (rc) return rc;
     if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0) return KVT_OK;
+    uint8_t digest[DIGEST_LEN];
+    put_u64_at(digest, XXH3_64bits(in.sec[SEC_STATE], in.sec_len[SEC_STATE]));
+    const uint8_t *sp[N_SEC + 1];
     size_t sl[N_SEC + 1];
-    for (int i = 1; i <= N_SEC; i++) sl[i] = i == SEC_STATE ? 0 : in.sec_len[i];
-    put_record(out, in.flags | KVT_SNAP_REPLAY, p + 16, in.sec, sl);
+    for (int i = 1; i <= N_SEC; i++) {
+        sp[i] = i == SEC_STATE ? digest : in.sec[i];
+        sl[i] = i == SEC_STATE ? DIGEST_LEN : in.sec_len[i];
+    }
+    put_record(out, in.flags | KVT_SNAP_REPLAY, p + 16, sp, sl);
     return out->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 }
 
@@ -338,6 +351,7 @@ static void reset(kvt_session *s)
     s->n = 0;
     kvt_cache_truncate(s->cache, 0);
     kvt_session_ckpt_clear(s);
+    s->cache->state_check = false;
 }
 
 /* Check a block record against what the snapshot expects, then copy it in. */
@@ -395,10 +409,32 @@ int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_
     return rc ? rc : kvt_snap_load_finish(s, rebuild);
 }
 
+bool kvt_snap_skip_state_digest;
+
+/* The canonical bytes of the rebuilt state (what the whole record's state
+ * section held) must hash to the digest the record stores. The replay's own
+ * checks (recomputed rows, logits after the last token) see only the part of
+ * the state that reaches them; the digest sees every byte of it. */
+static int check_state_digest(kvt_session *s)
+{
+    kvt_cache *c = s->cache;
+    if (!c->state_check) return KVT_OK;
+    c->state_check = false;
+    if (kvt_snap_skip_state_digest) return KVT_OK; /* tests: the negative control */
+    kvt_wbuf b = {0};
+    s->m->arch->state_save(s, &b);
+    bool oom = b.oom, ok = !oom && XXH3_64bits(b.p, b.len) == c->state_digest;
+    kvt_wbuf_free(&b);
+    if (oom) return kvt_fail(KVT_ENOMEM, "snapshot state");
+    if (!ok) return kvt_fail(KVT_ECORRUPT, "the state rebuilt at %zu tokens does not match the record's state digest", s->n);
+    return KVT_OK;
+}
+
 int kvt_snap_load_finish(kvt_session *s, bool rebuild)
 {
     int rc;
-    if (rebuild && (rc = s->m->arch->state_rebuild(s))) return state_fail(s, rc);
+    if (rebuild && ((rc = s->m->arch->state_rebuild(s)) || (rc = check_state_digest(s)))) return state_fail(s, rc);
+    s->cache->state_check = false;
     kvt_session_checkpoint(s);
     return KVT_OK;
 }
@@ -417,7 +453,8 @@ int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_bloc
     bool replay = in.flags & KVT_SNAP_REPLAY;
     if (replay && !s->m->arch->state_rebuild)
         return kvt_fail(KVT_EFORMAT, "snapshot: stored without its state, which this model cannot rebuild");
-    if (replay) state_len = 0;
+    /* without its state: version 4 keeps the state's digest, version 3 nothing */
+    if (replay) state_len = in.version == KVT_SNAP_VERSION_REPLAY ? DIGEST_LEN : 0;
     if (in.sec_len[SEC_TOKENS] != 4 * tail || in.sec_len[SEC_LOGITS] != (in.n ? V * 4 : 0) ||
         in.sec_len[SEC_STATE] != state_len || in.sec_len[SEC_ROWS] != rows_len ||
         in.sec_len[SEC_KEYS] != 8 * (size_t)in.nb)
@@ -451,6 +488,8 @@ int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_bloc
     }
     s->n = in.n;
     *rebuild = replay;
+    s->cache->state_check = replay && in.version == KVT_SNAP_VERSION_REPLAY;
+    if (s->cache->state_check) s->cache->state_digest = kvt_rd64(in.sec[SEC_STATE]);
     return KVT_OK;
 }
 

@@ -7,9 +7,10 @@
 #include "kvtier.h"
 
 #define KVT_SNAP_VERSION 2
-#define KVT_SNAP_VERSION_REPLAY 3 /* a snapshot record stored without its state */
+#define KVT_SNAP_VERSION_REPLAY 4    /* a snapshot record stored without its state, with its digest */
+#define KVT_SNAP_VERSION_REPLAY_V3 3 /* the same without the digest: still read, no longer written */
 #define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
-#define KVT_SNAP_REPLAY 2u   /* flag: no state section; loading rebuilds it by replay */
+#define KVT_SNAP_REPLAY 2u   /* flag: the state section holds only the state's digest; loading rebuilds it by replay */
 
 /* Chained block keys: key0 from the model and tokenizer fingerprints, then
  * one step per 128 token ids. tail_hash covers ids after the last block. */
@@ -24,8 +25,10 @@ bool kvt_snap_can_save(const kvt_session *s, size_t n);
  * KVT_SNAP_INLINE; kvt_snap_without_state makes a record without its state);
  * *keys (malloc'ed, n / 128 entries; may be NULL) receives the block keys. */
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
-/* Append to out the same record without its state (version 3, flag
- * KVT_SNAP_REPLAY); appends nothing when the record has no state to drop. */
+/* Append to out the same record without its state (version 4, flag
+ * KVT_SNAP_REPLAY): its state section holds the XXH3-64 of the state it
+ * leaves out instead. Appends nothing when the record has no state to drop
+ * (or has dropped it already). */
 int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
 /* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
@@ -62,11 +65,16 @@ typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint
 int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
 /* kvt_snap_load in two steps, so that a caller can release what it read the
  * blocks from before the slow part: _start checks and copies everything in
- * and sets *rebuild when the state must still be rebuilt by replay; _finish
- * does that (a failure empties the session) and leaves the restore
- * checkpoint. */
+ * and sets *rebuild when the state must still be rebuilt by replay (keeping
+ * the record's state digest in s->cache); _finish does that, checks the
+ * rebuilt state against the digest (a failure empties the session) and
+ * leaves the restore checkpoint. */
 int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user,
                         bool *rebuild);
 int kvt_snap_load_finish(kvt_session *s, bool rebuild);
+/* Tests only: when set, a rebuilt state is not checked against the record's
+ * digest (version 4 records load as version 3 ones do), the negative
+ * control that shows the digest is what refuses a wrong rebuilt state. */
+extern bool kvt_snap_skip_state_digest;
 
 #endif

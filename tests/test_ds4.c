@@ -8,11 +8,13 @@
 #include "model.h"
 #include "ref.h"
 #include "snapshot.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define TINY_SEED 7
 
@@ -511,12 +513,18 @@ TEST(ds4_marked_checkpoint)
 }
 
 /* The snapshot format is pinned by a golden file per version: today's
- * encoder must reproduce it byte for byte and today's decoder must load it.
- * KVT_WRITE_GOLDEN=1 rewrites them (only when a format version changes).
- * Version 2 is a whole record, version 3 the same record without its state. */
-TEST(ds4_snapshot_golden_v2_v3)
+ * encoder must reproduce the current ones byte for byte and today's decoder
+ * must load every one. KVT_WRITE_GOLDEN=1 rewrites the current ones (only
+ * when a format version changes). Version 2 is a whole record, version 4
+ * the same record without its state but with the state's digest. Version 3,
+ * the same without the digest, is no longer written but still read: its
+ * golden file must load, and it must be the version 4 record less the
+ * digest. */
+TEST(ds4_snapshot_golden_v2_v3_v4)
 {
-    const char *paths[2] = {"tests/golden/snapshot-v2-ds4-tiny-300.bin", "tests/golden/snapshot-v3-ds4-tiny-300.bin"};
+    enum { V2, V4, V3 };
+    const char *paths[3] = {"tests/golden/snapshot-v2-ds4-tiny-300.bin", "tests/golden/snapshot-v4-ds4-tiny-300.bin",
+                            "tests/golden/snapshot-v3-ds4-tiny-300.bin"};
     kvt_model *m = tiny();
     CHECK(m);
     enum { N = 300 };
@@ -527,48 +535,102 @@ TEST(ds4_snapshot_golden_v2_v3)
     CHECK_OK(kvt_session_sync(s, t, N, NULL));
     state a = {0};
     CHECK_OK(capture(s, m, &a));
-    for (int v = 0; v < 2; v++) {
-        uint8_t *snap = NULL;
-        size_t len = 0;
-        CHECK_OK(kvt_session_snapshot(s, &snap, &len));
-        if (v == 1) {
-            uint8_t *thin = NULL;
-            CHECK_OK(without_state(snap, len, &thin, &len));
-            free(snap);
-            snap = thin;
-        }
-        const char *w = getenv("KVT_WRITE_GOLDEN");
-        if (w && !strcmp(w, "1")) {
+    uint8_t *snap[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    CHECK_OK(kvt_session_snapshot(s, &snap[V2], &len[V2]));
+    CHECK_OK(without_state(snap[V2], len[V2], &snap[V4], &len[V4]));
+    const char *w = getenv("KVT_WRITE_GOLDEN");
+    for (int v = V2; v <= V3; v++) {
+        if (v != V3 && w && !strcmp(w, "1")) {
             FILE *f = fopen(paths[v], "wb");
-            CHECK(f && fwrite(snap, 1, len, f) == len);
+            CHECK(f && fwrite(snap[v], 1, len[v], f) == len[v]);
             fclose(f);
         }
         size_t glen = 0;
         char *golden = kvt_test_read_file(paths[v], &glen);
         CHECKF(golden, "%s missing", paths[v]);
-        CHECKF(glen == len && !memcmp(golden, snap, len), "the encoder no longer writes %s (%zu vs %zu bytes)",
-               paths[v], len, glen);
+        const uint8_t *g = (const uint8_t *)golden;
+        if (v != V3) {
+            CHECKF(glen == len[v] && !memcmp(g, snap[v], len[v]), "the encoder no longer writes %s (%zu vs %zu bytes)",
+                   paths[v], len[v], glen);
+        } else {
+            kvt_snap_info g3, g4;
+            CHECK_OK(kvt_snap_parse_raw(g, glen, &g3));
+            CHECK_OK(kvt_snap_parse_raw(snap[V4], len[V4], &g4));
+            CHECK(g3.version == 3 && g4.version == 4 && g3.flags == g4.flags);
+            CHECK(g3.sec_len[4] == 0 && g4.sec_len[4] == 8);
+            CHECK(!memcmp(g + 16, snap[V4] + 16, 40)); /* fingerprints, n, nb, V, streams, head */
+            for (int i = 1; i <= 6; i++)
+                CHECKF(i == 4 || (g3.sec_len[i] == g4.sec_len[i] && !memcmp(g3.sec[i], g4.sec[i], g3.sec_len[i])),
+                       "section %d of the version 3 golden file differs from today's version 4 record", i);
+            CHECK(glen - g3.rec_len == len[V4] - g4.rec_len &&
+                  !memcmp(g + g3.rec_len, snap[V4] + g4.rec_len, glen - g3.rec_len)); /* the same blocks */
+        }
         kvt_session *r = NULL;
         CHECK_OK(kvt_session_new(&r, m, NULL));
-        CHECK_OK(kvt_session_restore(r, (const uint8_t *)golden, glen));
+        CHECK_OK(kvt_session_restore(r, g, glen));
         state b = {0};
         CHECK_OK(capture(r, m, &b));
-        CHECK(equal(&a, &b));
+        CHECKF(equal(&a, &b), "%s does not restore the state it was made from", paths[v]);
         state_free(&b);
         free(golden);
-        free(snap);
         kvt_session_free(r);
     }
+    free(snap[V2]);
+    free(snap[V4]);
     state_free(&a);
     kvt_session_free(s);
     kvt_model_close(m);
 }
 
+/* What loading the state at k, stored without it, does under a replay one
+ * token short (KVT_DS4_FAULT_REPLAY): the restore's result, whether a
+ * refusal left the session empty, and, when the state loads, whether it is
+ * the one the record was made from and whether running on to n gives the
+ * uninterrupted run's logits (full). */
+typedef struct short_replay { int rc; bool empty, state_equal, logits_equal; } short_replay;
+
+static int replay_one_short(kvt_model *m, const int32_t *t, size_t n, size_t k, const state *full, short_replay *o)
+{
+    kvt_session *s1 = NULL, *s2 = NULL;
+    uint8_t *snap = NULL, *thin = NULL;
+    size_t len = 0, tlen = 0;
+    state c0 = {0}, c1 = {0}, b = {0};
+    *o = (short_replay){0};
+    int rc = kvt_session_new(&s1, m, NULL);
+    if (!rc) rc = kvt_session_sync(s1, t, k, NULL);
+    if (!rc) rc = kvt_session_snapshot(s1, &snap, &len);
+    if (!rc) rc = without_state(snap, len, &thin, &tlen);
+    if (!rc) rc = capture(s1, m, &c0);
+    if (!rc) rc = kvt_session_new(&s2, m, NULL);
+    if (!rc) {
+        kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+        o->rc = kvt_session_restore(s2, thin, tlen);
+        kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+        o->empty = kvt_session_len(s2) == 0;
+    }
+    if (!rc && o->rc == KVT_OK) {
+        rc = capture(s2, m, &c1);
+        if (!rc) o->state_equal = equal(&c0, &c1);
+        if (!rc) rc = kvt_session_sync(s2, t, n, NULL);
+        if (!rc) rc = capture(s2, m, &b);
+        if (!rc) o->logits_equal = !memcmp(b.logits, full->logits, full->V * sizeof(float));
+    }
+    state_free(&c0); state_free(&c1); state_free(&b);
+    kvt_session_free(s1);
+    kvt_session_free(s2);
+    free(snap);
+    free(thin);
+    return rc;
+}
+
 /* A snapshot stored without its fixed state (window, frontier) is restored
  * by replaying its last tokens over the stored rows. The result must be the
- * uninterrupted run's state bit for bit, wherever the snapshot ends; a
- * replay that starts one token too late must not be (so the span is as short
- * as it can be and the tests would see it shrink). */
+ * uninterrupted run's state bit for bit, wherever the snapshot ends. A
+ * replay that starts one token too late gives another state wherever the
+ * replay does not start at 0 (so the span is as short as it can be), and
+ * loading must refuse it there: the recomputed rows and the logits see only
+ * part of the state, the record's state digest sees all of it. */
 TEST(ds4_snapshot_replay)
 {
     kvt_model *m = tiny();
@@ -577,20 +639,93 @@ TEST(ds4_snapshot_replay)
     int32_t t[N];
     seqb(t, N, 31);
     const size_t ks[] = {1, 4, 15, 16, 17, 60, 61, 62, 127, 128, 129, 172, 173, 255, 256, 300, 383, 384, 511, 640, 719};
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+    const size_t nk = sizeof ks / sizeof ks[0];
+    for (size_t i = 0; i < nk; i++)
         CHECKF(restore_equivalent_as(m, t, N, ks[i], true), "replayed restore at %zu differs", ks[i]);
     printf("    ds4-tiny replays %zu tokens at 300, %zu at 383, %zu at 384\n", kvt_ds4_replay_tokens(m, 300),
            kvt_ds4_replay_tokens(m, 383), kvt_ds4_replay_tokens(m, 384));
-    kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
-    size_t missed = 0;
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
-        if (kvt_ds4_replay_tokens(m, ks[i]) + 1 < ks[i] && restore_equivalent_as(m, t, N, ks[i], true)) {
-            printf("    a replay one token short went unnoticed at %zu\n", ks[i]);
-            missed++;
+    /* A replay one token short, at each of these positions where the replay
+     * does not start at 0 (elsewhere the fault changes nothing): refused
+     * with the digest check, and (the negative control) accepted at some
+     * with it off, as version 3 records are loaded, although wrong. */
+    state full = {0};
+    CHECK_OK(run(m, t, N, NULL, 0, 1, &full));
+    size_t affected = 0, refused = 0, accepted = 0, wrong = 0, diverged = 0;
+    char where[256] = "";
+    for (size_t i = 0; i < nk; i++) {
+        size_t k = ks[i];
+        if (kvt_ds4_replay_tokens(m, k) == k) continue;
+        affected++;
+        short_replay o;
+        CHECK_OK(replay_one_short(m, t, N, k, &full, &o));
+        if (o.rc == KVT_ECORRUPT && o.empty) refused++;
+        else printf("    a replay one token short was not refused at %zu (%s)\n", k, kvt_strerror(o.rc));
+        kvt_snap_skip_state_digest = true;
+        int rc = replay_one_short(m, t, N, k, &full, &o);
+        kvt_snap_skip_state_digest = false;
+        CHECK_OK(rc);
+        if (o.rc != KVT_OK) continue;
+        accepted++;
+        wrong += !o.state_equal;
+        diverged += !o.logits_equal;
+        snprintf(where + strlen(where), sizeof where - strlen(where), "%s%zu", accepted > 1 ? ", " : "", k);
+    }
+    state_free(&full);
+    printf("    a replay one token short: refused %zu of %zu\n", refused, affected);
+    printf("    without the digest check: accepted %zu of %zu (%s), %zu of them wrong, %zu giving other logits "
+           "when continued\n", accepted, affected, where, wrong, diverged);
+    CHECKF(affected > 0 && refused == affected, "a replay one token short was refused at %zu of %zu positions",
+           refused, affected);
+    CHECKF(accepted > 0, "negative control: without the digest check the fault was refused everywhere, so this "
+           "test does not show that the digest is what catches it");
+    CHECKF(wrong == accepted, "negative control: %zu of the %zu states accepted without the digest check were "
+           "right after all", accepted - wrong, accepted);
+    /* The same at every position of the sequence, each snapshot taken from
+     * one growing session. */
+    {
+        kvt_session *s = NULL, *r = NULL;
+        CHECK_OK(kvt_session_new(&s, m, NULL));
+        CHECK_OK(kvt_session_new(&r, m, NULL));
+        size_t all = 0, all_refused = 0, all_accepted = 0, all_wrong = 0;
+        for (size_t k = 1; k < N; k++) {
+            CHECK_OK(kvt_session_decode(s, t[k - 1]));
+            if (kvt_ds4_replay_tokens(m, k) == k) continue;
+            all++;
+            uint8_t *snap = NULL, *thin = NULL;
+            size_t len = 0, tlen = 0;
+            CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+            int rc = without_state(snap, len, &thin, &tlen);
+            free(snap);
+            CHECK_OK(rc);
+            kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+            rc = kvt_session_restore(r, thin, tlen);
+            bool empty = kvt_session_len(r) == 0;
+            kvt_snap_skip_state_digest = true;
+            int rc_off = kvt_session_restore(r, thin, tlen);
+            kvt_snap_skip_state_digest = false;
+            kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+            free(thin);
+            if (rc == KVT_ECORRUPT && empty) all_refused++;
+            else printf("    a replay one token short was not refused at %zu (%s)\n", k, kvt_strerror(rc));
+            if (rc_off == KVT_OK) {
+                all_accepted++;
+                state x = {0}, y = {0};
+                CHECK_OK(capture(s, m, &x));
+                CHECK_OK(capture(r, m, &y));
+                all_wrong += !equal(&x, &y);
+                state_free(&x);
+                state_free(&y);
+            }
         }
-    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
-    CHECK(missed == 0);
-    /* the record is the whole one less its state section, as version 3 */
+        kvt_session_free(s);
+        kvt_session_free(r);
+        printf("    at every position 1..%d where it changes the replay: refused %zu of %zu; without the digest "
+               "check accepted %zu, %zu of them wrong\n", N - 1, all_refused, all, all_accepted, all_wrong);
+        CHECK(all > 0 && all_refused == all);
+        CHECK(all_accepted > 0 && all_wrong == all_accepted);
+    }
+    /* the record is the whole one with its state section replaced by the
+     * state's XXH3-64, as version 4 */
     kvt_session *s = NULL;
     CHECK_OK(kvt_session_new(&s, m, NULL));
     CHECK_OK(kvt_session_sync(s, t, 300, NULL));
@@ -601,10 +736,37 @@ TEST(ds4_snapshot_replay)
     kvt_snap_info a, b;
     CHECK_OK(kvt_snap_parse_raw(snap, len, &a));
     CHECK_OK(kvt_snap_parse_raw(thin, tlen, &b));
-    CHECK(a.version == 2 && b.version == 3 && b.flags == (KVT_SNAP_INLINE | KVT_SNAP_REPLAY));
-    CHECK(tlen + a.sec_len[4] == len && b.sec_len[4] == 0);
-    /* the replay checks itself against the stored logits: at 384 the logits
-     * bound the span, so a replay one token short is refused, not loaded */
+    CHECK(a.version == 2 && b.version == 4 && b.flags == (KVT_SNAP_INLINE | KVT_SNAP_REPLAY));
+    CHECK(tlen + a.sec_len[4] == len + 8 && b.sec_len[4] == 8);
+    CHECK(kvt_rd64(b.sec[4]) == XXH3_64bits(a.sec[4], a.sec_len[4]));
+    /* a wrong digest (resealed, so that only the digest check can see it)
+     * refuses a replay that is otherwise right */
+    {
+        kvt_wbuf bad = {0};
+        uint8_t digest[8];
+        for (int k = 0; k < 8; k++) digest[k] = (uint8_t)((kvt_rd64(b.sec[4]) ^ 1) >> (8 * k));
+        size_t off = (size_t)(b.sec[4] - thin), hdr = 64 + 6 * 24 + 8, ent = 64 + 3 * 24;
+        kvt_wbuf_put(&bad, thin, tlen);
+        CHECK(!bad.oom);
+        memcpy(bad.p + off, digest, 8);
+        uint64_t h = XXH3_64bits(digest, 8);
+        for (int k = 0; k < 8; k++) bad.p[ent + 16 + k] = (uint8_t)(h >> (8 * k));
+        h = XXH3_64bits(bad.p, hdr - 8);
+        for (int k = 0; k < 8; k++) bad.p[hdr - 8 + k] = (uint8_t)(h >> (8 * k));
+        kvt_session *r = NULL;
+        CHECK_OK(kvt_session_new(&r, m, NULL));
+        int rc = kvt_session_restore(r, bad.p, bad.len);
+        CHECKF(rc == KVT_ECORRUPT && kvt_session_len(r) == 0, "a wrong state digest: rc %d: %s", rc, kvt_errmsg());
+        kvt_snap_skip_state_digest = true;
+        rc = kvt_session_restore(r, bad.p, bad.len);
+        kvt_snap_skip_state_digest = false;
+        CHECK_OK(rc);
+        kvt_session_free(r);
+        kvt_wbuf_free(&bad);
+    }
+    /* at 384 the logits bound the span, so the replay's own logits check
+     * already refuses a replay one token short; a good restore into the
+     * same session works afterwards */
     free(snap);
     free(thin);
     CHECK_OK(kvt_session_sync(s, t, 384, NULL));
@@ -613,7 +775,9 @@ TEST(ds4_snapshot_replay)
     kvt_session *r = NULL;
     CHECK_OK(kvt_session_new(&r, m, NULL));
     kvt_ds4_fault = KVT_DS4_FAULT_REPLAY;
+    kvt_snap_skip_state_digest = true;
     int rc = kvt_session_restore(r, thin, tlen);
+    kvt_snap_skip_state_digest = false;
     kvt_ds4_fault = KVT_DS4_FAULT_NONE;
     CHECKF(rc == KVT_ECORRUPT && kvt_session_len(r) == 0, "rc %d: %s", rc, kvt_errmsg());
     CHECK_OK(kvt_session_restore(r, thin, tlen));
