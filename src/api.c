@@ -1178,6 +1178,46 @@ void kvt_request_free(kvt_request *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Log-probabilities, in each api's own words and OpenAI's limits:
+ *   chat         "logprobs": true, "top_logprobs": 0..20 (only with
+ *                "logprobs": true, as OpenAI requires)
+ *   completions  "logprobs": N, 0..5 (the legacy field is the count)
+ *   responses    "include": [..., "message.output_text.logprobs", ...],
+ *                "top_logprobs": 0..20; a top_logprobs of 1 or more asks for
+ *                them too (a request for alternatives is one for logprobs)
+ * Anthropic has none. */
+static int parse_logprobs(kvt_request *r, const json_t *root, kvt_api api, int *status)
+{
+    int rc;
+    bool present;
+    int64_t x = 0;
+    if (api == KVT_API_CHAT) {
+        if ((rc = get_bool(root, "logprobs", &r->logprobs, status))) return rc;
+        if ((rc = get_int(root, "top_logprobs", 0, KVT_API_MAX_TOP_LOGPROBS, &x, &present, status))) return rc;
+        if (present && !r->logprobs) return bad(status, "\"top_logprobs\": requires \"logprobs\": true");
+        r->top_logprobs = (uint32_t)x;
+    } else if (api == KVT_API_COMPLETIONS) {
+        if ((rc = get_int(root, "logprobs", 0, KVT_API_MAX_LOGPROBS_LEGACY, &x, &present, status))) return rc;
+        r->logprobs = present;
+        r->top_logprobs = (uint32_t)x;
+    } else if (api == KVT_API_RESPONSES) {
+        json_t *inc = field(root, "include");
+        if (inc && !json_is_array(inc))
+            return bad(status, "\"include\": expected an array, got %s", type_name(inc));
+        size_t i;
+        json_t *v;
+        json_array_foreach(inc, i, v) {
+            if (!json_is_string(v))
+                return bad(status, "\"include[%zu]\": expected a string, got %s", i, type_name(v));
+            if (!strcmp(json_string_value(v), "message.output_text.logprobs")) r->logprobs = true;
+        }
+        if ((rc = get_int(root, "top_logprobs", 0, KVT_API_MAX_TOP_LOGPROBS, &x, &present, status))) return rc;
+        r->top_logprobs = (uint32_t)x;
+        if (x > 0) r->logprobs = true;
+    }
+    return KVT_OK;
+}
+
 static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *status)
 {
     int rc;
@@ -1217,6 +1257,8 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     if (present) r->top_k = (uint32_t)x;
     if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->has_seed, status))) return rc;
     if (r->has_seed) r->seed = (uint64_t)x;
+
+    if ((rc = parse_logprobs(r, root, api, status))) return rc;
 
     if (legacy) rc = parse_stop(r, root, "stop", true, KVT_API_MAX_STOP_OPENAI, status);
     else if (api == KVT_API_MESSAGES)
@@ -1555,11 +1597,178 @@ static json_t *jstr(const char *s, size_t len)
 
 static json_t *jcstr(const char *s) { return s ? jstr(s, strlen(s)) : json_string(""); }
 
-/* Reals in Responses bodies are only the echoed temperature and top_p, which
- * were floats: 7 digits write them as sent (0.2, not 0.20000000298023224).
+/* ---- log-probabilities ---------------------------------------------------- */
+
+double kvt_logprob_top(const float *logits, uint32_t n_vocab, int32_t id, uint32_t n_top,
+                       int32_t *top_id, double *top_lp)
+{
+    if (!logits || !n_vocab) return NAN;
+    if (!top_id || !top_lp) n_top = 0;
+    if (n_top > n_vocab) n_top = n_vocab;
+    /* log sum exp, shifted by the largest score so that no exp overflows;
+     * only exp, the sum and log round (a difference of two floats is exact
+     * in double unless their exponents lie more than 29 apart) */
+    double mx = -INFINITY;
+    for (uint32_t i = 0; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    if (isfinite(mx))
+        for (uint32_t i = 0; i < n_vocab; i++)
+            if (logits[i] == logits[i]) sum += exp((double)logits[i] - mx);
+    double lse = isfinite(mx) ? mx + log(sum) : mx;
+    /* the n_top best by insertion: scanning ids upwards and inserting only
+     * past equal values keeps the lower id first on ties */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n_vocab && n_top; i++) {
+        double v = (double)logits[i] - lse;
+        if (v != v) v = -INFINITY;
+        if (k == n_top && !(v > top_lp[k - 1])) continue;
+        uint32_t at = k < n_top ? k++ : k - 1;
+        while (at > 0 && v > top_lp[at - 1]) {
+            top_lp[at] = top_lp[at - 1];
+            top_id[at] = top_id[at - 1];
+            at--;
+        }
+        top_lp[at] = v;
+        top_id[at] = (int32_t)i;
+    }
+    if (id < 0 || (uint32_t)id >= n_vocab) return NAN;
+    return (double)logits[id] - lse;
+}
+
+/* A log-probability as JSON: non-finite values cannot be JSON, and OpenAI
+ * writes -9999.0 for a token too unlikely to score; lower values are
+ * clamped to it. Written with 17 digits, it reads back as the same double. */
+static json_t *jlogprob(double v) { return json_real(isfinite(v) && v > -9999.0 ? v : -9999.0); }
+
+/* A token's text: its bytes when they are valid UTF-8 on their own; else
+ * OpenAI's spelling "bytes:\xe2\x80" (each byte as \xNN), which keeps two
+ * different partial tokens apart where U+FFFD would merge them. */
+static json_t *token_text(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, k;
+    while (i < n && (k = utf8_char(u + i, n - i))) i += k;
+    if (i == n) return json_stringn(n ? s : "", n);
+    if (n > (SIZE_MAX - 7) / 4) return NULL;
+    char *b = kvt_malloc(6 + 4 * n + 1);
+    if (!b) return NULL;
+    memcpy(b, "bytes:", 6);
+    for (i = 0; i < n; i++) snprintf(b + 6 + 4 * i, 5, "\\x%02x", u[i]);
+    json_t *v = json_stringn(b, 6 + 4 * n);
+    free(b);
+    return v;
+}
+
+/* {"token","logprob","bytes"}: bytes the token's byte values. */
+static json_t *logprob_entry(const kvt_logprob *t)
+{
+    json_t *bytes = json_array();
+    for (size_t i = 0; bytes && i < t->len; i++)
+        if (json_array_append_new(bytes, json_integer((unsigned char)t->bytes[i]))) {
+            json_decref(bytes);
+            bytes = NULL;
+        }
+    return json_pack("{s:o, s:o, s:o}", "token", token_text(t->bytes, t->len), "logprob", jlogprob(t->logprob),
+                     "bytes", bytes);
+}
+
+/* The per-token list of OpenAI chat (logprobs.content) and of Responses
+ * (an output_text's logprobs): each entry with its top_logprobs. */
+static json_t *logprob_list(const kvt_logprobs *lp)
+{
+    json_t *out = json_array();
+    for (size_t i = 0; out && lp && i < lp->n; i++) {
+        json_t *top = json_array();
+        for (size_t k = 0; top && k < lp->n_top; k++)
+            if (json_array_append_new(top, logprob_entry(&lp->top[i * lp->n_top + k]))) {
+                json_decref(top);
+                top = NULL;
+            }
+        json_t *e = logprob_entry(&lp->tok[i]);
+        if (!e || !top || json_object_set_new(e, "top_logprobs", top) || json_array_append_new(out, e)) {
+            if (!e) json_decref(top);
+            json_decref(e);
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+/* OpenAI chat choice.logprobs: {"content":[...],"refusal":null}, or null
+ * when the request did not ask. */
+static json_t *chat_logprobs(const kvt_request *r, const kvt_logprobs *lp)
+{
+    if (!r->logprobs) return json_null();
+    return json_pack("{s:o, s:n}", "content", logprob_list(lp), "refusal");
+}
+
+/* Legacy completions choice.logprobs: parallel lists, top_logprobs one
+ * object per token mapping token text to log-probability. text_offset
+ * counts from the start of the prompt, as OpenAI's does, in bytes. Two
+ * alternatives with the same text (possible only with byte-fallback tokens)
+ * share a key: the more likely one is kept. */
+static json_t *legacy_logprobs(const kvt_request *r, const kvt_logprobs *lp)
+{
+    if (!r->logprobs) return json_null();
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = r->prompt_len + (lp ? lp->offset : 0);
+    bool ok = toks && lps && tops && offs;
+    for (size_t i = 0; ok && lp && i < lp->n; i++) {
+        json_t *top = json_object();
+        for (size_t k = 0; top && k < lp->n_top; k++) {
+            const kvt_logprob *a = &lp->top[i * lp->n_top + k];
+            json_t *key = token_text(a->bytes, a->len);
+            const char *ks = json_string_value(key);
+            size_t kl = json_string_length(key);
+            if (!key || (!json_object_getn(top, ks, kl) && json_object_setn_new(top, ks, kl, jlogprob(a->logprob)))) {
+                json_decref(top);
+                top = NULL;
+            }
+            json_decref(key);
+        }
+        ok = top && !json_array_append_new(tops, top);
+        ok = ok && !json_array_append_new(toks, token_text(lp->tok[i].bytes, lp->tok[i].len)) &&
+             !json_array_append_new(lps, jlogprob(lp->tok[i].logprob)) &&
+             !json_array_append_new(offs, json_integer((json_int_t)off));
+        off += lp->tok[i].len;
+    }
+    if (!ok) {
+        json_decref(toks);
+        json_decref(lps);
+        json_decref(tops);
+        json_decref(offs);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* Reals in Responses bodies without log-probabilities are only the echoed
+ * temperature and top_p, which were floats: 7 digits write them as sent
+ * (0.2, not 0.20000000298023224).
  * Every other body keeps jansson's exact 17 digits (an Anthropic tool input
  * may hold any real). */
 #define FLOAT_ECHO JSON_REAL_PRECISION(7)
+
+/* Responses bodies with logprobs need every digit (a log-probability must
+ * read back as the double computed), so they are written with 17; the
+ * echoed floats then go out as the double nearest their shortest decimal
+ * form, 0.20000000000000001, which reads back as 0.2. */
+static size_t responses_flags(const kvt_request *r) { return r->logprobs ? 0 : FLOAT_ECHO; }
+
+/* The double nearest the shortest decimal that reads back as f. */
+static double float_echo(float f)
+{
+    char buf[32];
+    for (int p = 1; p < 10; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        double d = strtod(buf, NULL);
+        if ((float)d == f) return d;
+    }
+    return (double)f;
+}
 
 /* Dump v (stolen) compact, with extra flags; NULL when v is NULL or out of
  * memory. */
@@ -1721,17 +1930,25 @@ static void derived_id(char *out, size_t n, const char *prefix, const char *id)
     snprintf(out, n, "%s%.100s", prefix, u && u[1] ? u + 1 : id);
 }
 
-static json_t *output_text_part(json_t *text)
+/* An output_text part; with r->logprobs it carries the logprobs of its
+ * tokens (lp NULL: none yet). */
+static json_t *output_text_part(const kvt_request *r, json_t *text, const kvt_logprobs *lp)
 {
-    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text, "annotations");
+    json_t *v = json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text, "annotations");
+    if (v && r->logprobs && json_object_set_new(v, "logprobs", logprob_list(lp))) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
 }
 
 /* The assistant message item; text (stolen) NULL: no content yet. */
-static json_t *message_item(const char *resp_id, json_t *text, const char *status)
+static json_t *message_item(const kvt_request *r, const char *resp_id, json_t *text, const char *status,
+                            const kvt_logprobs *lp)
 {
     char mid[128];
     derived_id(mid, sizeof mid, "msg_", resp_id);
-    json_t *content = text ? json_pack("[o]", output_text_part(text)) : json_array();
+    json_t *content = text ? json_pack("[o]", output_text_part(r, text, lp)) : json_array();
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", mid, "type", "message", "status", status, "role",
                      "assistant", "content", content);
 }
@@ -1780,11 +1997,13 @@ static bool has_message(size_t len, size_t n_calls) { return len > 0 || n_calls 
 
 /* The output items of a finished response. */
 static json_t *responses_output(const kvt_request *r, const char *id, const char *text, size_t len,
-                                const kvt_tool_call *calls, size_t n_calls, const char *finish)
+                                const kvt_tool_call *calls, size_t n_calls, const char *finish,
+                                const kvt_logprobs *lp)
 {
     json_t *out = json_array();
     const char *st = is_length(finish) ? "incomplete" : "completed";
-    if (out && has_message(len, n_calls) && json_array_append_new(out, message_item(id, jstr(text, len), st))) {
+    if (out && has_message(len, n_calls) &&
+        json_array_append_new(out, message_item(r, id, jstr(text, len), st, lp))) {
         json_decref(out);
         return NULL;
     }
@@ -1813,8 +2032,8 @@ static json_t *response_obj(const kvt_request *r, const char *id, const char *mo
                           r->max_tokens ? json_integer((json_int_t)r->max_tokens) : json_null(),
                           "model", jcstr(model_name), "output", output,
                           "parallel_tool_calls", 1, "previous_response_id", "reasoning", "effort", "summary",
-                          "store", 0, "temperature", (double)r->temperature, "text", "format", "type", "text",
-                          "tool_choice", "auto", "tools", "top_p", r->top_p < 1e-30f ? 0.0 : (double)r->top_p,
+                          "store", 0, "temperature", float_echo(r->temperature), "text", "format", "type", "text",
+                          "tool_choice", "auto", "tools", "top_p", r->top_p < 1e-30f ? 0.0 : float_echo(r->top_p),
                           "truncation", "disabled", "usage", usage, "metadata");
     return v;
 }
@@ -1827,14 +2046,15 @@ static void rsse(kvt_request *r, kvt_wbuf *b, const char *type, json_t *v)
         json_decref(v);
         v = NULL;
     }
-    sse_f(b, type, v, FLOAT_ECHO);
+    sse_f(b, type, v, responses_flags(r));
 }
 
 /* ---- complete responses ---------------------------------------------------- */
 
-char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *model_name,
-                              const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
-                              const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                           const char *finish, const char *stop_seq, const kvt_usage *u, long created,
+                           const kvt_logprobs *lp)
 {
     if (!r) return NULL;
     if (!text) len = 0;
@@ -1852,18 +2072,18 @@ char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *
             json_decref(msg);
             msg = NULL;
         }
-        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:i, s:o, s:n, s:s}], s:o}",
+        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:i, s:o, s:o, s:s}], s:o}",
                               "id", jcstr(id), "object", "chat.completion", "created", (json_int_t)created,
                               "model", jcstr(model_name),
-                              "choices", "index", 0, "message", msg, "logprobs",
+                              "choices", "index", 0, "message", msg, "logprobs", chat_logprobs(r, lp),
                               "finish_reason", openai_finish(finish, n_calls),
                               "usage", usage_openai(u)));
     }
     case KVT_API_COMPLETIONS:
-        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s}], s:o}",
+        return dump(json_pack("{s:o, s:s, s:I, s:o, s:[{s:o, s:i, s:o, s:s}], s:o}",
                               "id", jcstr(id), "object", "text_completion", "created", (json_int_t)created,
                               "model", jcstr(model_name),
-                              "choices", "text", jstr(text, len), "index", 0, "logprobs",
+                              "choices", "text", jstr(text, len), "index", 0, "logprobs", legacy_logprobs(r, lp),
                               "finish_reason", openai_finish(finish, 0),
                               "usage", usage_openai(u)));
     case KVT_API_MESSAGES: {
@@ -1888,11 +2108,18 @@ char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *
     }
     case KVT_API_RESPONSES:
         return dump_f(response_obj(r, id, model_name, created, "completed",
-                                   responses_output(r, id, text, len, calls, n_calls, finish), usage_responses(u),
-                                   finish),
-                      FLOAT_ECHO);
+                                   responses_output(r, id, text, len, calls, n_calls, finish, lp),
+                                   usage_responses(u), finish),
+                      responses_flags(r));
     }
     return NULL;
+}
+
+char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *model_name,
+                              const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                              const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+{
+    return kvt_response_json_lp(r, id, model_name, text, len, calls, n_calls, finish, stop_seq, u, created, NULL);
 }
 
 char *kvt_response_json(const kvt_request *r, const char *id, const char *model_name,
@@ -1922,13 +2149,15 @@ static json_t *chunk(const kvt_request *r, const char *id, const char *model_nam
 }
 
 /* The one choice of an OpenAI chunk: a chat delta (stolen) or completion text
- * (stolen), with finish_reason (NULL: null). */
-static json_t *choice(const kvt_request *r, json_t *content, const char *finish)
+ * (stolen), with logprobs (stolen; NULL: null) and finish_reason (NULL:
+ * null). */
+static json_t *choice(const kvt_request *r, json_t *content, json_t *logprobs, const char *finish)
 {
     json_t *fr = finish ? jcstr(finish) : json_null();
+    json_t *lp = logprobs ? logprobs : json_null();
     if (r->api == KVT_API_CHAT)
-        return json_pack("[{s:i, s:o, s:n, s:o}]", "index", 0, "delta", content, "logprobs", "finish_reason", fr);
-    return json_pack("[{s:o, s:i, s:n, s:o}]", "text", content, "index", 0, "logprobs", "finish_reason", fr);
+        return json_pack("[{s:i, s:o, s:o, s:o}]", "index", 0, "delta", content, "logprobs", lp, "finish_reason", fr);
+    return json_pack("[{s:o, s:i, s:o, s:o}]", "text", content, "index", 0, "logprobs", lp, "finish_reason", fr);
 }
 
 /* Responses: the message item and its text part come into being (the first
@@ -1938,10 +2167,10 @@ static void responses_open_text(kvt_request *r, kvt_wbuf *b, const char *id)
     char mid[128];
     derived_id(mid, sizeof mid, "msg_", id);
     rsse(r, b, "response.output_item.added",
-         json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(id, NULL, "in_progress")));
+         json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, id, NULL, "in_progress", NULL)));
     rsse(r, b, "response.content_part.added",
          json_pack("{s:s, s:i, s:i, s:o}", "item_id", mid, "output_index", 0, "content_index", 0, "part",
-                   output_text_part(json_string(""))));
+                   output_text_part(r, json_string(""), NULL)));
     r->sse_text_open = true;
 }
 
@@ -1954,7 +2183,8 @@ char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
     r->sse_text_open = false;
     if (r->api == KVT_API_CHAT) {
         sse(&b, NULL, chunk(r, id, model_name, created,
-                            choice(r, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL), NULL));
+                            choice(r, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL, NULL),
+                            NULL));
     } else if (r->api == KVT_API_MESSAGES) {
         sse(&b, "message_start",
             json_pack("{s:s, s:{s:o, s:s, s:s, s:[], s:o, s:n, s:n, s:o}}", "type", "message_start", "message",
@@ -1970,22 +2200,24 @@ char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
         for (int i = 0; i < 2; i++)
             rsse(r, &b, events[i],
                  json_pack("{s:o}", "response",
-                           response_obj(r, id, model_name, created, "in_progress", json_array(), json_null(), NULL)));
+                           response_obj(r, id, model_name, created, "in_progress", json_array(), json_null(),
+                                        NULL)));
     }
     return finish_buf(&b);
 }
 
-char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
-                       const char *text, size_t len, long created)
+char *kvt_stream_delta_lp(kvt_request *r, const char *id, const char *model_name,
+                          const char *text, size_t len, long created, const kvt_logprobs *lp)
 {
     if (!r) return NULL;
     kvt_wbuf b = {0};
     if (text && len) {
         json_t *t = jstr(text, len);
         if (r->api == KVT_API_CHAT) {
-            sse(&b, NULL, chunk(r, id, model_name, created, choice(r, json_pack("{s:o}", "content", t), NULL), NULL));
+            sse(&b, NULL, chunk(r, id, model_name, created,
+                                choice(r, json_pack("{s:o}", "content", t), chat_logprobs(r, lp), NULL), NULL));
         } else if (r->api == KVT_API_COMPLETIONS) {
-            sse(&b, NULL, chunk(r, id, model_name, created, choice(r, t, NULL), NULL));
+            sse(&b, NULL, chunk(r, id, model_name, created, choice(r, t, legacy_logprobs(r, lp), NULL), NULL));
         } else if (r->api == KVT_API_MESSAGES) {
             sse(&b, "content_block_delta",
                 json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
@@ -1995,17 +2227,23 @@ char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
             char mid[128];
             derived_id(mid, sizeof mid, "msg_", id);
             rsse(r, &b, "response.output_text.delta",
-                 json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", mid, "output_index", 0, "content_index", 0,
-                           "delta", t, "logprobs"));
+                 json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", mid, "output_index", 0, "content_index", 0,
+                           "delta", t, "logprobs", r->logprobs ? logprob_list(lp) : json_array()));
         }
     }
     return finish_buf(&b);
 }
 
+char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
+                       const char *text, size_t len, long created)
+{
+    return kvt_stream_delta_lp(r, id, model_name, text, len, created, NULL);
+}
+
 /* Responses: close the text (if any), add each call, then response.completed. */
 static void responses_end(kvt_request *r, kvt_wbuf *b, const char *id, const char *model_name, const char *text,
                           size_t len, const kvt_tool_call *calls, size_t n_calls, const char *finish,
-                          const kvt_usage *u, long created)
+                          const kvt_usage *u, long created, const kvt_logprobs *lp)
 {
     const char *st = is_length(finish) ? "incomplete" : "completed";
     size_t index = 0;
@@ -2014,13 +2252,13 @@ static void responses_end(kvt_request *r, kvt_wbuf *b, const char *id, const cha
         char mid[128];
         derived_id(mid, sizeof mid, "msg_", id);
         rsse(r, b, "response.output_text.done",
-             json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", mid, "output_index", 0, "content_index", 0, "text",
-                       jstr(text, len), "logprobs"));
+             json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", mid, "output_index", 0, "content_index", 0, "text",
+                       jstr(text, len), "logprobs", r->logprobs ? logprob_list(lp) : json_array()));
         rsse(r, b, "response.content_part.done",
              json_pack("{s:s, s:i, s:i, s:o}", "item_id", mid, "output_index", 0, "content_index", 0, "part",
-                       output_text_part(jstr(text, len))));
+                       output_text_part(r, jstr(text, len), lp)));
         rsse(r, b, "response.output_item.done",
-             json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(id, jstr(text, len), st)));
+             json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(r, id, jstr(text, len), st, lp)));
         index = 1;
     }
     for (size_t k = 0; k < n_calls; k++, index++) {
@@ -2046,13 +2284,14 @@ static void responses_end(kvt_request *r, kvt_wbuf *b, const char *id, const cha
     rsse(r, b, "response.completed",
          json_pack("{s:o}", "response",
                    response_obj(r, id, model_name, created, "completed",
-                                responses_output(r, id, text, len, calls, n_calls, finish), usage_responses(u),
-                                finish)));
+                                responses_output(r, id, text, len, calls, n_calls, finish, lp),
+                                usage_responses(u), finish)));
 }
 
-char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_name,
-                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
-                           const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+char *kvt_stream_end_lp(kvt_request *r, const char *id, const char *model_name,
+                        const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                        const char *finish, const char *stop_seq, const kvt_usage *u, long created,
+                        const kvt_logprobs *lp)
 {
     if (!r) return NULL;
     if (!text) text = "", len = 0;
@@ -2077,21 +2316,31 @@ char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_nam
                       "usage", usage_anthropic(u, u ? u->completion_tokens : 0)));
         sse(&b, "message_stop", json_pack("{s:s}", "type", "message_stop"));
     } else if (r->api == KVT_API_RESPONSES) {
-        responses_end(r, &b, id, model_name, text, len, calls, n_calls, finish, u, created);
+        responses_end(r, &b, id, model_name, text, len, calls, n_calls, finish, u, created, lp);
     } else {
         /* one chunk per call, with everything: the openai client merges
          * deltas by index, and a whole call is one delta */
         for (size_t k = 0; k < n_calls; k++)
             sse(&b, NULL, chunk(r, id, model_name, created,
                                 choice(r, json_pack("{s:[o]}", "tool_calls", openai_call_json(&calls[k], k, true)),
-                                       NULL),
+                                       NULL, NULL),
                                 NULL));
+        /* the completions finish chunk carries text (""), so with logprobs
+         * it carries theirs: empty lists */
         json_t *empty = r->api == KVT_API_CHAT ? json_object() : json_string("");
-        sse(&b, NULL, chunk(r, id, model_name, created, choice(r, empty, openai_finish(finish, n_calls)), NULL));
+        json_t *elp = r->api == KVT_API_COMPLETIONS && r->logprobs ? legacy_logprobs(r, NULL) : NULL;
+        sse(&b, NULL, chunk(r, id, model_name, created, choice(r, empty, elp, openai_finish(finish, n_calls)), NULL));
         if (r->include_usage) sse(&b, NULL, chunk(r, id, model_name, created, json_array(), usage_openai(u)));
         put_str(&b, "data: [DONE]\n\n");
     }
     return finish_buf(&b);
+}
+
+char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                           const char *finish, const char *stop_seq, const kvt_usage *u, long created)
+{
+    return kvt_stream_end_lp(r, id, model_name, text, len, calls, n_calls, finish, stop_seq, u, created, NULL);
 }
 
 char *kvt_stream_end(kvt_request *r, const char *id, const char *model_name,

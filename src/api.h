@@ -44,6 +44,11 @@ typedef enum {
 #define KVT_API_MAX_STOP_OPENAI 4
 #define KVT_API_MAX_STOP_ANTHROPIC 32
 
+/* Alternatives per token OpenAI allows: chat "top_logprobs" and Responses
+ * "top_logprobs" 0 to 20, legacy completions "logprobs" 0 to 5. */
+#define KVT_API_MAX_TOP_LOGPROBS 20
+#define KVT_API_MAX_LOGPROBS_LEGACY 5
+
 /* A Responses function inside a {"type":"namespace"} tool is shown to the
  * model, and parsed back from it, as NAMESPACE KVT_API_NS_SEP NAME
  * ("github.get_issue"). OpenAI function names cannot contain '.', so the
@@ -74,6 +79,12 @@ typedef struct kvt_request {
     char **namespaces;          /* (n_namespaces) Responses namespace tool names, to split
                                  * "ns.fn" back into name and namespace in the output */
     size_t n_namespaces;
+    bool logprobs;              /* report the log-probabilities of the sampled tokens: chat
+                                 * "logprobs": true, completions "logprobs": N, Responses
+                                 * "include": ["message.output_text.logprobs"] */
+    uint32_t top_logprobs;      /* most likely alternatives per token, 0 to
+                                 * KVT_API_MAX_TOP_LOGPROBS (completions: to
+                                 * KVT_API_MAX_LOGPROBS_LEGACY) */
     /* Streaming state, advanced by the kvt_stream_* calls (which is why they
      * take a non-const request): the next Responses sequence_number, and
      * whether the Responses message item has been opened. */
@@ -103,8 +114,9 @@ typedef struct kvt_parse_opts {
  * KVT_ENOMEM), kvt_errmsg() is a message fit for the client naming the field,
  * and *status (may be NULL) is the HTTP status to send: 400 for malformed JSON,
  * wrong types, values out of range, missing fields and unsupported content
- * (images, audio, n > 1, stored-response references); 500 for KVT_ENOMEM. An
- * unknown model is the server's 404, not decided here. */
+ * (images, audio, n > 1, stored-response references, log-probabilities out of
+ * OpenAI's range); 500 for KVT_ENOMEM. Whether "model" names a model served
+ * is the server's to decide, not the parser's. */
 int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t len,
                       const kvt_model *m, int *status);
 /* The same with options (opts NULL: the defaults). replay is called during
@@ -165,6 +177,37 @@ typedef struct kvt_usage {
     uint32_t created_tokens;  /* prompt tokens newly written to the disk tier by this request */
 } kvt_usage;
 
+/* ---- log-probabilities ---------------------------------------------------- *
+ *
+ * What the server reports for a request with r->logprobs: per sampled token
+ * its log-probability under the model and its r->top_logprobs most likely
+ * alternatives, from the logits it was sampled from. */
+typedef struct kvt_logprob {
+    const char *bytes;          /* the token's bytes as they appear in the text (borrowed) */
+    size_t len;
+    double logprob;             /* natural log of its probability; non-finite values and
+                                 * values below -9999 are written as -9999.0 (OpenAI's
+                                 * "too unlikely to score") */
+} kvt_logprob;
+
+/* The tokens of a piece of text (a whole reply, or one streamed delta). */
+typedef struct kvt_logprobs {
+    const kvt_logprob *tok;     /* n sampled tokens, in text order */
+    const kvt_logprob *top;     /* n * n_top alternatives: token i's are top[i * n_top ..
+                                 * i * n_top + n_top), most likely first */
+    size_t n, n_top;
+    size_t offset;              /* byte offset of tok[0] in the generated text (the
+                                 * pieces follow each other: legacy "text_offset") */
+} kvt_logprobs;
+
+/* Log-softmax of logits (n_vocab raw model scores) in double precision:
+ * returns the log-probability of token id, and writes the min(n_top, n_vocab)
+ * most likely tokens to top_id / top_lp (may be NULL when n_top is 0), by
+ * log-probability descending, the lower id first on ties. NaN scores count
+ * as -infinity. id outside [0, n_vocab) or no logits: NaN. */
+double kvt_logprob_top(const float *logits, uint32_t n_vocab, int32_t id, uint32_t n_top,
+                       int32_t *top_id, double *top_lp);
+
 /* Complete (non-streaming) response body for text (len bytes) and tool calls
  * (n_calls, may be 0). finish: "stop", "length" or "tool_calls" (NULL:
  * "stop"; with n_calls > 0 anything but "length" is "tool_calls"). For Anthropic
@@ -178,6 +221,15 @@ typedef struct kvt_usage {
 char *kvt_response_json_calls(const kvt_request *r, const char *id, const char *model_name,
                               const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
                               const char *finish, const char *stop_seq, const kvt_usage *u, long created);
+/* The same with the log-probabilities of the text's tokens (lp NULL: none),
+ * reported when r->logprobs: OpenAI chat "logprobs":{"content":[{token,
+ * logprob, bytes, top_logprobs}], "refusal":null}, completions
+ * "logprobs":{tokens, token_logprobs, top_logprobs, text_offset}, Responses
+ * "logprobs" on the output_text part; otherwise as kvt_response_json_calls. */
+char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                           const char *finish, const char *stop_seq, const kvt_usage *u, long created,
+                           const kvt_logprobs *lp);
 /* The same without tool calls. */
 char *kvt_response_json(const kvt_request *r, const char *id, const char *model_name,
                         const char *text, size_t len, const char *finish, const char *stop_seq,
@@ -222,6 +274,19 @@ char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_nam
                            const char *finish, const char *stop_seq, const kvt_usage *u, long created);
 char *kvt_stream_end(kvt_request *r, const char *id, const char *model_name,
                      const char *finish, const char *stop_seq, const kvt_usage *u, long created);
+/* delta and end with log-probabilities (lp NULL: none), reported when
+ * r->logprobs: a delta carries those of its own tokens (OpenAI chat
+ * "logprobs":{"content":[...],"refusal":null}, completions the legacy object,
+ * Responses the delta event's "logprobs"); end carries those of the whole
+ * text, which only Responses repeats (output_text.done, the part, the item
+ * and response.completed). Chunks without text carry "logprobs": null, except
+ * the completions finish chunk, whose "" text has empty lists. */
+char *kvt_stream_delta_lp(kvt_request *r, const char *id, const char *model_name,
+                          const char *text, size_t len, long created, const kvt_logprobs *lp);
+char *kvt_stream_end_lp(kvt_request *r, const char *id, const char *model_name,
+                        const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
+                        const char *finish, const char *stop_seq, const kvt_usage *u, long created,
+                        const kvt_logprobs *lp);
 /* An error after the stream began (the HTTP status is already sent): OpenAI
  * "data: {"error":{...}}\n\n" (the openai client throws on it), Anthropic
  * "event: error\ndata: {"type":"error",...}\n\n", Responses an error event

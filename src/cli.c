@@ -571,11 +571,18 @@ static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
                {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
-               {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true}, DISK_OPTS};
+               {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
+               DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
     if (!parse_disk(o, no, &disk)) return 2;
+    /* --any-model is what serve does by default now; it is still accepted
+     * (scripts pass it), but not together with its opposite */
+    if (get(o, no, "--strict-model") && get(o, no, "--any-model")) {
+        fprintf(stderr, "kvtier: --strict-model and --any-model contradict each other\n");
+        return 2;
+    }
     uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32;
     if (!parse_u64(get(o, no, "--port"), "--port", 65535, &port) ||
         !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
@@ -615,7 +622,7 @@ static int cmd_serve(int argc, char **argv)
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
-        .api_keys = keys, .n_keys = n_keys, .any_model = get(o, no, "--any-model") != NULL,
+        .api_keys = keys, .n_keys = n_keys, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
     };
     int rc = kvt_serve(&so);
@@ -701,8 +708,9 @@ static void usage(FILE *f)
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--queue N (8)] [--kv-ram-mb N (2048)]\n"
           "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
-          "              [--any-model] [--keep-volatile-lines] [disk options]\n"
-          "              each API key is its own cache namespace\n"
+          "              [--strict-model] [--keep-volatile-lines] [disk options]\n"
+          "              each API key is its own cache namespace; any model id is served\n"
+          "              and echoed unless --strict-model (--any-model: accepted, the default)\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
           "\n"

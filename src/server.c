@@ -378,6 +378,61 @@ static const char *replay_lookup(void *user, const char *call_id, size_t *len)
     return NULL;
 }
 
+/* The log-probabilities of the sampled tokens, for a request that asked:
+ * per token its own and its n_top most likely alternatives (kvt_logprob
+ * entries), computed from the logits it was sampled from. The pieces follow
+ * each other in the text, so a token's text offset is the sum of the
+ * lengths before it. An append that fails stops both lists (the wbuf's oom
+ * is sticky), so what was recorded stays a consistent prefix. */
+typedef struct lp_rec {
+    kvt_wbuf tok, top;
+    size_t n_top;
+    size_t sent, sent_end;      /* tokens gone out with a delta; where the next begins */
+} lp_rec;
+
+static void lp_add(lp_rec *l, const kvt_model *m, int32_t id, double lp, const int32_t *top_id,
+                   const double *top_lp)
+{
+    kvt_logprob e = {"", 0, lp};
+    if (kvt_token_piece(m, id, &e.bytes, &e.len) != KVT_OK) e.bytes = "", e.len = 0;
+    for (size_t k = 0; k < l->n_top; k++) {
+        kvt_logprob a = {"", 0, top_lp[k]};
+        if (kvt_token_piece(m, top_id[k], &a.bytes, &a.len) != KVT_OK) a.bytes = "", a.len = 0;
+        kvt_wbuf_put(&l->top, &a, sizeof a);
+    }
+    if (!l->top.oom) kvt_wbuf_put(&l->tok, &e, sizeof e);
+}
+
+static size_t lp_count(const lp_rec *l)
+{
+    size_t n = l->tok.len / sizeof(kvt_logprob);
+    if (l->n_top && l->top.len / (l->n_top * sizeof(kvt_logprob)) < n)
+        n = l->top.len / (l->n_top * sizeof(kvt_logprob));
+    return n;
+}
+
+/* The tokens not sent yet whose text begins before byte end: they go out
+ * with the text up to end (a token cut by a stop sequence still counts). */
+static kvt_logprobs lp_take(lp_rec *l, size_t end)
+{
+    const kvt_logprob *tok = (const kvt_logprob *)l->tok.p, *top = (const kvt_logprob *)l->top.p;
+    size_t n = lp_count(l), i = l->sent, off = l->sent_end;
+    kvt_logprobs v = {tok ? tok + i : NULL, top ? top + i * l->n_top : NULL, 0, l->n_top, off};
+    while (i < n && off < end) off += tok[i++].len;
+    v.n = i - l->sent;
+    l->sent = i;
+    l->sent_end = off;
+    return v;
+}
+
+/* All the tokens whose text begins before end, from the first. */
+static kvt_logprobs lp_all(const lp_rec *l, size_t end)
+{
+    lp_rec from0 = *l;
+    from0.sent = from0.sent_end = 0;
+    return lp_take(&from0, end);
+}
+
 static void run_job(server *sv, job *j)
 {
     kvt_model *m = sv->m;
@@ -388,6 +443,9 @@ static void run_job(server *sv, job *j)
              : j->api == KVT_API_RESPONSES ? "resp_" : "chatcmpl-",
              (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
     long created = (long)time(NULL);
+    /* The model id goes back as the client sent it (agent clients check it
+     * against their own), or the served one when it sent none. */
+    const char *model_name = r->model && *r->model ? r->model : sv->model_id;
     int32_t *toks = j->toks;
     size_t n = j->n_toks;
     j->toks = NULL;
@@ -555,10 +613,19 @@ static void run_job(server *sv, job *j)
     uint32_t max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
     const char *finish = "length", *stop_hit = NULL;
     size_t emitted = 0;
-    if (j->stream) job_emit(j, kvt_stream_begin(r, id, sv->model_id, &u, created));
+    lp_rec lp = {.n_top = r->logprobs ? r->top_logprobs : 0};
+    if (lp.n_top > KVT_API_MAX_TOP_LOGPROBS) lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays below */
+    if (lp.n_top > m->info.n_vocab) lp.n_top = m->info.n_vocab;
+    if (j->stream) job_emit(j, kvt_stream_begin(r, id, model_name, &u, created));
     while (u.completion_tokens < max_new && smp) {
         if (job_canceled(j)) { finish = "stop"; break; }
-        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), m->info.n_vocab);
+        const float *logits = kvt_session_logits(s);
+        int32_t t = kvt_sampler_sample(smp, logits, m->info.n_vocab);
+        /* from the raw logits, before temperature and top-p: the model's
+         * distribution, which is what OpenAI reports */
+        int32_t top_id[KVT_API_MAX_TOP_LOGPROBS] = {0};
+        double top_lp[KVT_API_MAX_TOP_LOGPROBS] = {0}, t_lp = 0;
+        if (r->logprobs) t_lp = kvt_logprob_top(logits, m->info.n_vocab, t, (uint32_t)lp.n_top, top_id, top_lp);
         bool eos = t == m->info.eos;
         if (kvt_session_len(s) < sv->o.n_ctx) {
             if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
@@ -571,6 +638,7 @@ static void run_job(server *sv, job *j)
         const char *p;
         size_t pl;
         if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&text, p, pl);
+        if (r->logprobs) lp_add(&lp, m, t, t_lp, top_id, top_lp);
         for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
             const char *hit = text.len ? memmem(text.p, text.len, r->stop[i], strlen(r->stop[i])) : NULL;
             if (hit) { stop_hit = r->stop[i]; text.len = (size_t)(hit - (const char *)text.p); }
@@ -583,7 +651,9 @@ static void run_job(server *sv, job *j)
                 if (t_ok < ok) ok = t_ok;
             }
             if (ok > emitted) {
-                job_emit(j, kvt_stream_delta(r, id, sv->model_id, (const char *)text.p + emitted, ok - emitted, created));
+                kvt_logprobs lv = lp_take(&lp, ok);
+                job_emit(j, kvt_stream_delta_lp(r, id, model_name, (const char *)text.p + emitted, ok - emitted,
+                                                created, &lv));
                 emitted = ok;
             }
         }
@@ -598,16 +668,24 @@ static void run_job(server *sv, job *j)
     size_t n_calls = 0, text_end = final_len;
     if (r->n_tools && kvt_tool_calls_parse(tp, final_len, &calls, &n_calls, &text_end) == KVT_OK && n_calls)
         remember_calls(sv, j->tenant, tp, calls, n_calls);
+    /* the text: before the calls when there are some */
+    size_t upto = n_calls ? text_end : final_len;
+    kvt_logprobs all = lp_all(&lp, upto);
     if (j->stream) {
-        size_t upto = n_calls ? text_end : final_len;
-        if (upto > emitted) job_emit(j, kvt_stream_delta(r, id, sv->model_id, tp + emitted, upto - emitted, created));
-        job_finish(j, 200, kvt_stream_end_calls(r, id, sv->model_id, tp, final_len, calls, n_calls, finish, stop_hit, &u,
-                                                created));
+        if (upto > emitted) {
+            kvt_logprobs lv = lp_take(&lp, upto);
+            job_emit(j, kvt_stream_delta_lp(r, id, model_name, tp + emitted, upto - emitted, created, &lv));
+        }
+        /* the end repeats the text that went out as deltas (Responses) */
+        job_finish(j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
+                                             created, &all));
     } else {
-        job_finish(j, 200, kvt_response_json_calls(r, id, sv->model_id, tp, n_calls ? text_end : final_len, calls,
-                                                   n_calls, finish, stop_hit, &u, created));
+        job_finish(j, 200, kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
+                                                created, &all));
     }
     kvt_tool_calls_free(calls, n_calls);
+    kvt_wbuf_free(&lp.tok);
+    kvt_wbuf_free(&lp.top);
     kvt_wbuf_free(&text);
     kvt_sampler_free(smp);
     free(toks);
@@ -823,7 +901,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     int rc = kvt_request_parse_opts(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m,
                                     &po, &status);
     pthread_mutex_unlock(&sv->replay_mu);
-    if (!rc && j->req.model && strcmp(j->req.model, sv->model_id) && !sv->o.any_model) {
+    /* By default any model id is served, as llama.cpp's server does: agent
+     * clients send their own ids (Claude Code its claude-* names) and
+     * would otherwise need configuring; the id is echoed back. */
+    if (!rc && sv->o.strict_model && j->req.model && strcmp(j->req.model, sv->model_id)) {
         char msg[512];
         snprintf(msg, sizeof msg, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
                  sv->model_id);

@@ -16,7 +16,9 @@ typedef struct kvt_server_opts {
     size_t max_body;          /* request body limit */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
-    bool any_model;           /* accept any "model" name (agent clients with fixed names) */
+    bool strict_model;        /* 404 for a "model" other than model_id; by default any
+                               * name is served (agent clients send their own) and
+                               * echoed back */
     bool keep_volatile;       /* keep volatile lines (billing headers) in prompts */
     kvt_save_policy policy;
     void (*ready)(void *user); /* called once listening */

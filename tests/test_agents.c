@@ -5,10 +5,11 @@
  * Each test takes one client in one of its API modes through the same
  * sequence. The server is the built binary (KVT_BIN):
  *
- *   serve --model ds4-tiny --ctx 131072 --any-model --api-key K1 --api-key K2
+ *   serve --model ds4-tiny --ctx 131072 --api-key K1 --api-key K2
  *         --max-tokens 64 --kv-disk-dir DIR
  *
- * (--any-model: Claude Code sends its own model names; --max-tokens bounds
+ * (no model flag: Claude Code and Codex send their own model names, which a
+ * server serves by default; --max-tokens bounds
  * the replies of clients that send no limit; the save policy is the
  * default: a new conversation forks where the last one's user turn began,
  * from RAM or, after a restart, from disk.) Every session runs the
@@ -123,7 +124,7 @@ static const char *ensure_clients(void)
 /* Start the server on the disk dir kv and wait until /health answers. */
 static bool server_start(agt *t, const char *kv)
 {
-    const char *const args[] = {"--model", "ds4-tiny", "--ctx", "131072", "--any-model", "--api-key", "K1",
+    const char *const args[] = {"--model", "ds4-tiny", "--ctx", "131072", "--api-key", "K1",
                                 "--api-key", "K2", "--max-tokens", "64",
                                 "--kv-disk-dir", kv, NULL};
     return fx_server_start(&t->s, args);

@@ -12,8 +12,17 @@
  *
  *   e2e_clients        ds4-tiny: both clients, streaming and not, usage
  *                      fields, sampling parameters, stop sequences
- *   e2e_errors         ds4-tiny: malformed and mistyped requests, unknown
- *                      model and route, error bodies in each API's shape
+ *   e2e_errors         ds4-tiny --strict-model: malformed and mistyped
+ *                      requests, unknown model (404 only with --strict-model)
+ *                      and route, error bodies in each API's shape
+ *   e2e_any_model      ds4-tiny: any model id is served by default and echoed
+ *                      in every API, streaming and not; the served id when
+ *                      none is sent
+ *   e2e_logprobs       ds4-tiny, and stories260K when present: logprobs in
+ *                      chat, completions and Responses through the openai
+ *                      client (shapes, streaming, 400s), and the values
+ *                      checked against the logits of the same prompt run
+ *                      through the library
  *   e2e_context_limit  --ctx 256: a longer prompt is a 400
  *   e2e_body_limit     --max-body-mb 1: a 2 MB body is a 413
  *   e2e_api_key        --api-key: 401 without it, 200 with either header
@@ -42,11 +51,16 @@
  * The whole set takes 60 to 90 s on 2 cores, most of it the two cold
  * 25,000-token and the two 20,000-token ds4-mini prefills (one of those is
  * cancelled after a second); without the agent tests it takes about 10 s. */
+#include "api.h"
 #include "fixture.h"
+#include "model.h"
 #include "test.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,7 +293,7 @@ TEST(e2e_clients)
 
 static void errors(e2e *t)
 {
-    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--strict-model");
     NODE(t, 300, "errors.mjs", "basic");
     /* the same cases as raw HTTP */
     const char *json = "-H 'content-type: application/json'";
@@ -299,7 +313,21 @@ static void errors(e2e *t)
     CHECKF(code == 400, "curl, max_tokens \"abc\": %d", code);
     code = curl(t, "%s -d '{\"model\":\"nope\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}' %s/v1/chat/completions",
                 json, t->s.base);
-    CHECKF(code == 404, "curl, unknown model: %d", code);
+    CHECKF(code == 404, "curl, unknown model with --strict-model: %d", code);
+    code = curl(t, "%s -d '{\"model\":\"ds4-tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"max_tokens\":1}' %s/v1/chat/completions", json, t->s.base);
+    CHECKF(code == 200, "curl, the served id with --strict-model: %d", code);
+    code = curl(t, "%s -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                "\"top_logprobs\":21}' %s/v1/chat/completions", json, t->s.base);
+    body = curl_file(t, "out");
+    CHECKF(code == 400 && strstr(body, "\"type\":\"invalid_request_error\"") && strstr(body, "top_logprobs"),
+           "curl, top_logprobs 21: %d %s", code, body);
+    free(body);
+    code = curl(t, "%s -d '{\"prompt\":\"x\",\"logprobs\":6}' %s/v1/completions", json, t->s.base);
+    body = curl_file(t, "out");
+    CHECKF(code == 400 && strstr(body, "\"type\":\"invalid_request_error\"") && strstr(body, "logprobs"),
+           "curl, completions logprobs 6: %d %s", code, body);
+    free(body);
     CHECKF(fx_health_ok(&t->s), "/health after the errors");
     long_session(t);
     if (kvt_test_failed()) return;
@@ -311,6 +339,336 @@ TEST(e2e_errors)
     e2e t;
     if (!e2e_begin(&t, false)) return;
     errors(&t);
+    e2e_end(&t);
+}
+
+/* Any model id, by default: served, and echoed in the body (every chunk and
+ * event of a stream too); the served id when the request names none. */
+static void any_model(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    static const struct { const char *path, *body, *want; } cases[] = {
+        {"/v1/chat/completions", "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                 "\"max_tokens\":2}", "\"model\":\"gpt-4o-mini\""},
+        {"/v1/chat/completions", "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                 "\"max_tokens\":2,\"stream\":true}", "\"model\":\"gpt-4o-mini\""},
+        {"/v1/completions", "{\"model\":\"davinci-002\",\"prompt\":\"x\",\"max_tokens\":2}", "\"model\":\"davinci-002\""},
+        {"/v1/completions", "{\"model\":\"davinci-002\",\"prompt\":\"x\",\"max_tokens\":2,\"stream\":true}",
+         "\"model\":\"davinci-002\""},
+        {"/v1/messages", "{\"model\":\"claude-opus-4-1\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                         "\"max_tokens\":2}", "\"model\":\"claude-opus-4-1\""},
+        {"/v1/messages", "{\"model\":\"claude-opus-4-1\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                         "\"max_tokens\":2,\"stream\":true}", "\"model\":\"claude-opus-4-1\""},
+        {"/v1/responses", "{\"model\":\"gpt-5-codex\",\"input\":\"x\",\"max_output_tokens\":2}", "\"model\":\"gpt-5-codex\""},
+        {"/v1/responses", "{\"model\":\"gpt-5-codex\",\"input\":\"x\",\"max_output_tokens\":2,\"stream\":true}",
+         "\"model\":\"gpt-5-codex\""},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2}",
+         "\"model\":\"ds4-tiny\""},
+        {"/v1/messages", "{\"model\":\"\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2}",
+         "\"model\":\"ds4-tiny\""},
+    };
+    char path[128];
+    snprintf(path, sizeof path, "%s/req.json", t->s.dir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f);
+        fputs(cases[i].body, f);
+        fclose(f);
+        int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s%s", path, t->s.base,
+                        cases[i].path);
+        char *body = curl_file(t, "out");
+        /* every "model" in the body or stream is the one expected */
+        size_t seen = 0, other = 0;
+        for (const char *p = strstr(body, "\"model\":"); p; p = strstr(p + 1, "\"model\":"))
+            strncmp(p, cases[i].want, strlen(cases[i].want)) ? other++ : seen++;
+        CHECKF(code == 200 && seen >= 1 && !other, "%s %s: HTTP %d, %zu \"model\" as expected, %zu others: %.400s",
+               cases[i].path, cases[i].body, code, seen, other, body);
+        free(body);
+    }
+    STOP(t);
+}
+
+TEST(e2e_any_model)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    any_model(&t);
+    e2e_end(&t);
+}
+
+/* ---- log-probabilities against the model's own logits ---- */
+
+/* The server computes each log-probability in double from the float logits
+ * it sampled from, and jansson writes it with 17 significant digits, which
+ * parses back as the same double. The reference here is long double over
+ * the same logits (bit-identical: same model, same prompt tokens; the
+ * engine's logits do not depend on chunking, threads or reuse). The two
+ * differ only by double rounding in one sum of n_vocab exponentials, a log
+ * and a subtraction: relative 1e-16 per step on values below ~100, far
+ * under 1e-12. A value from other logits (another position, after a
+ * temperature) or computed in float (errors near 1e-7) misses it by
+ * orders of magnitude. */
+#define LP_TOL 1e-12
+
+typedef struct rep_tok { char b[96]; size_t len; double lp; } rep_tok;
+typedef struct rep { rep_tok t; rep_tok top[KVT_API_MAX_TOP_LOGPROBS]; size_t n_top; } rep;
+
+static bool rep_bytes(const json_t *arr, rep_tok *o)
+{
+    if (!json_is_array(arr) || json_array_size(arr) > sizeof o->b) return false;
+    o->len = json_array_size(arr);
+    for (size_t i = 0; i < o->len; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 255) return false;
+        o->b[i] = (char)json_integer_value(v);
+    }
+    return true;
+}
+
+/* {token, logprob, bytes}: the bytes and the value */
+static bool rep_entry(const json_t *e, rep_tok *o)
+{
+    json_t *lp = json_object_get(e, "logprob");
+    if (!json_is_number(lp)) return false;
+    o->lp = json_number_value(lp);
+    return rep_bytes(json_object_get(e, "bytes"), o);
+}
+
+/* A legacy token text back to bytes: OpenAI's "bytes:\xNN..." spelling, or
+ * the text itself. */
+static bool rep_text(const char *s, size_t n, rep_tok *o)
+{
+    if (n >= 6 && !memcmp(s, "bytes:", 6)) {
+        o->len = 0;
+        for (size_t i = 6; i + 4 <= n; i += 4) {
+            unsigned x;
+            if (s[i] != '\\' || s[i + 1] != 'x' || sscanf(s + i + 2, "%2x", &x) != 1 || o->len == sizeof o->b)
+                return false;
+            o->b[o->len++] = (char)x;
+        }
+        return true;
+    }
+    if (n > sizeof o->b) return false;
+    memcpy(o->b, s, n);
+    o->len = n;
+    return true;
+}
+
+/* The reported tokens of a response body (chat, completions or Responses,
+ * per api) into reps (at most max); -1 when it is not the documented shape. */
+static int rep_parse(kvt_api api, const json_t *j, rep *reps, size_t max)
+{
+    if (api == KVT_API_COMPLETIONS) {
+        json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+        json_t *toks = json_object_get(lp, "tokens"), *vals = json_object_get(lp, "token_logprobs"),
+               *tops = json_object_get(lp, "top_logprobs");
+        size_t n = json_array_size(toks);
+        if (!json_is_array(toks) || n > max || json_array_size(vals) != n || json_array_size(tops) != n) return -1;
+        for (size_t i = 0; i < n; i++) {
+            json_t *tk = json_array_get(toks, i), *v = json_array_get(vals, i), *top = json_array_get(tops, i);
+            if (!json_is_string(tk) || !json_is_number(v) || !json_is_object(top) ||
+                !rep_text(json_string_value(tk), json_string_length(tk), &reps[i].t) ||
+                json_object_size(top) > KVT_API_MAX_TOP_LOGPROBS)
+                return -1;
+            reps[i].t.lp = json_number_value(v);
+            reps[i].n_top = 0;
+            const char *key;
+            size_t klen;
+            json_t *a;
+            json_object_keylen_foreach(top, key, klen, a) {
+                rep_tok *o = &reps[i].top[reps[i].n_top++];
+                if (!json_is_number(a) || !rep_text(key, klen, o)) return -1;
+                o->lp = json_number_value(a);
+            }
+        }
+        return (int)n;
+    }
+    json_t *list = api == KVT_API_CHAT
+                       ? json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                         "content")
+                       : json_object_get(json_array_get(json_object_get(json_array_get(json_object_get(j, "output"), 0),
+                                                                        "content"),
+                                                        0),
+                                         "logprobs");
+    size_t n = json_array_size(list);
+    if (!json_is_array(list) || n > max) return -1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(list, i), *top = json_object_get(e, "top_logprobs");
+        if (!rep_entry(e, &reps[i].t) || !json_is_array(top) || json_array_size(top) > KVT_API_MAX_TOP_LOGPROBS)
+            return -1;
+        reps[i].n_top = json_array_size(top);
+        for (size_t k = 0; k < reps[i].n_top; k++)
+            if (!rep_entry(json_array_get(top, k), &reps[i].top[k])) return -1;
+    }
+    return (int)n;
+}
+
+static bool piece_is(const kvt_model *m, int32_t id, const rep_tok *r)
+{
+    const char *p;
+    size_t pl;
+    return kvt_token_piece(m, id, &p, &pl) == KVT_OK && pl == r->len && !memcmp(p, r->b, pl);
+}
+
+/* Walk the reported tokens through a session of m holding the request's
+ * prompt (rendered by api.c and tokenized as the server does): at every
+ * position the sampled token's value and the alternatives must be the
+ * log-softmax of the session's logits, the alternatives the k most likely
+ * (score descending, lower id first; any order for the legacy object, whose
+ * keys are unordered), and greedy sampling must have taken the most
+ * likely. Then the sampled token is decoded, as the server did. */
+static bool check_values(kvt_model *m, kvt_api api, const char *body, const rep *reps, size_t n, size_t k,
+                         bool greedy, long long prompt_tokens)
+{
+    kvt_request rq;
+    int st;
+    int32_t *toks = NULL;
+    size_t nt = 0;
+    kvt_session *s = NULL;
+    bool ok = kvt_request_parse(&rq, api, body, strlen(body), m, &st) == KVT_OK;
+    if (!ok) printf("    the request does not parse: %s\n", kvt_errmsg());
+    ok = ok && kvt_tokenizer_encode(m->tok, rq.prompt, rq.prompt_len, rq.prompt_has_bos ? false : m->info.add_bos,
+                                    rq.prompt_has_bos, &toks, &nt) == KVT_OK;
+    if (ok && (long long)nt != prompt_tokens) {
+        printf("    %zu prompt tokens here, %lld in the response's usage\n", nt, prompt_tokens);
+        ok = false;
+    }
+    ok = ok && kvt_session_new(&s, m, NULL) == KVT_OK && kvt_session_sync(s, toks, nt, NULL) == KVT_OK;
+    uint32_t V = m->info.n_vocab;
+    int32_t best[KVT_API_MAX_TOP_LOGPROBS];
+    double worst = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const float *lg = kvt_session_logits(s);
+        long double mx = -INFINITY, sum = 0;
+        for (uint32_t v = 0; v < V; v++)
+            if (lg[v] > mx) mx = lg[v];
+        for (uint32_t v = 0; v < V; v++) sum += expl((long double)lg[v] - mx);
+        long double lse = mx + logl(sum);
+        /* the k best: score descending, lower id first */
+        for (size_t q = 0; q < k; q++) {
+            int32_t b = -1;
+            for (uint32_t v = 0; v < V; v++) {
+                bool taken = false;
+                for (size_t u = 0; u < q; u++) taken |= best[u] == (int32_t)v;
+                if (!taken && (b < 0 || lg[v] > lg[b])) b = (int32_t)v;
+            }
+            best[q] = b;
+        }
+        /* the sampled id: of the ids with its bytes, the one whose value it is */
+        int32_t id = -1;
+        for (uint32_t v = 0; v < V; v++)
+            if (piece_is(m, (int32_t)v, &reps[i].t) &&
+                (id < 0 || fabsl(lg[v] - lse - reps[i].t.lp) < fabsl(lg[id] - lse - reps[i].t.lp)))
+                id = (int32_t)v;
+        double d = id < 0 ? INFINITY : (double)fabsl((long double)lg[id] - lse - reps[i].t.lp);
+        if (d > worst) worst = d;
+        if (!(d <= LP_TOL)) {
+            printf("    position %zu: token %d logprob %.17g, the logits give %.17Lg\n", i, id, reps[i].t.lp,
+                   id < 0 ? 0.0L : (long double)lg[id] - lse);
+            ok = false;
+        }
+        if (ok && greedy && k && id != best[0]) {
+            printf("    position %zu: greedy sampled %d, the most likely is %d\n", i, id, best[0]);
+            ok = false;
+        }
+        if (ok && (reps[i].n_top > k || (api != KVT_API_COMPLETIONS && reps[i].n_top != k))) {
+            printf("    position %zu: %zu alternatives, %zu asked for\n", i, reps[i].n_top, k);
+            ok = false;
+        }
+        for (size_t q = 0; ok && q < reps[i].n_top; q++) {
+            const rep_tok *a = &reps[i].top[q];
+            size_t at = q;
+            if (api == KVT_API_COMPLETIONS) /* keyed by text: the first of the best with these bytes */
+                for (at = 0; at < k && !piece_is(m, best[at], a); at++) {}
+            long double want = at < k ? (long double)lg[best[at]] - lse : 0;
+            d = at < k && piece_is(m, best[at], a) ? (double)fabsl(want - a->lp) : INFINITY;
+            if (d > worst) worst = d;
+            if (!(d <= LP_TOL)) {
+                printf("    position %zu, alternative %zu ('%.*s'): logprob %.17g, the logits give %.17Lg (id %d)\n",
+                       i, q, (int)a->len, a->b, a->lp, want, at < k ? best[at] : -1);
+                ok = false;
+            }
+        }
+        ok = ok && kvt_session_decode(s, id) == KVT_OK;
+    }
+    if (ok) printf("    %zu positions x %zu alternatives: largest difference %.3g\n", n, k, worst);
+    kvt_session_free(s);
+    free(toks);
+    kvt_request_free(&rq);
+    return ok;
+}
+
+/* One request over HTTP, then its values against the logits. */
+static void logprob_values(e2e *t, kvt_model *m, kvt_api api, const char *body, size_t k, bool greedy)
+{
+    static const char *const paths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"};
+    char path[128];
+    snprintf(path, sizeof path, "%s/req.json", t->s.dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(body, f);
+    fclose(f);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s%s", path, t->s.base, paths[api]);
+    char *out = curl_file(t, "out");
+    json_t *j = json_loads(out, 0, NULL);
+    CHECKF(code == 200 && j, "%s %s: HTTP %d %.300s", paths[api], body, code, out);
+    free(out);
+    static rep reps[64];
+    int n = rep_parse(api, j, reps, 64);
+    json_t *u = json_object_get(j, "usage");
+    long long prompt = json_integer_value(json_object_get(u, api == KVT_API_RESPONSES ? "input_tokens" : "prompt_tokens"));
+    long long completion =
+        json_integer_value(json_object_get(u, api == KVT_API_RESPONSES ? "output_tokens" : "completion_tokens"));
+    json_decref(j);
+    CHECKF(n > 0 && n == completion, "%s %s: %d tokens reported, %lld generated", paths[api], body, n, completion);
+    printf("    %s, %s%zu alternatives:\n", paths[api], greedy ? "greedy, " : "sampled, ", k);
+    CHECKF(check_values(m, api, body, reps, (size_t)n, k, greedy, prompt), "%s %s: the values are not the model's",
+           paths[api], body);
+}
+
+/* served: the id the server reports (NULL: logprobs.mjs asks /v1/models) */
+static void logprobs(e2e *t, const char *model, const char *served)
+{
+    START(t, "--model", model, "--kv-disk-dir", t->kv);
+    printf("    %s\n", strrchr(model, '/') ? strrchr(model, '/') + 1 : model);
+    NODE(t, 300, "logprobs.mjs", served);
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, model));
+    logprob_values(t, m, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"Write one line about rivers.\"}],"
+                   "\"max_tokens\":8,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5}", 5, true);
+    /* sampled hot and narrow: the values are still the model's own */
+    if (!kvt_test_failed())
+        logprob_values(t, m, KVT_API_CHAT,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell a story.\"}],\"max_tokens\":8,"
+                       "\"temperature\":1.5,\"top_p\":0.5,\"seed\":3,\"logprobs\":true,\"top_logprobs\":3}", 3, false);
+    if (!kvt_test_failed())
+        logprob_values(t, m, KVT_API_COMPLETIONS,
+                       "{\"prompt\":\"Once upon a time, the river\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":5}",
+                       5, true);
+    if (!kvt_test_failed())
+        logprob_values(t, m, KVT_API_RESPONSES,
+                       "{\"input\":\"Write one line about rivers.\",\"max_output_tokens\":8,\"temperature\":0,"
+                       "\"include\":[\"message.output_text.logprobs\"],\"top_logprobs\":20}", 20, true);
+    kvt_model_close(m);
+    if (kvt_test_failed()) return;
+    STOP(t);
+}
+
+TEST(e2e_logprobs)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    logprobs(&t, "ds4-tiny", "ds4-tiny");
+    e2e_end(&t);
+    const char *stories = kvt_test_shared(STORIES);
+    if (kvt_test_failed() || !stories) return;
+    /* a trained model with a SentencePiece vocabulary: multi-byte pieces,
+     * leading spaces, byte-fallback tokens */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", stories);
+    if (!e2e_begin(&t, false)) return;
+    logprobs(&t, path, NULL);
     e2e_end(&t);
 }
 

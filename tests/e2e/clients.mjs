@@ -2,8 +2,9 @@
 //   node clients.mjs BASE_URL [SERVED_MODEL_ID]
 //
 // openai (chat completions and legacy completions, streaming and not,
-// models.list) and @anthropic-ai/sdk (messages.create, messages.stream),
-// then the sampling parameters: greedy and seeded sampling are repeatable,
+// models.list) and @anthropic-ai/sdk (messages.create, messages.stream), a
+// model id of the client's own served and echoed, then the sampling
+// parameters: greedy and seeded sampling are repeatable,
 // max_tokens is a bound, and a stop sequence ends the text before it. The
 // synthetic preset models write arbitrary text, so the stop string is picked
 // from a first unconstrained greedy completion.
@@ -117,6 +118,18 @@ await run(async () => {
   check(isInt(u.cache_creation_input_tokens), 'usage.cache_creation_input_tokens present', u);
   check(a1.content[0].text === c1.choices[0].message.content,
     'same conversation, same greedy text through both APIs', { anthropic: a1.content[0].text });
+
+  section('any model id is served and echoed (the server runs without --strict-model)');
+  const other = await anthropic.messages.create({
+    model: 'claude-opus-4-1', max_tokens: 2, temperature: 0, messages: [{ role: 'user', content: 'Hi.' }],
+  });
+  check(other.model === 'claude-opus-4-1', 'anthropic: model echoes the id sent', other.model);
+  const otherStream = await anthropic.messages.stream({
+    model: 'claude-opus-4-1', max_tokens: 2, temperature: 0, messages: [{ role: 'user', content: 'Hi.' }],
+  }).finalMessage();
+  check(otherStream.model === 'claude-opus-4-1', 'anthropic stream: message_start echoes it', otherStream.model);
+  const oc = await openai.chat.completions.create({ model: 'gpt-4o-mini', messages: msgs, max_tokens: 2 });
+  check(oc.model === 'gpt-4o-mini', 'openai: model echoes the id sent', oc.model);
 
   section('anthropic messages.stream');
   const st = anthropic.messages.stream({

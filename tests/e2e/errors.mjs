@@ -2,8 +2,9 @@
 //
 // Each mode expects the server started with matching flags (tests/test_e2e.c
 // does that):
-//   basic   default flags: malformed JSON, wrong types, unknown model and
-//           route, unsupported content; bodies in the shape of the API asked
+//   basic   --strict-model: malformed JSON, wrong types, unknown model (a
+//           404 only with that flag) and route, unsupported content; bodies
+//           in the shape of the API asked
 //   ctx     --ctx 256: a prompt longer than the context is a 400
 //   body    --max-body-mb 1: a 2 MB body is a 413
 //   auth    --api-key K: 401 without the key, 200 with either header
@@ -166,6 +167,12 @@ async function auth() {
   check(m.status === 401, 'GET /v1/models without the key is 401', m.status);
   const h = await getJSON(`${base}/health`);
   check(h.status === 200, 'GET /health without the key is 200', h.status);
+  // the two liveness probes need no key (they tell nothing but that the
+  // server is up); anything else at / does
+  const hr = await fetch(`${base}/`, { method: 'HEAD' });
+  check(hr.status === 200, 'HEAD / without the key is 200', hr.status);
+  const gr = await fetch(`${base}/`);
+  check(gr.status === 401, 'GET / without the key is 401', gr.status);
 
   section('the official clients with and without the key');
   const good = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 });
