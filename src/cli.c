@@ -571,7 +571,7 @@ static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
                {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
-               {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
+               {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
@@ -616,13 +616,59 @@ static int cmd_serve(int argc, char **argv)
     }
     const char *env_key = getenv("KVTIER_API_KEY");
     if (!n_keys && env_key && *env_key) keys[n_keys++] = env_key;
+    for (size_t i = 0; i < n_keys; i++) {
+        bool bad = !*keys[i];
+        for (size_t k = 0; k < i && !bad; k++) bad = !strcmp(keys[i], keys[k]);
+        if (bad) {
+            fprintf(stderr, "kvtier: API key %zu is %s\n", i + 1, *keys[i] ? "given twice" : "empty");
+            free(file_text);
+            return 2;
+        }
+    }
+    /* The metrics key: GET /metrics only, every API key's figures
+     * (--metrics-key, or the first line of --metrics-key-file) */
+    const char *mkey = get(o, no, "--metrics-key");
+    char mkey_text[4096] = {0};
+    const char *mkf = get(o, no, "--metrics-key-file");
+    if (mkey && mkf) {
+        fprintf(stderr, "kvtier: give --metrics-key or --metrics-key-file, not both\n");
+        free(file_text);
+        return 2;
+    }
+    if (mkf) {
+        FILE *f = fopen(mkf, "r");
+        if (!f) { fprintf(stderr, "kvtier: %s: %s\n", mkf, strerror(errno)); free(file_text); return 1; }
+        char line[sizeof mkey_text];
+        while (!mkey_text[0] && fgets(line, sizeof line, f)) {
+            char *p = line;
+            while (*p == ' ' || *p == '\t') p++;
+            p[strcspn(p, "\r\n")] = 0;
+            if (*p && *p != '#') snprintf(mkey_text, sizeof mkey_text, "%s", p);
+        }
+        fclose(f);
+        if (!mkey_text[0]) { fprintf(stderr, "kvtier: %s holds no key\n", mkf); free(file_text); return 2; }
+        mkey = mkey_text;
+    }
+    if (mkey && (!*mkey || !n_keys)) {
+        fprintf(stderr, "kvtier: %s\n", *mkey ? "--metrics-key needs API keys (--api-key, --api-key-file or "
+                                                 "$KVTIER_API_KEY): without them /metrics is open"
+                                               : "--metrics-key is empty");
+        free(file_text);
+        return 2;
+    }
+    for (size_t i = 0; mkey && i < n_keys; i++)
+        if (!strcmp(keys[i], mkey)) {
+            fprintf(stderr, "kvtier: the metrics key must differ from every API key\n");
+            free(file_text);
+            return 2;
+        }
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
-        .api_keys = keys, .n_keys = n_keys, .strict_model = get(o, no, "--strict-model") != NULL,
+        .api_keys = keys, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
     };
     int rc = kvt_serve(&so);
@@ -708,8 +754,11 @@ static void usage(FILE *f)
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--queue N (8)] [--kv-ram-mb N (2048)]\n"
           "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
+          "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--strict-model] [--keep-volatile-lines] [disk options]\n"
-          "              each API key is its own cache namespace; any model id is served\n"
+          "              each API key is its own cache namespace with an equal share of\n"
+          "              --kv-ram-mb and --kv-disk-mb, and reads its own /metrics; the\n"
+          "              metrics key reads every key's; any model id is served\n"
           "              and echoed unless --strict-model (--any-model: accepted, the default)\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"

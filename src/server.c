@@ -25,7 +25,12 @@
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key
- * has its own share of the RAM budget and its own disk store directory.
+ * has its own share of the RAM budget and its own disk store directory with
+ * an equal share of --kv-disk-mb, and its own metrics: no key can read, time
+ * or evict another's entries, nor read its figures on /metrics. Keys are
+ * compared as keyed 128-bit digests (a per-process random secret), in
+ * constant time and against every configured key, so the time a check takes
+ * says nothing of a configured key's bytes or length.
  */
 #include "api.h"
 #include "model.h"
@@ -43,9 +48,11 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -103,12 +110,18 @@ typedef struct pooled {
     int tenant;
 } pooled;
 
-/* One cache namespace per API key: its own RAM share and its own disk
- * store, so no key can hit, time or evict another key's entries. */
+/* One cache namespace per API key: its own RAM share, its own disk store
+ * (an equal share of the disk budget) and its own metrics, so no key can
+ * hit, time or evict another key's entries or read its figures. */
 typedef struct tenant {
     const char *key;          /* NULL: the open server's only tenant */
+    uint8_t digest[16];       /* key_digest(key) */
     kvt_store *store;
     char dir[4200];
+    char ns[24];              /* "ns-<hash>": the directory's name, the operator view's label */
+    metrics mx;               /* under server.mu */
+    size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
+    size_t queued;            /* jobs waiting (server.mu) */
 } tenant;
 #define MAX_TENANTS 32
 
@@ -135,7 +148,10 @@ typedef struct server {
     size_t queued;
     bool stopping, busy;
     pthread_t worker;
-    metrics mx;
+    uint64_t refused;             /* requests of no tenant: 401s, metrics-key 403s (server.mu) */
+    uint8_t secret[192];          /* random per process: the key digests' secret */
+    uint8_t metrics_digest[16];
+    bool has_metrics_key;
     long started;
 } server;
 
@@ -223,10 +239,11 @@ static void pool_drop(server *sv, size_t i, const char *reason)
         double t0 = kvt_now();
         bool created = false;
         int rc = kvt_store_save_new(store, s, kvt_session_len(s), reason, NULL, &created);
+        metrics *mx = &sv->tn[sv->pool[i].tenant].mx;
         pthread_mutex_lock(&sv->mu);
-        hist_add(&sv->mx.save, kvt_now() - t0);
-        if (rc) sv->mx.disk_save_errors++;
-        else if (created) sv->mx.disk_saves++;
+        hist_add(&mx->save, kvt_now() - t0);
+        if (rc) mx->disk_save_errors++;
+        else if (created) mx->disk_saves++;
         pthread_mutex_unlock(&sv->mu);
     }
     kvt_session_free(s);
@@ -433,6 +450,32 @@ static kvt_logprobs lp_all(const lp_rec *l, size_t end)
     return lp_take(&from0, end);
 }
 
+/* The pool's bytes and sessions per tenant, for /metrics. Only the worker
+ * touches the pool's sessions; readers see the figures it publishes here
+ * when a job finishes. */
+static void pool_publish(server *sv)
+{
+    size_t ram[MAX_TENANTS], n[MAX_TENANTS];
+    for (size_t t = 0; t < sv->n_tn; t++) {
+        ram[t] = pool_bytes(sv, (int)t);
+        n[t] = pool_count(sv, (int)t);
+    }
+    pthread_mutex_lock(&sv->mu);
+    for (size_t t = 0; t < sv->n_tn; t++) {
+        sv->tn[t].ram = ram[t];
+        sv->tn[t].ram_entries = n[t];
+    }
+    pthread_mutex_unlock(&sv->mu);
+}
+
+/* job_finish, with the pool's figures published first: a client that reads
+ * /metrics after its response sees the pool as its request left it. */
+static void job_done(server *sv, job *j, int status, char *body)
+{
+    pool_publish(sv);
+    job_finish(j, status, body);
+}
+
 static void run_job(server *sv, job *j)
 {
     kvt_model *m = sv->m;
@@ -458,6 +501,7 @@ static void run_job(server *sv, job *j)
     int32_t *best_alt = NULL;
     size_t best_alt_n = 0;
     kvt_store *store = sv->tn[j->tenant].store;
+    metrics *mx = &sv->tn[j->tenant].mx;
     for (size_t i = 0; i < sv->n_pool; i++) {
         if (sv->pool[i].tenant != j->tenant) continue;
         kvt_session *s = sv->pool[i].s;
@@ -478,7 +522,7 @@ static void run_job(server *sv, job *j)
     }
     if (best_alt) { free(toks); toks = best_alt; n = best_alt_n; }
     if (n > sv->o.n_ctx) {
-        job_finish(j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
+        job_done(sv, j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
         free(toks);
         return;
     }
@@ -513,14 +557,14 @@ static void run_job(server *sv, job *j)
             if (lru == SIZE_MAX) break;
             pool_drop(sv, lru, "evict");
             pthread_mutex_lock(&sv->mu);
-            sv->mx.ram_evictions++;
+            mx->ram_evictions++;
             pthread_mutex_unlock(&sv->mu);
         }
         kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = sv->o.n_threads,
                                .checkpoint_interval = kvt_save_policy_grid(&sv->o.policy)};
         if ((rc = kvt_session_new(&s, m, &so)) || (src && (rc = kvt_session_clone(s, src)))) {
             kvt_session_free(s);
-            job_finish(j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
+            job_done(sv, j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
                                          : kvt_error_json(j->api, 500, kvt_errmsg()));
             free(toks);
             return;
@@ -533,7 +577,7 @@ static void run_job(server *sv, job *j)
             size_t got = 0;
             rc = kvt_store_restore_prefix(store, s, toks, n, &got);
             pthread_mutex_lock(&sv->mu);
-            hist_add(&sv->mx.load, kvt_now() - t0);
+            hist_add(&mx->load, kvt_now() - t0);
             pthread_mutex_unlock(&sv->mu);
             if (!rc && got) { from_disk = reused = got; tier = "disk"; }
         }
@@ -567,12 +611,12 @@ static void run_job(server *sv, job *j)
     u.cached_tokens = (uint32_t)(reused < n ? reused : n);
     snprintf(j->tier, sizeof j->tier, "%s", tier);
     pthread_mutex_lock(&sv->mu);
-    sv->mx.prompt_tokens += n;
-    if (!strcmp(tier, "ram")) { sv->mx.hits_ram++; sv->mx.reused_ram += reused; }
-    else if (!strcmp(tier, "disk")) { sv->mx.hits_disk++; sv->mx.reused_disk += reused; }
-    else sv->mx.misses++;
-    hist_add(&sv->mx.prefill, t_prefill);
-    sv->mx.prefilled += kvt_session_len(s) > kept ? kvt_session_len(s) - kept : 0;
+    mx->prompt_tokens += n;
+    if (!strcmp(tier, "ram")) { mx->hits_ram++; mx->reused_ram += reused; }
+    else if (!strcmp(tier, "disk")) { mx->hits_disk++; mx->reused_disk += reused; }
+    else mx->misses++;
+    hist_add(&mx->prefill, t_prefill);
+    mx->prefilled += kvt_session_len(s) > kept ? kvt_session_len(s) - kept : 0;
     pthread_mutex_unlock(&sv->mu);
     j->reused = u.cached_tokens;
     /* saves per the policy (also after a cancel: what was computed is kept) */
@@ -585,8 +629,8 @@ static void run_job(server *sv, job *j)
         kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, opening ? mark : 0,
                                &written);
         pthread_mutex_lock(&sv->mu);
-        if (written) hist_add(&sv->mx.save, kvt_now() - ts);
-        sv->mx.disk_saves += written;
+        if (written) hist_add(&mx->save, kvt_now() - ts);
+        mx->disk_saves += written;
         pthread_mutex_unlock(&sv->mu);
         if (written && !rc) {
             size_t cold = (n - sv->o.policy.trim_tokens) / sv->o.policy.align_tokens * sv->o.policy.align_tokens;
@@ -597,11 +641,11 @@ static void run_job(server *sv, job *j)
     if (rc) {
         if (rc == KVT_ECANCELED) {
             pthread_mutex_lock(&sv->mu);
-            sv->mx.canceled++;
+            mx->canceled++;
             pthread_mutex_unlock(&sv->mu);
         }
         int status = rc == KVT_ECTX ? 400 : rc == KVT_ECANCELED ? 499 : 500;
-        job_finish(j, status, j->stream ? kvt_stream_error(j->api, status == 499 ? 400 : status, kvt_errmsg())
+        job_done(sv, j, status, j->stream ? kvt_stream_error(j->api, status == 499 ? 400 : status, kvt_errmsg())
                                         : kvt_error_json(j->api, status == 499 ? 400 : status, kvt_errmsg()));
         free(toks);
         return;
@@ -659,7 +703,7 @@ static void run_job(server *sv, job *j)
         }
     }
     pthread_mutex_lock(&sv->mu);
-    sv->mx.generated += u.completion_tokens;
+    mx->generated += u.completion_tokens;
     pthread_mutex_unlock(&sv->mu);
     /* a partial UTF-8 tail left at the end is not text: drop it */
     size_t final_len = safe_len((const char *)text.p, text.len, &(kvt_request){0});
@@ -677,10 +721,10 @@ static void run_job(server *sv, job *j)
             job_emit(j, kvt_stream_delta_lp(r, id, model_name, tp + emitted, upto - emitted, created, &lv));
         }
         /* the end repeats the text that went out as deltas (Responses) */
-        job_finish(j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
+        job_done(sv, j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
                                              created, &all));
     } else {
-        job_finish(j, 200, kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
+        job_done(sv, j, 200, kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
                                                 created, &all));
     }
     kvt_tool_calls_free(calls, n_calls);
@@ -702,6 +746,7 @@ static void *worker_main(void *arg)
         sv->head = j->next;
         if (!sv->head) sv->tail = NULL;
         sv->queued--;
+        sv->tn[j->tenant].queued--;
         sv->busy = true;
         bool stopping = sv->stopping;
         pthread_mutex_unlock(&sv->mu);
@@ -747,12 +792,14 @@ static int endpoint_index(kvt_api api)
     return api == KVT_API_CHAT ? 0 : api == KVT_API_COMPLETIONS ? 1 : api == KVT_API_MESSAGES ? 2 : 4;
 }
 
-static void count_request(server *sv, int ep, int status)
+/* A request of tenant tnt (-1: of no tenant, refused) with its status. */
+static void count_request(server *sv, int tnt, int ep, int status)
 {
     int cls = status == 429 ? 5 : status / 100 - 2; /* 2xx 3xx 4xx 5xx, then 429 apart */
     if (cls < 0 || cls > 3) cls = 3;
     pthread_mutex_lock(&sv->mu);
-    sv->mx.requests[ep][cls]++;
+    if (tnt < 0) sv->refused++;
+    else sv->tn[tnt].mx.requests[ep][cls]++;
     pthread_mutex_unlock(&sv->mu);
 }
 
@@ -793,16 +840,34 @@ static void stream_free(void *cls)
     job_unref(j);
 }
 
-/* Constant-time comparison: a wrong key's timing says nothing of the right one. */
-static bool same_key(const char *a, const char *b)
+/* A key's digest: XXH3-128 keyed with the process's random secret. Keys
+ * are compared as digests, so a comparison takes the same time whatever
+ * the lengths, and the digests of configured keys are computed once, at
+ * start: hashing a request's key takes time that depends on that key
+ * alone. The secret makes the digests unpredictable, so a caller cannot
+ * choose keys whose digests share bytes with a configured key's. */
+static void key_digest(const server *sv, const char *key, uint8_t out[16])
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char d = la != lb;
-    for (size_t i = 0; i < la && i < lb; i++) d |= (unsigned char)(a[i] ^ b[i]);
-    return d == 0;
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSecret(key, strlen(key), sv->secret, sizeof sv->secret));
+    memcpy(out, c.digest, 16);
 }
 
-/* The tenant a request belongs to, or -1 when its key is missing or wrong. */
+/* 1 when the digests are equal, 0 otherwise, in time independent of their
+ * bytes (no early exit, no branch on the data). */
+static unsigned same_digest(const uint8_t a[16], const uint8_t b[16])
+{
+    volatile unsigned char d = 0;
+    for (size_t i = 0; i < 16; i++) d |= (unsigned char)(a[i] ^ b[i]);
+    return 1u & (((unsigned)d - 1u) >> 8);
+}
+
+#define KEY_METRICS (-2) /* authorized(): the --metrics-key */
+
+/* The tenant a request belongs to, KEY_METRICS for the metrics key, or -1
+ * when its key is missing or wrong. Every configured key is compared, and
+ * the match is selected without a branch, so the time taken does not tell
+ * which key matched, or whether one did. */
 static int authorized(server *sv, struct MHD_Connection *c)
 {
     if (!sv->tn[0].key) return 0;
@@ -810,13 +875,19 @@ static int authorized(server *sv, struct MHD_Connection *c)
     const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     const char *given = xk ? xk : auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : NULL;
     if (!given) return -1;
+    uint8_t d[16];
+    key_digest(sv, given, d);
     int found = -1;
-    for (size_t t = 0; t < sv->n_tn; t++)
-        if (same_key(given, sv->tn[t].key)) found = (int)t;
+    for (size_t t = 0; t < sv->n_tn; t++) {
+        int eq = (int)same_digest(d, sv->tn[t].digest);
+        found ^= (found ^ (int)t) & -eq;
+    }
+    int eq = (int)(same_digest(d, sv->metrics_digest) & (unsigned)sv->has_metrics_key);
+    found ^= (found ^ KEY_METRICS) & -eq;
     return found;
 }
 
-static char *metrics_text(server *sv);
+static char *metrics_text(server *sv, int tnt);
 
 /* Give a JSON object body a max_tokens of 1 when it has none. */
 static void add_max_tokens(kvt_wbuf *body)
@@ -859,34 +930,39 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
     if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
     int tnt = authorized(sv, c);
-    if (tnt < 0) {
-        count_request(sv, 3, 401);
+    if (tnt == -1) {
+        count_request(sv, -1, 3, 401);
         return send_json(c, 401, kvt_error_json(api, 401, "invalid or missing API key"));
     }
-    if (is_get && !strcmp(url, "/v1/models")) return send_json(c, 200, kvt_models_json(sv->model_id, sv->started));
+    /* /metrics: a key's own figures; the metrics key's, every key's */
     if (is_get && !strcmp(url, "/metrics")) {
-        char *t = metrics_text(sv);
+        char *t = metrics_text(sv, tnt);
         enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
         free(t);
         return r;
     }
+    if (tnt == KEY_METRICS) {
+        count_request(sv, -1, 3, 403);
+        return send_json(c, 403, kvt_error_json(api, 403, "this key reads GET /metrics only"));
+    }
+    if (is_get && !strcmp(url, "/v1/models")) return send_json(c, 200, kvt_models_json(sv->model_id, sv->started));
     bool counting = !strcmp(url, "/v1/messages/count_tokens");
     bool known = counting || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
                  !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages") ||
                  !strcmp(url, "/v1/responses") || !strcmp(url, "/responses");
     if (!known) {
-        count_request(sv, 3, 404);
+        count_request(sv, tnt, 3, 404);
         char msg[160];
         snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
         return send_json(c, 404, kvt_error_json(api, 404, msg));
     }
     int ep = endpoint_index(api);
     if (!is_post) {
-        count_request(sv, ep, 405);
+        count_request(sv, tnt, ep, 405);
         return send_json(c, 405, kvt_error_json(api, 400, "use POST"));
     }
     if (cn->too_big) {
-        count_request(sv, ep, 413);
+        count_request(sv, tnt, ep, 413);
         char msg[128];
         snprintf(msg, sizeof msg, "request body exceeds %zu bytes", sv->o.max_body);
         return send_json(c, 413, kvt_error_json(api, 413, msg));
@@ -912,7 +988,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         status = 404;
     }
     if (rc) {
-        count_request(sv, ep, status);
+        count_request(sv, tnt, ep, status);
         char *body = kvt_error_json(api, status, kvt_errmsg());
         j->refs = 1; /* never queued: no worker reference */
         job_unref(j);
@@ -931,14 +1007,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return send_text(c, 200, "application/json", body, NULL, NULL);
     }
     if (!rc && j->n_toks > sv->o.n_ctx) {
-        count_request(sv, ep, 400);
+        count_request(sv, tnt, ep, 400);
         char *body = ctx_error(api, j->n_toks, sv->o.n_ctx, false);
         j->refs = 1;
         job_unref(j);
         return send_json(c, 400, body);
     }
     if (rc) {
-        count_request(sv, ep, 400);
+        count_request(sv, tnt, ep, 400);
         char *body = kvt_error_json(api, 400, kvt_errmsg());
         j->refs = 1;
         job_unref(j);
@@ -954,11 +1030,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         else sv->head = j;
         sv->tail = j;
         sv->queued++;
+        sv->tn[tnt].queued++;
         pthread_cond_broadcast(&sv->cv);
     }
     pthread_mutex_unlock(&sv->mu);
     if (full) {
-        count_request(sv, ep, sv->stopping ? 503 : 429);
+        count_request(sv, tnt, ep, sv->stopping ? 503 : 429);
         j->refs = 1;
         job_unref(j);
         if (sv->stopping) return send_json(c, 503, kvt_error_json(api, 503, "the server is shutting down"));
@@ -968,7 +1045,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return r;
     }
     if (j->stream) { /* headers now; keepalive comments while queued or prefilling */
-        count_request(sv, ep, 200);
+        count_request(sv, tnt, ep, 200);
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -993,7 +1070,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     pthread_mutex_unlock(&j->mu);
     int st = j->status == 499 ? 400 : j->status;
-    count_request(sv, ep, st);
+    count_request(sv, tnt, ep, st);
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(j->body ? j->body : "{}"),
                                                                 j->body ? j->body : "{}", MHD_RESPMEM_MUST_COPY);
     MHD_add_response_header(resp, "Content-Type", "application/json");
@@ -1018,67 +1095,149 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- metrics text ---- */
 
-static void put_hist(kvt_wbuf *b, const char *name, const char *help, const hist *h)
+/* One tenant's figures, copied for printing; lbl is the label that names
+ * it in the operator view ("" in a key's own view). */
+typedef struct mview {
+    metrics mx;
+    kvt_store_stats ds;
+    size_t ram, ram_entries, queued;
+    uint64_t ram_budget;
+    char lbl[40];               /* tenant="ns-..." or "" */
+} mview;
+
+/* "{tenant=\"ns-..\",extra}", "{extra}", or "" when both are empty. */
+static const char *labels(char *out, size_t cap, const mview *v, const char *extra)
 {
-    char line[256];
+    const char *sep = v->lbl[0] && extra[0] ? "," : "";
+    if (!v->lbl[0] && !extra[0]) out[0] = 0;
+    else snprintf(out, cap, "{%s%s%s}", v->lbl, sep, extra);
+    return out;
+}
+
+static void put_hist(kvt_wbuf *b, const char *name, const char *help, const mview *v, size_t nv, size_t off)
+{
+    char line[320], l[128], ex[32];
     snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     kvt_wbuf_put(b, line, strlen(line));
-    uint64_t cum = 0;
-    for (size_t i = 0; i <= N_BOUNDS; i++) {
-        cum += h->bucket[i];
-        if (i < N_BOUNDS) snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, hist_bounds[i], (unsigned long long)cum);
-        else snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    for (size_t k = 0; k < nv; k++) {
+        const hist *h = (const hist *)((const char *)&v[k].mx + off);
+        uint64_t cum = 0;
+        for (size_t i = 0; i <= N_BOUNDS; i++) {
+            cum += h->bucket[i];
+            if (i < N_BOUNDS) snprintf(ex, sizeof ex, "le=\"%g\"", hist_bounds[i]);
+            else snprintf(ex, sizeof ex, "le=\"+Inf\"");
+            snprintf(line, sizeof line, "%s_bucket%s %llu\n", name, labels(l, sizeof l, &v[k], ex),
+                     (unsigned long long)cum);
+            kvt_wbuf_put(b, line, strlen(line));
+        }
+        labels(l, sizeof l, &v[k], "");
+        snprintf(line, sizeof line, "%s_sum%s %.6f\n%s_count%s %llu\n", name, l, h->sum, name, l,
+                 (unsigned long long)h->count);
         kvt_wbuf_put(b, line, strlen(line));
     }
-    snprintf(line, sizeof line, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+}
+
+/* A family's HELP and TYPE lines. */
+static void put_head(kvt_wbuf *b, const char *name, const char *type, const char *help)
+{
+    char line[320];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
     kvt_wbuf_put(b, line, strlen(line));
 }
 
-static char *metrics_text(server *sv)
+static void put_val(kvt_wbuf *b, const char *name, const mview *v, const char *extra, unsigned long long x)
 {
-    kvt_wbuf b = {0};
-    char line[512];
-    static const char *eps[] = {"chat_completions", "completions", "messages", "other", "responses"};
-    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "5xx", "429"};
-    kvt_store_stats ds = {0};
-    for (size_t t = 0; t < sv->n_tn; t++) {
-        kvt_store_stats one;
-        if (sv->tn[t].store && kvt_store_stats_get(sv->tn[t].store, &one) == KVT_OK) {
-            ds.bytes += one.bytes;
-            ds.snapshots += one.snapshots;
-            ds.evictions += one.evictions;
-        }
+    char line[320], l[128];
+    snprintf(line, sizeof line, "%s%s %llu\n", name, labels(l, sizeof l, v, extra), x);
+    kvt_wbuf_put(b, line, strlen(line));
+}
+
+/* The Prometheus text for tenant tnt, its own figures and nothing of any
+ * other key's; for KEY_METRICS every tenant's, each series labelled
+ * tenant="ns-<hash>" (the name of its disk directory), and the requests
+ * that belong to no tenant. */
+static char *metrics_text(server *sv, int tnt)
+{
+    size_t first = tnt >= 0 ? (size_t)tnt : 0, nv = tnt >= 0 ? 1 : sv->n_tn;
+    mview *v = kvt_calloc(nv, sizeof *v);
+    if (!v) return NULL;
+    for (size_t k = 0; k < nv; k++) {
+        const tenant *tt = &sv->tn[first + k];
+        if (tt->store && kvt_store_stats_get(tt->store, &v[k].ds) != KVT_OK) memset(&v[k].ds, 0, sizeof v[k].ds);
+        v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
+        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->ns);
     }
     pthread_mutex_lock(&sv->mu);
-    metrics mx = sv->mx;
-    size_t n_pool = sv->n_pool, ram = pool_bytes(sv, -1), queued = sv->queued;
+    for (size_t k = 0; k < nv; k++) {
+        const tenant *tt = &sv->tn[first + k];
+        v[k].mx = tt->mx;
+        v[k].ram = tt->ram;
+        v[k].ram_entries = tt->ram_entries;
+        v[k].queued = tt->queued;
+    }
+    uint64_t refused = sv->refused;
     pthread_mutex_unlock(&sv->mu);
-#define P(...) do { snprintf(line, sizeof line, __VA_ARGS__); kvt_wbuf_put(&b, line, strlen(line)); } while (0)
-    P("# HELP kvtier_requests_total HTTP requests by endpoint and status class.\n# TYPE kvtier_requests_total counter\n");
-    for (int e = 0; e < 5; e++)
-        for (int k = 0; k < 6; k++)
-            if (mx.requests[e][k]) P("kvtier_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", eps[e], cls[k], (unsigned long long)mx.requests[e][k]);
-    P("# HELP kvtier_prompt_tokens_total Prompt tokens received.\n# TYPE kvtier_prompt_tokens_total counter\nkvtier_prompt_tokens_total %llu\n", (unsigned long long)mx.prompt_tokens);
-    P("# HELP kvtier_prefilled_tokens_total Prompt tokens computed by prefill.\n# TYPE kvtier_prefilled_tokens_total counter\nkvtier_prefilled_tokens_total %llu\n", (unsigned long long)mx.prefilled);
-    P("# HELP kvtier_generated_tokens_total Tokens generated.\n# TYPE kvtier_generated_tokens_total counter\nkvtier_generated_tokens_total %llu\n", (unsigned long long)mx.generated);
-    P("# HELP kvtier_reused_tokens_total Prompt tokens reused, by tier.\n# TYPE kvtier_reused_tokens_total counter\n");
-    P("kvtier_reused_tokens_total{tier=\"ram\"} %llu\nkvtier_reused_tokens_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.reused_ram, (unsigned long long)mx.reused_disk);
-    P("# HELP kvtier_cache_hits_total Requests served from a tier.\n# TYPE kvtier_cache_hits_total counter\n");
-    P("kvtier_cache_hits_total{tier=\"ram\"} %llu\nkvtier_cache_hits_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.hits_ram, (unsigned long long)mx.hits_disk);
-    P("# HELP kvtier_cache_misses_total Requests no tier could serve.\n# TYPE kvtier_cache_misses_total counter\nkvtier_cache_misses_total %llu\n", (unsigned long long)mx.misses);
-    P("# HELP kvtier_cache_bytes Bytes held, by tier.\n# TYPE kvtier_cache_bytes gauge\n");
-    P("kvtier_cache_bytes{tier=\"ram\"} %zu\nkvtier_cache_bytes{tier=\"disk\"} %llu\n", ram, (unsigned long long)ds.bytes);
-    P("# HELP kvtier_cache_entries Entries held, by tier.\n# TYPE kvtier_cache_entries gauge\n");
-    P("kvtier_cache_entries{tier=\"ram\"} %zu\nkvtier_cache_entries{tier=\"disk\"} %llu\n", n_pool, (unsigned long long)ds.snapshots);
-    P("# HELP kvtier_cache_evictions_total Evictions, by tier.\n# TYPE kvtier_cache_evictions_total counter\n");
-    P("kvtier_cache_evictions_total{tier=\"ram\"} %llu\nkvtier_cache_evictions_total{tier=\"disk\"} %llu\n", (unsigned long long)mx.ram_evictions, (unsigned long long)ds.evictions);
-    P("# HELP kvtier_disk_saves_total Snapshots written.\n# TYPE kvtier_disk_saves_total counter\nkvtier_disk_saves_total %llu\n", (unsigned long long)mx.disk_saves);
-    P("# HELP kvtier_canceled_total Prefills stopped because the client went away.\n# TYPE kvtier_canceled_total counter\nkvtier_canceled_total %llu\n", (unsigned long long)mx.canceled);
-    P("# HELP kvtier_queue_depth Jobs waiting for the worker.\n# TYPE kvtier_queue_depth gauge\nkvtier_queue_depth %zu\n", queued);
-#undef P
-    put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", &mx.load);
-    put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", &mx.save);
-    put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", &mx.prefill);
+
+    kvt_wbuf b = {0};
+    static const char *eps[] = {"chat_completions", "completions", "messages", "other", "responses"};
+    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "5xx", "429"};
+    char ex[96];
+    put_head(&b, "kvtier_requests_total", "counter", "HTTP requests by endpoint and status class.");
+    for (size_t k = 0; k < nv; k++)
+        for (int e = 0; e < 5; e++)
+            for (int c = 0; c < 6; c++)
+                if (v[k].mx.requests[e][c]) {
+                    snprintf(ex, sizeof ex, "endpoint=\"%s\",status=\"%s\"", eps[e], cls[c]);
+                    put_val(&b, "kvtier_requests_total", &v[k], ex, v[k].mx.requests[e][c]);
+                }
+#define FAMILY(name, type, help, extra, expr)                                  \
+    do {                                                                       \
+        put_head(&b, name, type, help);                                        \
+        for (size_t k = 0; k < nv; k++) {                                      \
+            const mview *w = &v[k];                                            \
+            put_val(&b, name, w, extra, (unsigned long long)(expr));           \
+        }                                                                      \
+    } while (0)
+#define FAMILY2(name, type, help, e1, x1, e2, x2)                              \
+    do {                                                                       \
+        put_head(&b, name, type, help);                                        \
+        for (size_t k = 0; k < nv; k++) {                                      \
+            const mview *w = &v[k];                                            \
+            put_val(&b, name, w, e1, (unsigned long long)(x1));                \
+            put_val(&b, name, w, e2, (unsigned long long)(x2));                \
+        }                                                                      \
+    } while (0)
+    FAMILY("kvtier_prompt_tokens_total", "counter", "Prompt tokens received.", "", w->mx.prompt_tokens);
+    FAMILY("kvtier_prefilled_tokens_total", "counter", "Prompt tokens computed by prefill.", "", w->mx.prefilled);
+    FAMILY("kvtier_generated_tokens_total", "counter", "Tokens generated.", "", w->mx.generated);
+    FAMILY2("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
+            w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk);
+    FAMILY2("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
+            "tier=\"disk\"", w->mx.hits_disk);
+    FAMILY("kvtier_cache_misses_total", "counter", "Requests no tier could serve.", "", w->mx.misses);
+    FAMILY2("kvtier_cache_bytes", "gauge", "Bytes held, by tier.", "tier=\"ram\"", w->ram, "tier=\"disk\"",
+            w->ds.bytes);
+    FAMILY2("kvtier_cache_budget_bytes", "gauge", "Bytes a tier may hold (a key's share with several keys).",
+            "tier=\"ram\"", w->ram_budget, "tier=\"disk\"", w->ds.budget);
+    FAMILY2("kvtier_cache_entries", "gauge", "Entries held, by tier.", "tier=\"ram\"", w->ram_entries,
+            "tier=\"disk\"", w->ds.snapshots);
+    FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
+            "tier=\"disk\"", w->ds.evictions);
+    FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
+    FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
+    FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for the worker.", "", w->queued);
+#undef FAMILY
+#undef FAMILY2
+    put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", v, nv, offsetof(metrics, load));
+    put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", v, nv, offsetof(metrics, save));
+    put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", v, nv, offsetof(metrics, prefill));
+    if (tnt < 0) {
+        mview none = {0};
+        put_head(&b, "kvtier_refused_requests_total", "counter",
+                 "Requests of no key: a missing or wrong key, or the metrics key on another endpoint.");
+        put_val(&b, "kvtier_refused_requests_total", &none, "", refused);
+    }
+    free(v);
     kvt_wbuf_put(&b, "", 1);
     if (b.oom) { kvt_wbuf_free(&b); return NULL; }
     return (char *)b.p;
@@ -1097,17 +1256,62 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
 
+/* n random bytes from the kernel. */
+static int fill_random(uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
+        p += got;
+        n -= (size_t)got;
+    }
+    return KVT_OK;
+}
+
+/* The keys: none empty, none repeated, the metrics key none of them. */
+static int check_keys(const kvt_server_opts *o)
+{
+    for (size_t i = 0; i < o->n_keys; i++) {
+        if (!o->api_keys[i] || !o->api_keys[i][0]) return kvt_fail(KVT_EINVAL, "API key %zu is empty", i + 1);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(o->api_keys[i], o->api_keys[k]))
+                return kvt_fail(KVT_EINVAL, "API key %zu repeats key %zu", i + 1, k + 1);
+        if (o->metrics_key && !strcmp(o->api_keys[i], o->metrics_key))
+            return kvt_fail(KVT_EINVAL, "the metrics key is also API key %zu", i + 1);
+    }
+    if (o->metrics_key && (!o->metrics_key[0] || !o->n_keys))
+        return kvt_fail(KVT_EINVAL, o->n_keys ? "the metrics key is empty" : "a metrics key needs API keys");
+    return KVT_OK;
+}
+
 int kvt_serve(const kvt_server_opts *opts)
 {
-    server *sv = kvt_calloc(1, sizeof *sv);
-    if (!sv) return KVT_ENOMEM;
+    /* SIGTERM and SIGINT stay blocked in this thread, and so in every
+     * thread started below, except while it waits in sigsuspend: a signal
+     * can neither land between the check of got_signal and the wait nor
+     * go to a thread that does not wait for it. One that comes while the
+     * server starts is pending until then. */
+    sigset_t stop, old_mask;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, &old_mask);
+    struct sigaction sa = {.sa_handler = on_signal}, old_term, old_int;
+    sigemptyset(&sa.sa_mask);
+    got_signal = 0;
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    int rc = check_keys(opts);
+    server *sv = rc ? NULL : kvt_calloc(1, sizeof *sv);
+    if (!sv) { if (!rc) rc = KVT_ENOMEM; goto restore; }
     sv->o = *opts;
     pthread_mutex_init(&sv->mu, NULL);
     pthread_mutex_init(&sv->replay_mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
-    int rc = kvt_model_open(&sv->m, opts->model);
-    if (rc) { free(sv); return rc; }
+    if ((rc = fill_random(sv->secret, sizeof sv->secret))) goto out;
+    if ((rc = kvt_model_open(&sv->m, opts->model))) goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
     sv->n_tn = opts->n_keys ? opts->n_keys : 1;
@@ -1115,16 +1319,30 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(KVT_EINVAL, "at most %d API keys", MAX_TENANTS);
         goto out;
     }
+    if (opts->metrics_key) {
+        key_digest(sv, opts->metrics_key, sv->metrics_digest);
+        sv->has_metrics_key = true;
+    }
+    /* The disk budget is the total across keys: each key's store holds at
+     * most an equal share, as each key's sessions hold at most an equal
+     * share of the RAM budget. A static share keeps a key's entries out of
+     * every other key's reach (no key's use evicts another's, or shows in
+     * another's evictions), at the price of the room an idle key leaves
+     * unused. */
+    uint64_t disk_share = opts->disk_bytes / sv->n_tn;
+    if (opts->disk_bytes && !disk_share) disk_share = 1; /* 0 would mean the default */
     for (size_t t = 0; t < sv->n_tn; t++) {
         tenant *tt = &sv->tn[t];
         tt->key = opts->n_keys ? opts->api_keys[t] : NULL;
+        if (tt->key) {
+            key_digest(sv, tt->key, tt->digest);
+            /* a directory per key, named by a hash of it */
+            snprintf(tt->ns, sizeof tt->ns, "ns-%016llx", (unsigned long long)XXH3_64bits(tt->key, strlen(tt->key)));
+        }
         if (!opts->disk_dir) continue;
-        if (tt->key) /* a directory per key, named by a hash of it */
-            snprintf(tt->dir, sizeof tt->dir, "%s/ns-%016llx", opts->disk_dir,
-                     (unsigned long long)XXH3_64bits(tt->key, strlen(tt->key)));
-        else
-            snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
-        if ((rc = kvt_store_open(&tt->store, tt->dir, opts->disk_bytes))) {
+        if (tt->key) snprintf(tt->dir, sizeof tt->dir, "%s/%s", opts->disk_dir, tt->ns);
+        else snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        if ((rc = kvt_store_open(&tt->store, tt->dir, disk_share))) {
             fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->dir, kvt_errmsg());
             tt->store = NULL;
         }
@@ -1150,14 +1368,14 @@ int kvt_serve(const kvt_server_opts *opts)
         pthread_join(sv->worker, NULL);
         goto out;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, disk cache %s)\n", sv->model_id, opts->host,
             opts->port, sv->o.n_ctx, sv->tn[0].store ? opts->disk_dir : "off");
     if (opts->ready) opts->ready(opts->ready_user);
-    while (!got_signal) pause();
+    sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
+    sigdelset(&wait, SIGTERM);
+    sigdelset(&wait, SIGINT);
+    while (!got_signal) sigsuspend(&wait);
     fprintf(stderr, "kvtier: signal %d: stopping\n", (int)got_signal);
     MHD_socket ls = MHD_quiesce_daemon(d); /* stop accepting */
     if (ls != MHD_INVALID_SOCKET) close(ls);
@@ -1177,6 +1395,13 @@ out:
     pthread_mutex_destroy(&sv->mu);
     pthread_mutex_destroy(&sv->replay_mu);
     pthread_cond_destroy(&sv->cv);
+    explicit_bzero(sv->secret, sizeof sv->secret);
     free(sv);
+restore:
+    /* the mask first: a signal still pending goes to on_signal, not to the
+     * caller's disposition (by default, the end of the process) */
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
     return rc;
 }

@@ -11,11 +11,13 @@ typedef struct kvt_server_opts {
     uint16_t port;
     uint32_t n_ctx, n_threads, max_tokens, queue;
     const char *disk_dir;     /* NULL: no disk tier */
-    uint64_t disk_bytes;
-    size_t ram_bytes;         /* budget of the RAM tier */
+    uint64_t disk_bytes;      /* the disk budget; with API keys the total, split equally */
+    size_t ram_bytes;         /* budget of the RAM tier; with API keys split equally */
     size_t max_body;          /* request body limit */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
+    const char *metrics_key;  /* NULL, or a key that reads GET /metrics only: every key's
+                               * figures, labelled by namespace (needs n_keys > 0) */
     bool strict_model;        /* 404 for a "model" other than model_id; by default any
                                * name is served (agent clients send their own) and
                                * echoed back */
@@ -26,7 +28,11 @@ typedef struct kvt_server_opts {
 } kvt_server_opts;
 
 /* Serve until SIGTERM/SIGINT, then stop accepting, let the running job
- * finish, save live sessions (reason shutdown) and return KVT_OK. */
+ * finish, save live sessions (reason shutdown) and return KVT_OK.
+ * SIGTERM and SIGINT are blocked in the calling thread (and so in every
+ * thread the server starts) from the start of the call: one that arrives
+ * while the server is starting stops it as soon as it is up. The caller's
+ * signal mask and handlers are restored on return. */
 int kvt_serve(const kvt_server_opts *o);
 
 #endif

@@ -26,6 +26,20 @@
  *   e2e_context_limit  --ctx 256: a longer prompt is a 400
  *   e2e_body_limit     --max-body-mb 1: a 2 MB body is a 413
  *   e2e_api_key        --api-key: 401 without it, 200 with either header
+ *   e2e_tenant_metrics two keys and --metrics-key: /metrics needs a key and
+ *                      reports that key's figures only; the metrics key
+ *                      reads every key's, labelled, and nothing else
+ *   e2e_tenant_keys    keys of three lengths, one a prefix of another:
+ *                      prefixes, extensions and near misses are 401, each
+ *                      key is its own namespace; repeated or empty keys and
+ *                      a metrics key equal to an API key are usage errors
+ *   e2e_tenant_disk_budget  three keys, --kv-disk-mb 1: each key's store
+ *                      within a third (store stats after SIGTERM too), the
+ *                      three within the total; two keys' heavy use leaves
+ *                      the light key's entries whole, and they restore from
+ *                      disk after a restart
+ *   e2e_sigterm_ready  12 rounds: SIGTERM or SIGINT the moment the server
+ *                      writes that it is serving; it must exit 0
  *   e2e_queue_full     --queue 1: concurrent long requests meet a 429
  *   e2e_tiers_stories  stories260K (a trained model: its text depends on
  *                      the whole prompt): cold, RAM and disk give equal text;
@@ -60,11 +74,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <dirent.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define E2E_DIR "tests/e2e"
@@ -835,5 +854,241 @@ TEST(e2e_agent_prefill)
     e2e t;
     if (!e2e_begin(&t, true)) return;
     agent_prefill(&t);
+    e2e_end(&t);
+}
+
+/* ---- tenants: one per API key, none sees another ---- */
+
+/* The save policy scaled down: a 1,000-token prompt saves a snapshot. */
+#define SMALL_POLICY "--kv-cache-min-tokens", "128", "--kv-cache-align-tokens", "128"
+
+static void tenant_metrics(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "K1", "--api-key", "K2", "--metrics-key", "M",
+          SMALL_POLICY);
+    NODE(t, 300, "tenants.mjs", "metrics");
+    /* the same over curl: no key, 401; a key, its own figures */
+    int code = curl(t, "%s/metrics", t->s.base);
+    CHECKF(code == 401, "curl, GET /metrics without a key: %d", code);
+    code = curl(t, "-H 'Authorization: Bearer K2' %s/metrics", t->s.base);
+    char *body = curl_file(t, "out");
+    CHECKF(code == 200 && strstr(body, "kvtier_prompt_tokens_total ") && !strstr(body, "tenant=\""),
+           "curl, GET /metrics with K2: %d %.300s", code, body);
+    free(body);
+    STOP(t);
+}
+
+TEST(e2e_tenant_metrics)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    tenant_metrics(&t);
+    e2e_end(&t);
+}
+
+/* `KVT_BIN serve args...` that must be refused as a usage error (exit 2)
+ * before it serves anything. */
+static void serve_refused(e2e *t, const char *const *args, const char *why)
+{
+    const char *argv[24] = {kvt_test_bin(), "serve", "--model", "ds4-tiny", "--no-kv-disk", "--port", "1"};
+    size_t n = 7;
+    for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    char out[128];
+    snprintf(out, sizeof out, "%s/refused.out", t->s.dir);
+    int st = 0;
+    int ran = fx_run(argv, out, 30, &st);
+    bool ok = ran == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 2;
+    if (!ok) fx_print_file("serve", out);
+    CHECKF(ok, "serve with %s: not refused with exit status 2", why);
+}
+
+static void tenant_keys(e2e *t)
+{
+    /* keys of three lengths, one a prefix of another */
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "abc", "--api-key", "abcdef", "--api-key",
+          "xyz-0123456789", SMALL_POLICY);
+    NODE(t, 300, "tenants.mjs", "keys");
+    STOP(t);
+    if (kvt_test_failed()) return;
+    serve_refused(t, (const char *const[]){"--api-key", "a", "--api-key", "a", NULL}, "a key given twice");
+    serve_refused(t, (const char *const[]){"--api-key", "", NULL}, "an empty key");
+    serve_refused(t, (const char *const[]){"--api-key", "a", "--metrics-key", "a", NULL}, "the metrics key an API key");
+    serve_refused(t, (const char *const[]){"--metrics-key", "m", NULL}, "a metrics key without API keys");
+}
+
+TEST(e2e_tenant_keys)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    tenant_keys(&t);
+    e2e_end(&t);
+}
+
+/* The bytes and snapshots `kvtier cache stats` reports for a store, and
+ * the bytes of its files (du); false when the command fails. */
+static bool store_stats(e2e *t, const char *dir, unsigned long long *bytes, unsigned long long *snaps,
+                        unsigned long long *files)
+{
+    char cmd[640], path[128];
+    snprintf(path, sizeof path, "%s/stats.out", t->s.dir);
+    snprintf(cmd, sizeof cmd, "'%s' cache stats --kv-disk-dir '%s' >%s 2>&1", kvt_test_bin(), dir, path);
+    if (system(cmd) != 0) { fx_print_file("cache stats", path); return false; }
+    char *s = kvt_test_read_file(path, NULL);
+    const char *b = s ? strstr(s, "\nbytes") : NULL, *n = s ? strstr(s, "\nsnapshots") : NULL;
+    bool ok = b && n && sscanf(b + 6, " %llu", bytes) == 1 && sscanf(n + 10, " %llu", snaps) == 1;
+    if (!ok) fx_print_file("cache stats", path);
+    free(s);
+    *files = 0;
+    snprintf(cmd, sizeof cmd, "du -sb '%s'", dir);
+    FILE *f = popen(cmd, "r");
+    if (f) {
+        if (fscanf(f, "%llu", files) != 1) *files = 0;
+        pclose(f);
+    }
+    return ok;
+}
+
+/* The stores of the keys (DIR/ns-*) after the server stopped: each within
+ * its share of the total, the sum within the total. */
+static void check_stores(e2e *t, unsigned long long total, size_t keys, const char *when)
+{
+    DIR *d = opendir(t->kv);
+    CHECKF(d, "%s: opendir %s: %s", when, t->kv, strerror(errno));
+    unsigned long long sum = 0, sum_files = 0, share = total / keys;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ns-", 3)) continue;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", t->kv, e->d_name);
+        unsigned long long bytes = 0, snaps = 0, files = 0;
+        bool ok = store_stats(t, dir, &bytes, &snaps, &files);
+        CHECKF(ok, "%s: cache stats of %s failed", when, dir);
+        printf("    %s: %s %llu B in %llu snapshots (files %llu B)\n", when, e->d_name, bytes, snaps, files);
+        CHECKF(bytes <= share, "%s: %s holds %llu B, over its share %llu B", when, e->d_name, bytes, share);
+        sum += bytes;
+        sum_files += files;
+        n++;
+    }
+    closedir(d);
+    printf("    %s: %zu stores, %llu B of %llu B (files %llu B)\n", when, n, sum, total, sum_files);
+    CHECKF(n == keys, "%s: %zu key stores, %zu keys", when, n, keys);
+    CHECKF(sum <= total, "%s: the stores hold %llu B, over the total %llu B", when, sum, total);
+}
+
+/* --kv-disk-mb is the total across keys: three keys, 1 MiB, each key's
+ * store at most a third; one key's heavy use evicts only its own entries. */
+static void tenant_disk_budget(e2e *t)
+{
+#define BUDGET_ARGS "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "K1", "--api-key", "K2", \
+                    "--api-key", "K3", "--metrics-key", "M", "--kv-disk-mb", "1", SMALL_POLICY
+    START(t, BUDGET_ARGS);
+    NODE(t, 300, "tenants.mjs", "budget");
+    STOP(t); /* the live sessions' shutdown saves go to their own keys' stores too */
+    check_stores(t, 1ull << 20, 3, "after the heavy use and SIGTERM");
+    if (kvt_test_failed()) return;
+    START(t, BUDGET_ARGS);
+    NODE(t, 300, "tenants.mjs", "budget-disk");
+    STOP(t);
+    check_stores(t, 1ull << 20, 3, "after the restart");
+#undef BUDGET_ARGS
+}
+
+TEST(e2e_tenant_disk_budget)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    tenant_disk_budget(&t);
+    e2e_end(&t);
+}
+
+/* ---- a signal right after the server says it is up ---- */
+
+/* Read what the child wrote to the pipe into *buf (NUL-terminated) until
+ * `want` appears in it, the pipe closes (the child exited) or `timeout`
+ * seconds pass. True when want was seen (want NULL: when the pipe closed). */
+static bool read_until(int fd, char *buf, size_t cap, size_t *len, const char *want, double timeout)
+{
+    double t0 = fx_now();
+    while (fx_now() - t0 < timeout) {
+        if (want && strstr(buf, want)) return true;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) continue;
+        char tmp[4096];
+        ssize_t n = read(fd, tmp, sizeof tmp);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return !want || strstr(buf, want);
+        size_t k = (size_t)n < cap - 1 - *len ? (size_t)n : cap - 1 - *len;
+        memcpy(buf + *len, tmp, k);
+        *len += k;
+        buf[*len] = 0;
+    }
+    return want && strstr(buf, want);
+}
+
+/* Start the server with its stderr on a pipe, SIGTERM (SIGINT every other
+ * round) it the moment the pipe carries the "serving" line, and require
+ * exit 0: a signal that lands just before the server starts waiting for
+ * one must still stop it. */
+static void sigterm_ready(e2e *t)
+{
+    const int rounds = 12;
+    static char out[65536];
+    for (int i = 0, tries = 0; i < rounds && tries < 3 * rounds; tries++) {
+        int port = fx_free_port(), pfd[2];
+        CHECKF(port > 0, "no free port");
+        CHECKF(pipe(pfd) == 0, "pipe: %s", strerror(errno));
+        char ports[16], log[128];
+        snprintf(ports, sizeof ports, "%d", port);
+        snprintf(log, sizeof log, "%s/ready-%d.log", t->s.dir, tries);
+        fflush(stdout);
+        pid_t pid = fork();
+        CHECKF(pid >= 0, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            close(pfd[0]);
+            dup2(pfd[1], 1);
+            dup2(pfd[1], 2);
+            close(pfd[1]);
+            execl(kvt_test_bin(), kvt_test_bin(), "serve", "--model", "ds4-tiny", "--host", "127.0.0.1", "--port",
+                  ports, "--kv-disk-dir", t->kv, "--api-key", "K", (char *)NULL);
+            _exit(127);
+        }
+        close(pfd[1]);
+        size_t len = 0;
+        out[0] = 0;
+        bool ready = read_until(pfd[0], out, sizeof out, &len, "kvtier: serving", FX_START_TIMEOUT);
+        int sig = i % 2 ? SIGINT : SIGTERM, st = 0;
+        if (ready) kill(pid, sig);
+        bool closed = read_until(pfd[0], out, sizeof out, &len, NULL, FX_STOP_TIMEOUT);
+        close(pfd[0]);
+        pid_t got = 0;
+        double t0 = fx_now();
+        while (fx_now() - t0 < (closed ? FX_STOP_TIMEOUT : 0.5) && (got = waitpid(pid, &st, WNOHANG)) == 0)
+            fx_sleep_ms(10);
+        if (got != pid) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        FILE *f = fopen(log, "w");
+        if (f) { fputs(out, f); fclose(f); }
+        if (!ready && got == pid && strstr(out, "cannot listen")) continue; /* the port was taken: another */
+        bool ok = ready && got == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "stopping");
+        if (!ok) fx_print_file("server log", log);
+        CHECKF(ready, "round %d: no ready line within %.0f s", i, FX_START_TIMEOUT);
+        CHECKF(got == pid, "round %d: no exit within %.0f s of %s right after the ready line", i, FX_STOP_TIMEOUT,
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+        CHECKF(ok, "round %d: %s right after the ready line: %s %d", i, sig == SIGINT ? "SIGINT" : "SIGTERM",
+               WIFEXITED(st) ? "exit status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        i++;
+    }
+    printf("    %d rounds: each server exited 0 after a signal sent right after its ready line\n", rounds);
+}
+
+TEST(e2e_sigterm_ready)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    sigterm_ready(&t);
     e2e_end(&t);
 }

@@ -91,15 +91,23 @@ export function postJSON(url, body, headers = {}) {
 }
 
 // Prometheus text to { 'name{labels}': value }.
-export async function metrics(base) {
-  const res = await fetch(`${base}/metrics`);
+export function parseMetrics(text) {
   const out = {};
-  for (const line of (await res.text()).split('\n')) {
+  for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
     const i = line.lastIndexOf(' ');
     out[line.slice(0, i)] = Number(line.slice(i + 1));
   }
   return out;
+}
+
+// GET /metrics (with headers: an API key's own figures) as parseMetrics
+// gives them; throws unless the status is 200.
+export async function metrics(base, headers = {}) {
+  const res = await fetch(`${base}/metrics`, { headers });
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`GET /metrics: HTTP ${res.status} ${text}`);
+  return parseMetrics(text);
 }
 
 // A streaming OpenAI chat request over raw fetch. Records when each body
