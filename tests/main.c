@@ -75,6 +75,28 @@ uint64_t kvt_test_seed(const char *test)
     return seed;
 }
 
+const char *kvt_test_esc(const char *s, size_t n)
+{
+    static char buf[8192];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < sizeof buf; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\n");
+        else if (c == '\t') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\t");
+        else if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n)
+{
+    printf("        %s (%zu):", label, n);
+    for (size_t i = 0; i < n && i < 48; i++) printf(" %d", ids[i]);
+    printf("%s\n", n > 48 ? " ..." : "");
+}
+
 char *kvt_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -25,6 +25,11 @@ const char *kvt_test_bin(void);
 /* Seed for a random test: $KVT_TEST_SEED when set, else time-based; printed. */
 uint64_t kvt_test_seed(const char *test);
 uint64_t kvt_test_rand(uint64_t *state); /* splitmix64 */
+/* Printable, escaped form of n bytes of text for messages (a static buffer,
+ * overwritten by the next call; long texts are cut). */
+const char *kvt_test_esc(const char *s, size_t n);
+/* "    label (n): id id ..." on stdout, the first 48 ids. */
+void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n);
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
 char *kvt_test_read_file(const char *path, size_t *len);
 

@@ -81,28 +81,13 @@ static int parse_o(kvt_request *r, kvt_api api, const char *body, const kvt_mode
     return rc;
 }
 
-/* Printable form of text for failure messages (static buffer). */
-static const char *esc(const char *s, size_t n)
-{
-    static char buf[8192];
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 8 < sizeof buf; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\n");
-        else if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", c);
-        else buf[o++] = (char)c;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
 static bool prompt_is(const kvt_request *r, const char *want)
 {
     size_t n = strlen(want);
     bool ok = r->prompt && r->prompt_len == n && !memcmp(r->prompt, want, n) && r->prompt[n] == 0;
     if (!ok) {
-        printf("      want '%s'\n", esc(want, n));
-        if (r->prompt) printf("      got  '%s'\n", esc(r->prompt, r->prompt_len));
+        printf("      want '%s'\n", kvt_test_esc(want, n));
+        if (r->prompt) printf("      got  '%s'\n", kvt_test_esc(r->prompt, r->prompt_len));
     }
     return ok;
 }
@@ -477,8 +462,8 @@ static void check_prefix(const kvt_model *m, kvt_api api)
             bool ok = is_prefix(&prev, &cur);
             if (!ok) {
                 printf("      api %d: turn %zu rendering is not a prefix of turn %zu's\n", (int)api, k - 1, k);
-                printf("      prev '%s'\n", esc(prev.prompt, prev.prompt_len));
-                printf("      cur  '%s'\n", esc(cur.prompt, cur.prompt_len));
+                printf("      prev '%s'\n", kvt_test_esc(prev.prompt, prev.prompt_len));
+                printf("      cur  '%s'\n", kvt_test_esc(cur.prompt, cur.prompt_len));
             }
             if (ok && m && cur.prompt_has_bos) {
                 if (kvt_tokenizer_encode(m->tok, cur.prompt, cur.prompt_len, false, true, &ids, &n)) ok = false;
@@ -518,7 +503,7 @@ TEST(api_prefix_deepseek)
         const char *gen = " a1\n" EOS;
         bool ok = r2.prompt_len > r1.prompt_len + strlen(gen) && is_prefix(&r1, &r2) &&
                   !memcmp(r2.prompt + r1.prompt_len, gen, strlen(gen));
-        if (!ok) printf("      r2 '%s'\n", esc(r2.prompt, r2.prompt_len));
+        if (!ok) printf("      r2 '%s'\n", kvt_test_esc(r2.prompt, r2.prompt_len));
         kvt_request_free(&r1);
         kvt_request_free(&r2);
         kvt_model_close(m);
@@ -887,7 +872,7 @@ TEST(api_invalid_utf8_repaired)
     CHECK(j);
     const char *c = sget(j, "choices.0.message.content");
     bool ok = streq(c, "ok \xef\xbf\xbd mid \xef\xbf\xbd x\xef\xbf\xbd y\xef\xbf\xbd \xe4\xb8\x96 end\xef\xbf\xbd");
-    if (!ok && c) printf("      got '%s'\n", esc(c, strlen(c)));
+    if (!ok && c) printf("      got '%s'\n", kvt_test_esc(c, strlen(c)));
     json_decref(j);
     CHECK(ok);
     /* the same in a stream delta and an error message */
@@ -1309,8 +1294,8 @@ TEST(api_tool_history_prefix)
             ok = is_prefix(&r[s], &r[s + 1]) && r[s + 1].prompt_len >= r[s].prompt_len + gl &&
                  !memcmp(r[s + 1].prompt + r[s].prompt_len, gen[s], gl);
             if (!ok) {
-                printf("      api %d, request %d:\n      prev '%s'\n", (int)weather[a].api, s, esc(r[s].prompt, r[s].prompt_len));
-                printf("      next '%s'\n", esc(r[s + 1].prompt, r[s + 1].prompt_len));
+                printf("      api %d, request %d:\n      prev '%s'\n", (int)weather[a].api, s, kvt_test_esc(r[s].prompt, r[s].prompt_len));
+                printf("      next '%s'\n", kvt_test_esc(r[s + 1].prompt, r[s + 1].prompt_len));
             }
         }
         /* a request that ends with tool results prompts the reply with the
@@ -1376,7 +1361,7 @@ TEST(api_tools_canonical)
                                 "\"\\u0001\",\"/\"],\"maxLength\":10,\"type\":\"string\"},\"z\":{\"default\":0.95,"
                                 "\"minimum\":-1e-07,\"type\":\"number\"}},\"required\":[\"z\"],\"type\":\"object\"}}"
                                 THOWTO USR "q" AST);
-    if (!same) printf("      b '%s'\n", esc(rb.prompt, rb.prompt_len));
+    if (!same) printf("      b '%s'\n", kvt_test_esc(rb.prompt, rb.prompt_len));
     kvt_request_free(&ra);
     kvt_request_free(&rb);
     kvt_model_close(m);
@@ -1600,7 +1585,7 @@ TEST(api_pi_like)
               strstr(a.prompt, THOWTO USR "Read a.c" AST);
     bool ab = a.prompt_len == b.prompt_len && !memcmp(a.prompt, b.prompt, a.prompt_len);
     bool ac = a.prompt_len == c.prompt_len && !memcmp(a.prompt, c.prompt, a.prompt_len);
-    if (!ac) printf("      chat     '%s'\n      messages '%s'\n", esc(a.prompt, a.prompt_len), esc(c.prompt, c.prompt_len));
+    if (!ac) printf("      chat     '%s'\n      messages '%s'\n", kvt_test_esc(a.prompt, a.prompt_len), kvt_test_esc(c.prompt, c.prompt_len));
     kvt_request_free(&a);
     kvt_request_free(&b);
     kvt_request_free(&c);
@@ -1792,12 +1777,12 @@ TEST(api_tool_roundtrip)
                  !memcmp(r2.prompt + l1, gen_text, GEN_LEN) &&
                  !strncmp(r2.prompt + l1 + GEN_LEN, EOS OSB OB "18C" OE "\n" OB "21C" OE OSE,
                           strlen(EOS OSB OB "18C" OE "\n" OB "21C" OE OSE));
-            if (!ok) printf("      api %d with replay: '%s'\n", (int)cv->api, esc(r2.prompt, r2.prompt_len));
+            if (!ok) printf("      api %d with replay: '%s'\n", (int)cv->api, kvt_test_esc(r2.prompt, r2.prompt_len));
             const char *canon = "Checking." CSB DSCALL("get_weather", "{\"city\":\"Paris\"}") "\n"
                                 DSCALL("get_weather", "{\"city\":\"Rome\",\"units\":\"C\"}") CSE EOS;
             bool neg = is_prefix(&r1, &r3) && memcmp(r3.prompt + r1.prompt_len, gen_text, GEN_LEN) != 0 &&
                        !strncmp(r3.prompt + r1.prompt_len, canon, strlen(canon));
-            if (!neg) printf("      api %d without replay: '%s'\n", (int)cv->api, esc(r3.prompt, r3.prompt_len));
+            if (!neg) printf("      api %d without replay: '%s'\n", (int)cv->api, kvt_test_esc(r3.prompt, r3.prompt_len));
             ok = ok && neg;
         }
         json_decref(j);

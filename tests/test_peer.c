@@ -295,29 +295,6 @@ static void add_text_cases(caseset *cs)
 
 /* ---- running the peer and comparing ---- */
 
-/* Printable, escaped form of text for messages (static buffer). */
-static const char *esc(const char *s, size_t n)
-{
-    static char buf[600];
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 8 < sizeof buf; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\n");
-        else if (c == '\t') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\t");
-        else if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", c);
-        else buf[o++] = (char)c;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
-static void print_ids(const char *label, const int32_t *ids, size_t n)
-{
-    printf("        %s (%zu):", label, n);
-    for (size_t i = 0; i < n && i < 48; i++) printf(" %d", ids[i]);
-    printf("%s\n", n > 48 ? " ..." : "");
-}
-
 /* `node tokenize.mjs model cases.json` with stdout in out and stderr in err. */
 static bool run_peer(const char *model, const char *cases, const char *out, const char *err)
 {
@@ -421,10 +398,10 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
         if (same) { n_equal++; eq_kind[c->kind]++; }
         else if (n_reported++ < MAX_REPORT) {
             printf("    %s: %s case, parse_special=%s: '%s' (%zu bytes) differs%s%s\n", name,
-                   kind_name[c->kind], c->special ? "true" : "false", esc(c->text, c->len), c->len,
+                   kind_name[c->kind], c->special ? "true" : "false", kvt_test_esc(c->text, c->len), c->len,
                    erc ? ": " : "", erc ? kvt_errmsg() : "");
-            if (want) print_ids("llama.cpp", want, nw);
-            if (!erc) print_ids("kvtier   ", ids, n);
+            if (want) kvt_test_print_ids("llama.cpp", want, nw);
+            if (!erc) kvt_test_print_ids("kvtier   ", ids, n);
         }
         free(ids);
         free(want);

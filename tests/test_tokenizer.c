@@ -30,29 +30,6 @@ static int load_vocab(kvt_tokenizer **t, const char *rel)
     return rc;
 }
 
-/* Printable, escaped form of text for failure messages (static buffer). */
-static const char *esc(const char *s, size_t n)
-{
-    static char buf[1024];
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 8 < sizeof buf; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\n");
-        else if (c == '\t') o += (size_t)snprintf(buf + o, sizeof buf - o, "\\t");
-        else if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", c);
-        else buf[o++] = (char)c;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
-static void print_ids(const char *label, const int32_t *ids, size_t n)
-{
-    printf("      %s:", label);
-    for (size_t i = 0; i < n; i++) printf(" %d", ids[i]);
-    printf("\n");
-}
-
 /* decode(encode(text)) == text; false (and a message) otherwise. */
 static bool round_trips(const kvt_tokenizer *t, const char *text, size_t len, bool parse_special)
 {
@@ -73,9 +50,9 @@ static bool round_trips(const kvt_tokenizer *t, const char *text, size_t len, bo
     int rc = kvt_tokenizer_decode(t, ids, n, &back, &blen);
     bool ok = !rc && blen == len && !memcmp(back, text, len) && back[blen] == 0;
     if (!ok) {
-        printf("      round trip failed for '%s' (%zu bytes)\n", esc(text, len), len);
-        if (!rc) printf("      decoded to '%s' (%zu bytes)\n", esc(back, blen), blen);
-        print_ids("ids", ids, n);
+        printf("      round trip failed for '%s' (%zu bytes)\n", kvt_test_esc(text, len), len);
+        if (!rc) printf("      decoded to '%s' (%zu bytes)\n", kvt_test_esc(back, blen), blen);
+        kvt_test_print_ids("ids", ids, n);
     }
     if (!rc) free(back);
     free(ids);
@@ -132,10 +109,10 @@ static void run_vocab_cases(const char *name)
         bool ok = !rc && n == nw && (n == 0 || !memcmp(ids, want, n * sizeof *ids));
         if (ok) n_pass++;
         else {
-            printf("    %s case %zu '%s' fails%s%s\n", name, n_cases, esc(cs, clen),
+            printf("    %s case %zu '%s' fails%s%s\n", name, n_cases, kvt_test_esc(cs, clen),
                    rc ? ": " : "", rc ? kvt_errmsg() : "");
-            print_ids("expected", want, nw);
-            if (!rc) print_ids("got     ", ids, n);
+            kvt_test_print_ids("expected", want, nw);
+            if (!rc) kvt_test_print_ids("got     ", ids, n);
         }
         free(ids);
         if (round_trips(t, cs, clen, true) && round_trips(t, cs, clen, false)) n_rt++;
@@ -184,7 +161,7 @@ TEST(tok_vocab_deepseek_llm)
     special_bos = !rc && n[4] == 3 && ids[4][1] == bos_id;
     bool fuhrer_ok = !rc && n[0] == 4 && !memcmp(ids[0], fuhrer, sizeof fuhrer) && n[1] == 4 &&
                      !memcmp(ids[1], fuhrer, sizeof fuhrer);
-    if (!rc && !has_100003) print_ids("Ünïcödé wörds", ids[2], n[2]);
+    if (!rc && !has_100003) kvt_test_print_ids("Ünïcödé wörds", ids[2], n[2]);
     for (int c = 0; c < 5; c++) free(ids[c]);
     CHECK_OK(rc);
     CHECK(bos_id >= 0);
@@ -231,11 +208,11 @@ TEST(tok_stories260k_prompts)
         for (size_t i = 0; ok && i < n; i++) ok = ids[i] == json_integer_value(json_array_get(ji, i));
         if (ok) n_pass++;
         else {
-            printf("    prompt '%s' fails%s%s\n", esc(p, plen), rc ? ": " : "", rc ? kvt_errmsg() : "");
+            printf("    prompt '%s' fails%s%s\n", kvt_test_esc(p, plen), rc ? ": " : "", rc ? kvt_errmsg() : "");
             printf("      expected:");
             for (size_t i = 0; i < nw; i++) printf(" %lld", (long long)json_integer_value(json_array_get(ji, i)));
             printf("\n");
-            if (!rc) print_ids("got     ", ids, n);
+            if (!rc) kvt_test_print_ids("got     ", ids, n);
         }
         /* BOS decodes to its text; the rest decodes to the prompt. */
         if (ok && !round_trips(t, p, plen, false)) n_pass--;
@@ -813,9 +790,9 @@ TEST(tok_merge_reference)
             rc = kvt_tokenizer_encode(t, word, wl, false, false, &got, &ng);
             ok = !rc && ng == nw && !memcmp(got, want, nw * sizeof *got);
             if (!ok) {
-                printf("    %s: '%s' differs from the reference\n", bpe ? "gpt-2" : "llama-spm", esc(word, wl));
-                print_ids("reference", want, nw);
-                if (!rc) print_ids("got      ", got, ng);
+                printf("    %s: '%s' differs from the reference\n", bpe ? "gpt-2" : "llama-spm", kvt_test_esc(word, wl));
+                kvt_test_print_ids("reference", want, nw);
+                if (!rc) kvt_test_print_ids("got      ", got, ng);
             }
             free(got);
         }
