@@ -191,10 +191,17 @@ int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len);
 
 typedef struct kvt_store kvt_store;
 
-/* Open (creating) the store in dir with a byte budget (0: 4096 MiB). */
+/* Open (creating) the store in dir with a byte budget (0: 4096 MiB). A
+ * database SQLite reports damaged, now or later, is moved aside
+ * (DIR/kvtier.db.damaged-<time>) and replaced by one holding the records
+ * that still read and check out; the store goes on. */
 int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget_bytes);
+/* Open an existing store to inspect it (kvtier cache verify): its
+ * database is not written, rebuilt or moved aside. */
+int kvt_store_open_inspect(kvt_store **out, const char *dir);
 void kvt_store_close(kvt_store *st);
-/* Silence the one-line stderr reports of damaged entries (tests). */
+/* Silence the one-line stderr reports of damaged entries and rebuilt
+ * databases (tests). */
 void kvt_store_set_quiet(kvt_store *st, bool quiet);
 
 /* Save the session's state at n tokens (its length, or a checkpoint
@@ -217,10 +224,19 @@ int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s);
 int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n,
                              size_t *reused);
 int kvt_store_rm(kvt_store *st, int64_t id);
-/* Enforce the budget, drop unreferenced blocks, checkpoint the WAL. */
+/* Rebuild a database that fails SQLite's integrity check, remove records
+ * that fail their checks, enforce the budget, drop unreferenced blocks,
+ * checkpoint the WAL. */
 int kvt_store_gc(kvt_store *st);
-/* Check every checksum; *bad receives the number of damaged entries. */
+/* Check every record: its checksums, and that its row agrees with it.
+ * *checked receives the records examined, *bad those damaged (failing a
+ * check, unreadable, or a block missing under a snapshot); each is reported
+ * on stderr unless quiet. */
 int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked);
+/* SQLite's integrity check of the database: *problems receives the number
+ * of problems it lists (0: sound; a check that cannot run is one), *report
+ * (may be NULL; malloc'ed) their text, one a line. */
+int kvt_store_integrity(kvt_store *st, size_t *problems, char **report);
 
 typedef struct kvt_store_stats {
     uint64_t snapshots, blocks, bytes, budget;

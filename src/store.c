@@ -2,20 +2,27 @@
  * snapshots (see kvtier.h and docs/STORE.md).
  *
  * One SQLite database per directory, in WAL mode with synchronous=FULL, so a
- * save is one transaction that is atomic and durable (a crash leaves the old
- * store or the new one), several processes can share the directory, and a
- * full disk fails a save cleanly. SQLite does not checksum its pages, so
- * every record carries its own XXH3 checksums (snapshot.c) and is verified
- * on load.
+ * save is one transaction that is atomic and durable (a crash or a power cut
+ * leaves the old store or the new one), several processes can share the
+ * directory, and a full disk fails a save cleanly. SQLite does not checksum
+ * its pages, so every record carries its own XXH3 checksums (snapshot.c) and
+ * is verified on load.
  *
  *   blocks(key, refs, bytes, data)        one row per distinct 128-token block
  *   snaps(id, model, head, n_tokens, tail, ..., data)
  *   snap_blocks(snap, idx, key)           which blocks a snapshot stands on
  *   counters(name, value), meta(k, v), quarantine(...)
  *
+ * Every SQLite failure is a failure of the operation that met it (sql_note),
+ * never the end of a table. When SQLite reports the database damaged
+ * (SQLITE_CORRUPT, SQLITE_NOTADB), whatever the operation, the store builds
+ * a new database from the records that still read and check out, moves the
+ * damaged one aside and goes on with the new one (recover).
+ *
  * Lookup never scans: each process keeps an index of (head key, length,
- * tail hash) for all snapshots, reloaded only when PRAGMA data_version says
- * another connection changed the database. A prompt is hashed once along its
+ * tail hash) for all snapshots. Its own saves and removals update it as they
+ * commit; it is rebuilt only when PRAGMA data_version says another
+ * connection changed the database. A prompt is hashed once along its
  * 128-token blocks; each block boundary is probed in the index, longest
  * first, and a candidate's tail is hashed only when its head matches.
  *
@@ -30,11 +37,14 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <time.h>
@@ -46,66 +56,171 @@ typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 
 struct kvt_store {
     pthread_mutex_t mu;      /* the server's worker and its metrics reader share a store */
-    sqlite3 *db;
-    char *dir;
+    sqlite3 *db;             /* NULL when a damaged database could not be replaced */
+    char *dir, *path;        /* path: DIR/kvtier.db */
+    dev_t dev;               /* the file db has open: another process that rebuilt a */
+    ino_t ino;               /* damaged database replaced it (follow) */
     uint64_t budget;
     bool quiet;
-    bool durable;            /* synchronous=FULL (off only while a benchmark populates) */
-    ientry *idx;             /* (n_idx) sorted by head */
-    size_t n_idx;
+    bool durable;            /* synchronous=FULL (off only while a benchmark populates, or in tests) */
+    bool inspect;            /* kvt_store_open_inspect: nothing is written, rebuilt or moved */
+    ientry *idx;             /* (n_idx of cap_idx) sorted by head, then length */
+    size_t n_idx, cap_idx;
     int64_t skip[64];        /* entries of a newer format: kept for the build that wrote them, */
     size_t n_skip;           /* passed over by this one's lookups */
     int64_t data_version;
-    bool dirty;              /* our own writes since the index was built */
-    /* counters not yet written to the database */
+    bool dirty;              /* the index must be rebuilt before the next lookup */
+    int64_t *gone;           /* (n_gone) snapshots the write transaction in progress */
+    size_t n_gone, cap_gone; /* removes: they leave the index when it commits */
+    const char *op;          /* the operation in progress, for messages */
+    int sql_rc;              /* its first SQLite failure (0: none) and SQLite's */
+    char sql_msg[400];       /* message for it */
+    bool corrupt;            /* SQLite reported the database damaged: recover() */
+    /* counters not yet written to the database, and those a write
+     * transaction in progress is writing (cleared when it commits) */
     uint64_t lookups, hits, misses, save_errors;
+    uint64_t flushing[4];
 };
 
-static int sql_fail(kvt_store *st, const char *what)
+/* ---- SQLite calls ----
+ *
+ * The first SQLite failure of an operation is kept (st->sql_rc, with
+ * SQLite's message) and ends it: statements after it are not run (prep
+ * gives no statement, q and step fail at once), so a loop over rows ends on
+ * the failure and the operation reports it instead of taking it for the end
+ * of a table, and a write transaction that met one rolls back (commit). */
+
+static bool is_damage(int rc)
 {
-    int code = sqlite3_errcode(st->db);
-    return kvt_fail(KVT_EIO, "cache store: %s: %s", what, code == SQLITE_FULL ? "disk full" : sqlite3_errmsg(st->db));
+    return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
+}
+
+/* Note SQLite result rc of a failed call (what: the step, or NULL for the
+ * operation); returns KVT_EIO with the kept failure's message. */
+static int sql_note(kvt_store *st, int rc, const char *what)
+{
+    if (is_damage(rc)) st->corrupt = true;
+    if (!st->sql_rc) {
+        st->sql_rc = rc;
+        snprintf(st->sql_msg, sizeof st->sql_msg, "cache store: %s: %s", what ? what : st->op ? st->op : "query",
+                 (rc & 0xff) == SQLITE_FULL ? "disk full" : st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+    }
+    return kvt_fail(KVT_EIO, "%s", st->sql_msg);
+}
+
+/* The operation's SQLite failure, if it met one, as its result. */
+static int sql_status(const kvt_store *st)
+{
+    return st->sql_rc ? kvt_fail(KVT_EIO, "%s", st->sql_msg) : KVT_OK;
+}
+
+/* Damage met while inspecting (verify, gc's checks) is a finding, not the
+ * end of the inspection: forget it (st->corrupt stays set) and go on. True
+ * when the kept failure was damage; any other failure is kept. */
+static bool forget_damage(kvt_store *st)
+{
+    if (!st->sql_rc || !is_damage(st->sql_rc)) return false;
+    st->sql_rc = 0;
+    return true;
+}
+
+/* The same for a statement an inspection cannot prepare or finish because
+ * of what the file holds: damage, or a header or schema SQLite does not
+ * accept (SQLITE_ERROR, such as "unsupported file format"). */
+static bool forget_finding(kvt_store *st)
+{
+    if (st->sql_rc && ((st->sql_rc & 0xff) == SQLITE_ERROR || (st->sql_rc & 0xff) == SQLITE_FORMAT)) {
+        st->sql_rc = 0;
+        return true;
+    }
+    return forget_damage(st);
+}
+
+static sqlite3_stmt *prep(kvt_store *st, const char *sql, const char *what)
+{
+    sqlite3_stmt *stmt = NULL;
+    if (st->sql_rc) return NULL;
+    int rc = sqlite3_prepare_v2(st->db, sql, -1, &stmt, NULL);
+    if (rc != SQLITE_OK) {
+        sql_note(st, rc, what);
+        sqlite3_finalize(stmt);
+        return NULL;
+    }
+    return stmt;
+}
+
+/* SQLITE_ROW, SQLITE_DONE or a failure (noted; also when a failure came
+ * before). */
+static int step(kvt_store *st, sqlite3_stmt *stmt, const char *what)
+{
+    if (st->sql_rc || !stmt) return st->sql_rc ? st->sql_rc : SQLITE_MISUSE;
+    int rc = sqlite3_step(stmt);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) sql_note(st, rc, what);
+    return rc;
 }
 
 static int exec(kvt_store *st, const char *sql)
 {
-    char *err = NULL;
-    if (sqlite3_exec(st->db, sql, NULL, NULL, &err) != SQLITE_OK) {
-        int rc = kvt_fail(KVT_EIO, "cache store: %s", err ? err : "error");
-        sqlite3_free(err);
-        return rc;
-    }
-    return KVT_OK;
+    int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
+    return rc == SQLITE_OK ? KVT_OK : sql_note(st, rc, NULL);
 }
 
-/* Commit a write transaction; one that cannot commit is rolled back, so the
- * connection is never left inside it. */
+/* End a transaction without its changes (a read, or a write that failed). */
+static void rollback(kvt_store *st)
+{
+    if (st->db && !sqlite3_get_autocommit(st->db)) {
+        int rc = sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) sql_note(st, rc, "rollback");
+    }
+    st->n_gone = 0;
+    memset(st->flushing, 0, sizeof st->flushing);
+}
+
+static int begin(kvt_store *st)
+{
+    st->n_gone = 0;
+    memset(st->flushing, 0, sizeof st->flushing);
+    return exec(st, "BEGIN IMMEDIATE");
+}
+
+static void index_remove(kvt_store *st, int64_t id);
+
+/* Commit a write transaction. One that met a failure, or cannot commit, is
+ * rolled back, so the connection is never left inside it. Once it commits,
+ * the snapshots it removed leave the index and the counters it wrote leave
+ * memory. */
 static int commit(kvt_store *st)
 {
-    int rc = exec(st, "COMMIT");
-    if (rc) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", kvt_errmsg());
-        exec(st, "ROLLBACK");
-        rc = kvt_fail(rc, "%s", why);
+    if (!st->sql_rc) exec(st, "COMMIT");
+    if (st->sql_rc) {
+        rollback(st);
+        return sql_status(st);
     }
-    return rc;
+    for (size_t i = 0; i < st->n_gone; i++) index_remove(st, st->gone[i]);
+    st->n_gone = 0;
+    st->lookups -= st->flushing[0];
+    st->hits -= st->flushing[1];
+    st->misses -= st->flushing[2];
+    st->save_errors -= st->flushing[3];
+    memset(st->flushing, 0, sizeof st->flushing);
+    return KVT_OK;
 }
 
 /* Prepare, bind int64 parameters, step once. Returns the sqlite3 result; a
  * row, when there is one, is left in *out (finalize it). */
 static int q(kvt_store *st, sqlite3_stmt **out, const char *sql, int n, const int64_t *args)
 {
-    sqlite3_stmt *stmt = NULL;
-    int rc = sqlite3_prepare_v2(st->db, sql, -1, &stmt, NULL);
-    if (rc != SQLITE_OK) return rc;
+    sqlite3_stmt *stmt = prep(st, sql, NULL);
+    if (!stmt) return st->sql_rc;
     for (int i = 0; i < n; i++) sqlite3_bind_int64(stmt, i + 1, args[i]);
-    rc = sqlite3_step(stmt);
+    int rc = step(st, stmt, NULL);
     if (out && rc == SQLITE_ROW) *out = stmt;
     else sqlite3_finalize(stmt);
     return rc;
 }
 
+/* The first column of the first row, or def (no row, or a failure, which
+ * is noted). */
 static int64_t q_int(kvt_store *st, const char *sql, int n, const int64_t *args, int64_t def)
 {
     sqlite3_stmt *stmt = NULL;
@@ -117,8 +232,6 @@ static int64_t q_int(kvt_store *st, const char *sql, int n, const int64_t *args,
     return v;
 }
 
-static bool q_ok(int rc) { return rc == SQLITE_DONE || rc == SQLITE_ROW; }
-
 static double now_unix(void)
 {
     struct timespec ts;
@@ -129,25 +242,25 @@ static double now_unix(void)
 static void counter_add(kvt_store *st, const char *name, uint64_t v)
 {
     if (!v) return;
-    sqlite3_stmt *stmt = NULL;
-    if (sqlite3_prepare_v2(st->db,
-                           "INSERT INTO counters(name, value) VALUES(?1, ?2) "
-                           "ON CONFLICT(name) DO UPDATE SET value = value + ?2", -1, &stmt, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(stmt, 1, name, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(stmt, 2, (int64_t)v);
-        sqlite3_step(stmt);
-    }
+    sqlite3_stmt *stmt = prep(st, "INSERT INTO counters(name, value) VALUES(?1, ?2) "
+                                  "ON CONFLICT(name) DO UPDATE SET value = value + ?2", NULL);
+    if (!stmt) return;
+    sqlite3_bind_text(stmt, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, (int64_t)v);
+    step(st, stmt, NULL);
     sqlite3_finalize(stmt);
 }
 
-/* Write pending in-memory counters (inside a write transaction). */
+/* Write pending in-memory counters (inside a write transaction; commit
+ * takes them out of memory). */
 static void flush_counters(kvt_store *st)
 {
-    counter_add(st, "lookups", st->lookups);
-    counter_add(st, "hits", st->hits);
-    counter_add(st, "misses", st->misses);
-    counter_add(st, "save_errors", st->save_errors);
-    st->lookups = st->hits = st->misses = st->save_errors = 0;
+    uint64_t v[4] = {st->lookups, st->hits, st->misses, st->save_errors};
+    counter_add(st, "lookups", v[0]);
+    counter_add(st, "hits", v[1]);
+    counter_add(st, "misses", v[2]);
+    counter_add(st, "save_errors", v[3]);
+    memcpy(st->flushing, v, sizeof v);
 }
 
 static int64_t tick(kvt_store *st)
@@ -193,36 +306,467 @@ static int mkdirs(const char *dir)
     return KVT_OK;
 }
 
-static int open_db(kvt_store *st, const char *path)
+/* Start an operation (name: for messages). */
+static void op_start(kvt_store *st, const char *name)
 {
-    if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK)
-        return sql_fail(st, "open");
-    sqlite3_busy_timeout(st->db, 30000);
-    int rc;
-    if ((rc = exec(st, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")) ||
-        (rc = exec(st, "BEGIN IMMEDIATE")))
+    st->op = name;
+    st->sql_rc = 0;
+    st->sql_msg[0] = 0;
+}
+
+/* A header that declares a file format this SQLite cannot write (write
+ * version above 2: the file opens read-only) or read (schema format above
+ * 4) makes the store unusable for good, as damage does. */
+static void unusable_header(kvt_store *st)
+{
+    int code = st->sql_rc & 0xff;
+    if ((code == SQLITE_READONLY && access(st->path, W_OK) == 0 && access(st->dir, W_OK) == 0) ||
+        (code == SQLITE_ERROR && strstr(st->sql_msg, "unsupported file format")))
+        st->corrupt = true;
+}
+
+static int open_db(kvt_store *st)
+{
+    st->dirty = true;
+    st->data_version = -1;
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (st->inspect ? 0 : SQLITE_OPEN_CREATE);
+    int rc = sqlite3_open_v2(st->path, &st->db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        rc = sql_note(st, rc, "open");
+        sqlite3_close(st->db);
+        st->db = NULL;
         return rc;
-    if ((rc = exec(st, schema))) { exec(st, "ROLLBACK"); return rc; }
+    }
+    struct stat sb;
+    if (stat(st->path, &sb) == 0) {
+        st->dev = sb.st_dev;
+        st->ino = sb.st_ino;
+    }
+    sqlite3_busy_timeout(st->db, 30000);
+    /* to inspect, the last connection out must not checkpoint the WAL into
+     * the database and delete it, as closing one otherwise does */
+    if (st->inspect) return sqlite3_db_config(st->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL) == SQLITE_OK
+                                ? KVT_OK : sql_note(st, sqlite3_errcode(st->db), "open");
+    if ((rc = exec(st, "PRAGMA journal_mode=WAL")) ||
+        (rc = exec(st, st->durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF")) || (rc = begin(st))) {
+        unusable_header(st);
+        return rc;
+    }
+    exec(st, schema);
     /* snaps.replay (the record has no state section) came after the first
      * stores: add it where it is missing. Builds that predate it ignore it
      * and write whole records, which its default describes. */
-    if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0 &&
-        (rc = exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0"))) {
-        exec(st, "ROLLBACK");
+    if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0)
+        exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0");
+    int64_t ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
+    if ((rc = commit(st))) {
+        unusable_header(st);
         return rc;
     }
-    int64_t ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
-    exec(st, "COMMIT");
     if (ver != SCHEMA_VERSION)
-        return kvt_fail(KVT_EUNSUPPORTED, "cache store %s has schema version %lld (this build uses %d)", path,
+        return kvt_fail(KVT_EUNSUPPORTED, "cache store %s has schema version %lld (this build uses %d)", st->path,
                         (long long)ver, SCHEMA_VERSION);
     return KVT_OK;
 }
 
-int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget)
+/* Close the connection. keep_files: the database was renamed or replaced
+ * under it, so the WAL and shared-memory files of its name are another
+ * database's now; they must not be deleted on the way out. */
+static void close_db(kvt_store *st, bool keep_files)
+{
+    if (!st->db) return;
+    if (keep_files) {
+        int one = 1;
+        sqlite3_file_control(st->db, "main", SQLITE_FCNTL_PERSIST_WAL, &one);
+    }
+    sqlite3_close(st->db);
+    st->db = NULL;
+}
+
+/* Whether path still names the file the connection has open. */
+static bool same_file(const kvt_store *st)
+{
+    struct stat sb;
+    return stat(st->path, &sb) == 0 && sb.st_dev == st->dev && sb.st_ino == st->ino;
+}
+
+/* Another process rebuilt a damaged database (recover) under this one:
+ * leave the old file and open the new one. A missing file is someone's
+ * rebuild in progress: the old connection serves until it is done. */
+static int follow(kvt_store *st)
+{
+    struct stat sb;
+    if (st->inspect || !st->db || stat(st->path, &sb) != 0 || (sb.st_dev == st->dev && sb.st_ino == st->ino))
+        return KVT_OK;
+    close_db(st, true);
+    return open_db(st);
+}
+
+/* ---- a damaged database ---- */
+
+typedef struct idset { int64_t *v; size_t n, cap; bool oom; } idset;
+
+static void idset_add(idset *s, int64_t x)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap : 64, bytes;
+        if (!kvt_mul_ok(cap, 2 * sizeof *s->v, &bytes)) { s->oom = true; return; }
+        int64_t *v = realloc(s->v, bytes);
+        if (!v) { s->oom = true; return; }
+        s->v = v;
+        s->cap = 2 * cap;
+    }
+    s->v[s->n++] = x;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sort, drop repeats. */
+static void idset_seal(idset *s)
+{
+    if (s->n) qsort(s->v, s->n, sizeof *s->v, cmp_i64);
+    size_t k = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (!k || s->v[k - 1] != s->v[i]) s->v[k++] = s->v[i];
+    s->n = k;
+}
+
+/* The snapshot ids the database lists: its table, and its unique index
+ * (which holds every row's id too, so a damaged table still names the rows
+ * it lost). A damaged part ends a list (reported when report is set); any
+ * other failure is kept in st->sql_rc. */
+static void snap_ids(kvt_store *st, idset *ids, bool report)
+{
+    static const char *const sqls[2] = {"SELECT id FROM snaps NOT INDEXED",
+                                        "SELECT id FROM snaps INDEXED BY sqlite_autoindex_snaps_1"};
+    for (int k = 0; k < 2 && !st->sql_rc; k++) {
+        sqlite3_stmt *stmt = prep(st, sqls[k], k ? "snapshot index" : "snapshots");
+        while (stmt && step(st, stmt, k ? "snapshot index" : "snapshots") == SQLITE_ROW)
+            idset_add(ids, sqlite3_column_int64(stmt, 0));
+        sqlite3_finalize(stmt);
+        if (forget_damage(st) && report && !st->quiet) fprintf(stderr, "kvtier: %s\n", st->sql_msg);
+    }
+}
+
+/* A snapshot row (model, head, n_tokens, tail, n_blocks, replay, bytes,
+ * data from column c0 on) against its record: the record's own checks, and
+ * the columns that lookups and the budget read agree with it. */
+static int check_snap_row(sqlite3_stmt *r, int c0, kvt_snap_info *in)
+{
+    const uint8_t *p = sqlite3_column_blob(r, c0 + 7);
+    size_t len = (size_t)sqlite3_column_bytes(r, c0 + 7);
+    if (!p) return kvt_fail(KVT_EFORMAT, "snapshot: empty record");
+    int rc = kvt_snap_parse_raw(p, len, in);
+    if (rc) return rc;
+    size_t tail_n = in->n - (size_t)in->nb * KVT_BLOCK;
+    int32_t ids[KVT_BLOCK];
+    if (tail_n >= KVT_BLOCK || in->sec_len[1] != 4 * tail_n)
+        return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of tail ids for %zu tokens", in->sec_len[1], tail_n);
+    memcpy(ids, in->sec[1], 4 * tail_n); /* u32 LE: the host's order (FORMAT.md) */
+    if ((uint64_t)sqlite3_column_int64(r, c0) != in->model || (uint64_t)sqlite3_column_int64(r, c0 + 1) != in->head ||
+        sqlite3_column_int64(r, c0 + 2) != (int64_t)in->n || sqlite3_column_int64(r, c0 + 4) != (int64_t)in->nb ||
+        (uint64_t)sqlite3_column_int64(r, c0 + 3) != kvt_snap_tail_hash(in->head, ids, tail_n) ||
+        (sqlite3_column_int64(r, c0 + 5) != 0) != ((in->flags & KVT_SNAP_REPLAY) != 0) ||
+        sqlite3_column_int64(r, c0 + 6) != (int64_t)len)
+        return kvt_fail(KVT_EFORMAT, "snapshot: its row disagrees with its record");
+    return KVT_OK;
+}
+
+#define SNAP_COLS "model, head, n_tokens, tail, n_blocks, replay, bytes, data"
+
+/* A block row (bytes, data) stored under key. */
+static int check_block_row(sqlite3_stmt *r, int c0, uint64_t key)
+{
+    const uint8_t *p = sqlite3_column_blob(r, c0 + 1);
+    size_t len = (size_t)sqlite3_column_bytes(r, c0 + 1);
+    uint64_t k;
+    if (!p) return kvt_fail(KVT_EFORMAT, "block: empty record");
+    int rc = kvt_snap_block_check(p, len, &k);
+    if (rc) return rc;
+    if (k != key) return kvt_fail(KVT_EMISMATCH, "block stored under another key");
+    if (sqlite3_column_int64(r, c0) != (int64_t)len) return kvt_fail(KVT_EFORMAT, "block: its row disagrees with its record");
+    return KVT_OK;
+}
+
+/* Bind each column of row (from c0, n of them) to parameters from 1 on. */
+static void bind_row(sqlite3_stmt *dst, sqlite3_stmt *row, int c0, int n)
+{
+    for (int i = 0; i < n; i++) sqlite3_bind_value(dst, i + 1, sqlite3_column_value(row, c0 + i));
+}
+
+static bool nd_ok(sqlite3 *nd, int rc, int *err)
+{
+    if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE) return true;
+    if (!*err) {
+        *err = rc;
+        kvt_fail(KVT_EIO, "cache store: rebuild: %s", (rc & 0xff) == SQLITE_FULL ? "disk full" : sqlite3_errmsg(nd));
+    }
+    return false;
+}
+
+/* Copy what still reads and checks out of the damaged database (st->db)
+ * into the new one, nd (inside a transaction): every snapshot whose row,
+ * record and blocks pass their checks, with its id and uses, and the
+ * counters. A read of the damaged database that fails loses what it would
+ * have read, nothing else. *seen receives the snapshots it listed, *kept
+ * those copied. Fails only when writing nd fails. */
+static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
+{
+    idset ids = {0};
+    snap_ids(st, &ids, false);
+    st->sql_rc = 0;
+    for (size_t i = 0; i < st->n_idx; i++) idset_add(&ids, st->idx[i].id);
+    idset_seal(&ids);
+    static const char *const nd_sql[5] = {
+        "SELECT 1 FROM blocks WHERE key = ?",
+        "INSERT INTO blocks(key, refs, bytes, data) VALUES(?, 0, ?, ?)",
+        "INSERT OR IGNORE INTO snaps(id, " SNAP_COLS ", reason, created, last_used, used_at, hits, preview)"
+        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO snap_blocks(snap, idx, key) VALUES(?, ?, ?)",
+        "UPDATE blocks SET refs = refs + 1 WHERE key = ?",
+    };
+    sqlite3_stmt *w[5] = {0}, *get = NULL, *getb = NULL;
+    int err = 0;
+    for (int k = 0; k < 5 && !err; k++) nd_ok(nd, sqlite3_prepare_v2(nd, nd_sql[k], -1, &w[k], NULL), &err);
+    /* reads of the damaged database: their failures are expected */
+    sqlite3_prepare_v2(st->db, "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
+                       " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, '')"
+                       " FROM snaps WHERE id = ?", -1, &get, NULL);
+    sqlite3_prepare_v2(st->db, "SELECT bytes, data FROM blocks WHERE key = ?", -1, &getb, NULL);
+    int64_t max_used = 0;
+    for (size_t i = 0; i < ids.n && !err && get && getb; i++) {
+        sqlite3_reset(get);
+        sqlite3_bind_int64(get, 1, ids.v[i]);
+        int r = sqlite3_step(get);
+        if (r == SQLITE_DONE) continue; /* named by the index only: a row that is gone */
+        (*seen)++;
+        kvt_snap_info in;
+        if (r != SQLITE_ROW || check_snap_row(get, 1, &in) != KVT_OK) continue;
+        bool whole = true;
+        for (uint32_t b = 0; b < in.nb && whole && !err; b++) {
+            int64_t key = (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b);
+            sqlite3_reset(w[0]);
+            sqlite3_bind_int64(w[0], 1, key);
+            int h = sqlite3_step(w[0]);
+            if (!nd_ok(nd, h, &err) || h == SQLITE_ROW) continue;
+            sqlite3_reset(getb);
+            sqlite3_bind_int64(getb, 1, key);
+            if (sqlite3_step(getb) != SQLITE_ROW || check_block_row(getb, 0, (uint64_t)key) != KVT_OK) {
+                whole = false;
+                break;
+            }
+            sqlite3_reset(w[1]);
+            sqlite3_bind_int64(w[1], 1, key);
+            sqlite3_bind_value(w[1], 2, sqlite3_column_value(getb, 0));
+            sqlite3_bind_value(w[1], 3, sqlite3_column_value(getb, 1));
+            nd_ok(nd, sqlite3_step(w[1]), &err);
+        }
+        if (!whole || err) continue;
+        sqlite3_reset(w[2]);
+        bind_row(w[2], get, 0, 15);
+        if (!nd_ok(nd, sqlite3_step(w[2]), &err)) break;
+        /* a damaged index can let the same prefix in twice: the first stays */
+        if (sqlite3_changes(nd) != 1) continue;
+        for (uint32_t b = 0; b < in.nb && !err; b++) {
+            int64_t key = (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b);
+            sqlite3_reset(w[3]);
+            sqlite3_bind_int64(w[3], 1, ids.v[i]);
+            sqlite3_bind_int64(w[3], 2, b);
+            sqlite3_bind_int64(w[3], 3, key);
+            sqlite3_reset(w[4]);
+            sqlite3_bind_int64(w[4], 1, key);
+            if (nd_ok(nd, sqlite3_step(w[3]), &err)) nd_ok(nd, sqlite3_step(w[4]), &err);
+        }
+        int64_t used = sqlite3_column_int64(get, 11);
+        if (used > max_used) max_used = used;
+        (*kept)++;
+    }
+    sqlite3_finalize(get);
+    sqlite3_finalize(getb);
+    for (int k = 0; k < 5; k++) sqlite3_finalize(w[k]);
+    free(ids.v);
+    if (err) return KVT_EIO;
+    /* the blocks of snapshots that were not whole; then the clock, the id
+     * sequence (ids are never reused) and the counters, where they read */
+    nd_ok(nd, sqlite3_exec(nd, "DELETE FROM blocks WHERE refs = 0", NULL, NULL, NULL), &err);
+    int64_t old_tick = 0, old_seq = 0;
+    sqlite3_stmt *r = NULL, *put = NULL;
+    if (sqlite3_prepare_v2(st->db, "SELECT v FROM meta WHERE k = 'tick'", -1, &r, NULL) == SQLITE_OK &&
+        sqlite3_step(r) == SQLITE_ROW)
+        old_tick = sqlite3_column_int64(r, 0);
+    sqlite3_finalize(r);
+    r = NULL;
+    if (sqlite3_prepare_v2(st->db, "SELECT seq FROM sqlite_sequence WHERE name = 'snaps'", -1, &r, NULL) == SQLITE_OK &&
+        sqlite3_step(r) == SQLITE_ROW)
+        old_seq = sqlite3_column_int64(r, 0);
+    sqlite3_finalize(r);
+    r = NULL;
+    if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "UPDATE meta SET v = MAX(?, ?) WHERE k = 'tick'", -1, &put, NULL), &err)) {
+        sqlite3_bind_int64(put, 1, old_tick);
+        sqlite3_bind_int64(put, 2, max_used);
+        nd_ok(nd, sqlite3_step(put), &err);
+    }
+    sqlite3_finalize(put);
+    put = NULL;
+    if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "INSERT INTO sqlite_sequence(name, seq) SELECT 'snaps', 0"
+                                             " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'snaps')",
+                                             -1, &put, NULL), &err))
+        nd_ok(nd, sqlite3_step(put), &err);
+    sqlite3_finalize(put);
+    put = NULL;
+    if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'snaps'",
+                                             -1, &put, NULL), &err)) {
+        sqlite3_bind_int64(put, 1, old_seq);
+        nd_ok(nd, sqlite3_step(put), &err);
+    }
+    sqlite3_finalize(put);
+    put = NULL;
+    if (!err && sqlite3_prepare_v2(st->db, "SELECT name, value FROM counters WHERE typeof(name) = 'text'"
+                                   " AND typeof(value) = 'integer'", -1, &r, NULL) == SQLITE_OK &&
+        nd_ok(nd, sqlite3_prepare_v2(nd, "INSERT OR REPLACE INTO counters(name, value) VALUES(?, ?)", -1, &put, NULL),
+              &err)) {
+        while (!err && sqlite3_step(r) == SQLITE_ROW) {
+            sqlite3_reset(put);
+            bind_row(put, r, 0, 2);
+            nd_ok(nd, sqlite3_step(put), &err);
+        }
+    }
+    sqlite3_finalize(r);
+    sqlite3_finalize(put);
+    return err ? KVT_EIO : KVT_OK;
+}
+
+static void path_plus(char *out, size_t cap, const char *path, const char *suffix)
+{
+    snprintf(out, cap, "%s%s", path, suffix);
+}
+
+/* SQLite reported the database damaged: build a new database from what
+ * still reads and checks out (salvage), move the damaged file aside as
+ * DIR/kvtier.db.damaged-<time> (with its WAL), put the new one in its place
+ * and go on with it. One rebuild at a time per directory (a lock file);
+ * a process that finds the file replaced already follows it instead. */
+static int recover(kvt_store *st)
+{
+    char why[400];
+    snprintf(why, sizeof why, "%s", st->sql_msg[0] ? st->sql_msg : "damaged");
+    st->corrupt = false;
+    st->sql_rc = 0;
+    rollback(st);
+    st->sql_rc = 0;
+    size_t plen = strlen(st->path) + 64;
+    char *nm[5];
+    for (int k = 0; k < 5; k++) nm[k] = kvt_malloc(plen);
+    if (!nm[0] || !nm[1] || !nm[2] || !nm[3] || !nm[4]) {
+        for (int k = 0; k < 5; k++) free(nm[k]);
+        return KVT_ENOMEM;
+    }
+    char *lock = nm[0], *tmp = nm[1], *aside = nm[2], *a = nm[3], *b = nm[4];
+    path_plus(lock, plen, st->path, ".lock");
+    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lfd >= 0) flock(lfd, LOCK_EX);
+    int rc;
+    if (st->db && !same_file(st)) { /* rebuilt by another process meanwhile */
+        close_db(st, true);
+        rc = open_db(st);
+        goto out;
+    }
+    snprintf(tmp, plen, "%s.rebuild-%d", st->path, (int)getpid());
+    long long now = (long long)time(NULL);
+    snprintf(aside, plen, "%s.damaged-%lld", st->path, now);
+    for (int k = 2; access(aside, F_OK) == 0 && k < 1000; k++) snprintf(aside, plen, "%s.damaged-%lld.%d", st->path, now, k);
+    unlink(tmp);
+    path_plus(a, plen, tmp, "-journal");
+    unlink(a);
+    size_t kept = 0, seen = 0;
+    bool built = false;
+    sqlite3 *nd = NULL;
+    if (sqlite3_open_v2(tmp, &nd, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) == SQLITE_OK &&
+        sqlite3_exec(nd, "PRAGMA synchronous=FULL; BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK &&
+        sqlite3_exec(nd, schema, NULL, NULL, NULL) == SQLITE_OK && (!st->db || salvage(st, nd, &kept, &seen) == KVT_OK)) {
+        sqlite3_stmt *ins = NULL;
+        int err = 0;
+        if (nd_ok(nd, sqlite3_prepare_v2(nd, "INSERT INTO counters(name, value) VALUES('damaged', ?1)"
+                                         " ON CONFLICT(name) DO UPDATE SET value = value + ?1", -1, &ins, NULL), &err)) {
+            sqlite3_bind_int64(ins, 1, (int64_t)(seen - kept));
+            nd_ok(nd, sqlite3_step(ins), &err);
+        }
+        sqlite3_finalize(ins);
+        ins = NULL;
+        if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "INSERT INTO quarantine(what, reason, at) VALUES('database', ?, ?)",
+                                                 -1, &ins, NULL), &err)) {
+            char reason[1200];
+            snprintf(reason, sizeof reason, "%s; moved to %s, %zu of %zu snapshots kept", why, aside, kept, seen);
+            sqlite3_bind_text(ins, 1, reason, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_double(ins, 2, now_unix());
+            nd_ok(nd, sqlite3_step(ins), &err);
+        }
+        sqlite3_finalize(ins);
+        built = !err && sqlite3_exec(nd, "COMMIT", NULL, NULL, NULL) == SQLITE_OK;
+    }
+    sqlite3_close(nd);
+    if (!built) { /* no room for a copy: start empty; the damaged file keeps everything */
+        unlink(tmp);
+        unlink(a);
+        kept = 0;
+    }
+    /* Close before the renames: the last connection out deletes the WAL and
+     * shared memory by name, which must still be the damaged database's. */
+    bool ours = !st->db || same_file(st);
+    close_db(st, false);
+    if (ours) {
+        if (rename(st->path, aside) != 0 && errno != ENOENT) {
+            rc = kvt_fail(KVT_EIO, "cache store: cannot move %s aside: %s", st->path, strerror(errno));
+            unlink(tmp);
+            goto out;
+        }
+        path_plus(a, plen, st->path, "-wal");
+        path_plus(b, plen, aside, "-wal");
+        rename(a, b);
+        path_plus(a, plen, st->path, "-shm"); /* rebuilt from the WAL by whoever opens it */
+        unlink(a);
+        if (built && rename(tmp, st->path) != 0) unlink(tmp);
+        int dfd = open(st->dir, O_RDONLY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+        if (!st->quiet)
+            fprintf(stderr, "kvtier: cache store %s is damaged (%s); moved to %s, %zu of %zu snapshots kept\n",
+                    st->path, why, aside, kept, seen);
+    } else {
+        unlink(tmp);
+    }
+    st->corrupt = false; /* what the reads of the damaged file met is behind us */
+    st->sql_rc = 0;
+    rc = open_db(st);
+out:
+    if (lfd >= 0) {
+        flock(lfd, LOCK_UN);
+        close(lfd);
+    }
+    for (int k = 0; k < 5; k++) free(nm[k]);
+    st->dirty = true;
+    st->data_version = -1;
+    return rc;
+}
+
+/* After a step of an operation failed: when SQLite found the database
+ * damaged, rebuild it; true when the caller should run the step again. */
+static bool rebuilt(kvt_store *st)
+{
+    if (!st->corrupt || st->inspect) return false;
+    return recover(st) == KVT_OK;
+}
+
+static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool inspect)
 {
     *out = NULL;
-    int rc = mkdirs(dir);
+    int rc = inspect ? KVT_OK : mkdirs(dir);
     if (rc) return rc;
     kvt_store *st = kvt_calloc(1, sizeof *st);
     if (!st) return KVT_ENOMEM;
@@ -231,47 +775,48 @@ int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget)
     st->dirty = true;
     st->data_version = -1;
     st->durable = true;
+    st->inspect = inspect;
     st->dir = kvt_strndup(dir, strlen(dir));
-    size_t plen = strlen(dir) + 32;
-    char *path = kvt_malloc(plen);
-    if (!st->dir || !path) { free(path); kvt_store_close(st); return KVT_ENOMEM; }
-    snprintf(path, plen, "%s/kvtier.db", dir);
-    rc = open_db(st, path);
-    if (rc == KVT_EIO && (sqlite3_errcode(st->db) == SQLITE_NOTADB || sqlite3_errcode(st->db) == SQLITE_CORRUPT)) {
-        /* Not a database we can use: move it aside, start empty. */
-        char *aside = kvt_malloc(plen + 32);
-        if (aside) {
-            snprintf(aside, plen + 32, "%s.damaged-%lld", path, (long long)time(NULL));
-            sqlite3_close(st->db);
-            st->db = NULL;
-            fprintf(stderr, "kvtier: cache store %s is damaged (%s); moved to %s\n", path, kvt_errmsg(), aside);
-            rename(path, aside);
-            char wal[4200];
-            snprintf(wal, sizeof wal, "%s-wal", path);
-            unlink(wal);
-            snprintf(wal, sizeof wal, "%s-shm", path);
-            unlink(wal);
-            free(aside);
-            rc = open_db(st, path);
-        }
+    size_t plen = strlen(dir) + 16;
+    st->path = kvt_malloc(plen);
+    if (!st->dir || !st->path) { kvt_store_close(st); return KVT_ENOMEM; }
+    snprintf(st->path, plen, "%s/kvtier.db", dir);
+    op_start(st, "open");
+    if (inspect && access(st->path, F_OK) != 0) {
+        rc = kvt_fail(KVT_ENOENT, "no cache store in %s", dir);
+    } else {
+        rc = open_db(st);
+        if (rc && rebuilt(st)) rc = KVT_OK;
     }
-    free(path);
     if (rc) { kvt_store_close(st); return rc; }
     *out = st;
     return KVT_OK;
 }
 
+int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget)
+{
+    return store_open(out, dir, budget, false);
+}
+
+int kvt_store_open_inspect(kvt_store **out, const char *dir)
+{
+    return store_open(out, dir, 0, true);
+}
+
 void kvt_store_close(kvt_store *st)
 {
     if (!st) return;
-    if (st->db && (st->lookups || st->hits || st->misses || st->save_errors) &&
-        exec(st, "BEGIN IMMEDIATE") == KVT_OK) {
+    op_start(st, "close");
+    if (st->db && !st->inspect && (st->lookups || st->hits || st->misses || st->save_errors) &&
+        begin(st) == KVT_OK) {
         flush_counters(st);
         commit(st);
     }
-    sqlite3_close(st->db);
+    close_db(st, st->db && !st->inspect && !same_file(st));
     free(st->idx);
+    free(st->gone);
     free(st->dir);
+    free(st->path);
     pthread_mutex_destroy(&st->mu);
     free(st);
 }
@@ -283,6 +828,48 @@ static int store_limit_pages(kvt_store *st, uint32_t pages)
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA max_page_count = %u", pages);
     return exec(st, sql);
+}
+
+/* ---- the index ---- */
+
+static int cmp_ientry(const void *a, const void *b)
+{
+    const ientry *x = a, *y = b;
+    if (x->head != y->head) return x->head < y->head ? -1 : 1;
+    return (x->n > y->n) - (x->n < y->n);
+}
+
+static void index_remove(kvt_store *st, int64_t id)
+{
+    for (size_t i = 0; i < st->n_idx; i++)
+        if (st->idx[i].id == id) {
+            memmove(&st->idx[i], &st->idx[i + 1], (st->n_idx - i - 1) * sizeof *st->idx);
+            st->n_idx--;
+            return;
+        }
+}
+
+/* A snapshot this process committed joins the index in place: a save costs
+ * the next lookup no rebuild. */
+static void index_add(kvt_store *st, ientry e)
+{
+    if (st->dirty) return; /* rebuilt before the next lookup anyway */
+    if (st->n_idx == st->cap_idx) {
+        size_t cap = st->cap_idx ? st->cap_idx : 16, bytes;
+        ientry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(st->idx, bytes) : NULL;
+        if (!g) { st->dirty = true; return; }
+        st->idx = g;
+        st->cap_idx = 2 * cap;
+    }
+    size_t lo = 0, hi = st->n_idx; /* after the entries that sort before it or equal */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cmp_ientry(&st->idx[mid], &e) <= 0) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(&st->idx[lo + 1], &st->idx[lo], (st->n_idx - lo) * sizeof *st->idx);
+    st->idx[lo] = e;
+    st->n_idx++;
 }
 
 /* ---- removal and eviction (inside a write transaction) ---- */
@@ -297,7 +884,16 @@ static int64_t drop_snap(kvt_store *st, int64_t id)
     q(st, NULL, "DELETE FROM snaps WHERE id = ?", 1, &id);
     q(st, NULL, "DELETE FROM blocks WHERE refs <= 0", 0, NULL);
     int64_t after = q_int(st, "SELECT COALESCE(SUM(bytes), 0) FROM blocks", 0, NULL, 0);
-    st->dirty = true;
+    if (st->n_gone == st->cap_gone) { /* it leaves the index when the transaction commits */
+        size_t cap = st->cap_gone ? st->cap_gone : 16, bytes;
+        int64_t *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(st->gone, bytes) : NULL;
+        if (g) {
+            st->gone = g;
+            st->cap_gone = 2 * cap;
+        }
+    }
+    if (st->n_gone < st->cap_gone) st->gone[st->n_gone++] = id;
+    else st->dirty = true;
     return before - after;
 }
 
@@ -310,7 +906,7 @@ static uint64_t total_bytes(kvt_store *st)
 static void enforce_budget(kvt_store *st, int64_t keep)
 {
     uint64_t total = total_bytes(st), evicted = 0;
-    while (total > st->budget) {
+    while (total > st->budget && !st->sql_rc) {
         int64_t victim = q_int(st, "SELECT id FROM snaps WHERE id != ? ORDER BY last_used ASC, id ASC LIMIT 1",
                                1, &keep, -1);
         if (victim < 0) break;
@@ -326,30 +922,26 @@ static void enforce_budget(kvt_store *st, int64_t keep)
 /* Replace a stored record by the same record without its fixed state. */
 static int drop_state(kvt_store *st, int64_t id)
 {
-    sqlite3_stmt *get = NULL, *put = NULL;
     kvt_wbuf out = {0};
-    int rc = KVT_OK;
-    if (sqlite3_prepare_v2(st->db, "SELECT data FROM snaps WHERE id = ?", -1, &get, NULL) != SQLITE_OK)
-        return sql_fail(st, "thin snapshot");
+    sqlite3_stmt *get = prep(st, "SELECT data FROM snaps WHERE id = ?", "thin snapshot");
+    if (!get) return sql_status(st);
     sqlite3_bind_int64(get, 1, id);
-    if (sqlite3_step(get) == SQLITE_ROW &&
+    /* a record that does not parse stays as it is: loading will quarantine it */
+    if (step(st, get, "thin snapshot") == SQLITE_ROW &&
         kvt_snap_without_state(sqlite3_column_blob(get, 0), (size_t)sqlite3_column_bytes(get, 0), &out) == KVT_OK &&
         out.len > 0) {
-        if (sqlite3_prepare_v2(st->db, "UPDATE snaps SET data = ?, bytes = ?, replay = 1 WHERE id = ?", -1, &put, NULL) !=
-            SQLITE_OK) {
-            rc = sql_fail(st, "thin snapshot");
-        } else {
+        sqlite3_stmt *put = prep(st, "UPDATE snaps SET data = ?, bytes = ?, replay = 1 WHERE id = ?", "thin snapshot");
+        if (put) {
             sqlite3_bind_blob(put, 1, out.p, (int)out.len, SQLITE_STATIC);
             sqlite3_bind_int64(put, 2, (int64_t)out.len);
             sqlite3_bind_int64(put, 3, id);
-            if (sqlite3_step(put) != SQLITE_DONE) rc = sql_fail(st, "thin snapshot");
+            step(st, put, "thin snapshot");
         }
+        sqlite3_finalize(put);
     }
-    /* a record that does not parse stays as it is: loading will quarantine it */
     sqlite3_finalize(get);
-    sqlite3_finalize(put);
     kvt_wbuf_free(&out);
-    return rc;
+    return sql_status(st);
 }
 
 /* Snapshots that the one just saved (n tokens, block keys keys) extends keep
@@ -359,39 +951,29 @@ static int drop_state(kvt_store *st, int64_t id)
 static int thin_ancestors(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, const uint64_t *keys,
                           int64_t self)
 {
-    size_t nb = n / KVT_BLOCK, cap = 16, k = 0;
-    int64_t *ids = kvt_malloc(cap * sizeof *ids);
-    sqlite3_stmt *sel = NULL;
-    if (!ids) return KVT_ENOMEM;
-    if (sqlite3_prepare_v2(st->db, "SELECT id, n_tokens, tail FROM snaps WHERE head = ? AND n_tokens < ? AND"
-                           " reason != 'cold' AND id != ? AND replay = 0", -1, &sel, NULL) != SQLITE_OK) {
-        free(ids);
-        return sql_fail(st, "thin snapshots");
-    }
-    int rc = KVT_OK;
-    for (size_t b = 0; b <= nb && !rc; b++) {
+    size_t nb = n / KVT_BLOCK;
+    idset ids = {0};
+    sqlite3_stmt *sel = prep(st, "SELECT id, n_tokens, tail FROM snaps WHERE head = ? AND n_tokens < ? AND"
+                                 " reason != 'cold' AND id != ? AND replay = 0", "thin snapshots");
+    if (!sel) return sql_status(st);
+    for (size_t b = 0; b <= nb && !st->sql_rc; b++) {
         uint64_t head = b ? keys[b - 1] : kvt_snap_key0(m);
         sqlite3_reset(sel);
         sqlite3_bind_int64(sel, 1, (int64_t)head);
         sqlite3_bind_int64(sel, 2, (int64_t)n);
         sqlite3_bind_int64(sel, 3, self);
-        while (sqlite3_step(sel) == SQLITE_ROW) {
+        while (step(st, sel, "thin snapshots") == SQLITE_ROW) {
             size_t na = (size_t)sqlite3_column_int64(sel, 1);
             if (na / KVT_BLOCK != b || (uint64_t)sqlite3_column_int64(sel, 2) !=
                                            kvt_snap_tail_hash(head, tokens + b * KVT_BLOCK, na - b * KVT_BLOCK))
                 continue;
-            if (k == cap) {
-                int64_t *g = realloc(ids, 2 * cap * sizeof *ids);
-                if (!g) { rc = kvt_fail(KVT_ENOMEM, "thin snapshots"); break; }
-                ids = g;
-                cap *= 2;
-            }
-            ids[k++] = sqlite3_column_int64(sel, 0);
+            idset_add(&ids, sqlite3_column_int64(sel, 0));
         }
     }
     sqlite3_finalize(sel);
-    for (size_t i = 0; i < k && !rc; i++) rc = drop_state(st, ids[i]);
-    free(ids);
+    int rc = ids.oom ? kvt_fail(KVT_ENOMEM, "thin snapshots") : sql_status(st);
+    for (size_t i = 0; i < ids.n && !rc; i++) rc = drop_state(st, ids.v[i]);
+    free(ids.v);
     return rc;
 }
 
@@ -430,7 +1012,10 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         hl += pl;
     }
     preview_of(head_text, hl, preview, sizeof preview);
-    if ((rc = exec(st, "BEGIN IMMEDIATE"))) goto out;
+    if ((rc = begin(st))) {
+        st->save_errors++;
+        goto out;
+    }
     int64_t id = -1;
     {
         int64_t a[3] = {head, (int64_t)n, tail};
@@ -438,90 +1023,85 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     }
     int64_t t = tick(st);
     bool fresh = id < 0;
-    if (id >= 0) { /* already stored: only the use moves */
+    if (st->sql_rc) {
+        /* the transaction rolls back below */
+    } else if (!fresh) { /* already stored: only the use moves */
         int64_t a[2] = {t, id};
         q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, a);
         /* ...unless a cold save meets another kind of entry: it becomes a
          * whole cold one, as if saved cold first (fork points stay whole) */
-        sqlite3_stmt *up = NULL;
-        if (reason && !strcmp(reason, "cold") &&
-            sqlite3_prepare_v2(st->db, "UPDATE snaps SET reason = 'cold', replay = 0, data = ?, bytes = ?"
-                               " WHERE id = ? AND (reason != 'cold' OR replay != 0)", -1, &up, NULL) == SQLITE_OK) {
+        sqlite3_stmt *up = reason && !strcmp(reason, "cold")
+                               ? prep(st, "UPDATE snaps SET reason = 'cold', replay = 0, data = ?, bytes = ?"
+                                          " WHERE id = ? AND (reason != 'cold' OR replay != 0)", "save snapshot")
+                               : NULL;
+        if (up) {
             sqlite3_bind_blob(up, 1, rec.p, (int)rec.len, SQLITE_STATIC);
             sqlite3_bind_int64(up, 2, (int64_t)rec.len);
             sqlite3_bind_int64(up, 3, id);
-            if (sqlite3_step(up) != SQLITE_DONE) rc = sql_fail(st, "save snapshot");
+            step(st, up, "save snapshot");
         }
         sqlite3_finalize(up);
     } else {
         uint64_t prev = kvt_snap_key0(s->m);
-        for (size_t b = 0; b < nb && !rc; b++) {
+        for (size_t b = 0; b < nb && !rc && !st->sql_rc; b++) {
             int64_t k = (int64_t)keys[b];
-            if (q_int(st, "SELECT 1 FROM blocks WHERE key = ?", 1, &k, 0) == 0) {
+            if (q_int(st, "SELECT 1 FROM blocks WHERE key = ?", 1, &k, 0) == 0 && !st->sql_rc) {
                 uint64_t key;
                 blk.len = 0;
                 if ((rc = kvt_snap_block(s, (uint32_t)b, prev, &blk, &key))) break;
-                sqlite3_stmt *ins = NULL;
-                if (sqlite3_prepare_v2(st->db, "INSERT INTO blocks(key, refs, bytes, data) VALUES(?, 0, ?, ?)", -1,
-                                       &ins, NULL) != SQLITE_OK) { rc = sql_fail(st, "save block"); break; }
-                sqlite3_bind_int64(ins, 1, k);
-                sqlite3_bind_int64(ins, 2, (int64_t)blk.len);
-                sqlite3_bind_blob(ins, 3, blk.p, (int)blk.len, SQLITE_STATIC);
-                int r = sqlite3_step(ins);
+                sqlite3_stmt *ins = prep(st, "INSERT INTO blocks(key, refs, bytes, data) VALUES(?, 0, ?, ?)", "save block");
+                if (ins) {
+                    sqlite3_bind_int64(ins, 1, k);
+                    sqlite3_bind_int64(ins, 2, (int64_t)blk.len);
+                    sqlite3_bind_blob(ins, 3, blk.p, (int)blk.len, SQLITE_STATIC);
+                    step(st, ins, "save block");
+                }
                 sqlite3_finalize(ins);
-                if (r != SQLITE_DONE) { rc = sql_fail(st, "save block"); break; }
             }
             prev = keys[b];
         }
-        if (!rc) {
-            sqlite3_stmt *ins = NULL;
-            if (sqlite3_prepare_v2(st->db,
-                                   "INSERT INTO snaps(model, head, n_tokens, tail, n_blocks, reason, created, last_used,"
-                                   " used_at, bytes, preview, data) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)", -1, &ins,
-                                   NULL) != SQLITE_OK) {
-                rc = sql_fail(st, "save snapshot");
-            } else {
-                double now = now_unix();
-                sqlite3_bind_int64(ins, 1, (int64_t)s->m->fingerprint);
-                sqlite3_bind_int64(ins, 2, head);
-                sqlite3_bind_int64(ins, 3, (int64_t)n);
-                sqlite3_bind_int64(ins, 4, tail);
-                sqlite3_bind_int64(ins, 5, (int64_t)nb);
-                sqlite3_bind_text(ins, 6, reason ? reason : "manual", -1, SQLITE_TRANSIENT);
-                sqlite3_bind_double(ins, 7, now);
-                sqlite3_bind_int64(ins, 8, t);
-                sqlite3_bind_double(ins, 9, now);
-                sqlite3_bind_int64(ins, 10, (int64_t)rec.len);
-                sqlite3_bind_text(ins, 11, preview, -1, SQLITE_TRANSIENT);
-                sqlite3_bind_blob(ins, 12, rec.p, (int)rec.len, SQLITE_STATIC);
-                if (sqlite3_step(ins) != SQLITE_DONE) rc = sql_fail(st, "save snapshot");
-                sqlite3_finalize(ins);
-            }
-            id = sqlite3_last_insert_rowid(st->db);
+        sqlite3_stmt *ins = rc ? NULL : prep(st, "INSERT INTO snaps(model, head, n_tokens, tail, n_blocks, reason, created,"
+                                                 " last_used, used_at, bytes, preview, data) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+                                             "save snapshot");
+        if (ins) {
+            double now = now_unix();
+            sqlite3_bind_int64(ins, 1, (int64_t)s->m->fingerprint);
+            sqlite3_bind_int64(ins, 2, head);
+            sqlite3_bind_int64(ins, 3, (int64_t)n);
+            sqlite3_bind_int64(ins, 4, tail);
+            sqlite3_bind_int64(ins, 5, (int64_t)nb);
+            sqlite3_bind_text(ins, 6, reason ? reason : "manual", -1, SQLITE_TRANSIENT);
+            sqlite3_bind_double(ins, 7, now);
+            sqlite3_bind_int64(ins, 8, t);
+            sqlite3_bind_double(ins, 9, now);
+            sqlite3_bind_int64(ins, 10, (int64_t)rec.len);
+            sqlite3_bind_text(ins, 11, preview, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_blob(ins, 12, rec.p, (int)rec.len, SQLITE_STATIC);
+            if (step(st, ins, "save snapshot") == SQLITE_DONE) id = sqlite3_last_insert_rowid(st->db);
         }
-        for (size_t b = 0; b < nb && !rc; b++) {
+        sqlite3_finalize(ins);
+        for (size_t b = 0; b < nb && !rc && !st->sql_rc; b++) {
             int64_t a[3] = {id, (int64_t)b, (int64_t)keys[b]};
-            if (!q_ok(q(st, NULL, "INSERT INTO snap_blocks(snap, idx, key) VALUES(?, ?, ?)", 3, a)) ||
-                !q_ok(q(st, NULL, "UPDATE blocks SET refs = refs + 1 WHERE key = ?", 1, &a[2])))
-                rc = sql_fail(st, "save references");
+            q(st, NULL, "INSERT INTO snap_blocks(snap, idx, key) VALUES(?, ?, ?)", 3, a);
+            q(st, NULL, "UPDATE blocks SET refs = refs + 1 WHERE key = ?", 1, &a[2]);
         }
-        if (!rc && s->m->arch->state_rebuild) rc = thin_ancestors(st, s->m, s->tokens, n, keys, id);
+        if (!rc && !st->sql_rc && s->m->arch->state_rebuild) rc = thin_ancestors(st, s->m, s->tokens, n, keys, id);
         if (!rc) {
             counter_add(st, "saves", 1);
             enforce_budget(st, id);
         }
     }
-    flush_counters(st);
-    if (rc || exec(st, "COMMIT") != KVT_OK) {
-        if (!rc) rc = sql_fail(st, "commit");
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", kvt_errmsg());
-        exec(st, "ROLLBACK");
+    if (!rc) {
+        flush_counters(st);
+        rc = commit(st);
+    } else {
+        rollback(st);
+    }
+    if (rc) {
         st->save_errors++;
-        rc = kvt_fail(rc, "%s", msg);
         goto out;
     }
-    st->dirty = true;
+    if (fresh) index_add(st, (ientry){(uint64_t)head, (uint64_t)tail, (uint32_t)n, id});
     if (id_out) *id_out = id;
     if (created) *created = fresh;
 out:
@@ -533,33 +1113,41 @@ out:
 
 /* ---- lookup ---- */
 
-static int cmp_ientry(const void *a, const void *b)
-{
-    const ientry *x = a, *y = b;
-    if (x->head != y->head) return x->head < y->head ? -1 : 1;
-    return (x->n > y->n) - (x->n < y->n);
-}
-
 static int refresh_index(kvt_store *st)
 {
     int64_t dv = q_int(st, "PRAGMA data_version", 0, NULL, -2);
+    if (st->sql_rc) return sql_status(st);
     if (!st->dirty && dv == st->data_version) return KVT_OK;
-    size_t cap = (size_t)q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0) + 16, n = 0;
-    ientry *idx = kvt_malloc(cap * sizeof *idx);
-    if (!idx) return KVT_ENOMEM;
-    sqlite3_stmt *stmt = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT head, n_tokens, tail, id FROM snaps", -1, &stmt, NULL) != SQLITE_OK) {
-        free(idx);
-        return sql_fail(st, "index");
-    }
-    while (sqlite3_step(stmt) == SQLITE_ROW && n < cap)
+    int64_t count = q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0);
+    if (st->sql_rc) return sql_status(st);
+    size_t cap = (count > 0 ? (size_t)count : 0) + 16, n = 0, bytes;
+    ientry *idx = kvt_mul_ok(cap, sizeof *idx, &bytes) ? kvt_malloc(bytes) : NULL;
+    if (!idx) return kvt_fail(KVT_ENOMEM, "cache index of %zu entries", cap);
+    sqlite3_stmt *stmt = prep(st, "SELECT head, n_tokens, tail, id FROM snaps", "index");
+    while (step(st, stmt, "index") == SQLITE_ROW) {
+        if (n == cap) { /* another connection added rows since the count */
+            ientry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(idx, bytes) : NULL;
+            if (!g) {
+                sqlite3_finalize(stmt);
+                free(idx);
+                return kvt_fail(KVT_ENOMEM, "cache index of %zu entries", 2 * cap);
+            }
+            idx = g;
+            cap *= 2;
+        }
         idx[n++] = (ientry){(uint64_t)sqlite3_column_int64(stmt, 0), (uint64_t)sqlite3_column_int64(stmt, 2),
                             (uint32_t)sqlite3_column_int64(stmt, 1), sqlite3_column_int64(stmt, 3)};
+    }
     sqlite3_finalize(stmt);
+    if (st->sql_rc) {
+        free(idx);
+        return sql_status(st);
+    }
     qsort(idx, n, sizeof *idx, cmp_ientry);
     free(st->idx);
     st->idx = idx;
     st->n_idx = n;
+    st->cap_idx = cap;
     st->data_version = dv;
     st->dirty = false;
     return KVT_OK;
@@ -621,7 +1209,10 @@ static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, si
     g->bad_key = key;
     sqlite3_reset(g->stmt);
     sqlite3_bind_int64(g->stmt, 1, (int64_t)key);
-    if (sqlite3_step(g->stmt) != SQLITE_ROW) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is missing", b, (unsigned long long)key);
+    int r = step(g->st, g->stmt, "load block");
+    if (r != SQLITE_ROW)
+        return r == SQLITE_DONE ? kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is missing", b, (unsigned long long)key)
+                                : sql_status(g->st);
     /* SQLite's copy stays valid until the next step: the loader checks and
      * copies a block before it asks for the next one */
     *p = sqlite3_column_blob(g->stmt, 0);
@@ -630,39 +1221,74 @@ static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, si
     return KVT_OK;
 }
 
-/* A damaged entry: report once, record, remove (with a bad block, every
- * snapshot that stands on it goes too). */
-static void quarantine(kvt_store *st, int64_t id, bool block_bad, uint64_t key, const char *reason)
+/* A damaged entry: record, remove, report once. id (-1: none) is the
+ * snapshot; with has_key the block of that key is damaged (or missing), and
+ * every snapshot that stands on it goes too. */
+static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, const char *reason)
 {
-    if (!st->quiet) fprintf(stderr, "kvtier: cache entry %lld is unusable (%s); removed\n", (long long)id, reason);
-    if (exec(st, "BEGIN IMMEDIATE")) return;
-    sqlite3_stmt *ins = NULL;
-    if (sqlite3_prepare_v2(st->db, "INSERT INTO quarantine(what, reason, at) VALUES(?, ?, ?)", -1, &ins, NULL) == SQLITE_OK) {
-        char what[64];
-        snprintf(what, sizeof what, block_bad ? "block %016llx" : "snapshot %lld",
-                 block_bad ? (unsigned long long)key : (unsigned long long)id);
-        sqlite3_bind_text(ins, 1, what, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_text(ins, 2, reason, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_double(ins, 3, now_unix());
-        sqlite3_step(ins);
-    }
-    sqlite3_finalize(ins);
-    if (block_bad) {
-        int64_t k = (int64_t)key;
-        sqlite3_stmt *sel = NULL;
-        if (sqlite3_prepare_v2(st->db, "SELECT DISTINCT snap FROM snap_blocks WHERE key = ?", -1, &sel, NULL) == SQLITE_OK) {
-            sqlite3_bind_int64(sel, 1, k);
-            int64_t victims[256];
-            size_t nv = 0;
-            while (sqlite3_step(sel) == SQLITE_ROW && nv < 256) victims[nv++] = sqlite3_column_int64(sel, 0);
-            sqlite3_finalize(sel);
-            for (size_t i = 0; i < nv; i++) drop_snap(st, victims[i]);
+    if (begin(st) == KVT_OK) {
+        sqlite3_stmt *ins = prep(st, "INSERT INTO quarantine(what, reason, at) VALUES(?, ?, ?)", "quarantine");
+        if (ins) {
+            char what[64];
+            if (has_key) snprintf(what, sizeof what, "block %016llx", (unsigned long long)key);
+            else snprintf(what, sizeof what, "snapshot %lld", (long long)id);
+            sqlite3_bind_text(ins, 1, what, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_text(ins, 2, reason, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_double(ins, 3, now_unix());
+            step(st, ins, "quarantine");
         }
-        q(st, NULL, "DELETE FROM blocks WHERE key = ?", 1, &k);
+        sqlite3_finalize(ins);
+        if (has_key) {
+            int64_t k = (int64_t)key;
+            idset victims = {0};
+            sqlite3_stmt *sel = prep(st, "SELECT DISTINCT snap FROM snap_blocks WHERE key = ?", "quarantine");
+            if (sel) {
+                sqlite3_bind_int64(sel, 1, k);
+                while (step(st, sel, "quarantine") == SQLITE_ROW) idset_add(&victims, sqlite3_column_int64(sel, 0));
+            }
+            sqlite3_finalize(sel);
+            if (victims.oom) sql_note(st, SQLITE_NOMEM, "quarantine");
+            for (size_t i = 0; i < victims.n; i++) drop_snap(st, victims.v[i]);
+            free(victims.v);
+            q(st, NULL, "DELETE FROM blocks WHERE key = ?", 1, &k);
+        }
+        if (id >= 0) drop_snap(st, id);
+        counter_add(st, "damaged", 1);
+        commit(st);
     }
-    drop_snap(st, id);
-    counter_add(st, "damaged", 1);
-    commit(st);
+    if (st->quiet) return;
+    char who[64];
+    if (id >= 0) snprintf(who, sizeof who, "cache entry %lld", (long long)id);
+    else snprintf(who, sizeof who, "cache block %016llx", (unsigned long long)key);
+    if (st->sql_rc) fprintf(stderr, "kvtier: %s is unusable (%s); not removed: %s\n", who, reason, st->sql_msg);
+    else fprintf(stderr, "kvtier: %s is unusable (%s); removed\n", who, reason);
+}
+
+/* Recording a use is bookkeeping: in WAL mode a commit without its fsync
+ * keeps the store consistent, and a crash forgets at most the last uses.
+ * Saves and removals stay synchronous=FULL. A failure to record one is
+ * reported; the load it follows stands. */
+static void record_use(kvt_store *st, int64_t id)
+{
+    if (st->durable) exec(st, "PRAGMA synchronous=NORMAL");
+    if (begin(st) == KVT_OK) {
+        int64_t a[2] = {tick(st), id};
+        q(st, NULL, "UPDATE snaps SET hits = hits + 1, last_used = ? WHERE id = ?", 2, a);
+        sqlite3_stmt *u = prep(st, "UPDATE snaps SET used_at = ? WHERE id = ?", NULL);
+        if (u) {
+            sqlite3_bind_double(u, 1, now_unix());
+            sqlite3_bind_int64(u, 2, id);
+            step(st, u, NULL);
+        }
+        sqlite3_finalize(u);
+        flush_counters(st);
+        commit(st);
+    }
+    if (st->durable) {
+        int rc = sqlite3_exec(st->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) sql_note(st, rc, "restore synchronous=FULL");
+    }
+    if (st->sql_rc && !st->quiet) fprintf(stderr, "kvtier: %s (a use of entry %lld not recorded)\n", st->sql_msg, (long long)id);
 }
 
 static int store_load(kvt_store *st, int64_t id, kvt_session *s)
@@ -671,53 +1297,42 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     /* one read transaction: the record and its blocks come from one state of
      * the store whatever other processes commit meanwhile, and the blocks
      * are read without a lock round trip each */
-    if (!sqlite3_get_autocommit(st->db)) exec(st, "ROLLBACK"); /* one a failed commit left open */
+    rollback(st); /* one a failed call left open */
     int rc = exec(st, "BEGIN");
     if (rc) return rc;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
     if (r != SQLITE_ROW) {
-        rc = q_ok(r) ? kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id) : sql_fail(st, "load");
-        exec(st, "COMMIT");
+        rc = st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
+        rollback(st);
         return rc;
     }
     size_t len = (size_t)sqlite3_column_bytes(stmt, 0);
     uint8_t *rec = kvt_malloc(len ? len : 1);
-    if (!rec) { sqlite3_finalize(stmt); exec(st, "COMMIT"); return KVT_ENOMEM; }
+    if (!rec) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
     if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
     sqlite3_finalize(stmt);
     struct getter g = {st, NULL, UINT32_MAX, 0};
     bool rebuild = false;
-    if (sqlite3_prepare_v2(st->db, "SELECT data FROM blocks WHERE key = ?", -1, &g.stmt, NULL) != SQLITE_OK) {
-        rc = sql_fail(st, "load");
+    g.stmt = prep(st, "SELECT data FROM blocks WHERE key = ?", "load block");
+    if (!g.stmt) {
+        rc = sql_status(st);
     } else {
         rc = kvt_snap_load_start(s, rec, len, get_block, &g, &rebuild);
         if (rc == KVT_OK) g.bad_block = UINT32_MAX; /* from here on a failure is the record's */
     }
     sqlite3_finalize(g.stmt);
-    exec(st, "COMMIT"); /* ends the read; kvt_errmsg() still says why a load failed */
+    /* a read that failed is the database's failure, never the record's */
+    if (st->sql_rc) rc = sql_status(st);
+    char why[512];
+    snprintf(why, sizeof why, "%s", kvt_errmsg());
+    rollback(st); /* ends the read */
     if (rc == KVT_OK) rc = kvt_snap_load_finish(s, rebuild); /* a replay needs no database */
+    else kvt_fail(rc, "%s", why);
     bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
     if (rc == KVT_OK) {
         st->hits++;
-        /* Recording a use is bookkeeping: in WAL mode a commit without its
-         * fsync keeps the store consistent, and a crash forgets at most the
-         * last uses. Saves and removals stay synchronous=FULL. */
-        if (st->durable) exec(st, "PRAGMA synchronous=NORMAL");
-        if (exec(st, "BEGIN IMMEDIATE") == KVT_OK) {
-            int64_t a[2] = {tick(st), id};
-            q(st, NULL, "UPDATE snaps SET hits = hits + 1, last_used = ? WHERE id = ?", 2, a);
-            sqlite3_stmt *u = NULL;
-            if (sqlite3_prepare_v2(st->db, "UPDATE snaps SET used_at = ? WHERE id = ?", -1, &u, NULL) == SQLITE_OK) {
-                sqlite3_bind_double(u, 1, now_unix());
-                sqlite3_bind_int64(u, 2, id);
-                sqlite3_step(u);
-            }
-            sqlite3_finalize(u);
-            flush_counters(st);
-            commit(st);
-        }
-        if (st->durable) exec(st, "PRAGMA synchronous=FULL");
+        record_use(st, id);
         return KVT_OK;
     }
     if (rc == KVT_ENOMEM || rc == KVT_ECTX || rc == KVT_EIO || future) {
@@ -740,21 +1355,28 @@ static int store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *to
     for (int attempt = 0; attempt < 4; attempt++) {
         size_t match;
         int64_t id;
+        st->sql_rc = 0; /* each attempt stands alone: a removal that failed was reported */
         int rc = store_lookup(st, s->m, tokens, n, &match, &id);
-        if (rc || !match) return rc == KVT_ENOMEM ? rc : KVT_OK;
-        if (match > s->n_ctx) return KVT_OK;
-        rc = store_load(st, id, s);
+        if (rc == KVT_OK && (!match || match > s->n_ctx)) return KVT_OK;
+        if (rc == KVT_OK) rc = store_load(st, id, s);
         if (rc == KVT_ENOMEM) return rc;
-        if (rc) continue; /* removed; the next lookup may find a shorter prefix */
-        if (kvt_session_len(s) == match && !memcmp(kvt_session_tokens(s), tokens, match * sizeof *tokens)) {
-            *reused = match;
+        if (rc == KVT_OK) {
+            if (kvt_session_len(s) == match && !memcmp(kvt_session_tokens(s), tokens, match * sizeof *tokens)) {
+                *reused = match;
+                return KVT_OK;
+            }
+            /* a hash collision: never use rows of another prefix */
+            s->n = 0;
+            kvt_cache_truncate(s->cache, 0);
+            kvt_session_ckpt_clear(s);
             return KVT_OK;
         }
-        /* a hash collision: never use rows of another prefix */
-        s->n = 0;
-        kvt_cache_truncate(s->cache, 0);
-        kvt_session_ckpt_clear(s);
-        return KVT_OK;
+        if (rebuilt(st)) continue; /* the database was damaged: look again in the rebuilt one */
+        if (rc == KVT_EIO) {       /* a miss; the store is not at fault for the prompt */
+            if (!st->quiet) fprintf(stderr, "kvtier: %s (a miss)\n", kvt_errmsg());
+            return KVT_OK;
+        }
+        /* the entry was removed or is passed over: a shorter prefix may serve */
     }
     return KVT_OK;
 }
@@ -763,20 +1385,179 @@ static int store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *to
 
 static int store_rm(kvt_store *st, int64_t id)
 {
-    int rc = exec(st, "BEGIN IMMEDIATE");
+    int rc = begin(st);
     if (rc) return rc;
-    if (q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &id, 0) == 0) {
-        exec(st, "ROLLBACK");
+    if (q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &id, 0) == 0 && !st->sql_rc) {
+        rollback(st);
         return kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
     }
     drop_snap(st, id);
     return commit(st);
 }
 
+typedef struct badrec { int64_t id; bool block; char why[200]; } badrec;
+
+typedef struct checked {
+    size_t records, bad; /* records read (or that could not be read), of them damaged */
+    badrec *list;        /* (bad of them) */
+    bool oom;
+} checked;
+
+static void found_bad(kvt_store *st, checked *o, int64_t id, bool block, const char *why)
+{
+    badrec *g = NULL;
+    size_t bytes;
+    if (!o->oom && kvt_mul_ok(o->bad + 1, sizeof *g, &bytes) && (g = realloc(o->list, bytes))) {
+        o->list = g;
+        g[o->bad] = (badrec){id, block, ""};
+        snprintf(g[o->bad].why, sizeof g[o->bad].why, "%s", why);
+    } else {
+        o->oom = true;
+    }
+    o->bad++;
+    if (st->quiet) return;
+    if (block) fprintf(stderr, "kvtier: block %016llx: %s\n", (unsigned long long)id, why);
+    else fprintf(stderr, "kvtier: snapshot %lld: %s\n", (long long)id, why);
+}
+
+/* A statement to inspect with, or NULL (damage that keeps it from being
+ * prepared, such as a damaged schema, is a finding). */
+static sqlite3_stmt *prep_inspect(kvt_store *st, const char *sql, const char *what)
+{
+    sqlite3_stmt *stmt = prep(st, sql, what);
+    if (!stmt && forget_finding(st) && !st->quiet) fprintf(stderr, "kvtier: %s\n", st->sql_msg);
+    return stmt;
+}
+
+/* Check every record: each snapshot the database lists (its row against its
+ * record, and the record's checksums), then each block that a sound
+ * snapshot stands on or that the blocks table holds. A record SQLite cannot
+ * read is damaged, and so is a block missing under a snapshot. Damage that
+ * cuts a list short is reported; a failure other than damage ends the
+ * check and is its result. */
+static int check_records(kvt_store *st, checked *o)
+{
+    idset ids = {0}, keys = {0};
+    snap_ids(st, &ids, true);
+    idset_seal(&ids);
+    char why[512];
+    sqlite3_stmt *get = prep_inspect(st, "SELECT " SNAP_COLS " FROM snaps WHERE id = ?", "snapshot");
+    for (size_t i = 0; i < ids.n && get && !st->sql_rc; i++) {
+        sqlite3_reset(get);
+        sqlite3_bind_int64(get, 1, ids.v[i]);
+        int r = step(st, get, "snapshot");
+        if (r == SQLITE_DONE) continue; /* named by the index only: the integrity check reports that */
+        o->records++;
+        kvt_snap_info in;
+        if (r != SQLITE_ROW) {
+            snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
+            if (!forget_damage(st)) break;
+            found_bad(st, o, ids.v[i], false, why);
+        } else if (check_snap_row(get, 0, &in) != KVT_OK) {
+            found_bad(st, o, ids.v[i], false, kvt_errmsg());
+        } else {
+            for (uint32_t b = 0; b < in.nb; b++) idset_add(&keys, (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b));
+        }
+    }
+    sqlite3_finalize(get);
+    sqlite3_stmt *all = prep_inspect(st, "SELECT key FROM blocks", "blocks");
+    while (step(st, all, "blocks") == SQLITE_ROW) idset_add(&keys, sqlite3_column_int64(all, 0));
+    sqlite3_finalize(all);
+    if (forget_damage(st) && !st->quiet) fprintf(stderr, "kvtier: %s\n", st->sql_msg);
+    idset_seal(&keys);
+    sqlite3_stmt *getb = prep_inspect(st, "SELECT bytes, data FROM blocks WHERE key = ?", "block");
+    for (size_t i = 0; i < keys.n && getb && !st->sql_rc; i++) {
+        sqlite3_reset(getb);
+        sqlite3_bind_int64(getb, 1, keys.v[i]);
+        int r = step(st, getb, "block");
+        o->records++;
+        if (r == SQLITE_DONE) {
+            found_bad(st, o, keys.v[i], true, "missing (a snapshot stands on it)");
+        } else if (r != SQLITE_ROW) {
+            snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
+            if (!forget_damage(st)) break;
+            found_bad(st, o, keys.v[i], true, why);
+        } else if (check_block_row(getb, 0, (uint64_t)keys.v[i]) != KVT_OK) {
+            found_bad(st, o, keys.v[i], true, kvt_errmsg());
+        }
+    }
+    sqlite3_finalize(getb);
+    bool oom = ids.oom || keys.oom || o->oom;
+    free(ids.v);
+    free(keys.v);
+    if (st->sql_rc) return sql_status(st);
+    return oom ? kvt_fail(KVT_ENOMEM, "cache store: verify") : KVT_OK;
+}
+
+/* SQLite's integrity check: the lines it reports other than "ok", and a
+ * failure that stops it (a damaged schema or header) as one more line. */
+static int store_integrity(kvt_store *st, size_t *problems, char **report)
+{
+    *problems = 0;
+    if (report) *report = NULL;
+    kvt_wbuf out = {0};
+    char stop[300] = "";
+    sqlite3_stmt *stmt = prep(st, "PRAGMA integrity_check", "integrity check");
+    if (!stmt) snprintf(stop, sizeof stop, "%s", sqlite3_errmsg(st->db));
+    int r;
+    while ((r = step(st, stmt, "integrity check")) == SQLITE_ROW) {
+        /* "ok", or problems a line each, under a heading per database
+         * (there is one: the heading is left out) */
+        const char *text = (const char *)sqlite3_column_text(stmt, 0);
+        for (const char *l = text; l && *l;) {
+            size_t len = strcspn(l, "\n");
+            if (!(len == 2 && !memcmp(l, "ok", 2)) && strncmp(l, "*** in database ", 16)) {
+                (*problems)++;
+                kvt_wbuf_put(&out, l, len);
+                kvt_wbuf_put(&out, "\n", 1);
+            }
+            l += len + (l[len] == '\n');
+        }
+    }
+    if (stmt && r != SQLITE_DONE) snprintf(stop, sizeof stop, "%s", sqlite3_errmsg(st->db));
+    sqlite3_finalize(stmt);
+    if (forget_finding(st)) { /* it could not run, or not to its end: that is a finding too */
+        (*problems)++;
+        kvt_wbuf_put(&out, "the check stopped: ", 19);
+        kvt_wbuf_put(&out, stop, strlen(stop));
+        kvt_wbuf_put(&out, "\n", 1);
+    }
+    kvt_wbuf_put(&out, "", 1);
+    int rc = sql_status(st);
+    if (!rc && out.oom) rc = kvt_fail(KVT_ENOMEM, "cache store: integrity check");
+    if (rc || !report) {
+        kvt_wbuf_free(&out);
+        return rc;
+    }
+    *report = (char *)out.p;
+    return KVT_OK;
+}
+
 static int store_gc(kvt_store *st)
 {
-    int rc = exec(st, "BEGIN IMMEDIATE");
+    size_t problems = 0;
+    char *report = NULL;
+    int rc = store_integrity(st, &problems, &report);
     if (rc) return rc;
+    if (problems) { /* rebuilt from the records that check out (the caller's recover) */
+        size_t len = strcspn(report, "\n");
+        st->corrupt = true;
+        snprintf(st->sql_msg, sizeof st->sql_msg, "integrity check: %.*s", (int)(len < 300 ? len : 300), report);
+        free(report);
+        return kvt_fail(KVT_EIO, "cache store: %s", st->sql_msg);
+    }
+    free(report);
+    /* records that fail their checks go, as a load that met them would remove them */
+    checked o = {0};
+    if ((rc = check_records(st, &o)) || st->corrupt) {
+        free(o.list);
+        return rc ? rc : kvt_fail(KVT_EIO, "cache store: gc: damaged records");
+    }
+    for (size_t i = 0; i < o.bad && !o.oom && !st->sql_rc; i++)
+        quarantine(st, o.list[i].block ? -1 : o.list[i].id, o.list[i].block, (uint64_t)o.list[i].id, o.list[i].why);
+    free(o.list);
+    if (st->sql_rc) return sql_status(st);
+    if ((rc = begin(st))) return rc;
     enforce_budget(st, -1);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap NOT IN (SELECT id FROM snaps)", 0, NULL);
     q(st, NULL, "UPDATE blocks SET refs = (SELECT COUNT(*) FROM snap_blocks WHERE snap_blocks.key = blocks.key)", 0, NULL);
@@ -787,32 +1568,14 @@ static int store_gc(kvt_store *st)
     return exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-static int store_verify(kvt_store *st, size_t *bad, size_t *checked)
+static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
 {
-    *bad = *checked = 0;
-    const char *sqls[2] = {"SELECT id, data FROM snaps", "SELECT key, data FROM blocks"};
-    for (int k = 0; k < 2; k++) {
-        sqlite3_stmt *stmt = NULL;
-        if (sqlite3_prepare_v2(st->db, sqls[k], -1, &stmt, NULL) != SQLITE_OK) return sql_fail(st, "verify");
-        while (sqlite3_step(stmt) == SQLITE_ROW) {
-            const uint8_t *p = sqlite3_column_blob(stmt, 1);
-            size_t len = (size_t)sqlite3_column_bytes(stmt, 1);
-            int64_t id = sqlite3_column_int64(stmt, 0);
-            kvt_snap_info in;
-            uint64_t key;
-            int rc = !p ? kvt_fail(KVT_EFORMAT, "empty") : k == 0 ? kvt_snap_parse_raw(p, len, &in)
-                                                                  : kvt_snap_block_check(p, len, &key);
-            if (!rc && k == 1 && key != (uint64_t)id) rc = kvt_fail(KVT_EMISMATCH, "block stored under another key");
-            (*checked)++;
-            if (rc) {
-                (*bad)++;
-                if (!st->quiet)
-                    fprintf(stderr, "kvtier: %s %llx: %s\n", k ? "block" : "snapshot", (unsigned long long)id, kvt_errmsg());
-            }
-        }
-        sqlite3_finalize(stmt);
-    }
-    return KVT_OK;
+    checked o = {0};
+    int rc = check_records(st, &o);
+    free(o.list);
+    *bad = o.bad;
+    *n_checked = o.records;
+    return rc;
 }
 
 static int store_stats_get(kvt_store *st, kvt_store_stats *o)
@@ -828,37 +1591,45 @@ static int store_stats_get(kvt_store *st, kvt_store_stats *o)
         {"saves", &o->saves, 0}, {"evictions", &o->evictions, 0}, {"damaged", &o->damaged, 0},
         {"save_errors", &o->save_errors, st->save_errors},
     };
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        sqlite3_stmt *stmt = NULL;
+    sqlite3_stmt *stmt = prep(st, "SELECT value FROM counters WHERE name = ?", "stats");
+    for (size_t i = 0; i < sizeof c / sizeof c[0] && stmt; i++) {
         *c[i].dst = c[i].pending;
-        if (sqlite3_prepare_v2(st->db, "SELECT value FROM counters WHERE name = ?", -1, &stmt, NULL) == SQLITE_OK) {
-            sqlite3_bind_text(stmt, 1, c[i].name, -1, SQLITE_STATIC);
-            if (sqlite3_step(stmt) == SQLITE_ROW) *c[i].dst += (uint64_t)sqlite3_column_int64(stmt, 0);
-        }
-        sqlite3_finalize(stmt);
+        sqlite3_reset(stmt);
+        sqlite3_bind_text(stmt, 1, c[i].name, -1, SQLITE_STATIC);
+        if (step(st, stmt, "stats") == SQLITE_ROW) *c[i].dst += (uint64_t)sqlite3_column_int64(stmt, 0);
     }
-    return KVT_OK;
+    sqlite3_finalize(stmt);
+    return sql_status(st);
 }
 
 static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    size_t cap = (size_t)q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0) + 1, k = 0;
+    int64_t count = q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0);
+    if (st->sql_rc) return sql_status(st);
+    size_t cap = (count > 0 ? (size_t)count : 0) + 1, k = 0;
     kvt_store_entry *e = kvt_calloc(cap, sizeof *e);
     if (!e) return KVT_ENOMEM;
-    sqlite3_stmt *stmt = NULL;
-    if (sqlite3_prepare_v2(st->db,
-                           "SELECT id, model, bytes, hits, n_tokens, n_blocks, created, used_at, reason, preview,"
-                           " (SELECT COUNT(*) FROM snap_blocks sb JOIN blocks b ON b.key = sb.key"
-                           "   WHERE sb.snap = snaps.id AND b.refs > 1)"
-                           ", replay"
-                           " FROM snaps ORDER BY last_used DESC", -1, &stmt, NULL) != SQLITE_OK) {
-        free(e);
-        return sql_fail(st, "list");
-    }
-    while (sqlite3_step(stmt) == SQLITE_ROW && k < cap) {
+    sqlite3_stmt *stmt = prep(st, "SELECT id, model, bytes, hits, n_tokens, n_blocks, created, used_at, reason, preview,"
+                                  " (SELECT COUNT(*) FROM snap_blocks sb JOIN blocks b ON b.key = sb.key"
+                                  "   WHERE sb.snap = snaps.id AND b.refs > 1)"
+                                  ", replay"
+                                  " FROM snaps ORDER BY last_used DESC", NULL);
+    while (step(st, stmt, NULL) == SQLITE_ROW) {
+        if (k == cap) { /* another connection added entries since the count */
+            size_t bytes;
+            kvt_store_entry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(e, bytes) : NULL;
+            if (!g) {
+                sqlite3_finalize(stmt);
+                free(e);
+                return kvt_fail(KVT_ENOMEM, "cache list of %zu entries", 2 * cap);
+            }
+            e = g;
+            cap *= 2;
+        }
         kvt_store_entry *x = &e[k++];
+        memset(x, 0, sizeof *x);
         x->id = sqlite3_column_int64(stmt, 0);
         x->model = (uint64_t)sqlite3_column_int64(stmt, 1);
         x->bytes = (uint64_t)sqlite3_column_int64(stmt, 2);
@@ -867,12 +1638,18 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
         x->n_blocks = (uint32_t)sqlite3_column_int64(stmt, 5);
         x->created = sqlite3_column_double(stmt, 6);
         x->used_at = sqlite3_column_double(stmt, 7);
-        snprintf(x->reason, sizeof x->reason, "%s", (const char *)sqlite3_column_text(stmt, 8));
-        snprintf(x->preview, sizeof x->preview, "%s", (const char *)sqlite3_column_text(stmt, 9));
+        const char *reason = (const char *)sqlite3_column_text(stmt, 8);
+        const char *preview = (const char *)sqlite3_column_text(stmt, 9);
+        snprintf(x->reason, sizeof x->reason, "%s", reason ? reason : "");
+        snprintf(x->preview, sizeof x->preview, "%s", preview ? preview : "");
         x->shared_blocks = (uint32_t)sqlite3_column_int64(stmt, 10);
         x->replay = sqlite3_column_int64(stmt, 11) != 0;
     }
     sqlite3_finalize(stmt);
+    if (st->sql_rc) {
+        free(e);
+        return sql_status(st);
+    }
     *out = e;
     *n = k;
     return KVT_OK;
@@ -882,19 +1659,19 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 {
     sqlite3_stmt *stmt = NULL, *blk = NULL;
     int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
-    if (r != SQLITE_ROW) return q_ok(r) ? kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id) : sql_fail(st, "show");
+    if (r != SQLITE_ROW) return st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
     kvt_snap_info in;
     kvt_wbuf out = {0};
     int rc = kvt_snap_parse_raw(sqlite3_column_blob(stmt, 0), (size_t)sqlite3_column_bytes(stmt, 0), &in);
-    if (!rc && sqlite3_prepare_v2(st->db, "SELECT data FROM blocks WHERE key = ?", -1, &blk, NULL) != SQLITE_OK)
-        rc = sql_fail(st, "show");
+    if (!rc && !(blk = prep(st, "SELECT data FROM blocks WHERE key = ?", NULL))) rc = sql_status(st);
     /* the prefix's text: every block's text, then the tail's */
     for (uint32_t b = 0; !rc && b < in.nb; b++) {
         sqlite3_reset(blk);
         sqlite3_bind_int64(blk, 1, (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b));
         const uint8_t *t;
         size_t tl;
-        if (sqlite3_step(blk) != SQLITE_ROW) rc = kvt_fail(KVT_EFORMAT, "block %u is missing", b);
+        int s = step(st, blk, NULL);
+        if (s != SQLITE_ROW) rc = s == SQLITE_DONE ? kvt_fail(KVT_EFORMAT, "block %u is missing", b) : sql_status(st);
         else if (!(rc = kvt_snap_block_text(sqlite3_column_blob(blk, 0), (size_t)sqlite3_column_bytes(blk, 0), &t, &tl)))
             kvt_wbuf_put(&out, t, tl);
     }
@@ -913,107 +1690,147 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     return KVT_OK;
 }
 
-/* ---- public entry points: one caller at a time per store ---- */
+/* ---- public entry points: one caller at a time per store ----
+ *
+ * Each starts an operation (enter), follows a database another process
+ * rebuilt, and ends (leave) by rebuilding one that SQLite reported damaged
+ * meanwhile. An operation that failed on the damage runs once more on the
+ * rebuilt database; verify and the integrity check report what they found
+ * instead. */
+
+static int enter(kvt_store *st, const char *name, bool writes)
+{
+    pthread_mutex_lock(&st->mu);
+    op_start(st, name);
+    int rc = follow(st);
+    if (!rc && !st->db) rc = kvt_fail(KVT_EIO, "cache store %s is unavailable", st->path);
+    if (!rc && writes && st->inspect) rc = kvt_fail(KVT_EINVAL, "cache store %s is open to inspect only", st->path);
+    return rc;
+}
+
+static int leave(kvt_store *st, int rc)
+{
+    if (st->corrupt && !st->inspect) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvt_errmsg());
+        recover(st);
+        kvt_fail(rc, "%s", why);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
 
 int kvt_store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_save(st, s, n, reason, id_out, NULL);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    return kvt_store_save_new(st, s, n, reason, id_out, NULL);
 }
 
 int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out, bool *created)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_save(st, s, n, reason, id_out, created);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "save", true);
+    if (!rc && (rc = store_save(st, s, n, reason, id_out, created)) && rebuilt(st))
+        rc = store_save(st, s, n, reason, id_out, created);
+    return leave(st, rc);
 }
 
 int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_lookup(st, m, tokens, n, match, id);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    *match = 0;
+    *id = -1;
+    int rc = enter(st, "lookup", false);
+    if (!rc && (rc = store_lookup(st, m, tokens, n, match, id)) && rebuilt(st))
+        rc = store_lookup(st, m, tokens, n, match, id);
+    return leave(st, rc);
 }
 
 int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_load(st, id, s);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "load", false);
+    if (!rc && (rc = store_load(st, id, s)) == KVT_EIO && rebuilt(st)) rc = store_load(st, id, s);
+    return leave(st, rc);
 }
 
 int kvt_store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t *reused)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_restore_prefix(st, s, tokens, n, reused);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    *reused = 0;
+    int rc = enter(st, "restore", false);
+    if (!rc) {
+        rc = store_restore_prefix(st, s, tokens, n, reused);
+    } else if (rc != KVT_ENOMEM) { /* a miss (kvtier.h) */
+        if (!st->quiet) fprintf(stderr, "kvtier: %s (a miss)\n", kvt_errmsg());
+        rc = KVT_OK;
+    }
+    return leave(st, rc);
 }
 
 int kvt_store_rm(kvt_store *st, int64_t id)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_rm(st, id);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "rm", true);
+    if (!rc && (rc = store_rm(st, id)) && rebuilt(st)) rc = store_rm(st, id);
+    return leave(st, rc);
 }
 
 int kvt_store_gc(kvt_store *st)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_gc(st);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "gc", true);
+    if (!rc && (rc = store_gc(st)) && rebuilt(st)) rc = store_gc(st);
+    return leave(st, rc);
 }
 
 int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_verify(st, bad, checked);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    *bad = *checked = 0;
+    int rc = enter(st, "verify", false);
+    if (!rc) rc = store_verify(st, bad, checked);
+    return leave(st, rc);
+}
+
+int kvt_store_integrity(kvt_store *st, size_t *problems, char **report)
+{
+    *problems = 0;
+    if (report) *report = NULL;
+    int rc = enter(st, "integrity check", false);
+    if (!rc) rc = store_integrity(st, problems, report);
+    return leave(st, rc);
 }
 
 int kvt_store_stats_get(kvt_store *st, kvt_store_stats *o)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_stats_get(st, o);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    memset(o, 0, sizeof *o);
+    int rc = enter(st, "stats", false);
+    if (!rc && (rc = store_stats_get(st, o)) && rebuilt(st)) rc = store_stats_get(st, o);
+    return leave(st, rc);
 }
 
 int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_list(st, out, n);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    *out = NULL;
+    *n = 0;
+    int rc = enter(st, "ls", false);
+    if (!rc && (rc = store_list(st, out, n)) && rebuilt(st)) rc = store_list(st, out, n);
+    return leave(st, rc);
 }
 
 int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_text(st, id, text, len);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "show", false);
+    if (!rc && (rc = store_text(st, id, text, len)) == KVT_EIO && rebuilt(st)) rc = store_text(st, id, text, len);
+    return leave(st, rc);
 }
 
 int kvt_store_set_synchronous(kvt_store *st, bool on)
 {
-    st->durable = on;
-    return exec(st, on ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF");
+    int rc = enter(st, "synchronous", true);
+    if (!rc) {
+        st->durable = on;
+        rc = exec(st, on ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF");
+    }
+    return leave(st, rc);
 }
 
 int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
 {
-    pthread_mutex_lock(&st->mu);
-    int rc = store_limit_pages(st, pages);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
+    int rc = enter(st, "limit pages", true);
+    if (!rc) rc = store_limit_pages(st, pages);
+    return leave(st, rc);
 }
-
