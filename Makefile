@@ -8,7 +8,7 @@
 # the flags pkg-config gives are written to $(BUILD)/config.mk.
 
 CC      ?= cc
-PKGS    := $(shell sed -n 's/^[a-z0-9.+-]*[[:space:]]*pc://p' tools/debian-packages)
+PKGS    := $(shell sed -n 's/^[a-z0-9.+-]*[[:space:]]*pc:\([^[:space:]]*\)[[:space:]]*$$/\1/p' tools/debian-packages)
 # -ffp-contract=off: the compiler must never fuse a*b+c on its own; every fma
 # in the kernels is explicit so scalar and AVX2 paths share one rounding order.
 OPT     ?= -O2 -g
@@ -22,6 +22,10 @@ SRCS    := $(filter-out src/cli.c,$(wildcard src/*.c))
 OBJS    := $(SRCS:src/%.c=$(BUILD)/obj/%.o)
 TSRCS   := $(wildcard tests/*.c)
 TOBJS   := $(TSRCS:tests/%.c=$(BUILD)/tobj/%.o)
+# The fuzz targets' bodies (tests/fuzz/, below) are in the test binary too:
+# tests/test_fuzz_regress.c replays the saved inputs through them.
+FSRCS   := $(filter-out $(addprefix tests/fuzz/,shim.c seedgen.c capture.c),$(wildcard tests/fuzz/*.c))
+TOBJS   += $(FSRCS:tests/fuzz/%.c=$(BUILD)/tobj/fuzz/%.o)
 LIB     := $(BUILD)/libkvtier.a
 BIN     := $(BUILD)/kvtier
 TBIN    := $(BUILD)/kvtier-tests
@@ -42,9 +46,11 @@ $(BUILD)/config.mk: tools/debian-packages tools/deps.sh Makefile
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h include/*.h) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/tobj/%.o: tests/%.c $(wildcard src/*.h include/*.h tests/*.h) | $(BUILD)/tobj
+$(BUILD)/tobj/%.o: tests/%.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(BUILD)/tobj
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/obj $(BUILD)/tobj:
+$(BUILD)/tobj/fuzz/%.o: tests/fuzz/%.c $(wildcard src/*.h include/*.h tests/fuzz/*.h) | $(BUILD)/tobj/fuzz
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj $(BUILD)/tobj $(BUILD)/tobj/fuzz:
 	mkdir -p $@
 
 $(LIB): $(OBJS)
@@ -73,6 +79,64 @@ bench: $(BIN)
 tools: $(BUILD)/store_io
 $(BUILD)/store_io: tools/store_io.c | $(BUILD)/obj
 	$(CC) -O2 -Wall -o $@ $< $(shell pkg-config --libs sqlite3)
+
+# libFuzzer targets (tests/fuzz/README.md): the library and the targets built
+# with clang into build-fuzz/, each target run for FUZZ_SECONDS on a corpus
+# in build-fuzz/corpus/<target>/ seeded from tests/fuzz/seeds/<target>/ and
+# from what the engine and the tests write; fails when any target finds a
+# crash, a leak, a timeout or a broken property (the input is then in
+# build-fuzz/crashes/<target>/). FUZZ_TARGETS=... runs some of them.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= gguf snapshot block api_chat api_completions api_responses api_messages api_count_tokens \
+                toolcall template tokenizer
+FUZZ_CC      ?= clang
+FB           := build-fuzz
+FUZZ_CFLAGS   = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+                -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+                -ffp-contract=off -fno-math-errno -Iinclude -Isrc $(PKG_CFLAGS)
+FUZZ_OBJS    := $(SRCS:src/%.c=$(FB)/obj/%.o)
+FUZZ_HOBJS   := $(FSRCS:tests/%.c=$(FB)/tobj/%.o)
+
+.PHONY: fuzz fuzz-build fuzz-seeds
+fuzz: fuzz-build fuzz-seeds
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FB) $(FUZZ_TARGETS)
+fuzz-build: $(FUZZ_TARGETS:%=$(FB)/fuzz-%)
+fuzz-seeds: $(FB)/seeds/stamp
+
+$(FB)/deps.stamp: tools/debian-packages tools/deps.sh
+	@tools/deps.sh fuzz
+	@mkdir -p $(FB) && touch $@
+$(FB)/obj/%.o: src/%.c $(wildcard src/*.h include/*.h) | $(FB)/deps.stamp
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_COV) -c $< -o $@
+FUZZ_COV     := -fsanitize=fuzzer-no-link
+# The kernels are no parser: still under the sanitizers, but without the
+# coverage instrumentation that slowed every forward pass several times.
+$(FB)/obj/kernels.o: FUZZ_COV := -O2
+$(FB)/tobj/%.o: tests/%.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FB)/libkvtier.a: $(FUZZ_OBJS)
+	rm -f $@ && ar rcs $@ $^
+$(FB)/fuzz-%: tests/fuzz/shim.c tests/fuzz/fuzz.h $(FUZZ_HOBJS) $(FB)/libkvtier.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -DFUZZ_ENTRY=fuzz_$* -o $@ $< $(FUZZ_HOBJS) $(FB)/libkvtier.a $(LDLIBS)
+# Seeds the engine writes (GGUFs, snapshot and block records, texts) and the
+# request bodies and model outputs tests/test_api.c parses, captured as it runs.
+$(FB)/seedgen: $(FB)/tobj/fuzz/seedgen.o $(FUZZ_HOBJS) $(FB)/libkvtier.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS)
+$(FB)/capture-api: $(FB)/tobj/capture-test_api.o $(FB)/tobj/main.o $(FB)/tobj/fuzz/capture.o $(FB)/tobj/fuzz/common.o \
+                  $(FB)/libkvtier.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS)
+$(FB)/tobj/capture-test_api.o: tests/test_api.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -fsanitize=fuzzer-no-link -include tests/fuzz/capture.h -c $< -o $@
+$(FB)/seeds/stamp: $(FB)/seedgen $(FB)/capture-api $(wildcard tests/golden/*)
+	rm -rf $(FB)/seeds && mkdir -p $(FB)/seeds
+	$(FB)/seedgen $(FB)/seeds
+	cp tests/golden/*.bin $(FB)/seeds/snapshot/
+	KVT_FUZZ_CAPTURE=$(FB)/seeds $(FB)/capture-api >$(FB)/seeds/capture.log 2>&1 || \
+	    { tail -n 20 $(FB)/seeds/capture.log; echo "capture-api failed (log: $(FB)/seeds/capture.log)"; exit 1; }
+	touch $@
 
 clean:
 	rm -rf build build-asan

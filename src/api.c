@@ -1460,7 +1460,11 @@ static bool call_body(const char *s, size_t a, size_t b, size_t *na, size_t *nb,
             trim(s, aa, ab);
         }
     }
-    return *nb > *na && !memchr(s + *na, '\n', *nb - *na);
+    /* A name is one line of printable bytes, and neither part may hold a NUL
+     * (names and arguments are C strings): a body that breaks this is no call. */
+    for (size_t i = *na; i < *nb; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return false;
+    return *nb > *na && !memchr(s + *aa, 0, *ab - *aa);
 }
 
 int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)

@@ -124,6 +124,24 @@ __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *d
 }
 #endif
 
+#ifdef KVT_HAVE_X86
+#include <cpuid.h>
+/* AVX2, FMA and F16C from cpuid, with the OS's consent to the AVX state
+ * (OSXSAVE, XCR0 bits 1-2). Read directly rather than through
+ * __builtin_cpu_supports, whose feature strings differ between compilers
+ * (clang 14 has no "f16c"). */
+static int cpu_has_avx2_fma_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6) != 6) return 0;
+    bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
+    return fma && f16c && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 5 & 1);
+}
+#endif
+
 static int simd_state = -1; /* -1 unknown, 0 scalar, 1 avx2 */
 static bool forced_scalar;
 
@@ -131,9 +149,7 @@ static bool use_simd(void)
 {
     if (simd_state < 0) {
 #ifdef KVT_HAVE_X86
-        __builtin_cpu_init();
-        simd_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                     __builtin_cpu_supports("f16c");
+        simd_state = cpu_has_avx2_fma_f16c();
 #else
         simd_state = 0;
 #endif

@@ -100,3 +100,59 @@ TEST(build_one_package_list)
     CHECKF(readme_test, "README's set-up is not `make run` and `make test`");
     CHECKF(ci_test, ".ci/run does not run exactly `make test`");
 }
+
+/* A package whose third column names a make goal is needed by that goal
+ * alone: tools/deps.sh checks it only when given the goal (`tools/deps.sh
+ * fuzz`), never for the build every user runs; and each goal named in the
+ * list is one the Makefile checks for. Run on a copy of deps.sh whose list
+ * adds a package that cannot be found, tagged with a goal. */
+TEST(build_goal_packages)
+{
+    if (access("Makefile", R_OK) || access(PKG_LIST, R_OK) || access("tools/deps.sh", R_OK))
+        SKIP("not run from the repository root");
+    char *list = kvt_test_read_file(PKG_LIST, NULL), *mk = kvt_test_read_file("Makefile", NULL);
+    CHECK(list && mk);
+    /* the goals of the real list */
+    bool goals_ok = true;
+    char *copy = strdup(list), *s1 = NULL;
+    for (char *line = strtok_r(copy, "\n", &s1); line; line = strtok_r(NULL, "\n", &s1)) {
+        char pkg[64], check[128], goals[128], *s2 = NULL;
+        if (line[0] == '#' || sscanf(line, "%63s %127s %127s", pkg, check, goals) != 3) continue;
+        for (char *g = strtok_r(goals, ",", &s2); g; g = strtok_r(NULL, ",", &s2)) {
+            char want[160];
+            snprintf(want, sizeof want, "tools/deps.sh %s", g);
+            if (!strstr(mk, want)) { goals_ok = false; printf("    %s: the Makefile never runs `%s`\n", pkg, want); }
+        }
+    }
+    free(copy);
+    free(mk);
+    char dir[] = "/tmp/kvtier-deps-XXXXXX";
+    CHECK(mkdtemp(dir));
+    char path[128], cmd[512], *out[3] = {NULL, NULL, NULL};
+    snprintf(path, sizeof path, "%s/debian-packages", dir);
+    FILE *f = fopen(path, "w");
+    bool wrote = f && fputs(list, f) >= 0 &&
+                 fputs("kvt-test-absent      cmd:kvt-test-no-such-command   other,kvtgoal\n", f) >= 0;
+    if (f) fclose(f);
+    free(list);
+    snprintf(cmd, sizeof cmd, "cp tools/deps.sh %s/", dir);
+    bool copied = wrote && system(cmd) == 0;
+    int st[3] = {-1, -1, -1};
+    static const char *const goal[3] = {"", "kvtgoal", "fuzzless"};
+    for (int i = 0; copied && i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "KVT_DEPS_INSTALL=0 sh %s/deps.sh %s", dir, goal[i]);
+        st[i] = run_sh(cmd, &out[i]);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("    could not remove %s\n", dir);
+    for (int i = 0; i < 3; i++)
+        if (out[i] && *out[i]) printf("    deps.sh %s (exit %d): %.500s\n", goal[i], st[i], out[i]);
+    bool base = st[0] == 0, tagged = st[1] == 1 && out[1] && strstr(out[1], "apt-get install -y kvt-test-absent"),
+         other = st[2] == 0;
+    for (int i = 0; i < 3; i++) free(out[i]);
+    CHECK(copied);
+    CHECKF(base, "without a goal, deps.sh asks for a package only a goal needs");
+    CHECKF(tagged, "with its goal, deps.sh does not name the missing package");
+    CHECKF(other, "deps.sh asks for a package tagged with another goal");
+    CHECK(goals_ok);
+}

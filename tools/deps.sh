@@ -5,12 +5,22 @@
 # questions (apt-get update, then apt-get install); otherwise it prints the
 # apt-get line to run and exits 1, before anything is compiled.
 # KVT_DEPS_INSTALL=0 never installs (as if not root).
+#
+# Usage: tools/deps.sh [GOAL]. Without GOAL it checks the packages every
+# build needs (the lines of the list with no third column); with a make goal
+# (`tools/deps.sh fuzz`) also those whose third column names that goal (a
+# comma-separated list of goals).
 set -u
 list="$(dirname "$0")/debian-packages"
+goal=${1:-}
 
 missing_pkgs() {
-    grep -v '^[[:space:]]*#' "$list" | while read -r pkg check; do
+    grep -v '^[[:space:]]*#' "$list" | while read -r pkg check goals _; do
         [ -n "$pkg" ] || continue
+        case ${goals:+,$goals,} in
+        "" | *",$goal,"*) ;;
+        *) continue ;;
+        esac
         kind=${check%%:*} name=${check#*:}
         case $kind in
         pc)   command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$name" ;;
