@@ -9,6 +9,8 @@
 #include "util.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
                          size_t state_bytes)
@@ -37,15 +39,34 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
     return c;
 }
 
+/* Free one block: its own allocation, or its share of an arena. */
+static void block_free(kvt_cache *c, uint8_t *p)
+{
+    if (!p) return;
+    for (size_t i = 0; i < c->n_arenas; i++) {
+        kvt_arena *a = &c->arenas[i];
+        if (p >= a->base && p < a->base + a->bytes) {
+            if (--a->live == 0) {
+                free(a->base);
+                c->arenas[i] = c->arenas[--c->n_arenas];
+            }
+            return;
+        }
+    }
+    free(p);
+}
+
 void kvt_cache_free(kvt_cache *c)
 {
     if (!c) return;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
         if (!st->blocks) continue;
-        for (size_t b = 0; b < st->n_blocks; b++) free(st->blocks[b]);
+        for (size_t b = 0; b < st->n_blocks; b++) block_free(c, st->blocks[b]);
         free(st->blocks);
     }
+    for (size_t i = 0; i < c->n_arenas; i++) free(c->arenas[i].base);
+    free(c->arenas);
     free(c->streams);
     free(c->state);
     free(c);
@@ -68,8 +89,81 @@ void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
     size_t keep = (n_tokens + KVT_BLOCK - 1) / KVT_BLOCK;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
-        for (size_t b = keep; b < st->n_blocks; b++) { free(st->blocks[b]); st->blocks[b] = NULL; }
+        for (size_t b = keep; b < st->n_blocks; b++) { block_free(c, st->blocks[b]); st->blocks[b] = NULL; }
     }
+    /* An arena that keeps under a quarter of its blocks gives them their own
+     * allocations and goes, so a long load rolled back to a short prefix
+     * does not hold the memory of the long one. */
+    for (size_t i = 0; i < c->n_arenas;) {
+        kvt_arena *a = &c->arenas[i];
+        if (a->live * 4 >= a->count) { i++; continue; }
+        bool moved = true;
+        for (size_t s = 0; s < c->n_streams && moved; s++) {
+            kvt_stream *st = &c->streams[s];
+            size_t blk = (size_t)st->rows_per_block * st->row_bytes;
+            for (size_t b = 0; b < st->n_blocks && moved; b++) {
+                uint8_t *p = st->blocks[b];
+                if (!p || p < a->base || p >= a->base + a->bytes) continue;
+                uint8_t *q = malloc(blk);
+                if (!q) { moved = false; break; } /* keep the arena: nothing is lost */
+                memcpy(q, p, blk);
+                st->blocks[b] = q;
+                a->live--;
+            }
+        }
+        if (a->live == 0) {
+            free(a->base);
+            c->arenas[i] = c->arenas[--c->n_arenas];
+        } else {
+            i++;
+        }
+    }
+}
+
+#define HUGE_PAGE (2u << 20)
+
+int kvt_cache_reserve(kvt_cache *c, size_t nb)
+{
+    size_t per_block = 0, bytes, count = 0;
+    for (size_t s = 0; s < c->n_streams; s++) {
+        const kvt_stream *st = &c->streams[s];
+        if (nb > st->n_blocks) return KVT_ENOMEM;
+        for (size_t b = 0; b < nb; b++)
+            if (st->blocks[b]) return KVT_EINVAL;
+        per_block += (size_t)st->rows_per_block * st->row_bytes;
+    }
+    if (!nb || !per_block) return KVT_OK;
+    if (!kvt_mul_ok(nb, per_block, &bytes)) return KVT_ENOMEM;
+    kvt_arena *g = realloc(c->arenas, (c->n_arenas + 1) * sizeof *g);
+    if (!g) return KVT_ENOMEM;
+    c->arenas = g;
+    uint8_t *base = NULL;
+    /* A large one on huge-page boundaries, so the kernel may back it with
+     * 2 MiB pages (one fault each instead of 512) */
+    if (bytes >= 2 * HUGE_PAGE) {
+        size_t up = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        if (posix_memalign((void **)&base, HUGE_PAGE, up) == 0) {
+#ifdef MADV_HUGEPAGE
+            madvise(base, up, MADV_HUGEPAGE);
+#endif
+            bytes = up;
+        } else {
+            base = NULL;
+        }
+    } else {
+        base = malloc(bytes);
+    }
+    if (!base) return KVT_ENOMEM;
+    c->arenas[c->n_arenas++] = (kvt_arena){base, bytes, 0, 0};
+    uint8_t *p = base;
+    for (size_t s = 0; s < c->n_streams; s++) {
+        kvt_stream *st = &c->streams[s];
+        size_t blk = (size_t)st->rows_per_block * st->row_bytes;
+        if (!blk) continue;
+        for (size_t b = 0; b < nb; b++, p += blk, count++) st->blocks[b] = p;
+    }
+    c->arenas[c->n_arenas - 1].live = c->arenas[c->n_arenas - 1].count = count;
+    return KVT_OK;
 }
 
 size_t kvt_cache_bytes_allocated(const kvt_cache *c)

@@ -5,8 +5,9 @@
  * exactly). A cache is a set of row streams; a stream holds fixed-size rows
  * and a block of 128 tokens contributes `rows_per_block` rows to it (128 for
  * llama's full K and V rows; 32 and 1 for ds4's compressed rows). Each block
- * is a separate allocation, so whole blocks can later be addressed, shared
- * and persisted by the token prefix they cover.
+ * has its own row memory (its own allocation, or its part of the one a
+ * snapshot load makes for all the blocks it restores), so whole blocks can
+ * be addressed, shared and persisted by the token prefix they cover.
  *
  * Next to the streams, a cache holds a fixed-size state area whose size does
  * not depend on the context: ds4's sliding-window ring and the frontier (the
@@ -32,9 +33,18 @@ typedef struct kvt_stream {
     uint8_t **blocks;        /* (n_blocks) -> (rows_per_block, row_bytes) or NULL */
 } kvt_stream;
 
+/* One allocation holding the blocks of several streams (kvt_cache_reserve):
+ * freed when the last block in it is. */
+typedef struct kvt_arena {
+    uint8_t *base;
+    size_t bytes, live, count; /* live: blocks in it still in use, of count */
+} kvt_arena;
+
 typedef struct kvt_cache {
     size_t n_streams;
     kvt_stream *streams;     /* (n_streams) */
+    kvt_arena *arenas;       /* (n_arenas) */
+    size_t n_arenas;
     size_t max_tokens;       /* capacity in tokens (the context) */
     uint8_t *state;          /* (state_bytes) fixed-size state: window rings, frontiers */
     size_t state_bytes;
@@ -53,6 +63,14 @@ void kvt_cache_free(kvt_cache *c);
 /* Row r of stream s, allocating its block on first use (NULL: out of memory
  * or r past capacity). */
 void *kvt_cache_row(kvt_cache *c, size_t s, size_t r);
+/* Give blocks [0, nb) of every stream their memory in one allocation,
+ * uninitialised: the caller (a snapshot load) writes every byte of them
+ * before they are used, or truncates them away. The blocks must not exist
+ * yet. One allocation instead of one per block and stream: fewer calls, and
+ * its pages are faulted in as one run (huge pages where the kernel gives
+ * them). Blocks freed later go one by one as before; the allocation goes
+ * with the last of them. KVT_ENOMEM, or KVT_OK. */
+int kvt_cache_reserve(kvt_cache *c, size_t nb);
 /* Row r of stream s for reading; the block must exist. */
 static inline const void *kvt_cache_row_ro(const kvt_cache *c, size_t s, size_t r)
 {
@@ -64,7 +82,10 @@ static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_t
 {
     return n_tokens * c->streams[s].rows_per_block / KVT_BLOCK;
 }
-/* Keep tokens [0, n_tokens): free blocks that lie wholly past them. */
+/* Keep tokens [0, n_tokens): free blocks that lie wholly past them. The
+ * blocks kept stay put, except those of an arena left under a quarter
+ * used: they move to allocations of their own (rows are addressed through
+ * the block table, never held across a truncation). */
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
 /* Bytes held in allocated blocks. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);

@@ -63,6 +63,18 @@ typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint
 /* Replace the session's state with a record and its blocks; on failure the
  * session is left empty. */
 int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
+/* Block records read into a buffer of the caller's: *buf (of *cap bytes,
+ * grown with realloc as needed) receives block b's record, *len its
+ * length. Called from the thread that calls kvt_snap_load_read_start. */
+typedef int (*kvt_block_read_fn)(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len);
+/* kvt_snap_load_start with blocks read by read. On a session whose pool has
+ * two threads or more, the blocks are checked and copied on another thread
+ * while this one reads the next ones; the outcome is the same as reading,
+ * checking and copying them one after the other: the first block whose
+ * read or check fails is the failure. *bad_block and *bad_key receive that
+ * block's index and key (UINT32_MAX: the failure is not a block's). */
+int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, void *user,
+                             bool *rebuild, uint32_t *bad_block, uint64_t *bad_key);
 /* kvt_snap_load in two steps, so that a caller can release what it read the
  * blocks from before the slow part: _start checks and copies everything in
  * and sets *rebuild when the state must still be rebuilt by replay (keeping

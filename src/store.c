@@ -12,6 +12,13 @@
  *   snaps(id, model, head, n_tokens, tail, ..., data)
  *   snap_blocks(snap, idx, key)           which blocks a snapshot stands on
  *   counters(name, value), meta(k, v), quarantine(...)
+ *   totals(bytes, snaps, blocks, refs)   one row, kept exact by triggers
+ *
+ * A save reads the store's size from totals and evicts through an index on
+ * snaps(last_used): its cost does not grow with the number of entries. A
+ * load reads the snapshot's blocks in order through one incremental blob
+ * handle into one reused buffer, and their rows go into one allocation
+ * (kvt_cache_reserve).
  *
  * Every SQLite failure is a failure of the operation that met it (sql_note),
  * never the end of a table. When SQLite reports the database damaged
@@ -285,6 +292,48 @@ static const char *schema =
     "  at REAL NOT NULL);"
     "INSERT OR IGNORE INTO meta(k, v) VALUES('schema', 1), ('tick', 0);";
 
+/* Running totals, so that a save reads the store's size instead of adding
+ * it up (docs/STORE.md): one row, kept by triggers in the transaction of
+ * every insert, delete or resize of a snapshot, block or block reference,
+ * whichever build or code path makes it, so they are exact after any
+ * commit and roll back with any rollback. A store without them (made
+ * before them, or rebuilt by a build that predates them) gets them added
+ * up once, in the transaction that creates the triggers. The index on
+ * last_used lets eviction take the least recently used snapshot without a
+ * sort of the table. Builds before these ignore them (their writes fire
+ * the triggers all the same), so the schema version stays 1. */
+static const char *schema_totals =
+    "CREATE TABLE IF NOT EXISTS totals(one INTEGER PRIMARY KEY CHECK (one = 1), bytes INTEGER NOT NULL,"
+    "  snaps INTEGER NOT NULL, blocks INTEGER NOT NULL, refs INTEGER NOT NULL);"
+    "INSERT OR IGNORE INTO totals(one, bytes, snaps, blocks, refs) SELECT 1,"
+    "  (SELECT COALESCE(SUM(bytes), 0) FROM snaps) + (SELECT COALESCE(SUM(bytes), 0) FROM blocks),"
+    "  (SELECT COUNT(*) FROM snaps), (SELECT COUNT(*) FROM blocks), (SELECT COUNT(*) FROM snap_blocks);"
+    "CREATE TRIGGER IF NOT EXISTS totals_snap_add AFTER INSERT ON snaps BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) + IFNULL(NEW.bytes, 0), snaps = IFNULL(snaps, 0) + 1; END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_snap_del AFTER DELETE ON snaps BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) - IFNULL(OLD.bytes, 0), snaps = IFNULL(snaps, 0) - 1; END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_snap_size AFTER UPDATE OF bytes ON snaps BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) - IFNULL(OLD.bytes, 0) + IFNULL(NEW.bytes, 0); END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_block_add AFTER INSERT ON blocks BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) + IFNULL(NEW.bytes, 0), blocks = IFNULL(blocks, 0) + 1; END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_block_del AFTER DELETE ON blocks BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) - IFNULL(OLD.bytes, 0), blocks = IFNULL(blocks, 0) - 1; END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_block_size AFTER UPDATE OF bytes ON blocks BEGIN"
+    "  UPDATE totals SET bytes = IFNULL(bytes, 0) - IFNULL(OLD.bytes, 0) + IFNULL(NEW.bytes, 0); END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_ref_add AFTER INSERT ON snap_blocks BEGIN"
+    "  UPDATE totals SET refs = IFNULL(refs, 0) + 1; END;"
+    "CREATE TRIGGER IF NOT EXISTS totals_ref_del AFTER DELETE ON snap_blocks BEGIN"
+    "  UPDATE totals SET refs = IFNULL(refs, 0) - 1; END;"
+    "CREATE INDEX IF NOT EXISTS snaps_lru ON snaps(last_used, id);";
+
+/* What schema_totals adds, all present, and the totals row: the schema is
+ * up to date and an open need not take the write lock to set it up. */
+static const char *schema_current =
+    "SELECT (SELECT v FROM meta WHERE k = 'schema'), (SELECT COUNT(*) FROM totals),"
+    " (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('totals_snap_add', 'totals_snap_del', 'totals_snap_size',"
+    "   'totals_block_add', 'totals_block_del', 'totals_block_size', 'totals_ref_add', 'totals_ref_del', 'snaps_lru')),"
+    " (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay')";
+
 static int mkdirs(const char *dir)
 {
     char *p = kvt_strndup(dir, strlen(dir));
@@ -325,6 +374,29 @@ static void unusable_header(kvt_store *st)
         st->corrupt = true;
 }
 
+/* True when the database has every table, column, trigger and index this
+ * build adds (then *ver gets its schema version). A database that lacks
+ * some is not current; a failure other than a missing object is noted. */
+static bool schema_is_current(kvt_store *st, int64_t *ver)
+{
+    sqlite3_stmt *stmt = NULL;
+    int rc = sqlite3_prepare_v2(st->db, schema_current, -1, &stmt, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_finalize(stmt);
+        if ((rc & 0xff) != SQLITE_ERROR) sql_note(st, rc, "open");
+        return false; /* no such table: set it up */
+    }
+    bool current = false;
+    if (step(st, stmt, "open") == SQLITE_ROW) {
+        *ver = sqlite3_column_type(stmt, 0) == SQLITE_NULL ? -1 : sqlite3_column_int64(stmt, 0);
+        current = *ver >= 0 && sqlite3_column_int64(stmt, 1) == 1 && sqlite3_column_int64(stmt, 2) == 9 &&
+                  sqlite3_column_int64(stmt, 3) == 1;
+    }
+    sqlite3_finalize(stmt);
+    /* a header that forbids writing: the set-up path finds it (unusable_header) */
+    return current && !st->sql_rc && sqlite3_db_readonly(st->db, "main") == 0;
+}
+
 static int open_db(kvt_store *st)
 {
     st->dirty = true;
@@ -348,20 +420,28 @@ static int open_db(kvt_store *st)
     if (st->inspect) return sqlite3_db_config(st->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL) == SQLITE_OK
                                 ? KVT_OK : sql_note(st, sqlite3_errcode(st->db), "open");
     if ((rc = exec(st, "PRAGMA journal_mode=WAL")) ||
-        (rc = exec(st, st->durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF")) || (rc = begin(st))) {
+        (rc = exec(st, st->durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF"))) {
         unusable_header(st);
         return rc;
     }
-    exec(st, schema);
-    /* snaps.replay (the record has no state section) came after the first
-     * stores: add it where it is missing. Builds that predate it ignore it
-     * and write whole records, which its default describes. */
-    if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0)
-        exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0");
-    int64_t ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
-    if ((rc = commit(st))) {
-        unusable_header(st);
-        return rc;
+    int64_t ver = -1;
+    if (!schema_is_current(st, &ver)) {
+        if (st->sql_rc || (rc = begin(st))) {
+            unusable_header(st);
+            return sql_status(st);
+        }
+        exec(st, schema);
+        /* snaps.replay (the record has no state section) came after the first
+         * stores: add it where it is missing. Builds that predate it ignore it
+         * and write whole records, which its default describes. */
+        if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0)
+            exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0");
+        exec(st, schema_totals);
+        ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
+        if ((rc = commit(st))) {
+            unusable_header(st);
+            return rc;
+        }
     }
     if (ver != SCHEMA_VERSION)
         return kvt_fail(KVT_EUNSUPPORTED, "cache store %s has schema version %lld (this build uses %d)", st->path,
@@ -687,7 +767,9 @@ static int recover(kvt_store *st)
     sqlite3 *nd = NULL;
     if (sqlite3_open_v2(tmp, &nd, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, "PRAGMA synchronous=FULL; BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK &&
-        sqlite3_exec(nd, schema, NULL, NULL, NULL) == SQLITE_OK && (!st->db || salvage(st, nd, &kept, &seen) == KVT_OK)) {
+        sqlite3_exec(nd, schema, NULL, NULL, NULL) == SQLITE_OK &&
+        sqlite3_exec(nd, schema_totals, NULL, NULL, NULL) == SQLITE_OK &&
+        (!st->db || salvage(st, nd, &kept, &seen) == KVT_OK)) {
         sqlite3_stmt *ins = NULL;
         int err = 0;
         if (nd_ok(nd, sqlite3_prepare_v2(nd, "INSERT INTO counters(name, value) VALUES('damaged', ?1)"
@@ -872,18 +954,74 @@ static void index_add(kvt_store *st, ientry e)
     st->n_idx++;
 }
 
+/* The running totals (schema_totals), or, in a store opened to inspect that
+ * predates them, the same added up. */
+typedef struct totals { int64_t bytes, snaps, blocks, refs; } totals;
+
+static const char *totals_sum =
+    "SELECT (SELECT COALESCE(SUM(bytes), 0) FROM snaps) + (SELECT COALESCE(SUM(bytes), 0) FROM blocks),"
+    " (SELECT COUNT(*) FROM snaps), (SELECT COUNT(*) FROM blocks), (SELECT COUNT(*) FROM snap_blocks)";
+
+static bool read_totals(kvt_store *st, const char *sql, totals *t)
+{
+    memset(t, 0, sizeof *t);
+    sqlite3_stmt *stmt = NULL;
+    if (q(st, &stmt, sql, 0, NULL) != SQLITE_ROW) return false;
+    *t = (totals){sqlite3_column_int64(stmt, 0), sqlite3_column_int64(stmt, 1), sqlite3_column_int64(stmt, 2),
+                  sqlite3_column_int64(stmt, 3)};
+    sqlite3_finalize(stmt);
+    return true;
+}
+
+static bool has_totals(kvt_store *st)
+{
+    return q_int(st, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'totals'", 0, NULL, 0) == 1;
+}
+
+static void get_totals(kvt_store *st, totals *t)
+{
+    if (st->inspect && !st->sql_rc && !has_totals(st)) read_totals(st, totals_sum, t);
+    else read_totals(st, "SELECT bytes, snaps, blocks, refs FROM totals", t);
+}
+
+/* Set the totals to what the tables add up to (inside a write transaction);
+ * true when they differed. Only damage makes them differ: a damaged row's
+ * size read back as another number when it is removed. gc and the removal
+ * of a damaged entry (quarantine) call this; *was and *now (may be NULL)
+ * receive both. */
+static bool resync_totals(kvt_store *st, totals *was, totals *now)
+{
+    totals a, b;
+    read_totals(st, "SELECT bytes, snaps, blocks, refs FROM totals", &a);
+    if (!read_totals(st, totals_sum, &b)) return false;
+    if (was) *was = a;
+    if (now) *now = b;
+    if (!memcmp(&a, &b, sizeof a)) return false;
+    q(st, NULL, "DELETE FROM totals", 0, NULL);
+    int64_t v[4] = {b.bytes, b.snaps, b.blocks, b.refs};
+    q(st, NULL, "INSERT INTO totals(one, bytes, snaps, blocks, refs) VALUES(1, ?, ?, ?, ?)", 4, v);
+    return true;
+}
+
+static uint64_t total_bytes(kvt_store *st)
+{
+    totals t;
+    get_totals(st, &t);
+    return t.bytes > 0 ? (uint64_t)t.bytes : 0;
+}
+
 /* ---- removal and eviction (inside a write transaction) ---- */
 
 /* Remove a snapshot and the blocks only it referenced; returns bytes freed. */
 static int64_t drop_snap(kvt_store *st, int64_t id)
 {
-    int64_t before = q_int(st, "SELECT COALESCE(SUM(bytes), 0) FROM blocks", 0, NULL, 0) +
-                     q_int(st, "SELECT bytes FROM snaps WHERE id = ?", 1, &id, 0);
+    int64_t before = (int64_t)total_bytes(st);
+    /* only its own blocks can reach no references: no scan of the table */
     q(st, NULL, "UPDATE blocks SET refs = refs - 1 WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?)", 1, &id);
+    q(st, NULL, "DELETE FROM blocks WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?) AND refs <= 0", 1, &id);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap = ?", 1, &id);
     q(st, NULL, "DELETE FROM snaps WHERE id = ?", 1, &id);
-    q(st, NULL, "DELETE FROM blocks WHERE refs <= 0", 0, NULL);
-    int64_t after = q_int(st, "SELECT COALESCE(SUM(bytes), 0) FROM blocks", 0, NULL, 0);
+    int64_t after = (int64_t)total_bytes(st);
     if (st->n_gone == st->cap_gone) { /* it leaves the index when the transaction commits */
         size_t cap = st->cap_gone ? st->cap_gone : 16, bytes;
         int64_t *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(st->gone, bytes) : NULL;
@@ -895,12 +1033,6 @@ static int64_t drop_snap(kvt_store *st, int64_t id)
     if (st->n_gone < st->cap_gone) st->gone[st->n_gone++] = id;
     else st->dirty = true;
     return before - after;
-}
-
-static uint64_t total_bytes(kvt_store *st)
-{
-    return (uint64_t)(q_int(st, "SELECT COALESCE(SUM(bytes), 0) FROM snaps", 0, NULL, 0) +
-                      q_int(st, "SELECT COALESCE(SUM(bytes), 0) FROM blocks", 0, NULL, 0));
 }
 
 static void enforce_budget(kvt_store *st, int64_t keep)
@@ -1200,25 +1332,115 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
 
 /* ---- load ---- */
 
-struct getter { kvt_store *st; sqlite3_stmt *stmt; uint32_t bad_block; uint64_t bad_key; };
+/* The blocks of a load, read in the record's order through one incremental
+ * blob handle: sqlite3_blob_reopen moves it to the next block's row (a seek
+ * on the table's key, no statement to step), and sqlite3_blob_read copies
+ * the record into the loader's buffer, its overflow pages read from the
+ * file straight into it. A block the handle cannot open (no such row, or a
+ * value that is not a blob) is read again with a statement, which tells a
+ * missing block from a damaged one exactly as before.
+ *
+ * The loader may check a block on another thread while this reads the next
+ * ones (kvt_snap_load_read_start), so a read can fail after a block that
+ * will fail its checks. A failed read therefore keeps its SQLite failure to
+ * itself (pend) and leaves the operation's clean; the failure becomes the
+ * operation's only if the loader reports that block as the first failure,
+ * as a load that read one block at a time would have met it. */
+struct getter {
+    kvt_store *st;
+    sqlite3_blob *blob;
+    sqlite3_stmt *stmt;      /* the fallback, prepared on first use */
+    bool pending;            /* a read failed in SQLite: its failure, kept */
+    uint32_t pend_block;
+    int pend_rc;
+    bool pend_corrupt;
+    char pend_msg[400];
+};
 
-static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
+static int read_block_stmt(struct getter *g, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
 {
-    struct getter *g = user;
-    g->bad_block = b;
-    g->bad_key = key;
+    if (!g->stmt && !(g->stmt = prep(g->st, "SELECT data FROM blocks WHERE key = ?", "load block")))
+        return sql_status(g->st);
     sqlite3_reset(g->stmt);
     sqlite3_bind_int64(g->stmt, 1, (int64_t)key);
     int r = step(g->st, g->stmt, "load block");
     if (r != SQLITE_ROW)
         return r == SQLITE_DONE ? kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is missing", b, (unsigned long long)key)
                                 : sql_status(g->st);
-    /* SQLite's copy stays valid until the next step: the loader checks and
-     * copies a block before it asks for the next one */
-    *p = sqlite3_column_blob(g->stmt, 0);
-    *len = (size_t)sqlite3_column_bytes(g->stmt, 0);
-    if (!*p) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is empty", b, (unsigned long long)key);
+    const void *p = sqlite3_column_blob(g->stmt, 0);
+    size_t n = (size_t)sqlite3_column_bytes(g->stmt, 0);
+    if (!p) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is empty", b, (unsigned long long)key);
+    if (n > *cap) {
+        uint8_t *nb = realloc(*buf, n);
+        if (!nb) return kvt_fail(KVT_ENOMEM, "block %u: %zu bytes", b, n);
+        *buf = nb;
+        *cap = n;
+    }
+    memcpy(*buf, p, n);
+    *len = n;
     return KVT_OK;
+}
+
+static int read_block_blob(struct getter *g, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
+{
+    kvt_store *st = g->st;
+    int rc = g->blob ? sqlite3_blob_reopen(g->blob, (sqlite3_int64)key)
+                     : sqlite3_blob_open(st->db, "main", "blocks", "data", (sqlite3_int64)key, 0, &g->blob);
+    if (rc != SQLITE_OK) {
+        /* the handle is spent: the next block opens a new one */
+        sqlite3_blob_close(g->blob);
+        g->blob = NULL;
+        if ((rc & 0xff) == SQLITE_ERROR) return read_block_stmt(g, b, key, buf, cap, len);
+        return sql_note(st, rc, "load block");
+    }
+    size_t n = (size_t)sqlite3_blob_bytes(g->blob);
+    if (n == 0) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) is empty", b, (unsigned long long)key);
+    if (n > *cap) {
+        uint8_t *nb = realloc(*buf, n);
+        if (!nb) return kvt_fail(KVT_ENOMEM, "block %u: %zu bytes", b, n);
+        *buf = nb;
+        *cap = n;
+    }
+    if ((rc = sqlite3_blob_read(g->blob, *buf, (int)n, 0)) != SQLITE_OK) return sql_note(st, rc, "load block");
+    *len = n;
+    return KVT_OK;
+}
+
+static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
+{
+    struct getter *g = user;
+    kvt_store *st = g->st;
+    if (st->sql_rc) return sql_status(st);
+    bool was_corrupt = st->corrupt;
+    int rc = read_block_blob(g, b, key, buf, cap, len);
+    if (st->sql_rc) { /* keep it aside until the loader says this block was the first failure */
+        g->pending = true;
+        g->pend_block = b;
+        g->pend_rc = st->sql_rc;
+        g->pend_corrupt = st->corrupt;
+        snprintf(g->pend_msg, sizeof g->pend_msg, "%s", st->sql_msg);
+        st->sql_rc = 0;
+        st->sql_msg[0] = 0;
+        st->corrupt = was_corrupt;
+    }
+    return rc;
+}
+
+/* The load's blocks are read: close the handle; a kept failure of the block
+ * the loader blamed (bad) becomes the operation's. */
+static void getter_end(struct getter *g, uint32_t bad)
+{
+    sqlite3_blob_close(g->blob);
+    g->blob = NULL;
+    sqlite3_finalize(g->stmt);
+    g->stmt = NULL;
+    if (g->pending && g->pend_block == bad) {
+        kvt_store *st = g->st;
+        st->sql_rc = g->pend_rc;
+        snprintf(st->sql_msg, sizeof st->sql_msg, "%s", g->pend_msg);
+        st->corrupt |= g->pend_corrupt;
+    }
+    g->pending = false;
 }
 
 /* A damaged entry: record, remove, report once. id (-1: none) is the
@@ -1254,6 +1476,7 @@ static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, co
         }
         if (id >= 0) drop_snap(st, id);
         counter_add(st, "damaged", 1);
+        resync_totals(st, NULL, NULL); /* the damaged row's size may have read back wrong */
         commit(st);
     }
     if (st->quiet) return;
@@ -1311,16 +1534,12 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     if (!rec) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
     if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
     sqlite3_finalize(stmt);
-    struct getter g = {st, NULL, UINT32_MAX, 0};
+    struct getter g = {.st = st};
     bool rebuild = false;
-    g.stmt = prep(st, "SELECT data FROM blocks WHERE key = ?", "load block");
-    if (!g.stmt) {
-        rc = sql_status(st);
-    } else {
-        rc = kvt_snap_load_start(s, rec, len, get_block, &g, &rebuild);
-        if (rc == KVT_OK) g.bad_block = UINT32_MAX; /* from here on a failure is the record's */
-    }
-    sqlite3_finalize(g.stmt);
+    uint32_t bad_block = UINT32_MAX;
+    uint64_t bad_key = 0;
+    rc = kvt_snap_load_read_start(s, rec, len, read_block, &g, &rebuild, &bad_block, &bad_key);
+    getter_end(&g, bad_block);
     /* a read that failed is the database's failure, never the record's */
     if (st->sql_rc) rc = sql_status(st);
     char why[512];
@@ -1343,8 +1562,8 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     char reason[512];
     snprintf(reason, sizeof reason, "%s", kvt_errmsg());
     /* A block that failed its own checks is the culprit; otherwise the record. */
-    bool block_bad = g.bad_block != UINT32_MAX && strncmp(reason, "snapshot", 8) != 0;
-    quarantine(st, id, block_bad, g.bad_key, reason);
+    bool block_bad = bad_block != UINT32_MAX && strncmp(reason, "snapshot", 8) != 0;
+    quarantine(st, id, block_bad, bad_key, reason);
     st->misses++;
     return kvt_fail(rc, "%s", reason);
 }
@@ -1562,8 +1781,15 @@ static int store_gc(kvt_store *st)
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap NOT IN (SELECT id FROM snaps)", 0, NULL);
     q(st, NULL, "UPDATE blocks SET refs = (SELECT COUNT(*) FROM snap_blocks WHERE snap_blocks.key = blocks.key)", 0, NULL);
     q(st, NULL, "DELETE FROM blocks WHERE refs <= 0", 0, NULL);
+    totals was, now;
+    bool repaired = resync_totals(st, &was, &now);
     flush_counters(st);
     if ((rc = commit(st))) return rc;
+    if (repaired && !st->quiet)
+        fprintf(stderr, "kvtier: cache totals were %lld B in %lld snapshots, %lld blocks, %lld references; the tables"
+                        " hold %lld B, %lld, %lld, %lld: set to those\n", (long long)was.bytes, (long long)was.snaps,
+                (long long)was.blocks, (long long)was.refs, (long long)now.bytes, (long long)now.snaps,
+                (long long)now.blocks, (long long)now.refs);
     st->dirty = true;
     return exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }
@@ -1573,6 +1799,16 @@ static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
     checked o = {0};
     int rc = check_records(st, &o);
     free(o.list);
+    /* the running totals against the tables (a store that predates them
+     * has none to compare) */
+    totals a, b;
+    if (!rc && !st->quiet && has_totals(st) && read_totals(st, "SELECT bytes, snaps, blocks, refs FROM totals", &a) &&
+        read_totals(st, totals_sum, &b) && memcmp(&a, &b, sizeof a))
+        fprintf(stderr, "kvtier: cache totals say %lld B in %lld snapshots, %lld blocks, %lld references; the tables"
+                        " hold %lld B, %lld, %lld, %lld (kvtier cache gc sets them)\n", (long long)a.bytes,
+                (long long)a.snaps, (long long)a.blocks, (long long)a.refs, (long long)b.bytes, (long long)b.snaps,
+                (long long)b.blocks, (long long)b.refs);
+    forget_finding(st);
     *bad = o.bad;
     *n_checked = o.records;
     return rc;
@@ -1581,10 +1817,12 @@ static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
 static int store_stats_get(kvt_store *st, kvt_store_stats *o)
 {
     memset(o, 0, sizeof *o);
-    o->snapshots = (uint64_t)q_int(st, "SELECT COUNT(*) FROM snaps", 0, NULL, 0);
-    o->blocks = (uint64_t)q_int(st, "SELECT COUNT(*) FROM blocks", 0, NULL, 0);
-    o->block_refs = (uint64_t)q_int(st, "SELECT COUNT(*) FROM snap_blocks", 0, NULL, 0);
-    o->bytes = total_bytes(st);
+    totals t;
+    get_totals(st, &t);
+    o->snapshots = (uint64_t)t.snaps;
+    o->blocks = (uint64_t)t.blocks;
+    o->block_refs = (uint64_t)t.refs;
+    o->bytes = (uint64_t)t.bytes;
     o->budget = st->budget;
     struct { const char *name; uint64_t *dst, pending; } c[] = {
         {"lookups", &o->lookups, st->lookups}, {"hits", &o->hits, st->hits}, {"misses", &o->misses, st->misses},
@@ -1832,5 +2070,23 @@ int kvt_store_limit_pages(kvt_store *st, uint32_t pages)
 {
     int rc = enter(st, "limit pages", true);
     if (!rc) rc = store_limit_pages(st, pages);
+    return leave(st, rc);
+}
+
+int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted)
+{
+    memset(recorded, 0, sizeof *recorded);
+    memset(counted, 0, sizeof *counted);
+    int rc = enter(st, "totals", false);
+    if (!rc) {
+        totals a, b;
+        get_totals(st, &a);
+        read_totals(st, totals_sum, &b);
+        *recorded = (kvt_store_stats){.snapshots = (uint64_t)a.snaps, .blocks = (uint64_t)a.blocks,
+                                      .block_refs = (uint64_t)a.refs, .bytes = (uint64_t)a.bytes};
+        *counted = (kvt_store_stats){.snapshots = (uint64_t)b.snaps, .blocks = (uint64_t)b.blocks,
+                                     .block_refs = (uint64_t)b.refs, .bytes = (uint64_t)b.bytes};
+        rc = sql_status(st);
+    }
     return leave(st, rc);
 }

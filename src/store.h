@@ -15,6 +15,11 @@ int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reas
 /* Commit without waiting for the disk (populating a benchmark store only). */
 int kvt_store_set_synchronous(kvt_store *st, bool on);
 
+/* The running totals as recorded (what kvt_store_stats_get reports) and as
+ * the tables add up to (snapshots, blocks, block_refs and bytes of each;
+ * the other fields zero). Tests: the two agree after every commit. */
+int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted);
+
 /* The disk tier's benchmark suite (bench_store.c); 0 on success. */
 int kvt_bench_store(const char *csv_path, bool quick);
 

@@ -3,6 +3,7 @@
  * truncation detection, foreign and future records, the budget's eviction
  * order, dedupe of nested snapshots, a full disk, and the save policy. */
 #include "test.h"
+#include "cache.h"
 #include "model.h"
 #include "snapshot.h"
 #include "store.h"
@@ -641,6 +642,272 @@ TEST(store_budget_lru_and_dedupe)
     CHECK(z.evictions >= 4);
     kvt_store_close(st);
     kvt_session_free(s);
+    free(t);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* The running totals equal what the tables add up to (kvt_store_totals). */
+#define TOTALS_EXACT(st, when)                                                                                    \
+    do {                                                                                                          \
+        kvt_store_stats r_, c_, s_;                                                                               \
+        CHECK_OK(kvt_store_totals(st, &r_, &c_));                                                                 \
+        CHECK_OK(kvt_store_stats_get(st, &s_));                                                                   \
+        CHECKF(r_.bytes == c_.bytes && r_.snapshots == c_.snapshots && r_.blocks == c_.blocks &&                  \
+                   r_.block_refs == c_.block_refs && s_.bytes == r_.bytes && s_.snapshots == r_.snapshots,        \
+               "%s: totals %llu B, %llu snapshots, %llu blocks, %llu refs; the tables %llu B, %llu, %llu, %llu",  \
+               when, (unsigned long long)r_.bytes, (unsigned long long)r_.snapshots,                              \
+               (unsigned long long)r_.blocks, (unsigned long long)r_.block_refs, (unsigned long long)c_.bytes,    \
+               (unsigned long long)c_.snapshots, (unsigned long long)c_.blocks, (unsigned long long)c_.block_refs); \
+        checks++;                                                                                                 \
+    } while (0)
+
+static bool raw_exec(const char *dir, const char *sql)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    bool ok = sqlite3_open(path, &db) == SQLITE_OK && sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK;
+    if (!ok) fprintf(stderr, "    %s: %s\n", sql, sqlite3_errmsg(db));
+    sqlite3_close(db);
+    return ok;
+}
+
+/* A save reads the store's size from running totals instead of adding up
+ * every row: they must stay exact. After saves that share blocks, the
+ * thinning of the snapshots they extend, a cold save over a thinned one,
+ * loads, rm, evictions, gc and a reopen, the totals equal what the tables
+ * add up to; a store without them (made by an older build) gets them at
+ * open; totals that drifted (a size changed behind the triggers' back, as
+ * damage would) are reported by verify and set right by gc. The power-cut
+ * test checks them after every cut. */
+TEST(store_running_totals)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "totals");
+    enum { N = 1200 };
+    int32_t a[N], b[N], c[N];
+    seqb(a, N, 81);
+    memcpy(b, a, 384 * sizeof *b); /* b shares a's first three blocks */
+    seqb(b + 384, N - 384, 82);
+    b[384] = 7;
+    seqb(c, N, 83);
+    size_t checks = 0;
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.checkpoint_interval = 128};
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    TOTALS_EXACT(st, "empty");
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    int64_t ids[8];
+    CHECK_OK(kvt_store_save(st, s, 256, "cold", &ids[0]));
+    TOTALS_EXACT(st, "a cold save");
+    CHECK_OK(kvt_store_save(st, s, 512, "continued", &ids[1]));
+    CHECK_OK(kvt_store_save(st, s, 1024, "continued", &ids[2])); /* thins the one at 512 */
+    TOTALS_EXACT(st, "continued saves, one thinned");
+    CHECK_OK(kvt_store_save(st, s, 512, "cold", NULL)); /* whole and cold again */
+    TOTALS_EXACT(st, "a cold save over a thinned snapshot");
+    CHECK_OK(kvt_store_save(st, s, 1024, "continued", NULL)); /* already there */
+    TOTALS_EXACT(st, "a save of a stored prefix");
+    CHECK_OK(kvt_session_sync(s, b, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, N, "manual", &ids[3]));
+    TOTALS_EXACT(st, "a save that shares blocks");
+    CHECK_OK(kvt_store_load(st, ids[2], s));
+    TOTALS_EXACT(st, "a load");
+    CHECK_OK(kvt_store_rm(st, ids[2]));
+    TOTALS_EXACT(st, "rm");
+    kvt_store_stats now;
+    CHECK_OK(kvt_store_stats_get(st, &now));
+    kvt_store_close(st);
+    /* a budget that the next save overflows: evictions */
+    CHECK_OK(kvt_store_open(&st, dir, now.bytes * 3 / 4));
+    TOTALS_EXACT(st, "reopened");
+    CHECK_OK(kvt_session_sync(s, c, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, 1152, "manual", &ids[4]));
+    kvt_store_stats after;
+    CHECK_OK(kvt_store_stats_get(st, &after));
+    CHECKF(after.evictions > 0 && after.bytes <= now.bytes * 3 / 4, "%llu evictions, %llu B",
+           (unsigned long long)after.evictions, (unsigned long long)after.bytes);
+    TOTALS_EXACT(st, "evictions");
+    CHECK_OK(kvt_store_gc(st));
+    TOTALS_EXACT(st, "gc");
+    kvt_store_close(st);
+    /* a store made before the totals: they are added up at open */
+    CHECK(raw_exec(dir, "DROP TRIGGER totals_snap_add; DROP TRIGGER totals_snap_del; DROP TRIGGER totals_snap_size;"
+                        " DROP TRIGGER totals_block_add; DROP TRIGGER totals_block_del; DROP TRIGGER totals_block_size;"
+                        " DROP TRIGGER totals_ref_add; DROP TRIGGER totals_ref_del; DROP INDEX snaps_lru;"
+                        " DROP TABLE totals"));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    TOTALS_EXACT(st, "a store without totals, reopened");
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, 768, "manual", &ids[5]));
+    TOTALS_EXACT(st, "a save in it");
+    kvt_store_close(st);
+    /* a size changed behind the triggers: the totals drift until gc */
+    CHECK(raw_exec(dir, "DROP TRIGGER totals_snap_size; UPDATE snaps SET bytes = bytes + 1000 WHERE n_tokens = 768"));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_stats r, k;
+    CHECK_OK(kvt_store_totals(st, &r, &k));
+    CHECKF(k.bytes == r.bytes + 1000, "drifted: %llu vs %llu", (unsigned long long)r.bytes, (unsigned long long)k.bytes);
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_store_gc(st));
+    TOTALS_EXACT(st, "gc after a drift");
+    kvt_store_close(st);
+    printf("    the totals matched the tables at %zu points; gc set a drift of 1000 B right\n", checks);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* A load gives the rows of all its blocks one allocation (kvt_cache_reserve);
+ * a session that then branches off keeps the rows of the prefix it shares,
+ * moved to their own allocations when it keeps under a quarter of them,
+ * and computes what an uninterrupted run does. */
+TEST(store_load_then_branch)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "branch");
+    enum { N = 2048 };
+    int32_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    CHECK(a && b);
+    seqb(a, N, 91);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    int64_t id;
+    CHECK_OK(kvt_store_save(st, s, N, "manual", &id));
+    const size_t at[] = {200, 1700, 0}; /* keeps 1 of 16 blocks (moved), 13 (stay), none */
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        memcpy(b, a, at[i] * sizeof *b);
+        uint64_t seed = 92 + i;
+        for (size_t k = at[i]; k < N; k++) b[k] = (int32_t)(kvt_test_rand(&seed) % 256);
+        if (!at[i]) b[0] = 256;
+        CHECK_OK(kvt_store_load(st, id, s));
+        CHECK(kvt_session_len(s) == N);
+        CHECK_OK(kvt_session_sync(s, b, N, NULL));
+        CHECKF(digest(s, m) == twin(m, b, N), "branch at %zu: another state than an uninterrupted run", at[i]);
+        CHECK_OK(kvt_store_load(st, id, s)); /* and the load over it is whole again */
+        CHECKF(digest(s, m) == twin(m, a, N), "reload after the branch at %zu", at[i]);
+    }
+    kvt_store_close(st);
+    kvt_session_free(s);
+    free(a);
+    free(b);
+    kvt_model_close(m);
+    rmdir_all(dir);
+    /* the cache itself: an arena truncated to under a quarter of its blocks
+     * hands the rows it keeps to allocations of their own, bytes intact */
+    const uint32_t spec[2][2] = {{64, 32}, {16, 1}};
+    kvt_cache *c = kvt_cache_new(2, spec, 16 * KVT_BLOCK, 0);
+    CHECK(c);
+    CHECK_OK(kvt_cache_reserve(c, 16));
+    CHECK(c->n_arenas == 1 && c->arenas[0].live == 32);
+    for (size_t sx = 0; sx < 2; sx++)
+        for (size_t r = 0; r < kvt_cache_rows_for(c, sx, 16 * KVT_BLOCK); r++)
+            memset(kvt_cache_row(c, sx, r), (int)(r * 7 + sx), spec[sx][0]);
+    kvt_cache_truncate(c, 12 * KVT_BLOCK); /* 24 of 32 kept: it stays */
+    CHECK(c->n_arenas == 1 && c->arenas[0].live == 24);
+    kvt_cache_truncate(c, 3 * KVT_BLOCK); /* 6 of 32: they move */
+    CHECK(c->n_arenas == 0);
+    for (size_t sx = 0; sx < 2; sx++)
+        for (size_t r = 0; r < kvt_cache_rows_for(c, sx, 3 * KVT_BLOCK); r++) {
+            const uint8_t *p = kvt_cache_row_ro(c, sx, r);
+            CHECKF(p[0] == (uint8_t)(r * 7 + sx) && p[spec[sx][0] - 1] == (uint8_t)(r * 7 + sx), "row %zu of stream %zu",
+                   r, sx);
+        }
+    kvt_cache_free(c);
+}
+
+static int64_t block_key(const char *dir, int64_t snap, int64_t idx)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    int64_t key = 0;
+    if (sqlite3_open(path, &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT key FROM snap_blocks WHERE snap = ? AND idx = ?", -1, &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(q, 1, snap);
+        sqlite3_bind_int64(q, 2, idx);
+        if (sqlite3_step(q) == SQLITE_ROW) key = sqlite3_column_int64(q, 0);
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return key;
+}
+
+/* A long load reads its blocks on one thread and checks and copies them on
+ * another (kvt_snap_load_read_start). The outcome is a one-thread load's:
+ * whatever the reader meets further on, the first block that fails, in
+ * order, is the one reported and removed. */
+TEST(store_pipelined_load_failures)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256], sql[200];
+    tmpdir(dir, sizeof dir, "pipe");
+    enum { N = 4096 }; /* 32 blocks: read on one thread, checked on the other */
+    int32_t *t = malloc(N * sizeof *t);
+    CHECK(t);
+    seqb(t, N, 97);
+    uint64_t want = twin(m, t, N);
+    /* {block to damage, block to delete, the block reported}; -1: none */
+    const int cases[][3] = {{-1, -1, -1}, {20, -1, 20}, {25, 10, 10}, {5, 30, 5}, {31, -1, 31}, {-1, 0, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t id = fresh_store(m, dir, t, N);
+        CHECK(id > 0);
+        int64_t damaged = cases[c][0] >= 0 ? block_key(dir, id, cases[c][0]) : 0;
+        int64_t gone = cases[c][1] >= 0 ? block_key(dir, id, cases[c][1]) : 0;
+        if (cases[c][0] >= 0) {
+            size_t len = 0;
+            uint8_t *b = fetch(dir, "SELECT data FROM blocks WHERE key = ?", damaged, &len);
+            CHECK(b && len > 1000);
+            b[len / 2] ^= 0x10;
+            tamper(dir, "blocks", "key", damaged, b, len);
+            free(b);
+        }
+        if (cases[c][1] >= 0) {
+            snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE key = %lld", (long long)gone);
+            CHECK(raw_exec(dir, sql));
+        }
+        kvt_store *st = NULL;
+        kvt_session *s = NULL;
+        kvt_session_opts so = {.n_threads = 2};
+        CHECK_OK(kvt_store_open(&st, dir, 0));
+        kvt_store_set_quiet(st, true);
+        CHECK_OK(kvt_session_new(&s, m, &so));
+        int rc = kvt_store_load(st, id, s);
+        char why[600];
+        snprintf(why, sizeof why, "%s", kvt_errmsg());
+        int bad = cases[c][2];
+        if (bad < 0) {
+            CHECKF(rc == KVT_OK && digest(s, m) == want, "case %zu: %s", c, rc ? why : "another state");
+        } else {
+            char expect[32];
+            snprintf(expect, sizeof expect, "block %d", bad);
+            CHECKF(rc != KVT_OK && kvt_session_len(s) == 0 && strstr(why, expect) && !strstr(why, "snapshot:"),
+                   "case %zu: rc %d, %s (block %d expected)", c, rc, why, bad);
+            /* the block reported was removed with the snapshot standing on it */
+            size_t ne = 9;
+            kvt_store_entry *e = NULL;
+            CHECK_OK(kvt_store_list(st, &e, &ne));
+            free(e);
+            int64_t k = bad == cases[c][0] ? damaged : gone;
+            size_t blen = 0;
+            uint8_t *still = fetch(dir, "SELECT data FROM blocks WHERE key = ?", k, &blen);
+            CHECKF(ne == 0 && !still, "case %zu: %zu entries left, block %d %s", c, ne, bad, still ? "kept" : "gone");
+            free(still);
+        }
+        kvt_session_free(s);
+        kvt_store_close(st);
+    }
     free(t);
     kvt_model_close(m);
     rmdir_all(dir);

@@ -9,6 +9,8 @@
  *
  * The store is then opened normally, and:
  *   - SQLite's integrity check passes;
+ *   - the store's running totals (bytes, snapshots, blocks, references)
+ *     equal what its tables add up to;
  *   - it holds exactly the entries it held when the operation in flight
  *     began, or those it would hold had that operation finished (known by
  *     running it on a copy of the state it began from): every entry whose
@@ -596,6 +598,7 @@ static int run_op(world *w, kvt_store **st, const char *dir, const op *o, int64_
 
 typedef struct verdict {
     bool integrity_ok;
+    bool totals_ok;          /* the running totals equal the tables' sums */
     bool lost;               /* entries present neither before nor after the operation in flight */
     bool committed;          /* the store holds what the operation in flight would have left */
     size_t refused, wrong;   /* entries that do not load, entries that load another state */
@@ -636,6 +639,30 @@ static size_t integrity_problems(const char *dir, char *first, size_t cap)
     return n;
 }
 
+/* The totals row against what the tables add up to; false (with why) when
+ * they differ or cannot be read. */
+static bool totals_match(const char *dir, char *why, size_t cap)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    bool ok = false;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT bytes = (SELECT COALESCE(SUM(bytes), 0) FROM snaps) + (SELECT COALESCE(SUM(bytes), 0)"
+                               " FROM blocks), snaps = (SELECT COUNT(*) FROM snaps), blocks = (SELECT COUNT(*) FROM blocks),"
+                               " refs = (SELECT COUNT(*) FROM snap_blocks), bytes FROM totals", -1, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+        ok = sqlite3_column_int(s, 0) && sqlite3_column_int(s, 1) && sqlite3_column_int(s, 2) && sqlite3_column_int(s, 3);
+        if (!ok) snprintf(why, cap, "the running totals (%lld B) differ from the tables", (long long)sqlite3_column_int64(s, 4));
+    } else {
+        snprintf(why, cap, "totals: %s", sqlite3_errmsg(db));
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return ok;
+}
+
 static void check_after_cut(world *w, kvt_store **st, const idlist *before, const idlist *after_op, verdict *v)
 {
     char first[300];
@@ -647,6 +674,8 @@ static void check_after_cut(world *w, kvt_store **st, const idlist *before, cons
         v->lost = true;
         return;
     }
+    v->totals_ok = totals_match(w->dir, first, sizeof first);
+    if (!v->totals_ok) snprintf(v->why, sizeof v->why, "%s", first);
     idlist now;
     if (list_ids(*st, &now)) {
         snprintf(v->why, sizeof v->why, "list: %s", kvt_errmsg());
@@ -689,7 +718,7 @@ static void check_after_cut(world *w, kvt_store **st, const idlist *before, cons
 
 typedef struct tally {
     size_t rounds, cuts_by_kind[N_KIND], cuts_by_land[N_LAND], cuts_by_event[4], evicting, checked;
-    size_t lost_rounds, broken_rounds, refused, wrong, unknown;
+    size_t lost_rounds, broken_rounds, refused, wrong, unknown, totals_wrong;
     char first_failure[700];
 } tally;
 
@@ -777,7 +806,8 @@ static bool cut_rounds(world *w, int rounds, uint64_t seed, tally *t, bool stric
         t->refused += v.refused;
         t->wrong += v.wrong;
         t->unknown += v.unknown;
-        bool bad = !v.integrity_ok || v.lost || v.refused || v.wrong || v.unknown || !v.loaded;
+        bool bad = !v.integrity_ok || !v.totals_ok || v.lost || v.refused || v.wrong || v.unknown || !v.loaded;
+        t->totals_wrong += !v.totals_ok;
         t->lost_rounds += v.lost;
         t->broken_rounds += !v.integrity_ok;
         if (bad && !t->first_failure[0])
@@ -856,7 +886,8 @@ static void print_tally(const tally *t, double secs)
     printf(" (%zu saves evicting); at a write %zu, sync %zu, truncate %zu, delete %zu;", t->evicting,
            t->cuts_by_event[0], t->cuts_by_event[1], t->cuts_by_event[2], t->cuts_by_event[3]);
     for (int l = 0; l < N_LAND; l++) printf("%s %s %zu", l ? "," : "", land_name[l], t->cuts_by_land[l]);
-    printf("; %zu entries loaded and checked\n", t->checked);
+    printf("; %zu entries loaded and checked; running totals off the tables' sums after %zu cuts\n", t->checked,
+           t->totals_wrong);
 }
 
 TEST(store_power_cut_durability)
