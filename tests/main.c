@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 struct entry { const char *name; kvt_test_fn fn; };
 static struct entry tests[512];
@@ -95,6 +96,33 @@ void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n)
     printf("        %s (%zu):", label, n);
     for (size_t i = 0; i < n && i < 48; i++) printf(" %d", ids[i]);
     printf("%s\n", n > 48 ? " ..." : "");
+}
+
+void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed)
+{
+    t[0] = 256;
+    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
+}
+
+uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m)
+{
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    uint8_t *c = NULL;
+    size_t len = 0;
+    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
+    uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
+    free(c);
+    return h ^ kvt_session_len(s);
+}
+
+uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n)
+{
+    kvt_session *s = NULL;
+    uint64_t h = 0;
+    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = kvt_test_digest(s, m);
+    kvt_session_free(s);
+    return h;
 }
 
 char *kvt_test_read_file(const char *path, size_t *len)

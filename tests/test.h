@@ -30,6 +30,14 @@ uint64_t kvt_test_rand(uint64_t *state); /* splitmix64 */
 const char *kvt_test_esc(const char *s, size_t n);
 /* "    label (n): id id ..." on stdout, the first 48 ids. */
 void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n);
+/* A token sequence for the built-in byte tokenizer: BOS (256), then n - 1
+ * seeded random bytes. */
+void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed);
+/* Digest of a session's logits, canonical cache bytes and length (0 when
+ * the bytes cannot be had): two sessions agree bit for bit when theirs do. */
+uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m);
+/* The digest of an uninterrupted run of t[0..n) in a fresh session. */
+uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n);
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
 char *kvt_test_read_file(const char *path, size_t *len);
 

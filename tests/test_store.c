@@ -33,35 +33,6 @@ static void rmdir_all(const char *dir)
     if (system(cmd) != 0) {}
 }
 
-static void seqb(int32_t *t, size_t n, uint64_t seed)
-{
-    t[0] = 256;
-    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
-}
-
-/* Digest of a session's logits and canonical cache bytes. */
-static uint64_t digest(const kvt_session *s, const kvt_model *m)
-{
-    kvt_model_info i;
-    kvt_model_info_get(m, &i);
-    uint8_t *c = NULL;
-    size_t len = 0;
-    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
-    uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
-    free(c);
-    return h ^ kvt_session_len(s);
-}
-
-/* Uninterrupted run of t[0..n). */
-static uint64_t twin(kvt_model *m, const int32_t *t, size_t n)
-{
-    kvt_session *s = NULL;
-    uint64_t h = 0;
-    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = digest(s, m);
-    kvt_session_free(s);
-    return h;
-}
-
 static kvt_model *open_named(const char *name)
 {
     kvt_model *m = NULL;
@@ -88,7 +59,7 @@ static bool child_continue(const char *model, const char *dir, const int32_t *t,
         size_t r = 0;
         if (m && !kvt_store_open(&st, dir, 0) && !kvt_session_new(&s, m, NULL) &&
             !kvt_store_restore_prefix(st, s, t, n, &r) && !kvt_session_sync(s, t, n, NULL)) {
-            out[0] = digest(s, m);
+            out[0] = kvt_test_digest(s, m);
             out[1] = r;
         } else {
             printf("    child: %s\n", kvt_errmsg());
@@ -126,7 +97,7 @@ static void persist_round_trip(const char *model, size_t save_at, size_t n)
     CHECK_OK(kvt_session_sync(s, t, save_at, NULL));
     CHECK_OK(kvt_store_save(st, s, save_at, "manual", NULL));
     kvt_store_close(st);
-    uint64_t h = 0, want = twin(m, t, n);
+    uint64_t h = 0, want = kvt_test_twin(m, t, n);
     size_t reused = 0;
     CHECK(child_continue(model, dir, t, n, &h, &reused));
     CHECKF(reused == save_at, "reused %zu of %zu", reused, save_at);
@@ -157,7 +128,7 @@ TEST(store_shared_prefix_across_processes)
     tmpdir(dir, sizeof dir, "shared");
     enum { P = 260, N = 400 };
     int32_t a[N], b[N];
-    seqb(a, N, 41);
+    kvt_test_tokens(a, N, 41);
     memcpy(b, a, sizeof a);
     for (size_t i = P; i < N; i++) b[i] = (a[i] + 5) % 256;
     kvt_store *st = NULL;
@@ -172,8 +143,8 @@ TEST(store_shared_prefix_across_processes)
     CHECK(child_continue("ds4-tiny", dir, a, N, &ha, &ra));
     CHECK(child_continue("ds4-tiny", dir, b, N, &hb, &rb));
     CHECK(ra == P && rb == P);
-    CHECK(ha == twin(m, a, N));
-    CHECK(hb == twin(m, b, N));
+    CHECK(ha == kvt_test_twin(m, a, N));
+    CHECK(hb == kvt_test_twin(m, b, N));
     CHECK(ha != hb);
     kvt_session_free(s);
     kvt_model_close(m);
@@ -188,7 +159,7 @@ TEST(store_crash_safety_sigkill)
     tmpdir(dir, sizeof dir, "crash");
     enum { N = 700 };
     int32_t t[N];
-    seqb(t, N, 43);
+    kvt_test_tokens(t, N, 43);
     uint64_t st_seed = kvt_test_seed("store_crash_safety_sigkill");
     int rounds = 12;
     for (int round = 0; round < rounds; round++) {
@@ -224,7 +195,7 @@ TEST(store_crash_safety_sigkill)
             CHECK_OK(kvt_store_load(st, e[i].id, s));
             CHECK(kvt_session_len(s) == e[i].n_tokens);
             CHECK(!memcmp(kvt_session_tokens(s), t, e[i].n_tokens * sizeof(int32_t)));
-            CHECKF(digest(s, m) == twin(m, t, e[i].n_tokens), "round %d: entry %lld loads wrong", round,
+            CHECKF(kvt_test_digest(s, m) == kvt_test_twin(m, t, e[i].n_tokens), "round %d: entry %lld loads wrong", round,
                    (long long)e[i].id);
             kvt_session_free(s);
         }
@@ -311,7 +282,7 @@ TEST(store_corruption_and_truncation)
     tmpdir(dir, sizeof dir, "corrupt");
     enum { N = 300 };
     int32_t t[N];
-    seqb(t, N, 47);
+    kvt_test_tokens(t, N, 47);
     int64_t id = fresh_store(m, dir, t, N);
     CHECK(id > 0);
     size_t len = 0, blen = 0;
@@ -412,7 +383,7 @@ TEST(store_foreign_and_future_records)
     tmpdir(dir, sizeof dir, "foreign");
     enum { N = 200 };
     int32_t t[N];
-    seqb(t, N, 53);
+    kvt_test_tokens(t, N, 53);
     size_t len = 0;
     struct { size_t off; int width; uint64_t xor; int want; bool kept; const char *what; } cases[] = {
         {16, 8, 1, KVT_EMISMATCH, false, "another model"},
@@ -461,7 +432,7 @@ TEST(store_schema_gains_replay_column)
     tmpdir(dir, sizeof dir, "schema");
     enum { N = 300 };
     int32_t t[N];
-    seqb(t, N, 67);
+    kvt_test_tokens(t, N, 67);
     int64_t id = fresh_store(m, dir, t, N);
     CHECK(id > 0);
     snprintf(path, sizeof path, "%s/kvtier.db", dir);
@@ -498,7 +469,7 @@ TEST(store_replay_failure_blames_the_record)
     tmpdir(dir, sizeof dir, "replayfail");
     enum { N = 640 };
     int32_t t[N];
-    seqb(t, N, 79);
+    kvt_test_tokens(t, N, 79);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
     kvt_session_opts so = {.checkpoint_interval = 128};
@@ -553,7 +524,7 @@ TEST(store_budget_lru_and_dedupe)
     tmpdir(dir, sizeof dir, "budget");
     enum { N = 32768 };
     int32_t *t = malloc(N * sizeof *t);
-    seqb(t, N, 59);
+    kvt_test_tokens(t, N, 59);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
     kvt_session *s2 = NULL;
@@ -599,14 +570,14 @@ TEST(store_budget_lru_and_dedupe)
         uint64_t h = 0;
         size_t reused = 0;
         CHECKF(child_continue("ds4-tiny", dir, t, at[i], &h, &reused), "load at %zu", at[i]);
-        CHECKF(reused == at[i] && h == twin(m, t, at[i]), "snapshot at %zu: reused %zu, %s", at[i], reused,
-               h == twin(m, t, at[i]) ? "same state" : "different state");
+        CHECKF(reused == at[i] && h == kvt_test_twin(m, t, at[i]), "snapshot at %zu: reused %zu, %s", at[i], reused,
+               h == kvt_test_twin(m, t, at[i]) ? "same state" : "different state");
     }
     kvt_session_free(s2);
     rmdir_all(dir);
     /* LRU: three snapshots of different prompts; using A makes B the oldest */
     int32_t u[3][600];
-    for (int i = 0; i < 3; i++) seqb(u[i], 600, 61 + (uint64_t)i);
+    for (int i = 0; i < 3; i++) kvt_test_tokens(u[i], 600, 61 + (uint64_t)i);
     CHECK_OK(kvt_store_open(&st, dir, 0));
     int64_t ids[4];
     for (int i = 0; i < 3; i++) {
@@ -619,7 +590,7 @@ TEST(store_budget_lru_and_dedupe)
     CHECK_OK(kvt_store_open(&st, dir, one.bytes + one.bytes / 6)); /* room for three and a half */
     CHECK_OK(kvt_store_load(st, ids[0], s));                        /* A used: B is now the LRU */
     int32_t d[600];
-    seqb(d, 600, 71);
+    kvt_test_tokens(d, 600, 71);
     CHECK_OK(kvt_session_sync(s, d, 600, NULL));
     CHECK_OK(kvt_store_save(st, s, 600, "manual", &ids[3]));
     CHECK_OK(kvt_store_list(st, &e, &ne));
@@ -689,11 +660,11 @@ TEST(store_running_totals)
     tmpdir(dir, sizeof dir, "totals");
     enum { N = 1200 };
     int32_t a[N], b[N], c[N];
-    seqb(a, N, 81);
+    kvt_test_tokens(a, N, 81);
     memcpy(b, a, 384 * sizeof *b); /* b shares a's first three blocks */
-    seqb(b + 384, N - 384, 82);
+    kvt_test_tokens(b + 384, N - 384, 82);
     b[384] = 7;
-    seqb(c, N, 83);
+    kvt_test_tokens(c, N, 83);
     size_t checks = 0;
     kvt_store *st = NULL;
     kvt_session *s = NULL;
@@ -775,7 +746,7 @@ TEST(store_load_then_branch)
     enum { N = 2048 };
     int32_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
     CHECK(a && b);
-    seqb(a, N, 91);
+    kvt_test_tokens(a, N, 91);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
     CHECK_OK(kvt_store_open(&st, dir, 0));
@@ -792,9 +763,9 @@ TEST(store_load_then_branch)
         CHECK_OK(kvt_store_load(st, id, s));
         CHECK(kvt_session_len(s) == N);
         CHECK_OK(kvt_session_sync(s, b, N, NULL));
-        CHECKF(digest(s, m) == twin(m, b, N), "branch at %zu: another state than an uninterrupted run", at[i]);
+        CHECKF(kvt_test_digest(s, m) == kvt_test_twin(m, b, N), "branch at %zu: another state than an uninterrupted run", at[i]);
         CHECK_OK(kvt_store_load(st, id, s)); /* and the load over it is whole again */
-        CHECKF(digest(s, m) == twin(m, a, N), "reload after the branch at %zu", at[i]);
+        CHECKF(kvt_test_digest(s, m) == kvt_test_twin(m, a, N), "reload after the branch at %zu", at[i]);
     }
     kvt_store_close(st);
     kvt_session_free(s);
@@ -856,8 +827,8 @@ TEST(store_pipelined_load_failures)
     enum { N = 4096 }; /* 32 blocks: read on one thread, checked on the other */
     int32_t *t = malloc(N * sizeof *t);
     CHECK(t);
-    seqb(t, N, 97);
-    uint64_t want = twin(m, t, N);
+    kvt_test_tokens(t, N, 97);
+    uint64_t want = kvt_test_twin(m, t, N);
     /* {block to damage, block to delete, the block reported}; -1: none */
     const int cases[][3] = {{-1, -1, -1}, {20, -1, 20}, {25, 10, 10}, {5, 30, 5}, {31, -1, 31}, {-1, 0, 0}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -888,7 +859,7 @@ TEST(store_pipelined_load_failures)
         snprintf(why, sizeof why, "%s", kvt_errmsg());
         int bad = cases[c][2];
         if (bad < 0) {
-            CHECKF(rc == KVT_OK && digest(s, m) == want, "case %zu: %s", c, rc ? why : "another state");
+            CHECKF(rc == KVT_OK && kvt_test_digest(s, m) == want, "case %zu: %s", c, rc ? why : "another state");
         } else {
             char expect[32];
             snprintf(expect, sizeof expect, "block %d", bad);
@@ -921,7 +892,7 @@ TEST(store_full_disk_fails_cleanly)
     tmpdir(dir, sizeof dir, "full");
     enum { N = 1500 };
     int32_t t[N];
-    seqb(t, N, 67);
+    kvt_test_tokens(t, N, 67);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
     CHECK_OK(kvt_store_open(&st, dir, 0));
@@ -953,7 +924,7 @@ TEST(store_policy_and_lookup_longest)
     tmpdir(dir, sizeof dir, "policy");
     enum { N = 5000 };
     int32_t *t = malloc(N * sizeof *t);
-    seqb(t, N, 73);
+    kvt_test_tokens(t, N, 73);
     kvt_save_policy p = {512, 32, 2048, 4096};
     kvt_session_opts so = {.n_ctx = 8192, .checkpoint_interval = kvt_save_policy_grid(&p)};
     CHECK(so.checkpoint_interval == 2048);

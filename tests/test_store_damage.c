@@ -55,34 +55,6 @@ static bool write_bytes(const char *path, const uint8_t *p, size_t n)
     return fclose(f) == 0 && ok;
 }
 
-static void seqb(int32_t *t, size_t n, uint64_t seed)
-{
-    t[0] = 256;
-    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
-}
-
-/* Digest of a session's logits and canonical cache bytes. */
-static uint64_t digest(const kvt_session *s, const kvt_model *m)
-{
-    kvt_model_info i;
-    kvt_model_info_get(m, &i);
-    uint8_t *c = NULL;
-    size_t len = 0;
-    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
-    uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
-    free(c);
-    return h ^ kvt_session_len(s);
-}
-
-static uint64_t twin(kvt_model *m, const int32_t *t, size_t n)
-{
-    kvt_session *s = NULL;
-    uint64_t h = 0;
-    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = digest(s, m);
-    kvt_session_free(s);
-    return h;
-}
-
 /* ---- the oracle: what the database holds, read on a connection of its own ---- */
 
 /* A row as the checks see it: the columns a snapshot's record must agree
@@ -373,11 +345,11 @@ static void clear_dir(const char *dir)
 static bool populate(world *w, const char *dir)
 {
     int32_t c[300];
-    seqb(w->a, 700, 11);
+    kvt_test_tokens(w->a, 700, 11);
     memcpy(w->b, w->a, 256 * sizeof(int32_t));
-    seqb(w->b + 256, 450 - 256, 12);
+    kvt_test_tokens(w->b + 256, 450 - 256, 12);
     w->b[256] = (w->a[256] + 1) % 256;
-    seqb(c, 300, 13);
+    kvt_test_tokens(c, 300, 13);
     rm_rf(dir);
     kvt_store *st = NULL;
     kvt_session *s = NULL;
@@ -480,9 +452,9 @@ static void run_prompt(world *w, kvt_store *st, const char *what, const int32_t 
     kvt_session *s = NULL;
     CHECK_OK(kvt_session_new(&s, w->m, &so));
     int rc = kvt_store_restore_prefix(st, s, t, n, reused);
-    uint64_t h = *reused ? digest(s, w->m) : 0, want = *reused ? twin_at(w, t, *reused) : 0;
+    uint64_t h = *reused ? kvt_test_digest(s, w->m) : 0, want = *reused ? twin_at(w, t, *reused) : 0;
     if (!rc) rc = kvt_session_sync(s, t, n, NULL);
-    uint64_t end = rc ? 0 : digest(s, w->m);
+    uint64_t end = rc ? 0 : kvt_test_digest(s, w->m);
     if (!rc && save_at) rc = kvt_store_save(st, s, save_at, "cold", NULL);
     kvt_session_free(s);
     CHECK_OK(rc);
@@ -594,8 +566,8 @@ TEST(store_damaged_pages_and_wal)
     snprintf(pristine, sizeof pristine, "%s/kvtier-damage-%d-pristine", root, (int)getpid());
     CHECK(populate(w, pristine));
     const size_t at_a[4] = {256, 512, 640, 700};
-    for (int i = 0; i < 4; i++) w->twin_a[i] = twin(w->m, w->a, at_a[i]);
-    w->twin_b = twin(w->m, w->b, 450);
+    for (int i = 0; i < 4; i++) w->twin_a[i] = kvt_test_twin(w->m, w->a, at_a[i]);
+    w->twin_b = kvt_test_twin(w->m, w->b, 450);
     CHECK(read_all(pristine, &w->snaps0, &w->blocks0));
     char path[400];
     snprintf(path, sizeof path, "%s/kvtier.db", pristine);
@@ -638,8 +610,8 @@ TEST(store_damaged_pages_and_wal)
     kvt_store *st = NULL;
     kvt_session *s = NULL;
     int32_t d[300], e[400];
-    seqb(d, 300, 21);
-    seqb(e, 400, 22);
+    kvt_test_tokens(d, 300, 21);
+    kvt_test_tokens(e, 400, 22);
     CHECK_OK(kvt_store_open(&st, w->dir, 0));
     CHECK_OK(kvt_session_new(&s, w->m, NULL));
     CHECK_OK(kvt_session_sync(s, d, 300, NULL));

@@ -458,18 +458,6 @@ typedef struct world {
     kvt_session *scratch;
 } world;
 
-static uint64_t digest(const kvt_session *s, const kvt_model *m)
-{
-    kvt_model_info i;
-    kvt_model_info_get(m, &i);
-    uint8_t *c = NULL;
-    size_t len = 0;
-    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
-    uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
-    free(c);
-    return h ^ kvt_session_len(s);
-}
-
 static bool make_prompts(world *w)
 {
     uint64_t seed = 977;
@@ -486,7 +474,7 @@ static bool make_prompts(world *w)
         for (int k = 0; k < x->n_pts; k++) {
             kvt_session *s = NULL;
             if (kvt_session_new(&s, w->m, &so) || kvt_session_sync(s, x->t, x->pts[k], NULL)) return false;
-            x->twin[k] = digest(s, w->m);
+            x->twin[k] = kvt_test_digest(s, w->m);
             kvt_session_free(s);
         }
     }
@@ -708,7 +696,7 @@ static void check_after_cut(world *w, kvt_store **st, const idlist *before, cons
             snprintf(v->why, sizeof v->why, "entry %lld (%zu tokens) does not load: %s", (long long)e->id, n, kvt_errmsg());
         } else if (kvt_session_len(w->scratch) != n ||
                    memcmp(kvt_session_tokens(w->scratch), x->t, n * sizeof(int32_t)) ||
-                   digest(w->scratch, w->m) != x->twin[e->k]) {
+                   kvt_test_digest(w->scratch, w->m) != x->twin[e->k]) {
             v->wrong++;
             snprintf(v->why, sizeof v->why, "entry %lld (%zu tokens) loads another state", (long long)e->id, n);
         }
