@@ -221,13 +221,25 @@ int kvt_bench_store(const char *csv_path, bool quick)
     row("persist", persist, "s", "one transaction, synchronous=FULL");
     row("persisted bytes", (double)bytes, "B", "database + WAL");
     row("persisted bytes per token", (double)bytes / (double)N, "B", "ds4-mini compressed rows are 147 B/token");
-    size_t got = 0, got_cold = 0;
-    double load = load_in_child(dir, t, N, (uint32_t)N, &got);
-    if (load < 0 || got != N) { fprintf(stderr, "bench: load in a fresh process failed\n"); goto fail; }
-    double load_cold = drop_store(dir) ? load_in_child(dir, t, N, (uint32_t)N, &got_cold) : -1;
-    if (load_cold < 0 || got_cold != N) { fprintf(stderr, "bench: cold load failed\n"); goto fail; }
-    row("load in a fresh process", load, "s", "open store, lookup, verify, restore; files in the page cache");
-    row("load in a fresh process, cold", load_cold, "s", "the same after POSIX_FADV_DONTNEED on the store's files");
+    /* The fastest of LOADS fresh processes, warm and cold: a single load on a
+     * shared VM is now and then 3 to 5 times its usual time (huge-page
+     * allocation, the other core busy), and other work only slows a run. */
+    enum { LOADS = 7 };
+    double load = 1e9, load_cold = 1e9;
+    for (int k = 0; k < LOADS; k++) {
+        size_t got = 0, got_cold = 0;
+        double w = load_in_child(dir, t, N, (uint32_t)N, &got);
+        if (w < 0 || got != N) { fprintf(stderr, "bench: load in a fresh process failed\n"); goto fail; }
+        double c = drop_store(dir) ? load_in_child(dir, t, N, (uint32_t)N, &got_cold) : -1;
+        if (c < 0 || got_cold != N) { fprintf(stderr, "bench: cold load failed\n"); goto fail; }
+        if (w < load) load = w;
+        if (c < load_cold) load_cold = c;
+    }
+    size_t got = 0;
+    snprintf(note, sizeof note, "open store, lookup, verify, restore; files in the page cache; best of %d", LOADS);
+    row("load in a fresh process", load, "s", note);
+    snprintf(note, sizeof note, "the same after POSIX_FADV_DONTNEED on the store's files; best of %d", LOADS);
+    row("load in a fresh process, cold", load_cold, "s", note);
     row("exchange rate prefill / load", prefill / load, "x", NULL);
     row("exchange rate prefill / cold load", prefill / load_cold, "x", NULL);
     double rd_cold = -1, rd = plain_read(dir, bytes, &rd_cold);
