@@ -936,13 +936,9 @@ static void index_remove(kvt_store *st, int64_t id)
 static void index_add(kvt_store *st, ientry e)
 {
     if (st->dirty) return; /* rebuilt before the next lookup anyway */
-    if (st->n_idx == st->cap_idx) {
-        size_t cap = st->cap_idx ? st->cap_idx : 16, bytes;
-        ientry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(st->idx, bytes) : NULL;
-        if (!g) { st->dirty = true; return; }
-        st->idx = g;
-        st->cap_idx = 2 * cap;
-    }
+    int rc;
+    KVT_GROW(st->idx, &st->cap_idx, st->n_idx + 1, rc);
+    if (rc) { st->dirty = true; return; }
     size_t lo = 0, hi = st->n_idx; /* after the entries that sort before it or equal */
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
@@ -1022,15 +1018,9 @@ static int64_t drop_snap(kvt_store *st, int64_t id)
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap = ?", 1, &id);
     q(st, NULL, "DELETE FROM snaps WHERE id = ?", 1, &id);
     int64_t after = (int64_t)total_bytes(st);
-    if (st->n_gone == st->cap_gone) { /* it leaves the index when the transaction commits */
-        size_t cap = st->cap_gone ? st->cap_gone : 16, bytes;
-        int64_t *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(st->gone, bytes) : NULL;
-        if (g) {
-            st->gone = g;
-            st->cap_gone = 2 * cap;
-        }
-    }
-    if (st->n_gone < st->cap_gone) st->gone[st->n_gone++] = id;
+    int rc; /* it leaves the index when the transaction commits */
+    KVT_GROW(st->gone, &st->cap_gone, st->n_gone + 1, rc);
+    if (!rc) st->gone[st->n_gone++] = id;
     else st->dirty = true;
     return before - after;
 }
@@ -1257,15 +1247,12 @@ static int refresh_index(kvt_store *st)
     if (!idx) return kvt_fail(KVT_ENOMEM, "cache index of %zu entries", cap);
     sqlite3_stmt *stmt = prep(st, "SELECT head, n_tokens, tail, id FROM snaps", "index");
     while (step(st, stmt, "index") == SQLITE_ROW) {
-        if (n == cap) { /* another connection added rows since the count */
-            ientry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(idx, bytes) : NULL;
-            if (!g) {
-                sqlite3_finalize(stmt);
-                free(idx);
-                return kvt_fail(KVT_ENOMEM, "cache index of %zu entries", 2 * cap);
-            }
-            idx = g;
-            cap *= 2;
+        int rc; /* another connection may have added rows since the count */
+        KVT_GROW(idx, &cap, n + 1, rc);
+        if (rc) {
+            sqlite3_finalize(stmt);
+            free(idx);
+            return rc;
         }
         idx[n++] = (ientry){(uint64_t)sqlite3_column_int64(stmt, 0), (uint64_t)sqlite3_column_int64(stmt, 2),
                             (uint32_t)sqlite3_column_int64(stmt, 1), sqlite3_column_int64(stmt, 3)};
@@ -1855,16 +1842,12 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
                                   ", replay"
                                   " FROM snaps ORDER BY last_used DESC", NULL);
     while (step(st, stmt, NULL) == SQLITE_ROW) {
-        if (k == cap) { /* another connection added entries since the count */
-            size_t bytes;
-            kvt_store_entry *g = kvt_mul_ok(cap, 2 * sizeof *g, &bytes) ? realloc(e, bytes) : NULL;
-            if (!g) {
-                sqlite3_finalize(stmt);
-                free(e);
-                return kvt_fail(KVT_ENOMEM, "cache list of %zu entries", 2 * cap);
-            }
-            e = g;
-            cap *= 2;
+        int rc; /* another connection may have added entries since the count */
+        KVT_GROW(e, &cap, k + 1, rc);
+        if (rc) {
+            sqlite3_finalize(stmt);
+            free(e);
+            return rc;
         }
         kvt_store_entry *x = &e[k++];
         memset(x, 0, sizeof *x);

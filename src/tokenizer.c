@@ -132,24 +132,6 @@ static const char *model_name(int model)
     return model == MODEL_SPM ? "llama" : model == MODEL_BPE ? "gpt2" : "bytes";
 }
 
-/* Reallocate p (an array of elem-sized items with capacity *cap) to hold need
- * items; returns the array (p itself when it fails, with *rc set). Use GROW. */
-static void *grow_to(void *p, size_t *cap, size_t need, size_t elem, int *rc)
-{
-    *rc = KVT_OK;
-    if (need <= *cap) return p;
-    size_t nc = *cap ? *cap : 16, bytes;
-    while (nc < need) nc *= 2;
-    if (!kvt_mul_ok(nc, elem, &bytes)) { *rc = kvt_fail(KVT_ENOMEM, "tokenizer: array too large"); return p; }
-    void *q = realloc(p, bytes);
-    if (!q) {
-        *rc = kvt_fail(KVT_ENOMEM, "tokenizer: out of memory allocating %zu bytes", bytes);
-        return p;
-    }
-    *cap = nc;
-    return q;
-}
-#define GROW(ptr, cap, need, rc) ((ptr) = grow_to((ptr), (cap), (need), sizeof *(ptr), &(rc)))
 
 typedef struct ivec { int32_t *v; size_t n, cap; } ivec;
 
@@ -157,7 +139,7 @@ static int ivec_push(ivec *a, int32_t x)
 {
     if (a->n == a->cap) {
         int rc;
-        GROW(a->v, &a->cap, a->n + 1, rc);
+        KVT_GROW(a->v, &a->cap, a->n + 1, rc);
         if (rc) return rc;
     }
     a->v[a->n++] = x;
@@ -582,7 +564,7 @@ static int read_merges(kvt_tokenizer *t, const kvt_gguf *g)
             return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.merges[%zu] = '%.*s' names a token "
                             "that is not in the vocabulary", r, (int)(len < 64 ? len : 64), s);
         }
-        if (GROW(buf, &cap, nl + nr, rc), rc) { free(buf); return rc; }
+        if (KVT_GROW(buf, &cap, nl + nr, rc), rc) { free(buf); return rc; }
         memcpy(buf, s, nl);
         memcpy(buf + nl, sp + 1, nr);
         t->merges[r] = (merge){a, b, lookup(t, buf, nl + nr)};
@@ -884,7 +866,7 @@ static int fvec_push(fvec *a, size_t off, size_t len, int32_t id)
 {
     if (a->n == a->cap) {
         int rc;
-        GROW(a->v, &a->cap, a->n + 1, rc);
+        KVT_GROW(a->v, &a->cap, a->n + 1, rc);
         if (rc) return rc;
     }
     a->v[a->n++] = (frag){off, len, id};
@@ -960,7 +942,7 @@ static int heap_push(heap *h, cand c)
 {
     if (h->n == h->cap) {
         int rc;
-        GROW(h->v, &h->cap, h->n + 1, rc);
+        KVT_GROW(h->v, &h->cap, h->n + 1, rc);
         if (rc) return rc;
     }
     size_t i = h->n++;
@@ -1061,7 +1043,7 @@ static int spm_encode(const kvt_tokenizer *t, scratch *w, const char *s, size_t 
     for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
     size_t m = n + 2 * spaces + (prefix ? 3 : 0);
     int rc;
-    GROW(w->buf, &w->buf_cap, m, rc);
+    KVT_GROW(w->buf, &w->buf_cap, m, rc);
     if (rc) return rc;
     char *e = w->buf;
     size_t k = 0;
@@ -1076,7 +1058,7 @@ static int spm_encode(const kvt_tokenizer *t, scratch *w, const char *s, size_t 
      * UTF-8 both agree). id -2: look the symbol up when it is emitted. */
     size_t ns = 0;
     for (size_t i = 0; i < m; i += char_len(e + i, m - i)) ns++;
-    if (GROW(w->syms, &w->syms_cap, ns, rc), rc) return rc;
+    if (KVT_GROW(w->syms, &w->syms_cap, ns, rc), rc) return rc;
     size_t i = 0;
     for (size_t j = 0; j < ns; j++) {
         size_t len = char_len(e + i, m - i);
@@ -1104,7 +1086,7 @@ static int bpe_candidate(const kvt_tokenizer *t, scratch *w, const char *s, int3
 static int bpe_word(const kvt_tokenizer *t, scratch *w, const char *s, size_t n, ivec *o)
 {
     int rc;
-    GROW(w->syms, &w->syms_cap, n, rc);
+    KVT_GROW(w->syms, &w->syms_cap, n, rc);
     if (rc) return rc;
     for (size_t j = 0; j < n; j++)
         w->syms[j] = (sym){(int32_t)j - 1, j + 1 < n ? (int32_t)j + 1 : -1,

@@ -53,6 +53,22 @@ void *kvt_calloc(size_t n, size_t size)
     return p;
 }
 
+void *kvt_grow(void *p, size_t *cap, size_t need, size_t elem, int *rc)
+{
+    *rc = KVT_OK;
+    if (need <= *cap) return p;
+    size_t nc = *cap ? *cap : 16, bytes;
+    while (nc < need) nc *= 2;
+    if (!kvt_mul_ok(nc, elem, &bytes)) { *rc = kvt_fail(KVT_ENOMEM, "array of %zu items is too large", nc); return p; }
+    void *q = realloc(p, bytes);
+    if (!q) {
+        *rc = kvt_fail(KVT_ENOMEM, "out of memory growing an array to %zu bytes", bytes);
+        return p;
+    }
+    *cap = nc;
+    return q;
+}
+
 char *kvt_strndup(const char *s, size_t n)
 {
     char *p = kvt_malloc(n + 1);

@@ -21,6 +21,11 @@ static inline bool kvt_mul_ok(size_t a, size_t b, size_t *out)
 void *kvt_malloc(size_t n);
 void *kvt_calloc(size_t n, size_t size);
 char *kvt_strndup(const char *s, size_t n);
+/* Grow p, an array of elem-sized items with capacity *cap, to hold at least
+ * need items (doubling, from 16); returns the array, or p itself with *rc
+ * set to KVT_ENOMEM when it cannot (p stays valid). Use KVT_GROW. */
+void *kvt_grow(void *p, size_t *cap, size_t need, size_t elem, int *rc);
+#define KVT_GROW(ptr, cap, need, rc) ((ptr) = kvt_grow((ptr), (cap), (need), sizeof *(ptr), &(rc)))
 
 static inline uint16_t kvt_rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t kvt_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -123,6 +125,19 @@ uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n)
     if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = kvt_test_digest(s, m);
     kvt_session_free(s);
     return h;
+}
+
+void kvt_test_clear_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    char path[4200];
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    mkdir(dir, 0755);
 }
 
 char *kvt_test_read_file(const char *path, size_t *len)

@@ -38,6 +38,9 @@ void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed);
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m);
 /* The digest of an uninterrupted run of t[0..n) in a fresh session. */
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n);
+/* Empty a flat directory (its files; no subdirectories) and make sure it
+ * exists. */
+void kvt_test_clear_dir(const char *dir);
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
 char *kvt_test_read_file(const char *path, size_t *len);
 

@@ -325,19 +325,6 @@ static size_t moved_aside(const char *dir)
 }
 
 /* Empty dir (the stores of this test are flat). */
-static void clear_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    char path[600];
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    if (d) closedir(d);
-    mkdir(dir, 0755);
-}
-
 /* The pristine store: a conversation saved cold at 256 and continued at
  * 512 (then stored without its state) and 640, a second prompt that shares
  * its first 256 tokens, and a third that was saved and removed (its pages
@@ -467,7 +454,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
                      size_t wal_len, const rows *want_snaps, const rows *want_blocks)
 {
     char path[400], expect[8192], got_lines[8192];
-    clear_dir(w->dir);
+    kvt_test_clear_dir(w->dir);
     snprintf(path, sizeof path, "%s/kvtier.db", w->dir);
     CHECK(write_bytes(path, db, db_len));
     if (wal) {

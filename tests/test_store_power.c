@@ -498,20 +498,6 @@ static void remember(world *w, int64_t id, int p, int k)
     if (w->n_known < sizeof w->known / sizeof w->known[0]) w->known[w->n_known++] = (entry){id, p, k};
 }
 
-/* Empty a directory (the stores here are flat) and make sure it exists. */
-static void clear_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    char path[700];
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    if (d) closedir(d);
-    mkdir(dir, 0755);
-}
-
 typedef struct idlist { int64_t v[64]; size_t n; } idlist;
 
 static int list_ids(kvt_store *st, idlist *out)
@@ -762,7 +748,7 @@ static bool cut_rounds(world *w, int rounds, uint64_t seed, tally *t, bool stric
         if (o.kind == K_SAVE || o.kind == K_GC || o.kind == K_RM) {
             kvt_store *os = NULL;
             int64_t id = -1;
-            clear_dir(w->oracle_dir);
+            kvt_test_clear_dir(w->oracle_dir);
             if (!state_before_op(w->oracle_dir) || open_store(w, w->oracle_dir, &os) ||
                 run_op(w, &os, w->oracle_dir, &o, &id) || list_ids(os, &after_op)) {
                 snprintf(t->first_failure, sizeof t->first_failure, "round %d: the oracle's %s failed: %s", round,
