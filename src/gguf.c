@@ -22,6 +22,7 @@
  * keys and tensor names are copied to gain their NUL.
  */
 #include "gguf.h"
+#include "quant.h"
 #include "util.h"
 
 #include <errno.h>
@@ -39,8 +40,6 @@
 
 #define MAX_DEPTH 16          /* array nesting; real files nest at most once */
 #define DEFAULT_ALIGNMENT 32
-#define QK8_0 32              /* Q8_0 block: f16 scale + 32 x int8 */
-#define Q8_0_BYTES 34
 /* Smallest encodings, used to bound counts before allocating. */
 #define MIN_KV_BYTES 13       /* key length 8 + type 4 + a 1-byte value */
 #define MIN_TENSOR_BYTES 32   /* name length 8 + n_dims 4 + ne 8 + type 4 + offset 8 */
@@ -105,40 +104,25 @@ static void decode_scalar(const uint8_t *p, uint32_t t, kvt_gguf_val *v)
 
 /* ---- tensor types -------------------------------------------------------- */
 
-/* ggml's names, so that an unsupported tensor is reported as "q4_K", not "12". */
-static const char *const ggml_type_names[] = {
-    [0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [6] = "q5_0", [7] = "q5_1",
-    [8] = "q8_0", [9] = "q8_1", [10] = "q2_K", [11] = "q3_K", [12] = "q4_K", [13] = "q5_K",
-    [14] = "q6_K", [15] = "q8_K", [16] = "iq2_xxs", [17] = "iq2_xs", [18] = "iq3_xxs",
-    [19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s", [23] = "iq4_xs",
-    [24] = "i8", [25] = "i16", [26] = "i32", [27] = "i64", [28] = "f64", [29] = "iq1_m",
-    [30] = "bf16", [34] = "tq1_0", [35] = "tq2_0", [39] = "mxfp4",
-};
+/* The types, their blocks and their dequantisers live in quant.c; gguf.c
+ * only checks shapes and sizes against them. */
 
 const char *kvt_ggml_type_name(uint32_t type)
 {
-    const char *s = type < sizeof ggml_type_names / sizeof *ggml_type_names
-                        ? ggml_type_names[type] : NULL;
+    const char *s = kvt_quant_name(type);
     return s ? s : "unknown";
 }
 
-/* Elements per block and bytes per block; false for unsupported types. */
-static bool type_block(uint32_t type, uint64_t *blk, uint64_t *bytes)
-{
-    switch (type) {
-    case KVT_GGML_F32: *blk = 1; *bytes = 4; return true;
-    case KVT_GGML_F16: case KVT_GGML_BF16: *blk = 1; *bytes = 2; return true;
-    case KVT_GGML_Q8_0: *blk = QK8_0; *bytes = Q8_0_BYTES; return true;
-    }
-    return false;
-}
+size_t kvt_ggml_type_size(uint32_t type, uint64_t n) { return kvt_quant_row_bytes(type, n); }
 
-size_t kvt_ggml_type_size(uint32_t type, uint64_t n)
+/* "f32, f16, ..." : the types kvt_quant_block accepts, for messages. */
+static void supported_types(char *buf, size_t len)
 {
-    uint64_t blk, bytes, r;
-    if (!type_block(type, &blk, &bytes) || n % blk) return 0;
-    if (__builtin_mul_overflow(n / blk, bytes, &r) || r > SIZE_MAX) return 0;
-    return (size_t)r;
+    size_t o = 0;
+    buf[0] = 0;
+    for (uint32_t t = 0; t < 64 && o < len; t++)
+        if (kvt_quant_block(t, NULL, NULL))
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", kvt_quant_name(t));
 }
 
 int kvt_gguf_tensor_to_f32(const kvt_gguf_tensor *t, float *out, size_t n)
@@ -153,25 +137,7 @@ int kvt_gguf_tensor_to_f32(const kvt_gguf_tensor *t, float *out, size_t n)
                         "gguf: tensor '%s': asked for %zu values, it holds %llu (%llu bytes)",
                         t->name ? t->name : "?", n, (unsigned long long)t->n_elem,
                         (unsigned long long)t->n_bytes);
-    const uint8_t *p = t->data;
-    switch (t->type) {
-    case KVT_GGML_F32:
-        memcpy(out, p, n * sizeof(float));
-        break;
-    case KVT_GGML_F16:
-        for (size_t i = 0; i < n; i++) out[i] = kvt_f16_to_f32(kvt_rd16(p + 2 * i));
-        break;
-    case KVT_GGML_BF16:
-        for (size_t i = 0; i < n; i++) out[i] = kvt_bf16_to_f32(kvt_rd16(p + 2 * i));
-        break;
-    case KVT_GGML_Q8_0:
-        for (size_t b = 0; b < n / QK8_0; b++, p += Q8_0_BYTES) {
-            float d = kvt_f16_to_f32(kvt_rd16(p));
-            for (size_t j = 0; j < QK8_0; j++) out[b * QK8_0 + j] = d * (float)(int8_t)p[2 + j];
-        }
-        break;
-    }
-    return KVT_OK;
+    return kvt_quant_to_f32(t->type, t->data, out, n);
 }
 
 /* ---- name index ---------------------------------------------------------- */
@@ -430,15 +396,17 @@ static int parse_tensor(kvt_gguf *g, cursor *c, size_t i)
     }
     size_t type_at = c->pos;
     if ((rc = take_u32(c, "tensor type", &t->type))) return rc;
-    uint64_t blk, bytes;
-    if (!type_block(t->type, &blk, &bytes))
-        return kvt_fail(KVT_EUNSUPPORTED, "%s: type %s (%u) is not supported (only f32, f16, "
-                        "bf16, q8_0) (offset %zu)", c->what, kvt_ggml_type_name(t->type),
-                        t->type, type_at);
+    size_t blk;
+    if (!kvt_quant_block(t->type, &blk, NULL)) {
+        char list[256];
+        supported_types(list, sizeof list);
+        return kvt_fail(KVT_EUNSUPPORTED, "%s: type %s (%u) is not supported (only %s) (offset %zu)",
+                        c->what, kvt_ggml_type_name(t->type), t->type, list, type_at);
+    }
+    /* whole blocks per row, so that every row starts on a block */
     if (t->ne[0] % blk)
-        return bad(c, type_at, "row length %llu is not a multiple of the %s block of %llu",
-                   (unsigned long long)t->ne[0], kvt_ggml_type_name(t->type),
-                   (unsigned long long)blk);
+        return bad(c, type_at, "row length %llu is not a multiple of the %s block of %zu",
+                   (unsigned long long)t->ne[0], kvt_ggml_type_name(t->type), blk);
     t->n_bytes = kvt_ggml_type_size(t->type, t->n_elem);
     if (!t->n_bytes) return bad(c, type_at, "byte size overflows");
     size_t off_at = c->pos;
@@ -907,8 +875,9 @@ int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t ty
     for (size_t i = 0; i < w->n_tensors; i++)
         if (!strcmp(w->tensors[i].name, name))
             return kvt_fail(KVT_EINVAL, "gguf writer: duplicate tensor '%s'", name);
-    uint64_t blk, bytes, n_elem = 1;
-    if (!type_block(type, &blk, &bytes))
+    uint64_t n_elem = 1;
+    size_t blk;
+    if (!kvt_quant_block(type, &blk, NULL))
         return kvt_fail(KVT_EUNSUPPORTED, "gguf writer: tensor '%s': type %s (%u) not supported",
                         name, kvt_ggml_type_name(type), type);
     if (n_dims < 1 || n_dims > 4)

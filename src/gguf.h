@@ -1,5 +1,6 @@
 /* GGUF v2/v3 reader and writer (the subset kvtier needs: every metadata type
- * including nested arrays; tensor types F32, F16, BF16, Q8_0).
+ * including nested arrays; the tensor types of src/quant.h: F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4).
  *
  * Reader: kvt_gguf_open maps the file read-only and validates the whole header
  * before returning: every count, string length, array length, dimension and
@@ -24,8 +25,13 @@ enum kvt_gguf_type {
     KVT_GGUF_F64 = 12,
 };
 
+/* ggml's type ids (ggml.h enum ggml_type) of the types kvtier reads; blocks
+ * and layouts in src/quant.h. */
 enum kvt_ggml_type {
-    KVT_GGML_F32 = 0, KVT_GGML_F16 = 1, KVT_GGML_Q8_0 = 8, KVT_GGML_BF16 = 30,
+    KVT_GGML_F32 = 0, KVT_GGML_F16 = 1, KVT_GGML_Q4_0 = 2, KVT_GGML_Q4_1 = 3,
+    KVT_GGML_Q5_0 = 6, KVT_GGML_Q5_1 = 7, KVT_GGML_Q8_0 = 8, KVT_GGML_Q4_K = 12,
+    KVT_GGML_Q5_K = 13, KVT_GGML_Q6_K = 14, KVT_GGML_IQ4_NL = 20, KVT_GGML_IQ4_XS = 23,
+    KVT_GGML_BF16 = 30, KVT_GGML_MXFP4 = 39,
 };
 
 /* One metadata value. Scalars live in the union (integers widened, floats as
@@ -90,8 +96,10 @@ const kvt_gguf_tensor *kvt_gguf_find_tensor(const kvt_gguf *g, const char *name)
  * t->n_elem. */
 int kvt_gguf_tensor_to_f32(const kvt_gguf_tensor *t, float *out, size_t n);
 /* Bytes for n elements of a type (n a multiple of the block size); 0 if the
- * type is unsupported or n is not a whole number of blocks. */
+ * type is unsupported or n is not a whole number of blocks
+ * (kvt_quant_row_bytes). */
 size_t kvt_ggml_type_size(uint32_t type, uint64_t n);
+/* ggml's name of the type ("q4_K"), "unknown" for an id ggml lacks. */
 const char *kvt_ggml_type_name(uint32_t type);
 
 /* ---- writer ---- */

@@ -4,7 +4,8 @@
  * Children are fork + execvp with stdout + stderr redirected to a file in
  * the test's temp dir, so a failing test can print what the server or the
  * client said; waits poll waitpid(WNOHANG) against a monotonic clock so no
- * child can hang the test run. See fixture.h for the interface. */
+ * child can hang the test run. The llama.cpp peer's install is shared by
+ * test_peer.c and test_quant.c. See fixture.h for the interface. */
 #include "fixture.h"
 #include "test.h"
 
@@ -16,8 +17,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,6 +110,54 @@ bool fx_npm_ci(const char *dir, const char *name, const char *what)
     bool ok = system(cmd) == 0;
     if (!ok && lf >= 0) fx_print_file("npm ci", log);
     if (lf >= 0) unlink(log);
+    return ok;
+}
+
+/* node-llama-cpp FX_PEER_VERSION and its linux-x64 binaries are in node_modules. */
+static bool peer_present(void)
+{
+    if (access(FX_PEER_BINS "/llama-addon.node", R_OK) != 0 ||
+        access(FX_PEER_BINS "/libggml-base.so", R_OK) != 0)
+        return false;
+    char *pkg = kvt_test_read_file(FX_PEER_DIR "/node_modules/node-llama-cpp/package.json", NULL);
+    bool ok = pkg && strstr(pkg, "\"version\": \"" FX_PEER_VERSION "\"");
+    free(pkg);
+    return ok;
+}
+
+const char *fx_peer_skip_reason(void)
+{
+    if (fx_env_is("KVT_PEER", "0")) return "KVT_PEER=0";
+    struct utsname u;
+    if (uname(&u) != 0 || strcmp(u.sysname, "Linux") != 0 || strcmp(u.machine, "x86_64") != 0)
+        return "the peer is node-llama-cpp's prebuilt linux-x64 llama.cpp (not this machine)";
+    if (access(FX_PEER_DIR "/package-lock.json", R_OK) != 0)
+        return "run from the repository root (" FX_PEER_DIR " not found)";
+    if (!peer_present() && system("command -v npm >/dev/null 2>&1") != 0) return "npm is not on PATH";
+    return NULL;
+}
+
+bool fx_peer_ensure(double *seconds)
+{
+    *seconds = -1;
+    int fd = open(FX_PEER_DIR "/package.json", O_RDONLY);
+    if (fd < 0) return false;
+    flock(fd, LOCK_EX);
+    bool ok = peer_present();
+    if (!ok) {
+        const char *old = getenv("npm_config_omit");
+        char *saved = old ? strdup(old) : NULL;
+        setenv("npm_config_omit", "optional", 1);
+        double t0 = fx_now();
+        ok = fx_npm_ci(FX_PEER_DIR, "kvtier-peer", "llama.cpp peer (node-llama-cpp " FX_PEER_VERSION ")") &&
+             peer_present();
+        *seconds = fx_now() - t0;
+        if (saved) setenv("npm_config_omit", saved, 1);
+        else unsetenv("npm_config_omit");
+        free(saved);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
     return ok;
 }
 

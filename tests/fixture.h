@@ -54,6 +54,25 @@ void fx_tmpdir_remove(fx_server *s);
  * Locking DIR/package.json against a concurrent install is the caller's. */
 bool fx_npm_ci(const char *dir, const char *name, const char *what);
 
+/* The llama.cpp peer: node-llama-cpp FX_PEER_VERSION with its prebuilt
+ * linux-x64 CPU binaries (llama-addon.node, libggml-base.so), the packages
+ * of tests/peer/package-lock.json installed into tests/peer/node_modules.
+ * Paths are relative to the repository root, where the tests run. */
+#define FX_PEER_DIR "tests/peer"
+#define FX_PEER_VERSION "3.22.1"
+#define FX_PEER_BINS FX_PEER_DIR "/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64"
+
+/* Why the peer cannot be used here (KVT_PEER=0, not linux x86_64, not run
+ * from the repository root, npm missing while the packages are not
+ * installed); NULL when it can. */
+const char *fx_peer_skip_reason(void);
+/* Install the packages when they are missing (`npm ci`, optional packages
+ * omitted: the linux-x64 CPU binaries are a direct dependency), under an
+ * exclusive lock on package.json so that two test runs never install at
+ * once. True when they are in place; *seconds is the install's duration,
+ * -1 when nothing was installed. */
+bool fx_peer_ensure(double *seconds);
+
 /* Run argv (argv[0] looked up on PATH) with stdout + stderr in the file out
  * and wait up to timeout seconds. 1: it exited, *status holds its wait
  * status; 0: it did not exit in time and was killed; -1: fork failed. */

@@ -375,7 +375,7 @@ TEST(gguf_writer_rejects)
           KVT_EINVAL);
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 2, (uint64_t[]){4, 0}, f, 0) == KVT_EINVAL);
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_Q8_0, 1, (uint64_t[]){16}, f, 17) == KVT_EINVAL);
-    CHECK(kvt_gguf_writer_add_tensor(w, "t", 2, 1, (uint64_t[]){32}, f, 18) == KVT_EUNSUPPORTED);
+    CHECK(kvt_gguf_writer_add_tensor(w, "t", 10, 1, (uint64_t[]){256}, f, 84) == KVT_EUNSUPPORTED); /* q2_K */
     CHECK_OK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 1, (uint64_t[]){4}, f, 16));
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 1, (uint64_t[]){4}, f, 16) == KVT_EINVAL);
     kvt_gguf_writer_free(w);
@@ -428,9 +428,9 @@ TEST(gguf_dequant)
     CHECK(out[0] == -64.0f && out[31] == 60.0f && out[32] == 0x1.fcp-18f);
     CHECK(kvt_gguf_tensor_to_f32(kvt_gguf_find_tensor(g, "q"), out, 63) == KVT_EINVAL);
     kvt_gguf_tensor fake = *kvt_gguf_find_tensor(g, "q");
-    fake.type = 2; /* q4_0 */
+    fake.type = 10; /* q2_K */
     CHECK(kvt_gguf_tensor_to_f32(&fake, out, 64) == KVT_EUNSUPPORTED);
-    CHECK(strstr(kvt_errmsg(), "q4_0"));
+    CHECK(strstr(kvt_errmsg(), "q2_K"));
     kvt_gguf_close(g);
     free(buf);
 
@@ -439,7 +439,9 @@ TEST(gguf_dequant)
     CHECK(kvt_ggml_type_size(KVT_GGML_BF16, 5) == 10);
     CHECK(kvt_ggml_type_size(KVT_GGML_Q8_0, 64) == 68);
     CHECK(kvt_ggml_type_size(KVT_GGML_Q8_0, 33) == 0);
-    CHECK(kvt_ggml_type_size(12, 256) == 0);
+    CHECK(kvt_ggml_type_size(KVT_GGML_Q4_K, 256) == 144);
+    CHECK(kvt_ggml_type_size(KVT_GGML_Q4_K, 128) == 0);
+    CHECK(kvt_ggml_type_size(10, 256) == 0); /* q2_K: not supported */
     CHECK(kvt_ggml_type_size(KVT_GGML_F32, 1ull << 62) == 0);
     CHECK(!strcmp(kvt_ggml_type_name(KVT_GGML_Q8_0), "q8_0"));
     CHECK(!strcmp(kvt_ggml_type_name(KVT_GGML_BF16), "bf16"));
@@ -722,9 +724,9 @@ TEST(gguf_hostile_headers)
     b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){16}, KVT_GGML_Q8_0, 0);
     b_pad(&b, 32); for (int i = 0; i < 16; i++) b_u32(&b, 0);
     expect(&b, KVT_EFORMAT, "q8_0 row not whole blocks");
-    b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){32}, 12, 0);
+    b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){256}, 10, 0);
     b_pad(&b, 32); for (int i = 0; i < 64; i++) b_u32(&b, 0);
-    expect(&b, KVT_EUNSUPPORTED, "tensor type q4_K");
+    expect(&b, KVT_EUNSUPPORTED, "tensor type q2_K");
     b_hdr(&b, 3, 2, 0); b_tensor(&b, "t", 1, ne1, KVT_GGML_F32, 0);
     b_tensor(&b, "t", 1, ne1, KVT_GGML_F32, 32);
     b_pad(&b, 32); for (int i = 0; i < 16; i++) b_u32(&b, 0);
@@ -742,6 +744,75 @@ TEST(gguf_hostile_headers)
     b_tensor(&b, "t", 1, ne1, KVT_GGML_F32, 0); b_tensor(&b, "u", 1, ne1, KVT_GGML_F32, 32);
     b_pad(&b, 16); for (int i = 0; i < 16; i++) b_u32(&b, 0);
     expect(&b, KVT_OK, "valid v2, alignment 16");
+}
+
+/* A K-quant tensor through the size checks: q4_K rows must be whole
+ * 256-element blocks of 144 bytes (512 elements in rows of 128 are two
+ * blocks' worth and still refused), and a file cut anywhere inside the
+ * tensor's bytes does not open. */
+TEST(gguf_kquant_sizes)
+{
+    enum { BLK = 256, BYTES = 144 };
+    uint8_t q[2 * BYTES];
+    for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)(i * 37 + 11);
+    for (int b = 0; b < 2; b++) {
+        uint8_t *blk = q + b * BYTES;
+        blk[0] = 0x00, blk[1] = 0x3c;         /* d = 1 */
+        blk[2] = 0x00, blk[3] = 0x38;         /* dmin = 0.5 */
+        memset(blk + 4, 1, 12);               /* sub-blocks 0..3: scale 1, min 1; 4..7: scale 1, min 0 */
+    }
+    CHECK(kvt_ggml_type_size(KVT_GGML_Q4_K, 2 * BLK) == sizeof q);
+
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    CHECK(w);
+    CHECK(kvt_gguf_writer_add_tensor(w, "k", KVT_GGML_Q4_K, 2, (uint64_t[]){128, 4}, q, sizeof q) ==
+          KVT_EINVAL);
+    CHECK(kvt_gguf_writer_add_tensor(w, "k", KVT_GGML_Q4_K, 2, (uint64_t[]){BLK, 2}, q, sizeof q - 1) ==
+          KVT_EINVAL);
+    CHECK_OK(kvt_gguf_writer_add_tensor(w, "k", KVT_GGML_Q4_K, 2, (uint64_t[]){BLK, 2}, q, sizeof q));
+    uint8_t *buf;
+    size_t len;
+    CHECK_OK(kvt_gguf_writer_to_mem(w, &buf, &len));
+    kvt_gguf_writer_free(w);
+
+    guard gd;
+    CHECK(guard_new(&gd, len));
+    kvt_gguf *g;
+    CHECK_OK(kvt_gguf_open_mem(&g, guard_put(&gd, buf, len), len));
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, "k");
+    CHECK(t && t->type == KVT_GGML_Q4_K && t->n_elem == 2 * BLK && t->n_bytes == sizeof q);
+    size_t data_at = (size_t)((const uint8_t *)t->data - (gd.base + gd.cap - len));
+    CHECK(data_at + sizeof q == len); /* the tensor ends the file: every cut below is inside it */
+    float out[2 * BLK];
+    CHECK_OK(kvt_gguf_tensor_to_f32(t, out, 2 * BLK));
+    /* element 0: sub-block 0, low nibble of qs[0] (q[16] = 16*37+11 = 603 & 255 = 91, nibble 11),
+     * 1 * 11 - 0.5 * 1; element 255: sub-block 7, high nibble of qs[127] (q[143] = 0xb6), 1 * 11 - 0 */
+    CHECKF(out[0] == 10.5f && out[255] == 11.0f, "q4_K values %g %g", out[0], out[255]);
+    kvt_gguf_close(g);
+
+    for (size_t n = data_at; n < len; n++) {
+        kvt_fail(KVT_OK, "%s", "");
+        g = NULL;
+        int rc = kvt_gguf_open_mem(&g, guard_put(&gd, buf, n), n);
+        CHECKF(rc == KVT_EFORMAT && g == NULL && strstr(kvt_errmsg(), "past the end"),
+               "cut at %zu of %zu (tensor data from %zu): %s", n, len, data_at,
+               rc ? kvt_errmsg() : "opened");
+    }
+    guard_free(&gd);
+    free(buf);
+
+    /* the same tensor, hand-written with rows of 128: refused at the header */
+    bytes b = {0};
+    b_hdr(&b, 3, 1, 0); b_tensor(&b, "k", 2, (uint64_t[]){128, 4}, KVT_GGML_Q4_K, 0);
+    b_pad(&b, 32); b_put(&b, q, sizeof q);
+    CHECK(guard_new(&gd, b.n));
+    kvt_fail(KVT_OK, "%s", "");
+    int rc = kvt_gguf_open_mem(&g, guard_put(&gd, b.p, b.n), b.n);
+    guard_free(&gd);
+    free(b.p);
+    CHECKF(rc == KVT_EFORMAT &&
+           strstr(kvt_errmsg(), "row length 128 is not a multiple of the q4_K block of 256"),
+           "q4_K rows of 128: %s (%s)", kvt_strerror(rc), kvt_errmsg());
 }
 
 /* ---- atomic file write --------------------------------------------------- */

@@ -38,75 +38,27 @@
 #include "tokenizer.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define PEER_DIR "tests/peer"
-#define PEER_SCRIPT PEER_DIR "/tokenize.mjs"
-#define PEER_VERSION "3.22.1"
-#define PEER_PKG PEER_DIR "/node_modules/node-llama-cpp/package.json"
-#define PEER_ADDON PEER_DIR "/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/llama-addon.node"
+#define PEER_SCRIPT FX_PEER_DIR "/tokenize.mjs"
 #define MAX_USER 4096     /* user-defined tokens tried per vocabulary */
 #define MAX_CONTROL 40    /* control + unknown tokens tried per vocabulary */
 #define MAX_PAIRS 50      /* back-to-back pairs of user-defined tokens */
 #define MAX_REPORT 12     /* differing cases printed per vocabulary */
 
-/* ---- the peer: availability and install ---- */
+/* ---- the peer: availability (the install is fx_peer_ensure) ---- */
 
 static const char *skip_reason(void)
 {
-    if (fx_env_is("KVT_PEER", "0")) return "KVT_PEER=0";
-    struct utsname u;
-    if (uname(&u) != 0 || strcmp(u.sysname, "Linux") != 0 || strcmp(u.machine, "x86_64") != 0)
-        return "the peer is node-llama-cpp's prebuilt linux-x64 llama.cpp (not this machine)";
+    const char *why = fx_peer_skip_reason();
+    if (why) return why;
     if (system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
-    if (system("command -v npm >/dev/null 2>&1") != 0) return "npm is not on PATH";
-    if (access(PEER_DIR "/package-lock.json", R_OK) != 0 || access(PEER_SCRIPT, R_OK) != 0)
-        return "run from the repository root (" PEER_DIR " not found)";
+    if (access(PEER_SCRIPT, R_OK) != 0) return "run from the repository root (" PEER_SCRIPT " not found)";
     return NULL;
-}
-
-/* node-llama-cpp PEER_VERSION and the linux-x64 addon are in node_modules. */
-static bool deps_present(void)
-{
-    if (access(PEER_ADDON, R_OK) != 0) return false;
-    char *pkg = kvt_test_read_file(PEER_PKG, NULL);
-    bool ok = pkg && strstr(pkg, "\"version\": \"" PEER_VERSION "\"");
-    free(pkg);
-    return ok;
-}
-
-/* Install the packages when they are missing (`npm ci`, optional packages
- * omitted: the linux-x64 CPU binaries are a direct dependency). An exclusive
- * lock on package.json keeps two test runs from installing at once. */
-static bool ensure_deps(double *seconds)
-{
-    *seconds = -1;
-    int fd = open(PEER_DIR "/package.json", O_RDONLY);
-    if (fd < 0) return false;
-    flock(fd, LOCK_EX);
-    bool ok = deps_present();
-    if (!ok) {
-        const char *old = getenv("npm_config_omit");
-        char *saved = old ? strdup(old) : NULL;
-        setenv("npm_config_omit", "optional", 1);
-        double t0 = fx_now();
-        ok = fx_npm_ci(PEER_DIR, "kvtier-peer", "llama.cpp peer (node-llama-cpp " PEER_VERSION ")") &&
-             deps_present();
-        *seconds = fx_now() - t0;
-        if (saved) setenv("npm_config_omit", saved, 1);
-        else unsetenv("npm_config_omit");
-        free(saved);
-    }
-    flock(fd, LOCK_UN);
-    close(fd);
-    return ok;
 }
 
 /* ---- cases ---- */
@@ -371,7 +323,7 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
         line = eol ? eol + 1 : NULL;
         if (i == 0) { /* the header */
             if (!*header_shown && json_is_object(j)) {
-                printf("    peer: %s (%s build), node-llama-cpp " PEER_VERSION "\n",
+                printf("    peer: %s (%s build), node-llama-cpp " FX_PEER_VERSION "\n",
                        json_string_value(json_object_get(j, "llama_cpp")),
                        json_string_value(json_object_get(j, "build")));
                 *header_shown = true;
@@ -438,8 +390,8 @@ TEST(peer_tokenizer_vocabs)
     for (size_t i = 0; i < n_vocabs; i++) n_present += kvt_test_shared(vocabs[i].rel) != NULL;
     if (!n_present) SKIP("none of the vocab files is under ../shared");
     double install_s;
-    if (!ensure_deps(&install_s))
-        SKIP("npm ci --prefix " PEER_DIR " failed (offline?): no llama.cpp peer");
+    if (!fx_peer_ensure(&install_s))
+        SKIP("npm ci --prefix " FX_PEER_DIR " failed (offline?): no llama.cpp peer");
     if (install_s >= 0) printf("    npm ci took %.1f s\n", install_s);
 
     fx_server dir = {0};

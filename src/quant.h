@@ -1,0 +1,60 @@
+/* ggml tensor types: one table of block shapes and names, and a scalar row
+ * dequantiser whose f32 output equals ggml's to_float bit for bit (NaN
+ * payloads included) on x86-64. tests/test_quant.c holds it against the
+ * libggml-base.so node-llama-cpp ships.
+ *
+ * A tensor row is a whole number of blocks; a block is `elems` values in
+ * `bytes` bytes, little-endian, packed with no padding. The types kvtier
+ * reads (ggml id, elements / bytes per block, layout in byte order):
+ *
+ *   f32     0    1 /   4  IEEE binary32
+ *   f16     1    1 /   2  IEEE binary16
+ *   q4_0    2   32 /  18  f16 d | 16 B nibbles       x = d * (q - 8)
+ *   q4_1    3   32 /  20  f16 d, f16 m | 16 B        x = d * q + m
+ *   q5_0    6   32 /  22  f16 d | u32 qh | 16 B      x = d * (q - 16)
+ *   q5_1    7   32 /  24  f16 d, f16 m | u32 qh | 16 B   x = d * q + m
+ *   q8_0    8   32 /  34  f16 d | 32 x i8            x = d * q
+ *   q4_K   12  256 / 144  f16 d, f16 dmin | 12 B scales | 128 B nibbles
+ *   q5_K   13  256 / 176  f16 d, f16 dmin | 12 B scales | 32 B qh | 128 B
+ *   q6_K   14  256 / 210  128 B ql | 64 B qh | 16 x i8 scales | f16 d
+ *   iq4_nl 20   32 /  18  f16 d | 16 B nibbles       x = d * kvalues_iq4nl[q]
+ *   iq4_xs 23  256 / 136  f16 d | u16 scales_h | 4 B scales_l | 128 B
+ *   bf16   30    1 /   2  the high half of a binary32
+ *   mxfp4  39   32 /  17  u8 E8M0 e | 16 B nibbles   x = 2^(e-127) * E2M1(q)
+ *
+ * In the 32-element types byte j's low nibble is element j and its high
+ * nibble element j + 16; q5's qh bit j is the fifth bit of element j. The
+ * K-quants are 8 sub-blocks of 32 (q6_K: 16 of 16) with 6-bit scales and
+ * mins (q6_K: int8 scales) under the f16 super-scales; quant.c spells out
+ * each packing. mxfp4's E8M0 is decoded as ggml does: ggml keeps the scale
+ * halved and the E2M1 elements doubled, so e = 0 and 1 become the f32
+ * subnormals 2^-128 and 2^-127 (exact, never flushed), and e = 255, NaN in
+ * the OCP spec, is 2^128 (halved: 2^127) like any other exponent.
+ *
+ * Every other ggml type has a name here (for messages) and no block:
+ * kvt_quant_block says false and gguf.c refuses the tensor.
+ */
+#ifndef KVT_QUANT_H
+#define KVT_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Elements per block and bytes per block of a ggml type; false when kvtier
+ * does not support it (elems and bytes untouched). Either may be NULL. */
+bool kvt_quant_block(uint32_t type, size_t *elems, size_t *bytes);
+/* Bytes of n elements (n a multiple of the block); 0 when the type is
+ * unsupported, n is not whole blocks or the size overflows size_t. */
+size_t kvt_quant_row_bytes(uint32_t type, uint64_t n);
+/* ggml's name ("q4_K", "iq4_nl", ...) of any type ggml defines, supported or
+ * not; NULL for an id ggml does not define. Static storage. */
+const char *kvt_quant_name(uint32_t type);
+/* Dequantise n elements (whole blocks) of type: src holds
+ * kvt_quant_row_bytes(type, n) bytes, any alignment; dst receives (n) f32.
+ * Scalar and exact: the same bits as ggml's to_float. KVT_EUNSUPPORTED for
+ * an unsupported type, KVT_EINVAL when n is not whole blocks or a pointer is
+ * NULL (n > 0); nothing is written then. */
+int kvt_quant_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+
+#endif
