@@ -3,6 +3,9 @@
  * and chosen at run time, so one binary runs on any x86-64 (and elsewhere the
  * scalar path is the only one). */
 #include "kernels.h"
+#include "gguf.h"
+#include "qkernels.h"
+#include "quant.h"
 #include "util.h"
 
 #include <math.h>
@@ -57,44 +60,23 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const 
     return reduce16(l);
 }
 
-/* Four dot products sharing one row of W: each uses exactly dot_avx2's order. */
-__attribute__((target("avx2,fma"))) static void dot4_avx2(const float *w, const float *x0,
-                                                          const float *x1, const float *x2,
-                                                          const float *x3, size_t n, float *out)
+/* l[i % 16] += w[i] * x[i] for i in [0, len): the order of dot_avx2,
+ * carried across calls (len a multiple of 16 except in a row's last call). */
+__attribute__((target("avx2,fma"))) static void lanes1_avx2(float *l, const float *w, const float *x, size_t len)
 {
-    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps();
-    __m256 a1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps();
-    __m256 a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    __m256 a = _mm256_loadu_ps(l), b = _mm256_loadu_ps(l + 8);
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 wl = _mm256_loadu_ps(w + i), wh = _mm256_loadu_ps(w + i + 8);
-        a0 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x0 + i), a0);
-        b0 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x0 + i + 8), b0);
-        a1 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x1 + i), a1);
-        b1 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x1 + i + 8), b1);
-        a2 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x2 + i), a2);
-        b2 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x2 + i + 8), b2);
-        a3 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x3 + i), a3);
-        b3 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x3 + i + 8), b3);
+    for (; i + 16 <= len; i += 16) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), b);
     }
-    if (i + 8 <= n) {
-        __m256 wl = _mm256_loadu_ps(w + i);
-        a0 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x0 + i), a0);
-        a1 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x1 + i), a1);
-        a2 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x2 + i), a2);
-        a3 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x3 + i), a3);
+    if (i + 8 <= len) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
         i += 8;
     }
-    const float *xs[4] = {x0, x1, x2, x3};
-    __m256 lo[4] = {a0, a1, a2, a3}, hi[4] = {b0, b1, b2, b3};
-    for (int r = 0; r < 4; r++) {
-        float l[LANES];
-        _mm256_storeu_ps(l, lo[r]);
-        _mm256_storeu_ps(l + 8, hi[r]);
-        for (size_t j = i; j < n; j++) l[j % LANES] = fmaf(w[j], xs[r][j], l[j % LANES]);
-        out[r] = reduce16(l);
-    }
+    _mm256_storeu_ps(l, a);
+    _mm256_storeu_ps(l + 8, b);
+    for (; i < len; i++) l[i % LANES] = fmaf(w[i], x[i], l[i % LANES]);
 }
 
 __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, size_t n)
@@ -198,36 +180,169 @@ void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
 }
 
-struct mm_ctx { float *y; const float *W, *x; size_t n, d_in, d_out; };
+kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols)
+{
+    return (kvt_wmat){(const uint8_t *)W, KVT_GGML_F32, rows, cols, cols * sizeof(float)};
+}
+
+/* bf16 -> f32 is a shift: exact on either path. */
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2"))) static void bf16_avx2(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(v, 16));
+    }
+    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+}
+#endif
+
+static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { bf16_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+}
+
+#define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
+#define TOKS 96   /* tokens whose lanes one sweep over a segment carries */
+#define TR 4      /* weight rows of a tile */
+#define TT 3      /* tokens of a tile */
+
+/* Lane state: lanes[r][t] are the 16 lanes of row r's dot product with
+ * token t, each lane accumulating its elements (i % 16) in increasing i
+ * with a fused multiply-add, so any tiling of the work gives the bits of
+ * dot_avx2 / dot_scalar. */
+typedef float lanes_t[LANES];
+
+#ifdef KVT_HAVE_X86
+/* One half (lanes h*8 .. h*8+7) of a 4-row x 3-token tile over w[r][0, len):
+ * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
+ * the low half, the 8 at full when tail8. Twelve accumulators, three token
+ * vectors and one weight vector: the sixteen registers. */
+__attribute__((target("avx2,fma"))) static inline void tile_half(lanes_t (*L)[TOKS], const float *const *w,
+                                                                const float *x, size_t ldx, size_t full,
+                                                                bool tail8, int h)
+{
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx;
+    __m256 a00 = _mm256_loadu_ps(L[0][0] + 8 * h), a01 = _mm256_loadu_ps(L[0][1] + 8 * h), a02 = _mm256_loadu_ps(L[0][2] + 8 * h);
+    __m256 a10 = _mm256_loadu_ps(L[1][0] + 8 * h), a11 = _mm256_loadu_ps(L[1][1] + 8 * h), a12 = _mm256_loadu_ps(L[1][2] + 8 * h);
+    __m256 a20 = _mm256_loadu_ps(L[2][0] + 8 * h), a21 = _mm256_loadu_ps(L[2][1] + 8 * h), a22 = _mm256_loadu_ps(L[2][2] + 8 * h);
+    __m256 a30 = _mm256_loadu_ps(L[3][0] + 8 * h), a31 = _mm256_loadu_ps(L[3][1] + 8 * h), a32 = _mm256_loadu_ps(L[3][2] + 8 * h);
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    size_t end = full + (tail8 ? 16 : 0);
+    for (size_t i = 8 * (size_t)h; i < end; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i), v2 = _mm256_loadu_ps(x2 + i), wv;
+        wv = _mm256_loadu_ps(w0 + i);
+        a00 = _mm256_fmadd_ps(wv, v0, a00); a01 = _mm256_fmadd_ps(wv, v1, a01); a02 = _mm256_fmadd_ps(wv, v2, a02);
+        wv = _mm256_loadu_ps(w1 + i);
+        a10 = _mm256_fmadd_ps(wv, v0, a10); a11 = _mm256_fmadd_ps(wv, v1, a11); a12 = _mm256_fmadd_ps(wv, v2, a12);
+        wv = _mm256_loadu_ps(w2 + i);
+        a20 = _mm256_fmadd_ps(wv, v0, a20); a21 = _mm256_fmadd_ps(wv, v1, a21); a22 = _mm256_fmadd_ps(wv, v2, a22);
+        wv = _mm256_loadu_ps(w3 + i);
+        a30 = _mm256_fmadd_ps(wv, v0, a30); a31 = _mm256_fmadd_ps(wv, v1, a31); a32 = _mm256_fmadd_ps(wv, v2, a32);
+    }
+    _mm256_storeu_ps(L[0][0] + 8 * h, a00); _mm256_storeu_ps(L[0][1] + 8 * h, a01); _mm256_storeu_ps(L[0][2] + 8 * h, a02);
+    _mm256_storeu_ps(L[1][0] + 8 * h, a10); _mm256_storeu_ps(L[1][1] + 8 * h, a11); _mm256_storeu_ps(L[1][2] + 8 * h, a12);
+    _mm256_storeu_ps(L[2][0] + 8 * h, a20); _mm256_storeu_ps(L[2][1] + 8 * h, a21); _mm256_storeu_ps(L[2][2] + 8 * h, a22);
+    _mm256_storeu_ps(L[3][0] + 8 * h, a30); _mm256_storeu_ps(L[3][1] + 8 * h, a31); _mm256_storeu_ps(L[3][2] + 8 * h, a32);
+}
+
+__attribute__((target("avx2,fma"))) static void tile_avx2(lanes_t (*L)[TOKS], const float *const *w, const float *x,
+                                                         size_t ldx, size_t len)
+{
+    size_t full = len / 16 * 16;
+    bool tail8 = len - full >= 8;
+    tile_half(L, w, x, ldx, full, tail8, 0);
+    tile_half(L, w, x, ldx, full, false, 1);
+    for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
+        for (int r = 0; r < TR; r++)
+            for (int t = 0; t < TT; t++) L[r][t][j % LANES] = fmaf(w[r][j], x[t * ldx + j], L[r][t][j % LANES]);
+}
+#endif
+
+/* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
+ * tokens' x (ldx apart). */
+static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
+                      size_t len, bool simd)
+{
+    size_t t = 0;
+#ifdef KVT_HAVE_X86
+    if (simd) {
+        if (nr == TR)
+            for (; t + TT <= nt; t += TT) {
+                lanes_t(*Lt)[TOKS] = (lanes_t(*)[TOKS])(&L[0][t]);
+                tile_avx2(Lt, w, x + t * ldx, ldx, len);
+            }
+        for (; t < nt; t++)
+            for (size_t r = 0; r < nr; r++) lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+    }
+#else
+    (void)simd;
+#endif
+    for (; t < nt; t++) {
+        const float *xt = x + t * ldx;
+        for (size_t r = 0; r < nr; r++)
+            for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(w[r][i], xt[i], L[r][t][i % LANES]);
+    }
+}
+
+struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; bool simd; };
 
 static void mm_range(void *arg, size_t o0, size_t o1)
 {
     struct mm_ctx *c = arg;
-    size_t d_in = c->d_in, d_out = c->d_out;
-    for (size_t o = o0; o < o1; o++) {
-        const float *w = c->W + o * d_in;
-        size_t i = 0;
-#ifdef KVT_HAVE_X86
-        if (use_simd()) {
-            float r[4];
-            for (; i + 4 <= c->n; i += 4) {
-                const float *x = c->x + i * d_in;
-                dot4_avx2(w, x, x + d_in, x + 2 * d_in, x + 3 * d_in, d_in, r);
-                for (int k = 0; k < 4; k++) c->y[(i + k) * d_out + o] = r[k];
+    const kvt_wmat *W = c->W;
+    size_t d_in = W->cols, d_out = W->rows, blk = 1, blk_bytes = 4;
+    bool f32 = W->type == KVT_GGML_F32;
+    if (!f32) kvt_quant_block(W->type, &blk, &blk_bytes);
+    static _Thread_local float wseg[TR][SEG] __attribute__((aligned(32)));
+    static _Thread_local lanes_t lanes[TR][TOKS];
+    for (size_t o = o0; o < o1; o += TR) {
+        size_t nr = o1 - o < TR ? o1 - o : TR;
+        for (size_t t0 = 0; t0 < c->n; t0 += TOKS) {
+            size_t nt = c->n - t0 < TOKS ? c->n - t0 : TOKS;
+            for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+            for (size_t k = 0; k < d_in; k += SEG) {
+                size_t len = d_in - k < SEG ? d_in - k : SEG;
+                const float *w[TR];
+                for (size_t r = 0; r < nr; r++) {
+                    const uint8_t *row = W->data + (o + r) * W->row_bytes;
+                    w[r] = (const float *)row + k;
+                    if (f32) continue;
+                    const uint8_t *src = row + k / blk * blk_bytes;
+                    if (W->type == KVT_GGML_F16) kvt_f16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    else if (W->type == KVT_GGML_BF16) bf16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    else kvt_quant_to_f32(W->type, src, wseg[r], len);
+                    w[r] = wseg[r];
+                }
+                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd);
             }
+            for (size_t r = 0; r < nr; r++)
+                for (size_t t = 0; t < nt; t++) c->y[(t0 + t) * d_out + o + r] = reduce16(lanes[r][t]);
         }
-#endif
-        for (; i < c->n; i++) c->y[i * d_out + o] = kvt_dot(w, c->x + i * d_in, d_in);
     }
+}
+
+void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
+{
+    if (kvt_q_supported(W->type)) {
+        kvt_q_matmul(pool, y, W, x, n, qx);
+        return;
+    }
+    struct mm_ctx c = {y, W, x, n, use_simd()};
+    size_t per_out = n * W->cols;
+    size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
+    kvt_pool_for(pool, W->rows, min, mm_range, &c);
 }
 
 void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
                 size_t n, size_t d_in, size_t d_out)
 {
-    struct mm_ctx c = {y, W, x, n, d_in, d_out};
-    size_t per_out = n * d_in;
-    size_t min = per_out ? (32768 + per_out - 1) / per_out : d_out;
-    kvt_pool_for(pool, d_out, min, mm_range, &c);
+    kvt_wmat w = kvt_wmat_f32(W, d_out, d_in);
+    kvt_matmul_w(pool, y, &w, x, n, NULL);
 }
 
 void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps)

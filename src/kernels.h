@@ -1,4 +1,5 @@
-/* Numeric kernels (f32). The exactness contract of the engine lives here:
+/* Numeric kernels (f32 arithmetic; weights in any GGUF type, kvt_wmat).
+ * The exactness contract of the engine lives here:
  *
  *   Every reduction has one fixed order per output element, independent of
  *   batch size, chunking and thread count. A dot product over n elements
@@ -31,7 +32,27 @@ void kvt_axpy(float *y, float a, const float *x, size_t n);
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
 
-/* y (n, d_out) = x (n, d_in) · W^T, W (d_out, d_in). Parallel over d_out. */
+/* A weight matrix as the model file holds it: rows of cols elements of one
+ * ggml type (src/quant.h), row r at data + r * row_bytes. The data is
+ * borrowed (the mapped GGUF, or the architecture's own array). */
+typedef struct kvt_wmat {
+    const uint8_t *data;
+    uint32_t type;
+    size_t rows, cols, row_bytes;
+} kvt_wmat;
+
+/* An f32 (rows, cols) array as a kvt_wmat. */
+kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols);
+
+/* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
+ * output is the fixed-order dot product above over W's row as f32: a row in
+ * another type is dequantised (exactly, src/quant.h) 2048 elements at a time
+ * into the thread's stack, so the result equals that of an f32 copy of W,
+ * bit for bit, without one. Weights of an integer type (src/qkernels.h)
+ * run on integer dot products instead, with the tokens' activations
+ * quantised into qx (kvt_q_act_bytes of scratch; NULL for other types). */
+void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx);
+/* The same for an f32 W (d_out, d_in). */
 void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
                 size_t n, size_t d_in, size_t d_out);
 

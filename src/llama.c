@@ -6,6 +6,9 @@
  * n_head_kv * head_dim per token (128 rows per 128-token block). Rows are
  * written once, when their token is processed, and never change afterwards.
  *
+ * Weights: every matrix is used in place, in the file's own type
+ * (kvt_matmul_w); only the norm vectors are f32 copies.
+ *
  * Exactness: a chunk of n tokens is processed with the same per-row kernels
  * as a single token. Attention for the token at position t reads keys 0..t in
  * increasing order whatever chunk they were written in, and every matmul
@@ -14,31 +17,49 @@
  */
 #include "kernels.h"
 #include "model.h"
+#include "qkernels.h"
+#include "quant.h"
 #include "util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <xxhash.h>
 
 typedef struct llama_layer {
     float *attn_norm;  /* (D) */
-    float *wq;         /* (D, D)       q = wq · x */
-    float *wk, *wv;    /* (KV, D)      KV = n_head_kv * head_dim */
-    float *wo;         /* (D, D) */
+    kvt_wmat wq;       /* (D, D)       q = wq · x */
+    kvt_wmat wk, wv;   /* (KV, D)      KV = n_head_kv * head_dim */
+    kvt_wmat wo;       /* (D, D) */
     float *ffn_norm;   /* (D) */
-    float *w1, *w3;    /* (F, D)       gate, up */
-    float *w2;         /* (D, F)       down */
+    kvt_wmat w1, w3;   /* (F, D)       gate, up */
+    kvt_wmat w2;       /* (D, F)       down */
 } llama_layer;
 
 typedef struct llama_weights {
     uint32_t D, L, H, Hkv, hd, KV, F, V, n_rot;
     float eps, rope_base;
-    float *tok_embd;   /* (V, D) */
+    kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
-    float *out;        /* (V, D); == tok_embd when tied */
+    kvt_wmat out;      /* (V, D); the same tensor as tok_embd when tied */
     llama_layer *layers; /* (L) */
 } llama_weights;
+
+/* A session's scratch, allocated when it is created: the activations of up
+ * to `ch` tokens (a longer chunk runs in passes of ch) and one attention
+ * score row per part of the pool. */
+typedef struct llama_work {
+    size_t ch, parts, n_ctx;
+    float *x;          /* (ch, D) residual */
+    float *xb;         /* (ch, D) normed input, then a sublayer's output */
+    float *q;          /* (ch, D) */
+    float *att;        /* (ch, D) attention output */
+    float *k, *v;      /* (ch, KV) */
+    float *h1, *h3;    /* (ch, F) */
+    float *scores;     /* (parts, n_ctx) */
+    uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
+} llama_work;
 
 static void llama_free(void *p)
 {
@@ -46,14 +67,11 @@ static void llama_free(void *p)
     if (!w) return;
     if (w->layers) {
         for (uint32_t l = 0; l < w->L; l++) {
-            llama_layer *ly = &w->layers[l];
-            free(ly->attn_norm); free(ly->wq); free(ly->wk); free(ly->wv); free(ly->wo);
-            free(ly->ffn_norm); free(ly->w1); free(ly->w2); free(ly->w3);
+            free(w->layers[l].attn_norm);
+            free(w->layers[l].ffn_norm);
         }
         free(w->layers);
     }
-    if (w->out != w->tok_embd) free(w->out);
-    free(w->tok_embd);
     free(w->out_norm);
     free(w);
 }
@@ -104,11 +122,11 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         goto fail;
     }
     w->V = (uint32_t)te->ne[1];
-    if ((rc = kvt_model_tensor_f32(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
+    if ((rc = kvt_model_tensor_mat(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
         (rc = kvt_model_tensor_f32(g, "output_norm.weight", w->D, 1, &w->out_norm)))
         goto fail;
     if (kvt_gguf_find_tensor(g, "output.weight")) {
-        if ((rc = kvt_model_tensor_f32(g, "output.weight", w->D, w->V, &w->out))) goto fail;
+        if ((rc = kvt_model_tensor_mat(g, "output.weight", w->D, w->V, &w->out))) goto fail;
     } else {
         w->out = w->tok_embd;
     }
@@ -117,19 +135,23 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     for (uint32_t l = 0; l < w->L; l++) {
         llama_layer *ly = &w->layers[l];
         char nm[96];
-#define T(field, suffix, a, b)                                                   \
+#define V(field, suffix, a)                                                      \
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
-        if ((rc = kvt_model_tensor_f32(g, nm, a, b, &ly->field))) goto fail;
-        T(attn_norm, "attn_norm.weight", w->D, 1)
-        T(wq, "attn_q.weight", w->D, w->D)
-        T(wk, "attn_k.weight", w->D, w->KV)
-        T(wv, "attn_v.weight", w->D, w->KV)
-        T(wo, "attn_output.weight", w->D, w->D)
-        T(ffn_norm, "ffn_norm.weight", w->D, 1)
-        T(w1, "ffn_gate.weight", w->D, w->F)
-        T(w3, "ffn_up.weight", w->D, w->F)
-        T(w2, "ffn_down.weight", w->F, w->D)
-#undef T
+        if ((rc = kvt_model_tensor_f32(g, nm, a, 1, &ly->field))) goto fail;
+#define M(field, suffix, a, b)                                                   \
+        snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
+        if ((rc = kvt_model_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
+        V(attn_norm, "attn_norm.weight", w->D)
+        M(wq, "attn_q.weight", w->D, w->D)
+        M(wk, "attn_k.weight", w->D, w->KV)
+        M(wv, "attn_v.weight", w->D, w->KV)
+        M(wo, "attn_output.weight", w->D, w->D)
+        V(ffn_norm, "ffn_norm.weight", w->D)
+        M(w1, "ffn_gate.weight", w->D, w->F)
+        M(w3, "ffn_up.weight", w->D, w->F)
+        M(w2, "ffn_down.weight", w->F, w->D)
+#undef V
+#undef M
     }
     m->weights = w;
     m->arch = &kvt_arch_llama;
@@ -143,7 +165,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     in->n_head_kv = w->Hkv;
     in->head_dim = w->hd;
     in->n_ff = w->F;
-    in->n_params = (uint64_t)w->V * w->D * (w->out == w->tok_embd ? 1 : 2) + w->D +
+    in->n_params = (uint64_t)w->V * w->D * (w->out.data == w->tok_embd.data ? 1 : 2) + w->D +
                    (uint64_t)w->L * (2ull * w->D + 2ull * w->D * w->D + 2ull * w->KV * w->D +
                                      3ull * w->D * w->F);
     return KVT_OK;
@@ -164,6 +186,73 @@ static int llama_cache_new(kvt_session *s)
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
 
+static void llama_work_free(void *p)
+{
+    llama_work *k = p;
+    if (!k) return;
+    free(k->x); free(k->xb); free(k->q); free(k->att); free(k->k); free(k->v); free(k->h1); free(k->h3);
+    free(k->scores);
+    free(k->qx);
+    free(k);
+}
+
+#define MAX_PASS 256 /* tokens of one pass through the layers */
+
+/* The score rows for the pool's parts (again when the pool grew). */
+static int scores_fit(llama_work *k, size_t parts)
+{
+    if (k->parts >= parts) return KVT_OK;
+    size_t n;
+    if (!kvt_mul_ok(parts, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
+        return kvt_fail(KVT_ENOMEM, "attention scores for %zu threads", parts);
+    float *sc = kvt_malloc(n * sizeof(float));
+    if (!sc) return KVT_ENOMEM;
+    free(k->scores);
+    k->scores = sc;
+    k->parts = parts;
+    return KVT_OK;
+}
+
+static int llama_work_new(kvt_session *s)
+{
+    const llama_weights *w = s->m->weights;
+    llama_work *k = kvt_calloc(1, sizeof *k);
+    if (!k) return KVT_ENOMEM;
+    k->ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS;
+    k->n_ctx = s->n_ctx;
+    size_t D = w->D, KV = w->KV, F = w->F, ch = k->ch;
+    k->x = kvt_malloc(ch * D * sizeof(float));
+    k->xb = kvt_malloc(ch * D * sizeof(float));
+    k->q = kvt_malloc(ch * D * sizeof(float));
+    k->att = kvt_malloc(ch * D * sizeof(float));
+    k->k = kvt_malloc(ch * KV * sizeof(float));
+    k->v = kvt_malloc(ch * KV * sizeof(float));
+    k->h1 = kvt_malloc(ch * F * sizeof(float));
+    k->h3 = kvt_malloc(ch * F * sizeof(float));
+    /* the largest quantised activations any matrix needs */
+    size_t qb = kvt_q_act_bytes(w->tok_embd.type, 0, 0);
+    for (uint32_t l = 0; l < w->L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        const kvt_wmat *m[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2};
+        for (int i = 0; i < 7; i++) {
+            size_t b = kvt_q_act_bytes(m[i]->type, ch, m[i]->cols);
+            qb = b > qb ? b : qb;
+        }
+    }
+    size_t bo = kvt_q_act_bytes(w->out.type, ch, w->out.cols);
+    qb = bo > qb ? bo : qb;
+    bool qok = !qb || (k->qx = kvt_malloc(qb));
+    int rc = k->x && k->xb && k->q && k->att && k->k && k->v && k->h1 && k->h3 && qok
+                 ? scores_fit(k, kvt_pool_size(s->pool))
+                 : KVT_ENOMEM;
+    if (rc) {
+        llama_work_free(k);
+        return rc == KVT_ENOMEM ? kvt_fail(KVT_ENOMEM, "llama scratch for %zu tokens", ch) : rc;
+    }
+    s->work = k;
+    return KVT_OK;
+}
+
 /* Attention for rows [b, e) of (token, head) pairs. */
 struct attn_ctx {
     const llama_weights *w;
@@ -171,16 +260,16 @@ struct attn_ctx {
     size_t layer, pos0;
     const float *q;    /* (n, D) */
     float *out;        /* (n, D) */
+    float *scores;     /* (parts, n_ctx) */
+    size_t n_ctx;
 };
 
-static void attn_range(void *arg, size_t b, size_t e)
+static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
     struct attn_ctx *c = arg;
     const llama_weights *w = c->w;
     size_t H = w->H, hd = w->hd, group = w->H / w->Hkv;
-    size_t last = (e - 1) / H;
-    float *att = malloc((c->pos0 + last + 1) * sizeof(float));
-    if (!att) abort(); /* a few KB per thread; nothing sensible to do otherwise */
+    float *att = c->scores + (size_t)part * c->n_ctx;
     float scale = 1.0f / sqrtf((float)hd);
     for (size_t r = b; r < e; r++) {
         size_t i = r / H, h = r % H, kvh = h / group, t = c->pos0 + i;
@@ -197,73 +286,89 @@ static void attn_range(void *arg, size_t b, size_t e)
             kvt_axpy(o, att[j], v, hd);
         }
     }
-    free(att);
 }
 
-static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
-                         float *logits, size_t lfrom)
+/* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
+static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
+                      size_t lfrom)
 {
     const llama_weights *w = s->m->weights;
     size_t D = w->D, KV = w->KV, F = w->F, hd = w->hd;
-    int rc = KVT_ENOMEM;
-    float *x = kvt_malloc(n * D * sizeof(float));   /* (n, D) residual */
-    float *xb = kvt_malloc(n * D * sizeof(float));  /* (n, D) */
-    float *q = kvt_malloc(n * D * sizeof(float));   /* (n, D) */
-    float *att = kvt_malloc(n * D * sizeof(float)); /* (n, D) */
-    float *k = kvt_malloc(n * KV * sizeof(float));  /* (n, KV) */
-    float *v = kvt_malloc(n * KV * sizeof(float));  /* (n, KV) */
-    float *h1 = kvt_malloc(n * F * sizeof(float));  /* (n, F) */
-    float *h3 = kvt_malloc(n * F * sizeof(float));  /* (n, F) */
-    if (!x || !xb || !q || !att || !k || !v || !h1 || !h3) goto done;
+    float *x = wk->x, *xb = wk->xb, *q = wk->q, *att = wk->att, *k = wk->k, *v = wk->v, *h1 = wk->h1, *h3 = wk->h3;
     for (size_t i = 0; i < n; i++) {
-        if (tok[i] < 0 || (uint32_t)tok[i] >= w->V) {
-            rc = kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], w->V);
-            goto done;
-        }
-        memcpy(x + i * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
+        if (tok[i] < 0 || (uint32_t)tok[i] >= w->V)
+            return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], w->V);
+        const uint8_t *row = w->tok_embd.data + (size_t)tok[i] * w->tok_embd.row_bytes;
+        kvt_quant_to_f32(w->tok_embd.type, row, x + i * D, D);
     }
     for (size_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->attn_norm, D, w->eps);
-        kvt_matmul(s->pool, q, ly->wq, xb, n, D, D);
-        kvt_matmul(s->pool, k, ly->wk, xb, n, D, KV);
-        kvt_matmul(s->pool, v, ly->wv, xb, n, D, KV);
+        kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
+        kvt_matmul_w(s->pool, k, &ly->wk, xb, n, wk->qx);
+        kvt_matmul_w(s->pool, v, &ly->wv, xb, n, wk->qx);
         for (size_t i = 0; i < n; i++) {
             for (size_t h = 0; h < w->H; h++) kvt_rope(q + i * D + h * hd, w->n_rot, pos0 + i, w->rope_base);
             for (size_t h = 0; h < w->Hkv; h++) kvt_rope(k + i * KV + h * hd, w->n_rot, pos0 + i, w->rope_base);
             float *kr = kvt_cache_row(s->cache, 2 * l, pos0 + i);
             float *vr = kvt_cache_row(s->cache, 2 * l + 1, pos0 + i);
-            if (!kr || !vr) { rc = kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i); goto done; }
+            if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
             memcpy(kr, k + i * KV, KV * sizeof(float));
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
-        struct attn_ctx ac = {w, s->cache, l, pos0, q, att};
+        struct attn_ctx ac = {w, s->cache, l, pos0, q, att, wk->scores, wk->n_ctx};
         /* one (token, head) scores and mixes up to pos0 + n rows: give a
          * thread at least 128K multiply-adds (measured in bench/README.md),
          * so a tiny model's decode step does not pay for waking the pool */
         size_t per = 2 * (pos0 + n) * hd;
-        kvt_pool_for(s->pool, n * w->H, (131072 + per - 1) / per, attn_range, &ac);
-        kvt_matmul(s->pool, xb, ly->wo, att, n, D, D);
+        kvt_pool_for_part(s->pool, n * w->H, (131072 + per - 1) / per, attn_range, &ac);
+        kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
-        kvt_matmul(s->pool, h1, ly->w1, xb, n, D, F);
-        kvt_matmul(s->pool, h3, ly->w3, xb, n, D, F);
+        kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
+        kvt_matmul_w(s->pool, h3, &ly->w3, xb, n, wk->qx);
         for (size_t j = 0; j < n * F; j++) {
             float g = h1[j];
             h1[j] = g * (1.0f / (1.0f + expf(-g))) * h3[j];
         }
-        kvt_matmul(s->pool, xb, ly->w2, h1, n, F, D);
+        kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
     }
     if (lfrom < n) {
         size_t nl = n - lfrom;
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(xb + i * D, x + (lfrom + i) * D, w->out_norm, D, w->eps);
-        kvt_matmul(s->pool, logits, w->out, xb, nl, D, w->V);
+        kvt_matmul_w(s->pool, logits, &w->out, xb, nl, wk->qx);
     }
-    rc = KVT_OK;
-done:
-    free(x); free(xb); free(q); free(att); free(k); free(v); free(h1); free(h3);
+    return KVT_OK;
+}
+
+static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
+                         float *logits, size_t lfrom)
+{
+    llama_work *wk = s->work;
+    int rc = scores_fit(wk, kvt_pool_size(s->pool));
+    if (rc) return rc;
+    if (pos0 + n > wk->n_ctx) return kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", pos0 + n);
+    /* passes of at most ch tokens: every token's result is that of any
+     * other chunking (above), so this changes nothing but the scratch */
+    for (size_t done = 0; done < n && !rc;) {
+        size_t m = n - done < wk->ch ? n - done : wk->ch;
+        size_t lf = lfrom > done ? lfrom - done : 0; /* the pass's first row with logits */
+        float *lg = NULL;
+        if (logits && lf < m) lg = logits + (done + lf - lfrom) * (size_t)s->m->info.n_vocab;
+        else lf = m;
+        rc = llama_pass(s, wk, tok + done, m, pos0 + done, lg, lf);
+        done += m;
+    }
     return rc;
+}
+
+/* A matrix's bytes as stored: an f32 matrix hashes as its values alone (as
+ * before weights stayed in place), any other type with its type id first. */
+static void hash_mat(XXH3_state_t *st, const kvt_wmat *m)
+{
+    if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
+    XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
 }
 
 static uint64_t llama_fingerprint(const void *p)
@@ -277,15 +382,18 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_update(st, hdr, sizeof hdr);
     XXH3_64bits_update(st, &w->eps, 4);
     XXH3_64bits_update(st, &w->rope_base, 4);
-    size_t D = w->D, KV = w->KV, F = w->F, V = w->V;
-    XXH3_64bits_update(st, w->tok_embd, V * D * 4);
+    size_t D = w->D;
+    hash_mat(st, &w->tok_embd);
     XXH3_64bits_update(st, w->out_norm, D * 4);
-    if (w->out != w->tok_embd) XXH3_64bits_update(st, w->out, V * D * 4);
+    if (w->out.data != w->tok_embd.data) hash_mat(st, &w->out);
     for (uint32_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
-        const float *t[9] = {ly->attn_norm, ly->wq, ly->wk, ly->wv, ly->wo, ly->ffn_norm, ly->w1, ly->w3, ly->w2};
-        size_t n[9] = {D, D * D, KV * D, KV * D, D * D, D, F * D, F * D, D * F};
-        for (int i = 0; i < 9; i++) XXH3_64bits_update(st, t[i], n[i] * 4);
+        XXH3_64bits_update(st, ly->attn_norm, D * 4);
+        const kvt_wmat *a[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
+        for (int i = 0; i < 4; i++) hash_mat(st, a[i]);
+        XXH3_64bits_update(st, ly->ffn_norm, D * 4);
+        const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};
+        for (int i = 0; i < 3; i++) hash_mat(st, f[i]);
     }
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
@@ -298,4 +406,6 @@ const kvt_arch kvt_arch_llama = {
     .forward = llama_forward,
     .fingerprint = llama_fingerprint,
     .weights_free = llama_free,
+    .work_new = llama_work_new,
+    .work_free = llama_work_free,
 };

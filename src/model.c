@@ -1,6 +1,7 @@
-/* Opening a model: read the GGUF header, pick the architecture from
- * general.architecture, let it load (and dequantise) its weights, and build
- * the tokenizer. The model keeps no reference to the file afterwards. */
+/* Opening a model: map the GGUF, pick the architecture from
+ * general.architecture, let it load its weights, and build the tokenizer.
+ * An architecture may use tensors in place (kvt_model_tensor_mat): the model
+ * then keeps the mapping open (m->file) until it is closed. */
 #include "model.h"
 #include "util.h"
 
@@ -8,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, float **out)
+static int find_shaped(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, const kvt_gguf_tensor **out)
 {
     const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
     if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
@@ -17,14 +18,38 @@ int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint
         return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu), expected (%llu, %llu)", name,
                         (unsigned long long)a, (unsigned long long)b, (unsigned long long)ne0,
                         (unsigned long long)ne1);
+    *out = t;
+    return KVT_OK;
+}
+
+int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, float **out)
+{
+    const kvt_gguf_tensor *t;
+    int rc = find_shaped(g, name, ne0, ne1, &t);
+    if (rc) return rc;
     size_t n;
     if (!kvt_mul_ok((size_t)ne0, (size_t)ne1, &n) || n > SIZE_MAX / sizeof(float))
         return kvt_fail(KVT_EFORMAT, "tensor %s too large", name);
     float *p = kvt_malloc(n * sizeof(float));
     if (!p) return KVT_ENOMEM;
-    int rc = kvt_gguf_tensor_to_f32(t, p, n);
+    rc = kvt_gguf_tensor_to_f32(t, p, n);
     if (rc) { free(p); return rc; }
     *out = p;
+    return KVT_OK;
+}
+
+int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out)
+{
+    const kvt_gguf_tensor *t;
+    int rc = find_shaped(g, name, ne0, ne1, &t);
+    if (rc) return rc;
+    /* the reader checked that the tensor's bytes lie in the file and that
+     * its rows are whole blocks of a supported type */
+    size_t row = kvt_ggml_type_size(t->type, ne0);
+    if (!row || row * ne1 != t->n_bytes || !t->data)
+        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
+                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
+    *out = (kvt_wmat){t->data, t->type, (size_t)ne1, (size_t)ne0, row};
     return KVT_OK;
 }
 
@@ -129,12 +154,12 @@ int kvt_model_open(kvt_model **out, const char *path)
         goto fail;
     }
     if ((rc = finish(m))) goto fail;
-    kvt_gguf_close(g);
+    m->file = g; /* the weights may borrow its tensors */
     *out = m;
     return KVT_OK;
 fail:
+    kvt_model_close(m); /* before the file: the weights may point into it */
     kvt_gguf_close(g);
-    kvt_model_close(m);
     return rc;
 }
 
@@ -174,6 +199,7 @@ void kvt_model_close(kvt_model *m)
     if (!m) return;
     if (m->arch && m->arch->weights_free) m->arch->weights_free(m->weights);
     kvt_tokenizer_free(m->tok);
+    kvt_gguf_close(m->file);
     free(m->name);
     free(m);
 }

@@ -8,6 +8,7 @@
 #include "buf.h"
 #include "cache.h"
 #include "gguf.h"
+#include "kernels.h"
 #include "threads.h"
 #include "tokenizer.h"
 
@@ -35,6 +36,10 @@ typedef struct kvt_arch {
     /* Hash over the architecture config and every weight. */
     uint64_t (*fingerprint)(const void *w);
     void (*weights_free)(void *w);
+    /* A session's scratch (s->work), allocated once when it is created;
+     * NULL: none. Freed with work_free. */
+    int (*work_new)(kvt_session *s);
+    void (*work_free)(void *work);
 } kvt_arch;
 
 struct kvt_model {
@@ -44,6 +49,7 @@ struct kvt_model {
     char *name;
     const kvt_arch *arch;
     void *weights;           /* architecture-specific */
+    kvt_gguf *file;          /* the mapped GGUF whose tensors the weights borrow; NULL: they own theirs */
     kvt_tokenizer *tok;
 };
 
@@ -72,6 +78,7 @@ struct kvt_session {
     size_t n_ckpt, cap_ckpt;
     uint32_t ckpt_interval;    /* tokens between grid checkpoints */
     size_t mark;               /* also checkpoint here during prefill (0: none) */
+    void *work;                /* the architecture's scratch (kvt_arch.work_new) */
 };
 
 /* Session checkpoints (session.c): remember the state at the current
@@ -111,5 +118,8 @@ int kvt_ds4_plan(const char *preset, const kvt_model *m, uint64_t ctx, kvt_plan 
 /* Dequantise a named tensor of the expected shape into a new f32 array. */
 int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
                          float **out);
+/* A named matrix of the expected shape (ne0 elements per row, ne1 rows), in
+ * place in the mapped file, in its own type. */
+int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out);
 
 #endif

@@ -170,6 +170,7 @@ int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opt
     s->logits = kvt_malloc((size_t)m->info.n_vocab * sizeof(float));
     if (!s->pool || !s->tokens || !s->logits) goto fail;
     if ((rc = m->arch->cache_new(s))) goto fail;
+    if (m->arch->work_new && (rc = m->arch->work_new(s))) goto fail;
     *out = s;
     return KVT_OK;
 fail:
@@ -182,6 +183,7 @@ void kvt_session_free(kvt_session *s)
     if (!s) return;
     kvt_session_ckpt_clear(s);
     free(s->ckpt);
+    if (s->work) s->m->arch->work_free(s->work);
     kvt_cache_free(s->cache);
     kvt_pool_free(s->pool);
     free(s->tokens);

@@ -18,6 +18,7 @@ struct kvt_pool {
     int quit;
     /* current job */
     kvt_range_fn fn;
+    kvt_part_fn part_fn; /* instead of fn, when set */
     void *ctx;
     size_t total;
     uint32_t parts;
@@ -34,7 +35,9 @@ static void run_part(kvt_pool *p, uint32_t k)
 {
     if (k >= p->parts) return;
     size_t b = p->total * k / p->parts, e = p->total * (k + 1) / p->parts;
-    if (b < e) p->fn(p->ctx, b, e);
+    if (b >= e) return;
+    if (p->part_fn) p->part_fn(p->ctx, k, b, e);
+    else p->fn(p->ctx, b, e);
 }
 
 struct worker_arg { kvt_pool *p; uint32_t k; };
@@ -105,16 +108,21 @@ void kvt_pool_free(kvt_pool *p)
 uint32_t kvt_pool_size(const kvt_pool *p) { return p ? p->n : 1; }
 uint32_t kvt_pool_last_parts(const kvt_pool *p) { return p ? p->last_parts : 1; }
 
-void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
+static void pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, kvt_part_fn part_fn, void *ctx)
 {
     if (n == 0) return;
     uint32_t parts = p ? p->n : 1;
     if (min_per_thread < 1) min_per_thread = 1;
     if (n / min_per_thread < parts) parts = (uint32_t)(n / min_per_thread);
     if (p) p->last_parts = parts > 1 ? parts : 1;
-    if (parts <= 1) { fn(ctx, 0, n); return; }
+    if (parts <= 1) {
+        if (part_fn) part_fn(ctx, 0, 0, n);
+        else fn(ctx, 0, n);
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
+    p->part_fn = part_fn;
     p->ctx = ctx;
     p->total = n;
     p->parts = parts;
@@ -126,4 +134,14 @@ void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn,
     pthread_mutex_lock(&p->mu);
     while (p->pending) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
+{
+    pool_run(p, n, min_per_thread, fn, NULL, ctx);
+}
+
+void kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx)
+{
+    pool_run(p, n, min_per_thread, NULL, fn, ctx);
 }

@@ -10,6 +10,9 @@
 
 typedef struct kvt_pool kvt_pool;
 typedef void (*kvt_range_fn)(void *ctx, size_t begin, size_t end);
+/* A range with the index of its part, 0 .. kvt_pool_size() - 1: each part
+ * runs on one thread, so a part may use scratch of its own. */
+typedef void (*kvt_part_fn)(void *ctx, uint32_t part, size_t begin, size_t end);
 
 /* n_threads 0: all online cores. NULL on failure. */
 kvt_pool *kvt_pool_new(uint32_t n_threads);
@@ -18,6 +21,8 @@ uint32_t kvt_pool_size(const kvt_pool *p);
 /* Run fn over [0, n) on all threads (the caller is one of them); returns when
  * every range is done. Ranges smaller than min_per_thread are not split. */
 void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx);
+/* The same, telling each range its part. */
+void kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx);
 /* How many ranges the latest kvt_pool_for on p ran as (1: unsplit), so tests
  * can show that a split happened. */
 uint32_t kvt_pool_last_parts(const kvt_pool *p);

@@ -3,6 +3,9 @@
  * matmul's bytes do not depend on the batch size or the thread count. */
 #include "test.h"
 #include "kernels.h"
+#include "gguf.h"
+#include "qkernels.h"
+#include "quant.h"
 #include "threads.h"
 #include "util.h"
 
@@ -76,6 +79,19 @@ TEST(kernels_matmul_batch_and_threads)
     kvt_matmul(NULL, y1, W, x, NB, DI, DO);
     for (int i = 0; i < NB; i++) kvt_matmul(NULL, y2 + i * DO, W, x + i * DI, 1, DI, DO);
     bool rows_eq = !memcmp(y1, y2, sizeof(float) * NB * DO);
+    /* each output is kvt_dot's fixed order, on either path, whatever the tile */
+    bool dot_eq = true;
+    for (int sc = 0; sc < 2; sc++) {
+        bool old = kvt_kernels_force_scalar(sc);
+        kvt_matmul(NULL, y2, W, x, NB, DI, DO);
+        for (int i = 0; i < NB; i++)
+            for (int o = 0; o < DO; o++) {
+                float d = kvt_dot(W + o * DI, x + i * DI, DI);
+                dot_eq &= !memcmp(&d, &y1[i * DO + o], 4) && !memcmp(&d, &y2[i * DO + o], 4);
+            }
+        kvt_kernels_force_scalar(old);
+    }
+    CHECK(dot_eq);
     bool threads_eq = true, split = true;
     for (uint32_t th = 2; th <= 4; th++) {
         kvt_pool *p = kvt_pool_new(th);
@@ -96,4 +112,94 @@ TEST(kernels_matmul_batch_and_threads)
     CHECK(rows_eq);
     CHECK(split && threads_eq);
     CHECK(one == 1);
+}
+
+/* Random blocks of an integer weight type with sane f16 scales. */
+static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uint64_t *st)
+{
+    size_t blk, bytes;
+    kvt_quant_block(type, &blk, &bytes);
+    size_t nb = rows * cols / blk;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *q = p + b * bytes;
+        for (size_t j = 0; j < bytes; j++) q[j] = (uint8_t)kvt_test_rand(st);
+        uint16_t d = kvt_f32_to_f16(0.01f + 0.02f * fabsf(frand(st)));
+        uint16_t m = kvt_f32_to_f16(0.005f * fabsf(frand(st)));
+        size_t at = type == KVT_GGML_Q6_K ? 208 : 0;
+        q[at] = (uint8_t)d, q[at + 1] = (uint8_t)(d >> 8);
+        if (type == KVT_GGML_Q4_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
+    }
+}
+
+/* The integer kernels (qkernels.h): scalar and SIMD give the same bits, a
+ * token's outputs do not depend on the batch or the threads, and each output
+ * is within the activations' rounding of the exact dot product of the
+ * dequantised weights with x: the per-token quantisation moves element i by
+ * at most d_x / 2 (d_x its block's scale, amax / 127), so
+ * |y - w.x| <= sum_i |w_i| d_x(i) / 2, plus float rounding (1e-5 relative).
+ * Negative control: with row 0's block scales doubled, its large outputs
+ * leave the bound. */
+TEST(kernels_integer_types)
+{
+    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_K, KVT_GGML_Q6_K};
+    enum { DI = 768, DO = 13, NB = 7 };
+    uint64_t st = kvt_test_seed("kernels_integer_types");
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t type = types[k];
+        size_t row = kvt_quant_row_bytes(type, DI);
+        uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
+        float *x = malloc(sizeof(float) * NB * DI), *wf = malloc(sizeof(float) * DO * DI);
+        float *y1 = malloc(sizeof(float) * NB * DO), *y2 = malloc(sizeof(float) * NB * DO);
+        CHECK(W && qx && x && wf && y1 && y2);
+        rand_blocks(type, W, DO, DI, &st);
+        for (int i = 0; i < NB * DI; i++) x[i] = frand(&st) * (i % 97 == 0 ? 8.0f : 1.0f);
+        CHECK_OK(kvt_quant_to_f32(type, W, wf, (size_t)DO * DI));
+        kvt_wmat m = {W, type, DO, DI, row};
+        kvt_matmul_w(NULL, y1, &m, x, NB, qx);
+        bool old = kvt_kernels_force_scalar(true);
+        kvt_matmul_w(NULL, y2, &m, x, NB, qx);
+        kvt_kernels_force_scalar(old);
+        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: scalar differs from SIMD", kvt_quant_name(type));
+        for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, qx);
+        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: one token at a time differs", kvt_quant_name(type));
+        kvt_pool *p = kvt_pool_new(3);
+        CHECK(p != NULL);
+        kvt_matmul_w(p, y2, &m, x, NB, qx);
+        kvt_pool_free(p);
+        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: 3 threads differ", kvt_quant_name(type));
+        /* the control's outputs: row 0's block scales doubled (f16 exponent + 1) */
+        float *yc = malloc(sizeof(float) * NB * DO);
+        size_t bbytes, belems, at = type == KVT_GGML_Q6_K ? 208 : 0;
+        kvt_quant_block(type, &belems, &bbytes);
+        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + at + 1] = (uint8_t)(W[b * bbytes + at + 1] + 4);
+        kvt_matmul_w(NULL, yc, &m, x, NB, qx);
+        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + at + 1] = (uint8_t)(W[b * bbytes + at + 1] - 4);
+        size_t blk = type == KVT_GGML_Q8_0 ? 32 : 256, off = 0, n_bad = 0, n_ctl = 0;
+        double worst = 0;
+        for (int i = 0; i < NB; i++)
+            for (int o = 0; o < DO; o++) {
+                double exact = 0, bound = 0;
+                for (size_t b = 0; b < DI / blk; b++) {
+                    double amax = 0;
+                    for (size_t j = 0; j < blk; j++) amax = fmax(amax, fabs(x[i * DI + b * blk + j]));
+                    for (size_t j = 0; j < blk; j++) {
+                        size_t e = b * blk + j;
+                        exact += (double)wf[o * DI + e] * x[i * DI + e];
+                        bound += fabs(wf[o * DI + e]) * amax / 127 / 2;
+                    }
+                }
+                bound = bound * 1.001 + 1e-5 * fabs(exact) + 1e-6;
+                double err = fabs(y1[i * DO + o] - exact);
+                worst = fmax(worst, err / bound);
+                n_bad += err > bound;
+                if (o == 0) n_ctl += fabs(yc[i * DO] - exact) > bound;
+                off++;
+            }
+        printf("    %s: %zu outputs, worst error %.2f of its bound; control: %zu of %d outside\n",
+               kvt_quant_name(type), off, worst, n_ctl, NB);
+        CHECKF(n_bad == 0, "%s: %zu outputs outside the bound", kvt_quant_name(type), n_bad);
+        /* outputs near 0 stay inside; the large ones must not */
+        CHECKF(n_ctl >= 1, "%s: doubled scales stay inside the bound", kvt_quant_name(type));
+        free(W), free(qx), free(x), free(wf), free(y1), free(y2), free(yc);
+    }
 }

@@ -3,13 +3,17 @@
  * under any chunk schedule / thread count / kernel path, prefix reuse and its
  * negative controls, causality, context overflow and rolling mode. */
 #include "test.h"
+#include "gguf.h"
 #include "kernels.h"
+#include "qkernels.h"
 #include "ref.h"
+#include "util.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STORIES "models/stories260K.gguf"
 
@@ -378,4 +382,148 @@ TEST(llama_bad_token_and_model_errors)
     CHECK(kvt_session_decode(s, -1) == KVT_EINVAL);
     kvt_session_free(s);
     kvt_model_close(m);
+}
+
+/* ---- weights in place, in the file's type ---- */
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+
+/* A copy of the GGUF at src whose matrices (2-D tensors whose rows are
+ * whole 32-blocks) are in type, quantised here (Q8_0: the nearest of 255
+ * steps of the block's largest magnitude); with back_to_f32 every such
+ * matrix is then dequantised again and stored as f32. Vectors stay f32. */
+static int retype(const char *src, const char *dst, uint32_t type, bool back_to_f32)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, src);
+    if (rc) return rc;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        size_t n = (size_t)t->n_elem;
+        float *f = malloc(n * sizeof *f);
+        uint8_t *q = malloc(n * 2 + n / 32 * 2 + 64);
+        rc = f && q ? kvt_gguf_tensor_to_f32(t, f, n) : KVT_ENOMEM;
+        bool mat = t->n_dims == 2 && t->ne[1] > 1 && t->ne[0] % 32 == 0;
+        uint32_t ty = mat ? type : KVT_GGML_F32;
+        size_t bytes = kvt_ggml_type_size(ty, n);
+        for (size_t b = 0; !rc && mat && b < n / 32; b++) {
+            const float *x = f + 32 * b;
+            if (type == KVT_GGML_F16) {
+                for (int j = 0; j < 32; j++) put16(q + 2 * (32 * b + j), kvt_f32_to_f16(x[j]));
+            } else if (type == KVT_GGML_BF16) {
+                for (int j = 0; j < 32; j++) {
+                    uint32_t u;
+                    memcpy(&u, &x[j], 4);
+                    put16(q + 2 * (32 * b + j), (uint16_t)((u + 0x7fff + (u >> 16 & 1)) >> 16));
+                }
+            } else { /* Q8_0 */
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+                float d = amax / 127.0f, id = d ? 1.0f / d : 0;
+                uint8_t *p = q + 34 * b;
+                put16(p, kvt_f32_to_f16(d));
+                for (int j = 0; j < 32; j++) p[2 + j] = (uint8_t)(int8_t)lroundf(x[j] * id);
+            }
+        }
+        if (!rc && mat && back_to_f32) {
+            kvt_gguf_tensor tq = *t;
+            tq.type = type;
+            tq.data = q;
+            tq.n_bytes = bytes;
+            rc = kvt_gguf_tensor_to_f32(&tq, f, n);
+            ty = KVT_GGML_F32;
+            bytes = n * 4;
+        }
+        if (!rc)
+            rc = kvt_gguf_writer_add_tensor(w, t->name, ty, t->n_dims, t->ne, ty == KVT_GGML_F32 ? (void *)f : q,
+                                            bytes);
+        free(f);
+        free(q);
+    }
+    if (!rc) rc = kvt_gguf_writer_write(w, dst);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* A model whose matrices are F16, BF16 or Q8_0 runs on them in place and
+ * gives the logits and cache bytes of the same model with those matrices
+ * dequantised to f32, bit for bit: dequantisation is exact and the matmul
+ * reduces in the same order whatever the type. Every schedule, thread count
+ * and the scalar path agree too. */
+TEST(llama_weights_in_place_every_type)
+{
+    const char *p = kvt_test_shared(STORIES);
+    if (!p) SKIP("../shared absent");
+    char dir[] = "/tmp/kvtier-wtype-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    enum { N = 300 };
+    int32_t t[N];
+    seq(t, N, 11);
+    const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_Q8_0};
+    const uint32_t odd[] = {4, 1, 7, 12};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const char *name = kvt_ggml_type_name(types[k]);
+        char a[128], b[128];
+        snprintf(a, sizeof a, "%s/%s.gguf", dir, name);
+        snprintf(b, sizeof b, "%s/%s-as-f32.gguf", dir, name);
+        CHECK_OK(retype(p, a, types[k], false));
+        CHECK_OK(retype(p, b, types[k], true));
+        kvt_model *mq = NULL, *mf = NULL;
+        CHECK_OK(kvt_model_open(&mq, a));
+        CHECK_OK(kvt_model_open(&mf, b));
+        run_out ref = {0}, o = {0}, f32 = {0};
+        CHECK_OK(run(mf, t, N, NULL, 0, 1, &f32));
+        bool integer = kvt_q_supported(types[k]);
+        if (integer) {
+            /* integer kernels: the activations are quantised to 8 bits, so
+             * the logits move from the f32 copy's by the rounding of each
+             * token's activations (at most amax / 254 per element) */
+            CHECK_OK(run(mq, t, N, NULL, 0, 1, &ref));
+            float md = 0;
+            for (int i = 0; i < 512; i++) md = fmaxf(md, fabsf(ref.logits[i] - f32.logits[i]));
+            printf("    %s: max |logit - f32 copy's| = %.3g after %d tokens\n", name, md, N);
+            CHECKF(md < 0.25f, "%s: logits %.3g from the f32 copy's", name, md);
+        } else {
+            ref = f32;
+            f32.logits = NULL;
+            f32.cache = NULL;
+        }
+        run_free(&f32);
+        struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; const char *what; } cases[] = {
+            {NULL, 0, 1, false, "one thread"}, {odd, 4, 2, false, "4/1/7/12 on 2 threads"},
+            {NULL, 0, 3, true, "scalar on 3 threads"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            bool old = kvt_kernels_force_scalar(cases[i].scalar);
+            int rc = run(mq, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
+            kvt_kernels_force_scalar(old);
+            CHECK_OK(rc);
+            bool eq = same(&ref, &o);
+            run_free(&o);
+            CHECKF(eq, "%s in place, %s: differs from %s", name, cases[i].what,
+                   integer ? "one thread, default schedule" : "its f32 copy");
+        }
+        /* negative control: the f32 model of another type differs */
+        if (k > 0) {
+            char c[128];
+            snprintf(c, sizeof c, "%s/%s-as-f32.gguf", dir, kvt_ggml_type_name(types[k - 1]));
+            kvt_model *mo = NULL;
+            CHECK_OK(kvt_model_open(&mo, c));
+            CHECK_OK(run(mo, t, N, NULL, 0, 1, &o));
+            CHECKF(!same(&ref, &o), "%s and %s give the same logits: the comparison is blind", name,
+                   kvt_ggml_type_name(types[k - 1]));
+            run_free(&o);
+            kvt_model_close(mo);
+        }
+        printf("    %s: in place %s over %d tokens (3 schedules)\n", name, integer ? "invariant" : "== f32 copy", N);
+        run_free(&ref);
+        kvt_model_close(mq);
+        kvt_model_close(mf);
+    }
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
 }

@@ -1,0 +1,549 @@
+/* Integer kernels for quantised weights (qkernels.h has the contract).
+ *
+ * Activations, per token (kvt_q_act_bytes): the f32 scales of its nb
+ * blocks (each the f16-rounded amax / 127, as ggml stores it), then
+ * nb * 32 int8 values, round(x / d) with ties to even, in [-127, 127].
+ *
+ * For the K-quants (Q4_K, Q6_K), per token: the f32 scales of its nsb
+ * superblocks of 256 (1 / iscale, iscale = -127 / the value of largest
+ * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
+ * nsb * 256 int8 values.
+ *
+ * Weights are the GGUF's blocks as they are (quant.h spells out each
+ * layout). A K-quant superblock's dot product is two exact integers, the
+ * scaled sums and the min (or offset) correction, so any order of the
+ * integer work gives the same bits; the floats are then, per superblock in
+ * increasing order, acc = fma(d_w * d_x, isum, acc) and, for Q4_K,
+ * acc = fma(-(dmin_w * d_x), msum, acc). */
+#include "qkernels.h"
+#include "gguf.h"
+#include "util.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVT_HAVE_X86 1
+#endif
+
+#define QK 32
+#define Q8_BYTES 34
+
+#define QKK 256
+#define Q4K_BYTES 144
+#define Q6K_BYTES 210
+
+bool kvt_q_supported(uint32_t wtype)
+{
+    return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K;
+}
+
+static bool k_type(uint32_t wtype) { return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K; }
+
+static size_t act_stride(size_t cols) { return cols / QK * (sizeof(float) + QK); }
+static size_t act_stride_k(size_t cols) { return cols / QKK * (sizeof(float) + 16 * sizeof(int16_t) + QKK); }
+
+size_t kvt_q_act_bytes(uint32_t wtype, size_t n, size_t cols)
+{
+    size_t b;
+    if (!kvt_q_supported(wtype) || cols % (k_type(wtype) ? QKK : QK) ||
+        !kvt_mul_ok(n, k_type(wtype) ? act_stride_k(cols) : act_stride(cols), &b))
+        return 0;
+    return b;
+}
+
+/* ---- activations ---- */
+
+static inline float max_nan_as_simd(float a, float b) { return a > b ? a : b; } /* _mm256_max_ps(a, b) */
+
+/* One block of 32: the scale and the int8 values. The largest magnitude
+ * goes through the lane tree the SIMD path uses (lane j: x[j], x[j+8],
+ * x[j+16], x[j+24]; then 4, 2, 1), so NaNs land alike. */
+static float quant_block_scalar(const float *x, int8_t *q)
+{
+    float l[8];
+    for (int j = 0; j < 8; j++) {
+        float m = fabsf(x[j]);
+        for (int k = 1; k < 4; k++) m = max_nan_as_simd(fabsf(x[j + 8 * k]), m);
+        l[j] = m;
+    }
+    for (int j = 0; j < 4; j++) l[j] = max_nan_as_simd(l[j + 4], l[j]);
+    for (int j = 0; j < 2; j++) l[j] = max_nan_as_simd(l[j + 2], l[j]);
+    float amax = max_nan_as_simd(l[1], l[0]);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QK; j++) {
+        float v = nearbyintf(x[j] * id);
+        q[j] = v != v ? 0 : (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v); /* NaN: 0 */
+    }
+    return kvt_f16_to_f32(kvt_f32_to_f16(d));
+}
+
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2,fma,f16c"))) static float quant_block_avx2(const float *x, int8_t *q)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16),
+           v3 = _mm256_loadu_ps(x + 24);
+    __m256 m = _mm256_andnot_ps(sign, v0);
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, v1), m);
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, v2), m);
+    m = _mm256_max_ps(_mm256_andnot_ps(sign, v3), m);
+    float l[8];
+    _mm256_storeu_ps(l, m);
+    for (int j = 0; j < 4; j++) l[j] = max_nan_as_simd(l[j + 4], l[j]);
+    for (int j = 0; j < 2; j++) l[j] = max_nan_as_simd(l[j + 2], l[j]);
+    float amax = max_nan_as_simd(l[1], l[0]);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    __m256i i[4];
+    const __m256 v[4] = {v0, v1, v2, v3};
+    for (int k = 0; k < 4; k++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        /* min/max as the scalar clamp; a NaN lane becomes 0 below */
+        __m256 ok = _mm256_cmp_ps(r, r, _CMP_ORD_Q);
+        r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+        i[k] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(ok));
+    }
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+static bool simd_ok(void) { return kvt_kernels_simd(); }
+
+struct qa_ctx { const float *x; uint8_t *qx; size_t cols; bool simd; };
+
+static void quant_range(void *arg, size_t t0, size_t t1)
+{
+    struct qa_ctx *c = arg;
+    size_t nb = c->cols / QK;
+    for (size_t t = t0; t < t1; t++) {
+        const float *x = c->x + t * c->cols;
+        uint8_t *base = c->qx + t * act_stride(c->cols);
+        float *d = (float *)base;
+        int8_t *q = (int8_t *)(base + nb * sizeof(float));
+        for (size_t b = 0; b < nb; b++) {
+#ifdef KVT_HAVE_X86
+            if (c->simd) { d[b] = quant_block_avx2(x + QK * b, q + QK * b); continue; }
+#endif
+            d[b] = quant_block_scalar(x + QK * b, q + QK * b);
+        }
+    }
+}
+
+/* One superblock of 256 as ggml's Q8_K: iscale = -127 / the value of
+ * largest magnitude (the first of equals), q = round(iscale * x) with ties
+ * to even, at most 127; d = 1 / iscale; bsums of 16. NaN values become 0. */
+static float quant_k_block(const float *x, int8_t *q, int16_t *bsums)
+{
+    float amax = 0, max = 0;
+    for (int j = 0; j < QKK; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) { amax = ax; max = x[j]; }
+    }
+    if (amax == 0) {
+        memset(q, 0, QKK);
+        memset(bsums, 0, 16 * sizeof *bsums);
+        return 0;
+    }
+    float iscale = -127.0f / max;
+    for (int j = 0; j < QKK; j++) {
+        float v = nearbyintf(iscale * x[j]);
+        q[j] = v != v ? 0 : (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+    for (int g = 0; g < 16; g++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += q[16 * g + j];
+        bsums[g] = (int16_t)s;
+    }
+    return 1.0f / iscale;
+}
+
+static void quant_k_range(void *arg, size_t t0, size_t t1)
+{
+    struct qa_ctx *c = arg;
+    size_t nsb = c->cols / QKK;
+    for (size_t t = t0; t < t1; t++) {
+        const float *x = c->x + t * c->cols;
+        uint8_t *base = c->qx + t * act_stride_k(c->cols);
+        float *d = (float *)base;
+        int16_t *bs = (int16_t *)(base + nsb * sizeof(float));
+        int8_t *q = (int8_t *)(base + nsb * (sizeof(float) + 16 * sizeof(int16_t)));
+        for (size_t b = 0; b < nsb; b++) d[b] = quant_k_block(x + QKK * b, q + QKK * b, bs + 16 * b);
+    }
+}
+
+/* A token's Q8_K activations. */
+typedef struct kact { const float *d; const int16_t *bs; const int8_t *q; } kact;
+
+static kact kact_at(const uint8_t *qx, size_t t, size_t cols)
+{
+    size_t nsb = cols / QKK;
+    const uint8_t *base = qx + t * act_stride_k(cols);
+    return (kact){(const float *)base, (const int16_t *)(base + nsb * sizeof(float)),
+                  (const int8_t *)(base + nsb * (sizeof(float) + 16 * sizeof(int16_t)))};
+}
+
+/* ggml's get_scale_min_k4: sub-block i's 6-bit scale and min. */
+static inline void k4_scale_min(const uint8_t *s, int i, int *sc, int *mn)
+{
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *mn = s[i + 4] & 63;
+    } else {
+        *sc = (s[i + 4] & 15) | (s[i - 4] >> 6) << 4;
+        *mn = (s[i + 4] >> 4) | (s[i] >> 6) << 4;
+    }
+}
+
+/* ---- dot products ---- */
+
+static inline float hsum8(float *l)
+{
+    for (int k = 0; k < 4; k++) l[k] += l[k + 4];
+    l[0] += l[2];
+    l[1] += l[3];
+    return l[0] + l[1];
+}
+
+/* Rows w[0, R) against tokens (d, q)[0, T) over nb blocks. */
+static void q8_scalar(int R, int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
+                      size_t nb, float *out, size_t ldo)
+{
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float l[8] = {0};
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *wb = w[r] + b * Q8_BYTES;
+                const int8_t *wq = (const int8_t *)(wb + 2), *xq = qx[t] + b * QK;
+                float s = kvt_f16_to_f32(kvt_rd16(wb)) * dx[t][b];
+                for (int j = 0; j < 8; j++) {
+                    int32_t p = 0;
+                    for (int k = 0; k < 4; k++) p += (int32_t)wq[4 * j + k] * xq[4 * j + k];
+                    l[j] = fmaf(s, (float)p, l[j]);
+                }
+            }
+            out[(size_t)t * ldo + (size_t)r] = hsum8(l);
+        }
+}
+
+#ifdef KVT_HAVE_X86
+/* The R x T tile (R, T constants after inlining). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+q8_tile_avx2(const int R, const int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
+             size_t nb, float *out, size_t ldo)
+{
+    __m256 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        __m256i wv[4], aw[4];
+        float dw[4];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wb = w[r] + b * Q8_BYTES;
+            wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
+            aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+            dw[r] = _cvtsh_ss(kvt_rd16(wb));
+        }
+        for (int t = 0; t < T; t++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[t] + b * QK));
+            float d = dx[t][b];
+            for (int r = 0; r < R; r++) {
+                __m256i p16 = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
+                __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * d), p, acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[r][t]);
+            out[(size_t)t * ldo + (size_t)r] = hsum8(l);
+        }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q8_2x4(const uint8_t *const *w, const float *const *dx,
+                                                           const int8_t *const *qx, size_t nb, float *out,
+                                                           size_t ldo)
+{
+    q8_tile_avx2(2, 4, w, dx, qx, nb, out, ldo);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q8_4x1(const uint8_t *const *w, const float *const *dx,
+                                                           const int8_t *const *qx, size_t nb, float *out,
+                                                           size_t ldo)
+{
+    q8_tile_avx2(4, 1, w, dx, qx, nb, out, ldo);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q8_1x1(const uint8_t *const *w, const float *const *dx,
+                                                           const int8_t *const *qx, size_t nb, float *out,
+                                                           size_t ldo)
+{
+    q8_tile_avx2(1, 1, w, dx, qx, nb, out, ldo);
+}
+#endif
+
+
+/* ---- K-quant dot products: exact integers per superblock ---- */
+
+/* Q4_K superblock b against a token: the scaled sum and the min sum. */
+static void q4k_ints_scalar(const uint8_t *w, const kact *a, size_t b, int32_t *isum, int32_t *msum)
+{
+    const uint8_t *s = w + 4, *qs = w + 16;
+    const int8_t *q = a->q + QKK * b;
+    const int16_t *bs = a->bs + 16 * b;
+    int32_t is = 0, ms = 0;
+    for (int k = 0; k < 4; k++) {
+        int sc0, m0, sc1, m1;
+        k4_scale_min(s, 2 * k, &sc0, &m0);
+        k4_scale_min(s, 2 * k + 1, &sc1, &m1);
+        int32_t s0 = 0, s1 = 0;
+        for (int l = 0; l < 32; l++) {
+            s0 += (qs[32 * k + l] & 15) * q[64 * k + l];
+            s1 += (qs[32 * k + l] >> 4) * q[64 * k + 32 + l];
+        }
+        is += sc0 * s0 + sc1 * s1;
+        ms += m0 * (bs[4 * k] + bs[4 * k + 1]) + m1 * (bs[4 * k + 2] + bs[4 * k + 3]);
+    }
+    *isum = is;
+    *msum = ms;
+}
+
+/* Q6_K superblock against a token: sum of scale * (q - 32) * a. */
+static int32_t q6k_int_scalar(const uint8_t *w, const kact *a, size_t b)
+{
+    const int8_t *q = a->q + QKK * b;
+    const int16_t *bs = a->bs + 16 * b;
+    int32_t is = 0;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *lo = ql + 32 * (r & 1);
+            int shift = r < 2 ? 0 : 4;
+            for (int l0 = 0; l0 < 32; l0 += 16) {
+                int32_t sum = 0;
+                for (int l = l0; l < l0 + 16; l++) {
+                    int v = ((lo[l] >> shift) & 15) | ((qh[l] >> 2 * r) & 3) << 4;
+                    sum += v * q[128 * h + 32 * r + l];
+                }
+                is += sc[2 * r + l0 / 16] * (sum - 32 * bs[(128 * h + 32 * r + l0) / 16]);
+            }
+        }
+    }
+    return is;
+}
+
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* The integers of one Q4_K superblock against T tokens. */
+__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const int T, const uint8_t *w,
+                                                                               const kact *a, size_t b,
+                                                                               int32_t *isum, int32_t *msum)
+{
+    const uint8_t *s = w + 4, *qs = w + 16;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i acc[4];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    int mn[8];
+    for (int k = 0; k < 4; k++) {
+        int sc0, sc1;
+        k4_scale_min(s, 2 * k, &sc0, &mn[2 * k]);
+        k4_scale_min(s, 2 * k + 1, &sc1, &mn[2 * k + 1]);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        __m256i s0 = _mm256_set1_epi16((short)sc0), s1 = _mm256_set1_epi16((short)sc1);
+        for (int t = 0; t < T; t++) {
+            const int8_t *q = a[t].q + QKK * b + 64 * k;
+            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q));
+            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q + 32)));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(acc[t]);
+        const int16_t *bs = a[t].bs + 16 * b;
+        int32_t ms = 0;
+        for (int k = 0; k < 8; k++) ms += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
+        msum[t] = ms;
+    }
+}
+
+/* The integer of one Q6_K superblock against T tokens. */
+__attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(const int T, const uint8_t *w,
+                                                                               const kact *a, size_t b,
+                                                                               int32_t *isum)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    __m256i acc[4];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    int32_t off[4] = {0, 0, 0, 0};
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+        for (int r = 0; r < 4; r++) {
+            __m256i lo = r & 1 ? l1 : l0;
+            if (r >= 2) lo = _mm256_srli_epi16(lo, 4);
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * r), m2);
+            __m256i v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_slli_epi16(hb, 4));
+            /* int16 lanes 0..7 carry elements 0..15 (scale 2r), 8..15 the rest */
+            __m256i scv = _mm256_setr_epi16(sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r],
+                                            sc[2 * r], sc[2 * r], sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1],
+                                            sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1],
+                                            sc[2 * r + 1]);
+            for (int t = 0; t < T; t++) {
+                const int8_t *q = a[t].q + QKK * b + 128 * h + 32 * r;
+                __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)q));
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, scv));
+                const int16_t *bs = a[t].bs + 16 * b + (128 * h + 32 * r) / 16;
+                off[t] += sc[2 * r] * bs[0] + sc[2 * r + 1] * bs[1];
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]) - 32 * off[t];
+}
+
+__attribute__((target("avx2"))) static void q4k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q4k_ints_avx2(4, w, a, b, is, ms);
+}
+__attribute__((target("avx2"))) static void q4k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q4k_ints_avx2(1, w, a, b, is, ms);
+}
+__attribute__((target("avx2"))) static void q6k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is)
+{
+    q6k_ints_avx2(4, w, a, b, is);
+}
+__attribute__((target("avx2"))) static void q6k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is)
+{
+    q6k_ints_avx2(1, w, a, b, is);
+}
+#endif
+
+struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+
+/* Row o against tokens [t, t + T): the fixed float order per superblock. */
+static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
+{
+    const kvt_wmat *W = c->W;
+    size_t nsb = W->cols / QKK, bytes = W->type == KVT_GGML_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+    const uint8_t *row = W->data + o * W->row_bytes;
+    kact a[4];
+    float acc[4] = {0, 0, 0, 0};
+    for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *w = row + b * bytes;
+        int32_t is[4], ms[4] = {0, 0, 0, 0};
+        bool q4 = W->type == KVT_GGML_Q4_K;
+#ifdef KVT_HAVE_X86
+        if (c->simd) {
+            if (q4) {
+                if (T == 4) q4k_4(w, a, b, is, ms);
+                else for (int k = 0; k < T; k++) q4k_1(w, a + k, b, is + k, ms + k);
+            } else {
+                if (T == 4) q6k_4(w, a, b, is);
+                else for (int k = 0; k < T; k++) q6k_1(w, a + k, b, is + k);
+            }
+        } else
+#endif
+        {
+            for (int k = 0; k < T; k++) {
+                if (q4) q4k_ints_scalar(w, a + k, b, is + k, ms + k);
+                else is[k] = q6k_int_scalar(w, a + k, b);
+            }
+        }
+        float d = kvt_f16_to_f32(kvt_rd16(q4 ? w : w + 208));
+        float dmin = q4 ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
+        for (int k = 0; k < T; k++) {
+            float dx = a[k].d[b];
+            acc[k] = fmaf(d * dx, (float)is[k], acc[k]);
+            if (q4) acc[k] = fmaf(-(dmin * dx), (float)ms[k], acc[k]);
+        }
+    }
+    for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
+}
+
+static void qk_range(void *arg, size_t o0, size_t o1)
+{
+    struct qk_ctx *c = arg;
+    for (size_t o = o0; o < o1; o++)
+        for (size_t t = 0; t < c->n;) {
+            int T = c->n - t >= 4 ? 4 : 1;
+            qk_outputs(c, o, t, T);
+            t += (size_t)T;
+        }
+}
+
+struct qm_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+
+static void qm_range(void *arg, size_t o0, size_t o1)
+{
+    struct qm_ctx *c = arg;
+    const kvt_wmat *W = c->W;
+    size_t nb = W->cols / QK, stride = act_stride(W->cols), d_out = W->rows;
+    for (size_t o = o0; o < o1;) {
+        size_t R = o1 - o >= 4 ? 4 : o1 - o;
+        if (c->n > 1 && R >= 2) R = 2;
+        const uint8_t *w[4];
+        for (size_t r = 0; r < R; r++) w[r] = W->data + (o + r) * W->row_bytes;
+        for (size_t t = 0; t < c->n;) {
+            size_t T = c->n - t >= 4 ? 4 : 1;
+            const float *dx[4];
+            const int8_t *qx[4];
+            for (size_t k = 0; k < T; k++) {
+                const uint8_t *base = c->qx + (t + k) * stride;
+                dx[k] = (const float *)base;
+                qx[k] = (const int8_t *)(base + nb * sizeof(float));
+            }
+            float *out = c->y + t * d_out + o;
+#ifdef KVT_HAVE_X86
+            if (c->simd) {
+                if (R == 2 && T == 4) q8_2x4(w, dx, qx, nb, out, d_out);
+                else if (R == 4 && T == 1) q8_4x1(w, dx, qx, nb, out, d_out);
+                else
+                    for (size_t r = 0; r < R; r++)
+                        for (size_t k = 0; k < T; k++) q8_1x1(w + r, dx + k, qx + k, nb, out + k * d_out + r, d_out);
+                t += T;
+                continue;
+            }
+#endif
+            q8_scalar((int)R, (int)T, w, dx, qx, nb, out, d_out);
+            t += T;
+        }
+        o += R;
+    }
+}
+
+void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
+{
+    bool simd = simd_ok();
+    size_t per_out = n * W->cols;
+    size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
+    if (k_type(W->type)) {
+        struct qa_ctx a = {x, qx, W->cols, simd};
+        kvt_pool_for(pool, n, 16, quant_k_range, &a);
+        struct qk_ctx c = {y, W, qx, n, simd};
+        kvt_pool_for(pool, W->rows, min, qk_range, &c);
+        return;
+    }
+    struct qa_ctx a = {x, qx, W->cols, simd};
+    kvt_pool_for(pool, n, 64, quant_range, &a);
+    struct qm_ctx c = {y, W, qx, n, simd};
+    kvt_pool_for(pool, W->rows, min, qm_range, &c);
+}

@@ -1,0 +1,34 @@
+/* Integer kernels for quantised weights. A matmul over weights of such a
+ * type first quantises each token's activations on its own (as llama.cpp
+ * does: Q8_0 blocks of 32 for the 32-element weight types), then every
+ * output is a dot product of integer blocks:
+ *
+ *   For each block b, the products of the 32 int8 pairs are summed in
+ *   exact integers into 8 partial sums (lane j: elements 4j .. 4j+3); each
+ *   lane accumulates d_w(b) * d_x(b) * partial(b, j) with a fused
+ *   multiply-add in increasing b (the scale product is exact in f32); the
+ *   8 lanes are summed in a fixed tree.
+ *
+ * The AVX2 path (maddubs/madd) and the scalar path compute the same
+ * integers and the same float operations in the same order, so they agree
+ * bit for bit; a token's result does not depend on the batch, the tiling or
+ * the thread count. */
+#ifndef KVT_QKERNELS_H
+#define KVT_QKERNELS_H
+
+#include "kernels.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Whether weights of this type run on the integer kernels. */
+bool kvt_q_supported(uint32_t wtype);
+/* Bytes of the quantised activations of n tokens of cols elements for
+ * weights of wtype (0: not an integer type, or cols not whole blocks). */
+size_t kvt_q_act_bytes(uint32_t wtype, size_t n, size_t cols);
+/* y (n, W->rows) = x (n, W->cols) · W^T for an integer type; qx holds
+ * kvt_q_act_bytes(W->type, n, W->cols) bytes of scratch. */
+void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx);
+
+#endif
