@@ -263,6 +263,70 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(lanes_t (*L)[TOKS], co
 }
 #endif
 
+/* Four rows against one token (decode): eight accumulators, the order of
+ * dot_avx2 per row. */
+__attribute__((target("avx2,fma"))) static void tile4x1_avx2(lanes_t (*L)[TOKS], const float *const *w,
+                                                            const float *x, size_t len)
+{
+    __m256 a0 = _mm256_loadu_ps(L[0][0]), b0 = _mm256_loadu_ps(L[0][0] + 8);
+    __m256 a1 = _mm256_loadu_ps(L[1][0]), b1 = _mm256_loadu_ps(L[1][0] + 8);
+    __m256 a2 = _mm256_loadu_ps(L[2][0]), b2 = _mm256_loadu_ps(L[2][0] + 8);
+    __m256 a3 = _mm256_loadu_ps(L[3][0]), b3 = _mm256_loadu_ps(L[3][0] + 8);
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), xl, a0);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 8), xh, b0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xl, a1);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), xh, b1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xl, a2);
+        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i + 8), xh, b2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xl, a3);
+        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i + 8), xh, b3);
+    }
+    _mm256_storeu_ps(L[0][0], a0); _mm256_storeu_ps(L[0][0] + 8, b0);
+    _mm256_storeu_ps(L[1][0], a1); _mm256_storeu_ps(L[1][0] + 8, b1);
+    _mm256_storeu_ps(L[2][0], a2); _mm256_storeu_ps(L[2][0] + 8, b2);
+    _mm256_storeu_ps(L[3][0], a3); _mm256_storeu_ps(L[3][0] + 8, b3);
+    /* the tail (an 8 and single elements) as dot_avx2 takes it */
+    for (int r = 0; r < TR; r++) lanes1_avx2(L[r][0] , w[r] + i, x + i, len - i);
+}
+
+/* The same over binary16 rows, converted in registers (F16C is exact). */
+__attribute__((target("avx2,fma,f16c"))) static void tile4x1_f16_avx2(lanes_t (*L)[TOKS], const uint16_t *const *w,
+                                                                     const float *x, size_t len)
+{
+    __m256 a0 = _mm256_loadu_ps(L[0][0]), b0 = _mm256_loadu_ps(L[0][0] + 8);
+    __m256 a1 = _mm256_loadu_ps(L[1][0]), b1 = _mm256_loadu_ps(L[1][0] + 8);
+    __m256 a2 = _mm256_loadu_ps(L[2][0]), b2 = _mm256_loadu_ps(L[2][0] + 8);
+    __m256 a3 = _mm256_loadu_ps(L[3][0]), b3 = _mm256_loadu_ps(L[3][0] + 8);
+    const uint16_t *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+#define H(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(H(w0 + i), xl, a0);
+        b0 = _mm256_fmadd_ps(H(w0 + i + 8), xh, b0);
+        a1 = _mm256_fmadd_ps(H(w1 + i), xl, a1);
+        b1 = _mm256_fmadd_ps(H(w1 + i + 8), xh, b1);
+        a2 = _mm256_fmadd_ps(H(w2 + i), xl, a2);
+        b2 = _mm256_fmadd_ps(H(w2 + i + 8), xh, b2);
+        a3 = _mm256_fmadd_ps(H(w3 + i), xl, a3);
+        b3 = _mm256_fmadd_ps(H(w3 + i + 8), xh, b3);
+    }
+#undef H
+    _mm256_storeu_ps(L[0][0], a0); _mm256_storeu_ps(L[0][0] + 8, b0);
+    _mm256_storeu_ps(L[1][0], a1); _mm256_storeu_ps(L[1][0] + 8, b1);
+    _mm256_storeu_ps(L[2][0], a2); _mm256_storeu_ps(L[2][0] + 8, b2);
+    _mm256_storeu_ps(L[3][0], a3); _mm256_storeu_ps(L[3][0] + 8, b3);
+    float t[16];
+    for (int r = 0; r < TR; r++) {
+        f16_to_f32_f16c(t, w[r] + i, len - i);
+        lanes1_avx2(L[r][0], t, x + i, len - i);
+    }
+}
+
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
  * tokens' x (ldx apart). */
 static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
@@ -271,11 +335,16 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
     size_t t = 0;
 #ifdef KVT_HAVE_X86
     if (simd) {
-        if (nr == TR)
+        if (nr == TR) {
             for (; t + TT <= nt; t += TT) {
                 lanes_t(*Lt)[TOKS] = (lanes_t(*)[TOKS])(&L[0][t]);
                 tile_avx2(Lt, w, x + t * ldx, ldx, len);
             }
+            for (; t < nt; t++) {
+                lanes_t(*Lt)[TOKS] = (lanes_t(*)[TOKS])(&L[0][t]);
+                tile4x1_avx2(Lt, w, x + t * ldx, len);
+            }
+        }
         for (; t < nt; t++)
             for (size_t r = 0; r < nr; r++) lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
     }
@@ -308,6 +377,16 @@ static void mm_range(void *arg, size_t o0, size_t o1)
             for (size_t k = 0; k < d_in; k += SEG) {
                 size_t len = d_in - k < SEG ? d_in - k : SEG;
                 const float *w[TR];
+#ifdef KVT_HAVE_X86
+                if (c->simd && W->type == KVT_GGML_F16 && nr == TR && nt < TT) {
+                    /* decode: the binary16 rows straight into registers */
+                    const uint16_t *h[TR];
+                    for (size_t r = 0; r < TR; r++) h[r] = (const uint16_t *)(W->data + (o + r) * W->row_bytes) + k;
+                    for (size_t t = 0; t < nt; t++)
+                        tile4x1_f16_avx2((lanes_t(*)[TOKS])(&lanes[0][t]), h, c->x + (t0 + t) * d_in + k, len);
+                    continue;
+                }
+#endif
                 for (size_t r = 0; r < nr; r++) {
                     const uint8_t *row = W->data + (o + r) * W->row_bytes;
                     w[r] = (const float *)row + k;

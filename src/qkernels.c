@@ -237,22 +237,22 @@ q8_tile_avx2(const int R, const int T, const uint8_t *const *w, const float *con
              size_t nb, float *out, size_t ldo)
 {
     __m256 acc[4][4];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     for (size_t b = 0; b < nb; b++) {
         __m256i wv[4], aw[4];
         float dw[4];
-        for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const uint8_t *wb = w[r] + b * Q8_BYTES;
             wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
             aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
             dw[r] = _cvtsh_ss(kvt_rd16(wb));
         }
-        for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[t] + b * QK));
             float d = dx[t][b];
-            for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 __m256i p16 = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
                 __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * d), p, acc[r][t]);
