@@ -527,3 +527,147 @@ TEST(llama_weights_in_place_every_type)
     kvt_test_clear_dir(dir);
     rmdir(dir);
 }
+
+/* Where a block of each type keeps its scales: f16 fields at the offsets
+ * given (sane values are written there), or, for mxfp4, its E8M0 byte. */
+static const struct { uint32_t type; int f16_at[2]; int e8m0_at; } scale_fields[] = {
+    {KVT_GGML_F16, {-1, -1}, -1},    {KVT_GGML_BF16, {-1, -1}, -1},   {KVT_GGML_Q8_0, {0, -1}, -1},
+    {KVT_GGML_Q4_0, {0, -1}, -1},    {KVT_GGML_Q4_1, {0, 2}, -1},     {KVT_GGML_Q5_0, {0, -1}, -1},
+    {KVT_GGML_Q5_1, {0, 2}, -1},     {KVT_GGML_Q4_K, {0, 2}, -1},     {KVT_GGML_Q5_K, {0, 2}, -1},
+    {KVT_GGML_Q6_K, {208, -1}, -1},  {KVT_GGML_IQ4_NL, {0, -1}, -1},  {KVT_GGML_IQ4_XS, {0, -1}, -1},
+    {KVT_GGML_MXFP4, {-1, -1}, 0},
+};
+
+/* A random (rows, cols) matrix of type k of scale_fields: random bytes with
+ * small scales (f16 and bf16: small random values). */
+static void rand_matrix(size_t k, uint8_t *p, size_t rows, size_t cols, uint64_t *st)
+{
+    uint32_t type = scale_fields[k].type;
+    size_t blk, bytes;
+    kvt_quant_block(type, &blk, &bytes);
+    size_t n = rows * cols / blk;
+    for (size_t b = 0; b < n; b++) {
+        uint8_t *q = p + b * bytes;
+        if (type == KVT_GGML_F16 || type == KVT_GGML_BF16) {
+            float v = ((float)(kvt_test_rand(st) % 2001) - 1000.0f) * 4e-5f;
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            put16(q, type == KVT_GGML_F16 ? kvt_f32_to_f16(v) : (uint16_t)(u >> 16));
+            continue;
+        }
+        for (size_t j = 0; j < bytes; j++) q[j] = (uint8_t)kvt_test_rand(st);
+        for (int f = 0; f < 2; f++)
+            if (scale_fields[k].f16_at[f] >= 0)
+                put16(q + scale_fields[k].f16_at[f], kvt_f32_to_f16((float)(1 + kvt_test_rand(st) % 100) * 2e-5f));
+        if (scale_fields[k].e8m0_at >= 0) q[scale_fields[k].e8m0_at] = (uint8_t)(116 + kvt_test_rand(st) % 4);
+    }
+}
+
+/* A synthetic llama (dim 256, 2 layers, 4 heads, 2 KV heads, ffn 512, the
+ * stories260K vocabulary) whose every matrix, the embedding and the output
+ * included, is in one type. */
+static int synth_typed(const char *vocab_from, const char *path, size_t k, uint64_t seed)
+{
+    enum { D = 256, L = 2, H = 4, HKV = 2, F = 512 };
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, vocab_from);
+    if (rc) return rc;
+    const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
+    size_t V = te ? (size_t)te->ne[1] : 0;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10)) rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    const struct { const char *k; uint32_t v; } u[] = {
+        {"llama.embedding_length", D}, {"llama.block_count", L}, {"llama.attention.head_count", H},
+        {"llama.attention.head_count_kv", HKV}, {"llama.feed_forward_length", F}, {"llama.context_length", 512},
+        {"llama.rope.dimension_count", D / H},
+    };
+    if (!rc) rc = kvt_gguf_writer_set_str(w, "general.architecture", "llama");
+    for (size_t i = 0; !rc && i < sizeof u / sizeof u[0]; i++) rc = kvt_gguf_writer_set_u32(w, u[i].k, u[i].v);
+    uint64_t st = seed;
+    uint32_t type = scale_fields[k].type;
+    float ones[F];
+    for (int i = 0; i < F; i++) ones[i] = 1.0f;
+    struct { char name[64]; size_t cols, rows; } m[3 + 9 * L];
+    size_t nm = 0;
+#define MAT(nm_, c_, r_) do { snprintf(m[nm].name, sizeof m[nm].name, "%s", nm_); m[nm].cols = c_; m[nm].rows = r_; nm++; } while (0)
+    MAT("token_embd.weight", D, V);
+    MAT("output_norm.weight", D, 1);
+    MAT("output.weight", D, V);
+    for (int l = 0; l < L; l++) {
+        const struct { const char *s; size_t c, r; } t[] = {
+            {"attn_norm.weight", D, 1}, {"attn_q.weight", D, D}, {"attn_k.weight", D, D / H * HKV},
+            {"attn_v.weight", D, D / H * HKV}, {"attn_output.weight", D, D}, {"ffn_norm.weight", D, 1},
+            {"ffn_gate.weight", D, F}, {"ffn_up.weight", D, F}, {"ffn_down.weight", F, D},
+        };
+        for (size_t i = 0; i < 9; i++) {
+            char nmb[64];
+            snprintf(nmb, sizeof nmb, "blk.%d.%s", l, t[i].s);
+            MAT(nmb, t[i].c, t[i].r);
+        }
+    }
+#undef MAT
+    for (size_t i = 0; !rc && i < nm; i++) {
+        uint64_t ne[2] = {m[i].cols, m[i].rows};
+        if (m[i].rows == 1) {
+            rc = kvt_gguf_writer_add_tensor(w, m[i].name, KVT_GGML_F32, 1, ne, ones, m[i].cols * 4);
+            continue;
+        }
+        size_t bytes = kvt_ggml_type_size(type, m[i].cols * m[i].rows);
+        uint8_t *p = malloc(bytes);
+        if (!p) { rc = KVT_ENOMEM; break; }
+        rand_matrix(k, p, m[i].rows, m[i].cols, &st);
+        rc = kvt_gguf_writer_add_tensor(w, m[i].name, type, 2, ne, p, bytes);
+        free(p);
+    }
+    if (!rc) rc = kvt_gguf_writer_write(w, path);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* Every weight type kvtier reads, every matrix in it (K-quant rows need
+ * 256 elements, so a synthetic model): logits and cache bytes are the same
+ * bits whatever the chunk schedule, the thread count or the kernel path. */
+TEST(llama_every_type_invariance)
+{
+    const char *p = kvt_test_shared(STORIES);
+    if (!p) SKIP("../shared absent");
+    char dir[] = "/tmp/kvtier-alltypes-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    enum { N = 200 };
+    int32_t t[N];
+    seq(t, N, 5);
+    const uint32_t odd[] = {4, 1, 7, 12};
+    for (size_t k = 0; k < sizeof scale_fields / sizeof scale_fields[0]; k++) {
+        const char *name = kvt_ggml_type_name(scale_fields[k].type);
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
+        CHECK_OK(synth_typed(p, path, k, 7 + k));
+        kvt_model *m = NULL;
+        CHECK_OK(kvt_model_open(&m, path));
+        run_out ref = {0}, o = {0};
+        CHECK_OK(run(m, t, N, NULL, 0, 1, &ref));
+        bool finite = true;
+        for (int i = 0; i < 512; i++) finite &= isfinite(ref.logits[i]);
+        CHECKF(finite, "%s: logits not finite", name);
+        struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; } cases[] = {
+            {odd, 4, 2, false}, {NULL, 0, 3, true}, {odd, 4, 1, true},
+        };
+        size_t same_n = 0;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            bool old = kvt_kernels_force_scalar(cases[i].scalar);
+            int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
+            kvt_kernels_force_scalar(old);
+            CHECK_OK(rc);
+            same_n += same(&ref, &o);
+            run_free(&o);
+        }
+        CHECKF(same_n == 3, "%s: %zu of 3 schedules, thread counts and kernel paths agree", name, same_n);
+        printf("    %s: %s, invariant over %d tokens\n", name, kvt_q_supported(scale_fields[k].type) ? "integer kernels" : "f32 path", N);
+        run_free(&ref);
+        kvt_model_close(m);
+    }
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+}
