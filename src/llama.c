@@ -47,17 +47,17 @@ typedef struct llama_weights {
 } llama_weights;
 
 /* A session's scratch, allocated when it is created: the activations of up
- * to `ch` tokens (a longer chunk runs in passes of ch) and one attention
- * score row per part of the pool. */
+ * to `ch` tokens (a longer chunk runs in passes of ch) and, per part of the
+ * pool, one attention score row per query head of a KV group. */
 typedef struct llama_work {
-    size_t ch, parts, n_ctx;
+    size_t ch, parts, n_ctx, group;
     float *x;          /* (ch, D) residual */
     float *xb;         /* (ch, D) normed input, then a sublayer's output */
     float *q;          /* (ch, D) */
     float *att;        /* (ch, D) attention output */
     float *k, *v;      /* (ch, KV) */
     float *h1, *h3;    /* (ch, F) */
-    float *scores;     /* (parts, n_ctx) */
+    float *scores;     /* (parts, group, n_ctx): group = query heads per KV head */
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
 } llama_work;
 
@@ -203,7 +203,7 @@ static int scores_fit(llama_work *k, size_t parts)
 {
     if (k->parts >= parts) return KVT_OK;
     size_t n;
-    if (!kvt_mul_ok(parts, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
+    if (!kvt_mul_ok(parts * k->group, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
         return kvt_fail(KVT_ENOMEM, "attention scores for %zu threads", parts);
     float *sc = kvt_malloc(n * sizeof(float));
     if (!sc) return KVT_ENOMEM;
@@ -220,6 +220,7 @@ static int llama_work_new(kvt_session *s)
     if (!k) return KVT_ENOMEM;
     k->ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS;
     k->n_ctx = s->n_ctx;
+    k->group = w->H / w->Hkv;
     size_t D = w->D, KV = w->KV, F = w->F, ch = k->ch;
     k->x = kvt_malloc(ch * D * sizeof(float));
     k->xb = kvt_malloc(ch * D * sizeof(float));
@@ -253,14 +254,17 @@ static int llama_work_new(kvt_session *s)
     return KVT_OK;
 }
 
-/* Attention for rows [b, e) of (token, head) pairs. */
+/* Attention for rows [b, e) of (token, KV head) pairs: the query heads
+ * that share a KV head read each K and V row once. Per query head the
+ * operations are those of one head alone (scores in position order, one
+ * softmax, values mixed in position order), so grouping changes no bit. */
 struct attn_ctx {
     const llama_weights *w;
     const kvt_cache *cache;
     size_t layer, pos0;
     const float *q;    /* (n, D) */
     float *out;        /* (n, D) */
-    float *scores;     /* (parts, n_ctx) */
+    float *scores;     /* (parts, group, n_ctx) */
     size_t n_ctx;
 };
 
@@ -268,22 +272,22 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
     struct attn_ctx *c = arg;
     const llama_weights *w = c->w;
-    size_t H = w->H, hd = w->hd, group = w->H / w->Hkv;
-    float *att = c->scores + (size_t)part * c->n_ctx;
+    size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv;
+    float *att = c->scores + (size_t)part * group * c->n_ctx;
     float scale = 1.0f / sqrtf((float)hd);
     for (size_t r = b; r < e; r++) {
-        size_t i = r / H, h = r % H, kvh = h / group, t = c->pos0 + i;
-        const float *q = c->q + i * w->D + h * hd;
+        size_t i = r / Hkv, kvh = r % Hkv, t = c->pos0 + i;
+        const float *q = c->q + i * w->D + kvh * group * hd;
         for (size_t j = 0; j <= t; j++) {
             const float *k = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer, j) + kvh * hd;
-            att[j] = kvt_dot(q, k, hd) * scale;
+            for (size_t u = 0; u < group; u++) att[u * c->n_ctx + j] = kvt_dot(q + u * hd, k, hd) * scale;
         }
-        kvt_softmax(att, t + 1);
-        float *o = c->out + i * w->D + h * hd;
-        for (size_t d = 0; d < hd; d++) o[d] = 0;
+        float *o = c->out + i * w->D + kvh * group * hd;
+        for (size_t u = 0; u < group; u++) kvt_softmax(att + u * c->n_ctx, t + 1);
+        memset(o, 0, group * hd * sizeof *o);
         for (size_t j = 0; j <= t; j++) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j) + kvh * hd;
-            kvt_axpy(o, att[j], v, hd);
+            for (size_t u = 0; u < group; u++) kvt_axpy(o + u * hd, att[u * c->n_ctx + j], v, hd);
         }
     }
 }
@@ -317,11 +321,12 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
         struct attn_ctx ac = {w, s->cache, l, pos0, q, att, wk->scores, wk->n_ctx};
-        /* one (token, head) scores and mixes up to pos0 + n rows: give a
-         * thread at least 128K multiply-adds (measured in bench/README.md),
-         * so a tiny model's decode step does not pay for waking the pool */
-        size_t per = 2 * (pos0 + n) * hd;
-        kvt_pool_for_part(s->pool, n * w->H, (131072 + per - 1) / per, attn_range, &ac);
+        /* one (token, KV head) scores and mixes up to pos0 + n rows per
+         * query head: give a thread at least 128K multiply-adds (measured in
+         * bench/README.md), so a tiny model's decode step does not pay for
+         * waking the pool */
+        size_t per = 2 * (pos0 + n) * hd * (w->H / w->Hkv);
+        kvt_pool_for_part(s->pool, n * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
