@@ -34,6 +34,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <xxhash.h>
 #include <stdlib.h>
@@ -548,6 +549,7 @@ typedef struct fwd {
     size_t i_base, maxc;
     uint32_t *sel;         /* (n, K) selected rows per token, ascending */
     uint32_t *nsel;        /* (n) */
+    _Atomic bool oom;      /* a range's scratch could not be allocated: the pass fails */
 } fwd;
 
 typedef struct cand { float score; uint32_t c; } cand;
@@ -603,7 +605,12 @@ static void select_range(void *arg, size_t j0, size_t j1)
     size_t Hi = c->Hi, maxc = f->maxc;
     float *isc = malloc((maxc + 1) * sizeof(float));
     cand *heap = malloc((c->K + 1) * sizeof(cand));
-    if (!isc || !heap) abort(); /* bounded scratch */
+    if (!isc || !heap) { /* the pass fails with KVT_ENOMEM (index_select) */
+        free(isc);
+        free(heap);
+        atomic_store(&f->oom, true);
+        return;
+    }
     for (size_t j = j0; j < j1; j++) {
         size_t i = f->i_base + j, t = f->pos0 + i, ncomp = (t + 1) / 4;
         if (ncomp <= c->K) continue;
@@ -645,7 +652,7 @@ static int index_select(fwd *f)
     }
     free(kI);
     free(dots);
-    return KVT_OK;
+    return atomic_load(&f->oom) ? kvt_fail(KVT_ENOMEM, "ds4: indexer scratch") : KVT_OK;
 }
 
 static void attn_range(void *arg, size_t i0, size_t i1)
@@ -662,7 +669,11 @@ static void attn_range(void *arg, size_t i0, size_t i1)
     float *keys = malloc(nk_max * Dh * sizeof(float));
     float *sc = malloc(nk_max * sizeof(float));
     uint32_t *all = malloc((maxc + 1) * sizeof(uint32_t));
-    if (!keys || !sc || !all) abort(); /* bounded scratch; no recovery possible mid-pass */
+    if (!keys || !sc || !all) { /* the pass fails with KVT_ENOMEM (ds4_forward) */
+        free(keys); free(sc); free(all);
+        atomic_store(&f->oom, true);
+        return;
+    }
     for (size_t k = 0; k < maxc; k++) all[k] = (uint32_t)k;
     float scale = 1.0f / sqrtf((float)Dh);
     for (size_t i = i0; i < i1; i++) {
@@ -813,6 +824,7 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
         fa.nsel = nsel;
         if (r == 4 && fa.maxc > c->K && (rc = index_select(&fa))) goto done;
         kvt_pool_for(s->pool, nn, 1, attn_range, &fa);
+        if (atomic_load(&fa.oom)) { rc = kvt_fail(KVT_ENOMEM, "ds4: attention scratch"); goto done; }
         /* only now does the ring take this chunk's rows */
         for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
             memcpy(win_row(s->cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
