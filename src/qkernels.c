@@ -373,12 +373,14 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(
             acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
         }
     }
+    /* the min sums: sub-block k's min against its two 16-sums, as madd pairs */
+    __m256i mv = _mm256_setr_epi16((short)mn[0], (short)mn[0], (short)mn[1], (short)mn[1], (short)mn[2],
+                                   (short)mn[2], (short)mn[3], (short)mn[3], (short)mn[4], (short)mn[4],
+                                   (short)mn[5], (short)mn[5], (short)mn[6], (short)mn[6], (short)mn[7],
+                                   (short)mn[7]);
     for (int t = 0; t < T; t++) {
         isum[t] = hsum_i32(acc[t]);
-        const int16_t *bs = a[t].bs + 16 * b;
-        int32_t ms = 0;
-        for (int k = 0; k < 8; k++) ms += mn[k] * (bs[2 * k] + bs[2 * k + 1]);
-        msum[t] = ms;
+        msum[t] = hsum_i32(_mm256_madd_epi16(mv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b))));
     }
 }
 
@@ -390,7 +392,6 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    int32_t off[4] = {0, 0, 0, 0};
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
         const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
@@ -410,12 +411,16 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
                 const int8_t *q = a[t].q + QKK * b + 128 * h + 32 * r;
                 __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)q));
                 acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, scv));
-                const int16_t *bs = a[t].bs + 16 * b + (128 * h + 32 * r) / 16;
-                off[t] += sc[2 * r] * bs[0] + sc[2 * r + 1] * bs[1];
             }
         }
     }
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]) - 32 * off[t];
+    /* the offset: 32 * sum of scale_j * (the 16-sum j); the 16 scales in
+     * sum order (half h, r, then l0) are the block's scales in order */
+    __m256i sv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
+    for (int t = 0; t < T; t++) {
+        int32_t off = hsum_i32(_mm256_madd_epi16(sv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b))));
+        isum[t] = hsum_i32(acc[t]) - 32 * off;
+    }
 }
 
 __attribute__((target("avx2"))) static void q4k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
