@@ -9,6 +9,11 @@
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
  *
+ * Weights of 32 elements (Q8_0, Q4_0, IQ4_NL, MXFP4) are unpacked a block
+ * at a time into int8 values (Q4_0: nibble - 8; IQ4_NL and MXFP4: ggml's
+ * value tables, the MXFP4 scale halved for its doubled table, as quant.c)
+ * and take the Q8_0 scheme above.
+ *
  * Weights are the GGUF's blocks as they are (quant.h spells out each
  * layout). A K-quant superblock's dot product is two exact integers, the
  * scaled sums and the min (or offset) correction, so any order of the
@@ -28,15 +33,21 @@
 #endif
 
 #define QK 32
-#define Q8_BYTES 34
 
 #define QKK 256
 #define Q4K_BYTES 144
 #define Q6K_BYTES 210
 
+/* The 32-element weight types on the Q8_0 lane scheme: each block gives
+ * int8 values (in [-127, 127]) and an exact f32 scale. */
+static bool b32_type(uint32_t wtype)
+{
+    return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_0 || wtype == KVT_GGML_IQ4_NL || wtype == KVT_GGML_MXFP4;
+}
+
 bool kvt_q_supported(uint32_t wtype)
 {
-    return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K;
+    return b32_type(wtype) || wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K;
 }
 
 static bool k_type(uint32_t wtype) { return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K; }
@@ -209,17 +220,49 @@ static inline float hsum8(float *l)
     return l[0] + l[1];
 }
 
+/* ggml-common.h's value tables (data): iq4_nl's 16 levels and E2M1 x 2. */
+static const int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static size_t b32_bytes(uint32_t t)
+{
+    return t == KVT_GGML_Q8_0 ? 34 : t == KVT_GGML_MXFP4 ? 17 : 18;
+}
+
+/* A block's scale, exactly as quant.c dequantises it. */
+static inline float b32_scale(uint32_t t, const uint8_t *wb)
+{
+    return t == KVT_GGML_MXFP4 ? ldexpf(1.0f, (int)wb[0] - 128) : kvt_f16_to_f32(kvt_rd16(wb));
+}
+
+/* A block's 32 int8 values: element j < 16 in the low nibble of byte j,
+ * j + 16 in its high nibble (q8_0: the bytes themselves). */
+static inline void b32_values(uint32_t t, const uint8_t *wb, int8_t *q)
+{
+    if (t == KVT_GGML_Q8_0) { memcpy(q, wb + 2, 32); return; }
+    const uint8_t *qs = wb + (t == KVT_GGML_MXFP4 ? 1 : 2);
+    for (int j = 0; j < 16; j++) {
+        int lo = qs[j] & 15, hi = qs[j] >> 4;
+        if (t == KVT_GGML_Q4_0) q[j] = (int8_t)(lo - 8), q[j + 16] = (int8_t)(hi - 8);
+        else if (t == KVT_GGML_IQ4_NL) q[j] = iq4nl_levels[lo], q[j + 16] = iq4nl_levels[hi];
+        else q[j] = e2m1_x2[lo], q[j + 16] = e2m1_x2[hi];
+    }
+}
+
 /* Rows w[0, R) against tokens (d, q)[0, T) over nb blocks. */
-static void q8_scalar(int R, int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
+static void q8_scalar(uint32_t wt, int R, int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
                       size_t nb, float *out, size_t ldo)
 {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             float l[8] = {0};
+            size_t bb = b32_bytes(wt);
             for (size_t b = 0; b < nb; b++) {
-                const uint8_t *wb = w[r] + b * Q8_BYTES;
-                const int8_t *wq = (const int8_t *)(wb + 2), *xq = qx[t] + b * QK;
-                float s = kvt_f16_to_f32(kvt_rd16(wb)) * dx[t][b];
+                const uint8_t *wb = w[r] + b * bb;
+                int8_t wq[32];
+                b32_values(wt, wb, wq);
+                const int8_t *xq = qx[t] + b * QK;
+                float s = b32_scale(wt, wb) * dx[t][b];
                 for (int j = 0; j < 8; j++) {
                     int32_t p = 0;
                     for (int k = 0; k < 4; k++) p += (int32_t)wq[4 * j + k] * xq[4 * j + k];
@@ -233,7 +276,7 @@ static void q8_scalar(int R, int T, const uint8_t *const *w, const float *const 
 #ifdef KVT_HAVE_X86
 /* The R x T tile (R, T constants after inlining). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
-q8_tile_avx2(const int R, const int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
+q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
              size_t nb, float *out, size_t ldo)
 {
     __m256 acc[4][4];
@@ -244,10 +287,21 @@ q8_tile_avx2(const int R, const int T, const uint8_t *const *w, const float *con
         __m256i wv[4], aw[4];
         float dw[4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w[r] + b * Q8_BYTES;
-            wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
+            const uint8_t *wb = w[r] + b * b32_bytes(wt);
+            if (wt == KVT_GGML_Q8_0) {
+                wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
+            } else {
+                __m128i v = _mm_loadu_si128((const __m128i *)(wb + (wt == KVT_GGML_MXFP4 ? 1 : 2)));
+                const __m128i m4 = _mm_set1_epi8(15);
+                __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+                if (wt == KVT_GGML_Q4_0) wv[r] = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+                else {
+                    __m128i tab = _mm_loadu_si128((const __m128i *)(wt == KVT_GGML_IQ4_NL ? iq4nl_levels : e2m1_x2));
+                    wv[r] = _mm256_shuffle_epi8(_mm256_set_m128i(tab, tab), nib);
+                }
+            }
             aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
-            dw[r] = _cvtsh_ss(kvt_rd16(wb));
+            dw[r] = wt == KVT_GGML_MXFP4 ? ldexpf(1.0f, (int)wb[0] - 128) : _cvtsh_ss(kvt_rd16(wb));
         }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[t] + b * QK));
@@ -267,26 +321,29 @@ q8_tile_avx2(const int R, const int T, const uint8_t *const *w, const float *con
         }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void q8_2x4(const uint8_t *const *w, const float *const *dx,
-                                                           const int8_t *const *qx, size_t nb, float *out,
-                                                           size_t ldo)
-{
-    q8_tile_avx2(2, 4, w, dx, qx, nb, out, ldo);
-}
+/* One function per type and tile, so that each is compiled with its
+ * constants. */
+#define Q8_TILE(name, wt, R, T)                                                                               \
+    __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *const *w, const float *const *dx, \
+                                                             const int8_t *const *qx, size_t nb, float *out,  \
+                                                             size_t ldo)                                      \
+    {                                                                                                         \
+        q8_tile_avx2(wt, R, T, w, dx, qx, nb, out, ldo);                                                      \
+    }
+#define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_4x1, wt, 4, 1) Q8_TILE(tn##_1x1, wt, 1, 1)
+Q8_TILES(q8_0, KVT_GGML_Q8_0)
+Q8_TILES(q4_0, KVT_GGML_Q4_0)
+Q8_TILES(iq4_nl, KVT_GGML_IQ4_NL)
+Q8_TILES(mxfp4, KVT_GGML_MXFP4)
 
-__attribute__((target("avx2,fma,f16c"))) static void q8_4x1(const uint8_t *const *w, const float *const *dx,
-                                                           const int8_t *const *qx, size_t nb, float *out,
-                                                           size_t ldo)
-{
-    q8_tile_avx2(4, 1, w, dx, qx, nb, out, ldo);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void q8_1x1(const uint8_t *const *w, const float *const *dx,
-                                                           const int8_t *const *qx, size_t nb, float *out,
-                                                           size_t ldo)
-{
-    q8_tile_avx2(1, 1, w, dx, qx, nb, out, ldo);
-}
+typedef void (*q8_tile_fn)(const uint8_t *const *, const float *const *, const int8_t *const *, size_t, float *,
+                           size_t);
+static const struct { uint32_t wt; q8_tile_fn t2x4, t4x1, t1x1; } q8_tiles[] = {
+    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_4x1, q8_0_1x1},
+    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_4x1, q4_0_1x1},
+    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_4x1, iq4_nl_1x1},
+    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_4x1, mxfp4_1x1},
+};
 #endif
 
 
@@ -519,16 +576,19 @@ static void qm_range(void *arg, size_t o0, size_t o1)
             float *out = c->y + t * d_out + o;
 #ifdef KVT_HAVE_X86
             if (c->simd) {
-                if (R == 2 && T == 4) q8_2x4(w, dx, qx, nb, out, d_out);
-                else if (R == 4 && T == 1) q8_4x1(w, dx, qx, nb, out, d_out);
+                size_t ti = 0;
+                while (q8_tiles[ti].wt != W->type) ti++;
+                if (R == 2 && T == 4) q8_tiles[ti].t2x4(w, dx, qx, nb, out, d_out);
+                else if (R == 4 && T == 1) q8_tiles[ti].t4x1(w, dx, qx, nb, out, d_out);
                 else
                     for (size_t r = 0; r < R; r++)
-                        for (size_t k = 0; k < T; k++) q8_1x1(w + r, dx + k, qx + k, nb, out + k * d_out + r, d_out);
+                        for (size_t k = 0; k < T; k++)
+                            q8_tiles[ti].t1x1(w + r, dx + k, qx + k, nb, out + k * d_out + r, d_out);
                 t += T;
                 continue;
             }
 #endif
-            q8_scalar((int)R, (int)T, w, dx, qx, nb, out, d_out);
+            q8_scalar(W->type, (int)R, (int)T, w, dx, qx, nb, out, d_out);
             t += T;
         }
         o += R;

@@ -126,12 +126,13 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
         uint16_t d = kvt_f32_to_f16(0.01f + 0.02f * fabsf(frand(st)));
         uint16_t m = kvt_f32_to_f16(0.005f * fabsf(frand(st)));
         size_t at = type == KVT_GGML_Q6_K ? 208 : 0;
+        if (type == KVT_GGML_MXFP4) { q[0] = (uint8_t)(120 + kvt_test_rand(st) % 4); continue; }
         q[at] = (uint8_t)d, q[at + 1] = (uint8_t)(d >> 8);
         if (type == KVT_GGML_Q4_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
     }
 }
 
-/* The integer kernels (qkernels.h): scalar and SIMD give the same bits, a
+/* The integer kernels (qkernels.h: Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K): scalar and SIMD give the same bits, a
  * token's outputs do not depend on the batch or the threads, and each output
  * is within the activations' rounding of the exact dot product of the
  * dequantised weights with x: the per-token quantisation moves element i by
@@ -141,7 +142,8 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
  * leave the bound. */
 TEST(kernels_integer_types)
 {
-    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_K, KVT_GGML_Q6_K};
+    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4,
+                              KVT_GGML_Q4_K, KVT_GGML_Q6_K};
     enum { DI = 768, DO = 13, NB = 7 };
     uint64_t st = kvt_test_seed("kernels_integer_types");
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -171,10 +173,13 @@ TEST(kernels_integer_types)
         float *yc = malloc(sizeof(float) * NB * DO);
         size_t bbytes, belems, at = type == KVT_GGML_Q6_K ? 208 : 0;
         kvt_quant_block(type, &belems, &bbytes);
-        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + at + 1] = (uint8_t)(W[b * bbytes + at + 1] + 4);
+        /* f16: exponent + 1 (bit 2 of the high byte); E8M0: + 1 */
+        size_t hi = type == KVT_GGML_MXFP4 ? 0 : at + 1;
+        uint8_t step = type == KVT_GGML_MXFP4 ? 1 : 4;
+        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] + step);
         kvt_matmul_w(NULL, yc, &m, x, NB, qx);
-        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + at + 1] = (uint8_t)(W[b * bbytes + at + 1] - 4);
-        size_t blk = type == KVT_GGML_Q8_0 ? 32 : 256, off = 0, n_bad = 0, n_ctl = 0;
+        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] - step);
+        size_t blk = belems, off = 0, n_bad = 0, n_ctl = 0;
         double worst = 0;
         for (int i = 0; i < NB; i++)
             for (int o = 0; o < DO; o++) {
