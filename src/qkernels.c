@@ -4,7 +4,7 @@
  * blocks (each the f16-rounded amax / 127, as ggml stores it), then
  * nb * 32 int8 values, round(x / d) with ties to even, in [-127, 127].
  *
- * For the K-quants (Q4_K, Q6_K), per token: the f32 scales of its nsb
+ * For the 256-element types (Q4_K, Q5_K, Q6_K, IQ4_XS), per token: the f32 scales of its nsb
  * superblocks of 256 (1 / iscale, iscale = -127 / the value of largest
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
@@ -18,7 +18,7 @@
  * layout). A K-quant superblock's dot product is two exact integers, the
  * scaled sums and the min (or offset) correction, so any order of the
  * integer work gives the same bits; the floats are then, per superblock in
- * increasing order, acc = fma(d_w * d_x, isum, acc) and, for Q4_K,
+ * increasing order, acc = fma(d_w * d_x, isum, acc) and, for Q4_K and Q5_K,
  * acc = fma(-(dmin_w * d_x), msum, acc). */
 #include "qkernels.h"
 #include "gguf.h"
@@ -37,6 +37,8 @@
 #define QKK 256
 #define Q4K_BYTES 144
 #define Q6K_BYTES 210
+#define Q5K_BYTES 176
+#define IQ4XS_BYTES 136
 
 /* The 32-element weight types on the Q8_0 lane scheme: each block gives
  * int8 values (in [-127, 127]) and an exact f32 scale. */
@@ -45,12 +47,16 @@ static bool b32_type(uint32_t wtype)
     return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_0 || wtype == KVT_GGML_IQ4_NL || wtype == KVT_GGML_MXFP4;
 }
 
-bool kvt_q_supported(uint32_t wtype)
+static bool k_type(uint32_t wtype)
 {
-    return b32_type(wtype) || wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K;
+    return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q5_K || wtype == KVT_GGML_Q6_K || wtype == KVT_GGML_IQ4_XS;
 }
 
-static bool k_type(uint32_t wtype) { return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q6_K; }
+bool kvt_q_supported(uint32_t wtype)
+{
+    return b32_type(wtype) || k_type(wtype);
+}
+
 
 static size_t act_stride(size_t cols) { return cols / QK * (sizeof(float) + QK); }
 static size_t act_stride_k(size_t cols) { return cols / QKK * (sizeof(float) + 16 * sizeof(int16_t) + QKK); }
@@ -350,9 +356,10 @@ static const struct { uint32_t wt; q8_tile_fn t2x4, t4x1, t1x1; } q8_tiles[] = {
 /* ---- K-quant dot products: exact integers per superblock ---- */
 
 /* Q4_K superblock b against a token: the scaled sum and the min sum. */
-static void q4k_ints_scalar(const uint8_t *w, const kact *a, size_t b, int32_t *isum, int32_t *msum)
+static void q4k_ints_scalar(bool q5, const uint8_t *w, const kact *a, size_t b, int32_t *isum, int32_t *msum)
 {
-    const uint8_t *s = w + 4, *qs = w + 16;
+    /* q5_K: qh[32] before qs; bit i of qh[l] is element l of sub-block i's fifth bit */
+    const uint8_t *s = w + 4, *qh = w + 16, *qs = w + (q5 ? 48 : 16);
     const int8_t *q = a->q + QKK * b;
     const int16_t *bs = a->bs + 16 * b;
     int32_t is = 0, ms = 0;
@@ -362,8 +369,9 @@ static void q4k_ints_scalar(const uint8_t *w, const kact *a, size_t b, int32_t *
         k4_scale_min(s, 2 * k + 1, &sc1, &m1);
         int32_t s0 = 0, s1 = 0;
         for (int l = 0; l < 32; l++) {
-            s0 += (qs[32 * k + l] & 15) * q[64 * k + l];
-            s1 += (qs[32 * k + l] >> 4) * q[64 * k + 32 + l];
+            int h0 = q5 ? (qh[l] >> (2 * k) & 1) << 4 : 0, h1 = q5 ? (qh[l] >> (2 * k + 1) & 1) << 4 : 0;
+            s0 += ((qs[32 * k + l] & 15) | h0) * q[64 * k + l];
+            s1 += ((qs[32 * k + l] >> 4) | h1) * q[64 * k + 32 + l];
         }
         is += sc0 * s0 + sc1 * s1;
         ms += m0 * (bs[4 * k] + bs[4 * k + 1]) + m1 * (bs[4 * k + 2] + bs[4 * k + 3]);
@@ -397,6 +405,24 @@ static int32_t q6k_int_scalar(const uint8_t *w, const kact *a, size_t b)
     return is;
 }
 
+/* IQ4_XS superblock against a token: sum of (scale - 32) * level * a. */
+static int32_t iq4xs_int_scalar(const uint8_t *w, const kact *a, size_t b)
+{
+    const int8_t *q = a->q + QKK * b;
+    uint16_t sh = kvt_rd16(w + 2);
+    const uint8_t *sl = w + 4;
+    int32_t is = 0;
+    for (int i = 0; i < 8; i++) {
+        int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
+        const uint8_t *qs = w + 8 + 16 * i;
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += iq4nl_levels[qs[j] & 15] * q[32 * i + j] + iq4nl_levels[qs[j] >> 4] * q[32 * i + 16 + j];
+        is += (ls - 32) * sum;
+    }
+    return is;
+}
+
 #ifdef KVT_HAVE_X86
 __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
 {
@@ -407,12 +433,14 @@ __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
 }
 
 /* The integers of one Q4_K superblock against T tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const int T, const uint8_t *w,
-                                                                               const kact *a, size_t b,
-                                                                               int32_t *isum, int32_t *msum)
+__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const bool q5, const int T,
+                                                                               const uint8_t *w, const kact *a,
+                                                                               size_t b, int32_t *isum,
+                                                                               int32_t *msum)
 {
-    const uint8_t *s = w + 4, *qs = w + 16;
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const uint8_t *s = w + 4, *qs = w + (q5 ? 48 : 16);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     int mn[8];
@@ -422,6 +450,10 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(
         k4_scale_min(s, 2 * k + 1, &sc1, &mn[2 * k + 1]);
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (q5) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
+        }
         __m256i s0 = _mm256_set1_epi16((short)sc0), s1 = _mm256_set1_epi16((short)sc1);
         for (int t = 0; t < T; t++) {
             const int8_t *q = a[t].q + QKK * b + 64 * k;
@@ -480,13 +512,56 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
     }
 }
 
+/* The integer of one IQ4_XS superblock against T tokens. */
+__attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx2(const int T, const uint8_t *w,
+                                                                                 const kact *a, size_t b,
+                                                                                 int32_t *isum)
+{
+    const __m128i m4 = _mm_set1_epi8(15), tab = _mm_loadu_si128((const __m128i *)iq4nl_levels);
+    const __m256i tab2 = _mm256_set_m128i(tab, tab);
+    uint16_t sh = kvt_rd16(w + 2);
+    const uint8_t *sl = w + 4;
+    __m256i acc[4];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i++) {
+        int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
+        __m128i v = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * i));
+        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+        __m256i wv = _mm256_shuffle_epi8(tab2, nib), aw = _mm256_sign_epi8(wv, wv);
+        __m256i sc = _mm256_set1_epi16((short)(ls - 32));
+        for (int t = 0; t < T; t++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * i));
+            /* pairs of products (at most 2 * 127 * 127) times the scale */
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), sc);
+            acc[t] = _mm256_add_epi32(acc[t], p);
+        }
+    }
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+}
+
 __attribute__((target("avx2"))) static void q4k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
 {
-    q4k_ints_avx2(4, w, a, b, is, ms);
+    q4k_ints_avx2(false, 4, w, a, b, is, ms);
 }
 __attribute__((target("avx2"))) static void q4k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
 {
-    q4k_ints_avx2(1, w, a, b, is, ms);
+    q4k_ints_avx2(false, 1, w, a, b, is, ms);
+}
+__attribute__((target("avx2"))) static void q5k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q4k_ints_avx2(true, 4, w, a, b, is, ms);
+}
+__attribute__((target("avx2"))) static void q5k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q4k_ints_avx2(true, 1, w, a, b, is, ms);
+}
+__attribute__((target("avx2"))) static void iq4xs_4(const uint8_t *w, const kact *a, size_t b, int32_t *is)
+{
+    iq4xs_ints_avx2(4, w, a, b, is);
+}
+__attribute__((target("avx2"))) static void iq4xs_1(const uint8_t *w, const kact *a, size_t b, int32_t *is)
+{
+    iq4xs_ints_avx2(1, w, a, b, is);
 }
 __attribute__((target("avx2"))) static void q6k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is)
 {
@@ -504,7 +579,9 @@ struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool s
 static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
 {
     const kvt_wmat *W = c->W;
-    size_t nsb = W->cols / QKK, bytes = W->type == KVT_GGML_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+    uint32_t ty = W->type;
+    bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
+    size_t nsb = W->cols / QKK, bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     const uint8_t *row = W->data + o * W->row_bytes;
     kact a[4];
     float acc[4] = {0, 0, 0, 0};
@@ -512,30 +589,36 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
         int32_t is[4], ms[4] = {0, 0, 0, 0};
-        bool q4 = W->type == KVT_GGML_Q4_K;
 #ifdef KVT_HAVE_X86
         if (c->simd) {
-            if (q4) {
-                if (T == 4) q4k_4(w, a, b, is, ms);
-                else for (int k = 0; k < T; k++) q4k_1(w, a + k, b, is + k, ms + k);
+            if (T == 4) {
+                if (q4) q4k_4(w, a, b, is, ms);
+                else if (q5) q5k_4(w, a, b, is, ms);
+                else if (q6) q6k_4(w, a, b, is);
+                else iq4xs_4(w, a, b, is);
             } else {
-                if (T == 4) q6k_4(w, a, b, is);
-                else for (int k = 0; k < T; k++) q6k_1(w, a + k, b, is + k);
+                for (int k = 0; k < T; k++) {
+                    if (q4) q4k_1(w, a + k, b, is + k, ms + k);
+                    else if (q5) q5k_1(w, a + k, b, is + k, ms + k);
+                    else if (q6) q6k_1(w, a + k, b, is + k);
+                    else iq4xs_1(w, a + k, b, is + k);
+                }
             }
         } else
 #endif
         {
             for (int k = 0; k < T; k++) {
-                if (q4) q4k_ints_scalar(w, a + k, b, is + k, ms + k);
-                else is[k] = q6k_int_scalar(w, a + k, b);
+                if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
+                else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
+                else is[k] = iq4xs_int_scalar(w, a + k, b);
             }
         }
-        float d = kvt_f16_to_f32(kvt_rd16(q4 ? w : w + 208));
-        float dmin = q4 ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
+        float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
+        float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
         for (int k = 0; k < T; k++) {
             float dx = a[k].d[b];
             acc[k] = fmaf(d * dx, (float)is[k], acc[k]);
-            if (q4) acc[k] = fmaf(-(dmin * dx), (float)ms[k], acc[k]);
+            if (mins) acc[k] = fmaf(-(dmin * dx), (float)ms[k], acc[k]);
         }
     }
     for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];

@@ -128,11 +128,12 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
         size_t at = type == KVT_GGML_Q6_K ? 208 : 0;
         if (type == KVT_GGML_MXFP4) { q[0] = (uint8_t)(120 + kvt_test_rand(st) % 4); continue; }
         q[at] = (uint8_t)d, q[at + 1] = (uint8_t)(d >> 8);
-        if (type == KVT_GGML_Q4_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
+        if (type == KVT_GGML_Q4_K || type == KVT_GGML_Q5_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
     }
 }
 
-/* The integer kernels (qkernels.h: Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K): scalar and SIMD give the same bits, a
+/* The integer kernels (qkernels.h: Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K,
+ * Q6_K, IQ4_XS): scalar and SIMD give the same bits, a
  * token's outputs do not depend on the batch or the threads, and each output
  * is within the activations' rounding of the exact dot product of the
  * dequantised weights with x: the per-token quantisation moves element i by
@@ -143,7 +144,7 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
 TEST(kernels_integer_types)
 {
     const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4,
-                              KVT_GGML_Q4_K, KVT_GGML_Q6_K};
+                              KVT_GGML_Q4_K, KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS};
     enum { DI = 768, DO = 13, NB = 7 };
     uint64_t st = kvt_test_seed("kernels_integer_types");
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
