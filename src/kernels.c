@@ -180,6 +180,28 @@ void kvt_axpy(float *y, float a, const float *x, size_t n)
     axpy_scalar(y, a, x, n);
 }
 
+void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) {
+        for (size_t u = 0; u < nq; u++) out[u] = dot_avx2(q + u * ldq, k, n);
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) out[u] = dot_scalar(q + u * ldq, k, n);
+}
+
+void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) {
+        for (size_t u = 0; u < nq; u++) axpy_avx2(y + u * ldy, a[u * lda], v, n);
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) axpy_scalar(y + u * ldy, a[u * lda], v, n);
+}
+
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n)
 {
 #ifdef KVT_HAVE_X86

@@ -26,6 +26,11 @@ bool kvt_kernels_simd(void);
 float kvt_dot(const float *a, const float *b, size_t n);
 /* y += a * x, element-wise fma. */
 void kvt_axpy(float *y, float a, const float *x, size_t n);
+/* out[u] = kvt_dot(q + u * ldq, k, n) for u < nq, bit for bit, reading k
+ * once (attention: the query heads of a KV head against one key). */
+void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k, size_t n);
+/* kvt_axpy(y + u * ldy, a[u * lda], v, n) for u < nq, bit for bit. */
+void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n);
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */

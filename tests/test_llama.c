@@ -6,6 +6,7 @@
 #include "gguf.h"
 #include "kernels.h"
 #include "qkernels.h"
+#include "quant.h"
 #include "ref.h"
 #include "util.h"
 
