@@ -133,7 +133,9 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
     do { char nm_[48]; snprintf(nm_, sizeof nm_, "blk.%u.%s", l, suffix);       \
          ADD(nm_, a, b, in, sl); } while (0)
     ADD("token_embd.weight", c->D, c->V, INIT_EMBED, &w->tok_embd);
-    for (uint32_t l = 0; l < c->L; l++) {
+    /* a config refused for its layer count has no layers to walk (ds4_free) */
+    uint32_t L = c->L <= MAX_LAYERS ? c->L : 0;
+    for (uint32_t l = 0; l < L; l++) {
         ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l], cw = (r == 4 ? 2 : 1) * c->Dh;
         ADDL("attn_norm.weight", c->D, 1, INIT_ONE, &ly->attn_norm);

@@ -142,6 +142,10 @@ static uint8_t *quant(uint32_t type, const float *f, size_t n, size_t *len)
             memcpy(p + 2 * i, &h, 2);
         }
     }
+    if (type != KVT_GGML_F32 && type != KVT_GGML_F16 && type != KVT_GGML_BF16 && type != KVT_GGML_Q8_0) {
+        /* the other block types: bytes from the values (any bytes are a block) */
+        for (size_t i = 0; i < *len; i++) p[i] = (uint8_t)(int)(f[i % n] * 8000.0f + (float)i);
+    }
     if (type == KVT_GGML_Q8_0)
         for (size_t b = 0; b < n / 32; b++) {
             float amax = 0;
@@ -199,6 +203,13 @@ static void all_types(void)
     tensor(w, "t.f16", KVT_GGML_F16, 7, 1, &rng);
     tensor(w, "t.bf16", KVT_GGML_BF16, 4, 2, &rng);
     tensor(w, "t.q8_0", KVT_GGML_Q8_0, 64, 2, &rng);
+    static const struct { const char *name; uint32_t type; uint64_t ne0; } blocks[] = {
+        {"t.q4_0", KVT_GGML_Q4_0, 64},   {"t.q4_1", KVT_GGML_Q4_1, 32},   {"t.q5_0", KVT_GGML_Q5_0, 32},
+        {"t.q5_1", KVT_GGML_Q5_1, 64},   {"t.q4_K", KVT_GGML_Q4_K, 256},  {"t.q5_K", KVT_GGML_Q5_K, 256},
+        {"t.q6_K", KVT_GGML_Q6_K, 256},  {"t.iq4_nl", KVT_GGML_IQ4_NL, 32}, {"t.iq4_xs", KVT_GGML_IQ4_XS, 256},
+        {"t.mxfp4", KVT_GGML_MXFP4, 64},
+    };
+    for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) tensor(w, blocks[i].name, blocks[i].type, blocks[i].ne0, 2, &rng);
     put_writer("all-types.gguf", w);
     /* the same with another alignment */
     w = kvt_gguf_writer_new();
