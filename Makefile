@@ -30,7 +30,7 @@ LIB     := $(BUILD)/libkvtier.a
 BIN     := $(BUILD)/kvtier
 TBIN    := $(BUILD)/kvtier-tests
 
-.PHONY: all run test asan bench tools clean
+.PHONY: all run test asan bench peers tools clean
 all: $(BIN)
 
 # make reads config.mk after (re)making it, so a build that lacks a package
@@ -74,6 +74,12 @@ asan:
 
 bench: $(BIN)
 	./bench/run.sh $(BIN)
+
+# kvtier against llama.cpp on the same files (bench/PEERS.md): builds
+# llama.cpp from node-llama-cpp's source bundle with cmake in a cache dir.
+peers: $(BIN)
+	@tools/deps.sh peers
+	./bench/peers.sh $(BIN)
 
 # tools/store_io measures the durable-write strategies (docs/STORE.md).
 tools: $(BUILD)/store_io

@@ -44,6 +44,9 @@ typedef struct bench {
     uint64_t ctx[MAX_CTX];      /* --ctx-list */
     size_t n_ctx;
     uint32_t decode;            /* --decode-tokens */
+    uint32_t prompt, gen, depth;/* --prompt, --gen, --depth (llama suite) */
+    bool peer;                  /* any of those three given: the llama-bench form */
+    uint32_t reps;              /* --reps, 0: repeat for min_s */
     double min_s;               /* minimum measuring time per measurement */
     FILE *csv;
     const char *suite, *model_name; /* of the rows being emitted */
@@ -178,6 +181,7 @@ static bool on_progress(void *user, size_t done, size_t total)
 typedef struct job {
     kvt_session *s, *dst;       /* dst: restore target */
     const int32_t *t;
+    size_t from;                /* prefill: tokens kept in the cache, untimed */
     size_t n;                   /* tokens to prefill / the frontier to decode from */
     uint32_t decode;
     uint8_t *snap;              /* the latest snapshot (owned) */
@@ -187,13 +191,13 @@ typedef struct job {
 typedef int (*job_fn)(bench *b, job *j, double *secs);
 
 /* Run fn until min_s has been spent, and at least 3 times while that costs
- * under 10 min_s; the fastest run wins. */
+ * under 10 min_s (exactly --reps times when given); the fastest run wins. */
 static int best_of(bench *b, job_fn fn, job *j, double *best)
 {
     double total = 0;
     *best = INFINITY;
-    for (int rep = 0; rep < MAX_REPS && (total < b->min_s || (rep < 3 && total < 10 * b->min_s));
-         rep++) {
+    for (int rep = 0; b->reps ? rep < (int)b->reps :
+         rep < MAX_REPS && (total < b->min_s || (rep < 3 && total < 10 * b->min_s)); rep++) {
         double dt;
         int rc = fn(b, j, &dt);
         if (rc) return rc;
@@ -203,10 +207,11 @@ static int best_of(bench *b, job_fn fn, job *j, double *best)
     return KVT_OK;
 }
 
-/* Prefill j->n tokens into an emptied session with the default chunking. */
+/* Prefill tokens j->from..j->n with the default chunking into a session
+ * holding the first j->from (prefilled untimed on the first run only). */
 static int run_prefill(bench *b, job *j, double *secs)
 {
-    int rc = kvt_session_sync(j->s, j->t, 0, NULL);
+    int rc = kvt_session_sync(j->s, j->t, j->from, NULL);
     if (rc) return rc;
     b->prog.t0 = now();
     b->prog.shown = false;
@@ -233,11 +238,14 @@ static int run_decode(bench *b, job *j, double *secs)
     kvt_model_info_get(b->m, &info);
     int rc = kvt_session_sync(j->s, j->t, j->n, NULL);
     double t0 = now();
+    int32_t best = j->t[0]; /* from frontier 0 the first token is the prompt's first */
     for (uint32_t k = 0; k < j->decode && !rc; k++) {
-        const float *lg = kvt_session_logits(j->s);
-        int32_t best = 0;
-        for (uint32_t i = 1; i < info.n_vocab; i++)
-            if (lg[i] > lg[best]) best = (int32_t)i; /* lowest id on ties */
+        if (k || j->n) {
+            const float *lg = kvt_session_logits(j->s);
+            best = 0;
+            for (uint32_t i = 1; i < info.n_vocab; i++)
+                if (lg[i] > lg[best]) best = (int32_t)i; /* lowest id on ties */
+        }
         rc = kvt_session_decode(j->s, best);
     }
     *secs = now() - t0;
@@ -308,8 +316,43 @@ static int run_suite(bench *b, const char *suite, const char *dflt, suite_fn bod
     return rc ? 1 : 0;
 }
 
+/* The llama-bench form (--prompt, --gen, --depth): a prefill of --prompt
+ * tokens on top of --depth cached ones, and a greedy decode of --gen tokens
+ * from frontier --depth, each its own baseline row, on --threads only. */
+static int llama_peer_body(bench *b, kvt_model *m, const char **what)
+{
+    size_t d = b->depth, n = d + (b->prompt > b->gen ? b->prompt : b->gen);
+    int32_t *t = make_tokens(m, n);
+    if (!t) return KVT_ENOMEM;
+    kvt_session_opts so = {.n_ctx = (uint32_t)n, .n_threads = b->threads, .chunk = LLAMA_CHUNK};
+    job j = {.t = t};
+    double secs;
+    int rc;
+    *what = "session";
+    if ((rc = kvt_session_new(&j.s, m, &so))) goto out;
+    *what = "prefill";
+    if (b->prompt) {
+        j.from = d;
+        j.n = d + b->prompt;
+        if ((rc = best_of(b, run_prefill, &j, &secs))) goto out;
+        emit(b, &(row){"prefill chunk 256", j.n, b->prompt, b->all, secs, 0, NULL});
+    }
+    *what = "decode";
+    if (b->gen) {
+        j.n = d;
+        j.decode = b->gen;
+        if ((rc = best_of(b, run_decode, &j, &secs))) goto out;
+        emit(b, &(row){"decode greedy", d, b->gen, b->all, secs, 0, NULL});
+    }
+out:
+    kvt_session_free(j.s);
+    free(t);
+    return rc;
+}
+
 static int llama_body(bench *b, kvt_model *m, const char **what)
 {
+    if (b->peer) return llama_peer_body(b, m, what);
     size_t n = LLAMA_PROMPT;
     int32_t *t = make_tokens(m, n);
     if (!t) return KVT_ENOMEM;
@@ -433,9 +476,13 @@ static void usage(FILE *f)
 {
     fputs("usage: kvtier bench [--model M] [--suite llama|ds4|snapshot|store|all] [--threads N]\n"
           "                    [--ctx-list 2048,32768,131072] [--decode-tokens N] [--csv FILE] [--quick]\n"
+          "                    [--prompt N] [--gen N] [--depth N] [--reps N]\n"
           "\n"
           "  llama     prefill of 512 tokens: chunk 256 vs token-by-token, all threads vs 1;\n"
           "            greedy decode at 512: all threads vs 1 (default " LLAMA_MODEL ")\n"
+          "            with --prompt/--gen/--depth, as llama-bench -p/-n/-d: a prefill of\n"
+          "            --prompt tokens after --depth cached ones (prefilled untimed), a decode\n"
+          "            of --gen tokens from frontier --depth; --threads only (0: no such row)\n"
           "  ds4       prefill and decode at each context of --ctx-list, relative to the first;\n"
           "            KV cache bytes and peak RSS (default " KVT_DEFAULT_MODEL ")\n"
           "  snapshot  snapshot and restore of 8192 tokens vs re-prefilling them\n"
@@ -444,7 +491,9 @@ static void usage(FILE *f)
           "  all       llama, ds4 and snapshot (default)\n"
           "\n"
           "--model replaces the default model of every selected suite. --quick measures\n"
-          "for less time and uses --ctx-list 2048,8192 unless one is given.\n", f);
+          "for less time and uses --ctx-list 2048,8192 unless one is given. --reps N runs\n"
+          "each measurement exactly N times (default: for 2 s, at least 3 times); the\n"
+          "fastest is reported.\n", f);
 }
 
 static bool parse_u64(const char *s, const char *what, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -490,7 +539,8 @@ int kvt_bench_main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         if (!strcmp(a, "--quick")) { quick = true; continue; }
         if (strcmp(a, "--model") && strcmp(a, "--suite") && strcmp(a, "--threads") &&
-            strcmp(a, "--ctx-list") && strcmp(a, "--decode-tokens") && strcmp(a, "--csv")) {
+            strcmp(a, "--ctx-list") && strcmp(a, "--decode-tokens") && strcmp(a, "--csv") &&
+            strcmp(a, "--prompt") && strcmp(a, "--gen") && strcmp(a, "--depth") && strcmp(a, "--reps")) {
             fprintf(stderr, "kvtier: unknown argument '%s'\n", a);
             usage(stderr);
             return 2;
@@ -504,6 +554,13 @@ int kvt_bench_main(int argc, char **argv)
         else if (!strcmp(a, "--threads")) {
             if (!parse_u64(val, "--threads", 0, 256, &v)) return 2;
             b.threads = (uint32_t)v;
+        } else if (!strcmp(a, "--reps")) {
+            if (!parse_u64(val, "--reps", 1, MAX_REPS, &v)) return 2;
+            b.reps = (uint32_t)v;
+        } else if (strcmp(a, "--decode-tokens")) { /* --prompt, --gen, --depth */
+            if (!parse_u64(val, a, 0, 1u << 23, &v)) return 2;
+            *(!strcmp(a, "--prompt") ? &b.prompt : !strcmp(a, "--gen") ? &b.gen : &b.depth) = (uint32_t)v;
+            b.peer = true;
         } else {
             if (!parse_u64(val, "--decode-tokens", 1, 1u << 20, &v)) return 2;
             b.decode = (uint32_t)v;
@@ -515,6 +572,10 @@ int kvt_bench_main(int argc, char **argv)
         return 2;
     }
     if (!parse_ctx_list(&b, ctx_list ? ctx_list : quick ? "2048,8192" : "2048,32768,131072")) return 2;
+    if (b.peer && !b.prompt && !b.gen) {
+        fprintf(stderr, "kvtier: --prompt, --gen and --depth need a positive --prompt or --gen\n");
+        return 2;
+    }
     b.min_s = quick ? 0.5 : 2.0;
     b.all = b.threads ? b.threads : ncpu();
     if (store) { /* the disk tier's own suite and table (bench_store.c); not part of all */

@@ -1,0 +1,288 @@
+#!/bin/sh
+# kvtier against llama.cpp, cell by cell on the same GGUF files:
+# bench/peers.sh [BIN]
+#
+# The peer is the llama.cpp source that npm's node-llama-cpp 3.22.1 ships as
+# a git bundle (installed with `npm ci --omit=optional --prefix tests/peer`
+# when missing, as tests/test_peer.c does). It is cloned once into the cache
+# dir and built there natively with cmake (llama-bench and llama-quantize
+# only); a rerun reuses the build. The models are a synthetic 124.7M-parameter
+# llama in F16 (bench/synth_llama.c, with the tokenizer of the clone's
+# models/ggml-vocab-llama-spm.gguf), quantised to Q8_0 and Q4_K_M by
+# llama-quantize, all in the cache dir too. For each file, test (pp512, tg128,
+# pp512 at depth 4096, tg32 at depth 4096) and thread count (1, 2), kvtier
+# measures its cell, then llama-bench the same one. bench/peak.c measures the
+# FMA peak and the read bandwidth that the table relates the speeds to. The
+# table goes to stdout, the same rows to bench/peers.csv. Method and results:
+# bench/PEERS.md.
+#
+# BIN defaults to build/kvtier; bench/synth_llama.c links against the
+# libkvtier.a next to it.
+#   KVT_PEER_CACHE=DIR  clone, build, models and tools (default ~/.cache/kvtier)
+#   REPS=N              repetitions of each cell, both engines (default 5, QUICK 2)
+#   QUICK=1             pp512 and tg128 on F16 at 2 threads only; the rows go to
+#                       $KVT_PEER_CACHE/peers-quick.csv, not bench/peers.csv
+#   JOBS=N              parallel jobs of the llama.cpp build (default 2)
+# Needs git, cc, node, npm and flock; cmake (`tools/deps.sh peers`, which
+# installs it when run as root).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-$root/build/kvtier}
+case $bin in
+    /*) ;;
+    */*) bin=$(pwd)/$bin ;;
+    *) bin=$(command -v "$bin") ;;
+esac
+[ -x "$bin" ] || { echo "peers.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
+lib=$(dirname "$bin")/libkvtier.a
+[ -f "$lib" ] || { echo "peers.sh: $lib not found (build it with make)" >&2; exit 2; }
+for c in git cc node npm flock; do
+    command -v "$c" >/dev/null 2>&1 || { echo "peers.sh: $c is needed" >&2; exit 2; }
+done
+cd "$root"
+tools/deps.sh peers || exit 2
+
+cache=${KVT_PEER_CACHE:-$HOME/.cache/kvtier}
+quick=${QUICK:-0}
+if [ "$quick" = 1 ]; then reps=${REPS:-2}; else reps=${REPS:-5}; fi
+jobs=${JOBS:-2}
+case $reps in '' | *[!0-9]* | 0) echo "peers.sh: REPS must be a positive integer, got '$reps'" >&2; exit 2 ;; esac
+mkdir -p "$cache/tools" "$cache/models"
+tmp=$(mktemp -d /tmp/kvtier-peers-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+# ---- the peer: node-llama-cpp's llama.cpp source, cloned and built once ----
+
+peer=tests/peer
+peer_version=3.22.1
+bundle=$peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
+have_peer() {
+    [ -f "$bundle" ] &&
+        grep -q "\"version\": \"$peer_version\"" "$peer/node_modules/node-llama-cpp/package.json" 2>/dev/null
+}
+if ! have_peer; then
+    # tests/test_peer.c holds the same lock while it installs
+    exec 9<"$peer/package.json"
+    flock 9
+    if ! have_peer; then
+        echo "peers.sh: installing node-llama-cpp $peer_version: npm ci --omit=optional --prefix $peer" >&2
+        npm ci --omit=optional --prefix "$peer" --no-audit --no-fund --loglevel=error >&2 ||
+            { echo "peers.sh: npm ci failed" >&2; exit 1; }
+    fi
+    exec 9<&-
+    have_peer || { echo "peers.sh: npm ci did not install $bundle" >&2; exit 1; }
+fi
+
+commit=$(git bundle list-heads "$bundle" | awk '$2 == "HEAD" { print $1; exit }')
+[ -n "$commit" ] || { echo "peers.sh: $bundle has no HEAD" >&2; exit 1; }
+src=$cache/llama.cpp-$commit
+if [ ! -f "$src/CMakeLists.txt" ]; then
+    echo "peers.sh: cloning llama.cpp $commit into $src" >&2
+    rm -rf "$src.part"
+    git -c advice.detachedHead=false clone -q "$bundle" "$src.part"
+    [ "$(git -C "$src.part" rev-parse HEAD)" = "$commit" ] ||
+        { echo "peers.sh: the clone of $bundle is not at $commit" >&2; exit 1; }
+    mv "$src.part" "$src"
+fi
+lbin=$src/build/bin
+if [ ! -x "$lbin/llama-bench" ] || [ ! -x "$lbin/llama-quantize" ]; then
+    echo "peers.sh: building llama-bench and llama-quantize with cmake (-j$jobs, nice 10; log $src/build.log)" >&2
+    t0=$(date +%s)
+    # LLAMA_OPENSSL=OFF: no HTTPS downloads, so no libssl-dev
+    { nice -n 10 cmake -S "$src" -B "$src/build" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+          -DCMAKE_BUILD_TYPE=Release &&
+          nice -n 10 cmake --build "$src/build" --target llama-bench llama-quantize -j "$jobs"; } \
+        >"$src/build.log" 2>&1 ||
+        { tail -n 30 "$src/build.log" >&2; echo "peers.sh: the llama.cpp build failed (log $src/build.log)" >&2; exit 1; }
+    echo $(($(date +%s) - t0)) >"$src/build/kvtier-build-seconds"
+fi
+echo "peers.sh: llama.cpp $commit (built in $(cat "$src/build/kvtier-build-seconds" 2>/dev/null || echo '?') s)" >&2
+
+# ---- the tools and the models ----
+
+pkg_libs=$(sed -n 's/^PKG_LIBS := //p' "$(dirname "$bin")/config.mk" 2>/dev/null || true)
+# shellcheck disable=SC2086
+cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -o "$cache/tools/synth_llama" bench/synth_llama.c \
+    "$lib" $pkg_libs -lpthread -lm
+cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -mavx2 -mfma -o "$cache/tools/peak" bench/peak.c -lpthread
+
+models=$cache/models
+f16=$models/synth-llama-124m-f16.gguf
+if [ ! -f "$f16" ]; then
+    echo "peers.sh: writing $f16" >&2
+    "$cache/tools/synth_llama" "$src/models/ggml-vocab-llama-spm.gguf" "$f16" >&2
+fi
+for q in Q8_0 Q4_K_M; do
+    out=$models/synth-llama-124m-$(echo "$q" | tr '[:upper:]' '[:lower:]').gguf
+    [ -f "$out" ] && continue
+    echo "peers.sh: llama-quantize to $q: $out" >&2
+    "$lbin/llama-quantize" "$f16" "${out%.gguf}.part.gguf" "$q" >"${out%.gguf}.log" 2>&1 ||
+        { tail -n 20 "${out%.gguf}.log" >&2; echo "peers.sh: llama-quantize $q failed" >&2; exit 1; }
+    mv "${out%.gguf}.part.gguf" "$out"
+done
+
+# ---- the machine ----
+
+if [ "$quick" = 1 ]; then
+    types=f16 tests="pp512 tg128" threads=2 csv=$cache/peers-quick.csv
+else
+    types="f16 q8_0 q4_k_m" tests="pp512 tg128 pp512@d4096 tg32@d4096" threads="1 2" csv=bench/peers.csv
+fi
+max_thr=0
+for t in $threads; do [ "$t" -gt "$max_thr" ] && max_thr=$t; done
+# measured before and after the cells; the table uses the better of the two
+# (a VM's neighbours can only lower them)
+echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&2
+"$cache/tools/peak" "$max_thr" >"$tmp/peak"
+for f in $types; do "$cache/tools/synth_llama" --sizes "$models/synth-llama-124m-$f.gguf" >"$tmp/sizes-$f.json"; done
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+kvt_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || kvt_commit="$kvt_commit+changes"
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores online; load average $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?') at the start, LOAD_END at the end"
+    echo "kvtier: $kvt_commit ($bin)"
+    echo "llama.cpp: $commit (node-llama-cpp $peer_version), llama-bench defaults otherwise"
+    echo "repetitions: $reps per cell and engine, the fastest reported"
+} >"$tmp/head"
+
+# ---- the cells: kvtier, then llama.cpp, on the same file ----
+
+# kvtier's result for one cell: tok/s, or "refused: ..." / "failed: ..."
+kvtier_cell() { # $1 file, $2 prompt, $3 gen, $4 depth, $5 threads
+    rm -f "$tmp/kv.csv"
+    if "$bin" bench --suite llama --model "$1" --threads "$5" --prompt "$2" --gen "$3" --depth "$4" \
+        --reps "$reps" --csv "$tmp/kv.csv" >"$tmp/kv.out" 2>"$tmp/kv.err"; then
+        awk -F, 'NR == 2 { print $8 }' "$tmp/kv.csv"
+    else
+        st=$?
+        msg=$(grep '^kvtier: ' "$tmp/kv.err" | tail -n 1)
+        msg=${msg#kvtier: }
+        case $msg in
+            "$1: "*) # the model did not open: the library's message, without the path and offset
+                msg=${msg#"$1: "}
+                echo "refused: ${msg%% (offset *}" | awk -v p="gguf $1: " '{
+                    i = index($0, p); if (i) $0 = substr($0, 1, i - 1) substr($0, i + length(p)); print }' ;;
+            *) echo "failed: ${msg:-exit status $st}" ;;
+        esac
+    fi
+}
+
+# llama-bench's: the fastest of its repetitions (samples_ts), as kvtier reports
+llama_cell() {
+    if "$lbin/llama-bench" -m "$1" -p "$2" -n "$3" -d "$4" -t "$5" -r "$reps" -o jsonl \
+        >"$tmp/ll.out" 2>"$tmp/ll.err"; then
+        sed -n 's/.*"samples_ts": \[\([^]]*\)\].*/\1/p' "$tmp/ll.out" | tr ',' '\n' |
+            awk 'NF { v = $1 + 0; if (v > m) m = v } END { if (m > 0) printf "%.3f\n", m; else print "failed: no samples" }'
+    else
+        echo "failed: $(grep -v '^[[:space:]]*$' "$tmp/ll.err" | tail -n 1)"
+    fi
+}
+
+# What other processes ran during a cell, in cores: the machine's busy ticks
+# (/proc/stat) less this script's own and its children's (/proc/$$/stat).
+hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+snap() {
+    printf '%s %s %s\n' "$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat)" \
+        "$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$$/stat")" "$(cut -d' ' -f1 /proc/uptime)"
+}
+others() { # $1 snap before, $2 snap after
+    echo "$1 $2" | awk -v hz="$hz" '{ w = ($6 - $3) * hz; o = w > 0 ? (($4 - $1) - ($5 - $2)) / w : 0
+        printf "%.2f\n", (o > 0 ? o : 0) }'
+}
+
+n_cells=0
+for f in $types; do for t in $tests; do for n in $threads; do n_cells=$((n_cells + 1)); done; done; done
+: >"$tmp/rows"
+i=0
+t_start=$(date +%s)
+for f in $types; do
+    file=$models/synth-llama-124m-$f.gguf
+    for t in $tests; do
+        case $t in
+            pp*@d*) p=${t#pp} p=${p%@*} g=0 d=${t#*@d} ;;
+            tg*@d*) p=0 g=${t#tg} g=${g%@*} d=${t#*@d} ;;
+            pp*) p=${t#pp} g=0 d=0 ;;
+            tg*) p=0 g=${t#tg} d=0 ;;
+        esac
+        for n in $threads; do
+            i=$((i + 1))
+            s0=$(snap)
+            kv=$(kvtier_cell "$file" "$p" "$g" "$d" "$n")
+            s1=$(snap)
+            ll=$(llama_cell "$file" "$p" "$g" "$d" "$n")
+            s2=$(snap)
+            o_kv=$(others "$s0" "$s1") o_ll=$(others "$s1" "$s2")
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$f" "$t" "$n" "$p" "$g" "$d" "$kv" "$ll" \
+                "$o_kv" "$o_ll" >>"$tmp/rows"
+            echo "peers.sh: cell $i/$n_cells ($(($(date +%s) - t_start)) s): $f $t $n thread(s):" \
+                "kvtier $kv, llama.cpp $ll; other processes used $o_kv and $o_ll cores" >&2
+        done
+    done
+done
+
+# ---- the table ----
+
+"$cache/tools/peak" "$max_thr" >>"$tmp/peak"
+sed "s/LOAD_END/$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')/" "$tmp/head"
+# shellcheck disable=SC2086 # one argument per file type
+node - "$tmp" "$csv" $types <<'EOF'
+const fs = require('fs');
+const [tmp, csvPath, ...types] = process.argv.slice(2);
+const peak = {}, seen = {};
+for (const line of fs.readFileSync(`${tmp}/peak`, 'utf8').split('\n').filter(Boolean)) {
+  const [what, thr, v] = line.split(/\s+/), k = `${what}/${thr}`;
+  peak[k] = Math.max(peak[k] || 0, +v);
+  (seen[k] = seen[k] || []).push((+v).toFixed(1));
+}
+const sizes = Object.fromEntries(types.map((t) => [t, JSON.parse(fs.readFileSync(`${tmp}/sizes-${t}.json`, 'utf8'))]));
+const names = { f16: 'F16', q8_0: 'Q8_0', q4_k_m: 'Q4_K_M' };
+const num = (s) => (/^[0-9.]+$/.test(s) ? +s : null);
+const rows = [];
+for (const line of fs.readFileSync(`${tmp}/rows`, 'utf8').split('\n').filter(Boolean)) {
+  const [type, test, thr, p, g, d, kv, ll, okv, oll] = line.split('\t');
+  const z = sizes[type], P = +p, G = +g, D = +d;
+  const hd = z.n_embd / z.n_head;
+  let unit, per, pk;
+  if (P > 0) {
+    // FLOPs of a prefill token: 2 per weight of every matrix but the embedding
+    // table, plus q.k and p.v over the causal context (mean position D + (P-1)/2)
+    unit = 'GFLOP/s';
+    per = 2 * (z.params - z.embd_params) + 4 * z.n_layer * z.n_head * hd * (D + (P + 1) / 2);
+    pk = peak[`fma/${thr}`];
+  } else {
+    // bytes a decode token reads: the weights as stored, but only one row of the
+    // embedding table, plus the K and V rows of the context at f16
+    unit = 'GB/s';
+    per = z.bytes - z.embd_bytes + z.embd_bytes / z.n_vocab +
+      2 * 2 * z.n_layer * z.n_head_kv * hd * (D + (G + 1) / 2);
+    pk = peak[`read/${thr}`];
+  }
+  const rate = (v) => (v === null ? null : (v * per) / 1e9);
+  const k = num(kv), l = num(ll);
+  rows.push({ type: names[type] || type, test, thr, kv, ll, k, l, ratio: k !== null && l ? k / l : null,
+    unit, kr: rate(k), lr: rate(l), pk, okv, oll });
+}
+const f = (v, d) => (v === null ? '' : v.toFixed(d));
+const pct = (r, pk) => (r === null ? '' : `${r.toFixed(1)} (${((100 * r) / pk).toFixed(0)}%)`);
+const cell = (s, v) => (v === null ? s : v.toFixed(1));
+const q = (s) => (/[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s);
+const lim = (pre, unit) => Object.keys(peak).filter((k) => k.startsWith(pre)).map((k) =>
+  `${peak[k].toFixed(1)} ${unit} on ${k.slice(pre.length)} thread(s) (before / after: ${seen[k].join(' / ')})`).join(', ');
+console.log(`FMA peak: ${lim('fma/', 'GFLOP/s')}`);
+console.log(`read bandwidth: ${lim('read/', 'GB/s')}`);
+console.log('');
+console.log('| file | test | threads | kvtier tok/s | llama.cpp tok/s | kvtier / llama.cpp | kvtier (% of peak) | llama.cpp (% of peak) | unit | other load, cores |');
+console.log('|---|---|---:|---:|---:|---:|---:|---:|---|---:|');
+for (const r of rows)
+  console.log(`| ${r.type} | ${r.test} | ${r.thr} | ${cell(r.kv, r.k)} | ${cell(r.ll, r.l)} | ${f(r.ratio, 2)} | ` +
+    `${pct(r.kr, r.pk)} | ${pct(r.lr, r.pk)} | ${r.unit} | ${r.okv} / ${r.oll} |`);
+const csv = ['type,test,threads,kvtier_tok_s,llamacpp_tok_s,ratio,unit,kvtier_rate,llamacpp_rate,peak,' +
+  'other_cores_kvtier,other_cores_llamacpp']
+  .concat(rows.map((r) => [r.type, r.test, r.thr, q(r.kv), q(r.ll), f(r.ratio, 4), r.unit, f(r.kr, 2), f(r.lr, 2),
+    r.pk.toFixed(2), r.okv, r.oll].join(',')));
+fs.writeFileSync(csvPath, csv.join('\n') + '\n');
+EOF
+echo "rows written to $csv"
