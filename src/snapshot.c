@@ -321,6 +321,13 @@ int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
     return KVT_OK;
 }
 
+bool kvt_snap_block_names(const uint8_t *p, uint64_t key, size_t len)
+{
+    _Static_assert(KVT_SNAP_BLOCK_HEAD == BLK_HDR, "the block header");
+    return len >= BLK_HDR + 8 && !memcmp(p, BLK_MAGIC, 8) && kvt_rd64(p + 24) == key &&
+           (size_t)kvt_rd32(p + 44) == len - BLK_HDR - 8;
+}
+
 int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen)
 {
     int rc = kvt_snap_block_check(p, len, NULL);

@@ -48,6 +48,11 @@ int kvt_snap_parse_raw(const uint8_t *rec, size_t len, kvt_snap_info *out);
 /* Check a block record on its own: magic, checksum, version, and that its
  * ids hash to its key. *key (may be NULL) receives the key. */
 int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
+/* Bytes at the head of a block record that kvt_snap_block_names reads. */
+#define KVT_SNAP_BLOCK_HEAD 48
+/* Whether the first KVT_SNAP_BLOCK_HEAD bytes of a record (its header, not
+ * its checksum) say it is the block of key, len bytes long. */
+bool kvt_snap_block_names(const uint8_t *head, uint64_t key, size_t len);
 /* The text of a (checked) block record, borrowed from p. */
 int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen);
 /* kvt_snap_parse_raw plus the model's fingerprints (KVT_EMISMATCH). */

@@ -38,6 +38,7 @@
  * is freed only when no snapshot references it. The snapshot just written is
  * never the one evicted.
  */
+#include "segments.h"
 #include "snapshot.h"
 #include "store.h"
 #include "model.h"
@@ -56,10 +57,14 @@
 #include <unistd.h>
 #include <time.h>
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2
+#define SEG_MAX (256ull << 20) /* a segment takes no new blocks past this size */
 #define DEFAULT_BUDGET (4096ull << 20)
 
 typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
+
+/* Where a block record is: bytes at off of segment seg (0: in its row). */
+typedef struct bloc { uint32_t seg; uint64_t off, bytes; } bloc;
 
 struct kvt_store {
     pthread_mutex_t mu;      /* the server's worker and its metrics reader share a store */
@@ -79,6 +84,10 @@ struct kvt_store {
     bool dirty;              /* the index must be rebuilt before the next lookup */
     int64_t *gone;           /* (n_gone) snapshots the write transaction in progress */
     size_t n_gone, cap_gone; /* removes: they leave the index when it commits */
+    kvt_segs *segs;          /* the segment files (segments.h) */
+    bool has_segs;           /* the database has the columns of schema 2 (seg, off, locs) */
+    bloc *freed;             /* (n_freed) segment ranges of the blocks the write */
+    size_t n_freed, cap_freed; /* transaction in progress removes: released when it commits */
     const char *op;          /* the operation in progress, for messages */
     int sql_rc;              /* its first SQLite failure (0: none) and SQLite's */
     char sql_msg[400];       /* message for it */
@@ -180,17 +189,20 @@ static void rollback(kvt_store *st)
         if (rc != SQLITE_OK) sql_note(st, rc, "rollback");
     }
     st->n_gone = 0;
+    st->n_freed = 0;
     memset(st->flushing, 0, sizeof st->flushing);
 }
 
 static int begin(kvt_store *st)
 {
     st->n_gone = 0;
+    st->n_freed = 0;
     memset(st->flushing, 0, sizeof st->flushing);
     return exec(st, "BEGIN IMMEDIATE");
 }
 
 static void index_remove(kvt_store *st, int64_t id);
+static void release_freed(kvt_store *st);
 
 /* Commit a write transaction. One that met a failure, or cannot commit, is
  * rolled back, so the connection is never left inside it. Once it commits,
@@ -205,6 +217,7 @@ static int commit(kvt_store *st)
     }
     for (size_t i = 0; i < st->n_gone; i++) index_remove(st, st->gone[i]);
     st->n_gone = 0;
+    release_freed(st);
     st->lookups -= st->flushing[0];
     st->hits -= st->flushing[1];
     st->misses -= st->flushing[2];
@@ -279,18 +292,30 @@ static int64_t tick(kvt_store *st)
 static const char *schema =
     "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS blocks(key INTEGER PRIMARY KEY, refs INTEGER NOT NULL,"
-    "  bytes INTEGER NOT NULL, data BLOB NOT NULL);"
+    "  bytes INTEGER NOT NULL, data BLOB NOT NULL, seg INTEGER, off INTEGER);"
     "CREATE TABLE IF NOT EXISTS snaps(id INTEGER PRIMARY KEY AUTOINCREMENT, model INTEGER NOT NULL,"
     "  head INTEGER NOT NULL, n_tokens INTEGER NOT NULL, tail INTEGER NOT NULL, n_blocks INTEGER NOT NULL,"
     "  reason TEXT NOT NULL, created REAL NOT NULL, last_used INTEGER NOT NULL, used_at REAL NOT NULL,"
     "  hits INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL, preview TEXT NOT NULL, data BLOB NOT NULL,"
-    "  replay INTEGER NOT NULL DEFAULT 0, UNIQUE(head, n_tokens, tail));"
+    "  replay INTEGER NOT NULL DEFAULT 0, locs BLOB, UNIQUE(head, n_tokens, tail));"
     "CREATE TABLE IF NOT EXISTS snap_blocks(snap INTEGER NOT NULL, idx INTEGER NOT NULL, key INTEGER NOT NULL,"
     "  PRIMARY KEY(snap, idx)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS quarantine(id INTEGER PRIMARY KEY, what TEXT NOT NULL, reason TEXT NOT NULL,"
     "  at REAL NOT NULL);"
-    "INSERT OR IGNORE INTO meta(k, v) VALUES('schema', 1), ('tick', 0);";
+    "INSERT OR IGNORE INTO meta(k, v) VALUES('schema', 2), ('tick', 0);";
+
+/* Schema 2 keeps block records in segment files (segments.h): blocks.seg
+ * and blocks.off say where (NULL: in blocks.data, as schema 1 kept them all;
+ * a segment block's data is empty) and snaps.locs lists the places of a
+ * snapshot's blocks, so that a load needs no lookup per block. A schema 1
+ * store gets the columns and keeps its blocks where they are; builds of
+ * schema 1 refuse a schema 2 store (they would take its empty data for
+ * damage). */
+static const char *schema_segs =
+    "CREATE INDEX IF NOT EXISTS blocks_seg ON blocks(seg, off);"
+    "INSERT OR IGNORE INTO meta(k, v) VALUES('seg', 1);"
+    "UPDATE meta SET v = 2 WHERE k = 'schema' AND v = 1;";
 
 /* Running totals, so that a save reads the store's size instead of adding
  * it up (docs/STORE.md): one row, kept by triggers in the transaction of
@@ -332,7 +357,9 @@ static const char *schema_current =
     "SELECT (SELECT v FROM meta WHERE k = 'schema'), (SELECT COUNT(*) FROM totals),"
     " (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('totals_snap_add', 'totals_snap_del', 'totals_snap_size',"
     "   'totals_block_add', 'totals_block_del', 'totals_block_size', 'totals_ref_add', 'totals_ref_del', 'snaps_lru')),"
-    " (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay')";
+    " (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name IN ('replay', 'locs'))"
+    " + (SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name IN ('seg', 'off'))"
+    " + (SELECT COUNT(*) FROM sqlite_master WHERE name = 'blocks_seg')";
 
 static int mkdirs(const char *dir)
 {
@@ -390,11 +417,20 @@ static bool schema_is_current(kvt_store *st, int64_t *ver)
     if (step(st, stmt, "open") == SQLITE_ROW) {
         *ver = sqlite3_column_type(stmt, 0) == SQLITE_NULL ? -1 : sqlite3_column_int64(stmt, 0);
         current = *ver >= 0 && sqlite3_column_int64(stmt, 1) == 1 && sqlite3_column_int64(stmt, 2) == 9 &&
-                  sqlite3_column_int64(stmt, 3) == 1;
+                  sqlite3_column_int64(stmt, 3) == 5;
     }
     sqlite3_finalize(stmt);
     /* a header that forbids writing: the set-up path finds it (unusable_header) */
     return current && !st->sql_rc && sqlite3_db_readonly(st->db, "main") == 0;
+}
+
+/* Whether the database has schema 2's columns (a schema 1 store opened to
+ * inspect does not: its blocks are all in their rows). */
+static void note_columns(kvt_store *st)
+{
+    st->has_segs = q_int(st, "SELECT (SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name IN ('seg', 'off'))"
+                             " + (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'locs')", 0, NULL, 0) == 3;
+    forget_finding(st);
 }
 
 static int open_db(kvt_store *st)
@@ -417,8 +453,12 @@ static int open_db(kvt_store *st)
     sqlite3_busy_timeout(st->db, 30000);
     /* to inspect, the last connection out must not checkpoint the WAL into
      * the database and delete it, as closing one otherwise does */
-    if (st->inspect) return sqlite3_db_config(st->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL) == SQLITE_OK
-                                ? KVT_OK : sql_note(st, sqlite3_errcode(st->db), "open");
+    if (st->inspect) {
+        if (sqlite3_db_config(st->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL) != SQLITE_OK)
+            return sql_note(st, sqlite3_errcode(st->db), "open");
+        note_columns(st);
+        return KVT_OK;
+    }
     if ((rc = exec(st, "PRAGMA journal_mode=WAL")) ||
         (rc = exec(st, st->durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF"))) {
         unusable_header(st);
@@ -436,7 +476,14 @@ static int open_db(kvt_store *st)
          * and write whole records, which its default describes. */
         if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0)
             exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0");
+        if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'locs'", 0, NULL, 1) == 0)
+            exec(st, "ALTER TABLE snaps ADD COLUMN locs BLOB");
+        if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name = 'seg'", 0, NULL, 1) == 0) {
+            exec(st, "ALTER TABLE blocks ADD COLUMN seg INTEGER");
+            exec(st, "ALTER TABLE blocks ADD COLUMN off INTEGER");
+        }
         exec(st, schema_totals);
+        exec(st, schema_segs);
         ver = q_int(st, "SELECT v FROM meta WHERE k = 'schema'", 0, NULL, -1);
         if ((rc = commit(st))) {
             unusable_header(st);
@@ -446,6 +493,7 @@ static int open_db(kvt_store *st)
     if (ver != SCHEMA_VERSION)
         return kvt_fail(KVT_EUNSUPPORTED, "cache store %s has schema version %lld (this build uses %d)", st->path,
                         (long long)ver, SCHEMA_VERSION);
+    note_columns(st);
     return KVT_OK;
 }
 
@@ -479,6 +527,7 @@ static int follow(kvt_store *st)
     if (st->inspect || !st->db || stat(st->path, &sb) != 0 || (sb.st_dev == st->dev && sb.st_ino == st->ino))
         return KVT_OK;
     close_db(st, true);
+    kvt_segs_close_all(st->segs);
     return open_db(st);
 }
 
@@ -532,6 +581,129 @@ static void snap_ids(kvt_store *st, idset *ids, bool report)
     }
 }
 
+/* ---- where blocks are ---- */
+
+#define BLOCK_MAX (1ull << 30) /* a block record larger than this is damage */
+#define LOC_BYTES 16           /* snaps.locs: per block u32 seg, u32 bytes, u64 off (LE) */
+
+/* The place a row's seg, off and bytes columns (cs, co, cb) say, checked:
+ * false when they cannot be a block's. A row with a NULL seg keeps its
+ * record in its data column (w->seg = 0). */
+static bool row_bloc(sqlite3_stmt *r, int cs, int co, int cb, bloc *w)
+{
+    *w = (bloc){0};
+    int64_t bytes = sqlite3_column_int64(r, cb);
+    if (bytes <= 0 || (uint64_t)bytes > BLOCK_MAX) return false;
+    w->bytes = (uint64_t)bytes;
+    if (sqlite3_column_type(r, cs) == SQLITE_NULL) return true;
+    int64_t seg = sqlite3_column_int64(r, cs), off = sqlite3_column_int64(r, co);
+    if (seg < 1 || seg > UINT32_MAX || off < 0 || off > INT64_MAX - bytes) return false;
+    w->seg = (uint32_t)seg;
+    w->off = (uint64_t)off;
+    return true;
+}
+
+/* Entry b of a snapshot's locs (its length checked by the caller). */
+static bool locs_at(const uint8_t *locs, size_t b, bloc *w)
+{
+    const uint8_t *p = locs + LOC_BYTES * b;
+    *w = (bloc){kvt_rd32(p), kvt_rd64(p + 8), kvt_rd32(p + 4)};
+    return w->bytes > 0 && w->off <= (uint64_t)INT64_MAX - w->bytes;
+}
+
+static void locs_put(kvt_wbuf *b, const bloc *w)
+{
+    uint8_t e[LOC_BYTES];
+    uint32_t seg = w->seg, bytes = (uint32_t)w->bytes;
+    memcpy(e, &seg, 4);
+    memcpy(e + 4, &bytes, 4);
+    memcpy(e + 8, &w->off, 8);
+    kvt_wbuf_put(b, e, sizeof e);
+}
+
+/* Read the record at w (a segment place) into *buf (of *cap bytes). */
+static int read_bloc(kvt_store *st, const bloc *w, uint8_t **buf, size_t *cap)
+{
+    if (w->bytes > *cap) {
+        uint8_t *nb = realloc(*buf, (size_t)w->bytes);
+        if (!nb) return kvt_fail(KVT_ENOMEM, "block of %llu bytes", (unsigned long long)w->bytes);
+        *buf = nb;
+        *cap = (size_t)w->bytes;
+    }
+    return kvt_segs_read(st->segs, w->seg, w->off, *buf, (size_t)w->bytes);
+}
+
+/* Delete blocks (sql: a DELETE ... RETURNING seg, off, bytes); the segment
+ * ranges they leave are released when the transaction commits. */
+static void delete_blocks(kvt_store *st, const char *sql, int n, const int64_t *args)
+{
+    sqlite3_stmt *stmt = prep(st, sql, NULL);
+    if (!stmt) return;
+    for (int i = 0; i < n; i++) sqlite3_bind_int64(stmt, i + 1, args[i]);
+    while (step(st, stmt, NULL) == SQLITE_ROW) {
+        bloc w;
+        if (!row_bloc(stmt, 0, 1, 2, &w) || !w.seg) continue;
+        int rc; /* a range not recorded stays allocated until gc */
+        KVT_GROW(st->freed, &st->cap_freed, st->n_freed + 1, rc);
+        if (!rc) st->freed[st->n_freed++] = w;
+    }
+    sqlite3_finalize(stmt);
+}
+
+/* The write transaction that removed st->freed committed: punch their
+ * ranges out of the segments, and delete a segment that holds no block and
+ * takes no more (below the current one). Best effort, after the commit: a
+ * failure or a crash here only leaves space that gc gives back. */
+static void release_freed(kvt_store *st)
+{
+    if (!st->n_freed) return;
+    sqlite3_stmt *cur = NULL, *any = NULL;
+    sqlite3_prepare_v2(st->db, "SELECT v FROM meta WHERE k = 'seg'", -1, &cur, NULL);
+    sqlite3_prepare_v2(st->db, "SELECT 1 FROM blocks WHERE seg = ? LIMIT 1", -1, &any, NULL);
+    int64_t current = cur && sqlite3_step(cur) == SQLITE_ROW ? sqlite3_column_int64(cur, 0) : INT64_MAX;
+    for (size_t i = 0; i < st->n_freed; i++) {
+        const bloc *w = &st->freed[i];
+        kvt_segs_release(st->segs, w->seg, w->off, w->bytes);
+        bool seen = false;
+        for (size_t k = 0; k < i && !seen; k++) seen = st->freed[k].seg == w->seg;
+        if (seen || (int64_t)w->seg >= current || !any) continue;
+        sqlite3_reset(any);
+        sqlite3_bind_int64(any, 1, w->seg);
+        if (sqlite3_step(any) == SQLITE_DONE) kvt_segs_remove(st->segs, w->seg);
+    }
+    sqlite3_finalize(cur);
+    sqlite3_finalize(any);
+    st->n_freed = 0;
+}
+
+/* The segment a save appends to and where: the current one (meta 'seg'),
+ * cut back to the end of its last committed block (what a save that failed
+ * or was cut off left is garbage), or the next one when it is full. Inside
+ * the save's write transaction. */
+static int open_segment(kvt_store *st, uint32_t *seg, uint64_t *end)
+{
+    int64_t cur = q_int(st, "SELECT v FROM meta WHERE k = 'seg'", 0, NULL, 1);
+    if (st->sql_rc) return sql_status(st);
+    if (cur < 1 || cur > UINT32_MAX) cur = 1;
+    for (;;) {
+        int64_t e = q_int(st, "SELECT off + bytes FROM blocks WHERE seg = ? ORDER BY off DESC LIMIT 1", 1, &cur, 0);
+        if (st->sql_rc) return sql_status(st);
+        if (e < 0) e = 0;
+        uint64_t size;
+        int rc = kvt_segs_size(st->segs, (uint32_t)cur, &size);
+        if (rc) return rc;
+        if ((uint64_t)e < SEG_MAX || cur == UINT32_MAX) {
+            if (size > (uint64_t)e && (rc = kvt_segs_truncate(st->segs, (uint32_t)cur, (uint64_t)e))) return rc;
+            *seg = (uint32_t)cur;
+            *end = (uint64_t)e;
+            return KVT_OK;
+        }
+        cur++;
+        q(st, NULL, "INSERT OR REPLACE INTO meta(k, v) VALUES('seg', ?)", 1, &cur);
+        if (st->sql_rc) return sql_status(st);
+    }
+}
+
 /* A snapshot row (model, head, n_tokens, tail, n_blocks, replay, bytes,
  * data from column c0 on) against its record: the record's own checks, and
  * the columns that lookups and the budget read agree with it. */
@@ -558,11 +730,28 @@ static int check_snap_row(sqlite3_stmt *r, int c0, kvt_snap_info *in)
 
 #define SNAP_COLS "model, head, n_tokens, tail, n_blocks, replay, bytes, data"
 
-/* A block row (bytes, data) stored under key. */
-static int check_block_row(sqlite3_stmt *r, int c0, uint64_t key)
+/* The query of a block's row that check_block_row reads. */
+static const char *block_row_sql(const kvt_store *st)
+{
+    return st->has_segs ? "SELECT bytes, data, seg, off FROM blocks WHERE key = ?"
+                        : "SELECT bytes, data, NULL, NULL FROM blocks WHERE key = ?";
+}
+
+/* A block row (bytes, data, seg, off from c0) stored under key: its record,
+ * in its segment (read into *buf, of *cap bytes) or in its data. */
+static int check_block_row(kvt_store *st, sqlite3_stmt *r, int c0, uint64_t key, uint8_t **buf, size_t *cap)
 {
     const uint8_t *p = sqlite3_column_blob(r, c0 + 1);
     size_t len = (size_t)sqlite3_column_bytes(r, c0 + 1);
+    bloc w;
+    if (!row_bloc(r, c0 + 2, c0 + 3, c0, &w)) return kvt_fail(KVT_EFORMAT, "block: its row's place or size is out of range");
+    if (w.seg) {
+        if (len) return kvt_fail(KVT_EFORMAT, "block: a segment's block with bytes in its row too");
+        int rc = read_bloc(st, &w, buf, cap);
+        if (rc) return rc;
+        p = *buf;
+        len = (size_t)w.bytes;
+    }
     uint64_t k;
     if (!p) return kvt_fail(KVT_EFORMAT, "block: empty record");
     int rc = kvt_snap_block_check(p, len, &k);
@@ -603,9 +792,9 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
     idset_seal(&ids);
     static const char *const nd_sql[5] = {
         "SELECT 1 FROM blocks WHERE key = ?",
-        "INSERT INTO blocks(key, refs, bytes, data) VALUES(?, 0, ?, ?)",
-        "INSERT OR IGNORE INTO snaps(id, " SNAP_COLS ", reason, created, last_used, used_at, hits, preview)"
-        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO blocks(key, refs, bytes, data, seg, off) VALUES(?, 0, ?, ?, ?, ?)",
+        "INSERT OR IGNORE INTO snaps(id, " SNAP_COLS ", reason, created, last_used, used_at, hits, preview, locs)"
+        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         "INSERT INTO snap_blocks(snap, idx, key) VALUES(?, ?, ?)",
         "UPDATE blocks SET refs = refs + 1 WHERE key = ?",
     };
@@ -613,10 +802,16 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
     int err = 0;
     for (int k = 0; k < 5 && !err; k++) nd_ok(nd, sqlite3_prepare_v2(nd, nd_sql[k], -1, &w[k], NULL), &err);
     /* reads of the damaged database: their failures are expected */
-    sqlite3_prepare_v2(st->db, "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
-                       " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, '')"
+    sqlite3_prepare_v2(st->db, st->has_segs ?
+                       "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
+                       " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, ''), locs"
+                       " FROM snaps WHERE id = ?" :
+                       "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
+                       " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, ''), NULL"
                        " FROM snaps WHERE id = ?", -1, &get, NULL);
-    sqlite3_prepare_v2(st->db, "SELECT bytes, data FROM blocks WHERE key = ?", -1, &getb, NULL);
+    sqlite3_prepare_v2(st->db, block_row_sql(st), -1, &getb, NULL);
+    uint8_t *scratch = NULL;
+    size_t scratch_cap = 0;
     int64_t max_used = 0;
     for (size_t i = 0; i < ids.n && !err && get && getb; i++) {
         sqlite3_reset(get);
@@ -635,19 +830,19 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
             if (!nd_ok(nd, h, &err) || h == SQLITE_ROW) continue;
             sqlite3_reset(getb);
             sqlite3_bind_int64(getb, 1, key);
-            if (sqlite3_step(getb) != SQLITE_ROW || check_block_row(getb, 0, (uint64_t)key) != KVT_OK) {
+            if (sqlite3_step(getb) != SQLITE_ROW ||
+                check_block_row(st, getb, 0, (uint64_t)key, &scratch, &scratch_cap) != KVT_OK) {
                 whole = false;
                 break;
             }
             sqlite3_reset(w[1]);
             sqlite3_bind_int64(w[1], 1, key);
-            sqlite3_bind_value(w[1], 2, sqlite3_column_value(getb, 0));
-            sqlite3_bind_value(w[1], 3, sqlite3_column_value(getb, 1));
+            for (int c = 0; c < 4; c++) sqlite3_bind_value(w[1], 2 + c, sqlite3_column_value(getb, c));
             nd_ok(nd, sqlite3_step(w[1]), &err);
         }
         if (!whole || err) continue;
         sqlite3_reset(w[2]);
-        bind_row(w[2], get, 0, 15);
+        bind_row(w[2], get, 0, 16);
         if (!nd_ok(nd, sqlite3_step(w[2]), &err)) break;
         /* a damaged index can let the same prefix in twice: the first stays */
         if (sqlite3_changes(nd) != 1) continue;
@@ -665,6 +860,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         if (used > max_used) max_used = used;
         (*kept)++;
     }
+    free(scratch);
     sqlite3_finalize(get);
     sqlite3_finalize(getb);
     for (int k = 0; k < 5; k++) sqlite3_finalize(w[k]);
@@ -769,6 +965,7 @@ static int recover(kvt_store *st)
         sqlite3_exec(nd, "PRAGMA synchronous=FULL; BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, schema, NULL, NULL, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, schema_totals, NULL, NULL, NULL) == SQLITE_OK &&
+        sqlite3_exec(nd, schema_segs, NULL, NULL, NULL) == SQLITE_OK &&
         (!st->db || salvage(st, nd, &kept, &seen) == KVT_OK)) {
         sqlite3_stmt *ins = NULL;
         int err = 0;
@@ -863,6 +1060,7 @@ static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool in
     st->path = kvt_malloc(plen);
     if (!st->dir || !st->path) { kvt_store_close(st); return KVT_ENOMEM; }
     snprintf(st->path, plen, "%s/kvtier.db", dir);
+    if (!(st->segs = kvt_segs_new(st->path))) { kvt_store_close(st); return KVT_ENOMEM; }
     op_start(st, "open");
     if (inspect && access(st->path, F_OK) != 0) {
         rc = kvt_fail(KVT_ENOENT, "no cache store in %s", dir);
@@ -895,8 +1093,10 @@ void kvt_store_close(kvt_store *st)
         commit(st);
     }
     close_db(st, st->db && !st->inspect && !same_file(st));
+    kvt_segs_free(st->segs);
     free(st->idx);
     free(st->gone);
+    free(st->freed);
     free(st->dir);
     free(st->path);
     pthread_mutex_destroy(&st->mu);
@@ -1014,7 +1214,8 @@ static int64_t drop_snap(kvt_store *st, int64_t id)
     int64_t before = (int64_t)total_bytes(st);
     /* only its own blocks can reach no references: no scan of the table */
     q(st, NULL, "UPDATE blocks SET refs = refs - 1 WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?)", 1, &id);
-    q(st, NULL, "DELETE FROM blocks WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?) AND refs <= 0", 1, &id);
+    delete_blocks(st, "DELETE FROM blocks WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?) AND refs <= 0"
+                      " RETURNING seg, off, bytes", 1, &id);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap = ?", 1, &id);
     q(st, NULL, "DELETE FROM snaps WHERE id = ?", 1, &id);
     int64_t after = (int64_t)total_bytes(st);
@@ -1114,8 +1315,11 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     if (created) *created = false;
     if (!kvt_snap_can_save(s, n))
         return kvt_fail(KVT_EINVAL, "cannot save %zu tokens: the session holds %zu and no checkpoint there", n, s->n);
-    kvt_wbuf rec = {0}, blk = {0};
+    kvt_wbuf rec = {0}, blk = {0}, locs = {0};
     uint64_t *keys = NULL;
+    bool seg_written = false;
+    uint32_t seg_cut = 0;
+    uint64_t seg_cut_at = 0;
     int rc = kvt_snap_encode(s, n, 0, &rec, &keys);
     if (rc) return rc;
     kvt_snap_info in;
@@ -1147,6 +1351,10 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     bool fresh = id < 0;
     if (st->sql_rc) {
         /* the transaction rolls back below */
+    } else if (!fresh && q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &id, 0) != 1 && !st->sql_rc) {
+        /* the unique index names a row the table does not hold: damage,
+         * which the rebuild (and the save after it) mends */
+        sql_note(st, SQLITE_CORRUPT, "save snapshot: the index names a snapshot the table lacks");
     } else if (!fresh) { /* already stored: only the use moves */
         int64_t a[2] = {t, id};
         q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, a);
@@ -1164,26 +1372,69 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         }
         sqlite3_finalize(up);
     } else {
-        uint64_t prev = kvt_snap_key0(s->m);
+        /* New blocks go to the end of the current segment, which is synced
+         * before the rows that name them commit; a save that fails cuts the
+         * segment back (seg_start). */
+        uint64_t prev = kvt_snap_key0(s->m), seg_start = 0, seg_end = 0;
+        uint32_t seg = 0;
+        bool wrote = false;
+        if (nb && !st->sql_rc) rc = open_segment(st, &seg, &seg_start);
+        seg_end = seg_start;
+        sqlite3_stmt *has = rc ? NULL : prep(st, "SELECT seg, off, bytes FROM blocks WHERE key = ?", "save block");
         for (size_t b = 0; b < nb && !rc && !st->sql_rc; b++) {
             int64_t k = (int64_t)keys[b];
-            if (q_int(st, "SELECT 1 FROM blocks WHERE key = ?", 1, &k, 0) == 0 && !st->sql_rc) {
+            sqlite3_reset(has);
+            sqlite3_bind_int64(has, 1, k);
+            int r = step(st, has, "save block");
+            bloc w;
+            bool stored = r == SQLITE_ROW, again = false;
+            if (stored) {
+                /* stored already: the new snapshot names the place its row
+                 * says, once the record's header there says it is this
+                 * block (a damaged row must not spread to new snapshots:
+                 * the block is written anew and its row moved to it) */
+                uint8_t head[KVT_SNAP_BLOCK_HEAD];
+                if (!row_bloc(has, 0, 1, 2, &w)) again = true;
+                else if (w.seg)
+                    again = w.bytes < sizeof head || kvt_segs_read(st->segs, w.seg, w.off, head, sizeof head) ||
+                            !kvt_snap_block_names(head, keys[b], (size_t)w.bytes);
+            }
+            if (stored && !again) {
+            } else if (r == SQLITE_ROW || r == SQLITE_DONE) {
                 uint64_t key;
                 blk.len = 0;
                 if ((rc = kvt_snap_block(s, (uint32_t)b, prev, &blk, &key))) break;
-                sqlite3_stmt *ins = prep(st, "INSERT INTO blocks(key, refs, bytes, data) VALUES(?, 0, ?, ?)", "save block");
+                if ((rc = kvt_segs_write(st->segs, seg, seg_end, blk.p, blk.len))) break;
+                wrote = true;
+                w = (bloc){seg, seg_end, blk.len};
+                seg_end += blk.len;
+                sqlite3_stmt *ins = prep(st, again ? "UPDATE blocks SET bytes = ?2, data = X'', seg = ?3, off = ?4 WHERE key = ?1"
+                                                   : "INSERT INTO blocks(key, refs, bytes, data, seg, off) VALUES(?, 0, ?, X'', ?, ?)",
+                                         "save block");
                 if (ins) {
                     sqlite3_bind_int64(ins, 1, k);
                     sqlite3_bind_int64(ins, 2, (int64_t)blk.len);
-                    sqlite3_bind_blob(ins, 3, blk.p, (int)blk.len, SQLITE_STATIC);
+                    sqlite3_bind_int64(ins, 3, seg);
+                    sqlite3_bind_int64(ins, 4, (int64_t)w.off);
                     step(st, ins, "save block");
                 }
                 sqlite3_finalize(ins);
+            } else {
+                break;
             }
+            locs_put(&locs, &w);
             prev = keys[b];
         }
+        sqlite3_finalize(has);
+        if (!rc && locs.oom) rc = kvt_fail(KVT_ENOMEM, "block places");
+        if (!rc && !st->sql_rc && wrote) rc = kvt_segs_sync(st->segs);
+        if ((rc || st->sql_rc) && wrote) kvt_segs_truncate(st->segs, seg, seg_start);
+        seg_written = wrote;
+        seg_cut = seg;
+        seg_cut_at = seg_start;
         sqlite3_stmt *ins = rc ? NULL : prep(st, "INSERT INTO snaps(model, head, n_tokens, tail, n_blocks, reason, created,"
-                                                 " last_used, used_at, bytes, preview, data) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+                                                 " last_used, used_at, bytes, preview, data, locs)"
+                                                 " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                              "save snapshot");
         if (ins) {
             double now = now_unix();
@@ -1199,6 +1450,8 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
             sqlite3_bind_int64(ins, 10, (int64_t)rec.len);
             sqlite3_bind_text(ins, 11, preview, -1, SQLITE_TRANSIENT);
             sqlite3_bind_blob(ins, 12, rec.p, (int)rec.len, SQLITE_STATIC);
+            if (locs.len) sqlite3_bind_blob(ins, 13, locs.p, (int)locs.len, SQLITE_STATIC);
+            else sqlite3_bind_null(ins, 13);
             if (step(st, ins, "save snapshot") == SQLITE_DONE) id = sqlite3_last_insert_rowid(st->db);
         }
         sqlite3_finalize(ins);
@@ -1215,8 +1468,10 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     }
     if (!rc) {
         flush_counters(st);
+        if (seg_written && st->sql_rc) kvt_segs_truncate(st->segs, seg_cut, seg_cut_at); /* before the lock goes */
         rc = commit(st);
     } else {
+        if (seg_written) kvt_segs_truncate(st->segs, seg_cut, seg_cut_at);
         rollback(st);
     }
     if (rc) {
@@ -1229,6 +1484,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
 out:
     kvt_wbuf_free(&rec);
     kvt_wbuf_free(&blk);
+    kvt_wbuf_free(&locs);
     free(keys);
     return rc;
 }
@@ -1335,6 +1591,9 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
  * as a load that read one block at a time would have met it. */
 struct getter {
     kvt_store *st;
+    const uint8_t *locs;     /* the snapshot's block places (snaps.locs), n_locs of them */
+    size_t n_locs;
+    bool prefetched;
     sqlite3_blob *blob;
     sqlite3_stmt *stmt;      /* the fallback, prepared on first use */
     bool pending;            /* a read failed in SQLite: its failure, kept */
@@ -1393,11 +1652,42 @@ static int read_block_blob(struct getter *g, uint32_t b, uint64_t key, uint8_t *
     return KVT_OK;
 }
 
+/* Before the first block: ask the kernel for every run of blocks that lie
+ * end to end in a segment, so that a cold load reads them at the speed of
+ * the disk while the first ones are checked. */
+static void prefetch(struct getter *g)
+{
+    g->prefetched = true;
+    bloc run = {0}, w;
+    for (size_t b = 0; b <= g->n_locs; b++) {
+        bool more = b < g->n_locs && locs_at(g->locs, b, &w) && w.seg;
+        if (more && run.seg == w.seg && run.off + run.bytes == w.off) {
+            run.bytes += w.bytes;
+            continue;
+        }
+        if (run.seg) kvt_segs_prefetch(g->st->segs, run.seg, run.off, run.bytes);
+        run = more ? w : (bloc){0};
+    }
+}
+
 static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
 {
     struct getter *g = user;
     kvt_store *st = g->st;
     if (st->sql_rc) return sql_status(st);
+    bloc w;
+    if (b < g->n_locs && locs_at(g->locs, b, &w) && w.seg) { /* in a segment, where the snapshot says */
+        if (!g->prefetched) prefetch(g);
+        if (w.bytes > BLOCK_MAX) return kvt_fail(KVT_EFORMAT, "block %u: %llu bytes", b, (unsigned long long)w.bytes);
+        int rc = read_bloc(st, &w, buf, cap);
+        if (rc) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", kvt_errmsg());
+            return kvt_fail(rc, "block %u (key %016llx): %s", b, (unsigned long long)key, why);
+        }
+        *len = (size_t)w.bytes;
+        return KVT_OK;
+    }
     bool was_corrupt = st->corrupt;
     int rc = read_block_blob(g, b, key, buf, cap, len);
     if (st->sql_rc) { /* keep it aside until the loader says this block was the first failure */
@@ -1433,9 +1723,38 @@ static void getter_end(struct getter *g, uint32_t bad)
 /* A damaged entry: record, remove, report once. id (-1: none) is the
  * snapshot; with has_key the block of that key is damaged (or missing), and
  * every snapshot that stands on it goes too. */
-static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, const char *reason)
+static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, const bloc *where, const char *reason)
 {
     if (begin(st) == KVT_OK) {
+        /* A block read from the place a snapshot named (where) that its
+         * row no longer names: the snapshot's list of places is wrong, or
+         * the block was removed and stored anew since the load began, or
+         * the row is damaged. The block goes only if the record its row
+         * names fails its checks too. */
+        if (has_key && where) {
+            sqlite3_stmt *at = NULL;
+            int64_t k = (int64_t)key;
+            bloc now;
+            int r = q(st, &at, "SELECT seg, off, bytes FROM blocks WHERE key = ?", 1, &k);
+            if (r != SQLITE_ROW) {
+                has_key = false;
+            } else if (row_bloc(at, 0, 1, 2, &now) && now.seg == where->seg && now.off == where->off &&
+                       now.bytes == where->bytes) {
+                /* the row names where the damage is */
+            } else {
+                sqlite3_stmt *row = prep(st, block_row_sql(st), "quarantine");
+                uint8_t *buf = NULL;
+                size_t cap = 0;
+                if (row) {
+                    sqlite3_bind_int64(row, 1, k);
+                    if (step(st, row, "quarantine") == SQLITE_ROW && check_block_row(st, row, 0, key, &buf, &cap) == KVT_OK)
+                        has_key = false;
+                }
+                free(buf);
+                sqlite3_finalize(row);
+            }
+            sqlite3_finalize(at);
+        }
         sqlite3_stmt *ins = prep(st, "INSERT INTO quarantine(what, reason, at) VALUES(?, ?, ?)", "quarantine");
         if (ins) {
             char what[64];
@@ -1459,7 +1778,7 @@ static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, co
             if (victims.oom) sql_note(st, SQLITE_NOMEM, "quarantine");
             for (size_t i = 0; i < victims.n; i++) drop_snap(st, victims.v[i]);
             free(victims.v);
-            q(st, NULL, "DELETE FROM blocks WHERE key = ?", 1, &k);
+            delete_blocks(st, "DELETE FROM blocks WHERE key = ? RETURNING seg, off, bytes", 1, &k);
         }
         if (id >= 0) drop_snap(st, id);
         counter_add(st, "damaged", 1);
@@ -1510,18 +1829,21 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     rollback(st); /* one a failed call left open */
     int rc = exec(st, "BEGIN");
     if (rc) return rc;
-    int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
+    int r = q(st, &stmt, st->has_segs ? "SELECT data, locs FROM snaps WHERE id = ?" : "SELECT data, NULL FROM snaps WHERE id = ?",
+              1, &id);
     if (r != SQLITE_ROW) {
         rc = st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
         rollback(st);
         return rc;
     }
-    size_t len = (size_t)sqlite3_column_bytes(stmt, 0);
-    uint8_t *rec = kvt_malloc(len ? len : 1);
+    size_t len = (size_t)sqlite3_column_bytes(stmt, 0), locs_len = (size_t)sqlite3_column_bytes(stmt, 1);
+    if (locs_len % LOC_BYTES) locs_len = 0; /* not a list of places: each block is looked up by its key */
+    uint8_t *rec = kvt_malloc(len + locs_len + 1);
     if (!rec) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
     if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
+    if (locs_len) memcpy(rec + len, sqlite3_column_blob(stmt, 1), locs_len);
     sqlite3_finalize(stmt);
-    struct getter g = {.st = st};
+    struct getter g = {.st = st, .locs = rec + len, .n_locs = locs_len / LOC_BYTES};
     bool rebuild = false;
     uint32_t bad_block = UINT32_MAX;
     uint64_t bad_key = 0;
@@ -1550,7 +1872,9 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     snprintf(reason, sizeof reason, "%s", kvt_errmsg());
     /* A block that failed its own checks is the culprit; otherwise the record. */
     bool block_bad = bad_block != UINT32_MAX && strncmp(reason, "snapshot", 8) != 0;
-    quarantine(st, id, block_bad, bad_key, reason);
+    bloc where = {0};
+    if (block_bad && bad_block < g.n_locs) locs_at(g.locs, bad_block, &where);
+    quarantine(st, id, block_bad, bad_key, where.seg ? &where : NULL, reason);
     st->misses++;
     return kvt_fail(rc, "%s", reason);
 }
@@ -1671,7 +1995,9 @@ static int check_records(kvt_store *st, checked *o)
     sqlite3_finalize(all);
     if (forget_damage(st) && !st->quiet) fprintf(stderr, "kvtier: %s\n", st->sql_msg);
     idset_seal(&keys);
-    sqlite3_stmt *getb = prep_inspect(st, "SELECT bytes, data FROM blocks WHERE key = ?", "block");
+    sqlite3_stmt *getb = prep_inspect(st, block_row_sql(st), "block");
+    uint8_t *scratch = NULL;
+    size_t scratch_cap = 0;
     for (size_t i = 0; i < keys.n && getb && !st->sql_rc; i++) {
         sqlite3_reset(getb);
         sqlite3_bind_int64(getb, 1, keys.v[i]);
@@ -1683,10 +2009,11 @@ static int check_records(kvt_store *st, checked *o)
             snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
             if (!forget_damage(st)) break;
             found_bad(st, o, keys.v[i], true, why);
-        } else if (check_block_row(getb, 0, (uint64_t)keys.v[i]) != KVT_OK) {
+        } else if (check_block_row(st, getb, 0, (uint64_t)keys.v[i], &scratch, &scratch_cap) != KVT_OK) {
             found_bad(st, o, keys.v[i], true, kvt_errmsg());
         }
     }
+    free(scratch);
     sqlite3_finalize(getb);
     bool oom = ids.oom || keys.oom || o->oom;
     free(ids.v);
@@ -1760,14 +2087,14 @@ static int store_gc(kvt_store *st)
         return rc ? rc : kvt_fail(KVT_EIO, "cache store: gc: damaged records");
     }
     for (size_t i = 0; i < o.bad && !o.oom && !st->sql_rc; i++)
-        quarantine(st, o.list[i].block ? -1 : o.list[i].id, o.list[i].block, (uint64_t)o.list[i].id, o.list[i].why);
+        quarantine(st, o.list[i].block ? -1 : o.list[i].id, o.list[i].block, (uint64_t)o.list[i].id, NULL, o.list[i].why);
     free(o.list);
     if (st->sql_rc) return sql_status(st);
     if ((rc = begin(st))) return rc;
     enforce_budget(st, -1);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap NOT IN (SELECT id FROM snaps)", 0, NULL);
     q(st, NULL, "UPDATE blocks SET refs = (SELECT COUNT(*) FROM snap_blocks WHERE snap_blocks.key = blocks.key)", 0, NULL);
-    q(st, NULL, "DELETE FROM blocks WHERE refs <= 0", 0, NULL);
+    delete_blocks(st, "DELETE FROM blocks WHERE refs <= 0 RETURNING seg, off, bytes", 0, NULL);
     totals was, now;
     bool repaired = resync_totals(st, &was, &now);
     flush_counters(st);
@@ -1884,7 +2211,9 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     kvt_snap_info in;
     kvt_wbuf out = {0};
     int rc = kvt_snap_parse_raw(sqlite3_column_blob(stmt, 0), (size_t)sqlite3_column_bytes(stmt, 0), &in);
-    if (!rc && !(blk = prep(st, "SELECT data FROM blocks WHERE key = ?", NULL))) rc = sql_status(st);
+    if (!rc && !(blk = prep(st, block_row_sql(st), NULL))) rc = sql_status(st);
+    uint8_t *scratch = NULL;
+    size_t scratch_cap = 0;
     /* the prefix's text: every block's text, then the tail's */
     for (uint32_t b = 0; !rc && b < in.nb; b++) {
         sqlite3_reset(blk);
@@ -1892,10 +2221,16 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
         const uint8_t *t;
         size_t tl;
         int s = step(st, blk, NULL);
+        bloc w;
         if (s != SQLITE_ROW) rc = s == SQLITE_DONE ? kvt_fail(KVT_EFORMAT, "block %u is missing", b) : sql_status(st);
-        else if (!(rc = kvt_snap_block_text(sqlite3_column_blob(blk, 0), (size_t)sqlite3_column_bytes(blk, 0), &t, &tl)))
+        else if (!row_bloc(blk, 2, 3, 0, &w)) rc = kvt_fail(KVT_EFORMAT, "block %u: its row's place is out of range", b);
+        else if (w.seg && (rc = read_bloc(st, &w, &scratch, &scratch_cap))) {
+        } else if (!(rc = w.seg ? kvt_snap_block_text(scratch, (size_t)w.bytes, &t, &tl)
+                                : kvt_snap_block_text(sqlite3_column_blob(blk, 1), (size_t)sqlite3_column_bytes(blk, 1),
+                                                      &t, &tl)))
             kvt_wbuf_put(&out, t, tl);
     }
+    free(scratch);
     if (!rc) {
         size_t n;
         const uint8_t *t = kvt_snap_text(&in, &n);

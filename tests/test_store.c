@@ -9,6 +9,7 @@
 #include "store.h"
 #include "util.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -245,6 +246,76 @@ static uint8_t *fetch(const char *dir, const char *sql, int64_t id, size_t *len)
     return out;
 }
 
+/* Where block key's record is: segment *seg (0: in its row's data) at
+ * *off, *bytes long; false when there is no such block. */
+static bool block_place(const char *dir, int64_t key, int64_t *seg, int64_t *off, int64_t *bytes)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *stmt = NULL;
+    bool found = false;
+    if (sqlite3_open(path, &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT COALESCE(seg, 0), COALESCE(off, 0), bytes FROM blocks WHERE key = ?", -1, &stmt,
+                           NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(stmt, 1, key);
+        if ((found = sqlite3_step(stmt) == SQLITE_ROW)) {
+            *seg = sqlite3_column_int64(stmt, 0);
+            *off = sqlite3_column_int64(stmt, 1);
+            *bytes = sqlite3_column_int64(stmt, 2);
+        }
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return found;
+}
+
+/* A block's record as stored (its segment's bytes, or its row's data). */
+static uint8_t *fetch_block(const char *dir, int64_t key, size_t *len)
+{
+    int64_t seg, off, bytes;
+    if (!block_place(dir, key, &seg, &off, &bytes)) return NULL;
+    if (!seg) return fetch(dir, "SELECT data FROM blocks WHERE key = ?", key, len);
+    char path[320];
+    snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
+    int fd = open(path, O_RDONLY);
+    uint8_t *p = malloc((size_t)bytes);
+    bool ok = fd >= 0 && p && pread(fd, p, (size_t)bytes, off) == bytes;
+    if (fd >= 0) close(fd);
+    if (!ok) { free(p); return NULL; }
+    *len = (size_t)bytes;
+    return p;
+}
+
+/* Replace a block's stored record: in place in its segment when it keeps
+ * its length; else in its row (and every snapshot then finds its blocks by
+ * key, as in a store of schema 1). */
+static void tamper_block(const char *dir, int64_t key, const uint8_t *data, size_t len)
+{
+    int64_t seg = 0, off = 0, bytes = 0;
+    if (block_place(dir, key, &seg, &off, &bytes) && seg && (size_t)bytes == len) {
+        char path[320];
+        snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
+        int fd = open(path, O_WRONLY);
+        if (fd >= 0) {
+            if (pwrite(fd, data, len, off) != (ssize_t)len) fprintf(stderr, "    tamper: short write\n");
+            close(fd);
+        }
+        return;
+    }
+    tamper(dir, "blocks", "key", key, data, len);
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_open(path, &db);
+    sqlite3_busy_timeout(db, 5000);
+    char sql[200];
+    snprintf(sql, sizeof sql, "UPDATE blocks SET seg = NULL, off = NULL WHERE key = %lld; UPDATE snaps SET locs = NULL",
+             (long long)key);
+    sqlite3_exec(db, sql, NULL, NULL, NULL);
+    sqlite3_close(db);
+}
+
 /* Save one snapshot of t[0..n) into a fresh store; returns its id. */
 static int64_t fresh_store(kvt_model *m, const char *dir, const int32_t *t, size_t n)
 {
@@ -293,7 +364,7 @@ TEST(store_corruption_and_truncation)
         CHECK_OK(kvt_snap_parse_raw(rec, len, &in));
         key = (int64_t)kvt_rd64(in.sec[6] + 8); /* block 1 */
     }
-    uint8_t *blk = fetch(dir, "SELECT data FROM blocks WHERE key = ?", key, &blen);
+    uint8_t *blk = fetch_block(dir, key, &blen);
     CHECK(rec && blk);
     /* the same record without its state, as the store keeps an extended one */
     kvt_wbuf thin = {0};
@@ -317,7 +388,8 @@ TEST(store_corruption_and_truncation)
             int64_t fid = fresh_store(m, dir, t, N);
             memcpy(bad, src, n);
             bad[pos] ^= (uint8_t)(1u << (kvt_test_rand(&seed) % 8));
-            tamper(dir, which == 1 ? "blocks" : "snaps", which == 1 ? "key" : "id", which == 1 ? key : fid, bad, n);
+            if (which == 1) tamper_block(dir, key, bad, n);
+            else tamper(dir, "snaps", "id", fid, bad, n);
             int rc;
             CHECKF(refused(m, dir, fid, &rc), "%s flip at %zu of %zu loaded",
                    which == 1 ? "block" : which == 2 ? "stateless record" : "record", pos, n);
@@ -838,13 +910,19 @@ TEST(store_pipelined_load_failures)
         int64_t gone = cases[c][1] >= 0 ? block_key(dir, id, cases[c][1]) : 0;
         if (cases[c][0] >= 0) {
             size_t len = 0;
-            uint8_t *b = fetch(dir, "SELECT data FROM blocks WHERE key = ?", damaged, &len);
+            uint8_t *b = fetch_block(dir, damaged, &len);
             CHECK(b && len > 1000);
             b[len / 2] ^= 0x10;
-            tamper(dir, "blocks", "key", damaged, b, len);
+            tamper_block(dir, damaged, b, len);
             free(b);
         }
-        if (cases[c][1] >= 0) {
+        if (cases[c][1] >= 0) { /* the row gone, and its bytes as a removal that released them leaves them */
+            size_t len = 0;
+            uint8_t *b = fetch_block(dir, gone, &len);
+            CHECK(b);
+            memset(b, 0, len);
+            tamper_block(dir, gone, b, len);
+            free(b);
             snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE key = %lld", (long long)gone);
             CHECK(raw_exec(dir, sql));
         }
@@ -872,7 +950,7 @@ TEST(store_pipelined_load_failures)
             free(e);
             int64_t k = bad == cases[c][0] ? damaged : gone;
             size_t blen = 0;
-            uint8_t *still = fetch(dir, "SELECT data FROM blocks WHERE key = ?", k, &blen);
+            uint8_t *still = fetch_block(dir, k, &blen);
             CHECKF(ne == 0 && !still, "case %zu: %zu entries left, block %d %s", c, ne, bad, still ? "kept" : "gone");
             free(still);
         }

@@ -1,0 +1,56 @@
+/* The disk tier's segment files: where block records live (docs/STORE.md).
+ *
+ * DIR/kvtier.db-seg<N> (N >= 1) are append-only files of block records laid
+ * end to end; the database says where each block is (seg, off, bytes). A
+ * save appends its new blocks to the current segment and syncs it before
+ * the transaction that names them commits, so a committed row never points
+ * at bytes the disk may not hold. A load reads a snapshot's blocks with one
+ * read each, in order, from ranges that are contiguous when they were saved
+ * together. Space of removed blocks is given back to the file system (holes
+ * punched, a segment without blocks deleted).
+ *
+ * Writes, syncs and reads go through SQLite's default VFS, so a VFS shim
+ * that models a disk (tests/test_store_power.c) sees them as it sees the
+ * database's. Only the hints (read-ahead, holes) use a file descriptor of
+ * their own. Callers serialise writers (the database's write lock). */
+#ifndef KVT_SEGMENTS_H
+#define KVT_SEGMENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvt_segs kvt_segs;
+
+/* The segments beside the database at db_path; NULL when out of memory. */
+kvt_segs *kvt_segs_new(const char *db_path);
+void kvt_segs_free(kvt_segs *g);
+/* Close every open segment (another process may have removed or replaced
+ * them); the next call opens them again. */
+void kvt_segs_close_all(kvt_segs *g);
+
+/* len bytes at off of segment seg. KVT_EFORMAT when the segment or the
+ * range is missing (a block that is not there), KVT_EIO on a read error. */
+int kvt_segs_read(kvt_segs *g, uint32_t seg, uint64_t off, void *p, size_t len);
+/* Ask the kernel to start reading [off, off + len) of seg (best effort). */
+void kvt_segs_prefetch(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len);
+
+/* The segment's size in bytes (0 when it does not exist). */
+int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size);
+/* Write len bytes at off of seg (created when missing). KVT_EIO on failure,
+ * "disk full" in its message when the disk (or the cap, kvt_segs_cap) is. */
+int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len);
+/* Sync every segment written since the last sync (a new one's directory
+ * entry too). */
+int kvt_segs_sync(kvt_segs *g);
+/* Cut seg back to size bytes (the tail a failed or interrupted save left). */
+int kvt_segs_truncate(kvt_segs *g, uint32_t seg, uint64_t size);
+/* Give the file system back the whole pages inside [off, off + len) of seg
+ * (best effort: the bytes are no longer referenced). */
+void kvt_segs_release(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len);
+/* Delete seg. */
+int kvt_segs_remove(kvt_segs *g, uint32_t seg);
+/* Tests: writes that would take the segments past `bytes` in all fail as on
+ * a full disk (0: no cap). */
+void kvt_segs_cap(kvt_segs *g, uint64_t bytes);
+
+#endif
