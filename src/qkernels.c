@@ -9,10 +9,18 @@
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
  *
- * Weights of 32 elements (Q8_0, Q4_0, IQ4_NL, MXFP4) are unpacked a block
- * at a time into int8 values (Q4_0: nibble - 8; IQ4_NL and MXFP4: ggml's
- * value tables, the MXFP4 scale halved for its doubled table, as quant.c)
- * and take the Q8_0 scheme above.
+ * Weights of 32 elements (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1, Q5_1) are
+ * unpacked a block at a time into int8 values (Q4_0: nibble - 8; Q5_0: the
+ * 5-bit q - 16; IQ4_NL and MXFP4: ggml's value tables, the MXFP4 scale
+ * halved for its doubled table, as quant.c; Q4_1 and Q5_1: the unsigned
+ * nibble or 5-bit q) and take the Q8_0 scheme above. Q4_1 and Q5_1 add
+ * their block minimum m_w: sum_i (d_w q_i + m_w) d_x x_i =
+ * d_w d_x sum q_i x_i + m_w d_x sum x_i, so each lane j also takes the exact
+ * integer sum sx_j of its 4 activation values and, after its product term,
+ * l_j = fma(m_w * d_x, sx_j, l_j). m_w is an f16 and d_x an f16-rounded
+ * f32, so m_w * d_x is exact in f32 like d_w * d_x. The activations are the
+ * same as for every 32-element type (llama.cpp's Q8_1 instead stores
+ * d_x * sum x_i rounded to f16).
  *
  * Weights are the GGUF's blocks as they are (quant.h spells out each
  * layout). A K-quant superblock's dot product is two exact integers, the
@@ -41,11 +49,16 @@
 #define IQ4XS_BYTES 136
 
 /* The 32-element weight types on the Q8_0 lane scheme: each block gives
- * int8 values (in [-127, 127]) and an exact f32 scale. */
+ * int8 values (in [-127, 127]), an exact f32 scale and, for Q4_1 and Q5_1,
+ * an exact f32 minimum. */
 static bool b32_type(uint32_t wtype)
 {
-    return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_0 || wtype == KVT_GGML_IQ4_NL || wtype == KVT_GGML_MXFP4;
+    return wtype == KVT_GGML_Q8_0 || wtype == KVT_GGML_Q4_0 || wtype == KVT_GGML_Q5_0 || wtype == KVT_GGML_IQ4_NL ||
+           wtype == KVT_GGML_MXFP4 || wtype == KVT_GGML_Q4_1 || wtype == KVT_GGML_Q5_1;
 }
+
+/* The types with a block minimum (d * q + m). */
+static inline bool b32_min(uint32_t wtype) { return wtype == KVT_GGML_Q4_1 || wtype == KVT_GGML_Q5_1; }
 
 static bool k_type(uint32_t wtype)
 {
@@ -232,8 +245,17 @@ static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -
 
 static size_t b32_bytes(uint32_t t)
 {
-    return t == KVT_GGML_Q8_0 ? 34 : t == KVT_GGML_MXFP4 ? 17 : 18;
+    return t == KVT_GGML_Q8_0 ? 34 : t == KVT_GGML_MXFP4 ? 17 : t == KVT_GGML_Q4_1 ? 20 : t == KVT_GGML_Q5_0 ? 22
+         : t == KVT_GGML_Q5_1 ? 24 : 18;
 }
+
+/* Where a block's nibbles start, and its u32 of fifth bits (Q5_0, Q5_1). */
+static inline size_t b32_qs_at(uint32_t t)
+{
+    return t == KVT_GGML_MXFP4 ? 1 : t == KVT_GGML_Q4_1 ? 4 : t == KVT_GGML_Q5_0 ? 6 : t == KVT_GGML_Q5_1 ? 8 : 2;
+}
+static inline bool b32_q5(uint32_t t) { return t == KVT_GGML_Q5_0 || t == KVT_GGML_Q5_1; }
+static inline size_t b32_qh_at(uint32_t t) { return t == KVT_GGML_Q5_0 ? 2 : 4; }
 
 /* A block's scale, exactly as quant.c dequantises it. */
 static inline float b32_scale(uint32_t t, const uint8_t *wb)
@@ -242,14 +264,20 @@ static inline float b32_scale(uint32_t t, const uint8_t *wb)
 }
 
 /* A block's 32 int8 values: element j < 16 in the low nibble of byte j,
- * j + 16 in its high nibble (q8_0: the bytes themselves). */
+ * j + 16 in its high nibble, and for Q5_0 and Q5_1 bit j of qh as element
+ * j's fifth bit (q8_0: the bytes themselves). */
 static inline void b32_values(uint32_t t, const uint8_t *wb, int8_t *q)
 {
     if (t == KVT_GGML_Q8_0) { memcpy(q, wb + 2, 32); return; }
-    const uint8_t *qs = wb + (t == KVT_GGML_MXFP4 ? 1 : 2);
+    const uint8_t *qs = wb + b32_qs_at(t);
+    uint32_t qh = b32_q5(t) ? kvt_rd32(wb + b32_qh_at(t)) : 0;
     for (int j = 0; j < 16; j++) {
         int lo = qs[j] & 15, hi = qs[j] >> 4;
+        int lo5 = lo | (int)(qh >> j & 1) << 4, hi5 = hi | (int)(qh >> (j + 16) & 1) << 4;
         if (t == KVT_GGML_Q4_0) q[j] = (int8_t)(lo - 8), q[j + 16] = (int8_t)(hi - 8);
+        else if (t == KVT_GGML_Q5_0) q[j] = (int8_t)(lo5 - 16), q[j + 16] = (int8_t)(hi5 - 16);
+        else if (t == KVT_GGML_Q4_1) q[j] = (int8_t)lo, q[j + 16] = (int8_t)hi;
+        else if (t == KVT_GGML_Q5_1) q[j] = (int8_t)lo5, q[j + 16] = (int8_t)hi5;
         else if (t == KVT_GGML_IQ4_NL) q[j] = iq4nl_levels[lo], q[j + 16] = iq4nl_levels[hi];
         else q[j] = e2m1_x2[lo], q[j + 16] = e2m1_x2[hi];
     }
@@ -269,10 +297,15 @@ static void q8_scalar(uint32_t wt, int R, int T, const uint8_t *const *w, const 
                 b32_values(wt, wb, wq);
                 const int8_t *xq = qx[t] + b * QK;
                 float s = b32_scale(wt, wb) * dx[t][b];
+                float sm = b32_min(wt) ? kvt_f16_to_f32(kvt_rd16(wb + 2)) * dx[t][b] : 0;
                 for (int j = 0; j < 8; j++) {
-                    int32_t p = 0;
+                    int32_t p = 0, sx = 0;
                     for (int k = 0; k < 4; k++) p += (int32_t)wq[4 * j + k] * xq[4 * j + k];
                     l[j] = fmaf(s, (float)p, l[j]);
+                    if (b32_min(wt)) {
+                        for (int k = 0; k < 4; k++) sx += xq[4 * j + k];
+                        l[j] = fmaf(sm, (float)sx, l[j]);
+                    }
                 }
             }
             out[(size_t)t * ldo + (size_t)r] = hsum8(l);
@@ -288,39 +321,65 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
     __m256 acc[4][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+    const bool mins = b32_min(wt);
     for (size_t b = 0; b < nb; b++) {
         __m256i wv[4], aw[4];
-        float dw[4];
+        __m256 dw[4], mw[4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const uint8_t *wb = w[r] + b * b32_bytes(wt);
             if (wt == KVT_GGML_Q8_0) {
                 wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
             } else {
-                __m128i v = _mm_loadu_si128((const __m128i *)(wb + (wt == KVT_GGML_MXFP4 ? 1 : 2)));
+                __m128i v = _mm_loadu_si128((const __m128i *)(wb + b32_qs_at(wt)));
                 const __m128i m4 = _mm_set1_epi8(15);
                 __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+                if (b32_q5(wt)) {
+                    /* byte j of qh's broadcast picks byte j / 8 of qh, and
+                     * every bit but j % 8 is set, so byte j is all ones iff
+                     * bit j is set; its 0x10 is element j's fifth bit */
+                    uint32_t qh = kvt_rd32(wb + b32_qh_at(wt));
+                    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                           0x0101010101010101, 0x0000000000000000);
+                    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+                    hb = _mm256_or_si256(hb, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+                    hb = _mm256_cmpeq_epi8(hb, _mm256_set1_epi64x(-1));
+                    nib = _mm256_or_si256(nib, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+                }
                 if (wt == KVT_GGML_Q4_0) wv[r] = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+                else if (wt == KVT_GGML_Q5_0) wv[r] = _mm256_sub_epi8(nib, _mm256_set1_epi8(16));
+                else if (mins) wv[r] = nib;
                 else {
                     __m128i tab = _mm_loadu_si128((const __m128i *)(wt == KVT_GGML_IQ4_NL ? iq4nl_levels : e2m1_x2));
                     wv[r] = _mm256_shuffle_epi8(_mm256_set_m128i(tab, tab), nib);
                 }
             }
-            aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
-            dw[r] = wt == KVT_GGML_MXFP4 ? ldexpf(1.0f, (int)wb[0] - 128) : _cvtsh_ss(kvt_rd16(wb));
+            /* unsigned values go to maddubs as they are; signed ones as
+             * |w| against x carrying w's sign */
+            aw[r] = mins ? wv[r] : _mm256_sign_epi8(wv[r], wv[r]);
+            /* the scales, broadcast: d_w * d_x below is the scalar path's
+             * one multiply, lane by lane */
+            dw[r] = wt == KVT_GGML_MXFP4 ? _mm256_set1_ps(ldexpf(1.0f, (int)wb[0] - 128))
+                                         : _mm256_cvtph_ps(_mm_set1_epi16((short)kvt_rd16(wb)));
+            mw[r] = mins ? _mm256_cvtph_ps(_mm_set1_epi16((short)kvt_rd16(wb + 2))) : _mm256_setzero_ps();
         }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[t] + b * QK));
-            float d = dx[t][b];
+            __m256 d = _mm256_broadcast_ss(dx[t] + b);
+            /* lane j's sum of x (elements 4j .. 4j+3) */
+            __m256 sx = mins ? _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones))
+                             : _mm256_setzero_ps();
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                __m256i p16 = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
+                __m256i p16 = _mm256_maddubs_epi16(aw[r], mins ? xv : _mm256_sign_epi8(xv, wv[r]));
                 __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * d), p, acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], d), p, acc[r][t]);
+                if (mins) acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(mw[r], d), sx, acc[r][t]);
             }
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
+    /* unrolled too, so that acc stays in registers */
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             float l[8];
             _mm256_storeu_ps(l, acc[r][t]);
             out[(size_t)t * ldo + (size_t)r] = hsum8(l);
@@ -339,16 +398,22 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
 #define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_4x1, wt, 4, 1) Q8_TILE(tn##_1x1, wt, 1, 1)
 Q8_TILES(q8_0, KVT_GGML_Q8_0)
 Q8_TILES(q4_0, KVT_GGML_Q4_0)
+Q8_TILES(q5_0, KVT_GGML_Q5_0)
 Q8_TILES(iq4_nl, KVT_GGML_IQ4_NL)
 Q8_TILES(mxfp4, KVT_GGML_MXFP4)
+Q8_TILES(q4_1, KVT_GGML_Q4_1)
+Q8_TILES(q5_1, KVT_GGML_Q5_1)
 
 typedef void (*q8_tile_fn)(const uint8_t *const *, const float *const *, const int8_t *const *, size_t, float *,
                            size_t);
 static const struct { uint32_t wt; q8_tile_fn t2x4, t4x1, t1x1; } q8_tiles[] = {
     {KVT_GGML_Q8_0, q8_0_2x4, q8_0_4x1, q8_0_1x1},
     {KVT_GGML_Q4_0, q4_0_2x4, q4_0_4x1, q4_0_1x1},
+    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_4x1, q5_0_1x1},
     {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_4x1, iq4_nl_1x1},
     {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_4x1, mxfp4_1x1},
+    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_4x1, q4_1_1x1},
+    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_4x1, q5_1_1x1},
 };
 #endif
 

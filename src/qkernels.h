@@ -1,13 +1,19 @@
-/* Integer kernels for quantised weights. A matmul over weights of such a
- * type first quantises each token's activations on its own (as llama.cpp
- * does: Q8_0 blocks of 32 for the 32-element weight types), then every
- * output is a dot product of integer blocks:
+/* Integer kernels for quantised weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * IQ4_NL and MXFP4 (blocks of 32), Q4_K, Q5_K, Q6_K and IQ4_XS (superblocks
+ * of 256). A matmul over weights of such a type first quantises each
+ * token's activations on its own (as llama.cpp does: Q8_0 blocks of 32 for
+ * the 32-element weight types, the int8 values of llama.cpp's Q8_1 for Q4_1
+ * and Q5_1 too), then every output is a dot product of integer blocks:
  *
  *   For each block b, the products of the 32 int8 pairs are summed in
  *   exact integers into 8 partial sums (lane j: elements 4j .. 4j+3); each
  *   lane accumulates d_w(b) * d_x(b) * partial(b, j) with a fused
  *   multiply-add in increasing b (the scale product is exact in f32); the
- *   8 lanes are summed in a fixed tree.
+ *   8 lanes are summed in a fixed tree. For Q4_1 and Q5_1 (d_w * q + m_w)
+ *   each lane then also accumulates m_w(b) * d_x(b) * sx(b, j), sx the
+ *   exact sum of the lane's 4 activation values, with a second fused
+ *   multiply-add (m_w is an f16 and d_x an f16-rounded f32, so m_w * d_x,
+ *   like d_w * d_x, has at most 22 significant bits and is exact in f32).
  *
  * The AVX2 path (maddubs/madd) and the scalar path compute the same
  * integers and the same float operations in the same order, so they agree

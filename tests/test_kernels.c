@@ -114,7 +114,8 @@ TEST(kernels_matmul_batch_and_threads)
     CHECK(one == 1);
 }
 
-/* Random blocks of an integer weight type with sane f16 scales. */
+/* Random blocks of an integer weight type with sane f16 scales; Q4_1 and
+ * Q5_1 get a negative minimum of up to the block's range, as ggml's is. */
 static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uint64_t *st)
 {
     size_t blk, bytes;
@@ -129,22 +130,29 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
         if (type == KVT_GGML_MXFP4) { q[0] = (uint8_t)(120 + kvt_test_rand(st) % 4); continue; }
         q[at] = (uint8_t)d, q[at + 1] = (uint8_t)(d >> 8);
         if (type == KVT_GGML_Q4_K || type == KVT_GGML_Q5_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
+        if (type == KVT_GGML_Q4_1 || type == KVT_GGML_Q5_1) {
+            float dv = kvt_f16_to_f32(d), qmax = type == KVT_GGML_Q4_1 ? 15.0f : 31.0f;
+            m = kvt_f32_to_f16(-dv * qmax * fabsf(frand(st)));
+            q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
+        }
     }
 }
 
-/* The integer kernels (qkernels.h: Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K,
- * Q6_K, IQ4_XS): scalar and SIMD give the same bits, a
+/* The integer kernels (qkernels.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+ * MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS): scalar and SIMD give the same bits, a
  * token's outputs do not depend on the batch or the threads, and each output
  * is within the activations' rounding of the exact dot product of the
  * dequantised weights with x: the per-token quantisation moves element i by
  * at most d_x / 2 (d_x its block's scale, amax / 127), so
  * |y - w.x| <= sum_i |w_i| d_x(i) / 2, plus float rounding (1e-5 relative).
- * Negative control: with row 0's block scales doubled, its large outputs
- * leave the bound. */
+ * Negative control: with row 0's block scales doubled (Q4_1, Q5_1: and
+ * their minima, so that the row doubles), its large outputs leave the
+ * bound. */
 TEST(kernels_integer_types)
 {
-    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4,
-                              KVT_GGML_Q4_K, KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS};
+    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_Q4_1, KVT_GGML_Q5_0,
+                              KVT_GGML_Q5_1, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4, KVT_GGML_Q4_K,
+                              KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS};
     enum { DI = 768, DO = 13, NB = 7 };
     uint64_t st = kvt_test_seed("kernels_integer_types");
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -177,9 +185,16 @@ TEST(kernels_integer_types)
         /* f16: exponent + 1 (bit 2 of the high byte); E8M0: + 1 */
         size_t hi = type == KVT_GGML_MXFP4 ? 0 : at + 1;
         uint8_t step = type == KVT_GGML_MXFP4 ? 1 : 4;
-        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] + step);
+        bool mins = type == KVT_GGML_Q4_1 || type == KVT_GGML_Q5_1; /* the minimum's high byte: 3 */
+        for (size_t b = 0; b < DI / belems; b++) {
+            W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] + step);
+            if (mins) W[b * bbytes + 3] = (uint8_t)(W[b * bbytes + 3] + step);
+        }
         kvt_matmul_w(NULL, yc, &m, x, NB, qx);
-        for (size_t b = 0; b < DI / belems; b++) W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] - step);
+        for (size_t b = 0; b < DI / belems; b++) {
+            W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] - step);
+            if (mins) W[b * bbytes + 3] = (uint8_t)(W[b * bbytes + 3] - step);
+        }
         size_t blk = belems, off = 0, n_bad = 0, n_ctl = 0;
         double worst = 0;
         for (int i = 0; i < NB; i++)

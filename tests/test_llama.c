@@ -389,10 +389,38 @@ TEST(llama_bad_token_and_model_errors)
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 
+/* One block of 32 as Q5_0 (q = round(x / d) + 16, d = -max / 16, max the
+ * value of largest magnitude) or, with mins, Q4_1 / Q5_1 (q = round((x -
+ * min) / d), d = (max - min) / (2^bits - 1)), as ggml's reference
+ * quantisers; p gets the block's bytes. */
+static void quant_b32(const float *x, uint8_t *p, int bits, bool mins)
+{
+    float lo = x[0], hi = x[0], amax = 0, mx = 0;
+    for (int j = 0; j < 32; j++) {
+        lo = x[j] < lo ? x[j] : lo, hi = x[j] > hi ? x[j] : hi;
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), mx = x[j];
+    }
+    int qmax = (1 << bits) - 1;
+    float d = mins ? (hi - lo) / (float)qmax : mx / -16.0f, id = d ? 1.0f / d : 0;
+    put16(p, kvt_f32_to_f16(d));
+    if (mins) put16(p + 2, kvt_f32_to_f16(lo));
+    uint8_t *qs = p + (mins ? 4 : 2) + (bits == 5 ? 4 : 0);
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) {
+        int q = mins ? (int)((x[j] - lo) * id + 0.5f) : (int)(x[j] * id + 16.5f);
+        q = q > qmax ? qmax : q;
+        if (j < 16) qs[j] = (uint8_t)(q & 15);
+        else qs[j - 16] |= (uint8_t)((q & 15) << 4);
+        qh |= (uint32_t)(q >> 4 & 1) << j;
+    }
+    if (bits == 5) memcpy(p + (mins ? 4 : 2), &qh, 4);
+}
+
 /* A copy of the GGUF at src whose matrices (2-D tensors whose rows are
  * whole 32-blocks) are in type, quantised here (Q8_0: the nearest of 255
- * steps of the block's largest magnitude); with back_to_f32 every such
- * matrix is then dequantised again and stored as f32. Vectors stay f32. */
+ * steps of the block's largest magnitude; Q4_1, Q5_0, Q5_1: quant_b32);
+ * with back_to_f32 every such matrix is then dequantised again and stored
+ * as f32. Vectors stay f32. */
 static int retype(const char *src, const char *dst, uint32_t type, bool back_to_f32)
 {
     kvt_gguf *g = NULL;
@@ -420,6 +448,9 @@ static int retype(const char *src, const char *dst, uint32_t type, bool back_to_
                     memcpy(&u, &x[j], 4);
                     put16(q + 2 * (32 * b + j), (uint16_t)((u + 0x7fff + (u >> 16 & 1)) >> 16));
                 }
+            } else if (type != KVT_GGML_Q8_0) {
+                bool mins = type != KVT_GGML_Q5_0;
+                quant_b32(x, q + kvt_ggml_type_size(type, 32) * b, type == KVT_GGML_Q4_1 ? 4 : 5, mins);
             } else { /* Q8_0 */
                 float amax = 0;
                 for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
@@ -450,11 +481,12 @@ static int retype(const char *src, const char *dst, uint32_t type, bool back_to_
     return rc;
 }
 
-/* A model whose matrices are F16, BF16 or Q8_0 runs on them in place and
- * gives the logits and cache bytes of the same model with those matrices
+/* A model whose matrices are F16 or BF16 runs on them in place and gives
+ * the logits and cache bytes of the same model with those matrices
  * dequantised to f32, bit for bit: dequantisation is exact and the matmul
- * reduces in the same order whatever the type. Every schedule, thread count
- * and the scalar path agree too. */
+ * reduces in the same order whatever the type. Q8_0, Q4_1, Q5_0 and Q5_1 run
+ * on the integer kernels: within the activations' rounding of the f32
+ * copy. Every schedule, thread count and the scalar path agree too. */
 TEST(llama_weights_in_place_every_type)
 {
     const char *p = kvt_test_shared(STORIES);
@@ -464,7 +496,8 @@ TEST(llama_weights_in_place_every_type)
     enum { N = 300 };
     int32_t t[N];
     seq(t, N, 11);
-    const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_Q8_0};
+    const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_Q8_0,
+                              KVT_GGML_Q4_1, KVT_GGML_Q5_0, KVT_GGML_Q5_1};
     const uint32_t odd[] = {4, 1, 7, 12};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         const char *name = kvt_ggml_type_name(types[k]);

@@ -570,25 +570,31 @@ static bool passes(const cmp_out *c, double tol_rel)
  *         to 8 bits (Q8_0 blocks of 32 for q8_0/q4_0/q5_0/iq4_nl, Q8_1 for
  *         q4_1/q5_1, Q8_K blocks of 256 for the K-quants and iq4_xs): a
  *         rounding noise of up to amax/254 per element in every matmul of
- *         every layer. kvtier either runs them in f32 (dequantised weights,
- *         exact activations) or, for its integer types ("(int)" in the
- *         report), quantises the activations the same way, which agrees
- *         with llama.cpp to 1e-5 for the first 3 - 69 positions and then
- *         diverges: one activation that rounds the other
- *         way (the f32 differences above put a few near a rounding edge)
- *         reaches every later token through the cache, and each later
- *         re-quantisation it perturbs rounds more elements apart, so from
- *         then on the difference is that of two independent rounding noises.
- *         Both ways the difference is this noise: rms 0.003 - 0.009,
- *         max 1.2e-2 (q8_0) .. 3.6e-2 (iq4_xs) of max |logit| over three
- *         measurements (three prompts, two sets of weights; the worst per type
- *         was never more than 1.5x its best). TOL_Q = 7e-2, 2x the worst:
- *         a maximum over 9.6M values is a 6-7 sigma tail and moves with the
- *         weights, the prompt and the CPU variant ggml picks, and a type
- *         that moves to kvtier's integer kernels changes one noise for
- *         another (q4_0, q5_K, iq4_nl and iq4_xs did, between two runs:
- *         their figures stayed in the same band). Both negative controls
- *         are 6x - 20x beyond it.
+ *         every layer. kvtier runs every type here on its integer kernels
+ *         ("(int)" in the report) and quantises the activations the same
+ *         way: Q8_0 blocks for all the 32-element types, whose int8 values
+ *         are Q8_1's too; Q8_1's other field, d * sum rounded to f16, is
+ *         for q4_1 and q5_1 an exact integer sum per lane times d_x in
+ *         kvtier, so their minimum terms round apart from the first
+ *         position. The logits agree with llama.cpp's to 1e-5 for the
+ *         first 0 - 69 positions (0 for q4_1, q5_0 and q5_1, and for q4_0
+ *         under most seeds) and then diverge: one activation that rounds
+ *         the other way (the f32 differences above put a few near a
+ *         rounding edge) reaches every later token through the cache, and
+ *         each later re-quantisation it perturbs rounds more elements
+ *         apart, so from then on the difference is that of two independent
+ *         rounding noises. The difference is this noise: rms 0.003 -
+ *         0.009, max 1.2e-2 (q8_0) .. 3.6e-2 (iq4_xs) of max |logit| over
+ *         three measurements (three prompts, two sets of weights; the worst
+ *         per type was never more than 1.5x its best). TOL_Q = 7e-2, 2x the
+ *         worst: a maximum over 9.6M values is a 6-7 sigma tail and moves
+ *         with the weights, the prompt and the CPU variant ggml picks, and
+ *         a type that moves from the f32 path (dequantised weights, exact
+ *         activations) to kvtier's integer kernels changes one noise for
+ *         another (q4_0, q5_K, iq4_nl and iq4_xs did, between two runs, and
+ *         later q4_1, q5_0 and q5_1: 2.5e-2 -> 2.2e-2, 2.3e-2 -> 1.9e-2 and
+ *         2.8e-2 -> 2.5e-2; all stayed in the same band). Both negative
+ *         controls are 6x - 20x beyond it.
  *
  * The top-1 check counts a position when llama.cpp's top-1 leads its
  * top-2 by more than the type's tolerance (times max |logit|): there
@@ -604,7 +610,7 @@ static bool passes(const cmp_out *c, double tol_rel)
 /* The types: llama.cpp's ftype, and whether kvtier must run it (the types it
  * has long run in place, tests/test_llama.c); a refusal of any other type is
  * reported and counted. None needs fewer tokens: kvtier's slowest, the f32
- * file and the dequantising fallback for q4_1, take 2 - 4 s for the 300. */
+ * file, takes 2 - 4 s for the 300. */
 static const struct ptype {
     const char *name;
     int ftype;               /* enum llama_ftype (llama.h); -1: the F32 source itself */
