@@ -5,7 +5,8 @@
  *      fresh process; the exchange rate prefill / load; and the load's
  *      throughput as a fraction of reading the same number of bytes from a
  *      file with plain read() in the same run; each warm (the files in the
- *      page cache) and cold (dropped from it first).
+ *      page cache) and cold (dropped from it first); and the load into a
+ *      live session, whose rows an earlier load allocated.
  *   2. Lookup of a 131072-token prompt in a store holding 10,000 snapshots
  *      (--quick: 2,000), steady and as the first lookup after a save; and
  *      the time to populate that store, with the cost of its last saves
@@ -21,6 +22,7 @@
 #include "store.h"
 #include "kvtier.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -65,16 +67,19 @@ static void rm_rf(const char *dir)
     if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
 }
 
+/* Bytes of the store's files: the database, its WAL and its segments. */
 static uint64_t dir_bytes(const char *dir)
 {
     char path[600];
     uint64_t total = 0;
-    const char *names[] = {"kvtier.db", "kvtier.db-wal"};
-    for (int i = 0; i < 2; i++) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
         struct stat st;
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (strncmp(e->d_name, "kvtier.db", 9) || strstr(e->d_name, "-shm")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (stat(path, &st) == 0) total += (uint64_t)st.st_size;
     }
+    if (d) closedir(d);
     return total;
 }
 
@@ -110,6 +115,9 @@ static double load_in_child(const char *dir, const int32_t *t, size_t n, uint32_
                 out[0] = now() - t0;
                 out[1] = (double)r;
             }
+            /* a process that ends cleanly closes its store (checkpointing
+             * its WAL), so the next one opens no WAL left to recover */
+            kvt_store_close(st);
         }
         if (write(fd[1], out, sizeof out) != sizeof out) _exit(1);
         _exit(0);
@@ -139,13 +147,15 @@ static bool drop_cached(const char *path)
 static bool drop_store(const char *dir)
 {
     char path[600];
-    const char *names[] = {"kvtier.db", "kvtier.db-wal", "kvtier.db-shm"};
     bool ok = true;
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "kvtier.db", 9)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         ok &= drop_cached(path);
     }
-    return ok;
+    if (d) closedir(d);
+    return ok && d;
 }
 
 /* Plain read() of `bytes` bytes from a fresh file, as the baseline: the best
@@ -219,7 +229,7 @@ int kvt_bench_store(const char *csv_path, bool quick)
     st = NULL;
     uint64_t bytes = dir_bytes(dir);
     row("persist", persist, "s", "one transaction, synchronous=FULL");
-    row("persisted bytes", (double)bytes, "B", "database + WAL");
+    row("persisted bytes", (double)bytes, "B", "database, WAL and segments");
     row("persisted bytes per token", (double)bytes / (double)N, "B", "ds4-mini compressed rows are 147 B/token");
     /* The fastest of LOADS fresh processes, warm and cold: a single load on a
      * shared VM is now and then 3 to 5 times its usual time (huge-page
@@ -248,6 +258,30 @@ int kvt_bench_store(const char *csv_path, bool quick)
     snprintf(note, sizeof note, "plain read() of %llu B from the device takes %.4f s", (unsigned long long)bytes,
              rd_cold);
     row("cold load throughput / cold read()", rd_cold / load_cold, "ratio", note);
+    /* A live process switching a session between conversations: the store
+     * open, the session's rows allocated by its earlier loads (the spare
+     * arena, cache.h). Each load empties the session and loads again. */
+    {
+        kvt_session *live = NULL;
+        size_t r = 0;
+        double best = 1e9;
+        if (kvt_store_open(&st, dir, 0) || kvt_session_new(&live, m, &so) || kvt_store_restore_prefix(st, live, t, N, &r) ||
+            r != N)
+            goto fail;
+        for (int k = 0; k < LOADS; k++) {
+            t0 = now();
+            if (kvt_store_restore_prefix(st, live, t, N, &r) || r != N) { kvt_session_free(live); goto fail; }
+            double dt = now() - t0;
+            if (dt < best) best = dt;
+        }
+        kvt_session_free(live);
+        kvt_store_close(st);
+        st = NULL;
+        snprintf(note, sizeof note, "lookup, verify, restore into a session loaded before; store open; best of %d", LOADS);
+        row("load into a live session", best, "s", note);
+        snprintf(note, sizeof note, "plain read() of %llu B takes %.4f s", (unsigned long long)bytes, rd);
+        row("live load throughput / plain read()", rd / best, "ratio", note);
+    }
     /* 3. nested snapshots, saved as the conversation grows: a cold save at
      * 2K, then continued saves; each drops the state of the one it extends */
     size_t top = quick ? 8192 : 32768;

@@ -47,7 +47,13 @@ static void block_free(kvt_cache *c, uint8_t *p)
         kvt_arena *a = &c->arenas[i];
         if (p >= a->base && p < a->base + a->bytes) {
             if (--a->live == 0) {
-                free(a->base);
+                /* the largest emptied arena stays for the next load */
+                if (!c->spare.base || a->bytes > c->spare.bytes) {
+                    free(c->spare.base);
+                    c->spare = (kvt_arena){a->base, a->bytes, 0, 0};
+                } else {
+                    free(a->base);
+                }
                 c->arenas[i] = c->arenas[--c->n_arenas];
             }
             return;
@@ -67,6 +73,7 @@ void kvt_cache_free(kvt_cache *c)
     }
     for (size_t i = 0; i < c->n_arenas; i++) free(c->arenas[i].base);
     free(c->arenas);
+    free(c->spare.base);
     free(c->streams);
     free(c->state);
     free(c);
@@ -138,9 +145,17 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
     if (!g) return KVT_ENOMEM;
     c->arenas = g;
     uint8_t *base = NULL;
-    /* A large one on huge-page boundaries, so the kernel may back it with
-     * 2 MiB pages (one fault each instead of 512) */
-    if (bytes >= 2 * HUGE_PAGE) {
+    if (c->spare.base && c->spare.bytes < bytes) { /* too small: given back */
+        free(c->spare.base);
+        c->spare = (kvt_arena){0};
+    }
+    if (c->spare.base) { /* pages an earlier load touched */
+        base = c->spare.base;
+        bytes = c->spare.bytes;
+        c->spare = (kvt_arena){0};
+    } else if (bytes >= 2 * HUGE_PAGE) {
+        /* A large one on huge-page boundaries, so the kernel may back it
+         * with 2 MiB pages (one fault each instead of 512) */
         size_t up = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         if (posix_memalign((void **)&base, HUGE_PAGE, up) == 0) {
 #ifdef MADV_HUGEPAGE
@@ -174,5 +189,5 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
         for (size_t b = 0; b < st->n_blocks; b++)
             if (st->blocks[b]) total += (size_t)st->rows_per_block * st->row_bytes;
     }
-    return total;
+    return total + c->spare.bytes;
 }

@@ -45,6 +45,9 @@ typedef struct kvt_cache {
     kvt_stream *streams;     /* (n_streams) */
     kvt_arena *arenas;       /* (n_arenas) */
     size_t n_arenas;
+    kvt_arena spare;         /* the largest arena emptied (base NULL: none), kept for the
+                                next kvt_cache_reserve: a live session's next load writes
+                                into pages it has touched, not fresh ones */
     size_t max_tokens;       /* capacity in tokens (the context) */
     uint8_t *state;          /* (state_bytes) fixed-size state: window rings, frontiers */
     size_t state_bytes;
@@ -87,7 +90,7 @@ static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_t
  * used: they move to allocations of their own (rows are addressed through
  * the block table, never held across a truncation). */
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
-/* Bytes held in allocated blocks. */
+/* Bytes held in allocated blocks and in the spare arena. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);
 
 #endif

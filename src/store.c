@@ -86,8 +86,14 @@ struct kvt_store {
     size_t n_gone, cap_gone; /* removes: they leave the index when it commits */
     kvt_segs *segs;          /* the segment files (segments.h) */
     bool has_segs;           /* the database has the columns of schema 2 (seg, off, locs) */
-    bloc *freed;             /* (n_freed) segment ranges of the blocks the write */
+    bloc *freed;             /* (n_freed) segment ranges of the records the write */
     size_t n_freed, cap_freed; /* transaction in progress removes: released when it commits */
+    /* the write transaction's appends (seg_append): where the next goes,
+     * and where the segment ended before the first, to cut it back to if
+     * the transaction does not commit */
+    bool seg_open, seg_wrote;
+    uint32_t seg_cur;
+    uint64_t seg_end, seg_cut_at;
     const char *op;          /* the operation in progress, for messages */
     int sql_rc;              /* its first SQLite failure (0: none) and SQLite's */
     char sql_msg[400];       /* message for it */
@@ -184,12 +190,17 @@ static int exec(kvt_store *st, const char *sql)
 /* End a transaction without its changes (a read, or a write that failed). */
 static void rollback(kvt_store *st)
 {
+    /* the segment's bytes this transaction appended go, while its write
+     * lock still keeps other writers out */
+    if (st->seg_wrote && st->db && !sqlite3_get_autocommit(st->db))
+        kvt_segs_truncate(st->segs, st->seg_cur, st->seg_cut_at);
     if (st->db && !sqlite3_get_autocommit(st->db)) {
         int rc = sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
         if (rc != SQLITE_OK) sql_note(st, rc, "rollback");
     }
     st->n_gone = 0;
     st->n_freed = 0;
+    st->seg_open = st->seg_wrote = false;
     memset(st->flushing, 0, sizeof st->flushing);
 }
 
@@ -197,6 +208,7 @@ static int begin(kvt_store *st)
 {
     st->n_gone = 0;
     st->n_freed = 0;
+    st->seg_open = st->seg_wrote = false;
     memset(st->flushing, 0, sizeof st->flushing);
     return exec(st, "BEGIN IMMEDIATE");
 }
@@ -210,11 +222,19 @@ static void release_freed(kvt_store *st);
  * memory. */
 static int commit(kvt_store *st)
 {
+    /* the rows it commits name only bytes the disk holds */
+    if (!st->sql_rc && st->seg_wrote && st->durable && kvt_segs_sync(st->segs) != KVT_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", kvt_errmsg());
+        rollback(st);
+        return kvt_fail(KVT_EIO, "%s", why);
+    }
     if (!st->sql_rc) exec(st, "COMMIT");
     if (st->sql_rc) {
         rollback(st);
         return sql_status(st);
     }
+    st->seg_open = st->seg_wrote = false;
     for (size_t i = 0; i < st->n_gone; i++) index_remove(st, st->gone[i]);
     st->n_gone = 0;
     release_freed(st);
@@ -297,7 +317,7 @@ static const char *schema =
     "  head INTEGER NOT NULL, n_tokens INTEGER NOT NULL, tail INTEGER NOT NULL, n_blocks INTEGER NOT NULL,"
     "  reason TEXT NOT NULL, created REAL NOT NULL, last_used INTEGER NOT NULL, used_at REAL NOT NULL,"
     "  hits INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL, preview TEXT NOT NULL, data BLOB NOT NULL,"
-    "  replay INTEGER NOT NULL DEFAULT 0, locs BLOB, UNIQUE(head, n_tokens, tail));"
+    "  replay INTEGER NOT NULL DEFAULT 0, locs BLOB, rseg INTEGER, roff INTEGER, UNIQUE(head, n_tokens, tail));"
     "CREATE TABLE IF NOT EXISTS snap_blocks(snap INTEGER NOT NULL, idx INTEGER NOT NULL, key INTEGER NOT NULL,"
     "  PRIMARY KEY(snap, idx)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
@@ -314,6 +334,7 @@ static const char *schema =
  * damage). */
 static const char *schema_segs =
     "CREATE INDEX IF NOT EXISTS blocks_seg ON blocks(seg, off);"
+    "CREATE INDEX IF NOT EXISTS snaps_seg ON snaps(rseg, roff);"
     "INSERT OR IGNORE INTO meta(k, v) VALUES('seg', 1);"
     "UPDATE meta SET v = 2 WHERE k = 'schema' AND v = 1;";
 
@@ -357,9 +378,9 @@ static const char *schema_current =
     "SELECT (SELECT v FROM meta WHERE k = 'schema'), (SELECT COUNT(*) FROM totals),"
     " (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('totals_snap_add', 'totals_snap_del', 'totals_snap_size',"
     "   'totals_block_add', 'totals_block_del', 'totals_block_size', 'totals_ref_add', 'totals_ref_del', 'snaps_lru')),"
-    " (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name IN ('replay', 'locs'))"
+    " (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name IN ('replay', 'locs', 'rseg', 'roff'))"
     " + (SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name IN ('seg', 'off'))"
-    " + (SELECT COUNT(*) FROM sqlite_master WHERE name = 'blocks_seg')";
+    " + (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('blocks_seg', 'snaps_seg'))";
 
 static int mkdirs(const char *dir)
 {
@@ -417,7 +438,7 @@ static bool schema_is_current(kvt_store *st, int64_t *ver)
     if (step(st, stmt, "open") == SQLITE_ROW) {
         *ver = sqlite3_column_type(stmt, 0) == SQLITE_NULL ? -1 : sqlite3_column_int64(stmt, 0);
         current = *ver >= 0 && sqlite3_column_int64(stmt, 1) == 1 && sqlite3_column_int64(stmt, 2) == 9 &&
-                  sqlite3_column_int64(stmt, 3) == 5;
+                  sqlite3_column_int64(stmt, 3) == 8;
     }
     sqlite3_finalize(stmt);
     /* a header that forbids writing: the set-up path finds it (unusable_header) */
@@ -429,7 +450,8 @@ static bool schema_is_current(kvt_store *st, int64_t *ver)
 static void note_columns(kvt_store *st)
 {
     st->has_segs = q_int(st, "SELECT (SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name IN ('seg', 'off'))"
-                             " + (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'locs')", 0, NULL, 0) == 3;
+                             " + (SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name IN ('locs', 'rseg', 'roff'))",
+                         0, NULL, 0) == 5;
     forget_finding(st);
 }
 
@@ -476,8 +498,11 @@ static int open_db(kvt_store *st)
          * and write whole records, which its default describes. */
         if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'replay'", 0, NULL, 1) == 0)
             exec(st, "ALTER TABLE snaps ADD COLUMN replay INTEGER NOT NULL DEFAULT 0");
-        if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'locs'", 0, NULL, 1) == 0)
+        if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('snaps') WHERE name = 'locs'", 0, NULL, 1) == 0) {
             exec(st, "ALTER TABLE snaps ADD COLUMN locs BLOB");
+            exec(st, "ALTER TABLE snaps ADD COLUMN rseg INTEGER");
+            exec(st, "ALTER TABLE snaps ADD COLUMN roff INTEGER");
+        }
         if (q_int(st, "SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name = 'seg'", 0, NULL, 1) == 0) {
             exec(st, "ALTER TABLE blocks ADD COLUMN seg INTEGER");
             exec(st, "ALTER TABLE blocks ADD COLUMN off INTEGER");
@@ -633,9 +658,10 @@ static int read_bloc(kvt_store *st, const bloc *w, uint8_t **buf, size_t *cap)
     return kvt_segs_read(st->segs, w->seg, w->off, *buf, (size_t)w->bytes);
 }
 
-/* Delete blocks (sql: a DELETE ... RETURNING seg, off, bytes); the segment
- * ranges they leave are released when the transaction commits. */
-static void delete_blocks(kvt_store *st, const char *sql, int n, const int64_t *args)
+/* Delete rows whose records are in segments (sql: a DELETE ... RETURNING
+ * the place: segment, offset, bytes); the segment ranges they leave are
+ * released when the transaction commits. */
+static void delete_placed(kvt_store *st, const char *sql, int n, const int64_t *args)
 {
     sqlite3_stmt *stmt = prep(st, sql, NULL);
     if (!stmt) return;
@@ -659,7 +685,8 @@ static void release_freed(kvt_store *st)
     if (!st->n_freed) return;
     sqlite3_stmt *cur = NULL, *any = NULL;
     sqlite3_prepare_v2(st->db, "SELECT v FROM meta WHERE k = 'seg'", -1, &cur, NULL);
-    sqlite3_prepare_v2(st->db, "SELECT 1 FROM blocks WHERE seg = ? LIMIT 1", -1, &any, NULL);
+    sqlite3_prepare_v2(st->db, "SELECT EXISTS(SELECT 1 FROM blocks WHERE seg = ?1) OR EXISTS(SELECT 1 FROM snaps WHERE rseg = ?1)",
+                       -1, &any, NULL);
     int64_t current = cur && sqlite3_step(cur) == SQLITE_ROW ? sqlite3_column_int64(cur, 0) : INT64_MAX;
     for (size_t i = 0; i < st->n_freed; i++) {
         const bloc *w = &st->freed[i];
@@ -669,7 +696,7 @@ static void release_freed(kvt_store *st)
         if (seen || (int64_t)w->seg >= current || !any) continue;
         sqlite3_reset(any);
         sqlite3_bind_int64(any, 1, w->seg);
-        if (sqlite3_step(any) == SQLITE_DONE) kvt_segs_remove(st->segs, w->seg);
+        if (sqlite3_step(any) == SQLITE_ROW && sqlite3_column_int(any, 0) == 0) kvt_segs_remove(st->segs, w->seg);
     }
     sqlite3_finalize(cur);
     sqlite3_finalize(any);
@@ -686,7 +713,9 @@ static int open_segment(kvt_store *st, uint32_t *seg, uint64_t *end)
     if (st->sql_rc) return sql_status(st);
     if (cur < 1 || cur > UINT32_MAX) cur = 1;
     for (;;) {
-        int64_t e = q_int(st, "SELECT off + bytes FROM blocks WHERE seg = ? ORDER BY off DESC LIMIT 1", 1, &cur, 0);
+        int64_t e = q_int(st, "SELECT MAX(COALESCE((SELECT off + bytes FROM blocks WHERE seg = ?1 ORDER BY off DESC LIMIT 1), 0),"
+                              " COALESCE((SELECT roff + bytes FROM snaps WHERE rseg = ?1 ORDER BY roff DESC LIMIT 1), 0))",
+                          1, &cur, 0);
         if (st->sql_rc) return sql_status(st);
         if (e < 0) e = 0;
         uint64_t size;
@@ -704,15 +733,58 @@ static int open_segment(kvt_store *st, uint32_t *seg, uint64_t *end)
     }
 }
 
+/* Append a record to the current segment inside a write transaction; *w
+ * receives its place. commit syncs the segment first; rollback cuts it
+ * back. */
+static int seg_append(kvt_store *st, const void *p, size_t len, bloc *w)
+{
+    int rc;
+    if (!st->seg_open) {
+        if ((rc = open_segment(st, &st->seg_cur, &st->seg_end))) return rc;
+        st->seg_open = true;
+        st->seg_cut_at = st->seg_end;
+    }
+    st->seg_wrote = true;
+    if ((rc = kvt_segs_write(st->segs, st->seg_cur, st->seg_end, p, len))) return rc;
+    *w = (bloc){st->seg_cur, st->seg_end, len};
+    st->seg_end += len;
+    return KVT_OK;
+}
+
+/* The record of a snapshot row whose data, rseg, roff and bytes columns
+ * are cd, cd + 1, cd + 2 and cb: in its segment (read into *buf, of *cap
+ * bytes) or in its data. */
+static int row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **buf, size_t *cap, const uint8_t **p,
+                      size_t *len)
+{
+    bloc w;
+    if (!row_bloc(r, cd + 1, cd + 2, cb, &w)) {
+        if (sqlite3_column_type(r, cd + 1) != SQLITE_NULL)
+            return kvt_fail(KVT_EFORMAT, "snapshot: its row's place or size is out of range");
+        w.seg = 0;
+    }
+    *p = sqlite3_column_blob(r, cd);
+    *len = (size_t)sqlite3_column_bytes(r, cd);
+    if (!w.seg) return KVT_OK;
+    if (*len) return kvt_fail(KVT_EFORMAT, "snapshot: a segment's record with bytes in its row too");
+    int rc = read_bloc(st, &w, buf, cap);
+    if (rc) return rc;
+    *p = *buf;
+    *len = (size_t)w.bytes;
+    return KVT_OK;
+}
+
 /* A snapshot row (model, head, n_tokens, tail, n_blocks, replay, bytes,
  * data from column c0 on) against its record: the record's own checks, and
  * the columns that lookups and the budget read agree with it. */
-static int check_snap_row(sqlite3_stmt *r, int c0, kvt_snap_info *in)
+static int check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap)
 {
-    const uint8_t *p = sqlite3_column_blob(r, c0 + 7);
-    size_t len = (size_t)sqlite3_column_bytes(r, c0 + 7);
+    const uint8_t *p;
+    size_t len;
+    int rc = row_record(st, r, c0 + 7, c0 + 6, buf, cap, &p, &len);
+    if (rc) return rc;
     if (!p) return kvt_fail(KVT_EFORMAT, "snapshot: empty record");
-    int rc = kvt_snap_parse_raw(p, len, in);
+    rc = kvt_snap_parse_raw(p, len, in);
     if (rc) return rc;
     size_t tail_n = in->n - (size_t)in->nb * KVT_BLOCK;
     int32_t ids[KVT_BLOCK];
@@ -728,7 +800,10 @@ static int check_snap_row(sqlite3_stmt *r, int c0, kvt_snap_info *in)
     return KVT_OK;
 }
 
-#define SNAP_COLS "model, head, n_tokens, tail, n_blocks, replay, bytes, data"
+/* The columns check_snap_row reads (from a store of schema 1 opened to
+ * inspect: no places, every record in its row). */
+#define SNAP_COLS "model, head, n_tokens, tail, n_blocks, replay, bytes, data, rseg, roff"
+#define SNAP_COLS1 "model, head, n_tokens, tail, n_blocks, replay, bytes, data, NULL, NULL"
 
 /* The query of a block's row that check_block_row reads. */
 static const char *block_row_sql(const kvt_store *st)
@@ -794,7 +869,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         "SELECT 1 FROM blocks WHERE key = ?",
         "INSERT INTO blocks(key, refs, bytes, data, seg, off) VALUES(?, 0, ?, ?, ?, ?)",
         "INSERT OR IGNORE INTO snaps(id, " SNAP_COLS ", reason, created, last_used, used_at, hits, preview, locs)"
-        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         "INSERT INTO snap_blocks(snap, idx, key) VALUES(?, ?, ?)",
         "UPDATE blocks SET refs = refs + 1 WHERE key = ?",
     };
@@ -806,12 +881,12 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
                        "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
                        " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, ''), locs"
                        " FROM snaps WHERE id = ?" :
-                       "SELECT id, " SNAP_COLS ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
+                       "SELECT id, " SNAP_COLS1 ", COALESCE(reason, 'manual'), COALESCE(created, 0),"
                        " COALESCE(last_used, 0), COALESCE(used_at, 0), COALESCE(hits, 0), COALESCE(preview, ''), NULL"
                        " FROM snaps WHERE id = ?", -1, &get, NULL);
     sqlite3_prepare_v2(st->db, block_row_sql(st), -1, &getb, NULL);
-    uint8_t *scratch = NULL;
-    size_t scratch_cap = 0;
+    uint8_t *scratch = NULL, *rscratch = NULL;
+    size_t scratch_cap = 0, rscratch_cap = 0;
     int64_t max_used = 0;
     for (size_t i = 0; i < ids.n && !err && get && getb; i++) {
         sqlite3_reset(get);
@@ -820,7 +895,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         if (r == SQLITE_DONE) continue; /* named by the index only: a row that is gone */
         (*seen)++;
         kvt_snap_info in;
-        if (r != SQLITE_ROW || check_snap_row(get, 1, &in) != KVT_OK) continue;
+        if (r != SQLITE_ROW || check_snap_row(st, get, 1, &in, &rscratch, &rscratch_cap) != KVT_OK) continue;
         bool whole = true;
         for (uint32_t b = 0; b < in.nb && whole && !err; b++) {
             int64_t key = (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b);
@@ -842,7 +917,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         }
         if (!whole || err) continue;
         sqlite3_reset(w[2]);
-        bind_row(w[2], get, 0, 16);
+        bind_row(w[2], get, 0, 18);
         if (!nd_ok(nd, sqlite3_step(w[2]), &err)) break;
         /* a damaged index can let the same prefix in twice: the first stays */
         if (sqlite3_changes(nd) != 1) continue;
@@ -856,11 +931,12 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
             sqlite3_bind_int64(w[4], 1, key);
             if (nd_ok(nd, sqlite3_step(w[3]), &err)) nd_ok(nd, sqlite3_step(w[4]), &err);
         }
-        int64_t used = sqlite3_column_int64(get, 11);
+        int64_t used = sqlite3_column_int64(get, 13);
         if (used > max_used) max_used = used;
         (*kept)++;
     }
     free(scratch);
+    free(rscratch);
     sqlite3_finalize(get);
     sqlite3_finalize(getb);
     for (int k = 0; k < 5; k++) sqlite3_finalize(w[k]);
@@ -1108,6 +1184,7 @@ void kvt_store_set_quiet(kvt_store *st, bool quiet) { st->quiet = quiet; }
 static int store_limit_pages(kvt_store *st, uint32_t pages)
 {
     char sql[64];
+    kvt_segs_cap(st->segs, (uint64_t)pages * 4096);
     snprintf(sql, sizeof sql, "PRAGMA max_page_count = %u", pages);
     return exec(st, sql);
 }
@@ -1214,10 +1291,10 @@ static int64_t drop_snap(kvt_store *st, int64_t id)
     int64_t before = (int64_t)total_bytes(st);
     /* only its own blocks can reach no references: no scan of the table */
     q(st, NULL, "UPDATE blocks SET refs = refs - 1 WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?)", 1, &id);
-    delete_blocks(st, "DELETE FROM blocks WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?) AND refs <= 0"
+    delete_placed(st, "DELETE FROM blocks WHERE key IN (SELECT key FROM snap_blocks WHERE snap = ?) AND refs <= 0"
                       " RETURNING seg, off, bytes", 1, &id);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap = ?", 1, &id);
-    q(st, NULL, "DELETE FROM snaps WHERE id = ?", 1, &id);
+    delete_placed(st, "DELETE FROM snaps WHERE id = ? RETURNING rseg, roff, bytes", 1, &id);
     int64_t after = (int64_t)total_bytes(st);
     int rc; /* it leaves the index when the transaction commits */
     KVT_GROW(st->gone, &st->cap_gone, st->n_gone + 1, rc);
@@ -1242,27 +1319,58 @@ static void enforce_budget(kvt_store *st, int64_t keep)
 
 /* ---- save ---- */
 
+/* Put a snapshot's record, which replaces the one it had (inside a write
+ * transaction): appended to the segment, its row moved to it, the old
+ * place released when the transaction commits. */
+static void replace_record(kvt_store *st, int64_t id, const uint8_t *p, size_t len, const char *set_sql)
+{
+    sqlite3_stmt *old = NULL;
+    bloc was = {0}, w;
+    if (q(st, &old, "SELECT rseg, roff, bytes FROM snaps WHERE id = ?", 1, &id) == SQLITE_ROW && row_bloc(old, 0, 1, 2, &was) &&
+        was.seg) {
+        int rc; /* a place not recorded stays allocated until gc */
+        KVT_GROW(st->freed, &st->cap_freed, st->n_freed + 1, rc);
+        if (!rc) st->freed[st->n_freed++] = was;
+    }
+    sqlite3_finalize(old);
+    if (st->sql_rc) return;
+    if (seg_append(st, p, len, &w)) {
+        sql_note(st, SQLITE_IOERR, "save snapshot"); /* ends the transaction: it rolls back */
+        snprintf(st->sql_msg, sizeof st->sql_msg, "%s", kvt_errmsg());
+        return;
+    }
+    sqlite3_stmt *put = prep(st, set_sql, "save snapshot");
+    if (put) {
+        sqlite3_bind_int64(put, 1, (int64_t)len);
+        sqlite3_bind_int64(put, 2, w.seg);
+        sqlite3_bind_int64(put, 3, (int64_t)w.off);
+        sqlite3_bind_int64(put, 4, id);
+        step(st, put, "save snapshot");
+    }
+    sqlite3_finalize(put);
+}
+
 /* Replace a stored record by the same record without its fixed state. */
 static int drop_state(kvt_store *st, int64_t id)
 {
     kvt_wbuf out = {0};
-    sqlite3_stmt *get = prep(st, "SELECT data FROM snaps WHERE id = ?", "thin snapshot");
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    sqlite3_stmt *get = prep(st, "SELECT data, rseg, roff, bytes FROM snaps WHERE id = ?", "thin snapshot");
     if (!get) return sql_status(st);
     sqlite3_bind_int64(get, 1, id);
-    /* a record that does not parse stays as it is: loading will quarantine it */
-    if (step(st, get, "thin snapshot") == SQLITE_ROW &&
-        kvt_snap_without_state(sqlite3_column_blob(get, 0), (size_t)sqlite3_column_bytes(get, 0), &out) == KVT_OK &&
-        out.len > 0) {
-        sqlite3_stmt *put = prep(st, "UPDATE snaps SET data = ?, bytes = ?, replay = 1 WHERE id = ?", "thin snapshot");
-        if (put) {
-            sqlite3_bind_blob(put, 1, out.p, (int)out.len, SQLITE_STATIC);
-            sqlite3_bind_int64(put, 2, (int64_t)out.len);
-            sqlite3_bind_int64(put, 3, id);
-            step(st, put, "thin snapshot");
-        }
-        sqlite3_finalize(put);
+    const uint8_t *p;
+    size_t len;
+    /* a record that does not read or parse stays as it is: loading will quarantine it */
+    if (step(st, get, "thin snapshot") == SQLITE_ROW && row_record(st, get, 0, 3, &buf, &cap, &p, &len) == KVT_OK && p &&
+        kvt_snap_without_state(p, len, &out) == KVT_OK && out.len > 0) {
+        sqlite3_finalize(get);
+        get = NULL;
+        replace_record(st, id, out.p, out.len,
+                       "UPDATE snaps SET data = X'', bytes = ?1, rseg = ?2, roff = ?3, replay = 1 WHERE id = ?4");
     }
     sqlite3_finalize(get);
+    free(buf);
     kvt_wbuf_free(&out);
     return sql_status(st);
 }
@@ -1317,9 +1425,6 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         return kvt_fail(KVT_EINVAL, "cannot save %zu tokens: the session holds %zu and no checkpoint there", n, s->n);
     kvt_wbuf rec = {0}, blk = {0}, locs = {0};
     uint64_t *keys = NULL;
-    bool seg_written = false;
-    uint32_t seg_cut = 0;
-    uint64_t seg_cut_at = 0;
     int rc = kvt_snap_encode(s, n, 0, &rec, &keys);
     if (rc) return rc;
     kvt_snap_info in;
@@ -1360,27 +1465,17 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, a);
         /* ...unless a cold save meets another kind of entry: it becomes a
          * whole cold one, as if saved cold first (fork points stay whole) */
-        sqlite3_stmt *up = reason && !strcmp(reason, "cold")
-                               ? prep(st, "UPDATE snaps SET reason = 'cold', replay = 0, data = ?, bytes = ?"
-                                          " WHERE id = ? AND (reason != 'cold' OR replay != 0)", "save snapshot")
-                               : NULL;
-        if (up) {
-            sqlite3_bind_blob(up, 1, rec.p, (int)rec.len, SQLITE_STATIC);
-            sqlite3_bind_int64(up, 2, (int64_t)rec.len);
-            sqlite3_bind_int64(up, 3, id);
-            step(st, up, "save snapshot");
-        }
-        sqlite3_finalize(up);
+        if (reason && !strcmp(reason, "cold") &&
+            q_int(st, "SELECT reason != 'cold' OR replay != 0 FROM snaps WHERE id = ?", 1, &id, 0) == 1)
+            replace_record(st, id, rec.p, rec.len,
+                           "UPDATE snaps SET reason = 'cold', replay = 0, data = X'', bytes = ?1, rseg = ?2, roff = ?3"
+                           " WHERE id = ?4");
     } else {
-        /* New blocks go to the end of the current segment, which is synced
-         * before the rows that name them commit; a save that fails cuts the
-         * segment back (seg_start). */
-        uint64_t prev = kvt_snap_key0(s->m), seg_start = 0, seg_end = 0;
-        uint32_t seg = 0;
-        bool wrote = false;
-        if (nb && !st->sql_rc) rc = open_segment(st, &seg, &seg_start);
-        seg_end = seg_start;
-        sqlite3_stmt *has = rc ? NULL : prep(st, "SELECT seg, off, bytes FROM blocks WHERE key = ?", "save block");
+        /* New blocks, then the record, go to the end of the current
+         * segment (seg_append: synced before the rows that name them
+         * commit, cut back if they do not) */
+        uint64_t prev = kvt_snap_key0(s->m);
+        sqlite3_stmt *has = prep(st, "SELECT seg, off, bytes FROM blocks WHERE key = ?", "save block");
         for (size_t b = 0; b < nb && !rc && !st->sql_rc; b++) {
             int64_t k = (int64_t)keys[b];
             sqlite3_reset(has);
@@ -1391,30 +1486,30 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
             if (stored) {
                 /* stored already: the new snapshot names the place its row
                  * says, once the record's header there says it is this
-                 * block (a damaged row must not spread to new snapshots:
-                 * the block is written anew and its row moved to it) */
-                uint8_t head[KVT_SNAP_BLOCK_HEAD];
+                 * block and its end is there (a damaged row or a cut
+                 * segment must not spread to new snapshots: the block is
+                 * written anew and its row moved to it; damage inside a
+                 * record is met by the load, which removes the block) */
+                uint8_t head[KVT_SNAP_BLOCK_HEAD], end[8];
                 if (!row_bloc(has, 0, 1, 2, &w)) again = true;
-                else if (w.seg)
+                else if (w.seg) /* its last bytes read too: a segment cut short is seen */
                     again = w.bytes < sizeof head || kvt_segs_read(st->segs, w.seg, w.off, head, sizeof head) ||
-                            !kvt_snap_block_names(head, keys[b], (size_t)w.bytes);
+                            !kvt_snap_block_names(head, keys[b], (size_t)w.bytes) ||
+                            kvt_segs_read(st->segs, w.seg, w.off + w.bytes - sizeof end, end, sizeof end);
             }
             if (stored && !again) {
             } else if (r == SQLITE_ROW || r == SQLITE_DONE) {
                 uint64_t key;
                 blk.len = 0;
                 if ((rc = kvt_snap_block(s, (uint32_t)b, prev, &blk, &key))) break;
-                if ((rc = kvt_segs_write(st->segs, seg, seg_end, blk.p, blk.len))) break;
-                wrote = true;
-                w = (bloc){seg, seg_end, blk.len};
-                seg_end += blk.len;
+                if ((rc = seg_append(st, blk.p, blk.len, &w))) break;
                 sqlite3_stmt *ins = prep(st, again ? "UPDATE blocks SET bytes = ?2, data = X'', seg = ?3, off = ?4 WHERE key = ?1"
                                                    : "INSERT INTO blocks(key, refs, bytes, data, seg, off) VALUES(?, 0, ?, X'', ?, ?)",
                                          "save block");
                 if (ins) {
                     sqlite3_bind_int64(ins, 1, k);
                     sqlite3_bind_int64(ins, 2, (int64_t)blk.len);
-                    sqlite3_bind_int64(ins, 3, seg);
+                    sqlite3_bind_int64(ins, 3, w.seg);
                     sqlite3_bind_int64(ins, 4, (int64_t)w.off);
                     step(st, ins, "save block");
                 }
@@ -1427,14 +1522,11 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         }
         sqlite3_finalize(has);
         if (!rc && locs.oom) rc = kvt_fail(KVT_ENOMEM, "block places");
-        if (!rc && !st->sql_rc && wrote) rc = kvt_segs_sync(st->segs);
-        if ((rc || st->sql_rc) && wrote) kvt_segs_truncate(st->segs, seg, seg_start);
-        seg_written = wrote;
-        seg_cut = seg;
-        seg_cut_at = seg_start;
+        bloc rw = {0};
+        if (!rc && !st->sql_rc) rc = seg_append(st, rec.p, rec.len, &rw);
         sqlite3_stmt *ins = rc ? NULL : prep(st, "INSERT INTO snaps(model, head, n_tokens, tail, n_blocks, reason, created,"
-                                                 " last_used, used_at, bytes, preview, data, locs)"
-                                                 " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                                 " last_used, used_at, bytes, preview, data, locs, rseg, roff)"
+                                                 " VALUES(?,?,?,?,?,?,?,?,?,?,?,X'',?,?,?)",
                                              "save snapshot");
         if (ins) {
             double now = now_unix();
@@ -1449,9 +1541,10 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
             sqlite3_bind_double(ins, 9, now);
             sqlite3_bind_int64(ins, 10, (int64_t)rec.len);
             sqlite3_bind_text(ins, 11, preview, -1, SQLITE_TRANSIENT);
-            sqlite3_bind_blob(ins, 12, rec.p, (int)rec.len, SQLITE_STATIC);
-            if (locs.len) sqlite3_bind_blob(ins, 13, locs.p, (int)locs.len, SQLITE_STATIC);
-            else sqlite3_bind_null(ins, 13);
+            if (locs.len) sqlite3_bind_blob(ins, 12, locs.p, (int)locs.len, SQLITE_STATIC);
+            else sqlite3_bind_null(ins, 12);
+            sqlite3_bind_int64(ins, 13, rw.seg);
+            sqlite3_bind_int64(ins, 14, (int64_t)rw.off);
             if (step(st, ins, "save snapshot") == SQLITE_DONE) id = sqlite3_last_insert_rowid(st->db);
         }
         sqlite3_finalize(ins);
@@ -1468,10 +1561,8 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     }
     if (!rc) {
         flush_counters(st);
-        if (seg_written && st->sql_rc) kvt_segs_truncate(st->segs, seg_cut, seg_cut_at); /* before the lock goes */
         rc = commit(st);
     } else {
-        if (seg_written) kvt_segs_truncate(st->segs, seg_cut, seg_cut_at);
         rollback(st);
     }
     if (rc) {
@@ -1655,10 +1746,10 @@ static int read_block_blob(struct getter *g, uint32_t b, uint64_t key, uint8_t *
 /* Before the first block: ask the kernel for every run of blocks that lie
  * end to end in a segment, so that a cold load reads them at the speed of
  * the disk while the first ones are checked. */
-static void prefetch(struct getter *g)
+static void prefetch(struct getter *g, const bloc *record)
 {
     g->prefetched = true;
-    bloc run = {0}, w;
+    bloc run = record ? *record : (bloc){0}, w;
     for (size_t b = 0; b <= g->n_locs; b++) {
         bool more = b < g->n_locs && locs_at(g->locs, b, &w) && w.seg;
         if (more && run.seg == w.seg && run.off + run.bytes == w.off) {
@@ -1677,7 +1768,7 @@ static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_
     if (st->sql_rc) return sql_status(st);
     bloc w;
     if (b < g->n_locs && locs_at(g->locs, b, &w) && w.seg) { /* in a segment, where the snapshot says */
-        if (!g->prefetched) prefetch(g);
+        if (!g->prefetched) prefetch(g, NULL);
         if (w.bytes > BLOCK_MAX) return kvt_fail(KVT_EFORMAT, "block %u: %llu bytes", b, (unsigned long long)w.bytes);
         int rc = read_bloc(st, &w, buf, cap);
         if (rc) {
@@ -1778,7 +1869,7 @@ static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, co
             if (victims.oom) sql_note(st, SQLITE_NOMEM, "quarantine");
             for (size_t i = 0; i < victims.n; i++) drop_snap(st, victims.v[i]);
             free(victims.v);
-            delete_blocks(st, "DELETE FROM blocks WHERE key = ? RETURNING seg, off, bytes", 1, &k);
+            delete_placed(st, "DELETE FROM blocks WHERE key = ? RETURNING seg, off, bytes", 1, &k);
         }
         if (id >= 0) drop_snap(st, id);
         counter_add(st, "damaged", 1);
@@ -1829,21 +1920,42 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     rollback(st); /* one a failed call left open */
     int rc = exec(st, "BEGIN");
     if (rc) return rc;
-    int r = q(st, &stmt, st->has_segs ? "SELECT data, locs FROM snaps WHERE id = ?" : "SELECT data, NULL FROM snaps WHERE id = ?",
-              1, &id);
+    int r = q(st, &stmt, st->has_segs ? "SELECT locs, data, rseg, roff, bytes FROM snaps WHERE id = ?"
+                                      : "SELECT NULL, data, NULL, NULL, bytes FROM snaps WHERE id = ?", 1, &id);
     if (r != SQLITE_ROW) {
         rc = st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
         rollback(st);
         return rc;
     }
-    size_t len = (size_t)sqlite3_column_bytes(stmt, 0), locs_len = (size_t)sqlite3_column_bytes(stmt, 1);
+    size_t locs_len = (size_t)sqlite3_column_bytes(stmt, 0);
     if (locs_len % LOC_BYTES) locs_len = 0; /* not a list of places: each block is looked up by its key */
-    uint8_t *rec = kvt_malloc(len + locs_len + 1);
-    if (!rec) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
-    if (len) memcpy(rec, sqlite3_column_blob(stmt, 0), len);
-    if (locs_len) memcpy(rec + len, sqlite3_column_blob(stmt, 1), locs_len);
+    uint8_t *locs = kvt_malloc(locs_len + 1);
+    if (!locs) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
+    if (locs_len) memcpy(locs, sqlite3_column_blob(stmt, 0), locs_len);
+    struct getter g = {.st = st, .locs = locs, .n_locs = locs_len / LOC_BYTES};
+    /* the record and the blocks, asked of the disk at once (a cold load
+     * reads them at its speed) */
+    bloc rw;
+    if (row_bloc(stmt, 2, 3, 4, &rw) && rw.seg) prefetch(&g, &rw);
+    const uint8_t *rp = NULL;
+    size_t len = 0;
+    uint8_t *rbuf = NULL, *rec = NULL;
+    size_t rcap = 0;
+    rc = row_record(st, stmt, 1, 4, &rbuf, &rcap, &rp, &len);
+    if (!rc && !(rec = kvt_malloc(len ? len : 1))) rc = KVT_ENOMEM;
+    if (!rc && len) memcpy(rec, rp, len);
+    free(rbuf);
     sqlite3_finalize(stmt);
-    struct getter g = {.st = st, .locs = rec + len, .n_locs = locs_len / LOC_BYTES};
+    if (rc) {
+        free(locs);
+        rollback(st);
+        if (rc == KVT_ENOMEM || rc == KVT_EIO) { st->misses++; return rc; }
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", kvt_errmsg());
+        quarantine(st, id, false, 0, NULL, reason);
+        st->misses++;
+        return kvt_fail(rc, "%s", reason);
+    }
     bool rebuild = false;
     uint32_t bad_block = UINT32_MAX;
     uint64_t bad_key = 0;
@@ -1858,6 +1970,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     else kvt_fail(rc, "%s", why);
     bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
+    free(locs);
     if (rc == KVT_OK) {
         st->hits++;
         record_use(st, id);
@@ -1971,7 +2084,10 @@ static int check_records(kvt_store *st, checked *o)
     snap_ids(st, &ids, true);
     idset_seal(&ids);
     char why[512];
-    sqlite3_stmt *get = prep_inspect(st, "SELECT " SNAP_COLS " FROM snaps WHERE id = ?", "snapshot");
+    sqlite3_stmt *get = prep_inspect(st, st->has_segs ? "SELECT " SNAP_COLS " FROM snaps WHERE id = ?"
+                                                      : "SELECT " SNAP_COLS1 " FROM snaps WHERE id = ?", "snapshot");
+    uint8_t *rscratch = NULL;
+    size_t rscratch_cap = 0;
     for (size_t i = 0; i < ids.n && get && !st->sql_rc; i++) {
         sqlite3_reset(get);
         sqlite3_bind_int64(get, 1, ids.v[i]);
@@ -1983,13 +2099,14 @@ static int check_records(kvt_store *st, checked *o)
             snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
             if (!forget_damage(st)) break;
             found_bad(st, o, ids.v[i], false, why);
-        } else if (check_snap_row(get, 0, &in) != KVT_OK) {
+        } else if (check_snap_row(st, get, 0, &in, &rscratch, &rscratch_cap) != KVT_OK) {
             found_bad(st, o, ids.v[i], false, kvt_errmsg());
         } else {
             for (uint32_t b = 0; b < in.nb; b++) idset_add(&keys, (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b));
         }
     }
     sqlite3_finalize(get);
+    free(rscratch);
     sqlite3_stmt *all = prep_inspect(st, "SELECT key FROM blocks", "blocks");
     while (step(st, all, "blocks") == SQLITE_ROW) idset_add(&keys, sqlite3_column_int64(all, 0));
     sqlite3_finalize(all);
@@ -2094,7 +2211,7 @@ static int store_gc(kvt_store *st)
     enforce_budget(st, -1);
     q(st, NULL, "DELETE FROM snap_blocks WHERE snap NOT IN (SELECT id FROM snaps)", 0, NULL);
     q(st, NULL, "UPDATE blocks SET refs = (SELECT COUNT(*) FROM snap_blocks WHERE snap_blocks.key = blocks.key)", 0, NULL);
-    delete_blocks(st, "DELETE FROM blocks WHERE refs <= 0 RETURNING seg, off, bytes", 0, NULL);
+    delete_placed(st, "DELETE FROM blocks WHERE refs <= 0 RETURNING seg, off, bytes", 0, NULL);
     totals was, now;
     bool repaired = resync_totals(st, &was, &now);
     flush_counters(st);
@@ -2206,11 +2323,16 @@ static int store_list(kvt_store *st, kvt_store_entry **out, size_t *n)
 static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
 {
     sqlite3_stmt *stmt = NULL, *blk = NULL;
-    int r = q(st, &stmt, "SELECT data FROM snaps WHERE id = ?", 1, &id);
+    int r = q(st, &stmt, st->has_segs ? "SELECT data, rseg, roff, bytes FROM snaps WHERE id = ?"
+                                      : "SELECT data, NULL, NULL, bytes FROM snaps WHERE id = ?", 1, &id);
     if (r != SQLITE_ROW) return st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
     kvt_snap_info in;
     kvt_wbuf out = {0};
-    int rc = kvt_snap_parse_raw(sqlite3_column_blob(stmt, 0), (size_t)sqlite3_column_bytes(stmt, 0), &in);
+    uint8_t *rbuf = NULL;
+    size_t rcap = 0, rlen = 0;
+    const uint8_t *rp = NULL;
+    int rc = row_record(st, stmt, 0, 3, &rbuf, &rcap, &rp, &rlen);
+    if (!rc) rc = rp ? kvt_snap_parse_raw(rp, rlen, &in) : kvt_fail(KVT_EFORMAT, "snapshot: empty record");
     if (!rc && !(blk = prep(st, block_row_sql(st), NULL))) rc = sql_status(st);
     uint8_t *scratch = NULL;
     size_t scratch_cap = 0;
@@ -2240,6 +2362,7 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     }
     sqlite3_finalize(blk);
     sqlite3_finalize(stmt);
+    free(rbuf);
     if (rc) { kvt_wbuf_free(&out); return rc; }
     *text = (char *)out.p;
     *len = out.len - 1;

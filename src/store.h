@@ -4,8 +4,8 @@
 
 #include "kvtier.h"
 
-/* Cap the database at `pages` pages, so writes fail as on a full disk
- * (tests of the save error path). */
+/* Cap the database at `pages` pages and each segment at as many 4 KiB, so
+ * writes fail as on a full disk (tests of the save error path). */
 int kvt_store_limit_pages(kvt_store *st, uint32_t pages);
 
 /* kvt_store_save that also says whether a new entry was written (false

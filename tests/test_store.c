@@ -246,18 +246,20 @@ static uint8_t *fetch(const char *dir, const char *sql, int64_t id, size_t *len)
     return out;
 }
 
-/* Where block key's record is: segment *seg (0: in its row's data) at
- * *off, *bytes long; false when there is no such block. */
-static bool block_place(const char *dir, int64_t key, int64_t *seg, int64_t *off, int64_t *bytes)
+/* Where the record of a row is (table "blocks" by key, "snaps" by id):
+ * segment *seg (0: in the row's data) at *off, *bytes long; false when
+ * there is no such row. */
+static bool place(const char *dir, const char *table, int64_t key, int64_t *seg, int64_t *off, int64_t *bytes)
 {
-    char path[300];
+    char path[300], sql[200];
     snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    bool snaps = !strcmp(table, "snaps");
+    snprintf(sql, sizeof sql, "SELECT COALESCE(%s, 0), COALESCE(%s, 0), bytes FROM %s WHERE %s = ?", snaps ? "rseg" : "seg",
+             snaps ? "roff" : "off", table, snaps ? "id" : "key");
     sqlite3 *db = NULL;
     sqlite3_stmt *stmt = NULL;
     bool found = false;
-    if (sqlite3_open(path, &db) == SQLITE_OK &&
-        sqlite3_prepare_v2(db, "SELECT COALESCE(seg, 0), COALESCE(off, 0), bytes FROM blocks WHERE key = ?", -1, &stmt,
-                           NULL) == SQLITE_OK) {
+    if (sqlite3_open(path, &db) == SQLITE_OK && sqlite3_prepare_v2(db, sql, -1, &stmt, NULL) == SQLITE_OK) {
         sqlite3_bind_int64(stmt, 1, key);
         if ((found = sqlite3_step(stmt) == SQLITE_ROW)) {
             *seg = sqlite3_column_int64(stmt, 0);
@@ -270,12 +272,14 @@ static bool block_place(const char *dir, int64_t key, int64_t *seg, int64_t *off
     return found;
 }
 
-/* A block's record as stored (its segment's bytes, or its row's data). */
-static uint8_t *fetch_block(const char *dir, int64_t key, size_t *len)
+/* A row's record as stored (its segment's bytes, or its row's data). */
+static uint8_t *fetch_rec(const char *dir, const char *table, int64_t key, size_t *len)
 {
     int64_t seg, off, bytes;
-    if (!block_place(dir, key, &seg, &off, &bytes)) return NULL;
-    if (!seg) return fetch(dir, "SELECT data FROM blocks WHERE key = ?", key, len);
+    if (!place(dir, table, key, &seg, &off, &bytes)) return NULL;
+    if (!seg)
+        return fetch(dir, strcmp(table, "snaps") ? "SELECT data FROM blocks WHERE key = ?" : "SELECT data FROM snaps WHERE id = ?",
+                     key, len);
     char path[320];
     snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
     int fd = open(path, O_RDONLY);
@@ -287,13 +291,14 @@ static uint8_t *fetch_block(const char *dir, int64_t key, size_t *len)
     return p;
 }
 
-/* Replace a block's stored record: in place in its segment when it keeps
- * its length; else in its row (and every snapshot then finds its blocks by
- * key, as in a store of schema 1). */
-static void tamper_block(const char *dir, int64_t key, const uint8_t *data, size_t len)
+/* Replace a row's stored record: in place in its segment when it keeps
+ * its length; else in its row (as in a store of schema 1; a block's
+ * snapshots then find it by key). */
+static void tamper_rec(const char *dir, const char *table, int64_t key, const uint8_t *data, size_t len)
 {
     int64_t seg = 0, off = 0, bytes = 0;
-    if (block_place(dir, key, &seg, &off, &bytes) && seg && (size_t)bytes == len) {
+    bool snaps = !strcmp(table, "snaps");
+    if (place(dir, table, key, &seg, &off, &bytes) && seg && (size_t)bytes == len) {
         char path[320];
         snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
         int fd = open(path, O_WRONLY);
@@ -303,15 +308,16 @@ static void tamper_block(const char *dir, int64_t key, const uint8_t *data, size
         }
         return;
     }
-    tamper(dir, "blocks", "key", key, data, len);
+    tamper(dir, table, snaps ? "id" : "key", key, data, len);
     char path[300];
     snprintf(path, sizeof path, "%s/kvtier.db", dir);
     sqlite3 *db = NULL;
     sqlite3_open(path, &db);
     sqlite3_busy_timeout(db, 5000);
     char sql[200];
-    snprintf(sql, sizeof sql, "UPDATE blocks SET seg = NULL, off = NULL WHERE key = %lld; UPDATE snaps SET locs = NULL",
-             (long long)key);
+    if (snaps) snprintf(sql, sizeof sql, "UPDATE snaps SET rseg = NULL, roff = NULL WHERE id = %lld", (long long)key);
+    else snprintf(sql, sizeof sql, "UPDATE blocks SET seg = NULL, off = NULL WHERE key = %lld; UPDATE snaps SET locs = NULL",
+                  (long long)key);
     sqlite3_exec(db, sql, NULL, NULL, NULL);
     sqlite3_close(db);
 }
@@ -357,14 +363,14 @@ TEST(store_corruption_and_truncation)
     int64_t id = fresh_store(m, dir, t, N);
     CHECK(id > 0);
     size_t len = 0, blen = 0;
-    uint8_t *rec = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &len);
+    uint8_t *rec = fetch_rec(dir, "snaps", id, &len);
     int64_t key = 0;
     {
         kvt_snap_info in;
         CHECK_OK(kvt_snap_parse_raw(rec, len, &in));
         key = (int64_t)kvt_rd64(in.sec[6] + 8); /* block 1 */
     }
-    uint8_t *blk = fetch_block(dir, key, &blen);
+    uint8_t *blk = fetch_rec(dir, "blocks", key, &blen);
     CHECK(rec && blk);
     /* the same record without its state, as the store keeps an extended one */
     kvt_wbuf thin = {0};
@@ -372,7 +378,7 @@ TEST(store_corruption_and_truncation)
     CHECK(thin.len > 0 && thin.len < len);
     {
         int64_t fid = fresh_store(m, dir, t, N);
-        tamper(dir, "snaps", "id", fid, thin.p, thin.len);
+        tamper_rec(dir, "snaps", fid, thin.p, thin.len);
         CHECKF(!refused(m, dir, fid, NULL), "an undamaged record without its state was refused: %s", kvt_errmsg());
     }
     uint8_t *bad = malloc(len > blen ? len : blen);
@@ -388,8 +394,8 @@ TEST(store_corruption_and_truncation)
             int64_t fid = fresh_store(m, dir, t, N);
             memcpy(bad, src, n);
             bad[pos] ^= (uint8_t)(1u << (kvt_test_rand(&seed) % 8));
-            if (which == 1) tamper_block(dir, key, bad, n);
-            else tamper(dir, "snaps", "id", fid, bad, n);
+            if (which == 1) tamper_rec(dir, "blocks", key, bad, n);
+            else tamper_rec(dir, "snaps", fid, bad, n);
             int rc;
             CHECKF(refused(m, dir, fid, &rc), "%s flip at %zu of %zu loaded",
                    which == 1 ? "block" : which == 2 ? "stateless record" : "record", pos, n);
@@ -426,7 +432,7 @@ TEST(store_corruption_and_truncation)
     cuts[nc++] = len - 1;
     for (size_t k = 0; k < nc; k++) {
         int64_t fid = fresh_store(m, dir, t, N);
-        tamper(dir, "snaps", "id", fid, rec, cuts[k]);
+        tamper_rec(dir, "snaps", fid, rec, cuts[k]);
         CHECKF(refused(m, dir, fid, NULL), "record truncated at %zu loaded", cuts[k]);
     }
     printf("    %d flips and %zu truncations refused\n", flips, nc);
@@ -464,14 +470,14 @@ TEST(store_foreign_and_future_records)
     };
     for (size_t c = 0; c < 3; c++) {
         int64_t id = fresh_store(m, dir, t, N);
-        uint8_t *rec = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &len);
+        uint8_t *rec = fetch_rec(dir, "snaps", id, &len);
         uint64_t v = c < 2 ? kvt_rd64(rec + cases[c].off) : kvt_rd32(rec + cases[c].off);
         reseal(rec, cases[c].off, v ^ cases[c].xor, cases[c].width);
-        tamper(dir, "snaps", "id", id, rec, len);
+        tamper_rec(dir, "snaps", id, rec, len);
         int rc = 0;
         CHECKF(refused(m, dir, id, &rc) && rc == cases[c].want, "%s: %s", cases[c].what, kvt_strerror(rc));
         size_t left = 0;
-        uint8_t *still = fetch(dir, "SELECT data FROM snaps WHERE id = ?", id, &left);
+        uint8_t *still = fetch_rec(dir, "snaps", id, &left);
         CHECKF((still != NULL) == cases[c].kept, "%s: entry %s", cases[c].what, still ? "kept" : "removed");
         free(still);
         free(rec);
@@ -910,18 +916,18 @@ TEST(store_pipelined_load_failures)
         int64_t gone = cases[c][1] >= 0 ? block_key(dir, id, cases[c][1]) : 0;
         if (cases[c][0] >= 0) {
             size_t len = 0;
-            uint8_t *b = fetch_block(dir, damaged, &len);
+            uint8_t *b = fetch_rec(dir, "blocks", damaged, &len);
             CHECK(b && len > 1000);
             b[len / 2] ^= 0x10;
-            tamper_block(dir, damaged, b, len);
+            tamper_rec(dir, "blocks", damaged, b, len);
             free(b);
         }
         if (cases[c][1] >= 0) { /* the row gone, and its bytes as a removal that released them leaves them */
             size_t len = 0;
-            uint8_t *b = fetch_block(dir, gone, &len);
+            uint8_t *b = fetch_rec(dir, "blocks", gone, &len);
             CHECK(b);
             memset(b, 0, len);
-            tamper_block(dir, gone, b, len);
+            tamper_rec(dir, "blocks", gone, b, len);
             free(b);
             snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE key = %lld", (long long)gone);
             CHECK(raw_exec(dir, sql));
@@ -950,7 +956,7 @@ TEST(store_pipelined_load_failures)
             free(e);
             int64_t k = bad == cases[c][0] ? damaged : gone;
             size_t blen = 0;
-            uint8_t *still = fetch_block(dir, k, &blen);
+            uint8_t *still = fetch_rec(dir, "blocks", k, &blen);
             CHECKF(ne == 0 && !still, "case %zu: %zu entries left, block %d %s", c, ne, bad, still ? "kept" : "gone");
             free(still);
         }
