@@ -15,6 +15,7 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -496,6 +497,172 @@ TEST(store_foreign_and_future_records)
     CHECK(match == N);
     kvt_store_close(st);
     kvt_model_close(other);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* Move every record of a store into its row and drop what schema 2 added:
+ * the store a schema 1 build wrote. */
+static bool to_schema_1(const char *dir)
+{
+    char path[320];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    bool ok = sqlite3_open(path, &db) == SQLITE_OK;
+    static const char *const tables[2][4] = {{"blocks", "key", "seg", "off"}, {"snaps", "id", "rseg", "roff"}};
+    for (int t = 0; t < 2 && ok; t++) {
+        char sql[200];
+        snprintf(sql, sizeof sql, "SELECT %s FROM %s WHERE %s IS NOT NULL", tables[t][1], tables[t][0], tables[t][2]);
+        sqlite3_stmt *q = NULL;
+        int64_t ids[64];
+        size_t n = 0;
+        ok = sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK;
+        while (ok && sqlite3_step(q) == SQLITE_ROW && n < 64) ids[n++] = sqlite3_column_int64(q, 0);
+        sqlite3_finalize(q);
+        for (size_t i = 0; i < n && ok; i++) {
+            size_t len = 0;
+            uint8_t *rec = fetch_rec(dir, tables[t][0], ids[i], &len);
+            snprintf(sql, sizeof sql, "UPDATE %s SET data = ?, %s = NULL, %s = NULL WHERE %s = ?", tables[t][0],
+                     tables[t][2], tables[t][3], tables[t][1]);
+            ok = rec && sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK;
+            if (ok) {
+                sqlite3_bind_blob(q, 1, rec, (int)len, SQLITE_TRANSIENT);
+                sqlite3_bind_int64(q, 2, ids[i]);
+                ok = sqlite3_step(q) == SQLITE_DONE;
+            }
+            sqlite3_finalize(q);
+            free(rec);
+        }
+    }
+    ok = ok && sqlite3_exec(db, "DROP INDEX blocks_seg; DROP INDEX snaps_seg; ALTER TABLE blocks DROP COLUMN seg;"
+                                " ALTER TABLE blocks DROP COLUMN off; ALTER TABLE snaps DROP COLUMN locs;"
+                                " ALTER TABLE snaps DROP COLUMN rseg; ALTER TABLE snaps DROP COLUMN roff;"
+                                " UPDATE meta SET v = 1 WHERE k = 'schema'; DELETE FROM meta WHERE k = 'seg'",
+                            NULL, NULL, NULL) == SQLITE_OK;
+    if (!ok) fprintf(stderr, "    schema 1: %s\n", sqlite3_errmsg(db));
+    sqlite3_close(db);
+    snprintf(path, sizeof path, "%s/kvtier.db-seg1", dir);
+    return ok && unlink(path) == 0;
+}
+
+/* A store of schema 1 keeps every record in its row. Opened to inspect it
+ * verifies clean as it is; opened to use it gains schema 2's columns, its
+ * entries load from their rows, and what it saves next goes to a segment. */
+TEST(store_schema_1_store_reads)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "schema1");
+    enum { N = 700 };
+    int32_t a[N], b[N];
+    kvt_test_tokens(a, N, 71);
+    kvt_test_tokens(b, N, 72);
+    int64_t ida = fresh_store(m, dir, a, N);
+    CHECK(ida > 0 && to_schema_1(dir));
+    kvt_store *st = NULL;
+    size_t bad = 9, checked = 0;
+    CHECK_OK(kvt_store_open_inspect(&st, dir));
+    CHECK_OK(kvt_store_verify(st, &bad, &checked));
+    kvt_store_close(st);
+    CHECKF(bad == 0 && checked == 1 + N / 128, "schema 1 store: %zu of %zu records damaged", bad, checked);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_store_load(st, ida, s));
+    CHECKF(kvt_session_len(s) == N && kvt_test_digest(s, m) == kvt_test_twin(m, a, N), "the schema 1 entry loads another state");
+    CHECK_OK(kvt_session_sync(s, b, N, NULL));
+    int64_t idb;
+    CHECK_OK(kvt_store_save(st, s, N, "manual", &idb));
+    int64_t seg = 0, off = 0, bytes = 0;
+    CHECK(place(dir, "snaps", idb, &seg, &off, &bytes) && seg == 1);
+    CHECK(place(dir, "snaps", ida, &seg, &off, &bytes) && seg == 0);
+    CHECK_OK(kvt_store_load(st, ida, s));
+    CHECK(kvt_test_digest(s, m) == kvt_test_twin(m, a, N));
+    CHECK_OK(kvt_store_load(st, idb, s));
+    CHECK(kvt_test_digest(s, m) == kvt_test_twin(m, b, N));
+    kvt_session_free(s);
+    kvt_store_close(st);
+    CHECK_OK(kvt_store_open_inspect(&st, dir));
+    CHECK_OK(kvt_store_verify(st, &bad, &checked));
+    kvt_store_close(st);
+    CHECKF(bad == 0, "after the migration: %zu of %zu records damaged", bad, checked);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
+/* The store's files are pinned by a golden store per schema version
+ * (tests/golden/store-v2-ds4-tiny/: a 700-token ds4-tiny entry saved cold
+ * at 256 and whole at 700): today's build must verify it clean and load
+ * both entries into the states they were made from. KVT_WRITE_GOLDEN=1
+ * writes it anew (only when the schema version changes). */
+TEST(store_golden_schema_2)
+{
+    static const char *const files[2] = {"kvtier.db", "kvtier.db-seg1"};
+    const char *gdir = "tests/golden/store-v2-ds4-tiny";
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    enum { N = 700 };
+    int32_t t[N];
+    kvt_test_tokens(t, N, 83);
+    char dir[256], path[400];
+    tmpdir(dir, sizeof dir, "golden");
+    const char *w = getenv("KVT_WRITE_GOLDEN");
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    if (w && !strcmp(w, "1")) {
+        CHECK_OK(kvt_store_open(&st, dir, 0));
+        CHECK_OK(kvt_session_new(&s, m, NULL));
+        CHECK_OK(kvt_session_sync(s, t, 256, NULL));
+        CHECK_OK(kvt_store_save(st, s, 256, "cold", NULL));
+        CHECK_OK(kvt_session_sync(s, t, N, NULL));
+        CHECK_OK(kvt_store_save(st, s, N, "manual", NULL));
+        kvt_session_free(s);
+        s = NULL;
+        kvt_store_close(st);
+        st = NULL;
+        mkdir(gdir, 0755);
+        for (int i = 0; i < 2; i++) {
+            size_t len = 0;
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            uint8_t *p = (uint8_t *)kvt_test_read_file(path, &len);
+            snprintf(path, sizeof path, "%s/%s", gdir, files[i]);
+            FILE *f = fopen(path, "wb");
+            CHECK(p && f && fwrite(p, 1, len, f) == len);
+            fclose(f);
+            free(p);
+        }
+        rmdir_all(dir);
+        tmpdir(dir, sizeof dir, "golden");
+    }
+    mkdir(dir, 0755);
+    for (int i = 0; i < 2; i++) { /* a copy: opening a store writes to it */
+        size_t len = 0;
+        snprintf(path, sizeof path, "%s/%s", gdir, files[i]);
+        uint8_t *p = (uint8_t *)kvt_test_read_file(path, &len);
+        CHECKF(p, "%s missing", path);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        FILE *f = fopen(path, "wb");
+        CHECK(f && fwrite(p, 1, len, f) == len);
+        fclose(f);
+        free(p);
+    }
+    size_t bad = 9, checked = 0;
+    CHECK_OK(kvt_store_open_inspect(&st, dir));
+    CHECK_OK(kvt_store_verify(st, &bad, &checked));
+    kvt_store_close(st);
+    CHECKF(bad == 0 && checked == 2 + N / 128, "the golden store: %zu of %zu records damaged", bad, checked);
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    const size_t at[2] = {N, 256};
+    for (int i = 0; i < 2; i++) {
+        size_t reused = 0;
+        CHECK_OK(kvt_store_restore_prefix(st, s, t, at[i], &reused));
+        CHECKF(reused == at[i] && kvt_test_digest(s, m) == kvt_test_twin(m, t, at[i]),
+               "the golden store's entry at %zu: %zu tokens, or another state", at[i], reused);
+    }
+    kvt_session_free(s);
+    kvt_store_close(st);
     kvt_model_close(m);
     rmdir_all(dir);
 }
