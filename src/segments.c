@@ -18,7 +18,7 @@
 typedef struct seg_file {
     uint32_t seg;          /* 0: a free slot */
     sqlite3_file *f;       /* through the VFS: reads, writes, syncs */
-    int fd;                /* hints only (-1 until needed) */
+    int fd;                /* for punching holes only (-1 until needed) */
     bool dirty;            /* written since its last sync */
     uint64_t used;         /* last use, to close the oldest */
 } seg_file;
@@ -135,13 +135,6 @@ int kvt_segs_read(kvt_segs *g, uint32_t seg, uint64_t off, void *p, size_t len)
         done += k;
     }
     return KVT_OK;
-}
-
-void kvt_segs_prefetch(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len)
-{
-    int rc;
-    seg_file *s = get(g, seg, false, &rc);
-    if (s && hint_fd(g, s) >= 0) posix_fadvise(s->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
 }
 
 int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size)

@@ -11,8 +11,8 @@
  *
  * Writes, syncs and reads go through SQLite's default VFS, so a VFS shim
  * that models a disk (tests/test_store_power.c) sees them as it sees the
- * database's. Only the hints (read-ahead, holes) use a file descriptor of
- * their own. Callers serialise writers (the database's write lock). */
+ * database's. Only the punching of holes uses a file descriptor of its
+ * own. Callers serialise writers (the database's write lock). */
 #ifndef KVT_SEGMENTS_H
 #define KVT_SEGMENTS_H
 
@@ -31,8 +31,6 @@ void kvt_segs_close_all(kvt_segs *g);
 /* len bytes at off of segment seg. KVT_EFORMAT when the segment or the
  * range is missing (a block that is not there), KVT_EIO on a read error. */
 int kvt_segs_read(kvt_segs *g, uint32_t seg, uint64_t off, void *p, size_t len);
-/* Ask the kernel to start reading [off, off + len) of seg (best effort). */
-void kvt_segs_prefetch(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len);
 
 /* The segment's size in bytes (0 when it does not exist). */
 int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size);

@@ -1471,11 +1471,15 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
                            "UPDATE snaps SET reason = 'cold', replay = 0, data = X'', bytes = ?1, rseg = ?2, roff = ?3"
                            " WHERE id = ?4");
     } else {
-        /* New blocks, then the record, go to the end of the current
+        /* The record, then new blocks, go to the end of the current
          * segment (seg_append: synced before the rows that name them
          * commit, cut back if they do not) */
         uint64_t prev = kvt_snap_key0(s->m);
-        sqlite3_stmt *has = prep(st, "SELECT seg, off, bytes FROM blocks WHERE key = ?", "save block");
+        /* the record first: a load reads it, then the blocks, so a first
+         * save's are read in the order they lie */
+        bloc rw = {0};
+        if (!st->sql_rc) rc = seg_append(st, rec.p, rec.len, &rw);
+        sqlite3_stmt *has = rc ? NULL : prep(st, "SELECT seg, off, bytes FROM blocks WHERE key = ?", "save block");
         for (size_t b = 0; b < nb && !rc && !st->sql_rc; b++) {
             int64_t k = (int64_t)keys[b];
             sqlite3_reset(has);
@@ -1522,8 +1526,6 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         }
         sqlite3_finalize(has);
         if (!rc && locs.oom) rc = kvt_fail(KVT_ENOMEM, "block places");
-        bloc rw = {0};
-        if (!rc && !st->sql_rc) rc = seg_append(st, rec.p, rec.len, &rw);
         sqlite3_stmt *ins = rc ? NULL : prep(st, "INSERT INTO snaps(model, head, n_tokens, tail, n_blocks, reason, created,"
                                                  " last_used, used_at, bytes, preview, data, locs, rseg, roff)"
                                                  " VALUES(?,?,?,?,?,?,?,?,?,?,?,X'',?,?,?)",
@@ -1684,7 +1686,6 @@ struct getter {
     kvt_store *st;
     const uint8_t *locs;     /* the snapshot's block places (snaps.locs), n_locs of them */
     size_t n_locs;
-    bool prefetched;
     sqlite3_blob *blob;
     sqlite3_stmt *stmt;      /* the fallback, prepared on first use */
     bool pending;            /* a read failed in SQLite: its failure, kept */
@@ -1743,24 +1744,6 @@ static int read_block_blob(struct getter *g, uint32_t b, uint64_t key, uint8_t *
     return KVT_OK;
 }
 
-/* Before the first block: ask the kernel for every run of blocks that lie
- * end to end in a segment, so that a cold load reads them at the speed of
- * the disk while the first ones are checked. */
-static void prefetch(struct getter *g, const bloc *record)
-{
-    g->prefetched = true;
-    bloc run = record ? *record : (bloc){0}, w;
-    for (size_t b = 0; b <= g->n_locs; b++) {
-        bool more = b < g->n_locs && locs_at(g->locs, b, &w) && w.seg;
-        if (more && run.seg == w.seg && run.off + run.bytes == w.off) {
-            run.bytes += w.bytes;
-            continue;
-        }
-        if (run.seg) kvt_segs_prefetch(g->st->segs, run.seg, run.off, run.bytes);
-        run = more ? w : (bloc){0};
-    }
-}
-
 static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
 {
     struct getter *g = user;
@@ -1768,7 +1751,6 @@ static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_
     if (st->sql_rc) return sql_status(st);
     bloc w;
     if (b < g->n_locs && locs_at(g->locs, b, &w) && w.seg) { /* in a segment, where the snapshot says */
-        if (!g->prefetched) prefetch(g, NULL);
         if (w.bytes > BLOCK_MAX) return kvt_fail(KVT_EFORMAT, "block %u: %llu bytes", b, (unsigned long long)w.bytes);
         int rc = read_bloc(st, &w, buf, cap);
         if (rc) {
@@ -1933,10 +1915,6 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     if (!locs) { sqlite3_finalize(stmt); rollback(st); return KVT_ENOMEM; }
     if (locs_len) memcpy(locs, sqlite3_column_blob(stmt, 0), locs_len);
     struct getter g = {.st = st, .locs = locs, .n_locs = locs_len / LOC_BYTES};
-    /* the record and the blocks, asked of the disk at once (a cold load
-     * reads them at its speed) */
-    bloc rw;
-    if (row_bloc(stmt, 2, 3, 4, &rw) && rw.seg) prefetch(&g, &rw);
     const uint8_t *rp = NULL;
     size_t len = 0;
     uint8_t *rbuf = NULL, *rec = NULL;
