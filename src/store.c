@@ -1948,6 +1948,9 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     else kvt_fail(rc, "%s", why);
     bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
+    /* the place of the block that failed, before the places go */
+    bloc where = {0};
+    if (rc != KVT_OK && bad_block < g.n_locs) locs_at(g.locs, bad_block, &where);
     free(locs);
     if (rc == KVT_OK) {
         st->hits++;
@@ -1963,9 +1966,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     snprintf(reason, sizeof reason, "%s", kvt_errmsg());
     /* A block that failed its own checks is the culprit; otherwise the record. */
     bool block_bad = bad_block != UINT32_MAX && strncmp(reason, "snapshot", 8) != 0;
-    bloc where = {0};
-    if (block_bad && bad_block < g.n_locs) locs_at(g.locs, bad_block, &where);
-    quarantine(st, id, block_bad, bad_key, where.seg ? &where : NULL, reason);
+    quarantine(st, id, block_bad, bad_key, block_bad && where.seg ? &where : NULL, reason);
     st->misses++;
     return kvt_fail(rc, "%s", reason);
 }
