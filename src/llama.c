@@ -302,6 +302,19 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     }
 }
 
+/* h1 = silu(h1) * h3 over a range of elements (each on its own: any split
+ * gives the same bytes). */
+struct swiglu_ctx { float *h1; const float *h3; };
+
+static void swiglu_range(void *arg, size_t j0, size_t j1)
+{
+    struct swiglu_ctx *c = arg;
+    for (size_t j = j0; j < j1; j++) {
+        float g = c->h1[j];
+        c->h1[j] = g * (1.0f / (1.0f + expf(-g))) * c->h3[j];
+    }
+}
+
 /* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
 static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
                       size_t lfrom)
@@ -342,10 +355,8 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
         kvt_matmul_w(s->pool, h3, &ly->w3, xb, n, wk->qx);
-        for (size_t j = 0; j < n * F; j++) {
-            float g = h1[j];
-            h1[j] = g * (1.0f / (1.0f + expf(-g))) * h3[j];
-        }
+        struct swiglu_ctx sc = {h1, h3};
+        kvt_pool_for(s->pool, n * F, 16384, swiglu_range, &sc);
         kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
     }

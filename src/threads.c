@@ -1,21 +1,51 @@
 /* Worker pool: threads wait on a generation counter; kvt_pool_for publishes a
  * job, runs range 0 itself and waits for the others. One job at a time per
- * pool (a session owns its pool). */
+ * pool (a session owns its pool).
+ *
+ * Waiting spins first, then sleeps: a forward pass publishes some hundred
+ * jobs a few microseconds apart, and waking a thread that sleeps on a
+ * condition variable costs tens of microseconds on a virtual machine (a
+ * decode step of a 125M model paid milliseconds of it). A worker that
+ * finds no new job within SPIN polls, and a caller whose workers are not
+ * done within as many, sleep on the condition variables as before; a job
+ * is announced on the condition variable only when a worker sleeps. */
 #include "threads.h"
 #include "util.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+#define SPIN 4096        /* polls, a yield of the CPU every 32 */
+#define CROWDED_NS 250000 /* a yield that took longer: other threads want the core */
+#define CALM_NS 200000000 /* then no spinning for this long */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 struct kvt_pool {
     uint32_t n;
     pthread_t *tid;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t gen;
-    uint32_t pending;
-    int quit;
+    _Atomic uint64_t gen;
+    _Atomic uint32_t pending;
+    _Atomic int quit;
+    uint32_t sleepers;   /* workers waiting on go (under mu) */
+    /* Spinning pays only while the pool's threads have cores to themselves:
+     * a spinning thread that another thread preempts has spent the credit
+     * the scheduler gives a thread it wakes, and waits behind the other for
+     * a whole time slice. A yield that comes back late shows it; then the
+     * pool sleeps at once for CALM_NS. */
+    _Atomic int64_t no_spin_until;
+    bool caller_sleeps;  /* the caller waits on done (under mu) */
     /* current job */
     kvt_range_fn fn;
     kvt_part_fn part_fn; /* instead of fn, when set */
@@ -40,6 +70,24 @@ static void run_part(kvt_pool *p, uint32_t k)
     else p->fn(p->ctx, b, e);
 }
 
+/* One poll of a spin (i: its index): false when the pool must not spin. */
+static bool spin_poll(kvt_pool *p, int i)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 32 != 31) return true;
+    int64_t t = now_ns();
+    if (t < atomic_load(&p->no_spin_until)) return false;
+    sched_yield();
+    int64_t u = now_ns();
+    if (u - t > CROWDED_NS) {
+        atomic_store(&p->no_spin_until, u + CALM_NS);
+        return false;
+    }
+    return true;
+}
+
 struct worker_arg { kvt_pool *p; uint32_t k; };
 
 static void *worker(void *arg)
@@ -49,17 +97,24 @@ static void *worker(void *arg)
     uint32_t k = wa->k;
     free(wa);
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit) break;
-        seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
+        for (int i = 0; i < SPIN && atomic_load(&p->gen) == seen && !atomic_load(&p->quit) && spin_poll(p, i); i++) {}
+        if (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) {
+            pthread_mutex_lock(&p->mu);
+            p->sleepers++;
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->go, &p->mu);
+            p->sleepers--;
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->quit)) break;
+        seen = atomic_load(&p->gen);
         run_part(p, k);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        if (atomic_fetch_sub(&p->pending, 1) == 1) { /* the last: the caller may sleep */
+            pthread_mutex_lock(&p->mu);
+            if (p->caller_sleeps) pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -94,7 +149,7 @@ void kvt_pool_free(kvt_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->quit = 1;
+    atomic_store(&p->quit, 1);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (uint32_t k = 1; k < p->n; k++) pthread_join(p->tid[k], NULL);
@@ -120,20 +175,27 @@ static void pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn 
         else fn(ctx, 0, n);
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    /* the job's fields, then the generation that publishes them (the
+     * atomic store orders them before it for a worker that sees it) */
     p->fn = fn;
     p->part_fn = part_fn;
     p->ctx = ctx;
     p->total = n;
     p->parts = parts;
-    p->pending = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
+    atomic_store(&p->pending, p->n - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->gen, 1);
+    if (p->sleepers) pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     run_part(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < SPIN && atomic_load(&p->pending) && spin_poll(p, i); i++) {}
+    if (atomic_load(&p->pending)) {
+        pthread_mutex_lock(&p->mu);
+        p->caller_sleeps = true;
+        while (atomic_load(&p->pending)) pthread_cond_wait(&p->done, &p->mu);
+        p->caller_sleeps = false;
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
