@@ -44,6 +44,7 @@
 #include "model.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -2162,6 +2163,45 @@ static int store_integrity(kvt_store *st, size_t *problems, char **report)
     return KVT_OK;
 }
 
+/* gc, inside its write transaction: give back the segment space no row
+ * names (what a crash between a commit and its release left, or the rows
+ * a rebuild could not keep): the whole pages between the records that rows
+ * name are punched out, and a segment below the current one that no row
+ * names is deleted. The current one's tail after its last record is cut
+ * by the next save. */
+static void reclaim_segments(kvt_store *st)
+{
+    int64_t current = q_int(st, "SELECT v FROM meta WHERE k = 'seg'", 0, NULL, 1);
+    sqlite3_stmt *q = prep(st, "SELECT seg, off, bytes FROM blocks WHERE seg IS NOT NULL"
+                               " UNION ALL SELECT rseg, roff, bytes FROM snaps WHERE rseg IS NOT NULL ORDER BY 1, 2", "gc");
+    uint32_t seg = 0, used[64];
+    size_t n_used = 0;
+    uint64_t end = 0;
+    while (step(st, q, "gc") == SQLITE_ROW) {
+        bloc w;
+        if (!row_bloc(q, 0, 1, 2, &w) || !w.seg) continue;
+        if (w.seg != seg) {
+            seg = w.seg;
+            end = 0;
+            if (n_used < 64) used[n_used++] = seg;
+        }
+        if (w.off > end) kvt_segs_release(st->segs, seg, end, w.off - end);
+        if (w.off + w.bytes > end) end = w.off + w.bytes;
+    }
+    sqlite3_finalize(q);
+    if (st->sql_rc || n_used == 64) return;
+    DIR *d = opendir(st->dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        unsigned n;
+        char tail;
+        if (sscanf(e->d_name, "kvtier.db-seg%u%c", &n, &tail) != 1 || n == 0 || (int64_t)n >= current) continue;
+        bool named = false;
+        for (size_t i = 0; i < n_used && !named; i++) named = used[i] == n;
+        if (!named) kvt_segs_remove(st->segs, n);
+    }
+    if (d) closedir(d);
+}
+
 static int store_gc(kvt_store *st)
 {
     size_t problems = 0;
@@ -2201,6 +2241,12 @@ static int store_gc(kvt_store *st)
                 (long long)was.blocks, (long long)was.refs, (long long)now.bytes, (long long)now.snaps,
                 (long long)now.blocks, (long long)now.refs);
     st->dirty = true;
+    /* under the write lock, with nothing written: no save appends meanwhile */
+    if (begin(st) == KVT_OK) {
+        reclaim_segments(st);
+        rollback(st);
+    }
+    if (st->sql_rc) return sql_status(st);
     return exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
