@@ -958,6 +958,27 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         old_seq = sqlite3_column_int64(r, 0);
     sqlite3_finalize(r);
     r = NULL;
+    /* the current segment: past every segment there is, so that the new
+     * database appends where no record of the old one can be */
+    int64_t seg = 1;
+    if (sqlite3_prepare_v2(st->db, "SELECT v FROM meta WHERE k = 'seg'", -1, &r, NULL) == SQLITE_OK &&
+        sqlite3_step(r) == SQLITE_ROW && sqlite3_column_int64(r, 0) > 0 && sqlite3_column_int64(r, 0) < UINT32_MAX)
+        seg = sqlite3_column_int64(r, 0);
+    sqlite3_finalize(r);
+    r = NULL;
+    DIR *d = opendir(st->dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        unsigned n;
+        char tail;
+        if (sscanf(e->d_name, "kvtier.db-seg%u%c", &n, &tail) == 1 && n < UINT32_MAX && (int64_t)n + 1 > seg) seg = (int64_t)n + 1;
+    }
+    if (d) closedir(d);
+    if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "UPDATE meta SET v = ? WHERE k = 'seg'", -1, &put, NULL), &err)) {
+        sqlite3_bind_int64(put, 1, seg);
+        nd_ok(nd, sqlite3_step(put), &err);
+    }
+    sqlite3_finalize(put);
+    put = NULL;
     if (!err && nd_ok(nd, sqlite3_prepare_v2(nd, "UPDATE meta SET v = MAX(?, ?) WHERE k = 'tick'", -1, &put, NULL), &err)) {
         sqlite3_bind_int64(put, 1, old_tick);
         sqlite3_bind_int64(put, 2, max_used);
