@@ -1507,9 +1507,10 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
             sqlite3_reset(has);
             sqlite3_bind_int64(has, 1, k);
             int r = step(st, has, "save block");
+            if (r != SQLITE_ROW && r != SQLITE_DONE) break;
             bloc w;
-            bool stored = r == SQLITE_ROW, again = false;
-            if (stored) {
+            bool again = false;
+            if (r == SQLITE_ROW) {
                 /* stored already: the new snapshot names the place its row
                  * says, once the record's header there says it is this
                  * block and its end is there (a damaged row or a cut
@@ -1523,8 +1524,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
                             !kvt_snap_block_names(head, keys[b], (size_t)w.bytes) ||
                             kvt_segs_read(st->segs, w.seg, w.off + w.bytes - sizeof end, end, sizeof end);
             }
-            if (stored && !again) {
-            } else if (r == SQLITE_ROW || r == SQLITE_DONE) {
+            if (r == SQLITE_DONE || again) {
                 uint64_t key;
                 blk.len = 0;
                 if ((rc = kvt_snap_block(s, (uint32_t)b, prev, &blk, &key))) break;
@@ -1540,8 +1540,6 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
                     step(st, ins, "save block");
                 }
                 sqlite3_finalize(ins);
-            } else {
-                break;
             }
             locs_put(&locs, &w);
             prev = keys[b];

@@ -591,6 +591,21 @@ TEST(store_schema_1_store_reads)
     rmdir_all(dir);
 }
 
+/* Copy file name of directory from into to. */
+static bool copy_file(const char *from, const char *to, const char *name)
+{
+    char path[400];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", from, name);
+    uint8_t *p = (uint8_t *)kvt_test_read_file(path, &len);
+    snprintf(path, sizeof path, "%s/%s", to, name);
+    FILE *f = p ? fopen(path, "wb") : NULL;
+    bool ok = f && fwrite(p, 1, len, f) == len;
+    if (f) ok &= fclose(f) == 0;
+    free(p);
+    return ok;
+}
+
 /* The store's files are pinned by a golden store per schema version
  * (tests/golden/store-v2-ds4-tiny/: a 700-token ds4-tiny entry saved cold
  * at 256 and whole at 700): today's build must verify it clean and load
@@ -605,7 +620,7 @@ TEST(store_golden_schema_2)
     enum { N = 700 };
     int32_t t[N];
     kvt_test_tokens(t, N, 83);
-    char dir[256], path[400];
+    char dir[256];
     tmpdir(dir, sizeof dir, "golden");
     const char *w = getenv("KVT_WRITE_GOLDEN");
     kvt_store *st = NULL;
@@ -622,31 +637,13 @@ TEST(store_golden_schema_2)
         kvt_store_close(st);
         st = NULL;
         mkdir(gdir, 0755);
-        for (int i = 0; i < 2; i++) {
-            size_t len = 0;
-            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-            uint8_t *p = (uint8_t *)kvt_test_read_file(path, &len);
-            snprintf(path, sizeof path, "%s/%s", gdir, files[i]);
-            FILE *f = fopen(path, "wb");
-            CHECK(p && f && fwrite(p, 1, len, f) == len);
-            fclose(f);
-            free(p);
-        }
+        for (int i = 0; i < 2; i++) CHECK(copy_file(dir, gdir, files[i]));
         rmdir_all(dir);
         tmpdir(dir, sizeof dir, "golden");
     }
     mkdir(dir, 0755);
-    for (int i = 0; i < 2; i++) { /* a copy: opening a store writes to it */
-        size_t len = 0;
-        snprintf(path, sizeof path, "%s/%s", gdir, files[i]);
-        uint8_t *p = (uint8_t *)kvt_test_read_file(path, &len);
-        CHECKF(p, "%s missing", path);
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        FILE *f = fopen(path, "wb");
-        CHECK(f && fwrite(p, 1, len, f) == len);
-        fclose(f);
-        free(p);
-    }
+    for (int i = 0; i < 2; i++) /* a copy: opening a store writes to it */
+        CHECKF(copy_file(gdir, dir, files[i]), "%s/%s missing", gdir, files[i]);
     size_t bad = 9, checked = 0;
     CHECK_OK(kvt_store_open_inspect(&st, dir));
     CHECK_OK(kvt_store_verify(st, &bad, &checked));

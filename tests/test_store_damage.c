@@ -552,6 +552,18 @@ static int64_t meta_schema(const char *dir)
     return v;
 }
 
+/* Whether dir's database holds exactly the bytes db[0, n). */
+static bool db_is(const char *dir, const uint8_t *db, size_t n)
+{
+    char path[400];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    char *now = kvt_test_read_file(path, &len);
+    bool same = now && len == n && !memcmp(now, db, n);
+    free(now);
+    return same;
+}
+
 /* Copy the segment files (kvtier.db-seg*) of from into to. */
 static bool copy_segs(const char *from, const char *to)
 {
@@ -640,14 +652,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
         snprintf(line, sizeof line, "checked %zu records: %zu damaged", checked, bad);
         CHECKF(strstr(out, line), "%s: cache verify printed:\n%s", what, out);
     }
-    {
-        size_t len = 0;
-        snprintf(path, sizeof path, "%s/kvtier.db", w->dir);
-        char *now = kvt_test_read_file(path, &len);
-        bool same = now && len == db_len && !memcmp(now, db, len);
-        free(now);
-        CHECKF(same, "%s: verify changed the database", what);
-    }
+    CHECKF(db_is(w->dir, db, db_len), "%s: verify changed the database", what);
     /* the next run of each prompt: whatever it restores, it computes what a
      * cold run does, and it saves; then both hit */
     size_t reused = 0;
@@ -655,12 +660,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
     if (orc == KVT_EUNSUPPORTED && meta_schema(w->dir) > 2) {
         /* the damage reads as a store of a newer build: left alone for it
          * (nothing is written; the run goes on without the disk tier) */
-        size_t len = 0;
-        snprintf(path, sizeof path, "%s/kvtier.db", w->dir);
-        char *now = kvt_test_read_file(path, &len);
-        bool same = now && len == db_len && !memcmp(now, db, len);
-        free(now);
-        CHECKF(same, "%s: a store of a newer schema was changed", what);
+        CHECKF(db_is(w->dir, db, db_len), "%s: a store of a newer schema was changed", what);
         w->newer++;
         return;
     }
