@@ -3,7 +3,10 @@
 #include "kvtier.h"
 #include "util.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,15 +14,16 @@
 #include <unistd.h>
 
 #define OPEN_MAX 8 /* segments kept open at once */
-/* The unix VFS reads and writes at most 128 KiB - 1 bytes a call (it keeps
- * only the low 17 bits of a write's length): larger ones go in pieces. */
+/* The unix VFS writes at most 128 KiB - 1 bytes a call (it keeps only the
+ * low 17 bits of a write's length): larger ones go in pieces. */
 #define PIECE 65536
 
 typedef struct seg_file {
     uint32_t seg;          /* 0: a free slot */
     sqlite3_file *f;       /* through the VFS: reads, writes, syncs */
-    int fd;                /* for punching holes only (-1 until needed) */
+    int fd;                /* for reads and punching holes (-1 until needed) */
     bool dirty;            /* written since its last sync */
+    int readers;           /* kvt_segs_readv calls reading it now: not closed */
     uint64_t used;         /* last use, to close the oldest */
 } seg_file;
 
@@ -29,6 +33,7 @@ struct kvt_segs {
     seg_file open[OPEN_MAX];
     uint64_t clock;
     uint64_t cap;          /* 0: none */
+    pthread_mutex_t mu;    /* the table of open segments, for readv on two threads */
 };
 
 kvt_segs *kvt_segs_new(const char *db_path)
@@ -38,6 +43,7 @@ kvt_segs *kvt_segs_new(const char *db_path)
     g->db_path = kvt_strndup(db_path, strlen(db_path));
     if (!g->db_path) { free(g); return NULL; }
     for (int i = 0; i < OPEN_MAX; i++) g->open[i].fd = -1;
+    pthread_mutex_init(&g->mu, NULL);
     return g;
 }
 
@@ -61,6 +67,7 @@ void kvt_segs_free(kvt_segs *g)
 {
     if (!g) return;
     kvt_segs_close_all(g);
+    pthread_mutex_destroy(&g->mu);
     free(g->db_path);
     free(g);
 }
@@ -84,7 +91,7 @@ static seg_file *get(kvt_segs *g, uint32_t seg, bool create, int *rc)
         seg_file *s = &g->open[i];
         if (s->seg == seg) { s->used = ++g->clock; return s; }
         if (!s->seg && !free_slot) free_slot = s;
-        if (s->seg && !s->dirty && (!oldest || s->used < oldest->used)) oldest = s;
+        if (s->seg && !s->dirty && !s->readers && (!oldest || s->used < oldest->used)) oldest = s;
     }
     if (!g->vfs && !(g->vfs = sqlite3_vfs_find(NULL))) { *rc = kvt_fail(KVT_EIO, "cache store: no file system"); return NULL; }
     seg_file *s = free_slot ? free_slot : oldest;
@@ -109,32 +116,66 @@ static seg_file *get(kvt_segs *g, uint32_t seg, bool create, int *rc)
     return s;
 }
 
-static int hint_fd(kvt_segs *g, seg_file *s)
+static int own_fd(kvt_segs *g, seg_file *s)
 {
     if (s->fd < 0) {
         char path[4200];
         seg_path(g, s->seg, path, sizeof path);
         s->fd = open(path, O_RDWR | O_CLOEXEC);
+        if (s->fd < 0) s->fd = open(path, O_RDONLY | O_CLOEXEC); /* a store this process may only read */
     }
     return s->fd;
 }
 
+int kvt_segs_readv(kvt_segs *g, uint32_t seg, uint64_t off, struct iovec *iov, int n)
+{
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len > INT32_MAX - len)
+            return kvt_fail(KVT_EFORMAT, "segment %u: a read of more than %d bytes", seg, INT32_MAX);
+        len += iov[i].iov_len;
+    }
+    if (off > (uint64_t)INT64_MAX - len)
+        return kvt_fail(KVT_EFORMAT, "segment %u: %zu bytes at %llu", seg, len, (unsigned long long)off);
+    int rc = KVT_OK, fd = -1;
+    pthread_mutex_lock(&g->mu);
+    seg_file *s = get(g, seg, false, &rc);
+    if (s && (fd = own_fd(g, s)) >= 0) s->readers++;
+    pthread_mutex_unlock(&g->mu);
+    if (!s) return rc ? rc : kvt_fail(KVT_EFORMAT, "segment %u is missing", seg);
+    if (fd < 0) return kvt_fail(KVT_EIO, "segment %u: cannot open it to read (%s)", seg, strerror(errno));
+    while (len > 0) {
+        ssize_t r = preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = kvt_fail(KVT_EIO, "segment %u: read error (%s)", seg, strerror(errno)); break; }
+        if (r == 0) {
+            rc = kvt_fail(KVT_EFORMAT, "segment %u ends before %llu", seg, (unsigned long long)(off + len));
+            break;
+        }
+        off += (uint64_t)r;
+        len -= (size_t)r;
+        /* a short read: go on past what it filled */
+        size_t k = (size_t)r;
+        while (n > 0 && k >= iov->iov_len) {
+            k -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + k;
+            iov->iov_len -= k;
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    s->readers--;
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
 int kvt_segs_read(kvt_segs *g, uint32_t seg, uint64_t off, void *p, size_t len)
 {
-    int rc;
-    seg_file *s = get(g, seg, false, &rc);
-    if (!s) return rc ? rc : kvt_fail(KVT_EFORMAT, "segment %u is missing", seg);
-    if (len > INT32_MAX || off > (uint64_t)INT64_MAX - len)
-        return kvt_fail(KVT_EFORMAT, "segment %u: %zu bytes at %llu", seg, len, (unsigned long long)off);
-    for (size_t done = 0; done < len;) {
-        size_t k = len - done < PIECE ? len - done : PIECE;
-        int r = s->f->pMethods->xRead(s->f, (uint8_t *)p + done, (int)k, (sqlite3_int64)(off + done));
-        if (r == SQLITE_IOERR_SHORT_READ)
-            return kvt_fail(KVT_EFORMAT, "segment %u ends before %llu", seg, (unsigned long long)(off + len));
-        if (r != SQLITE_OK) return kvt_fail(KVT_EIO, "segment %u: read error (SQLite error %d)", seg, r);
-        done += k;
-    }
-    return KVT_OK;
+    struct iovec v = {p, len};
+    return kvt_segs_readv(g, seg, off, &v, 1);
 }
 
 int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size)
@@ -200,7 +241,7 @@ void kvt_segs_release(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len)
     if (b <= a) return;
     int rc;
     seg_file *s = get(g, seg, false, &rc);
-    if (s && hint_fd(g, s) >= 0) fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a));
+    if (s && own_fd(g, s) >= 0) fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a));
 }
 
 int kvt_segs_remove(kvt_segs *g, uint32_t seg)

@@ -9,15 +9,18 @@
  * together. Space of removed blocks is given back to the file system (holes
  * punched, a segment without blocks deleted).
  *
- * Writes, syncs and reads go through SQLite's default VFS, so a VFS shim
- * that models a disk (tests/test_store_power.c) sees them as it sees the
- * database's. Only the punching of holes uses a file descriptor of its
- * own. Callers serialise writers (the database's write lock). */
+ * Writes, syncs and truncation go through SQLite's default VFS, so a VFS
+ * shim that models a disk (tests/test_store_power.c) sees them as it sees
+ * the database's. Reads and the punching of holes use a descriptor of the
+ * segment's own: the VFS reads into one buffer a call, and a load reads a
+ * block's pieces into the session's rows with one. Callers serialise
+ * writers (the database's write lock). */
 #ifndef KVT_SEGMENTS_H
 #define KVT_SEGMENTS_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 typedef struct kvt_segs kvt_segs;
 
@@ -31,6 +34,11 @@ void kvt_segs_close_all(kvt_segs *g);
 /* len bytes at off of segment seg. KVT_EFORMAT when the segment or the
  * range is missing (a block that is not there), KVT_EIO on a read error. */
 int kvt_segs_read(kvt_segs *g, uint32_t seg, uint64_t off, void *p, size_t len);
+/* The same into the n pieces of iov, in order, with one system call where
+ * it can (a load reads a block straight into the session's rows); iov is
+ * used up (changed). Two threads may call it at once (and nothing else
+ * meanwhile). */
+int kvt_segs_readv(kvt_segs *g, uint32_t seg, uint64_t off, struct iovec *iov, int n);
 
 /* The segment's size in bytes (0 when it does not exist). */
 int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size);

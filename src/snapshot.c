@@ -29,7 +29,6 @@
 #include "threads.h"
 #include "util.h"
 
-#include <sched.h>
 #include <stdatomic.h>
 
 #include <stdio.h>
@@ -369,18 +368,70 @@ static void reset(kvt_session *s)
     s->cache->state_check = false;
 }
 
-/* Check a block record against what the snapshot expects, then copy it in. */
-static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, const uint8_t *p, size_t len)
+void kvt_snap_empty(kvt_session *s) { reset(s); }
+
+/* The bytes of a block's rows in a record (every stream's, in order). */
+static size_t block_rows_len(const kvt_cache *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_streams; i++) n += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
+    return n;
+}
+
+/* Where block b's rows of stream i are: the block exists (kvt_cache_reserve
+ * made it), or NULL. Reads the block table only, so the reader thread may
+ * call it while the checker loads other blocks. */
+static void *block_dst(const kvt_cache *c, size_t i, uint32_t b)
+{
+    const kvt_stream *st = &c->streams[i];
+    return b < st->n_blocks ? st->blocks[b] : NULL;
+}
+
+/* The places block b's rows are read into in place (false: a block without
+ * its rows allocated, to be read whole). iov has n_streams entries. */
+static bool block_rows_at(const kvt_cache *c, uint32_t b, struct iovec *iov, kvt_block_rows *out)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < c->n_streams; i++) {
+        const kvt_stream *st = &c->streams[i];
+        void *dst = block_dst(c, i, b);
+        if (!dst) return false;
+        iov[i] = (struct iovec){dst, (size_t)st->rows_per_block * st->row_bytes};
+        bytes += iov[i].iov_len;
+    }
+    *out = (kvt_block_rows){iov, (int)c->n_streams, bytes};
+    return true;
+}
+
+/* Check a block record against what the snapshot expects, then copy its
+ * rows in. in_place: its rows were read straight into the session's rows
+ * (kvt_block_read_fn) and p holds the rest of the record, len - rows bytes
+ * of it; they are checked where they are. */
+static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, const uint8_t *p, size_t len,
+                      bool in_place)
 {
     const kvt_cache *c = s->cache;
-    size_t rows_len = 0;
-    for (size_t i = 0; i < c->n_streams; i++) rows_len += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
+    size_t rows_len = block_rows_len(c);
     size_t fixed = BLK_HDR + 4 * KVT_BLOCK + 4 + rows_len + 8;
     if (len < fixed || memcmp(p, BLK_MAGIC, 8))
         return kvt_fail(KVT_EFORMAT, "block %u: %zu bytes or bad magic (at least %zu expected)", b, len, fixed);
-    size_t payload = len - BLK_HDR - 8;
-    if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8))
-        return kvt_fail(KVT_ECORRUPT, "block %u: checksum mismatch", b);
+    size_t payload = len - BLK_HDR - 8, head = len - rows_len - 8; /* head: the bytes before the rows */
+    uint64_t sum;
+    if (in_place) { /* the checksum of the pieces, as of the record they make */
+        XXH3_state_t *h = XXH3_createState();
+        if (!h) return kvt_fail(KVT_ENOMEM, "block %u checksum", b);
+        XXH3_64bits_reset(h);
+        XXH3_64bits_update(h, p, head);
+        for (size_t i = 0; i < c->n_streams; i++) {
+            const kvt_stream *st = &c->streams[i];
+            XXH3_64bits_update(h, block_dst(c, i, b), (size_t)st->rows_per_block * st->row_bytes);
+        }
+        sum = XXH3_64bits_digest(h);
+        XXH3_freeState(h);
+    } else {
+        sum = XXH3_64bits(p, len - 8);
+    }
+    if (sum != kvt_rd64(p + (in_place ? head : len - 8))) return kvt_fail(KVT_ECORRUPT, "block %u: checksum mismatch", b);
     if (kvt_rd32(p + 8) != KVT_SNAP_VERSION || kvt_rd32(p + 12) != b || kvt_rd64(p + 16) != s->m->fingerprint ||
         kvt_rd64(p + 24) != key || kvt_rd64(p + 32) != prev || kvt_rd32(p + 40) != c->n_streams ||
         kvt_rd32(p + 44) != payload)
@@ -394,7 +445,8 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
     if (kvt_snap_key_next(prev, ids) != key) return kvt_fail(KVT_EMISMATCH, "block %u: ids do not hash to its key", b);
     size_t text_len = kvt_rd32(p + BLK_HDR + 4 * KVT_BLOCK);
     if (text_len != len - fixed) return kvt_fail(KVT_EFORMAT, "block %u: text of %zu bytes does not fit", b, text_len);
-    const uint8_t *rows = p + BLK_HDR + 4 * KVT_BLOCK + 4 + text_len;
+    if (in_place) return KVT_OK;
+    const uint8_t *rows = p + head;
     for (size_t i = 0; i < c->n_streams; i++) {
         /* a block's rows of one stream are one allocation (cache.h) */
         const kvt_stream *st = &c->streams[i];
@@ -455,134 +507,116 @@ int kvt_snap_load_finish(kvt_session *s, bool rebuild)
 }
 
 /* Where a load's blocks come from: get (a pointer valid until the next
- * call) or read (into a buffer of the loader's). bad and bad_key: the block
- * whose read or check failed. */
+ * call) or read (into a buffer of the loader's; concurrent: from two
+ * threads at once). bad and bad_key: the block whose read or check failed. */
 struct block_src {
     kvt_block_get_fn get;
     kvt_block_read_fn read;
+    bool concurrent;
     void *user;
     uint32_t bad;
     uint64_t bad_key;
 };
 
+/* Key of the block before b: the chain the record lists. */
+static uint64_t prev_key(const kvt_session *s, const kvt_snap_info *in, uint32_t b)
+{
+    return b ? kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)(b - 1)) : kvt_snap_key0(s->m);
+}
+
+/* Read (in place where the source can) and check block b; buf and iov are
+ * the caller's (iov: n_streams entries). */
+static int read_and_load(kvt_session *s, const kvt_snap_info *in, struct block_src *src, uint32_t b, uint8_t **buf,
+                         size_t *cap, struct iovec *iov)
+{
+    uint64_t key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)b);
+    const uint8_t *p = NULL;
+    size_t len = 0;
+    bool in_place = false;
+    int rc;
+    if (src->read) {
+        kvt_block_rows rows;
+        bool at = block_rows_at(s->cache, b, iov, &rows);
+        rc = src->read(src->user, b, key, at ? &rows : NULL, buf, cap, &len, &in_place);
+        p = *buf;
+    } else {
+        rc = src->get(src->user, b, key, &p, &len);
+    }
+    return rc ? rc : load_block(s, b, prev_key(s, in, b), key, p, len, in_place);
+}
+
 /* ---- the blocks of a load on two threads ----
  *
- * The reader (the caller) reads block after block into a ring of buffers;
- * the checker (the pool's other thread) takes them in order, checks each
- * and copies its rows in. The first failure in block order wins, as if
- * one thread did both: the reader stops at its first failed read, which
- * the checker meets in its turn, and stops reading when the checker fails.
- * Errors raised on the checker are carried over by message. */
+ * With a source that reads concurrently, the pool's two threads share the
+ * blocks in runs of PAR_RUN, taken in turn, and each reads its blocks
+ * straight into the rows and checks them: the copy out of the page cache,
+ * a load's largest cost, runs on both cores. A block's checks need only
+ * the record (its key and the one before it), never another block, so the
+ * order they run in changes nothing, and the outcome is the one of a load
+ * that read and checked the blocks one after the other: the first block in
+ * order whose read or check fails is the failure (a thread stops at its
+ * first failure and skips blocks past the lowest one seen so far; every
+ * block before that one was read and checked by one thread or the other).
+ * Errors raised on the other thread are carried over by message. */
 
-#define PIPE_SLOTS 32
-#define PIPE_MIN 32   /* fewer blocks: one thread */
+#define PAR_RUN 16
+#define PAR_MIN 32 /* fewer blocks: one thread */
 
-struct pipe {
+struct par {
     kvt_session *s;
     const kvt_snap_info *in;
     struct block_src *src;
-    uint8_t *buf[PIPE_SLOTS];
-    size_t cap[PIPE_SLOTS], len[PIPE_SLOTS];
-    int slot_rc[PIPE_SLOTS];
-    char read_why[512];          /* the reader's failure (it stops there) */
-    _Atomic uint32_t produced, consumed;
-    _Atomic bool stop;           /* the checker failed */
-    _Atomic bool read_done;      /* the reader stopped */
-    int rc;                      /* the first failure, in block order */
-    uint32_t bad;
-    char why[512];
+    _Atomic uint32_t first_bad;  /* the lowest failed block so far (UINT32_MAX: none) */
+    int rc[2];
+    uint32_t bad[2];
+    char why[2][512];
 };
 
-/* Wait until ready(p), spinning and yielding the CPU in turns, never
- * sleeping: on a virtual machine, waking a sleeping thread costs tens of
- * microseconds, and the hundreds of waits of a load made it slower than on
- * one thread, at times three times slower. The waits are short: the other
- * side is working. */
-static void pipe_wait(struct pipe *p, bool (*ready)(struct pipe *))
+static void par_part(void *ctx, uint32_t part, size_t begin, size_t end)
 {
-    while (!ready(p)) {
-        for (int i = 0; i < 32 && !ready(p); i++) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        sched_yield();
-    }
-}
-
-static bool reader_may_go(struct pipe *p)
-{
-    return atomic_load(&p->stop) || atomic_load(&p->produced) - atomic_load(&p->consumed) < PIPE_SLOTS;
-}
-
-static bool checker_may_go(struct pipe *p)
-{
-    return atomic_load(&p->produced) > atomic_load(&p->consumed) || atomic_load(&p->read_done);
-}
-
-static void pipe_read(struct pipe *p)
-{
-    const kvt_snap_info *in = p->in;
-    for (uint32_t b = 0; b < in->nb; b++) {
-        pipe_wait(p, reader_may_go);
-        if (atomic_load(&p->stop)) break;
-        size_t k = b % PIPE_SLOTS;
-        uint64_t key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)b);
-        int rc = p->src->read(p->src->user, b, key, &p->buf[k], &p->cap[k], &p->len[k]);
-        if (rc) snprintf(p->read_why, sizeof p->read_why, "%s", kvt_errmsg());
-        p->slot_rc[k] = rc;
-        atomic_store(&p->produced, b + 1);
+    (void)begin;
+    (void)end;
+    struct par *p = ctx;
+    uint32_t nb = p->in->nb, w = part & 1;
+    p->bad[w] = UINT32_MAX;
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    struct iovec *iov = kvt_calloc(p->s->cache->n_streams ? p->s->cache->n_streams : 1, sizeof *iov);
+    int rc = iov ? KVT_OK : KVT_ENOMEM;
+    uint32_t b = w * PAR_RUN; /* out of memory: blamed on the first block this thread would read */
+    for (; !rc && b < nb; b += (b + 1) % PAR_RUN ? 1 : PAR_RUN + 1) {
+        if (b > atomic_load(&p->first_bad)) break;
+        rc = read_and_load(p->s, p->in, p->src, b, &buf, &cap, iov);
         if (rc) break;
     }
-    atomic_store(&p->read_done, true);
-}
-
-static void pipe_check(struct pipe *p)
-{
-    const kvt_snap_info *in = p->in;
-    uint64_t prev = kvt_snap_key0(p->s->m);
-    for (uint32_t b = 0; b < in->nb; b++) {
-        pipe_wait(p, checker_may_go);
-        if (atomic_load(&p->produced) <= b) return; /* the reader stopped (it cannot without a failed slot) */
-        size_t k = b % PIPE_SLOTS;
-        uint64_t key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)b);
-        int rc = p->slot_rc[k];
-        if (rc) snprintf(p->why, sizeof p->why, "%s", p->read_why);
-        else if ((rc = load_block(p->s, b, prev, key, p->buf[k], p->len[k]))) snprintf(p->why, sizeof p->why, "%s", kvt_errmsg());
-        if (rc) {
-            p->rc = rc;
-            p->bad = b;
-            atomic_store(&p->stop, true);
-            return;
-        }
-        atomic_store(&p->consumed, b + 1);
-        prev = key;
+    if (rc) {
+        p->rc[w] = rc;
+        p->bad[w] = b;
+        snprintf(p->why[w], sizeof p->why[w], "%s", kvt_errmsg());
+        uint32_t cur = atomic_load(&p->first_bad);
+        while (b < cur && !atomic_compare_exchange_weak(&p->first_bad, &cur, b)) {}
     }
+    free(buf);
+    free(iov);
 }
 
-static void pipe_part(void *ctx, size_t begin, size_t end)
+static int load_blocks_parallel(kvt_session *s, const kvt_snap_info *in, struct block_src *src)
 {
-    (void)end;
-    if (begin == 0) pipe_read(ctx);
-    else pipe_check(ctx);
-}
-
-static int load_blocks_piped(kvt_session *s, const kvt_snap_info *in, struct block_src *src)
-{
-    struct pipe *p = kvt_calloc(1, sizeof *p);
+    struct par *p = kvt_calloc(1, sizeof *p);
     if (!p) return KVT_ENOMEM;
-    p->s = s;
-    p->in = in;
-    p->src = src;
-    kvt_pool_for(s->pool, 2, 1, pipe_part, p);
-    int rc = p->rc;
-    if (!rc && atomic_load(&p->consumed) != in->nb) rc = kvt_fail(KVT_EINVAL, "snapshot: blocks not all loaded");
-    if (p->rc) {
-        src->bad = p->bad;
-        src->bad_key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)p->bad);
-        kvt_fail(rc, "%s", p->why);
+    *p = (struct par){.s = s, .in = in, .src = src, .first_bad = UINT32_MAX};
+    kvt_pool_for_part(s->pool, 2, 1, par_part, p);
+    int rc = KVT_OK;
+    if (kvt_pool_last_parts(s->pool) != 2) {
+        rc = kvt_fail(KVT_EINVAL, "snapshot: blocks not all loaded");
+    } else {
+        int w = p->bad[1] < p->bad[0];
+        if (p->rc[w]) {
+            rc = kvt_fail(p->rc[w], "%s", p->why[w]);
+            src->bad = p->bad[w];
+            src->bad_key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)p->bad[w]);
+        }
     }
-    for (size_t k = 0; k < PIPE_SLOTS; k++) free(p->buf[k]);
     free(p);
     return rc;
 }
@@ -590,24 +624,21 @@ static int load_blocks_piped(kvt_session *s, const kvt_snap_info *in, struct blo
 /* Every block of the record, checked and copied in, in order. */
 static int load_blocks(kvt_session *s, const kvt_snap_info *in, struct block_src *src)
 {
-    if (src->read && in->nb >= PIPE_MIN && kvt_pool_size(s->pool) > 1) return load_blocks_piped(s, in, src);
+    if (src->read && src->concurrent && in->nb >= PAR_MIN && kvt_pool_size(s->pool) > 1)
+        return load_blocks_parallel(s, in, src);
     uint8_t *buf = NULL;
     size_t cap = 0;
+    struct iovec *iov = kvt_calloc(s->cache->n_streams ? s->cache->n_streams : 1, sizeof *iov);
+    if (!iov) return KVT_ENOMEM;
     int rc = KVT_OK;
-    uint64_t prev = kvt_snap_key0(s->m);
     for (uint32_t b = 0; b < in->nb && !rc; b++) {
-        uint64_t key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)b);
-        const uint8_t *bp = NULL;
-        size_t bl = 0;
-        rc = src->read ? src->read(src->user, b, key, &buf, &cap, &bl) : src->get(src->user, b, key, &bp, &bl);
-        if (!rc) rc = load_block(s, b, prev, key, src->read ? buf : bp, bl);
-        if (rc) {
+        if ((rc = read_and_load(s, in, src, b, &buf, &cap, iov))) {
             src->bad = b;
-            src->bad_key = key;
+            src->bad_key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)b);
         }
-        prev = key;
     }
     free(buf);
+    free(iov);
     return rc;
 }
 
@@ -670,10 +701,10 @@ int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_bloc
     return load_start(s, rec, len, &src, rebuild);
 }
 
-int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, void *user,
-                             bool *rebuild, uint32_t *bad_block, uint64_t *bad_key)
+int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, bool concurrent,
+                             void *user, bool *rebuild, uint32_t *bad_block, uint64_t *bad_key)
 {
-    struct block_src src = {.read = read, .user = user};
+    struct block_src src = {.read = read, .concurrent = concurrent, .user = user};
     int rc = load_start(s, rec, len, &src, rebuild);
     *bad_block = src.bad;
     *bad_key = src.bad_key;

@@ -6,6 +6,8 @@
 #include "buf.h"
 #include "kvtier.h"
 
+#include <sys/uio.h>
+
 #define KVT_SNAP_VERSION 2
 #define KVT_SNAP_VERSION_REPLAY 4    /* a snapshot record stored without its state, with its digest */
 #define KVT_SNAP_VERSION_REPLAY_V3 3 /* the same without the digest: still read, no longer written */
@@ -68,18 +70,34 @@ typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint
 /* Replace the session's state with a record and its blocks; on failure the
  * session is left empty. */
 int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
+/* Where the rows of a block record go when read in place: the session's
+ * rows of that block, one piece per stream in the record's order (n pieces,
+ * bytes in all). */
+typedef struct kvt_block_rows {
+    const struct iovec *iov;
+    int n;
+    size_t bytes;
+} kvt_block_rows;
 /* Block records read into a buffer of the caller's: *buf (of *cap bytes,
  * grown with realloc as needed) receives block b's record, *len its
- * length. Called from the thread that calls kvt_snap_load_read_start. */
-typedef int (*kvt_block_read_fn)(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len);
-/* kvt_snap_load_start with blocks read by read. On a session whose pool has
- * two threads or more, the blocks are checked and copied on another thread
- * while this one reads the next ones; the outcome is the same as reading,
- * checking and copying them one after the other: the first block whose
- * read or check fails is the failure. *bad_block and *bad_key receive that
- * block's index and key (UINT32_MAX: the failure is not a block's). */
-int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, void *user,
-                             bool *rebuild, uint32_t *bad_block, uint64_t *bad_key);
+ * length, and *in_place is false. Given rows (may be NULL), the reader may
+ * instead read the record's rows (the rows->bytes bytes before its last 8)
+ * straight into rows->iov and the rest of it, in order, into *buf (so *buf
+ * holds *len - rows->bytes bytes), and set *in_place. Called from the
+ * thread that calls kvt_snap_load_read_start, and with concurrent set from
+ * one other thread of the session's pool as well. */
+typedef int (*kvt_block_read_fn)(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
+                                 size_t *cap, size_t *len, bool *in_place);
+/* kvt_snap_load_start with blocks read by read. concurrent: read may be
+ * called from two threads at once (for different blocks); then, on a
+ * session whose pool has two threads or more, the pool's threads share the
+ * blocks, each reading and checking its own. Either way the outcome is the
+ * one of reading and checking the blocks one after the other: the first
+ * block whose read or check fails is the failure. *bad_block and *bad_key
+ * receive that block's index and key (UINT32_MAX: the failure is not a
+ * block's). */
+int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, bool concurrent,
+                             void *user, bool *rebuild, uint32_t *bad_block, uint64_t *bad_key);
 /* kvt_snap_load in two steps, so that a caller can release what it read the
  * blocks from before the slow part: _start checks and copies everything in
  * and sets *rebuild when the state must still be rebuilt by replay (keeping
@@ -89,6 +107,8 @@ int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt
 int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user,
                         bool *rebuild);
 int kvt_snap_load_finish(kvt_session *s, bool rebuild);
+/* Empty the session, as a failed load leaves it. */
+void kvt_snap_empty(kvt_session *s);
 /* Tests only: when set, a rebuilt state is not checked against the record's
  * digest (version 4 records load as version 3 ones do), the negative
  * control that shows the digest is what refuses a wrong rebuilt state. */

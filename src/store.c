@@ -8,17 +8,19 @@
  * its pages, so every record carries its own XXH3 checksums (snapshot.c) and
  * is verified on load.
  *
- *   blocks(key, refs, bytes, data)        one row per distinct 128-token block
- *   snaps(id, model, head, n_tokens, tail, ..., data)
+ *   blocks(key, refs, bytes, seg, off)    one row per distinct 128-token block
+ *   snaps(id, model, head, n_tokens, tail, ..., rseg, roff, locs)
+ *                                         (records in segment files, segments.h;
+ *                                         a schema 1 store's in the rows' data)
  *   snap_blocks(snap, idx, key)           which blocks a snapshot stands on
  *   counters(name, value), meta(k, v), quarantine(...)
  *   totals(bytes, snaps, blocks, refs)   one row, kept exact by triggers
  *
  * A save reads the store's size from totals and evicts through an index on
  * snaps(last_used): its cost does not grow with the number of entries. A
- * load reads the snapshot's blocks in order through one incremental blob
- * handle into one reused buffer, and their rows go into one allocation
- * (kvt_cache_reserve).
+ * load reads the snapshot's blocks from the places its row lists, each
+ * with one read straight into the rows, on two threads; the rows are one
+ * allocation (kvt_cache_reserve).
  *
  * Every SQLite failure is a failure of the operation that met it (sql_note),
  * never the end of a table. When SQLite reports the database damaged
@@ -76,6 +78,8 @@ struct kvt_store {
     uint64_t budget;
     bool quiet;
     bool durable;            /* synchronous=FULL (off only while a benchmark populates, or in tests) */
+    bool keep_places;        /* removals leave their segment ranges to gc (quarantine: a damaged
+                                row's place may be another row's) */
     bool inspect;            /* kvt_store_open_inspect: nothing is written, rebuilt or moved */
     ientry *idx;             /* (n_idx of cap_idx) sorted by head, then length */
     size_t n_idx, cap_idx;
@@ -647,16 +651,30 @@ static void locs_put(kvt_wbuf *b, const bloc *w)
     kvt_wbuf_put(b, e, sizeof e);
 }
 
-/* Read the record at w (a segment place) into *buf (of *cap bytes). */
-static int read_bloc(kvt_store *st, const bloc *w, uint8_t **buf, size_t *cap)
+/* Block b's record at w (a segment place), read whole into *buf, or with
+ * rows (non-NULL) its rows straight into them and the bytes before and
+ * after them (the checksum) into *buf, all in one read. May run on two
+ * threads at once (kvt_segs_readv). */
+static int read_bloc_into(kvt_store *st, const bloc *w, const kvt_block_rows *rows, uint8_t **buf, size_t *cap)
 {
-    if (w->bytes > *cap) {
-        uint8_t *nb = realloc(*buf, (size_t)w->bytes);
-        if (!nb) return kvt_fail(KVT_ENOMEM, "block of %llu bytes", (unsigned long long)w->bytes);
+    size_t whole = (size_t)w->bytes, head = rows ? whole - rows->bytes - 8 : whole;
+    size_t need = rows ? head + 8 : whole, n = rows ? (size_t)rows->n + 2 : 1;
+    if (need > *cap) {
+        uint8_t *nb = realloc(*buf, need);
+        if (!nb) return kvt_fail(KVT_ENOMEM, "block of %zu bytes", whole);
         *buf = nb;
-        *cap = (size_t)w->bytes;
+        *cap = need;
     }
-    return kvt_segs_read(st->segs, w->seg, w->off, *buf, (size_t)w->bytes);
+    struct iovec local[64], *v = n <= 64 ? local : kvt_malloc(n * sizeof *v);
+    if (!v) return KVT_ENOMEM;
+    v[0] = (struct iovec){*buf, head};
+    if (rows) {
+        memcpy(v + 1, rows->iov, (size_t)rows->n * sizeof *v);
+        v[n - 1] = (struct iovec){*buf + head, 8};
+    }
+    int rc = kvt_segs_readv(st->segs, w->seg, w->off, v, (int)n);
+    if (v != local) free(v);
+    return rc;
 }
 
 /* Delete rows whose records are in segments (sql: a DELETE ... RETURNING
@@ -669,7 +687,7 @@ static void delete_placed(kvt_store *st, const char *sql, int n, const int64_t *
     for (int i = 0; i < n; i++) sqlite3_bind_int64(stmt, i + 1, args[i]);
     while (step(st, stmt, NULL) == SQLITE_ROW) {
         bloc w;
-        if (!row_bloc(stmt, 0, 1, 2, &w) || !w.seg) continue;
+        if (!row_bloc(stmt, 0, 1, 2, &w) || !w.seg || st->keep_places) continue;
         int rc; /* a range not recorded stays allocated until gc */
         KVT_GROW(st->freed, &st->cap_freed, st->n_freed + 1, rc);
         if (!rc) st->freed[st->n_freed++] = w;
@@ -768,24 +786,21 @@ static int row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **
     *len = (size_t)sqlite3_column_bytes(r, cd);
     if (!w.seg) return KVT_OK;
     if (*len) return kvt_fail(KVT_EFORMAT, "snapshot: a segment's record with bytes in its row too");
-    int rc = read_bloc(st, &w, buf, cap);
+    int rc = read_bloc_into(st, &w, NULL, buf, cap);
     if (rc) return rc;
     *p = *buf;
     *len = (size_t)w.bytes;
     return KVT_OK;
 }
 
-/* A snapshot row (model, head, n_tokens, tail, n_blocks, replay, bytes,
- * data from column c0 on) against its record: the record's own checks, and
- * the columns that lookups and the budget read agree with it. */
-static int check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap)
+/* A snapshot row (SNAP_COLS from column c0 on) against its record p (len
+ * bytes): the record's own checks, and the columns that lookups and the
+ * budget read agree with it (a valid record of another snapshot at the
+ * row's place is refused). */
+static int snap_row_agrees(sqlite3_stmt *r, int c0, const uint8_t *p, size_t len, kvt_snap_info *in)
 {
-    const uint8_t *p;
-    size_t len;
-    int rc = row_record(st, r, c0 + 7, c0 + 6, buf, cap, &p, &len);
-    if (rc) return rc;
     if (!p) return kvt_fail(KVT_EFORMAT, "snapshot: empty record");
-    rc = kvt_snap_parse_raw(p, len, in);
+    int rc = kvt_snap_parse_raw(p, len, in);
     if (rc) return rc;
     size_t tail_n = in->n - (size_t)in->nb * KVT_BLOCK;
     int32_t ids[KVT_BLOCK];
@@ -799,6 +814,15 @@ static int check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info 
         sqlite3_column_int64(r, c0 + 6) != (int64_t)len)
         return kvt_fail(KVT_EFORMAT, "snapshot: its row disagrees with its record");
     return KVT_OK;
+}
+
+/* The same with the record read from the row's place into *buf. */
+static int check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap)
+{
+    const uint8_t *p;
+    size_t len;
+    int rc = row_record(st, r, c0 + 7, c0 + 6, buf, cap, &p, &len);
+    return rc ? rc : snap_row_agrees(r, c0, p, len, in);
 }
 
 /* The columns check_snap_row reads (from a store of schema 1 opened to
@@ -823,7 +847,7 @@ static int check_block_row(kvt_store *st, sqlite3_stmt *r, int c0, uint64_t key,
     if (!row_bloc(r, c0 + 2, c0 + 3, c0, &w)) return kvt_fail(KVT_EFORMAT, "block: its row's place or size is out of range");
     if (w.seg) {
         if (len) return kvt_fail(KVT_EFORMAT, "block: a segment's block with bytes in its row too");
-        int rc = read_bloc(st, &w, buf, cap);
+        int rc = read_bloc_into(st, &w, NULL, buf, cap);
         if (rc) return rc;
         p = *buf;
         len = (size_t)w.bytes;
@@ -1688,31 +1712,24 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
 
 /* ---- load ---- */
 
-/* The blocks of a load, read in the record's order through one incremental
- * blob handle: sqlite3_blob_reopen moves it to the next block's row (a seek
- * on the table's key, no statement to step), and sqlite3_blob_read copies
- * the record into the loader's buffer, its overflow pages read from the
- * file straight into it. A block the handle cannot open (no such row, or a
- * value that is not a blob) is read again with a statement, which tells a
- * missing block from a damaged one exactly as before.
- *
- * The loader may check a block on another thread while this reads the next
- * ones (kvt_snap_load_read_start), so a read can fail after a block that
- * will fail its checks. A failed read therefore keeps its SQLite failure to
- * itself (pend) and leaves the operation's clean; the failure becomes the
- * operation's only if the loader reports that block as the first failure,
- * as a load that read one block at a time would have met it. */
+/* The blocks of a load, at the places the snapshot's locs name (segments;
+ * with a place for every block, read on two threads straight into the
+ * rows, kvt_snap_load_read_start), or else in the record's order through
+ * one incremental blob handle (a schema 1 store's rows):
+ * sqlite3_blob_reopen moves it to the next block's row (a seek on the
+ * table's key, no statement to step), and sqlite3_blob_read copies the
+ * record into the loader's buffer. A block the handle cannot open (no such
+ * row, or a value that is not a blob) is read again with a statement,
+ * which tells a missing block from a damaged one. Blocks read from SQLite
+ * are read one after the other, so a failed read is the load's first
+ * failure, as the store's own (st->sql_rc). */
 struct getter {
     kvt_store *st;
     const uint8_t *locs;     /* the snapshot's block places (snaps.locs), n_locs of them */
     size_t n_locs;
     sqlite3_blob *blob;
     sqlite3_stmt *stmt;      /* the fallback, prepared on first use */
-    bool pending;            /* a read failed in SQLite: its failure, kept */
-    uint32_t pend_block;
-    int pend_rc;
-    bool pend_corrupt;
-    char pend_msg[400];
+    bool concurrent;         /* every block has its place: read on two threads, segments only */
 };
 
 static int read_block_stmt(struct getter *g, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
@@ -1764,15 +1781,19 @@ static int read_block_blob(struct getter *g, uint32_t b, uint64_t key, uint8_t *
     return KVT_OK;
 }
 
-static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_t *cap, size_t *len)
+static int read_block(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf, size_t *cap,
+                      size_t *len, bool *in_place)
 {
     struct getter *g = user;
     kvt_store *st = g->st;
+    *in_place = false;
     if (st->sql_rc) return sql_status(st);
     bloc w;
     if (b < g->n_locs && locs_at(g->locs, b, &w) && w.seg) { /* in a segment, where the snapshot says */
         if (w.bytes > BLOCK_MAX) return kvt_fail(KVT_EFORMAT, "block %u: %llu bytes", b, (unsigned long long)w.bytes);
-        int rc = read_bloc(st, &w, buf, cap);
+        /* a record too short to hold the rows is read whole, and fails its checks */
+        *in_place = rows && rows->bytes <= BLOCK_MAX && w.bytes >= rows->bytes + 8;
+        int rc = read_bloc_into(st, &w, *in_place ? rows : NULL, buf, cap);
         if (rc) {
             char why[400];
             snprintf(why, sizeof why, "%s", kvt_errmsg());
@@ -1781,36 +1802,19 @@ static int read_block(void *user, uint32_t b, uint64_t key, uint8_t **buf, size_
         *len = (size_t)w.bytes;
         return KVT_OK;
     }
-    bool was_corrupt = st->corrupt;
-    int rc = read_block_blob(g, b, key, buf, cap, len);
-    if (st->sql_rc) { /* keep it aside until the loader says this block was the first failure */
-        g->pending = true;
-        g->pend_block = b;
-        g->pend_rc = st->sql_rc;
-        g->pend_corrupt = st->corrupt;
-        snprintf(g->pend_msg, sizeof g->pend_msg, "%s", st->sql_msg);
-        st->sql_rc = 0;
-        st->sql_msg[0] = 0;
-        st->corrupt = was_corrupt;
-    }
-    return rc;
+    /* read on two threads, the snapshot named a place for every block
+     * (store_load): SQLite is not for this thread */
+    if (g->concurrent) return kvt_fail(KVT_EFORMAT, "block %u (key %016llx) has no place", b, (unsigned long long)key);
+    return read_block_blob(g, b, key, buf, cap, len);
 }
 
-/* The load's blocks are read: close the handle; a kept failure of the block
- * the loader blamed (bad) becomes the operation's. */
-static void getter_end(struct getter *g, uint32_t bad)
+/* The load's blocks are read: close the handle. */
+static void getter_end(struct getter *g)
 {
     sqlite3_blob_close(g->blob);
     g->blob = NULL;
     sqlite3_finalize(g->stmt);
     g->stmt = NULL;
-    if (g->pending && g->pend_block == bad) {
-        kvt_store *st = g->st;
-        st->sql_rc = g->pend_rc;
-        snprintf(st->sql_msg, sizeof st->sql_msg, "%s", g->pend_msg);
-        st->corrupt |= g->pend_corrupt;
-    }
-    g->pending = false;
 }
 
 /* A damaged entry: record, remove, report once. id (-1: none) is the
@@ -1819,6 +1823,7 @@ static void getter_end(struct getter *g, uint32_t bad)
 static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, const bloc *where, const char *reason)
 {
     if (begin(st) == KVT_OK) {
+        st->keep_places = true; /* what the removed rows name is gc's to give back */
         /* A block read from the place a snapshot named (where) that its
          * row no longer names: the snapshot's list of places is wrong, or
          * the block was removed and stored anew since the load began, or
@@ -1876,6 +1881,7 @@ static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, co
         if (id >= 0) drop_snap(st, id);
         counter_add(st, "damaged", 1);
         resync_totals(st, NULL, NULL); /* the damaged row's size may have read back wrong */
+        st->keep_places = false;
         commit(st);
     }
     if (st->quiet) return;
@@ -1922,8 +1928,8 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     rollback(st); /* one a failed call left open */
     int rc = exec(st, "BEGIN");
     if (rc) return rc;
-    int r = q(st, &stmt, st->has_segs ? "SELECT locs, data, rseg, roff, bytes FROM snaps WHERE id = ?"
-                                      : "SELECT NULL, data, NULL, NULL, bytes FROM snaps WHERE id = ?", 1, &id);
+    int r = q(st, &stmt, st->has_segs ? "SELECT locs, " SNAP_COLS " FROM snaps WHERE id = ?"
+                                      : "SELECT NULL, " SNAP_COLS1 " FROM snaps WHERE id = ?", 1, &id);
     if (r != SQLITE_ROW) {
         rc = st->sql_rc ? sql_status(st) : kvt_fail(KVT_ENOENT, "no cache entry %lld", (long long)id);
         rollback(st);
@@ -1939,12 +1945,17 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     size_t len = 0;
     uint8_t *rbuf = NULL, *rec = NULL;
     size_t rcap = 0;
-    rc = row_record(st, stmt, 1, 4, &rbuf, &rcap, &rp, &len);
+    rc = row_record(st, stmt, 8, 7, &rbuf, &rcap, &rp, &len);
+    /* a record of a newer version is skipped below, not blamed on its row */
+    bool future = !rc && len >= 12 && !memcmp(rp, "KVTSNAP", 7) && kvt_rd32(rp + 8) > KVT_SNAP_VERSION_REPLAY;
+    kvt_snap_info info;
+    if (!rc && !future) rc = snap_row_agrees(stmt, 1, rp, len, &info);
     if (!rc && !(rec = kvt_malloc(len ? len : 1))) rc = KVT_ENOMEM;
     if (!rc && len) memcpy(rec, rp, len);
     free(rbuf);
     sqlite3_finalize(stmt);
     if (rc) {
+        kvt_snap_empty(s); /* as a load that failed later leaves it (kvtier.h) */
         free(locs);
         rollback(st);
         if (rc == KVT_ENOMEM || rc == KVT_EIO) { st->misses++; return rc; }
@@ -1957,8 +1968,13 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     bool rebuild = false;
     uint32_t bad_block = UINT32_MAX;
     uint64_t bad_key = 0;
-    rc = kvt_snap_load_read_start(s, rec, len, read_block, &g, &rebuild, &bad_block, &bad_key);
-    getter_end(&g, bad_block);
+    g.concurrent = g.n_locs > 0;
+    for (size_t i = 0; i < g.n_locs && g.concurrent; i++) {
+        bloc w;
+        g.concurrent = locs_at(g.locs, i, &w) && w.seg;
+    }
+    rc = kvt_snap_load_read_start(s, rec, len, read_block, g.concurrent, &g, &rebuild, &bad_block, &bad_key);
+    getter_end(&g);
     /* a read that failed is the database's failure, never the record's */
     if (st->sql_rc) rc = sql_status(st);
     char why[512];
@@ -1966,7 +1982,6 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     rollback(st); /* ends the read */
     if (rc == KVT_OK) rc = kvt_snap_load_finish(s, rebuild); /* a replay needs no database */
     else kvt_fail(rc, "%s", why);
-    bool future = len >= 12 && !memcmp(rec, "KVTSNAP", 7) && kvt_rd32(rec + 8) > KVT_SNAP_VERSION_REPLAY;
     free(rec);
     /* the place of the block that failed, before the places go */
     bloc where = {0};
@@ -2390,7 +2405,7 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
         bloc w;
         if (s != SQLITE_ROW) rc = s == SQLITE_DONE ? kvt_fail(KVT_EFORMAT, "block %u is missing", b) : sql_status(st);
         else if (!row_bloc(blk, 2, 3, 0, &w)) rc = kvt_fail(KVT_EFORMAT, "block %u: its row's place is out of range", b);
-        else if (w.seg && (rc = read_bloc(st, &w, &scratch, &scratch_cap))) {
+        else if (w.seg && (rc = read_bloc_into(st, &w, NULL, &scratch, &scratch_cap))) {
         } else if (!(rc = w.seg ? kvt_snap_block_text(scratch, (size_t)w.bytes, &t, &tl)
                                 : kvt_snap_block_text(sqlite3_column_blob(blk, 1), (size_t)sqlite3_column_bytes(blk, 1),
                                                       &t, &tl)))

@@ -7,6 +7,7 @@
 #include "model.h"
 #include "snapshot.h"
 #include "store.h"
+#include "threads.h"
 #include "util.h"
 
 #include <fcntl.h>
@@ -324,6 +325,8 @@ static void tamper_rec(const char *dir, const char *table, int64_t key, const ui
 }
 
 /* Save one snapshot of t[0..n) into a fresh store; returns its id. */
+static bool raw_exec(const char *dir, const char *sql);
+
 static int64_t fresh_store(kvt_model *m, const char *dir, const int32_t *t, size_t n)
 {
     rmdir_all(dir);
@@ -380,6 +383,9 @@ TEST(store_corruption_and_truncation)
     {
         int64_t fid = fresh_store(m, dir, t, N);
         tamper_rec(dir, "snaps", fid, thin.p, thin.len);
+        char sql[160]; /* and its row says so, as the store's own row would */
+        snprintf(sql, sizeof sql, "UPDATE snaps SET replay = 1, bytes = %zu WHERE id = %lld", thin.len, (long long)fid);
+        CHECK(raw_exec(dir, sql));
         CHECKF(!refused(m, dir, fid, NULL), "an undamaged record without its state was refused: %s", kvt_errmsg());
     }
     uint8_t *bad = malloc(len > blen ? len : blen);
@@ -475,6 +481,12 @@ TEST(store_foreign_and_future_records)
         uint64_t v = c < 2 ? kvt_rd64(rec + cases[c].off) : kvt_rd32(rec + cases[c].off);
         reseal(rec, cases[c].off, v ^ cases[c].xor, cases[c].width);
         tamper_rec(dir, "snaps", id, rec, len);
+        if (c == 0) { /* a whole entry of another model: its row says so too */
+            char sql[160];
+            snprintf(sql, sizeof sql, "UPDATE snaps SET model = %lld WHERE id = %lld", (long long)(v ^ cases[c].xor),
+                     (long long)id);
+            CHECK(raw_exec(dir, sql));
+        }
         int rc = 0;
         CHECKF(refused(m, dir, id, &rc) && rc == cases[c].want, "%s: %s", cases[c].what, kvt_strerror(rc));
         size_t left = 0;
@@ -664,11 +676,57 @@ TEST(store_golden_schema_2)
     rmdir_all(dir);
 }
 
-static bool raw_exec(const char *dir, const char *sql);
 
 /* Segment space no row names (a crash between a commit and the release of
  * what it removed) is given back by gc: a segment below the current one
  * that no row names is deleted, and the entries left still load. */
+/* A row whose place holds a valid record of another snapshot (what a store
+ * that lost its segment's tail and wrote there again can be left with when
+ * it commits without waiting for the disk) is refused and removed: a load
+ * checks the record against its row, never loads the other state. */
+TEST(store_row_naming_another_record)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256], sql[300];
+    tmpdir(dir, sizeof dir, "other");
+    enum { N = 270, M = 256 };
+    int32_t a[N];
+    kvt_test_tokens(a, N, 71);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    int64_t ida = -1, idb = -1;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    CHECK_OK(kvt_store_save(st, s, N, "manual", &ida));
+    CHECK_OK(kvt_session_sync(s, a, M, NULL)); /* b: a's first 256 tokens, the same blocks */
+    CHECK_OK(kvt_store_save(st, s, M, "manual", &idb));
+    kvt_store_close(st);
+    int64_t seg = 0, off = 0, bytes = 0;
+    CHECK(place(dir, "snaps", idb, &seg, &off, &bytes) && seg);
+    snprintf(sql, sizeof sql, "UPDATE snaps SET rseg = %lld, roff = %lld, bytes = %lld WHERE id = %lld", (long long)seg,
+             (long long)off, (long long)bytes, (long long)ida);
+    CHECK(raw_exec(dir, sql));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    int rc = kvt_store_load(st, ida, s);
+    CHECKF(rc != KVT_OK && kvt_session_len(s) == 0, "entry a loaded %zu tokens from b's record", kvt_session_len(s));
+    CHECKF(strstr(kvt_errmsg(), "row disagrees"), "%s", kvt_errmsg());
+    size_t ne = 0;
+    kvt_store_entry *e = NULL;
+    CHECK_OK(kvt_store_list(st, &e, &ne));
+    CHECKF(ne == 1 && e[0].id == idb, "%zu entries left", ne);
+    free(e);
+    CHECK_OK(kvt_store_load(st, idb, s)); /* b itself still loads */
+    CHECK(kvt_session_len(s) == M);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
 TEST(store_gc_reclaims_segments)
 {
     kvt_model *m = open_named("ds4-tiny");
@@ -1102,77 +1160,95 @@ static int64_t block_key(const char *dir, int64_t snap, int64_t idx)
     return key;
 }
 
-/* A long load reads its blocks on one thread and checks and copies them on
- * another (kvt_snap_load_read_start). The outcome is a one-thread load's:
- * whatever the reader meets further on, the first block that fails, in
- * order, is the one reported and removed. */
-TEST(store_pipelined_load_failures)
+/* A long load shares its blocks between two threads, in runs of 16 taken
+ * in turn, each reading and checking its own (kvt_snap_load_read_start).
+ * The outcome is a one-thread load's: whatever either thread meets further
+ * on, the first block that fails, in order, is the one reported and
+ * removed. Each case runs on one thread and on two, and both must name the
+ * same block. */
+TEST(store_parallel_load_failures)
 {
     kvt_model *m = open_named("ds4-tiny");
     CHECK(m);
     char dir[256], sql[200];
-    tmpdir(dir, sizeof dir, "pipe");
-    enum { N = 4096 }; /* 32 blocks: read on one thread, checked on the other */
+    tmpdir(dir, sizeof dir, "par");
+    enum { N = 8192 }; /* 64 blocks: runs 0-15, 32-47 on one thread, 16-31, 48-63 on the other */
     int32_t *t = malloc(N * sizeof *t);
     CHECK(t);
     kvt_test_tokens(t, N, 97);
-    uint64_t want = kvt_test_twin(m, t, N);
+    kvt_session *src = NULL;
+    kvt_session_opts big = {.n_ctx = N};
+    CHECK_OK(kvt_session_new(&src, m, &big));
+    CHECK_OK(kvt_session_sync(src, t, N, NULL));
+    uint64_t want = kvt_test_digest(src, m);
     /* {block to damage, block to delete, the block reported}; -1: none */
-    const int cases[][3] = {{-1, -1, -1}, {20, -1, 20}, {25, 10, 10}, {5, 30, 5}, {31, -1, 31}, {-1, 0, 0}};
+    const int cases[][3] = {{-1, -1, -1}, {20, -1, 20}, {25, 10, 10}, {5, 30, 5},   {31, -1, 31},
+                            {-1, 0, 0},   {40, 20, 20}, {50, 35, 35}, {63, 48, 48}, {47, 60, 47}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int64_t id = fresh_store(m, dir, t, N);
-        CHECK(id > 0);
-        int64_t damaged = cases[c][0] >= 0 ? block_key(dir, id, cases[c][0]) : 0;
-        int64_t gone = cases[c][1] >= 0 ? block_key(dir, id, cases[c][1]) : 0;
-        if (cases[c][0] >= 0) {
-            size_t len = 0;
-            uint8_t *b = fetch_rec(dir, "blocks", damaged, &len);
-            CHECK(b && len > 1000);
-            b[len / 2] ^= 0x10;
-            tamper_rec(dir, "blocks", damaged, b, len);
-            free(b);
+        for (uint32_t threads = 1; threads <= 2; threads++) {
+            rmdir_all(dir);
+            kvt_store *st = NULL;
+            int64_t id = -1;
+            CHECK_OK(kvt_store_open(&st, dir, 0));
+            CHECK_OK(kvt_store_save(st, src, N, "manual", &id));
+            kvt_store_close(st);
+            int64_t damaged = cases[c][0] >= 0 ? block_key(dir, id, cases[c][0]) : 0;
+            int64_t gone = cases[c][1] >= 0 ? block_key(dir, id, cases[c][1]) : 0;
+            if (cases[c][0] >= 0) {
+                size_t len = 0;
+                uint8_t *b = fetch_rec(dir, "blocks", damaged, &len);
+                CHECK(b && len > 1000);
+                b[len / 2] ^= 0x10;
+                tamper_rec(dir, "blocks", damaged, b, len);
+                free(b);
+            }
+            if (cases[c][1] >= 0) { /* the row gone, and its bytes as a removal that released them leaves them */
+                size_t len = 0;
+                uint8_t *b = fetch_rec(dir, "blocks", gone, &len);
+                CHECK(b);
+                memset(b, 0, len);
+                tamper_rec(dir, "blocks", gone, b, len);
+                free(b);
+                snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE key = %lld", (long long)gone);
+                CHECK(raw_exec(dir, sql));
+            }
+            kvt_session *s = NULL;
+            kvt_session_opts so = {.n_ctx = N, .n_threads = threads};
+            CHECK_OK(kvt_store_open(&st, dir, 0));
+            kvt_store_set_quiet(st, true);
+            CHECK_OK(kvt_session_new(&s, m, &so));
+            int rc = kvt_store_load(st, id, s);
+            char why[600];
+            snprintf(why, sizeof why, "%s", kvt_errmsg());
+            int bad = cases[c][2];
+            if (bad < 0) {
+                CHECKF(rc == KVT_OK && kvt_test_digest(s, m) == want, "case %zu, %u threads: %s", c, threads,
+                       rc ? why : "another state");
+                /* the load ran on both threads (the state was stored: nothing used the pool since) */
+                CHECKF(threads == 1 || kvt_pool_last_parts(s->pool) == 2, "case %zu: the load ran in %u parts on %u threads",
+                       c, kvt_pool_last_parts(s->pool), threads);
+            } else {
+                char expect[32];
+                snprintf(expect, sizeof expect, "block %d:", bad);
+                CHECKF(rc != KVT_OK && kvt_session_len(s) == 0 && strstr(why, expect) && !strstr(why, "snapshot:"),
+                       "case %zu, %u threads: rc %d, %s (block %d expected)", c, threads, rc, why, bad);
+                /* the block reported was removed with the snapshot standing on it */
+                size_t ne = 9;
+                kvt_store_entry *e = NULL;
+                CHECK_OK(kvt_store_list(st, &e, &ne));
+                free(e);
+                int64_t k = bad == cases[c][0] ? damaged : gone;
+                size_t blen = 0;
+                uint8_t *still = fetch_rec(dir, "blocks", k, &blen);
+                CHECKF(ne == 0 && !still, "case %zu, %u threads: %zu entries left, block %d %s", c, threads, ne, bad,
+                       still ? "kept" : "gone");
+                free(still);
+            }
+            kvt_session_free(s);
+            kvt_store_close(st);
         }
-        if (cases[c][1] >= 0) { /* the row gone, and its bytes as a removal that released them leaves them */
-            size_t len = 0;
-            uint8_t *b = fetch_rec(dir, "blocks", gone, &len);
-            CHECK(b);
-            memset(b, 0, len);
-            tamper_rec(dir, "blocks", gone, b, len);
-            free(b);
-            snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE key = %lld", (long long)gone);
-            CHECK(raw_exec(dir, sql));
-        }
-        kvt_store *st = NULL;
-        kvt_session *s = NULL;
-        kvt_session_opts so = {.n_threads = 2};
-        CHECK_OK(kvt_store_open(&st, dir, 0));
-        kvt_store_set_quiet(st, true);
-        CHECK_OK(kvt_session_new(&s, m, &so));
-        int rc = kvt_store_load(st, id, s);
-        char why[600];
-        snprintf(why, sizeof why, "%s", kvt_errmsg());
-        int bad = cases[c][2];
-        if (bad < 0) {
-            CHECKF(rc == KVT_OK && kvt_test_digest(s, m) == want, "case %zu: %s", c, rc ? why : "another state");
-        } else {
-            char expect[32];
-            snprintf(expect, sizeof expect, "block %d", bad);
-            CHECKF(rc != KVT_OK && kvt_session_len(s) == 0 && strstr(why, expect) && !strstr(why, "snapshot:"),
-                   "case %zu: rc %d, %s (block %d expected)", c, rc, why, bad);
-            /* the block reported was removed with the snapshot standing on it */
-            size_t ne = 9;
-            kvt_store_entry *e = NULL;
-            CHECK_OK(kvt_store_list(st, &e, &ne));
-            free(e);
-            int64_t k = bad == cases[c][0] ? damaged : gone;
-            size_t blen = 0;
-            uint8_t *still = fetch_rec(dir, "blocks", k, &blen);
-            CHECKF(ne == 0 && !still, "case %zu: %zu entries left, block %d %s", c, ne, bad, still ? "kept" : "gone");
-            free(still);
-        }
-        kvt_session_free(s);
-        kvt_store_close(st);
     }
+    kvt_session_free(src);
     free(t);
     kvt_model_close(m);
     rmdir_all(dir);
