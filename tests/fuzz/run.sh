@@ -38,7 +38,11 @@ for t in "$@"; do
     for d in "tests/fuzz/seeds/$t" "$fb/seeds/$t"; do
         [ -d "$d" ] && seeds="$seeds $d"
     done
-    before=$(ls "$fb/crashes/$t" | wc -l)
+    # what counts as found: crash-, leak-, timeout-, oom- files (not
+    # slow-unit- ones: libFuzzer's note of a unit over -report_slow_units,
+    # which a paused process also leaves; that is reported, not counted)
+    found_files() { ls "$fb/crashes/$t" | grep -v '^slow-unit-' | wc -l; }
+    before=$(found_files)
     # shellcheck disable=SC2086
     "$bin" -max_total_time="$secs" -timeout="${FUZZ_TIMEOUT:-30}" -rss_limit_mb="${FUZZ_RSS_MB:-2048}" \
         -print_final_stats=1 -artifact_prefix="$fb/crashes/$t/" ${dict:+-dict=$dict} ${FUZZ_FLAGS:-} \
@@ -48,12 +52,14 @@ for t in "$@"; do
     speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
     rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
-    after=$(ls "$fb/crashes/$t" | wc -l)
+    after=$(found_files)
+    slow=$(sed -n 's/^stat::slowest_unit_time_sec: *//p' "$log" | tail -n 1)
     if [ "$rc" = 0 ] && [ "$after" = "$before" ]; then
         result=ok
+        [ "${slow:-0}" -ge 10 ] && result="ok (slowest unit ${slow} s: rerun it alone to tell a pause from a slow input)"
     else
         found=1
-        new=$(ls -t "$fb/crashes/$t" | head -n 1)
+        new=$(ls -t "$fb/crashes/$t" | grep -v '^slow-unit-' | head -n 1)
         result="FOUND (exit $rc): $fb/crashes/$t/$new, log $log"
     fi
     line=$(printf '%-17s %8s %12s %8s %6s %6s  %s' "$t" "$secs" "${execs:-?}" "${speed:-?}" "${cov:-?}" \
