@@ -693,15 +693,13 @@ static void attn_range(void *arg, size_t i0, size_t i1)
         for (size_t h = 0; h < H; h++) {
             const float *q = f->q + (i * H + h) * Dh;
             float z = ly->sinks[h], m = z;
-            for (size_t k = 0; k < nk; k++) {
-                sc[k] = kvt_dot(q, keys + k * Dh, Dh) * scale;
-                m = sc[k] > m ? sc[k] : m;
-            }
+            kvt_dots_rows(sc, 1, q, Dh, 1, keys, Dh, nk, Dh, scale);
+            for (size_t k = 0; k < nk; k++) m = sc[k] > m ? sc[k] : m;
             float den = expf(z - m);
             for (size_t k = 0; k < nk; k++) { sc[k] = expf(sc[k] - m); den += sc[k]; }
             float *o = f->att + (i * H + h) * Dh;
             memset(o, 0, Dh * sizeof(float));
-            for (size_t k = 0; k < nk; k++) kvt_axpy(o, sc[k], keys + k * Dh, Dh);
+            kvt_axpys_rows(o, Dh, sc, 0, 1, keys, Dh, nk, Dh);
             for (size_t d = 0; d < Dh; d++) o[d] /= den;
             kvt_rope_inv(o + Dh - c->Dr, c->Dr, t, c->base[f->l]);
         }

@@ -191,6 +191,73 @@ void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k,
     for (size_t u = 0; u < nq; u++) out[u] = dot_scalar(q + u * ldq, k, n);
 }
 
+#ifdef KVT_HAVE_X86
+/* Up to four query heads against one key, n a multiple of 16: each dot
+ * has dot_avx2's two accumulators and reduction; the key is loaded once
+ * for all of them and their chains run side by side. */
+__attribute__((target("avx2,fma"))) static void dots4_avx2(float *out, size_t ldo, const float *q, size_t ldq,
+                                                          size_t nq, const float *k, size_t n, float scale)
+{
+    __m256 a[4][2];
+    for (size_t u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + i + 8);
+        for (size_t u = 0; u < nq; u++) {
+            a[u][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * ldq + i), k0, a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * ldq + i + 8), k1, a[u][1]);
+        }
+    }
+    for (size_t u = 0; u < nq; u++) out[u * ldo] = reduce16_avx2(a[u][0], a[u][1]) * scale;
+}
+
+/* y += a_j * v_j for j < nk in order, n a multiple of 8 up to 128: y held
+ * in registers across the keys, each element one fma per key as in
+ * axpy_avx2. */
+__attribute__((target("avx2,fma"))) static void axpy_rows_avx2(float *y, const float *a, const float *v, size_t ldv,
+                                                              size_t nk, size_t n)
+{
+    __m256 acc[16];
+    size_t c = n / 8;
+    for (size_t e = 0; e < c; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        __m256 va = _mm256_set1_ps(a[j]);
+        for (size_t e = 0; e < c; e++) acc[e] = _mm256_fmadd_ps(va, _mm256_loadu_ps(v + 8 * e), acc[e]);
+    }
+    for (size_t e = 0; e < c; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);
+}
+#endif
+
+void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                   size_t nk, size_t n, float scale)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 16 == 0) {
+        for (size_t j = 0; j < nk; j++, k += ldk)
+            for (size_t u0 = 0; u0 < nq; u0 += 4)
+                dots4_avx2(out + u0 * ldo + j, ldo, q + u0 * ldq, ldq, nq - u0 < 4 ? nq - u0 : 4, k, n, scale);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++, k += ldk)
+        for (size_t u = 0; u < nq; u++) {
+            float d[1];
+            kvt_dots(d, q + u * ldq, ldq, 1, k, n);
+            out[u * ldo + j] = d[0] * scale;
+        }
+}
+
+void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
+                    size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 8 == 0 && n <= 128) {
+        for (size_t u = 0; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++, v += ldv) kvt_axpys(y, ldy, a + j, lda, nq, v, n);
+}
+
 void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n)
 {
 #ifdef KVT_HAVE_X86
@@ -398,15 +465,19 @@ static void mm_range(void *arg, size_t o0, size_t o1)
             size_t nt = c->n - t0 < TOKS ? c->n - t0 : TOKS;
             for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
 #ifdef KVT_HAVE_X86
-            if (c->simd && W->type == KVT_GGML_F16 && nt < TT) {
-                /* decode: each binary16 row whole and straight into
-                 * registers, one row after the other. One stream through
+            if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
+                /* decode: each row whole (binary16 straight into
+                 * registers), one row after the other. One stream through
                  * memory: rows read four side by side, or in segments,
                  * ran at a third of the read bandwidth (8.5 against 19 to
-                 * 24 GB/s on a 2048 x 768 matrix out of the cache). */
+                 * 24 GB/s on a 2048 x 768 F16 matrix out of the cache). */
                 for (size_t r = 0; r < nr; r++) {
-                    const uint16_t *h = (const uint16_t *)(W->data + (o + r) * W->row_bytes);
-                    for (size_t t = 0; t < nt; t++) row1_f16_avx2(lanes[r][t], h, c->x + (t0 + t) * d_in, d_in);
+                    const uint8_t *row = W->data + (o + r) * W->row_bytes;
+                    for (size_t t = 0; t < nt; t++) {
+                        const float *xt = c->x + (t0 + t) * d_in;
+                        if (f32) lanes1_avx2(lanes[r][t], (const float *)row, xt, d_in);
+                        else row1_f16_avx2(lanes[r][t], (const uint16_t *)row, xt, d_in);
+                    }
                 }
             } else
 #endif

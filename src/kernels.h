@@ -31,6 +31,15 @@ void kvt_axpy(float *y, float a, const float *x, size_t n);
 void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k, size_t n);
 /* kvt_axpy(y + u * ldy, a[u * lda], v, n) for u < nq, bit for bit. */
 void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n);
+/* out[u * ldo + j] = kvt_dot(q + u * ldq, k + j * ldk, n) * scale for
+ * u < nq, j < nk, bit for bit (attention scores: the query heads of a KV
+ * head against nk keys, each key read once). */
+void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                   size_t nk, size_t n, float scale);
+/* kvt_axpys(y, ldy, a + j, lda, nq, v + j * ldv, n) for j < nk in order,
+ * bit for bit (attention: values mixed in position order). */
+void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
+                    size_t n);
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */

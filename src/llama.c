@@ -280,16 +280,10 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
         const float *q = c->q + i * w->D + kvh * group * hd;
         /* rows a block at a time: one lookup per 128 rows */
         size_t row_f = w->KV; /* floats per cache row */
-        float d[64];
         for (size_t j0 = 0; j0 <= t; j0 += KVT_BLOCK) {
             const float *k = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer, j0) + kvh * hd;
             size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-            for (size_t j = j0; j < j1; j++, k += row_f)
-                for (size_t u0 = 0; u0 < group; u0 += 64) { /* 64 query heads at a time */
-                    size_t nu = group - u0 < 64 ? group - u0 : 64;
-                    kvt_dots(d, q + u0 * hd, hd, nu, k, hd);
-                    for (size_t u = 0; u < nu; u++) att[(u0 + u) * c->n_ctx + j] = d[u] * scale;
-                }
+            kvt_dots_rows(att + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
         }
         float *o = c->out + i * w->D + kvh * group * hd;
         for (size_t u = 0; u < group; u++) kvt_softmax(att + u * c->n_ctx, t + 1);
@@ -297,7 +291,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
         for (size_t j0 = 0; j0 <= t; j0 += KVT_BLOCK) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;
             size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-            for (size_t j = j0; j < j1; j++, v += row_f) kvt_axpys(o, hd, att + j, c->n_ctx, group, v, hd);
+            kvt_axpys_rows(o, hd, att + j0, c->n_ctx, group, v, row_f, j1 - j0, hd);
         }
     }
 }
