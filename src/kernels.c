@@ -192,38 +192,123 @@ void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k,
 }
 
 #ifdef KVT_HAVE_X86
-/* Up to four query heads against one key, n a multiple of 16: each dot
- * has dot_avx2's two accumulators and reduction; the key is loaded once
- * for all of them and their chains run side by side. */
-__attribute__((target("avx2,fma"))) static void dots4_avx2(float *out, size_t ldo, const float *q, size_t ldq,
-                                                          size_t nq, const float *k, size_t n, float scale)
+/* reduce16 of four lane sets at once: d[p] = reduce16 of (lo[p], hi[p]),
+ * the same adds in the same order as reduce16_avx2 (a + b == b + a in IEEE
+ * arithmetic, so only the tree matters), four dots finished with the
+ * instructions of about one. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128 reduce16x4_avx2(const __m256 lo[4],
+                                                                                      const __m256 hi[4])
 {
-    __m256 a[4][2];
-    for (size_t u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + i + 8);
-        for (size_t u = 0; u < nq; u++) {
-            a[u][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * ldq + i), k0, a[u][0]);
-            a[u][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * ldq + i + 8), k1, a[u][1]);
-        }
-    }
-    for (size_t u = 0; u < nq; u++) out[u * ldo] = reduce16_avx2(a[u][0], a[u][1]) * scale;
+    __m256 s0 = _mm256_add_ps(lo[0], hi[0]), s1 = _mm256_add_ps(lo[1], hi[1]); /* l[k] += l[k + 8] */
+    __m256 s2 = _mm256_add_ps(lo[2], hi[2]), s3 = _mm256_add_ps(lo[3], hi[3]);
+    /* l[k] += l[k + 4]: [0 | 2] and [1 | 3], four lanes each */
+    __m256 t02 = _mm256_add_ps(_mm256_permute2f128_ps(s0, s2, 0x20), _mm256_permute2f128_ps(s0, s2, 0x31));
+    __m256 t13 = _mm256_add_ps(_mm256_permute2f128_ps(s1, s3, 0x20), _mm256_permute2f128_ps(s1, s3, 0x31));
+    /* l0 += l2, l1 += l3: low half [0: l0 l1, 1: l0 l1], high half [2 .., 3 ..] */
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t02, t13, 0x44), _mm256_shuffle_ps(t02, t13, 0xee));
+    __m128 lo4 = _mm256_castps256_ps128(u), hi4 = _mm256_extractf128_ps(u, 1);
+    /* l0 + l1: [0, 1, 2, 3] */
+    return _mm_add_ps(_mm_shuffle_ps(lo4, hi4, 0x88), _mm_shuffle_ps(lo4, hi4, 0xdd));
 }
 
-/* y += a_j * v_j for j < nk in order, n a multiple of 8 up to 128: y held
- * in registers across the keys, each element one fma per key as in
+/* out[j] = dot(q, k + j * ldk) * scale for four keys, n a multiple of 16:
+ * each dot has dot_avx2's two accumulators, all eight in registers; the
+ * query is loaded once for the four keys. */
+__attribute__((target("avx2,fma"))) static void dots_key4_avx2(float *out, const float *q, const float *k,
+                                                              size_t ldk, size_t n, float scale)
+{
+    __m256 lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    const float *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
+    for (size_t i = 0; i < n; i += 16) {
+        __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+        lo[0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + i), lo[0]);
+        lo[1] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k1 + i), lo[1]);
+        lo[2] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k2 + i), lo[2]);
+        lo[3] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k3 + i), lo[3]);
+        hi[0] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k0 + i + 8), hi[0]);
+        hi[1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1 + i + 8), hi[1]);
+        hi[2] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k2 + i + 8), hi[2]);
+        hi[3] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k3 + i + 8), hi[3]);
+    }
+    _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
+}
+
+/* One query head against nk keys, n a multiple of 16: four keys a call,
+ * then dot_avx2 for the last nk % 4. */
+__attribute__((target("avx2,fma"))) static void dots_keys_avx2(float *out, const float *q, const float *k,
+                                                              size_t ldk, size_t nk, size_t n, float scale)
+{
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4) dots_key4_avx2(out + j, q, k + j * ldk, ldk, n, scale);
+    for (; j < nk; j++) out[j] = dot_avx2(q, k + j * ldk, n) * scale;
+}
+
+/* y[0..W*8) += a_j * v_j for j < nk in order, W a constant: y in W
+ * registers across the keys, each element one fma per key as in
  * axpy_avx2. */
+#define AXPY_ROWS_AVX2(W)                                                                                      \
+    __attribute__((target("avx2,fma"))) static void axpy_rows##W##_avx2(float *y, const float *a, const float *v, \
+                                                                       size_t ldv, size_t nk)                 \
+    {                                                                                                          \
+        __m256 acc[W];                                                                                         \
+        for (int e = 0; e < W; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);                                       \
+        for (size_t j = 0; j < nk; j++, v += ldv) {                                                            \
+            __m256 va = _mm256_set1_ps(a[j]);                                                                  \
+            for (int e = 0; e < W; e++) acc[e] = _mm256_fmadd_ps(va, _mm256_loadu_ps(v + 8 * e), acc[e]);     \
+        }                                                                                                      \
+        for (int e = 0; e < W; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);                                       \
+    }
+AXPY_ROWS_AVX2(8)
+AXPY_ROWS_AVX2(4)
+AXPY_ROWS_AVX2(2)
+AXPY_ROWS_AVX2(1)
+#undef AXPY_ROWS_AVX2
+
+/* y[0..n) += a_j * v_j, n a multiple of 8: columns 64 at a time (then 32,
+ * 16, 8), each over every key; the elements are independent, so the
+ * split changes no bit. */
 __attribute__((target("avx2,fma"))) static void axpy_rows_avx2(float *y, const float *a, const float *v, size_t ldv,
                                                               size_t nk, size_t n)
 {
-    __m256 acc[16];
-    size_t c = n / 8;
-    for (size_t e = 0; e < c; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);
-    for (size_t j = 0; j < nk; j++, v += ldv) {
-        __m256 va = _mm256_set1_ps(a[j]);
-        for (size_t e = 0; e < c; e++) acc[e] = _mm256_fmadd_ps(va, _mm256_loadu_ps(v + 8 * e), acc[e]);
+    size_t e = 0;
+    for (; e + 64 <= n; e += 64) axpy_rows8_avx2(y + e, a, v + e, ldv, nk);
+    if (e + 32 <= n) { axpy_rows4_avx2(y + e, a, v + e, ldv, nk); e += 32; }
+    if (e + 16 <= n) { axpy_rows2_avx2(y + e, a, v + e, ldv, nk); e += 16; }
+    if (e + 8 <= n) axpy_rows1_avx2(y + e, a, v + e, ldv, nk);
+}
+
+/* Three query heads at once over 32 columns: y_u[0..32) += a_u[j] * v_j
+ * for u < 3, j < nk in order. Twelve accumulator chains (a single head
+ * has eight, and each key's fma waits on the last one's), the value row
+ * loaded once for the three. */
+__attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_t ldy, const float *a, size_t lda,
+                                                                const float *v, size_t ldv, size_t nk)
+{
+    __m256 c0[4], c1[4], c2[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        c0[e] = _mm256_loadu_ps(y + 8 * e);
+        c1[e] = _mm256_loadu_ps(y + ldy + 8 * e);
+        c2[e] = _mm256_loadu_ps(y + 2 * ldy + 8 * e);
     }
-    for (size_t e = 0; e < c; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);
+    const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda;
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        __m256 b0 = _mm256_set1_ps(a0[j]), b1 = _mm256_set1_ps(a1[j]), b2 = _mm256_set1_ps(a2[j]);
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+            __m256 x = _mm256_loadu_ps(v + 8 * e);
+            c0[e] = _mm256_fmadd_ps(b0, x, c0[e]);
+            c1[e] = _mm256_fmadd_ps(b1, x, c1[e]);
+            c2[e] = _mm256_fmadd_ps(b2, x, c2[e]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        _mm256_storeu_ps(y + 8 * e, c0[e]);
+        _mm256_storeu_ps(y + ldy + 8 * e, c1[e]);
+        _mm256_storeu_ps(y + 2 * ldy + 8 * e, c2[e]);
+    }
 }
 #endif
 
@@ -232,9 +317,7 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
 {
 #ifdef KVT_HAVE_X86
     if (use_simd() && n % 16 == 0) {
-        for (size_t j = 0; j < nk; j++, k += ldk)
-            for (size_t u0 = 0; u0 < nq; u0 += 4)
-                dots4_avx2(out + u0 * ldo + j, ldo, q + u0 * ldq, ldq, nq - u0 < 4 ? nq - u0 : 4, k, n, scale);
+        for (size_t u = 0; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
         return;
     }
 #endif
@@ -250,8 +333,12 @@ void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq,
                     size_t n)
 {
 #ifdef KVT_HAVE_X86
-    if (use_simd() && n % 8 == 0 && n <= 128) {
-        for (size_t u = 0; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
+    if (use_simd() && n % 8 == 0) {
+        size_t u = 0;
+        if (n % 32 == 0)
+            for (; u + 3 <= nq; u += 3)
+                for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
+        for (; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
         return;
     }
 #endif
@@ -552,12 +639,184 @@ static void rope_dir(float *v, size_t n_rot, size_t pos, float base, float sign)
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, 1.0f); }
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, -1.0f); }
 
-void kvt_softmax(float *x, size_t n)
+/* exp: the algorithm and constants of glibc's expf (Arm's optimized
+ * routines: x * 32 / ln 2 = k + r, 2^(k/32) from a table, a cubic in r, in
+ * double), with the fused multiply-adds of its FMA build, so that it gives
+ * the bits glibc 2.36 gives on this machine (tests/test_kernels.c compares
+ * it with libm's expf) but no longer depends on the machine's libm. */
+static const uint64_t exp2f_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+#define EXPF_INVLN2N 0x1.71547652b82fep+5 /* 32 / ln 2 */
+#define EXPF_SHIFT 0x1.8p+52              /* rounds to an integer when added */
+#define EXPF_C0 0x1.c6af84b912394p-20
+#define EXPF_C1 0x1.ebfce50fac4f3p-13
+#define EXPF_C2 0x1.62e42ff0c52d6p-6
+#define EXPF_TOP_SPECIAL 0x42b /* top 12 bits of |x| from 88.0f on: the special cases */
+
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+
+__attribute__((always_inline)) static inline float expf_core(float x)
+{
+    uint32_t ix = f32_bits(x), top = ix >> 20 & 0x7ff;
+    if (top >= EXPF_TOP_SPECIAL) {
+        if (ix == 0xff800000u) return 0.0f;            /* exp(-inf) */
+        if (top >= 0x7f8) return x + x;                /* inf, NaN */
+        if (x > 0x1.62e42ep6f) return INFINITY;        /* overflows */
+        if (x < -0x1.9fe368p6f) return 0.0f;           /* under 2^-150 */
+        if (x < -0x1.9d1d9ep6f) return 0x1p-149f;      /* rounds to the least subnormal */
+    }
+    double xd = x, kd = fma(EXPF_INVLN2N, xd, EXPF_SHIFT);
+    uint64_t ki;
+    memcpy(&ki, &kd, 8);
+    kd -= EXPF_SHIFT;
+    double r = fma(EXPF_INVLN2N, xd, -kd);
+    uint64_t t = exp2f_tab[ki % 32] + (ki << 47);
+    double sc;
+    memcpy(&sc, &t, 8);
+    double z = fma(EXPF_C0, r, EXPF_C1), r2 = r * r, y = fma(EXPF_C2, r, 1.0);
+    y = fma(z, r2, y) * sc;
+    return (float)y;
+}
+
+float kvt_expf(float x) { return expf_core(x); }
+
+#ifdef KVT_HAVE_X86
+/* kvt_expf with the fma instruction (a library call elsewhere). */
+__attribute__((target("avx2,fma"))) static float expf1_fma(float x) { return expf_core(x); }
+
+/* kvt_expf of four floats in double lanes. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128 expf4_avx2(__m128 x)
+{
+    __m256d xd = _mm256_cvtps_pd(x);
+    __m256d kd = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_INVLN2N), xd, _mm256_set1_pd(EXPF_SHIFT));
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, _mm256_set1_pd(EXPF_SHIFT));
+    __m256d r = _mm256_fmsub_pd(_mm256_set1_pd(EXPF_INVLN2N), xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)exp2f_tab, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    __m256d sc = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+    __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_C0), r, _mm256_set1_pd(EXPF_C1));
+    __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_C2), r, _mm256_set1_pd(1.0));
+    y = _mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), sc);
+    return _mm256_cvtpd_ps(y);
+}
+
+/* x[i] = kvt_expf(x[i] - m): eight at a time, a lane in the special
+ * range (|x - m| >= 88, NaN) through kvt_expf itself. */
+__attribute__((target("avx2,fma"))) static void exp_shift_avx2(float *x, size_t n, float m)
+{
+    size_t i = 0;
+    __m256 vm = _mm256_set1_ps(m);
+    const __m256i lim = _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1);
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
+        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
+        if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, lim), _mm256_set1_epi32(-1))) {
+            float l[8];
+            _mm256_storeu_ps(l, d);
+            for (int e = 0; e < 8; e++) x[i + e] = expf1_fma(l[e]);
+            continue;
+        }
+        __m128 lo = expf4_avx2(_mm256_castps256_ps128(d)), hi = expf4_avx2(_mm256_extractf128_ps(d, 1));
+        _mm256_storeu_ps(x + i, _mm256_set_m128(hi, lo));
+    }
+    for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
+}
+
+__attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, float d)
+{
+    size_t i = 0;
+    __m256 vd = _mm256_set1_ps(d);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vd));
+    for (; i < n; i++) x[i] /= d;
+}
+#endif
+
+/* The maximum in eight lanes, x[i] into lane i % 8 as m = x > m ? x : m,
+ * the lanes then in order (so NaNs are met as by one fixed sequence; for
+ * numbers any order gives the same maximum, up to the sign of a zero, which
+ * no x - m can see). */
+static float max8(const float *x, size_t n)
+{
+    float l[8] = {0};
+    size_t k = n < 8 ? n : 8;
+    for (size_t e = 0; e < k; e++) l[e] = x[e];
+    for (size_t i = 8; i < n; i++) l[i % 8] = x[i] > l[i % 8] ? x[i] : l[i % 8];
+    float m = l[0];
+    for (size_t e = 1; e < k; e++) m = l[e] > m ? l[e] : m;
+    return m;
+}
+
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2,fma"))) static float max8_avx2(const float *x, size_t n)
+{
+    if (n < 16) return max8(x, n);
+    __m256 v = _mm256_loadu_ps(x);
+    size_t i = 8;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_loadu_ps(x + i);
+        v = _mm256_blendv_ps(v, y, _mm256_cmp_ps(y, v, _CMP_GT_OQ));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    for (; i < n; i++) l[i % 8] = x[i] > l[i % 8] ? x[i] : l[i % 8];
+    float m = l[0];
+    for (int e = 1; e < 8; e++) m = l[e] > m ? l[e] : m;
+    return m;
+}
+#endif
+
+void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
 {
     if (!n) return;
-    float m = x[0];
-    for (size_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    float sum = 0;
-    for (size_t i = 0; i < n; i++) { x[i] = expf(x[i] - m); sum += x[i]; }
-    for (size_t i = 0; i < n; i++) x[i] /= sum;
+    for (size_t r0 = 0; r0 < nrows; r0 += 4) {
+        size_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
+        float *row[4] = {x + r0 * ldx, x + (r0 + 1) * ldx, x + (r0 + 2) * ldx, x + (r0 + 3) * ldx};
+        float sum[4] = {0, 0, 0, 0};
+        for (size_t r = 0; r < nr; r++) {
+#ifdef KVT_HAVE_X86
+            if (use_simd()) {
+                exp_shift_avx2(row[r], n, max8_avx2(row[r], n));
+                continue;
+            }
+#endif
+            float m = max8(row[r], n);
+            for (size_t i = 0; i < n; i++) row[r][i] = kvt_expf(row[r][i] - m);
+        }
+        /* each row's sum in position order; the rows' chains side by side */
+        if (nr == 4)
+            for (size_t i = 0; i < n; i++) {
+                sum[0] += row[0][i];
+                sum[1] += row[1][i];
+                sum[2] += row[2][i];
+                sum[3] += row[3][i];
+            }
+        else if (nr == 3)
+            for (size_t i = 0; i < n; i++) {
+                sum[0] += row[0][i];
+                sum[1] += row[1][i];
+                sum[2] += row[2][i];
+            }
+        else
+            for (size_t r = 0; r < nr; r++)
+                for (size_t i = 0; i < n; i++) sum[r] += row[r][i];
+        for (size_t r = 0; r < nr; r++) {
+#ifdef KVT_HAVE_X86
+            if (use_simd()) {
+                div_avx2(row[r], n, sum[r]);
+                continue;
+            }
+#endif
+            for (size_t i = 0; i < n; i++) row[r][i] /= sum[r];
+        }
+    }
 }
+
+void kvt_softmax(float *x, size_t n) { kvt_softmax_rows(x, n, 1, n); }

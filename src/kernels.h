@@ -76,8 +76,14 @@ void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base);
 /* Same rotation with the opposite angle. */
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
-/* In-place softmax over n. */
+/* exp(x), bit for bit the same on every path and machine: glibc's expf
+ * algorithm (kernels.c), not the libm of the machine. */
+float kvt_expf(float x);
+/* In-place softmax over n: m the maximum, x = kvt_expf(x - m), the sum in
+ * position order, x / sum. */
 void kvt_softmax(float *x, size_t n);
+/* kvt_softmax of nrows rows of n, ldx apart (the rows' sums side by side). */
+void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n);
 static inline float kvt_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 
 #endif

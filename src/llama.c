@@ -286,7 +286,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
             kvt_dots_rows(att + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
         }
         float *o = c->out + i * w->D + kvh * group * hd;
-        for (size_t u = 0; u < group; u++) kvt_softmax(att + u * c->n_ctx, t + 1);
+        kvt_softmax_rows(att, c->n_ctx, group, t + 1);
         memset(o, 0, group * hd * sizeof *o);
         for (size_t j0 = 0; j0 <= t; j0 += KVT_BLOCK) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;

@@ -29,6 +29,111 @@ TEST(kernels_dot_scalar_equals_simd)
     }
 }
 
+/* The attention kernels against their definitions (kernels.h): scores are
+ * kvt_dot * scale, values kvt_axpy key after key, bit for bit, for every
+ * shape the blocked SIMD paths split differently (keys in fours and the
+ * rest, columns 64/32/16/8 at a time) and on the scalar path. */
+TEST(kernels_attention_rows_are_dots_and_axpys)
+{
+    uint64_t st = kvt_test_seed("kernels_attention_rows_are_dots_and_axpys");
+    enum { NQ = 4, NK = 11, MAXN = 200, LDK = 208 };
+    static float q[NQ * MAXN], k[NK * LDK], a[NQ * NK], out[NQ * NK], y[NQ * MAXN], want[NQ * MAXN];
+    for (size_t i = 0; i < NQ * MAXN; i++) q[i] = frand(&st);
+    for (size_t i = 0; i < NK * LDK; i++) k[i] = frand(&st) * 10;
+    for (size_t i = 0; i < NQ * NK; i++) a[i] = frand(&st);
+    const size_t ns[] = {8, 16, 24, 48, 64, 80, 120, 128, 136, 200};
+    int checked = 0;
+    for (int sc = 0; sc < 2; sc++) {
+        bool old = kvt_kernels_force_scalar(sc);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (size_t nq = 1; nq <= NQ; nq++)
+                for (size_t nk = 0; nk <= NK; nk++) {
+                    size_t n = ns[ni];
+                    kvt_dots_rows(out, NK, q, MAXN, nq, k, LDK, nk, n, 0.125f);
+                    for (size_t u = 0; u < nq; u++)
+                        for (size_t j = 0; j < nk; j++) {
+                            float d = kvt_dot(q + u * MAXN, k + j * LDK, n) * 0.125f;
+                            CHECKF(!memcmp(&d, &out[u * NK + j], 4), "%s n=%zu nq=%zu nk=%zu: score %zu,%zu",
+                                   sc ? "scalar" : "simd", n, nq, nk, u, j);
+                        }
+                    for (size_t i = 0; i < NQ * MAXN; i++) y[i] = want[i] = q[i];
+                    kvt_axpys_rows(y, MAXN, a, NK, nq, k, LDK, nk, n);
+                    for (size_t u = 0; u < nq; u++)
+                        for (size_t j = 0; j < nk; j++) kvt_axpy(want + u * MAXN, a[u * NK + j], k + j * LDK, n);
+                    CHECKF(!memcmp(y, want, sizeof y), "%s n=%zu nq=%zu nk=%zu: values", sc ? "scalar" : "simd", n,
+                           nq, nk);
+                    checked++;
+                }
+        kvt_kernels_force_scalar(old);
+    }
+    CHECK(checked == 2 * 10 * NQ * (NK + 1));
+}
+
+/* kvt_expf is glibc's expf (on an FMA machine, as glibc picks its FMA
+ * build there): every 65537th float and the edges of its special cases.
+ * The whole range was compared once by hand (all 2^32 inputs, 0 differ). */
+TEST(kernels_expf_is_glibc)
+{
+    if (!kvt_kernels_simd()) SKIP("no AVX2/FMA: libm's expf is then its non-FMA build, which rounds differently");
+    size_t bad = 0, n = 0;
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 65537, n++) {
+        uint32_t b = (uint32_t)u;
+        float x, a, c;
+        memcpy(&x, &b, 4);
+        a = kvt_expf(x), c = expf(x);
+        if (memcmp(&a, &c, 4) && !(isnan(a) && isnan(c)) && bad++ < 5) printf("    x=%a: %a, libm %a\n", x, a, c);
+    }
+    const float edge[] = {88.0f, 0x1.62e42ep6f, nextafterf(0x1.62e42ep6f, 100), -88.0f, -0x1.9fe368p6f,
+                          nextafterf(-0x1.9fe368p6f, -200), -0x1.9d1d9ep6f, nextafterf(-0x1.9d1d9ep6f, -200),
+                          -INFINITY, INFINITY, 0.0f, -0.0f, 1e-30f, -1e-30f, -103.5f, 88.5f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++, n++) {
+        float a = kvt_expf(edge[i]), c = expf(edge[i]);
+        if (memcmp(&a, &c, 4) && bad++ < 10) printf("    x=%a: %a, libm %a\n", edge[i], a, c);
+    }
+    printf("    %zu inputs, %zu differ\n", n, bad);
+    CHECK(bad == 0);
+}
+
+/* kvt_softmax_rows: the SIMD and scalar paths agree bit for bit, and both
+ * equal the definition (max, libm expf, sum in order, divide) wherever
+ * libm's expf is glibc's; rows with scores 88 and more below their
+ * maximum (the special lanes), ties, and every length to 40 plus long
+ * ones. */
+TEST(kernels_softmax_rows)
+{
+    uint64_t st = kvt_test_seed("kernels_softmax_rows");
+    enum { LD = 1100 };
+    static float x[4 * LD], y[4 * LD], w[4 * LD];
+    size_t lens[48];
+    for (size_t i = 0; i <= 40; i++) lens[i] = i;
+    const size_t big[] = {63, 64, 65, 255, 1000, 1024, 1099};
+    memcpy(lens + 41, big, sizeof big);
+    for (size_t li = 0; li < 48; li++)
+        for (size_t nr = 1; nr <= 4; nr++) {
+            size_t n = lens[li];
+            for (size_t i = 0; i < 4 * LD; i++) {
+                float v = frand(&st) * 8;
+                uint64_t k = kvt_test_rand(&st) % 16;
+                x[i] = k == 0 ? -150.0f + v : k == 1 ? 3.0f : v; /* special lanes, ties */
+            }
+            memcpy(y, x, sizeof x);
+            memcpy(w, x, sizeof x);
+            kvt_softmax_rows(x, LD, nr, n);
+            bool old = kvt_kernels_force_scalar(true);
+            kvt_softmax_rows(y, LD, nr, n);
+            kvt_kernels_force_scalar(old);
+            CHECKF(!memcmp(x, y, sizeof x), "n=%zu rows=%zu: SIMD and scalar differ", n, nr);
+            if (!kvt_kernels_simd()) continue;
+            for (size_t r = 0; r < nr; r++) {
+                float *v = w + r * LD, m = n ? v[0] : 0, sum = 0;
+                for (size_t i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+                for (size_t i = 0; i < n; i++) { v[i] = expf(v[i] - m); sum += v[i]; }
+                for (size_t i = 0; i < n; i++) v[i] /= sum;
+            }
+            CHECKF(!memcmp(x, w, sizeof x), "n=%zu rows=%zu: not the definition", n, nr);
+        }
+}
+
 TEST(kernels_f16_every_value)
 {
     static uint16_t h[65536], back[65536];
