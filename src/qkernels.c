@@ -497,29 +497,42 @@ __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
     return _mm_cvtsi128_si32(s);
 }
 
-/* The integers of one Q4_K superblock against T tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const bool q5, const int T,
-                                                                               const uint8_t *w, const kact *a,
-                                                                               size_t b, int32_t *isum,
-                                                                               int32_t *msum)
+/* A superblock's eight 6-bit scales and mins (k4_scale_min for i = 0..7),
+ * unpacked four at a time from the 12 bytes as 32-bit words. */
+static inline void k4_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
 {
-    const uint8_t *s = w + 4, *qs = w + (q5 ? 48 : 16);
+    uint32_t u[3], v[4];
+    memcpy(u, s, 12);
+    v[0] = u[0] & 0x3f3f3f3fu;                                              /* scales 0..3 */
+    v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;         /* scales 4..7 */
+    v[2] = u[1] & 0x3f3f3f3fu;                                              /* mins 0..3 */
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;  /* mins 4..7 */
+    memcpy(sc, v, 8);
+    memcpy(mn, v + 2, 8);
+}
+
+/* The integers of one Q4_K superblock against T tokens, as vectors whose
+ * lanes sum to them: iv[t] (eight int32) the scaled sum, mv4[t] (four) the
+ * min sum. */
+__attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(const bool q5, const int T,
+                                                                               const uint8_t *w, const kact *a,
+                                                                               size_t b, __m256i *iv, __m128i *mv4)
+{
+    const uint8_t *qs = w + (q5 ? 48 : 16);
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
+    uint8_t sc[8], mn[8];
+    k4_scales_mins(w + 4, sc, mn);
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    int mn[8];
     for (int k = 0; k < 4; k++) {
-        int sc0, sc1;
-        k4_scale_min(s, 2 * k, &sc0, &mn[2 * k]);
-        k4_scale_min(s, 2 * k + 1, &sc1, &mn[2 * k + 1]);
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         if (q5) {
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
         }
-        __m256i s0 = _mm256_set1_epi16((short)sc0), s1 = _mm256_set1_epi16((short)sc1);
+        __m256i s0 = _mm256_set1_epi16((short)sc[2 * k]), s1 = _mm256_set1_epi16((short)sc[2 * k + 1]);
         for (int t = 0; t < T; t++) {
             const int8_t *q = a[t].q + QKK * b + 64 * k;
             __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q));
@@ -527,21 +540,43 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(
             acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
         }
     }
-    /* the min sums: sub-block k's min against its two 16-sums, as madd pairs */
-    __m256i mv = _mm256_setr_epi16((short)mn[0], (short)mn[0], (short)mn[1], (short)mn[1], (short)mn[2],
-                                   (short)mn[2], (short)mn[3], (short)mn[3], (short)mn[4], (short)mn[4],
-                                   (short)mn[5], (short)mn[5], (short)mn[6], (short)mn[6], (short)mn[7],
-                                   (short)mn[7]);
+    /* the min sums: sub-block k's min against the sum of its two 16-sums
+     * (each pair at most 2 * 16 * 128 in magnitude: an int16) */
+    __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
     for (int t = 0; t < T; t++) {
-        isum[t] = hsum_i32(acc[t]);
-        msum[t] = hsum_i32(_mm256_madd_epi16(mv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b))));
+        iv[t] = acc[t];
+        __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
+        __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        mv4[t] = _mm_madd_epi16(pairs, mv);
     }
 }
 
-/* The integer of one Q6_K superblock against T tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(const int T, const uint8_t *w,
+__attribute__((target("avx2"))) static inline int32_t hsum4_i32(__m128i m)
+{
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtsi128_si32(m);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const bool q5, const int T,
+                                                                               const uint8_t *w, const kact *a,
+                                                                               size_t b, int32_t *isum,
+                                                                               int32_t *msum)
+{
+    __m256i iv[4];
+    __m128i mv4[4];
+    q4k_vecs_avx2(q5, T, w, a, b, iv, mv4);
+    for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(iv[t]);
+        msum[t] = hsum4_i32(mv4[t]);
+    }
+}
+
+/* The integer of one Q6_K superblock against T tokens, as eight int32
+ * lanes (iv[t]) that sum to it. */
+__attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(const int T, const uint8_t *w,
                                                                                const kact *a, size_t b,
-                                                                               int32_t *isum)
+                                                                               __m256i *iv)
 {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     __m256i acc[4];
@@ -551,16 +586,20 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
         const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
         __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
         __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+        /* the half's eight scales as int16 in both 128-bit lanes; scale
+         * 2r for the low lane's eight int16, 2r + 1 for the high one's */
+        __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
+        __m256i s16 = _mm256_set_m128i(s8, s8);
         for (int r = 0; r < 4; r++) {
             __m256i lo = r & 1 ? l1 : l0;
             if (r >= 2) lo = _mm256_srli_epi16(lo, 4);
             __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * r), m2);
             __m256i v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_slli_epi16(hb, 4));
             /* int16 lanes 0..7 carry elements 0..15 (scale 2r), 8..15 the rest */
-            __m256i scv = _mm256_setr_epi16(sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r],
-                                            sc[2 * r], sc[2 * r], sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1],
-                                            sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1], sc[2 * r + 1],
-                                            sc[2 * r + 1]);
+            const char a0 = (char)(4 * r), a1 = (char)(4 * r + 1), b0 = (char)(4 * r + 2), b1 = (char)(4 * r + 3);
+            __m256i scv = _mm256_shuffle_epi8(s16, _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,
+                                                                    a0, a1, a0, a1, b0, b1, b0, b1, b0, b1, b0, b1,
+                                                                    b0, b1, b0, b1, b0, b1, b0, b1));
             for (int t = 0; t < T; t++) {
                 const int8_t *q = a[t].q + QKK * b + 128 * h + 32 * r;
                 __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)q));
@@ -572,15 +611,25 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
      * sum order (half h, r, then l0) are the block's scales in order */
     __m256i sv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
     for (int t = 0; t < T; t++) {
-        int32_t off = hsum_i32(_mm256_madd_epi16(sv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b))));
-        isum[t] = hsum_i32(acc[t]) - 32 * off;
+        __m256i off = _mm256_madd_epi16(sv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)));
+        iv[t] = _mm256_sub_epi32(acc[t], _mm256_slli_epi32(off, 5));
     }
 }
 
-/* The integer of one IQ4_XS superblock against T tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx2(const int T, const uint8_t *w,
+__attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(const int T, const uint8_t *w,
+                                                                               const kact *a, size_t b,
+                                                                               int32_t *isum)
+{
+    __m256i iv[4];
+    q6k_vecs_avx2(T, w, a, b, iv);
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
+}
+
+/* The integer of one IQ4_XS superblock against T tokens, as eight int32
+ * lanes (iv[t]) that sum to it. */
+__attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx2(const int T, const uint8_t *w,
                                                                                  const kact *a, size_t b,
-                                                                                 int32_t *isum)
+                                                                                 __m256i *iv)
 {
     const __m128i m4 = _mm_set1_epi8(15), tab = _mm_loadu_si128((const __m128i *)iq4nl_levels);
     const __m256i tab2 = _mm256_set_m128i(tab, tab);
@@ -601,40 +650,117 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx
             acc[t] = _mm256_add_epi32(acc[t], p);
         }
     }
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+    for (int t = 0; t < T; t++) iv[t] = acc[t];
 }
 
-__attribute__((target("avx2"))) static void q4k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+__attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx2(const int T, const uint8_t *w,
+                                                                                 const kact *a, size_t b,
+                                                                                 int32_t *isum)
 {
-    q4k_ints_avx2(false, 4, w, a, b, is, ms);
+    __m256i iv[4];
+    iq4xs_vecs_avx2(T, w, a, b, iv);
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
-__attribute__((target("avx2"))) static void q4k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+
+/* Row (nsb superblocks of type ty) against T tokens: acc[t] += each
+ * superblock's d * dx * isum - dmin * dx * msum, superblock after
+ * superblock, the float operations of qk_outputs' scalar loop. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void qk_row_avx2(const uint32_t ty, const int T,
+                                                                                 const uint8_t *row, size_t nsb,
+                                                                                 const kact *a, float *acc)
 {
-    q4k_ints_avx2(false, 1, w, a, b, is, ms);
+    const bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
+    const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *w = row + b * bytes;
+        int32_t is[4], ms[4];
+        if (mins) q4k_ints_avx2(q5, T, w, a, b, is, ms);
+        else if (q6) q6k_ints_avx2(T, w, a, b, is);
+        else iq4xs_ints_avx2(T, w, a, b, is);
+        float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
+        float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
+        for (int t = 0; t < T; t++) {
+            float dx = a[t].d[b];
+            acc[t] = fmaf(d * dx, (float)is[t], acc[t]);
+            if (mins) acc[t] = fmaf(-(dmin * dx), (float)ms[t], acc[t]);
+        }
+    }
 }
-__attribute__((target("avx2"))) static void q5k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+
+/* Four rows (row_bytes apart) against one token, for decode: each lane of
+ * acc4 is a row's qk_row_avx2 chain (the same float operations, four
+ * rows side by side), the integer sums finished four rows at once. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_rows4_avx2(const uint32_t ty,
+                                                                                        const uint8_t *row,
+                                                                                        size_t row_bytes,
+                                                                                        size_t nsb, const kact *a,
+                                                                                        float *out)
 {
-    q4k_ints_avx2(true, 4, w, a, b, is, ms);
+    const bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
+    const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
+    __m128 acc4 = _mm_setzero_ps();
+    for (size_t b = 0; b < nsb; b++) {
+        __m256i iv[4];
+        __m128i mv[4];
+        uint16_t dh[4], mh[4];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *w = row + (size_t)r * row_bytes + b * bytes;
+            if (mins) q4k_vecs_avx2(q5, 1, w, a, b, iv + r, mv + r);
+            else if (q6) q6k_vecs_avx2(1, w, a, b, iv + r);
+            else iq4xs_vecs_avx2(1, w, a, b, iv + r);
+            dh[r] = kvt_rd16(q6 ? w + 208 : w);
+            mh[r] = mins ? kvt_rd16(w + 2) : 0;
+        }
+        /* integer sums (exact in any order): [row 0, 1, 2, 3] */
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(iv[0], iv[1]), _mm256_hadd_epi32(iv[2], iv[3]));
+        __m128i is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        __m128 dx = _mm_set1_ps(a->d[b]);
+        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(is), acc4);
+        if (mins) {
+            __m128i ms = _mm_hadd_epi32(_mm_hadd_epi32(mv[0], mv[1]), _mm_hadd_epi32(mv[2], mv[3]));
+            __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)mh));
+            __m128 ndm = _mm_xor_ps(_mm_mul_ps(dm, dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
+            acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
+        }
+    }
+    _mm_storeu_ps(out, acc4);
 }
-__attribute__((target("avx2"))) static void q5k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+
+typedef void (*qk_rows4_fn)(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out);
+#define QK_ROWS4(name, ty)                                                                                     \
+    __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *row, size_t row_bytes, size_t nsb, \
+                                                              const kact *a, float *out)                      \
+    {                                                                                                          \
+        qk_rows4_avx2(ty, row, row_bytes, nsb, a, out);                                                        \
+    }
+QK_ROWS4(q4k_rows4, KVT_GGML_Q4_K)
+QK_ROWS4(q5k_rows4, KVT_GGML_Q5_K)
+QK_ROWS4(q6k_rows4, KVT_GGML_Q6_K)
+QK_ROWS4(iq4xs_rows4, KVT_GGML_IQ4_XS)
+#undef QK_ROWS4
+
+typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
+#define QK_ROW(name, ty, T)                                                                                    \
+    __attribute__((target("avx2,fma"))) static void name(const uint8_t *row, size_t nsb, const kact *a,      \
+                                                         float *acc)                                         \
+    {                                                                                                        \
+        qk_row_avx2(ty, T, row, nsb, a, acc);                                                                \
+    }
+QK_ROW(q4k_row4, KVT_GGML_Q4_K, 4)
+QK_ROW(q4k_row1, KVT_GGML_Q4_K, 1)
+QK_ROW(q5k_row4, KVT_GGML_Q5_K, 4)
+QK_ROW(q5k_row1, KVT_GGML_Q5_K, 1)
+QK_ROW(q6k_row4, KVT_GGML_Q6_K, 4)
+QK_ROW(q6k_row1, KVT_GGML_Q6_K, 1)
+QK_ROW(iq4xs_row4, KVT_GGML_IQ4_XS, 4)
+QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
+#undef QK_ROW
+
+static void qk_rows_for(uint32_t ty, qk_row_fn *r4, qk_row_fn *r1)
 {
-    q4k_ints_avx2(true, 1, w, a, b, is, ms);
-}
-__attribute__((target("avx2"))) static void iq4xs_4(const uint8_t *w, const kact *a, size_t b, int32_t *is)
-{
-    iq4xs_ints_avx2(4, w, a, b, is);
-}
-__attribute__((target("avx2"))) static void iq4xs_1(const uint8_t *w, const kact *a, size_t b, int32_t *is)
-{
-    iq4xs_ints_avx2(1, w, a, b, is);
-}
-__attribute__((target("avx2"))) static void q6k_4(const uint8_t *w, const kact *a, size_t b, int32_t *is)
-{
-    q6k_ints_avx2(4, w, a, b, is);
-}
-__attribute__((target("avx2"))) static void q6k_1(const uint8_t *w, const kact *a, size_t b, int32_t *is)
-{
-    q6k_ints_avx2(1, w, a, b, is);
+    *r4 = ty == KVT_GGML_Q4_K ? q4k_row4 : ty == KVT_GGML_Q5_K ? q5k_row4 : ty == KVT_GGML_Q6_K ? q6k_row4 : iq4xs_row4;
+    *r1 = ty == KVT_GGML_Q4_K ? q4k_row1 : ty == KVT_GGML_Q5_K ? q5k_row1 : ty == KVT_GGML_Q6_K ? q6k_row1 : iq4xs_row1;
 }
 #endif
 
@@ -651,32 +777,24 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
     kact a[4];
     float acc[4] = {0, 0, 0, 0};
     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
+#ifdef KVT_HAVE_X86
+    if (c->simd) {
+        qk_row_fn r4, r1;
+        qk_rows_for(ty, &r4, &r1);
+        if (T == 4) r4(row, nsb, a, acc);
+        else
+            for (int k = 0; k < T; k++) r1(row, nsb, a + k, acc + k);
+        for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
+        return;
+    }
+#endif
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
         int32_t is[4], ms[4] = {0, 0, 0, 0};
-#ifdef KVT_HAVE_X86
-        if (c->simd) {
-            if (T == 4) {
-                if (q4) q4k_4(w, a, b, is, ms);
-                else if (q5) q5k_4(w, a, b, is, ms);
-                else if (q6) q6k_4(w, a, b, is);
-                else iq4xs_4(w, a, b, is);
-            } else {
-                for (int k = 0; k < T; k++) {
-                    if (q4) q4k_1(w, a + k, b, is + k, ms + k);
-                    else if (q5) q5k_1(w, a + k, b, is + k, ms + k);
-                    else if (q6) q6k_1(w, a + k, b, is + k);
-                    else iq4xs_1(w, a + k, b, is + k);
-                }
-            }
-        } else
-#endif
-        {
-            for (int k = 0; k < T; k++) {
-                if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
-                else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
-                else is[k] = iq4xs_int_scalar(w, a + k, b);
-            }
+        for (int k = 0; k < T; k++) {
+            if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
+            else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
+            else is[k] = iq4xs_int_scalar(w, a + k, b);
         }
         float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
         float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
@@ -692,6 +810,17 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
 static void qk_range(void *arg, size_t o0, size_t o1)
 {
     struct qk_ctx *c = arg;
+#ifdef KVT_HAVE_X86
+    if (c->simd && c->n == 1) {
+        /* decode: four rows at a time (adjacent in memory, so one stream) */
+        const kvt_wmat *W = c->W;
+        uint32_t ty = W->type;
+        qk_rows4_fn f = ty == KVT_GGML_Q4_K ? q4k_rows4 : ty == KVT_GGML_Q5_K ? q5k_rows4
+                        : ty == KVT_GGML_Q6_K ? q6k_rows4 : iq4xs_rows4;
+        kact a = kact_at(c->qx, 0, W->cols);
+        for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, W->cols / QKK, &a, c->y + o0);
+    }
+#endif
     for (size_t o = o0; o < o1; o++)
         for (size_t t = 0; t < c->n;) {
             int T = c->n - t >= 4 ? 4 : 1;
