@@ -234,6 +234,46 @@ __attribute__((target("avx2,fma"))) static void dots_key4_avx2(float *out, const
     _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
 }
 
+/* Three query heads against two keys, n a multiple of 16: the six dots
+ * of dot_avx2 side by side (twelve accumulators), each key half loaded
+ * once for the three heads; out rows ldo apart. */
+__attribute__((target("avx2,fma"))) static void dots_h3k2_avx2(float *out, size_t ldo, const float *q, size_t ldq,
+                                                              const float *k, size_t ldk, size_t n, float scale)
+{
+    __m256 lo[6], hi[6];
+    for (int p = 0; p < 6; p++) lo[p] = hi[p] = _mm256_setzero_ps();
+    const float *k0 = k, *k1 = k + ldk, *q0 = q, *q1 = q + ldq, *q2 = q + 2 * ldq;
+    for (size_t i = 0; i < n; i += 16) {
+        __m256 ka = _mm256_loadu_ps(k0 + i), kb = _mm256_loadu_ps(k1 + i), x;
+        x = _mm256_loadu_ps(q0 + i);
+        lo[0] = _mm256_fmadd_ps(x, ka, lo[0]);
+        lo[1] = _mm256_fmadd_ps(x, kb, lo[1]);
+        x = _mm256_loadu_ps(q1 + i);
+        lo[2] = _mm256_fmadd_ps(x, ka, lo[2]);
+        lo[3] = _mm256_fmadd_ps(x, kb, lo[3]);
+        x = _mm256_loadu_ps(q2 + i);
+        lo[4] = _mm256_fmadd_ps(x, ka, lo[4]);
+        lo[5] = _mm256_fmadd_ps(x, kb, lo[5]);
+        ka = _mm256_loadu_ps(k0 + i + 8), kb = _mm256_loadu_ps(k1 + i + 8);
+        x = _mm256_loadu_ps(q0 + i + 8);
+        hi[0] = _mm256_fmadd_ps(x, ka, hi[0]);
+        hi[1] = _mm256_fmadd_ps(x, kb, hi[1]);
+        x = _mm256_loadu_ps(q1 + i + 8);
+        hi[2] = _mm256_fmadd_ps(x, ka, hi[2]);
+        hi[3] = _mm256_fmadd_ps(x, kb, hi[3]);
+        x = _mm256_loadu_ps(q2 + i + 8);
+        hi[4] = _mm256_fmadd_ps(x, ka, hi[4]);
+        hi[5] = _mm256_fmadd_ps(x, kb, hi[5]);
+    }
+    __m128 sc = _mm_set1_ps(scale);
+    __m128 r01 = _mm_mul_ps(reduce16x4_avx2(lo, hi), sc); /* head 0 key 0, 1; head 1 key 0, 1 */
+    const __m256 lo2[4] = {lo[4], lo[5], lo[4], lo[5]}, hi2[4] = {hi[4], hi[5], hi[4], hi[5]};
+    __m128 r2 = _mm_mul_ps(reduce16x4_avx2(lo2, hi2), sc);
+    _mm_storel_pi((__m64 *)out, r01);
+    _mm_storeh_pi((__m64 *)(out + ldo), r01);
+    _mm_storel_pi((__m64 *)(out + 2 * ldo), r2);
+}
+
 /* One query head against nk keys, n a multiple of 16: four keys a call,
  * then dot_avx2 for the last nk % 4. */
 __attribute__((target("avx2,fma"))) static void dots_keys_avx2(float *out, const float *q, const float *k,
@@ -317,7 +357,16 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
 {
 #ifdef KVT_HAVE_X86
     if (use_simd() && n % 16 == 0) {
-        for (size_t u = 0; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
+        size_t u = 0;
+        for (; u + 3 <= nq; u += 3) {
+            float *o = out + u * ldo;
+            const float *qu = q + u * ldq;
+            size_t j = 0;
+            for (; j + 2 <= nk; j += 2) dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+            for (; j < nk; j++)
+                for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+        }
+        for (; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
         return;
     }
 #endif

@@ -27,6 +27,10 @@
 #include <string.h>
 #include <xxhash.h>
 
+/* Consecutive tokens whose attention reads each block of K and V rows
+ * together (the block stays in the core's cache across them). */
+#define ATT_TOKS 8
+
 typedef struct llama_layer {
     float *attn_norm;  /* (D) */
     kvt_wmat wq;       /* (D, D)       q = wq · x */
@@ -48,7 +52,8 @@ typedef struct llama_weights {
 
 /* A session's scratch, allocated when it is created: the activations of up
  * to `ch` tokens (a longer chunk runs in passes of ch) and, per part of the
- * pool, one attention score row per query head of a KV group. */
+ * pool, one attention score row per query head of a KV group and token of
+ * an attention group (ATT_TOKS). */
 typedef struct llama_work {
     size_t ch, parts, n_ctx, group;
     float *x;          /* (ch, D) residual */
@@ -57,7 +62,7 @@ typedef struct llama_work {
     float *att;        /* (ch, D) attention output */
     float *k, *v;      /* (ch, KV) */
     float *h1, *h3;    /* (ch, F) */
-    float *scores;     /* (parts, group, n_ctx): group = query heads per KV head */
+    float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
 } llama_work;
 
@@ -203,7 +208,7 @@ static int scores_fit(llama_work *k, size_t parts)
 {
     if (k->parts >= parts) return KVT_OK;
     size_t n;
-    if (!kvt_mul_ok(parts * k->group, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
+    if (!kvt_mul_ok(parts * ATT_TOKS * k->group, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
         return kvt_fail(KVT_ENOMEM, "attention scores for %zu threads", parts);
     float *sc = kvt_malloc(n * sizeof(float));
     if (!sc) return KVT_ENOMEM;
@@ -254,17 +259,19 @@ static int llama_work_new(kvt_session *s)
     return KVT_OK;
 }
 
-/* Attention for rows [b, e) of (token, KV head) pairs: the query heads
- * that share a KV head read each K and V row once. Per query head the
- * operations are those of one head alone (scores in position order, one
- * softmax, values mixed in position order), so grouping changes no bit. */
+/* Attention for rows [b, e) of (token group, KV head) pairs: the query
+ * heads that share a KV head, for up to ATT_TOKS consecutive tokens, read
+ * each block of K and V rows once (while it is in the core's cache). Per
+ * query head the operations are those of one head alone (scores in
+ * position order, one softmax, values mixed in position order), so
+ * grouping changes no bit. */
 struct attn_ctx {
     const llama_weights *w;
     const kvt_cache *cache;
-    size_t layer, pos0;
+    size_t layer, pos0, n;
     const float *q;    /* (n, D) */
     float *out;        /* (n, D) */
-    float *scores;     /* (parts, group, n_ctx) */
+    float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
     size_t n_ctx;
 };
 
@@ -272,26 +279,37 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
     struct attn_ctx *c = arg;
     const llama_weights *w = c->w;
-    size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv;
-    float *att = c->scores + (size_t)part * group * c->n_ctx;
+    size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv, ldg = group * c->n_ctx;
+    float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
     float scale = 1.0f / sqrtf((float)hd);
+    size_t row_f = w->KV; /* floats per cache row */
     for (size_t r = b; r < e; r++) {
-        size_t i = r / Hkv, kvh = r % Hkv, t = c->pos0 + i;
-        const float *q = c->q + i * w->D + kvh * group * hd;
+        size_t i0 = r / Hkv * ATT_TOKS, kvh = r % Hkv, t0 = c->pos0 + i0;
+        size_t nt = c->n - i0 < ATT_TOKS ? c->n - i0 : ATT_TOKS, t_last = t0 + nt - 1;
         /* rows a block at a time: one lookup per 128 rows */
-        size_t row_f = w->KV; /* floats per cache row */
-        for (size_t j0 = 0; j0 <= t; j0 += KVT_BLOCK) {
+        for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
             const float *k = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer, j0) + kvh * hd;
-            size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-            kvt_dots_rows(att + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
+            for (size_t u = 0; u < nt; u++) {
+                size_t t = t0 + u;
+                if (j0 > t) continue;
+                size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
+                const float *q = c->q + (i0 + u) * w->D + kvh * group * hd;
+                kvt_dots_rows(att + u * ldg + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
+            }
         }
-        float *o = c->out + i * w->D + kvh * group * hd;
-        kvt_softmax_rows(att, c->n_ctx, group, t + 1);
-        memset(o, 0, group * hd * sizeof *o);
-        for (size_t j0 = 0; j0 <= t; j0 += KVT_BLOCK) {
+        for (size_t u = 0; u < nt; u++) {
+            kvt_softmax_rows(att + u * ldg, c->n_ctx, group, t0 + u + 1);
+            memset(c->out + (i0 + u) * w->D + kvh * group * hd, 0, group * hd * sizeof(float));
+        }
+        for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;
-            size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-            kvt_axpys_rows(o, hd, att + j0, c->n_ctx, group, v, row_f, j1 - j0, hd);
+            for (size_t u = 0; u < nt; u++) {
+                size_t t = t0 + u;
+                if (j0 > t) continue;
+                size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
+                float *o = c->out + (i0 + u) * w->D + kvh * group * hd;
+                kvt_axpys_rows(o, hd, att + u * ldg + j0, c->n_ctx, group, v, row_f, j1 - j0, hd);
+            }
         }
     }
 }
@@ -337,13 +355,13 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
             memcpy(kr, k + i * KV, KV * sizeof(float));
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
-        struct attn_ctx ac = {w, s->cache, l, pos0, q, att, wk->scores, wk->n_ctx};
-        /* one (token, KV head) scores and mixes up to pos0 + n rows per
-         * query head: give a thread at least 128K multiply-adds (measured in
-         * bench/README.md), so a tiny model's decode step does not pay for
-         * waking the pool */
-        size_t per = 2 * (pos0 + n) * hd * (w->H / w->Hkv);
-        kvt_pool_for_part(s->pool, n * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
+        struct attn_ctx ac = {w, s->cache, l, pos0, n, q, att, wk->scores, wk->n_ctx};
+        /* one (token group, KV head) scores and mixes up to pos0 + n rows
+         * per query head and token: give a thread at least 128K
+         * multiply-adds (measured in bench/README.md), so a tiny model's
+         * decode step does not pay for waking the pool */
+        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * (pos0 + n) * hd * (w->H / w->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
+        kvt_pool_for_part(s->pool, ng * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
