@@ -600,9 +600,14 @@ static void rand_matrix(size_t k, uint8_t *p, size_t rows, size_t cols, uint64_t
 /* A synthetic llama (dim 256, 2 layers, 4 heads, 2 KV heads, ffn 512, the
  * stories260K vocabulary) whose every matrix, the embedding and the output
  * included, is in one type. */
-static int synth_typed(const char *vocab_from, const char *path, size_t k, uint64_t seed)
+typedef struct synth_dims { size_t D, H, HKV, F; } synth_dims;
+#define SYNTH_DEFAULT ((synth_dims){256, 4, 2, 512}) /* head dim 64, two query heads per KV head */
+
+static int synth_typed(const char *vocab_from, const char *path, size_t k, uint64_t seed, synth_dims dm)
 {
-    enum { D = 256, L = 2, H = 4, HKV = 2, F = 512 };
+    enum { L = 2, FMAX = 1024 };
+    const size_t D = dm.D, H = dm.H, HKV = dm.HKV, F = dm.F;
+    if (F > FMAX || D > FMAX) return KVT_EINVAL;
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, vocab_from);
     if (rc) return rc;
@@ -612,16 +617,16 @@ static int synth_typed(const char *vocab_from, const char *path, size_t k, uint6
     for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
         if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10)) rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
     const struct { const char *k; uint32_t v; } u[] = {
-        {"llama.embedding_length", D}, {"llama.block_count", L}, {"llama.attention.head_count", H},
-        {"llama.attention.head_count_kv", HKV}, {"llama.feed_forward_length", F}, {"llama.context_length", 512},
-        {"llama.rope.dimension_count", D / H},
+        {"llama.embedding_length", (uint32_t)D}, {"llama.block_count", L}, {"llama.attention.head_count", (uint32_t)H},
+        {"llama.attention.head_count_kv", (uint32_t)HKV}, {"llama.feed_forward_length", (uint32_t)F},
+        {"llama.context_length", 512}, {"llama.rope.dimension_count", (uint32_t)(D / H)},
     };
     if (!rc) rc = kvt_gguf_writer_set_str(w, "general.architecture", "llama");
     for (size_t i = 0; !rc && i < sizeof u / sizeof u[0]; i++) rc = kvt_gguf_writer_set_u32(w, u[i].k, u[i].v);
     uint64_t st = seed;
     uint32_t type = scale_fields[k].type;
-    float ones[F];
-    for (int i = 0; i < F; i++) ones[i] = 1.0f;
+    float ones[FMAX];
+    for (int i = 0; i < FMAX; i++) ones[i] = 1.0f;
     struct { char name[64]; size_t cols, rows; } m[3 + 9 * L];
     size_t nm = 0;
 #define MAT(nm_, c_, r_) do { snprintf(m[nm].name, sizeof m[nm].name, "%s", nm_); m[nm].cols = c_; m[nm].rows = r_; nm++; } while (0)
@@ -677,7 +682,7 @@ TEST(llama_every_type_invariance)
         const char *name = kvt_ggml_type_name(scale_fields[k].type);
         char path[128];
         snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
-        CHECK_OK(synth_typed(p, path, k, 7 + k));
+        CHECK_OK(synth_typed(p, path, k, 7 + k, SYNTH_DEFAULT));
         kvt_model *m = NULL;
         CHECK_OK(kvt_model_open(&m, path));
         run_out ref = {0}, o = {0};
@@ -702,6 +707,45 @@ TEST(llama_every_type_invariance)
         run_free(&ref);
         kvt_model_close(m);
     }
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+}
+
+/* The attention kernels' blocked paths at model level: head dim 64 and
+ * three query heads per KV head (the shape of the 124M benchmark model:
+ * keys four or two a call, three heads' values at once, eight tokens per
+ * block of K and V rows), 300 tokens so that scores span three blocks of
+ * 128 rows. Chunk schedules, 1-3 threads and the scalar path give the same
+ * bits (llama_every_type_invariance has two heads per KV head). */
+TEST(llama_attention_grouped_heads_invariance)
+{
+    const char *p = kvt_test_shared(STORIES);
+    if (!p) SKIP("../shared absent");
+    char dir[] = "/tmp/kvtier-attn3-XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/f16.gguf", dir);
+    enum { N = 300 };
+    int32_t t[N];
+    seq(t, N, 11);
+    CHECK_OK(synth_typed(p, path, 0, 21, (synth_dims){192, 3, 1, 256}));
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, path));
+    run_out ref = {0}, o = {0};
+    CHECK_OK(run(m, t, N, NULL, 0, 1, &ref));
+    const uint32_t odd[] = {9, 1, 130, 3}, ones[] = {1};
+    struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; } cases[] = {
+        {odd, 4, 2, false}, {ones, 1, 1, false}, {NULL, 0, 3, false}, {odd, 4, 1, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool old = kvt_kernels_force_scalar(cases[i].scalar);
+        int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
+        kvt_kernels_force_scalar(old);
+        CHECK_OK(rc);
+        CHECKF(same(&ref, &o), "case %zu (threads %u, %s) differs", i, cases[i].th, cases[i].scalar ? "scalar" : "simd");
+        run_free(&o);
+    }
+    run_free(&ref);
+    kvt_model_close(m);
     kvt_test_clear_dir(dir);
     rmdir(dir);
 }
