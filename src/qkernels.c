@@ -525,7 +525,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(
     k4_scales_mins(w + 4, sc, mn);
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    for (int k = 0; k < 4; k++) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < 4; k++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         if (q5) {
@@ -581,7 +581,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++) {
+    _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
         const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
         const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
         __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
@@ -590,7 +590,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
          * 2r for the low lane's eight int16, 2r + 1 for the high one's */
         __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc));
         __m256i s16 = _mm256_set_m128i(s8, s8);
-        for (int r = 0; r < 4; r++) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < 4; r++) {
             __m256i lo = r & 1 ? l1 : l0;
             if (r >= 2) lo = _mm256_srli_epi16(lo, 4);
             __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * r), m2);
@@ -637,7 +637,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx
     const uint8_t *sl = w + 4;
     __m256i acc[4];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    for (int i = 0; i < 8; i++) {
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
         __m128i v = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * i));
         __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
@@ -703,8 +703,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
         __m256i iv[4];
         __m128i mv[4];
         uint16_t dh[4], mh[4];
-        for (int r = 0; r < 4; r++) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < 4; r++) {
             const uint8_t *w = row + (size_t)r * row_bytes + b * bytes;
+            /* the next four rows' superblock, while this one computes (the
+             * hardware's prefetchers lose the four interleaved streams) */
+            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + 4 * row_bytes + off), _MM_HINT_T0);
             if (mins) q4k_vecs_avx2(q5, 1, w, a, b, iv + r, mv + r);
             else if (q6) q6k_vecs_avx2(1, w, a, b, iv + r);
             else iq4xs_vecs_avx2(1, w, a, b, iv + r);
