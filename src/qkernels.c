@@ -43,6 +43,7 @@
 #define QK 32
 
 #define QKK 256
+#define KT 8 /* the most tokens a K-quant row takes at once (prefill) */
 #define Q4K_BYTES 144
 #define Q6K_BYTES 210
 #define Q5K_BYTES 176
@@ -523,7 +524,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(
     const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     uint8_t sc[8], mn[8];
     k4_scales_mins(w + 4, sc, mn);
-    __m256i acc[4];
+    __m256i acc[KT];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int k = 0; k < 4; k++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
@@ -563,8 +564,8 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(
                                                                                size_t b, int32_t *isum,
                                                                                int32_t *msum)
 {
-    __m256i iv[4];
-    __m128i mv4[4];
+    __m256i iv[KT];
+    __m128i mv4[KT];
     q4k_vecs_avx2(q5, T, w, a, b, iv, mv4);
     for (int t = 0; t < T; t++) {
         isum[t] = hsum_i32(iv[t]);
@@ -579,7 +580,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
                                                                                __m256i *iv)
 {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    __m256i acc[4];
+    __m256i acc[KT];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
         const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
@@ -620,7 +621,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
                                                                                const kact *a, size_t b,
                                                                                int32_t *isum)
 {
-    __m256i iv[4];
+    __m256i iv[KT];
     q6k_vecs_avx2(T, w, a, b, iv);
     for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
@@ -635,7 +636,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx
     const __m256i tab2 = _mm256_set_m128i(tab, tab);
     uint16_t sh = kvt_rd16(w + 2);
     const uint8_t *sl = w + 4;
-    __m256i acc[4];
+    __m256i acc[KT];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
@@ -657,7 +658,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx
                                                                                  const kact *a, size_t b,
                                                                                  int32_t *isum)
 {
-    __m256i iv[4];
+    __m256i iv[KT];
     iq4xs_vecs_avx2(T, w, a, b, iv);
     for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
@@ -673,7 +674,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void qk_row_avx
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
-        int32_t is[4], ms[4];
+        int32_t is[KT], ms[KT];
         if (mins) q4k_ints_avx2(q5, T, w, a, b, is, ms);
         else if (q6) q6k_ints_avx2(T, w, a, b, is);
         else iq4xs_ints_avx2(T, w, a, b, is);
@@ -700,7 +701,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     __m128 acc4 = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++) {
-        __m256i iv[4];
+        __m256i iv[KT];
         __m128i mv[4];
         uint16_t dh[4], mh[4];
         _Pragma("GCC unroll 8") for (int r = 0; r < 4; r++) {
@@ -750,6 +751,10 @@ typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *
     {                                                                                                        \
         qk_row_avx2(ty, T, row, nsb, a, acc);                                                                \
     }
+QK_ROW(q4k_row8, KVT_GGML_Q4_K, KT)
+QK_ROW(q5k_row8, KVT_GGML_Q5_K, KT)
+QK_ROW(q6k_row8, KVT_GGML_Q6_K, KT)
+QK_ROW(iq4xs_row8, KVT_GGML_IQ4_XS, KT)
 QK_ROW(q4k_row4, KVT_GGML_Q4_K, 4)
 QK_ROW(q4k_row1, KVT_GGML_Q4_K, 1)
 QK_ROW(q5k_row4, KVT_GGML_Q5_K, 4)
@@ -760,8 +765,9 @@ QK_ROW(iq4xs_row4, KVT_GGML_IQ4_XS, 4)
 QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
 #undef QK_ROW
 
-static void qk_rows_for(uint32_t ty, qk_row_fn *r4, qk_row_fn *r1)
+static void qk_rows_for(uint32_t ty, qk_row_fn *r8, qk_row_fn *r4, qk_row_fn *r1)
 {
+    *r8 = ty == KVT_GGML_Q4_K ? q4k_row8 : ty == KVT_GGML_Q5_K ? q5k_row8 : ty == KVT_GGML_Q6_K ? q6k_row8 : iq4xs_row8;
     *r4 = ty == KVT_GGML_Q4_K ? q4k_row4 : ty == KVT_GGML_Q5_K ? q5k_row4 : ty == KVT_GGML_Q6_K ? q6k_row4 : iq4xs_row4;
     *r1 = ty == KVT_GGML_Q4_K ? q4k_row1 : ty == KVT_GGML_Q5_K ? q5k_row1 : ty == KVT_GGML_Q6_K ? q6k_row1 : iq4xs_row1;
 }
@@ -777,14 +783,15 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
     bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
     size_t nsb = W->cols / QKK, bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     const uint8_t *row = W->data + o * W->row_bytes;
-    kact a[4];
-    float acc[4] = {0, 0, 0, 0};
+    kact a[KT];
+    float acc[KT] = {0};
     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
 #ifdef KVT_HAVE_X86
     if (c->simd) {
-        qk_row_fn r4, r1;
-        qk_rows_for(ty, &r4, &r1);
-        if (T == 4) r4(row, nsb, a, acc);
+        qk_row_fn r8, r4, r1;
+        qk_rows_for(ty, &r8, &r4, &r1);
+        if (T == KT) r8(row, nsb, a, acc);
+        else if (T == 4) r4(row, nsb, a, acc);
         else
             for (int k = 0; k < T; k++) r1(row, nsb, a + k, acc + k);
         for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
@@ -793,7 +800,7 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
 #endif
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
-        int32_t is[4], ms[4] = {0, 0, 0, 0};
+        int32_t is[KT], ms[KT] = {0};
         for (int k = 0; k < T; k++) {
             if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
             else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
@@ -826,7 +833,7 @@ static void qk_range(void *arg, size_t o0, size_t o1)
 #endif
     for (size_t o = o0; o < o1; o++)
         for (size_t t = 0; t < c->n;) {
-            int T = c->n - t >= 4 ? 4 : 1;
+            int T = c->n - t >= KT ? KT : c->n - t >= 4 ? 4 : 1;
             qk_outputs(c, o, t, T);
             t += (size_t)T;
         }

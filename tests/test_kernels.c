@@ -263,7 +263,7 @@ TEST(kernels_integer_types)
     const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_Q4_1, KVT_GGML_Q5_0,
                               KVT_GGML_Q5_1, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4, KVT_GGML_Q4_K,
                               KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS};
-    enum { DI = 768, DO = 13, NB = 7 };
+    enum { DI = 768, DO = 13, NB = 13 }; /* tokens: K-quant rows take 8, 4 and 1 at a time */
     uint64_t st = kvt_test_seed("kernels_integer_types");
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         uint32_t type = types[k];
