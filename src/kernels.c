@@ -659,6 +659,16 @@ void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, s
     kvt_pool_for(pool, W->rows, min, mm_range, &c);
 }
 
+void kvt_matmul_w_next(kvt_pool *pool, float *y, const kvt_wmat *W, const kvt_wmat *prev, const float *x, size_t n,
+                       uint8_t *qx)
+{
+    if (qx && prev->cols == W->cols && kvt_q_same_act(prev->type, W->type)) {
+        kvt_q_matmul_quantised(pool, y, W, n, qx);
+        return;
+    }
+    kvt_matmul_w(pool, y, W, x, n, qx);
+}
+
 void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
                 size_t n, size_t d_in, size_t d_out)
 {

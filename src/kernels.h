@@ -66,6 +66,11 @@ kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols);
  * run on integer dot products instead, with the tokens' activations
  * quantised into qx (kvt_q_act_bytes of scratch; NULL for other types). */
 void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx);
+/* kvt_matmul_w right after kvt_matmul_w(.., prev, x, n, qx) on the same x
+ * and n, with nothing written to x or qx between: when prev's type
+ * quantised x as W's does, its activations in qx are used again. */
+void kvt_matmul_w_next(kvt_pool *pool, float *y, const kvt_wmat *W, const kvt_wmat *prev, const float *x, size_t n,
+                       uint8_t *qx);
 /* The same for an f32 W (d_out, d_in). */
 void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
                 size_t n, size_t d_in, size_t d_out);

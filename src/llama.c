@@ -344,8 +344,8 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         const llama_layer *ly = &w->layers[l];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->attn_norm, D, w->eps);
         kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
-        kvt_matmul_w(s->pool, k, &ly->wk, xb, n, wk->qx);
-        kvt_matmul_w(s->pool, v, &ly->wv, xb, n, wk->qx);
+        kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
+        kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
         for (size_t i = 0; i < n; i++) {
             for (size_t h = 0; h < w->H; h++) kvt_rope(q + i * D + h * hd, w->n_rot, pos0 + i, w->rope_base);
             for (size_t h = 0; h < w->Hkv; h++) kvt_rope(k + i * KV + h * hd, w->n_rot, pos0 + i, w->rope_base);
@@ -366,7 +366,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
         for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
-        kvt_matmul_w(s->pool, h3, &ly->w3, xb, n, wk->qx);
+        kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
         struct swiglu_ctx sc = {h1, h3};
         kvt_pool_for(s->pool, n * F, 16384, swiglu_range, &sc);
         kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);

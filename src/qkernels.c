@@ -666,7 +666,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx
 /* Row (nsb superblocks of type ty) against T tokens: acc[t] += each
  * superblock's d * dx * isum - dmin * dx * msum, superblock after
  * superblock, the float operations of qk_outputs' scalar loop. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void qk_row_avx2(const uint32_t ty, const int T,
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_row_avx2(const uint32_t ty, const int T,
                                                                                  const uint8_t *row, size_t nsb,
                                                                                  const kact *a, float *acc)
 {
@@ -678,8 +678,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void qk_row_avx
         if (mins) q4k_ints_avx2(q5, T, w, a, b, is, ms);
         else if (q6) q6k_ints_avx2(T, w, a, b, is);
         else iq4xs_ints_avx2(T, w, a, b, is);
-        float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
-        float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
+        float d = _cvtsh_ss(kvt_rd16(q6 ? w + 208 : w)); /* F16C: exact, as kvt_f16_to_f32 */
+        float dmin = mins ? _cvtsh_ss(kvt_rd16(w + 2)) : 0;
         for (int t = 0; t < T; t++) {
             float dx = a[t].d[b];
             acc[t] = fmaf(d * dx, (float)is[t], acc[t]);
@@ -746,7 +746,7 @@ QK_ROWS4(iq4xs_rows4, KVT_GGML_IQ4_XS)
 
 typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
 #define QK_ROW(name, ty, T)                                                                                    \
-    __attribute__((target("avx2,fma"))) static void name(const uint8_t *row, size_t nsb, const kact *a,      \
+    __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *row, size_t nsb, const kact *a, \
                                                          float *acc)                                         \
     {                                                                                                        \
         qk_row_avx2(ty, T, row, nsb, a, acc);                                                                \
@@ -883,20 +883,29 @@ static void qm_range(void *arg, size_t o0, size_t o1)
     }
 }
 
-void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
+bool kvt_q_same_act(uint32_t a, uint32_t b)
+{
+    return kvt_q_supported(a) && kvt_q_supported(b) && k_type(a) == k_type(b);
+}
+
+void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, const uint8_t *qx)
 {
     bool simd = simd_ok();
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
     if (k_type(W->type)) {
-        struct qa_ctx a = {x, qx, W->cols, simd};
-        kvt_pool_for(pool, n, 16, quant_k_range, &a);
         struct qk_ctx c = {y, W, qx, n, simd};
         kvt_pool_for(pool, W->rows, min, qk_range, &c);
         return;
     }
-    struct qa_ctx a = {x, qx, W->cols, simd};
-    kvt_pool_for(pool, n, 64, quant_range, &a);
     struct qm_ctx c = {y, W, qx, n, simd};
     kvt_pool_for(pool, W->rows, min, qm_range, &c);
+}
+
+void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
+{
+    struct qa_ctx a = {x, qx, W->cols, simd_ok()};
+    if (k_type(W->type)) kvt_pool_for(pool, n, 16, quant_k_range, &a);
+    else kvt_pool_for(pool, n, 64, quant_range, &a);
+    kvt_q_matmul_quantised(pool, y, W, n, qx);
 }

@@ -36,5 +36,10 @@ size_t kvt_q_act_bytes(uint32_t wtype, size_t n, size_t cols);
 /* y (n, W->rows) = x (n, W->cols) · W^T for an integer type; qx holds
  * kvt_q_act_bytes(W->type, n, W->cols) bytes of scratch. */
 void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx);
+/* Whether weights of types a and b quantise the same activations the same
+ * way (both Q8_K, or both Q8_0), so that one's qx serves the other. */
+bool kvt_q_same_act(uint32_t a, uint32_t b);
+/* kvt_q_matmul with qx already holding x's activations for W's type. */
+void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, const uint8_t *qx);
 
 #endif
