@@ -234,6 +234,15 @@ __attribute__((target("avx2,fma"))) static void dots_key4_avx2(float *out, const
     _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
 }
 
+/* Prefetch n floats at p (a K or V row some keys ahead: rows ldk apart
+ * defeat the hardware's prefetchers at long context). */
+static inline void prefetch_row(const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
+#define ATT_AHEAD 8 /* keys ahead that the attention kernels prefetch */
+
 /* Three query heads against two keys, n a multiple of 16: the six dots
  * of dot_avx2 side by side (twelve accumulators), each key half loaded
  * once for the three heads; out rows ldo apart. */
@@ -362,7 +371,11 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
             float *o = out + u * ldo;
             const float *qu = q + u * ldq;
             size_t j = 0;
-            for (; j + 2 <= nk; j += 2) dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+            for (; j + 2 <= nk; j += 2) {
+                prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
+                prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
+                dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+            }
             for (; j < nk; j++)
                 for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
         }
