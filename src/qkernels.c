@@ -688,6 +688,55 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     }
 }
 
+/* q4k_vecs_avx2 for four rows against one token, the token's activations
+ * loaded once for the four, each row's scales as int16 in both 128-bit
+ * lanes and picked per sub-block by a shuffle. */
+__attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_rows4_avx2(const bool q5,
+                                                                                     const uint8_t *const w[4],
+                                                                                     const kact *a, size_t b,
+                                                                                     __m256i *iv, __m128i *mv)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256i S[4], acc[4];
+    __m128i mn16[4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        uint8_t sc[8], mn[8];
+        k4_scales_mins(w[r] + 4, sc, mn);
+        S[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        mn16[r] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        acc[r] = _mm256_setzero_si256();
+    }
+    const int8_t *q = a->q + QKK * b;
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 64 * k + 32));
+        const char c0 = (char)(4 * k), c1 = (char)(4 * k + 1), c2 = (char)(4 * k + 2), c3 = (char)(4 * k + 3);
+        const __m256i M0 = _mm256_setr_epi8(c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1,
+                                            c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1, c0, c1);
+        const __m256i M1 = _mm256_setr_epi8(c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3,
+                                            c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3, c2, c3);
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w[r] + (q5 ? 48 : 16) + 32 * k));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) {
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(w[r] + 16));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
+                hi = _mm256_or_si256(hi,
+                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
+            }
+            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_shuffle_epi8(S[r], M0));
+            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_shuffle_epi8(S[r], M1));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(p0, p1));
+        }
+    }
+    __m256i bs = _mm256_loadu_si256((const __m256i *)(a->bs + 16 * b));
+    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        iv[r] = acc[r];
+        mv[r] = _mm_madd_epi16(pairs, mn16[r]);
+    }
+}
+
 /* Four rows (row_bytes apart) against one token, for decode: each lane of
  * acc4 is a row's qk_row_avx2 chain (the same float operations, four
  * rows side by side), the integer sums finished four rows at once. */
@@ -704,17 +753,18 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
         __m256i iv[KT];
         __m128i mv[4];
         uint16_t dh[4], mh[4];
+        const uint8_t *wr[4];
         _Pragma("GCC unroll 8") for (int r = 0; r < 4; r++) {
-            const uint8_t *w = row + (size_t)r * row_bytes + b * bytes;
+            const uint8_t *w = wr[r] = row + (size_t)r * row_bytes + b * bytes;
             /* the next four rows' superblock, while this one computes (the
              * hardware's prefetchers lose the four interleaved streams) */
             for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + 4 * row_bytes + off), _MM_HINT_T0);
-            if (mins) q4k_vecs_avx2(q5, 1, w, a, b, iv + r, mv + r);
-            else if (q6) q6k_vecs_avx2(1, w, a, b, iv + r);
-            else iq4xs_vecs_avx2(1, w, a, b, iv + r);
+            if (q6) q6k_vecs_avx2(1, w, a, b, iv + r);
+            else if (!mins) iq4xs_vecs_avx2(1, w, a, b, iv + r);
             dh[r] = kvt_rd16(q6 ? w + 208 : w);
             mh[r] = mins ? kvt_rd16(w + 2) : 0;
         }
+        if (mins) q4k_vecs_rows4_avx2(q5, wr, a, b, iv, mv); /* Q4_K, Q5_K: the four rows at once */
         /* integer sums (exact in any order): [row 0, 1, 2, 3] */
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(iv[0], iv[1]), _mm256_hadd_epi32(iv[2], iv[3]));
         __m128i is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
