@@ -514,7 +514,7 @@ static void emit_row(const kvt_cache *cache, size_t off, uint32_t r, size_t d, s
         for (size_t s = s0; s <= t; s++) {
             const float *sl = front_slot(cache, off, r, cw, s);
             size_t col = (r == 4 && s >= first) ? d + j : j;
-            float e = expf(sl[cw + col] - m);
+            float e = kvt_expf(sl[cw + col] - m);
             z += e;
             acc = fmaf(e, sl[col], acc);
         }
@@ -695,8 +695,8 @@ static void attn_range(void *arg, size_t i0, size_t i1)
             float z = ly->sinks[h], m = z;
             kvt_dots_rows(sc, 1, q, Dh, 1, keys, Dh, nk, Dh, scale);
             for (size_t k = 0; k < nk; k++) m = sc[k] > m ? sc[k] : m;
-            float den = expf(z - m);
-            for (size_t k = 0; k < nk; k++) { sc[k] = expf(sc[k] - m); den += sc[k]; }
+            float den = kvt_expf(z - m);
+            for (size_t k = 0; k < nk; k++) { sc[k] = kvt_expf(sc[k] - m); den += sc[k]; }
             float *o = f->att + (i * H + h) * Dh;
             memset(o, 0, Dh * sizeof(float));
             kvt_axpys_rows(o, Dh, sc, 0, 1, keys, Dh, nk, Dh);

@@ -709,6 +709,20 @@ static void rope_dir(float *v, size_t n_rot, size_t pos, float base, float sign)
 }
 
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, 1.0f); }
+
+void kvt_rope_heads(float *v, size_t nh, size_t stride, size_t n_rot, size_t pos, float base)
+{
+    for (size_t i = 0; i < n_rot; i += 2) {
+        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
+        float ang = (float)pos * freq;
+        float c = cosf(ang), s = sinf(ang);
+        for (size_t h = 0; h < nh; h++) {
+            float *p = v + h * stride + i, a = p[0], b = p[1];
+            p[0] = a * c - b * s;
+            p[1] = a * s + b * c;
+        }
+    }
+}
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, -1.0f); }
 
 /* exp: the algorithm and constants of glibc's expf (Arm's optimized
@@ -757,7 +771,6 @@ __attribute__((always_inline)) static inline float expf_core(float x)
     return (float)y;
 }
 
-float kvt_expf(float x) { return expf_core(x); }
 
 #ifdef KVT_HAVE_X86
 /* kvt_expf with the fma instruction (a library call elsewhere). */
@@ -802,6 +815,34 @@ __attribute__((target("avx2,fma"))) static void exp_shift_avx2(float *x, size_t 
     for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
 }
 
+/* kvt_swiglu eight at a time: the scalar expression's operations in its
+ * order, exp through expf4_avx2 (a lane in the special range through
+ * expf1_fma). */
+__attribute__((target("avx2,fma"))) static void swiglu_avx2(float *h1, const float *h3, size_t n)
+{
+    size_t i = 0;
+    const __m256i lim = _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1);
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(h1 + i), d = _mm256_xor_ps(g, neg), e;
+        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
+        if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, lim), _mm256_set1_epi32(-1))) {
+            float l[8];
+            _mm256_storeu_ps(l, d);
+            for (int k = 0; k < 8; k++) l[k] = expf1_fma(l[k]);
+            e = _mm256_loadu_ps(l);
+        } else {
+            e = _mm256_set_m128(expf4_avx2(_mm256_extractf128_ps(d, 1)), expf4_avx2(_mm256_castps256_ps128(d)));
+        }
+        __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(h1 + i, _mm256_mul_ps(_mm256_mul_ps(g, r), _mm256_loadu_ps(h3 + i)));
+    }
+    for (; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf1_fma(-g))) * h3[i];
+    }
+}
+
 __attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, float d)
 {
     size_t i = 0;
@@ -810,6 +851,25 @@ __attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, flo
     for (; i < n; i++) x[i] /= d;
 }
 #endif
+
+float kvt_expf(float x)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) return expf1_fma(x);
+#endif
+    return expf_core(x);
+}
+
+void kvt_swiglu(float *h1, const float *h3, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { swiglu_avx2(h1, h3, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf_core(-g))) * h3[i];
+    }
+}
 
 /* The maximum in eight lanes, x[i] into lane i % 8 as m = x > m ? x : m,
  * the lanes then in order (so NaNs are met as by one fixed sequence; for

@@ -79,6 +79,9 @@ void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
 void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps);
 /* Rotate adjacent pairs (2i, 2i+1) of v (n_rot dims) by pos * base^(-2i/n_rot). */
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base);
+/* kvt_rope of nh heads (stride floats apart) at one position, each
+ * angle's cosine and sine computed once for all of them. */
+void kvt_rope_heads(float *v, size_t nh, size_t stride, size_t n_rot, size_t pos, float base);
 /* Same rotation with the opposite angle. */
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
 /* exp(x), bit for bit the same on every path and machine: glibc's expf
@@ -89,6 +92,8 @@ float kvt_expf(float x);
 void kvt_softmax(float *x, size_t n);
 /* kvt_softmax of nrows rows of n, ldx apart (the rows' sums side by side). */
 void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n);
-static inline float kvt_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+/* h1[i] = g * (1 / (1 + kvt_expf(-g))) * h3[i] with g = h1[i] (SwiGLU). */
+void kvt_swiglu(float *h1, const float *h3, size_t n);
+static inline float kvt_silu(float x) { return x / (1.0f + kvt_expf(-x)); }
 
 #endif

@@ -321,10 +321,7 @@ struct swiglu_ctx { float *h1; const float *h3; };
 static void swiglu_range(void *arg, size_t j0, size_t j1)
 {
     struct swiglu_ctx *c = arg;
-    for (size_t j = j0; j < j1; j++) {
-        float g = c->h1[j];
-        c->h1[j] = g * (1.0f / (1.0f + expf(-g))) * c->h3[j];
-    }
+    kvt_swiglu(c->h1 + j0, c->h3 + j0, j1 - j0);
 }
 
 /* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
@@ -347,8 +344,8 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
         for (size_t i = 0; i < n; i++) {
-            for (size_t h = 0; h < w->H; h++) kvt_rope(q + i * D + h * hd, w->n_rot, pos0 + i, w->rope_base);
-            for (size_t h = 0; h < w->Hkv; h++) kvt_rope(k + i * KV + h * hd, w->n_rot, pos0 + i, w->rope_base);
+            kvt_rope_heads(q + i * D, w->H, hd, w->n_rot, pos0 + i, w->rope_base);
+            kvt_rope_heads(k + i * KV, w->Hkv, hd, w->n_rot, pos0 + i, w->rope_base);
             float *kr = kvt_cache_row(s->cache, 2 * l, pos0 + i);
             float *vr = kvt_cache_row(s->cache, 2 * l + 1, pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);

@@ -139,6 +139,32 @@ TEST(kernels_softmax_rows)
         }
 }
 
+/* kvt_swiglu: SIMD and scalar bit for bit, and the definition with libm's
+ * expf where that is glibc's; values out to +-120, so that exp(-g)
+ * overflows and underflows (the special lanes), every length to 40. */
+TEST(kernels_swiglu)
+{
+    uint64_t st = kvt_test_seed("kernels_swiglu");
+    enum { N = 1000 };
+    static float g[N], h3[N], a[N], b[N], want[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = frand(&st) * (i % 5 == 0 ? 120.0f : 6.0f);
+        h3[i] = frand(&st) * 3;
+    }
+    for (size_t n = 0; n <= N; n = n < 40 ? n + 1 : n + 480) {
+        memcpy(a, g, sizeof g);
+        memcpy(b, g, sizeof g);
+        kvt_swiglu(a, h3, n);
+        bool old = kvt_kernels_force_scalar(true);
+        kvt_swiglu(b, h3, n);
+        kvt_kernels_force_scalar(old);
+        CHECKF(!memcmp(a, b, sizeof a), "n=%zu: SIMD and scalar differ", n);
+        if (!kvt_kernels_simd()) continue;
+        for (size_t i = 0; i < N; i++) want[i] = i < n ? g[i] * (1.0f / (1.0f + expf(-g[i]))) * h3[i] : g[i];
+        CHECKF(!memcmp(a, want, sizeof a), "n=%zu: not g * (1 / (1 + expf(-g))) * h3", n);
+    }
+}
+
 TEST(kernels_f16_every_value)
 {
     static uint16_t h[65536], back[65536];
