@@ -525,7 +525,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(
     uint8_t sc[8], mn[8];
     k4_scales_mins(w + 4, sc, mn);
     __m256i acc[KT];
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int k = 0; k < 4; k++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -534,7 +534,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
         }
         __m256i s0 = _mm256_set1_epi16((short)sc[2 * k]), s1 = _mm256_set1_epi16((short)sc[2 * k + 1]);
-        for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             const int8_t *q = a[t].q + QKK * b + 64 * k;
             __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q));
             __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q + 32)));
@@ -544,7 +544,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_avx2(
     /* the min sums: sub-block k's min against the sum of its two 16-sums
      * (each pair at most 2 * 16 * 128 in magnitude: an int16) */
     __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-    for (int t = 0; t < T; t++) {
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
         iv[t] = acc[t];
         __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
         __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
@@ -567,7 +567,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(
     __m256i iv[KT];
     __m128i mv4[KT];
     q4k_vecs_avx2(q5, T, w, a, b, iv, mv4);
-    for (int t = 0; t < T; t++) {
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
         isum[t] = hsum_i32(iv[t]);
         msum[t] = hsum4_i32(mv4[t]);
     }
@@ -581,7 +581,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
 {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     __m256i acc[KT];
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
         const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
         const int8_t *sc = (const int8_t *)(w + 192 + 8 * h);
@@ -601,7 +601,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
             __m256i scv = _mm256_shuffle_epi8(s16, _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,
                                                                     a0, a1, a0, a1, b0, b1, b0, b1, b0, b1, b0, b1,
                                                                     b0, b1, b0, b1, b0, b1, b0, b1));
-            for (int t = 0; t < T; t++) {
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 const int8_t *q = a[t].q + QKK * b + 128 * h + 32 * r;
                 __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)q));
                 acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, scv));
@@ -611,7 +611,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
     /* the offset: 32 * sum of scale_j * (the 16-sum j); the 16 scales in
      * sum order (half h, r, then l0) are the block's scales in order */
     __m256i sv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
-    for (int t = 0; t < T; t++) {
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
         __m256i off = _mm256_madd_epi16(sv, _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)));
         iv[t] = _mm256_sub_epi32(acc[t], _mm256_slli_epi32(off, 5));
     }
@@ -623,7 +623,7 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(
 {
     __m256i iv[KT];
     q6k_vecs_avx2(T, w, a, b, iv);
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
 
 /* The integer of one IQ4_XS superblock against T tokens, as eight int32
@@ -637,21 +637,21 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx
     uint16_t sh = kvt_rd16(w + 2);
     const uint8_t *sl = w + 4;
     __m256i acc[KT];
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
         __m128i v = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * i));
         __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
         __m256i wv = _mm256_shuffle_epi8(tab2, nib), aw = _mm256_sign_epi8(wv, wv);
         __m256i sc = _mm256_set1_epi16((short)(ls - 32));
-        for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * i));
             /* pairs of products (at most 2 * 127 * 127) times the scale */
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), sc);
             acc[t] = _mm256_add_epi32(acc[t], p);
         }
     }
-    for (int t = 0; t < T; t++) iv[t] = acc[t];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) iv[t] = acc[t];
 }
 
 __attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx2(const int T, const uint8_t *w,
@@ -660,7 +660,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx
 {
     __m256i iv[KT];
     iq4xs_vecs_avx2(T, w, a, b, iv);
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
 
 /* Row (nsb superblocks of type ty) against T tokens: acc[t] += each
@@ -680,7 +680,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
         else iq4xs_ints_avx2(T, w, a, b, is);
         float d = _cvtsh_ss(kvt_rd16(q6 ? w + 208 : w)); /* F16C: exact, as kvt_f16_to_f32 */
         float dmin = mins ? _cvtsh_ss(kvt_rd16(w + 2)) : 0;
-        for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             float dx = a[t].d[b];
             acc[t] = fmaf(d * dx, (float)is[t], acc[t]);
             if (mins) acc[t] = fmaf(-(dmin * dx), (float)ms[t], acc[t]);
