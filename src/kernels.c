@@ -180,17 +180,6 @@ void kvt_axpy(float *y, float a, const float *x, size_t n)
     axpy_scalar(y, a, x, n);
 }
 
-void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k, size_t n)
-{
-#ifdef KVT_HAVE_X86
-    if (use_simd()) {
-        for (size_t u = 0; u < nq; u++) out[u] = dot_avx2(q + u * ldq, k, n);
-        return;
-    }
-#endif
-    for (size_t u = 0; u < nq; u++) out[u] = dot_scalar(q + u * ldq, k, n);
-}
-
 #ifdef KVT_HAVE_X86
 /* reduce16 of four lane sets at once: d[p] = reduce16 of (lo[p], hi[p]),
  * the same adds in the same order as reduce16_avx2 (a + b == b + a in IEEE
@@ -384,11 +373,7 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
     }
 #endif
     for (size_t j = 0; j < nk; j++, k += ldk)
-        for (size_t u = 0; u < nq; u++) {
-            float d[1];
-            kvt_dots(d, q + u * ldq, ldq, 1, k, n);
-            out[u * ldo + j] = d[0] * scale;
-        }
+        for (size_t u = 0; u < nq; u++) out[u * ldo + j] = kvt_dot(q + u * ldq, k, n) * scale;
 }
 
 void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
@@ -404,18 +389,8 @@ void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq,
         return;
     }
 #endif
-    for (size_t j = 0; j < nk; j++, v += ldv) kvt_axpys(y, ldy, a + j, lda, nq, v, n);
-}
-
-void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n)
-{
-#ifdef KVT_HAVE_X86
-    if (use_simd()) {
-        for (size_t u = 0; u < nq; u++) axpy_avx2(y + u * ldy, a[u * lda], v, n);
-        return;
-    }
-#endif
-    for (size_t u = 0; u < nq; u++) axpy_scalar(y + u * ldy, a[u * lda], v, n);
+    for (size_t j = 0; j < nk; j++, v += ldv)
+        for (size_t u = 0; u < nq; u++) kvt_axpy(y + u * ldy, a[u * lda + j], v, n);
 }
 
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n)
@@ -951,4 +926,3 @@ void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
     }
 }
 
-void kvt_softmax(float *x, size_t n) { kvt_softmax_rows(x, n, 1, n); }

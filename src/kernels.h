@@ -26,18 +26,14 @@ bool kvt_kernels_simd(void);
 float kvt_dot(const float *a, const float *b, size_t n);
 /* y += a * x, element-wise fma. */
 void kvt_axpy(float *y, float a, const float *x, size_t n);
-/* out[u] = kvt_dot(q + u * ldq, k, n) for u < nq, bit for bit, reading k
- * once (attention: the query heads of a KV head against one key). */
-void kvt_dots(float *out, const float *q, size_t ldq, size_t nq, const float *k, size_t n);
-/* kvt_axpy(y + u * ldy, a[u * lda], v, n) for u < nq, bit for bit. */
-void kvt_axpys(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t n);
 /* out[u * ldo + j] = kvt_dot(q + u * ldq, k + j * ldk, n) * scale for
  * u < nq, j < nk, bit for bit (attention scores: the query heads of a KV
  * head against nk keys, each key read once). */
 void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
                    size_t nk, size_t n, float scale);
-/* kvt_axpys(y, ldy, a + j, lda, nq, v + j * ldv, n) for j < nk in order,
- * bit for bit (attention: values mixed in position order). */
+/* kvt_axpy(y + u * ldy, a[u * lda + j], v + j * ldv, n) for u < nq and
+ * j < nk, j in order, bit for bit (attention: values mixed in position
+ * order). */
 void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
                     size_t n);
 
@@ -87,10 +83,9 @@ void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
 /* exp(x), bit for bit the same on every path and machine: glibc's expf
  * algorithm (kernels.c), not the libm of the machine. */
 float kvt_expf(float x);
-/* In-place softmax over n: m the maximum, x = kvt_expf(x - m), the sum in
- * position order, x / sum. */
-void kvt_softmax(float *x, size_t n);
-/* kvt_softmax of nrows rows of n, ldx apart (the rows' sums side by side). */
+/* In-place softmax of nrows rows of n, ldx apart: per row m the maximum,
+ * x = kvt_expf(x - m), the sum in position order, x / sum (the rows' sums
+ * run side by side). */
 void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n);
 /* h1[i] = g * (1 / (1 + kvt_expf(-g))) * h3[i] with g = h1[i] (SwiGLU). */
 void kvt_swiglu(float *h1, const float *h3, size_t n);
