@@ -559,20 +559,6 @@ __attribute__((target("avx2"))) static inline int32_t hsum4_i32(__m128i m)
     return _mm_cvtsi128_si32(m);
 }
 
-__attribute__((target("avx2"), always_inline)) static inline void q4k_ints_avx2(const bool q5, const int T,
-                                                                               const uint8_t *w, const kact *a,
-                                                                               size_t b, int32_t *isum,
-                                                                               int32_t *msum)
-{
-    __m256i iv[KT];
-    __m128i mv4[KT];
-    q4k_vecs_avx2(q5, T, w, a, b, iv, mv4);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        isum[t] = hsum_i32(iv[t]);
-        msum[t] = hsum4_i32(mv4[t]);
-    }
-}
-
 /* The integer of one Q6_K superblock against T tokens, as eight int32
  * lanes (iv[t]) that sum to it. */
 __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(const int T, const uint8_t *w,
@@ -617,15 +603,6 @@ __attribute__((target("avx2"), always_inline)) static inline void q6k_vecs_avx2(
     }
 }
 
-__attribute__((target("avx2"), always_inline)) static inline void q6k_ints_avx2(const int T, const uint8_t *w,
-                                                                               const kact *a, size_t b,
-                                                                               int32_t *isum)
-{
-    __m256i iv[KT];
-    q6k_vecs_avx2(T, w, a, b, iv);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
-}
-
 /* The integer of one IQ4_XS superblock against T tokens, as eight int32
  * lanes (iv[t]) that sum to it. */
 __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx2(const int T, const uint8_t *w,
@@ -636,8 +613,7 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx
     const __m256i tab2 = _mm256_set_m128i(tab, tab);
     uint16_t sh = kvt_rd16(w + 2);
     const uint8_t *sl = w + 4;
-    __m256i acc[KT];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) iv[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
         __m128i v = _mm_loadu_si128((const __m128i *)(w + 8 + 16 * i));
@@ -648,19 +624,9 @@ __attribute__((target("avx2"), always_inline)) static inline void iq4xs_vecs_avx
             __m256i xv = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * i));
             /* pairs of products (at most 2 * 127 * 127) times the scale */
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), sc);
-            acc[t] = _mm256_add_epi32(acc[t], p);
+            iv[t] = _mm256_add_epi32(iv[t], p);
         }
     }
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) iv[t] = acc[t];
-}
-
-__attribute__((target("avx2"), always_inline)) static inline void iq4xs_ints_avx2(const int T, const uint8_t *w,
-                                                                                 const kact *a, size_t b,
-                                                                                 int32_t *isum)
-{
-    __m256i iv[KT];
-    iq4xs_vecs_avx2(T, w, a, b, iv);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(iv[t]);
 }
 
 /* Row (nsb superblocks of type ty) against T tokens: acc[t] += each
@@ -674,16 +640,17 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
-        int32_t is[KT], ms[KT];
-        if (mins) q4k_ints_avx2(q5, T, w, a, b, is, ms);
-        else if (q6) q6k_ints_avx2(T, w, a, b, is);
-        else iq4xs_ints_avx2(T, w, a, b, is);
+        __m256i iv[KT];
+        __m128i mv[KT];
+        if (mins) q4k_vecs_avx2(q5, T, w, a, b, iv, mv);
+        else if (q6) q6k_vecs_avx2(T, w, a, b, iv);
+        else iq4xs_vecs_avx2(T, w, a, b, iv);
         float d = _cvtsh_ss(kvt_rd16(q6 ? w + 208 : w)); /* F16C: exact, as kvt_f16_to_f32 */
         float dmin = mins ? _cvtsh_ss(kvt_rd16(w + 2)) : 0;
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             float dx = a[t].d[b];
-            acc[t] = fmaf(d * dx, (float)is[t], acc[t]);
-            if (mins) acc[t] = fmaf(-(dmin * dx), (float)ms[t], acc[t]);
+            acc[t] = fmaf(d * dx, (float)hsum_i32(iv[t]), acc[t]);
+            if (mins) acc[t] = fmaf(-(dmin * dx), (float)hsum4_i32(mv[t]), acc[t]);
         }
     }
 }
@@ -750,7 +717,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     __m128 acc4 = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++) {
-        __m256i iv[KT];
+        __m256i iv[4];
         __m128i mv[4];
         uint16_t dh[4], mh[4];
         const uint8_t *wr[4];
