@@ -768,47 +768,37 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m128 expf4_av
     return _mm256_cvtpd_ps(y);
 }
 
-/* x[i] = kvt_expf(x[i] - m): eight at a time, a lane in the special
- * range (|x - m| >= 88, NaN) through kvt_expf itself. */
+/* kvt_expf of eight floats: four at a time in double lanes, or, when a
+ * lane is in the special range (|x| >= 88, NaN), each through expf1_fma. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 expf8_avx2(__m256 d)
+{
+    __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
+    if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1)), _mm256_set1_epi32(-1))) {
+        float l[8];
+        _mm256_storeu_ps(l, d);
+        for (int e = 0; e < 8; e++) l[e] = expf1_fma(l[e]);
+        return _mm256_loadu_ps(l);
+    }
+    return _mm256_set_m128(expf4_avx2(_mm256_extractf128_ps(d, 1)), expf4_avx2(_mm256_castps256_ps128(d)));
+}
+
+/* x[i] = kvt_expf(x[i] - m), eight at a time. */
 __attribute__((target("avx2,fma"))) static void exp_shift_avx2(float *x, size_t n, float m)
 {
     size_t i = 0;
     __m256 vm = _mm256_set1_ps(m);
-    const __m256i lim = _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1);
-    for (; i + 8 <= n; i += 8) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
-        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
-        if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, lim), _mm256_set1_epi32(-1))) {
-            float l[8];
-            _mm256_storeu_ps(l, d);
-            for (int e = 0; e < 8; e++) x[i + e] = expf1_fma(l[e]);
-            continue;
-        }
-        __m128 lo = expf4_avx2(_mm256_castps256_ps128(d)), hi = expf4_avx2(_mm256_extractf128_ps(d, 1));
-        _mm256_storeu_ps(x + i, _mm256_set_m128(hi, lo));
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
     for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
 }
 
 /* kvt_swiglu eight at a time: the scalar expression's operations in its
- * order, exp through expf4_avx2 (a lane in the special range through
- * expf1_fma). */
+ * order, exp through expf8_avx2. */
 __attribute__((target("avx2,fma"))) static void swiglu_avx2(float *h1, const float *h3, size_t n)
 {
     size_t i = 0;
-    const __m256i lim = _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1);
     const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
     for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(h1 + i), d = _mm256_xor_ps(g, neg), e;
-        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
-        if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, lim), _mm256_set1_epi32(-1))) {
-            float l[8];
-            _mm256_storeu_ps(l, d);
-            for (int k = 0; k < 8; k++) l[k] = expf1_fma(l[k]);
-            e = _mm256_loadu_ps(l);
-        } else {
-            e = _mm256_set_m128(expf4_avx2(_mm256_extractf128_ps(d, 1)), expf4_avx2(_mm256_castps256_ps128(d)));
-        }
+        __m256 g = _mm256_loadu_ps(h1 + i), e = expf8_avx2(_mm256_xor_ps(g, neg));
         __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
         _mm256_storeu_ps(h1 + i, _mm256_mul_ps(_mm256_mul_ps(g, r), _mm256_loadu_ps(h3 + i)));
     }
