@@ -57,8 +57,9 @@ $(LIB): $(OBJS)
 	rm -f $@ && ar rcs $@ $^
 $(BIN): $(BUILD)/obj/cli.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# The tests count allocations (tests/alloc.c wraps malloc, calloc, realloc).
 $(TBIN): $(TOBJS) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@ $^ $(LDLIBS)
 
 run: $(BIN)
 	./$(BIN) run --prompt "Hello"

@@ -34,7 +34,6 @@
 #include "util.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <xxhash.h>
 #include <stdlib.h>
@@ -535,10 +534,47 @@ static size_t front_start(uint32_t r, size_t n)
     return r == 4 ? (b >= 4 ? b - 4 : 0) : b;
 }
 
+typedef struct cand { float score; uint32_t c; } cand;
+
+/* A session's scratch, allocated when it is created (ds4_work_new) and sized
+ * from its context: the activations of up to ch tokens (a longer chunk runs
+ * in passes of ch, which changes nothing but the scratch: every position's
+ * result is that of any chunking), the indexer's keys and dot products, and
+ * per part of the pool the keys one token attends to with their scores and
+ * the indexer's scores and heap. */
+typedef struct ds4_work {
+    size_t ch, n_ctx, parts;
+    size_t maxc4;      /* indexer rows at n_ctx (0: no ratio-4 layer) */
+    size_t nk;         /* keys one position attends to at most */
+    float *x;          /* (ch, D) residual */
+    float *h;          /* (ch, D) normed input */
+    float *qr;         /* (ch, Rq) */
+    float *q;          /* (ch, H*Dh) */
+    float *kv;         /* (ch, Dh) */
+    uint16_t *rows;    /* (ch, Dh) binary16 raw rows */
+    float *ckv, *csc;  /* (ch, 2*max(Dh, Di)) compressor inputs and scores */
+    float *iq;         /* (ch, Hi*Di) */
+    float *iw;         /* (ch, Hi) */
+    float *att;        /* (ch, H*Dh) */
+    float *f1, *f3;    /* (ch, F) */
+    float *tmp;        /* (ch, max(D, H*Dh)) */
+    float *p;          /* (max(Dh, Di)) a pooled row */
+    uint16_t *chk;     /* (max(Dh, Di)) a replayed row */
+    uint32_t *sel;     /* (ch, K) selected indexer rows; NULL when K >= maxc4 (never selects) */
+    uint32_t *nsel;    /* (ch) */
+    float *kI;         /* (maxc4, Di) indexer keys */
+    float *dots;       /* (slice, Hi, maxc) for slices of at most ndots floats */
+    float *keys;       /* (parts, nk, Dh) */
+    float *sc;         /* (parts, nk) */
+    float *isc;        /* (parts, maxc4 + 1) when sel */
+    cand *heap;        /* (parts, K + 1) when sel */
+} ds4_work;
+
 typedef struct fwd {
     kvt_session *s;
     const ds4_weights *w;
     const ds4_layer *ly;
+    ds4_work *wk;
     uint32_t l;
     size_t n, pos0;
     const float *q;        /* (n, H*Dh) rotated, normed queries */
@@ -549,12 +585,7 @@ typedef struct fwd {
     /* indexer selection (ratio 4 with more than K visible rows) */
     const float *dots;     /* (ns, Hi, maxc) qI · kI for tokens [i_base, i_base + ns) */
     size_t i_base, maxc;
-    uint32_t *sel;         /* (n, K) selected rows per token, ascending */
-    uint32_t *nsel;        /* (n) */
-    _Atomic bool oom;      /* a range's scratch could not be allocated: the pass fails */
 } fwd;
-
-typedef struct cand { float score; uint32_t c; } cand;
 
 /* Is a better than b: higher score, then lower index. */
 static inline bool better(cand a, cand b) { return a.score > b.score || (a.score == b.score && a.c < b.c); }
@@ -600,19 +631,14 @@ int kvt_ds4_fault;
 
 /* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
  * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
-static void select_range(void *arg, size_t j0, size_t j1)
+static void select_range(void *arg, uint32_t part, size_t j0, size_t j1)
 {
     fwd *f = arg;
     const ds4_config *c = &f->w->c;
+    ds4_work *wk = f->wk;
     size_t Hi = c->Hi, maxc = f->maxc;
-    float *isc = malloc((maxc + 1) * sizeof(float));
-    cand *heap = malloc((c->K + 1) * sizeof(cand));
-    if (!isc || !heap) { /* the pass fails with KVT_ENOMEM (index_select) */
-        free(isc);
-        free(heap);
-        atomic_store(&f->oom, true);
-        return;
-    }
+    float *isc = wk->isc + part * (wk->maxc4 + 1);
+    cand *heap = wk->heap + part * ((size_t)c->K + 1);
     for (size_t j = j0; j < j1; j++) {
         size_t i = f->i_base + j, t = f->pos0 + i, ncomp = (t + 1) / 4;
         if (ncomp <= c->K) continue;
@@ -625,65 +651,49 @@ static void select_range(void *arg, size_t j0, size_t j1)
             }
             isc[k] = s;
         }
-        f->nsel[i] = (uint32_t)kvt_ds4_topk(isc, ncomp, c->K, f->sel + i * c->K, heap);
+        wk->nsel[i] = (uint32_t)kvt_ds4_topk(isc, ncomp, c->K, wk->sel + i * c->K, heap);
     }
-    free(isc);
-    free(heap);
 }
 
 /* Score all visible indexer rows for every token of the chunk as one matrix
  * product per slice of tokens (each score is still one fixed-order dot
  * product), then select per token. */
-static int index_select(fwd *f)
+static void index_select(fwd *f)
 {
     const ds4_config *c = &f->w->c;
+    ds4_work *wk = f->wk;
     size_t Di = c->Di, Hi = c->Hi, maxc = f->maxc;
-    float *kI = kvt_malloc(maxc * Di * sizeof(float));   /* (maxc, Di) */
-    size_t slice = (size_t)(1u << 22) / (Hi * maxc);      /* ~16 MB of dots */
+    size_t slice = (size_t)(1u << 22) / (Hi * maxc); /* ~16 MB of dots (ds4_work_new sizes them) */
     if (slice < 1) slice = 1;
     if (slice > f->n) slice = f->n;
-    float *dots = kvt_malloc(slice * Hi * maxc * sizeof(float));
-    if (!kI || !dots) { free(kI); free(dots); return KVT_ENOMEM; }
-    for (size_t k = 0; k < maxc; k++) from_f16(kI + k * Di, kvt_cache_row_ro(f->s->cache, f->ly->s_idx, k), Di);
+    for (size_t k = 0; k < maxc; k++) from_f16(wk->kI + k * Di, kvt_cache_row_ro(f->s->cache, f->ly->s_idx, k), Di);
     for (size_t i0 = 0; i0 < f->n; i0 += slice) {
         size_t ns = f->n - i0 < slice ? f->n - i0 : slice;
-        kvt_matmul(f->s->pool, dots, kI, f->iq + i0 * Hi * Di, ns * Hi, Di, maxc);
-        f->dots = dots;
+        kvt_matmul(f->s->pool, wk->dots, wk->kI, f->iq + i0 * Hi * Di, ns * Hi, Di, maxc);
+        f->dots = wk->dots;
         f->i_base = i0;
-        kvt_pool_for(f->s->pool, ns, 1, select_range, f);
+        kvt_pool_for_part(f->s->pool, ns, 1, select_range, f);
     }
-    free(kI);
-    free(dots);
-    return atomic_load(&f->oom) ? kvt_fail(KVT_ENOMEM, "ds4: indexer scratch") : KVT_OK;
 }
 
-static void attn_range(void *arg, size_t i0, size_t i1)
+static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
 {
     fwd *f = arg;
     const ds4_config *c = &f->w->c;
     const ds4_layer *ly = f->ly;
     const kvt_cache *cache = f->s->cache;
+    ds4_work *wk = f->wk;
     uint32_t r = c->ratio[f->l];
     size_t Dh = c->Dh, H = c->H;
-    size_t maxc = r ? (f->pos0 + f->n) / r : 0;
-    size_t nsel_max = r == 4 ? (maxc < c->K ? maxc : c->K) : maxc;
-    size_t nk_max = nsel_max + c->W;
-    float *keys = malloc(nk_max * Dh * sizeof(float));
-    float *sc = malloc(nk_max * sizeof(float));
-    uint32_t *all = malloc((maxc + 1) * sizeof(uint32_t));
-    if (!keys || !sc || !all) { /* the pass fails with KVT_ENOMEM (ds4_forward) */
-        free(keys); free(sc); free(all);
-        atomic_store(&f->oom, true);
-        return;
-    }
-    for (size_t k = 0; k < maxc; k++) all[k] = (uint32_t)k;
+    float *keys = wk->keys + part * wk->nk * Dh, *sc = wk->sc + part * wk->nk;
     float scale = 1.0f / sqrtf((float)Dh);
     for (size_t i = i0; i < i1; i++) {
         size_t t = f->pos0 + i, ncomp = r ? (t + 1) / r : 0, nsel = ncomp;
-        const uint32_t *sel = all;
-        if (r == 4 && ncomp > c->K) { sel = f->sel + i * c->K; nsel = f->nsel[i]; }
+        const uint32_t *sel = NULL; /* NULL: every compressed row, in order */
+        if (r == 4 && ncomp > c->K) { sel = wk->sel + i * c->K; nsel = wk->nsel[i]; }
         size_t nk = 0;
-        for (size_t k = 0; k < nsel; k++) from_f16(keys + nk++ * Dh, kvt_cache_row_ro(cache, ly->s_comp, sel[k]), Dh);
+        for (size_t k = 0; k < nsel; k++)
+            from_f16(keys + nk++ * Dh, kvt_cache_row_ro(cache, ly->s_comp, sel ? sel[k] : k), Dh);
         size_t w0 = t + 1 > c->W ? t + 1 - c->W : 0;
         if (kvt_ds4_fault == KVT_DS4_FAULT_MASK && w0 < t) w0++; /* tests: an off-by-one window */
         for (size_t p = w0; p <= t; p++) {
@@ -704,48 +714,114 @@ static void attn_range(void *arg, size_t i0, size_t i1)
             kvt_rope_inv(o + Dh - c->Dr, c->Dr, t, c->base[f->l]);
         }
     }
-    free(keys); free(sc); free(all);
 }
 
-/* One chunk of the forward pass. replay_from is SIZE_MAX for a normal pass.
- * Otherwise the chunk is part of a replay that started at replay_from over a
- * cache whose stream rows are already complete (see ds4_state_rebuild): the
- * compressed rows are not written, and each one whose inputs the replay has
- * already made exact is recomputed and must equal the stored row. */
-static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom,
-                         size_t replay_from)
+static void ds4_work_free(void *p)
+{
+    ds4_work *k = p;
+    if (!k) return;
+    void *b[] = {k->x, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq, k->iw, k->att, k->f1, k->f3,
+                 k->tmp, k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
+    free(k);
+}
+
+/* The per-part scratch for the pool's parts (again when the pool grew). */
+static int parts_fit(ds4_work *k, const ds4_config *c, size_t parts)
+{
+    if (k->parts >= parts) return KVT_OK;
+    float *keys = kvt_malloc(parts * k->nk * c->Dh * sizeof(float));
+    float *sc = kvt_malloc(parts * k->nk * sizeof(float));
+    float *isc = k->sel ? kvt_malloc(parts * (k->maxc4 + 1) * sizeof(float)) : NULL;
+    cand *heap = k->sel ? kvt_malloc(parts * ((size_t)c->K + 1) * sizeof(cand)) : NULL;
+    if (!keys || !sc || (k->sel && (!isc || !heap))) {
+        free(keys); free(sc); free(isc); free(heap);
+        return kvt_fail(KVT_ENOMEM, "ds4 attention scratch for %zu threads", parts);
+    }
+    free(k->keys); free(k->sc); free(k->isc); free(k->heap);
+    k->keys = keys; k->sc = sc; k->isc = isc; k->heap = heap;
+    k->parts = parts;
+    return KVT_OK;
+}
+
+#define MAX_PASS 256 /* tokens of one pass through the layers */
+
+static int ds4_work_new(kvt_session *s)
+{
+    const ds4_config *c = &((const ds4_weights *)s->m->weights)->c;
+    ds4_work *k = kvt_calloc(1, sizeof *k);
+    if (!k) return KVT_ENOMEM;
+    /* every size below is bounded by finish_config's limits and n_ctx <= 2^24:
+     * none overflows a 64-bit size_t */
+    size_t ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS, n_ctx = s->n_ctx;
+    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, F = c->F, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t wide = Dh > Di ? Dh : Di, CW = 2 * wide, K = c->K;
+    k->ch = ch;
+    k->n_ctx = n_ctx;
+    size_t nc = 0; /* compressed rows one position attends to at most */
+    for (uint32_t l = 0; l < c->L; l++) {
+        size_t r = c->ratio[l], m = r ? n_ctx / r : 0;
+        if (r == 4 && m > K) m = K;
+        if (r == 4) k->maxc4 = n_ctx / 4;
+        nc = m > nc ? m : nc;
+    }
+    k->nk = nc + c->W;
+    k->x = kvt_malloc(ch * D * sizeof(float));
+    k->h = kvt_malloc(ch * D * sizeof(float));
+    k->qr = kvt_malloc(ch * Rq * sizeof(float));
+    k->q = kvt_malloc(ch * HD * sizeof(float));
+    k->kv = kvt_malloc(ch * Dh * sizeof(float));
+    k->rows = kvt_malloc(ch * Dh * 2);
+    k->ckv = kvt_malloc(ch * CW * sizeof(float));
+    k->csc = kvt_malloc(ch * CW * sizeof(float));
+    k->iq = kvt_malloc(ch * Hi * Di * sizeof(float));
+    k->iw = kvt_malloc(ch * Hi * sizeof(float));
+    k->att = kvt_malloc(ch * HD * sizeof(float));
+    k->f1 = kvt_malloc(ch * F * sizeof(float));
+    k->f3 = kvt_malloc(ch * F * sizeof(float));
+    k->tmp = kvt_malloc(ch * (D > HD ? D : HD) * sizeof(float));
+    k->p = kvt_malloc(wide * sizeof(float));
+    k->chk = kvt_malloc(wide * 2);
+    k->nsel = kvt_malloc(ch * sizeof(uint32_t));
+    bool ok = k->x && k->h && k->qr && k->q && k->kv && k->rows && k->ckv && k->csc && k->iq && k->iw && k->att &&
+              k->f1 && k->f3 && k->tmp && k->p && k->chk && k->nsel;
+    if (ok && k->maxc4 > K) {
+        /* the dots of index_select's slices: slice * Hi * maxc floats, where
+         * slice = clamp(2^22 / (Hi * maxc), 1, n) with maxc <= maxc4 and n <= ch */
+        size_t all = ch * Hi * k->maxc4, one = Hi * k->maxc4, big = one > (1u << 22) ? one : (1u << 22);
+        k->sel = kvt_malloc(ch * K * sizeof(uint32_t));
+        k->kI = kvt_malloc(k->maxc4 * Di * sizeof(float));
+        k->dots = kvt_malloc((all < big ? all : big) * sizeof(float));
+        ok = k->sel && k->kI && k->dots;
+    }
+    int rc = ok ? parts_fit(k, c, kvt_pool_size(s->pool)) : KVT_ENOMEM;
+    if (rc) {
+        ds4_work_free(k);
+        return rc == KVT_ENOMEM ? kvt_fail(KVT_ENOMEM, "ds4 scratch for %zu tokens of a %zu-token context", ch, n_ctx)
+                                : rc;
+    }
+    s->work = k;
+    return KVT_OK;
+}
+
+/* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
+ * pass. Otherwise the pass is part of a replay that started at replay_from
+ * over a cache whose stream rows are already complete (see ds4_state_rebuild):
+ * the compressed rows are not written, and each one whose inputs the replay
+ * has already made exact is recomputed and must equal the stored row. */
+static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
+                        size_t lfrom, size_t replay_from)
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
     size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, F = c->F, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
-    size_t CW = 2 * (Dh > Di ? Dh : Di);
-    int rc = KVT_ENOMEM;
-    float *x = kvt_malloc(n * D * sizeof(float));      /* (n, D) residual */
-    float *h = kvt_malloc(n * D * sizeof(float));      /* (n, D) normed input */
-    float *qr = kvt_malloc(n * Rq * sizeof(float));    /* (n, Rq) */
-    float *q = kvt_malloc(n * HD * sizeof(float));     /* (n, H*Dh) */
-    float *kv = kvt_malloc(n * Dh * sizeof(float));    /* (n, Dh) */
-    uint16_t *rows = kvt_malloc(n * Dh * 2);           /* (n, Dh) binary16 raw rows */
-    float *ckv = kvt_malloc(n * CW * sizeof(float));   /* (n, c*width) */
-    float *csc = kvt_malloc(n * CW * sizeof(float));   /* (n, c*width) */
-    float *iq = kvt_malloc(n * Hi * Di * sizeof(float)); /* (n, Hi*Di) */
-    float *iw = kvt_malloc(n * Hi * sizeof(float));    /* (n, Hi) */
-    float *att = kvt_malloc(n * HD * sizeof(float));   /* (n, H*Dh) */
-    float *f1 = kvt_malloc(n * F * sizeof(float));     /* (n, F) */
-    float *f3 = kvt_malloc(n * F * sizeof(float));     /* (n, F) */
-    float *tmp = kvt_malloc(n * (D > HD ? D : HD) * sizeof(float));
-    float *p = kvt_malloc((Dh > Di ? Dh : Di) * sizeof(float));
-    uint32_t *sel = kvt_malloc(n * c->K * sizeof(uint32_t)); /* (n, K) */
-    uint32_t *nsel = kvt_malloc(n * sizeof(uint32_t));       /* (n) */
-    uint16_t *chk = kvt_malloc((Dh > Di ? Dh : Di) * 2);       /* a replayed row */
+    float *x = wk->x, *h = wk->h, *qr = wk->qr, *q = wk->q, *kv = wk->kv, *ckv = wk->ckv, *csc = wk->csc;
+    float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *f1 = wk->f1, *f3 = wk->f3, *tmp = wk->tmp, *p = wk->p;
+    uint16_t *rows = wk->rows, *chk = wk->chk;
     bool replay = replay_from != SIZE_MAX;
-    if (!chk || !sel || !nsel ||!x || !h || !qr || !q || !kv || !rows || !ckv || !csc || !iq || !iw || !att || !f1 || !f3 || !tmp || !p)
-        goto done;
     for (size_t i = 0; i < n; i++) {
-        if (tok[i] < 0 || (uint32_t)tok[i] >= c->V) {
-            rc = kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
-            goto done;
-        }
+        if (tok[i] < 0 || (uint32_t)tok[i] >= c->V)
+            return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
         memcpy(x + i * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
     }
     for (uint32_t l = 0; l < c->L; l++) {
@@ -798,15 +874,11 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
                 size_t row = (t + 1) / r - 1;
                 uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
                 if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
-                if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row))) {
-                    rc = kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
-                    goto done;
-                }
+                if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row)))
+                    return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
                 emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, out);
-                if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2)) {
-                    rc = kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
-                    goto done;
-                }
+                if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2))
+                    return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
             }
         }
         if (r == 4) {
@@ -818,13 +890,10 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
             float isc = 1.0f / sqrtf((float)(Di * Hi));
             for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
         }
-        fwd fa = {s, w, ly, l, nn, p0, q, rows, iq, iw, att};
+        fwd fa = {s, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
         fa.maxc = r ? (p0 + nn) / r : 0;
-        fa.sel = sel;
-        fa.nsel = nsel;
-        if (r == 4 && fa.maxc > c->K && (rc = index_select(&fa))) goto done;
-        kvt_pool_for(s->pool, nn, 1, attn_range, &fa);
-        if (atomic_load(&fa.oom)) { rc = kvt_fail(KVT_ENOMEM, "ds4: attention scratch"); goto done; }
+        if (r == 4 && fa.maxc > c->K) index_select(&fa);
+        kvt_pool_for_part(s->pool, nn, 1, attn_range, &fa);
         /* only now does the ring take this chunk's rows */
         for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
             memcpy(win_row(s->cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
@@ -842,10 +911,27 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, x + (lfrom + i) * D, w->out_norm, D, c->eps);
         kvt_matmul(s->pool, logits, w->out, h, nl, D, c->V);
     }
-    rc = KVT_OK;
-done:
-    free(x); free(h); free(qr); free(q); free(kv); free(rows); free(ckv); free(csc);
-    free(iq); free(iw); free(att); free(f1); free(f3); free(tmp); free(p); free(sel); free(nsel); free(chk);
+    return KVT_OK;
+}
+
+/* Tokens [pos0, pos0 + n) in passes of at most wk->ch (see forward_pass). */
+static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom,
+                         size_t replay_from)
+{
+    ds4_work *wk = s->work;
+    int rc = parts_fit(wk, &((const ds4_weights *)s->m->weights)->c, kvt_pool_size(s->pool));
+    if (rc) return rc;
+    if (pos0 + n > wk->n_ctx) return kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", pos0 + n);
+    size_t V = s->m->info.n_vocab;
+    for (size_t done = 0; done < n && !rc;) {
+        size_t m = n - done < wk->ch ? n - done : wk->ch;
+        size_t lf = lfrom > done ? lfrom - done : 0; /* the pass's first row with logits */
+        float *lg = NULL;
+        if (logits && lf < m) lg = logits + (done + lf - lfrom) * V;
+        else lf = m;
+        rc = forward_pass(s, wk, tok + done, m, pos0 + done, lg, lf, replay_from);
+        done += m;
+    }
     return rc;
 }
 
@@ -884,7 +970,7 @@ static size_t replay_start(const ds4_config *c, size_t n)
 static int ds4_state_rebuild(kvt_session *s)
 {
     const ds4_config *c = &((const ds4_weights *)s->m->weights)->c;
-    size_t n = s->n, q = replay_start(c, n), chunk = 256;
+    size_t n = s->n, q = replay_start(c, n), chunk = ((ds4_work *)s->work)->ch;
     if (n == 0) return KVT_OK;
     float *lg = kvt_malloc((size_t)c->V * sizeof(float));
     if (!lg) return KVT_ENOMEM;
@@ -990,4 +1076,6 @@ const kvt_arch kvt_arch_ds4 = {
     .state_rebuild = ds4_state_rebuild,
     .fingerprint = ds4_fingerprint,
     .weights_free = ds4_free,
+    .work_new = ds4_work_new,
+    .work_free = ds4_work_free,
 };

@@ -44,6 +44,16 @@ void kvt_test_clear_dir(const char *dir);
 /* Read a whole file (malloc'ed, NUL-terminated); NULL on failure. */
 char *kvt_test_read_file(const char *path, size_t *len);
 
+/* Allocation calls (malloc, calloc, realloc) so far in this process
+ * (tests/alloc.c). */
+unsigned long kvt_test_allocs(void);
+/* Run the architecture's forward pass over tok[0..n) at pos0 directly (the
+ * session's token list is not updated: the caller drops the session after)
+ * and set *extra to the allocations it made beyond the cache blocks its new
+ * rows took. */
+int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits,
+                            size_t lfrom, long *extra);
+
 #define TEST(name)                                                          \
     static void name(void);                                                 \
     __attribute__((constructor)) static void kvt_reg_##name(void)           \

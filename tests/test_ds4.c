@@ -803,3 +803,30 @@ TEST(ds4_snapshot_replay_mini)
     free(t);
     kvt_model_close(m);
 }
+
+/* The forward pass allocates nothing but the cache blocks its new rows take:
+ * its scratch is the session's, sized from the context when the session is
+ * made. ds4-mini at 2 threads, a prefill pass of 300 tokens past the point
+ * where the indexer selects (more than K = 64 rows), then one decode step. */
+TEST(ds4_forward_allocates_no_scratch)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-mini", 1, NULL));
+    enum { N = 701 };
+    int32_t t[N];
+    seqb(t, N, 41);
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.n_ctx = 2048, .n_threads = 2};
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    float *lg = malloc(s->m->info.n_vocab * sizeof(float));
+    CHECK(lg);
+    CHECK_OK(kvt_session_sync(s, t, 400, NULL));
+    long extra = -1, extra1 = -1;
+    CHECK_OK(kvt_test_forward_allocs(s, t + 400, 300, 400, lg, 299, &extra));
+    CHECK_OK(kvt_test_forward_allocs(s, t + 700, 1, 700, lg, 0, &extra1));
+    printf("    allocations beyond cache blocks: %ld in a 300-token pass, %ld in a decode step\n", extra, extra1);
+    CHECKF(extra == 0 && extra1 == 0, "the forward pass allocated");
+    free(lg);
+    kvt_session_free(s);
+    kvt_model_close(m);
+}

@@ -1,0 +1,59 @@
+/* Counting allocations: the test binary is linked with
+ * -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (Makefile), so every call
+ * from the library's and the tests' objects comes through here first. Used
+ * to show that a forward pass allocates nothing but the cache blocks its
+ * new rows need (issue: "no allocation per chunk"). */
+#include "test.h"
+#include "model.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+
+static _Atomic unsigned long allocs;
+
+void *__wrap_malloc(size_t n)
+{
+    atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
+    return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
+    return __real_calloc(n, size);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
+    return __real_realloc(p, n);
+}
+
+unsigned long kvt_test_allocs(void) { return atomic_load(&allocs); }
+
+/* Blocks the session's cache holds, over all streams (each one allocation
+ * when kvt_cache_row first touches it). */
+static size_t cache_blocks(const kvt_session *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->cache->n_streams; i++) {
+        const kvt_stream *st = &s->cache->streams[i];
+        for (size_t b = 0; b < st->n_blocks; b++) n += st->blocks[b] != NULL;
+    }
+    return n;
+}
+
+int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits,
+                            size_t lfrom, long *extra)
+{
+    size_t b0 = cache_blocks(s);
+    unsigned long a0 = kvt_test_allocs();
+    int rc = s->m->arch->forward(s, tok, n, pos0, logits, lfrom);
+    unsigned long a1 = kvt_test_allocs();
+    *extra = (long)(a1 - a0) - (long)(cache_blocks(s) - b0);
+    return rc;
+}
