@@ -138,10 +138,23 @@ static int cpu_has_avx2_fma_f16c(void)
     bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
     return fma && f16c && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 5 & 1);
 }
+
+/* AVX-512 F, BW and VL, with the OS saving the opmask and upper
+ * registers (XCR0 bits 5-7). */
+static int cpu_has_avx512(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2_fma_f16c() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(b >> 16 & 1) || !(b >> 30 & 1) || !(b >> 31 & 1)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;
+}
 #endif
 
 static int simd_state = -1; /* -1 unknown, 0 scalar, 1 avx2 */
-static bool forced_scalar;
+static int wide_state = -1; /* -1 unknown, 0 no, 1 AVX-512 F/BW/VL */
+static bool forced_scalar, forced_avx2;
 
 static bool use_simd(void)
 {
@@ -163,6 +176,25 @@ bool kvt_kernels_force_scalar(bool on)
 }
 
 bool kvt_kernels_simd(void) { return use_simd(); }
+
+bool kvt_kernels_force_avx2(bool on)
+{
+    bool old = forced_avx2;
+    forced_avx2 = on;
+    return old;
+}
+
+bool kvt_kernels_avx512(void)
+{
+    if (wide_state < 0) {
+#ifdef KVT_HAVE_X86
+        wide_state = cpu_has_avx512();
+#else
+        wide_state = 0;
+#endif
+    }
+    return wide_state && use_simd() && !forced_avx2;
+}
 
 float kvt_dot(const float *a, const float *b, size_t n)
 {

@@ -761,6 +761,133 @@ QK_ROWS4(q6k_rows4, KVT_GGML_Q6_K)
 QK_ROWS4(iq4xs_rows4, KVT_GGML_IQ4_XS)
 #undef QK_ROWS4
 
+
+/* ---- prefill: four rows interleaved ----
+ * For a chunk of tokens, a group of four Q4_K or Q5_K rows is first copied
+ * superblock by superblock into q4k_x4 (in the thread's stack): in each
+ * 32-byte vector, 8 bytes of each row, so that one maddubs against a token's
+ * 8 activations broadcast four times serves all four rows, and four such
+ * products add up in int16 (at most 8 * 31 * 127 = 31496) before one madd
+ * applies the four rows' sub-block scales. That is a quarter of the
+ * activation loads and half the madds of one row at a time. The integers
+ * are exact, and the float operations per row are qk_row_avx2's, so the
+ * bits are the same. */
+typedef struct q4k_x4 {
+    uint8_t qs[4][4][32]; /* [k][i]: rows 0..3's bytes 8i .. 8i+7 of the 32 of chunk k */
+    uint8_t qh[4][32];    /* Q5_K: [i]: rows 0..3's high-bit bytes 8i .. 8i+7 */
+    int16_t sc[8][16];    /* sub-block j: row r's scale in lanes 4r .. 4r+3 */
+    int16_t mn[4][16];    /* row r: min j in lanes 2j, 2j+1 */
+    float d[4], dmin[4];
+} q4k_x4;
+
+#define X4_MAX_SB 64 /* superblocks a row may have for this path (16384 columns) */
+
+static void q4k_x4_pack(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb, q4k_x4 *x)
+{
+    const size_t bytes = q5 ? Q5K_BYTES : Q4K_BYTES, qs_at = q5 ? 48 : 16;
+    for (size_t b = 0; b < nsb; b++, x++)
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *w = row + (size_t)r * row_bytes + b * bytes;
+            for (int k = 0; k < 4; k++)
+                for (int i = 0; i < 4; i++) memcpy(x->qs[k][i] + 8 * r, w + qs_at + 32 * k + 8 * i, 8);
+            if (q5)
+                for (int i = 0; i < 4; i++) memcpy(x->qh[i] + 8 * r, w + 16 + 8 * i, 8);
+            uint8_t sc[8], mn[8];
+            k4_scales_mins(w + 4, sc, mn);
+            for (int j = 0; j < 8; j++) {
+                for (int l = 0; l < 4; l++) x->sc[j][4 * r + l] = sc[j];
+                x->mn[r][2 * j] = x->mn[r][2 * j + 1] = mn[j];
+            }
+            x->d[r] = kvt_f16_to_f32(kvt_rd16(w));
+            x->dmin[r] = kvt_f16_to_f32(kvt_rd16(w + 2));
+        }
+}
+
+/* Eight int8 values in each quarter of a vector. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i bcast8(const int8_t *q)
+{
+    int64_t v;
+    memcpy(&v, q, 8);
+    return _mm256_set1_epi64x(v);
+}
+
+/* Four packed rows against T tokens: out[t * ldo + r] for r < 4. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx2(const bool q5, const int T,
+                                                                                const q4k_x4 *x, size_t nsb,
+                                                                                const kact *a, float *out,
+                                                                                size_t ldo)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m128 acc[KT];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
+    for (size_t b = 0; b < nsb; b++, x++) {
+        __m256i is[KT];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                /* h 0: sub-block 2k (low nibbles), h 1: 2k + 1 (high) */
+                __m256i v[4];
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)x->qs[k][i]);
+                    v[i] = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m4);
+                    if (q5) {
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh[i]);
+                        v[i] = _mm256_or_si256(
+                            v[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + h), one), 4));
+                    }
+                }
+                __m256i sc = _mm256_loadu_si256((const __m256i *)x->sc[2 * k + h]);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    const int8_t *q = a[t].q + QKK * b + 64 * k + 32 * h;
+                    __m256i p = _mm256_maddubs_epi16(v[0], bcast8(q));
+                    _Pragma("GCC unroll 4") for (int i = 1; i < 4; i++)
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[i], bcast8(q + 8 * i)));
+                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
+                }
+            }
+        const __m128 d = _mm_loadu_ps(x->d), dmin = _mm_loadu_ps(x->dmin);
+        const __m256i mn01 = _mm256_loadu_si256((const __m256i *)x->mn[0]),
+                      mn1 = _mm256_loadu_si256((const __m256i *)x->mn[1]),
+                      mn2 = _mm256_loadu_si256((const __m256i *)x->mn[2]),
+                      mn3 = _mm256_loadu_si256((const __m256i *)x->mn[3]);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            /* lanes [r0 r0 r1 r1 r2 r2 r3 r3] -> [r0 r1 r2 r3] */
+            __m256i s2 = _mm256_add_epi32(is[t], _mm256_srli_epi64(is[t], 32));
+            __m128i isum = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(s2, pick));
+            /* the min sums: row r's eight products, then the four rows'
+             * sums side by side */
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
+            __m256i m0 = _mm256_madd_epi16(bs, mn01), m1 = _mm256_madd_epi16(bs, mn1);
+            __m256i m2 = _mm256_madd_epi16(bs, mn2), m3 = _mm256_madd_epi16(bs, mn3);
+            __m256i u01 = _mm256_add_epi32(_mm256_unpacklo_epi32(m0, m1), _mm256_unpackhi_epi32(m0, m1));
+            __m256i u23 = _mm256_add_epi32(_mm256_unpacklo_epi32(m2, m3), _mm256_unpackhi_epi32(m2, m3));
+            /* u01 lanes per half: [m0 m1 m0 m1], u23: [m2 m3 m2 m3] */
+            __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(u01, u23), _mm256_unpackhi_epi64(u01, u23));
+            __m128i msum = _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+            __m128 dx = _mm_set1_ps(a[t].d[b]);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
+            acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
+                                  acc[t]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
+}
+
+typedef void (*q4k_x4_fn)(const q4k_x4 *x, size_t nsb, const kact *a, float *out, size_t ldo);
+#define Q4K_X4(name, q5, T, tgt)                                                                                 \
+    __attribute__((target(tgt))) static void name(const q4k_x4 *x, size_t nsb, const kact *a, float *out,        \
+                                                  size_t ldo)                                                    \
+    {                                                                                                            \
+        q4k_x4_avx2(q5, T, x, nsb, a, out, ldo);                                                                 \
+    }
+Q4K_X4(q4k_x4_t4, false, 4, "avx2,fma")
+Q4K_X4(q5k_x4_t4, true, 4, "avx2,fma")
+/* with AVX-512VL's 32 vector registers, eight tokens without spilling */
+Q4K_X4(q4k_x4_t8, false, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
+Q4K_X4(q5k_x4_t8, true, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
+#undef Q4K_X4
+
 typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
 #define QK_ROW(name, ty, T)                                                                                    \
     __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *row, size_t nsb, const kact *a, \
@@ -846,6 +973,29 @@ static void qk_range(void *arg, size_t o0, size_t o1)
                         : ty == KVT_GGML_Q6_K ? q6k_rows4 : iq4xs_rows4;
         kact a = kact_at(c->qx, 0, W->cols);
         for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, W->cols / QKK, &a, c->y + o0);
+    }
+#endif
+#ifdef KVT_HAVE_X86
+    const kvt_wmat *W = c->W;
+    size_t nsb = W->cols / QKK;
+    bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K;
+    if (c->simd && c->n >= 4 && (q4 || q5) && nsb <= X4_MAX_SB) {
+        /* prefill: four rows at a time, packed once for all the tokens */
+        bool wide = kvt_kernels_avx512();
+        q4k_x4_fn f8 = q5 ? q5k_x4_t8 : q4k_x4_t8, f4 = q5 ? q5k_x4_t4 : q4k_x4_t4;
+        q4k_x4 x[X4_MAX_SB];
+        for (; o0 + 4 <= o1; o0 += 4) {
+            q4k_x4_pack(q5, W->data + o0 * W->row_bytes, W->row_bytes, nsb, x);
+            size_t t = 0;
+            for (int T = wide ? 8 : 4; T >= 4; T -= 4)
+                for (; t + (size_t)T <= c->n; t += (size_t)T) {
+                    kact a[KT];
+                    for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
+                    (T == 8 ? f8 : f4)(x, nsb, a, c->y + t * W->rows + o0, W->rows);
+                }
+            for (size_t r = 0; r < 4; r++)
+                for (size_t u = t; u < c->n; u++) qk_outputs(c, o0 + r, u, 1);
+        }
     }
 #endif
     for (size_t o = o0; o < o1; o++)

@@ -307,6 +307,10 @@ TEST(kernels_integer_types)
         kvt_matmul_w(NULL, y2, &m, x, NB, qx);
         kvt_kernels_force_scalar(old);
         CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: scalar differs from SIMD", kvt_quant_name(type));
+        old = kvt_kernels_force_avx2(true);
+        kvt_matmul_w(NULL, y2, &m, x, NB, qx);
+        kvt_kernels_force_avx2(old);
+        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: AVX2 differs from AVX-512", kvt_quant_name(type));
         for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, qx);
         CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: one token at a time differs", kvt_quant_name(type));
         kvt_pool *p = kvt_pool_new(3);
@@ -359,4 +363,45 @@ TEST(kernels_integer_types)
         CHECKF(n_ctl >= 1, "%s: doubled scales stay inside the bound", kvt_quant_name(type));
         free(W), free(qx), free(x), free(wf), free(y1), free(y2), free(yc);
     }
+}
+
+/* The four-row Q4_K/Q5_K prefill kernel adds four maddubs pairs per int16
+ * lane before its madd: at most 8 * 31 * 127 = 31496 in magnitude. Every
+ * weight at its largest (scales, mins and nibbles all ones, Q5_K's high bits
+ * set) against activations all at +127 and all at -127 reaches that bound;
+ * the SIMD paths (AVX-512 and AVX2) must still equal the scalar one, which
+ * sums in int32. */
+TEST(kernels_kquant_int16_extremes)
+{
+    const uint32_t types[] = {KVT_GGML_Q4_K, KVT_GGML_Q5_K};
+    enum { DI = 768, DO = 9, NB = 13 };
+    for (size_t k = 0; k < 2; k++)
+        for (int sign = -1; sign <= 1; sign += 2) {
+            uint32_t type = types[k];
+            size_t row = kvt_quant_row_bytes(type, DI), bytes = row / (DI / 256);
+            uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
+            float *x = malloc(sizeof(float) * NB * DI), *y[3];
+            for (int i = 0; i < 3; i++) y[i] = malloc(sizeof(float) * NB * DO);
+            CHECK(W && qx && x && y[0] && y[1] && y[2]);
+            memset(W, 0xff, row * DO);
+            for (size_t b = 0; b < DO * DI / 256; b++) {
+                uint8_t *blk = W + b * bytes;
+                blk[0] = 0x00, blk[1] = 0x14; /* d = 2^-10 */
+                blk[2] = 0x00, blk[3] = 0x10; /* dmin = 2^-11 */
+            }
+            for (int i = 0; i < NB * DI; i++) x[i] = (float)sign;
+            kvt_wmat m = {W, type, DO, DI, row};
+            kvt_matmul_w(NULL, y[0], &m, x, NB, qx);
+            bool old = kvt_kernels_force_avx2(true);
+            kvt_matmul_w(NULL, y[1], &m, x, NB, qx);
+            kvt_kernels_force_avx2(old);
+            old = kvt_kernels_force_scalar(true);
+            kvt_matmul_w(NULL, y[2], &m, x, NB, qx);
+            kvt_kernels_force_scalar(old);
+            CHECKF(!memcmp(y[0], y[2], sizeof(float) * NB * DO) && !memcmp(y[1], y[2], sizeof(float) * NB * DO),
+                   "%s, activations %+d: SIMD %g / AVX2 %g, scalar %g", kvt_quant_name(type), sign * 127,
+                   y[0][0], y[1][0], y[2][0]);
+            free(W); free(qx); free(x);
+            for (int i = 0; i < 3; i++) free(y[i]);
+        }
 }

@@ -690,19 +690,22 @@ TEST(llama_every_type_invariance)
         bool finite = true;
         for (int i = 0; i < 512; i++) finite &= isfinite(ref.logits[i]);
         CHECKF(finite, "%s: logits not finite", name);
-        struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; } cases[] = {
-            {odd, 4, 2, false}, {NULL, 0, 3, true}, {odd, 4, 1, true},
+        /* kernel paths: the widest the CPU has, scalar, AVX2 without AVX-512 */
+        struct { const uint32_t *c; size_t n; uint32_t th; bool scalar, avx2; } cases[] = {
+            {odd, 4, 2, false, false}, {NULL, 0, 3, true, false}, {odd, 4, 1, true, false}, {odd, 4, 2, false, true},
         };
-        size_t same_n = 0;
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            bool old = kvt_kernels_force_scalar(cases[i].scalar);
+        size_t same_n = 0, n_cases = sizeof cases / sizeof cases[0];
+        for (size_t i = 0; i < n_cases; i++) {
+            bool old = kvt_kernels_force_scalar(cases[i].scalar), old2 = kvt_kernels_force_avx2(cases[i].avx2);
             int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
             kvt_kernels_force_scalar(old);
+            kvt_kernels_force_avx2(old2);
             CHECK_OK(rc);
             same_n += same(&ref, &o);
             run_free(&o);
         }
-        CHECKF(same_n == 3, "%s: %zu of 3 schedules, thread counts and kernel paths agree", name, same_n);
+        CHECKF(same_n == n_cases, "%s: %zu of %zu schedules, thread counts and kernel paths agree", name, same_n,
+               n_cases);
         printf("    %s: %s, invariant over %d tokens\n", name, kvt_q_supported(scale_fields[k].type) ? "integer kernels" : "f32 path", N);
         run_free(&ref);
         kvt_model_close(m);
