@@ -803,6 +803,17 @@ static void q4k_x4_pack(bool q5, const uint8_t *row, size_t row_bytes, size_t ns
         }
 }
 
+/* Row r's eight int32 lanes of m[r], summed, side by side: [m0 m1 m2 m3]. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i sum4x8(__m256i m0, __m256i m1, __m256i m2,
+                                                                          __m256i m3)
+{
+    __m256i u01 = _mm256_add_epi32(_mm256_unpacklo_epi32(m0, m1), _mm256_unpackhi_epi32(m0, m1));
+    __m256i u23 = _mm256_add_epi32(_mm256_unpacklo_epi32(m2, m3), _mm256_unpackhi_epi32(m2, m3));
+    /* per half: u01 [m0 m1 m0 m1], u23 [m2 m3 m2 m3] */
+    __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(u01, u23), _mm256_unpackhi_epi64(u01, u23));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
 /* Eight int8 values in each quarter of a vector. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i bcast8(const int8_t *q)
 {
@@ -847,7 +858,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx
                 }
             }
         const __m128 d = _mm_loadu_ps(x->d), dmin = _mm_loadu_ps(x->dmin);
-        const __m256i mn01 = _mm256_loadu_si256((const __m256i *)x->mn[0]),
+        const __m256i mn0 = _mm256_loadu_si256((const __m256i *)x->mn[0]),
                       mn1 = _mm256_loadu_si256((const __m256i *)x->mn[1]),
                       mn2 = _mm256_loadu_si256((const __m256i *)x->mn[2]),
                       mn3 = _mm256_loadu_si256((const __m256i *)x->mn[3]);
@@ -858,13 +869,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx
             /* the min sums: row r's eight products, then the four rows'
              * sums side by side */
             __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
-            __m256i m0 = _mm256_madd_epi16(bs, mn01), m1 = _mm256_madd_epi16(bs, mn1);
-            __m256i m2 = _mm256_madd_epi16(bs, mn2), m3 = _mm256_madd_epi16(bs, mn3);
-            __m256i u01 = _mm256_add_epi32(_mm256_unpacklo_epi32(m0, m1), _mm256_unpackhi_epi32(m0, m1));
-            __m256i u23 = _mm256_add_epi32(_mm256_unpacklo_epi32(m2, m3), _mm256_unpackhi_epi32(m2, m3));
-            /* u01 lanes per half: [m0 m1 m0 m1], u23: [m2 m3 m2 m3] */
-            __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(u01, u23), _mm256_unpackhi_epi64(u01, u23));
-            __m128i msum = _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+            __m128i msum = sum4x8(_mm256_madd_epi16(bs, mn0), _mm256_madd_epi16(bs, mn1), _mm256_madd_epi16(bs, mn2),
+                                  _mm256_madd_epi16(bs, mn3));
             __m128 dx = _mm_set1_ps(a[t].d[b]);
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
             acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
@@ -887,6 +893,101 @@ Q4K_X4(q5k_x4_t4, true, 4, "avx2,fma")
 Q4K_X4(q4k_x4_t8, false, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
 Q4K_X4(q5k_x4_t8, true, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
 #undef Q4K_X4
+
+
+/* Q6_K in the same scheme, its values unpacked to bytes (0..63) when
+ * packed: a sub-block of 16 values is two vectors, whose two maddubs add in
+ * int16 (at most 4 * 63 * 127 = 32004) before one madd applies the four
+ * rows' signed scales; the offset of 32 is subtracted as the scalar path
+ * does, 32 * sum_j scale_j * (16-sum j). */
+typedef struct q6k_x4 {
+    uint8_t q[16][2][32]; /* [j][i]: rows 0..3's values 16j + 8i .. 16j + 8i + 7 */
+    int16_t sc[16][16];   /* sub-block j: row r's scale in lanes 4r .. 4r+3 */
+    int16_t scr[4][16];   /* row r: its 16 scales */
+    float d[4];
+} q6k_x4;
+
+__attribute__((target("avx2"))) static void q6k_x4_pack(const uint8_t *row, size_t row_bytes, size_t nsb,
+                                                         q6k_x4 *x)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    for (size_t b = 0; b < nsb; b++, x++)
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *w = row + (size_t)r * row_bytes + b * Q6K_BYTES;
+            uint8_t v[256];
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = w + 64 * h;
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+                for (int s = 0; s < 4; s++) { /* values 128h + 32s + l, as q6k_int_scalar */
+                    __m256i lo = s & 1 ? l1 : l0;
+                    if (s >= 2) lo = _mm256_srli_epi16(lo, 4);
+                    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * s), m2);
+                    _mm256_storeu_si256((__m256i *)(v + 128 * h + 32 * s),
+                                        _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_slli_epi16(hb, 4)));
+                }
+            }
+            for (int j = 0; j < 16; j++)
+                for (int i = 0; i < 2; i++) memcpy(x->q[j][i] + 8 * r, v + 16 * j + 8 * i, 8);
+            const int8_t *sc = (const int8_t *)(w + 192);
+            for (int j = 0; j < 16; j++) {
+                for (int l = 0; l < 4; l++) x->sc[j][4 * r + l] = sc[j];
+                x->scr[r][j] = sc[j];
+            }
+            x->d[r] = kvt_f16_to_f32(kvt_rd16(w + 208));
+        }
+}
+
+/* Four packed Q6_K rows against T tokens: out[t * ldo + r] for r < 4. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void q6k_x4_avx2(const int T, const q6k_x4 *x,
+                                                                                size_t nsb, const kact *a,
+                                                                                float *out, size_t ldo)
+{
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m128 acc[KT];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
+    for (size_t b = 0; b < nsb; b++, x++) {
+        __m256i is[KT];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; j++) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)x->q[j][0]);
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)x->q[j][1]);
+            __m256i sc = _mm256_loadu_si256((const __m256i *)x->sc[j]);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const int8_t *q = a[t].q + QKK * b + 16 * j;
+                __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(v0, bcast8(q)), _mm256_maddubs_epi16(v1, bcast8(q + 8)));
+                is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const __m128 d = _mm_loadu_ps(x->d);
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)x->scr[0]),
+                      s1 = _mm256_loadu_si256((const __m256i *)x->scr[1]),
+                      s2 = _mm256_loadu_si256((const __m256i *)x->scr[2]),
+                      s3 = _mm256_loadu_si256((const __m256i *)x->scr[3]);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i h2 = _mm256_add_epi32(is[t], _mm256_srli_epi64(is[t], 32));
+            __m128i isum = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(h2, pick));
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
+            __m128i off = sum4x8(_mm256_madd_epi16(bs, s0), _mm256_madd_epi16(bs, s1), _mm256_madd_epi16(bs, s2),
+                                 _mm256_madd_epi16(bs, s3));
+            isum = _mm_sub_epi32(isum, _mm_slli_epi32(off, 5));
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(a[t].d[b])), _mm_cvtepi32_ps(isum), acc[t]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
+}
+
+__attribute__((target("avx2,fma"))) static void q6k_x4_t8(const q6k_x4 *x, size_t nsb, const kact *a, float *out,
+                                                           size_t ldo)
+{
+    q6k_x4_avx2(8, x, nsb, a, out, ldo);
+}
+
+__attribute__((target("avx2,fma"))) static void q6k_x4_t4(const q6k_x4 *x, size_t nsb, const kact *a, float *out,
+                                                           size_t ldo)
+{
+    q6k_x4_avx2(4, x, nsb, a, out, ldo);
+}
 
 typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
 #define QK_ROW(name, ty, T)                                                                                    \
@@ -979,19 +1080,26 @@ static void qk_range(void *arg, size_t o0, size_t o1)
     const kvt_wmat *W = c->W;
     size_t nsb = W->cols / QKK;
     bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K;
-    if (c->simd && c->n >= 4 && (q4 || q5) && nsb <= X4_MAX_SB) {
-        /* prefill: four rows at a time, packed once for all the tokens */
-        bool wide = kvt_kernels_avx512();
+    bool q6 = W->type == KVT_GGML_Q6_K;
+    if (c->simd && c->n >= 4 && (q4 || q5 || q6) && nsb <= X4_MAX_SB) {
+        /* prefill: four rows at a time, packed once for all the tokens.
+         * Q6_K takes eight tokens a call on AVX2 too (a sub-block needs
+         * three vectors), Q4_K and Q5_K with AVX-512VL's registers. */
+        bool wide = q6 || kvt_kernels_avx512();
         q4k_x4_fn f8 = q5 ? q5k_x4_t8 : q4k_x4_t8, f4 = q5 ? q5k_x4_t4 : q4k_x4_t4;
-        q4k_x4 x[X4_MAX_SB];
+        union { q4k_x4 k4[X4_MAX_SB]; q6k_x4 k6[X4_MAX_SB]; } x;
         for (; o0 + 4 <= o1; o0 += 4) {
-            q4k_x4_pack(q5, W->data + o0 * W->row_bytes, W->row_bytes, nsb, x);
+            const uint8_t *rows = W->data + o0 * W->row_bytes;
+            if (q6) q6k_x4_pack(rows, W->row_bytes, nsb, x.k6);
+            else q4k_x4_pack(q5, rows, W->row_bytes, nsb, x.k4);
             size_t t = 0;
             for (int T = wide ? 8 : 4; T >= 4; T -= 4)
                 for (; t + (size_t)T <= c->n; t += (size_t)T) {
                     kact a[KT];
+                    float *out = c->y + t * W->rows + o0;
                     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
-                    (T == 8 ? f8 : f4)(x, nsb, a, c->y + t * W->rows + o0, W->rows);
+                    if (q6) (T == 8 ? q6k_x4_t8 : q6k_x4_t4)(x.k6, nsb, a, out, W->rows);
+                    else (T == 8 ? f8 : f4)(x.k4, nsb, a, out, W->rows);
                 }
             for (size_t r = 0; r < 4; r++)
                 for (size_t u = t; u < c->n; u++) qk_outputs(c, o0 + r, u, 1);

@@ -365,17 +365,18 @@ TEST(kernels_integer_types)
     }
 }
 
-/* The four-row Q4_K/Q5_K prefill kernel adds four maddubs pairs per int16
- * lane before its madd: at most 8 * 31 * 127 = 31496 in magnitude. Every
- * weight at its largest (scales, mins and nibbles all ones, Q5_K's high bits
- * set) against activations all at +127 and all at -127 reaches that bound;
+/* The four-row prefill kernels add maddubs pairs in int16 before their
+ * madd: Q4_K/Q5_K four of them (at most 8 * 31 * 127 = 31496 in magnitude),
+ * Q6_K two (4 * 63 * 127 = 32004). Every weight at its largest (scales, mins
+ * and values all ones, Q5_K's high bits set; Q6_K's scales 127) against
+ * activations all at +127 and all at -127 reaches that bound;
  * the SIMD paths (AVX-512 and AVX2) must still equal the scalar one, which
  * sums in int32. */
 TEST(kernels_kquant_int16_extremes)
 {
-    const uint32_t types[] = {KVT_GGML_Q4_K, KVT_GGML_Q5_K};
+    const uint32_t types[] = {KVT_GGML_Q4_K, KVT_GGML_Q5_K, KVT_GGML_Q6_K};
     enum { DI = 768, DO = 9, NB = 13 };
-    for (size_t k = 0; k < 2; k++)
+    for (size_t k = 0; k < 3; k++)
         for (int sign = -1; sign <= 1; sign += 2) {
             uint32_t type = types[k];
             size_t row = kvt_quant_row_bytes(type, DI), bytes = row / (DI / 256);
@@ -386,8 +387,13 @@ TEST(kernels_kquant_int16_extremes)
             memset(W, 0xff, row * DO);
             for (size_t b = 0; b < DO * DI / 256; b++) {
                 uint8_t *blk = W + b * bytes;
-                blk[0] = 0x00, blk[1] = 0x14; /* d = 2^-10 */
-                blk[2] = 0x00, blk[3] = 0x10; /* dmin = 2^-11 */
+                if (type == KVT_GGML_Q6_K) {
+                    memset(blk + 192, 0x7f, 16);      /* scales 127 */
+                    blk[208] = 0x00, blk[209] = 0x14; /* d = 2^-10 */
+                } else {
+                    blk[0] = 0x00, blk[1] = 0x14; /* d = 2^-10 */
+                    blk[2] = 0x00, blk[3] = 0x10; /* dmin = 2^-11 */
+                }
             }
             for (int i = 0; i < NB * DI; i++) x[i] = (float)sign;
             kvt_wmat m = {W, type, DO, DI, row};
