@@ -193,6 +193,54 @@ static float quant_k_block(const float *x, int8_t *q, int16_t *bsums)
     return 1.0f / iscale;
 }
 
+#ifdef KVT_HAVE_X86
+/* quant_k_block, eight lanes at a time: the same largest magnitude (max
+ * ignores NaN as the scalar comparison does), the first element of it, the
+ * same products, rounding (ties to even), clamp and NaN rule. */
+__attribute__((target("avx2,fma,f16c"))) static float quant_k_block_avx2(const float *x, int8_t *q, int16_t *bsums)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QKK; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+    float l[8];
+    _mm256_storeu_ps(l, m);
+    float amax = 0;
+    for (int j = 0; j < 8; j++) amax = l[j] > amax ? l[j] : amax;
+    if (amax == 0) {
+        memset(q, 0, QKK);
+        memset(bsums, 0, 16 * sizeof *bsums);
+        return 0;
+    }
+    const __m256 va = _mm256_set1_ps(amax);
+    int first = 0;
+    for (int j = 0; j < QKK; j += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+        if (mask) { first = j + __builtin_ctz((unsigned)mask); break; }
+    }
+    float iscale = -127.0f / x[first];
+    const __m256 vis = _mm256_set1_ps(iscale), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int j = 0; j < QKK; j += 32) {
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(vis, _mm256_loadu_ps(x + j + 8 * k)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 ok = _mm256_cmp_ps(r, r, _CMP_ORD_Q);
+            r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+            i[k] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(ok));
+        }
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + j), p);
+    }
+    for (int g = 0; g < 16; g++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += q[16 * g + j];
+        bsums[g] = (int16_t)s;
+    }
+    return 1.0f / iscale;
+}
+#endif
+
 static void quant_k_range(void *arg, size_t t0, size_t t1)
 {
     struct qa_ctx *c = arg;
@@ -203,7 +251,12 @@ static void quant_k_range(void *arg, size_t t0, size_t t1)
         float *d = (float *)base;
         int16_t *bs = (int16_t *)(base + nsb * sizeof(float));
         int8_t *q = (int8_t *)(base + nsb * (sizeof(float) + 16 * sizeof(int16_t)));
-        for (size_t b = 0; b < nsb; b++) d[b] = quant_k_block(x + QKK * b, q + QKK * b, bs + 16 * b);
+        for (size_t b = 0; b < nsb; b++) {
+#ifdef KVT_HAVE_X86
+            if (c->simd) { d[b] = quant_k_block_avx2(x + QKK * b, q + QKK * b, bs + 16 * b); continue; }
+#endif
+            d[b] = quant_k_block(x + QKK * b, q + QKK * b, bs + 16 * b);
+        }
     }
 }
 

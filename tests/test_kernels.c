@@ -411,3 +411,46 @@ TEST(kernels_kquant_int16_extremes)
             for (int i = 0; i < 3; i++) free(y[i]);
         }
 }
+
+/* The tokens' activations (Q8_0 blocks of 32 and Q8_K superblocks of 256)
+ * are the same bytes from the AVX2 and the scalar quantisers, on rows that
+ * hold what a model can make: values on rounding ties, the largest
+ * magnitude twice with both signs, zeros, -0, subnormals, infinities and
+ * NaN. */
+TEST(kernels_activation_quantisers)
+{
+    enum { DI = 768, NB = 24 };
+    const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_K};
+    uint64_t st = kvt_test_seed("kernels_activation_quantisers");
+    float *x = malloc(sizeof(float) * NB * DI), *y = malloc(sizeof(float) * NB * 4);
+    CHECK(x && y);
+    for (int t = 0; t < NB; t++)
+        for (int i = 0; i < DI; i++) {
+            float *v = x + t * DI + i, r = frand(&st);
+            switch (t % 8) {
+            case 0: *v = r; break;
+            case 1: *v = (float)((int)(r * 8)) * 0.5f + 0.25f; break;              /* ties after scaling */
+            case 2: *v = i % 37 == 5 ? 3.0f : i % 37 == 9 ? -3.0f : r; break;      /* +-max, first wins */
+            case 3: *v = i % 2 ? -0.0f : 0.0f; break;                              /* an all-zero row */
+            case 4: *v = r * 1e-40f; break;                                        /* subnormals */
+            case 5: *v = i == 100 ? INFINITY : i == 300 ? -INFINITY : r; break;
+            case 6: *v = i % 50 == 7 ? NAN : r; break;
+            default: *v = i % 3 ? r : (float)(i % 256) - 127.5f; break;
+            }
+        }
+    for (size_t k = 0; k < 2; k++) {
+        size_t row = kvt_quant_row_bytes(types[k], DI), bytes = kvt_q_act_bytes(types[k], NB, DI);
+        uint8_t *W = calloc(4, row), *q1 = malloc(bytes), *q2 = malloc(bytes);
+        CHECK(W && q1 && q2);
+        kvt_wmat m = {W, types[k], 4, DI, row};
+        kvt_q_matmul(NULL, y, &m, x, NB, q1);
+        bool old = kvt_kernels_force_scalar(true);
+        kvt_q_matmul(NULL, y, &m, x, NB, q2);
+        kvt_kernels_force_scalar(old);
+        size_t bad = 0;
+        for (size_t i = 0; i < bytes; i++) bad += q1[i] != q2[i];
+        CHECKF(bad == 0, "%s activations: %zu of %zu bytes differ", kvt_quant_name(types[k]), bad, bytes);
+        free(W); free(q1); free(q2);
+    }
+    free(x); free(y);
+}
