@@ -469,7 +469,7 @@ static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
 
 #define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
 #define TOKS 96   /* tokens whose lanes one sweep over a segment carries */
-#define TR 4      /* weight rows of a tile */
+#define TR 8      /* weight rows of a sweep: one 8-row tile (AVX-512) or two of 4 */
 #define TT 3      /* tokens of a tile */
 
 /* Lane state: lanes[r][t] are the 16 lanes of row r's dot product with
@@ -479,48 +479,61 @@ static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
 typedef float lanes_t[LANES];
 
 #ifdef KVT_HAVE_X86
-/* One half (lanes h*8 .. h*8+7) of a 4-row x 3-token tile over w[r][0, len):
+/* One half (lanes h*8 .. h*8+7) of an R-row x 3-token tile over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
- * the low half, the 8 at full when tail8. Twelve accumulators, three token
- * vectors and one weight vector: the sixteen registers. */
-__attribute__((target("avx2,fma"))) static inline void tile_half(lanes_t (*L)[TOKS], const float *const *w,
-                                                                const float *x, size_t ldx, size_t full,
-                                                                bool tail8, int h)
+ * the low half, the 8 at full when tail8. 4 rows: twelve accumulators,
+ * three token vectors and one weight vector, AVX2's sixteen registers;
+ * 8 rows: twenty-four, with AVX-512VL's thirty-two, which halves the token
+ * loads per fma. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void tile_half(const int R, lanes_t (*L)[TOKS],
+                                                                              const float *const *w, const float *x,
+                                                                              size_t ldx, size_t full, bool tail8,
+                                                                              int h)
 {
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx;
-    __m256 a00 = _mm256_loadu_ps(L[0][0] + 8 * h), a01 = _mm256_loadu_ps(L[0][1] + 8 * h), a02 = _mm256_loadu_ps(L[0][2] + 8 * h);
-    __m256 a10 = _mm256_loadu_ps(L[1][0] + 8 * h), a11 = _mm256_loadu_ps(L[1][1] + 8 * h), a12 = _mm256_loadu_ps(L[1][2] + 8 * h);
-    __m256 a20 = _mm256_loadu_ps(L[2][0] + 8 * h), a21 = _mm256_loadu_ps(L[2][1] + 8 * h), a22 = _mm256_loadu_ps(L[2][2] + 8 * h);
-    __m256 a30 = _mm256_loadu_ps(L[3][0] + 8 * h), a31 = _mm256_loadu_ps(L[3][1] + 8 * h), a32 = _mm256_loadu_ps(L[3][2] + 8 * h);
-    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    __m256 a[8][TT];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_loadu_ps(L[r][t] + 8 * h);
     size_t end = full + (tail8 ? 16 : 0);
     for (size_t i = 8 * (size_t)h; i < end; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i), v2 = _mm256_loadu_ps(x2 + i), wv;
-        wv = _mm256_loadu_ps(w0 + i);
-        a00 = _mm256_fmadd_ps(wv, v0, a00); a01 = _mm256_fmadd_ps(wv, v1, a01); a02 = _mm256_fmadd_ps(wv, v2, a02);
-        wv = _mm256_loadu_ps(w1 + i);
-        a10 = _mm256_fmadd_ps(wv, v0, a10); a11 = _mm256_fmadd_ps(wv, v1, a11); a12 = _mm256_fmadd_ps(wv, v2, a12);
-        wv = _mm256_loadu_ps(w2 + i);
-        a20 = _mm256_fmadd_ps(wv, v0, a20); a21 = _mm256_fmadd_ps(wv, v1, a21); a22 = _mm256_fmadd_ps(wv, v2, a22);
-        wv = _mm256_loadu_ps(w3 + i);
-        a30 = _mm256_fmadd_ps(wv, v0, a30); a31 = _mm256_fmadd_ps(wv, v1, a31); a32 = _mm256_fmadd_ps(wv, v2, a32);
+        __m256 v[TT];
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) {
+            v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
+            /* the next tokens' line (the next tile's), while this one runs */
+            if (!h) _mm_prefetch((const char *)(x + (size_t)(t + TT) * ldx + i), _MM_HINT_T0);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_loadu_ps(w[r] + i);
+            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
+        }
     }
-    _mm256_storeu_ps(L[0][0] + 8 * h, a00); _mm256_storeu_ps(L[0][1] + 8 * h, a01); _mm256_storeu_ps(L[0][2] + 8 * h, a02);
-    _mm256_storeu_ps(L[1][0] + 8 * h, a10); _mm256_storeu_ps(L[1][1] + 8 * h, a11); _mm256_storeu_ps(L[1][2] + 8 * h, a12);
-    _mm256_storeu_ps(L[2][0] + 8 * h, a20); _mm256_storeu_ps(L[2][1] + 8 * h, a21); _mm256_storeu_ps(L[2][2] + 8 * h, a22);
-    _mm256_storeu_ps(L[3][0] + 8 * h, a30); _mm256_storeu_ps(L[3][1] + 8 * h, a31); _mm256_storeu_ps(L[3][2] + 8 * h, a32);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
 }
 
-__attribute__((target("avx2,fma"))) static void tile_avx2(lanes_t (*L)[TOKS], const float *const *w, const float *x,
-                                                         size_t ldx, size_t len)
+__attribute__((target("avx2,fma"), always_inline)) static inline void tile_rows(const int R, lanes_t (*L)[TOKS],
+                                                                              const float *const *w, const float *x,
+                                                                              size_t ldx, size_t len)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(L, w, x, ldx, full, tail8, 0);
-    tile_half(L, w, x, ldx, full, false, 1);
+    tile_half(R, L, w, x, ldx, full, tail8, 0);
+    tile_half(R, L, w, x, ldx, full, false, 1);
     for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
-        for (int r = 0; r < TR; r++)
+        for (int r = 0; r < R; r++)
             for (int t = 0; t < TT; t++) L[r][t][j % LANES] = fmaf(w[r][j], x[t * ldx + j], L[r][t][j % LANES]);
+}
+
+__attribute__((target("avx2,fma"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w, const float *x,
+                                                          size_t ldx, size_t len)
+{
+    tile_rows(4, L, w, x, ldx, len);
+}
+
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
+                                                                              const float *const *w, const float *x,
+                                                                              size_t ldx, size_t len)
+{
+    tile_rows(8, L, w, x, ldx, len);
 }
 #endif
 
@@ -551,7 +564,7 @@ __attribute__((target("avx2,fma"))) static void tile4x1_avx2(lanes_t (*L)[TOKS],
     _mm256_storeu_ps(L[2][0], a2); _mm256_storeu_ps(L[2][0] + 8, b2);
     _mm256_storeu_ps(L[3][0], a3); _mm256_storeu_ps(L[3][0] + 8, b3);
     /* the tail (an 8 and single elements) as dot_avx2 takes it */
-    for (int r = 0; r < TR; r++) lanes1_avx2(L[r][0] , w[r] + i, x + i, len - i);
+    for (int r = 0; r < 4; r++) lanes1_avx2(L[r][0] , w[r] + i, x + i, len - i);
 }
 
 /* One binary16 row against one token, converted in registers (F16C is
@@ -578,26 +591,33 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
 static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
                       size_t len, bool simd)
 {
-    size_t t = 0;
 #ifdef KVT_HAVE_X86
+#define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
     if (simd) {
-        if (nr == TR) {
-            for (; t + TT <= nt; t += TT) {
-                lanes_t(*Lt)[TOKS] = (lanes_t(*)[TOKS])(&L[0][t]);
-                tile_avx2(Lt, w, x + t * ldx, ldx, len);
-            }
+        size_t r = 0;
+        if (nr == 8 && kvt_kernels_avx512()) {
+            size_t t = 0;
+            for (; t + TT <= nt; t += TT) tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len);
             for (; t < nt; t++) {
-                lanes_t(*Lt)[TOKS] = (lanes_t(*)[TOKS])(&L[0][t]);
-                tile4x1_avx2(Lt, w, x + t * ldx, len);
+                tile4x1_avx2(LT(0, t), w, x + t * ldx, len);
+                tile4x1_avx2(LT(4, t), w + 4, x + t * ldx, len);
             }
+            return;
         }
-        for (; t < nt; t++)
-            for (size_t r = 0; r < nr; r++) lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+        for (; r + 4 <= nr; r += 4) {
+            size_t t = 0;
+            for (; t + TT <= nt; t += TT) tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len);
+            for (; t < nt; t++) tile4x1_avx2(LT(r, t), w + r, x + t * ldx, len);
+        }
+        for (; r < nr; r++)
+            for (size_t t = 0; t < nt; t++) lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+        return;
     }
+#undef LT
 #else
     (void)simd;
 #endif
-    for (; t < nt; t++) {
+    for (size_t t = 0; t < nt; t++) {
         const float *xt = x + t * ldx;
         for (size_t r = 0; r < nr; r++)
             for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(w[r][i], xt[i], L[r][t][i % LANES]);

@@ -215,10 +215,12 @@ TEST(kernels_matmul_batch_and_threads)
     kvt_matmul(NULL, y1, W, x, NB, DI, DO);
     for (int i = 0; i < NB; i++) kvt_matmul(NULL, y2 + i * DO, W, x + i * DI, 1, DI, DO);
     bool rows_eq = !memcmp(y1, y2, sizeof(float) * NB * DO);
-    /* each output is kvt_dot's fixed order, on either path, whatever the tile */
+    /* each output is kvt_dot's fixed order, on every path (the widest,
+     * scalar, AVX2 without the 8-row AVX-512 tile), whatever the tile:
+     * 53 rows are six 8-row tiles, a 4-row one and a single row */
     bool dot_eq = true;
-    for (int sc = 0; sc < 2; sc++) {
-        bool old = kvt_kernels_force_scalar(sc);
+    for (int path = 0; path < 3; path++) {
+        bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
         kvt_matmul(NULL, y2, W, x, NB, DI, DO);
         for (int i = 0; i < NB; i++)
             for (int o = 0; o < DO; o++) {
@@ -226,6 +228,7 @@ TEST(kernels_matmul_batch_and_threads)
                 dot_eq &= !memcmp(&d, &y1[i * DO + o], 4) && !memcmp(&d, &y2[i * DO + o], 4);
             }
         kvt_kernels_force_scalar(old);
+        kvt_kernels_force_avx2(old2);
     }
     CHECK(dot_eq);
     bool threads_eq = true, split = true;
