@@ -22,8 +22,8 @@
 bool kvt_kernels_force_scalar(bool on);
 /* True when the AVX2/FMA path is in use. */
 bool kvt_kernels_simd(void);
-/* Kernels with more tokens at once where AVX-512 F/BW/VL (32 vector
- * registers) is there: the same bits as the AVX2 ones. Force them off
+/* Kernels with larger tiles (more rows or tokens at once) where AVX-512
+ * F/BW/VL (32 vector registers) is there: the same bits as the AVX2 ones. Force them off
  * (tests); returns the previous setting. */
 bool kvt_kernels_force_avx2(bool on);
 /* True when those kernels are in use. */
