@@ -488,11 +488,12 @@ typedef float lanes_t[LANES];
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile_half(const int R, lanes_t (*L)[TOKS],
                                                                               const float *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
-                                                                              int h)
+                                                                              int h, bool fresh)
 {
     __m256 a[8][TT];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_loadu_ps(L[r][t] + 8 * h);
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+            a[r][t] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(L[r][t] + 8 * h);
     size_t end = full + (tail8 ? 16 : 0);
     for (size_t i = 8 * (size_t)h; i < end; i += 16) {
         __m256 v[TT];
@@ -510,30 +511,31 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_half(
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
 }
 
+/* fresh: the lanes start at zero (the first segment) instead of from L. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile_rows(const int R, lanes_t (*L)[TOKS],
                                                                               const float *const *w, const float *x,
-                                                                              size_t ldx, size_t len)
+                                                                              size_t ldx, size_t len, bool fresh)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(R, L, w, x, ldx, full, tail8, 0);
-    tile_half(R, L, w, x, ldx, full, false, 1);
+    tile_half(R, L, w, x, ldx, full, tail8, 0, fresh);
+    tile_half(R, L, w, x, ldx, full, false, 1, fresh);
     for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
         for (int r = 0; r < R; r++)
             for (int t = 0; t < TT; t++) L[r][t][j % LANES] = fmaf(w[r][j], x[t * ldx + j], L[r][t][j % LANES]);
 }
 
 __attribute__((target("avx2,fma"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w, const float *x,
-                                                          size_t ldx, size_t len)
+                                                          size_t ldx, size_t len, bool fresh)
 {
-    tile_rows(4, L, w, x, ldx, len);
+    tile_rows(4, L, w, x, ldx, len, fresh);
 }
 
 __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
                                                                               const float *const *w, const float *x,
-                                                                              size_t ldx, size_t len)
+                                                                              size_t ldx, size_t len, bool fresh)
 {
-    tile_rows(8, L, w, x, ldx, len);
+    tile_rows(8, L, w, x, ldx, len, fresh);
 }
 #endif
 
@@ -588,8 +590,9 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
  * tokens' x (ldx apart). */
+/* fresh: the first segment, whose lanes start at zero (L is not read). */
 static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
-                      size_t len, bool simd)
+                      size_t len, bool simd, bool fresh)
 {
 #ifdef KVT_HAVE_X86
 #define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
@@ -597,8 +600,10 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
         size_t r = 0;
         if (nr == 8 && kvt_kernels_avx512()) {
             size_t t = 0;
-            for (; t + TT <= nt; t += TT) tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len);
+            for (; t + TT <= nt; t += TT) tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh);
             for (; t < nt; t++) {
+                if (fresh)
+                    for (size_t q = 0; q < 8; q++) memset(L[q][t], 0, sizeof(lanes_t));
                 tile4x1_avx2(LT(0, t), w, x + t * ldx, len);
                 tile4x1_avx2(LT(4, t), w + 4, x + t * ldx, len);
             }
@@ -606,11 +611,18 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
         }
         for (; r + 4 <= nr; r += 4) {
             size_t t = 0;
-            for (; t + TT <= nt; t += TT) tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len);
-            for (; t < nt; t++) tile4x1_avx2(LT(r, t), w + r, x + t * ldx, len);
+            for (; t + TT <= nt; t += TT) tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh);
+            for (; t < nt; t++) {
+                if (fresh)
+                    for (size_t q = 0; q < 4; q++) memset(L[r + q][t], 0, sizeof(lanes_t));
+                tile4x1_avx2(LT(r, t), w + r, x + t * ldx, len);
+            }
         }
         for (; r < nr; r++)
-            for (size_t t = 0; t < nt; t++) lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+            for (size_t t = 0; t < nt; t++) {
+                if (fresh) memset(L[r][t], 0, sizeof(lanes_t));
+                lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+            }
         return;
     }
 #undef LT
@@ -619,8 +631,10 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
 #endif
     for (size_t t = 0; t < nt; t++) {
         const float *xt = x + t * ldx;
-        for (size_t r = 0; r < nr; r++)
+        for (size_t r = 0; r < nr; r++) {
+            if (fresh) memset(L[r][t], 0, sizeof(lanes_t));
             for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(w[r][i], xt[i], L[r][t][i % LANES]);
+        }
     }
 }
 
@@ -639,9 +653,12 @@ static void mm_range(void *arg, size_t o0, size_t o1)
         size_t nr = o1 - o < TR ? o1 - o : TR;
         for (size_t t0 = 0; t0 < c->n; t0 += TOKS) {
             size_t nt = c->n - t0 < TOKS ? c->n - t0 : TOKS;
-            for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+            /* the lanes start at zero: set here for decode and an empty row;
+             * the first segment's kernels start from zero themselves */
+            if (!d_in) for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
 #ifdef KVT_HAVE_X86
             if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
+                for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
                 /* decode: each row whole (binary16 straight into
                  * registers), one row after the other. One stream through
                  * memory: rows read four side by side, or in segments,
@@ -670,7 +687,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     else kvt_quant_to_f32(W->type, src, wseg[r], len);
                     w[r] = wseg[r];
                 }
-                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd);
+                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0);
             }
             for (size_t r = 0; r < nr; r++)
                 for (size_t t = 0; t < nt; t++) {
