@@ -195,6 +195,8 @@ static int finish_config(ds4_weights *w)
         !(c->eps > 0) || !(c->idx_base > 0))
         return kvt_fail(KVT_EFORMAT, "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u)",
                         c->D, c->L, c->H, c->Dh, c->Dr);
+    /* the indexer's selection scratch is (chunk, K) per session */
+    if (c->K > 1u << 16) return kvt_fail(KVT_EFORMAT, "ds4: indexer top-k of %u rows (at most 65536)", c->K);
     size_t off = 0, ns = 0;
     for (uint32_t l = 0; l < c->L; l++) {
         ds4_layer *ly = &w->layers[l];

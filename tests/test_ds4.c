@@ -830,3 +830,38 @@ TEST(ds4_forward_allocates_no_scratch)
     kvt_session_free(s);
     kvt_model_close(m);
 }
+
+/* A file's indexer top-k is a size like any other: ds4-tiny written as GGUF
+ * with ds4.indexer.top_k patched to 2^28 - 1 (what the fuzzer found: the
+ * pass allocated chunk x K selection slots, 3.2 GB for three tokens) is
+ * refused when it loads. */
+TEST(ds4_load_refuses_huge_topk)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    char dir[] = "/tmp/kvtier-topk-XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    CHECK_OK(kvt_ds4_write_gguf(m, path));
+    kvt_model_close(m);
+    size_t len = 0;
+    char *b = kvt_test_read_file(path, &len);
+    CHECK(b);
+    const char key[] = "ds4.indexer.top_k";
+    char *at = memmem(b, len, key, sizeof key - 1);
+    CHECK(at && at + sizeof key - 1 + 8 <= b + len);
+    uint32_t ty, k = (1u << 28) - 1;
+    memcpy(&ty, at + sizeof key - 1, 4);
+    CHECK(ty == 4); /* GGUF uint32 */
+    memcpy(at + sizeof key - 1 + 4, &k, 4);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(b, 1, len, f) == len);
+    fclose(f);
+    free(b);
+    kvt_model *bad = NULL;
+    int rc = kvt_model_open(&bad, path);
+    printf("    top-k 2^28 - 1: %s\n", rc ? kvt_errmsg() : "loaded");
+    CHECKF(rc == KVT_EFORMAT && strstr(kvt_errmsg(), "top-k"), "the file loaded (%s)", kvt_strerror(rc));
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+}
