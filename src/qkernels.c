@@ -867,6 +867,21 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i sum4x8(__m2
     return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
+/* A token's sixteen 16-sums bs against each of four rows' sixteen int16
+ * weights m[r] (mins twice each, or Q6_K's scales): [r0 r1 r2 r3]. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i bs_dot4(__m256i bs, const __m256i m[4])
+{
+    return sum4x8(_mm256_madd_epi16(bs, m[0]), _mm256_madd_epi16(bs, m[1]), _mm256_madd_epi16(bs, m[2]),
+                  _mm256_madd_epi16(bs, m[3]));
+}
+
+/* int32 lanes [r0 r0 r1 r1 r2 r2 r3 r3], each row's two summed: [r0 r1 r2 r3]. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i pairs4(__m256i v)
+{
+    __m256i s = _mm256_add_epi32(v, _mm256_srli_epi64(v, 32));
+    return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+}
+
 /* Eight int8 values in each quarter of a vector. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i bcast8(const int8_t *q)
 {
@@ -882,7 +897,6 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx
                                                                                 size_t ldo)
 {
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
     __m128 acc[KT];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++, x++) {
@@ -911,19 +925,12 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx
                 }
             }
         const __m128 d = _mm_loadu_ps(x->d), dmin = _mm_loadu_ps(x->dmin);
-        const __m256i mn0 = _mm256_loadu_si256((const __m256i *)x->mn[0]),
-                      mn1 = _mm256_loadu_si256((const __m256i *)x->mn[1]),
-                      mn2 = _mm256_loadu_si256((const __m256i *)x->mn[2]),
-                      mn3 = _mm256_loadu_si256((const __m256i *)x->mn[3]);
+        __m256i mn[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) mn[r] = _mm256_loadu_si256((const __m256i *)x->mn[r]);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            /* lanes [r0 r0 r1 r1 r2 r2 r3 r3] -> [r0 r1 r2 r3] */
-            __m256i s2 = _mm256_add_epi32(is[t], _mm256_srli_epi64(is[t], 32));
-            __m128i isum = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(s2, pick));
-            /* the min sums: row r's eight products, then the four rows'
-             * sums side by side */
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
-            __m128i msum = sum4x8(_mm256_madd_epi16(bs, mn0), _mm256_madd_epi16(bs, mn1), _mm256_madd_epi16(bs, mn2),
-                                  _mm256_madd_epi16(bs, mn3));
+            __m128i isum = pairs4(is[t]);
+            /* the min sums */
+            __m128i msum = bs_dot4(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mn);
             __m128 dx = _mm_set1_ps(a[t].d[b]);
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
             acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
@@ -996,7 +1003,6 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q6k_x4_avx
                                                                                 size_t nsb, const kact *a,
                                                                                 float *out, size_t ldo)
 {
-    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
     __m128 acc[KT];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++, x++) {
@@ -1013,17 +1019,11 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q6k_x4_avx
             }
         }
         const __m128 d = _mm_loadu_ps(x->d);
-        const __m256i s0 = _mm256_loadu_si256((const __m256i *)x->scr[0]),
-                      s1 = _mm256_loadu_si256((const __m256i *)x->scr[1]),
-                      s2 = _mm256_loadu_si256((const __m256i *)x->scr[2]),
-                      s3 = _mm256_loadu_si256((const __m256i *)x->scr[3]);
+        __m256i scr[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) scr[r] = _mm256_loadu_si256((const __m256i *)x->scr[r]);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m256i h2 = _mm256_add_epi32(is[t], _mm256_srli_epi64(is[t], 32));
-            __m128i isum = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(h2, pick));
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
-            __m128i off = sum4x8(_mm256_madd_epi16(bs, s0), _mm256_madd_epi16(bs, s1), _mm256_madd_epi16(bs, s2),
-                                 _mm256_madd_epi16(bs, s3));
-            isum = _mm_sub_epi32(isum, _mm_slli_epi32(off, 5));
+            __m128i off = bs_dot4(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), scr);
+            __m128i isum = _mm_sub_epi32(pairs4(is[t]), _mm_slli_epi32(off, 5));
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(a[t].d[b])), _mm_cvtepi32_ps(isum), acc[t]);
         }
     }
