@@ -7,6 +7,7 @@
 #include "model.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 void *__real_malloc(size_t n);
@@ -56,4 +57,20 @@ int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t
     unsigned long a1 = kvt_test_allocs();
     *extra = (long)(a1 - a0) - (long)(cache_blocks(s) - b0);
     return rc;
+}
+
+bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0)
+{
+    float *lg = malloc((size_t)s->m->info.n_vocab * sizeof(float));
+    long extra = -1, extra1 = -1;
+    int rc = lg ? kvt_session_sync(s, tok, n0, NULL) : KVT_ENOMEM;
+    if (!rc) rc = kvt_test_forward_allocs(s, tok + n0, 300, n0, lg, 299, &extra);
+    if (!rc) rc = kvt_test_forward_allocs(s, tok + n0 + 300, 1, n0 + 300, lg, 0, &extra1);
+    free(lg);
+    if (rc) {
+        printf("    forward: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
+        return false;
+    }
+    printf("    allocations beyond cache blocks: %ld in a 300-token pass, %ld in a decode step\n", extra, extra1);
+    return extra == 0 && extra1 == 0;
 }

@@ -53,6 +53,10 @@ unsigned long kvt_test_allocs(void);
  * rows took. */
 int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits,
                             size_t lfrom, long *extra);
+/* Sync tok[0..n0), then a 300-token pass and a decode step (tok must hold
+ * n0 + 301 ids; the session's context too): true when neither allocates
+ * beyond its cache blocks (the counts are printed). */
+bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0);
 
 #define TEST(name)                                                          \
     static void name(void);                                                 \
