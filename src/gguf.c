@@ -213,6 +213,15 @@ static void free_read_val(kvt_gguf_val *v)
     free(items);
 }
 
+void kvt_gguf_release(const kvt_gguf *g, const void *p, size_t n)
+{
+    if (!g || !g->map || !p) return;
+    uintptr_t b = (uintptr_t)g->base, a = (uintptr_t)p;
+    if (a < b || a - b > g->len || n > g->len - (a - b)) return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (a + pg - 1) / pg * pg, hi = (a + n) / pg * pg;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void kvt_gguf_close(kvt_gguf *g)
 {
     if (!g) return;

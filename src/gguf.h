@@ -67,6 +67,11 @@ int kvt_gguf_open(kvt_gguf **out, const char *path);
 /* Parse a buffer the caller keeps alive until close (tests, fuzzing). */
 int kvt_gguf_open_mem(kvt_gguf **out, const void *buf, size_t len);
 void kvt_gguf_close(kvt_gguf *g);
+/* The caller no longer needs bytes [p, p + n) of a mapped file resident:
+ * the whole pages among them leave the process's memory, and stay readable
+ * (a later read brings them back from the file). Nothing for a buffer of
+ * kvt_gguf_open_mem, or bytes outside the file. */
+void kvt_gguf_release(const kvt_gguf *g, const void *p, size_t n);
 
 uint32_t kvt_gguf_version(const kvt_gguf *g);
 uint32_t kvt_gguf_alignment(const kvt_gguf *g);

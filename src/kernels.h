@@ -55,6 +55,7 @@ typedef struct kvt_wmat {
     const uint8_t *data;
     uint32_t type;
     size_t rows, cols, row_bytes;
+    const uint8_t *pk; /* NULL, or the rows packed four at a time (kvt_q_pack), which the SIMD kernels read */
 } kvt_wmat;
 
 /* An f32 (rows, cols) array as a kvt_wmat. */

@@ -66,12 +66,25 @@ typedef struct llama_work {
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
 } llama_work;
 
+/* The matrices of layer l (l == L: the output head), n of them. */
+static size_t layer_mats(llama_weights *w, uint32_t l, kvt_wmat **m)
+{
+    if (l == w->L) { m[0] = &w->out; return 1; }
+    llama_layer *ly = &w->layers[l];
+    kvt_wmat *all[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2};
+    memcpy(m, all, sizeof all);
+    return 7;
+}
+
 static void llama_free(void *p)
 {
     llama_weights *w = p;
     if (!w) return;
     if (w->layers) {
-        for (uint32_t l = 0; l < w->L; l++) {
+        for (uint32_t l = 0; l <= w->L; l++) {
+            kvt_wmat *m[7];
+            for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
+            if (l == w->L) break;
             free(w->layers[l].attn_norm);
             free(w->layers[l].ffn_norm);
         }
@@ -79,6 +92,28 @@ static void llama_free(void *p)
     }
     free(w->out_norm);
     free(w);
+}
+
+/* Q4_K and Q5_K matrices packed four rows at a time (kvt_q_pack), the
+ * file's pages they replace released: resident memory stays that of the
+ * file. The token embedding keeps the file's rows (a lookup reads one),
+ * also when the output head is the same tensor. */
+static int llama_pack(void *p, const kvt_gguf *g)
+{
+    llama_weights *w = p;
+    for (uint32_t l = 0; l <= w->L; l++) {
+        kvt_wmat *m[7];
+        for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) {
+            size_t bytes = kvt_q_pack_bytes(m[i]);
+            if (!bytes || m[i]->pk) continue;
+            uint8_t *pk = kvt_malloc(bytes);
+            if (!pk) return KVT_ENOMEM;
+            kvt_q_pack(m[i], pk);
+            m[i]->pk = pk;
+            kvt_gguf_release(g, m[i]->data, m[i]->rows * m[i]->row_bytes);
+        }
+    }
+    return KVT_OK;
 }
 
 static int need_u32(const kvt_gguf *g, const char *key, uint32_t *out)
@@ -440,6 +475,7 @@ const kvt_arch kvt_arch_llama = {
     .cache_new = llama_cache_new,
     .forward = llama_forward,
     .fingerprint = llama_fingerprint,
+    .weights_pack = llama_pack,
     .weights_free = llama_free,
     .work_new = llama_work_new,
     .work_free = llama_work_free,

@@ -154,6 +154,7 @@ int kvt_model_open(kvt_model **out, const char *path)
         goto fail;
     }
     if ((rc = finish(m))) goto fail;
+    if (m->arch->weights_pack && (rc = m->arch->weights_pack(m->weights, g))) goto fail;
     m->file = g; /* the weights may borrow its tensors */
     *out = m;
     return KVT_OK;

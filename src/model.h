@@ -35,6 +35,10 @@ typedef struct kvt_arch {
     int (*state_rebuild)(kvt_session *s);
     /* Hash over the architecture config and every weight. */
     uint64_t (*fingerprint)(const void *w);
+    /* After the fingerprint: rearrange weights for the kernels (copies
+     * that replace the file's pages, which kvt_gguf_release may drop; g
+     * is the file the weights borrow from). NULL: nothing to do. */
+    int (*weights_pack)(void *w, const kvt_gguf *g);
     void (*weights_free)(void *w);
     /* A session's scratch (s->work), allocated once when it is created;
      * NULL: none. Freed with work_free. */

@@ -815,44 +815,47 @@ QK_ROWS4(iq4xs_rows4, KVT_GGML_IQ4_XS)
 #undef QK_ROWS4
 
 
-/* ---- prefill: four rows interleaved ----
- * For a chunk of tokens, a group of four Q4_K or Q5_K rows is first copied
- * superblock by superblock into q4k_x4 (in the thread's stack): in each
- * 32-byte vector, 8 bytes of each row, so that one maddubs against a token's
- * 8 activations broadcast four times serves all four rows, and four such
- * products add up in int16 (at most 8 * 31 * 127 = 31496) before one madd
- * applies the four rows' sub-block scales. That is a quarter of the
- * activation loads and half the madds of one row at a time. The integers
- * are exact, and the float operations per row are qk_row_avx2's, so the
- * bits are the same. */
-typedef struct q4k_x4 {
-    uint8_t qs[4][4][32]; /* [k][i]: rows 0..3's bytes 8i .. 8i+7 of the 32 of chunk k */
-    uint8_t qh[4][32];    /* Q5_K: [i]: rows 0..3's high-bit bytes 8i .. 8i+7 */
-    int16_t sc[8][16];    /* sub-block j: row r's scale in lanes 4r .. 4r+3 */
-    int16_t mn[4][16];    /* row r: min j in lanes 2j, 2j+1 */
-    float d[4], dmin[4];
-} q4k_x4;
+/* ---- four rows interleaved (Q4_K, Q5_K) ----
+ * A group of four rows, superblock by superblock (p4: P4_BYTES each): in
+ * each 32-byte vector of values, 8 bytes of each row, so that one maddubs
+ * against a token's 8 activations broadcast four times serves all four
+ * rows, and four such products add up in int16 (at most 8 * 31 * 127 =
+ * 31496) before one madd applies the four rows' sub-block scales. That is
+ * a quarter of the activation loads and half the madds of one row at a
+ * time. A model packs its Q4_K and Q5_K matrices so once, when it loads
+ * (kvt_q_pack; W->pk), and both prefill and decode read the packed copy; a
+ * matrix without one is packed a group at a time into the thread's stack
+ * for a prefill chunk. The integers are exact, and the float operations
+ * per row are qk_row_avx2's, so the bits are those of every other path.
+ *
+ * Layout of one p4 (offsets in bytes): qs [k][i][32] (512: chunk k's
+ * bytes 8i .. 8i+7 of rows 0..3, 8 each), Q5_K only qh [i][32] (128: the
+ * high-bit bytes 8i .. 8i+7 of rows 0..3), sc [j][r] (32: row r's 6-bit
+ * scale of sub-block j), mn [r][j] (32: its mins), d [r] and dmin [r]
+ * (16: binary16, as in the file). */
+#define X4_MAX_SB 64 /* superblocks a row may have for the stack's packing (16384 columns) */
+#define P4_QH 512
+static inline size_t p4_sc_at(bool q5) { return q5 ? 640 : 512; }
+static inline size_t p4_bytes(bool q5) { return p4_sc_at(q5) + 80; }
 
-#define X4_MAX_SB 64 /* superblocks a row may have for this path (16384 columns) */
-
-static void q4k_x4_pack(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb, q4k_x4 *x)
+static void p4_pack(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb, uint8_t *x)
 {
-    const size_t bytes = q5 ? Q5K_BYTES : Q4K_BYTES, qs_at = q5 ? 48 : 16;
-    for (size_t b = 0; b < nsb; b++, x++)
+    const size_t bytes = q5 ? Q5K_BYTES : Q4K_BYTES, qs_at = q5 ? 48 : 16, sc_at = p4_sc_at(q5);
+    for (size_t b = 0; b < nsb; b++, x += p4_bytes(q5))
         for (int r = 0; r < 4; r++) {
             const uint8_t *w = row + (size_t)r * row_bytes + b * bytes;
             for (int k = 0; k < 4; k++)
-                for (int i = 0; i < 4; i++) memcpy(x->qs[k][i] + 8 * r, w + qs_at + 32 * k + 8 * i, 8);
+                for (int i = 0; i < 4; i++) memcpy(x + 128 * k + 32 * i + 8 * r, w + qs_at + 32 * k + 8 * i, 8);
             if (q5)
-                for (int i = 0; i < 4; i++) memcpy(x->qh[i] + 8 * r, w + 16 + 8 * i, 8);
-            uint8_t sc[8], mn[8];
-            k4_scales_mins(w + 4, sc, mn);
+                for (int i = 0; i < 4; i++) memcpy(x + P4_QH + 32 * i + 8 * r, w + 16 + 8 * i, 8);
             for (int j = 0; j < 8; j++) {
-                for (int l = 0; l < 4; l++) x->sc[j][4 * r + l] = sc[j];
-                x->mn[r][2 * j] = x->mn[r][2 * j + 1] = mn[j];
+                int sc, mn;
+                k4_scale_min(w + 4, j, &sc, &mn);
+                x[sc_at + 4 * j + r] = (uint8_t)sc;
+                x[sc_at + 32 + 8 * r + j] = (uint8_t)mn;
             }
-            x->d[r] = kvt_f16_to_f32(kvt_rd16(w));
-            x->dmin[r] = kvt_f16_to_f32(kvt_rd16(w + 2));
+            memcpy(x + sc_at + 64 + 2 * r, w, 2);
+            memcpy(x + sc_at + 72 + 2 * r, w + 2, 2);
         }
 }
 
@@ -868,7 +871,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m128i sum4x8(__m2
 }
 
 /* A token's sixteen 16-sums bs against each of four rows' sixteen int16
- * weights m[r] (mins twice each, or Q6_K's scales): [r0 r1 r2 r3]. */
+ * weights m[r] (Q6_K's scales): [r0 r1 r2 r3]. */
 __attribute__((target("avx2"), always_inline)) static inline __m128i bs_dot4(__m256i bs, const __m256i m[4])
 {
     return sum4x8(_mm256_madd_epi16(bs, m[0]), _mm256_madd_epi16(bs, m[1]), _mm256_madd_epi16(bs, m[2]),
@@ -890,47 +893,67 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i bcast8(cons
     return _mm256_set1_epi64x(v);
 }
 
-/* Four packed rows against T tokens: out[t * ldo + r] for r < 4. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx2(const bool q5, const int T,
-                                                                                const q4k_x4 *x, size_t nsb,
-                                                                                const kact *a, float *out,
-                                                                                size_t ldo)
+/* pshufb picks of sub-block j's scale (j mod 4; the 16 bytes of j's half
+ * in both 128-bit lanes): row r's byte 4j + r into int16 lanes 4r .. 4r+3 */
+#define P4_PICK(j) \
+    _mm256_setr_epi8(4 * j, -1, 4 * j, -1, 4 * j, -1, 4 * j, -1, 4 * j + 1, -1, 4 * j + 1, -1, 4 * j + 1, -1, \
+                     4 * j + 1, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 3, -1,  \
+                     4 * j + 3, -1, 4 * j + 3, -1, 4 * j + 3, -1)
+
+/* Four packed rows (nsb p4s at x) against T tokens: out[t * ldo + r] for r < 4. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_avx2(const bool q5, const int T,
+                                                                                 const uint8_t *x, size_t nsb,
+                                                                                 const kact *a, float *out,
+                                                                                 size_t ldo)
 {
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i pick[4] = {P4_PICK(0), P4_PICK(1), P4_PICK(2), P4_PICK(3)};
+    const size_t sc_at = p4_sc_at(q5);
     __m128 acc[KT];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
-    for (size_t b = 0; b < nsb; b++, x++) {
+    for (size_t b = 0; b < nsb; b++, x += p4_bytes(q5)) {
         __m256i is[KT];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
+        const __m256i S[2] = {_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + sc_at))),
+                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + sc_at + 16)))};
         _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                 /* h 0: sub-block 2k (low nibbles), h 1: 2k + 1 (high) */
+                const int j = 2 * k + h;
                 __m256i v[4];
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)x->qs[k][i]);
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(x + 128 * k + 32 * i));
                     v[i] = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m4);
                     if (q5) {
-                        __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh[i]);
-                        v[i] = _mm256_or_si256(
-                            v[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + h), one), 4));
+                        __m256i qh = _mm256_loadu_si256((const __m256i *)(x + P4_QH + 32 * i));
+                        v[i] = _mm256_or_si256(v[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
                     }
                 }
-                __m256i sc = _mm256_loadu_si256((const __m256i *)x->sc[2 * k + h]);
+                __m256i sc = _mm256_shuffle_epi8(S[j / 4], pick[j % 4]);
                 _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                    const int8_t *q = a[t].q + QKK * b + 64 * k + 32 * h;
+                    const int8_t *q = a[t].q + QKK * b + 32 * j;
                     __m256i p = _mm256_maddubs_epi16(v[0], bcast8(q));
                     _Pragma("GCC unroll 4") for (int i = 1; i < 4; i++)
                         p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[i], bcast8(q + 8 * i)));
                     is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
                 }
             }
-        const __m128 d = _mm_loadu_ps(x->d), dmin = _mm_loadu_ps(x->dmin);
-        __m256i mn[4];
-        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) mn[r] = _mm256_loadu_si256((const __m256i *)x->mn[r]);
+        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 64)));
+        const __m128 dmin = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 72)));
+        /* the mins as int16: rows 0, 1 and rows 2, 3 */
+        const __m256i M01 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 32)));
+        const __m256i M23 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 48)));
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             __m128i isum = pairs4(is[t]);
-            /* the min sums */
-            __m128i msum = bs_dot4(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mn);
+            /* the min sums: min j against the sum of 16-sums 2j and 2j + 1
+             * (at most 2 * 16 * 128 in magnitude: an int16) */
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
+            __m256i P = _mm256_broadcastsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                                                   _mm256_extracti128_si256(bs, 1)));
+            /* [r0 x4 | r1 x4], [r2 x4 | r3 x4] -> [r0 r2 r0 r2 | r1 r3 r1 r3] */
+            __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(P, M01), _mm256_madd_epi16(P, M23));
+            h = _mm256_hadd_epi32(h, h);
+            __m128i msum = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
             __m128 dx = _mm_set1_ps(a[t].d[b]);
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
             acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
@@ -940,20 +963,22 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void q4k_x4_avx
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
 }
 
-typedef void (*q4k_x4_fn)(const q4k_x4 *x, size_t nsb, const kact *a, float *out, size_t ldo);
-#define Q4K_X4(name, q5, T, tgt)                                                                                 \
-    __attribute__((target(tgt))) static void name(const q4k_x4 *x, size_t nsb, const kact *a, float *out,        \
+typedef void (*p4_fn)(const uint8_t *x, size_t nsb, const kact *a, float *out, size_t ldo);
+#define P4_KERNEL(name, q5, T, tgt)                                                                              \
+    __attribute__((target(tgt))) static void name(const uint8_t *x, size_t nsb, const kact *a, float *out,       \
                                                   size_t ldo)                                                    \
     {                                                                                                            \
-        q4k_x4_avx2(q5, T, x, nsb, a, out, ldo);                                                                 \
+        p4_avx2(q5, T, x, nsb, a, out, ldo);                                                                     \
     }
-Q4K_X4(q4k_x4_t4, false, 4, "avx2,fma")
-Q4K_X4(q5k_x4_t4, true, 4, "avx2,fma")
+P4_KERNEL(q4k_p4_t1, false, 1, "avx2,fma,f16c")
+P4_KERNEL(q5k_p4_t1, true, 1, "avx2,fma,f16c")
+P4_KERNEL(q4k_p4_t4, false, 4, "avx2,fma,f16c")
+P4_KERNEL(q5k_p4_t4, true, 4, "avx2,fma,f16c")
 /* with AVX-512VL's 32 vector registers, eight tokens without spilling */
-Q4K_X4(q4k_x4_t8, false, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
-Q4K_X4(q5k_x4_t8, true, 8, "avx2,fma,avx512f,avx512vl,avx512bw")
-#undef Q4K_X4
-
+P4_KERNEL(q4k_p4_t8, false, 8, "avx2,fma,f16c,avx512f,avx512vl,avx512bw")
+P4_KERNEL(q5k_p4_t8, true, 8, "avx2,fma,f16c,avx512f,avx512vl,avx512bw")
+#undef P4_KERNEL
+#undef P4_PICK
 
 /* Q6_K in the same scheme, its values unpacked to bytes (0..63) when
  * packed: a sub-block of 16 values is two vectors, whose two maddubs add in
@@ -1115,44 +1140,68 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
     for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
 }
 
+#ifdef KVT_HAVE_X86
+/* One group's four rows (packed at x, the first of them row o) against
+ * every token of the matmul: eight (AVX-512VL) or four tokens a call, the
+ * rest one at a time. */
+static void p4_tokens(const struct qk_ctx *c, const uint8_t *x, size_t o)
+{
+    const kvt_wmat *W = c->W;
+    bool q5 = W->type == KVT_GGML_Q5_K;
+    size_t nsb = W->cols / QKK, t = 0;
+    for (int T = kvt_kernels_avx512() ? 8 : 4; T >= 1; T = T > 4 ? 4 : T - 3) {
+        p4_fn f = T == 8 ? (q5 ? q5k_p4_t8 : q4k_p4_t8) : T == 4 ? (q5 ? q5k_p4_t4 : q4k_p4_t4)
+                                                                 : (q5 ? q5k_p4_t1 : q4k_p4_t1);
+        for (; t + (size_t)T <= c->n; t += (size_t)T) {
+            kact a[KT];
+            for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
+            f(x, nsb, a, c->y + t * W->rows + o, W->rows);
+        }
+    }
+}
+
+/* Groups [g0, g1) of a packed matrix (W->pk). */
+static void qk_groups(void *arg, size_t g0, size_t g1)
+{
+    struct qk_ctx *c = arg;
+    size_t stride = c->W->cols / QKK * p4_bytes(c->W->type == KVT_GGML_Q5_K);
+    for (size_t g = g0; g < g1; g++) p4_tokens(c, c->W->pk + g * stride, 4 * g);
+}
+#endif
+
 static void qk_range(void *arg, size_t o0, size_t o1)
 {
     struct qk_ctx *c = arg;
 #ifdef KVT_HAVE_X86
-    if (c->simd && c->n == 1) {
-        /* decode: four rows at a time (adjacent in memory, so one stream) */
-        const kvt_wmat *W = c->W;
-        uint32_t ty = W->type;
-        qk_rows4_fn f = ty == KVT_GGML_Q4_K ? q4k_rows4 : ty == KVT_GGML_Q5_K ? q5k_rows4
-                        : ty == KVT_GGML_Q6_K ? q6k_rows4 : iq4xs_rows4;
-        kact a = kact_at(c->qx, 0, W->cols);
-        for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, W->cols / QKK, &a, c->y + o0);
-    }
-#endif
-#ifdef KVT_HAVE_X86
     const kvt_wmat *W = c->W;
     size_t nsb = W->cols / QKK;
-    bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K;
-    bool q6 = W->type == KVT_GGML_Q6_K;
+    bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K, q6 = W->type == KVT_GGML_Q6_K;
+    if (c->simd && c->n == 1) {
+        /* decode: four rows at a time (adjacent in memory, so one stream) */
+        uint32_t ty = W->type;
+        qk_rows4_fn f = q4 ? q4k_rows4 : q5 ? q5k_rows4 : ty == KVT_GGML_Q6_K ? q6k_rows4 : iq4xs_rows4;
+        kact a = kact_at(c->qx, 0, W->cols);
+        for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, nsb, &a, c->y + o0);
+    }
     if (c->simd && c->n >= 4 && (q4 || q5 || q6) && nsb <= X4_MAX_SB) {
         /* prefill: four rows at a time, packed once for all the tokens.
          * Q6_K takes eight tokens a call on AVX2 too (a sub-block needs
-         * three vectors), Q4_K and Q5_K with AVX-512VL's registers. */
-        bool wide = q6 || kvt_kernels_avx512();
-        q4k_x4_fn f8 = q5 ? q5k_x4_t8 : q4k_x4_t8, f4 = q5 ? q5k_x4_t4 : q4k_x4_t4;
-        union { q4k_x4 k4[X4_MAX_SB]; q6k_x4 k6[X4_MAX_SB]; } x;
+         * three vectors). */
+        union { uint8_t k4[X4_MAX_SB * 720]; q6k_x4 k6[X4_MAX_SB]; } x;
         for (; o0 + 4 <= o1; o0 += 4) {
             const uint8_t *rows = W->data + o0 * W->row_bytes;
-            if (q6) q6k_x4_pack(rows, W->row_bytes, nsb, x.k6);
-            else q4k_x4_pack(q5, rows, W->row_bytes, nsb, x.k4);
+            if (!q6) {
+                p4_pack(q5, rows, W->row_bytes, nsb, x.k4);
+                p4_tokens(c, x.k4, o0);
+                continue;
+            }
+            q6k_x4_pack(rows, W->row_bytes, nsb, x.k6);
             size_t t = 0;
-            for (int T = wide ? 8 : 4; T >= 4; T -= 4)
+            for (int T = 8; T >= 4; T -= 4)
                 for (; t + (size_t)T <= c->n; t += (size_t)T) {
                     kact a[KT];
-                    float *out = c->y + t * W->rows + o0;
                     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
-                    if (q6) (T == 8 ? q6k_x4_t8 : q6k_x4_t4)(x.k6, nsb, a, out, W->rows);
-                    else (T == 8 ? f8 : f4)(x.k4, nsb, a, out, W->rows);
+                    (T == 8 ? q6k_x4_t8 : q6k_x4_t4)(x.k6, nsb, a, c->y + t * W->rows + o0, W->rows);
                 }
             for (size_t r = 0; r < 4; r++)
                 for (size_t u = t; u < c->n; u++) qk_outputs(c, o0 + r, u, 1);
@@ -1165,6 +1214,29 @@ static void qk_range(void *arg, size_t o0, size_t o1)
             qk_outputs(c, o, t, T);
             t += (size_t)T;
         }
+}
+
+size_t kvt_q_pack_bytes(const kvt_wmat *W)
+{
+#ifdef KVT_HAVE_X86
+    bool q5 = W->type == KVT_GGML_Q5_K;
+    if ((W->type == KVT_GGML_Q4_K || q5) && W->rows % 4 == 0 && W->cols % QKK == 0 && W->rows && W->cols)
+        return W->rows / 4 * (W->cols / QKK) * p4_bytes(q5);
+#else
+    (void)W;
+#endif
+    return 0;
+}
+
+void kvt_q_pack(const kvt_wmat *W, uint8_t *dst)
+{
+#ifdef KVT_HAVE_X86
+    bool q5 = W->type == KVT_GGML_Q5_K;
+    size_t nsb = W->cols / QKK, stride = nsb * p4_bytes(q5);
+    for (size_t g = 0; g < W->rows / 4; g++) p4_pack(q5, W->data + 4 * g * W->row_bytes, W->row_bytes, nsb, dst + g * stride);
+#else
+    (void)W, (void)dst;
+#endif
 }
 
 struct qm_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
@@ -1223,6 +1295,12 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
     if (k_type(W->type)) {
         struct qk_ctx c = {y, W, qx, n, simd};
+#ifdef KVT_HAVE_X86
+        if (simd && W->pk) {
+            kvt_pool_for(pool, W->rows / 4, (min + 3) / 4, qk_groups, &c);
+            return;
+        }
+#endif
         kvt_pool_for(pool, W->rows, min, qk_range, &c);
         return;
     }

@@ -42,4 +42,12 @@ bool kvt_q_same_act(uint32_t a, uint32_t b);
 /* kvt_q_matmul with qx already holding x's activations for W's type. */
 void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, const uint8_t *qx);
 
+/* Four-row packing (Q4_K, Q5_K on x86): kvt_q_pack_bytes is the size of
+ * W's packed copy, 0 when W does not pack (another type, rows not a
+ * multiple of 4); kvt_q_pack writes it to dst. With W->pk = dst, the SIMD
+ * kernels read the copy instead of W->data, with the same results bit for
+ * bit (the scalar path still reads W->data). */
+size_t kvt_q_pack_bytes(const kvt_wmat *W);
+void kvt_q_pack(const kvt_wmat *W, uint8_t *dst);
+
 #endif

@@ -368,6 +368,64 @@ TEST(kernels_integer_types)
     }
 }
 
+/* Q4_K and Q5_K matrices packed four rows at a time (kvt_q_pack, as a model
+ * does when it loads): the kernels that read the packed copy give the bits
+ * of the rows as stored, for decode (one token), prefill (eight, four and
+ * one token a call), 1 and 3 threads, AVX-512 and AVX2, against the scalar
+ * path over W->data. The control: one scale changed in the packed copy
+ * alone changes the outputs of its rows, so the packed copy is what ran. */
+TEST(kernels_kquant_packed)
+{
+    const uint32_t types[] = {KVT_GGML_Q4_K, KVT_GGML_Q5_K};
+    enum { DI = 1024, DO = 16, NB = 13 };
+    uint64_t st = kvt_test_seed("kernels_kquant_packed");
+    for (size_t k = 0; k < 2; k++) {
+        uint32_t type = types[k];
+        size_t row = kvt_quant_row_bytes(type, DI);
+        uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
+        float *x = malloc(sizeof(float) * NB * DI), *y1 = malloc(sizeof(float) * NB * DO),
+              *y2 = malloc(sizeof(float) * NB * DO);
+        CHECK(W && qx && x && y1 && y2);
+        rand_blocks(type, W, DO, DI, &st);
+        for (int i = 0; i < NB * DI; i++) x[i] = frand(&st) * (i % 97 == 0 ? 8.0f : 1.0f);
+        kvt_wmat m = {W, type, DO, DI, row, NULL};
+        kvt_wmat odd = {W, type, DO - 1, DI, row, NULL}, other = {W, KVT_GGML_Q6_K, DO, DI, row, NULL};
+        CHECK(kvt_q_pack_bytes(&odd) == 0 && kvt_q_pack_bytes(&other) == 0);
+        size_t pb = kvt_q_pack_bytes(&m);
+        CHECK(pb > 0);
+        uint8_t *pk = malloc(pb);
+        CHECK(pk != NULL);
+        kvt_q_pack(&m, pk);
+        bool old = kvt_kernels_force_scalar(true);
+        kvt_matmul_w(NULL, y1, &m, x, NB, qx);
+        kvt_kernels_force_scalar(old);
+        m.pk = pk;
+        kvt_pool *p = kvt_pool_new(3);
+        CHECK(p != NULL);
+        for (int avx2 = 0; avx2 < 2; avx2++) {
+            bool o2 = kvt_kernels_force_avx2(avx2);
+            kvt_matmul_w(NULL, y2, &m, x, NB, qx);
+            CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: packed (%s) differs from scalar",
+                   kvt_quant_name(type), avx2 ? "AVX2" : "widest");
+            for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, qx);
+            CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: packed one token at a time differs",
+                   kvt_quant_name(type));
+            kvt_matmul_w(p, y2, &m, x, NB, qx);
+            CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: packed on 3 threads differs", kvt_quant_name(type));
+            kvt_kernels_force_avx2(o2);
+        }
+        /* the control: row 5's first scale (group 1, row 1 of it) */
+        pk[pb / (DO / 4) + (type == KVT_GGML_Q5_K ? 640 : 512) + 1] ^= 1;
+        kvt_matmul_w(NULL, y2, &m, x, NB, qx);
+        size_t differ = 0;
+        for (int i = 0; i < NB; i++)
+            for (int o = 0; o < DO; o++) differ += y1[i * DO + o] != y2[i * DO + o] ? (o == 5 ? 1 : 1000) : 0;
+        CHECKF(differ == NB, "%s: a changed packed scale changes %zu outputs", kvt_quant_name(type), differ);
+        kvt_pool_free(p);
+        free(W), free(qx), free(x), free(y1), free(y2), free(pk);
+    }
+}
+
 /* The four-row prefill kernels add maddubs pairs in int16 before their
  * madd: Q4_K/Q5_K four of them (at most 8 * 31 * 127 = 31496 in magnitude),
  * Q6_K two (4 * 63 * 127 = 32004). Every weight at its largest (scales, mins

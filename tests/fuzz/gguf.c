@@ -267,6 +267,7 @@ static void check_model(const kvt_gguf *g)
     m->info.tokenizer = kvt_tokenizer_model(m->tok);
     m->info.name = "fuzz";
     m->fingerprint = m->arch->fingerprint(m->weights);
+    if (m->arch->weights_pack && m->arch->weights_pack(m->weights, g)) { kvt_model_close(m); return; }
     /* a model the loader accepts runs: a few tokens, one more, a snapshot
      * that restores to the same state */
     kvt_session *s = NULL, *s2 = NULL;
