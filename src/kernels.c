@@ -754,16 +754,16 @@ static void rope_dir(float *v, size_t n_rot, size_t pos, float base, float sign)
 
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, 1.0f); }
 
-void kvt_rope_heads(float *v, size_t nh, size_t stride, size_t n_rot, size_t pos, float base)
+void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base)
 {
     for (size_t i = 0; i < n_rot; i += 2) {
         float freq = 1.0f / powf(base, (float)i / (float)n_rot);
         float ang = (float)pos * freq;
         float c = cosf(ang), s = sinf(ang);
-        for (size_t h = 0; h < nh; h++) {
-            float *p = v + h * stride + i, a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+        for (size_t h = 0; h < na + nb; h++) {
+            float *p = (h < na ? a + h * stride : b + (h - na) * stride) + i, u = p[0], v = p[1];
+            p[0] = u * c - v * s;
+            p[1] = u * s + v * c;
         }
     }
 }

@@ -82,9 +82,10 @@ void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
 void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps);
 /* Rotate adjacent pairs (2i, 2i+1) of v (n_rot dims) by pos * base^(-2i/n_rot). */
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base);
-/* kvt_rope of nh heads (stride floats apart) at one position, each
- * angle's cosine and sine computed once for all of them. */
-void kvt_rope_heads(float *v, size_t nh, size_t stride, size_t n_rot, size_t pos, float base);
+/* kvt_rope of the na heads of a and the nb heads of b (stride floats
+ * apart: a token's queries and keys) at one position, each angle's cosine
+ * and sine computed once for all of them. */
+void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base);
 /* Same rotation with the opposite angle. */
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
 /* exp(x), bit for bit the same on every path and machine: glibc's expf

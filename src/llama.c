@@ -319,7 +319,11 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     float scale = 1.0f / sqrtf((float)hd);
     size_t row_f = w->KV; /* floats per cache row */
     for (size_t r = b; r < e; r++) {
-        size_t i0 = r / Hkv * ATT_TOKS, kvh = r % Hkv, t0 = c->pos0 + i0;
+        /* token groups in the order 0, last, 1, last - 1, ...: the causal
+         * work of a group grows with its position, so each thread's
+         * contiguous range of units gets its share of early and late ones */
+        size_t gi = r / Hkv, ng = (c->n + ATT_TOKS - 1) / ATT_TOKS, g = gi % 2 ? ng - 1 - gi / 2 : gi / 2;
+        size_t i0 = g * ATT_TOKS, kvh = r % Hkv, t0 = c->pos0 + i0;
         size_t nt = c->n - i0 < ATT_TOKS ? c->n - i0 : ATT_TOKS, t_last = t0 + nt - 1;
         /* rows a block at a time: one lookup per 128 rows */
         for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
@@ -359,6 +363,40 @@ static void swiglu_range(void *arg, size_t j0, size_t j1)
     kvt_swiglu(c->h1 + j0, c->h3 + j0, j1 - j0);
 }
 
+/* The per-token steps of a pass, over a range of its tokens (each token on
+ * its own: any split gives the same bytes): x += add (when set), then
+ * xb = rmsnorm(x) (when norm is set); or RoPE of q and k. */
+struct tok_ctx {
+    const llama_weights *w;
+    float *x, *xb, *q, *k;
+    const float *add, *norm;
+    size_t pos0;
+};
+
+static void add_norm_range(void *arg, size_t i0, size_t i1)
+{
+    struct tok_ctx *c = arg;
+    size_t D = c->w->D;
+    for (size_t i = i0; i < i1; i++) {
+        float *x = c->x + i * D;
+        if (c->add)
+            for (size_t j = 0; j < D; j++) x[j] += c->add[i * D + j];
+        if (c->norm) kvt_rmsnorm(c->xb + i * D, x, c->norm, D, c->w->eps);
+    }
+}
+
+static void rope_range(void *arg, size_t i0, size_t i1)
+{
+    struct tok_ctx *c = arg;
+    const llama_weights *w = c->w;
+    for (size_t i = i0; i < i1; i++)
+        kvt_rope_heads(c->q + i * w->D, w->H, c->k + i * w->KV, w->Hkv, w->hd, w->n_rot, c->pos0 + i, w->rope_base);
+}
+
+/* Tokens a thread takes at least in those steps (a decode step runs them
+ * without waking the pool). */
+#define TOK_MIN 32
+
 /* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
 static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
                       size_t lfrom)
@@ -374,13 +412,15 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
     }
     for (size_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
-        for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->attn_norm, D, w->eps);
+        /* the residual of the layer before (none before the first), then
+         * this layer's attention norm */
+        struct tok_ctx tc = {w, x, xb, q, k, l ? xb : NULL, ly->attn_norm, pos0};
+        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
+        kvt_pool_for(s->pool, n, TOK_MIN, rope_range, &tc);
         for (size_t i = 0; i < n; i++) {
-            kvt_rope_heads(q + i * D, w->H, hd, w->n_rot, pos0 + i, w->rope_base);
-            kvt_rope_heads(k + i * KV, w->Hkv, hd, w->n_rot, pos0 + i, w->rope_base);
             float *kr = kvt_cache_row(s->cache, 2 * l, pos0 + i);
             float *vr = kvt_cache_row(s->cache, 2 * l + 1, pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
@@ -395,15 +435,18 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * (pos0 + n) * hd * (w->H / w->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
         kvt_pool_for_part(s->pool, ng * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
-        for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
-        for (size_t i = 0; i < n; i++) kvt_rmsnorm(xb + i * D, x + i * D, ly->ffn_norm, D, w->eps);
+        tc.add = xb;
+        tc.norm = ly->ffn_norm;
+        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
         struct swiglu_ctx sc = {h1, h3};
         kvt_pool_for(s->pool, n * F, 16384, swiglu_range, &sc);
         kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
-        for (size_t j = 0; j < n * D; j++) x[j] += xb[j];
     }
+    /* the last layer's residual */
+    struct tok_ctx tc = {w, x, xb, q, k, xb, NULL, pos0};
+    kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
     if (lfrom < n) {
         size_t nl = n - lfrom;
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(xb + i * D, x + (lfrom + i) * D, w->out_norm, D, w->eps);
