@@ -56,6 +56,23 @@ __attribute__((target("avx2,fma"))) static float lanes_sum_avx2(const float *l)
     return reduce16_avx2(_mm256_loadu_ps(l), _mm256_loadu_ps(l + 8));
 }
 
+/* lanes_sum_avx2 of eight lane sets l[r * ld] into out[0..8): each output's
+ * adds of reduce16 in its order, eight outputs a vector. */
+__attribute__((target("avx2,fma"))) static void lanes_sum8_avx2(float *out, const float *l, size_t ld)
+{
+    __m256 a[8], b[4], c[2];
+    for (int r = 0; r < 8; r++) a[r] = _mm256_add_ps(_mm256_loadu_ps(l + r * ld), _mm256_loadu_ps(l + r * ld + 8));
+    for (int r = 0; r < 4; r++) /* [r0's a0..3 | r1's a0..3] + [r0's a4..7 | r1's a4..7] */
+        b[r] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x31));
+    for (int r = 0; r < 2; r++) /* b0 + b2, b1 + b3 */
+        c[r] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0x44),
+                             _mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0xee));
+    /* c0 + c1: [r0 r2 r4 r6 | r1 r3 r5 r7], then in order */
+    __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 __attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, size_t n)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -657,6 +674,12 @@ static void mm_range(void *arg, size_t o0, size_t o1)
              * the first segment's kernels start from zero themselves */
             if (!d_in) for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
 #ifdef KVT_HAVE_X86
+            /* the outputs' lines (a token's are adjacent; tokens d_out
+             * apart), on their way while the tiles run */
+            if (c->simd)
+                for (size_t t = 0; t < nt; t++) _mm_prefetch((const char *)(c->y + (t0 + t) * d_out + o), _MM_HINT_T0);
+#endif
+#ifdef KVT_HAVE_X86
             if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
                 for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
                 /* decode: each row whole (binary16 straight into
@@ -689,10 +712,15 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                 }
                 lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0);
             }
-            for (size_t r = 0; r < nr; r++)
-                for (size_t t = 0; t < nt; t++) {
+            /* token by token: a token's outputs are adjacent in y */
+            for (size_t t = 0; t < nt; t++)
+                for (size_t r = 0; r < nr; r++) {
                     float *l = lanes[r][t];
 #ifdef KVT_HAVE_X86
+                    if (c->simd && nr == 8) {
+                        lanes_sum8_avx2(c->y + (t0 + t) * d_out + o, l, TOKS * LANES);
+                        break;
+                    }
                     if (c->simd) {
                         c->y[(t0 + t) * d_out + o + r] = lanes_sum_avx2(l);
                         continue;
