@@ -414,13 +414,16 @@ TEST(kernels_kquant_packed)
             CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: packed on 3 threads differs", kvt_quant_name(type));
             kvt_kernels_force_avx2(o2);
         }
-        /* the control: row 5's first scale (group 1, row 1 of it) */
-        pk[pb / (DO / 4) + (type == KVT_GGML_Q5_K ? 640 : 512) + 1] ^= 1;
+        /* the control: row 5's first scale (group 1, row 1 of it), 32 more
+         * or less; a token whose sub-block sums to 0 there keeps its output */
+        pk[pb / (DO / 4) + (type == KVT_GGML_Q5_K ? 640 : 512) + 1] ^= 32;
         kvt_matmul_w(NULL, y2, &m, x, NB, qx);
-        size_t differ = 0;
+        size_t row5 = 0, others = 0;
         for (int i = 0; i < NB; i++)
-            for (int o = 0; o < DO; o++) differ += y1[i * DO + o] != y2[i * DO + o] ? (o == 5 ? 1 : 1000) : 0;
-        CHECKF(differ == NB, "%s: a changed packed scale changes %zu outputs", kvt_quant_name(type), differ);
+            for (int o = 0; o < DO; o++)
+                if (y1[i * DO + o] != y2[i * DO + o]) ++*(o == 5 ? &row5 : &others);
+        CHECKF(others == 0 && row5 >= NB - 2, "%s: a changed packed scale changes %zu of row 5's %d outputs and %zu others",
+               kvt_quant_name(type), row5, NB, others);
         kvt_pool_free(p);
         free(W), free(qx), free(x), free(y1), free(y2), free(pk);
     }
