@@ -129,7 +129,7 @@ kvt_pool *kvt_pool_new(uint32_t n)
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
     p->tid = kvt_calloc(n, sizeof *p->tid);
-    if (!p->tid) { kvt_pool_free(p); return NULL; }
+    if (!p->tid) { p->n = 1; kvt_pool_free(p); return NULL; } /* no worker to join */
     for (uint32_t k = 1; k < n; k++) {
         struct worker_arg *wa = malloc(sizeof *wa);
         if (!wa) { p->n = k; kvt_pool_free(p); return NULL; }

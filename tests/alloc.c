@@ -2,7 +2,8 @@
  * -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (Makefile), so every call
  * from the library's and the tests' objects comes through here first. Used
  * to show that a forward pass allocates nothing but the cache blocks its
- * new rows need (issue: "no allocation per chunk"). */
+ * new rows need (issue: "no allocation per chunk"), and to fail one chosen
+ * allocation (kvt_test_fail_alloc). */
 #include "test.h"
 #include "model.h"
 
@@ -15,26 +16,28 @@ void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
 
 static _Atomic unsigned long allocs;
+static _Atomic long fail_in = -1; /* allocations until the one that fails; -1: none */
+static _Atomic unsigned long failed;
 
-void *__wrap_malloc(size_t n)
+/* Counts the call; true when it is the one to fail. */
+static bool count(void)
 {
     atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
-    return __real_malloc(n);
+    long k = atomic_load(&fail_in);
+    while (k >= 0 && !atomic_compare_exchange_weak(&fail_in, &k, k - 1)) {}
+    if (k != 0) return false;
+    atomic_fetch_add(&failed, 1);
+    return true;
 }
 
-void *__wrap_calloc(size_t n, size_t size)
-{
-    atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
-    return __real_calloc(n, size);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    atomic_fetch_add_explicit(&allocs, 1, memory_order_relaxed);
-    return __real_realloc(p, n);
-}
+void *__wrap_malloc(size_t n) { return count() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return count() ? NULL : __real_calloc(n, size); }
+void *__wrap_realloc(void *p, size_t n) { return count() ? NULL : __real_realloc(p, n); }
 
 unsigned long kvt_test_allocs(void) { return atomic_load(&allocs); }
+
+void kvt_test_fail_alloc(long k) { atomic_store(&fail_in, k); }
+unsigned long kvt_test_failed_allocs(void) { return atomic_load(&failed); }
 
 /* Blocks the session's cache holds, over all streams (each one allocation
  * when kvt_cache_row first touches it). */

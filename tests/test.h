@@ -47,6 +47,10 @@ char *kvt_test_read_file(const char *path, size_t *len);
 /* Allocation calls (malloc, calloc, realloc) so far in this process
  * (tests/alloc.c). */
 unsigned long kvt_test_allocs(void);
+/* The k-th allocation from now (0: the next) returns NULL, once; -1: none.
+ * kvt_test_failed_allocs counts those that did. */
+void kvt_test_fail_alloc(long k);
+unsigned long kvt_test_failed_allocs(void);
 /* Run the architecture's forward pass over tok[0..n) at pos0 directly (the
  * session's token list is not updated: the caller drops the session after)
  * and set *extra to the allocations it made beyond the cache blocks its new

@@ -714,6 +714,81 @@ TEST(llama_every_type_invariance)
     rmdir(dir);
 }
 
+/* Out of memory anywhere is an error, never a crash: opening a model,
+ * making a session and running 40 tokens and a decode step, with the k-th
+ * allocation failing, for every k until a run sees no failure. Each call
+ * returns KVT_OK or KVT_ENOMEM, and a run that got through gives the logits
+ * of a run without failures (so a failure that was swallowed cannot have
+ * changed a result). Under `make asan`, LeakSanitizer also finds what a
+ * failure path leaks. On a Q4_K llama (its matrices packed when it loads)
+ * and on ds4-tiny. */
+static size_t every_allocation_failure(const char *path, size_t *runs_out)
+{
+    enum { N = 40 };
+    int32_t t[N + 1];
+    for (int i = 0; i <= N; i++) t[i] = 1 + (3 + 7 * i) % 250; /* ids both vocabularies have */
+    float *ref = NULL;
+    size_t V = 0, bad = 0, runs = 0, through = 0;
+    for (long k = -1; k < 1000000; k++) {
+        kvt_model *m = NULL;
+        kvt_session *s = NULL;
+        unsigned long f0 = kvt_test_failed_allocs();
+        kvt_test_fail_alloc(k);
+        int rc = kvt_model_open(&m, path);
+        kvt_session_opts o = {.n_ctx = 64, .n_threads = 2};
+        if (!rc) rc = kvt_session_new(&s, m, &o);
+        if (!rc) rc = kvt_session_sync(s, t, N, NULL);
+        if (!rc) rc = kvt_session_decode(s, t[N]);
+        kvt_test_fail_alloc(-1);
+        bool hit = kvt_test_failed_allocs() != f0;
+        runs++;
+        if (rc != KVT_OK && rc != KVT_ENOMEM) {
+            bad++;
+            printf("    %s: allocation %ld failed: %s (%s)\n", path, k, kvt_strerror(rc), kvt_errmsg());
+        }
+        if (rc == KVT_OK && !ref) {
+            kvt_model_info mi;
+            kvt_model_info_get(m, &mi);
+            V = mi.n_vocab;
+            ref = malloc(V * sizeof(float));
+            if (!ref) bad++;
+            else memcpy(ref, kvt_session_logits(s), V * sizeof(float));
+        } else if (rc == KVT_OK) {
+            through += hit;
+            if (memcmp(ref, kvt_session_logits(s), V * sizeof(float))) {
+                bad++;
+                printf("    %s: allocation %ld failed and the run went on to other logits\n", path, k);
+            }
+        }
+        kvt_session_free(s);
+        kvt_model_close(m);
+        if (k >= 0 && !hit) break; /* past the last allocation */
+    }
+    printf("    %s: %zu runs, one allocation failing in each: %zu errors other than KVT_ENOMEM, %zu runs got past it\n",
+           path, runs - 2, bad, through);
+    free(ref);
+    *runs_out = runs;
+    return bad;
+}
+
+TEST(llama_ds4_every_allocation_failure)
+{
+    const char *p = kvt_test_shared(STORIES);
+    if (!p) SKIP("../shared absent");
+    char dir[] = "/tmp/kvtier-nomem-XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/q4k.gguf", dir);
+    size_t k4 = 0, runs = 0;
+    while (scale_fields[k4].type != KVT_GGML_Q4_K) k4++;
+    CHECK_OK(synth_typed(p, path, k4, 11, SYNTH_DEFAULT));
+    CHECK(every_allocation_failure(path, &runs) == 0);
+    CHECK(runs > 50);
+    CHECK(every_allocation_failure("ds4-tiny", &runs) == 0);
+    CHECK(runs > 50);
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+}
+
 /* The attention kernels' blocked paths at model level: head dim 64 and
  * three query heads per KV head (the shape of the 124M benchmark model:
  * keys four or two a call, three heads' values at once, eight tokens per
