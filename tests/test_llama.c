@@ -719,7 +719,8 @@ TEST(llama_every_type_invariance)
  * allocation failing, for every k until a run sees no failure. Each call
  * returns KVT_OK or KVT_ENOMEM, and a run that got through gives the logits
  * of a run without failures (so a failure that was swallowed cannot have
- * changed a result). Under `make asan`, LeakSanitizer also finds what a
+ * changed a result); then a snapshot of it, restored into a new session,
+ * the same. Under `make asan`, LeakSanitizer also finds what a
  * failure path leaks. On a Q4_K llama (its matrices packed when it loads)
  * and on ds4-tiny. */
 static size_t every_allocation_failure(const char *path, size_t *runs_out)
@@ -739,6 +740,17 @@ static size_t every_allocation_failure(const char *path, size_t *runs_out)
         if (!rc) rc = kvt_session_new(&s, m, &o);
         if (!rc) rc = kvt_session_sync(s, t, N, NULL);
         if (!rc) rc = kvt_session_decode(s, t[N]);
+        /* and its snapshot restored into a second session, which then
+         * stands in for the first */
+        uint8_t *snap = NULL;
+        size_t sl = 0;
+        kvt_session *s2 = NULL;
+        if (!rc) rc = kvt_session_snapshot(s, &snap, &sl);
+        if (!rc) rc = kvt_session_new(&s2, m, &o);
+        if (!rc) rc = kvt_session_restore(s2, snap, sl);
+        free(snap);
+        if (!rc) { kvt_session_free(s); s = s2; s2 = NULL; }
+        kvt_session_free(s2);
         kvt_test_fail_alloc(-1);
         bool hit = kvt_test_failed_allocs() != f0;
         runs++;
