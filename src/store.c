@@ -1472,7 +1472,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
     kvt_wbuf rec = {0}, blk = {0}, locs = {0};
     uint64_t *keys = NULL;
     int rc = kvt_snap_encode(s, n, 0, &rec, &keys);
-    if (rc) return rc;
+    if (rc) { kvt_wbuf_free(&rec); return rc; } /* what it appended before running out */
     kvt_snap_info in;
     if ((rc = kvt_snap_parse_raw(rec.p, rec.len, &in))) goto out;
     size_t nb = in.nb, tail_n = n - nb * KVT_BLOCK;

@@ -1375,3 +1375,79 @@ TEST(store_policy_and_lookup_longest)
     kvt_model_close(m);
     rmdir_all(dir);
 }
+
+/* Out of memory in the disk tier is an error and loses nothing: with a
+ * store holding one entry (300 tokens of ds4-tiny), each allocation in turn
+ * fails once while the store opens, saves a second entry, and finds and
+ * loads the first into a session. Each call returns KVT_OK, KVT_ENOMEM or a
+ * miss (KVT_ENOENT); a load that succeeded gives the state of the
+ * uninterrupted run; and after every round, with no failure, the first
+ * entry still loads to that state and the store verifies clean. */
+TEST(store_every_allocation_failure)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "nomem");
+    enum { A = 300, B = 280 };
+    int32_t a[A], b[B];
+    kvt_test_tokens(a, A, 7);
+    kvt_test_tokens(b, B, 8);
+    uint64_t want = kvt_test_twin(m, a, A);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, a, A, NULL));
+    CHECK_OK(kvt_store_save(st, s, A, "manual", NULL));
+    kvt_store_close(st);
+    kvt_session_free(s);
+    size_t rounds = 0, bad = 0, lost = 0, loaded = 0;
+    for (long k = 0; k < 200000; k++) {
+        st = NULL, s = NULL;
+        kvt_session *sb = NULL;
+        unsigned long f0 = kvt_test_failed_allocs();
+        kvt_test_fail_alloc(k);
+        int rc = kvt_store_open(&st, dir, 0), rl = KVT_ENOENT;
+        if (!rc) kvt_store_set_quiet(st, true);
+        if (!rc) rc = kvt_session_new(&sb, m, NULL);
+        if (!rc) rc = kvt_session_sync(sb, b, B, NULL);
+        if (!rc) rc = kvt_store_save(st, sb, B, "manual", NULL);
+        size_t match = 0;
+        int64_t id = 0;
+        if (st) rl = kvt_store_lookup(st, m, a, A, &match, &id); /* whatever the save did */
+        if (!rl && match == A) rl = kvt_session_new(&s, m, NULL);
+        if (!rl && match == A) rl = kvt_store_load(st, id, s);
+        kvt_test_fail_alloc(-1);
+        bool hit = kvt_test_failed_allocs() != f0;
+        if (!rl && match == A) {
+            loaded++;
+            bad += kvt_test_digest(s, m) != want;
+        }
+        if ((rc && rc != KVT_ENOMEM) || (rl && rl != KVT_ENOMEM && rl != KVT_ENOENT)) {
+            bad++;
+            printf("    allocation %ld failed: %s / %s (%s)\n", k, kvt_strerror(rc), kvt_strerror(rl), kvt_errmsg());
+        }
+        kvt_session_free(s);
+        kvt_session_free(sb);
+        kvt_store_close(st);
+        /* nothing lost: the first entry, with nothing failing */
+        st = NULL, s = NULL;
+        size_t bad_rec = 0, checked = 0;
+        if (kvt_store_open(&st, dir, 0) || kvt_store_lookup(st, m, a, A, &match, &id) || match != A ||
+            kvt_session_new(&s, m, NULL) || kvt_store_load(st, id, s) || kvt_test_digest(s, m) != want ||
+            kvt_store_verify(st, &bad_rec, &checked) || bad_rec)
+            lost++;
+        kvt_session_free(s);
+        kvt_store_close(st);
+        rounds++;
+        if (!hit) break; /* past the last allocation */
+    }
+    printf("    %zu rounds, one allocation failing in each: %zu wrong results or errors, %zu rounds lost the entry,"
+           " %zu loaded it\n", rounds - 1, bad, lost, loaded);
+    CHECK(bad == 0 && lost == 0);
+    CHECK(rounds > 50 && loaded > 0);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
