@@ -1345,6 +1345,14 @@ int kvt_request_parse_opts(kvt_request *out, kvt_api api, const char *body, size
      * refused (every string here ends up NUL-terminated). jansson bounds the
      * nesting depth, so a hostile body cannot exhaust the stack. */
     json_t *root = json_loadb(body, len, 0, &je);
+    if (!root && json_error_code(&je) != json_error_out_of_memory) {
+        /* jansson reports some of its allocation failures as a syntax
+         * error, or with no message: a syntax error repeats exactly, so a
+         * second parse tells them apart (and may simply succeed) */
+        json_error_t je2;
+        root = json_loadb(body, len, 0, &je2);
+        if (!root && (!je.text[0] || je2.position != je.position || strcmp(je2.text, je.text))) return oom(status);
+    }
     if (!root) {
         if (json_error_code(&je) == json_error_out_of_memory) return oom(status);
         return bad(status, "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
@@ -1774,12 +1782,30 @@ static double float_echo(float f)
     return (double)f;
 }
 
+static int dump_put(const char *p, size_t n, void *b)
+{
+    kvt_wbuf_put(b, p, n);
+    return ((kvt_wbuf *)b)->oom ? -1 : 0;
+}
+
+char *kvt_json_dumps(const struct json_t *v, size_t flags)
+{
+    /* not json_dumps: jansson 2.14 goes on dumping an object after failing
+     * to append one of its keys, so under memory pressure it can return
+     * JSON without a key. A buffer whose failure sticks fails them all. */
+    kvt_wbuf b = {0};
+    if (!v || json_dump_callback(v, dump_put, &b, flags) || (kvt_wbuf_put(&b, "", 1), b.oom)) {
+        kvt_wbuf_free(&b);
+        return NULL;
+    }
+    return (char *)b.p;
+}
+
 /* Dump v (stolen) compact, with extra flags; NULL when v is NULL or out of
  * memory. */
 static char *dump_f(json_t *v, size_t flags)
 {
-    if (!v) return NULL;
-    char *s = json_dumps(v, JSON_COMPACT | flags);
+    char *s = kvt_json_dumps(v, JSON_COMPACT | flags);
     json_decref(v);
     return s;
 }

@@ -302,6 +302,11 @@ char *kvt_stream_error(kvt_api api, int status, const char *message);
  * 429 rate_limit_error, 500 api_error, 503 overloaded_error; another 4xx is
  * invalid_request_error, anything else api_error. */
 char *kvt_error_json(kvt_api api, int status, const char *message);
+struct json_t; /* jansson's */
+/* jansson's json_dumps (malloc'ed, NUL-terminated; NULL when v is NULL or
+ * out of memory), but never a partial text: every JSON this project sends
+ * goes through it. */
+char *kvt_json_dumps(const struct json_t *v, size_t flags);
 /* The error type string for a status (static). */
 const char *kvt_error_type(int status);
 

@@ -358,7 +358,7 @@ static char *ctx_error(kvt_api api, size_t n, uint32_t ctx, bool stream)
     json_t *e = o ? json_object_get(o, "error") : NULL;
     if (json_is_object(e)) {
         json_object_set_new(e, "code", json_string("context_length_exceeded"));
-        char *t = json_dumps(o, JSON_COMPACT);
+        char *t = kvt_json_dumps(o, JSON_COMPACT);
         if (t) { free(body); body = t; }
     }
     json_decref(o);
@@ -895,7 +895,7 @@ static void add_max_tokens(kvt_wbuf *body)
     json_t *o = json_loadb(body->p ? (const char *)body->p : "", body->len, 0, NULL);
     if (json_is_object(o) && !json_object_get(o, "max_tokens")) {
         json_object_set_new(o, "max_tokens", json_integer(1));
-        char *t = json_dumps(o, JSON_COMPACT);
+        char *t = kvt_json_dumps(o, JSON_COMPACT);
         if (t) {
             body->len = 0;
             kvt_wbuf_put(body, t, strlen(t));

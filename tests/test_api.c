@@ -2724,3 +2724,67 @@ TEST(api_tool_calls_fuzz)
     }
     printf("    api_tool_calls_fuzz: %zu calls parsed\n", total_calls);
 }
+
+/* Out of memory while a request parses and renders, and while its response
+ * and stream events are built, is an error, never a crash or another
+ * result: each of those allocations in turn fails once (a Claude Code
+ * Messages body with tools; the response and stream of a tool call). A
+ * failed parse is KVT_ENOMEM with status 500; a failed response is NULL;
+ * whatever succeeds equals the run without failures. */
+TEST(api_every_allocation_failure)
+{
+    /* jansson's allocations through the same counter (malloc here is the
+     * wrapper: tests/alloc.c) */
+    json_set_alloc_funcs(malloc, free);
+    kvt_model *m = tiny();
+    CHECK(m);
+    char *body = claude_code_body("9f3a1");
+    CHECK(body);
+    const char *out = "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>Bash<｜tool▁sep｜>{\"command\":\"ls\"}"
+                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    kvt_request ref = {0};
+    CHECK_OK(kvt_request_parse(&ref, KVT_API_MESSAGES, body, strlen(body), m, NULL));
+    char *ref_js = kvt_response_json(&ref, "id-1", "kvtier", out, strlen(out), "stop", NULL, NULL, 7);
+    char *ref_ev = kvt_stream_delta(&ref, "id-1", "kvtier", out, strlen(out), 7);
+    CHECK(ref_js && ref_ev);
+    size_t rounds = 0, bad = 0, enomem = 0, nulls = 0;
+    for (long k = 0; k < 100000; k++) {
+        kvt_request r = {0};
+        int st = 0;
+        unsigned long f0 = kvt_test_failed_allocs();
+        kvt_test_fail_alloc(k);
+        int rc = kvt_request_parse(&r, KVT_API_MESSAGES, body, strlen(body), m, &st);
+        char *js = rc ? NULL : kvt_response_json(&r, "id-1", "kvtier", out, strlen(out), "stop", NULL, NULL, 7);
+        char *ev = rc ? NULL : kvt_stream_delta(&r, "id-1", "kvtier", out, strlen(out), 7);
+        kvt_test_fail_alloc(-1);
+        bool hit = kvt_test_failed_allocs() != f0;
+        rounds++;
+        if (rc == KVT_ENOMEM) {
+            enomem++;
+            bad += st != 500;
+        } else if (rc) {
+            bad++;
+            printf("    allocation %ld failed: %s (%s)\n", k, kvt_strerror(rc), kvt_errmsg());
+        } else {
+            bool wp = r.prompt_len != ref.prompt_len || memcmp(r.prompt, ref.prompt, r.prompt_len);
+            bool wj = js && strcmp(js, ref_js), we = ev && strcmp(ev, ref_ev);
+            nulls += !js + !ev;
+            bad += wp + wj + we;
+            if (wp || wj || we)
+                printf("    allocation %ld failed, and the %s came out different:\n      %s\n", k,
+                       wp ? "prompt" : wj ? "response" : "stream event", wp ? r.prompt : wj ? js : ev);
+        }
+        free(js);
+        free(ev);
+        kvt_request_free(&r);
+        if (!hit) break;
+    }
+    printf("    %zu rounds, one allocation failing in each: %zu parses out of memory, %zu NULL responses,"
+           " %zu wrong or other errors\n", rounds - 1, enomem, nulls, bad);
+    CHECK(bad == 0 && rounds > 100);
+    free(ref_js);
+    free(ref_ev);
+    kvt_request_free(&ref);
+    free(body);
+    kvt_model_close(m);
+}
