@@ -1790,9 +1790,10 @@ static int dump_put(const char *p, size_t n, void *b)
 
 char *kvt_json_dumps(const struct json_t *v, size_t flags)
 {
-    /* not json_dumps: jansson 2.14 goes on dumping an object after failing
-     * to append one of its keys, so under memory pressure it can return
-     * JSON without a key. A buffer whose failure sticks fails them all. */
+    /* not json_dumps: with one of its allocations failing, Debian's jansson
+     * 2.14 returned an object with a key missing ({"id":"id-1",":"message"
+     * ...; tests/test_api.c api_every_allocation_failure). A buffer whose
+     * failure sticks fails every append after the first that fails. */
     kvt_wbuf b = {0};
     if (!v || json_dump_callback(v, dump_put, &b, flags) || (kvt_wbuf_put(&b, "", 1), b.oom)) {
         kvt_wbuf_free(&b);
