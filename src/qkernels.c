@@ -1231,6 +1231,7 @@ size_t kvt_q_pack_bytes(const kvt_wmat *W)
 void kvt_q_pack(const kvt_wmat *W, uint8_t *dst)
 {
 #ifdef KVT_HAVE_X86
+    if (!kvt_q_pack_bytes(W)) return; /* nothing to pack */
     bool q5 = W->type == KVT_GGML_Q5_K;
     size_t nsb = W->cols / QKK, stride = nsb * p4_bytes(q5);
     for (size_t g = 0; g < W->rows / 4; g++) p4_pack(q5, W->data + 4 * g * W->row_bytes, W->row_bytes, nsb, dst + g * stride);

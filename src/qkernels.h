@@ -44,7 +44,7 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
 
 /* Four-row packing (Q4_K, Q5_K on x86): kvt_q_pack_bytes is the size of
  * W's packed copy, 0 when W does not pack (another type, rows not a
- * multiple of 4); kvt_q_pack writes it to dst. With W->pk = dst, the SIMD
+ * multiple of 4); kvt_q_pack writes it to dst (nothing when it is 0). With W->pk = dst, the SIMD
  * kernels read the copy instead of W->data, with the same results bit for
  * bit (the scalar path still reads W->data). */
 size_t kvt_q_pack_bytes(const kvt_wmat *W);
