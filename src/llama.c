@@ -108,9 +108,17 @@ static int llama_pack(void *p, const kvt_gguf *g)
             if (!bytes || m[i]->pk) continue;
             uint8_t *pk = kvt_malloc(bytes);
             if (!pk) return KVT_ENOMEM;
-            kvt_q_pack(m[i], pk);
+            /* a MiB of rows at a time, each released once packed, so that
+             * resident memory never holds both copies of a large matrix */
+            size_t groups = m[i]->rows / 4, per = bytes / groups, row = m[i]->row_bytes;
+            size_t step = (1u << 20) / (4 * row) ? (1u << 20) / (4 * row) : 1;
+            for (size_t k = 0; k < groups; k += step) {
+                size_t n = groups - k < step ? groups - k : step;
+                kvt_wmat part = {m[i]->data + 4 * k * row, m[i]->type, 4 * n, m[i]->cols, row, NULL};
+                kvt_q_pack(&part, pk + k * per);
+                kvt_gguf_release(g, part.data, part.rows * row);
+            }
             m[i]->pk = pk;
-            kvt_gguf_release(g, m[i]->data, m[i]->rows * m[i]->row_bytes);
         }
     }
     return KVT_OK;
