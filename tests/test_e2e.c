@@ -930,9 +930,11 @@ TEST(e2e_tenant_keys)
 static bool store_stats(e2e *t, const char *dir, unsigned long long *bytes, unsigned long long *snaps,
                         unsigned long long *files)
 {
-    char cmd[640], path[128];
-    snprintf(path, sizeof path, "%s/stats.out", t->s.dir);
-    snprintf(cmd, sizeof cmd, "'%s' cache stats --kv-disk-dir '%s' >%s 2>&1", kvt_test_bin(), dir, path);
+    char cmd[1200], path[160];
+    if ((size_t)snprintf(path, sizeof path, "%s/stats.out", t->s.dir) >= sizeof path ||
+        (size_t)snprintf(cmd, sizeof cmd, "'%s' cache stats --kv-disk-dir '%s' >%s 2>&1", kvt_test_bin(), dir, path) >=
+            sizeof cmd)
+        return false;
     if (system(cmd) != 0) { fx_print_file("cache stats", path); return false; }
     char *s = kvt_test_read_file(path, NULL);
     const char *b = s ? strstr(s, "\nbytes") : NULL, *n = s ? strstr(s, "\nsnapshots") : NULL;
