@@ -81,10 +81,11 @@ static void llama_free(void *p)
     llama_weights *w = p;
     if (!w) return;
     if (w->layers) {
-        for (uint32_t l = 0; l <= w->L; l++) {
+        for (uint32_t l = 0; l <= w->L; l++) { /* the packed copies (llama_pack), the head's too */
             kvt_wmat *m[7];
             for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
-            if (l == w->L) break;
+        }
+        for (uint32_t l = 0; l < w->L; l++) {
             free(w->layers[l].attn_norm);
             free(w->layers[l].ffn_norm);
         }
