@@ -131,9 +131,9 @@ $(FB)/fuzz-%: tests/fuzz/shim.c tests/fuzz/fuzz.h $(FUZZ_HOBJS) $(FB)/libkvtier.
 # request bodies and model outputs tests/test_api.c parses, captured as it runs.
 $(FB)/seedgen: $(FB)/tobj/fuzz/seedgen.o $(FUZZ_HOBJS) $(FB)/libkvtier.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS)
-$(FB)/capture-api: $(FB)/tobj/capture-test_api.o $(FB)/tobj/main.o $(FB)/tobj/fuzz/capture.o $(FB)/tobj/fuzz/common.o \
-                  $(FB)/libkvtier.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS)
+$(FB)/capture-api: $(FB)/tobj/capture-test_api.o $(FB)/tobj/main.o $(FB)/tobj/alloc.o $(FB)/tobj/fuzz/capture.o \
+                  $(FB)/tobj/fuzz/common.o $(FB)/libkvtier.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@ $^ $(LDLIBS)
 $(FB)/tobj/capture-test_api.o: tests/test_api.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -fsanitize=fuzzer-no-link -include tests/fuzz/capture.h -c $< -o $@
