@@ -485,9 +485,11 @@ static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
 }
 
 #define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
+#define SEG16 1024 /* elements of a binary16 row a sweep reads in place (8 rows: 16 KiB, in L1) */
 #define TOKS 96   /* tokens whose lanes one sweep over a segment carries */
 #define TR 8      /* weight rows of a sweep: one 8-row tile (AVX-512) or two of 4 */
 #define TT 3      /* tokens of a tile */
+#define XBLK (256 * 1024) /* bytes of activations a token block keeps in L2 */
 
 /* Lane state: lanes[r][t] are the 16 lanes of row r's dot product with
  * token t, each lane accumulating its elements (i % 16) in increasing i
@@ -496,16 +498,30 @@ static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
 typedef float lanes_t[LANES];
 
 #ifdef KVT_HAVE_X86
+/* Eight weights from w[i..i+8): f32, or binary16 converted in registers
+ * (F16C is exact). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 wload(const int f16, const void *w, size_t i)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)))
+               : _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline float wscalar(const int f16, const void *w, size_t i)
+{
+    return f16 ? kvt_f16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
 /* One half (lanes h*8 .. h*8+7) of an R-row x 3-token tile over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
  * the low half, the 8 at full when tail8. 4 rows: twelve accumulators,
  * three token vectors and one weight vector, AVX2's sixteen registers;
  * 8 rows: twenty-four, with AVX-512VL's thirty-two, which halves the token
- * loads per fma. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void tile_half(const int R, lanes_t (*L)[TOKS],
-                                                                              const float *const *w, const float *x,
+ * loads per fma. Weights f32, or binary16 when f16. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int R, const int f16,
+                                                                              lanes_t (*L)[TOKS],
+                                                                              const void *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
-                                                                              int h, bool fresh)
+                                                                              int h, bool fresh, float *y, size_t ldy)
 {
     __m256 a[8][TT];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
@@ -520,39 +536,75 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_half(
             if (!h) _mm_prefetch((const char *)(x + (size_t)(t + TT) * ldx + i), _MM_HINT_T0);
         }
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-            __m256 wv = _mm256_loadu_ps(w[r] + i);
+            __m256 wv = wload(f16, w[r], i);
             _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
         }
+    }
+    if (y) { /* the high half of the last segment: finish the dots, lanes 0..7 from L */
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+            _Pragma("GCC unroll 2") for (int q = 0; q < R; q += 4) {
+                __m256 lo[4], hi[4];
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                    lo[r] = _mm256_loadu_ps(L[q + r][t]);
+                    hi[r] = a[q + r][t];
+                }
+                _mm_storeu_ps(y + (size_t)t * ldy + q, reduce16x4_avx2(lo, hi));
+            }
+        return;
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
 }
 
-/* fresh: the lanes start at zero (the first segment) instead of from L. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void tile_rows(const int R, lanes_t (*L)[TOKS],
-                                                                              const float *const *w, const float *x,
-                                                                              size_t ldx, size_t len, bool fresh)
+/* fresh: the lanes start at zero (the first segment) instead of from L.
+ * y: the row's last segment, len a multiple of 8: the tile's outputs are
+ * written to y[t * ldy + r] instead of its lanes to L. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows(const int R, const int f16,
+                                                                              lanes_t (*L)[TOKS],
+                                                                              const void *const *w, const float *x,
+                                                                              size_t ldx, size_t len, bool fresh,
+                                                                              float *y, size_t ldy)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(R, L, w, x, ldx, full, tail8, 0, fresh);
-    tile_half(R, L, w, x, ldx, full, false, 1, fresh);
+    tile_half(R, f16, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
+    tile_half(R, f16, L, w, x, ldx, full, false, 1, fresh, y, ldy);
     for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
         for (int r = 0; r < R; r++)
-            for (int t = 0; t < TT; t++) L[r][t][j % LANES] = fmaf(w[r][j], x[t * ldx + j], L[r][t][j % LANES]);
+            for (int t = 0; t < TT; t++)
+                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
 }
 
-__attribute__((target("avx2,fma"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w, const float *x,
-                                                          size_t ldx, size_t len, bool fresh)
+__attribute__((target("avx2,fma,f16c"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w,
+                                                               const float *x, size_t ldx, size_t len, bool fresh,
+                                                               float *y, size_t ldy)
 {
-    tile_rows(4, L, w, x, ldx, len, fresh);
+    tile_rows(4, 0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
 }
 
-__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
-                                                                              const float *const *w, const float *x,
-                                                                              size_t ldx, size_t len, bool fresh)
+__attribute__((target("avx2,fma,f16c"))) static void tile4_f16_avx2(lanes_t (*L)[TOKS], const uint16_t *const *w,
+                                                                   const float *x, size_t ldx, size_t len, bool fresh,
+                                                                   float *y, size_t ldy)
 {
-    tile_rows(8, L, w, x, ldx, len, fresh);
+    tile_rows(4, 1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
+                                                                                   const float *const *w,
+                                                                                   const float *x, size_t ldx,
+                                                                                   size_t len, bool fresh, float *y,
+                                                                                   size_t ldy)
+{
+    tile_rows(8, 0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_f16_avx512(lanes_t (*L)[TOKS],
+                                                                                       const uint16_t *const *w,
+                                                                                       const float *x, size_t ldx,
+                                                                                       size_t len, bool fresh,
+                                                                                       float *y, size_t ldy)
+{
+    tile_rows(8, 1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
 }
 #endif
 
@@ -607,17 +659,23 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
  * tokens' x (ldx apart). */
-/* fresh: the first segment, whose lanes start at zero (L is not read). */
+/* fresh: the first segment, whose lanes start at zero (L is not read).
+ * y (the last segment, len a multiple of 8): the 3-token tiles write their
+ * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
+ * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
 static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
-                      size_t len, bool simd, bool fresh)
+                      size_t len, bool simd, bool fresh, float *y, size_t ldy, size_t *done_r, size_t *done_t)
 {
+    *done_r = *done_t = 0;
 #ifdef KVT_HAVE_X86
 #define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
     if (simd) {
         size_t r = 0;
         if (nr == 8 && kvt_kernels_avx512()) {
             size_t t = 0;
-            for (; t + TT <= nt; t += TT) tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh);
+            for (; t + TT <= nt; t += TT)
+                tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh, y ? y + t * ldy : NULL, ldy);
+            if (y) *done_r = 8, *done_t = t;
             for (; t < nt; t++) {
                 if (fresh)
                     for (size_t q = 0; q < 8; q++) memset(L[q][t], 0, sizeof(lanes_t));
@@ -628,7 +686,9 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
         }
         for (; r + 4 <= nr; r += 4) {
             size_t t = 0;
-            for (; t + TT <= nt; t += TT) tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh);
+            for (; t + TT <= nt; t += TT)
+                tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh, y ? y + t * ldy + r : NULL, ldy);
+            if (y) *done_r = r + 4, *done_t = t;
             for (; t < nt; t++) {
                 if (fresh)
                     for (size_t q = 0; q < 4; q++) memset(L[r + q][t], 0, sizeof(lanes_t));
@@ -655,6 +715,35 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
     }
 }
 
+#ifdef KVT_HAVE_X86
+/* lanes_run for binary16 rows read in place (w[r] at the segment), the
+ * SIMD kernels only: the same lanes, the weights converted in registers
+ * instead of a segment at a time into f32. */
+static void lanes_run_f16(lanes_t (*L)[TOKS], const uint16_t *const *w, size_t nr, const float *x, size_t ldx,
+                          size_t nt, size_t len, bool fresh, float *y, size_t ldy, size_t *done_r, size_t *done_t)
+{
+#define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
+    size_t r = 0, t = 0, tt = nt / TT * TT;
+    if (nr == 8 && kvt_kernels_avx512()) {
+        for (; t < tt; t += TT) tile8_f16_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh, y ? y + t * ldy : NULL, ldy);
+        r = 8;
+    } else
+        for (; r + 4 <= nr; r += 4)
+            for (t = 0; t < tt; t += TT)
+                tile4_f16_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh, y ? y + t * ldy + r : NULL, ldy);
+#undef LT
+    *done_r = y ? r : 0;
+    *done_t = y ? tt : 0;
+    /* the rest a row and a token at a time: rows [r, nr) of every token,
+     * the rows before of the tokens past the tiles' */
+    for (size_t q = 0; q < nr; q++)
+        for (size_t u = q < r ? tt : 0; u < nt; u++) {
+            if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
+            row1_f16_avx2(L[q][u], w[q], x + u * ldx, len);
+        }
+}
+#endif
+
 struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; bool simd; };
 
 static void mm_range(void *arg, size_t o0, size_t o1)
@@ -666,13 +755,18 @@ static void mm_range(void *arg, size_t o0, size_t o1)
     if (!f32) kvt_quant_block(W->type, &blk, &blk_bytes);
     static _Thread_local float wseg[TR][SEG] __attribute__((aligned(32)));
     static _Thread_local lanes_t lanes[TR][TOKS];
-    for (size_t o = o0; o < o1; o += TR) {
+    /* tokens of a block: their x (tb x d_in floats) stays in L2 while
+     * every row of the range runs over it */
+    size_t tb = d_in ? XBLK / (d_in * sizeof(float)) / TT * TT : TOKS;
+    tb = tb < TT ? TT : tb > TOKS ? TOKS : tb;
+    for (size_t t0 = 0; t0 < c->n; t0 += tb) {
+        size_t nt = c->n - t0 < tb ? c->n - t0 : tb;
+        for (size_t o = o0; o < o1; o += TR) {
         size_t nr = o1 - o < TR ? o1 - o : TR;
-        for (size_t t0 = 0; t0 < c->n; t0 += TOKS) {
-            size_t nt = c->n - t0 < TOKS ? c->n - t0 : TOKS;
             /* the lanes start at zero: set here for decode and an empty row;
              * the first segment's kernels start from zero themselves */
             if (!d_in) for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+            size_t done_r = 0, done_t = 0; /* outputs the tiles wrote (lanes_run) */
 #ifdef KVT_HAVE_X86
             /* the outputs' lines (a token's are adjacent; tokens d_out
              * apart), on their way while the tiles run */
@@ -697,6 +791,18 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                 }
             } else
 #endif
+#ifdef KVT_HAVE_X86
+            if (c->simd && W->type == KVT_GGML_F16)
+                for (size_t k = 0; k < d_in; k += SEG16) {
+                    size_t len = d_in - k < SEG16 ? d_in - k : SEG16;
+                    const uint16_t *w[TR];
+                    for (size_t r = 0; r < nr; r++) w[r] = (const uint16_t *)(W->data + (o + r) * W->row_bytes) + k;
+                    bool last = k + len == d_in && len % 8 == 0;
+                    lanes_run_f16(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, k == 0,
+                                  last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
+                }
+            else
+#endif
             for (size_t k = 0; k < d_in; k += SEG) {
                 size_t len = d_in - k < SEG ? d_in - k : SEG;
                 const float *w[TR];
@@ -710,14 +816,17 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     else kvt_quant_to_f32(W->type, src, wseg[r], len);
                     w[r] = wseg[r];
                 }
-                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0);
+                bool last = k + len == d_in && len % 8 == 0;
+                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0,
+                          last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
             }
-            /* token by token: a token's outputs are adjacent in y */
+            /* the outputs the tiles did not write, token by token: a
+             * token's outputs are adjacent in y */
             for (size_t t = 0; t < nt; t++)
-                for (size_t r = 0; r < nr; r++) {
+                for (size_t r = t < done_t ? done_r : 0; r < nr; r++) {
                     float *l = lanes[r][t];
 #ifdef KVT_HAVE_X86
-                    if (c->simd && nr == 8) {
+                    if (c->simd && nr == 8 && r == 0) {
                         lanes_sum8_avx2(c->y + (t0 + t) * d_out + o, l, TOKS * LANES);
                         break;
                     }

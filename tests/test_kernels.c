@@ -253,6 +253,62 @@ TEST(kernels_matmul_batch_and_threads)
     CHECK(one == 1);
 }
 
+/* Binary16 weights, read in place by the prefill tiles (segments of 1024,
+ * three tokens by four or eight rows, the rest a row and a token at a
+ * time): every output is kvt_dot of the converted row, on every path, one
+ * token at a time and on 3 threads. The shapes take each way through:
+ * d_in 517 (one segment, a 5-element tail: the tiles leave their lanes),
+ * 1048 (a second segment of 24: 16 and a tail of 8, the tiles finish the
+ * dots) and 2053 (three segments, the last of 5); 53 rows (six 8-row
+ * sweeps, 4 rows and 1), 13 tokens (four 3-token tiles and one). Negative
+ * control: one weight of row 5 changed changes row 5's outputs only. */
+TEST(kernels_matmul_f16_in_place)
+{
+    enum { DO = 53, NB = 13 };
+    const size_t dis[] = {517, 1048, 2053};
+    uint64_t st = kvt_test_seed("kernels_matmul_f16_in_place");
+    for (size_t c = 0; c < 3; c++) {
+        size_t DI = dis[c];
+        uint16_t *W = malloc(2 * DO * DI);
+        float *wf = malloc(sizeof(float) * DO * DI), *x = malloc(sizeof(float) * NB * DI);
+        float *y1 = malloc(sizeof(float) * NB * DO), *y2 = malloc(sizeof(float) * NB * DO);
+        CHECK(W && wf && x && y1 && y2);
+        for (size_t i = 0; i < DO * DI; i++) W[i] = kvt_f32_to_f16(frand(&st));
+        for (size_t i = 0; i < NB * DI; i++) x[i] = frand(&st);
+        kvt_f16_row_to_f32(wf, W, DO * DI);
+        kvt_wmat m = {(const uint8_t *)W, KVT_GGML_F16, DO, DI, 2 * DI, NULL};
+        size_t bad = 0;
+        for (int path = 0; path < 3; path++) {
+            bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
+            kvt_matmul_w(NULL, y1, &m, x, NB, NULL);
+            for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, NULL);
+            for (int i = 0; i < NB; i++)
+                for (int o = 0; o < DO; o++) {
+                    float d = kvt_dot(wf + o * DI, x + i * DI, DI);
+                    bad += memcmp(&d, &y1[i * DO + o], 4) != 0;
+                    bad += memcmp(&d, &y2[i * DO + o], 4) != 0;
+                }
+            kvt_kernels_force_scalar(old);
+            kvt_kernels_force_avx2(old2);
+        }
+        CHECKF(bad == 0, "d_in %zu: %zu outputs are not kvt_dot", DI, bad);
+        kvt_pool *p = kvt_pool_new(3);
+        CHECK(p != NULL);
+        kvt_matmul_w(p, y2, &m, x, NB, NULL);
+        kvt_pool_free(p);
+        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "d_in %zu: 3 threads differ", DI);
+        W[5 * DI + DI / 2] ^= 0x0400; /* the exponent's low bit */
+        kvt_matmul_w(NULL, y2, &m, x, NB, NULL);
+        size_t row5 = 0, others = 0;
+        for (int i = 0; i < NB; i++)
+            for (int o = 0; o < DO; o++)
+                if (y1[i * DO + o] != y2[i * DO + o]) ++*(o == 5 ? &row5 : &others);
+        CHECKF(others == 0 && row5 == NB, "d_in %zu: a changed weight of row 5 changes %zu of its %d outputs and %zu others",
+               DI, row5, NB, others);
+        free(W), free(wf), free(x), free(y1), free(y2);
+    }
+}
+
 /* Random blocks of an integer weight type with sane f16 scales; Q4_1 and
  * Q5_1 get a negative minimum of up to the block's range, as ggml's is. */
 static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uint64_t *st)
