@@ -121,19 +121,14 @@ int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const c
     return KVT_OK;
 }
 
-int kvt_model_open(kvt_model **out, const char *path)
+int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
 {
     *out = NULL;
-    if (!path) path = KVT_DEFAULT_MODEL;
-    if (is_preset(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
-    kvt_gguf *g = NULL;
-    int rc = kvt_gguf_open(&g, path);
-    if (rc) return rc;
     kvt_model *m = kvt_calloc(1, sizeof *m);
-    if (!m) { kvt_gguf_close(g); return KVT_ENOMEM; }
+    if (!m) return KVT_ENOMEM;
     const char *arch;
     size_t arch_len;
-    rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
+    int rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
     if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
     if (rc) goto fail;
     if (arch_len == 5 && !memcmp(arch, "llama", 5)) rc = kvt_llama_load(m, g);
@@ -155,13 +150,27 @@ int kvt_model_open(kvt_model **out, const char *path)
     }
     if ((rc = finish(m))) goto fail;
     if (m->arch->weights_pack && (rc = m->arch->weights_pack(m->weights, g))) goto fail;
-    m->file = g; /* the weights may borrow its tensors */
     *out = m;
     return KVT_OK;
 fail:
-    kvt_model_close(m); /* before the file: the weights may point into it */
-    kvt_gguf_close(g);
+    kvt_model_close(m);
     return rc;
+}
+
+int kvt_model_open(kvt_model **out, const char *path)
+{
+    *out = NULL;
+    if (!path) path = KVT_DEFAULT_MODEL;
+    if (is_preset(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, path);
+    if (rc) return rc;
+    if ((rc = kvt_model_from_gguf(out, g, path))) {
+        kvt_gguf_close(g); /* after the model: its weights may point into it */
+        return rc;
+    }
+    (*out)->file = g; /* the weights may borrow its tensors */
+    return KVT_OK;
 }
 
 /* A model with a tokenizer and no weights: what `tokenize` and `detokenize`

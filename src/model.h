@@ -99,6 +99,11 @@ size_t kvt_session_bytes(const kvt_session *s);
 
 /* Architectures. */
 extern const kvt_arch kvt_arch_llama;
+/* A model from an open GGUF (path names it in messages): the architecture
+ * general.architecture names, the tokenizer, the fingerprints, the packed
+ * weights. The model does not own g, which must outlive it (its weights may
+ * borrow g's tensors) unless given to it as m->file. */
+int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path);
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g);
 extern const kvt_arch kvt_arch_ds4;
 int kvt_ds4_load(kvt_model *m, const kvt_gguf *g);

@@ -246,28 +246,13 @@ static void check_tokenizer(const kvt_gguf *g)
     kvt_tokenizer_free(t);
 }
 
-/* kvt_model_open without the file: the loader of the file's architecture. */
+/* The model kvt_model_open makes of the file (kvt_model_from_gguf, from
+ * memory here), when the loader accepts it. */
 static void check_model(const kvt_gguf *g)
 {
-    const char *arch;
-    size_t al;
-    if (kvt_gguf_get_str(g, "general.architecture", &arch, &al)) return;
-    kvt_model *m = calloc(1, sizeof *m);
-    if (!m) return;
+    kvt_model *m = NULL;
+    if (kvt_model_from_gguf(&m, g, "fuzz")) return;
     int rc;
-    if (al == 5 && !memcmp(arch, "llama", 5)) rc = kvt_llama_load(m, g);
-    else if (al == 3 && !memcmp(arch, "ds4", 3)) rc = kvt_ds4_load(m, g);
-    else rc = KVT_EUNSUPPORTED;
-    if (!rc) rc = kvt_tokenizer_from_gguf(&m->tok, g);
-    if (!rc && kvt_tokenizer_n_vocab(m->tok) > m->info.n_vocab) rc = KVT_EFORMAT;
-    if (rc) { kvt_model_close(m); return; }
-    m->info.bos = kvt_tokenizer_bos(m->tok);
-    m->info.eos = kvt_tokenizer_eos(m->tok);
-    m->info.add_bos = kvt_tokenizer_add_bos(m->tok);
-    m->info.tokenizer = kvt_tokenizer_model(m->tok);
-    m->info.name = "fuzz";
-    m->fingerprint = m->arch->fingerprint(m->weights);
-    if (m->arch->weights_pack && m->arch->weights_pack(m->weights, g)) { kvt_model_close(m); return; }
     /* a model the loader accepts runs: a few tokens, one more, a snapshot
      * that restores to the same state */
     kvt_session *s = NULL, *s2 = NULL;
