@@ -78,7 +78,8 @@ TEST(build_missing_packages_named)
 }
 
 /* The README names the same packages as the list, and .ci/run runs the
- * README's test command and nothing in its place. */
+ * README's test command and nothing in its place (before it, it builds the
+ * fuzz targets, as the README says). */
 TEST(build_one_package_list)
 {
     char *readme = kvt_test_read_file("README.md", NULL), *ci = kvt_test_read_file(".ci/run", NULL);
@@ -92,13 +93,15 @@ TEST(build_one_package_list)
         if (!strstr(readme, word)) { all = false; printf("    README.md does not name %s\n", word); }
     }
     bool readme_test = strstr(readme, "\nmake run\nmake test\n") != NULL;
-    /* .ci/run: its only command that builds is the README's `make test` */
+    /* .ci/run: the README's `make test`, its packages through tools/deps.sh */
     bool ci_test = strstr(ci, "\nmake test\n") != NULL && !strstr(ci, "apt-get");
+    bool ci_fuzz = strstr(ci, "\nmake -j2 fuzz-build fuzz-seeds ") != NULL && strstr(readme, "`make fuzz-build fuzz-seeds`");
     free(readme);
     free(ci);
     CHECKF(all, "README.md and %s disagree", PKG_LIST);
     CHECKF(readme_test, "README's set-up is not `make run` and `make test`");
     CHECKF(ci_test, ".ci/run does not run exactly `make test`");
+    CHECKF(ci_fuzz, ".ci/run and the README disagree on the fuzz targets' build");
 }
 
 /* A package whose third column names a make goal is needed by that goal
