@@ -839,6 +839,24 @@ static void mm_range(void *arg, size_t o0, size_t o1)
     }
 }
 
+/* Tokens [t0, t1) against every row: a thread's share of a prefill split
+ * by tokens. */
+static void mm_tokens(void *arg, size_t t0, size_t t1)
+{
+    const struct mm_ctx *c = arg;
+    struct mm_ctx part = {c->y + t0 * c->W->rows, c->W, c->x + t0 * c->W->cols, t1 - t0, c->simd};
+    mm_range(&part, 0, c->W->rows);
+}
+
+/* Split a prefill by tokens rather than rows: each thread then reads the
+ * activations that it wrote (the norms before split by tokens the same
+ * way) instead of half of them from the other core, at the price of
+ * reading every weight. Any split gives the same bits. */
+static bool tok_split(const kvt_pool *pool, const kvt_wmat *W, size_t n)
+{
+    return pool && kvt_pool_size(pool) > 1 && n >= TOKS * kvt_pool_size(pool) && W->cols;
+}
+
 void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
 {
     if (kvt_q_supported(W->type)) {
@@ -846,6 +864,10 @@ void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, s
         return;
     }
     struct mm_ctx c = {y, W, x, n, use_simd()};
+    if (tok_split(pool, W, n)) {
+        kvt_pool_for(pool, n, TOKS, mm_tokens, &c);
+        return;
+    }
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
     kvt_pool_for(pool, W->rows, min, mm_range, &c);

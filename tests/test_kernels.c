@@ -295,8 +295,20 @@ TEST(kernels_matmul_f16_in_place)
         kvt_pool *p = kvt_pool_new(3);
         CHECK(p != NULL);
         kvt_matmul_w(p, y2, &m, x, NB, NULL);
-        kvt_pool_free(p);
         CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "d_in %zu: 3 threads differ", DI);
+        /* a prefill of 300 tokens on 3 threads splits the tokens (100
+         * each: blocks of them, the last partial, and 1-token tails) */
+        enum { NP = 300 };
+        float *xp = malloc(sizeof(float) * NP * DI), *yp1 = malloc(sizeof(float) * NP * DO),
+              *yp2 = malloc(sizeof(float) * NP * DO);
+        CHECK(xp && yp1 && yp2);
+        for (size_t i = 0; i < NP * DI; i++) xp[i] = frand(&st);
+        kvt_matmul_w(NULL, yp1, &m, xp, NP, NULL);
+        kvt_matmul_w(p, yp2, &m, xp, NP, NULL);
+        CHECKF(kvt_pool_last_parts(p) == 3, "d_in %zu: 300 tokens ran as %u parts", DI, kvt_pool_last_parts(p));
+        CHECKF(!memcmp(yp1, yp2, sizeof(float) * NP * DO), "d_in %zu: 300 tokens on 3 threads differ", DI);
+        free(xp), free(yp1), free(yp2);
+        kvt_pool_free(p);
         W[5 * DI + DI / 2] ^= 0x0400; /* the exponent's low bit */
         kvt_matmul_w(NULL, y2, &m, x, NB, NULL);
         size_t row5 = 0, others = 0;
