@@ -253,72 +253,89 @@ TEST(kernels_matmul_batch_and_threads)
     CHECK(one == 1);
 }
 
-/* Binary16 weights, read in place by the prefill tiles (segments of 1024,
- * three tokens by four or eight rows, the rest a row and a token at a
- * time): every output is kvt_dot of the converted row, on every path, one
- * token at a time and on 3 threads. The shapes take each way through:
- * d_in 517 (one segment, a 5-element tail: the tiles leave their lanes),
- * 1048 (a second segment of 24: 16 and a tail of 8, the tiles finish the
- * dots) and 2053 (three segments, the last of 5); 53 rows (six 8-row
- * sweeps, 4 rows and 1), 13 tokens (four 3-token tiles and one). Negative
- * control: one weight of row 5 changed changes row 5's outputs only. */
-TEST(kernels_matmul_f16_in_place)
+/* Float weights (F16 read in place by the prefill tiles, BF16 converted a
+ * segment at a time, F32): every output is kvt_dot of the row as f32, on
+ * every path, one token at a time, in a prefill whose last token block is
+ * a single token, and on 3 threads with the tokens split. The shapes take
+ * each way through: d_in 517 (a 5-element tail: the tiles leave their
+ * lanes to the reduction after them), 768 and 2048 (one segment of F16, a
+ * multiple of 16: the tiles finish the dots), 1048 (a last F16 segment of
+ * 24: 16 and a tail of 8) and 2053 (three F16 segments, the last of 5); 55
+ * rows (six 8-row sweeps, then 4 rows and 3), 14 tokens (four 3-token tiles
+ * and 2). Negative control: one weight of row 5 changed changes row 5's
+ * outputs only. */
+/* Outputs of tokens [0, n) in y (n x d_out) that are not kvt_dot of the
+ * rows of wf (d_out x d_in) with x. */
+static size_t not_dot(const float *wf, const float *x, const float *y, size_t n, size_t d_out, size_t d_in)
 {
-    enum { DO = 53, NB = 13 };
-    const size_t dis[] = {517, 1048, 2053};
-    uint64_t st = kvt_test_seed("kernels_matmul_f16_in_place");
-    for (size_t c = 0; c < 3; c++) {
-        size_t DI = dis[c];
-        uint16_t *W = malloc(2 * DO * DI);
-        float *wf = malloc(sizeof(float) * DO * DI), *x = malloc(sizeof(float) * NB * DI);
-        float *y1 = malloc(sizeof(float) * NB * DO), *y2 = malloc(sizeof(float) * NB * DO);
-        CHECK(W && wf && x && y1 && y2);
-        for (size_t i = 0; i < DO * DI; i++) W[i] = kvt_f32_to_f16(frand(&st));
-        for (size_t i = 0; i < NB * DI; i++) x[i] = frand(&st);
-        kvt_f16_row_to_f32(wf, W, DO * DI);
-        kvt_wmat m = {(const uint8_t *)W, KVT_GGML_F16, DO, DI, 2 * DI, NULL};
-        size_t bad = 0;
-        for (int path = 0; path < 3; path++) {
-            bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
-            kvt_matmul_w(NULL, y1, &m, x, NB, NULL);
-            for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, NULL);
-            for (int i = 0; i < NB; i++)
-                for (int o = 0; o < DO; o++) {
-                    float d = kvt_dot(wf + o * DI, x + i * DI, DI);
-                    bad += memcmp(&d, &y1[i * DO + o], 4) != 0;
-                    bad += memcmp(&d, &y2[i * DO + o], 4) != 0;
-                }
-            kvt_kernels_force_scalar(old);
-            kvt_kernels_force_avx2(old2);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t o = 0; o < d_out; o++) {
+            float d = kvt_dot(wf + o * d_in, x + i * d_in, d_in);
+            bad += memcmp(&d, &y[i * d_out + o], 4) != 0;
         }
-        CHECKF(bad == 0, "d_in %zu: %zu outputs are not kvt_dot", DI, bad);
-        kvt_pool *p = kvt_pool_new(3);
-        CHECK(p != NULL);
-        kvt_matmul_w(p, y2, &m, x, NB, NULL);
-        CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "d_in %zu: 3 threads differ", DI);
-        /* a prefill of 300 tokens on 3 threads splits the tokens (100
-         * each: blocks of them, the last partial, and 1-token tails) */
-        enum { NP = 300 };
-        float *xp = malloc(sizeof(float) * NP * DI), *yp1 = malloc(sizeof(float) * NP * DO),
-              *yp2 = malloc(sizeof(float) * NP * DO);
-        CHECK(xp && yp1 && yp2);
-        for (size_t i = 0; i < NP * DI; i++) xp[i] = frand(&st);
-        kvt_matmul_w(NULL, yp1, &m, xp, NP, NULL);
-        kvt_matmul_w(p, yp2, &m, xp, NP, NULL);
-        CHECKF(kvt_pool_last_parts(p) == 3, "d_in %zu: 300 tokens ran as %u parts", DI, kvt_pool_last_parts(p));
-        CHECKF(!memcmp(yp1, yp2, sizeof(float) * NP * DO), "d_in %zu: 300 tokens on 3 threads differ", DI);
-        free(xp), free(yp1), free(yp2);
-        kvt_pool_free(p);
-        W[5 * DI + DI / 2] ^= 0x0400; /* the exponent's low bit */
-        kvt_matmul_w(NULL, y2, &m, x, NB, NULL);
-        size_t row5 = 0, others = 0;
-        for (int i = 0; i < NB; i++)
-            for (int o = 0; o < DO; o++)
-                if (y1[i * DO + o] != y2[i * DO + o]) ++*(o == 5 ? &row5 : &others);
-        CHECKF(others == 0 && row5 == NB, "d_in %zu: a changed weight of row 5 changes %zu of its %d outputs and %zu others",
-               DI, row5, NB, others);
-        free(W), free(wf), free(x), free(y1), free(y2);
-    }
+    return bad;
+}
+
+TEST(kernels_matmul_float_types)
+{
+    enum { DO = 55, NB = 14, N1 = 97, NP = 302 }; /* N1: blocks of 96 tokens and 1; NP: 100, 101, 101 a thread */
+    const size_t dis[] = {517, 768, 1048, 2048, 2053};
+    const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_F32};
+    uint64_t st = kvt_test_seed("kernels_matmul_float_types");
+    kvt_pool *p = kvt_pool_new(3);
+    CHECK(p != NULL);
+    for (size_t ty = 0; ty < 3; ty++)
+        for (size_t c = 0; c < sizeof dis / sizeof dis[0]; c++) {
+            uint32_t type = types[ty];
+            size_t DI = dis[c], es = type == KVT_GGML_F32 ? 4 : 2;
+            uint8_t *W = malloc(es * DO * DI);
+            float *wf = malloc(sizeof(float) * DO * DI), *x = malloc(sizeof(float) * NP * DI);
+            float *y1 = malloc(sizeof(float) * NP * DO), *y2 = malloc(sizeof(float) * NP * DO);
+            CHECK(W && wf && x && y1 && y2);
+            for (size_t i = 0; i < DO * DI; i++) {
+                float v = frand(&st);
+                if (type == KVT_GGML_F16) ((uint16_t *)W)[i] = kvt_f32_to_f16(v), wf[i] = kvt_f16_to_f32(kvt_f32_to_f16(v));
+                else if (type == KVT_GGML_BF16) ((uint16_t *)W)[i] = kvt_f32_to_bf16(v), wf[i] = kvt_bf16_to_f32(kvt_f32_to_bf16(v));
+                else ((float *)W)[i] = wf[i] = v;
+            }
+            for (size_t i = 0; i < NP * DI; i++) x[i] = frand(&st);
+            kvt_wmat m = {W, type, DO, DI, es * DI, NULL};
+            const char *tn = kvt_quant_name(type);
+            for (int path = 0; path < 3; path++) {
+                bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
+                kvt_matmul_w(NULL, y1, &m, x, NB, NULL);
+                for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y2 + i * DO, &m, x + i * DI, 1, NULL);
+                size_t b1 = not_dot(wf, x, y1, NB, DO, DI), b2 = not_dot(wf, x, y2, NB, DO, DI);
+                CHECKF(b1 == 0 && b2 == 0, "%s d_in %zu path %d: %zu outputs of a batch, %zu one token at a time, not kvt_dot",
+                       tn, DI, path, b1, b2);
+                kvt_kernels_force_scalar(old);
+                kvt_kernels_force_avx2(old2);
+            }
+            kvt_matmul_w(NULL, y1, &m, x, N1, NULL);
+            size_t b1 = not_dot(wf, x, y1, N1, DO, DI);
+            CHECKF(b1 == 0, "%s d_in %zu: %zu outputs of %d tokens not kvt_dot", tn, DI, b1, N1);
+            kvt_matmul_w(p, y1, &m, x, NP, NULL);
+            CHECKF(kvt_pool_last_parts(p) == 3, "%s d_in %zu: %d tokens ran as %u parts", tn, DI, NP, kvt_pool_last_parts(p));
+            b1 = not_dot(wf, x, y1, NP, DO, DI);
+            CHECKF(b1 == 0, "%s d_in %zu: %zu outputs of %d tokens on 3 threads not kvt_dot", tn, DI, b1, NP);
+            /* 2 rows: split by rows it would run as 2 parts */
+            kvt_wmat two = {W, type, 2, DI, es * DI, NULL};
+            kvt_matmul_w(p, y2, &two, x, NP, NULL);
+            CHECKF(kvt_pool_last_parts(p) == 3, "%s d_in %zu: 2 rows x %d tokens not split by tokens", tn, DI, NP);
+            kvt_matmul_w(NULL, y1, &m, x, NB, NULL);
+            if (type == KVT_GGML_F32) ((uint32_t *)W)[5 * DI + DI / 2] ^= 0x00800000u; /* the exponent's low bit */
+            else ((uint16_t *)W)[5 * DI + DI / 2] ^= type == KVT_GGML_F16 ? 0x0400 : 0x0080;
+            kvt_matmul_w(NULL, y2, &m, x, NB, NULL);
+            size_t row5 = 0, others = 0;
+            for (int i = 0; i < NB; i++)
+                for (int o = 0; o < DO; o++)
+                    if (y1[i * DO + o] != y2[i * DO + o]) ++*(o == 5 ? &row5 : &others);
+            CHECKF(others == 0 && row5 == NB, "%s d_in %zu: a changed weight of row 5 changes %zu of its %d outputs and %zu others",
+                   tn, DI, row5, NB, others);
+            free(W), free(wf), free(x), free(y1), free(y2);
+        }
+    kvt_pool_free(p);
 }
 
 /* Random blocks of an integer weight type with sane f16 scales; Q4_1 and
