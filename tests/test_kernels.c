@@ -257,7 +257,7 @@ TEST(kernels_matmul_batch_and_threads)
  * segment at a time, F32): every output is kvt_dot of the row as f32, on
  * every path, one token at a time, in a prefill whose last token block is
  * a single token, and on 3 threads with the tokens split. The shapes take
- * each way through: d_in 517 (a 5-element tail: the tiles leave their
+ * each way through: d_in 5 (no vector at all), 517 (a 5-element tail: the tiles leave their
  * lanes to the reduction after them), 768 and 2048 (one segment of F16, a
  * multiple of 16: the tiles finish the dots), 1048 (a last F16 segment of
  * 24: 16 and a tail of 8) and 2053 (three F16 segments, the last of 5); 55
@@ -280,7 +280,7 @@ static size_t not_dot(const float *wf, const float *x, const float *y, size_t n,
 TEST(kernels_matmul_float_types)
 {
     enum { DO = 55, NB = 14, N1 = 97, NP = 302 }; /* N1: blocks of 96 tokens and 1; NP: 100, 101, 101 a thread */
-    const size_t dis[] = {517, 768, 1048, 2048, 2053};
+    const size_t dis[] = {5, 517, 768, 1048, 2048, 2053};
     const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_F32};
     uint64_t st = kvt_test_seed("kernels_matmul_float_types");
     kvt_pool *p = kvt_pool_new(3);
