@@ -257,8 +257,8 @@ TEST(kernels_matmul_batch_and_threads)
  * segment at a time, F32): every output is kvt_dot of the row as f32, on
  * every path, one token at a time, in a prefill whose last token block is
  * a single token, and on 3 threads with the tokens split. The shapes take
- * each way through: d_in 5 (no vector at all), 517 (a 5-element tail: the tiles leave their
- * lanes to the reduction after them), 768 and 2048 (one segment of F16, a
+ * each way through: d_in 5 (no vector at all), 517 (a 5-element tail:
+ * the tiles leave their lanes to the reduction after them), 768 and 2048 (one segment of F16, a
  * multiple of 16: the tiles finish the dots), 1048 (a last F16 segment of
  * 24: 16 and a tail of 8) and 2053 (three F16 segments, the last of 5); 55
  * rows (six 8-row sweeps, then 4 rows and 3), 14 tokens (four 3-token tiles
