@@ -606,36 +606,6 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_f16_
 }
 #endif
 
-/* Four rows against one token (decode): eight accumulators, the order of
- * dot_avx2 per row. */
-__attribute__((target("avx2,fma"))) static void tile4x1_avx2(lanes_t (*L)[TOKS], const float *const *w,
-                                                            const float *x, size_t len)
-{
-    __m256 a0 = _mm256_loadu_ps(L[0][0]), b0 = _mm256_loadu_ps(L[0][0] + 8);
-    __m256 a1 = _mm256_loadu_ps(L[1][0]), b1 = _mm256_loadu_ps(L[1][0] + 8);
-    __m256 a2 = _mm256_loadu_ps(L[2][0]), b2 = _mm256_loadu_ps(L[2][0] + 8);
-    __m256 a3 = _mm256_loadu_ps(L[3][0]), b3 = _mm256_loadu_ps(L[3][0] + 8);
-    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
-    size_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-        __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), xl, a0);
-        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 8), xh, b0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xl, a1);
-        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), xh, b1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xl, a2);
-        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i + 8), xh, b2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xl, a3);
-        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i + 8), xh, b3);
-    }
-    _mm256_storeu_ps(L[0][0], a0); _mm256_storeu_ps(L[0][0] + 8, b0);
-    _mm256_storeu_ps(L[1][0], a1); _mm256_storeu_ps(L[1][0] + 8, b1);
-    _mm256_storeu_ps(L[2][0], a2); _mm256_storeu_ps(L[2][0] + 8, b2);
-    _mm256_storeu_ps(L[3][0], a3); _mm256_storeu_ps(L[3][0] + 8, b3);
-    /* the tail (an 8 and single elements) as dot_avx2 takes it */
-    for (int r = 0; r < 4; r++) lanes1_avx2(L[r][0] , w[r] + i, x + i, len - i);
-}
-
 /* One binary16 row against one token, converted in registers (F16C is
  * exact): the order of dot_avx2. */
 __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, const uint16_t *w, const float *x,
@@ -656,47 +626,44 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
 }
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
- * tokens' x (ldx apart). */
-/* fresh: the first segment, whose lanes start at zero (L is not read).
+ * tokens' x (ldx apart); w f32, or binary16 read in place when f16 (the
+ * SIMD kernels only).
+ * fresh: the first segment, whose lanes start at zero (L is not read).
  * y (the last segment, len a multiple of 8): the 3-token tiles write their
  * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
  * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
-static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, const float *x, size_t ldx, size_t nt,
-                      size_t len, bool simd, bool fresh, float *y, size_t ldy, size_t *done_r, size_t *done_t)
+static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t nr, const float *x, size_t ldx,
+                      size_t nt, size_t len, bool simd, bool fresh, float *y, size_t ldy, size_t *done_r,
+                      size_t *done_t)
 {
     *done_r = *done_t = 0;
 #ifdef KVT_HAVE_X86
 #define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
     if (simd) {
-        size_t r = 0;
+        size_t r = 0, tt = nt / TT * TT;
         if (nr == 8 && kvt_kernels_avx512()) {
-            size_t t = 0;
-            for (; t + TT <= nt; t += TT)
-                tile8_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh, y ? y + t * ldy : NULL, ldy);
-            if (y) *done_r = 8, *done_t = t;
-            for (; t < nt; t++) {
-                if (fresh)
-                    for (size_t q = 0; q < 8; q++) memset(L[q][t], 0, sizeof(lanes_t));
-                tile4x1_avx2(LT(0, t), w, x + t * ldx, len);
-                tile4x1_avx2(LT(4, t), w + 4, x + t * ldx, len);
+            for (size_t t = 0; t < tt; t += TT) {
+                float *yt = y ? y + t * ldy : NULL;
+                if (f16) tile8_f16_avx512(LT(0, t), (const uint16_t *const *)w, x + t * ldx, ldx, len, fresh, yt, ldy);
+                else tile8_avx512(LT(0, t), (const float *const *)w, x + t * ldx, ldx, len, fresh, yt, ldy);
             }
-            return;
-        }
-        for (; r + 4 <= nr; r += 4) {
-            size_t t = 0;
-            for (; t + TT <= nt; t += TT)
-                tile4_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh, y ? y + t * ldy + r : NULL, ldy);
-            if (y) *done_r = r + 4, *done_t = t;
-            for (; t < nt; t++) {
-                if (fresh)
-                    for (size_t q = 0; q < 4; q++) memset(L[r + q][t], 0, sizeof(lanes_t));
-                tile4x1_avx2(LT(r, t), w + r, x + t * ldx, len);
-            }
-        }
-        for (; r < nr; r++)
-            for (size_t t = 0; t < nt; t++) {
-                if (fresh) memset(L[r][t], 0, sizeof(lanes_t));
-                lanes1_avx2(L[r][t], w[r], x + t * ldx, len);
+            r = 8;
+        } else
+            for (; r + 4 <= nr; r += 4)
+                for (size_t t = 0; t < tt; t += TT) {
+                    float *yt = y ? y + t * ldy + r : NULL;
+                    if (f16)
+                        tile4_f16_avx2(LT(r, t), (const uint16_t *const *)w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                    else tile4_avx2(LT(r, t), (const float *const *)w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                }
+        if (y) *done_r = r, *done_t = tt;
+        /* the rest a row and a token at a time: rows [r, nr) of every
+         * token, the rows before of the tokens past the tiles' */
+        for (size_t q = 0; q < nr; q++)
+            for (size_t u = q < r ? tt : 0; u < nt; u++) {
+                if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
+                if (f16) row1_f16_avx2(L[q][u], w[q], x + u * ldx, len);
+                else lanes1_avx2(L[q][u], w[q], x + u * ldx, len);
             }
         return;
     }
@@ -707,40 +674,12 @@ static void lanes_run(lanes_t (*L)[TOKS], const float *const *w, size_t nr, cons
     for (size_t t = 0; t < nt; t++) {
         const float *xt = x + t * ldx;
         for (size_t r = 0; r < nr; r++) {
+            const float *wr = w[r];
             if (fresh) memset(L[r][t], 0, sizeof(lanes_t));
-            for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(w[r][i], xt[i], L[r][t][i % LANES]);
+            for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(wr[i], xt[i], L[r][t][i % LANES]);
         }
     }
 }
-
-#ifdef KVT_HAVE_X86
-/* lanes_run for binary16 rows read in place (w[r] at the segment), the
- * SIMD kernels only: the same lanes, the weights converted in registers
- * instead of a segment at a time into f32. */
-static void lanes_run_f16(lanes_t (*L)[TOKS], const uint16_t *const *w, size_t nr, const float *x, size_t ldx,
-                          size_t nt, size_t len, bool fresh, float *y, size_t ldy, size_t *done_r, size_t *done_t)
-{
-#define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
-    size_t r = 0, t = 0, tt = nt / TT * TT;
-    if (nr == 8 && kvt_kernels_avx512()) {
-        for (; t < tt; t += TT) tile8_f16_avx512(LT(0, t), w, x + t * ldx, ldx, len, fresh, y ? y + t * ldy : NULL, ldy);
-        r = 8;
-    } else
-        for (; r + 4 <= nr; r += 4)
-            for (t = 0; t < tt; t += TT)
-                tile4_f16_avx2(LT(r, t), w + r, x + t * ldx, ldx, len, fresh, y ? y + t * ldy + r : NULL, ldy);
-#undef LT
-    *done_r = y ? r : 0;
-    *done_t = y ? tt : 0;
-    /* the rest a row and a token at a time: rows [r, nr) of every token,
-     * the rows before of the tokens past the tiles' */
-    for (size_t q = 0; q < nr; q++)
-        for (size_t u = q < r ? tt : 0; u < nt; u++) {
-            if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
-            row1_f16_avx2(L[q][u], w[q], x + u * ldx, len);
-        }
-}
-#endif
 
 struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; bool simd; };
 
@@ -753,6 +692,11 @@ static void mm_range(void *arg, size_t o0, size_t o1)
     if (!f32) kvt_quant_block(W->type, &blk, &blk_bytes);
     static _Thread_local float wseg[TR][SEG] __attribute__((aligned(32)));
     static _Thread_local lanes_t lanes[TR][TOKS];
+    /* f32 rows are read in place, and F16 ones by the SIMD kernels (a
+     * segment of SEG16); the other types are converted to f32 a segment of
+     * SEG at a time */
+    bool in_place = f32 || (c->simd && W->type == KVT_GGML_F16), f16 = in_place && !f32;
+    size_t seg = f16 ? SEG16 : SEG;
     /* tokens of a block: their x (tb x d_in floats) stays in L2 while
      * every row of the range runs over it */
     size_t tb = d_in ? XBLK / (d_in * sizeof(float)) / TT * TT : TOKS;
@@ -789,33 +733,19 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                 }
             } else
 #endif
-#ifdef KVT_HAVE_X86
-            if (c->simd && W->type == KVT_GGML_F16)
-                for (size_t k = 0; k < d_in; k += SEG16) {
-                    size_t len = d_in - k < SEG16 ? d_in - k : SEG16;
-                    const uint16_t *w[TR];
-                    for (size_t r = 0; r < nr; r++) w[r] = (const uint16_t *)(W->data + (o + r) * W->row_bytes) + k;
-                    bool last = k + len == d_in && len % 8 == 0;
-                    lanes_run_f16(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, k == 0,
-                                  last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
-                }
-            else
-#endif
-            for (size_t k = 0; k < d_in; k += SEG) {
-                size_t len = d_in - k < SEG ? d_in - k : SEG;
-                const float *w[TR];
+            for (size_t k = 0; k < d_in; k += seg) {
+                size_t len = d_in - k < seg ? d_in - k : seg;
+                const void *w[TR];
                 for (size_t r = 0; r < nr; r++) {
-                    const uint8_t *row = W->data + (o + r) * W->row_bytes;
-                    w[r] = (const float *)row + k;
-                    if (f32) continue;
-                    const uint8_t *src = row + k / blk * blk_bytes;
-                    if (W->type == KVT_GGML_F16) kvt_f16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    const uint8_t *src = W->data + (o + r) * W->row_bytes + k / blk * blk_bytes;
+                    if (in_place) w[r] = src;
+                    else if (W->type == KVT_GGML_F16) kvt_f16_row_to_f32(wseg[r], (const uint16_t *)src, len);
                     else if (W->type == KVT_GGML_BF16) bf16_row_to_f32(wseg[r], (const uint16_t *)src, len);
                     else kvt_quant_to_f32(W->type, src, wseg[r], len);
-                    w[r] = wseg[r];
+                    if (!in_place) w[r] = wseg[r];
                 }
                 bool last = k + len == d_in && len % 8 == 0;
-                lanes_run(lanes, w, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0,
+                lanes_run(lanes, w, f16, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0,
                           last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
             }
             /* the outputs the tiles did not write, token by token: a
