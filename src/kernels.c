@@ -514,9 +514,8 @@ static inline float wscalar(const int f16, const void *w, size_t i)
 /* One half (lanes h*8 .. h*8+7) of an R-row x 3-token tile over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
  * the low half, the 8 at full when tail8. 4 rows: twelve accumulators,
- * three token vectors and one weight vector, AVX2's sixteen registers;
- * 8 rows: twenty-four, with AVX-512VL's thirty-two, which halves the token
- * loads per fma. Weights f32, or binary16 when f16. */
+ * three token vectors and one weight vector, AVX2's sixteen registers
+ * (tile8_zmm is the AVX-512 tile). Weights f32, or binary16 when f16. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int R, const int f16,
                                                                               lanes_t (*L)[TOKS],
                                                                               const void *const *w, const float *x,
