@@ -511,19 +511,31 @@ static inline float wscalar(const int f16, const void *w, size_t i)
     return f16 ? kvt_f16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-/* One half (lanes h*8 .. h*8+7) of an R-row x 3-token tile over w[r][0, len):
+/* Elements [j, len) of an R-row x 3-token tile one at a time, each into
+ * lane j % 16: the tiles' single-element tail. */
+static inline void tile_tail(const int R, const int f16, lanes_t (*L)[TOKS], const void *const *w, const float *x,
+                             size_t ldx, size_t j, size_t len)
+{
+    for (; j < len; j++)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < TT; t++)
+                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
+}
+
+/* One half (lanes h*8 .. h*8+7) of a 4-row x 3-token tile over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
- * the low half, the 8 at full when tail8. 4 rows: twelve accumulators,
- * three token vectors and one weight vector, AVX2's sixteen registers
- * (tile8_zmm is the AVX-512 tile). Weights f32, or binary16 when f16. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int R, const int f16,
+ * the low half, the 8 at full when tail8. Twelve accumulators, three token
+ * vectors and one weight vector: AVX2's sixteen registers (tile8_zmm is
+ * the AVX-512 tile). Weights f32, or binary16 when f16. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int f16,
                                                                               lanes_t (*L)[TOKS],
                                                                               const void *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
                                                                               int h, bool fresh, float *y, size_t ldy)
 {
-    __m256 a[8][TT];
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+    enum { R = 4 };
+    __m256 a[R][TT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
             a[r][t] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(L[r][t] + 8 * h);
     size_t end = full + (tail8 ? 16 : 0);
@@ -532,58 +544,52 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         /* (a prefetch of the next tile's lines here, while x came from
          * L3, cost 5 to 25 % once the token blocks kept x in L2) */
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             __m256 wv = wload(f16, w[r], i);
             _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
         }
     }
     if (y) { /* the high half of the last segment: finish the dots, lanes 0..7 from L */
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
-            _Pragma("GCC unroll 2") for (int q = 0; q < R; q += 4) {
-                __m256 lo[4], hi[4];
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
-                    lo[r] = _mm256_loadu_ps(L[q + r][t]);
-                    hi[r] = a[q + r][t];
-                }
-                _mm_storeu_ps(y + (size_t)t * ldy + q, reduce16x4_avx2(lo, hi));
-            }
+        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) {
+            __m256 lo[R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lo[r] = _mm256_loadu_ps(L[r][t]);
+            __m256 hi[R] = {a[0][t], a[1][t], a[2][t], a[3][t]};
+            _mm_storeu_ps(y + (size_t)t * ldy, reduce16x4_avx2(lo, hi));
+        }
         return;
     }
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
 }
 
 /* fresh: the lanes start at zero (the first segment) instead of from L.
  * y: the row's last segment, len a multiple of 8: the tile's outputs are
  * written to y[t * ldy + r] instead of its lanes to L. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows(const int R, const int f16,
-                                                                              lanes_t (*L)[TOKS],
-                                                                              const void *const *w, const float *x,
-                                                                              size_t ldx, size_t len, bool fresh,
-                                                                              float *y, size_t ldy)
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int f16,
+                                                                               lanes_t (*L)[TOKS],
+                                                                               const void *const *w, const float *x,
+                                                                               size_t ldx, size_t len, bool fresh,
+                                                                               float *y, size_t ldy)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(R, f16, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
-    tile_half(R, f16, L, w, x, ldx, full, false, 1, fresh, y, ldy);
-    for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < TT; t++)
-                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
+    tile_half(f16, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
+    tile_half(f16, L, w, x, ldx, full, false, 1, fresh, y, ldy);
+    tile_tail(4, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w,
                                                                const float *x, size_t ldx, size_t len, bool fresh,
                                                                float *y, size_t ldy)
 {
-    tile_rows(4, 0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
+    tile_rows4(0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void tile4_f16_avx2(lanes_t (*L)[TOKS], const uint16_t *const *w,
                                                                    const float *x, size_t ldx, size_t len, bool fresh,
                                                                    float *y, size_t ldy)
 {
-    tile_rows(4, 1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
+    tile_rows4(1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
 }
 
 /* An 8-row x 3-token tile with AVX-512: each (row, token) keeps its 16
@@ -635,10 +641,7 @@ tile8_zmm(const int f16, lanes_t (*L)[TOKS], const void *const *w, const float *
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm512_storeu_ps(L[r][t], a[r][t]);
-    for (size_t j = full + (tail8 ? 8 : 0); j < len; j++)
-        for (int r = 0; r < 8; r++)
-            for (int t = 0; t < TT; t++)
-                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
+    tile_tail(8, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
