@@ -671,6 +671,7 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
     __m256 a = _mm256_loadu_ps(l), b = _mm256_loadu_ps(l + 8);
     size_t i = 0;
     for (; i + 16 <= len; i += 16) {
+        if (i % 32 == 0) _mm_prefetch((const char *)(w + i) + KVT_PF_AHEAD, _MM_HINT_T0); /* a line in two steps */
         a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a);
         b = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))), _mm256_loadu_ps(x + i + 8),
                             b);

@@ -382,6 +382,7 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
         __m256 dw[4], mw[4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const uint8_t *wb = w[r] + b * b32_bytes(wt);
+            if (R == 1 && T == 1) _mm_prefetch((const char *)(wb + KVT_PF_AHEAD), _MM_HINT_T0); /* decode */
             if (wt == KVT_GGML_Q8_0) {
                 wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
             } else {
@@ -769,6 +770,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     const bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     __m128 acc4 = _mm_setzero_ps();
+    /* the rows whose superblocks are prefetched: at least the next four,
+     * and KVT_PF_AHEAD on in each row's stream */
+    const size_t ahead = row_bytes * (row_bytes * 4 >= KVT_PF_AHEAD ? 4 : (KVT_PF_AHEAD + row_bytes - 1) / row_bytes);
     for (size_t b = 0; b < nsb; b++) {
         __m256i iv[4];
         __m128i mv[4];
@@ -776,9 +780,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
         const uint8_t *wr[4];
         _Pragma("GCC unroll 8") for (int r = 0; r < 4; r++) {
             const uint8_t *w = wr[r] = row + (size_t)r * row_bytes + b * bytes;
-            /* the next four rows' superblock, while this one computes (the
+            /* a later row's superblock, while this one computes (the
              * hardware's prefetchers lose the four interleaved streams) */
-            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + 4 * row_bytes + off), _MM_HINT_T0);
+            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + ahead + off), _MM_HINT_T0);
             if (q6) q6k_vecs_avx2(1, w, a, b, iv + r);
             else if (!mins) iq4xs_vecs_avx2(1, w, a, b, iv + r);
             dh[r] = kvt_rd16(q6 ? w + 208 : w);
@@ -912,6 +916,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_av
     __m128 acc[KT];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++, x += p4_bytes(q5)) {
+        if (T == 1) /* decode: the stream's lines KVT_PF_AHEAD on */
+            for (size_t off = 0; off < p4_bytes(q5); off += 64) _mm_prefetch((const char *)(x + KVT_PF_AHEAD + off), _MM_HINT_T0);
         __m256i is[KT];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
         const __m256i S[2] = {_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + sc_at))),
