@@ -367,6 +367,34 @@ static void q8_scalar(uint32_t wt, int R, int T, const uint8_t *const *w, const 
 }
 
 #ifdef KVT_HAVE_X86
+/* A 32-block's values as bytes: signed, or unsigned for the types with a
+ * min (b32_values). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256i b32_vals_avx2(const uint32_t wt,
+                                                                                     const uint8_t *wb)
+{
+    if (wt == KVT_GGML_Q8_0) return _mm256_loadu_si256((const __m256i *)(wb + 2));
+    __m128i v = _mm_loadu_si128((const __m128i *)(wb + b32_qs_at(wt)));
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    if (b32_q5(wt)) {
+        /* byte j of qh's broadcast picks byte j / 8 of qh, and every bit
+         * but j % 8 is set, so byte j is all ones iff bit j is set; its
+         * 0x10 is element j's fifth bit */
+        uint32_t qh = kvt_rd32(wb + b32_qh_at(wt));
+        const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101,
+                                               0x0000000000000000);
+        __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+        hb = _mm256_or_si256(hb, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        hb = _mm256_cmpeq_epi8(hb, _mm256_set1_epi64x(-1));
+        nib = _mm256_or_si256(nib, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    }
+    if (wt == KVT_GGML_Q4_0) return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    if (wt == KVT_GGML_Q5_0) return _mm256_sub_epi8(nib, _mm256_set1_epi8(16));
+    if (b32_min(wt)) return nib;
+    __m128i tab = _mm_loadu_si128((const __m128i *)(wt == KVT_GGML_IQ4_NL ? iq4nl_levels : e2m1_x2));
+    return _mm256_shuffle_epi8(_mm256_set_m128i(tab, tab), nib);
+}
+
 /* The R x T tile (R, T constants after inlining). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
@@ -383,32 +411,7 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const uint8_t *wb = w[r] + b * b32_bytes(wt);
             if (R == 1 && T == 1) _mm_prefetch((const char *)(wb + KVT_PF_AHEAD), _MM_HINT_T0); /* decode */
-            if (wt == KVT_GGML_Q8_0) {
-                wv[r] = _mm256_loadu_si256((const __m256i *)(wb + 2));
-            } else {
-                __m128i v = _mm_loadu_si128((const __m128i *)(wb + b32_qs_at(wt)));
-                const __m128i m4 = _mm_set1_epi8(15);
-                __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-                if (b32_q5(wt)) {
-                    /* byte j of qh's broadcast picks byte j / 8 of qh, and
-                     * every bit but j % 8 is set, so byte j is all ones iff
-                     * bit j is set; its 0x10 is element j's fifth bit */
-                    uint32_t qh = kvt_rd32(wb + b32_qh_at(wt));
-                    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                           0x0101010101010101, 0x0000000000000000);
-                    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
-                    hb = _mm256_or_si256(hb, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-                    hb = _mm256_cmpeq_epi8(hb, _mm256_set1_epi64x(-1));
-                    nib = _mm256_or_si256(nib, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
-                }
-                if (wt == KVT_GGML_Q4_0) wv[r] = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-                else if (wt == KVT_GGML_Q5_0) wv[r] = _mm256_sub_epi8(nib, _mm256_set1_epi8(16));
-                else if (mins) wv[r] = nib;
-                else {
-                    __m128i tab = _mm_loadu_si128((const __m128i *)(wt == KVT_GGML_IQ4_NL ? iq4nl_levels : e2m1_x2));
-                    wv[r] = _mm256_shuffle_epi8(_mm256_set_m128i(tab, tab), nib);
-                }
-            }
+            wv[r] = b32_vals_avx2(wt, wb);
             /* unsigned values go to maddubs as they are; signed ones as
              * |w| against x carrying w's sign */
             aw[r] = mins ? wv[r] : _mm256_sign_epi8(wv[r], wv[r]);
@@ -441,6 +444,51 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
         }
 }
 
+/* q8_tile_avx2 for two rows against T tokens with AVX-512BW: rows 0 and
+ * 1 side by side in one zmm (lanes 0..7 and 8..15), each lane the same
+ * operations as the AVX2 tile's, so the same bits. AVX-512 has no byte
+ * sign: x takes w's sign by a masked negation (x where w is 0 meets |w| =
+ * 0, as there). */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"), always_inline)) static inline void
+q8_pair_zmm(const uint32_t wt, const int T, const uint8_t *const *w, const float *const *dx,
+            const int8_t *const *qx, size_t nb, float *out, size_t ldo)
+{
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i ones = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1);
+    const bool mins = b32_min(wt);
+    const size_t bb = b32_bytes(wt);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *w0 = w[0] + b * bb, *w1 = w[1] + b * bb;
+        __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(b32_vals_avx2(wt, w0)), b32_vals_avx2(wt, w1), 1);
+        __m512i aw = mins ? wv : _mm512_abs_epi8(wv);
+        __mmask64 neg = _mm512_movepi8_mask(wv);
+        float d0 = wt == KVT_GGML_MXFP4 ? ldexpf(1.0f, (int)w0[0] - 128) : _cvtsh_ss(kvt_rd16(w0));
+        float d1 = wt == KVT_GGML_MXFP4 ? ldexpf(1.0f, (int)w1[0] - 128) : _cvtsh_ss(kvt_rd16(w1));
+        __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
+        __m512 mw = mins ? _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(kvt_rd16(w0 + 2))),
+                                                _mm512_set1_ps(_cvtsh_ss(kvt_rd16(w1 + 2))))
+                         : _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qx[t] + b * QK)));
+            __m512 d = _mm512_set1_ps(dx[t][b]);
+            __m512i xs = mins ? xv : _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+            __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_maddubs_epi16(aw, xs), ones));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, d), p, acc[t]);
+            if (mins) {
+                __m512 sx = _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_maddubs_epi16(ones8, xv), ones));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(mw, d), sx, acc[t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        float l[16];
+        _mm512_storeu_ps(l, acc[t]);
+        out[(size_t)t * ldo] = hsum8(l);
+        out[(size_t)t * ldo + 1] = hsum8(l + 8);
+    }
+}
+
 /* One function per type and tile, so that each is compiled with its
  * constants. */
 #define Q8_TILE(name, wt, R, T)                                                                               \
@@ -450,7 +498,14 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
     {                                                                                                         \
         q8_tile_avx2(wt, R, T, w, dx, qx, nb, out, ldo);                                                      \
     }
-#define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_1x1, wt, 1, 1)
+#define Q8_TILE_ZMM(name, wt)                                                                                  \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"))) static void name(                     \
+        const uint8_t *const *w, const float *const *dx, const int8_t *const *qx, size_t nb, float *out,      \
+        size_t ldo)                                                                                           \
+    {                                                                                                         \
+        q8_pair_zmm(wt, 4, w, dx, qx, nb, out, ldo);                                                          \
+    }
+#define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_1x1, wt, 1, 1) Q8_TILE_ZMM(tn##_2x4z, wt)
 Q8_TILES(q8_0, KVT_GGML_Q8_0)
 Q8_TILES(q4_0, KVT_GGML_Q4_0)
 Q8_TILES(q5_0, KVT_GGML_Q5_0)
@@ -461,14 +516,14 @@ Q8_TILES(q5_1, KVT_GGML_Q5_1)
 
 typedef void (*q8_tile_fn)(const uint8_t *const *, const float *const *, const int8_t *const *, size_t, float *,
                            size_t);
-static const struct { uint32_t wt; q8_tile_fn t2x4, t1x1; } q8_tiles[] = {
-    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1},
-    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1},
-    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1},
-    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1},
-    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1},
-    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1},
-    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1},
+static const struct { uint32_t wt; q8_tile_fn t2x4, t1x1, t2x4z; } q8_tiles[] = {
+    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1, q8_0_2x4z},
+    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1, q4_0_2x4z},
+    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1, q5_0_2x4z},
+    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1, iq4_nl_2x4z},
+    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1, mxfp4_2x4z},
+    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1, q4_1_2x4z},
+    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1, q5_1_2x4z},
 };
 #endif
 
@@ -1253,6 +1308,9 @@ static void qm_range(void *arg, size_t o0, size_t o1)
     struct qm_ctx *c = arg;
     const kvt_wmat *W = c->W;
     size_t nb = W->cols / QK, stride = act_stride(W->cols), d_out = W->rows;
+#ifdef KVT_HAVE_X86
+    const bool wide = c->simd && kvt_kernels_avx512();
+#endif
     for (size_t o = o0; o < o1;) {
         /* prefill: two rows against four tokens. Decode: one row after the
          * other, one stream through memory (four rows side by side ran
@@ -1274,7 +1332,7 @@ static void qm_range(void *arg, size_t o0, size_t o1)
             if (c->simd) {
                 size_t ti = 0;
                 while (q8_tiles[ti].wt != W->type) ti++;
-                if (R == 2 && T == 4) q8_tiles[ti].t2x4(w, dx, qx, nb, out, d_out);
+                if (R == 2 && T == 4) (wide ? q8_tiles[ti].t2x4z : q8_tiles[ti].t2x4)(w, dx, qx, nb, out, d_out);
                 else
                     for (size_t r = 0; r < R; r++)
                         for (size_t k = 0; k < T; k++)
