@@ -511,14 +511,14 @@ static inline float wscalar(const int f16, const void *w, size_t i)
     return f16 ? kvt_f16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-/* Elements [j, len) of an R-row x 3-token tile one at a time, each into
+/* Elements [j, len) of an R-row x T-token tile one at a time, each into
  * lane j % 16: the tiles' single-element tail. */
-static inline void tile_tail(const int R, const int f16, lanes_t (*L)[TOKS], const void *const *w, const float *x,
-                             size_t ldx, size_t j, size_t len)
+static inline void tile_tail(const int R, const int T, const int f16, lanes_t (*L)[TOKS], const void *const *w,
+                             const float *x, size_t ldx, size_t j, size_t len)
 {
     for (; j < len; j++)
         for (int r = 0; r < R; r++)
-            for (int t = 0; t < TT; t++)
+            for (int t = 0; t < T; t++)
                 L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
 }
 
@@ -575,7 +575,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
     bool tail8 = len - full >= 8;
     tile_half(f16, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
     tile_half(f16, L, w, x, ldx, full, false, 1, fresh, y, ldy);
-    tile_tail(4, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+    tile_tail(4, TT, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w,
@@ -599,36 +599,36 @@ __attribute__((target("avx2,fma,f16c"))) static void tile4_f16_avx2(lanes_t (*L)
  * so the bits are those of the AVX2 tiles; the 8 at full (tail8) go to
  * lanes 0..7 under a mask. Weights f32, or binary16 when f16. */
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
-tile8_zmm(const int f16, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
-          bool fresh, float *y, size_t ldy)
+tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx,
+          size_t len, bool fresh, float *y, size_t ldy)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
     __m512 a[8][TT];
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             a[r][t] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(L[r][t]);
     for (size_t i = 0; i < full; i += 16) {
         __m512 v[TT];
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
             __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w[r] + i)))
                             : _mm512_loadu_ps((const float *)w[r] + i);
-            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm512_fmadd_ps(wv, v[t], a[r][t]);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm512_fmadd_ps(wv, v[t], a[r][t]);
         }
     }
     if (tail8) {
         __m512 v[TT];
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             v[t] = _mm512_zextps256_ps512(_mm256_loadu_ps(x + (size_t)t * ldx + full));
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
             __m512 wv = _mm512_zextps256_ps512(wload(f16, w[r], full));
-            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
                 a[r][t] = _mm512_mask3_fmadd_ps(wv, v[t], a[r][t], 0x00FF);
         }
     }
     if (y) { /* the last segment (len a multiple of 8): finish the dots */
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             _Pragma("GCC unroll 2") for (int q = 0; q < 8; q += 4) {
                 __m256 lo[4], hi[4];
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
@@ -640,27 +640,30 @@ tile8_zmm(const int f16, lanes_t (*L)[TOKS], const void *const *w, const float *
         return;
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm512_storeu_ps(L[r][t], a[r][t]);
-    tile_tail(8, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) _mm512_storeu_ps(L[r][t], a[r][t]);
+    tile_tail(8, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
-__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_avx512(lanes_t (*L)[TOKS],
-                                                                                   const float *const *w,
-                                                                                   const float *x, size_t ldx,
-                                                                                   size_t len, bool fresh, float *y,
-                                                                                   size_t ldy)
-{
-    tile8_zmm(0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
-}
-
-__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void tile8_f16_avx512(lanes_t (*L)[TOKS],
-                                                                                       const uint16_t *const *w,
-                                                                                       const float *x, size_t ldx,
-                                                                                       size_t len, bool fresh,
-                                                                                       float *y, size_t ldy)
-{
-    tile8_zmm(1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
-}
+/* One function per weight type and token count (the last tile of a sweep
+ * takes the one or two tokens left), each compiled with its constants. */
+typedef void (*tile8_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
+                         bool fresh, float *y, size_t ldy);
+#define TILE8(name, f16, T)                                                                                       \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void name(                                 \
+        lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len, bool fresh, float *y, \
+        size_t ldy)                                                                                               \
+    {                                                                                                             \
+        tile8_zmm(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                      \
+    }
+TILE8(tile8_f32_t1, 0, 1)
+TILE8(tile8_f32_t2, 0, 2)
+TILE8(tile8_f32_t3, 0, 3)
+TILE8(tile8_f16_t1, 1, 1)
+TILE8(tile8_f16_t2, 1, 2)
+TILE8(tile8_f16_t3, 1, 3)
+#undef TILE8
+static const tile8_fn tile8_fns[2][TT + 1] = {{NULL, tile8_f32_t1, tile8_f32_t2, tile8_f32_t3},
+                                              {NULL, tile8_f16_t1, tile8_f16_t2, tile8_f16_t3}};
 #endif
 
 /* One binary16 row against one token, converted in registers (F16C is
@@ -700,12 +703,13 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
     if (simd) {
         size_t r = 0, tt = nt / TT * TT;
         if (nr == 8 && kvt_kernels_avx512()) {
-            for (size_t t = 0; t < tt; t += TT) {
+            for (size_t t = 0; t < nt; t += TT) { /* the last tile takes what is left */
                 float *yt = y ? y + t * ldy : NULL;
-                if (f16) tile8_f16_avx512(LT(0, t), (const uint16_t *const *)w, x + t * ldx, ldx, len, fresh, yt, ldy);
-                else tile8_avx512(LT(0, t), (const float *const *)w, x + t * ldx, ldx, len, fresh, yt, ldy);
+                int T = nt - t < TT ? (int)(nt - t) : TT;
+                tile8_fns[f16][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
             }
             r = 8;
+            tt = nt;
         } else
             for (; r + 4 <= nr; r += 4)
                 for (size_t t = 0; t < tt; t += TT) {
