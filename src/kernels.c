@@ -522,12 +522,12 @@ static inline void tile_tail(const int R, const int T, const int f16, lanes_t (*
                 L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
 }
 
-/* One half (lanes h*8 .. h*8+7) of a 4-row x 3-token tile over w[r][0, len):
+/* One half (lanes h*8 .. h*8+7) of a 4-row x T-token tile (T <= 3) over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
  * the low half, the 8 at full when tail8. Twelve accumulators, three token
  * vectors and one weight vector: AVX2's sixteen registers (tile8_zmm is
  * the AVX-512 tile). Weights f32, or binary16 when f16. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int f16,
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int f16, const int T,
                                                                               lanes_t (*L)[TOKS],
                                                                               const void *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
@@ -536,21 +536,21 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
     enum { R = 4 };
     __m256 a[R][TT];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             a[r][t] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(L[r][t] + 8 * h);
     size_t end = full + (tail8 ? 16 : 0);
     for (size_t i = 8 * (size_t)h; i < end; i += 16) {
         __m256 v[TT];
         /* (a prefetch of the next tile's lines here, while x came from
          * L3, cost 5 to 25 % once the token blocks kept x in L2) */
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             __m256 wv = wload(f16, w[r], i);
-            _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
         }
     }
     if (y) { /* the high half of the last segment: finish the dots, lanes 0..7 from L */
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) {
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {
             __m256 lo[R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lo[r] = _mm256_loadu_ps(L[r][t]);
             __m256 hi[R] = {a[0][t], a[1][t], a[2][t], a[3][t]};
@@ -559,13 +559,13 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         return;
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < TT; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
 }
 
 /* fresh: the lanes start at zero (the first segment) instead of from L.
  * y: the row's last segment, len a multiple of 8: the tile's outputs are
  * written to y[t * ldy + r] instead of its lanes to L. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int f16,
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int f16, const int T,
                                                                                lanes_t (*L)[TOKS],
                                                                                const void *const *w, const float *x,
                                                                                size_t ldx, size_t len, bool fresh,
@@ -573,24 +573,30 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(f16, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
-    tile_half(f16, L, w, x, ldx, full, false, 1, fresh, y, ldy);
-    tile_tail(4, TT, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+    tile_half(f16, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
+    tile_half(f16, T, L, w, x, ldx, full, false, 1, fresh, y, ldy);
+    tile_tail(4, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void tile4_avx2(lanes_t (*L)[TOKS], const float *const *w,
-                                                               const float *x, size_t ldx, size_t len, bool fresh,
-                                                               float *y, size_t ldy)
-{
-    tile_rows4(0, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void tile4_f16_avx2(lanes_t (*L)[TOKS], const uint16_t *const *w,
-                                                                   const float *x, size_t ldx, size_t len, bool fresh,
-                                                                   float *y, size_t ldy)
-{
-    tile_rows4(1, L, (const void *const *)w, x, ldx, len, fresh, y, ldy);
-}
+/* One function per weight type and token count, as tile8_fns. */
+typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
+                        bool fresh, float *y, size_t ldy);
+#define TILE4(name, f16, T)                                                                                       \
+    __attribute__((target("avx2,fma,f16c"))) static void name(lanes_t (*L)[TOKS], const void *const *w,          \
+                                                             const float *x, size_t ldx, size_t len, bool fresh, \
+                                                             float *y, size_t ldy)                               \
+    {                                                                                                             \
+        tile_rows4(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                     \
+    }
+TILE4(tile4_f32_t1, 0, 1)
+TILE4(tile4_f32_t2, 0, 2)
+TILE4(tile4_f32_t3, 0, 3)
+TILE4(tile4_f16_t1, 1, 1)
+TILE4(tile4_f16_t2, 1, 2)
+TILE4(tile4_f16_t3, 1, 3)
+#undef TILE4
+static const tile_fn tile4_fns[2][TT + 1] = {{NULL, tile4_f32_t1, tile4_f32_t2, tile4_f32_t3},
+                                             {NULL, tile4_f16_t1, tile4_f16_t2, tile4_f16_t3}};
 
 /* An 8-row x 3-token tile with AVX-512: each (row, token) keeps its 16
  * lanes in one zmm, so both halves run at once (twenty-four accumulators,
@@ -646,8 +652,6 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
 
 /* One function per weight type and token count (the last tile of a sweep
  * takes the one or two tokens left), each compiled with its constants. */
-typedef void (*tile8_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
-                         bool fresh, float *y, size_t ldy);
 #define TILE8(name, f16, T)                                                                                       \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void name(                                 \
         lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len, bool fresh, float *y, \
@@ -662,7 +666,7 @@ TILE8(tile8_f16_t1, 1, 1)
 TILE8(tile8_f16_t2, 1, 2)
 TILE8(tile8_f16_t3, 1, 3)
 #undef TILE8
-static const tile8_fn tile8_fns[2][TT + 1] = {{NULL, tile8_f32_t1, tile8_f32_t2, tile8_f32_t3},
+static const tile_fn tile8_fns[2][TT + 1] = {{NULL, tile8_f32_t1, tile8_f32_t2, tile8_f32_t3},
                                               {NULL, tile8_f16_t1, tile8_f16_t2, tile8_f16_t3}};
 #endif
 
@@ -710,14 +714,15 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
             }
             r = 8;
             tt = nt;
-        } else
+        } else {
             for (; r + 4 <= nr; r += 4)
-                for (size_t t = 0; t < tt; t += TT) {
+                for (size_t t = 0; t < nt; t += TT) {
                     float *yt = y ? y + t * ldy + r : NULL;
-                    if (f16)
-                        tile4_f16_avx2(LT(r, t), (const uint16_t *const *)w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
-                    else tile4_avx2(LT(r, t), (const float *const *)w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                    int T = nt - t < TT ? (int)(nt - t) : TT;
+                    tile4_fns[f16][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
                 }
+            if (r) tt = nt;
+        }
         if (y) *done_r = r, *done_t = tt;
         /* the rest a row and a token at a time: rows [r, nr) of every
          * token, the rows before of the tokens past the tiles' */

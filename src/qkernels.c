@@ -1043,6 +1043,8 @@ p4_zmm(const bool q5, const int T, const uint8_t *x, size_t nsb, const kact *a, 
     __m128 acc[KT];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
     for (size_t b = 0; b < nsb; b++, x += p4_bytes(q5)) {
+        if (T == 1) /* decode: the stream's lines KVT_PF_AHEAD on */
+            for (size_t off = 0; off < p4_bytes(q5); off += 64) _mm_prefetch((const char *)(x + KVT_PF_AHEAD + off), _MM_HINT_T0);
         __m512i is[KT];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
@@ -1111,6 +1113,8 @@ P4_KERNEL(q5k_p4_t4, true, 4, "avx2,fma,f16c")
     }
 P4_KERNEL_ZMM(q4k_p4_t8, false, 8)
 P4_KERNEL_ZMM(q5k_p4_t8, true, 8)
+P4_KERNEL_ZMM(q4k_p4_t1z, false, 1)
+P4_KERNEL_ZMM(q5k_p4_t1z, true, 1)
 #undef P4_KERNEL_ZMM
 #undef P4_KERNEL
 #undef P4_PICK
@@ -1286,7 +1290,7 @@ static void p4_tokens(const struct qk_ctx *c, const uint8_t *x, size_t o)
     size_t nsb = W->cols / QKK, t = 0;
     for (int T = kvt_kernels_avx512() ? 8 : 4; T >= 1; T = T > 4 ? 4 : T - 3) {
         p4_fn f = T == 8 ? (q5 ? q5k_p4_t8 : q4k_p4_t8) : T == 4 ? (q5 ? q5k_p4_t4 : q4k_p4_t4)
-                                                                 : (q5 ? q5k_p4_t1 : q4k_p4_t1);
+                  : kvt_kernels_avx512() ? (q5 ? q5k_p4_t1z : q4k_p4_t1z) : (q5 ? q5k_p4_t1 : q4k_p4_t1);
         for (; t + (size_t)T <= c->n; t += (size_t)T) {
             kact a[KT];
             for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
