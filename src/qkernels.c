@@ -813,6 +813,14 @@ __attribute__((target("avx2"), always_inline)) static inline void q4k_vecs_rows4
     }
 }
 
+/* How far the four-row decode kernels prefetch (in bytes: a later row's
+ * superblock): at least the next four rows, and KVT_PF_AHEAD on in each
+ * row's stream. */
+static inline size_t rows4_ahead(size_t row_bytes)
+{
+    return row_bytes * (row_bytes * 4 >= KVT_PF_AHEAD ? 4 : (KVT_PF_AHEAD + row_bytes - 1) / row_bytes);
+}
+
 /* Four rows (row_bytes apart) against one token, for decode: each lane of
  * acc4 is a row's qk_row_avx2 chain (the same float operations, four
  * rows side by side), the integer sums finished four rows at once. */
@@ -825,9 +833,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
     const bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
     const size_t bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
     __m128 acc4 = _mm_setzero_ps();
-    /* the rows whose superblocks are prefetched: at least the next four,
-     * and KVT_PF_AHEAD on in each row's stream */
-    const size_t ahead = row_bytes * (row_bytes * 4 >= KVT_PF_AHEAD ? 4 : (KVT_PF_AHEAD + row_bytes - 1) / row_bytes);
+    const size_t ahead = rows4_ahead(row_bytes);
     for (size_t b = 0; b < nsb; b++) {
         __m256i iv[4];
         __m128i mv[4];
@@ -856,6 +862,67 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void qk_ro
             __m128 ndm = _mm_xor_ps(_mm_mul_ps(dm, dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
             acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
         }
+    }
+    _mm_storeu_ps(out, acc4);
+}
+
+/* q6k_vecs_avx2 for one token with AVX-512BW: the superblock's two halves
+ * side by side (half h in 256-bit lane h), the same integers. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"), always_inline)) static inline __m256i
+q6k_vec_zmm(const uint8_t *w, const kact *a, size_t b)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    const int8_t *q = a->q + QKK * b;
+    const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w)),
+                                          _mm256_loadu_si256((const __m256i *)(w + 64)), 1);
+    const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + 32))),
+                                          _mm256_loadu_si256((const __m256i *)(w + 96)), 1);
+    const __m512i hv = _mm512_loadu_si512((const void *)(w + 128));
+    /* the 16 scales as int16: half 0's eight in 128-bit lanes 0 and 1,
+     * half 1's in lanes 2 and 3 */
+    const __m256i s8 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
+    const __m512i s16 = _mm512_shuffle_i64x2(_mm512_castsi256_si512(s8), _mm512_castsi256_si512(s8),
+                                             _MM_SHUFFLE(1, 1, 0, 0));
+    __m512i acc = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        __m512i lo = r & 1 ? l1 : l0;
+        if (r >= 2) lo = _mm512_srli_epi16(lo, 4);
+        __m512i hb = _mm512_and_si512(_mm512_srli_epi16(hv, 2 * r), m2);
+        __m512i v = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_slli_epi16(hb, 4));
+        const char a0 = (char)(4 * r), a1 = (char)(4 * r + 1), b0 = (char)(4 * r + 2), b1 = (char)(4 * r + 3);
+        __m512i scv = _mm512_shuffle_epi8(
+            s16, _mm512_broadcast_i64x4(_mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0,
+                                                         a1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1,
+                                                         b0, b1)));
+        __m512i xq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * r))),
+                                        _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * r)), 1);
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(v, xq), scv));
+    }
+    __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    __m256i off = _mm256_madd_epi16(s8, _mm256_loadu_si256((const __m256i *)(a->bs + 16 * b)));
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(off, 5));
+}
+
+/* qk_rows4_avx2 for Q6_K with q6k_vec_zmm: the same float operations. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"))) static void
+q6k_rows4_zmm(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out)
+{
+    __m128 acc4 = _mm_setzero_ps();
+    const size_t ahead = rows4_ahead(row_bytes);
+    for (size_t b = 0; b < nsb; b++) {
+        __m256i iv[4];
+        uint16_t dh[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+            const uint8_t *w = row + (size_t)r * row_bytes + b * Q6K_BYTES;
+            for (size_t off = 0; off < Q6K_BYTES; off += 64) _mm_prefetch((const char *)(w + ahead + off), _MM_HINT_T0);
+            iv[r] = q6k_vec_zmm(w, a, b);
+            dh[r] = kvt_rd16(w + 208);
+        }
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(iv[0], iv[1]), _mm256_hadd_epi32(iv[2], iv[3]));
+        __m128i is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        __m128 dx = _mm_set1_ps(a->d[b]);
+        __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(is), acc4);
     }
     _mm_storeu_ps(out, acc4);
 }
@@ -1317,8 +1384,10 @@ static void qk_range(void *arg, size_t o0, size_t o1)
     bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K, q6 = W->type == KVT_GGML_Q6_K;
     if (c->simd && c->n == 1) {
         /* decode: four rows at a time (adjacent in memory, so one stream) */
-        uint32_t ty = W->type;
-        qk_rows4_fn f = q4 ? q4k_rows4 : q5 ? q5k_rows4 : ty == KVT_GGML_Q6_K ? q6k_rows4 : iq4xs_rows4;
+        qk_rows4_fn f = q4   ? q4k_rows4
+                        : q5 ? q5k_rows4
+                        : q6 ? (kvt_kernels_avx512() ? q6k_rows4_zmm : q6k_rows4)
+                             : iq4xs_rows4;
         kact a = kact_at(c->qx, 0, W->cols);
         for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, nsb, &a, c->y + o0);
     }
