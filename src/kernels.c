@@ -671,20 +671,30 @@ static const tile_fn tile8_fns[2][TT + 1] = {{NULL, tile8_f32_t1, tile8_f32_t2, 
 #endif
 
 /* One binary16 row against one token, converted in registers (F16C is
- * exact): the order of dot_avx2. */
+ * exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
+ * read). */
 __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, const uint16_t *w, const float *x,
-                                                                  size_t len)
+                                                                  size_t len, bool fresh)
 {
-    __m256 a = _mm256_loadu_ps(l), b = _mm256_loadu_ps(l + 8);
+    __m256 a = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l), b = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l + 8);
     size_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-        if (i % 32 == 0) _mm_prefetch((const char *)(w + i) + KVT_PF_AHEAD, _MM_HINT_T0); /* a line in two steps */
-        a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a);
-        b = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))), _mm256_loadu_ps(x + i + 8),
-                            b);
+#define ROW1_STEP(k)                                                                                                 \
+    a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k)))), _mm256_loadu_ps(x + (k)), a);   \
+    b = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k) + 8))), _mm256_loadu_ps(x + (k) + 8), \
+                        b)
+    for (; i + 32 <= len; i += 32) { /* a line of weights a step */
+        _mm_prefetch((const char *)(w + i) + KVT_PF_AHEAD, _MM_HINT_T0);
+        ROW1_STEP(i);
+        ROW1_STEP(i + 16);
     }
+    if (i + 16 <= len) {
+        ROW1_STEP(i);
+        i += 16;
+    }
+#undef ROW1_STEP
     _mm256_storeu_ps(l, a);
     _mm256_storeu_ps(l + 8, b);
+    if (i == len) return;
     float t[16];
     f16_to_f32_f16c(t, w + i, len - i);
     lanes1_avx2(l, t, x + i, len - i); /* the tail (an 8 and single elements) as dot_avx2 takes it */
@@ -728,9 +738,12 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
          * token, the rows before of the tokens past the tiles' */
         for (size_t q = 0; q < nr; q++)
             for (size_t u = q < r ? tt : 0; u < nt; u++) {
+                if (f16) {
+                    row1_f16_avx2(L[q][u], w[q], x + u * ldx, len, fresh);
+                    continue;
+                }
                 if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
-                if (f16) row1_f16_avx2(L[q][u], w[q], x + u * ldx, len);
-                else lanes1_avx2(L[q][u], w[q], x + u * ldx, len);
+                lanes1_avx2(L[q][u], w[q], x + u * ldx, len);
             }
         return;
     }
@@ -784,7 +797,8 @@ static void mm_range(void *arg, size_t o0, size_t o1)
 #endif
 #ifdef KVT_HAVE_X86
             if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
-                for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+                if (f32)
+                    for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
                 /* decode: each row whole (binary16 straight into
                  * registers), one row after the other. One stream through
                  * memory: rows read four side by side, or in segments,
@@ -795,7 +809,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     for (size_t t = 0; t < nt; t++) {
                         const float *xt = c->x + (t0 + t) * d_in;
                         if (f32) lanes1_avx2(lanes[r][t], (const float *)row, xt, d_in);
-                        else row1_f16_avx2(lanes[r][t], (const uint16_t *)row, xt, d_in);
+                        else row1_f16_avx2(lanes[r][t], (const uint16_t *)row, xt, d_in, true);
                     }
                 }
             } else
