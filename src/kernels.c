@@ -399,6 +399,60 @@ __attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_
 }
 #endif
 
+#ifdef KVT_HAVE_X86
+/* dots_h3k2_avx2 for three heads against four keys with AVX-512: each
+ * dot's 16 lanes in one zmm (lane l the elements l mod 16, as the two
+ * halves of dot_avx2), twelve accumulators, the same reduction. */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void dots_h3k4_avx512(float *out, size_t ldo,
+                                                                                  const float *q, size_t ldq,
+                                                                                  const float *k, size_t ldk,
+                                                                                  size_t n, float scale)
+{
+    __m512 acc[3][4];
+    _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[h][j] = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __m512 kv[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kv[j] = _mm512_loadu_ps(k + (size_t)j * ldk + i);
+        _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++) {
+            __m512 x = _mm512_loadu_ps(q + (size_t)h * ldq + i);
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[h][j] = _mm512_fmadd_ps(x, kv[j], acc[h][j]);
+        }
+    }
+    __m128 sc = _mm_set1_ps(scale);
+    _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++) {
+        __m256 lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            lo[j] = _mm512_castps512_ps256(acc[h][j]);
+            hi[j] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][j]), 1));
+        }
+        _mm_storeu_ps(out + (size_t)h * ldo, _mm_mul_ps(reduce16x4_avx2(lo, hi), sc));
+    }
+}
+
+/* axpy_rows3h_avx2 over 64 elements with AVX-512 (each element its own
+ * fma per key, so any width gives the same bits). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_rows3h_avx512(float *y, size_t ldy,
+                                                                                    const float *a, size_t lda,
+                                                                                    const float *v, size_t ldv,
+                                                                                    size_t nk)
+{
+    __m512 c[3][4];
+    _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y + (size_t)h * ldy + 16 * e);
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        __m512 b[3];
+        _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++) b[h] = _mm512_set1_ps(a[(size_t)h * lda + j]);
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+            __m512 x = _mm512_loadu_ps(v + 16 * e);
+            _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
+        }
+    }
+    _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) _mm512_storeu_ps(y + (size_t)h * ldy + 16 * e, c[h][e]);
+}
+#endif
+
 void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
                    size_t nk, size_t n, float scale)
 {
@@ -409,6 +463,11 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
             float *o = out + u * ldo;
             const float *qu = q + u * ldq;
             size_t j = 0;
+            if (kvt_kernels_avx512())
+                for (; j + 4 <= nk; j += 4) {
+                    for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+                    dots_h3k4_avx512(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+                }
             for (; j + 2 <= nk; j += 2) {
                 prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
                 prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
@@ -431,6 +490,10 @@ void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq,
 #ifdef KVT_HAVE_X86
     if (use_simd() && n % 8 == 0) {
         size_t u = 0;
+        if (n % 64 == 0 && kvt_kernels_avx512())
+            for (; u + 3 <= nq; u += 3)
+                for (size_t e = 0; e < n; e += 64)
+                    axpy_rows3h_avx512(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
         if (n % 32 == 0)
             for (; u + 3 <= nq; u += 3)
                 for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);

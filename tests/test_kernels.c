@@ -43,8 +43,10 @@ TEST(kernels_attention_rows_are_dots_and_axpys)
     for (size_t i = 0; i < NQ * NK; i++) a[i] = frand(&st);
     const size_t ns[] = {8, 16, 24, 48, 64, 80, 120, 128, 136, 200};
     int checked = 0;
-    for (int sc = 0; sc < 2; sc++) {
-        bool old = kvt_kernels_force_scalar(sc);
+    /* the widest path, scalar, and AVX2 without the AVX-512 kernels */
+    static const char *const path_name[3] = {"simd", "scalar", "avx2"};
+    for (int sc = 0; sc < 3; sc++) {
+        bool old = kvt_kernels_force_scalar(sc == 1), old2 = kvt_kernels_force_avx2(sc == 2);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
             for (size_t nq = 1; nq <= NQ; nq++)
                 for (size_t nk = 0; nk <= NK; nk++) {
@@ -54,19 +56,20 @@ TEST(kernels_attention_rows_are_dots_and_axpys)
                         for (size_t j = 0; j < nk; j++) {
                             float d = kvt_dot(q + u * MAXN, k + j * LDK, n) * 0.125f;
                             CHECKF(!memcmp(&d, &out[u * NK + j], 4), "%s n=%zu nq=%zu nk=%zu: score %zu,%zu",
-                                   sc ? "scalar" : "simd", n, nq, nk, u, j);
+                                   path_name[sc], n, nq, nk, u, j);
                         }
                     for (size_t i = 0; i < NQ * MAXN; i++) y[i] = want[i] = q[i];
                     kvt_axpys_rows(y, MAXN, a, NK, nq, k, LDK, nk, n);
                     for (size_t u = 0; u < nq; u++)
                         for (size_t j = 0; j < nk; j++) kvt_axpy(want + u * MAXN, a[u * NK + j], k + j * LDK, n);
-                    CHECKF(!memcmp(y, want, sizeof y), "%s n=%zu nq=%zu nk=%zu: values", sc ? "scalar" : "simd", n,
-                           nq, nk);
+                    CHECKF(!memcmp(y, want, sizeof y), "%s n=%zu nq=%zu nk=%zu: values", path_name[sc], n, nq,
+                           nk);
                     checked++;
                 }
         kvt_kernels_force_scalar(old);
+        kvt_kernels_force_avx2(old2);
     }
-    CHECK(checked == 2 * 10 * NQ * (NK + 1));
+    CHECK(checked == 3 * 10 * NQ * (NK + 1));
 }
 
 /* kvt_expf is glibc's expf (on an FMA machine, as glibc picks its FMA
