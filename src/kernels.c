@@ -1091,6 +1091,50 @@ __attribute__((target("avx2,fma"))) static void exp_shift_avx2(float *x, size_t 
     for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
 }
 
+/* expf4_avx2 for eight floats in the double lanes of a zmm, the table
+ * read by two-source permutes (32 entries in four registers). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline __m256 expf8_zmm(__m256 x,
+                                                                                                 const __m512i T[4])
+{
+    __m512d xd = _mm512_cvtps_pd(x);
+    __m512d kd = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_INVLN2N), xd, _mm512_set1_pd(EXPF_SHIFT));
+    __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, _mm512_set1_pd(EXPF_SHIFT));
+    __m512d r = _mm512_fmsub_pd(_mm512_set1_pd(EXPF_INVLN2N), xd, kd);
+    __m512i lo = _mm512_permutex2var_epi64(T[0], ki, T[1]), hi = _mm512_permutex2var_epi64(T[2], ki, T[3]);
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    __m512d sc = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47)));
+    __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_C0), r, _mm512_set1_pd(EXPF_C1));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_C2), r, _mm512_set1_pd(1.0));
+    y = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, y), sc);
+    return _mm512_cvtpd_ps(y);
+}
+
+/* exp_shift_avx2 sixteen at a time with AVX-512: the same operations per
+ * element, a block with a lane in the special range through expf1_fma. */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void exp_shift_avx512(float *x, size_t n, float m)
+{
+    const __m512i T[4] = {_mm512_loadu_si512((const void *)exp2f_tab), _mm512_loadu_si512((const void *)(exp2f_tab + 8)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 16)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 24))};
+    size_t i = 0;
+    const __m512 vm = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(d), 20), _mm512_set1_epi32(0x7ff));
+        if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(EXPF_TOP_SPECIAL - 1))) {
+            for (int e = 0; e < 16; e++) x[i + e] = expf1_fma(x[i + e] - m);
+            continue;
+        }
+        __m256 a = expf8_zmm(_mm512_castps512_ps256(d), T);
+        __m256 b = expf8_zmm(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)), T);
+        _mm256_storeu_ps(x + i, a);
+        _mm256_storeu_ps(x + i + 8, b);
+    }
+    for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
+}
+
 /* kvt_swiglu eight at a time: the scalar expression's operations in its
  * order, exp through expf8_avx2. */
 __attribute__((target("avx2,fma"))) static void swiglu_avx2(float *h1, const float *h3, size_t n)
@@ -1180,7 +1224,7 @@ void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
         for (size_t r = 0; r < nr; r++) {
 #ifdef KVT_HAVE_X86
             if (use_simd()) {
-                exp_shift_avx2(row[r], n, max8_avx2(row[r], n));
+                (kvt_kernels_avx512() ? exp_shift_avx512 : exp_shift_avx2)(row[r], n, max8_avx2(row[r], n));
                 continue;
             }
 #endif

@@ -111,7 +111,7 @@ TEST(kernels_softmax_rows)
 {
     uint64_t st = kvt_test_seed("kernels_softmax_rows");
     enum { LD = 1100 };
-    static float x[4 * LD], y[4 * LD], w[4 * LD];
+    static float x[4 * LD], y[4 * LD], w[4 * LD], z[4 * LD];
     size_t lens[48];
     for (size_t i = 0; i <= 40; i++) lens[i] = i;
     const size_t big[] = {63, 64, 65, 255, 1000, 1024, 1099};
@@ -126,11 +126,16 @@ TEST(kernels_softmax_rows)
             }
             memcpy(y, x, sizeof x);
             memcpy(w, x, sizeof x);
+            memcpy(z, x, sizeof x);
             kvt_softmax_rows(x, LD, nr, n);
             bool old = kvt_kernels_force_scalar(true);
             kvt_softmax_rows(y, LD, nr, n);
             kvt_kernels_force_scalar(old);
+            old = kvt_kernels_force_avx2(true); /* without the AVX-512 kernels */
+            kvt_softmax_rows(z, LD, nr, n);
+            kvt_kernels_force_avx2(old);
             CHECKF(!memcmp(x, y, sizeof x), "n=%zu rows=%zu: SIMD and scalar differ", n, nr);
+            CHECKF(!memcmp(z, y, sizeof x), "n=%zu rows=%zu: AVX2 and scalar differ", n, nr);
             if (!kvt_kernels_simd()) continue;
             for (size_t r = 0; r < nr; r++) {
                 float *v = w + r * LD, m = n ? v[0] : 0, sum = 0;
