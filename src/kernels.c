@@ -1152,6 +1152,33 @@ __attribute__((target("avx2,fma"))) static void swiglu_avx2(float *h1, const flo
     }
 }
 
+/* swiglu_avx2 sixteen at a time with AVX-512 (exp through expf8_zmm). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void swiglu_avx512(float *h1, const float *h3, size_t n)
+{
+    const __m512i T[4] = {_mm512_loadu_si512((const void *)exp2f_tab), _mm512_loadu_si512((const void *)(exp2f_tab + 8)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 16)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 24))};
+    const __m512 one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(h1 + i), d = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(d), 20), _mm512_set1_epi32(0x7ff));
+        if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(EXPF_TOP_SPECIAL - 1))) {
+            for (size_t e = i; e < i + 16; e++) h1[e] = h1[e] * (1.0f / (1.0f + expf1_fma(-h1[e]))) * h3[e];
+            continue;
+        }
+        __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(expf8_zmm(_mm512_castps512_ps256(d), T))),
+            _mm256_castps_pd(expf8_zmm(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)), T)), 1));
+        __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(h1 + i, _mm512_mul_ps(_mm512_mul_ps(g, r), _mm512_loadu_ps(h3 + i)));
+    }
+    for (; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf1_fma(-g))) * h3[i];
+    }
+}
+
 __attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, float d)
 {
     size_t i = 0;
@@ -1172,7 +1199,7 @@ float kvt_expf(float x)
 void kvt_swiglu(float *h1, const float *h3, size_t n)
 {
 #ifdef KVT_HAVE_X86
-    if (use_simd()) { swiglu_avx2(h1, h3, n); return; }
+    if (use_simd()) { (kvt_kernels_avx512() ? swiglu_avx512 : swiglu_avx2)(h1, h3, n); return; }
 #endif
     for (size_t i = 0; i < n; i++) {
         float g = h1[i];

@@ -167,6 +167,11 @@ TEST(kernels_swiglu)
         kvt_swiglu(b, h3, n);
         kvt_kernels_force_scalar(old);
         CHECKF(!memcmp(a, b, sizeof a), "n=%zu: SIMD and scalar differ", n);
+        memcpy(b, g, sizeof g);
+        old = kvt_kernels_force_avx2(true); /* without the AVX-512 kernels */
+        kvt_swiglu(b, h3, n);
+        kvt_kernels_force_avx2(old);
+        CHECKF(!memcmp(a, b, sizeof a), "n=%zu: AVX2 and the widest path differ", n);
         if (!kvt_kernels_simd()) continue;
         for (size_t i = 0; i < N; i++) want[i] = i < n ? g[i] * (1.0f / (1.0f + expf(-g[i]))) * h3[i] : g[i];
         CHECKF(!memcmp(a, want, sizeof a), "n=%zu: not g * (1 / (1 + expf(-g))) * h3", n);
