@@ -441,6 +441,7 @@ __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_rows3h_avx
     _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++)
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y + (size_t)h * ldy + 16 * e);
     for (size_t j = 0; j < nk; j++, v += ldv) {
+        prefetch_row(v + ATT_AHEAD * ldv, 64);
         __m512 b[3];
         _Pragma("GCC unroll 3") for (int h = 0; h < 3; h++) b[h] = _mm512_set1_ps(a[(size_t)h * lda + j]);
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
