@@ -1026,6 +1026,35 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i bcast8(cons
                      4 * j + 1, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 2, -1, 4 * j + 3, -1,  \
                      4 * j + 3, -1, 4 * j + 3, -1, 4 * j + 3, -1)
 
+/* A p4 superblock's float operations for T tokens, once the integers are
+ * summed per row (isum[t]: [r0 r1 r2 r3]): the min sums, then acc[t] +=
+ * d * dx * isum and -(dmin * dx) * msum, row by row as qk_row_avx2. sc:
+ * the p4's scales (x + p4_sc_at). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_finish(const int T, const uint8_t *sc,
+                                                                              const kact *a, size_t b,
+                                                                              const __m128i *isum, __m128 *acc)
+{
+    const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + 64)));
+    const __m128 dmin = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + 72)));
+    /* the mins as int16: rows 0, 1 and rows 2, 3 */
+    const __m256i M01 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(sc + 32)));
+    const __m256i M23 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(sc + 48)));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        /* the min sums: min j against the sum of 16-sums 2j and 2j + 1
+         * (at most 2 * 16 * 128 in magnitude: an int16) */
+        __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
+        __m256i P = _mm256_broadcastsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                                               _mm256_extracti128_si256(bs, 1)));
+        /* [r0 x4 | r1 x4], [r2 x4 | r3 x4] -> [r0 r2 r0 r2 | r1 r3 r1 r3] */
+        __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(P, M01), _mm256_madd_epi16(P, M23));
+        h = _mm256_hadd_epi32(h, h);
+        __m128i msum = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        __m128 dx = _mm_set1_ps(a[t].d[b]);
+        acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum[t]), acc[t]);
+        acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum), acc[t]);
+    }
+}
+
 /* Four packed rows (nsb p4s at x) against T tokens: out[t * ldo + r] for r < 4. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_avx2(const bool q5, const int T,
                                                                                  const uint8_t *x, size_t nsb,
@@ -1041,6 +1070,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_av
         if (T == 1) /* decode: the stream's lines KVT_PF_AHEAD on */
             for (size_t off = 0; off < p4_bytes(q5); off += 64) _mm_prefetch((const char *)(x + KVT_PF_AHEAD + off), _MM_HINT_T0);
         __m256i is[KT];
+        __m128i isum[KT];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
         const __m256i S[2] = {_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + sc_at))),
                               _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + sc_at + 16)))};
@@ -1066,27 +1096,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void p4_av
                     is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, sc));
                 }
             }
-        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 64)));
-        const __m128 dmin = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 72)));
-        /* the mins as int16: rows 0, 1 and rows 2, 3 */
-        const __m256i M01 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 32)));
-        const __m256i M23 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 48)));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m128i isum = pairs4(is[t]);
-            /* the min sums: min j against the sum of 16-sums 2j and 2j + 1
-             * (at most 2 * 16 * 128 in magnitude: an int16) */
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
-            __m256i P = _mm256_broadcastsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bs),
-                                                                   _mm256_extracti128_si256(bs, 1)));
-            /* [r0 x4 | r1 x4], [r2 x4 | r3 x4] -> [r0 r2 r0 r2 | r1 r3 r1 r3] */
-            __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(P, M01), _mm256_madd_epi16(P, M23));
-            h = _mm256_hadd_epi32(h, h);
-            __m128i msum = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            __m128 dx = _mm_set1_ps(a[t].d[b]);
-            acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
-            acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
-                                  acc[t]);
-        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = pairs4(is[t]);
+        p4_finish(T, x + sc_at, a, b, isum, acc);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
 }
@@ -1113,6 +1124,7 @@ p4_zmm(const bool q5, const int T, const uint8_t *x, size_t nsb, const kact *a, 
         if (T == 1) /* decode: the stream's lines KVT_PF_AHEAD on */
             for (size_t off = 0; off < p4_bytes(q5); off += 64) _mm_prefetch((const char *)(x + KVT_PF_AHEAD + off), _MM_HINT_T0);
         __m512i is[KT];
+        __m128i isum[KT];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
             __m512i v[4];
@@ -1138,24 +1150,10 @@ p4_zmm(const bool q5, const int T, const uint8_t *x, size_t nsb, const kact *a, 
                 is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(p, sc));
             }
         }
-        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 64)));
-        const __m128 dmin = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(x + sc_at + 72)));
-        const __m256i M01 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 32)));
-        const __m256i M23 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + sc_at + 48)));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            /* both halves' rows as p4_avx2's lanes [r0 r0 r1 r1 r2 r2 r3 r3] */
-            __m128i isum = pairs4(_mm256_add_epi32(_mm512_castsi512_si256(is[t]), _mm512_extracti64x4_epi64(is[t], 1)));
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b));
-            __m256i P = _mm256_broadcastsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bs),
-                                                                   _mm256_extracti128_si256(bs, 1)));
-            __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(P, M01), _mm256_madd_epi16(P, M23));
-            h = _mm256_hadd_epi32(h, h);
-            __m128i msum = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            __m128 dx = _mm_set1_ps(a[t].d[b]);
-            acc[t] = _mm_fmadd_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(isum), acc[t]);
-            acc[t] = _mm_fmadd_ps(_mm_xor_ps(_mm_mul_ps(dmin, dx), _mm_set1_ps(-0.0f)), _mm_cvtepi32_ps(msum),
-                                  acc[t]);
-        }
+        /* both halves' rows as p4_avx2's lanes [r0 r0 r1 r1 r2 r2 r3 r3] */
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+            isum[t] = pairs4(_mm256_add_epi32(_mm512_castsi512_si256(is[t]), _mm512_extracti64x4_epi64(is[t], 1)));
+        p4_finish(T, x + sc_at, a, b, isum, acc);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
 }
