@@ -642,25 +642,27 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
     tile_tail(4, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
-/* One function per weight type and token count, as tile8_fns. */
+/* One function per weight type and token count (the last tile of a sweep
+ * takes the one or two tokens left), each compiled with its constants;
+ * tbl[f16][T]. */
 typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
                         bool fresh, float *y, size_t ldy);
-#define TILE4(name, f16, T)                                                                                       \
-    __attribute__((target("avx2,fma,f16c"))) static void name(lanes_t (*L)[TOKS], const void *const *w,          \
-                                                             const float *x, size_t ldx, size_t len, bool fresh, \
-                                                             float *y, size_t ldy)                               \
+#define TILE_FN(name, tgt, tile, f16, T)                                                                          \
+    __attribute__((target(tgt))) static void name(lanes_t (*L)[TOKS], const void *const *w, const float *x,      \
+                                                  size_t ldx, size_t len, bool fresh, float *y, size_t ldy)       \
     {                                                                                                             \
-        tile_rows4(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                     \
+        tile(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                           \
     }
-TILE4(tile4_f32_t1, 0, 1)
-TILE4(tile4_f32_t2, 0, 2)
-TILE4(tile4_f32_t3, 0, 3)
-TILE4(tile4_f16_t1, 1, 1)
-TILE4(tile4_f16_t2, 1, 2)
-TILE4(tile4_f16_t3, 1, 3)
-#undef TILE4
-static const tile_fn tile4_fns[2][TT + 1] = {{NULL, tile4_f32_t1, tile4_f32_t2, tile4_f32_t3},
-                                             {NULL, tile4_f16_t1, tile4_f16_t2, tile4_f16_t3}};
+#define TILE_FNS(tbl, tgt, tile)                                                                                  \
+    TILE_FN(tbl##_f32_t1, tgt, tile, 0, 1)                                                                        \
+    TILE_FN(tbl##_f32_t2, tgt, tile, 0, 2)                                                                        \
+    TILE_FN(tbl##_f32_t3, tgt, tile, 0, 3)                                                                        \
+    TILE_FN(tbl##_f16_t1, tgt, tile, 1, 1)                                                                        \
+    TILE_FN(tbl##_f16_t2, tgt, tile, 1, 2)                                                                        \
+    TILE_FN(tbl##_f16_t3, tgt, tile, 1, 3)                                                                        \
+    static const tile_fn tbl##_fns[2][TT + 1] = {{NULL, tbl##_f32_t1, tbl##_f32_t2, tbl##_f32_t3},              \
+                                                 {NULL, tbl##_f16_t1, tbl##_f16_t2, tbl##_f16_t3}};
+TILE_FNS(tile4, "avx2,fma,f16c", tile_rows4)
 
 /* An 8-row x 3-token tile with AVX-512: each (row, token) keeps its 16
  * lanes in one zmm, so both halves run at once (twenty-four accumulators,
@@ -714,24 +716,9 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
     tile_tail(8, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
-/* One function per weight type and token count (the last tile of a sweep
- * takes the one or two tokens left), each compiled with its constants. */
-#define TILE8(name, f16, T)                                                                                       \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void name(                                 \
-        lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len, bool fresh, float *y, \
-        size_t ldy)                                                                                               \
-    {                                                                                                             \
-        tile8_zmm(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                      \
-    }
-TILE8(tile8_f32_t1, 0, 1)
-TILE8(tile8_f32_t2, 0, 2)
-TILE8(tile8_f32_t3, 0, 3)
-TILE8(tile8_f16_t1, 1, 1)
-TILE8(tile8_f16_t2, 1, 2)
-TILE8(tile8_f16_t3, 1, 3)
-#undef TILE8
-static const tile_fn tile8_fns[2][TT + 1] = {{NULL, tile8_f32_t1, tile8_f32_t2, tile8_f32_t3},
-                                              {NULL, tile8_f16_t1, tile8_f16_t2, tile8_f16_t3}};
+TILE_FNS(tile8, "avx2,fma,f16c,avx512f,avx512vl", tile8_zmm)
+#undef TILE_FNS
+#undef TILE_FN
 #endif
 
 /* One binary16 row against one token, converted in registers (F16C is
