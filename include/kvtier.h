@@ -101,6 +101,16 @@ int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out);
 /* The same for a preset shape, without building its weights ("ds4-tiny",
  * "ds4-mini", "ds4-flash"). */
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out);
+/* A GGUF of an architecture kvtier plans but does not run (deepseek4, the
+ * DeepSeek-V4 layout llama.cpp reads), from its header alone: the metadata
+ * and tensor records, no tensor data, so the file may end after its header.
+ * Fills info (its strings are static), a line of details (NUL-terminated,
+ * when detail is not NULL) and the cache plan at ctx tokens (when plan is
+ * not NULL). KVT_ENOENT for a file of another architecture (open it with
+ * kvt_model_open) or no file; KVT_EFORMAT for a header that is damaged or
+ * describes an impossible shape. */
+int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                       kvt_plan *plan);
 void kvt_model_close(kvt_model *m);
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out);
 

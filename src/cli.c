@@ -384,9 +384,22 @@ static int cmd_info(int argc, char **argv)
     opt o[] = {{"--model"}};
     { int pr_ = parse_opts(argc, argv, o, 1); if (pr_) return pr_ < 0 ? 2 : 0; }
     kvt_model *m = NULL;
-    int r = open_model(get(o, 1, "--model"), &m);
-    if (r) return r;
     kvt_model_info i;
+    char detail[512];
+    const char *path = get(o, 1, "--model");
+    int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
+    if (dr == KVT_OK) {
+        /* an architecture kvtier plans from its header but does not run */
+        printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
+        printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
+               i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
+        printf("context       %u (training)\nvocabulary    %u\ndetails       %s\n"
+               "inference     not in this build (header read only)\n", i.n_ctx_train, i.n_vocab, detail);
+        return 0;
+    }
+    if (dr != KVT_ENOENT) return fail(dr, "info");
+    int r = open_model(path, &m);
+    if (r) return r;
     kvt_model_info_get(m, &i);
     printf("architecture  %s\nname          %s\nparameters    %llu\n", i.arch, i.name,
            (unsigned long long)i.n_params);
@@ -715,6 +728,7 @@ static int cmd_plan(int argc, char **argv)
     if (!get(o, no, "--ctx")) { fprintf(stderr, "kvtier: --ctx N is required\n"); return 2; }
     kvt_plan p = {0};
     const char *what;
+    int dr;
     if (get(o, no, "--layers") || get(o, no, "--kv-heads") || get(o, no, "--head-dim")) {
         if (!L || !H || !D || !B) {
             fprintf(stderr, "kvtier: a bare shape needs --layers, --kv-heads, --head-dim (and --bytes, default 2)\n");
@@ -734,6 +748,12 @@ static int cmd_plan(int argc, char **argv)
         what = get(o, no, "--preset");
         int rc = kvt_plan_preset(what, ctx, &p);
         if (rc) return fail(rc, what);
+    } else if (get(o, no, "--model") &&
+               (dr = kvt_model_describe(get(o, no, "--model"), ctx, &(kvt_model_info){0}, NULL, 0, &p)) !=
+                   KVT_ENOENT) {
+        /* an architecture planned from its header alone */
+        if (dr) return fail(dr, "plan");
+        what = get(o, no, "--model");
     } else {
         kvt_model *m = NULL;
         what = get(o, no, "--model") ? get(o, no, "--model") : get(o, no, "--preset");

@@ -1037,18 +1037,10 @@ static int ds4_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 
 /* ---- memory accounting ---- */
 
-int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, kvt_plan *out)
+/* The cache of a shape at ctx tokens, as kvtier lays it out: binary16 window
+ * rings, compressed and indexer rows, f32 frontiers. */
+static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 {
-    ds4_config cfg;
-    const ds4_config *c;
-    if (m) {
-        if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
-        c = &((const ds4_weights *)m->weights)->c;
-    } else {
-        if (!preset_or_null || !preset_config(preset_or_null, &cfg))
-            return kvt_fail(KVT_ENOENT, "no ds4 preset '%s'", preset_or_null ? preset_or_null : "");
-        c = &cfg;
-    }
     memset(out, 0, sizeof *out);
     for (uint32_t l = 0; l < c->L; l++) {
         uint32_t r = c->ratio[l];
@@ -1066,6 +1058,121 @@ int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, k
     }
     out->fixed = out->window + out->frontier;
     out->total = out->fixed + out->compressed + out->indexer;
+}
+
+
+/* ---- DeepSeek-V4 files in llama.cpp's layout (deepseek4), header only ---- */
+
+static int dsv4_u32(const kvt_gguf *g, const char *key, uint32_t *v)
+{
+    char k[96];
+    snprintf(k, sizeof k, "deepseek4.%s", key);
+    int rc = kvt_gguf_get_u32(g, k, v);
+    if (rc == KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "deepseek4: missing metadata key %s", k);
+    if (!rc) return KVT_OK;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+    return kvt_fail(rc, "deepseek4: %s: %s", k, msg);
+}
+
+/* A key that may be one value or one per layer: the first layer's. */
+static int dsv4_u32_or_arr(const kvt_gguf *g, const char *key, uint32_t L, uint32_t *v)
+{
+    char k[96];
+    snprintf(k, sizeof k, "deepseek4.%s", key);
+    const kvt_gguf_val *a = kvt_gguf_get(g, k);
+    if (!a || a->type != KVT_GGUF_ARR) return dsv4_u32(g, key, v);
+    if (a->n != L || (a->elem_type != KVT_GGUF_U32 && a->elem_type != KVT_GGUF_I32) || a->v.arr[0].v.i < 0)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %s: an array of %llu for %u layers", k,
+                        (unsigned long long)a->n, L);
+    *v = (uint32_t)a->v.arr[0].v.u;
+    return KVT_OK;
+}
+
+int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                     kvt_plan *plan)
+{
+    ds4_config c = {0};
+    uint32_t Dv = 0, hc = 0, E = 0, Eu = 0, Es = 0, Fe = 0, nh = 0, og = 0, orank = 0, mtp = 0;
+    int rc;
+    if ((rc = dsv4_u32(g, "block_count", &c.L)) || (rc = dsv4_u32(g, "embedding_length", &c.D)) ||
+        (rc = dsv4_u32(g, "context_length", &c.ctx)) || (rc = dsv4_u32(g, "attention.head_count", &c.H)) ||
+        (rc = dsv4_u32(g, "attention.key_length", &c.Dh)) || (rc = dsv4_u32(g, "attention.value_length", &Dv)) ||
+        (rc = dsv4_u32(g, "rope.dimension_count", &c.Dr)) || (rc = dsv4_u32(g, "attention.q_lora_rank", &c.Rq)) ||
+        (rc = dsv4_u32(g, "attention.sliding_window", &c.W)) ||
+        (rc = dsv4_u32(g, "attention.indexer.head_count", &c.Hi)) ||
+        (rc = dsv4_u32(g, "attention.indexer.key_length", &c.Di)) ||
+        (rc = dsv4_u32(g, "attention.indexer.top_k", &c.K)) || (rc = dsv4_u32(g, "hyper_connection.count", &hc)) ||
+        (rc = dsv4_u32(g, "expert_count", &E)) || (rc = dsv4_u32(g, "expert_shared_count", &Es)) ||
+        (rc = dsv4_u32(g, "hash_layer_count", &nh)) || (rc = dsv4_u32(g, "attention.output_group_count", &og)) ||
+        (rc = dsv4_u32(g, "attention.output_lora_rank", &orank)))
+        return rc;
+    if (c.L == 0 || c.L > MAX_LAYERS)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: block_count %u out of range [1, %d]", c.L, MAX_LAYERS);
+    if ((rc = dsv4_u32_or_arr(g, "expert_used_count", c.L, &Eu)) ||
+        (rc = dsv4_u32_or_arr(g, "expert_feed_forward_length", c.L, &Fe)))
+        return rc;
+    if (kvt_gguf_get_u32(g, "deepseek4.nextn_predict_layers", &mtp) == KVT_OK && mtp > c.L)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %u prediction layers of %u", mtp, c.L);
+    if (!c.D || !c.H || !c.Dh || Dv != c.Dh || !c.Dr || c.Dr > c.Dh || c.Dr % 2 || (c.Dh - c.Dr) % 2 || !c.W ||
+        !c.Hi || !c.Di || c.Di < c.Dr || !c.K || hc != 4 || !E || E > 1024 || !Eu || Eu > E || !Fe || !og ||
+        c.H % og || !orank || nh > c.L)
+        return kvt_fail(KVT_EFORMAT,
+                        "deepseek4: inconsistent shape (D=%u H=%u key/value length %u/%u rope %u window %u "
+                        "indexer %ux%u top-k %u streams %u experts %u used %u groups %u)",
+                        c.D, c.H, c.Dh, Dv, c.Dr, c.W, c.Hi, c.Di, c.K, hc, E, Eu, og);
+    const kvt_gguf_val *ra = kvt_gguf_get(g, "deepseek4.attention.compress_ratios");
+    if (!ra || ra->type != KVT_GGUF_ARR || (ra->elem_type != KVT_GGUF_I32 && ra->elem_type != KVT_GGUF_U32))
+        return kvt_fail(KVT_EFORMAT, "deepseek4: attention.compress_ratios missing or not an integer array");
+    if (ra->n < c.L)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %llu compress ratios for %u layers",
+                        (unsigned long long)ra->n, c.L);
+    uint32_t count[3] = {0};
+    for (uint32_t l = 0; l < c.L; l++) {
+        int64_t r = ra->elem_type == KVT_GGUF_I32 ? ra->v.arr[l].v.i : (int64_t)ra->v.arr[l].v.u;
+        if (r != 0 && r != 4 && r != 128)
+            return kvt_fail(KVT_EFORMAT, "deepseek4: layer %u has compression ratio %lld (0, 4 or 128)", l,
+                            (long long)r);
+        c.ratio[l] = (uint32_t)r;
+        count[r == 0 ? 0 : r == 4 ? 1 : 2]++;
+    }
+    const kvt_gguf_val *toks = kvt_gguf_get(g, "tokenizer.ggml.tokens");
+    const kvt_gguf_tensor *emb = kvt_gguf_find_tensor(g, "token_embd.weight");
+    c.V = toks && toks->type == KVT_GGUF_ARR ? (uint32_t)(toks->n > UINT32_MAX ? UINT32_MAX : toks->n)
+          : emb && emb->n_dims == 2 && emb->ne[1] <= UINT32_MAX ? (uint32_t)emb->ne[1] : 0;
+    uint64_t np = 0, bytes = 0;
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        np += t->n_elem;
+        bytes += t->n_bytes;
+    }
+    *info = (kvt_model_info){.arch = "deepseek4", .name = "", .n_vocab = c.V, .n_ctx_train = c.ctx, .n_embd = c.D,
+                             .n_layer = c.L, .n_head = c.H, .n_head_kv = 1, .head_dim = c.Dh, .n_ff = Fe,
+                             .n_params = np, .bos = -1, .eos = -1, .tokenizer = ""};
+    if (detail)
+        snprintf(detail, dlen,
+                 "experts %u (%u used, %u shared, first %u layers hash-routed), %u streams, window %u, "
+                 "layers by compression ratio 0/4/128: %u/%u/%u, indexer %u heads x %u top-%u, "
+                 "output %u groups of rank %u, %u prediction layers, %u tensors of %.2f GB",
+                 E, Eu, Es, nh, hc, c.W, count[0], count[1], count[2], c.Hi, c.Di, c.K, og, orank, mtp,
+                 (unsigned)kvt_gguf_n_tensors(g), bytes / 1e9);
+    if (plan) plan_config(&c, ctx, plan);
+    return KVT_OK;
+}
+
+int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, kvt_plan *out)
+{
+    ds4_config cfg;
+    const ds4_config *c;
+    if (m) {
+        if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
+        c = &((const ds4_weights *)m->weights)->c;
+    } else {
+        if (!preset_or_null || !preset_config(preset_or_null, &cfg))
+            return kvt_fail(KVT_ENOENT, "no ds4 preset '%s'", preset_or_null ? preset_or_null : "");
+        c = &cfg;
+    }
+    plan_config(c, ctx, out);
     return KVT_OK;
 }
 

@@ -113,7 +113,27 @@ const char *kvt_ggml_type_name(uint32_t type)
     return s ? s : "unknown";
 }
 
-size_t kvt_ggml_type_size(uint32_t type, uint64_t n) { return kvt_quant_row_bytes(type, n); }
+/* The types a file may store: those kvtier computes with (kvt_quant_block)
+ * and ggml's plain integer and f64 types (one element a block), which a
+ * model may hold as tables (DeepSeek-V4's token -> experts map is I32). */
+static bool storage_block(uint32_t type, size_t *elems, size_t *bytes)
+{
+    static const uint8_t plain[] = {[24] = 1, [25] = 2, [26] = 4, [27] = 8, [28] = 8};
+    if (kvt_quant_block(type, elems, bytes)) return true;
+    if (type >= sizeof plain || !plain[type]) return false;
+    if (elems) *elems = 1;
+    if (bytes) *bytes = plain[type];
+    return true;
+}
+
+size_t kvt_ggml_type_size(uint32_t type, uint64_t n)
+{
+    size_t elems, bytes;
+    uint64_t r;
+    if (!storage_block(type, &elems, &bytes) || n % elems) return 0;
+    if (__builtin_mul_overflow(n / elems, (uint64_t)bytes, &r) || r > SIZE_MAX) return 0;
+    return (size_t)r;
+}
 
 /* "f32, f16, ..." : the types kvt_quant_block accepts, for messages. */
 static void supported_types(char *buf, size_t len)
@@ -121,7 +141,7 @@ static void supported_types(char *buf, size_t len)
     size_t o = 0;
     buf[0] = 0;
     for (uint32_t t = 0; t < 64 && o < len; t++)
-        if (kvt_quant_block(t, NULL, NULL))
+        if (storage_block(t, NULL, NULL))
             o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", kvt_quant_name(t));
 }
 
@@ -200,6 +220,7 @@ struct kvt_gguf {
     kvt_gguf_tensor *tensors;
     name_index tensor_index;
     size_t data_off;         /* file offset of the data section */
+    bool header_only;        /* kvt_gguf_open_header: tensors' bytes need not be in the file */
 };
 
 /* Only array storage is owned; recurse only where elements are arrays so that
@@ -406,7 +427,7 @@ static int parse_tensor(kvt_gguf *g, cursor *c, size_t i)
     size_t type_at = c->pos;
     if ((rc = take_u32(c, "tensor type", &t->type))) return rc;
     size_t blk;
-    if (!kvt_quant_block(t->type, &blk, NULL)) {
+    if (!storage_block(t->type, &blk, NULL)) {
         char list[256];
         supported_types(list, sizeof list);
         return kvt_fail(KVT_EUNSUPPORTED, "%s: type %s (%u) is not supported (only %s) (offset %zu)",
@@ -439,11 +460,19 @@ static int cmp_span(const void *a, const void *b)
 static int check_data(kvt_gguf *g)
 {
     if (!g->n_tensors) return KVT_OK; /* metadata-only files may end at the header */
-    if (g->data_off > g->len)
+    if (g->header_only) {
+        /* the data section may lie past the end: only the tensors' places
+         * are checked (no two share a byte); none has data */
+        for (size_t i = 0; i < g->n_tensors; i++)
+            if (g->tensors[i].n_bytes > UINT64_MAX - g->tensors[i].offset)
+                return kvt_fail(KVT_EFORMAT, "tensor '%.80s': %llu bytes at data offset %llu overflow",
+                                g->tensors[i].name, (unsigned long long)g->tensors[i].n_bytes,
+                                (unsigned long long)g->tensors[i].offset);
+    } else if (g->data_off > g->len)
         return kvt_fail(KVT_EFORMAT, "data section starts at offset %zu, past the end of the "
                         "%zu-byte file", g->data_off, g->len);
-    size_t avail = g->len - g->data_off;
-    for (size_t i = 0; i < g->n_tensors; i++) {
+    size_t avail = g->len > g->data_off ? g->len - g->data_off : 0;
+    for (size_t i = 0; i < g->n_tensors && !g->header_only; i++) {
         kvt_gguf_tensor *t = &g->tensors[i];
         if (t->offset > avail || t->n_bytes > avail - t->offset)
             return kvt_fail(KVT_EFORMAT, "tensor '%.80s': %llu bytes at data offset %llu run "
@@ -511,7 +540,7 @@ static int parse(kvt_gguf *g)
 }
 
 /* Takes the mapping (if any): on failure it is unmapped. */
-static int open_buf(kvt_gguf **out, const void *buf, size_t len, void *map)
+static int open_buf(kvt_gguf **out, const void *buf, size_t len, void *map, bool header_only)
 {
     kvt_gguf *g = kvt_calloc(1, sizeof *g);
     if (!g) {
@@ -521,6 +550,7 @@ static int open_buf(kvt_gguf **out, const void *buf, size_t len, void *map)
     g->base = buf;
     g->len = len;
     g->map = map;
+    g->header_only = header_only;
     int rc = parse(g);
     if (rc) {
         kvt_gguf_close(g);
@@ -543,11 +573,11 @@ int kvt_gguf_open_mem(kvt_gguf **out, const void *buf, size_t len)
     if (!out || (!buf && len)) return kvt_fail(KVT_EINVAL, "gguf: open_mem: NULL argument");
     *out = NULL;
     static const uint8_t none[1];
-    int rc = open_buf(out, buf ? buf : none, len, NULL);
+    int rc = open_buf(out, buf ? buf : none, len, NULL, false);
     return rc ? prefix_msg(rc, "buffer") : KVT_OK;
 }
 
-int kvt_gguf_open(kvt_gguf **out, const char *path)
+static int open_file(kvt_gguf **out, const char *path, bool header_only)
 {
     if (!out || !path) return kvt_fail(KVT_EINVAL, "gguf: open: NULL argument");
     *out = NULL;
@@ -572,9 +602,12 @@ int kvt_gguf_open(kvt_gguf **out, const char *path)
     int e = errno;
     close(fd); /* the mapping keeps the file alive */
     if (map == MAP_FAILED) return kvt_fail(KVT_EIO, "gguf '%s': cannot map: %s", path, strerror(e));
-    int rc = open_buf(out, map, len, map);
+    int rc = open_buf(out, map, len, map, header_only);
     return rc ? prefix_msg(rc, path) : KVT_OK;
 }
+
+int kvt_gguf_open(kvt_gguf **out, const char *path) { return open_file(out, path, false); }
+int kvt_gguf_open_header(kvt_gguf **out, const char *path) { return open_file(out, path, true); }
 
 uint32_t kvt_gguf_version(const kvt_gguf *g) { return g ? g->version : 0; }
 uint32_t kvt_gguf_alignment(const kvt_gguf *g) { return g ? g->alignment : 0; }
@@ -879,14 +912,14 @@ int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t ty
                                uint32_t n_dims, const uint64_t *ne, const void *data,
                                size_t n_bytes)
 {
-    if (!w || !name || !ne || !data)
+    if (!w || !name || !ne)
         return kvt_fail(KVT_EINVAL, "gguf writer: add_tensor: NULL argument");
     for (size_t i = 0; i < w->n_tensors; i++)
         if (!strcmp(w->tensors[i].name, name))
             return kvt_fail(KVT_EINVAL, "gguf writer: duplicate tensor '%s'", name);
     uint64_t n_elem = 1;
     size_t blk;
-    if (!kvt_quant_block(type, &blk, NULL))
+    if (!storage_block(type, &blk, NULL))
         return kvt_fail(KVT_EUNSUPPORTED, "gguf writer: tensor '%s': type %s (%u) not supported",
                         name, kvt_ggml_type_name(type), type);
     if (n_dims < 1 || n_dims > 4)
@@ -905,12 +938,13 @@ int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t ty
     if (!grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors, sizeof *w->tensors))
         return KVT_ENOMEM;
     t.name = kvt_strndup(name, strlen(name));
-    t.data = t.name ? kvt_malloc(n_bytes) : NULL;
-    if (!t.data) {
+    t.data = t.name && data ? kvt_malloc(n_bytes ? n_bytes : 1) : NULL;
+    if (!t.name || (data && !t.data)) {
         free(t.name);
+        free(t.data);
         return KVT_ENOMEM;
     }
-    memcpy(t.data, data, n_bytes);
+    if (data) memcpy(t.data, data, n_bytes);
     w->tensors[w->n_tensors++] = t;
     return KVT_OK;
 }
@@ -992,6 +1026,14 @@ static size_t align_up(size_t x, uint32_t a) { return (x + a - 1) & ~((size_t)a 
 
 /* Header size, padded to the alignment (the data section's offset), and the
  * total: every tensor padded to the alignment, the last one too, like ggml. */
+/* A tensor added without data makes the file its header alone. */
+static bool header_only(const kvt_gguf_writer *w)
+{
+    for (size_t i = 0; i < w->n_tensors; i++)
+        if (!w->tensors[i].data) return true;
+    return false;
+}
+
 static void layout(const kvt_gguf_writer *w, size_t *data_off, size_t *total)
 {
     uint32_t a = writer_alignment(w);
@@ -1002,6 +1044,7 @@ static void layout(const kvt_gguf_writer *w, size_t *data_off, size_t *total)
         n += 8 + strlen(w->tensors[i].name) + 4 + 8 * w->tensors[i].n_dims + 4 + 8;
     *data_off = align_up(n, a);
     *total = *data_off;
+    if (header_only(w)) return;
     for (size_t i = 0; i < w->n_tensors; i++) *total += align_up(w->tensors[i].n_bytes, a);
 }
 
@@ -1030,7 +1073,7 @@ static void emit(const kvt_gguf_writer *w, sink *s)
         off += align_up(t->n_bytes, a);
     }
     put_zeros(s, data_off - s->pos);
-    for (size_t i = 0; i < w->n_tensors; i++) {
+    for (size_t i = 0; i < w->n_tensors && !header_only(w); i++) {
         put(s, w->tensors[i].data, w->tensors[i].n_bytes);
         put_zeros(s, align_up(w->tensors[i].n_bytes, a) - w->tensors[i].n_bytes);
     }

@@ -64,6 +64,11 @@ typedef struct kvt_gguf_tensor {
 typedef struct kvt_gguf kvt_gguf;
 
 int kvt_gguf_open(kvt_gguf **out, const char *path);
+/* The header alone (metadata and tensor records) of a file that may end
+ * there, as a download's first megabytes do: the tensors' places are
+ * checked against each other, not against the file's size, and no tensor
+ * has data (kvtier info and plan on files too large to load). */
+int kvt_gguf_open_header(kvt_gguf **out, const char *path);
 /* Parse a buffer the caller keeps alive until close (tests, fuzzing). */
 int kvt_gguf_open_mem(kvt_gguf **out, const void *buf, size_t len);
 void kvt_gguf_close(kvt_gguf *g);
@@ -100,9 +105,10 @@ const kvt_gguf_tensor *kvt_gguf_find_tensor(const kvt_gguf *g, const char *name)
 /* Dequantise a tensor (any supported type) into n f32 values; n must equal
  * t->n_elem. */
 int kvt_gguf_tensor_to_f32(const kvt_gguf_tensor *t, float *out, size_t n);
-/* Bytes for n elements of a type (n a multiple of the block size); 0 if the
- * type is unsupported or n is not a whole number of blocks
- * (kvt_quant_row_bytes). */
+/* Bytes for n elements of a type a file may store (n a multiple of the block
+ * size): the types kvtier computes with (kvt_quant_row_bytes) and ggml's
+ * plain I8, I16, I32, I64 and F64; 0 for another type or n not a whole
+ * number of blocks. */
 size_t kvt_ggml_type_size(uint32_t type, uint64_t n);
 /* ggml's name of the type ("q4_K"), "unknown" for an id ggml lacks. */
 const char *kvt_ggml_type_name(uint32_t type);
@@ -119,7 +125,10 @@ int kvt_gguf_writer_set_u32(kvt_gguf_writer *w, const char *key, uint32_t v);
 int kvt_gguf_writer_set_f32(kvt_gguf_writer *w, const char *key, float v);
 int kvt_gguf_writer_set_bool(kvt_gguf_writer *w, const char *key, bool v);
 int kvt_gguf_writer_set_str(kvt_gguf_writer *w, const char *key, const char *s);
-/* Copies the tensor bytes (n_bytes must equal kvt_ggml_type_size(type, n_elem)). */
+/* Copies the tensor bytes (n_bytes must equal kvt_ggml_type_size(type, n_elem)).
+ * data NULL records the tensor without bytes: a writer holding such a
+ * tensor writes the header alone (the data section's offsets as if the
+ * bytes followed). */
 int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t type,
                                uint32_t n_dims, const uint64_t *ne, const void *data,
                                size_t n_bytes);

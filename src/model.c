@@ -3,8 +3,10 @@
  * An architecture may use tensors in place (kvt_model_tensor_mat): the model
  * then keeps the mapping open (m->file) until it is closed. */
 #include "model.h"
+#include "quant.h"
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -45,7 +47,7 @@ int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint
     if (rc) return rc;
     /* the reader checked that the tensor's bytes lie in the file and that
      * its rows are whole blocks of a supported type */
-    size_t row = kvt_ggml_type_size(t->type, ne0);
+    size_t row = kvt_quant_row_bytes(t->type, ne0); /* a type kvtier computes with */
     if (!row || row * ne1 != t->n_bytes || !t->data)
         return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
                         kvt_ggml_type_name(t->type), (unsigned long long)ne0);
@@ -133,6 +135,9 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     if (rc) goto fail;
     if (arch_len == 5 && !memcmp(arch, "llama", 5)) rc = kvt_llama_load(m, g);
     else if (arch_len == 3 && !memcmp(arch, "ds4", 3)) rc = kvt_ds4_load(m, g);
+    else if (arch_len == 9 && !memcmp(arch, "deepseek4", 9))
+        rc = kvt_fail(KVT_EUNSUPPORTED, "%s: deepseek4 (DeepSeek-V4) does not run in this build yet; "
+                      "kvtier info and kvtier plan read its header", path);
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);
     if (rc) goto fail;
@@ -155,6 +160,31 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
 fail:
     kvt_model_close(m);
     return rc;
+}
+
+int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                       kvt_plan *plan)
+{
+    if (!path || !info) return kvt_fail(KVT_EINVAL, "describe: NULL argument");
+    if (detail && dlen) detail[0] = 0;
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (rc) return rc;
+    const char *arch;
+    size_t arch_len;
+    rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
+    bool dsv4 = !rc && arch_len == 9 && !memcmp(arch, "deepseek4", 9);
+    kvt_gguf_close(g);
+    if (!dsv4) return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
+    if ((rc = kvt_gguf_open_header(&g, path))) return rc;
+    rc = kvt_ds4_describe(g, ctx, info, detail, dlen, plan);
+    kvt_gguf_close(g);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+        return kvt_fail(rc, "%s: %s", path, msg);
+    }
+    return KVT_OK;
 }
 
 int kvt_model_open(kvt_model **out, const char *path)

@@ -123,6 +123,9 @@ extern int kvt_ds4_fault;
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */
 int kvt_ds4_plan(const char *preset, const kvt_model *m, uint64_t ctx, kvt_plan *out);
+/* The shape, details and plan of a deepseek4 GGUF from its header. */
+int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                     kvt_plan *plan);
 
 /* Dequantise a named tensor of the expected shape into a new f32 array. */
 int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,

@@ -1,0 +1,266 @@
+/* DeepSeek-V4 files in llama.cpp's layout (general.architecture deepseek4)
+ * read from their header alone: a header-only file with the real
+ * DeepSeek-V4-Flash shape (every tensor record of the real file, in the real
+ * types, and no tensor bytes: the file ends after its header, as a
+ * download's first megabytes do) gives its shape and a cache plan whose
+ * bytes the test computes on its own, through the library and through
+ * `kvtier info` and `kvtier plan`. Negative controls: a damaged shape
+ * (ratios too few, a ratio of 5, 3 streams, value length unequal to key
+ * length), a truncated header and a plain (non-header) open all fail
+ * cleanly, and a plan with one layer's ratio changed differs. */
+#include "gguf.h"
+#include "test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { L = 43, D = 4096, H = 64, DH = 512, DR = 64, RQ = 1024, W = 128, HI = 64, DI = 128, TOPK = 512, E = 256,
+       EU = 6, FE = 2048, NHASH = 3, OG = 8, ORANK = 1024, HC = 4, V = 129280 };
+#define CTX 1048576ull
+
+/* Layers 0-1 uncompressed, then ratio 4 and 128 in turn; one more entry for
+ * the prediction layer, as the released config has. */
+static int ratio_of(int l) { return l < 2 ? 0 : (l % 2 == 0 ? 4 : 128); }
+
+typedef struct damage { int n_ratios, bad_layer, bad_ratio, hc, value_length; } damage;
+
+static int tensor(kvt_gguf_writer *w, const char *name, uint32_t type, uint32_t nd, uint64_t a, uint64_t b,
+                  uint64_t c)
+{
+    uint64_t ne[3] = {a, b, c}, n = a * b * c;
+    return kvt_gguf_writer_add_tensor(w, name, type, nd, ne, NULL, kvt_ggml_type_size(type, n));
+}
+
+static int write_header(const char *path, damage dm)
+{
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    if (!w) return KVT_ENOMEM;
+    int rc = kvt_gguf_writer_set_str(w, "general.architecture", "deepseek4");
+    struct { const char *k; uint32_t v; } u[] = {
+        {"block_count", L}, {"context_length", CTX}, {"embedding_length", D}, {"attention.head_count", H},
+        {"attention.head_count_kv", 1}, {"attention.key_length", DH},
+        {"attention.value_length", dm.value_length ? (uint32_t)dm.value_length : DH},
+        {"rope.dimension_count", DR}, {"attention.q_lora_rank", RQ}, {"attention.sliding_window", W},
+        {"attention.indexer.head_count", HI}, {"attention.indexer.key_length", DI},
+        {"attention.indexer.top_k", TOPK}, {"expert_count", E}, {"expert_used_count", EU},
+        {"expert_shared_count", 1}, {"expert_feed_forward_length", FE}, {"expert_gating_func", 4},
+        {"hyper_connection.count", dm.hc ? (uint32_t)dm.hc : HC}, {"hyper_connection.sinkhorn_iterations", 20},
+        {"hash_layer_count", NHASH}, {"attention.output_group_count", OG},
+        {"attention.output_lora_rank", ORANK}, {"rope.scaling.original_context_length", 65536}};
+    char key[96];
+    for (size_t i = 0; i < sizeof u / sizeof u[0] && !rc; i++) {
+        snprintf(key, sizeof key, "deepseek4.%s", u[i].k);
+        rc = kvt_gguf_writer_set_u32(w, key, u[i].v);
+    }
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.attention.layer_norm_rms_epsilon", 1e-6f);
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.attention.compress_rope_freq_base", 160000.0f);
+    if (!rc) rc = kvt_gguf_writer_set_str(w, "deepseek4.rope.scaling.type", "yarn");
+    kvt_gguf_val r[L + 1];
+    int nr = dm.n_ratios ? dm.n_ratios : L + 1;
+    for (int l = 0; l < nr; l++)
+        r[l] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = l == dm.bad_layer ? dm.bad_ratio : l < L ? ratio_of(l) : 0};
+    kvt_gguf_val ra = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = (uint64_t)nr, .v.arr = r};
+    if (!rc) rc = kvt_gguf_writer_set(w, "deepseek4.attention.compress_ratios", &ra);
+    /* the vocabulary: V token strings */
+    kvt_gguf_val *toks = calloc(V, sizeof *toks);
+    char *text = malloc((size_t)V * 8);
+    if (!toks || !text) rc = KVT_ENOMEM;
+    for (uint32_t i = 0; i < V && !rc; i++) {
+        int len = snprintf(text + (size_t)i * 8, 8, "t%u", i);
+        toks[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = (uint64_t)len, .v.str = text + (size_t)i * 8};
+    }
+    kvt_gguf_val tv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_STR, .n = V, .v.arr = toks};
+    if (!rc) rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    if (!rc) rc = kvt_gguf_writer_set(w, "tokenizer.ggml.tokens", &tv);
+    /* every tensor record of the real file, in its types (BF16 trunk, MXFP4
+     * routed experts, I32 hash table, F32 vectors) */
+    enum { BF = KVT_GGML_BF16, F32 = KVT_GGML_F32, MX = KVT_GGML_MXFP4, I32 = 26 };
+    const uint32_t mix = (2 + HC) * HC;
+    if (!rc) rc = tensor(w, "token_embd.weight", BF, 2, D, V, 1);
+    if (!rc) rc = tensor(w, "output_norm.weight", F32, 1, D, 1, 1);
+    if (!rc) rc = tensor(w, "output.weight", BF, 2, D, V, 1);
+    if (!rc) rc = tensor(w, "output_hc_fn.weight", F32, 2, HC * D, HC, 1);
+    if (!rc) rc = tensor(w, "output_hc_base.weight", F32, 1, HC, 1, 1);
+    if (!rc) rc = tensor(w, "output_hc_scale.weight", F32, 1, 1, 1, 1);
+    for (int l = 0; l < L && !rc; l++) {
+        int ra4 = ratio_of(l), cw = (ra4 == 4 ? 2 : 1) * DH;
+        struct { const char *n; uint32_t t, nd; uint64_t a, b, c; bool on; } t[] = {
+            {"attn_norm.weight", F32, 1, D, 1, 1, true}, {"attn_sinks.weight", F32, 1, H, 1, 1, true},
+            {"attn_q_a.weight", BF, 2, D, RQ, 1, true}, {"attn_q_a_norm.weight", F32, 1, RQ, 1, 1, true},
+            {"attn_q_b.weight", BF, 2, RQ, H * DH, 1, true}, {"attn_kv.weight", BF, 2, D, DH, 1, true},
+            {"attn_kv_a_norm.weight", F32, 1, DH, 1, 1, true},
+            {"attn_output_a.weight", BF, 2, H * DH / OG, ORANK * OG, 1, true},
+            {"attn_output_b.weight", BF, 2, OG * ORANK, D, 1, true},
+            {"hc_attn_fn.weight", F32, 2, HC * D, mix, 1, true}, {"hc_attn_base.weight", F32, 1, mix, 1, 1, true},
+            {"hc_attn_scale.weight", F32, 1, 3, 1, 1, true}, {"hc_ffn_fn.weight", F32, 2, HC * D, mix, 1, true},
+            {"hc_ffn_base.weight", F32, 1, mix, 1, 1, true}, {"hc_ffn_scale.weight", F32, 1, 3, 1, 1, true},
+            {"attn_compressor_kv.weight", BF, 2, D, cw, 1, ra4 != 0},
+            {"attn_compressor_gate.weight", BF, 2, D, cw, 1, ra4 != 0},
+            {"attn_compressor_ape.weight", F32, 2, cw, ra4 ? ra4 : 1, 1, ra4 != 0},
+            {"attn_compressor_norm.weight", F32, 1, DH, 1, 1, ra4 != 0},
+            {"indexer.proj.weight", BF, 2, D, HI, 1, ra4 == 4},
+            {"indexer.attn_q_b.weight", BF, 2, RQ, HI * DI, 1, ra4 == 4},
+            {"indexer_compressor_kv.weight", BF, 2, D, 2 * DI, 1, ra4 == 4},
+            {"indexer_compressor_gate.weight", BF, 2, D, 2 * DI, 1, ra4 == 4},
+            {"indexer_compressor_ape.weight", F32, 2, 2 * DI, 4, 1, ra4 == 4},
+            {"indexer_compressor_norm.weight", F32, 1, DI, 1, 1, ra4 == 4},
+            {"ffn_gate_inp.weight", BF, 2, D, E, 1, true},
+            {"ffn_gate_tid2eid.weight", I32, 2, EU, V, 1, l < NHASH},
+            {"exp_probs_b.bias", F32, 1, E, 1, 1, l >= NHASH}, {"ffn_norm.weight", F32, 1, D, 1, 1, true},
+            {"ffn_gate_exps.weight", MX, 3, D, FE, E, true}, {"ffn_down_exps.weight", MX, 3, FE, D, E, true},
+            {"ffn_up_exps.weight", MX, 3, D, FE, E, true}, {"ffn_gate_shexp.weight", BF, 2, D, FE, 1, true},
+            {"ffn_down_shexp.weight", BF, 2, FE, D, 1, true}, {"ffn_up_shexp.weight", BF, 2, D, FE, 1, true}};
+        for (size_t i = 0; i < sizeof t / sizeof t[0] && !rc; i++) {
+            if (!t[i].on) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, t[i].n);
+            rc = tensor(w, nm, t[i].t, t[i].nd, t[i].a, t[i].b, t[i].c);
+        }
+    }
+    if (!rc) rc = kvt_gguf_writer_write(w, path);
+    kvt_gguf_writer_free(w);
+    free(toks);
+    free(text);
+    return rc;
+}
+
+/* The plan by the formula (docs/ds4.md, Cache geometry), computed here. */
+static kvt_plan expected_plan(int changed_layer)
+{
+    kvt_plan p = {0};
+    for (int l = 0; l < L; l++) {
+        int r = ratio_of(l);
+        if (l == changed_layer) r = r == 4 ? 128 : 4;
+        p.window += (uint64_t)W * DH * 2;
+        if (r) {
+            p.compressed += CTX / r * DH * 2;
+            p.frontier += r == 4 ? 8ull * 2 * (2 * DH) * 4 : 128ull * 2 * DH * 4;
+            p.per_token_x1000 += 1000ull * DH * 2 / r;
+        }
+        if (r == 4) {
+            p.indexer += CTX / 4 * DI * 2;
+            p.frontier += 8ull * 2 * (2 * DI) * 4;
+            p.per_token_x1000 += 1000ull * DI * 2 / 4;
+        }
+    }
+    p.fixed = p.window + p.frontier;
+    p.total = p.fixed + p.compressed + p.indexer;
+    return p;
+}
+
+static bool same_plan(const kvt_plan *a, const kvt_plan *b)
+{
+    return a->window == b->window && a->compressed == b->compressed && a->indexer == b->indexer &&
+           a->frontier == b->frontier && a->full == b->full && a->fixed == b->fixed && a->total == b->total &&
+           a->per_token_x1000 == b->per_token_x1000;
+}
+
+static char *run_out(const char *args)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", kvt_test_bin(), args);
+    FILE *f = popen(cmd, "r");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (buf) n = fread(buf, 1, cap - 1, f);
+    int st = pclose(f);
+    if (buf) buf[n] = 0;
+    if (st != 0 && buf) buf[0] = 0; /* a failure reads as no output */
+    return buf;
+}
+
+TEST(deepseek4_header_flash_shape)
+{
+    char path[] = "/tmp/kvt-dsv4-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECKF(write_header(path, (damage){.bad_layer = -1}) == KVT_OK, "%s", kvt_errmsg());
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    /* the records of 1,400-odd tensors and 129,280 tokens, no weights */
+    CHECKF(size > 0 && size < 8 << 20, "header-only file of %ld bytes", size);
+
+    kvt_model_info in;
+    kvt_plan p;
+    char detail[512];
+    CHECKF(kvt_model_describe(path, CTX, &in, detail, sizeof detail, &p) == KVT_OK, "%s", kvt_errmsg());
+    printf("    %s: %ld bytes; %s\n", in.arch, size, detail);
+    CHECK(!strcmp(in.arch, "deepseek4"));
+    CHECK(in.n_layer == L && in.n_embd == D && in.n_head == H && in.head_dim == DH && in.n_vocab == V);
+    CHECK(in.n_ctx_train == CTX && in.n_ff == FE);
+    /* 284B parameters: DeepSeek-V4-Flash's published count, give or take
+     * the prediction layer the file leaves out */
+    CHECKF(in.n_params > 270000000000ull && in.n_params < 290000000000ull, "%llu parameters",
+           (unsigned long long)in.n_params);
+    CHECK(strstr(detail, "experts 256 (6 used, 1 shared, first 3 layers hash-routed)") != NULL);
+    CHECK(strstr(detail, "0/4/128: 2/21/20") != NULL);
+    kvt_plan want = expected_plan(-1), other = expected_plan(10);
+    CHECK(same_plan(&p, &want));
+    CHECK(!same_plan(&p, &other)); /* the comparison sees one layer's ratio */
+    printf("    plan at %llu tokens: %llu bytes (%.1f per token)\n", CTX, (unsigned long long)p.total,
+           p.per_token_x1000 / 1000.0);
+
+    /* a plain open wants the weights' bytes in the file */
+    kvt_model *m = NULL;
+    CHECK(kvt_model_open(&m, path) == KVT_EFORMAT && m == NULL);
+    CHECK(strstr(kvt_errmsg(), "past the end") != NULL);
+    kvt_gguf *g = NULL;
+    CHECK(kvt_gguf_open(&g, path) == KVT_EFORMAT && g == NULL);
+
+    /* the CLI */
+    if (access(kvt_test_bin(), X_OK) == 0) {
+        char args[256];
+        snprintf(args, sizeof args, "info --model %s", path);
+        char *o = run_out(args);
+        CHECK(o && strstr(o, "architecture  deepseek4") && strstr(o, "layers        43"));
+        free(o);
+        snprintf(args, sizeof args, "plan --model %s --ctx %llu", path, CTX);
+        o = run_out(args);
+        char line[96];
+        snprintf(line, sizeof line, "%20llu B", (unsigned long long)want.total);
+        CHECKF(o && strstr(o, line), "plan output: %.400s", o ? o : "(none)");
+        free(o);
+    }
+
+    /* truncated inside the header: every cut is a clean format error */
+    f = fopen(path, "rb");
+    CHECK(f != NULL);
+    char *all = malloc((size_t)size);
+    CHECK(all && fread(all, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    for (long cut = 16; cut < size; cut = cut * 3 + 7) {
+        f = fopen(path, "wb");
+        CHECK(f && fwrite(all, 1, (size_t)cut, f) == (size_t)cut);
+        fclose(f);
+        int rc = kvt_model_describe(path, CTX, &in, NULL, 0, &p);
+        CHECKF(rc == KVT_EFORMAT, "cut at %ld: %d (%s)", cut, rc, kvt_errmsg());
+    }
+    free(all);
+
+    const damage bad[] = {{.n_ratios = L - 1, .bad_layer = -1}, {.bad_layer = 7, .bad_ratio = 5},
+                          {.bad_layer = -1, .hc = 3}, {.bad_layer = -1, .value_length = 256}};
+    const char *why[] = {"compress ratios for", "compression ratio 5", "streams 3", "key/value length 512/256"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECKF(write_header(path, bad[i]) == KVT_OK, "%s", kvt_errmsg());
+        int rc = kvt_model_describe(path, CTX, &in, NULL, 0, &p);
+        CHECKF(rc == KVT_EFORMAT && strstr(kvt_errmsg(), why[i]), "damage %zu: %d (%s)", i, rc, kvt_errmsg());
+    }
+    unlink(path);
+}
+
+TEST(deepseek4_describe_other_files)
+{
+    /* a preset name or a file of an architecture kvtier runs is not
+     * described from its header: the caller opens it */
+    kvt_model_info in;
+    CHECK(kvt_model_describe("ds4-tiny", 100, &in, NULL, 0, NULL) == KVT_ENOENT);
+    if (access("../shared/models/stories260K.gguf", R_OK) == 0)
+        CHECK(kvt_model_describe("../shared/models/stories260K.gguf", 100, &in, NULL, 0, NULL) == KVT_ENOENT);
+}
