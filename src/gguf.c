@@ -128,10 +128,11 @@ static bool storage_block(uint32_t type, size_t *elems, size_t *bytes)
 
 size_t kvt_ggml_type_size(uint32_t type, uint64_t n)
 {
-    size_t elems, bytes;
+    size_t bytes;
     uint64_t r;
-    if (!storage_block(type, &elems, &bytes) || n % elems) return 0;
-    if (__builtin_mul_overflow(n / elems, (uint64_t)bytes, &r) || r > SIZE_MAX) return 0;
+    if (kvt_quant_block(type, NULL, NULL)) return kvt_quant_row_bytes(type, n);
+    if (!storage_block(type, NULL, &bytes) || __builtin_mul_overflow(n, (uint64_t)bytes, &r) || r > SIZE_MAX)
+        return 0;
     return (size_t)r;
 }
 

@@ -173,10 +173,10 @@ int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, cha
     const char *arch;
     size_t arch_len;
     rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
-    bool dsv4 = !rc && arch_len == 9 && !memcmp(arch, "deepseek4", 9);
-    kvt_gguf_close(g);
-    if (!dsv4) return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
-    if ((rc = kvt_gguf_open_header(&g, path))) return rc;
+    if (rc || arch_len != 9 || memcmp(arch, "deepseek4", 9)) {
+        kvt_gguf_close(g);
+        return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
+    }
     rc = kvt_ds4_describe(g, ctx, info, detail, dlen, plan);
     kvt_gguf_close(g);
     if (rc) {
