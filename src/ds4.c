@@ -1,6 +1,8 @@
-/* The ds4 architecture: DeepSeek-V4-style hybrid compressed attention, as
- * specified in the project's ds4 architecture document (ds4-architecture.md
- * in the shared docs; docs/ds4.md here describes the files and presets).
+/* The ds4 architecture: DeepSeek-V4 as llama.cpp runs it (`deepseek4`):
+ * hyper-connections, hybrid compressed attention with an indexer, and a
+ * mixture of experts. docs/ds4.md gives the math, the GGUF layout and the
+ * presets; the notes there say where kvtier follows llama.cpp rather than
+ * the original checkpoint's code.
  *
  * Per layer the cache holds three entry classes:
  *
@@ -14,20 +16,22 @@
  *              128-token block a ratio-4 layer gains 32 rows plus 32 indexer
  *              rows, a ratio-128 layer 1 row.
  *
+ * The residual is 4 hyper-connection streams per token; they live only in
+ * the pass's scratch, never in the cache.
+ *
  * Exactness: tokens of a chunk are pooled in position order by one thread, a
  * row becomes visible at the token that completes it, and attention for
  * position t reads exactly the rows visible at t in the canonical order
  * (compressed by increasing index, then window by increasing position), each
  * through the fixed-order kernels. The window ring is updated only after the
  * chunk's attention, reading rows of the chunk from the chunk's own buffer, so
- * chunk size never changes what a position sees.
+ * chunk size never changes what a position sees. Experts run per token on
+ * the rows routed to them; each output is a fixed-order dot product, so
+ * which other tokens share a pass changes nothing.
  *
  * Synthetic weights (no weight file): every tensor, in the order ds4_tensors
- * lists them, is filled from one splitmix64 stream seeded with the model seed.
- * A draw is u = (x >> 11) * 2^-53 in [0, 1); the value is (float)((2u - 1) *
- * scale) computed in double, with scale = 1/sqrt(fan_in) for matrices (fan_in
- * = ne[0], the input width), 1 for the token embedding and 0.02 for the
- * compressors' APE. Norm weights are 1 and sinks 0 and take no draws.
+ * lists them, is filled from one splitmix64 stream seeded with the model seed
+ * (docs/ds4.md, "Synthetic weights").
  */
 #include "kernels.h"
 #include "model.h"
@@ -40,41 +44,46 @@
 #include <string.h>
 
 #define MAX_LAYERS 64
+#define HC 4 /* hyper-connection streams (llama.cpp supports 4 only) */
+#define HC_MIX ((2 + HC) * HC)
+#define GGML_I32 26
 
 typedef struct ds4_config {
-    uint32_t V, D, L, H, Dh, Dr, Rq, F, W, Hi, Di, K, ctx;
-    float eps, idx_base;
+    uint32_t V, D, L, H, Dh, Dr, Rq, W, Hi, Di, K, ctx;
+    uint32_t E, Eu, Es, Fe, iters, n_hash, og, orank, nextn, yarn_orig;
+    float eps, hc_eps, base, cbase, wscale, yarn_factor;
+    bool wnorm;
     uint32_t ratio[MAX_LAYERS];
-    float base[MAX_LAYERS];
+    float clamp_exp[MAX_LAYERS], clamp_sh[MAX_LAYERS];
 } ds4_config;
 
 typedef struct ds4_layer {
-    float *attn_norm;           /* (D) */
-    float *wqa, *q_norm;        /* (Rq, D), (Rq) */
-    float *wqb;                 /* (H*Dh, Rq) */
-    float *wkv, *kv_norm;       /* (Dh, D), (Dh) */
-    float *sinks;               /* (H) */
-    float *wo;                  /* (D, H*Dh) */
-    float *ffn_norm;            /* (D) */
-    float *w1, *w3, *w2;        /* (F, D), (F, D), (D, F) */
-    float *c_kv, *c_gate;       /* (c*Dh, D) compressor, ratio > 0 */
-    float *c_ape, *c_norm;      /* (r, c*Dh), (Dh) */
-    float *i_kv, *i_gate;       /* (2*Di, D) indexer compressor, ratio 4 */
-    float *i_ape, *i_norm;      /* (4, 2*Di), (Di) */
-    float *i_q, *i_w;           /* (Hi*Di, Rq), (Hi, D) */
+    float *attn_norm, *sinks;       /* (D), (H) */
+    float *wqa, *q_norm, *wqb;      /* (Rq, D), (Rq), (H*Dh, Rq) */
+    float *wkv, *kv_norm;           /* (Dh, D), (Dh) */
+    float *woa, *wob;               /* (og*orank, H*Dh/og): group g's rows g*orank..; (D, og*orank) */
+    float *hca_fn, *hca_base, *hca_scale; /* (24, 4D), (24), (3) */
+    float *hcf_fn, *hcf_base, *hcf_scale;
+    float *c_kv, *c_gate, *c_ape, *c_norm; /* (c*Dh, D) x2, (r, c*Dh), (Dh); ratio > 0 */
+    float *i_proj, *i_qb;           /* (Hi, D), (Hi*Di, Rq); ratio 4 */
+    float *i_kv, *i_gate, *i_ape, *i_norm; /* (2*Di, D) x2, (4, 2*Di), (Di) */
+    float *ffn_norm, *gate_inp, *probs_b; /* (D), (E, D), (E) when not hash-routed */
+    int32_t *tid2eid;               /* (V, Eu) when hash-routed */
+    float *gate_x, *up_x, *down_x;  /* (E, Fe, D), (E, Fe, D), (E, D, Fe) */
+    float *gate_s, *up_s, *down_s;  /* (Es*Fe, D) x2, (D, Es*Fe) */
     /* cache geometry */
-    int s_comp, s_idx;          /* stream ids (-1: none) */
+    int s_comp, s_idx;              /* stream ids (-1: none) */
     size_t off_win, off_cf, off_if; /* state offsets: window ring, frontiers */
 } ds4_layer;
 
 typedef struct ds4_weights {
     ds4_config c;
     uint64_t seed;
-    float *tok_embd;            /* (V, D) */
-    float *out_norm;            /* (D) */
-    float *out;                 /* (V, D), tied to tok_embd */
+    float *tok_embd, *out_norm, *out;       /* (V, D), (D), (V, D) */
+    float *hch_fn, *hch_base, *hch_scale;   /* (4, 4D), (4), (1) */
     ds4_layer layers[MAX_LAYERS];
-    size_t n_streams, state_bytes;
+    kvt_yarn yarn;                          /* compressed layers' RoPE */
+    size_t n_streams, state_bytes, hd_idx;  /* hd_idx: the indexer's Hadamard order */
 } ds4_weights;
 
 /* ---- presets ---- */
@@ -83,88 +92,126 @@ static void set_layout(ds4_config *c)
 {
     for (uint32_t l = 0; l < c->L; l++) {
         c->ratio[l] = l < 2 ? 0 : (l % 2 == 0 ? 4 : 128);
-        c->base[l] = c->ratio[l] ? 160000.0f : 10000.0f;
+        c->clamp_exp[l] = c->clamp_sh[l] = 1.0f;
     }
     c->eps = 1e-6f;
-    c->idx_base = 160000.0f;
+    c->hc_eps = 1e-6f;
+    c->iters = 20;
+    c->base = 10000.0f;
+    c->cbase = 160000.0f;
+    c->wscale = 1.5f;
+    c->wnorm = true;
+    c->yarn_factor = 16.0f;
+    c->yarn_orig = 65536;
 }
 
 static bool preset_config(const char *name, ds4_config *c)
 {
     memset(c, 0, sizeof *c);
     if (!strcmp(name, "ds4-tiny")) {
-        *c = (ds4_config){.D = 64, .L = 4, .H = 2, .Dh = 32, .Dr = 8, .Rq = 32, .F = 128, .W = 16,
-                          .Hi = 2, .Di = 16, .K = 8, .ctx = 4096};
+        *c = (ds4_config){.D = 64, .L = 4, .H = 2, .Dh = 32, .Dr = 8, .Rq = 32, .W = 16, .Hi = 2, .Di = 64, .K = 8,
+                          .ctx = 4096, .E = 8, .Eu = 2, .Es = 1, .Fe = 32, .n_hash = 1, .og = 2, .orank = 16};
     } else if (!strcmp(name, "ds4-mini")) {
-        *c = (ds4_config){.D = 256, .L = 8, .H = 8, .Dh = 64, .Dr = 16, .Rq = 128, .F = 768, .W = 128,
-                          .Hi = 4, .Di = 32, .K = 64, .ctx = 131072};
+        *c = (ds4_config){.D = 256, .L = 8, .H = 8, .Dh = 128, .Dr = 16, .Rq = 128, .W = 128, .Hi = 4, .Di = 64,
+                          .K = 64, .ctx = 131072, .E = 16, .Eu = 4, .Es = 1, .Fe = 128, .n_hash = 2, .og = 4,
+                          .orank = 64};
     } else if (!strcmp(name, "ds4-flash")) {
-        *c = (ds4_config){.V = 129280, .D = 4096, .L = 43, .H = 64, .Dh = 512, .Dr = 64, .Rq = 1024,
-                          .F = 0, .W = 128, .Hi = 64, .Di = 128, .K = 512, .ctx = 1048576};
+        *c = (ds4_config){.V = 129280, .D = 4096, .L = 43, .H = 64, .Dh = 512, .Dr = 64, .Rq = 1024, .W = 128,
+                          .Hi = 64, .Di = 128, .K = 512, .ctx = 1048576, .E = 256, .Eu = 6, .Es = 1, .Fe = 2048,
+                          .n_hash = 3, .og = 8, .orank = 1024};
     } else {
         return false;
     }
     set_layout(c);
+    if (!strcmp(name, "ds4-flash"))
+        for (uint32_t l = 0; l < c->L; l++) c->clamp_exp[l] = c->clamp_sh[l] = 10.0f;
     return true;
 }
 
 /* ---- tensor table: one list drives generation, loading, writing ---- */
 
-enum init { INIT_MAT, INIT_EMBED, INIT_APE, INIT_ONE, INIT_ZERO };
+enum init { INIT_MAT, INIT_EMBED, INIT_SMALL, INIT_ONE, INIT_ZERO, INIT_ROUTE };
 
 typedef struct tdesc {
-    char name[48];
-    uint32_t ne0, ne1;          /* ne0 = input (contiguous) width */
+    char name[56];
+    uint32_t nd;
+    uint64_t ne[3];             /* ne[0] = input (contiguous) width */
     enum init init;
-    float **slot;
+    float **slot;               /* f32 tensors */
+    int32_t **islot;            /* the I32 routing table */
 } tdesc;
 
-#define MAX_TENSORS (3 + MAX_LAYERS * 25)
+#define MAX_TENSORS (8 + MAX_LAYERS * 34)
+
+static size_t tcount(const tdesc *t) { return (size_t)(t->ne[0] * t->ne[1] * t->ne[2]); }
 
 static size_t ds4_tensors(ds4_weights *w, tdesc *t)
 {
     const ds4_config *c = &w->c;
     size_t n = 0;
-#define ADD(nm, a, b, in, sl)                                                   \
-    do { t[n] = (tdesc){.ne0 = (a), .ne1 = (b), .init = (in), .slot = (sl)};   \
+    uint64_t D = c->D, HD = (uint64_t)c->H * c->Dh;
+#define ADD(nm, d, a, b, e, in, sl)                                                              \
+    do { t[n] = (tdesc){.nd = (d), .ne = {(a), (b), (e)}, .init = (in), .slot = (sl)};         \
          snprintf(t[n].name, sizeof t[n].name, "%s", nm); n++; } while (0)
-#define ADDL(suffix, a, b, in, sl)                                             \
-    do { char nm_[48]; snprintf(nm_, sizeof nm_, "blk.%u.%s", l, suffix);       \
-         ADD(nm_, a, b, in, sl); } while (0)
-    ADD("token_embd.weight", c->D, c->V, INIT_EMBED, &w->tok_embd);
+#define ADDL(suffix, d, a, b, e, in, sl)                                                         \
+    do { char nm_[56]; snprintf(nm_, sizeof nm_, "blk.%u.%s", l, suffix);                       \
+         ADD(nm_, d, a, b, e, in, sl); } while (0)
+    ADD("token_embd.weight", 2, D, c->V, 1, INIT_EMBED, &w->tok_embd);
+    ADD("output_norm.weight", 1, D, 1, 1, INIT_ONE, &w->out_norm);
+    ADD("output.weight", 2, D, c->V, 1, INIT_MAT, &w->out);
+    ADD("output_hc_fn.weight", 2, HC * D, HC, 1, INIT_MAT, &w->hch_fn);
+    ADD("output_hc_base.weight", 1, HC, 1, 1, INIT_SMALL, &w->hch_base);
+    ADD("output_hc_scale.weight", 1, 1, 1, 1, INIT_ONE, &w->hch_scale);
     /* a config refused for its layer count has no layers to walk (ds4_free) */
     uint32_t L = c->L <= MAX_LAYERS ? c->L : 0;
     for (uint32_t l = 0; l < L; l++) {
         ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l], cw = (r == 4 ? 2 : 1) * c->Dh;
-        ADDL("attn_norm.weight", c->D, 1, INIT_ONE, &ly->attn_norm);
-        ADDL("attn_q_a.weight", c->D, c->Rq, INIT_MAT, &ly->wqa);
-        ADDL("attn_q_a_norm.weight", c->Rq, 1, INIT_ONE, &ly->q_norm);
-        ADDL("attn_q_b.weight", c->Rq, c->H * c->Dh, INIT_MAT, &ly->wqb);
-        ADDL("attn_kv.weight", c->D, c->Dh, INIT_MAT, &ly->wkv);
-        ADDL("attn_kv_norm.weight", c->Dh, 1, INIT_ONE, &ly->kv_norm);
-        ADDL("attn_sinks.weight", c->H, 1, INIT_ZERO, &ly->sinks);
-        ADDL("attn_output.weight", c->H * c->Dh, c->D, INIT_MAT, &ly->wo);
-        ADDL("ffn_norm.weight", c->D, 1, INIT_ONE, &ly->ffn_norm);
-        ADDL("ffn_gate.weight", c->D, c->F, INIT_MAT, &ly->w1);
-        ADDL("ffn_up.weight", c->D, c->F, INIT_MAT, &ly->w3);
-        ADDL("ffn_down.weight", c->F, c->D, INIT_MAT, &ly->w2);
+        uint64_t Fs = (uint64_t)c->Fe * c->Es;
+        ADDL("attn_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->attn_norm);
+        ADDL("attn_sinks.weight", 1, c->H, 1, 1, INIT_ZERO, &ly->sinks);
+        ADDL("attn_q_a.weight", 2, D, c->Rq, 1, INIT_MAT, &ly->wqa);
+        ADDL("attn_q_a_norm.weight", 1, c->Rq, 1, 1, INIT_ONE, &ly->q_norm);
+        ADDL("attn_q_b.weight", 2, c->Rq, HD, 1, INIT_MAT, &ly->wqb);
+        ADDL("attn_kv.weight", 2, D, c->Dh, 1, INIT_MAT, &ly->wkv);
+        ADDL("attn_kv_a_norm.weight", 1, c->Dh, 1, 1, INIT_ONE, &ly->kv_norm);
+        ADDL("attn_output_a.weight", 2, c->og ? HD / c->og : 0, (uint64_t)c->orank * c->og, 1, INIT_MAT, &ly->woa);
+        ADDL("attn_output_b.weight", 2, (uint64_t)c->og * c->orank, D, 1, INIT_MAT, &ly->wob);
+        ADDL("hc_attn_fn.weight", 2, HC * D, HC_MIX, 1, INIT_MAT, &ly->hca_fn);
+        ADDL("hc_attn_base.weight", 1, HC_MIX, 1, 1, INIT_SMALL, &ly->hca_base);
+        ADDL("hc_attn_scale.weight", 1, 3, 1, 1, INIT_ONE, &ly->hca_scale);
+        ADDL("hc_ffn_fn.weight", 2, HC * D, HC_MIX, 1, INIT_MAT, &ly->hcf_fn);
+        ADDL("hc_ffn_base.weight", 1, HC_MIX, 1, 1, INIT_SMALL, &ly->hcf_base);
+        ADDL("hc_ffn_scale.weight", 1, 3, 1, 1, INIT_ONE, &ly->hcf_scale);
         if (r) {
-            ADDL("comp_kv.weight", c->D, cw, INIT_MAT, &ly->c_kv);
-            ADDL("comp_gate.weight", c->D, cw, INIT_MAT, &ly->c_gate);
-            ADDL("comp_ape.weight", cw, r, INIT_APE, &ly->c_ape);
-            ADDL("comp_norm.weight", c->Dh, 1, INIT_ONE, &ly->c_norm);
+            ADDL("attn_compressor_kv.weight", 2, D, cw, 1, INIT_MAT, &ly->c_kv);
+            ADDL("attn_compressor_gate.weight", 2, D, cw, 1, INIT_MAT, &ly->c_gate);
+            ADDL("attn_compressor_ape.weight", 2, cw, r, 1, INIT_SMALL, &ly->c_ape);
+            ADDL("attn_compressor_norm.weight", 1, c->Dh, 1, 1, INIT_ONE, &ly->c_norm);
         }
         if (r == 4) {
-            ADDL("idx_comp_kv.weight", c->D, 2 * c->Di, INIT_MAT, &ly->i_kv);
-            ADDL("idx_comp_gate.weight", c->D, 2 * c->Di, INIT_MAT, &ly->i_gate);
-            ADDL("idx_comp_ape.weight", 2 * c->Di, 4, INIT_APE, &ly->i_ape);
-            ADDL("idx_comp_norm.weight", c->Di, 1, INIT_ONE, &ly->i_norm);
-            ADDL("idx_q.weight", c->Rq, c->Hi * c->Di, INIT_MAT, &ly->i_q);
-            ADDL("idx_w.weight", c->D, c->Hi, INIT_MAT, &ly->i_w);
+            ADDL("indexer.proj.weight", 2, D, c->Hi, 1, INIT_MAT, &ly->i_proj);
+            ADDL("indexer.attn_q_b.weight", 2, c->Rq, (uint64_t)c->Hi * c->Di, 1, INIT_MAT, &ly->i_qb);
+            ADDL("indexer_compressor_kv.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_kv);
+            ADDL("indexer_compressor_gate.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_gate);
+            ADDL("indexer_compressor_ape.weight", 2, 2 * c->Di, 4, 1, INIT_SMALL, &ly->i_ape);
+            ADDL("indexer_compressor_norm.weight", 1, c->Di, 1, 1, INIT_ONE, &ly->i_norm);
         }
+        ADDL("ffn_gate_inp.weight", 2, D, c->E, 1, INIT_MAT, &ly->gate_inp);
+        if (l < c->n_hash) {
+            ADDL("ffn_gate_tid2eid.weight", 2, c->Eu, c->V, 1, INIT_ROUTE, NULL);
+            t[n - 1].islot = &ly->tid2eid;
+        } else {
+            ADDL("exp_probs_b.bias", 1, c->E, 1, 1, INIT_SMALL, &ly->probs_b);
+        }
+        ADDL("ffn_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->ffn_norm);
+        ADDL("ffn_gate_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->gate_x);
+        ADDL("ffn_down_exps.weight", 3, c->Fe, D, c->E, INIT_MAT, &ly->down_x);
+        ADDL("ffn_up_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->up_x);
+        ADDL("ffn_gate_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->gate_s);
+        ADDL("ffn_down_shexp.weight", 2, Fs, D, 1, INIT_MAT, &ly->down_s);
+        ADDL("ffn_up_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->up_s);
     }
-    ADD("output_norm.weight", c->D, 1, INIT_ONE, &w->out_norm);
 #undef ADDL
 #undef ADD
     return n;
@@ -174,11 +221,10 @@ static void ds4_free(void *p)
 {
     ds4_weights *w = p;
     if (!w) return;
-    if (w->out != w->tok_embd) free(w->out);
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (t) {
         size_t n = ds4_tensors(w, t);
-        for (size_t i = 0; i < n; i++) free(*t[i].slot);
+        for (size_t i = 0; i < n; i++) free(t[i].slot ? (void *)*t[i].slot : (void *)*t[i].islot);
         free(t);
     }
     free(w);
@@ -189,21 +235,34 @@ static int finish_config(ds4_weights *w)
 {
     ds4_config *c = &w->c;
     if (!c->V || !c->D || !c->L || c->L > MAX_LAYERS || !c->H || !c->Dh || c->Dh % 2 || !c->Dr ||
-        c->Dr > c->Dh || c->Dr % 2 || !c->Rq || !c->F || !c->W || !c->Hi || !c->Di || !c->K ||
-        !c->ctx || c->D > 16384 || c->Dh > 4096 || c->H > 1024 || c->Rq > 65536 || c->F > 1u << 20 ||
-        c->V > 1u << 24 || c->W > 1u << 20 || c->Di > 4096 || c->Hi > 1024 || c->ctx > 1u << 24 ||
-        !(c->eps > 0) || !(c->idx_base > 0))
-        return kvt_fail(KVT_EFORMAT, "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u)",
-                        c->D, c->L, c->H, c->Dh, c->Dr);
+        c->Dr > c->Dh || c->Dr % 2 || !c->Rq || !c->W || !c->Hi || !c->Di || c->Di < c->Dr || !c->K ||
+        !c->ctx || c->D > 16384 || c->Dh > 4096 || c->H > 1024 || c->Rq > 65536 || c->V > 1u << 24 ||
+        c->W > 1u << 20 || c->Di > 4096 || c->Hi > 1024 || c->ctx > 1u << 24 || !c->E || c->E > 1024 || !c->Eu ||
+        c->Eu > c->E || c->Eu > 64 || !c->Fe || c->Fe > 1u << 20 || c->Es > 64 || !c->og || c->H % c->og ||
+        !c->orank || c->orank > 65536 || c->n_hash > c->L || !c->iters || c->iters > 1000 || !(c->eps > 0) ||
+        !(c->hc_eps >= 0) || !(c->base > 0) || !(c->cbase > 0) || !(c->wscale > 0) ||
+        !(c->yarn_factor >= 0) || c->yarn_factor > 1e6f)
+        return kvt_fail(KVT_EFORMAT,
+                        "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u experts %u used %u groups %u)",
+                        c->D, c->L, c->H, c->Dh, c->Dr, c->E, c->Eu, c->og);
+    /* the indexer's keys and queries turn by the largest power-of-two
+     * Hadamard from 64 up that divides Di (llama.cpp's rule) */
+    if (c->Di % 64)
+        return kvt_fail(KVT_EFORMAT, "ds4: indexer key length %u is not a multiple of 64", c->Di);
+    size_t hd = 64;
+    while (c->Di % (hd * 2) == 0) hd *= 2;
+    w->hd_idx = hd;
     /* the indexer's selection scratch is (chunk, K) per session */
     if (c->K > 1u << 16) return kvt_fail(KVT_EFORMAT, "ds4: indexer top-k of %u rows (at most 65536)", c->K);
+    w->yarn = kvt_yarn_make(c->Dr, c->cbase, c->yarn_factor, c->yarn_orig ? c->yarn_orig : c->ctx);
     size_t off = 0, ns = 0;
     for (uint32_t l = 0; l < c->L; l++) {
         ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l];
         if (r != 0 && r != 4 && r != 128)
             return kvt_fail(KVT_EFORMAT, "ds4: layer %u has compression ratio %u (0, 4 or 128)", l, r);
-        if (!(c->base[l] > 0)) return kvt_fail(KVT_EFORMAT, "ds4: layer %u RoPE base", l);
+        if (!(c->clamp_exp[l] >= 0) || !(c->clamp_sh[l] >= 0))
+            return kvt_fail(KVT_EFORMAT, "ds4: layer %u SwiGLU clamp", l);
         ly->s_comp = ly->s_idx = -1;
         ly->off_win = off;
         off += (size_t)c->W * c->Dh * 2;
@@ -228,7 +287,7 @@ static void fill_info(kvt_model *m, const ds4_weights *w)
 {
     const ds4_config *c = &w->c;
     kvt_model_info *in = &m->info;
-    in->arch = "ds4";
+    in->arch = "deepseek4";
     in->n_vocab = c->V;
     in->n_ctx_train = c->ctx;
     in->n_embd = c->D;
@@ -236,12 +295,12 @@ static void fill_info(kvt_model *m, const ds4_weights *w)
     in->n_head = c->H;
     in->n_head_kv = 1;
     in->head_dim = c->Dh;
-    in->n_ff = c->F;
+    in->n_ff = c->Fe;
     uint64_t np = 0;
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (t) {
         size_t n = ds4_tensors((ds4_weights *)w, t);
-        for (size_t i = 0; i < n; i++) np += (uint64_t)t[i].ne0 * t[i].ne1;
+        for (size_t i = 0; i < n; i++) np += tcount(&t[i]);
         free(t);
     }
     in->n_params = np;
@@ -263,12 +322,31 @@ static int generate(ds4_weights *w)
     size_t n = ds4_tensors(w, t);
     uint64_t st = w->seed;
     for (size_t i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].ne0 * t[i].ne1;
+        size_t cnt = tcount(&t[i]);
+        if (t[i].init == INIT_ROUTE) {
+            /* each token's Eu distinct experts: draws mod E, repeats redrawn */
+            uint32_t Eu = (uint32_t)t[i].ne[0], E = w->c.E;
+            int32_t *p = kvt_malloc(cnt * sizeof(int32_t));
+            if (!p) { free(t); return KVT_ENOMEM; }
+            *t[i].islot = p;
+            for (size_t v = 0; v < t[i].ne[1]; v++)
+                for (uint32_t j = 0; j < Eu; j++) {
+                    int32_t e;
+                    bool dup;
+                    do {
+                        e = (int32_t)(splitmix(&st) % E);
+                        dup = false;
+                        for (uint32_t k = 0; k < j; k++) dup |= p[v * Eu + k] == e;
+                    } while (dup);
+                    p[v * Eu + j] = e;
+                }
+            continue;
+        }
         float *p = kvt_malloc(cnt * sizeof(float));
         if (!p) { free(t); return KVT_ENOMEM; }
         *t[i].slot = p;
-        double scale = t[i].init == INIT_MAT ? 1.0 / sqrt((double)t[i].ne0)
-                     : t[i].init == INIT_APE ? 0.02 : 1.0;
+        double scale = t[i].init == INIT_MAT ? 1.0 / sqrt((double)t[i].ne[0])
+                     : t[i].init == INIT_SMALL ? 0.02 : 1.0;
         for (size_t j = 0; j < cnt; j++) {
             if (t[i].init == INIT_ONE) p[j] = 1.0f;
             else if (t[i].init == INIT_ZERO) p[j] = 0.0f;
@@ -279,7 +357,6 @@ static int generate(ds4_weights *w)
         }
     }
     free(t);
-    w->out = w->tok_embd;
     return KVT_OK;
 }
 
@@ -302,12 +379,187 @@ int kvt_ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenize
     return KVT_OK;
 }
 
-/* ---- GGUF ---- */
+/* ---- GGUF: llama.cpp's deepseek4 layout ---- */
 
-static int get_u32(const kvt_gguf *g, const char *k, uint32_t *v)
+static int key_name(char *k, size_t len, const char *key)
 {
+    snprintf(k, len, "deepseek4.%s", key);
+    return KVT_OK;
+}
+
+static int dsv4_u32(const kvt_gguf *g, const char *key, uint32_t *v)
+{
+    char k[96];
+    key_name(k, sizeof k, key);
     int rc = kvt_gguf_get_u32(g, k, v);
-    return rc == KVT_ENOENT ? kvt_fail(KVT_EFORMAT, "ds4: missing metadata key %s", k) : rc;
+    if (rc == KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "deepseek4: missing metadata key %s", k);
+    if (!rc) return KVT_OK;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+    return kvt_fail(rc, "deepseek4: %s: %s", k, msg);
+}
+
+static int dsv4_f32(const kvt_gguf *g, const char *key, float *v, bool need)
+{
+    char k[96];
+    key_name(k, sizeof k, key);
+    int rc = kvt_gguf_get_f32(g, k, v);
+    if (rc == KVT_ENOENT && !need) return KVT_OK;
+    if (rc == KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "deepseek4: missing metadata key %s", k);
+    return rc ? kvt_fail(rc, "deepseek4: %s is not a float", k) : KVT_OK;
+}
+
+/* A key that may be one value or one per layer (at least L entries): every
+ * layer's value into v[0..L), or the first layer's when L is 1 and v one. */
+static int dsv4_u32_or_arr(const kvt_gguf *g, const char *key, uint32_t L, uint32_t *v)
+{
+    char k[96];
+    key_name(k, sizeof k, key);
+    const kvt_gguf_val *a = kvt_gguf_get(g, k);
+    if (!a || a->type != KVT_GGUF_ARR) return dsv4_u32(g, key, v);
+    if (a->n < L || (a->elem_type != KVT_GGUF_U32 && a->elem_type != KVT_GGUF_I32) || a->v.arr[0].v.i < 0)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %s: an array of %llu for %u layers", k,
+                        (unsigned long long)a->n, L);
+    for (uint32_t l = 1; l < L; l++)
+        if (a->v.arr[l].v.u != a->v.arr[0].v.u)
+            return kvt_fail(KVT_EUNSUPPORTED, "deepseek4: %s differs between layers", k);
+    *v = (uint32_t)a->v.arr[0].v.u;
+    return KVT_OK;
+}
+
+static int dsv4_f32_arr(const kvt_gguf *g, const char *key, uint32_t L, float *v, bool need, const float *dflt)
+{
+    char k[96];
+    key_name(k, sizeof k, key);
+    const kvt_gguf_val *a = kvt_gguf_get(g, k);
+    if (!a) {
+        if (need) return kvt_fail(KVT_EFORMAT, "deepseek4: missing metadata key %s", k);
+        for (uint32_t l = 0; l < L; l++) v[l] = dflt[l];
+        return KVT_OK;
+    }
+    if (a->type == KVT_GGUF_F32) {
+        for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.f;
+        return KVT_OK;
+    }
+    if (a->type != KVT_GGUF_ARR || a->elem_type != KVT_GGUF_F32 || a->n < L)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not a float or %u floats", k, L);
+    for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.arr[l].v.f;
+    return KVT_OK;
+}
+
+/* The configuration of a deepseek4 file, from its metadata alone. V is the
+ * vocabulary's length. */
+static int read_config(const kvt_gguf *g, ds4_config *c)
+{
+    memset(c, 0, sizeof *c);
+    uint32_t Dv = 0, hc = 0, n_all = 0, hkv = 1, gating = 0;
+    int rc;
+    if ((rc = dsv4_u32(g, "block_count", &n_all)) || (rc = dsv4_u32(g, "embedding_length", &c->D)) ||
+        (rc = dsv4_u32(g, "context_length", &c->ctx)) || (rc = dsv4_u32(g, "attention.head_count", &c->H)) ||
+        (rc = dsv4_u32(g, "attention.key_length", &c->Dh)) || (rc = dsv4_u32(g, "attention.value_length", &Dv)) ||
+        (rc = dsv4_u32(g, "rope.dimension_count", &c->Dr)) || (rc = dsv4_u32(g, "attention.q_lora_rank", &c->Rq)) ||
+        (rc = dsv4_u32(g, "attention.sliding_window", &c->W)) ||
+        (rc = dsv4_u32(g, "attention.indexer.head_count", &c->Hi)) ||
+        (rc = dsv4_u32(g, "attention.indexer.key_length", &c->Di)) ||
+        (rc = dsv4_u32(g, "attention.indexer.top_k", &c->K)) || (rc = dsv4_u32(g, "hyper_connection.count", &hc)) ||
+        (rc = dsv4_u32(g, "hyper_connection.sinkhorn_iterations", &c->iters)) ||
+        (rc = dsv4_u32(g, "expert_count", &c->E)) || (rc = dsv4_u32(g, "expert_shared_count", &c->Es)) ||
+        (rc = dsv4_u32(g, "hash_layer_count", &c->n_hash)) ||
+        (rc = dsv4_u32(g, "attention.output_group_count", &c->og)) ||
+        (rc = dsv4_u32(g, "attention.output_lora_rank", &c->orank)) ||
+        (rc = dsv4_u32(g, "expert_gating_func", &gating)))
+        return rc;
+    if (n_all == 0 || n_all > MAX_LAYERS + 1)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: block_count %u out of range [1, %d]", n_all, MAX_LAYERS);
+    if (kvt_gguf_get_u32(g, "deepseek4.nextn_predict_layers", &c->nextn) == KVT_OK && c->nextn >= n_all)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %u prediction layers of %u", c->nextn, n_all);
+    c->L = n_all - c->nextn;
+    if (c->L > MAX_LAYERS)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %u layers (at most %d)", c->L, MAX_LAYERS);
+    if ((rc = dsv4_u32_or_arr(g, "expert_used_count", c->L, &c->Eu)) ||
+        (rc = dsv4_u32_or_arr(g, "expert_feed_forward_length", c->L, &c->Fe)))
+        return rc;
+    if (kvt_gguf_get(g, "deepseek4.attention.head_count_kv") && (rc = dsv4_u32(g, "attention.head_count_kv", &hkv)))
+        return rc;
+    if ((rc = dsv4_f32(g, "attention.layer_norm_rms_epsilon", &c->eps, true)) ||
+        (rc = dsv4_f32(g, "hyper_connection.epsilon", &c->hc_eps, true)) ||
+        (rc = dsv4_f32(g, "attention.compress_rope_freq_base", &c->cbase, true)) ||
+        (rc = dsv4_f32(g, "expert_weights_scale", &c->wscale, true)))
+        return rc;
+    c->base = 10000.0f;
+    if ((rc = dsv4_f32(g, "rope.freq_base", &c->base, false))) return rc;
+    if ((rc = kvt_gguf_get_bool(g, "deepseek4.expert_weights_norm", &c->wnorm)) != KVT_OK)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: expert_weights_norm missing or not a bool");
+    float zero[MAX_LAYERS] = {0};
+    if ((rc = dsv4_f32_arr(g, "swiglu_clamp_exp", c->L, c->clamp_exp, true, zero)) ||
+        (rc = dsv4_f32_arr(g, "swiglu_clamp_shexp", c->L, c->clamp_sh, false, c->clamp_exp)))
+        return rc;
+    const char *st;
+    size_t sl;
+    if (kvt_gguf_get_str(g, "deepseek4.rope.scaling.type", &st, &sl) == KVT_OK) {
+        if (sl == 4 && !memcmp(st, "yarn", 4)) {
+            if ((rc = dsv4_f32(g, "rope.scaling.factor", &c->yarn_factor, true))) return rc;
+            c->yarn_orig = c->ctx;
+            if (kvt_gguf_get(g, "deepseek4.rope.scaling.original_context_length") &&
+                (rc = dsv4_u32(g, "rope.scaling.original_context_length", &c->yarn_orig)))
+                return rc;
+        } else if (!(sl == 4 && !memcmp(st, "none", 4))) {
+            return kvt_fail(KVT_EUNSUPPORTED, "deepseek4: rope scaling '%.*s' (yarn or none)", (int)(sl > 32 ? 32 : sl), st);
+        }
+    }
+    if (hc != HC || Dv != c->Dh || hkv != 1 || gating != 4)
+        return kvt_fail(KVT_EUNSUPPORTED,
+                        "deepseek4: %u hyper-connection streams (4), key/value length %u/%u, %u KV heads (1), "
+                        "gating function %u (4, sqrt-softplus)", hc, c->Dh, Dv, hkv, gating);
+    const kvt_gguf_val *ra = kvt_gguf_get(g, "deepseek4.attention.compress_ratios");
+    if (!ra || ra->type != KVT_GGUF_ARR || (ra->elem_type != KVT_GGUF_I32 && ra->elem_type != KVT_GGUF_U32))
+        return kvt_fail(KVT_EFORMAT, "deepseek4: attention.compress_ratios missing or not an integer array");
+    if (ra->n < c->L)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %llu compress ratios for %u layers", (unsigned long long)ra->n, c->L);
+    for (uint32_t l = 0; l < c->L; l++) {
+        int64_t r = ra->elem_type == KVT_GGUF_I32 ? ra->v.arr[l].v.i : (int64_t)ra->v.arr[l].v.u;
+        if (r != 0 && r != 4 && r != 128)
+            return kvt_fail(KVT_EFORMAT, "deepseek4: layer %u has compression ratio %lld (0, 4 or 128)", l, (long long)r);
+        c->ratio[l] = (uint32_t)r;
+    }
+    const kvt_gguf_val *toks = kvt_gguf_get(g, "tokenizer.ggml.tokens");
+    const kvt_gguf_tensor *emb = kvt_gguf_find_tensor(g, "token_embd.weight");
+    c->V = toks && toks->type == KVT_GGUF_ARR ? (uint32_t)(toks->n > UINT32_MAX ? UINT32_MAX : toks->n)
+           : emb && emb->n_dims == 2 && emb->ne[1] <= UINT32_MAX ? (uint32_t)emb->ne[1] : 0;
+    if (emb && emb->n_dims == 2 && emb->ne[1] != c->V)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: %u tokens, an embedding of %llu rows", c->V,
+                        (unsigned long long)emb->ne[1]);
+    return KVT_OK;
+}
+
+/* A tensor exactly as the table has it, converted to f32. */
+static int load_tensor(const kvt_gguf *g, const tdesc *d)
+{
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, d->name);
+    if (!t) return kvt_fail(KVT_EFORMAT, "deepseek4: missing tensor %s", d->name);
+    bool shape = t->n_dims == d->nd;
+    for (uint32_t i = 0; i < 3; i++) shape &= t->ne[i] == (i < d->nd ? d->ne[i] : 1);
+    if (!shape)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: tensor %s has shape (%llu, %llu, %llu), expected (%llu, %llu, %llu)",
+                        d->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                        (unsigned long long)t->ne[2], (unsigned long long)d->ne[0], (unsigned long long)d->ne[1],
+                        (unsigned long long)d->ne[2]);
+    size_t n = tcount(d);
+    if (d->init == INIT_ROUTE) {
+        if (t->type != GGML_I32 || t->n_bytes != n * 4 || !t->data)
+            return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not an I32 table", d->name);
+        int32_t *p = kvt_malloc(n * sizeof *p);
+        if (!p) return KVT_ENOMEM;
+        memcpy(p, t->data, n * 4);
+        *d->islot = p;
+        return KVT_OK;
+    }
+    float *p = kvt_malloc(n * sizeof *p);
+    if (!p) return KVT_ENOMEM;
+    int rc = kvt_gguf_tensor_to_f32(t, p, n);
+    if (rc) { free(p); return rc; }
+    *d->slot = p;
+    return KVT_OK;
 }
 
 int kvt_ds4_load(kvt_model *m, const kvt_gguf *g)
@@ -315,60 +567,29 @@ int kvt_ds4_load(kvt_model *m, const kvt_gguf *g)
     ds4_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
     ds4_config *c = &w->c;
-    int rc;
-    if ((rc = get_u32(g, "ds4.vocab_size", &c->V)) || (rc = get_u32(g, "ds4.embedding_length", &c->D)) ||
-        (rc = get_u32(g, "ds4.block_count", &c->L)) ||
-        (rc = get_u32(g, "ds4.attention.head_count", &c->H)) ||
-        (rc = get_u32(g, "ds4.attention.head_dim", &c->Dh)) ||
-        (rc = get_u32(g, "ds4.rope.dimension_count", &c->Dr)) ||
-        (rc = get_u32(g, "ds4.attention.q_lora_rank", &c->Rq)) ||
-        (rc = get_u32(g, "ds4.feed_forward_length", &c->F)) ||
-        (rc = get_u32(g, "ds4.attention.sliding_window", &c->W)) ||
-        (rc = get_u32(g, "ds4.indexer.head_count", &c->Hi)) ||
-        (rc = get_u32(g, "ds4.indexer.head_dim", &c->Di)) ||
-        (rc = get_u32(g, "ds4.indexer.top_k", &c->K)) ||
-        (rc = get_u32(g, "ds4.context_length", &c->ctx)))
-        goto fail;
-    if ((rc = kvt_gguf_get_f32(g, "ds4.attention.layer_norm_rms_epsilon", &c->eps)) ||
-        (rc = kvt_gguf_get_f32(g, "ds4.indexer.rope_freq_base", &c->idx_base))) {
-        if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "ds4: missing epsilon or indexer RoPE base");
-        goto fail;
-    }
-    if (c->L == 0 || c->L > MAX_LAYERS) {
-        rc = kvt_fail(KVT_EFORMAT, "ds4: block_count %u out of range [1, %d]", c->L, MAX_LAYERS);
-        goto fail;
-    }
-    const kvt_gguf_val *ra, *ba;
-    size_t nr, nb;
-    if ((rc = kvt_gguf_get_arr(g, "ds4.compress_ratios", KVT_GGUF_U32, &ra, &nr)) ||
-        (rc = kvt_gguf_get_arr(g, "ds4.rope.freq_bases", KVT_GGUF_F32, &ba, &nb))) {
-        if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "ds4: missing compress_ratios or freq_bases");
-        goto fail;
-    }
-    if (nr != c->L || nb != c->L) {
-        rc = kvt_fail(KVT_EFORMAT, "ds4: %zu ratios and %zu RoPE bases for %u layers", nr, nb, c->L);
-        goto fail;
-    }
-    for (uint32_t l = 0; l < c->L; l++) {
-        c->ratio[l] = ra[l].v.u > 128 ? 1 : (uint32_t)ra[l].v.u;
-        c->base[l] = (float)ba[l].v.f;
-    }
-    uint64_t seed = 0;
-    int64_t sv;
-    if (kvt_gguf_get_i64(g, "ds4.seed", &sv) == KVT_OK) seed = (uint64_t)sv;
-    w->seed = seed;
-    if ((rc = finish_config(w))) goto fail;
-    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
-    if (!t) { rc = KVT_ENOMEM; goto fail; }
+    int rc = read_config(g, c);
+    uint64_t sv = 0;
+    const kvt_gguf_val *sd = kvt_gguf_get(g, "kvtier.seed");
+    if (sd && sd->type == KVT_GGUF_U64) sv = sd->v.u;
+    w->seed = sv;
+    if (!rc) rc = finish_config(w);
+    tdesc *t = rc ? NULL : kvt_malloc(MAX_TENSORS * sizeof *t);
+    if (!rc && !t) rc = KVT_ENOMEM;
+    if (rc) goto fail;
     size_t n = ds4_tensors(w, t);
-    for (size_t i = 0; i < n && !rc; i++) rc = kvt_model_tensor_f32(g, t[i].name, t[i].ne0, t[i].ne1, t[i].slot);
+    for (size_t i = 0; i < n && !rc; i++) rc = load_tensor(g, &t[i]);
     free(t);
     if (rc) goto fail;
-    if (kvt_gguf_find_tensor(g, "output.weight")) {
-        if ((rc = kvt_model_tensor_f32(g, "output.weight", c->D, c->V, &w->out))) goto fail;
-    } else {
-        w->out = w->tok_embd;
-    }
+    for (uint32_t l = 0; l < c->n_hash; l++)
+        for (size_t i = 0; i < (size_t)c->V * c->Eu; i++)
+            if (w->layers[l].tid2eid[i] < 0 || (uint32_t)w->layers[l].tid2eid[i] >= c->E) {
+                rc = kvt_fail(KVT_EFORMAT, "deepseek4: layer %u routes a token to expert %d of %u", l,
+                              w->layers[l].tid2eid[i], c->E);
+                goto fail;
+            }
+    if (c->nextn)
+        fprintf(stderr, "kvtier: deepseek4: skipping %u multi-token prediction layer(s) (not used for decoding)\n",
+                c->nextn);
     m->weights = w;
     fill_info(m, w);
     return KVT_OK;
@@ -384,53 +605,68 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     const ds4_config *c = &w->c;
     kvt_gguf_writer *gw = kvt_gguf_writer_new();
     tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
-    kvt_gguf_val *ra = kvt_calloc(c->L, sizeof *ra), *ba = kvt_calloc(c->L, sizeof *ba);
+    kvt_gguf_val *ra = kvt_calloc(c->L, sizeof *ra), *ce = kvt_calloc(c->L, sizeof *ce),
+                 *cs = kvt_calloc(c->L, sizeof *cs);
     int rc = KVT_ENOMEM;
-    if (!gw || !t || !ra || !ba) goto done;
+    if (!gw || !t || !ra || !ce || !cs) goto done;
     for (uint32_t l = 0; l < c->L; l++) {
-        ra[l] = (kvt_gguf_val){.type = KVT_GGUF_U32, .v.u = c->ratio[l]};
-        ba[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->base[l]};
+        ra[l] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = c->ratio[l]};
+        ce[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->clamp_exp[l]};
+        cs[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->clamp_sh[l]};
     }
-    kvt_gguf_val rv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_U32, .n = c->L, .v.arr = ra};
-    kvt_gguf_val bv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = c->L, .v.arr = ba};
+    kvt_gguf_val rv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = c->L, .v.arr = ra};
+    kvt_gguf_val cev = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = c->L, .v.arr = ce};
+    kvt_gguf_val csv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = c->L, .v.arr = cs};
     kvt_gguf_val seed = {.type = KVT_GGUF_U64, .v.u = w->seed};
-    if ((rc = kvt_gguf_writer_set_str(gw, "general.architecture", "ds4")) ||
+    struct { const char *k; uint32_t v; } u[] = {
+        {"context_length", c->ctx}, {"embedding_length", c->D}, {"block_count", c->L},
+        {"attention.head_count", c->H}, {"attention.head_count_kv", 1}, {"attention.key_length", c->Dh},
+        {"attention.value_length", c->Dh}, {"rope.dimension_count", c->Dr}, {"attention.q_lora_rank", c->Rq},
+        {"attention.sliding_window", c->W}, {"expert_feed_forward_length", c->Fe}, {"expert_count", c->E},
+        {"expert_used_count", c->Eu}, {"expert_shared_count", c->Es}, {"expert_gating_func", 4},
+        {"attention.indexer.head_count", c->Hi}, {"attention.indexer.key_length", c->Di},
+        {"attention.indexer.top_k", c->K}, {"attention.output_group_count", c->og},
+        {"attention.output_lora_rank", c->orank}, {"hyper_connection.count", HC},
+        {"hyper_connection.sinkhorn_iterations", c->iters}, {"hash_layer_count", c->n_hash},
+        {"embedding_length_out", HC * c->D}, {"rope.scaling.original_context_length", c->yarn_orig},
+    };
+    struct { const char *k; float v; } f[] = {
+        {"rope.freq_base", c->base}, {"attention.layer_norm_rms_epsilon", c->eps},
+        {"expert_weights_scale", c->wscale}, {"attention.compress_rope_freq_base", c->cbase},
+        {"hyper_connection.epsilon", c->hc_eps}, {"rope.scaling.factor", c->yarn_factor},
+    };
+    char k[96];
+    if ((rc = kvt_gguf_writer_set_str(gw, "general.architecture", "deepseek4")) ||
         (rc = kvt_gguf_writer_set_str(gw, "general.name", m->info.name)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.vocab_size", c->V)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.context_length", c->ctx)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.embedding_length", c->D)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.block_count", c->L)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.attention.head_count", c->H)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.attention.head_dim", c->Dh)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.rope.dimension_count", c->Dr)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.attention.q_lora_rank", c->Rq)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.feed_forward_length", c->F)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.attention.sliding_window", c->W)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.indexer.head_count", c->Hi)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.indexer.head_dim", c->Di)) ||
-        (rc = kvt_gguf_writer_set_u32(gw, "ds4.indexer.top_k", c->K)) ||
-        (rc = kvt_gguf_writer_set_f32(gw, "ds4.attention.layer_norm_rms_epsilon", c->eps)) ||
-        (rc = kvt_gguf_writer_set_f32(gw, "ds4.indexer.rope_freq_base", c->idx_base)) ||
-        (rc = kvt_gguf_writer_set(gw, "ds4.compress_ratios", &rv)) ||
-        (rc = kvt_gguf_writer_set(gw, "ds4.rope.freq_bases", &bv)) ||
-        (rc = kvt_gguf_writer_set(gw, "ds4.seed", &seed)) ||
+        (rc = kvt_gguf_writer_set(gw, "kvtier.seed", &seed)))
+        goto done;
+    for (size_t i = 0; i < sizeof u / sizeof u[0] && !rc; i++) {
+        key_name(k, sizeof k, u[i].k);
+        rc = kvt_gguf_writer_set_u32(gw, k, u[i].v);
+    }
+    for (size_t i = 0; i < sizeof f / sizeof f[0] && !rc; i++) {
+        key_name(k, sizeof k, f[i].k);
+        rc = kvt_gguf_writer_set_f32(gw, k, f[i].v);
+    }
+    if (rc || (rc = kvt_gguf_writer_set_bool(gw, "deepseek4.expert_weights_norm", c->wnorm)) ||
+        (rc = kvt_gguf_writer_set_str(gw, "deepseek4.rope.scaling.type", c->yarn_factor > 1 ? "yarn" : "none")) ||
+        (rc = kvt_gguf_writer_set(gw, "deepseek4.attention.compress_ratios", &rv)) ||
+        (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_exp", &cev)) ||
+        (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_shexp", &csv)) ||
         (rc = kvt_tokenizer_to_gguf(m->tok, gw)))
         goto done;
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
-        uint64_t ne[2] = {t[i].ne0, t[i].ne1};
-        rc = kvt_gguf_writer_add_tensor(gw, t[i].name, KVT_GGML_F32, t[i].ne1 > 1 ? 2 : 1, ne, *t[i].slot,
-                                        (size_t)t[i].ne0 * t[i].ne1 * sizeof(float));
-    }
-    if (!rc && w->out != w->tok_embd) {
-        uint64_t ne[2] = {c->D, c->V};
-        rc = kvt_gguf_writer_add_tensor(gw, "output.weight", KVT_GGML_F32, 2, ne, w->out,
-                                        (size_t)c->D * c->V * sizeof(float));
+        bool route = t[i].init == INIT_ROUTE;
+        const void *data = route ? (const void *)*t[i].islot : (const void *)*t[i].slot;
+        rc = kvt_gguf_writer_add_tensor(gw, t[i].name, route ? GGML_I32 : KVT_GGML_F32, t[i].nd, t[i].ne, data,
+                                        tcount(&t[i]) * 4);
     }
     if (!rc) rc = kvt_gguf_writer_write(gw, path);
 done:
     free(ra);
-    free(ba);
+    free(ce);
+    free(cs);
     free(t);
     kvt_gguf_writer_free(gw);
     return rc;
@@ -443,21 +679,23 @@ static uint64_t ds4_fingerprint(const void *p)
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
     XXH3_64bits_reset(st);
-    uint32_t hdr[] = {c->V, c->D, c->L, c->H, c->Dh, c->Dr, c->Rq, c->F, c->W, c->Hi, c->Di, c->K, c->ctx};
-    XXH3_64bits_update(st, "ds4", 3);
-    XXH3_64bits_update(st, hdr, sizeof hdr);
-    XXH3_64bits_update(st, &c->eps, 4);
-    XXH3_64bits_update(st, &c->idx_base, 4);
+    uint32_t u[] = {c->V, c->D, c->L, c->H, c->Dh, c->Dr, c->Rq, c->W, c->Hi, c->Di, c->K, c->ctx, c->E, c->Eu,
+                    c->Es, c->Fe, c->iters, c->n_hash, c->og, c->orank, c->yarn_orig, c->wnorm};
+    float f[] = {c->eps, c->hc_eps, c->base, c->cbase, c->wscale, c->yarn_factor};
+    XXH3_64bits_update(st, "deepseek4", 9);
+    XXH3_64bits_update(st, u, sizeof u);
+    XXH3_64bits_update(st, f, sizeof f);
     XXH3_64bits_update(st, c->ratio, c->L * 4);
-    XXH3_64bits_update(st, c->base, c->L * 4);
+    XXH3_64bits_update(st, c->clamp_exp, c->L * 4);
+    XXH3_64bits_update(st, c->clamp_sh, c->L * 4);
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (t) {
         size_t n = ds4_tensors((ds4_weights *)w, t);
         for (size_t i = 0; i < n; i++)
-            XXH3_64bits_update(st, *t[i].slot, (size_t)t[i].ne0 * t[i].ne1 * sizeof(float));
+            XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
+                               tcount(&t[i]) * 4);
         free(t);
     }
-    if (w->out != w->tok_embd) XXH3_64bits_update(st, w->out, (size_t)c->D * c->V * sizeof(float));
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;
@@ -498,8 +736,8 @@ static inline float *front_slot(const kvt_cache *cache, size_t off, uint32_t r, 
 /* Pool the block of ratio r that token t completes into out (width d), then
  * normalise, rotate and round it: one compressed row. Inputs come from the
  * frontier ring at offset off (slots of (ckv, csc), each cw = c*d wide). */
-static void emit_row(const kvt_cache *cache, size_t off, uint32_t r, size_t d, size_t t,
-                     const float *norm_w, float eps, size_t n_rot, float base, float *p, uint16_t *out)
+static void emit_row(const kvt_cache *cache, size_t off, uint32_t r, size_t d, size_t t, const float *norm_w,
+                     float eps, size_t n_rot, float base, const kvt_yarn *y, size_t had, float *p, uint16_t *out)
 {
     size_t b = (t + 1) / r - 1, first = b * r, cw = (r == 4 ? 2 : 1) * d;
     for (size_t j = 0; j < d; j++) {
@@ -522,7 +760,8 @@ static void emit_row(const kvt_cache *cache, size_t off, uint32_t r, size_t d, s
         p[j] = acc / z;
     }
     kvt_rmsnorm(p, p, norm_w, d, eps);
-    kvt_rope(p + d - n_rot, n_rot, first, base);
+    kvt_rope_ext(p + d - n_rot, n_rot, first, base, y, 1.0f);
+    for (size_t j = 0; had && j < d; j += had) kvt_hadamard(p + j, had);
     to_f16(out, p, d);
 }
 
@@ -548,7 +787,10 @@ typedef struct ds4_work {
     size_t ch, n_ctx, parts;
     size_t maxc4;      /* indexer rows at n_ctx (0: no ratio-4 layer) */
     size_t nk;         /* keys one position attends to at most */
-    float *x;          /* (ch, D) residual */
+    float *x;          /* (ch, 4, D) the residual's hyper-connection streams */
+    float *xn;         /* (ch, 4, D) the streams normed; then the next streams */
+    float *mix;        /* (ch, 24) hyper-connection mixes */
+    float *hc;         /* (ch, 24) per token pre (4), post (4), comb (16: [src][dst]) */
     float *h;          /* (ch, D) normed input */
     float *qr;         /* (ch, Rq) */
     float *q;          /* (ch, H*Dh) */
@@ -558,8 +800,15 @@ typedef struct ds4_work {
     float *iq;         /* (ch, Hi*Di) */
     float *iw;         /* (ch, Hi) */
     float *att;        /* (ch, H*Dh) */
-    float *f1, *f3;    /* (ch, F) */
-    float *tmp;        /* (ch, max(D, H*Dh)) */
+    float *og;         /* (ch, H*Dh/og + 2*og*orank) one output group's inputs, the low-rank outputs, a group's */
+    float *f1, *f3;    /* (ch, Fe * max(Es, Eu)): the shared experts, or one expert's tokens */
+    float *lg;         /* (ch, E) router logits, then probabilities */
+    uint32_t *ex;      /* (ch, Eu) each token's experts, in routing order */
+    float *ew;         /* (ch, Eu) their weights */
+    float *eo;         /* (ch, Eu, D) their outputs */
+    uint32_t *rt;      /* (ch, Eu) the (token, slot) pairs one expert runs on */
+    float *xe;         /* (ch, Eu, D) their inputs */
+    float *tmp;        /* (ch, max(D, H*Dh, 24)) */
     float *p;          /* (max(Dh, Di)) a pooled row */
     uint16_t *chk;     /* (max(Dh, Di)) a replayed row */
     uint32_t *sel;     /* (ch, K) selected indexer rows; NULL when K >= maxc4 (never selects) */
@@ -713,7 +962,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
             memset(o, 0, Dh * sizeof(float));
             kvt_axpys_rows(o, Dh, sc, 0, 1, keys, Dh, nk, Dh);
             for (size_t d = 0; d < Dh; d++) o[d] /= den;
-            kvt_rope_inv(o + Dh - c->Dr, c->Dr, t, c->base[f->l]);
+            kvt_rope_ext(o + Dh - c->Dr, c->Dr, t, r ? c->cbase : c->base, r ? &f->w->yarn : NULL, -1.0f);
         }
     }
 }
@@ -722,8 +971,9 @@ static void ds4_work_free(void *p)
 {
     ds4_work *k = p;
     if (!k) return;
-    void *b[] = {k->x, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq, k->iw, k->att, k->f1, k->f3,
-                 k->tmp, k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap};
+    void *b[] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq, k->iw,
+                 k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp, k->p, k->chk,
+                 k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
     free(k);
 }
@@ -756,8 +1006,12 @@ static int ds4_work_new(kvt_session *s)
     /* every size below is bounded by finish_config's limits and n_ctx <= 2^24:
      * none overflows a 64-bit size_t */
     size_t ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS, n_ctx = s->n_ctx;
-    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, F = c->F, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t E = c->E, Eu = c->Eu, F = (size_t)c->Fe * (c->Es > Eu ? c->Es : Eu); /* the shared, or one expert's rows */
     size_t wide = Dh > Di ? Dh : Di, CW = 2 * wide, K = c->K;
+    size_t OG = HD / c->og + 2 * (size_t)c->og * c->orank; /* a group's inputs, the low-rank outputs, one group's */
+    size_t TW = D > HD ? D : HD;
+    if (TW < HC_MIX) TW = HC_MIX;
     k->ch = ch;
     k->n_ctx = n_ctx;
     size_t nc = 0; /* compressed rows one position attends to at most */
@@ -768,7 +1022,10 @@ static int ds4_work_new(kvt_session *s)
         nc = m > nc ? m : nc;
     }
     k->nk = nc + c->W;
-    k->x = kvt_malloc(ch * D * sizeof(float));
+    k->x = kvt_malloc(ch * HC * D * sizeof(float));
+    k->xn = kvt_malloc(ch * HC * D * sizeof(float));
+    k->mix = kvt_malloc(ch * HC_MIX * sizeof(float));
+    k->hc = kvt_malloc(ch * HC_MIX * sizeof(float));
     k->h = kvt_malloc(ch * D * sizeof(float));
     k->qr = kvt_malloc(ch * Rq * sizeof(float));
     k->q = kvt_malloc(ch * HD * sizeof(float));
@@ -779,14 +1036,22 @@ static int ds4_work_new(kvt_session *s)
     k->iq = kvt_malloc(ch * Hi * Di * sizeof(float));
     k->iw = kvt_malloc(ch * Hi * sizeof(float));
     k->att = kvt_malloc(ch * HD * sizeof(float));
+    k->og = kvt_malloc(ch * OG * sizeof(float));
     k->f1 = kvt_malloc(ch * F * sizeof(float));
     k->f3 = kvt_malloc(ch * F * sizeof(float));
-    k->tmp = kvt_malloc(ch * (D > HD ? D : HD) * sizeof(float));
+    k->lg = kvt_malloc(ch * E * sizeof(float));
+    k->ex = kvt_malloc(ch * Eu * sizeof(uint32_t));
+    k->ew = kvt_malloc(ch * Eu * sizeof(float));
+    k->eo = kvt_malloc(ch * Eu * D * sizeof(float));
+    k->rt = kvt_malloc(ch * Eu * sizeof(uint32_t));
+    k->xe = kvt_malloc(ch * Eu * D * sizeof(float));
+    k->tmp = kvt_malloc(ch * TW * sizeof(float));
     k->p = kvt_malloc(wide * sizeof(float));
     k->chk = kvt_malloc(wide * 2);
     k->nsel = kvt_malloc(ch * sizeof(uint32_t));
-    bool ok = k->x && k->h && k->qr && k->q && k->kv && k->rows && k->ckv && k->csc && k->iq && k->iw && k->att &&
-              k->f1 && k->f3 && k->tmp && k->p && k->chk && k->nsel;
+    bool ok = k->x && k->xn && k->mix && k->hc && k->h && k->qr && k->q && k->kv && k->rows && k->ckv && k->csc &&
+              k->iq && k->iw && k->att && k->og && k->f1 && k->f3 && k->lg && k->ex && k->ew && k->eo && k->rt &&
+              k->xe && k->tmp && k->p && k->chk && k->nsel;
     if (ok && k->maxc4 > K) {
         /* the dots of index_select's slices: slice * Hi * maxc floats, where
          * slice = clamp(2^22 / (Hi * maxc), 1, n) with maxc <= maxc4 and n <= ch */
@@ -806,6 +1071,176 @@ static int ds4_work_new(kvt_session *s)
     return KVT_OK;
 }
 
+static inline float sigm(float v) { return 1.0f / (1.0f + kvt_expf(-v)); }
+
+/* Sinkhorn on a token's comb (4 x 4, [src][dst]): softmax over dst, plus
+ * eps, a column normalisation, then iters - 1 times rows and columns, each
+ * sum plus eps (llama.cpp's build_hc_sinkhorn). */
+static void sinkhorn(float *cb, uint32_t iters, float eps)
+{
+    for (size_t s = 0; s < HC; s++) {
+        float *r = cb + s * HC, m = r[0], z = 0;
+        for (size_t d = 1; d < HC; d++) m = r[d] > m ? r[d] : m;
+        for (size_t d = 0; d < HC; d++) { r[d] = kvt_expf(r[d] - m); z += r[d]; }
+        for (size_t d = 0; d < HC; d++) r[d] = r[d] / z + eps;
+    }
+    for (uint32_t it = 0; it < iters; it++) {
+        if (it > 0)
+            for (size_t s = 0; s < HC; s++) {
+                float z = eps;
+                for (size_t d = 0; d < HC; d++) z += cb[s * HC + d];
+                for (size_t d = 0; d < HC; d++) cb[s * HC + d] /= z;
+            }
+        for (size_t d = 0; d < HC; d++) {
+            float z = eps;
+            for (size_t s = 0; s < HC; s++) z += cb[s * HC + d];
+            for (size_t s = 0; s < HC; s++) cb[s * HC + d] /= z;
+        }
+    }
+}
+
+/* The mixes of n tokens' streams x (n, 4, D) through fn (out, 4D): each
+ * token's streams normed as one vector of 4D. */
+static void hc_mixes(kvt_session *s, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
+                     size_t out)
+{
+    size_t W4 = (size_t)HC * c->D;
+    for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->xn + i * W4, x + i * W4, NULL, W4, c->eps);
+    kvt_matmul(s->pool, wk->mix, fn, wk->xn, n, W4, out);
+}
+
+/* Collapse each token's streams with weights pre (stride apart) into h (n, D). */
+static void hc_collapse(const float *x, size_t n, size_t D, const float *pre, size_t stride, float *h)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float *xi = x + i * HC * D, *p = pre + i * stride;
+        float *o = h + i * D;
+        for (size_t d = 0; d < D; d++) {
+            float v = xi[d] * p[0];
+            for (size_t k = 1; k < HC; k++) v = v + xi[k * D + d] * p[k];
+            o[d] = v;
+        }
+    }
+}
+
+/* A sublayer's input: the hyper-connection coefficients of every token into
+ * wk->hc, then the collapsed streams into h. */
+static void hc_pre(kvt_session *s, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
+                   const float *base, const float *scale, float *h)
+{
+    hc_mixes(s, wk, c, x, n, fn, HC_MIX);
+    for (size_t i = 0; i < n; i++) {
+        const float *m = wk->mix + i * HC_MIX;
+        float *k = wk->hc + i * HC_MIX;
+        for (size_t j = 0; j < HC; j++) k[j] = sigm(m[j] * scale[0] + base[j]) + c->hc_eps;
+        for (size_t j = HC; j < 2 * HC; j++) k[j] = 2.0f * sigm(m[j] * scale[1] + base[j]);
+        for (size_t j = 2 * HC; j < HC_MIX; j++) k[j] = m[j] * scale[2] + base[j];
+        sinkhorn(k + 2 * HC, c->iters, c->hc_eps);
+    }
+    hc_collapse(x, n, c->D, wk->hc, HC_MIX, h);
+}
+
+/* The streams after a sublayer with output f (n, D): stream dst becomes
+ * f * post[dst] + sum over src of x[src] * comb[src][dst]. */
+static void hc_post(ds4_work *wk, const ds4_config *c, float *x, size_t n, const float *f)
+{
+    size_t D = c->D;
+    for (size_t i = 0; i < n; i++) {
+        const float *k = wk->hc + i * HC_MIX, *cb = k + 2 * HC, *xi = x + i * HC * D, *fi = f + i * D;
+        float *o = wk->xn + i * HC * D;
+        for (size_t dst = 0; dst < HC; dst++)
+            for (size_t d = 0; d < D; d++) {
+                float v = fi[d] * k[HC + dst];
+                for (size_t src = 0; src < HC; src++) v = v + xi[src * D + d] * cb[src * HC + dst];
+                o[dst * D + d] = v;
+            }
+    }
+    memcpy(x, wk->xn, n * HC * D * sizeof(float));
+}
+
+/* SwiGLU with llama.cpp's clamp for limit > 1e-6: silu(min(g, L)) * clamp(u, -L, L). */
+static void swiglu(float *g, const float *u, size_t n, float limit)
+{
+    if (limit > 1e-6f) {
+        for (size_t j = 0; j < n; j++) {
+            float a = g[j] < limit ? g[j] : limit, b = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];
+            g[j] = a / (1.0f + kvt_expf(-a)) * b;
+        }
+    } else {
+        for (size_t j = 0; j < n; j++) g[j] = kvt_silu(g[j]) * u[j];
+    }
+}
+
+/* The feed-forward of n tokens h (n, D) with ids tok into out (n, D): the
+ * routed experts, weighted, plus the shared experts. */
+static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const float *h,
+                size_t n, float *out)
+{
+    const ds4_config *c = &w->c;
+    const ds4_layer *ly = &w->layers[l];
+    size_t D = c->D, E = c->E, Eu = c->Eu, Fe = c->Fe, Fs = (size_t)c->Fe * c->Es;
+    kvt_matmul(s->pool, wk->lg, ly->gate_inp, h, n, D, E);
+    for (size_t i = 0; i < n; i++) {
+        float *p = wk->lg + i * E, *wt = wk->ew + i * Eu;
+        uint32_t *ex = wk->ex + i * Eu;
+        for (size_t e = 0; e < E; e++) p[e] = sqrtf(p[e] > 20.0f ? p[e] : logf(1.0f + expf(p[e])));
+        if (l < c->n_hash) {
+            for (size_t j = 0; j < Eu; j++) ex[j] = (uint32_t)ly->tid2eid[(size_t)tok[i] * Eu + j];
+        } else {
+            /* the Eu best of p + bias, best first; ties to the lower id */
+            for (size_t j = 0; j < Eu; j++) {
+                uint32_t best = UINT32_MAX;
+                float bs = -INFINITY;
+                for (size_t e = 0; e < E; e++) {
+                    bool used = false;
+                    for (size_t k = 0; k < j; k++) used |= ex[k] == e;
+                    float v = p[e] + ly->probs_b[e];
+                    if (!used && (best == UINT32_MAX || v > bs)) { best = (uint32_t)e; bs = v; }
+                }
+                ex[j] = best;
+            }
+        }
+        float z = 0;
+        for (size_t j = 0; j < Eu; j++) { wt[j] = p[ex[j]]; z += wt[j]; }
+        if (c->wnorm) {
+            if (z < 6.103515625e-5f) z = 6.103515625e-5f;
+            for (size_t j = 0; j < Eu; j++) wt[j] /= z;
+        }
+        if (c->wscale != 1.0f)
+            for (size_t j = 0; j < Eu; j++) wt[j] *= c->wscale;
+    }
+    /* each expert over the tokens routed to it, in token order */
+    for (uint32_t e = 0; e < E; e++) {
+        size_t ne = 0;
+        for (size_t q = 0; q < n * Eu; q++)
+            if (wk->ex[q] == e) {
+                wk->rt[ne] = (uint32_t)q;
+                memcpy(wk->xe + ne * D, h + q / Eu * D, D * sizeof(float));
+                ne++;
+            }
+        if (!ne) continue;
+        kvt_matmul(s->pool, wk->f1, ly->gate_x + (size_t)e * Fe * D, wk->xe, ne, D, Fe);
+        kvt_matmul(s->pool, wk->f3, ly->up_x + (size_t)e * Fe * D, wk->xe, ne, D, Fe);
+        swiglu(wk->f1, wk->f3, ne * Fe, c->clamp_exp[l]);
+        kvt_matmul(s->pool, wk->xe, ly->down_x + (size_t)e * D * Fe, wk->f1, ne, Fe, D);
+        for (size_t r = 0; r < ne; r++) memcpy(wk->eo + (size_t)wk->rt[r] * D, wk->xe + r * D, D * sizeof(float));
+    }
+    /* the shared experts */
+    kvt_matmul(s->pool, wk->f1, ly->gate_s, h, n, D, Fs);
+    kvt_matmul(s->pool, wk->f3, ly->up_s, h, n, D, Fs);
+    swiglu(wk->f1, wk->f3, n * Fs, c->clamp_sh[l]);
+    kvt_matmul(s->pool, out, ly->down_s, wk->f1, n, Fs, D);
+    for (size_t i = 0; i < n; i++) {
+        const float *eo = wk->eo + i * Eu * D, *wt = wk->ew + i * Eu;
+        float *o = out + i * D;
+        for (size_t d = 0; d < D; d++) {
+            float v = eo[d] * wt[0];
+            for (size_t j = 1; j < Eu; j++) v = v + eo[j * D + d] * wt[j];
+            o[d] = v + o[d];
+        }
+    }
+}
+
 /* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
  * pass. Otherwise the pass is part of a replay that started at replay_from
  * over a cache whose stream rows are already complete (see ds4_state_rebuild):
@@ -816,15 +1251,17 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
-    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, F = c->F, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t W4 = (size_t)HC * D, og = c->og, orank = c->orank, gd = HD / og;
     float *x = wk->x, *h = wk->h, *qr = wk->qr, *q = wk->q, *kv = wk->kv, *ckv = wk->ckv, *csc = wk->csc;
-    float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *f1 = wk->f1, *f3 = wk->f3, *tmp = wk->tmp, *p = wk->p;
+    float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *tmp = wk->tmp, *p = wk->p;
     uint16_t *rows = wk->rows, *chk = wk->chk;
     bool replay = replay_from != SIZE_MAX;
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= c->V)
             return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
-        memcpy(x + i * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
+        for (size_t k = 0; k < HC; k++)
+            memcpy(x + i * W4 + k * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
     }
     for (uint32_t l = 0; l < c->L; l++) {
         /* A replay skips the positions whose values at this layer cannot
@@ -834,11 +1271,13 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         if (replay && replay_from && lead > pos0) skip = lead - pos0 < n ? lead - pos0 : n;
         if (skip == n) continue;
         const size_t nn = n - skip, p0 = pos0 + skip;
-        float *xl = x + skip * D;
+        float *xl = x + skip * W4;
         const ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l];
-        float base = c->base[l];
-        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, xl + i * D, ly->attn_norm, D, c->eps);
+        float base = r ? c->cbase : c->base;
+        const kvt_yarn *yarn = r ? &w->yarn : NULL;
+        hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
+        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
         /* queries */
         kvt_matmul(s->pool, tmp, ly->wqa, h, nn, D, Rq);
         for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
@@ -847,14 +1286,14 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
             for (size_t hh = 0; hh < c->H; hh++) {
                 float *qh = q + (i * c->H + hh) * Dh;
                 kvt_rmsnorm(qh, qh, NULL, Dh, c->eps);
-                kvt_rope(qh + Dh - c->Dr, c->Dr, p0 + i, base);
+                kvt_rope_ext(qh + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
             }
         /* raw rows: key and value at once */
         kvt_matmul(s->pool, kv, ly->wkv, h, nn, D, Dh);
         for (size_t i = 0; i < nn; i++) {
             float *k = kv + i * Dh;
             kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
-            kvt_rope(k + Dh - c->Dr, c->Dr, p0 + i, base);
+            kvt_rope_ext(k + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
             to_f16(rows + i * Dh, k, Dh);
         }
         /* compressors: pool in position order, emit rows as blocks complete */
@@ -865,8 +1304,6 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
             kvt_matmul(s->pool, ckv, idx ? ly->i_kv : ly->c_kv, h, nn, D, cw);
             kvt_matmul(s->pool, csc, idx ? ly->i_gate : ly->c_gate, h, nn, D, cw);
             const float *ape = idx ? ly->i_ape : ly->c_ape;
-            size_t n_rot = idx ? (c->Dr < Di ? c->Dr : Di) : c->Dr;
-            float rb = idx ? c->idx_base : base;
             for (size_t i = 0; i < nn; i++) {
                 size_t t = p0 + i;
                 float *sl = front_slot(s->cache, off, r, cw, t);
@@ -878,17 +1315,21 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
                 if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
                 if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row)))
                     return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
-                emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, n_rot, rb, p, out);
+                emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, c->Dr, c->cbase, &w->yarn,
+                         idx ? w->hd_idx : 0, p, out);
                 if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2))
                     return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
             }
         }
         if (r == 4) {
-            kvt_matmul(s->pool, iq, ly->i_q, qr, nn, Rq, Hi * Di);
-            size_t n_rot = c->Dr < Di ? c->Dr : Di;
+            kvt_matmul(s->pool, iq, ly->i_qb, qr, nn, Rq, Hi * Di);
             for (size_t i = 0; i < nn; i++)
-                for (size_t hh = 0; hh < Hi; hh++) kvt_rope(iq + (i * Hi + hh) * Di + Di - n_rot, n_rot, p0 + i, c->idx_base);
-            kvt_matmul(s->pool, iw, ly->i_w, h, nn, D, Hi);
+                for (size_t hh = 0; hh < Hi; hh++) {
+                    float *v = iq + (i * Hi + hh) * Di;
+                    kvt_rope_ext(v + Di - c->Dr, c->Dr, p0 + i, c->cbase, &w->yarn, 1.0f);
+                    for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
+                }
+            kvt_matmul(s->pool, iw, ly->i_proj, h, nn, D, Hi);
             float isc = 1.0f / sqrtf((float)(Di * Hi));
             for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
         }
@@ -899,18 +1340,30 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         /* only now does the ring take this chunk's rows */
         for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
             memcpy(win_row(s->cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
-        kvt_matmul(s->pool, tmp, ly->wo, att, nn, HD, D);
-        for (size_t j = 0; j < nn * D; j++) xl[j] += tmp[j];
-        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, xl + i * D, ly->ffn_norm, D, c->eps);
-        kvt_matmul(s->pool, f1, ly->w1, h, nn, D, F);
-        kvt_matmul(s->pool, f3, ly->w3, h, nn, D, F);
-        for (size_t j = 0; j < nn * F; j++) f1[j] = kvt_silu(f1[j]) * f3[j];
-        kvt_matmul(s->pool, tmp, ly->w2, f1, nn, F, D);
-        for (size_t j = 0; j < nn * D; j++) xl[j] += tmp[j];
+        /* grouped low-rank output: group g's heads through rows g*orank.. of wo_a */
+        float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
+        for (size_t g = 0; g < og; g++) {
+            for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
+            kvt_matmul(s->pool, go, ly->woa + g * orank * gd, xg, nn, gd, orank);
+            for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
+        }
+        kvt_matmul(s->pool, tmp, ly->wob, oa, nn, og * orank, D);
+        hc_post(wk, c, xl, nn, tmp);
+        /* feed-forward */
+        hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
+        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->ffn_norm, D, c->eps);
+        moe(s, wk, w, l, tok + skip, h, nn, tmp);
+        hc_post(wk, c, xl, nn, tmp);
     }
     if (lfrom < n) {
         size_t nl = n - lfrom;
-        for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, x + (lfrom + i) * D, w->out_norm, D, c->eps);
+        const float *xs = x + lfrom * W4;
+        hc_mixes(s, wk, c, xs, nl, w->hch_fn, HC);
+        for (size_t i = 0; i < nl; i++)
+            for (size_t k = 0; k < HC; k++)
+                wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * w->hch_scale[0] + w->hch_base[k]) + c->hc_eps;
+        hc_collapse(xs, nl, D, wk->mix, HC, h);
+        for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, w->out_norm, D, c->eps);
         kvt_matmul(s->pool, logits, w->out, h, nl, D, c->V);
     }
     return KVT_OK;
@@ -1061,85 +1514,23 @@ static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 }
 
 
-/* ---- DeepSeek-V4 files in llama.cpp's layout (deepseek4), header only ---- */
-
-static int dsv4_u32(const kvt_gguf *g, const char *key, uint32_t *v)
-{
-    char k[96];
-    snprintf(k, sizeof k, "deepseek4.%s", key);
-    int rc = kvt_gguf_get_u32(g, k, v);
-    if (rc == KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "deepseek4: missing metadata key %s", k);
-    if (!rc) return KVT_OK;
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", kvt_errmsg());
-    return kvt_fail(rc, "deepseek4: %s: %s", k, msg);
-}
-
-/* A key that may be one value or one per layer: the first layer's. */
-static int dsv4_u32_or_arr(const kvt_gguf *g, const char *key, uint32_t L, uint32_t *v)
-{
-    char k[96];
-    snprintf(k, sizeof k, "deepseek4.%s", key);
-    const kvt_gguf_val *a = kvt_gguf_get(g, k);
-    if (!a || a->type != KVT_GGUF_ARR) return dsv4_u32(g, key, v);
-    if (a->n != L || (a->elem_type != KVT_GGUF_U32 && a->elem_type != KVT_GGUF_I32) || a->v.arr[0].v.i < 0)
-        return kvt_fail(KVT_EFORMAT, "deepseek4: %s: an array of %llu for %u layers", k,
-                        (unsigned long long)a->n, L);
-    *v = (uint32_t)a->v.arr[0].v.u;
-    return KVT_OK;
-}
+/* ---- deepseek4 files, header only ---- */
 
 int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
                      kvt_plan *plan)
 {
-    ds4_config c = {0};
-    uint32_t Dv = 0, hc = 0, E = 0, Eu = 0, Es = 0, Fe = 0, nh = 0, og = 0, orank = 0, mtp = 0;
-    int rc;
-    if ((rc = dsv4_u32(g, "block_count", &c.L)) || (rc = dsv4_u32(g, "embedding_length", &c.D)) ||
-        (rc = dsv4_u32(g, "context_length", &c.ctx)) || (rc = dsv4_u32(g, "attention.head_count", &c.H)) ||
-        (rc = dsv4_u32(g, "attention.key_length", &c.Dh)) || (rc = dsv4_u32(g, "attention.value_length", &Dv)) ||
-        (rc = dsv4_u32(g, "rope.dimension_count", &c.Dr)) || (rc = dsv4_u32(g, "attention.q_lora_rank", &c.Rq)) ||
-        (rc = dsv4_u32(g, "attention.sliding_window", &c.W)) ||
-        (rc = dsv4_u32(g, "attention.indexer.head_count", &c.Hi)) ||
-        (rc = dsv4_u32(g, "attention.indexer.key_length", &c.Di)) ||
-        (rc = dsv4_u32(g, "attention.indexer.top_k", &c.K)) || (rc = dsv4_u32(g, "hyper_connection.count", &hc)) ||
-        (rc = dsv4_u32(g, "expert_count", &E)) || (rc = dsv4_u32(g, "expert_shared_count", &Es)) ||
-        (rc = dsv4_u32(g, "hash_layer_count", &nh)) || (rc = dsv4_u32(g, "attention.output_group_count", &og)) ||
-        (rc = dsv4_u32(g, "attention.output_lora_rank", &orank)))
-        return rc;
-    if (c.L == 0 || c.L > MAX_LAYERS)
-        return kvt_fail(KVT_EFORMAT, "deepseek4: block_count %u out of range [1, %d]", c.L, MAX_LAYERS);
-    if ((rc = dsv4_u32_or_arr(g, "expert_used_count", c.L, &Eu)) ||
-        (rc = dsv4_u32_or_arr(g, "expert_feed_forward_length", c.L, &Fe)))
-        return rc;
-    if (kvt_gguf_get_u32(g, "deepseek4.nextn_predict_layers", &mtp) == KVT_OK && mtp > c.L)
-        return kvt_fail(KVT_EFORMAT, "deepseek4: %u prediction layers of %u", mtp, c.L);
-    if (!c.D || !c.H || !c.Dh || Dv != c.Dh || !c.Dr || c.Dr > c.Dh || c.Dr % 2 || (c.Dh - c.Dr) % 2 || !c.W ||
-        !c.Hi || !c.Di || c.Di < c.Dr || !c.K || hc != 4 || !E || E > 1024 || !Eu || Eu > E || !Fe || !og ||
-        c.H % og || !orank || nh > c.L)
+    ds4_config c;
+    int rc = read_config(g, &c);
+    if (rc) return rc;
+    if (!c.D || !c.H || !c.Dh || !c.Dr || c.Dr > c.Dh || c.Dr % 2 || (c.Dh - c.Dr) % 2 || !c.W || !c.Hi ||
+        !c.Di || c.Di < c.Dr || !c.K || !c.E || c.E > 1024 || !c.Eu || c.Eu > c.E || !c.Fe || !c.og ||
+        c.H % c.og || !c.orank || c.n_hash > c.L)
         return kvt_fail(KVT_EFORMAT,
-                        "deepseek4: inconsistent shape (D=%u H=%u key/value length %u/%u rope %u window %u "
-                        "indexer %ux%u top-k %u streams %u experts %u used %u groups %u)",
-                        c.D, c.H, c.Dh, Dv, c.Dr, c.W, c.Hi, c.Di, c.K, hc, E, Eu, og);
-    const kvt_gguf_val *ra = kvt_gguf_get(g, "deepseek4.attention.compress_ratios");
-    if (!ra || ra->type != KVT_GGUF_ARR || (ra->elem_type != KVT_GGUF_I32 && ra->elem_type != KVT_GGUF_U32))
-        return kvt_fail(KVT_EFORMAT, "deepseek4: attention.compress_ratios missing or not an integer array");
-    if (ra->n < c.L)
-        return kvt_fail(KVT_EFORMAT, "deepseek4: %llu compress ratios for %u layers",
-                        (unsigned long long)ra->n, c.L);
+                        "deepseek4: inconsistent shape (D=%u H=%u key length %u rope %u window %u "
+                        "indexer %ux%u top-k %u experts %u used %u groups %u)",
+                        c.D, c.H, c.Dh, c.Dr, c.W, c.Hi, c.Di, c.K, c.E, c.Eu, c.og);
     uint32_t count[3] = {0};
-    for (uint32_t l = 0; l < c.L; l++) {
-        int64_t r = ra->elem_type == KVT_GGUF_I32 ? ra->v.arr[l].v.i : (int64_t)ra->v.arr[l].v.u;
-        if (r != 0 && r != 4 && r != 128)
-            return kvt_fail(KVT_EFORMAT, "deepseek4: layer %u has compression ratio %lld (0, 4 or 128)", l,
-                            (long long)r);
-        c.ratio[l] = (uint32_t)r;
-        count[r == 0 ? 0 : r == 4 ? 1 : 2]++;
-    }
-    const kvt_gguf_val *toks = kvt_gguf_get(g, "tokenizer.ggml.tokens");
-    const kvt_gguf_tensor *emb = kvt_gguf_find_tensor(g, "token_embd.weight");
-    c.V = toks && toks->type == KVT_GGUF_ARR ? (uint32_t)(toks->n > UINT32_MAX ? UINT32_MAX : toks->n)
-          : emb && emb->n_dims == 2 && emb->ne[1] <= UINT32_MAX ? (uint32_t)emb->ne[1] : 0;
+    for (uint32_t l = 0; l < c.L; l++) count[c.ratio[l] == 0 ? 0 : c.ratio[l] == 4 ? 1 : 2]++;
     uint64_t np = 0, bytes = 0;
     for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
         const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
@@ -1147,15 +1538,15 @@ int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char
         bytes += t->n_bytes;
     }
     *info = (kvt_model_info){.arch = "deepseek4", .name = "", .n_vocab = c.V, .n_ctx_train = c.ctx, .n_embd = c.D,
-                             .n_layer = c.L, .n_head = c.H, .n_head_kv = 1, .head_dim = c.Dh, .n_ff = Fe,
+                             .n_layer = c.L, .n_head = c.H, .n_head_kv = 1, .head_dim = c.Dh, .n_ff = c.Fe,
                              .n_params = np, .bos = -1, .eos = -1, .tokenizer = ""};
     if (detail)
         snprintf(detail, dlen,
                  "experts %u (%u used, %u shared, first %u layers hash-routed), %u streams, window %u, "
                  "layers by compression ratio 0/4/128: %u/%u/%u, indexer %u heads x %u top-%u, "
                  "output %u groups of rank %u, %u prediction layers, %u tensors of %.2f GB",
-                 E, Eu, Es, nh, hc, c.W, count[0], count[1], count[2], c.Hi, c.Di, c.K, og, orank, mtp,
-                 (unsigned)kvt_gguf_n_tensors(g), bytes / 1e9);
+                 c.E, c.Eu, c.Es, c.n_hash, HC, c.W, count[0], count[1], count[2], c.Hi, c.Di, c.K, c.og, c.orank,
+                 c.nextn, (unsigned)kvt_gguf_n_tensors(g), bytes / 1e9);
     if (plan) plan_config(&c, ctx, plan);
     return KVT_OK;
 }

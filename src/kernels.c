@@ -988,6 +988,53 @@ void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, siz
 }
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, -1.0f); }
 
+static float yarn_corr_dim(size_t n_rot, uint32_t orig, float beta, float base)
+{
+    return (float)n_rot * logf((float)orig / (beta * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+kvt_yarn kvt_yarn_make(size_t n_rot, float base, float factor, uint32_t orig_ctx)
+{
+    if (!(factor > 1.0f) || !orig_ctx) return (kvt_yarn){1.0f, 0.0f, 0.0f, 0.0f};
+    float lo = floorf(yarn_corr_dim(n_rot, orig_ctx, 32.0f, base));
+    float hi = ceilf(yarn_corr_dim(n_rot, orig_ctx, 1.0f, base));
+    return (kvt_yarn){1.0f / factor, 1.0f, lo > 0 ? lo : 0, hi < (float)n_rot - 1 ? hi : (float)n_rot - 1};
+}
+
+void kvt_rope_ext(float *v, size_t n_rot, size_t pos, float base, const kvt_yarn *y, float sign)
+{
+    if (!y || (y->ext_factor == 0.0f && y->freq_scale == 1.0f)) {
+        rope_dir(v, n_rot, pos, base, sign);
+        return;
+    }
+    for (size_t i = 0; i < n_rot; i += 2) {
+        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
+        float extrap = (float)pos * freq, interp = y->freq_scale * extrap, ang = interp;
+        if (y->ext_factor != 0.0f) {
+            float r = ((float)(i / 2) - y->lo) / fmaxf(0.001f, y->hi - y->lo);
+            float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, r))) * y->ext_factor;
+            ang = interp * (1.0f - mix) + extrap * mix;
+        }
+        float c = cosf(ang), s = sign * sinf(ang);
+        float a = v[i], b = v[i + 1];
+        v[i] = a * c - b * s;
+        v[i + 1] = a * s + b * c;
+    }
+}
+
+void kvt_hadamard(float *v, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                float a = v[j], b = v[j + h];
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) v[i] *= s;
+}
+
 /* exp: the algorithm and constants of glibc's expf (Arm's optimized
  * routines: x * 32 / ln 2 = k + r, 2^(k/32) from a table, a cubic in r, in
  * double), with the fused multiply-adds of its FMA build, so that it gives

@@ -95,6 +95,21 @@ void kvt_rope(float *v, size_t n_rot, size_t pos, float base);
 void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base);
 /* Same rotation with the opposite angle. */
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
+/* YaRN context extension (Peng et al. 2023) as llama.cpp applies it: pair i
+ * turns by freq_scale * theta_i blended towards theta_i by ramp(i) *
+ * ext_factor, where ramp falls from 1 to 0 between the correction dims lo
+ * and hi. The magnitude correction is not applied (the architectures that
+ * use this cancel it). freq_scale 1 and ext_factor 0 are plain RoPE. */
+typedef struct kvt_yarn { float freq_scale, ext_factor, lo, hi; } kvt_yarn;
+/* The correction dims for n_rot rotary dims of base trained at orig_ctx
+ * tokens and stretched by factor (beta_fast 32, beta_slow 1); factor <= 1
+ * gives plain RoPE. */
+kvt_yarn kvt_yarn_make(size_t n_rot, float base, float factor, uint32_t orig_ctx);
+/* kvt_rope (sign 1) or kvt_rope_inv (sign -1) with YaRN y (NULL: none). */
+void kvt_rope_ext(float *v, size_t n_rot, size_t pos, float base, const kvt_yarn *y, float sign);
+/* v (n) = H v with H the orthonormal Sylvester-Hadamard matrix of order n
+ * (a power of two), by the fast transform. */
+void kvt_hadamard(float *v, size_t n);
 /* exp(x), bit for bit the same on every path and machine: glibc's expf
  * algorithm (kernels.c), not the libm of the machine. */
 float kvt_expf(float x);

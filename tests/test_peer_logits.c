@@ -401,7 +401,10 @@ static void describe_mix(const char *path, char *buf, size_t len)
 
 /* llama.cpp's logits at every position of tok[0..n) (out: n * VOCAB); NULL,
  * or what failed. */
-static const char *peer_logits(const char *path, const int32_t *tok, int n, float *out)
+/* llama.cpp's logits (n, nv) of tok on the file at path in a context of
+ * n_ctx; f16_cache keeps its default binary16 cache, else the cache is F32. */
+static const char *peer_logits_v(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
+                                 uint32_t n_ctx, bool f16_cache)
 {
     static char why[sizeof peer_err + 128];
     peer_err[0] = 0;
@@ -413,16 +416,16 @@ static const char *peer_logits(const char *path, const int32_t *tok, int n, floa
         return why;
     }
     int32_t nv = ll.vocab_n_tokens(ll.model_vocab(m));
-    if (nv != VOCAB) {
+    if (nv != nv_want) {
         ll.model_free(m);
-        snprintf(why, sizeof why, "llama.cpp reads a vocabulary of %d tokens, not %d", nv, VOCAB);
+        snprintf(why, sizeof why, "llama.cpp reads a vocabulary of %d tokens, not %d", nv, nv_want);
         return why;
     }
     struct llama_context_params cp = ll.context_default_params();
-    cp.n_ctx = CTX;
-    cp.n_batch = cp.n_ubatch = CTX;
+    cp.n_ctx = n_ctx;
+    cp.n_batch = cp.n_ubatch = n_ctx;
     cp.n_threads = cp.n_threads_batch = THREADS;
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    if (!f16_cache) cp.type_k = cp.type_v = GGML_TYPE_F32;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *c = ll.init_from_model(m, cp);
     if (!c) {
@@ -451,13 +454,18 @@ static const char *peer_logits(const char *path, const int32_t *tok, int n, floa
             snprintf(why, sizeof why, "llama_get_logits_ith(%d) = NULL", i);
             res = why;
         } else {
-            memcpy(out + (size_t)i * VOCAB, l, VOCAB * sizeof(float));
+            memcpy(out + (size_t)i * nv, l, (size_t)nv * sizeof(float));
         }
     }
     ll.batch_free(b);
     ll.free(c);
     ll.model_free(m);
     return res;
+}
+
+static const char *peer_logits(const char *path, const int32_t *tok, int n, float *out)
+{
+    return peer_logits_v(path, tok, n, out, VOCAB, CTX, false);
 }
 
 /* kvtier's logits at every position: the public API keeps only the last
@@ -776,4 +784,85 @@ TEST(peer_logits_every_type)
         rmdir(r.dir);
     }
     CHECKF(made, "out of memory or mkdtemp failed");
+}
+
+/* ---- deepseek4 ------------------------------------------------------------ */
+
+/* kvtier's logits (n, nv) at every position of tok on the file at path. */
+static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx)
+{
+    kvt_model *m = NULL;
+    int rc = kvt_model_open(&m, path);
+    if (rc) return rc;
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    if (in.n_vocab != nv) {
+        kvt_model_close(m);
+        return KVT_EFORMAT;
+    }
+    kvt_session_opts o = {.n_ctx = n_ctx, .n_threads = THREADS};
+    kvt_session *s = NULL;
+    rc = kvt_session_new(&s, m, &o);
+    for (int i = 0; i < n && !rc; i++)
+        if (!(rc = kvt_session_decode(s, tok[i])))
+            memcpy(out + (size_t)i * nv, kvt_session_logits(s), (size_t)nv * sizeof(float));
+    kvt_session_free(s);
+    kvt_model_close(m);
+    return rc;
+}
+
+#define DS4_VOCAB_FILE "vocab/ggml-vocab-deepseek-llm.gguf"
+
+TEST(peer_logits_deepseek4)
+{
+    const char *vocab = kvt_test_shared(DS4_VOCAB_FILE);
+    if (!vocab) SKIP("../shared/" DS4_VOCAB_FILE " absent");
+    const char *bad, *why = peer_load(&bad);
+    if (why) SKIP("%s", why);
+    CHECKF(!bad, "%s", bad);
+    enum { N = 1000, NCTX = 1024 };
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 1, vocab));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    uint32_t nv = in.n_vocab;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvtier-peer-ds4-%d.gguf", (int)getpid());
+    CHECK_OK(kvt_model_save(m, path));
+    kvt_model_close(m);
+    int32_t *tok = malloc(N * sizeof *tok);
+    float *want = malloc((size_t)N * nv * sizeof(float)), *got = malloc((size_t)N * nv * sizeof(float));
+    CHECK(tok && want && got);
+    uint64_t rng = PROMPT_SEED;
+    for (int i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((rng >> 33) % 50000);
+    }
+    why = peer_logits_v(path, tok, N, want, (int32_t)nv, NCTX, true);
+    CHECKF(!why, "%s", why);
+    CHECK_OK(kvt_logits_v(path, tok, N, got, nv, NCTX));
+    double maxd = 0, maxa = 0;
+    int worst = 0, agree = 0;
+    for (int p = 0; p < N; p++) {
+        double pd = 0;
+        for (uint32_t j = 0; j < nv; j++) {
+            double a = fabs(want[(size_t)p * nv + j]), dd = fabs((double)want[(size_t)p * nv + j] - got[(size_t)p * nv + j]);
+            if (a > maxa) maxa = a;
+            if (dd > pd) pd = dd;
+        }
+        if (pd > maxd) { maxd = pd; worst = p; }
+        int a = 0, b = 0;
+        for (uint32_t j = 1; j < nv; j++) {
+            if (want[(size_t)p * nv + j] > want[(size_t)p * nv + a]) a = (int)j;
+            if (got[(size_t)p * nv + j] > got[(size_t)p * nv + b]) b = (int)j;
+        }
+        agree += a == b;
+        if (p < 4 || p % 100 == 0) printf("    pos %d: max diff %.3g (want[0] %.5f got %.5f)\n", p, pd, want[(size_t)p * nv], got[(size_t)p * nv]);
+    }
+    printf("    deepseek4 ds4-tiny: max |dlogit| %.3g at %d, max |logit| %.3g, top-1 equal at %d of %d\n", maxd, worst,
+           maxa, agree, N);
+    unlink(path);
+    free(tok);
+    free(want);
+    free(got);
 }
