@@ -1142,7 +1142,7 @@ const char *kvt_template_name(const kvt_model *m)
     if (!m) return "plain";
     kvt_model_info info;
     kvt_model_info_get(m, &info);
-    return info.arch && !strcmp(info.arch, "ds4") ? "deepseek" : "plain";
+    return info.arch && !strcmp(info.arch, "deepseek4") ? "deepseek" : "plain";
 }
 
 /* /v1/completions: "prompt" is a string, or an array holding one string. */

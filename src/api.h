@@ -127,7 +127,7 @@ int kvt_request_parse_opts(kvt_request *out, kvt_api api, const char *body, size
 /* Free what a parse put in r and zero it (accepts NULL and a zeroed r). */
 void kvt_request_free(kvt_request *r);
 
-/* The chat template for a model: "deepseek" for arch "ds4", "plain" otherwise
+/* The chat template for a model: "deepseek" for arch "deepseek4", "plain" otherwise
  * (also for m NULL). Static string. */
 const char *kvt_template_name(const kvt_model *m);
 

@@ -508,9 +508,9 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
         }
     }
     if (hc != HC || Dv != c->Dh || hkv != 1 || gating != 4)
-        return kvt_fail(KVT_EUNSUPPORTED,
-                        "deepseek4: %u hyper-connection streams (4), key/value length %u/%u, %u KV heads (1), "
-                        "gating function %u (4, sqrt-softplus)", hc, c->Dh, Dv, hkv, gating);
+        return kvt_fail(KVT_EFORMAT,
+                        "deepseek4: inconsistent shape (hyper-connection streams %u, not 4; key/value length %u/%u; "
+                        "KV heads %u, not 1; gating function %u, not 4 = sqrt-softplus)", hc, c->Dh, Dv, hkv, gating);
     const kvt_gguf_val *ra = kvt_gguf_get(g, "deepseek4.attention.compress_ratios");
     if (!ra || ra->type != KVT_GGUF_ARR || (ra->elem_type != KVT_GGUF_I32 && ra->elem_type != KVT_GGUF_U32))
         return kvt_fail(KVT_EFORMAT, "deepseek4: attention.compress_ratios missing or not an integer array");
@@ -1568,7 +1568,7 @@ int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, k
 }
 
 const kvt_arch kvt_arch_ds4 = {
-    .name = "ds4",
+    .name = "deepseek4",
     .cache_new = ds4_cache_new,
     .forward = ds4_forward,
     .state_save = ds4_state_save,

@@ -346,7 +346,7 @@ TEST(cli_info)
     RUN_OK(&p, "info");
     arch = line_of(p.out, "architecture");
     const char *name = line_of(p.out, "name");
-    ok = arch && name && strstr(arch, "ds4") && strstr(name, KVT_DEFAULT_MODEL);
+    ok = arch && name && strstr(arch, "deepseek4") && strstr(name, KVT_DEFAULT_MODEL);
     if (!ok) show(&p);
     proc_free(&p);
     CHECKF(ok, "info without --model does not describe " KVT_DEFAULT_MODEL);
@@ -363,10 +363,10 @@ TEST(cli_plan)
     if (!ok) show(&p);
     proc_free(&p);
     CHECK(ok);
-    /* ds4-mini: 3 x (64 + 32)/4 x 2 B + 3 x 64/128 x 2 B = 147 B per token */
+    /* ds4-mini: 3 x (128 + 64)/4 x 2 B + 3 x 128/128 x 2 B = 294 B per token */
     RUN_OK(&p, "plan", "--preset", "ds4-mini", "--ctx", "1000");
     const char *per = line_of(p.out, "per token");
-    ok = per && strstr(per, "147.000");
+    ok = per && strstr(per, "294.000");
     if (!ok) show(&p);
     proc_free(&p);
     CHECK(ok);

