@@ -1583,8 +1583,33 @@ static size_t utf8_char(const unsigned char *s, size_t n)
     return need;
 }
 
-/* A JSON string of any bytes: an invalid byte, with the continuation bytes
- * that follow it, becomes one U+FFFD. NULL on out of memory. */
+/* Bytes of the maximal subpart of an ill-formed sequence at s[0..n) (the
+ * longest prefix of a well-formed character, at least 1): Unicode's
+ * recommended unit of replacement (chapter 3, "U+FFFD Substitution of
+ * Maximal Subparts"). A stray continuation byte is a subpart of its own, so
+ * text cut between characters repairs to the same characters as the whole:
+ * what a stream sent in pieces (server.c holds back a partial character)
+ * equals the text sent at once. */
+static size_t ill_formed_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t need = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    size_t k = 1;
+    for (; k < need && k < n; k++) {
+        unsigned lo = 0x80, hi = 0xBF;
+        if (k == 1) {
+            if (c == 0xE0) lo = 0xA0;
+            else if (c == 0xED) hi = 0x9F;
+            else if (c == 0xF0) lo = 0x90;
+            else if (c == 0xF4) hi = 0x8F;
+        }
+        if (s[k] < lo || s[k] > hi) break;
+    }
+    return k;
+}
+
+/* A JSON string of any bytes: each maximal subpart of an ill-formed
+ * sequence becomes one U+FFFD. NULL on out of memory. */
 static json_t *jstr(const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
@@ -1599,7 +1624,7 @@ static json_t *jstr(const char *s, size_t len)
             i += k;
         } else {
             kvt_wbuf_put(&b, "\xef\xbf\xbd", 3);
-            for (i++; i < len && (u[i] & 0xC0) == 0x80; i++) {}
+            i += ill_formed_len(u + i, len - i);
         }
     }
     json_t *v = b.oom ? NULL : json_stringn((const char *)b.p, b.len);

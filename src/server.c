@@ -714,10 +714,13 @@ static void run_job(server *sv, job *j)
         remember_calls(sv, j->tenant, tp, calls, n_calls);
     /* the text: before the calls when there are some */
     size_t upto = n_calls ? text_end : final_len;
-    kvt_logprobs all = lp_all(&lp, upto);
+    /* every generated token before the calls or a stop is reported, also
+     * the bytes of a partial character the text leaves out (spelt as bytes) */
+    size_t lp_end = n_calls ? text_end : text.len;
+    kvt_logprobs all = lp_all(&lp, lp_end);
     if (j->stream) {
-        if (upto > emitted) {
-            kvt_logprobs lv = lp_take(&lp, upto);
+        if (upto > emitted || (r->logprobs && lp.sent < lp_count(&lp) && lp_end > upto)) {
+            kvt_logprobs lv = lp_take(&lp, lp_end);
             job_emit(j, kvt_stream_delta_lp(r, id, model_name, tp + emitted, upto - emitted, created, &lv));
         }
         /* the end repeats the text that went out as deltas (Responses) */

@@ -24,11 +24,13 @@ const isInt = (v) => Number.isInteger(v) && v >= 0;
 // The stop string for a text: a few characters from its middle, and the
 // prefix the text must be cut to (everything before the first occurrence).
 // Characters, not bytes: the generated text may hold multi-byte markers.
+// Not across a U+FFFD: that is the server's repair of bytes that are not
+// UTF-8, and a stop sequence matches the bytes generated.
 function pickStop(text) {
   const chars = Array.from(text);
   for (let k = Math.floor(chars.length / 2); k >= 0; k--) {
     const stop = chars.slice(k, k + 3).join('');
-    if (stop.length === 0) continue;
+    if (stop.length === 0 || stop.includes('\uFFFD')) continue;
     const at = text.indexOf(stop);
     if (at > 0 || k === 0) return { stop, before: text.slice(0, at) };
   }
