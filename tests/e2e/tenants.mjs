@@ -198,7 +198,7 @@ const TOTAL = 1 << 20; // --kv-disk-mb 1
 // Prompts of K1 and K2 before the heavy use: under their share, with room
 // for the shutdown saves of their live sessions (reason "shutdown", one a
 // session), so that after a restart K2's snapshots are all still there.
-const LIGHT = 4;
+const LIGHT = 2;       // prompts of a light key (ds4-tiny entries of ~60 KB: under half its share)
 const HEAVY = 40;      // prompts of a heavy key: several times its share
 
 function show(what, d) {
