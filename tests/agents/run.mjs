@@ -50,13 +50,20 @@ const BIN = join(HERE, 'node_modules', '.bin');
 const SESSION_TIMEOUT_MS = 180000;
 const MAX_TOKENS = 64;
 
-// The served model is synthetic: its greedy reply repeats the last prompt
-// token, which for a chat prompt is the <｜Assistant｜> marker, and it never
-// ends a reply by itself. Claude Code treats a reply cut by max_tokens as an
-// error (after three "continue" requests), so its requests get a stop
-// sequence that ends the reply at once (stop_reason "stop_sequence", empty
-// text). Codex and Pi accept a reply cut at the length limit.
-const CLAUDE_EXTRA_BODY = JSON.stringify({ temperature: 0, stop_sequences: ['<｜Assistant｜>'] });
+// The served model is synthetic: its greedy reply is arbitrary bytes and
+// special tokens, and it seldom ends a reply by itself. Claude Code treats a
+// reply cut by max_tokens as an error (after three "continue" requests), so
+// its requests get stop sequences that end the reply at the first of 32
+// likely outputs: the built-in byte tokenizer's 15 special markers and 17
+// ASCII characters (stop_reason "stop_sequence"). Each generated token is
+// one of them with probability 32/271, so a 64-token reply misses all of
+// them with probability (239/271)^64, about 3e-4. Codex and Pi accept a
+// reply cut at the length limit.
+const STOPS = ['<｜begin▁of▁sentence｜>', '<｜end▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>', '<think>', '</think>',
+  '<｜tool▁calls▁begin｜>', '<｜tool▁calls▁end｜>', '<｜tool▁call▁begin｜>', '<｜tool▁call▁end｜>', '<｜tool▁sep｜>',
+  '<｜tool▁outputs▁begin｜>', '<｜tool▁outputs▁end｜>', '<｜tool▁output▁begin｜>', '<｜tool▁output▁end｜>',
+  ...'0123456789ZKhoeat'];
+const CLAUDE_EXTRA_BODY = JSON.stringify({ temperature: 0, stop_sequences: STOPS });
 
 const CLIENTS = {
   claude: { path: (r) => r.url.startsWith('/v1/messages') && !r.url.startsWith('/v1/messages/count_tokens'), api: 'messages' },
