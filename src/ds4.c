@@ -48,9 +48,12 @@
 #define HC_MIX ((2 + HC) * HC)
 #define GGML_I32 26
 
+enum { SCALE_NONE, SCALE_LINEAR, SCALE_YARN };
+
 typedef struct ds4_config {
     uint32_t V, D, L, H, Dh, Dr, Rq, W, Hi, Di, K, ctx;
     uint32_t E, Eu, Es, Fe, iters, n_hash, og, orank, nextn, yarn_orig;
+    uint32_t scaling;           /* compressed layers' RoPE scaling: SCALE_NONE, _LINEAR (by 1/factor), _YARN */
     float eps, hc_eps, base, cbase, wscale, yarn_factor;
     bool wnorm;
     uint32_t ratio[MAX_LAYERS];
@@ -101,6 +104,7 @@ static void set_layout(ds4_config *c)
     c->cbase = 160000.0f;
     c->wscale = 1.5f;
     c->wnorm = true;
+    c->scaling = SCALE_YARN;
     c->yarn_factor = 16.0f;
     c->yarn_orig = 65536;
 }
@@ -240,7 +244,7 @@ static int finish_config(ds4_weights *w)
         c->W > 1u << 20 || c->Di > 4096 || c->Hi > 1024 || c->ctx > 1u << 24 || !c->E || c->E > 1024 || !c->Eu ||
         c->Eu > c->E || c->Eu > 64 || !c->Fe || c->Fe > 1u << 20 || c->Es > 64 || !c->og || c->H % c->og ||
         !c->orank || c->orank > 65536 || c->n_hash > c->L || !c->iters || c->iters > 1000 || !(c->eps > 0) ||
-        !(c->hc_eps >= 0) || !(c->base > 0) || !(c->cbase > 0) || !(c->wscale > 0) ||
+        !(c->hc_eps >= 0) || !(c->base > 0) || !(c->cbase > 0) || !(c->wscale >= 0) ||
         !(c->yarn_factor >= 0) || c->yarn_factor > 1e6f)
         return kvt_fail(KVT_EFORMAT,
                         "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u experts %u used %u groups %u)",
@@ -254,7 +258,11 @@ static int finish_config(ds4_weights *w)
     w->hd_idx = hd;
     /* the indexer's selection scratch is (chunk, K) per session */
     if (c->K > 1u << 16) return kvt_fail(KVT_EFORMAT, "ds4: indexer top-k of %u rows (at most 65536)", c->K);
-    w->yarn = kvt_yarn_make(c->Dr, c->cbase, c->yarn_factor, c->yarn_orig ? c->yarn_orig : c->ctx);
+    w->yarn = (kvt_yarn){1.0f, 0.0f, 0.0f, 0.0f};
+    if (c->scaling == SCALE_YARN)
+        w->yarn = kvt_yarn_make(c->Dr, c->cbase, c->yarn_factor, c->yarn_orig ? c->yarn_orig : c->ctx);
+    else if (c->scaling == SCALE_LINEAR && c->yarn_factor > 0)
+        w->yarn.freq_scale = 1.0f / c->yarn_factor;
     size_t off = 0, ns = 0;
     for (uint32_t l = 0; l < c->L; l++) {
         ds4_layer *ly = &w->layers[l];
@@ -473,6 +481,13 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
         return kvt_fail(KVT_EFORMAT, "deepseek4: block_count %u out of range [1, %d]", n_all, MAX_LAYERS);
     if (kvt_gguf_get_u32(g, "deepseek4.nextn_predict_layers", &c->nextn) == KVT_OK && c->nextn >= n_all)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %u prediction layers of %u", c->nextn, n_all);
+    if (c->nextn) {
+        /* as llama.cpp: without the first prediction layer's tensors the
+         * key is ignored and every block is a decoding layer */
+        char probe[64];
+        snprintf(probe, sizeof probe, "blk.%u.nextn.eh_proj.weight", n_all - c->nextn);
+        if (!kvt_gguf_find_tensor(g, probe)) c->nextn = 0;
+    }
     c->L = n_all - c->nextn;
     if (c->L > MAX_LAYERS)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %u layers (at most %d)", c->L, MAX_LAYERS);
@@ -494,19 +509,25 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
     if ((rc = dsv4_f32_arr(g, "swiglu_clamp_exp", c->L, c->clamp_exp, true, zero)) ||
         (rc = dsv4_f32_arr(g, "swiglu_clamp_shexp", c->L, c->clamp_sh, false, c->clamp_exp)))
         return rc;
-    const char *st;
-    size_t sl;
-    if (kvt_gguf_get_str(g, "deepseek4.rope.scaling.type", &st, &sl) == KVT_OK) {
-        if (sl == 4 && !memcmp(st, "yarn", 4)) {
-            if ((rc = dsv4_f32(g, "rope.scaling.factor", &c->yarn_factor, true))) return rc;
-            c->yarn_orig = c->ctx;
-            if (kvt_gguf_get(g, "deepseek4.rope.scaling.original_context_length") &&
-                (rc = dsv4_u32(g, "rope.scaling.original_context_length", &c->yarn_orig)))
-                return rc;
-        } else if (!(sl == 4 && !memcmp(st, "none", 4))) {
-            return kvt_fail(KVT_EUNSUPPORTED, "deepseek4: rope scaling '%.*s' (yarn or none)", (int)(sl > 32 ? 32 : sl), st);
-        }
-    }
+    /* llama.cpp's reading: the type defaults to linear, a missing factor
+     * is no scaling, and only compressed layers scale */
+    const char *st = "linear";
+    size_t sl = 6;
+    if (kvt_gguf_get(g, "deepseek4.rope.scaling.type") &&
+        kvt_gguf_get_str(g, "deepseek4.rope.scaling.type", &st, &sl) != KVT_OK)
+        return kvt_fail(KVT_EFORMAT, "deepseek4: rope.scaling.type is not a string");
+    if (sl == 4 && !memcmp(st, "yarn", 4)) c->scaling = SCALE_YARN;
+    else if (sl == 6 && !memcmp(st, "linear", 6)) c->scaling = SCALE_LINEAR;
+    else if (sl == 4 && !memcmp(st, "none", 4)) c->scaling = SCALE_NONE;
+    else
+        return kvt_fail(KVT_EUNSUPPORTED, "deepseek4: rope scaling '%.*s' (yarn, linear or none)",
+                        (int)(sl > 32 ? 32 : sl), st);
+    if ((rc = dsv4_f32(g, "rope.scaling.factor", &c->yarn_factor, false))) return rc;
+    if (!(c->yarn_factor > 0)) c->yarn_factor = 0, c->scaling = SCALE_NONE;
+    c->yarn_orig = c->ctx;
+    if (kvt_gguf_get(g, "deepseek4.rope.scaling.original_context_length") &&
+        (rc = dsv4_u32(g, "rope.scaling.original_context_length", &c->yarn_orig)))
+        return rc;
     if (hc != HC || Dv != c->Dh || hkv != 1 || gating != 4)
         return kvt_fail(KVT_EFORMAT,
                         "deepseek4: inconsistent shape (hyper-connection streams %u, not 4; key/value length %u/%u; "
@@ -649,7 +670,8 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
         rc = kvt_gguf_writer_set_f32(gw, k, f[i].v);
     }
     if (rc || (rc = kvt_gguf_writer_set_bool(gw, "deepseek4.expert_weights_norm", c->wnorm)) ||
-        (rc = kvt_gguf_writer_set_str(gw, "deepseek4.rope.scaling.type", c->yarn_factor > 1 ? "yarn" : "none")) ||
+        (rc = kvt_gguf_writer_set_str(gw, "deepseek4.rope.scaling.type",
+                                      c->scaling == SCALE_YARN ? "yarn" : c->scaling == SCALE_LINEAR ? "linear" : "none")) ||
         (rc = kvt_gguf_writer_set(gw, "deepseek4.attention.compress_ratios", &rv)) ||
         (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_exp", &cev)) ||
         (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_shexp", &csv)) ||
@@ -680,7 +702,7 @@ static uint64_t ds4_fingerprint(const void *p)
     if (!st) return 0;
     XXH3_64bits_reset(st);
     uint32_t u[] = {c->V, c->D, c->L, c->H, c->Dh, c->Dr, c->Rq, c->W, c->Hi, c->Di, c->K, c->ctx, c->E, c->Eu,
-                    c->Es, c->Fe, c->iters, c->n_hash, c->og, c->orank, c->yarn_orig, c->wnorm};
+                    c->Es, c->Fe, c->iters, c->n_hash, c->og, c->orank, c->yarn_orig, c->wnorm, c->scaling};
     float f[] = {c->eps, c->hc_eps, c->base, c->cbase, c->wscale, c->yarn_factor};
     XXH3_64bits_update(st, "deepseek4", 9);
     XXH3_64bits_update(st, u, sizeof u);
@@ -1206,7 +1228,7 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
             if (z < 6.103515625e-5f) z = 6.103515625e-5f;
             for (size_t j = 0; j < Eu; j++) wt[j] /= z;
         }
-        if (c->wscale != 1.0f)
+        if (c->wscale != 0.0f && c->wscale != 1.0f) /* llama.cpp: 0 is "no scale" too */
             for (size_t j = 0; j < Eu; j++) wt[j] *= c->wscale;
     }
     /* each expert over the tokens routed to it, in token order */
