@@ -38,6 +38,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <xxhash.h>
 #include <stdlib.h>
@@ -109,9 +110,81 @@ static void set_layout(ds4_config *c)
     c->yarn_orig = 65536;
 }
 
+/* "key=value,key=value" over a preset (see docs/ds4.md, "Shape variants"). */
+static bool apply_overrides(ds4_config *c, const char *s)
+{
+    static const struct { const char *k; size_t off; } u[] = {
+#define U(name, field) {name, offsetof(ds4_config, field)}
+        U("D", D), U("L", L), U("H", H), U("Dh", Dh), U("Dr", Dr), U("Rq", Rq), U("W", W), U("Hi", Hi),
+        U("Di", Di), U("K", K), U("ctx", ctx), U("E", E), U("Eu", Eu), U("Es", Es), U("Fe", Fe),
+        U("hash", n_hash), U("og", og), U("orank", orank), U("iters", iters),
+#undef U
+    };
+    while (*s) {
+        const char *eq = strchr(s, '='), *end = strchr(s, ',');
+        if (!end) end = s + strlen(s);
+        if (!eq || eq > end) return false;
+        size_t kl = (size_t)(eq - s);
+        const char *v = eq + 1;
+        char *e;
+        bool done = false;
+        for (size_t i = 0; i < sizeof u / sizeof u[0] && !done; i++)
+            if (strlen(u[i].k) == kl && !memcmp(s, u[i].k, kl)) {
+                unsigned long x = strtoul(v, &e, 10);
+                if (e != end || x > UINT32_MAX) return false;
+                *(uint32_t *)((char *)c + u[i].off) = (uint32_t)x;
+                done = true;
+            }
+        if (!done && kl == 5 && !memcmp(s, "clamp", 5)) {
+            float x = strtof(v, &e);
+            if (e != end || !(x >= 0)) return false;
+            for (uint32_t l = 0; l < MAX_LAYERS; l++) c->clamp_exp[l] = c->clamp_sh[l] = x;
+            done = true;
+        } else if (!done && kl == 4 && !memcmp(s, "yarn", 4)) {
+            float x = strtof(v, &e);
+            if (e != end || !(x >= 0)) return false;
+            c->yarn_factor = x;
+            c->scaling = x > 1 ? SCALE_YARN : SCALE_NONE;
+            done = true;
+        } else if (!done && kl == 6 && !memcmp(s, "ratios", 6)) {
+            /* one per layer, colon-separated; the layer count follows */
+            uint32_t n = 0;
+            for (const char *q = v; q < end; n++) {
+                if (n == MAX_LAYERS) return false;
+                unsigned long x = strtoul(q, &e, 10);
+                if (e == q || x > 128) return false;
+                c->ratio[n] = (uint32_t)x;
+                q = *e == ':' ? e + 1 : e;
+                if (e > end || (*e != ':' && e != end)) return false;
+            }
+            c->L = n;
+            done = true;
+        }
+        if (!done) return false;
+        s = *end ? end + 1 : end;
+    }
+    return true;
+}
+
 static bool preset_config(const char *name, ds4_config *c)
 {
     memset(c, 0, sizeof *c);
+    const char *plus = strchr(name, '+');
+    if (plus) {
+        char base[16];
+        size_t bl = (size_t)(plus - name);
+        if (bl >= sizeof base) return false;
+        memcpy(base, name, bl);
+        base[bl] = 0;
+        if (!strcmp(base, "ds4-flash") || !preset_config(base, c)) return false;
+        uint32_t L0 = c->L;
+        if (!apply_overrides(c, plus + 1)) return false;
+        for (uint32_t l = L0; l < c->L && l < MAX_LAYERS; l++) {
+            c->clamp_exp[l] = c->clamp_sh[l] = c->clamp_exp[0];
+            if (!strstr(plus, "ratios=")) c->ratio[l] = l < 2 ? 0 : (l % 2 == 0 ? 4 : 128);
+        }
+        return true;
+    }
     if (!strcmp(name, "ds4-tiny")) {
         *c = (ds4_config){.D = 64, .L = 4, .H = 2, .Dh = 32, .Dr = 8, .Rq = 32, .W = 16, .Hi = 2, .Di = 64, .K = 8,
                           .ctx = 4096, .E = 8, .Eu = 2, .Es = 1, .Fe = 32, .n_hash = 1, .og = 2, .orank = 16};
@@ -901,6 +974,43 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
 }
 
 int kvt_ds4_fault;
+kvt_ds4_forced *kvt_ds4_force;
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The gap between the k-th best of score[0..n) (the least of the chosen
+ * own[0..k)) and the best of the rest, relative to the largest |score|. */
+static float choice_gap(const float *score, size_t n, const uint32_t *own, size_t k)
+{
+    float kth = INFINITY, rest = -INFINITY, big = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool in = false;
+        for (size_t j = 0; j < k; j++) in |= own[j] == i;
+        if (in && score[i] < kth) kth = score[i];
+        if (!in && score[i] > rest) rest = score[i];
+        if (fabsf(score[i]) > big) big = fabsf(score[i]);
+    }
+    return big > 0 ? (kth - rest) / big : 0;
+}
+
+/* Impose the forced choice of layer l at position t on own[0..k) (sorted
+ * ascending when sort), recording how close kvtier's own choice was. */
+static void force_choice(const int32_t *forced, float *gaps, size_t t, uint32_t *own, size_t k, const float *score,
+                         size_t n, bool sort)
+{
+    int32_t f[1024], o[1024];
+    if (k > 1024) return;
+    for (size_t j = 0; j < k; j++) { f[j] = forced[t * k + j]; o[j] = (int32_t)own[j]; }
+    qsort(f, k, sizeof *f, cmp_i32);
+    qsort(o, k, sizeof *o, cmp_i32);
+    bool same = !memcmp(f, o, k * sizeof *f);
+    if (gaps) gaps[t] = same ? -1.0f : score ? choice_gap(score, n, own, k) : INFINITY;
+    for (size_t j = 0; j < k; j++) own[j] = (uint32_t)(sort ? f[j] : forced[t * k + j]);
+}
 
 /* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
  * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
@@ -925,6 +1035,9 @@ static void select_range(void *arg, uint32_t part, size_t j0, size_t j1)
             isc[k] = s;
         }
         wk->nsel[i] = (uint32_t)kvt_ds4_topk(isc, ncomp, c->K, wk->sel + i * c->K, heap);
+        const kvt_ds4_forced *fz = kvt_ds4_force;
+        if (fz && t < fz->n && fz->K == c->K && fz->sel[f->l])
+            force_choice(fz->sel[f->l], fz->sel_gap[f->l], t, wk->sel + i * c->K, c->K, isc, ncomp, true);
     }
 }
 
@@ -1196,7 +1309,7 @@ static void swiglu(float *g, const float *u, size_t n, float limit)
 /* The feed-forward of n tokens h (n, D) with ids tok into out (n, D): the
  * routed experts, weighted, plus the shared experts. */
 static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const float *h,
-                size_t n, float *out)
+                size_t n, size_t pos0, float *out)
 {
     const ds4_config *c = &w->c;
     const ds4_layer *ly = &w->layers[l];
@@ -1221,6 +1334,12 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
                 }
                 ex[j] = best;
             }
+        }
+        const kvt_ds4_forced *fz = kvt_ds4_force;
+        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l]) {
+            float sc[1024]; /* the selection scores, for the gap (E <= 1024: finish_config) */
+            for (size_t e = 0; e < E; e++) sc[e] = p[e] + (ly->probs_b ? ly->probs_b[e] : 0);
+            force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, l < c->n_hash ? NULL : sc, E, false);
         }
         float z = 0;
         for (size_t j = 0; j < Eu; j++) { wt[j] = p[ex[j]]; z += wt[j]; }
@@ -1297,7 +1416,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         const ds4_layer *ly = &w->layers[l];
         uint32_t r = c->ratio[l];
         float base = r ? c->cbase : c->base;
-        const kvt_yarn *yarn = r ? &w->yarn : NULL;
+        const kvt_yarn *yarn = r && kvt_ds4_fault != KVT_DS4_FAULT_YARN ? &w->yarn : NULL; /* tests: plain RoPE */
         hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
         for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
         /* queries */
@@ -1374,7 +1493,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         /* feed-forward */
         hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
         for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->ffn_norm, D, c->eps);
-        moe(s, wk, w, l, tok + skip, h, nn, tmp);
+        moe(s, wk, w, l, tok + skip, h, nn, p0, tmp);
         hc_post(wk, c, xl, nn, tmp);
     }
     if (lfrom < n) {

@@ -80,7 +80,9 @@ static void fill_tokenizer_info(kvt_model *m)
 
 static bool is_preset(const char *name)
 {
-    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini");
+    /* a preset, or a shape variant of one ("ds4-tiny+W=32,K=4": docs/ds4.md) */
+    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini") || !strncmp(name, "ds4-tiny+", 9) ||
+           !strncmp(name, "ds4-mini+", 9);
 }
 
 /* Identity and derived facts, once the weights and tokenizer are in place. */

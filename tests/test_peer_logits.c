@@ -21,6 +21,17 @@
  *                           the f32 file, fail both checks even at the
  *                           loosest tolerance.
  *
+ *   peer_logits_deepseek4   DeepSeek-V4 (llama.cpp's deepseek4): ds4-tiny,
+ *                           ds4-mini and three other shapes (compression
+ *                           layouts, expert counts, top-k, window, output
+ *                           groups, YaRN or none, Hadamard orders), each
+ *                           written by kvtier in F32 and quantised by
+ *                           llama.cpp to F16, Q8_0 and MXFP4 experts; 1,000
+ *                           tokens for the presets, 600 for the others; the
+ *                           method and tolerances are at ds4_types below.
+ *                           KVT_PEER_DS4="preset+overrides;..." measures
+ *                           other shapes (f32, 600 tokens).
+ *
  * The model: dim 256, 4 layers, 4 heads, 2 KV heads (head dim 64), SwiGLU
  * FFN of 512, context 512, an output matrix of its own (so the quantiser
  * picks its own type for it), and the 32000-token vocabulary of
@@ -55,6 +66,7 @@
  * go in /tmp. */
 #include "fixture.h"
 #include "gguf.h"
+#include "model.h"
 #include "qkernels.h"
 #include "test.h"
 
@@ -403,8 +415,8 @@ static void describe_mix(const char *path, char *buf, size_t len)
  * or what failed. */
 /* llama.cpp's logits (n, nv) of tok on the file at path in a context of
  * n_ctx; f16_cache keeps its default binary16 cache, else the cache is F32. */
-static const char *peer_logits_v(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
-                                 uint32_t n_ctx, bool f16_cache)
+static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
+                                  uint32_t n_ctx, bool f16_cache, any_fn cb_eval, void *cb_data)
 {
     static char why[sizeof peer_err + 128];
     peer_err[0] = 0;
@@ -426,6 +438,8 @@ static const char *peer_logits_v(const char *path, const int32_t *tok, int n, fl
     cp.n_batch = cp.n_ubatch = n_ctx;
     cp.n_threads = cp.n_threads_batch = THREADS;
     if (!f16_cache) cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.cb_eval = cb_eval;
+    cp.cb_eval_user_data = cb_data;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *c = ll.init_from_model(m, cp);
     if (!c) {
@@ -461,6 +475,12 @@ static const char *peer_logits_v(const char *path, const int32_t *tok, int n, fl
     ll.free(c);
     ll.model_free(m);
     return res;
+}
+
+static const char *peer_logits_v(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
+                                 uint32_t n_ctx, bool f16_cache)
+{
+    return peer_logits_cb(path, tok, n, out, nv_want, n_ctx, f16_cache, NULL, NULL);
 }
 
 static const char *peer_logits(const char *path, const int32_t *tok, int n, float *out)
@@ -813,6 +833,207 @@ static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out,
 
 #define DS4_VOCAB_FILE "vocab/ggml-vocab-deepseek-llm.gguf"
 
+/* One comparison of the two engines' logits (n, nv): per position the
+ * largest |difference| relative to llama.cpp's largest |logit| over the run. */
+typedef struct ds4_cmp {
+    double max_abs, median, p99, worst;
+    int worst_pos, over, confident, agree;
+} ds4_cmp;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static ds4_cmp ds4_compare(const float *want, const float *got, int n, uint32_t nv, double tol)
+{
+    ds4_cmp c = {0};
+    for (size_t i = 0; i < (size_t)n * nv; i++)
+        if (fabs(want[i]) > c.max_abs) c.max_abs = fabs(want[i]);
+    double *d = malloc((size_t)n * sizeof *d);
+    if (!d) { c.worst = INFINITY; return c; }
+    for (int p = 0; p < n; p++) {
+        const float *a = want + (size_t)p * nv, *b = got + (size_t)p * nv;
+        double m = 0;
+        int wa = 0, wb = 0;
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (uint32_t j = 0; j < nv; j++) {
+            double dd = fabs((double)a[j] - b[j]);
+            if (!(dd <= m)) m = dd; /* NaN wins */
+            if (a[j] > b1) { b2 = b1; b1 = a[j]; wa = (int)j; }
+            else if (a[j] > b2) b2 = a[j];
+            if (b[j] > b[wb]) wb = (int)j;
+        }
+        d[p] = m / c.max_abs;
+        if (!(d[p] <= c.worst)) { c.worst = d[p]; c.worst_pos = p; }
+        if (!(d[p] <= tol)) c.over++;
+        if (b1 - b2 > tol * c.max_abs) {
+            c.confident++;
+            c.agree += wa == wb;
+        }
+    }
+    qsort(d, (size_t)n, sizeof *d, cmp_double);
+    c.median = d[n / 2];
+    c.p99 = d[n - 1 - n / 100];
+    free(d);
+    return c;
+}
+
+static const struct ds4_shape { const char *preset; int n; } ds4_shapes[] = {
+    {"ds4-tiny", 1000},
+    {"ds4-mini", 1000},
+    /* a window of 32, top-16, 16 experts of which 3 routed, 2 hash layers,
+     * layers 4/128/0/4/4 */
+    {"ds4-tiny+W=32,K=16,ratios=4:128:0:4:4,E=16,Eu=3,hash=2", 600},
+    /* a window of 8, top-4, 4 experts with 1 routed, 2 shared, one output
+     * group of rank 32, plain RoPE */
+    {"ds4-tiny+W=8,K=4,E=4,Eu=1,Es=2,og=1,orank=32,yarn=0", 600},
+    /* 4 heads in 4 groups, a 128-wide indexer of 4 heads (Hadamard order
+     * 128), 16 rotary dims, layers 128/4/0, no SwiGLU clamp */
+    {"ds4-tiny+H=4,og=4,orank=8,Hi=4,Di=128,Dr=16,ratios=128:4:0,clamp=0", 600},
+};
+
+/* DeepSeek-V4 makes two discrete choices per token and layer: the rows the
+ * indexer keeps (top-K of its scores) and the routed experts (top-Eu). Where
+ * two candidates score within the engines' rounding difference the engines
+ * may choose apart, and from there a position differs by a whole row's or
+ * expert's contribution, which then reaches every later position through
+ * the cache (measured with each engine choosing for itself: median 4e-4 to
+ * 1e-2 of max |logit| by shape, worst 0.1 - 0.4). So the comparison is in
+ * two parts. First kvtier runs with llama.cpp's choices imposed (captured
+ * from its graph: kvt_ds4_force), and its logits must agree at every
+ * position within the type's tolerance. Then kvtier's own choices, made
+ * before the imposed ones replace them, may differ from llama.cpp's only
+ * where they were a near-tie: the gap between its K-th and (K+1)-th score
+ * (Eu-th and (Eu+1)-th for experts) relative to the largest score must be
+ * within the type's gap tolerance.
+ *
+ * Measured over the five shapes (tol: max |dlogit| / max |logit|; gap: the
+ * worst gap where the engines chose apart):
+ *
+ *   f32        logits 1.7e-4 .. 3.8e-4, gaps <= 2.1e-4. llama.cpp's KV
+ *              cache is its default binary16, as kvtier's rows are; what is
+ *              left is its rounding of the queries and softmax weights to
+ *              f16 in the attention products and the reductions' order.
+ *              TOL 2e-3, GAP 2e-3.
+ *   f16        logits 4.5e-4 .. 5.6e-4 (llama.cpp also rounds every matmul's
+ *              activations to f16), gaps <= 1.0e-3. TOL 3e-3, GAP 5e-3.
+ *   q8_0, mxfp4 experts (the rest Q8_0)   logits 8.7e-3 .. 1.2e-2
+ *              (llama.cpp quantises each matmul's activations to 8 bits, as
+ *              in peer_logits_every_type), gaps <= 5.3e-2. TOL 4e-2,
+ *              GAP 0.15.
+ *
+ * Negative controls on ds4-tiny in f32, with the choices imposed: an
+ * off-by-one window and plain RoPE on the compressed layers (no YaRN) each
+ * exceed the f32 tolerance many times over. */
+static const struct ds4_type { const char *name; int ftype; double tol, gap; } ds4_types[] = {
+    {"f32", -1, 2e-3, 2e-3}, {"f16", 1, 3e-3, 5e-3}, {"q8_0", 7, 4e-2, 0.15}, {"mxfp4_moe", 38, 4e-2, 0.15},
+};
+
+/* ggml_tensor of that release's ggml/include/ggml.h, up to its name */
+struct ggml_tensor_head {
+    int type;
+    void *buffer;
+    int64_t ne[4];
+    size_t nb[4];
+    int op;
+    int32_t op_params[16];
+    int32_t flags;
+    void *src[10];
+    void *view_src;
+    size_t view_offs;
+    void *data;
+    char name[64];
+};
+
+/* llama.cpp's discrete choices, captured from its graph (the tensors it
+ * names lid_top_k-L and ffn_moe_topk-L, one row of indices per token). */
+typedef struct ds4_capture {
+    size_t n;
+    uint32_t K, Eu, L;
+    int32_t *sel[64], *ex[64];
+    int bad;
+} ds4_capture;
+
+static bool ds4_capture_cb(struct ggml_tensor_head *t, bool ask, void *ud)
+{
+    ds4_capture *c = ud;
+    bool lid = !strncmp(t->name, "lid_top_k-", 10), moe = !strncmp(t->name, "ffn_moe_topk-", 13);
+    if (ask) return lid || moe;
+    if (!lid && !moe) return true;
+    long il = strtol(t->name + (lid ? 10 : 13), NULL, 10);
+    uint32_t k = lid ? c->K : c->Eu;
+    if (il < 0 || il >= (long)c->L || t->type != 26 /* I32 */ || (size_t)t->ne[1] != c->n || !t->data) {
+        c->bad++;
+        return true;
+    }
+    int32_t **dst = lid ? &c->sel[il] : &c->ex[il];
+    if (!*dst) *dst = calloc(c->n * k, sizeof(int32_t));
+    if (!*dst) { c->bad++; return true; }
+    /* fewer than K rows anywhere (n_lid < K): not a choice kvtier makes */
+    for (size_t tk = 0; tk < c->n; tk++)
+        for (uint32_t j = 0; j < k; j++)
+            (*dst)[tk * k + j] = (int64_t)j < t->ne[0] ? *(const int32_t *)((const char *)t->data + j * t->nb[0] + tk * t->nb[1]) : -1;
+    return true;
+}
+
+static void ds4_capture_free(ds4_capture *c)
+{
+    for (uint32_t l = 0; l < 64; l++) { free(c->sel[l]); free(c->ex[l]); }
+}
+
+/* The worst kvtier choice that differs from llama.cpp's (-1: none), and how
+ * many (layer, token) choices differ. */
+static double worst_gap(float *const *gap, uint32_t L, size_t n, size_t *count)
+{
+    double w = -1;
+    *count = 0;
+    for (uint32_t l = 0; l < L; l++)
+        for (size_t t = 0; gap[l] && t < n; t++)
+            if (gap[l][t] >= 0) { (*count)++; if (gap[l][t] > w) w = gap[l][t]; }
+    return w;
+}
+
+static int ds4_meta(const char *path, const char *key, uint32_t *v)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (!rc) rc = kvt_gguf_get_u32(g, key, v);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* kvtier forced to llama.cpp's choices (cap), gaps recorded in f. */
+static int kvt_forced(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, const ds4_capture *cap,
+                      kvt_ds4_forced *f)
+{
+    memset(f, 0, sizeof *f);
+    f->n = (size_t)n;
+    f->K = cap->K;
+    f->Eu = cap->Eu;
+    int rc = KVT_OK;
+    for (uint32_t l = 0; l < cap->L && !rc; l++) {
+        f->sel[l] = cap->sel[l];
+        f->ex[l] = cap->ex[l];
+        if (cap->sel[l] && !(f->sel_gap[l] = malloc((size_t)n * sizeof(float)))) rc = KVT_ENOMEM;
+        if (cap->ex[l] && !(f->ex_gap[l] = malloc((size_t)n * sizeof(float)))) rc = KVT_ENOMEM;
+        for (int t = 0; t < n; t++) {
+            if (f->sel_gap[l]) f->sel_gap[l][t] = -1;
+            if (f->ex_gap[l]) f->ex_gap[l][t] = -1;
+        }
+    }
+    kvt_ds4_force = f;
+    if (!rc) rc = kvt_logits_v(path, tok, n, out, nv, 1024);
+    kvt_ds4_force = NULL;
+    return rc;
+}
+
+static void forced_free(kvt_ds4_forced *f)
+{
+    for (uint32_t l = 0; l < 64; l++) { free(f->sel_gap[l]); free(f->ex_gap[l]); }
+}
+
 TEST(peer_logits_deepseek4)
 {
     const char *vocab = kvt_test_shared(DS4_VOCAB_FILE);
@@ -820,49 +1041,105 @@ TEST(peer_logits_deepseek4)
     const char *bad, *why = peer_load(&bad);
     if (why) SKIP("%s", why);
     CHECKF(!bad, "%s", bad);
-    enum { N = 1000, NCTX = 1024 };
-    kvt_model *m = NULL;
-    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 1, vocab));
-    kvt_model_info in;
-    kvt_model_info_get(m, &in);
-    uint32_t nv = in.n_vocab;
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/kvtier-peer-ds4-%d.gguf", (int)getpid());
-    CHECK_OK(kvt_model_save(m, path));
-    kvt_model_close(m);
-    int32_t *tok = malloc(N * sizeof *tok);
-    float *want = malloc((size_t)N * nv * sizeof(float)), *got = malloc((size_t)N * nv * sizeof(float));
+    enum { NMAX = 1000, NCTX = 1024 };
+    char dir[] = "/tmp/kvtier-peer-ds4-XXXXXX";
+    CHECK(mkdtemp(dir));
+    uint32_t nvmax = 102400 + 16;
+    int32_t *tok = malloc(NMAX * sizeof *tok);
+    float *want = malloc((size_t)NMAX * nvmax * sizeof(float)), *got = malloc((size_t)NMAX * nvmax * sizeof(float));
     CHECK(tok && want && got);
     uint64_t rng = PROMPT_SEED;
-    for (int i = 0; i < N; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((rng >> 33) % 50000);
+    for (int i = 0; i < NMAX; i++) tok[i] = (int32_t)(kvt_test_rand(&rng) % 100000);
+    /* KVT_PEER_DS4="preset;preset..." measures other shapes, f32 only, 600 tokens */
+    const char *env = getenv("KVT_PEER_DS4");
+    if (env && !*env) env = NULL;
+    struct ds4_shape extra[16];
+    size_t n_extra = 0;
+    static char envbuf[2048];
+    if (env) {
+        snprintf(envbuf, sizeof envbuf, "%s", env);
+        for (char *q = strtok(envbuf, ";"); q && n_extra < 16; q = strtok(NULL, ";")) extra[n_extra++] = (struct ds4_shape){q, 600};
     }
-    why = peer_logits_v(path, tok, N, want, (int32_t)nv, NCTX, true);
-    CHECKF(!why, "%s", why);
-    CHECK_OK(kvt_logits_v(path, tok, N, got, nv, NCTX));
-    double maxd = 0, maxa = 0;
-    int worst = 0, agree = 0;
-    for (int p = 0; p < N; p++) {
-        double pd = 0;
-        for (uint32_t j = 0; j < nv; j++) {
-            double a = fabs(want[(size_t)p * nv + j]), dd = fabs((double)want[(size_t)p * nv + j] - got[(size_t)p * nv + j]);
-            if (a > maxa) maxa = a;
-            if (dd > pd) pd = dd;
+    const struct ds4_shape *shapes = env ? extra : ds4_shapes;
+    size_t n_shapes = env ? n_extra : sizeof ds4_shapes / sizeof *ds4_shapes;
+    int failed = 0;
+    for (size_t s = 0; s < n_shapes; s++) {
+        const struct ds4_shape *sh = &shapes[s];
+        char src[128], path[128];
+        snprintf(src, sizeof src, "%s/f32.gguf", dir);
+        kvt_model *m = NULL;
+        CHECKF(kvt_model_preset(&m, sh->preset, 1, vocab) == KVT_OK, "%s: %s", sh->preset, kvt_errmsg());
+        kvt_model_info in;
+        kvt_model_info_get(m, &in);
+        uint32_t nv = in.n_vocab;
+        CHECK(nv <= nvmax);
+        CHECK_OK(kvt_model_save(m, src));
+        kvt_model_close(m);
+        ds4_capture cap = {.n = (size_t)sh->n};
+        CHECK_OK(ds4_meta(src, "deepseek4.attention.indexer.top_k", &cap.K));
+        CHECK_OK(ds4_meta(src, "deepseek4.expert_used_count", &cap.Eu));
+        CHECK_OK(ds4_meta(src, "deepseek4.block_count", &cap.L));
+        printf("    %s\n", sh->preset);
+        for (size_t k = 0; k < (env ? 1 : sizeof ds4_types / sizeof *ds4_types); k++) {
+            const struct ds4_type *ty = &ds4_types[k];
+            double t0 = fx_now();
+            if (ty->ftype < 0) {
+                snprintf(path, sizeof path, "%s", src);
+            } else {
+                snprintf(path, sizeof path, "%s/%s.gguf", dir, ty->name);
+                llama_model_quantize_params qp = ll.quantize_default_params();
+                qp.ftype = ty->ftype;
+                qp.nthread = THREADS;
+                peer_err[0] = 0;
+                CHECKF(ll.quantize(src, path, &qp) == 0, "%s %s: llama_model_quantize: %s", sh->preset, ty->name,
+                       peer_said());
+            }
+            ds4_capture_free(&cap);
+            memset(cap.sel, 0, sizeof cap.sel);
+            memset(cap.ex, 0, sizeof cap.ex);
+            cap.bad = 0;
+            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, true, (any_fn)ds4_capture_cb, &cap);
+            CHECKF(!why, "%s %s: %s", sh->preset, ty->name, why);
+            CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", sh->preset, ty->name, cap.bad);
+            double t1 = fx_now();
+            kvt_ds4_forced f;
+            CHECKF(kvt_forced(path, tok, sh->n, got, nv, &cap, &f) == KVT_OK, "%s %s: %s", sh->preset, ty->name,
+                   kvt_errmsg());
+            double t2 = fx_now();
+            ds4_cmp c = ds4_compare(want, got, sh->n, nv, ty->tol);
+            size_t ns, ne;
+            double gs = worst_gap(f.sel_gap, cap.L, (size_t)sh->n, &ns), ge = worst_gap(f.ex_gap, cap.L, (size_t)sh->n, &ne);
+            forced_free(&f);
+            bool ok = c.worst <= ty->tol && c.agree == c.confident && gs <= ty->gap && ge <= ty->gap;
+            printf("      %-9s max |dlogit| %.3g of max |logit| %.3g (median %.2g) at %d, top-1 %d/%d; "
+                   "own choices apart: %zu rows (worst gap %.2g), %zu experts (%.2g)%s (%.1f + %.1f s)\n",
+                   ty->name, c.worst, c.max_abs, c.median, c.worst_pos, c.agree, c.confident, ns, gs, ne, ge,
+                   ok ? "" : "  FAIL", t1 - t0, t2 - t1);
+            failed += !ok;
+            if (!s && ty->ftype < 0 && !env) {
+                /* the negative controls */
+                const struct { int fault; const char *what; } nc[] = {{KVT_DS4_FAULT_MASK, "an off-by-one window"},
+                                                                      {KVT_DS4_FAULT_YARN, "no YaRN"}};
+                for (size_t q = 0; q < 2; q++) {
+                    kvt_ds4_fault = nc[q].fault;
+                    int rc = kvt_forced(path, tok, sh->n, got, nv, &cap, &f);
+                    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+                    forced_free(&f);
+                    CHECK_OK(rc);
+                    ds4_cmp b = ds4_compare(want, got, sh->n, nv, ty->tol);
+                    printf("      with %s: max |dlogit| %.3g of max |logit|, %.0fx the tolerance\n", nc[q].what,
+                           b.worst, b.worst / ty->tol);
+                    CHECKF(b.worst > 10 * ty->tol, "%s went unnoticed (%.3g)", nc[q].what, b.worst);
+                }
+            }
+            if (ty->ftype >= 0) unlink(path);
         }
-        if (pd > maxd) { maxd = pd; worst = p; }
-        int a = 0, b = 0;
-        for (uint32_t j = 1; j < nv; j++) {
-            if (want[(size_t)p * nv + j] > want[(size_t)p * nv + a]) a = (int)j;
-            if (got[(size_t)p * nv + j] > got[(size_t)p * nv + b]) b = (int)j;
-        }
-        agree += a == b;
-        if (p < 4 || p % 100 == 0) printf("    pos %d: max diff %.3g (want[0] %.5f got %.5f)\n", p, pd, want[(size_t)p * nv], got[(size_t)p * nv]);
+        ds4_capture_free(&cap);
+        unlink(src);
     }
-    printf("    deepseek4 ds4-tiny: max |dlogit| %.3g at %d, max |logit| %.3g, top-1 equal at %d of %d\n", maxd, worst,
-           maxa, agree, N);
-    unlink(path);
+    rmdir(dir);
     free(tok);
     free(want);
     free(got);
+    CHECKF(!failed, "%d comparisons outside their tolerance", failed);
 }
