@@ -389,12 +389,13 @@ static int cmd_info(int argc, char **argv)
     const char *path = get(o, 1, "--model");
     int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
     if (dr == KVT_OK) {
-        /* an architecture kvtier plans from its header but does not run */
+        /* described from its header alone: a 160 GB file answers at once */
         printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
         printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
                i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
         printf("context       %u (training)\nvocabulary    %u\ndetails       %s\n"
-               "inference     not in this build (header read only)\n", i.n_ctx_train, i.n_vocab, detail);
+               "weights       not read (from the header alone; run, serve and perplexity load them)\n",
+               i.n_ctx_train, i.n_vocab, detail);
         return 0;
     }
     if (dr != KVT_ENOENT) return fail(dr, "info");
