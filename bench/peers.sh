@@ -9,7 +9,9 @@
 # only); a rerun reuses the build. The models are a synthetic 124.7M-parameter
 # llama in F16 (bench/synth_llama.c, with the tokenizer of the clone's
 # models/ggml-vocab-llama-spm.gguf), quantised to Q8_0 and Q4_K_M by
-# llama-quantize, all in the cache dir too. For each file, test (pp512, tg128,
+# llama-quantize, and the ds4-mini DeepSeek-V4 preset (F32 from `kvtier model
+# new`, Q8_0 by llama-quantize; its cells at the most threads only), all in
+# the cache dir too. For each file, test (pp512, tg128,
 # pp512 at depth 4096, tg32 at depth 4096) and thread count (1, 2), kvtier
 # measures its cell, then llama-bench the same one. bench/peak.c measures the
 # FMA peak and the read bandwidth that the table relates the speeds to. The
@@ -122,12 +124,27 @@ for q in Q8_0 Q4_K_M; do
     mv "${out%.gguf}.part.gguf" "$out"
 done
 
+# DeepSeek-V4: the ds4-mini preset written by kvtier (F32, with the tokenizer
+# of the clone's models/ggml-vocab-deepseek-llm.gguf, which llama.cpp knows),
+# quantised to Q8_0 by llama-quantize
+ds4_f32=$models/ds4-mini-f32.gguf
+if [ ! -f "$ds4_f32" ]; then
+    echo "peers.sh: writing $ds4_f32" >&2
+    "$bin" model new --preset ds4-mini --vocab "$src/models/ggml-vocab-deepseek-llm.gguf" --out "$ds4_f32" >&2
+fi
+if [ ! -f "$models/ds4-mini-q8_0.gguf" ]; then
+    "$lbin/llama-quantize" "$ds4_f32" "$models/ds4-mini-q8_0.part.gguf" Q8_0 >"$models/ds4-mini-q8_0.log" 2>&1 ||
+        { tail -n 20 "$models/ds4-mini-q8_0.log" >&2; echo "peers.sh: llama-quantize ds4-mini Q8_0 failed" >&2; exit 1; }
+    mv "$models/ds4-mini-q8_0.part.gguf" "$models/ds4-mini-q8_0.gguf"
+fi
+
 # ---- the machine ----
 
 if [ "$quick" = 1 ]; then
-    types=f16 tests="pp512 tg128" threads=2 csv=$cache/peers-quick.csv
+    types=f16 tests="pp512 tg128" threads=2 csv=$cache/peers-quick.csv ds4_types=f32
 else
     types="f16 q8_0 q4_k_m" tests="pp512 tg128 pp512@d4096 tg32@d4096" threads="1 2" csv=bench/peers.csv
+    ds4_types="f32 q8_0"
 fi
 max_thr=0
 for t in $threads; do [ "$t" -gt "$max_thr" ] && max_thr=$t; done
@@ -195,11 +212,15 @@ others() { # $1 snap before, $2 snap after
 
 n_cells=0
 for f in $types; do for t in $tests; do for n in $threads; do n_cells=$((n_cells + 1)); done; done; done
+for f in $ds4_types; do for t in $tests; do n_cells=$((n_cells + 1)); done; done
 : >"$tmp/rows"
 i=0
 t_start=$(date +%s)
-for f in $types; do
-    file=$models/synth-llama-124m-$f.gguf
+for f in $types $ds4_types; do
+    file=$models/synth-llama-124m-$f.gguf thr_list=$threads
+    if [ $i -ge $(( $(echo $types | wc -w) * $(echo $tests | wc -w) * $(echo $threads | wc -w) )) ]; then
+        file=$models/ds4-mini-$f.gguf thr_list=$max_thr f=ds4-mini-$f
+    fi
     for t in $tests; do
         case $t in
             pp*@d*) p=${t#pp} p=${p%@*} g=0 d=${t#*@d} ;;
@@ -207,7 +228,7 @@ for f in $types; do
             pp*) p=${t#pp} g=0 d=0 ;;
             tg*) p=0 g=${t#tg} d=0 ;;
         esac
-        for n in $threads; do
+        for n in $thr_list; do
             i=$((i + 1))
             s0=$(snap)
             kv=$(kvtier_cell "$file" "$p" "$g" "$d" "$n")
@@ -244,6 +265,12 @@ const rows = [];
 for (const line of fs.readFileSync(`${tmp}/rows`, 'utf8').split('\n').filter(Boolean)) {
   const [type, test, thr, p, g, d, kv, ll, okv, oll] = line.split('\t');
   const z = sizes[type], P = +p, G = +g, D = +d;
+  if (!z) { // ds4-mini: ratios only
+    const k = num(kv), l = num(ll);
+    rows.push({ type: type.replace('ds4-mini-', 'ds4-mini ').toUpperCase().replace('DS4-MINI', 'ds4-mini'), test, thr,
+      kv, ll, k, l, ratio: k !== null && l ? k / l : null, unit: '', kr: null, lr: null, pk: null, okv, oll });
+    continue;
+  }
   const hd = z.n_embd / z.n_head;
   let unit, per, pk;
   if (P > 0) {
@@ -282,7 +309,7 @@ for (const r of rows)
 const csv = ['type,test,threads,kvtier_tok_s,llamacpp_tok_s,ratio,unit,kvtier_rate,llamacpp_rate,peak,' +
   'other_cores_kvtier,other_cores_llamacpp']
   .concat(rows.map((r) => [r.type, r.test, r.thr, q(r.kv), q(r.ll), f(r.ratio, 4), r.unit, f(r.kr, 2), f(r.lr, 2),
-    r.pk.toFixed(2), r.okv, r.oll].join(',')));
+    r.pk === null ? '' : r.pk.toFixed(2), r.okv, r.oll].join(',')));
 fs.writeFileSync(csvPath, csv.join('\n') + '\n');
 EOF
 echo "rows written to $csv"

@@ -283,8 +283,8 @@ static char *read_file(const char *path, size_t *len)
     return p;
 }
 
-/* ds4-tiny as kvt_model_save writes it (all F32, 700 KB), rewritten with
- * the weights in Q8_0 (F16 where a row is not whole blocks): a quarter of
+/* ds4-tiny as kvt_model_save writes it (F32 and an I32 routing table),
+ * rewritten with the weights in Q8_0 (F16 where a row is not whole blocks): a quarter of
  * the size, and the loader's dequantisation paths. */
 static void ds4_file(void)
 {
@@ -300,6 +300,10 @@ static void ds4_file(void)
         must(kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i)), "ds4-tiny key");
     for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
         const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        if (t->type == 26) { /* the I32 routing table stays as it is */
+            must(kvt_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->n_bytes), t->name);
+            continue;
+        }
         uint32_t type = t->ne[0] % 32 ? KVT_GGML_F16 : KVT_GGML_Q8_0;
         float *f = malloc(t->n_elem * sizeof *f);
         size_t len;
