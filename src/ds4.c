@@ -462,11 +462,7 @@ int kvt_ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenize
 
 /* ---- GGUF: llama.cpp's deepseek4 layout ---- */
 
-static int key_name(char *k, size_t len, const char *key)
-{
-    snprintf(k, len, "deepseek4.%s", key);
-    return KVT_OK;
-}
+static void key_name(char *k, size_t len, const char *key) { snprintf(k, len, "deepseek4.%s", key); }
 
 static int dsv4_u32(const kvt_gguf *g, const char *key, uint32_t *v)
 {
@@ -1660,16 +1656,14 @@ static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
                      kvt_plan *plan)
 {
-    ds4_config c;
-    int rc = read_config(g, &c);
+    /* the loader's reading and checks, without the weights */
+    ds4_weights *w = kvt_calloc(1, sizeof *w);
+    if (!w) return KVT_ENOMEM;
+    int rc = read_config(g, &w->c);
+    if (!rc) rc = finish_config(w);
+    ds4_config c = w->c;
+    free(w);
     if (rc) return rc;
-    if (!c.D || !c.H || !c.Dh || !c.Dr || c.Dr > c.Dh || c.Dr % 2 || (c.Dh - c.Dr) % 2 || !c.W || !c.Hi ||
-        !c.Di || c.Di < c.Dr || !c.K || !c.E || c.E > 1024 || !c.Eu || c.Eu > c.E || !c.Fe || !c.og ||
-        c.H % c.og || !c.orank || c.n_hash > c.L)
-        return kvt_fail(KVT_EFORMAT,
-                        "deepseek4: inconsistent shape (D=%u H=%u key length %u rope %u window %u "
-                        "indexer %ux%u top-k %u experts %u used %u groups %u)",
-                        c.D, c.H, c.Dh, c.Dr, c.W, c.Hi, c.Di, c.K, c.E, c.Eu, c.og);
     uint32_t count[3] = {0};
     for (uint32_t l = 0; l < c.L; l++) count[c.ratio[l] == 0 ? 0 : c.ratio[l] == 4 ? 1 : 2]++;
     uint64_t np = 0, bytes = 0;

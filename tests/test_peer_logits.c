@@ -490,27 +490,33 @@ static const char *peer_logits(const char *path, const int32_t *tok, int n, floa
 
 /* kvtier's logits at every position: the public API keeps only the last
  * position's, so the prompt goes in one kvt_session_decode at a time (the
- * result is that of any chunking, bit for bit: include/kvtier.h). */
-static int kvt_logits(const char *path, const int32_t *tok, int n, float *out)
+ * result is that of any chunking, bit for bit: include/kvtier.h). (n, nv)
+ * of them, in a context of n_ctx. */
+static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx)
 {
     kvt_model *m = NULL;
     int rc = kvt_model_open(&m, path);
     if (rc) return rc;
     kvt_model_info in;
     kvt_model_info_get(m, &in);
-    if (in.n_vocab != VOCAB) {
+    if (in.n_vocab != nv) {
         kvt_model_close(m);
         return KVT_EFORMAT;
     }
-    kvt_session_opts o = {.n_ctx = CTX, .n_threads = THREADS};
+    kvt_session_opts o = {.n_ctx = n_ctx, .n_threads = THREADS};
     kvt_session *s = NULL;
     rc = kvt_session_new(&s, m, &o);
     for (int i = 0; i < n && !rc; i++)
         if (!(rc = kvt_session_decode(s, tok[i])))
-            memcpy(out + (size_t)i * VOCAB, kvt_session_logits(s), VOCAB * sizeof(float));
+            memcpy(out + (size_t)i * nv, kvt_session_logits(s), (size_t)nv * sizeof(float));
     kvt_session_free(s);
     kvt_model_close(m);
     return rc;
+}
+
+static int kvt_logits(const char *path, const int32_t *tok, int n, float *out)
+{
+    return kvt_logits_v(path, tok, n, out, VOCAB, CTX);
 }
 
 /* ---- the comparison ------------------------------------------------------- */
@@ -807,29 +813,6 @@ TEST(peer_logits_every_type)
 }
 
 /* ---- deepseek4 ------------------------------------------------------------ */
-
-/* kvtier's logits (n, nv) at every position of tok on the file at path. */
-static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx)
-{
-    kvt_model *m = NULL;
-    int rc = kvt_model_open(&m, path);
-    if (rc) return rc;
-    kvt_model_info in;
-    kvt_model_info_get(m, &in);
-    if (in.n_vocab != nv) {
-        kvt_model_close(m);
-        return KVT_EFORMAT;
-    }
-    kvt_session_opts o = {.n_ctx = n_ctx, .n_threads = THREADS};
-    kvt_session *s = NULL;
-    rc = kvt_session_new(&s, m, &o);
-    for (int i = 0; i < n && !rc; i++)
-        if (!(rc = kvt_session_decode(s, tok[i])))
-            memcpy(out + (size_t)i * nv, kvt_session_logits(s), (size_t)nv * sizeof(float));
-    kvt_session_free(s);
-    kvt_model_close(m);
-    return rc;
-}
 
 #define DS4_VOCAB_FILE "vocab/ggml-vocab-deepseek-llm.gguf"
 
