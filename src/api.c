@@ -46,9 +46,10 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The DeepSeek chat and tool markers; each is one special token of the
- * built-in byte tokenizer (src/tokenizer.c, ids 256..259 and 262..270).
- * ｜ is U+FF5C, ▁ is U+2581. */
+/* The DeepSeek-V4 chat markers; each of BOS, EOS, User, Assistant, the
+ * think tags, ｜DSML｜ and the tool_result tags is one special token of the
+ * built-in byte tokenizer (src/tokenizer.c, ids 256..264). ｜ is U+FF5C,
+ * ▁ is U+2581. */
 #define FW_BAR "\xef\xbd\x9c"
 #define SP_MARK "\xe2\x96\x81"
 #define DS_MARK(words) "<" FW_BAR words FW_BAR ">"
@@ -56,26 +57,52 @@
 #define DS_EOS DS_MARK("end" SP_MARK "of" SP_MARK "sentence")
 #define DS_USER DS_MARK("User")
 #define DS_ASSISTANT DS_MARK("Assistant")
-#define DS_CALLS_BEGIN DS_MARK("tool" SP_MARK "calls" SP_MARK "begin")
-#define DS_CALLS_END DS_MARK("tool" SP_MARK "calls" SP_MARK "end")
-#define DS_CALL_BEGIN DS_MARK("tool" SP_MARK "call" SP_MARK "begin")
-#define DS_CALL_END DS_MARK("tool" SP_MARK "call" SP_MARK "end")
-#define DS_SEP DS_MARK("tool" SP_MARK "sep")
-#define DS_OUTPUTS_BEGIN DS_MARK("tool" SP_MARK "outputs" SP_MARK "begin")
-#define DS_OUTPUTS_END DS_MARK("tool" SP_MARK "outputs" SP_MARK "end")
-#define DS_OUTPUT_BEGIN DS_MARK("tool" SP_MARK "output" SP_MARK "begin")
-#define DS_OUTPUT_END DS_MARK("tool" SP_MARK "output" SP_MARK "end")
+#define THINK_BEGIN "<think>"
+#define THINK_END "</think>"
+#define DSML FW_BAR "DSML" FW_BAR
+#define DS_CALLS_BEGIN "<" DSML "tool_calls>"
+#define DS_CALLS_END "</" DSML "tool_calls>"
+#define DS_INVOKE "<" DSML "invoke name=\""
+#define DS_INVOKE_END "</" DSML "invoke>"
+#define DS_PARAM "<" DSML "parameter name=\""
+#define DS_PARAM_END "</" DSML "parameter>"
+#define DS_RESULT_BEGIN "<tool_result>"
+#define DS_RESULT_END "</tool_result>"
 #define LIT(s) (sizeof(s "") - 1)
 /* Between system texts, content parts, and (plain template) messages. */
 #define SEP "\n\n"
 
-/* The tool definitions in the system part: this heading, then one canonical
- * JSON object per line; the deepseek template adds how to call them. */
+/* The tool definitions in the plain template: this heading, then one
+ * canonical JSON object per line. */
 #define TOOLS_HEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description " \
                    "and parameters (a JSON Schema):\n\n"
-#define TOOLS_HOWTO "\n\nTo call functions, reply with " DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP \
-                    "NAME\n```json\nARGUMENTS\n```" DS_CALL_END DS_CALLS_END ": one " DS_CALL_BEGIN "..."       \
-                    DS_CALL_END " per call, separated by a newline, with ARGUMENTS a JSON object."
+
+/* The DeepSeek-V4-Flash template's texts around the tool schemas (in the
+ * system part) and the reasoning-effort preambles (before it). */
+#define V4_TOOLS_HEADER                                                                                            \
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by " \
+    "writing a \"" DS_CALLS_BEGIN "\" block like the following:\n\n" DS_CALLS_BEGIN "\n" DS_INVOKE              \
+    "$TOOL_NAME\">\n" DS_PARAM "$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" DS_PARAM_END "\n...\n" \
+    DS_INVOKE_END "\n" DS_INVOKE "$TOOL_NAME2\">\n...\n" DS_INVOKE_END "\n" DS_CALLS_END "\n\nString parameters " \
+    "should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, "       \
+    "objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled "         \
+    "(triggered by " THINK_BEGIN "), you MUST output your complete reasoning inside " THINK_BEGIN "..."           \
+    THINK_END " BEFORE any tool calls or final response.\n\nOtherwise, output directly after " THINK_END         \
+    " with tool calls or final response.\n\n### Available Tool Schemas\n\n"
+#define V4_TOOLS_FOOTER "\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
+#define V4_EFFORT_HIGH                                                                                               \
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking " \
+    "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "  \
+    "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "      \
+    "deliberation process, documenting every intermediate step, considered alternative, and rejected "             \
+    "hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
+#define V4_EFFORT_MAX                                                                                                \
+    "Reasoning Effort: Beyond maximum \xe2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "  \
+    "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "  \
+    "into its most fundamental components, trace every causal chain to its root, and resolve the underlying "     \
+    "cause rather than any surface symptom.\nDo not stop reasoning until you have independently verified the "    \
+    "solution from multiple angles and are certain that no assumption remains unchecked and no error remains "    \
+    "undiscovered.\n\n"
 
 /* System text lines that clients inject without meaning for the model and
  * that change from request to request (a per-prompt hash): dropped from the
@@ -297,24 +324,90 @@ static void canon(kvt_wbuf *b, const json_t *v, bool skip_schema)
     }
 }
 
-/* The canonical form of a JSON text s (n bytes) into b; when s is not JSON,
- * s itself (its meaning is the client's business). *is_json (may be NULL)
- * tells which; *is_object whether it was a JSON object. Returns KVT_ENOMEM
- * or KVT_OK. */
-static int canon_text(kvt_wbuf *b, const char *s, size_t n, bool *is_json, bool *is_object)
+/* ---- template JSON -------------------------------------------------------- */
+
+/* What the chat template's `tojson` filter writes (as @huggingface/jinja
+ * implements it, Python's json.dumps without ensure_ascii): keys in the
+ * order given, ", " and ": " between items, strings as JavaScript's
+ * JSON.stringify escapes them (", \, \b \f \n \r \t, other control
+ * characters as \u00xx; everything else as UTF-8), numbers as JavaScript
+ * prints them (what a JSON.parse'd value becomes: 1.0 is 1, 1e21 is 1e+21). */
+static void js_number(kvt_wbuf *b, double d)
 {
-    json_error_t e;
-    json_t *v = json_loadb(s, n, JSON_DECODE_ANY, &e);
-    if (is_json) *is_json = v != NULL;
-    if (is_object) *is_object = json_is_object(v);
-    if (!v) {
-        if (json_error_code(&e) == json_error_out_of_memory) return KVT_ENOMEM;
-        kvt_wbuf_put(b, s, n);
-    } else {
-        canon(b, v, false);
-        json_decref(v);
+    char e[40], out[64];
+    if (d == 0) { put_str(b, "0"); return; }
+    int p = 0;
+    for (; p < 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p, d);
+        if (strtod(e, NULL) == d) break;
     }
-    return b->oom ? KVT_ENOMEM : KVT_OK;
+    /* e: [-]D[.DDD]e±XX -> the digits s (k of them) and n, x = 0.s x 10^n */
+    const char *q = e;
+    size_t o = 0;
+    if (*q == '-') out[o++] = *q++;
+    char dig[24];
+    int k = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[k++] = *q;
+    while (k > 1 && dig[k - 1] == '0') k--;
+    int n = atoi(q + 1) + 1;
+    if (k <= n && n <= 21) {
+        memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+        for (int i = k; i < n; i++) out[o++] = '0';
+    } else if (0 < n && n <= 21) {
+        memcpy(out + o, dig, (size_t)n), o += (size_t)n;
+        out[o++] = '.';
+        memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
+    } else if (-6 < n && n <= 0) {
+        out[o++] = '0', out[o++] = '.';
+        for (int i = 0; i < -n; i++) out[o++] = '0';
+        memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+    } else {
+        out[o++] = dig[0];
+        if (k > 1) {
+            out[o++] = '.';
+            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%d", n - 1 < 0 ? '-' : '+', abs(n - 1));
+    }
+    kvt_wbuf_put(b, out, o);
+}
+
+static void tojson(kvt_wbuf *b, const json_t *v)
+{
+    char num[40];
+    const char *key;
+    json_t *x;
+    size_t i = 0;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        kvt_wbuf_put(b, "{", 1);
+        json_object_foreach((json_t *)v, key, x) {
+            if (i++) put_str(b, ", ");
+            canon_string(b, key, strlen(key));
+            put_str(b, ": ");
+            tojson(b, x);
+        }
+        kvt_wbuf_put(b, "}", 1);
+        return;
+    case JSON_ARRAY:
+        kvt_wbuf_put(b, "[", 1);
+        for (; i < json_array_size(v); i++) {
+            if (i) put_str(b, ", ");
+            tojson(b, json_array_get(v, i));
+        }
+        kvt_wbuf_put(b, "]", 1);
+        return;
+    case JSON_STRING: canon_string(b, json_string_value(v), json_string_length(v)); return;
+    case JSON_INTEGER:
+        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        put_str(b, num);
+        return;
+    case JSON_REAL: js_number(b, json_real_value(v)); return;
+    case JSON_TRUE: put_str(b, "true"); return;
+    case JSON_FALSE: put_str(b, "false"); return;
+    case JSON_NULL: put_str(b, "null"); return;
+    }
 }
 
 /* ---- stop sequences ------------------------------------------------------- */
@@ -349,7 +442,11 @@ static int parse_stop(kvt_request *r, const json_t *root, const char *key, bool 
 
 /* A request's conversation, whatever the api, reduced to turns: role, text
  * (parts joined), and for an assistant turn the tool calls after its text. */
-enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
+enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, ROLE_DEVELOPER };
+
+/* OpenAI's developer messages are system text to the plain template; the
+ * DeepSeek-V4 template renders them as user text. */
+static bool is_system(int role) { return role == ROLE_SYSTEM || role == ROLE_DEVELOPER; }
 
 typedef struct call {
     char *id;        /* the client's call id; NULL when it sent none */
@@ -357,12 +454,17 @@ typedef struct call {
     char *args;      /* (args_len) canonical JSON, or the client's bytes when not JSON */
     size_t args_len;
     bool args_json;
+    json_t *argv;    /* the arguments as the client sent them, when a JSON object (a
+                      * reference); NULL otherwise */
 } call;
 
 typedef struct turn {
     int role;
     char *text;      /* (len) bytes, malloc'ed, NUL-terminated */
     size_t len;
+    char *reasoning; /* (rlen) assistant only: its reasoning as the client sent it back
+                      * (reasoning_content, Anthropic thinking blocks); NULL: none */
+    size_t rlen;
     call *calls;     /* (n_calls) assistant only */
     size_t n_calls, cap_calls;
 } turn;
@@ -371,9 +473,13 @@ typedef struct chat {
     turn *t;         /* (n) in request order; Anthropic's "system" and Responses'
                       * "instructions" first */
     size_t n, cap;
-    kvt_wbuf tools;  /* canonical function definitions, one per line */
+    kvt_wbuf tools;  /* canonical function definitions, one per line (plain) */
+    json_t *fns;     /* the same functions as OpenAI function objects, in the
+                      * client's key order (deepseek); NULL when there are none */
     size_t n_tools;
     bool keep_volatile;
+    bool thinking;   /* deepseek: the request asked for thinking mode */
+    int effort;      /* deepseek, thinking: 0, or the "high" (1) / "max" (2) preamble */
 } chat;
 
 static void chat_free(chat *c)
@@ -384,12 +490,15 @@ static void chat_free(chat *c)
             free(t->calls[k].id);
             free(t->calls[k].name);
             free(t->calls[k].args);
+            json_decref(t->calls[k].argv);
         }
         free(t->calls);
         free(t->text);
+        free(t->reasoning);
     }
     free(c->t);
     kvt_wbuf_free(&c->tools);
+    json_decref(c->fns);
     *c = (chat){0};
 }
 
@@ -423,11 +532,11 @@ static int turn_take(turn *t, kvt_wbuf *b, int *status)
 }
 
 /* Add a tool call to assistant turn t; args (the canonical or verbatim
- * arguments) is consumed. */
+ * arguments) and the reference argv (may be NULL) are consumed. */
 static int turn_call(turn *t, const json_t *id, const char *ns, const char *name, size_t name_len, kvt_wbuf *args,
-                     bool args_json, int *status)
+                     bool args_json, json_t *argv, int *status)
 {
-    call c = {.args_json = args_json};
+    call c = {.args_json = args_json, .argv = argv};
     kvt_wbuf_put(args, "", 1);
     kvt_wbuf qn = {0};
     if (ns) {
@@ -450,6 +559,7 @@ static int turn_call(turn *t, const json_t *id, const char *ns, const char *name
         free(c.id);
         kvt_wbuf_free(&qn);
         kvt_wbuf_free(args);
+        json_decref(argv);
         return oom(status);
     }
     t->calls[t->n_calls++] = c;
@@ -600,7 +710,7 @@ static int chat_add_acc(chat *ch, int role, text_acc *a, int *status)
 /* Add a turn whose text is content c (NULL: empty). */
 static int chat_add(chat *ch, int role, const json_t *c, const char *where, int *status)
 {
-    text_acc a = {.filter = role == ROLE_SYSTEM && !ch->keep_volatile};
+    text_acc a = {.filter = is_system(role) && !ch->keep_volatile};
     int rc = c ? content_text(&a, c, where, status) : KVT_OK;
     if (rc) { kvt_wbuf_free(&a.b); return rc; }
     return chat_add_acc(ch, role, &a, status);
@@ -612,17 +722,9 @@ static int chat_add(chat *ch, int role, const json_t *c, const char *where, int 
  * {"name":…,"description":…,"parameters":…}, fixed key order at the top (the
  * name first reads best), parameters canonical without "$schema"; absent
  * description or parameters are left out. ns: the Responses namespace. */
-static int tool_add(chat *ch, const char *ns, const json_t *fn, const char *name_key, const char *params_key,
-                    const char *where, int *status)
+static int tool_add_canon(chat *ch, const char *ns, const json_t *name, const json_t *desc, const json_t *params,
+                          int *status)
 {
-    const json_t *name, *desc;
-    int rc = get_str(fn, name_key, where, true, &name, status);
-    if (rc || (rc = get_str(fn, "description", where, false, &desc, status))) return rc;
-    if (json_string_length(name) == 0) return bad(status, "\"%s.%s\": must not be empty", where, name_key);
-    json_t *params = field(fn, params_key);
-    if (params && !json_is_object(params))
-        return bad(status, "\"%s.%s\": expected an object (a JSON Schema), got %s", where, params_key,
-                   type_name(params));
     kvt_wbuf *b = &ch->tools;
     if (ch->n_tools++) kvt_wbuf_put(b, "\n", 1);
     put_str(b, "{\"name\":\"");
@@ -642,6 +744,52 @@ static int tool_add(chat *ch, const char *ns, const json_t *fn, const char *name
     }
     put_str(b, "}");
     return b->oom ? oom(status) : KVT_OK;
+}
+
+/* Append one function to ch->fns as the OpenAI function object the
+ * DeepSeek-V4 template renders (tool['function'] | tojson): an OpenAI chat
+ * function (no "type", schema under "parameters", no namespace) as the
+ * client sent it, every key in its order; any other (Anthropic's
+ * input_schema, Responses' typed and namespaced tools) as the function it
+ * stands for, {"name", "description", "parameters"}. */
+static int tool_add_fn(chat *ch, const char *ns, const json_t *fn, const json_t *name, const json_t *desc,
+                       const json_t *params, const char *params_key, int *status)
+{
+    json_t *f = NULL;
+    if (!ns && !strcmp(params_key, "parameters") && !json_object_get(fn, "type")) {
+        f = json_incref((json_t *)fn);
+    } else if ((f = json_object())) {
+        kvt_wbuf q = {0};
+        if (ns) {
+            put_str(&q, ns);
+            put_str(&q, KVT_API_NS_SEP);
+        }
+        kvt_wbuf_put(&q, json_string_value(name), json_string_length(name));
+        int bad_set = q.oom || json_object_set_new(f, "name", json_stringn((const char *)q.p, q.len)) ||
+                      (desc && json_object_set(f, "description", (json_t *)desc)) ||
+                      (params && json_object_set(f, "parameters", (json_t *)params));
+        kvt_wbuf_free(&q);
+        if (bad_set) { json_decref(f); f = NULL; }
+    }
+    if (!f) return oom(status);
+    if (!ch->fns && !(ch->fns = json_array())) { json_decref(f); return oom(status); }
+    return json_array_append_new(ch->fns, f) ? oom(status) : KVT_OK;
+}
+
+/* A function definition: checked, then added to both forms. */
+static int tool_add(chat *ch, const char *ns, const json_t *fn, const char *name_key, const char *params_key,
+                    const char *where, int *status)
+{
+    const json_t *name, *desc;
+    int rc = get_str(fn, name_key, where, true, &name, status);
+    if (rc || (rc = get_str(fn, "description", where, false, &desc, status))) return rc;
+    if (json_string_length(name) == 0) return bad(status, "\"%s.%s\": must not be empty", where, name_key);
+    json_t *params = field(fn, params_key);
+    if (params && !json_is_object(params))
+        return bad(status, "\"%s.%s\": expected an object (a JSON Schema), got %s", where, params_key,
+                   type_name(params));
+    if ((rc = tool_add_canon(ch, ns, name, desc, params, status))) return rc;
+    return tool_add_fn(ch, ns, fn, name, desc, params, params_key, status);
 }
 
 static int add_namespace(kvt_request *r, const json_t *name, int *status)
@@ -736,9 +884,11 @@ static void turn_clear(turn *t)
         free(t->calls[k].id);
         free(t->calls[k].name);
         free(t->calls[k].args);
+        json_decref(t->calls[k].argv);
     }
     free(t->calls);
     free(t->text);
+    free(t->reasoning);
     *t = (turn){0};
 }
 
@@ -751,14 +901,26 @@ static int add_call(turn *t, const json_t *id, const char *ns, const json_t *obj
     const json_t *name;
     int rc = get_str(obj, name_key, where, true, &name, status);
     if (rc) return rc;
-    json_t *a = field(obj, args_key);
+    json_t *a = field(obj, args_key), *argv = NULL;
     kvt_wbuf args = {0};
     bool is_json = true;
-    if (!a) put_str(&args, "{}");
-    else if (json_is_string(a)) rc = canon_text(&args, json_string_value(a), json_string_length(a), &is_json, NULL);
-    else canon(&args, a, false);
-    if (rc || args.oom) { kvt_wbuf_free(&args); return oom(status); }
-    return turn_call(t, id, ns, json_string_value(name), json_string_length(name), &args, is_json, status);
+    if (!a) {
+        put_str(&args, "{}");
+        if (!(argv = json_object())) args.oom = true;
+    } else if (json_is_string(a)) {
+        json_error_t e;
+        argv = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, &e);
+        if (!argv && json_error_code(&e) == json_error_out_of_memory) args.oom = true;
+        is_json = argv != NULL;
+        if (argv) canon(&args, argv, false);
+        else kvt_wbuf_put(&args, json_string_value(a), json_string_length(a));
+    } else {
+        canon(&args, a, false);
+        argv = json_incref(a);
+    }
+    if (argv && !json_is_object(argv)) { json_decref(argv); argv = NULL; }
+    if (rc || args.oom) { kvt_wbuf_free(&args); json_decref(argv); return oom(status); }
+    return turn_call(t, id, ns, json_string_value(name), json_string_length(name), &args, is_json, argv, status);
 }
 
 /* Move the collected text and calls of tmp into a new assistant turn. */
@@ -769,6 +931,8 @@ static int chat_add_assistant(chat *ch, text_acc *a, turn *tmp, int *status)
     t->calls = tmp->calls;
     t->n_calls = tmp->n_calls;
     t->cap_calls = tmp->cap_calls;
+    t->reasoning = tmp->reasoning;
+    t->rlen = tmp->rlen;
     *tmp = (turn){0};
     return turn_take(t, &a->b, status);
 }
@@ -779,7 +943,8 @@ static int role_of(const json_t *jr, const char *where, bool allow_tool, int *ro
     const char *rs = json_string_value(jr);
     if (!strcmp(rs, "user")) *role = ROLE_USER;
     else if (!strcmp(rs, "assistant")) *role = ROLE_ASSISTANT;
-    else if (!strcmp(rs, "system") || !strcmp(rs, "developer")) *role = ROLE_SYSTEM;
+    else if (!strcmp(rs, "system")) *role = ROLE_SYSTEM;
+    else if (!strcmp(rs, "developer")) *role = ROLE_DEVELOPER;
     else if (allow_tool && (!strcmp(rs, "tool") || !strcmp(rs, "function"))) *role = ROLE_TOOL;
     else return bad(status, "\"%s.role\": unknown role \"%.40s\"", where, rs);
     return KVT_OK;
@@ -859,6 +1024,12 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
             rc = json_is_object(fc) ? add_call(&tmp, NULL, NULL, fc, "name", "arguments", w, status)
                                     : bad(status, "\"%s\": expected an object, got %s", w, type_name(fc));
         }
+        /* its reasoning, as DeepSeek's API and llama.cpp's server return it */
+        const json_t *rs = NULL;
+        if (!rc && !(rc = get_str(msg, "reasoning_content", where, false, &rs, status)) && rs &&
+            !(tmp.reasoning = kvt_strndup(json_string_value(rs), json_string_length(rs))))
+            rc = oom(status);
+        tmp.rlen = rs ? json_string_length(rs) : 0;
         if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
         if ((rc = chat_add_assistant(ch, &a, &tmp, status))) return rc;
     }
@@ -941,7 +1112,7 @@ static int parse_anthropic(chat *ch, const json_t *root, int *status)
         if ((rc = role_of(json_object_get(msg, "role"), where, false, &role, status))) return rc;
         json_t *c = field(msg, "content");
         if (!c && role != ROLE_ASSISTANT) return bad(status, "\"%s\": required", cwhere);
-        if (!c || !json_is_array(c) || role == ROLE_SYSTEM) rc = chat_add(ch, role, c, cwhere, status);
+        if (!c || !json_is_array(c) || is_system(role)) rc = chat_add(ch, role, c, cwhere, status);
         else rc = anthropic_blocks(ch, role, c, cwhere, status);
         if (rc) return rc;
     }
@@ -1007,10 +1178,17 @@ static int parse_responses(chat *ch, const json_t *root, int *status)
 
 /* ---- templates ------------------------------------------------------------ */
 
-/* One assistant tool call in DeepSeek's syntax: the bytes the server sampled
- * for it when the replay hook has them (they include the separator before
- * the call), else the canonical form, "\n" before every call but the
- * first. */
+/* One assistant tool call in the DSML markup: the bytes the server sampled
+ * for it when the replay hook has them (for the first call they include the
+ * separator and the <｜DSML｜tool_calls> opener, and every call its trailing
+ * whitespace; see kvt_tool_calls_parse), else as the template writes it:
+ * the opener before the first call, then
+ *   <｜DSML｜invoke name="NAME">\n
+ *   <｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n   (string values)
+ *   <｜DSML｜parameter name="KEY" string="false">JSON</｜DSML｜parameter>\n   (any other value)
+ *   </｜DSML｜invoke>\n
+ * with a bare "\n" for a call without arguments (or with arguments that are
+ * not a JSON object, which the template cannot take apart). */
 static void render_call(kvt_wbuf *b, const call *c, size_t k, const kvt_parse_opts *o)
 {
     size_t rl = 0;
@@ -1019,85 +1197,98 @@ static void render_call(kvt_wbuf *b, const call *c, size_t k, const kvt_parse_op
         kvt_wbuf_put(b, rp, rl);
         return;
     }
-    if (k) put_str(b, "\n");
-    put_str(b, DS_CALL_BEGIN "function" DS_SEP);
+    if (k == 0) put_str(b, "\n\n" DS_CALLS_BEGIN "\n");
+    put_str(b, DS_INVOKE);
     put_str(b, c->name);
-    put_str(b, "\n```json\n");
-    kvt_wbuf_put(b, c->args, c->args_len);
-    put_str(b, "\n```" DS_CALL_END);
+    put_str(b, "\">\n");
+    const char *key;
+    json_t *v;
+    json_object_foreach(c->argv, key, v) {
+        put_str(b, DS_PARAM);
+        put_str(b, key);
+        if (json_is_string(v)) {
+            put_str(b, "\" string=\"true\">");
+            kvt_wbuf_put(b, json_string_value(v), json_string_length(v));
+        } else {
+            put_str(b, "\" string=\"false\">");
+            tojson(b, v);
+        }
+        put_str(b, DS_PARAM_END "\n");
+    }
+    if (!json_object_size(c->argv)) put_str(b, "\n");
+    put_str(b, DS_INVOKE_END "\n");
 }
 
-/* deepseek: BOS, every system text (joined with SEP, hoisted to the front as
- * DeepSeek's own template does), the tool definitions, then the turns as
- * DeepSeek-V3's template writes them:
+/* deepseek: the DeepSeek-V4-Flash chat template
+ * (models/templates/deepseek-ai-DeepSeek-V4-Flash-0731.jinja in llama.cpp),
+ * byte for byte:
  *
- *   user        <｜User｜>text
- *   assistant   <｜Assistant｜>text<｜end▁of▁sentence｜>, or with tool calls
- *               <｜Assistant｜>text<｜tool▁calls▁begin｜>CALL\nCALL<｜tool▁calls▁end｜>
- *               <｜end▁of▁sentence｜>
- *   tool        <｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>result<｜tool▁output▁end｜>, further
- *               results of the same run \n<｜tool▁output▁begin｜>...; the run is closed by
- *               <｜tool▁outputs▁end｜>, and an assistant turn right after it has no
- *               <｜Assistant｜> marker (the model continues after the results).
+ *   BOS, in thinking mode the reasoning-effort preamble ("high", "max"), then
+ *   the system part: every system text joined with "\n\n", and with tools
+ *   the tools header, each function's JSON on its own line, the footer.
+ *   user, developer <｜User｜>text; a user, developer or tool message right
+ *               after another of them continues the same turn after "\n\n"
+ *   tool        <｜User｜><tool_result>text</tool_result> (or continued likewise)
+ *   assistant   <｜Assistant｜></think>text<｜end▁of▁sentence｜>, in thinking mode
+ *               <｜Assistant｜><think>reasoning</think>text<｜end▁of▁sentence｜>;
+ *               tool calls after the text (render_call) closed by
+ *               </｜DSML｜tool_calls>
  *
- * then <｜Assistant｜> to prompt the reply (after tool results: nothing more).
- * A conversation that ends with an assistant turn without tool calls is a
- * prefill: that turn stays open (no end-of-sentence, no new marker) and the
- * reply continues its text. Either way each rendering is a prefix of the next
- * one. DeepSeek's published template sets two of its flags once per
- * conversation (so only the first assistant turn with calls and the first
- * run of results get their opening markers) and leaves a run of results
- * open before a user turn; here every such turn and run is marked alike. */
+ * then <｜Assistant｜></think> (thinking: <｜Assistant｜><think>) to prompt the
+ * reply. Thinking mode keeps every turn's reasoning, which is the template
+ * with drop_thinking = false: the template's default drops the reasoning of
+ * turns before the last user message, which would rewrite the cached prefix
+ * at every new user turn. A conversation that ends with an assistant turn
+ * without tool calls is a prefill: the template's rendering without
+ * the generation prompt and without that turn's final end-of-sentence, so the
+ * reply continues its text. Either way each rendering is a prefix of the
+ * next one. */
 static void render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o)
 {
     put_str(b, DS_BOS);
-    size_t n_sys = 0, last = SIZE_MAX;
+    if (ch->thinking && ch->effort) put_str(b, ch->effort == 2 ? V4_EFFORT_MAX : V4_EFFORT_HIGH);
+    size_t n_sys = 0, sys_len = 0, last = SIZE_MAX;
     for (size_t i = 0; i < ch->n; i++) {
         if (ch->t[i].role != ROLE_SYSTEM) { last = i; continue; }
-        if (n_sys++) put_str(b, SEP);
+        if (n_sys++) put_str(b, SEP), sys_len += LIT(SEP);
         kvt_wbuf_put(b, ch->t[i].text, ch->t[i].len);
+        sys_len += ch->t[i].len;
     }
     if (ch->n_tools) {
-        if (n_sys) put_str(b, SEP);
-        put_str(b, TOOLS_HEAD);
-        kvt_wbuf_put(b, ch->tools.p, ch->tools.len);
-        put_str(b, TOOLS_HOWTO);
+        if (sys_len) put_str(b, SEP);
+        put_str(b, V4_TOOLS_HEADER);
+        for (size_t i = 0; i < json_array_size(ch->fns); i++) {
+            tojson(b, json_array_get(ch->fns, i));
+            put_str(b, "\n");
+        }
+        put_str(b, V4_TOOLS_FOOTER);
     }
-    bool outputs = false, after_outputs = false;
+    bool in_user = false;
     for (size_t i = 0; i < ch->n; i++) {
         const turn *t = &ch->t[i];
         if (t->role == ROLE_SYSTEM) continue;
-        if (outputs && t->role != ROLE_TOOL) {
-            put_str(b, DS_OUTPUTS_END);
-            outputs = false;
-            after_outputs = true;
-        }
-        if (t->role == ROLE_TOOL) {
-            put_str(b, outputs ? "\n" DS_OUTPUT_BEGIN : DS_OUTPUTS_BEGIN DS_OUTPUT_BEGIN);
+        if (t->role != ROLE_ASSISTANT) {
+            put_str(b, in_user ? SEP : DS_USER);
+            in_user = true;
+            if (t->role == ROLE_TOOL) put_str(b, DS_RESULT_BEGIN);
             kvt_wbuf_put(b, t->text, t->len);
-            put_str(b, DS_OUTPUT_END);
-            outputs = true;
+            if (t->role == ROLE_TOOL) put_str(b, DS_RESULT_END);
             continue;
         }
-        if (t->role == ROLE_USER) {
-            put_str(b, DS_USER);
-            kvt_wbuf_put(b, t->text, t->len);
-        } else {
-            if (!after_outputs) put_str(b, DS_ASSISTANT);
-            kvt_wbuf_put(b, t->text, t->len);
-            if (t->n_calls) {
-                put_str(b, DS_CALLS_BEGIN);
-                for (size_t k = 0; k < t->n_calls; k++) render_call(b, &t->calls[k], k, o);
-                put_str(b, DS_CALLS_END DS_EOS);
-            } else if (i != last) {
-                put_str(b, DS_EOS);
-            }
-        }
-        after_outputs = false;
-    }
-    if (outputs) put_str(b, DS_OUTPUTS_END);
-    else if (last == SIZE_MAX || ch->t[last].role != ROLE_ASSISTANT || ch->t[last].n_calls)
+        in_user = false;
         put_str(b, DS_ASSISTANT);
+        if (ch->thinking) {
+            put_str(b, THINK_BEGIN);
+            if (t->reasoning) kvt_wbuf_put(b, t->reasoning, t->rlen);
+        }
+        put_str(b, THINK_END);
+        kvt_wbuf_put(b, t->text, t->len);
+        for (size_t k = 0; k < t->n_calls; k++) render_call(b, &t->calls[k], k, o);
+        if (t->n_calls) put_str(b, DS_CALLS_END);
+        if (i != last || t->n_calls) put_str(b, DS_EOS);
+    }
+    if (last == SIZE_MAX || ch->t[last].role != ROLE_ASSISTANT || ch->t[last].n_calls)
+        put_str(b, ch->thinking ? DS_ASSISTANT THINK_BEGIN : DS_ASSISTANT THINK_END);
 }
 
 /* One piece of the plain rendering: SEP before every piece but the first. */
@@ -1118,7 +1309,7 @@ static void render_plain(kvt_wbuf *b, const chat *ch)
     bool tools_done = ch->n_tools == 0;
     for (size_t i = 0; i <= ch->n; i++) {
         const turn *t = i < ch->n ? &ch->t[i] : NULL;
-        if (!tools_done && (!t || t->role != ROLE_SYSTEM)) {
+        if (!tools_done && (!t || !is_system(t->role))) {
             plain_piece(b, &k, TOOLS_HEAD, LIT(TOOLS_HEAD));
             kvt_wbuf_put(b, ch->tools.p, ch->tools.len);
             tools_done = true;
@@ -1293,6 +1484,27 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     return KVT_OK;
 }
 
+/* OpenAI chat: thinking mode is asked for explicitly, as llama.cpp's and
+ * vLLM's servers take it: "chat_template_kwargs": {"thinking": true} (or
+ * "enable_thinking"). "reasoning_effort" (top level, or in the kwargs)
+ * "high" or "max" then selects the template's preamble; other efforts add
+ * nothing, and an effort alone does not turn thinking on. */
+static int parse_thinking(chat *ch, const json_t *root, int *status)
+{
+    json_t *kw = field(root, "chat_template_kwargs");
+    if (kw && !json_is_object(kw))
+        return bad(status, "\"chat_template_kwargs\": expected an object, got %s", type_name(kw));
+    int rc = get_bool(kw, "enable_thinking", &ch->thinking, status);
+    if (!rc) rc = get_bool(kw, "thinking", &ch->thinking, status);
+    const json_t *e = NULL;
+    if (!rc) rc = get_str(kw, "reasoning_effort", "chat_template_kwargs", false, &e, status);
+    if (!rc && !e) rc = get_str(root, "reasoning_effort", "", false, &e, status);
+    if (rc) return rc;
+    const char *es = e ? json_string_value(e) : "";
+    ch->effort = !strcmp(es, "max") ? 2 : !strcmp(es, "high") ? 1 : 0;
+    return KVT_OK;
+}
+
 static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt_model *m,
                       const kvt_parse_opts *o, int *status)
 {
@@ -1304,6 +1516,7 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
     } else {
         chat ch = {.keep_volatile = o->keep_volatile};
         rc = parse_tools(&ch, r, root, api, status);
+        if (!rc && api == KVT_API_CHAT) rc = parse_thinking(&ch, root, status);
         if (!rc) {
             if (api == KVT_API_CHAT) rc = parse_chat(&ch, root, status);
             else if (api == KVT_API_MESSAGES) rc = parse_anthropic(&ch, root, status);
@@ -1438,129 +1651,6 @@ void kvt_tool_calls_free(kvt_tool_call *calls, size_t n)
     free(calls);
 }
 
-/* The name and arguments of one call's body s[a, b) (between
- * <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>): DeepSeek-V3's
- * "function<｜tool▁sep｜>NAME\n```json\nARGS\n```", leniently (the fence
- * optional, any whitespace), or V3.1's "NAME<｜tool▁sep｜>ARGS". False when
- * the body is not a call. */
-static bool call_body(const char *s, size_t a, size_t b, size_t *na, size_t *nb, size_t *aa, size_t *ab)
-{
-    const char *sep = find(s, a, b, DS_SEP, LIT(DS_SEP));
-    if (!sep) return false;
-    size_t ha = a, hb = (size_t)(sep - s), ra = hb + LIT(DS_SEP), rb = b;
-    trim(s, &ha, &hb);
-    trim(s, &ra, &rb);
-    if (hb > ha && !(hb - ha == 8 && !memcmp(s + ha, "function", 8))) {
-        *na = ha, *nb = hb, *aa = ra, *ab = rb; /* V3.1: the head is the name */
-    } else {
-        const char *nl = memchr(s + ra, '\n', rb - ra);
-        *na = ra;
-        *nb = nl ? (size_t)(nl - s) : rb;
-        *aa = *nb;
-        *ab = rb;
-        trim(s, na, nb);
-        trim(s, aa, ab);
-        /* the ```json fence around the arguments */
-        if (*ab - *aa >= 3 && !memcmp(s + *aa, "```", 3)) {
-            *aa += 3;
-            if (*ab - *aa >= 4 && !memcmp(s + *aa, "json", 4)) *aa += 4;
-            if (*ab - *aa >= 3 && !memcmp(s + *ab - 3, "```", 3)) *ab -= 3;
-            trim(s, aa, ab);
-        }
-    }
-    /* A name is one line of printable bytes, and neither part may hold a NUL
-     * (names and arguments are C strings): a body that breaks this is no call. */
-    for (size_t i = *na; i < *nb; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return false;
-    return *nb > *na && !memchr(s + *aa, 0, *ab - *aa);
-}
-
-int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
-{
-    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
-    *calls = NULL;
-    *n = 0;
-    *text_end = len;
-    const char *cb = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
-    const char *c1 = find(text, 0, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
-    if (!cb && !c1) return KVT_OK;
-    bool outer = cb && (!c1 || cb < c1);
-    size_t start = (size_t)((outer ? cb : c1) - text);
-    size_t pos = start + (outer ? LIT(DS_CALLS_BEGIN) : 0);
-    kvt_tool_call *v = NULL;
-    size_t nv = 0, cap = 0;
-    for (;;) {
-        const char *b = find(text, pos, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
-        if (!b) break;
-        size_t body = (size_t)(b - text) + LIT(DS_CALL_BEGIN);
-        const char *e = find(text, body, len, DS_CALL_END, LIT(DS_CALL_END));
-        if (!e) break; /* unfinished */
-        size_t end = (size_t)(e - text);
-        size_t na, nb, aa, ab;
-        if (find(text, body, end, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN)) ||
-            !call_body(text, body, end, &na, &nb, &aa, &ab))
-            break; /* malformed: what follows is not read as calls */
-        if (nv == cap) {
-            size_t c2 = cap ? cap * 2 : 4, bytes;
-            kvt_tool_call *p = kvt_mul_ok(c2, sizeof *p, &bytes) ? realloc(v, bytes) : NULL;
-            if (!p) goto nomem;
-            v = p;
-            cap = c2;
-        }
-        kvt_tool_call *c = &v[nv];
-        memset(c, 0, sizeof *c);
-        char id[24];
-        new_call_id(id);
-        kvt_wbuf args = {0};
-        bool is_obj = true;
-        if (ab == aa) put_str(&args, "{}"); /* no arguments written: none */
-        else if (canon_text(&args, text + aa, ab - aa, NULL, &is_obj)) { kvt_wbuf_free(&args); goto nomem; }
-        if (!is_obj) { /* not JSON, or a JSON value that is not an object: keep the bytes */
-            args.len = 0;
-            kvt_wbuf_put(&args, text + aa, ab - aa);
-        }
-        kvt_wbuf_put(&args, "", 1);
-        c->id = kvt_strndup(id, strlen(id));
-        c->name = kvt_strndup(text + na, nb - na);
-        c->arguments = (char *)args.p;
-        c->valid = is_obj;
-        c->raw_off = pos;
-        c->raw_len = end + LIT(DS_CALL_END) - pos;
-        nv++;
-        if (args.oom || !c->id || !c->name) goto nomem;
-        pos = end + LIT(DS_CALL_END);
-    }
-    if (!nv) {
-        free(v);
-        return KVT_OK;
-    }
-    *text_end = start;
-    *calls = v;
-    *n = nv;
-    return KVT_OK;
-nomem:
-    kvt_tool_calls_free(v, nv);
-    return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
-}
-
-size_t kvt_tool_calls_text_len(const char *text, size_t len)
-{
-    if (!text) return 0;
-    const char *a = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
-    const char *c = find(text, 0, len, DS_CALL_BEGIN, LIT(DS_CALL_BEGIN));
-    if (a || c) return (size_t)((a && (!c || a < c) ? a : c) - text);
-    /* a marker may be arriving: hold back a tail that starts one */
-    static const char *const marks[] = {DS_CALLS_BEGIN, DS_CALL_BEGIN};
-    for (size_t k = LIT(DS_CALLS_BEGIN) - 1; k > 0; k--) {
-        if (k > len) continue;
-        for (size_t m = 0; m < 2; m++)
-            if (k < strlen(marks[m]) && !memcmp(text + len - k, marks[m], k)) return len - k;
-    }
-    return len;
-}
-
-/* ---- JSON output ---------------------------------------------------------- */
-
 /* Length of the well-formed UTF-8 character at s[0..n) (RFC 3629: no
  * overlongs, no surrogates, nothing past U+10FFFF, as jansson checks), or 0. */
 static size_t utf8_char(const unsigned char *s, size_t n)
@@ -1582,6 +1672,163 @@ static size_t utf8_char(const unsigned char *s, size_t n)
     if (need == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
     return need;
 }
+
+/* s[a, b) is well-formed UTF-8 without NUL (what a JSON string can hold). */
+static bool utf8_ok(const char *s, size_t a, size_t b)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t k; a < b; a += k)
+        if (!u[a] || !(k = utf8_char(u + a, b - a))) return false;
+    return true;
+}
+
+/* s[*p, to) starts with lit (after whitespace when skip): move *p past it. */
+static bool eat(const char *s, size_t *p, size_t to, const char *lit, bool skip)
+{
+    size_t q = *p, n = strlen(lit);
+    while (skip && q < to && is_space(s[q])) q++;
+    if (to - q < n || memcmp(s + q, lit, n)) return false;
+    *p = q + n;
+    return true;
+}
+
+/* A quoted attribute value: s[*p..) up to the next '"', which must be
+ * followed by tail; [*va, *vb) receives the value, *p moves past tail. A
+ * value holds no control bytes and no '<'. */
+static bool attr(const char *s, size_t *p, size_t to, const char *tail, size_t *va, size_t *vb)
+{
+    const char *q = memchr(s + *p, '"', to - *p);
+    if (!q) return false;
+    *va = *p;
+    *vb = (size_t)(q - s);
+    for (size_t i = *va; i < *vb; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f || s[i] == '<') return false;
+    size_t r = *vb + 1;
+    if (!eat(s, &r, to, tail, false)) return false;
+    *p = r;
+    return true;
+}
+
+/* One <｜DSML｜invoke name="NAME">...</｜DSML｜invoke> at s[*p..) (after
+ * whitespace): its name and its parameters as a JSON object, in the order
+ * written; a string="true" value is the string as written, a string="false"
+ * value is read as JSON (a value that is not JSON stays a string). *p moves
+ * past the invoke end and the whitespace after it. 1: a call; 0: no
+ * (complete) call here; -1: out of memory. */
+static int dsml_invoke(const char *s, size_t *p, size_t to, size_t *na, size_t *nb, json_t **args)
+{
+    size_t q = *p;
+    *args = NULL;
+    if (!eat(s, &q, to, DS_INVOKE, true) || !attr(s, &q, to, ">", na, nb) || *nb == *na || !utf8_ok(s, *na, *nb))
+        return 0;
+    json_t *obj = json_object();
+    if (!obj) return -1;
+    for (;;) {
+        if (eat(s, &q, to, DS_INVOKE_END, true)) break;
+        size_t ka, kb;
+        if (!eat(s, &q, to, DS_PARAM, true) || !attr(s, &q, to, " string=\"", &ka, &kb)) goto no;
+        bool str;
+        if (eat(s, &q, to, "true\">", false)) str = true;
+        else if (eat(s, &q, to, "false\">", false)) str = false;
+        else goto no;
+        const char *e = find(s, q, to, DS_PARAM_END, LIT(DS_PARAM_END));
+        if (!e || !utf8_ok(s, q, (size_t)(e - s)) || !utf8_ok(s, ka, kb)) goto no;
+        size_t va = q, vb = (size_t)(e - s);
+        json_t *v = NULL;
+        if (!str) {
+            size_t ta = va, tb = vb;
+            trim(s, &ta, &tb);
+            json_error_t je;
+            v = json_loadb(s + ta, tb - ta, JSON_DECODE_ANY, &je);
+            if (!v && json_error_code(&je) == json_error_out_of_memory) goto oom;
+        }
+        if (!v) v = json_stringn(s + va, vb - va);
+        char *key = kvt_strndup(s + ka, kb - ka);
+        int bad_set = !v || !key || json_object_set_new(obj, key, v);
+        free(key);
+        if (bad_set) goto oom;
+        q = vb + LIT(DS_PARAM_END);
+    }
+    while (q < to && is_space(s[q])) q++;
+    *p = q;
+    *args = obj;
+    return 1;
+no:
+    json_decref(obj);
+    return 0;
+oom:
+    json_decref(obj);
+    return -1;
+}
+
+int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+{
+    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
+    *calls = NULL;
+    *n = 0;
+    *text_end = len;
+    const char *cb = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
+    if (!cb) return KVT_OK;
+    size_t start = (size_t)(cb - text), pos = start + LIT(DS_CALLS_BEGIN);
+    while (start > 0 && is_space(text[start - 1])) start--;
+    kvt_tool_call *v = NULL;
+    size_t nv = 0, cap = 0, from = start;
+    for (;;) {
+        size_t na, nb;
+        json_t *args;
+        int got = dsml_invoke(text, &pos, len, &na, &nb, &args);
+        if (got < 0) goto nomem;
+        if (!got) break; /* unfinished or malformed: what follows is not read as calls */
+        if (nv == cap) {
+            size_t c2 = cap ? cap * 2 : 4, bytes;
+            kvt_tool_call *p = kvt_mul_ok(c2, sizeof *p, &bytes) ? realloc(v, bytes) : NULL;
+            if (!p) { json_decref(args); goto nomem; }
+            v = p;
+            cap = c2;
+        }
+        kvt_tool_call *c = &v[nv++];
+        memset(c, 0, sizeof *c);
+        char id[24];
+        new_call_id(id);
+        c->id = kvt_strndup(id, strlen(id));
+        c->name = kvt_strndup(text + na, nb - na);
+        c->arguments = kvt_json_dumps(args, JSON_COMPACT);
+        c->valid = true;
+        c->raw_off = from;
+        c->raw_len = pos - from;
+        json_decref(args);
+        if (!c->id || !c->name || !c->arguments) goto nomem;
+        from = pos;
+    }
+    if (!nv) {
+        free(v);
+        return KVT_OK;
+    }
+    *text_end = start;
+    *calls = v;
+    *n = nv;
+    return KVT_OK;
+nomem:
+    kvt_tool_calls_free(v, nv);
+    return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
+}
+
+size_t kvt_tool_calls_text_len(const char *text, size_t len)
+{
+    if (!text) return 0;
+    const char *a = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
+    size_t end = a ? (size_t)(a - text) : len;
+    /* a marker may be arriving: hold back a tail that starts one */
+    if (!a)
+        for (size_t k = LIT(DS_CALLS_BEGIN) - 1; k > 0; k--)
+            if (k <= len && !memcmp(text + len - k, DS_CALLS_BEGIN, k)) { end = len - k; break; }
+    /* and the whitespace before it, which the reply's text loses when calls follow */
+    while (end > 0 && is_space(text[end - 1])) end--;
+    return end;
+}
+
+/* ---- JSON output ---------------------------------------------------------- */
+
 
 /* Bytes of the maximal subpart of an ill-formed sequence at s[0..n) (the
  * longest prefix of a well-formed character, at least 1): Unicode's

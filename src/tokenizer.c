@@ -26,28 +26,30 @@
  *     merged (ties: leftmost) until none is left; a symbol that is no token is
  *     emitted as <0xXX> byte tokens.
  *  3. "gpt2" (byte-level BPE): the pre-tokenizer regexes of tokenizer.ggml.pre
- *     ("gpt-2"/"default"/absent, or "deepseek-llm") split the span, each regex
- *     splitting the pieces of the previous one and keeping matched and
- *     unmatched parts (PCRE2, UTF mode; whitespace is Unicode White_Space as in
- *     llama.cpp, and the literal classes of deepseek-llm exclude non-ASCII
- *     whitespace because llama.cpp maps it to \v before matching). Each piece
- *     is one symbol per byte (GPT-2 bytes_to_unicode) merged by lowest merge
- *     rank, leftmost first.
+ *     ("gpt-2"/"default"/absent, "deepseek-llm" or "deepseek-v3"; any other
+ *     is KVT_EUNSUPPORTED) split the span, each regex splitting the pieces of
+ *     the previous one and keeping matched and unmatched parts (PCRE2, UTF
+ *     mode; whitespace is Unicode White_Space as in llama.cpp, and the literal
+ *     classes of deepseek-llm exclude non-ASCII whitespace because llama.cpp
+ *     maps it to \v before matching). Each piece is one symbol per byte
+ *     (GPT-2 bytes_to_unicode) merged by lowest merge rank, leftmost first.
+ *     Unicode categories are PCRE2's tables, llama.cpp's are its own
+ *     (Unicode 15.1): with a PCRE2 on an older Unicode (10.42: 14.0) the
+ *     about 5100 code points assigned since (CJK extensions H and I, Kawi,
+ *     ...) are unassigned here, and their text may split differently.
  *     Invalid UTF-8 differs on purpose: llama.cpp turns it into
  *     U+FFFD, we match around it (PCRE2_MATCH_INVALID_UTF) and keep the raw
  *     bytes, so decode(encode(x)) == x for every byte string.
  *  4. "bytes": ids 0..255 are the bytes themselves; then the specials a
- *     DeepSeek-style chat template needs, in this order (｜ is U+FF5C,
+ *     DeepSeek-V4 chat template needs, in this order (｜ is U+FF5C,
  *     ▁ is U+2581):
  *       256 <｜begin▁of▁sentence｜>  (BOS; add_bos is true)
  *       257 <｜end▁of▁sentence｜>    (EOS)
  *       258 <｜User｜>               259 <｜Assistant｜>
  *       260 <think>                  261 </think>
- *       262 <｜tool▁calls▁begin｜>   263 <｜tool▁calls▁end｜>
- *       264 <｜tool▁call▁begin｜>    265 <｜tool▁call▁end｜>
- *       266 <｜tool▁sep｜>
- *       267 <｜tool▁outputs▁begin｜> 268 <｜tool▁outputs▁end｜>
- *       269 <｜tool▁output▁begin｜>  270 <｜tool▁output▁end｜>
+ *       262 ｜DSML｜ (the tool-call markup's prefix: <｜DSML｜invoke ...>)
+ *       263 <tool_result>            264 </tool_result>
+ *       265..270 <｜place▁holder▁no▁0｜> .. <｜place▁holder▁no▁5｜> (reserved)
  *     n_vocab is 271. In a GGUF it is tokenizer.ggml.model = "bytes" with the
  *     byte tokens stored as "<0xXX>" (type 6) and the specials as control
  *     tokens (type 3).
@@ -306,6 +308,39 @@ static const char *const re_deepseek_llm[] = {
     "\\p{N}+",
 };
 
+/* llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM list ("deepseek-v3"), as
+ * llama.cpp runs it: none of the three has a custom implementation there, so
+ * the first and third (they name \p{..}) run as std::regex on the "collapsed"
+ * text, where ASCII stays as it is, every non-ASCII code point becomes one
+ * byte standing for its category (N, L, P, M, S, or any other) and non-ASCII
+ * whitespace becomes \v; the second runs as std::wregex on the code points,
+ * again with non-ASCII whitespace as \v. What that comes to, written here:
+ *  - \p{N}, \p{L}, \p{M}, \p{P} and \p{S} are the code point's Unicode
+ *    category: llama.cpp knows all five (its ASCII spellings are exactly the
+ *    ASCII members: P is !"#%&'()*,-./:;?@[\]_{}, S is $+<=>^`|~, M none), so
+ *    PCRE2's \p{..} are used as they are. Whitespace is in none of them (as
+ *    in PCRE2): U+00A0 or U+3000 can be the optional prefix of a word.
+ *  - \s and \S are WS, not PCRE2's \s: C-locale isspace on ASCII (no
+ *    \x1C-\x1F) and \v for every non-ASCII White_Space (so U+0085, which
+ *    PCRE2's \s lacks).
+ *  - [\r\n] is CR and LF only: U+0085, U+2028 and U+2029 are \v there,
+ *    whitespace but no line break.
+ *  - [A-Za-z] and the punctuation class of the first alternative (all 32
+ *    ASCII punctuation and symbol characters) are ASCII only: a non-ASCII
+ *    letter is a non-ASCII byte in the collapsed text.
+ *  - The CJK class is code point ranges: U+4E00..U+9FA5, hiragana
+ *    U+3040..U+309F, katakana U+30A0..U+30FF (U+3000 is not in it, so the
+ *    \v replacement changes nothing there).
+ *  - Alternation is leftmost-first and the lookahead ends at the piece, in
+ *    ECMAScript as in PCRE2; each regex splits the pieces of the previous one,
+ *    so a digit run is cut into threes from its left before anything else. */
+static const char *const re_deepseek_v3[] = {
+    "\\p{N}{1,3}",
+    "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
+    ("[!-/:-@\\[-`{-~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*"
+     "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"),
+};
+
 static int compile_regexes(kvt_tokenizer *t)
 {
     const char *const *list;
@@ -316,6 +351,9 @@ static int compile_regexes(kvt_tokenizer *t)
     } else if (!strcmp(t->pre, "deepseek-llm")) {
         list = re_deepseek_llm;
         n = (int)(sizeof re_deepseek_llm / sizeof *re_deepseek_llm);
+    } else if (!strcmp(t->pre, "deepseek-v3")) {
+        list = re_deepseek_v3;
+        n = (int)(sizeof re_deepseek_v3 / sizeof *re_deepseek_v3);
     } else {
         return kvt_fail(KVT_EUNSUPPORTED, "tokenizer: unsupported pre-tokenizer "
                         "tokenizer.ggml.pre = '%s'", t->pre);
@@ -722,15 +760,15 @@ static const char *const bytes_specials[] = {
     "<" FW_BAR "Assistant" FW_BAR ">",
     "<think>",
     "</think>",
-    "<" FW_BAR "tool" SP_MARK "calls" SP_MARK "begin" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "calls" SP_MARK "end" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "call" SP_MARK "begin" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "call" SP_MARK "end" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "sep" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "outputs" SP_MARK "begin" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "outputs" SP_MARK "end" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "output" SP_MARK "begin" FW_BAR ">",
-    "<" FW_BAR "tool" SP_MARK "output" SP_MARK "end" FW_BAR ">",
+    FW_BAR "DSML" FW_BAR,
+    "<tool_result>",
+    "</tool_result>",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "0" FW_BAR ">",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "1" FW_BAR ">",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "2" FW_BAR ">",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "3" FW_BAR ">",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "4" FW_BAR ">",
+    "<" FW_BAR "place" SP_MARK "holder" SP_MARK "no" SP_MARK "5" FW_BAR ">",
 };
 
 int kvt_tokenizer_new_bytes(kvt_tokenizer **out)

@@ -22,22 +22,34 @@
 #define EOS "<" FW "end" SPM "of" SPM "sentence" FW ">"
 #define USR "<" FW "User" FW ">"
 #define AST "<" FW "Assistant" FW ">"
-#define CSB "<" FW "tool" SPM "calls" SPM "begin" FW ">"
-#define CSE "<" FW "tool" SPM "calls" SPM "end" FW ">"
-#define CB "<" FW "tool" SPM "call" SPM "begin" FW ">"
-#define CE "<" FW "tool" SPM "call" SPM "end" FW ">"
-#define TSEP "<" FW "tool" SPM "sep" FW ">"
-#define OSB "<" FW "tool" SPM "outputs" SPM "begin" FW ">"
-#define OSE "<" FW "tool" SPM "outputs" SPM "end" FW ">"
-#define OB "<" FW "tool" SPM "output" SPM "begin" FW ">"
-#define OE "<" FW "tool" SPM "output" SPM "end" FW ">"
-/* The tool definitions in the system part (docs/API.md). */
-#define THEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description and " \
-              "parameters (a JSON Schema):\n\n"
-#define THOWTO "\n\nTo call functions, reply with " CSB CB "function" TSEP "NAME\n```json\nARGUMENTS\n```" CE CSE \
-               ": one " CB "..." CE " per call, separated by a newline, with ARGUMENTS a JSON object."
-/* One canonical call as the deepseek template renders it. */
-#define DSCALL(name, args) CB "function" TSEP name "\n```json\n" args "\n```" CE
+#define NT "</think>"
+/* The assistant marker as non-thinking mode writes it. */
+#define ASN AST NT
+#define DSML FW "DSML" FW
+#define CSB "<" DSML "tool_calls>"
+#define CSE "</" DSML "tool_calls>"
+#define TRB "<tool_result>"
+#define TRE "</tool_result>"
+/* The tools header and footer of the DeepSeek-V4-Flash template (docs/API.md). */
+#define THEAD "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke " \
+    "tools by writing a \"" CSB "\" block like the following:\n\n" CSB "\n<" DSML "invoke name=\"$TOOL_NAME\">\n<" \
+    DSML "parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</" DSML "parameter>\n...\n</" \
+    DSML "invoke>\n<" DSML "invoke name=\"$TOOL_NAME2\">\n...\n</" DSML "invoke>\n" CSE "\n\nString parameters " \
+    "should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), " \
+    "pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by " \
+    "<think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final " \
+    "response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available " \
+    "Tool Schemas\n\n"
+/* The plain template's tools heading. */
+#define PTHEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description and " \
+               "parameters (a JSON Schema):\n\n"
+#define THOWTO "\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
+/* A call as the deepseek template renders it: INVOKE(name, PARAM...) inside
+ * "\n\n" CSB "\n" ... CSE. */
+#define INVOKE(name, params) "<" DSML "invoke name=\"" name "\">\n" params "</" DSML "invoke>\n"
+#define PSTR(k, v) "<" DSML "parameter name=\"" k "\" string=\"true\">" v "</" DSML "parameter>\n"
+#define PJSON(k, v) "<" DSML "parameter name=\"" k "\" string=\"false\">" v "</" DSML "parameter>\n"
+#define CALLS(invokes) "\n\n" CSB "\n" invokes CSE
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -207,7 +219,7 @@ TEST(api_parse_chat)
     CHECK(r.prompt_has_bos);
     /* the one tool, a function with a name only, goes into the system part */
     CHECK(r.n_tools == 1);
-    CHECK(prompt_is(&r, BOS "You are terse.\n\n" THEAD "{\"name\":\"f\"}" THOWTO USR "Part one.\n\nPart two." AST));
+    CHECK(prompt_is(&r, BOS "You are terse.\n\n" THEAD "{\"name\": \"f\"}\n" THOWTO USR "Part one.\n\nPart two." ASN));
     kvt_request_free(&r);
     CHECK(!r.prompt && !r.stop && !r.model);
     kvt_request_free(&r); /* twice is fine: the first zeroed it */
@@ -230,7 +242,7 @@ TEST(api_parse_chat_defaults)
     CHECK(r.temperature == 0);       /* greedy */
     CHECK(r.top_p > 0 && r.top_p < 1e-30f); /* 0 keeps only the top token */
     CHECK(r.n_stop == 2 && streq(r.stop[0], "END") && streq(r.stop[1], "###")); /* "" dropped */
-    CHECK(prompt_is(&r, BOS USR "hi" AST));
+    CHECK(prompt_is(&r, BOS USR "hi" ASN));
     kvt_request_free(&r);
 
     CHECK_OK(parse(&r, KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", NULL, &st));
@@ -288,7 +300,7 @@ TEST(api_parse_messages)
     CHECK(r.api == KVT_API_MESSAGES && streq(r.model, "claude-x"));
     CHECK(r.max_tokens == 1024 && r.top_k == 5 && r.temperature == 0.7f && r.top_p == 0.95f && r.stream);
     CHECK(r.n_stop == 1 && streq(r.stop[0], "\n\nHuman:"));
-    CHECK(prompt_is(&r, BOS "Sys A\n\nSys B" USR "Q1" AST "A1" EOS USR "Q2" AST));
+    CHECK(prompt_is(&r, BOS "Sys A\n\nSys B" USR "Q1" ASN "A1" EOS USR "Q2" ASN));
     kvt_request_free(&r);
 
     /* System as a string, and a trailing assistant turn is a prefill: the
@@ -296,12 +308,12 @@ TEST(api_parse_messages)
     CHECK_OK(parse(&r, KVT_API_MESSAGES,
                    "{\"max_tokens\":5,\"system\":\"S\",\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},"
                    "{\"role\":\"assistant\",\"content\":\"The answer is\"}]}", m, &st));
-    CHECK(prompt_is(&r, BOS "S" USR "Q" AST "The answer is"));
+    CHECK(prompt_is(&r, BOS "S" USR "Q" ASN "The answer is"));
     kvt_request_free(&r);
     /* An empty system is no system. */
     CHECK_OK(parse(&r, KVT_API_MESSAGES,
                    "{\"max_tokens\":5,\"system\":[],\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]}", m, &st));
-    CHECK(prompt_is(&r, BOS USR "Q" AST));
+    CHECK(prompt_is(&r, BOS USR "Q" ASN));
     kvt_request_free(&r);
     kvt_model_close(m);
 }
@@ -320,9 +332,9 @@ TEST(api_deepseek_two_turns_exact)
                    "{\"role\":\"user\",\"content\":\"And now?\"}]}", m, &st));
     const char *want = "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>Be brief."
                        "<\xef\xbd\x9cUser\xef\xbd\x9c>Hello?"
-                       "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>Hi.<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+                       "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c></think>Hi.<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
                        "<\xef\xbd\x9cUser\xef\xbd\x9c>And now?"
-                       "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
+                       "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c></think>";
     CHECK(prompt_is(&r, want));
     CHECK(r.prompt_has_bos);
     /* Tokenized as the server does (no added BOS, specials parsed), every
@@ -330,9 +342,9 @@ TEST(api_deepseek_two_turns_exact)
     int32_t *ids;
     size_t n;
     CHECK_OK(kvt_tokenizer_encode(m->tok, r.prompt, r.prompt_len, false, true, &ids, &n));
-    size_t want_n = 1 + 9 + 1 + 6 + 1 + 3 + 1 + 1 + 8 + 1;
-    bool ok = n == want_n && ids[0] == 256 && ids[10] == 258 && ids[17] == 259 && ids[21] == 257 &&
-              ids[22] == 258 && ids[31] == 259 && ids[1] == 'B';
+    size_t want_n = 1 + 9 + 1 + 6 + 2 + 3 + 1 + 1 + 8 + 2;
+    bool ok = n == want_n && ids[0] == 256 && ids[10] == 258 && ids[17] == 259 && ids[18] == 261 && ids[22] == 257 &&
+              ids[23] == 258 && ids[32] == 259 && ids[33] == 261 && ids[1] == 'B';
     if (!ok) {
         printf("      %zu ids:", n);
         for (size_t i = 0; i < n; i++) printf(" %d", ids[i]);
@@ -350,18 +362,26 @@ TEST(api_deepseek_system_hoisted)
     CHECK(m);
     kvt_request r;
     int st;
-    /* system and developer messages anywhere join the system part, in order. */
+    /* system messages anywhere join the system part, in order; developer
+     * messages are user text to this template, joined with the user
+     * message after them. */
     CHECK_OK(parse(&r, KVT_API_CHAT,
                    "{\"messages\":[{\"role\":\"developer\",\"content\":\"D1\"},{\"role\":\"user\",\"content\":\"U1\"},"
                    "{\"role\":\"assistant\",\"content\":null},{\"role\":\"system\",\"content\":[{\"type\":\"text\","
                    "\"text\":\"S2\"}]},{\"role\":\"user\",\"content\":\"U2\"}]}", m, &st));
-    CHECK(prompt_is(&r, BOS "D1\n\nS2" USR "U1" AST EOS USR "U2" AST));
+    CHECK(prompt_is(&r, BOS "S2" USR "D1\n\nU1" ASN EOS USR "U2" ASN));
+    kvt_request_free(&r);
+    /* to the plain template a developer message is system text */
+    CHECK_OK(parse(&r, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"U1\"},{\"role\":\"developer\",\"content\":\"D1\"}],"
+                   "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", NULL, &st));
+    CHECK(prompt_is(&r, PTHEAD "{\"name\":\"f\"}\n\nU1\n\nD1"));
     kvt_request_free(&r);
     /* Anthropic's "system" comes before system messages (a leniency). */
     CHECK_OK(parse(&r, KVT_API_MESSAGES,
                    "{\"max_tokens\":1,\"system\":\"top\",\"messages\":[{\"role\":\"system\",\"content\":\"inner\"},"
                    "{\"role\":\"user\",\"content\":\"U\"}]}", m, &st));
-    CHECK(prompt_is(&r, BOS "top\n\ninner" USR "U" AST));
+    CHECK(prompt_is(&r, BOS "top\n\ninner" USR "U" ASN));
     kvt_request_free(&r);
     kvt_model_close(m);
 }
@@ -539,7 +559,7 @@ TEST(api_prefix_negative_control)
                    "{\"messages\":[{\"role\":\"user\",\"content\":\"tell you \"},"
                    "{\"role\":\"assistant\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"more\"}]}", m, &st));
     bool edited = is_prefix(&a, &b);
-    bool kept = strstr(a.prompt, USR "tell me " AST) != NULL; /* the trailing space is text */
+    bool kept = strstr(a.prompt, USR "tell me " ASN) != NULL; /* the trailing space is text */
     kvt_request_free(&a);
     kvt_request_free(&b);
     kvt_model_close(m);
@@ -1143,10 +1163,13 @@ TEST(api_models_json)
  * user turn; as each api sends it, and as the deepseek template renders it. */
 #define WTOOL "{\"name\":\"get_weather\",\"description\":\"Weather\",\"parameters\":{\"properties\":{\"city\":" \
               "{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}"
-#define WCALLS "Checking." CSB DSCALL("get_weather", "{\"city\":\"Paris\"}") "\n" \
-               DSCALL("get_weather", "{\"city\":\"Rome\"}") CSE
-static const char weather_want[] = BOS "S\n\n" THEAD WTOOL THOWTO USR "Weather in Paris and Rome?" AST WCALLS EOS
-    OSB OB "18C" OE "\n" OB "21C" OE OSE "Paris 18C, Rome 21C." EOS USR "Thanks" AST;
+/* The same tool as the DeepSeek-V4 template writes it (tojson: the client's
+ * key order, which the three bodies below share). */
+#define WTOOL4 "{\"name\": \"get_weather\", \"description\": \"Weather\", \"parameters\": {\"type\": \"object\", " \
+               "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}\n"
+#define WCALLS "Checking." CALLS(INVOKE("get_weather", PSTR("city", "Paris")) INVOKE("get_weather", PSTR("city", "Rome")))
+static const char weather_want[] = BOS "S\n\n" THEAD WTOOL4 THOWTO USR "Weather in Paris and Rome?" ASN WCALLS EOS
+    USR TRB "18C" TRE "\n\n" TRB "21C" TRE ASN "Paris 18C, Rome 21C." EOS USR "Thanks" ASN;
 
 static const char *const w_chat[] = {
     "{\"role\":\"system\",\"content\":\"S\"}",
@@ -1199,14 +1222,14 @@ static const convo_api weather[] = {
      "\"messages\":[",
      w_chat, sizeof w_chat / sizeof *w_chat, {2, 5, 7}},
     {KVT_API_MESSAGES,
-     "{\"max_tokens\":100,\"system\":\"S\",\"tools\":[{\"name\":\"get_weather\",\"input_schema\":{\"required\":[\"city\"],"
-     "\"properties\":{\"city\":{\"type\":\"string\"}},\"type\":\"object\"},\"description\":\"Weather\"},"
+     "{\"max_tokens\":100,\"system\":\"S\",\"tools\":[{\"name\":\"get_weather\",\"input_schema\":{\"type\":\"object\","
+     "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]},\"description\":\"Weather\"},"
      "{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],\"messages\":[",
      w_msgs, sizeof w_msgs / sizeof *w_msgs, {1, 3, 5}},
     {KVT_API_RESPONSES,
      "{\"model\":\"m\",\"instructions\":\"S\",\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\","
-     "\"description\":\"Weather\",\"strict\":false,\"parameters\":{\"type\":\"object\",\"required\":[\"city\"],"
-     "\"properties\":{\"city\":{\"type\":\"string\"}}}},{\"type\":\"web_search\"}],\"input\":[",
+     "\"description\":\"Weather\",\"strict\":false,\"parameters\":{\"type\":\"object\","
+     "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}},{\"type\":\"web_search\"}],\"input\":[",
      w_resp, sizeof w_resp / sizeof *w_resp, {1, 6, 8}},
 };
 
@@ -1254,22 +1277,26 @@ TEST(api_tool_history_deepseek)
         bool ok = prompt_is(&r, weather_want) && r.n_tools == 1 && r.prompt_has_bos;
         if (!ok) printf("      api %d\n", (int)weather[a].api);
         /* as the server tokenizes it, every marker is one special token:
-         * as many ids >= 256 as marker texts, and ids 262..270 among them */
+         * as many ids >= 256 as marker texts, and ids 262..264 (｜DSML｜ and
+         * the tool_result tags) among them */
         int32_t *ids = NULL;
         size_t n = 0, specials = 0, tool_ids = 0;
         if (ok && !kvt_tokenizer_encode(m->tok, r.prompt, r.prompt_len, false, true, &ids, &n)) {
             for (size_t i = 0; i < n; i++) {
                 specials += ids[i] >= 256;
-                tool_ids += ids[i] >= 262 && ids[i] <= 270;
+                tool_ids += ids[i] >= 262 && ids[i] <= 264;
             }
-            static const char *const marks[] = {BOS, EOS, USR, AST, CSB, CSE, CB, CE, TSEP, OSB, OSE, OB, OE};
+            static const char *const marks[] = {BOS, EOS, USR, AST, "<think>", NT, DSML, TRB, TRE};
             size_t want = 0, want_tool = 0;
             for (size_t k = 0; k < sizeof marks / sizeof *marks; k++) {
                 size_t c = count(r.prompt, r.prompt_len, marks[k]);
                 want += c;
-                if (k >= 4) want_tool += c;
+                if (k >= 6) want_tool += c;
             }
-            ok = specials == want && tool_ids == want_tool && want_tool == 14 + 7; /* the history; the how-to */
+            /* the history: 2 calls of 4 DSML markers in a block of 2, 2
+             * results; then the header's */
+            size_t head = count(THEAD, strlen(THEAD), DSML);
+            ok = specials == want && tool_ids == want_tool && want_tool == 10 + 4 + head && head == 9;
             if (!ok) printf("      %zu special ids (want %zu), %zu tool ids (want %zu)\n", specials, want, tool_ids, want_tool);
         } else {
             ok = false;
@@ -1304,10 +1331,9 @@ TEST(api_tool_history_prefix)
                 printf("      next '%s'\n", kvt_test_esc(r[s + 1].prompt, r[s + 1].prompt_len));
             }
         }
-        /* a request that ends with tool results prompts the reply with the
-         * closed results run, as DeepSeek's template does: no new marker */
+        /* a request that ends with tool results prompts the reply after them */
         size_t l = r[1].prompt_len;
-        ok = ok && l > strlen(OSE) && !strcmp(r[1].prompt + l - strlen(OE OSE), OE OSE);
+        ok = ok && l > strlen(TRE ASN) && !strcmp(r[1].prompt + l - strlen(TRE ASN), TRE ASN);
         for (int s = 0; s < 3; s++) kvt_request_free(&r[s]);
         if (!ok) kvt_model_close(m);
         CHECK(ok);
@@ -1317,7 +1343,7 @@ TEST(api_tool_history_prefix)
 
 TEST(api_tool_history_plain)
 {
-    static const char want[] = "S\n\n" THEAD WTOOL "\n\nWeather in Paris and Rome?\n\nChecking.\n\n"
+    static const char want[] = "S\n\n" PTHEAD WTOOL "\n\nWeather in Paris and Rome?\n\nChecking.\n\n"
                                "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n\n"
                                "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n\n18C\n\n21C\n\n"
                                "Paris 18C, Rome 21C.\n\nThanks";
@@ -1338,7 +1364,7 @@ TEST(api_tool_history_plain)
     CHECK(ok);
 }
 
-/* One canonical form: compact, keys sorted at every depth (the top level
+/* The plain template's one canonical form: compact, keys sorted at every depth (the top level
  * fixed as name, description, parameters), "$schema" dropped from the
  * parameters, reals in their shortest exact form, only the escapes JSON
  * needs. */
@@ -1359,17 +1385,32 @@ TEST(api_tools_canonical)
                     " \"name\" : \"t\" }, \"type\" : \"function\" } ],\n \"messages\" : [ { \"content\" : \"q\", \"role\" :"
                     " \"user\" } ] }";
     kvt_request ra, rb;
-    CHECK_OK(parse(&ra, KVT_API_CHAT, a, m, NULL));
-    CHECK_OK(parse(&rb, KVT_API_CHAT, b, m, NULL));
+    CHECK_OK(parse(&ra, KVT_API_CHAT, a, NULL, NULL));
+    CHECK_OK(parse(&rb, KVT_API_CHAT, b, NULL, NULL));
     bool same = ra.prompt_len == rb.prompt_len && !memcmp(ra.prompt, rb.prompt, ra.prompt_len);
-    bool exact = prompt_is(&ra, BOS THEAD "{\"name\":\"t\",\"description\":\"d \\\"q\\\"\\n\",\"parameters\":"
+    bool exact = prompt_is(&ra, PTHEAD "{\"name\":\"t\",\"description\":\"d \\\"q\\\"\\n\",\"parameters\":"
                                 "{\"additionalProperties\":false,\"properties\":{\"a\":{\"enum\":[\"\xc3\xa9\","
                                 "\"\\u0001\",\"/\"],\"maxLength\":10,\"type\":\"string\"},\"z\":{\"default\":0.95,"
                                 "\"minimum\":-1e-07,\"type\":\"number\"}},\"required\":[\"z\"],\"type\":\"object\"}}"
-                                THOWTO USR "q" AST);
+                                "\n\nq");
     if (!same) printf("      b '%s'\n", kvt_test_esc(rb.prompt, rb.prompt_len));
     kvt_request_free(&ra);
     kvt_request_free(&rb);
+    /* the deepseek template writes the function as its tojson does: every
+     * key in the client's order, "$schema" and "strict" kept, ", " and ": ",
+     * numbers as JavaScript prints them */
+    CHECK_OK(parse(&ra, KVT_API_CHAT, a, m, NULL));
+    CHECK_OK(parse(&rb, KVT_API_CHAT, b, m, NULL));
+    bool v4 = prompt_is(&ra, BOS THEAD "{\"name\": \"t\", \"description\": \"d \\\"q\\\"\\n\", \"strict\": true, "
+                             "\"parameters\": {\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"type\": "
+                             "\"object\", \"properties\": {\"z\": {\"type\": \"number\", \"default\": 0.95, \"minimum\": "
+                             "-1e-7}, \"a\": {\"type\": \"string\", \"enum\": [\"\xc3\xa9\", \"\\u0001\", \"/\"], "
+                             "\"maxLength\": 10}}, \"required\": [\"z\"], \"additionalProperties\": false}}\n" THOWTO USR "q" ASN);
+    bool v4b = strstr(rb.prompt, "{\"parameters\": {\"additionalProperties\": false, \"required\": [\"z\"], ") != NULL;
+    kvt_request_free(&ra);
+    kvt_request_free(&rb);
+    CHECK(v4);
+    CHECK(v4b);
     kvt_model_close(m);
     CHECK(same);
     CHECK(exact);
@@ -1425,16 +1466,18 @@ TEST(api_claude_code_like)
     ok = r1.stream && r1.max_tokens == 32000 && r1.n_tools == 2 &&
          prompt_is(&r1, BOS "You are Claude Code, Anthropic's official CLI for Claude.\n\n"
                         "You are an interactive CLI tool.\nUse the tools.\n\n\nToday is 2026-01-01.\n\n" THEAD
-                        "{\"name\":\"Bash\",\"description\":\"Run a command\",\"parameters\":{\"additionalProperties\":false,"
-                        "\"properties\":{\"command\":{\"description\":\"The command\",\"type\":\"string\"},\"timeout\":"
-                        "{\"type\":\"number\"}},\"required\":[\"command\"],\"type\":\"object\"}}\n"
-                        "{\"name\":\"Read\",\"description\":\"Read a file\",\"parameters\":{\"additionalProperties\":false,"
-                        "\"properties\":{\"file_path\":{\"type\":\"string\"}},\"required\":[\"file_path\"],\"type\":\"object\"}}"
-                        THOWTO USR "<system-reminder>\nBe brief.\n</system-reminder>\n\nList the files." AST);
+                        "{\"name\": \"Bash\", \"description\": \"Run a command\", \"parameters\": {\"$schema\": "
+                        "\"http://json-schema.org/draft-07/schema#\", \"type\": \"object\", \"properties\": {\"command\": "
+                        "{\"type\": \"string\", \"description\": \"The command\"}, \"timeout\": {\"type\": \"number\"}}, "
+                        "\"required\": [\"command\"], \"additionalProperties\": false}}\n"
+                        "{\"name\": \"Read\", \"description\": \"Read a file\", \"parameters\": {\"$schema\": "
+                        "\"http://json-schema.org/draft-07/schema#\", \"type\": \"object\", \"properties\": {\"file_path\": "
+                        "{\"type\": \"string\"}}, \"required\": [\"file_path\"], \"additionalProperties\": false}}\n"
+                        THOWTO USR "<system-reminder>\nBe brief.\n</system-reminder>\n\nList the files." ASN);
     /* the billing hash is the only difference: dropped, the prompts are equal */
     bool same = r1.prompt_len == r2.prompt_len && !memcmp(r1.prompt, r2.prompt, r1.prompt_len);
     bool clean = !strstr(r1.prompt, "billing") && !strstr(r1.prompt, "user_5f2e") && !strstr(r1.prompt, "ephemeral") &&
-                 !strstr(r1.prompt, "$schema") && !strstr(r1.prompt, "adaptive") && !strstr(r1.prompt, "json_schema");
+                 !strstr(r1.prompt, "adaptive") && !strstr(r1.prompt, "json_schema");
     /* kept, they differ, and the line is where the client put it */
     bool kept = strstr(v1.prompt, BOS "x-anthropic-billing-header: cc_version=2.1.3.9f3a1; cc_entrypoint=cli;\n\n"
                                       "You are Claude Code") != NULL &&
@@ -1509,11 +1552,11 @@ static const char codex_body[] =
     "\"store\":false,\"stream\":true,\"include\":[\"reasoning.encrypted_content\"],\"prompt_cache_key\":\"0199a2c4-sess\","
     "\"client_metadata\":{\"x-codex-turn\":\"turn-3\"},\"text\":{\"verbosity\":\"low\"},\"service_tier\":\"auto\"}";
 
-#define CODEX_TOOLS "{\"name\":\"shell_command\",\"description\":\"Runs a shell command\",\"parameters\":" \
-                    "{\"additionalProperties\":false,\"properties\":{\"command\":{\"type\":\"string\"},\"workdir\":"  \
-                    "{\"type\":\"string\"}},\"required\":[\"command\"],\"type\":\"object\"}}\n"                     \
-                    "{\"name\":\"github.get_issue\",\"description\":\"Get an issue\",\"parameters\":{\"properties\":"  \
-                    "{\"number\":{\"type\":\"integer\"}},\"type\":\"object\"}}"
+#define CODEX_TOOLS "{\"name\": \"shell_command\", \"description\": \"Runs a shell command\", \"parameters\": " \
+                    "{\"type\": \"object\", \"properties\": {\"command\": {\"type\": \"string\"}, \"workdir\": "  \
+                    "{\"type\": \"string\"}}, \"required\": [\"command\"], \"additionalProperties\": false}}\n"       \
+                    "{\"name\": \"github.get_issue\", \"description\": \"Get an issue\", \"parameters\": {\"type\": " \
+                    "\"object\", \"properties\": {\"number\": {\"type\": \"integer\"}}}}\n"
 
 TEST(api_codex_like)
 {
@@ -1525,12 +1568,14 @@ TEST(api_codex_like)
     CHECK_OK(rc);
     bool ok = r.api == KVT_API_RESPONSES && r.stream && streq(r.model, "gpt-5.1-codex") && r.n_tools == 2 &&
               r.n_namespaces == 1 && streq(r.namespaces[0], "github") && r.max_tokens == 0 && r.n_stop == 0 &&
-              prompt_is(&r, BOS "You are Codex.\n\n<permissions instructions>\nsandbox: workspace-write\n"
-                            "</permissions instructions>\n\n# AGENTS.md\nBe careful.\n\n" THEAD CODEX_TOOLS THOWTO
-                            USR "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>" USR "Fix the bug."
-                            AST CSB DSCALL("shell_command", "{\"command\":\"ls\",\"workdir\":\"/work\"}") CSE EOS
-                            OSB OB "a.c\nb.c" OE OSE
-                            CSB DSCALL("github.get_issue", "{\"number\":7}") CSE EOS OSB OB "Issue 7: crash" OE OSE);
+              prompt_is(&r, BOS "You are Codex.\n\n" THEAD CODEX_TOOLS THOWTO
+                            /* the developer items are user text to this template */
+                            USR "<permissions instructions>\nsandbox: workspace-write\n"
+                            "</permissions instructions>\n\n# AGENTS.md\nBe careful.\n\n"
+                            "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>\n\nFix the bug."
+                            ASN CALLS(INVOKE("shell_command", PSTR("workdir", "/work") PSTR("command", "ls"))) EOS
+                            USR TRB "a.c\nb.c" TRE ASN CALLS(INVOKE("github.get_issue", PJSON("number", "7"))) EOS
+                            USR TRB "Issue 7: crash" TRE ASN);
     /* per-request metadata and item ids never reach the prompt */
     static const char *const never[] = {"msg_d1", "msg_u1", "rs_77", "gAAAAB", "fc_91", "fco_92", "call_A1", "call_B2",
                                         "0199a2c4", "turn-3", "x-codex", "web_search", "patch", "verbosity"};
@@ -1582,13 +1627,19 @@ TEST(api_pi_like)
         "\"input_schema\":{\"type\":\"object\",\"properties\":{}}},{\"name\":\"write\",\"description\":\"Write\","
         "\"input_schema\":{\"type\":\"object\",\"properties\":{}}}]}";
     kvt_request a, b, c;
+    /* deepseek: the template's rendering (the developer message is user text) */
     CHECK_OK(parse(&a, KVT_API_CHAT, pi, m, NULL));
-    CHECK_OK(parse(&b, KVT_API_CHAT, pi_reordered, m, NULL));
-    CHECK_OK(parse(&c, KVT_API_MESSAGES, anthropic, m, NULL));
     kvt_model_close(m);
     bool ok = a.stream && a.include_usage && a.max_tokens == 4096 && a.n_tools == 4 &&
-              strstr(a.prompt, BOS "You are pi.\n\n" THEAD "{\"name\":\"read\",") &&
-              strstr(a.prompt, THOWTO USR "Read a.c" AST);
+              strstr(a.prompt, BOS THEAD "{\"name\": \"read\", \"description\": \"Read a file\", \"parameters\": "
+                               "{\"type\": \"object\", \"properties\": {\"path\": {\"type\": \"string\"}, \"offset\": "
+                               "{\"type\": \"number\"}}, \"required\": [\"path\"]}, \"strict\": false}\n") &&
+              strstr(a.prompt, THOWTO USR "You are pi.\n\nRead a.c" ASN);
+    kvt_request_free(&a);
+    /* plain: one canonical rendering whatever the key order or the api */
+    CHECK_OK(parse(&a, KVT_API_CHAT, pi, NULL, NULL));
+    CHECK_OK(parse(&b, KVT_API_CHAT, pi_reordered, NULL, NULL));
+    CHECK_OK(parse(&c, KVT_API_MESSAGES, anthropic, NULL, NULL));
     bool ab = a.prompt_len == b.prompt_len && !memcmp(a.prompt, b.prompt, a.prompt_len);
     bool ac = a.prompt_len == c.prompt_len && !memcmp(a.prompt, c.prompt, a.prompt_len);
     if (!ac) printf("      chat     '%s'\n      messages '%s'\n", kvt_test_esc(a.prompt, a.prompt_len), kvt_test_esc(c.prompt, c.prompt_len));
@@ -1603,12 +1654,12 @@ TEST(api_pi_like)
 /* ---- tool calls in generated text ----------------------------------------------- */
 
 /* What a model might write: text, then two calls with the arguments in its
- * own spacing and key order. */
-static const char gen_text[] = "Checking." CSB CB "function" TSEP "get_weather\n```json\n{ \"city\" : \"Paris\" }\n```" CE
-                               "\n" CB "function" TSEP "get_weather\n```json\n{\"units\":\"C\",  \"city\":\"Rome\"}\n```"
-                               CE CSE;
+ * own key order, one string value written as JSON (string="false"). */
+static const char gen_text[] = "Checking.\n\n" CSB "\n" INVOKE("get_weather", PSTR("city", "Paris"))
+                               INVOKE("get_weather", PJSON("units", "\"C\"") PSTR("city", "Rome")) CSE;
 #define GEN_LEN (sizeof gen_text - 1)
 #define GEN_TEXT_END 9 /* "Checking." */
+#define INV_END "</" DSML "invoke>\n"
 
 static bool id_ok(const char *id)
 {
@@ -1624,14 +1675,14 @@ TEST(api_tool_calls_parse)
     size_t n, te;
     CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_LEN, &c, &n, &te));
     bool ok = n == 2 && te == GEN_TEXT_END && streq(c[0].name, "get_weather") && streq(c[1].name, "get_weather") &&
-              streq(c[0].arguments, "{\"city\":\"Paris\"}") && streq(c[1].arguments, "{\"city\":\"Rome\",\"units\":\"C\"}") &&
+              streq(c[0].arguments, "{\"city\":\"Paris\"}") && streq(c[1].arguments, "{\"units\":\"C\",\"city\":\"Rome\"}") &&
               c[0].valid && c[1].valid && id_ok(c[0].id) && id_ok(c[1].id) && strcmp(c[0].id, c[1].id);
-    /* the raw spans tile the calls: the first starts after the outer marker,
-     * the second takes the newline between them, and they end at the call
-     * ends */
-    ok = ok && c[0].raw_off == GEN_TEXT_END + strlen(CSB) && c[1].raw_off == c[0].raw_off + c[0].raw_len &&
-         gen_text[c[1].raw_off] == '\n' && c[1].raw_off + c[1].raw_len == GEN_LEN - strlen(CSE) &&
-         !memcmp(gen_text + c[0].raw_off + c[0].raw_len - strlen(CE), CE, strlen(CE));
+    /* the raw spans tile the calls: the first starts at the end of the text
+     * (with the separator and the block opener), each ends after its invoke
+     * end and the newline after it, the block's end is in neither */
+    ok = ok && c[0].raw_off == GEN_TEXT_END && c[1].raw_off == c[0].raw_off + c[0].raw_len &&
+         c[1].raw_off + c[1].raw_len == GEN_LEN - strlen(CSE) &&
+         !memcmp(gen_text + c[0].raw_off + c[0].raw_len - strlen(INV_END), INV_END, strlen(INV_END));
     kvt_tool_calls_free(c, n);
     CHECK(ok);
 
@@ -1641,32 +1692,43 @@ TEST(api_tool_calls_parse)
     CHECK_OK(kvt_tool_calls_parse(NULL, 0, &c, &n, &te));
     CHECK(n == 0 && te == 0);
     /* cut by max_tokens inside the second call: the first is complete */
-    size_t cut = GEN_LEN - strlen(CE CSE) - 10;
+    size_t cut = GEN_LEN - strlen(INV_END CSE) - 10;
     CHECK_OK(kvt_tool_calls_parse(gen_text, cut, &c, &n, &te));
     ok = n == 1 && te == GEN_TEXT_END && streq(c[0].arguments, "{\"city\":\"Paris\"}");
     kvt_tool_calls_free(c, n);
     CHECK(ok);
     /* cut inside the first: no call, so everything is text */
-    CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_TEXT_END + 20, &c, &n, &te));
-    CHECK(n == 0 && te == GEN_TEXT_END + 20);
-    /* without the outer marker, without the fence, the V3.1 layout, no
-     * arguments, arguments that are not an object, text after the calls */
-    const char *loose = "Hi " CB "function" TSEP " ls \n  {\"a\": [1, 2.50]}  " CE CB "read" TSEP "{\"p\":\"x\"}" CE
-                        CB "function" TSEP "now" CE CB "function" TSEP "bad\n```json\n{oops\n```" CE
-                        CB "function" TSEP "arr\n[1,2]" CE CSE " trailing";
+    CHECK_OK(kvt_tool_calls_parse(gen_text, GEN_TEXT_END + 40, &c, &n, &te));
+    CHECK(n == 0 && te == GEN_TEXT_END + 40);
+    /* any whitespace between the markers, no arguments, JSON values of every
+     * kind, a string="false" value that is not JSON (kept as a string), a
+     * multi-line string, text after the calls */
+    const char *loose = "Hi " CSB "<" DSML "invoke name=\"ls\">  " PJSON("a", " [1, 2.50] ") "\t" PJSON("b", "true")
+                        PJSON("c", "{\"x\": null}") "</" DSML "invoke>" "<" DSML "invoke name=\"now\"></" DSML "invoke>\n"
+                        INVOKE("bad", PJSON("n", "{oops")) INVOKE("w", PSTR("text", "line 1\n  line 2\n"))
+                        CSE " trailing";
     CHECK_OK(kvt_tool_calls_parse(loose, strlen(loose), &c, &n, &te));
-    ok = n == 5 && te == 3 && streq(c[0].name, "ls") && streq(c[0].arguments, "{\"a\":[1,2.5]}") && c[0].valid &&
-         streq(c[1].name, "read") && streq(c[1].arguments, "{\"p\":\"x\"}") && streq(c[2].name, "now") &&
-         streq(c[2].arguments, "{}") && c[2].valid && streq(c[3].name, "bad") && streq(c[3].arguments, "{oops") &&
-         !c[3].valid && streq(c[4].arguments, "[1,2]") && !c[4].valid && c[0].raw_off == 3;
-    if (!ok && n == 5)
+    ok = n == 4 && te == 2 && streq(c[0].name, "ls") &&
+         streq(c[0].arguments, "{\"a\":[1,2.5],\"b\":true,\"c\":{\"x\":null}}") && c[0].valid &&
+         streq(c[1].name, "now") && streq(c[1].arguments, "{}") && c[1].valid && streq(c[2].name, "bad") &&
+         streq(c[2].arguments, "{\"n\":\"{oops\"}") && streq(c[3].arguments, "{\"text\":\"line 1\\n  line 2\\n\"}") &&
+         c[0].raw_off == 2;
+    if (!ok && n == 4)
         for (size_t i = 0; i < n; i++) printf("      %zu: '%s' '%s' %d\n", i, c[i].name, c[i].arguments, c[i].valid);
     kvt_tool_calls_free(c, n);
     CHECK(ok);
-    /* malformed: a call without a separator stops the parse */
-    const char *bad1 = "x" CB "function get_weather {}" CE;
-    CHECK_OK(kvt_tool_calls_parse(bad1, strlen(bad1), &c, &n, &te));
-    CHECK(n == 0 && te == strlen(bad1));
+    /* malformed: an invoke outside a block, a name without its closing
+     * quote, a parameter without string="...", an empty name */
+    static const char *const bad[] = {
+        "x" INVOKE("f", PSTR("a", "b")),
+        "x" CSB "<" DSML "invoke name=\"f>\n" INV_END CSE,
+        "x" CSB INVOKE("f", "<" DSML "parameter name=\"a\">b</" DSML "parameter>\n") CSE,
+        "x" CSB INVOKE("", "") CSE,
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_OK(kvt_tool_calls_parse(bad[i], strlen(bad[i]), &c, &n, &te));
+        CHECKF(n == 0 && te == strlen(bad[i]), "malformed case %zu", i);
+    }
     CHECK(kvt_tool_calls_parse(gen_text, GEN_LEN, NULL, &n, &te) == KVT_EINVAL);
     kvt_tool_calls_free(NULL, 0);
 
@@ -1684,16 +1746,17 @@ TEST(api_tool_calls_parse)
 
 TEST(api_tool_calls_text_len)
 {
-    /* streaming: text before a marker is safe; a tail that could start one
-     * is held back until it can be told apart */
+    /* streaming: text before a block is safe; a tail that could start one is
+     * held back until it can be told apart, and so is trailing whitespace
+     * (a reply with calls loses the separator before them) */
     CHECK(kvt_tool_calls_text_len(gen_text, GEN_LEN) == GEN_TEXT_END);
     CHECK(kvt_tool_calls_text_len("abc", 3) == 3);
     CHECK(kvt_tool_calls_text_len("abc<", 4) == 3);
+    CHECK(kvt_tool_calls_text_len("abc\n\n", 5) == 3);
+    CHECK(kvt_tool_calls_text_len("abc \n<" FW, 9) == 3);
     const char *part = "abc" CSB;
     for (size_t k = 1; k < strlen(CSB); k++) CHECK(kvt_tool_calls_text_len(part, 3 + k) == 3);
     CHECK(kvt_tool_calls_text_len(part, strlen(part)) == 3);
-    const char *single = "ab" CB;
-    CHECK(kvt_tool_calls_text_len(single, strlen(single)) == 2);
     CHECK(kvt_tool_calls_text_len("a<b", 3) == 3);
     CHECK(kvt_tool_calls_text_len("x <\xef\xbd\x9c" "User", 10) == 10); /* another marker */
     CHECK(kvt_tool_calls_text_len(NULL, 0) == 0);
@@ -1781,11 +1844,11 @@ TEST(api_tool_roundtrip)
             size_t l1 = r1.prompt_len;
             ok = rm.hits == 2 && is_prefix(&r1, &r2) && r2.prompt_len > l1 + GEN_LEN &&
                  !memcmp(r2.prompt + l1, gen_text, GEN_LEN) &&
-                 !strncmp(r2.prompt + l1 + GEN_LEN, EOS OSB OB "18C" OE "\n" OB "21C" OE OSE,
-                          strlen(EOS OSB OB "18C" OE "\n" OB "21C" OE OSE));
+                 !strncmp(r2.prompt + l1 + GEN_LEN, EOS USR TRB "18C" TRE "\n\n" TRB "21C" TRE ASN,
+                          strlen(EOS USR TRB "18C" TRE "\n\n" TRB "21C" TRE ASN));
             if (!ok) printf("      api %d with replay: '%s'\n", (int)cv->api, kvt_test_esc(r2.prompt, r2.prompt_len));
-            const char *canon = "Checking." CSB DSCALL("get_weather", "{\"city\":\"Paris\"}") "\n"
-                                DSCALL("get_weather", "{\"city\":\"Rome\",\"units\":\"C\"}") CSE EOS;
+            const char *canon = "Checking." CALLS(INVOKE("get_weather", PSTR("city", "Paris"))
+                                INVOKE("get_weather", PSTR("units", "C") PSTR("city", "Rome"))) EOS;
             bool neg = is_prefix(&r1, &r3) && memcmp(r3.prompt + r1.prompt_len, gen_text, GEN_LEN) != 0 &&
                        !strncmp(r3.prompt + r1.prompt_len, canon, strlen(canon));
             if (!neg) printf("      api %d without replay: '%s'\n", (int)cv->api, kvt_test_esc(r3.prompt, r3.prompt_len));
@@ -1814,7 +1877,7 @@ TEST(api_tool_namespace_roundtrip)
                        "{\"type\":\"function\",\"name\":\"github_x\"}]}";
     kvt_request r;
     CHECK_OK(parse(&r, KVT_API_RESPONSES, body, NULL, NULL));
-    const char *gen = CSB DSCALL("github.get_issue", "{\"number\":7}") "\n" DSCALL("github_x", "{}") CSE;
+    const char *gen = CSB INVOKE("github.get_issue", PJSON("number", "7")) INVOKE("github_x", "\n") CSE;
     kvt_tool_call *c;
     size_t n, te;
     CHECK_OK(kvt_tool_calls_parse(gen, strlen(gen), &c, &n, &te));
@@ -1866,7 +1929,7 @@ TEST(api_response_tool_calls)
               streq(sget(j, "choices.0.message.tool_calls.0.id"), c[0].id) &&
               streq(sget(j, "choices.0.message.tool_calls.0.type"), "function") &&
               streq(sget(j, "choices.0.message.tool_calls.1.function.name"), "get_weather") &&
-              streq(sget(j, "choices.0.message.tool_calls.1.function.arguments"), "{\"city\":\"Rome\",\"units\":\"C\"}") &&
+              streq(sget(j, "choices.0.message.tool_calls.1.function.arguments"), "{\"units\":\"C\",\"city\":\"Rome\"}") &&
               streq(sget(j, "choices.0.finish_reason"), "tool_calls") && openai_usage_ok(at(j, "usage"), 100, 20, 60);
     json_decref(j);
     /* only calls: content null */
@@ -2172,8 +2235,8 @@ TEST(api_stream_responses_tool_calls)
     kvt_request r;
     CHECK_OK(parse(&r, KVT_API_RESPONSES, codex_body, NULL, NULL));
     /* a namespace call and a plain one, after text */
-    const char *gen = "On it." CSB DSCALL("github.get_issue", "{\"number\": 7}") "\n"
-                      DSCALL("shell_command", "{\"command\":\"make\"}") CSE;
+    const char *gen = "On it." CALLS(INVOKE("github.get_issue", PJSON("number", "7"))
+                                     INVOKE("shell_command", PSTR("command", "make")));
     kvt_tool_call *c;
     size_t n, te;
     CHECK_OK(kvt_tool_calls_parse(gen, strlen(gen), &c, &n, &te));
@@ -2679,11 +2742,13 @@ TEST(api_parse_fuzz)
 /* Mutated model output (bytes and marker pieces flipped, inserted, deleted,
  * cut) must parse without reading past the text, and what comes back must be
  * consistent: text_end within the text, spans in order and inside it, each
- * ending with a call-end marker, valid arguments a canonical JSON object. */
+ * ending with an invoke end (and whitespace), arguments a compact JSON
+ * object. */
 TEST(api_tool_calls_fuzz)
 {
-    static const char *const pieces[] = {CSB, CSE, CB, CE, TSEP, "\n", "```json", "```", "{", "}", "\"", ":", "function",
-                                         "\xef\xbd", "\xe2\x96\x81", "a", " ", "<"};
+    static const char *const pieces[] = {CSB, CSE, "<" DSML "invoke name=\"", INV_END, "<" DSML "parameter name=\"",
+                                         "</" DSML "parameter>", "\" string=\"true\">", "\" string=\"false\">", DSML,
+                                         "\">", "\n", "{", "}", "\"", ":", "\xef\xbd", "a", " ", "<", "\0"};
     uint64_t st = kvt_test_seed("api_tool_calls_fuzz");
     char buf[1024];
     size_t total_calls = 0;
@@ -2712,12 +2777,15 @@ TEST(api_tool_calls_fuzz)
         size_t end = te;
         for (size_t i = 0; i < nc && ok; i++) {
             ok = c[i].raw_off >= end && c[i].raw_off + c[i].raw_len <= n && c[i].name && c[i].name[0] &&
-                 c[i].arguments && id_ok(c[i].id) && c[i].raw_len >= strlen(CE) &&
-                 !memcmp(copy + c[i].raw_off + c[i].raw_len - strlen(CE), CE, strlen(CE));
+                 c[i].arguments && id_ok(c[i].id) && c[i].valid && c[i].raw_len >= strlen(INV_END) - 1;
+            size_t e = c[i].raw_off + c[i].raw_len;
+            while (ok && e > c[i].raw_off && strchr(" \t\r\n", copy[e - 1])) e--;
+            ok = ok && e - c[i].raw_off >= strlen(INV_END) - 1 &&
+                 !memcmp(copy + e - (strlen(INV_END) - 1), INV_END, strlen(INV_END) - 1);
             end = c[i].raw_off + c[i].raw_len;
-            if (ok && c[i].valid) {
+            if (ok) {
                 json_t *v = json_loads(c[i].arguments, 0, NULL);
-                char *again = v ? json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+                char *again = v ? json_dumps(v, JSON_COMPACT) : NULL;
                 ok = json_is_object(v) && again && !strcmp(again, c[i].arguments);
                 free(again);
                 json_decref(v);

@@ -63,8 +63,9 @@ static const char *skip_reason(void)
 
 /* ---- cases ---- */
 
-enum kind { K_INP, K_USER, K_CONTROL, K_TEXT, N_KINDS };
-static const char *const kind_name[N_KINDS] = {".inp", "user-defined", "control/unknown", "text"};
+enum kind { K_INP, K_USER, K_CONTROL, K_TEXT, K_PRE, N_KINDS };
+static const char *const kind_name[N_KINDS] = {".inp", "user-defined", "control/unknown", "text",
+                                               "pre-tokenizer"};
 
 typedef struct pcase {
     char *text;
@@ -245,6 +246,63 @@ static void add_text_cases(caseset *cs)
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) add2(cs, K_TEXT, texts[i], strlen(texts[i]));
 }
 
+/* Texts aimed at the deepseek-v3 pre-tokenizer's three regexes (digit runs,
+ * CJK/kana runs, then punctuation + letters, letters + marks, punctuation and
+ * symbol runs with their line breaks, and the whitespace alternatives). */
+static const char *const deepseek_v3_texts[] = {
+    /* \p{N}{1,3}: ASCII, Arabic-Indic, fullwidth, Devanagari digits; No/Nl */
+    "1 12 123 1234 12345 123456 1234567",
+    "x1234567y 3.14159 2024-01-15 1,000,000 0x7fff",
+    "\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6\xd9\xa7", /* ١٢٣٤ ١٢٣٤٥٦٧ */
+    "\xef\xbc\x91\xef\xbc\x92\xef\xbc\x93 \xef\xbc\x91\xef\xbc\x92\xef\xbc\x93\xef\xbc\x94\xef\xbc\x95", /* １２３ １２３４５ */
+    "abc\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4" "def 12\xef\xbc\x93\xef\xbc\x94" "5 \xe0\xa5\xa7\xe0\xa5\xa8\xe0\xa5\xa9\xe0\xa5\xaa", /* abc١٢٣٤def 12３４5 १२३४ */
+    "cols  1  22   333\t\t4444  \xef\xbc\x95 x", /* runs of spaces before digits: split off first */
+    "x\xc2\xb2 \xc2\xbd \xe2\x85\xb7 \xe3\x80\x87\xe4\xb8\x80\xe4\xba\x8c", /* x² ½ ⅷ 〇一二 */
+    /* [一-龥぀-ゟ゠-ヿ]+ next to Latin, Hangul, halfwidth kana, CJK punctuation */
+    "\xe6\x88\x91\xe7\x88\xb1Python\xe7\xbc\x96\xe7\xa8\x8b\xef\xbc\x8c\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae"
+    "\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88\xe3\x80\x82", /* 我爱Python编程，日本語のテキスト。 */
+    "\xe6\x9d\xb1\xe4\xba\xac\xe3\x82\xbf\xe3\x83\xaf\xe3\x83\xbc\xe3\x81\xafTokyo Tower\xe3\x81\xa7\xe3\x81\x99" "123", /* 東京タワーはTokyo Towerです123 */
+    "\xe3\x81\xb2\xe3\x82\x89\xe3\x81\x8c\xe3\x81\xaa\xe3\x82\xab\xe3\x82\xbf\xe3\x83\xbb\xe3\x82\xab\xe3\x83\x8a"
+    "\xe6\xbc\xa2\xe5\xad\x97" "ABC \xef\xbd\xb6\xef\xbe\x80\xef\xbd\xb6\xef\xbe\x85", /* ひらがなカタ・カナ漢字ABC ｶﾀｶﾅ */
+    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe4\xb8\x80\xe9\xbe\xa5\xe9\xbe\xa6 \xe2\x80\x9c\xe5\xbc\x95\xe5\x8f\xb7\xe2\x80\x9d\xe3\x80\x81", /* 한국어 一龥龦 “引号”、 */
+    "a  \xe6\x97\xa5\xe6\x9c\xac   \xe3\x82\xab\xe3\x83\x8a\t\t\xe3\x81\x8b b", /* a  日本   カナ\t\tか b */
+    /* punctuation followed by ASCII letters */
+    "it's John's 'quoted' \"double\" don't I'M",
+    "obj.method().field #include <stdio.h> @Override public $var = $_GET['x'];",
+    "foo::bar->baz a+b=c -flag --long-option ~/path/to/file_name.txt",
+    "50% off!!! ...wait?! <div class=\"x\">text</div> [link](http://ex.com/a?b=c&d=e)",
+    ".\xc3\xa9t\xc3\xa9 #\xd0\xbf\xd1\x80\xd0\xb8 'caf\xc3\xa9", /* .été #при 'café */
+    /* combining marks: e + U+0301, a mark after a space and at the start, scripts with marks */
+    "e\xcc\x81 cafe\xcc\x81 nai\xcc\x88ve \xcc\x81" "abc a \xcc\x81",
+    "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 \xe0\xa4\xa8\xe0\xa4\xae\xe0\xa4\xb8\xe0\xa5\x8d\xe0\xa4\xa4\xe0\xa5\x87", /* हिन्दी नमस्ते */
+    "\xe0\xb8\xa0\xe0\xb8\xb2\xe0\xb8\xa9\xe0\xb8\xb2\xe0\xb9\x84\xe0\xb8\x97\xe0\xb8\xa2 \xe0\xb8\xaa\xe0\xb8\xa7\xe0\xb8\xb1\xe0\xb8\xaa\xe0\xb8\x94\xe0\xb8\xb5", /* ภาษาไทย สวัสดี */
+    "\xd9\x85\xd9\x8e\xd8\xb1\xd9\x92\xd8\xad\xd9\x8e\xd8\xa8\xd9\x8b\xd8\xa7 \xd7\xa9\xd7\x81\xd6\xb8\xd7\x9c\xd7\x95\xd6\xb9\xd7\x9d", /* مَرْحَبًا שׁלוֹם */
+    "1\xe2\x83\xa3 #\xef\xb8\x8f\xe2\x83\xa3 Z\xcc\xa4\xcd\x94\xcd\xa7\xcc\x91" "a\xcc\x9dl\xcd\x89g\xcc\xb3o", /* 1⃣ #️⃣ Zalgo */
+    /* symbols and emoji (ZWJ is Cf, VS16 is Mn, skin tones are Sk) */
+    "\xf0\x9f\x98\x80\xf0\x9f\x98\x83 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 "
+    "\xe2\x9d\xa4\xef\xb8\x8f \xf0\x9f\x87\xba\xf0\x9f\x87\xb8!", /* 😀😃 👍🏽 👨‍👩‍👧 ❤️ 🇺🇸! */
+    "\xe2\x9c\x93 \xe2\x84\xa2 \xc2\xa9 \xe2\x82\xac" "50 \xc2\xa3 \xc2\xa5" "1000 \xe2\x88\x91\xe2\x88\x9e\xe2\x89\xa0\xe2\x86\x92\xe2\x98\x85 x\xc2\xb2+y\xc2\xb2, \xe2\x88\x80x\xe2\x88\x88\xe2\x84\x9d", /* ✓ ™ © €50 £ ¥1000 ∑∞≠→★ x²+y², ∀x∈ℝ */
+    "word\xf0\x9f\x98\x80word \xf0\x9f\x98\x80\r\n!!\xe2\x80\xa6 \xe2\x80\x94" "dash\xe2\x80\x94", /* word😀word 😀\r\n!!… —dash— */
+    /* \r\n, and runs of spaces and tabs before line breaks and at the end */
+    "line1\r\nline2\r\n\r\nline3\r\n",
+    "Done.\nNext;\n\nKey:\n\tvalue!\r\n{\n} a \nb \t\n\r\n",
+    "a\r\rb\n\rc;\r\n\r\n} !!!\r\n\r\n x.\n\n\n",
+    "  \r\n  \r\n\t\r\n \n",
+    "a   \n   b trailing   ",
+    "tabs\t\t\n\t\tindent \t \n end \n\n  ",
+    "word  \t  word\t",
+    "   ",
+    /* non-ASCII whitespace: U+00A0, U+3000, U+2009, U+2028/2029, U+0085, U+202F, U+205F, U+1680; U+200B is none */
+    "a\xc2\xa0" "b a\xc2\xa0\xc2\xa0" "b \xc2\xa0\n x\xc2\xa0",
+    "\xe3\x80\x80\xe5\x85\xa8\xe8\xa7\x92\xe3\x82\xb9\xe3\x83\x9a\xe3\x83\xbc\xe3\x82\xb9\xe3\x80\x80" "text\xe3\x80\x80\xe3\x80\x80", /* 　全角スペース　text　　 */
+    "thin\xe2\x80\x89space x\xe2\x80\xa8y\xe2\x80\xa9z nel\xc2\x85x a\xe2\x80\xaf" "b\xe2\x81\x9f" "c \xe1\x9a\x80ogham",
+    "a\xe2\x80\x8b" "b \xe2\x80\x89\xe2\x80\x89\n\xe3\x80\x80!! \xc2\xa0$x \x1c\x1f y",
+    /* code */
+    "def foo(x):\n    if x > 0:\n        return x ** 2  # square\n    else:\n        return -x\n\n\nprint(foo(12345))\n",
+    "#include <stdio.h>\n\nint main(void) {\n\tfor (int i = 0; i < 1000; i++) {\n\t\tprintf(\"%d\\n\", i);\n\t}\n\treturn 0;\n}\n",
+    "const f = (a, b) => { return a?.b ?? 'x'; };\r\n    // \xe6\xb3\xa8\xe9\x87\x8a: sum\r\n\tint s = 0; /* \xe6\x97\xa5\xe6\x9c\xac */  \r\n",
+};
+
 /* ---- running the peer and comparing ---- */
 
 /* `node tokenize.mjs model cases.json` with stdout in out and stderr in err. */
@@ -266,10 +324,77 @@ static bool run_peer(const char *model, const char *cases, const char *out, cons
     return ok;
 }
 
-/* One vocabulary against the peer. Adds to *n_diff the cases that differ;
- * false when the comparison could not run (a message was printed). */
+/* Merges the copy of write_with_pre gains, each with its result as a new
+ * normal token after the last id, in GPT-2 byte characters (C4 8A = Ċ \n,
+ * C4 8D = č \r, C4 89 = ĉ \t, C4 A0 = Ġ space). deepseek-llm's vocabulary
+ * has no token holding \r or \n but those bytes' own, so without these no
+ * case could tell where a pre-tokenizer splits around line breaks. */
+static const char *const newline_merges[][2] = {
+    {". \xc4\x8a", ".\xc4\x8a"}, {"; \xc4\x8a", ";\xc4\x8a"}, {": \xc4\x8a", ":\xc4\x8a"},
+    {"{ \xc4\x8a", "{\xc4\x8a"}, {"! \xc4\x8d", "!\xc4\x8d"},
+    {"\xc4\x8d \xc4\x8a", "\xc4\x8d\xc4\x8a"},                                 /* \r\n */
+    {"\xc4\x8a \xc4\x8a", "\xc4\x8a\xc4\x8a"},                                 /* \n\n */
+    {"\xc4\x8d\xc4\x8a \xc4\x8d\xc4\x8a", "\xc4\x8d\xc4\x8a\xc4\x8d\xc4\x8a"},           /* \r\n\r\n */
+    {"\xc4\xa0 \xc4\x8a", "\xc4\xa0\xc4\x8a"},                                 /* ' \n' */
+    {"\xc4\x89 \xc4\x8a", "\xc4\x89\xc4\x8a"},                                 /* \t\n */
+};
+#define N_NEWLINE_MERGES (sizeof newline_merges / sizeof newline_merges[0])
+
+/* w's key = g's array key with the k values extra appended. */
+static int set_appended(kvt_gguf_writer *w, const kvt_gguf *g, const char *key, uint32_t elem,
+                        const kvt_gguf_val *extra, size_t k)
+{
+    const kvt_gguf_val *a = NULL;
+    size_t n = 0;
+    int rc = kvt_gguf_get_arr(g, key, elem, &a, &n);
+    kvt_gguf_val *v = rc ? NULL : malloc((n + k) * sizeof *v);
+    if (!rc && !v) rc = KVT_ENOMEM;
+    if (!rc) {
+        memcpy(v, a, n * sizeof *v);
+        memcpy(v + n, extra, k * sizeof *v);
+        rc = kvt_gguf_writer_set(w, key, &(kvt_gguf_val){.type = KVT_GGUF_ARR, .elem_type = elem,
+                                                         .n = n + k, .v.arr = v});
+    }
+    free(v);
+    return rc;
+}
+
+/* Copy the GGUF src to dst with tokenizer.ggml.pre = pre and the
+ * newline_merges, every other key and tensor as it is: a vocabulary for a
+ * pre-tokenizer no vocab file has. */
+static int write_with_pre(const char *src, const char *pre, const char *dst)
+{
+    kvt_gguf *g = NULL;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    int rc = w ? kvt_gguf_open(&g, src) : KVT_ENOMEM;
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
+        rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
+    }
+    kvt_gguf_val tok[N_NEWLINE_MERGES], typ[N_NEWLINE_MERGES], mrg[N_NEWLINE_MERGES];
+    for (size_t i = 0; i < N_NEWLINE_MERGES; i++) {
+        mrg[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(newline_merges[i][0]), .v.str = newline_merges[i][0]};
+        tok[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(newline_merges[i][1]), .v.str = newline_merges[i][1]};
+        typ[i] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = 1};
+    }
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.tokens", KVT_GGUF_STR, tok, N_NEWLINE_MERGES);
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.token_type", KVT_GGUF_I32, typ, N_NEWLINE_MERGES);
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.merges", KVT_GGUF_STR, mrg, N_NEWLINE_MERGES);
+    if (!rc) rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre);
+    if (!rc) rc = kvt_gguf_writer_write(w, dst);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* One vocabulary against the peer (with pre: a copy of it with that
+ * tokenizer.ggml.pre, and the texts of its pre-tokenizer). Adds to *n_diff
+ * the cases that differ; false when the comparison could not run (a message
+ * was printed). */
 static bool compare_vocab(fx_server *dir, const char *name, const char *rel, const char *inp_rel,
-                          size_t *n_diff, bool *header_shown)
+                          const char *pre, size_t *n_diff, bool *header_shown)
 {
     const char *p = kvt_test_shared(rel);
     if (!p) { printf("    %s: %s not found under ../shared, left out\n", name, rel); return true; }
@@ -278,7 +403,14 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
 
     kvt_gguf *g = NULL;
     kvt_tokenizer *t = NULL;
-    int rc = kvt_gguf_open(&g, model);
+    int rc = KVT_OK;
+    if (pre) {
+        char src[4096];
+        snprintf(src, sizeof src, "%s", model);
+        snprintf(model, sizeof model, "%s/%s.gguf", dir->dir, name);
+        rc = write_with_pre(src, pre, model);
+    }
+    if (!rc) rc = kvt_gguf_open(&g, model);
     if (!rc) rc = kvt_tokenizer_from_gguf(&t, g);
     caseset cs = {.json = json_array()};
     vocabinfo vi = {0};
@@ -286,6 +418,8 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
     if (!rc && inp_rel) add_inp_cases(&cs, inp_rel);
     if (!rc) rc = add_token_cases(&cs, g, &vi);
     if (!rc) add_text_cases(&cs);
+    for (size_t i = 0; !rc && pre && i < sizeof deepseek_v3_texts / sizeof *deepseek_v3_texts; i++)
+        add2(&cs, K_PRE, deepseek_v3_texts[i], strlen(deepseek_v3_texts[i]));
     if (!rc && cs.oom) rc = KVT_ENOMEM;
     kvt_gguf_close(g);
     if (rc) {
@@ -377,11 +511,13 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
 
 TEST(peer_tokenizer_vocabs)
 {
-    static const struct { const char *name, *rel, *inp; } vocabs[] = {
-        {"llama-spm", "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp"},
-        {"deepseek-llm", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp"},
-        {"gpt-2", "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp"},
-        {"stories260K", "models/stories260K.gguf", NULL},
+    static const struct { const char *name, *rel, *inp, *pre; } vocabs[] = {
+        {"llama-spm", "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp", NULL},
+        {"deepseek-llm", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", NULL},
+        /* no DeepSeek-V3/V4 vocab file: deepseek-llm's vocabulary, V3's pre-tokenizer */
+        {"deepseek-v3", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", "deepseek-v3"},
+        {"gpt-2", "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp", NULL},
+        {"stories260K", "models/stories260K.gguf", NULL, NULL},
     };
     const size_t n_vocabs = sizeof vocabs / sizeof vocabs[0];
     const char *why = skip_reason();
@@ -399,7 +535,8 @@ TEST(peer_tokenizer_vocabs)
     size_t n_diff = 0, n_failed = 0;
     bool header_shown = false;
     for (size_t i = 0; i < n_vocabs; i++)
-        if (!compare_vocab(&dir, vocabs[i].name, vocabs[i].rel, vocabs[i].inp, &n_diff, &header_shown))
+        if (!compare_vocab(&dir, vocabs[i].name, vocabs[i].rel, vocabs[i].inp, vocabs[i].pre, &n_diff,
+                           &header_shown))
             n_failed++;
     fx_tmpdir_remove(&dir);
     CHECKF(n_failed == 0, "%zu vocabularies could not be compared with llama.cpp (see above)", n_failed);

@@ -235,11 +235,10 @@ TEST(tok_stories260k_prompts)
 static const char *const byte_specials[] = {
     "<" FW "begin" SPM "of" SPM "sentence" FW ">", "<" FW "end" SPM "of" SPM "sentence" FW ">",
     "<" FW "User" FW ">", "<" FW "Assistant" FW ">", "<think>", "</think>",
-    "<" FW "tool" SPM "calls" SPM "begin" FW ">", "<" FW "tool" SPM "calls" SPM "end" FW ">",
-    "<" FW "tool" SPM "call" SPM "begin" FW ">", "<" FW "tool" SPM "call" SPM "end" FW ">",
-    "<" FW "tool" SPM "sep" FW ">",
-    "<" FW "tool" SPM "outputs" SPM "begin" FW ">", "<" FW "tool" SPM "outputs" SPM "end" FW ">",
-    "<" FW "tool" SPM "output" SPM "begin" FW ">", "<" FW "tool" SPM "output" SPM "end" FW ">",
+    FW "DSML" FW, "<tool_result>", "</tool_result>",
+    "<" FW "place" SPM "holder" SPM "no" SPM "0" FW ">", "<" FW "place" SPM "holder" SPM "no" SPM "1" FW ">",
+    "<" FW "place" SPM "holder" SPM "no" SPM "2" FW ">", "<" FW "place" SPM "holder" SPM "no" SPM "3" FW ">",
+    "<" FW "place" SPM "holder" SPM "no" SPM "4" FW ">", "<" FW "place" SPM "holder" SPM "no" SPM "5" FW ">",
 };
 
 TEST(tok_bytes_specials)

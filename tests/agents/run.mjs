@@ -60,8 +60,8 @@ const MAX_TOKENS = 64;
 // them with probability (239/271)^64, about 3e-4. Codex and Pi accept a
 // reply cut at the length limit.
 const STOPS = ['<｜begin▁of▁sentence｜>', '<｜end▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>', '<think>', '</think>',
-  '<｜tool▁calls▁begin｜>', '<｜tool▁calls▁end｜>', '<｜tool▁call▁begin｜>', '<｜tool▁call▁end｜>', '<｜tool▁sep｜>',
-  '<｜tool▁outputs▁begin｜>', '<｜tool▁outputs▁end｜>', '<｜tool▁output▁begin｜>', '<｜tool▁output▁end｜>',
+  '｜DSML｜', '<tool_result>', '</tool_result>', '<｜place▁holder▁no▁0｜>', '<｜place▁holder▁no▁1｜>',
+  '<｜place▁holder▁no▁2｜>', '<｜place▁holder▁no▁3｜>', '<｜place▁holder▁no▁4｜>', '<｜place▁holder▁no▁5｜>',
   ...'0123456789ZKhoeat'];
 const CLAUDE_EXTRA_BODY = JSON.stringify({ temperature: 0, stop_sequences: STOPS });
 

@@ -78,7 +78,8 @@ async function turns() {
     `(${(usage1.prompt_tokens / secs1).toFixed(0)} tokens/s), text ${JSON.stringify(text1)}`);
   check(usage1.prompt_tokens > SYS_BYTES, `turn 1 prompt holds the system prompt (${usage1.prompt_tokens} tokens)`);
   check(usage1.prompt_tokens_details.cached_tokens < 64, 'turn 1 is cold (cached_tokens < 64)', usage1);
-  check(usage1.completion_tokens === 16, 'turn 1 generated max_tokens (16) tokens', usage1);
+  // the synthetic model's greedy reply may end with its end-of-sentence token before max_tokens
+  check(usage1.completion_tokens >= 1 && usage1.completion_tokens <= 16, 'turn 1 generated 1 to max_tokens (16) tokens', usage1);
 
   section('turn 2: turn 1 resent with its reply and a new question, from RAM');
   const { data, response } = await openai.chat.completions.create({
