@@ -35,6 +35,8 @@
  */
 #include "kernels.h"
 #include "model.h"
+#include "qkernels.h"
+#include "quant.h"
 #include "util.h"
 
 #include <math.h>
@@ -61,20 +63,29 @@ typedef struct ds4_config {
     float clamp_exp[MAX_LAYERS], clamp_sh[MAX_LAYERS];
 } ds4_config;
 
+/* The projection matrices are kvt_wmat: in the file's own type, in place in
+ * the mapped file (a synthetic preset's f32 arrays, or a type kvtier only
+ * dequantises, are owned copies), so a quantised file runs on the integer
+ * kernels (src/qkernels.h) and resident memory stays that of the file. The
+ * vectors, the hyper-connection mixes and the router stay f32 copies. */
 typedef struct ds4_layer {
     float *attn_norm, *sinks;       /* (D), (H) */
-    float *wqa, *q_norm, *wqb;      /* (Rq, D), (Rq), (H*Dh, Rq) */
-    float *wkv, *kv_norm;           /* (Dh, D), (Dh) */
-    float *woa, *wob;               /* (og*orank, H*Dh/og): group g's rows g*orank..; (D, og*orank) */
+    kvt_wmat wqa, wqb;              /* (Rq, D), (H*Dh, Rq) */
+    float *q_norm;                  /* (Rq) */
+    kvt_wmat wkv;                   /* (Dh, D) */
+    float *kv_norm;                 /* (Dh) */
+    kvt_wmat woa, wob;              /* (og*orank, H*Dh/og): group g's rows g*orank..; (D, og*orank) */
     float *hca_fn, *hca_base, *hca_scale; /* (24, 4D), (24), (3) */
     float *hcf_fn, *hcf_base, *hcf_scale;
-    float *c_kv, *c_gate, *c_ape, *c_norm; /* (c*Dh, D) x2, (r, c*Dh), (Dh); ratio > 0 */
-    float *i_proj, *i_qb;           /* (Hi, D), (Hi*Di, Rq); ratio 4 */
-    float *i_kv, *i_gate, *i_ape, *i_norm; /* (2*Di, D) x2, (4, 2*Di), (Di) */
+    kvt_wmat c_kv, c_gate;          /* (c*Dh, D) x2; ratio > 0 */
+    float *c_ape, *c_norm;          /* (r, c*Dh), (Dh) */
+    kvt_wmat i_proj, i_qb;          /* (Hi, D), (Hi*Di, Rq); ratio 4 */
+    kvt_wmat i_kv, i_gate;          /* (2*Di, D) x2 */
+    float *i_ape, *i_norm;          /* (4, 2*Di), (Di) */
     float *ffn_norm, *gate_inp, *probs_b; /* (D), (E, D), (E) when not hash-routed */
     int32_t *tid2eid;               /* (V, Eu) when hash-routed */
-    float *gate_x, *up_x, *down_x;  /* (E, Fe, D), (E, Fe, D), (E, D, Fe) */
-    float *gate_s, *up_s, *down_s;  /* (Es*Fe, D) x2, (D, Es*Fe) */
+    kvt_wmat gate_x, up_x, down_x;  /* (E*Fe, D), (E*Fe, D), (E*D, Fe): expert e's rows e*Fe.. (e*D..) */
+    kvt_wmat gate_s, up_s, down_s;  /* (Es*Fe, D) x2, (D, Es*Fe) */
     /* cache geometry */
     int s_comp, s_idx;              /* stream ids (-1: none) */
     size_t off_win, off_cf, off_if; /* state offsets: window ring, frontiers */
@@ -83,8 +94,11 @@ typedef struct ds4_layer {
 typedef struct ds4_weights {
     ds4_config c;
     uint64_t seed;
-    float *tok_embd, *out_norm, *out;       /* (V, D), (D), (V, D) */
+    kvt_wmat tok_embd, out;                 /* (V, D) x2 */
+    float *out_norm;                        /* (D) */
     float *hch_fn, *hch_base, *hch_scale;   /* (4, 4D), (4), (1) */
+    float **own;                            /* (n_own) the matrices' owned f32 arrays */
+    size_t n_own;
     ds4_layer layers[MAX_LAYERS];
     kvt_yarn yarn;                          /* compressed layers' RoPE */
     size_t n_streams, state_bytes, hd_idx;  /* hd_idx: the indexer's Hadamard order */
@@ -215,6 +229,7 @@ typedef struct tdesc {
     uint64_t ne[3];             /* ne[0] = input (contiguous) width */
     enum init init;
     float **slot;               /* f32 tensors */
+    kvt_wmat *mat;              /* matrices (ne[0] columns, ne[1] * ne[2] rows) */
     int32_t **islot;            /* the I32 routing table */
 } tdesc;
 
@@ -233,9 +248,11 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
 #define ADDL(suffix, d, a, b, e, in, sl)                                                         \
     do { char nm_[56]; snprintf(nm_, sizeof nm_, "blk.%u.%s", l, suffix);                       \
          ADD(nm_, d, a, b, e, in, sl); } while (0)
-    ADD("token_embd.weight", 2, D, c->V, 1, INIT_EMBED, &w->tok_embd);
+#define ADDM(nm, d, a, b, e, in, m) do { ADD(nm, d, a, b, e, in, NULL); t[n - 1].mat = (m); } while (0)
+#define ADDLM(suffix, d, a, b, e, in, m) do { ADDL(suffix, d, a, b, e, in, NULL); t[n - 1].mat = (m); } while (0)
+    ADDM("token_embd.weight", 2, D, c->V, 1, INIT_EMBED, &w->tok_embd);
     ADD("output_norm.weight", 1, D, 1, 1, INIT_ONE, &w->out_norm);
-    ADD("output.weight", 2, D, c->V, 1, INIT_MAT, &w->out);
+    ADDM("output.weight", 2, D, c->V, 1, INIT_MAT, &w->out);
     ADD("output_hc_fn.weight", 2, HC * D, HC, 1, INIT_MAT, &w->hch_fn);
     ADD("output_hc_base.weight", 1, HC, 1, 1, INIT_SMALL, &w->hch_base);
     ADD("output_hc_scale.weight", 1, 1, 1, 1, INIT_ONE, &w->hch_scale);
@@ -247,13 +264,13 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
         uint64_t Fs = (uint64_t)c->Fe * c->Es;
         ADDL("attn_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->attn_norm);
         ADDL("attn_sinks.weight", 1, c->H, 1, 1, INIT_ZERO, &ly->sinks);
-        ADDL("attn_q_a.weight", 2, D, c->Rq, 1, INIT_MAT, &ly->wqa);
+        ADDLM("attn_q_a.weight", 2, D, c->Rq, 1, INIT_MAT, &ly->wqa);
         ADDL("attn_q_a_norm.weight", 1, c->Rq, 1, 1, INIT_ONE, &ly->q_norm);
-        ADDL("attn_q_b.weight", 2, c->Rq, HD, 1, INIT_MAT, &ly->wqb);
-        ADDL("attn_kv.weight", 2, D, c->Dh, 1, INIT_MAT, &ly->wkv);
+        ADDLM("attn_q_b.weight", 2, c->Rq, HD, 1, INIT_MAT, &ly->wqb);
+        ADDLM("attn_kv.weight", 2, D, c->Dh, 1, INIT_MAT, &ly->wkv);
         ADDL("attn_kv_a_norm.weight", 1, c->Dh, 1, 1, INIT_ONE, &ly->kv_norm);
-        ADDL("attn_output_a.weight", 2, c->og ? HD / c->og : 0, (uint64_t)c->orank * c->og, 1, INIT_MAT, &ly->woa);
-        ADDL("attn_output_b.weight", 2, (uint64_t)c->og * c->orank, D, 1, INIT_MAT, &ly->wob);
+        ADDLM("attn_output_a.weight", 2, c->og ? HD / c->og : 0, (uint64_t)c->orank * c->og, 1, INIT_MAT, &ly->woa);
+        ADDLM("attn_output_b.weight", 2, (uint64_t)c->og * c->orank, D, 1, INIT_MAT, &ly->wob);
         ADDL("hc_attn_fn.weight", 2, HC * D, HC_MIX, 1, INIT_MAT, &ly->hca_fn);
         ADDL("hc_attn_base.weight", 1, HC_MIX, 1, 1, INIT_SMALL, &ly->hca_base);
         ADDL("hc_attn_scale.weight", 1, 3, 1, 1, INIT_ONE, &ly->hca_scale);
@@ -261,16 +278,16 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
         ADDL("hc_ffn_base.weight", 1, HC_MIX, 1, 1, INIT_SMALL, &ly->hcf_base);
         ADDL("hc_ffn_scale.weight", 1, 3, 1, 1, INIT_ONE, &ly->hcf_scale);
         if (r) {
-            ADDL("attn_compressor_kv.weight", 2, D, cw, 1, INIT_MAT, &ly->c_kv);
-            ADDL("attn_compressor_gate.weight", 2, D, cw, 1, INIT_MAT, &ly->c_gate);
+            ADDLM("attn_compressor_kv.weight", 2, D, cw, 1, INIT_MAT, &ly->c_kv);
+            ADDLM("attn_compressor_gate.weight", 2, D, cw, 1, INIT_MAT, &ly->c_gate);
             ADDL("attn_compressor_ape.weight", 2, cw, r, 1, INIT_SMALL, &ly->c_ape);
             ADDL("attn_compressor_norm.weight", 1, c->Dh, 1, 1, INIT_ONE, &ly->c_norm);
         }
         if (r == 4) {
-            ADDL("indexer.proj.weight", 2, D, c->Hi, 1, INIT_MAT, &ly->i_proj);
-            ADDL("indexer.attn_q_b.weight", 2, c->Rq, (uint64_t)c->Hi * c->Di, 1, INIT_MAT, &ly->i_qb);
-            ADDL("indexer_compressor_kv.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_kv);
-            ADDL("indexer_compressor_gate.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_gate);
+            ADDLM("indexer.proj.weight", 2, D, c->Hi, 1, INIT_MAT, &ly->i_proj);
+            ADDLM("indexer.attn_q_b.weight", 2, c->Rq, (uint64_t)c->Hi * c->Di, 1, INIT_MAT, &ly->i_qb);
+            ADDLM("indexer_compressor_kv.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_kv);
+            ADDLM("indexer_compressor_gate.weight", 2, D, 2 * c->Di, 1, INIT_MAT, &ly->i_gate);
             ADDL("indexer_compressor_ape.weight", 2, 2 * c->Di, 4, 1, INIT_SMALL, &ly->i_ape);
             ADDL("indexer_compressor_norm.weight", 1, c->Di, 1, 1, INIT_ONE, &ly->i_norm);
         }
@@ -282,13 +299,15 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
             ADDL("exp_probs_b.bias", 1, c->E, 1, 1, INIT_SMALL, &ly->probs_b);
         }
         ADDL("ffn_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->ffn_norm);
-        ADDL("ffn_gate_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->gate_x);
-        ADDL("ffn_down_exps.weight", 3, c->Fe, D, c->E, INIT_MAT, &ly->down_x);
-        ADDL("ffn_up_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->up_x);
-        ADDL("ffn_gate_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->gate_s);
-        ADDL("ffn_down_shexp.weight", 2, Fs, D, 1, INIT_MAT, &ly->down_s);
-        ADDL("ffn_up_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->up_s);
+        ADDLM("ffn_gate_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->gate_x);
+        ADDLM("ffn_down_exps.weight", 3, c->Fe, D, c->E, INIT_MAT, &ly->down_x);
+        ADDLM("ffn_up_exps.weight", 3, D, c->Fe, c->E, INIT_MAT, &ly->up_x);
+        ADDLM("ffn_gate_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->gate_s);
+        ADDLM("ffn_down_shexp.weight", 2, Fs, D, 1, INIT_MAT, &ly->down_s);
+        ADDLM("ffn_up_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->up_s);
     }
+#undef ADDLM
+#undef ADDM
 #undef ADDL
 #undef ADD
     return n;
@@ -301,9 +320,12 @@ static void ds4_free(void *p)
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (t) {
         size_t n = ds4_tensors(w, t);
-        for (size_t i = 0; i < n; i++) free(t[i].slot ? (void *)*t[i].slot : (void *)*t[i].islot);
+        for (size_t i = 0; i < n; i++)
+            if (!t[i].mat) free(t[i].slot ? (void *)*t[i].slot : (void *)*t[i].islot);
         free(t);
     }
+    for (size_t i = 0; i < w->n_own; i++) free(w->own[i]);
+    free(w->own);
     free(w);
 }
 
@@ -396,6 +418,15 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* Keep p (an f32 array of matrix d) as d's matrix, owned by w. */
+static int own_mat(ds4_weights *w, const tdesc *d, float *p)
+{
+    if (!w->own && !(w->own = kvt_calloc(MAX_TENSORS, sizeof *w->own))) return KVT_ENOMEM;
+    w->own[w->n_own++] = p; /* at most one per tensor: ds4_tensors lists at most MAX_TENSORS */
+    *d->mat = kvt_wmat_f32(p, (size_t)(d->ne[1] * d->ne[2]), (size_t)d->ne[0]);
+    return KVT_OK;
+}
+
 static int generate(ds4_weights *w)
 {
     tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
@@ -425,7 +456,8 @@ static int generate(ds4_weights *w)
         }
         float *p = kvt_malloc(cnt * sizeof(float));
         if (!p) { free(t); return KVT_ENOMEM; }
-        *t[i].slot = p;
+        if (!t[i].mat) *t[i].slot = p;
+        else if (own_mat(w, &t[i], p)) { free(p); free(t); return KVT_ENOMEM; }
         double scale = t[i].init == INIT_MAT ? 1.0 / sqrt((double)t[i].ne[0])
                      : t[i].init == INIT_SMALL ? 0.02 : 1.0;
         for (size_t j = 0; j < cnt; j++) {
@@ -623,7 +655,7 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
 }
 
 /* A tensor exactly as the table has it, converted to f32. */
-static int load_tensor(const kvt_gguf *g, const tdesc *d)
+static int load_tensor(ds4_weights *w, const kvt_gguf *g, const tdesc *d)
 {
     const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, d->name);
     if (!t) return kvt_fail(KVT_EFORMAT, "deepseek4: missing tensor %s", d->name);
@@ -644,12 +676,22 @@ static int load_tensor(const kvt_gguf *g, const tdesc *d)
         *d->islot = p;
         return KVT_OK;
     }
+    if (d->mat) {
+        /* in place when kvtier computes with the type (the reader checked
+         * that the bytes lie in the file) */
+        size_t rows = (size_t)(d->ne[1] * d->ne[2]), row = kvt_quant_row_bytes(t->type, d->ne[0]);
+        if (row && t->data && row * rows == t->n_bytes) {
+            *d->mat = (kvt_wmat){t->data, t->type, rows, (size_t)d->ne[0], row, NULL};
+            return KVT_OK;
+        }
+    }
     float *p = kvt_malloc(n * sizeof *p);
     if (!p) return KVT_ENOMEM;
     int rc = kvt_gguf_tensor_to_f32(t, p, n);
-    if (rc) { free(p); return rc; }
-    *d->slot = p;
-    return KVT_OK;
+    if (!rc && d->mat) rc = own_mat(w, d, p);
+    else if (!rc) *d->slot = p;
+    if (rc) free(p);
+    return rc;
 }
 
 int kvt_ds4_load(kvt_model *m, const kvt_gguf *g)
@@ -667,7 +709,7 @@ int kvt_ds4_load(kvt_model *m, const kvt_gguf *g)
     if (!rc && !t) rc = KVT_ENOMEM;
     if (rc) goto fail;
     size_t n = ds4_tensors(w, t);
-    for (size_t i = 0; i < n && !rc; i++) rc = load_tensor(g, &t[i]);
+    for (size_t i = 0; i < n && !rc; i++) rc = load_tensor(w, g, &t[i]);
     free(t);
     if (rc) goto fail;
     for (uint32_t l = 0; l < c->n_hash; l++)
@@ -749,9 +791,11 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
         bool route = t[i].init == INIT_ROUTE;
-        const void *data = route ? (const void *)*t[i].islot : (const void *)*t[i].slot;
-        rc = kvt_gguf_writer_add_tensor(gw, t[i].name, route ? GGML_I32 : KVT_GGML_F32, t[i].nd, t[i].ne, data,
-                                        tcount(&t[i]) * 4);
+        const kvt_wmat *mt = t[i].mat;
+        const void *data = mt ? (const void *)mt->data : route ? (const void *)*t[i].islot : (const void *)*t[i].slot;
+        uint32_t type = mt ? mt->type : route ? GGML_I32 : KVT_GGML_F32;
+        rc = kvt_gguf_writer_add_tensor(gw, t[i].name, type, t[i].nd, t[i].ne, data,
+                                        mt ? mt->rows * mt->row_bytes : tcount(&t[i]) * 4);
     }
     if (!rc) rc = kvt_gguf_writer_write(gw, path);
 done:
@@ -782,9 +826,13 @@ static uint64_t ds4_fingerprint(const void *p)
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (t) {
         size_t n = ds4_tensors((ds4_weights *)w, t);
-        for (size_t i = 0; i < n; i++)
-            XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
-                               tcount(&t[i]) * 4);
+        for (size_t i = 0; i < n; i++) {
+            const kvt_wmat *mt = t[i].mat;
+            if (mt && mt->type != KVT_GGML_F32) XXH3_64bits_update(st, &mt->type, sizeof mt->type);
+            if (mt) XXH3_64bits_update(st, mt->data, mt->rows * mt->row_bytes);
+            else XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
+                                    tcount(&t[i]) * 4);
+        }
         free(t);
     }
     uint64_t h = XXH3_64bits_digest(st);
@@ -900,6 +948,7 @@ typedef struct ds4_work {
     uint32_t *rt;      /* (ch, Eu) the (token, slot) pairs one expert runs on */
     float *xe;         /* (ch, Eu, D) their inputs */
     float *tmp;        /* (ch, max(D, H*Dh, 24)) */
+    uint8_t *qx;       /* a matmul's activations quantised for an integer-type matrix (qkernels.h); NULL: none */
     float *p;          /* (max(Dh, Di)) a pooled row */
     uint16_t *chk;     /* (max(Dh, Di)) a replayed row */
     uint32_t *sel;     /* (ch, K) selected indexer rows; NULL when K >= maxc4 (never selects) */
@@ -1104,7 +1153,7 @@ static void ds4_work_free(void *p)
     if (!k) return;
     void *b[] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq, k->iw,
                  k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp, k->p, k->chk,
-                 k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap};
+                 k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
     free(k);
 }
@@ -1180,6 +1229,20 @@ static int ds4_work_new(kvt_session *s)
     k->p = kvt_malloc(wide * sizeof(float));
     k->chk = kvt_malloc(wide * 2);
     k->nsel = kvt_malloc(ch * sizeof(uint32_t));
+    /* the integer kernels' activations: at most ch tokens through any matrix */
+    size_t qb = 0;
+    {
+        const ds4_weights *w = s->m->weights;
+        tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+        if (!t) { ds4_work_free(k); return KVT_ENOMEM; }
+        size_t n = ds4_tensors((ds4_weights *)w, t);
+        for (size_t i = 0; i < n; i++) {
+            size_t b = t[i].mat ? kvt_q_act_bytes(t[i].mat->type, ch, t[i].mat->cols) : 0;
+            qb = b > qb ? b : qb;
+        }
+        free(t);
+    }
+    if (qb && !(k->qx = kvt_malloc(qb))) { ds4_work_free(k); return KVT_ENOMEM; }
     bool ok = k->x && k->xn && k->mix && k->hc && k->h && k->qr && k->q && k->kv && k->rows && k->ckv && k->csc &&
               k->iq && k->iw && k->att && k->og && k->f1 && k->f3 && k->lg && k->ex && k->ew && k->eo && k->rt &&
               k->xe && k->tmp && k->p && k->chk && k->nsel;
@@ -1302,6 +1365,12 @@ static void swiglu(float *g, const float *u, size_t n, float limit)
     }
 }
 
+/* Rows [r0, r0 + n) of m, a matrix of their own (unpacked). */
+static kvt_wmat rows_of(const kvt_wmat *m, size_t r0, size_t n)
+{
+    return (kvt_wmat){m->data + r0 * m->row_bytes, m->type, n, m->cols, m->row_bytes, NULL};
+}
+
 /* The feed-forward of n tokens h (n, D) with ids tok into out (n, D): the
  * routed experts, weighted, plus the shared experts. */
 static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const float *h,
@@ -1356,17 +1425,19 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
                 ne++;
             }
         if (!ne) continue;
-        kvt_matmul(s->pool, wk->f1, ly->gate_x + (size_t)e * Fe * D, wk->xe, ne, D, Fe);
-        kvt_matmul(s->pool, wk->f3, ly->up_x + (size_t)e * Fe * D, wk->xe, ne, D, Fe);
+        kvt_wmat gx = rows_of(&ly->gate_x, e * Fe, Fe), ux = rows_of(&ly->up_x, e * Fe, Fe),
+                 dx = rows_of(&ly->down_x, e * D, D);
+        kvt_matmul_w(s->pool, wk->f1, &gx, wk->xe, ne, wk->qx);
+        kvt_matmul_w_next(s->pool, wk->f3, &ux, &gx, wk->xe, ne, wk->qx);
         swiglu(wk->f1, wk->f3, ne * Fe, c->clamp_exp[l]);
-        kvt_matmul(s->pool, wk->xe, ly->down_x + (size_t)e * D * Fe, wk->f1, ne, Fe, D);
+        kvt_matmul_w(s->pool, wk->xe, &dx, wk->f1, ne, wk->qx);
         for (size_t r = 0; r < ne; r++) memcpy(wk->eo + (size_t)wk->rt[r] * D, wk->xe + r * D, D * sizeof(float));
     }
     /* the shared experts */
-    kvt_matmul(s->pool, wk->f1, ly->gate_s, h, n, D, Fs);
-    kvt_matmul(s->pool, wk->f3, ly->up_s, h, n, D, Fs);
+    kvt_matmul_w(s->pool, wk->f1, &ly->gate_s, h, n, wk->qx);
+    kvt_matmul_w_next(s->pool, wk->f3, &ly->up_s, &ly->gate_s, h, n, wk->qx);
     swiglu(wk->f1, wk->f3, n * Fs, c->clamp_sh[l]);
-    kvt_matmul(s->pool, out, ly->down_s, wk->f1, n, Fs, D);
+    kvt_matmul_w(s->pool, out, &ly->down_s, wk->f1, n, wk->qx);
     for (size_t i = 0; i < n; i++) {
         const float *eo = wk->eo + i * Eu * D, *wt = wk->ew + i * Eu;
         float *o = out + i * D;
@@ -1397,8 +1468,9 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= c->V)
             return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
-        for (size_t k = 0; k < HC; k++)
-            memcpy(x + i * W4 + k * D, w->tok_embd + (size_t)tok[i] * D, D * sizeof(float));
+        const kvt_wmat *te = &w->tok_embd;
+        kvt_quant_to_f32(te->type, te->data + (size_t)tok[i] * te->row_bytes, x + i * W4, D);
+        for (size_t k = 1; k < HC; k++) memcpy(x + i * W4 + k * D, x + i * W4, D * sizeof(float));
     }
     for (uint32_t l = 0; l < c->L; l++) {
         /* A replay skips the positions whose values at this layer cannot
@@ -1416,9 +1488,9 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
         for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
         /* queries */
-        kvt_matmul(s->pool, tmp, ly->wqa, h, nn, D, Rq);
+        kvt_matmul_w(s->pool, tmp, &ly->wqa, h, nn, wk->qx);
         for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
-        kvt_matmul(s->pool, q, ly->wqb, qr, nn, Rq, HD);
+        kvt_matmul_w(s->pool, q, &ly->wqb, qr, nn, wk->qx);
         for (size_t i = 0; i < nn; i++)
             for (size_t hh = 0; hh < c->H; hh++) {
                 float *qh = q + (i * c->H + hh) * Dh;
@@ -1426,7 +1498,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
                 kvt_rope_ext(qh + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
             }
         /* raw rows: key and value at once */
-        kvt_matmul(s->pool, kv, ly->wkv, h, nn, D, Dh);
+        kvt_matmul_w(s->pool, kv, &ly->wkv, h, nn, wk->qx);
         for (size_t i = 0; i < nn; i++) {
             float *k = kv + i * Dh;
             kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
@@ -1438,8 +1510,9 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
             bool idx = pass == 1;
             size_t d = idx ? Di : Dh, cw = (r == 4 ? 2 : 1) * d, off = idx ? ly->off_if : ly->off_cf;
             int stream = idx ? ly->s_idx : ly->s_comp;
-            kvt_matmul(s->pool, ckv, idx ? ly->i_kv : ly->c_kv, h, nn, D, cw);
-            kvt_matmul(s->pool, csc, idx ? ly->i_gate : ly->c_gate, h, nn, D, cw);
+            const kvt_wmat *wkv_c = idx ? &ly->i_kv : &ly->c_kv, *wg_c = idx ? &ly->i_gate : &ly->c_gate;
+            kvt_matmul_w(s->pool, ckv, wkv_c, h, nn, wk->qx);
+            kvt_matmul_w_next(s->pool, csc, wg_c, wkv_c, h, nn, wk->qx);
             const float *ape = idx ? ly->i_ape : ly->c_ape;
             for (size_t i = 0; i < nn; i++) {
                 size_t t = p0 + i;
@@ -1459,14 +1532,14 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
             }
         }
         if (r == 4) {
-            kvt_matmul(s->pool, iq, ly->i_qb, qr, nn, Rq, Hi * Di);
+            kvt_matmul_w(s->pool, iq, &ly->i_qb, qr, nn, wk->qx);
             for (size_t i = 0; i < nn; i++)
                 for (size_t hh = 0; hh < Hi; hh++) {
                     float *v = iq + (i * Hi + hh) * Di;
                     kvt_rope_ext(v + Di - c->Dr, c->Dr, p0 + i, c->cbase, &w->yarn, 1.0f);
                     for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
                 }
-            kvt_matmul(s->pool, iw, ly->i_proj, h, nn, D, Hi);
+            kvt_matmul_w(s->pool, iw, &ly->i_proj, h, nn, wk->qx);
             float isc = 1.0f / sqrtf((float)(Di * Hi));
             for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
         }
@@ -1481,10 +1554,11 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
         for (size_t g = 0; g < og; g++) {
             for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
-            kvt_matmul(s->pool, go, ly->woa + g * orank * gd, xg, nn, gd, orank);
+            kvt_wmat wa = rows_of(&ly->woa, g * orank, orank);
+            kvt_matmul_w(s->pool, go, &wa, xg, nn, wk->qx);
             for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
         }
-        kvt_matmul(s->pool, tmp, ly->wob, oa, nn, og * orank, D);
+        kvt_matmul_w(s->pool, tmp, &ly->wob, oa, nn, wk->qx);
         hc_post(wk, c, xl, nn, tmp);
         /* feed-forward */
         hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
@@ -1501,7 +1575,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
                 wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * w->hch_scale[0] + w->hch_base[k]) + c->hc_eps;
         hc_collapse(xs, nl, D, wk->mix, HC, h);
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, w->out_norm, D, c->eps);
-        kvt_matmul(s->pool, logits, w->out, h, nl, D, c->V);
+        kvt_matmul_w(s->pool, logits, &w->out, h, nl, wk->qx);
     }
     return KVT_OK;
 }
