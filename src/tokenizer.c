@@ -321,8 +321,8 @@ static const char *const re_deepseek_llm[] = {
  *    PCRE2's \p{..} are used as they are. Whitespace is in none of them (as
  *    in PCRE2): U+00A0 or U+3000 can be the optional prefix of a word.
  *  - \s and \S are WS, not PCRE2's \s: C-locale isspace on ASCII (no
- *    \x1C-\x1F) and \v for every non-ASCII White_Space (so U+0085, which
- *    PCRE2's \s lacks).
+ *    \x1C-\x1F) and \v for every non-ASCII White_Space, where PCRE2's \s
+ *    also takes U+180E (a format character, no White_Space, to llama.cpp).
  *  - [\r\n] is CR and LF only: U+0085, U+2028 and U+2029 are \v there,
  *    whitespace but no line break.
  *  - [A-Za-z] and the punctuation class of the first alternative (all 32

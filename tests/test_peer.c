@@ -1,11 +1,22 @@
 /* kvtier's tokenizers against llama.cpp itself, id for id.
  *
  *   peer_tokenizer_vocabs  for each of ../shared/vocab/ggml-vocab-{llama-spm,
- *                          deepseek-llm,gpt-2}.gguf and ../shared/models/
- *                          stories260K.gguf: kvt_tokenizer_encode (no BOS)
- *                          gives the ids llama_tokenize gives (add_special =
- *                          false) on the same text, with parse_special false
- *                          and true
+ *                          deepseek-llm,gpt-2}.gguf, ../shared/models/
+ *                          stories260K.gguf and "deepseek-v3" (below):
+ *                          kvt_tokenizer_encode (no BOS) gives the ids
+ *                          llama_tokenize gives (add_special = false) on the
+ *                          same text, with parse_special false and true
+ *
+ * There is no DeepSeek-V3/V4 vocab file, so "deepseek-v3" is a copy of the
+ * deepseek-llm one written to the temp dir with tokenizer.ggml.pre =
+ * "deepseek-v3" and a few probe merges (probe_merges: without them that
+ * vocabulary cannot show where the new regexes split), run with
+ * deepseek-llm's cases plus deepseek_v3_texts. Negative controls, each a
+ * change to re_deepseek_v3 in src/tokenizer.c run by hand, and the cases of
+ * deepseek-v3 (9896) that then differ: the "[\r\n]*" dropped 8; the third
+ * regex first and the digit one last 4; PCRE2's \s for WS 2; no \p{M} 2;
+ * no CJK regex 4; no first alternative 8; \p{N}+ for \p{N}{1,3} 6; U+00A0
+ * and U+3000 kept out of the word prefix 4; deepseek-llm's list 42.
  *
  * The peer is the llama.cpp that node-llama-cpp ships prebuilt
  * (@node-llama-cpp/linux-x64, CPU build), driven by tests/peer/tokenize.mjs:
@@ -32,7 +43,7 @@
  * these is missing, when npm ci fails (offline), or when none of the vocab
  * files is there; KVT_PEER=0 skips it too. KVT_PEER_ALL=1 tries every
  * user-defined, control and unknown token instead of at most MAX_USER and
- * MAX_CONTROL. Run from the repository root. About 5 s after the install. */
+ * MAX_CONTROL. Run from the repository root. About 10 s after the install. */
 #include "fixture.h"
 #include "test.h"
 #include "tokenizer.h"
@@ -253,19 +264,31 @@ static const char *const deepseek_v3_texts[] = {
     /* \p{N}{1,3}: ASCII, Arabic-Indic, fullwidth, Devanagari digits; No/Nl */
     "1 12 123 1234 12345 123456 1234567",
     "x1234567y 3.14159 2024-01-15 1,000,000 0x7fff",
-    "\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6\xd9\xa7", /* ١٢٣٤ ١٢٣٤٥٦٧ */
-    "\xef\xbc\x91\xef\xbc\x92\xef\xbc\x93 \xef\xbc\x91\xef\xbc\x92\xef\xbc\x93\xef\xbc\x94\xef\xbc\x95", /* １２３ １２３４５ */
-    "abc\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4" "def 12\xef\xbc\x93\xef\xbc\x94" "5 \xe0\xa5\xa7\xe0\xa5\xa8\xe0\xa5\xa9\xe0\xa5\xaa", /* abc١٢٣٤def 12３４5 १२३४ */
-    "cols  1  22   333\t\t4444  \xef\xbc\x95 x", /* runs of spaces before digits: split off first */
+    /* ١٢٣٤ ١٢٣٤٥٦٧ */
+    "\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4 \xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6\xd9\xa7",
+    /* １２３ １２３４５ */
+    "\xef\xbc\x91\xef\xbc\x92\xef\xbc\x93 \xef\xbc\x91\xef\xbc\x92\xef\xbc\x93\xef\xbc\x94\xef\xbc\x95",
+    /* abc١٢٣٤def 12３４5 १२३४ */
+    "abc\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4" "def 12\xef\xbc\x93\xef\xbc\x94" "5 \xe0\xa5\xa7\xe0\xa5\xa8\xe0\xa5"
+    "\xa9\xe0\xa5\xaa",
+    "cols  1  22   333\t\t4444  \xef\xbc\x95 x", /* runs of spaces before digits */
     "x\xc2\xb2 \xc2\xbd \xe2\x85\xb7 \xe3\x80\x87\xe4\xb8\x80\xe4\xba\x8c", /* x² ½ ⅷ 〇一二 */
     /* [一-龥぀-ゟ゠-ヿ]+ next to Latin, Hangul, halfwidth kana, CJK punctuation */
-    "\xe6\x88\x91\xe7\x88\xb1Python\xe7\xbc\x96\xe7\xa8\x8b\xef\xbc\x8c\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae"
-    "\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88\xe3\x80\x82", /* 我爱Python编程，日本語のテキスト。 */
-    "\xe6\x9d\xb1\xe4\xba\xac\xe3\x82\xbf\xe3\x83\xaf\xe3\x83\xbc\xe3\x81\xafTokyo Tower\xe3\x81\xa7\xe3\x81\x99" "123", /* 東京タワーはTokyo Towerです123 */
-    "\xe3\x81\xb2\xe3\x82\x89\xe3\x81\x8c\xe3\x81\xaa\xe3\x82\xab\xe3\x82\xbf\xe3\x83\xbb\xe3\x82\xab\xe3\x83\x8a"
-    "\xe6\xbc\xa2\xe5\xad\x97" "ABC \xef\xbd\xb6\xef\xbe\x80\xef\xbd\xb6\xef\xbe\x85", /* ひらがなカタ・カナ漢字ABC ｶﾀｶﾅ */
-    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe4\xb8\x80\xe9\xbe\xa5\xe9\xbe\xa6 \xe2\x80\x9c\xe5\xbc\x95\xe5\x8f\xb7\xe2\x80\x9d\xe3\x80\x81", /* 한국어 一龥龦 “引号”、 */
-    "a  \xe6\x97\xa5\xe6\x9c\xac   \xe3\x82\xab\xe3\x83\x8a\t\t\xe3\x81\x8b b", /* a  日本   カナ\t\tか b */
+    /* 我爱Python编程，日本語のテキスト。 */
+    "\xe6\x88\x91\xe7\x88\xb1Python\xe7\xbc\x96\xe7\xa8\x8b\xef\xbc\x8c\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa"
+    "\x9e\xe3\x81\xae\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88\xe3\x80\x82",
+    /* 東京タワーはTokyo Towerです123 */
+    "\xe6\x9d\xb1\xe4\xba\xac\xe3\x82\xbf\xe3\x83\xaf\xe3\x83\xbc\xe3\x81\xafTokyo Tower\xe3\x81\xa7\xe3"
+    "\x81\x99" "123",
+    /* ひらがなカタ・カナ漢字ABC 日本語のPython ｶﾀｶﾅ */
+    "\xe3\x81\xb2\xe3\x82\x89\xe3\x81\x8c\xe3\x81\xaa\xe3\x82\xab\xe3\x82\xbf\xe3\x83\xbb\xe3\x82\xab\xe3"
+    "\x83\x8a\xe6\xbc\xa2\xe5\xad\x97" "ABC \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xaePython \xef\xbd"
+    "\xb6\xef\xbe\x80\xef\xbd\xb6\xef\xbe\x85",
+    /* 한국어 一龥龦 “引号”、 */
+    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe4\xb8\x80\xe9\xbe\xa5\xe9\xbe\xa6 \xe2\x80\x9c\xe5\xbc\x95"
+    "\xe5\x8f\xb7\xe2\x80\x9d\xe3\x80\x81",
+    /* runs of spaces before CJK and kana: split off first: a  日本   カナ\t\tか b */
+    "a  \xe6\x97\xa5\xe6\x9c\xac   \xe3\x82\xab\xe3\x83\x8a\t\t\xe3\x81\x8b b",
     /* punctuation followed by ASCII letters */
     "it's John's 'quoted' \"double\" don't I'M",
     "obj.method().field #include <stdio.h> @Override public $var = $_GET['x'];",
@@ -274,15 +297,27 @@ static const char *const deepseek_v3_texts[] = {
     ".\xc3\xa9t\xc3\xa9 #\xd0\xbf\xd1\x80\xd0\xb8 'caf\xc3\xa9", /* .été #при 'café */
     /* combining marks: e + U+0301, a mark after a space and at the start, scripts with marks */
     "e\xcc\x81 cafe\xcc\x81 nai\xcc\x88ve \xcc\x81" "abc a \xcc\x81",
-    "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 \xe0\xa4\xa8\xe0\xa4\xae\xe0\xa4\xb8\xe0\xa5\x8d\xe0\xa4\xa4\xe0\xa5\x87", /* हिन्दी नमस्ते */
-    "\xe0\xb8\xa0\xe0\xb8\xb2\xe0\xb8\xa9\xe0\xb8\xb2\xe0\xb9\x84\xe0\xb8\x97\xe0\xb8\xa2 \xe0\xb8\xaa\xe0\xb8\xa7\xe0\xb8\xb1\xe0\xb8\xaa\xe0\xb8\x94\xe0\xb8\xb5", /* ภาษาไทย สวัสดี */
-    "\xd9\x85\xd9\x8e\xd8\xb1\xd9\x92\xd8\xad\xd9\x8e\xd8\xa8\xd9\x8b\xd8\xa7 \xd7\xa9\xd7\x81\xd6\xb8\xd7\x9c\xd7\x95\xd6\xb9\xd7\x9d", /* مَرْحَبًا שׁלוֹם */
-    "1\xe2\x83\xa3 #\xef\xb8\x8f\xe2\x83\xa3 Z\xcc\xa4\xcd\x94\xcd\xa7\xcc\x91" "a\xcc\x9dl\xcd\x89g\xcc\xb3o", /* 1⃣ #️⃣ Zalgo */
+    /* हिन्दी नमस्ते */
+    "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 \xe0\xa4\xa8\xe0\xa4\xae"
+    "\xe0\xa4\xb8\xe0\xa5\x8d\xe0\xa4\xa4\xe0\xa5\x87",
+    /* ภาษาไทย สวัสดี */
+    "\xe0\xb8\xa0\xe0\xb8\xb2\xe0\xb8\xa9\xe0\xb8\xb2\xe0\xb9\x84\xe0\xb8\x97\xe0\xb8\xa2 \xe0\xb8\xaa"
+    "\xe0\xb8\xa7\xe0\xb8\xb1\xe0\xb8\xaa\xe0\xb8\x94\xe0\xb8\xb5",
+    /* مَرْحَبًا שׁלוֹם */
+    "\xd9\x85\xd9\x8e\xd8\xb1\xd9\x92\xd8\xad\xd9\x8e\xd8\xa8\xd9\x8b\xd8\xa7 \xd7\xa9\xd7\x81\xd6\xb8"
+    "\xd7\x9c\xd7\x95\xd6\xb9\xd7\x9d",
+    /* 1⃣ #️⃣ Zalgo */
+    "1\xe2\x83\xa3 #\xef\xb8\x8f\xe2\x83\xa3 Z\xcc\xa4\xcd\x94\xcd\xa7\xcc\x91" "a\xcc\x9dl\xcd\x89g\xcc\xb3"
+    "o",
     /* symbols and emoji (ZWJ is Cf, VS16 is Mn, skin tones are Sk) */
-    "\xf0\x9f\x98\x80\xf0\x9f\x98\x83 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 "
-    "\xe2\x9d\xa4\xef\xb8\x8f \xf0\x9f\x87\xba\xf0\x9f\x87\xb8!", /* 😀😃 👍🏽 👨‍👩‍👧 ❤️ 🇺🇸! */
-    "\xe2\x9c\x93 \xe2\x84\xa2 \xc2\xa9 \xe2\x82\xac" "50 \xc2\xa3 \xc2\xa5" "1000 \xe2\x88\x91\xe2\x88\x9e\xe2\x89\xa0\xe2\x86\x92\xe2\x98\x85 x\xc2\xb2+y\xc2\xb2, \xe2\x88\x80x\xe2\x88\x88\xe2\x84\x9d", /* ✓ ™ © €50 £ ¥1000 ∑∞≠→★ x²+y², ∀x∈ℝ */
-    "word\xf0\x9f\x98\x80word \xf0\x9f\x98\x80\r\n!!\xe2\x80\xa6 \xe2\x80\x94" "dash\xe2\x80\x94", /* word😀word 😀\r\n!!… —dash— */
+    /* 😀😃 👍🏽 👨‍👩‍👧 ❤️ 🇺🇸! */
+    "\xf0\x9f\x98\x80\xf0\x9f\x98\x83 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0"
+    "\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 \xe2\x9d\xa4\xef\xb8\x8f \xf0\x9f\x87\xba\xf0\x9f\x87\xb8!",
+    /* ✓ ™ © €50 £ ¥1000 ∑∞≠→★ x²+y², ∀x∈ℝ */
+    "\xe2\x9c\x93 \xe2\x84\xa2 \xc2\xa9 \xe2\x82\xac" "50 \xc2\xa3 \xc2\xa5" "1000 \xe2\x88\x91\xe2\x88\x9e\xe2"
+    "\x89\xa0\xe2\x86\x92\xe2\x98\x85 x\xc2\xb2+y\xc2\xb2, \xe2\x88\x80x\xe2\x88\x88\xe2\x84\x9d",
+    /* word😀word 😀\r\n!!… —dash— */
+    "word\xf0\x9f\x98\x80word \xf0\x9f\x98\x80\r\n!!\xe2\x80\xa6 \xe2\x80\x94" "dash\xe2\x80\x94",
     /* \r\n, and runs of spaces and tabs before line breaks and at the end */
     "line1\r\nline2\r\n\r\nline3\r\n",
     "Done.\nNext;\n\nKey:\n\tvalue!\r\n{\n} a \nb \t\n\r\n",
@@ -292,15 +327,24 @@ static const char *const deepseek_v3_texts[] = {
     "tabs\t\t\n\t\tindent \t \n end \n\n  ",
     "word  \t  word\t",
     "   ",
-    /* non-ASCII whitespace: U+00A0, U+3000, U+2009, U+2028/2029, U+0085, U+202F, U+205F, U+1680; U+200B is none */
+    /* non-ASCII whitespace: U+00A0, U+3000, U+2009, U+2028/2029, U+0085, U+202F, U+205F, U+1680;
+     * U+200B and U+180E are none */
     "a\xc2\xa0" "b a\xc2\xa0\xc2\xa0" "b \xc2\xa0\n x\xc2\xa0",
-    "\xe3\x80\x80\xe5\x85\xa8\xe8\xa7\x92\xe3\x82\xb9\xe3\x83\x9a\xe3\x83\xbc\xe3\x82\xb9\xe3\x80\x80" "text\xe3\x80\x80\xe3\x80\x80", /* 　全角スペース　text　　 */
-    "thin\xe2\x80\x89space x\xe2\x80\xa8y\xe2\x80\xa9z nel\xc2\x85x a\xe2\x80\xaf" "b\xe2\x81\x9f" "c \xe1\x9a\x80ogham",
+    /* 　全角スペース　text　　 */
+    "\xe3\x80\x80\xe5\x85\xa8\xe8\xa7\x92\xe3\x82\xb9\xe3\x83\x9a\xe3\x83\xbc\xe3\x82\xb9\xe3\x80\x80text"
+    "\xe3\x80\x80\xe3\x80\x80",
+    "x \xc2\x85 y \xc2\x85\n z\xc2\x85 \xc2\x85\xc2\x85",
+    "a\xe1\xa0\x8e\nb \xe1\xa0\x8e\n \xe1\xa0\x8e" "c\xe1\xa0\x8e",
+    "thin\xe2\x80\x89space x\xe2\x80\xa8y\xe2\x80\xa9z nel\xc2\x85x a\xe2\x80\xaf" "b\xe2\x81\x9f" "c \xe1\x9a"
+    "\x80ogham",
     "a\xe2\x80\x8b" "b \xe2\x80\x89\xe2\x80\x89\n\xe3\x80\x80!! \xc2\xa0$x \x1c\x1f y",
     /* code */
-    "def foo(x):\n    if x > 0:\n        return x ** 2  # square\n    else:\n        return -x\n\n\nprint(foo(12345))\n",
-    "#include <stdio.h>\n\nint main(void) {\n\tfor (int i = 0; i < 1000; i++) {\n\t\tprintf(\"%d\\n\", i);\n\t}\n\treturn 0;\n}\n",
-    "const f = (a, b) => { return a?.b ?? 'x'; };\r\n    // \xe6\xb3\xa8\xe9\x87\x8a: sum\r\n\tint s = 0; /* \xe6\x97\xa5\xe6\x9c\xac */  \r\n",
+    "def foo(x):\n    if x > 0:\n        return x ** 2  # square\n    else:\n        return -x\n\n\nprint"
+    "(foo(12345))\n",
+    "#include <stdio.h>\n\nint main(void) {\n\tfor (int i = 0; i < 1000; i++) {\n\t\tprintf(\"%d\\n\", i)"
+    ";\n\t}\n\treturn 0;\n}\n",
+    "const f = (a, b) => { return a?.b ?? 'x'; };\r\n    // \xe6\xb3\xa8\xe9\x87\x8a: sum\r\n\tint s = 0;"
+    " /* \xe6\x97\xa5\xe6\x9c\xac */  \r\n",
 };
 
 /* ---- running the peer and comparing ---- */
@@ -324,21 +368,41 @@ static bool run_peer(const char *model, const char *cases, const char *out, cons
     return ok;
 }
 
-/* Merges the copy of write_with_pre gains, each with its result as a new
- * normal token after the last id, in GPT-2 byte characters (C4 8A = Ċ \n,
- * C4 8D = č \r, C4 89 = ĉ \t, C4 A0 = Ġ space). deepseek-llm's vocabulary
- * has no token holding \r or \n but those bytes' own, so without these no
- * case could tell where a pre-tokenizer splits around line breaks. */
-static const char *const newline_merges[][2] = {
+/* Merges ("left right", in GPT-2 byte characters: Ċ \n, č \r, ĉ \t, Ġ space)
+ * the copy of write_with_pre gains after its last merge, in this order, each
+ * with its result as a new normal token after the last id. deepseek-llm's
+ * vocabulary has no token holding a line break, two digits, punctuation
+ * before a letter, a letter before a mark or CJK before Latin (its own
+ * pre-tokenizer never lets one form), so without these no case could tell
+ * where deepseek-v3's regexes split there. None of the merges or results is
+ * in that vocabulary. */
+static const char *const probe_merges[][2] = {
+    /* ' ?[\p{P}\p{S}]+[\r\n]*', '\s*[\r\n]+' (punctuation before \r\n, ' \n', '\t\n') */
     {". \xc4\x8a", ".\xc4\x8a"}, {"; \xc4\x8a", ";\xc4\x8a"}, {": \xc4\x8a", ":\xc4\x8a"},
     {"{ \xc4\x8a", "{\xc4\x8a"}, {"! \xc4\x8d", "!\xc4\x8d"},
-    {"\xc4\x8d \xc4\x8a", "\xc4\x8d\xc4\x8a"},                                 /* \r\n */
-    {"\xc4\x8a \xc4\x8a", "\xc4\x8a\xc4\x8a"},                                 /* \n\n */
-    {"\xc4\x8d\xc4\x8a \xc4\x8d\xc4\x8a", "\xc4\x8d\xc4\x8a\xc4\x8d\xc4\x8a"},           /* \r\n\r\n */
-    {"\xc4\xa0 \xc4\x8a", "\xc4\xa0\xc4\x8a"},                                 /* ' \n' */
-    {"\xc4\x89 \xc4\x8a", "\xc4\x89\xc4\x8a"},                                 /* \t\n */
+    {"\xc4\x8d \xc4\x8a", "\xc4\x8d\xc4\x8a"}, {"\xc4\x8a \xc4\x8a", "\xc4\x8a\xc4\x8a"},
+    {"\xc4\x8d\xc4\x8a \xc4\x8d\xc4\x8a", "\xc4\x8d\xc4\x8a\xc4\x8d\xc4\x8a"},
+    {"\xc4\xa0 \xc4\x8a", "\xc4\xa0\xc4\x8a"}, {"\xc4\x89 \xc4\x8a", "\xc4\x89\xc4\x8a"},
+    /* \p{N}{1,3}: "34" outranks "12": 1234 cut into threes is 123|4, left whole 12|34 */
+    {"3 4", "34"}, {"1 2", "12"}, {"12 3", "123"},
+    /* [!-/:-@[-`{-~][A-Za-z]+ */
+    {"' s", "'s"}, {". method", ".method"}, {"# include", "#include"}, {"@ Override", "@Override"},
+    {"$ var", "$var"},
+    /* [\p{L}\p{M}]+: e U+0301, Devanagari NA VIRAMA */
+    {"e \xc3\x8c\xc4\xa3", "e\xc3\x8c\xc4\xa3"},
+    {"\xc3\xa0\xc2\xa4\xc2\xa8 \xc3\xa0\xc2\xa5\xc4\xaf", "\xc3\xa0\xc2\xa4\xc2\xa8\xc3\xa0\xc2\xa5\xc4\xaf"},
+    /* the CJK/kana regex: 爱Python, のPython */
+    {"\xc3\xa7\xc4\xaa\xc2\xb1 Python", "\xc3\xa7\xc4\xaa\xc2\xb1Python"},
+    {"\xc3\xa3\xc4\xa3\xc2\xae Python", "\xc3\xa3\xc4\xa3\xc2\xaePython"},
+    /* non-ASCII whitespace: U+00A0 and U+3000 as a word's prefix; U+0085 (bytes C2 85)
+     * in a run of whitespace */
+    {"\xc3\x82\xc5\x82 b", "\xc3\x82\xc5\x82" "b"},
+    {"\xc3\xa3\xc4\xa2\xc4\xa2 text", "\xc3\xa3\xc4\xa2\xc4\xa2text"},
+    {"\xc3\x82 \xc4\xa7", "\xc3\x82\xc4\xa7"},
+    /* U+180E (bytes E1 A0 8E) before \n: whitespace to PCRE2's \s, not to llama.cpp */
+    {"\xc4\xb0 \xc4\x8a", "\xc4\xb0\xc4\x8a"},
 };
-#define N_NEWLINE_MERGES (sizeof newline_merges / sizeof newline_merges[0])
+#define N_PROBE_MERGES (sizeof probe_merges / sizeof probe_merges[0])
 
 /* w's key = g's array key with the k values extra appended. */
 static int set_appended(kvt_gguf_writer *w, const kvt_gguf *g, const char *key, uint32_t elem,
@@ -360,7 +424,7 @@ static int set_appended(kvt_gguf_writer *w, const kvt_gguf *g, const char *key, 
 }
 
 /* Copy the GGUF src to dst with tokenizer.ggml.pre = pre and the
- * newline_merges, every other key and tensor as it is: a vocabulary for a
+ * probe_merges, every other key and tensor as it is: a vocabulary for a
  * pre-tokenizer no vocab file has. */
 static int write_with_pre(const char *src, const char *pre, const char *dst)
 {
@@ -373,15 +437,16 @@ static int write_with_pre(const char *src, const char *pre, const char *dst)
         const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
         rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
     }
-    kvt_gguf_val tok[N_NEWLINE_MERGES], typ[N_NEWLINE_MERGES], mrg[N_NEWLINE_MERGES];
-    for (size_t i = 0; i < N_NEWLINE_MERGES; i++) {
-        mrg[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(newline_merges[i][0]), .v.str = newline_merges[i][0]};
-        tok[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(newline_merges[i][1]), .v.str = newline_merges[i][1]};
+    kvt_gguf_val tok[N_PROBE_MERGES], typ[N_PROBE_MERGES], mrg[N_PROBE_MERGES];
+    for (size_t i = 0; i < N_PROBE_MERGES; i++) {
+        const char *m = probe_merges[i][0], *r = probe_merges[i][1];
+        mrg[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(m), .v.str = m};
+        tok[i] = (kvt_gguf_val){.type = KVT_GGUF_STR, .n = strlen(r), .v.str = r};
         typ[i] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = 1};
     }
-    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.tokens", KVT_GGUF_STR, tok, N_NEWLINE_MERGES);
-    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.token_type", KVT_GGUF_I32, typ, N_NEWLINE_MERGES);
-    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.merges", KVT_GGUF_STR, mrg, N_NEWLINE_MERGES);
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.tokens", KVT_GGUF_STR, tok, N_PROBE_MERGES);
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.token_type", KVT_GGUF_I32, typ, N_PROBE_MERGES);
+    if (!rc) rc = set_appended(w, g, "tokenizer.ggml.merges", KVT_GGUF_STR, mrg, N_PROBE_MERGES);
     if (!rc) rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre);
     if (!rc) rc = kvt_gguf_writer_write(w, dst);
     kvt_gguf_writer_free(w);
@@ -515,7 +580,8 @@ TEST(peer_tokenizer_vocabs)
         {"llama-spm", "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp", NULL},
         {"deepseek-llm", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", NULL},
         /* no DeepSeek-V3/V4 vocab file: deepseek-llm's vocabulary, V3's pre-tokenizer */
-        {"deepseek-v3", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", "deepseek-v3"},
+        {"deepseek-v3", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp",
+         "deepseek-v3"},
         {"gpt-2", "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp", NULL},
         {"stories260K", "models/stories260K.gguf", NULL, NULL},
     };
