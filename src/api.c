@@ -24,6 +24,11 @@
  *  - Tool calls use DeepSeek-V3's syntax, whose markers are special tokens of
  *    the built-in byte tokenizer; kvt_tool_calls_parse reads the same syntax
  *    back out of generated text.
+ *  - A thinking-mode reply (REASONING</think>ANSWER) is split at its first
+ *    </think> into the api's own place for reasoning (reasoning_content, a
+ *    thinking block), nothing trimmed, so that the reasoning a client sends
+ *    back with the turn renders to the bytes the model sampled; tool calls
+ *    are read from the answer only.
  *  - Output JSON is built with jansson and dumped compact (one line, which an
  *    SSE "data:" field needs). Generated text may hold invalid UTF-8 (a byte
  *    token, a cut character); it is repaired to U+FFFD, never dropped whole.
@@ -1036,16 +1041,34 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
     return KVT_OK;
 }
 
+/* Give assistant turn t the reasoning collected in a (consumed, also on
+ * failure). */
+static int turn_take_reasoning(turn *t, text_acc *a, int *status)
+{
+    kvt_wbuf_put(&a->b, "", 1);
+    if (a->b.oom) { kvt_wbuf_free(&a->b); return oom(status); }
+    free(t->reasoning);
+    t->reasoning = (char *)a->b.p;
+    t->rlen = a->b.len - 1;
+    a->b = (kvt_wbuf){0};
+    return KVT_OK;
+}
+
 /* Anthropic content blocks of a user or assistant message: text blocks;
  * tool_result blocks in user messages (each becomes a tool turn, with the
  * user text around it as user turns, in order); tool_use blocks in assistant
- * messages (the calls, after the text); thinking blocks are skipped (the
- * model's own reasoning is not part of the conversation it continues). */
+ * messages (the calls, after the text); thinking blocks in assistant
+ * messages (their "thinking" text is the turn's reasoning, which the deepseek
+ * template writes in thinking mode: it is what this server sent as the
+ * reply's thinking block, so sent back it renders the bytes the model
+ * sampled; several are joined like text parts). The signature is not
+ * checked: this server signs nothing. redacted_thinking blocks are skipped:
+ * their content is encrypted by and for another service. */
 static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *where, int *status)
 {
-    text_acc a = {0};
+    text_acc a = {0}, ra = {0};
     turn tmp = {0};
-    bool any = false;
+    bool any = false, any_reasoning = false;
     size_t j;
     json_t *blk;
     int rc = KVT_OK;
@@ -1072,13 +1095,23 @@ static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *whe
             const json_t *id;
             if ((rc = get_str(blk, "id", w, false, &id, status))) break;
             if ((rc = add_call(&tmp, id, NULL, blk, "name", "input", w, status))) break;
-        } else if (role == ROLE_ASSISTANT && (!strcmp(t, "thinking") || !strcmp(t, "redacted_thinking"))) {
+        } else if (role == ROLE_ASSISTANT && !strcmp(t, "thinking")) {
+            json_t *th = json_object_get(blk, "thinking");
+            if (!json_is_string(th)) {
+                rc = bad(status, "\"%s.thinking\": expected a string, got %s", w, type_name(th));
+                break;
+            }
+            put_part(&ra, json_string_value(th), json_string_length(th));
+            any_reasoning = true;
+        } else if (role == ROLE_ASSISTANT && !strcmp(t, "redacted_thinking")) {
             continue;
         } else {
             rc = part_refused(status, where, j, t);
             break;
         }
     }
+    if (!rc && any_reasoning) rc = turn_take_reasoning(&tmp, &ra, status);
+    kvt_wbuf_free(&ra.b);
     if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
     if (role == ROLE_ASSISTANT) return chat_add_assistant(ch, &a, &tmp, status);
     if (a.n_parts || !any) return chat_add_acc(ch, role, &a, status); /* [] is an empty turn */
@@ -1242,8 +1275,10 @@ static void render_call(kvt_wbuf *b, const call *c, size_t k, const kvt_parse_op
  * without tool calls is a prefill: the template's rendering without
  * the generation prompt and without that turn's final end-of-sentence, so the
  * reply continues its text. Either way each rendering is a prefix of the
- * next one. */
-static void render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o)
+ * next one. Returns whether the rendering ends with the generation prompt
+ * (false for a prefill): only then does a thinking-mode reply begin with its
+ * reasoning. */
+static bool render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o)
 {
     put_str(b, DS_BOS);
     if (ch->thinking && ch->effort) put_str(b, ch->effort == 2 ? V4_EFFORT_MAX : V4_EFFORT_HIGH);
@@ -1287,8 +1322,9 @@ static void render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o
         if (t->n_calls) put_str(b, DS_CALLS_END);
         if (i != last || t->n_calls) put_str(b, DS_EOS);
     }
-    if (last == SIZE_MAX || ch->t[last].role != ROLE_ASSISTANT || ch->t[last].n_calls)
-        put_str(b, ch->thinking ? DS_ASSISTANT THINK_BEGIN : DS_ASSISTANT THINK_END);
+    if (last != SIZE_MAX && ch->t[last].role == ROLE_ASSISTANT && !ch->t[last].n_calls) return false;
+    put_str(b, ch->thinking ? DS_ASSISTANT THINK_BEGIN : DS_ASSISTANT THINK_END);
+    return true;
 }
 
 /* One piece of the plain rendering: SEP before every piece but the first. */
@@ -1505,6 +1541,30 @@ static int parse_thinking(chat *ch, const json_t *root, int *status)
     return KVT_OK;
 }
 
+/* Anthropic: "thinking": {"type": "enabled", "budget_tokens": N} or
+ * {"type": "adaptive"} turns thinking mode on, {"type": "disabled"} leaves it
+ * off, as Anthropic's API takes them (Claude Code sends "adaptive"). The
+ * budget is not enforced: the reasoning ends when the model closes it, or
+ * at max_tokens. Unlike chat's reasoning_effort, Anthropic's effort
+ * (output_config) selects no preamble: its levels are not the template's.
+ * An unknown type is a 400, as Anthropic refuses it: answering without the
+ * reasoning the client asked for would be a different answer. */
+static int parse_thinking_anthropic(chat *ch, const json_t *root, int *status)
+{
+    json_t *th = field(root, "thinking");
+    if (!th) return KVT_OK;
+    if (!json_is_object(th)) return bad(status, "\"thinking\": expected an object, got %s", type_name(th));
+    const json_t *ty;
+    int rc = get_str(th, "type", "thinking", true, &ty, status);
+    if (rc) return rc;
+    const char *t = json_string_value(ty);
+    if (!strcmp(t, "enabled") || !strcmp(t, "adaptive")) ch->thinking = true;
+    else if (strcmp(t, "disabled"))
+        return bad(status, "\"thinking.type\": unknown type \"%.40s\"; expected \"enabled\", \"adaptive\" or "
+                           "\"disabled\"", t);
+    return KVT_OK;
+}
+
 static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt_model *m,
                       const kvt_parse_opts *o, int *status)
 {
@@ -1516,7 +1576,10 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
     } else {
         chat ch = {.keep_volatile = o->keep_volatile};
         rc = parse_tools(&ch, r, root, api, status);
+        /* Responses' "reasoning" asks for OpenAI's reasoning items, which
+         * this server does not produce: thinking mode stays off there */
         if (!rc && api == KVT_API_CHAT) rc = parse_thinking(&ch, root, status);
+        if (!rc && api == KVT_API_MESSAGES) rc = parse_thinking_anthropic(&ch, root, status);
         if (!rc) {
             if (api == KVT_API_CHAT) rc = parse_chat(&ch, root, status);
             else if (api == KVT_API_MESSAGES) rc = parse_anthropic(&ch, root, status);
@@ -1525,7 +1588,7 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
         if (!rc) {
             r->n_tools = ch.n_tools;
             r->prompt_has_bos = !strcmp(kvt_template_name(m), "deepseek");
-            if (r->prompt_has_bos) render_deepseek(&b, &ch, o);
+            if (r->prompt_has_bos) r->thinking = render_deepseek(&b, &ch, o) && ch.thinking;
             else render_plain(&b, &ch);
         }
         chat_free(&ch);
@@ -1827,6 +1890,51 @@ size_t kvt_tool_calls_text_len(const char *text, size_t len)
     return end;
 }
 
+/* ---- thinking mode ---------------------------------------------------------- */
+
+/* The first </think> ends the reasoning: the template writes one per turn,
+ * and a reasoning cannot hold the special token's text (the tokenizer would
+ * read it back as the token). Nothing is trimmed on either side: the client
+ * sends both parts back and the template renders them around </think>, so
+ * the turn is the bytes the model sampled. */
+bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
+{
+    if (!text) len = 0;
+    size_t rs = len, as = len;
+    const char *e = find(text, 0, len, THINK_END, LIT(THINK_END));
+    if (e) {
+        rs = (size_t)(e - text);
+        as = rs + LIT(THINK_END);
+    } else if (partial) {
+        /* the closing tag may be arriving (a byte at a time, when the model
+         * spells it out): hold back a tail that starts it */
+        for (size_t k = LIT(THINK_END) - 1; k > 0; k--)
+            if (k <= len && !memcmp(text + len - k, THINK_END, k)) { rs = len - k; break; }
+    }
+    if (reasoning) *reasoning = rs;
+    if (answer) *answer = as;
+    return e != NULL;
+}
+
+int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt_tool_call **calls, size_t *n,
+                         size_t *text_end)
+{
+    if (!r || !calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
+    *calls = NULL;
+    *n = 0;
+    *text_end = len;
+    if (!r->n_tools || !text) return KVT_OK;
+    /* the calls come after the reasoning: markup the reasoning quotes (or
+     * drafts) is no call, and an answer that has not begun has none */
+    size_t from = 0;
+    if (r->thinking) kvt_think_split(text, len, false, NULL, &from);
+    int rc = kvt_tool_calls_parse(text + from, len - from, calls, n, text_end);
+    if (rc) return rc;
+    *text_end += from;
+    for (size_t i = 0; i < *n; i++) (*calls)[i].raw_off += from;
+    return KVT_OK;
+}
+
 /* ---- JSON output ---------------------------------------------------------- */
 
 
@@ -2114,25 +2222,28 @@ static char *finish_buf(kvt_wbuf *b)
 static json_int_t ji(uint64_t x) { return (json_int_t)x; }
 
 /* Usage with the counts made consistent: cached <= prompt, created <= the
- * prompt tokens that were not cached. */
+ * prompt tokens that were not cached, reasoning <= completion. */
 static kvt_usage usage_of(const kvt_usage *u)
 {
     kvt_usage z = u ? *u : (kvt_usage){0};
     if (z.cached_tokens > z.prompt_tokens) z.cached_tokens = z.prompt_tokens;
     if (z.created_tokens > z.prompt_tokens - z.cached_tokens) z.created_tokens = z.prompt_tokens - z.cached_tokens;
+    if (z.reasoning_tokens > z.completion_tokens) z.reasoning_tokens = z.completion_tokens;
     return z;
 }
 
 /* OpenAI usage, with DeepSeek's prompt_cache_hit/miss_tokens alongside
- * OpenAI's prompt_tokens_details.cached_tokens. */
+ * OpenAI's prompt_tokens_details.cached_tokens, and the reasoning's share of
+ * the completion in completion_tokens_details (0 outside thinking mode). */
 static json_t *usage_openai(const kvt_usage *in)
 {
     kvt_usage u = usage_of(in);
-    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:I, s:I}",
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:I}, s:I, s:I}",
                      "prompt_tokens", ji(u.prompt_tokens),
                      "completion_tokens", ji(u.completion_tokens),
                      "total_tokens", ji((uint64_t)u.prompt_tokens + u.completion_tokens),
                      "prompt_tokens_details", "cached_tokens", ji(u.cached_tokens),
+                     "completion_tokens_details", "reasoning_tokens", ji(u.reasoning_tokens),
                      "prompt_cache_hit_tokens", ji(u.cached_tokens),
                      "prompt_cache_miss_tokens", ji(u.prompt_tokens - u.cached_tokens));
 }
@@ -2149,7 +2260,8 @@ static json_t *usage_anthropic(const kvt_usage *in, uint32_t output)
 }
 
 /* Responses usage: input_tokens is the whole prompt, cached_tokens the part
- * reused; no reasoning tokens (the model's text is all output). */
+ * reused; no reasoning tokens (Responses requests are never in thinking
+ * mode: the model's text is all output). */
 static json_t *usage_responses(const kvt_usage *in)
 {
     kvt_usage u = usage_of(in);
@@ -2214,6 +2326,25 @@ static json_t *openai_call_json(const kvt_tool_call *c, size_t k, bool with_inde
     }
     return v;
 }
+
+/* Whether a reply to r is split into reasoning and answer: thinking mode, in
+ * the two apis that have a place for the reasoning. */
+static bool reply_thinks(const kvt_request *r)
+{
+    return r->thinking && (r->api == KVT_API_CHAT || r->api == KVT_API_MESSAGES);
+}
+
+/* An Anthropic thinking block with the reasoning (stolen). The signature is
+ * empty: Anthropic signs its thinking so that it can tell its own back; this
+ * server checks nothing (the SDK and Claude Code carry the field as is). */
+static json_t *thinking_block(json_t *reasoning)
+{
+    return json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking", reasoning, "signature", "");
+}
+
+/* The index of the Anthropic text block: after the thinking block in
+ * thinking mode; the tool_use blocks follow it. */
+static int anthropic_text_index(const kvt_request *r) { return reply_thinks(r) ? 1 : 0; }
 
 static json_t *anthropic_tool_use(const kvt_tool_call *c, bool empty_input)
 {
@@ -2363,11 +2494,28 @@ char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *mod
     if (!text) len = 0;
     if (!calls) n_calls = 0;
     if (!text) text = "";
+    /* thinking mode: the reasoning text[0, rlen) goes in its own field or
+     * block, and from here on text is the answer */
+    const char *reasoning = text;
+    size_t rlen = 0;
+    bool think = reply_thinks(r);
+    if (think) {
+        size_t from;
+        kvt_think_split(text, len, false, &rlen, &from);
+        text += from;
+        len -= from;
+    }
     switch (r->api) {
     case KVT_API_CHAT: {
         /* content is null when the reply is only tool calls, as OpenAI sends it */
         json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
                                 len || !n_calls ? jstr(text, len) : json_null(), "refusal");
+        /* reasoning_content: DeepSeek's API and llama.cpp's server return
+         * the reasoning so; a client sends it back with the turn */
+        if (msg && think && json_object_set_new(msg, "reasoning_content", jstr(reasoning, rlen))) {
+            json_decref(msg);
+            msg = NULL;
+        }
         json_t *tc = n_calls ? json_array() : NULL;
         for (size_t k = 0; tc && k < n_calls; k++)
             if (json_array_append_new(tc, openai_call_json(&calls[k], k, false))) { json_decref(tc); tc = NULL; }
@@ -2392,6 +2540,10 @@ char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *mod
     case KVT_API_MESSAGES: {
         uint32_t out = u ? u->completion_tokens : 0;
         json_t *content = json_array();
+        if (content && think && json_array_append_new(content, thinking_block(jstr(reasoning, rlen)))) {
+            json_decref(content);
+            content = NULL;
+        }
         if (content && (len || !n_calls) &&
             json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", jstr(text, len)))) {
             json_decref(content);
@@ -2494,9 +2646,12 @@ char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
                       "id", jcstr(id), "type", "message", "role", "assistant", "content", "model",
                       jcstr(model_name), "stop_reason", "stop_sequence", "usage",
                       usage_anthropic(u, u ? u->completion_tokens : 0)));
+        /* the reply's first block: its reasoning in thinking mode (the text
+         * block follows when the answer begins), else its text */
+        json_t *blk = reply_thinks(r) ? thinking_block(json_string(""))
+                                      : json_pack("{s:s, s:s}", "type", "text", "text", "");
         sse(&b, "content_block_start",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
-                      "type", "text", "text", ""));
+            json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", 0, "content_block", blk));
         sse(&b, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (r->api == KVT_API_RESPONSES) {
         static const char *const events[] = {"response.created", "response.in_progress"};
@@ -2509,12 +2664,52 @@ char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
     return finish_buf(&b);
 }
 
+/* Thinking mode, Anthropic: the answer begins, so the thinking block (index
+ * 0) closes and the text block opens after it; for OpenAI chat only the
+ * state moves (a reasoning piece after this would come out of order). */
+static void open_answer(kvt_request *r, kvt_wbuf *b)
+{
+    if (!reply_thinks(r) || r->sse_text_open) return;
+    r->sse_text_open = true;
+    if (r->api != KVT_API_MESSAGES) return;
+    sse(b, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+    sse(b, "content_block_start",
+        json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", anthropic_text_index(r),
+                  "content_block", "type", "text", "text", ""));
+}
+
+char *kvt_stream_reasoning_lp(kvt_request *r, const char *id, const char *model_name,
+                              const char *text, size_t len, long created, const kvt_logprobs *lp)
+{
+    if (!r) return NULL;
+    kvt_wbuf b = {0};
+    if (text && len && reply_thinks(r) && !r->sse_text_open) {
+        json_t *t = jstr(text, len);
+        if (r->api == KVT_API_CHAT)
+            sse(&b, NULL, chunk(r, id, model_name, created,
+                                choice(r, json_pack("{s:o}", "reasoning_content", t), chat_logprobs(r, lp), NULL),
+                                NULL));
+        else
+            sse(&b, "content_block_delta",
+                json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
+                          "thinking_delta", "thinking", t));
+    }
+    return finish_buf(&b);
+}
+
+char *kvt_stream_reasoning(kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, long created)
+{
+    return kvt_stream_reasoning_lp(r, id, model_name, text, len, created, NULL);
+}
+
 char *kvt_stream_delta_lp(kvt_request *r, const char *id, const char *model_name,
                           const char *text, size_t len, long created, const kvt_logprobs *lp)
 {
     if (!r) return NULL;
     kvt_wbuf b = {0};
     if (text && len) {
+        open_answer(r, &b);
         json_t *t = jstr(text, len);
         if (r->api == KVT_API_CHAT) {
             sse(&b, NULL, chunk(r, id, model_name, created,
@@ -2523,8 +2718,8 @@ char *kvt_stream_delta_lp(kvt_request *r, const char *id, const char *model_name
             sse(&b, NULL, chunk(r, id, model_name, created, choice(r, t, legacy_logprobs(r, lp), NULL), NULL));
         } else if (r->api == KVT_API_MESSAGES) {
             sse(&b, "content_block_delta",
-                json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
-                          "text_delta", "text", t));
+                json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index",
+                          anthropic_text_index(r), "delta", "type", "text_delta", "text", t));
         } else {
             if (!r->sse_text_open) responses_open_text(r, &b, id);
             char mid[128];
@@ -2601,9 +2796,13 @@ char *kvt_stream_end_lp(kvt_request *r, const char *id, const char *model_name,
     if (!calls || r->api == KVT_API_COMPLETIONS) n_calls = 0;
     kvt_wbuf b = {0};
     if (r->api == KVT_API_MESSAGES) {
-        sse(&b, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+        /* a thinking reply whose answer never began still gets its (empty)
+         * text block, as every reply has one */
+        open_answer(r, &b);
+        int ti = anthropic_text_index(r);
+        sse(&b, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ti));
         for (size_t k = 0; k < n_calls; k++) {
-            json_int_t index = (json_int_t)k + 1;
+            json_int_t index = (json_int_t)k + ti + 1;
             sse(&b, "content_block_start",
                 json_pack("{s:s, s:I, s:o}", "type", "content_block_start", "index", index, "content_block",
                           anthropic_tool_use(&calls[k], true)));

@@ -62,6 +62,11 @@ typedef struct kvt_request {
     size_t prompt_len;          /* bytes, excluding the NUL */
     bool prompt_has_bos;        /* the template already emitted the BOS text: tokenize
                                  * without adding BOS, with special-token parsing */
+    bool thinking;              /* the deepseek template rendered the prompt in thinking
+                                 * mode and it ends with <｜Assistant｜><think>: the reply
+                                 * is REASONING</think>ANSWER (kvt_think_split). False
+                                 * for the plain template, for Responses and completions,
+                                 * and for a prefill (the reply continues an answer) */
     bool stream, include_usage; /* include_usage: OpenAI stream_options.include_usage */
     uint32_t max_tokens;        /* 0 when absent (server applies its default); else >= 1 */
     float temperature;          /* default 1.0 (OpenAI and Anthropic default); 0 = greedy */
@@ -87,7 +92,9 @@ typedef struct kvt_request {
                                  * KVT_API_MAX_LOGPROBS_LEGACY) */
     /* Streaming state, advanced by the kvt_stream_* calls (which is why they
      * take a non-const request): the next Responses sequence_number, and
-     * whether the Responses message item has been opened. */
+     * whether the text has begun: the Responses message item has been
+     * opened, or in thinking mode the first answer piece went out (Anthropic:
+     * the thinking block is closed and the text block open). */
     uint32_t sse_seq;
     bool sse_text_open;
 } kvt_request;
@@ -169,12 +176,51 @@ void kvt_tool_calls_free(kvt_tool_call *calls, size_t n);
  * text, i.e. before any tool-call marker and before a trailing partial one. */
 size_t kvt_tool_calls_text_len(const char *text, size_t len);
 
+/* ---- thinking mode ------------------------------------------------------ *
+ *
+ * A prompt rendered in thinking mode (r->thinking) ends with
+ * <｜Assistant｜><think>, so the model first writes its reasoning, closes it
+ * with </think> (one special token), then writes the answer, possibly
+ * followed by tool calls:
+ *
+ *   REASONING</think>ANSWER\n\n<｜DSML｜tool_calls>...
+ *
+ * Clients get the reasoning apart from the answer (OpenAI chat
+ * reasoning_content, Anthropic thinking blocks) and send it back with the
+ * turn, and the template renders it back as <think>REASONING</think>ANSWER:
+ * the same bytes, so the conversation stays append-only. Neither part is
+ * trimmed or altered. */
+
+/* Where the reasoning of a thinking-mode reply (len bytes) ends and its
+ * answer begins: at the first </think>. True when text holds one: the
+ * reasoning is text[0, *reasoning), the </think> text[*reasoning, *answer),
+ * the answer text[*answer, len). False when it holds none (the model is
+ * still thinking, or max_tokens cut it): all of the text is reasoning,
+ * *reasoning = *answer = len. With partial (streaming: the text is still
+ * growing) a trailing start of </think> ("</th") is no reasoning yet: then
+ * *reasoning stops before it (the next bytes tell what it is) and *answer is
+ * len. reasoning and answer may be NULL. */
+bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer);
+
+/* The tool calls of a finished reply to r (len bytes): none when r offered
+ * no tools (r->n_tools 0: *n = 0, *text_end = len); in thinking mode parsed
+ * out of the answer only (reasoning may quote the markup), so without a
+ * </think> there are none. Otherwise as kvt_tool_calls_parse, with raw_off
+ * and *text_end counted from the start of text, reasoning included (keep
+ * text + raw_off for the replay hook: the first call's bytes begin where the
+ * answer's text ends). */
+int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt_tool_call **calls, size_t *n,
+                         size_t *text_end);
+
 /* ---- responses --------------------------------------------------------- */
 
 typedef struct kvt_usage {
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens;   /* prompt tokens reused from a cache tier (RAM or disk) */
     uint32_t created_tokens;  /* prompt tokens newly written to the disk tier by this request */
+    uint32_t reasoning_tokens; /* completion tokens of the reasoning (thinking mode), the
+                                * one that completes </think> included; part of
+                                * completion_tokens (clamped to it) */
 } kvt_usage;
 
 /* ---- log-probabilities ---------------------------------------------------- *
@@ -209,7 +255,13 @@ double kvt_logprob_top(const float *logits, uint32_t n_vocab, int32_t id, uint32
                        int32_t *top_id, double *top_lp);
 
 /* Complete (non-streaming) response body for text (len bytes) and tool calls
- * (n_calls, may be 0). finish: "stop", "length" or "tool_calls" (NULL:
+ * (n_calls, may be 0). In thinking mode (r->thinking) text is the whole reply
+ * up to the calls, REASONING</think>ANSWER, and the body splits it
+ * (kvt_think_split): OpenAI chat gives the reasoning as
+ * message.reasoning_content next to content, Anthropic as a
+ * {"type":"thinking","thinking":...,"signature":""} block before the text
+ * block; without a </think> it is all reasoning and the answer is empty.
+ * finish: "stop", "length" or "tool_calls" (NULL:
  * "stop"; with n_calls > 0 anything but "length" is "tool_calls"). For Anthropic
  * "stop" becomes "end_turn", or "stop_sequence" with stop_sequence = stop_seq
  * when stop_seq is not NULL, "length" becomes "max_tokens" and "tool_calls"
@@ -244,17 +296,28 @@ char *kvt_response_json(const kvt_request *r, const char *id, const char *model_
  *   begin   OpenAI chat: a chunk whose delta is {role:"assistant", content:""};
  *           completions: nothing; Anthropic: message_start (input-side usage
  *           from u, output_tokens = u->completion_tokens), content_block_start
- *           (index 0, an empty text block) and a ping; Responses:
- *           response.created and response.in_progress.
- *   delta   len bytes of text: a chunk with the text (OpenAI) or a
- *           content_block_delta with a text_delta (Anthropic), or
+ *           (index 0, an empty text block; in thinking mode an empty
+ *           thinking block {type:"thinking", thinking:"", signature:""}) and
+ *           a ping; Responses: response.created and response.in_progress.
+ *   reasoning  (thinking mode, before the first delta) len bytes of the
+ *           reasoning: a chunk whose delta is {reasoning_content: ...}
+ *           (OpenAI chat) or a content_block_delta at index 0 with a
+ *           thinking_delta (Anthropic); "" when len is 0, for the other apis,
+ *           outside thinking mode and after the first delta.
+ *   delta   len bytes of text (in thinking mode: of the answer): a chunk with
+ *           the text (OpenAI) or a content_block_delta with a text_delta
+ *           (Anthropic; in thinking mode the first one is preceded by
+ *           content_block_stop for the thinking block and content_block_start
+ *           of the text block at index 1, where its deltas go), or
  *           response.output_text.delta (Responses; the first one is preceded
  *           by output_item.added and content_part.added); "" when len is 0.
  *   end     tool calls, then the close: OpenAI chat: a chunk per tool call,
  *           then the chunk with finish_reason, then a chunk with empty choices
  *           and usage when include_usage, then "data: [DONE]\n\n";
- *           Anthropic: content_block_stop for the text, a tool_use block per
- *           call (start, one input_json_delta, stop), message_delta
+ *           Anthropic: content_block_stop for the text (in thinking mode,
+ *           when no delta opened it, first the thinking block's stop and the
+ *           text block's start), a tool_use block per call at the next
+ *           indices (start, one input_json_delta, stop), message_delta
  *           (stop_reason, stop_sequence, usage with output_tokens and the input
  *           fields repeated), message_stop; Responses: the text's done events,
  *           a function_call item per call (added, arguments delta and done,
@@ -267,6 +330,8 @@ char *kvt_response_json(const kvt_request *r, const char *id, const char *model_
  * "usage": null, as OpenAI sends them. */
 char *kvt_stream_begin(kvt_request *r, const char *id, const char *model_name,
                        const kvt_usage *u, long created);
+char *kvt_stream_reasoning(kvt_request *r, const char *id, const char *model_name,
+                           const char *text, size_t len, long created);
 char *kvt_stream_delta(kvt_request *r, const char *id, const char *model_name,
                        const char *text, size_t len, long created);
 char *kvt_stream_end_calls(kvt_request *r, const char *id, const char *model_name,
@@ -283,6 +348,11 @@ char *kvt_stream_end(kvt_request *r, const char *id, const char *model_name,
  * the completions finish chunk, whose "" text has empty lists. */
 char *kvt_stream_delta_lp(kvt_request *r, const char *id, const char *model_name,
                           const char *text, size_t len, long created, const kvt_logprobs *lp);
+/* reasoning with the log-probabilities of its tokens (OpenAI chat, as a
+ * delta carries them): thinking mode reports every generated token, the
+ * reasoning's and the </think> included. */
+char *kvt_stream_reasoning_lp(kvt_request *r, const char *id, const char *model_name,
+                              const char *text, size_t len, long created, const kvt_logprobs *lp);
 char *kvt_stream_end_lp(kvt_request *r, const char *id, const char *model_name,
                         const char *text, size_t len, const kvt_tool_call *calls, size_t n_calls,
                         const char *finish, const char *stop_seq, const kvt_usage *u, long created,

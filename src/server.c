@@ -450,6 +450,53 @@ static kvt_logprobs lp_all(const lp_rec *l, size_t end)
     return lp_take(&from0, end);
 }
 
+/* Where a thinking-mode reply stands while it streams (kvt_think_split):
+ * text[0, end) is certainly reasoning; once answering, the </think> closes
+ * it at end and the answer begins at answer. Outside thinking mode the whole
+ * reply is answer: answering from the start, end = answer = 0. */
+typedef struct think_pos {
+    bool answering;
+    size_t end, answer;
+} think_pos;
+
+/* Move the position over the text grown to len bytes. The search resumes
+ * where a </think> could still begin (kvt_think_split's held-back tail), so
+ * over a whole reply every byte is looked at about once. */
+static void think_advance(think_pos *t, const char *text, size_t len)
+{
+    if (t->answering || len < t->end) return;
+    size_t rs, as;
+    t->answering = kvt_think_split(text + t->end, len - t->end, true, &rs, &as);
+    if (t->answering) t->answer = t->end + as;
+    t->end += rs;
+}
+
+/* Streaming: send what of the reply is settled and not sent yet; *emitted
+ * is where the next piece begins. ok: how far the text is settled (no
+ * partial character, stop sequence or tool-call opener before it); lp_end
+ * (>= ok): the answer piece carries the log-probabilities of the tokens that
+ * begin before it. The reasoning goes out as reasoning pieces, the answer as
+ * text, and the </think> between them as neither (the template writes it
+ * back between the two). */
+static void stream_settled(job *j, kvt_request *r, const char *id, const char *model_name, long created,
+                           const char *text, size_t ok, size_t lp_end, const think_pos *t, size_t *emitted,
+                           lp_rec *lp)
+{
+    size_t e = ok < t->end ? ok : t->end;
+    if (e > *emitted) {
+        kvt_logprobs lv = lp_take(lp, e);
+        job_emit(j, kvt_stream_reasoning_lp(r, id, model_name, text + *emitted, e - *emitted, created, &lv));
+        *emitted = e;
+    }
+    if (!t->answering || *emitted < t->end) return;
+    if (*emitted < t->answer) *emitted = t->answer;
+    if (ok > *emitted) {
+        kvt_logprobs lv = lp_take(lp, lp_end);
+        job_emit(j, kvt_stream_delta_lp(r, id, model_name, text + *emitted, ok - *emitted, created, &lv));
+        *emitted = ok;
+    }
+}
+
 /* The pool's bytes and sessions per tenant, for /metrics. Only the worker
  * touches the pool's sessions; readers see the figures it publishes here
  * when a job finishes. */
@@ -657,6 +704,7 @@ static void run_job(server *sv, job *j)
     uint32_t max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
     const char *finish = "length", *stop_hit = NULL;
     size_t emitted = 0;
+    think_pos th = {.answering = !r->thinking};
     lp_rec lp = {.n_top = r->logprobs ? r->top_logprobs : 0};
     if (lp.n_top > KVT_API_MAX_TOP_LOGPROBS) lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays below */
     if (lp.n_top > m->info.n_vocab) lp.n_top = m->info.n_vocab;
@@ -682,6 +730,11 @@ static void run_job(server *sv, job *j)
         const char *p;
         size_t pl;
         if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&text, p, pl);
+        /* every token through the one that completes </think> is reasoning */
+        if (!th.answering) {
+            u.reasoning_tokens++;
+            think_advance(&th, text.p ? (const char *)text.p : "", text.len);
+        }
         if (r->logprobs) lp_add(&lp, m, t, t_lp, top_id, top_lp);
         for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
             const char *hit = text.len ? memmem(text.p, text.len, r->stop[i], strlen(r->stop[i])) : NULL;
@@ -689,17 +742,13 @@ static void run_job(server *sv, job *j)
         }
         if (stop_hit) { finish = "stop"; break; }
         if (j->stream) {
-            size_t ok = safe_len((const char *)text.p, text.len, r);
-            if (r->n_tools) { /* never stream the start of a tool call as text */
-                size_t t_ok = kvt_tool_calls_text_len((const char *)text.p, text.len);
+            const char *tx = text.p ? (const char *)text.p : "";
+            size_t ok = safe_len(tx, text.len, r);
+            if (r->n_tools && th.answering) { /* never stream the start of a tool call as text */
+                size_t t_ok = th.answer + kvt_tool_calls_text_len(tx + th.answer, text.len - th.answer);
                 if (t_ok < ok) ok = t_ok;
             }
-            if (ok > emitted) {
-                kvt_logprobs lv = lp_take(&lp, ok);
-                job_emit(j, kvt_stream_delta_lp(r, id, model_name, (const char *)text.p + emitted, ok - emitted,
-                                                created, &lv));
-                emitted = ok;
-            }
+            stream_settled(j, r, id, model_name, created, tx, ok, ok, &th, &emitted, &lp);
         }
     }
     pthread_mutex_lock(&sv->mu);
@@ -710,19 +759,22 @@ static void run_job(server *sv, job *j)
     const char *tp = text.p ? (const char *)text.p : "";
     kvt_tool_call *calls = NULL;
     size_t n_calls = 0, text_end = final_len;
-    if (r->n_tools && kvt_tool_calls_parse(tp, final_len, &calls, &n_calls, &text_end) == KVT_OK && n_calls)
+    /* in thinking mode out of the answer only, raw_off still counting from
+     * tp (what the replay hook gets back) */
+    if (kvt_reply_tool_calls(r, tp, final_len, &calls, &n_calls, &text_end) == KVT_OK && n_calls)
         remember_calls(sv, j->tenant, tp, calls, n_calls);
-    /* the text: before the calls when there are some */
+    /* the text: before the calls when there are some (in thinking mode the
+     * reasoning, the </think> and the answer, which the response splits) */
     size_t upto = n_calls ? text_end : final_len;
     /* every generated token before the calls or a stop is reported, also
      * the bytes of a partial character the text leaves out (spelt as bytes) */
     size_t lp_end = n_calls ? text_end : text.len;
     kvt_logprobs all = lp_all(&lp, lp_end);
     if (j->stream) {
-        if (upto > emitted || (r->logprobs && lp.sent < lp_count(&lp) && lp_end > upto)) {
-            kvt_logprobs lv = lp_take(&lp, lp_end);
-            job_emit(j, kvt_stream_delta_lp(r, id, model_name, tp + emitted, upto - emitted, created, &lv));
-        }
+        /* the rest: a reply cut inside its reasoning is all reasoning */
+        think_pos fin = {.answering = true};
+        if (r->thinking) kvt_think_split(tp, upto, false, &fin.end, &fin.answer);
+        stream_settled(j, r, id, model_name, created, tp, upto, lp_end, &fin, &emitted, &lp);
         /* the end repeats the text that went out as deltas (Responses) */
         job_done(sv, j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
                                              created, &all));

@@ -18,6 +18,9 @@
  *   e2e_any_model      ds4-tiny: any model id is served by default and echoed
  *                      in every API, streaming and not; the served id when
  *                      none is sent
+ *   e2e_thinking       ds4-tiny: thinking mode in chat and messages, the
+ *                      reasoning apart from the answer, the same streaming
+ *                      or not, and accepted back in the next turn
  *   e2e_logprobs       ds4-tiny, and stories260K when present: logprobs in
  *                      chat, completions and Responses through the openai
  *                      client (shapes, streaming, 400s), and the values
@@ -412,6 +415,175 @@ TEST(e2e_any_model)
     e2e t;
     if (!e2e_begin(&t, false)) return;
     any_model(&t);
+    e2e_end(&t);
+}
+
+/* ---- thinking mode ---- */
+
+/* A reply's two parts, as a client gets them. */
+typedef struct think_reply {
+    char reasoning[8192], answer[8192];
+    long long reasoning_tokens;  /* chat usage.completion_tokens_details; -1 when absent */
+} think_reply;
+
+/* v is a string equal to s. */
+static bool jstr_is(const json_t *v, const char *s)
+{
+    return json_is_string(v) && !strcmp(json_string_value(v), s);
+}
+
+static bool add_text(char *buf, const char *s)
+{
+    size_t a = strlen(buf), b = s ? strlen(s) : 0;
+    if (a + b >= sizeof ((think_reply *)0)->reasoning) return false;
+    memcpy(buf + a, s ? s : "", b + 1);
+    return true;
+}
+
+/* One chat or messages request (the body in dir/req.json): the reasoning
+ * and the answer of the reply, from the body or joined from the stream's
+ * events, which must put every reasoning piece before the first answer
+ * piece (Anthropic: the thinking block at index 0, closed before the text
+ * block opens at 1). */
+static bool think_request(e2e *t, kvt_api api, const char *body, bool stream, think_reply *out)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/req.json", t->s.dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return false;
+    fputs(body, f);
+    fclose(f);
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s%s", path, t->s.base,
+                    api == KVT_API_CHAT ? "/v1/chat/completions" : "/v1/messages");
+    char *txt = curl_file(t, "out");
+    *out = (think_reply){.reasoning_tokens = -1};
+    bool ok = code == 200;
+    if (ok && !stream) {
+        json_t *j = json_loads(txt, 0, NULL), *c = json_object_get(j, "content");
+        if (api == KVT_API_CHAT) {
+            json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+            ok = json_is_string(json_object_get(msg, "reasoning_content")) &&
+                 add_text(out->reasoning, json_string_value(json_object_get(msg, "reasoning_content"))) &&
+                 add_text(out->answer, json_string_value(json_object_get(msg, "content")));
+            json_t *d = json_object_get(json_object_get(json_object_get(j, "usage"), "completion_tokens_details"),
+                                        "reasoning_tokens");
+            if (json_is_integer(d)) out->reasoning_tokens = json_integer_value(d);
+        } else {
+            json_t *b0 = json_array_get(c, 0), *b1 = json_array_get(c, 1);
+            ok = json_array_size(c) == 2 && jstr_is(json_object_get(b0, "type"), "thinking") &&
+                 json_is_string(json_object_get(b0, "signature")) && jstr_is(json_object_get(b1, "type"), "text") &&
+                 add_text(out->reasoning, json_string_value(json_object_get(b0, "thinking"))) &&
+                 add_text(out->answer, json_string_value(json_object_get(b1, "text")));
+        }
+        json_decref(j);
+    }
+    /* the stream: "event: X" (Anthropic) and "data: {...}" lines */
+    bool answering = false;
+    long long open = -1, next = 0;
+    char event[64] = "";
+    for (char *line = stream ? txt : NULL, *nl; ok && line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        if (!strncmp(line, "event: ", 7)) snprintf(event, sizeof event, "%s", line + 7);
+        if (strncmp(line, "data: ", 6) || !strcmp(line, "data: [DONE]")) continue;
+        json_t *d = json_loads(line + 6, 0, NULL);
+        ok = d != NULL;
+        if (ok && api == KVT_API_CHAT) {
+            json_t *delta = json_object_get(json_array_get(json_object_get(d, "choices"), 0), "delta");
+            const char *rc = json_string_value(json_object_get(delta, "reasoning_content"));
+            const char *cc = json_string_value(json_object_get(delta, "content"));
+            if (rc) ok = !answering && add_text(out->reasoning, rc);
+            if (cc && *cc) {
+                ok = ok && add_text(out->answer, cc);
+                answering = true;
+            }
+            json_t *rt = json_object_get(json_object_get(json_object_get(d, "usage"), "completion_tokens_details"),
+                                         "reasoning_tokens");
+            if (json_is_integer(rt)) out->reasoning_tokens = json_integer_value(rt);
+        } else if (ok) {
+            long long index = json_integer_value(json_object_get(d, "index"));
+            json_t *blk = json_object_get(d, "content_block"), *delta = json_object_get(d, "delta");
+            json_t *bt = json_object_get(blk, "type"), *dt = json_object_get(delta, "type");
+            if (!strcmp(event, "content_block_start")) {
+                ok = open < 0 && index == next++ &&
+                     jstr_is(bt, index == 0 ? "thinking" : index == 1 ? "text" : "tool_use");
+                open = index;
+            } else if (!strcmp(event, "content_block_stop")) {
+                ok = index == open;
+                open = -1;
+            } else if (!strcmp(event, "content_block_delta")) {
+                /* the reasoning in the thinking block, the answer in the text block */
+                const char *piece = json_string_value(json_object_get(delta, index == 0 ? "thinking" : "text"));
+                ok = index == open;
+                if (ok && index == 0) ok = jstr_is(dt, "thinking_delta") && add_text(out->reasoning, piece);
+                if (ok && index == 1) ok = jstr_is(dt, "text_delta") && add_text(out->answer, piece);
+            }
+        }
+        json_decref(d);
+    }
+    if (!ok) printf("    %s%s: HTTP %d %.600s\n", api == KVT_API_CHAT ? "chat" : "messages", stream ? ", stream" : "",
+                    code, txt);
+    free(txt);
+    return ok && (api == KVT_API_CHAT || !stream || next >= 2);
+}
+
+/* Thinking mode through the server: the generated reasoning goes out apart
+ * from the answer, the same streaming or not (greedy), its tokens counted,
+ * and it is accepted back in the next turn. The random ds4-tiny writes no
+ * </think> in a few tokens (greedy, so always the same reply), so the reply
+ * is all reasoning cut by max_tokens: what this exercises is the server's
+ * search for </think> as the text grows, its reasoning pieces and the end
+ * of a reply cut inside its reasoning. The answer goes out through the
+ * ordinary text path, which every other test streams; tests/test_api.c
+ * checks the split itself. */
+static void thinking(e2e *t)
+{
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    static const struct { kvt_api api; const char *body; } cases[] = {
+        {KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Think about rivers.\"}],\"max_tokens\":16,"
+                       "\"temperature\":0,\"chat_template_kwargs\":{\"thinking\":true},\"stream_options\":"
+                       "{\"include_usage\":true}"},
+        {KVT_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"Think about rivers.\"}],\"max_tokens\":16,"
+                           "\"temperature\":0,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[512];
+        static think_reply a, b;
+        snprintf(body, sizeof body, "%s}", cases[i].body);
+        bool ok = think_request(t, cases[i].api, body, false, &a);
+        snprintf(body, sizeof body, "%s,\"stream\":true}", cases[i].body);
+        ok = ok && think_request(t, cases[i].api, body, true, &b);
+        CHECKF(ok, "case %zu: a thinking reply in the wrong shape", i);
+        CHECKF(a.reasoning[0] && !strcmp(a.reasoning, b.reasoning) && !strcmp(a.answer, b.answer),
+               "case %zu: the stream differs from the body: '%s' '%s' / '%s' '%s'", i, a.reasoning, a.answer,
+               b.reasoning, b.answer);
+        if (cases[i].api == KVT_API_CHAT)
+            CHECKF(a.reasoning_tokens >= 1 && a.reasoning_tokens <= 16 && a.reasoning_tokens == b.reasoning_tokens,
+                   "reasoning_tokens %lld, streamed %lld", a.reasoning_tokens, b.reasoning_tokens);
+        /* the reasoning sent back with the turn is accepted where it was sent */
+        json_t *req = json_loads(body, 0, NULL), *msgs = json_object_get(req, "messages");
+        if (cases[i].api == KVT_API_CHAT)
+            json_array_append_new(msgs, json_pack("{s:s, s:s, s:s}", "role", "assistant", "content", a.answer,
+                                                  "reasoning_content", a.reasoning));
+        else
+            json_array_append_new(msgs, json_pack("{s:s, s:[{s:s, s:s, s:s}, {s:s, s:s}]}", "role", "assistant",
+                                                  "content", "type", "thinking", "thinking", a.reasoning, "signature",
+                                                  "", "type", "text", "text", a.answer));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", "And lakes?"));
+        char *next = json_dumps(req, JSON_COMPACT);
+        json_decref(req);
+        ok = next && think_request(t, cases[i].api, next, true, &b);
+        free(next);
+        CHECKF(ok, "case %zu: the next turn, with the reasoning sent back", i);
+    }
+    STOP(t);
+}
+
+TEST(e2e_thinking)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    thinking(&t);
     e2e_end(&t);
 }
 
