@@ -1,6 +1,15 @@
-/* The llama architecture: RMSNorm, RoPE on adjacent pairs, grouped-query
+/* The dense transformers of the llama family: RMSNorm, RoPE, grouped-query
  * attention over full K and V rows, SwiGLU FFN, tied or separate output head,
- * configured from GGUF `llama.*` metadata.
+ * configured from GGUF `ARCH.*` metadata. One row of `families` per
+ * architecture says how it differs from llama:
+ *
+ *   llama  RoPE on adjacent pairs (2i, 2i+1)
+ *   qwen2  RoPE on the halves (i, i + n_rot/2) (llama.cpp's NEOX), biases on
+ *          q, k and v
+ *   qwen3  NEOX RoPE, an RMSNorm with a weight over each query and key head
+ *          before the rotation (attn_q_norm, attn_k_norm), and a head
+ *          length of its own (attention.key_length: H * head_dim need not
+ *          be D)
  *
  * Cache layout: two streams per layer, K then V, each one f32 row of
  * n_head_kv * head_dim per token (128 rows per 128-token block). Rows are
@@ -31,18 +40,34 @@
  * together (the block stays in the core's cache across them). */
 #define ATT_TOKS 8
 
+typedef struct family {
+    const char *name;  /* general.architecture, and the prefix of its keys */
+    bool neox;         /* RoPE on the halves of a head, not on adjacent pairs */
+    bool qkv_bias;     /* attn_q.bias, attn_k.bias, attn_v.bias */
+    bool qk_norm;      /* attn_q_norm.weight, attn_k_norm.weight (head_dim each) */
+} family;
+
+static const family families[] = {
+    {"llama", false, false, false},
+    {"qwen2", true, true, false},
+    {"qwen3", true, false, true},
+};
+
 typedef struct llama_layer {
     float *attn_norm;  /* (D) */
-    kvt_wmat wq;       /* (D, D)       q = wq · x */
+    kvt_wmat wq;       /* (QD, D)      q = wq · x, QD = n_head * head_dim */
     kvt_wmat wk, wv;   /* (KV, D)      KV = n_head_kv * head_dim */
-    kvt_wmat wo;       /* (D, D) */
+    float *bq, *bk, *bv; /* (QD), (KV), (KV) qwen2; else NULL */
+    float *qn, *kn;    /* (head_dim) x2 qwen3; else NULL */
+    kvt_wmat wo;       /* (D, QD) */
     float *ffn_norm;   /* (D) */
     kvt_wmat w1, w3;   /* (F, D)       gate, up */
     kvt_wmat w2;       /* (D, F)       down */
 } llama_layer;
 
 typedef struct llama_weights {
-    uint32_t D, L, H, Hkv, hd, KV, F, V, n_rot;
+    const family *fam;
+    uint32_t D, L, H, Hkv, hd, QD, KV, F, V, n_rot;
     float eps, rope_base;
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
@@ -86,8 +111,9 @@ static void llama_free(void *p)
             for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
         }
         for (uint32_t l = 0; l < w->L; l++) {
-            free(w->layers[l].attn_norm);
-            free(w->layers[l].ffn_norm);
+            llama_layer *ly = &w->layers[l];
+            void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn};
+            for (size_t i = 0; i < sizeof v / sizeof *v; i++) free(v[i]);
         }
         free(w->layers);
     }
@@ -125,6 +151,14 @@ static int llama_pack(void *p, const kvt_gguf *g)
     return KVT_OK;
 }
 
+/* ARCH.suffix, the family's key. */
+static const char *fkey(const llama_weights *w, const char *suffix)
+{
+    static _Thread_local char k[96];
+    snprintf(k, sizeof k, "%s.%s", w->fam->name, suffix);
+    return k;
+}
+
 static int need_u32(const kvt_gguf *g, const char *key, uint32_t *out)
 {
     int rc = kvt_gguf_get_u32(g, key, out);
@@ -132,37 +166,60 @@ static int need_u32(const kvt_gguf *g, const char *key, uint32_t *out)
     return rc;
 }
 
+/* The family of general.architecture; NULL when it is none of them. */
+static const family *family_of(const kvt_gguf *g)
+{
+    const char *a;
+    size_t n;
+    if (kvt_gguf_get_str(g, "general.architecture", &a, &n)) return NULL;
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (strlen(families[i].name) == n && !memcmp(families[i].name, a, n)) return &families[i];
+    return NULL;
+}
+
+bool kvt_llama_handles(const kvt_gguf *g) { return family_of(g) != NULL; }
+
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
 {
     llama_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
     int rc;
     uint32_t ctx = 0;
-    if ((rc = need_u32(g, "llama.embedding_length", &w->D)) ||
-        (rc = need_u32(g, "llama.block_count", &w->L)) ||
-        (rc = need_u32(g, "llama.attention.head_count", &w->H)) ||
-        (rc = need_u32(g, "llama.feed_forward_length", &w->F)) ||
-        (rc = need_u32(g, "llama.context_length", &ctx)))
+    if (!(w->fam = family_of(g))) {
+        free(w);
+        return kvt_fail(KVT_EFORMAT, "llama: general.architecture is not of the llama family");
+    }
+    if ((rc = need_u32(g, fkey(w, "embedding_length"), &w->D)) ||
+        (rc = need_u32(g, fkey(w, "block_count"), &w->L)) ||
+        (rc = need_u32(g, fkey(w, "attention.head_count"), &w->H)) ||
+        (rc = need_u32(g, fkey(w, "feed_forward_length"), &w->F)) ||
+        (rc = need_u32(g, fkey(w, "context_length"), &ctx)))
         goto fail;
     w->Hkv = w->H;
-    if ((rc = kvt_gguf_get_u32(g, "llama.attention.head_count_kv", &w->Hkv)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.head_count_kv"), &w->Hkv)) && rc != KVT_ENOENT) goto fail;
     w->eps = 1e-5f;
-    if ((rc = kvt_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &w->eps)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = kvt_gguf_get_f32(g, fkey(w, "attention.layer_norm_rms_epsilon"), &w->eps)) && rc != KVT_ENOENT)
+        goto fail;
     w->rope_base = 10000.0f;
-    if ((rc = kvt_gguf_get_f32(g, "llama.rope.freq_base", &w->rope_base)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = kvt_gguf_get_f32(g, fkey(w, "rope.freq_base"), &w->rope_base)) && rc != KVT_ENOENT) goto fail;
+    w->hd = w->H && w->D % w->H == 0 ? w->D / w->H : 0;
+    uint32_t vl = 0;
+    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.key_length"), &w->hd)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.value_length"), &vl)) && rc != KVT_ENOENT) goto fail;
     rc = KVT_EFORMAT;
-    if (!w->D || !w->L || !w->H || !w->Hkv || !w->F || w->D % w->H || w->H % w->Hkv ||
-        w->D > 65536 || w->L > 1024 || w->F > 1u << 20 || ctx == 0) {
-        rc = kvt_fail(KVT_EFORMAT, "llama: inconsistent shape D=%u L=%u H=%u Hkv=%u F=%u ctx=%u",
-                      w->D, w->L, w->H, w->Hkv, w->F, ctx);
+    if (!w->D || !w->L || !w->H || !w->Hkv || !w->F || !w->hd || w->hd % 2 || w->hd > 1024 || (vl && vl != w->hd) ||
+        w->H % w->Hkv || w->H > 1024 || w->D > 65536 || w->L > 1024 || w->F > 1u << 20 || ctx == 0) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: inconsistent shape D=%u L=%u H=%u Hkv=%u head_dim=%u (values %u) F=%u ctx=%u",
+                      w->fam->name, w->D, w->L, w->H, w->Hkv, w->hd, vl, w->F, ctx);
         goto fail;
     }
-    w->hd = w->D / w->H;
+    w->QD = w->H * w->hd;
     w->KV = w->Hkv * w->hd;
     w->n_rot = w->hd;
-    if ((rc = kvt_gguf_get_u32(g, "llama.rope.dimension_count", &w->n_rot)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = kvt_gguf_get_u32(g, fkey(w, "rope.dimension_count"), &w->n_rot)) && rc != KVT_ENOENT) goto fail;
     if (w->n_rot > w->hd || w->n_rot % 2) {
-        rc = kvt_fail(KVT_EFORMAT, "llama: rope.dimension_count %u does not fit head dim %u", w->n_rot, w->hd);
+        rc = kvt_fail(KVT_EFORMAT, "%s: rope.dimension_count %u does not fit head dim %u", w->fam->name, w->n_rot,
+                      w->hd);
         goto fail;
     }
     const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
@@ -191,10 +248,19 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
         if ((rc = kvt_model_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
         V(attn_norm, "attn_norm.weight", w->D)
-        M(wq, "attn_q.weight", w->D, w->D)
+        M(wq, "attn_q.weight", w->D, w->QD)
         M(wk, "attn_k.weight", w->D, w->KV)
         M(wv, "attn_v.weight", w->D, w->KV)
-        M(wo, "attn_output.weight", w->D, w->D)
+        if (w->fam->qkv_bias) {
+            V(bq, "attn_q.bias", w->QD)
+            V(bk, "attn_k.bias", w->KV)
+            V(bv, "attn_v.bias", w->KV)
+        }
+        if (w->fam->qk_norm) {
+            V(qn, "attn_q_norm.weight", w->hd)
+            V(kn, "attn_k_norm.weight", w->hd)
+        }
+        M(wo, "attn_output.weight", w->QD, w->D)
         V(ffn_norm, "ffn_norm.weight", w->D)
         M(w1, "ffn_gate.weight", w->D, w->F)
         M(w3, "ffn_up.weight", w->D, w->F)
@@ -205,7 +271,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     m->weights = w;
     m->arch = &kvt_arch_llama;
     kvt_model_info *in = &m->info;
-    in->arch = "llama";
+    in->arch = w->fam->name;
     in->n_vocab = w->V;
     in->n_ctx_train = ctx;
     in->n_embd = w->D;
@@ -215,8 +281,9 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     in->head_dim = w->hd;
     in->n_ff = w->F;
     in->n_params = (uint64_t)w->V * w->D * (w->out.data == w->tok_embd.data ? 1 : 2) + w->D +
-                   (uint64_t)w->L * (2ull * w->D + 2ull * w->D * w->D + 2ull * w->KV * w->D +
-                                     3ull * w->D * w->F);
+                   (uint64_t)w->L * (2ull * w->D + 2ull * w->QD * w->D + 2ull * w->KV * w->D +
+                                     3ull * w->D * w->F + (w->fam->qkv_bias ? w->QD + 2ull * w->KV : 0) +
+                                     (w->fam->qk_norm ? 2ull * w->hd : 0));
     return KVT_OK;
 fail:
     llama_free(w);
@@ -270,11 +337,11 @@ static int llama_work_new(kvt_session *s)
     k->ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS;
     k->n_ctx = s->n_ctx;
     k->group = w->H / w->Hkv;
-    size_t D = w->D, KV = w->KV, F = w->F, ch = k->ch;
+    size_t D = w->D, QD = w->QD, KV = w->KV, F = w->F, ch = k->ch;
     k->x = kvt_malloc(ch * D * sizeof(float));
     k->xb = kvt_malloc(ch * D * sizeof(float));
-    k->q = kvt_malloc(ch * D * sizeof(float));
-    k->att = kvt_malloc(ch * D * sizeof(float));
+    k->q = kvt_malloc(ch * QD * sizeof(float));
+    k->att = kvt_malloc(ch * QD * sizeof(float));
     k->k = kvt_malloc(ch * KV * sizeof(float));
     k->v = kvt_malloc(ch * KV * sizeof(float));
     k->h1 = kvt_malloc(ch * F * sizeof(float));
@@ -313,8 +380,8 @@ struct attn_ctx {
     const llama_weights *w;
     const kvt_cache *cache;
     size_t layer, pos0, n;
-    const float *q;    /* (n, D) */
-    float *out;        /* (n, D) */
+    const float *q;    /* (n, QD) */
+    float *out;        /* (n, QD) */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
     size_t n_ctx;
 };
@@ -341,13 +408,13 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
                 size_t t = t0 + u;
                 if (j0 > t) continue;
                 size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-                const float *q = c->q + (i0 + u) * w->D + kvh * group * hd;
+                const float *q = c->q + (i0 + u) * w->QD + kvh * group * hd;
                 kvt_dots_rows(att + u * ldg + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
             }
         }
         for (size_t u = 0; u < nt; u++) {
             kvt_softmax_rows(att + u * ldg, c->n_ctx, group, t0 + u + 1);
-            memset(c->out + (i0 + u) * w->D + kvh * group * hd, 0, group * hd * sizeof(float));
+            memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
         }
         for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;
@@ -355,7 +422,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
                 size_t t = t0 + u;
                 if (j0 > t) continue;
                 size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
-                float *o = c->out + (i0 + u) * w->D + kvh * group * hd;
+                float *o = c->out + (i0 + u) * w->QD + kvh * group * hd;
                 kvt_axpys_rows(o, hd, att + u * ldg + j0, c->n_ctx, group, v, row_f, j1 - j0, hd);
             }
         }
@@ -374,10 +441,12 @@ static void swiglu_range(void *arg, size_t j0, size_t j1)
 
 /* The per-token steps of a pass, over a range of its tokens (each token on
  * its own: any split gives the same bytes): x += add (when set), then
- * xb = rmsnorm(x) (when norm is set); or RoPE of q and k. */
+ * xb = rmsnorm(x) (when norm is set); or the biases, head norms and RoPE of
+ * q and k (and v's bias). */
 struct tok_ctx {
     const llama_weights *w;
-    float *x, *xb, *q, *k;
+    const llama_layer *ly;
+    float *x, *xb, *q, *k, *v;
     const float *add, *norm;
     size_t pos0;
 };
@@ -394,12 +463,33 @@ static void add_norm_range(void *arg, size_t i0, size_t i1)
     }
 }
 
+int kvt_llama_fault;
+
+static void add_bias(float *x, const float *b, size_t n)
+{
+    for (size_t j = 0; j < n; j++) x[j] += b[j];
+}
+
 static void rope_range(void *arg, size_t i0, size_t i1)
 {
     struct tok_ctx *c = arg;
     const llama_weights *w = c->w;
-    for (size_t i = i0; i < i1; i++)
-        kvt_rope_heads(c->q + i * w->D, w->H, c->k + i * w->KV, w->Hkv, w->hd, w->n_rot, c->pos0 + i, w->rope_base);
+    const llama_layer *ly = c->ly;
+    size_t hd = w->hd;
+    for (size_t i = i0; i < i1; i++) {
+        float *q = c->q + i * w->QD, *k = c->k + i * w->KV;
+        if (ly->bq) {
+            add_bias(q, ly->bq, w->QD);
+            add_bias(k, ly->bk, w->KV);
+            add_bias(c->v + i * w->KV, ly->bv, w->KV);
+        }
+        if (ly->qn) {
+            for (size_t h = 0; h < w->H; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
+            for (size_t h = 0; h < w->Hkv; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
+        }
+        if (w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS) kvt_rope_heads_neox(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base);
+        else kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base);
+    }
 }
 
 /* Tokens a thread takes at least in those steps (a decode step runs them
@@ -423,7 +513,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         const llama_layer *ly = &w->layers[l];
         /* the residual of the layer before (none before the first), then
          * this layer's attention norm */
-        struct tok_ctx tc = {w, x, xb, q, k, l ? xb : NULL, ly->attn_norm, pos0};
+        struct tok_ctx tc = {w, ly, x, xb, q, k, v, l ? xb : NULL, ly->attn_norm, pos0};
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
@@ -454,7 +544,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
     }
     /* the last layer's residual */
-    struct tok_ctx tc = {w, x, xb, q, k, xb, NULL, pos0};
+    struct tok_ctx tc = {w, NULL, x, xb, q, k, v, xb, NULL, pos0};
     kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
     if (lfrom < n) {
         size_t nl = n - lfrom;
@@ -501,6 +591,11 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_reset(st);
     uint32_t hdr[] = {w->D, w->L, w->H, w->Hkv, w->hd, w->KV, w->F, w->V, w->n_rot};
     XXH3_64bits_update(st, "llama", 5);
+    if (w->fam != &families[0]) { /* the llama row hashes as before there were others */
+        uint32_t f[] = {w->QD, w->fam->neox, w->fam->qkv_bias, w->fam->qk_norm};
+        XXH3_64bits_update(st, w->fam->name, strlen(w->fam->name));
+        XXH3_64bits_update(st, f, sizeof f);
+    }
     XXH3_64bits_update(st, hdr, sizeof hdr);
     XXH3_64bits_update(st, &w->eps, 4);
     XXH3_64bits_update(st, &w->rope_base, 4);
@@ -513,6 +608,15 @@ static uint64_t llama_fingerprint(const void *p)
         XXH3_64bits_update(st, ly->attn_norm, D * 4);
         const kvt_wmat *a[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
         for (int i = 0; i < 4; i++) hash_mat(st, a[i]);
+        if (ly->bq) {
+            XXH3_64bits_update(st, ly->bq, w->QD * 4);
+            XXH3_64bits_update(st, ly->bk, w->KV * 4);
+            XXH3_64bits_update(st, ly->bv, w->KV * 4);
+        }
+        if (ly->qn) {
+            XXH3_64bits_update(st, ly->qn, w->hd * 4);
+            XXH3_64bits_update(st, ly->kn, w->hd * 4);
+        }
         XXH3_64bits_update(st, ly->ffn_norm, D * 4);
         const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};
         for (int i = 0; i < 3; i++) hash_mat(st, f[i]);

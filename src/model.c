@@ -135,7 +135,7 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     int rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
     if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
     if (rc) goto fail;
-    if (arch_len == 5 && !memcmp(arch, "llama", 5)) rc = kvt_llama_load(m, g);
+    if (kvt_llama_handles(g)) rc = kvt_llama_load(m, g);
     else if (arch_len == 9 && !memcmp(arch, "deepseek4", 9)) rc = kvt_ds4_load(m, g);
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);

@@ -105,6 +105,9 @@ extern const kvt_arch kvt_arch_llama;
  * borrow g's tensors) unless given to it as m->file. */
 int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path);
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g);
+/* Whether general.architecture is one of the llama family kvt_llama_load
+ * runs (llama, qwen2, qwen3). */
+bool kvt_llama_handles(const kvt_gguf *g);
 extern const kvt_arch kvt_arch_ds4;
 int kvt_ds4_load(kvt_model *m, const kvt_gguf *g);
 /* A ds4 preset ("ds4-tiny", "ds4-mini") with synthetic weights from seed and
@@ -136,6 +139,10 @@ extern kvt_ds4_forced *kvt_ds4_force;
 /* Fault injection for the tests that must prove they catch such bugs. */
 enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN };
 extern int kvt_ds4_fault;
+/* Test hook of the llama family: KVT_LLAMA_FAULT_ROPE_PAIRS turns NEOX heads
+ * (qwen2, qwen3) on adjacent pairs, as llama's, to show a test catches it. */
+enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS };
+extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */

@@ -21,6 +21,14 @@
  *                           the f32 file, fail both checks even at the
  *                           loosest tolerance.
  *
+ *   peer_logits_qwen        the same synthetic model as a qwen2 (q/k/v
+ *                           biases) and a qwen3 (q/k head norms, a head
+ *                           length of its own), both with NEOX RoPE, in F32
+ *                           and quantised by llama.cpp to F16 and Q4_K_M;
+ *                           negative controls: the heads turned on adjacent
+ *                           pairs, the biases or head norms left neutral
+ *                           (family_run below).
+ *
  *   peer_logits_deepseek4   DeepSeek-V4 (llama.cpp's deepseek4): ds4-tiny,
  *                           ds4-mini and three other shapes (compression
  *                           layouts, expert counts, top-k, window, output
@@ -330,30 +338,73 @@ static int add_tensor(kvt_gguf_writer *w, const char *name, uint64_t cols, uint6
     return rc;
 }
 
-/* The synthetic llama of weights from seed, in F32, with vocab's tokenizer
- * and rope.freq_base rope_base. */
-static int write_model(const char *path, const char *vocab, uint64_t seed, float rope_base)
+/* An f32 vector of n elements base + N(0, sigma) (a bias, base 0, or a
+ * norm's weights, base 1); neutral: base alone, the draws made all the same
+ * (so that the tensors after it are those of the model it stands in for). */
+static int add_vec(kvt_gguf_writer *w, const char *name, uint64_t n, double base, double sigma, bool neutral,
+                   uint64_t *rng)
+{
+    float *f = malloc(n * sizeof *f);
+    if (!f) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        double d = sigma * gauss(rng);
+        f[i] = (float)(neutral ? base : base + d);
+    }
+    uint64_t ne[4] = {n, 1, 1, 1};
+    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, f, n * sizeof *f);
+    free(f);
+    return rc;
+}
+
+/* A member of the llama family (src/llama.c): its architecture name, what
+ * it adds to llama, its head length. */
+typedef struct fam_spec {
+    const char *arch;
+    bool bias;      /* qwen2: attn_q/k/v.bias, N(0, SIGMA_BIAS) */
+    bool qk_norm;   /* qwen3: attn_q_norm/attn_k_norm, 1 + N(0, SIGMA_NORM) */
+    int head_dim;   /* written as attention.key_length when not DIM / HEADS */
+} fam_spec;
+
+#define SIGMA_BIAS 0.5 /* large against q and k of N(0, ~1): a bias left out moves the logits */
+#define SIGMA_NORM 0.3
+static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM};
+
+/* The synthetic model of family f (its weights from seed, in F32), with
+ * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
+ * (biases, head norms) drawn as usual but written neutral (0, 1), the
+ * negative control of the family test. The llama family draws exactly the
+ * tensors it always did, in the same order. */
+static int write_family(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f,
+                        bool neutral)
 {
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, vocab);
     if (rc) return rc;
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
+    const uint64_t QD = (uint64_t)HEADS * f->head_dim, KVD = (uint64_t)KV_HEADS * f->head_dim;
+    char k[96];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", f->arch, suffix), k)
     /* every key kvtier's src/llama.c reads, and what llama.cpp needs to
-     * load a llama; the defaults of the two engines are not relied on */
-    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", "llama")) ||
-        (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic llama")) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.context_length", CTX)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.embedding_length", DIM)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.block_count", LAYERS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.feed_forward_length", FFN)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.attention.head_count", HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.attention.head_count_kv", KV_HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.rope.dimension_count", HEAD_DIM)) ||
-        (rc = kvt_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", EPS)) ||
-        (rc = kvt_gguf_writer_set_f32(w, "llama.rope.freq_base", rope_base)) ||
+     * load the model; the defaults of the two engines are not relied on */
+    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) ||
+        (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), CTX)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), DIM)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), LAYERS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), FFN)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), KV_HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)f->head_dim)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), EPS)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
         (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0))) /* LLAMA_FTYPE_ALL_F32 */
         goto out;
+    if (f->head_dim != HEAD_DIM &&
+        ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)f->head_dim)) ||
+         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)f->head_dim))))
+        goto out;
+#undef KEY
     for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
         if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
             rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
@@ -363,15 +414,27 @@ static int write_model(const char *path, const char *vocab, uint64_t seed, float
         (rc = add_tensor(w, "output.weight", DIM, VOCAB, SIGMA, &rng)))
         goto out;
     for (int l = 0; l < LAYERS && !rc; l++) {
-        static const struct { const char *name; uint64_t cols, rows; double sigma; } t[] = {
-            {"attn_norm", DIM, 1, 0},        {"attn_q", DIM, DIM, SIGMA_QK}, {"attn_k", DIM, KV_DIM, SIGMA_QK},
-            {"attn_v", DIM, KV_DIM, SIGMA},  {"attn_output", DIM, DIM, SIGMA}, {"ffn_norm", DIM, 1, 0},
-            {"ffn_gate", DIM, FFN, SIGMA},   {"ffn_up", DIM, FFN, SIGMA},    {"ffn_down", FFN, DIM, SIGMA},
+        const struct { const char *name; uint64_t cols, rows; double sigma; } t[] = {
+            {"attn_norm", DIM, 1, 0},      {"attn_q", DIM, QD, SIGMA_QK},  {"attn_k", DIM, KVD, SIGMA_QK},
+            {"attn_v", DIM, KVD, SIGMA},   {"attn_output", QD, DIM, SIGMA}, {"ffn_norm", DIM, 1, 0},
+            {"ffn_gate", DIM, FFN, SIGMA}, {"ffn_up", DIM, FFN, SIGMA},    {"ffn_down", FFN, DIM, SIGMA},
         };
         for (size_t i = 0; i < sizeof t / sizeof t[0] && !rc; i++) {
             char name[64];
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].name);
             rc = add_tensor(w, name, t[i].cols, t[i].rows, t[i].sigma, &rng);
+        }
+        char name[64];
+        const char *const bn[3] = {"attn_q", "attn_k", "attn_v"};
+        const uint64_t bl[3] = {QD, KVD, KVD};
+        for (int i = 0; f->bias && i < 3 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, bn[i]);
+            rc = add_vec(w, name, bl[i], 0.0, SIGMA_BIAS, neutral, &rng);
+        }
+        const char *const nn[2] = {"attn_q_norm", "attn_k_norm"};
+        for (int i = 0; f->qk_norm && i < 2 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, nn[i]);
+            rc = add_vec(w, name, (uint64_t)f->head_dim, 1.0, SIGMA_NORM, neutral, &rng);
         }
     }
     if (!rc) rc = kvt_gguf_writer_write(w, path);
@@ -379,6 +442,13 @@ out:
     kvt_gguf_writer_free(w);
     kvt_gguf_close(g);
     return rc;
+}
+
+/* The synthetic llama of weights from seed, in F32, with vocab's tokenizer
+ * and rope.freq_base rope_base. */
+static int write_model(const char *path, const char *vocab, uint64_t seed, float rope_base)
+{
+    return write_family(path, vocab, seed, rope_base, &fam_llama, false);
 }
 
 /* "token_embd q4_K, output q6_K, 28 matrices: 20 q4_K + 8 q6_K" for a file
@@ -808,6 +878,108 @@ TEST(peer_logits_every_type)
     if (made) {
         kvt_test_clear_dir(r.dir);
         rmdir(r.dir);
+    }
+    CHECKF(made, "out of memory or mkdtemp failed");
+}
+
+/* ---- the llama family: qwen2, qwen3 --------------------------------------- *
+ *
+ * The synthetic model above as a qwen2 (NEOX RoPE, q/k/v biases of
+ * N(0, SIGMA_BIAS)) and as a qwen3 (NEOX RoPE, q and k head norms of
+ * 1 + N(0, SIGMA_NORM), head length 128, so that H * head_dim = 512 is not
+ * DIM), in F32 and as llama.cpp quantises it to F16 and Q4_K_M, with the
+ * tolerances of the llama test (the same kernels and weights, plus a few
+ * thousand more operations per layer). Negative controls, against
+ * llama.cpp's F32 logits at the loosest tolerance: kvtier on the same file
+ * turning the heads on adjacent pairs (kvt_llama_fault), and on the same
+ * weights with the family's own tensors neutral (biases 0, norms 1): each
+ * must be off by more than twice the loosest tolerance. */
+static void family_run(const char *dir, const char *vocab, const fam_spec *f, float *want, float *got,
+                       float *want_f32)
+{
+    char src[128], path[128];
+    snprintf(src, sizeof src, "%s/%s-f32.gguf", dir, f->arch);
+    CHECK_OK(write_family(src, vocab, SEED, ROPE_BASE, f, false));
+    int32_t tok[N_TOK];
+    uint64_t rng = PROMPT_SEED + SEED;
+    tok[0] = 1;
+    for (int i = 1; i < N_TOK; i++) tok[i] = 3 + (int32_t)(kvt_test_rand(&rng) % (VOCAB - 3));
+    static const struct ptype ft[] = {{"f32", -1, TOL_F32, true}, {"f16", 1, TOL_F16, true},
+                                      {"q4_K_M", 15, TOL_Q, true}};
+    for (size_t k = 0; k < sizeof ft / sizeof *ft; k++) {
+        if (ft[k].ftype < 0) {
+            snprintf(path, sizeof path, "%s", src);
+        } else {
+            snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, f->arch, ft[k].name);
+            llama_model_quantize_params qp = ll.quantize_default_params();
+            qp.ftype = ft[k].ftype;
+            qp.nthread = THREADS;
+            peer_err[0] = 0;
+            CHECKF(ll.quantize(src, path, &qp) == 0, "%s %s: llama_model_quantize: %s", f->arch, ft[k].name,
+                   peer_said());
+        }
+        const char *why = peer_logits(path, tok, N_TOK, want);
+        CHECKF(!why, "%s %s: llama.cpp cannot run it: %s", f->arch, ft[k].name, why);
+        if (ft[k].ftype < 0) memcpy(want_f32, want, (size_t)N_TOK * VOCAB * sizeof *want);
+        int rc = kvt_logits(path, tok, N_TOK, got);
+        CHECKF(!rc, "%s %s: kvtier: %s", f->arch, ft[k].name, kvt_errmsg());
+        cmp_out c = compare(want, got, N_TOK, ft[k].tol);
+        char name[64], mix[256];
+        snprintf(name, sizeof name, "%s %s", f->arch, ft[k].name);
+        describe_mix(path, mix, sizeof mix);
+        print_cmp(name, &c);
+        printf("      %s\n", mix);
+        CHECKF(passes(&c, ft[k].tol), "%s %s: max |dlogit| %.3g of max |logit| (tolerance %.3g), top-1 %d/%d",
+               f->arch, ft[k].name, c.rel, ft[k].tol, c.agree, c.confident);
+        if (ft[k].ftype >= 0) unlink(path);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (k == 0) {
+            kvt_llama_fault = KVT_LLAMA_FAULT_ROPE_PAIRS;
+            snprintf(path, sizeof path, "%s", src);
+        } else {
+            snprintf(path, sizeof path, "%s/%s-neutral.gguf", dir, f->arch);
+            CHECK_OK(write_family(path, vocab, SEED, ROPE_BASE, f, true));
+        }
+        int rc = kvt_logits(path, tok, N_CONTROL, got);
+        kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+        CHECK_OK(rc);
+        cmp_out c = compare(want_f32, got, N_CONTROL, TOL_Q);
+        char name[96];
+        snprintf(name, sizeof name, "control, %s %s", f->arch,
+                 k == 0 ? "turned on adjacent pairs" : f->bias ? "without its biases" : "without its head norms");
+        print_cmp(name, &c);
+        /* by size: at TOL_Q only a handful of positions are confident
+         * enough for the top-1 check to say anything */
+        CHECKF(c.rel > 2 * TOL_Q, "%s: within %.3g of llama.cpp's logits: the comparison is blind", name, 2 * TOL_Q);
+        if (k == 1) unlink(path);
+    }
+    unlink(src);
+}
+
+TEST(peer_logits_qwen)
+{
+    const char *vocab = kvt_test_shared(VOCAB_FILE);
+    if (!vocab) SKIP("../shared/" VOCAB_FILE " absent");
+    char vocab_path[1024];
+    snprintf(vocab_path, sizeof vocab_path, "%s", vocab);
+    const char *bad, *why = peer_load(&bad);
+    if (why) SKIP("%s", why);
+    CHECKF(!bad, "%s", bad);
+    char dir[] = "/tmp/kvtier-peerqwen-XXXXXX";
+    size_t n_log = (size_t)N_TOK * VOCAB;
+    float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float)),
+          *want_f32 = malloc(n_log * sizeof(float));
+    bool made = want && got && want_f32 && mkdtemp(dir);
+    static const fam_spec fams[] = {{"qwen2", true, false, HEAD_DIM}, {"qwen3", false, true, 128}};
+    for (size_t i = 0; made && i < sizeof fams / sizeof *fams && !kvt_test_failed(); i++)
+        family_run(dir, vocab_path, &fams[i], want, got, want_f32);
+    free(want);
+    free(got);
+    free(want_f32);
+    if (made) {
+        kvt_test_clear_dir(dir);
+        rmdir(dir);
     }
     CHECKF(made, "out of memory or mkdtemp failed");
 }
