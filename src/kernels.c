@@ -973,36 +973,24 @@ static void rope_dir(float *v, size_t n_rot, size_t pos, float base, float sign)
 
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, 1.0f); }
 
-void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base)
+void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base,
+                    const float *ff, bool neox)
 {
+    size_t half = n_rot / 2;
     for (size_t i = 0; i < n_rot; i += 2) {
         float freq = 1.0f / powf(base, (float)i / (float)n_rot);
-        float ang = (float)pos * freq;
+        float ang = ff ? (float)pos * freq / ff[i / 2] : (float)pos * freq;
         float c = cosf(ang), s = sinf(ang);
+        size_t j0 = neox ? i / 2 : i, j1 = neox ? i / 2 + half : i + 1;
         for (size_t h = 0; h < na + nb; h++) {
-            float *p = (h < na ? a + h * stride : b + (h - na) * stride) + i, u = p[0], v = p[1];
-            p[0] = u * c - v * s;
-            p[1] = u * s + v * c;
+            float *p = h < na ? a + h * stride : b + (h - na) * stride, u = p[j0], v = p[j1];
+            p[j0] = u * c - v * s;
+            p[j1] = u * s + v * c;
         }
     }
 }
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, -1.0f); }
 
-void kvt_rope_heads_neox(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos,
-                         float base)
-{
-    size_t half = n_rot / 2;
-    for (size_t i = 0; i < n_rot; i += 2) { /* pair j = i / 2: the angle of kvt_rope's pair (i, i + 1) */
-        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
-        float ang = (float)pos * freq;
-        float c = cosf(ang), s = sinf(ang);
-        for (size_t h = 0; h < na + nb; h++) {
-            float *p = h < na ? a + h * stride : b + (h - na) * stride, u = p[i / 2], v = p[i / 2 + half];
-            p[i / 2] = u * c - v * s;
-            p[i / 2 + half] = u * s + v * c;
-        }
-    }
-}
 
 static float yarn_corr_dim(size_t n_rot, uint32_t orig, float beta, float base)
 {

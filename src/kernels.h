@@ -91,12 +91,12 @@ void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps
 void kvt_rope(float *v, size_t n_rot, size_t pos, float base);
 /* kvt_rope of the na heads of a and the nb heads of b (stride floats
  * apart: a token's queries and keys) at one position, each angle's cosine
- * and sine computed once for all of them. */
-void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base);
-/* kvt_rope_heads with llama.cpp's NEOX layout: pair j is (j, j + n_rot/2)
- * of each head, turned by the angle of kvt_rope's pair (2j, 2j+1). */
-void kvt_rope_heads_neox(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos,
-                         float base);
+ * and sine computed once for all of them. ff (n_rot / 2, may be NULL):
+ * per-pair frequency divisors (a llama 3 file's rope_freqs), pair i turning
+ * by pos * base^(-2i/n_rot) / ff[i]. neox: pair i is (i, i + n_rot/2) of
+ * each head, llama.cpp's NEOX layout, rather than (2i, 2i+1). */
+void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base,
+                    const float *ff, bool neox);
 /* Same rotation with the opposite angle. */
 void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base);
 /* YaRN context extension (Peng et al. 2023) as llama.cpp applies it: pair i

@@ -3,7 +3,8 @@
  * configured from GGUF `ARCH.*` metadata. One row of `families` per
  * architecture says how it differs from llama:
  *
- *   llama  RoPE on adjacent pairs (2i, 2i+1)
+ *   llama  RoPE on adjacent pairs (2i, 2i+1); a llama 3 file's rope_freqs
+ *          (the converter's llama3 scaling) divides each pair's frequency
  *   qwen2  RoPE on the halves (i, i + n_rot/2) (llama.cpp's NEOX), biases on
  *          q, k and v
  *   qwen3  NEOX RoPE, an RMSNorm with a weight over each query and key head
@@ -71,6 +72,7 @@ typedef struct llama_weights {
     float eps, rope_base;
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
+    float *rope_ff;    /* (n_rot / 2) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
     kvt_wmat out;      /* (V, D); the same tensor as tok_embd when tied */
     llama_layer *layers; /* (L) */
 } llama_weights;
@@ -118,6 +120,7 @@ static void llama_free(void *p)
         free(w->layers);
     }
     free(w->out_norm);
+    free(w->rope_ff);
     free(w);
 }
 
@@ -231,6 +234,15 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     if ((rc = kvt_model_tensor_mat(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
         (rc = kvt_model_tensor_f32(g, "output_norm.weight", w->D, 1, &w->out_norm)))
         goto fail;
+    if (kvt_gguf_find_tensor(g, "rope_freqs.weight")) {
+        if ((rc = kvt_model_tensor_f32(g, "rope_freqs.weight", w->n_rot / 2, 1, &w->rope_ff))) goto fail;
+        for (uint32_t i = 0; i < w->n_rot / 2; i++)
+            if (!(w->rope_ff[i] > 0) || !isfinite(w->rope_ff[i])) {
+                rc = kvt_fail(KVT_EFORMAT, "%s: rope_freqs.weight[%u] = %g is not a positive factor", w->fam->name, i,
+                              (double)w->rope_ff[i]);
+                goto fail;
+            }
+    }
     if (kvt_gguf_find_tensor(g, "output.weight")) {
         if ((rc = kvt_model_tensor_mat(g, "output.weight", w->D, w->V, &w->out))) goto fail;
     } else {
@@ -487,8 +499,8 @@ static void rope_range(void *arg, size_t i0, size_t i1)
             for (size_t h = 0; h < w->H; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
             for (size_t h = 0; h < w->Hkv; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
         }
-        if (w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS) kvt_rope_heads_neox(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base);
-        else kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base);
+        kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base, w->rope_ff,
+                       w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
     }
 }
 
@@ -591,6 +603,7 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_reset(st);
     uint32_t hdr[] = {w->D, w->L, w->H, w->Hkv, w->hd, w->KV, w->F, w->V, w->n_rot};
     XXH3_64bits_update(st, "llama", 5);
+    if (w->rope_ff) XXH3_64bits_update(st, w->rope_ff, w->n_rot / 2 * 4);
     if (w->fam != &families[0]) { /* the llama row hashes as before there were others */
         uint32_t f[] = {w->QD, w->fam->neox, w->fam->qkv_bias, w->fam->qk_norm};
         XXH3_64bits_update(st, w->fam->name, strlen(w->fam->name));

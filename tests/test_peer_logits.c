@@ -21,13 +21,14 @@
  *                           the f32 file, fail both checks even at the
  *                           loosest tolerance.
  *
- *   peer_logits_qwen        the same synthetic model as a qwen2 (q/k/v
+ *   peer_logits_families    the same synthetic model as a llama 3 (its
+ *                           rope_freqs), a qwen2 (q/k/v
  *                           biases) and a qwen3 (q/k head norms, a head
  *                           length of its own), both with NEOX RoPE, in F32
  *                           and quantised by llama.cpp to F16 and Q4_K_M;
  *                           negative controls: the heads turned on adjacent
- *                           pairs, the biases or head norms left neutral
- *                           (family_run below).
+ *                           pairs, the rope_freqs, biases or head norms left
+ *                           neutral (family_run below).
  *
  *   peer_logits_deepseek4   DeepSeek-V4 (llama.cpp's deepseek4): ds4-tiny,
  *                           ds4-mini and three other shapes (compression
@@ -363,11 +364,12 @@ typedef struct fam_spec {
     bool bias;      /* qwen2: attn_q/k/v.bias, N(0, SIGMA_BIAS) */
     bool qk_norm;   /* qwen3: attn_q_norm/attn_k_norm, 1 + N(0, SIGMA_NORM) */
     int head_dim;   /* written as attention.key_length when not DIM / HEADS */
+    bool rope_freqs; /* llama 3: rope_freqs.weight, factors 1 (fast pairs) to 8 (slow) */
 } fam_spec;
 
 #define SIGMA_BIAS 0.5 /* large against q and k of N(0, ~1): a bias left out moves the logits */
 #define SIGMA_NORM 0.3
-static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM};
+static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM, false};
 
 /* The synthetic model of family f (its weights from seed, in F32), with
  * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
@@ -413,6 +415,14 @@ static int write_family(const char *path, const char *vocab, uint64_t seed, floa
         (rc = add_tensor(w, "output_norm.weight", DIM, 1, 0, &rng)) ||
         (rc = add_tensor(w, "output.weight", DIM, VOCAB, SIGMA, &rng)))
         goto out;
+    if (f->rope_freqs) { /* the shape of llama 3's: 1 for the fast pairs rising to 8 for the slow ones */
+        float ff[64];
+        int np = f->head_dim / 2;
+        for (int i = 0; i < np; i++) ff[i] = neutral ? 1.0f : 1.0f + 7.0f * (float)i / (float)(np - 1);
+        uint64_t ne[4] = {(uint64_t)np, 1, 1, 1};
+        if ((rc = kvt_gguf_writer_add_tensor(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, ff, np * sizeof *ff)))
+            goto out;
+    }
     for (int l = 0; l < LAYERS && !rc; l++) {
         const struct { const char *name; uint64_t cols, rows; double sigma; } t[] = {
             {"attn_norm", DIM, 1, 0},      {"attn_q", DIM, QD, SIGMA_QK},  {"attn_k", DIM, KVD, SIGMA_QK},
@@ -882,23 +892,25 @@ TEST(peer_logits_every_type)
     CHECKF(made, "out of memory or mkdtemp failed");
 }
 
-/* ---- the llama family: qwen2, qwen3 --------------------------------------- *
+/* ---- the llama family: llama 3, qwen2, qwen3 ------------------------------ *
  *
- * The synthetic model above as a qwen2 (NEOX RoPE, q/k/v biases of
+ * The synthetic model above as a llama 3 (rope_freqs.weight, the per-pair
+ * divisors its converter writes, here 1 to 8), as a qwen2 (NEOX RoPE, q/k/v biases of
  * N(0, SIGMA_BIAS)) and as a qwen3 (NEOX RoPE, q and k head norms of
  * 1 + N(0, SIGMA_NORM), head length 128, so that H * head_dim = 512 is not
  * DIM), in F32 and as llama.cpp quantises it to F16 and Q4_K_M, with the
  * tolerances of the llama test (the same kernels and weights, plus a few
  * thousand more operations per layer). Negative controls, against
  * llama.cpp's F32 logits at the loosest tolerance: kvtier on the same file
- * turning the heads on adjacent pairs (kvt_llama_fault), and on the same
- * weights with the family's own tensors neutral (biases 0, norms 1): each
+ * turning the heads on adjacent pairs (kvt_llama_fault; qwen), and on the
+ * same weights with the family's own tensors neutral (factors 1, biases 0,
+ * norms 1): each
  * must be off by more than twice the loosest tolerance. */
 static void family_run(const char *dir, const char *vocab, const fam_spec *f, float *want, float *got,
                        float *want_f32)
 {
     char src[128], path[128];
-    snprintf(src, sizeof src, "%s/%s-f32.gguf", dir, f->arch);
+    snprintf(src, sizeof src, "%s/%s%s-f32.gguf", dir, f->arch, f->rope_freqs ? "3" : "");
     CHECK_OK(write_family(src, vocab, SEED, ROPE_BASE, f, false));
     int32_t tok[N_TOK];
     uint64_t rng = PROMPT_SEED + SEED;
@@ -934,6 +946,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
         if (ft[k].ftype >= 0) unlink(path);
     }
     for (int k = 0; k < 2; k++) {
+        if (k == 0 && f->rope_freqs) continue; /* a llama turns adjacent pairs already */
         if (k == 0) {
             kvt_llama_fault = KVT_LLAMA_FAULT_ROPE_PAIRS;
             snprintf(path, sizeof path, "%s", src);
@@ -947,7 +960,8 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
         cmp_out c = compare(want_f32, got, N_CONTROL, TOL_Q);
         char name[96];
         snprintf(name, sizeof name, "control, %s %s", f->arch,
-                 k == 0 ? "turned on adjacent pairs" : f->bias ? "without its biases" : "without its head norms");
+                 k == 0 ? "turned on adjacent pairs" : f->bias ? "without its biases" : f->qk_norm ? "without its head norms"
+                 : "without its rope_freqs");
         print_cmp(name, &c);
         /* by size: at TOL_Q only a handful of positions are confident
          * enough for the top-1 check to say anything */
@@ -957,7 +971,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
     unlink(src);
 }
 
-TEST(peer_logits_qwen)
+TEST(peer_logits_families)
 {
     const char *vocab = kvt_test_shared(VOCAB_FILE);
     if (!vocab) SKIP("../shared/" VOCAB_FILE " absent");
@@ -966,12 +980,13 @@ TEST(peer_logits_qwen)
     const char *bad, *why = peer_load(&bad);
     if (why) SKIP("%s", why);
     CHECKF(!bad, "%s", bad);
-    char dir[] = "/tmp/kvtier-peerqwen-XXXXXX";
+    char dir[] = "/tmp/kvtier-peerfam-XXXXXX";
     size_t n_log = (size_t)N_TOK * VOCAB;
     float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float)),
           *want_f32 = malloc(n_log * sizeof(float));
     bool made = want && got && want_f32 && mkdtemp(dir);
-    static const fam_spec fams[] = {{"qwen2", true, false, HEAD_DIM}, {"qwen3", false, true, 128}};
+    static const fam_spec fams[] = {{"llama", false, false, HEAD_DIM, true}, {"qwen2", true, false, HEAD_DIM, false},
+                                    {"qwen3", false, true, 128, false}};
     for (size_t i = 0; made && i < sizeof fams / sizeof *fams && !kvt_test_failed(); i++)
         family_run(dir, vocab_path, &fams[i], want, got, want_f32);
     free(want);
