@@ -35,6 +35,7 @@
  */
 #include "kernels.h"
 #include "model.h"
+#include "moe.h"
 #include "qkernels.h"
 #include "quant.h"
 #include "util.h"
@@ -1353,24 +1354,6 @@ static void hc_post(ds4_work *wk, const ds4_config *c, float *x, size_t n, const
 }
 
 /* SwiGLU with llama.cpp's clamp for limit > 1e-6: silu(min(g, L)) * clamp(u, -L, L). */
-static void swiglu(float *g, const float *u, size_t n, float limit)
-{
-    if (limit > 1e-6f) {
-        for (size_t j = 0; j < n; j++) {
-            float a = g[j] < limit ? g[j] : limit, b = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];
-            g[j] = a / (1.0f + kvt_expf(-a)) * b;
-        }
-    } else {
-        for (size_t j = 0; j < n; j++) g[j] = kvt_silu(g[j]) * u[j];
-    }
-}
-
-/* Rows [r0, r0 + n) of m, a matrix of their own (unpacked). */
-static kvt_wmat rows_of(const kvt_wmat *m, size_t r0, size_t n)
-{
-    return (kvt_wmat){m->data + r0 * m->row_bytes, m->type, n, m->cols, m->row_bytes, NULL};
-}
-
 /* The feed-forward of n tokens h (n, D) with ids tok into out (n, D): the
  * routed experts, weighted, plus the shared experts. */
 static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const float *h,
@@ -1384,69 +1367,29 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
         float *p = wk->lg + i * E, *wt = wk->ew + i * Eu;
         uint32_t *ex = wk->ex + i * Eu;
         for (size_t e = 0; e < E; e++) p[e] = sqrtf(p[e] > 20.0f ? p[e] : logf(1.0f + expf(p[e])));
+        float sc[1024]; /* the selection scores: p + bias (E <= 1024: finish_config) */
+        for (size_t e = 0; e < E; e++) sc[e] = p[e] + (ly->probs_b ? ly->probs_b[e] : 0);
         if (l < c->n_hash) {
             for (size_t j = 0; j < Eu; j++) ex[j] = (uint32_t)ly->tid2eid[(size_t)tok[i] * Eu + j];
         } else {
-            /* the Eu best of p + bias, best first; ties to the lower id */
-            for (size_t j = 0; j < Eu; j++) {
-                uint32_t best = UINT32_MAX;
-                float bs = -INFINITY;
-                for (size_t e = 0; e < E; e++) {
-                    bool used = false;
-                    for (size_t k = 0; k < j; k++) used |= ex[k] == e;
-                    float v = p[e] + ly->probs_b[e];
-                    if (!used && (best == UINT32_MAX || v > bs)) { best = (uint32_t)e; bs = v; }
-                }
-                ex[j] = best;
-            }
+            kvt_moe_select(sc, E, Eu, ex);
         }
         const kvt_ds4_forced *fz = kvt_ds4_force;
-        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l]) {
-            float sc[1024]; /* the selection scores, for the gap (E <= 1024: finish_config) */
-            for (size_t e = 0; e < E; e++) sc[e] = p[e] + (ly->probs_b ? ly->probs_b[e] : 0);
+        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l])
             force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, l < c->n_hash ? NULL : sc, E, false);
-        }
-        float z = 0;
-        for (size_t j = 0; j < Eu; j++) { wt[j] = p[ex[j]]; z += wt[j]; }
-        if (c->wnorm) {
-            if (z < 6.103515625e-5f) z = 6.103515625e-5f;
-            for (size_t j = 0; j < Eu; j++) wt[j] /= z;
-        }
+        for (size_t j = 0; j < Eu; j++) wt[j] = p[ex[j]];
+        if (c->wnorm) kvt_moe_normalise(wt, Eu);
         if (c->wscale != 0.0f && c->wscale != 1.0f) /* llama.cpp: 0 is "no scale" too */
             for (size_t j = 0; j < Eu; j++) wt[j] *= c->wscale;
     }
-    /* each expert over the tokens routed to it, in token order */
-    for (uint32_t e = 0; e < E; e++) {
-        size_t ne = 0;
-        for (size_t q = 0; q < n * Eu; q++)
-            if (wk->ex[q] == e) {
-                wk->rt[ne] = (uint32_t)q;
-                memcpy(wk->xe + ne * D, h + q / Eu * D, D * sizeof(float));
-                ne++;
-            }
-        if (!ne) continue;
-        kvt_wmat gx = rows_of(&ly->gate_x, e * Fe, Fe), ux = rows_of(&ly->up_x, e * Fe, Fe),
-                 dx = rows_of(&ly->down_x, e * D, D);
-        kvt_matmul_w(s->pool, wk->f1, &gx, wk->xe, ne, wk->qx);
-        kvt_matmul_w_next(s->pool, wk->f3, &ux, &gx, wk->xe, ne, wk->qx);
-        swiglu(wk->f1, wk->f3, ne * Fe, c->clamp_exp[l]);
-        kvt_matmul_w(s->pool, wk->xe, &dx, wk->f1, ne, wk->qx);
-        for (size_t r = 0; r < ne; r++) memcpy(wk->eo + (size_t)wk->rt[r] * D, wk->xe + r * D, D * sizeof(float));
-    }
-    /* the shared experts */
+    /* the shared experts, then the routed ones added to them */
     kvt_matmul_w(s->pool, wk->f1, &ly->gate_s, h, n, wk->qx);
     kvt_matmul_w_next(s->pool, wk->f3, &ly->up_s, &ly->gate_s, h, n, wk->qx);
-    swiglu(wk->f1, wk->f3, n * Fs, c->clamp_sh[l]);
+    kvt_moe_swiglu(wk->f1, wk->f3, n * Fs, c->clamp_sh[l]);
     kvt_matmul_w(s->pool, out, &ly->down_s, wk->f1, n, wk->qx);
-    for (size_t i = 0; i < n; i++) {
-        const float *eo = wk->eo + i * Eu * D, *wt = wk->ew + i * Eu;
-        float *o = out + i * D;
-        for (size_t d = 0; d < D; d++) {
-            float v = eo[d] * wt[0];
-            for (size_t j = 1; j < Eu; j++) v = v + eo[j * D + d] * wt[j];
-            o[d] = v + o[d];
-        }
-    }
+    kvt_moe m = {&ly->gate_x, &ly->up_x, &ly->down_x, E, Eu, Fe, D, c->clamp_exp[l]};
+    kvt_moe_scratch sc = {wk->xe, wk->eo, wk->f1, wk->f3, wk->rt, wk->qx};
+    kvt_moe_run(s->pool, &m, h, n, wk->ex, wk->ew, &sc, out);
 }
 
 /* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
@@ -1554,7 +1497,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
         for (size_t g = 0; g < og; g++) {
             for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
-            kvt_wmat wa = rows_of(&ly->woa, g * orank, orank);
+            kvt_wmat wa = kvt_wmat_rows(&ly->woa, g * orank, orank);
             kvt_matmul_w(s->pool, go, &wa, xg, nn, wk->qx);
             for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
         }

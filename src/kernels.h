@@ -67,6 +67,11 @@ typedef struct kvt_wmat {
 
 /* An f32 (rows, cols) array as a kvt_wmat. */
 kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols);
+/* Rows [r0, r0 + n) of m as a matrix of their own (unpacked: pk NULL). */
+static inline kvt_wmat kvt_wmat_rows(const kvt_wmat *m, size_t r0, size_t n)
+{
+    return (kvt_wmat){m->data + r0 * m->row_bytes, m->type, n, m->cols, m->row_bytes, NULL};
+}
 
 /* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
  * output is the fixed-order dot product above over W's row as f32: a row in
