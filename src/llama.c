@@ -27,6 +27,7 @@
  */
 #include "kernels.h"
 #include "model.h"
+#include "moe.h"
 #include "qkernels.h"
 #include "quant.h"
 #include "util.h"
@@ -46,12 +47,14 @@ typedef struct family {
     bool neox;         /* RoPE on the halves of a head, not on adjacent pairs */
     bool qkv_bias;     /* attn_q.bias, attn_k.bias, attn_v.bias */
     bool qk_norm;      /* attn_q_norm.weight, attn_k_norm.weight (head_dim each) */
+    bool moe;          /* routed experts for the FFN: softmax router, weights normalised */
 } family;
 
 static const family families[] = {
-    {"llama", false, false, false},
-    {"qwen2", true, true, false},
-    {"qwen3", true, false, true},
+    {"llama", false, false, false, false},
+    {"qwen2", true, true, false, false},
+    {"qwen3", true, false, true, false},
+    {"qwen3moe", true, false, true, true},
 };
 
 typedef struct llama_layer {
@@ -64,11 +67,14 @@ typedef struct llama_layer {
     float *ffn_norm;   /* (D) */
     kvt_wmat w1, w3;   /* (F, D)       gate, up */
     kvt_wmat w2;       /* (D, F)       down */
+    float *gate_inp;   /* (E, D) the router (moe) */
+    kvt_wmat gate_x, up_x, down_x; /* (E*Fe, D) x2, (E*D, Fe): the experts (moe) */
 } llama_layer;
 
 typedef struct llama_weights {
     const family *fam;
     uint32_t D, L, H, Hkv, hd, QD, KV, F, V, n_rot;
+    uint32_t E, Eu, Fe;  /* experts, used per token, each one's FFN length (moe; else 0) */
     float eps, rope_base;
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
@@ -89,6 +95,9 @@ typedef struct llama_work {
     float *att;        /* (ch, D) attention output */
     float *k, *v;      /* (ch, KV) */
     float *h1, *h3;    /* (ch, F) */
+    float *lg, *ew, *mo; /* moe: (ch, E) router probabilities, (ch, Eu) weights, (ch, D) output */
+    uint32_t *ex;      /* moe: (ch, Eu) experts */
+    kvt_moe_scratch ms; /* moe: the experts' scratch */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
 } llama_work;
@@ -114,7 +123,7 @@ static void llama_free(void *p)
         }
         for (uint32_t l = 0; l < w->L; l++) {
             llama_layer *ly = &w->layers[l];
-            void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn};
+            void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp};
             for (size_t i = 0; i < sizeof v / sizeof *v; i++) free(v[i]);
         }
         free(w->layers);
@@ -216,6 +225,17 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
                       w->fam->name, w->D, w->L, w->H, w->Hkv, w->hd, vl, w->F, ctx);
         goto fail;
     }
+    if (w->fam->moe) {
+        if ((rc = need_u32(g, fkey(w, "expert_count"), &w->E)) ||
+            (rc = need_u32(g, fkey(w, "expert_used_count"), &w->Eu)) ||
+            (rc = need_u32(g, fkey(w, "expert_feed_forward_length"), &w->Fe)))
+            goto fail;
+        if (!w->E || w->E > 1024 || !w->Eu || w->Eu > w->E || w->Eu > 64 || !w->Fe || w->Fe > 1u << 20) {
+            rc = kvt_fail(KVT_EFORMAT, "%s: inconsistent experts: %u, %u used, length %u", w->fam->name, w->E, w->Eu,
+                          w->Fe);
+            goto fail;
+        }
+    }
     w->QD = w->H * w->hd;
     w->KV = w->Hkv * w->hd;
     w->n_rot = w->hd;
@@ -274,9 +294,21 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         }
         M(wo, "attn_output.weight", w->QD, w->D)
         V(ffn_norm, "ffn_norm.weight", w->D)
-        M(w1, "ffn_gate.weight", w->D, w->F)
-        M(w3, "ffn_up.weight", w->D, w->F)
-        M(w2, "ffn_down.weight", w->F, w->D)
+        if (w->fam->moe) {
+            snprintf(nm, sizeof nm, "blk.%u.ffn_gate_inp.weight", l);
+            if ((rc = kvt_model_tensor_f32(g, nm, w->D, w->E, &ly->gate_inp))) goto fail;
+            const char *const xn[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+            kvt_wmat *xm[3] = {&ly->gate_x, &ly->up_x, &ly->down_x};
+            for (int i = 0; i < 3; i++) {
+                snprintf(nm, sizeof nm, "blk.%u.%s.weight", l, xn[i]);
+                if ((rc = kvt_model_tensor_mat3(g, nm, i < 2 ? w->D : w->Fe, i < 2 ? w->Fe : w->D, w->E, xm[i])))
+                    goto fail;
+            }
+        } else {
+            M(w1, "ffn_gate.weight", w->D, w->F)
+            M(w3, "ffn_up.weight", w->D, w->F)
+            M(w2, "ffn_down.weight", w->F, w->D)
+        }
 #undef V
 #undef M
     }
@@ -294,7 +326,8 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     in->n_ff = w->F;
     in->n_params = (uint64_t)w->V * w->D * (w->out.data == w->tok_embd.data ? 1 : 2) + w->D +
                    (uint64_t)w->L * (2ull * w->D + 2ull * w->QD * w->D + 2ull * w->KV * w->D +
-                                     3ull * w->D * w->F + (w->fam->qkv_bias ? w->QD + 2ull * w->KV : 0) +
+                                     (w->E ? (uint64_t)w->E * (w->D + 3ull * w->D * w->Fe) : 3ull * w->D * w->F) +
+                                     (w->fam->qkv_bias ? w->QD + 2ull * w->KV : 0) +
                                      (w->fam->qk_norm ? 2ull * w->hd : 0));
     return KVT_OK;
 fail:
@@ -319,6 +352,8 @@ static void llama_work_free(void *p)
     llama_work *k = p;
     if (!k) return;
     free(k->x); free(k->xb); free(k->q); free(k->att); free(k->k); free(k->v); free(k->h1); free(k->h3);
+    free(k->lg); free(k->ew); free(k->mo); free(k->ex);
+    free(k->ms.xe); free(k->ms.eo); free(k->ms.f1); free(k->ms.f3); free(k->ms.rt);
     free(k->scores);
     free(k->qx);
     free(k);
@@ -358,20 +393,35 @@ static int llama_work_new(kvt_session *s)
     k->v = kvt_malloc(ch * KV * sizeof(float));
     k->h1 = kvt_malloc(ch * F * sizeof(float));
     k->h3 = kvt_malloc(ch * F * sizeof(float));
+    bool mok = true;
+    if (w->E) {
+        size_t E = w->E, Eu = w->Eu, Fe = w->Fe;
+        k->lg = kvt_malloc(ch * E * sizeof(float));
+        k->ew = kvt_malloc(ch * Eu * sizeof(float));
+        k->mo = kvt_malloc(ch * D * sizeof(float));
+        k->ex = kvt_malloc(ch * Eu * sizeof(uint32_t));
+        /* an expert takes a token at most once: ch rows through it */
+        k->ms = (kvt_moe_scratch){kvt_malloc(ch * D * sizeof(float)), kvt_malloc(ch * Eu * D * sizeof(float)),
+                                  kvt_malloc(ch * Fe * sizeof(float)), kvt_malloc(ch * Fe * sizeof(float)),
+                                  kvt_malloc(ch * Eu * sizeof(uint32_t)), NULL};
+        mok = k->lg && k->ew && k->mo && k->ex && k->ms.xe && k->ms.eo && k->ms.f1 && k->ms.f3 && k->ms.rt;
+    }
     /* the largest quantised activations any matrix needs */
     size_t qb = kvt_q_act_bytes(w->tok_embd.type, 0, 0);
     for (uint32_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
-        const kvt_wmat *m[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2};
-        for (int i = 0; i < 7; i++) {
-            size_t b = kvt_q_act_bytes(m[i]->type, ch, m[i]->cols);
+        const kvt_wmat *m[10] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
+                                 &ly->gate_x, &ly->up_x, &ly->down_x};
+        for (int i = 0; i < 10; i++) {
+            size_t b = m[i]->rows ? kvt_q_act_bytes(m[i]->type, ch, m[i]->cols) : 0;
             qb = b > qb ? b : qb;
         }
     }
     size_t bo = kvt_q_act_bytes(w->out.type, ch, w->out.cols);
     qb = bo > qb ? bo : qb;
     bool qok = !qb || (k->qx = kvt_malloc(qb));
-    int rc = k->x && k->xb && k->q && k->att && k->k && k->v && k->h1 && k->h3 && qok
+    k->ms.qx = k->qx;
+    int rc = k->x && k->xb && k->q && k->att && k->k && k->v && k->h1 && k->h3 && qok && mok
                  ? scores_fit(k, kvt_pool_size(s->pool))
                  : KVT_ENOMEM;
     if (rc) {
@@ -504,6 +554,31 @@ static void rope_range(void *arg, size_t i0, size_t i1)
     }
 }
 
+/* The routed experts (qwen3moe) of n tokens xb (n, D), their output into xb:
+ * softmax router probabilities, the Eu best (kvt_moe_select), their
+ * probabilities normalised to sum 1, as llama.cpp's build_moe_ffn with
+ * norm_w. */
+static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, const llama_layer *ly, float *xb,
+                    size_t n)
+{
+    size_t D = w->D, E = w->E, Eu = w->Eu;
+    kvt_matmul(s->pool, wk->lg, ly->gate_inp, xb, n, D, E);
+    for (size_t i = 0; i < n; i++) {
+        float *p = wk->lg + i * E, m = p[0], z = 0;
+        for (size_t e = 1; e < E; e++) m = p[e] > m ? p[e] : m;
+        for (size_t e = 0; e < E; e++) { p[e] = kvt_expf(p[e] - m); z += p[e]; }
+        for (size_t e = 0; e < E; e++) p[e] /= z;
+        uint32_t *ex = wk->ex + i * Eu;
+        kvt_moe_select(p, E, Eu, ex);
+        for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] = p[ex[j]];
+        if (kvt_llama_fault != KVT_LLAMA_FAULT_MOE_WEIGHTS) kvt_moe_normalise(wk->ew + i * Eu, Eu);
+    }
+    memset(wk->mo, 0, n * D * sizeof(float));
+    kvt_moe m = {&ly->gate_x, &ly->up_x, &ly->down_x, E, Eu, w->Fe, D, 0.0f};
+    kvt_moe_run(s->pool, &m, xb, n, wk->ex, wk->ew, &wk->ms, wk->mo);
+    memcpy(xb, wk->mo, n * D * sizeof(float));
+}
+
 /* Tokens a thread takes at least in those steps (a decode step runs them
  * without waking the pool). */
 #define TOK_MIN 32
@@ -549,6 +624,10 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         tc.add = xb;
         tc.norm = ly->ffn_norm;
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+        if (w->E) {
+            moe_ffn(s, wk, w, ly, xb, n);
+            continue;
+        }
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
         struct swiglu_ctx sc = {h1, h3};
@@ -633,6 +712,13 @@ static uint64_t llama_fingerprint(const void *p)
         XXH3_64bits_update(st, ly->ffn_norm, D * 4);
         const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};
         for (int i = 0; i < 3; i++) hash_mat(st, f[i]);
+        if (ly->gate_inp) {
+            uint32_t e[3] = {w->E, w->Eu, w->Fe};
+            XXH3_64bits_update(st, e, sizeof e);
+            XXH3_64bits_update(st, ly->gate_inp, (size_t)w->E * D * 4);
+            const kvt_wmat *x[3] = {&ly->gate_x, &ly->up_x, &ly->down_x};
+            for (int i = 0; i < 3; i++) hash_mat(st, x[i]);
+        }
     }
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);

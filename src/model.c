@@ -55,6 +55,23 @@ int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint
     return KVT_OK;
 }
 
+int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                          kvt_wmat *out)
+{
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2)
+        return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu, %llu), expected (%llu, %llu, %llu)", name,
+                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                        (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
+    size_t row = kvt_quant_row_bytes(t->type, ne0), rows = (size_t)(ne1 * ne2);
+    if (!row || row * rows != t->n_bytes || !t->data)
+        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
+                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
+    *out = (kvt_wmat){t->data, t->type, rows, (size_t)ne0, row};
+    return KVT_OK;
+}
+
 /* The tokenizer's identity is the hash of its GGUF serialisation: every
  * token, score, type, merge and special id, in one canonical form. */
 static int tokenizer_fingerprint(kvt_model *m)

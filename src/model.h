@@ -139,9 +139,11 @@ extern kvt_ds4_forced *kvt_ds4_force;
 /* Fault injection for the tests that must prove they catch such bugs. */
 enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN };
 extern int kvt_ds4_fault;
-/* Test hook of the llama family: KVT_LLAMA_FAULT_ROPE_PAIRS turns NEOX heads
- * (qwen2, qwen3) on adjacent pairs, as llama's, to show a test catches it. */
-enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS };
+/* Test hooks of the llama family, to show a test catches such bugs:
+ * KVT_LLAMA_FAULT_ROPE_PAIRS turns NEOX heads (qwen2, qwen3) on adjacent
+ * pairs, as llama's; KVT_LLAMA_FAULT_MOE_WEIGHTS leaves the chosen experts'
+ * weights unnormalised (qwen3moe). */
+enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS };
 extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
@@ -157,5 +159,9 @@ int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint
 /* A named matrix of the expected shape (ne0 elements per row, ne1 rows), in
  * place in the mapped file, in its own type. */
 int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out);
+/* The same for a 3-D tensor (ne0, ne1, ne2): ne1 * ne2 rows (a mixture's
+ * experts, expert e's rows e * ne1 ..). */
+int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                          kvt_wmat *out);
 
 #endif
