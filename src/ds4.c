@@ -1719,8 +1719,18 @@ int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, k
     return KVT_OK;
 }
 
+static int ds4_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out) { return kvt_ds4_plan(NULL, m, ctx, out); }
+
+bool kvt_ds4_handles(const kvt_gguf *g)
+{
+    const char *a;
+    size_t n;
+    return kvt_gguf_get_str(g, "general.architecture", &a, &n) == KVT_OK && n == 9 && !memcmp(a, "deepseek4", 9);
+}
+
 const kvt_arch kvt_arch_ds4 = {
     .name = "deepseek4",
+    .plan = ds4_plan,
     .cache_new = ds4_cache_new,
     .forward = ds4_forward,
     .state_save = ds4_state_save,

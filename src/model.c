@@ -55,6 +55,29 @@ int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint
     return KVT_OK;
 }
 
+/* The architectures: each is one file (its loader and its kvt_arch) and one
+ * row here; nothing else in the model layer knows one by name. */
+typedef struct arch_row {
+    bool (*handles)(const kvt_gguf *g); /* by general.architecture */
+    int (*load)(kvt_model *m, const kvt_gguf *g);
+    /* the shape, details and plan from the header alone; NULL: the
+     * architecture needs its tensors for that */
+    int (*describe)(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                    kvt_plan *plan);
+} arch_row;
+
+static const arch_row arch_rows[] = {
+    {kvt_llama_handles, kvt_llama_load, NULL},
+    {kvt_ds4_handles, kvt_ds4_load, kvt_ds4_describe},
+};
+
+static const arch_row *arch_of(const kvt_gguf *g)
+{
+    for (size_t i = 0; i < sizeof arch_rows / sizeof *arch_rows; i++)
+        if (arch_rows[i].handles(g)) return &arch_rows[i];
+    return NULL;
+}
+
 int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
                           kvt_wmat *out)
 {
@@ -152,8 +175,8 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     int rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
     if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
     if (rc) goto fail;
-    if (kvt_llama_handles(g)) rc = kvt_llama_load(m, g);
-    else if (arch_len == 9 && !memcmp(arch, "deepseek4", 9)) rc = kvt_ds4_load(m, g);
+    const arch_row *row = arch_of(g);
+    if (row) rc = row->load(m, g);
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);
     if (rc) goto fail;
@@ -186,14 +209,12 @@ int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, cha
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open_header(&g, path);
     if (rc) return rc;
-    const char *arch;
-    size_t arch_len;
-    rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
-    if (rc || arch_len != 9 || memcmp(arch, "deepseek4", 9)) {
+    const arch_row *row = arch_of(g);
+    if (!row || !row->describe) {
         kvt_gguf_close(g);
         return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
     }
-    rc = kvt_ds4_describe(g, ctx, info, detail, dlen, plan);
+    rc = row->describe(g, ctx, info, detail, dlen, plan);
     kvt_gguf_close(g);
     if (rc) {
         char msg[512];
@@ -271,7 +292,7 @@ uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fin
 int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
-    if (m->arch == &kvt_arch_ds4) return kvt_ds4_plan(NULL, m, ctx, out);
+    if (m->arch->plan) return m->arch->plan(m, ctx, out);
     /* llama: K and V rows of n_head_kv * head_dim f32 per layer per token */
     const kvt_model_info *i = &m->info;
     memset(out, 0, sizeof *out);

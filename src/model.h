@@ -40,6 +40,9 @@ typedef struct kvt_arch {
      * is the file the weights borrow from). NULL: nothing to do. */
     int (*weights_pack)(void *w, const kvt_gguf *g);
     void (*weights_free)(void *w);
+    /* The KV cache plan for a context of ctx tokens; NULL: full K and V
+     * rows of n_head_kv * head_dim f32 per layer and token. */
+    int (*plan)(const kvt_model *m, uint64_t ctx, kvt_plan *out);
     /* A session's scratch (s->work), allocated once when it is created;
      * NULL: none. Freed with work_free. */
     int (*work_new)(kvt_session *s);
@@ -149,6 +152,8 @@ extern int kvt_llama_fault;
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */
 int kvt_ds4_plan(const char *preset, const kvt_model *m, uint64_t ctx, kvt_plan *out);
+/* Whether general.architecture is deepseek4. */
+bool kvt_ds4_handles(const kvt_gguf *g);
 /* The shape, details and plan of a deepseek4 GGUF from its header. */
 int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
                      kvt_plan *plan);
