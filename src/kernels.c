@@ -1235,6 +1235,21 @@ float kvt_expf(float x)
     return expf_core(x);
 }
 
+void kvt_geglu(float *h1, const float *h3, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = h1[i], g;
+        if (x <= -10.0f) g = 0.0f;
+        else if (x >= 10.0f) g = x;
+        else {
+            float v = kvt_f16_to_f32(kvt_f32_to_f16(x));
+            g = kvt_f16_to_f32(kvt_f32_to_f16(0.5f * v * (1.0f + tanhf(0.7978845608028654f * v *
+                                                                        (1.0f + 0.044715f * v * v)))));
+        }
+        h1[i] = g * h3[i];
+    }
+}
+
 void kvt_swiglu(float *h1, const float *h3, size_t n)
 {
 #ifdef KVT_HAVE_X86

@@ -128,6 +128,10 @@ float kvt_expf(float x);
 void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n);
 /* h1[i] = g * (1 / (1 + kvt_expf(-g))) * h3[i] with g = h1[i] (SwiGLU). */
 void kvt_swiglu(float *h1, const float *h3, size_t n);
+/* h1[i] = gelu(h1[i]) * h3[i] (GeGLU), gelu as ggml's CPU backend computes
+ * it: 0 at or below -10, x at or above 10, else the tanh form of the
+ * input rounded to binary16, rounded to binary16 (its lookup table). */
+void kvt_geglu(float *h1, const float *h3, size_t n);
 static inline float kvt_silu(float x) { return x / (1.0f + kvt_expf(-x)); }
 
 #endif

@@ -48,13 +48,16 @@ typedef struct family {
     bool qkv_bias;     /* attn_q.bias, attn_k.bias, attn_v.bias */
     bool qk_norm;      /* attn_q_norm.weight, attn_k_norm.weight (head_dim each) */
     bool moe;          /* routed experts for the FFN: softmax router, weights normalised */
+    bool gemma;        /* gemma3: embeddings scaled by sqrt(D), attn_post_norm and ffn_post_norm,
+                        * GeGLU, sliding-window layers with a RoPE base of their own */
 } family;
 
 static const family families[] = {
-    {"llama", false, false, false, false},
-    {"qwen2", true, true, false, false},
-    {"qwen3", true, false, true, false},
-    {"qwen3moe", true, false, true, true},
+    {"llama", false, false, false, false, false},
+    {"qwen2", true, true, false, false, false},
+    {"qwen3", true, false, true, false, false},
+    {"qwen3moe", true, false, true, true, false},
+    {"gemma3", true, false, true, false, true},
 };
 
 typedef struct llama_layer {
@@ -68,6 +71,7 @@ typedef struct llama_layer {
     kvt_wmat w1, w3;   /* (F, D)       gate, up */
     kvt_wmat w2;       /* (D, F)       down */
     float *gate_inp;   /* (E, D) the router (moe) */
+    float *post_attn, *post_ffn; /* (D) x2 the sublayers' output norms (gemma) */
     kvt_wmat gate_x, up_x, down_x; /* (E*Fe, D) x2, (E*D, Fe): the experts (moe) */
 } llama_layer;
 
@@ -76,6 +80,10 @@ typedef struct llama_weights {
     uint32_t D, L, H, Hkv, hd, QD, KV, F, V, n_rot;
     uint32_t E, Eu, Fe;  /* experts, used per token, each one's FFN length (moe; else 0) */
     float eps, rope_base;
+    float rope_base_swa, scale, softcap; /* gemma: the window layers' RoPE base; the attention scale
+                                          * (others 1 / sqrt(head_dim)); final logit soft-capping (0: none) */
+    uint32_t swa;      /* the sliding window of the window layers (gemma; 0: none) */
+    uint8_t *is_swa;   /* (L) which layers have it */
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
     float *rope_ff;    /* (n_rot / 2) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
@@ -123,13 +131,15 @@ static void llama_free(void *p)
         }
         for (uint32_t l = 0; l < w->L; l++) {
             llama_layer *ly = &w->layers[l];
-            void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp};
+            void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp,
+                         ly->post_attn, ly->post_ffn};
             for (size_t i = 0; i < sizeof v / sizeof *v; i++) free(v[i]);
         }
         free(w->layers);
     }
     free(w->out_norm);
     free(w->rope_ff);
+    free(w->is_swa);
     free(w);
 }
 
@@ -236,6 +246,40 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
             goto fail;
         }
     }
+    w->scale = 1.0f / sqrtf((float)w->hd);
+    if (w->fam->gemma) {
+        /* llama.cpp's gemma3: window layers by attention.sliding_window_pattern
+         * (every n-th layer global, default 6; or a per-layer array), their
+         * RoPE base rope.freq_base_swa (default 10000); the 62-layer 27B scales
+         * attention by 1 / sqrt(D / H) */
+        if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.sliding_window"), &w->swa)) && rc != KVT_ENOENT) goto fail;
+        w->rope_base_swa = 10000.0f;
+        if ((rc = kvt_gguf_get_f32(g, fkey(w, "rope.freq_base_swa"), &w->rope_base_swa)) && rc != KVT_ENOENT)
+            goto fail;
+        if ((rc = kvt_gguf_get_f32(g, fkey(w, "final_logit_softcapping"), &w->softcap)) && rc != KVT_ENOENT)
+            goto fail;
+        if (!(w->softcap >= 0) || !(w->rope_base_swa > 0)) {
+            rc = kvt_fail(KVT_EFORMAT, "%s: bad final_logit_softcapping %g or rope.freq_base_swa %g", w->fam->name,
+                          (double)w->softcap, (double)w->rope_base_swa);
+            goto fail;
+        }
+        if (w->L == 62) w->scale = 1.0f / sqrtf((float)(w->D / w->H));
+        if (!(w->is_swa = kvt_calloc(w->L, 1))) { rc = KVT_ENOMEM; goto fail; }
+        const kvt_gguf_val *pv = kvt_gguf_get(g, fkey(w, "attention.sliding_window_pattern"));
+        uint32_t np = 6;
+        if (pv && pv->type == KVT_GGUF_ARR) {
+            if (pv->n != w->L || !(pv->elem_type == KVT_GGUF_BOOL || pv->elem_type <= KVT_GGUF_I32)) {
+                rc = kvt_fail(KVT_EFORMAT, "%s: sliding_window_pattern has %llu entries for %u layers", w->fam->name,
+                              (unsigned long long)pv->n, w->L);
+                goto fail;
+            }
+            for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = pv->v.arr[l].v.u != 0;
+        } else {
+            if (pv && (rc = kvt_gguf_get_u32(g, fkey(w, "attention.sliding_window_pattern"), &np))) goto fail;
+            for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = np == 0 || l % np < np - 1;
+        }
+        if (!w->swa) memset(w->is_swa, 0, w->L);
+    }
     w->QD = w->H * w->hd;
     w->KV = w->Hkv * w->hd;
     w->n_rot = w->hd;
@@ -294,6 +338,10 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         }
         M(wo, "attn_output.weight", w->QD, w->D)
         V(ffn_norm, "ffn_norm.weight", w->D)
+        if (w->fam->gemma) {
+            V(post_attn, "post_attention_norm.weight", w->D)
+            V(post_ffn, "post_ffw_norm.weight", w->D)
+        }
         if (w->fam->moe) {
             snprintf(nm, sizeof nm, "blk.%u.ffn_gate_inp.weight", l);
             if ((rc = kvt_model_tensor_f32(g, nm, w->D, w->E, &ly->gate_inp))) goto fail;
@@ -442,6 +490,7 @@ struct attn_ctx {
     const llama_weights *w;
     const kvt_cache *cache;
     size_t layer, pos0, n;
+    size_t swa;        /* a window layer's window (0: every position before) */
     const float *q;    /* (n, QD) */
     float *out;        /* (n, QD) */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
@@ -454,7 +503,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     const llama_weights *w = c->w;
     size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv, ldg = group * c->n_ctx;
     float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = w->scale;
     size_t row_f = w->KV; /* floats per cache row */
     for (size_t r = b; r < e; r++) {
         /* token groups in the order 0, last, 1, last - 1, ...: the causal
@@ -463,42 +512,49 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
         size_t gi = r / Hkv, ng = (c->n + ATT_TOKS - 1) / ATT_TOKS, g = gi % 2 ? ng - 1 - gi / 2 : gi / 2;
         size_t i0 = g * ATT_TOKS, kvh = r % Hkv, t0 = c->pos0 + i0;
         size_t nt = c->n - i0 < ATT_TOKS ? c->n - i0 : ATT_TOKS, t_last = t0 + nt - 1;
+        /* token t attends to positions lo(t) .. t: all of them, or in a
+         * window layer the last swa (llama.cpp's standard window) */
+#define LO(t) (c->swa && (t) + 1 > c->swa ? (t) + 1 - c->swa : 0)
+        size_t jb = LO(t0) / KVT_BLOCK * KVT_BLOCK;
         /* rows a block at a time: one lookup per 128 rows */
-        for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
+        for (size_t j0 = jb; j0 <= t_last; j0 += KVT_BLOCK) {
             const float *k = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer, j0) + kvh * hd;
             for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u;
-                if (j0 > t) continue;
+                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0;
+                if (ja > t || ja >= j0 + KVT_BLOCK) continue;
                 size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
                 const float *q = c->q + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_dots_rows(att + u * ldg + j0, c->n_ctx, q, hd, group, k, row_f, j1 - j0, hd, scale);
+                kvt_dots_rows(att + u * ldg + ja, c->n_ctx, q, hd, group, k + (ja - j0) * row_f, row_f, j1 - ja, hd,
+                              scale);
             }
         }
         for (size_t u = 0; u < nt; u++) {
-            kvt_softmax_rows(att + u * ldg, c->n_ctx, group, t0 + u + 1);
+            size_t t = t0 + u;
+            kvt_softmax_rows(att + u * ldg + LO(t), c->n_ctx, group, t + 1 - LO(t));
             memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
         }
-        for (size_t j0 = 0; j0 <= t_last; j0 += KVT_BLOCK) {
+        for (size_t j0 = jb; j0 <= t_last; j0 += KVT_BLOCK) {
             const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;
             for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u;
-                if (j0 > t) continue;
+                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0;
+                if (ja > t || ja >= j0 + KVT_BLOCK) continue;
                 size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
                 float *o = c->out + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_axpys_rows(o, hd, att + u * ldg + j0, c->n_ctx, group, v, row_f, j1 - j0, hd);
+                kvt_axpys_rows(o, hd, att + u * ldg + ja, c->n_ctx, group, v + (ja - j0) * row_f, row_f, j1 - ja, hd);
             }
         }
+#undef LO
     }
 }
 
 /* h1 = silu(h1) * h3 over a range of elements (each on its own: any split
  * gives the same bytes). */
-struct swiglu_ctx { float *h1; const float *h3; };
+struct swiglu_ctx { float *h1; const float *h3; bool gelu; };
 
 static void swiglu_range(void *arg, size_t j0, size_t j1)
 {
     struct swiglu_ctx *c = arg;
-    kvt_swiglu(c->h1 + j0, c->h3 + j0, j1 - j0);
+    (c->gelu ? kvt_geglu : kvt_swiglu)(c->h1 + j0, c->h3 + j0, j1 - j0);
 }
 
 /* The per-token steps of a pass, over a range of its tokens (each token on
@@ -511,6 +567,8 @@ struct tok_ctx {
     float *x, *xb, *q, *k, *v;
     const float *add, *norm;
     size_t pos0;
+    const float *post;  /* gemma: add is rmsnorm(add) * post first (NULL: as it is) */
+    float base;         /* this layer's RoPE base */
 };
 
 static void add_norm_range(void *arg, size_t i0, size_t i1)
@@ -519,6 +577,8 @@ static void add_norm_range(void *arg, size_t i0, size_t i1)
     size_t D = c->w->D;
     for (size_t i = i0; i < i1; i++) {
         float *x = c->x + i * D;
+        if (c->post) /* add is xb: normed in place */
+            kvt_rmsnorm(c->xb + i * D, c->xb + i * D, c->post, D, c->w->eps);
         if (c->add)
             for (size_t j = 0; j < D; j++) x[j] += c->add[i * D + j];
         if (c->norm) kvt_rmsnorm(c->xb + i * D, x, c->norm, D, c->w->eps);
@@ -549,7 +609,7 @@ static void rope_range(void *arg, size_t i0, size_t i1)
             for (size_t h = 0; h < w->H; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
             for (size_t h = 0; h < w->Hkv; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
         }
-        kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, w->rope_base, w->rope_ff,
+        kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, c->base, w->rope_ff,
                        w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
     }
 }
@@ -595,12 +655,17 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
             return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], w->V);
         const uint8_t *row = w->tok_embd.data + (size_t)tok[i] * w->tok_embd.row_bytes;
         kvt_quant_to_f32(w->tok_embd.type, row, x + i * D, D);
+        if (w->fam->gemma)
+            for (size_t j = 0; j < D; j++) x[i * D + j] *= sqrtf((float)D);
     }
     for (size_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
+        bool swa = w->is_swa && w->is_swa[l];
+        size_t window = swa && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW ? w->swa : 0;
         /* the residual of the layer before (none before the first), then
          * this layer's attention norm */
-        struct tok_ctx tc = {w, ly, x, xb, q, k, v, l ? xb : NULL, ly->attn_norm, pos0};
+        struct tok_ctx tc = {w, ly, x, xb, q, k, v, l ? xb : NULL, ly->attn_norm, pos0,
+                             l ? w->layers[l - 1].post_ffn : NULL, swa ? w->rope_base_swa : w->rope_base};
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
@@ -613,7 +678,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
             memcpy(kr, k + i * KV, KV * sizeof(float));
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
-        struct attn_ctx ac = {w, s->cache, l, pos0, n, q, att, wk->scores, wk->n_ctx};
+        struct attn_ctx ac = {w, s->cache, l, pos0, n, window, q, att, wk->scores, wk->n_ctx};
         /* one (token group, KV head) scores and mixes up to pos0 + n rows
          * per query head and token: give a thread at least 128K
          * multiply-adds (measured in bench/README.md), so a tiny model's
@@ -623,6 +688,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         tc.add = xb;
         tc.norm = ly->ffn_norm;
+        tc.post = ly->post_attn;
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         if (w->E) {
             moe_ffn(s, wk, w, ly, xb, n);
@@ -630,17 +696,19 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         }
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
-        struct swiglu_ctx sc = {h1, h3};
+        struct swiglu_ctx sc = {h1, h3, w->fam->gemma};
         kvt_pool_for(s->pool, n * F, 16384, swiglu_range, &sc);
         kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
     }
     /* the last layer's residual */
-    struct tok_ctx tc = {w, NULL, x, xb, q, k, v, xb, NULL, pos0};
+    struct tok_ctx tc = {w, NULL, x, xb, q, k, v, xb, NULL, pos0, w->layers[w->L - 1].post_ffn, 0};
     kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
     if (lfrom < n) {
         size_t nl = n - lfrom;
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(xb + i * D, x + (lfrom + i) * D, w->out_norm, D, w->eps);
         kvt_matmul_w(s->pool, logits, &w->out, xb, nl, wk->qx);
+        if (w->softcap > 0) /* gemma's final soft-capping: cap * tanh(logit / cap) */
+            for (size_t j = 0; j < nl * w->V; j++) logits[j] = w->softcap * tanhf(logits[j] / w->softcap);
     }
     return KVT_OK;
 }
@@ -683,6 +751,12 @@ static uint64_t llama_fingerprint(const void *p)
     uint32_t hdr[] = {w->D, w->L, w->H, w->Hkv, w->hd, w->KV, w->F, w->V, w->n_rot};
     XXH3_64bits_update(st, "llama", 5);
     if (w->rope_ff) XXH3_64bits_update(st, w->rope_ff, w->n_rot / 2 * 4);
+    if (w->fam->gemma) {
+        float g[3] = {w->rope_base_swa, w->scale, w->softcap};
+        XXH3_64bits_update(st, g, sizeof g);
+        XXH3_64bits_update(st, &w->swa, sizeof w->swa);
+        XXH3_64bits_update(st, w->is_swa, w->L);
+    }
     if (w->fam != &families[0]) { /* the llama row hashes as before there were others */
         uint32_t f[] = {w->QD, w->fam->neox, w->fam->qkv_bias, w->fam->qk_norm};
         XXH3_64bits_update(st, w->fam->name, strlen(w->fam->name));
@@ -708,6 +782,10 @@ static uint64_t llama_fingerprint(const void *p)
         if (ly->qn) {
             XXH3_64bits_update(st, ly->qn, w->hd * 4);
             XXH3_64bits_update(st, ly->kn, w->hd * 4);
+        }
+        if (ly->post_attn) {
+            XXH3_64bits_update(st, ly->post_attn, D * 4);
+            XXH3_64bits_update(st, ly->post_ffn, D * 4);
         }
         XXH3_64bits_update(st, ly->ffn_norm, D * 4);
         const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};

@@ -380,14 +380,19 @@ typedef struct fam_spec {
     int head_dim;   /* written as attention.key_length when not DIM / HEADS */
     bool rope_freqs; /* llama 3: rope_freqs.weight, factors 1 (fast pairs) to 8 (slow) */
     bool moe;       /* qwen3moe: MOE_E experts of MOE_F, MOE_EU per token, for the FFN */
+    bool gemma;     /* gemma3: post norms, GeGLU, every other layer a GEMMA_SWA window with
+                     * RoPE base GEMMA_BASE_SWA */
 } fam_spec;
+
+enum { GEMMA_SWA = 64 };
+#define GEMMA_BASE_SWA 1000.0f
 
 enum { MOE_E = 8, MOE_EU = 2, MOE_F = 128 };
 #define SIGMA_ROUTER 0.1 /* router logits of about N(0, 1.6): the top experts apart by ~0.5 */
 
 #define SIGMA_BIAS 0.5 /* large against q and k of N(0, ~1): a bias left out moves the logits */
 #define SIGMA_NORM 0.3
-static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM, false, false};
+static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM, false, false, false};
 
 /* The synthetic model of family f (its weights from seed, in F32), with
  * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
@@ -419,6 +424,10 @@ static int write_family(const char *path, const char *vocab, uint64_t seed, floa
         (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), EPS)) ||
         (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
         (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0))) /* LLAMA_FTYPE_ALL_F32 */
+        goto out;
+    if (f->gemma && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window"), GEMMA_SWA)) ||
+                     (rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), 2)) ||
+                     (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), GEMMA_BASE_SWA))))
         goto out;
     if (f->moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), MOE_E)) ||
                    (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), MOE_EU)) ||
@@ -478,7 +487,12 @@ static int write_family(const char *path, const char *vocab, uint64_t seed, floa
         const char *const nn[2] = {"attn_q_norm", "attn_k_norm"};
         for (int i = 0; f->qk_norm && i < 2 && !rc; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, nn[i]);
-            rc = add_vec(w, name, (uint64_t)f->head_dim, 1.0, SIGMA_NORM, neutral, &rng);
+            rc = add_vec(w, name, (uint64_t)f->head_dim, 1.0, SIGMA_NORM, neutral && !f->gemma, &rng);
+        }
+        const char *const pn[2] = {"post_attention_norm", "post_ffw_norm"};
+        for (int i = 0; f->gemma && i < 2 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, pn[i]);
+            rc = add_vec(w, name, DIM, 1.0, SIGMA_NORM, neutral, &rng);
         }
     }
     if (!rc) rc = kvt_gguf_writer_write(w, path);
@@ -954,6 +968,13 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
     static const struct ptype ft[] = {{"f32", -1, TOL_F32, true}, {"f16", 1, TOL_F16, true},
                                       {"q4_K_M", 15, TOL_Q, true}};
     for (size_t k = 0; k < sizeof ft / sizeof *ft; k++) {
+        /* GeGLU: llama.cpp rounds every GELU input and output to binary16
+         * (its lookup table), and so does kvtier (kvt_geglu); but an input
+         * an f32 rounding away from a binary16 boundary (about 1 in 2,000)
+         * then rounds the other way in one engine, a step of 2^-11 of the
+         * activation, where the f32 engines otherwise agree to 1e-6: F32
+         * measured 2.2e-4, so 1e-3 for it (F16 and Q4_K_M keep theirs) */
+        double tol = f->gemma && ft[k].ftype < 0 ? 1e-3 : ft[k].tol;
         /* routed experts: where quantisation moves a router near-tie, the
          * engines pick other experts and the logits part by far more than
          * the weights' error (see the deepseek4 test, which imposes
@@ -975,35 +996,38 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
         if (ft[k].ftype < 0) memcpy(want_f32, want, (size_t)N_TOK * VOCAB * sizeof *want);
         int rc = kvt_logits(path, tok, N_TOK, got);
         CHECKF(!rc, "%s %s: kvtier: %s", f->arch, ft[k].name, kvt_errmsg());
-        cmp_out c = compare(want, got, N_TOK, ft[k].tol);
+        cmp_out c = compare(want, got, N_TOK, tol);
         char name[64], mix[256];
         snprintf(name, sizeof name, "%s %s", f->arch, ft[k].name);
         describe_mix(path, mix, sizeof mix);
         print_cmp(name, &c);
         printf("      %s\n", mix);
-        CHECKF(passes(&c, ft[k].tol), "%s %s: max |dlogit| %.3g of max |logit| (tolerance %.3g), top-1 %d/%d",
-               f->arch, ft[k].name, c.rel, ft[k].tol, c.agree, c.confident);
+        CHECKF(passes(&c, tol), "%s %s: max |dlogit| %.3g of max |logit| (tolerance %.3g), top-1 %d/%d",
+               f->arch, ft[k].name, c.rel, tol, c.agree, c.confident);
         if (ft[k].ftype >= 0) unlink(path);
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         if (k == 0 && f->rope_freqs) continue; /* a llama turns adjacent pairs already */
-        if (k == 2 && !f->moe) continue;
-        if (k == 0 || k == 2) {
-            kvt_llama_fault = k == 0 ? KVT_LLAMA_FAULT_ROPE_PAIRS : KVT_LLAMA_FAULT_MOE_WEIGHTS;
+        if ((k == 2 && !f->moe) || (k == 3 && !f->gemma)) continue;
+        if (k != 1) {
+            kvt_llama_fault = k == 0 ? KVT_LLAMA_FAULT_ROPE_PAIRS : k == 2 ? KVT_LLAMA_FAULT_MOE_WEIGHTS
+                              : KVT_LLAMA_FAULT_NO_WINDOW;
             snprintf(path, sizeof path, "%s", src);
         } else {
             snprintf(path, sizeof path, "%s/%s-neutral.gguf", dir, f->arch);
             CHECK_OK(write_family(path, vocab, SEED, ROPE_BASE, f, true));
         }
-        int rc = kvt_logits(path, tok, N_CONTROL, got);
+        int np = k == 3 ? N_TOK : N_CONTROL; /* the window's control needs the positions past it */
+        int rc = kvt_logits(path, tok, np, got);
         kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
         CHECK_OK(rc);
         double loose = f->moe ? TOL_F16 : TOL_Q; /* the loosest tolerance of the types compared */
-        cmp_out c = compare(want_f32, got, N_CONTROL, loose);
+        cmp_out c = compare(want_f32, got, np, loose);
         char name[96];
         snprintf(name, sizeof name, "control, %s %s", f->arch,
                  k == 0 ? "turned on adjacent pairs" : k == 2 ? "with its experts' weights unnormalised"
-                 : f->bias ? "without its biases" : f->qk_norm ? "without its head norms" : "without its rope_freqs");
+                 : k == 3 ? "without its window" : f->bias ? "without its biases" : f->gemma ? "without its post norms"
+                 : f->qk_norm ? "without its head norms" : "without its rope_freqs");
         print_cmp(name, &c);
         /* by size: at TOL_Q only a handful of positions are confident
          * enough for the top-1 check to say anything */
@@ -1027,10 +1051,11 @@ TEST(peer_logits_families)
     float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float)),
           *want_f32 = malloc(n_log * sizeof(float));
     bool made = want && got && want_f32 && mkdtemp(dir);
-    static const fam_spec fams[] = {{"llama", false, false, HEAD_DIM, true, false},
-                                    {"qwen2", true, false, HEAD_DIM, false, false},
-                                    {"qwen3", false, true, 128, false, false},
-                                    {"qwen3moe", false, true, 128, false, true}};
+    static const fam_spec fams[] = {{"llama", false, false, HEAD_DIM, true, false, false},
+                                    {"qwen2", true, false, HEAD_DIM, false, false, false},
+                                    {"qwen3", false, true, 128, false, false, false},
+                                    {"qwen3moe", false, true, 128, false, true, false},
+                                    {"gemma3", false, true, HEAD_DIM, false, false, true}};
     for (size_t i = 0; made && i < sizeof fams / sizeof *fams && !kvt_test_failed(); i++)
         family_run(dir, vocab_path, &fams[i], want, got, want_f32);
     free(want);
