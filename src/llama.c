@@ -1,4 +1,4 @@
-/* The dense transformers of the llama family: RMSNorm, RoPE, grouped-query
+/* The transformers of the llama family: RMSNorm, RoPE, grouped-query
  * attention over full K and V rows, SwiGLU FFN, tied or separate output head,
  * configured from GGUF `ARCH.*` metadata. One row of `families` per
  * architecture says how it differs from llama:
@@ -11,6 +11,13 @@
  *          before the rotation (attn_q_norm, attn_k_norm), and a head
  *          length of its own (attention.key_length: H * head_dim need not
  *          be D)
+ *   qwen3moe  qwen3 with routed experts for the FFN (src/moe.c)
+ *   gemma3 qwen3's attention, embeddings scaled by sqrt(D), a norm after
+ *          each sublayer (post_attention_norm, post_ffw_norm), GeGLU, and
+ *          window layers (attention.sliding_window_pattern) that attend to
+ *          the last attention.sliding_window positions with RoPE base
+ *          rope.freq_base_swa. Their K and V rows are kept in full, like the
+ *          global layers' (a window ring is the cache's next step).
  *
  * Cache layout: two streams per layer, K then V, each one f32 row of
  * n_head_kv * head_dim per token (128 rows per 128-token block). Rows are
