@@ -1,6 +1,16 @@
 /* The API-shape layer (api.h): OpenAI chat / completions / Responses and
- * Anthropic request bodies in, rendered prompt text and response / SSE /
- * error bodies out.
+ * Anthropic request bodies in, response / SSE / error bodies out.
+ *
+ * Who owns what: this file reads every api's request body into the neutral
+ * conversation of template.h (kvt_chat: turns, tool calls, the function
+ * tools in canonical form, the thinking-mode request) and hands it to the
+ * model's template (kvt_template_for), which renders the prompt. The chat
+ * templates, every marker and fixed text they write, the tool-call parser
+ * of generated text and the thinking split are template.c's; this file
+ * knows no marker. What stays here is the api side: the request fields, the
+ * canonical JSON of tool definitions and call arguments (request content),
+ * the volatile-line filter, and the response shapes, which place a reply's
+ * reasoning and tool calls where each api expects them.
  *
  * Why it is shaped so:
  *  - Parsing is strict about what the server uses and lenient about the rest.
@@ -11,24 +21,20 @@
  *    honour (images, audio, n > 1, a reference to a stored response) is a 400
  *    too: answering as if it were not there would be a wrong answer, not a
  *    degraded one.
- *  - Templates render message text byte for byte, with fixed separators and
- *    markers, so that a conversation resent with one more turn renders to a
- *    string that extends the previous rendering. That append-only growth is
- *    what lets the session and the disk tier reuse the cached prefix. The
- *    same goal shapes the tool rendering: tool definitions and call arguments
- *    are re-serialised in one canonical JSON form (whatever key order and
- *    whitespace the client used), per-request metadata never enters the
- *    prompt, volatile lines clients inject into system text are dropped, and
- *    a tool call the server sampled can be rendered back with the bytes it
- *    sampled (the replay hook).
- *  - Tool calls use DeepSeek-V3's syntax, whose markers are special tokens of
- *    the built-in byte tokenizer; kvt_tool_calls_parse reads the same syntax
- *    back out of generated text.
- *  - A thinking-mode reply (REASONING</think>ANSWER) is split at its first
- *    </think> into the api's own place for reasoning (reasoning_content, a
- *    thinking block), nothing trimmed, so that the reasoning a client sends
- *    back with the turn renders to the bytes the model sampled; tool calls
- *    are read from the answer only.
+ *  - Prompt reuse: a conversation resent with one more turn must render to a
+ *    string that extends the previous rendering (the templates see to the
+ *    markers). Here that means message text is kept byte for byte, tool
+ *    definitions and call arguments are re-serialised in one canonical JSON
+ *    form (whatever key order and whitespace the client used), per-request
+ *    metadata never enters the conversation, volatile lines clients inject
+ *    into system text are dropped, and the replay hook is passed on so that
+ *    a tool call the server sampled renders back with the bytes it sampled.
+ *  - A thinking-mode reply (REASONING</think>ANSWER, split by
+ *    kvt_think_split) goes to the api's own place for reasoning
+ *    (reasoning_content, a thinking block), nothing trimmed, so that the
+ *    reasoning a client sends back with the turn renders to the bytes the
+ *    model sampled; tool calls are read from the answer only, with the
+ *    parser of the template that rendered the prompt.
  *  - Output JSON is built with jansson and dumped compact (one line, which an
  *    SSE "data:" field needs). Generated text may hold invalid UTF-8 (a byte
  *    token, a cut character); it is repaired to U+FFFD, never dropped whole.
@@ -37,77 +43,21 @@
  */
 #include "api.h"
 #include "buf.h"
+#include "jsonstr.h"
+#include "template.h"
 #include "util.h"
 
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-#include <unistd.h>
 
-/* The DeepSeek-V4 chat markers; each of BOS, EOS, User, Assistant, the
- * think tags, ｜DSML｜ and the tool_result tags is one special token of the
- * built-in byte tokenizer (src/tokenizer.c, ids 256..264). ｜ is U+FF5C,
- * ▁ is U+2581. */
-#define FW_BAR "\xef\xbd\x9c"
-#define SP_MARK "\xe2\x96\x81"
-#define DS_MARK(words) "<" FW_BAR words FW_BAR ">"
-#define DS_BOS DS_MARK("begin" SP_MARK "of" SP_MARK "sentence")
-#define DS_EOS DS_MARK("end" SP_MARK "of" SP_MARK "sentence")
-#define DS_USER DS_MARK("User")
-#define DS_ASSISTANT DS_MARK("Assistant")
-#define THINK_BEGIN "<think>"
-#define THINK_END "</think>"
-#define DSML FW_BAR "DSML" FW_BAR
-#define DS_CALLS_BEGIN "<" DSML "tool_calls>"
-#define DS_CALLS_END "</" DSML "tool_calls>"
-#define DS_INVOKE "<" DSML "invoke name=\""
-#define DS_INVOKE_END "</" DSML "invoke>"
-#define DS_PARAM "<" DSML "parameter name=\""
-#define DS_PARAM_END "</" DSML "parameter>"
-#define DS_RESULT_BEGIN "<tool_result>"
-#define DS_RESULT_END "</tool_result>"
 #define LIT(s) (sizeof(s "") - 1)
-/* Between system texts, content parts, and (plain template) messages. */
-#define SEP "\n\n"
-
-/* The tool definitions in the plain template: this heading, then one
- * canonical JSON object per line. */
-#define TOOLS_HEAD "## Tools\n\nYou can call these functions, each given as JSON with its name, description " \
-                   "and parameters (a JSON Schema):\n\n"
-
-/* The DeepSeek-V4-Flash template's texts around the tool schemas (in the
- * system part) and the reasoning-effort preambles (before it). */
-#define V4_TOOLS_HEADER                                                                                            \
-    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by " \
-    "writing a \"" DS_CALLS_BEGIN "\" block like the following:\n\n" DS_CALLS_BEGIN "\n" DS_INVOKE              \
-    "$TOOL_NAME\">\n" DS_PARAM "$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" DS_PARAM_END "\n...\n" \
-    DS_INVOKE_END "\n" DS_INVOKE "$TOOL_NAME2\">\n...\n" DS_INVOKE_END "\n" DS_CALLS_END "\n\nString parameters " \
-    "should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, "       \
-    "objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled "         \
-    "(triggered by " THINK_BEGIN "), you MUST output your complete reasoning inside " THINK_BEGIN "..."           \
-    THINK_END " BEFORE any tool calls or final response.\n\nOtherwise, output directly after " THINK_END         \
-    " with tool calls or final response.\n\n### Available Tool Schemas\n\n"
-#define V4_TOOLS_FOOTER "\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
-#define V4_EFFORT_HIGH                                                                                               \
-    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking " \
-    "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "  \
-    "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "      \
-    "deliberation process, documenting every intermediate step, considered alternative, and rejected "             \
-    "hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
-#define V4_EFFORT_MAX                                                                                                \
-    "Reasoning Effort: Beyond maximum \xe2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "  \
-    "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "  \
-    "into its most fundamental components, trace every causal chain to its root, and resolve the underlying "     \
-    "cause rather than any surface symptom.\nDo not stop reasoning until you have independently verified the "    \
-    "solution from multiple angles and are certain that no assumption remains unchecked and no error remains "    \
-    "undiscovered.\n\n"
 
 /* System text lines that clients inject without meaning for the model and
  * that change from request to request (a per-prompt hash): dropped from the
@@ -228,42 +178,8 @@ static int get_str(const json_t *obj, const char *key, const char *where, bool r
  * value (code point order), strings with only the escapes JSON requires (",
  * \, and control characters; everything else as UTF-8, which is how jansson
  * writes them too), integers in decimal, reals in the shortest %g form that
- * reads back to the same double (0.95, not 0.94999999999999996). */
-
-static void put_str(kvt_wbuf *b, const char *s) { kvt_wbuf_put(b, s, strlen(s)); }
-
-/* The body of a JSON string (no quotes). */
-static void canon_chars(kvt_wbuf *b, const char *s, size_t n)
-{
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        kvt_wbuf_put(b, s + run, i - run);
-        run = i + 1;
-        char esc[8];
-        switch (c) {
-        case '"': put_str(b, "\\\""); break;
-        case '\\': put_str(b, "\\\\"); break;
-        case '\n': put_str(b, "\\n"); break;
-        case '\r': put_str(b, "\\r"); break;
-        case '\t': put_str(b, "\\t"); break;
-        case '\b': put_str(b, "\\b"); break;
-        case '\f': put_str(b, "\\f"); break;
-        default:
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            put_str(b, esc);
-        }
-    }
-    kvt_wbuf_put(b, s + run, n - run);
-}
-
-static void canon_string(kvt_wbuf *b, const char *s, size_t n)
-{
-    kvt_wbuf_put(b, "\"", 1);
-    canon_chars(b, s, n);
-    kvt_wbuf_put(b, "\"", 1);
-}
+ * reads back to the same double (0.95, not 0.94999999999999996). The
+ * string text is jsonstr.c's, shared with the templates. */
 
 static int cmp_key(const void *a, const void *b)
 {
@@ -292,7 +208,7 @@ static void canon(kvt_wbuf *b, const json_t *v, bool skip_schema)
             if (skip_schema && !strcmp(keys[i], "$schema")) continue;
             if (!first) kvt_wbuf_put(b, ",", 1);
             first = false;
-            canon_string(b, keys[i], strlen(keys[i]));
+            kvt_json_string(b, keys[i], strlen(keys[i]));
             kvt_wbuf_put(b, ":", 1);
             canon(b, json_object_get(v, keys[i]), false);
         }
@@ -309,109 +225,16 @@ static void canon(kvt_wbuf *b, const json_t *v, bool skip_schema)
         kvt_wbuf_put(b, "]", 1);
         return;
     }
-    case JSON_STRING: canon_string(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_INTEGER:
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        put_str(b, num);
-        return;
     case JSON_REAL: {
         double d = json_real_value(v); /* finite: jansson refuses overflow */
         for (int p = 1; p <= 17; p++) {
             snprintf(num, sizeof num, "%.*g", p, d);
             if (strtod(num, NULL) == d) break;
         }
-        put_str(b, num);
+        kvt_wbuf_puts(b, num);
         return;
     }
-    case JSON_TRUE: put_str(b, "true"); return;
-    case JSON_FALSE: put_str(b, "false"); return;
-    case JSON_NULL: put_str(b, "null"); return;
-    }
-}
-
-/* ---- template JSON -------------------------------------------------------- */
-
-/* What the chat template's `tojson` filter writes (as @huggingface/jinja
- * implements it, Python's json.dumps without ensure_ascii): keys in the
- * order given, ", " and ": " between items, strings as JavaScript's
- * JSON.stringify escapes them (", \, \b \f \n \r \t, other control
- * characters as \u00xx; everything else as UTF-8), numbers as JavaScript
- * prints them (what a JSON.parse'd value becomes: 1.0 is 1, 1e21 is 1e+21). */
-static void js_number(kvt_wbuf *b, double d)
-{
-    char e[40], out[64];
-    if (d == 0) { put_str(b, "0"); return; }
-    int p = 0;
-    for (; p < 17; p++) {
-        snprintf(e, sizeof e, "%.*e", p, d);
-        if (strtod(e, NULL) == d) break;
-    }
-    /* e: [-]D[.DDD]e±XX -> the digits s (k of them) and n, x = 0.s x 10^n */
-    const char *q = e;
-    size_t o = 0;
-    if (*q == '-') out[o++] = *q++;
-    char dig[24];
-    int k = 0;
-    for (; *q && *q != 'e'; q++)
-        if (*q != '.') dig[k++] = *q;
-    while (k > 1 && dig[k - 1] == '0') k--;
-    int n = atoi(q + 1) + 1;
-    if (k <= n && n <= 21) {
-        memcpy(out + o, dig, (size_t)k), o += (size_t)k;
-        for (int i = k; i < n; i++) out[o++] = '0';
-    } else if (0 < n && n <= 21) {
-        memcpy(out + o, dig, (size_t)n), o += (size_t)n;
-        out[o++] = '.';
-        memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
-    } else if (-6 < n && n <= 0) {
-        out[o++] = '0', out[o++] = '.';
-        for (int i = 0; i < -n; i++) out[o++] = '0';
-        memcpy(out + o, dig, (size_t)k), o += (size_t)k;
-    } else {
-        out[o++] = dig[0];
-        if (k > 1) {
-            out[o++] = '.';
-            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
-        }
-        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%d", n - 1 < 0 ? '-' : '+', abs(n - 1));
-    }
-    kvt_wbuf_put(b, out, o);
-}
-
-static void tojson(kvt_wbuf *b, const json_t *v)
-{
-    char num[40];
-    const char *key;
-    json_t *x;
-    size_t i = 0;
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        kvt_wbuf_put(b, "{", 1);
-        json_object_foreach((json_t *)v, key, x) {
-            if (i++) put_str(b, ", ");
-            canon_string(b, key, strlen(key));
-            put_str(b, ": ");
-            tojson(b, x);
-        }
-        kvt_wbuf_put(b, "}", 1);
-        return;
-    case JSON_ARRAY:
-        kvt_wbuf_put(b, "[", 1);
-        for (; i < json_array_size(v); i++) {
-            if (i) put_str(b, ", ");
-            tojson(b, json_array_get(v, i));
-        }
-        kvt_wbuf_put(b, "]", 1);
-        return;
-    case JSON_STRING: canon_string(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_INTEGER:
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        put_str(b, num);
-        return;
-    case JSON_REAL: js_number(b, json_real_value(v)); return;
-    case JSON_TRUE: put_str(b, "true"); return;
-    case JSON_FALSE: put_str(b, "false"); return;
-    case JSON_NULL: put_str(b, "null"); return;
+    default: kvt_json_scalar(b, v); return;
     }
 }
 
@@ -445,87 +268,32 @@ static int parse_stop(kvt_request *r, const json_t *root, const char *key, bool 
 
 /* ---- the conversation ----------------------------------------------------- */
 
-/* A request's conversation, whatever the api, reduced to turns: role, text
- * (parts joined), and for an assistant turn the tool calls after its text. */
-enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, ROLE_DEVELOPER };
-
-/* OpenAI's developer messages are system text to the plain template; the
- * DeepSeek-V4 template renders them as user text. */
-static bool is_system(int role) { return role == ROLE_SYSTEM || role == ROLE_DEVELOPER; }
-
-typedef struct call {
-    char *id;        /* the client's call id; NULL when it sent none */
-    char *name;
-    char *args;      /* (args_len) canonical JSON, or the client's bytes when not JSON */
-    size_t args_len;
-    bool args_json;
-    json_t *argv;    /* the arguments as the client sent them, when a JSON object (a
-                      * reference); NULL otherwise */
-} call;
-
-typedef struct turn {
-    int role;
-    char *text;      /* (len) bytes, malloc'ed, NUL-terminated */
-    size_t len;
-    char *reasoning; /* (rlen) assistant only: its reasoning as the client sent it back
-                      * (reasoning_content, Anthropic thinking blocks); NULL: none */
-    size_t rlen;
-    call *calls;     /* (n_calls) assistant only */
-    size_t n_calls, cap_calls;
-} turn;
-
+/* The conversation is read into template.h's kvt_chat, which the model's
+ * template renders; chat is that and how to read it. */
 typedef struct chat {
-    turn *t;         /* (n) in request order; Anthropic's "system" and Responses'
-                      * "instructions" first */
-    size_t n, cap;
-    kvt_wbuf tools;  /* canonical function definitions, one per line (plain) */
-    json_t *fns;     /* the same functions as OpenAI function objects, in the
-                      * client's key order (deepseek); NULL when there are none */
-    size_t n_tools;
-    bool keep_volatile;
-    bool thinking;   /* deepseek: the request asked for thinking mode */
-    int effort;      /* deepseek, thinking: 0, or the "high" (1) / "max" (2) preamble */
+    kvt_chat c;
+    bool keep_volatile; /* kvt_parse_opts.keep_volatile */
 } chat;
 
-static void chat_free(chat *c)
-{
-    for (size_t i = 0; i < c->n; i++) {
-        turn *t = &c->t[i];
-        for (size_t k = 0; k < t->n_calls; k++) {
-            free(t->calls[k].id);
-            free(t->calls[k].name);
-            free(t->calls[k].args);
-            json_decref(t->calls[k].argv);
-        }
-        free(t->calls);
-        free(t->text);
-        free(t->reasoning);
-    }
-    free(c->t);
-    kvt_wbuf_free(&c->tools);
-    json_decref(c->fns);
-    *c = (chat){0};
-}
-
 /* Append a turn with empty text; NULL on out of memory. */
-static turn *chat_push(chat *ch, int role)
+static kvt_turn *chat_push(chat *ch, int role)
 {
-    if (ch->n == ch->cap) {
-        size_t cap = ch->cap ? ch->cap * 2 : 8, bytes; /* cap <= 2 x the turns the body holds + 8 */
-        turn *t = kvt_mul_ok(cap, sizeof *t, &bytes) ? realloc(ch->t, bytes) : NULL;
+    if (ch->c.n == ch->c.cap) {
+        size_t cap = ch->c.cap ? ch->c.cap * 2 : 8, bytes; /* cap <= 2 x the turns the body holds + 8 */
+        kvt_turn *t = kvt_mul_ok(cap, sizeof *t, &bytes) ? realloc(ch->c.t, bytes) : NULL;
         if (!t) return NULL;
-        ch->t = t;
-        ch->cap = cap;
+        ch->c.t = t;
+        ch->c.cap = cap;
     }
     char *empty = kvt_strndup("", 0);
     if (!empty) return NULL;
-    turn *t = &ch->t[ch->n++];
-    *t = (turn){.role = role, .text = empty};
+    kvt_turn *t = &ch->c.t[ch->c.n++];
+    *t = (kvt_turn){.role = role, .text = empty};
     return t;
 }
 
 /* Give t the bytes of b (consumed, also on failure). */
-static int turn_take(turn *t, kvt_wbuf *b, int *status)
+static int turn_take(kvt_turn *t, kvt_wbuf *b, int *status)
 {
     kvt_wbuf_put(b, "", 1); /* NUL: b->p is never NULL afterwards */
     if (b->oom) { kvt_wbuf_free(b); return oom(status); }
@@ -538,15 +306,15 @@ static int turn_take(turn *t, kvt_wbuf *b, int *status)
 
 /* Add a tool call to assistant turn t; args (the canonical or verbatim
  * arguments) and the reference argv (may be NULL) are consumed. */
-static int turn_call(turn *t, const json_t *id, const char *ns, const char *name, size_t name_len, kvt_wbuf *args,
+static int turn_call(kvt_turn *t, const json_t *id, const char *ns, const char *name, size_t name_len, kvt_wbuf *args,
                      bool args_json, json_t *argv, int *status)
 {
-    call c = {.args_json = args_json, .argv = argv};
+    kvt_turn_call c = {.args_json = args_json, .argv = argv};
     kvt_wbuf_put(args, "", 1);
     kvt_wbuf qn = {0};
     if (ns) {
-        put_str(&qn, ns);
-        put_str(&qn, KVT_API_NS_SEP);
+        kvt_wbuf_puts(&qn, ns);
+        kvt_wbuf_puts(&qn, KVT_API_NS_SEP);
     }
     kvt_wbuf_put(&qn, name, name_len);
     kvt_wbuf_put(&qn, "", 1);
@@ -556,7 +324,7 @@ static int turn_call(turn *t, const json_t *id, const char *ns, const char *name
     if (id && !(c.id = kvt_strndup(json_string_value(id), json_string_length(id)))) args->oom = true;
     if (t->n_calls == t->cap_calls && !args->oom && !qn.oom) {
         size_t cap = t->cap_calls ? t->cap_calls * 2 : 4, bytes;
-        call *p = kvt_mul_ok(cap, sizeof *p, &bytes) ? realloc(t->calls, bytes) : NULL;
+        kvt_turn_call *p = kvt_mul_ok(cap, sizeof *p, &bytes) ? realloc(t->calls, bytes) : NULL;
         if (!p) args->oom = true;
         else { t->calls = p; t->cap_calls = cap; }
     }
@@ -604,8 +372,9 @@ static bool strip_volatile(kvt_wbuf *out, const char *s, size_t n)
     return true;
 }
 
-/* Text being collected from content parts: SEP between parts. System text
- * (filter) loses its volatile lines; dropped tells whether any went. */
+/* Text being collected from content parts: KVT_CHAT_SEP between parts.
+ * System text (filter) loses its volatile lines; dropped tells whether any
+ * went. */
 typedef struct text_acc {
     kvt_wbuf b;
     size_t n_parts;
@@ -621,13 +390,13 @@ static void put_part(text_acc *a, const char *s, size_t n)
         a->dropped = true;
         if (f.oom) a->b.oom = true;
         else if (f.len) {
-            if (a->n_parts++) put_str(&a->b, SEP);
+            if (a->n_parts++) kvt_wbuf_puts(&a->b, KVT_CHAT_SEP);
             kvt_wbuf_put(&a->b, f.p, f.len);
         }
         kvt_wbuf_free(&f);
         return;
     }
-    if (a->n_parts++) put_str(&a->b, SEP);
+    if (a->n_parts++) kvt_wbuf_puts(&a->b, KVT_CHAT_SEP);
     kvt_wbuf_put(&a->b, s, n);
 }
 
@@ -676,7 +445,8 @@ static int part_text(text_acc *a, const json_t *part, const char *where, size_t 
 
 /* Append the text of content c (a string, or an array of text parts).
  * Text parts ("text", and Responses' "input_text" / "output_text") are
- * joined with SEP; "refusal" parts are skipped; any other type is refused.
+ * joined with KVT_CHAT_SEP; "refusal" parts are skipped; any other type is
+ * refused.
  * where names c ("messages[2].content", "system"). */
 static int content_text(text_acc *a, const json_t *c, const char *where, int *status)
 {
@@ -707,7 +477,7 @@ static int chat_add_acc(chat *ch, int role, text_acc *a, int *status)
         kvt_wbuf_free(&a->b);
         return KVT_OK;
     }
-    turn *t = chat_push(ch, role);
+    kvt_turn *t = chat_push(ch, role);
     if (!t) { kvt_wbuf_free(&a->b); return oom(status); }
     return turn_take(t, &a->b, status);
 }
@@ -715,7 +485,7 @@ static int chat_add_acc(chat *ch, int role, text_acc *a, int *status)
 /* Add a turn whose text is content c (NULL: empty). */
 static int chat_add(chat *ch, int role, const json_t *c, const char *where, int *status)
 {
-    text_acc a = {.filter = is_system(role) && !ch->keep_volatile};
+    text_acc a = {.filter = kvt_role_is_system(role) && !ch->keep_volatile};
     int rc = c ? content_text(&a, c, where, status) : KVT_OK;
     if (rc) { kvt_wbuf_free(&a.b); return rc; }
     return chat_add_acc(ch, role, &a, status);
@@ -723,35 +493,35 @@ static int chat_add(chat *ch, int role, const json_t *c, const char *where, int 
 
 /* ---- tool definitions ----------------------------------------------------- */
 
-/* Append one function to ch->tools as a canonical line:
+/* Append one function to ch->c.tools as a canonical line:
  * {"name":…,"description":…,"parameters":…}, fixed key order at the top (the
  * name first reads best), parameters canonical without "$schema"; absent
  * description or parameters are left out. ns: the Responses namespace. */
 static int tool_add_canon(chat *ch, const char *ns, const json_t *name, const json_t *desc, const json_t *params,
                           int *status)
 {
-    kvt_wbuf *b = &ch->tools;
-    if (ch->n_tools++) kvt_wbuf_put(b, "\n", 1);
-    put_str(b, "{\"name\":\"");
+    kvt_wbuf *b = &ch->c.tools;
+    if (ch->c.n_tools++) kvt_wbuf_put(b, "\n", 1);
+    kvt_wbuf_puts(b, "{\"name\":\"");
     if (ns) {
-        canon_chars(b, ns, strlen(ns));
-        put_str(b, KVT_API_NS_SEP);
+        kvt_json_chars(b, ns, strlen(ns));
+        kvt_wbuf_puts(b, KVT_API_NS_SEP);
     }
-    canon_chars(b, json_string_value(name), json_string_length(name));
-    put_str(b, "\"");
+    kvt_json_chars(b, json_string_value(name), json_string_length(name));
+    kvt_wbuf_puts(b, "\"");
     if (desc) {
-        put_str(b, ",\"description\":");
-        canon_string(b, json_string_value(desc), json_string_length(desc));
+        kvt_wbuf_puts(b, ",\"description\":");
+        kvt_json_string(b, json_string_value(desc), json_string_length(desc));
     }
     if (params) {
-        put_str(b, ",\"parameters\":");
+        kvt_wbuf_puts(b, ",\"parameters\":");
         canon(b, params, true);
     }
-    put_str(b, "}");
+    kvt_wbuf_puts(b, "}");
     return b->oom ? oom(status) : KVT_OK;
 }
 
-/* Append one function to ch->fns as the OpenAI function object the
+/* Append one function to ch->c.fns as the OpenAI function object the
  * DeepSeek-V4 template renders (tool['function'] | tojson): an OpenAI chat
  * function (no "type", schema under "parameters", no namespace) as the
  * client sent it, every key in its order; any other (Anthropic's
@@ -766,8 +536,8 @@ static int tool_add_fn(chat *ch, const char *ns, const json_t *fn, const json_t 
     } else if ((f = json_object())) {
         kvt_wbuf q = {0};
         if (ns) {
-            put_str(&q, ns);
-            put_str(&q, KVT_API_NS_SEP);
+            kvt_wbuf_puts(&q, ns);
+            kvt_wbuf_puts(&q, KVT_API_NS_SEP);
         }
         kvt_wbuf_put(&q, json_string_value(name), json_string_length(name));
         int bad_set = q.oom || json_object_set_new(f, "name", json_stringn((const char *)q.p, q.len)) ||
@@ -777,8 +547,8 @@ static int tool_add_fn(chat *ch, const char *ns, const json_t *fn, const json_t 
         if (bad_set) { json_decref(f); f = NULL; }
     }
     if (!f) return oom(status);
-    if (!ch->fns && !(ch->fns = json_array())) { json_decref(f); return oom(status); }
-    return json_array_append_new(ch->fns, f) ? oom(status) : KVT_OK;
+    if (!ch->c.fns && !(ch->c.fns = json_array())) { json_decref(f); return oom(status); }
+    return json_array_append_new(ch->c.fns, f) ? oom(status) : KVT_OK;
 }
 
 /* A function definition: checked, then added to both forms. */
@@ -808,7 +578,7 @@ static int add_namespace(kvt_request *r, const json_t *name, int *status)
     return KVT_OK;
 }
 
-/* The function tools a request offers, rendered into ch->tools; anything
+/* The function tools a request offers, rendered into ch->c.tools; anything
  * else (hosted tools such as web_search, Anthropic server tools, custom
  * grammar tools) is ignored: the model cannot run them. */
 static int parse_tools(chat *ch, kvt_request *r, const json_t *root, kvt_api api, int *status)
@@ -883,24 +653,10 @@ static int parse_tools(chat *ch, kvt_request *r, const json_t *root, kvt_api api
 
 /* ---- conversations, per api ---------------------------------------------- */
 
-static void turn_clear(turn *t)
-{
-    for (size_t k = 0; k < t->n_calls; k++) {
-        free(t->calls[k].id);
-        free(t->calls[k].name);
-        free(t->calls[k].args);
-        json_decref(t->calls[k].argv);
-    }
-    free(t->calls);
-    free(t->text);
-    free(t->reasoning);
-    *t = (turn){0};
-}
-
 /* A tool call: its name is obj[name_key], its arguments obj[args_key], a
  * JSON text (OpenAI, Responses) or a JSON value (Anthropic's input);
  * absent arguments are {}. id: the call id (may be NULL). */
-static int add_call(turn *t, const json_t *id, const char *ns, const json_t *obj, const char *name_key,
+static int add_call(kvt_turn *t, const json_t *id, const char *ns, const json_t *obj, const char *name_key,
                     const char *args_key, const char *where, int *status)
 {
     const json_t *name;
@@ -910,7 +666,7 @@ static int add_call(turn *t, const json_t *id, const char *ns, const json_t *obj
     kvt_wbuf args = {0};
     bool is_json = true;
     if (!a) {
-        put_str(&args, "{}");
+        kvt_wbuf_puts(&args, "{}");
         if (!(argv = json_object())) args.oom = true;
     } else if (json_is_string(a)) {
         json_error_t e;
@@ -929,16 +685,16 @@ static int add_call(turn *t, const json_t *id, const char *ns, const json_t *obj
 }
 
 /* Move the collected text and calls of tmp into a new assistant turn. */
-static int chat_add_assistant(chat *ch, text_acc *a, turn *tmp, int *status)
+static int chat_add_assistant(chat *ch, text_acc *a, kvt_turn *tmp, int *status)
 {
-    turn *t = chat_push(ch, ROLE_ASSISTANT);
-    if (!t) { kvt_wbuf_free(&a->b); turn_clear(tmp); return oom(status); }
+    kvt_turn *t = chat_push(ch, KVT_ROLE_ASSISTANT);
+    if (!t) { kvt_wbuf_free(&a->b); kvt_turn_free(tmp); return oom(status); }
     t->calls = tmp->calls;
     t->n_calls = tmp->n_calls;
     t->cap_calls = tmp->cap_calls;
     t->reasoning = tmp->reasoning;
     t->rlen = tmp->rlen;
-    *tmp = (turn){0};
+    *tmp = (kvt_turn){0};
     return turn_take(t, &a->b, status);
 }
 
@@ -946,11 +702,11 @@ static int role_of(const json_t *jr, const char *where, bool allow_tool, int *ro
 {
     if (!json_is_string(jr)) return bad(status, "\"%s.role\": expected a string, got %s", where, type_name(jr));
     const char *rs = json_string_value(jr);
-    if (!strcmp(rs, "user")) *role = ROLE_USER;
-    else if (!strcmp(rs, "assistant")) *role = ROLE_ASSISTANT;
-    else if (!strcmp(rs, "system")) *role = ROLE_SYSTEM;
-    else if (!strcmp(rs, "developer")) *role = ROLE_DEVELOPER;
-    else if (allow_tool && (!strcmp(rs, "tool") || !strcmp(rs, "function"))) *role = ROLE_TOOL;
+    if (!strcmp(rs, "user")) *role = KVT_ROLE_USER;
+    else if (!strcmp(rs, "assistant")) *role = KVT_ROLE_ASSISTANT;
+    else if (!strcmp(rs, "system")) *role = KVT_ROLE_SYSTEM;
+    else if (!strcmp(rs, "developer")) *role = KVT_ROLE_DEVELOPER;
+    else if (allow_tool && (!strcmp(rs, "tool") || !strcmp(rs, "function"))) *role = KVT_ROLE_TOOL;
     else return bad(status, "\"%s.role\": unknown role \"%.40s\"", where, rs);
     return KVT_OK;
 }
@@ -967,7 +723,7 @@ static int messages_array(const json_t *root, const json_t **out, int *status)
 
 /* One entry of an OpenAI assistant message's tool_calls:
  * {id, type:"function", function:{name, arguments}}. */
-static int openai_call(turn *tmp, const json_t *call, const char *w, int *status)
+static int openai_call(kvt_turn *tmp, const json_t *call, const char *w, int *status)
 {
     if (!json_is_object(call)) return bad(status, "\"%s\": expected an object, got %s", w, type_name(call));
     const json_t *ty, *id;
@@ -1000,7 +756,7 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
         int role;
         if ((rc = role_of(json_object_get(msg, "role"), where, true, &role, status))) return rc;
         json_t *c = field(msg, "content");
-        if (role != ROLE_ASSISTANT) {
+        if (role != KVT_ROLE_ASSISTANT) {
             /* a tool message's tool_call_id and name are not rendered: the
              * results follow their calls in order */
             if (!c) return bad(status, "\"%s\": required", cwhere);
@@ -1010,7 +766,7 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
         /* OpenAI allows an assistant message without content (it then
          * carries tool calls): its text is empty. */
         text_acc a = {0};
-        turn tmp = {0};
+        kvt_turn tmp = {0};
         rc = c ? content_text(&a, c, cwhere, status) : KVT_OK;
         json_t *tc = field(msg, "tool_calls"), *fc = field(msg, "function_call");
         if (!rc && tc && !json_is_array(tc))
@@ -1035,7 +791,7 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
             !(tmp.reasoning = kvt_strndup(json_string_value(rs), json_string_length(rs))))
             rc = oom(status);
         tmp.rlen = rs ? json_string_length(rs) : 0;
-        if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
+        if (rc) { kvt_wbuf_free(&a.b); kvt_turn_free(&tmp); return rc; }
         if ((rc = chat_add_assistant(ch, &a, &tmp, status))) return rc;
     }
     return KVT_OK;
@@ -1043,7 +799,7 @@ static int parse_chat(chat *ch, const json_t *root, int *status)
 
 /* Give assistant turn t the reasoning collected in a (consumed, also on
  * failure). */
-static int turn_take_reasoning(turn *t, text_acc *a, int *status)
+static int turn_take_reasoning(kvt_turn *t, text_acc *a, int *status)
 {
     kvt_wbuf_put(&a->b, "", 1);
     if (a->b.oom) { kvt_wbuf_free(&a->b); return oom(status); }
@@ -1067,7 +823,7 @@ static int turn_take_reasoning(turn *t, text_acc *a, int *status)
 static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *where, int *status)
 {
     text_acc a = {0}, ra = {0};
-    turn tmp = {0};
+    kvt_turn tmp = {0};
     bool any = false, any_reasoning = false;
     size_t j;
     json_t *blk;
@@ -1079,23 +835,23 @@ static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *whe
         if ((rc = part_type(blk, where, j, &t, status))) break;
         if (is_text_type(t)) {
             if ((rc = part_text(&a, blk, where, j, status))) break;
-        } else if (role == ROLE_USER && !strcmp(t, "tool_result")) {
+        } else if (role == KVT_ROLE_USER && !strcmp(t, "tool_result")) {
             /* tool_use_id and is_error are not rendered: results follow
              * their calls in order, and an error result says so in its text */
-            if (a.n_parts && (rc = chat_add_acc(ch, ROLE_USER, &a, status))) break;
+            if (a.n_parts && (rc = chat_add_acc(ch, KVT_ROLE_USER, &a, status))) break;
             a = (text_acc){0};
             text_acc o = {0};
             json_t *oc = field(blk, "content");
             char cw[160];
             snprintf(cw, sizeof cw, "%s.content", w);
             if (oc && (rc = content_text(&o, oc, cw, status))) { kvt_wbuf_free(&o.b); break; }
-            if ((rc = chat_add_acc(ch, ROLE_TOOL, &o, status))) break;
+            if ((rc = chat_add_acc(ch, KVT_ROLE_TOOL, &o, status))) break;
             any = true;
-        } else if (role == ROLE_ASSISTANT && !strcmp(t, "tool_use")) {
+        } else if (role == KVT_ROLE_ASSISTANT && !strcmp(t, "tool_use")) {
             const json_t *id;
             if ((rc = get_str(blk, "id", w, false, &id, status))) break;
             if ((rc = add_call(&tmp, id, NULL, blk, "name", "input", w, status))) break;
-        } else if (role == ROLE_ASSISTANT && !strcmp(t, "thinking")) {
+        } else if (role == KVT_ROLE_ASSISTANT && !strcmp(t, "thinking")) {
             json_t *th = json_object_get(blk, "thinking");
             if (!json_is_string(th)) {
                 rc = bad(status, "\"%s.thinking\": expected a string, got %s", w, type_name(th));
@@ -1103,7 +859,7 @@ static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *whe
             }
             put_part(&ra, json_string_value(th), json_string_length(th));
             any_reasoning = true;
-        } else if (role == ROLE_ASSISTANT && !strcmp(t, "redacted_thinking")) {
+        } else if (role == KVT_ROLE_ASSISTANT && !strcmp(t, "redacted_thinking")) {
             continue;
         } else {
             rc = part_refused(status, where, j, t);
@@ -1112,9 +868,9 @@ static int anthropic_blocks(chat *ch, int role, const json_t *c, const char *whe
     }
     if (!rc && any_reasoning) rc = turn_take_reasoning(&tmp, &ra, status);
     kvt_wbuf_free(&ra.b);
-    if (rc) { kvt_wbuf_free(&a.b); turn_clear(&tmp); return rc; }
-    if (role == ROLE_ASSISTANT) return chat_add_assistant(ch, &a, &tmp, status);
-    if (a.n_parts || !any) return chat_add_acc(ch, role, &a, status); /* [] is an empty turn */
+    if (rc) { kvt_wbuf_free(&a.b); kvt_turn_free(&tmp); return rc; }
+    if (role == KVT_ROLE_ASSISTANT) return chat_add_assistant(ch, &a, &tmp, status);
+    if (a.n_parts || !any) return chat_add_acc(ch, role, &a, status); /* [] is an empty kvt_turn */
     kvt_wbuf_free(&a.b);
     return KVT_OK;
 }
@@ -1128,7 +884,7 @@ static int parse_anthropic(chat *ch, const json_t *root, int *status)
         return bad(status, "\"system\": expected a string or an array of text blocks, got %s", type_name(sys));
     /* An empty system prompt is no system prompt. */
     if (sys && (json_is_string(sys) ? json_string_length(sys) : json_array_size(sys)) > 0 &&
-        (rc = chat_add(ch, ROLE_SYSTEM, sys, "system", status)))
+        (rc = chat_add(ch, KVT_ROLE_SYSTEM, sys, "system", status)))
         return rc;
     const json_t *msgs;
     if ((rc = messages_array(root, &msgs, status))) return rc;
@@ -1144,8 +900,8 @@ static int parse_anthropic(chat *ch, const json_t *root, int *status)
          * developer messages are accepted as system text (a leniency) */
         if ((rc = role_of(json_object_get(msg, "role"), where, false, &role, status))) return rc;
         json_t *c = field(msg, "content");
-        if (!c && role != ROLE_ASSISTANT) return bad(status, "\"%s\": required", cwhere);
-        if (!c || !json_is_array(c) || is_system(role)) rc = chat_add(ch, role, c, cwhere, status);
+        if (!c && role != KVT_ROLE_ASSISTANT) return bad(status, "\"%s\": required", cwhere);
+        if (!c || !json_is_array(c) || kvt_role_is_system(role)) rc = chat_add(ch, role, c, cwhere, status);
         else rc = anthropic_blocks(ch, role, c, cwhere, status);
         if (rc) return rc;
     }
@@ -1163,11 +919,11 @@ static int parse_responses(chat *ch, const json_t *root, int *status)
     json_t *ins = field(root, "instructions");
     if (ins && !json_is_string(ins))
         return bad(status, "\"instructions\": expected a string, got %s", type_name(ins));
-    if (ins && json_string_length(ins) > 0 && (rc = chat_add(ch, ROLE_SYSTEM, ins, "instructions", status)))
+    if (ins && json_string_length(ins) > 0 && (rc = chat_add(ch, KVT_ROLE_SYSTEM, ins, "instructions", status)))
         return rc;
     json_t *in = field(root, "input");
     if (!in) return bad(status, "\"input\": required");
-    if (json_is_string(in)) return chat_add(ch, ROLE_USER, in, "input", status);
+    if (json_is_string(in)) return chat_add(ch, KVT_ROLE_USER, in, "input", status);
     if (!json_is_array(in))
         return bad(status, "\"input\": expected a string or an array of items, got %s", type_name(in));
     size_t i;
@@ -1191,14 +947,14 @@ static int parse_responses(chat *ch, const json_t *root, int *status)
             if ((rc = get_str(item, "call_id", where, true, &id, status)) ||
                 (rc = get_str(item, "namespace", where, false, &ns, status)))
                 return rc;
-            if (ch->n == 0 || ch->t[ch->n - 1].role != ROLE_ASSISTANT) {
-                if (!chat_push(ch, ROLE_ASSISTANT)) return oom(status);
+            if (ch->c.n == 0 || ch->c.t[ch->c.n - 1].role != KVT_ROLE_ASSISTANT) {
+                if (!chat_push(ch, KVT_ROLE_ASSISTANT)) return oom(status);
             }
-            rc = add_call(&ch->t[ch->n - 1], id, ns && json_string_length(ns) ? json_string_value(ns) : NULL, item,
+            rc = add_call(&ch->c.t[ch->c.n - 1], id, ns && json_string_length(ns) ? json_string_value(ns) : NULL, item,
                           "name", !strcmp(t, "function_call") ? "arguments" : "input", where, status);
         } else if (!strcmp(t, "function_call_output") || !strcmp(t, "custom_tool_call_output")) {
             snprintf(cwhere, sizeof cwhere, "input[%zu].output", i);
-            rc = chat_add(ch, ROLE_TOOL, field(item, "output"), cwhere, status);
+            rc = chat_add(ch, KVT_ROLE_TOOL, field(item, "output"), cwhere, status);
         } else if (!strcmp(t, "reasoning")) {
             continue;
         } else {
@@ -1207,169 +963,6 @@ static int parse_responses(chat *ch, const json_t *root, int *status)
         if (rc) return rc;
     }
     return KVT_OK;
-}
-
-/* ---- templates ------------------------------------------------------------ */
-
-/* One assistant tool call in the DSML markup: the bytes the server sampled
- * for it when the replay hook has them (for the first call they include the
- * separator and the <｜DSML｜tool_calls> opener, and every call its trailing
- * whitespace; see kvt_tool_calls_parse), else as the template writes it:
- * the opener before the first call, then
- *   <｜DSML｜invoke name="NAME">\n
- *   <｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n   (string values)
- *   <｜DSML｜parameter name="KEY" string="false">JSON</｜DSML｜parameter>\n   (any other value)
- *   </｜DSML｜invoke>\n
- * with a bare "\n" for a call without arguments (or with arguments that are
- * not a JSON object, which the template cannot take apart). */
-static void render_call(kvt_wbuf *b, const call *c, size_t k, const kvt_parse_opts *o)
-{
-    size_t rl = 0;
-    const char *rp = c->id && o->replay ? o->replay(o->replay_user, c->id, &rl) : NULL;
-    if (rp) {
-        kvt_wbuf_put(b, rp, rl);
-        return;
-    }
-    if (k == 0) put_str(b, "\n\n" DS_CALLS_BEGIN "\n");
-    put_str(b, DS_INVOKE);
-    put_str(b, c->name);
-    put_str(b, "\">\n");
-    const char *key;
-    json_t *v;
-    json_object_foreach(c->argv, key, v) {
-        put_str(b, DS_PARAM);
-        put_str(b, key);
-        if (json_is_string(v)) {
-            put_str(b, "\" string=\"true\">");
-            kvt_wbuf_put(b, json_string_value(v), json_string_length(v));
-        } else {
-            put_str(b, "\" string=\"false\">");
-            tojson(b, v);
-        }
-        put_str(b, DS_PARAM_END "\n");
-    }
-    if (!json_object_size(c->argv)) put_str(b, "\n");
-    put_str(b, DS_INVOKE_END "\n");
-}
-
-/* deepseek: the DeepSeek-V4-Flash chat template
- * (models/templates/deepseek-ai-DeepSeek-V4-Flash-0731.jinja in llama.cpp),
- * byte for byte:
- *
- *   BOS, in thinking mode the reasoning-effort preamble ("high", "max"), then
- *   the system part: every system text joined with "\n\n", and with tools
- *   the tools header, each function's JSON on its own line, the footer.
- *   user, developer <｜User｜>text; a user, developer or tool message right
- *               after another of them continues the same turn after "\n\n"
- *   tool        <｜User｜><tool_result>text</tool_result> (or continued likewise)
- *   assistant   <｜Assistant｜></think>text<｜end▁of▁sentence｜>, in thinking mode
- *               <｜Assistant｜><think>reasoning</think>text<｜end▁of▁sentence｜>;
- *               tool calls after the text (render_call) closed by
- *               </｜DSML｜tool_calls>
- *
- * then <｜Assistant｜></think> (thinking: <｜Assistant｜><think>) to prompt the
- * reply. Thinking mode keeps every turn's reasoning, which is the template
- * with drop_thinking = false: the template's default drops the reasoning of
- * turns before the last user message, which would rewrite the cached prefix
- * at every new user turn. A conversation that ends with an assistant turn
- * without tool calls is a prefill: the template's rendering without
- * the generation prompt and without that turn's final end-of-sentence, so the
- * reply continues its text. Either way each rendering is a prefix of the
- * next one. Returns whether the rendering ends with the generation prompt
- * (false for a prefill): only then does a thinking-mode reply begin with its
- * reasoning. */
-static bool render_deepseek(kvt_wbuf *b, const chat *ch, const kvt_parse_opts *o)
-{
-    put_str(b, DS_BOS);
-    if (ch->thinking && ch->effort) put_str(b, ch->effort == 2 ? V4_EFFORT_MAX : V4_EFFORT_HIGH);
-    size_t n_sys = 0, sys_len = 0, last = SIZE_MAX;
-    for (size_t i = 0; i < ch->n; i++) {
-        if (ch->t[i].role != ROLE_SYSTEM) { last = i; continue; }
-        if (n_sys++) put_str(b, SEP), sys_len += LIT(SEP);
-        kvt_wbuf_put(b, ch->t[i].text, ch->t[i].len);
-        sys_len += ch->t[i].len;
-    }
-    if (ch->n_tools) {
-        if (sys_len) put_str(b, SEP);
-        put_str(b, V4_TOOLS_HEADER);
-        for (size_t i = 0; i < json_array_size(ch->fns); i++) {
-            tojson(b, json_array_get(ch->fns, i));
-            put_str(b, "\n");
-        }
-        put_str(b, V4_TOOLS_FOOTER);
-    }
-    bool in_user = false;
-    for (size_t i = 0; i < ch->n; i++) {
-        const turn *t = &ch->t[i];
-        if (t->role == ROLE_SYSTEM) continue;
-        if (t->role != ROLE_ASSISTANT) {
-            put_str(b, in_user ? SEP : DS_USER);
-            in_user = true;
-            if (t->role == ROLE_TOOL) put_str(b, DS_RESULT_BEGIN);
-            kvt_wbuf_put(b, t->text, t->len);
-            if (t->role == ROLE_TOOL) put_str(b, DS_RESULT_END);
-            continue;
-        }
-        in_user = false;
-        put_str(b, DS_ASSISTANT);
-        if (ch->thinking) {
-            put_str(b, THINK_BEGIN);
-            if (t->reasoning) kvt_wbuf_put(b, t->reasoning, t->rlen);
-        }
-        put_str(b, THINK_END);
-        kvt_wbuf_put(b, t->text, t->len);
-        for (size_t k = 0; k < t->n_calls; k++) render_call(b, &t->calls[k], k, o);
-        if (t->n_calls) put_str(b, DS_CALLS_END);
-        if (i != last || t->n_calls) put_str(b, DS_EOS);
-    }
-    if (last != SIZE_MAX && ch->t[last].role == ROLE_ASSISTANT && !ch->t[last].n_calls) return false;
-    put_str(b, ch->thinking ? DS_ASSISTANT THINK_BEGIN : DS_ASSISTANT THINK_END);
-    return true;
-}
-
-/* One piece of the plain rendering: SEP before every piece but the first. */
-static void plain_piece(kvt_wbuf *b, size_t *k, const void *p, size_t n)
-{
-    if ((*k)++) put_str(b, SEP);
-    kvt_wbuf_put(b, p, n);
-}
-
-/* plain: the text of every message in order, joined with SEP, no markers;
- * the tool definitions after the leading system messages; an assistant's
- * tool calls after its text as {"name":…,"arguments":…} lines; a tool
- * result as its text. For models trained on raw text, the reply continues
- * the last message. */
-static void render_plain(kvt_wbuf *b, const chat *ch)
-{
-    size_t k = 0;
-    bool tools_done = ch->n_tools == 0;
-    for (size_t i = 0; i <= ch->n; i++) {
-        const turn *t = i < ch->n ? &ch->t[i] : NULL;
-        if (!tools_done && (!t || !is_system(t->role))) {
-            plain_piece(b, &k, TOOLS_HEAD, LIT(TOOLS_HEAD));
-            kvt_wbuf_put(b, ch->tools.p, ch->tools.len);
-            tools_done = true;
-        }
-        if (!t) break;
-        if (!t->n_calls || t->len) plain_piece(b, &k, t->text, t->len);
-        for (size_t c = 0; c < t->n_calls; c++) {
-            const call *x = &t->calls[c];
-            plain_piece(b, &k, "{\"name\":", 8);
-            canon_string(b, x->name, strlen(x->name));
-            put_str(b, ",\"arguments\":");
-            if (x->args_json) kvt_wbuf_put(b, x->args, x->args_len);
-            else canon_string(b, x->args, x->args_len);
-            put_str(b, "}");
-        }
-    }
-}
-
-const char *kvt_template_name(const kvt_model *m)
-{
-    if (!m) return "plain";
-    kvt_model_info info;
-    kvt_model_info_get(m, &info);
-    return info.arch && !strcmp(info.arch, "deepseek4") ? "deepseek" : "plain";
 }
 
 /* /v1/completions: "prompt" is a string, or an array holding one string. */
@@ -1530,14 +1123,14 @@ static int parse_thinking(chat *ch, const json_t *root, int *status)
     json_t *kw = field(root, "chat_template_kwargs");
     if (kw && !json_is_object(kw))
         return bad(status, "\"chat_template_kwargs\": expected an object, got %s", type_name(kw));
-    int rc = get_bool(kw, "enable_thinking", &ch->thinking, status);
-    if (!rc) rc = get_bool(kw, "thinking", &ch->thinking, status);
+    int rc = get_bool(kw, "enable_thinking", &ch->c.thinking, status);
+    if (!rc) rc = get_bool(kw, "thinking", &ch->c.thinking, status);
     const json_t *e = NULL;
     if (!rc) rc = get_str(kw, "reasoning_effort", "chat_template_kwargs", false, &e, status);
     if (!rc && !e) rc = get_str(root, "reasoning_effort", "", false, &e, status);
     if (rc) return rc;
     const char *es = e ? json_string_value(e) : "";
-    ch->effort = !strcmp(es, "max") ? 2 : !strcmp(es, "high") ? 1 : 0;
+    ch->c.effort = !strcmp(es, "max") ? 2 : !strcmp(es, "high") ? 1 : 0;
     return KVT_OK;
 }
 
@@ -1558,7 +1151,7 @@ static int parse_thinking_anthropic(chat *ch, const json_t *root, int *status)
     int rc = get_str(th, "type", "thinking", true, &ty, status);
     if (rc) return rc;
     const char *t = json_string_value(ty);
-    if (!strcmp(t, "enabled") || !strcmp(t, "adaptive")) ch->thinking = true;
+    if (!strcmp(t, "enabled") || !strcmp(t, "adaptive")) ch->c.thinking = true;
     else if (strcmp(t, "disabled"))
         return bad(status, "\"thinking.type\": unknown type \"%.40s\"; expected \"enabled\", \"adaptive\" or "
                            "\"disabled\"", t);
@@ -1586,12 +1179,16 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
             else rc = parse_responses(&ch, root, status);
         }
         if (!rc) {
-            r->n_tools = ch.n_tools;
-            r->prompt_has_bos = !strcmp(kvt_template_name(m), "deepseek");
-            if (r->prompt_has_bos) r->thinking = render_deepseek(&b, &ch, o) && ch.thinking;
-            else render_plain(&b, &ch);
+            const kvt_template *t = kvt_template_for(m);
+            r->tmpl = t;
+            r->n_tools = ch.c.n_tools;
+            r->prompt_has_bos = t->has_bos;
+            /* a thinking-mode reply begins with its reasoning only after the
+             * generation prompt (not in a prefill) */
+            bool gen = t->render(&b, &ch.c, o->replay, o->replay_user);
+            r->thinking = t->thinking && gen && ch.c.thinking;
         }
-        chat_free(&ch);
+        kvt_chat_free(&ch.c);
     }
     if (!rc) {
         kvt_wbuf_put(&b, "", 1);
@@ -1657,265 +1254,10 @@ int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t le
     return kvt_request_parse_opts(out, api, body, len, m, NULL, status);
 }
 
-/* ---- tool calls in generated text ---------------------------------------- */
+/* ---- the tool calls of a reply ------------------------------------------- */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-/* "call_" + 16 hex digits: a counter through a bijective mix, so ids never
- * repeat within a run, offset by a seed from the clock and the process id so
- * that they are unlikely to repeat across runs (a client's history may hold
- * ids from an earlier run of the server). */
-static void new_call_id(char out[24])
-{
-    static _Atomic uint64_t seed, counter;
-    uint64_t s = atomic_load(&seed);
-    if (!s) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t x = mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) ^
-                     mix64((uint64_t)getpid() << 20 ^ (uint64_t)(uintptr_t)out);
-        uint64_t zero = 0;
-        atomic_compare_exchange_strong(&seed, &zero, x | 1);
-        s = atomic_load(&seed);
-    }
-    uint64_t v = mix64(s + atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ULL);
-    snprintf(out, 24, "call_%016llx", (unsigned long long)v);
-}
-
-static const char *find(const char *s, size_t from, size_t to, const char *needle, size_t nl)
-{
-    return to > from ? memmem(s + from, to - from, needle, nl) : NULL;
-}
-
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* [*a, *b) without surrounding whitespace. */
-static void trim(const char *s, size_t *a, size_t *b)
-{
-    while (*a < *b && is_space(s[*a])) (*a)++;
-    while (*b > *a && is_space(s[*b - 1])) (*b)--;
-}
-
-void kvt_tool_calls_free(kvt_tool_call *calls, size_t n)
-{
-    if (!calls) return;
-    for (size_t i = 0; i < n; i++) {
-        free(calls[i].id);
-        free(calls[i].name);
-        free(calls[i].arguments);
-    }
-    free(calls);
-}
-
-/* Length of the well-formed UTF-8 character at s[0..n) (RFC 3629: no
- * overlongs, no surrogates, nothing past U+10FFFF, as jansson checks), or 0. */
-static size_t utf8_char(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t need;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) need = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) need = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4) need = 4, cp = c & 0x07;
-    else return 0;
-    if (n < need) return 0;
-    for (size_t i = 1; i < need; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if (need == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return 0;
-    if (need == 4 && (cp < 0x10000 || cp > 0x10FFFF)) return 0;
-    return need;
-}
-
-/* s[a, b) is well-formed UTF-8 without NUL (what a JSON string can hold). */
-static bool utf8_ok(const char *s, size_t a, size_t b)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t k; a < b; a += k)
-        if (!u[a] || !(k = utf8_char(u + a, b - a))) return false;
-    return true;
-}
-
-/* s[*p, to) starts with lit (after whitespace when skip): move *p past it. */
-static bool eat(const char *s, size_t *p, size_t to, const char *lit, bool skip)
-{
-    size_t q = *p, n = strlen(lit);
-    while (skip && q < to && is_space(s[q])) q++;
-    if (to - q < n || memcmp(s + q, lit, n)) return false;
-    *p = q + n;
-    return true;
-}
-
-/* A quoted attribute value: s[*p..) up to the next '"', which must be
- * followed by tail; [*va, *vb) receives the value, *p moves past tail. A
- * value holds no control bytes and no '<'. */
-static bool attr(const char *s, size_t *p, size_t to, const char *tail, size_t *va, size_t *vb)
-{
-    const char *q = memchr(s + *p, '"', to - *p);
-    if (!q) return false;
-    *va = *p;
-    *vb = (size_t)(q - s);
-    for (size_t i = *va; i < *vb; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f || s[i] == '<') return false;
-    size_t r = *vb + 1;
-    if (!eat(s, &r, to, tail, false)) return false;
-    *p = r;
-    return true;
-}
-
-/* One <｜DSML｜invoke name="NAME">...</｜DSML｜invoke> at s[*p..) (after
- * whitespace): its name and its parameters as a JSON object, in the order
- * written; a string="true" value is the string as written, a string="false"
- * value is read as JSON (a value that is not JSON stays a string). *p moves
- * past the invoke end and the whitespace after it. 1: a call; 0: no
- * (complete) call here; -1: out of memory. */
-static int dsml_invoke(const char *s, size_t *p, size_t to, size_t *na, size_t *nb, json_t **args)
-{
-    size_t q = *p;
-    *args = NULL;
-    if (!eat(s, &q, to, DS_INVOKE, true) || !attr(s, &q, to, ">", na, nb) || *nb == *na || !utf8_ok(s, *na, *nb))
-        return 0;
-    json_t *obj = json_object();
-    if (!obj) return -1;
-    for (;;) {
-        if (eat(s, &q, to, DS_INVOKE_END, true)) break;
-        size_t ka, kb;
-        if (!eat(s, &q, to, DS_PARAM, true) || !attr(s, &q, to, " string=\"", &ka, &kb)) goto no;
-        bool str;
-        if (eat(s, &q, to, "true\">", false)) str = true;
-        else if (eat(s, &q, to, "false\">", false)) str = false;
-        else goto no;
-        const char *e = find(s, q, to, DS_PARAM_END, LIT(DS_PARAM_END));
-        if (!e || !utf8_ok(s, q, (size_t)(e - s)) || !utf8_ok(s, ka, kb)) goto no;
-        size_t va = q, vb = (size_t)(e - s);
-        json_t *v = NULL;
-        if (!str) {
-            size_t ta = va, tb = vb;
-            trim(s, &ta, &tb);
-            json_error_t je;
-            v = json_loadb(s + ta, tb - ta, JSON_DECODE_ANY, &je);
-            if (!v && json_error_code(&je) == json_error_out_of_memory) goto oom;
-        }
-        if (!v) v = json_stringn(s + va, vb - va);
-        char *key = kvt_strndup(s + ka, kb - ka);
-        int bad_set = !v || !key || json_object_set_new(obj, key, v);
-        free(key);
-        if (bad_set) goto oom;
-        q = vb + LIT(DS_PARAM_END);
-    }
-    while (q < to && is_space(s[q])) q++;
-    *p = q;
-    *args = obj;
-    return 1;
-no:
-    json_decref(obj);
-    return 0;
-oom:
-    json_decref(obj);
-    return -1;
-}
-
-int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
-{
-    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
-    *calls = NULL;
-    *n = 0;
-    *text_end = len;
-    const char *cb = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
-    if (!cb) return KVT_OK;
-    size_t start = (size_t)(cb - text), pos = start + LIT(DS_CALLS_BEGIN);
-    while (start > 0 && is_space(text[start - 1])) start--;
-    kvt_tool_call *v = NULL;
-    size_t nv = 0, cap = 0, from = start;
-    for (;;) {
-        size_t na, nb;
-        json_t *args;
-        int got = dsml_invoke(text, &pos, len, &na, &nb, &args);
-        if (got < 0) goto nomem;
-        if (!got) break; /* unfinished or malformed: what follows is not read as calls */
-        if (nv == cap) {
-            size_t c2 = cap ? cap * 2 : 4, bytes;
-            kvt_tool_call *p = kvt_mul_ok(c2, sizeof *p, &bytes) ? realloc(v, bytes) : NULL;
-            if (!p) { json_decref(args); goto nomem; }
-            v = p;
-            cap = c2;
-        }
-        kvt_tool_call *c = &v[nv++];
-        memset(c, 0, sizeof *c);
-        char id[24];
-        new_call_id(id);
-        c->id = kvt_strndup(id, strlen(id));
-        c->name = kvt_strndup(text + na, nb - na);
-        c->arguments = kvt_json_dumps(args, JSON_COMPACT);
-        c->valid = true;
-        c->raw_off = from;
-        c->raw_len = pos - from;
-        json_decref(args);
-        if (!c->id || !c->name || !c->arguments) goto nomem;
-        from = pos;
-    }
-    if (!nv) {
-        free(v);
-        return KVT_OK;
-    }
-    *text_end = start;
-    *calls = v;
-    *n = nv;
-    return KVT_OK;
-nomem:
-    kvt_tool_calls_free(v, nv);
-    return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
-}
-
-size_t kvt_tool_calls_text_len(const char *text, size_t len)
-{
-    if (!text) return 0;
-    const char *a = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
-    size_t end = a ? (size_t)(a - text) : len;
-    /* a marker may be arriving: hold back a tail that starts one */
-    if (!a)
-        for (size_t k = LIT(DS_CALLS_BEGIN) - 1; k > 0; k--)
-            if (k <= len && !memcmp(text + len - k, DS_CALLS_BEGIN, k)) { end = len - k; break; }
-    /* and the whitespace before it, which the reply's text loses when calls follow */
-    while (end > 0 && is_space(text[end - 1])) end--;
-    return end;
-}
-
-/* ---- thinking mode ---------------------------------------------------------- */
-
-/* The first </think> ends the reasoning: the template writes one per turn,
- * and a reasoning cannot hold the special token's text (the tokenizer would
- * read it back as the token). Nothing is trimmed on either side: the client
- * sends both parts back and the template renders them around </think>, so
- * the turn is the bytes the model sampled. */
-bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
-{
-    if (!text) len = 0;
-    size_t rs = len, as = len;
-    const char *e = find(text, 0, len, THINK_END, LIT(THINK_END));
-    if (e) {
-        rs = (size_t)(e - text);
-        as = rs + LIT(THINK_END);
-    } else if (partial) {
-        /* the closing tag may be arriving (a byte at a time, when the model
-         * spells it out): hold back a tail that starts it */
-        for (size_t k = LIT(THINK_END) - 1; k > 0; k--)
-            if (k <= len && !memcmp(text + len - k, THINK_END, k)) { rs = len - k; break; }
-    }
-    if (reasoning) *reasoning = rs;
-    if (answer) *answer = as;
-    return e != NULL;
-}
-
+/* Read with the parser of the template that rendered r's prompt (a request
+ * built by hand: the DSML parser, kvt_tool_calls_parse). */
 int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt_tool_call **calls, size_t *n,
                          size_t *text_end)
 {
@@ -1928,7 +1270,7 @@ int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt
      * drafts) is no call, and an answer that has not begun has none */
     size_t from = 0;
     if (r->thinking) kvt_think_split(text, len, false, NULL, &from);
-    int rc = kvt_tool_calls_parse(text + from, len - from, calls, n, text_end);
+    int rc = (r->tmpl ? r->tmpl->tool_calls : kvt_tool_calls_parse)(text + from, len - from, calls, n, text_end);
     if (rc) return rc;
     *text_end += from;
     for (size_t i = 0; i < *n; i++) (*calls)[i].raw_off += from;
@@ -1969,12 +1311,12 @@ static json_t *jstr(const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, k;
-    while (i < len && (k = utf8_char(u + i, len - i))) i += k;
+    while (i < len && (k = kvt_utf8_char(u + i, len - i))) i += k;
     if (i == len) return json_stringn(s, len);
     kvt_wbuf b = {0};
     kvt_wbuf_put(&b, s, i);
     while (i < len) {
-        if ((k = utf8_char(u + i, len - i))) {
+        if ((k = kvt_utf8_char(u + i, len - i))) {
             kvt_wbuf_put(&b, s + i, k);
             i += k;
         } else {
@@ -2040,7 +1382,7 @@ static json_t *token_text(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, k;
-    while (i < n && (k = utf8_char(u + i, n - i))) i += k;
+    while (i < n && (k = kvt_utf8_char(u + i, n - i))) i += k;
     if (i == n) return json_stringn(n ? s : "", n);
     if (n > (SIZE_MAX - 7) / 4) return NULL;
     char *b = kvt_malloc(6 + 4 * n + 1);
@@ -2162,26 +1504,6 @@ static double float_echo(float f)
     return (double)f;
 }
 
-static int dump_put(const char *p, size_t n, void *b)
-{
-    kvt_wbuf_put(b, p, n);
-    return ((kvt_wbuf *)b)->oom ? -1 : 0;
-}
-
-char *kvt_json_dumps(const struct json_t *v, size_t flags)
-{
-    /* not json_dumps: with one of its allocations failing, Debian's jansson
-     * 2.14 returned an object with a key missing ({"id":"id-1",":"message"
-     * ...; tests/test_api.c api_every_allocation_failure). A buffer whose
-     * failure sticks fails every append after the first that fails. */
-    kvt_wbuf b = {0};
-    if (!v || json_dump_callback(v, dump_put, &b, flags) || (kvt_wbuf_put(&b, "", 1), b.oom)) {
-        kvt_wbuf_free(&b);
-        return NULL;
-    }
-    return (char *)b.p;
-}
-
 /* Dump v (stolen) compact, with extra flags; NULL when v is NULL or out of
  * memory. */
 static char *dump_f(json_t *v, size_t flags)
@@ -2199,13 +1521,13 @@ static void sse_f(kvt_wbuf *b, const char *event, json_t *v, size_t flags)
     char *s = dump_f(v, flags);
     if (!s) { b->oom = true; return; }
     if (event) {
-        put_str(b, "event: ");
-        put_str(b, event);
-        put_str(b, "\n");
+        kvt_wbuf_puts(b, "event: ");
+        kvt_wbuf_puts(b, event);
+        kvt_wbuf_puts(b, "\n");
     }
-    put_str(b, "data: ");
-    put_str(b, s);
-    put_str(b, "\n\n");
+    kvt_wbuf_puts(b, "data: ");
+    kvt_wbuf_puts(b, s);
+    kvt_wbuf_puts(b, "\n\n");
     free(s);
 }
 
@@ -2511,7 +1833,7 @@ char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *mod
         json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
                                 len || !n_calls ? jstr(text, len) : json_null(), "refusal");
         /* reasoning_content: DeepSeek's API and llama.cpp's server return
-         * the reasoning so; a client sends it back with the turn */
+         * the reasoning so; a client sends it back with the kvt_turn */
         if (msg && think && json_object_set_new(msg, "reasoning_content", jstr(reasoning, rlen))) {
             json_decref(msg);
             msg = NULL;
@@ -2833,7 +2155,7 @@ char *kvt_stream_end_lp(kvt_request *r, const char *id, const char *model_name,
         json_t *elp = r->api == KVT_API_COMPLETIONS && r->logprobs ? legacy_logprobs(r, NULL) : NULL;
         sse(&b, NULL, chunk(r, id, model_name, created, choice(r, empty, elp, openai_finish(finish, n_calls)), NULL));
         if (r->include_usage) sse(&b, NULL, chunk(r, id, model_name, created, json_array(), usage_openai(u)));
-        put_str(&b, "data: [DONE]\n\n");
+        kvt_wbuf_puts(&b, "data: [DONE]\n\n");
     }
     return finish_buf(&b);
 }

@@ -21,6 +21,8 @@ void kvt_wbuf_put(kvt_wbuf *b, const void *data, size_t n)
     b->len += n;
 }
 
+void kvt_wbuf_puts(kvt_wbuf *b, const char *s) { kvt_wbuf_put(b, s, strlen(s)); }
+
 void kvt_wbuf_u32(kvt_wbuf *b, uint32_t v)
 {
     uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};

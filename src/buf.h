@@ -15,6 +15,8 @@ typedef struct kvt_wbuf {
 } kvt_wbuf;
 
 void kvt_wbuf_put(kvt_wbuf *b, const void *data, size_t n);
+/* Append the bytes of a NUL-terminated string (without the NUL). */
+void kvt_wbuf_puts(kvt_wbuf *b, const char *s);
 void kvt_wbuf_u32(kvt_wbuf *b, uint32_t v);
 void kvt_wbuf_u64(kvt_wbuf *b, uint64_t v);
 void kvt_wbuf_free(kvt_wbuf *b);

@@ -2,8 +2,9 @@
  * cache tiers.
  *
  * Transport: libmicrohttpd, one thread per connection, loopback by default.
- * Request bodies are bounded; the API shapes (parsing, templates, response
- * JSON, SSE events, error bodies) live in api.c.
+ * Request bodies are bounded; the API shapes (parsing, response JSON, SSE
+ * events, error bodies) live in api.c, the chat templates and their markers
+ * (the turn markers the prefill checkpoints at) in template.c.
  *
  * Inference: one worker thread runs jobs from a bounded queue (the CPU is
  * the bottleneck; a full queue answers 429 with Retry-After). Streaming
@@ -631,10 +632,10 @@ static void run_job(server *sv, job *j)
     }
     /* tier 3: prefill the rest, leaving a checkpoint where the last user turn
      * begins: the next conversation on the same prompt forks from there */
-    static const char user_turn[] = "<｜User｜>"; /* the deepseek template's turn marker */
-    int32_t user_id = kvt_tokenizer_find(m->tok, user_turn, sizeof user_turn - 1);
-    static const char asst_turn[] = "<｜Assistant｜>";
-    int32_t asst_id = kvt_tokenizer_find(m->tok, asst_turn, sizeof asst_turn - 1);
+    const kvt_template *tpl = kvt_template_for(m); /* its turn markers, if it has any */
+    int32_t user_id = tpl->user_turn ? kvt_tokenizer_find(m->tok, tpl->user_turn, strlen(tpl->user_turn)) : -1;
+    int32_t asst_id =
+        tpl->assistant_turn ? kvt_tokenizer_find(m->tok, tpl->assistant_turn, strlen(tpl->assistant_turn)) : -1;
     size_t mark = 0;
     bool opening = asst_id >= 0; /* no assistant turn before the mark: a conversation's first request */
     for (size_t i = n; user_id >= 0 && i-- > 1;) {
@@ -744,8 +745,10 @@ static void run_job(server *sv, job *j)
         if (j->stream) {
             const char *tx = text.p ? (const char *)text.p : "";
             size_t ok = safe_len(tx, text.len, r);
-            if (r->n_tools && th.answering) { /* never stream the start of a tool call as text */
-                size_t t_ok = th.answer + kvt_tool_calls_text_len(tx + th.answer, text.len - th.answer);
+            /* never stream the start of a tool call as text (a request that
+             * offers tools was rendered by a template: r->tmpl is set) */
+            if (r->n_tools && th.answering) {
+                size_t t_ok = th.answer + r->tmpl->tool_calls_text_len(tx + th.answer, text.len - th.answer);
                 if (t_ok < ok) ok = t_ok;
             }
             stream_settled(j, r, id, model_name, created, tx, ok, ok, &th, &emitted, &lp);

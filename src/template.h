@@ -1,0 +1,196 @@
+/* Chat templates: a conversation in, the model's prompt text out, and the
+ * model's own markup (tool calls, thinking) read back out of generated text.
+ *
+ * This module owns every chat marker and fixed text a template writes (the
+ * DeepSeek-V4 markers <｜User｜>, <｜Assistant｜>, ｜DSML｜, <think> ..., the
+ * tools header and footer, the reasoning-effort preambles), the renderers,
+ * the JSON writer of the template's `tojson` filter, the tool-call parser of
+ * generated text and the thinking-mode split. src/api.c reads the request
+ * bodies of every api into the neutral kvt_chat below and hands it to the
+ * model's template; it knows no marker.
+ *
+ * Templates are rows of one table (kvt_templates): a name, the model
+ * architecture that picks it, a render function, and what the server has to
+ * know about its prompts (whether they carry BOS, the turn markers) and
+ * replies (the tool-call syntax, whether there is a thinking mode). A new
+ * family is one renderer and one row.
+ *
+ * Ownership: a kvt_chat owns all it points to (kvt_chat_free); tool calls
+ * parsed out of text are malloc'ed (kvt_tool_calls_free). Renderers append
+ * to a kvt_wbuf and report out of memory through its oom flag.
+ */
+#ifndef KVT_TEMPLATE_H
+#define KVT_TEMPLATE_H
+
+#include "buf.h"
+#include "kvtier.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct json_t; /* jansson's */
+
+/* ---- the conversation ----------------------------------------------------- *
+ *
+ * A request's conversation, whatever the api, reduced to turns: role, text
+ * (parts joined with KVT_CHAT_SEP), and for an assistant turn its reasoning
+ * and the tool calls after its text; plus the function tools offered and the
+ * thinking-mode request. */
+
+/* Between the text parts of one message (api.c joins them so), and in the
+ * templates between system texts and between turns that continue one. */
+#define KVT_CHAT_SEP "\n\n"
+
+/* OpenAI's developer messages are system text to the plain template; the
+ * DeepSeek-V4 template renders them as user text. */
+enum { KVT_ROLE_SYSTEM, KVT_ROLE_USER, KVT_ROLE_ASSISTANT, KVT_ROLE_TOOL, KVT_ROLE_DEVELOPER };
+static inline bool kvt_role_is_system(int role) { return role == KVT_ROLE_SYSTEM || role == KVT_ROLE_DEVELOPER; }
+
+typedef struct kvt_turn_call {
+    char *id;        /* the client's call id; NULL when it sent none */
+    char *name;      /* "ns" KVT_API_NS_SEP "fn" for a Responses namespace function */
+    char *args;      /* (args_len) canonical JSON, or the client's bytes when not JSON */
+    size_t args_len;
+    bool args_json;
+    struct json_t *argv; /* the arguments as the client sent them, when a JSON object (a
+                          * reference); NULL otherwise */
+} kvt_turn_call;
+
+typedef struct kvt_turn {
+    int role;        /* KVT_ROLE_* */
+    char *text;      /* (len) bytes, malloc'ed, NUL-terminated */
+    size_t len;
+    char *reasoning; /* (rlen) assistant only: its reasoning as the client sent it back
+                      * (reasoning_content, Anthropic thinking blocks); NULL: none */
+    size_t rlen;
+    kvt_turn_call *calls; /* (n_calls) assistant only */
+    size_t n_calls, cap_calls;
+} kvt_turn;
+
+typedef struct kvt_chat {
+    kvt_turn *t;     /* (n) in request order; Anthropic's "system" and Responses'
+                      * "instructions" first */
+    size_t n, cap;
+    kvt_wbuf tools;  /* (n_tools) canonical function definitions, one per line:
+                      * {"name":…,"description":…,"parameters":…} (plain) */
+    struct json_t *fns; /* the same functions as OpenAI function objects, in the
+                      * client's key order (deepseek); NULL when there are none */
+    size_t n_tools;
+    bool thinking;   /* the request asked for thinking mode */
+    int effort;      /* thinking: 0, or the "high" (1) / "max" (2) reasoning effort */
+} kvt_chat;
+
+/* Free what t / c own and zero them (a zeroed one is fine). */
+void kvt_turn_free(kvt_turn *t);
+void kvt_chat_free(kvt_chat *c);
+
+/* ---- templates ------------------------------------------------------------ */
+
+/* Exact replay: the text the server sampled for the tool call call_id (as
+ * kvt_tool_calls_parse delimited it: kvt_tool_call.raw_off/raw_len), or NULL
+ * when it has none. *len receives its length. The text must stay valid until
+ * the render returns. */
+typedef const char *(*kvt_replay_fn)(void *user, const char *call_id, size_t *len);
+
+typedef struct kvt_tool_call kvt_tool_call;
+
+typedef struct kvt_template {
+    const char *name;   /* "deepseek", "plain" */
+    const char *arch;   /* picked for models of this kvt_model_info.arch; NULL: for any
+                         * model (the fallback, the last row) */
+    /* Append the prompt for ch to b. replay (may be NULL) gives the sampled
+     * bytes of a tool call in the history. Returns whether the prompt ends
+     * with the generation prompt (a new assistant turn), false for a prefill
+     * (the reply continues the last assistant turn's text). */
+    bool (*render)(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
+    bool has_bos;       /* the prompt begins with the BOS text: tokenize it without
+                         * adding BOS, with special-token parsing */
+    bool thinking;      /* has a thinking mode: with ch->thinking and the generation
+                         * prompt the reply is REASONING</think>ANSWER (kvt_think_split) */
+    /* The tool calls of generated text, and while streaming how much of it is
+     * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). */
+    int (*tool_calls)(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+    size_t (*tool_calls_text_len)(const char *text, size_t len);
+    /* The texts that open a user and an assistant turn (each one token of
+     * the model's vocabulary), for the server's checkpoint where the last
+     * user turn begins; NULL when the template has no markers. */
+    const char *user_turn, *assistant_turn;
+} kvt_template;
+
+/* The table, in lookup order (kvt_n_templates rows; the last is the
+ * fallback). */
+extern const kvt_template kvt_templates[];
+extern const size_t kvt_n_templates;
+
+/* The template for a model: the first row whose arch is the model's (m NULL:
+ * the fallback). Never NULL. */
+const kvt_template *kvt_template_for(const kvt_model *m);
+/* Its name: "deepseek" for arch "deepseek4", "plain" otherwise (also for m
+ * NULL). Static string. */
+const char *kvt_template_name(const kvt_model *m);
+
+/* ---- tool calls in generated text ------------------------------------- *
+ *
+ * The model calls tools in the DSML markup of the DeepSeek-V4 template (｜DSML｜
+ * is one special token of the built-in tokenizer):
+ *
+ *   text\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="NAME">\n
+ *   <｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>\n
+ *   </｜DSML｜invoke>\n...</｜DSML｜tool_calls>
+ */
+struct kvt_tool_call {
+    char *id;                   /* "call_" + 16 hex digits, unique per process run and
+                                 * unlikely to repeat across runs; the caller may replace
+                                 * it (malloc'ed; kvt_tool_calls_free frees it) */
+    char *name;                 /* as the model wrote it ("ns.fn" for a namespace tool) */
+    char *arguments;            /* canonical JSON (compact, keys sorted) when the model
+                                 * wrote a JSON object; otherwise its bytes, trimmed */
+    bool valid;                 /* arguments is a JSON object */
+    size_t raw_off, raw_len;    /* the generated bytes of this call: from the end of the
+                                 * previous call (the first: the end of the text, so the
+                                 * separator and <｜DSML｜tool_calls> are in it) through
+                                 * its </｜DSML｜invoke> and the whitespace after it.
+                                 * Keep them under id for the replay hook. */
+};
+
+/* Parse the tool calls out of generated text (len bytes). *text_end receives
+ * where ordinary text stops: before the whitespace ahead of the first
+ * <｜DSML｜tool_calls>, or len when there is none or no complete call follows
+ * it (then all of it is text). *calls (malloc'ed, free with
+ * kvt_tool_calls_free) receives the complete calls in order, *n their count;
+ * an unfinished last call (cut by max_tokens) is left out, and so is anything
+ * after the calls. KVT_ENOMEM, or KVT_EINVAL for NULL arguments. */
+int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, size_t *n,
+                         size_t *text_end);
+void kvt_tool_calls_free(kvt_tool_call *calls, size_t n);
+/* While streaming: how many leading bytes of text are certainly ordinary
+ * text, i.e. before any tool-call marker and before a trailing partial one. */
+size_t kvt_tool_calls_text_len(const char *text, size_t len);
+
+/* ---- thinking mode ------------------------------------------------------ *
+ *
+ * A prompt rendered in thinking mode (kvt_request.thinking) ends with
+ * <｜Assistant｜><think>, so the model first writes its reasoning, closes it
+ * with </think> (one special token), then writes the answer, possibly
+ * followed by tool calls:
+ *
+ *   REASONING</think>ANSWER\n\n<｜DSML｜tool_calls>...
+ *
+ * Clients get the reasoning apart from the answer (OpenAI chat
+ * reasoning_content, Anthropic thinking blocks) and send it back with the
+ * turn, and the template renders it back as <think>REASONING</think>ANSWER:
+ * the same bytes, so the conversation stays append-only. Neither part is
+ * trimmed or altered. */
+
+/* Where the reasoning of a thinking-mode reply (len bytes) ends and its
+ * answer begins: at the first </think>. True when text holds one: the
+ * reasoning is text[0, *reasoning), the </think> text[*reasoning, *answer),
+ * the answer text[*answer, len). False when it holds none (the model is
+ * still thinking, or max_tokens cut it): all of the text is reasoning,
+ * *reasoning = *answer = len. With partial (streaming: the text is still
+ * growing) a trailing start of </think> ("</th") is no reasoning yet: then
+ * *reasoning stops before it (the next bytes tell what it is) and *answer is
+ * len. reasoning and answer may be NULL. */
+bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer);
+
+#endif
