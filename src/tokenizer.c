@@ -26,13 +26,22 @@
  *     merged (ties: leftmost) until none is left; a symbol that is no token is
  *     emitted as <0xXX> byte tokens.
  *  3. "gpt2" (byte-level BPE): the pre-tokenizer regexes of tokenizer.ggml.pre
- *     ("gpt-2"/"default"/absent, "deepseek-llm" or "deepseek-v3"; any other
- *     is KVT_EUNSUPPORTED) split the span, each regex splitting the pieces of
+ *     (pre_defs below: default/absent, gpt-2, llama-bpe, qwen2, qwen35,
+ *     deepseek-llm, deepseek-coder, deepseek-v3, starcoder, refact,
+ *     command-r, mpt, falcon and aliases; any other is KVT_EUNSUPPORTED,
+ *     naming it) split the span, each regex splitting the pieces of
  *     the previous one and keeping matched and unmatched parts (PCRE2, UTF
  *     mode; whitespace is Unicode White_Space as in llama.cpp, and the literal
  *     classes of deepseek-llm exclude non-ASCII whitespace because llama.cpp
  *     maps it to \v before matching). Each piece is one symbol per byte
- *     (GPT-2 bytes_to_unicode) merged by lowest merge rank, leftmost first.
+ *     (GPT-2 bytes_to_unicode) merged by lowest merge rank, leftmost first;
+ *     with llama.cpp's ignore_merges (llama3) a piece that is a token's text
+ *     is that token.
+ *     "gemma4" is BPE without the byte map (llama.cpp's byte_encode = false):
+ *     spaces become U+2581, the text splits into runs of line feeds and of
+ *     other text, a run of line feeds that is a token is that token, and
+ *     other runs start as one symbol per UTF-8 character (its token, if any)
+ *     and end as byte tokens <0xXX> where no token matches.
  *     Unicode categories are PCRE2's tables, llama.cpp's are its own
  *     (Unicode 15.1): with a PCRE2 on an older Unicode (10.42: 14.0) the
  *     about 5100 code points assigned since (CJK extensions H and I, Kawi,
@@ -54,8 +63,14 @@
  *     byte tokens stored as "<0xXX>" (type 6) and the specials as control
  *     tokens (type 3).
  *
+ * Token types: llama.cpp overrides some by their text before partitioning
+ * (override_types: its end-of-generation and fill-in-the-middle texts become
+ * control tokens, a few others user-defined or normal), and for Phi-3 (by
+ * general.name) special tokens drop the whitespace after them; kvtier does
+ * the same when it reads a GGUF.
+ *
  * Pieces (decoding): control, unknown and user-defined tokens give their text;
- * byte tokens <0xXX> give the byte; other SPM tokens give their text with
+ * byte tokens <0xXX> give the byte; other SPM and gemma4 tokens give their text with
  * U+2581 -> ' '; other BPE tokens map each character back through
  * bytes_to_unicode (a character outside that map stays as its UTF-8). Unused
  * tokens decode like normal ones (llama.cpp decodes them to nothing) so that
@@ -101,6 +116,9 @@ typedef struct tnode { int32_t child, sibling, special; uint8_t c; } tnode;
 
 struct kvt_tokenizer {
     int model;
+    bool gemma4;                /* tokenizer.ggml.model was "gemma4" (BPE) */
+    bool raw;                   /* BPE on UTF-8 text, spaces as U+2581 (pre "gemma4") */
+    bool ignore_merges;         /* a piece that is a token is that token */
     char *pre;                  /* tokenizer.ggml.pre as read (BPE), or NULL */
     uint32_t n_vocab;
     char *text;                 /* token i: text[text_off[i] .. text_off[i+1]) */
@@ -119,6 +137,9 @@ struct kvt_tokenizer {
     int32_t bos, eos, unk;
     bool add_bos, add_eos, add_space_prefix;
     int32_t *special;           /* (n_special) ids, longest text first */
+    uint8_t *special_rstrip;    /* (n_special) 1: whitespace after it is dropped */
+    uint8_t fim_keyed;          /* bit g: tokenizer.ggml.fim_*_token_id of fim_texts[g] is set */
+    bool phi3;                  /* general.name names Phi-3: specials strip whitespace after them */
     uint32_t n_special;
     tnode *trie;                /* (n_trie) */
     uint32_t n_trie;
@@ -129,9 +150,12 @@ struct kvt_tokenizer {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static const char *model_name(int model)
+#define FW_BAR "\xef\xbd\x9c"  /* U+FF5C FULLWIDTH VERTICAL LINE */
+#define SP_MARK "\xe2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK */
+
+static const char *model_name(const kvt_tokenizer *t)
 {
-    return model == MODEL_SPM ? "llama" : model == MODEL_BPE ? "gpt2" : "bytes";
+    return t->model == MODEL_SPM ? "llama" : t->model == MODEL_BPE ? (t->gemma4 ? "gemma4" : "gpt2") : "bytes";
 }
 
 
@@ -273,9 +297,69 @@ static bool is_special_type(int32_t type)
 /* Unicode White_Space, llama.cpp's definition of \s. */
 #define WS "\\x{9}-\\x{D} \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
-static const char *const re_gpt2[] = {
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+",
+/* llama.cpp's GPT-2 regex as its hand-written matcher runs it (the regex
+ * itself has no trailing \s+, the matcher does). */
+#define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+
+/* The contractions of llama3/qwen2/qwen35, case-insensitive (llama.cpp's
+ * matchers lower-case the letters; no non-ASCII letter lower-cases to one of
+ * these). */
+#define CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+
+/* The whitespace tail of llama3/qwen2/qwen35: \s*[\r\n]+|\s+(?!\S)|\s+. */
+#define WS_TAIL "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+
+static const char *const re_gpt2[] = {GPT2_RE};
+
+/* LLAMA_VOCAB_PRE_TYPE_DEFAULT (tokenizer.ggml.pre absent or "default"). The
+ * first and third run as std::regex on llama.cpp's collapsed text (see
+ * re_deepseek_v3), where \p{P} is the code point's category and the ASCII
+ * punctuation; the last is std::wregex on code points, ASCII digits only. */
+static const char *const re_default[] = {
+    "[\\p{P}$+<=>^~|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]",
 };
+
+/* LLAMA_VOCAB_PRE_TYPE_FALCON: the default list with ` in the first class and
+ * no \p{N}+ pass. */
+static const char *const re_falcon[] = {
+    "[\\p{P}$+<=>^~|`]+", GPT2_RE, "[0-9][0-9][0-9]",
+};
+
+/* starcoder, refact, command-r (and the other types llama.cpp gives this
+ * list): every digit on its own, then GPT-2. */
+static const char *const re_starcoder[] = {"\\p{N}", GPT2_RE};
+
+/* LLAMA_VOCAB_PRE_TYPE_LLAMA3, QWEN2 and QWEN35: llama.cpp matches these with
+ * hand-written code (unicode_regex_split_custom_llama3/qwen2/qwen35), which
+ * is the regex with \s the Unicode White_Space (WS), \p{L}, \p{N} and \p{M}
+ * the code point's category, [^\s\p{L}\p{N}] any other code point (so also
+ * unassigned ones) and (?!\S) true at the end of a piece. */
+static const char *const re_llama3[] = {
+    CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*" WS_TAIL,
+};
+static const char *const re_qwen2[] = {
+    CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*" WS_TAIL,
+};
+/* qwen35: a letter run also takes combining marks, and may start with one. */
+static const char *const re_qwen35[] = {
+    CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*" WS_TAIL,
+};
+
+/* The CJK class of deepseek-llm and deepseek-coder ("[一-龥ࠀ-一가-퟿]+" in
+ * llama.cpp): it runs as std::wregex on text whose non-ASCII whitespace is
+ * \v, so the whitespace inside U+0800..U+4E00 is left out. */
+#define DS_CJK ("[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{167F}\\x{1681}-\\x{1FFF}\\x{200B}-\\x{2027}\\x{202A}-\\x{202E}" \
+                "\\x{2030}-\\x{205E}\\x{2060}-\\x{2FFF}\\x{3001}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+")
+
+/* LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_CODER: the \s of the second and third is the
+ * collapsed text's (WS), [\r\n] is CR and LF only. */
+static const char *const re_deepseek_coder[] = {
+    "[\\r\\n]", "[" WS "]?\\p{L}+", "[" WS "]?\\p{P}+", DS_CJK, "\\p{N}",
+};
+
+/* gemma4 (tokenizer.ggml.model "gemma4"): runs of line feeds and runs of
+ * anything else; the text has its spaces as U+2581 by then. */
+static const char *const re_gemma4[] = {"[^\\n]+|\\n+"};
 
 /* llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM list, written with code point
  * escapes. The letter class is the cased letters of deepseek's tokenizer.json;
@@ -303,8 +387,7 @@ static const char *const re_deepseek_llm[] = {
     ("[" WS "]?[\\x{21}-\\x{2F}\\x{3A}-\\x{7E}\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}"
      "\\x{3001}-\\x{3002}]+"),
     "[" WS "]+$",
-    ("[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{167F}\\x{1681}-\\x{1FFF}\\x{200B}-\\x{2027}\\x{202A}-\\x{202E}"
-     "\\x{2030}-\\x{205E}\\x{2060}-\\x{2FFF}\\x{3001}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"),
+    DS_CJK,
     "\\p{N}+",
 };
 
@@ -341,23 +424,63 @@ static const char *const re_deepseek_v3[] = {
      "|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"),
 };
 
-static int compile_regexes(kvt_tokenizer *t)
+#define RE_LIST(x) x, (int)(sizeof x / sizeof *x)
+
+/* tokenizer.ggml.pre -> regexes and the flags llama.cpp sets with them (its
+ * llama_vocab::impl::load; each name here gets the same list and flags
+ * there). ignore_merges: a piece that is a token's text is that token, not
+ * what its merges give. add_bos: the default of tokenizer.ggml.add_bos_token. */
+typedef struct pre_def {
+    const char *name;
+    const char *const *re;
+    int n_re;
+    bool ignore_merges, add_bos;
+    bool raw; /* no GPT-2 byte map: spaces become U+2581, symbols are UTF-8 characters */
+} pre_def;
+
+static const pre_def pre_defs[] = {
+    {"default", RE_LIST(re_default), false, false},
+    {"gpt-2", RE_LIST(re_gpt2), false, false},
+    {"phi-2", RE_LIST(re_gpt2), false, false},
+    {"mpt", RE_LIST(re_gpt2), false, false},
+    {"olmo", RE_LIST(re_gpt2), false, false},
+    {"falcon", RE_LIST(re_falcon), false, false},
+    {"starcoder", RE_LIST(re_starcoder), false, false},
+    {"refact", RE_LIST(re_starcoder), false, false},
+    {"command-r", RE_LIST(re_starcoder), false, false},
+    {"smollm", RE_LIST(re_starcoder), false, false},
+    {"codeshell", RE_LIST(re_starcoder), false, false},
+    {"llama3", RE_LIST(re_llama3), true, true},
+    {"llama-v3", RE_LIST(re_llama3), true, true},
+    {"llama-bpe", RE_LIST(re_llama3), true, true},
+    {"falcon3", RE_LIST(re_llama3), true, true},
+    {"dbrx", RE_LIST(re_llama3), false, false},
+    {"smaug-bpe", RE_LIST(re_llama3), false, false},
+    {"qwen2", RE_LIST(re_qwen2), false, false},
+    {"deepseek-r1-qwen", RE_LIST(re_qwen2), false, false},
+    {"stablelm2", RE_LIST(re_qwen2), false, false},
+    {"qwen35", RE_LIST(re_qwen35), false, false},
+    {"deepseek-llm", RE_LIST(re_deepseek_llm), false, false},
+    {"deepseek-coder", RE_LIST(re_deepseek_coder), false, false},
+    {"deepseek-v3", RE_LIST(re_deepseek_v3), false, false},
+    /* tokenizer.ggml.model "gemma4", whatever tokenizer.ggml.pre says */
+    {"gemma4", RE_LIST(re_gemma4), false, true, true},
+};
+
+/* The pre-tokenizer of t->pre (absent: "default"), or KVT_EUNSUPPORTED. */
+static int find_pre(const kvt_tokenizer *t, const pre_def **out)
 {
-    const char *const *list;
-    int n;
-    if (!t->pre || !strcmp(t->pre, "default") || !strcmp(t->pre, "gpt-2")) {
-        list = re_gpt2;
-        n = (int)(sizeof re_gpt2 / sizeof *re_gpt2);
-    } else if (!strcmp(t->pre, "deepseek-llm")) {
-        list = re_deepseek_llm;
-        n = (int)(sizeof re_deepseek_llm / sizeof *re_deepseek_llm);
-    } else if (!strcmp(t->pre, "deepseek-v3")) {
-        list = re_deepseek_v3;
-        n = (int)(sizeof re_deepseek_v3 / sizeof *re_deepseek_v3);
-    } else {
-        return kvt_fail(KVT_EUNSUPPORTED, "tokenizer: unsupported pre-tokenizer "
-                        "tokenizer.ggml.pre = '%s'", t->pre);
-    }
+    const char *name = t->pre ? t->pre : "default";
+    for (size_t i = 0; i < sizeof pre_defs / sizeof *pre_defs; i++)
+        if (!strcmp(pre_defs[i].name, name)) { *out = &pre_defs[i]; return KVT_OK; }
+    return kvt_fail(KVT_EUNSUPPORTED, "tokenizer: unsupported pre-tokenizer "
+                    "tokenizer.ggml.pre = '%s'", t->pre);
+}
+
+static int compile_regexes(kvt_tokenizer *t, const pre_def *pd)
+{
+    const char *const *list = pd->re;
+    int n = pd->n_re;
     for (int i = 0; i < n; i++) {
         int err;
         PCRE2_SIZE at;
@@ -382,6 +505,7 @@ void kvt_tokenizer_free(kvt_tokenizer *t)
 {
     if (!t) return;
     free(t->pre);
+    free(t->special_rstrip);
     free(t->text);
     free(t->text_off);
     free(t->piece);
@@ -448,7 +572,7 @@ static int build_pieces(kvt_tokenizer *t)
         } else if (is_special_type(type) || t->model == MODEL_BYTES) {
             memcpy(t->piece + o, s, n);
             o += n;
-        } else if (t->model == MODEL_SPM) {
+        } else if (t->model == MODEL_SPM || t->raw) {
             for (size_t i = 0; i < n;) {
                 if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) { t->piece[o++] = ' '; i += 3; }
                 else t->piece[o++] = s[i++];
@@ -500,6 +624,15 @@ static int build_specials(kvt_tokenizer *t)
     for (k = 0; k < n; k++) t->special[k] = order[k].id;
     free(order);
     t->n_special = n;
+    /* Phi-3 (llama.cpp: general.name containing "phi-3" or "phi3"): every
+     * special token but these three drops the whitespace after it. */
+    if (!(t->special_rstrip = kvt_calloc(n, 1))) return KVT_ENOMEM;
+    for (k = 0; t->phi3 && k < n; k++) {
+        size_t len;
+        const char *s = tok_text(t, t->special[k], &len);
+        t->special_rstrip[k] = !((len == 5 && !memcmp(s, "<unk>", 5)) || (len == 3 && !memcmp(s, "<s>", 3)) ||
+                                 (len == 13 && !memcmp(s, "<|endoftext|>", 13)));
+    }
 
     for (k = 0; k < n; k++) {
         size_t len;
@@ -522,16 +655,86 @@ static int build_specials(kvt_tokenizer *t)
     return KVT_OK;
 }
 
+/* ---- token types llama.cpp overrides by text ------------------------------
+ * llama.cpp's llama_vocab::impl::load changes the attributes of tokens it
+ * recognises by their text (its "auto-detect special tokens by text"), and
+ * these decide what its partition splits out: */
+
+/* Its end-of-generation texts: each one in the vocabulary becomes a control
+ * token (qwen2's "</s>" is a normal token in the GGUF, gemma4's
+ * "<|tool_response>" and phi-3's "</s>" user-defined ones). */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<" FW_BAR "end" SP_MARK "of" SP_MARK "sentence" FW_BAR ">", "[e~[",
+};
+
+/* Its fill-in-the-middle texts (prefix, suffix, middle, pad, repo, file
+ * separator): a control token too, unless the GGUF names that FIM token
+ * (tokenizer.ggml.fim_pre_token_id, ...). llama.cpp takes only the first of
+ * a group it meets in its hash map's order; a vocabulary with two texts of
+ * one group gets both here. */
+static const char *const fim_keys[] = {
+    "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id",
+    "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id",
+};
+static const char *const fim_texts[][9] = {
+    {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<" FW_BAR "fim" SP_MARK "begin" FW_BAR ">", "<PRE>",
+     SP_MARK "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL},
+    {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" FW_BAR "fim" SP_MARK "hole" FW_BAR ">", "<SUF>",
+     SP_MARK "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL},
+    {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" FW_BAR "fim" SP_MARK "end" FW_BAR ">", "<MID>",
+     SP_MARK "<MID>", "<|code_middle|>", "<|middle|>", NULL},
+    {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL},
+    {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL},
+    {"<|file_sep|>", NULL},
+};
+
+static int32_t lookup_str(const kvt_tokenizer *t, const char *s) { return lookup(t, s, strlen(s)); }
+
+static void make_control(kvt_tokenizer *t, const char *text)
+{
+    int32_t id = lookup_str(t, text);
+    if (id >= 0 && t->type[id] != TT_BYTE && t->type[id] != TT_UNKNOWN) t->type[id] = TT_CONTROL;
+}
+
+/* The overrides, in llama.cpp's order; then gpt-oss's four texts are
+ * user-defined, and so is "<|end|>" next to "<|return|>" and "<|call|>"
+ * (o200k_harmony) or "<|call|>"/"<|calls|>" and "<|flush|>" (solar-open);
+ * "</s>" is normal again next to "<|tool_response>" (gemma4). */
+static void override_types(kvt_tokenizer *t)
+{
+    for (size_t g = 0; g < sizeof fim_texts / sizeof *fim_texts; g++)
+        for (size_t i = 0; !(t->fim_keyed >> g & 1) && fim_texts[g][i]; i++) make_control(t, fim_texts[g][i]);
+    for (size_t i = 0; i < sizeof eog_texts / sizeof *eog_texts; i++) make_control(t, eog_texts[i]);
+    static const char *const gpt_oss[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+    for (size_t i = 0; i < 4; i++) {
+        int32_t id = lookup_str(t, gpt_oss[i]);
+        if (id >= 0) t->type[id] = TT_USER;
+    }
+    bool call = lookup_str(t, "<|call|>") >= 0 || lookup_str(t, "<|calls|>") >= 0;
+    int32_t end = lookup_str(t, "<|end|>"), eos = lookup_str(t, "</s>");
+    if (end >= 0 && call && (lookup_str(t, "<|return|>") >= 0 || lookup_str(t, "<|flush|>") >= 0))
+        t->type[end] = TT_USER;
+    if (eos >= 0 && lookup_str(t, "<|tool_response>") >= 0) t->type[eos] = TT_NORMAL;
+}
+
 /* Everything derived from texts and types: hash, pieces, specials, bytes. */
 static int build_common(kvt_tokenizer *t)
 {
     int rc;
-    if ((rc = build_hash(t)) || (rc = build_pieces(t)) || (rc = build_specials(t))) return rc;
+    if ((rc = build_hash(t))) return rc;
+    if (t->model != MODEL_BYTES) override_types(t);
+    if ((rc = build_pieces(t)) || (rc = build_specials(t))) return rc;
     for (int b = 0; b < 256; b++) {
         char buf[8];
         int32_t id = -1;
         if (t->model == MODEL_BYTES) {
             id = b;
+        } else if (t->raw) {
+            snprintf(buf, sizeof buf, "<0x%02X>", b);
+            id = lookup(t, buf, 6);
         } else if (t->model == MODEL_SPM) {
             snprintf(buf, sizeof buf, "<0x%02X>", b);
             id = lookup(t, buf, 6);
@@ -643,6 +846,7 @@ static int from_gguf(kvt_tokenizer *t, const kvt_gguf *g)
     if (rc) return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.model is not a string");
     if (len == 5 && !memcmp(s, "llama", 5)) t->model = MODEL_SPM;
     else if (len == 4 && !memcmp(s, "gpt2", 4)) t->model = MODEL_BPE;
+    else if (len == 6 && !memcmp(s, "gemma4", 6)) t->model = MODEL_BPE, t->gemma4 = true;
     else if (len == 5 && !memcmp(s, "bytes", 5)) t->model = MODEL_BYTES;
     else return kvt_fail(KVT_EUNSUPPORTED, "unsupported tokenizer.ggml.model '%.*s'",
                          (int)(len < 64 ? len : 64), s);
@@ -714,27 +918,48 @@ static int from_gguf(kvt_tokenizer *t, const kvt_gguf *g)
         }
     }
 
+    /* The pre-tokenizer first: it sets the default of add_bos_token. llama.cpp
+     * names gemma4's "gemma4" whatever tokenizer.ggml.pre says. */
+    const pre_def *pd = NULL;
+    if (t->model == MODEL_BPE) {
+        if (t->gemma4) {
+            if (!(t->pre = kvt_strndup("gemma4", 6))) return KVT_ENOMEM;
+        } else {
+            rc = kvt_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len);
+            if (rc && rc != KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.pre is not a string");
+            if (!rc && !(t->pre = kvt_strndup(s, len))) return KVT_ENOMEM;
+            if (t->pre && strlen(t->pre) != len) return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.pre holds a NUL");
+        }
+        if ((rc = find_pre(t, &pd))) return rc;
+        t->ignore_merges = pd->ignore_merges;
+        t->raw = pd->raw;
+    }
+
     bool spm = t->model == MODEL_SPM;
     if ((rc = read_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, spm ? 1 : -1, &t->bos)) ||
         (rc = read_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, spm ? 2 : -1, &t->eos)) ||
         (rc = read_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, spm ? 0 : -1, &t->unk)) ||
-        (rc = read_bool(g, "tokenizer.ggml.add_bos_token", t->model != MODEL_BPE, &t->add_bos)) ||
+        (rc = read_bool(g, "tokenizer.ggml.add_bos_token", pd ? pd->add_bos : true, &t->add_bos)) ||
         (rc = read_bool(g, "tokenizer.ggml.add_eos_token", false, &t->add_eos)) ||
         (rc = read_bool(g, "tokenizer.ggml.add_space_prefix", spm, &t->add_space_prefix)))
         return rc;
+    if (t->raw) t->add_bos = true; /* llama.cpp overrides a false add_bos_token for Gemma 4 */
     if (t->add_bos && t->bos < 0)
         return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.add_bos_token is true but there is no BOS token");
     if (t->model != MODEL_SPM) t->add_space_prefix = false;
 
-    if (t->model == MODEL_BPE) {
-        rc = kvt_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len);
-        if (rc && rc != KVT_ENOENT) return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.pre is not a string");
-        if (!rc && !(t->pre = kvt_strndup(s, len))) return KVT_ENOMEM;
-        if (t->pre && strlen(t->pre) != len) return kvt_fail(KVT_EFORMAT, "tokenizer.ggml.pre holds a NUL");
+    for (size_t i = 0; i < sizeof fim_keys / sizeof *fim_keys; i++)
+        if (kvt_gguf_get(g, fim_keys[i])) t->fim_keyed |= (uint8_t)(1u << i);
+    if (!kvt_gguf_get_str(g, "general.name", &s, &len)) {
+        char lower[256];
+        size_t k = len < sizeof lower - 1 ? len : sizeof lower - 1;
+        for (size_t i = 0; i < k; i++) lower[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] - 'A' + 'a' : s[i]);
+        lower[k] = 0;
+        t->phi3 = strstr(lower, "phi-3") || strstr(lower, "phi3");
     }
     if (t->model == MODEL_BYTES && (rc = check_bytes_layout(t))) return rc;
     if ((rc = build_common(t))) return rc;
-    if (t->model == MODEL_BPE && ((rc = read_merges(t, g)) || (rc = compile_regexes(t)))) return rc;
+    if (t->model == MODEL_BPE && ((rc = read_merges(t, g)) || (rc = compile_regexes(t, pd)))) return rc;
     return KVT_OK;
 }
 
@@ -750,8 +975,6 @@ int kvt_tokenizer_from_gguf(kvt_tokenizer **out, const kvt_gguf *g)
     return KVT_OK;
 }
 
-#define FW_BAR "\xef\xbd\x9c"  /* U+FF5C FULLWIDTH VERTICAL LINE */
-#define SP_MARK "\xe2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK */
 
 static const char *const bytes_specials[] = {
     "<" FW_BAR "begin" SP_MARK "of" SP_MARK "sentence" FW_BAR ">",
@@ -833,7 +1056,7 @@ int kvt_tokenizer_to_gguf(const kvt_tokenizer *t, kvt_gguf_writer *w)
     kvt_gguf_val *items = kvt_calloc(n > t->n_merges ? n : t->n_merges, sizeof *items);
     char *mbuf = NULL;
     if (!items) return KVT_ENOMEM;
-    int rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.model", model_name(t->model));
+    int rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.model", model_name(t));
     if (!rc && t->pre) rc = kvt_gguf_writer_set_str(w, "tokenizer.ggml.pre", t->pre);
     if (!rc) {
         for (size_t i = 0; i < n; i++) {
@@ -882,7 +1105,7 @@ int kvt_tokenizer_to_gguf(const kvt_tokenizer *t, kvt_gguf_writer *w)
 
 /* ---- accessors ------------------------------------------------------------ */
 
-const char *kvt_tokenizer_model(const kvt_tokenizer *t) { return model_name(t->model); }
+const char *kvt_tokenizer_model(const kvt_tokenizer *t) { return model_name(t); }
 uint32_t kvt_tokenizer_n_vocab(const kvt_tokenizer *t) { return t->n_vocab; }
 int32_t kvt_tokenizer_bos(const kvt_tokenizer *t) { return t->bos; }
 int32_t kvt_tokenizer_eos(const kvt_tokenizer *t) { return t->eos; }
@@ -950,6 +1173,7 @@ static int partition(const kvt_tokenizer *t, const char *s, size_t n, bool parse
                 if (at > pos) rc = fvec_push(&next, pos, at - pos, -1);
                 if (!rc) rc = fvec_push(&next, at, sl, t->special[k]);
                 pos = at + sl;
+                while (t->special_rstrip[k] && pos < end && strchr(" \t\n\v\f\r", s[pos]) && s[pos]) pos++;
             }
             if (!rc && pos < end) rc = fvec_push(&next, pos, end - pos, -1);
         }
@@ -1023,6 +1247,7 @@ typedef struct scratch {
     sym *syms; size_t syms_cap;
     heap h;
     char *buf; size_t buf_cap;
+    char *enc; size_t enc_cap;  /* a piece in GPT-2 byte characters (ignore_merges) */
     fvec pieces, tmp;
     pcre2_match_data *md;
 } scratch;
@@ -1120,17 +1345,22 @@ static int bpe_candidate(const kvt_tokenizer *t, scratch *w, const char *s, int3
     return heap_push(&w->h, (cand){key, l, r, t->merges[rank].result, w->syms[l].n + w->syms[r].n});
 }
 
-/* One pre-tokenized word: a symbol per byte, merged by rank. */
+/* One pre-tokenized word: a symbol per byte (raw: per UTF-8 character, its
+ * token or none), merged by rank. */
 static int bpe_word(const kvt_tokenizer *t, scratch *w, const char *s, size_t n, ivec *o)
 {
     int rc;
     KVT_GROW(w->syms, &w->syms_cap, n, rc);
     if (rc) return rc;
-    for (size_t j = 0; j < n; j++)
-        w->syms[j] = (sym){(int32_t)j - 1, j + 1 < n ? (int32_t)j + 1 : -1,
-                           t->byte_tok[(uint8_t)s[j]], (uint32_t)j, 1};
+    size_t ns = 0;
+    for (size_t j = 0; j < n; ns++) {
+        size_t k = t->raw ? char_len(s + j, n - j) : 1;
+        int32_t id = t->raw ? lookup(t, s + j, k) : t->byte_tok[(uint8_t)s[j]];
+        w->syms[ns] = (sym){(int32_t)ns - 1, j + k < n ? (int32_t)ns + 1 : -1, id, (uint32_t)j, (uint32_t)k};
+        j += k;
+    }
     w->h.n = 0;
-    for (size_t j = 1; j < n && !rc; j++) rc = bpe_candidate(t, w, s, (int32_t)j - 1, (int32_t)j);
+    for (size_t j = 1; j < ns && !rc; j++) rc = bpe_candidate(t, w, s, (int32_t)j - 1, (int32_t)j);
     if (!rc) rc = merge_loop(t, w, s, bpe_candidate);
     if (!rc && n) rc = emit_symbols(t, w, s, o);
     return rc;
@@ -1172,11 +1402,49 @@ static int pretokenize(const kvt_tokenizer *t, scratch *w, const char *s, size_t
     return rc;
 }
 
+/* The token whose text is the piece s[0..n) (byte-level: in GPT-2 byte
+ * characters), or -1. */
+static int32_t whole_piece(const kvt_tokenizer *t, scratch *w, const char *s, size_t n)
+{
+    if (t->raw) return lookup(t, s, n);
+    int rc;
+    if (KVT_GROW(w->enc, &w->enc_cap, 2 * n, rc), rc) return -1; /* then merge as usual */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += put_utf8(w->enc + k, byte_to_cp((uint8_t)s[i]));
+    return lookup(t, w->enc, k);
+}
+
+/* Raw BPE (gemma4) first writes every space as U+2581 (llama.cpp's
+ * escape_whitespaces). A piece that is a token's text is that token with
+ * ignore_merges (llama3), and for gemma4 when it is all line feeds
+ * (llama.cpp's fix for Gemma 4); any other piece is merged. */
 static int bpe_encode(const kvt_tokenizer *t, scratch *w, const char *s, size_t n, ivec *o)
 {
-    int rc = pretokenize(t, w, s, n);
-    for (size_t p = 0; p < w->pieces.n && !rc; p++)
-        rc = bpe_word(t, w, s + w->pieces.v[p].off, w->pieces.v[p].len, o);
+    int rc;
+    if (t->raw) {
+        size_t spaces = 0;
+        for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+        if (KVT_GROW(w->buf, &w->buf_cap, n + 2 * spaces, rc), rc) return rc;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (s[i] == ' ') { memcpy(w->buf + k, SP_MARK, 3); k += 3; }
+            else w->buf[k++] = s[i];
+        }
+        s = w->buf;
+        n = k;
+    }
+    rc = pretokenize(t, w, s, n);
+    for (size_t p = 0; p < w->pieces.n && !rc; p++) {
+        const char *ps = s + w->pieces.v[p].off;
+        size_t pn = w->pieces.v[p].len;
+        bool whole = t->ignore_merges;
+        if (t->raw) {
+            whole = true;
+            for (size_t i = 0; i < pn && whole; i++) whole = ps[i] == '\n';
+        }
+        int32_t id = whole ? whole_piece(t, w, ps, pn) : -1;
+        rc = id >= 0 ? ivec_push(o, id) : bpe_word(t, w, ps, pn, o);
+    }
     return rc;
 }
 
@@ -1214,6 +1482,7 @@ int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, size_t len,
     free(w.syms);
     free(w.h.v);
     free(w.buf);
+    free(w.enc);
     free(w.pieces.v);
     free(w.tmp.v);
     pcre2_match_data_free(w.md);

@@ -1,9 +1,12 @@
 /* Tokenizers: SentencePiece-style (GGUF tokenizer.ggml.model = "llama": piece
  * scores, byte fallback <0xXX>, dummy-prefix space, U+2581 for spaces) and
- * byte-level BPE ("gpt2": merges ranks, GPT-2 byte<->unicode map, pre-tokenizer
- * regexes for tokenizer.ggml.pre = "default"/"gpt-2" and "deepseek-llm" via
- * PCRE2), plus a built-in byte tokenizer ("bytes": ids 0..255 are the bytes,
- * then the specials a chat template needs).
+ * byte-level BPE ("gpt2": merges ranks, GPT-2 byte<->unicode map, the
+ * pre-tokenizer regexes of tokenizer.ggml.pre via PCRE2: "default", "gpt-2",
+ * "llama-bpe"/"llama3", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder",
+ * "deepseek-v3", "starcoder", "refact", "command-r", "mpt", "falcon" and the
+ * aliases llama.cpp treats alike; the list is pre_defs in tokenizer.c), BPE on
+ * UTF-8 with U+2581 spaces ("gemma4"), plus a built-in byte tokenizer
+ * ("bytes": ids 0..255 are the bytes, then the specials a chat template needs).
  *
  * Decoding is exact: decode(encode(text)) == text for every byte string.
  */
@@ -25,7 +28,7 @@ void kvt_tokenizer_free(kvt_tokenizer *t);
 /* Copy the tokenizer into tokenizer.ggml.* keys of a GGUF being written. */
 int kvt_tokenizer_to_gguf(const kvt_tokenizer *t, kvt_gguf_writer *w);
 
-const char *kvt_tokenizer_model(const kvt_tokenizer *t); /* "llama", "gpt2", "bytes" */
+const char *kvt_tokenizer_model(const kvt_tokenizer *t); /* "llama", "gpt2", "gemma4", "bytes" */
 uint32_t kvt_tokenizer_n_vocab(const kvt_tokenizer *t);
 int32_t kvt_tokenizer_bos(const kvt_tokenizer *t);  /* -1 if none */
 int32_t kvt_tokenizer_eos(const kvt_tokenizer *t);  /* -1 if none */

@@ -2,7 +2,12 @@
  *
  *   peer_tokenizer_vocabs  for each of ../shared/vocab/ggml-vocab-{llama-spm,
  *                          deepseek-llm,gpt-2}.gguf, ../shared/models/
- *                          stories260K.gguf and "deepseek-v3" (below):
+ *                          stories260K.gguf, "deepseek-v3" (below) and
+ *                          llama.cpp's models/ggml-vocab-{llama-bpe,qwen2,
+ *                          qwen35,gemma-4,starcoder,refact,command-r,mpt,
+ *                          falcon,deepseek-coder,phi-3,gpt-neox,aquila}.gguf
+ *                          from the peer's source bundle (tests/
+ *                          test_tokenizer.c's kvt_test_bundle_vocab):
  *                          kvt_tokenizer_encode (no BOS) gives the ids
  *                          llama_tokenize gives (add_special = false) on the
  *                          same text, with parse_special false and true
@@ -18,6 +23,23 @@
  * no CJK regex 4; no first alternative 8; \p{N}+ for \p{N}{1,3} 6; U+00A0
  * and U+3000 kept out of the word prefix 4; deepseek-llm's list 42.
  *
+ * gemma-4-no-lf-merges is gemma-4 without its line-feed merges (see
+ * write_without_lf_merges). Negative controls for the bundle's
+ * vocabularies, each a change to src/tokenizer.c run by hand, and the cases
+ * that then differ (of the .out files in tests/test_tokenizer.c; here):
+ * llama3 \p{N}+ for \p{N}{1,3} 8; 26. llama3 without ignore_merges 1; 2.
+ * qwen2 " ?\p{L}+" for [^\r\n\p{L}\p{N}]?\p{L}+ 3; 42. qwen35 \p{L}+ for
+ * [\p{L}\p{M}]+ 0; 4. qwen35 without [\r\n]* after punctuation 0; 12.
+ * starcoder without its \p{N} pass 1; 6 each for starcoder, refact and
+ * command-r. falcon without [0-9][0-9][0-9] 8; 26. default without \p{N}+
+ * (no .out); 14 gpt-neox, 18 aquila. deepseek-coder without its \p{N} pass
+ * 1; 4. gemma4 \n for \n+ 3; 18. gemma4 merging line-feed runs instead of
+ * looking them up 0; 18 (gemma-4-no-lf-merges). No override_types (no .out
+ * case); qwen2 1, qwen35 1, gemma-4 8, deepseek-coder 10, phi-3 43, aquila
+ * 1. No Phi-3 whitespace stripping 0; 40. \p{N}+ for a lone \p{N} in
+ * qwen2, qwen35, starcoder or deepseek-coder changes nothing: none of
+ * these vocabularies has a token of two digits.
+ *
  * The peer is the llama.cpp that node-llama-cpp ships prebuilt
  * (@node-llama-cpp/linux-x64, CPU build), driven by tests/peer/tokenize.mjs:
  * the GGUF's vocabulary only (vocab_only), one JSON array of ids per case.
@@ -31,7 +53,10 @@
  *   - the text of control (3) and unknown (2) tokens (at most MAX_CONTROL)
  *     inside text, and next to a user-defined token: split out only with
  *     parse_special
- *   - a few words with non-ASCII letters ("Ünïcödé wörds", "Führer", ...)
+ *   - a few words with non-ASCII letters ("Ünïcödé wörds", "Führer", ...),
+ *     and texts llama.cpp makes special by their text ("</s>", "<|im_end|>")
+ *   - for the bundle's vocabularies also deepseek_v3_texts (digit runs, CJK,
+ *     marks, punctuation, code, every kind of whitespace)
  * Only valid UTF-8 goes in: on invalid UTF-8 kvtier differs on purpose (see
  * src/tokenizer.c), and a token text that is not valid UTF-8 is left out
  * (counted in the report).
@@ -43,7 +68,8 @@
  * these is missing, when npm ci fails (offline), or when none of the vocab
  * files is there; KVT_PEER=0 skips it too. KVT_PEER_ALL=1 tries every
  * user-defined, control and unknown token instead of at most MAX_USER and
- * MAX_CONTROL. Run from the repository root. About 10 s after the install. */
+ * MAX_CONTROL. Run from the repository root. About 40 s after the install
+ * (one node process per vocabulary, about 1-5 s each). */
 #include "fixture.h"
 #include "test.h"
 #include "tokenizer.h"
@@ -143,12 +169,11 @@ static void caseset_free(caseset *cs)
     json_decref(cs->json);
 }
 
-/* Every case of the vocab's .inp file (split as tests/test_tokenizer.c does). */
-static void add_inp_cases(caseset *cs, const char *inp_rel)
+/* Every case of the vocab's .inp file ip (split as tests/test_tokenizer.c does). */
+static void add_inp_cases(caseset *cs, const char *ip)
 {
-    const char *ip = kvt_test_shared(inp_rel);
     size_t ilen;
-    char *inp = ip ? kvt_test_read_file(ip, &ilen) : NULL;
+    char *inp = kvt_test_read_file(ip, &ilen);
     if (!inp) return;
     static const char sep[] = "\n__ggml_vocab_test__\n";
     size_t pos = 0;
@@ -253,6 +278,12 @@ static void add_text_cases(caseset *cs)
         "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 "
         "\xf0\x9f\x98\x80!",                                     /* 日本語 привет 😀! */
         "  two  spaces\t\ttabs\n\nnewlines  ",
+        /* texts llama.cpp makes control (or user-defined, or normal again)
+         * whatever the GGUF's token type says, see override_types in
+         * src/tokenizer.c: qwen2's normal "</s>" splits out with parse_special */
+        "a</s>b <|endoftext|>c<|im_end|> <|end|>  <eos>\n<turn|> <|tool_response> x",
+        "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>x<|fim_prefix|> <PAD> [PAD] <|file_sep|>"
+        "<|channel|> <|return|><|call|>",
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) add2(cs, K_TEXT, texts[i], strlen(texts[i]));
 }
@@ -454,36 +485,66 @@ static int write_with_pre(const char *src, const char *pre, const char *dst)
     return rc;
 }
 
-/* One vocabulary against the peer (with pre: a copy of it with that
- * tokenizer.ggml.pre, and the texts of its pre-tokenizer). Adds to *n_diff
- * the cases that differ; false when the comparison could not run (a message
- * was printed). */
-static bool compare_vocab(fx_server *dir, const char *name, const char *rel, const char *inp_rel,
-                          const char *pre, size_t *n_diff, bool *header_shown)
+/* Copy the GGUF src to dst without the merges that hold a line feed.
+ * gemma-4's vocabulary merges every run of up to 31 line feeds into its
+ * token, so only without those merges does llama.cpp's Gemma 4 rule (a run
+ * of line feeds that is a token is that token, not merged) show. */
+static int write_without_lf_merges(const char *src, const char *dst)
 {
-    const char *p = kvt_test_shared(rel);
-    if (!p) { printf("    %s: %s not found under ../shared, left out\n", name, rel); return true; }
+    kvt_gguf *g = NULL;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    int rc = w ? kvt_gguf_open(&g, src) : KVT_ENOMEM;
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
+        rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
+    }
+    const kvt_gguf_val *m = NULL;
+    size_t n = 0, k = 0;
+    if (!rc) rc = kvt_gguf_get_arr(g, "tokenizer.ggml.merges", KVT_GGUF_STR, &m, &n);
+    kvt_gguf_val *keep = rc ? NULL : malloc((n ? n : 1) * sizeof *keep);
+    if (!rc && !keep) rc = KVT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!memchr(m[i].v.str, '\n', m[i].n)) keep[k++] = m[i];
+    if (!rc) rc = kvt_gguf_writer_set(w, "tokenizer.ggml.merges", &(kvt_gguf_val){.type = KVT_GGUF_ARR,
+                                      .elem_type = KVT_GGUF_STR, .n = k, .v.arr = keep});
+    if (!rc) rc = kvt_gguf_writer_write(w, dst);
+    free(keep);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* One vocabulary (the GGUF at path p, its .inp at ip or NULL) against the
+ * peer (with pre: a copy of it with that tokenizer.ggml.pre; with no_lf: a
+ * copy without its line-feed merges; with pre_texts also deepseek_v3_texts).
+ * Adds to *n_diff the cases that differ; false when the comparison could not
+ * run (a message was printed). */
+static bool compare_vocab(fx_server *dir, const char *name, const char *p, const char *ip,
+                          const char *pre, bool no_lf, bool pre_texts, size_t *n_diff, bool *header_shown)
+{
     char model[4096];
     snprintf(model, sizeof model, "%s", p);
 
     kvt_gguf *g = NULL;
     kvt_tokenizer *t = NULL;
     int rc = KVT_OK;
-    if (pre) {
+    if (pre || no_lf) {
         char src[4096];
         snprintf(src, sizeof src, "%s", model);
         snprintf(model, sizeof model, "%s/%s.gguf", dir->dir, name);
-        rc = write_with_pre(src, pre, model);
+        rc = pre ? write_with_pre(src, pre, model) : write_without_lf_merges(src, model);
     }
     if (!rc) rc = kvt_gguf_open(&g, model);
     if (!rc) rc = kvt_tokenizer_from_gguf(&t, g);
     caseset cs = {.json = json_array()};
     vocabinfo vi = {0};
     if (!rc && !cs.json) rc = KVT_ENOMEM;
-    if (!rc && inp_rel) add_inp_cases(&cs, inp_rel);
+    if (!rc && ip) add_inp_cases(&cs, ip);
     if (!rc) rc = add_token_cases(&cs, g, &vi);
     if (!rc) add_text_cases(&cs);
-    for (size_t i = 0; !rc && pre && i < sizeof deepseek_v3_texts / sizeof *deepseek_v3_texts; i++)
+    for (size_t i = 0; !rc && (pre || pre_texts) && i < sizeof deepseek_v3_texts / sizeof *deepseek_v3_texts; i++)
         add2(&cs, K_PRE, deepseek_v3_texts[i], strlen(deepseek_v3_texts[i]));
     if (!rc && cs.oom) rc = KVT_ENOMEM;
     kvt_gguf_close(g);
@@ -574,35 +635,76 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *rel, con
     return ok;
 }
 
+/* tests/test_tokenizer.c: llama.cpp's models/FILE from the peer's source bundle. */
+bool kvt_test_bundle_vocab(const char *file, char *path, size_t cap, const char **why);
+
 TEST(peer_tokenizer_vocabs)
 {
-    static const struct { const char *name, *rel, *inp, *pre; } vocabs[] = {
-        {"llama-spm", "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp", NULL},
-        {"deepseek-llm", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", NULL},
+    /* bundle: the files are llama.cpp's models/REL and REL.inp from the peer's
+     * source bundle, not ../shared/REL; these also get deepseek_v3_texts. */
+    static const struct { const char *name, *rel, *inp, *pre; bool bundle, no_lf; } vocabs[] = {
+        {"llama-spm", "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp", NULL, false},
+        {"deepseek-llm", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp", NULL,
+         false},
         /* no DeepSeek-V3/V4 vocab file: deepseek-llm's vocabulary, V3's pre-tokenizer */
         {"deepseek-v3", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf.inp",
-         "deepseek-v3"},
-        {"gpt-2", "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp", NULL},
-        {"stories260K", "models/stories260K.gguf", NULL, NULL},
+         "deepseek-v3", false},
+        {"gpt-2", "vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp", NULL, false},
+        {"stories260K", "models/stories260K.gguf", NULL, NULL, false},
+        {"llama-bpe", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-bpe.gguf.inp", NULL, true},
+        {"qwen2", "ggml-vocab-qwen2.gguf", "ggml-vocab-qwen2.gguf.inp", NULL, true},
+        {"qwen35", "ggml-vocab-qwen35.gguf", "ggml-vocab-qwen35.gguf.inp", NULL, true},
+        {"gemma-4", "ggml-vocab-gemma-4.gguf", "ggml-vocab-gemma-4.gguf.inp", NULL, true},
+        /* gemma-4 without its line-feed merges (see write_without_lf_merges) */
+        {"gemma-4-no-lf-merges", "ggml-vocab-gemma-4.gguf", "ggml-vocab-gemma-4.gguf.inp", NULL, true, true},
+        {"starcoder", "ggml-vocab-starcoder.gguf", "ggml-vocab-starcoder.gguf.inp", NULL, true},
+        {"refact", "ggml-vocab-refact.gguf", "ggml-vocab-refact.gguf.inp", NULL, true},
+        {"command-r", "ggml-vocab-command-r.gguf", "ggml-vocab-command-r.gguf.inp", NULL, true},
+        {"mpt", "ggml-vocab-mpt.gguf", "ggml-vocab-mpt.gguf.inp", NULL, true},
+        {"falcon", "ggml-vocab-falcon.gguf", "ggml-vocab-falcon.gguf.inp", NULL, true},
+        {"deepseek-coder", "ggml-vocab-deepseek-coder.gguf", "ggml-vocab-deepseek-coder.gguf.inp", NULL, true},
+        {"phi-3", "ggml-vocab-phi-3.gguf", "ggml-vocab-phi-3.gguf.inp", NULL, true},
+        /* no tokenizer.ggml.pre ("default"), no .inp */
+        {"gpt-neox", "ggml-vocab-gpt-neox.gguf", NULL, NULL, true},
+        {"aquila", "ggml-vocab-aquila.gguf", NULL, NULL, true},
     };
     const size_t n_vocabs = sizeof vocabs / sizeof vocabs[0];
     const char *why = skip_reason();
     if (why) SKIP("%s", why);
-    size_t n_present = 0;
-    for (size_t i = 0; i < n_vocabs; i++) n_present += kvt_test_shared(vocabs[i].rel) != NULL;
-    if (!n_present) SKIP("none of the vocab files is under ../shared");
     double install_s;
     if (!fx_peer_ensure(&install_s))
         SKIP("npm ci --prefix " FX_PEER_DIR " failed (offline?): no llama.cpp peer");
     if (install_s >= 0) printf("    npm ci took %.1f s\n", install_s);
+
+    /* Where each vocabulary's files are; a missing one is left out. */
+    static char model[sizeof vocabs / sizeof vocabs[0]][4096], inp[sizeof vocabs / sizeof vocabs[0]][4096];
+    bool present[sizeof vocabs / sizeof vocabs[0]] = {false};
+    size_t n_present = 0;
+    for (size_t i = 0; i < n_vocabs; i++) {
+        inp[i][0] = 0;
+        if (vocabs[i].bundle) {
+            const char *bwhy = NULL;
+            present[i] = kvt_test_bundle_vocab(vocabs[i].rel, model[i], sizeof model[i], &bwhy) &&
+                         (!vocabs[i].inp || kvt_test_bundle_vocab(vocabs[i].inp, inp[i], sizeof inp[i], &bwhy));
+            if (!present[i]) printf("    %s: left out: %s\n", vocabs[i].name, bwhy);
+        } else {
+            const char *p = kvt_test_shared(vocabs[i].rel), *ip = vocabs[i].inp ? kvt_test_shared(vocabs[i].inp) : NULL;
+            if (p) snprintf(model[i], sizeof model[i], "%s", p);
+            if (ip) snprintf(inp[i], sizeof inp[i], "%s", ip);
+            present[i] = p != NULL;
+            if (!present[i]) printf("    %s: %s not found under ../shared, left out\n", vocabs[i].name, vocabs[i].rel);
+        }
+        n_present += present[i];
+    }
+    if (!n_present) SKIP("none of the vocab files is under ../shared or in the llama.cpp source bundle");
 
     fx_server dir = {0};
     CHECKF(fx_tmpdir_make(&dir, "kvtier-peer"), "mkdtemp: %s", strerror(errno));
     size_t n_diff = 0, n_failed = 0;
     bool header_shown = false;
     for (size_t i = 0; i < n_vocabs; i++)
-        if (!compare_vocab(&dir, vocabs[i].name, vocabs[i].rel, vocabs[i].inp, vocabs[i].pre, &n_diff,
-                           &header_shown))
+        if (present[i] && !compare_vocab(&dir, vocabs[i].name, model[i], inp[i][0] ? inp[i] : NULL, vocabs[i].pre,
+                                         vocabs[i].no_lf, vocabs[i].bundle, &n_diff, &header_shown))
             n_failed++;
     fx_tmpdir_remove(&dir);
     CHECKF(n_failed == 0, "%zu vocabularies could not be compared with llama.cpp (see above)", n_failed);

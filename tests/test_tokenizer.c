@@ -1,4 +1,6 @@
-/* Tokenizer tests: llama.cpp's own vocab test data (every case, id for id),
+/* Tokenizer tests: llama.cpp's own vocab test data (every case, id for id;
+ * ../shared/vocab's three vocabularies and eleven more from the llama.cpp
+ * source bundle, see kvt_test_bundle_vocab),
  * the stories260K prompts against llama2.c's reference ids, the built-in byte
  * tokenizer, the GGUF round trip, malformed metadata, and a seeded round-trip
  * fuzz over all vocabularies.
@@ -8,13 +10,17 @@
  * "ü" is token 100014 in "Führer"), so the cases run with parse_special =
  * false, as llama.cpp ran them; tok_vocab_deepseek_llm shows that control
  * tokens still need parse_special. */
+#include "fixture.h"
 #include "test.h"
 #include "tokenizer.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -61,18 +67,91 @@ static bool round_trips(const kvt_tokenizer *t, const char *text, size_t len, bo
 
 /* ---- llama.cpp vocab test data -------------------------------------------- */
 
-static void run_vocab_cases(const char *name)
+/* ---- vocabularies from llama.cpp's source bundle ---------------------------
+ * ../shared/vocab holds only llama-spm, deepseek-llm and gpt-2; the other
+ * ggml-vocab-*.gguf files of llama.cpp (and their .inp/.out) come from the
+ * llama.cpp source that the peer package ships, the release its prebuilt
+ * libllama is built from: one bare clone of the bundle into a temp dir per
+ * test run (about 1 s), then `git show HEAD:models/FILE` per file. The peer
+ * packages are installed (fx_peer_ensure) when the bundle is missing.
+ * tests/test_peer.c uses the same files. */
+#define VOCAB_BUNDLE FX_PEER_DIR "/node_modules/node-llama-cpp/llama/gitRelease.bundle"
+
+static fx_server bundle_tmp;
+static int bundle_state;      /* 0: not tried, 1: cloned, -1: cannot (bundle_why) */
+static char bundle_why[200];
+
+static void bundle_cleanup(void) { fx_tmpdir_remove(&bundle_tmp); }
+
+static void bundle_clone(void)
 {
-    char rel[200], inp_rel[256], out_rel[256];
-    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", name);
-    snprintf(inp_rel, sizeof inp_rel, "%s.inp", rel);
-    snprintf(out_rel, sizeof out_rel, "%s.out", rel);
-    const char *ip = kvt_test_shared(inp_rel), *op = kvt_test_shared(out_rel);
-    if (!ip || !op || !kvt_test_shared(rel)) SKIP("%s not found under shared/", rel);
+    bundle_state = -1;
+    const char *why = fx_peer_skip_reason();
+    double secs;
+    char repo[128], log[128];
+    if (why) {
+        snprintf(bundle_why, sizeof bundle_why, "no llama.cpp source bundle: %s", why);
+        return;
+    }
+    if (system("command -v git >/dev/null 2>&1") != 0) {
+        snprintf(bundle_why, sizeof bundle_why, "git is not on PATH (needed to read " VOCAB_BUNDLE ")");
+        return;
+    }
+    if (access(VOCAB_BUNDLE, R_OK) != 0 && (!fx_peer_ensure(&secs) || access(VOCAB_BUNDLE, R_OK) != 0)) {
+        snprintf(bundle_why, sizeof bundle_why, "no " VOCAB_BUNDLE " (npm ci --prefix " FX_PEER_DIR
+                 " failed, offline?)");
+        return;
+    }
+    if (!fx_tmpdir_make(&bundle_tmp, "vocab")) {
+        snprintf(bundle_why, sizeof bundle_why, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    atexit(bundle_cleanup);
+    snprintf(repo, sizeof repo, "%s/r.git", bundle_tmp.dir);
+    snprintf(log, sizeof log, "%s/clone.log", bundle_tmp.dir);
+    const char *argv[] = {"git", "clone", "-q", "--bare", VOCAB_BUNDLE, repo, NULL};
+    int st = 0;
+    if (fx_run(argv, log, 120.0, &st) == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        bundle_state = 1;
+    } else {
+        snprintf(bundle_why, sizeof bundle_why, "git clone --bare " VOCAB_BUNDLE " failed");
+        fx_print_file("git clone", log);
+    }
+}
+
+/* llama.cpp's models/FILE into path (cap bytes); false and *why when the
+ * bundle or the file is not there. Not static: tests/test_peer.c uses it. */
+bool kvt_test_bundle_vocab(const char *file, char *path, size_t cap, const char **why)
+{
+    if (!bundle_state) bundle_clone();
+    if (bundle_state < 0) { *why = bundle_why; return false; }
+    snprintf(path, cap, "%s/%s", bundle_tmp.dir, file);
+    if (access(path, R_OK) == 0) return true;
+    char repo[128], obj[256];
+    snprintf(repo, sizeof repo, "%s/r.git", bundle_tmp.dir);
+    snprintf(obj, sizeof obj, "HEAD:models/%s", file);
+    const char *argv[] = {"git", "--git-dir", repo, "show", obj, NULL};
+    int st = 0;
+    if (fx_run(argv, path, 60.0, &st) == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return true;
+    unlink(path);
+    snprintf(bundle_why, sizeof bundle_why, "models/%s is not in " VOCAB_BUNDLE, file);
+    *why = bundle_why;
+    return false;
+}
+
+/* ---- llama.cpp vocab test data -------------------------------------------- */
+
+/* Every case of the .inp file ip (parse_special false) against the .out file
+ * op, and the round trip of each; gp is the vocabulary. */
+static void run_vocab_files(const char *name, const char *gp, const char *ip, const char *op)
+{
     size_t ilen, olen;
     char *inp = kvt_test_read_file(ip, &ilen), *outs = kvt_test_read_file(op, &olen);
     kvt_tokenizer *t = NULL;
-    int rc = load_vocab(&t, rel);
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, gp);
+    if (!rc) rc = kvt_tokenizer_from_gguf(&t, g);
+    kvt_gguf_close(g);
     if (rc || !inp || !outs) {
         free(inp);
         free(outs);
@@ -128,8 +207,49 @@ static void run_vocab_cases(const char *name)
     CHECKF(n_rt == n_cases, "%s: %zu of %zu cases do not round trip", name, n_cases - n_rt, n_cases);
 }
 
+static void run_vocab_cases(const char *name)
+{
+    char rel[200], inp_rel[256], out_rel[256], gp[4096];
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", name);
+    snprintf(inp_rel, sizeof inp_rel, "%s.inp", rel);
+    snprintf(out_rel, sizeof out_rel, "%s.out", rel);
+    const char *ip = kvt_test_shared(inp_rel), *op = kvt_test_shared(out_rel), *p = kvt_test_shared(rel);
+    if (!ip || !op || !p) SKIP("%s not found under shared/", rel);
+    snprintf(gp, sizeof gp, "%s", p);
+    char ipb[4096], opb[4096];
+    snprintf(ipb, sizeof ipb, "%s", ip);
+    snprintf(opb, sizeof opb, "%s", op);
+    run_vocab_files(name, gp, ipb, opb);
+}
+
+/* The same for a vocabulary of the llama.cpp source bundle. */
+static void run_bundle_cases(const char *name)
+{
+    char file[128], gp[256], ip[256], op[256];
+    const char *why = NULL;
+    snprintf(file, sizeof file, "ggml-vocab-%s.gguf", name);
+    if (!kvt_test_bundle_vocab(file, gp, sizeof gp, &why)) SKIP("%s", why);
+    snprintf(file, sizeof file, "ggml-vocab-%s.gguf.inp", name);
+    if (!kvt_test_bundle_vocab(file, ip, sizeof ip, &why)) SKIP("%s", why);
+    snprintf(file, sizeof file, "ggml-vocab-%s.gguf.out", name);
+    if (!kvt_test_bundle_vocab(file, op, sizeof op, &why)) SKIP("%s", why);
+    run_vocab_files(name, gp, ip, op);
+}
+
 TEST(tok_vocab_llama_spm) { run_vocab_cases("llama-spm"); }
 TEST(tok_vocab_gpt2) { run_vocab_cases("gpt-2"); }
+/* From llama.cpp's source bundle (see kvt_test_bundle_vocab). */
+TEST(tok_vocab_llama_bpe) { run_bundle_cases("llama-bpe"); }
+TEST(tok_vocab_qwen2) { run_bundle_cases("qwen2"); }
+TEST(tok_vocab_qwen35) { run_bundle_cases("qwen35"); }
+TEST(tok_vocab_gemma4) { run_bundle_cases("gemma-4"); }
+TEST(tok_vocab_starcoder) { run_bundle_cases("starcoder"); }
+TEST(tok_vocab_refact) { run_bundle_cases("refact"); }
+TEST(tok_vocab_command_r) { run_bundle_cases("command-r"); }
+TEST(tok_vocab_mpt) { run_bundle_cases("mpt"); }
+TEST(tok_vocab_falcon) { run_bundle_cases("falcon"); }
+TEST(tok_vocab_deepseek_coder) { run_bundle_cases("deepseek-coder"); }
+TEST(tok_vocab_phi3) { run_bundle_cases("phi-3"); }
 
 TEST(tok_vocab_deepseek_llm)
 {
@@ -392,6 +512,27 @@ TEST(tok_gguf_round_trip)
 
 /* ---- malformed metadata --------------------------------------------------- */
 
+/* The same for vocabularies of the llama.cpp source bundle: ignore_merges
+ * (llama-bpe), raw BPE with <0xXX> byte tokens (gemma-4) and the types
+ * llama.cpp overrides by text (qwen2's "</s>") survive the round trip. */
+TEST(tok_gguf_round_trip_bundle)
+{
+    static const char *const files[] = {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-gemma-4.gguf", "ggml-vocab-qwen2.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof *files && !kvt_test_failed(); i++) {
+        char path[256];
+        const char *why = NULL;
+        if (!kvt_test_bundle_vocab(files[i], path, sizeof path, &why)) SKIP("%s", why);
+        kvt_tokenizer *t = NULL;
+        kvt_gguf *g = NULL;
+        int rc = kvt_gguf_open(&g, path);
+        if (!rc) rc = kvt_tokenizer_from_gguf(&t, g);
+        kvt_gguf_close(g);
+        CHECKF(!rc, "%s: %s: %s", files[i], kvt_strerror(rc), kvt_errmsg());
+        check_gguf_round_trip(t, files[i]);
+        kvt_tokenizer_free(t);
+    }
+}
+
 /* A small valid BPE vocabulary ("a", "b", "ab", "<|end|>") as writer keys; the
  * malformed cases then replace or add one key. */
 static kvt_gguf_writer *tiny_bpe(void)
@@ -488,6 +629,8 @@ TEST(tok_malformed_metadata)
         {"duplicate token text", "tokenizer.ggml.tokens", 7, NULL, 0, NULL, KVT_EFORMAT},
         {"unknown model", "tokenizer.ggml.model", 8, NULL, 0, "wordpiece", KVT_EUNSUPPORTED},
         {"unknown pre-tokenizer", "tokenizer.ggml.pre", 8, NULL, 0, "nonesuch", KVT_EUNSUPPORTED},
+        /* one llama.cpp has and kvtier does not */
+        {"unimplemented pre-tokenizer", "tokenizer.ggml.pre", 8, NULL, 0, "tekken", KVT_EUNSUPPORTED},
         {"model is not a string", "tokenizer.ggml.model", 5, NULL, 1, NULL, KVT_EFORMAT},
         {"add_bos without a bos", "tokenizer.ggml.add_bos_token", 9, NULL, 0, NULL, KVT_EFORMAT},
         {"byte token misspelled", "tokenizer.ggml.token_type", 10, NULL, 0, NULL, KVT_EFORMAT},
@@ -527,6 +670,10 @@ TEST(tok_malformed_metadata)
         kvt_tokenizer_free(t);
         CHECKF(rc == cases[c].want && !t, "%s: got %s (%s), want %s", cases[c].what, kvt_strerror(rc),
                kvt_errmsg(), kvt_strerror(cases[c].want));
+        /* a refused model or pre-tokenizer is named in the message */
+        if (rc == KVT_EUNSUPPORTED)
+            CHECKF(strstr(kvt_errmsg(), cases[c].s) != NULL, "%s: the message '%s' does not name '%s'",
+                   cases[c].what, kvt_errmsg(), cases[c].s);
     }
 }
 
