@@ -8,6 +8,7 @@
 #include "qkernels.h"
 #include "quant.h"
 #include "ref.h"
+#include "synth_family.h"
 #include "util.h"
 
 #include <jansson.h>
@@ -836,6 +837,63 @@ TEST(llama_attention_grouped_heads_invariance)
     }
     run_free(&ref);
     kvt_model_close(m);
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+}
+
+/* The other rows of the llama family (synth_family.h: llama 3's
+ * rope_freqs, qwen2's biases, qwen3's head norms and head length, qwen3moe's
+ * routed experts, gemma3's window layers, 64 tokens, over 200 tokens so
+ * that most positions see past it): the final logits and every cache byte
+ * are the same bits whatever the chunk schedule, the thread count or the
+ * kernel path. Window attention starts at a position fixed by the token's
+ * own, and an expert's rows are its tokens' own, so no schedule can move
+ * either. Negative control (by hand): a window anchored to the chunk's
+ * first position instead leaves gemma3 with 1 of 4 schedules agreeing. */
+TEST(llama_family_invariance)
+{
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) SKIP("../shared absent");
+    char vpath[1024];
+    snprintf(vpath, sizeof vpath, "%s", vocab);
+    char dir[] = "/tmp/kvtier-family-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    static const fam_spec fams[] = {{"llama", false, false, FAM_HEAD_DIM, true, false, false},
+                                    {"qwen2", true, false, FAM_HEAD_DIM, false, false, false},
+                                    {"qwen3", false, true, 128, false, false, false},
+                                    {"qwen3moe", false, true, 128, false, true, false},
+                                    {"gemma3", false, true, FAM_HEAD_DIM, false, false, true}};
+    enum { N = 200 };
+    int32_t t[N];
+    seq(t, N, 13);
+    const uint32_t odd[] = {9, 1, 70, 3}, ones[] = {1};
+    struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; } cases[] = {
+        {odd, 4, 2, false}, {ones, 1, 1, false}, {NULL, 0, 3, false}, {odd, 4, 1, true},
+    };
+    for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+        char path[96];
+        snprintf(path, sizeof path, "%s/%s.gguf", dir, fams[f].arch);
+        CHECK_OK(fam_write(path, vpath, 31 + f, FAM_ROPE_BASE, &fams[f], false));
+        kvt_model *m = NULL;
+        CHECK_OK(kvt_model_open(&m, path));
+        run_out ref = {0}, o = {0};
+        CHECK_OK(run(m, t, N, NULL, 0, 1, &ref));
+        size_t same_n = 0, n_cases = sizeof cases / sizeof cases[0];
+        for (size_t i = 0; i < n_cases; i++) {
+            bool old = kvt_kernels_force_scalar(cases[i].scalar);
+            int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
+            kvt_kernels_force_scalar(old);
+            CHECK_OK(rc);
+            same_n += same(&ref, &o);
+            run_free(&o);
+        }
+        printf("    %s: %zu of %zu schedules, thread counts and kernel paths give the same bits\n", fams[f].arch,
+               same_n, n_cases);
+        CHECKF(same_n == n_cases, "%s: a schedule, thread count or kernel path changes the bits", fams[f].arch);
+        run_free(&ref);
+        kvt_model_close(m);
+        unlink(path);
+    }
     kvt_test_clear_dir(dir);
     rmdir(dir);
 }

@@ -74,6 +74,7 @@
  * quantiser takes 4-5 s of it per type); its temp files, up to 75 MB each,
  * go in /tmp. */
 #include "fixture.h"
+#include "synth_family.h"
 #include "gguf.h"
 #include "model.h"
 #include "qkernels.h"
@@ -90,12 +91,9 @@
 #define LIB_LLAMA FX_PEER_BINS "/libllama.v0.5.0.so" /* libllama.so, likewise */
 #define VOCAB_FILE "vocab/ggml-vocab-llama-spm.gguf"
 
-enum { DIM = 256, LAYERS = 4, HEADS = 4, KV_HEADS = 2, HEAD_DIM = DIM / HEADS, KV_DIM = KV_HEADS * HEAD_DIM,
-       FFN = 512, CTX = 512, VOCAB = 32000, N_TOK = 300, N_CONTROL = 64, THREADS = 2 };
-#define EPS 1e-5f
-#define ROPE_BASE 10000.0f
-#define SIGMA 0.02
-#define SIGMA_QK 0.08
+enum { DIM = FAM_DIM, HEADS = FAM_HEADS, HEAD_DIM = FAM_HEAD_DIM, CTX = FAM_CTX, VOCAB = FAM_VOCAB, N_TOK = 300,
+       N_CONTROL = 64, THREADS = 2 };
+#define ROPE_BASE FAM_ROPE_BASE
 #define SEED 0x70656572ull       /* "peer" */
 #define PROMPT_SEED 0x746f6b73ull /* "toks" */
 
@@ -317,196 +315,13 @@ static const char *peer_load(const char **bad)
 
 /* ---- the model ------------------------------------------------------------ */
 
-static double gauss(uint64_t *rng)
-{
-    /* Box-Muller on two 53-bit uniforms, u in (0, 1] */
-    double u = ((kvt_test_rand(rng) >> 11) + 1.0) / 9007199254740992.0;
-    double v = (kvt_test_rand(rng) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
-}
-
-/* An f32 tensor of ne[0] = cols, ne[1] = rows: N(0, sigma), or all 1 when
- * sigma is 0 (a norm vector, rows 1, one dimension). */
-static int add_tensor(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, double sigma, uint64_t *rng)
-{
-    size_t n = (size_t)(cols * rows);
-    float *f = malloc(n * sizeof *f);
-    if (!f) return KVT_ENOMEM;
-    for (size_t i = 0; i < n; i++) f[i] = sigma ? (float)(sigma * gauss(rng)) : 1.0f;
-    uint64_t ne[4] = {cols, rows, 1, 1};
-    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, rows > 1 ? 2 : 1, ne, f, n * sizeof *f);
-    free(f);
-    return rc;
-}
-
-/* An f32 tensor (cols, rows, n3) of N(0, sigma): a mixture's experts. */
-static int add_tensor3(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, uint64_t n3,
-                       double sigma, uint64_t *rng)
-{
-    size_t n = (size_t)(cols * rows * n3);
-    float *f = malloc(n * sizeof *f);
-    if (!f) return KVT_ENOMEM;
-    for (size_t i = 0; i < n; i++) f[i] = (float)(sigma * gauss(rng));
-    uint64_t ne[4] = {cols, rows, n3, 1};
-    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 3, ne, f, n * sizeof *f);
-    free(f);
-    return rc;
-}
-
-/* An f32 vector of n elements base + N(0, sigma) (a bias, base 0, or a
- * norm's weights, base 1); neutral: base alone, the draws made all the same
- * (so that the tensors after it are those of the model it stands in for). */
-static int add_vec(kvt_gguf_writer *w, const char *name, uint64_t n, double base, double sigma, bool neutral,
-                   uint64_t *rng)
-{
-    float *f = malloc(n * sizeof *f);
-    if (!f) return KVT_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        double d = sigma * gauss(rng);
-        f[i] = (float)(neutral ? base : base + d);
-    }
-    uint64_t ne[4] = {n, 1, 1, 1};
-    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, f, n * sizeof *f);
-    free(f);
-    return rc;
-}
-
-/* A member of the llama family (src/llama.c): its architecture name, what
- * it adds to llama, its head length. */
-typedef struct fam_spec {
-    const char *arch;
-    bool bias;      /* qwen2: attn_q/k/v.bias, N(0, SIGMA_BIAS) */
-    bool qk_norm;   /* qwen3: attn_q_norm/attn_k_norm, 1 + N(0, SIGMA_NORM) */
-    int head_dim;   /* written as attention.key_length when not DIM / HEADS */
-    bool rope_freqs; /* llama 3: rope_freqs.weight, factors 1 (fast pairs) to 8 (slow) */
-    bool moe;       /* qwen3moe: MOE_E experts of MOE_F, MOE_EU per token, for the FFN */
-    bool gemma;     /* gemma3: post norms, GeGLU, every other layer a GEMMA_SWA window with
-                     * RoPE base GEMMA_BASE_SWA */
-} fam_spec;
-
-enum { GEMMA_SWA = 64 };
-#define GEMMA_BASE_SWA 1000.0f
-
-enum { MOE_E = 8, MOE_EU = 2, MOE_F = 128 };
-#define SIGMA_ROUTER 0.1 /* router logits of about N(0, 1.6): the top experts apart by ~0.5 */
-
-#define SIGMA_BIAS 0.5 /* large against q and k of N(0, ~1): a bias left out moves the logits */
-#define SIGMA_NORM 0.3
-static const fam_spec fam_llama = {"llama", false, false, HEAD_DIM, false, false, false};
-
-/* The synthetic model of family f (its weights from seed, in F32), with
- * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
- * (biases, head norms) drawn as usual but written neutral (0, 1), the
- * negative control of the family test. The llama family draws exactly the
- * tensors it always did, in the same order. */
-static int write_family(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f,
-                        bool neutral)
-{
-    kvt_gguf *g = NULL;
-    int rc = kvt_gguf_open(&g, vocab);
-    if (rc) return rc;
-    kvt_gguf_writer *w = kvt_gguf_writer_new();
-    if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
-    const uint64_t QD = (uint64_t)HEADS * f->head_dim, KVD = (uint64_t)KV_HEADS * f->head_dim;
-    char k[96];
-#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", f->arch, suffix), k)
-    /* every key kvtier's src/llama.c reads, and what llama.cpp needs to
-     * load the model; the defaults of the two engines are not relied on */
-    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) ||
-        (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), CTX)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), DIM)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), LAYERS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), FFN)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), KV_HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)f->head_dim)) ||
-        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), EPS)) ||
-        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0))) /* LLAMA_FTYPE_ALL_F32 */
-        goto out;
-    if (f->gemma && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window"), GEMMA_SWA)) ||
-                     (rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), 2)) ||
-                     (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), GEMMA_BASE_SWA))))
-        goto out;
-    if (f->moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), MOE_E)) ||
-                   (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), MOE_EU)) ||
-                   (rc = kvt_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), MOE_F))))
-        goto out;
-    if (f->head_dim != HEAD_DIM &&
-        ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)f->head_dim)) ||
-         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)f->head_dim))))
-        goto out;
-#undef KEY
-    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
-        if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
-            rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
-    uint64_t rng = seed;
-    if (rc || (rc = add_tensor(w, "token_embd.weight", DIM, VOCAB, SIGMA, &rng)) ||
-        (rc = add_tensor(w, "output_norm.weight", DIM, 1, 0, &rng)) ||
-        (rc = add_tensor(w, "output.weight", DIM, VOCAB, SIGMA, &rng)))
-        goto out;
-    if (f->rope_freqs) { /* the shape of llama 3's: 1 for the fast pairs rising to 8 for the slow ones */
-        float ff[64];
-        int np = f->head_dim / 2;
-        for (int i = 0; i < np; i++) ff[i] = neutral ? 1.0f : 1.0f + 7.0f * (float)i / (float)(np - 1);
-        uint64_t ne[4] = {(uint64_t)np, 1, 1, 1};
-        if ((rc = kvt_gguf_writer_add_tensor(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, ff, np * sizeof *ff)))
-            goto out;
-    }
-    for (int l = 0; l < LAYERS && !rc; l++) {
-        const struct { const char *name; uint64_t cols, rows; double sigma; } t[] = {
-            {"attn_norm", DIM, 1, 0},      {"attn_q", DIM, QD, SIGMA_QK},  {"attn_k", DIM, KVD, SIGMA_QK},
-            {"attn_v", DIM, KVD, SIGMA},   {"attn_output", QD, DIM, SIGMA}, {"ffn_norm", DIM, 1, 0},
-            {"ffn_gate", DIM, FFN, SIGMA}, {"ffn_up", DIM, FFN, SIGMA},    {"ffn_down", FFN, DIM, SIGMA},
-        };
-        for (size_t i = 0; i < sizeof t / sizeof t[0] && !rc; i++) {
-            char name[64];
-            if (f->moe && !strncmp(t[i].name, "ffn_", 4) && strcmp(t[i].name, "ffn_norm")) continue;
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].name);
-            rc = add_tensor(w, name, t[i].cols, t[i].rows, t[i].sigma, &rng);
-        }
-        if (f->moe && !rc) {
-            char name[64];
-            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
-            rc = add_tensor(w, name, DIM, MOE_E, SIGMA_ROUTER, &rng);
-            const struct { const char *name; uint64_t cols, rows; } x[] = {
-                {"ffn_gate_exps", DIM, MOE_F}, {"ffn_up_exps", DIM, MOE_F}, {"ffn_down_exps", MOE_F, DIM}};
-            for (size_t i = 0; i < 3 && !rc; i++) {
-                snprintf(name, sizeof name, "blk.%d.%s.weight", l, x[i].name);
-                rc = add_tensor3(w, name, x[i].cols, x[i].rows, MOE_E, SIGMA, &rng);
-            }
-        }
-        char name[64];
-        const char *const bn[3] = {"attn_q", "attn_k", "attn_v"};
-        const uint64_t bl[3] = {QD, KVD, KVD};
-        for (int i = 0; f->bias && i < 3 && !rc; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, bn[i]);
-            rc = add_vec(w, name, bl[i], 0.0, SIGMA_BIAS, neutral, &rng);
-        }
-        const char *const nn[2] = {"attn_q_norm", "attn_k_norm"};
-        for (int i = 0; f->qk_norm && i < 2 && !rc; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, nn[i]);
-            rc = add_vec(w, name, (uint64_t)f->head_dim, 1.0, SIGMA_NORM, neutral && !f->gemma, &rng);
-        }
-        const char *const pn[2] = {"post_attention_norm", "post_ffw_norm"};
-        for (int i = 0; f->gemma && i < 2 && !rc; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, pn[i]);
-            rc = add_vec(w, name, DIM, 1.0, SIGMA_NORM, neutral, &rng);
-        }
-    }
-    if (!rc) rc = kvt_gguf_writer_write(w, path);
-out:
-    kvt_gguf_writer_free(w);
-    kvt_gguf_close(g);
-    return rc;
-}
-
 /* The synthetic llama of weights from seed, in F32, with vocab's tokenizer
  * and rope.freq_base rope_base. */
+static const fam_spec fam_llama_spec = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+
 static int write_model(const char *path, const char *vocab, uint64_t seed, float rope_base)
 {
-    return write_family(path, vocab, seed, rope_base, &fam_llama, false);
+    return fam_write(path, vocab, seed, rope_base, &fam_llama_spec, false);
 }
 
 /* "token_embd q4_K, output q6_K, 28 matrices: 20 q4_K + 8 q6_K" for a file
@@ -960,7 +775,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
 {
     char src[128], path[128];
     snprintf(src, sizeof src, "%s/%s%s-f32.gguf", dir, f->arch, f->rope_freqs ? "3" : "");
-    CHECK_OK(write_family(src, vocab, SEED, ROPE_BASE, f, false));
+    CHECK_OK(fam_write(src, vocab, SEED, ROPE_BASE, f, false));
     int32_t tok[N_TOK];
     uint64_t rng = PROMPT_SEED + SEED;
     tok[0] = 1;
@@ -1015,7 +830,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
             snprintf(path, sizeof path, "%s", src);
         } else {
             snprintf(path, sizeof path, "%s/%s-neutral.gguf", dir, f->arch);
-            CHECK_OK(write_family(path, vocab, SEED, ROPE_BASE, f, true));
+            CHECK_OK(fam_write(path, vocab, SEED, ROPE_BASE, f, true));
         }
         int np = k == 3 ? N_TOK : N_CONTROL; /* the window's control needs the positions past it */
         int rc = kvt_logits(path, tok, np, got);
@@ -1213,7 +1028,8 @@ static bool ds4_capture_cb(struct ggml_tensor_head *t, bool ask, void *ud)
     /* fewer than K rows anywhere (n_lid < K): not a choice kvtier makes */
     for (size_t tk = 0; tk < c->n; tk++)
         for (uint32_t j = 0; j < k; j++)
-            (*dst)[tk * k + j] = (int64_t)j < t->ne[0] ? *(const int32_t *)((const char *)t->data + j * t->nb[0] + tk * t->nb[1]) : -1;
+            (*dst)[tk * k + j] =
+                (int64_t)j < t->ne[0] ? *(const int32_t *)((const char *)t->data + j * t->nb[0] + tk * t->nb[1]) : -1;
     return true;
 }
 

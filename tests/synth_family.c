@@ -1,0 +1,180 @@
+/* Synthetic models of the llama family for the tests (synth_family.h). */
+#include "synth_family.h"
+#include "gguf.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double gauss(uint64_t *rng)
+{
+    /* Box-Muller on two 53-bit uniforms, u in (0, 1] */
+    double u = ((kvt_test_rand(rng) >> 11) + 1.0) / 9007199254740992.0;
+    double v = (kvt_test_rand(rng) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
+}
+
+/* An f32 tensor of ne[0] = cols, ne[1] = rows: N(0, sigma), or all 1 when
+ * sigma is 0 (a norm vector, rows 1, one dimension). */
+static int add_tensor(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, double sigma, uint64_t *rng)
+{
+    size_t n = (size_t)(cols * rows);
+    float *f = malloc(n * sizeof *f);
+    if (!f) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) f[i] = sigma ? (float)(sigma * gauss(rng)) : 1.0f;
+    uint64_t ne[4] = {cols, rows, 1, 1};
+    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, rows > 1 ? 2 : 1, ne, f, n * sizeof *f);
+    free(f);
+    return rc;
+}
+
+/* An f32 tensor (cols, rows, n3) of N(0, sigma): a mixture's experts. */
+static int add_tensor3(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, uint64_t n3,
+                       double sigma, uint64_t *rng)
+{
+    size_t n = (size_t)(cols * rows * n3);
+    float *f = malloc(n * sizeof *f);
+    if (!f) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) f[i] = (float)(sigma * gauss(rng));
+    uint64_t ne[4] = {cols, rows, n3, 1};
+    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 3, ne, f, n * sizeof *f);
+    free(f);
+    return rc;
+}
+
+/* An f32 vector of n elements base + N(0, sigma) (a bias, base 0, or a
+ * norm's weights, base 1); neutral: base alone, the draws made all the same
+ * (so that the tensors after it are those of the model it stands in for). */
+static int add_vec(kvt_gguf_writer *w, const char *name, uint64_t n, double base, double sigma, bool neutral,
+                   uint64_t *rng)
+{
+    float *f = malloc(n * sizeof *f);
+    if (!f) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        double d = sigma * gauss(rng);
+        f[i] = (float)(neutral ? base : base + d);
+    }
+    uint64_t ne[4] = {n, 1, 1, 1};
+    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, f, n * sizeof *f);
+    free(f);
+    return rc;
+}
+
+/* The synthetic model of family f (its weights from seed, in F32), with
+ * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
+ * (biases, head norms) drawn as usual but written neutral (0, 1), the
+ * negative control of the family test. The llama family draws exactly the
+ * tensors it always did, in the same order. */
+int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f,
+                        bool neutral)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, vocab);
+    if (rc) return rc;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
+    const uint64_t QD = (uint64_t)FAM_HEADS * f->head_dim, KVD = (uint64_t)FAM_KV_HEADS * f->head_dim;
+    char k[96];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", f->arch, suffix), k)
+    /* every key kvtier's src/llama.c reads, and what llama.cpp needs to
+     * load the model; the defaults of the two engines are not relied on */
+    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) ||
+        (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), FAM_CTX)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), FAM_DIM)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), FAM_LAYERS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), FAM_FFN)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), FAM_HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), FAM_KV_HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)f->head_dim)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), FAM_EPS)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
+        (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0))) /* LLAMA_FTYPE_ALL_F32 */
+        goto out;
+    if (f->gemma && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window"), FAM_GEMMA_SWA)) ||
+                     (rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), 2)) ||
+                     (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), FAM_GEMMA_BASE_SWA))))
+        goto out;
+    if (f->moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), FAM_MOE_E)) ||
+                   (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), FAM_MOE_EU)) ||
+                   (rc = kvt_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), FAM_MOE_F))))
+        goto out;
+    if (f->head_dim != FAM_HEAD_DIM &&
+        ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)f->head_dim)) ||
+         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)f->head_dim))))
+        goto out;
+#undef KEY
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
+            rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    uint64_t rng = seed;
+    if (rc || (rc = add_tensor(w, "token_embd.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)) ||
+        (rc = add_tensor(w, "output_norm.weight", FAM_DIM, 1, 0, &rng)) ||
+        (rc = add_tensor(w, "output.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)))
+        goto out;
+    if (f->rope_freqs) { /* the shape of llama 3's: 1 for the fast pairs rising to 8 for the slow ones */
+        float ff[64];
+        int np = f->head_dim / 2;
+        for (int i = 0; i < np; i++) ff[i] = neutral ? 1.0f : 1.0f + 7.0f * (float)i / (float)(np - 1);
+        uint64_t ne[4] = {(uint64_t)np, 1, 1, 1};
+        if ((rc = kvt_gguf_writer_add_tensor(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, ff, np * sizeof *ff)))
+            goto out;
+    }
+    for (int l = 0; l < FAM_LAYERS && !rc; l++) {
+        const struct { const char *name; uint64_t cols, rows; double sigma; } t[] = {
+            {"attn_norm", FAM_DIM, 1, 0},
+            {"attn_q", FAM_DIM, QD, FAM_SIGMA_QK},
+            {"attn_k", FAM_DIM, KVD, FAM_SIGMA_QK},
+            {"attn_v", FAM_DIM, KVD, FAM_SIGMA},
+            {"attn_output", QD, FAM_DIM, FAM_SIGMA},
+            {"ffn_norm", FAM_DIM, 1, 0},
+            {"ffn_gate", FAM_DIM, FAM_FFN, FAM_SIGMA},
+            {"ffn_up", FAM_DIM, FAM_FFN, FAM_SIGMA},
+            {"ffn_down", FAM_FFN, FAM_DIM, FAM_SIGMA},
+        };
+        for (size_t i = 0; i < sizeof t / sizeof t[0] && !rc; i++) {
+            char name[64];
+            if (f->moe && !strncmp(t[i].name, "ffn_", 4) && strcmp(t[i].name, "ffn_norm")) continue;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[i].name);
+            rc = add_tensor(w, name, t[i].cols, t[i].rows, t[i].sigma, &rng);
+        }
+        if (f->moe && !rc) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+            rc = add_tensor(w, name, FAM_DIM, FAM_MOE_E, FAM_SIGMA_ROUTER, &rng);
+            const struct { const char *name; uint64_t cols, rows; } x[] = {
+                {"ffn_gate_exps", FAM_DIM, FAM_MOE_F},
+                {"ffn_up_exps", FAM_DIM, FAM_MOE_F},
+                {"ffn_down_exps", FAM_MOE_F, FAM_DIM}};
+            for (size_t i = 0; i < 3 && !rc; i++) {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", l, x[i].name);
+                rc = add_tensor3(w, name, x[i].cols, x[i].rows, FAM_MOE_E, FAM_SIGMA, &rng);
+            }
+        }
+        char name[64];
+        const char *const bn[3] = {"attn_q", "attn_k", "attn_v"};
+        const uint64_t bl[3] = {QD, KVD, KVD};
+        for (int i = 0; f->bias && i < 3 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, bn[i]);
+            rc = add_vec(w, name, bl[i], 0.0, FAM_SIGMA_BIAS, neutral, &rng);
+        }
+        const char *const nn[2] = {"attn_q_norm", "attn_k_norm"};
+        for (int i = 0; f->qk_norm && i < 2 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, nn[i]);
+            rc = add_vec(w, name, (uint64_t)f->head_dim, 1.0, FAM_SIGMA_NORM, neutral && !f->gemma, &rng);
+        }
+        const char *const pn[2] = {"post_attention_norm", "post_ffw_norm"};
+        for (int i = 0; f->gemma && i < 2 && !rc; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, pn[i]);
+            rc = add_vec(w, name, FAM_DIM, 1.0, FAM_SIGMA_NORM, neutral, &rng);
+        }
+    }
+    if (!rc) rc = kvt_gguf_writer_write(w, path);
+out:
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
