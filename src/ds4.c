@@ -829,8 +829,7 @@ static uint64_t ds4_fingerprint(const void *p)
         size_t n = ds4_tensors((ds4_weights *)w, t);
         for (size_t i = 0; i < n; i++) {
             const kvt_wmat *mt = t[i].mat;
-            if (mt && mt->type != KVT_GGML_F32) XXH3_64bits_update(st, &mt->type, sizeof mt->type);
-            if (mt) XXH3_64bits_update(st, mt->data, mt->rows * mt->row_bytes);
+            if (mt) kvt_model_hash_mat(st, mt);
             else XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
                                     tcount(&t[i]) * 4);
         }

@@ -741,14 +741,6 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
     return rc;
 }
 
-/* A matrix's bytes as stored: an f32 matrix hashes as its values alone (as
- * before weights stayed in place), any other type with its type id first. */
-static void hash_mat(XXH3_state_t *st, const kvt_wmat *m)
-{
-    if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
-    XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
-}
-
 static uint64_t llama_fingerprint(const void *p)
 {
     const llama_weights *w = p;
@@ -773,14 +765,14 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_update(st, &w->eps, 4);
     XXH3_64bits_update(st, &w->rope_base, 4);
     size_t D = w->D;
-    hash_mat(st, &w->tok_embd);
+    kvt_model_hash_mat(st, &w->tok_embd);
     XXH3_64bits_update(st, w->out_norm, D * 4);
-    if (w->out.data != w->tok_embd.data) hash_mat(st, &w->out);
+    if (w->out.data != w->tok_embd.data) kvt_model_hash_mat(st, &w->out);
     for (uint32_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
         XXH3_64bits_update(st, ly->attn_norm, D * 4);
         const kvt_wmat *a[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
-        for (int i = 0; i < 4; i++) hash_mat(st, a[i]);
+        for (int i = 0; i < 4; i++) kvt_model_hash_mat(st, a[i]);
         if (ly->bq) {
             XXH3_64bits_update(st, ly->bq, w->QD * 4);
             XXH3_64bits_update(st, ly->bk, w->KV * 4);
@@ -796,13 +788,13 @@ static uint64_t llama_fingerprint(const void *p)
         }
         XXH3_64bits_update(st, ly->ffn_norm, D * 4);
         const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};
-        for (int i = 0; i < 3; i++) hash_mat(st, f[i]);
+        for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, f[i]);
         if (ly->gate_inp) {
             uint32_t e[3] = {w->E, w->Eu, w->Fe};
             XXH3_64bits_update(st, e, sizeof e);
             XXH3_64bits_update(st, ly->gate_inp, (size_t)w->E * D * 4);
             const kvt_wmat *x[3] = {&ly->gate_x, &ly->up_x, &ly->down_x};
-            for (int i = 0; i < 3; i++) hash_mat(st, x[i]);
+            for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, x[i]);
         }
     }
     uint64_t h = XXH3_64bits_digest(st);

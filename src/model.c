@@ -55,6 +55,12 @@ int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint
     return KVT_OK;
 }
 
+void kvt_model_hash_mat(struct XXH3_state_s *st, const kvt_wmat *m)
+{
+    if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
+    XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
+}
+
 /* The architectures: each is one file (its loader and its kvt_arch) and one
  * row here; nothing else in the model layer knows one by name. */
 typedef struct arch_row {

@@ -165,6 +165,11 @@ int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint
 /* A named matrix of the expected shape (ne0 elements per row, ne1 rows), in
  * place in the mapped file, in its own type. */
 int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out);
+/* Add a matrix's bytes as stored to a fingerprint: an f32 matrix hashes as
+ * its values alone (as before weights stayed in place), any other type with
+ * its type id first. st is an XXH3_state_t. */
+struct XXH3_state_s;
+void kvt_model_hash_mat(struct XXH3_state_s *st, const kvt_wmat *m);
 /* The same for a 3-D tensor (ne0, ne1, ne2): ne1 * ne2 rows (a mixture's
  * experts, expert e's rows e * ne1 ..). */
 int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,

@@ -454,20 +454,29 @@ static int set_appended(kvt_gguf_writer *w, const kvt_gguf *g, const char *key, 
     return rc;
 }
 
+/* src opened into *g and every key and tensor of it set in a new writer
+ * *w (both to free by the caller, also on failure). */
+static int copy_open(const char *src, kvt_gguf **g, kvt_gguf_writer **w)
+{
+    *w = kvt_gguf_writer_new();
+    int rc = *w ? kvt_gguf_open(g, src) : KVT_ENOMEM;
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(*g); i++)
+        rc = kvt_gguf_writer_set(*w, kvt_gguf_key(*g, i), kvt_gguf_val_at(*g, i));
+    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(*g); i++) {
+        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(*g, i);
+        rc = kvt_gguf_writer_add_tensor(*w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
+    }
+    return rc;
+}
+
 /* Copy the GGUF src to dst with tokenizer.ggml.pre = pre and the
  * probe_merges, every other key and tensor as it is: a vocabulary for a
  * pre-tokenizer no vocab file has. */
 static int write_with_pre(const char *src, const char *pre, const char *dst)
 {
     kvt_gguf *g = NULL;
-    kvt_gguf_writer *w = kvt_gguf_writer_new();
-    int rc = w ? kvt_gguf_open(&g, src) : KVT_ENOMEM;
-    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
-        rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
-    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
-        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
-        rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
-    }
+    kvt_gguf_writer *w = NULL;
+    int rc = copy_open(src, &g, &w);
     kvt_gguf_val tok[N_PROBE_MERGES], typ[N_PROBE_MERGES], mrg[N_PROBE_MERGES];
     for (size_t i = 0; i < N_PROBE_MERGES; i++) {
         const char *m = probe_merges[i][0], *r = probe_merges[i][1];
@@ -492,14 +501,8 @@ static int write_with_pre(const char *src, const char *pre, const char *dst)
 static int write_without_lf_merges(const char *src, const char *dst)
 {
     kvt_gguf *g = NULL;
-    kvt_gguf_writer *w = kvt_gguf_writer_new();
-    int rc = w ? kvt_gguf_open(&g, src) : KVT_ENOMEM;
-    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
-        rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
-    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
-        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
-        rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, x->data, x->n_bytes);
-    }
+    kvt_gguf_writer *w = NULL;
+    int rc = copy_open(src, &g, &w);
     const kvt_gguf_val *m = NULL;
     size_t n = 0, k = 0;
     if (!rc) rc = kvt_gguf_get_arr(g, "tokenizer.ggml.merges", KVT_GGUF_STR, &m, &n);

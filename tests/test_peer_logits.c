@@ -317,6 +317,25 @@ static const char *peer_load(const char **bad)
 
 /* The synthetic llama of weights from seed, in F32, with vocab's tokenizer
  * and rope.freq_base rope_base. */
+/* llama.cpp's llama_model_quantize of src into path as ftype, on THREADS
+ * threads: true when it did (else peer_said() says why). */
+static bool peer_quantize(const char *src, const char *path, int ftype)
+{
+    llama_model_quantize_params qp = ll.quantize_default_params();
+    qp.ftype = ftype;
+    qp.nthread = THREADS;
+    peer_err[0] = 0;
+    return ll.quantize(src, path, &qp) == 0;
+}
+
+/* The prompt of the llama-vocabulary tests: BOS, then n - 1 ids from seed. */
+static void make_prompt(int32_t *tok, int n, uint64_t seed)
+{
+    uint64_t rng = PROMPT_SEED + seed;
+    tok[0] = 1; /* BOS */
+    for (int i = 1; i < n; i++) tok[i] = 3 + (int32_t)(kvt_test_rand(&rng) % (VOCAB - 3));
+}
+
 static const fam_spec fam_llama_spec = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
 
 static int write_model(const char *path, const char *vocab, uint64_t seed, float rope_base)
@@ -630,9 +649,7 @@ static void run_all(run_ctx *r)
     CHECK_OK(write_model(src, vocab_path, seed, ROPE_BASE));
 
     int32_t tok[N_TOK];
-    uint64_t rng = PROMPT_SEED + seed;
-    tok[0] = 1; /* BOS */
-    for (int i = 1; i < N_TOK; i++) tok[i] = 3 + (int32_t)(kvt_test_rand(&rng) % (VOCAB - 3));
+    make_prompt(tok, N_TOK, seed);
 
     int refused_peer = 0, refused_kvt = 0, compared = 0, failed = 0;
     double t_peer = 0, t_kvt = 0, t_quant = 0;
@@ -643,11 +660,7 @@ static void run_all(run_ctx *r)
             snprintf(path, sizeof path, "%s", src);
         } else {
             snprintf(path, sizeof path, "%s/%s.gguf", dir, ty->name);
-            llama_model_quantize_params qp = ll.quantize_default_params();
-            qp.ftype = ty->ftype;
-            qp.nthread = THREADS;
-            peer_err[0] = 0;
-            if (ll.quantize(src, path, &qp) != 0) {
+            if (!peer_quantize(src, path, ty->ftype)) {
                 /* e.g. a type that needs an importance matrix (none of
                  * these does in this llama.cpp: tensor_requires_imatrix
                  * asks it for the IQ1/IQ2/IQ3_XXS types and Q2_K_S) */
@@ -727,13 +740,21 @@ static void run_all(run_ctx *r)
     CHECKF(failed == 0, "%d of %d types outside their tolerance", failed, compared);
 }
 
+/* The llama vocabulary's path into vocab_path and the peer loaded: NULL,
+ * or why the test skips; *bad: a mismatch with the peer's API (a failure). */
+static const char *llama_peer_ready(char *vocab_path, size_t len, const char **bad)
+{
+    *bad = NULL;
+    const char *vocab = kvt_test_shared(VOCAB_FILE);
+    if (!vocab) return "../shared/" VOCAB_FILE " absent";
+    snprintf(vocab_path, len, "%s", vocab);
+    return peer_load(bad);
+}
+
 TEST(peer_logits_every_type)
 {
-    const char *vocab = kvt_test_shared(VOCAB_FILE);
-    if (!vocab) SKIP("../shared/" VOCAB_FILE " absent");
     char vocab_path[1024];
-    snprintf(vocab_path, sizeof vocab_path, "%s", vocab);
-    const char *bad, *why = peer_load(&bad);
+    const char *bad, *why = llama_peer_ready(vocab_path, sizeof vocab_path, &bad);
     if (why) SKIP("%s", why);
     CHECKF(!bad, "%s", bad);
     printf("    llama.cpp %s\n", ll.system_info());
@@ -777,9 +798,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
     snprintf(src, sizeof src, "%s/%s%s-f32.gguf", dir, f->arch, f->rope_freqs ? "3" : "");
     CHECK_OK(fam_write(src, vocab, SEED, ROPE_BASE, f, false));
     int32_t tok[N_TOK];
-    uint64_t rng = PROMPT_SEED + SEED;
-    tok[0] = 1;
-    for (int i = 1; i < N_TOK; i++) tok[i] = 3 + (int32_t)(kvt_test_rand(&rng) % (VOCAB - 3));
+    make_prompt(tok, N_TOK, SEED);
     static const struct ptype ft[] = {{"f32", -1, TOL_F32, true}, {"f16", 1, TOL_F16, true},
                                       {"q4_K_M", 15, TOL_Q, true}};
     for (size_t k = 0; k < sizeof ft / sizeof *ft; k++) {
@@ -799,11 +818,7 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
             snprintf(path, sizeof path, "%s", src);
         } else {
             snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, f->arch, ft[k].name);
-            llama_model_quantize_params qp = ll.quantize_default_params();
-            qp.ftype = ft[k].ftype;
-            qp.nthread = THREADS;
-            peer_err[0] = 0;
-            CHECKF(ll.quantize(src, path, &qp) == 0, "%s %s: llama_model_quantize: %s", f->arch, ft[k].name,
+            CHECKF(peer_quantize(src, path, ft[k].ftype), "%s %s: llama_model_quantize: %s", f->arch, ft[k].name,
                    peer_said());
         }
         const char *why = peer_logits(path, tok, N_TOK, want);
@@ -854,11 +869,8 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
 
 TEST(peer_logits_families)
 {
-    const char *vocab = kvt_test_shared(VOCAB_FILE);
-    if (!vocab) SKIP("../shared/" VOCAB_FILE " absent");
     char vocab_path[1024];
-    snprintf(vocab_path, sizeof vocab_path, "%s", vocab);
-    const char *bad, *why = peer_load(&bad);
+    const char *bad, *why = llama_peer_ready(vocab_path, sizeof vocab_path, &bad);
     if (why) SKIP("%s", why);
     CHECKF(!bad, "%s", bad);
     char dir[] = "/tmp/kvtier-peerfam-XXXXXX";
@@ -1142,11 +1154,7 @@ TEST(peer_logits_deepseek4)
                 snprintf(path, sizeof path, "%s", src);
             } else {
                 snprintf(path, sizeof path, "%s/%s.gguf", dir, ty->name);
-                llama_model_quantize_params qp = ll.quantize_default_params();
-                qp.ftype = ty->ftype;
-                qp.nthread = THREADS;
-                peer_err[0] = 0;
-                CHECKF(ll.quantize(src, path, &qp) == 0, "%s %s: llama_model_quantize: %s", sh->preset, ty->name,
+                CHECKF(peer_quantize(src, path, ty->ftype), "%s %s: llama_model_quantize: %s", sh->preset, ty->name,
                        peer_said());
             }
             ds4_capture_free(&cap);
