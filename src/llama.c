@@ -16,12 +16,21 @@
  *          each sublayer (post_attention_norm, post_ffw_norm), GeGLU, and
  *          window layers (attention.sliding_window_pattern) that attend to
  *          the last attention.sliding_window positions with RoPE base
- *          rope.freq_base_swa. Their K and V rows are kept in full, like the
- *          global layers' (a window ring is the cache's next step).
+ *          rope.freq_base_swa.
  *
- * Cache layout: two streams per layer, K then V, each one f32 row of
- * n_head_kv * head_dim per token (128 rows per 128-token block). Rows are
- * written once, when their token is processed, and never change afterwards.
+ * Cache layout. A global layer has two streams, K then V, each one f32 row
+ * of n_head_kv * head_dim per token (128 rows per 128-token block), written
+ * once, when their token is processed, and never changed afterwards. A
+ * window layer keeps only what its attention can still read: a ring of the
+ * last W = sliding_window K rows and one of V rows, row t in slot t mod W,
+ * in the cache's fixed state area (K ring then V ring, window layers in
+ * order). A pass reads the positions before it from the ring and its own
+ * positions from its scratch, and only then writes its last W rows into the
+ * ring. The rings make the model stateful: going back to an earlier
+ * position needs the ring as it was there, which the session's checkpoints
+ * keep (llama_state_save: the valid rows oldest first), and snapshots store
+ * it as their state section. A model without window layers has no state:
+ * every prefix of its streams is a valid cache.
  *
  * Weights: every matrix is used in place, in the file's own type
  * (kvt_matmul_w); only the norm vectors are f32 copies.
@@ -91,6 +100,9 @@ typedef struct llama_weights {
                                           * (others 1 / sqrt(head_dim)); final logit soft-capping (0: none) */
     uint32_t swa;      /* the sliding window of the window layers (gemma; 0: none) */
     uint8_t *is_swa;   /* (L) which layers have it */
+    int32_t *kv_at;    /* (L) a global layer's K stream (V: the next), or -1 - r for the r-th window
+                        * layer, whose rings are at state offset r * ring_bytes */
+    size_t n_global, n_ring, ring_bytes; /* ring_bytes: a window layer's K and V rings, (2, swa, KV) f32 */
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
     float *rope_ff;    /* (n_rot / 2) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
@@ -147,6 +159,7 @@ static void llama_free(void *p)
     free(w->out_norm);
     free(w->rope_ff);
     free(w->is_swa);
+    free(w->kv_at);
     free(w);
 }
 
@@ -179,6 +192,8 @@ static int llama_pack(void *p, const kvt_gguf *g)
     }
     return KVT_OK;
 }
+
+static const kvt_arch arch_llama_window;
 
 /* ARCH.suffix, the family's key. */
 static const char *fkey(const llama_weights *w, const char *suffix)
@@ -286,6 +301,10 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
             for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = np == 0 || l % np < np - 1;
         }
         if (!w->swa) memset(w->is_swa, 0, w->L);
+        if (w->swa > 1u << 20) {
+            rc = kvt_fail(KVT_EFORMAT, "%s: sliding_window %u is past 2^20", w->fam->name, w->swa);
+            goto fail;
+        }
     }
     w->QD = w->H * w->hd;
     w->KV = w->Hkv * w->hd;
@@ -367,8 +386,18 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
 #undef V
 #undef M
     }
+    /* the cache's layout: streams for the global layers, rings for the
+     * window layers (every layer global under the tests' no-window fault) */
+    if (!(w->kv_at = kvt_calloc(w->L, sizeof *w->kv_at))) { rc = KVT_ENOMEM; goto fail; }
+    for (uint32_t l = 0; l < w->L; l++) {
+        if (w->is_swa && w->is_swa[l] && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW)
+            w->kv_at[l] = -1 - (int32_t)w->n_ring++;
+        else
+            w->kv_at[l] = (int32_t)(2 * w->n_global++);
+    }
+    w->ring_bytes = 2 * (size_t)w->swa * w->KV * sizeof(float);
     m->weights = w;
-    m->arch = &kvt_arch_llama;
+    m->arch = w->n_ring ? &arch_llama_window : &kvt_arch_llama;
     kvt_model_info *in = &m->info;
     in->arch = w->fam->name;
     in->n_vocab = w->V;
@@ -393,11 +422,13 @@ fail:
 static int llama_cache_new(kvt_session *s)
 {
     const llama_weights *w = s->m->weights;
-    size_t n = 2 * (size_t)w->L;
-    uint32_t (*spec)[2] = kvt_calloc(n, sizeof *spec);
+    size_t n = 2 * w->n_global, state;
+    if (!kvt_mul_ok(w->n_ring, w->ring_bytes, &state))
+        return kvt_fail(KVT_ENOMEM, "window rings of %zu layers", w->n_ring);
+    uint32_t (*spec)[2] = kvt_calloc(n ? n : 1, sizeof *spec);
     if (!spec) return KVT_ENOMEM;
     for (size_t i = 0; i < n; i++) { spec[i][0] = w->KV * (uint32_t)sizeof(float); spec[i][1] = KVT_BLOCK; }
-    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, 0);
+    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, state);
     free(spec);
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
@@ -496,13 +527,39 @@ static int llama_work_new(kvt_session *s)
 struct attn_ctx {
     const llama_weights *w;
     const kvt_cache *cache;
-    size_t layer, pos0, n;
+    size_t stream, pos0, n; /* stream: a global layer's K stream (V: the next) */
     size_t swa;        /* a window layer's window (0: every position before) */
+    const float *ring; /* a window layer's rings (2, swa, KV): K and V of the positions before pos0;
+                        * NULL: a global layer */
+    const float *kp, *vp; /* (n, KV) a window layer: this pass's K and V rows */
     const float *q;    /* (n, QD) */
     float *out;        /* (n, QD) */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
     size_t n_ctx;
 };
+
+/* Row j of K (v = 0) or V (v = 1) for attention: *end is the first
+ * position past j whose row does not follow it in memory. A global layer's
+ * rows are its streams' (contiguous within a block); a window layer's
+ * positions before the pass are in its ring (contiguous up to the ring's
+ * end), its own in the pass's scratch. Only the rows' values reach the
+ * result (each score is its own dot product, values are mixed in position
+ * order), so where a run ends changes no bit. */
+static const float *rows_at(const struct attn_ctx *c, int v, size_t j, size_t *end)
+{
+    if (!c->ring) {
+        *end = (j / KVT_BLOCK + 1) * KVT_BLOCK;
+        return kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
+    }
+    size_t KV = c->w->KV, W = c->swa;
+    if (j >= c->pos0) {
+        *end = SIZE_MAX;
+        return (v ? c->vp : c->kp) + (j - c->pos0) * KV;
+    }
+    size_t slot = j % W;
+    *end = j + (W - slot) < c->pos0 ? j + (W - slot) : c->pos0;
+    return c->ring + ((size_t)v * W + slot) * KV;
+}
 
 static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
@@ -522,16 +579,15 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
         /* token t attends to positions lo(t) .. t: all of them, or in a
          * window layer the last swa (llama.cpp's standard window) */
 #define LO(t) (c->swa && (t) + 1 > c->swa ? (t) + 1 - c->swa : 0)
-        size_t jb = LO(t0) / KVT_BLOCK * KVT_BLOCK;
-        /* rows a block at a time: one lookup per 128 rows */
-        for (size_t j0 = jb; j0 <= t_last; j0 += KVT_BLOCK) {
-            const float *k = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer, j0) + kvh * hd;
+        /* rows a run at a time (a block, or a stretch of a ring): one lookup
+         * per run for the group's tokens */
+        for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
+            const float *k = rows_at(c, 0, j0, &j1) + kvh * hd;
             for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0;
-                if (ja > t || ja >= j0 + KVT_BLOCK) continue;
-                size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
+                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0, je = t + 1 < j1 ? t + 1 : j1;
+                if (ja >= je) continue;
                 const float *q = c->q + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_dots_rows(att + u * ldg + ja, c->n_ctx, q, hd, group, k + (ja - j0) * row_f, row_f, j1 - ja, hd,
+                kvt_dots_rows(att + u * ldg + ja, c->n_ctx, q, hd, group, k + (ja - j0) * row_f, row_f, je - ja, hd,
                               scale);
             }
         }
@@ -540,14 +596,13 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
             kvt_softmax_rows(att + u * ldg + LO(t), c->n_ctx, group, t + 1 - LO(t));
             memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
         }
-        for (size_t j0 = jb; j0 <= t_last; j0 += KVT_BLOCK) {
-            const float *v = (const float *)kvt_cache_row_ro(c->cache, 2 * c->layer + 1, j0) + kvh * hd;
+        for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
+            const float *v = rows_at(c, 1, j0, &j1) + kvh * hd;
             for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0;
-                if (ja > t || ja >= j0 + KVT_BLOCK) continue;
-                size_t j1 = t + 1 - j0 < KVT_BLOCK ? t + 1 : j0 + KVT_BLOCK;
+                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0, je = t + 1 < j1 ? t + 1 : j1;
+                if (ja >= je) continue;
                 float *o = c->out + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_axpys_rows(o, hd, att + u * ldg + ja, c->n_ctx, group, v + (ja - j0) * row_f, row_f, j1 - ja, hd);
+                kvt_axpys_rows(o, hd, att + u * ldg + ja, c->n_ctx, group, v + (ja - j0) * row_f, row_f, je - ja, hd);
             }
         }
 #undef LO
@@ -668,7 +723,8 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
     for (size_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
         bool swa = w->is_swa && w->is_swa[l];
-        size_t window = swa && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW ? w->swa : 0;
+        int32_t at = w->kv_at[l];
+        size_t window = at < 0 ? w->swa : 0; /* a window layer: the positions its ring holds and its own */
         /* the residual of the layer before (none before the first), then
          * this layer's attention norm */
         struct tok_ctx tc = {w, ly, x, xb, q, k, v, l ? xb : NULL, ly->attn_norm, pos0,
@@ -678,20 +734,29 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
         kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
         kvt_pool_for(s->pool, n, TOK_MIN, rope_range, &tc);
-        for (size_t i = 0; i < n; i++) {
-            float *kr = kvt_cache_row(s->cache, 2 * l, pos0 + i);
-            float *vr = kvt_cache_row(s->cache, 2 * l + 1, pos0 + i);
+        float *ring = at < 0 ? (float *)(s->cache->state + (size_t)(-1 - at) * w->ring_bytes) : NULL;
+        for (size_t i = 0; i < n && !ring; i++) {
+            float *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
+            float *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
             memcpy(kr, k + i * KV, KV * sizeof(float));
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
-        struct attn_ctx ac = {w, s->cache, l, pos0, n, window, q, att, wk->scores, wk->n_ctx};
+        struct attn_ctx ac = {w, s->cache, ring ? 0 : (size_t)at, pos0, n, window, ring, k, v,
+                              q, att, wk->scores, wk->n_ctx};
         /* one (token group, KV head) scores and mixes up to pos0 + n rows
          * per query head and token: give a thread at least 128K
          * multiply-adds (measured in bench/README.md), so a tiny model's
          * decode step does not pay for waking the pool */
-        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * (pos0 + n) * hd * (w->H / w->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
+        size_t span = window && window < pos0 + n ? window : pos0 + n;
+        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * span * hd * (w->H / w->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
         kvt_pool_for_part(s->pool, ng * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
+        /* only now does a window layer's ring take the pass's last rows */
+        for (size_t i = ring && n > w->swa ? n - w->swa : 0; ring && i < n; i++) {
+            size_t slot = (pos0 + i) % w->swa;
+            memcpy(ring + slot * KV, k + i * KV, KV * sizeof(float));
+            memcpy(ring + (w->swa + slot) * KV, v + i * KV, KV * sizeof(float));
+        }
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         tc.add = xb;
         tc.norm = ly->ffn_norm;
@@ -802,13 +867,68 @@ static uint64_t llama_fingerprint(const void *p)
     return h;
 }
 
+/* ---- the window rings as the session's state ----
+ *
+ * In logical order: for each window layer, its K rows of the positions
+ * max(0, n - W) .. n - 1, oldest first, then its V rows of the same
+ * positions; the same bytes whatever slot each was in. */
+
+static void llama_state_save(const kvt_session *s, kvt_wbuf *b)
+{
+    const llama_weights *w = s->m->weights;
+    size_t n = s->n, W = w->swa, KV = w->KV;
+    for (size_t r = 0; r < w->n_ring; r++) {
+        const float *ring = (const float *)(s->cache->state + r * w->ring_bytes);
+        for (int v = 0; v < 2; v++)
+            for (size_t t = n > W ? n - W : 0; t < n; t++)
+                kvt_wbuf_put(b, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float));
+    }
+}
+
+static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
+{
+    const llama_weights *w = s->m->weights;
+    size_t W = w->swa, KV = w->KV;
+    for (size_t r = 0; r < w->n_ring; r++) {
+        float *ring = (float *)(s->cache->state + r * w->ring_bytes);
+        for (int v = 0; v < 2; v++)
+            for (size_t t = n > W ? n - W : 0; t < n; t++)
+                if (!kvt_rbuf_get(rb, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float)))
+                    return kvt_fail(KVT_EFORMAT, "%s state: the window rings of %zu tokens are truncated",
+                                    w->fam->name, n);
+    }
+    return KVT_OK;
+}
+
+/* The cache at ctx tokens: full f32 K and V rows for the global layers, the
+ * window layers' rings (fixed). */
+static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
+{
+    const llama_weights *w = m->weights;
+    memset(out, 0, sizeof *out);
+    uint64_t row = 2ull * w->KV * sizeof(float);
+    out->full = ctx * w->n_global * row;
+    out->window = (uint64_t)w->n_ring * w->ring_bytes;
+    out->fixed = out->window;
+    out->total = out->full + out->fixed;
+    out->per_token_x1000 = 1000ull * w->n_global * row;
+    return KVT_OK;
+}
+
+#define LLAMA_OPS                                                                 \
+    .cache_new = llama_cache_new, .forward = llama_forward, .fingerprint = llama_fingerprint, \
+    .weights_pack = llama_pack, .weights_free = llama_free, .plan = llama_plan,   \
+    .work_new = llama_work_new, .work_free = llama_work_free
+
+/* A model with window layers: the same operations and its state. */
+static const kvt_arch arch_llama_window = {
+    .name = "llama",
+    LLAMA_OPS,
+    .state_save = llama_state_save,
+    .state_load = llama_state_load,
+};
+
 const kvt_arch kvt_arch_llama = {
     .name = "llama",
-    .cache_new = llama_cache_new,
-    .forward = llama_forward,
-    .fingerprint = llama_fingerprint,
-    .weights_pack = llama_pack,
-    .weights_free = llama_free,
-    .work_new = llama_work_new,
-    .work_free = llama_work_free,
+    LLAMA_OPS,
 };

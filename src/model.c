@@ -298,15 +298,7 @@ uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fin
 int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
-    if (m->arch->plan) return m->arch->plan(m, ctx, out);
-    /* llama: K and V rows of n_head_kv * head_dim f32 per layer per token */
-    const kvt_model_info *i = &m->info;
-    memset(out, 0, sizeof *out);
-    uint64_t per = 2ull * i->n_layer * i->n_head_kv * i->head_dim * sizeof(float);
-    out->full = per * ctx;
-    out->per_token_x1000 = per * 1000;
-    out->total = out->full;
-    return KVT_OK;
+    return m->arch->plan(m, ctx, out);
 }
 
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)

@@ -40,8 +40,7 @@ typedef struct kvt_arch {
      * is the file the weights borrow from). NULL: nothing to do. */
     int (*weights_pack)(void *w, const kvt_gguf *g);
     void (*weights_free)(void *w);
-    /* The KV cache plan for a context of ctx tokens; NULL: full K and V
-     * rows of n_head_kv * head_dim f32 per layer and token. */
+    /* The KV cache plan for a context of ctx tokens. */
     int (*plan)(const kvt_model *m, uint64_t ctx, kvt_plan *out);
     /* A session's scratch (s->work), allocated once when it is created;
      * NULL: none. Freed with work_free. */
