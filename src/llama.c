@@ -896,6 +896,7 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
                 if (!kvt_rbuf_get(rb, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float)))
                     return kvt_fail(KVT_EFORMAT, "%s state: the window rings of %zu tokens are truncated",
                                     w->fam->name, n);
+        if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ring[(n > W ? n - W : 0) % W * KV] += 1.0f;
     }
     return KVT_OK;
 }

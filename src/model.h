@@ -145,8 +145,11 @@ extern int kvt_ds4_fault;
  * KVT_LLAMA_FAULT_ROPE_PAIRS turns NEOX heads (qwen2, qwen3) on adjacent
  * pairs, as llama's; KVT_LLAMA_FAULT_MOE_WEIGHTS leaves the chosen experts'
  * weights unnormalised (qwen3moe); KVT_LLAMA_FAULT_NO_WINDOW lets gemma3's
- * window layers see every position. */
-enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW };
+ * window layers see every position (their rows kept in full, as a global
+ * layer's; set before the model is loaded); KVT_LLAMA_FAULT_RING restores
+ * a window ring with its oldest K value off by one. */
+enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
+       KVT_LLAMA_FAULT_RING };
 extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
