@@ -1019,43 +1019,7 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
 }
 
 int kvt_ds4_fault;
-kvt_ds4_forced *kvt_ds4_force;
-
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The gap between the k-th best of score[0..n) (the least of the chosen
- * own[0..k)) and the best of the rest, relative to the largest |score|. */
-static float choice_gap(const float *score, size_t n, const uint32_t *own, size_t k)
-{
-    float kth = INFINITY, rest = -INFINITY, big = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool in = false;
-        for (size_t j = 0; j < k; j++) in |= own[j] == i;
-        if (in && score[i] < kth) kth = score[i];
-        if (!in && score[i] > rest) rest = score[i];
-        if (fabsf(score[i]) > big) big = fabsf(score[i]);
-    }
-    return big > 0 ? (kth - rest) / big : 0;
-}
-
-/* Impose the forced choice of layer l at position t on own[0..k) (sorted
- * ascending when sort), recording how close kvtier's own choice was. */
-static void force_choice(const int32_t *forced, float *gaps, size_t t, uint32_t *own, size_t k, const float *score,
-                         size_t n, bool sort)
-{
-    int32_t f[1024], o[1024];
-    if (k > 1024) return;
-    for (size_t j = 0; j < k; j++) { f[j] = forced[t * k + j]; o[j] = (int32_t)own[j]; }
-    qsort(f, k, sizeof *f, cmp_i32);
-    qsort(o, k, sizeof *o, cmp_i32);
-    bool same = !memcmp(f, o, k * sizeof *f);
-    if (gaps) gaps[t] = same ? -1.0f : score ? choice_gap(score, n, own, k) : INFINITY;
-    for (size_t j = 0; j < k; j++) own[j] = (uint32_t)(sort ? f[j] : forced[t * k + j]);
-}
+kvt_forced *kvt_force;
 
 /* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
  * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
@@ -1080,9 +1044,9 @@ static void select_range(void *arg, uint32_t part, size_t j0, size_t j1)
             isc[k] = s;
         }
         wk->nsel[i] = (uint32_t)kvt_ds4_topk(isc, ncomp, c->K, wk->sel + i * c->K, heap);
-        const kvt_ds4_forced *fz = kvt_ds4_force;
+        const kvt_forced *fz = kvt_force;
         if (fz && t < fz->n && fz->K == c->K && fz->sel[f->l])
-            force_choice(fz->sel[f->l], fz->sel_gap[f->l], t, wk->sel + i * c->K, c->K, isc, ncomp, true);
+            kvt_moe_force_choice(fz->sel[f->l], fz->sel_gap[f->l], t, wk->sel + i * c->K, c->K, isc, ncomp, true);
     }
 }
 
@@ -1373,9 +1337,9 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
         } else {
             kvt_moe_select(sc, E, Eu, ex);
         }
-        const kvt_ds4_forced *fz = kvt_ds4_force;
+        const kvt_forced *fz = kvt_force;
         if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l])
-            force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, l < c->n_hash ? NULL : sc, E, false);
+            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, l < c->n_hash ? NULL : sc, E, false);
         for (size_t j = 0; j < Eu; j++) wt[j] = p[ex[j]];
         if (c->wnorm) kvt_moe_normalise(wt, Eu);
         if (c->wscale != 0.0f && c->wscale != 1.0f) /* llama.cpp: 0 is "no scale" too */

@@ -679,10 +679,11 @@ static void rope_range(void *arg, size_t i0, size_t i1)
 /* The routed experts (qwen3moe) of n tokens xb (n, D), their output into xb:
  * softmax router probabilities, the Eu best (kvt_moe_select), their
  * probabilities normalised to sum 1, as llama.cpp's build_moe_ffn with
- * norm_w. */
-static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, const llama_layer *ly, float *xb,
-                    size_t n)
+ * norm_w (or the choice kvt_force imposes, for the tests). */
+static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, float *xb, size_t n,
+                    size_t pos0)
 {
+    const llama_layer *ly = &w->layers[l];
     size_t D = w->D, E = w->E, Eu = w->Eu;
     kvt_matmul(s->pool, wk->lg, ly->gate_inp, xb, n, D, E);
     for (size_t i = 0; i < n; i++) {
@@ -692,6 +693,9 @@ static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, cons
         for (size_t e = 0; e < E; e++) p[e] /= z;
         uint32_t *ex = wk->ex + i * Eu;
         kvt_moe_select(p, E, Eu, ex);
+        const kvt_forced *fz = kvt_force;
+        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l])
+            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, p, E, false);
         for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] = p[ex[j]];
         if (kvt_llama_fault != KVT_LLAMA_FAULT_MOE_WEIGHTS) kvt_moe_normalise(wk->ew + i * Eu, Eu);
     }
@@ -763,7 +767,7 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         tc.post = ly->post_attn;
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         if (w->E) {
-            moe_ffn(s, wk, w, ly, xb, n);
+            moe_ffn(s, wk, w, l, xb, n, pos0);
             continue;
         }
         kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);

@@ -122,8 +122,9 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
  * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
 /* Tests against another implementation: its discrete choices imposed, so
- * that everything else can be compared position by position. For each
- * layer l with sel[l] (ratio 4) the rows the indexer keeps at position t
+ * that everything else can be compared position by position (ds4, and the
+ * routed experts of the llama family's qwen3moe). For each
+ * layer l with sel[l] (ds4's ratio 4) the rows the indexer keeps at position t
  * (< n; K per token, any order) replace kvtier's own choice wherever it
  * chooses (more than K rows visible); ex[l] (Eu per token) does the same for
  * the routed experts. kvtier still makes its own choice first and records
@@ -131,13 +132,13 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
  * two agree, else how close its own choice was: the gap between its K-th
  * (Eu-th) and (K+1)-th ((Eu+1)-th) score relative to the largest score
  * (INFINITY for a hash layer's table). */
-typedef struct kvt_ds4_forced {
+typedef struct kvt_forced {
     size_t n;
     uint32_t K, Eu;
     const int32_t *sel[64], *ex[64];
     float *sel_gap[64], *ex_gap[64];
-} kvt_ds4_forced;
-extern kvt_ds4_forced *kvt_ds4_force;
+} kvt_forced;
+extern kvt_forced *kvt_force;
 /* Fault injection for the tests that must prove they catch such bugs. */
 enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN };
 extern int kvt_ds4_fault;

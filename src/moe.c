@@ -2,6 +2,7 @@
 #include "moe.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void kvt_moe_select(const float *score, size_t E, size_t Eu, uint32_t *ex)
@@ -69,4 +70,38 @@ void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, con
             o[d] = v + o[d];
         }
     }
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The gap between the k-th best of score[0..n) (the least of the chosen
+ * own[0..k)) and the best of the rest, relative to the largest |score|. */
+static float choice_gap(const float *score, size_t n, const uint32_t *own, size_t k)
+{
+    float kth = INFINITY, rest = -INFINITY, big = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool in = false;
+        for (size_t j = 0; j < k; j++) in |= own[j] == i;
+        if (in && score[i] < kth) kth = score[i];
+        if (!in && score[i] > rest) rest = score[i];
+        if (fabsf(score[i]) > big) big = fabsf(score[i]);
+    }
+    return big > 0 ? (kth - rest) / big : 0;
+}
+
+void kvt_moe_force_choice(const int32_t *forced, float *gaps, size_t t, uint32_t *own, size_t k, const float *score,
+                          size_t n, bool sort)
+{
+    int32_t f[1024], o[1024];
+    if (k > 1024) return;
+    for (size_t j = 0; j < k; j++) { f[j] = forced[t * k + j]; o[j] = (int32_t)own[j]; }
+    qsort(f, k, sizeof *f, cmp_i32);
+    qsort(o, k, sizeof *o, cmp_i32);
+    bool same = !memcmp(f, o, k * sizeof *f);
+    if (gaps) gaps[t] = same ? -1.0f : score ? choice_gap(score, n, own, k) : INFINITY;
+    for (size_t j = 0; j < k; j++) own[j] = (uint32_t)(sort ? f[j] : forced[t * k + j]);
 }

@@ -51,4 +51,13 @@ void kvt_moe_swiglu(float *g, const float *u, size_t n, float clamp);
 void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, const uint32_t *ex, const float *wt,
                  const kvt_moe_scratch *sc, float *out);
 
+/* Tests against another implementation (kvt_force, model.h): impose its
+ * choice forced[t * k ..] (k ids of position t) on own[0..k) (sorted
+ * ascending when sort), after recording in gaps[t] (when gaps is not NULL)
+ * -1 where the two agree as sets, else how close kvtier's own choice was:
+ * the gap between the least chosen of score[0..n) and the best of the rest,
+ * relative to the largest |score| (INFINITY without scores). */
+void kvt_moe_force_choice(const int32_t *forced, float *gaps, size_t t, uint32_t *own, size_t k, const float *score,
+                          size_t n, bool sort);
+
 #endif

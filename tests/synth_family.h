@@ -5,7 +5,7 @@
  *
  * The model: dim 256, 4 layers, 4 heads, 2 KV heads (head dim 64 unless the
  * family says otherwise), SwiGLU FFN of 512 (or 8 experts of 128, 2 per
- * token), context 512, an output matrix of its own, and the 32000-token
+ * token), context 2048, an output matrix of its own, and the 32000-token
  * vocabulary of the vocabulary file given (every tokenizer.* key copied).
  * Every row is a multiple of 256 long, so the K-quants and IQ4_XS apply to
  * every matrix. Weights are N(0, 0.02) from the seed, except attn_q and
@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 enum { FAM_DIM = 256, FAM_LAYERS = 4, FAM_HEADS = 4, FAM_KV_HEADS = 2, FAM_HEAD_DIM = FAM_DIM / FAM_HEADS,
-       FAM_FFN = 512, FAM_CTX = 512, FAM_VOCAB = 32000 };
+       FAM_FFN = 512, FAM_CTX = 2048, FAM_VOCAB = 32000 };
 enum { FAM_MOE_E = 8, FAM_MOE_EU = 2, FAM_MOE_F = 128, FAM_GEMMA_SWA = 64 };
 #define FAM_EPS 1e-5f
 #define FAM_ROPE_BASE 10000.0f

@@ -47,6 +47,9 @@
  *   e2e_tiers_stories  stories260K (a trained model: its text depends on
  *                      the whole prompt): cold, RAM and disk give equal text;
  *                      skipped without ../shared/models/stories260K.gguf
+ *   e2e_tiers_gemma3   the synthetic gemma3 (window rings and full rows): the
+ *                      same phases, the restarted server reusing its prefix
+ *                      from disk; skipped without ../shared/vocab
  *   e2e_agent_tiers    ds4-mini, a 25,000-token system prompt: cold turn,
  *                      RAM turn, restart, disk turn, and a cold server, with
  *                      X-KVTier-Cache, usage and /metrics
@@ -71,6 +74,7 @@
 #include "api.h"
 #include "fixture.h"
 #include "model.h"
+#include "synth_family.h"
 #include "test.h"
 #include "tokenizer.h"
 
@@ -970,6 +974,25 @@ static void tiers_stories(e2e *t, const char *model)
     NODE(t, 300, "tiers.mjs", "disk", state);
     STOP(t);
 #undef STORIES_ARGS
+}
+
+/* gemma3's window layers keep rings, and a restart must find them on
+ * disk: the synthetic gemma3 (tests/synth_family.h, a 64-token window on
+ * every other layer, with the llama SPM vocabulary of ../shared) through
+ * the same cold, RAM and disk phases. */
+TEST(e2e_tiers_gemma3)
+{
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) SKIP("../shared/vocab absent");
+    char v[4096], path[256];
+    snprintf(v, sizeof v, "%s", vocab);
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    snprintf(path, sizeof path, "%s/gemma3.gguf", t.s.dir);
+    const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, &g, false));
+    if (!kvt_test_failed()) tiers_stories(&t, path);
+    e2e_end(&t);
 }
 
 TEST(e2e_tiers_stories)
