@@ -9,6 +9,9 @@
  *   window_checkpoints        a prompt that diverges from the one a session
  *                             holds goes back to a checkpoint and is exact;
  *                             so is a strict prefix and a regeneration
+ *   window_snapshot_layout    the record's streams, rows and state section
+ *                             are the sizes docs/FORMAT.md gives, and its
+ *                             state is the rings in logical order
  *   window_damaged_state      damaged and truncated records, and a record
  *                             stored without its state (the rings cannot be
  *                             rebuilt from the rows), are refused and leave
@@ -203,6 +206,40 @@ TEST(window_damaged_state)
     CHECK(kvt_test_digest(a, m) == kvt_test_digest(b, m));
     kvt_session_free(a);
     kvt_session_free(b);
+    free(snap);
+    gemma_close(m, dir, path);
+}
+
+/* docs/FORMAT.md, llama: 2 streams per global layer; the state, for each
+ * window layer, K then V rows of positions max(0, n - W) .. n - 1, oldest
+ * first. At n = 300 on the synthetic gemma3: 2 x 2 streams of 512-byte
+ * rows, 44 rows each past the 2 blocks, a state of 2 x 2 x 64 x 512 bytes,
+ * whose first window layer's last K row is position 299's key as a session
+ * of 300 tokens computed it (its K ring's slot 299 mod 64). */
+TEST(window_snapshot_layout)
+{
+    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
+    kvt_model *m = gemma_open(dir, path, sizeof path);
+    if (!m) SKIP("../shared/vocab absent");
+    enum { N = 300, ROW = FAM_KV_HEADS * FAM_HEAD_DIM * 4 };
+    int32_t t[N];
+    prompt(t, N, 11);
+    kvt_session *s = NULL;
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
+    kvt_snap_info in;
+    CHECK_OK(kvt_snap_parse_raw(snap, len, &in));
+    printf("    %u streams, rows %zu bytes, state %zu bytes\n", in.n_streams, in.sec_len[5], in.sec_len[4]);
+    CHECK(in.n_streams == 4 && in.nb == 2);
+    CHECK(in.sec_len[5] == 4ull * (N - 2 * 128) * ROW);
+    CHECK(in.sec_len[4] == 2ull * 2 * W * ROW);
+    const uint8_t *ring = s->cache->state; /* the first window layer's K ring, (W, KV) f32 */
+    CHECK(!memcmp(in.sec[4] + (W - 1) * (size_t)ROW, ring + (N - 1) % W * (size_t)ROW, ROW));
+    CHECK(!memcmp(in.sec[4], ring + (N - W) % W * (size_t)ROW, ROW));
+    kvt_session_free(s);
     free(snap);
     gemma_close(m, dir, path);
 }
