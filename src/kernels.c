@@ -9,6 +9,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -1235,17 +1236,30 @@ float kvt_expf(float x)
     return expf_core(x);
 }
 
+/* GELU (tanh form) of every binary16 input, rounded to binary16: the
+ * function kvt_geglu computes between -10 and 10, tabulated once (ggml's
+ * CPU backend looks it up the same way), so a lookup gives the bits the
+ * computation would. */
+static float gelu_tab[65536];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_init(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float v = kvt_f16_to_f32((uint16_t)h);
+        gelu_tab[h] = kvt_f16_to_f32(kvt_f32_to_f16(0.5f * v * (1.0f + tanhf(0.7978845608028654f * v *
+                                                                              (1.0f + 0.044715f * v * v)))));
+    }
+}
+
 void kvt_geglu(float *h1, const float *h3, size_t n)
 {
+    pthread_once(&gelu_once, gelu_init);
     for (size_t i = 0; i < n; i++) {
         float x = h1[i], g;
         if (x <= -10.0f) g = 0.0f;
         else if (x >= 10.0f) g = x;
-        else {
-            float v = kvt_f16_to_f32(kvt_f32_to_f16(x));
-            g = kvt_f16_to_f32(kvt_f32_to_f16(0.5f * v * (1.0f + tanhf(0.7978845608028654f * v *
-                                                                        (1.0f + 0.044715f * v * v)))));
-        }
+        else g = gelu_tab[kvt_f32_to_f16(x)];
         h1[i] = g * h3[i];
     }
 }

@@ -444,7 +444,7 @@ q8_tile_avx2(const uint32_t wt, const int R, const int T, const uint8_t *const *
         }
 }
 
-/* q8_tile_avx2 for two rows against T tokens with AVX-512BW: rows 0 and
+/* q8_tile_avx2 for two rows against T (4 or 8) tokens with AVX-512BW: rows 0 and
  * 1 side by side in one zmm (lanes 0..7 and 8..15), each lane the same
  * operations as the AVX2 tile's, so the same bits. AVX-512 has no byte
  * sign: x takes w's sign by a masked negation (x where w is 0 meets |w| =
@@ -453,8 +453,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"), always_inline)
 q8_pair_zmm(const uint32_t wt, const int T, const uint8_t *const *w, const float *const *dx,
             const int8_t *const *qx, size_t nb, float *out, size_t ldo)
 {
-    __m512 acc[4];
-    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    __m512 acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     const __m512i ones = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1);
     const bool mins = b32_min(wt);
     const size_t bb = b32_bytes(wt);
@@ -469,7 +469,7 @@ q8_pair_zmm(const uint32_t wt, const int T, const uint8_t *const *w, const float
         __m512 mw = mins ? _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(kvt_rd16(w0 + 2))),
                                                 _mm512_set1_ps(_cvtsh_ss(kvt_rd16(w1 + 2))))
                          : _mm512_setzero_ps();
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qx[t] + b * QK)));
             __m512 d = _mm512_set1_ps(dx[t][b]);
             __m512i xs = mins ? xv : _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
@@ -481,7 +481,7 @@ q8_pair_zmm(const uint32_t wt, const int T, const uint8_t *const *w, const float
             }
         }
     }
-    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
         float l[16];
         _mm512_storeu_ps(l, acc[t]);
         out[(size_t)t * ldo] = hsum8(l);
@@ -498,14 +498,15 @@ q8_pair_zmm(const uint32_t wt, const int T, const uint8_t *const *w, const float
     {                                                                                                         \
         q8_tile_avx2(wt, R, T, w, dx, qx, nb, out, ldo);                                                      \
     }
-#define Q8_TILE_ZMM(name, wt)                                                                                  \
+#define Q8_TILE_ZMM(name, wt, T)                                                                               \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"))) static void name(                     \
         const uint8_t *const *w, const float *const *dx, const int8_t *const *qx, size_t nb, float *out,      \
         size_t ldo)                                                                                           \
     {                                                                                                         \
-        q8_pair_zmm(wt, 4, w, dx, qx, nb, out, ldo);                                                          \
+        q8_pair_zmm(wt, T, w, dx, qx, nb, out, ldo);                                                          \
     }
-#define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_1x1, wt, 1, 1) Q8_TILE_ZMM(tn##_2x4z, wt)
+#define Q8_TILES(tn, wt) Q8_TILE(tn##_2x4, wt, 2, 4) Q8_TILE(tn##_1x1, wt, 1, 1) Q8_TILE_ZMM(tn##_2x4z, wt, 4) \
+    Q8_TILE_ZMM(tn##_2x8z, wt, 8)
 Q8_TILES(q8_0, KVT_GGML_Q8_0)
 Q8_TILES(q4_0, KVT_GGML_Q4_0)
 Q8_TILES(q5_0, KVT_GGML_Q5_0)
@@ -516,14 +517,16 @@ Q8_TILES(q5_1, KVT_GGML_Q5_1)
 
 typedef void (*q8_tile_fn)(const uint8_t *const *, const float *const *, const int8_t *const *, size_t, float *,
                            size_t);
-static const struct { uint32_t wt; q8_tile_fn t2x4, t1x1, t2x4z; } q8_tiles[] = {
-    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1, q8_0_2x4z},
-    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1, q4_0_2x4z},
-    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1, q5_0_2x4z},
-    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1, iq4_nl_2x4z},
-    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1, mxfp4_2x4z},
-    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1, q4_1_2x4z},
-    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1, q5_1_2x4z},
+/* t2x8z: the zmm tile for eight tokens (each weight block unpacked once for
+ * eight, not four; every (row, token) lane does the same operations). */
+static const struct { uint32_t wt; q8_tile_fn t2x4, t1x1, t2x4z, t2x8z; } q8_tiles[] = {
+    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1, q8_0_2x4z, q8_0_2x8z},
+    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1, q4_0_2x4z, q4_0_2x8z},
+    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1, q5_0_2x4z, q5_0_2x8z},
+    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1, iq4_nl_2x4z, iq4_nl_2x8z},
+    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1, mxfp4_2x4z, mxfp4_2x8z},
+    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1, q4_1_2x4z, q4_1_2x8z},
+    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1, q5_1_2x4z, q5_1_2x8z},
 };
 #endif
 
@@ -1457,7 +1460,7 @@ static void qm_range(void *arg, size_t o0, size_t o1)
     const bool wide = c->simd && kvt_kernels_avx512();
 #endif
     for (size_t o = o0; o < o1;) {
-        /* prefill: two rows against four tokens. Decode: one row after the
+        /* prefill: two rows against four tokens (eight with AVX-512). Decode: one row after the
          * other, one stream through memory (four rows side by side ran
          * the 1-thread Q8_0 decode 2.6 times slower) */
         size_t R = c->n > 1 && o1 - o >= 2 ? 2 : 1;
@@ -1465,8 +1468,11 @@ static void qm_range(void *arg, size_t o0, size_t o1)
         for (size_t r = 0; r < R; r++) w[r] = W->data + (o + r) * W->row_bytes;
         for (size_t t = 0; t < c->n;) {
             size_t T = c->n - t >= 4 ? 4 : 1;
-            const float *dx[4];
-            const int8_t *qx[4];
+#ifdef KVT_HAVE_X86
+            if (wide && R == 2 && c->n - t >= 8) T = 8;
+#endif
+            const float *dx[8];
+            const int8_t *qx[8];
             for (size_t k = 0; k < T; k++) {
                 const uint8_t *base = c->qx + (t + k) * stride;
                 dx[k] = (const float *)base;
@@ -1477,7 +1483,8 @@ static void qm_range(void *arg, size_t o0, size_t o1)
             if (c->simd) {
                 size_t ti = 0;
                 while (q8_tiles[ti].wt != W->type) ti++;
-                if (R == 2 && T == 4) (wide ? q8_tiles[ti].t2x4z : q8_tiles[ti].t2x4)(w, dx, qx, nb, out, d_out);
+                if (T == 8) q8_tiles[ti].t2x8z(w, dx, qx, nb, out, d_out);
+                else if (R == 2 && T == 4) (wide ? q8_tiles[ti].t2x4z : q8_tiles[ti].t2x4)(w, dx, qx, nb, out, d_out);
                 else
                     for (size_t r = 0; r < R; r++)
                         for (size_t k = 0; k < T; k++)
