@@ -9,9 +9,10 @@
 # only); a rerun reuses the build. The models are a synthetic 124.7M-parameter
 # llama in F16 (bench/synth_llama.c, with the tokenizer of the clone's
 # models/ggml-vocab-llama-spm.gguf), quantised to Q8_0 and Q4_K_M by
-# llama-quantize, and the ds4-mini DeepSeek-V4 preset (F32 from `kvtier model
-# new`, Q8_0 by llama-quantize; its cells at the most threads only), all in
-# the cache dir too. For each file, test (pp512, tg128,
+# llama-quantize, the ds4-mini DeepSeek-V4 preset (F32 from `kvtier model
+# new`, Q8_0 by llama-quantize), and Qwen3-0.6B and Gemma 3 1B shapes with
+# synthetic weights (bench/synth_llama.c --shape) in Q4_K_M; the last two
+# kinds at the most threads only, all in the cache dir too. For each file, test (pp512, tg128,
 # pp512 at depth 4096, tg32 at depth 4096) and thread count (1, 2), kvtier
 # measures its cell, then llama-bench the same one. bench/peak.c measures the
 # FMA peak and the read bandwidth that the table relates the speeds to. The
@@ -124,6 +125,25 @@ for q in Q8_0 Q4_K_M; do
     mv "${out%.gguf}.part.gguf" "$out"
 done
 
+# The small models of the families people run with agents, in their real
+# shapes with synthetic weights (bench/synth_llama.c --shape): Qwen3-0.6B
+# with the qwen2 vocabulary, Gemma 3 1B with the gemma-4 one (its window
+# layers keep rings, its global layers full rows), each quantised to Q4_K_M
+fam_models="qwen3-0.6b:ggml-vocab-qwen2.gguf gemma3-1b:ggml-vocab-gemma-4.gguf"
+for fm in $fam_models; do
+    shp=${fm%%:*} voc=${fm#*:}
+    out=$models/synth-$shp-q4_k_m.gguf
+    [ -f "$out" ] && continue
+    if [ ! -f "$models/synth-$shp-f16.gguf" ]; then
+        echo "peers.sh: writing $models/synth-$shp-f16.gguf" >&2
+        "$cache/tools/synth_llama" --shape "$shp" "$src/models/$voc" "$models/synth-$shp-f16.gguf" >&2
+    fi
+    echo "peers.sh: llama-quantize to Q4_K_M: $out" >&2
+    "$lbin/llama-quantize" "$models/synth-$shp-f16.gguf" "${out%.gguf}.part.gguf" Q4_K_M >"${out%.gguf}.log" 2>&1 ||
+        { tail -n 20 "${out%.gguf}.log" >&2; echo "peers.sh: llama-quantize $shp failed" >&2; exit 1; }
+    mv "${out%.gguf}.part.gguf" "$out"
+done
+
 # DeepSeek-V4: the ds4-mini preset written by kvtier (F32, with the tokenizer
 # of the clone's models/ggml-vocab-deepseek-llm.gguf, which llama.cpp knows),
 # quantised to Q8_0 by llama-quantize
@@ -141,10 +161,10 @@ fi
 # ---- the machine ----
 
 if [ "$quick" = 1 ]; then
-    types=f16 tests="pp512 tg128" threads=2 csv=$cache/peers-quick.csv ds4_types=f32
+    types=f16 tests="pp512 tg128" threads=2 csv=$cache/peers-quick.csv ds4_types=f32 fam_types=
 else
     types="f16 q8_0 q4_k_m" tests="pp512 tg128 pp512@d4096 tg32@d4096" threads="1 2" csv=bench/peers.csv
-    ds4_types="f32 q8_0"
+    ds4_types="f32 q8_0" fam_types="qwen3-0.6b gemma3-1b"
 fi
 max_thr=0
 for t in $threads; do [ "$t" -gt "$max_thr" ] && max_thr=$t; done
@@ -210,17 +230,24 @@ others() { # $1 snap before, $2 snap after
         printf "%.2f\n", (o > 0 ? o : 0) }'
 }
 
+# the runs, one a line: label, file, thread counts (comma-separated). The
+# llama's types at every thread count; ds4-mini and the family models
+# (ratios only) at the most threads
+: >"$tmp/runs"
+thr_csv=$(echo $threads | tr ' ' ',')
+for f in $types; do echo "$f $models/synth-llama-124m-$f.gguf $thr_csv" >>"$tmp/runs"; done
+for f in $ds4_types; do echo "ds4-mini-$f $models/ds4-mini-$f.gguf $max_thr" >>"$tmp/runs"; done
+for f in $fam_types; do echo "$f-q4_k_m $models/synth-$f-q4_k_m.gguf $max_thr" >>"$tmp/runs"; done
 n_cells=0
-for f in $types; do for t in $tests; do for n in $threads; do n_cells=$((n_cells + 1)); done; done; done
-for f in $ds4_types; do for t in $tests; do n_cells=$((n_cells + 1)); done; done
+while read -r f file thr_list; do
+    for t in $tests; do for n in $(echo "$thr_list" | tr ',' ' '); do n_cells=$((n_cells + 1)); done; done
+done <"$tmp/runs"
 : >"$tmp/rows"
 i=0
 t_start=$(date +%s)
-for f in $types $ds4_types; do
-    file=$models/synth-llama-124m-$f.gguf thr_list=$threads
-    if [ $i -ge $(( $(echo $types | wc -w) * $(echo $tests | wc -w) * $(echo $threads | wc -w) )) ]; then
-        file=$models/ds4-mini-$f.gguf thr_list=$max_thr f=ds4-mini-$f
-    fi
+# (fd 3: the engines must not read the list)
+while read -r f file thr_list <&3; do
+    thr_list=$(echo "$thr_list" | tr ',' ' ')
     for t in $tests; do
         case $t in
             pp*@d*) p=${t#pp} p=${p%@*} g=0 d=${t#*@d} ;;
@@ -242,7 +269,7 @@ for f in $types $ds4_types; do
                 "kvtier $kv, llama.cpp $ll; other processes used $o_kv and $o_ll cores" >&2
         done
     done
-done
+done 3<"$tmp/runs"
 
 # ---- the table ----
 
@@ -265,9 +292,12 @@ const rows = [];
 for (const line of fs.readFileSync(`${tmp}/rows`, 'utf8').split('\n').filter(Boolean)) {
   const [type, test, thr, p, g, d, kv, ll, okv, oll] = line.split('\t');
   const z = sizes[type], P = +p, G = +g, D = +d;
-  if (!z) { // ds4-mini: ratios only
+  if (!z) { // ds4-mini and the family models: ratios only
     const k = num(kv), l = num(ll);
-    rows.push({ type: type.replace('ds4-mini-', 'ds4-mini ').toUpperCase().replace('DS4-MINI', 'ds4-mini'), test, thr,
+    const fam = type.match(/^(qwen3-0\.6b|gemma3-1b)-(.*)$/);
+    const label = fam ? `${fam[1]} ${fam[2].toUpperCase()}`
+      : type.replace('ds4-mini-', 'ds4-mini ').toUpperCase().replace('DS4-MINI', 'ds4-mini');
+    rows.push({ type: label, test, thr,
       kv, ll, k, l, ratio: k !== null && l ? k / l : null, unit: '', kr: null, lr: null, pk: null, okv, oll });
     continue;
   }

@@ -1,6 +1,7 @@
 /* The synthetic llama that bench/peers.sh runs kvtier and llama.cpp on.
  *
- *   synth_llama VOCAB.gguf OUT.gguf   write the F16 model
+ *   synth_llama [--shape S] VOCAB.gguf OUT.gguf   write the F16 model (S below;
+ *                                     default llama-124m)
  *   synth_llama --sizes FILE.gguf     print a llama GGUF's shape, parameter
  *                                     count and tensor bytes as one JSON line
  *
@@ -22,18 +23,34 @@
 #include "util.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define DIM 768
-#define LAYERS 12
-#define HEADS 12
-#define KV_HEADS 4
-#define FFN 2048
-#define VOCAB 32000
-#define CTX 8192
+/* The shapes it writes: the llama above, and the two small models of the
+ * families people run on a CPU with coding agents, their real dimensions
+ * (Qwen3-0.6B: tied embeddings, q/k head norms, head length 128; Gemma 3
+ * 1B: tied, head norms, post norms, a 512-token window on five layers of
+ * every six with its own RoPE base), each with the vocabulary file of its
+ * family from the llama.cpp tree (its size is the file's). Norms are 1.0;
+ * the weights are drawn in file order from the one seed. */
+typedef struct shape {
+    const char *name, *arch;
+    uint32_t D, L, H, Hkv, hd, F, ctx;
+    bool tied, qk_norm, gemma;
+    float rope_base;
+} shape;
+
+static const shape shapes[] = {
+    {"llama-124m", "llama", 768, 12, 12, 4, 64, 2048, 8192, false, false, false, 10000.0f},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, true, true, false, 1000000.0f},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, true, true, true, 1000000.0f},
+};
+#define GEMMA_SWA 512
+#define GEMMA_PATTERN 6
+#define GEMMA_BASE_SWA 10000.0f
 #define SEED 0x6b767469657231ull /* "kvtier1" */
 #define SIGMA 0.02
 
@@ -82,42 +99,55 @@ static int add_matrix(kvt_gguf_writer *w, const char *name, uint64_t cols, uint6
     return rc;
 }
 
-static int add_norm(kvt_gguf_writer *w, const char *name)
+static int add_norm(kvt_gguf_writer *w, const char *name, uint64_t n)
 {
-    float v[DIM];
-    for (size_t i = 0; i < DIM; i++) v[i] = 1.0f;
-    uint64_t ne[1] = {DIM};
-    return kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, v, sizeof v);
+    float v[8192];
+    if (n > 8192) return KVT_EINVAL;
+    for (size_t i = 0; i < n; i++) v[i] = 1.0f;
+    uint64_t ne[1] = {n};
+    return kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, v, n * sizeof *v);
 }
 
-static int write_model(const char *vocab_path, const char *out)
+static int write_model(const shape *sh, const char *vocab_path, const char *out)
 {
     kvt_gguf *vocab = NULL;
     int rc = kvt_gguf_open(&vocab, vocab_path);
     if (rc) return die(vocab_path, rc);
     const kvt_gguf_val *tokens = kvt_gguf_get(vocab, "tokenizer.ggml.tokens");
-    if (!tokens || tokens->type != KVT_GGUF_ARR || tokens->n != VOCAB) {
-        fprintf(stderr, "synth_llama: %s: tokenizer.ggml.tokens is not an array of %d tokens\n", vocab_path, VOCAB);
+    if (!tokens || tokens->type != KVT_GGUF_ARR || tokens->n < 256 || tokens->n > 1u << 20) {
+        fprintf(stderr, "synth_llama: %s: tokenizer.ggml.tokens is not an array of 256 to 2^20 tokens\n", vocab_path);
         kvt_gguf_close(vocab);
         return 1;
     }
+    const uint64_t V = tokens->n, D = sh->D, QD = (uint64_t)sh->H * sh->hd, KVD = (uint64_t)sh->Hkv * sh->hd;
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) { kvt_gguf_close(vocab); return die("writer", KVT_ENOMEM); }
     const char *what = "metadata";
-    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", "llama")) ||
-        (rc = kvt_gguf_writer_set_str(w, "general.name", "synth-llama-124m")) ||
+    char name[64], k[96];
+    snprintf(name, sizeof name, "synth-%s", sh->name);
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", sh->arch, suffix), k)
+    if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", sh->arch)) ||
+        (rc = kvt_gguf_writer_set_str(w, "general.name", name)) ||
         (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 1)) || /* mostly f16 */
-        (rc = kvt_gguf_writer_set_u32(w, "llama.context_length", CTX)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.embedding_length", DIM)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.block_count", LAYERS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.feed_forward_length", FFN)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.attention.head_count", HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.attention.head_count_kv", KV_HEADS)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.rope.dimension_count", DIM / HEADS)) ||
-        (rc = kvt_gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f)) ||
-        (rc = kvt_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
-        (rc = kvt_gguf_writer_set_u32(w, "llama.vocab_size", VOCAB)))
+        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), sh->ctx)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), sh->D)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), sh->L)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), sh->F)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), sh->H)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), sh->Hkv)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), sh->hd)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), sh->rope_base)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), sh->gemma ? 1e-6f : 1e-5f)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)V)))
         goto out;
+    if (sh->hd != sh->D / sh->H && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), sh->hd)) ||
+                                    (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), sh->hd))))
+        goto out;
+    if (sh->gemma && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window"), GEMMA_SWA)) ||
+                      (rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), GEMMA_PATTERN)) ||
+                      (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), GEMMA_BASE_SWA))))
+        goto out;
+#undef KEY
     what = "tokenizer metadata";
     size_t copied = 0;
     for (size_t i = 0; i < kvt_gguf_n_kv(vocab) && !rc; i++)
@@ -127,28 +157,37 @@ static int write_model(const char *vocab_path, const char *out)
         }
     if (rc) goto out;
     what = "tensors";
-    if ((rc = add_matrix(w, "token_embd.weight", DIM, VOCAB))) goto out;
-    for (int l = 0; l < LAYERS; l++) {
+    if ((rc = add_matrix(w, "token_embd.weight", D, V))) goto out;
+    for (uint32_t l = 0; l < sh->L; l++) {
         char nm[64];
 #define M(suffix, cols, rows) \
-        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
+        snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix); \
         if ((rc = add_matrix(w, nm, cols, rows))) goto out;
-#define N(suffix) \
-        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
-        if ((rc = add_norm(w, nm))) goto out;
-        N("attn_norm.weight")
-        M("attn_q.weight", DIM, DIM)
-        M("attn_k.weight", DIM, KV_HEADS * (DIM / HEADS))
-        M("attn_v.weight", DIM, KV_HEADS * (DIM / HEADS))
-        M("attn_output.weight", DIM, DIM)
-        N("ffn_norm.weight")
-        M("ffn_gate.weight", DIM, FFN)
-        M("ffn_up.weight", DIM, FFN)
-        M("ffn_down.weight", FFN, DIM)
+#define N(suffix, n) \
+        snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix); \
+        if ((rc = add_norm(w, nm, n))) goto out;
+        N("attn_norm.weight", D)
+        M("attn_q.weight", D, QD)
+        M("attn_k.weight", D, KVD)
+        M("attn_v.weight", D, KVD)
+        if (sh->qk_norm) {
+            N("attn_q_norm.weight", sh->hd)
+            N("attn_k_norm.weight", sh->hd)
+        }
+        M("attn_output.weight", QD, D)
+        if (sh->gemma) {
+            N("post_attention_norm.weight", D)
+            N("post_ffw_norm.weight", D)
+        }
+        N("ffn_norm.weight", D)
+        M("ffn_gate.weight", D, sh->F)
+        M("ffn_up.weight", D, sh->F)
+        M("ffn_down.weight", sh->F, D)
 #undef M
 #undef N
     }
-    if ((rc = add_norm(w, "output_norm.weight")) || (rc = add_matrix(w, "output.weight", DIM, VOCAB))) goto out;
+    if ((rc = add_norm(w, "output_norm.weight", D))) goto out;
+    if (!sh->tied && (rc = add_matrix(w, "output.weight", D, V))) goto out;
     what = out;
     rc = kvt_gguf_writer_write(w, out);
     if (!rc) printf("synth_llama: wrote %s (%zu tokenizer keys from %s)\n", out, copied, vocab_path);
@@ -299,7 +338,17 @@ static int sizes(const char *path)
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--sizes")) return sizes(argv[2]);
-    if (argc == 3 && argv[1][0] != '-') return write_model(argv[1], argv[2]);
-    fprintf(stderr, "usage: synth_llama VOCAB.gguf OUT.gguf | synth_llama --sizes FILE.gguf\n");
+    const shape *sh = &shapes[0];
+    if (argc == 5 && !strcmp(argv[1], "--shape")) {
+        sh = NULL;
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            if (!strcmp(argv[2], shapes[i].name)) sh = &shapes[i];
+        if (!sh) { fprintf(stderr, "synth_llama: no shape %s\n", argv[2]); return 2; }
+        argc -= 2;
+        argv += 2;
+    }
+    if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
+    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b] VOCAB.gguf OUT.gguf\n"
+                    "       synth_llama --sizes FILE.gguf\n");
     return 2;
 }
