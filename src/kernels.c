@@ -476,6 +476,108 @@ typedef void (*axpy_rh_fn)(float *, size_t, const float *, size_t, const float *
 static const axpy_rh_fn axpy_rh[5] = {NULL, axpy_rows1h_avx512, axpy_rows2h_avx512, axpy_rows3h_avx512, axpy_rows4h_avx512};
 #endif
 
+#ifdef KVT_HAVE_X86
+/* dots_hk4_avx512 with each query and its scores anywhere: q[h] (n) and
+ * out[h][0..4) for h < H, the same operations per (query, key). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
+dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n,
+                float scale)
+{
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __m512 kv[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = _mm512_loadu_ps(k + (size_t)jj * ldk + i);
+        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+            __m512 x = _mm512_loadu_ps(q[h] + i);
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+        }
+    }
+    __m128 sc = _mm_set1_ps(scale);
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+        __m256 lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+            lo[jj] = _mm512_castps512_ps256(acc[h][jj]);
+            hi[jj] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][jj]), 1));
+        }
+        _mm_storeu_ps(out[h] + j, _mm_mul_ps(reduce16x4_avx2(lo, hi), sc));
+    }
+}
+
+/* axpy_rowsh_avx512 with each query's output and weights anywhere. */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
+axpy_ph_avx512(const int H, float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)
+{
+    __m512 c[4][4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y[h] + e0 + 16 * e);
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        prefetch_row(v + ATT_AHEAD * ldv, 64);
+        __m512 b[4];
+        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) b[h] = _mm512_set1_ps(a[h][j]);
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+            __m512 x = _mm512_loadu_ps(v + 16 * e);
+            _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) _mm512_storeu_ps(y[h] + e0 + 16 * e, c[h][e]);
+}
+
+#define ATT_P(H)                                                                                              \
+    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void dots_p##H##k4_avx512(                  \
+        float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n, float scale) \
+    {                                                                                                         \
+        dots_pk4_avx512(H, out, j, q, k, ldk, n, scale);                                                      \
+    }                                                                                                         \
+    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_p##H##h_avx512(                   \
+        float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)             \
+    {                                                                                                         \
+        axpy_ph_avx512(H, y, e0, a, v, ldv, nk);                                                              \
+    }
+ATT_P(1) ATT_P(2) ATT_P(3) ATT_P(4)
+typedef void (*dots_pk4_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t, float);
+typedef void (*axpy_ph_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t);
+static const dots_pk4_fn dots_pk4[5] = {NULL, dots_p1k4_avx512, dots_p2k4_avx512, dots_p3k4_avx512, dots_p4k4_avx512};
+static const axpy_ph_fn axpy_ph[5] = {NULL, axpy_p1h_avx512, axpy_p2h_avx512, axpy_p3h_avx512, axpy_p4h_avx512};
+#endif
+
+void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
+                 float scale)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 16 == 0 && kvt_kernels_avx512()) {
+        for (size_t u = 0, hs; u < nq; u += hs) {
+            hs = nq - u >= 4 ? 4 : nq - u;
+            size_t j = 0;
+            for (; j + 4 <= nk; j += 4) {
+                for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+                dots_pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
+            }
+            for (; j < nk; j++)
+                for (size_t h = u; h < u + hs; h++) out[h][j] = dot_avx2(q[h], k + j * ldk, n) * scale;
+        }
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) kvt_dots_rows(out[u], 0, q[u], 0, 1, k, ldk, nk, n, scale);
+}
+
+void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 64 == 0 && kvt_kernels_avx512()) {
+        for (size_t u = 0, hs; u < nq; u += hs) {
+            hs = nq - u >= 4 ? 4 : nq - u;
+            for (size_t e = 0; e < n; e += 64) axpy_ph[hs](y + u, e, a + u, v + e, ldv, nk);
+        }
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) kvt_axpys_rows(y[u], 0, a[u], 0, 1, v, ldv, nk, n);
+}
+
 void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
                    size_t nk, size_t n, float scale)
 {

@@ -49,6 +49,12 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
  * order). */
 void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
                     size_t n);
+/* The same two for queries anywhere: out[u][j] = kvt_dot(q[u], k + j * ldk,
+ * n) * scale, and kvt_axpy(y[u], a[u][j], v + j * ldv, n) for j in order,
+ * u < nq (the query heads of several tokens against the keys they share). */
+void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
+                 float scale);
+void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n);
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */

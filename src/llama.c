@@ -561,14 +561,51 @@ static const float *rows_at(const struct attn_ctx *c, int v, size_t j, size_t *e
     return c->ring + ((size_t)v * W + slot) * KV;
 }
 
+/* One span of one kind of work (scores, or values mixed: mix) for tokens
+ * u .. u + nu - 1 of a group (nu 1 or 2) over positions [ja, je) of a run
+ * of rows kr that starts at j0. Two tokens go through the kernels together
+ * (each row read once for both), one token's query heads as kvt_dots_rows
+ * and kvt_axpys_rows take them. */
+struct span { const struct attn_ctx *c; float *att; size_t ldg, i0, kvh; const float *kr; size_t j0; bool mix; };
+
+static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size_t je)
+{
+    if (ja >= je) return;
+    const struct attn_ctx *c = sp->c;
+    const llama_weights *w = c->w;
+    size_t group = w->H / w->Hkv, hd = w->hd, row_f = w->KV;
+    const float *rows = sp->kr + (ja - sp->j0) * row_f;
+    if (nu == 1) {
+        float *sc = sp->att + u * sp->ldg + ja, *o = c->out + (sp->i0 + u) * w->QD + sp->kvh * group * hd;
+        if (sp->mix) kvt_axpys_rows(o, hd, sc, c->n_ctx, group, rows, row_f, je - ja, hd);
+        else kvt_dots_rows(sc, c->n_ctx, c->q + (sp->i0 + u) * w->QD + sp->kvh * group * hd, hd, group, rows, row_f,
+                           je - ja, hd, w->scale);
+        return;
+    }
+    float *o[32];
+    const float *p[32];
+    for (size_t h0 = 0; h0 < group; h0 += 16) { /* up to 16 heads of each token at a time */
+        size_t nh = group - h0 < 16 ? group - h0 : 16, nq = 0;
+        for (size_t x = u; x < u + 2; x++)
+            for (size_t h = h0; h < h0 + nh; h++, nq++) {
+                float *sc = sp->att + x * sp->ldg + h * c->n_ctx + ja;
+                size_t at = (sp->i0 + x) * w->QD + (sp->kvh * group + h) * hd;
+                o[nq] = sp->mix ? c->out + at : sc;
+                p[nq] = sp->mix ? sc : c->q + at;
+            }
+        if (sp->mix) kvt_axpys_qs(nq, o, p, rows, row_f, je - ja, hd);
+        else kvt_dots_qs(nq, o, p, rows, row_f, je - ja, hd, w->scale);
+    }
+}
+
 static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
     struct attn_ctx *c = arg;
     const llama_weights *w = c->w;
     size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv, ldg = group * c->n_ctx;
     float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
-    float scale = w->scale;
-    size_t row_f = w->KV; /* floats per cache row */
+    /* tokens in pairs where the kernels take queries anywhere (AVX-512) */
+    size_t step = kvt_kernels_avx512() && hd % 64 == 0 ? 2 : 1;
     for (size_t r = b; r < e; r++) {
         /* token groups in the order 0, last, 1, last - 1, ...: the causal
          * work of a group grows with its position, so each thread's
@@ -580,29 +617,32 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
          * window layer the last swa (llama.cpp's standard window) */
 #define LO(t) (c->swa && (t) + 1 > c->swa ? (t) + 1 - c->swa : 0)
         /* rows a run at a time (a block, or a stretch of a ring): one lookup
-         * per run for the group's tokens */
-        for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
-            const float *k = rows_at(c, 0, j0, &j1) + kvh * hd;
-            for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0, je = t + 1 < j1 ? t + 1 : j1;
-                if (ja >= je) continue;
-                const float *q = c->q + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_dots_rows(att + u * ldg + ja, c->n_ctx, q, hd, group, k + (ja - j0) * row_f, row_f, je - ja, hd,
-                              scale);
-            }
-        }
-        for (size_t u = 0; u < nt; u++) {
-            size_t t = t0 + u;
-            kvt_softmax_rows(att + u * ldg + LO(t), c->n_ctx, group, t + 1 - LO(t));
-            memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
-        }
-        for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
-            const float *v = rows_at(c, 1, j0, &j1) + kvh * hd;
-            for (size_t u = 0; u < nt; u++) {
-                size_t t = t0 + u, ja = LO(t) > j0 ? LO(t) : j0, je = t + 1 < j1 ? t + 1 : j1;
-                if (ja >= je) continue;
-                float *o = c->out + (i0 + u) * w->QD + kvh * group * hd;
-                kvt_axpys_rows(o, hd, att + u * ldg + ja, c->n_ctx, group, v + (ja - j0) * row_f, row_f, je - ja, hd);
+         * per run for the group's tokens. A pair of tokens t, t + 1 shares
+         * the positions [a1, e0) of a run: the first token's own (a window's
+         * first position) go before them, the second's own (its diagonal)
+         * after, so each token still meets its positions in order. */
+        for (int mix = 0; mix < 2; mix++) {
+            if (mix)
+                for (size_t u = 0; u < nt; u++) {
+                    size_t t = t0 + u;
+                    kvt_softmax_rows(att + u * ldg + LO(t), c->n_ctx, group, t + 1 - LO(t));
+                    memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
+                }
+            for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
+                struct span sp = {c, att, ldg, i0, kvh, rows_at(c, mix, j0, &j1) + kvh * hd, j0, mix};
+                for (size_t u = 0; u < nt; u += step) {
+                    size_t t = t0 + u, a0 = LO(t) > j0 ? LO(t) : j0, e0 = t + 1 < j1 ? t + 1 : j1;
+                    if (step == 1 || u + 1 == nt) { span_run(&sp, u, 1, a0, e0); continue; }
+                    size_t a1 = LO(t + 1) > j0 ? LO(t + 1) : j0, e1 = t + 2 < j1 ? t + 2 : j1;
+                    if (a1 >= e0) { /* nothing shared */
+                        span_run(&sp, u, 1, a0, e0);
+                        span_run(&sp, u + 1, 1, a1, e1);
+                        continue;
+                    }
+                    span_run(&sp, u, 1, a0, a1);
+                    span_run(&sp, u, 2, a1, e0);
+                    span_run(&sp, u + 1, 1, e0, e1);
+                }
             }
         }
 #undef LO

@@ -30,7 +30,8 @@ TEST(kernels_dot_scalar_equals_simd)
 }
 
 /* The attention kernels against their definitions (kernels.h): scores are
- * kvt_dot * scale, values kvt_axpy key after key, bit for bit, for every
+ * kvt_dot * scale, values kvt_axpy key after key, bit for bit (with the
+ * queries at a stride, and anywhere), for every
  * shape the blocked SIMD paths split differently (keys in fours and the
  * rest, columns 64/32/16/8 at a time) and on the scalar path. */
 TEST(kernels_attention_rows_are_dots_and_axpys)
@@ -64,6 +65,24 @@ TEST(kernels_attention_rows_are_dots_and_axpys)
                         for (size_t j = 0; j < nk; j++) kvt_axpy(want + u * MAXN, a[u * NK + j], k + j * LDK, n);
                     CHECKF(!memcmp(y, want, sizeof y), "%s n=%zu nq=%zu nk=%zu: values", path_name[sc], n, nq,
                            nk);
+                    /* the same with the queries anywhere (kvt_dots_qs, kvt_axpys_qs), in reverse order */
+                    float *op[NQ], *yp[NQ];
+                    const float *qp[NQ], *ap[NQ];
+                    for (size_t u = 0; u < nq; u++) {
+                        size_t r = nq - 1 - u;
+                        op[u] = out + r * NK, qp[u] = q + r * MAXN, yp[u] = y + r * MAXN, ap[u] = a + r * NK;
+                    }
+                    memset(out, 0, sizeof out);
+                    kvt_dots_qs(nq, op, qp, k, LDK, nk, n, 0.125f);
+                    for (size_t u = 0; u < nq; u++)
+                        for (size_t j = 0; j < nk; j++) {
+                            float d = kvt_dot(q + u * MAXN, k + j * LDK, n) * 0.125f;
+                            CHECKF(!memcmp(&d, &out[u * NK + j], 4), "%s n=%zu nq=%zu nk=%zu: qs score %zu,%zu",
+                                   path_name[sc], n, nq, nk, u, j);
+                        }
+                    for (size_t i = 0; i < NQ * MAXN; i++) y[i] = q[i];
+                    kvt_axpys_qs(nq, yp, ap, k, LDK, nk, n);
+                    CHECKF(!memcmp(y, want, sizeof y), "%s n=%zu nq=%zu nk=%zu: qs values", path_name[sc], n, nq, nk);
                     checked++;
                 }
         kvt_kernels_force_scalar(old);
