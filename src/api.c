@@ -1113,9 +1113,9 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     return KVT_OK;
 }
 
-/* OpenAI chat: thinking mode is asked for explicitly, as llama.cpp's and
- * vLLM's servers take it: "chat_template_kwargs": {"thinking": true} (or
- * "enable_thinking"). "reasoning_effort" (top level, or in the kwargs)
+/* OpenAI chat: thinking mode as llama.cpp's and vLLM's servers take it:
+ * "chat_template_kwargs": {"thinking": true|false} (or "enable_thinking");
+ * absent, the template's default (parse_root). "reasoning_effort" (top level, or in the kwargs)
  * "high" or "max" then selects the template's preamble; other efforts add
  * nothing, and an effort alone does not turn thinking on. */
 static int parse_thinking(chat *ch, const json_t *root, int *status)
