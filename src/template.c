@@ -429,6 +429,13 @@ const kvt_template kvt_templates[] = {
      .render = kvt_render_llama3, .has_bos = true, .special = true, .tool_calls = kvt_llama3_tool_calls,
      .tool_calls_text_len = kvt_llama3_tool_calls_text_len, .user_turn = "<|start_header_id|>user<|end_header_id|>",
      .assistant_turn = "<|start_header_id|>assistant<|end_header_id|>", .end_turn = {L3_EOT, "<|eom_id|>", "<|end_of_text|>"}},
+    /* Qwen 3.5 (ChatML, XML tool calls, the prompt opens <think>) */
+    {.name = "qwen3.5",
+     .marks = {IM_START, "<function=example_function_name>", "enable_thinking is defined and enable_thinking is false"},
+     .arches = {"qwen35", "qwen35moe"}, .render = kvt_render_qwen35, .special = true, .thinking = true,
+     .thinking_default = true, .think_ws = 2, .tool_calls = kvt_qwen35_tool_calls,
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .assistant_turn = IM_START "assistant", .end_turn = {"<|im_end|>", "<|endoftext|>"}},
     /* Qwen 3 (ChatML with <think> and enable_thinking) */
     {.name = "qwen3", .marks = {IM_START, QW_CALL_FORMAT, "reasoning_content.strip('\\n')", "enable_thinking"},
      .arches = {"qwen3", "qwen3moe"},

@@ -76,6 +76,8 @@ bool kvt_render_qwen25(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, vo
 bool kvt_render_qwen3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
 int kvt_qwen_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
 size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len);
+bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
+int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
 
 bool kvt_render_gemma3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
 

@@ -1,13 +1,16 @@
 /* The Qwen templates, ChatML: qwen2.5 (models/templates/
- * Qwen-Qwen2.5-7B-Instruct.jinja in llama.cpp) and qwen3
- * (Qwen-Qwen3-0.6B.jinja, with its thinking mode), and their
- * <tool_call>JSON</tool_call> tool calls read back out of generated text.
+ * Qwen-Qwen2.5-7B-Instruct.jinja in llama.cpp), qwen3 (Qwen-Qwen3-0.6B.jinja,
+ * with its thinking mode) and qwen3.5 (Qwen3.5-4B.jinja), and their tool
+ * calls read back out of generated text: <tool_call>JSON</tool_call>, and
+ * Qwen 3.5's <tool_call><function=...> XML.
  * template_impl.h lists what it shares with the other template files;
  * docs/API.md describes them. */
 #include "template_impl.h"
 #include "jsonstr.h"
 #include "util.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,4 +303,312 @@ size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len)
     size_t end = a ? (size_t)(a - text) : len - kvt_tpl_partial_tail(text, len, CALL_OPEN);
     while (end > 0 && kvt_tpl_is_space(text[end - 1])) end--;
     return end;
+}
+
+/* ---- qwen3.5 ---------------------------------------------------------------- */
+
+#define Q35_TOOLS_HEAD "# Tools\n\nYou have access to the following functions:\n\n<tools>"
+#define Q35_TOOLS_FOOT                                                                                           \
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"      \
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"  \
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "    \
+    "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow "  \
+    "the specified format: an inner <function=...></function> block must be nested within "                   \
+    "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional "    \
+    "reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there " \
+    "is no function call available, answer the question like normal with your current knowledge and do not "  \
+    "tell the user about function calls\n</IMPORTANT>"
+
+/* A real as Python's str() writes it (what `| string` gives a float in
+ * transformers and llama.cpp): the shortest digits that read back, fixed
+ * notation with at least one decimal for exponents -4..15, else d.ddde±XX. */
+static void py_real(kvt_wbuf *b, double d)
+{
+    char e[40], out[64];
+    if (d == 0) { kvt_wbuf_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
+    int p = 0;
+    for (; p < 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p, d);
+        if (strtod(e, NULL) == d) break;
+    }
+    const char *q = e;
+    size_t o = 0;
+    if (*q == '-') out[o++] = *q++;
+    char dig[24];
+    int k = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[k++] = *q;
+    while (k > 1 && dig[k - 1] == '0') k--;
+    int x = atoi(q + 1); /* d = D.DDD x 10^x */
+    if (x >= -4 && x < 16) {
+        int n = x + 1; /* digits before the point */
+        if (n <= 0) {
+            out[o++] = '0', out[o++] = '.';
+            for (int i = 0; i < -n; i++) out[o++] = '0';
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+        } else if (k <= n) {
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+            for (int i = k; i < n; i++) out[o++] = '0';
+            out[o++] = '.', out[o++] = '0';
+        } else {
+            memcpy(out + o, dig, (size_t)n), o += (size_t)n;
+            out[o++] = '.';
+            memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
+        }
+    } else {
+        out[o++] = dig[0];
+        if (k > 1) {
+            out[o++] = '.';
+            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+', abs(x));
+    }
+    kvt_wbuf_put(b, out, o);
+}
+
+/* One parameter value as the template writes it: an object or array as
+ * tojson, anything else through `| string` (Python's str: a string as it
+ * is, True, False, None). */
+static void q35_value(kvt_wbuf *b, const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+    case JSON_ARRAY: kvt_tpl_tojson(b, v, 0); return;
+    case JSON_STRING: kvt_wbuf_put(b, json_string_value(v), json_string_length(v)); return;
+    case JSON_REAL: py_real(b, json_real_value(v)); return;
+    case JSON_TRUE: kvt_wbuf_puts(b, "True"); return;
+    case JSON_FALSE: kvt_wbuf_puts(b, "False"); return;
+    case JSON_NULL: kvt_wbuf_puts(b, "None"); return;
+    default: kvt_json_scalar(b, v); return;
+    }
+}
+
+/* qwen3.5: the Qwen 3.5 template (Qwen3.5-4B.jinja in llama.cpp), byte for
+ * byte where it keeps the history:
+ *
+ *   the system turn: with tools the tools block first (each tool's JSON on
+ *   its own line in <tools></tools>, the instructions for the XML calls),
+ *   then "\n\n" and the first message's system text trimmed when there is
+ *   any; without tools the trimmed system text; then per message, text
+ *   trimmed:
+ *   user       <|im_start|>user\nTEXT<|im_end|>\n
+ *   assistant  <|im_start|>assistant\n<think>\nREASONING\n</think>\n\nANSWER,
+ *              REASONING trimmed; per call (after "\n\n" when there is
+ *              text, "\n" between calls)
+ *              <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n
+ *              ...</function>\n</tool_call>, then <|im_end|>\n
+ *   tool       a run of them is one user turn, as qwen3's (the template
+ *              opens none for a first message that is a tool result)
+ *
+ * then <|im_start|>assistant\n<think>\n, and outside thinking mode
+ * <|im_start|>assistant\n<think>\n\n</think>\n\n. The template writes the
+ * <think> block for the turns after the last user query only; kvtier for
+ * every turn (what the model saw: the generation prompt opened the block),
+ * so the history is never rewritten. It raises on a system message that is
+ * not the first, another role, or no user query; kvtier writes a late system
+ * message as a system turn (<|im_start|>system\nTEXT<|im_end|>\n) and the
+ * others all the same. A prefill leaves out <|im_end|>\n and the generation
+ * prompt (false). */
+bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user)
+{
+    bool sys0 = ch->n && kvt_role_is_system(ch->t[0].role);
+    if (ch->n_tools) {
+        kvt_wbuf_puts(b, IM_START "system\n" Q35_TOOLS_HEAD);
+        for (size_t k = 0; k < json_array_size(ch->fns); k++) {
+            kvt_wbuf_puts(b, "\n");
+            kvt_tpl_tool_json(b, json_array_get(ch->fns, k), 0);
+        }
+        kvt_wbuf_puts(b, Q35_TOOLS_FOOT);
+        size_t a = 0, z = sys0 ? ch->t[0].len : 0;
+        if (sys0) kvt_tpl_trim(ch->t[0].text, &a, &z);
+        if (z > a) kvt_wbuf_puts(b, "\n\n"), kvt_wbuf_put(b, ch->t[0].text + a, z - a);
+        kvt_wbuf_puts(b, IM_END "\n");
+    } else if (sys0) {
+        kvt_wbuf_puts(b, IM_START "system\n");
+        kvt_tpl_put_trim(b, ch->t[0].text, ch->t[0].len);
+        kvt_wbuf_puts(b, IM_END "\n");
+    }
+    for (size_t i = sys0; i < ch->n; i++) {
+        const kvt_turn *t = &ch->t[i];
+        size_t ca = 0, cz = t->len;
+        kvt_tpl_trim(t->text, &ca, &cz);
+        if (t->role == KVT_ROLE_TOOL) {
+            if (i > 0 && ch->t[i - 1].role != KVT_ROLE_TOOL) kvt_wbuf_puts(b, IM_START "user");
+            kvt_wbuf_puts(b, "\n<tool_response>\n");
+            kvt_wbuf_put(b, t->text + ca, cz - ca);
+            kvt_wbuf_puts(b, "\n</tool_response>");
+            if (i + 1 == ch->n || ch->t[i + 1].role != KVT_ROLE_TOOL) kvt_wbuf_puts(b, IM_END "\n");
+            continue;
+        }
+        if (t->role != KVT_ROLE_ASSISTANT) {
+            kvt_wbuf_puts(b, IM_START);
+            kvt_wbuf_puts(b, kvt_tpl_role(t->role));
+            kvt_wbuf_puts(b, "\n");
+            kvt_wbuf_put(b, t->text + ca, cz - ca);
+            kvt_wbuf_puts(b, IM_END "\n");
+            continue;
+        }
+        const char *r = t->reasoning ? t->reasoning : "";
+        size_t ra = 0, rz = t->reasoning ? t->rlen : 0;
+        const char *e = t->reasoning ? NULL : kvt_tpl_find(t->text, ca, cz, THINK_CLOSE, LIT(THINK_CLOSE));
+        if (e) { /* the reasoning before the first </think>, the answer after the last */
+            r = t->text, ra = ca, rz = (size_t)(e - t->text);
+            kvt_tpl_strip_char(r, &ra, &rz, '\n', false, true);
+            for (const char *q; (q = kvt_tpl_find(r, ra, rz, THINK_OPEN, LIT(THINK_OPEN)));)
+                ra = (size_t)(q - r) + LIT(THINK_OPEN);
+            kvt_tpl_strip_char(r, &ra, &rz, '\n', true, false);
+            for (const char *q = e; q; q = kvt_tpl_find(t->text, (size_t)(q - t->text) + 1, cz, THINK_CLOSE,
+                                                        LIT(THINK_CLOSE)))
+                ca = (size_t)(q - t->text) + LIT(THINK_CLOSE);
+            kvt_tpl_strip_char(t->text, &ca, &cz, '\n', true, false);
+        }
+        kvt_tpl_trim(r, &ra, &rz);
+        kvt_wbuf_puts(b, IM_START "assistant\n" THINK_OPEN "\n");
+        kvt_wbuf_put(b, r + ra, rz - ra);
+        kvt_wbuf_puts(b, "\n" THINK_CLOSE "\n\n");
+        kvt_wbuf_put(b, t->text + ca, cz - ca);
+        size_t ta = ca, tz = cz;
+        kvt_tpl_trim(t->text, &ta, &tz);
+        for (size_t k = 0; k < t->n_calls; k++) {
+            const kvt_turn_call *c = &t->calls[k];
+            kvt_wbuf_puts(b, k ? "\n" : tz > ta ? "\n\n" : "");
+            kvt_wbuf_puts(b, "<tool_call>\n<function=");
+            kvt_wbuf_puts(b, c->name);
+            kvt_wbuf_puts(b, ">\n");
+            const char *key;
+            json_t *v;
+            json_object_foreach(c->argv, key, v) {
+                kvt_wbuf_puts(b, "<parameter=");
+                kvt_wbuf_puts(b, key);
+                kvt_wbuf_puts(b, ">\n");
+                q35_value(b, v);
+                kvt_wbuf_puts(b, "\n</parameter>\n");
+            }
+            kvt_wbuf_puts(b, "</function>\n</tool_call>");
+        }
+        if (i + 1 == ch->n && is_prefill(ch)) return false;
+        kvt_wbuf_puts(b, IM_END "\n");
+    }
+    kvt_wbuf_puts(b, IM_START "assistant\n");
+    kvt_wbuf_puts(b, ch->thinking ? THINK_OPEN "\n" : THINK_OPEN "\n\n" THINK_CLOSE "\n\n");
+    return true;
+}
+
+/* ---- qwen3.5's tool calls ------------------------------------------------ *
+ *
+ * The reply's text, then calls to its end, each
+ *   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+ * (any whitespace between the tags; one newline on either side of a value
+ * is the template's). A value that is JSON (an object, array, number, true,
+ * false, null) is that value, Python's True, False, None are the JSON ones,
+ * anything else is the string as written: without the tools' schemas a
+ * string parameter that reads as a number becomes one. The text loses the
+ * whitespace before the first call; an unfinished or malformed call ends
+ * the calls. */
+
+#define Q35_FN "<function="
+#define Q35_FN_END "</function>"
+#define Q35_PARAM "<parameter="
+#define Q35_PARAM_END "</parameter>"
+
+static bool q35_eat(const char *s, size_t *p, size_t to, const char *lit)
+{
+    size_t q = *p, n = strlen(lit);
+    while (q < to && kvt_tpl_is_space(s[q])) q++;
+    if (to - q < n || memcmp(s + q, lit, n)) return false;
+    *p = q + n;
+    return true;
+}
+
+/* NAME> at s[*p..): a name without whitespace, '<' or '>' (and UTF-8). */
+static bool q35_name(const char *s, size_t *p, size_t to, size_t *a, size_t *z)
+{
+    const char *gt = memchr(s + *p, '>', to - *p);
+    if (!gt || gt == s + *p) return false;
+    *a = *p, *z = (size_t)(gt - s);
+    for (size_t i = *a; i < *z; i++)
+        if (kvt_tpl_is_space(s[i]) || s[i] == '<' || (unsigned char)s[i] < 0x20) return false;
+    if (!kvt_tpl_utf8_ok(s, *a, *z)) return false;
+    *p = *z + 1;
+    return true;
+}
+
+static json_t *q35_read_value(const char *s, size_t a, size_t z)
+{
+    if (a < z && s[a] == '\n') a++;
+    if (z > a && s[z - 1] == '\n') z--;
+    size_t ta = a, tz = z;
+    kvt_tpl_trim(s, &ta, &tz);
+    json_t *v = NULL;
+    if (tz - ta == 4 && !memcmp(s + ta, "True", 4)) return json_true();
+    if (tz - ta == 5 && !memcmp(s + ta, "False", 5)) return json_false();
+    if (tz - ta == 4 && !memcmp(s + ta, "None", 4)) return json_null();
+    if (tz > ta) v = json_loadb(s + ta, tz - ta, JSON_DECODE_ANY, NULL);
+    return v ? v : json_stringn(s + a, z - a);
+}
+
+/* One call at s[*p..): 1 with *name, *args (new), *p past </tool_call>;
+ * 0 none (complete and well-formed) here; -1 out of memory. */
+static int q35_call(const char *s, size_t *p, size_t to, size_t *na, size_t *nz, json_t **args)
+{
+    size_t q = *p;
+    *args = NULL;
+    if (!q35_eat(s, &q, to, CALL_OPEN) || !q35_eat(s, &q, to, Q35_FN) || !q35_name(s, &q, to, na, nz)) return 0;
+    json_t *obj = json_object();
+    if (!obj) return -1;
+    for (;;) {
+        if (q35_eat(s, &q, to, Q35_FN_END)) break;
+        size_t ka, kz;
+        if (!q35_eat(s, &q, to, Q35_PARAM) || !q35_name(s, &q, to, &ka, &kz)) goto no;
+        const char *e = kvt_tpl_find(s, q, to, Q35_PARAM_END, LIT(Q35_PARAM_END));
+        if (!e || !kvt_tpl_utf8_ok(s, q, (size_t)(e - s))) goto no;
+        json_t *v = q35_read_value(s, q, (size_t)(e - s));
+        char *key = kvt_strndup(s + ka, kz - ka);
+        int bad = !v || !key || json_object_set_new(obj, key, v);
+        free(key);
+        if (bad) { json_decref(obj); return -1; }
+        q = (size_t)(e - s) + LIT(Q35_PARAM_END);
+    }
+    if (!q35_eat(s, &q, to, CALL_CLOSE)) goto no;
+    *p = q;
+    *args = obj;
+    return 1;
+no:
+    json_decref(obj);
+    return 0;
+}
+
+int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+{
+    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
+    *calls = NULL;
+    *n = 0;
+    *text_end = len;
+    const char *first = kvt_tpl_find(text, 0, len, CALL_OPEN, LIT(CALL_OPEN));
+    if (!first) return KVT_OK;
+    size_t start = (size_t)(first - text), pos = start, from;
+    while (start > 0 && kvt_tpl_is_space(text[start - 1])) start--;
+    from = start;
+    kvt_tpl_calls cs = {0};
+    for (;;) {
+        size_t na, nz;
+        json_t *args;
+        int got = q35_call(text, &pos, len, &na, &nz, &args);
+        if (got < 0) goto nomem;
+        if (!got) break;
+        size_t end = pos;
+        while (end < len && kvt_tpl_is_space(text[end])) end++;
+        int rc = kvt_tpl_calls_add(&cs, text + na, nz - na, args, from, end - from);
+        json_decref(args);
+        if (rc) goto nomem;
+        from = pos = end;
+    }
+    if (!cs.n) return KVT_OK;
+    *calls = cs.v;
+    *n = cs.n;
+    *text_end = start;
+    return KVT_OK;
+nomem:
+    kvt_tool_calls_free(cs.v, cs.n);
+    return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
 }

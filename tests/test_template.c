@@ -9,8 +9,9 @@
  *   template_llama3        llama3 against the Llama 3.1, 3.2 and 3.3
  *                          templates (the same without builtin_tools)
  *   template_qwen          qwen2.5 against Qwen-Qwen2.5-7B-Instruct.jinja,
- *                          qwen3 against Qwen-Qwen3-0.6B.jinja with
- *                          enable_thinking false and true
+ *                          qwen3 against Qwen-Qwen3-0.6B.jinja and qwen3.5
+ *                          against Qwen3.5-4B.jinja with enable_thinking
+ *                          false and true
  *   template_gemma         gemma3 against google-gemma-2-2b-it.jinja with
  *                          Gemma 3's system message (below)
  *   template_pick, template_tool_calls_*, template_think_parts
@@ -40,7 +41,8 @@
  * a patch of the template (render.mjs applies it; each text it replaces must
  * be there exactly once), and kvtier must equal the patched template in
  * every case, and the template as it is wherever the patch changes nothing:
- *  - deepseek: drop_thinking = false, and qwen3: the history rule below.
+ *  - deepseek: drop_thinking = false, and qwen3, qwen3.5: the history rule
+ *    below.
  *    The templates drop the reasoning of the turns before the last user
  *    message, which rewrites the cached prefix at every new user turn;
  *    kvtier renders every turn as the template renders the turns after the
@@ -224,6 +226,14 @@ static const char *const qwen3_rule[] = {
     "{%- if loop.last or reasoning_content or enable_thinking is false %}", NULL};
 static const fam qwen3 = {"qwen3", QWEN3, "qwen3", NULL, "", "<|im_end|>\n", THINK_ENABLE, true, NULL, qwen3_rule,
                           QWEN25, NULL, NULL, "Qwen 2.5's template", 0, NULL};
+
+/* kvtier's history: every assistant turn as the template writes the turns
+ * after the last user query (the generation prompt opened the block) */
+static const char *const qwen35_rule[] = {"{%- if loop.index0 > ns.last_query_index %}", "{%- if true %}", NULL};
+static const fam qwen35 = {"qwen3.5", "models/templates/Qwen3.5-4B.jinja", "qwen3.5", NULL, "", "<|im_end|>\n",
+                           THINK_ENABLE, true, NULL, qwen35_rule, QWEN3, NULL, NULL, "Qwen 3's template", 2,
+                           "the late system message (\"System message must be at the beginning.\"; kvtier writes a "
+                           "system turn there)"};
 
 /* Gemma 3's system message on Gemma 2's template */
 static const char *const gemma3_ref[] = {
@@ -572,5 +582,5 @@ static void run_families(const fam *const *fams, size_t nf)
 
 TEST(template_deepseek_v4) { run_families((const fam *const[]){&deepseek}, 1); }
 TEST(template_llama3) { run_families((const fam *const[]){&llama31, &llama32, &llama33}, 3); }
-TEST(template_qwen) { run_families((const fam *const[]){&qwen25, &qwen3}, 2); }
+TEST(template_qwen) { run_families((const fam *const[]){&qwen25, &qwen3, &qwen35}, 3); }
 TEST(template_gemma) { run_families((const fam *const[]){&gemma3}, 1); }

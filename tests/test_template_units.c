@@ -5,7 +5,7 @@
  *                              the fallback, and by name
  *   template_pick_bundle       every template of llama.cpp's models/templates
  *                              (the peer's source bundle): the Llama 3.x, Qwen
- *                              2.5, Qwen 3 and Gemma 2 files pick their rows,
+ *                              2.5, Qwen 3, Qwen 3.5 and Gemma 2 files pick their rows,
  *                              every other file none (the fallback), so no
  *                              other family is rendered in a layout not its own
  *   template_tool_calls_qwen   <tool_call>JSON</tool_call>: single, parallel
@@ -18,6 +18,9 @@
  *                              wrapper, "arguments"; JSON inside prose, code,
  *                              malformed objects stay text; the hold-back;
  *                              kvtier's own rendering read back
+ *   template_tool_calls_qwen35 Qwen 3.5's XML calls: values as JSON, Python's
+ *                              constants or strings, kvtier's rendering read
+ *                              back; malformed and unfinished input is text
  *   template_tool_calls_none   gemma3 reads no calls
  *   template_think_parts       Qwen 3's reasoning split: the opener the model
  *                              writes, the newlines the template writes, and
@@ -57,6 +60,7 @@ TEST(template_pick)
     CHECK(!strcmp(kvt_template_pick(NULL, "qwen3")->name, "qwen3"));
     CHECK(!strcmp(kvt_template_pick(NULL, "qwen3moe")->name, "qwen3"));
     CHECK(!strcmp(kvt_template_pick(NULL, "gemma3")->name, "gemma3"));
+    CHECK(!strcmp(kvt_template_pick(NULL, "qwen35")->name, "qwen3.5"));
     /* llama's architecture spans many layouts: only the text picks llama3 */
     CHECK(!strcmp(kvt_template_pick(NULL, "llama")->name, "plain"));
     CHECK(!strcmp(kvt_template_pick("{{ messages }}", "llama")->name, "plain"));
@@ -98,14 +102,14 @@ TEST(template_pick_bundle)
     static const struct { const char *file, *name; } want[] = {
         {"meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"}, {"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"},
         {"meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3"}, {"Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5"},
-        {"Qwen-Qwen3-0.6B.jinja", "qwen3"}, {"google-gemma-2-2b-it.jinja", "gemma3"},
+        {"Qwen-Qwen3-0.6B.jinja", "qwen3"}, {"Qwen3.5-4B.jinja", "qwen3.5"}, {"google-gemma-2-2b-it.jinja", "gemma3"},
     };
     size_t n = 0, n_found = 0, n_plain = 0;
     struct dirent *e;
     while (d && (e = readdir(d))) {
         size_t nl = strlen(e->d_name);
         if (nl < 6 || strcmp(e->d_name + nl - 6, ".jinja")) continue;
-        char path[1200];
+        char path[1300];
         snprintf(path, sizeof path, "%s/%s", cmd, e->d_name);
         size_t len = 0;
         char *src = kvt_test_read_file(path, &len);
@@ -306,6 +310,59 @@ TEST(template_tool_calls_llama3)
     CHECK(tl(NULL, 0) == 0);
 }
 
+TEST(template_tool_calls_qwen35)
+{
+    const kvt_template *t = named("qwen3.5");
+    CHECK(t);
+    parse_fn f = t->tool_calls;
+    size_t n, te;
+    const char *one = "I will read it.\n\n<tool_call>\n<function=read_file>\n<parameter=path>\na.c\n</parameter>\n"
+                      "<parameter=limit>\n10\n</parameter>\n</function>\n</tool_call>";
+    kvt_tool_call *c = parse(f, one, &n, &te);
+    CHECK(n == 1 && te == 15 && call_is(&c[0], "read_file", "{\"path\":\"a.c\",\"limit\":10}"));
+    CHECK(n == 1 && c[0].raw_off == 15 && c[0].raw_off + c[0].raw_len == strlen(one));
+    kvt_tool_calls_free(c, n);
+    /* parallel; a value over lines, JSON, Python's constants */
+    c = parse(f, "<tool_call>\n<function=bash>\n<parameter=cmd>\nline 1\nline 2\n</parameter>\n<parameter=env>\n"
+                 "{\"A\": [1, 2.5, null]}\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n</function>\n</tool_call>\n"
+                 "<tool_call>\n<function=f>\n</function>\n</tool_call>", &n, &te);
+    CHECK(n == 2 && te == 0 && call_is(&c[0], "bash", "{\"cmd\":\"line 1\\nline 2\",\"env\":{\"A\":[1,2.5,null]},\"ok\":true}"));
+    CHECK(n == 2 && call_is(&c[1], "f", "{}"));
+    kvt_tool_calls_free(c, n);
+
+    /* kvtier's rendering of a call reads back */
+    kvt_wbuf b = {0};
+    json_t *a = json_pack("{s:s, s:i, s:b, s:n, s:f, s:{s:[i]}}", "s", "x\ny", "i", 3, "b", 1, "z", "r", 2.5, "o", "k", 1);
+    kvt_turn_call call = {.name = "g", .args = "", .args_len = 0, .args_json = true, .argv = a};
+    kvt_turn turns[2] = {{.role = KVT_ROLE_USER, .text = "go", .len = 2},
+                         {.role = KVT_ROLE_ASSISTANT, .text = "", .len = 0, .calls = &call, .n_calls = 1}};
+    kvt_chat cc = {.t = turns, .n = 2, .thinking = true};
+    CHECK(t->render(&b, &cc, NULL, NULL));
+    const char *p = b.p ? memmem(b.p, b.len, "<tool_call>", 11) : NULL;
+    const char *e = p ? memmem(p, b.len - (size_t)(p - (const char *)b.p), "<|im_end|>", 10) : NULL;
+    CHECK(p && e);
+    if (p && e) {
+        char *reply = strndup(p, (size_t)(e - p));
+        c = parse(f, reply, &n, &te);
+        CHECK(n == 1 && call_is(&c[0], "g", "{\"s\":\"x\\ny\",\"i\":3,\"b\":true,\"z\":null,\"r\":2.5,\"o\":{\"k\":[1]}}"));
+        kvt_tool_calls_free(c, n);
+        free(reply);
+    }
+    kvt_wbuf_free(&b);
+    json_decref(a);
+
+    CHECK(all_text(f, "plain"));
+    CHECK(all_text(f, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"));     /* unfinished */
+    CHECK(all_text(f, "<tool_call>\n<function=f>\n<parameter=a>\n1\n"));
+    CHECK(all_text(f, "<tool_call>\n<function=>\n</function>\n</tool_call>"));               /* no name */
+    CHECK(all_text(f, "<tool_call>\n<function=a b>\n</function>\n</tool_call>"));
+    CHECK(all_text(f, "<tool_call>\n<function=f>\n<param>x</param>\n</function>\n</tool_call>"));
+    CHECK(all_text(f, "<tool_call>\n<function=\xff>\n</function>\n</tool_call>"));
+    CHECK(all_text(f, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>")); /* Qwen 3's form */
+    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(t->tool_calls_text_len("Hi <tool_ca", 11) == 2);
+}
+
 TEST(template_tool_calls_none)
 {
     const kvt_template *t = named("gemma3");
@@ -446,4 +503,62 @@ TEST(template_tokens)
     CHECK(tt.n_user == 0 && tt.n_end == 0);
     kvt_model_close(l3);
     kvt_model_close(qw);
+}
+
+/* ---- robustness ---- */
+
+/* Every family's parser over mutations of well-formed replies (bytes
+ * replaced, dropped, duplicated, the text cut anywhere): never a failure
+ * but out of memory, the text's end and every call's bytes inside the text,
+ * calls in order and after the text, the streaming text a prefix no longer
+ * than the whole. */
+TEST(template_tool_calls_mutated)
+{
+    uint64_t rng = kvt_test_seed("template_tool_calls_mutated");
+    static const char *const seeds[] = {
+        "Sure.\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.c\", \"n\": [1, 2.5]}}\n</tool_call>"
+        "\n<tool_call>\n{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>",
+        "Let me see. <|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": {\"b\": [null, true]}}}; "
+        "{\"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": {}}}",
+        "{\"name\": \"f\", \"parameters\": {}}\n{\"name\": \"caf\xc3\xa9\", \"parameters\": {\"s\": \"<tool_call>\"}}",
+        "ok\n\n<tool_call>\n<function=bash>\n<parameter=cmd>\nls -l\n</parameter>\n<parameter=env>\n{\"a\": [1]}\n"
+        "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
+    };
+    static const char alphabet[] = "{}[]\":,; \n<>/|_abcnt\\\xc3\xa9\xff";
+    const char *names[] = {"qwen3", "llama3", "gemma3", "deepseek", "qwen3.5"};
+    size_t n_calls = 0;
+    for (int round = 0; round < 4000; round++) {
+        const char *s = seeds[round % 4];
+        size_t sl = strlen(s), len = 0;
+        char buf[512];
+        for (size_t i = 0; i < sl && len + 2 < sizeof buf; i++) {
+            uint64_t r = kvt_test_rand(&rng) % 64;
+            if (r == 0) continue;                                              /* drop */
+            if (r == 1) buf[len++] = alphabet[kvt_test_rand(&rng) % (sizeof alphabet - 1)]; /* replace */
+            else if (r == 2) buf[len++] = s[i], buf[len++] = s[i];            /* duplicate */
+            else buf[len++] = s[i];
+        }
+        len = kvt_test_rand(&rng) % 4 ? len : (size_t)(kvt_test_rand(&rng) % (len + 1)); /* cut */
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            const kvt_template *t = kvt_template_named(names[k]);
+            kvt_tool_call *c = NULL;
+            size_t n = 0, te = 0;
+            int rc = t->tool_calls(buf, len, &c, &n, &te);
+            bool ok = rc == KVT_OK && te <= len && (n == 0) == (c == NULL);
+            size_t prev = te;
+            for (size_t i = 0; ok && i < n; i++) {
+                ok = c[i].raw_off >= prev && c[i].raw_off + c[i].raw_len <= len && c[i].id && c[i].name &&
+                     c[i].arguments && c[i].arguments[0] == '{';
+                prev = c[i].raw_off + c[i].raw_len;
+            }
+            size_t tl = t->tool_calls_text_len(buf, len);
+            ok = ok && tl <= len && (!n || tl <= te);
+            CHECKF(ok, "%s, round %d: '%s'", names[k], round, kvt_test_esc(buf, len));
+            n_calls += n;
+            kvt_tool_calls_free(c, n);
+            if (!ok) return;
+        }
+    }
+    printf("    template_tool_calls_mutated: 4000 texts through %zu parsers, %zu calls parsed\n",
+           sizeof names / sizeof *names, n_calls);
 }
