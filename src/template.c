@@ -42,6 +42,7 @@
 #include "util.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,6 +171,50 @@ void kvt_tpl_js_number(kvt_wbuf *b, double d)
             memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
         }
         o += (size_t)snprintf(out + o, sizeof out - o, "e%c%d", n - 1 < 0 ? '-' : '+', abs(n - 1));
+    }
+    kvt_wbuf_put(b, out, o);
+}
+
+void kvt_tpl_py_real(kvt_wbuf *b, double d)
+{
+    char e[40], out[64];
+    if (d == 0) { kvt_wbuf_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
+    int p = 0;
+    for (; p < 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p, d);
+        if (strtod(e, NULL) == d) break;
+    }
+    const char *q = e;
+    size_t o = 0;
+    if (*q == '-') out[o++] = *q++;
+    char dig[24];
+    int k = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[k++] = *q;
+    while (k > 1 && dig[k - 1] == '0') k--;
+    int x = atoi(q + 1); /* d = D.DDD x 10^x */
+    if (x >= -4 && x < 16) {
+        int n = x + 1; /* digits before the point */
+        if (n <= 0) {
+            out[o++] = '0', out[o++] = '.';
+            for (int i = 0; i < -n; i++) out[o++] = '0';
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+        } else if (k <= n) {
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+            for (int i = k; i < n; i++) out[o++] = '0';
+            out[o++] = '.', out[o++] = '0';
+        } else {
+            memcpy(out + o, dig, (size_t)n), o += (size_t)n;
+            out[o++] = '.';
+            memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
+        }
+    } else {
+        out[o++] = dig[0];
+        if (k > 1) {
+            out[o++] = '.';
+            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+', abs(x));
     }
     kvt_wbuf_put(b, out, o);
 }
@@ -451,6 +496,12 @@ const kvt_template kvt_templates[] = {
      .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
      .assistant_turn = IM_START "assistant",
      .end_turn = {"<|im_end|>", "<|endoftext|>"}},
+    /* Gemma 4 (its current template: results after their calls, in the model's turn) */
+    {.name = "gemma4", .marks = {"<|turn>", "<|tool_call>", "format_tool_response_block"}, .arches = {"gemma4"},
+     .render = kvt_render_gemma4, .has_bos = true, .special = true, .thinking = true,
+     .think_open = "<|channel>thought", .think_close = "<channel|>", .think_ws = 2,
+     .tool_calls = kvt_gemma4_tool_calls, .tool_calls_text_len = kvt_gemma4_tool_calls_text_len,
+     .user_turn = "<|turn>user", .assistant_turn = "<|turn>model", .end_turn = {"<turn|>", "<|tool_response>", "<eos>"}},
     /* Gemma 3 (and Gemma 2's layout): no tool syntax */
     {.name = "gemma3", .marks = {GEMMA_START, "<end_of_turn>"}, .arches = {"gemma3"}, .render = kvt_render_gemma3,
      .has_bos = true, .special = true, .tool_calls = kvt_tool_calls_none,
@@ -851,7 +902,7 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     if (!text) len = 0;
     const char *open = t ? t->think_open : NULL;
     int ws = t ? t->think_ws : 0;
-    if (!open && !ws) {
+    if (!open && !ws && !(t && t->think_close)) {
         size_t rs, as;
         bool closed = kvt_think_split(text, len, partial, &rs, &as);
         *out = (kvt_think){0, rs, as};
@@ -861,20 +912,26 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     if (open) {
         size_t ol = strlen(open);
         if (len >= ol && !memcmp(text, open, ol)) p = ol;
-        else if (partial && len < ol && !memcmp(text, open, len)) { /* the opener may be arriving */
+        else if (len < ol && !memcmp(text, open, len) && (partial || !len)) { /* the opener may be arriving */
             *out = (kvt_think){0, 0, len};
             return false;
+        } else { /* a reply that opens no reasoning is all answer */
+            *out = (kvt_think){0, 0, 0};
+            return true;
         }
     }
     while (p < len && think_ws(ws, text[p])) p++;
-    const char *e = kvt_tpl_find(text, p, len, THINK_END, LIT(THINK_END));
+    const char *close = t->think_close ? t->think_close : THINK_END;
+    size_t cl = strlen(close);
+    const char *e = kvt_tpl_find(text, p, len, close, cl);
     size_t re = e ? (size_t)(e - text) : len;
-    if (!e && partial) re -= kvt_tpl_partial_tail(text, len, THINK_END);
+    if (!e && partial) re -= kvt_tpl_partial_tail(text, len, close);
+    if (re < p) re = p;
     if (e || partial)
         while (re > p && think_ws(ws, text[re - 1])) re--;
     *out = (kvt_think){p, re, len};
     if (!e) return false;
-    size_t as = (size_t)(e - text) + LIT(THINK_END);
+    size_t as = (size_t)(e - text) + cl;
     while (as < len && think_ws(ws, text[as])) as++;
     if (partial && as == len) return false; /* what begins the answer is still to come */
     out->as = as;

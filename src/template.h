@@ -120,6 +120,7 @@ typedef struct kvt_template {
     const char *think_open; /* the text a thinking reply opens its reasoning with when
                          * the model writes it itself ("<think>"); NULL: the prompt
                          * opens it */
+    const char *think_close; /* the text that closes the reasoning; NULL: "</think>" */
     int think_ws;       /* what the template writes around the reasoning and before the
                          * answer, and so is neither: 0 nothing, 1 newlines (Python's
                          * strip('\n')), 2 any whitespace (trim) */
@@ -231,8 +232,11 @@ bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoni
 
 /* The same for the reply of template t (NULL: deepseek's layout): its
  * reasoning is text[rs, re), its answer text[as, len). A template whose
- * model opens the reasoning itself (t->think_open, Qwen 3's "<think>") has
- * rs past that opener when the reply begins with it; one that writes
+ * model opens the reasoning itself (t->think_open, Qwen 3's "<think>",
+ * Gemma 4's "<|channel>thought"; t->think_close its end, "</think>" or
+ * "<channel|>") has
+ * rs past that opener when the reply begins with it (a reply that does not
+ * is all answer: closed, rs = re = as = 0); one that writes
  * newlines (or whitespace, t->think_ws) around the reasoning and before the
  * answer has them in neither part, so that the parts sent back render to
  * the template's bytes. True when the reasoning is closed: the answer has

@@ -32,6 +32,10 @@ void kvt_tpl_tool_json(kvt_wbuf *b, const json_t *fn, int indent);
 void kvt_tpl_args_json(kvt_wbuf *b, const kvt_turn_call *c);
 /* A number as JavaScript's String() prints it (what tojson writes). */
 void kvt_tpl_js_number(kvt_wbuf *b, double d);
+/* A real as Python's str() writes it (what a template prints a float as in
+ * transformers and llama.cpp): the shortest digits that read back, fixed
+ * notation with at least one decimal for exponents -4..15, else d.ddde±XX. */
+void kvt_tpl_py_real(kvt_wbuf *b, double d);
 
 /* The role as the templates spell it ("system" for developer too: OpenAI's
  * developer messages are system text to every template but deepseek's, as
@@ -80,6 +84,9 @@ bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, vo
 int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
 
 bool kvt_render_gemma3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
+bool kvt_render_gemma4(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
+int kvt_gemma4_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+size_t kvt_gemma4_tool_calls_text_len(const char *text, size_t len);
 
 /* A template without a tool-call syntax: no calls, all of it text. */
 int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);

@@ -319,53 +319,6 @@ size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len)
     "is no function call available, answer the question like normal with your current knowledge and do not "  \
     "tell the user about function calls\n</IMPORTANT>"
 
-/* A real as Python's str() writes it (what `| string` gives a float in
- * transformers and llama.cpp): the shortest digits that read back, fixed
- * notation with at least one decimal for exponents -4..15, else d.ddde±XX. */
-static void py_real(kvt_wbuf *b, double d)
-{
-    char e[40], out[64];
-    if (d == 0) { kvt_wbuf_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
-    int p = 0;
-    for (; p < 17; p++) {
-        snprintf(e, sizeof e, "%.*e", p, d);
-        if (strtod(e, NULL) == d) break;
-    }
-    const char *q = e;
-    size_t o = 0;
-    if (*q == '-') out[o++] = *q++;
-    char dig[24];
-    int k = 0;
-    for (; *q && *q != 'e'; q++)
-        if (*q != '.') dig[k++] = *q;
-    while (k > 1 && dig[k - 1] == '0') k--;
-    int x = atoi(q + 1); /* d = D.DDD x 10^x */
-    if (x >= -4 && x < 16) {
-        int n = x + 1; /* digits before the point */
-        if (n <= 0) {
-            out[o++] = '0', out[o++] = '.';
-            for (int i = 0; i < -n; i++) out[o++] = '0';
-            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
-        } else if (k <= n) {
-            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
-            for (int i = k; i < n; i++) out[o++] = '0';
-            out[o++] = '.', out[o++] = '0';
-        } else {
-            memcpy(out + o, dig, (size_t)n), o += (size_t)n;
-            out[o++] = '.';
-            memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
-        }
-    } else {
-        out[o++] = dig[0];
-        if (k > 1) {
-            out[o++] = '.';
-            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
-        }
-        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+', abs(x));
-    }
-    kvt_wbuf_put(b, out, o);
-}
-
 /* One parameter value as the template writes it: an object or array as
  * tojson, anything else through `| string` (Python's str: a string as it
  * is, True, False, None). */
@@ -375,7 +328,7 @@ static void q35_value(kvt_wbuf *b, const json_t *v)
     case JSON_OBJECT:
     case JSON_ARRAY: kvt_tpl_tojson(b, v, 0); return;
     case JSON_STRING: kvt_wbuf_put(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_REAL: py_real(b, json_real_value(v)); return;
+    case JSON_REAL: kvt_tpl_py_real(b, json_real_value(v)); return;
     case JSON_TRUE: kvt_wbuf_puts(b, "True"); return;
     case JSON_FALSE: kvt_wbuf_puts(b, "False"); return;
     case JSON_NULL: kvt_wbuf_puts(b, "None"); return;

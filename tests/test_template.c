@@ -13,7 +13,9 @@
  *                          against Qwen3.5-4B.jinja with enable_thinking
  *                          false and true
  *   template_gemma         gemma3 against google-gemma-2-2b-it.jinja with
- *                          Gemma 3's system message (below)
+ *                          Gemma 3's system message (below), gemma4 against
+ *                          google-gemma-4-31B-it.jinja with enable_thinking
+ *                          false and true
  *   template_pick, template_tool_calls_*, template_think_parts
  *                          the choice by chat template text and
  *                          architecture, each family's tool-call parser
@@ -41,8 +43,8 @@
  * a patch of the template (render.mjs applies it; each text it replaces must
  * be there exactly once), and kvtier must equal the patched template in
  * every case, and the template as it is wherever the patch changes nothing:
- *  - deepseek: drop_thinking = false, and qwen3, qwen3.5: the history rule
- *    below.
+ *  - deepseek: drop_thinking = false, and qwen3, qwen3.5, gemma4: the
+ *    history rule below.
  *    The templates drop the reasoning of the turns before the last user
  *    message, which rewrites the cached prefix at every new user turn;
  *    kvtier renders every turn as the template renders the turns after the
@@ -52,13 +54,16 @@
  *    and Gemma 3's differs only in the system message, which it writes
  *    before the first turn's text followed by "\n\n" where Gemma 2's raises.
  *    The reference is Gemma 2's template with that change.
+ *  - gemma4: @huggingface/jinja prints none as "", where transformers and
+ *    llama.cpp print Python's None (as kvtier does); the reference says None.
  * A case the (patched) template raises on is left out of the comparison
  * (each family says which, and how many it expects); kvtier must still
  * render it.
  *
  * Negative controls, per family: the same contexts with
  * add_generation_prompt flipped must differ from kvtier in every compared
- * case; with the thinking flag flipped in every compared case that ends
+ * case (but where the template writes no generation prompt: Gemma 4 after
+ * a tool result); with the thinking flag flipped in every compared case that ends
  * with the generation prompt; and another template (a sibling, or a flag
  * the template has) must differ in at least one case.
  *
@@ -196,6 +201,8 @@ typedef struct fam {
     const char *sibling_label;    /* what the control is, for the output */
     int n_raise;                  /* renderings (of every mode) the template raises on */
     const char *raise_note;
+    int n_gen_same;               /* renderings add_generation_prompt does not change (gemma4:
+                                   * after a tool result it writes no generation prompt) */
 } fam;
 
 static const fam deepseek = {"deepseek", "models/templates/deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek",
@@ -254,6 +261,27 @@ static const char *const gemma3_merge[] = {
     "{% set loop_messages = messages %}{% endif %}{% for message in loop_messages %}",
     "+ message['content'] | trim + '<end_of_turn>",
     "+ (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>", NULL};
+/* Python's str of none where @huggingface/jinja prints "" (transformers and
+ * llama.cpp, which kvtier follows, print None): the corpus has a null in a
+ * call's arguments */
+#define G4_NONE "        {{- argument -}}", "        {{- 'None' if argument is none else argument -}}"
+static const char *const gemma4_ref[] = {G4_NONE, NULL};
+/* kvtier's history: every turn's reasoning, and outside thinking mode the
+ * empty thought channel after each model turn's opening, as the generation
+ * prompt had it */
+static const char *const gemma4_rule[] = {
+    "{%- if thinking_text and loop.index0 > ns_turn.last_user_idx and message.get('tool_calls') -%}",
+    "{%- if thinking_text -%}",
+    "    {%- if not continue_same_model_turn -%}\n        {{- '<|turn>' + role + '\\n' }}\n    {%- endif -%}",
+    "    {%- if not continue_same_model_turn -%}\n        {{- '<|turn>' + role + '\\n' }}\n"
+    "        {%- if role == 'model' and not (enable_thinking | default(false)) and not (message.get('reasoning') or "
+    "message.get('reasoning_content')) -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}\n    {%- endif -%}",
+    NULL};
+static const fam gemma4 = {"gemma4", "models/templates/google-gemma-4-31B-it.jinja", "gemma4", NULL, "<bos>",
+                           "<turn|>\n", THINK_ENABLE, true, gemma4_ref, gemma4_rule,
+                           "models/templates/google-gemma-4-31B-it-interleaved.jinja", NULL, NULL,
+                           "the interleaved Gemma 4 template", 0, NULL, 2};
+
 static const fam gemma3 = {"gemma3", "models/templates/google-gemma-2-2b-it.jinja", "gemma3", NULL, "<bos>",
                            "<end_of_turn>\n", THINK_NONE, true, gemma3_ref, NULL, NULL, NULL, gemma3_merge,
                            "the system text joined by \"\\n\" (llama.cpp's merge)", 3,
@@ -505,7 +533,7 @@ static void run_families(const fam *const *fams, size_t nf)
         CHECKF(m && !strcmp(kvt_template_name(m), f->kvt), "%s: the template's text picks %s, not %s", f->label,
                m ? kvt_template_name(m) : "(no model)", f->kvt);
         size_t n_all = 0, n_raise = 0, n_cmp = 0, n_rule = 0, n_ref = 0, n_rewrite = 0, n_gen = 0, n_think = 0,
-               n_think_cmp = 0, n_sib = 0, n_grow = 0, n_grow_ok = 0, n_render = 0;
+               n_think_cmp = 0, n_sib = 0, n_grow = 0, n_grow_ok = 0, n_render = 0, n_gen_eff = 0;
         char rewrites[1024] = "";
         for (int th = 0; th < (f->think ? 2 : 1); th++) {
             for (size_t i = 0; i < N_CORPUS; i++, at += N_V) {
@@ -543,6 +571,7 @@ static void run_families(const fam *const *fams, size_t nf)
                 size_t gl = 0;
                 const char *g = expected(f, want[at + V_GEN], prefill, &gl);
                 n_gen += !same(g, gl, &r);
+                n_gen_eff += !g || gl != wl || memcmp(g, w, wl);
                 if (f->think && !prefill) {
                     const char *t = expected(f, want[at + V_THINK], prefill, &gl);
                     n_think_cmp++;
@@ -561,6 +590,7 @@ static void run_families(const fam *const *fams, size_t nf)
                    "in the other %zu: %s", n_ref, n_rewrite, rewrites);
         if (n_raise) printf("; the template raises on %zu (%s), kvtier renders them", n_raise, f->raise_note);
         printf("\n      controls: add_generation_prompt flipped differs in %zu of %zu", n_gen, n_cmp);
+        if (f->n_gen_same) printf(" (the template writes no generation prompt after a tool result)");
         if (f->think) printf(", the thinking flag flipped in %zu of %zu", n_think, n_think_cmp);
         printf(", %s in %zu of %zu; grows: %zu of %zu prefixes\n", f->sibling_label, n_sib, n_cmp, n_grow_ok,
                n_grow);
@@ -570,7 +600,7 @@ static void run_families(const fam *const *fams, size_t nf)
         CHECK(n_cmp > 0 && n_rule == n_cmp);
         CHECK(n_ref + n_rewrite == n_cmp);
         if (f->rule_patch || f->think == THINK_DS) CHECK(n_rewrite >= 1);
-        CHECK(n_gen == n_cmp);
+        CHECK(n_gen == n_gen_eff && n_gen_eff == n_cmp - (size_t)f->n_gen_same);
         CHECK(n_think == n_think_cmp);
         CHECK(n_sib >= 1);
         CHECK(n_grow_ok == n_grow);
@@ -583,4 +613,4 @@ static void run_families(const fam *const *fams, size_t nf)
 TEST(template_deepseek_v4) { run_families((const fam *const[]){&deepseek}, 1); }
 TEST(template_llama3) { run_families((const fam *const[]){&llama31, &llama32, &llama33}, 3); }
 TEST(template_qwen) { run_families((const fam *const[]){&qwen25, &qwen3, &qwen35}, 3); }
-TEST(template_gemma) { run_families((const fam *const[]){&gemma3}, 1); }
+TEST(template_gemma) { run_families((const fam *const[]){&gemma3, &gemma4}, 2); }

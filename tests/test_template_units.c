@@ -5,7 +5,8 @@
  *                              the fallback, and by name
  *   template_pick_bundle       every template of llama.cpp's models/templates
  *                              (the peer's source bundle): the Llama 3.x, Qwen
- *                              2.5, Qwen 3, Qwen 3.5 and Gemma 2 files pick their rows,
+ *                              2.5, Qwen 3, Qwen 3.5, Gemma 2 and Gemma 4 files
+ *                              pick their rows,
  *                              every other file none (the fallback), so no
  *                              other family is rendered in a layout not its own
  *   template_tool_calls_qwen   <tool_call>JSON</tool_call>: single, parallel
@@ -21,6 +22,9 @@
  *   template_tool_calls_qwen35 Qwen 3.5's XML calls: values as JSON, Python's
  *                              constants or strings, kvtier's rendering read
  *                              back; malformed and unfinished input is text
+ *   template_tool_calls_gemma4 Gemma 4's <|tool_call>call:NAME{...} in its own
+ *                              notation, kvtier's rendering read back;
+ *                              malformed and unfinished input is text
  *   template_tool_calls_none   gemma3 reads no calls
  *   template_think_parts       Qwen 3's reasoning split: the opener the model
  *                              writes, the newlines the template writes, and
@@ -61,6 +65,7 @@ TEST(template_pick)
     CHECK(!strcmp(kvt_template_pick(NULL, "qwen3moe")->name, "qwen3"));
     CHECK(!strcmp(kvt_template_pick(NULL, "gemma3")->name, "gemma3"));
     CHECK(!strcmp(kvt_template_pick(NULL, "qwen35")->name, "qwen3.5"));
+    CHECK(!strcmp(kvt_template_pick(NULL, "gemma4")->name, "gemma4"));
     /* llama's architecture spans many layouts: only the text picks llama3 */
     CHECK(!strcmp(kvt_template_pick(NULL, "llama")->name, "plain"));
     CHECK(!strcmp(kvt_template_pick("{{ messages }}", "llama")->name, "plain"));
@@ -103,6 +108,7 @@ TEST(template_pick_bundle)
         {"meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"}, {"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"},
         {"meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3"}, {"Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5"},
         {"Qwen-Qwen3-0.6B.jinja", "qwen3"}, {"Qwen3.5-4B.jinja", "qwen3.5"}, {"google-gemma-2-2b-it.jinja", "gemma3"},
+        {"google-gemma-4-31B-it.jinja", "gemma4"},
     };
     size_t n = 0, n_found = 0, n_plain = 0;
     struct dirent *e;
@@ -363,6 +369,73 @@ TEST(template_tool_calls_qwen35)
     CHECK(t->tool_calls_text_len("Hi <tool_ca", 11) == 2);
 }
 
+TEST(template_tool_calls_gemma4)
+{
+    const kvt_template *t = named("gemma4");
+    CHECK(t);
+    parse_fn f = t->tool_calls;
+    size_t n, te;
+    const char *one = "Let me look.<|tool_call>call:read_file{limit:10,path:<|\"|>a.c<|\"|>}<tool_call|>";
+    kvt_tool_call *c = parse(f, one, &n, &te);
+    CHECK(n == 1 && te == 12 && call_is(&c[0], "read_file", "{\"limit\":10,\"path\":\"a.c\"}"));
+    CHECK(n == 1 && c[0].raw_off == 12 && c[0].raw_off + c[0].raw_len == strlen(one));
+    kvt_tool_calls_free(c, n);
+    c = parse(f, "<|tool_call>call:bash{cmd:<|\"|>ls, -l: {x}<|\"|>,env:{LC_ALL:<|\"|>C<|\"|>,n:[1,2.5,None,true,-3e2]},"
+                 "<|\"|>q k<|\"|>:false}<tool_call|>\n<|tool_call>call:f{}<tool_call|>", &n, &te);
+    CHECK(n == 2 && te == 0 &&
+          call_is(&c[0], "bash", "{\"cmd\":\"ls, -l: {x}\",\"env\":{\"LC_ALL\":\"C\",\"n\":[1,2.5,null,true,-300.0]},\"q k\":false}"));
+    CHECK(n == 2 && call_is(&c[1], "f", "{}"));
+    kvt_tool_calls_free(c, n);
+
+    /* kvtier's rendering of a call reads back */
+    kvt_wbuf b = {0};
+    json_t *a = json_pack("{s:s, s:i, s:b, s:n, s:[s, {s:f}]}", "s", "x\ny", "i", 3, "b", 1, "z", "l", "v", "k", 2.5);
+    kvt_turn_call call = {.name = "g", .args = "", .args_len = 0, .args_json = true, .argv = a};
+    kvt_turn turns[2] = {{.role = KVT_ROLE_USER, .text = "go", .len = 2},
+                         {.role = KVT_ROLE_ASSISTANT, .text = "", .len = 0, .calls = &call, .n_calls = 1}};
+    kvt_chat cc = {.t = turns, .n = 2};
+    CHECK(t->render(&b, &cc, NULL, NULL));
+    const char *p = b.p ? memmem(b.p, b.len, "<|tool_call>", 12) : NULL;
+    const char *e = p ? memmem(p, b.len - (size_t)(p - (const char *)b.p), "<tool_call|>", 12) : NULL;
+    CHECK(p && e);
+    if (p && e) {
+        char *reply = strndup(p, (size_t)(e - p) + 12);
+        c = parse(f, reply, &n, &te);
+        CHECK(n == 1 && call_is(&c[0], "g", "{\"b\":true,\"i\":3,\"l\":[\"v\",{\"k\":2.5}],\"s\":\"x\\ny\",\"z\":null}"));
+        kvt_tool_calls_free(c, n);
+        free(reply);
+    }
+    kvt_wbuf_free(&b);
+    json_decref(a);
+
+    CHECK(all_text(f, "plain"));
+    CHECK(all_text(f, "<|tool_call>call:f{a:1"));                          /* unfinished */
+    CHECK(all_text(f, "<|tool_call>call:f{a:1}"));
+    CHECK(all_text(f, "<|tool_call>call:{a:1}<tool_call|>"));              /* no name */
+    CHECK(all_text(f, "<|tool_call>call:f{a:}<tool_call|>"));
+    CHECK(all_text(f, "<|tool_call>call:f{a:<|\"|>x}<tool_call|>"));       /* an open string */
+    CHECK(all_text(f, "<|tool_call>call:f{a:[1,}<tool_call|>"));
+    CHECK(all_text(f, "<|tool_call>call:f{:1}<tool_call|>"));
+    CHECK(all_text(f, "<|tool_call>call:f{a:1 2}<tool_call|>"));
+    CHECK(all_text(f, "<|tool_call>call:f{a:<|\"|>\xff<|\"|>}<tool_call|>"));
+    CHECK(all_text(f, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"));
+    char deep[300];
+    size_t k = (size_t)snprintf(deep, sizeof deep, "<|tool_call>call:f{a:");
+    for (int i = 0; i < 100; i++) deep[k++] = '[';
+    strcpy(deep + k, "1<tool_call|>");
+    CHECK(all_text(f, deep));                                             /* nesting bounded */
+    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(t->tool_calls_text_len("Hi <|tool_ca", 12) == 2);
+    CHECK(t->tool_calls_text_len("Hi <|tool_call>call:", 20) == 2);
+
+    /* its thinking reply: <|channel>thought\nREASONING<channel|>ANSWER */
+    kvt_think th;
+    const char *r = "<|channel>thought\nFirst, x.\n<channel|>It is 4.";
+    CHECK(kvt_think_parts(t, r, strlen(r), false, &th) && th.rs == 18 && th.re == 27 && th.as == 38);
+    CHECK(!kvt_think_parts(t, "<|channel>thou", 14, true, &th) && th.rs == 0 && th.re == 0);
+    CHECK(!kvt_think_parts(t, "<|channel>thought\nx<chan", 24, true, &th) && th.rs == 18 && th.re == 19);
+}
+
 TEST(template_tool_calls_none)
 {
     const kvt_template *t = named("gemma3");
@@ -394,7 +467,8 @@ TEST(template_think_parts)
     CHECK(parts_are(q, whole, false, true, 8, 19, 30));
     CHECK(parts_are(q, whole, true, true, 8, 19, 30));
     CHECK(parts_are(q, "<think>\n\n</think>\n\nA", false, true, 9, 9, 19));
-    CHECK(parts_are(q, "R</think>A", false, true, 0, 1, 9));          /* no opener */
+    CHECK(parts_are(q, "R</think>A", false, true, 0, 0, 0));          /* no opener: all answer */
+    CHECK(parts_are(q, "Hi", true, true, 0, 0, 0));
     CHECK(parts_are(q, "<think>\nstill", false, false, 8, 13, 13));  /* cut by max_tokens */
     CHECK(parts_are(q, "<think>\nstill\n", false, false, 8, 14, 14));
     CHECK(parts_are(q, "", false, false, 0, 0, 0));
@@ -405,7 +479,7 @@ TEST(template_think_parts)
     CHECK(parts_are(q, "<think>\nR\n</th", true, false, 8, 9, 14));
     CHECK(parts_are(q, "<think>\nR\n</think>\n", true, false, 8, 9, 19));
     CHECK(parts_are(q, "<think>\nR\n</think>\n\nA", true, true, 8, 9, 20));
-    CHECK(parts_are(q, "<thinking", true, false, 0, 9, 9));
+    CHECK(parts_are(q, "<thinking", true, true, 0, 0, 0));             /* not the opener */
     /* DeepSeek's layout (NULL or the deepseek row): kvt_think_split's */
     CHECK(parts_are(NULL, "R</think>A", false, true, 0, 1, 9));
     CHECK(parts_are(named("deepseek"), "\nR\n</think>\nA", false, true, 0, 3, 11));
@@ -413,7 +487,7 @@ TEST(template_think_parts)
     /* every prefix of a reply is consistent with the whole: the reasoning
      * and answer settled so far are parts of the final ones */
     const char *replies[] = {whole, "<think>\n\nR1\n\nR2\n\n</think>\n\n\nA\n", "no think</think>x", "<think>x",
-                             "<think>\n</think>\n\n"};
+                             "<think>\n</think>\n\n", "<thin", ""};
     for (size_t i = 0; i < sizeof replies / sizeof *replies; i++) {
         const char *r = replies[i];
         size_t len = strlen(r);
@@ -523,12 +597,13 @@ TEST(template_tool_calls_mutated)
         "{\"name\": \"f\", \"parameters\": {}}\n{\"name\": \"caf\xc3\xa9\", \"parameters\": {\"s\": \"<tool_call>\"}}",
         "ok\n\n<tool_call>\n<function=bash>\n<parameter=cmd>\nls -l\n</parameter>\n<parameter=env>\n{\"a\": [1]}\n"
         "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
+        "ok<|tool_call>call:bash{cmd:<|\"|>ls<|\"|>,env:{A:[1,2.5,None,true]}}<tool_call|><|tool_call>call:f{}<tool_call|>",
     };
     static const char alphabet[] = "{}[]\":,; \n<>/|_abcnt\\\xc3\xa9\xff";
-    const char *names[] = {"qwen3", "llama3", "gemma3", "deepseek", "qwen3.5"};
+    const char *names[] = {"qwen3", "llama3", "gemma3", "deepseek", "qwen3.5", "gemma4"};
     size_t n_calls = 0;
-    for (int round = 0; round < 4000; round++) {
-        const char *s = seeds[round % 4];
+    for (int round = 0; round < 5000; round++) {
+        const char *s = seeds[round % 5];
         size_t sl = strlen(s), len = 0;
         char buf[512];
         for (size_t i = 0; i < sl && len + 2 < sizeof buf; i++) {
@@ -559,6 +634,6 @@ TEST(template_tool_calls_mutated)
             if (!ok) return;
         }
     }
-    printf("    template_tool_calls_mutated: 4000 texts through %zu parsers, %zu calls parsed\n",
+    printf("    template_tool_calls_mutated: 5000 texts through %zu parsers, %zu calls parsed\n",
            sizeof names / sizeof *names, n_calls);
 }
