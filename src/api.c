@@ -1113,9 +1113,9 @@ static int parse_sampling(kvt_request *r, const json_t *root, kvt_api api, int *
     return KVT_OK;
 }
 
-/* OpenAI chat: thinking mode is asked for explicitly, as llama.cpp's and
- * vLLM's servers take it: "chat_template_kwargs": {"thinking": true} (or
- * "enable_thinking"). "reasoning_effort" (top level, or in the kwargs)
+/* OpenAI chat: thinking mode as llama.cpp's and vLLM's servers take it:
+ * "chat_template_kwargs": {"thinking": true|false} (or "enable_thinking");
+ * absent, the template's default (parse_root). "reasoning_effort" (top level, or in the kwargs)
  * "high" or "max" then selects the template's preamble; other efforts add
  * nothing, and an effort alone does not turn thinking on. */
 static int parse_thinking(chat *ch, const json_t *root, int *status)
@@ -1152,7 +1152,8 @@ static int parse_thinking_anthropic(chat *ch, const json_t *root, int *status)
     if (rc) return rc;
     const char *t = json_string_value(ty);
     if (!strcmp(t, "enabled") || !strcmp(t, "adaptive")) ch->c.thinking = true;
-    else if (strcmp(t, "disabled"))
+    else if (!strcmp(t, "disabled")) ch->c.thinking = false;
+    else
         return bad(status, "\"thinking.type\": unknown type \"%.40s\"; expected \"enabled\", \"adaptive\" or "
                            "\"disabled\"", t);
     return KVT_OK;
@@ -1168,6 +1169,11 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
         rc = completions_prompt(&b, root, status);
     } else {
         chat ch = {.keep_volatile = o->keep_volatile};
+        const kvt_template *t = kvt_template_for(m);
+        /* thinking mode unless the request says: the template's own default
+         * for OpenAI chat (Qwen 3 thinks, DeepSeek-V4 does not); off for
+         * Anthropic's api, where thinking is asked for, and for Responses */
+        ch.c.thinking = api == KVT_API_CHAT && t->thinking_default;
         rc = parse_tools(&ch, r, root, api, status);
         /* Responses' "reasoning" asks for OpenAI's reasoning items, which
          * this server does not produce: thinking mode stays off there */
@@ -1179,10 +1185,10 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
             else rc = parse_responses(&ch, root, status);
         }
         if (!rc) {
-            const kvt_template *t = kvt_template_for(m);
             r->tmpl = t;
             r->n_tools = ch.c.n_tools;
             r->prompt_has_bos = t->has_bos;
+            r->prompt_special = t->special;
             /* a thinking-mode reply begins with its reasoning only after the
              * generation prompt (not in a prefill) */
             bool gen = t->render(&b, &ch.c, o->replay, o->replay_user);
@@ -1269,7 +1275,8 @@ int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt
     /* the calls come after the reasoning: markup the reasoning quotes (or
      * drafts) is no call, and an answer that has not begun has none */
     size_t from = 0;
-    if (r->thinking) kvt_think_split(text, len, false, NULL, &from);
+    kvt_think th;
+    if (r->thinking) kvt_think_parts(r->tmpl, text, len, false, &th), from = th.as;
     int rc = (r->tmpl ? r->tmpl->tool_calls : kvt_tool_calls_parse)(text + from, len - from, calls, n, text_end);
     if (rc) return rc;
     *text_end += from;
@@ -1822,10 +1829,12 @@ char *kvt_response_json_lp(const kvt_request *r, const char *id, const char *mod
     size_t rlen = 0;
     bool think = reply_thinks(r);
     if (think) {
-        size_t from;
-        kvt_think_split(text, len, false, &rlen, &from);
-        text += from;
-        len -= from;
+        kvt_think th;
+        kvt_think_parts(r->tmpl, text, len, false, &th);
+        reasoning = text + th.rs;
+        rlen = th.re - th.rs;
+        text += th.as;
+        len -= th.as;
     }
     switch (r->api) {
     case KVT_API_CHAT: {

@@ -69,12 +69,15 @@ typedef struct kvt_request {
                                  * built by hand: then replies are read in the DSML
                                  * syntax of kvt_tool_calls_parse) */
     bool prompt_has_bos;        /* the template already emitted the BOS text: tokenize
-                                 * without adding BOS, with special-token parsing */
-    bool thinking;              /* the deepseek template rendered the prompt in thinking
-                                 * mode and it ends with <｜Assistant｜><think>: the reply
-                                 * is REASONING</think>ANSWER (kvt_think_split). False
-                                 * for the plain template, for Responses and completions,
-                                 * and for a prefill (the reply continues an answer) */
+                                 * without adding BOS */
+    bool prompt_special;        /* the prompt's markers are special tokens: tokenize with
+                                 * special-token parsing (the template's .special) */
+    bool thinking;              /* the template rendered the prompt in thinking mode and
+                                 * it ends with the generation prompt: the reply is
+                                 * REASONING</think>ANSWER (kvt_think_parts with tmpl).
+                                 * False for templates without a thinking mode, for
+                                 * Responses and completions, and for a prefill (the
+                                 * reply continues an answer) */
     bool stream, include_usage; /* include_usage: OpenAI stream_options.include_usage */
     uint32_t max_tokens;        /* 0 when absent (server applies its default); else >= 1 */
     float temperature;          /* default 1.0 (OpenAI and Anthropic default); 0 = greedy */

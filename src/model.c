@@ -124,6 +124,18 @@ static void fill_tokenizer_info(kvt_model *m)
     m->info.tokenizer = kvt_tokenizer_model(m->tok);
 }
 
+/* The GGUF's chat template, kept for kvt_template_for (a string key; a
+ * missing or non-string one is none). */
+static int keep_chat_template(kvt_model *m, const kvt_gguf *g)
+{
+    const char *s;
+    size_t n;
+    if (kvt_gguf_get_str(g, "tokenizer.chat_template", &s, &n) != KVT_OK) return KVT_OK;
+    if (!(m->chat_template = kvt_strndup(s, n))) return KVT_ENOMEM;
+    m->info.chat_template = m->chat_template;
+    return KVT_OK;
+}
+
 static bool is_preset(const char *name)
 {
     /* a preset, or a shape variant of one ("ds4-tiny+W=32,K=4": docs/ds4.md) */
@@ -192,7 +204,7 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     else m->name = kvt_strndup(path, strlen(path));
     if (!m->name) { rc = KVT_ENOMEM; goto fail; }
     m->info.name = m->name;
-    if ((rc = kvt_tokenizer_from_gguf(&m->tok, g))) goto fail;
+    if ((rc = kvt_tokenizer_from_gguf(&m->tok, g)) || (rc = keep_chat_template(m, g))) goto fail;
     if (kvt_tokenizer_n_vocab(m->tok) > m->info.n_vocab) {
         rc = kvt_fail(KVT_EFORMAT, "%s: tokenizer has %u tokens, the model only %u", path,
                       kvt_tokenizer_n_vocab(m->tok), m->info.n_vocab);
@@ -259,7 +271,8 @@ int kvt_model_open_vocab(kvt_model **out, const char *path)
     kvt_gguf *g = NULL;
     int rc;
     if (is_preset(path)) rc = kvt_tokenizer_new_bytes(&m->tok);
-    else if (!(rc = kvt_gguf_open(&g, path))) rc = kvt_tokenizer_from_gguf(&m->tok, g);
+    else if (!(rc = kvt_gguf_open(&g, path)) && !(rc = kvt_tokenizer_from_gguf(&m->tok, g)))
+        rc = keep_chat_template(m, g);
     const char *s = NULL;
     size_t sl = 0;
     if (!rc && !(g && kvt_gguf_get_str(g, "general.name", &s, &sl) == KVT_OK)) s = path, sl = strlen(path);
@@ -283,6 +296,7 @@ void kvt_model_close(kvt_model *m)
     if (m->arch && m->arch->weights_free) m->arch->weights_free(m->weights);
     kvt_tokenizer_free(m->tok);
     kvt_gguf_close(m->file);
+    free(m->chat_template);
     free(m->name);
     free(m);
 }

@@ -53,6 +53,7 @@ struct kvt_model {
     uint64_t fingerprint;      /* model: config + weights */
     uint64_t tok_fingerprint;  /* tokenizer: vocabulary, scores, merges, specials */
     char *name;
+    char *chat_template;     /* tokenizer.chat_template, NULL: none (info.chat_template) */
     const kvt_arch *arch;
     void *weights;           /* architecture-specific */
     kvt_gguf *file;          /* the mapped GGUF whose tensors the weights borrow; NULL: they own theirs */

@@ -451,25 +451,26 @@ static kvt_logprobs lp_all(const lp_rec *l, size_t end)
     return lp_take(&from0, end);
 }
 
-/* Where a thinking-mode reply stands while it streams (kvt_think_split):
- * text[0, end) is certainly reasoning; once answering, the </think> closes
- * it at end and the answer begins at answer. Outside thinking mode the whole
- * reply is answer: answering from the start, end = answer = 0. */
+/* Where a thinking-mode reply stands while it streams (kvt_think_parts with
+ * the request's template): text[start, end) is certainly reasoning; once
+ * answering, the reasoning ended at end and the answer begins at answer
+ * (what lies between, the </think> and what the template writes around it,
+ * is neither). Outside thinking mode the whole reply is answer: answering
+ * from the start, start = end = answer = 0. */
 typedef struct think_pos {
     bool answering;
-    size_t end, answer;
+    size_t start, end, answer;
 } think_pos;
 
-/* Move the position over the text grown to len bytes. The search resumes
- * where a </think> could still begin (kvt_think_split's held-back tail), so
- * over a whole reply every byte is looked at about once. */
-static void think_advance(think_pos *t, const char *text, size_t len)
+/* Move the position over the text grown to len bytes. */
+static void think_advance(think_pos *t, const kvt_template *tpl, const char *text, size_t len)
 {
-    if (t->answering || len < t->end) return;
-    size_t rs, as;
-    t->answering = kvt_think_split(text + t->end, len - t->end, true, &rs, &as);
-    if (t->answering) t->answer = t->end + as;
-    t->end += rs;
+    if (t->answering) return;
+    kvt_think k;
+    t->answering = kvt_think_parts(tpl, text, len, true, &k);
+    t->start = k.rs;
+    t->end = k.re;
+    t->answer = k.as;
 }
 
 /* Streaming: send what of the reply is settled and not sent yet; *emitted
@@ -483,6 +484,7 @@ static void stream_settled(job *j, kvt_request *r, const char *id, const char *m
                            const char *text, size_t ok, size_t lp_end, const think_pos *t, size_t *emitted,
                            lp_rec *lp)
 {
+    if (*emitted < t->start) *emitted = t->start;
     size_t e = ok < t->end ? ok : t->end;
     if (e > *emitted) {
         kvt_logprobs lv = lp_take(lp, e);
@@ -522,6 +524,12 @@ static void job_done(server *sv, job *j, int status, char *body)
 {
     pool_publish(sv);
     job_finish(j, status, body);
+}
+
+/* Whether the template's marker q (n tokens) is at toks[i]. */
+static bool marker_at(const int32_t *q, size_t nq, const int32_t *toks, size_t n, size_t i)
+{
+    return nq && n - i >= nq && !memcmp(toks + i, q, nq * sizeof *toks);
 }
 
 static void run_job(server *sv, job *j)
@@ -633,14 +641,13 @@ static void run_job(server *sv, job *j)
     /* tier 3: prefill the rest, leaving a checkpoint where the last user turn
      * begins: the next conversation on the same prompt forks from there */
     const kvt_template *tpl = kvt_template_for(m); /* its turn markers, if it has any */
-    int32_t user_id = tpl->user_turn ? kvt_tokenizer_find(m->tok, tpl->user_turn, strlen(tpl->user_turn)) : -1;
-    int32_t asst_id =
-        tpl->assistant_turn ? kvt_tokenizer_find(m->tok, tpl->assistant_turn, strlen(tpl->assistant_turn)) : -1;
+    kvt_template_tokens tt; /* and the tokens that end its turns: generation stops at them and at EOS */
+    kvt_template_tokens_get(tpl, m, &tt);
     size_t mark = 0;
-    bool opening = asst_id >= 0; /* no assistant turn before the mark: a conversation's first request */
-    for (size_t i = n; user_id >= 0 && i-- > 1;) {
-        if (toks[i] == user_id && !mark) mark = i;
-        if (toks[i] == asst_id && mark) opening = false;
+    bool opening = tt.n_assistant > 0; /* no assistant turn before the mark: a conversation's first request */
+    for (size_t i = n; tt.n_user && i-- > 1;) {
+        if (!mark && marker_at(tt.user, tt.n_user, toks, n, i)) mark = i;
+        if (mark && marker_at(tt.assistant, tt.n_assistant, toks, n, i)) opening = false;
     }
     kvt_session_set_mark(s, mark);
     struct prog pg = {sv, j, kvt_now()};
@@ -720,6 +727,7 @@ static void run_job(server *sv, job *j)
         double top_lp[KVT_API_MAX_TOP_LOGPROBS] = {0}, t_lp = 0;
         if (r->logprobs) t_lp = kvt_logprob_top(logits, m->info.n_vocab, t, (uint32_t)lp.n_top, top_id, top_lp);
         bool eos = t == m->info.eos;
+        for (size_t k = 0; k < tt.n_end; k++) eos |= t == tt.end[k];
         if (kvt_session_len(s) < sv->o.n_ctx) {
             if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
         } else {
@@ -734,7 +742,7 @@ static void run_job(server *sv, job *j)
         /* every token through the one that completes </think> is reasoning */
         if (!th.answering) {
             u.reasoning_tokens++;
-            think_advance(&th, text.p ? (const char *)text.p : "", text.len);
+            think_advance(&th, r->tmpl, text.p ? (const char *)text.p : "", text.len);
         }
         if (r->logprobs) lp_add(&lp, m, t, t_lp, top_id, top_lp);
         for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
@@ -776,7 +784,11 @@ static void run_job(server *sv, job *j)
     if (j->stream) {
         /* the rest: a reply cut inside its reasoning is all reasoning */
         think_pos fin = {.answering = true};
-        if (r->thinking) kvt_think_split(tp, upto, false, &fin.end, &fin.answer);
+        if (r->thinking) {
+            kvt_think k;
+            kvt_think_parts(r->tmpl, tp, upto, false, &k);
+            fin = (think_pos){true, k.rs, k.re, k.as};
+        }
         stream_settled(j, r, id, model_name, created, tp, upto, lp_end, &fin, &emitted, &lp);
         /* the end repeats the text that went out as deltas (Responses) */
         job_done(sv, j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
@@ -1056,7 +1068,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
      * streaming starts (the tokenizer is immutable and thread-safe) */
     const kvt_request *rq = &j->req;
     rc = kvt_tokenizer_encode(sv->m->tok, rq->prompt, rq->prompt_len, rq->prompt_has_bos ? false : sv->m->info.add_bos,
-                              rq->prompt_has_bos, &j->toks, &j->n_toks);
+                              rq->prompt_special, &j->toks, &j->n_toks);
     if (!rc && counting) {
         char body[64];
         snprintf(body, sizeof body, "{\"input_tokens\":%zu}", j->n_toks);

@@ -2,14 +2,15 @@
  * api.c reads out of every api's request body, rendered into the model's
  * prompt text; and the model's markup read back out of what it generates.
  *
- * This file owns everything a template writes or reads: the DeepSeek-V4
- * markers and fixed texts (tools header and footer, reasoning-effort
- * preambles), the plain template's tools heading, the JSON writer of the
- * template's `tojson` filter, the renderers, the table that picks a template
- * for a model, the DSML tool-call parser of generated text and the split of
- * a thinking-mode reply. api.c (request parsing, response and SSE bodies)
- * knows none of it; src/server.c gets the turn markers it checkpoints at
- * from the table.
+ * This file owns the table that picks a template for a model, the
+ * DeepSeek-V4 markers and fixed texts (tools header and footer,
+ * reasoning-effort preambles), the plain template's tools heading, the JSON
+ * writer of the templates' `tojson` filter, the deepseek and plain
+ * renderers, the DSML tool-call parser of generated text, the split of a
+ * thinking-mode reply and the helpers the other template files share
+ * (template_impl.h). api.c (request parsing, response and SSE bodies) knows
+ * none of it; src/server.c gets the turn markers it checkpoints at and the
+ * tokens that end a turn from the table (kvt_template_tokens_get).
  *
  * Why it is shaped so:
  *  - Templates render message text byte for byte, with fixed separators and
@@ -18,23 +19,30 @@
  *    what lets the session and the disk tier reuse the cached prefix. Tool
  *    definitions and call arguments arrive here already canonical (api.c),
  *    and a tool call the server sampled can be rendered back with the bytes
- *    it sampled (the replay hook).
- *  - The deepseek template is the DeepSeek-V4-Flash chat template byte for
- *    byte (tests/test_template.c renders both); its markers are special
- *    tokens of the built-in byte tokenizer, and kvt_tool_calls_parse reads
- *    the same DSML syntax back out of generated text.
+ *    it sampled (the replay hook, deepseek).
+ *  - Each family's template is the model's own chat template byte for byte
+ *    (tests/test_template.c renders both), except where that template would
+ *    rewrite the history (it drops earlier turns' reasoning): there kvtier
+ *    keeps what the model saw. The markers are special tokens of the
+ *    model's vocabulary, and each family's parser reads its own tool-call
+ *    syntax back out of generated text.
+ *  - A template is picked by the model's GGUF chat template text (texts
+ *    distinctive of the family, so a template of another layout is never
+ *    rendered as one it resembles), else by the architecture, else plain.
  *  - A thinking-mode reply (REASONING</think>ANSWER) is split at its first
- *    </think>, nothing trimmed, so that the reasoning a client sends back
- *    with the turn renders to the bytes the model sampled.
+ *    </think>, only what the template writes around the parts trimmed, so
+ *    that the reasoning a client sends back with the turn renders to the
+ *    bytes the model sampled.
  *  - A new template family is a render function and a row of kvt_templates.
  *
  * docs/API.md is the user-facing description of the templates.
  */
-#include "template.h"
+#include "template_impl.h"
 #include "jsonstr.h"
 #include "util.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,7 +73,6 @@
 #define DS_PARAM_END "</" DSML "parameter>"
 #define DS_RESULT_BEGIN "<tool_result>"
 #define DS_RESULT_END "</tool_result>"
-#define LIT(s) (sizeof(s "") - 1)
 /* Between system texts, and between (plain template) messages. */
 #define SEP KVT_CHAT_SEP
 
@@ -125,15 +132,9 @@ void kvt_chat_free(kvt_chat *c)
     *c = (kvt_chat){0};
 }
 
-/* ---- template JSON -------------------------------------------------------- */
+/* ---- template JSON (template_impl.h) -------------------------------------- */
 
-/* What the chat template's `tojson` filter writes (as @huggingface/jinja
- * implements it, Python's json.dumps without ensure_ascii): keys in the
- * order given, ", " and ": " between items, strings as JavaScript's
- * JSON.stringify escapes them (", \, \b \f \n \r \t, other control
- * characters as \u00xx; everything else as UTF-8), numbers as JavaScript
- * prints them (what a JSON.parse'd value becomes: 1.0 is 1, 1e21 is 1e+21). */
-static void js_number(kvt_wbuf *b, double d)
+void kvt_tpl_js_number(kvt_wbuf *b, double d)
 {
     char e[40], out[64];
     if (d == 0) { kvt_wbuf_puts(b, "0"); return; }
@@ -174,32 +175,122 @@ static void js_number(kvt_wbuf *b, double d)
     kvt_wbuf_put(b, out, o);
 }
 
-static void tojson(kvt_wbuf *b, const json_t *v)
+void kvt_tpl_py_real(kvt_wbuf *b, double d)
+{
+    char e[40], out[64];
+    if (d == 0) { kvt_wbuf_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
+    int p = 0;
+    for (; p < 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p, d);
+        if (strtod(e, NULL) == d) break;
+    }
+    const char *q = e;
+    size_t o = 0;
+    if (*q == '-') out[o++] = *q++;
+    char dig[24];
+    int k = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[k++] = *q;
+    while (k > 1 && dig[k - 1] == '0') k--;
+    int x = atoi(q + 1); /* d = D.DDD x 10^x */
+    if (x >= -4 && x < 16) {
+        int n = x + 1; /* digits before the point */
+        if (n <= 0) {
+            out[o++] = '0', out[o++] = '.';
+            for (int i = 0; i < -n; i++) out[o++] = '0';
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+        } else if (k <= n) {
+            memcpy(out + o, dig, (size_t)k), o += (size_t)k;
+            for (int i = k; i < n; i++) out[o++] = '0';
+            out[o++] = '.', out[o++] = '0';
+        } else {
+            memcpy(out + o, dig, (size_t)n), o += (size_t)n;
+            out[o++] = '.';
+            memcpy(out + o, dig + n, (size_t)(k - n)), o += (size_t)(k - n);
+        }
+    } else {
+        out[o++] = dig[0];
+        if (k > 1) {
+            out[o++] = '.';
+            memcpy(out + o, dig + 1, (size_t)(k - 1)), o += (size_t)(k - 1);
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+', abs(x));
+    }
+    kvt_wbuf_put(b, out, o);
+}
+
+/* A new line and depth levels of indent spaces (nothing without indent). */
+static void json_pad(kvt_wbuf *b, int indent, int depth)
+{
+    if (indent <= 0) return;
+    kvt_wbuf_puts(b, "\n");
+    for (int i = 0; i < indent * depth; i++) kvt_wbuf_put(b, " ", 1);
+}
+
+static void tojson_at(kvt_wbuf *b, const json_t *v, int indent, int depth)
 {
     const char *key;
     json_t *x;
     size_t i = 0;
+    const char *sep = indent > 0 ? "," : ", ";
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         kvt_wbuf_put(b, "{", 1);
         json_object_foreach((json_t *)v, key, x) {
-            if (i++) kvt_wbuf_puts(b, ", ");
+            if (i++) kvt_wbuf_puts(b, sep);
+            json_pad(b, indent, depth + 1);
             kvt_json_string(b, key, strlen(key));
             kvt_wbuf_puts(b, ": ");
-            tojson(b, x);
+            tojson_at(b, x, indent, depth + 1);
         }
+        if (i) json_pad(b, indent, depth);
         kvt_wbuf_put(b, "}", 1);
         return;
     case JSON_ARRAY:
         kvt_wbuf_put(b, "[", 1);
         for (; i < json_array_size(v); i++) {
-            if (i) kvt_wbuf_puts(b, ", ");
-            tojson(b, json_array_get(v, i));
+            if (i) kvt_wbuf_puts(b, sep);
+            json_pad(b, indent, depth + 1);
+            tojson_at(b, json_array_get(v, i), indent, depth + 1);
         }
+        if (i) json_pad(b, indent, depth);
         kvt_wbuf_put(b, "]", 1);
         return;
-    case JSON_REAL: js_number(b, json_real_value(v)); return;
+    case JSON_REAL: kvt_tpl_js_number(b, json_real_value(v)); return;
     default: kvt_json_scalar(b, v); return;
+    }
+}
+
+void kvt_tpl_tojson(kvt_wbuf *b, const json_t *v, int indent) { tojson_at(b, v, indent, 0); }
+
+static void tojson(kvt_wbuf *b, const json_t *v) { tojson_at(b, v, 0, 0); }
+
+void kvt_tpl_tool_json(kvt_wbuf *b, const json_t *fn, int indent)
+{
+    kvt_wbuf_put(b, "{", 1);
+    json_pad(b, indent, 1);
+    kvt_wbuf_puts(b, indent > 0 ? "\"type\": \"function\"," : "\"type\": \"function\", ");
+    json_pad(b, indent, 1);
+    kvt_wbuf_puts(b, "\"function\": ");
+    tojson_at(b, fn, indent, 1);
+    json_pad(b, indent, 0);
+    kvt_wbuf_put(b, "}", 1);
+}
+
+void kvt_tpl_args_json(kvt_wbuf *b, const kvt_turn_call *c)
+{
+    if (c->argv) tojson(b, c->argv);
+    else if (c->args_json) kvt_wbuf_put(b, c->args, c->args_len);
+    else kvt_json_string(b, c->args, c->args_len);
+}
+
+const char *kvt_tpl_role(int role)
+{
+    switch (role) {
+    case KVT_ROLE_USER: return "user";
+    case KVT_ROLE_ASSISTANT: return "assistant";
+    case KVT_ROLE_TOOL: return "tool";
+    default: return "system";
     }
 }
 
@@ -362,27 +453,194 @@ static bool render_plain(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, 
 
 /* ---- the table ------------------------------------------------------------ */
 
+/* The markers of the other families, for the rows (their renderers write
+ * them in their own files). */
+#define L3_EOT "<|eot_id|>"
+#define IM_START "<|im_start|>"
+#define GEMMA_START "<start_of_turn>"
+#define QW_CALL_FORMAT "<args-json-object>" /* Qwen's JSON tool-call instructions */
+
+/* In lookup order: a template text is matched against the rows top down, so
+ * a row whose marks another's include comes first (Qwen 3 before Qwen 2.5:
+ * both are ChatML). */
 const kvt_template kvt_templates[] = {
-    {.name = "deepseek", .arch = "deepseek4", .render = render_deepseek, .has_bos = true, .thinking = true,
-     .tool_calls = kvt_tool_calls_parse, .tool_calls_text_len = kvt_tool_calls_text_len,
-     .user_turn = DS_USER, .assistant_turn = DS_ASSISTANT},
+    /* DeepSeek-V4's markers are the built-in byte tokenizer's: by architecture */
+    {.name = "deepseek", .arches = {"deepseek4"}, .render = render_deepseek, .has_bos = true, .special = true,
+     .thinking = true, .tool_calls = kvt_tool_calls_parse, .tool_calls_text_len = kvt_tool_calls_text_len,
+     .user_turn = DS_USER, .assistant_turn = DS_ASSISTANT, .end_turn = {DS_EOS}},
+    /* Llama 3.1, 3.2, 3.3 (the 3.1 layout: a system header with the dates) */
+    {.name = "llama3",
+     .marks = {"<|start_header_id|>", L3_EOT, "Cutting Knowledge Date", "please respond with a JSON for a function call"},
+     .render = kvt_render_llama3, .has_bos = true, .special = true, .tool_calls = kvt_llama3_tool_calls,
+     .tool_calls_text_len = kvt_llama3_tool_calls_text_len, .user_turn = "<|start_header_id|>user<|end_header_id|>",
+     .assistant_turn = "<|start_header_id|>assistant<|end_header_id|>", .end_turn = {L3_EOT, "<|eom_id|>", "<|end_of_text|>"}},
+    /* Qwen 3.5 (ChatML, XML tool calls, the prompt opens <think>) */
+    {.name = "qwen3.5",
+     .marks = {IM_START, "<function=example_function_name>", "enable_thinking is defined and enable_thinking is false"},
+     .arches = {"qwen35", "qwen35moe"}, .render = kvt_render_qwen35, .special = true, .thinking = true,
+     .thinking_default = true, .think_ws = 2, .tool_calls = kvt_qwen35_tool_calls,
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .assistant_turn = IM_START "assistant", .end_turn = {"<|im_end|>", "<|endoftext|>"}},
+    /* Qwen 3 (ChatML with <think> and enable_thinking) */
+    {.name = "qwen3", .marks = {IM_START, QW_CALL_FORMAT, "reasoning_content.strip('\\n')", "enable_thinking"},
+     .arches = {"qwen3", "qwen3moe"},
+     .render = kvt_render_qwen3, .special = true, .thinking = true, .thinking_default = true,
+     .think_open = "<think>", .think_ws = 1, .tool_calls = kvt_qwen_tool_calls,
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .assistant_turn = IM_START "assistant",
+     .end_turn = {"<|im_end|>", "<|endoftext|>"}},
+    /* Qwen 2.5 (ChatML with Qwen's default system prompt) */
+    {.name = "qwen2.5", .marks = {IM_START, "You are Qwen, created by Alibaba Cloud.", QW_CALL_FORMAT},
+     .arches = {"qwen2"},
+     .render = kvt_render_qwen25, .special = true, .tool_calls = kvt_qwen_tool_calls,
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .assistant_turn = IM_START "assistant",
+     .end_turn = {"<|im_end|>", "<|endoftext|>"}},
+    /* Gemma 4 (its current template: results after their calls, in the model's turn) */
+    {.name = "gemma4", .marks = {"<|turn>", "<|tool_call>", "format_tool_response_block"}, .arches = {"gemma4"},
+     .render = kvt_render_gemma4, .has_bos = true, .special = true, .thinking = true,
+     .think_open = "<|channel>thought", .think_close = "<channel|>", .think_ws = 2,
+     .tool_calls = kvt_gemma4_tool_calls, .tool_calls_text_len = kvt_gemma4_tool_calls_text_len,
+     .user_turn = "<|turn>user", .assistant_turn = "<|turn>model", .end_turn = {"<turn|>", "<|tool_response>", "<eos>"}},
+    /* Gemma 3 (and Gemma 2's layout): no tool syntax */
+    {.name = "gemma3", .marks = {GEMMA_START, "<end_of_turn>"}, .arches = {"gemma3"}, .render = kvt_render_gemma3,
+     .has_bos = true, .special = true, .tool_calls = kvt_tool_calls_none,
+     .tool_calls_text_len = kvt_tool_calls_none_text_len, .user_turn = GEMMA_START "user",
+     .assistant_turn = GEMMA_START "model",
+     .end_turn = {"<end_of_turn>", "<eos>"}},
     /* the fallback: no markers; a reply's tool calls are still read in DSML */
-    {.name = "plain", .arch = NULL, .render = render_plain, .has_bos = false, .thinking = false,
-     .tool_calls = kvt_tool_calls_parse, .tool_calls_text_len = kvt_tool_calls_text_len},
+    {.name = "plain", .render = render_plain, .tool_calls = kvt_tool_calls_parse,
+     .tool_calls_text_len = kvt_tool_calls_text_len},
 };
 const size_t kvt_n_templates = sizeof kvt_templates / sizeof *kvt_templates;
+
+static bool marks_match(const kvt_template *t, const char *src)
+{
+    if (!t->marks[0]) return false;
+    for (size_t k = 0; k < sizeof t->marks / sizeof *t->marks && t->marks[k]; k++)
+        if (!strstr(src, t->marks[k])) return false;
+    return true;
+}
+
+const kvt_template *kvt_template_pick(const char *chat_template, const char *arch)
+{
+    const size_t last = kvt_n_templates - 1;
+    for (size_t i = 0; chat_template && i < last; i++)
+        if (marks_match(&kvt_templates[i], chat_template)) return &kvt_templates[i];
+    for (size_t i = 0; arch && i < last; i++)
+        for (size_t k = 0; k < sizeof kvt_templates[i].arches / sizeof *kvt_templates[i].arches; k++)
+            if (kvt_templates[i].arches[k] && !strcmp(arch, kvt_templates[i].arches[k])) return &kvt_templates[i];
+    return &kvt_templates[last];
+}
 
 const kvt_template *kvt_template_for(const kvt_model *m)
 {
     kvt_model_info info = {0};
     if (m) kvt_model_info_get(m, &info);
-    for (size_t i = 0; i + 1 < kvt_n_templates; i++)
-        if (info.arch && kvt_templates[i].arch && !strcmp(info.arch, kvt_templates[i].arch))
-            return &kvt_templates[i];
-    return &kvt_templates[kvt_n_templates - 1];
+    return kvt_template_pick(info.chat_template, info.arch);
+}
+
+const kvt_template *kvt_template_named(const char *name)
+{
+    for (size_t i = 0; name && i < kvt_n_templates; i++)
+        if (!strcmp(kvt_templates[i].name, name)) return &kvt_templates[i];
+    return NULL;
 }
 
 const char *kvt_template_name(const kvt_model *m) { return kvt_template_for(m)->name; }
+
+/* text as one token of m, or -1. */
+static int32_t one_token(const kvt_model *m, const char *text, size_t len)
+{
+    int32_t *ids = NULL, id = -1;
+    size_t n = 0;
+    if (kvt_tokenize(m, text, len, 0, true, &ids, &n) == KVT_OK && n == 1) id = ids[0];
+    free(ids);
+    return id;
+}
+
+/* A turn marker: its tokens when its opener (through the first '>') is one
+ * token and they are at most 4. */
+static size_t marker_tokens(const kvt_model *m, const char *text, int32_t out[4])
+{
+    const char *gt = text ? strchr(text, '>') : NULL;
+    int32_t open = gt ? one_token(m, text, (size_t)(gt - text) + 1) : -1;
+    int32_t *ids = NULL;
+    size_t n = 0, got = 0;
+    if (open >= 0 && kvt_tokenize(m, text, strlen(text), 0, true, &ids, &n) == KVT_OK && n && n <= 4 &&
+        ids[0] == open) {
+        memcpy(out, ids, n * sizeof *ids);
+        got = n;
+    }
+    free(ids);
+    return got;
+}
+
+void kvt_template_tokens_get(const kvt_template *t, const kvt_model *m, kvt_template_tokens *out)
+{
+    *out = (kvt_template_tokens){{0}, {0}, {0}, 0, 0, 0};
+    if (!t || !m) return;
+    out->n_user = marker_tokens(m, t->user_turn, out->user);
+    out->n_assistant = marker_tokens(m, t->assistant_turn, out->assistant);
+    for (size_t k = 0; k < sizeof t->end_turn / sizeof *t->end_turn && t->end_turn[k]; k++) {
+        int32_t id = one_token(m, t->end_turn[k], strlen(t->end_turn[k]));
+        if (id >= 0) out->end[out->n_end++] = id;
+    }
+}
+
+/* ---- reading helpers (template_impl.h) ------------------------------------- */
+
+bool kvt_tpl_is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+void kvt_tpl_trim(const char *s, size_t *a, size_t *b)
+{
+    while (*a < *b && kvt_tpl_is_space(s[*a])) (*a)++;
+    while (*b > *a && kvt_tpl_is_space(s[*b - 1])) (*b)--;
+}
+
+void kvt_tpl_strip_char(const char *s, size_t *a, size_t *b, char c, bool left, bool right)
+{
+    while (left && *a < *b && s[*a] == c) (*a)++;
+    while (right && *b > *a && s[*b - 1] == c) (*b)--;
+}
+
+void kvt_tpl_put_trim(kvt_wbuf *b, const char *s, size_t n)
+{
+    size_t x = 0, y = n;
+    if (s) kvt_tpl_trim(s, &x, &y);
+    if (y > x) kvt_wbuf_put(b, s + x, y - x);
+}
+
+const char *kvt_tpl_find(const char *s, size_t from, size_t to, const char *needle, size_t nl)
+{
+    return s && to > from ? memmem(s + from, to - from, needle, nl) : NULL;
+}
+
+size_t kvt_tpl_partial_tail(const char *text, size_t len, const char *marker)
+{
+    for (size_t k = strlen(marker) - 1; k > 0; k--)
+        if (k <= len && !memcmp(text + len - k, marker, k)) return k;
+    return 0;
+}
+
+bool kvt_tpl_utf8_ok(const char *s, size_t a, size_t b)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t k; a < b; a += k)
+        if (!u[a] || !(k = kvt_utf8_char(u + a, b - a))) return false;
+    return true;
+}
+
+int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+{
+    if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
+    *calls = NULL;
+    *n = 0;
+    *text_end = len;
+    return KVT_OK;
+}
+
+size_t kvt_tool_calls_none_text_len(const char *text, size_t len) { return text ? len : 0; }
 
 /* ---- tool calls in generated text ---------------------------------------- */
 
@@ -416,6 +674,29 @@ static void new_call_id(char out[24])
     snprintf(out, 24, "call_%016llx", (unsigned long long)v);
 }
 
+int kvt_tpl_calls_add(kvt_tpl_calls *c, const char *name, size_t nl, const json_t *args, size_t raw_off,
+                      size_t raw_len)
+{
+    if (c->n == c->cap) {
+        size_t c2 = c->cap ? c->cap * 2 : 4, bytes;
+        kvt_tool_call *p = kvt_mul_ok(c2, sizeof *p, &bytes) ? realloc(c->v, bytes) : NULL;
+        if (!p) return KVT_ENOMEM;
+        c->v = p;
+        c->cap = c2;
+    }
+    kvt_tool_call *t = &c->v[c->n++];
+    memset(t, 0, sizeof *t);
+    char id[24];
+    new_call_id(id);
+    t->id = kvt_strndup(id, strlen(id));
+    t->name = kvt_strndup(name, nl);
+    t->arguments = kvt_json_dumps(args, JSON_COMPACT);
+    t->valid = true;
+    t->raw_off = raw_off;
+    t->raw_len = raw_len;
+    return t->id && t->name && t->arguments ? KVT_OK : KVT_ENOMEM;
+}
+
 static const char *find(const char *s, size_t from, size_t to, const char *needle, size_t nl)
 {
     return to > from ? memmem(s + from, to - from, needle, nl) : NULL;
@@ -441,14 +722,7 @@ void kvt_tool_calls_free(kvt_tool_call *calls, size_t n)
     free(calls);
 }
 
-/* s[a, b) is well-formed UTF-8 without NUL (what a JSON string can hold). */
-static bool utf8_ok(const char *s, size_t a, size_t b)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t k; a < b; a += k)
-        if (!u[a] || !(k = kvt_utf8_char(u + a, b - a))) return false;
-    return true;
-}
+#define utf8_ok kvt_tpl_utf8_ok
 
 /* s[*p, to) starts with lit (after whitespace when skip): move *p past it. */
 static bool eat(const char *s, size_t *p, size_t to, const char *lit, bool skip)
@@ -619,4 +893,47 @@ bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoni
     if (reasoning) *reasoning = rs;
     if (answer) *answer = as;
     return e != NULL;
+}
+
+static bool think_ws(int mode, char c) { return mode == 1 ? c == '\n' : mode == 2 && kvt_tpl_is_space(c); }
+
+bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out)
+{
+    if (!text) len = 0;
+    const char *open = t ? t->think_open : NULL;
+    int ws = t ? t->think_ws : 0;
+    if (!open && !ws && !(t && t->think_close)) {
+        size_t rs, as;
+        bool closed = kvt_think_split(text, len, partial, &rs, &as);
+        *out = (kvt_think){0, rs, as};
+        return closed;
+    }
+    size_t p = 0;
+    if (open) {
+        size_t ol = strlen(open);
+        if (len >= ol && !memcmp(text, open, ol)) p = ol;
+        else if (len < ol && !memcmp(text, open, len) && (partial || !len)) { /* the opener may be arriving */
+            *out = (kvt_think){0, 0, len};
+            return false;
+        } else { /* a reply that opens no reasoning is all answer */
+            *out = (kvt_think){0, 0, 0};
+            return true;
+        }
+    }
+    while (p < len && think_ws(ws, text[p])) p++;
+    const char *close = t->think_close ? t->think_close : THINK_END;
+    size_t cl = strlen(close);
+    const char *e = kvt_tpl_find(text, p, len, close, cl);
+    size_t re = e ? (size_t)(e - text) : len;
+    if (!e && partial) re -= kvt_tpl_partial_tail(text, len, close);
+    if (re < p) re = p;
+    if (e || partial)
+        while (re > p && think_ws(ws, text[re - 1])) re--;
+    *out = (kvt_think){p, re, len};
+    if (!e) return false;
+    size_t as = (size_t)(e - text) + cl;
+    while (as < len && think_ws(ws, text[as])) as++;
+    if (partial && as == len) return false; /* what begins the answer is still to come */
+    out->as = as;
+    return true;
 }

@@ -1,19 +1,21 @@
 /* Chat templates: a conversation in, the model's prompt text out, and the
  * model's own markup (tool calls, thinking) read back out of generated text.
  *
- * This module owns every chat marker and fixed text a template writes (the
- * DeepSeek-V4 markers <｜User｜>, <｜Assistant｜>, ｜DSML｜, <think> ..., the
- * tools header and footer, the reasoning-effort preambles), the renderers,
- * the JSON writer of the template's `tojson` filter, the tool-call parser of
- * generated text and the thinking-mode split. src/api.c reads the request
+ * These modules own every chat marker and fixed text a template writes, the
+ * renderers, the JSON writer of the templates' `tojson` filter, the
+ * tool-call parsers of generated text and the thinking-mode split:
+ * template.c (the table, the choice, the deepseek and plain templates, the
+ * DSML parser), template_llama3.c, template_qwen.c and template_gemma.c (the
+ * other families), sharing template_impl.h. src/api.c reads the request
  * bodies of every api into the neutral kvt_chat below and hands it to the
  * model's template; it knows no marker.
  *
- * Templates are rows of one table (kvt_templates): a name, the model
- * architecture that picks it, a render function, and what the server has to
- * know about its prompts (whether they carry BOS, the turn markers) and
- * replies (the tool-call syntax, whether there is a thinking mode). A new
- * family is one renderer and one row.
+ * Templates are rows of one table (kvt_templates): a name, the texts of a
+ * GGUF's tokenizer.chat_template and the architectures that pick it, a
+ * render function, and what the server has to know about its prompts
+ * (whether they carry BOS, whether their markers are special tokens, the
+ * turn markers, the tokens that end a turn) and replies (the tool-call
+ * syntax, the thinking mode). A new family is one renderer and one row.
  *
  * Ownership: a kvt_chat owns all it points to (kvt_chat_free); tool calls
  * parsed out of text are malloc'ed (kvt_tool_calls_free). Renderers append
@@ -41,8 +43,8 @@ struct json_t; /* jansson's */
  * templates between system texts and between turns that continue one. */
 #define KVT_CHAT_SEP "\n\n"
 
-/* OpenAI's developer messages are system text to the plain template; the
- * DeepSeek-V4 template renders them as user text. */
+/* OpenAI's developer messages are system text to every template but
+ * DeepSeek-V4's, which renders them as user text. */
 enum { KVT_ROLE_SYSTEM, KVT_ROLE_USER, KVT_ROLE_ASSISTANT, KVT_ROLE_TOOL, KVT_ROLE_DEVELOPER };
 static inline bool kvt_role_is_system(int role) { return role == KVT_ROLE_SYSTEM || role == KVT_ROLE_DEVELOPER; }
 
@@ -95,26 +97,46 @@ typedef const char *(*kvt_replay_fn)(void *user, const char *call_id, size_t *le
 typedef struct kvt_tool_call kvt_tool_call;
 
 typedef struct kvt_template {
-    const char *name;   /* "deepseek", "plain" */
-    const char *arch;   /* picked for models of this kvt_model_info.arch; NULL: for any
-                         * model (the fallback, the last row) */
+    const char *name;   /* "deepseek", "llama3", "qwen2.5", "qwen3", "gemma3", "plain", ... */
+    /* Picked for a model whose GGUF tokenizer.chat_template holds every one of
+     * these texts (the first row that matches, in table order; NULL entries
+     * end the list; none: never by the template text) ... */
+    const char *marks[4];
+    /* ... or, when no row matches the text (or the model has none), for a
+     * model of one of these architectures (kvt_model_info.arch). */
+    const char *arches[4];
     /* Append the prompt for ch to b. replay (may be NULL) gives the sampled
      * bytes of a tool call in the history. Returns whether the prompt ends
      * with the generation prompt (a new assistant turn), false for a prefill
      * (the reply continues the last assistant turn's text). */
     bool (*render)(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
     bool has_bos;       /* the prompt begins with the BOS text: tokenize it without
-                         * adding BOS, with special-token parsing */
+                         * adding BOS */
+    bool special;       /* the prompt's markers are special tokens: tokenize it with
+                         * special-token parsing */
     bool thinking;      /* has a thinking mode: with ch->thinking and the generation
-                         * prompt the reply is REASONING</think>ANSWER (kvt_think_split) */
+                         * prompt the reply is REASONING</think>ANSWER (kvt_think_parts) */
+    bool thinking_default; /* an OpenAI chat request that does not say asks for it */
+    const char *think_open; /* the text a thinking reply opens its reasoning with when
+                         * the model writes it itself ("<think>"); NULL: the prompt
+                         * opens it */
+    const char *think_close; /* the text that closes the reasoning; NULL: "</think>" */
+    int think_ws;       /* what the template writes around the reasoning and before the
+                         * answer, and so is neither: 0 nothing, 1 newlines (Python's
+                         * strip('\n')), 2 any whitespace (trim) */
     /* The tool calls of generated text, and while streaming how much of it is
      * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). */
     int (*tool_calls)(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
     size_t (*tool_calls_text_len)(const char *text, size_t len);
-    /* The texts that open a user and an assistant turn (each one token of
-     * the model's vocabulary), for the server's checkpoint where the last
-     * user turn begins; NULL when the template has no markers. */
+    /* The texts that open a user and an assistant turn (a special token of
+     * the model's vocabulary, and the role's name after it where the turns
+     * share their opener), for the server's checkpoint where the last user
+     * turn begins; NULL when the template has no markers. */
     const char *user_turn, *assistant_turn;
+    /* The texts (each one token) that end the model's turn besides the
+     * vocabulary's EOS: generation stops at any of them. NULL entries end
+     * the list. */
+    const char *end_turn[4];
 } kvt_template;
 
 /* The table, in lookup order (kvt_n_templates rows; the last is the
@@ -122,12 +144,27 @@ typedef struct kvt_template {
 extern const kvt_template kvt_templates[];
 extern const size_t kvt_n_templates;
 
-/* The template for a model: the first row whose arch is the model's (m NULL:
- * the fallback). Never NULL. */
+/* The template for a model: by its GGUF's tokenizer.chat_template (the
+ * first row whose marks it holds), else by its architecture, else the
+ * fallback (also for m NULL). Never NULL. */
 const kvt_template *kvt_template_for(const kvt_model *m);
-/* Its name: "deepseek" for arch "deepseek4", "plain" otherwise (also for m
- * NULL). Static string. */
+/* The same from a chat template text and an architecture (each may be NULL). */
+const kvt_template *kvt_template_pick(const char *chat_template, const char *arch);
+/* By name; NULL when there is no such row. */
+const kvt_template *kvt_template_named(const char *name);
+/* kvt_template_for(m)->name. Static string. */
 const char *kvt_template_name(const kvt_model *m);
+
+/* What the server needs of template t as model m's tokens: the turn
+ * markers (each a special token, and the role's name after it where the
+ * turns share their opener; n 0 when m's vocabulary does not spell the
+ * opener with one token: no marker) and the end-of-turn texts that are one
+ * token of it (generation stops at them as at EOS). */
+typedef struct kvt_template_tokens {
+    int32_t user[4], assistant[4], end[4];
+    size_t n_user, n_assistant, n_end;
+} kvt_template_tokens;
+void kvt_template_tokens_get(const kvt_template *t, const kvt_model *m, kvt_template_tokens *out);
 
 /* ---- tool calls in generated text ------------------------------------- *
  *
@@ -192,5 +229,26 @@ size_t kvt_tool_calls_text_len(const char *text, size_t len);
  * *reasoning stops before it (the next bytes tell what it is) and *answer is
  * len. reasoning and answer may be NULL. */
 bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer);
+
+/* The same for the reply of template t (NULL: deepseek's layout): its
+ * reasoning is text[rs, re), its answer text[as, len). A template whose
+ * model opens the reasoning itself (t->think_open, Qwen 3's "<think>",
+ * Gemma 4's "<|channel>thought"; t->think_close its end, "</think>" or
+ * "<channel|>") has
+ * rs past that opener when the reply begins with it (a reply that does not
+ * is all answer: closed, rs = re = as = 0); one that writes
+ * newlines (or whitespace, t->think_ws) around the reasoning and before the
+ * answer has them in neither part, so that the parts sent back render to
+ * the template's bytes. True when the reasoning is closed: the answer has
+ * begun (with partial, when a byte of it that is no such whitespace has
+ * arrived). With partial a trailing start of the closing tag, and of the
+ * whitespace that may go before it, is held back from the reasoning; while
+ * the opener may still be arriving rs = re = 0. False: all of it past rs is
+ * reasoning so far, as = len. */
+typedef struct kvt_think {
+    size_t rs, re, as;
+} kvt_think;
+struct kvt_template;
+bool kvt_think_parts(const struct kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out);
 
 #endif

@@ -165,7 +165,7 @@ int32_t *fuzz_prompt_tokens(const kvt_model *m, const kvt_request *r, size_t *n)
     int32_t *ids = NULL;
     *n = 0;
     bool bos = r->prompt_has_bos ? false : m->info.add_bos;
-    if (kvt_tokenizer_encode(m->tok, r->prompt, r->prompt_len, bos, r->prompt_has_bos, &ids, n)) return NULL;
+    if (kvt_tokenizer_encode(m->tok, r->prompt, r->prompt_len, bos, r->prompt_special, &ids, n)) return NULL;
     return ids;
 }
 
