@@ -70,9 +70,21 @@ static int add_vec(kvt_gguf_writer *w, const char *name, uint64_t n, double base
 int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f,
                         bool neutral)
 {
+    return fam_write_ctx(path, vocab, seed, rope_base, f, neutral, FAM_CTX);
+}
+
+int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f,
+                  bool neutral, uint32_t ctx)
+{
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, vocab);
     if (rc) return rc;
+    const kvt_gguf_val *toks = kvt_gguf_get(g, "tokenizer.ggml.tokens");
+    if (!toks || toks->type != KVT_GGUF_ARR || !toks->n || toks->n > 1u << 20) {
+        kvt_gguf_close(g);
+        return KVT_EFORMAT;
+    }
+    const uint64_t V = toks->n;
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
     const uint64_t QD = (uint64_t)FAM_HEADS * f->head_dim, KVD = (uint64_t)FAM_KV_HEADS * f->head_dim;
@@ -82,7 +94,7 @@ int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_bas
      * load the model; the defaults of the two engines are not relied on */
     if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) ||
         (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), FAM_CTX)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), ctx)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), FAM_DIM)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), FAM_LAYERS)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), FAM_FFN)) ||
@@ -110,9 +122,9 @@ int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_bas
         if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
             rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
     uint64_t rng = seed;
-    if (rc || (rc = add_tensor(w, "token_embd.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)) ||
+    if (rc || (rc = add_tensor(w, "token_embd.weight", FAM_DIM, V, FAM_SIGMA, &rng)) ||
         (rc = add_tensor(w, "output_norm.weight", FAM_DIM, 1, 0, &rng)) ||
-        (rc = add_tensor(w, "output.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)))
+        (rc = add_tensor(w, "output.weight", FAM_DIM, V, FAM_SIGMA, &rng)))
         goto out;
     if (f->rope_freqs) { /* the shape of llama 3's: 1 for the fast pairs rising to 8 for the slow ones */
         float ff[64];

@@ -55,5 +55,9 @@ typedef struct fam_spec {
  * written neutral (0, 1), a negative control. The llama family draws
  * exactly the tensors it always did, in the same order. KVT_OK or an error. */
 int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f, bool neutral);
+/* The same with a context_length of ctx and the vocabulary's own size (the
+ * agent tests' models: a family's own vocabulary, a client's long prompts). */
+int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f, bool neutral,
+                  uint32_t ctx);
 
 #endif

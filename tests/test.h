@@ -20,6 +20,10 @@ int kvt_test_failed(void); /* current test has failed */
 /* Path of a file under ../shared (or $KVT_SHARED); NULL when absent. The
  * returned string is static per call site use: copy it if you keep two. */
 const char *kvt_test_shared(const char *rel);
+/* llama.cpp's models/FILE (a vocabulary and its cases) from the peer's
+ * source bundle into path (cap bytes); false and *why when the bundle or
+ * the file is not there (tests/test_tokenizer.c). */
+bool kvt_test_bundle_vocab(const char *file, char *path, size_t cap, const char **why);
 /* The kvtier binary under test ($KVT_BIN, default build/kvtier). */
 const char *kvt_test_bin(void);
 /* Seed for a random test: $KVT_TEST_SEED when set, else time-based; printed. */

@@ -639,7 +639,6 @@ static bool compare_vocab(fx_server *dir, const char *name, const char *p, const
 }
 
 /* tests/test_tokenizer.c: llama.cpp's models/FILE from the peer's source bundle. */
-bool kvt_test_bundle_vocab(const char *file, char *path, size_t cap, const char **why);
 
 TEST(peer_tokenizer_vocabs)
 {
