@@ -17,9 +17,34 @@
  *          window layers (attention.sliding_window_pattern) that attend to
  *          the last attention.sliding_window positions with RoPE base
  *          rope.freq_base_swa.
+ *   gemma4 gemma3 with a shape per layer: window and global layers have
+ *          head lengths of their own (attention.key_length_swa and
+ *          key_length), RoPE dims (rope.dimension_count_swa and
+ *          dimension_count) and bases (rope.freq_base_swa and freq_base);
+ *          head counts, KV head counts and FFN lengths may be arrays, one
+ *          entry per layer. rope_freqs divides the global layers'
+ *          frequencies only (the converter's "proportional" RoPE: a factor
+ *          of 1e30 leaves a pair unturned). No attention scaling (1, not
+ *          1 / sqrt(head_dim)); V, RMS-normed without a weight, is K's raw
+ *          projection where attn_v is absent. The last
+ *          attention.shared_kv_layers layers compute no K or V: they attend
+ *          with their own queries to those of the last window layer before
+ *          them (a window layer) or the last global one (a global layer).
+ *          Per-layer embeddings (embedding_length_per_layer_input n_pl > 0):
+ *          per_layer_token_embd's row of the token plus a projection of
+ *          the embedding, each n_pl per layer, gate a projection added to
+ *          the residual after each layer's FFN. layer_output_scale
+ *          multiplies the residual stream at a layer's end.
+ *          final_logit_softcapping is 30 unless the file says otherwise.
+ *          A layer with ffn_gate_inp adds routed GeGLU experts to its FFN
+ *          (a shared MLP): a weightless RMSNorm of the router's input,
+ *          scaled by 1 / sqrt(D) and ffn_gate_inp.scale, softmax, the best
+ *          expert_used_count renormalised, each expert's output times
+ *          ffn_down_exps.scale, the experts and the MLP each normed
+ *          (post_ffw_norm_2, post_ffw_norm_1) and added.
  *
  * Cache layout. A global layer has two streams, K then V, each one f32 row
- * of n_head_kv * head_dim per token (128 rows per 128-token block), written
+ * of its n_head_kv * head_dim per token (128 rows per 128-token block), written
  * once, when their token is processed, and never changed afterwards. A
  * window layer keeps only what its attention can still read: a ring of the
  * last W = sliding_window K rows and one of V rows, row t in slot t mod W,
@@ -30,7 +55,11 @@
  * position needs the ring as it was there, which the session's checkpoints
  * keep (llama_state_save: the valid rows oldest first), and snapshots store
  * it as their state section. A model without window layers has no state:
- * every prefix of its streams is a valid cache.
+ * every prefix of its streams is a valid cache. A gemma4 layer that shares
+ * K and V has no streams or ring: it reads its source's. A shared window
+ * layer reads its source's ring as it was before the pass, so that ring
+ * takes the pass's rows only once every layer has run (its rows for the
+ * pass stay in scratch of their own until then).
  *
  * Weights: every matrix is used in place, in the file's own type
  * (kvt_matmul_w); only the norm vectors are f32 copies.
@@ -66,34 +95,51 @@ typedef struct family {
     bool moe;          /* routed experts for the FFN: softmax router, weights normalised */
     bool gemma;        /* gemma3: embeddings scaled by sqrt(D), attn_post_norm and ffn_post_norm,
                         * GeGLU, sliding-window layers with a RoPE base of their own */
+    bool gemma4;       /* gemma4's additions to gemma (the header) */
 } family;
 
 static const family families[] = {
-    {"llama", false, false, false, false, false},
-    {"qwen2", true, true, false, false, false},
-    {"qwen3", true, false, true, false, false},
-    {"qwen3moe", true, false, true, true, false},
-    {"gemma3", true, false, true, false, true},
+    {"llama", false, false, false, false, false, false},
+    {"qwen2", true, true, false, false, false, false},
+    {"qwen3", true, false, true, false, false, false},
+    {"qwen3moe", true, false, true, true, false, false},
+    {"gemma3", true, false, true, false, true, false},
+    {"gemma4", true, false, true, false, true, true},
 };
 
 typedef struct llama_layer {
+    uint32_t H, Hkv, hd, QD, KV, F, n_rot; /* this layer's shape (the model's, but for gemma4's per-layer ones) */
+    float base;        /* its RoPE base */
+    const float *ff;   /* its RoPE frequency divisors (w->rope_ff; NULL: none) */
+    bool shared;       /* gemma4: computes no K or V, reads its source's (w->kv_at) */
     float *attn_norm;  /* (D) */
     kvt_wmat wq;       /* (QD, D)      q = wq · x, QD = n_head * head_dim */
-    kvt_wmat wk, wv;   /* (KV, D)      KV = n_head_kv * head_dim */
+    kvt_wmat wk, wv;   /* (KV, D)      KV = n_head_kv * head_dim; wv.rows 0 (gemma4): V is wk's output */
     float *bq, *bk, *bv; /* (QD), (KV), (KV) qwen2; else NULL */
-    float *qn, *kn;    /* (head_dim) x2 qwen3; else NULL */
+    float *qn, *kn;    /* (head_dim) x2 qwen3; else NULL (kn: a shared layer) */
     kvt_wmat wo;       /* (D, QD) */
     float *ffn_norm;   /* (D) */
     kvt_wmat w1, w3;   /* (F, D)       gate, up */
     kvt_wmat w2;       /* (D, F)       down */
-    float *gate_inp;   /* (E, D) the router (moe) */
+    float *gate_inp;   /* (E, D) the router (moe, or a gemma4 layer with experts; else NULL) */
     float *post_attn, *post_ffn; /* (D) x2 the sublayers' output norms (gemma) */
-    kvt_wmat gate_x, up_x, down_x; /* (E*Fe, D) x2, (E*D, Fe): the experts (moe) */
+    kvt_wmat gate_x, up_x, down_x; /* (E*Fe, D) x2, (E*D, Fe): the experts (moe); gate_up: gate_x is
+                                    * (E*2Fe, D), each expert's gate rows then its up rows, up_x unused */
+    bool gate_up;
+    /* gemma4 */
+    float *out_scale;  /* (1) layer_output_scale; NULL: none */
+    float *gate_inp_s; /* (D) the router input's scale (a layer with experts) */
+    float *down_s;     /* (E) ffn_down_exps.scale; NULL: none */
+    float *pre_ffn2, *post_ffn1, *post_ffn2; /* (D) x3 the experts' input and output norms, the MLP's */
+    kvt_wmat inp_gate; /* (n_pl, D) per-layer embeddings: the gate */
+    kvt_wmat proj;     /* (D, n_pl) its projection */
+    float *ple_post;   /* (D) its norm */
 } llama_layer;
 
 typedef struct llama_weights {
     const family *fam;
-    uint32_t D, L, H, Hkv, hd, QD, KV, F, V, n_rot;
+    uint32_t D, L, H, Hkv, hd, QD, KV, F, V, n_rot; /* gemma4: H, Hkv and hd of layer 0 and the global layers,
+                                                     * QD, KV, F the largest of any layer */
     uint32_t E, Eu, Fe;  /* experts, used per token, each one's FFN length (moe; else 0) */
     float eps, rope_base;
     float rope_base_swa, scale, softcap; /* gemma: the window layers' RoPE base; the attention scale
@@ -101,11 +147,21 @@ typedef struct llama_weights {
     uint32_t swa;      /* the sliding window of the window layers (gemma; 0: none) */
     uint8_t *is_swa;   /* (L) which layers have it */
     int32_t *kv_at;    /* (L) a global layer's K stream (V: the next), or -1 - r for the r-th window
-                        * layer, whose rings are at state offset r * ring_bytes */
-    size_t n_global, n_ring, ring_bytes; /* ring_bytes: a window layer's K and V rings, (2, swa, KV) f32 */
+                        * layer, whose rings are at state offset ring_at[r]; a shared layer: its source's */
+    size_t n_global, n_ring;
+    size_t *ring_at;   /* (n_ring + 1) the state offsets of the window layers' rings, (2, swa, KV) f32 each */
+    uint32_t *ring_kv, *stream_kv; /* (n_ring), (n_global) their row lengths (KV) */
+    uint32_t n_kv;     /* the layers with K and V of their own (the first n_kv) */
+    int32_t swa_src;   /* the window layer whose ring shared layers read (its ring is written at the pass's
+                        * end); -1: none */
+    uint32_t n_ff;     /* rope_freqs' length */
+    uint32_t n_pl;     /* gemma4: the per-layer embeddings' length (0: none) */
+    kvt_wmat ple_embd; /* (V, L * n_pl) per_layer_token_embd */
+    kvt_wmat ple_proj; /* (L * n_pl, D) per_layer_model_proj */
+    float *ple_norm;   /* (n_pl) per_layer_proj_norm */
     kvt_wmat tok_embd; /* (V, D) */
     float *out_norm;   /* (D) */
-    float *rope_ff;    /* (n_rot / 2) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
+    float *rope_ff;    /* (n_ff) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
     kvt_wmat out;      /* (V, D); the same tensor as tok_embd when tied */
     llama_layer *layers; /* (L) */
 } llama_weights;
@@ -118,25 +174,30 @@ typedef struct llama_work {
     size_t ch, parts, n_ctx, group;
     float *x;          /* (ch, D) residual */
     float *xb;         /* (ch, D) normed input, then a sublayer's output */
-    float *q;          /* (ch, D) */
-    float *att;        /* (ch, D) attention output */
+    float *q;          /* (ch, QD) */
+    float *att;        /* (ch, QD) attention output */
     float *k, *v;      /* (ch, KV) */
+    float *sk, *sv;    /* (ch, KV) the K and V rows of w->swa_src, kept for the shared layers (else NULL) */
     float *h1, *h3;    /* (ch, F) */
     float *lg, *ew, *mo; /* moe: (ch, E) router probabilities, (ch, Eu) weights, (ch, D) output */
+    float *m2;         /* gemma4 moe: (ch, D) the experts' input */
     uint32_t *ex;      /* moe: (ch, Eu) experts */
     kvt_moe_scratch ms; /* moe: the experts' scratch */
+    float *pl, *pl0;   /* per-layer embeddings: (ch, L * n_pl) the layers' inputs, the token rows */
+    float *pg;         /* (ch, n_pl) a layer's gate */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
 } llama_work;
 
-/* The matrices of layer l (l == L: the output head), n of them. */
+/* The matrices of layer l (l == L: the output head and the per-layer
+ * embeddings' projection), n of them. */
 static size_t layer_mats(llama_weights *w, uint32_t l, kvt_wmat **m)
 {
-    if (l == w->L) { m[0] = &w->out; return 1; }
+    if (l == w->L) { m[0] = &w->out; m[1] = &w->ple_proj; return 2; }
     llama_layer *ly = &w->layers[l];
-    kvt_wmat *all[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2};
+    kvt_wmat *all[9] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2, &ly->inp_gate, &ly->proj};
     memcpy(m, all, sizeof all);
-    return 7;
+    return 9;
 }
 
 static void llama_free(void *p)
@@ -145,21 +206,26 @@ static void llama_free(void *p)
     if (!w) return;
     if (w->layers) {
         for (uint32_t l = 0; l <= w->L; l++) { /* the packed copies (llama_pack), the head's too */
-            kvt_wmat *m[7];
+            kvt_wmat *m[9];
             for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
         }
         for (uint32_t l = 0; l < w->L; l++) {
             llama_layer *ly = &w->layers[l];
             void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp,
-                         ly->post_attn, ly->post_ffn};
+                         ly->post_attn, ly->post_ffn, ly->out_scale, ly->gate_inp_s, ly->down_s, ly->pre_ffn2,
+                         ly->post_ffn1, ly->post_ffn2, ly->ple_post};
             for (size_t i = 0; i < sizeof v / sizeof *v; i++) free(v[i]);
         }
         free(w->layers);
     }
     free(w->out_norm);
     free(w->rope_ff);
+    free(w->ple_norm);
     free(w->is_swa);
     free(w->kv_at);
+    free(w->ring_at);
+    free(w->ring_kv);
+    free(w->stream_kv);
     free(w);
 }
 
@@ -171,7 +237,7 @@ static int llama_pack(void *p, const kvt_gguf *g)
 {
     llama_weights *w = p;
     for (uint32_t l = 0; l <= w->L; l++) {
-        kvt_wmat *m[7];
+        kvt_wmat *m[9];
         for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) {
             size_t bytes = kvt_q_pack_bytes(m[i]);
             if (!bytes || m[i]->pk) continue;
@@ -210,6 +276,49 @@ static int need_u32(const kvt_gguf *g, const char *key, uint32_t *out)
     return rc;
 }
 
+/* ARCH.suffix into out[0..L): one u32 for every layer, or (gemma4, as
+ * llama.cpp reads these keys) an array of exactly L non-negative integers;
+ * def for every layer when the key is absent and not needed. */
+static int layer_u32(const kvt_gguf *g, const llama_weights *w, const char *suffix, bool need, uint32_t def,
+                     uint32_t *out)
+{
+    const char *key = fkey(w, suffix);
+    const kvt_gguf_val *v = kvt_gguf_get(g, key);
+    if (v && v->type == KVT_GGUF_ARR && w->fam->gemma4) {
+        uint32_t et = v->elem_type;
+        if (v->n != w->L || !(et == KVT_GGUF_U32 || et == KVT_GGUF_I32 || et == KVT_GGUF_U16 || et == KVT_GGUF_U8))
+            return kvt_fail(KVT_EFORMAT, "%s: an array of %llu entries of type %u, not %u integers (one per layer)",
+                            key, (unsigned long long)v->n, et, w->L);
+        for (uint32_t l = 0; l < w->L; l++) {
+            const kvt_gguf_val *e = &v->v.arr[l];
+            if (et == KVT_GGUF_I32 ? e->v.i < 0 || e->v.i > INT32_MAX : e->v.u > UINT32_MAX)
+                return kvt_fail(KVT_EFORMAT, "%s[%u] is out of range", key, l);
+            out[l] = (uint32_t)(et == KVT_GGUF_I32 ? (uint64_t)e->v.i : e->v.u);
+        }
+        return KVT_OK;
+    }
+    uint32_t x = def;
+    int rc = need ? need_u32(g, key, &x) : kvt_gguf_get_u32(g, key, &x);
+    if (rc && rc != KVT_ENOENT) return rc;
+    for (uint32_t l = 0; l < w->L; l++) out[l] = x;
+    return KVT_OK;
+}
+
+/* An optional f32 key of the family (def when absent). */
+static int opt_f32(const kvt_gguf *g, const llama_weights *w, const char *suffix, float def, float *out)
+{
+    *out = def;
+    int rc = kvt_gguf_get_f32(g, fkey(w, suffix), out);
+    return rc == KVT_ENOENT ? KVT_OK : rc;
+}
+
+static int opt_u32(const kvt_gguf *g, const llama_weights *w, const char *suffix, uint32_t def, uint32_t *out)
+{
+    *out = def;
+    int rc = kvt_gguf_get_u32(g, fkey(w, suffix), out);
+    return rc == KVT_ENOENT ? KVT_OK : rc;
+}
+
 /* The family of general.architecture; NULL when it is none of them. */
 static const family *family_of(const kvt_gguf *g)
 {
@@ -223,36 +332,210 @@ static const family *family_of(const kvt_gguf *g)
 
 bool kvt_llama_handles(const kvt_gguf *g) { return family_of(g) != NULL; }
 
+/* gemma3's and gemma4's window layers, their RoPE base and the final
+ * soft-capping; gemma4's window head length (*hd_swa), its shared layers
+ * (*shared), per-layer embeddings and experts. */
+static int gemma_hparams(const kvt_gguf *g, llama_weights *w, uint32_t *hd_swa, uint32_t *shared)
+{
+    int rc;
+    bool g4 = w->fam->gemma4;
+    /* llama.cpp's gemma3: window layers by attention.sliding_window_pattern
+     * (every n-th layer global, default 6; or a per-layer array), their
+     * RoPE base rope.freq_base_swa (default 10000); the 62-layer 27B scales
+     * attention by 1 / sqrt(D / H). Its gemma4: the window, the pattern (an
+     * array, 1 for a window layer; layers past its end global), the norms'
+     * epsilon and the per-layer embeddings' length required; soft-capping
+     * 30 unless given; no attention scaling. */
+    if ((rc = g4 ? need_u32(g, fkey(w, "attention.sliding_window"), &w->swa)
+                 : opt_u32(g, w, "attention.sliding_window", 0, &w->swa)) ||
+        (rc = opt_f32(g, w, "rope.freq_base_swa", 10000.0f, &w->rope_base_swa)) ||
+        (rc = opt_f32(g, w, "final_logit_softcapping", g4 ? 30.0f : 0.0f, &w->softcap)))
+        return rc;
+    if (!(w->softcap >= 0) || !isfinite(w->softcap) || !(w->rope_base_swa > 0) || !isfinite(w->rope_base_swa))
+        return kvt_fail(KVT_EFORMAT, "%s: bad final_logit_softcapping %g or rope.freq_base_swa %g", w->fam->name,
+                        (double)w->softcap, (double)w->rope_base_swa);
+    if (w->L == 62 && !g4) w->scale = 1.0f / sqrtf((float)(w->D / w->H));
+    if (g4) w->scale = 1.0f;
+    if (!(w->is_swa = kvt_calloc(w->L, 1))) return KVT_ENOMEM;
+    const char *pk = fkey(w, "attention.sliding_window_pattern");
+    const kvt_gguf_val *pv = kvt_gguf_get(g, pk);
+    uint32_t np = 6;
+    if (pv && pv->type == KVT_GGUF_ARR) {
+        if ((g4 ? pv->n > w->L : pv->n != w->L) || !(pv->elem_type == KVT_GGUF_BOOL || pv->elem_type <= KVT_GGUF_I32))
+            return kvt_fail(KVT_EFORMAT, "%s: sliding_window_pattern has %llu entries for %u layers", w->fam->name,
+                            (unsigned long long)pv->n, w->L);
+        for (uint32_t l = 0; l < pv->n; l++) w->is_swa[l] = pv->v.arr[l].v.u != 0;
+    } else if (g4) {
+        return kvt_fail(KVT_EFORMAT, "%s is %s, not an array of one entry per layer", pk, pv ? "a scalar" : "missing");
+    } else {
+        if (pv && (rc = kvt_gguf_get_u32(g, pk, &np))) return rc;
+        for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = np == 0 || l % np < np - 1;
+    }
+    if (!w->swa) memset(w->is_swa, 0, w->L);
+    if (w->swa > 1u << 20 || (g4 && !w->swa))
+        return kvt_fail(KVT_EFORMAT, "%s: attention.sliding_window %u is 0 or past 2^20", w->fam->name, w->swa);
+    if (!g4) return KVT_OK;
+    uint32_t vl = 0, any = 0;
+    for (uint32_t l = 0; l < w->L; l++) any += w->is_swa[l];
+    if ((rc = need_u32(g, fkey(w, "attention.key_length_swa"), hd_swa)) ||
+        (rc = need_u32(g, fkey(w, "attention.value_length_swa"), &vl)) ||
+        (rc = need_u32(g, fkey(w, "embedding_length_per_layer_input"), &w->n_pl)) ||
+        (rc = opt_u32(g, w, "attention.shared_kv_layers", 0, shared)))
+        return rc;
+    if (!kvt_gguf_get(g, fkey(w, "attention.layer_norm_rms_epsilon")))
+        return kvt_fail(KVT_EFORMAT, "missing metadata key %s", fkey(w, "attention.layer_norm_rms_epsilon"));
+    if (!*hd_swa || *hd_swa % 2 || *hd_swa > 1024 || vl != *hd_swa)
+        return kvt_fail(KVT_EFORMAT, "%s: attention.key_length_swa %u and value_length_swa %u: not one even length up "
+                        "to 1024", w->fam->name, *hd_swa, vl);
+    if (!any) return kvt_fail(KVT_EFORMAT, "%s: no window layer in attention.sliding_window_pattern", w->fam->name);
+    if (w->n_pl > 65536 || (uint64_t)w->n_pl * w->L > 1u << 24)
+        return kvt_fail(KVT_EFORMAT, "%s: embedding_length_per_layer_input %u is too large", w->fam->name, w->n_pl);
+    if (*shared >= w->L || w->L - *shared < 2)
+        return kvt_fail(KVT_EFORMAT, "%s: attention.shared_kv_layers %u leaves fewer than 2 of %u layers their own K "
+                        "and V", w->fam->name, *shared, w->L);
+    /* experts: used per token one count (or an array of equal ones), their
+     * length that of layer 0 for every layer, as llama.cpp reads them */
+    uint32_t *eu = kvt_calloc(2 * (size_t)w->L, sizeof *eu), *fe = eu + w->L;
+    if (!eu) return KVT_ENOMEM;
+    if (!(rc = opt_u32(g, w, "expert_count", 0, &w->E)) &&
+        !(rc = layer_u32(g, w, "expert_used_count", false, 0, eu)) &&
+        !(rc = layer_u32(g, w, "expert_feed_forward_length", false, 0, fe))) {
+        w->Eu = eu[0];
+        w->Fe = fe[0];
+        for (uint32_t l = 1; l < w->L; l++)
+            if (eu[l] != w->Eu) rc = kvt_fail(KVT_EFORMAT, "%s: expert_used_count differs by layer", w->fam->name);
+        if (!rc && (w->E > 1024 || w->Eu > w->E || w->Eu > 64 || (w->E && (!w->Eu || !w->Fe)) || w->Fe > 1u << 20))
+            rc = kvt_fail(KVT_EFORMAT, "%s: inconsistent experts: expert_count %u, expert_used_count %u, "
+                          "expert_feed_forward_length %u", w->fam->name, w->E, w->Eu, w->Fe);
+    }
+    free(eu);
+    return rc;
+}
+
+/* gemma4's own tensors of layer l: the output scale, the experts (a layer
+ * with ffn_gate_inp), the per-layer embedding's gate and projection. The
+ * per-tensor output scales llama.cpp also reads (an NVFP4 file's) are
+ * refused: kvtier does not apply them. */
+static int gemma4_layer(const kvt_gguf *g, llama_weights *w, uint32_t l)
+{
+    llama_layer *ly = &w->layers[l];
+    size_t D = w->D;
+    char nm[96];
+    int rc = KVT_OK;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%u.%s", l, s), nm)
+    static const char *const scaled[] = {"attn_q.scale", "attn_k.scale", "attn_v.scale", "attn_output.scale",
+                                         "ffn_gate.scale", "ffn_up.scale", "ffn_down.scale", "ffn_gate_exps.scale",
+                                         "ffn_up_exps.scale", "attn_qkv.weight"};
+    for (size_t i = 0; i < sizeof scaled / sizeof *scaled; i++)
+        if (kvt_gguf_find_tensor(g, NAME(scaled[i])))
+            return kvt_fail(KVT_EUNSUPPORTED, "%s: tensor %s is not supported", w->fam->name, nm);
+    if (kvt_gguf_find_tensor(g, NAME("layer_output_scale.weight"))) {
+        if ((rc = kvt_model_tensor_f32(g, nm, 1, 1, &ly->out_scale))) return rc;
+        if (!isfinite(*ly->out_scale)) return kvt_fail(KVT_EFORMAT, "%s: %s is not finite", w->fam->name, nm);
+    }
+    if (kvt_gguf_find_tensor(g, NAME("ffn_gate_inp.weight"))) {
+        if (!w->E) return kvt_fail(KVT_EFORMAT, "%s: %s without %s", w->fam->name, nm, fkey(w, "expert_count"));
+        if ((rc = kvt_model_tensor_f32(g, nm, D, w->E, &ly->gate_inp)) ||
+            (rc = kvt_model_tensor_f32(g, NAME("ffn_gate_inp.scale"), D, 1, &ly->gate_inp_s)) ||
+            (rc = kvt_model_tensor_f32(g, NAME("pre_ffw_norm_2.weight"), D, 1, &ly->pre_ffn2)) ||
+            (rc = kvt_model_tensor_f32(g, NAME("post_ffw_norm_1.weight"), D, 1, &ly->post_ffn1)) ||
+            (rc = kvt_model_tensor_f32(g, NAME("post_ffw_norm_2.weight"), D, 1, &ly->post_ffn2)))
+            return rc;
+        if ((ly->gate_up = kvt_gguf_find_tensor(g, NAME("ffn_gate_up_exps.weight")) != NULL))
+            rc = kvt_model_tensor_mat3(g, nm, D, 2 * (uint64_t)w->Fe, w->E, &ly->gate_x);
+        else if (!(rc = kvt_model_tensor_mat3(g, NAME("ffn_gate_exps.weight"), D, w->Fe, w->E, &ly->gate_x)))
+            rc = kvt_model_tensor_mat3(g, NAME("ffn_up_exps.weight"), D, w->Fe, w->E, &ly->up_x);
+        if (rc || (rc = kvt_model_tensor_mat3(g, NAME("ffn_down_exps.weight"), w->Fe, D, w->E, &ly->down_x)))
+            return rc;
+        if (kvt_gguf_find_tensor(g, NAME("ffn_down_exps.scale")) &&
+            (rc = kvt_model_tensor_f32(g, nm, w->E, 1, &ly->down_s)))
+            return rc;
+    }
+    if (w->n_pl && ((rc = kvt_model_tensor_mat(g, NAME("inp_gate.weight"), D, w->n_pl, &ly->inp_gate)) ||
+                    (rc = kvt_model_tensor_mat(g, NAME("proj.weight"), w->n_pl, D, &ly->proj)) ||
+                    (rc = kvt_model_tensor_f32(g, NAME("post_norm.weight"), D, 1, &ly->ple_post))))
+        return rc;
+#undef NAME
+    return KVT_OK;
+}
+
+/* The cache's layout: streams for the global layers, rings for the window
+ * layers (every layer global under the tests' no-window fault), a shared
+ * layer reading its source's; the window layer shared layers read keeps
+ * its pass's rows apart (swa_src). */
+static int llama_layout(llama_weights *w)
+{
+    uint32_t L = w->L;
+    if (!(w->kv_at = kvt_calloc(L, sizeof *w->kv_at)) || !(w->ring_at = kvt_calloc(L + 1, sizeof *w->ring_at)) ||
+        !(w->ring_kv = kvt_calloc(L, sizeof *w->ring_kv)) || !(w->stream_kv = kvt_calloc(L, sizeof *w->stream_kv)))
+        return KVT_ENOMEM;
+    w->swa_src = -1;
+    for (uint32_t l = 0; l < L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        bool swa = w->is_swa && w->is_swa[l];
+        if (ly->shared) {
+            uint32_t src = w->n_kv - (swa ? 2 : 1);
+            w->kv_at[l] = w->kv_at[src];
+            if (w->kv_at[src] < 0) w->swa_src = (int32_t)src;
+        } else if (swa && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW) {
+            w->ring_kv[w->n_ring] = ly->KV;
+            w->ring_at[w->n_ring + 1] = w->ring_at[w->n_ring] + 2 * (size_t)w->swa * ly->KV * sizeof(float);
+            w->kv_at[l] = -1 - (int32_t)w->n_ring++;
+        } else {
+            w->stream_kv[w->n_global] = ly->KV;
+            w->kv_at[l] = (int32_t)(2 * w->n_global++);
+        }
+    }
+    return KVT_OK;
+}
+
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
 {
     llama_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
     int rc;
-    uint32_t ctx = 0;
+    uint32_t ctx = 0, *Hs = NULL;
     if (!(w->fam = family_of(g))) {
         free(w);
         return kvt_fail(KVT_EFORMAT, "llama: general.architecture is not of the llama family");
     }
+    const bool g4 = w->fam->gemma4;
     if ((rc = need_u32(g, fkey(w, "embedding_length"), &w->D)) ||
         (rc = need_u32(g, fkey(w, "block_count"), &w->L)) ||
-        (rc = need_u32(g, fkey(w, "attention.head_count"), &w->H)) ||
-        (rc = need_u32(g, fkey(w, "feed_forward_length"), &w->F)) ||
         (rc = need_u32(g, fkey(w, "context_length"), &ctx)))
         goto fail;
-    w->Hkv = w->H;
-    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.head_count_kv"), &w->Hkv)) && rc != KVT_ENOENT) goto fail;
-    w->eps = 1e-5f;
-    if ((rc = kvt_gguf_get_f32(g, fkey(w, "attention.layer_norm_rms_epsilon"), &w->eps)) && rc != KVT_ENOENT)
+    rc = KVT_EFORMAT;
+    if (!w->D || w->D > 65536 || !w->L || w->L > 1024 || ctx == 0) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: inconsistent shape D=%u L=%u ctx=%u", w->fam->name, w->D, w->L, ctx);
         goto fail;
-    w->rope_base = 10000.0f;
-    if ((rc = kvt_gguf_get_f32(g, fkey(w, "rope.freq_base"), &w->rope_base)) && rc != KVT_ENOENT) goto fail;
+    }
+    /* head counts, KV head counts (default: the head counts), FFN lengths */
+    if (!(Hs = kvt_calloc(3 * (size_t)w->L, sizeof *Hs))) { rc = KVT_ENOMEM; goto fail; }
+    uint32_t *Hkvs = Hs + w->L, *Fs = Hs + 2 * w->L;
+    if ((rc = layer_u32(g, w, "attention.head_count", true, 0, Hs)) ||
+        (rc = layer_u32(g, w, "feed_forward_length", true, 0, Fs)) ||
+        (rc = layer_u32(g, w, "attention.head_count_kv", false, 0, Hkvs)))
+        goto fail;
+    if (!kvt_gguf_get(g, fkey(w, "attention.head_count_kv"))) memcpy(Hkvs, Hs, w->L * sizeof *Hs);
+    w->H = Hs[0];
+    w->Hkv = Hkvs[0];
+    w->F = Fs[0];
+    if ((rc = opt_f32(g, w, "attention.layer_norm_rms_epsilon", 1e-5f, &w->eps)) ||
+        (rc = opt_f32(g, w, "rope.freq_base", 10000.0f, &w->rope_base)))
+        goto fail;
+    if (!(w->eps >= 0) || !isfinite(w->eps) || !(w->rope_base > 0) || !isfinite(w->rope_base)) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: bad layer_norm_rms_epsilon %g or rope.freq_base %g", w->fam->name,
+                      (double)w->eps, (double)w->rope_base);
+        goto fail;
+    }
     w->hd = w->H && w->D % w->H == 0 ? w->D / w->H : 0;
     uint32_t vl = 0;
-    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.key_length"), &w->hd)) && rc != KVT_ENOENT) goto fail;
-    if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.value_length"), &vl)) && rc != KVT_ENOENT) goto fail;
+    if ((rc = opt_u32(g, w, "attention.key_length", w->hd, &w->hd)) ||
+        (rc = opt_u32(g, w, "attention.value_length", 0, &vl)))
+        goto fail;
     rc = KVT_EFORMAT;
-    if (!w->D || !w->L || !w->H || !w->Hkv || !w->F || !w->hd || w->hd % 2 || w->hd > 1024 || (vl && vl != w->hd) ||
-        w->H % w->Hkv || w->H > 1024 || w->D > 65536 || w->L > 1024 || w->F > 1u << 20 || ctx == 0) {
+    if (!w->H || !w->Hkv || !w->F || !w->hd || w->hd % 2 || w->hd > 1024 || (vl && vl != w->hd) ||
+        w->H % w->Hkv || w->H > 1024 || w->F > 1u << 20) {
         rc = kvt_fail(KVT_EFORMAT, "%s: inconsistent shape D=%u L=%u H=%u Hkv=%u head_dim=%u (values %u) F=%u ctx=%u",
                       w->fam->name, w->D, w->L, w->H, w->Hkv, w->hd, vl, w->F, ctx);
         goto fail;
@@ -269,52 +552,49 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         }
     }
     w->scale = 1.0f / sqrtf((float)w->hd);
-    if (w->fam->gemma) {
-        /* llama.cpp's gemma3: window layers by attention.sliding_window_pattern
-         * (every n-th layer global, default 6; or a per-layer array), their
-         * RoPE base rope.freq_base_swa (default 10000); the 62-layer 27B scales
-         * attention by 1 / sqrt(D / H) */
-        if ((rc = kvt_gguf_get_u32(g, fkey(w, "attention.sliding_window"), &w->swa)) && rc != KVT_ENOENT) goto fail;
-        w->rope_base_swa = 10000.0f;
-        if ((rc = kvt_gguf_get_f32(g, fkey(w, "rope.freq_base_swa"), &w->rope_base_swa)) && rc != KVT_ENOENT)
-            goto fail;
-        if ((rc = kvt_gguf_get_f32(g, fkey(w, "final_logit_softcapping"), &w->softcap)) && rc != KVT_ENOENT)
-            goto fail;
-        if (!(w->softcap >= 0) || !(w->rope_base_swa > 0)) {
-            rc = kvt_fail(KVT_EFORMAT, "%s: bad final_logit_softcapping %g or rope.freq_base_swa %g", w->fam->name,
-                          (double)w->softcap, (double)w->rope_base_swa);
-            goto fail;
-        }
-        if (w->L == 62) w->scale = 1.0f / sqrtf((float)(w->D / w->H));
-        if (!(w->is_swa = kvt_calloc(w->L, 1))) { rc = KVT_ENOMEM; goto fail; }
-        const kvt_gguf_val *pv = kvt_gguf_get(g, fkey(w, "attention.sliding_window_pattern"));
-        uint32_t np = 6;
-        if (pv && pv->type == KVT_GGUF_ARR) {
-            if (pv->n != w->L || !(pv->elem_type == KVT_GGUF_BOOL || pv->elem_type <= KVT_GGUF_I32)) {
-                rc = kvt_fail(KVT_EFORMAT, "%s: sliding_window_pattern has %llu entries for %u layers", w->fam->name,
-                              (unsigned long long)pv->n, w->L);
-                goto fail;
-            }
-            for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = pv->v.arr[l].v.u != 0;
-        } else {
-            if (pv && (rc = kvt_gguf_get_u32(g, fkey(w, "attention.sliding_window_pattern"), &np))) goto fail;
-            for (uint32_t l = 0; l < w->L; l++) w->is_swa[l] = np == 0 || l % np < np - 1;
-        }
-        if (!w->swa) memset(w->is_swa, 0, w->L);
-        if (w->swa > 1u << 20) {
-            rc = kvt_fail(KVT_EFORMAT, "%s: sliding_window %u is past 2^20", w->fam->name, w->swa);
-            goto fail;
-        }
-    }
-    w->QD = w->H * w->hd;
-    w->KV = w->Hkv * w->hd;
-    w->n_rot = w->hd;
-    if ((rc = kvt_gguf_get_u32(g, fkey(w, "rope.dimension_count"), &w->n_rot)) && rc != KVT_ENOENT) goto fail;
-    if (w->n_rot > w->hd || w->n_rot % 2) {
-        rc = kvt_fail(KVT_EFORMAT, "%s: rope.dimension_count %u does not fit head dim %u", w->fam->name, w->n_rot,
-                      w->hd);
+    uint32_t hd_swa = w->hd, rot_swa, shared = 0;
+    if (w->fam->gemma && (rc = gemma_hparams(g, w, &hd_swa, &shared))) goto fail;
+    if ((rc = opt_u32(g, w, "rope.dimension_count", w->hd, &w->n_rot)) ||
+        (rc = opt_u32(g, w, "rope.dimension_count_swa", w->n_rot, &rot_swa)))
+        goto fail;
+    if (w->n_rot > w->hd || w->n_rot % 2 || (g4 && (rot_swa > hd_swa || rot_swa % 2))) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: rope.dimension_count %u (_swa %u) does not fit head dim %u (_swa %u)",
+                      w->fam->name, w->n_rot, rot_swa, w->hd, hd_swa);
         goto fail;
     }
+    /* each layer's shape; gemma4's shared layers and what they read */
+    w->layers = kvt_calloc(w->L, sizeof *w->layers);
+    if (!w->layers) { rc = KVT_ENOMEM; goto fail; }
+    w->n_kv = w->L - shared;
+    w->QD = w->KV = w->F = 0;
+    for (uint32_t l = 0; l < w->L; l++) {
+        llama_layer *ly = &w->layers[l];
+        bool swa = w->is_swa && w->is_swa[l];
+        uint32_t src = w->n_kv - (swa ? 2 : 1);
+        ly->H = Hs[l];
+        ly->Hkv = Hkvs[l];
+        ly->F = Fs[l];
+        ly->hd = g4 && swa ? hd_swa : w->hd;
+        ly->n_rot = g4 && swa ? rot_swa : w->n_rot;
+        ly->base = swa ? w->rope_base_swa : w->rope_base;
+        ly->shared = l >= w->n_kv && kvt_llama_fault != KVT_LLAMA_FAULT_OWN_KV;
+        ly->QD = ly->H * ly->hd;
+        ly->KV = ly->Hkv * ly->hd;
+        if (!ly->H || !ly->Hkv || ly->H % ly->Hkv || ly->H > 1024 || !ly->F || ly->F > 1u << 20) {
+            rc = kvt_fail(KVT_EFORMAT, "%s: layer %u: attention.head_count %u, head_count_kv %u, feed_forward_length "
+                          "%u are inconsistent", w->fam->name, l, ly->H, ly->Hkv, ly->F);
+            goto fail;
+        }
+        if (l >= w->n_kv && (w->is_swa[src] != swa || Hkvs[src] != ly->Hkv)) {
+            rc = kvt_fail(KVT_EFORMAT, "%s: shared layer %u would read layer %u, of another kind "
+                          "(attention.sliding_window_pattern, head_count_kv)", w->fam->name, l, src);
+            goto fail;
+        }
+        w->QD = ly->QD > w->QD ? ly->QD : w->QD;
+        w->KV = ly->KV > w->KV ? ly->KV : w->KV;
+        w->F = ly->F > w->F ? ly->F : w->F;
+    }
+    if (kvt_llama_fault == KVT_LLAMA_FAULT_OWN_KV) w->n_kv = w->L;
     const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != w->D || te->ne[1] == 0 || te->ne[1] > 1u << 24) {
         rc = kvt_fail(KVT_EFORMAT, "llama: token_embd.weight missing or not (%u, V)", w->D);
@@ -324,9 +604,26 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     if ((rc = kvt_model_tensor_mat(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
         (rc = kvt_model_tensor_f32(g, "output_norm.weight", w->D, 1, &w->out_norm)))
         goto fail;
+    if (w->n_pl) {
+        uint64_t NP = (uint64_t)w->n_pl * w->L;
+        if ((rc = kvt_model_tensor_mat(g, "per_layer_token_embd.weight", NP, w->V, &w->ple_embd)) ||
+            (rc = kvt_model_tensor_mat(g, "per_layer_model_proj.weight", w->D, NP, &w->ple_proj)) ||
+            (rc = kvt_model_tensor_f32(g, "per_layer_proj_norm.weight", w->n_pl, 1, &w->ple_norm)))
+            goto fail;
+    }
+    /* rope_freqs: llama 3's, of its n_rot / 2 pairs; gemma4's, of its
+     * global layers' head_dim / 2 pairs (the first n_rot / 2 used), needed
+     * there */
+    bool any_global = false;
+    for (uint32_t l = 0; l < w->L; l++) any_global |= !w->is_swa || !w->is_swa[l];
+    if (g4 && any_global && !kvt_gguf_find_tensor(g, "rope_freqs.weight")) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: missing tensor rope_freqs.weight (of the global layers)", w->fam->name);
+        goto fail;
+    }
     if (kvt_gguf_find_tensor(g, "rope_freqs.weight")) {
-        if ((rc = kvt_model_tensor_f32(g, "rope_freqs.weight", w->n_rot / 2, 1, &w->rope_ff))) goto fail;
-        for (uint32_t i = 0; i < w->n_rot / 2; i++)
+        w->n_ff = g4 ? w->hd / 2 : w->n_rot / 2;
+        if ((rc = kvt_model_tensor_f32(g, "rope_freqs.weight", w->n_ff, 1, &w->rope_ff))) goto fail;
+        for (uint32_t i = 0; i < w->n_ff; i++)
             if (!(w->rope_ff[i] > 0) || !isfinite(w->rope_ff[i])) {
                 rc = kvt_fail(KVT_EFORMAT, "%s: rope_freqs.weight[%u] = %g is not a positive factor", w->fam->name, i,
                               (double)w->rope_ff[i]);
@@ -338,10 +635,9 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     } else {
         w->out = w->tok_embd;
     }
-    w->layers = kvt_calloc(w->L, sizeof *w->layers);
-    if (!w->layers) { rc = KVT_ENOMEM; goto fail; }
     for (uint32_t l = 0; l < w->L; l++) {
         llama_layer *ly = &w->layers[l];
+        ly->ff = g4 && w->is_swa[l] ? NULL : w->rope_ff;
         char nm[96];
 #define V(field, suffix, a)                                                      \
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
@@ -350,19 +646,22 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
         if ((rc = kvt_model_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
         V(attn_norm, "attn_norm.weight", w->D)
-        M(wq, "attn_q.weight", w->D, w->QD)
-        M(wk, "attn_k.weight", w->D, w->KV)
-        M(wv, "attn_v.weight", w->D, w->KV)
+        M(wq, "attn_q.weight", w->D, ly->QD)
+        if (!ly->shared) {
+            M(wk, "attn_k.weight", w->D, ly->KV)
+            snprintf(nm, sizeof nm, "blk.%u.attn_v.weight", l);
+            if (!g4 || kvt_gguf_find_tensor(g, nm)) { M(wv, "attn_v.weight", w->D, ly->KV) }
+        }
         if (w->fam->qkv_bias) {
-            V(bq, "attn_q.bias", w->QD)
-            V(bk, "attn_k.bias", w->KV)
-            V(bv, "attn_v.bias", w->KV)
+            V(bq, "attn_q.bias", ly->QD)
+            V(bk, "attn_k.bias", ly->KV)
+            V(bv, "attn_v.bias", ly->KV)
         }
         if (w->fam->qk_norm) {
-            V(qn, "attn_q_norm.weight", w->hd)
-            V(kn, "attn_k_norm.weight", w->hd)
+            V(qn, "attn_q_norm.weight", ly->hd)
+            if (!ly->shared) { V(kn, "attn_k_norm.weight", ly->hd) }
         }
-        M(wo, "attn_output.weight", w->QD, w->D)
+        M(wo, "attn_output.weight", ly->QD, w->D)
         V(ffn_norm, "ffn_norm.weight", w->D)
         if (w->fam->gemma) {
             V(post_attn, "post_attention_norm.weight", w->D)
@@ -379,23 +678,16 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
                     goto fail;
             }
         } else {
-            M(w1, "ffn_gate.weight", w->D, w->F)
-            M(w3, "ffn_up.weight", w->D, w->F)
-            M(w2, "ffn_down.weight", w->F, w->D)
+            M(w1, "ffn_gate.weight", w->D, ly->F)
+            M(w3, "ffn_up.weight", w->D, ly->F)
+            M(w2, "ffn_down.weight", ly->F, w->D)
         }
 #undef V
 #undef M
+        if (g4 && (rc = gemma4_layer(g, w, l))) goto fail;
     }
-    /* the cache's layout: streams for the global layers, rings for the
-     * window layers (every layer global under the tests' no-window fault) */
-    if (!(w->kv_at = kvt_calloc(w->L, sizeof *w->kv_at))) { rc = KVT_ENOMEM; goto fail; }
-    for (uint32_t l = 0; l < w->L; l++) {
-        if (w->is_swa && w->is_swa[l] && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW)
-            w->kv_at[l] = -1 - (int32_t)w->n_ring++;
-        else
-            w->kv_at[l] = (int32_t)(2 * w->n_global++);
-    }
-    w->ring_bytes = 2 * (size_t)w->swa * w->KV * sizeof(float);
+    if ((rc = llama_layout(w))) goto fail;
+    free(Hs);
     m->weights = w;
     m->arch = w->n_ring ? &arch_llama_window : &kvt_arch_llama;
     kvt_model_info *in = &m->info;
@@ -408,13 +700,21 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     in->n_head_kv = w->Hkv;
     in->head_dim = w->hd;
     in->n_ff = w->F;
-    in->n_params = (uint64_t)w->V * w->D * (w->out.data == w->tok_embd.data ? 1 : 2) + w->D +
-                   (uint64_t)w->L * (2ull * w->D + 2ull * w->QD * w->D + 2ull * w->KV * w->D +
-                                     (w->E ? (uint64_t)w->E * (w->D + 3ull * w->D * w->Fe) : 3ull * w->D * w->F) +
-                                     (w->fam->qkv_bias ? w->QD + 2ull * w->KV : 0) +
-                                     (w->fam->qk_norm ? 2ull * w->hd : 0));
+    uint64_t D = w->D, np = (uint64_t)w->V * D * (w->out.data == w->tok_embd.data ? 1 : 2) + D;
+    for (uint32_t l = 0; l < w->L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        np += 2 * D + 2ull * ly->QD * D + (uint64_t)(ly->wk.rows + ly->wv.rows) * D +
+              (w->fam->moe ? (uint64_t)w->E * (D + 3 * D * w->Fe) : 3 * D * ly->F) +
+              (w->fam->qkv_bias ? ly->QD + 2ull * ly->KV : 0) + (ly->qn ? ly->hd : 0) + (ly->kn ? ly->hd : 0);
+        if (g4)
+            np += 2 * D + (ly->out_scale ? 1 : 0) + (ly->gate_inp ? (uint64_t)w->E * (D + 3 * D * w->Fe) + 4 * D : 0) +
+                  (ly->down_s ? w->E : 0) + (w->n_pl ? 2ull * w->n_pl * D + D : 0);
+    }
+    if (g4) np += (uint64_t)w->n_pl * w->L * (w->V + D) + w->n_pl + w->n_ff;
+    in->n_params = np;
     return KVT_OK;
 fail:
+    free(Hs);
     llama_free(w);
     return rc;
 }
@@ -422,13 +722,14 @@ fail:
 static int llama_cache_new(kvt_session *s)
 {
     const llama_weights *w = s->m->weights;
-    size_t n = 2 * w->n_global, state;
-    if (!kvt_mul_ok(w->n_ring, w->ring_bytes, &state))
-        return kvt_fail(KVT_ENOMEM, "window rings of %zu layers", w->n_ring);
+    size_t n = 2 * w->n_global;
     uint32_t (*spec)[2] = kvt_calloc(n ? n : 1, sizeof *spec);
     if (!spec) return KVT_ENOMEM;
-    for (size_t i = 0; i < n; i++) { spec[i][0] = w->KV * (uint32_t)sizeof(float); spec[i][1] = KVT_BLOCK; }
-    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, state);
+    for (size_t i = 0; i < n; i++) {
+        spec[i][0] = w->stream_kv[i / 2] * (uint32_t)sizeof(float);
+        spec[i][1] = KVT_BLOCK;
+    }
+    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, w->ring_at[w->n_ring]);
     free(spec);
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
@@ -438,6 +739,7 @@ static void llama_work_free(void *p)
     llama_work *k = p;
     if (!k) return;
     free(k->x); free(k->xb); free(k->q); free(k->att); free(k->k); free(k->v); free(k->h1); free(k->h3);
+    free(k->sk); free(k->sv); free(k->m2); free(k->pl); free(k->pl0); free(k->pg);
     free(k->lg); free(k->ew); free(k->mo); free(k->ex);
     free(k->ms.xe); free(k->ms.eo); free(k->ms.f1); free(k->ms.f3); free(k->ms.rt);
     free(k->scores);
@@ -469,8 +771,11 @@ static int llama_work_new(kvt_session *s)
     if (!k) return KVT_ENOMEM;
     k->ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS;
     k->n_ctx = s->n_ctx;
-    k->group = w->H / w->Hkv;
-    size_t D = w->D, QD = w->QD, KV = w->KV, F = w->F, ch = k->ch;
+    for (uint32_t l = 0; l < w->L; l++) {
+        size_t gr = w->layers[l].H / w->layers[l].Hkv;
+        k->group = gr > k->group ? gr : k->group;
+    }
+    size_t D = w->D, QD = w->QD, KV = w->KV, F = w->F, ch = k->ch, NP = (size_t)w->n_pl * w->L;
     k->x = kvt_malloc(ch * D * sizeof(float));
     k->xb = kvt_malloc(ch * D * sizeof(float));
     k->q = kvt_malloc(ch * QD * sizeof(float));
@@ -480,31 +785,43 @@ static int llama_work_new(kvt_session *s)
     k->h1 = kvt_malloc(ch * F * sizeof(float));
     k->h3 = kvt_malloc(ch * F * sizeof(float));
     bool mok = true;
+    if (w->swa_src >= 0) {
+        k->sk = kvt_malloc(ch * KV * sizeof(float));
+        k->sv = kvt_malloc(ch * KV * sizeof(float));
+        mok = k->sk && k->sv;
+    }
+    if (NP) {
+        k->pl = kvt_malloc(ch * NP * sizeof(float));
+        k->pl0 = kvt_malloc(ch * NP * sizeof(float));
+        k->pg = kvt_malloc(ch * w->n_pl * sizeof(float));
+        mok = mok && k->pl && k->pl0 && k->pg;
+    }
     if (w->E) {
         size_t E = w->E, Eu = w->Eu, Fe = w->Fe;
         k->lg = kvt_malloc(ch * E * sizeof(float));
         k->ew = kvt_malloc(ch * Eu * sizeof(float));
         k->mo = kvt_malloc(ch * D * sizeof(float));
+        k->m2 = kvt_malloc(ch * D * sizeof(float));
         k->ex = kvt_malloc(ch * Eu * sizeof(uint32_t));
         /* an expert takes a token at most once: ch rows through it */
         k->ms = (kvt_moe_scratch){kvt_malloc(ch * D * sizeof(float)), kvt_malloc(ch * Eu * D * sizeof(float)),
                                   kvt_malloc(ch * Fe * sizeof(float)), kvt_malloc(ch * Fe * sizeof(float)),
                                   kvt_malloc(ch * Eu * sizeof(uint32_t)), NULL};
-        mok = k->lg && k->ew && k->mo && k->ex && k->ms.xe && k->ms.eo && k->ms.f1 && k->ms.f3 && k->ms.rt;
+        mok = mok && k->lg && k->ew && k->mo && k->m2 && k->ex && k->ms.xe && k->ms.eo && k->ms.f1 && k->ms.f3 &&
+              k->ms.rt;
     }
     /* the largest quantised activations any matrix needs */
     size_t qb = kvt_q_act_bytes(w->tok_embd.type, 0, 0);
-    for (uint32_t l = 0; l < w->L; l++) {
-        const llama_layer *ly = &w->layers[l];
-        const kvt_wmat *m[10] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
-                                 &ly->gate_x, &ly->up_x, &ly->down_x};
-        for (int i = 0; i < 10; i++) {
+    for (uint32_t l = 0; l <= w->L; l++) {
+        const llama_layer *ly = &w->layers[l < w->L ? l : 0];
+        const kvt_wmat *m[12] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
+                                 &ly->gate_x, &ly->up_x, &ly->down_x, &ly->inp_gate, &ly->proj};
+        if (l == w->L) { m[0] = &w->out; m[1] = &w->ple_proj; }
+        for (int i = 0; i < (l == w->L ? 2 : 12); i++) {
             size_t b = m[i]->rows ? kvt_q_act_bytes(m[i]->type, ch, m[i]->cols) : 0;
             qb = b > qb ? b : qb;
         }
     }
-    size_t bo = kvt_q_act_bytes(w->out.type, ch, w->out.cols);
-    qb = bo > qb ? bo : qb;
     bool qok = !qb || (k->qx = kvt_malloc(qb));
     k->ms.qx = k->qx;
     int rc = k->x && k->xb && k->q && k->att && k->k && k->v && k->h1 && k->h3 && qok && mok
@@ -526,6 +843,7 @@ static int llama_work_new(kvt_session *s)
  * grouping changes no bit. */
 struct attn_ctx {
     const llama_weights *w;
+    const llama_layer *ly; /* the layer (its shape) */
     const kvt_cache *cache;
     size_t stream, pos0, n; /* stream: a global layer's K stream (V: the next) */
     size_t swa;        /* a window layer's window (0: every position before) */
@@ -551,7 +869,7 @@ static const float *rows_at(const struct attn_ctx *c, int v, size_t j, size_t *e
         *end = (j / KVT_BLOCK + 1) * KVT_BLOCK;
         return kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
     }
-    size_t KV = c->w->KV, W = c->swa;
+    size_t KV = c->ly->KV, W = c->swa;
     if (j >= c->pos0) {
         *end = SIZE_MAX;
         return (v ? c->vp : c->kp) + (j - c->pos0) * KV;
@@ -572,14 +890,15 @@ static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size
 {
     if (ja >= je) return;
     const struct attn_ctx *c = sp->c;
-    const llama_weights *w = c->w;
-    size_t group = w->H / w->Hkv, hd = w->hd, row_f = w->KV;
+    const llama_layer *ly = c->ly;
+    size_t group = ly->H / ly->Hkv, hd = ly->hd, row_f = ly->KV, QD = ly->QD;
+    float scale = c->w->scale;
     const float *rows = sp->kr + (ja - sp->j0) * row_f;
     if (nu == 1) {
-        float *sc = sp->att + u * sp->ldg + ja, *o = c->out + (sp->i0 + u) * w->QD + sp->kvh * group * hd;
+        float *sc = sp->att + u * sp->ldg + ja, *o = c->out + (sp->i0 + u) * QD + sp->kvh * group * hd;
         if (sp->mix) kvt_axpys_rows(o, hd, sc, c->n_ctx, group, rows, row_f, je - ja, hd);
-        else kvt_dots_rows(sc, c->n_ctx, c->q + (sp->i0 + u) * w->QD + sp->kvh * group * hd, hd, group, rows, row_f,
-                           je - ja, hd, w->scale);
+        else kvt_dots_rows(sc, c->n_ctx, c->q + (sp->i0 + u) * QD + sp->kvh * group * hd, hd, group, rows, row_f,
+                           je - ja, hd, scale);
         return;
     }
     float *o[32];
@@ -589,20 +908,20 @@ static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size
         for (size_t x = u; x < u + 2; x++)
             for (size_t h = h0; h < h0 + nh; h++, nq++) {
                 float *sc = sp->att + x * sp->ldg + h * c->n_ctx + ja;
-                size_t at = (sp->i0 + x) * w->QD + (sp->kvh * group + h) * hd;
+                size_t at = (sp->i0 + x) * QD + (sp->kvh * group + h) * hd;
                 o[nq] = sp->mix ? c->out + at : sc;
                 p[nq] = sp->mix ? sc : c->q + at;
             }
         if (sp->mix) kvt_axpys_qs(nq, o, p, rows, row_f, je - ja, hd);
-        else kvt_dots_qs(nq, o, p, rows, row_f, je - ja, hd, w->scale);
+        else kvt_dots_qs(nq, o, p, rows, row_f, je - ja, hd, scale);
     }
 }
 
 static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
 {
     struct attn_ctx *c = arg;
-    const llama_weights *w = c->w;
-    size_t Hkv = w->Hkv, hd = w->hd, group = w->H / w->Hkv, ldg = group * c->n_ctx;
+    const llama_layer *ly = c->ly;
+    size_t Hkv = ly->Hkv, hd = ly->hd, group = ly->H / ly->Hkv, ldg = group * c->n_ctx, QD = ly->QD;
     float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
     /* tokens in pairs where the kernels take queries anywhere (AVX-512) */
     size_t step = kvt_kernels_avx512() && hd % 64 == 0 ? 2 : 1;
@@ -626,7 +945,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
                 for (size_t u = 0; u < nt; u++) {
                     size_t t = t0 + u;
                     kvt_softmax_rows(att + u * ldg + LO(t), c->n_ctx, group, t + 1 - LO(t));
-                    memset(c->out + (i0 + u) * w->QD + kvh * group * hd, 0, group * hd * sizeof(float));
+                    memset(c->out + (i0 + u) * QD + kvh * group * hd, 0, group * hd * sizeof(float));
                 }
             for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
                 struct span sp = {c, att, ldg, i0, kvh, rows_at(c, mix, j0, &j1) + kvh * hd, j0, mix};
@@ -662,15 +981,14 @@ static void swiglu_range(void *arg, size_t j0, size_t j1)
 /* The per-token steps of a pass, over a range of its tokens (each token on
  * its own: any split gives the same bytes): x += add (when set), then
  * xb = rmsnorm(x) (when norm is set); or the biases, head norms and RoPE of
- * q and k (and v's bias). */
+ * q and k (and v's bias and norm). */
 struct tok_ctx {
     const llama_weights *w;
     const llama_layer *ly;
-    float *x, *xb, *q, *k, *v;
+    float *x, *xb, *q, *k, *v; /* k, v NULL: a shared layer's (q alone) */
     const float *add, *norm;
     size_t pos0;
     const float *post;  /* gemma: add is rmsnorm(add) * post first (NULL: as it is) */
-    float base;         /* this layer's RoPE base */
 };
 
 static void add_norm_range(void *arg, size_t i0, size_t i1)
@@ -699,33 +1017,34 @@ static void rope_range(void *arg, size_t i0, size_t i1)
     struct tok_ctx *c = arg;
     const llama_weights *w = c->w;
     const llama_layer *ly = c->ly;
-    size_t hd = w->hd;
+    size_t hd = ly->hd, nk = c->k ? ly->Hkv : 0;
     for (size_t i = i0; i < i1; i++) {
-        float *q = c->q + i * w->QD, *k = c->k + i * w->KV;
+        float *q = c->q + i * ly->QD, *k = c->k ? c->k + i * ly->KV : NULL, *v = c->v ? c->v + i * ly->KV : NULL;
         if (ly->bq) {
-            add_bias(q, ly->bq, w->QD);
-            add_bias(k, ly->bk, w->KV);
-            add_bias(c->v + i * w->KV, ly->bv, w->KV);
+            add_bias(q, ly->bq, ly->QD);
+            add_bias(k, ly->bk, ly->KV);
+            add_bias(v, ly->bv, ly->KV);
         }
         if (ly->qn) {
-            for (size_t h = 0; h < w->H; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
-            for (size_t h = 0; h < w->Hkv; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
+            for (size_t h = 0; h < ly->H; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
+            for (size_t h = 0; h < nk; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
         }
-        kvt_rope_heads(q, w->H, k, w->Hkv, hd, w->n_rot, c->pos0 + i, c->base, w->rope_ff,
+        if (w->fam->gemma4) /* V's heads RMS-normed, without a weight */
+            for (size_t h = 0; h < nk; h++)
+                kvt_rmsnorm(v + h * hd, v + h * hd, kvt_llama_fault == KVT_LLAMA_FAULT_V_NORM_WEIGHT ? ly->kn : NULL,
+                            hd, w->eps);
+        kvt_rope_heads(q, ly->H, k, nk, hd, ly->n_rot, c->pos0 + i, ly->base, ly->ff,
                        w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
     }
 }
 
-/* The routed experts (qwen3moe) of n tokens xb (n, D), their output into xb:
- * softmax router probabilities, the Eu best (kvt_moe_select), their
- * probabilities normalised to sum 1, as llama.cpp's build_moe_ffn with
- * norm_w (or the choice kvt_force imposes, for the tests). */
-static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, float *xb, size_t n,
-                    size_t pos0)
+/* Softmax router probabilities of the n tokens' logits (wk->lg), their Eu
+ * best (kvt_moe_select), those probabilities normalised to sum 1, as
+ * llama.cpp's build_moe_ffn with norm_w (or the choice kvt_force imposes,
+ * for the tests). */
+static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n, size_t pos0)
 {
-    const llama_layer *ly = &w->layers[l];
-    size_t D = w->D, E = w->E, Eu = w->Eu;
-    kvt_matmul(s->pool, wk->lg, ly->gate_inp, xb, n, D, E);
+    size_t E = w->E, Eu = w->Eu;
     for (size_t i = 0; i < n; i++) {
         float *p = wk->lg + i * E, m = p[0], z = 0;
         for (size_t e = 1; e < E; e++) m = p[e] > m ? p[e] : m;
@@ -734,28 +1053,141 @@ static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size
         uint32_t *ex = wk->ex + i * Eu;
         kvt_moe_select(p, E, Eu, ex);
         const kvt_forced *fz = kvt_force;
-        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l])
+        if (fz && pos0 + i < fz->n && fz->Eu == Eu && l < 64 && fz->ex[l])
             kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, p, E, false);
         for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] = p[ex[j]];
         if (kvt_llama_fault != KVT_LLAMA_FAULT_MOE_WEIGHTS) kvt_moe_normalise(wk->ew + i * Eu, Eu);
     }
+}
+
+/* The routed experts of layer l over n tokens h (n, D), their weighted sum
+ * into wk->mo. */
+static void moe_experts(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, const float *h, size_t n)
+{
+    const llama_layer *ly = &w->layers[l];
+    size_t D = w->D;
     memset(wk->mo, 0, n * D * sizeof(float));
-    kvt_moe m = {&ly->gate_x, &ly->up_x, &ly->down_x, E, Eu, w->Fe, D, 0.0f};
-    kvt_moe_run(s->pool, &m, xb, n, wk->ex, wk->ew, &wk->ms, wk->mo);
-    memcpy(xb, wk->mo, n * D * sizeof(float));
+    kvt_moe m = {&ly->gate_x, ly->gate_up ? &ly->gate_x : &ly->up_x, &ly->down_x, w->E, w->Eu, w->Fe, D, 0.0f,
+                 w->fam->gemma4, ly->down_s, ly->gate_up ? 2 * (size_t)w->Fe : 0, ly->gate_up ? w->Fe : 0};
+    kvt_moe_run(s->pool, &m, h, n, wk->ex, wk->ew, &wk->ms, wk->mo);
+}
+
+/* qwen3moe's FFN: the routed experts of xb (n, D), their output into xb. */
+static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, float *xb, size_t n,
+                    size_t pos0)
+{
+    kvt_matmul(s->pool, wk->lg, w->layers[l].gate_inp, xb, n, w->D, w->E);
+    moe_route(wk, w, l, n, pos0);
+    moe_experts(s, wk, w, l, xb, n);
+    memcpy(xb, wk->mo, n * w->D * sizeof(float));
 }
 
 /* Tokens a thread takes at least in those steps (a decode step runs them
  * without waking the pool). */
 #define TOK_MIN 32
 
+/* gemma4's per-token steps around its experts, over a range of tokens:
+ * before (stage 0), the shared MLP's output xb normed (post_ffw_norm_1),
+ * the experts' input m2 (pre_ffw_norm_2 of the residual x) and the
+ * router's input mo (x RMS-normed without a weight, times 1 / sqrt(D), times
+ * ffn_gate_inp.scale); after (stage 1), xb += the experts' sum mo normed
+ * (post_ffw_norm_2). */
+struct g4_ctx { const llama_weights *w; const llama_layer *ly; llama_work *wk; int stage; };
+
+static void g4_moe_range(void *arg, size_t i0, size_t i1)
+{
+    struct g4_ctx *c = arg;
+    const llama_weights *w = c->w;
+    const llama_layer *ly = c->ly;
+    size_t D = w->D;
+    float rs = 1.0f / sqrtf((float)D);
+    for (size_t i = i0; i < i1; i++) {
+        float *xb = c->wk->xb + i * D, *x = c->wk->x + i * D, *mo = c->wk->mo + i * D;
+        if (c->stage == 0) {
+            kvt_rmsnorm(xb, xb, ly->post_ffn1, D, w->eps);
+            kvt_rmsnorm(c->wk->m2 + i * D, x, ly->pre_ffn2, D, w->eps);
+            kvt_rmsnorm(mo, x, NULL, D, w->eps);
+            for (size_t j = 0; j < D; j++) mo[j] = mo[j] * rs * ly->gate_inp_s[j];
+        } else {
+            kvt_rmsnorm(mo, mo, ly->post_ffn2, D, w->eps);
+            for (size_t j = 0; j < D; j++) xb[j] += mo[j];
+        }
+    }
+}
+
+/* gemma4's FFN of a layer with experts: x holds the residual, xb its
+ * ffn_norm; the shared MLP's output xb (h1, h3 are the MLP's), then xb =
+ * that normed plus the experts' sum normed. */
+static void g4_moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, size_t n, size_t pos0)
+{
+    const llama_layer *ly = &w->layers[l];
+    struct g4_ctx gc = {w, ly, wk, 0};
+    kvt_pool_for(s->pool, n, TOK_MIN, g4_moe_range, &gc);
+    kvt_matmul(s->pool, wk->lg, ly->gate_inp, wk->mo, n, w->D, w->E);
+    moe_route(wk, w, l, n, pos0);
+    moe_experts(s, wk, w, l, wk->m2, n);
+    gc.stage = 1;
+    kvt_pool_for(s->pool, n, TOK_MIN, g4_moe_range, &gc);
+}
+
+/* gemma4's per-layer embeddings, per token over a range: stage 0, the
+ * layers' inputs pl (n, L, n_pl) from the projection of the scaled
+ * embedding (in pl) and the token's row (pl0); stage 1, layer l's gate pg
+ * = gelu(pg) * its input (ggml's GELU, kvt_geglu's); stage 2, the residual
+ * scaled by the layer's output scale. */
+struct ple_ctx { const llama_weights *w; llama_work *wk; const int32_t *tok; size_t l; int stage; };
+
+static void ple_range(void *arg, size_t i0, size_t i1)
+{
+    struct ple_ctx *c = arg;
+    const llama_weights *w = c->w;
+    size_t np = w->n_pl, NP = np * w->L;
+    float rd = 1.0f / sqrtf((float)w->D), rp = sqrtf((float)np), r2 = 1.0f / sqrtf(2.0f);
+    for (size_t i = i0; i < i1; i++) {
+        if (c->stage == 1) {
+            kvt_geglu(c->wk->pg + i * np, c->wk->pl + i * NP + c->l * np, np);
+            continue;
+        }
+        if (c->stage == 2) {
+            float sc = *w->layers[c->l].out_scale, *x = c->wk->x + i * w->D;
+            for (size_t j = 0; j < w->D; j++) x[j] *= sc;
+            continue;
+        }
+        float *p = c->wk->pl + i * NP, *p0 = c->wk->pl0 + i * NP;
+        const uint8_t *row = w->ple_embd.data + (size_t)c->tok[i] * w->ple_embd.row_bytes;
+        kvt_quant_to_f32(w->ple_embd.type, row, p0, NP);
+        for (size_t l = 0; l < w->L; l++) {
+            float *a = p + l * np;
+            for (size_t j = 0; j < np; j++) a[j] *= rd;
+            kvt_rmsnorm(a, a, w->ple_norm, np, w->eps);
+        }
+        for (size_t j = 0; j < NP; j++) p[j] = (p[j] + p0[j] * rp) * r2;
+    }
+}
+
+/* K and V rows of a pass's last min(n, W) positions into a window layer's
+ * rings (KV floats each). */
+static void ring_put(float *ring, size_t W, size_t KV, const float *k, const float *v, size_t n, size_t pos0)
+{
+    for (size_t i = n > W ? n - W : 0; i < n; i++) {
+        size_t slot = (pos0 + i) % W;
+        memcpy(ring + slot * KV, k + i * KV, KV * sizeof(float));
+        memcpy(ring + (W + slot) * KV, v + i * KV, KV * sizeof(float));
+    }
+}
+
+static float *ring_of(const kvt_session *s, const llama_weights *w, int32_t at)
+{
+    return at < 0 ? (float *)(s->cache->state + w->ring_at[-1 - at]) : NULL;
+}
+
 /* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
 static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
                       size_t lfrom)
 {
     const llama_weights *w = s->m->weights;
-    size_t D = w->D, KV = w->KV, F = w->F, hd = w->hd;
-    float *x = wk->x, *xb = wk->xb, *q = wk->q, *att = wk->att, *k = wk->k, *v = wk->v, *h1 = wk->h1, *h3 = wk->h3;
+    size_t D = w->D;
+    float *x = wk->x, *xb = wk->xb, *q = wk->q, *att = wk->att, *h1 = wk->h1, *h3 = wk->h3;
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= w->V)
             return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], w->V);
@@ -764,67 +1196,109 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         if (w->fam->gemma)
             for (size_t j = 0; j < D; j++) x[i * D + j] *= sqrtf((float)D);
     }
+    bool ple = w->n_pl && kvt_llama_fault != KVT_LLAMA_FAULT_NO_PLE;
+    struct ple_ctx pc = {w, wk, tok, 0, 0};
+    if (ple) {
+        kvt_matmul_w(s->pool, wk->pl, &w->ple_proj, x, n, wk->qx);
+        kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
+    }
+    bool pending = false; /* xb holds the layer before's FFN output, not yet added to x */
     for (size_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
-        bool swa = w->is_swa && w->is_swa[l];
         int32_t at = w->kv_at[l];
         size_t window = at < 0 ? w->swa : 0; /* a window layer: the positions its ring holds and its own */
-        /* the residual of the layer before (none before the first), then
-         * this layer's attention norm */
-        struct tok_ctx tc = {w, ly, x, xb, q, k, v, l ? xb : NULL, ly->attn_norm, pos0,
-                             l ? w->layers[l - 1].post_ffn : NULL, swa ? w->rope_base_swa : w->rope_base};
+        size_t KV = ly->KV, hd = ly->hd;
+        /* this layer's K and V rows: the scratch's, or those kept for the
+         * shared layers (those layers computing none) */
+        float *k = (int32_t)l == w->swa_src ? wk->sk : wk->k, *v = (int32_t)l == w->swa_src ? wk->sv : wk->v;
+        /* the residual of the layer before (none before the first, or it
+         * was added at its end), then this layer's attention norm */
+        struct tok_ctx tc = {w, ly, x, xb, q, ly->shared ? NULL : k, ly->shared ? NULL : v, pending ? xb : NULL,
+                             ly->attn_norm, pos0, pending ? w->layers[l - 1].post_ffn : NULL};
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
-        kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
-        kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
+        if (!ly->shared) {
+            kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
+            if (ly->wv.rows) kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
+            else memcpy(v, k, n * KV * sizeof(float)); /* gemma4: V is K's projection */
+        }
         kvt_pool_for(s->pool, n, TOK_MIN, rope_range, &tc);
-        float *ring = at < 0 ? (float *)(s->cache->state + (size_t)(-1 - at) * w->ring_bytes) : NULL;
-        for (size_t i = 0; i < n && !ring; i++) {
+        float *ring = ring_of(s, w, at);
+        for (size_t i = 0; i < n && !ring && !ly->shared; i++) {
             float *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
             float *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
             memcpy(kr, k + i * KV, KV * sizeof(float));
             memcpy(vr, v + i * KV, KV * sizeof(float));
         }
-        struct attn_ctx ac = {w, s->cache, ring ? 0 : (size_t)at, pos0, n, window, ring, k, v,
+        /* a shared window layer: its source's ring as before the pass, and
+         * its source's rows of the pass */
+        const float *kp = ly->shared ? wk->sk : k, *vp = ly->shared ? wk->sv : v;
+        struct attn_ctx ac = {w, ly, s->cache, ring ? 0 : (size_t)at, pos0, n, window, ring, kp, vp,
                               q, att, wk->scores, wk->n_ctx};
         /* one (token group, KV head) scores and mixes up to pos0 + n rows
          * per query head and token: give a thread at least 128K
          * multiply-adds (measured in bench/README.md), so a tiny model's
          * decode step does not pay for waking the pool */
         size_t span = window && window < pos0 + n ? window : pos0 + n;
-        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * span * hd * (w->H / w->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
-        kvt_pool_for_part(s->pool, ng * w->Hkv, (131072 + per - 1) / per, attn_range, &ac);
-        /* only now does a window layer's ring take the pass's last rows */
-        for (size_t i = ring && n > w->swa ? n - w->swa : 0; ring && i < n; i++) {
-            size_t slot = (pos0 + i) % w->swa;
-            memcpy(ring + slot * KV, k + i * KV, KV * sizeof(float));
-            memcpy(ring + (w->swa + slot) * KV, v + i * KV, KV * sizeof(float));
-        }
+        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * span * hd * (ly->H / ly->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
+        kvt_pool_for_part(s->pool, ng * ly->Hkv, (131072 + per - 1) / per, attn_range, &ac);
+        /* only now does a window layer's ring take the pass's last rows
+         * (the shared layers' source: once they all have read it) */
+        if (ring && !ly->shared && (int32_t)l != w->swa_src) ring_put(ring, w->swa, KV, k, v, n, pos0);
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
         tc.add = xb;
         tc.norm = ly->ffn_norm;
         tc.post = ly->post_attn;
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
-        if (w->E) {
+        if (ly->gate_inp && !w->fam->gemma4) {
             moe_ffn(s, wk, w, l, xb, n, pos0);
-            continue;
+        } else {
+            kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
+            kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
+            struct swiglu_ctx sc = {h1, h3, w->fam->gemma};
+            kvt_pool_for(s->pool, n * ly->F, 16384, swiglu_range, &sc);
+            kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
+            if (ly->gate_inp) g4_moe_ffn(s, wk, w, l, n, pos0);
         }
-        kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
-        kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
-        struct swiglu_ctx sc = {h1, h3, w->fam->gemma};
-        kvt_pool_for(s->pool, n * F, 16384, swiglu_range, &sc);
-        kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
+        pending = true;
+        if (!w->fam->gemma4) continue;
+        /* gemma4: the residual now, then the per-layer embedding, then the
+         * output scale */
+        tc.add = xb;
+        tc.norm = NULL;
+        tc.post = ly->post_ffn;
+        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+        pending = false;
+        if (ple) {
+            pc.l = l;
+            pc.stage = 1;
+            kvt_matmul_w(s->pool, wk->pg, &ly->inp_gate, x, n, wk->qx);
+            kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
+            kvt_matmul_w(s->pool, xb, &ly->proj, wk->pg, n, wk->qx);
+            tc.post = ly->ple_post;
+            kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+        }
+        if (ly->out_scale) {
+            pc.l = l;
+            pc.stage = 2;
+            kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
+        }
     }
+    if (w->swa_src >= 0) /* the shared layers' source ring, read by all of them */
+        ring_put(ring_of(s, w, w->kv_at[w->swa_src]), w->swa, w->layers[w->swa_src].KV, wk->sk, wk->sv, n, pos0);
     /* the last layer's residual */
-    struct tok_ctx tc = {w, NULL, x, xb, q, k, v, xb, NULL, pos0, w->layers[w->L - 1].post_ffn, 0};
-    kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+    struct tok_ctx tc = {w, NULL, x, xb, q, NULL, NULL, pending ? xb : NULL, NULL, pos0,
+                         pending ? w->layers[w->L - 1].post_ffn : NULL};
+    if (pending) kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
     if (lfrom < n) {
         size_t nl = n - lfrom;
         for (size_t i = 0; i < nl; i++) kvt_rmsnorm(xb + i * D, x + (lfrom + i) * D, w->out_norm, D, w->eps);
         kvt_matmul_w(s->pool, logits, &w->out, xb, nl, wk->qx);
-        if (w->softcap > 0) /* gemma's final soft-capping: cap * tanh(logit / cap) */
-            for (size_t j = 0; j < nl * w->V; j++) logits[j] = w->softcap * tanhf(logits[j] / w->softcap);
+        if (w->softcap > 0) { /* gemma's final soft-capping, as ggml: tanh(logit * (1 / cap)) * cap */
+            float rc = 1.0f / w->softcap;
+            for (size_t j = 0; j < nl * w->V; j++) logits[j] = tanhf(logits[j] * rc) * w->softcap;
+        }
     }
     return KVT_OK;
 }
@@ -850,6 +1324,42 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
     return rc;
 }
 
+static void hash_vec(XXH3_state_t *st, const float *v, size_t n)
+{
+    if (v) XXH3_64bits_update(st, v, n * sizeof(float));
+}
+
+/* gemma4's own: its shape per layer, sharing, per-layer embeddings, output
+ * scales and experts' scales and norms. */
+static void gemma4_hash(XXH3_state_t *st, const llama_weights *w)
+{
+    uint32_t h[] = {w->n_kv, w->n_pl, w->E, w->Eu, w->Fe, w->n_ff};
+    XXH3_64bits_update(st, h, sizeof h);
+    if (w->n_pl) {
+        kvt_model_hash_mat(st, &w->ple_embd);
+        kvt_model_hash_mat(st, &w->ple_proj);
+        hash_vec(st, w->ple_norm, w->n_pl);
+    }
+    for (uint32_t l = 0; l < w->L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        uint32_t s[] = {ly->H, ly->Hkv, ly->hd, ly->F, ly->n_rot, ly->shared, ly->wv.rows != 0, ly->gate_up,
+                        ly->out_scale != NULL, ly->gate_inp != NULL, ly->down_s != NULL};
+        XXH3_64bits_update(st, s, sizeof s);
+        XXH3_64bits_update(st, &ly->base, sizeof ly->base);
+        hash_vec(st, ly->out_scale, 1);
+        hash_vec(st, ly->gate_inp_s, w->D);
+        hash_vec(st, ly->down_s, w->E);
+        hash_vec(st, ly->pre_ffn2, w->D);
+        hash_vec(st, ly->post_ffn1, w->D);
+        hash_vec(st, ly->post_ffn2, w->D);
+        if (w->n_pl) {
+            kvt_model_hash_mat(st, &ly->inp_gate);
+            kvt_model_hash_mat(st, &ly->proj);
+            hash_vec(st, ly->ple_post, w->D);
+        }
+    }
+}
+
 static uint64_t llama_fingerprint(const void *p)
 {
     const llama_weights *w = p;
@@ -858,13 +1368,14 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_reset(st);
     uint32_t hdr[] = {w->D, w->L, w->H, w->Hkv, w->hd, w->KV, w->F, w->V, w->n_rot};
     XXH3_64bits_update(st, "llama", 5);
-    if (w->rope_ff) XXH3_64bits_update(st, w->rope_ff, w->n_rot / 2 * 4);
+    hash_vec(st, w->rope_ff, w->n_ff);
     if (w->fam->gemma) {
         float g[3] = {w->rope_base_swa, w->scale, w->softcap};
         XXH3_64bits_update(st, g, sizeof g);
         XXH3_64bits_update(st, &w->swa, sizeof w->swa);
         XXH3_64bits_update(st, w->is_swa, w->L);
     }
+    if (w->fam->gemma4) gemma4_hash(st, w);
     if (w->fam != &families[0]) { /* the llama row hashes as before there were others */
         uint32_t f[] = {w->QD, w->fam->neox, w->fam->qkv_bias, w->fam->qk_norm};
         XXH3_64bits_update(st, w->fam->name, strlen(w->fam->name));
@@ -883,14 +1394,12 @@ static uint64_t llama_fingerprint(const void *p)
         const kvt_wmat *a[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
         for (int i = 0; i < 4; i++) kvt_model_hash_mat(st, a[i]);
         if (ly->bq) {
-            XXH3_64bits_update(st, ly->bq, w->QD * 4);
-            XXH3_64bits_update(st, ly->bk, w->KV * 4);
-            XXH3_64bits_update(st, ly->bv, w->KV * 4);
+            hash_vec(st, ly->bq, ly->QD);
+            hash_vec(st, ly->bk, ly->KV);
+            hash_vec(st, ly->bv, ly->KV);
         }
-        if (ly->qn) {
-            XXH3_64bits_update(st, ly->qn, w->hd * 4);
-            XXH3_64bits_update(st, ly->kn, w->hd * 4);
-        }
+        hash_vec(st, ly->qn, ly->hd);
+        hash_vec(st, ly->kn, ly->hd);
         if (ly->post_attn) {
             XXH3_64bits_update(st, ly->post_attn, D * 4);
             XXH3_64bits_update(st, ly->post_ffn, D * 4);
@@ -920,9 +1429,10 @@ static uint64_t llama_fingerprint(const void *p)
 static void llama_state_save(const kvt_session *s, kvt_wbuf *b)
 {
     const llama_weights *w = s->m->weights;
-    size_t n = s->n, W = w->swa, KV = w->KV;
+    size_t n = s->n, W = w->swa;
     for (size_t r = 0; r < w->n_ring; r++) {
-        const float *ring = (const float *)(s->cache->state + r * w->ring_bytes);
+        const float *ring = (const float *)(s->cache->state + w->ring_at[r]);
+        size_t KV = w->ring_kv[r];
         for (int v = 0; v < 2; v++)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
                 kvt_wbuf_put(b, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float));
@@ -932,9 +1442,10 @@ static void llama_state_save(const kvt_session *s, kvt_wbuf *b)
 static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 {
     const llama_weights *w = s->m->weights;
-    size_t W = w->swa, KV = w->KV;
+    size_t W = w->swa;
     for (size_t r = 0; r < w->n_ring; r++) {
-        float *ring = (float *)(s->cache->state + r * w->ring_bytes);
+        float *ring = (float *)(s->cache->state + w->ring_at[r]);
+        size_t KV = w->ring_kv[r];
         for (int v = 0; v < 2; v++)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
                 if (!kvt_rbuf_get(rb, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float)))
@@ -951,12 +1462,13 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     const llama_weights *w = m->weights;
     memset(out, 0, sizeof *out);
-    uint64_t row = 2ull * w->KV * sizeof(float);
-    out->full = ctx * w->n_global * row;
-    out->window = (uint64_t)w->n_ring * w->ring_bytes;
+    uint64_t row = 0;
+    for (size_t i = 0; i < w->n_global; i++) row += 2ull * w->stream_kv[i] * sizeof(float);
+    out->full = ctx * row;
+    out->window = w->ring_at[w->n_ring];
     out->fixed = out->window;
     out->total = out->full + out->fixed;
-    out->per_token_x1000 = 1000ull * w->n_global * row;
+    out->per_token_x1000 = 1000ull * row;
     return KVT_OK;
 }
 

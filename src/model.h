@@ -149,9 +149,14 @@ extern int kvt_ds4_fault;
  * weights unnormalised (qwen3moe); KVT_LLAMA_FAULT_NO_WINDOW lets gemma3's
  * window layers see every position (their rows kept in full, as a global
  * layer's; set before the model is loaded); KVT_LLAMA_FAULT_RING restores
- * a window ring with its oldest K value off by one. */
+ * a window ring with its oldest K value off by one; gemma4's:
+ * KVT_LLAMA_FAULT_OWN_KV lets the shared layers compute and keep K and V
+ * of their own, from the attn_k and attn_v a file may still hold for them
+ * (set before loading); KVT_LLAMA_FAULT_NO_PLE leaves the per-layer
+ * embeddings out; KVT_LLAMA_FAULT_V_NORM_WEIGHT norms V with attn_k_norm's
+ * weight. */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
-       KVT_LLAMA_FAULT_RING };
+       KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT };
 extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);

@@ -54,11 +54,16 @@ void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, con
                 ne++;
             }
         if (!ne) continue;
-        kvt_wmat gx = kvt_wmat_rows(m->gate, e * F, F), ux = kvt_wmat_rows(m->up, e * F, F), dx = kvt_wmat_rows(m->down, e * D, D);
+        size_t st = m->stride ? m->stride : F;
+        kvt_wmat gx = kvt_wmat_rows(m->gate, e * st, F), ux = kvt_wmat_rows(m->up, e * st + m->up_off, F),
+                 dx = kvt_wmat_rows(m->down, e * D, D);
         kvt_matmul_w(pool, sc->f1, &gx, sc->xe, ne, sc->qx);
         kvt_matmul_w_next(pool, sc->f3, &ux, &gx, sc->xe, ne, sc->qx);
-        kvt_moe_swiglu(sc->f1, sc->f3, ne * F, m->clamp);
+        if (m->geglu) kvt_geglu(sc->f1, sc->f3, ne * F);
+        else kvt_moe_swiglu(sc->f1, sc->f3, ne * F, m->clamp);
         kvt_matmul_w(pool, sc->xe, &dx, sc->f1, ne, sc->qx);
+        if (m->down_scale)
+            for (size_t j = 0; j < ne * D; j++) sc->xe[j] *= m->down_scale[e];
         for (size_t r = 0; r < ne; r++) memcpy(sc->eo + (size_t)sc->rt[r] * D, sc->xe + r * D, D * sizeof(float));
     }
     for (size_t i = 0; i < n; i++) {

@@ -1,5 +1,6 @@
 /* The routed experts of a mixture-of-experts feed-forward, shared by the
- * architectures that have one (src/ds4.c, the qwen3moe row of src/llama.c).
+ * architectures that have one (src/ds4.c, the qwen3moe and gemma4 rows of
+ * src/llama.c).
  *
  * Each token picks Eu of E experts with weights (the router is the
  * architecture's: softmax, sqrt-softplus, a hash table...); kvt_moe_select
@@ -20,10 +21,14 @@
 #include <stdint.h>
 
 typedef struct kvt_moe {
-    const kvt_wmat *gate, *up; /* (E * F, D): expert e's rows e*F .. e*F + F - 1 */
+    const kvt_wmat *gate, *up; /* (E * F, D): expert e's rows e*F .. e*F + F - 1 (but see stride) */
     const kvt_wmat *down;      /* (E * D, F): expert e's rows e*D .. */
     size_t E, Eu, F, D;
     float clamp;               /* SwiGLU clamp (DeepSeek-V4's swiglu_limit); 0: none */
+    bool geglu;                /* the activation: GeGLU (kvt_geglu, ggml's) rather than SwiGLU */
+    const float *down_scale;   /* (E): expert e's output times down_scale[e], before its weight; NULL: none */
+    size_t stride, up_off;     /* rows per expert in gate and up (0: F), and where up's start within them:
+                                * a fused gate_up tensor (gate == up) has stride 2F and up_off F */
 } kvt_moe;
 
 /* Scratch for n tokens: xe (n * Eu, D), eo (n * Eu, D), f1 and f3 (n * Eu, F)
@@ -47,7 +52,8 @@ void kvt_moe_normalise(float *wt, size_t Eu);
 void kvt_moe_swiglu(float *g, const float *u, size_t n, float clamp);
 /* For the n tokens h (n, D) with experts ex (n, Eu) and weights wt (n, Eu):
  * out[i] = sum_j wt[i][j] * expert_{ex[i][j]}(h[i]) + out[i], the sum
- * in order of j. */
+ * in order of j; with down_scale, each expert's output is
+ * (down(act) * down_scale[e]) * wt, as llama.cpp's scaled experts. */
 void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, const uint32_t *ex, const float *wt,
                  const kvt_moe_scratch *sc, float *out);
 

@@ -62,6 +62,132 @@ static int add_vec(kvt_gguf_writer *w, const char *name, uint64_t n, double base
     return rc;
 }
 
+/* An array of L u32 (bools when is_bool) as a family key. */
+static int set_arr(kvt_gguf_writer *w, const char *key, const uint32_t *v, int n, bool is_bool)
+{
+    kvt_gguf_val a[16];
+    for (int i = 0; i < n; i++) a[i] = (kvt_gguf_val){.type = is_bool ? KVT_GGUF_BOOL : KVT_GGUF_U32, .v.u = v[i]};
+    kvt_gguf_val arr = {.type = KVT_GGUF_ARR, .elem_type = is_bool ? KVT_GGUF_BOOL : KVT_GGUF_U32, .n = (uint64_t)n,
+                        .v.arr = a};
+    return kvt_gguf_writer_set(w, key, &arr);
+}
+
+/* One f32 value as a tensor of one element (a layer_output_scale). */
+static int add_scalar(kvt_gguf_writer *w, const char *name, float v)
+{
+    uint64_t ne[4] = {1, 1, 1, 1};
+    return kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, &v, sizeof v);
+}
+
+/* The synthetic gemma4 of synth_family.h (kind FAM_G4_DENSE or _MOE). */
+static int g4_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t seed, float rope_base, bool neutral)
+{
+    enum { L = FAM_G4_LAYERS, N_KV = FAM_G4_LAYERS - FAM_G4_SHARED, HD_S = 64, HD_G = 128, KV_S = 4, KV_G = 1,
+           ROT_S = 32, PL = FAM_G4_PL };
+    const bool moe = kind == FAM_G4_MOE;
+    const uint32_t pl = moe ? 0 : PL;
+    uint32_t swa[L], hkv[L], ff[L];
+    for (int l = 0; l < L; l++) {
+        swa[l] = l % 2 == 0;
+        hkv[l] = swa[l] ? KV_S : KV_G;
+        ff[l] = l < N_KV ? FAM_FFN : 2 * FAM_FFN;
+    }
+    char k[96];
+    int rc;
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", arch, suffix), k)
+    if ((rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), FAM_CTX)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), FAM_DIM)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), L)) ||
+        (rc = set_arr(w, KEY("feed_forward_length"), ff, L, false)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), FAM_HEADS)) ||
+        (rc = set_arr(w, KEY("attention.head_count_kv"), hkv, L, false)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), HD_G)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), HD_G)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length_swa"), HD_S)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length_swa"), HD_S)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), HD_G)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count_swa"), ROT_S)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), FAM_GEMMA_BASE_SWA)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.sliding_window"), FAM_GEMMA_SWA)) ||
+        (rc = set_arr(w, KEY("attention.sliding_window_pattern"), swa, L, true)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), FAM_EPS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length_per_layer_input"), pl)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.shared_kv_layers"), FAM_G4_SHARED)))
+        return rc;
+    if (!moe && (rc = kvt_gguf_writer_set_f32(w, KEY("final_logit_softcapping"), 10.0f))) return rc;
+    if (moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), FAM_MOE_E)) ||
+                (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), FAM_MOE_EU)) ||
+                (rc = kvt_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), FAM_MOE_F))))
+        return rc;
+#undef KEY
+    uint64_t rng = seed;
+    if ((rc = add_tensor(w, "token_embd.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)) ||
+        (rc = add_tensor(w, "output_norm.weight", FAM_DIM, 1, 0, &rng)) ||
+        (rc = add_tensor(w, "output.weight", FAM_DIM, FAM_VOCAB, FAM_SIGMA, &rng)))
+        return rc;
+    float rf[HD_G / 2];
+    for (int i = 0; i < HD_G / 2; i++) rf[i] = i < HD_G / 8 ? 1.0f : 1e30f; /* partial_rotary_factor 0.25 */
+    uint64_t ne[4] = {HD_G / 2, 1, 1, 1};
+    if ((rc = kvt_gguf_writer_add_tensor(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, rf, sizeof rf))) return rc;
+    if (pl && ((rc = add_tensor(w, "per_layer_token_embd.weight", (uint64_t)pl * L, FAM_VOCAB, FAM_SIGMA, &rng)) ||
+               (rc = add_tensor(w, "per_layer_model_proj.weight", FAM_DIM, (uint64_t)pl * L, FAM_SIGMA, &rng)) ||
+               (rc = add_vec(w, "per_layer_proj_norm.weight", pl, 1.0, FAM_SIGMA_NORM, false, &rng))))
+        return rc;
+    for (int l = 0; l < L && !rc; l++) {
+        const uint64_t hd = swa[l] ? HD_S : HD_G, QD = FAM_HEADS * hd, KVD = hkv[l] * hd;
+        const bool exps = moe && l != 1;
+        char name[64];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
+        if ((rc = add_tensor(w, NAME("attn_norm.weight"), FAM_DIM, 1, 0, &rng)) ||
+            (rc = add_tensor(w, NAME("attn_q.weight"), FAM_DIM, QD, FAM_SIGMA_QK, &rng)) ||
+            (rc = add_tensor(w, NAME("attn_k.weight"), FAM_DIM, KVD, FAM_SIGMA_QK, &rng)) ||
+            (swa[l] && (rc = add_tensor(w, NAME("attn_v.weight"), FAM_DIM, KVD, FAM_SIGMA, &rng))) ||
+            (rc = add_tensor(w, NAME("attn_output.weight"), QD, FAM_DIM, FAM_SIGMA, &rng)) ||
+            (rc = add_vec(w, NAME("attn_q_norm.weight"), hd, 0.3, 0.075, false, &rng)) ||
+            (rc = add_vec(w, NAME("attn_k_norm.weight"), hd, 0.3, 0.075, false, &rng)) ||
+            (rc = add_vec(w, NAME("post_attention_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+            (rc = add_tensor(w, NAME("ffn_norm.weight"), FAM_DIM, 1, 0, &rng)) ||
+            (rc = add_tensor(w, NAME("ffn_gate.weight"), FAM_DIM, ff[l], FAM_SIGMA, &rng)) ||
+            (rc = add_tensor(w, NAME("ffn_up.weight"), FAM_DIM, ff[l], FAM_SIGMA, &rng)) ||
+            (rc = add_tensor(w, NAME("ffn_down.weight"), ff[l], FAM_DIM, FAM_SIGMA, &rng)) ||
+            (rc = add_vec(w, NAME("post_ffw_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)))
+            break;
+        double u = (kvt_test_rand(&rng) >> 11) / 9007199254740992.0;
+        if ((rc = add_scalar(w, NAME("layer_output_scale.weight"), neutral ? 1.0f : (float)(0.5 + 0.5 * u)))) break;
+        if (exps) {
+            float ds[FAM_MOE_E];
+            for (int e = 0; e < FAM_MOE_E; e++) {
+                double d = gauss(&rng);
+                ds[e] = neutral ? 1.0f : (float)exp(0.5 * d);
+            }
+            uint64_t ne1[4] = {FAM_MOE_E, 1, 1, 1};
+            if ((rc = add_tensor(w, NAME("ffn_gate_inp.weight"), FAM_DIM, FAM_MOE_E, FAM_SIGMA_ROUTER_G4, &rng)) ||
+                (rc = add_vec(w, NAME("ffn_gate_inp.scale"), FAM_DIM, 1.0, FAM_SIGMA_NORM, neutral, &rng)) ||
+                (rc = add_vec(w, NAME("pre_ffw_norm_2.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                (rc = add_vec(w, NAME("post_ffw_norm_1.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                (rc = add_vec(w, NAME("post_ffw_norm_2.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                (l % 2 == 0 &&
+                 (rc = add_tensor3(w, NAME("ffn_gate_up_exps.weight"), FAM_DIM, 2 * FAM_MOE_F, FAM_MOE_E, FAM_SIGMA,
+                                   &rng))) ||
+                (l % 2 && ((rc = add_tensor3(w, NAME("ffn_gate_exps.weight"), FAM_DIM, FAM_MOE_F, FAM_MOE_E,
+                                             FAM_SIGMA, &rng)) ||
+                           (rc = add_tensor3(w, NAME("ffn_up_exps.weight"), FAM_DIM, FAM_MOE_F, FAM_MOE_E, FAM_SIGMA,
+                                             &rng)))) ||
+                (rc = add_tensor3(w, NAME("ffn_down_exps.weight"), FAM_MOE_F, FAM_DIM, FAM_MOE_E, FAM_SIGMA, &rng)) ||
+                (l != 5 && (rc = kvt_gguf_writer_add_tensor(w, NAME("ffn_down_exps.scale"), KVT_GGML_F32, 1, ne1, ds,
+                                                            sizeof ds))))
+                break;
+        }
+        if (pl && ((rc = add_tensor(w, NAME("inp_gate.weight"), FAM_DIM, pl, FAM_SIGMA, &rng)) ||
+                   (rc = add_tensor(w, NAME("proj.weight"), pl, FAM_DIM, FAM_SIGMA, &rng)) ||
+                   (rc = add_vec(w, NAME("post_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng))))
+            break;
+#undef NAME
+    }
+    return rc;
+}
+
 /* The synthetic model of family f (its weights from seed, in F32), with
  * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
  * (biases, head norms) drawn as usual but written neutral (0, 1), the
@@ -87,6 +213,19 @@ int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope
     const uint64_t V = toks->n;
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
+    if (f->gemma4) {
+        if (!(rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) &&
+            !(rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) &&
+            !(rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0)))
+            for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+                if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
+                    rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+        if (!rc) rc = g4_write(w, f->arch, f->gemma4, seed, rope_base, neutral);
+        if (!rc) rc = kvt_gguf_writer_write(w, path);
+        kvt_gguf_writer_free(w);
+        kvt_gguf_close(g);
+        return rc;
+    }
     const uint64_t QD = (uint64_t)FAM_HEADS * f->head_dim, KVD = (uint64_t)FAM_KV_HEADS * f->head_dim;
     char k[96];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", f->arch, suffix), k)

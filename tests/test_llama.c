@@ -5,6 +5,7 @@
 #include "test.h"
 #include "gguf.h"
 #include "kernels.h"
+#include "model.h"
 #include "qkernels.h"
 #include "quant.h"
 #include "ref.h"
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define STORIES "models/stories260K.gguf"
 
@@ -841,15 +843,53 @@ TEST(llama_attention_grouped_heads_invariance)
     rmdir(dir);
 }
 
+/* run() with the forward pass driven chunk by chunk, and with rows (not
+ * NULL) asked for every row's logits: their hash. gemma4's shared layers
+ * are its last: no later layer reads their output, so a shared layer's
+ * mistake at a position inside a pass shows in that position's logits
+ * alone, not in the last one's or in the cache. */
+static int run_rows(kvt_model *m, const int32_t *t, size_t n, const uint32_t *chunks, size_t nc, uint32_t threads,
+                    run_out *o, uint64_t *rows)
+{
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.n_threads = threads};
+    int rc = kvt_session_new(&s, m, &so);
+    if (rc) return rc;
+    size_t V = m->info.n_vocab;
+    float *lg = malloc((rows ? n : 1) * V * sizeof(float));
+    if (!lg) rc = KVT_ENOMEM;
+    for (size_t done = 0, ci = 0; !rc && done < n;) {
+        size_t c = chunks ? chunks[ci++ % nc] : n - done;
+        if (c > n - done) c = n - done;
+        rc = s->m->arch->forward(s, t + done, c, done, rows ? lg + done * V : lg, rows ? 0 : c - 1);
+        done += c;
+    }
+    if (!rc) {
+        if (rows) *rows = XXH3_64bits(lg, n * V * sizeof(float));
+        o->logits = malloc(512 * sizeof(float));
+        memcpy(o->logits, lg + (rows ? n - 1 : 0) * V, 512 * sizeof(float));
+        s->n = n; /* what the session holds, for its cache bytes */
+        rc = kvt_session_cache_bytes(s, &o->cache, &o->cache_len);
+    }
+    free(lg);
+    kvt_session_free(s);
+    return rc;
+}
+
 /* The other rows of the llama family (synth_family.h: llama 3's
  * rope_freqs, qwen2's biases, qwen3's head norms and head length, qwen3moe's
  * routed experts, gemma3's window layers, 64 tokens, over 200 tokens so
- * that most positions see past it): the final logits and every cache byte
- * are the same bits whatever the chunk schedule, the thread count or the
- * kernel path. Window attention starts at a position fixed by the token's
- * own, and an expert's rows are its tokens' own, so no schedule can move
- * either. Negative control (by hand): a window anchored to the chunk's
- * first position instead leaves gemma3 with 1 of 4 schedules agreeing. */
+ * that most positions see past it; gemma4's two shapes, whose shared
+ * layers read a ring that the 70-token chunk rewrites whole in one pass):
+ * the final logits (gemma4: every position's, run_rows) and every cache
+ * byte are the same bits whatever the chunk schedule, the thread count or
+ * the kernel path. Window attention
+ * starts at a position fixed by the token's own, and an expert's rows are
+ * its tokens' own, so no schedule can move either. Negative controls (by
+ * hand): a window anchored to the chunk's first position instead leaves
+ * gemma3 with 1 of 4 schedules agreeing; gemma4's shared layers' source
+ * ring written right after its own layer, before they read it, leaves
+ * gemma4 with 2 of 4 (the one-pass runs). */
 TEST(llama_family_invariance)
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
@@ -862,7 +902,9 @@ TEST(llama_family_invariance)
                                     {"qwen2", true, false, FAM_HEAD_DIM, false, false, false},
                                     {"qwen3", false, true, 128, false, false, false},
                                     {"qwen3moe", false, true, 128, false, true, false},
-                                    {"gemma3", false, true, FAM_HEAD_DIM, false, false, true}};
+                                    {"gemma3", false, true, FAM_HEAD_DIM, false, false, true},
+                                    {"gemma4", .gemma4 = FAM_G4_DENSE},
+                                    {"gemma4", .gemma4 = FAM_G4_MOE}};
     enum { N = 200 };
     int32_t t[N];
     seq(t, N, 13);
@@ -872,23 +914,25 @@ TEST(llama_family_invariance)
     };
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         char path[96];
-        snprintf(path, sizeof path, "%s/%s.gguf", dir, fams[f].arch);
+        snprintf(path, sizeof path, "%s/%s%s.gguf", dir, fams[f].arch, fams[f].gemma4 == FAM_G4_MOE ? "-moe" : "");
         CHECK_OK(fam_write(path, vpath, 31 + f, FAM_ROPE_BASE, &fams[f], false));
         kvt_model *m = NULL;
         CHECK_OK(kvt_model_open(&m, path));
         run_out ref = {0}, o = {0};
-        CHECK_OK(run(m, t, N, NULL, 0, 1, &ref));
+        uint64_t ref_rows = 0, rows = 0, *rp = fams[f].gemma4 ? &rows : NULL; /* every row: gemma4 (run_rows) */
+        CHECK_OK(run_rows(m, t, N, NULL, 0, 1, &ref, rp));
+        ref_rows = rows;
         size_t same_n = 0, n_cases = sizeof cases / sizeof cases[0];
         for (size_t i = 0; i < n_cases; i++) {
             bool old = kvt_kernels_force_scalar(cases[i].scalar);
-            int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
+            int rc = run_rows(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o, rp);
             kvt_kernels_force_scalar(old);
             CHECK_OK(rc);
-            same_n += same(&ref, &o);
+            same_n += same(&ref, &o) && rows == ref_rows;
             run_free(&o);
         }
-        printf("    %s: %zu of %zu schedules, thread counts and kernel paths give the same bits\n", fams[f].arch,
-               same_n, n_cases);
+        printf("    %s%s: %zu of %zu schedules, thread counts and kernel paths give the same bits\n", fams[f].arch,
+               fams[f].gemma4 == FAM_G4_MOE ? " (experts)" : "", same_n, n_cases);
         CHECKF(same_n == n_cases, "%s: a schedule, thread count or kernel path changes the bits", fams[f].arch);
         run_free(&ref);
         kvt_model_close(m);
@@ -926,4 +970,123 @@ TEST(llama_forward_allocates_no_scratch)
     kvt_test_clear_dir(dir);
     rmdir(dir);
     CHECKF(ok, "the forward pass allocated");
+}
+
+/* src copied to dst with key set to *v (v NULL: left out; key NULL: none)
+ * and tensor tname's bytes replaced by n floats (absent from src: added as
+ * a vector of n; data NULL: left out). */
+static int g4_edit(const char *src, const char *dst, const char *key, const kvt_gguf_val *v, const char *tname,
+                   const float *data, size_t n)
+{
+    kvt_gguf *g = NULL;
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    int rc = w ? kvt_gguf_open(&g, src) : KVT_ENOMEM;
+    bool found = false;
+    for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
+        if (!key || strcmp(kvt_gguf_key(g, i), key)) rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    if (!rc && key && v) rc = kvt_gguf_writer_set(w, key, v);
+    for (size_t i = 0; !rc && i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *x = kvt_gguf_tensor_at(g, i);
+        bool it = tname && !strcmp(x->name, tname);
+        found |= it;
+        if (it && !data) continue;
+        rc = kvt_gguf_writer_add_tensor(w, x->name, x->type, x->n_dims, x->ne, it ? (const void *)data : x->data,
+                                        it ? n * sizeof(float) : x->n_bytes);
+    }
+    uint64_t ne[4] = {n, 1, 1, 1};
+    if (!rc && tname && data && !found) rc = kvt_gguf_writer_add_tensor(w, tname, KVT_GGML_F32, 1, ne, data, n * 4);
+    if (!rc) rc = kvt_gguf_writer_write(w, dst);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+/* gemma4's file checks and fingerprint, on its synthetic MoE shape
+ * (synth_family.h): a file with one of its hyperparameters or tensors
+ * changed loads with another fingerprint, and files llama.cpp refuses or
+ * kvtier cannot run are refused with KVT_EFORMAT (KVT_EUNSUPPORTED: an
+ * output scale kvtier does not apply) naming the key or tensor. */
+TEST(llama_gemma4_format)
+{
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) SKIP("../shared absent");
+    char vpath[1024], dir[] = "/tmp/kvtier-g4fmt-XXXXXX", src[96], dst[96];
+    snprintf(vpath, sizeof vpath, "%s", vocab);
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(src, sizeof src, "%s/g4.gguf", dir);
+    snprintf(dst, sizeof dst, "%s/edit.gguf", dir);
+    const fam_spec f = {"gemma4", .gemma4 = FAM_G4_MOE};
+    CHECK_OK(fam_write(src, vpath, 7, FAM_ROPE_BASE, &f, false));
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, src));
+    uint64_t fp0 = kvt_model_fingerprint(m);
+    kvt_model_close(m);
+    kvt_gguf_val u[16], arr = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_U32, .n = FAM_G4_LAYERS - 1, .v.arr = u};
+    for (int i = 0; i < 16; i++) u[i] = (kvt_gguf_val){.type = KVT_GGUF_U32, .v.u = 2};
+#define U32(x) (&(kvt_gguf_val){.type = KVT_GGUF_U32, .v.u = (x)})
+#define F32(x) (&(kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = (x)})
+    const float two = 2.0f, e8[FAM_MOE_E] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float d256[FAM_DIM];
+    for (int i = 0; i < FAM_DIM; i++) d256[i] = 1.0f + (float)i / FAM_DIM;
+    const struct { const char *key; const kvt_gguf_val *v; const char *t; const float *d; size_t n; } same[] = {
+        {"gemma4.attention.shared_kv_layers", U32(0), NULL, NULL, 0},
+        {"gemma4.rope.dimension_count_swa", U32(16), NULL, NULL, 0},
+        {"gemma4.rope.freq_base_swa", F32(500), NULL, NULL, 0},
+        {"gemma4.final_logit_softcapping", F32(20), NULL, NULL, 0},
+        {"gemma4.expert_used_count", U32(3), NULL, NULL, 0},
+        {"gemma4.attention.sliding_window", U32(32), NULL, NULL, 0},
+        {NULL, NULL, "blk.0.layer_output_scale.weight", &two, 1},
+        {NULL, NULL, "blk.2.ffn_gate_inp.scale", d256, FAM_DIM},
+        {NULL, NULL, "blk.2.ffn_down_exps.scale", e8, FAM_MOE_E},
+        {NULL, NULL, "blk.3.post_ffw_norm_2.weight", d256, FAM_DIM},
+        {NULL, NULL, "blk.4.pre_ffw_norm_2.weight", d256, FAM_DIM},
+        {NULL, NULL, "blk.5.post_ffw_norm_1.weight", d256, FAM_DIM},
+        {NULL, NULL, "blk.5.ffn_down_exps.scale", e8, FAM_MOE_E}, /* absent on layer 5: added */
+    };
+    size_t differ = 0, ns = sizeof same / sizeof *same;
+    for (size_t i = 0; i < ns; i++) {
+        CHECK_OK(g4_edit(src, dst, same[i].key, same[i].v, same[i].t, same[i].d, same[i].n));
+        int rc = kvt_model_open(&m, dst);
+        CHECKF(rc == KVT_OK, "%s: %s", same[i].key ? same[i].key : same[i].t, kvt_errmsg());
+        bool d = kvt_model_fingerprint(m) != fp0;
+        if (!d) printf("    %s changed, the same fingerprint\n", same[i].key ? same[i].key : same[i].t);
+        differ += d;
+        kvt_model_close(m);
+    }
+    printf("    %zu of %zu changed hyperparameters and tensors change the fingerprint\n", differ, ns);
+    CHECK(differ == ns);
+    const struct { const char *key; const kvt_gguf_val *v; const char *t; const float *d; size_t n; int rc;
+                   const char *says; } bad[] = {
+        {"gemma4.attention.sliding_window_pattern", U32(2), NULL, NULL, 0, KVT_EFORMAT, "sliding_window_pattern"},
+        {"gemma4.attention.head_count_kv", &arr, NULL, NULL, 0, KVT_EFORMAT, "gemma4.attention.head_count_kv"},
+        {"gemma4.feed_forward_length", &arr, NULL, NULL, 0, KVT_EFORMAT, "gemma4.feed_forward_length"},
+        {"gemma4.attention.key_length_swa", NULL, NULL, NULL, 0, KVT_EFORMAT, "gemma4.attention.key_length_swa"},
+        {"gemma4.attention.value_length_swa", U32(32), NULL, NULL, 0, KVT_EFORMAT, "value_length_swa"},
+        {"gemma4.embedding_length_per_layer_input", NULL, NULL, NULL, 0, KVT_EFORMAT,
+         "embedding_length_per_layer_input"},
+        {"gemma4.attention.sliding_window", NULL, NULL, NULL, 0, KVT_EFORMAT, "gemma4.attention.sliding_window"},
+        {"gemma4.attention.layer_norm_rms_epsilon", NULL, NULL, NULL, 0, KVT_EFORMAT, "layer_norm_rms_epsilon"},
+        {"gemma4.attention.shared_kv_layers", U32(5), NULL, NULL, 0, KVT_EFORMAT, "shared_kv_layers"},
+        {"gemma4.attention.shared_kv_layers", U32(1), NULL, NULL, 0, KVT_EFORMAT, "another kind"},
+        {"gemma4.rope.dimension_count_swa", U32(128), NULL, NULL, 0, KVT_EFORMAT, "rope.dimension_count"},
+        {"gemma4.expert_used_count", U32(9), NULL, NULL, 0, KVT_EFORMAT, "expert_used_count"},
+        {NULL, NULL, "rope_freqs.weight", NULL, 0, KVT_EFORMAT, "rope_freqs.weight"},
+        {NULL, NULL, "blk.1.attn_q.scale", &two, 1, KVT_EUNSUPPORTED, "blk.1.attn_q.scale"},
+    };
+    size_t refused = 0, nb = sizeof bad / sizeof *bad;
+    for (size_t i = 0; i < nb; i++) {
+        CHECK_OK(g4_edit(src, dst, bad[i].key, bad[i].v, bad[i].t, bad[i].d, bad[i].n));
+        m = NULL;
+        int rc = kvt_model_open(&m, dst);
+        bool ok = rc == bad[i].rc && strstr(kvt_errmsg(), bad[i].says);
+        if (!ok) printf("    %s: %s (%s)\n", bad[i].key ? bad[i].key : bad[i].t, kvt_strerror(rc), rc ? kvt_errmsg() : "");
+        refused += ok;
+        kvt_model_close(m);
+    }
+#undef U32
+#undef F32
+    printf("    %zu of %zu bad files refused, naming the key or tensor\n", refused, nb);
+    CHECK(refused == nb);
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
 }

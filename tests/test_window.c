@@ -20,7 +20,8 @@
  * (Chunk schedules and thread counts: llama_family_invariance; the disk
  * tier across processes: store_persist_round_trip_gemma3.) The model is the
  * synthetic gemma3 of tests/synth_family.h: 4 layers, every other one a
- * 64-token window. Negative controls use KVT_LLAMA_FAULT_RING, which
+ * 64-token window; window_snapshot_restore_gemma4 runs the first check on
+ * its gemma4 (per-layer row lengths, shared layers). Negative controls use KVT_LLAMA_FAULT_RING, which
  * restores a ring with one value off: each check must then fail. */
 #include "test.h"
 #include "model.h"
@@ -34,21 +35,24 @@
 enum { W = FAM_GEMMA_SWA };
 
 static const fam_spec gemma3 = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+static const fam_spec gemma4 = {"gemma4", .gemma4 = FAM_G4_DENSE};
 
-/* The synthetic gemma3 in dir (written once per test), or NULL (skipped:
+/* The synthetic model f in dir (written once per test), or NULL (skipped:
  * ../shared absent). */
-static kvt_model *gemma_open(char *dir, char *path, size_t cap)
+static kvt_model *fam_open(const fam_spec *f, char *dir, char *path, size_t cap)
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
     if (!vocab) return NULL;
     char v[1024];
     snprintf(v, sizeof v, "%s", vocab);
     if (!mkdtemp(dir)) return NULL;
-    snprintf(path, cap, "%s/gemma3.gguf", dir);
+    snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
     kvt_model *m = NULL;
-    if (fam_write(path, v, 5, FAM_ROPE_BASE, &gemma3, false) || kvt_model_open(&m, path)) return NULL;
+    if (fam_write(path, v, 5, FAM_ROPE_BASE, f, false) || kvt_model_open(&m, path)) return NULL;
     return m;
 }
+
+static kvt_model *gemma_open(char *dir, char *path, size_t cap) { return fam_open(&gemma3, dir, path, cap); }
 
 static void gemma_close(kvt_model *m, const char *dir, const char *path)
 {
@@ -83,16 +87,10 @@ static bool restore_exact(kvt_model *m, const int32_t *t, size_t n, size_t k, ui
     return ok;
 }
 
-TEST(window_snapshot_restore)
+/* Snapshots at positions around the window's edge restored and run on
+ * (restore_exact), and the negative control. */
+static void restore_all(kvt_model *m)
 {
-    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
-    kvt_model *m = gemma_open(dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
-    kvt_plan p;
-    CHECK_OK(kvt_model_plan(m, 4096, &p));
-    /* 2 window layers of (2, 64, 2 heads * 64) f32; 2 global layers' full rows */
-    CHECKF(p.window == 2 * 2 * W * 128 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
-           (unsigned long long)p.window, (unsigned long long)p.full);
     enum { N = 420 };
     int32_t t[N];
     prompt(t, N, 3);
@@ -113,6 +111,36 @@ TEST(window_snapshot_restore)
     bool caught = !restore_exact(m, t, N, W + 1, want) && !restore_exact(m, t, N, 300, want);
     kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
     CHECKF(caught, "a ring restored wrong went unnoticed");
+}
+
+TEST(window_snapshot_restore)
+{
+    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
+    kvt_model *m = gemma_open(dir, path, sizeof path);
+    if (!m) SKIP("../shared/vocab absent");
+    kvt_plan p;
+    CHECK_OK(kvt_model_plan(m, 4096, &p));
+    /* 2 window layers of (2, 64, 2 heads * 64) f32; 2 global layers' full rows */
+    CHECKF(p.window == 2 * 2 * W * 128 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)p.window, (unsigned long long)p.full);
+    restore_all(m);
+    gemma_close(m, dir, path);
+}
+
+/* The same on gemma4 (synth_family.h): its window layers' rows are 256
+ * floats, its global layers' 128, and its two shared layers (one window,
+ * one global) keep nothing, reading the rings and rows of layers 2 and 3. */
+TEST(window_snapshot_restore_gemma4)
+{
+    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
+    kvt_model *m = fam_open(&gemma4, dir, path, sizeof path);
+    if (!m) SKIP("../shared/vocab absent");
+    kvt_plan p;
+    CHECK_OK(kvt_model_plan(m, 4096, &p));
+    /* 2 window layers of (2, 64, 4 heads * 64) f32; 2 global layers' full rows of 1 head * 128 */
+    CHECKF(p.window == 2 * 2 * W * 256 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)p.window, (unsigned long long)p.full);
+    restore_all(m);
     gemma_close(m, dir, path);
 }
 
