@@ -1159,9 +1159,35 @@ static int parse_thinking_anthropic(chat *ch, const json_t *root, int *status)
     return KVT_OK;
 }
 
+/* Where the last user message's text (trimmed, as templates write it)
+ * begins in the rendered prompt: its last occurrence. A template may put
+ * other text of that turn before it (Gemma folds the system prompt into the
+ * first user turn), so this, not the turn's marker, is where two
+ * conversations on one system prompt part. *opening: no assistant turn
+ * comes before that message. */
+static size_t fork_offset(const kvt_wbuf *b, const kvt_chat *c, bool *opening)
+{
+    for (size_t i = c->n; i-- > 0;) {
+        if (c->t[i].role != KVT_ROLE_USER) continue;
+        *opening = true;
+        for (size_t k = 0; k < i; k++) *opening &= c->t[k].role != KVT_ROLE_ASSISTANT;
+        const char *t = c->t[i].text;
+        size_t n = c->t[i].len;
+        while (n && (*t == ' ' || *t == '\n' || *t == '\t' || *t == '\r')) t++, n--;
+        while (n && (t[n - 1] == ' ' || t[n - 1] == '\n' || t[n - 1] == '\t' || t[n - 1] == '\r')) n--;
+        if (!n) return SIZE_MAX;
+        size_t at = SIZE_MAX;
+        for (const uint8_t *p = b->p, *end = b->p + b->len; (p = memmem(p, (size_t)(end - p), t, n)); p++)
+            at = (size_t)(p - b->p);
+        return at;
+    }
+    return SIZE_MAX;
+}
+
 static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt_model *m,
                       const kvt_parse_opts *o, int *status)
 {
+    r->fork_at = SIZE_MAX; /* until a chat's rendering finds it */
     int rc = parse_sampling(r, root, api, status);
     if (rc) return rc;
     kvt_wbuf b = {0};
@@ -1193,6 +1219,7 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
              * generation prompt (not in a prefill) */
             bool gen = t->render(&b, &ch.c, o->replay, o->replay_user);
             r->thinking = t->thinking && gen && ch.c.thinking;
+            r->fork_at = fork_offset(&b, &ch.c, &r->opening);
         }
         kvt_chat_free(&ch.c);
     }

@@ -64,6 +64,12 @@ typedef struct kvt_request {
     char *model;                /* the "model" field (NULL if absent) */
     char *prompt;               /* rendered prompt text, malloc'ed, NUL-terminated */
     size_t prompt_len;          /* bytes, excluding the NUL */
+    size_t fork_at;             /* where the last user message's own text begins in the
+                                 * prompt (bytes): the next conversation on the same
+                                 * system prompt and history diverges there; SIZE_MAX:
+                                 * not found (no user text, or none rendered) */
+    bool opening;               /* no assistant turn before the last user message: a
+                                 * conversation's first request */
     const kvt_template *tmpl;   /* the template that rendered the prompt (chat, messages,
                                  * responses; NULL for completions and for a request
                                  * built by hand: then replies are read in the DSML

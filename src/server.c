@@ -649,6 +649,20 @@ static void run_job(server *sv, job *j)
         if (!mark && marker_at(tt.user, tt.n_user, toks, n, i)) mark = i;
         if (mark && marker_at(tt.assistant, tt.n_assistant, toks, n, i)) opening = false;
     }
+    /* the mark goes where the last user message's own text begins, when the
+     * template wrote it (after its turn's marker, and in Gemma after the
+     * system prompt the first user turn carries): the common prefix of the
+     * prompt's tokens and those of the prompt up to there */
+    if (r->fork_at != SIZE_MAX && r->fork_at <= r->prompt_len) {
+        int32_t *pt = NULL;
+        size_t np = 0;
+        if (kvt_tokenizer_encode(m->tok, r->prompt, r->fork_at, r->prompt_has_bos ? false : m->info.add_bos,
+                                 r->prompt_special, &pt, &np) == KVT_OK) {
+            size_t f = common_prefix(pt, np, toks, n);
+            if (f > 0 && f < n) { mark = f; opening = r->opening; }
+        }
+        free(pt);
+    }
     kvt_session_set_mark(s, mark);
     struct prog pg = {sv, j, kvt_now()};
     s->progress = on_progress;

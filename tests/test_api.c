@@ -3417,3 +3417,34 @@ TEST(api_every_allocation_failure)
     free(body);
     kvt_model_close(m);
 }
+
+/* Where two conversations on one prompt part: the last user message's own
+ * text (kvt_request.fork_at), found in the rendering whatever the template
+ * writes before it, and whether an assistant turn comes before it
+ * (opening). Negative control: a user text the history repeats earlier is
+ * still found at its last place. */
+TEST(api_fork_point)
+{
+    kvt_model *m = tiny();
+    CHECK(m);
+    kvt_request r;
+    int st;
+    CHECK_OK(parse(&r, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"system\",\"content\":\"You help.\"},"
+                   "{\"role\":\"user\",\"content\":\"  Say hello.\\n\"}]}", m, &st));
+    CHECK(r.fork_at != SIZE_MAX && r.opening);
+    CHECK(!strncmp(r.prompt + r.fork_at, "Say hello.", 10));
+    kvt_request_free(&r);
+    CHECK_OK(parse(&r, KVT_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"again\"},{\"role\":\"assistant\",\"content\":\"ok\"},"
+                   "{\"role\":\"user\",\"content\":\"again\"},{\"role\":\"system\",\"content\":\"late\"}]}", m, &st));
+    CHECK(r.fork_at != SIZE_MAX && !r.opening);
+    const char *first = strstr(r.prompt, "again");
+    CHECKF(first && r.prompt + r.fork_at > first && !strncmp(r.prompt + r.fork_at, "again", 5),
+           "the last user text is at %zu, the first at %td", r.fork_at, first ? first - r.prompt : -1);
+    kvt_request_free(&r);
+    CHECK_OK(parse(&r, KVT_API_COMPLETIONS, "{\"prompt\":\"plain text\"}", m, &st));
+    CHECK(r.fork_at == SIZE_MAX);
+    kvt_request_free(&r);
+    kvt_model_close(m);
+}

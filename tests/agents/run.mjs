@@ -22,6 +22,9 @@
 //   cold      nothing reused: cached 0, no tier reused anything
 //   ram       cached >= 90% of the prompt, reused from RAM (no disk load)
 //   disk      cached >= 90% of the prompt, restored from disk
+//   ram:P, disk:P   the same with P% (a template that puts what follows the
+//             user's text, such as a client's late system message, after
+//             it leaves only the part before it to reuse)
 //   isolated  the key's first request ever: cached 0 although another key
 //             has the same prefix cached; a later request of the session may
 //             reuse no more than this session itself computed before it
@@ -220,10 +223,14 @@ function clientVerdict(client, res) {
 }
 
 async function main() {
-  const [base, client, key, what, prompt, stateDir] = process.argv.slice(2);
+  const [base, client, key, checkArg, prompt, stateDir] = process.argv.slice(2);
   if (base === 'check') return checkDeps();
-  if (!base || !CLIENTS[client] || !key || !['cold', 'ram', 'disk', 'isolated'].includes(what) || !prompt || !stateDir) {
-    console.error('usage: node run.mjs BASE_URL claude|codex|pi-chat|pi-responses|pi-messages KEY cold|ram|disk|isolated PROMPT STATE_DIR');
+  // ram and disk take the share they must reuse: ram:40 is 40% (default 90)
+  const [what, share] = (checkArg || '').split(':');
+  const least = share === undefined ? 90 : Number(share);
+  if (!base || !CLIENTS[client] || !key || !['cold', 'ram', 'disk', 'isolated'].includes(what) || !prompt || !stateDir ||
+      !(least > 0 && least <= 100) || (share !== undefined && what !== 'ram' && what !== 'disk')) {
+    console.error('usage: node run.mjs BASE_URL claude|codex|pi-chat|pi-responses|pi-messages KEY cold|ram[:P]|disk[:P]|isolated PROMPT STATE_DIR');
     process.exit(2);
   }
   const spec = CLIENTS[client];
@@ -282,11 +289,11 @@ async function main() {
   if (what === 'cold') {
     check(c.cached === 0 && tier.ram === 0 && tier.disk === 0, `first request is cold (cached ${c.cached})`, tier);
   } else if (what === 'ram') {
-    check(c.cached >= 0.9 * c.prompt && tier.ram >= 0.9 * c.prompt && tier.disk === 0,
-      `first request reuses >= 90% from RAM: ${tier.ram} of ${c.prompt} (${pct(tier.ram)})`, { usage: c, tier });
+    check(c.cached >= least / 100 * c.prompt && tier.ram >= least / 100 * c.prompt && tier.disk === 0,
+      `first request reuses >= ${least}% from RAM: ${tier.ram} of ${c.prompt} (${pct(tier.ram)})`, { usage: c, tier });
   } else if (what === 'disk') {
-    check(c.cached >= 0.9 * c.prompt && tier.disk >= 0.9 * c.prompt && tier.ram === 0,
-      `first request restores >= 90% from disk: ${tier.disk} of ${c.prompt} (${pct(tier.disk)})`, { usage: c, tier });
+    check(c.cached >= least / 100 * c.prompt && tier.disk >= least / 100 * c.prompt && tier.ram === 0,
+      `first request restores >= ${least}% from disk: ${tier.disk} of ${c.prompt} (${pct(tier.disk)})`, { usage: c, tier });
   } else {
     check(c.cached === 0 && tier.ram === 0 && tier.disk === 0,
       `first request of key ${key} reuses nothing (cached ${c.cached}, ram +${tier.ram}, disk +${tier.disk})`, { usage: c, tier });
