@@ -1175,7 +1175,7 @@ static size_t fork_offset(const kvt_wbuf *b, const kvt_chat *c, bool *opening)
         size_t n = c->t[i].len;
         while (n && (*t == ' ' || *t == '\n' || *t == '\t' || *t == '\r')) t++, n--;
         while (n && (t[n - 1] == ' ' || t[n - 1] == '\n' || t[n - 1] == '\t' || t[n - 1] == '\r')) n--;
-        if (!n) return SIZE_MAX;
+        if (!n || !b->p) return SIZE_MAX; /* no text, or nothing rendered (out of memory) */
         size_t at = SIZE_MAX;
         for (const uint8_t *p = b->p, *end = b->p + b->len; (p = memmem(p, (size_t)(end - p), t, n)); p++)
             at = (size_t)(p - b->p);
