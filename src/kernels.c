@@ -401,84 +401,9 @@ __attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_
 #endif
 
 #ifdef KVT_HAVE_X86
-/* dots_h3k2_avx2 for three heads against four keys with AVX-512: each
- * dot's 16 lanes in one zmm (lane l the elements l mod 16, as the two
- * halves of dot_avx2), twelve accumulators, the same reduction. */
-__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void dots_hk4_avx512(const int H, float *out, size_t ldo,
-                                                                                  const float *q, size_t ldq,
-                                                                                  const float *k, size_t ldk,
-                                                                                  size_t n, float scale)
-{
-    __m512 acc[4][4];
-    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[h][j] = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __m512 kv[4];
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kv[j] = _mm512_loadu_ps(k + (size_t)j * ldk + i);
-        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
-            __m512 x = _mm512_loadu_ps(q + (size_t)h * ldq + i);
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[h][j] = _mm512_fmadd_ps(x, kv[j], acc[h][j]);
-        }
-    }
-    __m128 sc = _mm_set1_ps(scale);
-    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
-        __m256 lo[4], hi[4];
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-            lo[j] = _mm512_castps512_ps256(acc[h][j]);
-            hi[j] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][j]), 1));
-        }
-        _mm_storeu_ps(out + (size_t)h * ldo, _mm_mul_ps(reduce16x4_avx2(lo, hi), sc));
-    }
-}
-
-/* One function per head count (1 to 4 query heads of a KV group at once:
- * each head's scores are the same operations whatever the count). */
-#define DOTS_HK4(H)                                                                                            \
-    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void dots_h##H##k4_avx512(                   \
-        float *out, size_t ldo, const float *q, size_t ldq, const float *k, size_t ldk, size_t n, float scale) \
-    {                                                                                                          \
-        dots_hk4_avx512(H, out, ldo, q, ldq, k, ldk, n, scale);                                                \
-    }
-DOTS_HK4(1) DOTS_HK4(2) DOTS_HK4(3) DOTS_HK4(4)
-typedef void (*dots_hk4_fn)(float *, size_t, const float *, size_t, const float *, size_t, size_t, float);
-static const dots_hk4_fn dots_hk4[5] = {NULL, dots_h1k4_avx512, dots_h2k4_avx512, dots_h3k4_avx512, dots_h4k4_avx512};
-
-/* axpy_rows3h_avx2 over 64 elements with AVX-512 (each element its own
- * fma per key, so any width gives the same bits). */
-__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void axpy_rowsh_avx512(const int H, float *y, size_t ldy,
-                                                                                    const float *a, size_t lda,
-                                                                                    const float *v, size_t ldv,
-                                                                                    size_t nk)
-{
-    __m512 c[4][4];
-    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
-        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y + (size_t)h * ldy + 16 * e);
-    for (size_t j = 0; j < nk; j++, v += ldv) {
-        prefetch_row(v + ATT_AHEAD * ldv, 64);
-        __m512 b[4];
-        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) b[h] = _mm512_set1_ps(a[(size_t)h * lda + j]);
-        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
-            __m512 x = _mm512_loadu_ps(v + 16 * e);
-            _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
-        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) _mm512_storeu_ps(y + (size_t)h * ldy + 16 * e, c[h][e]);
-}
-#define AXPY_RH(H)                                                                                            \
-    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_rows##H##h_avx512(                 \
-        float *y, size_t ldy, const float *a, size_t lda, const float *v, size_t ldv, size_t nk)              \
-    {                                                                                                          \
-        axpy_rowsh_avx512(H, y, ldy, a, lda, v, ldv, nk);                                                      \
-    }
-AXPY_RH(1) AXPY_RH(2) AXPY_RH(3) AXPY_RH(4)
-typedef void (*axpy_rh_fn)(float *, size_t, const float *, size_t, const float *, size_t, size_t);
-static const axpy_rh_fn axpy_rh[5] = {NULL, axpy_rows1h_avx512, axpy_rows2h_avx512, axpy_rows3h_avx512, axpy_rows4h_avx512};
-#endif
-
-#ifdef KVT_HAVE_X86
-/* dots_hk4_avx512 with each query and its scores anywhere: q[h] (n) and
- * out[h][0..4) for h < H, the same operations per (query, key). */
+/* Scores of H (1 to 4) queries against four keys with AVX-512: q[h] (n) and
+ * out[h][j..j + 4) for h < H, each (query, key) the same operations (16
+ * lanes reduced as the AVX2 path's two halves), whatever H is. */
 __attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
 dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n,
                 float scale)
@@ -505,7 +430,8 @@ dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q,
     }
 }
 
-/* axpy_rowsh_avx512 with each query's output and weights anywhere. */
+/* y[h][e0..e0 + 64) += a[h][j] * v_j for H (1 to 4) queries, keys in order
+ * (each element its own fma per key, so any width gives the same bits). */
 __attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
 axpy_ph_avx512(const int H, float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)
 {
@@ -590,9 +516,12 @@ void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq
                 float *o = out + u * ldo;
                 const float *qu = q + u * ldq;
                 size_t j = 0;
+                float *op[4];
+                const float *qp[4];
+                for (size_t h = 0; h < hs; h++) op[h] = o + h * ldo, qp[h] = qu + h * ldq;
                 for (; j + 4 <= nk; j += 4) {
                     for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
-                    dots_hk4[hs](o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+                    dots_pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
                 }
                 for (; j < nk; j++)
                     for (size_t h = 0; h < hs; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
@@ -628,8 +557,10 @@ void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq,
         if (n % 64 == 0 && kvt_kernels_avx512()) /* up to four heads at a time */
             for (size_t hs; u < nq; u += hs) {
                 hs = nq - u >= 4 ? 4 : nq - u;
-                for (size_t e = 0; e < n; e += 64)
-                    axpy_rh[hs](y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
+                float *yp[4];
+                const float *ap[4];
+                for (size_t h = 0; h < hs; h++) yp[h] = y + (u + h) * ldy, ap[h] = a + (u + h) * lda;
+                for (size_t e = 0; e < n; e += 64) axpy_ph[hs](yp, e, ap, v + e, ldv, nk);
             }
         if (n % 32 == 0)
             for (; u + 3 <= nq; u += 3)
