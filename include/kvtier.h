@@ -96,6 +96,7 @@ typedef struct kvt_plan {
     uint64_t indexer;     /* completed indexer rows */
     uint64_t frontier;    /* pooling state of incomplete blocks (fixed) */
     uint64_t full;        /* full K and V rows (llama) */
+    uint64_t recurrent;   /* recurrent layers' state: convolution and delta rule (fixed) */
     uint64_t fixed, total;
     uint64_t per_token_x1000; /* bytes per token x 1000 (may be fractional) */
 } kvt_plan;

@@ -70,6 +70,7 @@
  * output is one fixed-order dot product, so logits and cache bytes do not
  * depend on the chunk schedule or the thread count.
  */
+#include "deltanet.h"
 #include "kernels.h"
 #include "model.h"
 #include "moe.h"
@@ -96,6 +97,7 @@ typedef struct family {
     bool gemma;        /* gemma3: embeddings scaled by sqrt(D), attn_post_norm and ffn_post_norm,
                         * GeGLU, sliding-window layers with a RoPE base of their own */
     bool gemma4;       /* gemma4's additions to gemma (the header) */
+    bool hybrid;       /* qwen35: Gated DeltaNet layers (src/deltanet.c) between gated attention layers */
 } family;
 
 static const family families[] = {
@@ -105,6 +107,8 @@ static const family families[] = {
     {"qwen3moe", true, false, true, true, false, false},
     {"gemma3", true, false, true, false, true, false},
     {"gemma4", true, false, true, false, true, true},
+    {"qwen35", true, false, true, false, false, false, true},
+    {"qwen35moe", true, false, true, true, false, false, true},
 };
 
 typedef struct llama_layer {
@@ -134,6 +138,11 @@ typedef struct llama_layer {
     kvt_wmat inp_gate; /* (n_pl, D) per-layer embeddings: the gate */
     kvt_wmat proj;     /* (D, n_pl) its projection */
     float *ple_post;   /* (D) its norm */
+    /* qwen35 */
+    bool recr;         /* a Gated DeltaNet layer (gdn; no attention, no streams) */
+    kvt_gdn_layer gdn;
+    kvt_wmat sh_gate, sh_up, sh_down; /* (Fs, D) x2, (D, Fs): qwen35moe's shared expert (rows 0: none) */
+    float *sh_inp;     /* (D) its gate: sigmoid(sh_inp . x) */
 } llama_layer;
 
 typedef struct llama_weights {
@@ -164,6 +173,14 @@ typedef struct llama_weights {
     float *rope_ff;    /* (n_ff) rope_freqs.weight (llama 3's scaling, as the converter writes it); NULL: none */
     kvt_wmat out;      /* (V, D); the same tensor as tok_embd when tied */
     llama_layer *layers; /* (L) */
+    /* qwen35 */
+    kvt_gdn_shape gdn; /* the DeltaNet layers' shape */
+    size_t n_rec;      /* DeltaNet layers */
+    int32_t *rec_ix;   /* (L) a DeltaNet layer's index among them (else -1); its state is at rec_at +
+                        * index * kvt_gdn_state_bytes */
+    size_t rec_at;     /* the state offset of the first (after the rings) */
+    uint32_t Fs;       /* the shared expert's length (0: none) */
+    float moe_scale;   /* expert_weights_scale (0 or 1: none) */
 } llama_weights;
 
 /* A session's scratch, allocated when it is created: the activations of up
@@ -187,17 +204,23 @@ typedef struct llama_work {
     float *pg;         /* (ch, n_pl) a layer's gate */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
+    float *qg;         /* qwen35: (ch, 2 QD) each head's queries then its output gate */
+    float *sh, *shg;   /* qwen35moe: (ch, D) the shared expert's output, (ch) its gate */
+    kvt_gdn_work gw;   /* qwen35: the DeltaNet layers' scratch */
 } llama_work;
 
 /* The matrices of layer l (l == L: the output head and the per-layer
  * embeddings' projection), n of them. */
+#define LAYER_MATS 17
 static size_t layer_mats(llama_weights *w, uint32_t l, kvt_wmat **m)
 {
     if (l == w->L) { m[0] = &w->out; m[1] = &w->ple_proj; return 2; }
     llama_layer *ly = &w->layers[l];
-    kvt_wmat *all[9] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2, &ly->inp_gate, &ly->proj};
+    kvt_wmat *all[LAYER_MATS] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2, &ly->inp_gate,
+                                 &ly->proj, &ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out,
+                                 &ly->sh_gate, &ly->sh_up, &ly->sh_down};
     memcpy(m, all, sizeof all);
-    return 9;
+    return LAYER_MATS;
 }
 
 static void llama_free(void *p)
@@ -206,14 +229,15 @@ static void llama_free(void *p)
     if (!w) return;
     if (w->layers) {
         for (uint32_t l = 0; l <= w->L; l++) { /* the packed copies (llama_pack), the head's too */
-            kvt_wmat *m[9];
+            kvt_wmat *m[LAYER_MATS];
             for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
         }
         for (uint32_t l = 0; l < w->L; l++) {
             llama_layer *ly = &w->layers[l];
             void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp,
                          ly->post_attn, ly->post_ffn, ly->out_scale, ly->gate_inp_s, ly->down_s, ly->pre_ffn2,
-                         ly->post_ffn1, ly->post_ffn2, ly->ple_post};
+                         ly->post_ffn1, ly->post_ffn2, ly->ple_post, ly->gdn.conv_w, ly->gdn.dt, ly->gdn.a,
+                         ly->gdn.norm, ly->sh_inp};
             for (size_t i = 0; i < sizeof v / sizeof *v; i++) free(v[i]);
         }
         free(w->layers);
@@ -226,6 +250,7 @@ static void llama_free(void *p)
     free(w->ring_at);
     free(w->ring_kv);
     free(w->stream_kv);
+    free(w->rec_ix);
     free(w);
 }
 
@@ -237,7 +262,7 @@ static int llama_pack(void *p, const kvt_gguf *g)
 {
     llama_weights *w = p;
     for (uint32_t l = 0; l <= w->L; l++) {
-        kvt_wmat *m[9];
+        kvt_wmat *m[LAYER_MATS];
         for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) {
             size_t bytes = kvt_q_pack_bytes(m[i]);
             if (!bytes || m[i]->pk) continue;
@@ -459,6 +484,106 @@ static int gemma4_layer(const kvt_gguf *g, llama_weights *w, uint32_t l)
     return KVT_OK;
 }
 
+/* qwen35's hyperparameters: the DeltaNet layers' shape (ssm.*), which
+ * layers they are (attention.recurrent_layers, else every layer but each
+ * full_attention_interval-th), the shared expert's length, and the
+ * interleaved multi-axis RoPE of its attention layers
+ * (rope.dimension_sections): on text every axis but the fourth has the
+ * token's position, the fourth 0, so pair i turns by its position unless
+ * it falls in the fourth axis (llama.cpp's IMROPE: sector i mod the
+ * sections' sum, axis sector mod 3 while sector < 3 x that axis's count),
+ * where it stays as it is (a divisor of infinity: angle 0, the pair exact). */
+static int hybrid_hparams(const kvt_gguf *g, llama_weights *w)
+{
+    kvt_gdn_shape *gd = &w->gdn;
+    uint32_t inner = 0, interval = 4;
+    int rc;
+    if ((rc = need_u32(g, fkey(w, "ssm.conv_kernel"), &gd->conv)) ||
+        (rc = need_u32(g, fkey(w, "ssm.state_size"), &gd->S)) ||
+        (rc = need_u32(g, fkey(w, "ssm.group_count"), &gd->Hk)) ||
+        (rc = need_u32(g, fkey(w, "ssm.time_step_rank"), &gd->Hv)) ||
+        (rc = need_u32(g, fkey(w, "ssm.inner_size"), &inner)) ||
+        (rc = opt_u32(g, w, "full_attention_interval", 4, &interval)))
+        return rc;
+    gd->D = w->D;
+    gd->eps = w->eps;
+    if (gd->conv < 2 || gd->conv > 16 || !gd->S || gd->S > 512 || !gd->Hk || !gd->Hv || gd->Hv > 1024 ||
+        gd->Hv % gd->Hk || (uint64_t)gd->Hv * gd->S != inner || !interval)
+        return kvt_fail(KVT_EFORMAT, "%s: inconsistent DeltaNet shape: conv_kernel %u, state_size %u, group_count %u, "
+                        "time_step_rank %u, inner_size %u, full_attention_interval %u", w->fam->name, gd->conv, gd->S,
+                        gd->Hk, gd->Hv, inner, interval);
+    if (!(w->rec_ix = kvt_calloc(w->L, sizeof *w->rec_ix))) return KVT_ENOMEM;
+    const kvt_gguf_val *v = kvt_gguf_get(g, fkey(w, "attention.recurrent_layers"));
+    if (v && (v->type != KVT_GGUF_ARR || v->n < w->L || v->elem_type != KVT_GGUF_BOOL))
+        return kvt_fail(KVT_EFORMAT, "%s: attention.recurrent_layers is not an array of %u bools", w->fam->name, w->L);
+    for (uint32_t l = 0; l < w->L; l++) {
+        bool r = v ? v->v.arr[l].v.u != 0 : (l + 1) % interval != 0;
+        w->rec_ix[l] = r ? (int32_t)w->n_rec++ : -1;
+        w->layers[l].recr = r;
+    }
+    if (w->fam->moe) {
+        if ((rc = need_u32(g, fkey(w, "expert_shared_feed_forward_length"), &w->Fs)) ||
+            (rc = opt_f32(g, w, "expert_weights_scale", 0.0f, &w->moe_scale)))
+            return rc;
+        if (!w->Fs || w->Fs > 1u << 20 || !isfinite(w->moe_scale))
+            return kvt_fail(KVT_EFORMAT, "%s: expert_shared_feed_forward_length %u or expert_weights_scale %g",
+                            w->fam->name, w->Fs, (double)w->moe_scale);
+    }
+    const kvt_gguf_val *sv = kvt_gguf_get(g, fkey(w, "rope.dimension_sections"));
+    if (!sv || sv->type != KVT_GGUF_ARR || sv->n != 4 ||
+        !(sv->elem_type == KVT_GGUF_I32 || sv->elem_type == KVT_GGUF_U32))
+        return kvt_fail(KVT_EFORMAT, "%s: rope.dimension_sections missing or not 4 integers", w->fam->name);
+    int64_t sec[4], sum = 0;
+    for (int i = 0; i < 4; i++) {
+        sec[i] = sv->elem_type == KVT_GGUF_I32 ? sv->v.arr[i].v.i : (int64_t)sv->v.arr[i].v.u;
+        if (sec[i] < 0 || sec[i] > 4096) return kvt_fail(KVT_EFORMAT, "%s: rope.dimension_sections[%d] = %lld",
+                                                       w->fam->name, i, (long long)sec[i]);
+        sum += sec[i];
+    }
+    if (!sum || sum > w->hd || !(sec[0] || sec[1] || sec[2]))
+        return kvt_fail(KVT_EFORMAT, "%s: rope.dimension_sections sum to %lld for head length %u", w->fam->name,
+                        (long long)sum, w->hd);
+    bool still = false;
+    for (uint32_t i = 0; i < w->n_rot / 2; i++) {
+        int64_t sc = (int64_t)i % sum, ax = sc % 3;
+        still |= !(sc < 3 * sec[ax]);
+    }
+    if (!still) return KVT_OK;
+    w->n_ff = w->n_rot / 2;
+    if (!(w->rope_ff = kvt_calloc(w->n_ff, sizeof *w->rope_ff))) return KVT_ENOMEM;
+    for (uint32_t i = 0; i < w->n_ff; i++) {
+        int64_t sc = (int64_t)i % sum, ax = sc % 3;
+        w->rope_ff[i] = sc < 3 * sec[ax] ? 1.0f : INFINITY;
+    }
+    return KVT_OK;
+}
+
+/* A qwen35 DeltaNet layer's tensors. */
+static int gdn_layer(const kvt_gguf *g, const llama_weights *w, uint32_t l, kvt_gdn_layer *d)
+{
+    const kvt_gdn_shape *gd = &w->gdn;
+    uint64_t C = kvt_gdn_channels(gd), VD = (uint64_t)gd->Hv * gd->S, D = w->D;
+    char nm[96];
+    int rc;
+#define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix), nm)
+    if ((rc = kvt_model_tensor_mat(g, NM("attn_qkv.weight"), D, C, &d->qkv)) ||
+        (rc = kvt_model_tensor_mat(g, NM("attn_gate.weight"), D, VD, &d->gate)) ||
+        (rc = kvt_model_tensor_mat(g, NM("ssm_beta.weight"), D, gd->Hv, &d->beta)) ||
+        (rc = kvt_model_tensor_mat(g, NM("ssm_alpha.weight"), D, gd->Hv, &d->alpha)) ||
+        (rc = kvt_model_tensor_mat(g, NM("ssm_out.weight"), VD, D, &d->out)) ||
+        (rc = kvt_model_tensor_f32(g, NM("ssm_conv1d.weight"), gd->conv, C, &d->conv_w)) ||
+        (rc = kvt_model_tensor_f32(g, NM("ssm_dt.bias"), gd->Hv, 1, &d->dt)) ||
+        (rc = kvt_model_tensor_f32(g, NM("ssm_a"), gd->Hv, 1, &d->a)) ||
+        (rc = kvt_model_tensor_f32(g, NM("ssm_norm.weight"), gd->S, 1, &d->norm)))
+        return rc;
+#undef NM
+    for (uint32_t h = 0; h < gd->Hv; h++)
+        if (!isfinite(d->a[h]) || !isfinite(d->dt[h]))
+            return kvt_fail(KVT_EFORMAT, "%s: layer %u: ssm_a or ssm_dt.bias of head %u is not finite", w->fam->name, l,
+                            h);
+    return KVT_OK;
+}
+
 /* The cache's layout: streams for the global layers, rings for the window
  * layers (every layer global under the tests' no-window fault), a shared
  * layer reading its source's; the window layer shared layers read keeps
@@ -473,7 +598,9 @@ static int llama_layout(llama_weights *w)
     for (uint32_t l = 0; l < L; l++) {
         const llama_layer *ly = &w->layers[l];
         bool swa = w->is_swa && w->is_swa[l];
-        if (ly->shared) {
+        if (ly->recr) { /* no rows: its state follows the rings */
+            w->kv_at[l] = 0;
+        } else if (ly->shared) {
             uint32_t src = w->n_kv - (swa ? 2 : 1);
             w->kv_at[l] = w->kv_at[src];
             if (w->kv_at[src] < 0) w->swa_src = (int32_t)src;
@@ -486,7 +613,19 @@ static int llama_layout(llama_weights *w)
             w->kv_at[l] = (int32_t)(2 * w->n_global++);
         }
     }
+    w->rec_at = w->ring_at[w->n_ring];
     return KVT_OK;
+}
+
+/* The fixed state's bytes: the rings, then the DeltaNet layers' states. */
+static size_t state_bytes(const llama_weights *w)
+{
+    return w->rec_at + w->n_rec * (w->n_rec ? kvt_gdn_state_bytes(&w->gdn) : 0);
+}
+
+static float *rec_state(const kvt_session *s, const llama_weights *w, size_t l)
+{
+    return (float *)(s->cache->state + w->rec_at + (size_t)w->rec_ix[l] * kvt_gdn_state_bytes(&w->gdn));
 }
 
 int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
@@ -513,7 +652,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     if (!(Hs = kvt_calloc(3 * (size_t)w->L, sizeof *Hs))) { rc = KVT_ENOMEM; goto fail; }
     uint32_t *Hkvs = Hs + w->L, *Fs = Hs + 2 * w->L;
     if ((rc = layer_u32(g, w, "attention.head_count", true, 0, Hs)) ||
-        (rc = layer_u32(g, w, "feed_forward_length", true, 0, Fs)) ||
+        (rc = layer_u32(g, w, "feed_forward_length", !(w->fam->moe && w->fam->hybrid), 1, Fs)) ||
         (rc = layer_u32(g, w, "attention.head_count_kv", false, 0, Hkvs)))
         goto fail;
     if (!kvt_gguf_get(g, fkey(w, "attention.head_count_kv"))) memcpy(Hkvs, Hs, w->L * sizeof *Hs);
@@ -566,6 +705,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     w->layers = kvt_calloc(w->L, sizeof *w->layers);
     if (!w->layers) { rc = KVT_ENOMEM; goto fail; }
     w->n_kv = w->L - shared;
+    if (w->fam->hybrid && (rc = hybrid_hparams(g, w))) goto fail;
     w->QD = w->KV = w->F = 0;
     for (uint32_t l = 0; l < w->L; l++) {
         llama_layer *ly = &w->layers[l];
@@ -595,6 +735,8 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         w->F = ly->F > w->F ? ly->F : w->F;
     }
     if (kvt_llama_fault == KVT_LLAMA_FAULT_OWN_KV) w->n_kv = w->L;
+    w->F = w->Fs > w->F ? w->Fs : w->F;
+    if (w->fam->hybrid) w->QD *= 2; /* the queries and their gates (the scratch's q holds both) */
     const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != w->D || te->ne[1] == 0 || te->ne[1] > 1u << 24) {
         rc = kvt_fail(KVT_EFORMAT, "llama: token_embd.weight missing or not (%u, V)", w->D);
@@ -646,7 +788,10 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
         if ((rc = kvt_model_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
         V(attn_norm, "attn_norm.weight", w->D)
-        M(wq, "attn_q.weight", w->D, ly->QD)
+        if (ly->recr) {
+            if ((rc = gdn_layer(g, w, l, &ly->gdn))) goto fail;
+        } else {
+        M(wq, "attn_q.weight", w->D, w->fam->hybrid ? 2 * ly->QD : ly->QD)
         if (!ly->shared) {
             M(wk, "attn_k.weight", w->D, ly->KV)
             snprintf(nm, sizeof nm, "blk.%u.attn_v.weight", l);
@@ -662,7 +807,12 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
             if (!ly->shared) { V(kn, "attn_k_norm.weight", ly->hd) }
         }
         M(wo, "attn_output.weight", ly->QD, w->D)
-        V(ffn_norm, "ffn_norm.weight", w->D)
+        }
+        if (w->fam->hybrid) { /* qwen35's FFN input norm */
+            V(ffn_norm, "post_attention_norm.weight", w->D)
+        } else {
+            V(ffn_norm, "ffn_norm.weight", w->D)
+        }
         if (w->fam->gemma) {
             V(post_attn, "post_attention_norm.weight", w->D)
             V(post_ffn, "post_ffw_norm.weight", w->D)
@@ -677,6 +827,12 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
                 if ((rc = kvt_model_tensor_mat3(g, nm, i < 2 ? w->D : w->Fe, i < 2 ? w->Fe : w->D, w->E, xm[i])))
                     goto fail;
             }
+            if (w->Fs) {
+                M(sh_gate, "ffn_gate_shexp.weight", w->D, w->Fs)
+                M(sh_up, "ffn_up_shexp.weight", w->D, w->Fs)
+                M(sh_down, "ffn_down_shexp.weight", w->Fs, w->D)
+                V(sh_inp, "ffn_gate_inp_shexp.weight", w->D)
+            }
         } else {
             M(w1, "ffn_gate.weight", w->D, ly->F)
             M(w3, "ffn_up.weight", w->D, ly->F)
@@ -689,7 +845,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     if ((rc = llama_layout(w))) goto fail;
     free(Hs);
     m->weights = w;
-    m->arch = w->n_ring ? &arch_llama_window : &kvt_arch_llama;
+    m->arch = w->n_ring || w->n_rec ? &arch_llama_window : &kvt_arch_llama;
     kvt_model_info *in = &m->info;
     in->arch = w->fam->name;
     in->n_vocab = w->V;
@@ -703,6 +859,13 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     uint64_t D = w->D, np = (uint64_t)w->V * D * (w->out.data == w->tok_embd.data ? 1 : 2) + D;
     for (uint32_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
+        if (w->fam->hybrid) { /* its matrices, norms and the DeltaNet layers' vectors */
+            kvt_wmat *mm[LAYER_MATS];
+            for (size_t i = 0, nm = layer_mats(w, l, mm); i < nm; i++) np += (uint64_t)mm[i]->rows * mm[i]->cols;
+            np += 2 * D + (ly->qn ? 2 * ly->hd : 0) + (w->fam->moe ? (uint64_t)w->E * (D + 3 * D * w->Fe) + D : 0) +
+                  (ly->recr ? kvt_gdn_channels(&w->gdn) * w->gdn.conv + 2 * w->gdn.Hv + w->gdn.S : 0);
+            continue;
+        }
         np += 2 * D + 2ull * ly->QD * D + (uint64_t)(ly->wk.rows + ly->wv.rows) * D +
               (w->fam->moe ? (uint64_t)w->E * (D + 3 * D * w->Fe) : 3 * D * ly->F) +
               (w->fam->qkv_bias ? ly->QD + 2ull * ly->KV : 0) + (ly->qn ? ly->hd : 0) + (ly->kn ? ly->hd : 0);
@@ -729,7 +892,7 @@ static int llama_cache_new(kvt_session *s)
         spec[i][0] = w->stream_kv[i / 2] * (uint32_t)sizeof(float);
         spec[i][1] = KVT_BLOCK;
     }
-    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, w->ring_at[w->n_ring]);
+    s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, state_bytes(w));
     free(spec);
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
@@ -744,6 +907,10 @@ static void llama_work_free(void *p)
     free(k->ms.xe); free(k->ms.eo); free(k->ms.f1); free(k->ms.f3); free(k->ms.rt);
     free(k->scores);
     free(k->qx);
+    free(k->qg);
+    free(k->sh);
+    free(k->shg);
+    kvt_gdn_work_free(&k->gw);
     free(k);
 }
 
@@ -810,14 +977,26 @@ static int llama_work_new(kvt_session *s)
         mok = mok && k->lg && k->ew && k->mo && k->m2 && k->ex && k->ms.xe && k->ms.eo && k->ms.f1 && k->ms.f3 &&
               k->ms.rt;
     }
+    if (w->fam->hybrid) {
+        k->qg = kvt_malloc(ch * QD * sizeof(float));
+        mok = mok && k->qg;
+        if (w->n_rec) mok = mok && kvt_gdn_work_new(&k->gw, &w->gdn, ch) == KVT_OK;
+        if (w->Fs) {
+            k->sh = kvt_malloc(ch * D * sizeof(float));
+            k->shg = kvt_malloc(ch * sizeof(float));
+            mok = mok && k->sh && k->shg;
+        }
+    }
     /* the largest quantised activations any matrix needs */
     size_t qb = kvt_q_act_bytes(w->tok_embd.type, 0, 0);
     for (uint32_t l = 0; l <= w->L; l++) {
         const llama_layer *ly = &w->layers[l < w->L ? l : 0];
-        const kvt_wmat *m[12] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
-                                 &ly->gate_x, &ly->up_x, &ly->down_x, &ly->inp_gate, &ly->proj};
+        const kvt_wmat *m[20] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
+                                 &ly->gate_x, &ly->up_x, &ly->down_x, &ly->inp_gate, &ly->proj,
+                                 &ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out,
+                                 &ly->sh_gate, &ly->sh_up, &ly->sh_down};
         if (l == w->L) { m[0] = &w->out; m[1] = &w->ple_proj; }
-        for (int i = 0; i < (l == w->L ? 2 : 12); i++) {
+        for (int i = 0; i < (l == w->L ? 2 : 20); i++) {
             size_t b = m[i]->rows ? kvt_q_act_bytes(m[i]->type, ch, m[i]->cols) : 0;
             qb = b > qb ? b : qb;
         }
@@ -1057,6 +1236,8 @@ static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n
             kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, p, E, false);
         for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] = p[ex[j]];
         if (kvt_llama_fault != KVT_LLAMA_FAULT_MOE_WEIGHTS) kvt_moe_normalise(wk->ew + i * Eu, Eu);
+        if (w->moe_scale != 0.0f && w->moe_scale != 1.0f)
+            for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] *= w->moe_scale;
     }
 }
 
@@ -1080,6 +1261,18 @@ static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size
     moe_route(wk, w, l, n, pos0);
     moe_experts(s, wk, w, l, xb, n);
     memcpy(xb, wk->mo, n * w->D * sizeof(float));
+}
+
+/* qwen35moe's shared expert on the FFN input xb: its SwiGLU MLP into
+ * wk->sh, its gate's logit (sh_inp . x) into wk->shg. */
+static void shared_expert(kvt_session *s, llama_work *wk, const llama_weights *w, const llama_layer *ly, size_t n)
+{
+    size_t D = w->D;
+    kvt_matmul_w(s->pool, wk->h1, &ly->sh_gate, wk->xb, n, wk->qx);
+    kvt_matmul_w_next(s->pool, wk->h3, &ly->sh_up, &ly->sh_gate, wk->xb, n, wk->qx);
+    kvt_swiglu(wk->h1, wk->h3, n * w->Fs);
+    kvt_matmul_w(s->pool, wk->sh, &ly->sh_down, wk->h1, n, wk->qx);
+    for (size_t i = 0; i < n; i++) wk->shg[i] = kvt_dot(ly->sh_inp, wk->xb + i * D, D);
 }
 
 /* Tokens a thread takes at least in those steps (a decode step runs them
@@ -1216,7 +1409,16 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         struct tok_ctx tc = {w, ly, x, xb, q, ly->shared ? NULL : k, ly->shared ? NULL : v, pending ? xb : NULL,
                              ly->attn_norm, pos0, pending ? w->layers[l - 1].post_ffn : NULL};
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
-        kvt_matmul_w(s->pool, q, &ly->wq, xb, n, wk->qx);
+        if (ly->recr) { /* qwen35's DeltaNet layer: its output into xb */
+            kvt_gdn_fault_grouped = kvt_llama_fault == KVT_LLAMA_FAULT_GDN_GROUPED;
+            kvt_gdn_forward(s->pool, &w->gdn, &ly->gdn, rec_state(s, w, l), &wk->gw, xb, n, xb, wk->qx);
+            goto ffn;
+        }
+        kvt_matmul_w(s->pool, w->fam->hybrid ? wk->qg : q, &ly->wq, xb, n, wk->qx);
+        if (w->fam->hybrid) /* each head's queries, then its gate: the queries on their own */
+            for (size_t i = 0; i < n; i++)
+                for (size_t h = 0; h < ly->H; h++)
+                    memcpy(q + i * ly->QD + h * hd, wk->qg + (i * ly->H + h) * 2 * hd, hd * sizeof(float));
         if (!ly->shared) {
             kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
             if (ly->wv.rows) kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
@@ -1246,13 +1448,27 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         /* only now does a window layer's ring take the pass's last rows
          * (the shared layers' source: once they all have read it) */
         if (ring && !ly->shared && (int32_t)l != w->swa_src) ring_put(ring, w->swa, KV, k, v, n, pos0);
+        if (w->fam->hybrid) /* qwen35: the output times sigmoid(gate) */
+            for (size_t i = 0; i < n; i++)
+                for (size_t h = 0; h < ly->H; h++) {
+                    const float *gt = wk->qg + (i * ly->H + h) * 2 * hd + hd;
+                    float *o = att + i * ly->QD + h * hd;
+                    for (size_t j = 0; j < hd; j++) o[j] *= 1.0f / (1.0f + kvt_expf(-gt[j]));
+                }
         kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
+    ffn:
         tc.add = xb;
         tc.norm = ly->ffn_norm;
         tc.post = ly->post_attn;
         kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
         if (ly->gate_inp && !w->fam->gemma4) {
+            if (w->Fs) shared_expert(s, wk, w, ly, n);
             moe_ffn(s, wk, w, l, xb, n, pos0);
+            if (w->Fs) /* qwen35moe: + the shared expert times sigmoid(its gate) */
+                for (size_t i = 0; i < n; i++) {
+                    float gt = 1.0f / (1.0f + kvt_expf(-wk->shg[i]));
+                    for (size_t j = 0; j < D; j++) xb[i * D + j] += wk->sh[i * D + j] * gt;
+                }
         } else {
             kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
             kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
@@ -1310,6 +1526,9 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
     int rc = scores_fit(wk, kvt_pool_size(s->pool));
     if (rc) return rc;
     if (pos0 + n > wk->n_ctx) return kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", pos0 + n);
+    const llama_weights *w = s->m->weights;
+    if (pos0 == 0 && w->n_rec) /* a DeltaNet layer starts from zero state */
+        memset(s->cache->state + w->rec_at, 0, state_bytes(w) - w->rec_at);
     /* passes of at most ch tokens: every token's result is that of any
      * other chunking (above), so this changes nothing but the scratch */
     for (size_t done = 0; done < n && !rc;) {
@@ -1360,6 +1579,33 @@ static void gemma4_hash(XXH3_state_t *st, const llama_weights *w)
     }
 }
 
+/* qwen35's own: the DeltaNet shape and layers, the shared experts. */
+static void hybrid_hash(XXH3_state_t *st, const llama_weights *w)
+{
+    const kvt_gdn_shape *gd = &w->gdn;
+    uint32_t h[] = {gd->Hk, gd->Hv, gd->S, gd->conv, w->Fs, (uint32_t)w->n_rec};
+    XXH3_64bits_update(st, h, sizeof h);
+    XXH3_64bits_update(st, &w->moe_scale, sizeof w->moe_scale);
+    size_t C = kvt_gdn_channels(gd);
+    for (uint32_t l = 0; l < w->L; l++) {
+        const llama_layer *ly = &w->layers[l];
+        XXH3_64bits_update(st, &ly->recr, sizeof ly->recr);
+        if (ly->recr) {
+            const kvt_wmat *m[5] = {&ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out};
+            for (int i = 0; i < 5; i++) kvt_model_hash_mat(st, m[i]);
+            hash_vec(st, ly->gdn.conv_w, C * gd->conv);
+            hash_vec(st, ly->gdn.dt, gd->Hv);
+            hash_vec(st, ly->gdn.a, gd->Hv);
+            hash_vec(st, ly->gdn.norm, gd->S);
+        }
+        if (w->Fs) {
+            const kvt_wmat *m[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
+            for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, m[i]);
+            hash_vec(st, ly->sh_inp, w->D);
+        }
+    }
+}
+
 static uint64_t llama_fingerprint(const void *p)
 {
     const llama_weights *w = p;
@@ -1376,6 +1622,7 @@ static uint64_t llama_fingerprint(const void *p)
         XXH3_64bits_update(st, w->is_swa, w->L);
     }
     if (w->fam->gemma4) gemma4_hash(st, w);
+    if (w->fam->hybrid) hybrid_hash(st, w);
     if (w->fam != &families[0]) { /* the llama row hashes as before there were others */
         uint32_t f[] = {w->QD, w->fam->neox, w->fam->qkv_bias, w->fam->qk_norm};
         XXH3_64bits_update(st, w->fam->name, strlen(w->fam->name));
@@ -1437,6 +1684,8 @@ static void llama_state_save(const kvt_session *s, kvt_wbuf *b)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
                 kvt_wbuf_put(b, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float));
     }
+    /* the DeltaNet layers' states as they are (their layout is logical) */
+    if (w->n_rec) kvt_wbuf_put(b, s->cache->state + w->rec_at, state_bytes(w) - w->rec_at);
 }
 
 static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
@@ -1453,6 +1702,12 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
                                     w->fam->name, n);
         if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ring[(n > W ? n - W : 0) % W * KV] += 1.0f;
     }
+    if (w->n_rec) {
+        uint8_t *st = s->cache->state + w->rec_at;
+        if (!kvt_rbuf_get(rb, st, state_bytes(w) - w->rec_at))
+            return kvt_fail(KVT_EFORMAT, "%s state: the DeltaNet layers' states are truncated", w->fam->name);
+        if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ((float *)st)[0] += 1.0f;
+    }
     return KVT_OK;
 }
 
@@ -1466,7 +1721,8 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
     for (size_t i = 0; i < w->n_global; i++) row += 2ull * w->stream_kv[i] * sizeof(float);
     out->full = ctx * row;
     out->window = w->ring_at[w->n_ring];
-    out->fixed = out->window;
+    out->recurrent = state_bytes(w) - w->rec_at;
+    out->fixed = out->window + out->recurrent;
     out->total = out->full + out->fixed;
     out->per_token_x1000 = 1000ull * row;
     return KVT_OK;
