@@ -154,9 +154,12 @@ extern int kvt_ds4_fault;
  * of their own, from the attn_k and attn_v a file may still hold for them
  * (set before loading); KVT_LLAMA_FAULT_NO_PLE leaves the per-layer
  * embeddings out; KVT_LLAMA_FAULT_V_NORM_WEIGHT norms V with attn_k_norm's
- * weight. */
+ * weight; qwen35's: KVT_LLAMA_FAULT_GDN_GROUPED pairs a DeltaNet layer's
+ * V head h with K head h / (Hv / Hk), not h % Hk (the converter's tiled
+ * order). */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
-       KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT };
+       KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
+       KVT_LLAMA_FAULT_GDN_GROUPED };
 extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
