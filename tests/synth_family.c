@@ -188,6 +188,113 @@ static int g4_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t see
     return rc;
 }
 
+/* An array of n i32 as a family key (rope.dimension_sections). */
+static int set_arr_i32(kvt_gguf_writer *w, const char *key, const int32_t *v, int n)
+{
+    kvt_gguf_val a[8];
+    for (int i = 0; i < n; i++) a[i] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = v[i]};
+    kvt_gguf_val arr = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = (uint64_t)n, .v.arr = a};
+    return kvt_gguf_writer_set(w, key, &arr);
+}
+
+/* The synthetic Qwen 3.5 of synth_family.h (kind FAM_Q35_DENSE or _MOE) with
+ * a vocabulary of V and a context of ctx. */
+static int q35_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t seed, float rope_base, bool neutral,
+                     uint64_t V, uint32_t ctx)
+{
+    enum { L = FAM_Q35_LAYERS, HD = FAM_Q35_HEAD_DIM, QD = FAM_HEADS * HD, KVD = FAM_KV_HEADS * HD,
+           S = FAM_Q35_STATE, HK = FAM_Q35_HK, HV = FAM_Q35_HV, KD = HK * S, VD = HV * S, CONV = 2 * KD + VD };
+    const bool moe = kind == FAM_Q35_MOE;
+    uint32_t recr[L];
+    for (int l = 0; l < L; l++) recr[l] = (l + 1) % FAM_Q35_INTERVAL != 0;
+    static const int32_t sections[4] = {3, 3, 2, 0}; /* pairs: 8 = FAM_Q35_ROT / 2 */
+    char k[96];
+    int rc;
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", arch, suffix), k)
+    if ((rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), ctx)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), FAM_DIM)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), L)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), moe ? FAM_Q35_SHEXP : FAM_FFN)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), FAM_HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), FAM_KV_HEADS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), HD)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("attention.value_length"), HD)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), FAM_EPS)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), FAM_Q35_ROT)) ||
+        (rc = set_arr_i32(w, KEY("rope.dimension_sections"), sections, 4)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.conv_kernel"), FAM_Q35_CONV)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.state_size"), S)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.group_count"), HK)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.time_step_rank"), HV)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.inner_size"), VD)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("full_attention_interval"), FAM_Q35_INTERVAL)))
+        return rc;
+    if (!moe && (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, L, true))) return rc;
+    if (moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), FAM_MOE_E)) ||
+                (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), FAM_MOE_EU)) ||
+                (rc = kvt_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), FAM_MOE_F)) ||
+                (rc = kvt_gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), FAM_Q35_SHEXP))))
+        return rc;
+#undef KEY
+    /* ssm_a per V head: -0.02 * 100^(h / (HV - 1)), 0 in the neutral file */
+    float a[HV];
+    for (int h = 0; h < HV; h++) a[h] = neutral ? 0.0f : (float)(-0.02 * pow(100.0, (double)h / (HV - 1)));
+    uint64_t rng = seed;
+    if ((rc = add_tensor(w, "token_embd.weight", FAM_DIM, V, FAM_SIGMA, &rng)) ||
+        (rc = add_vec(w, "output_norm.weight", FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+        (rc = add_tensor(w, "output.weight", FAM_DIM, V, FAM_SIGMA, &rng)))
+        return rc;
+    for (int l = 0; l < L && !rc; l++) {
+        char name[64];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
+        if ((rc = add_vec(w, NAME("attn_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+            (rc = add_vec(w, NAME("post_attention_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)))
+            break;
+        if (!recr[l]) {
+            if ((rc = add_tensor(w, NAME("attn_q.weight"), FAM_DIM, 2 * QD, FAM_SIGMA_QK, &rng)) ||
+                (rc = add_tensor(w, NAME("attn_k.weight"), FAM_DIM, KVD, FAM_SIGMA_QK, &rng)) ||
+                (rc = add_tensor(w, NAME("attn_v.weight"), FAM_DIM, KVD, FAM_SIGMA, &rng)) ||
+                (rc = add_tensor(w, NAME("attn_output.weight"), QD, FAM_DIM, FAM_SIGMA, &rng)) ||
+                (rc = add_vec(w, NAME("attn_q_norm.weight"), HD, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                (rc = add_vec(w, NAME("attn_k_norm.weight"), HD, 1.0, FAM_SIGMA_NORM, false, &rng)))
+                break;
+        } else {
+            uint64_t ne[4] = {HV, 1, 1, 1};
+            if ((rc = add_tensor(w, NAME("attn_qkv.weight"), FAM_DIM, CONV, FAM_SIGMA_QK, &rng)) ||
+                (rc = add_tensor(w, NAME("attn_gate.weight"), FAM_DIM, VD, FAM_SIGMA, &rng)) ||
+                (rc = add_tensor(w, NAME("ssm_conv1d.weight"), FAM_Q35_CONV, CONV, 0.5, &rng)) ||
+                (rc = add_vec(w, NAME("ssm_dt.bias"), HV, 0.0, 0.5, false, &rng)) ||
+                (rc = kvt_gguf_writer_add_tensor(w, NAME("ssm_a"), KVT_GGML_F32, 1, ne, a, sizeof a)) ||
+                (rc = add_tensor(w, NAME("ssm_beta.weight"), FAM_DIM, HV, FAM_SIGMA, &rng)) ||
+                (rc = add_tensor(w, NAME("ssm_alpha.weight"), FAM_DIM, HV, FAM_SIGMA, &rng)) ||
+                (rc = add_vec(w, NAME("ssm_norm.weight"), S, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                (rc = add_tensor(w, NAME("ssm_out.weight"), VD, FAM_DIM, FAM_SIGMA, &rng)))
+                break;
+        }
+        if (!moe) {
+            if ((rc = add_tensor(w, NAME("ffn_gate.weight"), FAM_DIM, FAM_FFN, FAM_SIGMA, &rng)) ||
+                (rc = add_tensor(w, NAME("ffn_up.weight"), FAM_DIM, FAM_FFN, FAM_SIGMA, &rng)) ||
+                (rc = add_tensor(w, NAME("ffn_down.weight"), FAM_FFN, FAM_DIM, FAM_SIGMA, &rng)))
+                break;
+        } else if ((rc = add_tensor(w, NAME("ffn_gate_inp.weight"), FAM_DIM, FAM_MOE_E, FAM_SIGMA_ROUTER, &rng)) ||
+                   (rc = add_tensor3(w, NAME("ffn_gate_exps.weight"), FAM_DIM, FAM_MOE_F, FAM_MOE_E, FAM_SIGMA,
+                                     &rng)) ||
+                   (rc = add_tensor3(w, NAME("ffn_up_exps.weight"), FAM_DIM, FAM_MOE_F, FAM_MOE_E, FAM_SIGMA,
+                                     &rng)) ||
+                   (rc = add_tensor3(w, NAME("ffn_down_exps.weight"), FAM_MOE_F, FAM_DIM, FAM_MOE_E, FAM_SIGMA,
+                                     &rng)) ||
+                   (rc = add_vec(w, NAME("ffn_gate_inp_shexp.weight"), FAM_DIM, 0.0, FAM_SIGMA_ROUTER, false,
+                                 &rng)) ||
+                   (rc = add_tensor(w, NAME("ffn_gate_shexp.weight"), FAM_DIM, FAM_Q35_SHEXP, FAM_SIGMA, &rng)) ||
+                   (rc = add_tensor(w, NAME("ffn_up_shexp.weight"), FAM_DIM, FAM_Q35_SHEXP, FAM_SIGMA, &rng)) ||
+                   (rc = add_tensor(w, NAME("ffn_down_shexp.weight"), FAM_Q35_SHEXP, FAM_DIM, FAM_SIGMA, &rng)))
+            break;
+#undef NAME
+    }
+    return rc;
+}
+
 /* The synthetic model of family f (its weights from seed, in F32), with
  * vocab's tokenizer and rope.freq_base rope_base. neutral: f's own tensors
  * (biases, head norms) drawn as usual but written neutral (0, 1), the
@@ -213,14 +320,16 @@ int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope
     const uint64_t V = toks->n;
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) { kvt_gguf_close(g); return KVT_ENOMEM; }
-    if (f->gemma4) {
+    if (f->gemma4 || f->qwen35) {
         if (!(rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) &&
             !(rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) &&
             !(rc = kvt_gguf_writer_set_u32(w, "general.file_type", 0)))
             for (size_t i = 0; !rc && i < kvt_gguf_n_kv(g); i++)
                 if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
                     rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
-        if (!rc) rc = g4_write(w, f->arch, f->gemma4, seed, rope_base, neutral);
+        if (!rc)
+            rc = f->qwen35 ? q35_write(w, f->arch, f->qwen35, seed, rope_base, neutral, V, ctx)
+                           : g4_write(w, f->arch, f->gemma4, seed, rope_base, neutral);
         if (!rc) rc = kvt_gguf_writer_write(w, path);
         kvt_gguf_writer_free(w);
         kvt_gguf_close(g);

@@ -44,6 +44,8 @@ typedef struct fam_spec {
     bool gemma;     /* gemma3: post norms, GeGLU, every other layer a FAM_GEMMA_SWA window with
                      * RoPE base FAM_GEMMA_BASE_SWA */
     int gemma4;     /* FAM_G4_DENSE or FAM_G4_MOE: the gemma4 below (the fields above unused); 0: none */
+    int qwen35;     /* FAM_Q35_DENSE (qwen35) or FAM_Q35_MOE (qwen35moe): the Qwen 3.5 below (the fields
+                     * above unused); 0: none */
 } fam_spec;
 
 /* gemma4 (src/llama.c), FAM_G4_LAYERS layers, window and global in turn
@@ -76,14 +78,80 @@ typedef struct fam_spec {
  *                 being optional). Post norms and the experts' norms 1 +
  *                 N(0, FAM_SIGMA_NORM), as gemma3's. */
 enum { FAM_G4_DENSE = 1, FAM_G4_MOE = 2, FAM_G4_LAYERS = 6, FAM_G4_SHARED = 2, FAM_G4_PL = 256 };
+/* qwen35 and qwen35moe (Qwen 3.5), FAM_Q35_LAYERS layers, Gated DeltaNet
+ * (recurrent) layers but every FAM_Q35_INTERVAL-th, which is a gated full
+ * attention layer: R R R F R R R F. Both files write full_attention_interval
+ * 4; the dense one also attention.recurrent_layers (a bool array, as the
+ * converter's add_recurrent_layers types a list of bools), the MoE one not,
+ * so both of llama.cpp's ways to find the layer types are used.
+ *   full attention  4 heads, 2 KV heads, head length 64; attn_q of 512 rows,
+ *                   per head its 64 query rows then its 64 gate rows (the
+ *                   attention output is multiplied by sigmoid(gate)); q and
+ *                   k head norms; RoPE over the first 16 of 64 dims (partial
+ *                   rotary, a quarter), rope.dimension_sections [3, 3, 2, 0]
+ *                   (an i32 array, as the converter writes the real [11, 11,
+ *                   10, 0]: a text-only prompt has one position per token).
+ *   DeltaNet        ssm.conv_kernel 4, ssm.state_size 64 (the K and V head
+ *                   length), ssm.group_count 2 (K heads), ssm.time_step_rank
+ *                   4 (V heads), ssm.inner_size 256: attn_qkv D -> 512 (q
+ *                   128, k 128, v 256: the conv channels), attn_gate D -> 256
+ *                   (z), ssm_conv1d (ne 4 x 512, F32), ssm_dt.bias (4),
+ *                   ssm_a (4, no .weight: the converter's -exp(A_log)),
+ *                   ssm_beta and ssm_alpha D -> 4, ssm_norm (64), ssm_out
+ *                   256 -> D. V head h reads K head h % 2 (the converter's
+ *                   tiled order).
+ *   FFN             attn_norm, then post_attention_norm as the FFN's input
+ *                   norm. FAM_Q35_DENSE: SwiGLU of FAM_FFN. FAM_Q35_MOE:
+ *                   FAM_MOE_E routed experts of FAM_MOE_F (FAM_MOE_EU per
+ *                   token, weights normalised, no expert_weights_scale
+ *                   written), router N(0, FAM_SIGMA_ROUTER), plus a shared
+ *                   SwiGLU expert of FAM_Q35_SHEXP times sigmoid(w . x),
+ *                   w (ffn_gate_inp_shexp, a vector of D) N(0,
+ *                   FAM_SIGMA_ROUTER): gates of sigmoid(N(0, 1.6)), 0.2 to
+ *                   0.8; feed_forward_length written as FAM_Q35_SHEXP.
+ * Every hyperparameter llama.cpp reads for them is written. The vocabulary
+ * is the file's (its size), with an output matrix of its own. Every norm
+ * (attn_norm, post_attention_norm, output_norm, the head norms, ssm_norm)
+ * is 1 + N(0, FAM_SIGMA_NORM): the converter stores them with the 1 added
+ * (llama.cpp multiplies by them as they are), so an engine adding 1 again
+ * would be caught. Scales (x: a normed input, RMS about 1):
+ *   attn_q, attn_k    N(0, FAM_SIGMA_QK), as the other families'; the head
+ *                     norms set the scores' spread anyway (about 1), the
+ *                     gate rows give gates of sigmoid(N(0, 1.3)), 0.1 - 0.9
+ *   attn_qkv          N(0, FAM_SIGMA_QK): conv inputs of about N(0, 1.3)
+ *   ssm_conv1d        N(0, 0.5): 4 taps of equal weight, a gain of 1, so the
+ *                     conv output is of order 1 (SiLU's curved part) and the
+ *                     three tokens before count as much as the token itself
+ *   attn_gate         N(0, FAM_SIGMA): z of N(0, 0.33), the layer's output
+ *                     of the size of the attention layers' (about 0.05 per
+ *                     element into the residual)
+ *   ssm_beta, ssm_alpha  N(0, FAM_SIGMA): beta = sigmoid(N(0, 0.33)), about
+ *                     0.5 (each token overwrites about half of what the
+ *                     state holds along its key)
+ *   ssm_dt.bias       N(0, 0.5), so softplus(alpha + dt) spreads over about
+ *                     0.4 - 1.1 by head and layer
+ *   ssm_a             fixed per V head, -0.02 * 100^(h / 3): -0.02, -0.093,
+ *                     -0.43, -2; with softplus about 0.7 a decay per token of
+ *                     exp(-0.014) (a memory of about 70 tokens, beside the
+ *                     delta rule's own forgetting, beta / 64 per token along
+ *                     random keys: about 130), exp(-0.065) (15), exp(-0.3)
+ *                     (3) and exp(-1.4) (under one): the state carries the
+ *                     prompt from a few tokens back to a few hundred, and
+ *                     the heads' decays differ by 100x, so a decay read for
+ *                     the wrong head or left out moves the logits
+ * neutral (the control): ssm_a written as 0 (no decay), every draw the
+ * same. */
+enum { FAM_Q35_DENSE = 1, FAM_Q35_MOE = 2, FAM_Q35_LAYERS = 8, FAM_Q35_INTERVAL = 4, FAM_Q35_HEAD_DIM = 64,
+       FAM_Q35_ROT = 16, FAM_Q35_CONV = 4, FAM_Q35_STATE = 64, FAM_Q35_HK = 2, FAM_Q35_HV = 4,
+       FAM_Q35_SHEXP = 256 };
 /* the router's input is RMS-normed and scaled by 1 / sqrt(DIM): N(0, 1.6)
  * router weights give logits of about N(0, 1.6), as qwen3moe's */
 #define FAM_SIGMA_ROUTER_G4 1.6
 /* Write the synthetic model of family f (its weights from seed, in F32)
  * with vocab's tokenizer and rope.freq_base rope_base. neutral: f's own
  * tensors (biases, head and post norms, rope factors; gemma4's output,
- * router and expert scales) drawn as usual but written neutral (0, 1), a
- * negative control. The llama family draws
+ * router and expert scales; qwen35's ssm_a, written 0) drawn as usual but
+ * written neutral (0, 1), a negative control. The llama family draws
  * exactly the tensors it always did, in the same order. KVT_OK or an error. */
 int fam_write(const char *path, const char *vocab, uint64_t seed, float rope_base, const fam_spec *f, bool neutral);
 /* The same with a context_length of ctx and the vocabulary's own size (the

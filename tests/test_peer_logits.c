@@ -907,8 +907,8 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
     char src[128], path[128], label[32];
     snprintf(label, sizeof label, "%s%s", f->arch,
              f->rope_freqs ? "3" : f->gemma4 == FAM_G4_MOE ? "-moe" : "");
-    const bool moe = f->moe || f->gemma4 == FAM_G4_MOE, gemma = f->gemma || f->gemma4;
-    const uint32_t L = f->gemma4 ? FAM_G4_LAYERS : FAM_LAYERS;
+    const bool moe = f->moe || f->gemma4 == FAM_G4_MOE || f->qwen35 == FAM_Q35_MOE, gemma = f->gemma || f->gemma4;
+    const uint32_t L = f->gemma4 ? FAM_G4_LAYERS : f->qwen35 ? FAM_Q35_LAYERS : FAM_LAYERS;
     snprintf(src, sizeof src, "%s/%s-f32.gguf", dir, label);
     CHECK_OK(fam_write(src, vocab, SEED, ROPE_BASE, f, false));
     int32_t tok[N_FAM];
@@ -978,13 +978,15 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
     /* the controls: 0 adjacent pairs, 1 the family's own tensors neutral,
      * 2 experts' weights unnormalised, 3 no window; gemma4's: 4 shared
      * layers with K and V of their own, 5 no per-layer embeddings, 6 V
-     * normed with attn_k_norm's weight */
-    static const int fault[7] = {KVT_LLAMA_FAULT_ROPE_PAIRS, 0, KVT_LLAMA_FAULT_MOE_WEIGHTS,
+     * normed with attn_k_norm's weight; qwen35's: 7 a DeltaNet layer's V
+     * heads paired with K heads grouped, not tiled */
+    static const int fault[8] = {KVT_LLAMA_FAULT_ROPE_PAIRS, 0, KVT_LLAMA_FAULT_MOE_WEIGHTS,
                                  KVT_LLAMA_FAULT_NO_WINDOW, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE,
-                                 KVT_LLAMA_FAULT_V_NORM_WEIGHT};
-    for (int k = 0; k < 7; k++) {
-        if (k == 0 && f->rope_freqs) continue; /* a llama turns adjacent pairs already */
-        if ((k == 2 && !moe) || (k == 3 && !gemma) || (k >= 4 && !f->gemma4) || (k == 5 && f->gemma4 != FAM_G4_DENSE))
+                                 KVT_LLAMA_FAULT_V_NORM_WEIGHT, KVT_LLAMA_FAULT_GDN_GROUPED};
+    for (int k = 0; k < 8; k++) {
+        if (k == 0 && (f->rope_freqs || f->qwen35)) continue; /* a llama turns adjacent pairs already */
+        if ((k == 2 && !moe) || (k == 3 && !gemma) || (k >= 4 && k < 7 && !f->gemma4) ||
+            (k == 5 && f->gemma4 != FAM_G4_DENSE) || (k == 7 && !f->qwen35))
             continue;
         if (k != 1) {
             kvt_llama_fault = fault[k];
@@ -1003,6 +1005,8 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
         const char *what = k == 0 ? "turned on adjacent pairs" : k == 2 ? "with its experts' weights unnormalised"
                            : k == 3 ? "without its window" : k == 4 ? "with K and V of its shared layers' own"
                            : k == 5 ? "without its per-layer embeddings" : k == 6 ? "with V normed by attn_k_norm"
+                           : k == 7 ? "with its V heads paired with K heads grouped"
+                           : f->qwen35 ? "without its decay"
                            : f->gemma4 ? "without its output, router and expert scales"
                            : f->bias ? "without its biases" : f->gemma ? "without its post norms"
                            : f->qk_norm ? "without its head norms" : "without its rope_freqs";
@@ -1033,7 +1037,9 @@ TEST(peer_logits_families)
                                     {"qwen3moe", false, true, 128, false, true, false},
                                     {"gemma3", false, true, HEAD_DIM, false, false, true},
                                     {"gemma4", .gemma4 = FAM_G4_DENSE},
-                                    {"gemma4", .gemma4 = FAM_G4_MOE}};
+                                    {"gemma4", .gemma4 = FAM_G4_MOE},
+                                    {"qwen35", .qwen35 = FAM_Q35_DENSE},
+                                    {"qwen35moe", .qwen35 = FAM_Q35_MOE}};
     for (size_t i = 0; made && i < sizeof fams / sizeof *fams && !kvt_test_failed(); i++)
         family_run(dir, vocab_path, &fams[i], want, got, want_f32);
     free(want);
