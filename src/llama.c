@@ -43,6 +43,19 @@
  *          ffn_down_exps.scale, the experts and the MLP each normed
  *          (post_ffw_norm_2, post_ffw_norm_1) and added.
  *
+ *   qwen35 Gated DeltaNet layers (src/deltanet.c; attention.recurrent_layers,
+ *          else all but every full_attention_interval-th) between attention
+ *          layers whose attn_q gives each head its queries and an output
+ *          gate (the output times sigmoid(gate) before attn_output), with
+ *          qwen3's head norms and NEOX RoPE over rope.dimension_count dims
+ *          (rope.dimension_sections: llama.cpp's interleaved multi-axis
+ *          RoPE, which on text turns every pair but those of the fourth
+ *          axis by the position); post_attention_norm is the FFN's input
+ *          norm. A DeltaNet layer's cache entry is its convolution and
+ *          delta-rule state, after the rings in the fixed state area.
+ *   qwen35moe  qwen35 with qwen3moe's routed experts plus a shared expert
+ *          (ffn_*_shexp) scaled by sigmoid(ffn_gate_inp_shexp . x).
+ *
  * Cache layout. A global layer has two streams, K then V, each one f32 row
  * of its n_head_kv * head_dim per token (128 rows per 128-token block), written
  * once, when their token is processed, and never changed afterwards. A

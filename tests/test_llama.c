@@ -904,7 +904,9 @@ TEST(llama_family_invariance)
                                     {"qwen3moe", false, true, 128, false, true, false},
                                     {"gemma3", false, true, FAM_HEAD_DIM, false, false, true},
                                     {"gemma4", .gemma4 = FAM_G4_DENSE},
-                                    {"gemma4", .gemma4 = FAM_G4_MOE}};
+                                    {"gemma4", .gemma4 = FAM_G4_MOE},
+                                    {"qwen35", .qwen35 = FAM_Q35_DENSE},
+                                    {"qwen35moe", .qwen35 = FAM_Q35_MOE}};
     enum { N = 200 };
     int32_t t[N];
     seq(t, N, 13);

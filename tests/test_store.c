@@ -145,6 +145,26 @@ TEST(store_persist_round_trip_gemma3)
     rmdir(dir);
 }
 
+/* The same for qwen35 (tests/synth_family.h: 6 Gated DeltaNet layers whose
+ * convolution and delta-rule state the records carry): saved on and off the
+ * 128-token grid, restored by another process and run on, it is the
+ * uninterrupted run. */
+TEST(store_persist_round_trip_qwen35)
+{
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) SKIP("../shared/vocab absent");
+    char v[1024], dir[] = "/tmp/kvtier-store-qwen35-XXXXXX", path[96];
+    snprintf(v, sizeof v, "%s", vocab);
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/qwen35.gguf", dir);
+    const fam_spec q = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, &q, false));
+    const size_t at[][2] = {{65, 300}, {128, 200}, {250, 420}};
+    for (size_t i = 0; i < sizeof at / sizeof *at && !kvt_test_failed(); i++) persist_round_trip(path, at[i][0], at[i][1]);
+    unlink(path);
+    rmdir(dir);
+}
+
 TEST(store_shared_prefix_across_processes)
 {
     kvt_model *m = open_named("ds4-tiny");

@@ -36,6 +36,8 @@ enum { W = FAM_GEMMA_SWA };
 
 static const fam_spec gemma3 = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
 static const fam_spec gemma4 = {"gemma4", .gemma4 = FAM_G4_DENSE};
+static const fam_spec qwen35 = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+static const fam_spec qwen35moe = {"qwen35moe", .qwen35 = FAM_Q35_MOE};
 
 /* The synthetic model f in dir (written once per test), or NULL (skipped:
  * ../shared absent). */
@@ -144,10 +146,10 @@ TEST(window_snapshot_restore_gemma4)
     gemma_close(m, dir, path);
 }
 
-TEST(window_checkpoints)
+static void checkpoints(const fam_spec *f)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
-    kvt_model *m = gemma_open(dir, path, sizeof path);
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
     if (!m) SKIP("../shared/vocab absent");
     /* checkpoints every 128 tokens, so that going back lands inside
      * positions whose rings are long overwritten */
@@ -187,10 +189,12 @@ TEST(window_checkpoints)
     gemma_close(m, dir, path);
 }
 
-TEST(window_damaged_state)
+TEST(window_checkpoints) { checkpoints(&gemma3); }
+
+static void damaged_state(const fam_spec *f)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
-    kvt_model *m = gemma_open(dir, path, sizeof path);
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
     if (!m) SKIP("../shared/vocab absent");
     enum { N = 200 };
     int32_t t[N];
@@ -237,6 +241,36 @@ TEST(window_damaged_state)
     free(snap);
     gemma_close(m, dir, path);
 }
+
+TEST(window_damaged_state) { damaged_state(&gemma3); }
+
+/* The same proofs for qwen35's Gated DeltaNet layers (synth_family.h: 8
+ * layers, 6 of them recurrent, 2 gated attention layers), whose state is
+ * their convolution and delta-rule state: snapshots at the positions above
+ * (on and off the 128-token grid) restored and run on to 420 equal the
+ * uninterrupted run, checkpoints every 128 tokens give back exact earlier
+ * positions, damaged or stateless records are refused; with the state
+ * restored one value off (KVT_LLAMA_FAULT_RING) each check fails. */
+TEST(recurrent_snapshot_restore)
+{
+    const fam_spec *fs[2] = {&qwen35, &qwen35moe};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
+        kvt_model *m = fam_open(fs[i], dir, path, sizeof path);
+        if (!m) SKIP("../shared/vocab absent");
+        kvt_plan p;
+        CHECK_OK(kvt_model_plan(m, 4096, &p));
+        /* 6 DeltaNet layers of (3, 512) + (4, 64, 64) f32; 2 attention layers' full rows of 2 heads * 64 */
+        CHECKF(p.recurrent == 6ull * (3 * 512 + 4 * 64 * 64) * 4 && p.full == 4096ull * 2 * 2 * 128 * 4 &&
+               p.window == 0, "plan: recurrent %llu, full %llu", (unsigned long long)p.recurrent,
+               (unsigned long long)p.full);
+        restore_all(m);
+        gemma_close(m, dir, path);
+    }
+}
+
+TEST(recurrent_checkpoints) { checkpoints(&qwen35); }
+TEST(recurrent_damaged_state) { damaged_state(&qwen35); }
 
 /* docs/FORMAT.md, llama: 2 streams per global layer; the state, for each
  * window layer, K then V rows of positions max(0, n - W) .. n - 1, oldest
