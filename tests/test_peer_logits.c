@@ -387,6 +387,11 @@ static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, f
     peer_err[0] = 0;
     struct llama_model_params mp = ll.model_default_params();
     mp.n_gpu_layers = 0;
+    /* no extra buffer types (weight repacking, AMX): on a CPU with AMX the
+     * AMX buffer takes weights that no backend then runs for the deepseek4
+     * graph (llama.cpp aborts: GGML_ASSERT(*cur_backend_id != -1)); the
+     * plain CPU buffer runs every graph on every machine */
+    mp.use_extra_bufts = false;
     struct llama_model *m = ll.model_load(path, mp);
     if (!m) {
         snprintf(why, sizeof why, "llama_model_load_from_file: %s", peer_said());
