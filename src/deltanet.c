@@ -96,10 +96,10 @@ static void prep_range(void *arg, size_t t0, size_t t1)
     const kvt_gdn_shape *g = c->g;
     size_t C = kvt_gdn_channels(g), S = g->S, Hv = g->Hv, nqk = 2 * (size_t)g->Hk;
     for (size_t t = t0; t < t1; t++) {
-        float *ba = c->k->ba + t * 2 * Hv;
+        float *b = c->k->ba + t * Hv, *ge = c->k->ba + (c->n + t) * Hv;
         for (size_t h = 0; h < Hv; h++) {
-            ba[h] = sigmoid(ba[h]);
-            ba[Hv + h] = softplus(ba[Hv + h] + c->w->dt[h]) * c->w->a[h];
+            b[h] = sigmoid(b[h]);
+            ge[h] = softplus(ge[h] + c->w->dt[h]) * c->w->a[h];
         }
         /* ggml's rms_norm(x, eps / S) scaled by 1 / sqrt(S) */
         for (size_t h = 0; h < nqk; h++) {
@@ -127,7 +127,7 @@ static void rule_range(void *arg, size_t h0, size_t h1)
         for (size_t t = 0; t < c->n; t++) {
             const float *row = c->k->cv + t * C;
             const float *q = row + kh * S, *k = row + Hk * S + kh * S, *v = row + 2 * Hk * S + h * S;
-            float b = c->k->ba[t * 2 * Hv + h], decay = kvt_expf(c->k->ba[t * 2 * Hv + Hv + h]);
+            float b = c->k->ba[t * Hv + h], decay = kvt_expf(c->k->ba[(c->n + t) * Hv + h]);
             float *o = c->k->o + t * VD + h * S;
             for (size_t e = 0; e < S * S; e++) M[e] *= decay;
             for (size_t j = 0; j < S; j++) delta[j] = (v[j] - kvt_dot(M + j * S, k, S)) * b;
@@ -147,13 +147,8 @@ void kvt_gdn_forward(kvt_pool *pool, const kvt_gdn_shape *g, const kvt_gdn_layer
     size_t C = kvt_gdn_channels(g), Hv = g->Hv;
     kvt_matmul_w(pool, k->mix, &w->qkv, xb, n, qx);
     kvt_matmul_w_next(pool, k->z, &w->gate, &w->qkv, xb, n, qx);
-    /* beta and alpha side by side per token: (n, Hv) each into (n, 2 Hv) */
-    kvt_matmul_w_next(pool, k->o, &w->beta, &w->gate, xb, n, qx);
-    kvt_matmul_w_next(pool, k->o + n * Hv, &w->alpha, &w->beta, xb, n, qx);
-    for (size_t t = 0; t < n; t++) {
-        memcpy(k->ba + t * 2 * Hv, k->o + t * Hv, Hv * sizeof(float));
-        memcpy(k->ba + t * 2 * Hv + Hv, k->o + n * Hv + t * Hv, Hv * sizeof(float));
-    }
+    kvt_matmul_w_next(pool, k->ba, &w->beta, &w->gate, xb, n, qx);
+    kvt_matmul_w_next(pool, k->ba + n * Hv, &w->alpha, &w->beta, xb, n, qx);
     struct gdn_ctx c = {g, w, state, k, n};
     kvt_pool_for(pool, C, 64, conv_range, &c);
     kvt_pool_for(pool, n, 32, prep_range, &c);

@@ -64,7 +64,7 @@ typedef struct kvt_gdn_work {
     float *mix;   /* (ch, channels) the projection, then the convolution's output */
     float *cv;    /* (ch, channels) */
     float *z;     /* (ch, Hv * S) */
-    float *ba;    /* (ch, 2 * Hv) beta, then the decay's exponent */
+    float *ba;    /* (2, n, Hv) of a pass of n: beta, then the decay's exponent */
     float *o;     /* (ch, Hv * S) */
 } kvt_gdn_work;
 

@@ -125,44 +125,39 @@ TEST(store_persist_round_trip_llama)
     persist_round_trip("models/stories260K.gguf", 200, 300);
 }
 
-/* gemma3's window layers keep rings, its global layers full rows (the
- * synthetic model of tests/synth_family.h, a 64-token window): saved at
- * positions around the window's edge and the block grid, restored by
- * another process and run on, it is the uninterrupted run. */
-TEST(store_persist_round_trip_gemma3)
+/* The synthetic model f (tests/synth_family.h) saved at (k, n) in at[0..3),
+ * restored by another process and run on to n: the uninterrupted run. */
+static void persist_family(const fam_spec *f, const size_t (*at)[2])
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
     if (!vocab) SKIP("../shared/vocab absent");
-    char v[1024], dir[] = "/tmp/kvtier-store-gemma-XXXXXX", path[96];
+    char v[1024], dir[] = "/tmp/kvtier-store-fam-XXXXXX", path[96];
     snprintf(v, sizeof v, "%s", vocab);
     CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/gemma3.gguf", dir);
-    const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
-    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, &g, false));
-    const size_t at[][2] = {{FAM_GEMMA_SWA + 1, 300}, {128, 200}, {250, 420}};
-    for (size_t i = 0; i < sizeof at / sizeof *at && !kvt_test_failed(); i++) persist_round_trip(path, at[i][0], at[i][1]);
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, f->arch);
+    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, f, false));
+    for (size_t i = 0; i < 3 && !kvt_test_failed(); i++) persist_round_trip(path, at[i][0], at[i][1]);
     unlink(path);
     rmdir(dir);
 }
 
-/* The same for qwen35 (tests/synth_family.h: 6 Gated DeltaNet layers whose
- * convolution and delta-rule state the records carry): saved on and off the
- * 128-token grid, restored by another process and run on, it is the
- * uninterrupted run. */
+/* gemma3's window layers keep rings, its global layers full rows (a
+ * 64-token window): saved at positions around the window's edge and the
+ * block grid. */
+TEST(store_persist_round_trip_gemma3)
+{
+    static const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    static const size_t at[3][2] = {{FAM_GEMMA_SWA + 1, 300}, {128, 200}, {250, 420}};
+    persist_family(&g, at);
+}
+
+/* qwen35's 6 Gated DeltaNet layers, whose convolution and delta-rule state
+ * the records carry: saved on and off the 128-token grid. */
 TEST(store_persist_round_trip_qwen35)
 {
-    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
-    if (!vocab) SKIP("../shared/vocab absent");
-    char v[1024], dir[] = "/tmp/kvtier-store-qwen35-XXXXXX", path[96];
-    snprintf(v, sizeof v, "%s", vocab);
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/qwen35.gguf", dir);
-    const fam_spec q = {"qwen35", .qwen35 = FAM_Q35_DENSE};
-    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, &q, false));
-    const size_t at[][2] = {{65, 300}, {128, 200}, {250, 420}};
-    for (size_t i = 0; i < sizeof at / sizeof *at && !kvt_test_failed(); i++) persist_round_trip(path, at[i][0], at[i][1]);
-    unlink(path);
-    rmdir(dir);
+    static const fam_spec q = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    static const size_t at[3][2] = {{65, 300}, {128, 200}, {250, 420}};
+    persist_family(&q, at);
 }
 
 TEST(store_shared_prefix_across_processes)
