@@ -24,7 +24,9 @@ typedef struct kvt_arch {
     int (*forward)(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
                    float *logits, size_t lfrom);
     /* Append the fixed state (window, frontier) for the s->n held tokens in
-     * logical order: only entries valid at s->n, oldest first. NULL: none. */
+     * logical order: only entries valid at s->n, oldest first. The
+     * recurrent layers' state (plan.recurrent bytes, the same at every n)
+     * comes last: a snapshot stores it in a section of its own. NULL: none. */
     void (*state_save)(const kvt_session *s, kvt_wbuf *b);
     /* Inverse of state_save for n tokens; KVT_EFORMAT when r is short. */
     int (*state_load)(kvt_session *s, size_t n, kvt_rbuf *r);

@@ -17,7 +17,10 @@
  *                   keys it stands on. A record stored without its state
  *                   (version 4) holds the XXH3-64 of that state instead, and
  *                   loading it rebuilds the state by replay and checks it
- *                   against that digest.
+ *                   against that digest. A model with recurrent layers
+ *                   (qwen35's DeltaNet) keeps their state, fixed in size
+ *                   and not rebuildable from rows, in a seventh section
+ *                   (version 5).
  *
  * Every section and every block carries an XXH3-64 checksum and every size is
  * checked against the model before use, so a damaged or foreign record is
@@ -43,8 +46,21 @@
 #define BLK_HDR 48
 #define DIGEST_LEN 8 /* the state section of a version 4 record: XXH3-64 of the state */
 
-enum { SEC_TOKENS = 1, SEC_LOGITS, SEC_TEXT, SEC_STATE, SEC_ROWS, SEC_KEYS, N_SEC = 6 };
-static const char *sec_name[] = {"", "tokens", "logits", "text", "state", "rows", "block keys"};
+/* Sections by id. Version 5 records have a seventh, the recurrent state;
+ * the others have six. */
+enum { SEC_TOKENS = 1, SEC_LOGITS, SEC_TEXT, SEC_STATE, SEC_ROWS, SEC_KEYS, SEC_RECURRENT, N_SEC_MAX = 7 };
+static const char *sec_name[] = {"", "tokens", "logits", "text", "state", "rows", "block keys", "recurrent"};
+
+static int n_sec(uint32_t version) { return version == KVT_SNAP_VERSION_RECURRENT ? 7 : 6; }
+static size_t hdr_len(int nsec) { return HDR_FIXED + (size_t)nsec * SEC_ENTRY + 8; }
+
+/* The recurrent layers' state: the last bytes of the architecture's state,
+ * the same number at every n (0: the model has none). */
+static size_t recurrent_bytes(const kvt_model *m)
+{
+    kvt_plan p;
+    return m->arch->plan && m->arch->plan(m, 0, &p) == KVT_OK ? (size_t)p.recurrent : 0;
+}
 
 static void put_u32_at(uint8_t *p, uint32_t v) { for (int k = 0; k < 4; k++) p[k] = (uint8_t)(v >> (8 * k)); }
 static void put_u64_at(uint8_t *p, uint64_t v) { for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k)); }
@@ -151,26 +167,28 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
 
 /* Append a snapshot record: header, section table, header checksum, then
  * the sections. mid holds header bytes 16..56 (fingerprints, n, nb, V,
- * streams, head). A record without its state is version 4, others 2. */
-static void put_record(kvt_wbuf *rec, uint32_t flags, const uint8_t *mid, const uint8_t *const *sec,
-                       const size_t *len)
+ * streams, head). A record without its state is version 4; one with a
+ * recurrent section 5 (seven sections); others 2. */
+static void put_record(kvt_wbuf *rec, uint32_t version, uint32_t flags, const uint8_t *mid,
+                       const uint8_t *const *sec, const size_t *len)
 {
-    size_t start = rec->len, hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
+    int nsec = n_sec(version);
+    size_t start = rec->len, hdr = hdr_len(nsec);
     kvt_wbuf_put(rec, REC_MAGIC, 8);
-    kvt_wbuf_u32(rec, flags & KVT_SNAP_REPLAY ? KVT_SNAP_VERSION_REPLAY : KVT_SNAP_VERSION);
+    kvt_wbuf_u32(rec, version);
     kvt_wbuf_u32(rec, flags);
     kvt_wbuf_put(rec, mid, 40);
-    kvt_wbuf_u32(rec, N_SEC);
+    kvt_wbuf_u32(rec, (uint32_t)nsec);
     kvt_wbuf_u32(rec, 0);
     uint64_t off = hdr;
-    for (int i = 1; i <= N_SEC; i++) {
+    for (int i = 1; i <= nsec; i++) {
         kvt_wbuf_u64(rec, off);
         kvt_wbuf_u64(rec, len[i]);
         kvt_wbuf_u64(rec, XXH3_64bits(sec[i], len[i]));
         off += len[i];
     }
     if (!rec->oom) kvt_wbuf_u64(rec, XXH3_64bits(rec->p + start, rec->len - start));
-    for (int i = 1; i <= N_SEC; i++) kvt_wbuf_put(rec, sec[i], len[i]);
+    for (int i = 1; i <= nsec; i++) kvt_wbuf_put(rec, sec[i], len[i]);
 }
 
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys_out)
@@ -187,12 +205,25 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     if (rc) goto done;
     uint64_t key = kvt_snap_key0(m);
     for (size_t b = 0; b < nb; b++) keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
+    /* the recurrent layers' state, the state's last bytes, goes to a
+     * section of its own (version 5) */
+    size_t R = recurrent_bytes(m);
+    if (!n && R) { /* before the first token the recurrent state is zero */
+        uint8_t *z = kvt_calloc(1, R);
+        if (!z) { rc = KVT_ENOMEM; goto done; }
+        kvt_wbuf_put(&state, z, R);
+        free(z);
+    }
+    if (R > state.len) { rc = kvt_fail(KVT_EINVAL, "snapshot: state shorter than its recurrent part"); goto done; }
+    uint32_t version = flags & KVT_SNAP_REPLAY ? KVT_SNAP_VERSION_REPLAY : R ? KVT_SNAP_VERSION_RECURRENT
+                                                                             : KVT_SNAP_VERSION;
     /* sections */
-    kvt_wbuf sec[N_SEC + 1] = {{0}};
+    kvt_wbuf sec[N_SEC_MAX + 1] = {{0}};
     for (size_t i = 0; i < tail; i++) kvt_wbuf_u32(&sec[SEC_TOKENS], (uint32_t)s->tokens[nb * KVT_BLOCK + i]);
     if (n) kvt_wbuf_put(&sec[SEC_LOGITS], logits, (size_t)m->info.n_vocab * sizeof(float));
     put_pieces(m, s->tokens + nb * KVT_BLOCK, tail, &sec[SEC_TEXT]);
-    kvt_wbuf_put(&sec[SEC_STATE], state.p, state.len);
+    kvt_wbuf_put(&sec[SEC_STATE], state.p, state.len - R);
+    kvt_wbuf_put(&sec[SEC_RECURRENT], state.p ? state.p + state.len - R : NULL, R);
     for (size_t i = 0; i < c->n_streams; i++) {
         const kvt_stream *st = &c->streams[i];
         for (size_t r = nb * st->rows_per_block; r < kvt_cache_rows_for(c, i, n); r++)
@@ -207,17 +238,17 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     kvt_wbuf_u32(&mid, m->info.n_vocab);
     kvt_wbuf_u32(&mid, (uint32_t)c->n_streams);
     kvt_wbuf_u64(&mid, key);
-    const uint8_t *sp[N_SEC + 1];
-    size_t sl[N_SEC + 1];
-    for (int i = 1; i <= N_SEC; i++) {
+    const uint8_t *sp[N_SEC_MAX + 1];
+    size_t sl[N_SEC_MAX + 1];
+    for (int i = 1; i <= N_SEC_MAX; i++) {
         sp[i] = sec[i].p;
         sl[i] = sec[i].len;
         rec->oom |= sec[i].oom;
     }
-    if (!mid.oom) put_record(rec, flags, mid.p, sp, sl);
+    if (!mid.oom) put_record(rec, version, flags, mid.p, sp, sl);
     rec->oom |= mid.oom;
     kvt_wbuf_free(&mid);
-    for (int i = 1; i <= N_SEC; i++) kvt_wbuf_free(&sec[i]);
+    for (int i = 1; i <= N_SEC_MAX; i++) kvt_wbuf_free(&sec[i]);
     rc = rec->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 done:
     kvt_wbuf_free(&state);
@@ -231,14 +262,15 @@ done:
 int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
 {
     memset(out, 0, sizeof *out);
-    size_t hdr = HDR_FIXED + N_SEC * SEC_ENTRY + 8;
     if (len < 12 || memcmp(p, REC_MAGIC, 8))
         return kvt_fail(KVT_EFORMAT, "snapshot: bad magic");
     out->version = kvt_rd32(p + 8);
-    if (out->version != KVT_SNAP_VERSION && out->version != KVT_SNAP_VERSION_REPLAY_V3 &&
-        out->version != KVT_SNAP_VERSION_REPLAY)
+    if (out->version < KVT_SNAP_VERSION || out->version > KVT_SNAP_VERSION_MAX)
         return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d to %d)", out->version,
-                        KVT_SNAP_VERSION, KVT_SNAP_VERSION_REPLAY);
+                        KVT_SNAP_VERSION, KVT_SNAP_VERSION_MAX);
+    int nsec = n_sec(out->version);
+    size_t hdr = hdr_len(nsec);
+    bool replay_version = out->version == KVT_SNAP_VERSION_REPLAY || out->version == KVT_SNAP_VERSION_REPLAY_V3;
     if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
     if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
         return kvt_fail(KVT_ECORRUPT, "snapshot: header checksum mismatch");
@@ -250,12 +282,11 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     out->n_vocab = kvt_rd32(p + 40);
     out->n_streams = kvt_rd32(p + 44);
     out->head = kvt_rd64(p + 48);
-    if (kvt_rd32(p + 56) != N_SEC || kvt_rd32(p + 60) || out->nb != out->n / KVT_BLOCK ||
-        (out->flags & ~(KVT_SNAP_INLINE | KVT_SNAP_REPLAY)) ||
-        !(out->flags & KVT_SNAP_REPLAY) != (out->version == KVT_SNAP_VERSION))
+    if (kvt_rd32(p + 56) != (uint32_t)nsec || kvt_rd32(p + 60) || out->nb != out->n / KVT_BLOCK ||
+        (out->flags & ~(KVT_SNAP_INLINE | KVT_SNAP_REPLAY)) || !(out->flags & KVT_SNAP_REPLAY) == replay_version)
         return kvt_fail(KVT_EFORMAT, "snapshot: malformed header");
     uint64_t off = hdr;
-    for (int i = 1; i <= N_SEC; i++) {
+    for (int i = 1; i <= nsec; i++) {
         const uint8_t *e = p + HDR_FIXED + (size_t)(i - 1) * SEC_ENTRY;
         uint64_t so = kvt_rd64(e), sl = kvt_rd64(e + 8);
         if (so != off || so > len || sl > len - so)
@@ -290,16 +321,18 @@ int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
     kvt_snap_info in;
     int rc = kvt_snap_parse_raw(p, len, &in);
     if (rc) return rc;
-    if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0) return KVT_OK;
+    /* version 5: the recurrent state cannot be rebuilt from the rows */
+    if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0 || in.version == KVT_SNAP_VERSION_RECURRENT)
+        return KVT_OK;
     uint8_t digest[DIGEST_LEN];
     put_u64_at(digest, XXH3_64bits(in.sec[SEC_STATE], in.sec_len[SEC_STATE]));
-    const uint8_t *sp[N_SEC + 1];
-    size_t sl[N_SEC + 1];
-    for (int i = 1; i <= N_SEC; i++) {
+    const uint8_t *sp[N_SEC_MAX + 1];
+    size_t sl[N_SEC_MAX + 1];
+    for (int i = 1; i <= N_SEC_MAX; i++) {
         sp[i] = i == SEC_STATE ? digest : in.sec[i];
         sl[i] = i == SEC_STATE ? DIGEST_LEN : in.sec_len[i];
     }
-    put_record(out, in.flags | KVT_SNAP_REPLAY, p + 16, sp, sl);
+    put_record(out, KVT_SNAP_VERSION_REPLAY, in.flags | KVT_SNAP_REPLAY, p + 16, sp, sl);
     return out->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 }
 
@@ -657,11 +690,21 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
     bool replay = in.flags & KVT_SNAP_REPLAY;
     if (replay && !s->m->arch->state_rebuild)
         return kvt_fail(KVT_EFORMAT, "snapshot: stored without its state, which this model cannot rebuild");
-    /* without its state: version 4 keeps the state's digest, version 3 nothing */
+    /* without its state: version 4 keeps the state's digest, version 3
+     * nothing. A model with recurrent layers: version 5 keeps their state
+     * in its own section; version 2 (the release before) at the end of the
+     * state section, where it is still read. */
+    size_t R = recurrent_bytes(s->m), rec_len = 0;
     if (replay) state_len = in.version == KVT_SNAP_VERSION_REPLAY ? DIGEST_LEN : 0;
+    if (in.version == KVT_SNAP_VERSION_RECURRENT) {
+        if (!R) return kvt_fail(KVT_EFORMAT, "snapshot: a recurrent state for a model without recurrent layers");
+        if (state_len < R) return kvt_fail(KVT_EFORMAT, "snapshot: state shorter than its recurrent part");
+        state_len -= R;
+        rec_len = R;
+    }
     if (in.sec_len[SEC_TOKENS] != 4 * tail || in.sec_len[SEC_LOGITS] != (in.n ? V * 4 : 0) ||
         in.sec_len[SEC_STATE] != state_len || in.sec_len[SEC_ROWS] != rows_len ||
-        in.sec_len[SEC_KEYS] != 8 * (size_t)in.nb)
+        in.sec_len[SEC_KEYS] != 8 * (size_t)in.nb || in.sec_len[SEC_RECURRENT] != rec_len)
         return kvt_fail(KVT_EFORMAT, "snapshot: section sizes do not fit %u tokens of this model", in.n);
     /* the rows of every block in one allocation (the blocks' records fill
      * every byte of it, or the session is emptied) */
@@ -675,8 +718,21 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
         s->tokens[(size_t)in.nb * KVT_BLOCK + i] = (int32_t)t;
     }
     if (in.n) memcpy(s->logits, in.sec[SEC_LOGITS], V * 4);
+    /* the architecture reads its state as one string: version 5's two
+     * sections joined */
+    uint8_t *joined = NULL;
     kvt_rbuf r = {in.sec[SEC_STATE], in.sec_len[SEC_STATE], 0};
-    if (!replay && s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) return state_fail(s, rc);
+    if (rec_len) {
+        if (!(joined = kvt_malloc(state_len + rec_len))) { reset(s); return kvt_fail(KVT_ENOMEM, "snapshot state"); }
+        if (state_len) memcpy(joined, in.sec[SEC_STATE], state_len);
+        memcpy(joined + state_len, in.sec[SEC_RECURRENT], rec_len);
+        r = (kvt_rbuf){joined, state_len + rec_len, 0};
+    }
+    if (!replay && s->m->arch->state_load && (rc = s->m->arch->state_load(s, in.n, &r))) {
+        free(joined);
+        return state_fail(s, rc);
+    }
+    free(joined);
     const uint8_t *rows = in.sec[SEC_ROWS];
     for (size_t i = 0; i < s->cache->n_streams; i++) {
         const kvt_stream *st = &s->cache->streams[i];

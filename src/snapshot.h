@@ -11,6 +11,8 @@
 #define KVT_SNAP_VERSION 2
 #define KVT_SNAP_VERSION_REPLAY 4    /* a snapshot record stored without its state, with its digest */
 #define KVT_SNAP_VERSION_REPLAY_V3 3 /* the same without the digest: still read, no longer written */
+#define KVT_SNAP_VERSION_RECURRENT 5 /* a whole record of a model with recurrent layers: a seventh section */
+#define KVT_SNAP_VERSION_MAX 5       /* the newest version this build reads; a store skips newer ones */
 #define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
 #define KVT_SNAP_REPLAY 2u   /* flag: the state section holds only the state's digest; loading rebuilds it by replay */
 
@@ -30,7 +32,8 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
 /* Append to out the same record without its state (version 4, flag
  * KVT_SNAP_REPLAY): its state section holds the XXH3-64 of the state it
  * leaves out instead. Appends nothing when the record has no state to drop
- * (or has dropped it already). */
+ * (or has dropped it already), or a recurrent state (version 5), which
+ * cannot be rebuilt. */
 int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
 /* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
@@ -39,8 +42,8 @@ typedef struct kvt_snap_info {
     uint32_t version, flags, n, nb, n_vocab, n_streams;
     uint64_t model, tok;           /* fingerprints */
     uint64_t head;                 /* key of the last whole block (key0 if none) */
-    const uint8_t *sec[7];         /* section bytes, by section id 1..6 */
-    size_t sec_len[7];
+    const uint8_t *sec[8];         /* section bytes, by section id 1..6 (7: version 5's recurrent state) */
+    size_t sec_len[8];
     size_t rec_len;                /* bytes of the record itself */
 } kvt_snap_info;
 

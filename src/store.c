@@ -1947,7 +1947,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     size_t rcap = 0;
     rc = row_record(st, stmt, 8, 7, &rbuf, &rcap, &rp, &len);
     /* a record of a newer version is skipped below, not blamed on its row */
-    bool future = !rc && len >= 12 && !memcmp(rp, "KVTSNAP", 7) && kvt_rd32(rp + 8) > KVT_SNAP_VERSION_REPLAY;
+    bool future = !rc && len >= 12 && !memcmp(rp, "KVTSNAP", 7) && kvt_rd32(rp + 8) > KVT_SNAP_VERSION_MAX;
     kvt_snap_info info;
     if (!rc && !future) rc = snap_row_agrees(stmt, 1, rp, len, &info);
     if (!rc && !(rec = kvt_malloc(len ? len : 1))) rc = KVT_ENOMEM;

@@ -1,5 +1,6 @@
 /* Test runner: see test.h. */
 #include "test.h"
+#include "snapshot.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -104,6 +105,40 @@ void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed)
 {
     t[0] = 256;
     for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
+}
+
+uint8_t *kvt_test_repack(const uint8_t *rec, size_t len, uint32_t version, uint32_t flags, int nsec,
+                         const uint8_t *const *sec, const size_t *sl, size_t *out_len)
+{
+    enum { FIXED = 64, ENTRY = 24 };
+    kvt_snap_info in;
+    if (kvt_snap_parse_raw(rec, len, &in) || nsec < 1 || nsec > 7) return NULL;
+    size_t hdr = FIXED + (size_t)nsec * ENTRY + 8, body = 0, rest = len - in.rec_len;
+    for (int i = 1; i <= nsec; i++) body += sl[i];
+    uint8_t *o = malloc(hdr + body + rest);
+    if (!o) return NULL;
+    memcpy(o, rec, FIXED);
+    memcpy(o + 8, &version, 4); /* u32 LE: the host's order (FORMAT.md) */
+    memcpy(o + 12, &flags, 4);
+    uint32_t ns = (uint32_t)nsec;
+    memcpy(o + 56, &ns, 4);
+    uint64_t off = hdr;
+    uint8_t *q = o + hdr;
+    for (int i = 1; i <= nsec; i++) {
+        uint64_t l = sl[i], h = XXH3_64bits(sec[i], l);
+        uint8_t *e = o + FIXED + (size_t)(i - 1) * ENTRY;
+        memcpy(e, &off, 8);
+        memcpy(e + 8, &l, 8);
+        memcpy(e + 16, &h, 8);
+        if (l) memcpy(q, sec[i], l);
+        q += l;
+        off += l;
+    }
+    uint64_t hh = XXH3_64bits(o, hdr - 8);
+    memcpy(o + hdr - 8, &hh, 8);
+    memcpy(q, rec + in.rec_len, rest);
+    *out_len = hdr + body + rest;
+    return o;
 }
 
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m)

@@ -42,6 +42,14 @@ void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed);
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m);
 /* The digest of an uninterrupted run of t[0..n) in a fresh session. */
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n);
+/* The snapshot record rec (len bytes, then what follows it: its inline
+ * blocks, kept) written anew as format version `version` with flags and
+ * the nsec sections sec[1..nsec] (lengths sl[1..nsec]): the other header
+ * fields (fingerprints, n, nb, V, streams, head) kept, every checksum made
+ * anew. Records as other versions lay them out (docs/FORMAT.md), to prove
+ * they are read. malloc'ed; NULL when rec is not a record. */
+uint8_t *kvt_test_repack(const uint8_t *rec, size_t len, uint32_t version, uint32_t flags, int nsec,
+                         const uint8_t *const *sec, const size_t *sl, size_t *out_len);
 /* Empty a flat directory (its files; no subdirectories) and make sure it
  * exists. */
 void kvt_test_clear_dir(const char *dir);

@@ -519,34 +519,10 @@ TEST(ds4_marked_checkpoint)
  * changes (KVT_WRITE_GOLDEN=1). */
 static uint8_t *as_version_3(const uint8_t *v4, size_t len, size_t *out_len)
 {
-    enum { FIXED = 64, ENTRY = 24, NS = 6, STATE = 4 };
     kvt_snap_info in;
     if (kvt_snap_parse_raw(v4, len, &in) || in.version != 4) return NULL;
-    size_t hdr = FIXED + NS * ENTRY + 8, body = 0;
-    for (int i = 1; i <= NS; i++) body += i == STATE ? 0 : in.sec_len[i];
-    size_t rest = len - in.rec_len;
-    uint8_t *o = malloc(hdr + body + rest);
-    if (!o) return NULL;
-    memcpy(o, v4, FIXED);
-    uint32_t three = 3;
-    memcpy(o + 8, &three, 4);
-    uint64_t off = hdr;
-    uint8_t *q = o + hdr;
-    for (int i = 1; i <= NS; i++) {
-        uint64_t sl = i == STATE ? 0 : in.sec_len[i], h = XXH3_64bits(in.sec[i], sl);
-        uint8_t *e = o + FIXED + (size_t)(i - 1) * ENTRY;
-        memcpy(e, &off, 8);
-        memcpy(e + 8, &sl, 8);
-        memcpy(e + 16, &h, 8);
-        memcpy(q, in.sec[i], sl);
-        q += sl;
-        off += sl;
-    }
-    uint64_t hh = XXH3_64bits(o, hdr - 8);
-    memcpy(o + hdr - 8, &hh, 8);
-    memcpy(q, v4 + in.rec_len, rest);
-    *out_len = hdr + body + rest;
-    return o;
+    in.sec_len[4] = 0;
+    return kvt_test_repack(v4, len, 3, in.flags, 6, in.sec, in.sec_len, out_len);
 }
 
 /* The snapshot format is pinned by a golden file per version: today's

@@ -510,7 +510,7 @@ TEST(store_foreign_and_future_records)
     struct { size_t off; int width; uint64_t xor; int want; bool kept; const char *what; } cases[] = {
         {16, 8, 1, KVT_EMISMATCH, false, "another model"},
         {24, 8, 1, KVT_EMISMATCH, false, "another tokenizer"},
-        {8, 4, 5 ^ 2, KVT_EFORMAT, true, "a future version"}, /* version 2 -> 5: skipped, kept */
+        {8, 4, 6 ^ 2, KVT_EFORMAT, true, "a future version"}, /* version 2 -> 6: skipped, kept */
     };
     for (size_t c = 0; c < 3; c++) {
         int64_t id = fresh_store(m, dir, t, N);
