@@ -33,21 +33,52 @@
  * families people run on a CPU with coding agents, their real dimensions
  * (Qwen3-0.6B: tied embeddings, q/k head norms, head length 128; Gemma 3
  * 1B: tied, head norms, post norms, a 512-token window on five layers of
- * every six with its own RoPE base), each with the vocabulary file of its
- * family from the llama.cpp tree (its size is the file's). Norms are 1.0;
- * the weights are drawn in file order from the one seed. */
+ * every six with its own RoPE base; Qwen3.5-0.8B: below), each with the
+ * vocabulary file of its family from the llama.cpp tree (its size is the
+ * file's). Norms are 1.0 (but Qwen3.5's); the weights are drawn in file
+ * order from the one seed.
+ *
+ * qwen3.5-0.8b (arch qwen35): Qwen3.5-0.8B's shape, 24 layers of which
+ * every fourth is a gated full attention layer (8 heads, 2 KV heads, head
+ * length 256, attn_q of 2 x 8 x 256 rows: each head's queries then its
+ * gate; q/k head norms; RoPE over 64 of the 256 dims, rope.dimension_sections
+ * [11, 11, 10, 0]) and the others Gated DeltaNet layers (conv kernel 4, 16
+ * K heads and 16 V heads of 128, inner 2048: attn_qkv of 6144 rows,
+ * attn_gate, ssm_conv1d, ssm_dt.bias, ssm_a, ssm_beta, ssm_alpha,
+ * ssm_norm, ssm_out), both full_attention_interval 4 and the
+ * attention.recurrent_layers array written, SwiGLU FFN of 3584 after
+ * post_attention_norm, tied embeddings, context 262144. The scales are
+ * those of the tests' synthetic qwen35 (tests/synth_family.h): attn_q,
+ * attn_k and attn_qkv N(0, 0.08), ssm_conv1d N(0, 0.5) (F32, as the
+ * converter keeps it), ssm_dt.bias N(0, 0.5), ssm_a -0.02 * 100^(h / 15)
+ * per V head h (-0.02 to -2), every norm 1 + N(0, 0.3), the rest N(0,
+ * 0.02); matrices F16, vectors F32. */
 typedef struct shape {
     const char *name, *arch;
     uint32_t D, L, H, Hkv, hd, F, ctx;
     bool tied, qk_norm, gemma;
     float rope_base;
+    const struct q35_shape *q35; /* qwen35's own, or NULL */
 } shape;
 
+/* qwen35's RoPE dims, DeltaNet conv kernel, head length, K and V heads */
+typedef struct q35_shape {
+    uint32_t rot, conv, state, hk, hv;
+} q35_shape;
+
+static const q35_shape qwen35_08b = {64, 4, 128, 16, 16};
+
 static const shape shapes[] = {
-    {"llama-124m", "llama", 768, 12, 12, 4, 64, 2048, 8192, false, false, false, 10000.0f},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, true, true, false, 1000000.0f},
-    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, true, true, true, 1000000.0f},
+    {"llama-124m", "llama", 768, 12, 12, 4, 64, 2048, 8192, false, false, false, 10000.0f, NULL},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, true, true, false, 1000000.0f, NULL},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, true, true, true, 1000000.0f, NULL},
+    {"qwen3.5-0.8b", "qwen35", 1024, 24, 8, 2, 256, 3584, 262144, true, true, false, 10000000.0f, &qwen35_08b},
 };
+#define Q35_INTERVAL 4
+#define Q35_SIGMA_QK 0.08
+#define Q35_SIGMA_CONV 0.5
+#define Q35_SIGMA_DT 0.5
+#define Q35_SIGMA_NORM 0.3
 #define GEMMA_SWA 512
 #define GEMMA_PATTERN 6
 #define GEMMA_BASE_SWA 10000.0f
@@ -86,16 +117,35 @@ static int die(const char *what, int rc)
     return 1;
 }
 
-/* An f16 matrix of rows x cols (ne = {cols, rows}), N(0, SIGMA). */
-static int add_matrix(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows)
+/* An f16 matrix of rows x cols (ne = {cols, rows}), N(0, sigma). */
+static int add_matrix_s(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, double sigma)
 {
     size_t n = cols * rows;
     uint16_t *h = malloc(n * sizeof *h);
     if (!h) return KVT_ENOMEM;
-    for (size_t i = 0; i < n; i++) h[i] = kvt_f32_to_f16((float)(SIGMA * normal()));
+    for (size_t i = 0; i < n; i++) h[i] = kvt_f32_to_f16((float)(sigma * normal()));
     uint64_t ne[2] = {cols, rows};
     int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F16, 2, ne, h, n * sizeof *h);
     free(h);
+    return rc;
+}
+
+/* The same of N(0, SIGMA). */
+static int add_matrix(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows)
+{
+    return add_matrix_s(w, name, cols, rows, SIGMA);
+}
+
+/* An f32 tensor of cols x rows (rows 1: a vector) of base + N(0, sigma). */
+static int add_f32(kvt_gguf_writer *w, const char *name, uint64_t cols, uint64_t rows, double base, double sigma)
+{
+    size_t n = cols * rows;
+    float *f = malloc(n * sizeof *f);
+    if (!f) return KVT_ENOMEM;
+    for (size_t i = 0; i < n; i++) f[i] = (float)(base + sigma * normal());
+    uint64_t ne[2] = {cols, rows};
+    int rc = kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, rows > 1 ? 2 : 1, ne, f, n * sizeof *f);
+    free(f);
     return rc;
 }
 
@@ -106,6 +156,86 @@ static int add_norm(kvt_gguf_writer *w, const char *name, uint64_t n)
     for (size_t i = 0; i < n; i++) v[i] = 1.0f;
     uint64_t ne[1] = {n};
     return kvt_gguf_writer_add_tensor(w, name, KVT_GGML_F32, 1, ne, v, n * sizeof *v);
+}
+
+/* An array of n values of type t (bools, i32) as a key. */
+static int set_arr(kvt_gguf_writer *w, const char *key, const int32_t *v, uint32_t n, uint32_t t)
+{
+    kvt_gguf_val a[64];
+    if (n > 64) return KVT_EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        a[i] = (kvt_gguf_val){.type = t};
+        if (t == KVT_GGUF_BOOL) a[i].v.u = v[i] != 0;
+        else a[i].v.i = v[i];
+    }
+    kvt_gguf_val arr = {.type = KVT_GGUF_ARR, .elem_type = t, .n = n, .v.arr = a};
+    return kvt_gguf_writer_set(w, key, &arr);
+}
+
+/* The qwen35 keys and tensors of sh (qwen3.5-0.8b above), after the common
+ * keys; V the vocabulary's size. */
+static int write_q35(kvt_gguf_writer *w, const shape *sh, uint64_t V)
+{
+    const q35_shape *q = sh->q35;
+    const uint64_t D = sh->D, QD = (uint64_t)sh->H * sh->hd, KVD = (uint64_t)sh->Hkv * sh->hd,
+                   KD = (uint64_t)q->hk * q->state, VD = (uint64_t)q->hv * q->state, CONV = 2 * KD + VD;
+    int32_t recr[64];
+    const int32_t sections[4] = {11, 11, 10, 0}; /* the converter's default: 32 pairs = rot / 2 */
+    if (sh->L > 64 || q->hv > 64 || sections[0] + sections[1] + sections[2] != (int32_t)q->rot / 2)
+        return KVT_EINVAL;
+    for (uint32_t l = 0; l < sh->L; l++) recr[l] = (l + 1) % Q35_INTERVAL != 0;
+    char k[96];
+    int rc;
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", sh->arch, suffix), k)
+    if ((rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), q->rot)) ||
+        (rc = set_arr(w, KEY("rope.dimension_sections"), sections, 4, KVT_GGUF_I32)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.conv_kernel"), q->conv)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.state_size"), q->state)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.group_count"), q->hk)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.time_step_rank"), q->hv)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.inner_size"), (uint32_t)VD)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("full_attention_interval"), Q35_INTERVAL)) ||
+        (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, sh->L, KVT_GGUF_BOOL)))
+        return rc;
+#undef KEY
+    float a[64];
+    for (uint32_t h = 0; h < q->hv; h++) a[h] = (float)(-0.02 * pow(100.0, (double)h / (q->hv - 1)));
+    if ((rc = add_matrix(w, "token_embd.weight", D, V))) return rc;
+    for (uint32_t l = 0; l < sh->L; l++) {
+        char nm[64];
+#define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix), nm)
+        if ((rc = add_f32(w, NM("attn_norm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_f32(w, NM("post_attention_norm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)))
+            return rc;
+        if (!recr[l]) {
+            if ((rc = add_matrix_s(w, NM("attn_q.weight"), D, 2 * QD, Q35_SIGMA_QK)) ||
+                (rc = add_matrix_s(w, NM("attn_k.weight"), D, KVD, Q35_SIGMA_QK)) ||
+                (rc = add_matrix(w, NM("attn_v.weight"), D, KVD)) ||
+                (rc = add_matrix(w, NM("attn_output.weight"), QD, D)) ||
+                (rc = add_f32(w, NM("attn_q_norm.weight"), sh->hd, 1, 1.0, Q35_SIGMA_NORM)) ||
+                (rc = add_f32(w, NM("attn_k_norm.weight"), sh->hd, 1, 1.0, Q35_SIGMA_NORM)))
+                return rc;
+        } else {
+            uint64_t ne[1] = {q->hv};
+            if ((rc = add_matrix_s(w, NM("attn_qkv.weight"), D, CONV, Q35_SIGMA_QK)) ||
+                (rc = add_matrix(w, NM("attn_gate.weight"), D, VD)) ||
+                (rc = add_f32(w, NM("ssm_conv1d.weight"), q->conv, CONV, 0.0, Q35_SIGMA_CONV)) ||
+                (rc = add_f32(w, NM("ssm_dt.bias"), q->hv, 1, 0.0, Q35_SIGMA_DT)) ||
+                (rc = kvt_gguf_writer_add_tensor(w, NM("ssm_a"), KVT_GGML_F32, 1, ne, a, q->hv * sizeof *a)) ||
+                (rc = add_matrix(w, NM("ssm_beta.weight"), D, q->hv)) ||
+                (rc = add_matrix(w, NM("ssm_alpha.weight"), D, q->hv)) ||
+                (rc = add_f32(w, NM("ssm_norm.weight"), q->state, 1, 1.0, Q35_SIGMA_NORM)) ||
+                (rc = add_matrix(w, NM("ssm_out.weight"), VD, D)))
+                return rc;
+        }
+        if ((rc = add_matrix(w, NM("ffn_gate.weight"), D, sh->F)) ||
+            (rc = add_matrix(w, NM("ffn_up.weight"), D, sh->F)) ||
+            (rc = add_matrix(w, NM("ffn_down.weight"), sh->F, D)))
+            return rc;
+#undef NM
+    }
+    if ((rc = add_f32(w, "output_norm.weight", D, 1, 1.0, Q35_SIGMA_NORM))) return rc;
+    return sh->tied ? KVT_OK : add_matrix(w, "output.weight", D, V);
 }
 
 static int write_model(const shape *sh, const char *vocab_path, const char *out)
@@ -135,9 +265,10 @@ static int write_model(const shape *sh, const char *vocab_path, const char *out)
         (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), sh->F)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), sh->H)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), sh->Hkv)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), sh->hd)) ||
+        (!sh->q35 && (rc = kvt_gguf_writer_set_u32(w, KEY("rope.dimension_count"), sh->hd))) ||
         (rc = kvt_gguf_writer_set_f32(w, KEY("rope.freq_base"), sh->rope_base)) ||
-        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), sh->gemma ? 1e-6f : 1e-5f)) ||
+        (rc = kvt_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"),
+                                      sh->gemma || sh->q35 ? 1e-6f : 1e-5f)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)V)))
         goto out;
     if (sh->hd != sh->D / sh->H && ((rc = kvt_gguf_writer_set_u32(w, KEY("attention.key_length"), sh->hd)) ||
@@ -157,6 +288,10 @@ static int write_model(const shape *sh, const char *vocab_path, const char *out)
         }
     if (rc) goto out;
     what = "tensors";
+    if (sh->q35) {
+        if ((rc = write_q35(w, sh, V))) goto out;
+        goto write;
+    }
     if ((rc = add_matrix(w, "token_embd.weight", D, V))) goto out;
     for (uint32_t l = 0; l < sh->L; l++) {
         char nm[64];
@@ -188,6 +323,7 @@ static int write_model(const shape *sh, const char *vocab_path, const char *out)
     }
     if ((rc = add_norm(w, "output_norm.weight", D))) goto out;
     if (!sh->tied && (rc = add_matrix(w, "output.weight", D, V))) goto out;
+write:
     what = out;
     rc = kvt_gguf_writer_write(w, out);
     if (!rc) printf("synth_llama: wrote %s (%zu tokenizer keys from %s)\n", out, copied, vocab_path);
@@ -348,7 +484,7 @@ int main(int argc, char **argv)
         argv += 2;
     }
     if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
-    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b] VOCAB.gguf OUT.gguf\n"
+    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b] VOCAB.gguf OUT.gguf\n"
                     "       synth_llama --sizes FILE.gguf\n");
     return 2;
 }

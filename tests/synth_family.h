@@ -107,38 +107,48 @@ enum { FAM_G4_DENSE = 1, FAM_G4_MOE = 2, FAM_G4_LAYERS = 6, FAM_G4_SHARED = 2, F
  *                   written), router N(0, FAM_SIGMA_ROUTER), plus a shared
  *                   SwiGLU expert of FAM_Q35_SHEXP times sigmoid(w . x),
  *                   w (ffn_gate_inp_shexp, a vector of D) N(0,
- *                   FAM_SIGMA_ROUTER): gates of sigmoid(N(0, 1.6)), 0.2 to
- *                   0.8; feed_forward_length written as FAM_Q35_SHEXP.
+ *                   FAM_SIGMA_ROUTER): gates of mean 0.44, sd 0.31;
+ *                   feed_forward_length written as FAM_Q35_SHEXP.
+ * Every matrix row is a multiple of 256 long but ffn_down_exps' (FAM_MOE_F,
+ * as qwen3moe's: llama.cpp's Q4_K_M makes them q8_0); ssm_conv1d and the
+ * vectors stay F32 in its F16 and Q4_K_M (which makes attn_qkv q6_K, or q8_0
+ * with the experts, as attn_v).
  * Every hyperparameter llama.cpp reads for them is written. The vocabulary
  * is the file's (its size), with an output matrix of its own. Every norm
  * (attn_norm, post_attention_norm, output_norm, the head norms, ssm_norm)
  * is 1 + N(0, FAM_SIGMA_NORM): the converter stores them with the 1 added
  * (llama.cpp multiplies by them as they are), so an engine adding 1 again
- * would be caught. Scales (x: a normed input, RMS about 1):
+ * would be caught. Scales, and what llama.cpp's graph showed of them over
+ * the 600-token prompt of the peer test (x: a normed input, RMS about 1):
  *   attn_q, attn_k    N(0, FAM_SIGMA_QK), as the other families'; the head
- *                     norms set the scores' spread anyway (about 1), the
- *                     gate rows give gates of sigmoid(N(0, 1.3)), 0.1 - 0.9
- *   attn_qkv          N(0, FAM_SIGMA_QK): conv inputs of about N(0, 1.3)
+ *                     norms set the scores' spread anyway (about 1); the
+ *                     gate rows give sigmoid gates of mean 0.5, sd 0.25
+ *   attn_qkv          N(0, FAM_SIGMA_QK): conv inputs of sd 1.4
  *   ssm_conv1d        N(0, 0.5): 4 taps of equal weight, a gain of 1, so the
- *                     conv output is of order 1 (SiLU's curved part) and the
- *                     three tokens before count as much as the token itself
- *   attn_gate         N(0, FAM_SIGMA): z of N(0, 0.33), the layer's output
- *                     of the size of the attention layers' (about 0.05 per
- *                     element into the residual)
- *   ssm_beta, ssm_alpha  N(0, FAM_SIGMA): beta = sigmoid(N(0, 0.33)), about
- *                     0.5 (each token overwrites about half of what the
+ *                     conv output is of order 1 (sd 1.4, SiLU's curved
+ *                     part) and the three tokens before count as much as
+ *                     the token itself
+ *   attn_gate         N(0, FAM_SIGMA): z of sd 0.35; the DeltaNet layer adds
+ *                     sd 0.056 per element to the residual, the attention
+ *                     layers 0.013, the FFN 0.014 - 0.026 (the residual ends
+ *                     at sd 0.16): every part counts
+ *   ssm_beta, ssm_alpha  N(0, FAM_SIGMA): beta = sigmoid(N(0, 0.33)), 0.2 -
+ *                     0.75 (each token overwrites about half of what the
  *                     state holds along its key)
- *   ssm_dt.bias       N(0, 0.5), so softplus(alpha + dt) spreads over about
- *                     0.4 - 1.1 by head and layer
+ *   ssm_dt.bias       N(0, 0.5): softplus(alpha + dt) of mean 0.75 - 1.0 by
+ *                     layer, 0.2 - 2.2 by head and token
  *   ssm_a             fixed per V head, -0.02 * 100^(h / 3): -0.02, -0.093,
- *                     -0.43, -2; with softplus about 0.7 a decay per token of
- *                     exp(-0.014) (a memory of about 70 tokens, beside the
- *                     delta rule's own forgetting, beta / 64 per token along
- *                     random keys: about 130), exp(-0.065) (15), exp(-0.3)
- *                     (3) and exp(-1.4) (under one): the state carries the
- *                     prompt from a few tokens back to a few hundred, and
- *                     the heads' decays differ by 100x, so a decay read for
- *                     the wrong head or left out moves the logits
+ *                     -0.43, -2, so with softplus about 0.85 a decay per
+ *                     token of exp(-0.017) (a memory of about 60 tokens,
+ *                     beside the delta rule's own forgetting, beta / 64 per
+ *                     token along random keys: about 130), exp(-0.08) (12),
+ *                     exp(-0.37) (3) and exp(-1.7) (under one); the heads'
+ *                     decays differ by 100x, so a decay read for the wrong
+ *                     head or left out moves the logits
+ * Measured in llama.cpp: other tokens at positions 1 - 99 move the logits
+ * of positions 500 - 599 by 0.05 (qwen35) and 0.13 (qwen35moe) of max
+ * |logit| (by 1.1 at 100 - 199); the neutral file's logits differ from the
+ * file's by 1.0 - 1.3 of max |logit| over the first 16 to 600 positions.
  * neutral (the control): ssm_a written as 0 (no decay), every draw the
  * same. */
 enum { FAM_Q35_DENSE = 1, FAM_Q35_MOE = 2, FAM_Q35_LAYERS = 8, FAM_Q35_INTERVAL = 4, FAM_Q35_HEAD_DIM = 64,

@@ -25,8 +25,9 @@
  *                           rope_freqs), a qwen2 (q/k/v
  *                           biases) and a qwen3 (q/k head norms, a head
  *                           length of its own), both with NEOX RoPE, a
- *                           qwen3moe, a gemma3 and gemma4's two shapes
- *                           (synth_family.h), in F32
+ *                           qwen3moe, a gemma3, gemma4's two shapes and
+ *                           Qwen 3.5's two (qwen35, qwen35moe: DeltaNet
+ *                           layers; synth_family.h), in F32
  *                           and quantised by llama.cpp to F16 and Q4_K_M;
  *                           negative controls: the heads turned on adjacent
  *                           pairs, the rope_freqs, biases or head norms left
@@ -881,7 +882,7 @@ static void forced_free(kvt_forced *f)
     for (uint32_t l = 0; l < 64; l++) { free(f->sel_gap[l]); free(f->ex_gap[l]); }
 }
 
-/* ---- the llama family: llama 3, qwen2, qwen3, qwen3moe, gemma3, gemma4 --- *
+/* ---- the llama family: llama 3, qwen2, qwen3, qwen3moe, gemma3, gemma4, qwen35 *
  *
  * Over N_FAM = 600 positions, past gemma3's 64-token window many times
  * over. The synthetic model above as a llama 3 (rope_freqs.weight, the per-pair
@@ -903,7 +904,15 @@ static void forced_free(kvt_forced *f)
  * their own (from the attn_k llama.cpp ignores), no per-layer embeddings,
  * V normed with attn_k_norm's weight, and the window's; kvtier decodes
  * one token at a time here, so passes of many tokens (a shared layer
- * reading a ring its pass rewrites) are llama_family_invariance's. */
+ * reading a ring its pass rewrites) are llama_family_invariance's.
+ * qwen35 and qwen35moe (synth_family.h: Gated DeltaNet layers with two
+ * gated full attention layers; routed experts and a shared one, llama.cpp's
+ * expert choices of all 8 layers imposed as qwen3moe's), with the llama
+ * test's tolerances; llama.cpp runs the 600-token prompt in one batch, its
+ * DeltaNet by chunks, kvtier one token at a time. Controls: kvtier pairing
+ * a DeltaNet layer's V heads with K heads grouped (h / (Hv / Hk)) instead
+ * of the converter's tiled h % Hk, and the file without its decay (ssm_a
+ * 0); qwen35moe's experts' weights unnormalised too. */
 #define G4_TOL_Q 0.1
 
 static void family_run(const char *dir, const char *vocab, const fam_spec *f, float *want, float *got,
