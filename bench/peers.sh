@@ -5,8 +5,8 @@
 # The peer is the llama.cpp source that npm's node-llama-cpp 3.22.1 ships as
 # a git bundle (installed with `npm ci --omit=optional --prefix tests/peer`
 # when missing, as tests/test_peer.c does). It is cloned once into the cache
-# dir and built there natively with cmake (llama-bench and llama-quantize
-# only); a rerun reuses the build. The models are a synthetic 124.7M-parameter
+# dir and built there natively with cmake (bench/peer_llama.sh); a rerun
+# reuses the build. The models are a synthetic 124.7M-parameter
 # llama in F16 (bench/synth_llama.c, with the tokenizer of the clone's
 # models/ggml-vocab-llama-spm.gguf), quantised to Q8_0 and Q4_K_M by
 # llama-quantize, the ds4-mini DeepSeek-V4 preset (F32 from `kvtier model
@@ -57,49 +57,8 @@ trap 'exit 130' INT TERM
 
 # ---- the peer: node-llama-cpp's llama.cpp source, cloned and built once ----
 
-peer=tests/peer
-peer_version=3.22.1
-bundle=$peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
-have_peer() {
-    [ -f "$bundle" ] &&
-        grep -q "\"version\": \"$peer_version\"" "$peer/node_modules/node-llama-cpp/package.json" 2>/dev/null
-}
-if ! have_peer; then
-    # tests/test_peer.c holds the same lock while it installs
-    exec 9<"$peer/package.json"
-    flock 9
-    if ! have_peer; then
-        echo "peers.sh: installing node-llama-cpp $peer_version: npm ci --omit=optional --prefix $peer" >&2
-        npm ci --omit=optional --prefix "$peer" --no-audit --no-fund --loglevel=error >&2 ||
-            { echo "peers.sh: npm ci failed" >&2; exit 1; }
-    fi
-    exec 9<&-
-    have_peer || { echo "peers.sh: npm ci did not install $bundle" >&2; exit 1; }
-fi
-
-commit=$(git bundle list-heads "$bundle" | awk '$2 == "HEAD" { print $1; exit }')
-[ -n "$commit" ] || { echo "peers.sh: $bundle has no HEAD" >&2; exit 1; }
-src=$cache/llama.cpp-$commit
-if [ ! -f "$src/CMakeLists.txt" ]; then
-    echo "peers.sh: cloning llama.cpp $commit into $src" >&2
-    rm -rf "$src.part"
-    git -c advice.detachedHead=false clone -q "$bundle" "$src.part"
-    [ "$(git -C "$src.part" rev-parse HEAD)" = "$commit" ] ||
-        { echo "peers.sh: the clone of $bundle is not at $commit" >&2; exit 1; }
-    mv "$src.part" "$src"
-fi
-lbin=$src/build/bin
-if [ ! -x "$lbin/llama-bench" ] || [ ! -x "$lbin/llama-quantize" ]; then
-    echo "peers.sh: building llama-bench and llama-quantize with cmake (-j$jobs, nice 10; log $src/build.log)" >&2
-    t0=$(date +%s)
-    # LLAMA_OPENSSL=OFF: no HTTPS downloads, so no libssl-dev
-    { nice -n 10 cmake -S "$src" -B "$src/build" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-          -DCMAKE_BUILD_TYPE=Release &&
-          nice -n 10 cmake --build "$src/build" --target llama-bench llama-quantize -j "$jobs"; } \
-        >"$src/build.log" 2>&1 ||
-        { tail -n 30 "$src/build.log" >&2; echo "peers.sh: the llama.cpp build failed (log $src/build.log)" >&2; exit 1; }
-    echo $(($(date +%s) - t0)) >"$src/build/kvtier-build-seconds"
-fi
+me=peers.sh
+. bench/peer_llama.sh
 echo "peers.sh: llama.cpp $commit (built in $(cat "$src/build/kvtier-build-seconds" 2>/dev/null || echo '?') s)" >&2
 
 # ---- the tools and the models ----

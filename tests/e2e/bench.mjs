@@ -14,8 +14,13 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { metrics, pseudoCode, streamChat } from './lib.mjs';
 
+// BENCH_SYS_BYTES: the system prompt's length in bytes (default 25000, the
+// byte tokenizer's 25,000 tokens). BENCH_PEER=1: the server is llama.cpp's,
+// whose /metrics differ; the tiers' timings are left out (null) and the
+// cached tokens come from its timings.
 const [base, phase, statePath] = process.argv.slice(2);
-const SYS = pseudoCode(25000, 1);
+const SYS = pseudoCode(Number(process.env.BENCH_SYS_BYTES || 25000), 1);
+const peer = process.env.BENCH_PEER === '1';
 const U1 = 'Which routines write to row? Answer with their names.';
 const U2 = 'Now list the ones that read from tail.';
 const U3 = 'Explain what blk_hash does, step by step.';
@@ -30,20 +35,24 @@ else {
   console.error('usage: node bench.mjs BASE_URL cold|ram|disk STATE.json');
   process.exit(2);
 }
-const m0 = await metrics(base);
+const m0 = peer ? null : await metrics(base);
 const t0 = performance.now();
 const r = await streamChat(base, { messages, max_tokens: 16, temperature: 0 });
 const total = (performance.now() - t0) / 1000;
-if (r.status !== 200 || r.firstContent === null || !r.usage) {
-  console.error(`bench.mjs ${phase}: HTTP ${r.status} ${r.error ?? ''}`);
+// TTFT: the first generated token, answer or reasoning (a model that thinks
+// first streams reasoning_content before any content)
+const first = r.firstToken;
+if (r.status !== 200 || first === null || !r.usage) {
+  console.error(`bench.mjs ${phase}: HTTP ${r.status} ${r.error ?? ''}${first === null ? ' (no token)' : ''}`);
   process.exit(1);
 }
-const m1 = await metrics(base);
-const spent = (name) => Number((m1[name] - m0[name]).toFixed(3));
+const m1 = peer ? null : await metrics(base);
+const spent = (name) => (peer ? null : Number((m1[name] - m0[name]).toFixed(3)));
 if (phase === 'cold') writeFileSync(statePath, JSON.stringify({ text1: r.text }));
+const cached = r.usage.prompt_tokens_details?.cached_tokens ?? r.timings?.cache_n ?? null;
 console.log(JSON.stringify({
-  case: phase, prompt_tokens: r.usage.prompt_tokens, cached_tokens: r.usage.prompt_tokens_details.cached_tokens,
-  ttft_s: Number(r.firstContent.toFixed(3)), total_s: Number(total.toFixed(3)),
+  case: phase, prompt_tokens: r.usage.prompt_tokens, cached_tokens: cached,
+  ttft_s: Number(first.toFixed(3)), total_s: Number(total.toFixed(3)),
   load_s: spent('kvtier_load_seconds_sum'), prefill_s: spent('kvtier_prefill_seconds_sum'),
   save_s: spent('kvtier_save_seconds_sum'),
 }));

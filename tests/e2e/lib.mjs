@@ -112,9 +112,11 @@ export async function metrics(base, headers = {}) {
 
 // A streaming OpenAI chat request over raw fetch. Records when each body
 // chunk arrived, the SSE comments, and the concatenated content. Returns
-// { status, text, usage, comments, firstByte, firstContent, gaps } where
-// times are seconds from the request and gaps are the silences between
-// consecutive chunks before the first content.
+// { status, text, usage, comments, firstByte, firstContent, firstToken,
+// gaps, timings } where times are seconds from the request (firstToken: the
+// first delta of content or reasoning_content), gaps are the silences
+// between consecutive chunks before the first content, and timings is
+// llama.cpp's server's last timings object (null from kvtier).
 export async function streamChat(base, body, { signal, headers = {} } = {}) {
   const t0 = performance.now();
   const res = await fetch(`${base}/v1/chat/completions`, {
@@ -124,7 +126,7 @@ export async function streamChat(base, body, { signal, headers = {} } = {}) {
     signal,
   });
   const out = { status: res.status, text: '', usage: null, comments: [], firstByte: null, firstContent: null,
-    gaps: [], finish: null };
+    firstToken: null, gaps: [], finish: null, timings: null };
   if (res.status !== 200) { out.error = await res.text(); return out; }
   const dec = new TextDecoder();
   let pending = '', last = t0;
@@ -144,7 +146,13 @@ export async function streamChat(base, body, { signal, headers = {} } = {}) {
         const d = JSON.parse(line.slice(6));
         if (d.error) throw new Error(`stream error: ${JSON.stringify(d.error)}`);
         if (d.usage) out.usage = d.usage;
+        if (d.timings) out.timings = d.timings; /* llama.cpp's server: cache_n, prompt_n, ... */
         const c = d.choices && d.choices[0];
+        // the first generated token, reasoning or answer
+        if (out.firstToken === null && c && c.delta &&
+            ((typeof c.delta.content === 'string' && c.delta.content.length) ||
+             (typeof c.delta.reasoning_content === 'string' && c.delta.reasoning_content.length)))
+          out.firstToken = (now - t0) / 1000;
         if (c && c.delta && typeof c.delta.content === 'string' && c.delta.content.length) {
           if (out.firstContent === null) out.firstContent = (now - t0) / 1000;
           out.text += c.delta.content;

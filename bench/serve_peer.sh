@@ -1,0 +1,177 @@
+#!/bin/sh
+# Time to first token beside llama.cpp's server, on the same file and the
+# same requests: bench/serve_peer.sh [BIN]
+#
+# The model is a synthetic Qwen 3.5 of Qwen3.5-0.8B's shape (bench/synth_llama.c
+# --shape qwen3.5-0.8b, the vocabulary of the llama.cpp tree's
+# models/ggml-vocab-qwen35.gguf) in Q4_K_M by llama-quantize: 18 Gated
+# DeltaNet layers, whose state no prefix cache of llama.cpp's can roll back,
+# and 6 full attention layers. The agent request is tests/e2e/bench.mjs's
+# with a system prompt of about 20,000 tokens. Each server runs the same
+# sequence on a fresh process:
+#   kvtier     cold, then the next turn (RAM), then SIGTERM, a restart on the
+#              same --kv-disk-dir and a new conversation (disk)
+#   llama.cpp  cold, then the next turn (warm: its slot and prompt cache),
+#              then a restart and the new conversation (restart: nothing of
+#              it survives; its --slot-save-path files are saved before the
+#              stop and restored after the restart, as far as it can)
+# The table goes to stdout, the same rows to bench/serve-peer.csv. Method
+# and results: bench/SERVE.md.
+#
+#   KVT_PEER_CACHE=DIR  clone, build, models (default ~/.cache/kvtier; the
+#                       llama.cpp build is bench/peer_llama.sh's)
+#   THREADS=N           both servers' threads (default 2)
+#   SYS_BYTES=N         the system prompt's bytes (default 70000: about
+#                       20,000 tokens of the qwen35 vocabulary)
+#   PEER_ARGS="..."     extra llama-server arguments (default: -nr on a CPU
+#                       with AMX, below; else none)
+#   JOBS=N              parallel jobs of the llama.cpp build (default 2)
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-$root/build/kvtier}
+case $bin in
+    /*) ;;
+    */*) bin=$(pwd)/$bin ;;
+    *) bin=$(command -v "$bin") ;;
+esac
+[ -x "$bin" ] || { echo "serve_peer.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
+lib=$(dirname "$bin")/libkvtier.a
+[ -f "$lib" ] || { echo "serve_peer.sh: $lib not found (build it with make)" >&2; exit 2; }
+for c in git cc node npm flock curl; do
+    command -v "$c" >/dev/null 2>&1 || { echo "serve_peer.sh: $c is needed" >&2; exit 2; }
+done
+cd "$root"
+tools/deps.sh peers || exit 2
+cache=${KVT_PEER_CACHE:-$HOME/.cache/kvtier}
+jobs=${JOBS:-2}
+threads=${THREADS:-2}
+sys_bytes=${SYS_BYTES:-70000}
+# On a CPU with AMX, llama.cpp's extra buffer types (AMX, repacked weights)
+# crash its server's warm-up on this file (a segmentation fault, and
+# tests/test_peer_logits.c's abort for the deepseek4 graph): there it runs
+# with -nr (plain CPU buffers), which the table's header says.
+if [ -z "${PEER_ARGS+x}" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then peer_args=-nr; else peer_args=${PEER_ARGS:-}; fi
+mkdir -p "$cache/tools" "$cache/models"
+me=serve_peer.sh
+. bench/peer_llama.sh
+
+# ---- the model ----
+pkg_libs=$(sed -n 's/^PKG_LIBS := //p' "$(dirname "$bin")/config.mk" 2>/dev/null || true)
+# shellcheck disable=SC2086
+cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -o "$cache/tools/synth_llama" bench/synth_llama.c \
+    "$lib" $pkg_libs -lpthread -lm
+shp=qwen3.5-0.8b
+f16=$cache/models/synth-$shp-f16.gguf
+model=$cache/models/synth-$shp-q4_k_m.gguf
+if [ ! -f "$model" ]; then
+    [ -f "$f16" ] || "$cache/tools/synth_llama" --shape "$shp" "$src/models/ggml-vocab-qwen35.gguf" "$f16" >&2
+    "$lbin/llama-quantize" "$f16" "${model%.gguf}.part.gguf" Q4_K_M >"${model%.gguf}.log" 2>&1 ||
+        { tail -n 20 "${model%.gguf}.log" >&2; echo "serve_peer.sh: llama-quantize failed" >&2; exit 1; }
+    mv "${model%.gguf}.part.gguf" "$model"
+fi
+# llama.cpp renders with the model family's own template (the file, like
+# the vocabulary it was made from, has none); kvtier chooses the same one
+# by architecture (src/template_qwen.c)
+tmpl=$src/models/templates/Qwen3.5-4B.jinja
+[ -f "$tmpl" ] || { echo "serve_peer.sh: $tmpl missing" >&2; exit 1; }
+
+tmp=$(mktemp -d /tmp/kvtier-serve-peer-XXXXXX)
+pid=
+cleanup() {
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
+base=http://127.0.0.1:$port
+ctx=32768
+
+start() { # $1: kvtier|llama
+    if [ "$1" = kvtier ]; then
+        "$bin" serve --model "$model" --port "$port" --ctx $ctx --threads "$threads" --kv-disk-dir "$tmp/kv" \
+            >>"$tmp/server.log" 2>&1 &
+    else
+        # shellcheck disable=SC2086
+        "$lbin/llama-server" -m "$model" --port "$port" -c $ctx -t "$threads" -tb "$threads" --jinja \
+            -np 1 --chat-template-file "$tmpl" --slot-save-path "$tmp/slots" $peer_args >>"$tmp/server.log" 2>&1 &
+    fi
+    pid=$!
+    i=0
+    until curl -sf -o /dev/null --max-time 2 "$base/health"; do
+        i=$((i + 1))
+        if [ $i -gt 1200 ] || ! kill -0 "$pid" 2>/dev/null; then
+            echo "serve_peer.sh: the $1 server did not come up; its log:" >&2
+            tail -n 40 "$tmp/server.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+}
+
+stop() {
+    kill -TERM "$pid"
+    wait "$pid" || true
+    pid=
+}
+
+one() { # $1: engine, $2: case
+    peer=0
+    [ "$1" = llama ] && peer=1
+    BENCH_PEER=$peer BENCH_SYS_BYTES=$sys_bytes node tests/e2e/bench.mjs "$base" "$2" "$tmp/state-$1.json" \
+        | sed "s/^{/{\"engine\":\"$1\",/" >>"$tmp/rows" ||
+        { echo "serve_peer.sh: $1 $2 failed; server log:" >&2; tail -n 40 "$tmp/server.log" >&2; exit 1; }
+}
+
+slots() { # $1: save|restore; llama.cpp's slot files, reported, never fatal
+    curl -s --max-time 600 -X POST "$base/slots/0?action=$1" -H 'content-type: application/json' \
+        -d '{"filename":"bench.bin"}' >"$tmp/slot-$1.json" 2>&1 || true
+    echo "serve_peer.sh: llama.cpp slot $1: $(head -c 300 "$tmp/slot-$1.json")" >&2
+}
+
+mkdir -p "$tmp/kv" "$tmp/slots"
+echo "serve_peer.sh: kvtier: cold, RAM, restart, disk" >&2
+start kvtier
+one kvtier cold
+one kvtier ram
+stop
+start kvtier
+one kvtier disk
+stop
+echo "serve_peer.sh: llama.cpp: cold, warm, slot save, restart, slot restore, new conversation" >&2
+start llama
+one llama cold
+one llama ram
+slots save
+stop
+start llama
+slots restore
+one llama disk
+stop
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores, $threads threads; model $(basename "$model"); llama-server ${peer_args:-(no extra arguments)}"
+node - "$tmp/rows" bench/serve-peer.csv <<'EOF'
+const fs = require('fs');
+const [rowsPath, csvPath] = process.argv.slice(2);
+const rows = fs.readFileSync(rowsPath, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+const get = (e, c) => rows.find((r) => r.engine === e && r.case === c);
+const names = { kvtier: { cold: 'cold', ram: 'RAM hit (next turn)', disk: 'disk hit (after restart)' },
+  llama: { cold: 'cold', ram: 'warm (next turn)', disk: 'after restart' } };
+const pad = (s, n) => String(s).padEnd(n);
+const lpad = (s, n) => String(s).padStart(n);
+console.log(`${pad('engine', 11)}${pad('case', 26)}${lpad('prompt', 8)}${lpad('cached', 8)}${lpad('TTFT s', 10)}` +
+  `${lpad('vs cold', 9)}${lpad('vs llama', 10)}`);
+const csv = ['engine,case,prompt_tokens,cached_tokens,ttft_s,ratio_to_cold,ratio_to_llama'];
+for (const e of ['kvtier', 'llama']) {
+  for (const c of ['cold', 'ram', 'disk']) {
+    const r = get(e, c), cold = get(e, 'cold'), peer = get('llama', c);
+    const rc = r.ttft_s / cold.ttft_s, rp = r.ttft_s / peer.ttft_s;
+    console.log(`${pad(e === 'llama' ? 'llama.cpp' : e, 11)}${pad(names[e][c], 26)}${lpad(r.prompt_tokens, 8)}` +
+      `${lpad(r.cached_tokens ?? '?', 8)}${lpad(r.ttft_s.toFixed(3), 10)}${lpad(rc.toFixed(4), 9)}${lpad(rp.toFixed(4), 10)}`);
+    csv.push([e, c, r.prompt_tokens, r.cached_tokens ?? '', r.ttft_s, rc.toFixed(4), rp.toFixed(4)].join(','));
+  }
+}
+fs.writeFileSync(csvPath, csv.join('\n') + '\n');
+EOF
+echo "rows written to bench/serve-peer.csv"
