@@ -625,62 +625,50 @@ static void add_max_tokens(kvt_wbuf *body)
     json_decref(o);
 }
 
-static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+/* ---- routes ---- */
+
+/* A request as a route's handler gets it. */
+typedef struct call {
+    server *sv;
+    struct MHD_Connection *c;
+    conn *cn;                 /* the body read so far */
+    const char *url, *method;
+    kvt_api api;              /* the shape of error bodies, from the URL */
+    int tnt;                  /* the tenant, KEY_METRICS; 0 on open routes (no key checked) */
+} call;
+
+static enum MHD_Result get_health(const call *q)
 {
-    server *sv = cls;
-    conn *cn = *con_cls;
-    if (!cn) {
-        cn = kvt_calloc(1, sizeof *cn);
-        if (!cn) return MHD_NO;
-        *con_cls = cn;
-        return MHD_YES;
-    }
-    if (*upload_size) {
-        if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
-        else kvt_wbuf_put(&cn->body, upload, *upload_size);
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    (void)version;
-    kvt_api api = strstr(url, "/messages") ? KVT_API_MESSAGES
-                : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
-                : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
-    bool is_get = !strcmp(method, "GET"), is_head = !strcmp(method, "HEAD"), is_post = !strcmp(method, "POST");
-    if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
-    if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
-    int tnt = authorized(sv, c);
-    if (tnt == -1) {
-        count_request(sv, -1, 3, 401);
-        return send_json(c, 401, kvt_error_json(api, 401, "invalid or missing API key"));
-    }
-    /* /metrics: a key's own figures; the metrics key's, every key's */
-    if (is_get && !strcmp(url, "/metrics")) {
-        char *t = metrics_text(sv, tnt);
-        enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
-        free(t);
-        return r;
-    }
-    if (tnt == KEY_METRICS) {
-        count_request(sv, -1, 3, 403);
-        return send_json(c, 403, kvt_error_json(api, 403, "this key reads GET /metrics only"));
-    }
-    if (is_get && !strcmp(url, "/v1/models")) return send_json(c, 200, kvt_models_json(sv->model_id, sv->started));
-    bool counting = !strcmp(url, "/v1/messages/count_tokens");
-    bool known = counting || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
-                 !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages") ||
-                 !strcmp(url, "/v1/responses") || !strcmp(url, "/responses");
-    if (!known) {
-        count_request(sv, tnt, 3, 404);
-        char msg[160];
-        snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
-        return send_json(c, 404, kvt_error_json(api, 404, msg));
-    }
-    int ep = endpoint_index(api);
-    if (!is_post) {
-        count_request(sv, tnt, ep, 405);
-        return send_json(c, 405, kvt_error_json(api, 400, "use POST"));
-    }
+    return send_text(q->c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
+}
+
+static enum MHD_Result head_root(const call *q) { return send_text(q->c, 200, "text/plain", "", NULL, NULL); }
+
+/* /metrics: a key's own figures; the metrics key's, every key's */
+static enum MHD_Result get_metrics(const call *q)
+{
+    char *t = metrics_text(q->sv, q->tnt);
+    enum MHD_Result r = send_text(q->c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
+    free(t);
+    return r;
+}
+
+static enum MHD_Result get_models(const call *q)
+{
+    return send_json(q->c, 200, kvt_models_json(q->sv->model_id, q->sv->started));
+}
+
+/* An inference request (counting: count_tokens, answered with the prompt's
+ * length): parsed and tokenized here, then queued for the worker; a
+ * streaming response reads the job's output as it grows, any other waits
+ * for the job to finish. */
+static enum MHD_Result infer(const call *q, bool counting)
+{
+    server *sv = q->sv;
+    struct MHD_Connection *c = q->c;
+    conn *cn = q->cn;
+    kvt_api api = q->api;
+    int tnt = q->tnt, ep = endpoint_index(api);
     if (cn->too_big) {
         count_request(sv, tnt, ep, 413);
         char msg[128];
@@ -801,6 +789,89 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     MHD_destroy_response(resp);
     job_unref(j);
     return r;
+}
+
+static enum MHD_Result post_infer(const call *q) { return infer(q, false); }
+static enum MHD_Result post_count_tokens(const call *q) { return infer(q, true); }
+
+enum {
+    R_OPEN = 1,         /* answered before the key is checked */
+    R_METRICS_KEY = 2,  /* the metrics key may call it */
+    R_POST_ONLY = 4,    /* another method on the path: 405 (not 404) */
+};
+
+/* Every URL the server answers. handle() finds the row whose method and
+ * path are the request's (exact matches); open rows answer at once, the
+ * others once the key is checked. A path known under another method is a
+ * 405 when its row says so, anything else a 404. */
+static const struct route {
+    const char *method, *path;
+    unsigned flags;
+    enum MHD_Result (*fn)(const call *q);
+} routes[] = {
+    {"GET", "/health", R_OPEN, get_health},
+    {"HEAD", "/", R_OPEN, head_root},
+    {"GET", "/metrics", R_METRICS_KEY, get_metrics},
+    {"GET", "/v1/models", 0, get_models},
+    {"POST", "/v1/chat/completions", R_POST_ONLY, post_infer},
+    {"POST", "/chat/completions", R_POST_ONLY, post_infer},
+    {"POST", "/v1/completions", R_POST_ONLY, post_infer},
+    {"POST", "/v1/messages", R_POST_ONLY, post_infer},
+    {"POST", "/messages", R_POST_ONLY, post_infer},
+    {"POST", "/v1/messages/count_tokens", R_POST_ONLY, post_count_tokens},
+    {"POST", "/v1/responses", R_POST_ONLY, post_infer},
+    {"POST", "/responses", R_POST_ONLY, post_infer},
+};
+#define N_ROUTES (sizeof routes / sizeof routes[0])
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    server *sv = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        cn = kvt_calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
+        else kvt_wbuf_put(&cn->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    (void)version;
+    call q = {sv, c, cn, url, method, KVT_API_CHAT, 0};
+    q.api = strstr(url, "/messages") ? KVT_API_MESSAGES
+          : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
+          : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
+    const struct route *rt = NULL, *other = NULL; /* other: the path's row under another method */
+    for (size_t i = 0; i < N_ROUTES && !rt; i++)
+        if (!strcmp(url, routes[i].path)) {
+            if (!strcmp(method, routes[i].method)) rt = &routes[i];
+            else other = &routes[i];
+        }
+    if (rt && (rt->flags & R_OPEN)) return rt->fn(&q);
+    q.tnt = authorized(sv, c);
+    if (q.tnt == -1) {
+        count_request(sv, -1, 3, 401);
+        return send_json(c, 401, kvt_error_json(q.api, 401, "invalid or missing API key"));
+    }
+    if (rt && (rt->flags & R_METRICS_KEY)) return rt->fn(&q);
+    if (q.tnt == KEY_METRICS) {
+        count_request(sv, -1, 3, 403);
+        return send_json(c, 403, kvt_error_json(q.api, 403, "this key reads GET /metrics only"));
+    }
+    if (rt) return rt->fn(&q);
+    if (other && (other->flags & R_POST_ONLY)) {
+        count_request(sv, q.tnt, endpoint_index(q.api), 405);
+        return send_json(c, 405, kvt_error_json(q.api, 400, "use POST"));
+    }
+    count_request(sv, q.tnt, 3, 404);
+    char msg[160];
+    snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
+    return send_json(c, 404, kvt_error_json(q.api, 404, msg));
 }
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
