@@ -4,7 +4,8 @@
  * Transport: libmicrohttpd, one thread per connection, loopback by default.
  * Request bodies are bounded; the API shapes (parsing, response JSON, SSE
  * events, error bodies) live in api.c, the chat templates and their markers
- * (the turn markers the prefill checkpoints at) in template.c.
+ * (the turn markers the prefill checkpoints at) in template.c. Every URL the
+ * server answers is a row of one route table (routes[], below).
  *
  * Inference: one worker thread runs jobs from a bounded queue (the CPU is
  * the bottleneck; a full queue answers 429 with Retry-After). Streaming
@@ -13,16 +14,11 @@
  * that goes away cancels the prefill at its next chunk (what was computed
  * stays in the session, and checkpoint saves still happen).
  *
- * Tiers, in the order a request tries them:
- *   1. RAM: a pool of live sessions under --kv-ram-mb. The request goes to
- *      the session with the longest reusable prefix, matched on token ids or,
- *      when the client resent the conversation as text, on the rendered bytes
- *      of the session's exact sampled tokens (only the new suffix is then
- *      tokenized, so a sampled token that the tokenizer would split
- *      differently does not break reuse). Least recently used sessions are
- *      saved to disk (reason evict) and dropped beyond the budget.
- *   2. Disk: the store (store.c), when it covers more of the prompt.
- *   3. Prefill, with snapshot saves per the save policy (policy.c).
+ * A job runs in three parts: the tiers (tiers.c) pick the session and how
+ * much of the prompt it holds (RAM pool under --kv-ram-mb, then the disk
+ * store); the prefill computes the rest, with snapshot saves per the save
+ * policy (policy.c); the generation loop (generate.c) samples the reply and
+ * emits its events into the job's output buffer.
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key
@@ -34,10 +30,12 @@
  * says nothing of a configured key's bytes or length.
  */
 #include "api.h"
+#include "generate.h"
 #include "model.h"
 #include "server.h"
 #include "snapshot.h"
 #include "store.h"
+#include "tiers.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -59,7 +57,6 @@
 #include <xxhash.h>
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
-#define MAX_POOL 64
 
 /* ---- metrics ---- */
 
@@ -105,12 +102,6 @@ typedef struct job {
     struct job *next;
 } job;
 
-typedef struct pooled {
-    kvt_session *s;
-    uint64_t last_used;
-    int tenant;
-} pooled;
-
 /* One cache namespace per API key: its own RAM share, its own disk store
  * (an equal share of the disk budget) and its own metrics, so no key can
  * hit, time or evict another key's entries or read its figures. */
@@ -140,9 +131,7 @@ typedef struct server {
     char model_id[128];
     tenant tn[MAX_TENANTS];
     size_t n_tn;
-    pooled pool[MAX_POOL];
-    size_t n_pool;
-    uint64_t clock;
+    kvt_tiers *tiers;             /* the RAM pool; the worker's alone */
     pthread_mutex_t mu;           /* queue, metrics */
     pthread_cond_t cv;
     job *head, *tail;
@@ -214,92 +203,6 @@ static void job_finish(job *j, int status, char *body)
     pthread_mutex_unlock(&j->mu);
 }
 
-/* ---- the RAM tier ---- */
-
-/* RAM held by a tenant's sessions (all tenants: -1). */
-static size_t pool_bytes(server *sv, int t)
-{
-    size_t b = 0;
-    for (size_t i = 0; i < sv->n_pool; i++)
-        if (t < 0 || sv->pool[i].tenant == t) b += kvt_session_bytes(sv->pool[i].s);
-    return b;
-}
-
-static size_t pool_count(server *sv, int t)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < sv->n_pool; i++) n += sv->pool[i].tenant == t;
-    return n;
-}
-
-static void pool_drop(server *sv, size_t i, const char *reason)
-{
-    kvt_session *s = sv->pool[i].s;
-    kvt_store *store = sv->tn[sv->pool[i].tenant].store;
-    if (store && kvt_session_len(s) >= sv->o.policy.min_tokens) {
-        double t0 = kvt_now();
-        bool created = false;
-        int rc = kvt_store_save_new(store, s, kvt_session_len(s), reason, NULL, &created);
-        metrics *mx = &sv->tn[sv->pool[i].tenant].mx;
-        pthread_mutex_lock(&sv->mu);
-        hist_add(&mx->save, kvt_now() - t0);
-        if (rc) mx->disk_save_errors++;
-        else if (created) mx->disk_saves++;
-        pthread_mutex_unlock(&sv->mu);
-    }
-    kvt_session_free(s);
-    sv->pool[i] = sv->pool[--sv->n_pool];
-}
-
-/* Longest prefix of a session's exact tokens whose rendered bytes start the
- * prompt text: the retokenization defence. Returns the token count. */
-static size_t text_match(const kvt_model *m, const kvt_session *s, const char *text, size_t len)
-{
-    const int32_t *t = kvt_session_tokens(s);
-    size_t n = kvt_session_len(s), off = 0, k = 0;
-    for (; k < n; k++) {
-        const char *p;
-        size_t pl;
-        if (kvt_token_piece(m, t[k], &p, &pl) != KVT_OK || pl > len - off || memcmp(text + off, p, pl)) break;
-        off += pl;
-    }
-    return k;
-}
-
-/* Tokens of the prompt for a session whose first k tokens render the start
- * of the prompt text: its exact tokens, then the suffix tokenized alone. */
-static int splice(const kvt_model *m, const kvt_session *s, size_t k, const char *text, size_t len,
-                  int32_t **out, size_t *n)
-{
-    const int32_t *t = kvt_session_tokens(s);
-    size_t off = 0;
-    for (size_t i = 0; i < k; i++) {
-        const char *p;
-        size_t pl;
-        kvt_token_piece(m, t[i], &p, &pl);
-        off += pl;
-    }
-    int32_t *suf = NULL;
-    size_t ns = 0;
-    int rc = kvt_tokenizer_encode(m->tok, text + off, len - off, false, true, &suf, &ns);
-    if (rc) return rc;
-    int32_t *all = kvt_malloc((k + ns + 1) * sizeof *all);
-    if (!all) { free(suf); return KVT_ENOMEM; }
-    memcpy(all, t, k * sizeof *all);
-    memcpy(all + k, suf, ns * sizeof *all);
-    free(suf);
-    *out = all;
-    *n = k + ns;
-    return KVT_OK;
-}
-
-static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    size_t n = na < nb ? na : nb, i = 0;
-    while (i < n && a[i] == b[i]) i++;
-    return i;
-}
-
 /* ---- running a job ---- */
 
 struct prog { server *sv; job *j; double last; };
@@ -316,30 +219,6 @@ static bool on_progress(void *user, size_t done, size_t total)
         p->last = now;
     }
     return true;
-}
-
-/* Emit text that is complete: hold back a partial UTF-8 sequence at the end
- * and anything that could still become a stop sequence. */
-static size_t safe_len(const char *text, size_t len, const kvt_request *r)
-{
-    size_t keep = len;
-    for (size_t i = 0; i < r->n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        for (size_t k = sl > 1 ? sl - 1 : 0; k > 0; k--)
-            if (k <= len && !memcmp(text + len - k, r->stop[i], k)) {
-                if (len - k < keep) keep = len - k;
-                break;
-            }
-    }
-    /* back up to a UTF-8 boundary */
-    size_t b = keep;
-    while (b > 0 && b > keep - 4 && ((unsigned char)text[b - 1] & 0xC0) == 0x80) b--;
-    if (b > 0) {
-        unsigned char c = (unsigned char)text[b - 1];
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (keep - (b - 1) < need) keep = b - 1;
-    }
-    return keep;
 }
 
 /* A prompt over the context, in the words clients recognise (Claude Code
@@ -396,110 +275,6 @@ static const char *replay_lookup(void *user, const char *call_id, size_t *len)
     return NULL;
 }
 
-/* The log-probabilities of the sampled tokens, for a request that asked:
- * per token its own and its n_top most likely alternatives (kvt_logprob
- * entries), computed from the logits it was sampled from. The pieces follow
- * each other in the text, so a token's text offset is the sum of the
- * lengths before it. An append that fails stops both lists (the wbuf's oom
- * is sticky), so what was recorded stays a consistent prefix. */
-typedef struct lp_rec {
-    kvt_wbuf tok, top;
-    size_t n_top;
-    size_t sent, sent_end;      /* tokens gone out with a delta; where the next begins */
-} lp_rec;
-
-static void lp_add(lp_rec *l, const kvt_model *m, int32_t id, double lp, const int32_t *top_id,
-                   const double *top_lp)
-{
-    kvt_logprob e = {"", 0, lp};
-    if (kvt_token_piece(m, id, &e.bytes, &e.len) != KVT_OK) e.bytes = "", e.len = 0;
-    for (size_t k = 0; k < l->n_top; k++) {
-        kvt_logprob a = {"", 0, top_lp[k]};
-        if (kvt_token_piece(m, top_id[k], &a.bytes, &a.len) != KVT_OK) a.bytes = "", a.len = 0;
-        kvt_wbuf_put(&l->top, &a, sizeof a);
-    }
-    if (!l->top.oom) kvt_wbuf_put(&l->tok, &e, sizeof e);
-}
-
-static size_t lp_count(const lp_rec *l)
-{
-    size_t n = l->tok.len / sizeof(kvt_logprob);
-    if (l->n_top && l->top.len / (l->n_top * sizeof(kvt_logprob)) < n)
-        n = l->top.len / (l->n_top * sizeof(kvt_logprob));
-    return n;
-}
-
-/* The tokens not sent yet whose text begins before byte end: they go out
- * with the text up to end (a token cut by a stop sequence still counts). */
-static kvt_logprobs lp_take(lp_rec *l, size_t end)
-{
-    const kvt_logprob *tok = (const kvt_logprob *)l->tok.p, *top = (const kvt_logprob *)l->top.p;
-    size_t n = lp_count(l), i = l->sent, off = l->sent_end;
-    kvt_logprobs v = {tok ? tok + i : NULL, top ? top + i * l->n_top : NULL, 0, l->n_top, off};
-    while (i < n && off < end) off += tok[i++].len;
-    v.n = i - l->sent;
-    l->sent = i;
-    l->sent_end = off;
-    return v;
-}
-
-/* All the tokens whose text begins before end, from the first. */
-static kvt_logprobs lp_all(const lp_rec *l, size_t end)
-{
-    lp_rec from0 = *l;
-    from0.sent = from0.sent_end = 0;
-    return lp_take(&from0, end);
-}
-
-/* Where a thinking-mode reply stands while it streams (kvt_think_parts with
- * the request's template): text[start, end) is certainly reasoning; once
- * answering, the reasoning ended at end and the answer begins at answer
- * (what lies between, the </think> and what the template writes around it,
- * is neither). Outside thinking mode the whole reply is answer: answering
- * from the start, start = end = answer = 0. */
-typedef struct think_pos {
-    bool answering;
-    size_t start, end, answer;
-} think_pos;
-
-/* Move the position over the text grown to len bytes. */
-static void think_advance(think_pos *t, const kvt_template *tpl, const char *text, size_t len)
-{
-    if (t->answering) return;
-    kvt_think k;
-    t->answering = kvt_think_parts(tpl, text, len, true, &k);
-    t->start = k.rs;
-    t->end = k.re;
-    t->answer = k.as;
-}
-
-/* Streaming: send what of the reply is settled and not sent yet; *emitted
- * is where the next piece begins. ok: how far the text is settled (no
- * partial character, stop sequence or tool-call opener before it); lp_end
- * (>= ok): the answer piece carries the log-probabilities of the tokens that
- * begin before it. The reasoning goes out as reasoning pieces, the answer as
- * text, and the </think> between them as neither (the template writes it
- * back between the two). */
-static void stream_settled(job *j, kvt_request *r, const char *id, const char *model_name, long created,
-                           const char *text, size_t ok, size_t lp_end, const think_pos *t, size_t *emitted,
-                           lp_rec *lp)
-{
-    if (*emitted < t->start) *emitted = t->start;
-    size_t e = ok < t->end ? ok : t->end;
-    if (e > *emitted) {
-        kvt_logprobs lv = lp_take(lp, e);
-        job_emit(j, kvt_stream_reasoning_lp(r, id, model_name, text + *emitted, e - *emitted, created, &lv));
-        *emitted = e;
-    }
-    if (!t->answering || *emitted < t->end) return;
-    if (*emitted < t->answer) *emitted = t->answer;
-    if (ok > *emitted) {
-        kvt_logprobs lv = lp_take(lp, lp_end);
-        job_emit(j, kvt_stream_delta_lp(r, id, model_name, text + *emitted, ok - *emitted, created, &lv));
-        *emitted = ok;
-    }
-}
-
 /* The pool's bytes and sessions per tenant, for /metrics. Only the worker
  * touches the pool's sessions; readers see the figures it publishes here
  * when a job finishes. */
@@ -507,8 +282,8 @@ static void pool_publish(server *sv)
 {
     size_t ram[MAX_TENANTS], n[MAX_TENANTS];
     for (size_t t = 0; t < sv->n_tn; t++) {
-        ram[t] = pool_bytes(sv, (int)t);
-        n[t] = pool_count(sv, (int)t);
+        ram[t] = kvt_tiers_bytes(sv->tiers, (int)t);
+        n[t] = kvt_tiers_count(sv->tiers, (int)t);
     }
     pthread_mutex_lock(&sv->mu);
     for (size_t t = 0; t < sv->n_tn; t++) {
@@ -526,10 +301,55 @@ static void job_done(server *sv, job *j, int status, char *body)
     job_finish(j, status, body);
 }
 
-/* Whether the template's marker q (n tokens) is at toks[i]. */
-static bool marker_at(const int32_t *q, size_t nq, const int32_t *toks, size_t n, size_t i)
+/* The tiers' reports, counted in the tenant's metrics as they happen. */
+static void tier_saved(void *user, int t, double seconds, int rc, bool created)
 {
-    return nq && n - i >= nq && !memcmp(toks + i, q, nq * sizeof *toks);
+    server *sv = user;
+    metrics *mx = &sv->tn[t].mx;
+    pthread_mutex_lock(&sv->mu);
+    hist_add(&mx->save, seconds);
+    if (rc) mx->disk_save_errors++;
+    else if (created) mx->disk_saves++;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static void tier_evicted(void *user, int t)
+{
+    server *sv = user;
+    pthread_mutex_lock(&sv->mu);
+    sv->tn[t].mx.ram_evictions++;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static void tier_loaded(void *user, int t, double seconds)
+{
+    server *sv = user;
+    pthread_mutex_lock(&sv->mu);
+    hist_add(&sv->tn[t].mx.load, seconds);
+    pthread_mutex_unlock(&sv->mu);
+}
+
+/* Save every pooled session to its tenant's store (reason shutdown) and
+ * drop it. */
+static void pool_shutdown(server *sv)
+{
+    while (sv->tiers && sv->tiers->n) {
+        size_t i = sv->tiers->n - 1;
+        kvt_tiers_drop(sv->tiers, i, sv->tn[sv->tiers->pool[i].tenant].store, "shutdown");
+    }
+}
+
+/* The generation loop's output for a job: its output buffer, its cancel
+ * flag, and the server's replay store for the tool calls it samples. */
+struct gen_ctx { server *sv; job *j; };
+
+static void gen_emit(void *user, char *sse) { job_emit(((struct gen_ctx *)user)->j, sse); }
+static bool gen_canceled(void *user) { return job_canceled(((struct gen_ctx *)user)->j); }
+
+static void gen_calls(void *user, const char *text, const kvt_tool_call *calls, size_t n)
+{
+    struct gen_ctx *g = user;
+    remember_calls(g->sv, g->j->tenant, text, calls, n);
 }
 
 static void run_job(server *sv, job *j)
@@ -540,7 +360,7 @@ static void run_job(server *sv, job *j)
     snprintf(id, sizeof id, "%s%llx%04x",
              j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-"
              : j->api == KVT_API_RESPONSES ? "resp_" : "chatcmpl-",
-             (unsigned long long)time(NULL), (unsigned)(sv->clock & 0xffff));
+             (unsigned long long)time(NULL), (unsigned)(sv->tiers->clock & 0xffff));
     long created = (long)time(NULL);
     /* The model id goes back as the client sent it (agent clients check it
      * against their own), or the served one when it sent none. */
@@ -548,122 +368,24 @@ static void run_job(server *sv, job *j)
     int32_t *toks = j->toks;
     size_t n = j->n_toks;
     j->toks = NULL;
-    kvt_sampler *smp = NULL;
-    kvt_wbuf text = {0};
-    int rc;
-    /* tier 1: RAM. Per session: the common token prefix, or (when the client
-     * resent our output as text) the longer prefix matched on its bytes. */
-    size_t best = SIZE_MAX, reuse = 0;
-    int32_t *best_alt = NULL;
-    size_t best_alt_n = 0;
     kvt_store *store = sv->tn[j->tenant].store;
     metrics *mx = &sv->tn[j->tenant].mx;
-    for (size_t i = 0; i < sv->n_pool; i++) {
-        if (sv->pool[i].tenant != j->tenant) continue;
-        kvt_session *s = sv->pool[i].s;
-        size_t c = common_prefix(kvt_session_tokens(s), kvt_session_len(s), toks, n);
-        size_t k = text_match(m, s, r->prompt, r->prompt_len);
-        int32_t *alt = NULL;
-        size_t na = 0;
-        if (k > c && splice(m, s, k, r->prompt, r->prompt_len, &alt, &na) == KVT_OK) c = k;
-        if (c > reuse) {
-            reuse = c;
-            best = i;
-            free(best_alt);
-            best_alt = alt;
-            best_alt_n = na;
-        } else {
-            free(alt);
-        }
-    }
-    if (best_alt) { free(toks); toks = best_alt; n = best_alt_n; }
-    if (n > sv->o.n_ctx) {
-        job_done(sv, j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
+    /* tiers 1 and 2: the session to run on, and what of the prompt it holds */
+    kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
+    kvt_tier_pick pick;
+    int rc = kvt_tiers_select(sv->tiers, j->tenant, store, &tp, &toks, &n, &pick);
+    if (rc) {
+        if (n > sv->o.n_ctx) job_done(sv, j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
+        else job_done(sv, j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
+                                           : kvt_error_json(j->api, 500, kvt_errmsg()));
         free(toks);
         return;
     }
-    /* tier 2: disk, when it covers more than RAM does */
-    size_t disk_match = 0;
-    int64_t disk_id = -1;
-    if (store) kvt_store_lookup(store, m, toks, n, &disk_match, &disk_id);
-    kvt_session *s = NULL;
-    size_t from_disk = 0, reused = reuse;
-    const char *tier = reuse ? "ram" : "none";
-    /* A session is extended in place when the prompt continues it. A prompt
-     * that leaves it part way (another conversation on the same system
-     * prompt) gets a copy, so the session it shares a prefix with stays
-     * whole; a short shared prefix is not worth a copy. */
-    bool extend = best != SIZE_MAX && reuse > 0 && reuse >= disk_match && reuse == kvt_session_len(sv->pool[best].s);
-    bool fork = !extend && best != SIZE_MAX && reuse >= 256 && reuse >= disk_match;
-    if (extend) {
-        s = sv->pool[best].s;
-        sv->pool[best].last_used = ++sv->clock;
-    } else {
-        kvt_session *src = fork ? sv->pool[best].s : NULL;
-        if (fork) sv->pool[best].last_used = ++sv->clock; /* keep the source out of the eviction below */
-        /* a tenant's share: ram_bytes / tenants and MAX_POOL / tenants sessions */
-        size_t share = sv->o.ram_bytes / sv->n_tn, slots = MAX_POOL / sv->n_tn;
-        while (pool_count(sv, j->tenant) > (fork ? 1u : 0u) &&
-               (pool_count(sv, j->tenant) >= slots || pool_bytes(sv, j->tenant) > share)) {
-            size_t lru = SIZE_MAX;
-            for (size_t i = 0; i < sv->n_pool; i++)
-                if (sv->pool[i].tenant == j->tenant && sv->pool[i].s != src &&
-                    (lru == SIZE_MAX || sv->pool[i].last_used < sv->pool[lru].last_used))
-                    lru = i;
-            if (lru == SIZE_MAX) break;
-            pool_drop(sv, lru, "evict");
-            pthread_mutex_lock(&sv->mu);
-            mx->ram_evictions++;
-            pthread_mutex_unlock(&sv->mu);
-        }
-        kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = sv->o.n_threads,
-                               .checkpoint_interval = kvt_save_policy_grid(&sv->o.policy)};
-        if ((rc = kvt_session_new(&s, m, &so)) || (src && (rc = kvt_session_clone(s, src)))) {
-            kvt_session_free(s);
-            job_done(sv, j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
-                                         : kvt_error_json(j->api, 500, kvt_errmsg()));
-            free(toks);
-            return;
-        }
-        sv->pool[sv->n_pool++] = (pooled){s, ++sv->clock, j->tenant};
-        reused = src ? reuse : 0;
-        tier = src ? "ram" : "none";
-        if (!src && disk_match && store) {
-            double t0 = kvt_now();
-            size_t got = 0;
-            rc = kvt_store_restore_prefix(store, s, toks, n, &got);
-            pthread_mutex_lock(&sv->mu);
-            hist_add(&mx->load, kvt_now() - t0);
-            pthread_mutex_unlock(&sv->mu);
-            if (!rc && got) { from_disk = reused = got; tier = "disk"; }
-        }
-    }
-    /* tier 3: prefill the rest, leaving a checkpoint where the last user turn
-     * begins: the next conversation on the same prompt forks from there */
-    const kvt_template *tpl = kvt_template_for(m); /* its turn markers, if it has any */
-    kvt_template_tokens tt; /* and the tokens that end its turns: generation stops at them and at EOS */
-    kvt_template_tokens_get(tpl, m, &tt);
-    size_t mark = 0;
-    bool opening = tt.n_assistant > 0; /* no assistant turn before the mark: a conversation's first request */
-    for (size_t i = n; tt.n_user && i-- > 1;) {
-        if (!mark && marker_at(tt.user, tt.n_user, toks, n, i)) mark = i;
-        if (mark && marker_at(tt.assistant, tt.n_assistant, toks, n, i)) opening = false;
-    }
-    /* the mark goes where the last user message's own text begins, when the
-     * template wrote it (after its turn's marker, and in Gemma after the
-     * system prompt the first user turn carries): the common prefix of the
-     * prompt's tokens and those of the prompt up to there */
-    if (r->fork_at != SIZE_MAX && r->fork_at <= r->prompt_len) {
-        int32_t *pt = NULL;
-        size_t np = 0;
-        if (kvt_tokenizer_encode(m->tok, r->prompt, r->fork_at, r->prompt_has_bos ? false : m->info.add_bos,
-                                 r->prompt_special, &pt, &np) == KVT_OK) {
-            size_t f = common_prefix(pt, np, toks, n);
-            if (f > 0 && f < n) { mark = f; opening = r->opening; }
-        }
-        free(pt);
-    }
-    kvt_session_set_mark(s, mark);
+    kvt_session *s = pick.s;
+    const char *tier = pick.tier;
+    /* tier 3: prefill the rest, leaving a checkpoint at the mark the tiers
+     * set (where the last user turn begins: the next conversation on the
+     * same prompt forks from there) */
     struct prog pg = {sv, j, kvt_now()};
     s->progress = on_progress;
     s->progress_user = &pg;
@@ -675,7 +397,7 @@ static void run_job(server *sv, job *j)
     s->progress = NULL;
     /* What was really not recomputed: a ds4 session that leaves its old
      * timeline goes back to a checkpoint, which may lie before the match. */
-    reused = kept;
+    size_t reused = kept;
     if (!reused) tier = "none";
     u.cached_tokens = (uint32_t)(reused < n ? reused : n);
     snprintf(j->tier, sizeof j->tier, "%s", tier);
@@ -695,8 +417,8 @@ static void run_job(server *sv, job *j)
         /* a conversation's first request also saves where its last user
          * turn begins: new conversations on the same prompt fork there,
          * after a restart too */
-        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), from_disk, opening ? mark : 0,
-                               &written);
+        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), pick.from_disk,
+                               pick.opening ? pick.mark : 0, &written);
         pthread_mutex_lock(&sv->mu);
         if (written) hist_add(&mx->save, kvt_now() - ts);
         mx->disk_saves += written;
@@ -720,102 +442,16 @@ static void run_job(server *sv, job *j)
         return;
     }
     /* generation */
-    kvt_sampler_opts sopt = {.temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
-                             .seed = r->has_seed ? r->seed : (uint64_t)time(NULL) ^ sv->clock};
-    kvt_sampler_new(&smp, &sopt);
-    uint32_t max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
-    const char *finish = "length", *stop_hit = NULL;
-    size_t emitted = 0;
-    think_pos th = {.answering = !r->thinking};
-    lp_rec lp = {.n_top = r->logprobs ? r->top_logprobs : 0};
-    if (lp.n_top > KVT_API_MAX_TOP_LOGPROBS) lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays below */
-    if (lp.n_top > m->info.n_vocab) lp.n_top = m->info.n_vocab;
-    if (j->stream) job_emit(j, kvt_stream_begin(r, id, model_name, &u, created));
-    while (u.completion_tokens < max_new && smp) {
-        if (job_canceled(j)) { finish = "stop"; break; }
-        const float *logits = kvt_session_logits(s);
-        int32_t t = kvt_sampler_sample(smp, logits, m->info.n_vocab);
-        /* from the raw logits, before temperature and top-p: the model's
-         * distribution, which is what OpenAI reports */
-        int32_t top_id[KVT_API_MAX_TOP_LOGPROBS] = {0};
-        double top_lp[KVT_API_MAX_TOP_LOGPROBS] = {0}, t_lp = 0;
-        if (r->logprobs) t_lp = kvt_logprob_top(logits, m->info.n_vocab, t, (uint32_t)lp.n_top, top_id, top_lp);
-        bool eos = t == m->info.eos;
-        for (size_t k = 0; k < tt.n_end; k++) eos |= t == tt.end[k];
-        if (kvt_session_len(s) < sv->o.n_ctx) {
-            if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
-        } else {
-            finish = "context";
-            break;
-        }
-        if (eos) { finish = "stop"; break; }
-        u.completion_tokens++;
-        const char *p;
-        size_t pl;
-        if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&text, p, pl);
-        /* every token through the one that completes </think> is reasoning */
-        if (!th.answering) {
-            u.reasoning_tokens++;
-            think_advance(&th, r->tmpl, text.p ? (const char *)text.p : "", text.len);
-        }
-        if (r->logprobs) lp_add(&lp, m, t, t_lp, top_id, top_lp);
-        for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
-            const char *hit = text.len ? memmem(text.p, text.len, r->stop[i], strlen(r->stop[i])) : NULL;
-            if (hit) { stop_hit = r->stop[i]; text.len = (size_t)(hit - (const char *)text.p); }
-        }
-        if (stop_hit) { finish = "stop"; break; }
-        if (j->stream) {
-            const char *tx = text.p ? (const char *)text.p : "";
-            size_t ok = safe_len(tx, text.len, r);
-            /* never stream the start of a tool call as text (a request that
-             * offers tools was rendered by a template: r->tmpl is set) */
-            if (r->n_tools && th.answering) {
-                size_t t_ok = th.answer + r->tmpl->tool_calls_text_len(tx + th.answer, text.len - th.answer);
-                if (t_ok < ok) ok = t_ok;
-            }
-            stream_settled(j, r, id, model_name, created, tx, ok, ok, &th, &emitted, &lp);
-        }
-    }
+    kvt_gen g = {.m = m, .s = s, .r = r, .id = id, .model_name = model_name, .created = created,
+                 .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
+                 .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock};
+    struct gen_ctx gc = {sv, j};
+    kvt_gen_out out = {gen_emit, gen_canceled, gen_calls, &gc};
+    char *body = kvt_generate_run(&g, &u, &out);
     pthread_mutex_lock(&sv->mu);
     mx->generated += u.completion_tokens;
     pthread_mutex_unlock(&sv->mu);
-    /* a partial UTF-8 tail left at the end is not text: drop it */
-    size_t final_len = safe_len((const char *)text.p, text.len, &(kvt_request){0});
-    const char *tp = text.p ? (const char *)text.p : "";
-    kvt_tool_call *calls = NULL;
-    size_t n_calls = 0, text_end = final_len;
-    /* in thinking mode out of the answer only, raw_off still counting from
-     * tp (what the replay hook gets back) */
-    if (kvt_reply_tool_calls(r, tp, final_len, &calls, &n_calls, &text_end) == KVT_OK && n_calls)
-        remember_calls(sv, j->tenant, tp, calls, n_calls);
-    /* the text: before the calls when there are some (in thinking mode the
-     * reasoning, the </think> and the answer, which the response splits) */
-    size_t upto = n_calls ? text_end : final_len;
-    /* every generated token before the calls or a stop is reported, also
-     * the bytes of a partial character the text leaves out (spelt as bytes) */
-    size_t lp_end = n_calls ? text_end : text.len;
-    kvt_logprobs all = lp_all(&lp, lp_end);
-    if (j->stream) {
-        /* the rest: a reply cut inside its reasoning is all reasoning */
-        think_pos fin = {.answering = true};
-        if (r->thinking) {
-            kvt_think k;
-            kvt_think_parts(r->tmpl, tp, upto, false, &k);
-            fin = (think_pos){true, k.rs, k.re, k.as};
-        }
-        stream_settled(j, r, id, model_name, created, tp, upto, lp_end, &fin, &emitted, &lp);
-        /* the end repeats the text that went out as deltas (Responses) */
-        job_done(sv, j, 200, kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
-                                             created, &all));
-    } else {
-        job_done(sv, j, 200, kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, &u,
-                                                created, &all));
-    }
-    kvt_tool_calls_free(calls, n_calls);
-    kvt_wbuf_free(&lp.tok);
-    kvt_wbuf_free(&lp.top);
-    kvt_wbuf_free(&text);
-    kvt_sampler_free(smp);
+    job_done(sv, j, 200, body);
     free(toks);
 }
 
@@ -989,62 +625,50 @@ static void add_max_tokens(kvt_wbuf *body)
     json_decref(o);
 }
 
-static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+/* ---- routes ---- */
+
+/* A request as a route's handler gets it. */
+typedef struct call {
+    server *sv;
+    struct MHD_Connection *c;
+    conn *cn;                 /* the body read so far */
+    const char *url, *method;
+    kvt_api api;              /* the shape of error bodies, from the URL */
+    int tnt;                  /* the tenant, KEY_METRICS; 0 on open routes (no key checked) */
+} call;
+
+static enum MHD_Result get_health(const call *q)
 {
-    server *sv = cls;
-    conn *cn = *con_cls;
-    if (!cn) {
-        cn = kvt_calloc(1, sizeof *cn);
-        if (!cn) return MHD_NO;
-        *con_cls = cn;
-        return MHD_YES;
-    }
-    if (*upload_size) {
-        if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
-        else kvt_wbuf_put(&cn->body, upload, *upload_size);
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    (void)version;
-    kvt_api api = strstr(url, "/messages") ? KVT_API_MESSAGES
-                : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
-                : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
-    bool is_get = !strcmp(method, "GET"), is_head = !strcmp(method, "HEAD"), is_post = !strcmp(method, "POST");
-    if (is_get && !strcmp(url, "/health")) return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
-    if (is_head && !strcmp(url, "/")) return send_text(c, 200, "text/plain", "", NULL, NULL);
-    int tnt = authorized(sv, c);
-    if (tnt == -1) {
-        count_request(sv, -1, 3, 401);
-        return send_json(c, 401, kvt_error_json(api, 401, "invalid or missing API key"));
-    }
-    /* /metrics: a key's own figures; the metrics key's, every key's */
-    if (is_get && !strcmp(url, "/metrics")) {
-        char *t = metrics_text(sv, tnt);
-        enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
-        free(t);
-        return r;
-    }
-    if (tnt == KEY_METRICS) {
-        count_request(sv, -1, 3, 403);
-        return send_json(c, 403, kvt_error_json(api, 403, "this key reads GET /metrics only"));
-    }
-    if (is_get && !strcmp(url, "/v1/models")) return send_json(c, 200, kvt_models_json(sv->model_id, sv->started));
-    bool counting = !strcmp(url, "/v1/messages/count_tokens");
-    bool known = counting || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
-                 !strcmp(url, "/v1/messages") || !strcmp(url, "/chat/completions") || !strcmp(url, "/messages") ||
-                 !strcmp(url, "/v1/responses") || !strcmp(url, "/responses");
-    if (!known) {
-        count_request(sv, tnt, 3, 404);
-        char msg[160];
-        snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
-        return send_json(c, 404, kvt_error_json(api, 404, msg));
-    }
-    int ep = endpoint_index(api);
-    if (!is_post) {
-        count_request(sv, tnt, ep, 405);
-        return send_json(c, 405, kvt_error_json(api, 400, "use POST"));
-    }
+    return send_text(q->c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
+}
+
+static enum MHD_Result head_root(const call *q) { return send_text(q->c, 200, "text/plain", "", NULL, NULL); }
+
+/* /metrics: a key's own figures; the metrics key's, every key's */
+static enum MHD_Result get_metrics(const call *q)
+{
+    char *t = metrics_text(q->sv, q->tnt);
+    enum MHD_Result r = send_text(q->c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
+    free(t);
+    return r;
+}
+
+static enum MHD_Result get_models(const call *q)
+{
+    return send_json(q->c, 200, kvt_models_json(q->sv->model_id, q->sv->started));
+}
+
+/* An inference request (counting: count_tokens, answered with the prompt's
+ * length): parsed and tokenized here, then queued for the worker; a
+ * streaming response reads the job's output as it grows, any other waits
+ * for the job to finish. */
+static enum MHD_Result infer(const call *q, bool counting)
+{
+    server *sv = q->sv;
+    struct MHD_Connection *c = q->c;
+    conn *cn = q->cn;
+    kvt_api api = q->api;
+    int tnt = q->tnt, ep = endpoint_index(api);
     if (cn->too_big) {
         count_request(sv, tnt, ep, 413);
         char msg[128];
@@ -1165,6 +789,89 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     MHD_destroy_response(resp);
     job_unref(j);
     return r;
+}
+
+static enum MHD_Result post_infer(const call *q) { return infer(q, false); }
+static enum MHD_Result post_count_tokens(const call *q) { return infer(q, true); }
+
+enum {
+    R_OPEN = 1,         /* answered before the key is checked */
+    R_METRICS_KEY = 2,  /* the metrics key may call it */
+    R_POST_ONLY = 4,    /* another method on the path: 405 (not 404) */
+};
+
+/* Every URL the server answers. handle() finds the row whose method and
+ * path are the request's (exact matches); open rows answer at once, the
+ * others once the key is checked. A path known under another method is a
+ * 405 when its row says so, anything else a 404. */
+static const struct route {
+    const char *method, *path;
+    unsigned flags;
+    enum MHD_Result (*fn)(const call *q);
+} routes[] = {
+    {"GET", "/health", R_OPEN, get_health},
+    {"HEAD", "/", R_OPEN, head_root},
+    {"GET", "/metrics", R_METRICS_KEY, get_metrics},
+    {"GET", "/v1/models", 0, get_models},
+    {"POST", "/v1/chat/completions", R_POST_ONLY, post_infer},
+    {"POST", "/chat/completions", R_POST_ONLY, post_infer},
+    {"POST", "/v1/completions", R_POST_ONLY, post_infer},
+    {"POST", "/v1/messages", R_POST_ONLY, post_infer},
+    {"POST", "/messages", R_POST_ONLY, post_infer},
+    {"POST", "/v1/messages/count_tokens", R_POST_ONLY, post_count_tokens},
+    {"POST", "/v1/responses", R_POST_ONLY, post_infer},
+    {"POST", "/responses", R_POST_ONLY, post_infer},
+};
+#define N_ROUTES (sizeof routes / sizeof routes[0])
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    server *sv = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        cn = kvt_calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
+        else kvt_wbuf_put(&cn->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    (void)version;
+    call q = {sv, c, cn, url, method, KVT_API_CHAT, 0};
+    q.api = strstr(url, "/messages") ? KVT_API_MESSAGES
+          : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
+          : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
+    const struct route *rt = NULL, *other = NULL; /* other: the path's row under another method */
+    for (size_t i = 0; i < N_ROUTES && !rt; i++)
+        if (!strcmp(url, routes[i].path)) {
+            if (!strcmp(method, routes[i].method)) rt = &routes[i];
+            else other = &routes[i];
+        }
+    if (rt && (rt->flags & R_OPEN)) return rt->fn(&q);
+    q.tnt = authorized(sv, c);
+    if (q.tnt == -1) {
+        count_request(sv, -1, 3, 401);
+        return send_json(c, 401, kvt_error_json(q.api, 401, "invalid or missing API key"));
+    }
+    if (rt && (rt->flags & R_METRICS_KEY)) return rt->fn(&q);
+    if (q.tnt == KEY_METRICS) {
+        count_request(sv, -1, 3, 403);
+        return send_json(c, 403, kvt_error_json(q.api, 403, "this key reads GET /metrics only"));
+    }
+    if (rt) return rt->fn(&q);
+    if (other && (other->flags & R_POST_ONLY)) {
+        count_request(sv, q.tnt, endpoint_index(q.api), 405);
+        return send_json(c, 405, kvt_error_json(q.api, 400, "use POST"));
+    }
+    count_request(sv, q.tnt, 3, 404);
+    char msg[160];
+    snprintf(msg, sizeof msg, "no route for %s %.100s", method, url);
+    return send_json(c, 404, kvt_error_json(q.api, 404, msg));
 }
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -1403,6 +1110,10 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(KVT_EINVAL, "at most %d API keys", MAX_TENANTS);
         goto out;
     }
+    kvt_tiers_opts to = {.ram_bytes = sv->o.ram_bytes, .n_tenants = sv->n_tn, .n_ctx = sv->o.n_ctx,
+                         .n_threads = sv->o.n_threads, .policy = sv->o.policy,
+                         .hooks = {tier_saved, tier_evicted, tier_loaded, sv}};
+    if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;
     if (opts->metrics_key) {
         key_digest(sv, opts->metrics_key, sv->metrics_digest);
         sv->has_metrics_key = true;
@@ -1469,10 +1180,11 @@ int kvt_serve(const kvt_server_opts *opts)
     pthread_mutex_unlock(&sv->mu);
     pthread_join(sv->worker, NULL);
     MHD_stop_daemon(d);
-    while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
+    pool_shutdown(sv);
     rc = KVT_OK;
 out:
-    while (sv->n_pool) pool_drop(sv, sv->n_pool - 1, "shutdown");
+    pool_shutdown(sv);
+    kvt_tiers_free(sv->tiers);
     for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);
     for (size_t i = 0; i < MAX_REPLAY; i++) free(sv->rp[i].text);

@@ -1,0 +1,109 @@
+/* The cache tiers a request runs on (tiers.c): the RAM pool of live
+ * sessions and the choice, per prompt, of the session to run on and how
+ * much of the prompt it already holds (RAM, disk, or nothing).
+ *
+ * Nothing here knows of HTTP, jobs or threads: one caller at a time (the
+ * server's worker) owns a kvt_tiers and every session in it. What the
+ * tiers do that the caller may want to count (a save of a dropped session,
+ * an eviction, a restore from disk) is reported through kvt_tier_hooks as
+ * it happens. */
+#ifndef KVT_TIERS_H
+#define KVT_TIERS_H
+
+#include "kvtier.h"
+
+#define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
+
+/* Optional callbacks, each called with the tenant concerned; NULL ones are
+ * skipped. */
+typedef struct kvt_tier_hooks {
+    /* a dropped session was saved to its tenant's store: rc the save's
+     * result, created whether a new entry was written */
+    void (*saved)(void *user, int tenant, double seconds, int rc, bool created);
+    void (*evicted)(void *user, int tenant);          /* a session left RAM for the budget */
+    void (*loaded)(void *user, int tenant, double seconds); /* a disk restore was tried */
+    void *user;
+} kvt_tier_hooks;
+
+typedef struct kvt_tiers_opts {
+    size_t ram_bytes;          /* the RAM budget; each tenant gets ram_bytes / n_tenants */
+    size_t n_tenants;          /* >= 1; each also gets KVT_TIERS_MAX_POOL / n_tenants sessions */
+    uint32_t n_ctx, n_threads; /* of the sessions the pool makes */
+    kvt_save_policy policy;    /* the checkpoint grid of new sessions; min_tokens for saves on drop */
+    kvt_tier_hooks hooks;
+} kvt_tiers_opts;
+
+/* A live session, its tenant and when a request last ran on it (the
+ * pool's clock: larger is more recent). */
+typedef struct kvt_pooled {
+    kvt_session *s;
+    uint64_t last_used;
+    int tenant;
+} kvt_pooled;
+
+typedef struct kvt_tiers {
+    kvt_tiers_opts o;
+    kvt_model *m;
+    kvt_pooled pool[KVT_TIERS_MAX_POOL];  /* (n) in no order */
+    size_t n;
+    uint64_t clock;            /* advances once per use of a session */
+} kvt_tiers;
+
+/* The prompt a request brings, beside its tokens: its rendered text (to
+ * match a session whose sampled tokens the client resent as text) and
+ * where a conversation on it can fork (the checkpoint mark). */
+typedef struct kvt_tier_prompt {
+    const char *text;          /* (len) bytes, the rendered prompt */
+    size_t len;
+    bool has_bos;              /* the text carries BOS: tokenize without adding it */
+    bool special;              /* tokenize with special-token parsing */
+    size_t fork_at;            /* where the last user message's own text begins (bytes);
+                                * SIZE_MAX: not known */
+    bool opening;              /* no assistant turn before fork_at */
+} kvt_tier_prompt;
+
+/* What kvt_tiers_select chose. */
+typedef struct kvt_tier_pick {
+    kvt_session *s;            /* in the pool (owned by it); NULL on failure */
+    size_t reused;             /* prompt tokens s holds already (before the prefill) */
+    size_t from_disk;          /* of those, restored from the store (0 unless tier is disk) */
+    const char *tier;          /* "ram", "disk" or "none"; static */
+    bool extended, forked;     /* s is the pooled session itself; a copy of one */
+    size_t mark;               /* set on s: the prefill also checkpoints here (0: none) */
+    bool opening;              /* the prompt is a conversation's first request: save at mark */
+} kvt_tier_pick;
+
+/* A pool for model m (borrowed: it must outlive the pool). Free with
+ * kvt_tiers_free, which frees the sessions left without saving them
+ * (kvt_tiers_drop saves first). */
+int kvt_tiers_new(kvt_tiers **out, kvt_model *m, const kvt_tiers_opts *o);
+void kvt_tiers_free(kvt_tiers *t);
+
+/* Choose the session for tenant's prompt *toks (*n tokens, the caller's
+ * malloc'ed array) and make it ready to be synced to it:
+ *   1. RAM: the tenant's session with the longest reusable prefix, on token
+ *      ids or on the rendered text of its exact tokens (then *toks becomes
+ *      those tokens plus the rest of the text tokenized alone: *toks is
+ *      freed and replaced, and the caller owns the new array).
+ *   2. Disk: store (NULL: none), when it covers more than RAM does.
+ * A prompt that continues the best session extends it in place; one that
+ * leaves it part way after at least 256 shared tokens gets a copy (the
+ * session stays whole); otherwise a new session, restored from the store
+ * when it holds a prefix. Making room evicts the tenant's least recently
+ * used sessions (saved to store first, reason evict) beyond its share, never
+ * a fork's source and never another tenant's. Sets the checkpoint mark.
+ * KVT_ECTX (nothing changed but *toks) when the prompt, spliced, exceeds
+ * n_ctx; the error of kvt_session_new or kvt_session_clone otherwise. */
+int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
+                     size_t *n, kvt_tier_pick *out);
+
+/* Drop pooled session i: save it to store first (NULL: no save) when it
+ * holds at least policy.min_tokens, with the reason given ("evict",
+ * "shutdown"), then free it. The last session takes index i. */
+void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason);
+
+/* RAM held by a tenant's sessions (-1: all tenants), and their count. */
+size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
+
+#endif

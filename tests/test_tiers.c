@@ -1,0 +1,385 @@
+/* The cache tiers without HTTP (src/tiers.c): which session a prompt runs
+ * on and how much of it is reused. A pool on the built-in ds4-tiny model
+ * (byte tokenizer) is filled the way the server fills it, kvt_tiers_select
+ * then kvt_session_sync, and each test checks the pick: extend in place,
+ * fork a copy that leaves its source whole, a new session, the disk tier
+ * when it covers more, the text splice, and the eviction within a tenant's
+ * share (`kvtier-tests tiers_pick` runs them). The prompts are seeded random bytes after BOS (fixed seeds: the
+ * figures below are exact token counts, not statistics). */
+#include "test.h"
+#include "model.h"
+#include "tiers.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CTX 1024
+
+/* What the hooks saw. */
+typedef struct seen { int saved, save_errors, evicted[2], loaded; } seen;
+
+static void saw_save(void *user, int tenant, double seconds, int rc, bool created)
+{
+    seen *w = user;
+    w->saved++;
+    if (rc) w->save_errors++;
+}
+static void saw_evict(void *user, int tenant) { ((seen *)user)->evicted[tenant]++; }
+static void saw_load(void *user, int tenant, double seconds) { ((seen *)user)->loaded++; }
+
+static kvt_tiers *tiers_open(kvt_model **m, size_t tenants, size_t ram_bytes, seen *w)
+{
+    *m = NULL;
+    if (kvt_model_preset(m, "ds4-tiny", 7, NULL)) return NULL;
+    kvt_tiers_opts o = {.ram_bytes = ram_bytes, .n_tenants = tenants, .n_ctx = CTX, .n_threads = 1,
+                        .policy = KVT_SAVE_POLICY_DEFAULT, .hooks = {saw_save, saw_evict, saw_load, w}};
+    kvt_tiers *t = NULL;
+    if (kvt_tiers_new(&t, *m, &o)) { kvt_model_close(*m); *m = NULL; }
+    return t;
+}
+
+static void tiers_close(kvt_tiers *t, kvt_model *m)
+{
+    kvt_tiers_free(t);
+    kvt_model_close(m);
+}
+
+/* A prompt: the first `same` tokens of the seed-a sequence, then seed-b
+ * bytes to n. */
+static int32_t *prompt(size_t n, uint64_t a, size_t same, uint64_t b)
+{
+    int32_t *t = malloc(n * sizeof *t), *o = malloc(n * sizeof *o);
+    if (!t || !o) { free(t); free(o); return NULL; }
+    kvt_test_tokens(t, n, a);
+    kvt_test_tokens(o, n, b);
+    if (same < n) memcpy(t + same, o + same, (n - same) * sizeof *t);
+    free(o);
+    return t;
+}
+
+/* Select for tenant's prompt (no prompt text: the match is on token ids)
+ * and sync the chosen session to it, as the server's worker does. The
+ * prompt array stays the caller's. */
+static int run(kvt_tiers *t, int tenant, kvt_store *st, const int32_t *toks, size_t n, kvt_tier_pick *pick)
+{
+    int32_t *own = malloc(n * sizeof *own);
+    if (!own) return KVT_ENOMEM;
+    memcpy(own, toks, n * sizeof *own);
+    kvt_tier_prompt p = {.text = "", .len = 0, .fork_at = SIZE_MAX};
+    int rc = kvt_tiers_select(t, tenant, st, &p, &own, &n, pick);
+    if (!rc) rc = kvt_session_sync(pick->s, own, n, NULL);
+    free(own);
+    return rc;
+}
+
+/* The pick is (tier, reused); prints what it is when not. */
+static bool pick_is(const kvt_tier_pick *p, const char *tier, size_t reused)
+{
+    if (!strcmp(p->tier, tier) && p->reused == reused) return true;
+    printf("    pick: %s, reused %zu; expected %s, reused %zu\n", p->tier, p->reused, tier, reused);
+    return false;
+}
+
+static bool in_pool(const kvt_tiers *t, const kvt_session *s, int tenant)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == s) return t->pool[i].tenant == tenant;
+    return false;
+}
+
+/* The session holds exactly toks[0..n). */
+static bool holds(const kvt_session *s, const int32_t *toks, size_t n)
+{
+    return kvt_session_len(s) == n && !memcmp(kvt_session_tokens(s), toks, n * sizeof *toks);
+}
+
+/* Tenant's pooled sessions that hold exactly toks[0..n): a dropped session
+ * is told by its tokens, not its address (a new one may get it). */
+static size_t holding(const kvt_tiers *t, const int32_t *toks, size_t n, int tenant)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < t->n; i++) k += t->pool[i].tenant == tenant && holds(t->pool[i].s, toks, n);
+    return k;
+}
+
+TEST(tiers_pick_extend_in_place)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(350, 1, 350, 1);
+    kvt_tier_pick p, q;
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    CHECK(pick_is(&p, "none", 0) && !p.extended && !p.forked && t->n == 1);
+    /* the next turn continues the conversation: the same session, grown */
+    CHECK_OK(run(t, 0, NULL, a, 350, &q));
+    CHECK(pick_is(&q, "ram", 300) && q.extended && q.s == p.s && t->n == 1);
+    CHECK(holds(q.s, a, 350));
+    /* negative control: the check refuses a reuse count one off */
+    printf("    negative control, three wrong picks (each must be refused):\n");
+    CHECK(!pick_is(&q, "ram", 301) && !pick_is(&q, "ram", 299) && !pick_is(&q, "disk", 300));
+    free(a);
+    tiers_close(t, m);
+}
+
+TEST(tiers_pick_fork_keeps_source)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(400, 2, 400, 2), *b = prompt(380, 2, 300, 3), *c = prompt(380, 2, 200, 4);
+    kvt_tier_pick p, q, r;
+    CHECK_OK(run(t, 0, NULL, a, 400, &p));
+    /* another conversation on the first 300 tokens: a copy, reused exactly
+     * up to where it leaves the session (not one token more) */
+    CHECK(a[300] != b[300]);
+    CHECK_OK(run(t, 0, NULL, b, 380, &q));
+    CHECK(pick_is(&q, "ram", 300) && q.forked && !q.extended);
+    CHECK(q.s != p.s && in_pool(t, p.s, 0) && in_pool(t, q.s, 0) && t->n == 2);
+    CHECK(holds(p.s, a, 400));  /* the source stays whole */
+    CHECK(holds(q.s, b, 380));
+    /* a shared prefix under 256 tokens is not worth a copy: a new session */
+    CHECK_OK(run(t, 0, NULL, c, 380, &r));
+    CHECK(pick_is(&r, "none", 0) && !r.forked && !r.extended && t->n == 3);
+    CHECK(holds(p.s, a, 400) && holds(q.s, b, 380));
+    free(a);
+    free(b);
+    free(c);
+    tiers_close(t, m);
+}
+
+TEST(tiers_pick_new_when_nothing_matches)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 2, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(300, 5, 300, 5), *b = prompt(300, 6, 300, 6);
+    kvt_tier_pick p, q, r;
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    /* only BOS in common */
+    CHECK_OK(run(t, 0, NULL, b, 300, &q));
+    CHECK(pick_is(&q, "none", 0) && q.s != p.s && t->n == 2);
+    /* the same prompt from another tenant never sees tenant 0's session */
+    CHECK_OK(run(t, 1, NULL, a, 300, &r));
+    CHECK(pick_is(&r, "none", 0) && r.s != p.s && in_pool(t, r.s, 1) && t->n == 3);
+    CHECK(kvt_tiers_count(t, 0) == 2 && kvt_tiers_count(t, 1) == 1);
+    CHECK(holds(p.s, a, 300) && holds(q.s, b, 300));
+    /* over the context: refused, the pool as it was */
+    int32_t *big = prompt(CTX + 1, 5, CTX + 1, 5);
+    int32_t *own = malloc((CTX + 1) * sizeof *own);
+    memcpy(own, big, (CTX + 1) * sizeof *own);
+    size_t n = CTX + 1;
+    kvt_tier_prompt tp = {.text = "", .fork_at = SIZE_MAX};
+    kvt_tier_pick x;
+    CHECK(kvt_tiers_select(t, 0, NULL, &tp, &own, &n, &x) == KVT_ECTX && t->n == 3 && n == CTX + 1);
+    free(own);
+    free(big);
+    free(a);
+    free(b);
+    tiers_close(t, m);
+}
+
+static void tmpdir(char *out, size_t cap, const char *tag)
+{
+    snprintf(out, cap, "/tmp/kvtier-tiers-%s-%d", tag, (int)getpid());
+    kvt_test_clear_dir(out);
+}
+
+static void rmdir_all(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {}
+}
+
+TEST(tiers_pick_disk_when_it_covers_more)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    char dir[256];
+    tmpdir(dir, sizeof dir, "disk");
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    int32_t *a = prompt(700, 7, 700, 7);
+    /* the store holds 600 tokens of the prompt (saved from a session outside
+     * the pool), RAM 300 */
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, &(kvt_session_opts){.n_ctx = CTX, .n_threads = 1}));
+    CHECK_OK(kvt_session_sync(s, a, 600, NULL));
+    CHECK_OK(kvt_store_save(st, s, 600, "manual", NULL));
+    kvt_session_free(s);
+    kvt_tier_prompt np = {.text = "", .fork_at = SIZE_MAX};
+    kvt_tier_pick p, q, r;
+    CHECK_OK(run(t, 0, NULL, a, 300, &p)); /* no store given: RAM and nothing */
+    CHECK(pick_is(&p, "none", 0));
+    CHECK_OK(run(t, 0, st, a, 700, &q));
+    CHECK(pick_is(&q, "disk", 600) && q.from_disk == 600 && w.loaded == 1);
+    CHECK(q.s != p.s && !q.extended && !q.forked && t->n == 2);
+    CHECK(holds(p.s, a, 300) && holds(q.s, a, 700));
+    /* RAM now covers more (700) than the store: extend, no restore */
+    int32_t *own = malloc(700 * sizeof *own);
+    memcpy(own, a, 700 * sizeof *own);
+    size_t n = 700;
+    CHECK_OK(kvt_tiers_select(t, 0, st, &np, &own, &n, &r));
+    CHECK(pick_is(&r, "ram", 700) && r.extended && r.s == q.s && w.loaded == 1);
+    free(own);
+    free(a);
+    kvt_store_close(st);
+    tiers_close(t, m);
+    rmdir_all(dir);
+}
+
+/* A prompt whose text renders a pooled session's exact tokens runs on that
+ * session even when its own tokenization differs: the tokens become the
+ * session's, then the rest of the text. */
+TEST(tiers_pick_text_splice)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(300, 8, 300, 8), *other = prompt(303, 8, 1, 9);
+    kvt_tier_pick p, q;
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    kvt_wbuf text = {0};
+    for (size_t i = 0; i < 300; i++) {
+        const char *pc;
+        size_t pl;
+        CHECK_OK(kvt_token_piece(m, a[i], &pc, &pl));
+        kvt_wbuf_put(&text, pc, pl);
+    }
+    kvt_wbuf_put(&text, "xyz", 3);
+    CHECK(!text.oom);
+    int32_t *own = malloc(303 * sizeof *own);
+    memcpy(own, other, 303 * sizeof *own);
+    size_t n = 303;
+    kvt_tier_prompt tp = {.text = (const char *)text.p, .len = text.len, .fork_at = SIZE_MAX};
+    CHECK_OK(kvt_tiers_select(t, 0, NULL, &tp, &own, &n, &q));
+    CHECK(pick_is(&q, "ram", 300) && q.extended && q.s == p.s);
+    CHECK(n == 303 && !memcmp(own, a, 300 * sizeof *own) && own[300] == 'x' && own[301] == 'y' && own[302] == 'z');
+    /* negative control: without the text the same tokens share only BOS */
+    kvt_tier_pick r;
+    int32_t *own2 = malloc(303 * sizeof *own2);
+    memcpy(own2, other, 303 * sizeof *own2);
+    n = 303;
+    kvt_tier_prompt none = {.text = "", .fork_at = SIZE_MAX};
+    CHECK_OK(kvt_tiers_select(t, 0, NULL, &none, &own2, &n, &r));
+    CHECK(pick_is(&r, "none", 0) && r.s != p.s);
+    free(own2);
+    free(own);
+    kvt_wbuf_free(&text);
+    free(a);
+    free(other);
+    tiers_close(t, m);
+}
+
+TEST(tiers_pick_evict_lru_within_share)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 2, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    char dir[256];
+    tmpdir(dir, sizeof dir, "evict");
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    t->o.policy.min_tokens = 1; /* every evicted session is saved */
+    int32_t *d = prompt(300, 10, 300, 10), *a = prompt(300, 11, 300, 11), *b = prompt(300, 12, 300, 12),
+            *c = prompt(300, 13, 300, 13), *e = prompt(300, 14, 300, 14);
+    kvt_tier_pick pd, pa, pb, pc, pe;
+    CHECK_OK(run(t, 1, NULL, d, 300, &pd)); /* tenant 1's, the oldest of all */
+    CHECK_OK(run(t, 0, st, a, 300, &pa));
+    CHECK_OK(run(t, 0, st, b, 300, &pb));
+    CHECK_OK(run(t, 0, st, c, 300, &pc));
+    CHECK(t->n == 4 && w.evicted[0] == 0 && w.evicted[1] == 0);
+    /* tenant 0's share (ram_bytes / 2) holds b and c, not a as well: the
+     * next new session makes room by dropping a, tenant 0's least recently
+     * used, and leaves tenant 1's older d alone */
+    size_t bc = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == pb.s || t->pool[i].s == pc.s) bc += kvt_session_bytes(t->pool[i].s);
+    CHECK(bc > 0);
+    t->o.ram_bytes = 2 * bc;
+    CHECK_OK(run(t, 0, st, e, 300, &pe));
+    CHECK(pick_is(&pe, "none", 0));
+    CHECKF(w.evicted[0] == 1 && w.evicted[1] == 0, "evicted %d + %d", w.evicted[0], w.evicted[1]);
+    CHECK(w.saved == 1 && w.save_errors == 0); /* saved before it was dropped */
+    CHECK(t->n == 4 && holding(t, a, 300, 0) == 0);
+    CHECK(holding(t, b, 300, 0) == 1 && holding(t, c, 300, 0) == 1 && holding(t, e, 300, 0) == 1);
+    CHECK(holding(t, d, 300, 1) == 1);
+    /* what was evicted comes back from disk */
+    kvt_tier_pick again;
+    t->o.ram_bytes = SIZE_MAX;
+    CHECK_OK(run(t, 0, st, a, 300, &again));
+    CHECK(pick_is(&again, "disk", 300));
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(e);
+    kvt_store_close(st);
+    tiers_close(t, m);
+    rmdir_all(dir);
+}
+
+TEST(tiers_pick_evict_spares_fork_source)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 2, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *src = prompt(400, 15, 400, 15), *x = prompt(300, 16, 300, 16), *y = prompt(300, 17, 300, 17),
+            *f = prompt(360, 15, 320, 18);
+    kvt_tier_pick ps, px, py, pf;
+    CHECK_OK(run(t, 0, NULL, src, 400, &ps));
+    CHECK_OK(run(t, 0, NULL, x, 300, &px));
+    CHECK_OK(run(t, 1, NULL, y, 300, &py));
+    /* no room at all: tenant 0 keeps only the fork's source (the least
+     * recently used before the fork) and the copy; tenant 1 keeps its own */
+    t->o.ram_bytes = 2;
+    CHECK_OK(run(t, 0, NULL, f, 360, &pf));
+    CHECK(pick_is(&pf, "ram", 320) && pf.forked);
+    CHECKF(w.evicted[0] == 1 && w.evicted[1] == 0, "evicted %d + %d", w.evicted[0], w.evicted[1]);
+    CHECK(t->n == 3 && holding(t, x, 300, 0) == 0);
+    CHECK(in_pool(t, ps.s, 0) && holds(ps.s, src, 400) && holding(t, y, 300, 1) == 1);
+    CHECK(pf.s != ps.s && in_pool(t, pf.s, 0));
+    free(src);
+    free(x);
+    free(y);
+    free(f);
+    tiers_close(t, m);
+}
+
+/* A fork uses its source: the next eviction takes a session left alone
+ * longer, not the source the fork just read. */
+TEST(tiers_pick_fork_counts_as_use)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *src = prompt(400, 19, 400, 19), *x = prompt(300, 20, 300, 20), *f = prompt(360, 19, 300, 21),
+            *g = prompt(300, 22, 300, 22);
+    kvt_tier_pick ps, px, pf, pg;
+    CHECK_OK(run(t, 0, NULL, src, 400, &ps));
+    CHECK_OK(run(t, 0, NULL, x, 300, &px));
+    CHECK_OK(run(t, 0, NULL, f, 360, &pf));
+    CHECK(pick_is(&pf, "ram", 300) && pf.forked && t->n == 3 && w.evicted[0] == 0);
+    /* room for the source and the fork: one of the three goes */
+    t->o.ram_bytes = kvt_session_bytes(ps.s) + kvt_session_bytes(pf.s);
+    CHECK_OK(run(t, 0, NULL, g, 300, &pg));
+    CHECKF(w.evicted[0] == 1, "evicted %d", w.evicted[0]);
+    CHECK(holding(t, x, 300, 0) == 0 && holding(t, src, 400, 0) == 1 && holding(t, f, 360, 0) == 1);
+    free(src);
+    free(x);
+    free(f);
+    free(g);
+    tiers_close(t, m);
+}
