@@ -7,7 +7,7 @@
 # models/ggml-vocab-qwen35.gguf) in Q4_K_M by llama-quantize: 18 Gated
 # DeltaNet layers, whose state no prefix cache of llama.cpp's can roll back,
 # and 6 full attention layers. The agent request is tests/e2e/bench.mjs's
-# with a system prompt of about 20,000 tokens. Each server runs the same
+# with a system prompt of 70,000 bytes: 29,757 tokens with the question. Each server runs the same
 # sequence on a fresh process:
 #   kvtier     cold, then the next turn (RAM), then SIGTERM, a restart on the
 #              same --kv-disk-dir and a new conversation (disk)
@@ -21,8 +21,8 @@
 #   KVT_PEER_CACHE=DIR  clone, build, models (default ~/.cache/kvtier; the
 #                       llama.cpp build is bench/peer_llama.sh's)
 #   THREADS=N           both servers' threads (default 2)
-#   SYS_BYTES=N         the system prompt's bytes (default 70000: about
-#                       20,000 tokens of the qwen35 vocabulary)
+#   SYS_BYTES=N         the system prompt's bytes (default 70000: 29,7xx
+#                       tokens of the qwen35 vocabulary, 2.35 bytes each)
 #   PEER_ARGS="..."     extra llama-server arguments (default: -nr on a CPU
 #                       with AMX, below; else none)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
