@@ -220,6 +220,10 @@ typedef struct llama_work {
     float *qg;         /* qwen35: (ch, 2 QD) each head's queries then its output gate */
     float *sh, *shg;   /* qwen35moe: (ch, D) the shared expert's output, (ch) its gate */
     kvt_gdn_work gw;   /* qwen35: the DeltaNet layers' scratch */
+    int32_t *tok;      /* (ch) a pass's tokens, its segments' one after another */
+    size_t *pos;       /* (ch) their positions */
+    float *lgb;        /* (lgb_rows, V) a batched pass's logits, before they go to their segments */
+    size_t lgb_rows;
 } llama_work;
 
 /* The matrices of layer l (l == L: the output head and the per-layer
@@ -923,6 +927,9 @@ static void llama_work_free(void *p)
     free(k->qg);
     free(k->sh);
     free(k->shg);
+    free(k->tok);
+    free(k->pos);
+    free(k->lgb);
     kvt_gdn_work_free(&k->gw);
     free(k);
 }
@@ -964,7 +971,9 @@ static int llama_work_new(kvt_session *s)
     k->v = kvt_malloc(ch * KV * sizeof(float));
     k->h1 = kvt_malloc(ch * F * sizeof(float));
     k->h3 = kvt_malloc(ch * F * sizeof(float));
-    bool mok = true;
+    k->tok = kvt_malloc(ch * sizeof(int32_t));
+    k->pos = kvt_malloc(ch * sizeof(size_t));
+    bool mok = k->tok && k->pos;
     if (w->swa_src >= 0) {
         k->sk = kvt_malloc(ch * KV * sizeof(float));
         k->sv = kvt_malloc(ch * KV * sizeof(float));
@@ -1179,7 +1188,7 @@ struct tok_ctx {
     const llama_layer *ly;
     float *x, *xb, *q, *k, *v; /* k, v NULL: a shared layer's (q alone) */
     const float *add, *norm;
-    size_t pos0;
+    const size_t *pos; /* (n) the tokens' positions */
     const float *post;  /* gemma: add is rmsnorm(add) * post first (NULL: as it is) */
 };
 
@@ -1225,7 +1234,7 @@ static void rope_range(void *arg, size_t i0, size_t i1)
             for (size_t h = 0; h < nk; h++)
                 kvt_rmsnorm(v + h * hd, v + h * hd, kvt_llama_fault == KVT_LLAMA_FAULT_V_NORM_WEIGHT ? ly->kn : NULL,
                             hd, w->eps);
-        kvt_rope_heads(q, ly->H, k, nk, hd, ly->n_rot, c->pos0 + i, ly->base, ly->ff,
+        kvt_rope_heads(q, ly->H, k, nk, hd, ly->n_rot, c->pos[i], ly->base, ly->ff,
                        w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
     }
 }
@@ -1234,7 +1243,7 @@ static void rope_range(void *arg, size_t i0, size_t i1)
  * best (kvt_moe_select), those probabilities normalised to sum 1, as
  * llama.cpp's build_moe_ffn with norm_w (or the choice kvt_force imposes,
  * for the tests). */
-static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n, size_t pos0)
+static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n)
 {
     size_t E = w->E, Eu = w->Eu;
     for (size_t i = 0; i < n; i++) {
@@ -1245,8 +1254,8 @@ static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n
         uint32_t *ex = wk->ex + i * Eu;
         kvt_moe_select(p, E, Eu, ex);
         const kvt_forced *fz = kvt_force;
-        if (fz && pos0 + i < fz->n && fz->Eu == Eu && l < 64 && fz->ex[l])
-            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, p, E, false);
+        if (fz && wk->pos[i] < fz->n && fz->Eu == Eu && l < 64 && fz->ex[l])
+            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], wk->pos[i], ex, Eu, p, E, false);
         for (size_t j = 0; j < Eu; j++) wk->ew[i * Eu + j] = p[ex[j]];
         if (kvt_llama_fault != KVT_LLAMA_FAULT_MOE_WEIGHTS) kvt_moe_normalise(wk->ew + i * Eu, Eu);
         if (w->moe_scale != 0.0f && w->moe_scale != 1.0f)
@@ -1256,35 +1265,34 @@ static void moe_route(llama_work *wk, const llama_weights *w, size_t l, size_t n
 
 /* The routed experts of layer l over n tokens h (n, D), their weighted sum
  * into wk->mo. */
-static void moe_experts(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, const float *h, size_t n)
+static void moe_experts(kvt_pool *pool, llama_work *wk, const llama_weights *w, size_t l, const float *h, size_t n)
 {
     const llama_layer *ly = &w->layers[l];
     size_t D = w->D;
     memset(wk->mo, 0, n * D * sizeof(float));
     kvt_moe m = {&ly->gate_x, ly->gate_up ? &ly->gate_x : &ly->up_x, &ly->down_x, w->E, w->Eu, w->Fe, D, 0.0f,
                  w->fam->gemma4, ly->down_s, ly->gate_up ? 2 * (size_t)w->Fe : 0, ly->gate_up ? w->Fe : 0};
-    kvt_moe_run(s->pool, &m, h, n, wk->ex, wk->ew, &wk->ms, wk->mo);
+    kvt_moe_run(pool, &m, h, n, wk->ex, wk->ew, &wk->ms, wk->mo);
 }
 
 /* qwen3moe's FFN: the routed experts of xb (n, D), their output into xb. */
-static void moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, float *xb, size_t n,
-                    size_t pos0)
+static void moe_ffn(kvt_pool *pool, llama_work *wk, const llama_weights *w, size_t l, float *xb, size_t n)
 {
-    kvt_matmul(s->pool, wk->lg, w->layers[l].gate_inp, xb, n, w->D, w->E);
-    moe_route(wk, w, l, n, pos0);
-    moe_experts(s, wk, w, l, xb, n);
+    kvt_matmul(pool, wk->lg, w->layers[l].gate_inp, xb, n, w->D, w->E);
+    moe_route(wk, w, l, n);
+    moe_experts(pool, wk, w, l, xb, n);
     memcpy(xb, wk->mo, n * w->D * sizeof(float));
 }
 
 /* qwen35moe's shared expert on the FFN input xb: its SwiGLU MLP into
  * wk->sh, its gate's logit (sh_inp . x) into wk->shg. */
-static void shared_expert(kvt_session *s, llama_work *wk, const llama_weights *w, const llama_layer *ly, size_t n)
+static void shared_expert(kvt_pool *pool, llama_work *wk, const llama_weights *w, const llama_layer *ly, size_t n)
 {
     size_t D = w->D;
-    kvt_matmul_w(s->pool, wk->h1, &ly->sh_gate, wk->xb, n, wk->qx);
-    kvt_matmul_w_next(s->pool, wk->h3, &ly->sh_up, &ly->sh_gate, wk->xb, n, wk->qx);
+    kvt_matmul_w(pool, wk->h1, &ly->sh_gate, wk->xb, n, wk->qx);
+    kvt_matmul_w_next(pool, wk->h3, &ly->sh_up, &ly->sh_gate, wk->xb, n, wk->qx);
     kvt_swiglu(wk->h1, wk->h3, n * w->Fs);
-    kvt_matmul_w(s->pool, wk->sh, &ly->sh_down, wk->h1, n, wk->qx);
+    kvt_matmul_w(pool, wk->sh, &ly->sh_down, wk->h1, n, wk->qx);
     for (size_t i = 0; i < n; i++) wk->shg[i] = kvt_dot(ly->sh_inp, wk->xb + i * D, D);
 }
 
@@ -1324,16 +1332,16 @@ static void g4_moe_range(void *arg, size_t i0, size_t i1)
 /* gemma4's FFN of a layer with experts: x holds the residual, xb its
  * ffn_norm; the shared MLP's output xb (h1, h3 are the MLP's), then xb =
  * that normed plus the experts' sum normed. */
-static void g4_moe_ffn(kvt_session *s, llama_work *wk, const llama_weights *w, size_t l, size_t n, size_t pos0)
+static void g4_moe_ffn(kvt_pool *pool, llama_work *wk, const llama_weights *w, size_t l, size_t n)
 {
     const llama_layer *ly = &w->layers[l];
     struct g4_ctx gc = {w, ly, wk, 0};
-    kvt_pool_for(s->pool, n, TOK_MIN, g4_moe_range, &gc);
-    kvt_matmul(s->pool, wk->lg, ly->gate_inp, wk->mo, n, w->D, w->E);
-    moe_route(wk, w, l, n, pos0);
-    moe_experts(s, wk, w, l, wk->m2, n);
+    kvt_pool_for(pool, n, TOK_MIN, g4_moe_range, &gc);
+    kvt_matmul(pool, wk->lg, ly->gate_inp, wk->mo, n, w->D, w->E);
+    moe_route(wk, w, l, n);
+    moe_experts(pool, wk, w, l, wk->m2, n);
     gc.stage = 1;
-    kvt_pool_for(s->pool, n, TOK_MIN, g4_moe_range, &gc);
+    kvt_pool_for(pool, n, TOK_MIN, g4_moe_range, &gc);
 }
 
 /* gemma4's per-layer embeddings, per token over a range: stage 0, the
@@ -1387,16 +1395,43 @@ static float *ring_of(const kvt_session *s, const llama_weights *w, int32_t at)
     return at < 0 ? (float *)(s->cache->state + w->ring_at[-1 - at]) : NULL;
 }
 
-/* Tokens tok[0..n) at pos0.., n <= the scratch's ch. */
-static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
-                      size_t lfrom)
+/* A pass over k segments (kvt_seg) of distinct sessions, their tokens one
+ * after another in the scratch, at most ch in all. Every step on a token
+ * on its own and every matrix product runs over all the pass's tokens
+ * (each row of a product is its own dot products, in the order of its
+ * columns: the same bytes whatever the other rows); what reads or writes a
+ * session's cache (attention, the rows and rings kept, the DeltaNet state)
+ * runs per segment on that session's own. So a segment's results are those
+ * of a pass of it alone. */
+static int llama_pass(llama_work *wk, const kvt_seg *sg, size_t k)
 {
-    const llama_weights *w = s->m->weights;
-    size_t D = w->D;
+    kvt_session *s0 = sg[0].s;
+    kvt_pool *pool = s0->pool;
+    const llama_weights *w = s0->m->weights;
+    size_t D = w->D, n = 0, nl = 0;
     float *x = wk->x, *xb = wk->xb, *q = wk->q, *att = wk->att, *h1 = wk->h1, *h3 = wk->h3;
+    for (size_t g = 0; g < k; g++) {
+        for (size_t i = 0; i < sg[g].n; i++, n++) {
+            int32_t t = sg[g].tok[i];
+            if (t < 0 || (uint32_t)t >= w->V) return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", t, w->V);
+            wk->tok[n] = t;
+            wk->pos[n] = kvt_llama_fault == KVT_LLAMA_FAULT_BATCH_POS && k > 1 ? n : sg[g].pos0 + i;
+        }
+        nl += sg[g].logits && sg[g].lfrom < sg[g].n ? sg[g].n - sg[g].lfrom : 0;
+    }
+    float *lgb = NULL; /* several segments' logits: first together, then to each */
+    if (k > 1 && nl) {
+        if (wk->lgb_rows < nl) {
+            float *p = kvt_malloc(nl * (size_t)w->V * sizeof(float));
+            if (!p) return kvt_fail(KVT_ENOMEM, "logits of %zu rows", nl);
+            free(wk->lgb);
+            wk->lgb = p;
+            wk->lgb_rows = nl;
+        }
+        lgb = wk->lgb;
+    }
+    const int32_t *tok = wk->tok;
     for (size_t i = 0; i < n; i++) {
-        if (tok[i] < 0 || (uint32_t)tok[i] >= w->V)
-            return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], w->V);
         const uint8_t *row = w->tok_embd.data + (size_t)tok[i] * w->tok_embd.row_bytes;
         kvt_quant_to_f32(w->tok_embd.type, row, x + i * D, D);
         if (w->fam->gemma)
@@ -1405,8 +1440,8 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
     bool ple = w->n_pl && kvt_llama_fault != KVT_LLAMA_FAULT_NO_PLE;
     struct ple_ctx pc = {w, wk, tok, 0, 0};
     if (ple) {
-        kvt_matmul_w(s->pool, wk->pl, &w->ple_proj, x, n, wk->qx);
-        kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
+        kvt_matmul_w(pool, wk->pl, &w->ple_proj, x, n, wk->qx);
+        kvt_pool_for(pool, n, TOK_MIN, ple_range, &pc);
     }
     bool pending = false; /* xb holds the layer before's FFN output, not yet added to x */
     for (size_t l = 0; l < w->L; l++) {
@@ -1416,51 +1451,59 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         size_t KV = ly->KV, hd = ly->hd;
         /* this layer's K and V rows: the scratch's, or those kept for the
          * shared layers (those layers computing none) */
-        float *k = (int32_t)l == w->swa_src ? wk->sk : wk->k, *v = (int32_t)l == w->swa_src ? wk->sv : wk->v;
+        float *kk = (int32_t)l == w->swa_src ? wk->sk : wk->k, *v = (int32_t)l == w->swa_src ? wk->sv : wk->v;
         /* the residual of the layer before (none before the first, or it
          * was added at its end), then this layer's attention norm */
-        struct tok_ctx tc = {w, ly, x, xb, q, ly->shared ? NULL : k, ly->shared ? NULL : v, pending ? xb : NULL,
-                             ly->attn_norm, pos0, pending ? w->layers[l - 1].post_ffn : NULL};
-        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
-        if (ly->recr) { /* qwen35's DeltaNet layer: its output into xb */
+        struct tok_ctx tc = {w, ly, x, xb, q, ly->shared ? NULL : kk, ly->shared ? NULL : v, pending ? xb : NULL,
+                             ly->attn_norm, wk->pos, pending ? w->layers[l - 1].post_ffn : NULL};
+        kvt_pool_for(pool, n, TOK_MIN, add_norm_range, &tc);
+        if (ly->recr) { /* qwen35's DeltaNet layer: its output into xb, each segment on its own state */
             kvt_gdn_fault_grouped = kvt_llama_fault == KVT_LLAMA_FAULT_GDN_GROUPED;
-            kvt_gdn_forward(s->pool, &w->gdn, &ly->gdn, rec_state(s, w, l), &wk->gw, xb, n, xb, wk->qx);
+            for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+                kvt_gdn_forward(pool, &w->gdn, &ly->gdn, rec_state(sg[g].s, w, l), &wk->gw, xb + off * D, sg[g].n,
+                                xb + off * D, wk->qx);
             goto ffn;
         }
-        kvt_matmul_w(s->pool, w->fam->hybrid ? wk->qg : q, &ly->wq, xb, n, wk->qx);
+        kvt_matmul_w(pool, w->fam->hybrid ? wk->qg : q, &ly->wq, xb, n, wk->qx);
         if (w->fam->hybrid) /* each head's queries, then its gate: the queries on their own */
             for (size_t i = 0; i < n; i++)
                 for (size_t h = 0; h < ly->H; h++)
                     memcpy(q + i * ly->QD + h * hd, wk->qg + (i * ly->H + h) * 2 * hd, hd * sizeof(float));
         if (!ly->shared) {
-            kvt_matmul_w_next(s->pool, k, &ly->wk, &ly->wq, xb, n, wk->qx);
-            if (ly->wv.rows) kvt_matmul_w_next(s->pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
-            else memcpy(v, k, n * KV * sizeof(float)); /* gemma4: V is K's projection */
+            kvt_matmul_w_next(pool, kk, &ly->wk, &ly->wq, xb, n, wk->qx);
+            if (ly->wv.rows) kvt_matmul_w_next(pool, v, &ly->wv, &ly->wk, xb, n, wk->qx);
+            else memcpy(v, kk, n * KV * sizeof(float)); /* gemma4: V is K's projection */
         }
-        kvt_pool_for(s->pool, n, TOK_MIN, rope_range, &tc);
-        float *ring = ring_of(s, w, at);
-        for (size_t i = 0; i < n && !ring && !ly->shared; i++) {
-            float *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
-            float *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
-            if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
-            memcpy(kr, k + i * KV, KV * sizeof(float));
-            memcpy(vr, v + i * KV, KV * sizeof(float));
+        kvt_pool_for(pool, n, TOK_MIN, rope_range, &tc);
+        for (size_t g = 0, off = 0; g < k; off += sg[g++].n) {
+            kvt_session *s = sg[g].s;
+            size_t sn = sg[g].n, pos0 = sg[g].pos0;
+            float *ring = ring_of(s, w, at);
+            for (size_t i = 0; i < sn && !ring && !ly->shared; i++) {
+                float *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
+                float *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
+                if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
+                memcpy(kr, kk + (off + i) * KV, KV * sizeof(float));
+                memcpy(vr, v + (off + i) * KV, KV * sizeof(float));
+            }
+            /* a shared window layer: its source's ring as before the pass,
+             * and its source's rows of the pass */
+            const float *kp = (ly->shared ? wk->sk : kk) + off * KV, *vp = (ly->shared ? wk->sv : v) + off * KV;
+            struct attn_ctx ac = {w, ly, s->cache, ring ? 0 : (size_t)at, pos0, sn, window, ring, kp, vp,
+                                  q + off * ly->QD, att + off * ly->QD, wk->scores, wk->n_ctx};
+            /* one (token group, KV head) scores and mixes up to pos0 + sn
+             * rows per query head and token: give a thread at least 128K
+             * multiply-adds (measured in bench/README.md), so a tiny model's
+             * decode step does not pay for waking the pool */
+            size_t span = window && window < pos0 + sn ? window : pos0 + sn;
+            size_t ng = (sn + ATT_TOKS - 1) / ATT_TOKS,
+                   per = 2 * span * hd * (ly->H / ly->Hkv) * (sn < ATT_TOKS ? sn : ATT_TOKS);
+            kvt_pool_for_part(pool, ng * ly->Hkv, (131072 + per - 1) / per, attn_range, &ac);
+            /* only now does a window layer's ring take the pass's last rows
+             * (the shared layers' source: once they all have read it) */
+            if (ring && !ly->shared && (int32_t)l != w->swa_src)
+                ring_put(ring, w->swa, KV, kk + off * KV, v + off * KV, sn, pos0);
         }
-        /* a shared window layer: its source's ring as before the pass, and
-         * its source's rows of the pass */
-        const float *kp = ly->shared ? wk->sk : k, *vp = ly->shared ? wk->sv : v;
-        struct attn_ctx ac = {w, ly, s->cache, ring ? 0 : (size_t)at, pos0, n, window, ring, kp, vp,
-                              q, att, wk->scores, wk->n_ctx};
-        /* one (token group, KV head) scores and mixes up to pos0 + n rows
-         * per query head and token: give a thread at least 128K
-         * multiply-adds (measured in bench/README.md), so a tiny model's
-         * decode step does not pay for waking the pool */
-        size_t span = window && window < pos0 + n ? window : pos0 + n;
-        size_t ng = (n + ATT_TOKS - 1) / ATT_TOKS, per = 2 * span * hd * (ly->H / ly->Hkv) * (n < ATT_TOKS ? n : ATT_TOKS);
-        kvt_pool_for_part(s->pool, ng * ly->Hkv, (131072 + per - 1) / per, attn_range, &ac);
-        /* only now does a window layer's ring take the pass's last rows
-         * (the shared layers' source: once they all have read it) */
-        if (ring && !ly->shared && (int32_t)l != w->swa_src) ring_put(ring, w->swa, KV, k, v, n, pos0);
         if (w->fam->hybrid) /* qwen35: the output times sigmoid(gate) */
             for (size_t i = 0; i < n; i++)
                 for (size_t h = 0; h < ly->H; h++) {
@@ -1468,27 +1511,27 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
                     float *o = att + i * ly->QD + h * hd;
                     for (size_t j = 0; j < hd; j++) o[j] *= 1.0f / (1.0f + kvt_expf(-gt[j]));
                 }
-        kvt_matmul_w(s->pool, xb, &ly->wo, att, n, wk->qx);
+        kvt_matmul_w(pool, xb, &ly->wo, att, n, wk->qx);
     ffn:
         tc.add = xb;
         tc.norm = ly->ffn_norm;
         tc.post = ly->post_attn;
-        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+        kvt_pool_for(pool, n, TOK_MIN, add_norm_range, &tc);
         if (ly->gate_inp && !w->fam->gemma4) {
-            if (w->Fs) shared_expert(s, wk, w, ly, n);
-            moe_ffn(s, wk, w, l, xb, n, pos0);
+            if (w->Fs) shared_expert(pool, wk, w, ly, n);
+            moe_ffn(pool, wk, w, l, xb, n);
             if (w->Fs) /* qwen35moe: + the shared expert times sigmoid(its gate) */
                 for (size_t i = 0; i < n; i++) {
                     float gt = 1.0f / (1.0f + kvt_expf(-wk->shg[i]));
                     for (size_t j = 0; j < D; j++) xb[i * D + j] += wk->sh[i * D + j] * gt;
                 }
         } else {
-            kvt_matmul_w(s->pool, h1, &ly->w1, xb, n, wk->qx);
-            kvt_matmul_w_next(s->pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
+            kvt_matmul_w(pool, h1, &ly->w1, xb, n, wk->qx);
+            kvt_matmul_w_next(pool, h3, &ly->w3, &ly->w1, xb, n, wk->qx);
             struct swiglu_ctx sc = {h1, h3, w->fam->gemma};
-            kvt_pool_for(s->pool, n * ly->F, 16384, swiglu_range, &sc);
-            kvt_matmul_w(s->pool, xb, &ly->w2, h1, n, wk->qx);
-            if (ly->gate_inp) g4_moe_ffn(s, wk, w, l, n, pos0);
+            kvt_pool_for(pool, n * ly->F, 16384, swiglu_range, &sc);
+            kvt_matmul_w(pool, xb, &ly->w2, h1, n, wk->qx);
+            if (ly->gate_inp) g4_moe_ffn(pool, wk, w, l, n);
         }
         pending = true;
         if (!w->fam->gemma4) continue;
@@ -1497,38 +1540,63 @@ static int llama_pass(kvt_session *s, llama_work *wk, const int32_t *tok, size_t
         tc.add = xb;
         tc.norm = NULL;
         tc.post = ly->post_ffn;
-        kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+        kvt_pool_for(pool, n, TOK_MIN, add_norm_range, &tc);
         pending = false;
         if (ple) {
             pc.l = l;
             pc.stage = 1;
-            kvt_matmul_w(s->pool, wk->pg, &ly->inp_gate, x, n, wk->qx);
-            kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
-            kvt_matmul_w(s->pool, xb, &ly->proj, wk->pg, n, wk->qx);
+            kvt_matmul_w(pool, wk->pg, &ly->inp_gate, x, n, wk->qx);
+            kvt_pool_for(pool, n, TOK_MIN, ple_range, &pc);
+            kvt_matmul_w(pool, xb, &ly->proj, wk->pg, n, wk->qx);
             tc.post = ly->ple_post;
-            kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
+            kvt_pool_for(pool, n, TOK_MIN, add_norm_range, &tc);
         }
         if (ly->out_scale) {
             pc.l = l;
             pc.stage = 2;
-            kvt_pool_for(s->pool, n, TOK_MIN, ple_range, &pc);
+            kvt_pool_for(pool, n, TOK_MIN, ple_range, &pc);
         }
     }
     if (w->swa_src >= 0) /* the shared layers' source ring, read by all of them */
-        ring_put(ring_of(s, w, w->kv_at[w->swa_src]), w->swa, w->layers[w->swa_src].KV, wk->sk, wk->sv, n, pos0);
+        for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+            ring_put(ring_of(sg[g].s, w, w->kv_at[w->swa_src]), w->swa, w->layers[w->swa_src].KV,
+                     wk->sk + off * w->layers[w->swa_src].KV, wk->sv + off * w->layers[w->swa_src].KV, sg[g].n,
+                     sg[g].pos0);
     /* the last layer's residual */
-    struct tok_ctx tc = {w, NULL, x, xb, q, NULL, NULL, pending ? xb : NULL, NULL, pos0,
+    struct tok_ctx tc = {w, NULL, x, xb, q, NULL, NULL, pending ? xb : NULL, NULL, wk->pos,
                          pending ? w->layers[w->L - 1].post_ffn : NULL};
-    if (pending) kvt_pool_for(s->pool, n, TOK_MIN, add_norm_range, &tc);
-    if (lfrom < n) {
-        size_t nl = n - lfrom;
-        for (size_t i = 0; i < nl; i++) kvt_rmsnorm(xb + i * D, x + (lfrom + i) * D, w->out_norm, D, w->eps);
-        kvt_matmul_w(s->pool, logits, &w->out, xb, nl, wk->qx);
-        if (w->softcap > 0) { /* gemma's final soft-capping, as ggml: tanh(logit * (1 / cap)) * cap */
-            float rc = 1.0f / w->softcap;
-            for (size_t j = 0; j < nl * w->V; j++) logits[j] = tanhf(logits[j] * rc) * w->softcap;
-        }
+    if (pending) kvt_pool_for(pool, n, TOK_MIN, add_norm_range, &tc);
+    if (!nl) return KVT_OK;
+    /* the rows with logits, normed into xb one after another */
+    for (size_t g = 0, off = 0, r = 0; g < k; off += sg[g++].n)
+        for (size_t i = sg[g].logits ? sg[g].lfrom : sg[g].n; i < sg[g].n; i++, r++)
+            kvt_rmsnorm(xb + r * D, x + (off + i) * D, w->out_norm, D, w->eps);
+    float *lg = lgb ? lgb : sg[0].logits;
+    kvt_matmul_w(pool, lg, &w->out, xb, nl, wk->qx);
+    if (w->softcap > 0) { /* gemma's final soft-capping, as ggml: tanh(logit * (1 / cap)) * cap */
+        float rc = 1.0f / w->softcap;
+        for (size_t j = 0; j < nl * w->V; j++) lg[j] = tanhf(lg[j] * rc) * w->softcap;
     }
+    if (lgb)
+        for (size_t g = 0, r = 0; g < k; g++) {
+            if (!sg[g].logits || sg[g].lfrom >= sg[g].n) continue;
+            size_t m = sg[g].n - sg[g].lfrom;
+            memcpy(sg[g].logits, lgb + r * w->V, m * w->V * sizeof(float));
+            r += m;
+        }
+    return KVT_OK;
+}
+
+/* Before a forward of s from pos0: the scores fit the pool, the tokens the
+ * context; a DeltaNet layer starts from zero state at position 0. */
+static int forward_ready(kvt_session *s, llama_work *wk, size_t n, size_t pos0)
+{
+    int rc = scores_fit(wk, kvt_pool_size(s->pool));
+    if (rc) return rc;
+    if (pos0 + n > wk->n_ctx || pos0 + n > s->n_ctx)
+        return kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", pos0 + n);
+    const llama_weights *w = s->m->weights;
+    if (pos0 == 0 && w->n_rec) memset(s->cache->state + w->rec_at, 0, state_bytes(w) - w->rec_at);
     return KVT_OK;
 }
 
@@ -1536,12 +1604,7 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
                          float *logits, size_t lfrom)
 {
     llama_work *wk = s->work;
-    int rc = scores_fit(wk, kvt_pool_size(s->pool));
-    if (rc) return rc;
-    if (pos0 + n > wk->n_ctx) return kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", pos0 + n);
-    const llama_weights *w = s->m->weights;
-    if (pos0 == 0 && w->n_rec) /* a DeltaNet layer starts from zero state */
-        memset(s->cache->state + w->rec_at, 0, state_bytes(w) - w->rec_at);
+    int rc = forward_ready(s, wk, n, pos0);
     /* passes of at most ch tokens: every token's result is that of any
      * other chunking (above), so this changes nothing but the scratch */
     for (size_t done = 0; done < n && !rc;) {
@@ -1550,10 +1613,36 @@ static int llama_forward(kvt_session *s, const int32_t *tok, size_t n, size_t po
         float *lg = NULL;
         if (logits && lf < m) lg = logits + (done + lf - lfrom) * (size_t)s->m->info.n_vocab;
         else lf = m;
-        rc = llama_pass(s, wk, tok + done, m, pos0 + done, lg, lf);
+        kvt_seg one = {s, tok + done, m, pos0 + done, lg, lf};
+        rc = llama_pass(wk, &one, 1);
         done += m;
     }
     return rc;
+}
+
+/* Segments of at most the first session's ch tokens in all go through one
+ * pass, on its scratch (the others' contexts no larger than its); a longer
+ * batch runs as forwards one after another. */
+static int llama_forward_batch(const kvt_seg *sg, size_t k)
+{
+    if (!k) return KVT_OK;
+    llama_work *wk = sg[0].s->work;
+    size_t total = 0;
+    for (size_t g = 0; g < k; g++) total += sg[g].n;
+    bool one = total <= wk->ch;
+    for (size_t g = 0; g < k && one; g++) one = sg[g].s->n_ctx <= wk->n_ctx && sg[g].n;
+    if (!one) {
+        for (size_t g = 0; g < k; g++) {
+            int rc = llama_forward(sg[g].s, sg[g].tok, sg[g].n, sg[g].pos0, sg[g].logits, sg[g].lfrom);
+            if (rc) return rc;
+        }
+        return KVT_OK;
+    }
+    for (size_t g = 0; g < k; g++) {
+        int rc = forward_ready(sg[g].s, wk, sg[g].n, sg[g].pos0);
+        if (rc) return rc;
+    }
+    return llama_pass(wk, sg, k);
 }
 
 static void hash_vec(XXH3_state_t *st, const float *v, size_t n)
@@ -1742,7 +1831,8 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 }
 
 #define LLAMA_OPS                                                                 \
-    .cache_new = llama_cache_new, .forward = llama_forward, .fingerprint = llama_fingerprint, \
+    .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
+    .fingerprint = llama_fingerprint, \
     .weights_pack = llama_pack, .weights_free = llama_free, .plan = llama_plan,   \
     .work_new = llama_work_new, .work_free = llama_work_free
 

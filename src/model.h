@@ -12,6 +12,17 @@
 #include "threads.h"
 #include "tokenizer.h"
 
+/* One session's part of a batched forward pass (kvt_arch.forward_batch):
+ * tokens tok[0..n) at positions pos0.. of session s, logits of rows >= lfrom
+ * into logits, as kvt_arch.forward takes them. */
+typedef struct kvt_seg {
+    kvt_session *s;
+    const int32_t *tok;
+    size_t n, pos0;
+    float *logits;
+    size_t lfrom;
+} kvt_seg;
+
 /* What an architecture provides. */
 typedef struct kvt_arch {
     const char *name;
@@ -23,6 +34,12 @@ typedef struct kvt_arch {
      * logits (logits may be NULL when lfrom >= n). */
     int (*forward)(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
                    float *logits, size_t lfrom);
+    /* The same for k segments of distinct sessions of this model at once,
+     * every matrix read once for all of their tokens. Each segment's
+     * results are bit-identical to its own forward (the kernels treat
+     * every row on its own). On failure each session is as after a failed
+     * forward. NULL: the segments run one after another. */
+    int (*forward_batch)(const kvt_seg *seg, size_t k);
     /* Append the fixed state (window, frontier) for the s->n held tokens in
      * logical order: only entries valid at s->n, oldest first. The
      * recurrent layers' state (plan.recurrent bytes, the same at every n)
@@ -102,6 +119,34 @@ void kvt_session_set_mark(kvt_session *s, size_t pos);
 /* RAM held by a session's cache and checkpoints. */
 size_t kvt_session_bytes(const kvt_session *s);
 
+/* One session's share of a batched step (kvt_session_step): append up to n
+ * tokens tok[0..n) at s->n. The step may take fewer (done): it never
+ * crosses a checkpoint position (the grid, the mark), so every session
+ * leaves the same checkpoints as a sync of the same tokens would. end: the
+ * n tokens end a prompt (a checkpoint when all of them are taken, as at
+ * the end of kvt_session_sync). */
+typedef struct kvt_step {
+    kvt_session *s;
+    const int32_t *tok;
+    size_t n;
+    bool end;
+    size_t done;                 /* out: tokens taken */
+} kvt_step;
+/* Advance k distinct sessions of one model by one forward pass over all
+ * their tokens (at most max_tokens in all, 0: the first session's chunk;
+ * each session gets at least one). After it, each s->logits follow its
+ * last token. A session's logits, cache and checkpoints are bit-identical
+ * to those of kvt_session_decode / kvt_session_sync of the same tokens
+ * alone. On an error no session advances (each is as after a failed
+ * decode). KVT_EINVAL: a token out of range, a session twice or full,
+ * another model. */
+int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens);
+/* The first part of kvt_session_sync: validate the prompt (*tokens, *n:
+ * in rolling mode its last n_ctx tokens) and go back to the longest
+ * restorable prefix of it; *reused is what s holds of it after. The rest,
+ * (*tokens)[s->n .. *n), is the caller's to step (the last step with end). */
+int kvt_session_sync_prepare(kvt_session *s, const int32_t **tokens, size_t *n, size_t *reused);
+
 /* Architectures. */
 extern const kvt_arch kvt_arch_llama;
 /* A model from an open GGUF (path names it in messages): the architecture
@@ -157,10 +202,12 @@ extern int kvt_ds4_fault;
  * (set before loading); KVT_LLAMA_FAULT_NO_PLE leaves the per-layer
  * embeddings out; KVT_LLAMA_FAULT_V_NORM_WEIGHT norms V with attn_k_norm's
  * weight; KVT_LLAMA_FAULT_GDN_GROUPED pairs a DeltaNet layer's V head h
- * with K head h / (Hv / Hk), not h % Hk (the converter's tiled order). */
+ * with K head h / (Hv / Hk), not h % Hk (the converter's tiled order);
+ * KVT_LLAMA_FAULT_BATCH_POS turns the tokens of a batched pass of several
+ * segments by their place in the pass, not their positions. */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
-       KVT_LLAMA_FAULT_GDN_GROUPED };
+       KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS };
 extern int kvt_llama_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);

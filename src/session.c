@@ -232,27 +232,26 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
     return KVT_OK;
 }
 
-int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
-                            const uint32_t *chunks, size_t n_chunks, size_t *reused)
+int kvt_session_sync_prepare(kvt_session *s, const int32_t **tokens, size_t *n, size_t *reused)
 {
-    if (reused) *reused = 0;
-    if (chunks && !n_chunks) return kvt_fail(KVT_EINVAL, "empty chunk schedule");
-    if (n > s->n_ctx) {
+    *reused = 0;
+    if (*n > s->n_ctx) {
         if (!s->rolling)
-            return kvt_fail(KVT_ECTX, "prompt of %zu tokens exceeds the context of %u tokens", n, s->n_ctx);
+            return kvt_fail(KVT_ECTX, "prompt of %zu tokens exceeds the context of %u tokens", *n, s->n_ctx);
         /* Rolling mode: keep the last n_ctx tokens, re-prefilled from position 0. */
-        tokens += n - s->n_ctx;
-        n = s->n_ctx;
+        *tokens += *n - s->n_ctx;
+        *n = s->n_ctx;
         s->rebuilds++;
     }
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= s->m->info.n_vocab)
-            return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range [0, %u)", i, tokens[i],
-                            s->m->info.n_vocab);
-    size_t common = 0, lim = n < s->n ? n : s->n;
-    while (common < lim && s->tokens[common] == tokens[common]) common++;
-    if (common == n && n == s->n) {
-        if (reused) *reused = n;
+    const int32_t *t = *tokens;
+    size_t nt = *n;
+    for (size_t i = 0; i < nt; i++)
+        if (t[i] < 0 || (uint32_t)t[i] >= s->m->info.n_vocab)
+            return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range [0, %u)", i, t[i], s->m->info.n_vocab);
+    size_t common = 0, lim = nt < s->n ? nt : s->n;
+    while (common < lim && s->tokens[common] == t[common]) common++;
+    if (common == nt && nt == s->n) {
+        *reused = nt;
         return KVT_OK;
     }
     if (common < s->n) {
@@ -260,19 +259,32 @@ int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
          * the logits after its last token, from a checkpoint right there or
          * by recomputing at least that token. */
         bool exact = false, logits_ok;
-        if (common == n && n > 0) {
-            ckpt_drop_after(s, n);
-            exact = s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == n;
-            if (!exact) common = n - 1;
+        if (common == nt && nt > 0) {
+            ckpt_drop_after(s, nt);
+            exact = s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == nt;
+            if (!exact) common = nt - 1;
         }
         common = rollback_to(s, common, &logits_ok);
         if (exact) {
-            if (reused) *reused = n;
+            *reused = nt;
             return KVT_OK;
         }
     }
-    if (reused) *reused = common;
-    int rc = prefill(s, tokens, n, chunks, n_chunks);
+    *reused = common;
+    return KVT_OK;
+}
+
+int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
+                            const uint32_t *chunks, size_t n_chunks, size_t *reused)
+{
+    size_t kept = 0;
+    if (reused) *reused = 0;
+    if (chunks && !n_chunks) return kvt_fail(KVT_EINVAL, "empty chunk schedule");
+    int rc = kvt_session_sync_prepare(s, &tokens, &n, &kept);
+    if (rc) return rc;
+    if (reused) *reused = kept;
+    if (s->n == n) return KVT_OK;
+    rc = prefill(s, tokens, n, chunks, n_chunks);
     if (!rc) kvt_session_checkpoint(s);
     return rc;
 }
@@ -302,6 +314,73 @@ int kvt_session_decode(kvt_session *s, int32_t token)
     int rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
     if (rc) { recover(s, s->n); return rc; }
     s->tokens[s->n++] = token;
+    return KVT_OK;
+}
+
+/* ---- batched steps ----
+ *
+ * Each session's tokens are cut as prefill cuts them (at the checkpoint
+ * grid and the mark), so a session stepped with others leaves the same
+ * checkpoints as one synced alone; then one forward pass runs them all. */
+int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
+{
+    if (!k) return KVT_OK;
+    const kvt_model *m = st[0].s->m;
+    size_t budget = max_tokens ? max_tokens : st[0].s->chunk, want = 0;
+    if (budget < k) budget = k;
+    for (size_t i = 0; i < k; i++) {
+        kvt_session *s = st[i].s;
+        st[i].done = 0;
+        if (s->m != m) return kvt_fail(KVT_EINVAL, "step: sessions of different models");
+        if (!st[i].n) return kvt_fail(KVT_EINVAL, "step: session %zu has no tokens", i);
+        if (s->n >= s->n_ctx) return kvt_fail(KVT_ECTX, "context of %u tokens is full", s->n_ctx);
+        for (size_t j = 0; j < i; j++)
+            if (st[j].s == s) return kvt_fail(KVT_EINVAL, "step: a session twice");
+        size_t c = st[i].n < s->n_ctx - s->n ? st[i].n : s->n_ctx - s->n;
+        size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
+        if (s->n + c > grid) c = grid - s->n;
+        if (s->mark > s->n && s->n + c > s->mark) c = s->mark - s->n;
+        for (size_t j = 0; j < c; j++)
+            if (st[i].tok[j] < 0 || (uint32_t)st[i].tok[j] >= m->info.n_vocab)
+                return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", st[i].tok[j], m->info.n_vocab);
+        st[i].done = c;
+        want += c;
+    }
+    /* over the budget: one token each, the rest to the first ones */
+    if (want > budget) {
+        size_t left = budget - k;
+        for (size_t i = 0; i < k; i++) {
+            size_t more = st[i].done - 1 < left ? st[i].done - 1 : left;
+            st[i].done = 1 + more;
+            left -= more;
+        }
+    }
+    kvt_seg segs[64], *seg = k <= 64 ? segs : kvt_malloc(k * sizeof *seg);
+    if (!seg) return KVT_ENOMEM;
+    for (size_t i = 0; i < k; i++)
+        seg[i] = (kvt_seg){st[i].s, st[i].tok, st[i].done, st[i].s->n, st[i].s->logits, st[i].done - 1};
+    int rc = KVT_OK;
+    if (m->arch->forward_batch) {
+        rc = m->arch->forward_batch(seg, k);
+    } else {
+        for (size_t i = 0; i < k && !rc; i++)
+            rc = m->arch->forward(seg[i].s, seg[i].tok, seg[i].n, seg[i].pos0, seg[i].logits, seg[i].lfrom);
+    }
+    if (seg != segs) free(seg);
+    if (rc) {
+        for (size_t i = 0; i < k; i++) {
+            recover(st[i].s, st[i].s->n);
+            st[i].done = 0;
+        }
+        return rc;
+    }
+    for (size_t i = 0; i < k; i++) {
+        kvt_session *s = st[i].s;
+        memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
+        s->n += st[i].done;
+        if (s->n % s->ckpt_interval == 0 || s->n == s->mark || (st[i].end && st[i].done == st[i].n))
+            kvt_session_checkpoint(s);
+    }
     return KVT_OK;
 }
 

@@ -74,6 +74,11 @@ int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t
  * beyond its cache blocks (the counts are printed). */
 bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0);
 
+/* The same request run alone and inside `rounds` random batches of other
+ * sessions of m (tests/test_batch.c): returns how many rounds gave it the
+ * alone run's bits everywhere (a message for the others). */
+int kvt_test_batch_invariance(kvt_model *m, const char *what, size_t rounds, uint64_t seed);
+
 #define TEST(name)                                                          \
     static void name(void);                                                 \
     __attribute__((constructor)) static void kvt_reg_##name(void)           \

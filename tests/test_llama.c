@@ -1092,3 +1092,25 @@ TEST(llama_gemma4_format)
     kvt_test_clear_dir(dir);
     rmdir(dir);
 }
+
+/* Batched steps on a Q4_K llama (tests/test_batch.c): quantised
+ * activations per row and integer dot products give each session its bits
+ * alone. */
+TEST(batch_llama_q4k)
+{
+    const char *p = kvt_test_shared(STORIES);
+    if (!p) SKIP("../shared absent");
+    char dir[] = "/tmp/kvtier-batchq-XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    size_t k = 0;
+    while (scale_fields[k].type != KVT_GGML_Q4_K) k++;
+    CHECK_OK(synth_typed(p, path, k, 3, SYNTH_DEFAULT));
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, path));
+    int good = kvt_test_batch_invariance(m, "Q4_K llama", 4, kvt_test_seed("batch_llama_q4k"));
+    kvt_model_close(m);
+    kvt_test_clear_dir(dir);
+    rmdir(dir);
+    CHECK(good == 4);
+}

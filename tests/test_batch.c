@@ -1,0 +1,341 @@
+/* Batched steps (kvt_session_step, kvt_arch.forward_batch): several
+ * sessions advanced by one forward pass must each get the bits they get
+ * alone. For every architecture the same request (a prompt, then greedy
+ * decoding) runs once alone, by kvt_session_sync and kvt_session_decode,
+ * and then inside batches of 1 to 7 random others, which join and leave
+ * at random steps, prefill in random chunks or decode; the step's token
+ * budget is random too, so the request's prompt is cut differently every
+ * time. After its prefill and after every token, its logits must be the
+ * alone run's bit for bit, its sampled tokens the same, and at the end
+ * its cache bytes and checkpoints (kvt_test_digest) too.
+ *
+ *   batch_llama          stories260K (global attention, f32)
+ *   batch_window         gemma3 (window rings) and gemma4 (shared layers,
+ *                        per-layer embeddings)
+ *   batch_recurrent      qwen35 and qwen35moe (DeltaNet state, experts)
+ *   batch_moe            qwen3moe (experts chosen per token of a batch)
+ *   batch_ds4            ds4-tiny (no batched pass: its segments run one
+ *                        after another, with the same results)
+ *   batch_llama_q4k      (tests/test_llama.c) a Q4_K llama: quantised
+ *                        activations and integer dot products
+ *   batch_fault_detected the negative control: a batched pass that gives
+ *                        a segment the positions of the pass, not its own
+ *                        (KVT_LLAMA_FAULT_BATCH_POS), must be caught
+ *   batch_step_checks    what kvt_session_step refuses, and that a refused
+ *                        or failed step leaves every session as it was
+ */
+#include "test.h"
+#include "model.h"
+#include "synth_family.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+enum { MAX_OTHERS = 7, MAX_TOK = 400, DECODE = 12 };
+
+static int32_t argmax(const float *l, size_t n)
+{
+    size_t b = 0;
+    for (size_t i = 1; i < n; i++) b = l[i] > l[b] ? i : b;
+    return (int32_t)b;
+}
+
+static uint64_t logits_hash(const kvt_session *s, const kvt_model *m)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    return XXH3_64bits(kvt_session_logits(s), (size_t)mi.n_vocab * sizeof(float));
+}
+
+/* A request: its prompt, then greedy tokens; what it saw (the hash of its
+ * logits after the prompt and after every token, the tokens). */
+typedef struct req {
+    kvt_session *s;
+    int32_t tok[MAX_TOK + DECODE + 1];
+    size_t n_prompt, n_dec, want_dec;
+    uint64_t seen[DECODE + 1];
+    int32_t next;            /* decoding: the token to run next */
+    bool prefilled;
+} req;
+
+static void rand_prompt(kvt_model *m, int32_t *t, size_t n, uint64_t *rng)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    for (size_t i = 0; i < n; i++) t[i] = (int32_t)(3 + kvt_test_rand(rng) % (mi.n_vocab - 3));
+}
+
+/* The request alone: sync, then decode. */
+static bool run_alone(kvt_model *m, const kvt_session_opts *so, req *r, uint64_t *digest)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    kvt_session *s = NULL;
+    bool ok = !kvt_session_new(&s, m, so);
+    if (ok) kvt_session_set_mark(s, r->n_prompt / 2);
+    ok = ok && !kvt_session_sync(s, r->tok, r->n_prompt, NULL);
+    for (size_t d = 0; ok && d <= r->want_dec; d++) {
+        r->seen[d] = logits_hash(s, m);
+        if (d == r->want_dec) break;
+        int32_t t = argmax(kvt_session_logits(s), mi.n_vocab);
+        r->tok[r->n_prompt + d] = t;
+        ok = !kvt_session_decode(s, t);
+    }
+    if (ok) *digest = kvt_test_digest(s, m);
+    kvt_session_free(s);
+    return ok;
+}
+
+/* One round: the target inside batches of random others. Returns whether
+ * everything the target saw is what it saw alone (a message otherwise). */
+static bool run_batched(kvt_model *m, const kvt_session_opts *so, const req *alone, uint64_t want, uint64_t *rng,
+                        size_t *steps, size_t *max_k)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    req *rs = calloc(MAX_OTHERS + 1, sizeof *rs);
+    if (!rs) return false;
+    size_t live = 1 + kvt_test_rand(rng) % (MAX_OTHERS + 1); /* requests at once, the target's seat among them */
+    bool ok = true, target_done = false;
+    size_t target = 0;
+    rs[0] = *alone;
+    rs[0].n_dec = 0;
+    rs[0].prefilled = false;
+    if (kvt_session_new(&rs[0].s, m, so)) { free(rs); return false; }
+    /* the others join at random steps; each has a random prompt and decodes a random count */
+    kvt_session_set_mark(rs[0].s, alone->n_prompt / 2);
+    size_t n = 1;
+    for (size_t guard = 0; ok && !target_done && guard < 4 * (MAX_TOK + DECODE); guard++) {
+        while (n < live && kvt_test_rand(rng) % 3 == 0) {
+            req *o = &rs[n];
+            o->n_prompt = 1 + kvt_test_rand(rng) % 300;
+            o->want_dec = kvt_test_rand(rng) % (DECODE + 1);
+            rand_prompt(m, o->tok, o->n_prompt, rng);
+            if (kvt_session_new(&o->s, m, so)) { ok = false; break; }
+            n++;
+        }
+        /* a step over every live request */
+        kvt_step st[MAX_OTHERS + 1];
+        size_t who[MAX_OTHERS + 1], k = 0;
+        for (size_t i = 0; i < n; i++) {
+            req *r = &rs[i];
+            if (!r->s) continue;
+            size_t at = kvt_session_len(r->s);
+            if (!r->prefilled) st[k] = (kvt_step){r->s, r->tok + at, r->n_prompt - at, true, 0};
+            else st[k] = (kvt_step){r->s, &r->next, 1, false, 0};
+            who[k++] = i;
+        }
+        /* the order of the segments in the pass, shuffled */
+        for (size_t i = k; i > 1; i--) {
+            size_t j = kvt_test_rand(rng) % i;
+            kvt_step t = st[i - 1]; st[i - 1] = st[j]; st[j] = t;
+            size_t w = who[i - 1]; who[i - 1] = who[j]; who[j] = w;
+        }
+        size_t budget = k + kvt_test_rand(rng) % 200;
+        if (kvt_session_step(st, k, budget)) {
+            printf("    step of %zu: %s\n", k, kvt_errmsg());
+            ok = false;
+            break;
+        }
+        (*steps)++;
+        if (k > *max_k) *max_k = k;
+        for (size_t q = 0; q < k; q++) {
+            req *r = &rs[who[q]];
+            if (!r->prefilled && kvt_session_len(r->s) < r->n_prompt) continue;
+            if (r->prefilled) r->n_dec++;
+            r->prefilled = true;
+            if (who[q] == target) {
+                uint64_t h = logits_hash(r->s, m);
+                if (h != alone->seen[r->n_dec]) {
+                    printf("    the target's logits after %zu prompt + %zu tokens differ in a batch of %zu\n",
+                           r->n_prompt, r->n_dec, k);
+                    ok = false;
+                }
+            }
+            if (r->n_dec == r->want_dec) { /* it leaves */
+                if (who[q] == target) {
+                    if (kvt_test_digest(r->s, m) != want) {
+                        printf("    the target's cache and checkpoints differ from the alone run's\n");
+                        ok = false;
+                    }
+                    target_done = true;
+                }
+                kvt_session_free(r->s);
+                r->s = NULL;
+                continue;
+            }
+            r->next = argmax(kvt_session_logits(r->s), mi.n_vocab);
+            if (who[q] == target && r->next != alone->tok[r->n_prompt + r->n_dec]) {
+                printf("    the target sampled another token at %zu\n", r->n_dec);
+                ok = false;
+            }
+        }
+    }
+    if (ok && !target_done) { printf("    the target did not finish\n"); ok = false; }
+    for (size_t i = 0; i <= MAX_OTHERS; i++) kvt_session_free(rs[i].s);
+    free(rs);
+    return ok;
+}
+
+int kvt_test_batch_invariance(kvt_model *m, const char *what, size_t rounds, uint64_t seed)
+{
+    kvt_session_opts so = {.n_ctx = 1024, .n_threads = 2, .checkpoint_interval = 128};
+    uint64_t rng = seed;
+    size_t good = 0, steps = 0, max_k = 0;
+    for (size_t i = 0; i < rounds; i++) {
+        req *r = calloc(1, sizeof *r);
+        if (!r) return 0;
+        r->n_prompt = 1 + kvt_test_rand(&rng) % MAX_TOK;
+        r->want_dec = 1 + kvt_test_rand(&rng) % DECODE;
+        rand_prompt(m, r->tok, r->n_prompt, &rng);
+        r->tok[0] = 1;
+        uint64_t want = 0;
+        bool ok = run_alone(m, &so, r, &want) && run_batched(m, &so, r, want, &rng, &steps, &max_k);
+        if (!ok) printf("    %s round %zu (prompt %zu, %zu tokens): differs\n", what, i, r->n_prompt, r->want_dec);
+        good += ok;
+        free(r);
+    }
+    printf("    %s: %zu of %zu requests bit-identical alone and batched (%zu steps, up to %zu sessions a step)\n",
+           what, good, rounds, steps, max_k);
+    return (int)good;
+}
+
+static kvt_model *synth(const fam_spec *f, char *dir, char *path, size_t cap)
+{
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) return NULL;
+    char v[1024];
+    snprintf(v, sizeof v, "%s", vocab);
+    if (!mkdtemp(dir)) return NULL;
+    snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
+    kvt_model *m = NULL;
+    if (fam_write(path, v, 9, FAM_ROPE_BASE, f, false) || kvt_model_open(&m, path)) return NULL;
+    return m;
+}
+
+static void synth_case(const fam_spec *f, size_t rounds)
+{
+    char dir[] = "/tmp/kvtier-batch-XXXXXX", path[96];
+    kvt_model *m = synth(f, dir, path, sizeof path);
+    if (!m) SKIP("../shared absent");
+    int good = kvt_test_batch_invariance(m, f->arch, rounds, kvt_test_seed(f->arch));
+    kvt_model_close(m);
+    unlink(path);
+    rmdir(dir);
+    CHECK(good == (int)rounds);
+}
+
+TEST(batch_llama)
+{
+    const char *p = kvt_test_shared("models/stories260K.gguf");
+    if (!p) SKIP("../shared absent");
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, p));
+    int good = kvt_test_batch_invariance(m, "stories260K", 8, kvt_test_seed("batch_llama"));
+    kvt_model_close(m);
+    CHECK(good == 8);
+}
+
+TEST(batch_window)
+{
+    synth_case(&(fam_spec){"gemma3", false, true, FAM_HEAD_DIM, false, false, true}, 4);
+    synth_case(&(fam_spec){"gemma4", .gemma4 = FAM_G4_DENSE}, 3);
+}
+
+TEST(batch_recurrent)
+{
+    synth_case(&(fam_spec){"qwen35", .qwen35 = FAM_Q35_DENSE}, 4);
+    synth_case(&(fam_spec){"qwen35moe", .qwen35 = FAM_Q35_MOE}, 3);
+}
+
+TEST(batch_moe) { synth_case(&(fam_spec){"qwen3moe", false, true, FAM_HEAD_DIM, false, true, false}, 4); }
+
+TEST(batch_ds4)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    int good = kvt_test_batch_invariance(m, "ds4-tiny", 4, kvt_test_seed("batch_ds4"));
+    kvt_model_close(m);
+    CHECK(good == 4);
+}
+
+/* The negative control: a batched pass that turns every segment's tokens
+ * by their place in the pass, not their positions. */
+TEST(batch_fault_detected)
+{
+    const char *p = kvt_test_shared("models/stories260K.gguf");
+    if (!p) SKIP("../shared absent");
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, p));
+    kvt_llama_fault = KVT_LLAMA_FAULT_BATCH_POS;
+    int good = kvt_test_batch_invariance(m, "stories260K with the fault", 6, 77);
+    kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+    kvt_model_close(m);
+    CHECKF(good < 6, "positions of the pass instead of the segments' went unnoticed");
+}
+
+/* What a step refuses (nothing changes), and a step whose cache blocks
+ * cannot be had (every session as it was, and the same step retried gives
+ * the bits of the sessions run alone). */
+TEST(batch_step_checks)
+{
+    const char *p = kvt_test_shared("models/stories260K.gguf");
+    if (!p) SKIP("../shared absent");
+    kvt_model *m = NULL, *m2 = NULL;
+    CHECK_OK(kvt_model_open(&m, p));
+    CHECK_OK(kvt_model_open(&m2, p));
+    kvt_session_opts so = {.n_ctx = 512, .n_threads = 2};
+    kvt_session *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(kvt_session_new(&a, m, &so));
+    CHECK_OK(kvt_session_new(&b, m, &so));
+    CHECK_OK(kvt_session_new(&c, m2, &so));
+    int32_t t[300];
+    uint64_t rng = 5;
+    rand_prompt(m, t, 300, &rng);
+    /* a and b just before a block of cache rows ends: the step allocates */
+    CHECK_OK(kvt_session_sync(a, t, KVT_BLOCK - 1, NULL));
+    CHECK_OK(kvt_session_sync(b, t + 7, KVT_BLOCK - 2, NULL));
+    uint64_t da = kvt_test_digest(a, m), db = kvt_test_digest(b, m);
+    int32_t bad = 1 << 30;
+    kvt_step twice[2] = {{a, t, 3, false, 0}, {a, t, 3, false, 0}};
+    kvt_step models[2] = {{a, t, 3, false, 0}, {c, t, 3, false, 0}};
+    kvt_step range[2] = {{a, t, 3, false, 0}, {b, &bad, 1, false, 0}};
+    kvt_step empty[2] = {{a, t, 3, false, 0}, {b, t, 0, false, 0}};
+    CHECK(kvt_session_step(twice, 2, 0) == KVT_EINVAL);
+    CHECK(kvt_session_step(models, 2, 0) == KVT_EINVAL);
+    CHECK(kvt_session_step(range, 2, 0) == KVT_EINVAL);
+    CHECK(kvt_session_step(empty, 2, 0) == KVT_EINVAL);
+    CHECK(kvt_test_digest(a, m) == da && kvt_test_digest(b, m) == db);
+    /* allocation failures, one at a time, until the step goes through */
+    size_t failed = 0;
+    for (long k = 0; k < 16; k++) {
+        kvt_step st[2] = {{a, t + KVT_BLOCK - 1, 4, true, 0}, {b, t + 7 + KVT_BLOCK - 2, 5, true, 0}};
+        kvt_test_fail_alloc(k);
+        int rc = kvt_session_step(st, 2, 0);
+        kvt_test_fail_alloc(-1);
+        if (!rc) break;
+        failed++;
+        CHECKF(kvt_test_digest(a, m) == da && kvt_test_digest(b, m) == db,
+               "a step failing at allocation %ld changed a session", k);
+    }
+    printf("    %zu failed steps left both sessions as they were\n", failed);
+    CHECK(failed >= 1);
+    CHECK(kvt_session_len(a) == KVT_BLOCK + 3 && kvt_session_len(b) == KVT_BLOCK + 3);
+    CHECK(kvt_test_digest(a, m) == kvt_test_twin(m, t, KVT_BLOCK + 3));
+    CHECK(kvt_test_digest(b, m) == kvt_test_twin(m, t + 7, KVT_BLOCK + 3));
+    /* a full context */
+    kvt_session_opts tiny = {.n_ctx = 4, .n_threads = 1};
+    kvt_session *f = NULL;
+    CHECK_OK(kvt_session_new(&f, m, &tiny));
+    CHECK_OK(kvt_session_sync(f, t, 4, NULL));
+    kvt_step full = {f, t, 1, false, 0};
+    CHECK(kvt_session_step(&full, 1, 0) == KVT_ECTX);
+    kvt_session_free(f);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    kvt_session_free(c);
+    kvt_model_close(m);
+    kvt_model_close(m2);
+}
