@@ -148,76 +148,132 @@ static void stream_settled(const kvt_gen_out *out, kvt_request *r, const char *i
     }
 }
 
-char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
+/* A reply in progress: the loop's state between its steps. */
+struct kvt_gen_run {
+    kvt_gen g;
+    kvt_usage *u;
+    const kvt_gen_out *out;
+    kvt_template_tokens tt;     /* the tokens that end the template's turns: generation stops at them and at EOS */
+    kvt_sampler *smp;
+    kvt_wbuf text;
+    const char *finish, *stop_hit;
+    size_t emitted;
+    think_pos th;
+    lp_rec lp;
+    bool done, eos;
+    int32_t t;                  /* the token sampled last */
+    double t_lp;                /* its log-probability and its alternatives' */
+    int32_t top_id[KVT_API_MAX_TOP_LOGPROBS];
+    double top_lp[KVT_API_MAX_TOP_LOGPROBS];
+};
+
+kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
 {
+    kvt_gen_run *R = kvt_calloc(1, sizeof *R);
+    if (!R) return NULL;
+    kvt_request *r = g->r;
+    R->g = *g;
+    R->u = u;
+    R->out = out;
+    kvt_template_tokens_get(kvt_template_for(g->m), g->m, &R->tt);
+    kvt_sampler_opts sopt = {.temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
+                             .seed = r->has_seed ? r->seed : g->seed};
+    kvt_sampler_new(&R->smp, &sopt);
+    R->finish = "length";
+    R->th = (think_pos){.answering = !r->thinking};
+    R->lp = (lp_rec){.n_top = r->logprobs ? r->top_logprobs : 0};
+    if (R->lp.n_top > KVT_API_MAX_TOP_LOGPROBS) R->lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays above */
+    if (R->lp.n_top > g->m->info.n_vocab) R->lp.n_top = g->m->info.n_vocab;
+    if (g->stream) emit(out, kvt_stream_begin(r, g->id, g->model_name, u, g->created));
+    return R;
+}
+
+bool kvt_gen_next(kvt_gen_run *R, int32_t *tok)
+{
+    const kvt_gen *g = &R->g;
+    kvt_request *r = g->r;
     kvt_model *m = g->m;
-    kvt_session *s = g->s;
+    if (R->done || R->u->completion_tokens >= g->max_new || !R->smp) return !(R->done = true);
+    if (R->out->canceled && R->out->canceled(R->out->user)) {
+        R->finish = "stop";
+        return !(R->done = true);
+    }
+    const float *logits = kvt_session_logits(g->s);
+    int32_t t = kvt_sampler_sample(R->smp, logits, m->info.n_vocab);
+    /* from the raw logits, before temperature and top-p: the model's
+     * distribution, which is what OpenAI reports */
+    R->t_lp = 0;
+    if (r->logprobs)
+        R->t_lp = kvt_logprob_top(logits, m->info.n_vocab, t, (uint32_t)R->lp.n_top, R->top_id, R->top_lp);
+    bool eos = t == m->info.eos;
+    for (size_t k = 0; k < R->tt.n_end; k++) eos |= t == R->tt.end[k];
+    R->eos = eos;
+    R->t = t;
+    if (kvt_session_len(g->s) >= g->n_ctx) {
+        R->finish = "context";
+        return !(R->done = true);
+    }
+    *tok = t; /* run it even when it ends the reply: the session's timeline stays complete */
+    return true;
+}
+
+bool kvt_gen_took(kvt_gen_run *R, int rc)
+{
+    const kvt_gen *g = &R->g;
+    kvt_request *r = g->r;
+    kvt_model *m = g->m;
+    kvt_usage *u = R->u;
+    if (rc) return !(R->done = true);
+    if (R->eos) {
+        R->finish = "stop";
+        return !(R->done = true);
+    }
+    int32_t t = R->t;
+    u->completion_tokens++;
+    const char *p;
+    size_t pl;
+    if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&R->text, p, pl);
+    /* every token through the one that completes </think> is reasoning */
+    if (!R->th.answering) {
+        u->reasoning_tokens++;
+        think_advance(&R->th, r->tmpl, R->text.p ? (const char *)R->text.p : "", R->text.len);
+    }
+    if (r->logprobs) lp_add(&R->lp, m, t, R->t_lp, R->top_id, R->top_lp);
+    for (size_t i = 0; i < r->n_stop && !R->stop_hit; i++) {
+        const char *hit = R->text.len ? memmem(R->text.p, R->text.len, r->stop[i], strlen(r->stop[i])) : NULL;
+        if (hit) { R->stop_hit = r->stop[i]; R->text.len = (size_t)(hit - (const char *)R->text.p); }
+    }
+    if (R->stop_hit) {
+        R->finish = "stop";
+        return !(R->done = true);
+    }
+    if (g->stream) {
+        const char *tx = R->text.p ? (const char *)R->text.p : "";
+        size_t ok = safe_len(tx, R->text.len, r);
+        /* never stream the start of a tool call as text (a request that
+         * offers tools was rendered by a template: r->tmpl is set) */
+        if (r->n_tools && R->th.answering) {
+            size_t t_ok = R->th.answer + r->tmpl->tool_calls_text_len(tx + R->th.answer, R->text.len - R->th.answer);
+            if (t_ok < ok) ok = t_ok;
+        }
+        stream_settled(R->out, r, g->id, g->model_name, g->created, tx, ok, ok, &R->th, &R->emitted, &R->lp);
+    }
+    return true;
+}
+
+char *kvt_gen_finish(kvt_gen_run *R)
+{
+    if (!R) return NULL;
+    const kvt_gen *g = &R->g;
     kvt_request *r = g->r;
     const char *id = g->id, *model_name = g->model_name;
     long created = g->created;
-    /* the tokens that end the template's turns: generation stops at them and at EOS */
-    kvt_template_tokens tt;
-    kvt_template_tokens_get(kvt_template_for(m), m, &tt);
-    kvt_sampler *smp = NULL;
-    kvt_sampler_opts sopt = {.temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
-                             .seed = r->has_seed ? r->seed : g->seed};
-    kvt_sampler_new(&smp, &sopt);
-    kvt_wbuf text = {0};
-    const char *finish = "length", *stop_hit = NULL;
-    size_t emitted = 0;
-    think_pos th = {.answering = !r->thinking};
-    lp_rec lp = {.n_top = r->logprobs ? r->top_logprobs : 0};
-    if (lp.n_top > KVT_API_MAX_TOP_LOGPROBS) lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays below */
-    if (lp.n_top > m->info.n_vocab) lp.n_top = m->info.n_vocab;
-    if (g->stream) emit(out, kvt_stream_begin(r, id, model_name, u, created));
-    while (u->completion_tokens < g->max_new && smp) {
-        if (out->canceled && out->canceled(out->user)) { finish = "stop"; break; }
-        const float *logits = kvt_session_logits(s);
-        int32_t t = kvt_sampler_sample(smp, logits, m->info.n_vocab);
-        /* from the raw logits, before temperature and top-p: the model's
-         * distribution, which is what OpenAI reports */
-        int32_t top_id[KVT_API_MAX_TOP_LOGPROBS] = {0};
-        double top_lp[KVT_API_MAX_TOP_LOGPROBS] = {0}, t_lp = 0;
-        if (r->logprobs) t_lp = kvt_logprob_top(logits, m->info.n_vocab, t, (uint32_t)lp.n_top, top_id, top_lp);
-        bool eos = t == m->info.eos;
-        for (size_t k = 0; k < tt.n_end; k++) eos |= t == tt.end[k];
-        if (kvt_session_len(s) < g->n_ctx) {
-            if (kvt_session_decode(s, t)) break; /* keep the session's timeline complete */
-        } else {
-            finish = "context";
-            break;
-        }
-        if (eos) { finish = "stop"; break; }
-        u->completion_tokens++;
-        const char *p;
-        size_t pl;
-        if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&text, p, pl);
-        /* every token through the one that completes </think> is reasoning */
-        if (!th.answering) {
-            u->reasoning_tokens++;
-            think_advance(&th, r->tmpl, text.p ? (const char *)text.p : "", text.len);
-        }
-        if (r->logprobs) lp_add(&lp, m, t, t_lp, top_id, top_lp);
-        for (size_t i = 0; i < r->n_stop && !stop_hit; i++) {
-            const char *hit = text.len ? memmem(text.p, text.len, r->stop[i], strlen(r->stop[i])) : NULL;
-            if (hit) { stop_hit = r->stop[i]; text.len = (size_t)(hit - (const char *)text.p); }
-        }
-        if (stop_hit) { finish = "stop"; break; }
-        if (g->stream) {
-            const char *tx = text.p ? (const char *)text.p : "";
-            size_t ok = safe_len(tx, text.len, r);
-            /* never stream the start of a tool call as text (a request that
-             * offers tools was rendered by a template: r->tmpl is set) */
-            if (r->n_tools && th.answering) {
-                size_t t_ok = th.answer + r->tmpl->tool_calls_text_len(tx + th.answer, text.len - th.answer);
-                if (t_ok < ok) ok = t_ok;
-            }
-            stream_settled(out, r, id, model_name, created, tx, ok, ok, &th, &emitted, &lp);
-        }
-    }
+    kvt_usage *u = R->u;
+    const kvt_gen_out *out = R->out;
+    kvt_wbuf *text = &R->text;
     /* a partial UTF-8 tail left at the end is not text: drop it */
-    size_t final_len = safe_len((const char *)text.p, text.len, &(kvt_request){0});
-    const char *tp = text.p ? (const char *)text.p : "";
+    size_t final_len = safe_len((const char *)text->p, text->len, &(kvt_request){0});
+    const char *tp = text->p ? (const char *)text->p : "";
     kvt_tool_call *calls = NULL;
     size_t n_calls = 0, text_end = final_len;
     /* in thinking mode out of the answer only, raw_off still counting from
@@ -229,8 +285,8 @@ char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
     size_t upto = n_calls ? text_end : final_len;
     /* every generated token before the calls or a stop is reported, also
      * the bytes of a partial character the text leaves out (spelt as bytes) */
-    size_t lp_end = n_calls ? text_end : text.len;
-    kvt_logprobs all = lp_all(&lp, lp_end);
+    size_t lp_end = n_calls ? text_end : text->len;
+    kvt_logprobs all = lp_all(&R->lp, lp_end);
     char *body;
     if (g->stream) {
         /* the rest: a reply cut inside its reasoning is all reasoning */
@@ -240,16 +296,28 @@ char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
             kvt_think_parts(r->tmpl, tp, upto, false, &k);
             fin = (think_pos){true, k.rs, k.re, k.as};
         }
-        stream_settled(out, r, id, model_name, created, tp, upto, lp_end, &fin, &emitted, &lp);
+        stream_settled(out, r, id, model_name, created, tp, upto, lp_end, &fin, &R->emitted, &R->lp);
         /* the end repeats the text that went out as deltas (Responses) */
-        body = kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, u, created, &all);
+        body = kvt_stream_end_lp(r, id, model_name, tp, upto, calls, n_calls, R->finish, R->stop_hit, u, created,
+                                 &all);
     } else {
-        body = kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, finish, stop_hit, u, created, &all);
+        body = kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, R->finish, R->stop_hit, u, created,
+                                    &all);
     }
     kvt_tool_calls_free(calls, n_calls);
-    kvt_wbuf_free(&lp.tok);
-    kvt_wbuf_free(&lp.top);
-    kvt_wbuf_free(&text);
-    kvt_sampler_free(smp);
+    kvt_wbuf_free(&R->lp.tok);
+    kvt_wbuf_free(&R->lp.top);
+    kvt_wbuf_free(text);
+    kvt_sampler_free(R->smp);
+    free(R);
     return body;
+}
+
+char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
+{
+    kvt_gen_run *R = kvt_gen_start(g, u, out);
+    if (!R) return NULL;
+    for (int32_t t; kvt_gen_next(R, &t);)
+        if (!kvt_gen_took(R, kvt_session_decode(g->s, t))) break;
+    return kvt_gen_finish(R);
 }

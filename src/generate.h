@@ -41,4 +41,18 @@ typedef struct kvt_gen {
  * g->stream the closing events, otherwise the whole response JSON. */
 char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out);
 
+/* The same loop a step at a time, for a caller that runs the tokens itself
+ * (the server's scheduler, several replies in one forward pass):
+ * kvt_gen_start emits the begin event (NULL: no memory); while
+ * kvt_gen_next gives a token, the caller runs it through g->s (the
+ * session's logits then follow it) and reports the result to kvt_gen_took,
+ * which returns false when the reply ends there; kvt_gen_finish returns
+ * what kvt_generate_run returns and frees the run. g, u and out must
+ * outlive the run. */
+typedef struct kvt_gen_run kvt_gen_run;
+kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out);
+bool kvt_gen_next(kvt_gen_run *R, int32_t *tok);
+bool kvt_gen_took(kvt_gen_run *R, int rc);
+char *kvt_gen_finish(kvt_gen_run *R);
+
 #endif
