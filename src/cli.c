@@ -602,7 +602,7 @@ out:
 static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
-               {"--queue"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
+               {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
@@ -615,12 +615,14 @@ static int cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvtier: --strict-model and --any-model contradict each other\n");
         return 2;
     }
-    uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32;
+    uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32,
+             parallel = 0;
     if (!parse_u64(get(o, no, "--port"), "--port", 65535, &port) ||
         !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
         !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
         !parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
         !parse_u64(get(o, no, "--queue"), "--queue", 1u << 16, &queue) ||
+        !parse_u64(get(o, no, "--parallel"), "--parallel", KVT_SERVE_MAX_PARALLEL, &parallel) ||
         !parse_u64(get(o, no, "--kv-ram-mb"), "--kv-ram-mb", 1u << 30, &ram_mb) ||
         !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb))
         return 2;
@@ -698,7 +700,7 @@ static int cmd_serve(int argc, char **argv)
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
-        .queue = (uint32_t)(queue ? queue : 1), .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
+        .queue = (uint32_t)(queue ? queue : 1), .parallel = (uint32_t)parallel, .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
         .api_keys = keys, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
@@ -791,13 +793,16 @@ static void usage(FILE *f)
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
-          "              [--threads N] [--max-tokens N (1024)] [--queue N (8)] [--kv-ram-mb N (2048)]\n"
+          "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"
+          "              [--kv-ram-mb N (2048)]\n"
           "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
           "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--strict-model] [--keep-volatile-lines] [disk options]\n"
           "              each API key is its own cache namespace with an equal share of\n"
           "              --kv-ram-mb and --kv-disk-mb, and reads its own /metrics; the\n"
-          "              metrics key reads every key's; any model id is served\n"
+          "              metrics key reads every key's; --parallel requests run at once,\n"
+          "              batched (default from cores and RAM, at most 16), --queue wait\n"
+          "              behind them (429 beyond); any model id is served\n"
           "              and echoed unless --strict-model (--any-model: accepted, the default)\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"

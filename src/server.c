@@ -7,18 +7,21 @@
  * (the turn markers the prefill checkpoints at) in template.c. Every URL the
  * server answers is a row of one route table (routes[], below).
  *
- * Inference: one worker thread runs jobs from a bounded queue (the CPU is
- * the bottleneck; a full queue answers 429 with Retry-After). Streaming
- * responses read from the job's output buffer; while a long prefill runs the
- * reader sends an SSE comment at least every KEEPALIVE seconds, and a client
- * that goes away cancels the prefill at its next chunk (what was computed
- * stays in the session, and checkpoint saves still happen).
+ * Inference: one worker thread, the scheduler (below), runs up to
+ * --parallel requests at once, batched into one forward pass per step; the
+ * requests behind them wait in a bounded queue (the CPU is the bottleneck;
+ * a full queue answers 429 with Retry-After). Streaming responses read from
+ * the job's output buffer; while a long prefill runs the reader sends an
+ * SSE comment at least every KEEPALIVE seconds, and a client that goes
+ * away frees its slot at the next step (a prefill's computed part stays in
+ * the session, and checkpoint saves still happen).
  *
- * A job runs in three parts: the tiers (tiers.c) pick the session and how
- * much of the prompt it holds (RAM pool under --kv-ram-mb, then the disk
- * store); the prefill computes the rest, with snapshot saves per the save
- * policy (policy.c); the generation loop (generate.c) samples the reply and
- * emits its events into the job's output buffer.
+ * A request runs in three parts: the tiers (tiers.c) pick the session and
+ * how much of the prompt it holds (RAM pool under --kv-ram-mb, then the disk
+ * store); the prefill computes the rest, a chunk per step, with snapshot
+ * saves per the save policy (policy.c) when it is done; the generation loop
+ * (generate.c) samples the reply a token per step and emits its events into
+ * the job's output buffer.
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key
@@ -79,6 +82,7 @@ typedef struct metrics {
     uint64_t reused_ram, reused_disk, hits_ram, hits_disk, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     hist load, save, prefill;
+    hist ttft, itl;               /* time to the first token (from arrival), between tokens */
 } metrics;
 
 /* ---- jobs ---- */
@@ -99,6 +103,7 @@ typedef struct job {
     int tenant;
     int32_t *toks;                /* the prompt's tokens (tokenized by the handler) */
     size_t n_toks;
+    double t_queued;              /* when it joined the queue */
     struct job *next;
 } job;
 
@@ -114,6 +119,8 @@ typedef struct tenant {
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
     size_t queued;            /* jobs waiting (server.mu) */
+    size_t active;            /* requests the scheduler runs (server.mu) */
+    uint64_t admitted;        /* when the scheduler last started one of its jobs (server.admissions) */
 } tenant;
 #define MAX_TENANTS 32
 
@@ -136,7 +143,10 @@ typedef struct server {
     pthread_cond_t cv;
     job *head, *tail;
     size_t queued;
-    bool stopping, busy;
+    size_t parallel, active;      /* requests run at once: at most, now */
+    uint64_t admissions;          /* jobs the scheduler started (server.mu) */
+    uint64_t steps, step_reqs, step_max; /* forward passes, requests in them, the most in one (server.mu) */
+    bool stopping;
     pthread_t worker;
     uint64_t refused;             /* requests of no tenant: 401s, metrics-key 403s (server.mu) */
     uint8_t secret[192];          /* random per process: the key digests' secret */
@@ -204,22 +214,6 @@ static void job_finish(job *j, int status, char *body)
 }
 
 /* ---- running a job ---- */
-
-struct prog { server *sv; job *j; double last; };
-
-static bool on_progress(void *user, size_t done, size_t total)
-{
-    struct prog *p = user;
-    if (job_canceled(p->j)) return false;
-    double now = kvt_now();
-    if (p->j->stream && now - p->last >= 1.0) {
-        char buf[96];
-        snprintf(buf, sizeof buf, ": prefill %zu/%zu\n\n", done, total);
-        job_emit(p->j, kvt_strndup(buf, strlen(buf)));
-        p->last = now;
-    }
-    return true;
-}
 
 /* A prompt over the context, in the words clients recognise (Claude Code
  * "prompt is too long", OpenAI code "context_length_exceeded"), so that they
@@ -352,132 +346,311 @@ static void gen_calls(void *user, const char *text, const kvt_tool_call *calls, 
     remember_calls(g->sv, g->j->tenant, text, calls, n);
 }
 
-static void run_job(server *sv, job *j)
-{
-    kvt_model *m = sv->m;
-    kvt_request *r = &j->req;
-    char id[48];
-    snprintf(id, sizeof id, "%s%llx%04x",
-             j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-"
-             : j->api == KVT_API_RESPONSES ? "resp_" : "chatcmpl-",
-             (unsigned long long)time(NULL), (unsigned)(sv->tiers->clock & 0xffff));
-    long created = (long)time(NULL);
-    /* The model id goes back as the client sent it (agent clients check it
-     * against their own), or the served one when it sent none. */
-    const char *model_name = r->model && *r->model ? r->model : sv->model_id;
-    int32_t *toks = j->toks;
-    size_t n = j->n_toks;
-    j->toks = NULL;
-    kvt_store *store = sv->tn[j->tenant].store;
-    metrics *mx = &sv->tn[j->tenant].mx;
-    /* tiers 1 and 2: the session to run on, and what of the prompt it holds */
-    kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
+/* ---- the scheduler ----
+ *
+ * Continuous batching: the worker keeps up to `parallel` requests active,
+ * each on a session of its own (the tiers never hand one session to two
+ * requests), and advances all of them by one forward pass per step
+ * (kvt_session_step): one token of every request that is generating, then
+ * the rest of the step's token budget (the session chunk) to the prefills,
+ * oldest first. A long prefill so delays a reply by one chunk's pass, not
+ * by the whole prompt. Requests join between steps, picked from the queue
+ * by their key's share of the active slots (the key with the fewest active
+ * requests first, then the oldest request), and leave when their reply
+ * ends or their client went away. A request's logits do not depend on the
+ * others in its step: every kernel treats each row on its own, in a fixed
+ * order (tests/test_batch.c). */
+
+/* An active request. */
+typedef struct slot {
+    job *j;
+    kvt_session *s;
+    int32_t *toks;                /* the prompt, as the tiers spliced it */
+    size_t n;
     kvt_tier_pick pick;
-    int rc = kvt_tiers_select(sv->tiers, j->tenant, store, &tp, &toks, &n, &pick);
-    if (rc) {
-        if (n > sv->o.n_ctx) job_done(sv, j, 400, ctx_error(j->api, n, sv->o.n_ctx, j->stream));
-        else job_done(sv, j, 500, j->stream ? kvt_stream_error(j->api, 500, kvt_errmsg())
-                                           : kvt_error_json(j->api, 500, kvt_errmsg()));
-        free(toks);
-        return;
-    }
-    kvt_session *s = pick.s;
-    const char *tier = pick.tier;
-    /* tier 3: prefill the rest, leaving a checkpoint at the mark the tiers
-     * set (where the last user turn begins: the next conversation on the
-     * same prompt forks from there) */
-    struct prog pg = {sv, j, kvt_now()};
-    s->progress = on_progress;
-    s->progress_user = &pg;
-    kvt_usage u = {(uint32_t)n, 0, 0, 0};
-    size_t kept = 0;
-    double t0 = kvt_now();
-    rc = kvt_session_sync(s, toks, n, &kept);
-    double t_prefill = kvt_now() - t0;
-    s->progress = NULL;
-    /* What was really not recomputed: a ds4 session that leaves its old
-     * timeline goes back to a checkpoint, which may lie before the match. */
-    size_t reused = kept;
-    if (!reused) tier = "none";
-    u.cached_tokens = (uint32_t)(reused < n ? reused : n);
+    size_t kept;                  /* prompt tokens the session held before the prefill */
+    double t_queued, t_start, t_tok, t_note;
+    bool generating, first_done;
+    int32_t tok;                  /* this step's token, when generating */
+    char id[48];
+    kvt_usage u;
+    kvt_gen g;
+    struct gen_ctx gc;
+    kvt_gen_out out;
+    kvt_gen_run *run;
+} slot;
+
+static char *error_body(const job *j, int status, const char *msg)
+{
+    return j->stream ? kvt_stream_error(j->api, status, msg) : kvt_error_json(j->api, status, msg);
+}
+
+/* The slot's request is over: answer it, give its session back to the pool. */
+static void slot_end(server *sv, slot *sl, int status, char *body)
+{
+    if (sl->s) kvt_tiers_release(sv->tiers, sl->s);
+    job_done(sv, sl->j, status, body);
+    job_unref(sl->j);
+    free(sl->toks);
+    free(sl);
+}
+
+/* The prompt is in the session (rc 0) or its prefill stopped (rc): count
+ * it, save per the policy (also after a cancel: what was computed is
+ * kept), then start the reply or answer the error. false: the slot ended. */
+static bool slot_prefilled(server *sv, slot *sl, int rc)
+{
+    job *j = sl->j;
+    kvt_session *s = sl->s;
+    size_t n = sl->n;
+    metrics *mx = &sv->tn[j->tenant].mx;
+    kvt_store *store = sv->tn[j->tenant].store;
+    const char *tier = sl->kept ? sl->pick.tier : "none";
+    sl->u = (kvt_usage){(uint32_t)n, 0, 0, 0};
+    sl->u.cached_tokens = (uint32_t)(sl->kept < n ? sl->kept : n);
     snprintf(j->tier, sizeof j->tier, "%s", tier);
     pthread_mutex_lock(&sv->mu);
     mx->prompt_tokens += n;
-    if (!strcmp(tier, "ram")) { mx->hits_ram++; mx->reused_ram += reused; }
-    else if (!strcmp(tier, "disk")) { mx->hits_disk++; mx->reused_disk += reused; }
+    if (!strcmp(tier, "ram")) { mx->hits_ram++; mx->reused_ram += sl->kept; }
+    else if (!strcmp(tier, "disk")) { mx->hits_disk++; mx->reused_disk += sl->kept; }
     else mx->misses++;
-    hist_add(&mx->prefill, t_prefill);
-    mx->prefilled += kvt_session_len(s) > kept ? kvt_session_len(s) - kept : 0;
+    hist_add(&mx->prefill, kvt_now() - sl->t_start);
+    mx->prefilled += kvt_session_len(s) > sl->kept ? kvt_session_len(s) - sl->kept : 0;
+    if (rc == KVT_ECANCELED) mx->canceled++;
     pthread_mutex_unlock(&sv->mu);
-    j->reused = u.cached_tokens;
-    /* saves per the policy (also after a cancel: what was computed is kept) */
+    j->reused = sl->u.cached_tokens;
     if (store) {
         size_t written = 0; /* new entries, not re-saves of stored ones */
         double ts = kvt_now();
         /* a conversation's first request also saves where its last user
          * turn begins: new conversations on the same prompt fork there,
          * after a restart too */
-        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), pick.from_disk,
-                               pick.opening ? pick.mark : 0, &written);
+        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), sl->pick.from_disk,
+                               sl->pick.opening ? sl->pick.mark : 0, &written);
         pthread_mutex_lock(&sv->mu);
         if (written) hist_add(&mx->save, kvt_now() - ts);
         mx->disk_saves += written;
         pthread_mutex_unlock(&sv->mu);
         if (written && !rc) {
-            size_t cold = (n - sv->o.policy.trim_tokens) / sv->o.policy.align_tokens * sv->o.policy.align_tokens;
-            if (cold > u.cached_tokens) u.created_tokens = (uint32_t)(cold - u.cached_tokens);
-            if (u.created_tokens + u.cached_tokens > n) u.created_tokens = (uint32_t)(n - u.cached_tokens);
+            const kvt_save_policy *po = &sv->o.policy;
+            size_t cold = (n - po->trim_tokens) / po->align_tokens * po->align_tokens;
+            kvt_usage *u = &sl->u;
+            if (cold > u->cached_tokens) u->created_tokens = (uint32_t)(cold - u->cached_tokens);
+            if (u->created_tokens + u->cached_tokens > n) u->created_tokens = (uint32_t)(n - u->cached_tokens);
         }
     }
     if (rc) {
-        if (rc == KVT_ECANCELED) {
-            pthread_mutex_lock(&sv->mu);
-            mx->canceled++;
-            pthread_mutex_unlock(&sv->mu);
-        }
         int status = rc == KVT_ECTX ? 400 : rc == KVT_ECANCELED ? 499 : 500;
-        job_done(sv, j, status, j->stream ? kvt_stream_error(j->api, status == 499 ? 400 : status, kvt_errmsg())
-                                        : kvt_error_json(j->api, status == 499 ? 400 : status, kvt_errmsg()));
-        free(toks);
-        return;
+        const char *msg = rc == KVT_ECANCELED ? "the client went away" : kvt_errmsg();
+        slot_end(sv, sl, status, error_body(j, status == 499 ? 400 : status, msg));
+        return false;
     }
-    /* generation */
-    kvt_gen g = {.m = m, .s = s, .r = r, .id = id, .model_name = model_name, .created = created,
-                 .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
-                 .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock};
-    struct gen_ctx gc = {sv, j};
-    kvt_gen_out out = {gen_emit, gen_canceled, gen_calls, &gc};
-    char *body = kvt_generate_run(&g, &u, &out);
+    kvt_request *r = &j->req;
+    /* The model id goes back as the client sent it (agent clients check it
+     * against their own), or the served one when it sent none. */
+    sl->g = (kvt_gen){.m = sv->m, .s = s, .r = r, .id = sl->id,
+                      .model_name = r->model && *r->model ? r->model : sv->model_id, .created = (long)time(NULL),
+                      .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
+                      .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock};
+    sl->gc = (struct gen_ctx){sv, j};
+    sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
+    if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {
+        slot_end(sv, sl, 500, error_body(j, 500, "out of memory"));
+        return false;
+    }
+    sl->generating = true;
+    sl->t_tok = kvt_now();
+    return true;
+}
+
+/* The reply is over: its closing events or response, its figures. */
+static void slot_reply_done(server *sv, slot *sl)
+{
+    char *body = kvt_gen_finish(sl->run);
+    sl->run = NULL;
     pthread_mutex_lock(&sv->mu);
-    mx->generated += u.completion_tokens;
+    sv->tn[sl->j->tenant].mx.generated += sl->u.completion_tokens;
     pthread_mutex_unlock(&sv->mu);
-    job_done(sv, j, 200, body);
-    free(toks);
+    slot_end(sv, sl, 200, body);
+}
+
+/* A queued job becomes active: the tiers pick its session, which goes back
+ * to the longest prefix of the prompt it can restore. NULL: the job was
+ * answered (an error). */
+static slot *slot_start(server *sv, job *j)
+{
+    slot *sl = kvt_calloc(1, sizeof *sl);
+    if (!sl) {
+        job_done(sv, j, 500, error_body(j, 500, "out of memory"));
+        job_unref(j);
+        return NULL;
+    }
+    sl->j = j;
+    sl->t_queued = j->t_queued;
+    sl->t_start = sl->t_note = kvt_now();
+    snprintf(sl->id, sizeof sl->id, "%s%llx%04x",
+             j->api == KVT_API_MESSAGES ? "msg_" : j->api == KVT_API_COMPLETIONS ? "cmpl-"
+             : j->api == KVT_API_RESPONSES ? "resp_" : "chatcmpl-",
+             (unsigned long long)time(NULL), (unsigned)(sv->tiers->clock & 0xffff));
+    sl->toks = j->toks;
+    sl->n = j->n_toks;
+    j->toks = NULL;
+    kvt_request *r = &j->req;
+    kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
+    int rc = kvt_tiers_select(sv->tiers, j->tenant, sv->tn[j->tenant].store, &tp, &sl->toks, &sl->n, &sl->pick);
+    if (rc) {
+        if (sl->n > sv->o.n_ctx) slot_end(sv, sl, 400, ctx_error(j->api, sl->n, sv->o.n_ctx, j->stream));
+        else slot_end(sv, sl, 500, error_body(j, 500, kvt_errmsg()));
+        return NULL;
+    }
+    sl->s = sl->pick.s;
+    const int32_t *t = sl->toks;
+    size_t n = sl->n;
+    rc = kvt_session_sync_prepare(sl->s, &t, &n, &sl->kept);
+    if (rc) {
+        int status = rc == KVT_ECTX ? 400 : 500;
+        slot_end(sv, sl, status, error_body(j, status, kvt_errmsg()));
+        return NULL;
+    }
+    if (kvt_session_len(sl->s) == sl->n && !slot_prefilled(sv, sl, KVT_OK)) return NULL;
+    return sl;
+}
+
+/* A streaming prefill says how far it is, at most once a second. */
+static void slot_note(slot *sl)
+{
+    double now = kvt_now();
+    if (!sl->j->stream || now - sl->t_note < 1.0) return;
+    char buf[96];
+    snprintf(buf, sizeof buf, ": prefill %zu/%zu\n\n", kvt_session_len(sl->s), sl->n);
+    job_emit(sl->j, kvt_strndup(buf, strlen(buf)));
+    sl->t_note = now;
+}
+
+/* One step of every active slot; returns how many are left, compacted at
+ * the front of act. */
+static size_t step(server *sv, slot **act, size_t na)
+{
+    kvt_step st[KVT_TIERS_MAX_BUSY];
+    slot *who[KVT_TIERS_MAX_BUSY];
+    size_t k = 0;
+    /* one token for every reply, then the prefills, oldest first */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < na; i++) {
+            slot *sl = act[i];
+            if (!sl || sl->generating != (pass == 0)) continue;
+            if (sl->generating) {
+                if (!kvt_gen_next(sl->run, &sl->tok)) { slot_reply_done(sv, sl); act[i] = NULL; continue; }
+                st[k] = (kvt_step){sl->s, &sl->tok, 1, false, 0};
+            } else {
+                if (job_canceled(sl->j)) { slot_prefilled(sv, sl, KVT_ECANCELED); act[i] = NULL; continue; }
+                size_t at = kvt_session_len(sl->s);
+                st[k] = (kvt_step){sl->s, sl->toks + at, sl->n - at, true, 0};
+            }
+            who[k++] = sl;
+        }
+    int rcs[KVT_TIERS_MAX_BUSY] = {0};
+    if (k && kvt_session_step(st, k, 0)) /* then each alone, to find which one failed */
+        for (size_t i = 0; i < k; i++) rcs[i] = kvt_session_step(&st[i], 1, 0);
+    pthread_mutex_lock(&sv->mu);
+    sv->steps += k > 0;
+    sv->step_reqs += k;
+    if (k > sv->step_max) sv->step_max = k;
+    pthread_mutex_unlock(&sv->mu);
+    double now = kvt_now();
+    for (size_t i = 0; i < k; i++) {
+        slot *sl = who[i];
+        size_t a = 0;
+        while (act[a] != sl) a++;
+        metrics *mx = &sv->tn[sl->j->tenant].mx;
+        if (sl->generating) {
+            uint32_t had = sl->u.completion_tokens;
+            bool more = kvt_gen_took(sl->run, rcs[i]);
+            if (sl->u.completion_tokens > had) { /* a token of the reply */
+                pthread_mutex_lock(&sv->mu);
+                if (!sl->first_done) hist_add(&mx->ttft, now - sl->t_queued);
+                else hist_add(&mx->itl, now - sl->t_tok);
+                pthread_mutex_unlock(&sv->mu);
+                sl->first_done = true;
+                sl->t_tok = now;
+            }
+            if (!more) { slot_reply_done(sv, sl); act[a] = NULL; }
+        } else if (rcs[i] || kvt_session_len(sl->s) == sl->n) {
+            if (!slot_prefilled(sv, sl, rcs[i])) act[a] = NULL;
+        } else {
+            slot_note(sl);
+        }
+    }
+    size_t left = 0;
+    for (size_t i = 0; i < na; i++)
+        if (act[i]) act[left++] = act[i];
+    return left;
+}
+
+/* The queued job to start next, unlinked from the queue: of the key with
+ * the fewest active requests, then the key admitted longest ago (so keys
+ * take turns at a freed slot), its oldest job. Under sv->mu. */
+static job *dequeue(server *sv, slot *const *act, size_t na)
+{
+    size_t busy[MAX_TENANTS] = {0};
+    for (size_t i = 0; i < na; i++) busy[act[i]->j->tenant]++;
+    job *best = NULL, *best_prev = NULL;
+    for (job *j = sv->head, *prev = NULL; j; prev = j, j = j->next) {
+        const tenant *a = &sv->tn[j->tenant], *b = best ? &sv->tn[best->tenant] : NULL;
+        if (!best || busy[j->tenant] < busy[best->tenant] ||
+            (busy[j->tenant] == busy[best->tenant] && a->admitted < b->admitted)) {
+            best = j;
+            best_prev = prev;
+        }
+    }
+    if (!best) return NULL;
+    if (best_prev) best_prev->next = best->next;
+    else sv->head = best->next;
+    if (sv->tail == best) sv->tail = best_prev;
+    best->next = NULL;
+    sv->queued--;
+    sv->tn[best->tenant].queued--;
+    sv->tn[best->tenant].admitted = ++sv->admissions;
+    return best;
+}
+
+/* The active requests' count, in all and per key, for /metrics and the
+ * admission of the next job. Under sv->mu. */
+static void count_active(server *sv, slot *const *act, size_t na)
+{
+    for (size_t t = 0; t < sv->n_tn; t++) sv->tn[t].active = 0;
+    for (size_t i = 0; i < na; i++) sv->tn[act[i]->j->tenant].active++;
+    sv->active = na;
 }
 
 static void *worker_main(void *arg)
 {
     server *sv = arg;
+    slot *act[KVT_TIERS_MAX_BUSY];
+    size_t na = 0;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
-        while (!sv->head && !sv->stopping) pthread_cond_wait(&sv->cv, &sv->mu);
-        if (!sv->head) { pthread_mutex_unlock(&sv->mu); break; }
-        job *j = sv->head;
-        sv->head = j->next;
-        if (!sv->head) sv->tail = NULL;
-        sv->queued--;
-        sv->tn[j->tenant].queued--;
-        sv->busy = true;
-        bool stopping = sv->stopping;
-        pthread_mutex_unlock(&sv->mu);
-        if (stopping) job_finish(j, 503, kvt_error_json(j->api, 503, "the server is shutting down"));
-        else if (job_canceled(j)) job_finish(j, 499, kvt_error_json(j->api, 400, "the client went away"));
-        else run_job(sv, j);
-        job_unref(j);
-        pthread_mutex_lock(&sv->mu);
-        sv->busy = false;
+        count_active(sv, act, na);
         pthread_cond_broadcast(&sv->cv);
+        while (!na && !sv->head && !sv->stopping) pthread_cond_wait(&sv->cv, &sv->mu);
+        bool stopping = sv->stopping;
+        if (!na && !sv->head) { pthread_mutex_unlock(&sv->mu); break; }
+        /* while stopping, queued jobs are answered 503 and the active ones finish */
+        job *j = na < sv->parallel || stopping ? dequeue(sv, act, na) : NULL;
         pthread_mutex_unlock(&sv->mu);
+        if (!j) {
+            na = step(sv, act, na);
+        } else if (stopping) {
+            job_finish(j, 503, kvt_error_json(j->api, 503, "the server is shutting down"));
+            job_unref(j);
+        } else if (job_canceled(j)) {
+            job_finish(j, 499, kvt_error_json(j->api, 400, "the client went away"));
+            job_unref(j);
+        } else {
+            /* admit every queued job that fits before the next step */
+            slot *sl = slot_start(sv, j);
+            if (sl) act[na++] = sl;
+        }
     }
     return NULL;
 }
@@ -739,6 +912,7 @@ static enum MHD_Result infer(const call *q, bool counting)
         sv->tail = j;
         sv->queued++;
         sv->tn[tnt].queued++;
+        j->t_queued = kvt_now();
         pthread_cond_broadcast(&sv->cv);
     }
     pthread_mutex_unlock(&sv->mu);
@@ -891,7 +1065,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
-    size_t ram, ram_entries, queued;
+    size_t ram, ram_entries, queued, active;
     uint64_t ram_budget;
     char lbl[40];               /* tenant="ns-..." or "" */
 } mview;
@@ -965,8 +1139,9 @@ static char *metrics_text(server *sv, int tnt)
         v[k].ram = tt->ram;
         v[k].ram_entries = tt->ram_entries;
         v[k].queued = tt->queued;
+        v[k].active = tt->active;
     }
-    uint64_t refused = sv->refused;
+    uint64_t refused = sv->refused, steps[3] = {sv->steps, sv->step_reqs, sv->step_max};
     pthread_mutex_unlock(&sv->mu);
 
     kvt_wbuf b = {0};
@@ -1016,12 +1191,26 @@ static char *metrics_text(server *sv, int tnt)
             "tier=\"disk\"", w->ds.evictions);
     FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
-    FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for the worker.", "", w->queued);
+    FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
+    FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
 #undef FAMILY
 #undef FAMILY2
     put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", v, nv, offsetof(metrics, load));
     put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", v, nv, offsetof(metrics, save));
     put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", v, nv, offsetof(metrics, prefill));
+    put_hist(&b, "kvtier_time_to_first_token_seconds", "Time from a request's arrival to its first token.", v, nv,
+             offsetof(metrics, ttft));
+    put_hist(&b, "kvtier_inter_token_seconds", "Time between two tokens of a reply.", v, nv, offsetof(metrics, itl));
+    /* the passes mix every key's requests: the operator's view, or the one key's */
+    if (tnt < 0 || sv->n_tn == 1) {
+        mview none = {0};
+        put_head(&b, "kvtier_steps_total", "counter", "Forward passes of the scheduler.");
+        put_val(&b, "kvtier_steps_total", &none, "", steps[0]);
+        put_head(&b, "kvtier_step_requests_total", "counter", "Requests advanced by those passes, summed.");
+        put_val(&b, "kvtier_step_requests_total", &none, "", steps[1]);
+        put_head(&b, "kvtier_step_requests_max", "gauge", "The most requests one pass advanced.");
+        put_val(&b, "kvtier_step_requests_max", &none, "", steps[2]);
+    }
     if (tnt < 0) {
         mview none = {0};
         put_head(&b, "kvtier_refused_requests_total", "counter",
@@ -1056,6 +1245,30 @@ static int fill_random(uint8_t *p, size_t n)
         if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
         p += got;
         n -= (size_t)got;
+    }
+    return KVT_OK;
+}
+
+/* --parallel, or by default two requests per core (a decode step reads
+ * every weight once for all of them, and a second request hides the
+ * first's sampling and HTTP time) as far as the RAM budget holds them at
+ * the full context, at least one. */
+static int parallel_default(server *sv)
+{
+    _Static_assert(KVT_SERVE_MAX_PARALLEL == KVT_TIERS_MAX_BUSY, "one bound for both");
+    if (sv->o.parallel > KVT_SERVE_MAX_PARALLEL)
+        return kvt_fail(KVT_EINVAL, "--parallel %u: at most %d", sv->o.parallel, KVT_SERVE_MAX_PARALLEL);
+    sv->parallel = sv->o.parallel;
+    if (!sv->parallel) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        size_t n = cores > 0 ? 2 * (size_t)cores : 2;
+        if (n > KVT_SERVE_MAX_PARALLEL) n = KVT_SERVE_MAX_PARALLEL;
+        kvt_plan pl;
+        if (kvt_model_plan(sv->m, sv->o.n_ctx, &pl) == KVT_OK && pl.total) {
+            uint64_t fit = sv->o.ram_bytes / pl.total;
+            if (fit < n) n = fit ? (size_t)fit : 1;
+        }
+        sv->parallel = n;
     }
     return KVT_OK;
 }
@@ -1114,6 +1327,7 @@ int kvt_serve(const kvt_server_opts *opts)
                          .n_threads = sv->o.n_threads, .policy = sv->o.policy,
                          .hooks = {tier_saved, tier_evicted, tier_loaded, sv}};
     if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;
+    if ((rc = parallel_default(sv))) goto out;
     if (opts->metrics_key) {
         key_digest(sv, opts->metrics_key, sv->metrics_digest);
         sv->has_metrics_key = true;
@@ -1164,8 +1378,8 @@ int kvt_serve(const kvt_server_opts *opts)
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
-    fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, disk cache %s)\n", sv->model_id, opts->host,
-            opts->port, sv->o.n_ctx, sv->tn[0].store ? opts->disk_dir : "off");
+    fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, %zu requests at once, disk cache %s)\n",
+            sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off");
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
     sigdelset(&wait, SIGTERM);

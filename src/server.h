@@ -4,12 +4,16 @@
 
 #include "kvtier.h"
 
+#define KVT_SERVE_MAX_PARALLEL 16  /* KVT_TIERS_MAX_BUSY */
+
 typedef struct kvt_server_opts {
     const char *model;        /* GGUF path or preset; NULL: the default model */
     const char *model_id;     /* id clients use; NULL: the model's name */
     const char *host;         /* IPv4 address to bind */
     uint16_t port;
     uint32_t n_ctx, n_threads, max_tokens, queue;
+    uint32_t parallel;        /* requests run at once, batched (1..KVT_SERVE_MAX_PARALLEL);
+                               * 0: from cores and the RAM budget */
     const char *disk_dir;     /* NULL: no disk tier */
     uint64_t disk_bytes;      /* the disk budget; with API keys the total, split equally */
     size_t ram_bytes;         /* budget of the RAM tier; with API keys split equally */
@@ -27,8 +31,8 @@ typedef struct kvt_server_opts {
     void *ready_user;
 } kvt_server_opts;
 
-/* Serve until SIGTERM/SIGINT, then stop accepting, let the running job
- * finish, save live sessions (reason shutdown) and return KVT_OK.
+/* Serve until SIGTERM/SIGINT, then stop accepting, answer the queued
+ * requests 503, let the running ones finish, save live sessions (reason shutdown) and return KVT_OK.
  * SIGTERM and SIGINT are blocked in the calling thread (and so in every
  * thread the server starts) from the start of the call: one that arrives
  * while the server is starting stops it as soon as it is up. The caller's

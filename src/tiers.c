@@ -64,6 +64,19 @@ size_t kvt_tiers_count(const kvt_tiers *t, int tenant)
     return n;
 }
 
+size_t kvt_tiers_busy(const kvt_tiers *t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++) n += t->pool[i].busy;
+    return n;
+}
+
+void kvt_tiers_release(kvt_tiers *t, const kvt_session *s)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == s) t->pool[i].busy = false;
+}
+
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
 {
     kvt_session *s = t->pool[i].s;
@@ -167,7 +180,9 @@ static size_t checkpoint_mark(const kvt_model *m, const int32_t *toks, size_t n,
 }
 
 /* Drop the tenant's least recently used sessions, never keep (a fork's
- * source, NULL: none), until a new session fits in its share. */
+ * source, NULL: none) nor a busy one, until a new session fits in its
+ * share (or only those are left: busy sessions may take a tenant past its
+ * share until they are released). */
 static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_session *keep)
 {
     size_t share = t->o.ram_bytes / t->o.n_tenants, slots = KVT_TIERS_MAX_POOL / t->o.n_tenants;
@@ -176,7 +191,7 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
            (kvt_tiers_count(t, tenant) >= slots || kvt_tiers_bytes(t, tenant) > share)) {
         size_t lru = SIZE_MAX;
         for (size_t i = 0; i < t->n; i++)
-            if (t->pool[i].tenant == tenant && t->pool[i].s != keep &&
+            if (t->pool[i].tenant == tenant && t->pool[i].s != keep && !t->pool[i].busy &&
                 (lru == SIZE_MAX || t->pool[i].last_used < t->pool[lru].last_used))
                 lru = i;
         if (lru == SIZE_MAX) break;
@@ -223,12 +238,16 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
      * that leaves it part way (another conversation on the same system
      * prompt) gets a copy, so the session it shares a prefix with stays
      * whole; a short shared prefix is not worth a copy. */
-    bool extend = best != SIZE_MAX && reuse > 0 && reuse >= disk_match && reuse == kvt_session_len(t->pool[best].s);
+    if (kvt_tiers_busy(t) >= KVT_TIERS_MAX_BUSY)
+        return kvt_fail(KVT_EINVAL, "%d sessions are busy already", KVT_TIERS_MAX_BUSY);
+    bool extend = best != SIZE_MAX && !t->pool[best].busy && reuse > 0 && reuse >= disk_match &&
+                  reuse == kvt_session_len(t->pool[best].s);
     bool fork = !extend && best != SIZE_MAX && reuse >= MIN_FORK && reuse >= disk_match;
     kvt_session *s = NULL;
     if (extend) {
         s = t->pool[best].s;
         t->pool[best].last_used = ++t->clock;
+        t->pool[best].busy = true;
         *out = (kvt_tier_pick){.s = s, .reused = reuse, .tier = "ram", .extended = true};
     } else {
         kvt_session *src = fork ? t->pool[best].s : NULL;
@@ -241,7 +260,11 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
             kvt_session_free(s);
             return rc;
         }
-        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant};
+        if (t->n == KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY) { /* every other tenant's share full, and busy ones */
+            kvt_session_free(s);
+            return kvt_fail(KVT_ENOMEM, "the RAM pool holds %zu sessions", t->n);
+        }
+        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true};
         *out = (kvt_tier_pick){.s = s, .reused = src ? reuse : 0, .tier = src ? "ram" : "none", .forked = src != NULL};
         if (!src && disk_match && store) {
             double t0 = kvt_now();

@@ -13,6 +13,7 @@
 #include "kvtier.h"
 
 #define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
+#define KVT_TIERS_MAX_BUSY 16   /* sessions in use at once (the server's --parallel at most) */
 
 /* Optional callbacks, each called with the tenant concerned; NULL ones are
  * skipped. */
@@ -34,17 +35,20 @@ typedef struct kvt_tiers_opts {
 } kvt_tiers_opts;
 
 /* A live session, its tenant and when a request last ran on it (the
- * pool's clock: larger is more recent). */
+ * pool's clock: larger is more recent); busy while a request runs on it
+ * (from kvt_tiers_select to kvt_tiers_release). */
 typedef struct kvt_pooled {
     kvt_session *s;
     uint64_t last_used;
     int tenant;
+    bool busy;
 } kvt_pooled;
 
 typedef struct kvt_tiers {
     kvt_tiers_opts o;
     kvt_model *m;
-    kvt_pooled pool[KVT_TIERS_MAX_POOL];  /* (n) in no order */
+    kvt_pooled pool[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];  /* (n) in no order; busy ones may
+                                                               * take a tenant past its share */
     size_t n;
     uint64_t clock;            /* advances once per use of a session */
 } kvt_tiers;
@@ -86,18 +90,26 @@ void kvt_tiers_free(kvt_tiers *t);
  *      those tokens plus the rest of the text tokenized alone: *toks is
  *      freed and replaced, and the caller owns the new array).
  *   2. Disk: store (NULL: none), when it covers more than RAM does.
- * A prompt that continues the best session extends it in place; one that
- * leaves it part way after at least 256 shared tokens gets a copy (the
- * session stays whole); otherwise a new session, restored from the store
+ * A prompt that continues the best session extends it in place, unless
+ * another request runs on it (busy); one that leaves it part way, or
+ * continues a busy one, after at least 256 shared tokens gets a copy (the
+ * session stays whole: a busy session is consistent between steps, so
+ * copying it is exact); otherwise a new session, restored from the store
  * when it holds a prefix. Making room evicts the tenant's least recently
  * used sessions (saved to store first, reason evict) beyond its share, never
- * a fork's source and never another tenant's. Sets the checkpoint mark.
+ * a fork's source, a busy session or another tenant's. Sets the checkpoint
+ * mark; the chosen session is busy until kvt_tiers_release.
  * KVT_ECTX (nothing changed but *toks) when the prompt, spliced, exceeds
- * n_ctx; the error of kvt_session_new or kvt_session_clone otherwise. */
+ * n_ctx; KVT_EINVAL when KVT_TIERS_MAX_BUSY sessions are busy already; the error of
+ * kvt_session_new or kvt_session_clone otherwise. */
 int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
                      size_t *n, kvt_tier_pick *out);
 
-/* Drop pooled session i: save it to store first (NULL: no save) when it
+/* The request on s (a pooled session) is over: s may be extended, copied
+ * or evicted for others again. */
+void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
+
+/* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
  * holds at least policy.min_tokens, with the reason given ("evict",
  * "shutdown"), then free it. The last session takes index i. */
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason);
@@ -105,5 +117,7 @@ void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason
 /* RAM held by a tenant's sessions (-1: all tenants), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
+/* Sessions busy, across tenants. */
+size_t kvt_tiers_busy(const kvt_tiers *t);
 
 #endif

@@ -43,7 +43,16 @@
  *                      disk after a restart
  *   e2e_sigterm_ready  12 rounds: SIGTERM or SIGINT the moment the server
  *                      writes that it is serving; it must exit 0
- *   e2e_queue_full     --queue 1: concurrent long requests meet a 429
+ *   e2e_queue_full     --parallel 1 --queue 1: concurrent long requests meet
+ *                      a 429
+ *   e2e_batch_same_ds4, e2e_batch_same_stories  requests alone, then again
+ *                      inside batches of up to 8 random others on a fresh
+ *                      server (--parallel 8): the same text, tokens and
+ *                      logprobs to the bit (tests/e2e/batch.mjs)
+ *   e2e_batch_cancel_fair  ds4-mini: clients that hang up mid-prefill and
+ *                      mid-reply free their slots; with two keys and
+ *                      --parallel 1 one key's burst does not hold the
+ *                      other's request behind all of it
  *   e2e_tiers_stories  stories260K (a trained model: its text depends on
  *                      the whole prompt): cold, RAM and disk give equal text;
  *                      skipped without ../shared/models/stories260K.gguf
@@ -946,7 +955,7 @@ TEST(e2e_api_key)
 static void queue_full(e2e *t)
 {
     /* ds4-mini: 2000 tokens take seconds, so the requests overlap */
-    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv, "--queue", "1");
+    START(t, "--model", "ds4-mini", "--kv-disk-dir", t->kv, "--parallel", "1", "--queue", "1");
     NODE(t, 600, "errors.mjs", "queue");
     STOP(t);
 }
@@ -1288,5 +1297,58 @@ TEST(e2e_sigterm_ready)
     e2e t;
     if (!e2e_begin(&t, false)) return;
     sigterm_ready(&t);
+    e2e_end(&t);
+}
+
+/* ---- several requests at once ---- */
+
+/* The same requests alone (one server) and inside batches of random others
+ * (a fresh one, nothing cached, --parallel 8): the same bits. */
+static void batch_same(e2e *t, const char *model)
+{
+    char state[128];
+    snprintf(state, sizeof state, "%s/batch.json", t->s.dir);
+    START(t, "--model", model, "--no-kv-disk", "--parallel", "8");
+    NODE(t, 300, "batch.mjs", "alone", state);
+    STOP(t);
+    if (kvt_test_failed()) return;
+    START(t, "--model", model, "--no-kv-disk", "--parallel", "8");
+    NODE(t, 300, "batch.mjs", "batched", state);
+    STOP(t);
+}
+
+TEST(e2e_batch_same_ds4)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    batch_same(&t, "ds4-tiny");
+    e2e_end(&t);
+}
+
+TEST(e2e_batch_same_stories)
+{
+    const char *model = kvt_test_shared(STORIES);
+    if (!model) SKIP("%s not found under ../shared", STORIES);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", model);
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    batch_same(&t, path);
+    e2e_end(&t);
+}
+
+/* Clients that hang up free their slots; a burst of one key's requests
+ * does not hold another key's behind all of it (ds4-mini: its prefills
+ * take long enough to overlap). */
+TEST(e2e_batch_cancel_fair)
+{
+    e2e t;
+    if (!e2e_begin(&t, true)) return;
+    START(&t, "--model", "ds4-mini", "--no-kv-disk", "--parallel", "4");
+    NODE(&t, 300, "batch.mjs", "cancel");
+    STOP(&t);
+    START(&t, "--model", "ds4-mini", "--no-kv-disk", "--parallel", "1", "--api-key", "KA", "--api-key", "KB");
+    NODE(&t, 300, "batch.mjs", "fair", "KA", "KB");
+    STOP(&t);
     e2e_end(&t);
 }

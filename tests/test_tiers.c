@@ -60,18 +60,28 @@ static int32_t *prompt(size_t n, uint64_t a, size_t same, uint64_t b)
 }
 
 /* Select for tenant's prompt (no prompt text: the match is on token ids)
- * and sync the chosen session to it, as the server's worker does. The
- * prompt array stays the caller's. */
-static int run(kvt_tiers *t, int tenant, kvt_store *st, const int32_t *toks, size_t n, kvt_tier_pick *pick)
+ * and sync the chosen session to it, as the server's worker does; the
+ * session stays busy when `keep_busy` (a request still running on it),
+ * else it is released. The prompt array stays the caller's. */
+static int run_as(kvt_tiers *t, int tenant, kvt_store *st, const int32_t *toks, size_t n, kvt_tier_pick *pick,
+                  bool keep_busy)
 {
     int32_t *own = malloc(n * sizeof *own);
     if (!own) return KVT_ENOMEM;
     memcpy(own, toks, n * sizeof *own);
     kvt_tier_prompt p = {.text = "", .len = 0, .fork_at = SIZE_MAX};
     int rc = kvt_tiers_select(t, tenant, st, &p, &own, &n, pick);
-    if (!rc) rc = kvt_session_sync(pick->s, own, n, NULL);
+    if (!rc) {
+        rc = kvt_session_sync(pick->s, own, n, NULL);
+        if (!keep_busy) kvt_tiers_release(t, pick->s);
+    }
     free(own);
     return rc;
+}
+
+static int run(kvt_tiers *t, int tenant, kvt_store *st, const int32_t *toks, size_t n, kvt_tier_pick *pick)
+{
+    return run_as(t, tenant, st, toks, n, pick, false);
 }
 
 /* The pick is (tier, reused); prints what it is when not. */
@@ -381,5 +391,48 @@ TEST(tiers_pick_fork_counts_as_use)
     free(x);
     free(f);
     free(g);
+    tiers_close(t, m);
+}
+
+/* Requests at once (the server's scheduler): a session a request still runs
+ * on is never extended in place by another request, nor evicted; the
+ * second request on the same conversation gets an exact copy of it, and
+ * once the first is released the conversation extends in place again. */
+TEST(tiers_pick_busy_session)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(400, 23, 400, 23), *x = prompt(300, 24, 300, 24);
+    kvt_tier_pick p, q, r, e;
+    CHECK_OK(run_as(t, 0, NULL, a, 300, &p, true));
+    CHECK(kvt_tiers_busy(t) == 1);
+    /* the same conversation, one turn on, while the first still runs */
+    CHECK_OK(run_as(t, 0, NULL, a, 350, &q, true));
+    CHECK(pick_is(&q, "ram", 300) && q.forked && !q.extended && q.s != p.s);
+    CHECK(holds(p.s, a, 300) && holds(q.s, a, 350) && kvt_tiers_busy(t) == 2);
+    /* no room at all: neither busy session goes, only the idle one */
+    CHECK_OK(run(t, 0, NULL, x, 300, &e));
+    t->o.ram_bytes = 1;
+    kvt_tier_pick y;
+    CHECK_OK(run_as(t, 0, NULL, x, 300, &y, true)); /* x's own session extends: idle, reused whole */
+    CHECK(pick_is(&y, "ram", 300) && y.extended);
+    int32_t *z = prompt(300, 25, 300, 25);
+    kvt_tier_pick pz;
+    CHECK_OK(run(t, 0, NULL, z, 300, &pz));
+    CHECKF(w.evicted[0] == 0, "evicted %d (every other session is busy)", w.evicted[0]);
+    CHECK(in_pool(t, p.s, 0) && in_pool(t, q.s, 0) && in_pool(t, y.s, 0));
+    /* released: the next turn extends the session in place */
+    t->o.ram_bytes = SIZE_MAX;
+    kvt_tiers_release(t, p.s);
+    kvt_tiers_release(t, q.s);
+    kvt_tiers_release(t, y.s);
+    CHECK(kvt_tiers_busy(t) == 0);
+    CHECK_OK(run(t, 0, NULL, a, 400, &r));
+    CHECK(pick_is(&r, "ram", 350) && r.extended && r.s == q.s);
+    free(a);
+    free(x);
+    free(z);
     tiers_close(t, m);
 }
