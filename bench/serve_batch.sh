@@ -12,7 +12,7 @@
 # the best run's aggregate tok/s (every client's tokens over the time from
 # the first request to the last reply's end) and its slowest request are
 # reported. Then, on F16 with two requests at once and a context of 32768:
-# a 60,000-byte prompt (about 20,000 tokens) starts, and 2 s later a short
+# a 40,000-byte prompt (19,869 tokens) starts, and 2 s later a short
 # request asks for 16 tokens: its time to first token shows whether the
 # long prefill holds it up (tests/e2e/load.mjs under-prefill).
 #
@@ -26,6 +26,7 @@
 #   TOKENS=N            tokens per client (default 64)
 #   COUNTS="1 2 4 8"    the client counts
 #   PREFILL=0           leave out the long-prefill case
+#   DECODE=0            leave out the client counts (the long-prefill case only)
 #   PEER_ARGS="..."     extra llama-server arguments (default: -nr on a CPU
 #                       with AMX, as bench/serve_peer.sh)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
@@ -87,8 +88,11 @@ start() { # $1: kvtier|llama, $2: model, $3: requests at once, $4: context per r
             >>"$tmp/server.log" 2>&1 &
     else
         # shellcheck disable=SC2086
+        # the file says a context of 8192, which llama.cpp's slots do not exceed
+        ov=
+        [ "$4" -gt 8192 ] && ov="--override-kv llama.context_length=int:$4"
         "$lbin/llama-server" -m "$2" --port "$port" -c $(($4 * $3)) -t "$threads" -tb "$threads" -np "$3" \
-            $peer_args >>"$tmp/server.log" 2>&1 &
+            $ov $peer_args >>"$tmp/server.log" 2>&1 &
     fi
     pid=$!
     i=0
@@ -110,7 +114,9 @@ stop() {
 }
 
 : >"$tmp/rows"
+[ "${DECODE:-1}" = 0 ] && counts=
 for m in "$f16" "$q4"; do
+    [ -n "$counts" ] || break
     q=$(basename "$m" .gguf)
     q=${q##*-}
     for n in $counts; do
@@ -132,7 +138,7 @@ if [ "${PREFILL:-1}" != 0 ]; then
     for e in kvtier llama; do
         echo "serve_batch.sh: $e, a short request during a long prefill" >&2
         start "$e" "$f16" 2 32768
-        node tests/e2e/load.mjs "$base" under-prefill 60000 | sed "s/^{/{\"engine\":\"$e\",\"case\":\"prefill\",/" \
+        node tests/e2e/load.mjs "$base" under-prefill 40000 | sed "s/^{/{\"engine\":\"$e\",\"case\":\"prefill\",/" \
             >>"$tmp/rows" || { echo "serve_batch.sh: $e under-prefill failed" >&2; exit 1; }
         stop
     done

@@ -60,6 +60,7 @@
 #include <xxhash.h>
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
+#define PREFILL_BESIDE_DECODE 64 /* prompt tokens in a pass that also decodes (else a session chunk) */
 
 /* ---- metrics ---- */
 
@@ -352,9 +353,11 @@ static void gen_calls(void *user, const char *text, const kvt_tool_call *calls, 
  * each on a session of its own (the tiers never hand one session to two
  * requests), and advances all of them by one forward pass per step
  * (kvt_session_step): one token of every request that is generating, then
- * the rest of the step's token budget (the session chunk) to the prefills,
- * oldest first. A long prefill so delays a reply by one chunk's pass, not
- * by the whole prompt. Requests join between steps, picked from the queue
+ * the rest of the step's token budget to the prefills, those with the
+ * fewest tokens left first. The budget is a session chunk (256 tokens), or
+ * PREFILL_BESIDE_DECODE while replies are being generated: a long prefill
+ * so delays a reply's tokens by a short pass each, not by the whole
+ * prompt, and a short prompt behind it waits one pass. Requests join between steps, picked from the queue
  * by their key's share of the active slots (the key with the fewest active
  * requests first, then the oldest request), and leave when their reply
  * ends or their client went away. A request's logits do not depend on the
@@ -534,7 +537,8 @@ static size_t step(server *sv, slot **act, size_t na)
     kvt_step st[KVT_TIERS_MAX_BUSY];
     slot *who[KVT_TIERS_MAX_BUSY];
     size_t k = 0;
-    /* one token for every reply, then the prefills, oldest first */
+    /* one token for every reply, then the prefills */
+    size_t n_dec = 0;
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < na; i++) {
             slot *sl = act[i];
@@ -542,6 +546,7 @@ static size_t step(server *sv, slot **act, size_t na)
             if (sl->generating) {
                 if (!kvt_gen_next(sl->run, &sl->tok)) { slot_reply_done(sv, sl); act[i] = NULL; continue; }
                 st[k] = (kvt_step){sl->s, &sl->tok, 1, false, 0};
+                n_dec++;
             } else {
                 if (job_canceled(sl->j)) { slot_prefilled(sv, sl, KVT_ECANCELED); act[i] = NULL; continue; }
                 size_t at = kvt_session_len(sl->s);
@@ -549,8 +554,23 @@ static size_t step(server *sv, slot **act, size_t na)
             }
             who[k++] = sl;
         }
+    /* The prefills with the fewest tokens left first: the step's budget
+     * goes to them in this order, so a short prompt that arrives during a
+     * long one's prefill is done in one step, not a token per step. */
+    for (size_t i = n_dec + 1; i < k; i++)
+        for (size_t j = i; j > n_dec && st[j].n < st[j - 1].n; j--) {
+            kvt_step ts = st[j];
+            st[j] = st[j - 1];
+            st[j - 1] = ts;
+            slot *tw = who[j];
+            who[j] = who[j - 1];
+            who[j - 1] = tw;
+        }
+    /* While replies are being generated a pass takes fewer prefill tokens,
+     * so each of their tokens waits for a short pass, not a whole chunk */
+    size_t budget = n_dec ? n_dec + PREFILL_BESIDE_DECODE : 0;
     int rcs[KVT_TIERS_MAX_BUSY] = {0};
-    if (k && kvt_session_step(st, k, 0)) /* then each alone, to find which one failed */
+    if (k && kvt_session_step(st, k, budget)) /* then each alone, to find which one failed */
         for (size_t i = 0; i < k; i++) rcs[i] = kvt_session_step(&st[i], 1, 0);
     pthread_mutex_lock(&sv->mu);
     sv->steps += k > 0;
