@@ -963,6 +963,7 @@ QK_ROWS4(iq4xs_rows4, KVT_GGML_IQ4_XS)
  * scale of sub-block j), mn [r][j] (32: its mins), d [r] and dmin [r]
  * (16: binary16, as in the file). */
 #define X4_MAX_SB 64 /* superblocks a row may have for the stack's packing (16384 columns) */
+#define Q6_PACK_MIN 32 /* tokens from which a Q6_K matmul packs its rows on the stack */
 #define P4_QH 512
 static inline size_t p4_sc_at(bool q5) { return q5 ? 640 : 512; }
 static inline size_t p4_bytes(bool q5) { return p4_sc_at(q5) + 80; }
@@ -1383,14 +1384,20 @@ static void qk_range(void *arg, size_t o0, size_t o1)
     const kvt_wmat *W = c->W;
     size_t nsb = W->cols / QKK;
     bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K, q6 = W->type == KVT_GGML_Q6_K;
-    if (c->simd && c->n == 1) {
-        /* decode: four rows at a time (adjacent in memory, so one stream) */
+    if (c->simd && (c->n < 4 || (q6 && c->n < Q6_PACK_MIN))) {
+        /* decode, and the few tokens of batched decodes: four rows at a
+         * time (adjacent in memory, so one stream), each group against
+         * every token while it is in L1; Q6_K rows are not worth packing
+         * for fewer than Q6_PACK_MIN tokens */
         qk_rows4_fn f = q4   ? q4k_rows4
                         : q5 ? q5k_rows4
                         : q6 ? (kvt_kernels_avx512() ? q6k_rows4_zmm : q6k_rows4)
                              : iq4xs_rows4;
-        kact a = kact_at(c->qx, 0, W->cols);
-        for (; o0 + 4 <= o1; o0 += 4) f(W->data + o0 * W->row_bytes, W->row_bytes, nsb, &a, c->y + o0);
+        for (; o0 + 4 <= o1; o0 += 4)
+            for (size_t t = 0; t < c->n; t++) {
+                kact a = kact_at(c->qx, t, W->cols);
+                f(W->data + o0 * W->row_bytes, W->row_bytes, nsb, &a, c->y + t * W->rows + o0);
+            }
     }
     if (c->simd && c->n >= 4 && (q4 || q5 || q6) && nsb <= X4_MAX_SB) {
         /* prefill: four rows at a time, packed once for all the tokens.

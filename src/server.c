@@ -60,7 +60,7 @@
 #include <xxhash.h>
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
-#define PREFILL_BESIDE_DECODE 64 /* prompt tokens in a pass that also decodes (else a session chunk) */
+#define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
 
 /* ---- metrics ---- */
 
