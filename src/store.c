@@ -1464,14 +1464,53 @@ static void preview_of(const char *text, size_t len, char *out, size_t cap)
     out[k] = 0;
 }
 
+/* A save of a prefix the store holds whole already (the save policy runs
+ * again over the prefixes of a session that a request extended): only its
+ * use moves, and the record is never encoded, which for a long prefix with
+ * a recurrent state costs seconds. The entry's identity comes from the
+ * token ids alone. Returns KVT_OK when that was all, 1 when the save must
+ * go on (not stored, or a cold save that meets another kind of entry and
+ * rewrites its record), or an error. */
+static int stored_already(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out)
+{
+    size_t nb = n / KVT_BLOCK;
+    uint64_t head = kvt_snap_key0(s->m);
+    for (size_t b = 0; b < nb; b++) head = kvt_snap_key_next(head, s->tokens + b * KVT_BLOCK);
+    int64_t a[3] = {(int64_t)head, (int64_t)n,
+                    (int64_t)kvt_snap_tail_hash(head, s->tokens + nb * KVT_BLOCK, n - nb * KVT_BLOCK)};
+    int rc = begin(st);
+    if (rc) { st->save_errors++; return rc; }
+    int64_t id = q_int(st, "SELECT id FROM snaps WHERE head = ? AND n_tokens = ? AND tail = ?", 3, a, -1);
+    /* (a row the unique index names and the table lacks is damage, which
+     * the save below meets and the rebuild mends) */
+    bool whole = id >= 0 && !st->sql_rc && q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &id, 0) == 1 &&
+                 !(reason && !strcmp(reason, "cold") &&
+                   q_int(st, "SELECT reason != 'cold' OR replay != 0 FROM snaps WHERE id = ?", 1, &id, 1) != 0);
+    if (!whole || st->sql_rc) {
+        int failed = st->sql_rc;
+        rollback(st);
+        if (!failed) return 1;
+        st->save_errors++;
+        return sql_status(st);
+    }
+    int64_t u[2] = {tick(st), id};
+    q(st, NULL, "UPDATE snaps SET last_used = ? WHERE id = ?", 2, u);
+    flush_counters(st);
+    if ((rc = commit(st))) { st->save_errors++; return rc; }
+    if (id_out) *id_out = id;
+    return KVT_OK;
+}
+
 static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id_out, bool *created)
 {
     if (created) *created = false;
     if (!kvt_snap_can_save(s, n))
         return kvt_fail(KVT_EINVAL, "cannot save %zu tokens: the session holds %zu and no checkpoint there", n, s->n);
+    int rc = stored_already(st, s, n, reason, id_out);
+    if (rc != 1) return rc;
     kvt_wbuf rec = {0}, blk = {0}, locs = {0};
     uint64_t *keys = NULL;
-    int rc = kvt_snap_encode(s, n, 0, &rec, &keys);
+    rc = kvt_snap_encode(s, n, 0, &rec, &keys);
     if (rc) { kvt_wbuf_free(&rec); return rc; } /* what it appended before running out */
     kvt_snap_info in;
     if ((rc = kvt_snap_parse_raw(rec.p, rec.len, &in))) goto out;

@@ -13,7 +13,10 @@
  *   batch_window         gemma3 (window rings) and gemma4 (shared layers,
  *                        per-layer embeddings)
  *   batch_recurrent      qwen35 and qwen35moe (DeltaNet state, experts)
- *   batch_moe            qwen3moe (experts chosen per token of a batch)
+ *   batch_moe            qwen3moe and gemma4 with experts (experts chosen
+ *                        per token of a batch)
+ *   batch_family         llama 3 (rope_freqs), qwen2 (biases), qwen3 (head
+ *                        norms)
  *   batch_ds4            ds4-tiny (no batched pass: its segments run one
  *                        after another, with the same results)
  *   batch_llama_q4k      (tests/test_llama.c) a Q4_K llama: quantised
@@ -250,7 +253,20 @@ TEST(batch_recurrent)
     synth_case(&(fam_spec){"qwen35moe", .qwen35 = FAM_Q35_MOE}, 3);
 }
 
-TEST(batch_moe) { synth_case(&(fam_spec){"qwen3moe", false, true, FAM_HEAD_DIM, false, true, false}, 4); }
+TEST(batch_moe)
+{
+    synth_case(&(fam_spec){"qwen3moe", false, true, FAM_HEAD_DIM, false, true, false}, 4);
+    synth_case(&(fam_spec){"gemma4", .gemma4 = FAM_G4_MOE}, 3);
+}
+
+/* The family's other rows: llama 3 (rope_freqs), qwen2 (biases), qwen3
+ * (head norms). */
+TEST(batch_family)
+{
+    synth_case(&(fam_spec){"llama", false, false, FAM_HEAD_DIM, true, false, false}, 3);
+    synth_case(&(fam_spec){"qwen2", true, false, FAM_HEAD_DIM, false, false, false}, 3);
+    synth_case(&(fam_spec){"qwen3", false, true, 128, false, false, false}, 3);
+}
 
 TEST(batch_ds4)
 {

@@ -1488,3 +1488,59 @@ TEST(store_every_allocation_failure)
     kvt_model_close(m);
     rmdir_all(dir);
 }
+
+/* The save policy runs again over a session's prefixes each time a request
+ * extends it (a RAM hit): a prefix the store holds whole already only has
+ * its use moved, and its record is never encoded (for a long prefix with a
+ * recurrent state that took seconds, before the first token). Counted in
+ * allocations: encoding a record allocates as it grows, the re-save a few
+ * statements' worth. The negative control encodes the record as the save
+ * used to. */
+TEST(store_resave_encodes_nothing)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "resave");
+    enum { N = 3000 };
+    int32_t *t = malloc(N * sizeof *t);
+    kvt_test_tokens(t, N, 97);
+    kvt_save_policy p = {512, 32, 2048, 4096};
+    kvt_session_opts so = {.n_ctx = 4096, .checkpoint_interval = kvt_save_policy_grid(&p)};
+    kvt_store *st = NULL;
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    int64_t id1 = -1, id2 = -1;
+    bool created = false;
+    unsigned long a0 = kvt_test_allocs();
+    CHECK_OK(kvt_store_save_new(st, s, 2048, "cold", &id1, &created));
+    unsigned long first = kvt_test_allocs() - a0;
+    CHECK(created);
+    CHECK_OK(kvt_store_save_new(st, s, N, "continued", NULL, &created)); /* now the most recently used */
+    a0 = kvt_test_allocs();
+    CHECK_OK(kvt_store_save_new(st, s, 2048, "cold", &id2, &created));
+    unsigned long again = kvt_test_allocs() - a0;
+    CHECK(!created && id2 == id1);
+    kvt_store_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_store_list(st, &e, &ne)); /* most recently used first */
+    CHECKF(ne == 2 && e[0].n_tokens == 2048, "the re-save moved the entry's use (%zu entries)", ne);
+    free(e);
+    /* the negative control: what an encode of the same record allocates */
+    kvt_wbuf rec = {0};
+    uint64_t *keys = NULL;
+    a0 = kvt_test_allocs();
+    CHECK_OK(kvt_snap_encode(s, 2048, 0, &rec, &keys));
+    unsigned long encode = kvt_test_allocs() - a0;
+    kvt_wbuf_free(&rec);
+    free(keys);
+    printf("    allocations: first save %lu, re-save %lu, an encode of the record %lu\n", first, again, encode);
+    CHECKF(encode > again && again * 2 < first, "the re-save allocated %lu (an encode: %lu)", again, encode);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    kvt_model_close(m);
+    free(t);
+    rmdir_all(dir);
+}
