@@ -341,6 +341,12 @@ TEST(kernels_matmul_float_types)
                 size_t b1 = not_dot(wf, x, y1, NB, DO, DI), b2 = not_dot(wf, x, y2, NB, DO, DI);
                 CHECKF(b1 == 0 && b2 == 0, "%s d_in %zu path %d: %zu outputs of a batch, %zu one token at a time, not kvt_dot",
                        tn, DI, path, b1, b2);
+                /* the few tokens of batched decodes */
+                for (size_t nb = 2; nb <= 9; nb++) {
+                    kvt_matmul_w(NULL, y1, &m, x, nb, NULL);
+                    size_t bn = not_dot(wf, x, y1, nb, DO, DI);
+                    CHECKF(bn == 0, "%s d_in %zu path %d: %zu outputs of %zu tokens not kvt_dot", tn, DI, path, bn, nb);
+                }
                 kvt_kernels_force_scalar(old);
                 kvt_kernels_force_avx2(old2);
             }

@@ -2,7 +2,7 @@
 //
 //   node soak.mjs BASE_URL load SECONDS CLIENTS STATE.json
 //       CLIENTS clients loop for SECONDS, each request drawn at random:
-//       one of a few long shared system prompts (3,000 to 6,000 bytes) or a
+//       one of a few long shared system prompts (1,500 to 3,500 bytes: ds4-tiny has a context of 4,096) or a
 //       short prompt, a question, chat or completions, streaming or not,
 //       1 to 48 tokens at temperature 0; one request in eight hangs up
 //       after a random delay. Only 200 and 429 may come back (a 429 is
@@ -17,7 +17,7 @@ import fs from 'node:fs';
 import { pseudoCode, rng, sleep } from './lib.mjs';
 
 const [base, mode, ...args] = process.argv.slice(2);
-const SYSTEMS = [3000, 4500, 6000].map((n, i) => pseudoCode(n, 40 + i));
+const SYSTEMS = [1500, 2500, 3500].map((n, i) => pseudoCode(n, 40 + i));
 const QUESTIONS = ['Which routines write to row?', 'List the ones that read tail.', 'What does blk_hash do?',
   'Name three loops.', 'Which function is longest?', 'Summarise listing two.'];
 
