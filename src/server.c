@@ -708,8 +708,9 @@ static int endpoint_index(kvt_api api)
 /* A request of tenant tnt (-1: of no tenant, refused) with its status. */
 static void count_request(server *sv, int tnt, int ep, int status)
 {
-    int cls = status == 429 ? 5 : status / 100 - 2; /* 2xx 3xx 4xx 5xx, then 429 apart */
+    int cls = status / 100 - 2; /* 2xx 3xx 4xx 5xx, then 429 apart */
     if (cls < 0 || cls > 3) cls = 3;
+    if (status == 429) cls = 5;
     pthread_mutex_lock(&sv->mu);
     if (tnt < 0) sv->refused++;
     else sv->tn[tnt].mx.requests[ep][cls]++;

@@ -14,7 +14,7 @@
 // small request.
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { check, getJSON, postJSON, run, section, sleep } from './lib.mjs';
+import { check, getJSON, metrics, postJSON, run, section, sleep } from './lib.mjs';
 
 const [base, mode] = process.argv.slice(2);
 if (!base || !mode) {
@@ -237,6 +237,10 @@ async function queue() {
     await sleep(250);
   }
   check(served && served.status === 200, 'after the clients go away a new request is served', served);
+  const m = await metrics(base);
+  const refused = m['kvtier_requests_total{endpoint="chat_completions",status="429"}'];
+  check(refused >= full.length && !m['kvtier_requests_total{endpoint="chat_completions",status="5xx"}'],
+    `/metrics counts the ${refused} refused as 429, none as 5xx`, m);
   console.log(`    served ${((performance.now() - started) / 1000).toFixed(2)} s after the burst began`);
   await stillServing();
 }
