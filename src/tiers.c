@@ -241,13 +241,14 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
     if (kvt_tiers_busy(t) >= KVT_TIERS_MAX_BUSY)
         return kvt_fail(KVT_EINVAL, "%d sessions are busy already", KVT_TIERS_MAX_BUSY);
     bool extend = best != SIZE_MAX && !t->pool[best].busy && reuse > 0 && reuse >= disk_match &&
-                  reuse == kvt_session_len(t->pool[best].s);
+                  (reuse == kvt_session_len(t->pool[best].s) || reuse >= t->pool[best].prompt_end);
     bool fork = !extend && best != SIZE_MAX && reuse >= MIN_FORK && reuse >= disk_match;
     kvt_session *s = NULL;
     if (extend) {
         s = t->pool[best].s;
         t->pool[best].last_used = ++t->clock;
         t->pool[best].busy = true;
+        t->pool[best].prompt_end = *n;
         *out = (kvt_tier_pick){.s = s, .reused = reuse, .tier = "ram", .extended = true};
     } else {
         kvt_session *src = fork ? t->pool[best].s : NULL;
@@ -264,7 +265,7 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
             kvt_session_free(s);
             return kvt_fail(KVT_ENOMEM, "the RAM pool holds %zu sessions", t->n);
         }
-        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true};
+        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true, *n};
         *out = (kvt_tier_pick){.s = s, .reused = src ? reuse : 0, .tier = src ? "ram" : "none", .forked = src != NULL};
         if (!src && disk_match && store) {
             double t0 = kvt_now();

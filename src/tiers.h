@@ -42,6 +42,7 @@ typedef struct kvt_pooled {
     uint64_t last_used;
     int tenant;
     bool busy;
+    size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
 } kvt_pooled;
 
 typedef struct kvt_tiers {
@@ -91,7 +92,10 @@ void kvt_tiers_free(kvt_tiers *t);
  *      freed and replaced, and the caller owns the new array).
  *   2. Disk: store (NULL: none), when it covers more than RAM does.
  * A prompt that continues the best session extends it in place, unless
- * another request runs on it (busy); one that leaves it part way, or
+ * another request runs on it (busy); so does one that leaves it inside
+ * the reply to its last prompt (the next turn of the same conversation,
+ * the reply resent otherwise than sampled, or a regeneration: the reply's
+ * tail is dropped, not copied); one that leaves it before that, or
  * continues a busy one, after at least 256 shared tokens gets a copy (the
  * session stays whole: a busy session is consistent between steps, so
  * copying it is exact); otherwise a new session, restored from the store

@@ -436,3 +436,36 @@ TEST(tiers_pick_busy_session)
     free(z);
     tiers_close(t, m);
 }
+
+/* The next turn of a conversation whose client resent the reply otherwise
+ * than it was sampled (or a regeneration): the prompt leaves the session
+ * inside its last reply, so the session is extended in place (its reply's
+ * tail dropped), not copied whole: a copy of a long session is hundreds of
+ * MB of rows and checkpoints. A prompt that leaves it before its last
+ * prompt's end (another conversation) still gets a copy. */
+TEST(tiers_pick_next_turn_in_place)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(420, 26, 420, 26), *reply = prompt(20, 27, 20, 27), *b = prompt(420, 26, 300, 28);
+    kvt_tier_pick p, q, r;
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    for (size_t i = 0; i < 20; i++) CHECK_OK(kvt_session_decode(p.s, reply[i])); /* the sampled reply */
+    CHECK(a[300] != reply[0]);
+    /* the next turn: the prompt, the reply as the client renders it (here
+     * other tokens), a new question */
+    CHECK_OK(run(t, 0, NULL, a, 420, &q));
+    CHECK(pick_is(&q, "ram", 300) && q.extended && !q.forked && q.s == p.s && t->n == 1);
+    CHECK(holds(q.s, a, 420));
+    /* another conversation on the first 300 tokens leaves it before the
+     * end of its last prompt (420): a copy */
+    CHECK(b[300] != a[300]);
+    CHECK_OK(run(t, 0, NULL, b, 420, &r));
+    CHECK(pick_is(&r, "ram", 300) && r.forked && r.s != q.s && t->n == 2 && holds(q.s, a, 420));
+    free(a);
+    free(reply);
+    free(b);
+    tiers_close(t, m);
+}
