@@ -114,7 +114,11 @@ await run(async () => {
   check(a1.content[0]?.type === 'text' && typeof a1.content[0].text === 'string', 'content[0] is a text block');
   check(['end_turn', 'max_tokens'].includes(a1.stop_reason), 'stop_reason', a1.stop_reason);
   const u = a1.usage;
-  check(isInt(u.input_tokens) && u.input_tokens > 0, 'usage.input_tokens > 0', u);
+  // the prompt is the chat request's above, which the server holds: its
+  // regeneration reads the whole prompt from the cache
+  check(isInt(u.input_tokens) && isInt(u.cache_read_input_tokens) && isInt(u.cache_creation_input_tokens) &&
+    u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens === c1.usage.prompt_tokens,
+  'usage: input + cache read + cache creation tokens = the prompt\'s tokens', { u, prompt: c1.usage.prompt_tokens });
   check(isInt(u.output_tokens) && u.output_tokens <= 12, 'usage.output_tokens <= 12', u);
   check(isInt(u.cache_read_input_tokens), 'usage.cache_read_input_tokens present', u);
   check(isInt(u.cache_creation_input_tokens), 'usage.cache_creation_input_tokens present', u);
