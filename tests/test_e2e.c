@@ -1004,7 +1004,8 @@ TEST(e2e_tiers_gemma3)
     e2e_end(&t);
 }
 
-TEST(e2e_tiers_stories)
+/* Run fn on stories260K from ../shared (skipped without it). */
+static void on_stories(void (*fn)(e2e *t, const char *model))
 {
     const char *model = kvt_test_shared(STORIES);
     if (!model) SKIP("%s not found under ../shared", STORIES);
@@ -1012,9 +1013,11 @@ TEST(e2e_tiers_stories)
     snprintf(path, sizeof path, "%s", model);
     e2e t;
     if (!e2e_begin(&t, false)) return;
-    tiers_stories(&t, path);
+    fn(&t, path);
     e2e_end(&t);
 }
+
+TEST(e2e_tiers_stories) { on_stories(tiers_stories); }
 
 static void agent_tiers(e2e *t)
 {
@@ -1325,17 +1328,7 @@ TEST(e2e_batch_same_ds4)
     e2e_end(&t);
 }
 
-TEST(e2e_batch_same_stories)
-{
-    const char *model = kvt_test_shared(STORIES);
-    if (!model) SKIP("%s not found under ../shared", STORIES);
-    char path[4096];
-    snprintf(path, sizeof path, "%s", model);
-    e2e t;
-    if (!e2e_begin(&t, false)) return;
-    batch_same(&t, path);
-    e2e_end(&t);
-}
+TEST(e2e_batch_same_stories) { on_stories(batch_same); }
 
 /* Clients that hang up free their slots; a burst of one key's requests
  * does not hold another key's behind all of it (ds4-mini: its prefills
