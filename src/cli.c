@@ -603,6 +603,7 @@ static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
                {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
+               {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
@@ -616,7 +617,7 @@ static int cmd_serve(int argc, char **argv)
         return 2;
     }
     uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32,
-             parallel = 0;
+             parallel = 0, req_timeout = 30, per_addr = 256, max_conns = 4096;
     if (!parse_u64(get(o, no, "--port"), "--port", 65535, &port) ||
         !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
         !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
@@ -624,8 +625,15 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--queue"), "--queue", 1u << 16, &queue) ||
         !parse_u64(get(o, no, "--parallel"), "--parallel", KVT_SERVE_MAX_PARALLEL, &parallel) ||
         !parse_u64(get(o, no, "--kv-ram-mb"), "--kv-ram-mb", 1u << 30, &ram_mb) ||
-        !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb))
+        !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb) ||
+        !parse_u64(get(o, no, "--request-timeout"), "--request-timeout", 86400, &req_timeout) ||
+        !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
+        !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
         return 2;
+    if (!req_timeout || !per_addr || !max_conns) {
+        fprintf(stderr, "kvtier: --request-timeout, --max-conn-per-addr and --max-connections must be at least 1\n");
+        return 2;
+    }
     /* API keys: --api-key (repeatable), --api-key-file (one per line), or $KVTIER_API_KEY */
     const char *keys[32];
     size_t n_keys = 0;
@@ -702,6 +710,8 @@ static int cmd_serve(int argc, char **argv)
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .parallel = (uint32_t)parallel, .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
+        .request_timeout = (uint32_t)req_timeout, .max_conn_per_addr = (uint32_t)per_addr,
+        .max_connections = (uint32_t)max_conns,
         .api_keys = keys, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
     };

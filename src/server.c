@@ -55,11 +55,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
+#define STREAM_MAX_UNSENT (1u << 20) /* bytes a stream buffers for a client that does not read */
 #define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
 
 /* ---- metrics ---- */
@@ -90,15 +93,19 @@ typedef struct metrics {
 
 typedef struct job {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     int refs;                     /* handler/response + worker */
     kvt_request req;
     kvt_api api;
     bool stream, done, canceled;
     int status;                   /* HTTP status when done */
     char *body;                   /* non-streaming: the full response */
-    kvt_wbuf out;                 /* streaming: SSE bytes produced so far */
+    kvt_wbuf out;                 /* streaming: SSE bytes not yet sent from out.p + sent */
     size_t sent;
+    struct MHD_Connection *c;     /* the request's connection, resumed when there is news */
+    bool suspended;               /* c waits for this job, suspended (j->mu) */
+    bool ping;                    /* streaming: a keepalive comment is due */
+    bool overflow;                /* streaming: more than STREAM_MAX_UNSENT bytes unsent */
+    double t_sent;                /* streaming: when the reader last gave bytes */
     char tier[16];
     size_t reused;
     int tenant;
@@ -161,7 +168,6 @@ static job *job_new(void)
     job *j = kvt_calloc(1, sizeof *j);
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 2;
     return j;
 }
@@ -177,16 +183,36 @@ static void job_unref(job *j)
     free(j->body);
     kvt_wbuf_free(&j->out);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
+/* The connection waiting for the job goes on (under j->mu, so that a
+ * wakeup is never lost: the handler and the stream reader suspend it
+ * under the same lock, after seeing nothing to send). libmicrohttpd's
+ * resume of a connection that is not suspended would cancel its next
+ * suspend, so only a suspended one is resumed. */
+static void job_wake(job *j)
+{
+    if (!j->suspended) return;
+    j->suspended = false;
+    MHD_resume_connection(j->c);
+}
+
+/* Streaming output. A client that stops reading gets no more than
+ * STREAM_MAX_UNSENT bytes buffered: past that its request ends as if it
+ * had hung up (the job is canceled, its connection shut down). */
 static void job_emit(job *j, char *sse)
 {
     if (!sse) return;
+    size_t n = strlen(sse);
     pthread_mutex_lock(&j->mu);
-    kvt_wbuf_put(&j->out, sse, strlen(sse));
-    pthread_cond_broadcast(&j->cv);
+    if (!j->overflow && j->out.len - j->sent + n > STREAM_MAX_UNSENT) {
+        j->overflow = j->canceled = true;
+        kvt_wbuf_free(&j->out);
+        j->sent = 0;
+    }
+    if (!j->overflow) kvt_wbuf_put(&j->out, sse, n);
+    job_wake(j);
     pthread_mutex_unlock(&j->mu);
     free(sse);
 }
@@ -204,13 +230,13 @@ static void job_finish(job *j, int status, char *body)
     pthread_mutex_lock(&j->mu);
     j->status = status;
     if (j->stream && body) {
-        kvt_wbuf_put(&j->out, body, strlen(body));
+        if (!j->overflow) kvt_wbuf_put(&j->out, body, strlen(body));
         free(body);
     } else {
         j->body = body;
     }
     j->done = true;
-    pthread_cond_broadcast(&j->cv);
+    job_wake(j);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -677,9 +703,55 @@ static void *worker_main(void *arg)
 
 /* ---- HTTP ---- */
 
+/* libmicrohttpd runs in epoll mode with a small pool of threads, so a
+ * connection costs a descriptor and some memory, not a thread, and no
+ * handler ever blocks a pool thread: a request waiting for its job (or a
+ * stream waiting for its next bytes) suspends its connection, and the
+ * worker's job_emit/job_finish resume it. A ticker thread does what a
+ * suspended connection cannot: it watches for hang-ups (the job is
+ * canceled), resumes streams for their keepalive comments, and shuts down
+ * connections that have not completed their request within
+ * --request-timeout (libmicrohttpd's own timeout restarts at every byte,
+ * so a client trickling a byte a second would never meet it) and streams
+ * whose client stopped reading (STREAM_MAX_UNSENT). */
+
+#define FD_RESERVE 256   /* descriptors kept for the store's files, the model, logs */
+#define TICK_MS 250      /* the ticker's period: how soon a hang-up cancels */
+
+/* One TCP connection, from accept to close (libmicrohttpd's socket
+ * context). Under net.mu; the list holds only open connections: the
+ * connection leaves it in the CLOSED notification, which libmicrohttpd
+ * sends before it closes the socket, so fd is never a reused descriptor
+ * while the ticker holds net.mu. */
+typedef struct peer {
+    int fd;
+    double t_req;            /* its current request began (or the previous one ended) */
+    bool complete;           /* the request has fully arrived: no deadline */
+    bool cut;                /* shut down by the ticker */
+    bool over;               /* accepted past --max-connections: answered 503 */
+    job *j;                  /* the request's job (a reference), NULL when none */
+    struct peer *prev, *next;
+} peer;
+
+typedef struct net {
+    server *sv;
+    pthread_mutex_t mu;      /* the peers; taken before a job's mu, never after */
+    pthread_cond_t cv;
+    peer *head;
+    size_t n_peers;
+    unsigned max_conns;      /* past it: 503 */
+    unsigned hard;           /* libmicrohttpd's limit: past it new connections are closed */
+    double timeout;          /* --request-timeout */
+    bool stop, started;
+    pthread_t ticker;
+} net;
+
+/* One request on a connection (libmicrohttpd's request context). */
 typedef struct conn {
     kvt_wbuf body;
     bool too_big;
+    peer *p;
+    job *j;                  /* non-streaming: the job whose answer is awaited */
 } conn;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, const char *text,
@@ -717,32 +789,44 @@ static void count_request(server *sv, int tnt, int ep, int status)
     pthread_mutex_unlock(&sv->mu);
 }
 
+/* The stream's next bytes: what the worker has emitted, or a keepalive
+ * comment the ticker asked for; with nothing to send the connection is
+ * suspended until job_wake. Sent bytes leave the buffer, so it holds only
+ * what the client has not yet read. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     job *j = cls;
+    ssize_t r = 0;
     pthread_mutex_lock(&j->mu);
-    for (;;) {
-        if (j->out.len > j->sent) {
-            size_t n = j->out.len - j->sent;
-            if (n > max) n = max;
-            memcpy(buf, j->out.p + j->sent, n);
-            j->sent += n;
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
+    if (j->overflow) {
+        r = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (j->out.len > j->sent) {
+        size_t n = j->out.len - j->sent;
+        if (n > max) n = max;
+        memcpy(buf, j->out.p + j->sent, n);
+        j->sent += n;
+        if (j->sent == j->out.len) j->sent = j->out.len = 0;
+        else if (j->sent >= (64u << 10)) {
+            memmove(j->out.p, j->out.p + j->sent, j->out.len - j->sent);
+            j->out.len -= j->sent;
+            j->sent = 0;
         }
-        if (j->done) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += KEEPALIVE;
-        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && j->out.len == j->sent && !j->done) {
-            static const char ka[] = ": keepalive\n\n";
-            size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
-            memcpy(buf, ka, n);
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
-        }
+        r = (ssize_t)n;
+    } else if (j->done) {
+        r = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (j->ping) {
+        static const char ka[] = ": keepalive\n\n";
+        r = (ssize_t)(sizeof ka - 1 < max ? sizeof ka - 1 : max);
+        memcpy(buf, ka, (size_t)r);
+    } else {
+        j->suspended = true;
+        MHD_suspend_connection(j->c);
     }
+    j->ping = false;
+    if (r > 0) j->t_sent = kvt_now();
+    pthread_mutex_unlock(&j->mu);
     (void)pos;
+    return r;
 }
 
 static void stream_free(void *cls)
@@ -824,6 +908,7 @@ static void add_max_tokens(kvt_wbuf *body)
 /* A request as a route's handler gets it. */
 typedef struct call {
     server *sv;
+    net *nt;
     struct MHD_Connection *c;
     conn *cn;                 /* the body read so far */
     const char *url, *method;
@@ -850,6 +935,36 @@ static enum MHD_Result get_metrics(const call *q)
 static enum MHD_Result get_models(const call *q)
 {
     return send_json(q->c, 200, kvt_models_json(q->sv->model_id, q->sv->started));
+}
+
+/* A non-streaming request's answer once its job is done; until then the
+ * connection is suspended (job_wake resumes it, and libmicrohttpd calls
+ * handle() again, which comes back here). */
+static enum MHD_Result reply_job(const call *q)
+{
+    conn *cn = q->cn;
+    job *j = cn->j;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done) {
+        j->suspended = true;
+        MHD_suspend_connection(q->c);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&j->mu);
+    cn->j = NULL;
+    int st = j->status == 499 ? 400 : j->status;
+    count_request(q->sv, j->tenant, endpoint_index(j->api), st);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(j->body ? j->body : "{}"),
+                                                                j->body ? j->body : "{}", MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    char hv[64];
+    snprintf(hv, sizeof hv, "%s; reused=%zu", j->tier[0] ? j->tier : "none", j->reused);
+    MHD_add_response_header(resp, "X-KVTier-Cache", hv);
+    enum MHD_Result r = MHD_queue_response(q->c, (unsigned)st, resp);
+    MHD_destroy_response(resp);
+    job_unref(j);
+    return r;
 }
 
 /* An inference request (counting: count_tokens, answered with the prompt's
@@ -889,6 +1004,9 @@ static enum MHD_Result infer(const call *q, bool counting)
         rc = kvt_fail(KVT_ENOENT, "%s", msg);
         status = 404;
     }
+    /* --max-tokens is the default and the most a request gets: a larger
+     * max_tokens is cut to it (the reply ends "length") */
+    if (!rc && j->req.max_tokens > sv->o.max_tokens) j->req.max_tokens = sv->o.max_tokens;
     if (rc) {
         count_request(sv, tnt, ep, status);
         char *body = kvt_error_json(api, status, kvt_errmsg());
@@ -947,6 +1065,19 @@ static enum MHD_Result infer(const call *q, bool counting)
         free(body);
         return r;
     }
+    /* the connection's reference, for the ticker: hang-ups, keepalives,
+     * a stream whose client stopped reading */
+    net *nt = q->nt;
+    pthread_mutex_lock(&nt->mu);
+    pthread_mutex_lock(&j->mu);
+    j->c = c;
+    j->t_sent = kvt_now();
+    if (cn->p && !cn->p->j) {
+        cn->p->j = j;
+        j->refs++;
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_unlock(&nt->mu);
     if (j->stream) { /* headers now; keepalive comments while queued or prefilling */
         count_request(sv, tnt, ep, 200);
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
@@ -956,34 +1087,8 @@ static enum MHD_Result infer(const call *q, bool counting)
         MHD_destroy_response(resp);
         return r;
     }
-    /* Wait, watching the socket: a client that hangs up cancels its job. */
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    int fd = ci ? ci->connect_fd : -1;
-    pthread_mutex_lock(&j->mu);
-    while (!j->done) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-        if (!j->done && fd >= 0) {
-            struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
-            if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->canceled = true;
-        }
-    }
-    pthread_mutex_unlock(&j->mu);
-    int st = j->status == 499 ? 400 : j->status;
-    count_request(sv, tnt, ep, st);
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(j->body ? j->body : "{}"),
-                                                                j->body ? j->body : "{}", MHD_RESPMEM_MUST_COPY);
-    MHD_add_response_header(resp, "Content-Type", "application/json");
-    char hv[64];
-    snprintf(hv, sizeof hv, "%s; reused=%zu", j->tier[0] ? j->tier : "none", j->reused);
-    MHD_add_response_header(resp, "X-KVTier-Cache", hv);
-    enum MHD_Result r = MHD_queue_response(c, (unsigned)st, resp);
-    MHD_destroy_response(resp);
-    job_unref(j);
-    return r;
+    cn->j = j;
+    return reply_job(q);
 }
 
 static enum MHD_Result post_infer(const call *q) { return infer(q, false); }
@@ -1019,16 +1124,76 @@ static const struct route {
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
+/* A response that closes the connection after it: for requests answered
+ * before their body is read, and past --max-connections. */
+static enum MHD_Result send_closing(struct MHD_Connection *c, int status, char *json, const char *extra_h,
+                                    const char *extra_v)
+{
+    const char *t = json ? json : "{}";
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(t), (void *)t, MHD_RESPMEM_MUST_COPY);
+    free(json);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (extra_h) MHD_add_response_header(resp, extra_h, extra_v);
+    enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+static kvt_api url_api(const char *url)
+{
+    return strstr(url, "/messages") ? KVT_API_MESSAGES
+         : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
+         : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
+}
+
+/* The first call, once the headers are in: a connection past
+ * --max-connections is answered 503, a Content-Length over the body limit
+ * 413, both at once (no body is read). Otherwise NO_ANSWER. */
+#define NO_ANSWER ((enum MHD_Result) - 1)
+static enum MHD_Result first_call(net *nt, struct MHD_Connection *c, conn *cn, const char *url)
+{
+    server *sv = nt->sv;
+    bool over = false;
+    pthread_mutex_lock(&nt->mu);
+    if (cn->p) over = cn->p->over;
+    pthread_mutex_unlock(&nt->mu);
+    kvt_api api = url_api(url);
+    if (over) {
+        count_request(sv, -1, 3, 503);
+        return send_closing(c, 503, kvt_error_json(api, 503, "too many connections; retry shortly"), "Retry-After",
+                            "2");
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (end != cl && (errno == ERANGE || n > sv->o.max_body)) {
+            int tnt = authorized(sv, c);
+            count_request(sv, tnt >= 0 ? tnt : -1, endpoint_index(api), 413);
+            char msg[128];
+            snprintf(msg, sizeof msg, "request body exceeds %zu bytes", sv->o.max_body);
+            return send_closing(c, 413, kvt_error_json(api, 413, msg), NULL, NULL);
+        }
+    }
+    return NO_ANSWER;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
-    server *sv = cls;
+    net *nt = cls;
+    server *sv = nt->sv;
     conn *cn = *con_cls;
     if (!cn) {
         cn = kvt_calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         *con_cls = cn;
-        return MHD_YES;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cn->p = ci ? ci->socket_context : NULL;
+        enum MHD_Result r = first_call(nt, c, cn, url);
+        return r == NO_ANSWER ? MHD_YES : r;
     }
     if (*upload_size) {
         if (cn->body.len + *upload_size > sv->o.max_body) cn->too_big = true;
@@ -1037,10 +1202,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     (void)version;
-    call q = {sv, c, cn, url, method, KVT_API_CHAT, 0};
-    q.api = strstr(url, "/messages") ? KVT_API_MESSAGES
-          : !strcmp(url, "/v1/completions") ? KVT_API_COMPLETIONS
-          : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
+    call q = {sv, nt, c, cn, url, method, url_api(url), 0};
+    if (cn->j) return reply_job(&q); /* resumed: the job is done (or not yet: suspend again) */
+    pthread_mutex_lock(&nt->mu);
+    if (cn->p) cn->p->complete = true; /* the whole request is in: no deadline from here */
+    pthread_mutex_unlock(&nt->mu);
     const struct route *rt = NULL, *other = NULL; /* other: the path's row under another method */
     for (size_t i = 0; i < N_ROUTES && !rt; i++)
         if (!strcmp(url, routes[i].path)) {
@@ -1069,14 +1235,110 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return send_json(c, 404, kvt_error_json(q.api, 404, msg));
 }
 
+/* A request is over (answered, or its connection closed): the next one
+ * on a keep-alive connection has --request-timeout from now, idle time
+ * included. */
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    net *nt = cls;
     conn *cn = *con_cls;
     if (!cn) return;
+    pthread_mutex_lock(&nt->mu);
+    if (cn->p) {
+        if (cn->p->j) job_unref(cn->p->j);
+        cn->p->j = NULL;
+        cn->p->t_req = kvt_now();
+        cn->p->complete = false;
+    }
+    pthread_mutex_unlock(&nt->mu);
+    if (cn->j) { /* answered without its job (the connection closed while it waited) */
+        pthread_mutex_lock(&cn->j->mu);
+        if (!cn->j->done) cn->j->canceled = true;
+        pthread_mutex_unlock(&cn->j->mu);
+        job_unref(cn->j);
+    }
     kvt_wbuf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
-    (void)cls; (void)c; (void)toe;
+    (void)c; (void)toe;
+}
+
+/* Connections come and go: each is a peer on the ticker's list, the ones
+ * past --max-connections marked to be answered 503. */
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code)
+{
+    net *nt = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        peer *p = kvt_calloc(1, sizeof *p);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = p;
+        if (!p) return;
+        p->fd = ci ? ci->connect_fd : -1;
+        p->t_req = kvt_now();
+        pthread_mutex_lock(&nt->mu);
+        p->over = nt->n_peers >= nt->max_conns;
+        p->next = nt->head;
+        if (nt->head) nt->head->prev = p;
+        nt->head = p;
+        nt->n_peers++;
+        pthread_mutex_unlock(&nt->mu);
+        return;
+    }
+    peer *p = *socket_context;
+    if (code != MHD_CONNECTION_NOTIFY_CLOSED || !p) return;
+    pthread_mutex_lock(&nt->mu);
+    if (p->prev) p->prev->next = p->next;
+    else nt->head = p->next;
+    if (p->next) p->next->prev = p->prev;
+    nt->n_peers--;
+    if (p->j) job_unref(p->j);
+    pthread_mutex_unlock(&nt->mu);
+    free(p);
+    *socket_context = NULL;
+}
+
+/* One peer's turn on the ticker (under net.mu): the request deadline, a
+ * stream over its buffer, a hang-up while suspended, a keepalive due. */
+static void tick_peer(net *nt, peer *p, double now)
+{
+    bool cut = !p->complete && now - p->t_req > nt->timeout;
+    job *j = p->j;
+    if (j) {
+        pthread_mutex_lock(&j->mu);
+        cut |= j->overflow;
+        if (j->suspended && p->fd >= 0) { /* libmicrohttpd does not watch it now */
+            struct pollfd pfd = {.fd = p->fd, .events = POLLRDHUP};
+            if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->canceled = true;
+            else if (j->stream && now - j->t_sent >= KEEPALIVE) {
+                j->ping = true;
+                job_wake(j);
+            }
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (cut && p->fd >= 0) {
+        shutdown(p->fd, SHUT_RDWR); /* libmicrohttpd sees the end and closes it */
+        p->cut = true;
+    }
+}
+
+static void *ticker_main(void *arg)
+{
+    net *nt = arg;
+    pthread_mutex_lock(&nt->mu);
+    while (!nt->stop) {
+        double now = kvt_now();
+        for (peer *p = nt->head; p; p = p->next)
+            if (!p->cut) tick_peer(nt, p, now);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += TICK_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&nt->cv, &nt->mu, &ts);
+    }
+    pthread_mutex_unlock(&nt->mu);
+    return NULL;
 }
 
 /* ---- metrics text ---- */
@@ -1257,6 +1519,77 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
 
+/* The connection limits: the soft descriptor limit raised to the hard one,
+ * libmicrohttpd's own limit (past which it closes new connections) at it
+ * less FD_RESERVE, --max-connections below that, so that there is room to
+ * answer 503. */
+static void net_init(net *nt, server *sv)
+{
+    nt->sv = sv;
+    pthread_mutex_init(&nt->mu, NULL);
+    pthread_cond_init(&nt->cv, NULL);
+    nt->timeout = sv->o.request_timeout ? sv->o.request_timeout : 30;
+    struct rlimit rl;
+    unsigned fds = 1024;
+    if (!getrlimit(RLIMIT_NOFILE, &rl)) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rlim_t want = rl.rlim_max;
+            rl.rlim_cur = want;
+            if (setrlimit(RLIMIT_NOFILE, &rl)) getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        fds = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 20) ? 1u << 20 : (unsigned)rl.rlim_cur;
+    }
+    unsigned hard = fds > 2 * FD_RESERVE ? fds - FD_RESERVE : fds / 2;
+    unsigned want = sv->o.max_connections ? sv->o.max_connections : 4096;
+    nt->max_conns = want;
+    if (nt->max_conns > hard - hard / 16) nt->max_conns = hard - hard / 16;
+    if (nt->max_conns < want)
+        fprintf(stderr, "kvtier: --max-connections %u: at most %u with %u descriptors (ulimit -n)\n", want,
+                nt->max_conns, fds);
+    nt->hard = hard;
+}
+
+static struct MHD_Daemon *net_start(net *nt, const struct sockaddr_in *addr)
+{
+    const kvt_server_opts *o = &nt->sv->o;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned pool = cores < 2 ? 2 : cores > 8 ? 8 : (unsigned)cores;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, o->port, NULL, NULL, handle, nt,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
+        MHD_OPTION_THREAD_POOL_SIZE, pool, MHD_OPTION_CONNECTION_LIMIT, nt->hard,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->max_conn_per_addr ? o->max_conn_per_addr : 256),
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u, MHD_OPTION_NOTIFY_CONNECTION, conn_notify, nt,
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, nt, MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_END);
+    if (!d) return NULL;
+    if (pthread_create(&nt->ticker, NULL, ticker_main, nt)) {
+        MHD_stop_daemon(d);
+        errno = EAGAIN;
+        return NULL;
+    }
+    nt->started = true;
+    return d;
+}
+
+static void net_stop(net *nt, struct MHD_Daemon *d)
+{
+    pthread_mutex_lock(&nt->mu);
+    nt->stop = true;
+    pthread_cond_broadcast(&nt->cv);
+    pthread_mutex_unlock(&nt->mu);
+    if (nt->started) pthread_join(nt->ticker, NULL);
+    nt->started = false;
+    MHD_stop_daemon(d); /* closes every connection: the peers leave the list */
+}
+
+static void net_free(net *nt)
+{
+    if (!nt) return;
+    pthread_mutex_destroy(&nt->mu);
+    pthread_cond_destroy(&nt->cv);
+    free(nt);
+}
+
 /* n random bytes from the kernel. */
 static int fill_random(uint8_t *p, size_t n)
 {
@@ -1329,8 +1662,10 @@ int kvt_serve(const kvt_server_opts *opts)
     sigaction(SIGINT, &sa, &old_int);
     int rc = check_keys(opts);
     server *sv = rc ? NULL : kvt_calloc(1, sizeof *sv);
-    if (!sv) { if (!rc) rc = KVT_ENOMEM; goto restore; }
+    net *nt = rc ? NULL : kvt_calloc(1, sizeof *nt);
+    if (!sv || !nt) { if (!rc) rc = KVT_ENOMEM; free(sv); free(nt); goto restore; }
     sv->o = *opts;
+    net_init(nt, sv);
     pthread_mutex_init(&sv->mu, NULL);
     pthread_mutex_init(&sv->replay_mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
@@ -1383,12 +1718,7 @@ int kvt_serve(const kvt_server_opts *opts)
         goto out;
     }
     if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                                                MHD_USE_ERROR_LOG,
-                                            opts->port, NULL, NULL, handle, sv,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr,
-                                            MHD_OPTION_NOTIFY_COMPLETED, request_done, sv,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
+    struct MHD_Daemon *d = net_start(nt, &addr);
     if (!d) {
         rc = kvt_fail(KVT_EIO, "cannot listen on %s:%u: %s", opts->host, opts->port, strerror(errno));
         pthread_mutex_lock(&sv->mu);
@@ -1408,13 +1738,15 @@ int kvt_serve(const kvt_server_opts *opts)
     while (!got_signal) sigsuspend(&wait);
     fprintf(stderr, "kvtier: signal %d: stopping\n", (int)got_signal);
     MHD_socket ls = MHD_quiesce_daemon(d); /* stop accepting */
-    if (ls != MHD_INVALID_SOCKET) close(ls);
     pthread_mutex_lock(&sv->mu);
     sv->stopping = true;                   /* queued jobs get 503; the running one finishes */
     pthread_cond_broadcast(&sv->cv);
     pthread_mutex_unlock(&sv->mu);
     pthread_join(sv->worker, NULL);
-    MHD_stop_daemon(d);
+    /* every job is done, so no connection is suspended (libmicrohttpd
+     * must not stop with one) and none will be */
+    net_stop(nt, d);
+    if (ls != MHD_INVALID_SOCKET) close(ls); /* after the stop: a pool thread may use it until then */
     pool_shutdown(sv);
     rc = KVT_OK;
 out:
@@ -1428,6 +1760,7 @@ out:
     pthread_cond_destroy(&sv->cv);
     explicit_bzero(sv->secret, sizeof sv->secret);
     free(sv);
+    net_free(nt);
 restore:
     /* the mask first: a signal still pending goes to on_signal, not to the
      * caller's disposition (by default, the end of the process) */

@@ -11,13 +11,19 @@ typedef struct kvt_server_opts {
     const char *model_id;     /* id clients use; NULL: the model's name */
     const char *host;         /* IPv4 address to bind */
     uint16_t port;
-    uint32_t n_ctx, n_threads, max_tokens, queue;
+    uint32_t n_ctx, n_threads, queue;
+    uint32_t max_tokens;      /* tokens a reply gets when the request names none, and the most it may name */
     uint32_t parallel;        /* requests run at once, batched (1..KVT_SERVE_MAX_PARALLEL);
                                * 0: from cores and the RAM budget */
     const char *disk_dir;     /* NULL: no disk tier */
     uint64_t disk_bytes;      /* the disk budget; with API keys the total, split equally */
     size_t ram_bytes;         /* budget of the RAM tier; with API keys split equally */
     size_t max_body;          /* request body limit */
+    uint32_t request_timeout; /* seconds a connection has to complete its request (headers
+                               * and body; also the idle time between keep-alive requests) */
+    uint32_t max_conn_per_addr; /* connections from one client address at once */
+    uint32_t max_connections; /* connections at once; more are answered 503 (bounded by the
+                               * descriptor limit) */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
     const char *metrics_key;  /* NULL, or a key that reads GET /metrics only: every key's
