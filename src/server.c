@@ -1,8 +1,10 @@
 /* kvtier serve: the OpenAI- and Anthropic-compatible HTTP server and its
  * cache tiers.
  *
- * Transport: libmicrohttpd, one thread per connection, loopback by default.
- * Request bodies are bounded; the API shapes (parsing, response JSON, SSE
+ * Transport: libmicrohttpd in epoll mode with a small thread pool (see
+ * the HTTP section), loopback by default. Request bodies, the time to send
+ * a request, the connections per address and in all, and a stream's
+ * unsent bytes are bounded; the API shapes (parsing, response JSON, SSE
  * events, error bodies) live in api.c, the chat templates and their markers
  * (the turn markers the prefill checkpoints at) in template.c. Every URL the
  * server answers is a row of one route table (routes[], below).
