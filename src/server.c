@@ -56,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -1149,9 +1150,17 @@ static kvt_api url_api(const char *url)
          : strstr(url, "/responses") ? KVT_API_RESPONSES : KVT_API_CHAT;
 }
 
+#define DRAIN_MAX (16u << 20)
+
 /* The first call, once the headers are in: a connection past
  * --max-connections is answered 503, a Content-Length over the body limit
- * 413, both at once (no body is read). Otherwise NO_ANSWER. */
+ * by more than the limit or DRAIN_MAX, whichever is larger (or over it at
+ * all with Expect: 100-continue) 413, both at once and with
+ * the connection closed after: libmicrohttpd reads no body once a response
+ * is queued. A smaller excess is read and dropped before its 413
+ * (infer()): most clients send the whole body before they read, and a
+ * close with their body still coming would reset the connection under
+ * their answer. Otherwise NO_ANSWER. */
 #define NO_ANSWER ((enum MHD_Result) - 1)
 static enum MHD_Result first_call(net *nt, struct MHD_Connection *c, conn *cn, const char *url)
 {
@@ -1171,7 +1180,10 @@ static enum MHD_Result first_call(net *nt, struct MHD_Connection *c, conn *cn, c
         char *end;
         errno = 0;
         unsigned long long n = strtoull(cl, &end, 10);
-        if (end != cl && (errno == ERANGE || n > sv->o.max_body)) {
+        const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        bool waits = ex && !strcasecmp(ex, "100-continue"); /* sends no body before an answer */
+        size_t drain = sv->o.max_body > DRAIN_MAX ? sv->o.max_body : DRAIN_MAX; /* excess read before a 413 */
+        if (end != cl && (errno == ERANGE || (n > sv->o.max_body && (waits || n - sv->o.max_body > drain)))) {
             int tnt = authorized(sv, c);
             count_request(sv, tnt >= 0 ? tnt : -1, endpoint_index(api), 413);
             char msg[128];
@@ -1312,7 +1324,7 @@ static void tick_peer(net *nt, peer *p, double now)
         if (j->suspended && p->fd >= 0) { /* libmicrohttpd does not watch it now */
             struct pollfd pfd = {.fd = p->fd, .events = POLLRDHUP};
             if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->canceled = true;
-            else if (j->stream && now - j->t_sent >= KEEPALIVE) {
+            else if (j->stream && now - j->t_sent >= KEEPALIVE - TICK_MS / 1000.0) { /* the tick's jitter */
                 j->ping = true;
                 job_wake(j);
             }
