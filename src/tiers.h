@@ -11,6 +11,7 @@
 #define KVT_TIERS_H
 
 #include "kvtier.h"
+#include "threads.h"
 
 #define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
 #define KVT_TIERS_MAX_BUSY 16   /* sessions in use at once (the server's --parallel at most) */
@@ -45,6 +46,11 @@ typedef struct kvt_pooled {
     size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
 } kvt_pooled;
 
+/* The sessions run on one set of worker threads, and only busy ones hold
+ * scratch: a session that is released gives its scratch to the spares,
+ * which the next session picked takes (so there are never more scratch
+ * sets than sessions were busy at once). A parked session holds its cache,
+ * tokens, logits and checkpoints, all of it counted in its bytes. */
 typedef struct kvt_tiers {
     kvt_tiers_opts o;
     kvt_model *m;
@@ -52,6 +58,10 @@ typedef struct kvt_tiers {
                                                                * take a tenant past its share */
     size_t n;
     uint64_t clock;            /* advances once per use of a session */
+    kvt_pool *threads;         /* o.n_threads workers, every session's */
+    void *spare[KVT_TIERS_MAX_BUSY];   /* (n_spare) scratch of released sessions (kvt_session_park) */
+    size_t n_spare;
+    size_t freed;              /* bytes of sessions dropped since memory was last given back */
 } kvt_tiers;
 
 /* The prompt a request brings, beside its tokens: its rendered text (to
@@ -120,6 +130,8 @@ void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason
 
 /* RAM held by a tenant's sessions (-1: all tenants), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* RAM held by the spare scratch (not any session's). */
+size_t kvt_tiers_spare_bytes(const kvt_tiers *t);
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
 /* Sessions busy, across tenants. */
 size_t kvt_tiers_busy(const kvt_tiers *t);
