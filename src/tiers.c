@@ -98,11 +98,14 @@ size_t kvt_tiers_busy(const kvt_tiers *t)
     return n;
 }
 
+bool kvt_tiers_fault_keep_scratch;
+
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s)
 {
     for (size_t i = 0; i < t->n; i++) {
         if (t->pool[i].s != s || !t->pool[i].busy) continue;
         t->pool[i].busy = false;
+        if (kvt_tiers_fault_keep_scratch) continue;
         void *w = kvt_session_park(t->pool[i].s);
         if (w && t->n_spare < KVT_TIERS_MAX_BUSY) t->spare[t->n_spare++] = w;
         else kvt_session_scratch_free(t->m, w);
@@ -219,14 +222,22 @@ static size_t checkpoint_mark(const kvt_model *m, const int32_t *toks, size_t n,
     return mark;
 }
 
-/* Drop the tenant's least recently used sessions, never keep (a fork's
- * source, NULL: none) nor a busy one, until a new session fits in its
- * share (or only those are left: busy sessions may take a tenant past its
- * share until they are released). */
+/* Free the spare scratch while the sessions and it exceed the budget: it
+ * counts against the budget too, and goes before any session (making it
+ * again costs less than any session's prefill). Then drop the tenant's
+ * least recently used sessions, never keep (a fork's source, NULL: none)
+ * nor a busy one, until a new session fits in its share (or only those
+ * are left: busy sessions may take a tenant past its share until they are
+ * released). */
 static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_session *keep)
 {
     size_t share = t->o.ram_bytes / t->o.n_tenants, slots = KVT_TIERS_MAX_POOL / t->o.n_tenants;
     const kvt_tier_hooks *h = &t->o.hooks;
+    while (t->n_spare && kvt_tiers_bytes(t, -1) + kvt_tiers_spare_bytes(t) > t->o.ram_bytes) {
+        void *w = t->spare[--t->n_spare];
+        t->freed += kvt_session_scratch_bytes(t->m, w);
+        kvt_session_scratch_free(t->m, w);
+    }
     while (kvt_tiers_count(t, tenant) > (keep ? 1u : 0u) &&
            (kvt_tiers_count(t, tenant) >= slots || kvt_tiers_bytes(t, tenant) > share)) {
         size_t lru = SIZE_MAX;

@@ -50,7 +50,9 @@ typedef struct kvt_pooled {
  * scratch: a session that is released gives its scratch to the spares,
  * which the next session picked takes (so there are never more scratch
  * sets than sessions were busy at once). A parked session holds its cache,
- * tokens, logits and checkpoints, all of it counted in its bytes. */
+ * tokens, logits and checkpoints, all of it counted in its bytes; a busy
+ * one its scratch too. The spares count against the budget as well: they
+ * are freed first when the sessions and they exceed it. */
 typedef struct kvt_tiers {
     kvt_tiers_opts o;
     kvt_model *m;
@@ -122,6 +124,10 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
 /* The request on s (a pooled session) is over: s may be extended, copied
  * or evicted for others again. */
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
+
+/* Test hook, to show a test catches it: a released session keeps its
+ * scratch (as every pooled session did before they shared it). */
+extern bool kvt_tiers_fault_keep_scratch;
 
 /* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
  * holds at least policy.min_tokens, with the reason given ("evict",
