@@ -2,8 +2,9 @@
  * sessions and the choice, per prompt, of the session to run on and how
  * much of the prompt it already holds (RAM, disk, or nothing).
  *
- * Nothing here knows of HTTP, jobs or threads: one caller at a time (the
- * server's worker) owns a kvt_tiers and every session in it. What the
+ * Nothing here knows of HTTP, jobs or the server's threads: one caller at
+ * a time (the server's worker) owns a kvt_tiers and every session in it;
+ * the sessions run on the worker threads the tiers own. What the
  * tiers do that the caller may want to count (a save of a dropped session,
  * an eviction, a restore from disk) is reported through kvt_tier_hooks as
  * it happens. */
