@@ -460,13 +460,16 @@ static bool render_plain(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, 
 #define GEMMA_START "<start_of_turn>"
 #define QW_CALL_FORMAT "<args-json-object>" /* Qwen's JSON tool-call instructions */
 
+static int dsml_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                           size_t *text_end);
+
 /* In lookup order: a template text is matched against the rows top down, so
  * a row whose marks another's include comes first (Qwen 3 before Qwen 2.5:
  * both are ChatML). */
 const kvt_template kvt_templates[] = {
     /* DeepSeek-V4's markers are the built-in byte tokenizer's: by architecture */
     {.name = "deepseek", .arches = {"deepseek4"}, .render = render_deepseek, .has_bos = true, .special = true,
-     .thinking = true, .tool_calls = kvt_tool_calls_parse, .tool_calls_text_len = kvt_tool_calls_text_len,
+     .thinking = true, .tool_calls = dsml_tool_calls, .tool_calls_text_len = kvt_tool_calls_text_len,
      .user_turn = DS_USER, .assistant_turn = DS_ASSISTANT, .end_turn = {DS_EOS}},
     /* Llama 3.1, 3.2, 3.3 (the 3.1 layout: a system header with the dates) */
     {.name = "llama3",
@@ -509,7 +512,7 @@ const kvt_template kvt_templates[] = {
      .assistant_turn = GEMMA_START "model",
      .end_turn = {"<end_of_turn>", "<eos>"}},
     /* the fallback: no markers; a reply's tool calls are still read in DSML */
-    {.name = "plain", .render = render_plain, .tool_calls = kvt_tool_calls_parse,
+    {.name = "plain", .render = render_plain, .tool_calls = dsml_tool_calls,
      .tool_calls_text_len = kvt_tool_calls_text_len},
 };
 const size_t kvt_n_templates = sizeof kvt_templates / sizeof *kvt_templates;
@@ -631,8 +634,10 @@ bool kvt_tpl_utf8_ok(const char *s, size_t a, size_t b)
     return true;
 }
 
-int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_tool_calls_none(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                        size_t *text_end)
 {
+    (void)fns;
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
@@ -853,6 +858,14 @@ int kvt_tool_calls_parse(const char *text, size_t len, kvt_tool_call **calls, si
 nomem:
     kvt_tool_calls_free(v, nv);
     return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
+}
+
+/* The table's row: DSML writes each value's type (string="true|false"). */
+static int dsml_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                           size_t *text_end)
+{
+    (void)fns;
+    return kvt_tool_calls_parse(text, len, calls, n, text_end);
 }
 
 size_t kvt_tool_calls_text_len(const char *text, size_t len)

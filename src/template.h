@@ -125,8 +125,13 @@ typedef struct kvt_template {
                          * answer, and so is neither: 0 nothing, 1 newlines (Python's
                          * strip('\n')), 2 any whitespace (trim) */
     /* The tool calls of generated text, and while streaming how much of it is
-     * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). */
-    int (*tool_calls)(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+     * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). fns:
+     * the request's functions (kvt_chat.fns; may be NULL), whose parameter
+     * schemas type the arguments of a syntax that writes them as bare text
+     * (Qwen 3.5's XML); syntaxes that carry the types (JSON, DSML's
+     * string="true|false", Gemma 4's quoted strings) read them as written. */
+    int (*tool_calls)(const char *text, size_t len, const struct json_t *fns, kvt_tool_call **calls, size_t *n,
+                      size_t *text_end);
     size_t (*tool_calls_text_len)(const char *text, size_t len);
     /* The texts that open a user and an assistant turn (a special token of
      * the model's vocabulary, and the role's name after it where the turns

@@ -567,8 +567,10 @@ static json_t *g4_value(g4_in *in)
     return v;
 }
 
-int kvt_gemma4_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_gemma4_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                          size_t *text_end)
 {
+    (void)fns; /* the syntax carries the types */
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;

@@ -177,8 +177,10 @@ static size_t text_before(const char *text, size_t p)
     return p;
 }
 
-int kvt_llama3_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_llama3_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                          size_t *text_end)
 {
+    (void)fns; /* the syntax carries the types */
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
