@@ -298,13 +298,15 @@ nomem:
     return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
 }
 
+size_t kvt_qwen_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len)
+{
+    return kvt_tpl_scan_opener(s, text, len, CALL_OPEN);
+}
+
 size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len)
 {
-    if (!text) return 0;
-    const char *a = kvt_tpl_find(text, 0, len, CALL_OPEN, LIT(CALL_OPEN));
-    size_t end = a ? (size_t)(a - text) : len - kvt_tpl_partial_tail(text, len, CALL_OPEN);
-    while (end > 0 && kvt_tpl_is_space(text[end - 1])) end--;
-    return end;
+    kvt_tool_scan s = {0};
+    return kvt_qwen_tool_calls_scan(&s, text, len);
 }
 
 /* ---- qwen3.5 ---------------------------------------------------------------- */

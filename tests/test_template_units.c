@@ -706,7 +706,9 @@ TEST(template_tokens)
  * replaced, dropped, duplicated, the text cut anywhere): never a failure
  * but out of memory, the text's end and every call's bytes inside the text,
  * calls in order and after the text, the streaming text a prefix no longer
- * than the whole. */
+ * than the whole; and the streaming scan resumed over the text as it grows
+ * the scan from scratch at every length (Llama 3's: never more), never
+ * shrinking. */
 TEST(template_tool_calls_mutated)
 {
     uint64_t rng = kvt_test_seed("template_tool_calls_mutated");
@@ -749,6 +751,18 @@ TEST(template_tool_calls_mutated)
             }
             size_t tl = t->tool_calls_text_len(buf, len);
             ok = ok && tl <= len && (!n || tl <= te);
+            /* the streaming scan, resumed over the text growing in random
+             * steps: at every length what the scan from scratch says (Llama
+             * 3: never more, and the same once the text is whole and the
+             * scan has caught up), never less than before */
+            kvt_tool_scan sc = {0};
+            size_t prev_tl = 0;
+            for (size_t L = 0; ok && L <= len; L += 1 + kvt_test_rand(&rng) % 7) {
+                size_t inc = t->tool_calls_scan(&sc, buf, L), fresh = t->tool_calls_text_len(buf, L);
+                ok = inc <= fresh && inc >= prev_tl && (inc == fresh || !strcmp(names[k], "llama3"));
+                if (!ok) printf("      at %zu of %zu: resumed %zu, from scratch %zu, before %zu\n", L, len, inc, fresh, prev_tl);
+                prev_tl = inc;
+            }
             CHECKF(ok, "%s, round %d: '%s'", names[k], round, kvt_test_esc(buf, len));
             n_calls += n;
             kvt_tool_calls_free(c, n);
