@@ -233,17 +233,30 @@ int kvt_llama3_tool_calls(const char *text, size_t len, const json_t *fns, kvt_t
 
 static void scan_count(size_t n) { atomic_fetch_add_explicit(&kvt_tool_scan_bytes, n, memory_order_relaxed); }
 
+/* The object at text[a, len) read as far as the text goes: false when it
+ * has an error that more text cannot mend. An error in the last bytes may
+ * be the text cut inside a character or a number: only one before them
+ * fails it for good. */
+static bool open_ok(const char *text, size_t a, size_t len)
+{
+    json_error_t je;
+    json_t *v = json_loadb(text + a, len - a, JSON_DISABLE_EOF_CHECK, &je);
+    scan_count(je.position > 0 ? (size_t)je.position : 0);
+    json_decref(v);
+    return v || json_error_code(&je) == json_error_premature_end_of_input || (size_t)je.position + CUT_SLACK >= len - a;
+}
+
 /* The candidate sequence at s->cand over text[s->lex, len): SEQ_FAIL, or
  * SEQ_PARTIAL while it may still be calls to the end. */
 static int seq_advance(kvt_tool_scan *s, const char *text, size_t len)
 {
-    scan_count(len - s->lex);
-    for (size_t i = s->lex; i < len; i++) {
+    size_t i = s->lex;
+    for (; i < len; i++) {
         char ch = text[i];
         if (s->depth == 0) {
             if (kvt_tpl_is_space(ch)) continue;
             if (s->n_seq && !s->sep && (ch == ',' || ch == ';')) { s->sep = true; continue; }
-            if (ch != '{') return SEQ_FAIL;
+            if (ch != '{') break;
             s->obj = s->checked = i;
             s->depth = 1;
             s->sep = false;
@@ -264,23 +277,17 @@ static int seq_advance(kvt_tool_scan *s, const char *text, size_t len)
             const char *name;
             bool ok = v && call_shape(v, &name, &args) && kvt_tpl_utf8_ok(text, s->obj, i + 1);
             json_decref(v);
-            if (!ok) return SEQ_FAIL;
+            if (!ok) break;
             s->n_seq++;
         }
     }
+    scan_count(i - s->lex);
+    if (i < len) return SEQ_FAIL; /* a byte that ends the sequence as calls */
     s->lex = len;
     /* the object still open: parsed when the text has doubled since */
     if (s->depth > 0 && len - s->obj >= 2 * (s->checked - s->obj)) {
         s->checked = len;
-        scan_count(len - s->obj);
-        json_error_t je;
-        json_t *v = json_loadb(text + s->obj, len - s->obj, JSON_DISABLE_EOF_CHECK, &je);
-        json_decref(v);
-        /* an error in the last bytes may be the text cut inside a character
-         * or a number: only one before them fails the sequence for good */
-        if (!v && json_error_code(&je) != json_error_premature_end_of_input &&
-            (size_t)je.position + CUT_SLACK < len - s->obj)
-            return SEQ_FAIL;
+        if (!open_ok(text, s->obj, len)) return SEQ_FAIL;
     }
     return SEQ_PARTIAL;
 }
@@ -309,6 +316,14 @@ size_t kvt_llama3_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len
             s->in_cand = true;
             s->cand = s->obj = s->lex = s->checked = p;
             s->depth = 0, s->in_str = s->esc = s->sep = false, s->n_seq = 0;
+            /* read at once: most candidates in prose fail in a few bytes,
+             * before the lexer would run to the end of the text */
+            if (!open_ok(text, p, len)) {
+                s->in_cand = false;
+                s->next = p + 1;
+                continue;
+            }
+            s->checked = len;
         }
         if (seq_advance(s, text, len) != SEQ_FAIL) {
             end = s->cand;
