@@ -5,8 +5,9 @@
  * renderers, the JSON writer of the templates' `tojson` filter, the
  * tool-call parsers of generated text and the thinking-mode split:
  * template.c (the table, the choice, the deepseek and plain templates, the
- * DSML parser), template_llama3.c, template_qwen.c and template_gemma.c (the
- * other families), sharing template_impl.h. src/api.c reads the request
+ * DSML parser, the streaming scan), template_llama3.c, template_qwen.c and
+ * template_gemma.c (the other families) and template_schema.c (call
+ * arguments typed by the request's schemas), sharing template_impl.h. src/api.c reads the request
  * bodies of every api into the neutral kvt_chat below and hands it to the
  * model's template; it knows no marker.
  *
