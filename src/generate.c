@@ -108,6 +108,7 @@ static kvt_logprobs lp_all(const lp_rec *l, size_t end)
 typedef struct think_pos {
     bool answering;
     size_t start, end, answer;
+    size_t searched;            /* no closing tag begins before it (the search resumes there) */
 } think_pos;
 
 /* Move the position over the text grown to len bytes. */
@@ -115,7 +116,7 @@ static void think_advance(think_pos *t, const kvt_template *tpl, const char *tex
 {
     if (t->answering) return;
     kvt_think k;
-    t->answering = kvt_think_parts(tpl, text, len, true, &k);
+    t->answering = kvt_think_parts_resume(tpl, text, len, &t->searched, &k);
     t->start = k.rs;
     t->end = k.re;
     t->answer = k.as;
@@ -300,7 +301,7 @@ char *kvt_gen_finish(kvt_gen_run *R)
         if (r->thinking) {
             kvt_think k;
             kvt_think_parts(r->tmpl, tp, upto, false, &k);
-            fin = (think_pos){true, k.rs, k.re, k.as};
+            fin = (think_pos){true, k.rs, k.re, k.as, 0};
         }
         stream_settled(out, r, id, model_name, created, tp, upto, lp_end, &fin, &R->emitted, &R->lp);
         /* the end repeats the text that went out as deltas (Responses) */

@@ -938,11 +938,13 @@ size_t kvt_tool_calls_text_len(const char *text, size_t len)
  * read it back as the token). Nothing is trimmed on either side: the client
  * sends both parts back and the template renders them around </think>, so
  * the turn is the bytes the model sampled. */
-bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
+/* kvt_think_split with the search for </think> from byte from on (none
+ * begins before it). */
+static bool split_from(const char *text, size_t len, bool partial, size_t from, size_t *reasoning, size_t *answer)
 {
     if (!text) len = 0;
     size_t rs = len, as = len;
-    const char *e = find(text, 0, len, THINK_END, LIT(THINK_END));
+    const char *e = find(text, from < len ? from : len, len, THINK_END, LIT(THINK_END));
     if (e) {
         rs = (size_t)(e - text);
         as = rs + LIT(THINK_END);
@@ -957,17 +959,28 @@ bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoni
     return e != NULL;
 }
 
+bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
+{
+    return split_from(text, len, partial, 0, reasoning, answer);
+}
+
 static bool think_ws(int mode, char c) { return mode == 1 ? c == '\n' : mode == 2 && kvt_tpl_is_space(c); }
 
-bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out)
+/* kvt_think_parts with the search for the closing tag from byte from on
+ * (none begins before it); *close_at receives where it begins (SIZE_MAX:
+ * not found). */
+static bool parts_from(const kvt_template *t, const char *text, size_t len, bool partial, size_t from,
+                       kvt_think *out, size_t *close_at)
 {
     if (!text) len = 0;
+    *close_at = SIZE_MAX;
     const char *open = t ? t->think_open : NULL;
     int ws = t ? t->think_ws : 0;
     if (!open && !ws && !(t && t->think_close)) {
         size_t rs, as;
-        bool closed = kvt_think_split(text, len, partial, &rs, &as);
+        bool closed = split_from(text, len, partial, from, &rs, &as);
         *out = (kvt_think){0, rs, as};
+        if (as > rs) *close_at = rs;
         return closed;
     }
     size_t p = 0;
@@ -985,7 +998,8 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     while (p < len && think_ws(ws, text[p])) p++;
     const char *close = t->think_close ? t->think_close : THINK_END;
     size_t cl = strlen(close);
-    const char *e = kvt_tpl_find(text, p, len, close, cl);
+    const char *e = kvt_tpl_find(text, p > from ? p : from, len, close, cl);
+    if (e) *close_at = (size_t)(e - text);
     size_t re = e ? (size_t)(e - text) : len;
     if (!e && partial) re -= kvt_tpl_partial_tail(text, len, close);
     if (re < p) re = p;
@@ -998,4 +1012,24 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     if (partial && as == len) return false; /* what begins the answer is still to come */
     out->as = as;
     return true;
+}
+
+bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out)
+{
+    size_t close_at;
+    return parts_from(t, text, len, partial, 0, out, &close_at);
+}
+
+bool kvt_think_parts_resume(const kvt_template *t, const char *text, size_t len, size_t *searched, kvt_think *out)
+{
+    size_t close_at;
+    bool closed = parts_from(t, text, len, true, *searched, out, &close_at);
+    if (close_at != SIZE_MAX) {
+        *searched = close_at; /* found: found again at once */
+    } else {
+        const char *close = t && t->think_close ? t->think_close : THINK_END;
+        size_t keep = strlen(close) - 1, next = len > keep ? len - keep : 0;
+        if (next > *searched) *searched = next; /* a tag may have begun in the last bytes */
+    }
+    return closed;
 }

@@ -299,5 +299,11 @@ typedef struct kvt_think {
 } kvt_think;
 struct kvt_template;
 bool kvt_think_parts(const struct kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out);
+/* The same for a text that grows (streaming, partial): the closing tag is
+ * looked for from *searched on (zero it before the first call), which
+ * moves to where one may still begin, so a reply's searches cost its
+ * length in all. */
+bool kvt_think_parts_resume(const struct kvt_template *t, const char *text, size_t len, size_t *searched,
+                            kvt_think *out);
 
 #endif

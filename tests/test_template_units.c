@@ -608,20 +608,29 @@ TEST(template_think_parts)
     /* every prefix of a reply is consistent with the whole: the reasoning
      * and answer settled so far are parts of the final ones */
     const char *replies[] = {whole, "<think>\n\nR1\n\nR2\n\n</think>\n\n\nA\n", "no think</think>x", "<think>x",
-                             "<think>\n</think>\n\n", "<thin", ""};
-    for (size_t i = 0; i < sizeof replies / sizeof *replies; i++) {
+                             "<think>\n</think>\n\n", "<thin", "", "<|channel>thought\nR <chan<channel|>\n A",
+                             "R</thi</think></think>A"};
+    /* for every template with a thinking mode (the resumed search too) */
+    const kvt_template *tpls[] = {q, named("qwen3.5"), named("gemma4"), named("deepseek")};
+    for (size_t ti = 0; ti < 4 * (sizeof replies / sizeof *replies); ti++) {
+        size_t i = ti % (sizeof replies / sizeof *replies);
+        q = tpls[ti / (sizeof replies / sizeof *replies)];
         const char *r = replies[i];
         size_t len = strlen(r);
         kvt_think fin;
         bool fc = kvt_think_parts(q, r, len, false, &fin);
         bool bad = false;
+        size_t searched = 0;
         for (size_t k = 0; k <= len; k++) {
-            kvt_think p;
+            kvt_think p, pr;
             bool pc = kvt_think_parts(q, r, k, true, &p);
+            /* resumed as the text grows: the same */
+            bool rc = kvt_think_parts_resume(q, r, k, &searched, &pr);
+            if (rc != pc || pr.rs != p.rs || pr.re != p.re || pr.as != p.as) bad = true;
             if (p.re > p.rs && (p.rs != fin.rs || p.re > fin.re)) bad = true;
             if (pc && (!fc || p.as != fin.as || p.re != fin.re)) bad = true;
             if (!pc && p.as != k) bad = true;
-            if (bad) { printf("      '%s' at %zu\n", kvt_test_esc(r, len), k); break; }
+            if (bad) { printf("      %s: '%s' at %zu\n", q->name, kvt_test_esc(r, len), k); break; }
         }
         CHECK(!bad);
     }
