@@ -131,11 +131,10 @@ static const json_t *alternatives(const json_t *s)
     return json_is_array(a) ? a : json_is_array(a = json_object_get(s, "oneOf")) ? a : NULL;
 }
 
-/* The types schema s allows; 0 when it says nothing about them. */
-static unsigned allowed(sctx *c, const json_t *s, int depth)
+/* The types object schema s itself gives (type, enum, const; properties
+ * or items without a type), its alternatives aside. */
+static unsigned own_types(sctx *c, const json_t *s)
 {
-    s = resolve(c, s);
-    if (!s || depth > SCHEMA_DEPTH || !step(c)) return 0;
     unsigned bits = 0;
     const json_t *ty = json_object_get(s, "type"), *en = json_object_get(s, "enum"), *x;
     size_t i;
@@ -143,7 +142,7 @@ static unsigned allowed(sctx *c, const json_t *s, int depth)
     json_array_foreach(json_is_array(ty) ? ty : NULL, i, x) bits |= type_bit(x);
     json_array_foreach(json_is_array(en) ? en : NULL, i, x) {
         if (!step(c)) break;
-        bits |= kind_of(x) & ~(json_is_real(x) ? T_INT : 0);
+        bits |= kind_of(x);
     }
     if ((x = json_object_get(s, "const"))) bits |= kind_of(x);
     if (!bits && (json_is_object(json_object_get(s, "properties")) ||
@@ -151,6 +150,17 @@ static unsigned allowed(sctx *c, const json_t *s, int depth)
         bits = T_OBJ;
     if (!bits && (json_is_object(json_object_get(s, "items")) || json_is_array(json_object_get(s, "prefixItems"))))
         bits = T_ARR;
+    return bits;
+}
+
+/* The types schema s allows; 0 when it says nothing about them. */
+static unsigned allowed(sctx *c, const json_t *s, int depth)
+{
+    s = resolve(c, s);
+    if (!s || depth > SCHEMA_DEPTH || !step(c)) return 0;
+    unsigned bits = own_types(c, s);
+    const json_t *x;
+    size_t i;
     json_array_foreach(alternatives(s), i, x) bits |= allowed(c, x, depth + 1);
     return bits;
 }
@@ -193,21 +203,7 @@ static json_t *typed(sctx *c, const json_t *s, const char *t, size_t n, int dept
             }
         }
     }
-    unsigned own = 0;
-    const json_t *ty = json_object_get(s, "type");
-    if (json_is_string(ty)) own |= type_bit(ty);
-    json_array_foreach(json_is_array(ty) ? ty : NULL, i, x) own |= type_bit(x);
-    json_array_foreach(json_is_array(en) ? en : NULL, i, x) {
-        if (!step(c)) break;
-        own |= kind_of(x) & ~(json_is_real(x) ? T_INT : 0);
-    }
-    if (cn) own |= kind_of(cn);
-    if (!own && (json_is_object(json_object_get(s, "properties")) ||
-                 json_is_object(json_object_get(s, "additionalProperties"))))
-        own = T_OBJ;
-    if (!own && (json_is_object(json_object_get(s, "items")) || json_is_array(json_object_get(s, "prefixItems"))))
-        own = T_ARR;
-    if (jv && !json_is_string(jv) && (own & kind_of(jv))) {
+    if (jv && !json_is_string(jv) && (own_types(c, s) & kind_of(jv))) {
         conform(c, jv, s, depth + 1);
         return jv;
     }

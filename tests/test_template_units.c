@@ -487,7 +487,7 @@ TEST(template_tool_calls_typed)
     json_decref(fns);
     double secs = kvt_now() - t0;
     printf("    hostile schemas read in %.3f s\n", secs);
-    CHECKF(secs < 5, "hostile schemas took %.1f s", secs);
+    CHECKF(secs < 10, "hostile schemas took %.1f s", secs); /* about 0.2 s alone on 2 cores */
 }
 
 TEST(template_tool_calls_gemma4)
