@@ -720,6 +720,7 @@ static void *worker_main(void *arg)
 
 #define FD_RESERVE 256   /* descriptors kept for the store's files, the model, logs */
 #define TICK_MS 250      /* the ticker's period: how soon a hang-up cancels */
+#define STOP_DRAIN 5.0   /* seconds a stop waits for answers still being sent */
 
 /* One TCP connection, from accept to close (libmicrohttpd's socket
  * context). Under net.mu; the list holds only open connections: the
@@ -1585,9 +1586,27 @@ static struct MHD_Daemon *net_start(net *nt, const struct sockaddr_in *addr)
     return d;
 }
 
+/* A connection still sending a request's answer (its request not over). */
+static bool answers_unsent(const net *nt)
+{
+    for (const peer *p = nt->head; p; p = p->next)
+        if (p->j) return true;
+    return false;
+}
+
+/* Once the worker is done: the answers it gave (the running requests'
+ * ends, the queued ones' 503s) go out, for at most STOP_DRAIN seconds, the
+ * ticker still cutting the clients that stopped reading; then every
+ * connection closes. */
 static void net_stop(net *nt, struct MHD_Daemon *d)
 {
+    double until = kvt_now() + STOP_DRAIN;
     pthread_mutex_lock(&nt->mu);
+    while (answers_unsent(nt) && kvt_now() < until) {
+        pthread_mutex_unlock(&nt->mu);
+        nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+        pthread_mutex_lock(&nt->mu);
+    }
     nt->stop = true;
     pthread_cond_broadcast(&nt->cv);
     pthread_mutex_unlock(&nt->mu);

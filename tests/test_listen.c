@@ -24,6 +24,9 @@
  *                      by less than 12 MiB (about 25 to 40 MiB without the
  *                      bound; not checked in the sanitizer build, whose
  *                      allocator keeps freed memory)
+ *   listen_stop_drain  SIGTERM with a finished stream unread and a running
+ *                      one: requests queued behind get 503, both streams
+ *                      reach their end once their clients read, exit 0
  *
  * The whole file takes 20 to 30 s on 2 cores (about 80 s in the sanitizer
  * build, with a shorter prompt for the long prefill). listen_idle_load
@@ -44,6 +47,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define N_IDLE 2000
@@ -582,5 +586,86 @@ TEST(listen_stream_bound)
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     stream_bound(&w);
+    end(&w);
+}
+
+/* SIGTERM while answers are still unsent. --parallel 1; S: a stream of
+ * 300 tokens with 20 logprobs each (about 500 KB of events), generated
+ * whole before the signal, its client not reading; L: a stream to the
+ * context (about 650 KB, a second or more), running at the signal, its
+ * client not reading either; three requests queued behind L. After the
+ * signal the queued ones get 503; once L is over (the server would exit
+ * then without the drain) S and L are read: both whole, to their end. */
+static void stop_drain(world *w)
+{
+    START(w, "--model", "ds4-tiny", "--no-kv-disk", "--parallel", "1", "--max-tokens", "100000");
+    int port = w->s.port;
+    static char rs[1024], rl[1024];
+    snprintf(rs, sizeof rs, "%s",
+             post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":300,"
+                                          "\"temperature\":0,\"stream\":true,\"logprobs\":true,\"top_logprobs\":20}"));
+    snprintf(rl, sizeof rl, "%s",
+             post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                                          "\"max_tokens\":100000,\"temperature\":0,\"stream\":true}"));
+    const char *rq = post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4}");
+    int fs = tcp_open("127.0.0.1", port, 4096);
+    CHECK(fs >= 0);
+    CHECK(send_all(fs, rs, strlen(rs)));
+    double t0 = fx_now();
+    while (fx_now() - t0 < 60 && metric(port, "kvtier_generated_tokens_total") < 300) fx_sleep_ms(50);
+    CHECKF(metric(port, "kvtier_generated_tokens_total") == 300, "S was not generated within 60 s");
+    int fl = tcp_open("127.0.0.1", port, 4096), fq[3];
+    CHECK(fl >= 0);
+    CHECK(send_all(fl, rl, strlen(rl)));
+    t0 = fx_now();
+    while (fx_now() - t0 < 10 && metric(port, "kvtier_active_requests") < 1) fx_sleep_ms(5);
+    for (int i = 0; i < 3; i++) {
+        fq[i] = tcp_open("127.0.0.1", port, 0);
+        CHECK(fq[i] >= 0);
+        CHECK(send_all(fq[i], rq, strlen(rq)));
+    }
+    t0 = fx_now();
+    while (fx_now() - t0 < 10 && metric(port, "kvtier_queue_depth") < 3) fx_sleep_ms(5);
+    long active = metric(port, "kvtier_active_requests"), queued = metric(port, "kvtier_queue_depth");
+    kill(w->s.pid, SIGTERM);
+    static char out[2 << 20];
+    int n503 = 0;
+    for (int i = 0; i < 3; i++) {
+        read_until_close(fq[i], out, sizeof out, 10);
+        n503 += !strncmp(out, "HTTP/1.1 503", 12);
+        close(fq[i]);
+    }
+    /* L runs for a second or more after the signal (several in the
+     * sanitizer build): its end, or the server's exit without the drain,
+     * within 2.5 s, under the drain's 5 s */
+    int st = 0;
+    pid_t gone = 0;
+    t0 = fx_now();
+    while (fx_now() - t0 < 2.5 && (gone = waitpid(w->s.pid, &st, WNOHANG)) == 0) fx_sleep_ms(20);
+    long gs = read_until_close(fs, out, sizeof out, 20);
+    bool s_end = strstr(out, "data: [DONE]") != NULL;
+    long gl = read_until_close(fl, out, sizeof out, 30);
+    bool l_end = strstr(out, "data: [DONE]") != NULL;
+    close(fs);
+    close(fl);
+    printf("    at the signal: %ld active, %ld queued; %d answered 503; S %ld bytes, L %ld bytes\n", active, queued, n503,
+           gs, gl);
+    CHECKF(active == 1 && queued == 3, "L was not running with three queued at the signal (%ld, %ld)", active, queued);
+    CHECKF(n503 == 3, "%d of 3 queued requests were answered 503", n503);
+    CHECKF(s_end, "S, generated before the signal, was cut at %ld bytes", gs);
+    CHECKF(l_end, "L, running at the signal, was cut at %ld bytes", gl);
+    if (gone == w->s.pid) { /* exited already (reaped here) */
+        w->s.pid = 0;
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvtier serve ended with status %d after SIGTERM", st);
+        return;
+    }
+    STOP(w);
+}
+
+TEST(listen_stop_drain)
+{
+    world w;
+    if (!begin(&w, "kvtier-listen")) return;
+    stop_drain(&w);
     end(&w);
 }
