@@ -600,7 +600,7 @@ static void stop_drain(world *w)
 {
     START(w, "--model", "ds4-tiny", "--no-kv-disk", "--parallel", "1", "--max-tokens", "100000");
     int port = w->s.port;
-    static char rs[1024], rl[1024];
+    static char rs[16384], rl[16384];
     snprintf(rs, sizeof rs, "%s",
              post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":300,"
                                           "\"temperature\":0,\"stream\":true,\"logprobs\":true,\"top_logprobs\":20}"));
