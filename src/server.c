@@ -403,6 +403,7 @@ typedef struct slot {
     size_t kept;                  /* prompt tokens the session held before the prefill */
     double t_queued, t_start, t_tok, t_note;
     bool generating, first_done;
+    bool counted;                 /* in the active counts (count_active) */
     int32_t tok;                  /* this step's token, when generating */
     char id[48];
     kvt_usage u;
@@ -421,6 +422,12 @@ static char *error_body(const job *j, int status, const char *msg)
 static void slot_end(server *sv, slot *sl, int status, char *body)
 {
     if (sl->s) kvt_tiers_release(sv->tiers, sl->s);
+    if (sl->counted) { /* out of the counts before the answer: a client reading /metrics after it sees it gone */
+        pthread_mutex_lock(&sv->mu);
+        sv->tn[sl->j->tenant].active--;
+        sv->active--;
+        pthread_mutex_unlock(&sv->mu);
+    }
     job_done(sv, sl->j, status, body);
     job_unref(sl->j);
     free(sl->toks);
@@ -668,7 +675,10 @@ static job *dequeue(server *sv, slot *const *act, size_t na)
 static void count_active(server *sv, slot *const *act, size_t na)
 {
     for (size_t t = 0; t < sv->n_tn; t++) sv->tn[t].active = 0;
-    for (size_t i = 0; i < na; i++) sv->tn[act[i]->j->tenant].active++;
+    for (size_t i = 0; i < na; i++) {
+        sv->tn[act[i]->j->tenant].active++;
+        act[i]->counted = true;
+    }
     sv->active = na;
 }
 

@@ -27,6 +27,8 @@
  *   listen_stop_drain  SIGTERM with a finished stream unread and a running
  *                      one: requests queued behind get 503, both streams
  *                      reach their end once their clients read, exit 0
+ *   listen_active_after_answer  a request has left kvtier_active_requests
+ *                      when its answer arrives (another in a long prefill)
  *
  * The whole file takes 20 to 30 s on 2 cores (about 80 s in the sanitizer
  * build, with a shorter prompt for the long prefill). listen_idle_load
@@ -667,5 +669,47 @@ TEST(listen_stop_drain)
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     stop_drain(&w);
+    end(&w);
+}
+
+/* A request leaves kvtier_active_requests before its answer: ds4-mini,
+ * --parallel 2; B, a long prefill, runs while A (a short prompt, 2 tokens)
+ * is answered three times; /metrics read right after each answer counts B
+ * alone. The worker used to count at the top of its loop, after the next
+ * pass (here B's next prefill chunk, a tenth of a second or more). */
+static void active_after_answer(world *w)
+{
+    START(w, "--model", "ds4-mini", "--no-kv-disk", "--parallel", "2");
+    int port = w->s.port;
+    int fb = tcp_open("127.0.0.1", port, 0);
+    CHECK(fb >= 0);
+    const char *rb = long_prompt_stream();
+    CHECK(send_all(fb, rb, strlen(rb)));
+    double t0 = fx_now();
+    while (fx_now() - t0 < 10 && metric(port, "kvtier_active_requests") < 1) fx_sleep_ms(5);
+    long seen[3];
+    static char out[65536];
+    const char *ra = post("/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}");
+    bool answered = true;
+    for (int i = 0; i < 3; i++) {
+        answered &= exchange("127.0.0.1", port, ra, out, sizeof out, 30, NULL) > 0 && !strncmp(out, "HTTP/1.1 200", 12);
+        seen[i] = metric(port, "kvtier_active_requests");
+    }
+    long after = metric(port, "kvtier_prefilled_tokens_total");
+    long b_on = metric(port, "kvtier_active_requests");
+    close(fb);
+    printf("    active right after each answer: %ld, %ld, %ld; B still running after them: %s (%ld tokens prefilled)\n",
+           seen[0], seen[1], seen[2], b_on >= 1 ? "yes" : "no", after);
+    CHECKF(answered, "A was not answered 200");
+    CHECKF(b_on >= 1, "B's prefill ended before A's three answers: no check made");
+    for (int i = 0; i < 3; i++) CHECKF(seen[i] == 1, "answer %d: %ld active requests, A still counted", i + 1, seen[i]);
+    STOP(w);
+}
+
+TEST(listen_active_after_answer)
+{
+    world w;
+    if (!begin(&w, "kvtier-listen")) return;
+    active_after_answer(&w);
     end(&w);
 }
