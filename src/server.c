@@ -46,6 +46,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <linux/sockios.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <poll.h>
@@ -58,6 +59,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -108,7 +110,7 @@ typedef struct job {
     bool suspended;               /* c waits for this job, suspended (j->mu) */
     bool ping;                    /* streaming: a keepalive comment is due */
     bool overflow;                /* streaming: more than STREAM_MAX_UNSENT bytes unsent */
-    double t_sent;                /* streaming: when the reader last gave bytes */
+    double t_sent;                /* streaming: when the reader last gave bytes, or bytes became pending */
     char tier[16];
     size_t reused;
     int tenant;
@@ -201,6 +203,14 @@ static void job_wake(job *j)
     MHD_resume_connection(j->c);
 }
 
+/* Bytes for the stream's client (under j->mu). When none were pending,
+ * the client's time to take them starts now (t_sent). */
+static void out_put(job *j, const char *p, size_t n)
+{
+    if (j->out.len == j->sent) j->t_sent = kvt_now();
+    kvt_wbuf_put(&j->out, p, n);
+}
+
 /* Streaming output. A client that stops reading gets no more than
  * STREAM_MAX_UNSENT bytes buffered: past that its request ends as if it
  * had hung up (the job is canceled, its connection shut down). */
@@ -214,7 +224,7 @@ static void job_emit(job *j, char *sse)
         kvt_wbuf_free(&j->out);
         j->sent = 0;
     }
-    if (!j->overflow) kvt_wbuf_put(&j->out, sse, n);
+    if (!j->overflow) out_put(j, sse, n);
     job_wake(j);
     pthread_mutex_unlock(&j->mu);
     free(sse);
@@ -233,7 +243,7 @@ static void job_finish(job *j, int status, char *body)
     pthread_mutex_lock(&j->mu);
     j->status = status;
     if (j->stream && body) {
-        if (!j->overflow) kvt_wbuf_put(&j->out, body, strlen(body));
+        if (!j->overflow) out_put(j, body, strlen(body));
         free(body);
     } else {
         j->body = body;
@@ -726,7 +736,8 @@ static void *worker_main(void *arg)
  * connections that have not completed their request within
  * --request-timeout (libmicrohttpd's own timeout restarts at every byte,
  * so a client trickling a byte a second would never meet it) and streams
- * whose client stopped reading (STREAM_MAX_UNSENT). */
+ * whose client stopped reading (STREAM_MAX_UNSENT bytes unsent, or none
+ * taken for --request-timeout). */
 
 #define FD_RESERVE 256   /* descriptors kept for the store's files, the model, logs */
 #define TICK_MS 250      /* the ticker's period: how soon a hang-up cancels */
@@ -743,6 +754,8 @@ typedef struct peer {
     bool complete;           /* the request has fully arrived: no deadline */
     bool cut;                /* shut down by the ticker */
     bool over;               /* accepted past --max-connections: answered 503 */
+    int outq;                /* the socket's unsent and unacknowledged bytes at the last tick (SIOCOUTQ) */
+    double t_out;            /* when they last changed */
     job *j;                  /* the request's job (a reference), NULL when none */
     struct peer *prev, *next;
 } peer;
@@ -1328,10 +1341,24 @@ static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_conte
 static void tick_peer(net *nt, peer *p, double now)
 {
     bool cut = !p->complete && now - p->t_req > nt->timeout;
+    /* An answer whose client took nothing of it for the timeout (the
+     * socket's unsent and unacknowledged bytes unchanged, none taken
+     * through a stream's reader): it stopped reading, and its connection
+     * (with up to STREAM_MAX_UNSENT bytes of a stream) would otherwise
+     * stay for as long as it stays. */
+    int q = 0;
+    if (p->fd < 0 || ioctl(p->fd, SIOCOUTQ, &q)) q = 0;
+    if (q != p->outq) {
+        p->outq = q;
+        p->t_out = now;
+    }
+    bool stalled = q > 0 && now - p->t_out > nt->timeout;
     job *j = p->j;
     if (j) {
         pthread_mutex_lock(&j->mu);
         cut |= j->overflow;
+        double t_took = j->t_sent > p->t_out ? j->t_sent : p->t_out;
+        stalled = (q > 0 || (j->stream && j->out.len > j->sent)) && now - t_took > nt->timeout;
         if (j->suspended && p->fd >= 0) { /* libmicrohttpd does not watch it now */
             struct pollfd pfd = {.fd = p->fd, .events = POLLRDHUP};
             if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->canceled = true;
@@ -1342,6 +1369,7 @@ static void tick_peer(net *nt, peer *p, double now)
         }
         pthread_mutex_unlock(&j->mu);
     }
+    cut |= stalled;
     if (cut && p->fd >= 0) {
         shutdown(p->fd, SHUT_RDWR); /* libmicrohttpd sees the end and closes it */
         p->cut = true;

@@ -24,6 +24,9 @@
  *                      by less than 12 MiB (about 25 to 40 MiB without the
  *                      bound; not checked in the sanitizer build, whose
  *                      allocator keeps freed memory)
+ *   listen_stream_stall  --request-timeout 2: a stream whose client has
+ *                      taken nothing for 2 s is cut under the 1 MiB bound,
+ *                      one whose client reads 64 KB/s is not
  *   listen_stop_drain  SIGTERM with a finished stream unread and a running
  *                      one: requests queued behind get 503, both streams
  *                      reach their end once their clients read, exit 0
@@ -711,5 +714,68 @@ TEST(listen_active_after_answer)
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     active_after_answer(&w);
+    end(&w);
+}
+
+/* --request-timeout 2: two streams of 20 top logprobs a token (about
+ * 1.7 KB) sized to what the sockets take (measured: the bytes a client
+ * that does not read gets of a stream to the context, which the 1 MiB
+ * bound ends) plus 512 KiB, so that about that much waits in the server
+ * for a client that does not read (under the bound). X's client never reads: its connection is
+ * closed once it has taken nothing for 2 s, and the bytes still in the
+ * server are dropped. Y's client reads 16 KB every quarter second: never cut,
+ * it gets the whole stream. */
+static void stream_stall(world *w)
+{
+    START(w, "--model", "ds4-tiny", "--no-kv-disk", "--max-tokens", "100000", "--request-timeout", "2");
+    static char out[16 << 20];
+    const char *full = post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                                                    "\"max_tokens\":100000,\"temperature\":0,\"stream\":true,"
+                                                    "\"logprobs\":true,\"top_logprobs\":20}");
+    int x0 = tcp_open("127.0.0.1", w->s.port, 4096);
+    CHECK(x0 >= 0);
+    CHECK(send_all(x0, full, strlen(full)));
+    fx_sleep_ms(3000); /* not read before its cut (the bound, or 2 s without progress) */
+    long took = read_until_close(x0, out, sizeof out, 20);
+    close(x0);
+    long n = (took + (512 << 10)) / 1700;
+    if (n > 4000) n = 4000;
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":%ld,\"temperature\":0,"
+             "\"stream\":true,\"logprobs\":true,\"top_logprobs\":20}", n);
+    const char *req = post("/v1/chat/completions", body);
+    int x = tcp_open("127.0.0.1", w->s.port, 4096), y = tcp_open("127.0.0.1", w->s.port, 65536);
+    CHECK(x >= 0 && y >= 0);
+    CHECK(send_all(x, req, strlen(req)) && send_all(y, req, strlen(req)));
+    size_t got_y = 0;
+    bool y_cut = false;
+    double t0 = fx_now();
+    while (fx_now() - t0 < 6 && !y_cut) { /* three timeouts */
+        fx_sleep_ms(250);
+        ssize_t r = recv(y, out + got_y, 16384, MSG_DONTWAIT);
+        if (r > 0) got_y += (size_t)r;
+        else y_cut = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    }
+    long gx = read_until_close(x, out + got_y, sizeof out - got_y, 10);
+    bool x_end = strstr(out + got_y, "data: [DONE]") != NULL;
+    out[got_y] = 0;
+    long gy = read_until_close(y, out + got_y, sizeof out - got_y, 20);
+    bool y_end = gy > 0 && strstr(out + got_y, "data: [DONE]") != NULL;
+    close(x);
+    close(y);
+    printf("    the sockets took %ld bytes; of %ld tokens, the client that does not read got %ld bytes, the slow one %zu "
+           "in 6 s, then %ld\n", took, n, gx, got_y, gy);
+    CHECKF(!x_end, "a client that took nothing for 6 s (timeout 2 s) got its whole stream: never cut");
+    CHECKF(!y_cut && y_end, "a client reading 64 KB/s was cut (%s)", y_cut ? "within 6 s" : "before its end");
+    CHECKF(fx_health_ok(&w->s), "/health after the streams");
+    STOP(w);
+}
+
+TEST(listen_stream_stall)
+{
+    world w;
+    if (!begin(&w, "kvtier-listen")) return;
+    stream_stall(&w);
     end(&w);
 }
