@@ -9,11 +9,13 @@
  *         --max-tokens 64 --kv-disk-dir DIR
  *
  * (no model flag: Claude Code and Codex send their own model names, which a
- * server serves by default; --max-tokens bounds
- * the replies of clients that send no limit; the save policy is the
- * default: a new conversation forks where the last one's user turn began,
- * from RAM or, after a restart, from disk.) Every session runs the
- * client through
+ * server serves by default; --max-tokens caps every reply at 64 tokens,
+ * Claude Code's max_tokens of 32,000 included: the checks are about the
+ * prompts' reuse, not the replies, which the test models' random weights
+ * make noise anyway, and short replies keep the turns quick; the save
+ * policy is the default: a new conversation forks where the last one's
+ * user turn began, from RAM or, after a restart, from disk.) Every session
+ * runs the client through
  * tests/agents/run.mjs, which puts a recording proxy (tests/agents/proxy.mjs)
  * between client and server, reads /metrics around each request, and checks
  * what it saw; see run.mjs for the checks. All sessions of a test share the
