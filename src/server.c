@@ -1561,10 +1561,12 @@ static char *metrics_text(server *sv, int tnt)
 
 /* ---- lifecycle ---- */
 
-/* libmicrohttpd's messages, minus the one every client disconnect causes. */
+/* libmicrohttpd's messages, minus the ones every client that goes away
+ * causes (mid-answer, or before its request was whole): a line each would
+ * let any client fill the log at the rate it connects. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    if (strstr(fmt, "Failed to send")) return;
+    if (strstr(fmt, "Failed to send") || strstr(fmt, "closed by remote side with incomplete request")) return;
     vfprintf(stderr, fmt, ap);
     (void)cls;
 }

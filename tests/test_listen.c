@@ -27,6 +27,8 @@
  *   listen_stream_stall  --request-timeout 2: a stream whose client has
  *                      taken nothing for 2 s is cut under the 1 MiB bound,
  *                      one whose client reads 64 KB/s is not
+ *   listen_hangup_quiet  200 clients hanging up mid-headers leave no
+ *                      line each in the server log
  *   listen_stop_drain  SIGTERM with a finished stream unread and a running
  *                      one: requests queued behind get 503, both streams
  *                      reach their end once their clients read, exit 0
@@ -777,5 +779,37 @@ TEST(listen_stream_stall)
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     stream_stall(&w);
+    end(&w);
+}
+
+/* 200 clients that send half their headers and hang up: the server log
+ * gains no line for them (one each would let any client fill it). */
+static void hangup_quiet(world *w)
+{
+    START(w, "--model", "ds4-tiny", "--no-kv-disk");
+    for (int i = 0; i < 200; i++) {
+        int fd = tcp_open("127.0.0.1", w->s.port, 0);
+        CHECK(fd >= 0);
+        CHECK(send_all(fd, "GET /health HTTP/1.1\r\nHo", 24));
+        fx_sleep_ms(2);
+        close(fd);
+    }
+    CHECKF(fx_health_ok(&w->s), "/health after the hang-ups");
+    STOP(w);
+    FILE *f = fopen(w->s.log, "r");
+    CHECK(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, "incomplete request") != NULL;
+    fclose(f);
+    printf("    200 hang-ups mid-request: %d log lines about them\n", n);
+    CHECKF(n == 0, "%d log lines for 200 clients that hung up mid-request", n);
+}
+
+TEST(listen_hangup_quiet)
+{
+    world w;
+    if (!begin(&w, "kvtier-listen")) return;
+    hangup_quiet(&w);
     end(&w);
 }
