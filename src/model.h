@@ -123,8 +123,9 @@ size_t kvt_session_bytes(const kvt_session *s);
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never
  * crosses a checkpoint position (the grid, the mark), so every session
  * leaves the same checkpoints as a sync of the same tokens would. end: the
- * n tokens end a prompt (a checkpoint when all of them are taken, as at
- * the end of kvt_session_sync). */
+ * n tokens end a prompt (checkpoints on the grid and at the mark, and one
+ * when all of them are taken, as at the end of kvt_session_sync); false:
+ * decoded tokens, which leave none, as kvt_session_decode's. */
 typedef struct kvt_step {
     kvt_session *s;
     const int32_t *tok;
@@ -209,6 +210,12 @@ enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEI
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
        KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS };
 extern int kvt_llama_fault;
+/* Test hook of session.c, to show a test catches such a bug:
+ * KVT_SESSION_FAULT_STEP_MARK makes a batched step (kvt_session_step)
+ * leave out the checkpoint at the mark, which a sync of the same tokens
+ * keeps. */
+enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK };
+extern int kvt_session_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */

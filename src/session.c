@@ -317,6 +317,8 @@ int kvt_session_decode(kvt_session *s, int32_t token)
     return KVT_OK;
 }
 
+int kvt_session_fault;
+
 /* ---- batched steps ----
  *
  * Each session's tokens are cut as prefill cuts them (at the checkpoint
@@ -378,7 +380,10 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         kvt_session *s = st[i].s;
         memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
         s->n += st[i].done;
-        if (s->n % s->ckpt_interval == 0 || s->n == s->mark || (st[i].end && st[i].done == st[i].n))
+        /* a prompt's tokens checkpoint as a sync's do; a decoded token
+         * (not end) never does, as kvt_session_decode's */
+        bool mark = s->n == s->mark && kvt_session_fault != KVT_SESSION_FAULT_STEP_MARK;
+        if (st[i].end && (s->n % s->ckpt_interval == 0 || mark || st[i].done == st[i].n))
             kvt_session_checkpoint(s);
     }
     return KVT_OK;

@@ -1,5 +1,6 @@
 /* Test runner: see test.h. */
 #include "test.h"
+#include "model.h"
 #include "snapshot.h"
 
 #include <stdarg.h>
@@ -141,23 +142,50 @@ uint8_t *kvt_test_repack(const uint8_t *rec, size_t len, uint32_t version, uint3
     return o;
 }
 
+/* A value no digest of a session gives twice: what a digest that failed
+ * returns (the test already failed), so that two failures never agree. */
+static uint64_t digest_failed(void)
+{
+    static uint64_t n;
+    return 0x9e3779b97f4a7c15ull * ++n;
+}
+
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m)
 {
     kvt_model_info i;
     kvt_model_info_get(m, &i);
     uint8_t *c = NULL;
     size_t len = 0;
-    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
+    int rc = kvt_session_cache_bytes(s, &c, &len);
+    if (rc) {
+        kvt_test_fail(__FILE__, __LINE__, "digest: the session's cache bytes: %s: %s", kvt_strerror(rc), kvt_errmsg());
+        return digest_failed();
+    }
     uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
     free(c);
     return h ^ kvt_session_len(s);
 }
 
+uint64_t kvt_test_digest_ckpt(const kvt_session *s, const kvt_model *m)
+{
+    uint64_t h = kvt_test_digest(s, m);
+    size_t V = s->m->info.n_vocab;
+    h = XXH3_64bits_withSeed(&s->n_ckpt, sizeof s->n_ckpt, h);
+    for (size_t i = 0; i < s->n_ckpt; i++) {
+        const kvt_checkpoint *c = &s->ckpt[i];
+        uint64_t e[3] = {c->pos, XXH3_64bits(c->logits, V * sizeof(float)), XXH3_64bits(c->state.p, c->state.len)};
+        h = XXH3_64bits_withSeed(e, sizeof e, h);
+    }
+    return h;
+}
+
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n)
 {
     kvt_session *s = NULL;
-    uint64_t h = 0;
-    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = kvt_test_digest(s, m);
+    int rc = kvt_session_new(&s, m, NULL);
+    if (!rc) rc = kvt_session_sync(s, t, n, NULL);
+    uint64_t h = rc ? digest_failed() : kvt_test_digest(s, m);
+    if (rc) kvt_test_fail(__FILE__, __LINE__, "twin of %zu tokens: %s: %s", n, kvt_strerror(rc), kvt_errmsg());
     kvt_session_free(s);
     return h;
 }

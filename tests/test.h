@@ -37,10 +37,17 @@ void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n);
 /* A token sequence for the built-in byte tokenizer: BOS (256), then n - 1
  * seeded random bytes. */
 void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed);
-/* Digest of a session's logits, canonical cache bytes and length (0 when
- * the bytes cannot be had): two sessions agree bit for bit when theirs do. */
+/* Digest of a session's logits, canonical cache bytes and length: two
+ * sessions agree bit for bit when theirs do. When the bytes cannot be had
+ * the test fails (the message says why) and the value matches no other. */
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m);
-/* The digest of an uninterrupted run of t[0..n) in a fresh session. */
+/* kvt_test_digest and the session's checkpoints: how many, and each one's
+ * position, logits and fixed state. For sessions that ran the same tokens
+ * the same way (a loaded or rolled-back session keeps other checkpoints
+ * than an uninterrupted run, and the same state). */
+uint64_t kvt_test_digest_ckpt(const kvt_session *s, const kvt_model *m);
+/* The digest of an uninterrupted run of t[0..n) in a fresh session (the
+ * test fails when the run does, as kvt_test_digest). */
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n);
 /* The snapshot record rec (len bytes, then what follows it: its inline
  * blocks, kept) written anew as format version `version` with flags and
