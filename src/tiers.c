@@ -133,11 +133,13 @@ static int splice(const kvt_model *m, const kvt_session *s, size_t k, const char
     return KVT_OK;
 }
 
+int kvt_tiers_fault;
+
 static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 {
     size_t n = na < nb ? na : nb, i = 0;
     while (i < n && a[i] == b[i]) i++;
-    return i;
+    return i - (i && kvt_tiers_fault == KVT_TIERS_FAULT_PREFIX_SHORT);
 }
 
 /* Whether the template's marker q (n tokens) is at toks[i]. */

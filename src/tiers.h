@@ -124,4 +124,10 @@ size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
 /* Sessions busy, across tenants. */
 size_t kvt_tiers_busy(const kvt_tiers *t);
 
+/* Test hook, to show a test catches such a bug: KVT_TIERS_FAULT_PREFIX_SHORT
+ * makes the common prefix of a prompt and a pooled session one token
+ * short. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT };
+extern int kvt_tiers_fault;
+
 #endif

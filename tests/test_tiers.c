@@ -128,9 +128,19 @@ TEST(tiers_pick_extend_in_place)
     CHECK_OK(run(t, 0, NULL, a, 350, &q));
     CHECK(pick_is(&q, "ram", 300) && q.extended && q.s == p.s && t->n == 1);
     CHECK(holds(q.s, a, 350));
-    /* negative control: the check refuses a reuse count one off */
-    printf("    negative control, three wrong picks (each must be refused):\n");
-    CHECK(!pick_is(&q, "ram", 301) && !pick_is(&q, "ram", 299) && !pick_is(&q, "disk", 300));
+    tiers_close(t, m);
+    /* negative control: the same two turns on a new pool with the common
+     * prefix one token short (KVT_TIERS_FAULT_PREFIX_SHORT): the second
+     * reuses 299 tokens of a copy, and the check above must refuse it */
+    t = tiers_open(&m, 1, SIZE_MAX, &w);
+    CHECK(t);
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    kvt_tiers_fault = KVT_TIERS_FAULT_PREFIX_SHORT;
+    int rc = run(t, 0, NULL, a, 350, &q);
+    kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+    CHECK_OK(rc);
+    printf("    negative control, a common prefix one token short (must be refused):\n");
+    CHECKF(!(pick_is(&q, "ram", 300) && q.extended && q.s == p.s), "control: a reuse one token short went unnoticed");
     free(a);
     tiers_close(t, m);
 }
