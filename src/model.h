@@ -205,10 +205,15 @@ extern int kvt_ds4_fault;
  * weight; KVT_LLAMA_FAULT_GDN_GROUPED pairs a DeltaNet layer's V head h
  * with K head h / (Hv / Hk), not h % Hk (the converter's tiled order);
  * KVT_LLAMA_FAULT_BATCH_POS turns the tokens of a batched pass of several
- * segments by their place in the pass, not their positions. */
+ * segments by their place in the pass, not their positions;
+ * KVT_LLAMA_FAULT_WINDOW_CHUNK starts every token's window at the one of
+ * its pass's first token (gemma3's window anchored to the chunk);
+ * KVT_LLAMA_FAULT_SOURCE_RING_EARLY writes gemma4's shared layers' source
+ * ring right after its own layer, before the shared layers read it. */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
-       KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS };
+       KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS, KVT_LLAMA_FAULT_WINDOW_CHUNK,
+       KVT_LLAMA_FAULT_SOURCE_RING_EARLY };
 extern int kvt_llama_fault;
 /* Test hook of session.c, to show a test catches such a bug:
  * KVT_SESSION_FAULT_STEP_MARK makes a batched step (kvt_session_step)
