@@ -995,6 +995,7 @@ void kvt_request_free(kvt_request *r)
     free(r->stop);
     for (size_t i = 0; i < r->n_namespaces; i++) free(r->namespaces[i]);
     free(r->namespaces);
+    json_decref(r->fns);
     memset(r, 0, sizeof *r);
 }
 
@@ -1213,6 +1214,7 @@ static int parse_root(kvt_request *r, const json_t *root, kvt_api api, const kvt
         if (!rc) {
             r->tmpl = t;
             r->n_tools = ch.c.n_tools;
+            r->fns = json_incref(ch.c.fns);
             r->prompt_has_bos = t->has_bos;
             r->prompt_special = t->special;
             /* a thinking-mode reply begins with its reasoning only after the
@@ -1290,7 +1292,8 @@ int kvt_request_parse(kvt_request *out, kvt_api api, const char *body, size_t le
 /* ---- the tool calls of a reply ------------------------------------------- */
 
 /* Read with the parser of the template that rendered r's prompt (a request
- * built by hand: the DSML parser, kvt_tool_calls_parse). */
+ * built by hand: the DSML parser, kvt_tool_calls_parse), the request's
+ * function schemas typing the arguments where the syntax does not. */
 int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt_tool_call **calls, size_t *n,
                          size_t *text_end)
 {
@@ -1304,7 +1307,8 @@ int kvt_reply_tool_calls(const kvt_request *r, const char *text, size_t len, kvt
     size_t from = 0;
     kvt_think th;
     if (r->thinking) kvt_think_parts(r->tmpl, text, len, false, &th), from = th.as;
-    int rc = (r->tmpl ? r->tmpl->tool_calls : kvt_tool_calls_parse)(text + from, len - from, calls, n, text_end);
+    int rc = r->tmpl ? r->tmpl->tool_calls(text + from, len - from, r->fns, calls, n, text_end)
+                     : kvt_tool_calls_parse(text + from, len - from, calls, n, text_end);
     if (rc) return rc;
     *text_end += from;
     for (size_t i = 0; i < *n; i++) (*calls)[i].raw_off += from;

@@ -98,6 +98,9 @@ typedef struct kvt_request {
     size_t n_stop;
     size_t n_tools;             /* function tools rendered into the prompt: when 0 the
                                  * client offered none, and generated text is text */
+    struct json_t *fns;         /* those functions (kvt_chat.fns: "name", "parameters"),
+                                 * whose schemas type the arguments of a call syntax
+                                 * that writes them as bare text; NULL when none */
     char **namespaces;          /* (n_namespaces) Responses namespace tool names, to split
                                  * "ns.fn" back into name and namespace in the output */
     size_t n_namespaces;

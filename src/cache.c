@@ -191,3 +191,27 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
     }
     return total + c->spare.bytes;
 }
+
+size_t kvt_cache_bytes_held(const kvt_cache *c)
+{
+    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare.bytes;
+    for (size_t i = 0; i < c->n_arenas; i++) total += c->arenas[i].bytes + sizeof *c->arenas;
+    for (size_t s = 0; s < c->n_streams; s++) {
+        const kvt_stream *st = &c->streams[s];
+        total += st->n_blocks * sizeof *st->blocks;
+        for (size_t b = 0; b < st->n_blocks; b++) {
+            const uint8_t *p = st->blocks[b];
+            bool in_arena = false;
+            for (size_t i = 0; p && i < c->n_arenas && !in_arena; i++)
+                in_arena = p >= c->arenas[i].base && p < c->arenas[i].base + c->arenas[i].bytes;
+            if (p && !in_arena) total += (size_t)st->rows_per_block * st->row_bytes;
+        }
+    }
+    return total;
+}
+
+void kvt_cache_trim(kvt_cache *c)
+{
+    free(c->spare.base);
+    c->spare = (kvt_arena){0};
+}

@@ -92,5 +92,10 @@ static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_t
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
 /* Bytes held in allocated blocks and in the spare arena. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);
+/* Everything the cache holds: the state, the blocks (the arenas in full,
+ * the spare one too), the block tables and the cache itself. */
+size_t kvt_cache_bytes_held(const kvt_cache *c);
+/* Give the spare arena back (a cache that waits, not loading). */
+void kvt_cache_trim(kvt_cache *c);
 
 #endif

@@ -804,7 +804,7 @@ static void usage(FILE *f)
           "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"
-          "              [--kv-ram-mb N (2048)]\n"
+          "              [--kv-ram-mb N (2048): the RAM pool's bound, scratch included]\n"
           "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
           "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--request-timeout S (30)] [--max-conn-per-addr N (256)]\n"

@@ -16,6 +16,7 @@
 #include "deltanet.h"
 #include "util.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,12 @@ void kvt_gdn_work_free(kvt_gdn_work *k)
     free(k->ba);
     free(k->o);
     memset(k, 0, sizeof *k);
+}
+
+size_t kvt_gdn_work_bytes(const kvt_gdn_work *k)
+{
+    return malloc_usable_size(k->mix) + malloc_usable_size(k->cv) + malloc_usable_size(k->z) +
+           malloc_usable_size(k->ba) + malloc_usable_size(k->o);
 }
 
 struct gdn_ctx {

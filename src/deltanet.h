@@ -70,6 +70,7 @@ typedef struct kvt_gdn_work {
 
 int kvt_gdn_work_new(kvt_gdn_work *k, const kvt_gdn_shape *g, size_t ch);
 void kvt_gdn_work_free(kvt_gdn_work *k);
+size_t kvt_gdn_work_bytes(const kvt_gdn_work *k); /* the memory it holds */
 
 /* Test hook: value head h reads key head h / (Hv / Hk) (the grouped order
  * of the original weights), not h % Hk. */

@@ -40,6 +40,7 @@
 #include "quant.h"
 #include "util.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1111,15 +1112,35 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
     }
 }
 
+#define WORK_BUFS 35
+
+/* Every allocation of the scratch but k itself, WORK_BUFS of them. */
+static void work_bufs(const ds4_work *k, void **b)
+{
+    void *all[WORK_BUFS] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq,
+                            k->iw, k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp,
+                            k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx};
+    memcpy(b, all, sizeof all);
+}
+
 static void ds4_work_free(void *p)
 {
     ds4_work *k = p;
     if (!k) return;
-    void *b[] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq, k->iw,
-                 k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp, k->p, k->chk,
-                 k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
+    void *b[WORK_BUFS];
+    work_bufs(k, b);
+    for (size_t i = 0; i < WORK_BUFS; i++) free(b[i]);
     free(k);
+}
+
+static size_t ds4_work_bytes(const void *p)
+{
+    const ds4_work *k = p;
+    void *b[WORK_BUFS];
+    work_bufs(k, b);
+    size_t n = malloc_usable_size((void *)k);
+    for (size_t i = 0; i < WORK_BUFS; i++) n += malloc_usable_size(b[i]);
+    return n;
 }
 
 /* The per-part scratch for the pool's parts (again when the pool grew). */
@@ -1703,4 +1724,5 @@ const kvt_arch kvt_arch_ds4 = {
     .weights_free = ds4_free,
     .work_new = ds4_work_new,
     .work_free = ds4_work_free,
+    .work_bytes = ds4_work_bytes,
 };

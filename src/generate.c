@@ -108,6 +108,7 @@ static kvt_logprobs lp_all(const lp_rec *l, size_t end)
 typedef struct think_pos {
     bool answering;
     size_t start, end, answer;
+    size_t searched;            /* no closing tag begins before it (the search resumes there) */
 } think_pos;
 
 /* Move the position over the text grown to len bytes. */
@@ -115,7 +116,7 @@ static void think_advance(think_pos *t, const kvt_template *tpl, const char *tex
 {
     if (t->answering) return;
     kvt_think k;
-    t->answering = kvt_think_parts(tpl, text, len, true, &k);
+    t->answering = kvt_think_parts_resume(tpl, text, len, &t->searched, &k);
     t->start = k.rs;
     t->end = k.re;
     t->answer = k.as;
@@ -159,6 +160,7 @@ struct kvt_gen_run {
     const char *finish, *stop_hit;
     size_t emitted;
     think_pos th;
+    kvt_tool_scan scan;         /* the tool-call scan of the answer, resumed at each token */
     lp_rec lp;
     bool done, eos;
     int32_t t;                  /* the token sampled last */
@@ -231,7 +233,7 @@ bool kvt_gen_took(kvt_gen_run *R, int rc)
     int32_t t = R->t;
     u->completion_tokens++;
     const char *p;
-    size_t pl;
+    size_t pl, before = R->text.len;
     if (kvt_token_piece(m, t, &p, &pl) == KVT_OK) kvt_wbuf_put(&R->text, p, pl);
     /* every token through the one that completes </think> is reasoning */
     if (!R->th.answering) {
@@ -239,8 +241,10 @@ bool kvt_gen_took(kvt_gen_run *R, int rc)
         think_advance(&R->th, r->tmpl, R->text.p ? (const char *)R->text.p : "", R->text.len);
     }
     if (r->logprobs) lp_add(&R->lp, m, t, R->t_lp, R->top_id, R->top_lp);
+    /* a stop sequence ends in the new piece: look where one could begin */
     for (size_t i = 0; i < r->n_stop && !R->stop_hit; i++) {
-        const char *hit = R->text.len ? memmem(R->text.p, R->text.len, r->stop[i], strlen(r->stop[i])) : NULL;
+        size_t sl = strlen(r->stop[i]), from = before >= sl - 1 ? before - (sl - 1) : 0;
+        const char *hit = R->text.len > from ? memmem(R->text.p + from, R->text.len - from, r->stop[i], sl) : NULL;
         if (hit) { R->stop_hit = r->stop[i]; R->text.len = (size_t)(hit - (const char *)R->text.p); }
     }
     if (R->stop_hit) {
@@ -251,9 +255,12 @@ bool kvt_gen_took(kvt_gen_run *R, int rc)
         const char *tx = R->text.p ? (const char *)R->text.p : "";
         size_t ok = safe_len(tx, R->text.len, r);
         /* never stream the start of a tool call as text (a request that
-         * offers tools was rendered by a template: r->tmpl is set) */
+         * offers tools was rendered by a template: r->tmpl is set); the
+         * scan resumes where the last token's stopped (the answer's start
+         * is fixed once answering), so a reply's scans are linear in it */
         if (r->n_tools && R->th.answering) {
-            size_t t_ok = R->th.answer + r->tmpl->tool_calls_text_len(tx + R->th.answer, R->text.len - R->th.answer);
+            size_t t_ok = R->th.answer + r->tmpl->tool_calls_scan(&R->scan, tx + R->th.answer,
+                                                                 R->text.len - R->th.answer);
             if (t_ok < ok) ok = t_ok;
         }
         stream_settled(R->out, r, g->id, g->model_name, g->created, tx, ok, ok, &R->th, &R->emitted, &R->lp);
@@ -294,7 +301,7 @@ char *kvt_gen_finish(kvt_gen_run *R)
         if (r->thinking) {
             kvt_think k;
             kvt_think_parts(r->tmpl, tp, upto, false, &k);
-            fin = (think_pos){true, k.rs, k.re, k.as};
+            fin = (think_pos){true, k.rs, k.re, k.as, 0};
         }
         stream_settled(out, r, id, model_name, created, tp, upto, lp_end, &fin, &R->emitted, &R->lp);
         /* the end repeats the text that went out as deltas (Responses) */

@@ -91,6 +91,7 @@
 #include "quant.h"
 #include "util.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -914,24 +915,38 @@ static int llama_cache_new(kvt_session *s)
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
 
+#define WORK_BUFS 31
+
+/* Every allocation of the scratch but k itself and its DeltaNet scratch,
+ * WORK_BUFS of them. */
+static void work_bufs(const llama_work *k, void **b)
+{
+    void *all[WORK_BUFS] = {k->x, k->xb, k->q, k->att, k->k, k->v, k->h1, k->h3, k->sk, k->sv, k->m2,
+                            k->pl, k->pl0, k->pg, k->lg, k->ew, k->mo, k->ex, k->ms.xe, k->ms.eo, k->ms.f1,
+                            k->ms.f3, k->ms.rt, k->scores, k->qx, k->qg, k->sh, k->shg, k->tok, k->pos,
+                            k->lgb};
+    memcpy(b, all, sizeof all);
+}
+
 static void llama_work_free(void *p)
 {
     llama_work *k = p;
     if (!k) return;
-    free(k->x); free(k->xb); free(k->q); free(k->att); free(k->k); free(k->v); free(k->h1); free(k->h3);
-    free(k->sk); free(k->sv); free(k->m2); free(k->pl); free(k->pl0); free(k->pg);
-    free(k->lg); free(k->ew); free(k->mo); free(k->ex);
-    free(k->ms.xe); free(k->ms.eo); free(k->ms.f1); free(k->ms.f3); free(k->ms.rt);
-    free(k->scores);
-    free(k->qx);
-    free(k->qg);
-    free(k->sh);
-    free(k->shg);
-    free(k->tok);
-    free(k->pos);
-    free(k->lgb);
+    void *b[WORK_BUFS];
+    work_bufs(k, b);
+    for (size_t i = 0; i < WORK_BUFS; i++) free(b[i]);
     kvt_gdn_work_free(&k->gw);
     free(k);
+}
+
+static size_t llama_work_bytes(const void *p)
+{
+    const llama_work *k = p;
+    void *b[WORK_BUFS];
+    work_bufs(k, b);
+    size_t n = malloc_usable_size((void *)k) + kvt_gdn_work_bytes(&k->gw);
+    for (size_t i = 0; i < WORK_BUFS; i++) n += malloc_usable_size(b[i]);
+    return n;
 }
 
 #define MAX_PASS 256 /* tokens of one pass through the layers */
@@ -1838,7 +1853,7 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
     .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
     .fingerprint = llama_fingerprint, \
     .weights_pack = llama_pack, .weights_free = llama_free, .plan = llama_plan,   \
-    .work_new = llama_work_new, .work_free = llama_work_free
+    .work_new = llama_work_new, .work_free = llama_work_free, .work_bytes = llama_work_bytes
 
 /* A model with window layers: the same operations and its state. */
 static const kvt_arch arch_llama_window = {

@@ -61,10 +61,14 @@ typedef struct kvt_arch {
     void (*weights_free)(void *w);
     /* The KV cache plan for a context of ctx tokens. */
     int (*plan)(const kvt_model *m, uint64_t ctx, kvt_plan *out);
-    /* A session's scratch (s->work), allocated once when it is created;
-     * NULL: none. Freed with work_free. */
+    /* A session's scratch (s->work), sized from its context and chunk:
+     * made when it is created, or for a session on a shared pool when it
+     * first runs (kvt_session_work); NULL: none. Freed with work_free;
+     * work_bytes is the memory it holds. Nothing in it outlives a call:
+     * sessions of the same model, context and chunk may hand it on. */
     int (*work_new)(kvt_session *s);
     void (*work_free)(void *work);
+    size_t (*work_bytes)(const void *work);
 } kvt_arch;
 
 struct kvt_model {
@@ -91,6 +95,7 @@ struct kvt_session {
     kvt_model *m;
     kvt_cache *cache;
     kvt_pool *pool;
+    bool own_pool;           /* false: borrowed (kvt_session_new_on) */
     uint32_t n_threads;
     uint32_t n_ctx, chunk;
     bool rolling;
@@ -116,8 +121,29 @@ void kvt_session_ckpt_clear(kvt_session *s);
 int kvt_session_clone(kvt_session *dst, const kvt_session *src);
 /* Make later syncs also leave a checkpoint at pos (0: none). */
 void kvt_session_set_mark(kvt_session *s, size_t pos);
-/* RAM held by a session's cache and checkpoints. */
+/* RAM held by a session: its cache (rows, state, block tables), checkpoints,
+ * token and logit arrays, scratch (while it has some) and the session
+ * itself. */
 size_t kvt_session_bytes(const kvt_session *s);
+
+/* Sessions for a pool of them (tiers.c). kvt_session_new_on makes a
+ * session as kvt_session_new does, except that it runs on pool (borrowed:
+ * it must outlive the session; kvt_session_set_threads gives it a pool of
+ * its own) rather than starting threads of its own, and makes its scratch
+ * only when it first runs. kvt_session_work makes s's scratch when it has
+ * none (every call that runs the model does so first). kvt_session_park
+ * leaves s holding its cache, tokens, logits and checkpoints alone: it
+ * drops the cache's spare arena and takes the scratch away, returned for
+ * kvt_session_lend to another session of the same model, context and
+ * chunk (or kvt_session_scratch_free); NULL when s had none.
+ * kvt_session_lend gives scratch to a session that has none (else frees
+ * it). */
+int kvt_session_new_on(kvt_session **out, kvt_model *m, const kvt_session_opts *opts, kvt_pool *pool);
+int kvt_session_work(kvt_session *s);
+void *kvt_session_park(kvt_session *s);
+void kvt_session_lend(kvt_session *s, void *work);
+void kvt_session_scratch_free(const kvt_model *m, void *work);
+size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work);
 
 /* One session's share of a batched step (kvt_session_step): append up to n
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never

@@ -143,7 +143,9 @@ static void recover(kvt_session *s, size_t pos)
     restore_last(s);
 }
 
-int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
+/* pool NULL: threads of its own and its scratch at once (kvt_session_new);
+ * else pool borrowed and the scratch made when it first runs. */
+static int session_make(kvt_session **out, kvt_model *m, const kvt_session_opts *opts, kvt_pool *pool)
 {
     *out = NULL;
     if (!m->arch)
@@ -165,17 +167,60 @@ int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opt
         rc = kvt_fail(KVT_EINVAL, "context of %u tokens is out of range", s->n_ctx);
         goto fail;
     }
-    s->pool = kvt_pool_new(o.n_threads);
+    s->own_pool = !pool;
+    s->pool = pool ? pool : kvt_pool_new(o.n_threads);
+    if (pool) s->n_threads = kvt_pool_size(pool);
     s->tokens = kvt_malloc((size_t)s->n_ctx * sizeof(int32_t));
     s->logits = kvt_malloc((size_t)m->info.n_vocab * sizeof(float));
     if (!s->pool || !s->tokens || !s->logits) goto fail;
     if ((rc = m->arch->cache_new(s))) goto fail;
-    if (m->arch->work_new && (rc = m->arch->work_new(s))) goto fail;
+    if (!pool && (rc = kvt_session_work(s))) goto fail;
     *out = s;
     return KVT_OK;
 fail:
     kvt_session_free(s);
     return rc;
+}
+
+int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts)
+{
+    return session_make(out, m, opts, NULL);
+}
+
+int kvt_session_new_on(kvt_session **out, kvt_model *m, const kvt_session_opts *opts, kvt_pool *pool)
+{
+    *out = NULL;
+    if (!pool) return kvt_fail(KVT_EINVAL, "a session on a shared pool needs the pool");
+    return session_make(out, m, opts, pool);
+}
+
+int kvt_session_work(kvt_session *s)
+{
+    return s->work || !s->m->arch->work_new ? KVT_OK : s->m->arch->work_new(s);
+}
+
+void *kvt_session_park(kvt_session *s)
+{
+    kvt_cache_trim(s->cache);
+    void *w = s->work;
+    s->work = NULL;
+    return w;
+}
+
+void kvt_session_lend(kvt_session *s, void *work)
+{
+    if (s->work) kvt_session_scratch_free(s->m, work);
+    else s->work = work;
+}
+
+void kvt_session_scratch_free(const kvt_model *m, void *work)
+{
+    if (work) m->arch->work_free(work);
+}
+
+size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work)
+{
+    return work && m->arch->work_bytes ? m->arch->work_bytes(work) : 0;
 }
 
 void kvt_session_free(kvt_session *s)
@@ -185,7 +230,7 @@ void kvt_session_free(kvt_session *s)
     free(s->ckpt);
     if (s->work) s->m->arch->work_free(s->work);
     kvt_cache_free(s->cache);
-    kvt_pool_free(s->pool);
+    if (s->own_pool) kvt_pool_free(s->pool);
     free(s->tokens);
     free(s->logits);
     free(s);
@@ -195,8 +240,9 @@ void kvt_session_set_threads(kvt_session *s, uint32_t n)
 {
     kvt_pool *p = kvt_pool_new(n);
     if (!p) return;
-    kvt_pool_free(s->pool);
+    if (s->own_pool) kvt_pool_free(s->pool);
     s->pool = p;
+    s->own_pool = true;
     s->n_threads = n;
 }
 
@@ -213,6 +259,8 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
                    size_t n_chunks)
 {
     size_t start = s->n, ci = 0;
+    int wrc = s->n < n ? kvt_session_work(s) : KVT_OK;
+    if (wrc) return wrc;
     while (s->n < n) {
         size_t c = chunks ? chunks[ci++ % n_chunks] : s->chunk;
         if (c == 0) c = 1;
@@ -311,7 +359,9 @@ int kvt_session_decode(kvt_session *s, int32_t token)
         free(win);
         return rc;
     }
-    int rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
+    int rc = kvt_session_work(s);
+    if (rc) return rc;
+    rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
     if (rc) { recover(s, s->n); return rc; }
     s->tokens[s->n++] = token;
     return KVT_OK;
@@ -347,6 +397,13 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
                 return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", st[i].tok[j], m->info.n_vocab);
         st[i].done = c;
         want += c;
+    }
+    for (size_t i = 0; i < k; i++) {
+        int rc = kvt_session_work(st[i].s);
+        if (rc) {
+            for (size_t j = 0; j < k; j++) st[j].done = 0;
+            return rc;
+        }
     }
     /* over the budget: one token each, the rest to the first ones */
     if (want > budget) {
@@ -399,12 +456,13 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= s->m->info.n_vocab)
             return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range", i, tokens[i]);
+    int rc = kvt_session_work(s);
+    if (rc) return rc;
     size_t V = s->m->info.n_vocab;
     float *lg = kvt_malloc((size_t)s->chunk * V * sizeof(float));
     if (!lg) return KVT_ENOMEM;
     recover(s, 0);
     double sum = 0;
-    int rc = KVT_OK;
     while (s->n < n - 1) {
         size_t c = s->chunk < n - 1 - s->n ? s->chunk : n - 1 - s->n;
         if ((rc = s->m->arch->forward(s, tokens + s->n, c, s->n, lg, 0))) { recover(s, 0); break; }
@@ -429,10 +487,11 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
 
 size_t kvt_session_bytes(const kvt_session *s)
 {
-    size_t b = kvt_cache_bytes_allocated(s->cache);
-    for (size_t i = 0; i < s->n_ckpt; i++)
-        b += s->ckpt[i].state.cap + (size_t)s->m->info.n_vocab * sizeof(float);
-    return b;
+    size_t V = s->m->info.n_vocab;
+    size_t b = sizeof *s + kvt_cache_bytes_held(s->cache) + (size_t)s->n_ctx * sizeof(int32_t) + V * sizeof(float);
+    b += s->cap_ckpt * sizeof *s->ckpt;
+    for (size_t i = 0; i < s->n_ckpt; i++) b += s->ckpt[i].state.cap + V * sizeof(float);
+    return b + kvt_session_scratch_bytes(s->m, s->work);
 }
 
 int kvt_session_clone(kvt_session *dst, const kvt_session *src)

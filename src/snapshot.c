@@ -533,7 +533,8 @@ static int check_state_digest(kvt_session *s)
 int kvt_snap_load_finish(kvt_session *s, bool rebuild)
 {
     int rc;
-    if (rebuild && ((rc = s->m->arch->state_rebuild(s)) || (rc = check_state_digest(s)))) return state_fail(s, rc);
+    if (rebuild && ((rc = kvt_session_work(s)) || (rc = s->m->arch->state_rebuild(s)) || (rc = check_state_digest(s))))
+        return state_fail(s, rc);
     s->cache->state_check = false;
     kvt_session_checkpoint(s);
     return KVT_OK;
@@ -638,9 +639,8 @@ static int load_blocks_parallel(kvt_session *s, const kvt_snap_info *in, struct 
     struct par *p = kvt_calloc(1, sizeof *p);
     if (!p) return KVT_ENOMEM;
     *p = (struct par){.s = s, .in = in, .src = src, .first_bad = UINT32_MAX};
-    kvt_pool_for_part(s->pool, 2, 1, par_part, p);
     int rc = KVT_OK;
-    if (kvt_pool_last_parts(s->pool) != 2) {
+    if (kvt_pool_for_part(s->pool, 2, 1, par_part, p) != 2) {
         rc = kvt_fail(KVT_EINVAL, "snapshot: blocks not all loaded");
     } else {
         int w = p->bad[1] < p->bad[0];

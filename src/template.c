@@ -460,40 +460,49 @@ static bool render_plain(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, 
 #define GEMMA_START "<start_of_turn>"
 #define QW_CALL_FORMAT "<args-json-object>" /* Qwen's JSON tool-call instructions */
 
+static int dsml_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                           size_t *text_end);
+static size_t dsml_scan(kvt_tool_scan *s, const char *text, size_t len);
+
 /* In lookup order: a template text is matched against the rows top down, so
  * a row whose marks another's include comes first (Qwen 3 before Qwen 2.5:
  * both are ChatML). */
 const kvt_template kvt_templates[] = {
     /* DeepSeek-V4's markers are the built-in byte tokenizer's: by architecture */
     {.name = "deepseek", .arches = {"deepseek4"}, .render = render_deepseek, .has_bos = true, .special = true,
-     .thinking = true, .tool_calls = kvt_tool_calls_parse, .tool_calls_text_len = kvt_tool_calls_text_len,
+     .thinking = true, .tool_calls = dsml_tool_calls, .tool_calls_text_len = kvt_tool_calls_text_len,
+     .tool_calls_scan = dsml_scan,
      .user_turn = DS_USER, .assistant_turn = DS_ASSISTANT, .end_turn = {DS_EOS}},
     /* Llama 3.1, 3.2, 3.3 (the 3.1 layout: a system header with the dates) */
     {.name = "llama3",
      .marks = {"<|start_header_id|>", L3_EOT, "Cutting Knowledge Date", "please respond with a JSON for a function call"},
      .render = kvt_render_llama3, .has_bos = true, .special = true, .tool_calls = kvt_llama3_tool_calls,
-     .tool_calls_text_len = kvt_llama3_tool_calls_text_len, .user_turn = "<|start_header_id|>user<|end_header_id|>",
+     .tool_calls_text_len = kvt_llama3_tool_calls_text_len,
+     .tool_calls_scan = kvt_llama3_tool_calls_scan, .user_turn = "<|start_header_id|>user<|end_header_id|>",
      .assistant_turn = "<|start_header_id|>assistant<|end_header_id|>", .end_turn = {L3_EOT, "<|eom_id|>", "<|end_of_text|>"}},
     /* Qwen 3.5 (ChatML, XML tool calls, the prompt opens <think>) */
     {.name = "qwen3.5",
      .marks = {IM_START, "<function=example_function_name>", "enable_thinking is defined and enable_thinking is false"},
      .arches = {"qwen35", "qwen35moe"}, .render = kvt_render_qwen35, .special = true, .thinking = true,
      .thinking_default = true, .think_ws = 2, .tool_calls = kvt_qwen35_tool_calls,
-     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len,
+     .tool_calls_scan = kvt_qwen_tool_calls_scan, .user_turn = IM_START "user",
      .assistant_turn = IM_START "assistant", .end_turn = {"<|im_end|>", "<|endoftext|>"}},
     /* Qwen 3 (ChatML with <think> and enable_thinking) */
     {.name = "qwen3", .marks = {IM_START, QW_CALL_FORMAT, "reasoning_content.strip('\\n')", "enable_thinking"},
      .arches = {"qwen3", "qwen3moe"},
      .render = kvt_render_qwen3, .special = true, .thinking = true, .thinking_default = true,
      .think_open = "<think>", .think_ws = 1, .tool_calls = kvt_qwen_tool_calls,
-     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len,
+     .tool_calls_scan = kvt_qwen_tool_calls_scan, .user_turn = IM_START "user",
      .assistant_turn = IM_START "assistant",
      .end_turn = {"<|im_end|>", "<|endoftext|>"}},
     /* Qwen 2.5 (ChatML with Qwen's default system prompt) */
     {.name = "qwen2.5", .marks = {IM_START, "You are Qwen, created by Alibaba Cloud.", QW_CALL_FORMAT},
      .arches = {"qwen2"},
      .render = kvt_render_qwen25, .special = true, .tool_calls = kvt_qwen_tool_calls,
-     .tool_calls_text_len = kvt_qwen_tool_calls_text_len, .user_turn = IM_START "user",
+     .tool_calls_text_len = kvt_qwen_tool_calls_text_len,
+     .tool_calls_scan = kvt_qwen_tool_calls_scan, .user_turn = IM_START "user",
      .assistant_turn = IM_START "assistant",
      .end_turn = {"<|im_end|>", "<|endoftext|>"}},
     /* Gemma 4 (its current template: results after their calls, in the model's turn) */
@@ -501,16 +510,18 @@ const kvt_template kvt_templates[] = {
      .render = kvt_render_gemma4, .has_bos = true, .special = true, .thinking = true,
      .think_open = "<|channel>thought", .think_close = "<channel|>", .think_ws = 2,
      .tool_calls = kvt_gemma4_tool_calls, .tool_calls_text_len = kvt_gemma4_tool_calls_text_len,
+     .tool_calls_scan = kvt_gemma4_tool_calls_scan,
      .user_turn = "<|turn>user", .assistant_turn = "<|turn>model", .end_turn = {"<turn|>", "<|tool_response>", "<eos>"}},
     /* Gemma 3 (and Gemma 2's layout): no tool syntax */
     {.name = "gemma3", .marks = {GEMMA_START, "<end_of_turn>"}, .arches = {"gemma3"}, .render = kvt_render_gemma3,
      .has_bos = true, .special = true, .tool_calls = kvt_tool_calls_none,
-     .tool_calls_text_len = kvt_tool_calls_none_text_len, .user_turn = GEMMA_START "user",
+     .tool_calls_text_len = kvt_tool_calls_none_text_len,
+     .tool_calls_scan = kvt_tool_calls_none_scan, .user_turn = GEMMA_START "user",
      .assistant_turn = GEMMA_START "model",
      .end_turn = {"<end_of_turn>", "<eos>"}},
     /* the fallback: no markers; a reply's tool calls are still read in DSML */
-    {.name = "plain", .render = render_plain, .tool_calls = kvt_tool_calls_parse,
-     .tool_calls_text_len = kvt_tool_calls_text_len},
+    {.name = "plain", .render = render_plain, .tool_calls = dsml_tool_calls,
+     .tool_calls_text_len = kvt_tool_calls_text_len, .tool_calls_scan = dsml_scan},
 };
 const size_t kvt_n_templates = sizeof kvt_templates / sizeof *kvt_templates;
 
@@ -631,8 +642,10 @@ bool kvt_tpl_utf8_ok(const char *s, size_t a, size_t b)
     return true;
 }
 
-int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_tool_calls_none(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                        size_t *text_end)
 {
+    (void)fns;
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
@@ -641,6 +654,47 @@ int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, siz
 }
 
 size_t kvt_tool_calls_none_text_len(const char *text, size_t len) { return text ? len : 0; }
+
+size_t kvt_tool_calls_none_scan(kvt_tool_scan *s, const char *text, size_t len)
+{
+    (void)s;
+    return text ? len : 0;
+}
+
+/* ---- the streaming scan ------------------------------------------------------ */
+
+_Atomic unsigned long long kvt_tool_scan_bytes;
+int kvt_tool_scan_fault;
+
+void kvt_tpl_scan_ws(kvt_tool_scan *s, const char *text, size_t to)
+{
+    for (size_t i = s->done; i < to; i++)
+        if (kvt_tpl_is_space(text[i])) {
+            if (s->run_end != i) s->run = i;
+            s->run_end = i + 1;
+        }
+}
+
+size_t kvt_tpl_scan_opener(kvt_tool_scan *s, const char *text, size_t len, const char *opener)
+{
+    if (!text) return 0;
+    if (kvt_tool_scan_fault || len < s->done) *s = (kvt_tool_scan){0};
+    if (s->found) return s->text_end;
+    /* an opener may have begun in the last ol - 1 bytes looked at */
+    size_t ol = strlen(opener), from = s->done >= ol - 1 ? s->done - (ol - 1) : 0;
+    atomic_fetch_add_explicit(&kvt_tool_scan_bytes, len - from, memory_order_relaxed);
+    const char *a = kvt_tpl_find(text, from, len, opener, ol);
+    size_t e = a ? (size_t)(a - text) : len;
+    kvt_tpl_scan_ws(s, text, e);
+    if (a) {
+        s->found = true;
+        s->text_end = s->run_end == e ? s->run : e;
+        return s->text_end;
+    }
+    s->done = len;
+    e = len - kvt_tpl_partial_tail(text, len, opener); /* the tail is no whitespace: the opener has none */
+    return s->run_end == e ? s->run : e;
+}
 
 /* ---- tool calls in generated text ---------------------------------------- */
 
@@ -855,18 +909,26 @@ nomem:
     return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
 }
 
+/* The table's row: DSML writes each value's type (string="true|false"). */
+static int dsml_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                           size_t *text_end)
+{
+    (void)fns;
+    return kvt_tool_calls_parse(text, len, calls, n, text_end);
+}
+
+/* Streaming: the text before <｜DSML｜tool_calls>, a tail that may start one
+ * held back (a marker may be arriving), and the whitespace before either,
+ * which the reply's text loses when calls follow. */
+static size_t dsml_scan(kvt_tool_scan *s, const char *text, size_t len)
+{
+    return kvt_tpl_scan_opener(s, text, len, DS_CALLS_BEGIN);
+}
+
 size_t kvt_tool_calls_text_len(const char *text, size_t len)
 {
-    if (!text) return 0;
-    const char *a = find(text, 0, len, DS_CALLS_BEGIN, LIT(DS_CALLS_BEGIN));
-    size_t end = a ? (size_t)(a - text) : len;
-    /* a marker may be arriving: hold back a tail that starts one */
-    if (!a)
-        for (size_t k = LIT(DS_CALLS_BEGIN) - 1; k > 0; k--)
-            if (k <= len && !memcmp(text + len - k, DS_CALLS_BEGIN, k)) { end = len - k; break; }
-    /* and the whitespace before it, which the reply's text loses when calls follow */
-    while (end > 0 && is_space(text[end - 1])) end--;
-    return end;
+    kvt_tool_scan s = {0};
+    return dsml_scan(&s, text, len);
 }
 
 /* ---- thinking mode ---------------------------------------------------------- */
@@ -876,11 +938,13 @@ size_t kvt_tool_calls_text_len(const char *text, size_t len)
  * read it back as the token). Nothing is trimmed on either side: the client
  * sends both parts back and the template renders them around </think>, so
  * the turn is the bytes the model sampled. */
-bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
+/* kvt_think_split with the search for </think> from byte from on (none
+ * begins before it). */
+static bool split_from(const char *text, size_t len, bool partial, size_t from, size_t *reasoning, size_t *answer)
 {
     if (!text) len = 0;
     size_t rs = len, as = len;
-    const char *e = find(text, 0, len, THINK_END, LIT(THINK_END));
+    const char *e = find(text, from < len ? from : len, len, THINK_END, LIT(THINK_END));
     if (e) {
         rs = (size_t)(e - text);
         as = rs + LIT(THINK_END);
@@ -895,17 +959,28 @@ bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoni
     return e != NULL;
 }
 
+bool kvt_think_split(const char *text, size_t len, bool partial, size_t *reasoning, size_t *answer)
+{
+    return split_from(text, len, partial, 0, reasoning, answer);
+}
+
 static bool think_ws(int mode, char c) { return mode == 1 ? c == '\n' : mode == 2 && kvt_tpl_is_space(c); }
 
-bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out)
+/* kvt_think_parts with the search for the closing tag from byte from on
+ * (none begins before it); *close_at receives where it begins (SIZE_MAX:
+ * not found). */
+static bool parts_from(const kvt_template *t, const char *text, size_t len, bool partial, size_t from,
+                       kvt_think *out, size_t *close_at)
 {
     if (!text) len = 0;
+    *close_at = SIZE_MAX;
     const char *open = t ? t->think_open : NULL;
     int ws = t ? t->think_ws : 0;
     if (!open && !ws && !(t && t->think_close)) {
         size_t rs, as;
-        bool closed = kvt_think_split(text, len, partial, &rs, &as);
+        bool closed = split_from(text, len, partial, from, &rs, &as);
         *out = (kvt_think){0, rs, as};
+        if (as > rs) *close_at = rs;
         return closed;
     }
     size_t p = 0;
@@ -923,7 +998,8 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     while (p < len && think_ws(ws, text[p])) p++;
     const char *close = t->think_close ? t->think_close : THINK_END;
     size_t cl = strlen(close);
-    const char *e = kvt_tpl_find(text, p, len, close, cl);
+    const char *e = kvt_tpl_find(text, p > from ? p : from, len, close, cl);
+    if (e) *close_at = (size_t)(e - text);
     size_t re = e ? (size_t)(e - text) : len;
     if (!e && partial) re -= kvt_tpl_partial_tail(text, len, close);
     if (re < p) re = p;
@@ -936,4 +1012,24 @@ bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool p
     if (partial && as == len) return false; /* what begins the answer is still to come */
     out->as = as;
     return true;
+}
+
+bool kvt_think_parts(const kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out)
+{
+    size_t close_at;
+    return parts_from(t, text, len, partial, 0, out, &close_at);
+}
+
+bool kvt_think_parts_resume(const kvt_template *t, const char *text, size_t len, size_t *searched, kvt_think *out)
+{
+    size_t close_at;
+    bool closed = parts_from(t, text, len, true, *searched, out, &close_at);
+    if (close_at != SIZE_MAX) {
+        *searched = close_at; /* found: found again at once */
+    } else {
+        const char *close = t && t->think_close ? t->think_close : THINK_END;
+        size_t keep = strlen(close) - 1, next = len > keep ? len - keep : 0;
+        if (next > *searched) *searched = next; /* a tag may have begun in the last bytes */
+    }
+    return closed;
 }

@@ -5,8 +5,9 @@
  * renderers, the JSON writer of the templates' `tojson` filter, the
  * tool-call parsers of generated text and the thinking-mode split:
  * template.c (the table, the choice, the deepseek and plain templates, the
- * DSML parser), template_llama3.c, template_qwen.c and template_gemma.c (the
- * other families), sharing template_impl.h. src/api.c reads the request
+ * DSML parser, the streaming scan), template_llama3.c, template_qwen.c and
+ * template_gemma.c (the other families) and template_schema.c (call
+ * arguments typed by the request's schemas), sharing template_impl.h. src/api.c reads the request
  * bodies of every api into the neutral kvt_chat below and hands it to the
  * model's template; it knows no marker.
  *
@@ -28,6 +29,7 @@
 #include "kvtier.h"
 
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 struct json_t; /* jansson's */
@@ -96,6 +98,41 @@ typedef const char *(*kvt_replay_fn)(void *user, const char *call_id, size_t *le
 
 typedef struct kvt_tool_call kvt_tool_call;
 
+/* While streaming: where the scan for a tool call in a growing reply
+ * stands, so that each token's scan resumes where the last one stopped
+ * (kvt_template.tool_calls_scan). Zero it before the first call; the text
+ * passed must be the same text grown. What it keeps: how far the text has
+ * been looked at, the last whitespace run (the text before a call loses
+ * it), whether the opener has been seen (a partial opener straddling
+ * tokens is looked for again from its first possible byte), and for Llama
+ * 3's JSON calls the candidate object being read and the lexer's place in
+ * it. */
+typedef struct kvt_tool_scan {
+    size_t done;            /* bytes of the text looked at */
+    size_t run, run_end;    /* the last run of whitespace seen: [run, run_end) */
+    bool found;             /* the opener was seen: the text ends at text_end
+                             * (Llama 3: text_end is the text before at) */
+    size_t text_end, at;
+    /* Llama 3 (template_llama3.c): the candidate call sequence from cand */
+    bool in_cand;
+    size_t next;            /* where the search for the next candidate resumes */
+    size_t cand, obj;       /* the candidate; the object being read (its '{') */
+    size_t lex;             /* bytes of it lexed */
+    size_t checked;         /* the text's length at the last parse of the open object */
+    int depth;              /* nesting inside the sequence (0: between objects) */
+    bool in_str, esc, sep;  /* in a string, after a backslash; a separator read */
+    size_t n_seq;           /* complete calls read in the sequence */
+    bool tag_found;         /* <|python_tag|> seen at tag */
+    size_t tag, tag_done;
+} kvt_tool_scan;
+
+/* Bytes the streaming scans looked at (all of them, since the process
+ * started): tests check that a reply's scan is linear in its length. */
+extern _Atomic unsigned long long kvt_tool_scan_bytes;
+/* Tests: when set, every scan starts over from the beginning of the text
+ * (what the server did before the scan resumed). */
+extern int kvt_tool_scan_fault;
+
 typedef struct kvt_template {
     const char *name;   /* "deepseek", "llama3", "qwen2.5", "qwen3", "gemma3", "plain", ... */
     /* Picked for a model whose GGUF tokenizer.chat_template holds every one of
@@ -125,9 +162,21 @@ typedef struct kvt_template {
                          * answer, and so is neither: 0 nothing, 1 newlines (Python's
                          * strip('\n')), 2 any whitespace (trim) */
     /* The tool calls of generated text, and while streaming how much of it is
-     * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). */
-    int (*tool_calls)(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+     * certainly text (kvt_tool_calls_parse, kvt_tool_calls_text_len). fns:
+     * the request's functions (kvt_chat.fns; may be NULL), whose parameter
+     * schemas type the arguments of a syntax that writes them as bare text
+     * (Qwen 3.5's XML); syntaxes that carry the types (JSON, DSML's
+     * string="true|false", Gemma 4's quoted strings) read them as written. */
+    int (*tool_calls)(const char *text, size_t len, const struct json_t *fns, kvt_tool_call **calls, size_t *n,
+                      size_t *text_end);
     size_t (*tool_calls_text_len)(const char *text, size_t len);
+    /* The same for a text that grows (streaming): resumes where the last
+     * call on the same scan state stopped, so a reply's scans cost its
+     * length in all, not its length at every token. Never more than
+     * tool_calls_text_len of the same text (a Llama 3 object that has
+     * become no call may be noticed a little later, when it closes or the
+     * text has doubled since it was last parsed). */
+    size_t (*tool_calls_scan)(kvt_tool_scan *s, const char *text, size_t len);
     /* The texts that open a user and an assistant turn (a special token of
      * the model's vocabulary, and the role's name after it where the turns
      * share their opener), for the server's checkpoint where the last user
@@ -250,5 +299,11 @@ typedef struct kvt_think {
 } kvt_think;
 struct kvt_template;
 bool kvt_think_parts(const struct kvt_template *t, const char *text, size_t len, bool partial, kvt_think *out);
+/* The same for a text that grows (streaming, partial): the closing tag is
+ * looked for from *searched on (zero it before the first call), which
+ * moves to where one may still begin, so a reply's searches cost its
+ * length in all. */
+bool kvt_think_parts_resume(const struct kvt_template *t, const char *text, size_t len, size_t *searched,
+                            kvt_think *out);
 
 #endif

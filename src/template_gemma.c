@@ -567,8 +567,10 @@ static json_t *g4_value(g4_in *in)
     return v;
 }
 
-int kvt_gemma4_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_gemma4_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                          size_t *text_end)
 {
+    (void)fns; /* the syntax carries the types */
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
@@ -606,11 +608,13 @@ int kvt_gemma4_tool_calls(const char *text, size_t len, kvt_tool_call **calls, s
     return KVT_OK;
 }
 
+size_t kvt_gemma4_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len)
+{
+    return kvt_tpl_scan_opener(s, text, len, "<|tool_call>");
+}
+
 size_t kvt_gemma4_tool_calls_text_len(const char *text, size_t len)
 {
-    if (!text) return 0;
-    const char *a = kvt_tpl_find(text, 0, len, "<|tool_call>", 12);
-    size_t end = a ? (size_t)(a - text) : len - kvt_tpl_partial_tail(text, len, "<|tool_call>");
-    while (end > 0 && kvt_tpl_is_space(text[end - 1])) end--;
-    return end;
+    kvt_tool_scan s = {0};
+    return kvt_gemma4_tool_calls_scan(&s, text, len);
 }

@@ -60,6 +60,14 @@ size_t kvt_tpl_partial_tail(const char *text, size_t len, const char *marker);
 /* s[a, b) is well-formed UTF-8 without NUL (what a JSON string can hold). */
 bool kvt_tpl_utf8_ok(const char *s, size_t a, size_t b);
 
+/* The streaming scan for a call syntax that opens with a fixed text
+ * (opener: no whitespace in it): the text before the first opener, without
+ * a trailing partial opener, without the whitespace before either; resumed
+ * from s (kvt_tool_scan). */
+size_t kvt_tpl_scan_opener(kvt_tool_scan *s, const char *text, size_t len, const char *opener);
+/* Note ws runs in text[s->done, to) (kvt_tool_scan.run). */
+void kvt_tpl_scan_ws(kvt_tool_scan *s, const char *text, size_t to);
+
 /* Tool calls being collected out of generated text. */
 typedef struct kvt_tpl_calls {
     kvt_tool_call *v;
@@ -70,26 +78,44 @@ typedef struct kvt_tpl_calls {
 int kvt_tpl_calls_add(kvt_tpl_calls *c, const char *name, size_t nl, const json_t *args, size_t raw_off,
                       size_t raw_len);
 
+/* ---- arguments typed by the request's schemas (template_schema.c) ---------- *
+ *
+ * For a call syntax whose values are bare text (Qwen 3.5's XML): the
+ * parameters schema of function name[0, nl) among fns (the request's
+ * functions, kvt_chat.fns), NULL when it has none; and the value of the text
+ * of parameter key under such a schema (string: the text as written; other
+ * types parsed when the text parses as one; enum, const, anyOf, oneOf,
+ * local $refs, nested properties and items followed), a new reference, or
+ * NULL when the schema gives the parameter no type (the caller converts it
+ * as without schemas). Bounded in depth, $ref hops and steps whatever the
+ * schema. */
+const json_t *kvt_tpl_fn_schema(const json_t *fns, const char *name, size_t nl);
+json_t *kvt_tpl_typed_arg(const json_t *params, const char *key, const char *text, size_t n);
+
 /* ---- the families of the other files ------------------------------------ */
 
 bool kvt_render_llama3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
-int kvt_llama3_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+int kvt_llama3_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n, size_t *text_end);
 size_t kvt_llama3_tool_calls_text_len(const char *text, size_t len);
+size_t kvt_llama3_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len);
 
 bool kvt_render_qwen25(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
 bool kvt_render_qwen3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
-int kvt_qwen_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+int kvt_qwen_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n, size_t *text_end);
 size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len);
+size_t kvt_qwen_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len);
 bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
-int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+int kvt_qwen35_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n, size_t *text_end);
 
 bool kvt_render_gemma3(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
 bool kvt_render_gemma4(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, void *replay_user);
-int kvt_gemma4_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+int kvt_gemma4_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n, size_t *text_end);
 size_t kvt_gemma4_tool_calls_text_len(const char *text, size_t len);
+size_t kvt_gemma4_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len);
 
 /* A template without a tool-call syntax: no calls, all of it text. */
-int kvt_tool_calls_none(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end);
+int kvt_tool_calls_none(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n, size_t *text_end);
 size_t kvt_tool_calls_none_text_len(const char *text, size_t len);
+size_t kvt_tool_calls_none_scan(kvt_tool_scan *s, const char *text, size_t len);
 
 #endif

@@ -177,8 +177,10 @@ static size_t text_before(const char *text, size_t p)
     return p;
 }
 
-int kvt_llama3_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_llama3_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                          size_t *text_end)
 {
+    (void)fns; /* the syntax carries the types */
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
@@ -209,15 +211,137 @@ int kvt_llama3_tool_calls(const char *text, size_t len, kvt_tool_call **calls, s
     return KVT_OK;
 }
 
-size_t kvt_llama3_tool_calls_text_len(const char *text, size_t len)
+/* ---- streaming ------------------------------------------------------------- *
+ *
+ * How much of a growing reply is certainly text: what comes before
+ * <|python_tag|> (or a tail that may start it) and before the first '{'
+ * that may open a sequence of calls running to the end, without the
+ * whitespace before. The scan resumes (kvt_tool_scan): the tag is looked
+ * for in the new bytes (and the last ones that may hold its start); a
+ * candidate '{' that failed to be a call stays failed as the text grows (a
+ * syntax error, an object that is no call, other text after it), so the
+ * next one is looked for after it; the candidate in progress is lexed a
+ * byte once (strings, escapes, nesting), each of its objects parsed once
+ * when it closes, and the object still open parsed again only when the
+ * text has doubled since (what finds a syntax error before it closes). A
+ * scan that starts afresh parses at once, as kvt_llama3_tool_calls_text_len
+ * did before it resumed. */
+
+/* Bytes at the end of a text being generated where a JSON error may only
+ * be the text cut short (a UTF-8 character, a number like "2." or "1e"). */
+#define CUT_SLACK 8
+
+static void scan_count(size_t n) { atomic_fetch_add_explicit(&kvt_tool_scan_bytes, n, memory_order_relaxed); }
+
+/* The object at text[a, len) read as far as the text goes: false when it
+ * has an error that more text cannot mend. An error in the last bytes may
+ * be the text cut inside a character or a number: only one before them
+ * fails it for good. */
+static bool open_ok(const char *text, size_t a, size_t len)
+{
+    json_error_t je;
+    json_t *v = json_loadb(text + a, len - a, JSON_DISABLE_EOF_CHECK, &je);
+    scan_count(je.position > 0 ? (size_t)je.position : 0);
+    json_decref(v);
+    return v || json_error_code(&je) == json_error_premature_end_of_input || (size_t)je.position + CUT_SLACK >= len - a;
+}
+
+/* The candidate sequence at s->cand over text[s->lex, len): SEQ_FAIL, or
+ * SEQ_PARTIAL while it may still be calls to the end. */
+static int seq_advance(kvt_tool_scan *s, const char *text, size_t len)
+{
+    size_t i = s->lex;
+    for (; i < len; i++) {
+        char ch = text[i];
+        if (s->depth == 0) {
+            if (kvt_tpl_is_space(ch)) continue;
+            if (s->n_seq && !s->sep && (ch == ',' || ch == ';')) { s->sep = true; continue; }
+            if (ch != '{') break;
+            s->obj = s->checked = i;
+            s->depth = 1;
+            s->sep = false;
+            continue;
+        }
+        if (s->in_str) {
+            if (s->esc) s->esc = false;
+            else if (ch == '\\') s->esc = true;
+            else if (ch == '"') s->in_str = false;
+        } else if (ch == '"') {
+            s->in_str = true;
+        } else if (ch == '{' || ch == '[') {
+            s->depth++;
+        } else if ((ch == '}' || ch == ']') && --s->depth == 0) {
+            /* an object of the sequence is complete: a call, or the sequence fails */
+            scan_count(i + 1 - s->obj);
+            json_t *v = json_loadb(text + s->obj, i + 1 - s->obj, 0, NULL), *args;
+            const char *name;
+            bool ok = v && call_shape(v, &name, &args) && kvt_tpl_utf8_ok(text, s->obj, i + 1);
+            json_decref(v);
+            if (!ok) break;
+            s->n_seq++;
+        }
+    }
+    scan_count(i - s->lex);
+    if (i < len) return SEQ_FAIL; /* a byte that ends the sequence as calls */
+    s->lex = len;
+    /* the object still open: parsed when the text has doubled since */
+    if (s->depth > 0 && len - s->obj >= 2 * (s->checked - s->obj)) {
+        s->checked = len;
+        if (!open_ok(text, s->obj, len)) return SEQ_FAIL;
+    }
+    return SEQ_PARTIAL;
+}
+
+size_t kvt_llama3_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len)
 {
     if (!text) return 0;
-    size_t end = len;
-    const char *pt = kvt_tpl_find(text, 0, len, L3_PYTHON, LIT(L3_PYTHON));
-    if (pt) end = (size_t)(pt - text);
-    else end -= kvt_tpl_partial_tail(text, len, L3_PYTHON);
-    int rc = KVT_OK;
-    for (size_t p = next_open(text, 0, end); p < end; p = next_open(text, p + 1, end))
-        if (call_seq(text, p, len, true, NULL, &rc) != SEQ_FAIL) { end = p; break; }
-    return text_before(text, end);
+    if (kvt_tool_scan_fault || len < s->done) *s = (kvt_tool_scan){0};
+    if (!s->tag_found) {
+        size_t from = s->tag_done >= LIT(L3_PYTHON) - 1 ? s->tag_done - (LIT(L3_PYTHON) - 1) : 0;
+        scan_count(len - from);
+        const char *pt = kvt_tpl_find(text, from, len, L3_PYTHON, LIT(L3_PYTHON));
+        if (pt) s->tag_found = true, s->tag = (size_t)(pt - text);
+        s->tag_done = len;
+    }
+    size_t end = s->tag_found ? s->tag : len - kvt_tpl_partial_tail(text, len, L3_PYTHON);
+    kvt_tpl_scan_ws(s, text, len);
+    s->done = len;
+    for (;;) {
+        if (!s->in_cand) {
+            if (s->next >= end) break;
+            size_t p = next_open(text, s->next, end);
+            scan_count(p - s->next);
+            s->next = p;
+            if (p >= end) break;
+            s->in_cand = true;
+            s->cand = s->obj = s->lex = s->checked = p;
+            s->depth = 0, s->in_str = s->esc = s->sep = false, s->n_seq = 0;
+            /* read at once: most candidates in prose fail in a few bytes,
+             * before the lexer would run to the end of the text */
+            if (!open_ok(text, p, len)) {
+                s->in_cand = false;
+                s->next = p + 1;
+                continue;
+            }
+            s->checked = len;
+        }
+        if (seq_advance(s, text, len) != SEQ_FAIL) {
+            end = s->cand;
+            break;
+        }
+        s->in_cand = false;
+        s->next = s->cand + 1;
+    }
+    /* the text before end: without the whitespace (the last run, when it
+     * ends there) and the tag before it (text_before, once per place) */
+    if (end == len - kvt_tpl_partial_tail(text, len, L3_PYTHON) && !s->tag_found && !s->in_cand)
+        return s->run_end == end ? s->run : end;
+    if (!s->found || s->at != end) s->found = true, s->at = end, s->text_end = text_before(text, end);
+    return s->text_end;
+}
+
+size_t kvt_llama3_tool_calls_text_len(const char *text, size_t len)
+{
+    kvt_tool_scan s = {0};
+    return kvt_llama3_tool_calls_scan(&s, text, len);
 }

@@ -249,8 +249,10 @@ static bool qw_call(json_t *v, const char **name, json_t **args)
     return true;
 }
 
-int kvt_qwen_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_qwen_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                        size_t *text_end)
 {
+    (void)fns; /* the syntax carries the types */
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
     *n = 0;
@@ -296,13 +298,15 @@ nomem:
     return kvt_fail(KVT_ENOMEM, "tool calls: out of memory");
 }
 
+size_t kvt_qwen_tool_calls_scan(kvt_tool_scan *s, const char *text, size_t len)
+{
+    return kvt_tpl_scan_opener(s, text, len, CALL_OPEN);
+}
+
 size_t kvt_qwen_tool_calls_text_len(const char *text, size_t len)
 {
-    if (!text) return 0;
-    const char *a = kvt_tpl_find(text, 0, len, CALL_OPEN, LIT(CALL_OPEN));
-    size_t end = a ? (size_t)(a - text) : len - kvt_tpl_partial_tail(text, len, CALL_OPEN);
-    while (end > 0 && kvt_tpl_is_space(text[end - 1])) end--;
-    return end;
+    kvt_tool_scan s = {0};
+    return kvt_qwen_tool_calls_scan(&s, text, len);
 }
 
 /* ---- qwen3.5 ---------------------------------------------------------------- */
@@ -334,6 +338,42 @@ static void q35_value(kvt_wbuf *b, const json_t *v)
     case JSON_NULL: kvt_wbuf_puts(b, "None"); return;
     default: kvt_json_scalar(b, v); return;
     }
+}
+
+static int q35_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                     size_t *text_end);
+
+/* A turn's calls as the server sampled them (the replay hook: each call's
+ * bytes, the first's with the whitespace after the text, every call's with
+ * the whitespace after it), so that the next request continues the cached
+ * tokens byte for byte where the template would write a value another way
+ * (True for true, ", " in JSON, the model's own whitespace). Only when every
+ * call of the turn has its bytes and they read back, under the request's
+ * schemas, as that call alone with the arguments the client sent back: a
+ * client that changed a call gets it rendered as the template writes it.
+ * False (nothing written): render the calls. */
+static bool q35_replay(kvt_wbuf *b, const kvt_chat *ch, const kvt_turn *t, kvt_replay_fn replay, void *replay_user)
+{
+    if (!replay || !t->n_calls) return false;
+    size_t mark = b->len;
+    for (size_t k = 0; k < t->n_calls; k++) {
+        const kvt_turn_call *c = &t->calls[k];
+        size_t rl = 0, n = 0, te = 0;
+        const char *rp = c->id && c->argv ? replay(replay_user, c->id, &rl) : NULL;
+        kvt_tool_call *got = NULL;
+        bool ok = rp && q35_calls(rp, rl, ch->fns, &got, &n, &te) == KVT_OK && n == 1 && te == 0 &&
+                  got[0].raw_off == 0 && got[0].raw_len == rl && !strcmp(got[0].name, c->name);
+        json_t *args = ok ? json_loads(got[0].arguments, 0, NULL) : NULL;
+        ok = args && json_equal(args, c->argv);
+        json_decref(args);
+        kvt_tool_calls_free(got, n);
+        if (!ok) {
+            b->len = mark; /* what this turn's earlier calls wrote */
+            return false;
+        }
+        kvt_wbuf_put(b, rp, rl);
+    }
+    return true;
 }
 
 /* qwen3.5: the Qwen 3.5 template (Qwen3.5-4B.jinja in llama.cpp), byte for
@@ -422,6 +462,11 @@ bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, vo
         kvt_wbuf_put(b, t->text + ca, cz - ca);
         size_t ta = ca, tz = cz;
         kvt_tpl_trim(t->text, &ta, &tz);
+        if (q35_replay(b, ch, t, replay, replay_user)) {
+            if (i + 1 == ch->n && is_prefill(ch)) return false;
+            kvt_wbuf_puts(b, IM_END "\n");
+            continue;
+        }
         for (size_t k = 0; k < t->n_calls; k++) {
             const kvt_turn_call *c = &t->calls[k];
             kvt_wbuf_puts(b, k ? "\n" : tz > ta ? "\n\n" : "");
@@ -452,10 +497,13 @@ bool kvt_render_qwen35(kvt_wbuf *b, const kvt_chat *ch, kvt_replay_fn replay, vo
  * The reply's text, then calls to its end, each
  *   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
  * (any whitespace between the tags; one newline on either side of a value
- * is the template's). A value that is JSON (an object, array, number, true,
- * false, null) is that value, Python's True, False, None are the JSON ones,
- * anything else is the string as written: without the tools' schemas a
- * string parameter that reads as a number becomes one. The text loses the
+ * is the template's). The syntax writes every value as bare text, so the
+ * schema of the function in the request types it (kvt_tpl_typed_arg: a
+ * string parameter is the text as written, an integer one the number it
+ * reads as, ...). A parameter the schema gives no type (or a function the
+ * request does not define) is read as before: JSON (an object, array,
+ * number, true, false, null) as that value, Python's True, False, None as
+ * the JSON ones, anything else as the string as written. The text loses the
  * whitespace before the first call; an unfinished or malformed call ends
  * the calls. */
 
@@ -486,10 +534,14 @@ static bool q35_name(const char *s, size_t *p, size_t to, size_t *a, size_t *z)
     return true;
 }
 
-static json_t *q35_read_value(const char *s, size_t a, size_t z)
+/* A value: typed by its parameter's schema in params (the function's, from
+ * the request) when that gives it a type; otherwise as without schemas. */
+static json_t *q35_read_value(const json_t *params, const char *key, const char *s, size_t a, size_t z)
 {
     if (a < z && s[a] == '\n') a++;
     if (z > a && s[z - 1] == '\n') z--;
+    json_t *typed = kvt_tpl_typed_arg(params, key, s + a, z - a);
+    if (typed) return typed;
     size_t ta = a, tz = z;
     kvt_tpl_trim(s, &ta, &tz);
     json_t *v = NULL;
@@ -502,11 +554,12 @@ static json_t *q35_read_value(const char *s, size_t a, size_t z)
 
 /* One call at s[*p..): 1 with *name, *args (new), *p past </tool_call>;
  * 0 none (complete and well-formed) here; -1 out of memory. */
-static int q35_call(const char *s, size_t *p, size_t to, size_t *na, size_t *nz, json_t **args)
+static int q35_call(const char *s, size_t *p, size_t to, const json_t *fns, size_t *na, size_t *nz, json_t **args)
 {
     size_t q = *p;
     *args = NULL;
     if (!q35_eat(s, &q, to, CALL_OPEN) || !q35_eat(s, &q, to, Q35_FN) || !q35_name(s, &q, to, na, nz)) return 0;
+    const json_t *params = kvt_tpl_fn_schema(fns, s + *na, *nz - *na);
     json_t *obj = json_object();
     if (!obj) return -1;
     for (;;) {
@@ -515,8 +568,8 @@ static int q35_call(const char *s, size_t *p, size_t to, size_t *na, size_t *nz,
         if (!q35_eat(s, &q, to, Q35_PARAM) || !q35_name(s, &q, to, &ka, &kz)) goto no;
         const char *e = kvt_tpl_find(s, q, to, Q35_PARAM_END, LIT(Q35_PARAM_END));
         if (!e || !kvt_tpl_utf8_ok(s, q, (size_t)(e - s))) goto no;
-        json_t *v = q35_read_value(s, q, (size_t)(e - s));
         char *key = kvt_strndup(s + ka, kz - ka);
+        json_t *v = key ? q35_read_value(params, key, s, q, (size_t)(e - s)) : NULL;
         int bad = !v || !key || json_object_set_new(obj, key, v);
         free(key);
         if (bad) { json_decref(obj); return -1; }
@@ -531,7 +584,14 @@ no:
     return 0;
 }
 
-int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, size_t *n, size_t *text_end)
+int kvt_qwen35_tool_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                          size_t *text_end)
+{
+    return q35_calls(text, len, fns, calls, n, text_end);
+}
+
+static int q35_calls(const char *text, size_t len, const json_t *fns, kvt_tool_call **calls, size_t *n,
+                     size_t *text_end)
 {
     if (!calls || !n || !text_end || (!text && len)) return kvt_fail(KVT_EINVAL, "tool calls: NULL argument");
     *calls = NULL;
@@ -546,7 +606,7 @@ int kvt_qwen35_tool_calls(const char *text, size_t len, kvt_tool_call **calls, s
     for (;;) {
         size_t na, nz;
         json_t *args;
-        int got = q35_call(text, &pos, len, &na, &nz, &args);
+        int got = q35_call(text, &pos, len, fns, &na, &nz, &args);
         if (got < 0) goto nomem;
         if (!got) break;
         size_t end = pos;

@@ -1,6 +1,6 @@
 /* Worker pool: threads wait on a generation counter; kvt_pool_for publishes a
- * job, runs range 0 itself and waits for the others. One job at a time per
- * pool (a session owns its pool).
+ * job, runs range 0 itself and waits for the others. The workers run one
+ * job at a time.
  *
  * Waiting spins first, then sleeps: a forward pass publishes some hundred
  * jobs a few microseconds apart, and waking a thread that sleeps on a
@@ -8,7 +8,12 @@
  * decode step of a 125M model paid milliseconds of it). A worker that
  * finds no new job within SPIN polls, and a caller whose workers are not
  * done within as many, sleep on the condition variables as before; a job
- * is announced on the condition variable only when a worker sleeps. */
+ * is announced on the condition variable only when a worker sleeps.
+ *
+ * A pool may be shared (the server's sessions run on one): its workers
+ * take one job at a time, and a caller that finds them on another
+ * thread's job runs its parts itself, one after another. Kernels give the
+ * same bytes for any split, so only the time differs. */
 #include "threads.h"
 #include "util.h"
 
@@ -38,6 +43,7 @@ struct kvt_pool {
     _Atomic uint64_t gen;
     _Atomic uint32_t pending;
     _Atomic int quit;
+    _Atomic int taken;   /* a caller's job holds the workers */
     uint32_t sleepers;   /* workers waiting on go (under mu) */
     /* Spinning pays only while the pool's threads have cores to themselves:
      * a spinning thread that another thread preempts has spent the credit
@@ -163,18 +169,30 @@ void kvt_pool_free(kvt_pool *p)
 uint32_t kvt_pool_size(const kvt_pool *p) { return p ? p->n : 1; }
 uint32_t kvt_pool_last_parts(const kvt_pool *p) { return p ? p->last_parts : 1; }
 
-static void pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, kvt_part_fn part_fn, void *ctx)
+static uint32_t pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, kvt_part_fn part_fn,
+                         void *ctx)
 {
-    if (n == 0) return;
+    if (n == 0) return 1;
     uint32_t parts = p ? p->n : 1;
     if (min_per_thread < 1) min_per_thread = 1;
     if (n / min_per_thread < parts) parts = (uint32_t)(n / min_per_thread);
-    if (p) p->last_parts = parts > 1 ? parts : 1;
     if (parts <= 1) {
+        if (p) p->last_parts = 1;
         if (part_fn) part_fn(ctx, 0, 0, n);
         else fn(ctx, 0, n);
-        return;
+        return 1;
     }
+    if (atomic_exchange(&p->taken, 1)) {
+        /* the workers run another thread's job: the same parts, here */
+        for (uint32_t k = 0; k < parts; k++) {
+            size_t b = n * k / parts, e = n * (k + 1) / parts;
+            if (b >= e) continue;
+            if (part_fn) part_fn(ctx, k, b, e);
+            else fn(ctx, b, e);
+        }
+        return parts;
+    }
+    p->last_parts = parts;
     /* the job's fields, then the generation that publishes them (the
      * atomic store orders them before it for a worker that sees it) */
     p->fn = fn;
@@ -196,14 +214,16 @@ static void pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn 
         p->caller_sleeps = false;
         pthread_mutex_unlock(&p->mu);
     }
+    atomic_store(&p->taken, 0);
+    return parts;
 }
 
-void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
+uint32_t kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
 {
-    pool_run(p, n, min_per_thread, fn, NULL, ctx);
+    return pool_run(p, n, min_per_thread, fn, NULL, ctx);
 }
 
-void kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx)
+uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx)
 {
-    pool_run(p, n, min_per_thread, NULL, fn, ctx);
+    return pool_run(p, n, min_per_thread, NULL, fn, ctx);
 }

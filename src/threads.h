@@ -19,12 +19,15 @@ kvt_pool *kvt_pool_new(uint32_t n_threads);
 void kvt_pool_free(kvt_pool *p);
 uint32_t kvt_pool_size(const kvt_pool *p);
 /* Run fn over [0, n) on all threads (the caller is one of them); returns when
- * every range is done. Ranges smaller than min_per_thread are not split. */
-void kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx);
+ * every range is done, with how many ranges it ran as (1: unsplit). Ranges
+ * smaller than min_per_thread are not split. Several threads may call on
+ * one pool: while the workers run one caller's job, another's ranges run
+ * one after another on its own thread (the same ranges and parts). */
+uint32_t kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx);
 /* The same, telling each range its part. */
-void kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx);
-/* How many ranges the latest kvt_pool_for on p ran as (1: unsplit), so tests
- * can show that a split happened. */
+uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx);
+/* How many ranges the latest kvt_pool_for on p that had its workers ran as
+ * (1: unsplit), so tests can show that a split happened. */
 uint32_t kvt_pool_last_parts(const kvt_pool *p);
 uint32_t kvt_ncpu(void);
 

@@ -2,8 +2,9 @@
  * sessions and the choice, per prompt, of the session to run on and how
  * much of the prompt it already holds (RAM, disk, or nothing).
  *
- * Nothing here knows of HTTP, jobs or threads: one caller at a time (the
- * server's worker) owns a kvt_tiers and every session in it. What the
+ * Nothing here knows of HTTP, jobs or the server's threads: one caller at
+ * a time (the server's worker) owns a kvt_tiers and every session in it;
+ * the sessions run on the worker threads the tiers own. What the
  * tiers do that the caller may want to count (a save of a dropped session,
  * an eviction, a restore from disk) is reported through kvt_tier_hooks as
  * it happens. */
@@ -11,6 +12,7 @@
 #define KVT_TIERS_H
 
 #include "kvtier.h"
+#include "threads.h"
 
 #define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
 #define KVT_TIERS_MAX_BUSY 16   /* sessions in use at once (the server's --parallel at most) */
@@ -45,6 +47,13 @@ typedef struct kvt_pooled {
     size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
 } kvt_pooled;
 
+/* The sessions run on one set of worker threads, and only busy ones hold
+ * scratch: a session that is released gives its scratch to the spares,
+ * which the next session picked takes (so there are never more scratch
+ * sets than sessions were busy at once). A parked session holds its cache,
+ * tokens, logits and checkpoints, all of it counted in its bytes; a busy
+ * one its scratch too. The spares count against the budget as well: they
+ * are freed first when the sessions and they exceed it. */
 typedef struct kvt_tiers {
     kvt_tiers_opts o;
     kvt_model *m;
@@ -52,6 +61,10 @@ typedef struct kvt_tiers {
                                                                * take a tenant past its share */
     size_t n;
     uint64_t clock;            /* advances once per use of a session */
+    kvt_pool *threads;         /* o.n_threads workers, every session's */
+    void *spare[KVT_TIERS_MAX_BUSY];   /* (n_spare) scratch of released sessions (kvt_session_park) */
+    size_t n_spare;
+    size_t freed;              /* bytes of sessions dropped since memory was last given back */
 } kvt_tiers;
 
 /* The prompt a request brings, beside its tokens: its rendered text (to
@@ -113,6 +126,10 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
  * or evicted for others again. */
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
 
+/* Test hook, to show a test catches it: a released session keeps its
+ * scratch (as every pooled session did before they shared it). */
+extern bool kvt_tiers_fault_keep_scratch;
+
 /* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
  * holds at least policy.min_tokens, with the reason given ("evict",
  * "shutdown"), then free it. The last session takes index i. */
@@ -120,6 +137,8 @@ void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason
 
 /* RAM held by a tenant's sessions (-1: all tenants), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* RAM held by the spare scratch (not any session's). */
+size_t kvt_tiers_spare_bytes(const kvt_tiers *t);
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
 /* Sessions busy, across tenants. */
 size_t kvt_tiers_busy(const kvt_tiers *t);

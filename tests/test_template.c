@@ -16,6 +16,11 @@
  *                          Gemma 3's system message (below), gemma4 against
  *                          google-gemma-4-31B-it.jinja with enable_thinking
  *                          false and true
+ *   template_qwen35_typed_roundtrip
+ *                          Qwen 3.5's arguments typed by the request's
+ *                          schema through the api, and the call echoed
+ *                          back rendering the sampled bytes (the replay
+ *                          hook); no node needed, the vocabulary below
  *   template_pick, template_tool_calls_*, template_think_parts
  *                          the choice by chat template text and
  *                          architecture, each family's tool-call parser
@@ -614,3 +619,122 @@ TEST(template_deepseek_v4) { run_families((const fam *const[]){&deepseek}, 1); }
 TEST(template_llama3) { run_families((const fam *const[]){&llama31, &llama32, &llama33}, 3); }
 TEST(template_qwen) { run_families((const fam *const[]){&qwen25, &qwen3, &qwen35}, 3); }
 TEST(template_gemma) { run_families((const fam *const[]){&gemma3, &gemma4}, 2); }
+
+/* ---- Qwen 3.5's typed arguments, through the api and back ---------------- */
+
+/* A chat template text that picks qwen3.5 (its marks, template.c). */
+#define Q35_PICK "<|im_start|> <function=example_function_name> enable_thinking is defined and enable_thinking is false"
+#define Q35_REPLY                                                                                              \
+    "Counting.\n\n<tool_call>\n<function=count>\n<parameter=n>\n10\n</parameter>\n<parameter=flag>\ntrue\n" \
+    "</parameter>\n<parameter=opts>\n{\"x\":1}\n</parameter>\n</function>\n</tool_call>"
+
+typedef struct q35_replay { const kvt_tool_call *c; size_t n; } q35_replay;
+
+static const char *q35_replay_cb(void *user, const char *id, size_t *len)
+{
+    const q35_replay *q = user;
+    for (size_t i = 0; i < q->n; i++)
+        if (!strcmp(q->c[i].id, id)) {
+            *len = q->c[i].raw_len;
+            return Q35_REPLY + q->c[i].raw_off;
+        }
+    return NULL;
+}
+
+/* r2's prompt is r1's, then the sampled reply, then what ends the turn. */
+static bool continues(const kvt_request *r1, const kvt_request *r2)
+{
+    size_t l1 = r1->prompt_len, gl = strlen(Q35_REPLY);
+    return r2->prompt_len > l1 + gl && !memcmp(r2->prompt, r1->prompt, l1) &&
+           !memcmp(r2->prompt + l1, Q35_REPLY, gl) && !strncmp(r2->prompt + l1 + gl, "<|im_end|>\n", 11);
+}
+
+/* One reply of Qwen 3.5 under two schemas for the same function: all
+ * strings, and integer/boolean/object. The arguments the client gets are
+ * typed by each (the same text, differently typed values), and the next
+ * request, the call echoed back with its result, renders the bytes that
+ * were sampled: the cached prefix continues. Controls: without the replay
+ * hook the typed call renders as the template writes it (True, {"x": 1}),
+ * which is not what was sampled; a client that changed an argument gets its
+ * own call rendered, not the sampled bytes. Needs the vocabulary of
+ * ../shared/vocab (skips without it). */
+TEST(template_qwen35_typed_roundtrip)
+{
+    const char *vocab = kvt_test_shared(VOCAB);
+    if (!vocab) SKIP("../shared/" VOCAB " not found");
+    char dir[] = "/tmp/kvt-q35-XXXXXX", gguf[64];
+    CHECK(mkdtemp(dir));
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    kvt_model *m = model_with_template(vocab, Q35_PICK, gguf);
+    rmdir(dir);
+    CHECK(m && !strcmp(kvt_template_name(m), "qwen3.5"));
+    static const struct { const char *schema, *args; bool canonical_same; } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\"},\"flag\":{\"type\":\"string\"},"
+         "\"opts\":{\"type\":\"string\"}}}",
+         "{\"n\":\"10\",\"flag\":\"true\",\"opts\":\"{\\\"x\\\":1}\"}", true},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"flag\":{\"type\":\"boolean\"},"
+         "\"opts\":{\"$ref\":\"#/$defs/O\"}},\"$defs\":{\"O\":{\"type\":\"object\"}}}",
+         "{\"n\":10,\"flag\":true,\"opts\":{\"x\":1}}", false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char body1[1024];
+        snprintf(body1, sizeof body1,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Count.\"}],\"tools\":[{\"type\":\"function\","
+                 "\"function\":{\"name\":\"count\",\"parameters\":%s}}],\"chat_template_kwargs\":"
+                 "{\"enable_thinking\":false}}",
+                 cases[k].schema);
+        kvt_request r1 = {0}, r2 = {0}, r3 = {0}, r4 = {0};
+        kvt_tool_call *c = NULL;
+        size_t n = 0, te = 0;
+        CHECK_OK(kvt_request_parse(&r1, KVT_API_CHAT, body1, strlen(body1), m, NULL));
+        CHECK_OK(kvt_reply_tool_calls(&r1, Q35_REPLY, strlen(Q35_REPLY), &c, &n, &te));
+        bool ok = n == 1 && te == 9 && !strcmp(c[0].arguments, cases[k].args);
+        if (n == 1) printf("    schema %zu: arguments %s\n", k, c[0].arguments);
+        char *resp = ok ? kvt_response_json_calls(&r1, "chatcmpl-1", "m", Q35_REPLY, te, c, n, "tool_calls", NULL,
+                                                  NULL, 0)
+                        : NULL;
+        json_t *j = resp ? json_loads(resp, 0, NULL) : NULL, *b = json_loads(body1, 0, NULL);
+        json_t *msgs = json_object_get(b, "messages");
+        json_array_append(msgs, json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"));
+        json_array_append_new(msgs, json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", n ? c[0].id : "",
+                                              "content", "3"));
+        char *body2 = json_dumps(b, JSON_COMPACT);
+        /* the client changes n (10 -> 11, whatever its type) */
+        json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(json_array_get(msgs, 1),
+                                       "tool_calls"), 0), "function"), "arguments");
+        json_t *a = json_loads(json_string_value(args), 0, NULL);
+        json_object_set_new(a, "n", json_is_string(json_object_get(a, "n")) ? json_string("11") : json_integer(11));
+        char *as = json_dumps(a, JSON_COMPACT);
+        json_string_set(args, as ? as : "");
+        char *body4 = json_dumps(b, JSON_COMPACT);
+        q35_replay q = {c, n};
+        kvt_parse_opts o = {.replay = q35_replay_cb, .replay_user = &q};
+        ok = ok && body2 && body4 && !kvt_request_parse_opts(&r2, KVT_API_CHAT, body2, strlen(body2), m, &o, NULL) &&
+             !kvt_request_parse(&r3, KVT_API_CHAT, body2, strlen(body2), m, NULL) &&
+             !kvt_request_parse_opts(&r4, KVT_API_CHAT, body4, strlen(body4), m, &o, NULL);
+        CHECKF(ok, "schema %zu: %s", k, kvt_errmsg());
+        CHECKF(continues(&r1, &r2), "schema %zu: with the replay the next request does not continue: '%s'", k,
+               kvt_test_esc(r2.prompt + r1.prompt_len, r2.prompt_len - r1.prompt_len));
+        bool canon = continues(&r1, &r3);
+        printf("    schema %zu: the call rendered as the template writes it %s what was sampled\n", k,
+               canon ? "is" : "is not");
+        CHECK(canon == cases[k].canonical_same);
+        CHECKF(!continues(&r1, &r4) && memmem(r4.prompt + r1.prompt_len, r4.prompt_len - r1.prompt_len,
+                                              "<parameter=n>\n11\n", 17),
+               "schema %zu: a changed call was replayed: '%s'", k,
+               kvt_test_esc(r4.prompt + r1.prompt_len, r4.prompt_len - r1.prompt_len));
+        free(as);
+        json_decref(a);
+        free(body2);
+        free(body4);
+        free(resp);
+        json_decref(j);
+        json_decref(b);
+        kvt_tool_calls_free(c, n);
+        kvt_request_free(&r1);
+        kvt_request_free(&r2);
+        kvt_request_free(&r3);
+        kvt_request_free(&r4);
+    }
+    kvt_model_close(m);
+}

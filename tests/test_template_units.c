@@ -22,6 +22,12 @@
  *   template_tool_calls_qwen35 Qwen 3.5's XML calls: values as JSON, Python's
  *                              constants or strings, kvtier's rendering read
  *                              back; malformed and unfinished input is text
+ *   template_tool_calls_typed  Qwen 3.5's bare-text values typed by the
+ *                              request's schema: string, integer, number,
+ *                              boolean, null, object, array, type lists,
+ *                              enum, const, anyOf, oneOf, $ref, nested
+ *                              properties and items; no schema as before;
+ *                              hostile schemas end quickly
  *   template_tool_calls_gemma4 Gemma 4's <|tool_call>call:NAME{...} in its own
  *                              notation, kvtier's rendering read back;
  *                              malformed and unfinished input is text
@@ -38,6 +44,7 @@
 #include "test.h"
 #include "api.h"
 #include "template.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -138,7 +145,7 @@ TEST(template_pick_bundle)
 
 /* ---- tool calls ---- */
 
-typedef int (*parse_fn)(const char *, size_t, kvt_tool_call **, size_t *, size_t *);
+typedef int (*parse_fn)(const char *, size_t, const json_t *, kvt_tool_call **, size_t *, size_t *);
 
 /* Parse text: *n calls, the text's end; calls freed unless kept. */
 static kvt_tool_call *parse(parse_fn f, const char *text, size_t *n, size_t *te)
@@ -146,7 +153,7 @@ static kvt_tool_call *parse(parse_fn f, const char *text, size_t *n, size_t *te)
     kvt_tool_call *c = NULL;
     *n = 0;
     *te = 0;
-    if (f(text, strlen(text), &c, n, te) != KVT_OK) printf("      parse failed: %s\n", kvt_errmsg());
+    if (f(text, strlen(text), NULL, &c, n, te) != KVT_OK) printf("      parse failed: %s\n", kvt_errmsg());
     return c;
 }
 
@@ -215,8 +222,8 @@ TEST(template_tool_calls_qwen)
     CHECK(all_text(f, "<tool_call><tool_call></tool_call></tool_call>"));
     CHECK(all_text(f, "</tool_call>{\"name\": \"f\"}"));
     CHECK(all_text(f, "<\xef\xbd\x9c" "DSML\xef\xbd\x9ctool_calls>")); /* another family's markup */
-    CHECK(f(NULL, 0, &c, &n, &te) == KVT_OK && n == 0 && te == 0);
-    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(f(NULL, 0, NULL, &c, &n, &te) == KVT_OK && n == 0 && te == 0);
+    CHECK(f(NULL, 3, NULL, &c, &n, &te) == KVT_EINVAL);
 
     /* streaming: text up to a call's opener, or a partial one, without the
      * whitespace before it */
@@ -302,8 +309,8 @@ TEST(template_tool_calls_llama3)
     CHECK(all_text(f, "{\"name\": \"\xff\", \"parameters\": {}}"));
     CHECK(all_text(f, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"));
     CHECK(all_text(f, "{{{{{{{{"));
-    CHECK(f(NULL, 0, &c, &n, &te) == KVT_OK && n == 0 && te == 0);
-    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(f(NULL, 0, NULL, &c, &n, &te) == KVT_OK && n == 0 && te == 0);
+    CHECK(f(NULL, 3, NULL, &c, &n, &te) == KVT_EINVAL);
 
     size_t (*tl)(const char *, size_t) = t->tool_calls_text_len;
     CHECK(tl("Hello", 5) == 5);
@@ -365,8 +372,122 @@ TEST(template_tool_calls_qwen35)
     CHECK(all_text(f, "<tool_call>\n<function=f>\n<param>x</param>\n</function>\n</tool_call>"));
     CHECK(all_text(f, "<tool_call>\n<function=\xff>\n</function>\n</tool_call>"));
     CHECK(all_text(f, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>")); /* Qwen 3's form */
-    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(f(NULL, 3, NULL, &c, &n, &te) == KVT_EINVAL);
     CHECK(t->tool_calls_text_len("Hi <tool_ca", 11) == 2);
+}
+
+/* The arguments of reply under the function schema params (JSON text; NULL:
+ * no tools), compact and in the order written; "" when no call is read. */
+static char *typed_args(const char *reply, const char *params)
+{
+    static char out[1024];
+    json_t *fns = params ? json_pack("[{s:s, s:o}]", "name", "f", "parameters", json_loads(params, 0, NULL)) : NULL;
+    kvt_tool_call *c = NULL;
+    size_t n = 0, te = 0;
+    out[0] = 0;
+    if (kvt_template_named("qwen3.5")->tool_calls(reply, strlen(reply), fns, &c, &n, &te) == KVT_OK && n == 1)
+        snprintf(out, sizeof out, "%s", c[0].arguments);
+    kvt_tool_calls_free(c, n);
+    json_decref(fns);
+    return out;
+}
+
+/* One reply's arguments under a schema, against what they must be. */
+static bool typed_is(const char *reply, const char *params, const char *want)
+{
+    const char *got = typed_args(reply, params);
+    if (strcmp(got, want)) printf("      under %s\n        got  %s\n        want %s\n", params ? params : "no schema", got, want);
+    return !strcmp(got, want);
+}
+
+#define Q35_CALL(params) "Let me.\n\n<tool_call>\n<function=f>\n" params "</function>\n</tool_call>"
+#define Q35_P(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+
+/* Qwen 3.5's XML calls write every value as bare text: the request's schema
+ * types it. The same reply under schemas that type its parameters
+ * differently gives differently typed arguments; a parameter the schema
+ * gives no type is read as without schemas; hostile schemas (cycles, deep
+ * nesting, huge enums, exponential anyOf) cost bounded time. Control: the
+ * reply without schemas types "10" as a number, which a string parameter's
+ * client rejects. */
+TEST(template_tool_calls_typed)
+{
+    const char *reply = Q35_CALL(Q35_P("a", "10") Q35_P("b", "true") Q35_P("c", "null") Q35_P("d", "{\"x\": 1}")
+                                     Q35_P("e", "[1, 2]") Q35_P("g", "1.50") Q35_P("h", "True") Q35_P("u", "7"));
+    /* without schemas: as it reads (the control) */
+    CHECK(typed_is(reply, NULL, "{\"a\":10,\"b\":true,\"c\":null,\"d\":{\"x\":1},\"e\":[1,2],\"g\":1.5,\"h\":true,\"u\":7}"));
+    /* every parameter a string: the text as written; u unknown: as before */
+    CHECK(typed_is(reply,
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\"},"
+                   "\"c\":{\"type\":\"string\"},\"d\":{\"type\":\"string\"},\"e\":{\"type\":\"string\"},"
+                   "\"g\":{\"type\":\"string\"},\"h\":{\"type\":\"string\"}}}",
+                   "{\"a\":\"10\",\"b\":\"true\",\"c\":\"null\",\"d\":\"{\\\"x\\\": 1}\",\"e\":\"[1, 2]\",\"g\":\"1.50\","
+                   "\"h\":\"True\",\"u\":7}"));
+    /* each its own type; a text that is not of the type stays a string */
+    CHECK(typed_is(reply,
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"boolean\"},"
+                   "\"c\":{\"type\":\"null\"},\"d\":{\"type\":\"object\"},\"e\":{\"type\":\"array\"},"
+                   "\"g\":{\"type\":\"integer\"},\"h\":{\"type\":\"boolean\"},\"u\":{\"type\":\"boolean\"}}}",
+                   "{\"a\":10,\"b\":true,\"c\":null,\"d\":{\"x\":1},\"e\":[1,2],\"g\":\"1.50\",\"h\":true,\"u\":\"7\"}"));
+    /* number; a type list; enum by its values' types; const */
+    CHECK(typed_is(reply,
+                   "{\"properties\":{\"a\":{\"type\":[\"null\",\"string\"]},\"b\":{\"enum\":[\"true\",\"false\"]},"
+                   "\"c\":{\"type\":[\"integer\",\"null\"]},\"g\":{\"type\":\"number\"},\"e\":{\"enum\":[[1,2],\"x\"]},"
+                   "\"u\":{\"const\":\"7\"},\"h\":{\"enum\":[1,2]}}}",
+                   "{\"a\":\"10\",\"b\":\"true\",\"c\":null,\"d\":{\"x\":1},\"e\":[1,2],\"g\":1.5,\"h\":\"True\",\"u\":\"7\"}"));
+    /* anyOf and oneOf: the first alternative the text parses as, strings
+     * last; $ref into $defs and definitions; nested properties and items */
+    CHECK(typed_is(reply,
+                   "{\"$defs\":{\"S\":{\"type\":\"string\"},\"N\":{\"$ref\":\"#/definitions/I\"}},"
+                   "\"definitions\":{\"I\":{\"type\":\"integer\"}},\"properties\":{"
+                   "\"a\":{\"anyOf\":[{\"$ref\":\"#/$defs/S\"},{\"$ref\":\"#/$defs/N\"}]},"
+                   "\"b\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]},"
+                   "\"c\":{\"$ref\":\"#/$defs/S\"},"
+                   "\"d\":{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/S\"}}},"
+                   "\"e\":{\"items\":{\"type\":\"string\"}},"
+                   "\"g\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"number\"}]},"
+                   "\"h\":{\"anyOf\":[{\"type\":\"boolean\"},{\"type\":\"null\"}]}}}",
+                   "{\"a\":10,\"b\":\"true\",\"c\":\"null\",\"d\":{\"x\":\"1\"},\"e\":[\"1\",\"2\"],\"g\":1.5,\"h\":true,"
+                   "\"u\":7}"));
+    /* a JSON string inside an object whose schema says integer is read as one */
+    CHECK(typed_is(Q35_CALL(Q35_P("d", "{\"n\": \"5\", \"s\": \"5\", \"m\": [\"1\", true]}")),
+                   "{\"properties\":{\"d\":{\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\"},"
+                   "\"m\":{\"type\":\"array\",\"items\":{\"type\":[\"number\",\"string\"]}}}}}}",
+                   "{\"d\":{\"n\":5,\"s\":\"5\",\"m\":[\"1\",\"true\"]}}"));
+    /* a string keeps its text exactly, surrounding spaces and inner newlines */
+    CHECK(typed_is(Q35_CALL(Q35_P("s", " 10 \nx")), "{\"properties\":{\"s\":{\"type\":\"string\"}}}",
+                   "{\"s\":\" 10 \\nx\"}"));
+    /* a function the request does not define, a schema without a type: as without schemas */
+    CHECK(typed_is(reply, "{\"properties\":{\"a\":{\"description\":\"x\"},\"b\":{}}}",
+                   "{\"a\":10,\"b\":true,\"c\":null,\"d\":{\"x\":1},\"e\":[1,2],\"g\":1.5,\"h\":true,\"u\":7}"));
+
+    /* hostile schemas: a $ref cycle, a self-referencing anyOf (exponential
+     * without a bound), a schema nested 5,000 deep, an enum of 200,000
+     * values: each ends, quickly, typing what it can */
+    double t0 = kvt_now();
+    CHECK(typed_is(Q35_CALL(Q35_P("a", "10")),
+                   "{\"$defs\":{\"A\":{\"$ref\":\"#/$defs/B\"},\"B\":{\"$ref\":\"#/$defs/A\"}},"
+                   "\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}}}", "{\"a\":10}"));
+    CHECK(typed_is(Q35_CALL(Q35_P("a", "x")),
+                   "{\"$defs\":{\"A\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"$ref\":\"#/$defs/A\"},{\"type\":\"integer\"}]}},"
+                   "\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}}}", "{\"a\":\"x\"}"));
+    CHECK(typed_is(Q35_CALL(Q35_P("a", "x")), "{\"properties\":{\"a\":{\"$ref\":\"#\"}}}", "{\"a\":\"x\"}"));
+    json_t *deep = json_pack("{s:s}", "type", "string"), *big = json_array();
+    for (int i = 0; i < 5000; i++) deep = json_pack("{s:[o]}", "anyOf", deep);
+    for (int i = 0; i < 200000; i++) json_array_append_new(big, json_integer(i));
+    json_t *fns = json_pack("[{s:s, s:{s:{s:o, s:{s:o}, s:{s:O}}}}]", "name", "f", "parameters", "properties",
+                            "a", deep, "b", "enum", big, "c", "items", deep);
+    const char *hostile = Q35_CALL(Q35_P("a", "10") Q35_P("b", "199999") Q35_P("c", "[[[[1]]]]"));
+    kvt_tool_call *c = NULL;
+    size_t n = 0, te = 0;
+    CHECK_OK(kvt_template_named("qwen3.5")->tool_calls(hostile, strlen(hostile), fns, &c, &n, &te));
+    CHECK(n == 1);
+    if (n) printf("    hostile schemas: %s\n", c[0].arguments);
+    kvt_tool_calls_free(c, n);
+    json_decref(fns);
+    double secs = kvt_now() - t0;
+    printf("    hostile schemas read in %.3f s\n", secs);
+    CHECKF(secs < 10, "hostile schemas took %.1f s", secs); /* about 0.2 s alone on 2 cores */
 }
 
 TEST(template_tool_calls_gemma4)
@@ -424,7 +545,7 @@ TEST(template_tool_calls_gemma4)
     for (int i = 0; i < 100; i++) deep[k++] = '[';
     strcpy(deep + k, "1<tool_call|>");
     CHECK(all_text(f, deep));                                             /* nesting bounded */
-    CHECK(f(NULL, 3, &c, &n, &te) == KVT_EINVAL);
+    CHECK(f(NULL, 3, NULL, &c, &n, &te) == KVT_EINVAL);
     CHECK(t->tool_calls_text_len("Hi <|tool_ca", 12) == 2);
     CHECK(t->tool_calls_text_len("Hi <|tool_call>call:", 20) == 2);
 
@@ -487,20 +608,29 @@ TEST(template_think_parts)
     /* every prefix of a reply is consistent with the whole: the reasoning
      * and answer settled so far are parts of the final ones */
     const char *replies[] = {whole, "<think>\n\nR1\n\nR2\n\n</think>\n\n\nA\n", "no think</think>x", "<think>x",
-                             "<think>\n</think>\n\n", "<thin", ""};
-    for (size_t i = 0; i < sizeof replies / sizeof *replies; i++) {
+                             "<think>\n</think>\n\n", "<thin", "", "<|channel>thought\nR <chan<channel|>\n A",
+                             "R</thi</think></think>A"};
+    /* for every template with a thinking mode (the resumed search too) */
+    const kvt_template *tpls[] = {q, named("qwen3.5"), named("gemma4"), named("deepseek")};
+    for (size_t ti = 0; ti < 4 * (sizeof replies / sizeof *replies); ti++) {
+        size_t i = ti % (sizeof replies / sizeof *replies);
+        q = tpls[ti / (sizeof replies / sizeof *replies)];
         const char *r = replies[i];
         size_t len = strlen(r);
         kvt_think fin;
         bool fc = kvt_think_parts(q, r, len, false, &fin);
         bool bad = false;
+        size_t searched = 0;
         for (size_t k = 0; k <= len; k++) {
-            kvt_think p;
+            kvt_think p, pr;
             bool pc = kvt_think_parts(q, r, k, true, &p);
+            /* resumed as the text grows: the same */
+            bool rc = kvt_think_parts_resume(q, r, k, &searched, &pr);
+            if (rc != pc || pr.rs != p.rs || pr.re != p.re || pr.as != p.as) bad = true;
             if (p.re > p.rs && (p.rs != fin.rs || p.re > fin.re)) bad = true;
             if (pc && (!fc || p.as != fin.as || p.re != fin.re)) bad = true;
             if (!pc && p.as != k) bad = true;
-            if (bad) { printf("      '%s' at %zu\n", kvt_test_esc(r, len), k); break; }
+            if (bad) { printf("      %s: '%s' at %zu\n", q->name, kvt_test_esc(r, len), k); break; }
         }
         CHECK(!bad);
     }
@@ -585,7 +715,9 @@ TEST(template_tokens)
  * replaced, dropped, duplicated, the text cut anywhere): never a failure
  * but out of memory, the text's end and every call's bytes inside the text,
  * calls in order and after the text, the streaming text a prefix no longer
- * than the whole. */
+ * than the whole; and the streaming scan resumed over the text as it grows
+ * the scan from scratch at every length (Llama 3's: never more), never
+ * shrinking. */
 TEST(template_tool_calls_mutated)
 {
     uint64_t rng = kvt_test_seed("template_tool_calls_mutated");
@@ -618,7 +750,7 @@ TEST(template_tool_calls_mutated)
             const kvt_template *t = kvt_template_named(names[k]);
             kvt_tool_call *c = NULL;
             size_t n = 0, te = 0;
-            int rc = t->tool_calls(buf, len, &c, &n, &te);
+            int rc = t->tool_calls(buf, len, NULL, &c, &n, &te);
             bool ok = rc == KVT_OK && te <= len && (n == 0) == (c == NULL);
             size_t prev = te;
             for (size_t i = 0; ok && i < n; i++) {
@@ -628,6 +760,18 @@ TEST(template_tool_calls_mutated)
             }
             size_t tl = t->tool_calls_text_len(buf, len);
             ok = ok && tl <= len && (!n || tl <= te);
+            /* the streaming scan, resumed over the text growing in random
+             * steps: at every length what the scan from scratch says (Llama
+             * 3: never more, and the same once the text is whole and the
+             * scan has caught up), never less than before */
+            kvt_tool_scan sc = {0};
+            size_t prev_tl = 0;
+            for (size_t L = 0; ok && L <= len; L += 1 + kvt_test_rand(&rng) % 7) {
+                size_t inc = t->tool_calls_scan(&sc, buf, L), fresh = t->tool_calls_text_len(buf, L);
+                ok = inc <= fresh && inc >= prev_tl && (inc == fresh || !strcmp(names[k], "llama3"));
+                if (!ok) printf("      at %zu of %zu: resumed %zu, from scratch %zu, before %zu\n", L, len, inc, fresh, prev_tl);
+                prev_tl = inc;
+            }
             CHECKF(ok, "%s, round %d: '%s'", names[k], round, kvt_test_esc(buf, len));
             n_calls += n;
             kvt_tool_calls_free(c, n);

@@ -479,3 +479,93 @@ TEST(tiers_pick_next_turn_in_place)
     free(b);
     tiers_close(t, m);
 }
+
+/* Parked sessions hold no scratch and no threads of their own (issue 36):
+ * every pooled session runs on the tiers' one worker pool; a released
+ * session's scratch goes to the spares and the next picked session takes
+ * it, so there are never more scratch sets than sessions busy at once; a
+ * busy session's bytes count its scratch. false (and why) when not. */
+static bool parked_clean(const kvt_tiers *t, size_t spares)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        const kvt_session *s = t->pool[i].s;
+        if (s->pool != t->threads || s->own_pool) {
+            printf("    pooled session %zu runs on threads of its own\n", i);
+            return false;
+        }
+        if (!t->pool[i].busy && s->work) {
+            printf("    parked session %zu holds %zu bytes of scratch\n", i, kvt_session_scratch_bytes(t->m, s->work));
+            return false;
+        }
+    }
+    if (t->n_spare != spares) {
+        printf("    %zu spare scratch sets, expected %zu\n", t->n_spare, spares);
+        return false;
+    }
+    return true;
+}
+
+/* Two requests at once on a, b (kept busy), then released: a's scratch
+ * was another session's before (stale bytes of another prompt), so its
+ * logits and cache must still be those of a fresh session's run. */
+static bool two_at_once(kvt_tiers *t, const int32_t *a, const int32_t *b, size_t n)
+{
+    kvt_tier_pick pa, pb;
+    if (run_as(t, 0, NULL, a, n, &pa, true) || run_as(t, 0, NULL, b, n, &pb, true)) return false;
+    bool ok = pa.s->work && pb.s->work && pa.s->work != pb.s->work;
+    if (!ok) printf("    busy sessions without scratch of their own\n");
+    size_t with = kvt_session_bytes(pa.s), scratch = kvt_session_scratch_bytes(t->m, pa.s->work);
+    kvt_tiers_release(t, pa.s);
+    kvt_tiers_release(t, pb.s);
+    if (ok && (!scratch || with != kvt_session_bytes(pa.s) + scratch)) {
+        printf("    a busy session's %zu bytes are not its parked %zu plus its scratch's %zu\n", with,
+               kvt_session_bytes(pa.s), scratch);
+        ok = false;
+    }
+    if (kvt_test_digest(pa.s, t->m) != kvt_test_twin(t->m, a, n)) {
+        printf("    a session run on handed-on scratch differs from a fresh one\n");
+        ok = false;
+    }
+    return ok;
+}
+
+TEST(tiers_pool_shared_scratch)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *a = prompt(400, 30, 400, 30), *b = prompt(400, 31, 400, 31), *c = prompt(300, 32, 300, 32),
+            *e = prompt(300, 33, 300, 33);
+    kvt_tier_pick p;
+    /* negative control: sessions that keep their scratch when released */
+    kvt_tiers_fault_keep_scratch = true;
+    CHECK_OK(run(t, 0, NULL, c, 300, &p));
+    printf("    negative control, scratch kept when released (must be refused):\n");
+    bool caught = !parked_clean(t, 1);
+    kvt_tiers_fault_keep_scratch = false;
+    CHECK(caught);
+    tiers_close(t, m);
+    t = tiers_open(&m, 1, SIZE_MAX, &w);
+    CHECK(t);
+    /* one at a time: one scratch set, handed from session to session */
+    CHECK_OK(run(t, 0, NULL, c, 300, &p));
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    CHECK(t->n == 2 && parked_clean(t, 1));
+    /* two at once: a second set, kept as a spare after */
+    CHECK(two_at_once(t, a, b, 400));
+    CHECK(t->n == 3 && parked_clean(t, 2));
+    /* the spares count against the budget, before any session: a budget
+     * the sessions fill frees both and evicts nothing; e makes its own */
+    t->o.ram_bytes = kvt_tiers_bytes(t, -1) + 1;
+    CHECK_OK(run_as(t, 0, NULL, e, 300, &p, true));
+    CHECKF(w.evicted[0] == 0 && t->n == 4 && t->n_spare == 0 && p.s->work, "evicted %d, %zu sessions, %zu spares",
+           w.evicted[0], t->n, t->n_spare);
+    kvt_tiers_release(t, p.s);
+    CHECK(parked_clean(t, 1));
+    free(a);
+    free(b);
+    free(c);
+    free(e);
+    tiers_close(t, m);
+}
