@@ -81,6 +81,15 @@ int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t
  * beyond its cache blocks (the counts are printed). */
 bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0);
 
+/* The kernel paths a test that compares them can run on this CPU
+ * (tests/test_kernels.c): prints them and returns true when it has the
+ * AVX-512 kernels (F, BW, VL). When it lacks them, the cases that force
+ * AVX2 without AVX-512 would repeat the widest path: the test is marked
+ * skipped with that reason (its other checks still run and can fail) and
+ * false tells the caller to leave those cases out; so without AVX2 at
+ * all, where every SIMD case would repeat the scalar path. */
+bool kvt_test_kernel_paths(void);
+
 /* The same request run alone and inside `rounds` random batches of other
  * sessions of m (tests/test_batch.c): returns how many rounds gave it the
  * alone run's bits everywhere (a message for the others). */
