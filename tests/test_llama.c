@@ -686,6 +686,7 @@ TEST(llama_every_type_invariance)
     int32_t t[N];
     seq(t, N, 5);
     const uint32_t odd[] = {4, 1, 7, 12};
+    bool wide = kvt_test_kernel_paths();
     for (size_t k = 0; k < sizeof scale_fields / sizeof scale_fields[0]; k++) {
         const char *name = kvt_ggml_type_name(scale_fields[k].type);
         char path[128];
@@ -698,11 +699,12 @@ TEST(llama_every_type_invariance)
         bool finite = true;
         for (int i = 0; i < 512; i++) finite &= isfinite(ref.logits[i]);
         CHECKF(finite, "%s: logits not finite", name);
-        /* kernel paths: the widest the CPU has, scalar, AVX2 without AVX-512 */
+        /* kernel paths: the widest the CPU has, scalar, AVX2 without AVX-512
+         * (the last case; left out when the CPU has no AVX-512) */
         struct { const uint32_t *c; size_t n; uint32_t th; bool scalar, avx2; } cases[] = {
             {odd, 4, 2, false, false}, {NULL, 0, 3, true, false}, {odd, 4, 1, true, false}, {odd, 4, 2, false, true},
         };
-        size_t same_n = 0, n_cases = sizeof cases / sizeof cases[0];
+        size_t same_n = 0, n_cases = sizeof cases / sizeof cases[0] - !wide;
         for (size_t i = 0; i < n_cases; i++) {
             bool old = kvt_kernels_force_scalar(cases[i].scalar), old2 = kvt_kernels_force_avx2(cases[i].avx2);
             int rc = run(m, t, N, cases[i].c, cases[i].n, cases[i].th, &o);
@@ -848,9 +850,9 @@ TEST(llama_attention_grouped_heads_invariance)
     rmdir(dir);
 }
 
-/* run() with the forward pass driven chunk by chunk, every row's logits
- * asked for: *rows is the hash of all of them (n rows of n_vocab), o's the
- * last row's. gemma4's shared layers are its last: no later layer reads
+/* run() with the forward pass driven chunk by chunk and, with rows (not
+ * NULL), every row's logits asked for: *rows is the hash of all of them (n
+ * rows of n_vocab); o's are the last row's, all of them. gemma4's shared layers are its last: no later layer reads
  * their output, so a shared layer's mistake at a position inside a pass
  * shows in that position's logits alone, not in the last one's or in the
  * cache. */
@@ -862,20 +864,20 @@ static int run_rows(kvt_model *m, const int32_t *t, size_t n, const uint32_t *ch
     int rc = kvt_session_new(&s, m, &so);
     if (rc) return rc;
     size_t V = m->info.n_vocab;
-    float *lg = malloc(n * V * sizeof(float));
+    float *lg = malloc((rows ? n : 1) * V * sizeof(float));
     if (!lg) rc = KVT_ENOMEM;
     for (size_t done = 0, ci = 0; !rc && done < n;) {
         size_t c = chunks ? chunks[ci++ % nc] : n - done;
         if (c > n - done) c = n - done;
-        rc = s->m->arch->forward(s, t + done, c, done, lg + done * V, 0);
+        rc = s->m->arch->forward(s, t + done, c, done, rows ? lg + done * V : lg, rows ? 0 : c - 1);
         done += c;
     }
     if (!rc) {
-        *rows = XXH3_64bits(lg, n * V * sizeof(float));
+        if (rows) *rows = XXH3_64bits(lg, n * V * sizeof(float));
         o->n_logits = V;
         o->logits = malloc(V * sizeof(float));
         if (!o->logits) rc = KVT_ENOMEM;
-        else memcpy(o->logits, lg + (n - 1) * V, V * sizeof(float));
+        else memcpy(o->logits, lg + (rows ? n - 1 : 0) * V, V * sizeof(float));
     }
     if (!rc) {
         s->n = n; /* what the session holds, for its cache bytes */
@@ -887,15 +889,19 @@ static int run_rows(kvt_model *m, const int32_t *t, size_t n, const uint32_t *ch
 }
 
 /* The chunk schedules, thread counts and kernel paths of
- * llama_family_invariance. */
+ * llama_family_invariance; rows: every row's logits compared (the scalar
+ * path's output matrix over every row would double the test's time: its
+ * last row and cache bytes are compared). */
 static const uint32_t fam_odd[] = {9, 1, 70, 3}, fam_ones[] = {1};
-static const struct { const uint32_t *c; size_t n; uint32_t th; bool scalar; } fam_cases[] = {
-    {fam_odd, 4, 2, false}, {fam_ones, 1, 1, false}, {NULL, 0, 3, false}, {fam_odd, 4, 1, true},
+static const struct { const uint32_t *c; size_t n; uint32_t th; bool scalar, rows; } fam_cases[] = {
+    {fam_odd, 4, 2, false, true}, {fam_ones, 1, 1, false, true}, {NULL, 0, 3, false, true},
+    {fam_odd, 4, 1, true, false},
 };
 enum { FAM_CASES = sizeof fam_cases / sizeof fam_cases[0] };
 
 /* How many of fam_cases give the bits of one pass on one thread over
- * t[0..n): every row's logits and the cache bytes; -1 when a run fails
+ * t[0..n): every row's logits (the last row's for the scalar case) and the
+ * cache bytes; -1 when a run fails
  * (the test has failed: the message says why). */
 static int fam_agree(kvt_model *m, const int32_t *t, size_t n)
 {
@@ -904,9 +910,10 @@ static int fam_agree(kvt_model *m, const int32_t *t, size_t n)
     int rc = run_rows(m, t, n, NULL, 0, 1, &ref, &ref_rows), agree = 0;
     for (size_t i = 0; !rc && i < FAM_CASES; i++) {
         bool old = kvt_kernels_force_scalar(fam_cases[i].scalar);
-        rc = run_rows(m, t, n, fam_cases[i].c, fam_cases[i].n, fam_cases[i].th, &o, &rows);
+        rc = run_rows(m, t, n, fam_cases[i].c, fam_cases[i].n, fam_cases[i].th, &o,
+                      fam_cases[i].rows ? &rows : NULL);
         kvt_kernels_force_scalar(old);
-        agree += !rc && same(&ref, &o) && rows == ref_rows;
+        agree += !rc && same(&ref, &o) && (!fam_cases[i].rows || rows == ref_rows);
         run_free(&o);
         o = (run_out){0};
     }
@@ -921,7 +928,7 @@ static int fam_agree(kvt_model *m, const int32_t *t, size_t n)
  * that most positions see past it; gemma4's two shapes, whose shared
  * layers read a ring that the 70-token chunk rewrites whole in one pass;
  * qwen35's two): every position's logits (all of the vocabulary's: one
- * hash of all the rows) and every cache byte are the same bits whatever
+ * hash of all the rows; the scalar path's last position's) and every cache byte are the same bits whatever
  * the chunk schedule, the thread count or the kernel path. Window
  * attention starts at a position fixed by the token's own, and an
  * expert's rows are its tokens' own, so no schedule can move either.
@@ -964,13 +971,16 @@ TEST(llama_family_invariance)
         int agree = fam_agree(m, t, N);
         printf("    %s%s: %d of %d schedules, thread counts and kernel paths give the same bits\n", fs->arch, what,
                agree, FAM_CASES);
-        CHECKF(agree == FAM_CASES, "%s: a schedule, thread count or kernel path changes the bits", fs->arch);
+        if (agree != FAM_CASES) /* the other families still run */
+            kvt_test_fail(__FILE__, __LINE__, "%s%s: a schedule, thread count or kernel path changes the bits",
+                          fs->arch, what);
         if (fams[f].fault) { /* the negative control */
             kvt_llama_fault = fams[f].fault;
             agree = fam_agree(m, t, N);
             kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
             printf("    control, %s: %d of %d agree\n", fams[f].what, agree, FAM_CASES);
-            CHECKF(agree >= 0 && agree < FAM_CASES, "%s: control: %s went unnoticed", fs->arch, fams[f].what);
+            if (agree == FAM_CASES)
+                kvt_test_fail(__FILE__, __LINE__, "%s: control: %s went unnoticed", fs->arch, fams[f].what);
         }
         kvt_model_close(m);
         unlink(path);
