@@ -160,7 +160,8 @@ int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *re
  * tests to prove chunk invariance. */
 int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
                             const uint32_t *chunks, size_t n_chunks, size_t *reused);
-/* Append one token. */
+/* Append one token (and keep a checkpoint when the session reaches the
+ * checkpoint grid, as a prefill does). */
 int kvt_session_decode(kvt_session *s, int32_t token);
 
 /* Next-token logits after the last held token (n_vocab floats, borrowed until

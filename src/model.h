@@ -148,10 +148,10 @@ size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work);
 /* One session's share of a batched step (kvt_session_step): append up to n
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never
  * crosses a checkpoint position (the grid, the mark), so every session
- * leaves the same checkpoints as a sync of the same tokens would. end: the
- * n tokens end a prompt (checkpoints on the grid and at the mark, and one
- * when all of them are taken, as at the end of kvt_session_sync); false:
- * decoded tokens, which leave none, as kvt_session_decode's. */
+ * leaves the same checkpoints as a sync of the same tokens would (and a
+ * decoded token the grid's, as kvt_session_decode). end: the n tokens end
+ * a prompt (a checkpoint when all of them are taken, as at the end of
+ * kvt_session_sync). */
 typedef struct kvt_step {
     kvt_session *s;
     const int32_t *tok;
