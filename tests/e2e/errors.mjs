@@ -9,12 +9,13 @@
 //   body    --max-body-mb 1: a 2 MB body is a 413
 //   auth    --api-key K: 401 without the key, 200 with either header
 //   queue   --queue 1: concurrent long requests, at least one 429 with
-//           Retry-After
+//           Retry-After (judged once /metrics shows every request running,
+//           queued or refused: no fixed wait)
 // Every mode ends by checking that the server still answers /health and a
 // small request.
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { check, getJSON, metrics, postJSON, run, section, sleep } from './lib.mjs';
+import { check, getJSON, metrics, postJSON, run, section, sleep, waitMetrics } from './lib.mjs';
 
 const [base, mode] = process.argv.slice(2);
 if (!base || !mode) {
@@ -204,18 +205,32 @@ async function queue() {
   section('a full queue (--queue 1): concurrent long streaming requests');
   // One request runs, one waits in the queue, the rest are refused. A queued
   // streaming request gets its response headers only when the worker starts
-  // it, so the statuses are collected for 3 s and the rest left pending.
+  // it, so the test waits for the server's state (/metrics: every request
+  // running, queued or refused), then for the replies of the refused and
+  // the running ones; the queued ones stay pending.
   const N = 5;
   const ctrls = Array.from({ length: N }, () => new AbortController());
   const started = performance.now();
+  const got = new Array(N).fill(null);
   const pending = ctrls.map((c, i) => fetch(CHAT, {
     method: 'POST', headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ messages: user(`long story ${i}`), max_tokens: 2000, temperature: 0.8, seed: i, stream: true }),
     signal: c.signal,
-  }).then((r) => r, (e) => e));
-  const res = await Promise.all(pending.map((p) => Promise.race([p, sleep(3000).then(() => null)])));
-  const codes = res.map((r) => (r instanceof Response ? r.status : 'pending'));
+  }).then((r) => (got[i] = r), (e) => (got[i] = e)));
+  const R429 = 'kvtier_requests_total{endpoint="chat_completions",status="429"}';
+  const m0 = await waitMetrics(base, {},
+    (m) => (m[R429] || 0) + m['kvtier_active_requests'] + m['kvtier_queue_depth'] === N,
+    'every request running, queued or refused');
+  const answered = (m0[R429] || 0) + m0['kvtier_active_requests'];
+  console.log(`    server: ${m0['kvtier_active_requests']} running, ${m0['kvtier_queue_depth']} queued, ` +
+    `${m0[R429] || 0} refused`);
+  while (got.filter((r) => r !== null).length < answered) await Promise.race(pending.filter((p, i) => got[i] === null));
+  const res = got.slice();
+  const codes = res.map((r) => (r instanceof Response ? r.status : r === null ? 'pending' : String(r)));
   console.log(`    statuses ${JSON.stringify(codes)} after ${((performance.now() - started) / 1000).toFixed(2)} s`);
+  // (a queued one may have started since, if the running one ended)
+  check(codes.filter((c) => c === 'pending').length <= m0['kvtier_queue_depth'], 'only queued ones are pending',
+    codes);
   const full = res.filter((r) => r instanceof Response && r.status === 429);
   check(full.length >= 1, 'at least one request is refused with 429', codes);
   check(codes.every((c) => c === 200 || c === 429 || c === 'pending'), 'the others are accepted (200) or queued', codes);
