@@ -14,7 +14,8 @@
 
 struct entry { const char *name; kvt_test_fn fn; };
 static struct entry tests[512];
-static int n_tests, cur_failed, cur_skipped;
+static int n_tests, cur_failed, cur_skipped, cur_env;
+static char cur_why[256]; /* the current test's first skip reason */
 
 void kvt_test_register(const char *name, kvt_test_fn fn)
 {
@@ -33,15 +34,32 @@ void kvt_test_fail(const char *file, int line, const char *fmt, ...)
     cur_failed = 1;
 }
 
+static void skip_v(int env, const char *fmt, va_list ap)
+{
+    char why[sizeof cur_why];
+    vsnprintf(why, sizeof why, fmt, ap);
+    fprintf(stdout, "    skipped: %s\n", why);
+    if (!cur_skipped) {
+        snprintf(cur_why, sizeof cur_why, "%s", why);
+        cur_env = env;
+    }
+    cur_skipped = 1;
+}
+
 void kvt_test_skip(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stdout, "    skipped: ");
-    vfprintf(stdout, fmt, ap);
-    fputc('\n', stdout);
+    skip_v(0, fmt, ap);
     va_end(ap);
-    cur_skipped = 1;
+}
+
+void kvt_test_skip_env(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    skip_v(1, fmt, ap);
+    va_end(ap);
 }
 
 int kvt_test_failed(void) { return cur_failed; }
@@ -217,19 +235,41 @@ char *kvt_test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* In CI (CI=true in the environment, as .ci/run sets it) the machine is
+ * set up to run every suite: a skip for anything that set-up provides
+ * (../shared, the npm packages, the repository root) means a suite did not
+ * run, and counts as a failure. Only kvt_test_skip_env's skips stay skips
+ * there: hardware the CPU lacks or a limit of the machine. Either way the
+ * skips are listed by reason before the last line, "N passed, N failed"
+ * (.ci/run's contract: keep it last). */
 int main(int argc, char **argv)
 {
-    const char *pat = argc > 1 ? argv[1] : NULL;
-    int passed = 0, failed = 0, skipped = 0;
+    const char *pat = argc > 1 ? argv[1] : NULL, *ci = getenv("CI");
+    const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
+    int passed = 0, failed = 0, skipped = 0, n_why = 0;
+    static struct { const char *name; char why[sizeof cur_why]; bool failed; } whys[512];
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n_tests; i++) {
         if (pat && !strstr(tests[i].name, pat)) continue;
-        cur_failed = cur_skipped = 0;
+        cur_failed = cur_skipped = cur_env = 0;
+        cur_why[0] = 0;
         tests[i].fn();
-        if (cur_failed) { failed++; printf("FAIL %s\n", tests[i].name); }
+        bool ci_fail = !cur_failed && cur_skipped && in_ci && !cur_env;
+        if (cur_skipped && !cur_failed) {
+            whys[n_why].name = tests[i].name;
+            whys[n_why].failed = ci_fail;
+            snprintf(whys[n_why++].why, sizeof cur_why, "%s", cur_why);
+        }
+        if (cur_failed || ci_fail) {
+            failed++;
+            printf("FAIL %s%s\n", tests[i].name, ci_fail ? " (skipped, and CI=true: a suite CI must run)" : "");
+        }
         else if (cur_skipped) { skipped++; printf("skip %s\n", tests[i].name); }
         else { passed++; printf("ok   %s\n", tests[i].name); }
     }
+    if (n_why) printf("skips%s:\n", in_ci ? " (CI=true: each one not the machine's hardware or limits fails)" : "");
+    for (int k = 0; k < n_why; k++)
+        printf("  %-30s %s%s\n", whys[k].name, whys[k].failed ? "FAILED IN CI: " : "", whys[k].why);
     if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     else printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

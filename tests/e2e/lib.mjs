@@ -165,3 +165,16 @@ export async function streamChat(base, body, { signal, headers = {} } = {}) {
 }
 
 export function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
+
+// Poll /metrics (with headers: a key's own figures) until pred(figures)
+// holds and return them: a test waits for the server's state, never for a
+// fixed time. Fails after ms (a bound on a hang, not a speed).
+export async function waitMetrics(base, headers, pred, what, ms = 120000) {
+  const end = performance.now() + ms;
+  for (;;) {
+    const m = await metrics(base, headers);
+    if (pred(m)) return m;
+    if (performance.now() > end) check(false, `the server reaches: ${what} (within ${ms / 1000} s)`, m);
+    await sleep(10);
+  }
+}
