@@ -93,7 +93,8 @@ bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0);
  * (tests/test_kernels.c): prints them and returns true when it has the
  * AVX-512 kernels (F, BW, VL). When it lacks them, the cases that force
  * AVX2 without AVX-512 would repeat the widest path: the test is marked
- * skipped with that reason (its other checks still run and can fail) and
+ * skipped with that reason (kvt_test_skip_env: hardware, a skip in CI too;
+ * its other checks still run and can fail) and
  * false tells the caller to leave those cases out; so without AVX2 at
  * all, where every SIMD case would repeat the scalar path. */
 bool kvt_test_kernel_paths(void);

@@ -26,10 +26,10 @@ bool kvt_test_kernel_paths(void)
     kvt_kernels_force_avx2(old2);
     if (wide) printf("    kernel paths: AVX-512 (the widest), AVX2 without it, scalar\n");
     else if (simd)
-        kvt_test_skip("the AVX2-without-AVX-512 cases: this CPU has no AVX-512 (F, BW, VL), so they would repeat "
+        kvt_test_skip_env("the AVX2-without-AVX-512 cases: this CPU has no AVX-512 (F, BW, VL), so they would repeat "
                       "the widest path (AVX2); AVX2 and scalar ran");
     else
-        kvt_test_skip("the SIMD cases: this CPU has no AVX2 (with FMA and F16C), so they would repeat the scalar "
+        kvt_test_skip_env("the SIMD cases: this CPU has no AVX2 (with FMA and F16C), so they would repeat the scalar "
                       "path; scalar ran");
     return wide;
 }
