@@ -134,7 +134,7 @@ static bool progress_bar(void *user, size_t done, size_t total)
 
 /* ---- the disk tier's flags (run and serve share them) ---- */
 
-#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, \
+#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, {"--kv-disk-min-free-mb"}, \
     {"--kv-cache-min-tokens"}, {"--kv-cache-trim-tokens"}, {"--kv-cache-align-tokens"}, \
     {"--kv-cache-continued-interval"}
 
@@ -142,6 +142,7 @@ typedef struct disk_cfg {
     bool on;
     char dir[4096];
     uint64_t budget;
+    uint64_t min_free;  /* bytes kept free on the file system; KVT_STORE_MIN_FREE_DEFAULT */
     kvt_save_policy policy;
 } disk_cfg;
 
@@ -174,6 +175,9 @@ static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
         }
     if (mb == 0) { fprintf(stderr, "kvtier: --kv-disk-mb must be positive\n"); return false; }
     d->budget = mb << 20;
+    uint64_t free_mb = UINT64_MAX;
+    if (!parse_u64(get(o, no, "--kv-disk-min-free-mb"), "--kv-disk-min-free-mb", 1ull << 30, &free_mb)) return false;
+    d->min_free = free_mb == UINT64_MAX ? KVT_STORE_MIN_FREE_DEFAULT : free_mb << 20;
     d->policy = (kvt_save_policy){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3]};
     return true;
 }
@@ -188,6 +192,7 @@ static kvt_store *open_disk(const disk_cfg *d)
         fprintf(stderr, "kvtier: disk cache disabled: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
         return NULL;
     }
+    kvt_store_set_min_free(st, d->min_free);
     return st;
 }
 
@@ -497,7 +502,8 @@ static int cmd_cache(int argc, char **argv)
     const char *sub = argc > 0 ? argv[0] : "";
     bool need_key = !strcmp(sub, "show") || !strcmp(sub, "rm");
     if (strcmp(sub, "ls") && strcmp(sub, "verify") && strcmp(sub, "gc") && strcmp(sub, "stats") && !need_key) {
-        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n");
+        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+                        "  [--kv-disk-mb N] [--kv-disk-min-free-mb N]\n");
         return 2;
     }
     int64_t key = 0;
@@ -522,6 +528,7 @@ static int cmd_cache(int argc, char **argv)
         return 0;
     }
     if (rc) return fail(rc, d.dir);
+    kvt_store_set_min_free(st, d.min_free);
     int ret = 0;
     if (!strcmp(sub, "ls")) {
         kvt_store_entry *e = NULL;

@@ -20,6 +20,8 @@ typedef struct kvt_server_opts {
     size_t max_body;          /* request body limit */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
+    const char **api_key_names; /* NULL, or n_keys names (NULL or "" each: "key<i>"): the
+                               * operator view's tenant labels (--api-key NAME=KEY) */
     const char *metrics_key;  /* NULL, or a key that reads GET /metrics only: every key's
                                * figures, labelled by namespace (needs n_keys > 0) */
     bool strict_model;        /* 404 for a "model" other than model_id; by default any
