@@ -1394,6 +1394,8 @@ int kvt_serve(const kvt_server_opts *opts)
         if ((rc = kvt_store_open(&tt->store, tt->dir, disk_share))) {
             fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->dir, kvt_errmsg());
             tt->store = NULL;
+        } else {
+            kvt_store_set_min_free(tt->store, opts->disk_min_free);
         }
     }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(opts->port)};

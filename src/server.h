@@ -16,6 +16,8 @@ typedef struct kvt_server_opts {
                                * 0: from cores and the RAM budget */
     const char *disk_dir;     /* NULL: no disk tier */
     uint64_t disk_bytes;      /* the disk budget; with API keys the total, split equally */
+    uint64_t disk_min_free;   /* bytes kept free on the disk's file system: 0 keeps none,
+                               * KVT_STORE_MIN_FREE_DEFAULT 5% of it, at most 1 GiB */
     size_t ram_bytes;         /* budget of the RAM tier; with API keys split equally */
     size_t max_body;          /* request body limit */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */

@@ -1216,6 +1216,93 @@ static bool rebuilt(kvt_store *st)
     return recover(st) == KVT_OK;
 }
 
+static bool fs_room(const kvt_store *st, uint64_t *avail, uint64_t *reserve);
+static uint64_t wal_headroom(const kvt_store *st);
+static int64_t drop_snap(kvt_store *st, int64_t id);
+
+/* The database could not be opened and the file system lacks room:
+ * SQLite needs some (its shared memory, its WAL) before anything can be
+ * evicted the usual way. Read, with a read-only connection, which least
+ * recently used snapshots give back enough, punch their records and the
+ * blocks only they use out of the segments, and leave their ids in
+ * *victims for the rows to go once the database opens (drop_victims).
+ * A process that loads one of them meanwhile finds a hole, which is a
+ * miss. KVT_OK when something was given back. */
+static int room_before_open(kvt_store *st, idset *victims)
+{
+    uint64_t avail = 0, reserve = 0;
+    if (!fs_room(st, &avail, &reserve)) return KVT_EIO;
+    uint64_t want = reserve + wal_headroom(st) + ROOM_SLACK;
+    if (avail >= want) return KVT_EIO; /* room is not what failed */
+    uint64_t deficit = want - avail, freed = 0;
+    close_db(st, false);
+    st->inspect = true;
+    op_start(st, "open");
+    int rc = open_db(st);
+    st->inspect = false;
+    bloc *put = NULL;
+    size_t n_put = 0, cap_put = 0;
+    typedef struct { int64_t key, left; } bref;
+    bref *refs = NULL;
+    size_t n_refs = 0, cap_refs = 0;
+    sqlite3_stmt *lru = rc || !st->has_segs ? NULL : prep(st, "SELECT id, rseg, roff, bytes FROM snaps ORDER BY last_used, id", NULL);
+    sqlite3_stmt *blk = lru ? prep(st, "SELECT b.key, b.refs, b.seg, b.off, b.bytes FROM snap_blocks sb JOIN blocks b"
+                                       " ON b.key = sb.key WHERE sb.snap = ?", NULL) : NULL;
+    while (blk && freed < deficit && step(st, lru, NULL) == SQLITE_ROW) {
+        int64_t id = sqlite3_column_int64(lru, 0);
+        bloc w;
+        int grc = 0;
+        KVT_GROW(put, &cap_put, n_put + 1, grc);
+        if (grc) break;
+        if (row_bloc(lru, 1, 2, 3, &w) && w.seg) { put[n_put++] = w; freed += w.bytes; }
+        sqlite3_reset(blk);
+        sqlite3_bind_int64(blk, 1, id);
+        while (step(st, blk, NULL) == SQLITE_ROW) {
+            int64_t key = sqlite3_column_int64(blk, 0);
+            size_t k = 0;
+            while (k < n_refs && refs[k].key != key) k++;
+            if (k == n_refs) {
+                KVT_GROW(refs, &cap_refs, n_refs + 1, grc);
+                if (grc) break;
+                refs[n_refs++] = (bref){key, sqlite3_column_int64(blk, 1)};
+            }
+            if (--refs[k].left != 0 || !row_bloc(blk, 2, 3, 4, &w) || !w.seg) continue;
+            KVT_GROW(put, &cap_put, n_put + 1, grc);
+            if (grc) break;
+            put[n_put++] = w;
+            freed += w.bytes;
+        }
+        idset_add(victims, id);
+    }
+    sqlite3_finalize(blk);
+    sqlite3_finalize(lru);
+    close_db(st, true);
+    for (size_t i = 0; i < n_put; i++) kvt_segs_release(st->segs, put[i].seg, put[i].off, put[i].bytes);
+    kvt_segs_close_all(st->segs);
+    free(put);
+    free(refs);
+    st->sql_rc = 0;
+    st->corrupt = false;
+    return victims->n && !victims->oom ? KVT_OK : KVT_EIO;
+}
+
+/* The rows of the snapshots room_before_open gave back go (their places
+ * are punched out already). */
+static void drop_victims(kvt_store *st, const idset *victims)
+{
+    op_start(st, "open");
+    if (begin(st)) return;
+    uint64_t evicted = 0;
+    for (size_t i = 0; i < victims->n && !st->sql_rc; i++)
+        if (q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &victims->v[i], 0) == 1) {
+            drop_snap(st, victims->v[i]);
+            evicted++;
+        }
+    counter_add(st, "evictions", evicted);
+    commit(st);
+    st->sql_rc = 0;
+}
+
 static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool inspect)
 {
     *out = NULL;
@@ -1241,6 +1328,15 @@ static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool in
         rc = kvt_fail(KVT_ENOENT, "no cache store in %s", dir);
     } else {
         rc = open_db(st);
+        idset victims = {0};
+        if (rc && !inspect && !st->corrupt && room_before_open(st, &victims) == KVT_OK) {
+            if (!st->quiet)
+                fprintf(stderr, "kvtier: cache store %s: the file system is full; %zu least recently used snapshots "
+                                "evicted to open it\n", dir, victims.n);
+            op_start(st, "open");
+            if (!(rc = open_db(st))) drop_victims(st, &victims);
+        }
+        free(victims.v);
         if (rc && rebuilt(st)) rc = KVT_OK;
     }
     if (rc) { kvt_store_close(st); return rc; }
@@ -2494,6 +2590,8 @@ static int store_gc(kvt_store *st)
                 (long long)was.blocks, (long long)was.refs, (long long)now.bytes, (long long)now.snaps,
                 (long long)now.blocks, (long long)now.refs);
     st->dirty = true;
+    /* and the free space the file system is to keep */
+    if ((rc = make_room(st, 0, -1, false)) && !st->quiet) fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
     /* under the write lock, with nothing written: no save appends meanwhile */
     if (begin(st) == KVT_OK) {
         reclaim_segments(st);
