@@ -2500,6 +2500,18 @@ static int store_integrity(kvt_store *st, size_t *problems, char **report)
         kvt_wbuf_put(&out, "the check stopped: ", 19);
         kvt_wbuf_put(&out, stop, strlen(stop));
         kvt_wbuf_put(&out, "\n", 1);
+    } else if (!*problems && sqlite3_db_readonly(st->db, "main") == 1) {
+        /* SQLite does not load CHECK constraints on a read-only connection
+         * (they guard writes), so its check leaves them out: the schema's
+         * one is checked here, once the b-trees are sound (a query over a
+         * damaged one reads what the check reports already) */
+        static const char line[] = "CHECK constraint failed in totals\n";
+        int64_t bad = q_int(st, "SELECT COUNT(*) FROM totals WHERE NOT (one = 1)", 0, NULL, 0);
+        forget_finding(st);
+        for (int64_t i = 0; i < bad; i++) {
+            kvt_wbuf_put(&out, line, sizeof line - 1);
+            (*problems)++;
+        }
     }
     kvt_wbuf_put(&out, "", 1);
     int rc = sql_status(st);
