@@ -1163,8 +1163,12 @@ static void tenant_keys(e2e *t)
     serve_refused(t, (const char *const[]){"--api-key", "n=a", "--api-key", "n=b", NULL}, "two keys of one name");
     serve_refused(t, (const char *const[]){"--api-key", "key2=a", "--api-key", "b", NULL},
                   "a name that is another key's label");
-    START(t, "--model", "ds4-tiny", "--no-kv-disk", "--api-key", "dGVzdA==", "--api-key", "abc=", "--api-key",
-          "n1=p=q", "--metrics-key", "M");
+    char kf[300];
+    snprintf(kf, sizeof kf, "%s/keys.txt", t->s.dir);
+    FILE *f = fopen(kf, "w");
+    CHECK(f && fputs("# a named key on a line of --api-key-file\nn1=p=q\n", f) >= 0 && fclose(f) == 0);
+    START(t, "--model", "ds4-tiny", "--no-kv-disk", "--api-key", "dGVzdA==", "--api-key", "abc=", "--api-key-file", kf,
+          "--metrics-key", "M");
     const char *ok_keys[] = {"dGVzdA==", "abc=", "p=q"}, *not_keys[] = {"dGVzdA", "abc", "n1=p=q", "n1"};
     for (size_t i = 0; i < 3; i++) {
         int code = curl(t, "-H 'Authorization: Bearer %s' %s/metrics", ok_keys[i], t->s.base);
