@@ -743,6 +743,33 @@ static void delete_placed(kvt_store *st, const char *sql, int n, const int64_t *
     sqlite3_finalize(stmt);
 }
 
+static int cmp_bloc(const void *a, const void *b)
+{
+    const bloc *x = a, *y = b;
+    if (x->seg != y->seg) return x->seg < y->seg ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Sort places and join those that touch: records removed together often
+ * lie end to end, and a hole punched over the run frees the pages that
+ * straddle two of them, which holes record by record leave (a ds4-tiny
+ * block is about one 4 KiB page). */
+static void coalesce(bloc *v, size_t *n)
+{
+    if (*n < 2) return;
+    qsort(v, *n, sizeof *v, cmp_bloc);
+    size_t k = 0;
+    for (size_t i = 1; i < *n; i++) {
+        bloc *c = &v[k];
+        if (v[i].seg == c->seg && v[i].off <= c->off + c->bytes) {
+            if (v[i].off + v[i].bytes > c->off + c->bytes) c->bytes = v[i].off + v[i].bytes - c->off;
+        } else {
+            v[++k] = v[i];
+        }
+    }
+    *n = k + 1;
+}
+
 /* The write transaction that removed st->freed committed: punch their
  * ranges out of the segments, and delete a segment that holds no block and
  * takes no more (below the current one). Best effort, after the commit: a
@@ -755,6 +782,7 @@ static void release_freed(kvt_store *st)
     sqlite3_prepare_v2(st->db, "SELECT EXISTS(SELECT 1 FROM blocks WHERE seg = ?1) OR EXISTS(SELECT 1 FROM snaps WHERE rseg = ?1)",
                        -1, &any, NULL);
     int64_t current = cur && sqlite3_step(cur) == SQLITE_ROW ? sqlite3_column_int64(cur, 0) : INT64_MAX;
+    coalesce(st->freed, &st->n_freed);
     for (size_t i = 0; i < st->n_freed; i++) {
         const bloc *w = &st->freed[i];
         kvt_segs_release(st->segs, w->seg, w->off, w->bytes);
@@ -1277,6 +1305,7 @@ static int room_before_open(kvt_store *st, idset *victims)
     sqlite3_finalize(blk);
     sqlite3_finalize(lru);
     close_db(st, true);
+    coalesce(put, &n_put);
     for (size_t i = 0; i < n_put; i++) kvt_segs_release(st->segs, put[i].seg, put[i].off, put[i].bytes);
     kvt_segs_close_all(st->segs);
     free(put);
