@@ -508,6 +508,11 @@ static int open_db(kvt_store *st)
      * nothing is created or written, so a read-only or full store can be
      * checked. */
     int rc = st->inspect ? KVT_OK : kvt_storedir_file(st->path);
+    for (int k = 0; k < 2 && !rc; k++) {
+        char side[4200];
+        snprintf(side, sizeof side, "%s%s", st->path, k ? "-shm" : "-wal");
+        rc = kvt_storedir_no_link(side);
+    }
     if (rc) return rc;
     int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW |
                 (st->inspect ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);

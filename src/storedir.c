@@ -112,6 +112,14 @@ int kvt_storedir_file(const char *path)
     return rc;
 }
 
+int kvt_storedir_no_link(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
+        return kvt_fail(KVT_EINVAL, "cache store: %s is a symbolic link; refused, never followed (remove it)", path);
+    return KVT_OK;
+}
+
 static int fill_random(uint8_t *p, size_t n)
 {
     while (n) {

@@ -28,6 +28,12 @@ int kvt_storedir_prepare(const char *dir);
  * refused, never followed), and tightened to 0600. */
 int kvt_storedir_file(const char *path);
 
+/* KVT_EINVAL (the message names it) when path is a symbolic link; KVT_OK
+ * when it is anything else or nothing. For the files SQLite makes beside
+ * the database (its WAL and shared memory), which it opens O_NOFOLLOW and
+ * would refuse with a bare "unable to open database file". */
+int kvt_storedir_no_link(const char *path);
+
 /* The directory name of API key `key` (len bytes) in the store root:
  * "ns-" and 32 hex digits of XXH3-128 of the key keyed with the root's
  * secret (root/kvtier.secret: 192 random bytes, 0600, made on first use

@@ -1,8 +1,9 @@
 /* The disk tier under a hostile local user and an unlucky disk (issue 36):
  *
  *   store_hostile_planted_links   a link at kvtier.db (to a victim's file,
- *                                 dangling) or at a segment is refused and
- *                                 never written through
+ *                                 dangling), its WAL, its shared memory or a
+ *                                 segment is refused and never written
+ *                                 through
  *   store_hostile_shared_dir      a directory others may write (0777, 0770)
  *                                 or another user's is refused with why and
  *                                 how to fix it; nothing is created in it
@@ -141,6 +142,23 @@ TEST(store_hostile_planted_links)
     CHECKF(code == 1 && strstr(out, "symbolic link") && same, "kvtier cache stats over a planted link: exit %d, %s%s",
            code, out, same ? "" : "; the victim's file was written");
     free(out);
+    /* links at the WAL and the shared memory SQLite makes beside the
+     * database: refused, not followed */
+    CHECK(unlink(db) == 0);
+    CHECK_OK(kvt_store_open(&st, store, 0));
+    kvt_store_close(st);
+    const char *sides[] = {"-wal", "-shm"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(target, sizeof target, "%s%s", db, sides[k]);
+        CHECK(symlink(victim, target) == 0);
+        rc = kvt_store_open(&st, store, 0);
+        text = kvt_test_read_file(victim, NULL);
+        same = text && !strcmp(text, "the victim's file\n");
+        free(text);
+        CHECKF(rc == KVT_EINVAL && strstr(kvt_errmsg(), "symbolic link") && same, "a link at kvtier.db%s: %s%s", sides[k],
+               rc ? kvt_errmsg() : "opened", same ? "" : ", written through");
+        CHECK(unlink(target) == 0);
+    }
     /* a link at a segment the next save creates: refused, not followed */
     CHECK(unlink(db) == 0);
     kvt_model *m = tiny();
