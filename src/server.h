@@ -25,7 +25,7 @@ typedef struct kvt_server_opts {
     const char **api_key_names; /* NULL, or n_keys names (NULL or "" each: "key<i>"): the
                                * operator view's tenant labels (--api-key NAME=KEY) */
     const char *metrics_key;  /* NULL, or a key that reads GET /metrics only: every key's
-                               * figures, labelled by namespace (needs n_keys > 0) */
+                               * figures, labelled tenant="NAME" (needs n_keys > 0) */
     bool strict_model;        /* 404 for a "model" other than model_id; by default any
                                * name is served (agent clients send their own) and
                                * echoed back */
