@@ -25,7 +25,11 @@ static int save_one(kvt_store *st, kvt_session *s, size_t at, const char *why, s
     bool created = false;
     int rc = kvt_store_save_new(st, s, at, why, NULL, &created);
     if (rc == KVT_ENOMEM) return rc;
-    if (rc) fprintf(stderr, "kvtier: cache: %s save at %zu tokens failed: %s\n", why, at, kvt_errmsg());
+    if (rc) { /* at most a line a minute: a full disk fails every save */
+        char what[64];
+        snprintf(what, sizeof what, "%s save at %zu tokens", why, at);
+        kvt_store_report_save_failure(st, what);
+    }
     else if (saved && created) (*saved)++;
     return KVT_OK;
 }

@@ -40,6 +40,7 @@
 #include "server.h"
 #include "snapshot.h"
 #include "store.h"
+#include "storedir.h"
 #include "tiers.h"
 #include "util.h"
 
@@ -126,7 +127,8 @@ typedef struct tenant {
     uint8_t digest[16];       /* key_digest(key) */
     kvt_store *store;
     char dir[4200];
-    char ns[24];              /* "ns-<hash>": the directory's name, the operator view's label */
+    char label[40];           /* the operator view's label: the key's NAME (--api-key NAME=KEY) or
+                               * "key<i>", nothing of the key itself */
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
     size_t queued;            /* jobs waiting (server.mu) */
@@ -1364,10 +1366,10 @@ typedef struct mview {
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
     uint64_t ram_budget;
-    char lbl[40];               /* tenant="ns-..." or "" */
+    char lbl[64];               /* tenant="NAME" or "" */
 } mview;
 
-/* "{tenant=\"ns-..\",extra}", "{extra}", or "" when both are empty. */
+/* "{tenant=\"NAME\",extra}", "{extra}", or "" when both are empty. */
 static const char *labels(char *out, size_t cap, const mview *v, const char *extra)
 {
     const char *sep = v->lbl[0] && extra[0] ? "," : "";
@@ -1416,7 +1418,8 @@ static void put_val(kvt_wbuf *b, const char *name, const mview *v, const char *e
 
 /* The Prometheus text for tenant tnt, its own figures and nothing of any
  * other key's; for KEY_METRICS every tenant's, each series labelled
- * tenant="ns-<hash>" (the name of its disk directory), and the requests
+ * tenant="NAME" (--api-key NAME=KEY, or key1, key2, ... in the order
+ * the keys were given: nothing derived from a key), and the requests
  * that belong to no tenant. */
 static char *metrics_text(server *sv, int tnt)
 {
@@ -1427,7 +1430,7 @@ static char *metrics_text(server *sv, int tnt)
         const tenant *tt = &sv->tn[first + k];
         if (tt->store && kvt_store_stats_get(tt->store, &v[k].ds) != KVT_OK) memset(&v[k].ds, 0, sizeof v[k].ds);
         v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
-        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->ns);
+        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->label);
     }
     pthread_mutex_lock(&sv->mu);
     for (size_t k = 0; k < nv; k++) {
@@ -1710,20 +1713,38 @@ int kvt_serve(const kvt_server_opts *opts)
      * unused. */
     uint64_t disk_share = opts->disk_bytes / sv->n_tn;
     if (opts->disk_bytes && !disk_share) disk_share = 1; /* 0 would mean the default */
+    /* the root holds the secret the keys' directory names are keyed with */
+    bool disk = opts->disk_dir != NULL;
+    if (disk && opts->n_keys && kvt_storedir_prepare(opts->disk_dir) != KVT_OK) {
+        fprintf(stderr, "kvtier: disk cache disabled: %s\n", kvt_errmsg());
+        disk = false;
+    }
     for (size_t t = 0; t < sv->n_tn; t++) {
         tenant *tt = &sv->tn[t];
         tt->key = opts->n_keys ? opts->api_keys[t] : NULL;
         if (tt->key) {
             key_digest(sv, tt->key, tt->digest);
-            /* a directory per key, named by a hash of it */
-            snprintf(tt->ns, sizeof tt->ns, "ns-%016llx", (unsigned long long)XXH3_64bits(tt->key, strlen(tt->key)));
+            const char *name = opts->api_key_names ? opts->api_key_names[t] : NULL;
+            if (name && *name) snprintf(tt->label, sizeof tt->label, "%s", name);
+            else snprintf(tt->label, sizeof tt->label, "key%zu", t + 1);
         }
-        if (!opts->disk_dir) continue;
-        if (tt->key) snprintf(tt->dir, sizeof tt->dir, "%s/%s", opts->disk_dir, tt->ns);
-        else snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        if (!disk) continue;
+        if (tt->key) {
+            /* a directory per key, named by a keyed hash of it (storedir.h) */
+            char ns[64];
+            if (kvt_storedir_ns(opts->disk_dir, tt->key, strlen(tt->key), ns, sizeof ns) != KVT_OK) {
+                fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->label, kvt_errmsg());
+                continue;
+            }
+            snprintf(tt->dir, sizeof tt->dir, "%s/%s", opts->disk_dir, ns);
+        } else {
+            snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        }
         if ((rc = kvt_store_open(&tt->store, tt->dir, disk_share))) {
             fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->dir, kvt_errmsg());
             tt->store = NULL;
+        } else {
+            kvt_store_set_min_free(tt->store, opts->disk_min_free);
         }
     }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(opts->port)};

@@ -20,6 +20,12 @@ int kvt_store_set_synchronous(kvt_store *st, bool on);
  * the other fields zero). Tests: the two agree after every commit. */
 int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted);
 
+/* Tests: true skips keeping free space before a save and the retry after a
+ * full disk (the negative control of tests/test_store_hostile.c), and the
+ * seconds between two reports of failed saves (60). */
+extern bool kvt_store_room_fault;
+extern double kvt_store_report_every;
+
 /* The disk tier's benchmark suite (bench_store.c); 0 on success. */
 int kvt_bench_store(const char *csv_path, bool quick);
 
