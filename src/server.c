@@ -1182,6 +1182,7 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
+    size_t store_jobs, store_held;  /* the store thread's queue (storeq.h) */
     uint64_t ram_budget;
     char lbl[40];               /* tenant="ns-..." or "" */
 } mview;
@@ -1244,6 +1245,12 @@ static char *metrics_text(server *sv, int tnt)
     if (!v) return NULL;
     for (size_t k = 0; k < nv; k++) {
         const tenant *tt = &sv->tn[first + k];
+        /* the queue first: when it is empty, the figures read after it
+         * count every save it held */
+        if (sv->q) {
+            v[k].store_jobs = kvt_storeq_pending(sv->q, (int)(first + k));
+            v[k].store_held = kvt_storeq_held(sv->q, (int)(first + k));
+        }
         if (tt->store && kvt_store_stats_get(tt->store, &v[k].ds) != KVT_OK) memset(&v[k].ds, 0, sizeof v[k].ds);
         v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
         if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->ns);
@@ -1306,6 +1313,10 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
             "tier=\"disk\"", w->ds.evictions);
     FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
+    FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store thread.", "",
+           w->store_jobs);
+    FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
+           "", w->store_held);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
