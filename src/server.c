@@ -21,7 +21,10 @@
  * store); the prefill computes the rest, a chunk per step, with snapshot
  * saves per the save policy (policy.c) when it is done; the generation loop
  * (generate.c) samples the reply a token per step and emits its events into
- * the job's output buffer.
+ * the job's output buffer. The scheduler never waits on the disk: saves and
+ * disk loads run on the store thread (storeq.c), a request whose prefix is
+ * loading waits out of the steps, and a lookup that cannot get the store
+ * within a few ms is a miss.
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key

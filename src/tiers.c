@@ -16,7 +16,11 @@
  * Each tenant (API key) has its own share of the budget, in bytes and in
  * sessions; sessions of one tenant are never candidates for another's
  * prompts nor evicted to make room for them. The pool keeps no lock: its
- * one caller (the server's worker) owns it and its sessions. */
+ * one caller (the server's worker) owns it and its sessions, except those
+ * it lent to another thread: a session being restored from disk
+ * (defer_loads: loading, neither read nor counted until kvt_tiers_loaded)
+ * and the dropped sessions handed off to be saved (hooks.hand_off: no
+ * longer in the pool; hooks.held counts them against the tenant's share). */
 #include "tiers.h"
 #include "model.h"
 #include "store.h"
