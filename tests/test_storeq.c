@@ -177,3 +177,58 @@ TEST(e2e_storeq_locked_store)
     fx_server_kill(&s);
     fx_tmpdir_remove(&s);
 }
+
+/* ---- times between tokens while sessions are saved ---- */
+
+#define ITL_KEYS 32 /* two pooled sessions per key: a third evicts */
+#define ITL_CTX 4096
+
+static void save_itl(fx_server *s, const char *model)
+{
+    char kv[128], keyfile[128];
+    snprintf(kv, sizeof kv, "%s/kv", s->dir);
+    snprintf(keyfile, sizeof keyfile, "%s/keys", s->dir);
+    FILE *f = fopen(keyfile, "w");
+    CHECK(f);
+    for (int i = 0; i < ITL_KEYS; i++) fprintf(f, "k%02d\n", i);
+    CHECK(fclose(f) == 0);
+    /* nothing saved at the end of a prefill (the aligned point is past the
+     * context): each long session is saved whole when it is evicted */
+    const char *args[] = {"--model", model, "--kv-disk-dir", kv, "--parallel", "4", "--threads", "1",
+                          "--api-key-file", keyfile,
+                          "--kv-cache-align-tokens", "8192", "--kv-cache-continued-interval", "8192", NULL};
+    CHECKF(fx_server_start(s, args), "kvtier serve did not come up");
+    char nk[8], out[128];
+    snprintf(nk, sizeof nk, "%d", ITL_KEYS);
+    snprintf(out, sizeof out, "%s/storeq.out", s->dir);
+    const char *argv[] = {"node", "tests/e2e/storeq.mjs", s->base, nk, NULL};
+    int st = 0;
+    int ran = fx_run(argv, out, 300, &st);
+    bool ok = ran == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    fx_print_file("storeq.mjs", out);
+    if (!ok) fx_print_file("server log", s->log);
+    CHECKF(ok, "node tests/e2e/storeq.mjs failed (see above)");
+    CHECKF(fx_server_stop(s), "kvtier serve did not exit 0 after SIGTERM");
+}
+
+TEST(e2e_storeq_save_itl)
+{
+    const char *why = skip_reason(true);
+    if (why) SKIP("%s", why);
+    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) SKIP("../shared/vocab absent");
+    char v[4096], path[256];
+    snprintf(v, sizeof v, "%s", vocab);
+    fx_server s = {0};
+    CHECKF(fx_tmpdir_make(&s, "kvtier-storeq"), "mkdtemp: %s", strerror(errno));
+    snprintf(path, sizeof path, "%s/llama.gguf", s.dir);
+    /* heads of 128: 8 KB of cache rows per token, a 3,600-token session
+     * 29 MB to save */
+    const fam_spec llama = {"llama", false, false, 128, false, false, false};
+    if (fam_write_ctx(path, v, 5, FAM_ROPE_BASE, &llama, false, ITL_CTX) != 0)
+        kvt_test_fail(__FILE__, __LINE__, "writing the synthetic llama");
+    else
+        save_itl(&s, path);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+}
