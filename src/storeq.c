@@ -3,7 +3,8 @@
  * The scheduler steps every active request once per forward pass; a save
  * (seconds for a long prompt, or SQLite's busy timeout when another
  * process holds the store's write lock) or a load run there would stall
- * every request. Here they run on one thread of their own:
+ * every request. Here they run on two threads of their own, one for the
+ * loads and one for the saves:
  *
  *   - a save owns the session it writes: an evicted or shut-down session
  *     (moved here whole, no copy), or the copy of a live session the
@@ -12,7 +13,10 @@
  *   - a load restores into a pooled session the scheduler leaves alone
  *     until it is done (the request waits in a loading state, the others
  *     keep stepping), then the scheduler is woken (hooks.wake);
- *   - loads go first: a request waits on each of them, nobody on a save;
+ *   - loads never queue behind saves: a request waits on each load,
+ *     nobody on a save, and the saves' thread runs at nice SAVE_NICE so
+ *     that its serializing and checksumming yields the CPU to the
+ *     scheduler's steps (on two cores they compete);
  *   - a save that meets another process's lock is tried again later, the
  *     pause doubling from PAUSE_MIN to PAUSE_MAX, the loads and other
  *     saves going on meanwhile (the store's own busy timeout is short in a
@@ -30,12 +34,16 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_TENANTS 64     /* KVT_TIERS_MAX_POOL: a tiers pool has no more */
 #define PAUSE_MIN 0.1      /* seconds before a save that met a lock is tried again, */
 #define PAUSE_MAX 2.0      /* doubling up to this */
 #define SHUTDOWN_WAIT 30.0 /* seconds a shutdown waits for a locked store */
+#define SAVE_NICE 10       /* the saves' thread's nice value */
 
 enum { SAVE, SAVE_POLICY, LOAD };
 
@@ -58,7 +66,7 @@ typedef struct kvt_storeq_job job;
 struct kvt_storeq {
     pthread_mutex_t mu;      /* everything below */
     pthread_cond_t cv;
-    pthread_t thread;
+    pthread_t loader, saver;
     job *head;               /* in the order given */
     bool stopping;
     double stop_at;
@@ -124,15 +132,17 @@ static void run_load(kvt_storeq *q, job *j)
     if (q->h.wake) q->h.wake(q->h.user);
 }
 
-/* The next job to run, unlinked (loads first, then the first save due);
- * NULL: none due, *wake_at when the first waiting one is. Under q->mu. */
-static job *next_job(kvt_storeq *q, double now, double *wake_at)
+/* The next job of its thread to run, unlinked: the first load (loads), or
+ * the first save due; NULL: none due, *wake_at when the first waiting save
+ * is (0: none waits), *left whether the thread has jobs at all. Under q->mu. */
+static job *next_job(kvt_storeq *q, bool loads, double now, double *wake_at, bool *left)
 {
     job **pick = NULL;
     *wake_at = 0;
-    for (job **p = &q->head; *p; p = &(*p)->next)
-        if ((*p)->kind == LOAD) { pick = p; break; }
+    *left = false;
     for (job **p = &q->head; !pick && *p; p = &(*p)->next) {
+        if (((*p)->kind == LOAD) != loads) continue;
+        *left = true;
         if ((*p)->next_try <= now) pick = p;
         else if (!*wake_at || (*p)->next_try < *wake_at) *wake_at = (*p)->next_try;
     }
@@ -143,16 +153,21 @@ static job *next_job(kvt_storeq *q, double now, double *wake_at)
     return j;
 }
 
-static void *thread_main(void *arg)
+/* The loads' thread (loads) or the saves'. */
+static void run_thread(kvt_storeq *q, bool loads)
 {
-    kvt_storeq *q = arg;
+    /* Saves yield the CPU to the scheduler's steps (and a load's wait), as
+     * their only deadline is the RAM they hold: a nice value of their
+     * own, best effort (Linux threads have one each). */
+    if (!loads) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), SAVE_NICE);
     pthread_mutex_lock(&q->mu);
     for (;;) {
         double now = kvt_now(), wake_at;
-        job *j = next_job(q, now, &wake_at);
+        bool left;
+        job *j = next_job(q, loads, now, &wake_at, &left);
         if (!j) {
-            if (!q->head && q->stopping) break;
-            if (!q->head) {
+            if (!left && q->stopping) break;
+            if (!wake_at) {
                 pthread_cond_wait(&q->cv, &q->mu);
             } else {
                 /* a save waits for a lock: sleep until it is due or a job comes */
@@ -186,8 +201,10 @@ static void *thread_main(void *arg)
         }
     }
     pthread_mutex_unlock(&q->mu);
-    return NULL;
 }
+
+static void *load_main(void *arg) { run_thread(arg, true); return NULL; }
+static void *save_main(void *arg) { run_thread(arg, false); return NULL; }
 
 int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_storeq_hooks *h)
 {
@@ -198,7 +215,18 @@ int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_st
     pthread_cond_init(&q->cv, NULL);
     q->policy = *policy;
     if (h) q->h = *h;
-    if (pthread_create(&q->thread, NULL, thread_main, q)) {
+    if (pthread_create(&q->loader, NULL, load_main, q)) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+        return kvt_fail(KVT_ENOMEM, "store thread");
+    }
+    if (pthread_create(&q->saver, NULL, save_main, q)) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->loader, NULL);
         pthread_mutex_destroy(&q->mu);
         pthread_cond_destroy(&q->cv);
         free(q);
@@ -216,7 +244,8 @@ void kvt_storeq_free(kvt_storeq *q)
     q->stop_at = kvt_now();
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    pthread_join(q->thread, NULL);
+    pthread_join(q->loader, NULL);
+    pthread_join(q->saver, NULL);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     free(q);

@@ -2,10 +2,11 @@
  * its scheduler, so that no step waits on the disk or on another process's
  * lock of a store.
  *
- * One thread per server runs the jobs of every tenant's store, loads before
- * saves (a request waits on a load; nobody waits on a save), each kind in
- * the order given. A save that fails on another process's lock (SQLite
- * busy) is tried again later, with a growing pause, while loads go on. */
+ * Two threads per server run the jobs of every tenant's store: one the
+ * loads (a request waits on each), one the saves (nobody waits on them: the
+ * thread runs at a lower CPU priority), each in the order given. A save
+ * that fails on another process's lock (SQLite busy) is tried again later,
+ * with a growing pause, while loads go on. */
 #ifndef KVT_STOREQ_H
 #define KVT_STOREQ_H
 
@@ -26,11 +27,11 @@ typedef struct kvt_storeq_hooks {
     void *user;
 } kvt_storeq_hooks;
 
-/* A queue and its thread; the policy (copied) drives kvt_storeq_save_policy
+/* A queue and its threads; the policy (copied) drives kvt_storeq_save_policy
  * jobs. */
 int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_storeq_hooks *h);
 /* Run every job still queued (the saves of a shutdown), then stop the
- * thread and free the queue. A save that still finds its store locked by
+ * threads and free the queue. A save that still finds its store locked by
  * another process SHUTDOWN_WAIT seconds after this call is given up. */
 void kvt_storeq_free(kvt_storeq *q);
 
