@@ -22,7 +22,7 @@
  * saves per the save policy (policy.c) when it is done; the generation loop
  * (generate.c) samples the reply a token per step and emits its events into
  * the job's output buffer. The scheduler never waits on the disk: saves and
- * disk loads run on the store thread (storeq.c), a request whose prefix is
+ * disk loads run on the store threads (storeq.c), a request whose prefix is
  * loading waits out of the steps, and a lookup that cannot get the store
  * within a few ms is a miss.
  *
@@ -65,7 +65,7 @@
 
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
 #define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
-#define STORE_BUSY_MS 200    /* a store thread's write waits this long for another process's lock,
+#define STORE_BUSY_MS 200    /* the store threads' writes wait this long for another process's lock,
                               * then retries later (storeq.c) */
 
 /* ---- metrics ---- */
@@ -146,7 +146,7 @@ typedef struct server {
     tenant tn[MAX_TENANTS];
     size_t n_tn;
     kvt_tiers *tiers;             /* the RAM pool; the worker's alone */
-    kvt_storeq *q;                /* the store thread: saves and disk loads (storeq.h) */
+    kvt_storeq *q;                /* the store threads: saves and disk loads (storeq.h) */
     uint64_t loads_done;          /* disk loads over, for the worker to wake on (server.mu) */
     double skip_logged;           /* when a save skipped for RAM was last reported (the worker's) */
     pthread_mutex_t mu;           /* queue, metrics */
@@ -333,7 +333,7 @@ static void tier_loaded(void *user, int t, double seconds)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* The store thread's reports (storeq.h), on that thread. */
+/* The store threads' reports (storeq.h), on those threads. */
 static void queue_saved(void *user, int t, double seconds, int rc, size_t created)
 {
     server *sv = user;
@@ -354,7 +354,7 @@ static void queue_wake(void *user)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* The tiers' evictions and shutdown saves go to the store thread whole. */
+/* The tiers' evictions and shutdown saves go to the store threads whole. */
 static bool tier_hand_off(void *user, int t, kvt_store *store, kvt_session *s, const char *reason)
 {
     server *sv = user;
@@ -368,7 +368,7 @@ static size_t tier_held(void *user, int t)
 }
 
 /* Save every pooled session to its tenant's store (reason shutdown) and
- * drop it: queued to the store thread, which kvt_storeq_free waits for. */
+ * drop it: queued to the store threads, which kvt_storeq_free waits for. */
 static void pool_shutdown(server *sv)
 {
     while (sv->tiers && sv->tiers->n) {
@@ -442,7 +442,7 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
     free(sl);
 }
 
-/* Hand the store thread a copy of s to save per the policy (from_disk,
+/* Hand the store threads a copy of s to save per the policy (from_disk,
  * fork_at: kvt_store_apply_policy), so the steps go on while it writes.
  * false: nothing to save, or not handed: the copies queued already hold
  * the tenant's RAM share (reported at most once a minute) or no memory. */
@@ -497,9 +497,8 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     j->reused = sl->u.cached_tokens;
     /* a conversation's first request also saves where its last user turn
      * begins: new conversations on the same prompt fork there, after a
-     * restart too */
-    /* the tokens the saves write: reported with the response, as the save
-     * is handed on (it commits after) */
+     * restart too. The tokens the saves write are reported with the
+     * response, as the save is handed on (it commits after). */
     if (store && save_copy(sv, j->tenant, store, s, sl->pick.from_disk, sl->pick.opening ? sl->pick.mark : 0) && !rc) {
         const kvt_save_policy *po = &sv->o.policy;
         size_t cold = (n - po->trim_tokens) / po->align_tokens * po->align_tokens;
@@ -575,7 +574,7 @@ static slot *slot_start(server *sv, job *j)
         return NULL;
     }
     sl->s = sl->pick.s;
-    /* the store holds a prefix: the slot waits while the store thread
+    /* the store holds a prefix: the slot waits while a store thread
      * restores it, the other requests step on */
     if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, &sl->load)) return sl;
     if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
@@ -1185,7 +1184,7 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
-    size_t store_jobs, store_held;  /* the store thread's queue (storeq.h) */
+    size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
     uint64_t ram_budget;
     char lbl[40];               /* tenant="ns-..." or "" */
 } mview;
@@ -1316,7 +1315,7 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
             "tier=\"disk\"", w->ds.evictions);
     FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
-    FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store thread.", "",
+    FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store threads.", "",
            w->store_jobs);
     FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
            "", w->store_held);

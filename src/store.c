@@ -71,7 +71,7 @@ typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 typedef struct bloc { uint32_t seg; uint64_t off, bytes; } bloc;
 
 struct kvt_store {
-    pthread_mutex_t mu;      /* the server's scheduler (lookups), its store thread and its
+    pthread_mutex_t mu;      /* the server's scheduler (lookups), its store threads and its
                                 metrics reader share a store */
     int busy_ms;             /* SQLite's busy timeout: how long a write waits for another
                                 process's lock (kvt_store_set_busy) */
@@ -2539,11 +2539,11 @@ int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, s
 }
 
 /* The lookup of the server's scheduler: it never waits on another thread
- * or process for more than wait_ms. When the store thread holds the store
+ * or process for more than wait_ms. When a store thread holds the store
  * (a save, a load, a save waiting for another process's lock) or SQLite
  * reports it busy, the lookup is a miss, reported at most once a minute
  * with a count. A database found damaged is rebuilt by the next operation
- * of the store thread (leave), not here. */
+ * of a store thread (leave), not here. */
 int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, int wait_ms,
                          size_t *match, int64_t *id)
 {

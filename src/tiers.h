@@ -26,7 +26,7 @@ typedef struct kvt_tier_hooks {
     void *user;
     /* Take a dropped session s, to be saved to store (reason given) later
      * and freed: s is the callee's from then on. false: not taken, saved
-     * here. (The server's store thread, storeq.h.) */
+     * here. (The server's store threads, storeq.h.) */
     bool (*hand_off)(void *user, int tenant, kvt_store *store, kvt_session *s, const char *reason);
     /* Bytes of the tenant's sessions handed off and not yet saved: they
      * count against its share of the RAM budget until then. */
