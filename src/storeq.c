@@ -14,9 +14,10 @@
  *     until it is done (the request waits in a loading state, the others
  *     keep stepping), then the scheduler is woken (hooks.wake);
  *   - loads never queue behind saves: a request waits on each load,
- *     nobody on a save, and the saves' thread runs at nice SAVE_NICE so
- *     that its serializing and checksumming yields the CPU to the
- *     scheduler's steps (on two cores they compete);
+ *     nobody on a save. (The saves' thread keeps the process's CPU
+ *     priority: at a lower one it was preempted while holding locks the
+ *     scheduler takes, malloc's arena among them, and stalled the steps
+ *     for 100 to 500 ms on a loaded machine.)
  *   - a save that meets another process's lock is tried again later, the
  *     pause doubling from PAUSE_MIN to PAUSE_MAX, the loads and other
  *     saves going on meanwhile (the store's own busy timeout is short in a
@@ -34,16 +35,12 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #define MAX_TENANTS 64     /* KVT_TIERS_MAX_POOL: a tiers pool has no more */
 #define PAUSE_MIN 0.1      /* seconds before a save that met a lock is tried again, */
 #define PAUSE_MAX 2.0      /* doubling up to this */
 #define SHUTDOWN_WAIT 30.0 /* seconds a shutdown waits for a locked store */
-#define SAVE_NICE 10       /* the saves' thread's nice value */
 
 enum { SAVE, SAVE_POLICY, LOAD };
 
@@ -156,10 +153,6 @@ static job *next_job(kvt_storeq *q, bool loads, double now, double *wake_at, boo
 /* The loads' thread (loads) or the saves'. */
 static void run_thread(kvt_storeq *q, bool loads)
 {
-    /* Saves yield the CPU to the scheduler's steps (and a load's wait), as
-     * their only deadline is the RAM they hold: a nice value of their
-     * own, best effort (Linux threads have one each). */
-    if (!loads) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), SAVE_NICE);
     pthread_mutex_lock(&q->mu);
     for (;;) {
         double now = kvt_now(), wake_at;

@@ -3,8 +3,8 @@
  * lock of a store.
  *
  * Two threads per server run the jobs of every tenant's store: one the
- * loads (a request waits on each), one the saves (nobody waits on them: the
- * thread runs at a lower CPU priority), each in the order given. A save
+ * loads (a request waits on each), one the saves (nobody waits on them),
+ * each in the order given. A save
  * that fails on another process's lock (SQLite busy) is tried again later,
  * with a growing pause, while loads go on. */
 #ifndef KVT_STOREQ_H

@@ -6,11 +6,12 @@
  *                  while a request's save meets the lock; short requests
  *                  answer within 1 s each meanwhile, and the save is
  *                  committed once the lock is released
- *   e2e_storeq_save_itl  the synthetic llama (tests/synth_family.h, 4 KB
- *                  of cache rows per token): two streams' times between
- *                  tokens while other keys' sessions of 1,800 tokens are
- *                  evicted and saved; the 99th percentile is at most twice
- *                  the median (tests/e2e/storeq.mjs)
+ *   e2e_storeq_save_itl  the synthetic llama (tests/synth_family.h, heads
+ *                  of 128: 8 KB of cache rows per token): two streams'
+ *                  times between tokens while three other keys' sessions
+ *                  of 3,600 tokens (29 MB) are evicted and saved; the 99th
+ *                  percentile is at most twice the median
+ *                  (tests/e2e/storeq.mjs)
  *
  * Both fail on a build whose scheduler saves in line (KVT_BIN of a tree
  * before the store thread): the short requests wait for the lock, the

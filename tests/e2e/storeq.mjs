@@ -5,13 +5,16 @@
 //   KEYS API keys k00..k(KEYS-1) of a server started with them (32 keys: two
 //   pooled sessions per key), a save policy that saves nothing at the end of
 //   a prefill (--kv-cache-align-tokens larger than the context), and the
-//   synthetic llama model. Keys k01..k04 each leave a long session and a
-//   short one in RAM; then two streams of key k00 run while each of k01..k04
+//   synthetic llama model. Keys k01..k03 each leave a long session and a
+//   short one in RAM; then two streams of key k00 run while each of k01..k03
 //   sends a short request, whose new session evicts that key's long one
 //   (the least recently used of its two): a save of the whole session.
 //   The times between the streams' tokens (from the second token on) must
 //   have a 99th percentile (nearest rank) at most twice their median; each
-//   of k01..k04 must have evicted and saved.
+//   of k01..k03 must have evicted and saved. The short requests' own passes
+//   (their prefill beside the streams' tokens) take about twice a stream
+//   token's: 6 of the 958 gaps, below the 1% the percentile leaves out,
+//   where a save on the scheduler adds 6 more of ten times the median.
 import { check, metrics, postJSON, run, section, sleep } from './lib.mjs';
 
 const [base, nkeys] = process.argv.slice(2);
@@ -21,8 +24,8 @@ if (!base || !nkeys) {
 }
 const key = (i) => `k${String(i).padStart(2, '0')}`;
 const auth = (i) => ({ authorization: `Bearer ${key(i)}` });
-const EVICTING = [1, 2, 3, 4];
-const STREAM_TOKENS = 240;
+const EVICTING = [1, 2, 3];
+const STREAM_TOKENS = 480;
 
 // Words of a distinct text per seed (the llama SPM vocabulary: a few tokens each).
 function text(seed, words) {
