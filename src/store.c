@@ -53,6 +53,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,12 @@ typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 typedef struct bloc { uint32_t seg; uint64_t off, bytes; } bloc;
 
 struct kvt_store {
-    pthread_mutex_t mu;      /* the server's worker and its metrics reader share a store */
+    pthread_mutex_t mu;      /* the server's scheduler (lookups), its store threads and its
+                                metrics reader share a store */
+    int busy_ms;             /* SQLite's busy timeout: how long a write waits for another
+                                process's lock (kvt_store_set_busy) */
+    _Atomic uint64_t skipped_lookups; /* lookups that found the store busy (kvt_store_lookup_try) */
+    _Atomic int64_t skip_logged_ms;   /* since the last report, made at this kvt_now() (0: none) */
     sqlite3 *db;             /* NULL when a damaged database could not be replaced */
     char *dir, *path;        /* path: DIR/kvtier.db */
     dev_t dev;               /* the file db has open: another process that rebuilt a */
@@ -137,12 +143,17 @@ static bool is_damage(int rc)
     return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
 }
 
+/* Whether an operation of this thread met another connection's lock
+ * (kvt_store_busy_seen). */
+static _Thread_local bool busy_seen;
+
 /* Note SQLite result rc of a failed call (what: the step, or NULL for the
  * operation); returns KVT_EIO with the kept failure's message. */
 static int sql_note(kvt_store *st, int rc, const char *what)
 {
     if (is_damage(rc)) st->corrupt = true;
     if ((rc & 0xff) == SQLITE_FULL) st->full = true;
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) busy_seen = true;
     if (!st->sql_rc) {
         st->sql_rc = rc;
         snprintf(st->sql_msg, sizeof st->sql_msg, "cache store: %s: %s", what ? what : st->op ? st->op : "query",
@@ -528,7 +539,7 @@ static int open_db(kvt_store *st)
         st->dev = sb.st_dev;
         st->ino = sb.st_ino;
     }
-    sqlite3_busy_timeout(st->db, 30000);
+    sqlite3_busy_timeout(st->db, st->busy_ms);
     /* to inspect, the last connection out must not checkpoint the WAL into
      * the database and delete it, as closing one otherwise does */
     if (st->inspect) {
@@ -1345,6 +1356,7 @@ static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool in
     kvt_store *st = kvt_calloc(1, sizeof *st);
     if (!st) return KVT_ENOMEM;
     pthread_mutex_init(&st->mu, NULL);
+    st->busy_ms = 30000;
     st->budget = budget ? budget : DEFAULT_BUDGET;
     st->min_free = KVT_STORE_MIN_FREE_DEFAULT;
     st->dirty = true;
@@ -2799,14 +2811,20 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
  * rebuilt database; verify and the integrity check report what they found
  * instead. */
 
-static int enter(kvt_store *st, const char *name, bool writes)
+/* enter, with st->mu held already */
+static int enter_locked(kvt_store *st, const char *name, bool writes)
 {
-    pthread_mutex_lock(&st->mu);
     op_start(st, name);
     int rc = follow(st);
     if (!rc && !st->db) rc = kvt_fail(KVT_EIO, "cache store %s is unavailable", st->path);
     if (!rc && writes && st->inspect) rc = kvt_fail(KVT_EINVAL, "cache store %s is open to inspect only", st->path);
     return rc;
+}
+
+static int enter(kvt_store *st, const char *name, bool writes)
+{
+    pthread_mutex_lock(&st->mu);
+    return enter_locked(st, name, writes);
 }
 
 static int leave(kvt_store *st, int rc)
@@ -2842,6 +2860,62 @@ int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, s
     if (!rc && (rc = store_lookup(st, m, tokens, n, match, id)) && rebuilt(st))
         rc = store_lookup(st, m, tokens, n, match, id);
     return leave(st, rc);
+}
+
+/* The lookup of the server's scheduler: it never waits on another thread
+ * or process for more than wait_ms. When a store thread holds the store
+ * (a save, a load, a save waiting for another process's lock) or SQLite
+ * reports it busy, the lookup is a miss, reported at most once a minute
+ * with a count. A database found damaged is rebuilt by the next operation
+ * of a store thread (leave), not here. */
+int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, int wait_ms,
+                         size_t *match, int64_t *id)
+{
+    *match = 0;
+    *id = -1;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)wait_ms * 1000000L;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    if (pthread_mutex_timedlock(&st->mu, &dl) == 0) {
+        int rc = enter_locked(st, "lookup", false);
+        if (!rc) {
+            sqlite3_busy_timeout(st->db, wait_ms);
+            busy_seen = false;
+            rc = store_lookup(st, m, tokens, n, match, id);
+            if (st->db) sqlite3_busy_timeout(st->db, st->busy_ms);
+        }
+        bool busy = rc && busy_seen;
+        pthread_mutex_unlock(&st->mu);
+        if (!busy) return rc;
+        *match = 0;
+        *id = -1;
+    }
+    uint64_t skipped = atomic_fetch_add(&st->skipped_lookups, 1) + 1;
+    int64_t now_ms = (int64_t)(kvt_now() * 1000), last = atomic_load(&st->skip_logged_ms);
+    if ((!last || now_ms - last >= 60000) && atomic_compare_exchange_strong(&st->skip_logged_ms, &last, now_ms)) {
+        skipped = atomic_exchange(&st->skipped_lookups, 0);
+        if (!st->quiet)
+            fprintf(stderr, "kvtier: cache store %s busy: %llu lookup(s) taken as misses\n", st->path,
+                    (unsigned long long)skipped);
+    }
+    return KVT_OK;
+}
+
+void kvt_store_set_busy(kvt_store *st, int ms)
+{
+    pthread_mutex_lock(&st->mu);
+    st->busy_ms = ms;
+    if (st->db) sqlite3_busy_timeout(st->db, ms);
+    pthread_mutex_unlock(&st->mu);
+}
+
+bool kvt_store_busy_seen(bool clear)
+{
+    bool b = busy_seen;
+    if (clear) busy_seen = false;
+    return b;
 }
 
 int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)
