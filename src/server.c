@@ -62,7 +62,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -1716,19 +1715,6 @@ static void net_free(net *nt)
     free(nt);
 }
 
-/* n random bytes from the kernel. */
-static int fill_random(uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
-        p += got;
-        n -= (size_t)got;
-    }
-    return KVT_OK;
-}
-
 /* --parallel, or by default two requests per core (a decode step reads
  * every weight once for all of them, and a second request hides the
  * first's sampling and HTTP time) as far as the RAM budget holds them at
@@ -1796,7 +1782,7 @@ int kvt_serve(const kvt_server_opts *opts)
     pthread_mutex_init(&sv->replay_mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
-    if ((rc = fill_random(sv->secret, sizeof sv->secret))) goto out;
+    if ((rc = kvt_fill_random(sv->secret, sizeof sv->secret))) goto out;
     if ((rc = kvt_model_open(&sv->m, opts->model))) goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -120,18 +119,6 @@ int kvt_storedir_no_link(const char *path)
     return KVT_OK;
 }
 
-static int fill_random(uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
-        p += got;
-        n -= (size_t)got;
-    }
-    return KVT_OK;
-}
-
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
     while (n) {
@@ -155,7 +142,7 @@ static int load_secret(const char *root, uint8_t *secret)
     if (rc == KVT_ENOENT) {
         snprintf(tmp, sizeof tmp, "%s.new-%d", path, (int)getpid());
         unlink(tmp);
-        if ((rc = fill_random(secret, SECRET_LEN))) return rc;
+        if ((rc = kvt_fill_random(secret, SECRET_LEN))) return rc;
         int w = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (w < 0) return kvt_fail(KVT_EIO, "cache store: cannot create %s: %s", tmp, strerror(errno));
         bool ok = fchmod(w, 0600) == 0 && write_all(w, secret, SECRET_LEN) == 0 && fsync(w) == 0;
