@@ -160,7 +160,8 @@ int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *re
  * tests to prove chunk invariance. */
 int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
                             const uint32_t *chunks, size_t n_chunks, size_t *reused);
-/* Append one token. */
+/* Append one token (and keep a checkpoint when the session reaches the
+ * checkpoint grid, as a prefill does). */
 int kvt_session_decode(kvt_session *s, int32_t token);
 
 /* Next-token logits after the last held token (n_vocab floats, borrowed until
@@ -216,6 +217,18 @@ void kvt_store_close(kvt_store *st);
 /* Silence the one-line stderr reports of damaged entries and rebuilt
  * databases (tests). */
 void kvt_store_set_quiet(kvt_store *st, bool quiet);
+/* Keep `bytes` free on the store's file system (--kv-disk-min-free-mb): a
+ * save first evicts least recently used entries until the file system has
+ * that much room besides what the save writes, and is skipped when it
+ * cannot; a save that meets a full disk evicts and tries once more.
+ * KVT_STORE_MIN_FREE_DEFAULT (the default): 5% of the file system's size,
+ * at most 1 GiB. */
+#define KVT_STORE_MIN_FREE_DEFAULT UINT64_MAX
+void kvt_store_set_min_free(kvt_store *st, uint64_t bytes);
+/* Report a failed save on stderr ("kvtier: cache: WHAT failed: message"),
+ * at most once a minute per store: the lines between are counted and the
+ * next line says how many there were. */
+void kvt_store_report_save_failure(kvt_store *st, const char *what);
 
 /* Save the session's state at n tokens (its length, or a checkpoint
  * position) with a reason ("cold", "continued", "evict", "shutdown",

@@ -134,7 +134,7 @@ static bool progress_bar(void *user, size_t done, size_t total)
 
 /* ---- the disk tier's flags (run and serve share them) ---- */
 
-#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, \
+#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, {"--kv-disk-min-free-mb"}, \
     {"--kv-cache-min-tokens"}, {"--kv-cache-trim-tokens"}, {"--kv-cache-align-tokens"}, \
     {"--kv-cache-continued-interval"}
 
@@ -142,6 +142,7 @@ typedef struct disk_cfg {
     bool on;
     char dir[4096];
     uint64_t budget;
+    uint64_t min_free;  /* bytes kept free on the file system; KVT_STORE_MIN_FREE_DEFAULT */
     kvt_save_policy policy;
 } disk_cfg;
 
@@ -174,6 +175,9 @@ static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
         }
     if (mb == 0) { fprintf(stderr, "kvtier: --kv-disk-mb must be positive\n"); return false; }
     d->budget = mb << 20;
+    uint64_t free_mb = UINT64_MAX;
+    if (!parse_u64(get(o, no, "--kv-disk-min-free-mb"), "--kv-disk-min-free-mb", 1ull << 30, &free_mb)) return false;
+    d->min_free = free_mb == UINT64_MAX ? KVT_STORE_MIN_FREE_DEFAULT : free_mb << 20;
     d->policy = (kvt_save_policy){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3]};
     return true;
 }
@@ -188,6 +192,7 @@ static kvt_store *open_disk(const disk_cfg *d)
         fprintf(stderr, "kvtier: disk cache disabled: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
         return NULL;
     }
+    kvt_store_set_min_free(st, d->min_free);
     return st;
 }
 
@@ -497,7 +502,8 @@ static int cmd_cache(int argc, char **argv)
     const char *sub = argc > 0 ? argv[0] : "";
     bool need_key = !strcmp(sub, "show") || !strcmp(sub, "rm");
     if (strcmp(sub, "ls") && strcmp(sub, "verify") && strcmp(sub, "gc") && strcmp(sub, "stats") && !need_key) {
-        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n");
+        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+                        "  [--kv-disk-mb N] [--kv-disk-min-free-mb N]\n");
         return 2;
     }
     int64_t key = 0;
@@ -522,6 +528,7 @@ static int cmd_cache(int argc, char **argv)
         return 0;
     }
     if (rc) return fail(rc, d.dir);
+    kvt_store_set_min_free(st, d.min_free);
     int ret = 0;
     if (!strcmp(sub, "ls")) {
         kvt_store_entry *e = NULL;
@@ -599,6 +606,30 @@ out:
     return ret;
 }
 
+/* An API key as given to --api-key or on a line of --api-key-file:
+ * "NAME=KEY" names the key (its label in the operator's /metrics view)
+ * when NAME is a letter then at most 31 letters, digits, '_' or '-', and
+ * KEY is not empty and does not start with '=' (so "abc==", base64
+ * padding, and "abc=" are keys, not names). Anything else is a key, whole.
+ * A key that would read as NAME=KEY is given with a name: "key1=a=b" is
+ * the key "a=b" named key1. *name gets the name ("" when none). */
+static const char *split_key(const char *arg, char name[33])
+{
+    name[0] = 0;
+    size_t n = 0;
+    if (!((arg[0] >= 'A' && arg[0] <= 'Z') || (arg[0] >= 'a' && arg[0] <= 'z'))) return arg;
+    while (arg[n] && arg[n] != '=' && n < 33) {
+        char c = arg[n];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return arg;
+        n++;
+    }
+    if (n > 32 || arg[n] != '=' || !arg[n + 1] || arg[n + 1] == '=') return arg;
+    memcpy(name, arg, n);
+    name[n] = 0;
+    return arg + n + 1;
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
@@ -635,12 +666,16 @@ static int cmd_serve(int argc, char **argv)
         return 2;
     }
     /* API keys: --api-key (repeatable), --api-key-file (one per line), or $KVTIER_API_KEY */
-    const char *keys[32];
+    const char *keys[32], *names[32];
+    char name_text[32][33];
     size_t n_keys = 0;
     char *file_text = NULL;
     for (size_t k = 0; k < no; k++)
         if (!strcmp(o[k].name, "--api-key"))
-            for (size_t i = 0; i < o[k].n_vals; i++) keys[n_keys++] = o[k].vals[i];
+            for (size_t i = 0; i < o[k].n_vals; i++, n_keys++) {
+                keys[n_keys] = split_key(o[k].vals[i], name_text[n_keys]);
+                names[n_keys] = name_text[n_keys];
+            }
     const char *kf = get(o, no, "--api-key-file");
     if (kf) {
         FILE *f = fopen(kf, "r");
@@ -653,11 +688,17 @@ static int cmd_serve(int argc, char **argv)
             while (*line == ' ' || *line == '\t') line++;
             if (!*line || *line == '#') continue;
             if (n_keys == 32) { fprintf(stderr, "kvtier: at most 32 API keys\n"); free(file_text); return 2; }
-            keys[n_keys++] = line;
+            keys[n_keys] = split_key(line, name_text[n_keys]);
+            names[n_keys] = name_text[n_keys];
+            n_keys++;
         }
     }
     const char *env_key = getenv("KVTIER_API_KEY");
-    if (!n_keys && env_key && *env_key) keys[n_keys++] = env_key;
+    if (!n_keys && env_key && *env_key) { /* a key, whole: never a name */
+        name_text[0][0] = 0;
+        names[0] = name_text[0];
+        keys[n_keys++] = env_key;
+    }
     for (size_t i = 0; i < n_keys; i++) {
         bool bad = !*keys[i];
         for (size_t k = 0; k < i && !bad; k++) bad = !strcmp(keys[i], keys[k]);
@@ -666,6 +707,22 @@ static int cmd_serve(int argc, char **argv)
             free(file_text);
             return 2;
         }
+        /* the labels (a name, or key<i>) tell the keys apart */
+        char li[40], lk[40];
+        snprintf(li, sizeof li, "%s", *names[i] ? names[i] : "");
+        if (!*li) snprintf(li, sizeof li, "key%zu", i + 1);
+        for (size_t k = 0; k < n_keys; k++) {
+            if (k == i) continue;
+            snprintf(lk, sizeof lk, "%s", *names[k] ? names[k] : "");
+            if (!*lk) snprintf(lk, sizeof lk, "key%zu", k + 1);
+            if (!strcmp(li, lk)) {
+                fprintf(stderr, "kvtier: API keys %zu and %zu are both named %s in /metrics: give them other "
+                                "names (--api-key NAME=KEY)\n", k < i ? k + 1 : i + 1, k < i ? i + 1 : k + 1, li);
+                free(file_text);
+                return 2;
+            }
+        }
+        if (*names[i]) fprintf(stderr, "kvtier: API key %zu is named %s (--api-key NAME=KEY)\n", i + 1, names[i]);
     }
     /* The metrics key: GET /metrics only, every API key's figures
      * (--metrics-key, or the first line of --metrics-key-file) */
@@ -709,10 +766,11 @@ static int cmd_serve(int argc, char **argv)
         .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .parallel = (uint32_t)parallel, .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
+        .disk_min_free = disk.min_free,
         .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
         .request_timeout = (uint32_t)req_timeout, .max_conn_per_addr = (uint32_t)per_addr,
         .max_connections = (uint32_t)max_conns,
-        .api_keys = keys, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
+        .api_keys = keys, .api_key_names = names, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
     };
     int rc = kvt_serve(&so);
@@ -805,14 +863,16 @@ static void usage(FILE *f)
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"
           "              [--kv-ram-mb N (2048): the RAM pool's bound, scratch included]\n"
-          "              [--api-key K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
+          "              [--api-key [NAME=]K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
           "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--request-timeout S (30)] [--max-conn-per-addr N (256)]\n"
           "              [--max-connections N (4096)]\n"
           "              [--strict-model] [--keep-volatile-lines] [disk options]\n"
           "              each API key is its own cache namespace with an equal share of\n"
           "              --kv-ram-mb and --kv-disk-mb, and reads its own /metrics; the\n"
-          "              metrics key reads every key's; --parallel requests run at once,\n"
+          "              metrics key reads every key's, labelled tenant=\"NAME\" (NAME: a letter,\n"
+          "              then up to 31 letters, digits, _ or -; unnamed keys key1, key2, ...);\n"
+          "              --parallel requests run at once,\n"
           "              batched (default from cores and RAM, at most 16), --queue wait\n"
           "              behind them (429 beyond); any model id is served\n"
           "              and echoed unless --strict-model (--any-model: accepted, the default);\n"
@@ -822,12 +882,17 @@ static void usage(FILE *f)
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+          "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
           "\n"
           "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
           "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
           "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (2048)\n"
           "  --kv-cache-continued-interval N (8192)\n"
+          "  --kv-disk-min-free-mb N (5% of the file system, at most 1024): saves evict\n"
+          "  least recently used entries to keep this much free on the disk\n"
+          "  the directory is made 0700, its files 0600; one that others may write, or\n"
+          "  of another user, is refused\n"
           "\n"
           "--model takes a GGUF path or a preset name (ds4-tiny, ds4-mini); without it\n"
           "the built-in " KVT_DEFAULT_MODEL " is used.\n", f);

@@ -1141,6 +1141,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
     /* tokens in pairs where the kernels take queries anywhere (AVX-512) */
     size_t step = kvt_kernels_avx512() && hd % 64 == 0 ? 2 : 1;
+    bool anchored = kvt_llama_fault == KVT_LLAMA_FAULT_WINDOW_CHUNK;
     for (size_t r = b; r < e; r++) {
         /* token groups in the order 0, last, 1, last - 1, ...: the causal
          * work of a group grows with its position, so each thread's
@@ -1150,7 +1151,8 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
         size_t nt = c->n - i0 < ATT_TOKS ? c->n - i0 : ATT_TOKS, t_last = t0 + nt - 1;
         /* token t attends to positions lo(t) .. t: all of them, or in a
          * window layer the last swa (llama.cpp's standard window) */
-#define LO(t) (c->swa && (t) + 1 > c->swa ? (t) + 1 - c->swa : 0)
+#define AT(t) (anchored ? c->pos0 : (t)) /* KVT_LLAMA_FAULT_WINDOW_CHUNK: the pass's first token's window */
+#define LO(t) (c->swa && AT(t) + 1 > c->swa ? AT(t) + 1 - c->swa : 0)
         /* rows a run at a time (a block, or a stretch of a ring): one lookup
          * per run for the group's tokens. A pair of tokens t, t + 1 shares
          * the positions [a1, e0) of a run: the first token's own (a window's
@@ -1181,6 +1183,7 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
             }
         }
 #undef LO
+#undef AT
     }
 }
 
@@ -1516,7 +1519,8 @@ static int llama_pass(llama_work *wk, const kvt_seg *sg, size_t k)
             kvt_pool_for_part(pool, ng * ly->Hkv, (131072 + per - 1) / per, attn_range, &ac);
             /* only now does a window layer's ring take the pass's last rows
              * (the shared layers' source: once they all have read it) */
-            if (ring && !ly->shared && (int32_t)l != w->swa_src)
+            if (ring && !ly->shared &&
+                ((int32_t)l != w->swa_src || kvt_llama_fault == KVT_LLAMA_FAULT_SOURCE_RING_EARLY))
                 ring_put(ring, w->swa, KV, kk + off * KV, v + off * KV, sn, pos0);
         }
         if (w->fam->hybrid) /* qwen35: the output times sigmoid(gate) */

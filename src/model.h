@@ -148,9 +148,10 @@ size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work);
 /* One session's share of a batched step (kvt_session_step): append up to n
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never
  * crosses a checkpoint position (the grid, the mark), so every session
- * leaves the same checkpoints as a sync of the same tokens would. end: the
- * n tokens end a prompt (a checkpoint when all of them are taken, as at
- * the end of kvt_session_sync). */
+ * leaves the same checkpoints as a sync of the same tokens would (and a
+ * decoded token the grid's, as kvt_session_decode). end: the n tokens end
+ * a prompt (a checkpoint when all of them are taken, as at the end of
+ * kvt_session_sync). */
 typedef struct kvt_step {
     kvt_session *s;
     const int32_t *tok;
@@ -230,11 +231,22 @@ extern int kvt_ds4_fault;
  * weight; KVT_LLAMA_FAULT_GDN_GROUPED pairs a DeltaNet layer's V head h
  * with K head h / (Hv / Hk), not h % Hk (the converter's tiled order);
  * KVT_LLAMA_FAULT_BATCH_POS turns the tokens of a batched pass of several
- * segments by their place in the pass, not their positions. */
+ * segments by their place in the pass, not their positions;
+ * KVT_LLAMA_FAULT_WINDOW_CHUNK starts every token's window at the one of
+ * its pass's first token (gemma3's window anchored to the chunk);
+ * KVT_LLAMA_FAULT_SOURCE_RING_EARLY writes gemma4's shared layers' source
+ * ring right after its own layer, before the shared layers read it. */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
-       KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS };
+       KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS, KVT_LLAMA_FAULT_WINDOW_CHUNK,
+       KVT_LLAMA_FAULT_SOURCE_RING_EARLY };
 extern int kvt_llama_fault;
+/* Test hook of session.c, to show a test catches such a bug:
+ * KVT_SESSION_FAULT_STEP_MARK makes a batched step (kvt_session_step)
+ * leave out the checkpoint at the mark, which a sync of the same tokens
+ * keeps. */
+enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK };
+extern int kvt_session_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on load. */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
 /* ds4 plan for a preset name (m NULL) or a loaded ds4 model. */

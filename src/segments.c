@@ -33,6 +33,7 @@ struct kvt_segs {
     seg_file open[OPEN_MAX];
     uint64_t clock;
     uint64_t cap;          /* 0: none */
+    bool full;             /* a write failed for lack of room (kvt_segs_took_full) */
     pthread_mutex_t mu;    /* the table of open segments, for readv on two threads */
 };
 
@@ -103,7 +104,12 @@ static seg_file *get(kvt_segs *g, uint32_t seg, bool create, int *rc)
     if (!create && (g->vfs->xAccess(g->vfs, path, SQLITE_ACCESS_EXISTS, &exists) != SQLITE_OK || !exists)) return NULL;
     sqlite3_file *f = kvt_calloc(1, (size_t)g->vfs->szOsFile);
     if (!f) { *rc = KVT_ENOMEM; return NULL; }
-    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_MAIN_JOURNAL | (create ? SQLITE_OPEN_CREATE : 0), out = 0;
+    /* the unix VFS opens every file O_NOFOLLOW; a new segment is made
+     * O_EXCL too (writers are serialised by the database's write lock, so
+     * one that exists already is not this save's) */
+    bool make = create && !(g->vfs->xAccess(g->vfs, path, SQLITE_ACCESS_EXISTS, &exists) == SQLITE_OK && exists);
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_MAIN_JOURNAL | (make ? SQLITE_OPEN_CREATE | SQLITE_OPEN_EXCLUSIVE : 0);
+    int out = 0;
     int r = g->vfs->xOpen(g->vfs, path, f, flags, &out);
     if (r != SQLITE_OK) {
         if (f->pMethods) f->pMethods->xClose(f);
@@ -121,8 +127,9 @@ static int own_fd(kvt_segs *g, seg_file *s)
     if (s->fd < 0) {
         char path[4200];
         seg_path(g, s->seg, path, sizeof path);
-        s->fd = open(path, O_RDWR | O_CLOEXEC);
-        if (s->fd < 0) s->fd = open(path, O_RDONLY | O_CLOEXEC); /* a store this process may only read */
+        s->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        if (s->fd < 0 && errno != ELOOP) /* a store this process may only read */
+            s->fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     }
     return s->fd;
 }
@@ -194,7 +201,10 @@ int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size)
 int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len)
 {
     if (len > INT32_MAX || off > (uint64_t)INT64_MAX - len) return kvt_fail(KVT_EINVAL, "segment write of %zu bytes", len);
-    if (g->cap && off + len > g->cap) return kvt_fail(KVT_EIO, "cache store: disk full (segment %u)", seg);
+    if (g->cap && off + len > g->cap) {
+        g->full = true;
+        return kvt_fail(KVT_EIO, "cache store: disk full (segment %u)", seg);
+    }
     int rc;
     seg_file *s = get(g, seg, true, &rc);
     if (!s) return rc;
@@ -202,11 +212,20 @@ int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_
     for (size_t done = 0; done < len;) {
         size_t k = len - done < PIECE ? len - done : PIECE;
         int r = s->f->pMethods->xWrite(s->f, (const uint8_t *)p + done, (int)k, (sqlite3_int64)(off + done));
-        if (r != SQLITE_OK)
+        if (r != SQLITE_OK) {
+            if ((r & 0xff) == SQLITE_FULL) g->full = true;
             return kvt_fail(KVT_EIO, "cache store: segment %u: %s", seg, (r & 0xff) == SQLITE_FULL ? "disk full" : "write error");
+        }
         done += k;
     }
     return KVT_OK;
+}
+
+bool kvt_segs_took_full(kvt_segs *g)
+{
+    bool f = g->full;
+    g->full = false;
+    return f;
 }
 
 int kvt_segs_sync(kvt_segs *g)

@@ -18,6 +18,7 @@
 #ifndef KVT_SEGMENTS_H
 #define KVT_SEGMENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -45,6 +46,9 @@ int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size);
 /* Write len bytes at off of seg (created when missing). KVT_EIO on failure,
  * "disk full" in its message when the disk (or the cap, kvt_segs_cap) is. */
 int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len);
+/* Whether a write failed for lack of room (a full disk, or the cap) since
+ * the last call; clears it. */
+bool kvt_segs_took_full(kvt_segs *g);
 /* Sync every segment written since the last sync (a new one's directory
  * entry too). */
 int kvt_segs_sync(kvt_segs *g);

@@ -23,7 +23,10 @@
  * store); the prefill computes the rest, a chunk per step, with snapshot
  * saves per the save policy (policy.c) when it is done; the generation loop
  * (generate.c) samples the reply a token per step and emits its events into
- * the job's output buffer.
+ * the job's output buffer. The scheduler never waits on the disk: saves and
+ * disk loads run on the store threads (storeq.c), a request whose prefix is
+ * loading waits out of the steps, and a lookup that cannot get the store
+ * within a few ms is a miss.
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key
@@ -40,6 +43,8 @@
 #include "server.h"
 #include "snapshot.h"
 #include "store.h"
+#include "storedir.h"
+#include "storeq.h"
 #include "tiers.h"
 #include "util.h"
 
@@ -58,7 +63,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -69,6 +73,8 @@
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
 #define STREAM_MAX_UNSENT (1u << 20) /* bytes a stream buffers for a client that does not read */
 #define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
+#define STORE_BUSY_MS 200    /* the store threads' writes wait this long for another process's lock,
+                              * then retries later (storeq.c) */
 
 /* ---- metrics ---- */
 
@@ -128,7 +134,8 @@ typedef struct tenant {
     uint8_t digest[16];       /* key_digest(key) */
     kvt_store *store;
     char dir[4200];
-    char ns[24];              /* "ns-<hash>": the directory's name, the operator view's label */
+    char label[40];           /* the operator view's label: the key's NAME (--api-key NAME=KEY) or
+                               * "key<i>", nothing of the key itself */
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
     size_t queued;            /* jobs waiting (server.mu) */
@@ -152,6 +159,9 @@ typedef struct server {
     tenant tn[MAX_TENANTS];
     size_t n_tn;
     kvt_tiers *tiers;             /* the RAM pool; the worker's alone */
+    kvt_storeq *q;                /* the store threads: saves and disk loads (storeq.h) */
+    uint64_t loads_done;          /* disk loads over, for the worker to wake on (server.mu) */
+    double skip_logged;           /* when a save skipped for RAM was last reported (the worker's) */
     pthread_mutex_t mu;           /* queue, metrics */
     pthread_cond_t cv;
     job *head, *tail;
@@ -363,8 +373,42 @@ static void tier_loaded(void *user, int t, double seconds)
     pthread_mutex_unlock(&sv->mu);
 }
 
+/* The store threads' reports (storeq.h), on those threads. */
+static void queue_saved(void *user, int t, double seconds, int rc, size_t created)
+{
+    server *sv = user;
+    metrics *mx = &sv->tn[t].mx;
+    pthread_mutex_lock(&sv->mu);
+    if (created || rc) hist_add(&mx->save, seconds);
+    if (rc) mx->disk_save_errors++;
+    mx->disk_saves += created;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static void queue_wake(void *user)
+{
+    server *sv = user;
+    pthread_mutex_lock(&sv->mu);
+    sv->loads_done++;
+    pthread_cond_broadcast(&sv->cv);
+    pthread_mutex_unlock(&sv->mu);
+}
+
+/* The tiers' evictions and shutdown saves go to the store threads whole. */
+static bool tier_hand_off(void *user, int t, kvt_store *store, kvt_session *s, const char *reason)
+{
+    server *sv = user;
+    return sv->q && kvt_storeq_save(sv->q, store, t, s, reason) == KVT_OK;
+}
+
+static size_t tier_held(void *user, int t)
+{
+    server *sv = user;
+    return sv->q ? kvt_storeq_held(sv->q, t) : 0;
+}
+
 /* Save every pooled session to its tenant's store (reason shutdown) and
- * drop it. */
+ * drop it: queued to the store threads, which kvt_storeq_free waits for. */
 static void pool_shutdown(server *sv)
 {
     while (sv->tiers && sv->tiers->n) {
@@ -410,6 +454,7 @@ typedef struct slot {
     int32_t *toks;                /* the prompt, as the tiers spliced it */
     size_t n;
     kvt_tier_pick pick;
+    kvt_storeq_ticket *load;      /* a disk load of the session in progress: the slot waits */
     size_t kept;                  /* prompt tokens the session held before the prefill */
     double t_queued, t_start, t_tok, t_note;
     bool generating, first_done;
@@ -444,6 +489,36 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
     free(sl);
 }
 
+/* Hand the store threads a copy of s to save per the policy (from_disk,
+ * fork_at: kvt_store_apply_policy), so the steps go on while it writes.
+ * false: nothing to save, or not handed: the copies queued already hold
+ * the tenant's RAM share (reported at most once a minute) or no memory. */
+static bool save_copy(server *sv, int tenant, kvt_store *store, const kvt_session *s, size_t from_disk, size_t fork_at)
+{
+    size_t n = kvt_session_len(s);
+    if (!kvt_save_policy_points(&sv->o.policy, s, n, from_disk, fork_at)) return false;
+    size_t held = kvt_storeq_held(sv->q, tenant), share = sv->o.ram_bytes / sv->n_tn;
+    if (held && held + kvt_session_bytes(s) > share) {
+        if (kvt_now() - sv->skip_logged >= 60) {
+            fprintf(stderr, "kvtier: cache: a save skipped: %zu bytes wait to be saved already (a busy or slow "
+                    "store)\n", held);
+            sv->skip_logged = kvt_now();
+        }
+        return false;
+    }
+    kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = 1,
+                           .checkpoint_interval = kvt_save_policy_grid(&sv->o.policy)};
+    kvt_session *c = NULL;
+    /* on the tiers' threads and without scratch: a copy is only encoded */
+    if (kvt_session_new_on(&c, sv->m, &so, sv->tiers->threads) || kvt_session_clone(c, s) ||
+        kvt_storeq_save_policy(sv->q, store, tenant, c, n, from_disk, fork_at)) {
+        fprintf(stderr, "kvtier: cache: a save skipped: %s\n", kvt_errmsg());
+        kvt_session_free(c);
+        return false;
+    }
+    return true;
+}
+
 /* The prompt is in the session (rc 0) or its prefill stopped (rc): count
  * it, save per the policy (also after a cancel: what was computed is
  * kept), then start the reply or answer the error. false: the slot ended. */
@@ -468,25 +543,16 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     if (rc == KVT_ECANCELED) mx->canceled++;
     pthread_mutex_unlock(&sv->mu);
     j->reused = sl->u.cached_tokens;
-    if (store) {
-        size_t written = 0; /* new entries, not re-saves of stored ones */
-        double ts = kvt_now();
-        /* a conversation's first request also saves where its last user
-         * turn begins: new conversations on the same prompt fork there,
-         * after a restart too */
-        kvt_store_apply_policy(store, s, &sv->o.policy, kvt_session_len(s), sl->pick.from_disk,
-                               sl->pick.opening ? sl->pick.mark : 0, &written);
-        pthread_mutex_lock(&sv->mu);
-        if (written) hist_add(&mx->save, kvt_now() - ts);
-        mx->disk_saves += written;
-        pthread_mutex_unlock(&sv->mu);
-        if (written && !rc) {
-            const kvt_save_policy *po = &sv->o.policy;
-            size_t cold = (n - po->trim_tokens) / po->align_tokens * po->align_tokens;
-            kvt_usage *u = &sl->u;
-            if (cold > u->cached_tokens) u->created_tokens = (uint32_t)(cold - u->cached_tokens);
-            if (u->created_tokens + u->cached_tokens > n) u->created_tokens = (uint32_t)(n - u->cached_tokens);
-        }
+    /* a conversation's first request also saves where its last user turn
+     * begins: new conversations on the same prompt fork there, after a
+     * restart too. The tokens the saves write are reported with the
+     * response, as the save is handed on (it commits after). */
+    if (store && save_copy(sv, j->tenant, store, s, sl->pick.from_disk, sl->pick.opening ? sl->pick.mark : 0) && !rc) {
+        const kvt_save_policy *po = &sv->o.policy;
+        size_t cold = (n - po->trim_tokens) / po->align_tokens * po->align_tokens;
+        kvt_usage *u = &sl->u;
+        if (cold > u->cached_tokens) u->created_tokens = (uint32_t)(cold - u->cached_tokens);
+        if (u->created_tokens + u->cached_tokens > n) u->created_tokens = (uint32_t)(n - u->cached_tokens);
     }
     if (rc) {
         int status = rc == KVT_ECTX ? 400 : rc == KVT_ECANCELED ? 499 : 500;
@@ -523,6 +589,8 @@ static void slot_reply_done(server *sv, slot *sl)
     slot_end(sv, sl, 200, body);
 }
 
+static bool slot_ready(server *sv, slot *sl);
+
 /* A queued job becomes active: the tiers pick its session, which goes back
  * to the longest prefix of the prompt it can restore. NULL: the job was
  * answered (an error). */
@@ -546,23 +614,36 @@ static slot *slot_start(server *sv, job *j)
     j->toks = NULL;
     kvt_request *r = &j->req;
     kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
-    int rc = kvt_tiers_select(sv->tiers, j->tenant, sv->tn[j->tenant].store, &tp, &sl->toks, &sl->n, &sl->pick);
+    kvt_store *store = sv->tn[j->tenant].store;
+    int rc = kvt_tiers_select(sv->tiers, j->tenant, store, &tp, &sl->toks, &sl->n, &sl->pick);
     if (rc) {
         if (sl->n > sv->o.n_ctx) slot_end(sv, sl, 400, ctx_error(j->api, sl->n, sv->o.n_ctx, j->stream));
         else slot_end(sv, sl, 500, error_body(j, 500, kvt_errmsg()));
         return NULL;
     }
     sl->s = sl->pick.s;
+    /* the store holds a prefix: the slot waits while a store thread
+     * restores it, the other requests step on */
+    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, &sl->load)) return sl;
+    if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
+    return slot_ready(sv, sl) ? sl : NULL;
+}
+
+/* The slot's session holds what the tiers found: bring it to the prompt's
+ * longest prefix it holds, and answer at once when that is all of it.
+ * false: the slot ended. */
+static bool slot_ready(server *sv, slot *sl)
+{
+    job *j = sl->j;
     const int32_t *t = sl->toks;
     size_t n = sl->n;
-    rc = kvt_session_sync_prepare(sl->s, &t, &n, &sl->kept);
+    int rc = kvt_session_sync_prepare(sl->s, &t, &n, &sl->kept);
     if (rc) {
         int status = rc == KVT_ECTX ? 400 : 500;
         slot_end(sv, sl, status, error_body(j, status, kvt_errmsg()));
-        return NULL;
+        return false;
     }
-    if (kvt_session_len(sl->s) == sl->n && !slot_prefilled(sv, sl, KVT_OK)) return NULL;
-    return sl;
+    return kvt_session_len(sl->s) != sl->n || slot_prefilled(sv, sl, KVT_OK);
 }
 
 /* A streaming prefill says how far it is, at most once a second. */
@@ -583,12 +664,20 @@ static size_t step(server *sv, slot **act, size_t na)
     kvt_step st[KVT_TIERS_MAX_BUSY];
     slot *who[KVT_TIERS_MAX_BUSY];
     size_t k = 0;
+    /* the slots whose disk load is over join this step */
+    for (size_t i = 0; i < na; i++) {
+        size_t got;
+        if (!act[i]->load || !kvt_storeq_load_done(act[i]->load, &got)) continue;
+        act[i]->load = NULL;
+        kvt_tiers_loaded(sv->tiers, &act[i]->pick, got);
+        if (!slot_ready(sv, act[i])) act[i] = NULL;
+    }
     /* one token for every reply, then the prefills */
     size_t n_dec = 0;
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < na; i++) {
             slot *sl = act[i];
-            if (!sl || sl->generating != (pass == 0)) continue;
+            if (!sl || sl->load || sl->generating != (pass == 0)) continue;
             if (sl->generating) {
                 if (!kvt_gen_next(sl->run, &sl->tok)) { slot_reply_done(sv, sl); act[i] = NULL; continue; }
                 st[k] = (kvt_step){sl->s, &sl->tok, 1, false, 0};
@@ -697,11 +786,21 @@ static void *worker_main(void *arg)
     server *sv = arg;
     slot *act[KVT_TIERS_MAX_BUSY];
     size_t na = 0;
+    uint64_t loads_seen = 0;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
         count_active(sv, act, na);
         pthread_cond_broadcast(&sv->cv);
-        while (!na && !sv->head && !sv->stopping) pthread_cond_wait(&sv->cv, &sv->mu);
+        /* wait for a job, or (when every active slot waits on a disk load)
+         * for a load to end */
+        for (;;) {
+            size_t runnable = 0;
+            for (size_t i = 0; i < na; i++) runnable += !act[i]->load;
+            bool admit = sv->head && (na < sv->parallel || sv->stopping);
+            if (runnable || admit || sv->loads_done != loads_seen || (!na && sv->stopping)) break;
+            pthread_cond_wait(&sv->cv, &sv->mu);
+        }
+        loads_seen = sv->loads_done; /* step() looks at every load after this */
         bool stopping = sv->stopping;
         if (!na && !sv->head) { pthread_mutex_unlock(&sv->mu); break; }
         /* while stopping, queued jobs are answered 503 and the active ones finish */
@@ -1402,11 +1501,12 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
+    size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
     uint64_t ram_budget;
-    char lbl[40];               /* tenant="ns-..." or "" */
+    char lbl[64];               /* tenant="NAME" or "" */
 } mview;
 
-/* "{tenant=\"ns-..\",extra}", "{extra}", or "" when both are empty. */
+/* "{tenant=\"NAME\",extra}", "{extra}", or "" when both are empty. */
 static const char *labels(char *out, size_t cap, const mview *v, const char *extra)
 {
     const char *sep = v->lbl[0] && extra[0] ? "," : "";
@@ -1455,7 +1555,8 @@ static void put_val(kvt_wbuf *b, const char *name, const mview *v, const char *e
 
 /* The Prometheus text for tenant tnt, its own figures and nothing of any
  * other key's; for KEY_METRICS every tenant's, each series labelled
- * tenant="ns-<hash>" (the name of its disk directory), and the requests
+ * tenant="NAME" (--api-key NAME=KEY, or key1, key2, ... in the order
+ * the keys were given: nothing derived from a key), and the requests
  * that belong to no tenant. */
 static char *metrics_text(server *sv, int tnt)
 {
@@ -1464,9 +1565,15 @@ static char *metrics_text(server *sv, int tnt)
     if (!v) return NULL;
     for (size_t k = 0; k < nv; k++) {
         const tenant *tt = &sv->tn[first + k];
+        /* the queue first: when it is empty, the figures read after it
+         * count every save it held */
+        if (sv->q) {
+            v[k].store_jobs = kvt_storeq_pending(sv->q, (int)(first + k));
+            v[k].store_held = kvt_storeq_held(sv->q, (int)(first + k));
+        }
         if (tt->store && kvt_store_stats_get(tt->store, &v[k].ds) != KVT_OK) memset(&v[k].ds, 0, sizeof v[k].ds);
         v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
-        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->ns);
+        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->label);
     }
     pthread_mutex_lock(&sv->mu);
     for (size_t k = 0; k < nv; k++) {
@@ -1526,6 +1633,10 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
             "tier=\"disk\"", w->ds.evictions);
     FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
+    FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store threads.", "",
+           w->store_jobs);
+    FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
+           "", w->store_held);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
@@ -1663,19 +1774,6 @@ static void net_free(net *nt)
     free(nt);
 }
 
-/* n random bytes from the kernel. */
-static int fill_random(uint8_t *p, size_t n)
-{
-    while (n) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
-        p += got;
-        n -= (size_t)got;
-    }
-    return KVT_OK;
-}
-
 /* --parallel, or by default two requests per core (a decode step reads
  * every weight once for all of them, and a second request hides the
  * first's sampling and HTTP time) as far as the RAM budget holds them at
@@ -1743,7 +1841,7 @@ int kvt_serve(const kvt_server_opts *opts)
     pthread_mutex_init(&sv->replay_mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
-    if ((rc = fill_random(sv->secret, sizeof sv->secret))) goto out;
+    if ((rc = kvt_fill_random(sv->secret, sizeof sv->secret))) goto out;
     if ((rc = kvt_model_open(&sv->m, opts->model))) goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
@@ -1754,7 +1852,9 @@ int kvt_serve(const kvt_server_opts *opts)
     }
     kvt_tiers_opts to = {.ram_bytes = sv->o.ram_bytes, .n_tenants = sv->n_tn, .n_ctx = sv->o.n_ctx,
                          .n_threads = sv->o.n_threads, .policy = sv->o.policy,
-                         .hooks = {tier_saved, tier_evicted, tier_loaded, sv}};
+                         .hooks = {.saved = tier_saved, .evicted = tier_evicted, .loaded = tier_loaded, .user = sv,
+                                   .hand_off = tier_hand_off, .held = tier_held},
+                         .defer_loads = true};
     if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;
     if ((rc = parallel_default(sv))) goto out;
     if (opts->metrics_key) {
@@ -1769,20 +1869,38 @@ int kvt_serve(const kvt_server_opts *opts)
      * unused. */
     uint64_t disk_share = opts->disk_bytes / sv->n_tn;
     if (opts->disk_bytes && !disk_share) disk_share = 1; /* 0 would mean the default */
+    /* the root holds the secret the keys' directory names are keyed with */
+    bool disk = opts->disk_dir != NULL;
+    if (disk && opts->n_keys && kvt_storedir_prepare(opts->disk_dir) != KVT_OK) {
+        fprintf(stderr, "kvtier: disk cache disabled: %s\n", kvt_errmsg());
+        disk = false;
+    }
     for (size_t t = 0; t < sv->n_tn; t++) {
         tenant *tt = &sv->tn[t];
         tt->key = opts->n_keys ? opts->api_keys[t] : NULL;
         if (tt->key) {
             key_digest(sv, tt->key, tt->digest);
-            /* a directory per key, named by a hash of it */
-            snprintf(tt->ns, sizeof tt->ns, "ns-%016llx", (unsigned long long)XXH3_64bits(tt->key, strlen(tt->key)));
+            const char *name = opts->api_key_names ? opts->api_key_names[t] : NULL;
+            if (name && *name) snprintf(tt->label, sizeof tt->label, "%s", name);
+            else snprintf(tt->label, sizeof tt->label, "key%zu", t + 1);
         }
-        if (!opts->disk_dir) continue;
-        if (tt->key) snprintf(tt->dir, sizeof tt->dir, "%s/%s", opts->disk_dir, tt->ns);
-        else snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        if (!disk) continue;
+        if (tt->key) {
+            /* a directory per key, named by a keyed hash of it (storedir.h) */
+            char ns[64];
+            if (kvt_storedir_ns(opts->disk_dir, tt->key, strlen(tt->key), ns, sizeof ns) != KVT_OK) {
+                fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->label, kvt_errmsg());
+                continue;
+            }
+            snprintf(tt->dir, sizeof tt->dir, "%s/%s", opts->disk_dir, ns);
+        } else {
+            snprintf(tt->dir, sizeof tt->dir, "%s", opts->disk_dir);
+        }
         if ((rc = kvt_store_open(&tt->store, tt->dir, disk_share))) {
             fprintf(stderr, "kvtier: disk cache disabled for %s: %s\n", tt->dir, kvt_errmsg());
             tt->store = NULL;
+        } else {
+            kvt_store_set_min_free(tt->store, opts->disk_min_free);
         }
     }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(opts->port)};
@@ -1790,6 +1908,10 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(KVT_EINVAL, "--host '%s' is not an IPv4 address", opts->host);
         goto out;
     }
+    kvt_storeq_hooks qh = {queue_saved, tier_loaded, queue_wake, sv};
+    if ((rc = kvt_storeq_new(&sv->q, &sv->o.policy, &qh))) goto out;
+    for (size_t t = 0; t < sv->n_tn; t++)
+        if (sv->tn[t].store) kvt_store_set_busy(sv->tn[t].store, STORE_BUSY_MS);
     if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }
     struct MHD_Daemon *d = net_start(nt, &addr);
     if (!d) {
@@ -1824,6 +1946,7 @@ int kvt_serve(const kvt_server_opts *opts)
     rc = KVT_OK;
 out:
     pool_shutdown(sv);
+    kvt_storeq_free(sv->q); /* the queued saves first */
     kvt_tiers_free(sv->tiers);
     for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);

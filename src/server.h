@@ -17,6 +17,8 @@ typedef struct kvt_server_opts {
                                * 0: from cores and the RAM budget */
     const char *disk_dir;     /* NULL: no disk tier */
     uint64_t disk_bytes;      /* the disk budget; with API keys the total, split equally */
+    uint64_t disk_min_free;   /* bytes kept free on the disk's file system: 0 keeps none,
+                               * KVT_STORE_MIN_FREE_DEFAULT 5% of it, at most 1 GiB */
     size_t ram_bytes;         /* budget of the RAM tier; with API keys split equally */
     size_t max_body;          /* request body limit */
     uint32_t request_timeout; /* seconds a connection has to complete its request (headers
@@ -26,8 +28,10 @@ typedef struct kvt_server_opts {
                                * descriptor limit) */
     const char **api_keys;    /* n_keys keys, each its own cache namespace; 0: no authentication */
     size_t n_keys;
+    const char **api_key_names; /* NULL, or n_keys names (NULL or "" each: "key<i>"): the
+                               * operator view's tenant labels (--api-key NAME=KEY) */
     const char *metrics_key;  /* NULL, or a key that reads GET /metrics only: every key's
-                               * figures, labelled by namespace (needs n_keys > 0) */
+                               * figures, labelled tenant="NAME" (needs n_keys > 0) */
     bool strict_model;        /* 404 for a "model" other than model_id; by default any
                                * name is served (agent clients send their own) and
                                * echoed back */

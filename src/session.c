@@ -364,8 +364,11 @@ int kvt_session_decode(kvt_session *s, int32_t token)
     rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
     if (rc) { recover(s, s->n); return rc; }
     s->tokens[s->n++] = token;
+    if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s); /* the grid, as prefill and a batched step */
     return KVT_OK;
 }
+
+int kvt_session_fault;
 
 /* ---- batched steps ----
  *
@@ -435,7 +438,8 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         kvt_session *s = st[i].s;
         memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
         s->n += st[i].done;
-        if (s->n % s->ckpt_interval == 0 || s->n == s->mark || (st[i].end && st[i].done == st[i].n))
+        bool mark = s->n == s->mark && kvt_session_fault != KVT_SESSION_FAULT_STEP_MARK;
+        if (s->n % s->ckpt_interval == 0 || mark || (st[i].end && st[i].done == st[i].n))
             kvt_session_checkpoint(s);
     }
     return KVT_OK;

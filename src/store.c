@@ -43,6 +43,7 @@
 #include "segments.h"
 #include "snapshot.h"
 #include "store.h"
+#include "storedir.h"
 #include "model.h"
 #include "util.h"
 
@@ -52,17 +53,28 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <time.h>
 
 #define SCHEMA_VERSION 2
+#define KVT_STR_(x) #x
+#define KVT_STR(x) KVT_STR_(x)
 #define SEG_MAX (256ull << 20) /* a segment takes no new blocks past this size */
 #define DEFAULT_BUDGET (4096ull << 20)
+#define MIN_FREE_CAP (1ull << 30)  /* the default free space: 5% of the file system, at most this */
+#define ROOM_SLACK (256ull << 10)  /* what a save's rows add to the database, at most */
+/* The WAL is checkpointed at 256 pages (1 MiB of 4 KiB pages, not
+ * SQLite's 1,000) and cut back to 1 MiB after: a store on a small file
+ * system leaves room for that much WAL, not 4 MB. */
+#define WAL_PAGES 256
+#define WAL_LIMIT 1048576
 
 typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 
@@ -70,12 +82,21 @@ typedef struct ientry { uint64_t head, tail; uint32_t n; int64_t id; } ientry;
 typedef struct bloc { uint32_t seg; uint64_t off, bytes; } bloc;
 
 struct kvt_store {
-    pthread_mutex_t mu;      /* the server's worker and its metrics reader share a store */
+    pthread_mutex_t mu;      /* the server's scheduler (lookups), its store threads and its
+                                metrics reader share a store */
+    int busy_ms;             /* SQLite's busy timeout: how long a write waits for another
+                                process's lock (kvt_store_set_busy) */
+    _Atomic uint64_t skipped_lookups; /* lookups that found the store busy (kvt_store_lookup_try) */
+    _Atomic int64_t skip_logged_ms;   /* since the last report, made at this kvt_now() (0: none) */
     sqlite3 *db;             /* NULL when a damaged database could not be replaced */
     char *dir, *path;        /* path: DIR/kvtier.db */
     dev_t dev;               /* the file db has open: another process that rebuilt a */
     ino_t ino;               /* damaged database replaced it (follow) */
     uint64_t budget;
+    uint64_t min_free;       /* bytes kept free on the file system (KVT_STORE_MIN_FREE_DEFAULT) */
+    bool full;               /* the operation met a full disk (SQLITE_FULL, a segment write) */
+    double fail_logged;      /* kvt_store_report_save_failure: when it last printed, */
+    uint64_t fail_quiet;     /* and the failures since that it did not print */
     bool quiet;
     bool durable;            /* synchronous=FULL (off only while a benchmark populates, or in tests) */
     bool keep_places;        /* removals leave their segment ranges to gc (quarantine: a damaged
@@ -122,11 +143,17 @@ static bool is_damage(int rc)
     return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
 }
 
+/* Whether an operation of this thread met another connection's lock
+ * (kvt_store_busy_seen). */
+static _Thread_local bool busy_seen;
+
 /* Note SQLite result rc of a failed call (what: the step, or NULL for the
  * operation); returns KVT_EIO with the kept failure's message. */
 static int sql_note(kvt_store *st, int rc, const char *what)
 {
     if (is_damage(rc)) st->corrupt = true;
+    if ((rc & 0xff) == SQLITE_FULL) st->full = true;
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) busy_seen = true;
     if (!st->sql_rc) {
         st->sql_rc = rc;
         snprintf(st->sql_msg, sizeof st->sql_msg, "cache store: %s: %s", what ? what : st->op ? st->op : "query",
@@ -387,27 +414,6 @@ static const char *schema_current =
     " + (SELECT COUNT(*) FROM pragma_table_info('blocks') WHERE name IN ('seg', 'off'))"
     " + (SELECT COUNT(*) FROM sqlite_master WHERE name IN ('blocks_seg', 'snaps_seg'))";
 
-static int mkdirs(const char *dir)
-{
-    char *p = kvt_strndup(dir, strlen(dir));
-    if (!p) return KVT_ENOMEM;
-    for (char *c = p + 1; ; c++) {
-        if (*c == '/' || *c == 0) {
-            char save = *c;
-            *c = 0;
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                int rc = kvt_fail(KVT_EIO, "cache store: cannot create %s: %s", p, strerror(errno));
-                free(p);
-                return rc;
-            }
-            *c = save;
-            if (!save) break;
-        }
-    }
-    free(p);
-    return KVT_OK;
-}
-
 /* Start an operation (name: for messages). */
 static void op_start(kvt_store *st, const char *name)
 {
@@ -460,12 +466,68 @@ static void note_columns(kvt_store *st)
     forget_finding(st);
 }
 
+/* A reader of a WAL database needs its shared-memory file, which SQLite
+ * creates and sizes even for a read-only connection: on a read-only or full
+ * file system it cannot, and the first read fails. When there is no WAL (a
+ * store closed cleanly), the database file is the whole store: it is then
+ * read as immutable (no -shm, no locks). With a WAL, reading without it
+ * could see a state that never was, so the failure stands. */
+static int inspect_fallback(kvt_store *st)
+{
+    int rc = sqlite3_exec(st->db, "SELECT COUNT(*) FROM sqlite_master", NULL, NULL, NULL);
+    int code = rc & 0xff;
+    if (rc == SQLITE_OK || is_damage(rc) ||
+        (code != SQLITE_IOERR && code != SQLITE_CANTOPEN && code != SQLITE_READONLY && code != SQLITE_FULL))
+        return KVT_OK; /* the inspection meets it and reports it */
+    size_t plen = strlen(st->path);
+    char *wal = kvt_malloc(plen + 8), *uri = kvt_malloc(plen * 3 + 32);
+    if (!wal || !uri) { free(wal); free(uri); return KVT_ENOMEM; }
+    snprintf(wal, plen + 8, "%s-wal", st->path);
+    struct stat sb;
+    bool no_wal = stat(wal, &sb) != 0 ? errno == ENOENT : sb.st_size == 0;
+    free(wal);
+    if (!no_wal) { free(uri); return KVT_OK; }
+    /* file:PATH?immutable=1, PATH percent-encoded */
+    size_t k = (size_t)snprintf(uri, 8, "file:");
+    for (const unsigned char *c = (const unsigned char *)st->path; *c; c++)
+        if ((*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || strchr("/._-~", *c))
+            uri[k++] = (char)*c;
+        else
+            k += (size_t)snprintf(uri + k, 4, "%%%02X", *c);
+    snprintf(uri + k, 16, "?immutable=1");
+    sqlite3_close(st->db);
+    st->db = NULL;
+    rc = sqlite3_open_v2(uri, &st->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_URI,
+                         NULL);
+    free(uri);
+    if (rc != SQLITE_OK) {
+        rc = sql_note(st, rc, "open");
+        sqlite3_close(st->db);
+        st->db = NULL;
+        return rc;
+    }
+    return KVT_OK;
+}
+
 static int open_db(kvt_store *st)
 {
     st->dirty = true;
     st->data_version = -1;
-    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (st->inspect ? 0 : SQLITE_OPEN_CREATE);
-    int rc = sqlite3_open_v2(st->path, &st->db, flags, NULL);
+    /* The file is made here (0600, O_EXCL | O_NOFOLLOW: SQLite's WAL,
+     * shared memory and the segments take its mode), and SQLite never
+     * follows a link at its name. To inspect, the connection is read-only:
+     * nothing is created or written, so a read-only or full store can be
+     * checked. */
+    int rc = st->inspect ? KVT_OK : kvt_storedir_file(st->path);
+    for (int k = 0; k < 2 && !rc; k++) {
+        char side[4200];
+        snprintf(side, sizeof side, "%s%s", st->path, k ? "-shm" : "-wal");
+        rc = kvt_storedir_no_link(side);
+    }
+    if (rc) return rc;
+    int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW |
+                (st->inspect ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    rc = sqlite3_open_v2(st->path, &st->db, flags, NULL);
     if (rc != SQLITE_OK) {
         rc = sql_note(st, rc, "open");
         sqlite3_close(st->db);
@@ -477,16 +539,18 @@ static int open_db(kvt_store *st)
         st->dev = sb.st_dev;
         st->ino = sb.st_ino;
     }
-    sqlite3_busy_timeout(st->db, 30000);
+    sqlite3_busy_timeout(st->db, st->busy_ms);
     /* to inspect, the last connection out must not checkpoint the WAL into
      * the database and delete it, as closing one otherwise does */
     if (st->inspect) {
         if (sqlite3_db_config(st->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL) != SQLITE_OK)
             return sql_note(st, sqlite3_errcode(st->db), "open");
+        if ((rc = inspect_fallback(st))) return rc;
         note_columns(st);
         return KVT_OK;
     }
-    if ((rc = exec(st, "PRAGMA journal_mode=WAL")) ||
+    if ((rc = exec(st, "PRAGMA journal_mode=WAL")) || (rc = exec(st, "PRAGMA wal_autocheckpoint=" KVT_STR(WAL_PAGES))) ||
+        (rc = exec(st, "PRAGMA journal_size_limit=" KVT_STR(WAL_LIMIT))) ||
         (rc = exec(st, st->durable ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF"))) {
         unusable_header(st);
         return rc;
@@ -695,6 +759,33 @@ static void delete_placed(kvt_store *st, const char *sql, int n, const int64_t *
     sqlite3_finalize(stmt);
 }
 
+static int cmp_bloc(const void *a, const void *b)
+{
+    const bloc *x = a, *y = b;
+    if (x->seg != y->seg) return x->seg < y->seg ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Sort places and join those that touch: records removed together often
+ * lie end to end, and a hole punched over the run frees the pages that
+ * straddle two of them, which holes record by record leave (a ds4-tiny
+ * block is about one 4 KiB page). */
+static void coalesce(bloc *v, size_t *n)
+{
+    if (*n < 2) return;
+    qsort(v, *n, sizeof *v, cmp_bloc);
+    size_t k = 0;
+    for (size_t i = 1; i < *n; i++) {
+        bloc *c = &v[k];
+        if (v[i].seg == c->seg && v[i].off <= c->off + c->bytes) {
+            if (v[i].off + v[i].bytes > c->off + c->bytes) c->bytes = v[i].off + v[i].bytes - c->off;
+        } else {
+            v[++k] = v[i];
+        }
+    }
+    *n = k + 1;
+}
+
 /* The write transaction that removed st->freed committed: punch their
  * ranges out of the segments, and delete a segment that holds no block and
  * takes no more (below the current one). Best effort, after the commit: a
@@ -707,6 +798,7 @@ static void release_freed(kvt_store *st)
     sqlite3_prepare_v2(st->db, "SELECT EXISTS(SELECT 1 FROM blocks WHERE seg = ?1) OR EXISTS(SELECT 1 FROM snaps WHERE rseg = ?1)",
                        -1, &any, NULL);
     int64_t current = cur && sqlite3_step(cur) == SQLITE_ROW ? sqlite3_column_int64(cur, 0) : INT64_MAX;
+    coalesce(st->freed, &st->n_freed);
     for (size_t i = 0; i < st->n_freed; i++) {
         const bloc *w = &st->freed[i];
         kvt_segs_release(st->segs, w->seg, w->off, w->bytes);
@@ -764,7 +856,10 @@ static int seg_append(kvt_store *st, const void *p, size_t len, bloc *w)
         st->seg_cut_at = st->seg_end;
     }
     st->seg_wrote = true;
-    if ((rc = kvt_segs_write(st->segs, st->seg_cur, st->seg_end, p, len))) return rc;
+    if ((rc = kvt_segs_write(st->segs, st->seg_cur, st->seg_end, p, len))) {
+        if (kvt_segs_took_full(st->segs)) st->full = true;
+        return rc;
+    }
     *w = (bloc){st->seg_cur, st->seg_end, len};
     st->seg_end += len;
     return KVT_OK;
@@ -1065,7 +1160,7 @@ static int recover(kvt_store *st)
     }
     char *lock = nm[0], *tmp = nm[1], *aside = nm[2], *a = nm[3], *b = nm[4];
     path_plus(lock, plen, st->path, ".lock");
-    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int lfd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (lfd >= 0) flock(lfd, LOCK_EX);
     int rc;
     if (st->db && !same_file(st)) { /* rebuilt by another process meanwhile */
@@ -1083,7 +1178,8 @@ static int recover(kvt_store *st)
     size_t kept = 0, seen = 0;
     bool built = false;
     sqlite3 *nd = NULL;
-    if (sqlite3_open_v2(tmp, &nd, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) == SQLITE_OK &&
+    if (kvt_storedir_file(tmp) == KVT_OK &&
+        sqlite3_open_v2(tmp, &nd, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, "PRAGMA synchronous=FULL; BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, schema, NULL, NULL, NULL) == SQLITE_OK &&
         sqlite3_exec(nd, schema_totals, NULL, NULL, NULL) == SQLITE_OK &&
@@ -1164,15 +1260,105 @@ static bool rebuilt(kvt_store *st)
     return recover(st) == KVT_OK;
 }
 
+static bool fs_room(const kvt_store *st, uint64_t *avail, uint64_t *reserve);
+static uint64_t wal_headroom(const kvt_store *st);
+static int64_t drop_snap(kvt_store *st, int64_t id);
+
+/* The database could not be opened and the file system lacks room:
+ * SQLite needs some (its shared memory, its WAL) before anything can be
+ * evicted the usual way. Read, with a read-only connection, which least
+ * recently used snapshots give back enough, punch their records and the
+ * blocks only they use out of the segments, and leave their ids in
+ * *victims for the rows to go once the database opens (drop_victims).
+ * A process that loads one of them meanwhile finds a hole, which is a
+ * miss. KVT_OK when something was given back. */
+static int room_before_open(kvt_store *st, idset *victims)
+{
+    uint64_t avail = 0, reserve = 0;
+    if (!fs_room(st, &avail, &reserve)) return KVT_EIO;
+    uint64_t want = reserve + wal_headroom(st) + ROOM_SLACK;
+    if (avail >= want) return KVT_EIO; /* room is not what failed */
+    uint64_t deficit = want - avail, freed = 0;
+    close_db(st, false);
+    st->inspect = true;
+    op_start(st, "open");
+    int rc = open_db(st);
+    st->inspect = false;
+    bloc *put = NULL;
+    size_t n_put = 0, cap_put = 0;
+    typedef struct { int64_t key, left; } bref;
+    bref *refs = NULL;
+    size_t n_refs = 0, cap_refs = 0;
+    sqlite3_stmt *lru = rc || !st->has_segs ? NULL : prep(st, "SELECT id, rseg, roff, bytes FROM snaps ORDER BY last_used, id", NULL);
+    sqlite3_stmt *blk = lru ? prep(st, "SELECT b.key, b.refs, b.seg, b.off, b.bytes FROM snap_blocks sb JOIN blocks b"
+                                       " ON b.key = sb.key WHERE sb.snap = ?", NULL) : NULL;
+    while (blk && freed < deficit && step(st, lru, NULL) == SQLITE_ROW) {
+        int64_t id = sqlite3_column_int64(lru, 0);
+        bloc w;
+        int grc = 0;
+        KVT_GROW(put, &cap_put, n_put + 1, grc);
+        if (grc) break;
+        if (row_bloc(lru, 1, 2, 3, &w) && w.seg) { put[n_put++] = w; freed += w.bytes; }
+        sqlite3_reset(blk);
+        sqlite3_bind_int64(blk, 1, id);
+        while (step(st, blk, NULL) == SQLITE_ROW) {
+            int64_t key = sqlite3_column_int64(blk, 0);
+            size_t k = 0;
+            while (k < n_refs && refs[k].key != key) k++;
+            if (k == n_refs) {
+                KVT_GROW(refs, &cap_refs, n_refs + 1, grc);
+                if (grc) break;
+                refs[n_refs++] = (bref){key, sqlite3_column_int64(blk, 1)};
+            }
+            if (--refs[k].left != 0 || !row_bloc(blk, 2, 3, 4, &w) || !w.seg) continue;
+            KVT_GROW(put, &cap_put, n_put + 1, grc);
+            if (grc) break;
+            put[n_put++] = w;
+            freed += w.bytes;
+        }
+        idset_add(victims, id);
+    }
+    sqlite3_finalize(blk);
+    sqlite3_finalize(lru);
+    close_db(st, true);
+    coalesce(put, &n_put);
+    for (size_t i = 0; i < n_put; i++) kvt_segs_release(st->segs, put[i].seg, put[i].off, put[i].bytes);
+    kvt_segs_close_all(st->segs);
+    free(put);
+    free(refs);
+    st->sql_rc = 0;
+    st->corrupt = false;
+    return victims->n && !victims->oom ? KVT_OK : KVT_EIO;
+}
+
+/* The rows of the snapshots room_before_open gave back go (their places
+ * are punched out already). */
+static void drop_victims(kvt_store *st, const idset *victims)
+{
+    op_start(st, "open");
+    if (begin(st)) return;
+    uint64_t evicted = 0;
+    for (size_t i = 0; i < victims->n && !st->sql_rc; i++)
+        if (q_int(st, "SELECT COUNT(*) FROM snaps WHERE id = ?", 1, &victims->v[i], 0) == 1) {
+            drop_snap(st, victims->v[i]);
+            evicted++;
+        }
+    counter_add(st, "evictions", evicted);
+    commit(st);
+    st->sql_rc = 0;
+}
+
 static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool inspect)
 {
     *out = NULL;
-    int rc = inspect ? KVT_OK : mkdirs(dir);
+    int rc = inspect ? KVT_OK : kvt_storedir_prepare(dir);
     if (rc) return rc;
     kvt_store *st = kvt_calloc(1, sizeof *st);
     if (!st) return KVT_ENOMEM;
     pthread_mutex_init(&st->mu, NULL);
+    st->busy_ms = 30000;
     st->budget = budget ? budget : DEFAULT_BUDGET;
+    st->min_free = KVT_STORE_MIN_FREE_DEFAULT;
     st->dirty = true;
     st->data_version = -1;
     st->durable = true;
@@ -1188,6 +1374,15 @@ static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool in
         rc = kvt_fail(KVT_ENOENT, "no cache store in %s", dir);
     } else {
         rc = open_db(st);
+        idset victims = {0};
+        if (rc && !inspect && !st->corrupt && room_before_open(st, &victims) == KVT_OK) {
+            if (!st->quiet)
+                fprintf(stderr, "kvtier: cache store %s: the file system is full; %zu least recently used snapshots "
+                                "evicted to open it\n", dir, victims.n);
+            op_start(st, "open");
+            if (!(rc = open_db(st))) drop_victims(st, &victims);
+        }
+        free(victims.v);
         if (rc && rebuilt(st)) rc = KVT_OK;
     }
     if (rc) { kvt_store_close(st); return rc; }
@@ -1213,6 +1408,13 @@ void kvt_store_close(kvt_store *st)
         begin(st) == KVT_OK) {
         flush_counters(st);
         commit(st);
+    }
+    /* leave no large WAL behind: the last connection out deletes it, but
+     * one that another process keeps would otherwise stay at its largest
+     * size (no waiting here for readers: busy, it stays) */
+    if (st->db && !st->inspect && same_file(st)) {
+        sqlite3_busy_timeout(st->db, 0);
+        sqlite3_wal_checkpoint_v2(st->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
     }
     close_db(st, st->db && !st->inspect && !same_file(st));
     kvt_segs_free(st->segs);
@@ -1361,6 +1563,98 @@ static void enforce_budget(kvt_store *st, int64_t keep)
         evicted++;
     }
     counter_add(st, "evictions", evicted);
+}
+
+/* ---- free space on the file system ----
+ *
+ * The budget bounds the bytes of records; the file system may be smaller,
+ * or shared. Before a save writes, the store checks that the file system
+ * keeps min_free bytes besides what the save will write, and evicts least
+ * recently used snapshots until it does, each round in a transaction of
+ * its own: their segment ranges are given back when it commits (punched
+ * out), so the room is there before the save appends. SQLite needs room
+ * too (its WAL grows with every commit), which the reserve leaves it. */
+
+bool kvt_store_room_fault;
+double kvt_store_report_every = 60;
+
+/* Free bytes for this user and the bytes to keep free; false when the file
+ * system cannot tell. */
+static bool fs_room(const kvt_store *st, uint64_t *avail, uint64_t *reserve)
+{
+    struct statvfs v;
+    if (statvfs(st->dir, &v) != 0 || !v.f_frsize) return false;
+    *avail = (uint64_t)v.f_bavail * v.f_frsize;
+    if (st->min_free != KVT_STORE_MIN_FREE_DEFAULT) {
+        *reserve = st->min_free;
+    } else {
+        *reserve = (uint64_t)v.f_blocks * v.f_frsize / 20;
+        if (*reserve > MIN_FREE_CAP) *reserve = MIN_FREE_CAP;
+    }
+    return true;
+}
+
+/* What the WAL may still grow by before its next checkpoint. */
+static uint64_t wal_headroom(const kvt_store *st)
+{
+    char wal[4200];
+    snprintf(wal, sizeof wal, "%s-wal", st->path);
+    struct stat sb;
+    uint64_t most = (WAL_PAGES + 16) * 4096ull, now = stat(wal, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    return now < most ? most - now : 0;
+}
+
+/* Make room for a write of need bytes: evict least recently used
+ * snapshots (never keep) until the file system has need bytes besides its
+ * reserve; force: evict at least need bytes whatever it says (a write met
+ * a full disk). KVT_EIO ("disk full") when nothing is left to evict. */
+static int make_room(kvt_store *st, uint64_t need, int64_t keep, bool force)
+{
+    for (int round = 0; round < 16 && !kvt_store_room_fault; round++) {
+        uint64_t avail = 0, reserve = 0;
+        bool known = fs_room(st, &avail, &reserve);
+        if (!force && (!known || avail >= reserve + need)) return KVT_OK;
+        uint64_t want = known && reserve + need > avail ? reserve + need - avail : 0;
+        if (force && want < need) want = need;
+        force = false;
+        int rc = begin(st);
+        if (rc) return rc;
+        uint64_t freed = 0, evicted = 0;
+        while (freed < want && !st->sql_rc) {
+            int64_t victim = q_int(st, "SELECT id FROM snaps WHERE id != ? ORDER BY last_used ASC, id ASC LIMIT 1",
+                                   1, &keep, -1);
+            if (victim < 0) break;
+            int64_t f = drop_snap(st, victim);
+            freed += f > 0 ? (uint64_t)f : 0;
+            evicted++;
+        }
+        counter_add(st, "evictions", evicted);
+        if ((rc = commit(st))) return rc;
+        if (!evicted)
+            return kvt_fail(KVT_EIO, "cache store: disk full: %llu KiB free on the file system of %s, %llu KiB to keep "
+                            "free (--kv-disk-min-free-mb) and %llu KiB to write, nothing left to evict",
+                            (unsigned long long)(avail >> 10), st->dir, (unsigned long long)(reserve >> 10),
+                            (unsigned long long)(need >> 10));
+    }
+    return KVT_OK;
+}
+
+void kvt_store_set_min_free(kvt_store *st, uint64_t bytes) { st->min_free = bytes; }
+
+void kvt_store_report_save_failure(kvt_store *st, const char *what)
+{
+    double now = kvt_now();
+    if (st->fail_logged > 0 && now - st->fail_logged < kvt_store_report_every) {
+        st->fail_quiet++;
+        return;
+    }
+    if (st->fail_quiet)
+        fprintf(stderr, "kvtier: cache: %s failed: %s (and %llu more save failures in the last %.0f s, not shown)\n",
+                what, kvt_errmsg(), (unsigned long long)st->fail_quiet, now - st->fail_logged);
+    else
+        fprintf(stderr, "kvtier: cache: %s failed: %s\n", what, kvt_errmsg());
+    st->fail_logged = now;
+    st->fail_quiet = 0;
 }
 
 /* ---- save ---- */
@@ -1528,6 +1822,23 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         hl += pl;
     }
     preview_of(head_text, hl, preview, sizeof preview);
+    /* room for the record and its blocks (an upper bound: blocks stored
+     * already are not written again) before anything is written */
+    uint64_t need = rec.len + ROOM_SLACK + wal_headroom(st);
+    if (nb) {
+        uint64_t key;
+        if ((rc = kvt_snap_block(s, 0, kvt_snap_key0(s->m), &blk, &key))) goto out;
+        need += (uint64_t)nb * (blk.len + 2048); /* the text of a block varies */
+    }
+    bool retried = false;
+    st->full = false;
+    kvt_segs_took_full(st->segs);
+    if ((rc = make_room(st, need, -1, false))) {
+        st->save_errors++;
+        goto out;
+    }
+again:
+    locs.len = 0;
     if ((rc = begin(st))) {
         st->save_errors++;
         goto out;
@@ -1649,6 +1960,17 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
         rc = commit(st);
     } else {
         rollback(st);
+    }
+    if (rc && st->full && !retried && !kvt_store_room_fault) {
+        /* the disk filled meanwhile (another writer, or the estimate was
+         * short): evict what the save needs and try once more */
+        retried = true;
+        st->full = false;
+        st->sql_rc = 0;
+        if (make_room(st, need, -1, true) == KVT_OK) {
+            st->sql_rc = 0;
+            goto again;
+        }
     }
     if (rc) {
         st->save_errors++;
@@ -2224,6 +2546,18 @@ static int store_integrity(kvt_store *st, size_t *problems, char **report)
         kvt_wbuf_put(&out, "the check stopped: ", 19);
         kvt_wbuf_put(&out, stop, strlen(stop));
         kvt_wbuf_put(&out, "\n", 1);
+    } else if (!*problems && sqlite3_db_readonly(st->db, "main") == 1) {
+        /* SQLite does not load CHECK constraints on a read-only connection
+         * (they guard writes), so its check leaves them out: the schema's
+         * one is checked here, once the b-trees are sound (a query over a
+         * damaged one reads what the check reports already) */
+        static const char line[] = "CHECK constraint failed in totals\n";
+        int64_t bad = q_int(st, "SELECT COUNT(*) FROM totals WHERE NOT (one = 1)", 0, NULL, 0);
+        forget_finding(st);
+        for (int64_t i = 0; i < bad; i++) {
+            kvt_wbuf_put(&out, line, sizeof line - 1);
+            (*problems)++;
+        }
     }
     kvt_wbuf_put(&out, "", 1);
     int rc = sql_status(st);
@@ -2314,6 +2648,8 @@ static int store_gc(kvt_store *st)
                 (long long)was.blocks, (long long)was.refs, (long long)now.bytes, (long long)now.snaps,
                 (long long)now.blocks, (long long)now.refs);
     st->dirty = true;
+    /* and the free space the file system is to keep */
+    if ((rc = make_room(st, 0, -1, false)) && !st->quiet) fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
     /* under the write lock, with nothing written: no save appends meanwhile */
     if (begin(st) == KVT_OK) {
         reclaim_segments(st);
@@ -2475,14 +2811,20 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
  * rebuilt database; verify and the integrity check report what they found
  * instead. */
 
-static int enter(kvt_store *st, const char *name, bool writes)
+/* enter, with st->mu held already */
+static int enter_locked(kvt_store *st, const char *name, bool writes)
 {
-    pthread_mutex_lock(&st->mu);
     op_start(st, name);
     int rc = follow(st);
     if (!rc && !st->db) rc = kvt_fail(KVT_EIO, "cache store %s is unavailable", st->path);
     if (!rc && writes && st->inspect) rc = kvt_fail(KVT_EINVAL, "cache store %s is open to inspect only", st->path);
     return rc;
+}
+
+static int enter(kvt_store *st, const char *name, bool writes)
+{
+    pthread_mutex_lock(&st->mu);
+    return enter_locked(st, name, writes);
 }
 
 static int leave(kvt_store *st, int rc)
@@ -2518,6 +2860,62 @@ int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, s
     if (!rc && (rc = store_lookup(st, m, tokens, n, match, id)) && rebuilt(st))
         rc = store_lookup(st, m, tokens, n, match, id);
     return leave(st, rc);
+}
+
+/* The lookup of the server's scheduler: it never waits on another thread
+ * or process for more than wait_ms. When a store thread holds the store
+ * (a save, a load, a save waiting for another process's lock) or SQLite
+ * reports it busy, the lookup is a miss, reported at most once a minute
+ * with a count. A database found damaged is rebuilt by the next operation
+ * of a store thread (leave), not here. */
+int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, int wait_ms,
+                         size_t *match, int64_t *id)
+{
+    *match = 0;
+    *id = -1;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)wait_ms * 1000000L;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    if (pthread_mutex_timedlock(&st->mu, &dl) == 0) {
+        int rc = enter_locked(st, "lookup", false);
+        if (!rc) {
+            sqlite3_busy_timeout(st->db, wait_ms);
+            busy_seen = false;
+            rc = store_lookup(st, m, tokens, n, match, id);
+            if (st->db) sqlite3_busy_timeout(st->db, st->busy_ms);
+        }
+        bool busy = rc && busy_seen;
+        pthread_mutex_unlock(&st->mu);
+        if (!busy) return rc;
+        *match = 0;
+        *id = -1;
+    }
+    uint64_t skipped = atomic_fetch_add(&st->skipped_lookups, 1) + 1;
+    int64_t now_ms = (int64_t)(kvt_now() * 1000), last = atomic_load(&st->skip_logged_ms);
+    if ((!last || now_ms - last >= 60000) && atomic_compare_exchange_strong(&st->skip_logged_ms, &last, now_ms)) {
+        skipped = atomic_exchange(&st->skipped_lookups, 0);
+        if (!st->quiet)
+            fprintf(stderr, "kvtier: cache store %s busy: %llu lookup(s) taken as misses\n", st->path,
+                    (unsigned long long)skipped);
+    }
+    return KVT_OK;
+}
+
+void kvt_store_set_busy(kvt_store *st, int ms)
+{
+    pthread_mutex_lock(&st->mu);
+    st->busy_ms = ms;
+    if (st->db) sqlite3_busy_timeout(st->db, ms);
+    pthread_mutex_unlock(&st->mu);
+}
+
+bool kvt_store_busy_seen(bool clear)
+{
+    bool b = busy_seen;
+    if (clear) busy_seen = false;
+    return b;
 }
 
 int kvt_store_load(kvt_store *st, int64_t id, kvt_session *s)

@@ -16,7 +16,11 @@
  * Each tenant (API key) has its own share of the budget, in bytes and in
  * sessions; sessions of one tenant are never candidates for another's
  * prompts nor evicted to make room for them. The pool keeps no lock: its
- * one caller (the server's worker) owns it and its sessions. */
+ * one caller (the server's worker) owns it and its sessions, except those
+ * it lent to another thread: a session being restored from disk
+ * (defer_loads: loading, neither read nor counted until kvt_tiers_loaded)
+ * and the dropped sessions handed off to be saved (hooks.hand_off: no
+ * longer in the pool; hooks.held counts them against the tenant's share). */
 #include "tiers.h"
 #include "model.h"
 #include "store.h"
@@ -29,6 +33,7 @@
 #include <string.h>
 
 #define MIN_FORK 256  /* a shorter shared prefix is not worth copying a session */
+#define LOOKUP_WAIT_MS 5 /* with defer_loads, a store busy for longer is a miss */
 
 int kvt_tiers_new(kvt_tiers **out, kvt_model *m, const kvt_tiers_opts *o)
 {
@@ -73,7 +78,7 @@ size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant)
 {
     size_t b = 0;
     for (size_t i = 0; i < t->n; i++)
-        if (tenant < 0 || t->pool[i].tenant == tenant) b += kvt_session_bytes(t->pool[i].s);
+        if ((tenant < 0 || t->pool[i].tenant == tenant) && !t->pool[i].loading) b += kvt_session_bytes(t->pool[i].s);
     return b;
 }
 
@@ -119,11 +124,24 @@ static void lend(kvt_tiers *t, kvt_session *s)
     if (t->n_spare) kvt_session_lend(s, t->spare[--t->n_spare]);
 }
 
+void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == pick->s) t->pool[i].loading = false;
+    pick->load = 0;
+    if (got) { pick->from_disk = pick->reused = got; pick->tier = "disk"; }
+}
+
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
 {
     kvt_session *s = t->pool[i].s;
     const kvt_tier_hooks *h = &t->o.hooks;
-    if (store && kvt_session_len(s) >= t->o.policy.min_tokens) {
+    bool save = store && kvt_session_len(s) >= t->o.policy.min_tokens;
+    if (save && h->hand_off && h->hand_off(h->user, t->pool[i].tenant, store, s, reason)) {
+        t->pool[i] = t->pool[--t->n];
+        return;
+    }
+    if (save) {
         double t0 = kvt_now();
         bool created = false;
         int rc = kvt_store_save_new(store, s, kvt_session_len(s), reason, NULL, &created);
@@ -176,11 +194,13 @@ static int splice(const kvt_model *m, const kvt_session *s, size_t k, const char
     return KVT_OK;
 }
 
+int kvt_tiers_fault;
+
 static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 {
     size_t n = na < nb ? na : nb, i = 0;
     while (i < n && a[i] == b[i]) i++;
-    return i;
+    return i - (i && kvt_tiers_fault == KVT_TIERS_FAULT_PREFIX_SHORT);
 }
 
 /* Whether the template's marker q (n tokens) is at toks[i]. */
@@ -239,7 +259,8 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
         kvt_session_scratch_free(t->m, w);
     }
     while (kvt_tiers_count(t, tenant) > (keep ? 1u : 0u) &&
-           (kvt_tiers_count(t, tenant) >= slots || kvt_tiers_bytes(t, tenant) > share)) {
+           (kvt_tiers_count(t, tenant) >= slots ||
+            kvt_tiers_bytes(t, tenant) + (h->held ? h->held(h->user, tenant) : 0) > share)) {
         size_t lru = SIZE_MAX;
         for (size_t i = 0; i < t->n; i++)
             if (t->pool[i].tenant == tenant && t->pool[i].s != keep && !t->pool[i].busy &&
@@ -263,7 +284,7 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
     int32_t *best_alt = NULL;
     size_t best_alt_n = 0;
     for (size_t i = 0; i < t->n; i++) {
-        if (t->pool[i].tenant != tenant) continue;
+        if (t->pool[i].tenant != tenant || t->pool[i].loading) continue;
         kvt_session *s = t->pool[i].s;
         size_t c = common_prefix(kvt_session_tokens(s), kvt_session_len(s), *toks, *n);
         size_t k = text_match(m, s, p->text, p->len);
@@ -285,7 +306,8 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
     /* tier 2: disk, when it covers more than RAM does */
     size_t disk_match = 0;
     int64_t disk_id = -1;
-    if (store) kvt_store_lookup(store, m, *toks, *n, &disk_match, &disk_id);
+    if (store && t->o.defer_loads) kvt_store_lookup_try(store, m, *toks, *n, LOOKUP_WAIT_MS, &disk_match, &disk_id);
+    else if (store) kvt_store_lookup(store, m, *toks, *n, &disk_match, &disk_id);
     /* A session is extended in place when the prompt continues it. A prompt
      * that leaves it part way (another conversation on the same system
      * prompt) gets a copy, so the session it shares a prefix with stays
@@ -318,10 +340,13 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
             kvt_session_free(s);
             return kvt_fail(KVT_ENOMEM, "the RAM pool holds %zu sessions", t->n);
         }
-        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true, *n};
+        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true, false, *n};
         lend(t, s);
         *out = (kvt_tier_pick){.s = s, .reused = src ? reuse : 0, .tier = src ? "ram" : "none", .forked = src != NULL};
-        if (!src && disk_match && store) {
+        if (!src && disk_match && store && t->o.defer_loads) {
+            t->pool[t->n - 1].loading = true;
+            out->load = disk_match;
+        } else if (!src && disk_match && store) {
             double t0 = kvt_now();
             size_t got = 0;
             rc = kvt_store_restore_prefix(store, s, *toks, *n, &got);

@@ -26,6 +26,13 @@ typedef struct kvt_tier_hooks {
     void (*evicted)(void *user, int tenant);          /* a session left RAM for the budget */
     void (*loaded)(void *user, int tenant, double seconds); /* a disk restore was tried */
     void *user;
+    /* Take a dropped session s, to be saved to store (reason given) later
+     * and freed: s is the callee's from then on. false: not taken, saved
+     * here. (The server's store threads, storeq.h.) */
+    bool (*hand_off)(void *user, int tenant, kvt_store *store, kvt_session *s, const char *reason);
+    /* Bytes of the tenant's sessions handed off and not yet saved: they
+     * count against its share of the RAM budget until then. */
+    size_t (*held)(void *user, int tenant);
 } kvt_tier_hooks;
 
 typedef struct kvt_tiers_opts {
@@ -34,6 +41,8 @@ typedef struct kvt_tiers_opts {
     uint32_t n_ctx, n_threads; /* of the sessions the pool makes */
     kvt_save_policy policy;    /* the checkpoint grid of new sessions; min_tokens for saves on drop */
     kvt_tier_hooks hooks;
+    bool defer_loads;          /* a disk restore is the caller's (kvt_tier_pick.load), not done in
+                                * kvt_tiers_select */
 } kvt_tiers_opts;
 
 /* A live session, its tenant and when a request last ran on it (the
@@ -44,6 +53,8 @@ typedef struct kvt_pooled {
     uint64_t last_used;
     int tenant;
     bool busy;
+    bool loading;              /* a disk restore into it runs on another thread (defer_loads):
+                                * neither read nor counted until kvt_tiers_loaded */
     size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
 } kvt_pooled;
 
@@ -89,6 +100,8 @@ typedef struct kvt_tier_pick {
     bool extended, forked;     /* s is the pooled session itself; a copy of one */
     size_t mark;               /* set on s: the prefill also checkpoints here (0: none) */
     bool opening;              /* the prompt is a conversation's first request: save at mark */
+    size_t load;               /* with defer_loads: the store holds this prefix of the prompt; the
+                                * caller restores it into s (new, empty), then kvt_tiers_loaded */
 } kvt_tier_pick;
 
 /* A pool for model m (borrowed: it must outlive the pool). Free with
@@ -103,7 +116,10 @@ void kvt_tiers_free(kvt_tiers *t);
  *      ids or on the rendered text of its exact tokens (then *toks becomes
  *      those tokens plus the rest of the text tokenized alone: *toks is
  *      freed and replaced, and the caller owns the new array).
- *   2. Disk: store (NULL: none), when it covers more than RAM does.
+ *   2. Disk: store (NULL: none), when it covers more than RAM does. With
+ *      defer_loads the lookup does not wait for the store
+ *      (kvt_store_lookup_try: a busy store is a miss) and the restore is
+ *      left to the caller (pick.load).
  * A prompt that continues the best session extends it in place, unless
  * another request runs on it (busy); so does one that leaves it inside
  * the reply to its last prompt (the next turn of the same conversation,
@@ -122,6 +138,11 @@ void kvt_tiers_free(kvt_tiers *t);
 int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
                      size_t *n, kvt_tier_pick *out);
 
+/* The deferred restore of pick->load tokens into pick->s is over, got of
+ * them restored (0: none): s can be read and counted again, and pick says
+ * where the prompt comes from (tier, reused, from_disk). */
+void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got);
+
 /* The request on s (a pooled session) is over: s may be extended, copied
  * or evicted for others again. */
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
@@ -132,15 +153,23 @@ extern bool kvt_tiers_fault_keep_scratch;
 
 /* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
  * holds at least policy.min_tokens, with the reason given ("evict",
- * "shutdown"), then free it. The last session takes index i. */
+ * "shutdown"), then free it; or hand it to hooks.hand_off to do both. The
+ * last session takes index i. */
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason);
 
-/* RAM held by a tenant's sessions (-1: all tenants), and their count. */
+/* RAM held by a tenant's sessions (-1: all tenants; sessions loading
+ * are not counted), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
 /* RAM held by the spare scratch (not any session's). */
 size_t kvt_tiers_spare_bytes(const kvt_tiers *t);
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
 /* Sessions busy, across tenants. */
 size_t kvt_tiers_busy(const kvt_tiers *t);
+
+/* Test hook, to show a test catches such a bug: KVT_TIERS_FAULT_PREFIX_SHORT
+ * makes the common prefix of a prompt and a pooled session one token
+ * short. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT };
+extern int kvt_tiers_fault;
 
 #endif

@@ -2,10 +2,13 @@
  * half-precision conversions used by GGUF tensors and the ds4 cache rows. */
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 static _Thread_local char errbuf[512];
@@ -138,4 +141,16 @@ double kvt_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int kvt_fill_random(uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return kvt_fail(KVT_EIO, "getrandom: %s", strerror(errno));
+        p += (size_t)got;
+        n -= (size_t)got;
+    }
+    return KVT_OK;
 }

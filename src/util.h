@@ -40,4 +40,7 @@ uint16_t kvt_f32_to_bf16(float f);
 /* Monotonic seconds. */
 double kvt_now(void);
 
+/* n random bytes from the kernel (getrandom); KVT_EIO when it cannot give them. */
+int kvt_fill_random(uint8_t *p, size_t n);
+
 #endif

@@ -1,5 +1,6 @@
 /* Test runner: see test.h. */
 #include "test.h"
+#include "model.h"
 #include "snapshot.h"
 
 #include <stdarg.h>
@@ -13,7 +14,8 @@
 
 struct entry { const char *name; kvt_test_fn fn; };
 static struct entry tests[512];
-static int n_tests, cur_failed, cur_skipped;
+static int n_tests, cur_failed, cur_skipped, cur_env;
+static char cur_why[256]; /* the current test's first skip reason */
 
 void kvt_test_register(const char *name, kvt_test_fn fn)
 {
@@ -32,15 +34,32 @@ void kvt_test_fail(const char *file, int line, const char *fmt, ...)
     cur_failed = 1;
 }
 
+static void skip_v(int env, const char *fmt, va_list ap)
+{
+    char why[sizeof cur_why];
+    vsnprintf(why, sizeof why, fmt, ap);
+    fprintf(stdout, "    skipped: %s\n", why);
+    if (!cur_skipped) {
+        snprintf(cur_why, sizeof cur_why, "%s", why);
+        cur_env = env;
+    }
+    cur_skipped = 1;
+}
+
 void kvt_test_skip(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stdout, "    skipped: ");
-    vfprintf(stdout, fmt, ap);
-    fputc('\n', stdout);
+    skip_v(0, fmt, ap);
     va_end(ap);
-    cur_skipped = 1;
+}
+
+void kvt_test_skip_env(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    skip_v(1, fmt, ap);
+    va_end(ap);
 }
 
 int kvt_test_failed(void) { return cur_failed; }
@@ -141,23 +160,50 @@ uint8_t *kvt_test_repack(const uint8_t *rec, size_t len, uint32_t version, uint3
     return o;
 }
 
+/* A value no digest of a session gives twice: what a digest that failed
+ * returns (the test already failed), so that two failures never agree. */
+static uint64_t digest_failed(void)
+{
+    static uint64_t n;
+    return 0x9e3779b97f4a7c15ull * ++n;
+}
+
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m)
 {
     kvt_model_info i;
     kvt_model_info_get(m, &i);
     uint8_t *c = NULL;
     size_t len = 0;
-    if (kvt_session_cache_bytes(s, &c, &len)) return 0;
+    int rc = kvt_session_cache_bytes(s, &c, &len);
+    if (rc) {
+        kvt_test_fail(__FILE__, __LINE__, "digest: the session's cache bytes: %s: %s", kvt_strerror(rc), kvt_errmsg());
+        return digest_failed();
+    }
     uint64_t h = XXH3_64bits(c, len) ^ XXH3_64bits(kvt_session_logits(s), i.n_vocab * sizeof(float)) * 3;
     free(c);
     return h ^ kvt_session_len(s);
 }
 
+uint64_t kvt_test_digest_ckpt(const kvt_session *s, const kvt_model *m)
+{
+    uint64_t h = kvt_test_digest(s, m);
+    size_t V = s->m->info.n_vocab;
+    h = XXH3_64bits_withSeed(&s->n_ckpt, sizeof s->n_ckpt, h);
+    for (size_t i = 0; i < s->n_ckpt; i++) {
+        const kvt_checkpoint *c = &s->ckpt[i];
+        uint64_t e[3] = {c->pos, XXH3_64bits(c->logits, V * sizeof(float)), XXH3_64bits(c->state.p, c->state.len)};
+        h = XXH3_64bits_withSeed(e, sizeof e, h);
+    }
+    return h;
+}
+
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n)
 {
     kvt_session *s = NULL;
-    uint64_t h = 0;
-    if (!kvt_session_new(&s, m, NULL) && !kvt_session_sync(s, t, n, NULL)) h = kvt_test_digest(s, m);
+    int rc = kvt_session_new(&s, m, NULL);
+    if (!rc) rc = kvt_session_sync(s, t, n, NULL);
+    uint64_t h = rc ? digest_failed() : kvt_test_digest(s, m);
+    if (rc) kvt_test_fail(__FILE__, __LINE__, "twin of %zu tokens: %s: %s", n, kvt_strerror(rc), kvt_errmsg());
     kvt_session_free(s);
     return h;
 }
@@ -189,19 +235,41 @@ char *kvt_test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* In CI (CI=true in the environment, as .ci/run sets it) the machine is
+ * set up to run every suite: a skip for anything that set-up provides
+ * (../shared, the npm packages, the repository root) means a suite did not
+ * run, and counts as a failure. Only kvt_test_skip_env's skips stay skips
+ * there: hardware the CPU lacks or a limit of the machine. Either way the
+ * skips are listed by reason before the last line, "N passed, N failed"
+ * (.ci/run's contract: keep it last). */
 int main(int argc, char **argv)
 {
-    const char *pat = argc > 1 ? argv[1] : NULL;
-    int passed = 0, failed = 0, skipped = 0;
+    const char *pat = argc > 1 ? argv[1] : NULL, *ci = getenv("CI");
+    const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
+    int passed = 0, failed = 0, skipped = 0, n_why = 0;
+    static struct { const char *name; char why[sizeof cur_why]; bool failed; } whys[512];
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n_tests; i++) {
         if (pat && !strstr(tests[i].name, pat)) continue;
-        cur_failed = cur_skipped = 0;
+        cur_failed = cur_skipped = cur_env = 0;
+        cur_why[0] = 0;
         tests[i].fn();
-        if (cur_failed) { failed++; printf("FAIL %s\n", tests[i].name); }
+        bool ci_fail = !cur_failed && cur_skipped && in_ci && !cur_env;
+        if (cur_skipped && !cur_failed) {
+            whys[n_why].name = tests[i].name;
+            whys[n_why].failed = ci_fail;
+            snprintf(whys[n_why++].why, sizeof cur_why, "%s", cur_why);
+        }
+        if (cur_failed || ci_fail) {
+            failed++;
+            printf("FAIL %s%s\n", tests[i].name, ci_fail ? " (skipped, and CI=true: a suite CI must run)" : "");
+        }
         else if (cur_skipped) { skipped++; printf("skip %s\n", tests[i].name); }
         else { passed++; printf("ok   %s\n", tests[i].name); }
     }
+    if (n_why) printf("skips%s:\n", in_ci ? " (CI=true: each one not the machine's hardware or limits fails)" : "");
+    for (int k = 0; k < n_why; k++)
+        printf("  %-30s %s%s\n", whys[k].name, whys[k].failed ? "FAILED IN CI: " : "", whys[k].why);
     if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     else printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

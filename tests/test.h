@@ -1,8 +1,9 @@
 /* Minimal test harness. Tests register themselves (TEST(name) { ... }) from any
  * test file; the runner (tests/main.c) runs those whose name contains the
  * command-line pattern, prints "ok"/"FAIL"/"skip" per test and closes with
- * "N passed, N failed[, N skipped]". CHECK* return from the test function on
- * failure, so use them in the test body (or in void helpers). */
+ * the skips' reasons and "N passed, N failed[, N skipped]". CHECK* return
+ * from the test function on failure, so use them in the test body (or in
+ * void helpers). */
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
@@ -14,7 +15,14 @@ typedef void (*kvt_test_fn)(void);
 void kvt_test_register(const char *name, kvt_test_fn fn);
 void kvt_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A skip, with its reason. kvt_test_skip: the test needs something the
+ * machine was not set up with (../shared, npm packages, the repository
+ * root); with CI=true in the environment the runner counts it as a failure.
+ * kvt_test_skip_env: what it needs is hardware the CPU lacks or a limit of
+ * the machine no set-up step raises (an instruction set, the descriptor hard
+ * limit): a skip in CI too. The runner lists every skip's reason at the end. */
 void kvt_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kvt_test_skip_env(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int kvt_test_failed(void); /* current test has failed */
 
 /* Path of a file under ../shared (or $KVT_SHARED); NULL when absent. The
@@ -37,10 +45,17 @@ void kvt_test_print_ids(const char *label, const int32_t *ids, size_t n);
 /* A token sequence for the built-in byte tokenizer: BOS (256), then n - 1
  * seeded random bytes. */
 void kvt_test_tokens(int32_t *t, size_t n, uint64_t seed);
-/* Digest of a session's logits, canonical cache bytes and length (0 when
- * the bytes cannot be had): two sessions agree bit for bit when theirs do. */
+/* Digest of a session's logits, canonical cache bytes and length: two
+ * sessions agree bit for bit when theirs do. When the bytes cannot be had
+ * the test fails (the message says why) and the value matches no other. */
 uint64_t kvt_test_digest(const kvt_session *s, const kvt_model *m);
-/* The digest of an uninterrupted run of t[0..n) in a fresh session. */
+/* kvt_test_digest and the session's checkpoints: how many, and each one's
+ * position, logits and fixed state. For sessions that ran the same tokens
+ * the same way (a loaded or rolled-back session keeps other checkpoints
+ * than an uninterrupted run, and the same state). */
+uint64_t kvt_test_digest_ckpt(const kvt_session *s, const kvt_model *m);
+/* The digest of an uninterrupted run of t[0..n) in a fresh session (the
+ * test fails when the run does, as kvt_test_digest). */
 uint64_t kvt_test_twin(kvt_model *m, const int32_t *t, size_t n);
 /* The snapshot record rec (len bytes, then what follows it: its inline
  * blocks, kept) written anew as format version `version` with flags and
@@ -74,6 +89,16 @@ int kvt_test_forward_allocs(kvt_session *s, const int32_t *tok, size_t n, size_t
  * beyond its cache blocks (the counts are printed). */
 bool kvt_test_forward_no_scratch(kvt_session *s, const int32_t *tok, size_t n0);
 
+/* The kernel paths a test that compares them can run on this CPU
+ * (tests/test_kernels.c): prints them and returns true when it has the
+ * AVX-512 kernels (F, BW, VL). When it lacks them, the cases that force
+ * AVX2 without AVX-512 would repeat the widest path: the test is marked
+ * skipped with that reason (kvt_test_skip_env: hardware, a skip in CI too;
+ * its other checks still run and can fail) and
+ * false tells the caller to leave those cases out; so without AVX2 at
+ * all, where every SIMD case would repeat the scalar path. */
+bool kvt_test_kernel_paths(void);
+
 /* The same request run alone and inside `rounds` random batches of other
  * sessions of m (tests/test_batch.c): returns how many rounds gave it the
  * alone run's bits everywhere (a message for the others). */
@@ -94,5 +119,6 @@ int kvt_test_batch_invariance(kvt_model *m, const char *what, size_t rounds, uin
         kvt_test_fail(__FILE__, __LINE__, "%s = %s: %s", #expr,             \
                       kvt_strerror(rc_), kvt_errmsg()); return; } } while (0)
 #define SKIP(...) do { kvt_test_skip(__VA_ARGS__); return; } while (0)
+#define SKIP_ENV(...) do { kvt_test_skip_env(__VA_ARGS__); return; } while (0)
 
 #endif

@@ -7,7 +7,8 @@
  * budget is random too, so the request's prompt is cut differently every
  * time. After its prefill and after every token, its logits must be the
  * alone run's bit for bit, its sampled tokens the same, and at the end
- * its cache bytes and checkpoints (kvt_test_digest) too.
+ * its cache bytes and checkpoints (kvt_test_digest_ckpt: their positions,
+ * logits and state) too.
  *
  *   batch_llama          stories260K (global attention, f32)
  *   batch_window         gemma3 (window rings) and gemma4 (shared layers,
@@ -24,6 +25,12 @@
  *   batch_fault_detected the negative control: a batched pass that gives
  *                        a segment the positions of the pass, not its own
  *                        (KVT_LLAMA_FAULT_BATCH_POS), must be caught
+ *   batch_ckpt_fault_detected  the checkpoints' control: a batched step
+ *                        that leaves out the checkpoint at the mark
+ *                        (KVT_SESSION_FAULT_STEP_MARK) must be caught
+ *
+ * A synthetic model that cannot be written or loaded fails the test; only
+ * an absent vocabulary (../shared/vocab) skips it.
  *   batch_step_checks    what kvt_session_step refuses, and that a refused
  *                        or failed step leaves every session as it was
  */
@@ -31,6 +38,7 @@
 #include "model.h"
 #include "synth_family.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,6 +67,7 @@ typedef struct req {
     int32_t tok[MAX_TOK + DECODE + 1];
     size_t n_prompt, n_dec, want_dec;
     uint64_t seen[DECODE + 1];
+    size_t n_ckpt;           /* alone: the checkpoints it ended with */
     int32_t next;            /* decoding: the token to run next */
     bool prefilled;
 } req;
@@ -86,7 +95,8 @@ static bool run_alone(kvt_model *m, const kvt_session_opts *so, req *r, uint64_t
         r->tok[r->n_prompt + d] = t;
         ok = !kvt_session_decode(s, t);
     }
-    if (ok) *digest = kvt_test_digest(s, m);
+    if (ok) *digest = kvt_test_digest_ckpt(s, m);
+    if (ok) r->n_ckpt = s->n_ckpt;
     kvt_session_free(s);
     return ok;
 }
@@ -159,8 +169,9 @@ static bool run_batched(kvt_model *m, const kvt_session_opts *so, const req *alo
             }
             if (r->n_dec == r->want_dec) { /* it leaves */
                 if (who[q] == target) {
-                    if (kvt_test_digest(r->s, m) != want) {
-                        printf("    the target's cache and checkpoints differ from the alone run's\n");
+                    if (kvt_test_digest_ckpt(r->s, m) != want) {
+                        printf("    the target's cache and checkpoints differ from the alone run's (%zu "
+                               "checkpoints alone, %zu batched)\n", alone->n_ckpt, r->s->n_ckpt);
                         ok = false;
                     }
                     target_done = true;
@@ -205,16 +216,23 @@ int kvt_test_batch_invariance(kvt_model *m, const char *what, size_t rounds, uin
     return (int)good;
 }
 
+/* The synthetic model f, written to dir; NULL when the test is skipped
+ * (the vocabulary is absent) or failed (the model could not be written or
+ * loaded: the message says why). */
 static kvt_model *synth(const fam_spec *f, char *dir, char *path, size_t cap)
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
-    if (!vocab) return NULL;
+    if (!vocab) { kvt_test_skip("../shared/vocab absent"); return NULL; }
     char v[1024];
     snprintf(v, sizeof v, "%s", vocab);
-    if (!mkdtemp(dir)) return NULL;
+    if (!mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
     snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
     kvt_model *m = NULL;
-    if (fam_write(path, v, 9, FAM_ROPE_BASE, f, false) || kvt_model_open(&m, path)) return NULL;
+    int rc = fam_write(path, v, 9, FAM_ROPE_BASE, f, false);
+    if (rc) kvt_test_fail(__FILE__, __LINE__, "writing %s: %s: %s", path, kvt_strerror(rc), kvt_errmsg());
+    else if ((rc = kvt_model_open(&m, path)))
+        kvt_test_fail(__FILE__, __LINE__, "loading %s: %s: %s", path, kvt_strerror(rc), kvt_errmsg());
+    if (rc) { unlink(path); rmdir(dir); }
     return m;
 }
 
@@ -222,7 +240,7 @@ static void synth_case(const fam_spec *f, size_t rounds)
 {
     char dir[] = "/tmp/kvtier-batch-XXXXXX", path[96];
     kvt_model *m = synth(f, dir, path, sizeof path);
-    if (!m) SKIP("../shared absent");
+    if (!m) return;
     int good = kvt_test_batch_invariance(m, f->arch, rounds, kvt_test_seed(f->arch));
     kvt_model_close(m);
     unlink(path);
@@ -290,6 +308,23 @@ TEST(batch_fault_detected)
     kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
     kvt_model_close(m);
     CHECKF(good < 6, "positions of the pass instead of the segments' went unnoticed");
+}
+
+/* The negative control of the checkpoints: a batched step that leaves out
+ * the checkpoint at the mark (KVT_SESSION_FAULT_STEP_MARK) changes neither
+ * logits nor cache, only the checkpoints; every round must be caught (the
+ * seed is fixed: no round's mark is 0 or on the 128-token grid). */
+TEST(batch_ckpt_fault_detected)
+{
+    const char *p = kvt_test_shared("models/stories260K.gguf");
+    if (!p) SKIP("../shared absent");
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_open(&m, p));
+    kvt_session_fault = KVT_SESSION_FAULT_STEP_MARK;
+    int good = kvt_test_batch_invariance(m, "stories260K without the mark's checkpoint", 4, 78);
+    kvt_session_fault = KVT_SESSION_FAULT_NONE;
+    kvt_model_close(m);
+    CHECKF(good == 0, "%d of 4 rounds missed a checkpoint left out", good);
 }
 
 /* What a step refuses (nothing changes), and a step whose cache blocks

@@ -473,6 +473,39 @@ static bool refused(const char *const *args, int want)
     return ok;
 }
 
+/* `kvtier cache` takes the budget flags (gc enforces them) and its help
+ * lists them: on a full disk, gc with a smaller budget is the way out. */
+TEST(cli_cache_budget_flags)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    char dir[] = "/tmp/kvtier-cli-budget-XXXXXX";
+    CHECK(mkdtemp(dir));
+    proc p;
+    const char *const gc[] = {"cache", "gc", "--kv-disk-dir", dir, "--kv-disk-mb", "2", "--kv-disk-min-free-mb", "0", NULL};
+    CHECK(run_cli(&p, gc));
+    bool ok = clean(&p) && p.status == 0 && strstr(p.out, "of 2097152 budget");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "cache gc --kv-disk-mb 2 --kv-disk-min-free-mb 0");
+    const char *const bad[] = {"cache", "stats", "--kv-disk-dir", dir, "--kv-disk-min-free-mb", "x", NULL};
+    CHECK(run_cli(&p, bad));
+    ok = p.status == 2 && strstr(p.err, "--kv-disk-min-free-mb");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "cache stats --kv-disk-min-free-mb x: not refused");
+    const char *const help[] = {"cache", "bogus", NULL};
+    CHECK(run_cli(&p, help));
+    ok = p.status == 2 && strstr(p.err, "--kv-disk-mb") && strstr(p.err, "--kv-disk-min-free-mb");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "the cache usage line does not list the budget flags");
+    RUN_OK(&p, "--help");
+    ok = strstr(p.out, "--kv-disk-min-free-mb") != NULL;
+    proc_free(&p);
+    CHECKF(ok, "--help does not list --kv-disk-min-free-mb");
+    rm_tree(dir);
+}
+
 TEST(cli_bad_input)
 {
     if (!have_bin()) SKIP("%s absent", kvt_test_bin());

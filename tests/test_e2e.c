@@ -98,7 +98,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <xxhash.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1070,11 +1072,42 @@ TEST(e2e_agent_prefill)
 /* The save policy scaled down: a 1,000-token prompt saves a snapshot. */
 #define SMALL_POLICY "--kv-cache-min-tokens", "128", "--kv-cache-align-tokens", "128"
 
+/* The keys' directories tell nothing of the keys: not named by an unkeyed
+ * hash of one (which a short key is recovered from), the secret they are
+ * keyed with private. */
+static void check_ns_names(e2e *t, const char *const *keys, size_t n)
+{
+    char path[600];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/kvtier.secret", t->kv);
+    CHECKF(lstat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (sb.st_mode & 0777) == 0600,
+           "%s: missing, or not a 0600 file", path);
+    CHECKF(stat(t->kv, &sb) == 0 && (sb.st_mode & 0777) == 0700, "%s: mode %04o, not 0700", t->kv,
+           (int)(sb.st_mode & 07777));
+    size_t found = 0;
+    DIR *d = opendir(t->kv);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "ns-", 3)) continue;
+        found++;
+        for (size_t i = 0; i < n; i++) {
+            char plain[40];
+            snprintf(plain, sizeof plain, "ns-%016llx", (unsigned long long)XXH3_64bits(keys[i], strlen(keys[i])));
+            CHECKF(!strstr(e->d_name, plain + 3), "%s/%s is named by the unkeyed hash of key %zu", t->kv, e->d_name, i + 1);
+        }
+    }
+    if (d) closedir(d);
+    CHECKF(found == n, "%zu key directories in %s, %zu keys", found, t->kv, n);
+}
+
 static void tenant_metrics(e2e *t)
 {
-    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "K1", "--api-key", "K2", "--metrics-key", "M",
-          SMALL_POLICY);
+    /* K2 is named: its series are labelled tenant="second", K1's "key1" */
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv, "--api-key", "K1", "--api-key", "second=K2",
+          "--metrics-key", "M", SMALL_POLICY);
     NODE(t, 300, "tenants.mjs", "metrics");
+    /* the name is not part of the key */
+    int code0 = curl(t, "-H 'Authorization: Bearer second=K2' %s/metrics", t->s.base);
+    CHECKF(code0 == 401, "curl, GET /metrics with the key's name=key: %d", code0);
     /* the same over curl: no key, 401; a key, its own figures */
     int code = curl(t, "%s/metrics", t->s.base);
     CHECKF(code == 401, "curl, GET /metrics without a key: %d", code);
@@ -1084,6 +1117,7 @@ static void tenant_metrics(e2e *t)
            "curl, GET /metrics with K2: %d %.300s", code, body);
     free(body);
     STOP(t);
+    check_ns_names(t, (const char *const[]){"K1", "K2"}, 2);
 }
 
 TEST(e2e_tenant_metrics)
@@ -1123,6 +1157,33 @@ static void tenant_keys(e2e *t)
     serve_refused(t, (const char *const[]){"--api-key", "", NULL}, "an empty key");
     serve_refused(t, (const char *const[]){"--api-key", "a", "--metrics-key", "a", NULL}, "the metrics key an API key");
     serve_refused(t, (const char *const[]){"--metrics-key", "m", NULL}, "a metrics key without API keys");
+    /* --api-key NAME=KEY: keys with '=' that are not NAME=KEY stay whole
+     * (base64 padding, a trailing '='), a key that would read as one is
+     * given with a name, and two keys never share a label */
+    serve_refused(t, (const char *const[]){"--api-key", "n=a", "--api-key", "n=b", NULL}, "two keys of one name");
+    serve_refused(t, (const char *const[]){"--api-key", "key2=a", "--api-key", "b", NULL},
+                  "a name that is another key's label");
+    char kf[300];
+    snprintf(kf, sizeof kf, "%s/keys.txt", t->s.dir);
+    FILE *f = fopen(kf, "w");
+    CHECK(f && fputs("# a named key on a line of --api-key-file\nn1=p=q\n", f) >= 0 && fclose(f) == 0);
+    START(t, "--model", "ds4-tiny", "--no-kv-disk", "--api-key", "dGVzdA==", "--api-key", "abc=", "--api-key-file", kf,
+          "--metrics-key", "M");
+    const char *ok_keys[] = {"dGVzdA==", "abc=", "p=q"}, *not_keys[] = {"dGVzdA", "abc", "n1=p=q", "n1"};
+    for (size_t i = 0; i < 3; i++) {
+        int code = curl(t, "-H 'Authorization: Bearer %s' %s/metrics", ok_keys[i], t->s.base);
+        CHECKF(code == 200, "Bearer %s: %d, not 200", ok_keys[i], code);
+    }
+    for (size_t i = 0; i < 4; i++) {
+        int code = curl(t, "-H 'Authorization: Bearer %s' %s/metrics", not_keys[i], t->s.base);
+        CHECKF(code == 401, "Bearer %s: %d, not 401", not_keys[i], code);
+    }
+    int code = curl(t, "-H 'Authorization: Bearer M' %s/metrics", t->s.base);
+    char *body = curl_file(t, "out");
+    CHECKF(code == 200 && strstr(body, "tenant=\"key1\"") && strstr(body, "tenant=\"key2\"") &&
+           strstr(body, "tenant=\"n1\""), "the operator view's labels: %d %.400s", code, body);
+    free(body);
+    STOP(t);
 }
 
 TEST(e2e_tenant_keys)

@@ -314,7 +314,7 @@ static void idle_load(world *w)
 
 TEST(listen_idle_load)
 {
-    if (!raise_nofile(N_IDLE + N_TRICKLE + 200)) SKIP("the descriptor limit (ulimit -Hn) is under %d", N_IDLE + 220);
+    if (!raise_nofile(N_IDLE + N_TRICKLE + 200)) SKIP_ENV("the descriptor limit (ulimit -Hn) is under %d", N_IDLE + 220);
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     idle_load(&w);
@@ -420,7 +420,7 @@ static void timeout_cuts(world *w)
 
 TEST(listen_timeout)
 {
-    if (!raise_nofile(512)) SKIP("the descriptor limit (ulimit -Hn) is under 512");
+    if (!raise_nofile(512)) SKIP_ENV("the descriptor limit (ulimit -Hn) is under 512");
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     timeout_cuts(&w);

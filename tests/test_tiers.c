@@ -3,8 +3,9 @@
  * (byte tokenizer) is filled the way the server fills it, kvt_tiers_select
  * then kvt_session_sync, and each test checks the pick: extend in place,
  * fork a copy that leaves its source whole, a new session, the disk tier
- * when it covers more, the text splice, and the eviction within a tenant's
- * share (`kvtier-tests tiers_pick` runs them). The prompts are seeded random bytes after BOS (fixed seeds: the
+ * when it covers more, the text splice, the eviction within a tenant's
+ * share, and the server's deferred disk load and hand-off of evicted
+ * sessions (`kvtier-tests tiers_pick` runs them). The prompts are seeded random bytes after BOS (fixed seeds: the
  * figures below are exact token counts, not statistics). */
 #include "test.h"
 #include "model.h"
@@ -128,9 +129,19 @@ TEST(tiers_pick_extend_in_place)
     CHECK_OK(run(t, 0, NULL, a, 350, &q));
     CHECK(pick_is(&q, "ram", 300) && q.extended && q.s == p.s && t->n == 1);
     CHECK(holds(q.s, a, 350));
-    /* negative control: the check refuses a reuse count one off */
-    printf("    negative control, three wrong picks (each must be refused):\n");
-    CHECK(!pick_is(&q, "ram", 301) && !pick_is(&q, "ram", 299) && !pick_is(&q, "disk", 300));
+    tiers_close(t, m);
+    /* negative control: the same two turns on a new pool with the common
+     * prefix one token short (KVT_TIERS_FAULT_PREFIX_SHORT): the second
+     * reuses 299 tokens of a copy, and the check above must refuse it */
+    t = tiers_open(&m, 1, SIZE_MAX, &w);
+    CHECK(t);
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    kvt_tiers_fault = KVT_TIERS_FAULT_PREFIX_SHORT;
+    int rc = run(t, 0, NULL, a, 350, &q);
+    kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+    CHECK_OK(rc);
+    printf("    negative control, a common prefix one token short (must be refused):\n");
+    CHECKF(!(pick_is(&q, "ram", 300) && q.extended && q.s == p.s), "control: a reuse one token short went unnoticed");
     free(a);
     tiers_close(t, m);
 }
@@ -558,4 +569,84 @@ TEST(tiers_pool_shared_scratch)
     free(c);
     free(e);
     tiers_close(t, m);
+}
+
+/* The server's way (defer_loads, hooks.hand_off): the restore is left to
+ * the caller, the session it restores into is neither a candidate nor
+ * counted while it loads, and an evicted session is handed off whole, its
+ * bytes counted against the share through hooks.held until it is saved. */
+typedef struct handed { kvt_session *s[4]; size_t n, held; } handed;
+
+static bool take(void *user, int tenant, kvt_store *store, kvt_session *s, const char *reason)
+{
+    handed *h = user;
+    if (h->n == 4) return false;
+    h->s[h->n++] = s;
+    h->held += kvt_session_bytes(s);
+    return true;
+}
+static size_t held_bytes(void *user, int tenant) { return ((handed *)user)->held; }
+
+TEST(tiers_pick_deferred_load_and_hand_off)
+{
+    kvt_model *m = NULL;
+    if (kvt_model_preset(&m, "ds4-tiny", 7, NULL)) SKIP("ds4-tiny: %s", kvt_errmsg());
+    handed h = {0};
+    kvt_tiers_opts o = {.ram_bytes = SIZE_MAX, .n_tenants = 1, .n_ctx = CTX, .n_threads = 1,
+                        .policy = KVT_SAVE_POLICY_DEFAULT, .defer_loads = true,
+                        .hooks = {.hand_off = take, .held = held_bytes, .user = &h}};
+    kvt_tiers *t = NULL;
+    CHECK_OK(kvt_tiers_new(&t, m, &o));
+    char dir[256];
+    tmpdir(dir, sizeof dir, "defer");
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    int32_t *a = prompt(700, 7, 700, 7);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, &(kvt_session_opts){.n_ctx = CTX, .n_threads = 1}));
+    CHECK_OK(kvt_session_sync(s, a, 600, NULL));
+    CHECK_OK(kvt_store_save(st, s, 600, "manual", NULL));
+    kvt_session_free(s);
+    /* the pick says what the store holds; nothing is restored yet */
+    int32_t *own = malloc(700 * sizeof *own);
+    memcpy(own, a, 700 * sizeof *own);
+    size_t n = 700;
+    kvt_tier_prompt np = {.text = "", .fork_at = SIZE_MAX};
+    kvt_tier_pick q;
+    CHECK_OK(kvt_tiers_select(t, 0, st, &np, &own, &n, &q));
+    CHECK(q.load == 600 && pick_is(&q, "none", 0) && kvt_session_len(q.s) == 0);
+    CHECK(t->n == 1 && t->pool[0].loading && kvt_tiers_bytes(t, 0) == 0);
+    /* the caller restores (the server: on its store thread), then reports */
+    size_t got = 0;
+    CHECK_OK(kvt_store_restore_prefix(st, q.s, own, n, &got));
+    kvt_tiers_loaded(t, &q, got);
+    CHECK(got == 600 && pick_is(&q, "disk", 600) && q.from_disk == 600 && q.load == 0);
+    CHECK(!t->pool[0].loading && kvt_tiers_bytes(t, 0) == kvt_session_bytes(q.s));
+    CHECK_OK(kvt_session_sync(q.s, own, n, NULL));
+    kvt_tiers_release(t, q.s);
+    /* a share it already fills: the next new session evicts it, handed off
+     * whole, and what is handed off still counts */
+    t->o.ram_bytes = kvt_session_bytes(q.s) - 1;
+    kvt_session *first = q.s;
+    int32_t *b = prompt(100, 9, 100, 9);
+    kvt_tier_pick r;
+    CHECK_OK(run(t, 0, st, b, 100, &r));
+    CHECK(h.n == 1 && h.s[0] == first && holds(first, a, 700) && t->n == 1 && r.s != first);
+    /* a share the handed-off session alone fills: the pooled one (far
+     * smaller) is evicted too, for the bytes waiting to be saved (and
+     * dropped unsaved: it is below the policy's 512 tokens) */
+    t->o.ram_bytes = h.held;
+    CHECK(kvt_tiers_bytes(t, 0) < h.held);
+    int32_t *c = prompt(100, 10, 100, 10);
+    kvt_tier_pick u;
+    CHECK_OK(run(t, 0, st, c, 100, &u));
+    CHECK(h.n == 1 && t->n == 1 && t->pool[0].s == u.s);
+    free(c);
+    for (size_t i = 0; i < h.n; i++) kvt_session_free(h.s[i]);
+    free(own);
+    free(a);
+    free(b);
+    kvt_store_close(st);
+    tiers_close(t, m);
+    rmdir_all(dir);
 }

@@ -28,6 +28,7 @@
 #include "snapshot.h"
 #include "synth_family.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -39,18 +40,23 @@ static const fam_spec gemma4 = {"gemma4", .gemma4 = FAM_G4_DENSE};
 static const fam_spec qwen35 = {"qwen35", .qwen35 = FAM_Q35_DENSE};
 static const fam_spec qwen35moe = {"qwen35moe", .qwen35 = FAM_Q35_MOE};
 
-/* The synthetic model f in dir (written once per test), or NULL (skipped:
- * ../shared absent). */
+/* The synthetic model f in dir (written once per test), or NULL: the test
+ * is skipped (../shared/vocab absent) or has failed (the model could not be
+ * written or loaded; the message says why). */
 static kvt_model *fam_open(const fam_spec *f, char *dir, char *path, size_t cap)
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
-    if (!vocab) return NULL;
+    if (!vocab) { kvt_test_skip("../shared/vocab absent"); return NULL; }
     char v[1024];
     snprintf(v, sizeof v, "%s", vocab);
-    if (!mkdtemp(dir)) return NULL;
+    if (!mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
     snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
     kvt_model *m = NULL;
-    if (fam_write(path, v, 5, FAM_ROPE_BASE, f, false) || kvt_model_open(&m, path)) return NULL;
+    int rc = fam_write(path, v, 5, FAM_ROPE_BASE, f, false);
+    if (rc) kvt_test_fail(__FILE__, __LINE__, "writing %s: %s: %s", path, kvt_strerror(rc), kvt_errmsg());
+    else if ((rc = kvt_model_open(&m, path)))
+        kvt_test_fail(__FILE__, __LINE__, "loading %s: %s: %s", path, kvt_strerror(rc), kvt_errmsg());
+    if (rc) { unlink(path); rmdir(dir); }
     return m;
 }
 
@@ -119,7 +125,7 @@ TEST(window_snapshot_restore)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = gemma_open(dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 2 heads * 64) f32; 2 global layers' full rows */
@@ -136,7 +142,7 @@ TEST(window_snapshot_restore_gemma4)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = fam_open(&gemma4, dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 4 heads * 64) f32; 2 global layers' full rows of 1 head * 128 */
@@ -150,7 +156,7 @@ static void checkpoints(const fam_spec *f)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = fam_open(f, dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     /* checkpoints every 128 tokens, so that going back lands inside
      * positions whose rings are long overwritten */
     enum { N = 460, D = 330, I = 128 };
@@ -195,7 +201,7 @@ static void damaged_state(const fam_spec *f)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = fam_open(f, dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     enum { N = 200 };
     int32_t t[N];
     prompt(t, N, 9);
@@ -273,7 +279,7 @@ TEST(recurrent_snapshot_restore)
     for (int i = 0; i < 2; i++) {
         char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
         kvt_model *m = fam_open(fs[i], dir, path, sizeof path);
-        if (!m) SKIP("../shared/vocab absent");
+        if (!m) return;
         kvt_plan p;
         CHECK_OK(kvt_model_plan(m, 4096, &p));
         /* 6 DeltaNet layers of (3, 512) + (4, 64, 64) f32; 2 attention layers' full rows of 2 heads * 64 */
@@ -306,7 +312,7 @@ TEST(recurrent_snapshot_golden_v5)
     const char *gpath = "tests/golden/snapshot-v5-qwen35-5.bin";
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = fam_open(&qwen35, dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     enum { N = 5 };
     int32_t t[N];
     prompt(t, N, 13);
@@ -409,7 +415,7 @@ TEST(window_snapshot_layout)
 {
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = gemma_open(dir, path, sizeof path);
-    if (!m) SKIP("../shared/vocab absent");
+    if (!m) return;
     enum { N = 300, ROW = FAM_KV_HEADS * FAM_HEAD_DIM * 4 };
     int32_t t[N];
     prompt(t, N, 11);

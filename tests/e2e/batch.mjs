@@ -15,12 +15,13 @@
 //                  reply: their slots are free at the next step (no active
 //                  request, the cancel counted), and the server serves on
 //   fair KEY_A KEY_B  --parallel 1, two keys: a burst of A's long
-//                  requests, then one of B's; B's starts as soon as the
-//                  running one ends, not behind A's whole burst
+//                  requests, then one of B's once the server holds the
+//                  burst (/metrics); B's starts as soon as the running one
+//                  ends, not behind A's whole burst
 //
 // Usage: node batch.mjs BASE_URL MODE [ARGS]
 import fs from 'node:fs';
-import { check, metrics, postJSON, rng, run, section, sleep, streamChat } from './lib.mjs';
+import { check, metrics, postJSON, rng, run, section, sleep, streamChat, waitMetrics } from './lib.mjs';
 
 const [base, mode, ...args] = process.argv.slice(2);
 if (!base || !mode) {
@@ -148,23 +149,37 @@ async function cancel() {
 
 async function fair(keyA, keyB) {
   section('a burst of key A, then one request of key B (--parallel 1)');
+  // Event-driven, not by sleeps: B is sent once the server holds all of
+  // A's burst (one running, the rest queued), and judged by the server's
+  // counts, not by how long anything took. B starts as soon as the running
+  // request ends, so when B's reply arrives at most one more of A's has
+  // finished than had when B reached the queue; behind A's whole burst,
+  // all four would have.
   const r = rng(8);
   const hA = { authorization: `Bearer ${keyA}` }, hB = { authorization: `Bearer ${keyB}` };
-  const done = [];
+  const OK = 'kvtier_requests_total{endpoint="completions",status="2xx"}';
+  let doneA = 0;
   const A = [];
   for (let i = 0; i < 4; i++) {
     A.push(postJSON(COMPL, { prompt: words(r, 300), max_tokens: 24, temperature: 0 }, hA)
-      .then((x) => { done.push(`A${i}`); return x.status; }));
-    await sleep(30);
+      .then((x) => { doneA++; return x.status; }));
   }
-  await sleep(100);
+  const held = await waitMetrics(base, hA,
+    (m) => m['kvtier_active_requests'] + m['kvtier_queue_depth'] + (m[OK] || 0) === 4, "all of A's burst");
+  console.log(`    A: ${held['kvtier_active_requests']} running, ${held['kvtier_queue_depth']} queued, ${held[OK] || 0} done`);
+  let doneAtB = -1;
   const B = postJSON(COMPL, { prompt: words(r, 20), max_tokens: 4, temperature: 0 }, hB)
-    .then((x) => { done.push('B'); return x.status; });
+    .then((x) => { doneAtB = doneA; return x.status; });
+  await waitMetrics(base, hB, (m) => m['kvtier_active_requests'] + m['kvtier_queue_depth'] + (m[OK] || 0) >= 1,
+    'B queued or run');
+  // read after B arrived: at least as many of A's as had finished then
+  const aAtArrival = (await metrics(base, hA))[OK] || 0;
   const st = await Promise.all([...A, B]);
   check(st.every((s) => s === 200), 'every request: 200', st);
-  const at = done.indexOf('B');
-  check(at <= 1, `B finished ${at === 0 ? 'first' : 'second'} (order ${done.join(' ')}), not behind A's burst`,
-    done);
+  console.log(`    A's finished: ${aAtArrival} or fewer when B reached the server, ${doneAtB} when B's reply came`);
+  check(aAtArrival <= 2, "B reached the server while A's burst still waited", aAtArrival);
+  check(doneAtB <= aAtArrival + 1, "B ran as soon as the running request ended, not behind A's burst",
+    { aAtArrival, doneAtB });
 }
 
 run(async () => {

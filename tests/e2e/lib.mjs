@@ -102,12 +102,20 @@ export function parseMetrics(text) {
 }
 
 // GET /metrics (with headers: an API key's own figures) as parseMetrics
-// gives them; throws unless the status is 200.
+// gives them; throws unless the status is 200. Saves and disk loads run on
+// the server's store thread after the response: the figures are read once
+// its queue (kvtier_disk_queue) is empty, within 60 s, so that they count
+// the saves of the requests answered before.
 export async function metrics(base, headers = {}) {
-  const res = await fetch(`${base}/metrics`, { headers });
-  const text = await res.text();
-  if (res.status !== 200) throw new Error(`GET /metrics: HTTP ${res.status} ${text}`);
-  return parseMetrics(text);
+  for (const t0 = performance.now(); ;) {
+    const res = await fetch(`${base}/metrics`, { headers });
+    const text = await res.text();
+    if (res.status !== 200) throw new Error(`GET /metrics: HTTP ${res.status} ${text}`);
+    const m = parseMetrics(text);
+    const busy = Object.keys(m).some((k) => /^kvtier_disk_queue(\{|$)/.test(k) && m[k] > 0);
+    if (!busy || performance.now() - t0 > 60000) return m;
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 // A streaming OpenAI chat request over raw fetch. Records when each body
@@ -165,3 +173,16 @@ export async function streamChat(base, body, { signal, headers = {} } = {}) {
 }
 
 export function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
+
+// Poll /metrics (with headers: a key's own figures) until pred(figures)
+// holds and return them: a test waits for the server's state, never for a
+// fixed time. Fails after ms (a bound on a hang, not a speed).
+export async function waitMetrics(base, headers, pred, what, ms = 120000) {
+  const end = performance.now() + ms;
+  for (;;) {
+    const m = await metrics(base, headers);
+    if (pred(m)) return m;
+    if (performance.now() > end) check(false, `the server reaches: ${what} (within ${ms / 1000} s)`, m);
+    await sleep(10);
+  }
+}
