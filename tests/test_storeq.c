@@ -10,7 +10,7 @@
  *                  of 128: 8 KB of cache rows per token): two streams'
  *                  times between tokens while three other keys' sessions
  *                  of 3,600 tokens (29 MB) are evicted and saved; the 99th
- *                  percentile is at most twice the median
+ *                  percentile is at most three times the median
  *                  (tests/e2e/storeq.mjs)
  *
  * Both fail on a build whose scheduler saves in line (KVT_BIN of a tree
