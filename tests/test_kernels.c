@@ -122,7 +122,7 @@ TEST(kernels_attention_rows_are_dots_and_axpys)
  * (all 2^32 inputs, 0 differ). */
 TEST(kernels_expf_is_glibc)
 {
-    if (!kvt_kernels_simd()) SKIP("no AVX2/FMA: libm's expf is then its non-FMA build, which rounds differently");
+    if (!kvt_kernels_simd()) SKIP_ENV("no AVX2/FMA: libm's expf is then its non-FMA build, which rounds differently");
     size_t bad = 0, n = 0;
     const uint32_t lo = 0x3b800000u, hi = 0x42d00000u; /* 2^-8, 104 */
     for (uint64_t u = 0; u <= 0xffffffffu; n++) {
