@@ -18,8 +18,13 @@ CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parame
 LDLIBS  += $(PKG_LIBS) -lpthread -lm
 
 BUILD   ?= build
-SRCS    := $(filter-out src/cli.c,$(wildcard src/*.c))
+# src/<layer>/<subject>.c: the library is every layer but app/ (the command
+# line, the HTTP listener and the benchmarks), which only the binary links.
+SRCS    := $(filter-out src/app/%,$(wildcard src/*/*.c))
 OBJS    := $(SRCS:src/%.c=$(BUILD)/obj/%.o)
+APPSRCS := $(wildcard src/app/*.c)
+APPOBJS := $(APPSRCS:src/%.c=$(BUILD)/obj/%.o)
+HDRS    := $(wildcard src/*/*.h include/*.h)
 TSRCS   := $(wildcard tests/*.c)
 TOBJS   := $(TSRCS:tests/%.c=$(BUILD)/tobj/%.o)
 # The fuzz targets' bodies (tests/fuzz/, below) are in the test binary too:
@@ -44,18 +49,19 @@ $(BUILD)/config.mk: tools/debian-packages tools/deps.sh Makefile
 	@{ echo "PKG_CFLAGS := $$(pkg-config --cflags $(PKGS))" && \
 	   echo "PKG_LIBS := $$(pkg-config --libs $(PKGS))"; } >$@.tmp && mv $@.tmp $@
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h include/*.h) | $(BUILD)/obj
+$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/tobj/%.o: tests/%.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(BUILD)/tobj
+$(BUILD)/tobj/%.o: tests/%.c $(HDRS) $(wildcard tests/*.h tests/fuzz/*.h) | $(BUILD)/tobj
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/tobj/fuzz/%.o: tests/fuzz/%.c $(wildcard src/*.h include/*.h tests/fuzz/*.h) | $(BUILD)/tobj/fuzz
+$(BUILD)/tobj/fuzz/%.o: tests/fuzz/%.c $(HDRS) $(wildcard tests/fuzz/*.h) | $(BUILD)/tobj/fuzz
 	$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/obj $(BUILD)/tobj $(BUILD)/tobj/fuzz:
 	mkdir -p $@
 
 $(LIB): $(OBJS)
 	rm -f $@ && ar rcs $@ $^
-$(BIN): $(BUILD)/obj/cli.o $(LIB)
+$(BIN): $(APPOBJS) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # The tests count allocations (tests/alloc.c wraps malloc, calloc, realloc).
 $(TBIN): $(TOBJS) $(LIB)
@@ -113,14 +119,14 @@ fuzz-seeds: $(FB)/seeds/stamp
 $(FB)/deps.stamp: tools/debian-packages tools/deps.sh
 	@tools/deps.sh fuzz
 	@mkdir -p $(FB) && touch $@
-$(FB)/obj/%.o: src/%.c $(wildcard src/*.h include/*.h) | $(FB)/deps.stamp
+$(FB)/obj/%.o: src/%.c $(HDRS) | $(FB)/deps.stamp
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_COV) -c $< -o $@
 FUZZ_COV     := -fsanitize=fuzzer-no-link
 # The kernels are no parser: still under the sanitizers, but without the
 # coverage instrumentation that slowed every forward pass several times.
-$(FB)/obj/kernels.o: FUZZ_COV := -O2
-$(FB)/tobj/%.o: tests/%.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
+$(FB)/obj/kernels/kernels.o: FUZZ_COV := -O2
+$(FB)/tobj/%.o: tests/%.c $(HDRS) $(wildcard tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 $(FB)/libkvtier.a: $(FUZZ_OBJS)
@@ -134,7 +140,7 @@ $(FB)/seedgen: $(FB)/tobj/fuzz/seedgen.o $(FUZZ_HOBJS) $(FB)/libkvtier.a
 $(FB)/capture-api: $(FB)/tobj/capture-test_api.o $(FB)/tobj/main.o $(FB)/tobj/alloc.o $(FB)/tobj/fuzz/capture.o \
                   $(FB)/tobj/fuzz/common.o $(FB)/libkvtier.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@ $^ $(LDLIBS)
-$(FB)/tobj/capture-test_api.o: tests/test_api.c $(wildcard src/*.h include/*.h tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
+$(FB)/tobj/capture-test_api.o: tests/test_api.c $(HDRS) $(wildcard tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -fsanitize=fuzzer-no-link -include tests/fuzz/capture.h -c $< -o $@
 $(FB)/seeds/stamp: $(FB)/seedgen $(FB)/capture-api $(wildcard tests/golden/*)

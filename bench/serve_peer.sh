@@ -71,7 +71,7 @@ if [ ! -f "$model" ]; then
 fi
 # llama.cpp renders with the model family's own template (the file, like
 # the vocabulary it was made from, has none); kvtier chooses the same one
-# by architecture (src/template_qwen.c)
+# by architecture (src/chat/template_qwen.c)
 tmpl=$src/models/templates/Qwen3.5-4B.jinja
 [ -f "$tmpl" ] || { echo "serve_peer.sh: $tmpl missing" >&2; exit 1; }
 

@@ -12,15 +12,15 @@
  * converter writes them), the matrices and the embedding table f16. Every
  * tokenizer.* key is copied from VOCAB (the llama SPM vocabulary file of the
  * llama.cpp tree), so both engines load it as a llama with that vocabulary.
- * Written with kvtier's GGUF writer (src/gguf.h); built by bench/peers.sh
+ * Written with kvtier's GGUF writer (src/format/gguf.h); built by bench/peers.sh
  * against libkvtier.a, not by the Makefile.
  *
  * --sizes parses the header itself rather than with kvt_gguf_open, which
  * refuses the tensor types kvtier cannot compute with (q4_K, q6_K): a
  * tensor's bytes are the distance to the next tensor's offset (so they
  * include the alignment padding, under 32 bytes a tensor). */
-#include "gguf.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "base/util.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -62,7 +62,7 @@ typedef struct kvt_model_info {
     bool add_bos;
     const char *tokenizer;   /* "llama" (SentencePiece), "gpt2" (BPE) or "bytes" */
     const char *chat_template; /* the GGUF's tokenizer.chat_template (what picks the chat
-                              * template, src/template.h); NULL when it has none */
+                              * template, src/chat/template.h); NULL when it has none */
 } kvt_model_info;
 
 /* Open a model: a GGUF path, or a built-in preset name ("ds4-tiny",

@@ -5,7 +5,7 @@
  * new rows need (issue: "no allocation per chunk"), and to fail one chosen
  * allocation (kvt_test_fail_alloc). */
 #include "test.h"
-#include "model.h"
+#include "arch/model.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Test runner: see test.h. */
 #include "test.h"
-#include "model.h"
-#include "snapshot.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  * structural.
  *
  * It reads tensors through the GGUF reader only and shares no code with
- * src/ds4.c, src/kernels.c or src/cache.c (its binary16 rounding, RoPE and
+ * src/arch/ds4.c, src/kernels/kernels.c or src/cache/cache.c (its binary16 rounding, RoPE and
  * Hadamard rotation included), so agreement between the two is evidence, not
  * tautology. Speed is not a goal; T = 1000 on ds4-tiny takes well under a
  * second.
@@ -19,7 +19,7 @@
  * caches: raw rows after RoPE, compressed rows after RoPE, indexer rows after
  * RoPE and the Hadamard rotation. Everything else is f64. */
 #include "ref.h"
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -1,10 +1,10 @@
 /* An f64 reference forward for llama GGUF models, written straight from the
  * math with no cache: every position's logits are recomputed from scratch
  * over the whole sequence. It reads tensors through the GGUF reader only and
- * shares no code with src/llama.c or src/kernels.c, so agreement between the
+ * shares no code with src/arch/llama.c or src/kernels/kernels.c, so agreement between the
  * two is evidence, not tautology. */
 #include "ref.h"
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Synthetic models of the llama family for the tests (synth_family.h). */
 #include "synth_family.h"
-#include "gguf.h"
+#include "format/gguf.h"
 #include "test.h"
 
 #include <math.h>
@@ -338,7 +338,7 @@ int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope
     const uint64_t QD = (uint64_t)FAM_HEADS * f->head_dim, KVD = (uint64_t)FAM_KV_HEADS * f->head_dim;
     char k[96];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", f->arch, suffix), k)
-    /* every key kvtier's src/llama.c reads, and what llama.cpp needs to
+    /* every key kvtier's src/arch/llama.c reads, and what llama.cpp needs to
      * load the model; the defaults of the two engines are not relied on */
     if ((rc = kvt_gguf_writer_set_str(w, "general.architecture", f->arch)) ||
         (rc = kvt_gguf_writer_set_str(w, "general.name", "kvtier peer-logits synthetic model")) ||

@@ -1,4 +1,4 @@
-/* Synthetic models of the llama family (src/llama.c) for the tests: the
+/* Synthetic models of the llama family (src/arch/llama.c) for the tests: the
  * peer-logits tests compare them with llama.cpp (tests/test_peer_logits.c),
  * the invariance tests run them under every chunk schedule and thread
  * count (tests/test_llama.c).
@@ -32,7 +32,7 @@ enum { FAM_MOE_E = 8, FAM_MOE_EU = 2, FAM_MOE_F = 128, FAM_GEMMA_SWA = 64 };
 #define FAM_SIGMA_NORM 0.3
 #define FAM_SIGMA_ROUTER 0.1 /* router logits of about N(0, 1.6): the top experts apart by ~0.5 */
 
-/* A member of the llama family (src/llama.c): its architecture name, what
+/* A member of the llama family (src/arch/llama.c): its architecture name, what
  * it adds to llama, its head length. */
 typedef struct fam_spec {
     const char *arch;
@@ -48,7 +48,7 @@ typedef struct fam_spec {
                      * above unused); 0: none */
 } fam_spec;
 
-/* gemma4 (src/llama.c), FAM_G4_LAYERS layers, window and global in turn
+/* gemma4 (src/arch/llama.c), FAM_G4_LAYERS layers, window and global in turn
  * (attention.sliding_window_pattern [1, 0, 1, 0, 1, 0]), the window
  * FAM_GEMMA_SWA with RoPE base FAM_GEMMA_BASE_SWA. Window layers: head
  * length 64, RoPE over its first 32 dims, 4 KV heads (rows of 256), attn_v.

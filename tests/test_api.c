@@ -1,4 +1,4 @@
-/* API-shape tests (src/api.c): realistic OpenAI and Anthropic request bodies,
+/* API-shape tests (src/serve/api.c): realistic OpenAI and Anthropic request bodies,
  * every refusal with its status, the exact deepseek and plain renderings, the
  * prefix property that prefix caching depends on (with a negative control),
  * response / SSE / error / model bodies parsed back with jansson field by
@@ -7,9 +7,9 @@
  * Every body is parsed from a heap copy of exactly its length, without a NUL,
  * so an over-read shows under `make asan`. */
 #include "test.h"
-#include "api.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "serve/api.h"
+#include "arch/model.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -35,7 +35,7 @@
  *                        or failed step leaves every session as it was
  */
 #include "test.h"
-#include "model.h"
+#include "arch/model.h"
 #include "synth_family.h"
 
 #include <errno.h>

@@ -8,7 +8,7 @@
  * (ratios too few, a ratio of 5, 3 streams, value length unequal to key
  * length), a truncated header and a plain (non-header) open all fail
  * cleanly, and a plan with one layer's ratio changed differs. */
-#include "gguf.h"
+#include "format/gguf.h"
 #include "test.h"
 
 #include <stdio.h>

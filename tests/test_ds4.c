@@ -4,11 +4,11 @@
  * prefixes, rollback, and negative controls that prove the checks catch a
  * corrupt frontier, a shifted mask and a wrong prefix. */
 #include "test.h"
-#include "kernels.h"
-#include "model.h"
+#include "kernels/kernels.h"
+#include "arch/model.h"
 #include "ref.h"
-#include "snapshot.h"
-#include "util.h"
+#include "session/snapshot.h"
+#include "base/util.h"
 
 #include <math.h>
 #include <stdlib.h>

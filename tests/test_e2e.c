@@ -80,12 +80,12 @@
  * The whole set takes 60 to 90 s on 2 cores, most of it the two cold
  * 25,000-token and the two 20,000-token ds4-mini prefills (one of those is
  * cancelled after a second); without the agent tests it takes about 10 s. */
-#include "api.h"
+#include "serve/api.h"
 #include "fixture.h"
-#include "model.h"
+#include "arch/model.h"
 #include "synth_family.h"
 #include "test.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* The generation loop (src/generate.c):
+/* The generation loop (src/serve/generate.c):
  *
  *   generate_tool_scan_linear  a streamed reply to a request that offers
  *                              tools: the bytes the tool-call scan looks at
@@ -16,10 +16,10 @@
  *                              candidates, with text that looks like calls
  *                              and is none), with the same control. */
 #include "test.h"
-#include "api.h"
-#include "generate.h"
-#include "model.h"
-#include "template.h"
+#include "serve/api.h"
+#include "serve/generate.h"
+#include "arch/model.h"
+#include "chat/template.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,8 +4,8 @@
  * byte, hand-crafted hostile headers) placed against a guard page so that an
  * over-read crashes instead of passing quietly. */
 #include "test.h"
-#include "gguf.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <math.h>

@@ -2,12 +2,12 @@
  * products of every length, binary16 conversions of every value), and a
  * matmul's bytes do not depend on the batch size or the thread count. */
 #include "test.h"
-#include "kernels.h"
-#include "gguf.h"
-#include "qkernels.h"
-#include "quant.h"
-#include "threads.h"
-#include "util.h"
+#include "kernels/kernels.h"
+#include "format/gguf.h"
+#include "kernels/qkernels.h"
+#include "format/quant.h"
+#include "base/threads.h"
+#include "base/util.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -3,14 +3,14 @@
  * under any chunk schedule / thread count / kernel path, prefix reuse and its
  * negative controls, causality, context overflow and rolling mode. */
 #include "test.h"
-#include "gguf.h"
-#include "kernels.h"
-#include "model.h"
-#include "qkernels.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "kernels/kernels.h"
+#include "arch/model.h"
+#include "kernels/qkernels.h"
+#include "format/quant.h"
 #include "ref.h"
 #include "synth_family.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <jansson.h>
 #include <math.h>

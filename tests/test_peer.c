@@ -17,7 +17,7 @@
  * "deepseek-v3" and a few probe merges (probe_merges: without them that
  * vocabulary cannot show where the new regexes split), run with
  * deepseek-llm's cases plus deepseek_v3_texts. Negative controls, each a
- * change to re_deepseek_v3 in src/tokenizer.c run by hand, and the cases of
+ * change to re_deepseek_v3 in src/text/tokenizer.c run by hand, and the cases of
  * deepseek-v3 (9896) that then differ: the "[\r\n]*" dropped 8; the third
  * regex first and the digit one last 4; PCRE2's \s for WS 2; no \p{M} 2;
  * no CJK regex 4; no first alternative 8; \p{N}+ for \p{N}{1,3} 6; U+00A0
@@ -25,7 +25,7 @@
  *
  * gemma-4-no-lf-merges is gemma-4 without its line-feed merges (see
  * write_without_lf_merges). Negative controls for the bundle's
- * vocabularies, each a change to src/tokenizer.c run by hand, and the cases
+ * vocabularies, each a change to src/text/tokenizer.c run by hand, and the cases
  * that then differ (of the .out files in tests/test_tokenizer.c; here):
  * llama3 \p{N}+ for \p{N}{1,3} 8; 26. llama3 without ignore_merges 1; 2.
  * qwen2 " ?\p{L}+" for [^\r\n\p{L}\p{N}]?\p{L}+ 3; 42. qwen35 \p{L}+ for
@@ -58,7 +58,7 @@
  *   - for the bundle's vocabularies also deepseek_v3_texts (digit runs, CJK,
  *     marks, punctuation, code, every kind of whitespace)
  * Only valid UTF-8 goes in: on invalid UTF-8 kvtier differs on purpose (see
- * src/tokenizer.c), and a token text that is not valid UTF-8 is left out
+ * src/text/tokenizer.c), and a token text that is not valid UTF-8 is left out
  * (counted in the report).
  *
  * Requirements: linux x86_64, node and npm on PATH, and the packages of
@@ -72,7 +72,7 @@
  * (one node process per vocabulary, about 1-5 s each). */
 #include "fixture.h"
 #include "test.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -280,7 +280,7 @@ static void add_text_cases(caseset *cs)
         "  two  spaces\t\ttabs\n\nnewlines  ",
         /* texts llama.cpp makes control (or user-defined, or normal again)
          * whatever the GGUF's token type says, see override_types in
-         * src/tokenizer.c: qwen2's normal "</s>" splits out with parse_special */
+         * src/text/tokenizer.c: qwen2's normal "</s>" splits out with parse_special */
         "a</s>b <|endoftext|>c<|im_end|> <|end|>  <eos>\n<turn|> <|tool_response> x",
         "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>x<|fim_prefix|> <PAD> [PAD] <|file_sep|>"
         "<|channel|> <|return|><|call|>",

@@ -57,7 +57,7 @@
  * 1.1e-2 of max |logit|, inside the quantised types' tolerance, and no
  * top-1 changes); at 0.08 they spread by about 1.6 and the same misread
  * moves them by 0.45 - 1.4 of max |logit|. Norms are 1.0. Every llama.*
- * hyperparameter kvtier reads (src/llama.c) is written explicitly, so both
+ * hyperparameter kvtier reads (src/arch/llama.c) is written explicitly, so both
  * engines run the same shape, epsilon and RoPE.
  *
  * llama.cpp runs as a user would (n_gpu_layers 0, mmap, its CPU repacking of
@@ -79,9 +79,9 @@
  * go in /tmp. */
 #include "fixture.h"
 #include "synth_family.h"
-#include "gguf.h"
-#include "model.h"
-#include "qkernels.h"
+#include "format/gguf.h"
+#include "arch/model.h"
+#include "kernels/qkernels.h"
 #include "test.h"
 
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-/* src/quant.c against ggml itself, bit for bit.
+/* src/format/quant.c against ggml itself, bit for bit.
  *
  *   quant_table        the block table on its own: ids, shapes, names, row
  *                      sizes, and the refusals (unsupported type, partial
@@ -35,9 +35,9 @@
  * is the identity); there the reference is the input itself. Every random
  * test prints its seed; KVT_TEST_SEED repeats it. About 2 s. */
 #include "fixture.h"
-#include "quant.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <dlfcn.h>
 #include <math.h>

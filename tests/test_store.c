@@ -3,13 +3,13 @@
  * truncation detection, foreign and future records, the budget's eviction
  * order, dedupe of nested snapshots, a full disk, and the save policy. */
 #include "test.h"
-#include "cache.h"
-#include "model.h"
-#include "snapshot.h"
-#include "store.h"
+#include "cache/cache.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
+#include "store/store.h"
 #include "synth_family.h"
-#include "threads.h"
-#include "util.h"
+#include "base/threads.h"
+#include "base/util.h"
 
 #include <fcntl.h>
 #include <math.h>

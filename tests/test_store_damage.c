@@ -15,9 +15,9 @@
  * A damaged WAL frame voids the frames from it on, so the store must read
  * as it was after an earlier commit: never a mix of two. */
 #include "test.h"
-#include "snapshot.h"
-#include "store.h"
-#include "util.h"
+#include "session/snapshot.h"
+#include "store/store.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <errno.h>

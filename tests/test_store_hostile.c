@@ -28,9 +28,9 @@
  * disk). The free-space checks fail with kvt_store_room_fault set. */
 #include "test.h"
 #include "fixture.h"
-#include "storedir.h"
-#include "store.h"
-#include "util.h"
+#include "store/storedir.h"
+#include "store/store.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -24,8 +24,8 @@
  * the store at synchronous=OFF must find lost entries: the negative control
  * that shows the checks can see a store that is not durable. */
 #include "test.h"
-#include "store.h"
-#include "util.h"
+#include "store/store.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <fcntl.h>

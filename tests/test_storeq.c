@@ -1,4 +1,4 @@
-/* The server's store thread (src/storeq.c) end to end: the scheduler never
+/* The server's store thread (src/store/storeq.c) end to end: the scheduler never
  * waits on the disk or on another process's lock of a store.
  *
  *   e2e_storeq_locked_store  ds4-tiny: another process holds BEGIN

@@ -83,10 +83,10 @@
  * why, when any is missing; KVT_PEER=0 skips it too. About 2 s a test. */
 #include "fixture.h"
 #include "test.h"
-#include "api.h"
-#include "gguf.h"
-#include "model.h"
-#include "template.h"
+#include "serve/api.h"
+#include "format/gguf.h"
+#include "arch/model.h"
+#include "chat/template.h"
 
 #include <fcntl.h>
 #include <jansson.h>

@@ -42,9 +42,9 @@
  *                              it), the built-in one, and one without them */
 #include "fixture.h"
 #include "test.h"
-#include "api.h"
-#include "template.h"
-#include "util.h"
+#include "serve/api.h"
+#include "chat/template.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* The cache tiers without HTTP (src/tiers.c): which session a prompt runs
+/* The cache tiers without HTTP (src/serve/tiers.c): which session a prompt runs
  * on and how much of it is reused. A pool on the built-in ds4-tiny model
  * (byte tokenizer) is filled the way the server fills it, kvt_tiers_select
  * then kvt_session_sync, and each test checks the pick: extend in place,
@@ -8,9 +8,9 @@
  * sessions (`kvtier-tests tiers_pick` runs them). The prompts are seeded random bytes after BOS (fixed seeds: the
  * figures below are exact token counts, not statistics). */
 #include "test.h"
-#include "model.h"
-#include "tiers.h"
-#include "util.h"
+#include "arch/model.h"
+#include "serve/tiers.h"
+#include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@
  * tokens still need parse_special. */
 #include "fixture.h"
 #include "test.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* The window ring entry class of the llama family (src/llama.c): gemma3's
+/* The window ring entry class of the llama family (src/arch/llama.c): gemma3's
  * window layers keep only their last sliding_window K and V rows, in a ring
  * in the session's fixed state, while its global layers keep full rows.
  * Everything a session does with its state must give the bits of one
@@ -24,8 +24,8 @@
  * its gemma4 (per-layer row lengths, shared layers). Negative controls use KVT_LLAMA_FAULT_RING, which
  * restores a ring with one value off: each check must then fail. */
 #include "test.h"
-#include "model.h"
-#include "snapshot.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
 #include "synth_family.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-// Several requests at once (the scheduler of src/server.c: continuous
+// Several requests at once (the scheduler of src/app/server.c: continuous
 // batching), over raw fetch():
 //
 //   alone STATE    each target request of the seeded list (legacy

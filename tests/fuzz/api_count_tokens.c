@@ -1,5 +1,5 @@
 /* api_count_tokens: bodies of POST /v1/messages/count_tokens, handled as
- * the server handles them (src/server.c): a body without "max_tokens" gets
+ * the server handles them (src/app/server.c): a body without "max_tokens" gets
  * "max_tokens": 1 (count_tokens bodies carry none), then it is parsed as a
  * messages request and its prompt tokenized as for generation. What must
  * hold besides what fuzz_request checks: the token ids decode back to the
@@ -8,14 +8,14 @@
  * when ../shared has it, and for prompts without a literal U+2581, which
  * SentencePiece cannot tell from an escaped space). */
 #include "fuzz.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "arch/model.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* src/server.c's add_max_tokens. */
+/* src/app/server.c's add_max_tokens. */
 static char *with_max_tokens(const uint8_t *data, size_t size, size_t *len)
 {
     json_t *o = json_loadb((const char *)data, size, 0, NULL);

@@ -11,9 +11,9 @@
  * block's ids are the session's first 128 and the session runs on; a refused
  * load leaves the session empty. */
 #include "fuzz.h"
-#include "model.h"
-#include "snapshot.h"
-#include "util.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
+#include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>

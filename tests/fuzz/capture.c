@@ -4,7 +4,7 @@
  * seeded mutation tests that follow add random damage, which the fuzzer
  * makes itself), each at most MAX_LEN bytes and named by its hash, so the
  * same input captured twice is one file. */
-#include "api.h"
+#include "serve/api.h"
 #include "fuzz.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@
 #ifndef KVT_FUZZ_CAPTURE_H
 #define KVT_FUZZ_CAPTURE_H
 
-#include "api.h"
+#include "serve/api.h"
 
 int fuzz_capture_parse(kvt_request *out, kvt_api api, const char *body, size_t len, const kvt_model *m,
                        int *status);

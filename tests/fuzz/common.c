@@ -2,9 +2,9 @@
  * made once, JSON and SSE checks, the request checks of the api_* targets,
  * and the integrity fix-ups of snapshot and block records (fuzz.h). */
 #include "fuzz.h"
-#include "model.h"
-#include "snapshot.h"
-#include "tokenizer.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdarg.h>

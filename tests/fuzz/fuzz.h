@@ -19,7 +19,7 @@
 #define KVT_FUZZ_H
 
 #include "kvtier.h"
-#include "api.h"
+#include "serve/api.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -5,9 +5,9 @@
  * own GGUF round trip), and the model loaders of both architectures, a
  * model they accept running a few tokens and a snapshot of them. */
 #include "fuzz.h"
-#include "gguf.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "arch/model.h"
+#include "text/tokenizer.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -17,11 +17,11 @@
  * The golden snapshot files (tests/golden/) are copied into snapshot/ by the
  * Makefile; request bodies come from tests/test_api.c (capture.h). */
 #include "fuzz.h"
-#include "gguf.h"
-#include "model.h"
-#include "snapshot.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <errno.h>

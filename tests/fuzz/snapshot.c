@@ -13,9 +13,9 @@
  *     into another session to the same state (cache bytes and logits);
  *   - the record without its state, when that loads, rebuilds the same state. */
 #include "fuzz.h"
-#include "model.h"
-#include "snapshot.h"
-#include "util.h"
+#include "arch/model.h"
+#include "session/snapshot.h"
+#include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* template: the chat templates' append-only property, the one prefix
- * caching rests on (src/api.h, docs/API.md): a conversation resent with
+ * caching rests on (src/serve/api.h, docs/API.md): a conversation resent with
  * more turns renders to a string that extends the earlier rendering.
  *
  * The input is a request body. For each api whose message list it has
@@ -14,7 +14,7 @@
  * api_chat, api_messages and api_responses targets cover its memory safety
  * on every body; this target checks what the rendering means. */
 #include "fuzz.h"
-#include "model.h"
+#include "arch/model.h"
 
 #include <jansson.h>
 #include <stdlib.h>

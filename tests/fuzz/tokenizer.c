@@ -15,8 +15,8 @@
  *   - decoding any ids in range (the input read as ids) gives the
  *     concatenation of their pieces (less the one dummy-prefix space). */
 #include "fuzz.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 #include <dirent.h>
 #include <stdio.h>

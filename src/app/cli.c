@@ -1,0 +1,923 @@
+/* The kvtier command: one binary, one subcommand per job. Argument parsing is
+ * strict (unknown flags and malformed numbers are errors, exit 2); runtime
+ * failures print kvt_errmsg() and exit 1. This file is the only place that
+ * calls exit(). */
+#include "kvtier.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "app/bench.h"
+#include "app/server.h"
+
+/* ---- argument parsing ---- */
+
+typedef struct opt {
+    const char *name;   /* "--model" */
+    const char *value;  /* NULL when absent; "" for a switch that is present; the last one given */
+    bool is_switch;
+    const char *vals[32]; /* every value, for options that may repeat */
+    size_t n_vals;
+} opt;
+
+static void usage(FILE *f);
+
+/* 0: parsed; -1: bad arguments (reported); 1: --help was printed. */
+static int parse_opts(int argc, char **argv, opt *opts, size_t n_opts)
+{
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 1;
+        }
+        size_t k = 0;
+        for (; k < n_opts; k++) if (!strcmp(argv[i], opts[k].name)) break;
+        if (k == n_opts) { fprintf(stderr, "kvtier: unknown argument '%s'\n", argv[i]); return -1; }
+        if (opts[k].is_switch) { opts[k].value = ""; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "kvtier: %s needs a value\n", argv[i]); return -1; }
+        opts[k].value = argv[++i];
+        if (opts[k].n_vals == 32) { fprintf(stderr, "kvtier: %s given too often\n", argv[i - 1]); return -1; }
+        opts[k].vals[opts[k].n_vals++] = argv[i];
+    }
+    return 0;
+}
+
+static const char *get(const opt *opts, size_t n, const char *name)
+{
+    for (size_t k = 0; k < n; k++) if (!strcmp(opts[k].name, name)) return opts[k].value;
+    return NULL;
+}
+
+static bool parse_u64(const char *s, const char *what, uint64_t max, uint64_t *out)
+{
+    if (!s) return true;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > max) {
+        fprintf(stderr, "kvtier: %s must be an integer in [0, %llu], got '%s'\n", what,
+                (unsigned long long)max, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_f(const char *s, const char *what, double lo, double hi, double *out)
+{
+    if (!s) return true;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kvtier: %s must be a number in [%g, %g], got '%s'\n", what, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static int fail(int rc, const char *what)
+{
+    fprintf(stderr, "kvtier: %s: %s: %s\n", what, kvt_strerror(rc), kvt_errmsg());
+    return 1;
+}
+
+/* ---- shared pieces ---- */
+
+/* A GGUF path or a preset name; NULL is the built-in default model. */
+static int open_model(const char *path, kvt_model **m)
+{
+    int rc = kvt_model_open(m, path);
+    if (rc) return fail(rc, path ? path : KVT_DEFAULT_MODEL);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct progress { double t0; bool shown; };
+
+/* A bar on a terminal; elsewhere a line at most every 2 seconds. */
+static bool progress_bar(void *user, size_t done, size_t total)
+{
+    struct progress *p = user;
+    if (total < 512) return true;
+    if (!isatty(2)) {
+        double now = now_s();
+        if (p->t0 == 0) p->t0 = now;
+        if (now - p->t0 >= 2.0 || (done == total && p->shown)) {
+            fprintf(stderr, "kvtier: prefill %zu/%zu tokens\n", done, total);
+            p->t0 = now;
+            p->shown = true;
+        }
+        return true;
+    }
+    int width = 40, fill = (int)(width * done / total);
+    fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu", fill, "########################################",
+            width - fill, "", done, total);
+    if (done == total) fputc('\n', stderr);
+    p->shown = true;
+    return true;
+}
+
+/* ---- subcommands ---- */
+
+/* ---- the disk tier's flags (run and serve share them) ---- */
+
+#define DISK_OPTS {"--kv-disk-dir"}, {"--no-kv-disk", NULL, true}, {"--kv-disk-mb"}, {"--kv-disk-min-free-mb"}, \
+    {"--kv-cache-min-tokens"}, {"--kv-cache-trim-tokens"}, {"--kv-cache-align-tokens"}, \
+    {"--kv-cache-continued-interval"}
+
+typedef struct disk_cfg {
+    bool on;
+    char dir[4096];
+    uint64_t budget;
+    uint64_t min_free;  /* bytes kept free on the file system; KVT_STORE_MIN_FREE_DEFAULT */
+    kvt_save_policy policy;
+} disk_cfg;
+
+static void default_dir(char *out, size_t cap)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (x && *x) snprintf(out, cap, "%s/kvtier", x);
+    else snprintf(out, cap, "%s/.cache/kvtier", home && *home ? home : ".");
+}
+
+static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
+{
+    kvt_save_policy def = KVT_SAVE_POLICY_DEFAULT;
+    d->policy = def;
+    d->on = get(o, no, "--no-kv-disk") == NULL;
+    const char *dir = get(o, no, "--kv-disk-dir");
+    if (dir) snprintf(d->dir, sizeof d->dir, "%s", dir);
+    else default_dir(d->dir, sizeof d->dir);
+    uint64_t mb = 4096, v[4] = {def.min_tokens, def.trim_tokens, def.align_tokens, def.continued_interval};
+    const char *names[4] = {"--kv-cache-min-tokens", "--kv-cache-trim-tokens", "--kv-cache-align-tokens",
+                            "--kv-cache-continued-interval"};
+    if (!parse_u64(get(o, no, "--kv-disk-mb"), "--kv-disk-mb", 1ull << 30, &mb)) return false;
+    for (int i = 0; i < 4; i++)
+        if (!parse_u64(get(o, no, names[i]), names[i], 1u << 24, &v[i])) return false;
+    for (int i = 2; i < 4; i++)
+        if (v[i] % 128) {
+            fprintf(stderr, "kvtier: %s must be a multiple of 128 (the cache block), got %llu\n", names[i],
+                    (unsigned long long)v[i]);
+            return false;
+        }
+    if (mb == 0) { fprintf(stderr, "kvtier: --kv-disk-mb must be positive\n"); return false; }
+    d->budget = mb << 20;
+    uint64_t free_mb = UINT64_MAX;
+    if (!parse_u64(get(o, no, "--kv-disk-min-free-mb"), "--kv-disk-min-free-mb", 1ull << 30, &free_mb)) return false;
+    d->min_free = free_mb == UINT64_MAX ? KVT_STORE_MIN_FREE_DEFAULT : free_mb << 20;
+    d->policy = (kvt_save_policy){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3]};
+    return true;
+}
+
+/* Open the store; a store that cannot be opened is reported and skipped. */
+static kvt_store *open_disk(const disk_cfg *d)
+{
+    if (!d->on) return NULL;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&st, d->dir, d->budget);
+    if (rc) {
+        fprintf(stderr, "kvtier: disk cache disabled: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
+        return NULL;
+    }
+    kvt_store_set_min_free(st, d->min_free);
+    return st;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
+               {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
+               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, DISK_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    disk_cfg disk;
+    if (!parse_disk(o, no, &disk)) return 2;
+    uint64_t max_tokens = 256, seed = 0, top_k = 0, threads = 0, ctx = 0;
+    double temp = 0, top_p = 1;
+    if (!parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
+        !parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX, &seed) ||
+        !parse_u64(get(o, no, "--top-k"), "--top-k", 1u << 24, &top_k) ||
+        !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
+        !parse_f(get(o, no, "--temperature"), "--temperature", 0, 100, &temp) ||
+        !parse_f(get(o, no, "--top-p"), "--top-p", 0, 1, &top_p))
+        return 2;
+    const char *output = get(o, no, "--output");
+    if (output && strcmp(output, "text") && strcmp(output, "ids")) {
+        fprintf(stderr, "kvtier: --output must be text or ids\n");
+        return 2;
+    }
+    bool ids_out = output && !strcmp(output, "ids");
+    const char *prompt = get(o, no, "--prompt");
+    if (!prompt) prompt = "";
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), &m);
+    if (r) return r;
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    int32_t *toks = NULL;
+    size_t n = 0;
+    kvt_session *s = NULL;
+    kvt_sampler *smp = NULL;
+    kvt_store *store = NULL;
+    int32_t *gen = NULL;
+    int ret = 1, rc;
+    if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
+    if (n == 0) {
+        fprintf(stderr, "kvtier: the prompt is empty and the model adds no BOS: nothing to condition on\n");
+        ret = 2;
+        goto out;
+    }
+    struct progress pr = {0};
+    kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
+                           .rolling = get(o, no, "--rolling") != NULL,
+                           .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
+                           .progress = progress_bar, .progress_user = &pr};
+    if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    store = open_disk(&disk);
+    size_t from_disk = 0, saved = 0;
+    if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
+    double t0 = now_s();
+    if ((rc = kvt_session_sync(s, toks, n, NULL))) { fail(rc, "prefill"); goto out; }
+    double t_prefill = now_s() - t0;
+    if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
+    if (store)
+        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
+                from_disk, n - from_disk, t_prefill, saved);
+    kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
+                             .top_k = (uint32_t)top_k, .seed = seed};
+    if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
+    gen = malloc((max_tokens ? max_tokens : 1) * sizeof *gen);
+    if (!gen) { fprintf(stderr, "kvtier: out of memory\n"); goto out; }
+    size_t ng = 0;
+    bool first = true;
+    while (ng < max_tokens) {
+        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), info.n_vocab);
+        if (t < 0) { fprintf(stderr, "kvtier: sampling failed\n"); goto out; }
+        if (t == info.eos || t == info.bos) break;
+        gen[ng++] = t;
+        if (!ids_out) {
+            const char *piece;
+            size_t len;
+            if (kvt_token_piece(m, t, &piece, &len) == KVT_OK) {
+                /* A SentencePiece continuation right after BOS carries the dummy-prefix space. */
+                if (first && n == 1 && len && piece[0] == ' ') { piece++; len--; }
+                fwrite(piece, 1, len, stdout);
+                fflush(stdout);
+            }
+        }
+        first = false;
+        if (ng == max_tokens) break;
+        if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
+    }
+    if (ids_out) {
+        for (size_t i = 0; i < ng; i++) printf(i ? " %d" : "%d", gen[i]);
+    }
+    putchar('\n');
+    if (store && get(o, no, "--kv-save") && (rc = kvt_store_save(store, s, kvt_session_len(s), "manual", NULL)))
+        fprintf(stderr, "kvtier: manual save failed: %s\n", kvt_errmsg());
+    ret = 0;
+out:
+    free(gen);
+    free(toks);
+    kvt_store_close(store);
+    kvt_sampler_free(smp);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    return ret;
+}
+
+/* tokenize and detokenize need only the tokenizer, so a vocabulary GGUF
+ * (no tensors) is enough and a model file's weights are never read. */
+static int open_vocab(const char *path, kvt_model **m)
+{
+    int rc = kvt_model_open_vocab(m, path);
+    if (rc) return fail(rc, path ? path : KVT_DEFAULT_MODEL);
+    return 0;
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--text"}, {"--no-bos", NULL, true}, {"--special", NULL, true}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    const char *text = get(o, no, "--text");
+    if (!text) { fprintf(stderr, "kvtier: --text is required\n"); return 2; }
+    kvt_model *m = NULL;
+    int r = open_vocab(get(o, no, "--model"), &m);
+    if (r) return r;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = kvt_tokenize(m, text, strlen(text), get(o, no, "--no-bos") ? 0 : -1,
+                          get(o, no, "--special") != NULL, &ids, &n);
+    if (rc) { kvt_model_close(m); return fail(rc, "tokenize"); }
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(ids);
+    kvt_model_close(m);
+    return 0;
+}
+
+/* Ids separated by spaces or commas, each in [0, 2^31). */
+static bool parse_ids(const char *s, int32_t **out, size_t *n)
+{
+    size_t cap = strlen(s) / 2 + 1, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) { fprintf(stderr, "kvtier: out of memory\n"); return false; }
+    for (const char *p = s;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && !strchr(" ,\t\n", *end))) {
+            int w = (int)strcspn(p, " ,\t\n");
+            fprintf(stderr, "kvtier: --ids must be token ids (integers in [0, %d]), got '%.*s'\n",
+                    INT32_MAX, w > 64 ? 64 : w, p);
+            free(v);
+            return false;
+        }
+        v[k++] = (int32_t)x; /* k < cap: every id takes a digit and a separator but the last */
+        p = end;
+    }
+    *out = v;
+    *n = k;
+    return true;
+}
+
+/* The text of ids, written as its exact bytes (no newline is added). */
+static int cmd_detokenize(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--ids"}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    const char *list = get(o, no, "--ids");
+    if (!list) { fprintf(stderr, "kvtier: --ids is required\n"); return 2; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!parse_ids(list, &ids, &n)) return 2;
+    kvt_model *m = NULL;
+    int r = open_vocab(get(o, no, "--model"), &m);
+    if (r) { free(ids); return r; }
+    char *text = NULL;
+    size_t len = 0;
+    int rc = kvt_detokenize(m, ids, n, &text, &len);
+    free(ids);
+    kvt_model_close(m);
+    if (rc) return fail(rc, "detokenize");
+    bool ok = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0;
+    free(text);
+    if (!ok) { fprintf(stderr, "kvtier: detokenize: cannot write the text: %s\n", strerror(errno)); return 1; }
+    return 0;
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    opt o[] = {{"--model"}};
+    { int pr_ = parse_opts(argc, argv, o, 1); if (pr_) return pr_ < 0 ? 2 : 0; }
+    kvt_model *m = NULL;
+    kvt_model_info i;
+    char detail[512];
+    const char *path = get(o, 1, "--model");
+    int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
+    if (dr == KVT_OK) {
+        /* described from its header alone: a 160 GB file answers at once */
+        printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
+        printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
+               i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
+        printf("context       %u (training)\nvocabulary    %u\ndetails       %s\n"
+               "weights       not read (from the header alone; run, serve and perplexity load them)\n",
+               i.n_ctx_train, i.n_vocab, detail);
+        return 0;
+    }
+    if (dr != KVT_ENOENT) return fail(dr, "info");
+    int r = open_model(path, &m);
+    if (r) return r;
+    kvt_model_info_get(m, &i);
+    printf("architecture  %s\nname          %s\nparameters    %llu\n", i.arch, i.name,
+           (unsigned long long)i.n_params);
+    printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nffn           %u\n",
+           i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
+    printf("context       %u (training)\nvocabulary    %u\ntokenizer     %s (bos %d, eos %d, add_bos %s)\n",
+           i.n_ctx_train, i.n_vocab, i.tokenizer, i.bos, i.eos, i.add_bos ? "yes" : "no");
+    kvt_model_close(m);
+    return 0;
+}
+
+static int cmd_perplexity(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--file"}, {"--threads"}, {"--ctx"}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    uint64_t threads = 0, ctx = 0;
+    if (!parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx))
+        return 2;
+    const char *path = get(o, no, "--file");
+    if (!path) { fprintf(stderr, "kvtier: --file is required\n"); return 2; }
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "kvtier: %s: %s\n", path, strerror(errno)); return 1; }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (size_t got; text && (got = fread(text + len, 1, cap - len, f)) > 0;) {
+        len += got;
+        if (len == cap) { char *t = realloc(text, cap *= 2); if (!t) { free(text); text = NULL; } else text = t; }
+    }
+    fclose(f);
+    if (!text) { fprintf(stderr, "kvtier: out of memory reading %s\n", path); return 1; }
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), &m);
+    if (r) { free(text); return r; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kvt_session *s = NULL;
+    int ret = 1, rc;
+    if ((rc = kvt_tokenize(m, text, len, -1, false, &ids, &n))) { fail(rc, "tokenize"); goto out; }
+    kvt_session_opts so = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads};
+    if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    /* Consecutive windows of at most ctx tokens, each scored from its start. */
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    size_t win = ctx ? ctx : info.n_ctx_train, scored = 0;
+    double sum = 0;
+    for (size_t b = 0; b + 1 < n; b += win) {
+        size_t e = b + win + 1 < n ? b + win + 1 : n, k;
+        double part;
+        if ((rc = kvt_session_nll(s, ids + b, e - b, &part, &k))) { fail(rc, "perplexity"); goto out; }
+        sum += part;
+        scored += k;
+    }
+    if (!scored) { fprintf(stderr, "kvtier: fewer than 2 tokens: nothing to score\n"); goto out; }
+    printf("tokens %zu  mean_nll %.6f  perplexity %.4f\n", scored, sum / scored, exp(sum / scored));
+    ret = 0;
+out:
+    free(ids);
+    free(text);
+    kvt_session_free(s);
+    kvt_model_close(m);
+    return ret;
+}
+
+static int cmd_model(int argc, char **argv)
+{
+    if (argc < 1 || strcmp(argv[0], "new")) {
+        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n");
+        return 2;
+    }
+    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc - 1, argv + 1, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    uint64_t seed = KVT_DEFAULT_SEED;
+    if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
+    const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
+    if (!preset || !out) { fprintf(stderr, "kvtier: --preset and --out are required\n"); return 2; }
+    kvt_model *m = NULL;
+    int rc = kvt_model_preset(&m, preset, seed, get(o, no, "--vocab"));
+    if (rc) return fail(rc, preset);
+    rc = kvt_model_save(m, out);
+    if (rc) { kvt_model_close(m); return fail(rc, out); }
+    kvt_model_info i;
+    kvt_model_info_get(m, &i);
+    printf("wrote %s: %s, %llu parameters, vocabulary %u (%s), seed %llu\n", out, i.name,
+           (unsigned long long)i.n_params, i.n_vocab, i.tokenizer, (unsigned long long)seed);
+    kvt_model_close(m);
+    return 0;
+}
+
+static int cmd_cache(int argc, char **argv)
+{
+    const char *sub = argc > 0 ? argv[0] : "";
+    bool need_key = !strcmp(sub, "show") || !strcmp(sub, "rm");
+    if (strcmp(sub, "ls") && strcmp(sub, "verify") && strcmp(sub, "gc") && strcmp(sub, "stats") && !need_key) {
+        fprintf(stderr, "kvtier: usage: kvtier cache ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+                        "  [--kv-disk-mb N] [--kv-disk-min-free-mb N]\n");
+        return 2;
+    }
+    int64_t key = 0;
+    int skip = 1;
+    if (need_key) {
+        uint64_t k;
+        if (argc < 2) { fprintf(stderr, "kvtier: cache %s needs a KEY (see kvtier cache ls)\n", sub); return 2; }
+        if (!parse_u64(argv[1], "KEY", INT64_MAX, &k)) return 2;
+        key = (int64_t)k;
+        skip = 2;
+    }
+    opt o[] = {DISK_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    disk_cfg d;
+    if (!parse_disk(o, no, &d)) return 2;
+    kvt_store *st = NULL;
+    /* verify only looks: a damaged store stays as it is for gc to rebuild */
+    int rc = !strcmp(sub, "verify") ? kvt_store_open_inspect(&st, d.dir) : kvt_store_open(&st, d.dir, d.budget);
+    if (rc == KVT_ENOENT && !strcmp(sub, "verify")) {
+        printf("no cache store in %s: nothing to check\n", d.dir);
+        return 0;
+    }
+    if (rc) return fail(rc, d.dir);
+    kvt_store_set_min_free(st, d.min_free);
+    int ret = 0;
+    if (!strcmp(sub, "ls")) {
+        kvt_store_entry *e = NULL;
+        size_t n = 0;
+        if ((rc = kvt_store_list(st, &e, &n))) { ret = fail(rc, "cache ls"); goto out; }
+        printf("%6s %8s %12s %7s %5s %-19s %-9s %-6s %s\n", "KEY", "TOKENS", "BYTES", "SHARED", "HITS", "LAST USED",
+               "REASON", "STATE", "TEXT");
+        for (size_t i = 0; i < n; i++) {
+            char when[32];
+            time_t t = (time_t)e[i].used_at;
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+            printf("%6lld %8u %12llu %3u/%-3u %5llu %-19s %-9s %-6s %.40s\n", (long long)e[i].id, e[i].n_tokens,
+                   (unsigned long long)e[i].bytes, e[i].shared_blocks, e[i].n_blocks,
+                   (unsigned long long)e[i].hits, when, e[i].reason, e[i].replay ? "replay" : "whole", e[i].preview);
+        }
+        free(e);
+    } else if (!strcmp(sub, "show")) {
+        kvt_store_entry *e = NULL;
+        size_t n = 0;
+        char *text = NULL;
+        size_t len = 0;
+        if ((rc = kvt_store_list(st, &e, &n)) || (rc = kvt_store_text(st, key, &text, &len))) {
+            free(e);
+            ret = fail(rc, "cache show");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (e[i].id == key)
+                printf("key       %lld\ntokens    %u\nblocks    %u (%u shared)\nbytes     %llu (own record)\n"
+                       "hits      %llu\nreason    %s\nstate     %s\nmodel     %016llx\ntext      %zu bytes:\n",
+                       (long long)key, e[i].n_tokens, e[i].n_blocks, e[i].shared_blocks,
+                       (unsigned long long)e[i].bytes, (unsigned long long)e[i].hits, e[i].reason,
+                       e[i].replay ? "not stored: rebuilt on load by replaying the last tokens" : "stored",
+                       (unsigned long long)e[i].model, len);
+        fwrite(text, 1, len, stdout);
+        putchar('\n');
+        free(text);
+        free(e);
+    } else if (!strcmp(sub, "verify")) {
+        /* SQLite's own check of its pages and indexes, then every record's
+         * checksums: each finds damage the other cannot see */
+        size_t problems = 0, bad = 0, checked = 0;
+        char *report = NULL;
+        if ((rc = kvt_store_integrity(st, &problems, &report))) { ret = fail(rc, "cache verify"); goto out; }
+        if (!problems) printf("integrity check: ok\n");
+        else printf("integrity check: %zu problem%s\n", problems, problems == 1 ? "" : "s");
+        for (const char *l = report; problems && l && *l;) {
+            size_t len = strcspn(l, "\n");
+            printf("  %.*s\n", (int)len, l);
+            l += len + (l[len] == '\n');
+        }
+        free(report);
+        if ((rc = kvt_store_verify(st, &bad, &checked))) { ret = fail(rc, "cache verify"); goto out; }
+        printf("checked %zu records: %zu damaged\n", checked, bad);
+        if (problems || bad) printf("`kvtier cache gc` rebuilds the store from the records that check out\n");
+        ret = problems || bad ? 1 : 0;
+    } else if (!strcmp(sub, "rm")) {
+        if ((rc = kvt_store_rm(st, key))) ret = fail(rc, "cache rm");
+    } else if (!strcmp(sub, "gc")) {
+        if ((rc = kvt_store_gc(st))) ret = fail(rc, "cache gc");
+    }
+    if (!ret && (!strcmp(sub, "stats") || !strcmp(sub, "gc"))) {
+        kvt_store_stats s;
+        kvt_store_stats_get(st, &s);
+        printf("directory   %s\nsnapshots   %llu\nblocks      %llu (%llu references)\nbytes       %llu of %llu budget\n"
+               "lookups     %llu\nhits        %llu\nmisses      %llu\nsaves       %llu\nevictions   %llu\n"
+               "damaged     %llu\nsave errors %llu\n", d.dir,
+               (unsigned long long)s.snapshots, (unsigned long long)s.blocks, (unsigned long long)s.block_refs,
+               (unsigned long long)s.bytes, (unsigned long long)s.budget, (unsigned long long)s.lookups,
+               (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.saves,
+               (unsigned long long)s.evictions, (unsigned long long)s.damaged, (unsigned long long)s.save_errors);
+    }
+out:
+    kvt_store_close(st);
+    return ret;
+}
+
+/* An API key as given to --api-key or on a line of --api-key-file:
+ * "NAME=KEY" names the key (its label in the operator's /metrics view)
+ * when NAME is a letter then at most 31 letters, digits, '_' or '-', and
+ * KEY is not empty and does not start with '=' (so "abc==", base64
+ * padding, and "abc=" are keys, not names). Anything else is a key, whole.
+ * A key that would read as NAME=KEY is given with a name: "key1=a=b" is
+ * the key "a=b" named key1. *name gets the name ("" when none). */
+static const char *split_key(const char *arg, char name[33])
+{
+    name[0] = 0;
+    size_t n = 0;
+    if (!((arg[0] >= 'A' && arg[0] <= 'Z') || (arg[0] >= 'a' && arg[0] <= 'z'))) return arg;
+    while (arg[n] && arg[n] != '=' && n < 33) {
+        char c = arg[n];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return arg;
+        n++;
+    }
+    if (n > 32 || arg[n] != '=' || !arg[n + 1] || arg[n + 1] == '=') return arg;
+    memcpy(name, arg, n);
+    name[n] = 0;
+    return arg + n + 1;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--model-id"}, {"--host"}, {"--port"}, {"--ctx"}, {"--threads"}, {"--max-tokens"},
+               {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
+               {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
+               {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
+               DISK_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    disk_cfg disk;
+    if (!parse_disk(o, no, &disk)) return 2;
+    /* --any-model is what serve does by default now; it is still accepted
+     * (scripts pass it), but not together with its opposite */
+    if (get(o, no, "--strict-model") && get(o, no, "--any-model")) {
+        fprintf(stderr, "kvtier: --strict-model and --any-model contradict each other\n");
+        return 2;
+    }
+    uint64_t port = 8000, ctx = 0, threads = 0, max_tokens = 1024, queue = 8, ram_mb = 2048, body_mb = 32,
+             parallel = 0, req_timeout = 30, per_addr = 256, max_conns = 4096;
+    if (!parse_u64(get(o, no, "--port"), "--port", 65535, &port) ||
+        !parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
+        !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) ||
+        !parse_u64(get(o, no, "--max-tokens"), "--max-tokens", 1u << 24, &max_tokens) ||
+        !parse_u64(get(o, no, "--queue"), "--queue", 1u << 16, &queue) ||
+        !parse_u64(get(o, no, "--parallel"), "--parallel", KVT_SERVE_MAX_PARALLEL, &parallel) ||
+        !parse_u64(get(o, no, "--kv-ram-mb"), "--kv-ram-mb", 1u << 30, &ram_mb) ||
+        !parse_u64(get(o, no, "--max-body-mb"), "--max-body-mb", 1u << 12, &body_mb) ||
+        !parse_u64(get(o, no, "--request-timeout"), "--request-timeout", 86400, &req_timeout) ||
+        !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
+        !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
+        return 2;
+    if (!req_timeout || !per_addr || !max_conns) {
+        fprintf(stderr, "kvtier: --request-timeout, --max-conn-per-addr and --max-connections must be at least 1\n");
+        return 2;
+    }
+    /* API keys: --api-key (repeatable), --api-key-file (one per line), or $KVTIER_API_KEY */
+    const char *keys[32], *names[32];
+    char name_text[32][33];
+    size_t n_keys = 0;
+    char *file_text = NULL;
+    for (size_t k = 0; k < no; k++)
+        if (!strcmp(o[k].name, "--api-key"))
+            for (size_t i = 0; i < o[k].n_vals; i++, n_keys++) {
+                keys[n_keys] = split_key(o[k].vals[i], name_text[n_keys]);
+                names[n_keys] = name_text[n_keys];
+            }
+    const char *kf = get(o, no, "--api-key-file");
+    if (kf) {
+        FILE *f = fopen(kf, "r");
+        if (!f) { fprintf(stderr, "kvtier: %s: %s\n", kf, strerror(errno)); return 1; }
+        file_text = calloc(1, 65537);
+        size_t got = file_text ? fread(file_text, 1, 65536, f) : 0;
+        fclose(f);
+        (void)got;
+        for (char *line = file_text ? strtok(file_text, "\r\n") : NULL; line; line = strtok(NULL, "\r\n")) {
+            while (*line == ' ' || *line == '\t') line++;
+            if (!*line || *line == '#') continue;
+            if (n_keys == 32) { fprintf(stderr, "kvtier: at most 32 API keys\n"); free(file_text); return 2; }
+            keys[n_keys] = split_key(line, name_text[n_keys]);
+            names[n_keys] = name_text[n_keys];
+            n_keys++;
+        }
+    }
+    const char *env_key = getenv("KVTIER_API_KEY");
+    if (!n_keys && env_key && *env_key) { /* a key, whole: never a name */
+        name_text[0][0] = 0;
+        names[0] = name_text[0];
+        keys[n_keys++] = env_key;
+    }
+    for (size_t i = 0; i < n_keys; i++) {
+        bool bad = !*keys[i];
+        for (size_t k = 0; k < i && !bad; k++) bad = !strcmp(keys[i], keys[k]);
+        if (bad) {
+            fprintf(stderr, "kvtier: API key %zu is %s\n", i + 1, *keys[i] ? "given twice" : "empty");
+            free(file_text);
+            return 2;
+        }
+        /* the labels (a name, or key<i>) tell the keys apart */
+        char li[40], lk[40];
+        snprintf(li, sizeof li, "%s", *names[i] ? names[i] : "");
+        if (!*li) snprintf(li, sizeof li, "key%zu", i + 1);
+        for (size_t k = 0; k < n_keys; k++) {
+            if (k == i) continue;
+            snprintf(lk, sizeof lk, "%s", *names[k] ? names[k] : "");
+            if (!*lk) snprintf(lk, sizeof lk, "key%zu", k + 1);
+            if (!strcmp(li, lk)) {
+                fprintf(stderr, "kvtier: API keys %zu and %zu are both named %s in /metrics: give them other "
+                                "names (--api-key NAME=KEY)\n", k < i ? k + 1 : i + 1, k < i ? i + 1 : k + 1, li);
+                free(file_text);
+                return 2;
+            }
+        }
+        if (*names[i]) fprintf(stderr, "kvtier: API key %zu is named %s (--api-key NAME=KEY)\n", i + 1, names[i]);
+    }
+    /* The metrics key: GET /metrics only, every API key's figures
+     * (--metrics-key, or the first line of --metrics-key-file) */
+    const char *mkey = get(o, no, "--metrics-key");
+    char mkey_text[4096] = {0};
+    const char *mkf = get(o, no, "--metrics-key-file");
+    if (mkey && mkf) {
+        fprintf(stderr, "kvtier: give --metrics-key or --metrics-key-file, not both\n");
+        free(file_text);
+        return 2;
+    }
+    if (mkf) {
+        FILE *f = fopen(mkf, "r");
+        if (!f) { fprintf(stderr, "kvtier: %s: %s\n", mkf, strerror(errno)); free(file_text); return 1; }
+        char line[sizeof mkey_text];
+        while (!mkey_text[0] && fgets(line, sizeof line, f)) {
+            char *p = line;
+            while (*p == ' ' || *p == '\t') p++;
+            p[strcspn(p, "\r\n")] = 0;
+            if (*p && *p != '#') snprintf(mkey_text, sizeof mkey_text, "%s", p);
+        }
+        fclose(f);
+        if (!mkey_text[0]) { fprintf(stderr, "kvtier: %s holds no key\n", mkf); free(file_text); return 2; }
+        mkey = mkey_text;
+    }
+    if (mkey && (!*mkey || !n_keys)) {
+        fprintf(stderr, "kvtier: %s\n", *mkey ? "--metrics-key needs API keys (--api-key, --api-key-file or "
+                                                 "$KVTIER_API_KEY): without them /metrics is open"
+                                               : "--metrics-key is empty");
+        free(file_text);
+        return 2;
+    }
+    for (size_t i = 0; mkey && i < n_keys; i++)
+        if (!strcmp(keys[i], mkey)) {
+            fprintf(stderr, "kvtier: the metrics key must differ from every API key\n");
+            free(file_text);
+            return 2;
+        }
+    kvt_server_opts so = {
+        .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
+        .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
+        .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
+        .queue = (uint32_t)(queue ? queue : 1), .parallel = (uint32_t)parallel, .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
+        .disk_min_free = disk.min_free,
+        .ram_bytes = (size_t)ram_mb << 20, .max_body = (size_t)(body_mb ? body_mb : 1) << 20,
+        .request_timeout = (uint32_t)req_timeout, .max_conn_per_addr = (uint32_t)per_addr,
+        .max_connections = (uint32_t)max_conns,
+        .api_keys = keys, .api_key_names = names, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
+        .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
+    };
+    int rc = kvt_serve(&so);
+    free(file_text);
+    if (rc) return fail(rc, "serve");
+    return 0;
+}
+
+static void print_bytes(const char *what, uint64_t b)
+{
+    printf("%-12s %20llu B  %12.3f MiB\n", what, (unsigned long long)b, b / 1048576.0);
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    opt o[] = {{"--model"}, {"--preset"}, {"--ctx"}, {"--layers"}, {"--kv-heads"}, {"--head-dim"}, {"--bytes"}};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    uint64_t ctx = 0, L = 0, H = 0, D = 0, B = 2;
+    if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1ull << 32, &ctx) ||
+        !parse_u64(get(o, no, "--layers"), "--layers", 4096, &L) ||
+        !parse_u64(get(o, no, "--kv-heads"), "--kv-heads", 4096, &H) ||
+        !parse_u64(get(o, no, "--head-dim"), "--head-dim", 65536, &D) ||
+        !parse_u64(get(o, no, "--bytes"), "--bytes", 16, &B))
+        return 2;
+    if (!get(o, no, "--ctx")) { fprintf(stderr, "kvtier: --ctx N is required\n"); return 2; }
+    kvt_plan p = {0};
+    const char *what;
+    int dr;
+    if (get(o, no, "--layers") || get(o, no, "--kv-heads") || get(o, no, "--head-dim")) {
+        if (!L || !H || !D || !B) {
+            fprintf(stderr, "kvtier: a bare shape needs --layers, --kv-heads, --head-dim (and --bytes, default 2)\n");
+            return 2;
+        }
+        /* full attention: K and V rows, 2 * L * H_kv * D * S * B */
+        uint64_t per;
+        if (__builtin_mul_overflow(2 * L * H, D * B, &per) || __builtin_mul_overflow(per, ctx, &p.full) ||
+            __builtin_mul_overflow(per, 1000, &p.per_token_x1000)) {
+            fprintf(stderr, "kvtier: that shape needs more than 2^64 bytes\n");
+            return 2;
+        }
+        p.total = p.full;
+        what = "shape";
+    } else if (get(o, no, "--preset") && strcmp(get(o, no, "--preset"), "ds4-tiny") &&
+               strcmp(get(o, no, "--preset"), "ds4-mini")) {
+        what = get(o, no, "--preset");
+        int rc = kvt_plan_preset(what, ctx, &p);
+        if (rc) return fail(rc, what);
+    } else if (get(o, no, "--model") &&
+               (dr = kvt_model_describe(get(o, no, "--model"), ctx, &(kvt_model_info){0}, NULL, 0, &p)) !=
+                   KVT_ENOENT) {
+        /* an architecture planned from its header alone */
+        if (dr) return fail(dr, "plan");
+        what = get(o, no, "--model");
+    } else {
+        kvt_model *m = NULL;
+        what = get(o, no, "--model") ? get(o, no, "--model") : get(o, no, "--preset");
+        int r = open_model(what, &m);
+        if (r) return r;
+        kvt_model_plan(m, ctx, &p);
+        kvt_model_close(m);
+        if (!what) what = KVT_DEFAULT_MODEL;
+    }
+    printf("KV cache plan for %s at %llu tokens\n", what, (unsigned long long)ctx);
+    print_bytes("window", p.window);
+    print_bytes("compressed", p.compressed);
+    print_bytes("indexer", p.indexer);
+    print_bytes("frontier", p.frontier);
+    print_bytes("full rows", p.full);
+    printf("%-12s %24.3f B\n", "per token", p.per_token_x1000 / 1000.0);
+    print_bytes("fixed", p.fixed);
+    print_bytes("total", p.total);
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: kvtier COMMAND [options]\n"
+          "\n"
+          "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
+          "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
+          "              [--threads N] [--ctx N] [--rolling] [--kv-save] [disk options]\n"
+          "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
+          "  detokenize  [--model M] --ids \"ID ID ...\"\n"
+          "  info        [--model M]\n"
+          "  perplexity  [--model M] --file F [--threads N] [--ctx N]\n"
+          "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
+          "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
+          "              --layers L --kv-heads H --head-dim D [--bytes B]]\n"
+          "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
+          "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"
+          "              [--kv-ram-mb N (2048): the RAM pool's bound, scratch included]\n"
+          "              [--api-key [NAME=]K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
+          "              [--metrics-key K | --metrics-key-file F]\n"
+          "              [--request-timeout S (30)] [--max-conn-per-addr N (256)]\n"
+          "              [--max-connections N (4096)]\n"
+          "              [--strict-model] [--keep-volatile-lines] [disk options]\n"
+          "              each API key is its own cache namespace with an equal share of\n"
+          "              --kv-ram-mb and --kv-disk-mb, and reads its own /metrics; the\n"
+          "              metrics key reads every key's, labelled tenant=\"NAME\" (NAME: a letter,\n"
+          "              then up to 31 letters, digits, _ or -; unnamed keys key1, key2, ...);\n"
+          "              --parallel requests run at once,\n"
+          "              batched (default from cores and RAM, at most 16), --queue wait\n"
+          "              behind them (429 beyond); any model id is served\n"
+          "              and echoed unless --strict-model (--any-model: accepted, the default);\n"
+          "              --max-tokens is the default reply length and the most a request\n"
+          "              gets; a connection has --request-timeout seconds to send its\n"
+          "              request (and its client as long to take some of the answer),\n"
+          "              at most --max-conn-per-addr come from one address, and\n"
+          "              past --max-connections new ones are answered 503\n"
+          "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
+          "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
+          "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
+          "\n"
+          "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
+          "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
+          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (2048)\n"
+          "  --kv-cache-continued-interval N (8192)\n"
+          "  --kv-disk-min-free-mb N (5% of the file system, at most 1024): saves evict\n"
+          "  least recently used entries to keep this much free on the disk\n"
+          "  the directory is made 0700, its files 0600; one that others may write, or\n"
+          "  of another user, is refused\n"
+          "\n"
+          "--model takes a GGUF path or a preset name (ds4-tiny, ds4-mini); without it\n"
+          "the built-in " KVT_DEFAULT_MODEL " is used.\n", f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    argc -= 2;
+    argv += 2;
+    if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc, argv);
+    if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
+    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc, argv);
+    if (!strcmp(cmd, "model")) return cmd_model(argc, argv);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc, argv);
+    if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc, argv);
+    if (!strcmp(cmd, "bench")) return kvt_bench_main(argc, argv);
+    fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,342 @@
+/* Opening a model: map the GGUF, pick the architecture from
+ * general.architecture, let it load its weights, and build the tokenizer.
+ * An architecture may use tensors in place (kvt_model_tensor_mat): the model
+ * then keeps the mapping open (m->file) until it is closed. */
+#include "arch/model.h"
+#include "format/quant.h"
+#include "base/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static int find_shaped(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, const kvt_gguf_tensor **out)
+{
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
+    uint64_t a = t->ne[0], b = t->n_elem / (t->ne[0] ? t->ne[0] : 1);
+    if (a != ne0 || b != ne1 || t->n_dims > 2)
+        return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu), expected (%llu, %llu)", name,
+                        (unsigned long long)a, (unsigned long long)b, (unsigned long long)ne0,
+                        (unsigned long long)ne1);
+    *out = t;
+    return KVT_OK;
+}
+
+int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, float **out)
+{
+    const kvt_gguf_tensor *t;
+    int rc = find_shaped(g, name, ne0, ne1, &t);
+    if (rc) return rc;
+    size_t n;
+    if (!kvt_mul_ok((size_t)ne0, (size_t)ne1, &n) || n > SIZE_MAX / sizeof(float))
+        return kvt_fail(KVT_EFORMAT, "tensor %s too large", name);
+    float *p = kvt_malloc(n * sizeof(float));
+    if (!p) return KVT_ENOMEM;
+    rc = kvt_gguf_tensor_to_f32(t, p, n);
+    if (rc) { free(p); return rc; }
+    *out = p;
+    return KVT_OK;
+}
+
+int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out)
+{
+    const kvt_gguf_tensor *t;
+    int rc = find_shaped(g, name, ne0, ne1, &t);
+    if (rc) return rc;
+    /* the reader checked that the tensor's bytes lie in the file and that
+     * its rows are whole blocks of a supported type */
+    size_t row = kvt_quant_row_bytes(t->type, ne0); /* a type kvtier computes with */
+    if (!row || row * ne1 != t->n_bytes || !t->data)
+        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
+                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
+    *out = (kvt_wmat){t->data, t->type, (size_t)ne1, (size_t)ne0, row};
+    return KVT_OK;
+}
+
+void kvt_model_hash_mat(struct XXH3_state_s *st, const kvt_wmat *m)
+{
+    if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
+    XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
+}
+
+/* The architectures: each is one file (its loader and its kvt_arch) and one
+ * row here; nothing else in the model layer knows one by name. */
+typedef struct arch_row {
+    bool (*handles)(const kvt_gguf *g); /* by general.architecture */
+    int (*load)(kvt_model *m, const kvt_gguf *g);
+    /* the shape, details and plan from the header alone; NULL: the
+     * architecture needs its tensors for that */
+    int (*describe)(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                    kvt_plan *plan);
+} arch_row;
+
+static const arch_row arch_rows[] = {
+    {kvt_llama_handles, kvt_llama_load, NULL},
+    {kvt_ds4_handles, kvt_ds4_load, kvt_ds4_describe},
+};
+
+static const arch_row *arch_of(const kvt_gguf *g)
+{
+    for (size_t i = 0; i < sizeof arch_rows / sizeof *arch_rows; i++)
+        if (arch_rows[i].handles(g)) return &arch_rows[i];
+    return NULL;
+}
+
+int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                          kvt_wmat *out)
+{
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2)
+        return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu, %llu), expected (%llu, %llu, %llu)", name,
+                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                        (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
+    size_t row = kvt_quant_row_bytes(t->type, ne0), rows = (size_t)(ne1 * ne2);
+    if (!row || row * rows != t->n_bytes || !t->data)
+        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
+                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
+    *out = (kvt_wmat){t->data, t->type, rows, (size_t)ne0, row};
+    return KVT_OK;
+}
+
+/* The tokenizer's identity is the hash of its GGUF serialisation: every
+ * token, score, type, merge and special id, in one canonical form. */
+static int tokenizer_fingerprint(kvt_model *m)
+{
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = w ? kvt_tokenizer_to_gguf(m->tok, w) : KVT_ENOMEM;
+    if (!rc) rc = kvt_gguf_writer_to_mem(w, &buf, &len);
+    if (!rc) m->tok_fingerprint = XXH3_64bits(buf, len);
+    free(buf);
+    kvt_gguf_writer_free(w);
+    return rc;
+}
+
+static void fill_tokenizer_info(kvt_model *m)
+{
+    m->info.bos = kvt_tokenizer_bos(m->tok);
+    m->info.eos = kvt_tokenizer_eos(m->tok);
+    m->info.add_bos = kvt_tokenizer_add_bos(m->tok);
+    m->info.tokenizer = kvt_tokenizer_model(m->tok);
+}
+
+/* The GGUF's chat template, kept for kvt_template_for (a string key; a
+ * missing or non-string one is none). */
+static int keep_chat_template(kvt_model *m, const kvt_gguf *g)
+{
+    const char *s;
+    size_t n;
+    if (kvt_gguf_get_str(g, "tokenizer.chat_template", &s, &n) != KVT_OK) return KVT_OK;
+    if (!(m->chat_template = kvt_strndup(s, n))) return KVT_ENOMEM;
+    m->info.chat_template = m->chat_template;
+    return KVT_OK;
+}
+
+static bool is_preset(const char *name)
+{
+    /* a preset, or a shape variant of one ("ds4-tiny+W=32,K=4": docs/ds4.md) */
+    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini") || !strncmp(name, "ds4-tiny+", 9) ||
+           !strncmp(name, "ds4-mini+", 9);
+}
+
+/* Identity and derived facts, once the weights and tokenizer are in place. */
+static int finish(kvt_model *m)
+{
+    fill_tokenizer_info(m);
+    m->fingerprint = m->arch->fingerprint(m->weights);
+    return tokenizer_fingerprint(m);
+}
+
+int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf)
+{
+    *out = NULL;
+    if (!preset || !is_preset(preset))
+        return kvt_fail(KVT_ENOENT, "no preset '%s' (ds4-tiny, ds4-mini)", preset ? preset : "");
+    kvt_tokenizer *tok = NULL;
+    int rc;
+    if (vocab_gguf) {
+        kvt_gguf *g = NULL;
+        if ((rc = kvt_gguf_open(&g, vocab_gguf))) return rc;
+        rc = kvt_tokenizer_from_gguf(&tok, g);
+        kvt_gguf_close(g);
+    } else {
+        rc = kvt_tokenizer_new_bytes(&tok);
+    }
+    if (rc) return rc;
+    kvt_model *m = kvt_calloc(1, sizeof *m);
+    if (!m) { kvt_tokenizer_free(tok); return KVT_ENOMEM; }
+    if ((rc = kvt_ds4_preset(m, preset, seed, tok))) {
+        kvt_tokenizer_free(tok);
+        free(m);
+        return rc;
+    }
+    m->name = kvt_strndup(preset, strlen(preset));
+    m->info.name = m->name;
+    if (!m->name) rc = KVT_ENOMEM;
+    if (!rc) rc = finish(m);
+    if (rc) { kvt_model_close(m); return rc; }
+    *out = m;
+    return KVT_OK;
+}
+
+int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
+{
+    *out = NULL;
+    kvt_model *m = kvt_calloc(1, sizeof *m);
+    if (!m) return KVT_ENOMEM;
+    const char *arch;
+    size_t arch_len;
+    int rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
+    if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
+    if (rc) goto fail;
+    const arch_row *row = arch_of(g);
+    if (row) rc = row->load(m, g);
+    else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
+                       (int)(arch_len > 64 ? 64 : arch_len), arch);
+    if (rc) goto fail;
+    const char *nm;
+    size_t nl;
+    if (kvt_gguf_get_str(g, "general.name", &nm, &nl) == KVT_OK) m->name = kvt_strndup(nm, nl);
+    else m->name = kvt_strndup(path, strlen(path));
+    if (!m->name) { rc = KVT_ENOMEM; goto fail; }
+    m->info.name = m->name;
+    if ((rc = kvt_tokenizer_from_gguf(&m->tok, g)) || (rc = keep_chat_template(m, g))) goto fail;
+    if (kvt_tokenizer_n_vocab(m->tok) > m->info.n_vocab) {
+        rc = kvt_fail(KVT_EFORMAT, "%s: tokenizer has %u tokens, the model only %u", path,
+                      kvt_tokenizer_n_vocab(m->tok), m->info.n_vocab);
+        goto fail;
+    }
+    if ((rc = finish(m))) goto fail;
+    if (m->arch->weights_pack && (rc = m->arch->weights_pack(m->weights, g))) goto fail;
+    *out = m;
+    return KVT_OK;
+fail:
+    kvt_model_close(m);
+    return rc;
+}
+
+int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                       kvt_plan *plan)
+{
+    if (!path || !info) return kvt_fail(KVT_EINVAL, "describe: NULL argument");
+    if (detail && dlen) detail[0] = 0;
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (rc) return rc;
+    const arch_row *row = arch_of(g);
+    if (!row || !row->describe) {
+        kvt_gguf_close(g);
+        return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
+    }
+    rc = row->describe(g, ctx, info, detail, dlen, plan);
+    kvt_gguf_close(g);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+        return kvt_fail(rc, "%s: %s", path, msg);
+    }
+    return KVT_OK;
+}
+
+int kvt_model_open(kvt_model **out, const char *path)
+{
+    *out = NULL;
+    if (!path) path = KVT_DEFAULT_MODEL;
+    if (is_preset(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, path);
+    if (rc) return rc;
+    if ((rc = kvt_model_from_gguf(out, g, path))) {
+        kvt_gguf_close(g); /* after the model: its weights may point into it */
+        return rc;
+    }
+    (*out)->file = g; /* the weights may borrow its tensors */
+    return KVT_OK;
+}
+
+/* A model with a tokenizer and no weights: what `tokenize` and `detokenize`
+ * need, so a vocabulary GGUF (tokenizer.ggml.* keys only, as llama.cpp's
+ * vocab files are) is enough, and a full model file is not read past its
+ * metadata. Sessions refuse such a model. */
+int kvt_model_open_vocab(kvt_model **out, const char *path)
+{
+    *out = NULL;
+    if (!path) path = KVT_DEFAULT_MODEL;
+    kvt_model *m = kvt_calloc(1, sizeof *m);
+    if (!m) return KVT_ENOMEM;
+    kvt_gguf *g = NULL;
+    int rc;
+    if (is_preset(path)) rc = kvt_tokenizer_new_bytes(&m->tok);
+    else if (!(rc = kvt_gguf_open(&g, path)) && !(rc = kvt_tokenizer_from_gguf(&m->tok, g)))
+        rc = keep_chat_template(m, g);
+    const char *s = NULL;
+    size_t sl = 0;
+    if (!rc && !(g && kvt_gguf_get_str(g, "general.name", &s, &sl) == KVT_OK)) s = path, sl = strlen(path);
+    if (!rc && !(m->name = kvt_strndup(s, sl))) rc = KVT_ENOMEM;
+    kvt_gguf_close(g);
+    if (!rc) {
+        m->info.name = m->name;
+        m->info.arch = "none";
+        m->info.n_vocab = kvt_tokenizer_n_vocab(m->tok);
+        fill_tokenizer_info(m);
+        rc = tokenizer_fingerprint(m);
+    }
+    if (rc) { kvt_model_close(m); return rc; }
+    *out = m;
+    return KVT_OK;
+}
+
+void kvt_model_close(kvt_model *m)
+{
+    if (!m) return;
+    if (m->arch && m->arch->weights_free) m->arch->weights_free(m->weights);
+    kvt_tokenizer_free(m->tok);
+    kvt_gguf_close(m->file);
+    free(m->chat_template);
+    free(m->name);
+    free(m);
+}
+
+int kvt_model_save(const kvt_model *m, const char *path)
+{
+    return kvt_ds4_write_gguf(m, path);
+}
+
+uint64_t kvt_model_fingerprint(const kvt_model *m) { return m->fingerprint; }
+uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fingerprint; }
+
+int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
+{
+    if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
+    return m->arch->plan(m, ctx, out);
+}
+
+int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
+{
+    return kvt_ds4_plan(preset, NULL, ctx, out);
+}
+
+void kvt_model_info_get(const kvt_model *m, kvt_model_info *out) { *out = m->info; }
+
+int kvt_tokenize(const kvt_model *m, const char *text, size_t len, int add_bos, bool parse_special,
+                 int32_t **out, size_t *n_out)
+{
+    bool bos = add_bos < 0 ? m->info.add_bos : add_bos != 0;
+    return kvt_tokenizer_encode(m->tok, text, len, bos, parse_special, out, n_out);
+}
+
+int kvt_token_piece(const kvt_model *m, int32_t id, const char **bytes, size_t *len)
+{
+    return kvt_tokenizer_piece(m->tok, id, bytes, len);
+}
+
+int kvt_detokenize(const kvt_model *m, const int32_t *ids, size_t n, char **out, size_t *len)
+{
+    /* a leading BOS is what tokenize added, not text */
+    if (n && m->info.bos >= 0 && ids[0] == m->info.bos) { ids++; n--; }
+    return kvt_tokenizer_decode(m->tok, ids, n, out, len);
+}

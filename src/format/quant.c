@@ -1,0 +1,381 @@
+/* ggml tensor types (see quant.h for the table of layouts): block shapes,
+ * names, and dequantisation to f32.
+ *
+ * Why "bit for bit like ggml" holds, and what it rests on:
+ *   - every value is the same sequence of single IEEE operations ggml's
+ *     reference dequantisers perform (ggml-quants.c), with the same operands:
+ *     an integer converted to float, times the same float scale, then the
+ *     same subtraction or addition. One rounding per operation, no fused
+ *     multiply-add (the Makefile builds with -ffp-contract=off; ggml's
+ *     x86-64 base library has no FMA instructions either);
+ *   - f16 scales convert exactly, NaNs quietened with their payload kept
+ *     (kvt_f16_to_f32, the same bits as ggml's software conversion);
+ *   - a NaN result takes its payload from the NaN operand. Where both
+ *     operands of an addition can be NaN (q4_1, q5_1: q*d + m with NaN d and
+ *     m) SSE returns the first operand, which in ggml's build is the product;
+ *     a C compiler may swap the operands of +, so add_after_mul() makes that
+ *     choice explicit. Everywhere else at most one operand can be NaN, or
+ *     the operation (subtraction) has a fixed order. An invalid operation
+ *     (inf * 0 with an infinite d, inf - inf) gives the x86 default NaN,
+ *     ffc00000, here as in ggml.
+ * Blocks are read byte by byte (kvt_rd16/32), so src needs no alignment. */
+#include "format/quant.h"
+#include "kvtier.h"
+#include "base/util.h"
+
+#include <math.h>
+
+#define QK 32       /* elements in a q4_0 / q4_1 / q5_0 / q5_1 / q8_0 / iq4_nl / mxfp4 block */
+#define QK_K 256    /* elements in a K-quant and iq4_xs super-block */
+
+/* nb blocks at b -> (nb * elems) f32 at y. One call per run of blocks, not
+ * per block: f16 and bf16 "blocks" are single elements. */
+typedef void (*dequant_fn)(const uint8_t *b, float *y, size_t nb);
+
+/* ---- value tables -------------------------------------------------------- */
+
+/* The 16 iq4_nl levels (ggml-common.h kvalues_iq4nl), shared by iq4_xs. */
+static const int8_t iq4nl_levels[16] = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+};
+
+/* E2M1 (the OCP microscaling FP4 element) times two, so that every entry is
+ * an integer: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (ggml-common.h
+ * kvalues_mxfp4). The mxfp4 scale is halved to compensate. */
+static const int8_t e2m1_x2[16] = {
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+};
+
+static float f16_at(const uint8_t *p) { return kvt_f16_to_f32(kvt_rd16(p)); }
+
+/* p + m where p is a product q*d: a NaN p wins over a NaN m, as in ggml's
+ * x86 build, where p is the first operand of the addss (see the top). p,
+ * being an arithmetic result, is already a quiet NaN. */
+static float add_after_mul(float p, float m)
+{
+    float s = p + m;
+    return isnan(p) ? p : s; /* a select, not a branch */
+}
+
+/* Each format is a function of one block (b -> y[elems]), and
+ * BLOCKS(name, elems, bytes) makes deq_name, its loop over nb blocks, with
+ * the block inlined. */
+#define BLOCKS(name, elems, bytes)                                            \
+    static void deq_##name(const uint8_t *b, float *y, size_t nb)             \
+    {                                                                         \
+        for (size_t i = 0; i < nb; i++)                                       \
+            name##_block(b + i * (bytes), y + i * (elems));                   \
+    }
+
+/* ---- 32-element blocks --------------------------------------------------- */
+
+/* q4_0: f16 d | qs[16]. Byte j: element j in the low nibble, j + 16 in the
+ * high one; the value is d * (nibble - 8). */
+static inline void q4_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = (float)((qs[j] & 15) - 8) * d;
+        y[j + QK / 2] = (float)((qs[j] >> 4) - 8) * d;
+    }
+}
+BLOCKS(q4_0, QK, 18)
+
+/* q4_1: f16 d | f16 m | qs[16]; d * nibble + m. */
+static inline void q4_1_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), m = f16_at(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = add_after_mul((float)(qs[j] & 15) * d, m);
+        y[j + QK / 2] = add_after_mul((float)(qs[j] >> 4) * d, m);
+    }
+}
+BLOCKS(q4_1, QK, 20)
+
+/* q5: the nibbles as in q4, and bit j of the little-endian u32 qh as element
+ * j's fifth bit. Fills q[32] with the 5-bit quants. */
+static inline void q5_quants(const uint8_t *qs, uint32_t qh, int *q)
+{
+    for (int j = 0; j < QK / 2; j++) {
+        q[j] = (qs[j] & 15) | (int)((qh >> j) & 1) << 4;
+        q[j + QK / 2] = (qs[j] >> 4) | (int)((qh >> (j + QK / 2)) & 1) << 4;
+    }
+}
+
+/* q5_0: f16 d | u32 qh | qs[16]; d * (q - 16). */
+static inline void q5_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    int q[QK];
+    q5_quants(b + 6, kvt_rd32(b + 2), q);
+    for (int j = 0; j < QK; j++) y[j] = (float)(q[j] - 16) * d;
+}
+BLOCKS(q5_0, QK, 22)
+
+/* q5_1: f16 d | f16 m | u32 qh | qs[16]; d * q + m. */
+static inline void q5_1_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), m = f16_at(b + 2);
+    int q[QK];
+    q5_quants(b + 8, kvt_rd32(b + 4), q);
+    for (int j = 0; j < QK; j++) y[j] = add_after_mul((float)q[j] * d, m);
+}
+BLOCKS(q5_1, QK, 24)
+
+/* q8_0: f16 d | 32 x int8; d * q. */
+static inline void q8_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int j = 0; j < QK; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+}
+BLOCKS(q8_0, QK, 34)
+
+/* iq4_nl: f16 d | qs[16], nibbles as in q4_0 indexing iq4nl_levels. */
+static inline void iq4_nl_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = d * (float)iq4nl_levels[qs[j] & 15];
+        y[j + QK / 2] = d * (float)iq4nl_levels[qs[j] >> 4];
+    }
+}
+BLOCKS(iq4_nl, QK, 18)
+
+/* The mxfp4 scale as ggml decodes it: E8M0 e means 2^(e - 127), halved for
+ * the doubled table, so 2^(e - 128). That is a subnormal for e = 0 and 1
+ * (2^-128, 2^-127: exact, not flushed) and 2^127 for e = 255, which the OCP
+ * format reserves for NaN: ggml does not treat it specially, nor do we. */
+static float e8m0_half(uint8_t e) { return ldexpf(1.0f, (int)e - 128); }
+
+/* mxfp4: u8 e | qs[16], nibbles as in q4_0 indexing e2m1_x2. */
+static inline void mxfp4_block(const uint8_t *b, float *y)
+{
+    float d = e8m0_half(b[0]);
+    const uint8_t *qs = b + 1;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = (float)e2m1_x2[qs[j] & 15] * d;
+        y[j + QK / 2] = (float)e2m1_x2[qs[j] >> 4] * d;
+    }
+}
+BLOCKS(mxfp4, QK, 17)
+
+/* ---- 256-element super-blocks -------------------------------------------- */
+
+/* q4_K / q5_K scales: 12 bytes holding a 6-bit scale and a 6-bit min for
+ * each of the 8 sub-blocks. Sub-blocks 0..3 keep theirs in the low 6 bits of
+ * bytes 0..3 (scales) and 4..7 (mins); sub-blocks 4..7 keep their low 4 bits
+ * in the nibbles of bytes 8..11 (scale low, min high) and their top 2 bits in
+ * the spare top bits of bytes 0..3 (scales) and 4..7 (mins). ggml's
+ * get_scale_min_k4. */
+static inline void k4_scale_min(const uint8_t *s, int i, int *sc, int *mn)
+{
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *mn = s[i + 4] & 63;
+    } else {
+        *sc = (s[i + 4] & 15) | (s[i - 4] >> 6) << 4;
+        *mn = (s[i + 4] >> 4) | (s[i] >> 6) << 4;
+    }
+}
+
+/* Sub-block i of a q4_K / q5_K: (d * scale) and (dmin * min), each rounded
+ * to f32 first as in ggml; a value is then ds * q - ms. */
+static inline void k4_sub(const uint8_t *s, int i, float d, float dmin, float *ds, float *ms)
+{
+    int sc, mn;
+    k4_scale_min(s, i, &sc, &mn);
+    *ds = d * (float)sc;
+    *ms = dmin * (float)mn;
+}
+
+/* q4_K: f16 d | f16 dmin | scales[12] | qs[128]. Sub-blocks 2k and 2k + 1
+ * share qs[32k .. 32k + 32): low nibbles, then high nibbles. */
+static inline void q4_K_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), dmin = f16_at(b + 2), ds0, ms0, ds1, ms1;
+    const uint8_t *s = b + 4;
+    for (int k = 0; k < 4; k++, y += 64) {
+        const uint8_t *q = b + 16 + 32 * k;
+        k4_sub(s, 2 * k, d, dmin, &ds0, &ms0);
+        k4_sub(s, 2 * k + 1, d, dmin, &ds1, &ms1);
+        for (int l = 0; l < 32; l++) y[l] = ds0 * (float)(q[l] & 15) - ms0;
+        for (int l = 0; l < 32; l++) y[32 + l] = ds1 * (float)(q[l] >> 4) - ms1;
+    }
+}
+BLOCKS(q4_K, QK_K, 144)
+
+/* q5_K: q4_K's layout with qh[32] before qs: bit i of qh[l] is the fifth bit
+ * of element l of sub-block i. */
+static inline void q5_K_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), dmin = f16_at(b + 2), ds0, ms0, ds1, ms1;
+    const uint8_t *s = b + 4, *qh = b + 16;
+    for (int k = 0; k < 4; k++, y += 64) {
+        const uint8_t *q = b + 48 + 32 * k;
+        k4_sub(s, 2 * k, d, dmin, &ds0, &ms0);
+        k4_sub(s, 2 * k + 1, d, dmin, &ds1, &ms1);
+        for (int l = 0; l < 32; l++)
+            y[l] = ds0 * (float)((q[l] & 15) | ((qh[l] >> 2 * k) & 1) << 4) - ms0;
+        for (int l = 0; l < 32; l++)
+            y[32 + l] = ds1 * (float)((q[l] >> 4) | ((qh[l] >> (2 * k + 1)) & 1) << 4) - ms1;
+    }
+}
+BLOCKS(q5_K, QK_K, 176)
+
+/* q6_K: ql[128] | qh[64] | int8 scales[16] | f16 d, in two halves of 128
+ * elements (ql + 64h, qh + 32h, scales + 8h). In a half, element 32r + l
+ * (r = 0..3, l = 0..31) has its low 4 bits in ql[l + 32 (r & 1)] (low nibble
+ * for r < 2, high for r >= 2), its high 2 bits in bits 2r, 2r + 1 of qh[l],
+ * and scale scales[2r + l / 16]; the value is (d * scale) * (q - 32), the
+ * product d * scale rounded first as in ggml. */
+static inline void q6_K_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 208);
+    for (int h = 0; h < 2; h++, y += 128) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *lo = ql + 32 * (r & 1);
+            int shift = r < 2 ? 0 : 4;
+            for (int l0 = 0; l0 < 32; l0 += 16) {
+                float ds = d * (float)sc[2 * r + l0 / 16];
+                for (int l = l0; l < l0 + 16; l++) {
+                    int q = ((lo[l] >> shift) & 15) | ((qh[l] >> 2 * r) & 3) << 4;
+                    y[32 * r + l] = ds * (float)(q - 32);
+                }
+            }
+        }
+    }
+}
+BLOCKS(q6_K, QK_K, 210)
+
+/* iq4_xs: f16 d | u16 scales_h | scales_l[4] | qs[128]. Sub-block i (of 32)
+ * has a 6-bit scale: low 4 bits the nibble i % 2 of scales_l[i / 2], high 2
+ * bits bits 2i, 2i + 1 of scales_h; its 16 bytes of qs are iq4_nl nibbles
+ * scaled by d * (scale - 32). */
+static inline void iq4_xs_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    uint16_t sh = kvt_rd16(b + 2);
+    const uint8_t *sl = b + 4;
+    for (int i = 0; i < 8; i++, y += 32) {
+        int ls = ((sl[i / 2] >> 4 * (i % 2)) & 15) | ((sh >> 2 * i) & 3) << 4;
+        float dl = d * (float)(ls - 32);
+        const uint8_t *q = b + 8 + 16 * i;
+        for (int j = 0; j < 16; j++) {
+            y[j] = dl * (float)iq4nl_levels[q[j] & 15];
+            y[j + 16] = dl * (float)iq4nl_levels[q[j] >> 4];
+        }
+    }
+}
+BLOCKS(iq4_xs, QK_K, 136)
+
+/* ---- plain floats: a block is one element -------------------------------- */
+
+static void deq_f32(const uint8_t *b, float *y, size_t n) { memcpy(y, b, n * sizeof *y); }
+
+static void deq_f16(const uint8_t *b, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = kvt_f16_to_f32(kvt_rd16(b + 2 * i));
+}
+
+static void deq_bf16(const uint8_t *b, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = kvt_bf16_to_f32(kvt_rd16(b + 2 * i));
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+typedef struct qtype {
+    const char *name;   /* ggml's type_name; NULL: no such ggml type */
+    uint16_t elems;     /* per block; 0: not supported by kvtier */
+    uint16_t bytes;
+    dequant_fn deq;
+} qtype;
+
+/* Indexed by ggml type id (ggml.h enum ggml_type; the ids and sizes are
+ * checked against libggml-base's type traits by tests/test_quant.c). Ids 4,
+ * 5, 31..33 and 36..38 are types ggml removed. */
+static const qtype types[] = {
+    [0] = {"f32", 1, 4, deq_f32},
+    [1] = {"f16", 1, 2, deq_f16},
+    [2] = {"q4_0", QK, 18, deq_q4_0},
+    [3] = {"q4_1", QK, 20, deq_q4_1},
+    [6] = {"q5_0", QK, 22, deq_q5_0},
+    [7] = {"q5_1", QK, 24, deq_q5_1},
+    [8] = {"q8_0", QK, 34, deq_q8_0},
+    [9] = {"q8_1"},
+    [10] = {"q2_K"},
+    [11] = {"q3_K"},
+    [12] = {"q4_K", QK_K, 144, deq_q4_K},
+    [13] = {"q5_K", QK_K, 176, deq_q5_K},
+    [14] = {"q6_K", QK_K, 210, deq_q6_K},
+    [15] = {"q8_K"},
+    [16] = {"iq2_xxs"},
+    [17] = {"iq2_xs"},
+    [18] = {"iq3_xxs"},
+    [19] = {"iq1_s"},
+    [20] = {"iq4_nl", QK, 18, deq_iq4_nl},
+    [21] = {"iq3_s"},
+    [22] = {"iq2_s"},
+    [23] = {"iq4_xs", QK_K, 136, deq_iq4_xs},
+    [24] = {"i8"},
+    [25] = {"i16"},
+    [26] = {"i32"},
+    [27] = {"i64"},
+    [28] = {"f64"},
+    [29] = {"iq1_m"},
+    [30] = {"bf16", 1, 2, deq_bf16},
+    [34] = {"tq1_0"},
+    [35] = {"tq2_0"},
+    [39] = {"mxfp4", QK, 17, deq_mxfp4},
+    [40] = {"nvfp4"},
+    [41] = {"q1_0"},
+    [42] = {"q2_0"},
+};
+
+static const qtype *find(uint32_t type)
+{
+    return type < sizeof types / sizeof *types ? &types[type] : NULL;
+}
+
+bool kvt_quant_block(uint32_t type, size_t *elems, size_t *bytes)
+{
+    const qtype *t = find(type);
+    if (!t || !t->elems) return false;
+    if (elems) *elems = t->elems;
+    if (bytes) *bytes = t->bytes;
+    return true;
+}
+
+size_t kvt_quant_row_bytes(uint32_t type, uint64_t n)
+{
+    size_t elems, bytes;
+    uint64_t r;
+    if (!kvt_quant_block(type, &elems, &bytes) || n % elems) return 0;
+    if (__builtin_mul_overflow(n / elems, (uint64_t)bytes, &r) || r > SIZE_MAX) return 0;
+    return (size_t)r;
+}
+
+const char *kvt_quant_name(uint32_t type)
+{
+    const qtype *t = find(type);
+    return t ? t->name : NULL;
+}
+
+int kvt_quant_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+{
+    const qtype *t = find(type);
+    if (!t || !t->elems)
+        return kvt_fail(KVT_EUNSUPPORTED, "quant: cannot dequantise type %s (%u)",
+                        t && t->name ? t->name : "unknown", type);
+    if (n % t->elems)
+        return kvt_fail(KVT_EINVAL, "quant: %zu %s values are not whole blocks of %u", n, t->name,
+                        t->elems);
+    if (n && (!src || !dst)) return kvt_fail(KVT_EINVAL, "quant: to_f32: NULL argument");
+    if (n) t->deq(src, dst, n / t->elems);
+    return KVT_OK;
+}

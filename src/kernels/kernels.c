@@ -1,0 +1,1423 @@
+/* f32 kernels: dot products, matmul, norms, RoPE, softmax. See kernels.h for
+ * the fixed-order contract. The AVX2 code is compiled with a target attribute
+ * and chosen at run time, so one binary runs on any x86-64 (and elsewhere the
+ * scalar path is the only one). */
+#include "kernels/kernels.h"
+#include "format/gguf.h"
+#include "kernels/qkernels.h"
+#include "format/quant.h"
+#include "base/util.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVT_HAVE_X86 1
+#endif
+
+#define LANES 16
+
+/* Fixed reduction tree over the 16 lanes. */
+static inline float reduce16(float *l)
+{
+    for (int k = 0; k < 8; k++) l[k] += l[k + 8];
+    for (int k = 0; k < 4; k++) l[k] += l[k + 4];
+    l[0] += l[2];
+    l[1] += l[3];
+    return l[0] + l[1];
+}
+
+static float dot_scalar(const float *a, const float *b, size_t n)
+{
+    float l[LANES] = {0};
+    for (size_t i = 0; i < n; i++) l[i % LANES] = fmaf(a[i], b[i], l[i % LANES]);
+    return reduce16(l);
+}
+
+static void axpy_scalar(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+#ifdef KVT_HAVE_X86
+/* reduce16 on lanes 0..7 in lo and 8..15 in hi: the same adds in the same
+ * order, four and two at a time. */
+__attribute__((target("avx2,fma"))) static inline float reduce16_avx2(__m256 lo, __m256 hi)
+{
+    __m256 s8 = _mm256_add_ps(lo, hi);                                              /* l[k] += l[k + 8] */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* l[k] += l[k + 4] */
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                              /* l0 += l2, l1 += l3 */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));                      /* l0 + l1 */
+}
+
+__attribute__((target("avx2,fma"))) static float lanes_sum_avx2(const float *l)
+{
+    return reduce16_avx2(_mm256_loadu_ps(l), _mm256_loadu_ps(l + 8));
+}
+
+/* lanes_sum_avx2 of eight lane sets l[r * ld] into out[0..8): each output's
+ * adds of reduce16 in its order, eight outputs a vector. */
+__attribute__((target("avx2,fma"))) static void lanes_sum8_avx2(float *out, const float *l, size_t ld)
+{
+    __m256 a[8], b[4], c[2];
+    for (int r = 0; r < 8; r++) a[r] = _mm256_add_ps(_mm256_loadu_ps(l + r * ld), _mm256_loadu_ps(l + r * ld + 8));
+    for (int r = 0; r < 4; r++) /* [r0's a0..3 | r1's a0..3] + [r0's a4..7 | r1's a4..7] */
+        b[r] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * r], a[2 * r + 1], 0x31));
+    for (int r = 0; r < 2; r++) /* b0 + b2, b1 + b3 */
+        c[r] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0x44),
+                             _mm256_shuffle_ps(b[2 * r], b[2 * r + 1], 0xee));
+    /* c0 + c1: [r0 r2 r4 r6 | r1 r3 r5 r7], then in order */
+    __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, size_t n)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    if (i + 8 <= n) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        i += 8;
+    }
+    if (i == n) return reduce16_avx2(acc0, acc1);
+    float l[LANES];
+    _mm256_storeu_ps(l, acc0);
+    _mm256_storeu_ps(l + 8, acc1);
+    for (; i < n; i++) l[i % LANES] = fmaf(a[i], b[i], l[i % LANES]);
+    return reduce16(l);
+}
+
+/* l[i % 16] += w[i] * x[i] for i in [0, len): the order of dot_avx2,
+ * carried across calls (len a multiple of 16 except in a row's last call). */
+__attribute__((target("avx2,fma"))) static void lanes1_avx2(float *l, const float *w, const float *x, size_t len)
+{
+    __m256 a = _mm256_loadu_ps(l), b = _mm256_loadu_ps(l + 8);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), b);
+    }
+    if (i + 8 <= len) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
+        i += 8;
+    }
+    _mm256_storeu_ps(l, a);
+    _mm256_storeu_ps(l + 8, b);
+    for (; i < len; i++) l[i % LANES] = fmaf(w[i], x[i], l[i % LANES]);
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+}
+#endif
+
+#ifdef KVT_HAVE_X86
+#include <cpuid.h>
+/* AVX2, FMA and F16C from cpuid, with the OS's consent to the AVX state
+ * (OSXSAVE, XCR0 bits 1-2). Read directly rather than through
+ * __builtin_cpu_supports, whose feature strings differ between compilers
+ * (clang 14 has no "f16c"). */
+static int cpu_has_avx2_fma_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6) != 6) return 0;
+    bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
+    return fma && f16c && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 5 & 1);
+}
+
+/* AVX-512 F, BW and VL, with the OS saving the opmask and upper
+ * registers (XCR0 bits 5-7). */
+static int cpu_has_avx512(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2_fma_f16c() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(b >> 16 & 1) || !(b >> 30 & 1) || !(b >> 31 & 1)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;
+}
+#endif
+
+static int simd_state = -1; /* -1 unknown, 0 scalar, 1 avx2 */
+static int wide_state = -1; /* -1 unknown, 0 no, 1 AVX-512 F/BW/VL */
+static bool forced_scalar, forced_avx2;
+
+static bool use_simd(void)
+{
+    if (simd_state < 0) {
+#ifdef KVT_HAVE_X86
+        simd_state = cpu_has_avx2_fma_f16c();
+#else
+        simd_state = 0;
+#endif
+    }
+    return simd_state && !forced_scalar;
+}
+
+bool kvt_kernels_force_scalar(bool on)
+{
+    bool old = forced_scalar;
+    forced_scalar = on;
+    return old;
+}
+
+bool kvt_kernels_simd(void) { return use_simd(); }
+
+bool kvt_kernels_force_avx2(bool on)
+{
+    bool old = forced_avx2;
+    forced_avx2 = on;
+    return old;
+}
+
+bool kvt_kernels_avx512(void)
+{
+    if (wide_state < 0) {
+#ifdef KVT_HAVE_X86
+        wide_state = cpu_has_avx512();
+#else
+        wide_state = 0;
+#endif
+    }
+    return wide_state && use_simd() && !forced_avx2;
+}
+
+float kvt_dot(const float *a, const float *b, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) return dot_avx2(a, b, n);
+#endif
+    return dot_scalar(a, b, n);
+}
+
+void kvt_axpy(float *y, float a, const float *x, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { axpy_avx2(y, a, x, n); return; }
+#endif
+    axpy_scalar(y, a, x, n);
+}
+
+#ifdef KVT_HAVE_X86
+/* reduce16 of four lane sets at once: d[p] = reduce16 of (lo[p], hi[p]),
+ * the same adds in the same order as reduce16_avx2 (a + b == b + a in IEEE
+ * arithmetic, so only the tree matters), four dots finished with the
+ * instructions of about one. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128 reduce16x4_avx2(const __m256 lo[4],
+                                                                                      const __m256 hi[4])
+{
+    __m256 s0 = _mm256_add_ps(lo[0], hi[0]), s1 = _mm256_add_ps(lo[1], hi[1]); /* l[k] += l[k + 8] */
+    __m256 s2 = _mm256_add_ps(lo[2], hi[2]), s3 = _mm256_add_ps(lo[3], hi[3]);
+    /* l[k] += l[k + 4]: [0 | 2] and [1 | 3], four lanes each */
+    __m256 t02 = _mm256_add_ps(_mm256_permute2f128_ps(s0, s2, 0x20), _mm256_permute2f128_ps(s0, s2, 0x31));
+    __m256 t13 = _mm256_add_ps(_mm256_permute2f128_ps(s1, s3, 0x20), _mm256_permute2f128_ps(s1, s3, 0x31));
+    /* l0 += l2, l1 += l3: low half [0: l0 l1, 1: l0 l1], high half [2 .., 3 ..] */
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t02, t13, 0x44), _mm256_shuffle_ps(t02, t13, 0xee));
+    __m128 lo4 = _mm256_castps256_ps128(u), hi4 = _mm256_extractf128_ps(u, 1);
+    /* l0 + l1: [0, 1, 2, 3] */
+    return _mm_add_ps(_mm_shuffle_ps(lo4, hi4, 0x88), _mm_shuffle_ps(lo4, hi4, 0xdd));
+}
+
+/* out[j] = dot(q, k + j * ldk) * scale for four keys, n a multiple of 16:
+ * each dot has dot_avx2's two accumulators, all eight in registers; the
+ * query is loaded once for the four keys. */
+__attribute__((target("avx2,fma"))) static void dots_key4_avx2(float *out, const float *q, const float *k,
+                                                              size_t ldk, size_t n, float scale)
+{
+    __m256 lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    const float *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
+    for (size_t i = 0; i < n; i += 16) {
+        __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+        lo[0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + i), lo[0]);
+        lo[1] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k1 + i), lo[1]);
+        lo[2] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k2 + i), lo[2]);
+        lo[3] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k3 + i), lo[3]);
+        hi[0] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k0 + i + 8), hi[0]);
+        hi[1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1 + i + 8), hi[1]);
+        hi[2] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k2 + i + 8), hi[2]);
+        hi[3] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k3 + i + 8), hi[3]);
+    }
+    _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
+}
+
+/* Prefetch n floats at p (a K or V row some keys ahead: rows ldk apart
+ * defeat the hardware's prefetchers at long context). */
+static inline void prefetch_row(const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
+#define ATT_AHEAD 8 /* keys ahead that the attention kernels prefetch */
+
+/* Three query heads against two keys, n a multiple of 16: the six dots
+ * of dot_avx2 side by side (twelve accumulators), each key half loaded
+ * once for the three heads; out rows ldo apart. */
+__attribute__((target("avx2,fma"))) static void dots_h3k2_avx2(float *out, size_t ldo, const float *q, size_t ldq,
+                                                              const float *k, size_t ldk, size_t n, float scale)
+{
+    __m256 lo[6], hi[6];
+    for (int p = 0; p < 6; p++) lo[p] = hi[p] = _mm256_setzero_ps();
+    const float *k0 = k, *k1 = k + ldk, *q0 = q, *q1 = q + ldq, *q2 = q + 2 * ldq;
+    for (size_t i = 0; i < n; i += 16) {
+        __m256 ka = _mm256_loadu_ps(k0 + i), kb = _mm256_loadu_ps(k1 + i), x;
+        x = _mm256_loadu_ps(q0 + i);
+        lo[0] = _mm256_fmadd_ps(x, ka, lo[0]);
+        lo[1] = _mm256_fmadd_ps(x, kb, lo[1]);
+        x = _mm256_loadu_ps(q1 + i);
+        lo[2] = _mm256_fmadd_ps(x, ka, lo[2]);
+        lo[3] = _mm256_fmadd_ps(x, kb, lo[3]);
+        x = _mm256_loadu_ps(q2 + i);
+        lo[4] = _mm256_fmadd_ps(x, ka, lo[4]);
+        lo[5] = _mm256_fmadd_ps(x, kb, lo[5]);
+        ka = _mm256_loadu_ps(k0 + i + 8), kb = _mm256_loadu_ps(k1 + i + 8);
+        x = _mm256_loadu_ps(q0 + i + 8);
+        hi[0] = _mm256_fmadd_ps(x, ka, hi[0]);
+        hi[1] = _mm256_fmadd_ps(x, kb, hi[1]);
+        x = _mm256_loadu_ps(q1 + i + 8);
+        hi[2] = _mm256_fmadd_ps(x, ka, hi[2]);
+        hi[3] = _mm256_fmadd_ps(x, kb, hi[3]);
+        x = _mm256_loadu_ps(q2 + i + 8);
+        hi[4] = _mm256_fmadd_ps(x, ka, hi[4]);
+        hi[5] = _mm256_fmadd_ps(x, kb, hi[5]);
+    }
+    __m128 sc = _mm_set1_ps(scale);
+    __m128 r01 = _mm_mul_ps(reduce16x4_avx2(lo, hi), sc); /* head 0 key 0, 1; head 1 key 0, 1 */
+    const __m256 lo2[4] = {lo[4], lo[5], lo[4], lo[5]}, hi2[4] = {hi[4], hi[5], hi[4], hi[5]};
+    __m128 r2 = _mm_mul_ps(reduce16x4_avx2(lo2, hi2), sc);
+    _mm_storel_pi((__m64 *)out, r01);
+    _mm_storeh_pi((__m64 *)(out + ldo), r01);
+    _mm_storel_pi((__m64 *)(out + 2 * ldo), r2);
+}
+
+/* One query head against nk keys, n a multiple of 16: four keys a call,
+ * then dot_avx2 for the last nk % 4. */
+__attribute__((target("avx2,fma"))) static void dots_keys_avx2(float *out, const float *q, const float *k,
+                                                              size_t ldk, size_t nk, size_t n, float scale)
+{
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4) dots_key4_avx2(out + j, q, k + j * ldk, ldk, n, scale);
+    for (; j < nk; j++) out[j] = dot_avx2(q, k + j * ldk, n) * scale;
+}
+
+/* y[0..W*8) += a_j * v_j for j < nk in order, W a constant: y in W
+ * registers across the keys, each element one fma per key as in
+ * axpy_avx2. */
+#define AXPY_ROWS_AVX2(W)                                                                                      \
+    __attribute__((target("avx2,fma"))) static void axpy_rows##W##_avx2(float *y, const float *a, const float *v, \
+                                                                       size_t ldv, size_t nk)                 \
+    {                                                                                                          \
+        __m256 acc[W];                                                                                         \
+        for (int e = 0; e < W; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);                                       \
+        for (size_t j = 0; j < nk; j++, v += ldv) {                                                            \
+            __m256 va = _mm256_set1_ps(a[j]);                                                                  \
+            for (int e = 0; e < W; e++) acc[e] = _mm256_fmadd_ps(va, _mm256_loadu_ps(v + 8 * e), acc[e]);     \
+        }                                                                                                      \
+        for (int e = 0; e < W; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);                                       \
+    }
+AXPY_ROWS_AVX2(8)
+AXPY_ROWS_AVX2(4)
+AXPY_ROWS_AVX2(2)
+AXPY_ROWS_AVX2(1)
+#undef AXPY_ROWS_AVX2
+
+/* y[0..n) += a_j * v_j, n a multiple of 8: columns 64 at a time (then 32,
+ * 16, 8), each over every key; the elements are independent, so the
+ * split changes no bit. */
+__attribute__((target("avx2,fma"))) static void axpy_rows_avx2(float *y, const float *a, const float *v, size_t ldv,
+                                                              size_t nk, size_t n)
+{
+    size_t e = 0;
+    for (; e + 64 <= n; e += 64) axpy_rows8_avx2(y + e, a, v + e, ldv, nk);
+    if (e + 32 <= n) { axpy_rows4_avx2(y + e, a, v + e, ldv, nk); e += 32; }
+    if (e + 16 <= n) { axpy_rows2_avx2(y + e, a, v + e, ldv, nk); e += 16; }
+    if (e + 8 <= n) axpy_rows1_avx2(y + e, a, v + e, ldv, nk);
+}
+
+/* Three query heads at once over 32 columns: y_u[0..32) += a_u[j] * v_j
+ * for u < 3, j < nk in order. Twelve accumulator chains (a single head
+ * has eight, and each key's fma waits on the last one's), the value row
+ * loaded once for the three. */
+__attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_t ldy, const float *a, size_t lda,
+                                                                const float *v, size_t ldv, size_t nk)
+{
+    __m256 c0[4], c1[4], c2[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        c0[e] = _mm256_loadu_ps(y + 8 * e);
+        c1[e] = _mm256_loadu_ps(y + ldy + 8 * e);
+        c2[e] = _mm256_loadu_ps(y + 2 * ldy + 8 * e);
+    }
+    const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda;
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        __m256 b0 = _mm256_set1_ps(a0[j]), b1 = _mm256_set1_ps(a1[j]), b2 = _mm256_set1_ps(a2[j]);
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+            __m256 x = _mm256_loadu_ps(v + 8 * e);
+            c0[e] = _mm256_fmadd_ps(b0, x, c0[e]);
+            c1[e] = _mm256_fmadd_ps(b1, x, c1[e]);
+            c2[e] = _mm256_fmadd_ps(b2, x, c2[e]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        _mm256_storeu_ps(y + 8 * e, c0[e]);
+        _mm256_storeu_ps(y + ldy + 8 * e, c1[e]);
+        _mm256_storeu_ps(y + 2 * ldy + 8 * e, c2[e]);
+    }
+}
+#endif
+
+#ifdef KVT_HAVE_X86
+/* Scores of H (1 to 4) queries against four keys with AVX-512: q[h] (n) and
+ * out[h][j..j + 4) for h < H, each (query, key) the same operations (16
+ * lanes reduced as the AVX2 path's two halves), whatever H is. */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
+dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n,
+                float scale)
+{
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __m512 kv[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = _mm512_loadu_ps(k + (size_t)jj * ldk + i);
+        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+            __m512 x = _mm512_loadu_ps(q[h] + i);
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+        }
+    }
+    __m128 sc = _mm_set1_ps(scale);
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+        __m256 lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+            lo[jj] = _mm512_castps512_ps256(acc[h][jj]);
+            hi[jj] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][jj]), 1));
+        }
+        _mm_storeu_ps(out[h] + j, _mm_mul_ps(reduce16x4_avx2(lo, hi), sc));
+    }
+}
+
+/* y[h][e0..e0 + 64) += a[h][j] * v_j for H (1 to 4) queries, keys in order
+ * (each element its own fma per key, so any width gives the same bits). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
+axpy_ph_avx512(const int H, float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)
+{
+    __m512 c[4][4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y[h] + e0 + 16 * e);
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        prefetch_row(v + ATT_AHEAD * ldv, 64);
+        __m512 b[4];
+        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) b[h] = _mm512_set1_ps(a[h][j]);
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+            __m512 x = _mm512_loadu_ps(v + 16 * e);
+            _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
+        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) _mm512_storeu_ps(y[h] + e0 + 16 * e, c[h][e]);
+}
+
+#define ATT_P(H)                                                                                              \
+    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void dots_p##H##k4_avx512(                  \
+        float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n, float scale) \
+    {                                                                                                         \
+        dots_pk4_avx512(H, out, j, q, k, ldk, n, scale);                                                      \
+    }                                                                                                         \
+    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_p##H##h_avx512(                   \
+        float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)             \
+    {                                                                                                         \
+        axpy_ph_avx512(H, y, e0, a, v, ldv, nk);                                                              \
+    }
+ATT_P(1) ATT_P(2) ATT_P(3) ATT_P(4)
+typedef void (*dots_pk4_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t, float);
+typedef void (*axpy_ph_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t);
+static const dots_pk4_fn dots_pk4[5] = {NULL, dots_p1k4_avx512, dots_p2k4_avx512, dots_p3k4_avx512, dots_p4k4_avx512};
+static const axpy_ph_fn axpy_ph[5] = {NULL, axpy_p1h_avx512, axpy_p2h_avx512, axpy_p3h_avx512, axpy_p4h_avx512};
+#endif
+
+void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
+                 float scale)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 16 == 0 && kvt_kernels_avx512()) {
+        for (size_t u = 0, hs; u < nq; u += hs) {
+            hs = nq - u >= 4 ? 4 : nq - u;
+            size_t j = 0;
+            for (; j + 4 <= nk; j += 4) {
+                for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+                dots_pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
+            }
+            for (; j < nk; j++)
+                for (size_t h = u; h < u + hs; h++) out[h][j] = dot_avx2(q[h], k + j * ldk, n) * scale;
+        }
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) kvt_dots_rows(out[u], 0, q[u], 0, 1, k, ldk, nk, n, scale);
+}
+
+void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 64 == 0 && kvt_kernels_avx512()) {
+        for (size_t u = 0, hs; u < nq; u += hs) {
+            hs = nq - u >= 4 ? 4 : nq - u;
+            for (size_t e = 0; e < n; e += 64) axpy_ph[hs](y + u, e, a + u, v + e, ldv, nk);
+        }
+        return;
+    }
+#endif
+    for (size_t u = 0; u < nq; u++) kvt_axpys_rows(y[u], 0, a[u], 0, 1, v, ldv, nk, n);
+}
+
+void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                   size_t nk, size_t n, float scale)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 16 == 0) {
+        size_t u = 0;
+        if (kvt_kernels_avx512()) { /* up to four heads at a time */
+            for (size_t hs; u < nq; u += hs) {
+                hs = nq - u >= 4 ? 4 : nq - u;
+                float *o = out + u * ldo;
+                const float *qu = q + u * ldq;
+                size_t j = 0;
+                float *op[4];
+                const float *qp[4];
+                for (size_t h = 0; h < hs; h++) op[h] = o + h * ldo, qp[h] = qu + h * ldq;
+                for (; j + 4 <= nk; j += 4) {
+                    for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+                    dots_pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
+                }
+                for (; j < nk; j++)
+                    for (size_t h = 0; h < hs; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+            }
+            return;
+        }
+        for (; u + 3 <= nq; u += 3) {
+            float *o = out + u * ldo;
+            const float *qu = q + u * ldq;
+            size_t j = 0;
+            for (; j + 2 <= nk; j += 2) {
+                prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
+                prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
+                dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+            }
+            for (; j < nk; j++)
+                for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+        }
+        for (; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++, k += ldk)
+        for (size_t u = 0; u < nq; u++) out[u * ldo + j] = kvt_dot(q + u * ldq, k, n) * scale;
+}
+
+void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
+                    size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd() && n % 8 == 0) {
+        size_t u = 0;
+        if (n % 64 == 0 && kvt_kernels_avx512()) /* up to four heads at a time */
+            for (size_t hs; u < nq; u += hs) {
+                hs = nq - u >= 4 ? 4 : nq - u;
+                float *yp[4];
+                const float *ap[4];
+                for (size_t h = 0; h < hs; h++) yp[h] = y + (u + h) * ldy, ap[h] = a + (u + h) * lda;
+                for (size_t e = 0; e < n; e += 64) axpy_ph[hs](yp, e, ap, v + e, ldv, nk);
+            }
+        if (n % 32 == 0)
+            for (; u + 3 <= nq; u += 3)
+                for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
+        for (; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++, v += ldv)
+        for (size_t u = 0; u < nq; u++) kvt_axpy(y + u * ldy, a[u * lda + j], v, n);
+}
+
+void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { f16_to_f32_f16c(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { f32_to_f16_f16c(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+}
+
+kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols)
+{
+    return (kvt_wmat){(const uint8_t *)W, KVT_GGML_F32, rows, cols, cols * sizeof(float)};
+}
+
+/* bf16 -> f32 is a shift: exact on either path. */
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2"))) static void bf16_avx2(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(v, 16));
+    }
+    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+}
+#endif
+
+static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { bf16_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+}
+
+#define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
+#define SEG16 1024 /* elements of a binary16 row a sweep reads in place (8 rows: 16 KiB, in L1) */
+#define TOKS 96   /* tokens whose lanes one sweep over a segment carries */
+#define TR 8      /* weight rows of a sweep: one 8-row tile (AVX-512) or two of 4 */
+#define TT 3      /* tokens of a tile */
+#define XBLK (256 * 1024) /* bytes of activations a token block keeps in L2 */
+
+/* Lane state: lanes[r][t] are the 16 lanes of row r's dot product with
+ * token t, each lane accumulating its elements (i % 16) in increasing i
+ * with a fused multiply-add, so any tiling of the work gives the bits of
+ * dot_avx2 / dot_scalar. */
+typedef float lanes_t[LANES];
+
+#ifdef KVT_HAVE_X86
+/* Eight weights from w[i..i+8): f32, or binary16 converted in registers
+ * (F16C is exact). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 wload(const int f16, const void *w, size_t i)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)))
+               : _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline float wscalar(const int f16, const void *w, size_t i)
+{
+    return f16 ? kvt_f16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* Elements [j, len) of an R-row x T-token tile one at a time, each into
+ * lane j % 16: the tiles' single-element tail. */
+static inline void tile_tail(const int R, const int T, const int f16, lanes_t (*L)[TOKS], const void *const *w,
+                             const float *x, size_t ldx, size_t j, size_t len)
+{
+    for (; j < len; j++)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
+}
+
+/* One half (lanes h*8 .. h*8+7) of a 4-row x T-token tile (T <= 3) over w[r][0, len):
+ * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
+ * the low half, the 8 at full when tail8. Twelve accumulators, three token
+ * vectors and one weight vector: AVX2's sixteen registers (tile8_zmm is
+ * the AVX-512 tile). Weights f32, or binary16 when f16. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int f16, const int T,
+                                                                              lanes_t (*L)[TOKS],
+                                                                              const void *const *w, const float *x,
+                                                                              size_t ldx, size_t full, bool tail8,
+                                                                              int h, bool fresh, float *y, size_t ldy)
+{
+    enum { R = 4 };
+    __m256 a[R][TT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+            a[r][t] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(L[r][t] + 8 * h);
+    size_t end = full + (tail8 ? 16 : 0);
+    for (size_t i = 8 * (size_t)h; i < end; i += 16) {
+        __m256 v[TT];
+        /* (a prefetch of the next tile's lines here, while x came from
+         * L3, cost 5 to 25 % once the token blocks kept x in L2) */
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            __m256 wv = wload(f16, w[r], i);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
+        }
+    }
+    if (y) { /* the high half of the last segment: finish the dots, lanes 0..7 from L */
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {
+            __m256 lo[R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) lo[r] = _mm256_loadu_ps(L[r][t]);
+            __m256 hi[R] = {a[0][t], a[1][t], a[2][t], a[3][t]};
+            _mm_storeu_ps(y + (size_t)t * ldy, reduce16x4_avx2(lo, hi));
+        }
+        return;
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) _mm256_storeu_ps(L[r][t] + 8 * h, a[r][t]);
+}
+
+/* fresh: the lanes start at zero (the first segment) instead of from L.
+ * y: the row's last segment, len a multiple of 8: the tile's outputs are
+ * written to y[t * ldy + r] instead of its lanes to L. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int f16, const int T,
+                                                                               lanes_t (*L)[TOKS],
+                                                                               const void *const *w, const float *x,
+                                                                               size_t ldx, size_t len, bool fresh,
+                                                                               float *y, size_t ldy)
+{
+    size_t full = len / 16 * 16;
+    bool tail8 = len - full >= 8;
+    tile_half(f16, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
+    tile_half(f16, T, L, w, x, ldx, full, false, 1, fresh, y, ldy);
+    tile_tail(4, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+}
+
+/* One function per weight type and token count (the last tile of a sweep
+ * takes the one or two tokens left), each compiled with its constants;
+ * tbl[f16][T]. */
+typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
+                        bool fresh, float *y, size_t ldy);
+#define TILE_FN(name, tgt, tile, f16, T)                                                                          \
+    __attribute__((target(tgt))) static void name(lanes_t (*L)[TOKS], const void *const *w, const float *x,      \
+                                                  size_t ldx, size_t len, bool fresh, float *y, size_t ldy)       \
+    {                                                                                                             \
+        tile(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                           \
+    }
+#define TILE_FNS(tbl, tgt, tile)                                                                                  \
+    TILE_FN(tbl##_f32_t1, tgt, tile, 0, 1)                                                                        \
+    TILE_FN(tbl##_f32_t2, tgt, tile, 0, 2)                                                                        \
+    TILE_FN(tbl##_f32_t3, tgt, tile, 0, 3)                                                                        \
+    TILE_FN(tbl##_f16_t1, tgt, tile, 1, 1)                                                                        \
+    TILE_FN(tbl##_f16_t2, tgt, tile, 1, 2)                                                                        \
+    TILE_FN(tbl##_f16_t3, tgt, tile, 1, 3)                                                                        \
+    static const tile_fn tbl##_fns[2][TT + 1] = {{NULL, tbl##_f32_t1, tbl##_f32_t2, tbl##_f32_t3},              \
+                                                 {NULL, tbl##_f16_t1, tbl##_f16_t2, tbl##_f16_t3}};
+TILE_FNS(tile4, "avx2,fma,f16c", tile_rows4)
+
+/* An 8-row x 3-token tile with AVX-512: each (row, token) keeps its 16
+ * lanes in one zmm, so both halves run at once (twenty-four accumulators,
+ * three token vectors, one weight vector of the thirty-two registers). Each
+ * lane sees the same fused multiply-adds in the same order as tile_half's,
+ * so the bits are those of the AVX2 tiles; the 8 at full (tail8) go to
+ * lanes 0..7 under a mask. Weights f32, or binary16 when f16. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
+tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx,
+          size_t len, bool fresh, float *y, size_t ldy)
+{
+    size_t full = len / 16 * 16;
+    bool tail8 = len - full >= 8;
+    __m512 a[8][TT];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+            a[r][t] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(L[r][t]);
+    for (size_t i = 0; i < full; i += 16) {
+        __m512 v[TT];
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+            __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w[r] + i)))
+                            : _mm512_loadu_ps((const float *)w[r] + i);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm512_fmadd_ps(wv, v[t], a[r][t]);
+        }
+    }
+    if (tail8) {
+        __m512 v[TT];
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+            v[t] = _mm512_zextps256_ps512(_mm256_loadu_ps(x + (size_t)t * ldx + full));
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+            __m512 wv = _mm512_zextps256_ps512(wload(f16, w[r], full));
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+                a[r][t] = _mm512_mask3_fmadd_ps(wv, v[t], a[r][t], 0x00FF);
+        }
+    }
+    if (y) { /* the last segment (len a multiple of 8): finish the dots */
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 2") for (int q = 0; q < 8; q += 4) {
+                __m256 lo[4], hi[4];
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                    lo[r] = _mm512_castps512_ps256(a[q + r][t]);
+                    hi[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[q + r][t]), 1));
+                }
+                _mm_storeu_ps(y + (size_t)t * ldy + q, reduce16x4_avx2(lo, hi));
+            }
+        return;
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) _mm512_storeu_ps(L[r][t], a[r][t]);
+    tile_tail(8, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+}
+
+TILE_FNS(tile8, "avx2,fma,f16c,avx512f,avx512vl", tile8_zmm)
+#undef TILE_FNS
+#undef TILE_FN
+#endif
+
+/* One binary16 row against one token, converted in registers (F16C is
+ * exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
+ * read). */
+__attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, const uint16_t *w, const float *x,
+                                                                  size_t len, bool fresh)
+{
+    __m256 a = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l), b = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l + 8);
+    size_t i = 0;
+#define ROW1_STEP(k)                                                                                                 \
+    a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k)))), _mm256_loadu_ps(x + (k)), a);   \
+    b = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k) + 8))), _mm256_loadu_ps(x + (k) + 8), \
+                        b)
+    for (; i + 32 <= len; i += 32) { /* a line of weights a step */
+        _mm_prefetch((const char *)(w + i) + KVT_PF_AHEAD, _MM_HINT_T0);
+        ROW1_STEP(i);
+        ROW1_STEP(i + 16);
+    }
+    if (i + 16 <= len) {
+        ROW1_STEP(i);
+        i += 16;
+    }
+#undef ROW1_STEP
+    _mm256_storeu_ps(l, a);
+    _mm256_storeu_ps(l + 8, b);
+    if (i == len) return;
+    float t[16];
+    f16_to_f32_f16c(t, w + i, len - i);
+    lanes1_avx2(l, t, x + i, len - i); /* the tail (an 8 and single elements) as dot_avx2 takes it */
+}
+
+/* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
+ * tokens' x (ldx apart); w f32, or binary16 read in place when f16 (the
+ * SIMD kernels only).
+ * fresh: the first segment, whose lanes start at zero (L is not read).
+ * y (the last segment, len a multiple of 8): the 3-token tiles write their
+ * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
+ * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
+static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t nr, const float *x, size_t ldx,
+                      size_t nt, size_t len, bool simd, bool fresh, float *y, size_t ldy, size_t *done_r,
+                      size_t *done_t)
+{
+    *done_r = *done_t = 0;
+#ifdef KVT_HAVE_X86
+#define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
+    if (simd) {
+        size_t r = 0, tt = nt / TT * TT;
+        if (nr == 8 && kvt_kernels_avx512()) {
+            for (size_t t = 0; t < nt; t += TT) { /* the last tile takes what is left */
+                float *yt = y ? y + t * ldy : NULL;
+                int T = nt - t < TT ? (int)(nt - t) : TT;
+                tile8_fns[f16][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
+            }
+            r = 8;
+            tt = nt;
+        } else {
+            for (; r + 4 <= nr; r += 4)
+                for (size_t t = 0; t < nt; t += TT) {
+                    float *yt = y ? y + t * ldy + r : NULL;
+                    int T = nt - t < TT ? (int)(nt - t) : TT;
+                    tile4_fns[f16][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                }
+            if (r) tt = nt;
+        }
+        if (y) *done_r = r, *done_t = tt;
+        /* the rest a row and a token at a time: rows [r, nr) of every
+         * token, the rows before of the tokens past the tiles' */
+        for (size_t q = 0; q < nr; q++)
+            for (size_t u = q < r ? tt : 0; u < nt; u++) {
+                if (f16) {
+                    row1_f16_avx2(L[q][u], w[q], x + u * ldx, len, fresh);
+                    continue;
+                }
+                if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
+                lanes1_avx2(L[q][u], w[q], x + u * ldx, len);
+            }
+        return;
+    }
+#undef LT
+#else
+    (void)simd;
+#endif
+    for (size_t t = 0; t < nt; t++) {
+        const float *xt = x + t * ldx;
+        for (size_t r = 0; r < nr; r++) {
+            const float *wr = w[r];
+            if (fresh) memset(L[r][t], 0, sizeof(lanes_t));
+            for (size_t i = 0; i < len; i++) L[r][t][i % LANES] = fmaf(wr[i], xt[i], L[r][t][i % LANES]);
+        }
+    }
+}
+
+struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; bool simd; };
+
+static void mm_range(void *arg, size_t o0, size_t o1)
+{
+    struct mm_ctx *c = arg;
+    const kvt_wmat *W = c->W;
+    size_t d_in = W->cols, d_out = W->rows, blk = 1, blk_bytes = 4;
+    bool f32 = W->type == KVT_GGML_F32;
+    if (!f32) kvt_quant_block(W->type, &blk, &blk_bytes);
+    static _Thread_local float wseg[TR][SEG] __attribute__((aligned(32)));
+    static _Thread_local lanes_t lanes[TR][TOKS];
+    /* f32 rows are read in place, and F16 ones by the SIMD kernels (a
+     * segment of SEG16); the other types are converted to f32 a segment of
+     * SEG at a time */
+    bool in_place = f32 || (c->simd && W->type == KVT_GGML_F16), f16 = in_place && !f32;
+    size_t seg = f16 ? SEG16 : SEG;
+    /* tokens of a block: their x (tb x d_in floats) stays in L2 while
+     * every row of the range runs over it */
+    size_t tb = d_in ? XBLK / (d_in * sizeof(float)) / TT * TT : TOKS;
+    tb = tb < TT ? TT : tb > TOKS ? TOKS : tb;
+    for (size_t t0 = 0; t0 < c->n; t0 += tb) {
+        size_t nt = c->n - t0 < tb ? c->n - t0 : tb;
+        for (size_t o = o0; o < o1; o += TR) {
+        size_t nr = o1 - o < TR ? o1 - o : TR;
+            /* the lanes start at zero: set here for decode and an empty row;
+             * the first segment's kernels start from zero themselves */
+            if (!d_in) for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+            size_t done_r = 0, done_t = 0; /* outputs the tiles wrote (lanes_run) */
+#ifdef KVT_HAVE_X86
+            /* the outputs' lines (a token's are adjacent; tokens d_out
+             * apart), on their way while the tiles run */
+            if (c->simd)
+                for (size_t t = 0; t < nt; t++) _mm_prefetch((const char *)(c->y + (t0 + t) * d_out + o), _MM_HINT_T0);
+#endif
+#ifdef KVT_HAVE_X86
+            if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
+                if (f32)
+                    for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
+                /* decode: each row whole (binary16 straight into
+                 * registers), one row after the other. One stream through
+                 * memory: rows read four side by side, or in segments,
+                 * ran at a third of the read bandwidth (8.5 against 19 to
+                 * 24 GB/s on a 2048 x 768 F16 matrix out of the cache). */
+                for (size_t r = 0; r < nr; r++) {
+                    const uint8_t *row = W->data + (o + r) * W->row_bytes;
+                    for (size_t t = 0; t < nt; t++) {
+                        const float *xt = c->x + (t0 + t) * d_in;
+                        if (f32) lanes1_avx2(lanes[r][t], (const float *)row, xt, d_in);
+                        else row1_f16_avx2(lanes[r][t], (const uint16_t *)row, xt, d_in, true);
+                    }
+                }
+            } else
+#endif
+            for (size_t k = 0; k < d_in; k += seg) {
+                size_t len = d_in - k < seg ? d_in - k : seg;
+                const void *w[TR];
+                for (size_t r = 0; r < nr; r++) {
+                    const uint8_t *src = W->data + (o + r) * W->row_bytes + k / blk * blk_bytes;
+                    if (in_place) w[r] = src;
+                    else if (W->type == KVT_GGML_F16) kvt_f16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    else if (W->type == KVT_GGML_BF16) bf16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    else kvt_quant_to_f32(W->type, src, wseg[r], len);
+                    if (!in_place) w[r] = wseg[r];
+                }
+                bool last = k + len == d_in && len % 8 == 0;
+                lanes_run(lanes, w, f16, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0,
+                          last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
+            }
+            /* the outputs the tiles did not write, token by token: a
+             * token's outputs are adjacent in y */
+            for (size_t t = 0; t < nt; t++)
+                for (size_t r = t < done_t ? done_r : 0; r < nr; r++) {
+                    float *l = lanes[r][t];
+#ifdef KVT_HAVE_X86
+                    if (c->simd && nr == 8 && r == 0) {
+                        lanes_sum8_avx2(c->y + (t0 + t) * d_out + o, l, TOKS * LANES);
+                        break;
+                    }
+                    if (c->simd) {
+                        c->y[(t0 + t) * d_out + o + r] = lanes_sum_avx2(l);
+                        continue;
+                    }
+#endif
+                    c->y[(t0 + t) * d_out + o + r] = reduce16(l);
+                }
+        }
+    }
+}
+
+/* Tokens [t0, t1) against every row: a thread's share of a prefill split
+ * by tokens. */
+static void mm_tokens(void *arg, size_t t0, size_t t1)
+{
+    const struct mm_ctx *c = arg;
+    struct mm_ctx part = {c->y + t0 * c->W->rows, c->W, c->x + t0 * c->W->cols, t1 - t0, c->simd};
+    mm_range(&part, 0, c->W->rows);
+}
+
+/* Split a prefill by tokens rather than rows: each thread then reads the
+ * activations that it wrote (the norms before split by tokens the same
+ * way) instead of half of them from the other core, at the price of
+ * reading every weight. Any split gives the same bits. */
+static bool tok_split(const kvt_pool *pool, const kvt_wmat *W, size_t n)
+{
+    return pool && kvt_pool_size(pool) > 1 && n >= TOKS * kvt_pool_size(pool) && W->cols;
+}
+
+void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
+{
+    if (kvt_q_supported(W->type)) {
+        kvt_q_matmul(pool, y, W, x, n, qx);
+        return;
+    }
+    struct mm_ctx c = {y, W, x, n, use_simd()};
+    if (tok_split(pool, W, n)) {
+        kvt_pool_for(pool, n, TOKS, mm_tokens, &c);
+        return;
+    }
+    size_t per_out = n * W->cols;
+    size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
+    kvt_pool_for(pool, W->rows, min, mm_range, &c);
+}
+
+void kvt_matmul_w_next(kvt_pool *pool, float *y, const kvt_wmat *W, const kvt_wmat *prev, const float *x, size_t n,
+                       uint8_t *qx)
+{
+    if (qx && prev->cols == W->cols && kvt_q_same_act(prev->type, W->type)) {
+        kvt_q_matmul_quantised(pool, y, W, n, qx);
+        return;
+    }
+    kvt_matmul_w(pool, y, W, x, n, qx);
+}
+
+void kvt_matmul(kvt_pool *pool, float *y, const float *W, const float *x,
+                size_t n, size_t d_in, size_t d_out)
+{
+    kvt_wmat w = kvt_wmat_f32(W, d_out, d_in);
+    kvt_matmul_w(pool, y, &w, x, n, NULL);
+}
+
+void kvt_rmsnorm(float *out, const float *x, const float *w, size_t d, float eps)
+{
+    float ss = kvt_dot(x, x, d) / (float)d + eps;
+    float s = 1.0f / sqrtf(ss);
+    for (size_t j = 0; j < d; j++) out[j] = w ? w[j] * (s * x[j]) : s * x[j];
+}
+
+static void rope_dir(float *v, size_t n_rot, size_t pos, float base, float sign)
+{
+    for (size_t i = 0; i < n_rot; i += 2) {
+        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
+        float ang = (float)pos * freq;
+        float c = cosf(ang), s = sign * sinf(ang);
+        float a = v[i], b = v[i + 1];
+        v[i] = a * c - b * s;
+        v[i + 1] = a * s + b * c;
+    }
+}
+
+void kvt_rope(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, 1.0f); }
+
+void kvt_rope_heads(float *a, size_t na, float *b, size_t nb, size_t stride, size_t n_rot, size_t pos, float base,
+                    const float *ff, bool neox)
+{
+    size_t half = n_rot / 2;
+    for (size_t i = 0; i < n_rot; i += 2) {
+        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
+        float ang = ff ? (float)pos * freq / ff[i / 2] : (float)pos * freq;
+        float c = cosf(ang), s = sinf(ang);
+        size_t j0 = neox ? i / 2 : i, j1 = neox ? i / 2 + half : i + 1;
+        for (size_t h = 0; h < na + nb; h++) {
+            float *p = h < na ? a + h * stride : b + (h - na) * stride, u = p[j0], v = p[j1];
+            p[j0] = u * c - v * s;
+            p[j1] = u * s + v * c;
+        }
+    }
+}
+void kvt_rope_inv(float *v, size_t n_rot, size_t pos, float base) { rope_dir(v, n_rot, pos, base, -1.0f); }
+
+
+static float yarn_corr_dim(size_t n_rot, uint32_t orig, float beta, float base)
+{
+    return (float)n_rot * logf((float)orig / (beta * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+kvt_yarn kvt_yarn_make(size_t n_rot, float base, float factor, uint32_t orig_ctx)
+{
+    if (!(factor > 1.0f) || !orig_ctx) return (kvt_yarn){1.0f, 0.0f, 0.0f, 0.0f};
+    float lo = floorf(yarn_corr_dim(n_rot, orig_ctx, 32.0f, base));
+    float hi = ceilf(yarn_corr_dim(n_rot, orig_ctx, 1.0f, base));
+    return (kvt_yarn){1.0f / factor, 1.0f, lo > 0 ? lo : 0, hi < (float)n_rot - 1 ? hi : (float)n_rot - 1};
+}
+
+void kvt_rope_ext(float *v, size_t n_rot, size_t pos, float base, const kvt_yarn *y, float sign)
+{
+    if (!y || (y->ext_factor == 0.0f && y->freq_scale == 1.0f)) {
+        rope_dir(v, n_rot, pos, base, sign);
+        return;
+    }
+    for (size_t i = 0; i < n_rot; i += 2) {
+        float freq = 1.0f / powf(base, (float)i / (float)n_rot);
+        float extrap = (float)pos * freq, interp = y->freq_scale * extrap, ang = interp;
+        if (y->ext_factor != 0.0f) {
+            float r = ((float)(i / 2) - y->lo) / fmaxf(0.001f, y->hi - y->lo);
+            float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, r))) * y->ext_factor;
+            ang = interp * (1.0f - mix) + extrap * mix;
+        }
+        float c = cosf(ang), s = sign * sinf(ang);
+        float a = v[i], b = v[i + 1];
+        v[i] = a * c - b * s;
+        v[i + 1] = a * s + b * c;
+    }
+}
+
+void kvt_hadamard(float *v, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                float a = v[j], b = v[j + h];
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) v[i] *= s;
+}
+
+/* exp: the algorithm and constants of glibc's expf (Arm's optimized
+ * routines: x * 32 / ln 2 = k + r, 2^(k/32) from a table, a cubic in r, in
+ * double), with the fused multiply-adds of its FMA build, so that it gives
+ * the bits glibc 2.36 gives on this machine (tests/test_kernels.c compares
+ * it with libm's expf) but no longer depends on the machine's libm. */
+static const uint64_t exp2f_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+#define EXPF_INVLN2N 0x1.71547652b82fep+5 /* 32 / ln 2 */
+#define EXPF_SHIFT 0x1.8p+52              /* rounds to an integer when added */
+#define EXPF_C0 0x1.c6af84b912394p-20
+#define EXPF_C1 0x1.ebfce50fac4f3p-13
+#define EXPF_C2 0x1.62e42ff0c52d6p-6
+#define EXPF_TOP_SPECIAL 0x42b /* top 12 bits of |x| from 88.0f on: the special cases */
+
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+
+__attribute__((always_inline)) static inline float expf_core(float x)
+{
+    uint32_t ix = f32_bits(x), top = ix >> 20 & 0x7ff;
+    if (top >= EXPF_TOP_SPECIAL) {
+        if (ix == 0xff800000u) return 0.0f;            /* exp(-inf) */
+        if (top >= 0x7f8) return x + x;                /* inf, NaN */
+        if (x > 0x1.62e42ep6f) return INFINITY;        /* overflows */
+        if (x < -0x1.9fe368p6f) return 0.0f;           /* under 2^-150 */
+        if (x < -0x1.9d1d9ep6f) return 0x1p-149f;      /* rounds to the least subnormal */
+    }
+    double xd = x, kd = fma(EXPF_INVLN2N, xd, EXPF_SHIFT);
+    uint64_t ki;
+    memcpy(&ki, &kd, 8);
+    kd -= EXPF_SHIFT;
+    double r = fma(EXPF_INVLN2N, xd, -kd);
+    uint64_t t = exp2f_tab[ki % 32] + (ki << 47);
+    double sc;
+    memcpy(&sc, &t, 8);
+    double z = fma(EXPF_C0, r, EXPF_C1), r2 = r * r, y = fma(EXPF_C2, r, 1.0);
+    y = fma(z, r2, y) * sc;
+    return (float)y;
+}
+
+
+#ifdef KVT_HAVE_X86
+/* kvt_expf with the fma instruction (a library call elsewhere). */
+__attribute__((target("avx2,fma"))) static float expf1_fma(float x) { return expf_core(x); }
+
+/* kvt_expf of four floats in double lanes. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128 expf4_avx2(__m128 x)
+{
+    __m256d xd = _mm256_cvtps_pd(x);
+    __m256d kd = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_INVLN2N), xd, _mm256_set1_pd(EXPF_SHIFT));
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, _mm256_set1_pd(EXPF_SHIFT));
+    __m256d r = _mm256_fmsub_pd(_mm256_set1_pd(EXPF_INVLN2N), xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)exp2f_tab, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    __m256d sc = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+    __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_C0), r, _mm256_set1_pd(EXPF_C1));
+    __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_C2), r, _mm256_set1_pd(1.0));
+    y = _mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), sc);
+    return _mm256_cvtpd_ps(y);
+}
+
+/* kvt_expf of eight floats: four at a time in double lanes, or, when a
+ * lane is in the special range (|x| >= 88, NaN), each through expf1_fma. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 expf8_avx2(__m256 d)
+{
+    __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(d), 20), _mm256_set1_epi32(0x7ff));
+    if (!_mm256_testz_si256(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(EXPF_TOP_SPECIAL - 1)), _mm256_set1_epi32(-1))) {
+        float l[8];
+        _mm256_storeu_ps(l, d);
+        for (int e = 0; e < 8; e++) l[e] = expf1_fma(l[e]);
+        return _mm256_loadu_ps(l);
+    }
+    return _mm256_set_m128(expf4_avx2(_mm256_extractf128_ps(d, 1)), expf4_avx2(_mm256_castps256_ps128(d)));
+}
+
+/* x[i] = kvt_expf(x[i] - m), eight at a time. */
+__attribute__((target("avx2,fma"))) static void exp_shift_avx2(float *x, size_t n, float m)
+{
+    size_t i = 0;
+    __m256 vm = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm)));
+    for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
+}
+
+/* expf4_avx2 for eight floats in the double lanes of a zmm, the table
+ * read by two-source permutes (32 entries in four registers). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline __m256 expf8_zmm(__m256 x,
+                                                                                                 const __m512i T[4])
+{
+    __m512d xd = _mm512_cvtps_pd(x);
+    __m512d kd = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_INVLN2N), xd, _mm512_set1_pd(EXPF_SHIFT));
+    __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, _mm512_set1_pd(EXPF_SHIFT));
+    __m512d r = _mm512_fmsub_pd(_mm512_set1_pd(EXPF_INVLN2N), xd, kd);
+    __m512i lo = _mm512_permutex2var_epi64(T[0], ki, T[1]), hi = _mm512_permutex2var_epi64(T[2], ki, T[3]);
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    __m512d sc = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47)));
+    __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_C0), r, _mm512_set1_pd(EXPF_C1));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_C2), r, _mm512_set1_pd(1.0));
+    y = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, y), sc);
+    return _mm512_cvtpd_ps(y);
+}
+
+/* exp_shift_avx2 sixteen at a time with AVX-512: the same operations per
+ * element, a block with a lane in the special range through expf1_fma. */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void exp_shift_avx512(float *x, size_t n, float m)
+{
+    const __m512i T[4] = {_mm512_loadu_si512((const void *)exp2f_tab), _mm512_loadu_si512((const void *)(exp2f_tab + 8)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 16)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 24))};
+    size_t i = 0;
+    const __m512 vm = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(d), 20), _mm512_set1_epi32(0x7ff));
+        if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(EXPF_TOP_SPECIAL - 1))) {
+            for (int e = 0; e < 16; e++) x[i + e] = expf1_fma(x[i + e] - m);
+            continue;
+        }
+        __m256 a = expf8_zmm(_mm512_castps512_ps256(d), T);
+        __m256 b = expf8_zmm(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)), T);
+        _mm256_storeu_ps(x + i, a);
+        _mm256_storeu_ps(x + i + 8, b);
+    }
+    for (; i < n; i++) x[i] = expf1_fma(x[i] - m);
+}
+
+/* kvt_swiglu eight at a time: the scalar expression's operations in its
+ * order, exp through expf8_avx2. */
+__attribute__((target("avx2,fma"))) static void swiglu_avx2(float *h1, const float *h3, size_t n)
+{
+    size_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(h1 + i), e = expf8_avx2(_mm256_xor_ps(g, neg));
+        __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(h1 + i, _mm256_mul_ps(_mm256_mul_ps(g, r), _mm256_loadu_ps(h3 + i)));
+    }
+    for (; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf1_fma(-g))) * h3[i];
+    }
+}
+
+/* swiglu_avx2 sixteen at a time with AVX-512 (exp through expf8_zmm). */
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static void swiglu_avx512(float *h1, const float *h3, size_t n)
+{
+    const __m512i T[4] = {_mm512_loadu_si512((const void *)exp2f_tab), _mm512_loadu_si512((const void *)(exp2f_tab + 8)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 16)),
+                          _mm512_loadu_si512((const void *)(exp2f_tab + 24))};
+    const __m512 one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(h1 + i), d = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+        __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(d), 20), _mm512_set1_epi32(0x7ff));
+        if (_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(EXPF_TOP_SPECIAL - 1))) {
+            for (size_t e = i; e < i + 16; e++) h1[e] = h1[e] * (1.0f / (1.0f + expf1_fma(-h1[e]))) * h3[e];
+            continue;
+        }
+        __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(expf8_zmm(_mm512_castps512_ps256(d), T))),
+            _mm256_castps_pd(expf8_zmm(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)), T)), 1));
+        __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(h1 + i, _mm512_mul_ps(_mm512_mul_ps(g, r), _mm512_loadu_ps(h3 + i)));
+    }
+    for (; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf1_fma(-g))) * h3[i];
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, float d)
+{
+    size_t i = 0;
+    __m256 vd = _mm256_set1_ps(d);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vd));
+    for (; i < n; i++) x[i] /= d;
+}
+#endif
+
+float kvt_expf(float x)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) return expf1_fma(x);
+#endif
+    return expf_core(x);
+}
+
+/* GELU (tanh form) of every binary16 input, rounded to binary16: the
+ * function kvt_geglu computes between -10 and 10, tabulated once (ggml's
+ * CPU backend looks it up the same way), so a lookup gives the bits the
+ * computation would. */
+static float gelu_tab[65536];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_init(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float v = kvt_f16_to_f32((uint16_t)h);
+        gelu_tab[h] = kvt_f16_to_f32(kvt_f32_to_f16(0.5f * v * (1.0f + tanhf(0.7978845608028654f * v *
+                                                                              (1.0f + 0.044715f * v * v)))));
+    }
+}
+
+void kvt_geglu(float *h1, const float *h3, size_t n)
+{
+    pthread_once(&gelu_once, gelu_init);
+    for (size_t i = 0; i < n; i++) {
+        float x = h1[i], g;
+        if (x <= -10.0f) g = 0.0f;
+        else if (x >= 10.0f) g = x;
+        else g = gelu_tab[kvt_f32_to_f16(x)];
+        h1[i] = g * h3[i];
+    }
+}
+
+void kvt_swiglu(float *h1, const float *h3, size_t n)
+{
+#ifdef KVT_HAVE_X86
+    if (use_simd()) { (kvt_kernels_avx512() ? swiglu_avx512 : swiglu_avx2)(h1, h3, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) {
+        float g = h1[i];
+        h1[i] = g * (1.0f / (1.0f + expf_core(-g))) * h3[i];
+    }
+}
+
+/* The maximum in eight lanes, x[i] into lane i % 8 as m = x > m ? x : m,
+ * the lanes then in order (so NaNs are met as by one fixed sequence; for
+ * numbers any order gives the same maximum, up to the sign of a zero, which
+ * no x - m can see). */
+static float max8(const float *x, size_t n)
+{
+    float l[8] = {0};
+    size_t k = n < 8 ? n : 8;
+    for (size_t e = 0; e < k; e++) l[e] = x[e];
+    for (size_t i = 8; i < n; i++) l[i % 8] = x[i] > l[i % 8] ? x[i] : l[i % 8];
+    float m = l[0];
+    for (size_t e = 1; e < k; e++) m = l[e] > m ? l[e] : m;
+    return m;
+}
+
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2,fma"))) static float max8_avx2(const float *x, size_t n)
+{
+    if (n < 16) return max8(x, n);
+    __m256 v = _mm256_loadu_ps(x);
+    size_t i = 8;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_loadu_ps(x + i);
+        v = _mm256_blendv_ps(v, y, _mm256_cmp_ps(y, v, _CMP_GT_OQ));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    for (; i < n; i++) l[i % 8] = x[i] > l[i % 8] ? x[i] : l[i % 8];
+    float m = l[0];
+    for (int e = 1; e < 8; e++) m = l[e] > m ? l[e] : m;
+    return m;
+}
+#endif
+
+void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
+{
+    if (!n) return;
+    for (size_t r0 = 0; r0 < nrows; r0 += 4) {
+        size_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
+        float *row[4] = {x + r0 * ldx, x + (r0 + 1) * ldx, x + (r0 + 2) * ldx, x + (r0 + 3) * ldx};
+        float sum[4] = {0, 0, 0, 0};
+        for (size_t r = 0; r < nr; r++) {
+#ifdef KVT_HAVE_X86
+            if (use_simd()) {
+                (kvt_kernels_avx512() ? exp_shift_avx512 : exp_shift_avx2)(row[r], n, max8_avx2(row[r], n));
+                continue;
+            }
+#endif
+            float m = max8(row[r], n);
+            for (size_t i = 0; i < n; i++) row[r][i] = kvt_expf(row[r][i] - m);
+        }
+        /* each row's sum in position order; the rows' chains side by side */
+        if (nr == 4)
+            for (size_t i = 0; i < n; i++) {
+                sum[0] += row[0][i];
+                sum[1] += row[1][i];
+                sum[2] += row[2][i];
+                sum[3] += row[3][i];
+            }
+        else if (nr == 3)
+            for (size_t i = 0; i < n; i++) {
+                sum[0] += row[0][i];
+                sum[1] += row[1][i];
+                sum[2] += row[2][i];
+            }
+        else
+            for (size_t r = 0; r < nr; r++)
+                for (size_t i = 0; i < n; i++) sum[r] += row[r][i];
+        for (size_t r = 0; r < nr; r++) {
+#ifdef KVT_HAVE_X86
+            if (use_simd()) {
+                div_avx2(row[r], n, sum[r]);
+                continue;
+            }
+#endif
+            for (size_t i = 0; i < n; i++) row[r][i] /= sum[r];
+        }
+    }
+}
+

@@ -1,0 +1,93 @@
+/* Token sampling: greedy (argmax, lowest id on ties) or temperature with
+ * optional top-k and top-p, driven by a seeded xoshiro256** generator so a
+ * given seed reproduces a run. */
+#include "base/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+struct kvt_sampler {
+    kvt_sampler_opts o;
+    uint64_t st[4];
+    struct cand { float logit; int32_t id; } *cand;
+    uint32_t cap;
+};
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next64(uint64_t *s)
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return r;
+}
+
+int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts)
+{
+    kvt_sampler *s = kvt_calloc(1, sizeof *s);
+    if (!s) return KVT_ENOMEM;
+    s->o = *opts;
+    if (!(s->o.top_p > 0 && s->o.top_p <= 1)) s->o.top_p = 1;
+    uint64_t z = opts->seed;
+    for (int i = 0; i < 4; i++) { /* splitmix64 seeding */
+        z += 0x9e3779b97f4a7c15ull;
+        uint64_t x = z;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        s->st[i] = x ^ (x >> 31);
+    }
+    *out = s;
+    return KVT_OK;
+}
+
+void kvt_sampler_free(kvt_sampler *s)
+{
+    if (!s) return;
+    free(s->cand);
+    free(s);
+}
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t V)
+{
+    if (!(s->o.temperature > 0)) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+        return (int32_t)best;
+    }
+    if (s->cap < V) {
+        free(s->cand);
+        s->cand = malloc((size_t)V * sizeof *s->cand);
+        if (!s->cand) { s->cap = 0; return -1; }
+        s->cap = V;
+    }
+    for (uint32_t i = 0; i < V; i++) s->cand[i] = (struct cand){logits[i], (int32_t)i};
+    qsort(s->cand, V, sizeof *s->cand, cmp_cand);
+    uint32_t n = s->o.top_k && s->o.top_k < V ? s->o.top_k : V;
+    double mx = s->cand[0].logit, z = 0;
+    double *p = malloc((size_t)n * sizeof *p);
+    if (!p) return s->cand[0].id;
+    for (uint32_t i = 0; i < n; i++) { p[i] = exp((s->cand[i].logit - mx) / s->o.temperature); z += p[i]; }
+    uint32_t keep = n;
+    double cum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += p[i] / z;
+        if (cum >= s->o.top_p) { keep = i + 1; break; }
+    }
+    double mass = 0;
+    for (uint32_t i = 0; i < keep; i++) mass += p[i];
+    double u = (double)(next64(s->st) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    int32_t id = s->cand[keep - 1].id;
+    for (uint32_t i = 0; i < keep; i++) {
+        if (u < p[i]) { id = s->cand[i].id; break; }
+        u -= p[i];
+    }
+    free(p);
+    return id;
+}

@@ -1,0 +1,175 @@
+/* The cache tiers a request runs on (tiers.c): the RAM pool of live
+ * sessions and the choice, per prompt, of the session to run on and how
+ * much of the prompt it already holds (RAM, disk, or nothing).
+ *
+ * Nothing here knows of HTTP, jobs or the server's threads: one caller at
+ * a time (the server's worker) owns a kvt_tiers and every session in it;
+ * the sessions run on the worker threads the tiers own. What the
+ * tiers do that the caller may want to count (a save of a dropped session,
+ * an eviction, a restore from disk) is reported through kvt_tier_hooks as
+ * it happens. */
+#ifndef KVT_TIERS_H
+#define KVT_TIERS_H
+
+#include "kvtier.h"
+#include "base/threads.h"
+
+#define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
+#define KVT_TIERS_MAX_BUSY 16   /* sessions in use at once (the server's --parallel at most) */
+
+/* Optional callbacks, each called with the tenant concerned; NULL ones are
+ * skipped. */
+typedef struct kvt_tier_hooks {
+    /* a dropped session was saved to its tenant's store: rc the save's
+     * result, created whether a new entry was written */
+    void (*saved)(void *user, int tenant, double seconds, int rc, bool created);
+    void (*evicted)(void *user, int tenant);          /* a session left RAM for the budget */
+    void (*loaded)(void *user, int tenant, double seconds); /* a disk restore was tried */
+    void *user;
+    /* Take a dropped session s, to be saved to store (reason given) later
+     * and freed: s is the callee's from then on. false: not taken, saved
+     * here. (The server's store threads, storeq.h.) */
+    bool (*hand_off)(void *user, int tenant, kvt_store *store, kvt_session *s, const char *reason);
+    /* Bytes of the tenant's sessions handed off and not yet saved: they
+     * count against its share of the RAM budget until then. */
+    size_t (*held)(void *user, int tenant);
+} kvt_tier_hooks;
+
+typedef struct kvt_tiers_opts {
+    size_t ram_bytes;          /* the RAM budget; each tenant gets ram_bytes / n_tenants */
+    size_t n_tenants;          /* >= 1; each also gets KVT_TIERS_MAX_POOL / n_tenants sessions */
+    uint32_t n_ctx, n_threads; /* of the sessions the pool makes */
+    kvt_save_policy policy;    /* the checkpoint grid of new sessions; min_tokens for saves on drop */
+    kvt_tier_hooks hooks;
+    bool defer_loads;          /* a disk restore is the caller's (kvt_tier_pick.load), not done in
+                                * kvt_tiers_select */
+} kvt_tiers_opts;
+
+/* A live session, its tenant and when a request last ran on it (the
+ * pool's clock: larger is more recent); busy while a request runs on it
+ * (from kvt_tiers_select to kvt_tiers_release). */
+typedef struct kvt_pooled {
+    kvt_session *s;
+    uint64_t last_used;
+    int tenant;
+    bool busy;
+    bool loading;              /* a disk restore into it runs on another thread (defer_loads):
+                                * neither read nor counted until kvt_tiers_loaded */
+    size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
+} kvt_pooled;
+
+/* The sessions run on one set of worker threads, and only busy ones hold
+ * scratch: a session that is released gives its scratch to the spares,
+ * which the next session picked takes (so there are never more scratch
+ * sets than sessions were busy at once). A parked session holds its cache,
+ * tokens, logits and checkpoints, all of it counted in its bytes; a busy
+ * one its scratch too. The spares count against the budget as well: they
+ * are freed first when the sessions and they exceed it. */
+typedef struct kvt_tiers {
+    kvt_tiers_opts o;
+    kvt_model *m;
+    kvt_pooled pool[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];  /* (n) in no order; busy ones may
+                                                               * take a tenant past its share */
+    size_t n;
+    uint64_t clock;            /* advances once per use of a session */
+    kvt_pool *threads;         /* o.n_threads workers, every session's */
+    void *spare[KVT_TIERS_MAX_BUSY];   /* (n_spare) scratch of released sessions (kvt_session_park) */
+    size_t n_spare;
+    size_t freed;              /* bytes of sessions dropped since memory was last given back */
+} kvt_tiers;
+
+/* The prompt a request brings, beside its tokens: its rendered text (to
+ * match a session whose sampled tokens the client resent as text) and
+ * where a conversation on it can fork (the checkpoint mark). */
+typedef struct kvt_tier_prompt {
+    const char *text;          /* (len) bytes, the rendered prompt */
+    size_t len;
+    bool has_bos;              /* the text carries BOS: tokenize without adding it */
+    bool special;              /* tokenize with special-token parsing */
+    size_t fork_at;            /* where the last user message's own text begins (bytes);
+                                * SIZE_MAX: not known */
+    bool opening;              /* no assistant turn before fork_at */
+} kvt_tier_prompt;
+
+/* What kvt_tiers_select chose. */
+typedef struct kvt_tier_pick {
+    kvt_session *s;            /* in the pool (owned by it); NULL on failure */
+    size_t reused;             /* prompt tokens s holds already (before the prefill) */
+    size_t from_disk;          /* of those, restored from the store (0 unless tier is disk) */
+    const char *tier;          /* "ram", "disk" or "none"; static */
+    bool extended, forked;     /* s is the pooled session itself; a copy of one */
+    size_t mark;               /* set on s: the prefill also checkpoints here (0: none) */
+    bool opening;              /* the prompt is a conversation's first request: save at mark */
+    size_t load;               /* with defer_loads: the store holds this prefix of the prompt; the
+                                * caller restores it into s (new, empty), then kvt_tiers_loaded */
+} kvt_tier_pick;
+
+/* A pool for model m (borrowed: it must outlive the pool). Free with
+ * kvt_tiers_free, which frees the sessions left without saving them
+ * (kvt_tiers_drop saves first). */
+int kvt_tiers_new(kvt_tiers **out, kvt_model *m, const kvt_tiers_opts *o);
+void kvt_tiers_free(kvt_tiers *t);
+
+/* Choose the session for tenant's prompt *toks (*n tokens, the caller's
+ * malloc'ed array) and make it ready to be synced to it:
+ *   1. RAM: the tenant's session with the longest reusable prefix, on token
+ *      ids or on the rendered text of its exact tokens (then *toks becomes
+ *      those tokens plus the rest of the text tokenized alone: *toks is
+ *      freed and replaced, and the caller owns the new array).
+ *   2. Disk: store (NULL: none), when it covers more than RAM does. With
+ *      defer_loads the lookup does not wait for the store
+ *      (kvt_store_lookup_try: a busy store is a miss) and the restore is
+ *      left to the caller (pick.load).
+ * A prompt that continues the best session extends it in place, unless
+ * another request runs on it (busy); so does one that leaves it inside
+ * the reply to its last prompt (the next turn of the same conversation,
+ * the reply resent otherwise than sampled, or a regeneration: the reply's
+ * tail is dropped, not copied); one that leaves it before that, or
+ * continues a busy one, after at least 256 shared tokens gets a copy (the
+ * session stays whole: a busy session is consistent between steps, so
+ * copying it is exact); otherwise a new session, restored from the store
+ * when it holds a prefix. Making room evicts the tenant's least recently
+ * used sessions (saved to store first, reason evict) beyond its share, never
+ * a fork's source, a busy session or another tenant's. Sets the checkpoint
+ * mark; the chosen session is busy until kvt_tiers_release.
+ * KVT_ECTX (nothing changed but *toks) when the prompt, spliced, exceeds
+ * n_ctx; KVT_EINVAL when KVT_TIERS_MAX_BUSY sessions are busy already; the error of
+ * kvt_session_new or kvt_session_clone otherwise. */
+int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
+                     size_t *n, kvt_tier_pick *out);
+
+/* The deferred restore of pick->load tokens into pick->s is over, got of
+ * them restored (0: none): s can be read and counted again, and pick says
+ * where the prompt comes from (tier, reused, from_disk). */
+void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got);
+
+/* The request on s (a pooled session) is over: s may be extended, copied
+ * or evicted for others again. */
+void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
+
+/* Test hook, to show a test catches it: a released session keeps its
+ * scratch (as every pooled session did before they shared it). */
+extern bool kvt_tiers_fault_keep_scratch;
+
+/* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
+ * holds at least policy.min_tokens, with the reason given ("evict",
+ * "shutdown"), then free it; or hand it to hooks.hand_off to do both. The
+ * last session takes index i. */
+void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason);
+
+/* RAM held by a tenant's sessions (-1: all tenants; sessions loading
+ * are not counted), and their count. */
+size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* RAM held by the spare scratch (not any session's). */
+size_t kvt_tiers_spare_bytes(const kvt_tiers *t);
+size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
+/* Sessions busy, across tenants. */
+size_t kvt_tiers_busy(const kvt_tiers *t);
+
+/* Test hook, to show a test catches such a bug: KVT_TIERS_FAULT_PREFIX_SHORT
+ * makes the common prefix of a prompt and a pooled session one token
+ * short. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT };
+extern int kvt_tiers_fault;
+
+#endif

@@ -1,0 +1,120 @@
+/* The serializer behind RAM snapshots and the disk tier (see snapshot.c and
+ * docs/FORMAT.md). Records are byte strings; nothing here does I/O. */
+#ifndef KVT_SNAPSHOT_H
+#define KVT_SNAPSHOT_H
+
+#include "base/buf.h"
+#include "kvtier.h"
+
+#include <sys/uio.h>
+
+#define KVT_SNAP_VERSION 2
+#define KVT_SNAP_VERSION_REPLAY 4    /* a snapshot record stored without its state, with its digest */
+#define KVT_SNAP_VERSION_REPLAY_V3 3 /* the same without the digest: still read, no longer written */
+#define KVT_SNAP_VERSION_RECURRENT 5 /* a whole record of a model with recurrent layers: a seventh section */
+#define KVT_SNAP_VERSION_MAX 5       /* the newest version this build reads; a store skips newer ones */
+#define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
+#define KVT_SNAP_REPLAY 2u   /* flag: the state section holds only the state's digest; loading rebuilds it by replay */
+
+/* Chained block keys: key0 from the model and tokenizer fingerprints, then
+ * one step per 128 token ids. tail_hash covers ids after the last block. */
+uint64_t kvt_snap_key0(const kvt_model *m);
+uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids);
+uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n);
+
+/* True when the state at n tokens can be saved: n is the session's length
+ * or one of its checkpoints. */
+bool kvt_snap_can_save(const kvt_session *s, size_t n);
+/* Append the snapshot record for the first n tokens to rec (flags 0 or
+ * KVT_SNAP_INLINE; kvt_snap_without_state makes a record without its state);
+ * *keys (malloc'ed, n / 128 entries; may be NULL) receives the block keys. */
+int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
+/* Append to out the same record without its state (version 4, flag
+ * KVT_SNAP_REPLAY): its state section holds the XXH3-64 of the state it
+ * leaves out instead. Appends nothing when the record has no state to drop
+ * (or has dropped it already), or a recurrent state (version 5), which
+ * cannot be rebuilt. */
+int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
+/* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
+int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
+
+typedef struct kvt_snap_info {
+    uint32_t version, flags, n, nb, n_vocab, n_streams;
+    uint64_t model, tok;           /* fingerprints */
+    uint64_t head;                 /* key of the last whole block (key0 if none) */
+    const uint8_t *sec[8];         /* section bytes, by section id 1..6 (7: version 5's recurrent state) */
+    size_t sec_len[8];
+    size_t rec_len;                /* bytes of the record itself */
+} kvt_snap_info;
+
+/* Validate a snapshot record's header, section table and checksums
+ * (KVT_EFORMAT, KVT_ECORRUPT with a reason), without a model. */
+int kvt_snap_parse_raw(const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Check a block record on its own: magic, checksum, version, and that its
+ * ids hash to its key. *key (may be NULL) receives the key. */
+int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
+/* Bytes at the head of a block record that kvt_snap_block_names reads. */
+#define KVT_SNAP_BLOCK_HEAD 48
+/* Whether the first KVT_SNAP_BLOCK_HEAD bytes of a record (its header, not
+ * its checksum) say it is the block of key, len bytes long. */
+bool kvt_snap_block_names(const uint8_t *head, uint64_t key, size_t len);
+/* The text of a (checked) block record, borrowed from p. */
+int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen);
+/* kvt_snap_parse_raw plus the model's fingerprints (KVT_EMISMATCH). */
+int kvt_snap_parse(const kvt_model *m, const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Text section of a parsed record: the text of the ids after the last block. */
+static inline const uint8_t *kvt_snap_text(const kvt_snap_info *in, size_t *len)
+{
+    *len = in->sec_len[3];
+    return in->sec[3];
+}
+/* Block records come from the caller (inline bytes or the disk store). */
+typedef int (*kvt_block_get_fn)(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len);
+/* Replace the session's state with a record and its blocks; on failure the
+ * session is left empty. */
+int kvt_snap_load(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user);
+/* Where the rows of a block record go when read in place: the session's
+ * rows of that block, one piece per stream in the record's order (n pieces,
+ * bytes in all). */
+typedef struct kvt_block_rows {
+    const struct iovec *iov;
+    int n;
+    size_t bytes;
+} kvt_block_rows;
+/* Block records read into a buffer of the caller's: *buf (of *cap bytes,
+ * grown with realloc as needed) receives block b's record, *len its
+ * length, and *in_place is false. Given rows (may be NULL), the reader may
+ * instead read the record's rows (the rows->bytes bytes before its last 8)
+ * straight into rows->iov and the rest of it, in order, into *buf (so *buf
+ * holds *len - rows->bytes bytes), and set *in_place. Called from the
+ * thread that calls kvt_snap_load_read_start, and with concurrent set from
+ * one other thread of the session's pool as well. */
+typedef int (*kvt_block_read_fn)(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
+                                 size_t *cap, size_t *len, bool *in_place);
+/* kvt_snap_load_start with blocks read by read. concurrent: read may be
+ * called from two threads at once (for different blocks); then, on a
+ * session whose pool has two threads or more, the pool's threads share the
+ * blocks, each reading and checking its own. Either way the outcome is the
+ * one of reading and checking the blocks one after the other: the first
+ * block whose read or check fails is the failure. *bad_block and *bad_key
+ * receive that block's index and key (UINT32_MAX: the failure is not a
+ * block's). */
+int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_read_fn read, bool concurrent,
+                             void *user, bool *rebuild, uint32_t *bad_block, uint64_t *bad_key);
+/* kvt_snap_load in two steps, so that a caller can release what it read the
+ * blocks from before the slow part: _start checks and copies everything in
+ * and sets *rebuild when the state must still be rebuilt by replay (keeping
+ * the record's state digest in s->cache); _finish does that, checks the
+ * rebuilt state against the digest (a failure empties the session) and
+ * leaves the restore checkpoint. */
+int kvt_snap_load_start(kvt_session *s, const uint8_t *rec, size_t len, kvt_block_get_fn get, void *user,
+                        bool *rebuild);
+int kvt_snap_load_finish(kvt_session *s, bool rebuild);
+/* Empty the session, as a failed load leaves it. */
+void kvt_snap_empty(kvt_session *s);
+/* Tests only: when set, a rebuilt state is not checked against the record's
+ * digest (version 4 records load as version 3 ones do), the negative
+ * control that shows the digest is what refuses a wrong rebuilt state. */
+extern bool kvt_snap_skip_state_digest;
+
+#endif

@@ -1,0 +1,58 @@
+/* Internal hooks of the disk tier (the public API is in kvtier.h). */
+#ifndef KVT_STORE_H
+#define KVT_STORE_H
+
+#include "kvtier.h"
+
+/* Cap the database at `pages` pages and each segment at as many 4 KiB, so
+ * writes fail as on a full disk (tests of the save error path). */
+int kvt_store_limit_pages(kvt_store *st, uint32_t pages);
+
+/* kvt_store_save that also says whether a new entry was written (false
+ * when an identical one was already stored). */
+int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reason, int64_t *id, bool *created);
+
+/* kvt_store_lookup for a caller that must not wait (the server's
+ * scheduler): when another thread holds the store for more than wait_ms,
+ * or SQLite finds another process's lock for that long, the lookup is a
+ * miss (*match 0, KVT_OK), reported on stderr at most once a minute with a
+ * count. */
+int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, int wait_ms,
+                         size_t *match, int64_t *id);
+
+/* How long the store's operations wait for another process's lock before
+ * they fail (SQLite's busy timeout; 30,000 ms unless set). */
+void kvt_store_set_busy(kvt_store *st, int ms);
+
+/* Whether an operation of the calling thread failed on another
+ * connection's lock since the flag was last cleared (clear: clear it now);
+ * such a failure is worth trying again later. */
+bool kvt_store_busy_seen(bool clear);
+
+/* kvt_store_apply_policy that leaves the saves that failed on another
+ * process's lock unreported and says so in *busy: the caller tries them
+ * again. */
+int kvt_store_apply_policy_busy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
+                                size_t from_disk, size_t fork_at, size_t *saved, bool *busy);
+
+/* The number of saves kvt_store_apply_policy would make of s with these
+ * arguments (0: nothing to save; policy.c). */
+size_t kvt_save_policy_points(const kvt_save_policy *p, const kvt_session *s, size_t n, size_t from_disk,
+                              size_t fork_at);
+
+/* Commit without waiting for the disk (populating a benchmark store only). */
+int kvt_store_set_synchronous(kvt_store *st, bool on);
+
+/* The running totals as recorded (what kvt_store_stats_get reports) and as
+ * the tables add up to (snapshots, blocks, block_refs and bytes of each;
+ * the other fields zero). Tests: the two agree after every commit. */
+int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted);
+
+/* Tests: true skips keeping free space before a save and the retry after a
+ * full disk (the negative control of tests/test_store_hostile.c), and the
+ * seconds between two reports of failed saves (60). */
+extern bool kvt_store_room_fault;
+extern double kvt_store_report_every;
+
+
+#endif

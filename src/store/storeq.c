@@ -1,0 +1,333 @@
+/* The store thread: the server's disk saves and loads, off its scheduler.
+ *
+ * The scheduler steps every active request once per forward pass; a save
+ * (seconds for a long prompt, or SQLite's busy timeout when another
+ * process holds the store's write lock) or a load run there would stall
+ * every request. Here they run on two threads of their own, one for the
+ * loads and one for the saves:
+ *
+ *   - a save owns the session it writes: an evicted or shut-down session
+ *     (moved here whole, no copy), or the copy of a live session the
+ *     scheduler made after its prefill (rows are not shared between
+ *     sessions yet, so the live one may change while the copy is saved);
+ *   - a load restores into a pooled session the scheduler leaves alone
+ *     until it is done (the request waits in a loading state, the others
+ *     keep stepping), then the scheduler is woken (hooks.wake);
+ *   - loads never queue behind saves: a request waits on each load,
+ *     nobody on a save. (The saves' thread keeps the process's CPU
+ *     priority: at a lower one it was preempted while holding locks the
+ *     scheduler takes, malloc's arena among them, and stalled the steps
+ *     for 100 to 500 ms on a loaded machine.)
+ *   - a save that meets another process's lock is tried again later, the
+ *     pause doubling from PAUSE_MIN to PAUSE_MAX, the loads and other
+ *     saves going on meanwhile (the store's own busy timeout is short in a
+ *     server, so one attempt holds the store briefly), and reported at most
+ *     once a minute. At shutdown it is given up SHUTDOWN_WAIT seconds after
+ *     the queue was told to stop.
+ *
+ * Sessions queued to be saved count against their tenant's RAM share
+ * (kvt_storeq_held, read by the tiers' eviction). */
+#include "store/storeq.h"
+#include "arch/model.h"
+#include "store/store.h"
+#include "base/util.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define MAX_TENANTS 64     /* KVT_TIERS_MAX_POOL: a tiers pool has no more */
+#define PAUSE_MIN 0.1      /* seconds before a save that met a lock is tried again, */
+#define PAUSE_MAX 2.0      /* doubling up to this */
+#define SHUTDOWN_WAIT 30.0 /* seconds a shutdown waits for a locked store */
+
+enum { SAVE, SAVE_POLICY, LOAD };
+
+struct kvt_storeq_job {
+    kvt_storeq *q;
+    int kind, tenant;
+    kvt_store *st;
+    kvt_session *s;          /* SAVE*: owned; LOAD: borrowed */
+    const char *reason;      /* SAVE: static */
+    size_t n, from_disk, fork_at;
+    const int32_t *toks;     /* LOAD: (n), borrowed */
+    size_t bytes;            /* SAVE*: counted in held[tenant] */
+    double next_try, pause;  /* a save that met a lock: when to try again */
+    bool done;               /* LOAD: over (under q->mu), got tokens restored */
+    size_t got;
+    struct kvt_storeq_job *next;
+};
+typedef struct kvt_storeq_job job;
+
+struct kvt_storeq {
+    pthread_mutex_t mu;      /* everything below */
+    pthread_cond_t cv;
+    pthread_t loader, saver;
+    job *head;               /* in the order given */
+    bool stopping;
+    double stop_at;
+    size_t held[MAX_TENANTS], pending[MAX_TENANTS];
+    double busy_logged;      /* when saves waiting for a lock were last reported */
+    kvt_save_policy policy;
+    kvt_storeq_hooks h;
+};
+
+static bool give_up(kvt_storeq *q, double now)
+{
+    return q->stopping && now - q->stop_at > SHUTDOWN_WAIT;
+}
+
+/* Run save j (q->mu not held); true when it is over, false to try later. */
+static bool run_save(kvt_storeq *q, job *j)
+{
+    double t0 = kvt_now();
+    size_t created = 0;
+    bool busy = false;
+    int rc;
+    if (j->kind == SAVE) {
+        bool made = false;
+        kvt_store_busy_seen(true);
+        rc = kvt_store_save_new(j->st, j->s, kvt_session_len(j->s), j->reason, NULL, &made);
+        busy = rc && kvt_store_busy_seen(true);
+        created = made;
+    } else {
+        rc = kvt_store_apply_policy_busy(j->st, j->s, &q->policy, j->n, j->from_disk, j->fork_at, &created, &busy);
+    }
+    double now = kvt_now();
+    pthread_mutex_lock(&q->mu);
+    bool later = busy && !give_up(q, now);
+    bool report = busy && (now - q->busy_logged >= 60 || !later);
+    if (later) {
+        j->pause = j->pause ? j->pause * 2 : PAUSE_MIN;
+        if (j->pause > PAUSE_MAX) j->pause = PAUSE_MAX;
+        j->next_try = now + j->pause;
+    }
+    if (report) q->busy_logged = now;
+    pthread_mutex_unlock(&q->mu);
+    if (report)
+        fprintf(stderr, later ? "kvtier: cache store busy (another process holds its lock): saves wait and retry\n"
+                              : "kvtier: cache store busy (another process holds its lock): a save given up at shutdown\n");
+    if (later) return false;
+    if (busy && !rc) rc = kvt_fail(KVT_EIO, "cache store busy: save given up");
+    if (q->h.saved) q->h.saved(q->h.user, j->tenant, now - t0, rc, created);
+    return true;
+}
+
+static void run_load(kvt_storeq *q, job *j)
+{
+    double t0 = kvt_now();
+    size_t got = 0;
+    if (kvt_store_restore_prefix(j->st, j->s, j->toks, j->n, &got)) got = 0;
+    int tenant = j->tenant;
+    if (q->h.loaded) q->h.loaded(q->h.user, tenant, kvt_now() - t0);
+    pthread_mutex_lock(&q->mu);
+    j->got = got;
+    j->done = true; /* j is the scheduler's to free from here on */
+    q->pending[tenant]--;
+    pthread_mutex_unlock(&q->mu);
+    if (q->h.wake) q->h.wake(q->h.user);
+}
+
+/* The next job of its thread to run, unlinked: the first load (loads), or
+ * the first save due; NULL: none due, *wake_at when the first waiting save
+ * is (0: none waits), *left whether the thread has jobs at all. Under q->mu. */
+static job *next_job(kvt_storeq *q, bool loads, double now, double *wake_at, bool *left)
+{
+    job **pick = NULL;
+    *wake_at = 0;
+    *left = false;
+    for (job **p = &q->head; !pick && *p; p = &(*p)->next) {
+        if (((*p)->kind == LOAD) != loads) continue;
+        *left = true;
+        if ((*p)->next_try <= now) pick = p;
+        else if (!*wake_at || (*p)->next_try < *wake_at) *wake_at = (*p)->next_try;
+    }
+    if (!pick) return NULL;
+    job *j = *pick;
+    *pick = j->next;
+    j->next = NULL;
+    return j;
+}
+
+/* The loads' thread (loads) or the saves'. */
+static void run_thread(kvt_storeq *q, bool loads)
+{
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        double now = kvt_now(), wake_at;
+        bool left;
+        job *j = next_job(q, loads, now, &wake_at, &left);
+        if (!j) {
+            if (!left && q->stopping) break;
+            if (!wake_at) {
+                pthread_cond_wait(&q->cv, &q->mu);
+            } else {
+                /* a save waits for a lock: sleep until it is due or a job comes */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                double d = wake_at - now;
+                if (d < 0.001) d = 0.001;
+                ts.tv_sec += (time_t)d;
+                ts.tv_nsec += (long)((d - (double)(time_t)d) * 1e9);
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&q->mu);
+        if (j->kind == LOAD) {
+            run_load(q, j);
+            pthread_mutex_lock(&q->mu);
+            continue;
+        }
+        bool over = run_save(q, j);
+        if (over) kvt_session_free(j->s);
+        pthread_mutex_lock(&q->mu);
+        if (over) {
+            q->held[j->tenant] -= j->bytes;
+            q->pending[j->tenant]--;
+            free(j);
+        } else { /* back at the front: it keeps its turn among the saves */
+            j->next = q->head;
+            q->head = j;
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void *load_main(void *arg) { run_thread(arg, true); return NULL; }
+static void *save_main(void *arg) { run_thread(arg, false); return NULL; }
+
+int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_storeq_hooks *h)
+{
+    *out = NULL;
+    kvt_storeq *q = kvt_calloc(1, sizeof *q);
+    if (!q) return KVT_ENOMEM;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->policy = *policy;
+    if (h) q->h = *h;
+    if (pthread_create(&q->loader, NULL, load_main, q)) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+        return kvt_fail(KVT_ENOMEM, "store thread");
+    }
+    if (pthread_create(&q->saver, NULL, save_main, q)) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->loader, NULL);
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+        return kvt_fail(KVT_ENOMEM, "store thread");
+    }
+    *out = q;
+    return KVT_OK;
+}
+
+void kvt_storeq_free(kvt_storeq *q)
+{
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    q->stopping = true;
+    q->stop_at = kvt_now();
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->loader, NULL);
+    pthread_join(q->saver, NULL);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+static int push(kvt_storeq *q, job *j)
+{
+    if (j->tenant < 0 || j->tenant >= MAX_TENANTS) {
+        int t = j->tenant;
+        free(j);
+        return kvt_fail(KVT_EINVAL, "tenant %d of the store queue", t);
+    }
+    pthread_mutex_lock(&q->mu);
+    job **p = &q->head;
+    while (*p) p = &(*p)->next;
+    *p = j;
+    q->held[j->tenant] += j->bytes;
+    q->pending[j->tenant]++;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return KVT_OK;
+}
+
+static job *job_new(kvt_storeq *q, int kind, kvt_store *st, int tenant, kvt_session *s)
+{
+    job *j = kvt_calloc(1, sizeof *j);
+    if (!j) return NULL;
+    *j = (job){.q = q, .kind = kind, .tenant = tenant, .st = st, .s = s};
+    if (kind != LOAD) j->bytes = kvt_session_bytes(s);
+    return j;
+}
+
+int kvt_storeq_save(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, const char *reason)
+{
+    job *j = job_new(q, SAVE, st, tenant, s);
+    if (!j) return KVT_ENOMEM;
+    j->reason = reason;
+    return push(q, j);
+}
+
+int kvt_storeq_save_policy(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, size_t n, size_t from_disk,
+                           size_t fork_at)
+{
+    job *j = job_new(q, SAVE_POLICY, st, tenant, s);
+    if (!j) return KVT_ENOMEM;
+    j->n = n;
+    j->from_disk = from_disk;
+    j->fork_at = fork_at;
+    return push(q, j);
+}
+
+int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, const int32_t *toks, size_t n,
+                    kvt_storeq_ticket **out)
+{
+    *out = NULL;
+    job *j = job_new(q, LOAD, st, tenant, s);
+    if (!j) return KVT_ENOMEM;
+    j->toks = toks;
+    j->n = n;
+    int rc = push(q, j);
+    if (!rc) *out = j;
+    return rc;
+}
+
+bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got)
+{
+    pthread_mutex_lock(&ld->q->mu);
+    bool done = ld->done;
+    pthread_mutex_unlock(&ld->q->mu);
+    if (!done) return false;
+    *got = ld->got;
+    free(ld);
+    return true;
+}
+
+size_t kvt_storeq_held(kvt_storeq *q, int tenant)
+{
+    if (tenant < 0 || tenant >= MAX_TENANTS) return 0;
+    pthread_mutex_lock(&q->mu);
+    size_t b = q->held[tenant];
+    pthread_mutex_unlock(&q->mu);
+    return b;
+}
+
+size_t kvt_storeq_pending(kvt_storeq *q, int tenant)
+{
+    if (tenant < 0 || tenant >= MAX_TENANTS) return 0;
+    pthread_mutex_lock(&q->mu);
+    size_t n = q->pending[tenant];
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}
