@@ -68,7 +68,7 @@ $(TBIN): $(TOBJS) $(LIB)
 	$(CC) $(CFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@ $^ $(LDLIBS)
 
 run: $(BIN)
-	./$(BIN) run --prompt "Hello"
+	./$(BIN) run --demo
 
 # The runner prints one line per test and closes with "N passed, N failed".
 # T=pattern selects tests by substring.

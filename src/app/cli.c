@@ -196,11 +196,188 @@ static kvt_store *open_disk(const disk_cfg *d)
     return st;
 }
 
+/* ---- run --demo: the cache at work ---- */
+
+/* The demonstration's prompt: an agent's system prompt of about 4,200 bytes
+ * (as many tokens with the built-in models' byte tokenizer), long enough
+ * that the default save policy keeps 4,096 of them on disk. malloc'ed. */
+static char *demo_prompt(void)
+{
+    static const char *const rules[] = {
+        "read the files a change touches before editing them",
+        "keep each change small and say what it does and why",
+        "run the tests near the change, not the whole suite",
+        "name every error after what was wrong, with the value",
+        "check every size that comes from a file or a request",
+        "never leave a process running after the work is done",
+        "measure before claiming a speed-up, and give the figure",
+        "write the documentation in the same commit as the code",
+    };
+    size_t cap = 8192, o = 0;
+    char *p = malloc(cap);
+    if (!p) return NULL;
+    o += (size_t)snprintf(p, cap, "System: You are a careful engineer working in a C code base. The rules "
+                                  "below are numbered; follow all of them in every answer.\n");
+    for (int i = 0; i < 64; i++) o += (size_t)snprintf(p + o, cap - o, "Rule %d: %s.\n", i + 1, rules[i % 8]);
+    snprintf(p + o, cap - o, "User: Which of these rules matters most today?\nAssistant:");
+    return p;
+}
+
+typedef struct demo_pass {
+    size_t n;          /* prompt tokens */
+    size_t reused;     /* kept in the session (RAM) or restored from the disk cache */
+    double ttft;       /* seconds from the start of the pass to its first token */
+    int32_t *ids;      /* the reply (malloc'ed) */
+    size_t n_ids;
+} demo_pass;
+
+/* One answer: bring s to toks[0..n) (first restoring the longest prefix st
+ * holds, when st is given), then sample up to max (>= 1) tokens, feeding
+ * each back but the last. 0, or 1 after reporting what failed. */
+static int demo_answer(kvt_session *s, kvt_store *st, const kvt_model_info *info, const kvt_sampler_opts *so,
+                       const int32_t *toks, size_t n, size_t max, const char *what, demo_pass *p)
+{
+    kvt_sampler *smp = NULL;
+    int rc = kvt_sampler_new(&smp, so);
+    if (rc) return fail(rc, "sampler");
+    p->n = n;
+    if (!(p->ids = malloc(max * sizeof *p->ids))) {
+        kvt_sampler_free(smp);
+        fprintf(stderr, "kvtier: out of memory\n");
+        return 1;
+    }
+    double t0 = now_s();
+    if (st) rc = kvt_store_restore_prefix(st, s, toks, n, &p->reused);
+    if (!rc) rc = kvt_session_sync(s, toks, n, st ? NULL : &p->reused);
+    while (!rc && p->n_ids < max) {
+        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), info->n_vocab);
+        if (!p->n_ids) p->ttft = now_s() - t0;
+        if (t < 0) {
+            kvt_sampler_free(smp);
+            fprintf(stderr, "kvtier: %s: sampling failed\n", what);
+            return 1;
+        }
+        if (t == info->eos || t == info->bos) break;
+        p->ids[p->n_ids++] = t;
+        if (p->n_ids < max) rc = kvt_session_decode(s, t);
+    }
+    kvt_sampler_free(smp);
+    return rc ? fail(rc, what) : 0;
+}
+
+static void demo_row(const char *what, const demo_pass *p, const char *tier, const demo_pass *cold)
+{
+    printf("%-26s %7zu %7zu  %-4s %9zu  %8.3f s", what, p->n, p->reused, p->reused ? tier : "-", p->n - p->reused,
+           p->ttft);
+    if (cold && p->ttft > 0) printf("  %.0fx sooner", cold->ttft / p->ttft);
+    putchar('\n');
+}
+
+static void demo_reply(const kvt_model *m, const char *what, const demo_pass *p, bool ids)
+{
+    printf("%s:", what);
+    for (size_t i = 0; i < p->n_ids; i++) {
+        const char *piece;
+        size_t len;
+        if (ids) printf(" %d", p->ids[i]);
+        else if (kvt_token_piece(m, p->ids[i], &piece, &len) == KVT_OK) {
+            if (!i) putchar(' ');
+            fwrite(piece, 1, len, stdout);
+        }
+    }
+    putchar('\n');
+}
+
+/* `run --demo`: one prompt answered cold, then a second turn on the same
+ * session (its prefix from RAM), then the prompt again in a new session
+ * (its prefix from the disk cache, which the cold turn saved to), with the
+ * tokens each reused and its time to first token; the last reply must equal
+ * the first. The replies themselves only with --output. */
+static int run_demo(kvt_model *m, const kvt_model_info *info, const char *model_name, const char *prompt,
+                    size_t max, const kvt_sampler_opts *so, const kvt_session_opts *sopts, const disk_cfg *disk,
+                    const char *output, bool kv_save)
+{
+    char *own = prompt ? NULL : demo_prompt();
+    static const char follow[] = "\nUser: And which one comes next?\nAssistant:";
+    int32_t *toks = NULL, *more = NULL, *toks2 = NULL;
+    size_t n = 0, n_more = 0, saved = 0;
+    kvt_session *s = NULL, *s2 = NULL;
+    kvt_store *store = NULL;
+    demo_pass cold = {0}, ram = {0}, disk_pass = {0};
+    int ret = 1, rc;
+    if (!prompt && !(prompt = own)) { fprintf(stderr, "kvtier: out of memory\n"); goto out; }
+    if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n)) ||
+        (rc = kvt_tokenize(m, follow, strlen(follow), 0, false, &more, &n_more))) { fail(rc, "tokenize"); goto out; }
+    if (n == 0) {
+        fprintf(stderr, "kvtier: the prompt is empty and the model adds no BOS: nothing to condition on\n");
+        ret = 2;
+        goto out;
+    }
+    printf("kvtier run --demo: %s answers a %zu-token prompt, then a second turn on it, then the prompt again in "
+           "a new session\n", model_name, n);
+    if (info->tokenizer && !strcmp(info->tokenizer, "bytes"))
+        printf("(%s's weights are synthetic, drawn from a seed: its replies are not language; --output text|ids "
+               "prints them)\n", model_name);
+    printf("\n%-26s %7s %7s  %-4s %9s  %10s\n", "", "prompt", "reused", "from", "prefilled", "first token");
+    fflush(stdout);
+    /* turn 1: computed whole (not looked up), then saved by the policy */
+    if ((rc = kvt_session_new(&s, m, sopts))) { fail(rc, "session"); goto out; }
+    if (demo_answer(s, NULL, info, so, toks, n, max, "turn 1", &cold)) goto out;
+    demo_row("turn 1, cold", &cold, "", NULL);
+    fflush(stdout);
+    store = open_disk(disk);
+    if ((rc = kvt_store_apply_policy(store, s, &disk->policy, n, 0, 0, &saved))) { fail(rc, "disk cache"); goto out; }
+    /* turn 2: the prompt, the reply and a follow-up, on the same session */
+    size_t n2 = n + cold.n_ids + n_more;
+    if (!(toks2 = malloc(n2 * sizeof *toks2))) { fprintf(stderr, "kvtier: out of memory\n"); goto out; }
+    memcpy(toks2, toks, n * sizeof *toks);
+    memcpy(toks2 + n, cold.ids, cold.n_ids * sizeof *toks);
+    memcpy(toks2 + n + cold.n_ids, more, n_more * sizeof *toks);
+    if (demo_answer(s, NULL, info, so, toks2, n2, max, "turn 2", &ram)) goto out;
+    demo_row("turn 2, same session", &ram, "RAM", &cold);
+    if (kv_save && store && (rc = kvt_store_save(store, s, kvt_session_len(s), "manual", NULL)))
+        fprintf(stderr, "kvtier: manual save failed: %s\n", kvt_errmsg());
+    /* turn 1 again in a new session, as a new process would run it */
+    bool same = true;
+    if (store) {
+        if ((rc = kvt_session_new(&s2, m, sopts))) { fail(rc, "session"); goto out; }
+        if (demo_answer(s2, store, info, so, toks, n, max, "new session", &disk_pass)) goto out;
+        demo_row("turn 1 in a new session", &disk_pass, "disk", &cold);
+        same = disk_pass.n_ids == cold.n_ids && !memcmp(disk_pass.ids, cold.ids, cold.n_ids * sizeof *cold.ids);
+        printf("\ndisk cache %s: turn 1 saved %zu new snapshot%s (--no-kv-disk leaves the disk out)\n", disk->dir,
+               saved, saved == 1 ? "" : "s");
+        printf("the new session's reply %s turn 1's, token for token (%zu tokens)\n",
+               same ? "equals" : "DIFFERS FROM", cold.n_ids);
+    } else
+        printf("\nthe disk cache is off: no new session from disk\n");
+    if (output) {
+        bool ids = !strcmp(output, "ids");
+        putchar('\n');
+        demo_reply(m, "turn 1 reply", &cold, ids);
+        demo_reply(m, "turn 2 reply", &ram, ids);
+        if (store) demo_reply(m, "new session reply", &disk_pass, ids);
+    }
+    if (!same) { fprintf(stderr, "kvtier: the reply restored from disk differs from the cold one\n"); goto out; }
+    ret = 0;
+out:
+    free(cold.ids);
+    free(ram.ids);
+    free(disk_pass.ids);
+    free(toks);
+    free(toks2);
+    free(more);
+    free(own);
+    kvt_store_close(store);
+    kvt_session_free(s);
+    kvt_session_free(s2);
+    return ret;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
-               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, DISK_OPTS};
+               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -228,6 +405,20 @@ static int cmd_run(int argc, char **argv)
     if (r) return r;
     kvt_model_info info;
     kvt_model_info_get(m, &info);
+    if (get(o, no, "--demo")) {
+        if (!get(o, no, "--max-tokens")) max_tokens = 32;
+        const char *mname = get(o, no, "--model") ? get(o, no, "--model") : KVT_DEFAULT_MODEL;
+        kvt_session_opts dso = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
+                                .rolling = get(o, no, "--rolling") != NULL,
+                                .checkpoint_interval = kvt_save_policy_grid(&disk.policy)};
+        kvt_sampler_opts dsp = {.temperature = (float)temp, .top_p = (float)top_p, .top_k = (uint32_t)top_k,
+                                .seed = seed};
+        int dr = max_tokens ? run_demo(m, &info, mname, get(o, no, "--prompt"), max_tokens, &dsp, &dso, &disk,
+                                       output, get(o, no, "--kv-save") != NULL)
+                            : (fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n"), 2);
+        kvt_model_close(m);
+        return dr;
+    }
     int32_t *toks = NULL;
     size_t n = 0;
     kvt_session *s = NULL;
@@ -853,6 +1044,9 @@ static void usage(FILE *f)
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling] [--kv-save] [disk options]\n"
+          "  run --demo  [run's options]: the cache at work (make run): a prompt of 4,224 tokens\n"
+          "              (or --prompt) cold, a second turn on it from RAM, then the prompt in\n"
+          "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
           "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
           "  detokenize  [--model M] --ids \"ID ID ...\"\n"
           "  info        [--model M]\n"
