@@ -1,5 +1,6 @@
-# Sourced by bench/peers.sh and bench/serve_peer.sh (POSIX sh): the peer,
-# the llama.cpp source that npm's node-llama-cpp 3.22.1 ships as a git
+# Sourced by bench/peers.sh, bench/serve_peer.sh and bench/serve_batch.sh
+# (POSIX sh; bench/lib.sh has the rest they share): the peer, the llama.cpp
+# source that npm's node-llama-cpp 3.22.1 ships as a git
 # bundle (installed with `npm ci --omit=optional --prefix tests/peer` when
 # missing, as tests/test_peer.c does), cloned once into $cache and built
 # there natively with cmake: llama-bench, llama-quantize and llama-server.

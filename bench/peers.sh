@@ -29,19 +29,12 @@
 # Needs git, cc, node, npm and flock; cmake (`tools/deps.sh peers`, which
 # installs it when run as root).
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
-case $bin in
-    /*) ;;
-    */*) bin=$(pwd)/$bin ;;
-    *) bin=$(command -v "$bin") ;;
-esac
-[ -x "$bin" ] || { echo "peers.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
-lib=$(dirname "$bin")/libkvtier.a
-[ -f "$lib" ] || { echo "peers.sh: $lib not found (build it with make)" >&2; exit 2; }
-for c in git cc node npm flock; do
-    command -v "$c" >/dev/null 2>&1 || { echo "peers.sh: $c is needed" >&2; exit 2; }
-done
+me=peers.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
+bench_lib
+bench_need git cc node npm flock
 cd "$root"
 tools/deps.sh peers || exit 2
 
@@ -51,22 +44,16 @@ if [ "$quick" = 1 ]; then reps=${REPS:-2}; else reps=${REPS:-5}; fi
 jobs=${JOBS:-2}
 case $reps in '' | *[!0-9]* | 0) echo "peers.sh: REPS must be a positive integer, got '$reps'" >&2; exit 2 ;; esac
 mkdir -p "$cache/tools" "$cache/models"
-tmp=$(mktemp -d /tmp/kvtier-peers-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
+bench_tmp peers
 
 # ---- the peer: node-llama-cpp's llama.cpp source, cloned and built once ----
 
-me=peers.sh
 . bench/peer_llama.sh
 echo "peers.sh: llama.cpp $commit (built in $(cat "$src/build/kvtier-build-seconds" 2>/dev/null || echo '?') s)" >&2
 
 # ---- the tools and the models ----
 
-pkg_libs=$(sed -n 's/^PKG_LIBS := //p' "$(dirname "$bin")/config.mk" 2>/dev/null || true)
-# shellcheck disable=SC2086
-cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -o "$cache/tools/synth_llama" bench/synth_llama.c \
-    "$lib" $pkg_libs -lpthread -lm
+bench_synth_llama
 cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -mavx2 -mfma -o "$cache/tools/peak" bench/peak.c -lpthread
 
 models=$cache/models
@@ -76,12 +63,7 @@ if [ ! -f "$f16" ]; then
     "$cache/tools/synth_llama" "$src/models/ggml-vocab-llama-spm.gguf" "$f16" >&2
 fi
 for q in Q8_0 Q4_K_M; do
-    out=$models/synth-llama-124m-$(echo "$q" | tr '[:upper:]' '[:lower:]').gguf
-    [ -f "$out" ] && continue
-    echo "peers.sh: llama-quantize to $q: $out" >&2
-    "$lbin/llama-quantize" "$f16" "${out%.gguf}.part.gguf" "$q" >"${out%.gguf}.log" 2>&1 ||
-        { tail -n 20 "${out%.gguf}.log" >&2; echo "peers.sh: llama-quantize $q failed" >&2; exit 1; }
-    mv "${out%.gguf}.part.gguf" "$out"
+    bench_quantize "$f16" "$models/synth-llama-124m-$(echo "$q" | tr '[:upper:]' '[:lower:]').gguf" "$q"
 done
 
 # The small models of the families people run with agents, in their real
@@ -97,10 +79,7 @@ for fm in $fam_models; do
         echo "peers.sh: writing $models/synth-$shp-f16.gguf" >&2
         "$cache/tools/synth_llama" --shape "$shp" "$src/models/$voc" "$models/synth-$shp-f16.gguf" >&2
     fi
-    echo "peers.sh: llama-quantize to Q4_K_M: $out" >&2
-    "$lbin/llama-quantize" "$models/synth-$shp-f16.gguf" "${out%.gguf}.part.gguf" Q4_K_M >"${out%.gguf}.log" 2>&1 ||
-        { tail -n 20 "${out%.gguf}.log" >&2; echo "peers.sh: llama-quantize $shp failed" >&2; exit 1; }
-    mv "${out%.gguf}.part.gguf" "$out"
+    bench_quantize "$models/synth-$shp-f16.gguf" "$out" Q4_K_M
 done
 
 # DeepSeek-V4: the ds4-mini preset written by kvtier (F32, with the tokenizer
@@ -111,11 +90,7 @@ if [ ! -f "$ds4_f32" ]; then
     echo "peers.sh: writing $ds4_f32" >&2
     "$bin" model new --preset ds4-mini --vocab "$src/models/ggml-vocab-deepseek-llm.gguf" --out "$ds4_f32" >&2
 fi
-if [ ! -f "$models/ds4-mini-q8_0.gguf" ]; then
-    "$lbin/llama-quantize" "$ds4_f32" "$models/ds4-mini-q8_0.part.gguf" Q8_0 >"$models/ds4-mini-q8_0.log" 2>&1 ||
-        { tail -n 20 "$models/ds4-mini-q8_0.log" >&2; echo "peers.sh: llama-quantize ds4-mini Q8_0 failed" >&2; exit 1; }
-    mv "$models/ds4-mini-q8_0.part.gguf" "$models/ds4-mini-q8_0.gguf"
-fi
+bench_quantize "$ds4_f32" "$models/ds4-mini-q8_0.gguf" Q8_0
 
 # ---- the machine ----
 
@@ -133,12 +108,12 @@ echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&
 "$cache/tools/peak" "$max_thr" >"$tmp/peak"
 for f in $types; do "$cache/tools/synth_llama" --sizes "$models/synth-llama-124m-$f.gguf" >"$tmp/sizes-$f.json"; done
 
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+cpu=$(bench_cpu)
 kvt_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || kvt_commit="$kvt_commit+changes"
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores online; load average $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?') at the start, LOAD_END at the end"
+    echo "cpu: $cpu, $(nproc 2>/dev/null || echo '?') cores online; load average $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?') at the start, LOAD_END at the end"
     echo "kvtier: $kvt_commit ($bin)"
     echo "llama.cpp: $commit (node-llama-cpp $peer_version), llama-bench defaults otherwise"
     echo "repetitions: $reps per cell and engine, the fastest reported"

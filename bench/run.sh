@@ -4,14 +4,10 @@
 # to build/kvtier; it runs from the repository root so that the default llama
 # model (../shared/models/stories260K.gguf) resolves.
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
+me=run.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
 [ $# -gt 0 ] && shift
-case $bin in
-    /*) ;;
-    */*) bin=$(pwd)/$bin ;;
-    *) bin=$(command -v "$bin") ;;
-esac
-[ -x "$bin" ] || { echo "run.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
 cd "$root"
 exec "$bin" bench --suite all --csv bench/results.csv "$@"

@@ -11,31 +11,17 @@
 # and reports the fastest run of each case. THREADS=N passes --threads N.
 # Needs node (no npm packages: tests/e2e/bench.mjs uses raw fetch) and curl.
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
-case $bin in
-    /*) ;;
-    */*) bin=$(pwd)/$bin ;;
-    *) bin=$(command -v "$bin") ;;
-esac
-[ -x "$bin" ] || { echo "serve.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
-command -v node >/dev/null 2>&1 || { echo "serve.sh: node is needed" >&2; exit 2; }
-command -v curl >/dev/null 2>&1 || { echo "serve.sh: curl is needed" >&2; exit 2; }
+me=serve.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
+bench_need node curl
 cd "$root"
 runs=${RUNS:-1}
 threads=${THREADS:-}
 
-tmp=$(mktemp -d /tmp/kvtier-serve-bench-XXXXXX)
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
-base=http://127.0.0.1:$port
+bench_tmp serve-bench
+bench_port
 
 start() { # $1: the disk dir
     if [ -n "$threads" ]; then
@@ -44,25 +30,10 @@ start() { # $1: the disk dir
         "$bin" serve --model ds4-mini --port "$port" --kv-disk-dir "$1" >>"$tmp/server.log" 2>&1 &
     fi
     pid=$!
-    i=0
-    until curl -sf -o /dev/null --max-time 2 "$base/health"; do
-        i=$((i + 1))
-        if [ $i -gt 600 ] || ! kill -0 "$pid" 2>/dev/null; then
-            echo "serve.sh: the server did not come up; its log:" >&2
-            cat "$tmp/server.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
+    bench_wait_up kvtier 600
 }
 
-stop() {
-    kill -TERM "$pid"
-    st=0
-    wait "$pid" || st=$?
-    pid=
-    [ $st -eq 0 ] || { echo "serve.sh: the server exited with status $st" >&2; cat "$tmp/server.log" >&2; exit 1; }
-}
+stop() { bench_stop strict; }
 
 one() { # $1: case
     node tests/e2e/bench.mjs "$base" "$1" "$tmp/state.json" >>"$tmp/rows" ||
@@ -82,8 +53,7 @@ while [ $r -le "$runs" ]; do
     r=$((r + 1))
 done
 
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores; model ds4-mini; $runs run(s), fastest shown"
+echo "cpu: $(bench_cpu), $(nproc 2>/dev/null || echo '?') cores; model ds4-mini; $runs run(s), fastest shown"
 node - "$tmp/rows" bench/serve.csv <<'EOF'
 const fs = require('fs');
 const [rowsPath, csvPath] = process.argv.slice(2);

@@ -31,19 +31,12 @@
 #                       with AMX, as bench/serve_peer.sh)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
-case $bin in
-    /*) ;;
-    */*) bin=$(pwd)/$bin ;;
-    *) bin=$(command -v "$bin") ;;
-esac
-[ -x "$bin" ] || { echo "serve_batch.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
-lib=$(dirname "$bin")/libkvtier.a
-[ -f "$lib" ] || { echo "serve_batch.sh: $lib not found (build it with make)" >&2; exit 2; }
-for c in git cc node npm flock curl; do
-    command -v "$c" >/dev/null 2>&1 || { echo "serve_batch.sh: $c is needed" >&2; exit 2; }
-done
+me=serve_batch.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
+bench_lib
+bench_need git cc node npm flock curl
 cd "$root"
 tools/deps.sh peers || exit 2
 cache=${KVT_PEER_CACHE:-$HOME/.cache/kvtier}
@@ -52,35 +45,19 @@ threads=${THREADS:-2}
 runs=${RUNS:-3}
 tokens=${TOKENS:-64}
 counts=${COUNTS:-1 2 4 8}
-if [ -z "${PEER_ARGS+x}" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then peer_args=-nr; else peer_args=${PEER_ARGS:-}; fi
+bench_peer_args
 mkdir -p "$cache/tools" "$cache/models"
-me=serve_batch.sh
 . bench/peer_llama.sh
 
 # ---- the models (bench/peers.sh makes the same files) ----
-pkg_libs=$(sed -n 's/^PKG_LIBS := //p' "$(dirname "$bin")/config.mk" 2>/dev/null || true)
-# shellcheck disable=SC2086
-cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -o "$cache/tools/synth_llama" bench/synth_llama.c \
-    "$lib" $pkg_libs -lpthread -lm
+bench_synth_llama
 f16=$cache/models/synth-llama-124m-f16.gguf
 q4=$cache/models/synth-llama-124m-q4_k_m.gguf
 [ -f "$f16" ] || "$cache/tools/synth_llama" "$src/models/ggml-vocab-llama-spm.gguf" "$f16" >&2
-if [ ! -f "$q4" ]; then
-    "$lbin/llama-quantize" "$f16" "${q4%.gguf}.part.gguf" Q4_K_M >"${q4%.gguf}.log" 2>&1 ||
-        { tail -n 20 "${q4%.gguf}.log" >&2; echo "serve_batch.sh: llama-quantize failed" >&2; exit 1; }
-    mv "${q4%.gguf}.part.gguf" "$q4"
-fi
+bench_quantize "$f16" "$q4" Q4_K_M
 
-tmp=$(mktemp -d /tmp/kvtier-serve-batch-XXXXXX)
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
-base=http://127.0.0.1:$port
+bench_tmp serve-batch
+bench_port
 
 start() { # $1: kvtier|llama, $2: model, $3: requests at once, $4: context per request
     if [ "$1" = kvtier ]; then
@@ -95,23 +72,10 @@ start() { # $1: kvtier|llama, $2: model, $3: requests at once, $4: context per r
             $ov $peer_args >>"$tmp/server.log" 2>&1 &
     fi
     pid=$!
-    i=0
-    until curl -sf -o /dev/null --max-time 2 "$base/health"; do
-        i=$((i + 1))
-        if [ $i -gt 1200 ] || ! kill -0 "$pid" 2>/dev/null; then
-            echo "serve_batch.sh: the $1 server did not come up; its log:" >&2
-            tail -n 40 "$tmp/server.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
+    bench_wait_up "$1"
 }
 
-stop() {
-    kill -TERM "$pid"
-    wait "$pid" || true
-    pid=
-}
+stop() { bench_stop lenient; }
 
 : >"$tmp/rows"
 [ "${DECODE:-1}" = 0 ] && counts=
@@ -144,8 +108,7 @@ if [ "${PREFILL:-1}" != 0 ]; then
     done
 fi
 
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores, $threads threads; synth-llama-124m; $tokens tokens a client; best of $runs; llama-server ${peer_args:-(no extra arguments)}"
+echo "cpu: $(bench_cpu), $(nproc 2>/dev/null || echo '?') cores, $threads threads; synth-llama-124m; $tokens tokens a client; best of $runs; llama-server ${peer_args:-(no extra arguments)}"
 node - "$tmp/rows" bench/serve-batch.csv <<'JS'
 const fs = require('fs');
 const [rowsPath, csvPath] = process.argv.slice(2);

@@ -27,47 +27,31 @@
 #                       with AMX, below; else none)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
-case $bin in
-    /*) ;;
-    */*) bin=$(pwd)/$bin ;;
-    *) bin=$(command -v "$bin") ;;
-esac
-[ -x "$bin" ] || { echo "serve_peer.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
-lib=$(dirname "$bin")/libkvtier.a
-[ -f "$lib" ] || { echo "serve_peer.sh: $lib not found (build it with make)" >&2; exit 2; }
-for c in git cc node npm flock curl; do
-    command -v "$c" >/dev/null 2>&1 || { echo "serve_peer.sh: $c is needed" >&2; exit 2; }
-done
+me=serve_peer.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
+bench_lib
+bench_need git cc node npm flock curl
 cd "$root"
 tools/deps.sh peers || exit 2
 cache=${KVT_PEER_CACHE:-$HOME/.cache/kvtier}
 jobs=${JOBS:-2}
 threads=${THREADS:-2}
 sys_bytes=${SYS_BYTES:-70000}
-# On a CPU with AMX, llama.cpp's extra buffer types (AMX, repacked weights)
-# crash its server's warm-up on this file (a segmentation fault, and
-# tests/test_peer_logits.c's abort for the deepseek4 graph): there it runs
-# with -nr (plain CPU buffers), which the table's header says.
-if [ -z "${PEER_ARGS+x}" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then peer_args=-nr; else peer_args=${PEER_ARGS:-}; fi
+# -nr on a CPU with AMX (bench/lib.sh, bench_peer_args)
+bench_peer_args
 mkdir -p "$cache/tools" "$cache/models"
-me=serve_peer.sh
 . bench/peer_llama.sh
 
 # ---- the model ----
-pkg_libs=$(sed -n 's/^PKG_LIBS := //p' "$(dirname "$bin")/config.mk" 2>/dev/null || true)
-# shellcheck disable=SC2086
-cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -o "$cache/tools/synth_llama" bench/synth_llama.c \
-    "$lib" $pkg_libs -lpthread -lm
+bench_synth_llama
 shp=qwen3.5-0.8b
 f16=$cache/models/synth-$shp-f16.gguf
 model=$cache/models/synth-$shp-q4_k_m.gguf
 if [ ! -f "$model" ]; then
     [ -f "$f16" ] || "$cache/tools/synth_llama" --shape "$shp" "$src/models/ggml-vocab-qwen35.gguf" "$f16" >&2
-    "$lbin/llama-quantize" "$f16" "${model%.gguf}.part.gguf" Q4_K_M >"${model%.gguf}.log" 2>&1 ||
-        { tail -n 20 "${model%.gguf}.log" >&2; echo "serve_peer.sh: llama-quantize failed" >&2; exit 1; }
-    mv "${model%.gguf}.part.gguf" "$model"
+    bench_quantize "$f16" "$model" Q4_K_M
 fi
 # llama.cpp renders with the model family's own template (the file, like
 # the vocabulary it was made from, has none); kvtier chooses the same one
@@ -75,16 +59,8 @@ fi
 tmpl=$src/models/templates/Qwen3.5-4B.jinja
 [ -f "$tmpl" ] || { echo "serve_peer.sh: $tmpl missing" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/kvtier-serve-peer-XXXXXX)
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
-base=http://127.0.0.1:$port
+bench_tmp serve-peer
+bench_port
 ctx=32768
 
 start() { # $1: kvtier|llama
@@ -97,23 +73,10 @@ start() { # $1: kvtier|llama
             -np 1 --chat-template-file "$tmpl" --slot-save-path "$tmp/slots" $peer_args >>"$tmp/server.log" 2>&1 &
     fi
     pid=$!
-    i=0
-    until curl -sf -o /dev/null --max-time 2 "$base/health"; do
-        i=$((i + 1))
-        if [ $i -gt 1200 ] || ! kill -0 "$pid" 2>/dev/null; then
-            echo "serve_peer.sh: the $1 server did not come up; its log:" >&2
-            tail -n 40 "$tmp/server.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
+    bench_wait_up "$1"
 }
 
-stop() {
-    kill -TERM "$pid"
-    wait "$pid" || true
-    pid=
-}
+stop() { bench_stop lenient; }
 
 one() { # $1: engine, $2: case
     peer=0
@@ -149,8 +112,7 @@ slots restore
 one llama disk
 stop
 
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-echo "cpu: ${cpu:-unknown}, $(nproc 2>/dev/null || echo '?') cores, $threads threads; model $(basename "$model"); llama-server ${peer_args:-(no extra arguments)}"
+echo "cpu: $(bench_cpu), $(nproc 2>/dev/null || echo '?') cores, $threads threads; model $(basename "$model"); llama-server ${peer_args:-(no extra arguments)}"
 node - "$tmp/rows" bench/serve-peer.csv <<'EOF'
 const fs = require('fs');
 const [rowsPath, csvPath] = process.argv.slice(2);

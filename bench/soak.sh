@@ -19,42 +19,27 @@
 #   ARGS="..."  more serve arguments (e.g. --parallel 8)
 #   REPLAY=N    prompts replayed after the restart (default 60)
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$root/build/kvtier}
-[ -x "$bin" ] || { echo "soak.sh: $bin is not an executable (build it with make)" >&2; exit 2; }
+me=soak.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_bin "${1:-}"
+bench_need node curl
 secs=${SOAK_SECONDS:-600}
 clients=${CLIENTS:-64}
 model=${MODEL:-ds4-tiny}
 replay=${REPLAY:-60}
 cd "$root"
-tmp=$(mktemp -d /tmp/kvtier-soak-XXXXXX)
-pid=
-cleanup() {
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
-base=http://127.0.0.1:$port
+bench_tmp soak
+bench_port
 
 start() {
     # shellcheck disable=SC2086
     "$bin" serve --model "$model" --port "$port" --kv-disk-dir "$tmp/kv" ${ARGS:-} >>"$tmp/server.log" 2>&1 &
     pid=$!
-    until curl -sf -o /dev/null --max-time 2 "$base/health"; do
-        kill -0 "$pid" 2>/dev/null || { tail -n 40 "$tmp/server.log" >&2; exit 1; }
-        sleep 0.1
-    done
+    bench_wait_up kvtier
 }
 
-stop() { # the server must exit 0 on SIGTERM
-    kill -TERM "$pid"
-    rc=0
-    wait "$pid" || rc=$?
-    pid=
-    [ $rc = 0 ] || { echo "soak.sh: the server exited $rc after SIGTERM; its log:" >&2; tail -n 40 "$tmp/server.log" >&2; exit 1; }
-}
+stop() { bench_stop strict; } # the server must exit 0 on SIGTERM
 
 start
 head -n 1 "$tmp/server.log"
