@@ -344,8 +344,12 @@ static int run_demo(kvt_model *m, const kvt_model_info *info, const char *model_
         if (demo_answer(s2, store, info, so, toks, n, max, "new session", &disk_pass)) goto out;
         demo_row("turn 1 in a new session", &disk_pass, "disk", &cold);
         same = disk_pass.n_ids == cold.n_ids && !memcmp(disk_pass.ids, cold.ids, cold.n_ids * sizeof *cold.ids);
-        printf("\ndisk cache %s: turn 1 saved %zu new snapshot%s (--no-kv-disk leaves the disk out)\n", disk->dir,
-               saved, saved == 1 ? "" : "s");
+        /* the directory with the home directory as ~ */
+        const char *home = getenv("HOME"), *dir = disk->dir;
+        size_t hl = home ? strlen(home) : 0;
+        bool tilde = hl > 1 && !strncmp(dir, home, hl) && dir[hl] == '/';
+        printf("\ndisk cache %s%s: turn 1 saved %zu new snapshot%s (--no-kv-disk leaves the disk out)\n",
+               tilde ? "~" : "", tilde ? dir + hl : dir, saved, saved == 1 ? "" : "s");
         printf("the new session's reply %s turn 1's, token for token (%zu tokens)\n",
                same ? "equals" : "DIFFERS FROM", cold.n_ids);
     } else
