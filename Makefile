@@ -1,5 +1,6 @@
 # kvtier build. `make` builds libkvtier.a and the kvtier binary; `make run`
-# builds it and runs the main job with the built-in model; `make test` builds
+# builds it and runs the main job (`kvtier run --demo`: the cache at work on
+# the built-in model, README "Quick start"); `make test` builds
 # and runs every test; `make asan` runs the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer in a separate build tree.
 #

@@ -269,7 +269,8 @@ static void demo_row(const char *what, const demo_pass *p, const char *tier, con
 {
     printf("%-26s %7zu %7zu  %-4s %9zu  %8.3f s", what, p->n, p->reused, p->reused ? tier : "-", p->n - p->reused,
            p->ttft);
-    if (cold && p->ttft > 0) printf("  %.0fx sooner", cold->ttft / p->ttft);
+    double x = cold && p->ttft > 0 ? cold->ttft / p->ttft : 0;
+    if (x > 0) printf("  %.*fx sooner", x < 10 ? 1 : 0, x);
     putchar('\n');
 }
 
@@ -402,6 +403,11 @@ static int cmd_run(int argc, char **argv)
         return 2;
     }
     bool ids_out = output && !strcmp(output, "ids");
+    if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
+    if (get(o, no, "--demo") && !max_tokens) {
+        fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
+        return 2;
+    }
     const char *prompt = get(o, no, "--prompt");
     if (!prompt) prompt = "";
     kvt_model *m = NULL;
@@ -410,16 +416,14 @@ static int cmd_run(int argc, char **argv)
     kvt_model_info info;
     kvt_model_info_get(m, &info);
     if (get(o, no, "--demo")) {
-        if (!get(o, no, "--max-tokens")) max_tokens = 32;
         const char *mname = get(o, no, "--model") ? get(o, no, "--model") : KVT_DEFAULT_MODEL;
         kvt_session_opts dso = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
                                 .rolling = get(o, no, "--rolling") != NULL,
                                 .checkpoint_interval = kvt_save_policy_grid(&disk.policy)};
         kvt_sampler_opts dsp = {.temperature = (float)temp, .top_p = (float)top_p, .top_k = (uint32_t)top_k,
                                 .seed = seed};
-        int dr = max_tokens ? run_demo(m, &info, mname, get(o, no, "--prompt"), max_tokens, &dsp, &dso, &disk,
-                                       output, get(o, no, "--kv-save") != NULL)
-                            : (fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n"), 2);
+        int dr = run_demo(m, &info, mname, get(o, no, "--prompt"), max_tokens, &dsp, &dso, &disk, output,
+                          get(o, no, "--kv-save") != NULL);
         kvt_model_close(m);
         return dr;
     }
