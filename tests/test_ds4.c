@@ -4,6 +4,7 @@
  * prefixes, rollback, and negative controls that prove the checks catch a
  * corrupt frontier, a shifted mask and a wrong prefix. */
 #include "test.h"
+#include "session/testing.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"
 #include "ref.h"

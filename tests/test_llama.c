@@ -3,6 +3,7 @@
  * under any chunk schedule / thread count / kernel path, prefix reuse and its
  * negative controls, causality, context overflow and rolling mode. */
 #include "test.h"
+#include "session/testing.h"
 #include "format/gguf.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"

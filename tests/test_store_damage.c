@@ -15,6 +15,7 @@
  * A damaged WAL frame voids the frames from it on, so the store must read
  * as it was after an earlier commit: never a mix of two. */
 #include "test.h"
+#include "store/testing.h"
 #include "session/snapshot.h"
 #include "store/store.h"
 #include "base/util.h"
