@@ -12,15 +12,18 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-struct entry { const char *name; kvt_test_fn fn; };
+struct entry { const char *name, *file; kvt_test_fn fn; };
 static struct entry tests[512];
 static int n_tests, cur_failed, cur_skipped, cur_env;
 static char cur_why[256]; /* the current test's first skip reason */
 
-void kvt_test_register(const char *name, kvt_test_fn fn)
+void kvt_test_register(const char *name, const char *file, kvt_test_fn fn)
 {
     if (n_tests < (int)(sizeof tests / sizeof tests[0]))
-        tests[n_tests++] = (struct entry){name, fn};
+        tests[n_tests++] = (struct entry){name, file, fn};
+    else
+        fprintf(stderr, "kvtier-tests: more than %zu tests: %s is not run (tests/main.c)\n",
+                sizeof tests / sizeof tests[0], name);
 }
 
 void kvt_test_fail(const char *file, int line, const char *fmt, ...)
@@ -244,6 +247,11 @@ char *kvt_test_read_file(const char *path, size_t *len)
  * (.ci/run's contract: keep it last). */
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--list")) {
+        for (int i = 0; i < n_tests; i++)
+            if (argc < 3 || strstr(tests[i].name, argv[2])) printf("%s %s\n", tests[i].name, tests[i].file);
+        return 0;
+    }
     const char *pat = argc > 1 ? argv[1] : NULL, *ci = getenv("CI");
     const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
     int passed = 0, failed = 0, skipped = 0, n_why = 0;
