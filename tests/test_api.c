@@ -187,7 +187,7 @@ static void cat(char **acc, char *s)
 
 /* ---- parsing realistic bodies ------------------------------------------- */
 
-TEST(api_parse_chat)
+TEST(api_chat_parse)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -226,7 +226,7 @@ TEST(api_parse_chat)
     kvt_request_free(NULL);
 }
 
-TEST(api_parse_chat_defaults)
+TEST(api_chat_parse_defaults)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -251,7 +251,7 @@ TEST(api_parse_chat_defaults)
     kvt_request_free(&r);
 }
 
-TEST(api_parse_completions)
+TEST(api_completions_parse)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -279,7 +279,7 @@ TEST(api_parse_completions)
     kvt_model_close(m);
 }
 
-TEST(api_parse_messages)
+TEST(api_messages_parse)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -320,7 +320,7 @@ TEST(api_parse_messages)
 
 /* ---- templates -------------------------------------------------------------- */
 
-TEST(api_deepseek_two_turns_exact)
+TEST(api_prompt_deepseek_two_turns_exact)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -356,7 +356,7 @@ TEST(api_deepseek_two_turns_exact)
     CHECK(ok);
 }
 
-TEST(api_deepseek_system_hoisted)
+TEST(api_prompt_deepseek_system_hoisted)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -386,7 +386,7 @@ TEST(api_deepseek_system_hoisted)
     kvt_model_close(m);
 }
 
-TEST(api_plain_stories)
+TEST(api_prompt_plain_stories)
 {
     kvt_model *m = stories();
     if (!m) SKIP("shared/models/stories260K.gguf not found");
@@ -505,7 +505,7 @@ static void check_prefix(const kvt_model *m, kvt_api api)
     kvt_request_free(&prev);
 }
 
-TEST(api_prefix_deepseek)
+TEST(api_prompt_prefix_deepseek)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -536,7 +536,7 @@ TEST(api_prefix_deepseek)
     CHECK(!kvt_test_failed());
 }
 
-TEST(api_prefix_plain)
+TEST(api_prompt_prefix_plain)
 {
     kvt_model *m = stories();
     if (!m) SKIP("shared/models/stories260K.gguf not found");
@@ -548,7 +548,7 @@ TEST(api_prefix_plain)
 /* Negative control: the check above is not vacuous. Editing an earlier turn,
  * or a template that trimmed whitespace, breaks the property, and the
  * renderer keeps the whitespace that trimming would remove. */
-TEST(api_prefix_negative_control)
+TEST(api_prompt_prefix_negative_control)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -790,7 +790,7 @@ static bool anthropic_usage_ok(const json_t *u, long long input, long long outpu
     return ok;
 }
 
-TEST(api_response_chat)
+TEST(api_chat_response)
 {
     kvt_request r = {.api = KVT_API_CHAT};
     char *s = kvt_response_json(&r, "chatcmpl-1", "kvtier", "Hello \"there\"\n", 14, "stop", NULL, &U1, 1700000000);
@@ -816,7 +816,7 @@ TEST(api_response_chat)
     CHECK(ok);
 }
 
-TEST(api_response_completions)
+TEST(api_completions_response)
 {
     kvt_request r = {.api = KVT_API_COMPLETIONS};
     char *s = kvt_response_json(&r, "cmpl-9", "stories", " there was a cat", 16, "length", NULL, &U1, 5);
@@ -832,7 +832,7 @@ TEST(api_response_completions)
     CHECK(ok);
 }
 
-TEST(api_response_messages)
+TEST(api_messages_response)
 {
     kvt_request r = {.api = KVT_API_MESSAGES};
     char *s = kvt_response_json(&r, "msg_1", "kvtier", "Hi.", 3, "stop", NULL, &U1, 0);
@@ -987,13 +987,13 @@ static void check_openai_chat_stream(bool include_usage)
     CHECK(ok);
 }
 
-TEST(api_stream_chat)
+TEST(api_chat_stream)
 {
     check_openai_chat_stream(false);
     if (!kvt_test_failed()) check_openai_chat_stream(true);
 }
 
-TEST(api_stream_completions)
+TEST(api_completions_stream)
 {
     for (int iu = 0; iu < 2; iu++) {
         kvt_request r = {.api = KVT_API_COMPLETIONS, .stream = true, .include_usage = iu};
@@ -1029,7 +1029,7 @@ TEST(api_stream_completions)
     }
 }
 
-TEST(api_stream_messages)
+TEST(api_messages_stream)
 {
     kvt_request r = {.api = KVT_API_MESSAGES, .stream = true};
     char *s = stream_all(&r, deltas, N_DELTAS, "stop", "\n\nHuman:", &U1);
@@ -1274,7 +1274,7 @@ static size_t count(const char *p, size_t n, const char *s)
     return k;
 }
 
-TEST(api_tool_history_deepseek)
+TEST(api_prompt_tool_history_deepseek)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1321,7 +1321,7 @@ TEST(api_tool_history_deepseek)
  * the next one's, and what the model generated after it (the calls, then the
  * answer after the results), with its end-of-sentence token, is exactly where
  * the next rendering continues. */
-TEST(api_tool_history_prefix)
+TEST(api_prompt_tool_history_prefix)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1349,7 +1349,7 @@ TEST(api_tool_history_prefix)
     kvt_model_close(m);
 }
 
-TEST(api_tool_history_plain)
+TEST(api_prompt_tool_history_plain)
 {
     static const char want[] = "S\n\n" PTHEAD WTOOL "\n\nWeather in Paris and Rome?\n\nChecking.\n\n"
                                "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n\n"
@@ -1376,7 +1376,7 @@ TEST(api_tool_history_plain)
  * fixed as name, description, parameters), "$schema" dropped from the
  * parameters, reals in their shortest exact form, only the escapes JSON
  * needs. */
-TEST(api_tools_canonical)
+TEST(api_prompt_tools_canonical)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1457,7 +1457,7 @@ static char *claude_code_body(const char *hash)
     return b;
 }
 
-TEST(api_claude_code_like)
+TEST(api_prompt_claude_code_like)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1503,7 +1503,7 @@ TEST(api_claude_code_like)
     CHECK(kept);
 }
 
-TEST(api_volatile_lines)
+TEST(api_prompt_volatile_lines)
 {
     /* a volatile line inside a block goes with its newline; the rest stays
      * byte for byte; the match is at line starts only, any case */
@@ -1569,7 +1569,7 @@ static const char codex_body[] =
                     "{\"name\": \"github.get_issue\", \"description\": \"Get an issue\", \"parameters\": {\"type\": " \
                     "\"object\", \"properties\": {\"number\": {\"type\": \"integer\"}}}}\n"
 
-TEST(api_codex_like)
+TEST(api_prompt_codex_like)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1602,7 +1602,7 @@ TEST(api_codex_like)
  * developer message, the fields Pi sends. The same request with the keys in
  * another order, and the same conversation through /v1/messages, render to
  * the same prompt. */
-TEST(api_pi_like)
+TEST(api_prompt_pi_like)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1680,7 +1680,7 @@ static bool id_ok(const char *id)
     return true;
 }
 
-TEST(api_tool_calls_parse)
+TEST(api_tools_calls_parse)
 {
     kvt_tool_call *c;
     size_t n, te;
@@ -1755,7 +1755,7 @@ TEST(api_tool_calls_parse)
     }
 }
 
-TEST(api_tool_calls_text_len)
+TEST(api_tools_calls_text_len)
 {
     /* streaming: text before a block is safe; a tail that could start one is
      * held back until it can be told apart, and so is trailing whitespace
@@ -1827,7 +1827,7 @@ static char *next_body(kvt_api api, const char *body1, const json_t *j, const kv
  * request built from that response, and its rendering. With the replay hook
  * the rendering continues exactly where the sampled tokens end; without it
  * the calls render canonically (a negative control: the bytes differ). */
-TEST(api_tool_roundtrip)
+TEST(api_tools_roundtrip)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -1881,7 +1881,7 @@ TEST(api_tool_roundtrip)
 
 /* A call of a namespace function goes out as name + namespace and comes
  * back (as Codex replays it) to the same rendering. */
-TEST(api_tool_namespace_roundtrip)
+TEST(api_tools_namespace_roundtrip)
 {
     const char *body = "{\"input\":\"q\",\"tools\":[{\"type\":\"namespace\",\"name\":\"github\",\"description\":\"G\","
                        "\"tools\":[{\"type\":\"function\",\"name\":\"get_issue\",\"parameters\":{\"type\":\"object\"}}]},"
@@ -1925,7 +1925,7 @@ static int gen_calls(kvt_tool_call **c, size_t *n)
     return kvt_tool_calls_parse(gen_text, GEN_LEN, c, n, &te);
 }
 
-TEST(api_response_tool_calls)
+TEST(api_tools_response)
 {
     kvt_tool_call *c;
     size_t n;
@@ -2021,7 +2021,7 @@ static bool responses_usage_ok(const json_t *u)
            iget(u, "total_tokens") == 120;
 }
 
-TEST(api_response_responses)
+TEST(api_responses_response)
 {
     kvt_request r;
     CHECK_OK(parse(&r, KVT_API_RESPONSES, "{\"input\":\"q\",\"temperature\":0.2,\"top_p\":0,\"max_output_tokens\":50}",
@@ -2097,7 +2097,7 @@ static char *stream_calls(kvt_request *r, const char *id, const char *text, cons
     return acc;
 }
 
-TEST(api_stream_chat_tool_calls)
+TEST(api_tools_stream_chat)
 {
     kvt_tool_call *c;
     size_t n;
@@ -2128,7 +2128,7 @@ TEST(api_stream_chat_tool_calls)
     CHECK(ok);
 }
 
-TEST(api_stream_messages_tool_calls)
+TEST(api_tools_stream_messages)
 {
     kvt_tool_call *c;
     size_t n;
@@ -2180,7 +2180,7 @@ static bool responses_events_ok(const event *ev, int n, const char *const *names
     return true;
 }
 
-TEST(api_stream_responses)
+TEST(api_responses_stream)
 {
     kvt_request r;
     CHECK_OK(parse(&r, KVT_API_RESPONSES, "{\"input\":\"q\",\"stream\":true}", NULL, NULL));
@@ -2241,7 +2241,7 @@ TEST(api_stream_responses)
     CHECK(ok);
 }
 
-TEST(api_stream_responses_tool_calls)
+TEST(api_responses_stream_tool_calls)
 {
     kvt_request r;
     CHECK_OK(parse(&r, KVT_API_RESPONSES, codex_body, NULL, NULL));
@@ -2308,7 +2308,7 @@ TEST(api_stream_responses_tool_calls)
     CHECK(ok);
 }
 
-TEST(api_stream_error_responses)
+TEST(api_responses_stream_error)
 {
     char *s = kvt_stream_error(KVT_API_RESPONSES, 503, "busy");
     event ev[4];
@@ -2327,7 +2327,7 @@ TEST(api_stream_error_responses)
 
 /* ---- log-probabilities ------------------------------------------------------------ */
 
-TEST(api_parse_logprobs)
+TEST(api_logprobs_parse)
 {
     static const struct { kvt_api api; const char *body; bool on; uint32_t top; } cases[] = {
         {KVT_API_CHAT, "{\"messages\":" U "}", false, 0},
@@ -2378,7 +2378,7 @@ static int cmp_desc(const void *a, const void *b, void *lg_)
     return x < y ? -1 : x > y;
 }
 
-TEST(api_logprob_top)
+TEST(api_logprobs_top)
 {
     /* ties (ids 1 and 3), -inf, NaN (counts as -inf) */
     const float lg[6] = {0.5f, 2.0f, -INFINITY, 2.0f, NAN, -1.25f};
@@ -2404,7 +2404,7 @@ TEST(api_logprob_top)
      * of the long double value (the scores are below 16 in magnitude, so
      * double's relative 1.1e-16 per operation over the 1000-term sum stays
      * far below that), and the probabilities sum to 1 */
-    uint64_t seed = kvt_test_seed("api_logprob_top");
+    uint64_t seed = kvt_test_seed("api_logprobs_top");
     enum { V = 1000 };
     float big[V];
     int32_t order[V];
@@ -2508,7 +2508,7 @@ static bool lp_legacy_ok(const json_t *o, size_t from, size_t n, size_t prompt_l
     return ok;
 }
 
-TEST(api_response_logprobs)
+TEST(api_logprobs_response)
 {
     /* chat */
     kvt_request r;
@@ -2591,7 +2591,7 @@ static char *lp_stream(kvt_request *r, const char *id)
     return acc;
 }
 
-TEST(api_stream_logprobs)
+TEST(api_logprobs_stream)
 {
     /* chat: the content chunks carry their tokens; the role and finish
      * chunks null */
@@ -2665,7 +2665,7 @@ static const char think_text[] = THINK_R NT "Checking.\n\n" CSB "\n" INVOKE("get
 #define THINK_LEN (sizeof think_text - 1)
 #define THINK_ANS (sizeof THINK_R - 1 + sizeof NT - 1) /* where the answer begins */
 
-TEST(api_think_split)
+TEST(api_thinking_split)
 {
     size_t rs, as;
     /* the first </think> splits, and nothing around it is trimmed */
@@ -2735,7 +2735,7 @@ TEST(api_think_split)
 
 /* Which requests are in thinking mode, and how the reasoning sent back
  * renders (Anthropic thinking blocks included). */
-TEST(api_parse_thinking)
+TEST(api_thinking_parse)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -2810,7 +2810,7 @@ TEST(api_parse_thinking)
     CHECK(ok);
 }
 
-TEST(api_response_thinking)
+TEST(api_thinking_response)
 {
     kvt_usage u = U1;
     u.reasoning_tokens = 12;
@@ -2959,7 +2959,7 @@ static json_t *anthropic_content(const event *ev, int n)
     return content;
 }
 
-TEST(api_stream_chat_thinking)
+TEST(api_thinking_stream_chat)
 {
     kvt_request r = {.api = KVT_API_CHAT, .stream = true, .thinking = true, .include_usage = true};
     kvt_usage u = U1;
@@ -3004,7 +3004,7 @@ TEST(api_stream_chat_thinking)
     CHECK(ok);
 }
 
-TEST(api_stream_messages_thinking)
+TEST(api_thinking_stream_messages)
 {
     kvt_tool_call *c;
     size_t n;
@@ -3299,12 +3299,12 @@ TEST(api_parse_fuzz)
  * consistent: text_end within the text, spans in order and inside it, each
  * ending with an invoke end (and whitespace), arguments a compact JSON
  * object. */
-TEST(api_tool_calls_fuzz)
+TEST(api_tools_fuzz)
 {
     static const char *const pieces[] = {CSB, CSE, "<" DSML "invoke name=\"", INV_END, "<" DSML "parameter name=\"",
                                          "</" DSML "parameter>", "\" string=\"true\">", "\" string=\"false\">", DSML,
                                          "\">", "\n", "{", "}", "\"", ":", "\xef\xbd", "a", " ", "<", "\0"};
-    uint64_t st = kvt_test_seed("api_tool_calls_fuzz");
+    uint64_t st = kvt_test_seed("api_tools_fuzz");
     char buf[1024];
     size_t total_calls = 0;
     for (int it = 0; it < 3000; it++) {
@@ -3351,7 +3351,7 @@ TEST(api_tool_calls_fuzz)
         free(copy);
         CHECKF(ok, "iteration %d: rc %d, %zu calls, text_end %zu of %zu", it, rc, nc, te, n);
     }
-    printf("    api_tool_calls_fuzz: %zu calls parsed\n", total_calls);
+    printf("    api_tools_fuzz: %zu calls parsed\n", total_calls);
 }
 
 /* Out of memory while a request parses and renders, and while its response
@@ -3423,7 +3423,7 @@ TEST(api_every_allocation_failure)
  * writes before it, and whether an assistant turn comes before it
  * (opening). Negative control: a user text the history repeats earlier is
  * still found at its last place. */
-TEST(api_fork_point)
+TEST(api_prompt_fork_point)
 {
     kvt_model *m = tiny();
     CHECK(m);

@@ -347,7 +347,7 @@ static void where_part(void *ctx, uint32_t part, size_t b, size_t e)
     if (!pthread_equal(pthread_self(), h->caller)) atomic_fetch_add(&h->elsewhere, 1);
 }
 
-TEST(kernels_pool_two_callers)
+TEST(threads_pool_two_callers)
 {
     enum { DI = 517, DO = 53, NB = 9 };
     uint64_t st = 7;

@@ -273,7 +273,7 @@ TEST(window_damaged_state) { damaged_state(&gemma3); }
  * uninterrupted run, checkpoints every 128 tokens give back exact earlier
  * positions, damaged or stateless records are refused; with the state
  * restored one value off (KVT_LLAMA_FAULT_RING) each check fails. */
-TEST(recurrent_snapshot_restore)
+TEST(deltanet_snapshot_restore)
 {
     const fam_spec *fs[2] = {&qwen35, &qwen35moe};
     for (int i = 0; i < 2; i++) {
@@ -291,8 +291,8 @@ TEST(recurrent_snapshot_restore)
     }
 }
 
-TEST(recurrent_checkpoints) { checkpoints(&qwen35); }
-TEST(recurrent_damaged_state) { damaged_state(&qwen35); }
+TEST(deltanet_checkpoints) { checkpoints(&qwen35); }
+TEST(deltanet_damaged_state) { damaged_state(&qwen35); }
 
 /* Format version 5 (docs/FORMAT.md), the records of a model with recurrent
  * layers, pinned by a golden file: a RAM snapshot of the synthetic qwen35
@@ -307,7 +307,7 @@ TEST(recurrent_damaged_state) { damaged_state(&qwen35); }
  * 2, and a version 2 one with the recurrent state missing. Control: with
  * the state restored one value off (KVT_LLAMA_FAULT_RING) the restored
  * session differs. */
-TEST(recurrent_snapshot_golden_v5)
+TEST(deltanet_snapshot_golden_v5)
 {
     const char *gpath = "tests/golden/snapshot-v5-qwen35-5.bin";
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
