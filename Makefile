@@ -71,9 +71,9 @@ run: $(BIN)
 	./$(BIN) run --prompt "Hello"
 
 # The runner prints one line per test and closes with "N passed, N failed".
-# T=pattern selects tests by substring; a test's name starts with its file's
-# (tests/test_tokenizer.c: tokenizer_*), so T=tokenizer runs that file.
-# build/kvtier-tests --list [PATTERN] lists names and files.
+# T=FILE runs exactly the tests of tests/test_FILE.c (T=tokenizer: the
+# tokenizer_* tests); any other T=pattern the tests whose name contains it.
+# build/kvtier-tests --list [PATTERN] lists the selected names and files.
 test: $(TBIN) $(BIN)
 	KVT_BIN=$(BIN) ./$(TBIN) $(T)
 

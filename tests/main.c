@@ -67,6 +67,15 @@ void kvt_test_skip_env(const char *fmt, ...)
 
 int kvt_test_failed(void) { return cur_failed; }
 
+/* Whether file is tests/test_<stem>.c (any directory before it). */
+static bool file_is(const char *file, const char *stem)
+{
+    const char *b = strrchr(file, '/');
+    b = b ? b + 1 : file;
+    size_t n = strlen(stem);
+    return !strncmp(b, "test_", 5) && !strncmp(b + 5, stem, n) && !strcmp(b + 5 + n, ".c");
+}
+
 const char *kvt_test_shared(const char *rel)
 {
     static char buf[8][4096];
@@ -247,18 +256,24 @@ char *kvt_test_read_file(const char *path, size_t *len)
  * (.ci/run's contract: keep it last). */
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--list")) {
+    bool list = argc > 1 && !strcmp(argv[1], "--list");
+    const char *pat = argc > 1 + list ? argv[1 + list] : NULL, *ci = getenv("CI");
+    /* a pattern that names a test file (tests/test_<pat>.c) selects exactly
+     * its tests; any other selects the tests whose name contains it */
+    bool by_file = false;
+    for (int i = 0; pat && i < n_tests && !by_file; i++) by_file = file_is(tests[i].file, pat);
+#define SELECTED(i) (!pat || (by_file ? file_is(tests[i].file, pat) : strstr(tests[i].name, pat) != NULL))
+    if (list) {
         for (int i = 0; i < n_tests; i++)
-            if (argc < 3 || strstr(tests[i].name, argv[2])) printf("%s %s\n", tests[i].name, tests[i].file);
+            if (SELECTED(i)) printf("%s %s\n", tests[i].name, tests[i].file);
         return 0;
     }
-    const char *pat = argc > 1 ? argv[1] : NULL, *ci = getenv("CI");
     const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
     int passed = 0, failed = 0, skipped = 0, n_why = 0;
     static struct { const char *name; char why[sizeof cur_why]; bool failed; } whys[512];
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n_tests; i++) {
-        if (pat && !strstr(tests[i].name, pat)) continue;
+        if (!SELECTED(i)) continue;
         cur_failed = cur_skipped = cur_env = 0;
         cur_why[0] = 0;
         tests[i].fn();

@@ -13,9 +13,11 @@
 
 typedef void (*kvt_test_fn)(void);
 /* A test's name starts with its file's name less "test_" (tests in
- * tests/test_tokenizer.c are tokenizer_*), so that `make test T=tokenizer`
- * runs that file's tests; `kvtier-tests --list [PATTERN]` prints each
- * test's name and file without running them. */
+ * tests/test_tokenizer.c are tokenizer_*). The runner's pattern, when it
+ * names a file (`kvtier-tests tokenizer`: tests/test_tokenizer.c), selects
+ * exactly that file's tests; any other pattern the tests whose name
+ * contains it. `kvtier-tests --list [PATTERN]` prints the selected tests'
+ * names and files without running them. */
 void kvt_test_register(const char *name, const char *file, kvt_test_fn fn);
 void kvt_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
