@@ -162,6 +162,8 @@ typedef struct kvt_session_opts {
     void *progress_user;
 } kvt_session_opts;
 
+/* A new, empty session over m; m is borrowed and must outlive it. Free with
+ * kvt_session_free (accepts NULL). */
 int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts);
 void kvt_session_free(kvt_session *s);
 
@@ -178,7 +180,7 @@ int kvt_session_decode(kvt_session *s, int32_t token);
  * the session changes); NULL when the session is empty. */
 const float *kvt_session_logits(const kvt_session *s);
 size_t kvt_session_len(const kvt_session *s);
-const int32_t *kvt_session_tokens(const kvt_session *s);
+const int32_t *kvt_session_tokens(const kvt_session *s); /* borrowed until the session changes */
 /* Times the context was rebuilt by rolling mode since the session began. */
 uint64_t kvt_session_rebuilds(const kvt_session *s);
 /* Set the thread count for later work (0: all cores). */
@@ -228,7 +230,7 @@ int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget_bytes);
 /* Open an existing store to inspect it (kvtier cache verify): its
  * database is not written, rebuilt or moved aside. */
 int kvt_store_open_inspect(kvt_store **out, const char *dir);
-void kvt_store_close(kvt_store *st);
+void kvt_store_close(kvt_store *st); /* accepts NULL */
 /* Keep `bytes` free on the store's file system (--kv-disk-min-free-mb): a
  * save first evicts least recently used entries until the file system has
  * that much room besides what the save writes, and is skipped when it
@@ -311,6 +313,7 @@ typedef struct kvt_sampler_opts {
 typedef struct kvt_sampler kvt_sampler;
 int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts);
 void kvt_sampler_free(kvt_sampler *s);
+/* A token id from n_vocab logits (read, not kept); -1 when out of memory. */
 int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t n_vocab);
 
 #ifdef __cplusplus
