@@ -362,7 +362,7 @@ TEST(ds4_shared_prefix_and_wrong_prefix)
     kvt_model_close(m);
 }
 
-TEST(ds4_rollback_and_checkpoints)
+TEST(session_rollback_and_checkpoints)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -437,7 +437,7 @@ TEST(ds4_causality_and_topk_ties)
     kvt_model_close(m);
 }
 
-TEST(ds4_snapshot_rejects_damage)
+TEST(snapshot_rejects_damage)
 {
     kvt_model *m = tiny(), *other = NULL;
     CHECK(m);
@@ -460,7 +460,7 @@ TEST(ds4_snapshot_rejects_damage)
         CHECK(kvt_session_restore(r, snap, cut) != KVT_OK);
         CHECK(kvt_session_len(r) == 0);
     }
-    uint64_t st = kvt_test_seed("ds4_snapshot_rejects_damage");
+    uint64_t st = kvt_test_seed("snapshot_rejects_damage");
     for (int i = 0; i < 300; i++) {
         memcpy(bad, snap, len);
         bad[kvt_test_rand(&st) % len] ^= (uint8_t)(1 + kvt_test_rand(&st) % 255);
@@ -478,7 +478,7 @@ TEST(ds4_snapshot_rejects_damage)
     kvt_model_close(m);
 }
 
-TEST(ds4_marked_checkpoint)
+TEST(session_marked_checkpoint)
 {
     kvt_model *m = tiny();
     CHECK(m);
@@ -535,7 +535,7 @@ static uint8_t *as_version_3(const uint8_t *v4, size_t len, size_t *out_len)
  * golden file must load, and it must be the version 4 record less the
  * digest. When the preset changes, KVT_WRITE_GOLDEN=1 rewrites all three
  * (version 3 from today's version 4 record, as_version_3). */
-TEST(ds4_snapshot_golden_v2_v3_v4)
+TEST(snapshot_golden_v2_v3_v4)
 {
     enum { V2, V4, V3 };
     const char *paths[3] = {"tests/golden/snapshot-v2-ds4-tiny-300.bin", "tests/golden/snapshot-v4-ds4-tiny-300.bin",
