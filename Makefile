@@ -72,7 +72,9 @@ run: $(BIN)
 	./$(BIN) run --demo
 
 # The runner prints one line per test and closes with "N passed, N failed".
-# T=pattern selects tests by substring.
+# T=FILE runs exactly the tests of tests/test_FILE.c (T=tokenizer: the
+# tokenizer_* tests); any other T=pattern the tests whose name contains it.
+# build/kvtier-tests --list [PATTERN] lists the selected names and files.
 test: $(TBIN) $(BIN)
 	KVT_BIN=$(BIN) ./$(TBIN) $(T)
 
@@ -135,13 +137,14 @@ $(FB)/libkvtier.a: $(FUZZ_OBJS)
 $(FB)/fuzz-%: tests/fuzz/shim.c tests/fuzz/fuzz.h $(FUZZ_HOBJS) $(FB)/libkvtier.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -DFUZZ_ENTRY=fuzz_$* -o $@ $< $(FUZZ_HOBJS) $(FB)/libkvtier.a $(LDLIBS)
 # Seeds the engine writes (GGUFs, snapshot and block records, texts) and the
-# request bodies and model outputs tests/test_api.c parses, captured as it runs.
+# request bodies and model outputs tests/test_api*.c parse, captured as they run.
 $(FB)/seedgen: $(FB)/tobj/fuzz/seedgen.o $(FUZZ_HOBJS) $(FB)/libkvtier.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $^ $(LDLIBS)
-$(FB)/capture-api: $(FB)/tobj/capture-test_api.o $(FB)/tobj/main.o $(FB)/tobj/alloc.o $(FB)/tobj/fuzz/capture.o \
+CAPTURE_OBJS := $(patsubst tests/%.c,$(FB)/tobj/capture-%.o,$(wildcard tests/test_api*.c))
+$(FB)/capture-api: $(CAPTURE_OBJS) $(FB)/tobj/main.o $(FB)/tobj/alloc.o $(FB)/tobj/fuzz/capture.o \
                   $(FB)/tobj/fuzz/common.o $(FB)/libkvtier.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc -o $@ $^ $(LDLIBS)
-$(FB)/tobj/capture-test_api.o: tests/test_api.c $(HDRS) $(wildcard tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
+$(FB)/tobj/capture-%.o: tests/%.c $(HDRS) $(wildcard tests/*.h tests/fuzz/*.h) | $(FB)/deps.stamp
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -fsanitize=fuzzer-no-link -include tests/fuzz/capture.h -c $< -o $@
 $(FB)/seeds/stamp: $(FB)/seedgen $(FB)/capture-api $(wildcard tests/golden/*)

@@ -3,10 +3,12 @@
  * The boundary is two opaque objects:
  *
  *   kvt_model    immutable after open: architecture config, weights, tokenizer.
- *                Safe to share between sessions and threads.
+ *                Safe to share between sessions and threads; close it after
+ *                every session over it is freed.
  *   kvt_session  one timeline over a model: the exact token ids it holds, the KV
  *                cache rows for them, and the next-token logits after the last
- *                one. Not thread-safe; one caller at a time.
+ *                one. Not thread-safe; one caller at a time (a session may
+ *                move between threads between calls).
  *
  * A session is advanced only by kvt_session_sync (make the timeline equal to a
  * given prompt, reusing the longest common token prefix) and kvt_session_decode
@@ -30,6 +32,9 @@
 extern "C" {
 #endif
 
+/* The library's version (kvtier --version prints it). */
+#define KVT_VERSION "0.1.0"
+
 enum {
     KVT_OK = 0,
     KVT_EINVAL = -1,      /* bad argument or request */
@@ -46,7 +51,8 @@ enum {
 
 /* Static string for an error code. */
 const char *kvt_strerror(int err);
-/* Detail of the last failure on this thread (never NULL). */
+/* Detail of the last failure on this thread (never NULL; thread-local,
+ * overwritten by the thread's next failure). */
 const char *kvt_errmsg(void);
 
 /* ---- models ---------------------------------------------------------- */
@@ -54,16 +60,22 @@ const char *kvt_errmsg(void);
 typedef struct kvt_model kvt_model;
 
 typedef struct kvt_model_info {
-    const char *arch;        /* "llama" or "ds4"; "none" for kvt_model_open_vocab */
+    const char *arch;        /* general.architecture: "deepseek4" (the ds4 presets too), or a
+                              * llama-family name ("llama", "qwen2", "qwen3", "qwen3moe",
+                              * "gemma3", "gemma4", "qwen35", "qwen35moe"); "none" for
+                              * kvt_model_open_vocab */
     const char *name;        /* general.name or the preset name */
     uint32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     uint64_t n_params;
     int32_t bos, eos;        /* -1 when the tokenizer has none */
     bool add_bos;
-    const char *tokenizer;   /* "llama" (SentencePiece), "gpt2" (BPE) or "bytes" */
+    const char *tokenizer;   /* "llama" (SentencePiece), "gpt2" (BPE), "gemma4" (gemma4's
+                              * BPE) or "bytes" (the presets' byte tokenizer) */
     const char *chat_template; /* the GGUF's tokenizer.chat_template (what picks the chat
                               * template, src/chat/template.h); NULL when it has none */
 } kvt_model_info;
+/* kvt_model_info's strings belong to the model (or are static) and stay
+ * valid until kvt_model_close. */
 
 /* Open a model: a GGUF path, or a built-in preset name ("ds4-tiny",
  * "ds4-mini": synthetic weights from KVT_DEFAULT_SEED with the built-in byte
@@ -83,7 +95,8 @@ int kvt_model_open_vocab(kvt_model **out, const char *path);
  * (vocab_gguf NULL) or the tokenizer of a vocabulary GGUF. */
 int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf);
 /* Write the model (config, weights as F32, tokenizer) as a GGUF file that
- * kvt_model_open loads back bit-identically. ds4 models only. */
+ * kvt_model_open loads back bit-identically. deepseek4 models only (the ds4
+ * presets and deepseek4 GGUFs): KVT_EINVAL for a llama-family model. */
 int kvt_model_save(const kvt_model *m, const char *path);
 /* Hashes identifying the weights (with config) and the tokenizer. */
 uint64_t kvt_model_fingerprint(const kvt_model *m);
@@ -104,9 +117,10 @@ int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out);
 /* The same for a preset shape, without building its weights ("ds4-tiny",
  * "ds4-mini", "ds4-flash"). */
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out);
-/* A GGUF of an architecture kvtier plans but does not run (deepseek4, the
- * DeepSeek-V4 layout llama.cpp reads), from its header alone: the metadata
- * and tensor records, no tensor data, so the file may end after its header.
+/* A GGUF of an architecture kvtier can describe from its header alone
+ * (deepseek4, the DeepSeek-V4 layout llama.cpp reads; kvt_model_open runs
+ * it): the metadata and tensor records, no tensor data, so the file may end
+ * after its header (the plan of a model too large to load).
  * Fills info (its strings are static), a line of details (NUL-terminated,
  * when detail is not NULL) and the cache plan at ctx tokens (when plan is
  * not NULL). KVT_ENOENT for a file of another architecture (open it with
@@ -148,6 +162,8 @@ typedef struct kvt_session_opts {
     void *progress_user;
 } kvt_session_opts;
 
+/* A new, empty session over m; m is borrowed and must outlive it. Free with
+ * kvt_session_free (accepts NULL). */
 int kvt_session_new(kvt_session **out, kvt_model *m, const kvt_session_opts *opts);
 void kvt_session_free(kvt_session *s);
 
@@ -156,10 +172,6 @@ void kvt_session_free(kvt_session *s);
  * prefill the rest. *reused (may be NULL) receives the kept prefix length.
  * KVT_ECTX when n exceeds the context (unless rolling). */
 int kvt_session_sync(kvt_session *s, const int32_t *tokens, size_t n, size_t *reused);
-/* Prefill the rest with an explicit chunk schedule (sizes cycled); used by
- * tests to prove chunk invariance. */
-int kvt_session_sync_chunks(kvt_session *s, const int32_t *tokens, size_t n,
-                            const uint32_t *chunks, size_t n_chunks, size_t *reused);
 /* Append one token (and keep a checkpoint when the session reaches the
  * checkpoint grid, as a prefill does). */
 int kvt_session_decode(kvt_session *s, int32_t token);
@@ -168,7 +180,7 @@ int kvt_session_decode(kvt_session *s, int32_t token);
  * the session changes); NULL when the session is empty. */
 const float *kvt_session_logits(const kvt_session *s);
 size_t kvt_session_len(const kvt_session *s);
-const int32_t *kvt_session_tokens(const kvt_session *s);
+const int32_t *kvt_session_tokens(const kvt_session *s); /* borrowed until the session changes */
 /* Times the context was rebuilt by rolling mode since the session began. */
 uint64_t kvt_session_rebuilds(const kvt_session *s);
 /* Set the thread count for later work (0: all cores). */
@@ -204,6 +216,11 @@ int kvt_session_restore(kvt_session *s, const uint8_t *buf, size_t len);
  * directory. */
 
 typedef struct kvt_store kvt_store;
+/* Threads: the calls that read or write a store (save, lookup, load, rm,
+ * gc, verify, stats, list) take the store's lock, so threads may share it;
+ * set its options (kvt_store_set_min_free) before sharing it and close it
+ * after the last call. A session given to a store call follows the
+ * session's rule (one caller at a time); the store keeps no reference to it. */
 
 /* Open (creating) the store in dir with a byte budget (0: 4096 MiB). A
  * database SQLite reports damaged, now or later, is moved aside
@@ -213,10 +230,7 @@ int kvt_store_open(kvt_store **out, const char *dir, uint64_t budget_bytes);
 /* Open an existing store to inspect it (kvtier cache verify): its
  * database is not written, rebuilt or moved aside. */
 int kvt_store_open_inspect(kvt_store **out, const char *dir);
-void kvt_store_close(kvt_store *st);
-/* Silence the one-line stderr reports of damaged entries and rebuilt
- * databases (tests). */
-void kvt_store_set_quiet(kvt_store *st, bool quiet);
+void kvt_store_close(kvt_store *st); /* accepts NULL */
 /* Keep `bytes` free on the store's file system (--kv-disk-min-free-mb): a
  * save first evicts least recently used entries until the file system has
  * that much room besides what the save writes, and is skipped when it
@@ -285,32 +299,6 @@ int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n);
 /* The rendered text of an entry (malloc'ed). */
 int kvt_store_text(kvt_store *st, int64_t id, char **text, size_t *len);
 
-/* When to save (the server and the CLI share this policy):
- *   cold       a prompt the disk tier did not already cover: save at
- *              align_down(n - trim_tokens, align_tokens) when that is at
- *              least min_tokens (a client that appends text re-merges the
- *              last BPE tokens, so the very end is not worth keeping), and
- *              at the fork point the caller names (the server: where the
- *              first user turn of a one-turn conversation begins, so a new
- *              conversation on the same system prompt reuses all of it);
- *   continued  every continued_interval tokens on an absolute grid;
- *   evict, shutdown, manual   by the caller, at the session's length.
- * Save points must be checkpoint positions: use checkpoint_interval =
- * kvt_save_policy_grid(). */
-typedef struct kvt_save_policy {
-    uint32_t min_tokens, trim_tokens, align_tokens, continued_interval;
-} kvt_save_policy;
-#define KVT_SAVE_POLICY_DEFAULT {512, 32, 2048, 8192}
-/* The checkpoint grid the policy needs (gcd of align and interval). */
-uint32_t kvt_save_policy_grid(const kvt_save_policy *p);
-/* Save what the policy asks for after a sync of n prompt tokens of which
- * `from_disk` were restored from the store; fork_at (0: none) is a cold save
- * point besides the aligned one, saved when the session holds a checkpoint
- * there. *saved (may be NULL) receives the number of new snapshots written
- * (not re-saves of stored ones). Save failures are reported, not fatal. */
-int kvt_store_apply_policy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
-                           size_t from_disk, size_t fork_at, size_t *saved);
-
 /* ---- sampling -------------------------------------------------------- */
 
 typedef struct kvt_sampler_opts {
@@ -320,9 +308,12 @@ typedef struct kvt_sampler_opts {
     uint64_t seed;
 } kvt_sampler_opts;
 
+/* A sampler holds its own random state: one caller at a time; the same
+ * seed and logits give the same ids on every machine. */
 typedef struct kvt_sampler kvt_sampler;
 int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts);
 void kvt_sampler_free(kvt_sampler *s);
+/* A token id from n_vocab logits (read, not kept); -1 when out of memory. */
 int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t n_vocab);
 
 #ifdef __cplusplus

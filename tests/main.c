@@ -12,15 +12,18 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-struct entry { const char *name; kvt_test_fn fn; };
+struct entry { const char *name, *file; kvt_test_fn fn; };
 static struct entry tests[512];
 static int n_tests, cur_failed, cur_skipped, cur_env;
 static char cur_why[256]; /* the current test's first skip reason */
 
-void kvt_test_register(const char *name, kvt_test_fn fn)
+void kvt_test_register(const char *name, const char *file, kvt_test_fn fn)
 {
     if (n_tests < (int)(sizeof tests / sizeof tests[0]))
-        tests[n_tests++] = (struct entry){name, fn};
+        tests[n_tests++] = (struct entry){name, file, fn};
+    else
+        fprintf(stderr, "kvtier-tests: more than %zu tests: %s is not run (tests/main.c)\n",
+                sizeof tests / sizeof tests[0], name);
 }
 
 void kvt_test_fail(const char *file, int line, const char *fmt, ...)
@@ -63,6 +66,15 @@ void kvt_test_skip_env(const char *fmt, ...)
 }
 
 int kvt_test_failed(void) { return cur_failed; }
+
+/* Whether file is tests/test_<stem>.c (any directory before it). */
+static bool file_is(const char *file, const char *stem)
+{
+    const char *b = strrchr(file, '/');
+    b = b ? b + 1 : file;
+    size_t n = strlen(stem);
+    return !strncmp(b, "test_", 5) && !strncmp(b + 5, stem, n) && !strcmp(b + 5 + n, ".c");
+}
 
 const char *kvt_test_shared(const char *rel)
 {
@@ -244,13 +256,24 @@ char *kvt_test_read_file(const char *path, size_t *len)
  * (.ci/run's contract: keep it last). */
 int main(int argc, char **argv)
 {
-    const char *pat = argc > 1 ? argv[1] : NULL, *ci = getenv("CI");
+    bool list = argc > 1 && !strcmp(argv[1], "--list");
+    const char *pat = argc > 1 + list ? argv[1 + list] : NULL, *ci = getenv("CI");
+    /* a pattern that names a test file (tests/test_<pat>.c) selects exactly
+     * its tests; any other selects the tests whose name contains it */
+    bool by_file = false;
+    for (int i = 0; pat && i < n_tests && !by_file; i++) by_file = file_is(tests[i].file, pat);
+#define SELECTED(i) (!pat || (by_file ? file_is(tests[i].file, pat) : strstr(tests[i].name, pat) != NULL))
+    if (list) {
+        for (int i = 0; i < n_tests; i++)
+            if (SELECTED(i)) printf("%s %s\n", tests[i].name, tests[i].file);
+        return 0;
+    }
     const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
     int passed = 0, failed = 0, skipped = 0, n_why = 0;
     static struct { const char *name; char why[sizeof cur_why]; bool failed; } whys[512];
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n_tests; i++) {
-        if (pat && !strstr(tests[i].name, pat)) continue;
+        if (!SELECTED(i)) continue;
         cur_failed = cur_skipped = cur_env = 0;
         cur_why[0] = 0;
         tests[i].fn();

@@ -12,7 +12,13 @@
 #include <stdio.h>
 
 typedef void (*kvt_test_fn)(void);
-void kvt_test_register(const char *name, kvt_test_fn fn);
+/* A test's name starts with its file's name less "test_" (tests in
+ * tests/test_tokenizer.c are tokenizer_*). The runner's pattern, when it
+ * names a file (`kvtier-tests tokenizer`: tests/test_tokenizer.c), selects
+ * exactly that file's tests; any other pattern the tests whose name
+ * contains it. `kvtier-tests --list [PATTERN]` prints the selected tests'
+ * names and files without running them. */
+void kvt_test_register(const char *name, const char *file, kvt_test_fn fn);
 void kvt_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A skip, with its reason. kvt_test_skip: the test needs something the
@@ -107,7 +113,7 @@ int kvt_test_batch_invariance(kvt_model *m, const char *what, size_t rounds, uin
 #define TEST(name)                                                          \
     static void name(void);                                                 \
     __attribute__((constructor)) static void kvt_reg_##name(void)           \
-    { kvt_test_register(#name, name); }                                     \
+    { kvt_test_register(#name, __FILE__, name); }                                     \
     static void name(void)
 
 #define CHECK(cond)                                                         \

@@ -20,7 +20,7 @@
  *                        norms)
  *   batch_ds4            ds4-tiny (no batched pass: its segments run one
  *                        after another, with the same results)
- *   batch_llama_q4k      (tests/test_llama.c) a Q4_K llama: quantised
+ *   llama_batch_q4k      (tests/test_llama.c) a Q4_K llama: quantised
  *                        activations and integer dot products
  *   batch_fault_detected the negative control: a batched pass that gives
  *                        a segment the positions of the pass, not its own

@@ -159,3 +159,27 @@ TEST(build_goal_packages)
     CHECKF(other, "deps.sh asks for a package tagged with another goal");
     CHECK(goals_ok);
 }
+
+/* The public header is the library's interface only: no test hook, no
+ * server policy (src/session/testing.h, src/store/testing.h,
+ * src/store/policy.h hold those), and a KVT_VERSION. $KVT_PUBLIC_HEADER
+ * checks another copy (the control: the header before the hooks moved,
+ * which fails). */
+TEST(build_public_header)
+{
+    const char *path = getenv("KVT_PUBLIC_HEADER") ? getenv("KVT_PUBLIC_HEADER") : "include/kvtier.h";
+    char *h = kvt_test_read_file(path, NULL);
+    if (!h) SKIP("%s absent: not run from the repository root", path);
+    static const char *const private_names[] = {"kvt_session_sync_chunks", "kvt_store_set_quiet", "kvt_save_policy",
+                                                "kvt_store_apply_policy"};
+    size_t found = 0;
+    for (size_t i = 0; i < sizeof private_names / sizeof *private_names; i++)
+        if (strstr(h, private_names[i])) {
+            printf("    %s declares %s\n", path, private_names[i]);
+            found++;
+        }
+    bool version = strstr(h, "#define KVT_VERSION \"") != NULL;
+    free(h);
+    CHECKF(!found, "%zu private names in the public header", found);
+    CHECKF(version, "%s defines no KVT_VERSION", path);
+}

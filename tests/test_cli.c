@@ -597,6 +597,20 @@ TEST(cli_usage)
     CHECK(ok);
 }
 
+/* --version prints "kvtier " and the KVT_VERSION the library was built
+ * with, on stdout, and exits 0 (a binary without the flag: "unknown
+ * command", status 2). */
+TEST(cli_version)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    proc p;
+    RUN_OK(&p, "--version");
+    bool ok = !strcmp(p.out, "kvtier " KVT_VERSION "\n");
+    if (!ok) show(&p);
+    proc_free(&p);
+    CHECKF(ok, "--version does not print \"kvtier %s\"", KVT_VERSION);
+}
+
 TEST(cli_disk_cache_round_trip)
 {
     if (!have_bin()) SKIP("%s absent", kvt_test_bin());

@@ -1,71 +1,22 @@
 /* ds4 and its heterogeneous cache: block alignment of the compressed
  * classes, agreement with the independent f64 reference, exactness under any
  * chunk schedule / thread count / kernel path, snapshot and restore, shared
- * prefixes, rollback, and negative controls that prove the checks catch a
+ * prefixes, and negative controls that prove the checks catch a
  * corrupt frontier, a shifted mask and a wrong prefix. */
 #include "test.h"
+#include "session/testing.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"
 #include "ref.h"
 #include "session/snapshot.h"
 #include "base/util.h"
+#include "ds4_tiny.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
-
-#define TINY_SEED 7
-
-static kvt_model *tiny(void)
-{
-    kvt_model *m = NULL;
-    if (kvt_model_preset(&m, "ds4-tiny", TINY_SEED, NULL) != KVT_OK) {
-        printf("    ds4-tiny: %s\n", kvt_errmsg());
-        return NULL;
-    }
-    return m;
-}
-
-/* BOS then pseudo-random bytes. */
-static void seqb(int32_t *t, size_t n, uint64_t seed)
-{
-    t[0] = 256;
-    for (size_t i = 1; i < n; i++) t[i] = (int32_t)(kvt_test_rand(&seed) % 256);
-}
-
-typedef struct state { float *logits; uint8_t *cache; size_t len; uint32_t V; } state;
-
-static void state_free(state *s) { free(s->logits); free(s->cache); *s = (state){0}; }
-
-static int capture(const kvt_session *s, const kvt_model *m, state *o)
-{
-    kvt_model_info i;
-    kvt_model_info_get(m, &i);
-    o->V = i.n_vocab;
-    o->logits = malloc(i.n_vocab * sizeof(float));
-    if (!o->logits) return KVT_ENOMEM;
-    memcpy(o->logits, kvt_session_logits(s), i.n_vocab * sizeof(float));
-    return kvt_session_cache_bytes(s, &o->cache, &o->len);
-}
-
-static bool equal(const state *a, const state *b)
-{
-    return a->V == b->V && !memcmp(a->logits, b->logits, a->V * sizeof(float)) && a->len == b->len &&
-           !memcmp(a->cache, b->cache, a->len);
-}
-
-static int run(kvt_model *m, const int32_t *t, size_t n, const uint32_t *ch, size_t nc, uint32_t th, state *o)
-{
-    kvt_session *s = NULL;
-    kvt_session_opts so = {.n_threads = th};
-    int rc = kvt_session_new(&s, m, &so);
-    if (!rc) rc = ch ? kvt_session_sync_chunks(s, t, n, ch, nc, NULL) : kvt_session_sync(s, t, n, NULL);
-    if (!rc) rc = capture(s, m, o);
-    kvt_session_free(s);
-    return rc;
-}
 
 static size_t nonzero_rows(const kvt_stream *st)
 {
@@ -236,22 +187,6 @@ TEST(ds4_chunk_thread_kernel_invariance)
 
 /* Uninterrupted run of t[0..n) vs snapshot at k, restore in a new session,
  * continue to n. Returns true when bit-identical. */
-/* The same RAM snapshot with its record stored without the state. */
-static int without_state(const uint8_t *snap, size_t len, uint8_t **out, size_t *olen)
-{
-    kvt_snap_info in;
-    kvt_wbuf b = {0};
-    int rc = kvt_snap_parse_raw(snap, len, &in);
-    if (!rc) rc = kvt_snap_without_state(snap, in.rec_len, &b);
-    if (!rc && b.len == 0) kvt_wbuf_put(&b, snap, in.rec_len); /* nothing to drop */
-    kvt_wbuf_put(&b, snap + in.rec_len, len - in.rec_len);
-    if (!rc && b.oom) rc = KVT_ENOMEM;
-    if (rc) { kvt_wbuf_free(&b); return rc; }
-    *out = b.p;
-    *olen = b.len;
-    return KVT_OK;
-}
-
 /* Restore the state at k (stored whole, or without its state when replay)
  * into a new session, check it equals the original's, then run on to n and
  * compare with one uninterrupted run. */
@@ -361,47 +296,6 @@ TEST(ds4_shared_prefix_and_wrong_prefix)
     kvt_model_close(m);
 }
 
-TEST(ds4_rollback_and_checkpoints)
-{
-    kvt_model *m = tiny();
-    CHECK(m);
-    enum { N = 2400, D = 2300 };
-    int32_t a[N], b[N];
-    seqb(a, N, 13);
-    memcpy(b, a, sizeof a);
-    for (size_t i = D; i < N; i++) b[i] = (int32_t)((a[i] + 3) % 256);
-    kvt_session *s = NULL;
-    CHECK_OK(kvt_session_new(&s, m, NULL));
-    CHECK_OK(kvt_session_sync(s, a, N, NULL));
-    /* Diverge at D: the session goes back to its checkpoint at 2048. */
-    size_t reused = 0;
-    CHECK_OK(kvt_session_sync(s, b, N, &reused));
-    CHECKF(reused == 2048, "reused %zu (checkpoint at 2048 expected)", reused);
-    state x = {0}, y = {0};
-    CHECK_OK(capture(s, m, &x));
-    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
-    CHECK(equal(&x, &y));
-    state_free(&x); state_free(&y);
-    /* Regenerate: the same prompt after decoding reuses all of it, exactly. */
-    CHECK_OK(kvt_session_decode(s, 65));
-    CHECK_OK(kvt_session_decode(s, 66));
-    CHECK_OK(kvt_session_sync(s, b, N, &reused));
-    CHECKF(reused == N, "regenerate reused %zu of %d", reused, N);
-    CHECK_OK(capture(s, m, &x));
-    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
-    CHECK(equal(&x, &y));
-    state_free(&x); state_free(&y);
-    /* A strict prefix off every checkpoint: recomputed from 2048, exact. */
-    CHECK_OK(kvt_session_sync(s, b, 2100, &reused));
-    CHECK(reused == 2048);
-    CHECK_OK(capture(s, m, &x));
-    CHECK_OK(run(m, b, 2100, NULL, 0, 1, &y));
-    CHECK(equal(&x, &y));
-    state_free(&x); state_free(&y);
-    kvt_session_free(s);
-    kvt_model_close(m);
-}
-
 TEST(ds4_causality_and_topk_ties)
 {
     kvt_model *m = tiny();
@@ -433,170 +327,6 @@ TEST(ds4_causality_and_topk_ties)
     CHECK(kvt_ds4_topk(sc, 10, 4, sel, scratch) == 4);
     CHECK(sel[0] == 1 && sel[1] == 2 && sel[2] == 4 && sel[3] == 6);
     CHECK(kvt_ds4_topk(sc, 3, 4, sel, scratch) == 3 && sel[2] == 2);
-    kvt_model_close(m);
-}
-
-TEST(ds4_snapshot_rejects_damage)
-{
-    kvt_model *m = tiny(), *other = NULL;
-    CHECK(m);
-    CHECK_OK(kvt_model_preset(&other, "ds4-tiny", TINY_SEED + 1, NULL));
-    enum { N = 150 };
-    int32_t t[N];
-    seqb(t, N, 19);
-    kvt_session *s = NULL, *r = NULL, *o = NULL;
-    CHECK_OK(kvt_session_new(&s, m, NULL));
-    CHECK_OK(kvt_session_new(&r, m, NULL));
-    CHECK_OK(kvt_session_new(&o, other, NULL));
-    CHECK_OK(kvt_session_sync(s, t, N, NULL));
-    uint8_t *snap = NULL;
-    size_t len = 0;
-    CHECK_OK(kvt_session_snapshot(s, &snap, &len));
-    CHECK(kvt_session_restore(o, snap, len) == KVT_EMISMATCH);
-    CHECK(kvt_session_len(o) == 0);
-    uint8_t *bad = malloc(len);
-    for (size_t cut = 0; cut < len; cut += 1 + cut / 7) {
-        CHECK(kvt_session_restore(r, snap, cut) != KVT_OK);
-        CHECK(kvt_session_len(r) == 0);
-    }
-    uint64_t st = kvt_test_seed("ds4_snapshot_rejects_damage");
-    for (int i = 0; i < 300; i++) {
-        memcpy(bad, snap, len);
-        bad[kvt_test_rand(&st) % len] ^= (uint8_t)(1 + kvt_test_rand(&st) % 255);
-        int rc = kvt_session_restore(r, bad, len);
-        CHECKF(rc == KVT_ECORRUPT || rc == KVT_EFORMAT || rc == KVT_EMISMATCH, "flip %d: %s", i, kvt_strerror(rc));
-        CHECK(kvt_session_len(r) == 0);
-    }
-    /* Still usable after all that: a good restore works. */
-    CHECK_OK(kvt_session_restore(r, snap, len));
-    CHECK(kvt_session_len(r) == N);
-    free(bad);
-    free(snap);
-    kvt_session_free(s); kvt_session_free(r); kvt_session_free(o);
-    kvt_model_close(other);
-    kvt_model_close(m);
-}
-
-TEST(ds4_marked_checkpoint)
-{
-    kvt_model *m = tiny();
-    CHECK(m);
-    enum { N = 900, MARK = 777 };
-    int32_t a[N], b[N];
-    seqb(a, N, 23);
-    memcpy(b, a, sizeof a);
-    for (size_t i = MARK + 1; i < N; i++) b[i] = (a[i] + 9) % 256; /* another last turn */
-    kvt_session *s = NULL;
-    CHECK_OK(kvt_session_new(&s, m, NULL));
-    kvt_session_set_mark(s, MARK);
-    CHECK_OK(kvt_session_sync(s, a, N, NULL));
-    size_t reused = 0;
-    CHECK_OK(kvt_session_sync(s, b, N, &reused));
-    CHECKF(reused == MARK, "reused %zu, the mark is at %d", reused, MARK);
-    state x = {0}, y = {0};
-    CHECK_OK(capture(s, m, &x));
-    CHECK_OK(run(m, b, N, NULL, 0, 1, &y));
-    CHECK(equal(&x, &y));
-    state_free(&x);
-    state_free(&y);
-    /* without a mark the same divergence goes back to the start (no grid point below 2048) */
-    kvt_session_set_mark(s, 0);
-    CHECK_OK(kvt_session_sync(s, a, N, &reused));
-    CHECK(reused == MARK); /* the marked checkpoint is still there */
-    kvt_session_free(s);
-    CHECK_OK(kvt_session_new(&s, m, NULL));
-    CHECK_OK(kvt_session_sync(s, a, N, NULL));
-    CHECK_OK(kvt_session_sync(s, b, N, &reused));
-    CHECK(reused == 0);
-    kvt_session_free(s);
-    kvt_model_close(m);
-}
-
-/* A version 3 record from a version 4 one (v4, len): the same header and
- * sections less the state's digest (an empty state section), as the encoder
- * of version 3 wrote it; what follows the record (the blocks) is kept. Used
- * only to rewrite the version 3 golden file when the preset it holds
- * changes (KVT_WRITE_GOLDEN=1). */
-static uint8_t *as_version_3(const uint8_t *v4, size_t len, size_t *out_len)
-{
-    kvt_snap_info in;
-    if (kvt_snap_parse_raw(v4, len, &in) || in.version != 4) return NULL;
-    in.sec_len[4] = 0;
-    return kvt_test_repack(v4, len, 3, in.flags, 6, in.sec, in.sec_len, out_len);
-}
-
-/* The snapshot format is pinned by a golden file per version: today's
- * encoder must reproduce the current ones byte for byte and today's decoder
- * must load every one. KVT_WRITE_GOLDEN=1 rewrites the current ones (only
- * when a format version changes). Version 2 is a whole record, version 4
- * the same record without its state but with the state's digest. Version 3,
- * the same without the digest, is no longer written but still read: its
- * golden file must load, and it must be the version 4 record less the
- * digest. When the preset changes, KVT_WRITE_GOLDEN=1 rewrites all three
- * (version 3 from today's version 4 record, as_version_3). */
-TEST(ds4_snapshot_golden_v2_v3_v4)
-{
-    enum { V2, V4, V3 };
-    const char *paths[3] = {"tests/golden/snapshot-v2-ds4-tiny-300.bin", "tests/golden/snapshot-v4-ds4-tiny-300.bin",
-                            "tests/golden/snapshot-v3-ds4-tiny-300.bin"};
-    kvt_model *m = tiny();
-    CHECK(m);
-    enum { N = 300 };
-    int32_t t[N];
-    seqb(t, N, 29);
-    kvt_session *s = NULL;
-    CHECK_OK(kvt_session_new(&s, m, NULL));
-    CHECK_OK(kvt_session_sync(s, t, N, NULL));
-    state a = {0};
-    CHECK_OK(capture(s, m, &a));
-    uint8_t *snap[2] = {NULL, NULL};
-    size_t len[2] = {0, 0};
-    CHECK_OK(kvt_session_snapshot(s, &snap[V2], &len[V2]));
-    CHECK_OK(without_state(snap[V2], len[V2], &snap[V4], &len[V4]));
-    const char *w = getenv("KVT_WRITE_GOLDEN");
-    for (int v = V2; v <= V3; v++) {
-        if (w && !strcmp(w, "1")) {
-            size_t l3 = 0;
-            uint8_t *v3 = v == V3 ? as_version_3(snap[V4], len[V4], &l3) : NULL;
-            FILE *f = fopen(paths[v], "wb");
-            CHECK(f && (v == V3 ? v3 && fwrite(v3, 1, l3, f) == l3 : fwrite(snap[v], 1, len[v], f) == len[v]));
-            fclose(f);
-            free(v3);
-        }
-        size_t glen = 0;
-        char *golden = kvt_test_read_file(paths[v], &glen);
-        CHECKF(golden, "%s missing", paths[v]);
-        const uint8_t *g = (const uint8_t *)golden;
-        if (v != V3) {
-            CHECKF(glen == len[v] && !memcmp(g, snap[v], len[v]), "the encoder no longer writes %s (%zu vs %zu bytes)",
-                   paths[v], len[v], glen);
-        } else {
-            kvt_snap_info g3, g4;
-            CHECK_OK(kvt_snap_parse_raw(g, glen, &g3));
-            CHECK_OK(kvt_snap_parse_raw(snap[V4], len[V4], &g4));
-            CHECK(g3.version == 3 && g4.version == 4 && g3.flags == g4.flags);
-            CHECK(g3.sec_len[4] == 0 && g4.sec_len[4] == 8);
-            CHECK(!memcmp(g + 16, snap[V4] + 16, 40)); /* fingerprints, n, nb, V, streams, head */
-            for (int i = 1; i <= 6; i++)
-                CHECKF(i == 4 || (g3.sec_len[i] == g4.sec_len[i] && !memcmp(g3.sec[i], g4.sec[i], g3.sec_len[i])),
-                       "section %d of the version 3 golden file differs from today's version 4 record", i);
-            CHECK(glen - g3.rec_len == len[V4] - g4.rec_len &&
-                  !memcmp(g + g3.rec_len, snap[V4] + g4.rec_len, glen - g3.rec_len)); /* the same blocks */
-        }
-        kvt_session *r = NULL;
-        CHECK_OK(kvt_session_new(&r, m, NULL));
-        CHECK_OK(kvt_session_restore(r, g, glen));
-        state b = {0};
-        CHECK_OK(capture(r, m, &b));
-        CHECKF(equal(&a, &b), "%s does not restore the state it was made from", paths[v]);
-        state_free(&b);
-        free(golden);
-        kvt_session_free(r);
-    }
-    free(snap[V2]);
-    free(snap[V4]);
-    state_free(&a);
-    kvt_session_free(s);
     kvt_model_close(m);
 }
 

@@ -549,7 +549,7 @@ static bool think_request(e2e *t, kvt_api api, const char *body, bool stream, th
  * is all reasoning cut by max_tokens: what this exercises is the server's
  * search for </think> as the text grows, its reasoning pieces and the end
  * of a reply cut inside its reasoning. The answer goes out through the
- * ordinary text path, which every other test streams; tests/test_api.c
+ * ordinary text path, which every other test streams; tests/test_api_thinking.c
  * checks the split itself. */
 static void thinking(e2e *t)
 {

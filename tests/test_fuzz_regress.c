@@ -85,7 +85,7 @@ TEST(fuzz_regress)
     CHECKF(ok, "a saved fuzz input fails again");
 }
 
-TEST(fuzz_seeds)
+TEST(fuzz_regress_seeds)
 {
     size_t n = 0;
     bool ok = replay("tests/fuzz/seeds", &n);

@@ -14,7 +14,23 @@
  *                              text grown a few bytes at a time (DSML,
  *                              Qwen's, Gemma 4's openers and Llama 3's JSON
  *                              candidates, with text that looks like calls
- *                              and is none), with the same control. */
+ *                              and is none), with the same control.
+ *   generate_reply_scripted    the reply loop (kvt_gen_start / _next /
+ *                              _took / _finish) through a scripted model:
+ *                              before each step the test writes the
+ *                              session's logits so that one byte of a
+ *                              script is the argmax, and runs nothing.
+ *                              The reply, streamed and whole, is the
+ *                              script's text up to max_tokens ("length"),
+ *                              up to a stop sequence (cut before it,
+ *                              "stop"), up to the end-of-turn token
+ *                              ("stop"), up to a cancel ("stop"), or
+ *                              nothing at the context's end ("length",
+ *                              as the chat API spells "context");
+ *                              completion_tokens counts the tokens taken.
+ *                              Control: the loop run without the stop
+ *                              sequence gives another text, which fails
+ *                              the same check. */
 #include "test.h"
 #include "serve/api.h"
 #include "serve/generate.h"
@@ -23,6 +39,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 
 static void drop(void *user, char *sse)
 {
@@ -126,4 +143,168 @@ TEST(generate_tool_scan_families)
             CHECKF(f > 16 * 20000ULL, "%s: the control scanned only %llu bytes", names[k], f);
     }
     free(text);
+}
+
+/* ---- the reply loop through a scripted model ---- */
+
+typedef struct script {
+    const int32_t *ids;   /* the tokens the "model" gives, in order */
+    size_t n, at;
+    size_t cancel_after;  /* the canceled callback says true after this many steps (0: never) */
+    char deltas[512];     /* the streamed text, from the deltas */
+    size_t dl;
+} script;
+
+static bool script_canceled(void *user)
+{
+    script *sc = user;
+    return sc->cancel_after && sc->at >= sc->cancel_after;
+}
+
+/* The text of every chat delta in an SSE event appended to sc->deltas. */
+static void script_emit(void *user, char *sse)
+{
+    script *sc = user;
+    for (const char *p = sse; p && (p = strstr(p, "data: ")); p++) {
+        const char *e = strchr(p, '\n');
+        json_t *j = json_loadb(p + 6, e ? (size_t)(e - p - 6) : strlen(p + 6), 0, NULL);
+        const char *c = json_string_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta"), "content"));
+        size_t cl = c ? strlen(c) : 0;
+        if (cl && sc->dl + cl < sizeof sc->deltas) { memcpy(sc->deltas + sc->dl, c, cl); sc->dl += cl; }
+        json_decref(j);
+    }
+    free(sse);
+}
+
+typedef struct reply { char text[512]; char finish[32]; long long completion; } reply;
+
+/* One reply to body through the step API, the session's logits written
+ * before each step to make sc's next id the argmax. stream: the reply's
+ * text is taken from the deltas, and the finish reason from the end
+ * events' last chunk. */
+static bool run_script(kvt_model *m, const char *body, bool stream, uint32_t max_new, int ctx_room, script *sc,
+                       reply *out)
+{
+    kvt_request r;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    kvt_session *s = NULL;
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    bool ok = kvt_request_parse(&r, KVT_API_CHAT, body, strlen(body), m, NULL) == KVT_OK &&
+              kvt_tokenize(m, r.prompt, r.prompt_len, r.prompt_has_bos ? 0 : 1, r.prompt_special, &ids, &n_ids) ==
+                  KVT_OK &&
+              kvt_session_new(&s, m, &(kvt_session_opts){.n_threads = 1}) == KVT_OK &&
+              kvt_session_sync(s, ids, n_ids, NULL) == KVT_OK;
+    memset(out, 0, sizeof *out);
+    if (ok) {
+        kvt_gen g = {.m = m, .s = s, .r = &r, .id = "chatcmpl-1", .model_name = "m", .stream = stream,
+                     .max_new = max_new, .n_ctx = (uint32_t)((int)n_ids + ctx_room), .seed = 1};
+        kvt_usage u = {.prompt_tokens = (uint32_t)n_ids};
+        kvt_gen_out o = {.emit = script_emit, .canceled = script_canceled, .user = sc};
+        kvt_gen_run *R = kvt_gen_start(&g, &u, &o);
+        ok = R != NULL;
+        float *lg = (float *)kvt_session_logits(s); /* the session's own buffer: the "model" writes it */
+        for (int32_t t; ok;) {
+            for (uint32_t i = 0; i < mi.n_vocab; i++) lg[i] = 0;
+            if (sc->at < sc->n) lg[sc->ids[sc->at]] = 10;
+            if (!kvt_gen_next(R, &t)) break;
+            ok = sc->at < sc->n && t == sc->ids[sc->at];
+            if (!ok) printf("    step %zu: token %d, the script has %d\n", sc->at, t, sc->at < sc->n ? sc->ids[sc->at] : -1);
+            sc->at++;
+            if (ok && !kvt_gen_took(R, KVT_OK)) break;
+        }
+        char *end = kvt_gen_finish(R);
+        out->completion = u.completion_tokens;
+        if (stream && end) {
+            script_emit(sc, strdup(end));
+            const char *f = NULL;
+            for (const char *p = end; (p = strstr(p, "\"finish_reason\":\"")); p++) f = p + 17;
+            if (f) snprintf(out->finish, sizeof out->finish, "%.*s", (int)strcspn(f, "\""), f);
+            snprintf(out->text, sizeof out->text, "%.*s", (int)sc->dl, sc->deltas);
+        } else if (end) {
+            json_t *j = json_loads(end, 0, NULL), *c0 = json_array_get(json_object_get(j, "choices"), 0);
+            const char *t = json_string_value(json_object_get(json_object_get(c0, "message"), "content"));
+            const char *f = json_string_value(json_object_get(c0, "finish_reason"));
+            snprintf(out->text, sizeof out->text, "%s", t ? t : "");
+            snprintf(out->finish, sizeof out->finish, "%s", f ? f : "");
+            json_decref(j);
+        }
+        ok = ok && end;
+        free(end);
+    }
+    kvt_session_free(s);
+    free(ids);
+    kvt_request_free(&r);
+    return ok;
+}
+
+/* The ids of text's bytes, one token each (the byte tokenizer). */
+static size_t byte_ids(const kvt_model *m, const char *text, int32_t *ids)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    size_t n = 0;
+    for (const char *c = text; *c; c++)
+        for (uint32_t id = 0; id < mi.n_vocab; id++) {
+            const char *p;
+            size_t pl;
+            if (kvt_token_piece(m, (int32_t)id, &p, &pl) == KVT_OK && pl == 1 && *p == *c) { ids[n++] = (int32_t)id; break; }
+        }
+    return n;
+}
+
+static bool reply_is(const reply *r, const char *text, const char *finish, long long completion, const char *what)
+{
+    bool ok = !strcmp(r->text, text) && !strcmp(r->finish, finish) && r->completion == completion;
+    if (!ok)
+        printf("    %s: \"%s\" %s %lld tokens, want \"%s\" %s %lld\n", what, kvt_test_esc(r->text, strlen(r->text)),
+               r->finish, r->completion, text, finish, completion);
+    return ok;
+}
+
+TEST(generate_reply_scripted)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 1, NULL));
+    int32_t ids[64];
+    size_t n = byte_ids(m, "Hello world, again.", ids);
+    static const char plain[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":0}";
+    static const char stop[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":0,"
+                               "\"stop\":[\"o w\"]}";
+    reply r;
+    bool ok = n == 19;
+    for (int stream = 0; ok && stream < 2; stream++) {
+        const char *how = stream ? "streamed" : "whole";
+        script a = {ids, n, 0, 0, "", 0};
+        ok = run_script(m, plain, stream, 5, 100, &a, &r) && reply_is(&r, "Hello", "length", 5, how);
+        script b = {ids, n, 0, 0, "", 0};
+        ok = ok && run_script(m, stop, stream, 100, 100, &b, &r) && reply_is(&r, "Hell", "stop", 7, how);
+        script c = {ids, n, 0, 3, "", 0};
+        ok = ok && run_script(m, plain, stream, 100, 100, &c, &r) && reply_is(&r, "Hel", "stop", 3, how);
+        script d = {ids, n, 0, 0, "", 0};
+        ok = ok && run_script(m, plain, stream, 100, 0, &d, &r) && reply_is(&r, "", "length", 0, how);
+        /* the end of the turn: the template's end token after "Hi" */
+        kvt_template_tokens tt;
+        kvt_template_tokens_get(kvt_template_for(m), m, &tt);
+        kvt_model_info mi;
+        kvt_model_info_get(m, &mi);
+        int32_t eot[3] = {ids[0], ids[4], tt.n_end ? tt.end[0] : mi.eos};
+        script e = {eot, 3, 0, 0, "", 0};
+        ok = ok && eot[2] >= 0 && run_script(m, plain, stream, 100, 100, &e, &r) && reply_is(&r, "Ho", "stop", 2, how);
+        /* the whole script: 19 tokens, then the end of the turn */
+        int32_t all[20];
+        memcpy(all, ids, sizeof(int32_t) * n);
+        all[n] = eot[2];
+        script f = {all, n + 1, 0, 0, "", 0};
+        ok = ok && run_script(m, plain, stream, 100, 100, &f, &r) &&
+             reply_is(&r, "Hello world, again.", "stop", 19, how);
+    }
+    /* control: without the stop sequence the same check fails */
+    script g = {ids, n, 0, 0, "", 0};
+    bool control = run_script(m, plain, false, (uint32_t)n, 100, &g, &r) && !reply_is(&r, "Hell", "stop", 7, "control");
+    kvt_model_close(m);
+    CHECK(ok);
+    CHECKF(control, "the reply without its stop sequence passed the stop check");
 }

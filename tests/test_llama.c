@@ -3,6 +3,7 @@
  * under any chunk schedule / thread count / kernel path, prefix reuse and its
  * negative controls, causality, context overflow and rolling mode. */
 #include "test.h"
+#include "session/testing.h"
 #include "format/gguf.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"
@@ -1141,7 +1142,7 @@ TEST(llama_gemma4_format)
 /* Batched steps on a Q4_K llama (tests/test_batch.c): quantised
  * activations per row and integer dot products give each session its bits
  * alone. */
-TEST(batch_llama_q4k)
+TEST(llama_batch_q4k)
 {
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
@@ -1153,7 +1154,7 @@ TEST(batch_llama_q4k)
     CHECK_OK(synth_typed(p, path, k, 3, SYNTH_DEFAULT));
     kvt_model *m = NULL;
     CHECK_OK(kvt_model_open(&m, path));
-    int good = kvt_test_batch_invariance(m, "Q4_K llama", 4, kvt_test_seed("batch_llama_q4k"));
+    int good = kvt_test_batch_invariance(m, "Q4_K llama", 4, kvt_test_seed("llama_batch_q4k"));
     kvt_model_close(m);
     kvt_test_clear_dir(dir);
     rmdir(dir);

@@ -1,7 +1,7 @@
 /* The server's memory under --kv-ram-mb (issue 36, item 4): what the RAM
  * pool holds is what the budget counts, plus a fixed overhead.
  *
- *   e2e_ram_bound  the built binary (KVT_BIN) serves ds4-tiny with
+ *   memory_ram_bound  the built binary (KVT_BIN) serves ds4-tiny with
  *                  --no-kv-disk --kv-ram-mb 64; 200 distinct prompts of
  *                  300 tokens go to /v1/completions over CONNS connections
  *                  at once (max_tokens 2). From /proc/PID/status: VmRSS
@@ -18,7 +18,7 @@
  * is not the server's.
  *
  * Negative control: built from d5ab4de (a thread pool and scratch per
- * pooled session), KVT_BIN=that/kvtier ./build/kvtier-tests e2e_ram_bound
+ * pooled session), KVT_BIN=that/kvtier ./build/kvtier-tests memory_ram_bound
  * fails all three checks. */
 #include "fixture.h"
 #include "test.h"
@@ -148,7 +148,7 @@ static long long ram_reported(int port)
     return v;
 }
 
-TEST(e2e_ram_bound)
+TEST(memory_ram_bound)
 {
     if (fx_env_is("KVT_E2E", "0")) SKIP("KVT_E2E=0");
     if (access(kvt_test_bin(), X_OK) != 0) SKIP("the kvtier binary is not built");

@@ -3,6 +3,8 @@
  * truncation detection, foreign and future records, the budget's eviction
  * order, dedupe of nested snapshots, a full disk, and the save policy. */
 #include "test.h"
+#include "store/policy.h"
+#include "store/testing.h"
 #include "cache/cache.h"
 #include "arch/model.h"
 #include "session/snapshot.h"

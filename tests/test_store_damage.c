@@ -15,6 +15,7 @@
  * A damaged WAL frame voids the frames from it on, so the store must read
  * as it was after an earlier commit: never a mix of two. */
 #include "test.h"
+#include "store/testing.h"
 #include "session/snapshot.h"
 #include "store/store.h"
 #include "base/util.h"
@@ -711,7 +712,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
            problems, bad, checked);
 }
 
-TEST(store_damaged_pages_and_wal)
+TEST(store_damage_pages_and_wal)
 {
     double t0 = now_s();
     world *w = calloc(1, sizeof *w);
@@ -898,7 +899,7 @@ TEST(store_damaged_pages_and_wal)
  * kvtier.db, in a b-tree page. verify must say so and exit 1; the next run
  * must print what a cold run printed, rebuild the store and save; the one
  * after must restore from it; verify is then clean. */
-TEST(store_damaged_page_cli)
+TEST(store_damage_page_cli)
 {
     if (!have_bin()) SKIP("%s absent", kvt_test_bin());
     static const char *const words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",

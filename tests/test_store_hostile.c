@@ -27,6 +27,7 @@
  * the 0777 directory used, the files 0644, gc and verify fail on the full
  * disk). The free-space checks fail with kvt_store_room_fault set. */
 #include "test.h"
+#include "store/testing.h"
 #include "fixture.h"
 #include "store/storedir.h"
 #include "store/store.h"

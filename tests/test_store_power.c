@@ -24,6 +24,7 @@
  * the store at synchronous=OFF must find lost entries: the negative control
  * that shows the checks can see a store that is not durable. */
 #include "test.h"
+#include "store/testing.h"
 #include "store/store.h"
 #include "base/util.h"
 

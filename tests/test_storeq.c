@@ -1,12 +1,12 @@
 /* The server's store thread (src/store/storeq.c) end to end: the scheduler never
  * waits on the disk or on another process's lock of a store.
  *
- *   e2e_storeq_locked_store  ds4-tiny: another process holds BEGIN
+ *   storeq_locked_store  ds4-tiny: another process holds BEGIN
  *                  IMMEDIATE on the store's kvtier.db for HOLD seconds
  *                  while a request's save meets the lock; short requests
  *                  answer within 1 s each meanwhile, and the save is
  *                  committed once the lock is released
- *   e2e_storeq_save_itl  the synthetic llama (tests/synth_family.h, heads
+ *   storeq_save_itl  the synthetic llama (tests/synth_family.h, heads
  *                  of 128: 8 KB of cache rows per token): two streams'
  *                  times between tokens while three other keys' sessions
  *                  of 3,600 tokens (29 MB) are evicted and saved; the 99th
@@ -169,7 +169,7 @@ static void locked_store(fx_server *s)
     CHECKF(fx_server_stop(s), "kvtier serve did not exit 0 after SIGTERM");
 }
 
-TEST(e2e_storeq_locked_store)
+TEST(storeq_locked_store)
 {
     const char *why = skip_reason(false);
     if (why) SKIP("%s", why);
@@ -213,7 +213,7 @@ static void save_itl(fx_server *s, const char *model)
     CHECKF(fx_server_stop(s), "kvtier serve did not exit 0 after SIGTERM");
 }
 
-TEST(e2e_storeq_save_itl)
+TEST(storeq_save_itl)
 {
     const char *why = skip_reason(true);
     if (why) SKIP("%s", why);

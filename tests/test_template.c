@@ -21,7 +21,7 @@
  *                          schema through the api, and the call echoed
  *                          back rendering the sampled bytes (the replay
  *                          hook); no node needed, the vocabulary below
- *   template_pick, template_tool_calls_*, template_think_parts
+ *   template_units_pick, template_tool_calls_*, template_units_think_parts
  *                          the choice by chat template text and
  *                          architecture, each family's tool-call parser
  *                          (malformed input included) and the split of a

@@ -1,42 +1,42 @@
 /* The chat templates' parts that need no reference renderer
  * (tests/test_template.c compares the renderings):
  *
- *   template_pick              the choice by template text, by architecture,
+ *   template_units_pick              the choice by template text, by architecture,
  *                              the fallback, and by name
- *   template_pick_bundle       every template of llama.cpp's models/templates
+ *   template_units_pick_bundle       every template of llama.cpp's models/templates
  *                              (the peer's source bundle): the Llama 3.x, Qwen
  *                              2.5, Qwen 3, Qwen 3.5, Gemma 2 and Gemma 4 files
  *                              pick their rows,
  *                              every other file none (the fallback), so no
  *                              other family is rendered in a layout not its own
- *   template_tool_calls_qwen   <tool_call>JSON</tool_call>: single, parallel
+ *   template_units_tool_calls_qwen   <tool_call>JSON</tool_call>: single, parallel
  *                              with nested arguments, arguments as a string,
  *                              raw spans; malformed, unfinished, non-UTF-8
  *                              and foreign input stays text; the streaming
  *                              hold-back
- *   template_tool_calls_llama3 Llama 3.1's JSON calls: alone, after text,
+ *   template_units_tool_calls_llama3 Llama 3.1's JSON calls: alone, after text,
  *                              after <|python_tag|>, parallel, the OpenAI
  *                              wrapper, "arguments"; JSON inside prose, code,
  *                              malformed objects stay text; the hold-back;
  *                              kvtier's own rendering read back
- *   template_tool_calls_qwen35 Qwen 3.5's XML calls: values as JSON, Python's
+ *   template_units_tool_calls_qwen35 Qwen 3.5's XML calls: values as JSON, Python's
  *                              constants or strings, kvtier's rendering read
  *                              back; malformed and unfinished input is text
- *   template_tool_calls_typed  Qwen 3.5's bare-text values typed by the
+ *   template_units_tool_calls_typed  Qwen 3.5's bare-text values typed by the
  *                              request's schema: string, integer, number,
  *                              boolean, null, object, array, type lists,
  *                              enum, const, anyOf, oneOf, $ref, nested
  *                              properties and items; no schema as before;
  *                              hostile schemas end quickly
- *   template_tool_calls_gemma4 Gemma 4's <|tool_call>call:NAME{...} in its own
+ *   template_units_tool_calls_gemma4 Gemma 4's <|tool_call>call:NAME{...} in its own
  *                              notation, kvtier's rendering read back;
  *                              malformed and unfinished input is text
- *   template_tool_calls_none   gemma3 reads no calls
- *   template_think_parts       Qwen 3's reasoning split: the opener the model
+ *   template_units_tool_calls_none   gemma3 reads no calls
+ *   template_units_think_parts       Qwen 3's reasoning split: the opener the model
  *                              writes, the newlines the template writes, and
  *                              every prefix of a reply consistent with the
  *                              whole (what streaming relies on)
- *   template_tokens            the turn markers and end-of-turn tokens the
+ *   template_units_tokens            the turn markers and end-of-turn tokens the
  *                              server uses, with llama.cpp's Llama 3 and Qwen 2
  *                              vocabularies (from the bundle; skipped without
  *                              it), the built-in one, and one without them */
@@ -63,7 +63,7 @@ static const kvt_template *named(const char *n)
     return t;
 }
 
-TEST(template_pick)
+TEST(template_units_pick)
 {
     CHECK(!strcmp(kvt_template_pick(NULL, NULL)->name, "plain"));
     CHECK(!strcmp(kvt_template_pick(NULL, "deepseek4")->name, "deepseek"));
@@ -94,7 +94,7 @@ TEST(template_pick)
     CHECK(!strcmp(kvt_templates[kvt_n_templates - 1].name, "plain"));
 }
 
-TEST(template_pick_bundle)
+TEST(template_units_pick_bundle)
 {
     const char *why = fx_peer_skip_reason();
     if (why) SKIP("%s", why);
@@ -138,7 +138,7 @@ TEST(template_pick_bundle)
     if (d) closedir(d);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) printf("      could not remove %s\n", dir);
-    printf("    template_pick_bundle: %zu templates, %zu picked by their text, %zu to the fallback\n", n,
+    printf("    template_units_pick_bundle: %zu templates, %zu picked by their text, %zu to the fallback\n", n,
            n - n_plain, n_plain);
     CHECK(st == 0 && n > 50 && n_found == sizeof want / sizeof *want);
 }
@@ -174,7 +174,7 @@ static bool all_text(parse_fn f, const char *text)
     return !n && te == strlen(text);
 }
 
-TEST(template_tool_calls_qwen)
+TEST(template_units_tool_calls_qwen)
 {
     const kvt_template *t = named("qwen3");
     CHECK(t && t->tool_calls == named("qwen2.5")->tool_calls);
@@ -236,7 +236,7 @@ TEST(template_tool_calls_qwen)
     CHECK(tl(NULL, 0) == 0);
 }
 
-TEST(template_tool_calls_llama3)
+TEST(template_units_tool_calls_llama3)
 {
     const kvt_template *t = named("llama3");
     CHECK(t);
@@ -323,7 +323,7 @@ TEST(template_tool_calls_llama3)
     CHECK(tl(NULL, 0) == 0);
 }
 
-TEST(template_tool_calls_qwen35)
+TEST(template_units_tool_calls_qwen35)
 {
     const kvt_template *t = named("qwen3.5");
     CHECK(t);
@@ -410,7 +410,7 @@ static bool typed_is(const char *reply, const char *params, const char *want)
  * nesting, huge enums, exponential anyOf) cost bounded time. Control: the
  * reply without schemas types "10" as a number, which a string parameter's
  * client rejects. */
-TEST(template_tool_calls_typed)
+TEST(template_units_tool_calls_typed)
 {
     const char *reply = Q35_CALL(Q35_P("a", "10") Q35_P("b", "true") Q35_P("c", "null") Q35_P("d", "{\"x\": 1}")
                                      Q35_P("e", "[1, 2]") Q35_P("g", "1.50") Q35_P("h", "True") Q35_P("u", "7"));
@@ -490,7 +490,7 @@ TEST(template_tool_calls_typed)
     CHECKF(secs < 10, "hostile schemas took %.1f s", secs); /* about 0.2 s alone on 2 cores */
 }
 
-TEST(template_tool_calls_gemma4)
+TEST(template_units_tool_calls_gemma4)
 {
     const kvt_template *t = named("gemma4");
     CHECK(t);
@@ -557,7 +557,7 @@ TEST(template_tool_calls_gemma4)
     CHECK(!kvt_think_parts(t, "<|channel>thought\nx<chan", 24, true, &th) && th.rs == 18 && th.re == 19);
 }
 
-TEST(template_tool_calls_none)
+TEST(template_units_tool_calls_none)
 {
     const kvt_template *t = named("gemma3");
     CHECK(t);
@@ -579,7 +579,7 @@ static bool parts_are(const kvt_template *t, const char *text, bool partial, boo
     return ok;
 }
 
-TEST(template_think_parts)
+TEST(template_units_think_parts)
 {
     const kvt_template *q = named("qwen3");
     CHECK(q && q->thinking && q->thinking_default && q->think_open);
@@ -652,7 +652,7 @@ static kvt_model *vocab_model(const char *file)
     return kvt_model_open_vocab(&m, path) == KVT_OK ? m : NULL;
 }
 
-TEST(template_tokens)
+TEST(template_units_tokens)
 {
     kvt_model *ds = NULL;
     CHECK_OK(kvt_model_preset(&ds, "ds4-tiny", 1, NULL));
@@ -718,9 +718,9 @@ TEST(template_tokens)
  * than the whole; and the streaming scan resumed over the text as it grows
  * the scan from scratch at every length (Llama 3's: never more), never
  * shrinking. */
-TEST(template_tool_calls_mutated)
+TEST(template_units_tool_calls_mutated)
 {
-    uint64_t rng = kvt_test_seed("template_tool_calls_mutated");
+    uint64_t rng = kvt_test_seed("template_units_tool_calls_mutated");
     static const char *const seeds[] = {
         "Sure.\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.c\", \"n\": [1, 2.5]}}\n</tool_call>"
         "\n<tool_call>\n{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>",
@@ -778,6 +778,6 @@ TEST(template_tool_calls_mutated)
             if (!ok) return;
         }
     }
-    printf("    template_tool_calls_mutated: 5000 texts through %zu parsers, %zu calls parsed\n",
+    printf("    template_units_tool_calls_mutated: 5000 texts through %zu parsers, %zu calls parsed\n",
            sizeof names / sizeof *names, n_calls);
 }

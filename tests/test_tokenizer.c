@@ -8,7 +8,7 @@
  * parse_special: llama.cpp produced the .out files with parse_special = false,
  * and its partition splits user-defined tokens out even then (deepseek-llm's
  * "ü" is token 100014 in "Führer"), so the cases run with parse_special =
- * false, as llama.cpp ran them; tok_vocab_deepseek_llm shows that control
+ * false, as llama.cpp ran them; tokenizer_vocab_deepseek_llm shows that control
  * tokens still need parse_special. */
 #include "fixture.h"
 #include "test.h"
@@ -236,22 +236,22 @@ static void run_bundle_cases(const char *name)
     run_vocab_files(name, gp, ip, op);
 }
 
-TEST(tok_vocab_llama_spm) { run_vocab_cases("llama-spm"); }
-TEST(tok_vocab_gpt2) { run_vocab_cases("gpt-2"); }
+TEST(tokenizer_vocab_llama_spm) { run_vocab_cases("llama-spm"); }
+TEST(tokenizer_vocab_gpt2) { run_vocab_cases("gpt-2"); }
 /* From llama.cpp's source bundle (see kvt_test_bundle_vocab). */
-TEST(tok_vocab_llama_bpe) { run_bundle_cases("llama-bpe"); }
-TEST(tok_vocab_qwen2) { run_bundle_cases("qwen2"); }
-TEST(tok_vocab_qwen35) { run_bundle_cases("qwen35"); }
-TEST(tok_vocab_gemma4) { run_bundle_cases("gemma-4"); }
-TEST(tok_vocab_starcoder) { run_bundle_cases("starcoder"); }
-TEST(tok_vocab_refact) { run_bundle_cases("refact"); }
-TEST(tok_vocab_command_r) { run_bundle_cases("command-r"); }
-TEST(tok_vocab_mpt) { run_bundle_cases("mpt"); }
-TEST(tok_vocab_falcon) { run_bundle_cases("falcon"); }
-TEST(tok_vocab_deepseek_coder) { run_bundle_cases("deepseek-coder"); }
-TEST(tok_vocab_phi3) { run_bundle_cases("phi-3"); }
+TEST(tokenizer_vocab_llama_bpe) { run_bundle_cases("llama-bpe"); }
+TEST(tokenizer_vocab_qwen2) { run_bundle_cases("qwen2"); }
+TEST(tokenizer_vocab_qwen35) { run_bundle_cases("qwen35"); }
+TEST(tokenizer_vocab_gemma4) { run_bundle_cases("gemma-4"); }
+TEST(tokenizer_vocab_starcoder) { run_bundle_cases("starcoder"); }
+TEST(tokenizer_vocab_refact) { run_bundle_cases("refact"); }
+TEST(tokenizer_vocab_command_r) { run_bundle_cases("command-r"); }
+TEST(tokenizer_vocab_mpt) { run_bundle_cases("mpt"); }
+TEST(tokenizer_vocab_falcon) { run_bundle_cases("falcon"); }
+TEST(tokenizer_vocab_deepseek_coder) { run_bundle_cases("deepseek-coder"); }
+TEST(tokenizer_vocab_phi3) { run_bundle_cases("phi-3"); }
 
-TEST(tok_vocab_deepseek_llm)
+TEST(tokenizer_vocab_deepseek_llm)
 {
     run_vocab_cases("deepseek-llm");
     if (kvt_test_failed()) return;
@@ -292,7 +292,7 @@ TEST(tok_vocab_deepseek_llm)
 
 /* ---- stories260K: prompts against llama2.c's reference ids ----------------- */
 
-TEST(tok_stories260k_prompts)
+TEST(tokenizer_stories260k_prompts)
 {
     const char *gp = kvt_test_shared("golden/stories260K-greedy.jsonl");
     if (!gp || !kvt_test_shared("models/stories260K.gguf")) SKIP("stories260K files not found");
@@ -361,7 +361,7 @@ static const char *const byte_specials[] = {
     "<" FW "place" SPM "holder" SPM "no" SPM "4" FW ">", "<" FW "place" SPM "holder" SPM "no" SPM "5" FW ">",
 };
 
-TEST(tok_bytes_specials)
+TEST(tokenizer_bytes_specials)
 {
     kvt_tokenizer *t;
     CHECK_OK(kvt_tokenizer_new_bytes(&t));
@@ -416,9 +416,9 @@ TEST(tok_bytes_specials)
     CHECK(dec_bad);
 }
 
-TEST(tok_bytes_random_round_trip)
+TEST(tokenizer_bytes_random_round_trip)
 {
-    uint64_t st = kvt_test_seed("tok_bytes_random_round_trip");
+    uint64_t st = kvt_test_seed("tokenizer_bytes_random_round_trip");
     kvt_tokenizer *t;
     CHECK_OK(kvt_tokenizer_new_bytes(&t));
     bool ok = true;
@@ -486,7 +486,7 @@ static void check_gguf_round_trip(kvt_tokenizer *t, const char *name)
     CHECKF(same, "%s: the tokenizer read back differs", name);
 }
 
-TEST(tok_gguf_round_trip)
+TEST(tokenizer_gguf_round_trip)
 {
     static const char *const files[] = {
         "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf",
@@ -515,7 +515,7 @@ TEST(tok_gguf_round_trip)
 /* The same for vocabularies of the llama.cpp source bundle: ignore_merges
  * (llama-bpe), raw BPE with <0xXX> byte tokens (gemma-4) and the types
  * llama.cpp overrides by text (qwen2's "</s>") survive the round trip. */
-TEST(tok_gguf_round_trip_bundle)
+TEST(tokenizer_gguf_round_trip_bundle)
 {
     static const char *const files[] = {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-gemma-4.gguf", "ggml-vocab-qwen2.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof *files && !kvt_test_failed(); i++) {
@@ -600,7 +600,7 @@ static const kvt_gguf_val *arr_str(const char *const *s, size_t n)
     return &v;
 }
 
-TEST(tok_malformed_metadata)
+TEST(tokenizer_malformed_metadata)
 {
     /* The unmodified vocabulary loads and merges "a b". */
     kvt_tokenizer *t;
@@ -677,7 +677,7 @@ TEST(tok_malformed_metadata)
     }
 }
 
-TEST(tok_malformed_spm_scores)
+TEST(tokenizer_malformed_spm_scores)
 {
     /* The same check on the SPM path with a real vocabulary's shape. */
     kvt_gguf_writer *w = kvt_gguf_writer_new();
@@ -721,9 +721,9 @@ static size_t random_text(uint64_t *st, char *buf, size_t cap, bool raw_bytes)
     return n;
 }
 
-TEST(tok_fuzz_round_trip)
+TEST(tokenizer_fuzz_round_trip)
 {
-    uint64_t st = kvt_test_seed("tok_fuzz_round_trip");
+    uint64_t st = kvt_test_seed("tokenizer_fuzz_round_trip");
     static const char *const files[] = {
         "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf",
         "vocab/ggml-vocab-gpt-2.gguf", "models/stories260K.gguf", NULL,
@@ -778,7 +778,7 @@ TEST(tok_fuzz_round_trip)
 }
 
 /* A long prompt encodes in well under quadratic time (100k+ tokens). */
-TEST(tok_long_prompt)
+TEST(tokenizer_long_prompt)
 {
     static const char *const files[] = {
         "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-deepseek-llm.gguf", "vocab/ggml-vocab-gpt-2.gguf",
@@ -848,12 +848,12 @@ static void byte_char(uint8_t b, char *out, size_t *n)
     *n = (size_t)k;
 }
 
-TEST(tok_merge_reference)
+TEST(tokenizer_merge_reference)
 {
     const char *bpe_path = kvt_test_shared("vocab/ggml-vocab-gpt-2.gguf");
     const char *spm_path = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
     if (!bpe_path || !spm_path) SKIP("vocab files not found");
-    uint64_t st = kvt_test_seed("tok_merge_reference");
+    uint64_t st = kvt_test_seed("tokenizer_merge_reference");
     for (int which = 0; which < 2; which++) {
         bool bpe = which == 0;
         kvt_gguf *g;
@@ -971,7 +971,7 @@ static void *encode_many(void *p)
     return NULL;
 }
 
-TEST(tok_shared_between_threads)
+TEST(tokenizer_shared_between_threads)
 {
     kvt_tokenizer *t;
     int rc = load_vocab(&t, "vocab/ggml-vocab-deepseek-llm.gguf");

@@ -3,6 +3,7 @@
  * failures print kvt_errmsg() and exit 1. This file is the only place that
  * calls exit(). */
 #include "kvtier.h"
+#include "store/policy.h"
 
 #include <errno.h>
 #include <math.h>
@@ -1086,6 +1087,7 @@ static void usage(FILE *f)
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
+          "  --version   print the version (kvtier VERSION)\n"
           "\n"
           "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
           "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
@@ -1105,6 +1107,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("kvtier %s\n", KVT_VERSION);
+        return 0;
     }
     const char *cmd = argv[1];
     argc -= 2;

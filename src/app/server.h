@@ -3,6 +3,7 @@
 #define KVT_SERVER_H
 
 #include "kvtier.h"
+#include "store/policy.h"
 
 #define KVT_SERVE_MAX_PARALLEL 16  /* KVT_TIERS_MAX_BUSY */
 

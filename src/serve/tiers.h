@@ -12,6 +12,7 @@
 #define KVT_TIERS_H
 
 #include "kvtier.h"
+#include "store/policy.h"
 #include "base/threads.h"
 
 #define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */

@@ -8,6 +8,7 @@
 #include "kernels/kernels.h"
 #include "arch/model.h"
 #include "base/util.h"
+#include "session/testing.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,8 @@
-/* The save policy shared by the server and the CLI (see kvtier.h): which
+/* The save policy shared by the server and the CLI (policy.h): which
  * prefixes of a session become disk snapshots, and why. */
 #include "arch/model.h"
 #include "session/snapshot.h"
+#include "store/policy.h"
 #include "store/store.h"
 #include "base/util.h"
 

@@ -43,6 +43,7 @@
 #include "store/segments.h"
 #include "session/snapshot.h"
 #include "store/store.h"
+#include "store/testing.h"
 #include "store/storedir.h"
 #include "arch/model.h"
 #include "base/util.h"

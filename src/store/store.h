@@ -29,17 +29,6 @@ void kvt_store_set_busy(kvt_store *st, int ms);
  * such a failure is worth trying again later. */
 bool kvt_store_busy_seen(bool clear);
 
-/* kvt_store_apply_policy that leaves the saves that failed on another
- * process's lock unreported and says so in *busy: the caller tries them
- * again. */
-int kvt_store_apply_policy_busy(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n,
-                                size_t from_disk, size_t fork_at, size_t *saved, bool *busy);
-
-/* The number of saves kvt_store_apply_policy would make of s with these
- * arguments (0: nothing to save; policy.c). */
-size_t kvt_save_policy_points(const kvt_save_policy *p, const kvt_session *s, size_t n, size_t from_disk,
-                              size_t fork_at);
-
 /* Commit without waiting for the disk (populating a benchmark store only). */
 int kvt_store_set_synchronous(kvt_store *st, bool on);
 

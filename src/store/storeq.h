@@ -11,6 +11,7 @@
 #define KVT_STOREQ_H
 
 #include "kvtier.h"
+#include "store/policy.h"
 
 typedef struct kvt_storeq kvt_storeq;
 typedef struct kvt_storeq_job kvt_storeq_ticket; /* a load in progress */

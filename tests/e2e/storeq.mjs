@@ -1,5 +1,5 @@
 // Times between tokens while other requests' sessions are saved
-// (tests/test_storeq.c e2e_storeq_save_itl).
+// (tests/test_storeq.c storeq_save_itl).
 //
 // Usage: node storeq.mjs BASE_URL KEYS
 //   KEYS API keys k00..k(KEYS-1) of a server started with them (32 keys: two

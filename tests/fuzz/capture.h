@@ -1,5 +1,5 @@
-/* Included before tests/test_api.c when it is built for seeding the fuzz
- * corpora (Makefile, build-fuzz/capture-api): its calls of the request and
+/* Included before each tests/test_api*.c when they are built for seeding the fuzz
+ * corpora (Makefile, build-fuzz/capture-api): their calls of the request and
  * tool-call parsers go through capture.c, which saves every body and text
  * they are given under $KVT_FUZZ_CAPTURE/<target>/ and then calls the
  * parser. The tests run as they always do. */

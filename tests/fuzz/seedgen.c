@@ -15,7 +15,7 @@
  *              around the specials
  *   toolcall   model outputs with calls in each layout
  * The golden snapshot files (tests/golden/) are copied into snapshot/ by the
- * Makefile; request bodies come from tests/test_api.c (capture.h). */
+ * Makefile; request bodies come from tests/test_api*.c (capture.h). */
 #include "fuzz.h"
 #include "format/gguf.h"
 #include "arch/model.h"

@@ -3,40 +3,40 @@
  * other loopback addresses (127.0.0.2 and up) where a test needs them to
  * count apart from the checks' own requests from 127.0.0.1.
  *
- *   listen_idle_load   2,000 idle connections and 20 clients trickling
+ *   server_idle_load   2,000 idle connections and 20 clients trickling
  *                      their headers a byte a second: /health and a short
  *                      completion still answer within 1 s each
- *   listen_timeout     ds4-mini, --request-timeout 3: idle connections,
+ *   server_timeout     ds4-mini, --request-timeout 3: idle connections,
  *                      trickled headers, a body that stops, an idle
  *                      keep-alive connection are closed after 3 s (not
  *                      before), while a streaming request whose prefill
  *                      runs longer is not cut
- *   listen_limits      --max-conn-per-addr 10 --max-connections 20: the
+ *   server_limits      --max-conn-per-addr 10 --max-connections 20: the
  *                      11th connection from one address is refused, the
  *                      21st in all is answered 503 with Connection: close,
  *                      and /health answers again once some close
- *   listen_body_413    Content-Length: 2147483648 with no body: 413 at once
- *   listen_max_tokens  --max-tokens 8 is a cap: a request for 100 gets 8,
+ *   server_body_413    Content-Length: 2147483648 with no body: 413 at once
+ *   server_max_tokens  --max-tokens 8 is a cap: a request for 100 gets 8,
  *                      finish_reason "length" (stop_reason "max_tokens")
- *   listen_stream_bound  three streaming clients that never read: each
+ *   server_stream_bound  three streaming clients that never read: each
  *                      stream ends before its end (the server stops
  *                      buffering at 1 MiB unsent), the server's RSS grows
  *                      by less than 12 MiB (about 25 to 40 MiB without the
  *                      bound; not checked in the sanitizer build, whose
  *                      allocator keeps freed memory)
- *   listen_stream_stall  --request-timeout 2: a stream whose client has
+ *   server_stream_stall  --request-timeout 2: a stream whose client has
  *                      taken nothing for 2 s is cut under the 1 MiB bound,
  *                      one whose client reads 64 KB/s is not
- *   listen_hangup_quiet  200 clients hanging up mid-headers leave no
+ *   server_hangup_quiet  200 clients hanging up mid-headers leave no
  *                      line each in the server log
- *   listen_stop_drain  SIGTERM with a finished stream unread and a running
+ *   server_stop_drain  SIGTERM with a finished stream unread and a running
  *                      one: requests queued behind get 503, both streams
  *                      reach their end once their clients read, exit 0
- *   listen_active_after_answer  a request has left kvtier_active_requests
+ *   server_active_after_answer  a request has left kvtier_active_requests
  *                      when its answer arrives (another in a long prefill)
  *
  * The whole file takes 20 to 30 s on 2 cores (about 80 s in the sanitizer
- * build, with a shorter prompt for the long prefill). listen_idle_load
+ * build, with a shorter prompt for the long prefill). server_idle_load
  * needs a descriptor limit (hard) of at least 2,220; skipped with the
  * reason otherwise. */
 #include "fixture.h"
@@ -312,7 +312,7 @@ static void idle_load(world *w)
     STOP(w);
 }
 
-TEST(listen_idle_load)
+TEST(server_idle_load)
 {
     if (!raise_nofile(N_IDLE + N_TRICKLE + 200)) SKIP_ENV("the descriptor limit (ulimit -Hn) is under %d", N_IDLE + 220);
     world w;
@@ -418,7 +418,7 @@ static void timeout_cuts(world *w)
     STOP(w);
 }
 
-TEST(listen_timeout)
+TEST(server_timeout)
 {
     if (!raise_nofile(512)) SKIP_ENV("the descriptor limit (ulimit -Hn) is under 512");
     world w;
@@ -470,7 +470,7 @@ static void limits(world *w)
     STOP(w);
 }
 
-TEST(listen_limits)
+TEST(server_limits)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -493,7 +493,7 @@ static void body_413(world *w)
     STOP(w);
 }
 
-TEST(listen_body_413)
+TEST(server_body_413)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -527,7 +527,7 @@ static void max_tokens_cap(world *w)
     STOP(w);
 }
 
-TEST(listen_max_tokens)
+TEST(server_max_tokens)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -588,7 +588,7 @@ static void stream_bound(world *w)
     STOP(w);
 }
 
-TEST(listen_stream_bound)
+TEST(server_stream_bound)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -669,7 +669,7 @@ static void stop_drain(world *w)
     STOP(w);
 }
 
-TEST(listen_stop_drain)
+TEST(server_stop_drain)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -711,7 +711,7 @@ static void active_after_answer(world *w)
     STOP(w);
 }
 
-TEST(listen_active_after_answer)
+TEST(server_active_after_answer)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -774,7 +774,7 @@ static void stream_stall(world *w)
     STOP(w);
 }
 
-TEST(listen_stream_stall)
+TEST(server_stream_stall)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;
@@ -806,7 +806,7 @@ static void hangup_quiet(world *w)
     CHECKF(n == 0, "%d log lines for 200 clients that hung up mid-request", n);
 }
 
-TEST(listen_hangup_quiet)
+TEST(server_hangup_quiet)
 {
     world w;
     if (!begin(&w, "kvtier-listen")) return;

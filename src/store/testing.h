@@ -1,0 +1,12 @@
+/* Hooks of the store layer for the tests: not part of the library's
+ * interface (kvtier.h). */
+#ifndef KVT_STORE_TESTING_H
+#define KVT_STORE_TESTING_H
+
+#include "kvtier.h"
+
+/* Silence the one-line stderr reports of damaged entries and rebuilt
+ * databases. */
+void kvt_store_set_quiet(kvt_store *st, bool quiet);
+
+#endif

@@ -1,0 +1,251 @@
+/* The sampler (src/serve/sampler.c) against a reference written here from
+ * what kvtier.h and the sampler's header promise, not from its code:
+ *
+ *   sampler_greedy      temperature <= 0 is argmax, the lowest id on ties
+ *                       (also for a NaN or negative temperature)
+ *   sampler_reference   seeded draws equal the reference's draw for draw:
+ *                       candidates ordered by logit, then id; the first
+ *                       top_k of them (0: all); softmax at the temperature;
+ *                       the shortest head whose probability reaches top_p;
+ *                       one uniform from xoshiro256** seeded by splitmix64
+ *                       over that head's mass, by its cumulative sums. Six
+ *                       settings (temperature 0.3 to 2, top-k off, 1, 5 and
+ *                       50, top-p off, 0.5 and 0.9) over 1,000 logits with
+ *                       ties, 2,000 draws each. Control: the same check
+ *                       against the reference without its top-p cut, or
+ *                       with another seed, fails.
+ *   sampler_frequencies the ids drawn 40,000 times follow the reference's
+ *                       probabilities (every id within 5 standard
+ *                       deviations plus 0.001 of its probability), and no
+ *                       id outside the top-k and top-p head is drawn: a
+ *                       check that does not depend on the generator's
+ *                       sequence. Control: the probabilities at another
+ *                       temperature (0.8 for 1) fail it.
+ *   sampler_seeds       one seed gives one sequence; another seed another. */
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the reference ---- */
+
+typedef struct ref_rng { uint64_t s[4]; } ref_rng;
+
+/* splitmix64 outputs seed the four words (Vigna's recommendation) */
+static void ref_seed(ref_rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++) {
+        seed += 0x9e3779b97f4a7c15ull;
+        uint64_t z = seed;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        r->s[i] = z ^ (z >> 31);
+    }
+}
+
+/* xoshiro256** 1.0 (Blackman and Vigna) */
+static uint64_t ref_next(ref_rng *r)
+{
+    uint64_t *s = r->s, x = s[1] * 5;
+    uint64_t out = ((x << 7) | (x >> 57)) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = (s[3] << 45) | (s[3] >> 19);
+    return out;
+}
+
+typedef struct ref_dist {
+    uint32_t n;      /* ids in the head */
+    int32_t id[1024];
+    double p[1024];  /* unnormalised weights exp((l - max) / T), in order */
+    double mass;     /* their sum */
+} ref_dist;
+
+/* The candidates in order by selection (largest logit, then smallest id),
+ * cut at top_k, weighted, cut at top_p (no_top_p: not cut). */
+static void ref_build(ref_dist *d, const float *lg, uint32_t V, float T, uint32_t top_k, float top_p, bool no_top_p)
+{
+    static bool used[1024];
+    memset(used, 0, sizeof used);
+    uint32_t k = top_k && top_k < V ? top_k : V;
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < V; i++)
+            if (!used[i] && (best < 0 || lg[i] > lg[best])) best = (int32_t)i; /* ties: the first, lowest id */
+        used[best] = true;
+        d->id[j] = best;
+    }
+    double z = 0;
+    for (uint32_t j = 0; j < k; j++) z += (d->p[j] = exp(((double)lg[d->id[j]] - lg[d->id[0]]) / T));
+    d->n = k;
+    if (!no_top_p && top_p > 0 && top_p < 1) {
+        double cum = 0;
+        for (uint32_t j = 0; j < k; j++) {
+            cum += d->p[j] / z;
+            if (cum >= top_p) { d->n = j + 1; break; }
+        }
+    }
+    d->mass = 0;
+    for (uint32_t j = 0; j < d->n; j++) d->mass += d->p[j];
+}
+
+static int32_t ref_draw(const ref_dist *d, ref_rng *r)
+{
+    double u = (double)(ref_next(r) >> 11) / 9007199254740992.0 * d->mass, cum = 0;
+    for (uint32_t j = 0; j < d->n; j++) {
+        cum += d->p[j];
+        if (u < cum) return d->id[j];
+    }
+    return d->id[d->n - 1];
+}
+
+/* ---- the logits ---- */
+
+enum { V = 1000 };
+
+/* Logits from a seed, a quarter of them tied in pairs, a few large. */
+static void logits(float *lg, uint64_t seed)
+{
+    for (uint32_t i = 0; i < V; i++) {
+        double u = (double)(kvt_test_rand(&seed) >> 11) / 9007199254740992.0;
+        lg[i] = (float)(u * 8 - 4);
+        if (i % 97 == 0) lg[i] += 6;
+    }
+    for (uint32_t i = 0; i + 1 < V; i += 8) lg[i + 1] = lg[i];
+}
+
+typedef struct setting { float T; uint32_t top_k; float top_p; } setting;
+static const setting settings[] = {
+    {1.0f, 0, 1.0f}, {0.7f, 50, 1.0f}, {1.3f, 0, 0.9f}, {2.0f, 5, 0.5f}, {0.3f, 0, 0.5f}, {1.0f, 1, 1.0f},
+};
+
+/* Draws of the sampler that differ from the reference's, out of n. */
+static uint32_t mismatches(const float *lg, const setting *c, uint64_t seed, uint64_t ref_seed_v, bool no_top_p,
+                           uint32_t n)
+{
+    kvt_sampler *s = NULL;
+    kvt_sampler_opts o = {.temperature = c->T, .top_p = c->top_p, .top_k = c->top_k, .seed = seed};
+    if (kvt_sampler_new(&s, &o)) return n;
+    static ref_dist d;
+    ref_build(&d, lg, V, c->T, c->top_k, c->top_p, no_top_p);
+    ref_rng r;
+    ref_seed(&r, ref_seed_v);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) bad += kvt_sampler_sample(s, lg, V) != ref_draw(&d, &r);
+    kvt_sampler_free(s);
+    return bad;
+}
+
+TEST(sampler_greedy)
+{
+    float lg[V];
+    logits(lg, 3);
+    int32_t want = 0;
+    for (int32_t i = 1; i < V; i++) if (lg[i] > lg[want]) want = i;
+    lg[want + 1] = lg[want]; /* a tie after it: the lower id wins */
+    const float temps[] = {0.0f, -1.0f, NAN};
+    for (size_t k = 0; k < sizeof temps / sizeof *temps; k++) {
+        kvt_sampler *s = NULL;
+        kvt_sampler_opts o = {.temperature = temps[k], .top_p = 0.5f, .top_k = 7, .seed = 9};
+        CHECK_OK(kvt_sampler_new(&s, &o));
+        int32_t got[3] = {kvt_sampler_sample(s, lg, V), kvt_sampler_sample(s, lg, V), kvt_sampler_sample(s, lg, V)};
+        kvt_sampler_free(s);
+        CHECKF(got[0] == want && got[1] == want && got[2] == want, "temperature %g: %d %d %d, want %d",
+               (double)temps[k], got[0], got[1], got[2], want);
+    }
+}
+
+TEST(sampler_reference)
+{
+    uint64_t seed = kvt_test_seed("sampler_reference");
+    float lg[V];
+    logits(lg, seed);
+    enum { N = 2000 };
+    for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
+        const setting *c = &settings[k];
+        uint32_t bad = mismatches(lg, c, seed + k, seed + k, false, N);
+        printf("    T %.1f top_k %u top_p %.1f: %u of %d draws differ from the reference\n", (double)c->T, c->top_k,
+               (double)c->top_p, bad, N);
+        CHECK(bad == 0);
+    }
+    /* controls: the check sees a missing top-p cut and another seed */
+    uint32_t no_cut = mismatches(lg, &settings[2], seed, seed, true, N);
+    uint32_t other = mismatches(lg, &settings[0], seed, seed + 1, false, N);
+    printf("    controls: %u (no top-p cut), %u (another seed) of %d draws differ\n", no_cut, other, N);
+    CHECKF(no_cut > 0 && other > N / 2, "a check that misses the top-p cut or the seed is no check");
+}
+
+/* Ids of n draws outside [p - 5 sd - 0.001, p + 5 sd + 0.001] of the
+ * reference's probabilities p (those of d, or of none outside its head). */
+static uint32_t off_frequencies(const uint32_t *count, uint32_t n, const ref_dist *d)
+{
+    static double p[V];
+    memset(p, 0, sizeof p);
+    for (uint32_t j = 0; j < d->n; j++) p[d->id[j]] = d->p[j] / d->mass;
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        double sd = sqrt(p[i] * (1 - p[i]) / n), f = (double)count[i] / n;
+        if (fabs(f - p[i]) > 5 * sd + 0.001 || (p[i] == 0 && count[i])) off++;
+    }
+    return off;
+}
+
+TEST(sampler_frequencies)
+{
+    uint64_t seed = kvt_test_seed("sampler_frequencies");
+    float lg[V];
+    logits(lg, seed ^ 0x5a5a);
+    enum { N = 40000 };
+    static uint32_t count[V];
+    static ref_dist d, other;
+    for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
+        const setting *c = &settings[k];
+        memset(count, 0, sizeof count);
+        kvt_sampler *s = NULL;
+        kvt_sampler_opts o = {.temperature = c->T, .top_p = c->top_p, .top_k = c->top_k, .seed = seed + k};
+        CHECK_OK(kvt_sampler_new(&s, &o));
+        for (uint32_t i = 0; i < N; i++) {
+            int32_t id = kvt_sampler_sample(s, lg, V);
+            CHECKF(id >= 0 && id < V, "id %d", id);
+            count[id]++;
+        }
+        kvt_sampler_free(s);
+        ref_build(&d, lg, V, c->T, c->top_k, c->top_p, false);
+        uint32_t off = off_frequencies(count, N, &d);
+        printf("    T %.1f top_k %u top_p %.1f: %u ids in the head, %u off their probability\n", (double)c->T,
+               c->top_k, (double)c->top_p, d.n, off);
+        CHECK(off == 0);
+        if (k == 0) {
+            /* control: the same counts against another temperature */
+            ref_build(&other, lg, V, 0.8f, 0, 1.0f, false);
+            uint32_t off2 = off_frequencies(count, N, &other);
+            printf("    control (T 0.8's probabilities): %u ids off\n", off2);
+            CHECK(off2 > 0);
+        }
+    }
+}
+
+TEST(sampler_seeds)
+{
+    float lg[V];
+    logits(lg, 11);
+    int32_t a[64], b[64], c[64];
+    kvt_sampler_opts o = {.temperature = 1.0f, .top_p = 1.0f, .seed = 42};
+    kvt_sampler *s = NULL;
+    CHECK_OK(kvt_sampler_new(&s, &o));
+    for (int i = 0; i < 64; i++) a[i] = kvt_sampler_sample(s, lg, V);
+    kvt_sampler_free(s);
+    CHECK_OK(kvt_sampler_new(&s, &o));
+    for (int i = 0; i < 64; i++) b[i] = kvt_sampler_sample(s, lg, V);
+    kvt_sampler_free(s);
+    o.seed = 43;
+    CHECK_OK(kvt_sampler_new(&s, &o));
+    for (int i = 0; i < 64; i++) c[i] = kvt_sampler_sample(s, lg, V);
+    kvt_sampler_free(s);
+    CHECK(!memcmp(a, b, sizeof a));
+    CHECK(memcmp(a, c, sizeof a) != 0);
+}
