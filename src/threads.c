@@ -215,14 +215,17 @@ uint32_t kvt_pool_size(const kvt_pool *p) { return p ? p->n : 1; }
 uint32_t kvt_pool_last_parts(const kvt_pool *p) { return p ? p->last_parts : 1; }
 
 /* How many ranges [0, n) runs as: PER_THREAD a thread, each at least
- * min_per_range long. */
+ * min_per_range long; more ranges than threads only as a multiple of the
+ * threads, so that threads that all keep their cores get the same share
+ * (5 ranges on 2 threads would make the step 3/5 of the work, not 1/2). */
 static uint32_t ranges_of(const kvt_pool *p, size_t n, size_t min_per_range)
 {
     if (n == 0) return 1;
     if (min_per_range < 1) min_per_range = 1;
-    size_t nr = kvt_pool_size(p) <= 1 ? 1 : (size_t)kvt_pool_size(p) * PER_THREAD;
-    if (kvt_pool_fault == KVT_POOL_FAULT_STATIC) nr = kvt_pool_size(p);
+    size_t t = kvt_pool_size(p), nr = t <= 1 ? 1 : t * PER_THREAD;
+    if (kvt_pool_fault == KVT_POOL_FAULT_STATIC) nr = t;
     if (n / min_per_range < nr) nr = n / min_per_range;
+    if (nr > t) nr -= nr % t;
     if (nr > MAX_RANGES) nr = MAX_RANGES;
     return nr ? (uint32_t)nr : 1;
 }

@@ -48,7 +48,8 @@ static void cover_range(void *ctx, size_t b, size_t e) { cover_part(ctx, UINT32_
 /* One loop over [0, n) on p; false with a message when an index ran other
  * than once, a part index was out of range, a range was empty or shorter
  * than min when the loop was split, or the count of ranges returned is
- * not the count that ran. *overlap: times a part ran two ranges at once. */
+ * not the count that ran, or there were more ranges than threads but not
+ * a multiple of them. *overlap: times a part ran two ranges at once. */
 static bool cover_once(kvt_pool *p, size_t n, size_t min, bool parted, int spin_ns, int *overlap, char *why,
                        size_t cap)
 {
@@ -67,13 +68,15 @@ static bool cover_once(kvt_pool *p, size_t n, size_t min, bool parted, int spin_
     else if (n && (uint32_t)atomic_load(&c.calls) != nr)
         ok = false, snprintf(why, cap, "%d ranges ran, %u returned", atomic_load(&c.calls), nr);
     else if (nr > 1 && n / nr < (min ? min : 1)) ok = false, snprintf(why, cap, "%u ranges of %zu: < %zu", nr, n, min);
+    else if (nr > c.size && nr % c.size) ok = false, snprintf(why, cap, "%u ranges on %u threads", nr, c.size);
     *overlap += atomic_load(&c.overlap);
     free(c.hits);
     return ok;
 }
 
 /* Pools of 1 to 4 threads and none, loops of 0 to 100003 indices, minimum
- * ranges of 0 to 1000: every index once. Then loops whose ranges take
+ * ranges of 0 to 1000: every index once, in ranges of at least the
+ * minimum, as many as the threads or fewer or a multiple of them. Then loops whose ranges take
  * 20 us, so that the threads' ranges meet: no part runs two at once, and
  * with every range told it is part 0 (KVT_POOL_FAULT_SHARED_PART) the
  * check sees parts that do. */
