@@ -115,7 +115,7 @@ static void claim_and_run(kvt_pool *p, uint32_t gen, uint32_t part)
         uint32_t nr = C_NR(c), r = C_NEXT(c);
         run_range(p->fn, p->part_fn, p->ctx, kvt_pool_fault == KVT_POOL_FAULT_SHARED_PART ? 0 : part, p->total, nr,
                   r);
-        if (atomic_fetch_add(&p->finished, 1) + 1 == nr) { /* the last: the caller may sleep */
+        if (atomic_fetch_add(&p->finished, 1) + 1 == nr && part) { /* a worker ran the last: the caller may sleep */
             pthread_mutex_lock(&p->mu);
             if (p->caller_sleeps) pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
