@@ -297,7 +297,7 @@ TEST(kernels_matmul_batch_and_threads)
         kvt_matmul(p, y2, W, x, NB, DI, DO);
         uint32_t parts = kvt_pool_last_parts(p);
         kvt_pool_free(p);
-        if (parts != th) { printf("    %u threads ran as %u parts\n", th, parts); split = false; }
+        if (parts < th) { printf("    %u threads ran as %u ranges\n", th, parts); split = false; }
         if (memcmp(y1, y2, sizeof(float) * NB * DO)) { printf("    %u threads differ\n", th); threads_eq = false; }
     }
     /* One row is too little work to split: it runs as one part. */

@@ -1144,8 +1144,8 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     bool anchored = kvt_llama_fault == KVT_LLAMA_FAULT_WINDOW_CHUNK;
     for (size_t r = b; r < e; r++) {
         /* token groups in the order 0, last, 1, last - 1, ...: the causal
-         * work of a group grows with its position, so each thread's
-         * contiguous range of units gets its share of early and late ones */
+         * work of a group grows with its position, so each contiguous
+         * range of units gets its share of early and late ones */
         size_t gi = r / Hkv, ng = (c->n + ATT_TOKS - 1) / ATT_TOKS, g = gi % 2 ? ng - 1 - gi / 2 : gi / 2;
         size_t i0 = g * ATT_TOKS, kvh = r % Hkv, t0 = c->pos0 + i0;
         size_t nt = c->n - i0 < ATT_TOKS ? c->n - i0 : ATT_TOKS, t_last = t0 + nt - 1;

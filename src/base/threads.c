@@ -1,19 +1,33 @@
-/* Worker pool: threads wait on a generation counter; kvt_pool_for publishes a
- * job, runs range 0 itself and waits for the others. The workers run one
- * job at a time.
+/* Worker pool: kvt_pool_for cuts [0, n) into ranges, several a thread, and
+ * publishes the job; the caller and the workers claim ranges one at a time
+ * until none is left, and the caller waits only for ranges that a thread
+ * has claimed and not finished. The workers run one job at a time.
+ *
+ * Why several ranges a thread: other threads of the process (a save's
+ * encoding and writes, the HTTP threads) and of the machine take a core
+ * now and then. With one range a thread, the range whose thread lost its
+ * core waited a time slice and the whole step took twice as long; now the
+ * threads that have a core take the ranges that thread would have run,
+ * and a worker that wakes late finds the job claimed and runs nothing.
+ * Only a thread preempted in the middle of a range still holds the step.
+ *
+ * The claim word holds the job's generation, its count of ranges and the
+ * next range to claim, so a worker that read it for one job cannot claim
+ * a range of the next (its compare-and-swap fails); the job's fields are
+ * written before the word that publishes them and read after the claim.
  *
  * Waiting spins first, then sleeps: a forward pass publishes some hundred
  * jobs a few microseconds apart, and waking a thread that sleeps on a
  * condition variable costs tens of microseconds on a virtual machine (a
  * decode step of a 125M model paid milliseconds of it). A worker that
- * finds no new job within SPIN polls, and a caller whose workers are not
+ * finds no new job within SPIN polls, and a caller whose ranges are not
  * done within as many, sleep on the condition variables as before; a job
  * is announced on the condition variable only when a worker sleeps.
  *
  * A pool may be shared (the server's sessions run on one): its workers
  * take one job at a time, and a caller that finds them on another
- * thread's job runs its parts itself, one after another. Kernels give the
- * same bytes for any split, so only the time differs. */
+ * thread's job runs its ranges itself, one after another, as part 0.
+ * Kernels give the same bytes for any split, so only the time differs. */
 #include "base/threads.h"
 #include "base/util.h"
 
@@ -27,6 +41,15 @@
 #define SPIN 4096        /* polls, a yield of the CPU every 32 */
 #define CROWDED_NS 250000 /* a yield that took longer: other threads want the core */
 #define CALM_NS 200000000 /* then no spinning for this long */
+#define PER_THREAD 4     /* ranges a thread, at most (each at least min_per_thread long) */
+#define MAX_RANGES 0xffffu
+
+/* claim word: generation << 32 | ranges << 16 | next range */
+#define C_GEN(c) ((uint32_t)((c) >> 32))
+#define C_NR(c) ((uint32_t)((c) >> 16) & MAX_RANGES)
+#define C_NEXT(c) ((uint32_t)(c) & MAX_RANGES)
+
+int kvt_pool_fault;
 
 static int64_t now_ns(void)
 {
@@ -40,8 +63,8 @@ struct kvt_pool {
     pthread_t *tid;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    _Atomic uint64_t gen;
-    _Atomic uint32_t pending;
+    _Atomic uint64_t claim;
+    _Atomic uint32_t finished; /* ranges of the current job done */
     _Atomic int quit;
     _Atomic int taken;   /* a caller's job holds the workers */
     uint32_t sleepers;   /* workers waiting on go (under mu) */
@@ -52,13 +75,12 @@ struct kvt_pool {
      * pool sleeps at once for CALM_NS. */
     _Atomic int64_t no_spin_until;
     bool caller_sleeps;  /* the caller waits on done (under mu) */
-    /* current job */
+    /* current job, written before the claim word publishes it */
     kvt_range_fn fn;
     kvt_part_fn part_fn; /* instead of fn, when set */
     void *ctx;
     size_t total;
-    uint32_t parts;
-    uint32_t last_parts; /* parts of the latest kvt_pool_for, 1 when it ran unsplit */
+    uint32_t last_parts; /* ranges of the latest kvt_pool_for, 1 when it ran unsplit */
 };
 
 uint32_t kvt_ncpu(void)
@@ -67,13 +89,39 @@ uint32_t kvt_ncpu(void)
     return n > 0 ? (uint32_t)n : 1;
 }
 
-static void run_part(kvt_pool *p, uint32_t k)
+static void run_range(kvt_range_fn fn, kvt_part_fn part_fn, void *ctx, uint32_t part, size_t n, uint32_t nr,
+                      uint32_t r)
 {
-    if (k >= p->parts) return;
-    size_t b = p->total * k / p->parts, e = p->total * (k + 1) / p->parts;
+    size_t b = n * r / nr, e = n * (r + 1) / nr;
     if (b >= e) return;
-    if (p->part_fn) p->part_fn(p->ctx, k, b, e);
-    else p->fn(p->ctx, b, e);
+    if (part_fn) part_fn(ctx, part, b, e);
+    else fn(ctx, b, e);
+}
+
+/* Claim and run ranges of the job of generation gen as part `part` until
+ * none is left; returns at once when the word holds another job. */
+static void claim_and_run(kvt_pool *p, uint32_t gen, uint32_t part)
+{
+    uint64_t c = atomic_load(&p->claim);
+    for (;;) {
+        if (C_GEN(c) != gen || C_NEXT(c) >= C_NR(c)) return;
+        if (kvt_pool_fault == KVT_POOL_FAULT_STATIC && C_NEXT(c) != part) { /* tests: range k on thread k only */
+            if (C_NEXT(c) > part) return;
+            c = atomic_load(&p->claim);
+            continue;
+        }
+        if (!atomic_compare_exchange_weak(&p->claim, &c, c + 1)) continue;
+        /* the range is ours: the job cannot change until it is finished */
+        uint32_t nr = C_NR(c), r = C_NEXT(c);
+        run_range(p->fn, p->part_fn, p->ctx, kvt_pool_fault == KVT_POOL_FAULT_SHARED_PART ? 0 : part, p->total, nr,
+                  r);
+        if (atomic_fetch_add(&p->finished, 1) + 1 == nr && part) { /* a worker ran the last: the caller may sleep */
+            pthread_mutex_lock(&p->mu);
+            if (p->caller_sleeps) pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        c = atomic_load(&p->claim);
+    }
 }
 
 /* One poll of a spin (i: its index): false when the pool must not spin. */
@@ -102,24 +150,21 @@ static void *worker(void *arg)
     kvt_pool *p = wa->p;
     uint32_t k = wa->k;
     free(wa);
-    uint64_t seen = 0;
+    uint32_t seen = 0;
+#define NEWS() (C_GEN(atomic_load(&p->claim)) != seen || atomic_load(&p->quit))
     for (;;) {
-        for (int i = 0; i < SPIN && atomic_load(&p->gen) == seen && !atomic_load(&p->quit) && spin_poll(p, i); i++) {}
-        if (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) {
+        for (int i = 0; i < SPIN && !NEWS() && spin_poll(p, i); i++) {}
+        if (!NEWS()) {
             pthread_mutex_lock(&p->mu);
             p->sleepers++;
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->go, &p->mu);
+            while (!NEWS()) pthread_cond_wait(&p->go, &p->mu);
             p->sleepers--;
             pthread_mutex_unlock(&p->mu);
         }
+#undef NEWS
         if (atomic_load(&p->quit)) break;
-        seen = atomic_load(&p->gen);
-        run_part(p, k);
-        if (atomic_fetch_sub(&p->pending, 1) == 1) { /* the last: the caller may sleep */
-            pthread_mutex_lock(&p->mu);
-            if (p->caller_sleeps) pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        seen = C_GEN(atomic_load(&p->claim));
+        claim_and_run(p, seen, k);
     }
     return NULL;
 }
@@ -169,61 +214,70 @@ void kvt_pool_free(kvt_pool *p)
 uint32_t kvt_pool_size(const kvt_pool *p) { return p ? p->n : 1; }
 uint32_t kvt_pool_last_parts(const kvt_pool *p) { return p ? p->last_parts : 1; }
 
-static uint32_t pool_run(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, kvt_part_fn part_fn,
+/* How many ranges [0, n) runs as: PER_THREAD a thread, each at least
+ * min_per_range long; more ranges than threads only as a multiple of the
+ * threads, so that threads that all keep their cores get the same share
+ * (5 ranges on 2 threads would make the step 3/5 of the work, not 1/2). */
+static uint32_t ranges_of(const kvt_pool *p, size_t n, size_t min_per_range)
+{
+    if (n == 0) return 1;
+    if (min_per_range < 1) min_per_range = 1;
+    size_t t = kvt_pool_size(p), nr = t <= 1 ? 1 : t * PER_THREAD;
+    if (kvt_pool_fault == KVT_POOL_FAULT_STATIC) nr = t;
+    if (n / min_per_range < nr) nr = n / min_per_range;
+    if (nr > t) nr -= nr % t;
+    if (nr > MAX_RANGES) nr = MAX_RANGES;
+    return nr ? (uint32_t)nr : 1;
+}
+
+static uint32_t pool_run(kvt_pool *p, size_t n, size_t min_per_range, kvt_range_fn fn, kvt_part_fn part_fn,
                          void *ctx)
 {
     if (n == 0) return 1;
-    uint32_t parts = p ? p->n : 1;
-    if (min_per_thread < 1) min_per_thread = 1;
-    if (n / min_per_thread < parts) parts = (uint32_t)(n / min_per_thread);
-    if (parts <= 1) {
+    uint32_t nr = ranges_of(p, n, min_per_range);
+    if (nr <= 1) {
         if (p) p->last_parts = 1;
         if (part_fn) part_fn(ctx, 0, 0, n);
         else fn(ctx, 0, n);
         return 1;
     }
     if (atomic_exchange(&p->taken, 1)) {
-        /* the workers run another thread's job: the same parts, here */
-        for (uint32_t k = 0; k < parts; k++) {
-            size_t b = n * k / parts, e = n * (k + 1) / parts;
-            if (b >= e) continue;
-            if (part_fn) part_fn(ctx, k, b, e);
-            else fn(ctx, b, e);
-        }
-        return parts;
+        /* the workers run another thread's job: the same ranges, here */
+        for (uint32_t r = 0; r < nr; r++) run_range(fn, part_fn, ctx, 0, n, nr, r);
+        return nr;
     }
-    p->last_parts = parts;
-    /* the job's fields, then the generation that publishes them (the
+    p->last_parts = nr;
+    /* the job's fields, then the claim word that publishes them (the
      * atomic store orders them before it for a worker that sees it) */
     p->fn = fn;
     p->part_fn = part_fn;
     p->ctx = ctx;
     p->total = n;
-    p->parts = parts;
-    atomic_store(&p->pending, p->n - 1);
+    atomic_store(&p->finished, 0);
+    uint32_t gen = C_GEN(atomic_load(&p->claim)) + 1;
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add(&p->gen, 1);
+    atomic_store(&p->claim, (uint64_t)gen << 32 | (uint64_t)nr << 16);
     if (p->sleepers) pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
-    run_part(p, 0);
-    for (int i = 0; i < SPIN && atomic_load(&p->pending) && spin_poll(p, i); i++) {}
-    if (atomic_load(&p->pending)) {
+    claim_and_run(p, gen, 0);
+    for (int i = 0; i < SPIN && atomic_load(&p->finished) < nr && spin_poll(p, i); i++) {}
+    if (atomic_load(&p->finished) < nr) {
         pthread_mutex_lock(&p->mu);
         p->caller_sleeps = true;
-        while (atomic_load(&p->pending)) pthread_cond_wait(&p->done, &p->mu);
+        while (atomic_load(&p->finished) < nr) pthread_cond_wait(&p->done, &p->mu);
         p->caller_sleeps = false;
         pthread_mutex_unlock(&p->mu);
     }
     atomic_store(&p->taken, 0);
-    return parts;
+    return nr;
 }
 
-uint32_t kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_thread, kvt_range_fn fn, void *ctx)
+uint32_t kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_range, kvt_range_fn fn, void *ctx)
 {
-    return pool_run(p, n, min_per_thread, fn, NULL, ctx);
+    return pool_run(p, n, min_per_range, fn, NULL, ctx);
 }
 
-uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_thread, kvt_part_fn fn, void *ctx)
+uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_range, kvt_part_fn fn, void *ctx)
 {
-    return pool_run(p, n, min_per_thread, NULL, fn, ctx);
+    return pool_run(p, n, min_per_range, NULL, fn, ctx);
 }

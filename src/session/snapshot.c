@@ -581,10 +581,10 @@ static int read_and_load(kvt_session *s, const kvt_snap_info *in, struct block_s
 
 /* ---- the blocks of a load on two threads ----
  *
- * With a source that reads concurrently, the pool's two threads share the
- * blocks in runs of PAR_RUN, taken in turn, and each reads its blocks
- * straight into the rows and checks them: the copy out of the page cache,
- * a load's largest cost, runs on both cores. A block's checks need only
+ * With a source that reads concurrently, the blocks go in runs of PAR_RUN,
+ * taken in turn, to two halves that two of the pool's threads read and
+ * check straight into the rows: the copy out of the page cache, a load's
+ * largest cost, runs on both cores. A block's checks need only
  * the record (its key and the one before it), never another block, so the
  * order they run in changes nothing, and the outcome is the one of a load
  * that read and checked the blocks one after the other: the first block in
@@ -606,12 +606,10 @@ struct par {
     char why[2][512];
 };
 
-static void par_part(void *ctx, uint32_t part, size_t begin, size_t end)
+/* Half w (0 or 1) of the blocks: the runs w, w + 2, ... */
+static void par_half(struct par *p, uint32_t w)
 {
-    (void)begin;
-    (void)end;
-    struct par *p = ctx;
-    uint32_t nb = p->in->nb, w = part & 1;
+    uint32_t nb = p->in->nb;
     p->bad[w] = UINT32_MAX;
     uint8_t *buf = NULL;
     size_t cap = 0;
@@ -634,21 +632,26 @@ static void par_part(void *ctx, uint32_t part, size_t begin, size_t end)
     free(iov);
 }
 
+/* The pool's ranges of [0, 2) are the halves: on two threads, or one after
+ * the other on one when the other thread is late or busy. */
+static void par_part(void *ctx, uint32_t part, size_t begin, size_t end)
+{
+    (void)part;
+    for (size_t w = begin; w < end && w < 2; w++) par_half(ctx, (uint32_t)w);
+}
+
 static int load_blocks_parallel(kvt_session *s, const kvt_snap_info *in, struct block_src *src)
 {
     struct par *p = kvt_calloc(1, sizeof *p);
     if (!p) return KVT_ENOMEM;
     *p = (struct par){.s = s, .in = in, .src = src, .first_bad = UINT32_MAX};
     int rc = KVT_OK;
-    if (kvt_pool_for_part(s->pool, 2, 1, par_part, p) != 2) {
-        rc = kvt_fail(KVT_EINVAL, "snapshot: blocks not all loaded");
-    } else {
-        int w = p->bad[1] < p->bad[0];
-        if (p->rc[w]) {
-            rc = kvt_fail(p->rc[w], "%s", p->why[w]);
-            src->bad = p->bad[w];
-            src->bad_key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)p->bad[w]);
-        }
+    kvt_pool_for_part(s->pool, 2, 1, par_part, p);
+    int w = p->bad[1] < p->bad[0];
+    if (p->rc[w]) {
+        rc = kvt_fail(p->rc[w], "%s", p->why[w]);
+        src->bad = p->bad[w];
+        src->bad_key = kvt_rd64(in->sec[SEC_KEYS] + 8 * (size_t)p->bad[w]);
     }
     free(p);
     return rc;
