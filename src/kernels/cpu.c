@@ -39,25 +39,23 @@ static kvt_isa detected;
 static void detect(void) { detected = detect_isa(); }
 
 /* The choice: -1 until the first call; written under lock, read without. */
-static atomic_int current = -1;
+atomic_int kvt_cpu_chosen = -1;
 static pthread_mutex_t choose_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool forced_scalar, forced_avx2; /* under choose_lock */
 
-/* Sets current from the CPU and the switches; choose_lock held. */
+/* Sets kvt_cpu_chosen from the CPU and the switches; choose_lock held. */
 static kvt_isa choose(void)
 {
     pthread_once(&detect_once, detect);
     kvt_isa isa = detected;
     if (forced_avx2 && isa > KVT_ISA_AVX2) isa = KVT_ISA_AVX2;
     if (forced_scalar) isa = KVT_ISA_SCALAR;
-    atomic_store_explicit(&current, (int)isa, memory_order_release);
+    atomic_store_explicit(&kvt_cpu_chosen, (int)isa, memory_order_release);
     return isa;
 }
 
-kvt_isa kvt_cpu_isa(void)
+kvt_isa kvt_cpu_choose(void)
 {
-    int isa = atomic_load_explicit(&current, memory_order_acquire);
-    if (isa >= 0) return (kvt_isa)isa;
     pthread_mutex_lock(&choose_lock);
     kvt_isa r = choose();
     pthread_mutex_unlock(&choose_lock);

@@ -12,6 +12,7 @@
 #ifndef KVT_CPU_H
 #define KVT_CPU_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 typedef enum kvt_isa {
@@ -21,9 +22,18 @@ typedef enum kvt_isa {
     KVT_ISA_COUNT
 } kvt_isa;
 
+/* The choice, -1 before the first call; read it through kvt_cpu_isa. */
+extern atomic_int kvt_cpu_chosen;
+/* Makes the choice (at the first call) and returns it. */
+kvt_isa kvt_cpu_choose(void);
 /* The instruction set the kernels use: the CPU's best, lowered by the
- * force switches. Cheap (one atomic load after the first call). */
-kvt_isa kvt_cpu_isa(void);
+ * force switches. One atomic load after the first call (inline: the
+ * kernels ask for it at every call, kvt_expf on each element). */
+static inline kvt_isa kvt_cpu_isa(void)
+{
+    int isa = atomic_load_explicit(&kvt_cpu_chosen, memory_order_acquire);
+    return isa >= 0 ? (kvt_isa)isa : kvt_cpu_choose();
+}
 /* Its name: "scalar", "avx2" or "avx512". */
 const char *kvt_cpu_isa_name(kvt_isa isa);
 
