@@ -8,6 +8,9 @@
  *   fallback (fmaf) perform the same operations in the same order, so they are
  *   bit-identical too (tests check this).
  *
+ * Which path runs is chosen once (src/kernels/cpu.h); the functions below
+ * call through that instruction set's table.
+ *
  * Buffers are row-major; shapes are in comments as (rows, cols).
  */
 #ifndef KVT_KERNELS_H
