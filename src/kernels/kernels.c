@@ -766,7 +766,6 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
 TILE_FNS(tile8, "avx2,fma,f16c,avx512f,avx512vl", tile8_zmm)
 #undef TILE_FNS
 #undef TILE_FN
-#endif
 
 /* One binary16 row against one token, converted in registers (F16C is
  * exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
@@ -797,6 +796,7 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
     f16_to_f32_f16c(t, w + i, len - i);
     lanes1_avx2(l, t, x + i, len - i); /* the tail (an 8 and single elements) as dot_avx2 takes it */
 }
+#endif
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
  * tokens' x (ldx apart); w f32, or binary16 read in place when f16 (the
