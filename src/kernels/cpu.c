@@ -62,11 +62,6 @@ kvt_isa kvt_cpu_choose(void)
     return r;
 }
 
-const char *kvt_cpu_isa_name(kvt_isa isa)
-{
-    return isa == KVT_ISA_AVX512 ? "avx512" : isa == KVT_ISA_AVX2 ? "avx2" : "scalar";
-}
-
 static bool force(bool *flag, bool on)
 {
     pthread_mutex_lock(&choose_lock);

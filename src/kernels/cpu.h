@@ -34,8 +34,6 @@ static inline kvt_isa kvt_cpu_isa(void)
     int isa = atomic_load_explicit(&kvt_cpu_chosen, memory_order_acquire);
     return isa >= 0 ? (kvt_isa)isa : kvt_cpu_choose();
 }
-/* Its name: "scalar", "avx2" or "avx512". */
-const char *kvt_cpu_isa_name(kvt_isa isa);
 
 /* Force the scalar kernels (tests); returns the previous setting. */
 bool kvt_kernels_force_scalar(bool on);
