@@ -673,3 +673,58 @@ TEST(kernels_activation_quantisers)
     }
     free(x); free(y);
 }
+
+/* The instruction set is chosen once, with no data race when the first
+ * kernel calls come from several threads at the same moment (a pool's
+ * workers in a process that has not run a kernel yet). Run alone in a fresh
+ * process under ThreadSanitizer to see a race (the earlier lazy, plain
+ * state was one: two threads wrote it):
+ *   make SAN=-fsanitize=thread BUILD=build-tsan test T=kernels_isa_first_use
+ * In the suite (kernels already chosen) it checks that every thread sees
+ * the same choice and the same bits. */
+#define ISA_THREADS 4
+struct isa_probe {
+    pthread_barrier_t *go;
+    const float *a, *b;
+    bool simd, wide;
+    float dot, sw[64];
+};
+
+static void *isa_first_use(void *arg)
+{
+    struct isa_probe *p = arg;
+    pthread_barrier_wait(p->go);
+    p->dot = kvt_dot(p->a, p->b, 100);
+    for (int i = 0; i < 64; i++) p->sw[i] = p->a[i];
+    kvt_swiglu(p->sw, p->b, 64);
+    p->simd = kvt_kernels_simd();
+    p->wide = kvt_kernels_avx512();
+    return NULL;
+}
+
+TEST(kernels_isa_first_use_threads)
+{
+    uint64_t st = kvt_test_seed("kernels_isa_first_use_threads");
+    float a[100], b[100];
+    for (int i = 0; i < 100; i++) a[i] = frand(&st), b[i] = frand(&st);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, ISA_THREADS);
+    struct isa_probe p[ISA_THREADS];
+    pthread_t th[ISA_THREADS];
+    for (int i = 0; i < ISA_THREADS; i++) {
+        p[i] = (struct isa_probe){.go = &go, .a = a, .b = b};
+        CHECK(pthread_create(&th[i], NULL, isa_first_use, &p[i]) == 0);
+    }
+    for (int i = 0; i < ISA_THREADS; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    bool simd = kvt_kernels_simd(), wide = kvt_kernels_avx512();
+    printf("    chosen: %s\n", wide ? "AVX-512" : simd ? "AVX2" : "scalar");
+    for (int i = 0; i < ISA_THREADS; i++) {
+        CHECKF(p[i].simd == simd && p[i].wide == wide, "thread %d saw another choice (simd %d avx512 %d vs %d %d)", i,
+               p[i].simd, p[i].wide, simd, wide);
+        CHECKF(!memcmp(&p[i].dot, &p[0].dot, 4) && !memcmp(p[i].sw, p[0].sw, sizeof p[0].sw),
+               "thread %d's results differ from thread 0's", i);
+    }
+    float d = kvt_dot(a, b, 100);
+    CHECK(!memcmp(&d, &p[0].dot, 4));
+}

@@ -1139,8 +1139,8 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
     const llama_layer *ly = c->ly;
     size_t Hkv = ly->Hkv, hd = ly->hd, group = ly->H / ly->Hkv, ldg = group * c->n_ctx, QD = ly->QD;
     float *att = c->scores + (size_t)part * ATT_TOKS * ldg;
-    /* tokens in pairs where the kernels take queries anywhere (AVX-512) */
-    size_t step = kvt_kernels_avx512() && hd % 64 == 0 ? 2 : 1;
+    /* tokens in pairs where the kernels take several queries a pass */
+    size_t step = kvt_qs_shared(hd) ? 2 : 1;
     bool anchored = kvt_llama_fault == KVT_LLAMA_FAULT_WINDOW_CHUNK;
     for (size_t r = b; r < e; r++) {
         /* token groups in the order 0, last, 1, last - 1, ...: the causal

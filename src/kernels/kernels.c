@@ -1,7 +1,10 @@
 /* f32 kernels: dot products, matmul, norms, RoPE, softmax. See kernels.h for
- * the fixed-order contract. The AVX2 code is compiled with a target attribute
- * and chosen at run time, so one binary runs on any x86-64 (and elsewhere the
- * scalar path is the only one). */
+ * the fixed-order contract. The AVX2 and AVX-512 code is compiled with target
+ * attributes, so one binary runs on any x86-64 (and elsewhere the scalar path
+ * is the only one). Each instruction set has one static const row of
+ * function pointers (struct f32_ops, at the end of the file); the public
+ * functions call through the row kernels/cpu.h chose and test no CPU
+ * feature themselves. Weights of an integer type go to qkernels.c. */
 #include "kernels/kernels.h"
 #include "format/gguf.h"
 #include "kernels/qkernels.h"
@@ -18,6 +21,34 @@
 #endif
 
 #define LANES 16
+
+/* The kernels of one instruction set: one static const row each, at the
+ * end of the file. */
+struct mm_ops;
+struct f32_ops {
+    float (*dot)(const float *a, const float *b, size_t n);
+    void (*axpy)(float *y, float a, const float *x, size_t n);
+    void (*dots_rows)(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                      size_t nk, size_t n, float scale);
+    void (*axpys_rows)(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
+                       size_t nk, size_t n);
+    void (*dots_qs)(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
+                    size_t n, float scale);
+    void (*axpys_qs)(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
+                     size_t n);
+    size_t qs_shared; /* kvt_qs_shared: for n a multiple of this; 0: never */
+    void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    float (*expf1)(float x);
+    void (*swiglu)(float *h1, const float *h3, size_t n);
+    void (*exp_row)(float *x, size_t n);       /* softmax: x = exp(x - max x) */
+    void (*div)(float *x, size_t n, float d); /* softmax: x = x / d */
+    const struct mm_ops *mm;                   /* NULL: the scalar matmul loops */
+};
+
+/* The row of the instruction set in use (kvt_cpu_isa). */
+static const struct f32_ops *ops(void);
 
 /* Fixed reduction tree over the 16 lanes. */
 static inline float reduce16(float *l)
@@ -139,96 +170,6 @@ __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *d
     for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
 }
 #endif
-
-#ifdef KVT_HAVE_X86
-#include <cpuid.h>
-/* AVX2, FMA and F16C from cpuid, with the OS's consent to the AVX state
- * (OSXSAVE, XCR0 bits 1-2). Read directly rather than through
- * __builtin_cpu_supports, whose feature strings differ between compilers
- * (clang 14 has no "f16c"). */
-static int cpu_has_avx2_fma_f16c(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 6) != 6) return 0;
-    bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
-    return fma && f16c && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 5 & 1);
-}
-
-/* AVX-512 F, BW and VL, with the OS saving the opmask and upper
- * registers (XCR0 bits 5-7). */
-static int cpu_has_avx512(void)
-{
-    unsigned a, b, c, d;
-    if (!cpu_has_avx2_fma_f16c() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!(b >> 16 & 1) || !(b >> 30 & 1) || !(b >> 31 & 1)) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xe6) == 0xe6;
-}
-#endif
-
-static int simd_state = -1; /* -1 unknown, 0 scalar, 1 avx2 */
-static int wide_state = -1; /* -1 unknown, 0 no, 1 AVX-512 F/BW/VL */
-static bool forced_scalar, forced_avx2;
-
-static bool use_simd(void)
-{
-    if (simd_state < 0) {
-#ifdef KVT_HAVE_X86
-        simd_state = cpu_has_avx2_fma_f16c();
-#else
-        simd_state = 0;
-#endif
-    }
-    return simd_state && !forced_scalar;
-}
-
-bool kvt_kernels_force_scalar(bool on)
-{
-    bool old = forced_scalar;
-    forced_scalar = on;
-    return old;
-}
-
-bool kvt_kernels_simd(void) { return use_simd(); }
-
-bool kvt_kernels_force_avx2(bool on)
-{
-    bool old = forced_avx2;
-    forced_avx2 = on;
-    return old;
-}
-
-bool kvt_kernels_avx512(void)
-{
-    if (wide_state < 0) {
-#ifdef KVT_HAVE_X86
-        wide_state = cpu_has_avx512();
-#else
-        wide_state = 0;
-#endif
-    }
-    return wide_state && use_simd() && !forced_avx2;
-}
-
-float kvt_dot(const float *a, const float *b, size_t n)
-{
-#ifdef KVT_HAVE_X86
-    if (use_simd()) return dot_avx2(a, b, n);
-#endif
-    return dot_scalar(a, b, n);
-}
-
-void kvt_axpy(float *y, float a, const float *x, size_t n)
-{
-#ifdef KVT_HAVE_X86
-    if (use_simd()) { axpy_avx2(y, a, x, n); return; }
-#endif
-    axpy_scalar(y, a, x, n);
-}
 
 #ifdef KVT_HAVE_X86
 /* reduce16 of four lane sets at once: d[p] = reduce16 of (lo[p], hi[p]),
@@ -469,129 +410,156 @@ static const dots_pk4_fn dots_pk4[5] = {NULL, dots_p1k4_avx512, dots_p2k4_avx512
 static const axpy_ph_fn axpy_ph[5] = {NULL, axpy_p1h_avx512, axpy_p2h_avx512, axpy_p3h_avx512, axpy_p4h_avx512};
 #endif
 
-void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
-                 float scale)
+/* The queries one at a time (the SIMD rows' fallbacks, and the scalar
+ * path): kvt_dots_rows and kvt_axpys_rows of each. */
+static void dots_qs_each(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
+                         size_t n, float scale)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd() && n % 16 == 0 && kvt_kernels_avx512()) {
-        for (size_t u = 0, hs; u < nq; u += hs) {
-            hs = nq - u >= 4 ? 4 : nq - u;
-            size_t j = 0;
-            for (; j + 4 <= nk; j += 4) {
-                for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
-                dots_pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
-            }
-            for (; j < nk; j++)
-                for (size_t h = u; h < u + hs; h++) out[h][j] = dot_avx2(q[h], k + j * ldk, n) * scale;
-        }
-        return;
-    }
-#endif
     for (size_t u = 0; u < nq; u++) kvt_dots_rows(out[u], 0, q[u], 0, 1, k, ldk, nk, n, scale);
 }
 
-void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n)
+static void axpys_qs_each(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
+                          size_t n)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd() && n % 64 == 0 && kvt_kernels_avx512()) {
-        for (size_t u = 0, hs; u < nq; u += hs) {
-            hs = nq - u >= 4 ? 4 : nq - u;
-            for (size_t e = 0; e < n; e += 64) axpy_ph[hs](y + u, e, a + u, v + e, ldv, nk);
-        }
-        return;
-    }
-#endif
     for (size_t u = 0; u < nq; u++) kvt_axpys_rows(y[u], 0, a[u], 0, 1, v, ldv, nk, n);
 }
 
-void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
-                   size_t nk, size_t n, float scale)
+/* Each score a dot product, each value an axpy, in key order. */
+static void dots_rows_each(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                           size_t nk, size_t n, float scale)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd() && n % 16 == 0) {
-        size_t u = 0;
-        if (kvt_kernels_avx512()) { /* up to four heads at a time */
-            for (size_t hs; u < nq; u += hs) {
-                hs = nq - u >= 4 ? 4 : nq - u;
-                float *o = out + u * ldo;
-                const float *qu = q + u * ldq;
-                size_t j = 0;
-                float *op[4];
-                const float *qp[4];
-                for (size_t h = 0; h < hs; h++) op[h] = o + h * ldo, qp[h] = qu + h * ldq;
-                for (; j + 4 <= nk; j += 4) {
-                    for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
-                    dots_pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
-                }
-                for (; j < nk; j++)
-                    for (size_t h = 0; h < hs; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
-            }
-            return;
-        }
-        for (; u + 3 <= nq; u += 3) {
-            float *o = out + u * ldo;
-            const float *qu = q + u * ldq;
-            size_t j = 0;
-            for (; j + 2 <= nk; j += 2) {
-                prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
-                prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
-                dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
-            }
-            for (; j < nk; j++)
-                for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
-        }
-        for (; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
-        return;
-    }
-#endif
     for (size_t j = 0; j < nk; j++, k += ldk)
         for (size_t u = 0; u < nq; u++) out[u * ldo + j] = kvt_dot(q + u * ldq, k, n) * scale;
 }
 
-void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
-                    size_t n)
+static void axpys_rows_each(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
+                            size_t nk, size_t n)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd() && n % 8 == 0) {
-        size_t u = 0;
-        if (n % 64 == 0 && kvt_kernels_avx512()) /* up to four heads at a time */
-            for (size_t hs; u < nq; u += hs) {
-                hs = nq - u >= 4 ? 4 : nq - u;
-                float *yp[4];
-                const float *ap[4];
-                for (size_t h = 0; h < hs; h++) yp[h] = y + (u + h) * ldy, ap[h] = a + (u + h) * lda;
-                for (size_t e = 0; e < n; e += 64) axpy_ph[hs](yp, e, ap, v + e, ldv, nk);
-            }
-        if (n % 32 == 0)
-            for (; u + 3 <= nq; u += 3)
-                for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
-        for (; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
-        return;
-    }
-#endif
     for (size_t j = 0; j < nk; j++, v += ldv)
         for (size_t u = 0; u < nq; u++) kvt_axpy(y + u * ldy, a[u * lda + j], v, n);
 }
 
-void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n)
-{
 #ifdef KVT_HAVE_X86
-    if (use_simd()) { f16_to_f32_f16c(dst, src, n); return; }
+static void dots_qs_avx512(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
+                           size_t n, float scale)
+{
+    if (n % 16) {
+        dots_qs_each(nq, out, q, k, ldk, nk, n, scale);
+        return;
+    }
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        size_t j = 0;
+        for (; j + 4 <= nk; j += 4) {
+            for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+            dots_pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
+        }
+        for (; j < nk; j++)
+            for (size_t h = u; h < u + hs; h++) out[h][j] = dot_avx2(q[h], k + j * ldk, n) * scale;
+    }
+}
+
+static void axpys_qs_avx512(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
+                            size_t n)
+{
+    if (n % 64) {
+        axpys_qs_each(nq, y, a, v, ldv, nk, n);
+        return;
+    }
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        for (size_t e = 0; e < n; e += 64) axpy_ph[hs](y + u, e, a + u, v + e, ldv, nk);
+    }
+}
+
+static void dots_rows_avx2(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                           size_t nk, size_t n, float scale)
+{
+    if (n % 16) {
+        dots_rows_each(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+        return;
+    }
+    size_t u = 0;
+    for (; u + 3 <= nq; u += 3) {
+        float *o = out + u * ldo;
+        const float *qu = q + u * ldq;
+        size_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
+            prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
+            dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+        }
+        for (; j < nk; j++)
+            for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+    }
+    for (; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
+}
+
+/* Up to four heads at a time. */
+static void dots_rows_avx512(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k,
+                             size_t ldk, size_t nk, size_t n, float scale)
+{
+    if (n % 16) {
+        dots_rows_each(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+        return;
+    }
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        float *o = out + u * ldo;
+        const float *qu = q + u * ldq;
+        size_t j = 0;
+        float *op[4];
+        const float *qp[4];
+        for (size_t h = 0; h < hs; h++) op[h] = o + h * ldo, qp[h] = qu + h * ldq;
+        for (; j + 4 <= nk; j += 4) {
+            for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
+            dots_pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
+        }
+        for (; j < nk; j++)
+            for (size_t h = 0; h < hs; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+    }
+}
+
+static void axpys_rows_avx2(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
+                            size_t nk, size_t n)
+{
+    if (n % 8) {
+        axpys_rows_each(y, ldy, a, lda, nq, v, ldv, nk, n);
+        return;
+    }
+    size_t u = 0;
+    if (n % 32 == 0)
+        for (; u + 3 <= nq; u += 3)
+            for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
+    for (; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
+}
+
+/* Up to four heads at a time where n is whole zmm quads, else AVX2's. */
+static void axpys_rows_avx512(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v,
+                              size_t ldv, size_t nk, size_t n)
+{
+    if (n % 64) {
+        axpys_rows_avx2(y, ldy, a, lda, nq, v, ldv, nk, n);
+        return;
+    }
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        float *yp[4];
+        const float *ap[4];
+        for (size_t h = 0; h < hs; h++) yp[h] = y + (u + h) * ldy, ap[h] = a + (u + h) * lda;
+        for (size_t e = 0; e < n; e += 64) axpy_ph[hs](yp, e, ap, v + e, ldv, nk);
+    }
+}
 #endif
+
+static void f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n)
+{
     for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
 }
 
-void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n)
+static void f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd()) { f32_to_f16_f16c(dst, src, n); return; }
-#endif
     for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
-}
-
-kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols)
-{
-    return (kvt_wmat){(const uint8_t *)W, KVT_GGML_F32, rows, cols, cols * sizeof(float)};
 }
 
 /* bf16 -> f32 is a shift: exact on either path. */
@@ -607,11 +575,8 @@ __attribute__((target("avx2"))) static void bf16_avx2(float *dst, const uint16_t
 }
 #endif
 
-static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
+static void bf16_scalar(float *dst, const uint16_t *src, size_t n)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd()) { bf16_avx2(dst, src, n); return; }
-#endif
     for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
 }
 
@@ -627,6 +592,23 @@ static void bf16_row_to_f32(float *dst, const uint16_t *src, size_t n)
  * with a fused multiply-add, so any tiling of the work gives the bits of
  * dot_avx2 / dot_scalar. */
 typedef float lanes_t[LANES];
+
+/* A tile of rows x tokens over a segment (lanes_run); tables of them are
+ * indexed [f16][T]. */
+typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
+                        bool fresh, float *y, size_t ldy);
+
+/* The SIMD matmul kernels of an instruction set (none: the scalar loops). */
+struct mm_ops {
+    const tile_fn (*tile4)[TT + 1]; /* 4 rows x 1..3 tokens */
+    const tile_fn (*tile8)[TT + 1]; /* 8 rows x 1..3 tokens, or NULL */
+    /* one row against one token: f32 lanes carried across calls, and a
+     * binary16 row read in place */
+    void (*lanes1)(float *l, const float *w, const float *x, size_t len);
+    void (*row1_f16)(float *l, const uint16_t *w, const float *x, size_t len, bool fresh);
+    float (*lanes_sum)(const float *l);                    /* reduce16 */
+    void (*lanes_sum8)(float *out, const float *l, size_t ld); /* reduce16 of eight lane sets */
+};
 
 #ifdef KVT_HAVE_X86
 /* Eight weights from w[i..i+8): f32, or binary16 converted in registers
@@ -712,8 +694,6 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 /* One function per weight type and token count (the last tile of a sweep
  * takes the one or two tokens left), each compiled with its constants;
  * tbl[f16][T]. */
-typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
-                        bool fresh, float *y, size_t ldy);
 #define TILE_FN(name, tgt, tile, f16, T)                                                                          \
     __attribute__((target(tgt))) static void name(lanes_t (*L)[TOKS], const void *const *w, const float *x,      \
                                                   size_t ldx, size_t len, bool fresh, float *y, size_t ldy)       \
@@ -786,7 +766,6 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
 TILE_FNS(tile8, "avx2,fma,f16c,avx512f,avx512vl", tile8_zmm)
 #undef TILE_FNS
 #undef TILE_FN
-#endif
 
 /* One binary16 row against one token, converted in registers (F16C is
  * exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
@@ -817,6 +796,7 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
     f16_to_f32_f16c(t, w + i, len - i);
     lanes1_avx2(l, t, x + i, len - i); /* the tail (an 8 and single elements) as dot_avx2 takes it */
 }
+#endif
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
  * tokens' x (ldx apart); w f32, or binary16 read in place when f16 (the
@@ -826,19 +806,18 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
  * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
  * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
 static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t nr, const float *x, size_t ldx,
-                      size_t nt, size_t len, bool simd, bool fresh, float *y, size_t ldy, size_t *done_r,
+                      size_t nt, size_t len, const struct mm_ops *mm, bool fresh, float *y, size_t ldy, size_t *done_r,
                       size_t *done_t)
 {
     *done_r = *done_t = 0;
-#ifdef KVT_HAVE_X86
 #define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
-    if (simd) {
+    if (mm) {
         size_t r = 0, tt = nt / TT * TT;
-        if (nr == 8 && kvt_kernels_avx512()) {
+        if (nr == 8 && mm->tile8) {
             for (size_t t = 0; t < nt; t += TT) { /* the last tile takes what is left */
                 float *yt = y ? y + t * ldy : NULL;
                 int T = nt - t < TT ? (int)(nt - t) : TT;
-                tile8_fns[f16][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
+                mm->tile8[f16][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
             }
             r = 8;
             tt = nt;
@@ -847,7 +826,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
                 for (size_t t = 0; t < nt; t += TT) {
                     float *yt = y ? y + t * ldy + r : NULL;
                     int T = nt - t < TT ? (int)(nt - t) : TT;
-                    tile4_fns[f16][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                    mm->tile4[f16][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
                 }
             if (r) tt = nt;
         }
@@ -857,18 +836,15 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
         for (size_t q = 0; q < nr; q++)
             for (size_t u = q < r ? tt : 0; u < nt; u++) {
                 if (f16) {
-                    row1_f16_avx2(L[q][u], w[q], x + u * ldx, len, fresh);
+                    mm->row1_f16(L[q][u], w[q], x + u * ldx, len, fresh);
                     continue;
                 }
                 if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
-                lanes1_avx2(L[q][u], w[q], x + u * ldx, len);
+                mm->lanes1(L[q][u], w[q], x + u * ldx, len);
             }
         return;
     }
 #undef LT
-#else
-    (void)simd;
-#endif
     for (size_t t = 0; t < nt; t++) {
         const float *xt = x + t * ldx;
         for (size_t r = 0; r < nr; r++) {
@@ -879,7 +855,8 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
     }
 }
 
-struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; bool simd; };
+/* mm: the SIMD kernels, NULL for the scalar loops */
+struct mm_ctx { float *y; const kvt_wmat *W; const float *x; size_t n; const struct mm_ops *mm; };
 
 static void mm_range(void *arg, size_t o0, size_t o1)
 {
@@ -893,7 +870,8 @@ static void mm_range(void *arg, size_t o0, size_t o1)
     /* f32 rows are read in place, and F16 ones by the SIMD kernels (a
      * segment of SEG16); the other types are converted to f32 a segment of
      * SEG at a time */
-    bool in_place = f32 || (c->simd && W->type == KVT_GGML_F16), f16 = in_place && !f32;
+    const struct mm_ops *mm = c->mm;
+    bool in_place = f32 || (mm && W->type == KVT_GGML_F16), f16 = in_place && !f32;
     size_t seg = f16 ? SEG16 : SEG;
     /* tokens of a block: their x (tb x d_in floats) stays in L2 while
      * every row of the range runs over it */
@@ -907,14 +885,11 @@ static void mm_range(void *arg, size_t o0, size_t o1)
              * the first segment's kernels start from zero themselves */
             if (!d_in) for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
             size_t done_r = 0, done_t = 0; /* outputs the tiles wrote (lanes_run) */
-#ifdef KVT_HAVE_X86
             /* the outputs' lines (a token's are adjacent; tokens d_out
              * apart), on their way while the tiles run */
-            if (c->simd)
-                for (size_t t = 0; t < nt; t++) _mm_prefetch((const char *)(c->y + (t0 + t) * d_out + o), _MM_HINT_T0);
-#endif
-#ifdef KVT_HAVE_X86
-            if (c->simd && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
+            if (mm)
+                for (size_t t = 0; t < nt; t++) __builtin_prefetch(c->y + (t0 + t) * d_out + o, 0, 3);
+            if (mm && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
                 if (f32)
                     for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
                 /* decode: each row whole (binary16 straight into
@@ -926,12 +901,11 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     const uint8_t *row = W->data + (o + r) * W->row_bytes;
                     for (size_t t = 0; t < nt; t++) {
                         const float *xt = c->x + (t0 + t) * d_in;
-                        if (f32) lanes1_avx2(lanes[r][t], (const float *)row, xt, d_in);
-                        else row1_f16_avx2(lanes[r][t], (const uint16_t *)row, xt, d_in, true);
+                        if (f32) mm->lanes1(lanes[r][t], (const float *)row, xt, d_in);
+                        else mm->row1_f16(lanes[r][t], (const uint16_t *)row, xt, d_in, true);
                     }
                 }
             } else
-#endif
             for (size_t k = 0; k < d_in; k += seg) {
                 size_t len = d_in - k < seg ? d_in - k : seg;
                 const void *w[TR];
@@ -939,12 +913,12 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     const uint8_t *src = W->data + (o + r) * W->row_bytes + k / blk * blk_bytes;
                     if (in_place) w[r] = src;
                     else if (W->type == KVT_GGML_F16) kvt_f16_row_to_f32(wseg[r], (const uint16_t *)src, len);
-                    else if (W->type == KVT_GGML_BF16) bf16_row_to_f32(wseg[r], (const uint16_t *)src, len);
+                    else if (W->type == KVT_GGML_BF16) ops()->bf16_to_f32(wseg[r], (const uint16_t *)src, len);
                     else kvt_quant_to_f32(W->type, src, wseg[r], len);
                     if (!in_place) w[r] = wseg[r];
                 }
                 bool last = k + len == d_in && len % 8 == 0;
-                lanes_run(lanes, w, f16, nr, c->x + t0 * d_in + k, d_in, nt, len, c->simd, k == 0,
+                lanes_run(lanes, w, f16, nr, c->x + t0 * d_in + k, d_in, nt, len, mm, k == 0,
                           last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
             }
             /* the outputs the tiles did not write, token by token: a
@@ -952,16 +926,14 @@ static void mm_range(void *arg, size_t o0, size_t o1)
             for (size_t t = 0; t < nt; t++)
                 for (size_t r = t < done_t ? done_r : 0; r < nr; r++) {
                     float *l = lanes[r][t];
-#ifdef KVT_HAVE_X86
-                    if (c->simd && nr == 8 && r == 0) {
-                        lanes_sum8_avx2(c->y + (t0 + t) * d_out + o, l, TOKS * LANES);
+                    if (mm && nr == 8 && r == 0) {
+                        mm->lanes_sum8(c->y + (t0 + t) * d_out + o, l, TOKS * LANES);
                         break;
                     }
-                    if (c->simd) {
-                        c->y[(t0 + t) * d_out + o + r] = lanes_sum_avx2(l);
+                    if (mm) {
+                        c->y[(t0 + t) * d_out + o + r] = mm->lanes_sum(l);
                         continue;
                     }
-#endif
                     c->y[(t0 + t) * d_out + o + r] = reduce16(l);
                 }
         }
@@ -973,7 +945,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
 static void mm_tokens(void *arg, size_t t0, size_t t1)
 {
     const struct mm_ctx *c = arg;
-    struct mm_ctx part = {c->y + t0 * c->W->rows, c->W, c->x + t0 * c->W->cols, t1 - t0, c->simd};
+    struct mm_ctx part = {c->y + t0 * c->W->rows, c->W, c->x + t0 * c->W->cols, t1 - t0, c->mm};
     mm_range(&part, 0, c->W->rows);
 }
 
@@ -992,7 +964,7 @@ void kvt_matmul_w(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, s
         kvt_q_matmul(pool, y, W, x, n, qx);
         return;
     }
-    struct mm_ctx c = {y, W, x, n, use_simd()};
+    struct mm_ctx c = {y, W, x, n, ops()->mm};
     if (tok_split(pool, W, n)) {
         kvt_pool_for(pool, n, TOKS, mm_tokens, &c);
         return;
@@ -1294,13 +1266,9 @@ __attribute__((target("avx2,fma"))) static void div_avx2(float *x, size_t n, flo
 }
 #endif
 
-float kvt_expf(float x)
-{
-#ifdef KVT_HAVE_X86
-    if (use_simd()) return expf1_fma(x);
-#endif
-    return expf_core(x);
-}
+static float expf1_scalar(float x) { return expf_core(x); }
+
+float kvt_expf(float x) { return ops()->expf1(x); }
 
 /* GELU (tanh form) of every binary16 input, rounded to binary16: the
  * function kvt_geglu computes between -10 and 10, tabulated once (ggml's
@@ -1330,11 +1298,10 @@ void kvt_geglu(float *h1, const float *h3, size_t n)
     }
 }
 
-void kvt_swiglu(float *h1, const float *h3, size_t n)
+void kvt_swiglu(float *h1, const float *h3, size_t n) { ops()->swiglu(h1, h3, n); }
+
+static void swiglu_scalar(float *h1, const float *h3, size_t n)
 {
-#ifdef KVT_HAVE_X86
-    if (use_simd()) { (kvt_kernels_avx512() ? swiglu_avx512 : swiglu_avx2)(h1, h3, n); return; }
-#endif
     for (size_t i = 0; i < n; i++) {
         float g = h1[i];
         h1[i] = g * (1.0f / (1.0f + expf_core(-g))) * h3[i];
@@ -1356,6 +1323,18 @@ static float max8(const float *x, size_t n)
     return m;
 }
 
+/* x[i] = kvt_expf(x[i] - m), m the row's maximum (max8). */
+static void exp_row_scalar(float *x, size_t n)
+{
+    float m = max8(x, n);
+    for (size_t i = 0; i < n; i++) x[i] = expf_core(x[i] - m);
+}
+
+static void div_scalar(float *x, size_t n, float d)
+{
+    for (size_t i = 0; i < n; i++) x[i] /= d;
+}
+
 #ifdef KVT_HAVE_X86
 __attribute__((target("avx2,fma"))) static float max8_avx2(const float *x, size_t n)
 {
@@ -1373,25 +1352,20 @@ __attribute__((target("avx2,fma"))) static float max8_avx2(const float *x, size_
     for (int e = 1; e < 8; e++) m = l[e] > m ? l[e] : m;
     return m;
 }
+
+static void exp_row_avx2(float *x, size_t n) { exp_shift_avx2(x, n, max8_avx2(x, n)); }
+static void exp_row_avx512(float *x, size_t n) { exp_shift_avx512(x, n, max8_avx2(x, n)); }
 #endif
 
 void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
 {
     if (!n) return;
+    const struct f32_ops *k = ops();
     for (size_t r0 = 0; r0 < nrows; r0 += 4) {
         size_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
         float *row[4] = {x + r0 * ldx, x + (r0 + 1) * ldx, x + (r0 + 2) * ldx, x + (r0 + 3) * ldx};
         float sum[4] = {0, 0, 0, 0};
-        for (size_t r = 0; r < nr; r++) {
-#ifdef KVT_HAVE_X86
-            if (use_simd()) {
-                (kvt_kernels_avx512() ? exp_shift_avx512 : exp_shift_avx2)(row[r], n, max8_avx2(row[r], n));
-                continue;
-            }
-#endif
-            float m = max8(row[r], n);
-            for (size_t i = 0; i < n; i++) row[r][i] = kvt_expf(row[r][i] - m);
-        }
+        for (size_t r = 0; r < nr; r++) k->exp_row(row[r], n);
         /* each row's sum in position order; the rows' chains side by side */
         if (nr == 4)
             for (size_t i = 0; i < n; i++) {
@@ -1409,15 +1383,124 @@ void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
         else
             for (size_t r = 0; r < nr; r++)
                 for (size_t i = 0; i < n; i++) sum[r] += row[r][i];
-        for (size_t r = 0; r < nr; r++) {
-#ifdef KVT_HAVE_X86
-            if (use_simd()) {
-                div_avx2(row[r], n, sum[r]);
-                continue;
-            }
-#endif
-            for (size_t i = 0; i < n; i++) row[r][i] /= sum[r];
-        }
+        for (size_t r = 0; r < nr; r++) k->div(row[r], n, sum[r]);
     }
 }
 
+float kvt_dot(const float *a, const float *b, size_t n) { return ops()->dot(a, b, n); }
+void kvt_axpy(float *y, float a, const float *x, size_t n) { ops()->axpy(y, a, x, n); }
+
+void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
+                   size_t nk, size_t n, float scale)
+{
+    ops()->dots_rows(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+}
+
+void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
+                    size_t n)
+{
+    ops()->axpys_rows(y, ldy, a, lda, nq, v, ldv, nk, n);
+}
+
+void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
+                 float scale)
+{
+    ops()->dots_qs(nq, out, q, k, ldk, nk, n, scale);
+}
+
+void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n)
+{
+    ops()->axpys_qs(nq, y, a, v, ldv, nk, n);
+}
+
+bool kvt_qs_shared(size_t n)
+{
+    size_t m = ops()->qs_shared;
+    return m && n % m == 0;
+}
+
+void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->f16_to_f32(dst, src, n); }
+void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n) { ops()->f32_to_f16(dst, src, n); }
+
+/* ---- the kernels of each instruction set ---- */
+
+
+static const struct f32_ops ops_scalar = {
+    .dot = dot_scalar,
+    .axpy = axpy_scalar,
+    .dots_rows = dots_rows_each,
+    .axpys_rows = axpys_rows_each,
+    .dots_qs = dots_qs_each,
+    .axpys_qs = axpys_qs_each,
+    .f16_to_f32 = f16_to_f32_scalar,
+    .f32_to_f16 = f32_to_f16_scalar,
+    .bf16_to_f32 = bf16_scalar,
+    .expf1 = expf1_scalar,
+    .swiglu = swiglu_scalar,
+    .exp_row = exp_row_scalar,
+    .div = div_scalar,
+};
+
+#ifdef KVT_HAVE_X86
+static const struct mm_ops mm_avx2 = {
+    .tile4 = tile4_fns,
+    .lanes1 = lanes1_avx2,
+    .row1_f16 = row1_f16_avx2,
+    .lanes_sum = lanes_sum_avx2,
+    .lanes_sum8 = lanes_sum8_avx2,
+};
+
+static const struct mm_ops mm_avx512 = {
+    .tile4 = tile4_fns,
+    .tile8 = tile8_fns,
+    .lanes1 = lanes1_avx2,
+    .row1_f16 = row1_f16_avx2,
+    .lanes_sum = lanes_sum_avx2,
+    .lanes_sum8 = lanes_sum8_avx2,
+};
+
+static const struct f32_ops ops_avx2 = {
+    .dot = dot_avx2,
+    .axpy = axpy_avx2,
+    .dots_rows = dots_rows_avx2,
+    .axpys_rows = axpys_rows_avx2,
+    .dots_qs = dots_qs_each,
+    .axpys_qs = axpys_qs_each,
+    .f16_to_f32 = f16_to_f32_f16c,
+    .f32_to_f16 = f32_to_f16_f16c,
+    .bf16_to_f32 = bf16_avx2,
+    .expf1 = expf1_fma,
+    .swiglu = swiglu_avx2,
+    .exp_row = exp_row_avx2,
+    .div = div_avx2,
+    .mm = &mm_avx2,
+};
+
+static const struct f32_ops ops_avx512 = {
+    .dot = dot_avx2,
+    .axpy = axpy_avx2,
+    .dots_rows = dots_rows_avx512,
+    .axpys_rows = axpys_rows_avx512,
+    .dots_qs = dots_qs_avx512,
+    .axpys_qs = axpys_qs_avx512,
+    .qs_shared = 64,
+    .f16_to_f32 = f16_to_f32_f16c,
+    .f32_to_f16 = f32_to_f16_f16c,
+    .bf16_to_f32 = bf16_avx2,
+    .expf1 = expf1_fma,
+    .swiglu = swiglu_avx512,
+    .exp_row = exp_row_avx512,
+    .div = div_avx2,
+    .mm = &mm_avx512,
+};
+#endif
+
+static const struct f32_ops *const isa_ops[KVT_ISA_COUNT] = {
+#ifdef KVT_HAVE_X86
+    [KVT_ISA_SCALAR] = &ops_scalar, [KVT_ISA_AVX2] = &ops_avx2, [KVT_ISA_AVX512] = &ops_avx512,
+#else
+    [KVT_ISA_SCALAR] = &ops_scalar, [KVT_ISA_AVX2] = &ops_scalar, [KVT_ISA_AVX512] = &ops_scalar,
+#endif
+};
+
+static const struct f32_ops *ops(void) { return isa_ops[kvt_cpu_isa()]; }

@@ -8,33 +8,20 @@
  *   fallback (fmaf) perform the same operations in the same order, so they are
  *   bit-identical too (tests check this).
  *
+ * Which path runs is chosen once (src/kernels/cpu.h); the functions below
+ * call through that instruction set's table.
+ *
  * Buffers are row-major; shapes are in comments as (rows, cols).
  */
 #ifndef KVT_KERNELS_H
 #define KVT_KERNELS_H
 
 #include "base/threads.h"
+#include "kernels/cpu.h"
+#include "kernels/wmat.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* Force the scalar path (tests); returns the previous setting. */
-bool kvt_kernels_force_scalar(bool on);
-/* True when the AVX2/FMA path is in use. */
-bool kvt_kernels_simd(void);
-/* Kernels with larger tiles (more rows or tokens at once) where AVX-512
- * F/BW/VL (32 vector registers) is there: the same bits as the AVX2 ones. Force them off
- * (tests); returns the previous setting. */
-bool kvt_kernels_force_avx2(bool on);
-/* True when those kernels are in use. */
-bool kvt_kernels_avx512(void);
-
-/* How far ahead of itself a decode kernel prefetches its weight stream
- * (rows read one after the other, or packed), in bytes. The hardware's
- * prefetchers alone kept one Q4_K stream at 21 GB/s (1 thread, Zen 5)
- * where it ran at 37 from the cache; 7 KiB ahead, 27 to 33 (4 KiB: 24 to
- * 31, 12 KiB: 26). */
-#define KVT_PF_AHEAD 7168
 
 float kvt_dot(const float *a, const float *b, size_t n);
 /* y += a * x, element-wise fma. */
@@ -55,29 +42,15 @@ void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq,
 void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
                  float scale);
 void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n);
+/* Whether those two take several queries in one pass over the keys for
+ * rows of n floats, so that a caller gains by handing them the queries of
+ * more than one token at once (the bits are the same either way). */
+bool kvt_qs_shared(size_t n);
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
-
-/* A weight matrix as the model file holds it: rows of cols elements of one
- * ggml type (src/format/quant.h), row r at data + r * row_bytes. The data is
- * borrowed (the mapped GGUF, or the architecture's own array). */
-typedef struct kvt_wmat {
-    const uint8_t *data;
-    uint32_t type;
-    size_t rows, cols, row_bytes;
-    const uint8_t *pk; /* NULL, or the rows packed four at a time (kvt_q_pack), which the SIMD kernels read */
-} kvt_wmat;
-
-/* An f32 (rows, cols) array as a kvt_wmat. */
-kvt_wmat kvt_wmat_f32(const float *W, size_t rows, size_t cols);
-/* Rows [r0, r0 + n) of m as a matrix of their own (unpacked: pk NULL). */
-static inline kvt_wmat kvt_wmat_rows(const kvt_wmat *m, size_t r0, size_t n)
-{
-    return (kvt_wmat){m->data + r0 * m->row_bytes, m->type, n, m->cols, m->row_bytes, NULL};
-}
 
 /* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
  * output is the fixed-order dot product above over W's row as f32: a row in

@@ -27,9 +27,14 @@
  * scaled sums and the min (or offset) correction, so any order of the
  * integer work gives the same bits; the floats are then, per superblock in
  * increasing order, acc = fma(d_w * d_x, isum, acc) and, for Q4_K and Q5_K,
- * acc = fma(-(dmin_w * d_x), msum, acc). */
+ * acc = fma(-(dmin_w * d_x), msum, acc).
+ *
+ * Each instruction set has one static const row of kernels (struct q_ops,
+ * at the end of the file), chosen by kernels/cpu.h; the code below calls
+ * through it and tests no CPU feature itself. */
 #include "kernels/qkernels.h"
 #include "format/gguf.h"
+#include "kernels/cpu.h"
 #include "base/util.h"
 
 #include <math.h>
@@ -48,6 +53,18 @@
 #define Q6K_BYTES 210
 #define Q5K_BYTES 176
 #define IQ4XS_BYTES 136
+
+struct q8_tiles;
+struct qk_ops;
+/* The kernels of one instruction set. */
+struct q_ops {
+    float (*quant_block)(const float *x, int8_t *q);                    /* 32 activations (Q8_0) */
+    float (*quant_k_block)(const float *x, int8_t *q, int16_t *bsums); /* 256 activations (Q8_K) */
+    const struct q8_tiles *q8; /* the 32-element types' tiles, one row per type; NULL: q8_scalar */
+    const struct qk_ops *qk;   /* the K-quants' SIMD kernels; NULL: the scalar loops */
+};
+/* The row of the instruction set in use (kvt_cpu_isa). */
+static const struct q_ops *ops(void);
 
 /* The 32-element weight types on the Q8_0 lane scheme: each block gives
  * int8 values (in [-127, 127]), an exact f32 scale and, for Q4_1 and Q5_1,
@@ -143,9 +160,7 @@ __attribute__((target("avx2,fma,f16c"))) static float quant_block_avx2(const flo
 }
 #endif
 
-static bool simd_ok(void) { return kvt_kernels_simd(); }
-
-struct qa_ctx { const float *x; uint8_t *qx; size_t cols; bool simd; };
+struct qa_ctx { const float *x; uint8_t *qx; size_t cols; const struct q_ops *k; };
 
 static void quant_range(void *arg, size_t t0, size_t t1)
 {
@@ -156,12 +171,7 @@ static void quant_range(void *arg, size_t t0, size_t t1)
         uint8_t *base = c->qx + t * act_stride(c->cols);
         float *d = (float *)base;
         int8_t *q = (int8_t *)(base + nb * sizeof(float));
-        for (size_t b = 0; b < nb; b++) {
-#ifdef KVT_HAVE_X86
-            if (c->simd) { d[b] = quant_block_avx2(x + QK * b, q + QK * b); continue; }
-#endif
-            d[b] = quant_block_scalar(x + QK * b, q + QK * b);
-        }
+        for (size_t b = 0; b < nb; b++) d[b] = c->k->quant_block(x + QK * b, q + QK * b);
     }
 }
 
@@ -251,17 +261,31 @@ static void quant_k_range(void *arg, size_t t0, size_t t1)
         float *d = (float *)base;
         int16_t *bs = (int16_t *)(base + nsb * sizeof(float));
         int8_t *q = (int8_t *)(base + nsb * (sizeof(float) + 16 * sizeof(int16_t)));
-        for (size_t b = 0; b < nsb; b++) {
-#ifdef KVT_HAVE_X86
-            if (c->simd) { d[b] = quant_k_block_avx2(x + QKK * b, q + QKK * b, bs + 16 * b); continue; }
-#endif
-            d[b] = quant_k_block(x + QKK * b, q + QKK * b, bs + 16 * b);
-        }
+        for (size_t b = 0; b < nsb; b++) d[b] = c->k->quant_k_block(x + QKK * b, q + QKK * b, bs + 16 * b);
     }
 }
 
 /* A token's Q8_K activations. */
 typedef struct kact { const float *d; const int16_t *bs; const int8_t *q; } kact;
+
+/* The K-quant SIMD kernels (kernels of one row against T tokens, of four
+ * rows, of four packed rows), by type: Q4_K, Q5_K, Q6_K, IQ4_XS (kq). */
+typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
+typedef void (*qk_rows4_fn)(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out);
+typedef void (*p4_fn)(const uint8_t *x, size_t nsb, const kact *a, float *out, size_t ldo);
+struct q6k_x4;
+typedef void (*q6x4_fn)(const struct q6k_x4 *x, size_t nsb, const kact *a, float *out, size_t ldo);
+struct qk_ops {
+    qk_row_fn row[4][3];  /* [kq][8, 4, 1 tokens] */
+    qk_rows4_fn rows4[4]; /* [kq]: decode, four adjacent rows a call */
+    p4_fn p4[2][3];       /* packed Q4_K, Q5_K [q5][8, 4, 1 tokens]; [q5][0] NULL: four at most */
+    q6x4_fn q6x4[2];      /* four Q6_K rows packed on the stack against [8, 4] tokens */
+};
+
+static int kq(uint32_t ty)
+{
+    return ty == KVT_GGML_Q4_K ? 0 : ty == KVT_GGML_Q5_K ? 1 : ty == KVT_GGML_Q6_K ? 2 : 3;
+}
 
 static kact kact_at(const uint8_t *qx, size_t t, size_t cols)
 {
@@ -336,6 +360,12 @@ static inline void b32_values(uint32_t t, const uint8_t *wb, int8_t *q)
         else q[j] = e2m1_x2[lo], q[j + 16] = e2m1_x2[hi];
     }
 }
+
+/* Rows w[0, R) against tokens (d, q)[0, T) over nb blocks, out[t * ldo + r]. */
+typedef void (*q8_tile_fn)(const uint8_t *const *w, const float *const *dx, const int8_t *const *qx, size_t nb,
+                           float *out, size_t ldo);
+/* A 32-element type's tiles: 2 rows x 4 tokens, 1 x 1, and 2 x 8 (or NULL). */
+struct q8_tiles { uint32_t wt; q8_tile_fn t2x4, t1x1, t2x8; };
 
 /* Rows w[0, R) against tokens (d, q)[0, T) over nb blocks. */
 static void q8_scalar(uint32_t wt, int R, int T, const uint8_t *const *w, const float *const *dx, const int8_t *const *qx,
@@ -515,18 +545,25 @@ Q8_TILES(mxfp4, KVT_GGML_MXFP4)
 Q8_TILES(q4_1, KVT_GGML_Q4_1)
 Q8_TILES(q5_1, KVT_GGML_Q5_1)
 
-typedef void (*q8_tile_fn)(const uint8_t *const *, const float *const *, const int8_t *const *, size_t, float *,
-                           size_t);
-/* t2x8z: the zmm tile for eight tokens (each weight block unpacked once for
+/* t2x8: the zmm tile for eight tokens (each weight block unpacked once for
  * eight, not four; every (row, token) lane does the same operations). */
-static const struct { uint32_t wt; q8_tile_fn t2x4, t1x1, t2x4z, t2x8z; } q8_tiles[] = {
-    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1, q8_0_2x4z, q8_0_2x8z},
-    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1, q4_0_2x4z, q4_0_2x8z},
-    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1, q5_0_2x4z, q5_0_2x8z},
-    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1, iq4_nl_2x4z, iq4_nl_2x8z},
-    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1, mxfp4_2x4z, mxfp4_2x8z},
-    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1, q4_1_2x4z, q4_1_2x8z},
-    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1, q5_1_2x4z, q5_1_2x8z},
+static const struct q8_tiles q8_avx2[] = {
+    {KVT_GGML_Q8_0, q8_0_2x4, q8_0_1x1, NULL},
+    {KVT_GGML_Q4_0, q4_0_2x4, q4_0_1x1, NULL},
+    {KVT_GGML_Q5_0, q5_0_2x4, q5_0_1x1, NULL},
+    {KVT_GGML_IQ4_NL, iq4_nl_2x4, iq4_nl_1x1, NULL},
+    {KVT_GGML_MXFP4, mxfp4_2x4, mxfp4_1x1, NULL},
+    {KVT_GGML_Q4_1, q4_1_2x4, q4_1_1x1, NULL},
+    {KVT_GGML_Q5_1, q5_1_2x4, q5_1_1x1, NULL},
+};
+static const struct q8_tiles q8_avx512[] = {
+    {KVT_GGML_Q8_0, q8_0_2x4z, q8_0_1x1, q8_0_2x8z},
+    {KVT_GGML_Q4_0, q4_0_2x4z, q4_0_1x1, q4_0_2x8z},
+    {KVT_GGML_Q5_0, q5_0_2x4z, q5_0_1x1, q5_0_2x8z},
+    {KVT_GGML_IQ4_NL, iq4_nl_2x4z, iq4_nl_1x1, iq4_nl_2x8z},
+    {KVT_GGML_MXFP4, mxfp4_2x4z, mxfp4_1x1, mxfp4_2x8z},
+    {KVT_GGML_Q4_1, q4_1_2x4z, q4_1_1x1, q4_1_2x8z},
+    {KVT_GGML_Q5_1, q5_1_2x4z, q5_1_1x1, q5_1_2x8z},
 };
 #endif
 
@@ -930,7 +967,6 @@ q6k_rows4_zmm(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, f
     _mm_storeu_ps(out, acc4);
 }
 
-typedef void (*qk_rows4_fn)(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out);
 #define QK_ROWS4(name, ty)                                                                                     \
     __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *row, size_t row_bytes, size_t nsb, \
                                                               const kact *a, float *out)                      \
@@ -1162,7 +1198,6 @@ p4_zmm(const bool q5, const int T, const uint8_t *x, size_t nsb, const kact *a, 
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm_storeu_ps(out + (size_t)t * ldo, acc[t]);
 }
 
-typedef void (*p4_fn)(const uint8_t *x, size_t nsb, const kact *a, float *out, size_t ldo);
 #define P4_KERNEL(name, q5, T, tgt)                                                                              \
     __attribute__((target(tgt))) static void name(const uint8_t *x, size_t nsb, const kact *a, float *out,       \
                                                   size_t ldo)                                                    \
@@ -1275,7 +1310,6 @@ __attribute__((target("avx2,fma"))) static void q6k_x4_t4(const q6k_x4 *x, size_
     q6k_x4_avx2(4, x, nsb, a, out, ldo);
 }
 
-typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *acc);
 #define QK_ROW(name, ty, T)                                                                                    \
     __attribute__((target("avx2,fma,f16c"))) static void name(const uint8_t *row, size_t nsb, const kact *a, \
                                                          float *acc)                                         \
@@ -1296,15 +1330,9 @@ QK_ROW(iq4xs_row4, KVT_GGML_IQ4_XS, 4)
 QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
 #undef QK_ROW
 
-static void qk_rows_for(uint32_t ty, qk_row_fn *r8, qk_row_fn *r4, qk_row_fn *r1)
-{
-    *r8 = ty == KVT_GGML_Q4_K ? q4k_row8 : ty == KVT_GGML_Q5_K ? q5k_row8 : ty == KVT_GGML_Q6_K ? q6k_row8 : iq4xs_row8;
-    *r4 = ty == KVT_GGML_Q4_K ? q4k_row4 : ty == KVT_GGML_Q5_K ? q5k_row4 : ty == KVT_GGML_Q6_K ? q6k_row4 : iq4xs_row4;
-    *r1 = ty == KVT_GGML_Q4_K ? q4k_row1 : ty == KVT_GGML_Q5_K ? q5k_row1 : ty == KVT_GGML_Q6_K ? q6k_row1 : iq4xs_row1;
-}
 #endif
 
-struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct qk_ops *qk; };
 
 /* Row o against tokens [t, t + T): the fixed float order per superblock. */
 static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
@@ -1317,18 +1345,15 @@ static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
     kact a[KT];
     float acc[KT] = {0};
     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
-#ifdef KVT_HAVE_X86
-    if (c->simd) {
-        qk_row_fn r8, r4, r1;
-        qk_rows_for(ty, &r8, &r4, &r1);
-        if (T == KT) r8(row, nsb, a, acc);
-        else if (T == 4) r4(row, nsb, a, acc);
+    if (c->qk) {
+        const qk_row_fn *f = c->qk->row[kq(ty)];
+        if (T == KT) f[0](row, nsb, a, acc);
+        else if (T == 4) f[1](row, nsb, a, acc);
         else
-            for (int k = 0; k < T; k++) r1(row, nsb, a + k, acc + k);
+            for (int k = 0; k < T; k++) f[2](row, nsb, a + k, acc + k);
         for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
         return;
     }
-#endif
     for (size_t b = 0; b < nsb; b++) {
         const uint8_t *w = row + b * bytes;
         int32_t is[KT], ms[KT] = {0};
@@ -1357,9 +1382,9 @@ static void p4_tokens(const struct qk_ctx *c, const uint8_t *x, size_t o)
     const kvt_wmat *W = c->W;
     bool q5 = W->type == KVT_GGML_Q5_K;
     size_t nsb = W->cols / QKK, t = 0;
-    for (int T = kvt_kernels_avx512() ? 8 : 4; T >= 1; T = T > 4 ? 4 : T - 3) {
-        p4_fn f = T == 8 ? (q5 ? q5k_p4_t8 : q4k_p4_t8) : T == 4 ? (q5 ? q5k_p4_t4 : q4k_p4_t4)
-                  : kvt_kernels_avx512() ? (q5 ? q5k_p4_t1z : q4k_p4_t1z) : (q5 ? q5k_p4_t1 : q4k_p4_t1);
+    const p4_fn *p4 = c->qk->p4[q5];
+    for (int T = p4[0] ? 8 : 4; T >= 1; T = T > 4 ? 4 : T - 3) {
+        p4_fn f = p4[T == 8 ? 0 : T == 4 ? 1 : 2];
         for (; t + (size_t)T <= c->n; t += (size_t)T) {
             kact a[KT];
             for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
@@ -1384,22 +1409,19 @@ static void qk_range(void *arg, size_t o0, size_t o1)
     const kvt_wmat *W = c->W;
     size_t nsb = W->cols / QKK;
     bool q4 = W->type == KVT_GGML_Q4_K, q5 = W->type == KVT_GGML_Q5_K, q6 = W->type == KVT_GGML_Q6_K;
-    if (c->simd && (c->n < 4 || (q6 && c->n < Q6_PACK_MIN))) {
+    if (c->qk && (c->n < 4 || (q6 && c->n < Q6_PACK_MIN))) {
         /* decode, and the few tokens of batched decodes: four rows at a
          * time (adjacent in memory, so one stream), each group against
          * every token while it is in L1; Q6_K rows are not worth packing
          * for fewer than Q6_PACK_MIN tokens */
-        qk_rows4_fn f = q4   ? q4k_rows4
-                        : q5 ? q5k_rows4
-                        : q6 ? (kvt_kernels_avx512() ? q6k_rows4_zmm : q6k_rows4)
-                             : iq4xs_rows4;
+        qk_rows4_fn f = c->qk->rows4[kq(W->type)];
         for (; o0 + 4 <= o1; o0 += 4)
             for (size_t t = 0; t < c->n; t++) {
                 kact a = kact_at(c->qx, t, W->cols);
                 f(W->data + o0 * W->row_bytes, W->row_bytes, nsb, &a, c->y + t * W->rows + o0);
             }
     }
-    if (c->simd && c->n >= 4 && (q4 || q5 || q6) && nsb <= X4_MAX_SB) {
+    if (c->qk && c->n >= 4 && (q4 || q5 || q6) && nsb <= X4_MAX_SB) {
         /* prefill: four rows at a time, packed once for all the tokens.
          * Q6_K takes eight tokens a call on AVX2 too (a sub-block needs
          * three vectors). */
@@ -1417,7 +1439,7 @@ static void qk_range(void *arg, size_t o0, size_t o1)
                 for (; t + (size_t)T <= c->n; t += (size_t)T) {
                     kact a[KT];
                     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
-                    (T == 8 ? q6k_x4_t8 : q6k_x4_t4)(x.k6, nsb, a, c->y + t * W->rows + o0, W->rows);
+                    c->qk->q6x4[T == 8 ? 0 : 1](x.k6, nsb, a, c->y + t * W->rows + o0, W->rows);
                 }
             for (size_t r = 0; r < 4; r++)
                 for (size_t u = t; u < c->n; u++) qk_outputs(c, o0 + r, u, 1);
@@ -1456,16 +1478,16 @@ void kvt_q_pack(const kvt_wmat *W, uint8_t *dst)
 #endif
 }
 
-struct qm_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+struct qm_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct q8_tiles *q8; };
 
 static void qm_range(void *arg, size_t o0, size_t o1)
 {
     struct qm_ctx *c = arg;
     const kvt_wmat *W = c->W;
     size_t nb = W->cols / QK, stride = act_stride(W->cols), d_out = W->rows;
-#ifdef KVT_HAVE_X86
-    const bool wide = c->simd && kvt_kernels_avx512();
-#endif
+    const struct q8_tiles *tiles = c->q8;
+    if (tiles)
+        while (tiles->wt != W->type) tiles++;
     for (size_t o = o0; o < o1;) {
         /* prefill: two rows against four tokens (eight with AVX-512). Decode: one row after the
          * other, one stream through memory (four rows side by side ran
@@ -1475,9 +1497,7 @@ static void qm_range(void *arg, size_t o0, size_t o1)
         for (size_t r = 0; r < R; r++) w[r] = W->data + (o + r) * W->row_bytes;
         for (size_t t = 0; t < c->n;) {
             size_t T = c->n - t >= 4 ? 4 : 1;
-#ifdef KVT_HAVE_X86
-            if (wide && R == 2 && c->n - t >= 8) T = 8;
-#endif
+            if (tiles && tiles->t2x8 && R == 2 && c->n - t >= 8) T = 8;
             const float *dx[8];
             const int8_t *qx[8];
             for (size_t k = 0; k < T; k++) {
@@ -1486,20 +1506,15 @@ static void qm_range(void *arg, size_t o0, size_t o1)
                 qx[k] = (const int8_t *)(base + nb * sizeof(float));
             }
             float *out = c->y + t * d_out + o;
-#ifdef KVT_HAVE_X86
-            if (c->simd) {
-                size_t ti = 0;
-                while (q8_tiles[ti].wt != W->type) ti++;
-                if (T == 8) q8_tiles[ti].t2x8z(w, dx, qx, nb, out, d_out);
-                else if (R == 2 && T == 4) (wide ? q8_tiles[ti].t2x4z : q8_tiles[ti].t2x4)(w, dx, qx, nb, out, d_out);
+            if (tiles) {
+                if (T == 8) tiles->t2x8(w, dx, qx, nb, out, d_out);
+                else if (R == 2 && T == 4) tiles->t2x4(w, dx, qx, nb, out, d_out);
                 else
                     for (size_t r = 0; r < R; r++)
-                        for (size_t k = 0; k < T; k++)
-                            q8_tiles[ti].t1x1(w + r, dx + k, qx + k, nb, out + k * d_out + r, d_out);
+                        for (size_t k = 0; k < T; k++) tiles->t1x1(w + r, dx + k, qx + k, nb, out + k * d_out + r, d_out);
                 t += T;
                 continue;
             }
-#endif
             q8_scalar(W->type, (int)R, (int)T, w, dx, qx, nb, out, d_out);
             t += T;
         }
@@ -1514,13 +1529,13 @@ bool kvt_q_same_act(uint32_t a, uint32_t b)
 
 void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, const uint8_t *qx)
 {
-    bool simd = simd_ok();
+    const struct q_ops *k = ops();
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
     if (k_type(W->type)) {
-        struct qk_ctx c = {y, W, qx, n, simd};
+        struct qk_ctx c = {y, W, qx, n, k->qk};
 #ifdef KVT_HAVE_X86
-        if (simd && W->pk) {
+        if (k->qk && W->pk) { /* the packed copy is read by the SIMD kernels only */
             kvt_pool_for(pool, W->rows / 4, (min + 3) / 4, qk_groups, &c);
             return;
         }
@@ -1528,14 +1543,65 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
         kvt_pool_for(pool, W->rows, min, qk_range, &c);
         return;
     }
-    struct qm_ctx c = {y, W, qx, n, simd};
+    struct qm_ctx c = {y, W, qx, n, k->q8};
     kvt_pool_for(pool, W->rows, min, qm_range, &c);
 }
 
 void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
 {
-    struct qa_ctx a = {x, qx, W->cols, simd_ok()};
+    struct qa_ctx a = {x, qx, W->cols, ops()};
     if (k_type(W->type)) kvt_pool_for(pool, n, 16, quant_k_range, &a);
     else kvt_pool_for(pool, n, 64, quant_range, &a);
     kvt_q_matmul_quantised(pool, y, W, n, qx);
 }
+
+/* ---- the kernels of each instruction set ---- */
+
+static const struct q_ops ops_scalar = {
+    .quant_block = quant_block_scalar,
+    .quant_k_block = quant_k_block,
+};
+
+#ifdef KVT_HAVE_X86
+static const struct qk_ops qk_avx2 = {
+    .row = {{q4k_row8, q4k_row4, q4k_row1}, {q5k_row8, q5k_row4, q5k_row1}, {q6k_row8, q6k_row4, q6k_row1},
+            {iq4xs_row8, iq4xs_row4, iq4xs_row1}},
+    .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4, iq4xs_rows4},
+    .p4 = {{NULL, q4k_p4_t4, q4k_p4_t1}, {NULL, q5k_p4_t4, q5k_p4_t1}},
+    .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+};
+
+/* AVX-512: Q6_K decode in zmm, eight packed tokens a call, the one-token
+ * packed kernel in zmm. */
+static const struct qk_ops qk_avx512 = {
+    .row = {{q4k_row8, q4k_row4, q4k_row1}, {q5k_row8, q5k_row4, q5k_row1}, {q6k_row8, q6k_row4, q6k_row1},
+            {iq4xs_row8, iq4xs_row4, iq4xs_row1}},
+    .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4_zmm, iq4xs_rows4},
+    .p4 = {{q4k_p4_t8, q4k_p4_t4, q4k_p4_t1z}, {q5k_p4_t8, q5k_p4_t4, q5k_p4_t1z}},
+    .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+};
+
+static const struct q_ops ops_avx2 = {
+    .quant_block = quant_block_avx2,
+    .quant_k_block = quant_k_block_avx2,
+    .q8 = q8_avx2,
+    .qk = &qk_avx2,
+};
+
+static const struct q_ops ops_avx512 = {
+    .quant_block = quant_block_avx2,
+    .quant_k_block = quant_k_block_avx2,
+    .q8 = q8_avx512,
+    .qk = &qk_avx512,
+};
+#endif
+
+static const struct q_ops *const isa_ops[KVT_ISA_COUNT] = {
+#ifdef KVT_HAVE_X86
+    [KVT_ISA_SCALAR] = &ops_scalar, [KVT_ISA_AVX2] = &ops_avx2, [KVT_ISA_AVX512] = &ops_avx512,
+#else
+    [KVT_ISA_SCALAR] = &ops_scalar, [KVT_ISA_AVX2] = &ops_scalar, [KVT_ISA_AVX512] = &ops_scalar,
+#endif
+};
+
+static const struct q_ops *ops(void) { return isa_ops[kvt_cpu_isa()]; }

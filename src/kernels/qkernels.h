@@ -22,7 +22,8 @@
 #ifndef KVT_QKERNELS_H
 #define KVT_QKERNELS_H
 
-#include "kernels/kernels.h"
+#include "base/threads.h"
+#include "kernels/wmat.h"
 
 #include <stdbool.h>
 #include <stddef.h>

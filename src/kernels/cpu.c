@@ -1,0 +1,78 @@
+/* CPU detection and the choice of the kernels' instruction set (cpu.h). */
+#include "kernels/cpu.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* The OS saves the vector state of these XCR0 bits. */
+static bool os_saves(unsigned bits)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & bits) == bits;
+}
+
+/* AVX2, FMA and F16C from cpuid, with the OS's consent to the AVX state
+ * (OSXSAVE, XCR0 bits 1-2); then AVX-512 F, BW and VL, with the OS saving
+ * the opmask and upper registers (XCR0 bits 5-7). Read directly rather than
+ * through __builtin_cpu_supports, whose feature strings differ between
+ * compilers (clang 14 has no "f16c"). */
+static kvt_isa detect_isa(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1) || !os_saves(6)) return KVT_ISA_SCALAR;
+    bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
+    if (!fma || !f16c || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b >> 5 & 1)) return KVT_ISA_SCALAR;
+    if (!(b >> 16 & 1) || !(b >> 30 & 1) || !(b >> 31 & 1) || !os_saves(0xe6)) return KVT_ISA_AVX2;
+    return KVT_ISA_AVX512;
+}
+#else
+static kvt_isa detect_isa(void) { return KVT_ISA_SCALAR; }
+#endif
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static kvt_isa detected;
+static void detect(void) { detected = detect_isa(); }
+
+/* The choice: -1 until the first call; written under lock, read without. */
+atomic_int kvt_cpu_chosen = -1;
+static pthread_mutex_t choose_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool forced_scalar, forced_avx2; /* under choose_lock */
+
+/* Sets kvt_cpu_chosen from the CPU and the switches; choose_lock held. */
+static kvt_isa choose(void)
+{
+    pthread_once(&detect_once, detect);
+    kvt_isa isa = detected;
+    if (forced_avx2 && isa > KVT_ISA_AVX2) isa = KVT_ISA_AVX2;
+    if (forced_scalar) isa = KVT_ISA_SCALAR;
+    atomic_store_explicit(&kvt_cpu_chosen, (int)isa, memory_order_release);
+    return isa;
+}
+
+kvt_isa kvt_cpu_choose(void)
+{
+    pthread_mutex_lock(&choose_lock);
+    kvt_isa r = choose();
+    pthread_mutex_unlock(&choose_lock);
+    return r;
+}
+
+static bool force(bool *flag, bool on)
+{
+    pthread_mutex_lock(&choose_lock);
+    bool old = *flag;
+    *flag = on;
+    choose();
+    pthread_mutex_unlock(&choose_lock);
+    return old;
+}
+
+bool kvt_kernels_force_scalar(bool on) { return force(&forced_scalar, on); }
+bool kvt_kernels_force_avx2(bool on) { return force(&forced_avx2, on); }
+bool kvt_kernels_simd(void) { return kvt_cpu_isa() >= KVT_ISA_AVX2; }
+bool kvt_kernels_avx512(void) { return kvt_cpu_isa() == KVT_ISA_AVX512; }
