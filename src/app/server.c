@@ -4,8 +4,8 @@
  * Transport: libmicrohttpd in epoll mode with a small thread pool (see
  * the HTTP section), loopback by default. Request bodies, the time to send
  * a request, the connections per address and in all, and a stream's
- * unsent bytes are bounded; the API shapes (parsing, response JSON, SSE
- * events, error bodies) live in api.c, the chat templates and their markers
+ * unsent bytes are bounded; the API shapes live in api.c (parsing) and
+ * reply.c (response JSON, SSE events, error bodies), the chat templates and their markers
  * (the turn markers the prefill checkpoints at) in template.c. Every URL the
  * server answers is a row of one route table (routes[], below).
  *
