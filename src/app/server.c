@@ -624,7 +624,9 @@ static slot *slot_start(server *sv, job *j)
     sl->s = sl->pick.s;
     /* the store holds a prefix: the slot waits while a store thread
      * restores it, the other requests step on */
-    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, &sl->load)) return sl;
+    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, sl->pick.load,
+                                          sl->pick.load_id, &sl->load))
+        return sl;
     if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     return slot_ready(sv, sl) ? sl : NULL;
 }
