@@ -42,6 +42,8 @@ static bool nd_ok(sqlite3 *nd, int rc, int *err)
  * counters. A read of the damaged database that fails loses what it would
  * have read, nothing else. *seen receives the snapshots it listed, *kept
  * those copied. Fails only when writing nd fails. */
+static int salvage_rest(kvt_store *st, sqlite3 *nd, int64_t max_used);
+
 static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
 {
     idset ids = {0};
@@ -125,9 +127,16 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
     sqlite3_finalize(getb);
     for (int k = 0; k < 5; k++) sqlite3_finalize(w[k]);
     free(ids.v);
-    if (err) return KVT_EIO;
-    /* the blocks of snapshots that were not whole; then the clock, the id
-     * sequence (ids are never reused) and the counters, where they read */
+    return err ? KVT_EIO : salvage_rest(st, nd, max_used);
+}
+
+/* After the snapshots (salvage): the blocks of those that were not whole
+ * go; the clock (at least max_used, the latest use kept), the current
+ * segment, the id sequence (ids are never reused) and the counters come
+ * over, where they read. */
+static int salvage_rest(kvt_store *st, sqlite3 *nd, int64_t max_used)
+{
+    int err = 0;
     nd_ok(nd, sqlite3_exec(nd, "DELETE FROM blocks WHERE refs = 0", NULL, NULL, NULL), &err);
     int64_t old_tick = 0, old_seq = 0;
     sqlite3_stmt *r = NULL, *put = NULL;
