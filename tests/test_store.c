@@ -1546,3 +1546,85 @@ TEST(store_resave_encodes_nothing)
     free(t);
     rmdir_all(dir);
 }
+
+/* A save hashes each block of its tokens once: the keys are kept on the
+ * session (kvt_snap_keys), not chained again by the check for a stored
+ * entry, the encode and each block written (22 steps for 7 blocks
+ * before). A re-save hashes nothing, nor a save of a session restored from
+ * disk (the load leaves it the keys it checked). A restore handed the
+ * lookup's result (kvt_store_restore_found) does not look the prompt up
+ * again: the load's checks are its only steps, where
+ * kvt_store_restore_prefix (the negative control) hashes the prompt for its
+ * lookup too. And a session that leaves its tokens keeps no key of the
+ * blocks it dropped: saved after a sync to other tokens from block 3 on,
+ * its entry serves those tokens. */
+TEST(store_save_hashes_blocks_once)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "keys");
+    enum { N = 1000, NB = N / KVT_BLOCK };
+    int32_t *t = malloc(N * sizeof *t), *t2 = malloc(N * sizeof *t2);
+    kvt_test_tokens(t, N, 41);
+    memcpy(t2, t, N * sizeof *t);
+    kvt_test_tokens(t2 + 3 * KVT_BLOCK + 5, N - 3 * KVT_BLOCK - 5, 42);
+    kvt_session_opts so = {.n_ctx = 2048};
+    kvt_store *st = NULL;
+    kvt_session *s = NULL, *s2 = NULL, *s3 = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_session_new(&s2, m, &so));
+    CHECK_OK(kvt_session_new(&s3, m, &so));
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    uint64_t k0 = kvt_snap_key_steps;
+    bool created = false;
+    CHECK_OK(kvt_store_save_new(st, s, N, "manual", NULL, &created));
+    uint64_t save = kvt_snap_key_steps - k0;
+    CHECK(created);
+    k0 = kvt_snap_key_steps;
+    CHECK_OK(kvt_store_save_new(st, s, N, "manual", NULL, &created));
+    uint64_t resave = kvt_snap_key_steps - k0;
+    CHECK(!created);
+    size_t match = 0, got = 0;
+    int64_t id = -1;
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECK(match == N && id >= 0);
+    k0 = kvt_snap_key_steps;
+    CHECK_OK(kvt_store_restore_found(st, s2, t, N, match, id, &got));
+    uint64_t found = kvt_snap_key_steps - k0;
+    CHECK(got == N);
+    k0 = kvt_snap_key_steps;
+    CHECK_OK(kvt_store_save_new(st, s2, N, "manual", NULL, &created));
+    uint64_t restored_save = kvt_snap_key_steps - k0;
+    k0 = kvt_snap_key_steps;
+    CHECK_OK(kvt_store_restore_prefix(st, s3, t, N, &got));
+    uint64_t prefix = kvt_snap_key_steps - k0;
+    CHECK(got == N);
+    printf("    key steps for %d blocks: save %llu, re-save %llu, restore of the found entry %llu (a restore that "
+           "looks up: %llu), save of the restored session %llu\n", (int)NB, (unsigned long long)save,
+           (unsigned long long)resave, (unsigned long long)found, (unsigned long long)prefix,
+           (unsigned long long)restored_save);
+    CHECKF(save == NB && resave == 0 && restored_save == 0, "a save hashed %llu blocks, a re-save %llu, a save after "
+           "a restore %llu", (unsigned long long)save, (unsigned long long)resave, (unsigned long long)restored_save);
+    CHECKF(found == NB && prefix == 2 * NB, "the restore of the found entry hashed %llu blocks, one that looks up %llu",
+           (unsigned long long)found, (unsigned long long)prefix);
+    /* other tokens from block 3 on: the keys of blocks 3.. go with them */
+    CHECK_OK(kvt_session_sync(s, t2, N, NULL));
+    CHECK_OK(kvt_store_save_new(st, s, N, "manual", NULL, &created));
+    CHECK(created);
+    kvt_session_free(s3);
+    s3 = NULL;
+    CHECK_OK(kvt_session_new(&s3, m, &so));
+    CHECK_OK(kvt_store_restore_prefix(st, s3, t2, N, &got));
+    CHECKF(got == N && !memcmp(kvt_session_tokens(s3), t2, N * sizeof *t2),
+           "a session synced to other tokens saved an entry that restores %zu of them", got);
+    kvt_session_free(s);
+    kvt_session_free(s2);
+    kvt_session_free(s3);
+    kvt_store_close(st);
+    kvt_model_close(m);
+    free(t);
+    free(t2);
+    rmdir_all(dir);
+}

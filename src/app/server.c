@@ -4,8 +4,8 @@
  * Transport: libmicrohttpd in epoll mode with a small thread pool (see
  * the HTTP section), loopback by default. Request bodies, the time to send
  * a request, the connections per address and in all, and a stream's
- * unsent bytes are bounded; the API shapes (parsing, response JSON, SSE
- * events, error bodies) live in api.c, the chat templates and their markers
+ * unsent bytes are bounded; the API shapes live in api.c (parsing) and
+ * reply.c (response JSON, SSE events, error bodies), the chat templates and their markers
  * (the turn markers the prefill checkpoints at) in template.c. Every URL the
  * server answers is a row of one route table (routes[], below).
  *
@@ -624,7 +624,9 @@ static slot *slot_start(server *sv, job *j)
     sl->s = sl->pick.s;
     /* the store holds a prefix: the slot waits while a store thread
      * restores it, the other requests step on */
-    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, &sl->load)) return sl;
+    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, sl->pick.load,
+                                          sl->pick.load_id, &sl->load))
+        return sl;
     if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     return slot_ready(sv, sl) ? sl : NULL;
 }
@@ -1093,6 +1095,89 @@ static enum MHD_Result reply_job(const call *q)
     return r;
 }
 
+/* The answer to an inference request that never reaches the worker (an
+ * error, a token count, a full queue): j (NULL: none made yet; never
+ * queued, so no worker reference) goes, the JSON body (malloc'ed; NULL:
+ * out of memory) is sent, with a Retry-After on a 429. counted: the
+ * request counts under its status. */
+static enum MHD_Result answer_now(const call *q, job *j, int status, char *body, bool counted)
+{
+    if (counted) count_request(q->sv, q->tnt, endpoint_index(q->api), status);
+    if (j) {
+        j->refs = 1;
+        job_unref(j);
+    }
+    enum MHD_Result r = send_text(q->c, status, "application/json", body ? body : "{}", status == 429 ? "Retry-After" : NULL,
+                                  status == 429 ? "2" : NULL);
+    free(body);
+    return r;
+}
+
+/* Read the request body into j->req (counting: a count_tokens body, which
+ * carries no max_tokens) and hold it to the server's limits: the model it
+ * serves when --strict-model, --max-tokens. On a failure *status is the
+ * HTTP status to answer with. */
+static int parse_job(const call *q, job *j, bool counting, int *status)
+{
+    server *sv = q->sv;
+    conn *cn = q->cn;
+    if (counting) add_max_tokens(&cn->body);
+    struct replay_ctx rpc = {sv, q->tnt};
+    kvt_parse_opts po = {.keep_volatile = sv->o.keep_volatile, .replay = replay_lookup, .replay_user = &rpc};
+    pthread_mutex_lock(&sv->replay_mu);
+    int rc = kvt_request_parse_opts(&j->req, q->api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m,
+                                    &po, status);
+    pthread_mutex_unlock(&sv->replay_mu);
+    if (rc) return rc;
+    /* By default any model id is served, as llama.cpp's server does: agent
+     * clients send their own ids (Claude Code its claude-* names) and
+     * would otherwise need configuring; the id is echoed back. */
+    if (sv->o.strict_model && j->req.model && strcmp(j->req.model, sv->model_id)) {
+        *status = 404;
+        return kvt_fail(KVT_ENOENT, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
+                        sv->model_id);
+    }
+    /* --max-tokens is the default and the most a request gets: a larger
+     * max_tokens is cut to it (the reply ends "length") */
+    if (j->req.max_tokens > sv->o.max_tokens) j->req.max_tokens = sv->o.max_tokens;
+    return KVT_OK;
+}
+
+/* Queue j for the worker; 0, or the status that refuses it (429: the queue
+ * is full, 503: the server is stopping). */
+static int enqueue(server *sv, job *j)
+{
+    pthread_mutex_lock(&sv->mu);
+    int refused = sv->stopping ? 503 : sv->queued >= sv->o.queue ? 429 : 0;
+    if (!refused) {
+        if (sv->tail) sv->tail->next = j;
+        else sv->head = j;
+        sv->tail = j;
+        sv->queued++;
+        sv->tn[j->tenant].queued++;
+        j->t_queued = kvt_now();
+        pthread_cond_broadcast(&sv->cv);
+    }
+    pthread_mutex_unlock(&sv->mu);
+    return refused;
+}
+
+/* The connection's reference to a queued job, for the ticker: hang-ups,
+ * keepalives, a stream whose client stopped reading. */
+static void attach(const call *q, job *j)
+{
+    pthread_mutex_lock(&q->nt->mu);
+    pthread_mutex_lock(&j->mu);
+    j->c = q->c;
+    j->t_sent = kvt_now();
+    if (q->cn->p && !q->cn->p->j) {
+        q->cn->p->j = j;
+        j->refs++;
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_unlock(&q->nt->mu);
+}
+
 /* An inference request (counting: count_tokens, answered with the prompt's
  * length): parsed and tokenized here, then queued for the worker; a
  * streaming response reads the job's output as it grows, any other waits
@@ -1100,120 +1185,49 @@ static enum MHD_Result reply_job(const call *q)
 static enum MHD_Result infer(const call *q, bool counting)
 {
     server *sv = q->sv;
-    struct MHD_Connection *c = q->c;
-    conn *cn = q->cn;
     kvt_api api = q->api;
-    int tnt = q->tnt, ep = endpoint_index(api);
-    if (cn->too_big) {
-        count_request(sv, tnt, ep, 413);
+    if (q->cn->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body exceeds %zu bytes", sv->o.max_body);
-        return send_json(c, 413, kvt_error_json(api, 413, msg));
+        return answer_now(q, NULL, 413, kvt_error_json(api, 413, msg), true);
     }
     job *j = job_new();
     if (!j) return MHD_NO;
     int status = 400;
-    if (counting) add_max_tokens(&cn->body); /* count_tokens bodies carry no max_tokens */
-    struct replay_ctx rpc = {sv, tnt};
-    kvt_parse_opts po = {.keep_volatile = sv->o.keep_volatile, .replay = replay_lookup, .replay_user = &rpc};
-    pthread_mutex_lock(&sv->replay_mu);
-    int rc = kvt_request_parse_opts(&j->req, api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m,
-                                    &po, &status);
-    pthread_mutex_unlock(&sv->replay_mu);
-    /* By default any model id is served, as llama.cpp's server does: agent
-     * clients send their own ids (Claude Code its claude-* names) and
-     * would otherwise need configuring; the id is echoed back. */
-    if (!rc && sv->o.strict_model && j->req.model && strcmp(j->req.model, sv->model_id)) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "model '%.200s' is not served here (this server serves '%s')", j->req.model,
-                 sv->model_id);
-        rc = kvt_fail(KVT_ENOENT, "%s", msg);
-        status = 404;
-    }
-    /* --max-tokens is the default and the most a request gets: a larger
-     * max_tokens is cut to it (the reply ends "length") */
-    if (!rc && j->req.max_tokens > sv->o.max_tokens) j->req.max_tokens = sv->o.max_tokens;
-    if (rc) {
-        count_request(sv, tnt, ep, status);
-        char *body = kvt_error_json(api, status, kvt_errmsg());
-        j->refs = 1; /* never queued: no worker reference */
-        job_unref(j);
-        return send_json(c, status, body);
-    }
+    if (parse_job(q, j, counting, &status)) return answer_now(q, j, status, kvt_error_json(api, status, kvt_errmsg()), true);
     /* tokenize here, so that a prompt over the context is a 400 before any
      * streaming starts (the tokenizer is immutable and thread-safe) */
     const kvt_request *rq = &j->req;
-    rc = kvt_tokenizer_encode(sv->m->tok, rq->prompt, rq->prompt_len, rq->prompt_has_bos ? false : sv->m->info.add_bos,
-                              rq->prompt_special, &j->toks, &j->n_toks);
-    if (!rc && counting) {
+    if (kvt_tokenizer_encode(sv->m->tok, rq->prompt, rq->prompt_len, rq->prompt_has_bos ? false : sv->m->info.add_bos,
+                             rq->prompt_special, &j->toks, &j->n_toks))
+        return answer_now(q, j, 400, kvt_error_json(api, 400, kvt_errmsg()), true);
+    if (counting) {
         char body[64];
         snprintf(body, sizeof body, "{\"input_tokens\":%zu}", j->n_toks);
-        j->refs = 1;
-        job_unref(j);
-        return send_text(c, 200, "application/json", body, NULL, NULL);
+        char *copy = kvt_strndup(body, strlen(body));
+        return answer_now(q, j, copy ? 200 : 500, copy, false);
     }
-    if (!rc && j->n_toks > sv->o.n_ctx) {
-        count_request(sv, tnt, ep, 400);
-        char *body = ctx_error(api, j->n_toks, sv->o.n_ctx, false);
-        j->refs = 1;
-        job_unref(j);
-        return send_json(c, 400, body);
-    }
-    if (rc) {
-        count_request(sv, tnt, ep, 400);
-        char *body = kvt_error_json(api, 400, kvt_errmsg());
-        j->refs = 1;
-        job_unref(j);
-        return send_json(c, 400, body);
-    }
+    if (j->n_toks > sv->o.n_ctx) return answer_now(q, j, 400, ctx_error(api, j->n_toks, sv->o.n_ctx, false), true);
     j->api = api;
-    j->tenant = tnt;
+    j->tenant = q->tnt;
     j->stream = j->req.stream;
-    pthread_mutex_lock(&sv->mu);
-    bool full = sv->queued >= sv->o.queue || sv->stopping;
-    if (!full) {
-        if (sv->tail) sv->tail->next = j;
-        else sv->head = j;
-        sv->tail = j;
-        sv->queued++;
-        sv->tn[tnt].queued++;
-        j->t_queued = kvt_now();
-        pthread_cond_broadcast(&sv->cv);
-    }
-    pthread_mutex_unlock(&sv->mu);
-    if (full) {
-        count_request(sv, tnt, ep, sv->stopping ? 503 : 429);
-        j->refs = 1;
-        job_unref(j);
-        if (sv->stopping) return send_json(c, 503, kvt_error_json(api, 503, "the server is shutting down"));
-        char *body = kvt_error_json(api, 429, "the inference queue is full; retry shortly");
-        enum MHD_Result r = send_text(c, 429, "application/json", body, "Retry-After", "2");
-        free(body);
-        return r;
-    }
-    /* the connection's reference, for the ticker: hang-ups, keepalives,
-     * a stream whose client stopped reading */
-    net *nt = q->nt;
-    pthread_mutex_lock(&nt->mu);
-    pthread_mutex_lock(&j->mu);
-    j->c = c;
-    j->t_sent = kvt_now();
-    if (cn->p && !cn->p->j) {
-        cn->p->j = j;
-        j->refs++;
-    }
-    pthread_mutex_unlock(&j->mu);
-    pthread_mutex_unlock(&nt->mu);
+    int refused = enqueue(sv, j);
+    if (refused)
+        return answer_now(q, j, refused,
+                          kvt_error_json(api, refused, refused == 503 ? "the server is shutting down"
+                                                                      : "the inference queue is full; retry shortly"),
+                          true);
+    attach(q, j);
     if (j->stream) { /* headers now; keepalive comments while queued or prefilling */
-        count_request(sv, tnt, ep, 200);
+        count_request(sv, q->tnt, endpoint_index(api), 200);
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        enum MHD_Result r = MHD_queue_response(c, 200, resp);
+        enum MHD_Result r = MHD_queue_response(q->c, 200, resp);
         MHD_destroy_response(resp);
         return r;
     }
-    cn->j = j;
+    q->cn->j = j;
     return reply_job(q);
 }
 

@@ -25,6 +25,8 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
     c->streams = kvt_calloc(n_streams ? n_streams : 1, sizeof *c->streams);
     if (!c->streams) { free(c->state); free(c); return NULL; }
     size_t n_blocks = (max_tokens + KVT_BLOCK - 1) / KVT_BLOCK;
+    c->keys = kvt_calloc(n_blocks ? n_blocks : 1, sizeof *c->keys);
+    if (!c->keys) { free(c->streams); free(c->state); free(c); return NULL; }
     for (size_t s = 0; s < n_streams; s++) {
         kvt_stream *st = &c->streams[s];
         st->row_bytes = spec[s][0];
@@ -76,6 +78,7 @@ void kvt_cache_free(kvt_cache *c)
     free(c->spare.base);
     free(c->streams);
     free(c->state);
+    free(c->keys);
     free(c);
 }
 
@@ -94,6 +97,7 @@ void *kvt_cache_row(kvt_cache *c, size_t s, size_t r)
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
 {
     size_t keep = (n_tokens + KVT_BLOCK - 1) / KVT_BLOCK;
+    if (c->n_keys > n_tokens / KVT_BLOCK) c->n_keys = n_tokens / KVT_BLOCK;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
         for (size_t b = keep; b < st->n_blocks; b++) { block_free(c, st->blocks[b]); st->blocks[b] = NULL; }
@@ -194,7 +198,8 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
 
 size_t kvt_cache_bytes_held(const kvt_cache *c)
 {
-    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare.bytes;
+    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare.bytes +
+                   (c->max_tokens + KVT_BLOCK - 1) / KVT_BLOCK * sizeof *c->keys;
     for (size_t i = 0; i < c->n_arenas; i++) total += c->arenas[i].bytes + sizeof *c->arenas;
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];

@@ -56,6 +56,14 @@ typedef struct kvt_cache {
      * have. Cleared once checked and whenever the session is emptied. */
     bool state_check;
     uint64_t state_digest;
+    /* The chained keys of the first n_keys blocks of the tokens held
+     * (snapshot.c fills them as a save or a lookup of the session needs
+     * them, kvt_snap_keys), so that one save computes them once. Room for
+     * every block of the context; a truncation drops the keys of the
+     * blocks it cuts, so a key is never kept for tokens the session no
+     * longer holds. */
+    uint64_t *keys;          /* (max_tokens / KVT_BLOCK) */
+    size_t n_keys;
 } kvt_cache;
 
 /* spec[i] = {row_bytes, rows_per_block} for each stream, plus state_bytes of

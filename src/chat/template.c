@@ -8,8 +8,8 @@
  * writer of the templates' `tojson` filter, the deepseek and plain
  * renderers, the DSML tool-call parser of generated text, the split of a
  * thinking-mode reply and the helpers the other template files share
- * (template_impl.h). api.c (request parsing, response and SSE bodies) knows
- * none of it; src/app/server.c gets the turn markers it checkpoints at and the
+ * (template_impl.h). api.c (request parsing) and reply.c (response and SSE
+ * bodies) know none of it; src/app/server.c gets the turn markers it checkpoints at and the
  * tokens that end a turn from the table (kvt_template_tokens_get).
  *
  * Why it is shaped so:

@@ -1,6 +1,6 @@
 /* The generation loop (generate.c): sample a reply on a synced session,
  * stream its settled pieces through a callback, and build the response.
- * It knows the API shapes (api.c) but nothing of HTTP or of the server's
+ * It knows the API shapes (api.c, reply.c) but nothing of HTTP or of the server's
  * jobs: what goes to the client goes through kvt_gen_out. */
 #ifndef KVT_GENERATE_H
 #define KVT_GENERATE_H

@@ -346,10 +346,11 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
         if (!src && disk_match && store && t->o.defer_loads) {
             t->pool[t->n - 1].loading = true;
             out->load = disk_match;
+            out->load_id = disk_id;
         } else if (!src && disk_match && store) {
             double t0 = kvt_now();
             size_t got = 0;
-            rc = kvt_store_restore_prefix(store, s, *toks, *n, &got);
+            rc = kvt_store_restore_found(store, s, *toks, *n, disk_match, disk_id, &got);
             const kvt_tier_hooks *h = &t->o.hooks;
             if (h->loaded) h->loaded(h->user, tenant, kvt_now() - t0);
             if (!rc && got) { out->from_disk = out->reused = got; out->tier = "disk"; }

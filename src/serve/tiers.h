@@ -103,6 +103,7 @@ typedef struct kvt_tier_pick {
     bool opening;              /* the prompt is a conversation's first request: save at mark */
     size_t load;               /* with defer_loads: the store holds this prefix of the prompt; the
                                 * caller restores it into s (new, empty), then kvt_tiers_loaded */
+    int64_t load_id;           /* the store's entry that holds it (kvt_store_restore_found) */
 } kvt_tier_pick;
 
 /* A pool for model m (borrowed: it must outlive the pool). Free with

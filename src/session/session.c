@@ -517,6 +517,8 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
     memcpy(dst->tokens, src->tokens, src->n * sizeof(int32_t));
     memcpy(dst->logits, src->logits, (size_t)src->m->info.n_vocab * sizeof(float));
     dst->n = src->n;
+    memcpy(b->keys, a->keys, a->n_keys * sizeof *a->keys); /* the same tokens: the same block keys */
+    b->n_keys = a->n_keys;
     for (size_t i = 0; i < src->n_ckpt; i++) ckpt_push(dst, src->ckpt[i].pos, src->ckpt[i].logits, &src->ckpt[i].state);
     return KVT_OK;
 }

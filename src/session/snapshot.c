@@ -71,8 +71,11 @@ uint64_t kvt_snap_key0(const kvt_model *m)
     return XXH3_64bits(seed, sizeof seed);
 }
 
+_Atomic uint64_t kvt_snap_key_steps;
+
 uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids)
 {
+    atomic_fetch_add_explicit(&kvt_snap_key_steps, 1, memory_order_relaxed);
     uint8_t buf[8 + 4 * KVT_BLOCK];
     put_u64_at(buf, prev);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -133,12 +136,24 @@ bool kvt_snap_can_save(const kvt_session *s, size_t n)
 
 /* ---- encoding ---- */
 
+const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb)
+{
+    kvt_cache *c = s->cache;
+    if (nb * KVT_BLOCK > s->n) return NULL;
+    uint64_t key = c->n_keys ? c->keys[c->n_keys - 1] : kvt_snap_key0(s->m);
+    for (size_t b = c->n_keys; b < nb; b++) c->keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
+    if (nb > c->n_keys) c->n_keys = nb;
+    return c->keys;
+}
+
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key)
 {
     const kvt_cache *c = s->cache;
     if ((size_t)(b + 1) * KVT_BLOCK > s->n) return kvt_fail(KVT_EINVAL, "block %u is not complete", b);
     const int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
-    *key = kvt_snap_key_next(prev, ids);
+    /* the session's key when it has it and prev is the key it follows */
+    *key = b < c->n_keys && prev == (b ? c->keys[b - 1] : kvt_snap_key0(s->m)) ? c->keys[b]
+                                                                               : kvt_snap_key_next(prev, ids);
     kvt_wbuf text = {0};
     put_pieces(s->m, ids, KVT_BLOCK, &text);
     if (text.oom) { kvt_wbuf_free(&text); return kvt_fail(KVT_ENOMEM, "block text"); }
@@ -197,14 +212,12 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     const kvt_cache *c = s->cache;
     if (n > s->n) return kvt_fail(KVT_EINVAL, "cannot save %zu tokens of %zu", n, s->n);
     size_t nb = n / KVT_BLOCK, tail = n - nb * KVT_BLOCK;
-    uint64_t *keys = kvt_malloc((nb ? nb : 1) * sizeof *keys);
-    if (!keys) return KVT_ENOMEM;
+    const uint64_t *keys = kvt_snap_keys(s, nb); /* not NULL: n <= s->n */
     kvt_wbuf state = {0};
     const float *logits = NULL;
     int rc = n ? state_at(s, n, &state, &logits) : KVT_OK;
     if (rc) goto done;
-    uint64_t key = kvt_snap_key0(m);
-    for (size_t b = 0; b < nb; b++) keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
+    uint64_t key = nb ? keys[nb - 1] : kvt_snap_key0(m);
     /* the recurrent layers' state, the state's last bytes, goes to a
      * section of its own (version 5) */
     size_t R = recurrent_bytes(m);
@@ -252,8 +265,10 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     rc = rec->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 done:
     kvt_wbuf_free(&state);
-    if (rc || !keys_out) free(keys);
-    else *keys_out = keys;
+    if (!rc && keys_out) {
+        if (!(*keys_out = kvt_malloc((nb ? nb : 1) * sizeof **keys_out))) return KVT_ENOMEM;
+        memcpy(*keys_out, keys, nb * sizeof *keys);
+    }
     return rc;
 }
 
@@ -747,6 +762,9 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
         }
     }
     s->n = in.n;
+    /* the keys the blocks were checked against are the session's now */
+    for (uint32_t b = 0; b < in.nb; b++) s->cache->keys[b] = kvt_rd64(in.sec[SEC_KEYS] + 8 * (size_t)b);
+    s->cache->n_keys = in.nb;
     *rebuild = replay;
     s->cache->state_check = replay && in.version == KVT_SNAP_VERSION_REPLAY;
     if (s->cache->state_check) s->cache->state_digest = kvt_rd64(in.sec[SEC_STATE]);
@@ -774,16 +792,16 @@ int kvt_snap_load_read_start(kvt_session *s, const uint8_t *rec, size_t len, kvt
 
 int kvt_session_snapshot(const kvt_session *cs, uint8_t **out, size_t *len)
 {
-    kvt_session *s = (kvt_session *)cs; /* encoding reads only; state_at may measure */
+    /* encoding changes nothing the session holds: state_at may measure,
+     * and the block keys are kept (kvt_snap_keys) */
+    kvt_session *s = (kvt_session *)cs;
     kvt_wbuf b = {0};
-    uint64_t *keys = NULL;
-    int rc = kvt_snap_encode(s, s->n, KVT_SNAP_INLINE, &b, &keys);
+    int rc = kvt_snap_encode(s, s->n, KVT_SNAP_INLINE, &b, NULL);
     uint64_t prev = kvt_snap_key0(s->m), key;
     for (size_t i = 0; !rc && i < s->n / KVT_BLOCK; i++) {
         rc = kvt_snap_block(s, (uint32_t)i, prev, &b, &key);
         prev = key;
     }
-    free(keys);
     if (rc) { kvt_wbuf_free(&b); return rc; }
     *out = b.p ? b.p : malloc(1);
     *len = b.len;

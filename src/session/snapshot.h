@@ -6,6 +6,7 @@
 #include "base/buf.h"
 #include "kvtier.h"
 
+#include <stdatomic.h>
 #include <sys/uio.h>
 
 #define KVT_SNAP_VERSION 2
@@ -20,7 +21,15 @@
  * one step per 128 token ids. tail_hash covers ids after the last block. */
 uint64_t kvt_snap_key0(const kvt_model *m);
 uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids);
+/* Tests: the blocks kvt_snap_key_next has hashed (what a save, a lookup
+ * or a load costs in key steps). */
+extern _Atomic uint64_t kvt_snap_key_steps;
 uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n);
+
+/* The chained keys of s's first nb blocks (nb * 128 <= its length; NULL
+ * otherwise): kept on the session's cache (kvt_cache.keys), computed once
+ * for the tokens it holds; valid until the session next changes. */
+const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb);
 
 /* True when the state at n tokens can be saved: n is the session's length
  * or one of its checkpoints. */

@@ -20,6 +20,14 @@ int kvt_store_save_new(kvt_store *st, kvt_session *s, size_t n, const char *reas
 int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, int wait_ms,
                          size_t *match, int64_t *id);
 
+/* kvt_store_restore_prefix of the entry a lookup of the same tokens found
+ * (kvt_store_lookup's *match and *id; id -1 or match 0: none): it is
+ * loaded without looking the tokens up again; when it cannot serve
+ * (removed since, damaged), the store is looked up again as
+ * kvt_store_restore_prefix does. */
+int kvt_store_restore_found(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t match, int64_t id,
+                            size_t *reused);
+
 /* How long the store's operations wait for another process's lock before
  * they fail (SQLite's busy timeout; 30,000 ms unless set). */
 void kvt_store_set_busy(kvt_store *st, int ms);

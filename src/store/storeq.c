@@ -52,6 +52,8 @@ struct kvt_storeq_job {
     const char *reason;      /* SAVE: static */
     size_t n, from_disk, fork_at;
     const int32_t *toks;     /* LOAD: (n), borrowed */
+    size_t match;            /* LOAD: what the lookup found (match tokens of entry id; */
+    int64_t id;              /* id -1: look up) */
     size_t bytes;            /* SAVE*: counted in held[tenant] */
     double next_try, pause;  /* a save that met a lock: when to try again */
     bool done;               /* LOAD: over (under q->mu), got tokens restored */
@@ -118,7 +120,7 @@ static void run_load(kvt_storeq *q, job *j)
 {
     double t0 = kvt_now();
     size_t got = 0;
-    if (kvt_store_restore_prefix(j->st, j->s, j->toks, j->n, &got)) got = 0;
+    if (kvt_store_restore_found(j->st, j->s, j->toks, j->n, j->match, j->id, &got)) got = 0;
     int tenant = j->tenant;
     if (q->h.loaded) q->h.loaded(q->h.user, tenant, kvt_now() - t0);
     pthread_mutex_lock(&q->mu);
@@ -291,13 +293,15 @@ int kvt_storeq_save_policy(kvt_storeq *q, kvt_store *st, int tenant, kvt_session
 }
 
 int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, const int32_t *toks, size_t n,
-                    kvt_storeq_ticket **out)
+                    size_t match, int64_t id, kvt_storeq_ticket **out)
 {
     *out = NULL;
     job *j = job_new(q, LOAD, st, tenant, s);
     if (!j) return KVT_ENOMEM;
     j->toks = toks;
     j->n = n;
+    j->match = match;
+    j->id = id;
     int rc = push(q, j);
     if (!rc) *out = j;
     return rc;

@@ -45,12 +45,13 @@ int kvt_storeq_save(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, co
 int kvt_storeq_save_policy(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, size_t n, size_t from_disk,
                            size_t fork_at);
 
-/* Restore into s the longest prefix of toks[0..n) that st holds
- * (kvt_store_restore_prefix). s and toks are borrowed: the caller neither
- * touches nor frees them until kvt_storeq_load_done says the load is over.
- * KVT_ENOMEM: not queued. */
+/* Restore into s the longest prefix of toks[0..n) that st holds: entry
+ * id, which a lookup of toks found to hold match tokens, or another when
+ * it cannot serve (kvt_store_restore_found; id -1: look toks up). s and
+ * toks are borrowed: the caller neither touches nor frees them until
+ * kvt_storeq_load_done says the load is over. KVT_ENOMEM: not queued. */
 int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, const int32_t *toks, size_t n,
-                    kvt_storeq_ticket **out);
+                    size_t match, int64_t id, kvt_storeq_ticket **out);
 /* Whether the load is over: then *got holds the tokens restored (0: none)
  * and ld is freed. */
 bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got);
