@@ -25,6 +25,7 @@
  * restores a ring with one value off: each check must then fail. */
 #include "test.h"
 #include "arch/model.h"
+#include "arch/llama.h"
 #include "session/snapshot.h"
 #include "synth_family.h"
 

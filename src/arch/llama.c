@@ -85,7 +85,8 @@
  */
 #include "arch/deltanet.h"
 #include "kernels/kernels.h"
-#include "arch/model.h"
+#include "arch/llama.h"
+#include "arch/tensor.h"
 #include "arch/moe.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
@@ -373,7 +374,7 @@ static const family *family_of(const kvt_gguf *g)
     return NULL;
 }
 
-bool kvt_llama_handles(const kvt_gguf *g) { return family_of(g) != NULL; }
+static bool llama_handles(const kvt_gguf *g) { return family_of(g) != NULL; }
 
 /* gemma3's and gemma4's window layers, their RoPE base and the final
  * soft-capping; gemma4's window head length (*hd_swa), its shared layers
@@ -473,30 +474,30 @@ static int gemma4_layer(const kvt_gguf *g, llama_weights *w, uint32_t l)
         if (kvt_gguf_find_tensor(g, NAME(scaled[i])))
             return kvt_fail(KVT_EUNSUPPORTED, "%s: tensor %s is not supported", w->fam->name, nm);
     if (kvt_gguf_find_tensor(g, NAME("layer_output_scale.weight"))) {
-        if ((rc = kvt_model_tensor_f32(g, nm, 1, 1, &ly->out_scale))) return rc;
+        if ((rc = kvt_tensor_f32(g, nm, 1, 1, &ly->out_scale))) return rc;
         if (!isfinite(*ly->out_scale)) return kvt_fail(KVT_EFORMAT, "%s: %s is not finite", w->fam->name, nm);
     }
     if (kvt_gguf_find_tensor(g, NAME("ffn_gate_inp.weight"))) {
         if (!w->E) return kvt_fail(KVT_EFORMAT, "%s: %s without %s", w->fam->name, nm, fkey(w, "expert_count"));
-        if ((rc = kvt_model_tensor_f32(g, nm, D, w->E, &ly->gate_inp)) ||
-            (rc = kvt_model_tensor_f32(g, NAME("ffn_gate_inp.scale"), D, 1, &ly->gate_inp_s)) ||
-            (rc = kvt_model_tensor_f32(g, NAME("pre_ffw_norm_2.weight"), D, 1, &ly->pre_ffn2)) ||
-            (rc = kvt_model_tensor_f32(g, NAME("post_ffw_norm_1.weight"), D, 1, &ly->post_ffn1)) ||
-            (rc = kvt_model_tensor_f32(g, NAME("post_ffw_norm_2.weight"), D, 1, &ly->post_ffn2)))
+        if ((rc = kvt_tensor_f32(g, nm, D, w->E, &ly->gate_inp)) ||
+            (rc = kvt_tensor_f32(g, NAME("ffn_gate_inp.scale"), D, 1, &ly->gate_inp_s)) ||
+            (rc = kvt_tensor_f32(g, NAME("pre_ffw_norm_2.weight"), D, 1, &ly->pre_ffn2)) ||
+            (rc = kvt_tensor_f32(g, NAME("post_ffw_norm_1.weight"), D, 1, &ly->post_ffn1)) ||
+            (rc = kvt_tensor_f32(g, NAME("post_ffw_norm_2.weight"), D, 1, &ly->post_ffn2)))
             return rc;
         if ((ly->gate_up = kvt_gguf_find_tensor(g, NAME("ffn_gate_up_exps.weight")) != NULL))
-            rc = kvt_model_tensor_mat3(g, nm, D, 2 * (uint64_t)w->Fe, w->E, &ly->gate_x);
-        else if (!(rc = kvt_model_tensor_mat3(g, NAME("ffn_gate_exps.weight"), D, w->Fe, w->E, &ly->gate_x)))
-            rc = kvt_model_tensor_mat3(g, NAME("ffn_up_exps.weight"), D, w->Fe, w->E, &ly->up_x);
-        if (rc || (rc = kvt_model_tensor_mat3(g, NAME("ffn_down_exps.weight"), w->Fe, D, w->E, &ly->down_x)))
+            rc = kvt_tensor_mat3(g, nm, D, 2 * (uint64_t)w->Fe, w->E, &ly->gate_x);
+        else if (!(rc = kvt_tensor_mat3(g, NAME("ffn_gate_exps.weight"), D, w->Fe, w->E, &ly->gate_x)))
+            rc = kvt_tensor_mat3(g, NAME("ffn_up_exps.weight"), D, w->Fe, w->E, &ly->up_x);
+        if (rc || (rc = kvt_tensor_mat3(g, NAME("ffn_down_exps.weight"), w->Fe, D, w->E, &ly->down_x)))
             return rc;
         if (kvt_gguf_find_tensor(g, NAME("ffn_down_exps.scale")) &&
-            (rc = kvt_model_tensor_f32(g, nm, w->E, 1, &ly->down_s)))
+            (rc = kvt_tensor_f32(g, nm, w->E, 1, &ly->down_s)))
             return rc;
     }
-    if (w->n_pl && ((rc = kvt_model_tensor_mat(g, NAME("inp_gate.weight"), D, w->n_pl, &ly->inp_gate)) ||
-                    (rc = kvt_model_tensor_mat(g, NAME("proj.weight"), w->n_pl, D, &ly->proj)) ||
-                    (rc = kvt_model_tensor_f32(g, NAME("post_norm.weight"), D, 1, &ly->ple_post))))
+    if (w->n_pl && ((rc = kvt_tensor_mat(g, NAME("inp_gate.weight"), D, w->n_pl, &ly->inp_gate)) ||
+                    (rc = kvt_tensor_mat(g, NAME("proj.weight"), w->n_pl, D, &ly->proj)) ||
+                    (rc = kvt_tensor_f32(g, NAME("post_norm.weight"), D, 1, &ly->ple_post))))
         return rc;
 #undef NAME
     return KVT_OK;
@@ -584,15 +585,15 @@ static int gdn_layer(const kvt_gguf *g, const llama_weights *w, uint32_t l, kvt_
     char nm[96];
     int rc;
 #define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix), nm)
-    if ((rc = kvt_model_tensor_mat(g, NM("attn_qkv.weight"), D, C, &d->qkv)) ||
-        (rc = kvt_model_tensor_mat(g, NM("attn_gate.weight"), D, VD, &d->gate)) ||
-        (rc = kvt_model_tensor_mat(g, NM("ssm_beta.weight"), D, gd->Hv, &d->beta)) ||
-        (rc = kvt_model_tensor_mat(g, NM("ssm_alpha.weight"), D, gd->Hv, &d->alpha)) ||
-        (rc = kvt_model_tensor_mat(g, NM("ssm_out.weight"), VD, D, &d->out)) ||
-        (rc = kvt_model_tensor_f32(g, NM("ssm_conv1d.weight"), gd->conv, C, &d->conv_w)) ||
-        (rc = kvt_model_tensor_f32(g, NM("ssm_dt.bias"), gd->Hv, 1, &d->dt)) ||
-        (rc = kvt_model_tensor_f32(g, NM("ssm_a"), gd->Hv, 1, &d->a)) ||
-        (rc = kvt_model_tensor_f32(g, NM("ssm_norm.weight"), gd->S, 1, &d->norm)))
+    if ((rc = kvt_tensor_mat(g, NM("attn_qkv.weight"), D, C, &d->qkv)) ||
+        (rc = kvt_tensor_mat(g, NM("attn_gate.weight"), D, VD, &d->gate)) ||
+        (rc = kvt_tensor_mat(g, NM("ssm_beta.weight"), D, gd->Hv, &d->beta)) ||
+        (rc = kvt_tensor_mat(g, NM("ssm_alpha.weight"), D, gd->Hv, &d->alpha)) ||
+        (rc = kvt_tensor_mat(g, NM("ssm_out.weight"), VD, D, &d->out)) ||
+        (rc = kvt_tensor_f32(g, NM("ssm_conv1d.weight"), gd->conv, C, &d->conv_w)) ||
+        (rc = kvt_tensor_f32(g, NM("ssm_dt.bias"), gd->Hv, 1, &d->dt)) ||
+        (rc = kvt_tensor_f32(g, NM("ssm_a"), gd->Hv, 1, &d->a)) ||
+        (rc = kvt_tensor_f32(g, NM("ssm_norm.weight"), gd->S, 1, &d->norm)))
         return rc;
 #undef NM
     for (uint32_t h = 0; h < gd->Hv; h++)
@@ -646,7 +647,7 @@ static float *rec_state(const kvt_session *s, const llama_weights *w, size_t l)
     return (float *)(s->cache->state + w->rec_at + (size_t)w->rec_ix[l] * kvt_gdn_state_bytes(&w->gdn));
 }
 
-int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
+static int llama_load(kvt_model *m, const kvt_gguf *g)
 {
     llama_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
@@ -761,14 +762,14 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         goto fail;
     }
     w->V = (uint32_t)te->ne[1];
-    if ((rc = kvt_model_tensor_mat(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
-        (rc = kvt_model_tensor_f32(g, "output_norm.weight", w->D, 1, &w->out_norm)))
+    if ((rc = kvt_tensor_mat(g, "token_embd.weight", w->D, w->V, &w->tok_embd)) ||
+        (rc = kvt_tensor_f32(g, "output_norm.weight", w->D, 1, &w->out_norm)))
         goto fail;
     if (w->n_pl) {
         uint64_t NP = (uint64_t)w->n_pl * w->L;
-        if ((rc = kvt_model_tensor_mat(g, "per_layer_token_embd.weight", NP, w->V, &w->ple_embd)) ||
-            (rc = kvt_model_tensor_mat(g, "per_layer_model_proj.weight", w->D, NP, &w->ple_proj)) ||
-            (rc = kvt_model_tensor_f32(g, "per_layer_proj_norm.weight", w->n_pl, 1, &w->ple_norm)))
+        if ((rc = kvt_tensor_mat(g, "per_layer_token_embd.weight", NP, w->V, &w->ple_embd)) ||
+            (rc = kvt_tensor_mat(g, "per_layer_model_proj.weight", w->D, NP, &w->ple_proj)) ||
+            (rc = kvt_tensor_f32(g, "per_layer_proj_norm.weight", w->n_pl, 1, &w->ple_norm)))
             goto fail;
     }
     /* rope_freqs: llama 3's, of its n_rot / 2 pairs; gemma4's, of its
@@ -782,7 +783,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
     }
     if (kvt_gguf_find_tensor(g, "rope_freqs.weight")) {
         w->n_ff = g4 ? w->hd / 2 : w->n_rot / 2;
-        if ((rc = kvt_model_tensor_f32(g, "rope_freqs.weight", w->n_ff, 1, &w->rope_ff))) goto fail;
+        if ((rc = kvt_tensor_f32(g, "rope_freqs.weight", w->n_ff, 1, &w->rope_ff))) goto fail;
         for (uint32_t i = 0; i < w->n_ff; i++)
             if (!(w->rope_ff[i] > 0) || !isfinite(w->rope_ff[i])) {
                 rc = kvt_fail(KVT_EFORMAT, "%s: rope_freqs.weight[%u] = %g is not a positive factor", w->fam->name, i,
@@ -791,7 +792,7 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
             }
     }
     if (kvt_gguf_find_tensor(g, "output.weight")) {
-        if ((rc = kvt_model_tensor_mat(g, "output.weight", w->D, w->V, &w->out))) goto fail;
+        if ((rc = kvt_tensor_mat(g, "output.weight", w->D, w->V, &w->out))) goto fail;
     } else {
         w->out = w->tok_embd;
     }
@@ -801,10 +802,10 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         char nm[96];
 #define V(field, suffix, a)                                                      \
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
-        if ((rc = kvt_model_tensor_f32(g, nm, a, 1, &ly->field))) goto fail;
+        if ((rc = kvt_tensor_f32(g, nm, a, 1, &ly->field))) goto fail;
 #define M(field, suffix, a, b)                                                   \
         snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                         \
-        if ((rc = kvt_model_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
+        if ((rc = kvt_tensor_mat(g, nm, a, b, &ly->field))) goto fail;
         V(attn_norm, "attn_norm.weight", w->D)
         if (ly->recr) {
             if ((rc = gdn_layer(g, w, l, &ly->gdn))) goto fail;
@@ -837,12 +838,12 @@ int kvt_llama_load(kvt_model *m, const kvt_gguf *g)
         }
         if (w->fam->moe) {
             snprintf(nm, sizeof nm, "blk.%u.ffn_gate_inp.weight", l);
-            if ((rc = kvt_model_tensor_f32(g, nm, w->D, w->E, &ly->gate_inp))) goto fail;
+            if ((rc = kvt_tensor_f32(g, nm, w->D, w->E, &ly->gate_inp))) goto fail;
             const char *const xn[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
             kvt_wmat *xm[3] = {&ly->gate_x, &ly->up_x, &ly->down_x};
             for (int i = 0; i < 3; i++) {
                 snprintf(nm, sizeof nm, "blk.%u.%s.weight", l, xn[i]);
-                if ((rc = kvt_model_tensor_mat3(g, nm, i < 2 ? w->D : w->Fe, i < 2 ? w->Fe : w->D, w->E, xm[i])))
+                if ((rc = kvt_tensor_mat3(g, nm, i < 2 ? w->D : w->Fe, i < 2 ? w->Fe : w->D, w->E, xm[i])))
                     goto fail;
             }
             if (w->Fs) {
@@ -1676,8 +1677,8 @@ static void gemma4_hash(XXH3_state_t *st, const llama_weights *w)
     uint32_t h[] = {w->n_kv, w->n_pl, w->E, w->Eu, w->Fe, w->n_ff};
     XXH3_64bits_update(st, h, sizeof h);
     if (w->n_pl) {
-        kvt_model_hash_mat(st, &w->ple_embd);
-        kvt_model_hash_mat(st, &w->ple_proj);
+        kvt_tensor_hash(st, &w->ple_embd);
+        kvt_tensor_hash(st, &w->ple_proj);
         hash_vec(st, w->ple_norm, w->n_pl);
     }
     for (uint32_t l = 0; l < w->L; l++) {
@@ -1693,8 +1694,8 @@ static void gemma4_hash(XXH3_state_t *st, const llama_weights *w)
         hash_vec(st, ly->post_ffn1, w->D);
         hash_vec(st, ly->post_ffn2, w->D);
         if (w->n_pl) {
-            kvt_model_hash_mat(st, &ly->inp_gate);
-            kvt_model_hash_mat(st, &ly->proj);
+            kvt_tensor_hash(st, &ly->inp_gate);
+            kvt_tensor_hash(st, &ly->proj);
             hash_vec(st, ly->ple_post, w->D);
         }
     }
@@ -1713,7 +1714,7 @@ static void hybrid_hash(XXH3_state_t *st, const llama_weights *w)
         XXH3_64bits_update(st, &ly->recr, sizeof ly->recr);
         if (ly->recr) {
             const kvt_wmat *m[5] = {&ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out};
-            for (int i = 0; i < 5; i++) kvt_model_hash_mat(st, m[i]);
+            for (int i = 0; i < 5; i++) kvt_tensor_hash(st, m[i]);
             hash_vec(st, ly->gdn.conv_w, C * gd->conv);
             hash_vec(st, ly->gdn.dt, gd->Hv);
             hash_vec(st, ly->gdn.a, gd->Hv);
@@ -1721,7 +1722,7 @@ static void hybrid_hash(XXH3_state_t *st, const llama_weights *w)
         }
         if (w->Fs) {
             const kvt_wmat *m[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
-            for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, m[i]);
+            for (int i = 0; i < 3; i++) kvt_tensor_hash(st, m[i]);
             hash_vec(st, ly->sh_inp, w->D);
         }
     }
@@ -1753,14 +1754,14 @@ static uint64_t llama_fingerprint(const void *p)
     XXH3_64bits_update(st, &w->eps, 4);
     XXH3_64bits_update(st, &w->rope_base, 4);
     size_t D = w->D;
-    kvt_model_hash_mat(st, &w->tok_embd);
+    kvt_tensor_hash(st, &w->tok_embd);
     XXH3_64bits_update(st, w->out_norm, D * 4);
-    if (w->out.data != w->tok_embd.data) kvt_model_hash_mat(st, &w->out);
+    if (w->out.data != w->tok_embd.data) kvt_tensor_hash(st, &w->out);
     for (uint32_t l = 0; l < w->L; l++) {
         const llama_layer *ly = &w->layers[l];
         XXH3_64bits_update(st, ly->attn_norm, D * 4);
         const kvt_wmat *a[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
-        for (int i = 0; i < 4; i++) kvt_model_hash_mat(st, a[i]);
+        for (int i = 0; i < 4; i++) kvt_tensor_hash(st, a[i]);
         if (ly->bq) {
             hash_vec(st, ly->bq, ly->QD);
             hash_vec(st, ly->bk, ly->KV);
@@ -1774,13 +1775,13 @@ static uint64_t llama_fingerprint(const void *p)
         }
         XXH3_64bits_update(st, ly->ffn_norm, D * 4);
         const kvt_wmat *f[3] = {&ly->w1, &ly->w3, &ly->w2};
-        for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, f[i]);
+        for (int i = 0; i < 3; i++) kvt_tensor_hash(st, f[i]);
         if (ly->gate_inp) {
             uint32_t e[3] = {w->E, w->Eu, w->Fe};
             XXH3_64bits_update(st, e, sizeof e);
             XXH3_64bits_update(st, ly->gate_inp, (size_t)w->E * D * 4);
             const kvt_wmat *x[3] = {&ly->gate_x, &ly->up_x, &ly->down_x};
-            for (int i = 0; i < 3; i++) kvt_model_hash_mat(st, x[i]);
+            for (int i = 0; i < 3; i++) kvt_tensor_hash(st, x[i]);
         }
     }
     uint64_t h = XXH3_64bits_digest(st);
@@ -1850,6 +1851,7 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 }
 
 #define LLAMA_OPS                                                                 \
+    .handles = llama_handles, .load = llama_load,                                 \
     .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
     .fingerprint = llama_fingerprint, \
     .weights_pack = llama_pack, .weights_free = llama_free, .plan = llama_plan,   \
