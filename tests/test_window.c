@@ -130,8 +130,9 @@ TEST(window_snapshot_restore)
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 2 heads * 64) f32; 2 global layers' full rows */
-    CHECKF(p.window == 2 * 2 * W * 128 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
-           (unsigned long long)p.window, (unsigned long long)p.full);
+    uint64_t win = kvt_plan_bytes(&p, "window"), full = kvt_plan_bytes(&p, "full rows");
+    CHECKF(win == 2 * 2 * W * 128 * 4 && full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)win, (unsigned long long)full);
     restore_all(m);
     gemma_close(m, dir, path);
 }
@@ -147,8 +148,9 @@ TEST(window_snapshot_restore_gemma4)
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 4 heads * 64) f32; 2 global layers' full rows of 1 head * 128 */
-    CHECKF(p.window == 2 * 2 * W * 256 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
-           (unsigned long long)p.window, (unsigned long long)p.full);
+    uint64_t win = kvt_plan_bytes(&p, "window"), full = kvt_plan_bytes(&p, "full rows");
+    CHECKF(win == 2 * 2 * W * 256 * 4 && full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)win, (unsigned long long)full);
     restore_all(m);
     gemma_close(m, dir, path);
 }
@@ -284,9 +286,10 @@ TEST(recurrent_snapshot_restore)
         kvt_plan p;
         CHECK_OK(kvt_model_plan(m, 4096, &p));
         /* 6 DeltaNet layers of (3, 512) + (4, 64, 64) f32; 2 attention layers' full rows of 2 heads * 64 */
-        CHECKF(p.recurrent == 6ull * (3 * 512 + 4 * 64 * 64) * 4 && p.full == 4096ull * 2 * 2 * 128 * 4 &&
-               p.window == 0, "plan: recurrent %llu, full %llu", (unsigned long long)p.recurrent,
-               (unsigned long long)p.full);
+        uint64_t rec = kvt_plan_bytes(&p, "recurrent"), full = kvt_plan_bytes(&p, "full rows");
+        CHECKF(rec == 6ull * (3 * 512 + 4 * 64 * 64) * 4 && full == 4096ull * 2 * 2 * 128 * 4 &&
+               kvt_plan_bytes(&p, "window") == 0, "plan: recurrent %llu, full %llu", (unsigned long long)rec,
+               (unsigned long long)full);
         restore_all(m);
         gemma_close(m, dir, path);
     }
@@ -331,7 +334,7 @@ TEST(recurrent_snapshot_golden_v5)
     CHECK_OK(kvt_snap_parse_raw(snap, len, &in));
     printf("    version %u, %zu bytes; recurrent section %zu, state section %zu\n", in.version, len, in.sec_len[7],
            in.sec_len[4]);
-    CHECK(in.version == KVT_SNAP_VERSION_RECURRENT && in.sec_len[7] == p.recurrent && in.sec_len[4] == 0);
+    CHECK(in.version == KVT_SNAP_VERSION_RECURRENT && in.sec_len[7] == kvt_plan_bytes(&p, "recurrent") && in.sec_len[4] == 0);
     const char *w = getenv("KVT_WRITE_GOLDEN");
     if (w && !strcmp(w, "1")) {
         FILE *f = fopen(gpath, "wb");

@@ -1633,24 +1633,26 @@ static int ds4_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 {
     memset(out, 0, sizeof *out);
+    /* every part, even at 0 bytes: four names, in room for KVT_PLAN_MAX_PARTS */
+    kvt_plan_add(out, "window", 0, true);
+    kvt_plan_add(out, "compressed", 0, false);
+    kvt_plan_add(out, "indexer", 0, false);
+    kvt_plan_add(out, "frontier", 0, true);
     for (uint32_t l = 0; l < c->L; l++) {
         uint32_t r = c->ratio[l];
-        out->window += (uint64_t)c->W * c->Dh * 2;
+        kvt_plan_add(out, "window", (uint64_t)c->W * c->Dh * 2, true);
         if (r) {
-            out->compressed += ctx / r * c->Dh * 2;
+            kvt_plan_add(out, "compressed", ctx / r * c->Dh * 2, false);
             out->per_token_x1000 += 1000ull * c->Dh * 2 / r;
-            out->frontier += r == 4 ? 8ull * 4 * c->Dh * 4 : 128ull * 2 * c->Dh * 4;
+            kvt_plan_add(out, "frontier", r == 4 ? 8ull * 4 * c->Dh * 4 : 128ull * 2 * c->Dh * 4, true);
         }
         if (r == 4) {
-            out->indexer += ctx / 4 * c->Di * 2;
+            kvt_plan_add(out, "indexer", ctx / 4 * c->Di * 2, false);
             out->per_token_x1000 += 1000ull * c->Di * 2 / 4;
-            out->frontier += 8ull * 4 * c->Di * 4;
+            kvt_plan_add(out, "frontier", 8ull * 4 * c->Di * 4, true);
         }
     }
-    out->fixed = out->window + out->frontier;
-    out->total = out->fixed + out->compressed + out->indexer;
 }
-
 
 /* ---- ds4 files (general.architecture deepseek4), header only ---- */
 

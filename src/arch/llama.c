@@ -1834,18 +1834,16 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 }
 
 /* The cache at ctx tokens: full f32 K and V rows for the global layers, the
- * window layers' rings (fixed). */
+ * window layers' rings and the DeltaNet layers' state (both fixed). */
 static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     const llama_weights *w = m->weights;
     memset(out, 0, sizeof *out);
     uint64_t row = 0;
     for (size_t i = 0; i < w->n_global; i++) row += 2ull * w->stream_kv[i] * sizeof(float);
-    out->full = ctx * row;
-    out->window = w->ring_at[w->n_ring];
-    out->recurrent = state_bytes(w) - w->rec_at;
-    out->fixed = out->window + out->recurrent;
-    out->total = out->full + out->fixed;
+    kvt_plan_add(out, "window", w->ring_at[w->n_ring], true);
+    kvt_plan_add(out, "full rows", ctx * row, false);
+    if (w->n_rec) kvt_plan_add(out, "recurrent", state_bytes(w) - w->rec_at, true);
     out->per_token_x1000 = 1000ull * row;
     return KVT_OK;
 }
