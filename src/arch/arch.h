@@ -1,7 +1,7 @@
 /* The architecture table's row type and the objects an architecture works
- * on: the model, the session and its checkpoints. An architecture file
- * (llama.c, ds4.c) includes this and the tensor fetchers (tensor.h), never
- * model.h, so that the model layer, which reaches every architecture
+ * on: the model, the session and its checkpoints. An architecture's files
+ * (ds4.c; llama.c and llama_weights.c) include this and the tensor
+ * fetchers (tensor.h), never model.h, so that the model layer, which reaches every architecture
  * through its row (arches.c), is not reached back. Not part of the public
  * API. */
 #ifndef KVT_ARCH_H
