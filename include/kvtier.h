@@ -102,17 +102,31 @@ int kvt_model_save(const kvt_model *m, const char *path);
 uint64_t kvt_model_fingerprint(const kvt_model *m);
 uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m);
 
-/* KV cache bytes for a context of ctx tokens. */
+/* KV cache bytes for a context of ctx tokens, as the parts the
+ * architecture's cache has: each a kind of entry, named, with its bytes.
+ * The names kvtier's architectures use: "window" (sliding-window rings),
+ * "compressed" (completed compressed rows), "indexer" (completed indexer
+ * rows), "frontier" (pooling state of incomplete blocks), "full rows" (full
+ * K and V rows), "recurrent" (recurrent layers' convolution and delta-rule
+ * state). A new kind of entry is a new name, not a new field. */
+#define KVT_PLAN_MAX_PARTS 8
+typedef struct kvt_plan_part {
+    const char *name;     /* static */
+    uint64_t bytes;
+    bool fixed;           /* the same at every context length */
+} kvt_plan_part;
 typedef struct kvt_plan {
-    uint64_t window;      /* sliding-window rings (fixed) */
-    uint64_t compressed;  /* completed compressed rows */
-    uint64_t indexer;     /* completed indexer rows */
-    uint64_t frontier;    /* pooling state of incomplete blocks (fixed) */
-    uint64_t full;        /* full K and V rows (llama) */
-    uint64_t recurrent;   /* recurrent layers' state: convolution and delta rule (fixed) */
-    uint64_t fixed, total;
+    size_t n_parts;
+    kvt_plan_part part[KVT_PLAN_MAX_PARTS]; /* in the architecture's order, each name once */
+    uint64_t fixed, total;    /* the fixed parts' sum, every part's */
     uint64_t per_token_x1000; /* bytes per token x 1000 (may be fractional) */
 } kvt_plan;
+/* The bytes of p's part of this name (0: p has none). */
+uint64_t kvt_plan_bytes(const kvt_plan *p, const char *name);
+/* Add bytes to p's part of this name (static; a new part at the end when
+ * p has none yet), and to p->total and, for a fixed part, p->fixed.
+ * KVT_EINVAL when p already has KVT_PLAN_MAX_PARTS others. */
+int kvt_plan_add(kvt_plan *p, const char *name, uint64_t bytes, bool fixed);
 int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out);
 /* The same for a preset shape, without building its weights ("ds4-tiny",
  * "ds4-mini", "ds4-flash"). */

@@ -4,6 +4,7 @@
 #include "fam_state.h"
 #include "test.h"
 #include "arch/model.h"
+#include "arch/llama.h"
 #include "session/snapshot.h"
 
 #include <errno.h>

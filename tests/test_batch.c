@@ -36,6 +36,7 @@
  */
 #include "test.h"
 #include "arch/model.h"
+#include "arch/llama.h"
 #include "synth_family.h"
 
 #include <errno.h>

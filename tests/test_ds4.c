@@ -7,6 +7,7 @@
 #include "session/testing.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"
+#include "arch/ds4.h"
 #include "ref.h"
 #include "session/snapshot.h"
 #include "base/util.h"

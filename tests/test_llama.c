@@ -7,6 +7,7 @@
 #include "format/gguf.h"
 #include "kernels/kernels.h"
 #include "arch/model.h"
+#include "arch/llama.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
 #include "ref.h"

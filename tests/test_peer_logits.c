@@ -81,6 +81,9 @@
 #include "synth_family.h"
 #include "format/gguf.h"
 #include "arch/model.h"
+#include "arch/moe.h"
+#include "arch/ds4.h"
+#include "arch/llama.h"
 #include "kernels/qkernels.h"
 #include "test.h"
 

@@ -7,6 +7,7 @@
 #include "store/testing.h"
 #include "cache/cache.h"
 #include "arch/model.h"
+#include "arch/ds4.h"
 #include "session/snapshot.h"
 #include "store/store.h"
 #include "synth_family.h"

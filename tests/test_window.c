@@ -25,6 +25,7 @@
  * restores a ring with one value off: each check must then fail. */
 #include "test.h"
 #include "arch/model.h"
+#include "arch/llama.h"
 #include "session/snapshot.h"
 #include "fam_state.h"
 #include "synth_family.h"
@@ -49,8 +50,9 @@ TEST(window_snapshot_restore)
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 2 heads * 64) f32; 2 global layers' full rows */
-    CHECKF(p.window == 2 * 2 * W * 128 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
-           (unsigned long long)p.window, (unsigned long long)p.full);
+    uint64_t win = kvt_plan_bytes(&p, "window"), full = kvt_plan_bytes(&p, "full rows");
+    CHECKF(win == 2 * 2 * W * 128 * 4 && full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)win, (unsigned long long)full);
     fam_restore_all(m);
     fam_close(m, dir, path);
 }
@@ -66,8 +68,9 @@ TEST(window_snapshot_restore_gemma4)
     kvt_plan p;
     CHECK_OK(kvt_model_plan(m, 4096, &p));
     /* 2 window layers of (2, 64, 4 heads * 64) f32; 2 global layers' full rows of 1 head * 128 */
-    CHECKF(p.window == 2 * 2 * W * 256 * 4 && p.full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
-           (unsigned long long)p.window, (unsigned long long)p.full);
+    uint64_t win = kvt_plan_bytes(&p, "window"), full = kvt_plan_bytes(&p, "full rows");
+    CHECKF(win == 2 * 2 * W * 256 * 4 && full == 4096ull * 2 * 2 * 128 * 4, "plan: window %llu, full %llu",
+           (unsigned long long)win, (unsigned long long)full);
     fam_restore_all(m);
     fam_close(m, dir, path);
 }

@@ -336,7 +336,7 @@ int kvt_bench_store(const char *csv_path, bool quick)
     snprintf(note, sizeof note, "%zu tokens, state stored", top);
     row("load of the newest nested snapshot", whole, "s", note);
     snprintf(note, sizeof note, "%zu tokens, state rebuilt by replaying the last %zu", mid,
-             kvt_ds4_replay_tokens(m, mid));
+             kvt_model_replay_tokens(m, mid));
     row("load of an earlier nested snapshot", thin, "s", note);
     rm_rf(dir);
     /* 2. lookup among 10,000 snapshots (ds4-tiny: the cost is the index and

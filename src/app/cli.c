@@ -1006,16 +1006,15 @@ static int cmd_plan(int argc, char **argv)
             return 2;
         }
         /* full attention: K and V rows, 2 * L * H_kv * D * S * B */
-        uint64_t per;
-        if (__builtin_mul_overflow(2 * L * H, D * B, &per) || __builtin_mul_overflow(per, ctx, &p.full) ||
+        uint64_t per, full;
+        if (__builtin_mul_overflow(2 * L * H, D * B, &per) || __builtin_mul_overflow(per, ctx, &full) ||
             __builtin_mul_overflow(per, 1000, &p.per_token_x1000)) {
             fprintf(stderr, "kvtier: that shape needs more than 2^64 bytes\n");
             return 2;
         }
-        p.total = p.full;
+        kvt_plan_add(&p, "full rows", full, false);
         what = "shape";
-    } else if (get(o, no, "--preset") && strcmp(get(o, no, "--preset"), "ds4-tiny") &&
-               strcmp(get(o, no, "--preset"), "ds4-mini")) {
+    } else if (get(o, no, "--preset")) { /* a preset's shape, without building its weights */
         what = get(o, no, "--preset");
         int rc = kvt_plan_preset(what, ctx, &p);
         if (rc) return fail(rc, what);
@@ -1035,11 +1034,16 @@ static int cmd_plan(int argc, char **argv)
         if (!what) what = KVT_DEFAULT_MODEL;
     }
     printf("KV cache plan for %s at %llu tokens\n", what, (unsigned long long)ctx);
-    print_bytes("window", p.window);
-    print_bytes("compressed", p.compressed);
-    print_bytes("indexer", p.indexer);
-    print_bytes("frontier", p.frontier);
-    print_bytes("full rows", p.full);
+    /* the rows every plan prints (0 where the architecture has no such
+     * part), then any other part it has */
+    static const char *const rows[] = {"window", "compressed", "indexer", "frontier", "full rows"};
+    size_t nr = sizeof rows / sizeof *rows;
+    for (size_t i = 0; i < nr; i++) print_bytes(rows[i], kvt_plan_bytes(&p, rows[i]));
+    for (size_t i = 0; i < p.n_parts; i++) {
+        size_t j = 0;
+        while (j < nr && strcmp(rows[j], p.part[i].name)) j++;
+        if (j == nr) print_bytes(p.part[i].name, p.part[i].bytes);
+    }
     printf("%-12s %24.3f B\n", "per token", p.per_token_x1000 / 1000.0);
     print_bytes("fixed", p.fixed);
     print_bytes("total", p.total);

@@ -34,7 +34,8 @@
  * (docs/ds4.md, "Synthetic weights").
  */
 #include "kernels/kernels.h"
-#include "arch/model.h"
+#include "arch/ds4.h"
+#include "arch/tensor.h"
 #include "arch/moe.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
@@ -475,7 +476,7 @@ static int generate(ds4_weights *w)
     return KVT_OK;
 }
 
-int kvt_ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenizer *tok)
+static int ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenizer *tok)
 {
     ds4_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
@@ -696,7 +697,7 @@ static int load_tensor(ds4_weights *w, const kvt_gguf *g, const tdesc *d)
     return rc;
 }
 
-int kvt_ds4_load(kvt_model *m, const kvt_gguf *g)
+static int ds4_load(kvt_model *m, const kvt_gguf *g)
 {
     ds4_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
@@ -830,7 +831,7 @@ static uint64_t ds4_fingerprint(const void *p)
         size_t n = ds4_tensors((ds4_weights *)w, t);
         for (size_t i = 0; i < n; i++) {
             const kvt_wmat *mt = t[i].mat;
-            if (mt) kvt_model_hash_mat(st, mt);
+            if (mt) kvt_tensor_hash(st, mt);
             else XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
                                     tcount(&t[i]) * 4);
         }
@@ -1020,7 +1021,6 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
 }
 
 int kvt_ds4_fault;
-kvt_forced *kvt_force;
 
 /* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
  * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
@@ -1633,29 +1633,31 @@ static int ds4_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 {
     memset(out, 0, sizeof *out);
+    /* every part, even at 0 bytes: four names, in room for KVT_PLAN_MAX_PARTS */
+    kvt_plan_add(out, "window", 0, true);
+    kvt_plan_add(out, "compressed", 0, false);
+    kvt_plan_add(out, "indexer", 0, false);
+    kvt_plan_add(out, "frontier", 0, true);
     for (uint32_t l = 0; l < c->L; l++) {
         uint32_t r = c->ratio[l];
-        out->window += (uint64_t)c->W * c->Dh * 2;
+        kvt_plan_add(out, "window", (uint64_t)c->W * c->Dh * 2, true);
         if (r) {
-            out->compressed += ctx / r * c->Dh * 2;
+            kvt_plan_add(out, "compressed", ctx / r * c->Dh * 2, false);
             out->per_token_x1000 += 1000ull * c->Dh * 2 / r;
-            out->frontier += r == 4 ? 8ull * 4 * c->Dh * 4 : 128ull * 2 * c->Dh * 4;
+            kvt_plan_add(out, "frontier", r == 4 ? 8ull * 4 * c->Dh * 4 : 128ull * 2 * c->Dh * 4, true);
         }
         if (r == 4) {
-            out->indexer += ctx / 4 * c->Di * 2;
+            kvt_plan_add(out, "indexer", ctx / 4 * c->Di * 2, false);
             out->per_token_x1000 += 1000ull * c->Di * 2 / 4;
-            out->frontier += 8ull * 4 * c->Di * 4;
+            kvt_plan_add(out, "frontier", 8ull * 4 * c->Di * 4, true);
         }
     }
-    out->fixed = out->window + out->frontier;
-    out->total = out->fixed + out->compressed + out->indexer;
 }
 
+/* ---- ds4 files (general.architecture deepseek4), header only ---- */
 
-/* ---- deepseek4 files, header only ---- */
-
-int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
-                     kvt_plan *plan)
+static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                        kvt_plan *plan)
 {
     /* the loader's reading and checks, without the weights */
     ds4_weights *w = kvt_calloc(1, sizeof *w);
@@ -1687,25 +1689,29 @@ int kvt_ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char
     return KVT_OK;
 }
 
-int kvt_ds4_plan(const char *preset_or_null, const kvt_model *m, uint64_t ctx, kvt_plan *out)
+static int ds4_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
 {
-    ds4_config cfg;
-    const ds4_config *c;
-    if (m) {
-        if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
-        c = &((const ds4_weights *)m->weights)->c;
-    } else {
-        if (!preset_or_null || !preset_config(preset_or_null, &cfg))
-            return kvt_fail(KVT_ENOENT, "no ds4 preset '%s'", preset_or_null ? preset_or_null : "");
-        c = &cfg;
-    }
-    plan_config(c, ctx, out);
+    ds4_config c;
+    if (!preset || !preset_config(preset, &c)) return kvt_fail(KVT_ENOENT, "no ds4 preset '%s'", preset ? preset : "");
+    plan_config(&c, ctx, out);
     return KVT_OK;
 }
 
-static int ds4_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out) { return kvt_ds4_plan(NULL, m, ctx, out); }
+static int ds4_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
+{
+    if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
+    plan_config(&((const ds4_weights *)m->weights)->c, ctx, out);
+    return KVT_OK;
+}
 
-bool kvt_ds4_handles(const kvt_gguf *g)
+/* A preset, or a shape variant of one ("ds4-tiny+W=32,K=4": docs/ds4.md). */
+static bool ds4_is_preset(const char *name)
+{
+    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini") || !strncmp(name, "ds4-tiny+", 9) ||
+           !strncmp(name, "ds4-mini+", 9);
+}
+
+static bool ds4_handles(const kvt_gguf *g)
 {
     const char *a;
     size_t n;
@@ -1713,7 +1719,16 @@ bool kvt_ds4_handles(const kvt_gguf *g)
 }
 
 const kvt_arch kvt_arch_ds4 = {
-    .name = "deepseek4",
+    .name = "ds4",
+    .handles = ds4_handles,
+    .load = ds4_load,
+    .describe = ds4_describe,
+    .is_preset = ds4_is_preset,
+    .presets = "ds4-tiny, ds4-mini",
+    .preset = ds4_preset,
+    .plan_preset = ds4_plan_preset,
+    .write_gguf = kvt_ds4_write_gguf,
+    .replay_tokens = kvt_ds4_replay_tokens,
     .plan = ds4_plan,
     .cache_new = ds4_cache_new,
     .forward = ds4_forward,

@@ -3,7 +3,6 @@
  * An architecture may use tensors in place (kvt_model_tensor_mat): the model
  * then keeps the mapping open (m->file) until it is closed. */
 #include "arch/model.h"
-#include "format/quant.h"
 #include "base/util.h"
 
 #include <stdio.h>
@@ -11,94 +10,24 @@
 #include <string.h>
 #include <xxhash.h>
 
-static int find_shaped(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, const kvt_gguf_tensor **out)
+
+
+
+
+/* The row that runs g (by its general.architecture), NULL: none. */
+static const kvt_arch *arch_of(const kvt_gguf *g)
 {
-    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
-    if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
-    uint64_t a = t->ne[0], b = t->n_elem / (t->ne[0] ? t->ne[0] : 1);
-    if (a != ne0 || b != ne1 || t->n_dims > 2)
-        return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu), expected (%llu, %llu)", name,
-                        (unsigned long long)a, (unsigned long long)b, (unsigned long long)ne0,
-                        (unsigned long long)ne1);
-    *out = t;
-    return KVT_OK;
-}
-
-int kvt_model_tensor_f32(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, float **out)
-{
-    const kvt_gguf_tensor *t;
-    int rc = find_shaped(g, name, ne0, ne1, &t);
-    if (rc) return rc;
-    size_t n;
-    if (!kvt_mul_ok((size_t)ne0, (size_t)ne1, &n) || n > SIZE_MAX / sizeof(float))
-        return kvt_fail(KVT_EFORMAT, "tensor %s too large", name);
-    float *p = kvt_malloc(n * sizeof(float));
-    if (!p) return KVT_ENOMEM;
-    rc = kvt_gguf_tensor_to_f32(t, p, n);
-    if (rc) { free(p); return rc; }
-    *out = p;
-    return KVT_OK;
-}
-
-int kvt_model_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, kvt_wmat *out)
-{
-    const kvt_gguf_tensor *t;
-    int rc = find_shaped(g, name, ne0, ne1, &t);
-    if (rc) return rc;
-    /* the reader checked that the tensor's bytes lie in the file and that
-     * its rows are whole blocks of a supported type */
-    size_t row = kvt_quant_row_bytes(t->type, ne0); /* a type kvtier computes with */
-    if (!row || row * ne1 != t->n_bytes || !t->data)
-        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
-                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
-    *out = (kvt_wmat){t->data, t->type, (size_t)ne1, (size_t)ne0, row};
-    return KVT_OK;
-}
-
-void kvt_model_hash_mat(struct XXH3_state_s *st, const kvt_wmat *m)
-{
-    if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
-    XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
-}
-
-/* The architectures: each is one file (its loader and its kvt_arch) and one
- * row here; nothing else in the model layer knows one by name. */
-typedef struct arch_row {
-    bool (*handles)(const kvt_gguf *g); /* by general.architecture */
-    int (*load)(kvt_model *m, const kvt_gguf *g);
-    /* the shape, details and plan from the header alone; NULL: the
-     * architecture needs its tensors for that */
-    int (*describe)(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
-                    kvt_plan *plan);
-} arch_row;
-
-static const arch_row arch_rows[] = {
-    {kvt_llama_handles, kvt_llama_load, NULL},
-    {kvt_ds4_handles, kvt_ds4_load, kvt_ds4_describe},
-};
-
-static const arch_row *arch_of(const kvt_gguf *g)
-{
-    for (size_t i = 0; i < sizeof arch_rows / sizeof *arch_rows; i++)
-        if (arch_rows[i].handles(g)) return &arch_rows[i];
+    for (const kvt_arch *const *a = kvt_arches; *a; a++)
+        if ((*a)->handles(g)) return *a;
     return NULL;
 }
 
-int kvt_model_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
-                          kvt_wmat *out)
+/* The row with a preset of this name, NULL: none. */
+static const kvt_arch *preset_arch(const char *name)
 {
-    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
-    if (!t) return kvt_fail(KVT_EFORMAT, "missing tensor %s", name);
-    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2)
-        return kvt_fail(KVT_EFORMAT, "tensor %s has shape (%llu, %llu, %llu), expected (%llu, %llu, %llu)", name,
-                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
-                        (unsigned long long)ne0, (unsigned long long)ne1, (unsigned long long)ne2);
-    size_t row = kvt_quant_row_bytes(t->type, ne0), rows = (size_t)(ne1 * ne2);
-    if (!row || row * rows != t->n_bytes || !t->data)
-        return kvt_fail(KVT_EUNSUPPORTED, "tensor %s: type %s in rows of %llu is not supported", name,
-                        kvt_ggml_type_name(t->type), (unsigned long long)ne0);
-    *out = (kvt_wmat){t->data, t->type, rows, (size_t)ne0, row};
-    return KVT_OK;
+    for (const kvt_arch *const *a = kvt_arches; *a; a++)
+        if ((*a)->is_preset && (*a)->is_preset(name)) return *a;
+    return NULL;
 }
 
 /* The tokenizer's identity is the hash of its GGUF serialisation: every
@@ -136,13 +65,6 @@ static int keep_chat_template(kvt_model *m, const kvt_gguf *g)
     return KVT_OK;
 }
 
-static bool is_preset(const char *name)
-{
-    /* a preset, or a shape variant of one ("ds4-tiny+W=32,K=4": docs/ds4.md) */
-    return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini") || !strncmp(name, "ds4-tiny+", 9) ||
-           !strncmp(name, "ds4-mini+", 9);
-}
-
 /* Identity and derived facts, once the weights and tokenizer are in place. */
 static int finish(kvt_model *m)
 {
@@ -154,8 +76,15 @@ static int finish(kvt_model *m)
 int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf)
 {
     *out = NULL;
-    if (!preset || !is_preset(preset))
-        return kvt_fail(KVT_ENOENT, "no preset '%s' (ds4-tiny, ds4-mini)", preset ? preset : "");
+    const kvt_arch *arch = preset ? preset_arch(preset) : NULL;
+    if (!arch) {
+        char names[256] = "";
+        for (const kvt_arch *const *a = kvt_arches; *a; a++)
+            if ((*a)->presets)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "",
+                         (*a)->presets);
+        return kvt_fail(KVT_ENOENT, "no preset '%s' (%s)", preset ? preset : "", names);
+    }
     kvt_tokenizer *tok = NULL;
     int rc;
     if (vocab_gguf) {
@@ -169,7 +98,7 @@ int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const c
     if (rc) return rc;
     kvt_model *m = kvt_calloc(1, sizeof *m);
     if (!m) { kvt_tokenizer_free(tok); return KVT_ENOMEM; }
-    if ((rc = kvt_ds4_preset(m, preset, seed, tok))) {
+    if ((rc = arch->preset(m, preset, seed, tok))) {
         kvt_tokenizer_free(tok);
         free(m);
         return rc;
@@ -193,7 +122,7 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     int rc = kvt_gguf_get_str(g, "general.architecture", &arch, &arch_len);
     if (rc == KVT_ENOENT) rc = kvt_fail(KVT_EFORMAT, "%s: no general.architecture", path);
     if (rc) goto fail;
-    const arch_row *row = arch_of(g);
+    const kvt_arch *row = arch_of(g);
     if (row) rc = row->load(m, g);
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);
@@ -227,7 +156,7 @@ int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, cha
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open_header(&g, path);
     if (rc) return rc;
-    const arch_row *row = arch_of(g);
+    const kvt_arch *row = arch_of(g);
     if (!row || !row->describe) {
         kvt_gguf_close(g);
         return kvt_fail(KVT_ENOENT, "%s: not an architecture described from its header", path);
@@ -246,7 +175,7 @@ int kvt_model_open(kvt_model **out, const char *path)
 {
     *out = NULL;
     if (!path) path = KVT_DEFAULT_MODEL;
-    if (is_preset(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
+    if (preset_arch(path)) return kvt_model_preset(out, path, KVT_DEFAULT_SEED, NULL);
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, path);
     if (rc) return rc;
@@ -270,7 +199,7 @@ int kvt_model_open_vocab(kvt_model **out, const char *path)
     if (!m) return KVT_ENOMEM;
     kvt_gguf *g = NULL;
     int rc;
-    if (is_preset(path)) rc = kvt_tokenizer_new_bytes(&m->tok);
+    if (preset_arch(path)) rc = kvt_tokenizer_new_bytes(&m->tok);
     else if (!(rc = kvt_gguf_open(&g, path)) && !(rc = kvt_tokenizer_from_gguf(&m->tok, g)))
         rc = keep_chat_template(m, g);
     const char *s = NULL;
@@ -303,7 +232,10 @@ void kvt_model_close(kvt_model *m)
 
 int kvt_model_save(const kvt_model *m, const char *path)
 {
-    return kvt_ds4_write_gguf(m, path);
+    if (!m->arch || !m->arch->write_gguf)
+        return kvt_fail(KVT_EINVAL, "model '%s': its architecture (%s) has no GGUF writer", m->name,
+                        m->arch ? m->arch->name : "none");
+    return m->arch->write_gguf(m, path);
 }
 
 uint64_t kvt_model_fingerprint(const kvt_model *m) { return m->fingerprint; }
@@ -317,7 +249,16 @@ int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
 {
-    return kvt_ds4_plan(preset, NULL, ctx, out);
+    /* the first row that knows the name; else the last row's message */
+    int rc = kvt_fail(KVT_ENOENT, "no preset '%s'", preset ? preset : "");
+    for (const kvt_arch *const *a = kvt_arches; *a && rc == KVT_ENOENT; a++)
+        if ((*a)->plan_preset) rc = (*a)->plan_preset(preset, ctx, out);
+    return rc;
+}
+
+size_t kvt_model_replay_tokens(const kvt_model *m, size_t n)
+{
+    return m->arch && m->arch->replay_tokens ? m->arch->replay_tokens(m, n) : 0;
 }
 
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out) { *out = m->info; }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+kvt_forced *kvt_force;
+
 void kvt_moe_select(const float *score, size_t E, size_t Eu, uint32_t *ex)
 {
     for (size_t j = 0; j < Eu; j++) {

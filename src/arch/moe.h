@@ -57,7 +57,7 @@ void kvt_moe_swiglu(float *g, const float *u, size_t n, float clamp);
 void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, const uint32_t *ex, const float *wt,
                  const kvt_moe_scratch *sc, float *out);
 
-/* Tests against another implementation (kvt_force, model.h): impose its
+/* Tests against another implementation (kvt_force, above): impose its
  * choice forced[t * k ..] (k ids of position t) on own[0..k) (sorted
  * ascending when sort), after recording in gaps[t] (when gaps is not NULL)
  * -1 where the two agree as sets, else how close kvtier's own choice was:
@@ -65,5 +65,24 @@ void kvt_moe_run(kvt_pool *pool, const kvt_moe *m, const float *h, size_t n, con
  * relative to the largest |score| (INFINITY without scores). */
 void kvt_moe_force_choice(const int32_t *forced, float *gaps, size_t t, uint32_t *own, size_t k, const float *score,
                           size_t n, bool sort);
+
+/* Tests against another implementation: its discrete choices imposed, so
+ * that everything else can be compared position by position (ds4, and the
+ * routed experts of the llama family's qwen3moe). For each
+ * layer l with sel[l] (ds4's ratio 4) the rows the indexer keeps at position t
+ * (< n; K per token, any order) replace kvtier's own choice wherever it
+ * chooses (more than K rows visible); ex[l] (Eu per token) does the same for
+ * the routed experts. kvtier still makes its own choice first and records
+ * in sel_gap[l][t] / ex_gap[l][t] (n floats each, when given) -1 where the
+ * two agree, else how close its own choice was: the gap between its K-th
+ * (Eu-th) and (K+1)-th ((Eu+1)-th) score relative to the largest score
+ * (INFINITY for a hash layer's table). */
+typedef struct kvt_forced {
+    size_t n;
+    uint32_t K, Eu;
+    const int32_t *sel[64], *ex[64];
+    float *sel_gap[64], *ex_gap[64];
+} kvt_forced;
+extern kvt_forced *kvt_force; /* moe.c; NULL: kvtier's own choices */
 
 #endif

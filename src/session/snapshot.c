@@ -59,7 +59,7 @@ static size_t hdr_len(int nsec) { return HDR_FIXED + (size_t)nsec * SEC_ENTRY + 
 static size_t recurrent_bytes(const kvt_model *m)
 {
     kvt_plan p;
-    return m->arch->plan && m->arch->plan(m, 0, &p) == KVT_OK ? (size_t)p.recurrent : 0;
+    return m->arch->plan && m->arch->plan(m, 0, &p) == KVT_OK ? (size_t)kvt_plan_bytes(&p, "recurrent") : 0;
 }
 
 static void put_u32_at(uint8_t *p, uint32_t v) { for (int k = 0; k < 4; k++) p[k] = (uint8_t)(v >> (8 * k)); }

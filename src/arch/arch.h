@@ -1,0 +1,152 @@
+/* The architecture table's row type and the objects an architecture works
+ * on: the model, the session and its checkpoints. An architecture's files
+ * (ds4.c; llama.c and llama_weights.c) include this and the tensor
+ * fetchers (tensor.h), never model.h, so that the model layer, which reaches every architecture
+ * through its row (arches.c), is not reached back. Not part of the public
+ * API. */
+#ifndef KVT_ARCH_H
+#define KVT_ARCH_H
+
+#include "kvtier.h"
+#include "base/buf.h"
+#include "cache/cache.h"
+#include "format/gguf.h"
+#include "kernels/kernels.h"
+#include "base/threads.h"
+#include "text/tokenizer.h"
+
+/* One session's part of a batched forward pass (kvt_arch.forward_batch):
+ * tokens tok[0..n) at positions pos0.. of session s, logits of rows >= lfrom
+ * into logits, as kvt_arch.forward takes them. */
+typedef struct kvt_seg {
+    kvt_session *s;
+    const int32_t *tok;
+    size_t n, pos0;
+    float *logits;
+    size_t lfrom;
+} kvt_seg;
+
+/* What an architecture provides: one row per architecture file, all of
+ * them in kvt_arches (arches.c). The model layer (model.c) reaches an
+ * architecture only through its row. */
+typedef struct kvt_arch {
+    const char *name;
+    /* ---- opening a model ---- */
+    /* Whether this row runs a GGUF of this general.architecture. */
+    bool (*handles)(const kvt_gguf *g);
+    /* Load m's weights and info from g (m->arch is set to this row or a
+     * variant of it with the same operations). */
+    int (*load)(kvt_model *m, const kvt_gguf *g);
+    /* The shape, details and plan of a GGUF from its header alone (no
+     * tensor data): as kvt_model_describe. NULL: the row needs the
+     * tensors for that. */
+    int (*describe)(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                    kvt_plan *plan);
+    /* ---- built-in presets (synthetic weights); NULL: none ---- */
+    /* Whether name is one of its presets (or a shape variant of one). */
+    bool (*is_preset)(const char *name);
+    /* The presets that have weights, for messages ("a, b"). */
+    const char *presets;
+    /* A preset's model with synthetic weights from seed and tok (taken over
+     * by the model). KVT_ENOENT: no such preset with weights. */
+    int (*preset)(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenizer *tok);
+    /* A preset's plan without building its weights (also presets without
+     * weights). KVT_ENOENT: no such preset. */
+    int (*plan_preset)(const char *preset, uint64_t ctx, kvt_plan *out);
+    /* Write the model (config, weights, tokenizer) as GGUF that load reads
+     * back bit-identically. NULL: the row cannot. */
+    int (*write_gguf)(const kvt_model *m, const char *path);
+    /* Tokens a snapshot of n tokens stored without its state replays when
+     * it is loaded (state_rebuild). NULL: none. */
+    size_t (*replay_tokens)(const kvt_model *m, size_t n);
+    /* ---- running it ---- */
+    /* Create s->cache for a context of s->n_ctx tokens. */
+    int (*cache_new)(kvt_session *s);
+    /* Run tokens tok[0..n) at absolute positions pos0..pos0+n-1; the cache
+     * holds valid state for [0, pos0) and gains [pos0, pos0+n). For every row
+     * i >= lfrom, logits[(i - lfrom) * n_vocab ...] receives its next-token
+     * logits (logits may be NULL when lfrom >= n). */
+    int (*forward)(kvt_session *s, const int32_t *tok, size_t n, size_t pos0,
+                   float *logits, size_t lfrom);
+    /* The same for k segments of distinct sessions of this model at once,
+     * every matrix read once for all of their tokens. Each segment's
+     * results are bit-identical to its own forward (the kernels treat
+     * every row on its own). On failure each session is as after a failed
+     * forward. NULL: the segments run one after another. */
+    int (*forward_batch)(const kvt_seg *seg, size_t k);
+    /* Append the fixed state (window, frontier) for the s->n held tokens in
+     * logical order: only entries valid at s->n, oldest first. The
+     * recurrent layers' state (plan.recurrent bytes, the same at every n)
+     * comes last: a snapshot stores it in a section of its own. NULL: none. */
+    void (*state_save)(const kvt_session *s, kvt_wbuf *b);
+    /* Inverse of state_save for n tokens; KVT_EFORMAT when r is short. */
+    int (*state_load)(kvt_session *s, size_t n, kvt_rbuf *r);
+    /* Rebuild the fixed state for the s->n held tokens from the token ids,
+     * the stream rows and s->logits alone (a snapshot stored without its
+     * state); KVT_ECORRUPT when the rebuilt state disagrees with them.
+     * NULL: the architecture cannot (it has no state to rebuild). */
+    int (*state_rebuild)(kvt_session *s);
+    /* Hash over the architecture config and every weight. */
+    uint64_t (*fingerprint)(const void *w);
+    /* After the fingerprint: rearrange weights for the kernels (copies
+     * that replace the file's pages, which kvt_gguf_release may drop; g
+     * is the file the weights borrow from). NULL: nothing to do. */
+    int (*weights_pack)(void *w, const kvt_gguf *g);
+    void (*weights_free)(void *w);
+    /* The KV cache plan for a context of ctx tokens. */
+    int (*plan)(const kvt_model *m, uint64_t ctx, kvt_plan *out);
+    /* A session's scratch (s->work), sized from its context and chunk:
+     * made when it is created, or for a session on a shared pool when it
+     * first runs (kvt_session_work); NULL: none. Freed with work_free;
+     * work_bytes is the memory it holds. Nothing in it outlives a call:
+     * sessions of the same model, context and chunk may hand it on. */
+    int (*work_new)(kvt_session *s);
+    void (*work_free)(void *work);
+    size_t (*work_bytes)(const void *work);
+} kvt_arch;
+
+struct kvt_model {
+    kvt_model_info info;
+    uint64_t fingerprint;      /* model: config + weights */
+    uint64_t tok_fingerprint;  /* tokenizer: vocabulary, scores, merges, specials */
+    char *name;
+    char *chat_template;     /* tokenizer.chat_template, NULL: none (info.chat_template) */
+    const kvt_arch *arch;
+    void *weights;           /* architecture-specific */
+    kvt_gguf *file;          /* the mapped GGUF whose tensors the weights borrow; NULL: they own theirs */
+    kvt_tokenizer *tok;
+};
+
+/* A rollback point: the fixed state and logits at a position (the streams'
+ * rows are append-only, so truncating them restores the rest). */
+typedef struct kvt_checkpoint {
+    size_t pos;
+    float *logits;            /* (n_vocab) */
+    kvt_wbuf state;
+} kvt_checkpoint;
+
+struct kvt_session {
+    kvt_model *m;
+    kvt_cache *cache;
+    kvt_pool *pool;
+    bool own_pool;           /* false: borrowed (kvt_session_new_on) */
+    uint32_t n_threads;
+    uint32_t n_ctx, chunk;
+    bool rolling;
+    kvt_progress_fn progress;
+    void *progress_user;
+    int32_t *tokens;         /* (n_ctx) exact ids held */
+    size_t n;                /* tokens held */
+    float *logits;           /* (n_vocab) after tokens[n-1] when n > 0 */
+    uint64_t rebuilds;
+    kvt_checkpoint *ckpt;      /* (n_ckpt) by increasing pos; architectures with state only */
+    size_t n_ckpt, cap_ckpt;
+    uint32_t ckpt_interval;    /* tokens between grid checkpoints */
+    size_t mark;               /* also checkpoint here during prefill (0: none) */
+    void *work;                /* the architecture's scratch (kvt_arch.work_new) */
+};
+
+/* The architectures, one row per file, ending with NULL (arches.c). */
+extern const kvt_arch *const kvt_arches[];
+
+#endif

@@ -1,0 +1,25 @@
+/* The ds4 architecture (ds4.c): DeepSeek-V4 as llama.cpp runs it, from a
+ * GGUF whose general.architecture is "deepseek4" or from a built-in preset
+ * (docs/ds4.md). The model layer reaches it through kvt_arch_ds4 alone;
+ * the rest is for its tests. Not part of the public API. */
+#ifndef KVT_DS4_H
+#define KVT_DS4_H
+
+#include "arch/arch.h"
+
+extern const kvt_arch kvt_arch_ds4;
+
+/* Indices of the k best scores (ties: lower index), sorted ascending;
+ * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
+size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
+/* Fault injection for the tests that must prove they catch such bugs. */
+enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN };
+extern int kvt_ds4_fault;
+/* Tokens a ds4 snapshot of n tokens stored without its state replays on
+ * load (kvt_arch_ds4.replay_tokens). */
+size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
+/* Write a ds4 model (config, weights, tokenizer) as GGUF
+ * (kvt_arch_ds4.write_gguf). */
+int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
+
+#endif
