@@ -247,6 +247,7 @@ static int cmd_run(int argc, char **argv)
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
     size_t from_disk = 0, saved = 0;
     if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
