@@ -43,7 +43,9 @@
  *                      disk after a restart
  *   e2e_restart_reprefill  ds4-tiny, the default save policy: a 2,821-byte
  *                      completion and chat, a restart, the same requests:
- *                      at most a block and the trim (160 tokens) prefilled
+ *                      at most a block and the trim (160 tokens) prefilled;
+ *                      after another restart a completion that continues
+ *                      the first reuses as much
  *   e2e_sigterm_ready  12 rounds: SIGTERM or SIGINT the moment the server
  *                      writes that it is serving; it must exit 0
  *   e2e_queue_full     --parallel 1 --queue 1: concurrent long requests meet
@@ -1347,6 +1349,15 @@ static void restart_reprefill(e2e *t)
     CHECK(restart_post(t, "/v1/completions", comp, &p[1][0], &c[1][0]));
     CHECK(restart_post(t, "/v1/chat/completions", chat, &p[1][1], &c[1][1]));
     STOP(t);
+    /* a prompt that continues the saved one (300 bytes more) hits it too */
+    char more[128];
+    long pm, cm;
+    restart_body(t, "more.json", false, 3121, more, sizeof more);
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    CHECK(restart_post(t, "/v1/completions", more, &pm, &cm));
+    STOP(t);
+    CHECKF(pm == p[0][0] + 300 && cm >= c[1][0], "a prompt continuing the saved one: %ld of %ld tokens cached "
+           "(%ld before)", cm, pm, c[1][0]);
     const char *what[2] = {"completion", "chat"};
     for (int k = 0; k < 2; k++) {
         CHECKF(p[0][k] >= 2822 && p[1][k] == p[0][k], "%s: prompts of %ld and %ld tokens", what[k], p[0][k], p[1][k]);
