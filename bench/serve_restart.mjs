@@ -17,10 +17,11 @@
 //     save policy wrote) and `cache stats` (records written, bytes), a
 //     restart and the next turn (its cached tokens and time).
 // EXTRA arguments go to the server. The text is seeded pseudo-English
-// (about 4.3 bytes per token of the llama SPM vocabulary).
+// (about 0.92 words, 3.7 bytes, per token of the llama SPM vocabulary).
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, openSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { request } from 'node:http';
 import { join } from 'node:path';
 
 const WORDS = ('the of and to in is was for on that with as by at from his her an which this be are it or had not ' +
@@ -38,6 +39,10 @@ function text(words, seed) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function start(engine, bin, model, port, ctx, dir, extra) {
+  try {
+    await fetch(`http://127.0.0.1:${port}/health`);
+    throw new Error(`port ${port} is in use`);
+  } catch (e) { if (e.message.startsWith('port')) throw e; }
   const args = engine === 'kvtier'
     ? ['serve', '--model', model, '--port', String(port), '--threads', '2', '--ctx', String(ctx), '--parallel', '1',
       '--kv-disk-dir', join(dir, 'kv'), '--kv-ram-mb', '8192', '--request-timeout', '3600', ...extra]
@@ -62,15 +67,30 @@ async function stop(p, sig = 'SIGTERM') {
   await done;
 }
 
+// POST without a client timeout (fetch gives up on headers after 300 s; a
+// cold prefill of 20,000 tokens on 2 busy cores takes longer).
+function post(port, path, obj) {
+  return new Promise((resolve, reject) => {
+    const data = JSON.stringify(obj);
+    const req = request({ host: '127.0.0.1', port, path, method: 'POST',
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (c) => { text += c; });
+      res.on('end', () => resolve({ status: res.statusCode, text }));
+    });
+    req.on('error', reject);
+    req.end(data);
+  });
+}
+
 async function ask(port, api, body) {
   const t0 = performance.now();
-  const r = await fetch(`http://127.0.0.1:${port}/v1/${api === 'chat' ? 'chat/completions' : 'completions'}`, {
-    method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ max_tokens: 1, temperature: 0, ...body }),
-  });
-  const j = await r.json();
+  const r = await post(port, `/v1/${api === 'chat' ? 'chat/completions' : 'completions'}`,
+    { max_tokens: 1, temperature: 0, ...body });
   const secs = (performance.now() - t0) / 1000;
-  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${JSON.stringify(j).slice(0, 300)}`);
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${r.text.slice(0, 300)}`);
+  const j = JSON.parse(r.text);
   const u = j.usage || {};
   const cached = j.timings ? j.timings.cache_n : (u.prompt_tokens_details || {}).cached_tokens;
   const reply = api === 'chat' ? j.choices[0].message.content : j.choices[0].text;
@@ -84,18 +104,21 @@ function body(api, words) {
 
 async function ttft([engine, bin, model, port, tokens, api, ...extra]) {
   const dir = mkdtempSync(join(tmpdir(), 'kvtier-restart-'));
-  const n = +tokens, ctx = Math.ceil((n * 1.1 + 256) / 1024) * 1024, b = body(api, Math.round(n * 0.795));
+  const n = +tokens, ctx = Math.ceil((n * 1.1 + 256) / 1024) * 1024, b = body(api, Math.round(n * 0.915));
+  let p;
   try {
-    let p = await start(engine, bin, model, +port, ctx, dir, extra);
+    p = await start(engine, bin, model, +port, ctx, dir, extra);
     const cold = await ask(+port, api, b);
     await stop(p);
     p = await start(engine, bin, model, +port, ctx, dir, extra);
     const again = await ask(+port, api, b);
     await stop(p);
+    p = null;
     for (const [c, r] of [['cold', cold], ['restart', again]])
       console.log(JSON.stringify({ engine, bin, api, case: c, prompt: r.prompt, cached: r.cached,
         prefilled: r.prompt - (r.cached || 0), secs: r.secs, extra: extra.join(' ') }));
   } finally {
+    if (p && p.exitCode === null) p.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });
   }
 }
