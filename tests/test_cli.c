@@ -736,3 +736,50 @@ TEST(cli_main_job_shows_reuse)
     CHECKF(same, "the reply from disk does not equal the cold one");
     CHECKF(synthetic && quiet, "the synthetic weights are not said, or a reply was printed unasked");
 }
+
+/* "prompt N tokens: D from the disk cache, P prefilled" of a run's stderr. */
+static bool run_figures(const proc *p, size_t *n, size_t *from_disk, size_t *prefilled)
+{
+    const char *s = p->err ? strstr(p->err, "kvtier: prompt ") : NULL;
+    return s && sscanf(s, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled", n, from_disk,
+                       prefilled) == 3;
+}
+
+/* With the default save policy, a second run of a 2,822-token prompt (ds4
+ * presets: a token per byte, and BOS) restores all of it from disk but the
+ * trim and the part of a block after it: 2,822 - 32 = 2,790, down to the
+ * 128-token grid, 2,688 tokens; 134 prefilled again. The policy of the
+ * previous release aligned to 2,048 tokens and prefilled 774 again. */
+TEST(cli_restart_reprefills_one_block)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    char dir[] = "/tmp/kvtier-cli-restart-XXXXXX";
+    CHECK(mkdtemp(dir));
+    enum { N = 2822 };
+    char *prompt = malloc(N);
+    CHECK(prompt);
+    for (int i = 0; i < N - 1; i++) prompt[i] = "abcdefghijklmnopqrstuvwxyz 0123456789.,"[(i * 7 + i / 39) % 39];
+    prompt[N - 1] = 0;
+    const char *const a[] = {"run", "--model", "ds4-tiny", "--prompt", prompt, "--output", "ids", "--max-tokens", "4",
+                             "--temperature", "0", "--kv-disk-dir", dir, NULL};
+    proc cold = {0}, warm = {0};
+    bool ran = run_cli(&cold, a) && run_cli(&warm, a);
+    rm_tree(dir);
+    free(prompt);
+    size_t n[2] = {0}, disk[2] = {0}, pre[2] = {0};
+    bool ok = ran && clean(&cold) && clean(&warm) && cold.status == 0 && warm.status == 0 &&
+              run_figures(&cold, &n[0], &disk[0], &pre[0]) && run_figures(&warm, &n[1], &disk[1], &pre[1]);
+    bool same = ok && same_out(&cold, &warm);
+    if (!ok || !same || pre[1] > 128 + 32) { show(&cold); show(&warm); }
+    proc_free(&cold);
+    proc_free(&warm);
+    CHECKF(ran, "could not run %s", kvt_test_bin());
+    CHECK(ok);
+    CHECKF(n[0] == N && n[1] == N, "prompts of %zu and %zu tokens, %d expected", n[0], n[1], N);
+    CHECKF(disk[0] == 0 && pre[0] == N, "the first run: %zu from disk, %zu prefilled", disk[0], pre[0]);
+    CHECKF(pre[1] <= 128 + 32, "the second run prefilled %zu tokens again (%zu from disk): more than a block and the "
+           "trim", pre[1], disk[1]);
+    CHECKF(disk[1] == 2688 && pre[1] == 134, "the second run: %zu from disk, %zu prefilled (2688, 134 expected)",
+           disk[1], pre[1]);
+    CHECKF(same, "the run restored from disk generates other ids");
+}

@@ -41,6 +41,11 @@
  *                      three within the total; two keys' heavy use leaves
  *                      the light key's entries whole, and they restore from
  *                      disk after a restart
+ *   e2e_restart_reprefill  ds4-tiny, the default save policy: a 2,821-byte
+ *                      completion and chat, a restart, the same requests:
+ *                      at most a block and the trim (160 tokens) prefilled;
+ *                      after another restart a completion that continues
+ *                      the first reuses as much
  *   e2e_sigterm_ready  12 rounds: SIGTERM or SIGINT the moment the server
  *                      writes that it is serving; it must exit 0
  *   e2e_queue_full     --parallel 1 --queue 1: concurrent long requests meet
@@ -1296,6 +1301,78 @@ static bool read_until(int fd, char *buf, size_t cap, size_t *len, const char *w
         buf[*len] = 0;
     }
     return want && strstr(buf, want);
+}
+
+/* Write a request with a prompt (completions) or a user message (chat) of
+ * `bytes` bytes to s.dir/name; ds4 presets: a token per byte. */
+static void restart_body(e2e *t, const char *name, bool chat, int bytes, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", t->s.dir, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"" : "{\"prompt\":\"", f);
+    for (int i = 0; i < bytes; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789.,"[(i * 7 + i / 39) % 39], f);
+    fputs(chat ? "\"}],\"max_tokens\":2,\"temperature\":0}" : "\",\"max_tokens\":2,\"temperature\":0}", f);
+    fclose(f);
+}
+
+/* POST the body at path; *prompt and *cached from its usage. */
+static bool restart_post(e2e *t, const char *api, const char *path, long *prompt, long *cached)
+{
+    int code = curl(t, "-H 'content-type: application/json' --data-binary @%s %s%s", path, t->s.base, api);
+    char *body = curl_file(t, "out");
+    json_t *j = json_loads(body, 0, NULL), *u = json_object_get(j, "usage");
+    *prompt = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+    *cached = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    bool ok = code == 200 && *prompt > 0;
+    if (!ok) printf("    %s: HTTP %d %.300s\n", api, code, body);
+    json_decref(j);
+    free(body);
+    return ok;
+}
+
+/* With the default save policy a prompt comes back after a restart but for
+ * the trim (32 tokens) and the part of a 128-token block after it: the
+ * server prefills at most 160 tokens of it again (the previous release's
+ * 2,048-token alignment: 774 of the completion's 2,822). */
+static void restart_reprefill(e2e *t)
+{
+    char comp[128], chat[128];
+    restart_body(t, "comp.json", false, 2821, comp, sizeof comp);
+    restart_body(t, "chat.json", true, 2821, chat, sizeof chat);
+    long p[2][2], c[2][2]; /* [before, after the restart][completion, chat] */
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    CHECK(restart_post(t, "/v1/completions", comp, &p[0][0], &c[0][0]));
+    CHECK(restart_post(t, "/v1/chat/completions", chat, &p[0][1], &c[0][1]));
+    STOP(t);
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    CHECK(restart_post(t, "/v1/completions", comp, &p[1][0], &c[1][0]));
+    CHECK(restart_post(t, "/v1/chat/completions", chat, &p[1][1], &c[1][1]));
+    STOP(t);
+    /* a prompt that continues the saved one (300 bytes more) hits it too */
+    char more[128];
+    long pm, cm;
+    restart_body(t, "more.json", false, 3121, more, sizeof more);
+    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    CHECK(restart_post(t, "/v1/completions", more, &pm, &cm));
+    STOP(t);
+    CHECKF(pm == p[0][0] + 300 && cm >= c[1][0], "a prompt continuing the saved one: %ld of %ld tokens cached "
+           "(%ld before)", cm, pm, c[1][0]);
+    const char *what[2] = {"completion", "chat"};
+    for (int k = 0; k < 2; k++) {
+        CHECKF(p[0][k] >= 2822 && p[1][k] == p[0][k], "%s: prompts of %ld and %ld tokens", what[k], p[0][k], p[1][k]);
+        CHECKF(c[0][k] < 128, "%s: %ld tokens cached on an empty server", what[k], c[0][k]);
+        CHECKF(p[1][k] - c[1][k] <= 128 + 32, "%s after a restart: %ld of %ld tokens cached, %ld prefilled again: "
+               "more than a block and the trim", what[k], c[1][k], p[1][k], p[1][k] - c[1][k]);
+    }
+}
+
+TEST(e2e_restart_reprefill)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    restart_reprefill(&t);
+    e2e_end(&t);
 }
 
 /* Start the server with its stderr on a pipe, SIGTERM (SIGINT every other

@@ -1416,6 +1416,62 @@ TEST(store_policy_and_lookup_longest)
     rmdir_all(dir);
 }
 
+/* The default policy saves a prompt at align_down(n - 32, 128), where the
+ * mark the caller set before the prefill left a checkpoint, off the 2,048
+ * grid of the session's other checkpoints; a session that passed that point
+ * before it was marked (a RAM hit extending it) saves at the highest aligned
+ * point below it that has a checkpoint, here the grid's. */
+TEST(store_policy_cold_on_the_block_grid)
+{
+    kvt_model *m = open_named("ds4-tiny");
+    CHECK(m);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "policy128");
+    enum { N = 3000 };
+    int32_t *t = malloc(N * sizeof *t);
+    kvt_test_tokens(t, N, 91);
+    kvt_save_policy p = KVT_SAVE_POLICY_DEFAULT;
+    CHECK(p.align_tokens == 128 && p.trim_tokens == 32);
+    kvt_session_opts so = {.n_ctx = 4096, .checkpoint_interval = kvt_save_policy_grid(&p)};
+    CHECK(so.checkpoint_interval == 2048);
+    CHECK(kvt_save_policy_cold(&p, N) == 2944 && kvt_save_policy_cold(&p, 32) == 0);
+    kvt_store *st = NULL;
+    kvt_session *s = NULL, *u = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    kvt_save_policy_mark(&p, s, N);
+    CHECK_OK(kvt_session_sync(s, t, N, NULL));
+    size_t saved = 0;
+    CHECK_OK(kvt_store_apply_policy(st, s, &p, N, 0, 0, &saved));
+    CHECK(saved == 1);
+    size_t match = 0;
+    int64_t id;
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECKF(match == 2944, "the marked prompt saved at %zu (2944 expected)", match);
+    /* unmarked: the grid's checkpoint at 2048 */
+    t[0] ^= 1;
+    CHECK_OK(kvt_session_new(&u, m, &so));
+    CHECK_OK(kvt_session_sync(u, t, N, NULL));
+    CHECK_OK(kvt_store_apply_policy(st, u, &p, N, 0, 0, &saved));
+    CHECK(saved == 1);
+    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
+    CHECKF(match == 2048, "the unmarked prompt saved at %zu (2048 expected)", match);
+    /* the restored prefix answers as the session did */
+    kvt_session *r = NULL;
+    t[0] ^= 1;
+    CHECK_OK(kvt_session_new(&r, m, &so));
+    size_t got = 0;
+    CHECK_OK(kvt_store_restore_prefix(st, r, t, N, &got));
+    CHECK(got == 2944);
+    kvt_session_free(r);
+    kvt_session_free(u);
+    kvt_session_free(s);
+    kvt_store_close(st);
+    free(t);
+    kvt_model_close(m);
+    rmdir_all(dir);
+}
+
 /* Out of memory in the disk tier is an error and loses nothing: with a
  * store holding one entry (300 tokens of ds4-tiny), each allocation in turn
  * fails once while the store opens, saves a second entry, and finds and

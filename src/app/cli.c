@@ -324,6 +324,7 @@ static int run_demo(kvt_model *m, const kvt_model_info *info, const char *model_
     fflush(stdout);
     /* turn 1: computed whole (not looked up), then saved by the policy */
     if ((rc = kvt_session_new(&s, m, sopts))) { fail(rc, "session"); goto out; }
+    kvt_save_policy_mark(&disk->policy, s, n); /* a checkpoint where the policy saves */
     if (demo_answer(s, NULL, info, so, toks, n, max, "turn 1", &cold)) goto out;
     demo_row("turn 1, cold", &cold, "", NULL);
     fflush(stdout);
@@ -447,6 +448,7 @@ static int cmd_run(int argc, char **argv)
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
     size_t from_disk = 0, saved = 0;
     if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
@@ -1095,8 +1097,12 @@ static void usage(FILE *f)
           "\n"
           "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
           "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
-          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (2048)\n"
+          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (128)\n"
           "  --kv-cache-continued-interval N (8192)\n"
+          "  a prompt is saved at the largest multiple of the alignment (a multiple of\n"
+          "  128, the cache block) that leaves the trim after it, so a restart prefills\n"
+          "  at most align + trim - 1 of its tokens again; a larger alignment saves\n"
+          "  fewer snapshots\n"
           "  --kv-disk-min-free-mb N (5% of the file system, at most 1024): saves evict\n"
           "  least recently used entries to keep this much free on the disk\n"
           "  the directory is made 0700, its files 0600; one that others may write, or\n"

@@ -548,8 +548,7 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
      * restart too. The tokens the saves write are reported with the
      * response, as the save is handed on (it commits after). */
     if (store && save_copy(sv, j->tenant, store, s, sl->pick.from_disk, sl->pick.opening ? sl->pick.mark : 0) && !rc) {
-        const kvt_save_policy *po = &sv->o.policy;
-        size_t cold = (n - po->trim_tokens) / po->align_tokens * po->align_tokens;
+        size_t cold = kvt_save_policy_cold(&sv->o.policy, n);
         kvt_usage *u = &sl->u;
         if (cold > u->cached_tokens) u->created_tokens = (uint32_t)(cold - u->cached_tokens);
         if (u->created_tokens + u->cached_tokens > n) u->created_tokens = (uint32_t)(n - u->cached_tokens);

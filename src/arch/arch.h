@@ -143,6 +143,7 @@ struct kvt_session {
     size_t n_ckpt, cap_ckpt;
     uint32_t ckpt_interval;    /* tokens between grid checkpoints */
     size_t mark;               /* also checkpoint here during prefill (0: none) */
+    size_t save_mark;          /* and here: the save policy's cold point (0: none) */
     void *work;                /* the architecture's scratch (kvt_arch.work_new) */
 };
 

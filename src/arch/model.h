@@ -15,6 +15,9 @@ void kvt_session_ckpt_clear(kvt_session *s);
 int kvt_session_clone(kvt_session *dst, const kvt_session *src);
 /* Make later syncs also leave a checkpoint at pos (0: none). */
 void kvt_session_set_mark(kvt_session *s, size_t pos);
+/* The same for the save policy's cold point (kvt_save_policy_cold), which
+ * is off the grid: a second mark, so the two never displace each other. */
+void kvt_session_set_save_mark(kvt_session *s, size_t pos);
 /* RAM held by a session: its cache (rows, state, block tables), checkpoints,
  * token and logit arrays, scratch (while it has some) and the session
  * itself. */
@@ -41,7 +44,7 @@ size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work);
 
 /* One session's share of a batched step (kvt_session_step): append up to n
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never
- * crosses a checkpoint position (the grid, the mark), so every session
+ * crosses a checkpoint position (the grid, the marks), so every session
  * leaves the same checkpoints as a sync of the same tokens would (and a
  * decoded token the grid's, as kvt_session_decode). end: the n tokens end
  * a prompt (a checkpoint when all of them are taken, as at the end of

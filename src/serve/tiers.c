@@ -358,5 +358,6 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
     }
     out->mark = checkpoint_mark(m, *toks, *n, p, &out->opening);
     kvt_session_set_mark(s, out->mark);
+    kvt_save_policy_mark(&t->o.policy, s, *n);
     return KVT_OK;
 }

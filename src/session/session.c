@@ -26,9 +26,11 @@
  * logits and the fixed state (empty for llama) at a position. Sessions keep one at every multiple of CKPT_INTERVAL
  * tokens (prefill chunks are cut to land on them), one at the end of the
  * latest sync, so regenerating from the same prompt costs nothing, and one
- * at a position the caller marks (the server marks where the last user turn
- * begins, which is where the next conversation on the same prompt diverges);
- * any other divergence costs at most CKPT_INTERVAL tokens of prefill. */
+ * at the two positions the caller marks (the server marks where the last
+ * user turn begins, which is where the next conversation on the same prompt
+ * diverges, and both it and `kvtier run` the save policy's cold point, so
+ * the prompt can be saved there); any other divergence costs at most
+ * CKPT_INTERVAL tokens of prefill. */
 
 static bool stateful(const kvt_session *s) { return s->m->arch->state_save != NULL; }
 
@@ -75,7 +77,7 @@ void kvt_session_checkpoint(kvt_session *s)
     bool grid = s->n % s->ckpt_interval == 0;
     size_t off = 0;
     for (size_t i = 0; i < s->n_ckpt; i++) off += s->ckpt[i].pos % s->ckpt_interval != 0;
-    if (!grid && off >= 2) /* keep at most two off-grid checkpoints: drop the oldest */
+    if (!grid && off >= 3) /* keep at most three off-grid checkpoints (two marks, a sync's end): drop the oldest */
         for (size_t i = 0; i < s->n_ckpt; i++)
             if (s->ckpt[i].pos % s->ckpt_interval) {
                 ckpt_free(&s->ckpt[i]);
@@ -142,6 +144,17 @@ static void recover(kvt_session *s, size_t pos)
     }
     ckpt_drop_after(s, pos);
     restore_last(s);
+}
+
+/* c tokens at s->n, cut so as not to cross the next checkpoint position
+ * (the grid, the marks). */
+static size_t cut_at_checkpoint(const kvt_session *s, size_t c)
+{
+    size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
+    if (s->n + c > grid) c = grid - s->n;
+    if (s->mark > s->n && s->n + c > s->mark) c = s->mark - s->n;
+    if (s->save_mark > s->n && s->n + c > s->save_mark) c = s->save_mark - s->n;
+    return c;
 }
 
 /* pool NULL: threads of its own and its scratch at once (kvt_session_new);
@@ -266,14 +279,12 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
         size_t c = chunks ? chunks[ci++ % n_chunks] : s->chunk;
         if (c == 0) c = 1;
         if (c > n - s->n) c = n - s->n;
-        size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
-        if (s->n + c > grid) c = grid - s->n;
-        if (s->mark > s->n && s->n + c > s->mark) c = s->mark - s->n;
+        c = cut_at_checkpoint(s, c);
         int rc = s->m->arch->forward(s, tokens + s->n, c, s->n, s->logits, c - 1);
         if (rc) { recover(s, start); return rc; }
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         s->n += c;
-        if (s->n % s->ckpt_interval == 0 || s->n == s->mark) kvt_session_checkpoint(s);
+        if (s->n % s->ckpt_interval == 0 || s->n == s->mark || s->n == s->save_mark) kvt_session_checkpoint(s);
         if (s->progress && !s->progress(s->progress_user, s->n - start, n - start))
             return s->n < n ? kvt_fail(KVT_ECANCELED, "prefill canceled at %zu of %zu tokens", s->n, n)
                             : KVT_OK;
@@ -374,7 +385,7 @@ int kvt_session_fault;
 /* ---- batched steps ----
  *
  * Each session's tokens are cut as prefill cuts them (at the checkpoint
- * grid and the mark), so a session stepped with others leaves the same
+ * grid and the marks), so a session stepped with others leaves the same
  * checkpoints as one synced alone; then one forward pass runs them all. */
 int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
 {
@@ -391,9 +402,7 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         for (size_t j = 0; j < i; j++)
             if (st[j].s == s) return kvt_fail(KVT_EINVAL, "step: a session twice");
         size_t c = st[i].n < s->n_ctx - s->n ? st[i].n : s->n_ctx - s->n;
-        size_t grid = (s->n / s->ckpt_interval + 1) * s->ckpt_interval;
-        if (s->n + c > grid) c = grid - s->n;
-        if (s->mark > s->n && s->n + c > s->mark) c = s->mark - s->n;
+        c = cut_at_checkpoint(s, c);
         for (size_t j = 0; j < c; j++)
             if (st[i].tok[j] < 0 || (uint32_t)st[i].tok[j] >= m->info.n_vocab)
                 return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", st[i].tok[j], m->info.n_vocab);
@@ -439,7 +448,7 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         kvt_session *s = st[i].s;
         memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
         s->n += st[i].done;
-        bool mark = s->n == s->mark && kvt_session_fault != KVT_SESSION_FAULT_STEP_MARK;
+        bool mark = (s->n == s->mark || s->n == s->save_mark) && kvt_session_fault != KVT_SESSION_FAULT_STEP_MARK;
         if (s->n % s->ckpt_interval == 0 || mark || (st[i].end && st[i].done == st[i].n))
             kvt_session_checkpoint(s);
     }
@@ -524,3 +533,4 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
 }
 
 void kvt_session_set_mark(kvt_session *s, size_t pos) { s->mark = pos; }
+void kvt_session_set_save_mark(kvt_session *s, size_t pos) { s->save_mark = pos; }

@@ -14,10 +14,22 @@ static uint32_t gcd(uint32_t a, uint32_t b)
     return a;
 }
 
-uint32_t kvt_save_policy_grid(const kvt_save_policy *p)
+/* The checkpoint grid when there are no continued saves: a divergence
+ * inside a prompt costs a stateful session (ds4, gemma3) at most this much
+ * prefill, and each checkpoint holds its state (22 MiB on Gemma 3 1B). */
+#define GRID 2048
+
+uint32_t kvt_save_policy_grid(const kvt_save_policy *p) { return gcd(GRID, p->continued_interval); }
+
+size_t kvt_save_policy_cold(const kvt_save_policy *p, size_t n)
 {
-    uint32_t g = gcd(p->align_tokens, p->continued_interval);
-    return g ? g : 2048;
+    if (!p->align_tokens || n <= p->trim_tokens) return 0;
+    return (n - p->trim_tokens) / p->align_tokens * p->align_tokens;
+}
+
+void kvt_save_policy_mark(const kvt_save_policy *p, kvt_session *s, size_t n)
+{
+    kvt_session_set_save_mark(s, kvt_save_policy_cold(p, n));
 }
 
 /* Save s at `at` tokens to st, or (st NULL) only count the save point.
@@ -49,10 +61,14 @@ static int walk(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t 
                 size_t *saved, bool *busy)
 {
     size_t cold[2] = {0, 0}; /* the aligned cold point and the caller's fork point, ascending */
-    if (p->align_tokens && n > p->trim_tokens) {
-        cold[0] = (n - p->trim_tokens) / p->align_tokens * p->align_tokens;
-        if (cold[0] < p->min_tokens || cold[0] <= from_disk) cold[0] = 0;
-    }
+    /* The caller marked the cold point, so its prefill left a checkpoint
+     * there; a prompt that the session held in part already (a RAM hit)
+     * may have passed it before it was marked: then the aligned point below
+     * it that has one (the grid's, at worst). */
+    cold[0] = kvt_save_policy_cold(p, n);
+    while (cold[0] >= p->min_tokens && cold[0] > from_disk && !kvt_snap_can_save(s, cold[0]))
+        cold[0] -= p->align_tokens;
+    if (cold[0] < p->min_tokens || cold[0] <= from_disk) cold[0] = 0;
     if (fork_at >= p->min_tokens && fork_at > from_disk && fork_at <= n && fork_at != cold[0]) cold[1] = fork_at;
     if (cold[0] > cold[1]) { size_t t = cold[0]; cold[0] = cold[1]; cold[1] = t; }
     size_t next = p->continued_interval ? (from_disk / p->continued_interval + 1) * (size_t)p->continued_interval : 0;

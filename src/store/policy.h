@@ -8,22 +8,33 @@
 
 /* When to save (the server and the CLI share this policy):
  *   cold       a prompt the disk tier did not already cover: save at
- *              align_down(n - trim_tokens, align_tokens) when that is at
- *              least min_tokens (a client that appends text re-merges the
- *              last BPE tokens, so the very end is not worth keeping), and
- *              at the fork point the caller names (the server: where the
- *              first user turn of a one-turn conversation begins, so a new
- *              conversation on the same system prompt reuses all of it);
+ *              kvt_save_policy_cold() = align_down(n - trim_tokens,
+ *              align_tokens) when that is at least min_tokens (a client
+ *              that appends text re-merges the last BPE tokens, so the very
+ *              end is not worth keeping; align_tokens 128, the cache block,
+ *              puts it on the store's own grid), and at the fork point the
+ *              caller names (the server: where the first user turn of a
+ *              one-turn conversation begins, so a new conversation on the
+ *              same system prompt reuses all of it);
  *   continued  every continued_interval tokens on an absolute grid;
  *   evict, shutdown, manual   by the caller, at the session's length.
- * Save points must be checkpoint positions: use checkpoint_interval =
- * kvt_save_policy_grid(). */
+ * Save points must be checkpoint positions: mark the cold point before the
+ * prefill (the server and `kvtier run` do) and use checkpoint_interval =
+ * kvt_save_policy_grid(), which holds the continued points. */
 typedef struct kvt_save_policy {
     uint32_t min_tokens, trim_tokens, align_tokens, continued_interval;
 } kvt_save_policy;
-#define KVT_SAVE_POLICY_DEFAULT {512, 32, 2048, 8192}
-/* The checkpoint grid the policy needs (gcd of align and interval). */
+#define KVT_SAVE_POLICY_DEFAULT {512, 32, 128, 8192}
+/* The checkpoint grid the policy needs: gcd(2048, continued_interval), so
+ * that the continued points are on it and checkpoints stay 2,048 tokens or
+ * less apart (the cold point has a mark of its own). */
 uint32_t kvt_save_policy_grid(const kvt_save_policy *p);
+/* The cold save point of an n-token prompt (0: none; before the min_tokens
+ * and from-disk checks). */
+size_t kvt_save_policy_cold(const kvt_save_policy *p, size_t n);
+/* Before syncing an n-token prompt into s: make the sync leave a
+ * checkpoint at its cold point, for the save there. */
+void kvt_save_policy_mark(const kvt_save_policy *p, kvt_session *s, size_t n);
 /* Save what the policy asks for after a sync of n prompt tokens of which
  * `from_disk` were restored from the store; fork_at (0: none) is a cold save
  * point besides the aligned one, saved when the session holds a checkpoint

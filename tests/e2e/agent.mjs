@@ -110,7 +110,7 @@ async function disk() {
   section('turn 3 after a restart: system prompt + a new question, from disk');
   const d = await turn3('disk');
   // turn 1 saved where its user turn begins, so the whole system prompt
-  // comes back, not only the part below the 2048-token save grid
+  // comes back, not only the part below the 128-token save grid
   check(d.usage.prompt_tokens_details.cached_tokens >= SYS_BYTES,
     `turn 3 reuses the whole system prompt from disk (${d.usage.prompt_tokens_details.cached_tokens} >= ${SYS_BYTES})`);
   section('the same request again, from RAM');
