@@ -183,3 +183,42 @@ TEST(build_public_header)
     CHECKF(!found, "%zu private names in the public header", found);
     CHECKF(version, "%s defines no KVT_VERSION", path);
 }
+
+/* The module graph (tools/modgraph.sh, README "Source layout"): no arrow
+ * between files of src/, from an include or a call, points up a layer or
+ * forms a cycle. The control: a tree of two files where base/ calls into
+ * app/ must be reported. */
+TEST(build_module_graph)
+{
+    if (access("tools/modgraph.sh", X_OK) || system("command -v nm cc >/dev/null 2>&1"))
+        SKIP("tools/modgraph.sh absent (not run from the repository root), or nm or cc absent");
+    char build[512];
+    snprintf(build, sizeof build, "%s", kvt_test_bin());
+    char *slash = strrchr(build, '/');
+    if (slash) *slash = 0;
+    else snprintf(build, sizeof build, ".");
+    char cmd[1200], *out = NULL;
+    snprintf(cmd, sizeof cmd, "tools/modgraph.sh %s", build);
+    int st = run_sh(cmd, &out);
+    printf("    %s", out ? out : "(no output)\n");
+    bool clean = st == 0 && out && strstr(out, "none points up, no cycle");
+    free(out);
+    CHECKF(clean, "tools/modgraph.sh %s exited %d: an arrow points up or a cycle (above)", build, st);
+
+    char dir[] = "/tmp/kvtier-modgraph-XXXXXX";
+    CHECK(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cd %s && mkdir -p src/base src/app build/obj/base build/obj/app && "
+             "printf 'int up(void);\\nint low(void) { return up(); }\\n' >src/base/low.c && "
+             "printf 'int up(void) { return 1; }\\n' >src/app/up.c && "
+             "cc -c src/base/low.c -o build/obj/base/low.o && cc -c src/app/up.c -o build/obj/app/up.o && "
+             "cd - >/dev/null && MODGRAPH_ROOT=%s tools/modgraph.sh %s/build",
+             dir, dir, dir);
+    st = run_sh(cmd, &out);
+    bool caught = st == 1 && out && strstr(out, "up:    base/low -> app/up (call)");
+    if (!caught) printf("    control: exit %d: %s", st, out ? out : "(no output)\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("    could not remove %s\n", dir);
+    CHECKF(caught, "a call from base/ up into app/ was not reported");
+}
