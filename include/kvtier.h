@@ -102,6 +102,20 @@ int kvt_model_save(const kvt_model *m, const char *path);
 uint64_t kvt_model_fingerprint(const kvt_model *m);
 uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m);
 
+/* How the cache stores K and V rows (llama.cpp's cache types): each row is
+ * rounded once, when it is written (round-to-nearest-even to f16 or bf16;
+ * ggml's reference q8_0 quantisation), and read back exactly, so the type
+ * changes the bits a session computes but nothing else does. Window rings
+ * follow it; recurrent state stays f32; DeepSeek-V4 keeps the f16 rows its
+ * model defines whatever is asked. */
+typedef enum kvt_row_type {
+    KVT_ROWS_DEFAULT = 0, /* f16, as llama.cpp */
+    KVT_ROWS_F32,
+    KVT_ROWS_F16,
+    KVT_ROWS_BF16,
+    KVT_ROWS_Q8_0,
+} kvt_row_type;
+
 /* KV cache bytes for a context of ctx tokens, as the parts the
  * architecture's cache has: each a kind of entry, named, with its bytes.
  * The names kvtier's architectures use: "window" (sliding-window rings),
@@ -120,6 +134,8 @@ typedef struct kvt_plan {
     kvt_plan_part part[KVT_PLAN_MAX_PARTS]; /* in the architecture's order, each name once */
     uint64_t fixed, total;    /* the fixed parts' sum, every part's */
     uint64_t per_token_x1000; /* bytes per token x 1000 (may be fractional) */
+    kvt_row_type type_k, type_v; /* the types the rows were counted in */
+    bool rows_own;            /* the model defines its rows' type (DeepSeek-V4: f16), whatever was asked */
 } kvt_plan;
 /* The bytes of p's part of this name (0: p has none). */
 uint64_t kvt_plan_bytes(const kvt_plan *p, const char *name);
@@ -143,6 +159,19 @@ int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out);
 int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
                        kvt_plan *plan);
 void kvt_model_close(kvt_model *m);
+
+/* "f32", "f16", "bf16", "q8_0" (llama.cpp's names) to a row type;
+ * KVT_EINVAL naming the accepted ones otherwise. */
+int kvt_row_type_parse(const char *name, kvt_row_type *out);
+/* The name of a row type (KVT_ROWS_DEFAULT: "f16"); "?" for no type. */
+const char *kvt_row_type_name(kvt_row_type t);
+/* The types of the K and V rows of m's sessions (its cache types, part of
+ * the identity of every record its sessions save: a record of other types
+ * is a miss). Set before the first session of m is made (KVT_EBUSY after);
+ * KVT_EINVAL when the model's rows cannot take a type (q8_0 needs a head
+ * length that is a multiple of 32). DeepSeek-V4 keeps its own f16 rows:
+ * accepted and ignored (kvt_plan.rows_own says so). */
+int kvt_model_set_cache_types(kvt_model *m, kvt_row_type type_k, kvt_row_type type_v);
 void kvt_model_info_get(const kvt_model *m, kvt_model_info *out);
 
 /* Tokenize text (len bytes, any bytes). add_bos follows the model when
@@ -165,6 +194,7 @@ typedef struct kvt_session kvt_session;
 /* Progress callback for long prefills: done/total tokens of the current sync.
  * Return false to cancel (the tokens done so far stay in the session). */
 typedef bool (*kvt_progress_fn)(void *user, size_t done, size_t total);
+
 
 typedef struct kvt_session_opts {
     uint32_t n_ctx;        /* 0: the model's training context */

@@ -36,8 +36,11 @@ static int parse_opts(int argc, char **argv, opt *opts, size_t n_opts)
             usage(stdout);
             return 1;
         }
+        /* llama.cpp's short names */
+        const char *name = !strcmp(argv[i], "-ctk") ? "--cache-type-k" : !strcmp(argv[i], "-ctv") ? "--cache-type-v"
+                                                                                                 : argv[i];
         size_t k = 0;
-        for (; k < n_opts; k++) if (!strcmp(argv[i], opts[k].name)) break;
+        for (; k < n_opts; k++) if (!strcmp(name, opts[k].name)) break;
         if (k == n_opts) { fprintf(stderr, "kvtier: unknown argument '%s'\n", argv[i]); return -1; }
         if (opts[k].is_switch) { opts[k].value = ""; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "kvtier: %s needs a value\n", argv[i]); return -1; }
@@ -91,11 +94,33 @@ static int fail(int rc, const char *what)
 
 /* ---- shared pieces ---- */
 
-/* A GGUF path or a preset name; NULL is the built-in default model. */
-static int open_model(const char *path, kvt_model **m)
+/* --cache-type-k and --cache-type-v (-ctk, -ctv): the K and V rows' types */
+#define CACHE_OPTS {"--cache-type-k"}, {"--cache-type-v"}
+
+static bool parse_cache_types(const opt *o, size_t no, kvt_row_type *k, kvt_row_type *v)
 {
+    *k = *v = KVT_ROWS_DEFAULT;
+    const char *tk = get(o, no, "--cache-type-k"), *tv = get(o, no, "--cache-type-v");
+    if ((tk && kvt_row_type_parse(tk, k)) || (tv && kvt_row_type_parse(tv, v))) {
+        fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
+        return false;
+    }
+    return true;
+}
+
+/* A GGUF path or a preset name (NULL is the built-in default model), its
+ * cache types from o (NULL: the defaults). */
+static int open_model(const char *path, const opt *o, size_t no, kvt_model **m)
+{
+    kvt_row_type tk = KVT_ROWS_DEFAULT, tv = KVT_ROWS_DEFAULT;
+    if (o && !parse_cache_types(o, no, &tk, &tv)) return 2;
     int rc = kvt_model_open(m, path);
-    if (rc) return fail(rc, path ? path : KVT_DEFAULT_MODEL);
+    if (!rc) rc = kvt_model_set_cache_types(*m, tk, tv);
+    if (rc) {
+        kvt_model_close(*m);
+        *m = NULL;
+        return fail(rc, path ? path : KVT_DEFAULT_MODEL);
+    }
     return 0;
 }
 
@@ -384,7 +409,7 @@ static int cmd_run(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
-               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS};
+               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -413,7 +438,7 @@ static int cmd_run(int argc, char **argv)
     const char *prompt = get(o, no, "--prompt");
     if (!prompt) prompt = "";
     kvt_model *m = NULL;
-    int r = open_model(get(o, no, "--model"), &m);
+    int r = open_model(get(o, no, "--model"), o, no, &m);
     if (r) return r;
     kvt_model_info info;
     kvt_model_info_get(m, &info);
@@ -606,7 +631,7 @@ static int cmd_info(int argc, char **argv)
         return 0;
     }
     if (dr != KVT_ENOENT) return fail(dr, "info");
-    int r = open_model(path, &m);
+    int r = open_model(path, NULL, 0, &m);
     if (r) return r;
     kvt_model_info_get(m, &i);
     printf("architecture  %s\nname          %s\nparameters    %llu\n", i.arch, i.name,
@@ -621,7 +646,7 @@ static int cmd_info(int argc, char **argv)
 
 static int cmd_perplexity(int argc, char **argv)
 {
-    opt o[] = {{"--model"}, {"--file"}, {"--threads"}, {"--ctx"}};
+    opt o[] = {{"--model"}, {"--file"}, {"--threads"}, {"--ctx"}, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t threads = 0, ctx = 0;
@@ -641,7 +666,7 @@ static int cmd_perplexity(int argc, char **argv)
     fclose(f);
     if (!text) { fprintf(stderr, "kvtier: out of memory reading %s\n", path); return 1; }
     kvt_model *m = NULL;
-    int r = open_model(get(o, no, "--model"), &m);
+    int r = open_model(get(o, no, "--model"), o, no, &m);
     if (r) { free(text); return r; }
     int32_t *ids = NULL;
     size_t n = 0;
@@ -838,7 +863,7 @@ static int cmd_serve(int argc, char **argv)
                {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
-               DISK_OPTS};
+               DISK_OPTS, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -963,8 +988,11 @@ static int cmd_serve(int argc, char **argv)
             free(file_text);
             return 2;
         }
+    kvt_row_type type_k, type_v;
+    if (!parse_cache_types(o, no, &type_k, &type_v)) return 2;
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
+        .type_k = type_k, .type_v = type_v,
         .host = get(o, no, "--host") ? get(o, no, "--host") : "127.0.0.1", .port = (uint16_t)port,
         .n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads, .max_tokens = (uint32_t)max_tokens,
         .queue = (uint32_t)(queue ? queue : 1), .parallel = (uint32_t)parallel, .disk_dir = disk.on ? disk.dir : NULL, .disk_bytes = disk.budget,
@@ -988,7 +1016,8 @@ static void print_bytes(const char *what, uint64_t b)
 
 static int cmd_plan(int argc, char **argv)
 {
-    opt o[] = {{"--model"}, {"--preset"}, {"--ctx"}, {"--layers"}, {"--kv-heads"}, {"--head-dim"}, {"--bytes"}};
+    opt o[] = {{"--model"}, {"--preset"}, {"--ctx"}, {"--layers"}, {"--kv-heads"}, {"--head-dim"}, {"--bytes"},
+               CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t ctx = 0, L = 0, H = 0, D = 0, B = 2;
@@ -1029,12 +1058,13 @@ static int cmd_plan(int argc, char **argv)
     } else {
         kvt_model *m = NULL;
         what = get(o, no, "--model") ? get(o, no, "--model") : get(o, no, "--preset");
-        int r = open_model(what, &m);
+        int r = open_model(what, o, no, &m);
         if (r) return r;
         kvt_model_plan(m, ctx, &p);
         kvt_model_close(m);
         if (!what) what = KVT_DEFAULT_MODEL;
     }
+    char rows_kv[32];
     printf("KV cache plan for %s at %llu tokens\n", what, (unsigned long long)ctx);
     /* the rows every plan prints (0 where the architecture has no such
      * part), then any other part it has */
@@ -1047,6 +1077,11 @@ static int cmd_plan(int argc, char **argv)
         if (j == nr) print_bytes(p.part[i].name, p.part[i].bytes);
     }
     printf("%-12s %24.3f B\n", "per token", p.per_token_x1000 / 1000.0);
+    if (p.type_k) /* the rows' types: what was asked, or the model's own */
+        printf("%-12s %26s\n", "rows", p.rows_own ? "f16 (the model's own)"
+                                   : p.type_k == p.type_v ? kvt_row_type_name(p.type_k)
+                                   : (snprintf(rows_kv, sizeof rows_kv, "K %s, V %s", kvt_row_type_name(p.type_k),
+                                               kvt_row_type_name(p.type_v)), rows_kv));
     print_bytes("fixed", p.fixed);
     print_bytes("total", p.total);
     return 0;

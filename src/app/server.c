@@ -1855,7 +1855,9 @@ int kvt_serve(const kvt_server_opts *opts)
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
     if ((rc = kvt_fill_random(sv->secret, sizeof sv->secret))) goto out;
-    if ((rc = kvt_model_open(&sv->m, opts->model))) goto out;
+    if ((rc = kvt_model_open(&sv->m, opts->model)) ||
+        (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
+        goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
     sv->n_tn = opts->n_keys ? opts->n_keys : 1;

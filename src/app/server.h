@@ -10,6 +10,7 @@
 typedef struct kvt_server_opts {
     const char *model;        /* GGUF path or preset; NULL: the default model */
     const char *model_id;     /* id clients use; NULL: the model's name */
+    kvt_row_type type_k, type_v; /* the cache types (KVT_ROWS_DEFAULT: f16) */
     const char *host;         /* IPv4 address to bind */
     uint16_t port;
     uint32_t n_ctx, n_threads, queue;

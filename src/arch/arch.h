@@ -15,6 +15,8 @@
 #include "base/threads.h"
 #include "text/tokenizer.h"
 
+#include <stdatomic.h>
+
 /* One session's part of a batched forward pass (kvt_arch.forward_batch):
  * tokens tok[0..n) at positions pos0.. of session s, logits of rows >= lfrom
  * into logits, as kvt_arch.forward takes them. */
@@ -60,6 +62,12 @@ typedef struct kvt_arch {
      * it is loaded (state_rebuild). NULL: none. */
     size_t (*replay_tokens)(const kvt_model *m, size_t n);
     /* ---- running it ---- */
+    /* Whether the model's K and V rows can be kept in these types (the
+     * arguments resolved, never KVT_ROWS_DEFAULT): KVT_OK, or KVT_EINVAL
+     * naming why not. NULL: the model's rows have a type of their own and
+     * the cache types do not apply (kvt_model_set_cache_types accepts and
+     * ignores them). */
+    int (*cache_types)(const kvt_model *m, kvt_row_type type_k, kvt_row_type type_v);
     /* Create s->cache for a context of s->n_ctx tokens. */
     int (*cache_new)(kvt_session *s);
     /* Run tokens tok[0..n) at absolute positions pos0..pos0+n-1; the cache
@@ -115,7 +123,19 @@ struct kvt_model {
     void *weights;           /* architecture-specific */
     kvt_gguf *file;          /* the mapped GGUF whose tensors the weights borrow; NULL: they own theirs */
     kvt_tokenizer *tok;
+    /* The K and V rows' types (kvt_model_set_cache_types; resolved, never
+     * KVT_ROWS_DEFAULT), for architectures with a cache_types row; both
+     * KVT_ROWS_DEFAULT for the others (their rows are their own). */
+    kvt_row_type type_k, type_v;
+    _Atomic bool sessions_made; /* a session of it exists or existed: the types are fixed */
 };
+
+/* Whether m's rows are rounded to a cache type on writing (a type other
+ * than f32 for K or V): the types are then part of its records' identity. */
+static inline bool kvt_model_rows_rounded(const kvt_model *m)
+{
+    return m->type_k != KVT_ROWS_DEFAULT && (m->type_k != KVT_ROWS_F32 || m->type_v != KVT_ROWS_F32);
+}
 
 /* A rollback point: the fixed state and logits at a position (the streams'
  * rows are append-only, so truncating them restores the rest). */

@@ -1633,6 +1633,8 @@ static int ds4_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
 static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 {
     memset(out, 0, sizeof *out);
+    out->type_k = out->type_v = KVT_ROWS_F16; /* the model's own rows, whatever cache types are asked */
+    out->rows_own = true;
     /* every part, even at 0 bytes: four names, in room for KVT_PLAN_MAX_PARTS */
     kvt_plan_add(out, "window", 0, true);
     kvt_plan_add(out, "compressed", 0, false);

@@ -36,6 +36,7 @@
 #include "arch/llama.h"
 #include "arch/llama_weights.h"
 #include "arch/moe.h"
+#include "cache/rows.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -70,6 +71,8 @@ typedef struct llama_work {
     float *pl, *pl0;   /* per-layer embeddings: (ch, L * n_pl) the layers' inputs, the token rows */
     float *pg;         /* (ch, n_pl) a layer's gate */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
+    float *rowbuf;     /* (parts, KVT_BLOCK, hd_max) a run of one head's rows read from their type (rows_at) */
+    size_t hd_max;
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
     float *qg;         /* qwen35: (ch, 2 QD) each head's queries then its output gate */
     float *sh, *shg;   /* qwen35moe: (ch, D) the shared expert's output, (ch) its gate */
@@ -105,7 +108,7 @@ static int llama_cache_new(kvt_session *s)
     uint32_t (*spec)[2] = kvt_calloc(n ? n : 1, sizeof *spec);
     if (!spec) return KVT_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        spec[i][0] = w->stream_kv[i / 2] * (uint32_t)sizeof(float);
+        spec[i][0] = (uint32_t)kvt_rows_bytes(i % 2 ? w->type_v : w->type_k, w->stream_kv[i / 2]);
         spec[i][1] = KVT_BLOCK;
     }
     s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, kvt_llama_weights_state_bytes(w));
@@ -113,7 +116,7 @@ static int llama_cache_new(kvt_session *s)
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
 
-#define WORK_BUFS 31
+#define WORK_BUFS 32
 
 /* Every allocation of the scratch but k itself and its DeltaNet scratch,
  * WORK_BUFS of them. */
@@ -122,7 +125,7 @@ static void work_bufs(const llama_work *k, void **b)
     void *all[WORK_BUFS] = {k->x, k->xb, k->q, k->att, k->k, k->v, k->h1, k->h3, k->sk, k->sv, k->m2,
                             k->pl, k->pl0, k->pg, k->lg, k->ew, k->mo, k->ex, k->ms.xe, k->ms.eo, k->ms.f1,
                             k->ms.f3, k->ms.rt, k->scores, k->qx, k->qg, k->sh, k->shg, k->tok, k->pos,
-                            k->lgb};
+                            k->lgb, k->rowbuf};
     memcpy(b, all, sizeof all);
 }
 
@@ -156,10 +159,16 @@ static int scores_fit(llama_work *k, size_t parts)
     size_t n;
     if (!kvt_mul_ok(parts * ATT_TOKS * k->group, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
         return kvt_fail(KVT_ENOMEM, "attention scores for %zu threads", parts);
-    float *sc = kvt_malloc(n * sizeof(float));
-    if (!sc) return KVT_ENOMEM;
+    float *sc = kvt_malloc(n * sizeof(float)), *rb = kvt_malloc(parts * KVT_BLOCK * k->hd_max * sizeof(float));
+    if (!sc || !rb) {
+        free(sc);
+        free(rb);
+        return KVT_ENOMEM;
+    }
     free(k->scores);
+    free(k->rowbuf);
     k->scores = sc;
+    k->rowbuf = rb;
     k->parts = parts;
     return KVT_OK;
 }
@@ -174,6 +183,7 @@ static int llama_work_new(kvt_session *s)
     for (uint32_t l = 0; l < w->L; l++) {
         size_t gr = w->layers[l].H / w->layers[l].Hkv;
         k->group = gr > k->group ? gr : k->group;
+        k->hd_max = w->layers[l].hd > k->hd_max ? w->layers[l].hd : k->hd_max;
     }
     size_t D = w->D, QD = w->QD, KV = w->KV, F = w->F, ch = k->ch, NP = (size_t)w->n_pl * w->L;
     k->x = kvt_malloc(ch * D * sizeof(float));
@@ -261,36 +271,55 @@ struct attn_ctx {
     const kvt_cache *cache;
     size_t stream, pos0, n; /* stream: a global layer's K stream (V: the next) */
     size_t swa;        /* a window layer's window (0: every position before) */
-    const float *ring; /* a window layer's rings (2, swa, KV): K and V of the positions before pos0;
-                        * NULL: a global layer */
+    const uint8_t *ring; /* a window layer's rings (swa K rows, then swa V rows): the positions before
+                          * pos0; NULL: a global layer */
     const float *kp, *vp; /* (n, KV) a window layer: this pass's K and V rows */
     const float *q;    /* (n, QD) */
     float *out;        /* (n, QD) */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
     size_t n_ctx;
+    float *rowbuf;     /* (parts, KVT_BLOCK, hd) */
 };
 
-/* Row j of K (v = 0) or V (v = 1) for attention: *end is the first
- * position past j whose row does not follow it in memory. A global layer's
- * rows are its streams' (contiguous within a block); a window layer's
- * positions before the pass are in its ring (contiguous up to the ring's
- * end), its own in the pass's scratch. Only the rows' values reach the
+/* Rows j .. *end - 1 of KV head h's K (v = 0) or V (v = 1) for attention,
+ * as f32 with *ld floats from one to the next. A global layer's rows are
+ * its streams' (contiguous within a block); a window layer's positions
+ * before the pass are in its ring (contiguous up to the ring's end), its
+ * own in the pass's scratch (as f32, already rounded to the row type:
+ * rope_range). Rows of another type than f32 are read (exactly) into
+ * part's rowbuf, up to a block of them. Only the rows' values reach the
  * result (each score is its own dot product, values are mixed in position
  * order), so where a run ends changes no bit. */
-static const float *rows_at(const struct attn_ctx *c, int v, size_t j, size_t *end)
+static const float *rows_at(const struct attn_ctx *c, uint32_t part, int v, size_t h, size_t j, size_t *end,
+                            size_t *ld)
 {
+    const kvt_llama_weights *w = c->w;
+    size_t KV = c->ly->KV, W = c->swa, hd = c->ly->hd;
+    kvt_row_type t = v ? w->type_v : w->type_k;
+    size_t rb = kvt_rows_bytes(t, KV), hb = kvt_rows_bytes(t, hd);
+    const uint8_t *row;
+    if (c->ring && j >= c->pos0) {
+        *end = SIZE_MAX;
+        *ld = KV;
+        return (v ? c->vp : c->kp) + (j - c->pos0) * KV + h * hd;
+    }
     if (!c->ring) {
         *end = (j / KVT_BLOCK + 1) * KVT_BLOCK;
-        return kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
+        row = kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
+    } else {
+        size_t slot = j % W;
+        *end = j + (W - slot) < c->pos0 ? j + (W - slot) : c->pos0;
+        row = c->ring + (v ? W * kvt_rows_bytes(w->type_k, KV) : 0) + slot * rb;
     }
-    size_t KV = c->ly->KV, W = c->swa;
-    if (j >= c->pos0) {
-        *end = SIZE_MAX;
-        return (v ? c->vp : c->kp) + (j - c->pos0) * KV;
+    if (t == KVT_ROWS_F32) {
+        *ld = KV;
+        return (const float *)row + h * hd;
     }
-    size_t slot = j % W;
-    *end = j + (W - slot) < c->pos0 ? j + (W - slot) : c->pos0;
-    return c->ring + ((size_t)v * W + slot) * KV;
+    if (*end > j + KVT_BLOCK) *end = j + KVT_BLOCK;
+    float *buf = c->rowbuf + (size_t)part * KVT_BLOCK * hd;
+    for (size_t i = j; i < *end; i++) kvt_rows_get(t, buf + (i - j) * hd, row + (i - j) * rb + h * hb, hd);
+    *ld = hd;
+    return buf;
 }
 
 /* One span of one kind of work (scores, or values mixed: mix) for tokens
@@ -298,14 +327,14 @@ static const float *rows_at(const struct attn_ctx *c, int v, size_t j, size_t *e
  * of rows kr that starts at j0. Two tokens go through the kernels together
  * (each row read once for both), one token's query heads as kvt_dots_rows
  * and kvt_axpys_rows take them. */
-struct span { const struct attn_ctx *c; float *att; size_t ldg, i0, kvh; const float *kr; size_t j0; bool mix; };
+struct span { const struct attn_ctx *c; float *att; size_t ldg, i0, kvh; const float *kr; size_t ld, j0; bool mix; };
 
 static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size_t je)
 {
     if (ja >= je) return;
     const struct attn_ctx *c = sp->c;
     const kvt_llama_layer *ly = c->ly;
-    size_t group = ly->H / ly->Hkv, hd = ly->hd, row_f = ly->KV, QD = ly->QD;
+    size_t group = ly->H / ly->Hkv, hd = ly->hd, row_f = sp->ld, QD = ly->QD;
     float scale = c->w->scale;
     const float *rows = sp->kr + (ja - sp->j0) * row_f;
     if (nu == 1) {
@@ -364,7 +393,9 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
                     memset(c->out + (i0 + u) * QD + kvh * group * hd, 0, group * hd * sizeof(float));
                 }
             for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
-                struct span sp = {c, att, ldg, i0, kvh, rows_at(c, mix, j0, &j1) + kvh * hd, j0, mix};
+                size_t ld;
+                const float *kr = rows_at(c, part, mix, kvh, j0, &j1, &ld);
+                struct span sp = {c, att, ldg, i0, kvh, kr, ld, j0, mix};
                 for (size_t u = 0; u < nt; u += step) {
                     size_t t = t0 + u, a0 = LO(t) > j0 ? LO(t) : j0, e0 = t + 1 < j1 ? t + 1 : j1;
                     if (step == 1 || u + 1 == nt) { span_run(&sp, u, 1, a0, e0); continue; }
@@ -451,6 +482,10 @@ static void rope_range(void *arg, size_t i0, size_t i1)
                             hd, w->eps);
         kvt_rope_heads(q, ly->H, k, nk, hd, ly->n_rot, c->pos[i], ly->base, ly->ff,
                        w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
+        /* K and V as every reader will see them: rounded once to the rows'
+         * types (the same bytes when stored) */
+        if (k) kvt_rows_round(w->type_k, k, ly->KV);
+        if (v) kvt_rows_round(w->type_v, v, ly->KV);
     }
 }
 
@@ -595,19 +630,21 @@ static void ple_range(void *arg, size_t i0, size_t i1)
 }
 
 /* K and V rows of a pass's last min(n, W) positions into a window layer's
- * rings (KV floats each). */
-static void ring_put(float *ring, size_t W, size_t KV, const float *k, const float *v, size_t n, size_t pos0)
+ * rings (KV elements each, stored in the rows' types). */
+static void ring_put(const kvt_llama_weights *w, uint8_t *ring, size_t KV, const float *k, const float *v, size_t n,
+                     size_t pos0)
 {
+    size_t W = w->swa, rk = kvt_rows_bytes(w->type_k, KV), rv = kvt_rows_bytes(w->type_v, KV);
     for (size_t i = n > W ? n - W : 0; i < n; i++) {
         size_t slot = (pos0 + i) % W;
-        memcpy(ring + slot * KV, k + i * KV, KV * sizeof(float));
-        memcpy(ring + (W + slot) * KV, v + i * KV, KV * sizeof(float));
+        kvt_rows_put(w->type_k, ring + slot * rk, k + i * KV, KV);
+        kvt_rows_put(w->type_v, ring + W * rk + slot * rv, v + i * KV, KV);
     }
 }
 
-static float *ring_of(const kvt_session *s, const kvt_llama_weights *w, int32_t at)
+static uint8_t *ring_of(const kvt_session *s, const kvt_llama_weights *w, int32_t at)
 {
-    return at < 0 ? (float *)(s->cache->state + w->ring_at[-1 - at]) : NULL;
+    return at < 0 ? s->cache->state + w->ring_at[-1 - at] : NULL;
 }
 
 /* A pass's tokens and positions into the scratch (wk->tok, wk->pos), n of
@@ -693,19 +730,19 @@ static int attention(kvt_pool *pool, llama_work *wk, const kvt_llama_weights *w,
     for (size_t g = 0, off = 0; g < k; off += sg[g++].n) {
         kvt_session *s = sg[g].s;
         size_t sn = sg[g].n, pos0 = sg[g].pos0;
-        float *ring = ring_of(s, w, at);
+        uint8_t *ring = ring_of(s, w, at);
         for (size_t i = 0; i < sn && !ring && !ly->shared; i++) {
-            float *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
-            float *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
+            void *kr = kvt_cache_row(s->cache, (size_t)at, pos0 + i);
+            void *vr = kvt_cache_row(s->cache, (size_t)at + 1, pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", pos0 + i);
-            memcpy(kr, kk + (off + i) * KV, KV * sizeof(float));
-            memcpy(vr, v + (off + i) * KV, KV * sizeof(float));
+            kvt_rows_put(w->type_k, kr, kk + (off + i) * KV, KV);
+            kvt_rows_put(w->type_v, vr, v + (off + i) * KV, KV);
         }
         /* a shared window layer: its source's ring as before the pass,
          * and its source's rows of the pass */
         const float *kp = (ly->shared ? wk->sk : kk) + off * KV, *vp = (ly->shared ? wk->sv : v) + off * KV;
         struct attn_ctx ac = {w, ly, s->cache, ring ? 0 : (size_t)at, pos0, sn, window, ring, kp, vp,
-                              q + off * ly->QD, att + off * ly->QD, wk->scores, wk->n_ctx};
+                              q + off * ly->QD, att + off * ly->QD, wk->scores, wk->n_ctx, wk->rowbuf};
         /* one (token group, KV head) scores and mixes up to pos0 + sn
          * rows per query head and token: give a thread at least 128K
          * multiply-adds (measured in bench/README.md), so a tiny model's
@@ -718,7 +755,7 @@ static int attention(kvt_pool *pool, llama_work *wk, const kvt_llama_weights *w,
          * (the shared layers' source: once they all have read it) */
         if (ring && !ly->shared &&
             ((int32_t)l != w->swa_src || kvt_llama_fault == KVT_LLAMA_FAULT_SOURCE_RING_EARLY))
-            ring_put(ring, w->swa, KV, kk + off * KV, v + off * KV, sn, pos0);
+            ring_put(w, ring, KV, kk + off * KV, v + off * KV, sn, pos0);
     }
     if (gated) /* the output times sigmoid(gate) */
         for (size_t i = 0; i < n; i++)
@@ -794,7 +831,7 @@ static void pass_logits(kvt_pool *pool, llama_work *wk, const kvt_llama_weights 
     float *x = wk->x, *xb = wk->xb;
     if (w->swa_src >= 0) /* the shared layers' source ring, read by all of them */
         for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
-            ring_put(ring_of(sg[g].s, w, w->kv_at[w->swa_src]), w->swa, w->layers[w->swa_src].KV,
+            ring_put(w, ring_of(sg[g].s, w, w->kv_at[w->swa_src]), w->layers[w->swa_src].KV,
                      wk->sk + off * w->layers[w->swa_src].KV, wk->sv + off * w->layers[w->swa_src].KV, sg[g].n,
                      sg[g].pos0);
     /* the last layer's residual */
@@ -943,11 +980,11 @@ static void llama_state_save(const kvt_session *s, kvt_wbuf *b)
     const kvt_llama_weights *w = s->m->weights;
     size_t n = s->n, W = w->swa;
     for (size_t r = 0; r < w->n_ring; r++) {
-        const float *ring = (const float *)(s->cache->state + w->ring_at[r]);
-        size_t KV = w->ring_kv[r];
+        const uint8_t *ring = s->cache->state + w->ring_at[r];
+        size_t KV = w->ring_kv[r], rk = kvt_rows_bytes(w->type_k, KV), rv = kvt_rows_bytes(w->type_v, KV);
         for (int v = 0; v < 2; v++)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
-                kvt_wbuf_put(b, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float));
+                kvt_wbuf_put(b, ring + (v ? W * rk + t % W * rv : t % W * rk), v ? rv : rk);
     }
     /* the DeltaNet layers' states as they are (their layout is logical) */
     if (w->n_rec) kvt_wbuf_put(b, s->cache->state + w->rec_at, kvt_llama_weights_state_bytes(w) - w->rec_at);
@@ -958,14 +995,14 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
     const kvt_llama_weights *w = s->m->weights;
     size_t W = w->swa;
     for (size_t r = 0; r < w->n_ring; r++) {
-        float *ring = (float *)(s->cache->state + w->ring_at[r]);
-        size_t KV = w->ring_kv[r];
+        uint8_t *ring = s->cache->state + w->ring_at[r];
+        size_t KV = w->ring_kv[r], rk = kvt_rows_bytes(w->type_k, KV), rv = kvt_rows_bytes(w->type_v, KV);
         for (int v = 0; v < 2; v++)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
-                if (!kvt_rbuf_get(rb, ring + ((size_t)v * W + t % W) * KV, KV * sizeof(float)))
+                if (!kvt_rbuf_get(rb, ring + (v ? W * rk + t % W * rv : t % W * rk), v ? rv : rk))
                     return kvt_fail(KVT_EFORMAT, "%s state: the window rings of %zu tokens are truncated",
                                     w->fam->name, n);
-        if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ring[(n > W ? n - W : 0) % W * KV] += 1.0f;
+        if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ring[(n > W ? n - W : 0) % W * rk] ^= 1;
     }
     if (w->n_rec) {
         uint8_t *st = s->cache->state + w->rec_at;
@@ -976,24 +1013,33 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
     return KVT_OK;
 }
 
-/* The cache at ctx tokens: full f32 K and V rows for the global layers, the
- * window layers' rings and the DeltaNet layers' state (both fixed). */
+/* The cache at ctx tokens: full K and V rows of the global layers in
+ * their types, the window layers' rings (in the same types) and the
+ * DeltaNet layers' state (f32; both fixed). */
 static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     const kvt_llama_weights *w = m->weights;
     memset(out, 0, sizeof *out);
     uint64_t row = 0;
-    for (size_t i = 0; i < w->n_global; i++) row += 2ull * w->stream_kv[i] * sizeof(float);
+    for (size_t i = 0; i < w->n_global; i++)
+        row += kvt_rows_bytes(w->type_k, w->stream_kv[i]) + kvt_rows_bytes(w->type_v, w->stream_kv[i]);
     kvt_plan_add(out, "window", w->ring_at[w->n_ring], true);
     kvt_plan_add(out, "full rows", ctx * row, false);
     if (w->n_rec) kvt_plan_add(out, "recurrent", kvt_llama_weights_state_bytes(w) - w->rec_at, true);
     out->per_token_x1000 = 1000ull * row;
+    out->type_k = w->type_k;
+    out->type_v = w->type_v;
     return KVT_OK;
+}
+
+static int llama_cache_types(const kvt_model *m, kvt_row_type type_k, kvt_row_type type_v)
+{
+    return kvt_llama_weights_rows(m->weights, type_k, type_v, true);
 }
 
 #define LLAMA_OPS                                                                 \
     .handles = kvt_llama_weights_handles, .load = llama_load,                                 \
-    .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
+    .cache_types = llama_cache_types, .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
     .fingerprint = kvt_llama_weights_fingerprint, \
     .weights_pack = kvt_llama_weights_pack, .weights_free = kvt_llama_weights_free, .plan = llama_plan,   \
     .work_new = llama_work_new, .work_free = llama_work_free, .work_bytes = llama_work_bytes

@@ -61,6 +61,7 @@
  *
  */
 #include "arch/llama_weights.h"
+#include "cache/rows.h"
 #include "arch/tensor.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
@@ -497,13 +498,35 @@ static int llama_layout(kvt_llama_weights *w)
             if (w->kv_at[src] < 0) w->swa_src = (int32_t)src;
         } else if (swa && kvt_llama_fault != KVT_LLAMA_FAULT_NO_WINDOW) {
             w->ring_kv[w->n_ring] = ly->KV;
-            w->ring_at[w->n_ring + 1] = w->ring_at[w->n_ring] + 2 * (size_t)w->swa * ly->KV * sizeof(float);
             w->kv_at[l] = -1 - (int32_t)w->n_ring++;
         } else {
             w->stream_kv[w->n_global] = ly->KV;
             w->kv_at[l] = (int32_t)(2 * w->n_global++);
         }
     }
+    return kvt_llama_weights_rows(w, kvt_rows_resolve(KVT_ROWS_DEFAULT), kvt_rows_resolve(KVT_ROWS_DEFAULT),
+                                  true);
+}
+
+int kvt_llama_weights_rows(kvt_llama_weights *w, kvt_row_type type_k, kvt_row_type type_v, bool set)
+{
+    /* attention reads a head's part of a row on its own: a block may not
+     * straddle two heads */
+    for (uint32_t l = 0; l < w->L; l++) {
+        const kvt_llama_layer *ly = &w->layers[l];
+        if (ly->recr || ly->shared) continue;
+        for (int v = 0; v < 2; v++)
+            if (!kvt_rows_fits(v ? type_v : type_k, ly->hd))
+                return kvt_fail(KVT_EINVAL, "cache type %s for %c: layer %u's heads are %zu long, not a multiple of %zu",
+                                kvt_row_type_name(v ? type_v : type_k), v ? 'V' : 'K', l, (size_t)ly->hd,
+                                kvt_rows_block(v ? type_v : type_k));
+    }
+    if (!set) return KVT_OK;
+    w->type_k = type_k;
+    w->type_v = type_v;
+    for (size_t r = 0; r < w->n_ring; r++)
+        w->ring_at[r + 1] = w->ring_at[r] + (size_t)w->swa * (kvt_rows_bytes(type_k, w->ring_kv[r]) +
+                                                              kvt_rows_bytes(type_v, w->ring_kv[r]));
     w->rec_at = w->ring_at[w->n_ring];
     return KVT_OK;
 }

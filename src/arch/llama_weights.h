@@ -91,7 +91,9 @@ typedef struct kvt_llama_weights {
     int32_t *kv_at;    /* (L) a global layer's K stream (V: the next), or -1 - r for the r-th window
                         * layer, whose rings are at state offset ring_at[r]; a shared layer: its source's */
     size_t n_global, n_ring;
-    size_t *ring_at;   /* (n_ring + 1) the state offsets of the window layers' rings, (2, swa, KV) f32 each */
+    size_t *ring_at;   /* (n_ring + 1) the state offsets of the window layers' rings: swa K rows of the
+                        * layer's KV elements in type_k, then swa V rows in type_v */
+    kvt_row_type type_k, type_v; /* the rows' types (resolved; kvt_llama_weights_rows) */
     uint32_t *ring_kv, *stream_kv; /* (n_ring), (n_global) their row lengths (KV) */
     uint32_t n_kv;     /* the layers with K and V of their own (the first n_kv) */
     int32_t swa_src;   /* the window layer whose ring shared layers read (its ring is written at the pass's
@@ -127,6 +129,10 @@ void kvt_llama_weights_free(void *w);
 int kvt_llama_weights_pack(void *w, const kvt_gguf *g);
 /* Hash over the configuration and every weight (kvt_arch.fingerprint). */
 uint64_t kvt_llama_weights_fingerprint(const void *w);
+/* Whether K and V rows of these types (resolved) fit the model's rows
+ * (KVT_EINVAL naming the layer and length when not), and when set, the
+ * rings laid out for them (ring_at, rec_at). */
+int kvt_llama_weights_rows(kvt_llama_weights *w, kvt_row_type type_k, kvt_row_type type_v, bool set);
 /* The fixed state's bytes: the window rings, then the DeltaNet layers'
  * states (at rec_at). */
 size_t kvt_llama_weights_state_bytes(const kvt_llama_weights *w);

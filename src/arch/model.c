@@ -3,6 +3,7 @@
  * An architecture may use tensors in place (kvt_model_tensor_mat): the model
  * then keeps the mapping open (m->file) until it is closed. */
 #include "arch/model.h"
+#include "cache/rows.h"
 #include "base/util.h"
 
 #include <stdio.h>
@@ -69,6 +70,7 @@ static int keep_chat_template(kvt_model *m, const kvt_gguf *g)
 static int finish(kvt_model *m)
 {
     fill_tokenizer_info(m);
+    if (m->arch->cache_types) m->type_k = m->type_v = kvt_rows_resolve(KVT_ROWS_DEFAULT);
     m->fingerprint = m->arch->fingerprint(m->weights);
     return tokenizer_fingerprint(m);
 }
@@ -245,6 +247,22 @@ int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 {
     if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
     return m->arch->plan(m, ctx, out);
+}
+
+int kvt_model_set_cache_types(kvt_model *m, kvt_row_type type_k, kvt_row_type type_v)
+{
+    if (!m->arch) return kvt_fail(KVT_EINVAL, "model '%s' has a tokenizer only", m->name);
+    kvt_row_type k = kvt_rows_resolve(type_k), v = kvt_rows_resolve(type_v);
+    if (!kvt_rows_fits(k, 0) || !kvt_rows_fits(v, 0))
+        return kvt_fail(KVT_EINVAL, "cache types: %d, %d: not a row type", (int)type_k, (int)type_v);
+    if (atomic_load(&m->sessions_made))
+        return kvt_fail(KVT_EINVAL, "model '%s': cache types are set before its first session", m->name);
+    if (!m->arch->cache_types) return KVT_OK; /* rows of its own */
+    int rc = m->arch->cache_types(m, k, v);
+    if (rc) return rc;
+    m->type_k = k;
+    m->type_v = v;
+    return KVT_OK;
 }
 
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)

@@ -1421,6 +1421,7 @@ bool kvt_qs_shared(size_t n)
 
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->f16_to_f32(dst, src, n); }
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n) { ops()->f32_to_f16(dst, src, n); }
+void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->bf16_to_f32(dst, src, n); }
 
 /* ---- the kernels of each instruction set ---- */
 

@@ -51,6 +51,8 @@ bool kvt_qs_shared(size_t n);
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */
 void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
+/* bfloat16 rows to f32 (exact). */
+void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 
 /* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
  * output is the fixed-order dot product above over W's row as f32: a row in

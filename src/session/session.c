@@ -168,6 +168,7 @@ static int session_make(kvt_session **out, kvt_model *m, const kvt_session_opts 
     if (opts) o = *opts;
     kvt_session *s = kvt_calloc(1, sizeof *s);
     if (!s) return KVT_ENOMEM;
+    atomic_store(&m->sessions_made, true); /* its cache types are fixed from here on */
     s->m = m;
     s->n_ctx = o.n_ctx ? o.n_ctx : m->info.n_ctx_train;
     s->chunk = o.chunk ? o.chunk : DEFAULT_CHUNK;

@@ -29,6 +29,7 @@
  */
 #include "session/snapshot.h"
 #include "arch/model.h"
+#include "cache/rows.h"
 #include "base/threads.h"
 #include "base/util.h"
 
@@ -67,8 +68,12 @@ static void put_u64_at(uint8_t *p, uint64_t v) { for (int k = 0; k < 8; k++) p[k
 
 uint64_t kvt_snap_key0(const kvt_model *m)
 {
-    uint64_t seed[2] = {m->fingerprint, m->tok_fingerprint};
-    return XXH3_64bits(seed, sizeof seed);
+    /* rows rounded to a cache type: the types (ggml's ids) too, so that a
+     * record of other types is a miss; f32 rows keep the key they have
+     * always had */
+    uint64_t seed[3] = {m->fingerprint, m->tok_fingerprint,
+                        kvt_rows_ggml(m->type_k) | (uint64_t)kvt_rows_ggml(m->type_v) << 32};
+    return XXH3_64bits(seed, kvt_model_rows_rounded(m) ? sizeof seed : 2 * sizeof seed[0]);
 }
 
 _Atomic uint64_t kvt_snap_key_steps;
