@@ -105,7 +105,7 @@ void kvt_rows_round(kvt_row_type t, float *x, size_t n)
 {
     const struct row_type *r = type_of(t);
     if (r->ggml == KVT_GGML_F32) return;
-    uint8_t tmp[64 * Q8_BYTES]; /* 2048 elements of any type */
+    uint8_t tmp[2048 * 2]; /* 2048 elements of any type but f32 (2 bytes or less each) */
     for (size_t i = 0; i < n;) {
         size_t m = n - i < 2048 ? n - i : 2048;
         r->put(tmp, x + i, m);
