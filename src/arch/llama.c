@@ -484,6 +484,7 @@ static void rope_range(void *arg, size_t i0, size_t i1)
                        w->fam->neox && kvt_llama_fault != KVT_LLAMA_FAULT_ROPE_PAIRS);
         /* K and V as every reader will see them: rounded once to the rows'
          * types (the same bytes when stored) */
+        if (kvt_llama_fault == KVT_LLAMA_FAULT_ROWS_UNROUNDED) continue; /* tests */
         if (k) kvt_rows_round(w->type_k, k, ly->KV);
         if (v) kvt_rows_round(w->type_v, v, ly->KV);
     }
@@ -997,6 +998,10 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
     for (size_t r = 0; r < w->n_ring; r++) {
         uint8_t *ring = s->cache->state + w->ring_at[r];
         size_t KV = w->ring_kv[r], rk = kvt_rows_bytes(w->type_k, KV), rv = kvt_rows_bytes(w->type_v, KV);
+        if (kvt_llama_fault == KVT_LLAMA_FAULT_RING_TYPES) { /* tests: K's and V's types crossed */
+            rk = rv;
+            rv = kvt_rows_bytes(w->type_k, KV);
+        }
         for (int v = 0; v < 2; v++)
             for (size_t t = n > W ? n - W : 0; t < n; t++)
                 if (!kvt_rbuf_get(rb, ring + (v ? W * rk + t % W * rv : t % W * rk), v ? rv : rk))

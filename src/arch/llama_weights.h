@@ -155,11 +155,17 @@ size_t kvt_llama_weights_state_bytes(const kvt_llama_weights *w);
  * KVT_LLAMA_FAULT_WINDOW_CHUNK starts every token's window at the one of
  * its pass's first token (gemma3's window anchored to the chunk);
  * KVT_LLAMA_FAULT_SOURCE_RING_EARLY writes gemma4's shared layers' source
- * ring right after its own layer, before the shared layers read it. */
+ * ring right after its own layer, before the shared layers read it;
+ * KVT_LLAMA_FAULT_ROWS_UNROUNDED leaves K and V unrounded after RoPE, so a
+ * pass reads its own tokens' rows as computed and a later pass the stored
+ * ones; KVT_LLAMA_FAULT_RING_TYPES loads a window ring's rows with K's and
+ * V's row types crossed (the rows' sizes and the V ring's start), as the
+ * state was saved with them right (only K and V types that differ show
+ * it). */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
        KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS, KVT_LLAMA_FAULT_WINDOW_CHUNK,
-       KVT_LLAMA_FAULT_SOURCE_RING_EARLY };
+       KVT_LLAMA_FAULT_SOURCE_RING_EARLY, KVT_LLAMA_FAULT_ROWS_UNROUNDED, KVT_LLAMA_FAULT_RING_TYPES };
 extern int kvt_llama_fault;
 
 #endif
