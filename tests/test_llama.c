@@ -169,10 +169,43 @@ static bool same(const run_out *a, const run_out *b)
 
 static void run_free(run_out *o) { free(o->logits); free(o->cache); }
 
-TEST(llama_chunk_thread_kernel_invariance)
+/* The row types of stories260K's cache the tests below run with: its
+ * heads are 8 long, q8_0's blocks 32, so q8_0 is refused (by name). */
+static const kvt_row_type stories_types[] = {KVT_ROWS_DEFAULT, KVT_ROWS_F32, KVT_ROWS_BF16};
+enum { STORIES_TYPES = sizeof stories_types / sizeof stories_types[0] };
+
+/* stories260K with its cache in rt (printed); NULL when absent. */
+static kvt_model *stories_rows(kvt_row_type rt)
 {
     kvt_model *m = stories();
-    if (!m) SKIP("../shared absent");
+    if (m && kvt_model_set_cache_types(m, rt, rt) != KVT_OK) {
+        kvt_test_fail(__FILE__, __LINE__, "cache type %s: %s", kvt_row_type_name(rt), kvt_errmsg());
+        kvt_model_close(m);
+        return NULL;
+    }
+    if (m) printf("    %s rows\n", kvt_row_type_name(rt));
+    return m;
+}
+
+static void chunk_thread_kernel(kvt_row_type rt);
+
+/* For every row type stories260K takes; q8_0 refused. */
+TEST(llama_chunk_thread_kernel_invariance)
+{
+    if (!kvt_test_shared(STORIES)) SKIP("../shared absent");
+    for (size_t r = 0; r < STORIES_TYPES && !kvt_test_failed(); r++) chunk_thread_kernel(stories_types[r]);
+    kvt_model *m = stories();
+    CHECK(m);
+    int rc = kvt_model_set_cache_types(m, KVT_ROWS_Q8_0, KVT_ROWS_Q8_0);
+    kvt_model_close(m);
+    CHECKF(rc == KVT_EINVAL && strstr(kvt_errmsg(), "not a multiple of 32"), "q8_0 rows on heads of 8: %s",
+           kvt_errmsg());
+}
+
+static void chunk_thread_kernel(kvt_row_type rt)
+{
+    kvt_model *m = stories_rows(rt);
+    if (!m) return;
     enum { N = 300 }; /* crosses the 128 and 256 block boundaries */
     int32_t t[N];
     seq(t, N, 7);
@@ -193,13 +226,16 @@ TEST(llama_chunk_thread_kernel_invariance)
         run_free(&o);
         CHECKF(eq, "%s differs from the default schedule", cases[i].what);
     }
-    bool old = kvt_kernels_force_scalar(true);
-    int rc = run(m, t, N, odd, 4, 2, &o);
-    kvt_kernels_force_scalar(old);
-    CHECK_OK(rc);
-    bool eq = same(&base, &o);
-    run_free(&o);
-    CHECKF(eq, "scalar kernels differ from %s kernels", kvt_kernels_simd() ? "AVX2" : "scalar");
+    for (int path = 1; path <= 2; path++) { /* scalar; AVX2 without AVX-512 */
+        bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
+        int rc = run(m, t, N, odd, 4, 2, &o);
+        kvt_kernels_force_scalar(old);
+        kvt_kernels_force_avx2(old2);
+        CHECK_OK(rc);
+        bool eq = same(&base, &o);
+        run_free(&o);
+        CHECKF(eq, "%s kernels differ from the widest", path == 1 ? "scalar" : "AVX2");
+    }
     run_free(&base);
     kvt_model_close(m);
 }
@@ -238,10 +274,18 @@ TEST(llama_f64_reference)
     kvt_model_close(m);
 }
 
+static void prefix_reuse(kvt_row_type rt);
+
 TEST(llama_prefix_reuse_and_wrong_prefix)
 {
-    kvt_model *m = stories();
-    if (!m) SKIP("../shared absent");
+    if (!kvt_test_shared(STORIES)) SKIP("../shared absent");
+    for (size_t r = 0; r < STORIES_TYPES && !kvt_test_failed(); r++) prefix_reuse(stories_types[r]);
+}
+
+static void prefix_reuse(kvt_row_type rt)
+{
+    kvt_model *m = stories_rows(rt);
+    if (!m) return;
     enum { N = 160, K = 140 };
     int32_t a[N], b[N];
     seq(a, N, 21);
@@ -893,36 +937,58 @@ static int run_rows(kvt_model *m, const int32_t *t, size_t n, const uint32_t *ch
 /* The chunk schedules, thread counts and kernel paths of
  * llama_family_invariance; rows: every row's logits compared (the scalar
  * path's output matrix over every row would double the test's time: its
- * last row and cache bytes are compared). */
+ * last row and cache bytes are compared); n: the first n tokens only (0:
+ * all), against a one-pass run of those. fam_cases is the proof at the
+ * default row type (f16), fam_light the one at the other types: fewer
+ * tokens (FAM_N_LIGHT), the scalar path over a prefix. */
+enum { PATH_WIDE, PATH_SCALAR, PATH_AVX2 };
 static const uint32_t fam_odd[] = {9, 1, 70, 3}, fam_ones[] = {1};
-static const struct { const uint32_t *c; size_t n; uint32_t th; bool scalar, rows; } fam_cases[] = {
-    {fam_odd, 4, 2, false, true}, {fam_ones, 1, 1, false, true}, {NULL, 0, 3, false, true},
-    {fam_odd, 4, 1, true, false},
+typedef struct fam_case { const uint32_t *c; size_t n; uint32_t th; int path; bool rows; size_t toks; } fam_case;
+static const fam_case fam_cases[] = {
+    {fam_odd, 4, 2, PATH_WIDE, true, 0}, {fam_ones, 1, 1, PATH_WIDE, true, 0}, {NULL, 0, 3, PATH_WIDE, true, 0},
+    {fam_odd, 4, 1, PATH_SCALAR, false, 0}, {fam_odd, 4, 2, PATH_AVX2, false, 0},
 };
-enum { FAM_CASES = sizeof fam_cases / sizeof fam_cases[0] };
+static const fam_case fam_light[] = {
+    {fam_odd, 4, 2, PATH_WIDE, true, 0}, {NULL, 0, 3, PATH_WIDE, false, 0}, {fam_odd, 4, 4, PATH_AVX2, false, 0},
+    {fam_odd, 4, 1, PATH_SCALAR, false, 40},
+};
+enum { FAM_CASES = sizeof fam_cases / sizeof fam_cases[0], FAM_LIGHT = sizeof fam_light / sizeof fam_light[0],
+       FAM_N_LIGHT = 136 /* past the 128-row block and two 64-token windows */ };
 
-/* How many of fam_cases give the bits of one pass on one thread over
- * t[0..n): every row's logits (the last row's for the scalar case) and the
- * cache bytes; -1 when a run fails
- * (the test has failed: the message says why). */
-static int fam_agree(kvt_model *m, const int32_t *t, size_t n)
+/* How many of the cases cs[0..nc) give the bits of one pass on one thread
+ * over t[0..n): every row's logits (the last row's where rows is false)
+ * and the cache bytes; -1 when a run fails (the test has failed: the
+ * message says why). The AVX2-without-AVX-512 case counts as agreeing
+ * when the CPU has no AVX-512 (kvt_test_kernel_paths says so). */
+static int fam_agree(kvt_model *m, const int32_t *t, size_t n, const fam_case *cs, size_t nc, bool wide)
 {
-    run_out ref = {0}, o = {0};
+    run_out ref = {0}, o = {0}, pre = {0};
     uint64_t ref_rows = 0, rows = 0;
     int rc = run_rows(m, t, n, NULL, 0, 1, &ref, &ref_rows), agree = 0;
-    for (size_t i = 0; !rc && i < FAM_CASES; i++) {
-        bool old = kvt_kernels_force_scalar(fam_cases[i].scalar);
-        rc = run_rows(m, t, n, fam_cases[i].c, fam_cases[i].n, fam_cases[i].th, &o,
-                      fam_cases[i].rows ? &rows : NULL);
+    for (size_t i = 0; !rc && i < nc; i++) {
+        if (cs[i].path == PATH_AVX2 && !wide) { agree++; continue; }
+        size_t k = cs[i].toks ? cs[i].toks : n;
+        if (k != n) rc = run_rows(m, t, k, NULL, 0, 1, &pre, NULL);
+        bool old = kvt_kernels_force_scalar(cs[i].path == PATH_SCALAR),
+             old2 = kvt_kernels_force_avx2(cs[i].path == PATH_AVX2);
+        if (!rc) rc = run_rows(m, t, k, cs[i].c, cs[i].n, cs[i].th, &o, cs[i].rows ? &rows : NULL);
         kvt_kernels_force_scalar(old);
-        agree += !rc && same(&ref, &o) && (!fam_cases[i].rows || rows == ref_rows);
+        kvt_kernels_force_avx2(old2);
+        agree += !rc && same(k != n ? &pre : &ref, &o) && (!cs[i].rows || rows == ref_rows);
         run_free(&o);
-        o = (run_out){0};
+        run_free(&pre);
+        o = pre = (run_out){0};
     }
     run_free(&ref);
     if (rc) kvt_test_fail(__FILE__, __LINE__, "run: %s: %s", kvt_strerror(rc), kvt_errmsg());
     return rc ? -1 : agree;
 }
+
+/* The row types of the family's proof: the default (f16) with fam_cases,
+ * the others with fam_light; each model opened anew for its types (they
+ * are set before a model's first session). */
+static const kvt_row_type fam_types[] = {KVT_ROWS_DEFAULT, KVT_ROWS_F32, KVT_ROWS_BF16, KVT_ROWS_Q8_0};
+enum { FAM_TYPES = sizeof fam_types / sizeof fam_types[0] };
 
 /* The other rows of the llama family (synth_family.h: llama 3's
  * rope_freqs, qwen2's biases, qwen3's head norms and head length, qwen3moe's
@@ -930,15 +996,22 @@ static int fam_agree(kvt_model *m, const int32_t *t, size_t n)
  * that most positions see past it; gemma4's two shapes, whose shared
  * layers read a ring that the 70-token chunk rewrites whole in one pass;
  * qwen35's two): every position's logits (all of the vocabulary's: one
- * hash of all the rows; the scalar path's last position's) and every cache byte are the same bits whatever
- * the chunk schedule, the thread count or the kernel path. Window
- * attention starts at a position fixed by the token's own, and an
- * expert's rows are its tokens' own, so no schedule can move either.
+ * hash of all the rows; the scalar and AVX2 paths' last position's) and
+ * every cache byte are the same bits whatever the chunk schedule, the
+ * thread count (1-4) or the kernel path (AVX-512, AVX2 without it,
+ * scalar), for every row type of the cache: f16 (the default) over 200
+ * tokens, f32, bf16 and q8_0 over 136 (fam_light). Window attention starts
+ * at a position fixed by the token's own, an expert's rows are its tokens'
+ * own, and K and V are rounded to their row type before anyone reads them,
+ * so no schedule can move any of them.
  * Negative controls: a window anchored to its pass's first position
- * (KVT_LLAMA_FAULT_WINDOW_CHUNK) leaves gemma3 with 1 of 4 schedules
+ * (KVT_LLAMA_FAULT_WINDOW_CHUNK) leaves gemma3 with 1 of 5 schedules
  * agreeing; gemma4's shared layers' source ring written right after its
  * own layer, before they read it (KVT_LLAMA_FAULT_SOURCE_RING_EARLY),
- * leaves gemma4 with 2 of 4 (the one-pass runs). */
+ * leaves gemma4 with some disagreeing; K and V left unrounded after RoPE
+ * (KVT_LLAMA_FAULT_ROWS_UNROUNDED: a pass's window layers read their own
+ * tokens' rows as computed, a later pass the stored ones) leaves gemma3 in
+ * f16 and in q8_0 with some disagreeing. */
 TEST(llama_family_invariance)
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
@@ -947,18 +1020,19 @@ TEST(llama_family_invariance)
     snprintf(vpath, sizeof vpath, "%s", vocab);
     char dir[] = "/tmp/kvtier-family-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    static const struct { fam_spec f; int fault; const char *what; } fams[] = {
-        {{"llama", false, false, FAM_HEAD_DIM, true, false, false}, 0, NULL},
-        {{"qwen2", true, false, FAM_HEAD_DIM, false, false, false}, 0, NULL},
-        {{"qwen3", false, true, 128, false, false, false}, 0, NULL},
-        {{"qwen3moe", false, true, 128, false, true, false}, 0, NULL},
+    bool wide = kvt_test_kernel_paths();
+    static const struct { fam_spec f; int fault; const char *what; bool unrounded; } fams[] = {
+        {{"llama", false, false, FAM_HEAD_DIM, true, false, false}, 0, NULL, false},
+        {{"qwen2", true, false, FAM_HEAD_DIM, false, false, false}, 0, NULL, false},
+        {{"qwen3", false, true, 128, false, false, false}, 0, NULL, false},
+        {{"qwen3moe", false, true, 128, false, true, false}, 0, NULL, false},
         {{"gemma3", false, true, FAM_HEAD_DIM, false, false, true}, KVT_LLAMA_FAULT_WINDOW_CHUNK,
-         "a window anchored to its pass's first position"},
+         "a window anchored to its pass's first position", true},
         {{"gemma4", .gemma4 = FAM_G4_DENSE}, KVT_LLAMA_FAULT_SOURCE_RING_EARLY,
-         "the shared layers' source ring written before they read it"},
-        {{"gemma4", .gemma4 = FAM_G4_MOE}, 0, NULL},
-        {{"qwen35", .qwen35 = FAM_Q35_DENSE}, 0, NULL},
-        {{"qwen35moe", .qwen35 = FAM_Q35_MOE}, 0, NULL}};
+         "the shared layers' source ring written before they read it", false},
+        {{"gemma4", .gemma4 = FAM_G4_MOE}, 0, NULL, false},
+        {{"qwen35", .qwen35 = FAM_Q35_DENSE}, 0, NULL, false},
+        {{"qwen35moe", .qwen35 = FAM_Q35_MOE}, 0, NULL, false}};
     enum { N = 200 };
     int32_t t[N];
     seq(t, N, 13);
@@ -968,23 +1042,41 @@ TEST(llama_family_invariance)
         char path[96];
         snprintf(path, sizeof path, "%s/%s%s.gguf", dir, fs->arch, fs->gemma4 == FAM_G4_MOE ? "-moe" : "");
         CHECK_OK(fam_write(path, vpath, 31 + f, FAM_ROPE_BASE, fs, false));
-        kvt_model *m = NULL;
-        CHECK_OK(kvt_model_open(&m, path));
-        int agree = fam_agree(m, t, N);
-        printf("    %s%s: %d of %d schedules, thread counts and kernel paths give the same bits\n", fs->arch, what,
-               agree, FAM_CASES);
-        if (agree != FAM_CASES) /* the other families still run */
-            kvt_test_fail(__FILE__, __LINE__, "%s%s: a schedule, thread count or kernel path changes the bits",
-                          fs->arch, what);
-        if (fams[f].fault) { /* the negative control */
-            kvt_llama_fault = fams[f].fault;
-            agree = fam_agree(m, t, N);
-            kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
-            printf("    control, %s: %d of %d agree\n", fams[f].what, agree, FAM_CASES);
-            if (agree == FAM_CASES)
-                kvt_test_fail(__FILE__, __LINE__, "%s: control: %s went unnoticed", fs->arch, fams[f].what);
+        for (size_t r = 0; r < FAM_TYPES; r++) {
+            kvt_row_type rt = fam_types[r];
+            const char *tn = kvt_row_type_name(rt);
+            bool full = rt == KVT_ROWS_DEFAULT;
+            const fam_case *cs = full ? fam_cases : fam_light;
+            size_t nc = full ? FAM_CASES : FAM_LIGHT, n = full ? N : FAM_N_LIGHT;
+            kvt_model *m = NULL;
+            CHECK_OK(kvt_model_open(&m, path));
+            CHECK_OK(kvt_model_set_cache_types(m, rt, rt));
+            int agree = fam_agree(m, t, n, cs, nc, wide);
+            printf("    %s%s, %s rows: %d of %zu schedules, thread counts and kernel paths give the same bits\n",
+                   fs->arch, what, tn, agree, nc);
+            if (agree != (int)nc) /* the other families still run */
+                kvt_test_fail(__FILE__, __LINE__, "%s%s, %s rows: a schedule, thread count or kernel path changes "
+                              "the bits", fs->arch, what, tn);
+            if (full && fams[f].fault) { /* the negative control */
+                kvt_llama_fault = fams[f].fault;
+                agree = fam_agree(m, t, n, cs, nc, wide);
+                kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+                printf("    control, %s: %d of %zu agree\n", fams[f].what, agree, nc);
+                if (agree == (int)nc)
+                    kvt_test_fail(__FILE__, __LINE__, "%s: control: %s went unnoticed", fs->arch, fams[f].what);
+            }
+            if (fams[f].unrounded && (full || rt == KVT_ROWS_Q8_0)) { /* the rows' control */
+                kvt_llama_fault = KVT_LLAMA_FAULT_ROWS_UNROUNDED;
+                agree = fam_agree(m, t, FAM_N_LIGHT, fam_light, FAM_LIGHT, wide);
+                kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+                printf("    control, %s rows left unrounded after RoPE: %d of %zu agree\n", tn, agree,
+                       (size_t)FAM_LIGHT);
+                if (agree == (int)FAM_LIGHT)
+                    kvt_test_fail(__FILE__, __LINE__, "%s, %s rows: control: K and V unrounded went unnoticed",
+                                  fs->arch, tn);
+            }
+            kvt_model_close(m);
         }
-        kvt_model_close(m);
         unlink(path);
     }
     kvt_test_clear_dir(dir);
