@@ -67,37 +67,95 @@ static bool restore_exact(kvt_model *m, const int32_t *t, size_t n, size_t k, ui
     return ok;
 }
 
-/* Snapshots at positions around the window's edge restored and run on
- * (restore_exact), and the negative control. */
-void fam_restore_all(kvt_model *m)
+const fam_rows fam_rows_more[4] = {
+    {KVT_ROWS_F32, KVT_ROWS_F32}, {KVT_ROWS_BF16, KVT_ROWS_BF16}, {KVT_ROWS_Q8_0, KVT_ROWS_Q8_0},
+    {KVT_ROWS_Q8_0, KVT_ROWS_F16}};
+
+kvt_model *fam_reopen(const char *path, fam_rows r)
 {
-    enum { N = 420 };
+    kvt_model *m = NULL;
+    int rc = kvt_model_open(&m, path);
+    if (!rc) rc = kvt_model_set_cache_types(m, r.k, r.v);
+    if (rc) {
+        kvt_test_fail(__FILE__, __LINE__, "%s with %s/%s rows: %s: %s", path, kvt_row_type_name(r.k),
+                      kvt_row_type_name(r.v), kvt_strerror(rc), kvt_errmsg());
+        kvt_model_close(m);
+        return NULL;
+    }
+    printf("    K rows %s, V rows %s\n", kvt_row_type_name(r.k), kvt_row_type_name(r.v));
+    return m;
+}
+
+/* t[0..k) saved to a disk store in a new directory, the store closed and
+ * opened again, restored from it into a new session and run on to n: the
+ * digest of one uninterrupted run (want). */
+static bool disk_exact(kvt_model *m, const int32_t *t, size_t n, size_t k, uint64_t want)
+{
+    char dir[] = "/tmp/kvtier-famstore-XXXXXX", cmd[96];
+    if (!mkdtemp(dir)) return false;
+    kvt_store *st = NULL;
+    kvt_session *a = NULL, *b = NULL;
+    size_t reused = 0;
+    bool ok = !kvt_store_open(&st, dir, 0) && !kvt_session_new(&a, m, NULL) && !kvt_session_sync(a, t, k, NULL) &&
+              !kvt_store_save(st, a, k, "manual", NULL);
+    kvt_store_close(st);
+    st = NULL;
+    ok = ok && !kvt_store_open(&st, dir, 0) && !kvt_session_new(&b, m, NULL) &&
+         !kvt_store_restore_prefix(st, b, t, n, &reused) && reused == k && !kvt_session_sync(b, t, n, NULL) &&
+         kvt_test_digest(b, m) == want;
+    if (!ok) printf("    disk round trip at %zu: reused %zu, then the run differs or fails\n", k, reused);
+    kvt_store_close(st);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) ok = false;
+    return ok;
+}
+
+/* Snapshots at positions around the window's edge restored and run on
+ * (restore_exact), one through a disk store (disk_exact), and the negative
+ * controls. */
+void fam_restore_all(kvt_model *m, bool light)
+{
+    enum { N = 420, N_LIGHT = 300 };
+    size_t n = light ? N_LIGHT : N;
     int32_t t[N];
-    fam_prompt(t, N, 3);
-    uint64_t want = kvt_test_twin(m, t, N);
+    fam_prompt(t, n, 3);
+    uint64_t want = kvt_test_twin(m, t, n);
     /* around the edge of the window and of the ring's wraps, and past the
      * 256-token chunk that overwrites a whole ring in one pass */
-    const size_t ks[] = {1, 2, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1, 3 * W + 5, 255, 256, 257, 300, N - 1};
-    size_t ok = 0, nk = sizeof ks / sizeof *ks;
+    const size_t all[] = {1, 2, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1, 3 * W + 5, 255, 256, 257, 300, N - 1};
+    const size_t some[] = {W - 1, W + 1, 2 * W + 1, 257};
+    const size_t *ks = light ? some : all;
+    size_t ok = 0, nk = light ? sizeof some / sizeof *some : sizeof all / sizeof *all;
     for (size_t i = 0; i < nk; i++) {
-        bool e = restore_exact(m, t, N, ks[i], want);
+        bool e = restore_exact(m, t, n, ks[i], want);
         if (!e) printf("    restore at %zu differs from the uninterrupted run\n", ks[i]);
         ok += e;
     }
     printf("    %zu of %zu restore positions give the uninterrupted run's bits\n", ok, nk);
     CHECK(ok == nk);
+    CHECKF(disk_exact(m, t, n, 2 * W + 1, want), "a session through a disk store differs from the uninterrupted run");
     /* Negative control: a ring restored with one value off. */
     kvt_llama_fault = KVT_LLAMA_FAULT_RING;
-    bool caught = !restore_exact(m, t, N, W + 1, want) && !restore_exact(m, t, N, 300, want);
+    bool caught = !restore_exact(m, t, n, W + 1, want) && !restore_exact(m, t, n, 257, want);
     kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
     CHECKF(caught, "a ring restored wrong went unnoticed");
+    /* K's and V's row types crossed when a ring is loaded: seen where they
+     * differ (the rings' rows are then of two sizes) */
+    if (m->type_k != m->type_v && ((const kvt_llama_weights *)m->weights)->n_ring) {
+        kvt_llama_fault = KVT_LLAMA_FAULT_RING_TYPES;
+        caught = !restore_exact(m, t, n, W + 1, want) && !disk_exact(m, t, n, 2 * W + 1, want);
+        kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+        printf("    control, a ring loaded with K's and V's types crossed: %s\n", caught ? "caught" : "missed");
+        CHECKF(caught, "a ring loaded with K's and V's row types crossed went unnoticed");
+    }
 }
 
-void fam_checkpoints(const fam_spec *f)
+/* fam_checkpoints on m; control: with KVT_LLAMA_FAULT_RING, which must
+ * be caught. */
+static void checkpoints(kvt_model *m, bool control)
 {
-    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
-    kvt_model *m = fam_open(f, dir, path, sizeof path);
-    if (!m) return;
     /* checkpoints every 128 tokens, so that going back lands inside
      * positions whose rings are long overwritten */
     enum { N = 460, D = 330, I = 128 };
@@ -106,34 +164,47 @@ void fam_checkpoints(const fam_spec *f)
     memcpy(b, a, sizeof a);
     for (size_t i = D; i < N; i++) b[i] = (int32_t)(3 + (a[i] + 11) % 31000);
     kvt_session_opts so = {.checkpoint_interval = I};
-    for (int control = 0; control < 2; control++) {
-        kvt_llama_fault = control ? KVT_LLAMA_FAULT_RING : KVT_LLAMA_FAULT_NONE;
-        kvt_session *s = NULL;
-        size_t reused = 0;
-        bool exact = true;
-        CHECK_OK(kvt_session_new(&s, m, &so));
-        CHECK_OK(kvt_session_sync(s, a, N, NULL));
-        /* diverge at D: back to the checkpoint at 256 */
-        CHECK_OK(kvt_session_sync(s, b, N, &reused));
-        CHECKF(reused == 256, "diverging at %d reused %zu (the checkpoint at 256 expected)", D, reused);
-        exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, N);
-        /* regenerate after decoding: the same prompt again reuses all of it */
-        CHECK_OK(kvt_session_decode(s, 100));
-        CHECK_OK(kvt_session_decode(s, 200));
-        CHECK_OK(kvt_session_sync(s, b, N, &reused));
-        CHECKF(reused == N, "regenerating reused %zu of %d", reused, N);
-        exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, N);
-        /* a strict prefix off every checkpoint, one past the window's edge
-         * of a checkpoint: recomputed from 128 */
-        CHECK_OK(kvt_session_sync(s, b, I + W + 1, &reused));
-        CHECKF(reused == I, "a prefix of %d reused %zu (%d expected)", I + W + 1, reused, I);
-        exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, I + W + 1);
-        kvt_session_free(s);
-        kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
-        if (!control) CHECKF(exact, "going back to a checkpoint is not the uninterrupted run");
-        else CHECKF(!exact, "control: a checkpoint restored wrong went unnoticed");
+    kvt_llama_fault = control ? KVT_LLAMA_FAULT_RING : KVT_LLAMA_FAULT_NONE;
+    kvt_session *s = NULL;
+    size_t reused = 0;
+    bool exact = true;
+    CHECK_OK(kvt_session_new(&s, m, &so));
+    CHECK_OK(kvt_session_sync(s, a, N, NULL));
+    /* diverge at D: back to the checkpoint at 256 */
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECKF(reused == 256, "diverging at %d reused %zu (the checkpoint at 256 expected)", D, reused);
+    exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, N);
+    /* regenerate after decoding: the same prompt again reuses all of it */
+    CHECK_OK(kvt_session_decode(s, 100));
+    CHECK_OK(kvt_session_decode(s, 200));
+    CHECK_OK(kvt_session_sync(s, b, N, &reused));
+    CHECKF(reused == N, "regenerating reused %zu of %d", reused, N);
+    exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, N);
+    /* a strict prefix off every checkpoint, one past the window's edge
+     * of a checkpoint: recomputed from 128 */
+    CHECK_OK(kvt_session_sync(s, b, I + W + 1, &reused));
+    CHECKF(reused == I, "a prefix of %d reused %zu (%d expected)", I + W + 1, reused, I);
+    exact &= kvt_test_digest(s, m) == kvt_test_twin(m, b, I + W + 1);
+    kvt_session_free(s);
+    kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+    if (!control) CHECKF(exact, "going back to a checkpoint is not the uninterrupted run");
+    else CHECKF(!exact, "control: a checkpoint restored wrong went unnoticed");
+}
+
+void fam_checkpoints(const fam_spec *f)
+{
+    char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
+    if (!m) return;
+    for (int control = 0; control < 2 && !kvt_test_failed(); control++) checkpoints(m, control);
+    kvt_model_close(m);
+    for (size_t r = 0; r < sizeof fam_rows_more / sizeof *fam_rows_more && !kvt_test_failed(); r++) {
+        m = fam_reopen(path, fam_rows_more[r]);
+        if (m) checkpoints(m, false);
+        kvt_model_close(m);
     }
-    fam_close(m, dir, path);
+    unlink(path);
+    rmdir(dir);
 }
 
 void fam_damaged_state(const fam_spec *f)

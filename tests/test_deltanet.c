@@ -6,6 +6,7 @@
 #include "arch/model.h"
 #include "arch/llama.h"
 #include "session/snapshot.h"
+#include "cache/rows.h"
 #include "fam_state.h"
 #include "synth_family.h"
 
@@ -20,25 +21,36 @@ static const fam_spec qwen35moe = {"qwen35moe", .qwen35 = FAM_Q35_MOE};
  * layers, 6 of them recurrent, 2 gated attention layers), whose state is
  * their convolution and delta-rule state: snapshots at the positions above
  * (on and off the 128-token grid) restored and run on to 420 equal the
- * uninterrupted run, checkpoints every 128 tokens give back exact earlier
- * positions, damaged or stateless records are refused; with the state
- * restored one value off (KVT_LLAMA_FAULT_RING) each check fails. */
+ * uninterrupted run (and through a disk store), checkpoints every 128
+ * tokens give back exact earlier positions, damaged or stateless records
+ * are refused; with the state restored one value off
+ * (KVT_LLAMA_FAULT_RING) each check fails. The attention layers' rows in
+ * f16 (the default), then f32, bf16 and q8_0 at fewer positions; the
+ * checkpoints in each of them. */
 TEST(deltanet_snapshot_restore)
 {
     const fam_spec *fs[2] = {&qwen35, &qwen35moe};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && !kvt_test_failed(); i++) {
         char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
         kvt_model *m = fam_open(fs[i], dir, path, sizeof path);
         if (!m) return;
-        kvt_plan p;
-        CHECK_OK(kvt_model_plan(m, 4096, &p));
-        /* 6 DeltaNet layers of (3, 512) + (4, 64, 64) f32; 2 attention layers' full rows of 2 heads * 64 */
-        uint64_t rec = kvt_plan_bytes(&p, "recurrent"), full = kvt_plan_bytes(&p, "full rows");
-        CHECKF(rec == 6ull * (3 * 512 + 4 * 64 * 64) * 4 && full == 4096ull * 2 * 2 * 128 * 4 &&
-               kvt_plan_bytes(&p, "window") == 0, "plan: recurrent %llu, full %llu", (unsigned long long)rec,
-               (unsigned long long)full);
-        fam_restore_all(m);
-        fam_close(m, dir, path);
+        /* then, lighter, f32, bf16 and q8_0 (K and V of one type: no rings) */
+        for (size_t r = 0; r < 4 && m; r++) {
+            kvt_plan p;
+            CHECK_OK(kvt_model_plan(m, 4096, &p));
+            /* 6 DeltaNet layers of (3, 512) + (4, 64, 64) f32; 2 attention layers' full rows of 2 heads * 64 */
+            uint64_t rec = kvt_plan_bytes(&p, "recurrent"), full = kvt_plan_bytes(&p, "full rows");
+            uint64_t row = kvt_rows_bytes(m->type_k, 128) + kvt_rows_bytes(m->type_v, 128);
+            CHECKF(rec == 6ull * (3 * 512 + 4 * 64 * 64) * 4 && full == 4096ull * 2 * row &&
+                   kvt_plan_bytes(&p, "window") == 0, "plan: recurrent %llu, full %llu", (unsigned long long)rec,
+                   (unsigned long long)full);
+            fam_restore_all(m, r > 0);
+            kvt_model_close(m);
+            m = r < 3 && !kvt_test_failed() ? fam_reopen(path, fam_rows_more[r]) : NULL;
+        }
+        kvt_model_close(m);
+        unlink(path);
+        rmdir(dir);
     }
 }
 
@@ -64,6 +76,7 @@ TEST(deltanet_snapshot_golden_v5)
     char dir[] = "/tmp/kvtier-window-XXXXXX", path[96];
     kvt_model *m = fam_open(&qwen35, dir, path, sizeof path);
     if (!m) return;
+    CHECK_OK(kvt_model_set_cache_types(m, KVT_ROWS_F32, KVT_ROWS_F32)); /* the golden file's rows */
     enum { N = 5 };
     int32_t t[N];
     fam_prompt(t, N, 13);
