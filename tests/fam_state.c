@@ -241,17 +241,18 @@ void fam_damaged_state(const fam_spec *f)
     kvt_wbuf thin = {0};
     CHECK_OK(kvt_snap_parse_raw(snap, len, &in));
     CHECK_OK(kvt_snap_without_state(snap, in.rec_len, &thin));
-    if (in.version == KVT_SNAP_VERSION_RECURRENT) {
-        /* a recurrent state is never dropped: the thin form is not made;
-         * one forged anyway (version 4, a digest for the state, no
+    if (in.nsec == 7) {
+        /* a recurrent state (version 5, or 6 with rows of a cache type) is
+         * never dropped: the thin form is not made; one forged anyway
+         * (version 4, or 6 with its types, a digest for the state, no
          * recurrent section) is refused the same way */
         CHECK(thin.len == 0);
         uint8_t digest[8] = {0};
         in.sec[4] = digest;
         in.sec_len[4] = 8;
         size_t fl = 0;
-        uint8_t *forged = kvt_test_repack(snap, len, KVT_SNAP_VERSION_REPLAY, in.flags | KVT_SNAP_REPLAY, 6, in.sec,
-                                          in.sec_len, &fl);
+        uint32_t v = in.version == KVT_SNAP_VERSION_TYPED ? KVT_SNAP_VERSION_TYPED : KVT_SNAP_VERSION_REPLAY;
+        uint8_t *forged = kvt_test_repack(snap, len, v, in.flags | KVT_SNAP_REPLAY, 6, in.sec, in.sec_len, &fl);
         CHECK(forged);
         kvt_wbuf_put(&thin, forged, fl);
         free(forged);

@@ -20,7 +20,12 @@
  *                   against that digest. A model with recurrent layers
  *                   (qwen35's DeltaNet) keeps their state, fixed in size
  *                   and not rebuildable from rows, in a seventh section
- *                   (version 5).
+ *                   (version 5). A model whose rows are rounded to a cache
+ *                   type (f16, bf16, q8_0) writes every snapshot record as
+ *                   version 6, the layout of the others with the K and V
+ *                   types in its header: a record loads only into a model
+ *                   of its types (f32 rows, or DeepSeek-V4's own, for the
+ *                   versions before), so a record of other types is a miss.
  *
  * Every section and every block carries an XXH3-64 checksum and every size is
  * checked against the model before use, so a damaged or foreign record is
@@ -47,12 +52,20 @@
 #define BLK_HDR 48
 #define DIGEST_LEN 8 /* the state section of a version 4 record: XXH3-64 of the state */
 
-/* Sections by id. Version 5 records have a seventh, the recurrent state;
- * the others have six. */
+/* Sections by id. Version 5 records have a seventh, the recurrent state,
+ * and so do version 6 records of a model with recurrent layers (the
+ * header's section count says which); the others have six. */
 enum { SEC_TOKENS = 1, SEC_LOGITS, SEC_TEXT, SEC_STATE, SEC_ROWS, SEC_KEYS, SEC_RECURRENT, N_SEC_MAX = 7 };
 static const char *sec_name[] = {"", "tokens", "logits", "text", "state", "rows", "block keys", "recurrent"};
 
+/* The section count of a version; version 6 records state theirs (6 or 7). */
 static int n_sec(uint32_t version) { return version == KVT_SNAP_VERSION_RECURRENT ? 7 : 6; }
+/* Header bytes 60..64 of a version 6 record: u8 K type, u8 V type (ggml's
+ * ids), u16 0. */
+static uint32_t types_word(const kvt_model *m)
+{
+    return kvt_rows_ggml(m->type_k) | kvt_rows_ggml(m->type_v) << 8;
+}
 static size_t hdr_len(int nsec) { return HDR_FIXED + (size_t)nsec * SEC_ENTRY + 8; }
 
 /* The recurrent layers' state: the last bytes of the architecture's state,
@@ -187,19 +200,20 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
 
 /* Append a snapshot record: header, section table, header checksum, then
  * the sections. mid holds header bytes 16..56 (fingerprints, n, nb, V,
- * streams, head). A record without its state is version 4; one with a
- * recurrent section 5 (seven sections); others 2. */
-static void put_record(kvt_wbuf *rec, uint32_t version, uint32_t flags, const uint8_t *mid,
-                       const uint8_t *const *sec, const size_t *len)
+ * streams, head), types bytes 60..64 (0 but in version 6). Of a model with
+ * rounded rows every record is version 6 (nsec 7 with a recurrent
+ * section); of the others a record without its state is version 4, one
+ * with a recurrent section 5 (seven sections), others 2. */
+static void put_record(kvt_wbuf *rec, uint32_t version, uint32_t flags, const uint8_t *mid, int nsec,
+                       uint32_t types, const uint8_t *const *sec, const size_t *len)
 {
-    int nsec = n_sec(version);
     size_t start = rec->len, hdr = hdr_len(nsec);
     kvt_wbuf_put(rec, REC_MAGIC, 8);
     kvt_wbuf_u32(rec, version);
     kvt_wbuf_u32(rec, flags);
     kvt_wbuf_put(rec, mid, 40);
     kvt_wbuf_u32(rec, (uint32_t)nsec);
-    kvt_wbuf_u32(rec, 0);
+    kvt_wbuf_u32(rec, types);
     uint64_t off = hdr;
     for (int i = 1; i <= nsec; i++) {
         kvt_wbuf_u64(rec, off);
@@ -233,8 +247,14 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
         free(z);
     }
     if (R > state.len) { rc = kvt_fail(KVT_EINVAL, "snapshot: state shorter than its recurrent part"); goto done; }
-    uint32_t version = flags & KVT_SNAP_REPLAY ? KVT_SNAP_VERSION_REPLAY : R ? KVT_SNAP_VERSION_RECURRENT
-                                                                             : KVT_SNAP_VERSION;
+    /* rows rounded to a cache type: version 6 whatever else the record
+     * holds, its types in the header; f32 rows (and DeepSeek-V4's own)
+     * keep the versions they have always had */
+    bool typed = kvt_model_rows_rounded(m);
+    uint32_t version = typed ? KVT_SNAP_VERSION_TYPED
+                       : flags & KVT_SNAP_REPLAY ? KVT_SNAP_VERSION_REPLAY
+                       : R ? KVT_SNAP_VERSION_RECURRENT
+                           : KVT_SNAP_VERSION;
     /* sections */
     kvt_wbuf sec[N_SEC_MAX + 1] = {{0}};
     for (size_t i = 0; i < tail; i++) kvt_wbuf_u32(&sec[SEC_TOKENS], (uint32_t)s->tokens[nb * KVT_BLOCK + i]);
@@ -263,7 +283,7 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
         sl[i] = sec[i].len;
         rec->oom |= sec[i].oom;
     }
-    if (!mid.oom) put_record(rec, version, flags, mid.p, sp, sl);
+    if (!mid.oom) put_record(rec, version, flags, mid.p, R ? 7 : 6, typed ? types_word(m) : 0, sp, sl);
     rec->oom |= mid.oom;
     kvt_wbuf_free(&mid);
     for (int i = 1; i <= N_SEC_MAX; i++) kvt_wbuf_free(&sec[i]);
@@ -288,10 +308,18 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     if (out->version < KVT_SNAP_VERSION || out->version > KVT_SNAP_VERSION_MAX)
         return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (this build reads %d to %d)", out->version,
                         KVT_SNAP_VERSION, KVT_SNAP_VERSION_MAX);
-    int nsec = n_sec(out->version);
+    /* version 6 states its section count (6, or 7 with a recurrent
+     * state); the others have theirs by version */
+    bool typed = out->version == KVT_SNAP_VERSION_TYPED;
+    if (typed && len < HDR_FIXED) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
+    int nsec = typed ? (kvt_rd32(p + 56) == 7 ? 7 : 6) : n_sec(out->version);
     size_t hdr = hdr_len(nsec);
-    bool replay_version = out->version == KVT_SNAP_VERSION_REPLAY || out->version == KVT_SNAP_VERSION_REPLAY_V3;
     if (len < hdr) return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes, shorter than its header", len);
+    /* the replay flag: required in versions 3 and 4, refused in 2 and 5,
+     * either in 6 (but not with a recurrent state, which cannot be rebuilt) */
+    bool replay = kvt_rd32(p + 12) & KVT_SNAP_REPLAY;
+    bool replay_ok = typed ? !(replay && nsec == 7)
+                           : replay == (out->version == KVT_SNAP_VERSION_REPLAY || out->version == KVT_SNAP_VERSION_REPLAY_V3);
     if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
         return kvt_fail(KVT_ECORRUPT, "snapshot: header checksum mismatch");
     out->flags = kvt_rd32(p + 12);
@@ -302,8 +330,13 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     out->n_vocab = kvt_rd32(p + 40);
     out->n_streams = kvt_rd32(p + 44);
     out->head = kvt_rd64(p + 48);
-    if (kvt_rd32(p + 56) != (uint32_t)nsec || kvt_rd32(p + 60) || out->nb != out->n / KVT_BLOCK ||
-        (out->flags & ~(KVT_SNAP_INLINE | KVT_SNAP_REPLAY)) || !(out->flags & KVT_SNAP_REPLAY) == replay_version)
+    out->nsec = (uint32_t)nsec;
+    /* offset 60: reserved 0 before version 6; in it u8 K, u8 V, u16 0 */
+    uint32_t types = kvt_rd32(p + 60);
+    out->ggml_k = typed ? types & 0xff : 0;
+    out->ggml_v = typed ? types >> 8 & 0xff : 0;
+    if (kvt_rd32(p + 56) != (uint32_t)nsec || (typed ? types >> 16 : types) || out->nb != out->n / KVT_BLOCK ||
+        (out->flags & ~(KVT_SNAP_INLINE | KVT_SNAP_REPLAY)) || !replay_ok)
         return kvt_fail(KVT_EFORMAT, "snapshot: malformed header");
     uint64_t off = hdr;
     for (int i = 1; i <= nsec; i++) {
@@ -331,7 +364,35 @@ int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_in
     if (out->model != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
     if (out->tok != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
     if (out->n_vocab != m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "snapshot: vocabulary size differs");
-    return KVT_OK;
+    return kvt_snap_rows_check(m, out);
+}
+
+bool kvt_snap_skip_row_types;
+
+/* The name of a row type by its ggml id ("ggml type N" for one this build
+ * does not store rows in). */
+static const char *ggml_name(uint32_t id, char *buf, size_t cap)
+{
+    for (kvt_row_type t = KVT_ROWS_F32; t <= KVT_ROWS_Q8_0; t++)
+        if (kvt_rows_ggml(t) == id) return kvt_row_type_name(t);
+    snprintf(buf, cap, "ggml type %u", id);
+    return buf;
+}
+
+int kvt_snap_rows_check(const kvt_model *m, const kvt_snap_info *in)
+{
+    if (kvt_snap_skip_row_types) return KVT_OK; /* tests: the negative control */
+    bool typed = in->version == KVT_SNAP_VERSION_TYPED, rounded = kvt_model_rows_rounded(m);
+    if (typed ? rounded && in->ggml_k == kvt_rows_ggml(m->type_k) && in->ggml_v == kvt_rows_ggml(m->type_v) : !rounded)
+        return KVT_OK;
+    char bk[24], bv[24], mine[64];
+    if (m->type_k == KVT_ROWS_DEFAULT) snprintf(mine, sizeof mine, "its own");
+    else snprintf(mine, sizeof mine, "K %s, V %s", kvt_row_type_name(m->type_k), kvt_row_type_name(m->type_v));
+    if (typed)
+        return kvt_fail(KVT_EMISMATCH, "snapshot: rows of K %s, V %s; this model's rows are %s (a miss, never converted)",
+                        ggml_name(in->ggml_k, bk, sizeof bk), ggml_name(in->ggml_v, bv, sizeof bv), mine);
+    return kvt_fail(KVT_EMISMATCH, "snapshot: rows of K f32, V f32 (format version %u); this model's rows are %s "
+                    "(a miss, never converted)", in->version, mine);
 }
 
 /* The state section becomes the digest of the state it held: the bytes a
@@ -341,9 +402,9 @@ int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
     kvt_snap_info in;
     int rc = kvt_snap_parse_raw(p, len, &in);
     if (rc) return rc;
-    /* version 5: the recurrent state cannot be rebuilt from the rows */
-    if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0 || in.version == KVT_SNAP_VERSION_RECURRENT)
-        return KVT_OK;
+    /* a recurrent state (version 5, or 6 with 7 sections) cannot be
+     * rebuilt from the rows */
+    if (in.flags & KVT_SNAP_REPLAY || in.sec_len[SEC_STATE] == 0 || in.nsec == 7) return KVT_OK;
     uint8_t digest[DIGEST_LEN];
     put_u64_at(digest, XXH3_64bits(in.sec[SEC_STATE], in.sec_len[SEC_STATE]));
     const uint8_t *sp[N_SEC_MAX + 1];
@@ -352,7 +413,10 @@ int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
         sp[i] = i == SEC_STATE ? digest : in.sec[i];
         sl[i] = i == SEC_STATE ? DIGEST_LEN : in.sec_len[i];
     }
-    put_record(out, KVT_SNAP_VERSION_REPLAY, in.flags | KVT_SNAP_REPLAY, p + 16, sp, sl);
+    /* version 6 stays 6, its types kept */
+    bool typed = in.version == KVT_SNAP_VERSION_TYPED;
+    put_record(out, typed ? KVT_SNAP_VERSION_TYPED : KVT_SNAP_VERSION_REPLAY, in.flags | KVT_SNAP_REPLAY, p + 16, 6,
+               typed ? kvt_rd32(p + 60) : 0, sp, sl);
     return out->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 }
 
@@ -713,13 +777,16 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
     bool replay = in.flags & KVT_SNAP_REPLAY;
     if (replay && !s->m->arch->state_rebuild)
         return kvt_fail(KVT_EFORMAT, "snapshot: stored without its state, which this model cannot rebuild");
-    /* without its state: version 4 keeps the state's digest, version 3
-     * nothing. A model with recurrent layers: version 5 keeps their state
-     * in its own section; version 2 (the release before) at the end of the
-     * state section, where it is still read. */
+    /* without its state: versions 4 and 6 keep the state's digest,
+     * version 3 nothing. A model with recurrent layers: versions 5 and 6
+     * keep their state in its own section; version 2 (the release before)
+     * at the end of the state section, where it is still read. */
     size_t R = recurrent_bytes(s->m), rec_len = 0;
-    if (replay) state_len = in.version == KVT_SNAP_VERSION_REPLAY ? DIGEST_LEN : 0;
-    if (in.version == KVT_SNAP_VERSION_RECURRENT) {
+    bool digest = in.version == KVT_SNAP_VERSION_REPLAY || in.version == KVT_SNAP_VERSION_TYPED;
+    if (replay) state_len = digest ? DIGEST_LEN : 0;
+    if (in.version == KVT_SNAP_VERSION_TYPED && R && in.nsec != 7)
+        return kvt_fail(KVT_EFORMAT, "snapshot: version 6 of a model with recurrent layers without their section");
+    if (in.nsec == 7) {
         if (!R) return kvt_fail(KVT_EFORMAT, "snapshot: a recurrent state for a model without recurrent layers");
         if (state_len < R) return kvt_fail(KVT_EFORMAT, "snapshot: state shorter than its recurrent part");
         state_len -= R;
@@ -771,7 +838,7 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
     for (uint32_t b = 0; b < in.nb; b++) s->cache->keys[b] = kvt_rd64(in.sec[SEC_KEYS] + 8 * (size_t)b);
     s->cache->n_keys = in.nb;
     *rebuild = replay;
-    s->cache->state_check = replay && in.version == KVT_SNAP_VERSION_REPLAY;
+    s->cache->state_check = replay && digest;
     if (s->cache->state_check) s->cache->state_digest = kvt_rd64(in.sec[SEC_STATE]);
     return KVT_OK;
 }

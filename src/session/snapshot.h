@@ -13,7 +13,9 @@
 #define KVT_SNAP_VERSION_REPLAY 4    /* a snapshot record stored without its state, with its digest */
 #define KVT_SNAP_VERSION_REPLAY_V3 3 /* the same without the digest: still read, no longer written */
 #define KVT_SNAP_VERSION_RECURRENT 5 /* a whole record of a model with recurrent layers: a seventh section */
-#define KVT_SNAP_VERSION_MAX 5       /* the newest version this build reads; a store skips newer ones */
+#define KVT_SNAP_VERSION_TYPED 6     /* any record of a model whose rows are rounded to a cache type: the
+                                      * types in its header; 7 sections with a recurrent state */
+#define KVT_SNAP_VERSION_MAX 6       /* the newest version this build reads; a store skips newer ones */
 #define KVT_SNAP_INLINE 1u   /* flag: block records follow the snapshot record */
 #define KVT_SNAP_REPLAY 2u   /* flag: the state section holds only the state's digest; loading rebuilds it by replay */
 
@@ -38,10 +40,11 @@ bool kvt_snap_can_save(const kvt_session *s, size_t n);
  * KVT_SNAP_INLINE; kvt_snap_without_state makes a record without its state);
  * *keys (malloc'ed, n / 128 entries; may be NULL) receives the block keys. */
 int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uint64_t **keys);
-/* Append to out the same record without its state (version 4, flag
- * KVT_SNAP_REPLAY): its state section holds the XXH3-64 of the state it
- * leaves out instead. Appends nothing when the record has no state to drop
- * (or has dropped it already), or a recurrent state (version 5), which
+/* Append to out the same record without its state (flag KVT_SNAP_REPLAY;
+ * version 4, or 6 for a record of version 6, its row types kept): its
+ * state section holds the XXH3-64 of the state it leaves out instead.
+ * Appends nothing when the record has no state to drop (or has dropped it
+ * already), or a recurrent state (version 5, or 6 with 7 sections), which
  * cannot be rebuilt. */
 int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
 /* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
@@ -49,9 +52,12 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
 
 typedef struct kvt_snap_info {
     uint32_t version, flags, n, nb, n_vocab, n_streams;
+    uint32_t nsec;                 /* sections: 6, or 7 with a recurrent state (version 5, or 6) */
+    uint32_t ggml_k, ggml_v;       /* version 6: the K and V rows' types (ggml's ids, header offset 60);
+                                    * 0 (f32) before it */
     uint64_t model, tok;           /* fingerprints */
     uint64_t head;                 /* key of the last whole block (key0 if none) */
-    const uint8_t *sec[8];         /* section bytes, by section id 1..6 (7: version 5's recurrent state) */
+    const uint8_t *sec[8];         /* section bytes, by section id 1..6 (7: the recurrent state) */
     size_t sec_len[8];
     size_t rec_len;                /* bytes of the record itself */
 } kvt_snap_info;
@@ -69,8 +75,18 @@ int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
 bool kvt_snap_block_names(const uint8_t *head, uint64_t key, size_t len);
 /* The text of a (checked) block record, borrowed from p. */
 int kvt_snap_block_text(const uint8_t *p, size_t len, const uint8_t **text, size_t *tlen);
-/* kvt_snap_parse_raw plus the model's fingerprints (KVT_EMISMATCH). */
+/* kvt_snap_parse_raw plus the model's fingerprints and row types
+ * (KVT_EMISMATCH). */
 int kvt_snap_parse(const kvt_model *m, const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Whether a parsed record's rows are of m's types: a version 6 record's
+ * types must equal m's, and a record of an earlier version (f32 rows, or
+ * DeepSeek-V4's own) loads only into a model whose rows are not rounded.
+ * KVT_EMISMATCH naming both otherwise: a record of other cache types is a
+ * miss, never converted, and a store keeps it for a model of its types. */
+int kvt_snap_rows_check(const kvt_model *m, const kvt_snap_info *in);
+/* Tests only: when set, kvt_snap_rows_check passes every record (the
+ * negative control that shows the type check is what refuses them). */
+extern bool kvt_snap_skip_row_types;
 /* Text section of a parsed record: the text of the ids after the last block. */
 static inline const uint8_t *kvt_snap_text(const kvt_snap_info *in, size_t *len)
 {

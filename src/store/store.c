@@ -1189,6 +1189,10 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     bool future = !rc && len >= 12 && !memcmp(rp, "KVTSNAP", 7) && kvt_rd32(rp + 8) > KVT_SNAP_VERSION_MAX;
     kvt_snap_info info;
     if (!rc && !future) rc = kvt_db_snap_row_agrees(stmt, 1, rp, len, &info);
+    /* a record of other row types (the model's cache types differ from the
+     * ones it was saved with) is a miss for this model, not damage: it is
+     * kept for a model of its types, never converted */
+    bool other_rows = !rc && !future && (rc = kvt_snap_rows_check(s->m, &info)) != KVT_OK;
     if (!rc && !(rec = kvt_malloc(len ? len : 1))) rc = KVT_ENOMEM;
     if (!rc && len) memcpy(rec, rp, len);
     free(rbuf);
@@ -1197,7 +1201,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         kvt_snap_empty(s); /* as a load that failed later leaves it (kvtier.h) */
         free(locs);
         kvt_db_rollback(st);
-        if (rc == KVT_ENOMEM || rc == KVT_EIO) { st->misses++; return rc; }
+        if (rc == KVT_ENOMEM || rc == KVT_EIO || other_rows) { st->misses++; return rc; }
         char reason[512];
         snprintf(reason, sizeof reason, "%s", kvt_errmsg());
         quarantine(st, id, false, 0, NULL, reason);
