@@ -4,8 +4,12 @@
  * exactly to f32; a q8_0 element d * q is exact in f32, an 11-bit scale
  * times an 8-bit integer), so whatever reads rows reads the same f32
  * values on every path. Putting a row that was got from a put gives the
- * same bytes again (kvt_rows_round relies on it; tests/test_rows.c proves
- * it for every type). */
+ * same values again (kvt_rows_round relies on it; tests/test_rows.c proves
+ * it for every type), and the same bytes but in one case: a q8_0 block
+ * whose scale underflows f16 (every element below about 3.8e-6) reads
+ * back as zeros, and ggml's quantiser writes such a block with non-zero
+ * quants the second put makes zero. Every path rounds the same way
+ * (rounded in place, then put), so the cache bytes do not depend on it. */
 #ifndef KVT_ROWS_H
 #define KVT_ROWS_H
 
