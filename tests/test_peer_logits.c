@@ -61,10 +61,13 @@
  * engines run the same shape, epsilon and RoPE.
  *
  * llama.cpp runs as a user would (n_gpu_layers 0, mmap, its CPU repacking of
- * Q4_0/IQ4_NL/Q4_K for SIMD), with one exception: its KV cache is F32 and
- * flash attention is off, because kvtier keeps f32 K/V rows and a plain
- * softmax; an F16 cache would add an error that has nothing to do with the
- * weight types under test.
+ * Q4_0/IQ4_NL/Q4_K for SIMD), with one exception: in these two tests both
+ * engines keep K and V in f32, llama.cpp's cache F32 with flash attention
+ * off (its flash attention casts an F32 cache to F16: llama-graph.cpp
+ * build_attn_mha) and kvtier's rows f32 (kvt_model_set_cache_types; its
+ * default is f16), so that no rounding of the cache adds an error that has
+ * nothing to do with the weight types under test. The cache types
+ * themselves are peer_logits_cache_types'.
  *
  * The peer is libllama of node-llama-cpp FX_PEER_VERSION's prebuilt
  * linux-x64 CPU build (FX_PEER_BINS; npm ci on first use, fx_peer_ensure),
@@ -177,9 +180,12 @@ typedef struct llama_batch {
 
 #define GGML_TYPE_F32 0
 #define GGML_TYPE_F16 1
+#define GGML_TYPE_Q8_0 8
+#define GGML_TYPE_BF16 30
 #define GGML_TYPE_COUNT 43          /* ggml.h: the last type is Q2_0 = 42 */
 #define LLAMA_SPLIT_MODE_LAYER 1
 #define LLAMA_FLASH_ATTN_TYPE_DISABLED 0
+#define LLAMA_FLASH_ATTN_TYPE_ENABLED 1
 #define LLAMA_FTYPE_MOSTLY_Q8_0 7
 #define GGML_LOG_LEVEL_ERROR 4
 #define GGML_LOG_LEVEL_CONT 5
@@ -380,12 +386,23 @@ static void describe_mix(const char *path, char *buf, size_t len)
 
 /* ---- the two engines ------------------------------------------------------ */
 
-/* llama.cpp's logits at every position of tok[0..n) (out: n * VOCAB); NULL,
- * or what failed. */
+/* llama.cpp's cache: its K and V types (ggml ids) and whether flash
+ * attention is on. */
+typedef struct peer_cache {
+    int type_k, type_v;
+    bool flash;
+} peer_cache;
+/* the F32 cache of the weight-type tests (kvtier at f32 rows): no rounding
+ * of K, V, Q or the softmax weights on either side */
+static const peer_cache PEER_F32 = {GGML_TYPE_F32, GGML_TYPE_F32, false};
+/* llama.cpp's default binary16 cache with flash attention off (deepseek4) */
+static const peer_cache PEER_F16_PLAIN = {GGML_TYPE_F16, GGML_TYPE_F16, false};
+
 /* llama.cpp's logits (n, nv) of tok on the file at path in a context of
- * n_ctx; f16_cache keeps its default binary16 cache, else the cache is F32. */
+ * n_ctx with the cache pc; NULL, or what failed. cb_eval (may be NULL) sees
+ * its graph's tensors. */
 static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
-                                  uint32_t n_ctx, bool f16_cache, any_fn cb_eval, void *cb_data)
+                                  uint32_t n_ctx, const peer_cache *pc, any_fn cb_eval, void *cb_data)
 {
     static char why[sizeof peer_err + 128];
     peer_err[0] = 0;
@@ -411,10 +428,11 @@ static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, f
     cp.n_ctx = n_ctx;
     cp.n_batch = cp.n_ubatch = n_ctx;
     cp.n_threads = cp.n_threads_batch = THREADS;
-    if (!f16_cache) cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.type_k = pc->type_k;
+    cp.type_v = pc->type_v;
     cp.cb_eval = cb_eval;
     cp.cb_eval_user_data = cb_data;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = pc->flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *c = ll.init_from_model(m, cp);
     if (!c) {
         ll.model_free(m);
@@ -451,26 +469,26 @@ static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, f
     return res;
 }
 
-static const char *peer_logits_v(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
-                                 uint32_t n_ctx, bool f16_cache)
-{
-    return peer_logits_cb(path, tok, n, out, nv_want, n_ctx, f16_cache, NULL, NULL);
-}
-
+/* llama.cpp's logits over the llama vocabulary, its cache F32 */
 static const char *peer_logits(const char *path, const int32_t *tok, int n, float *out)
 {
-    return peer_logits_v(path, tok, n, out, VOCAB, CTX, false);
+    return peer_logits_cb(path, tok, n, out, VOCAB, CTX, &PEER_F32, NULL, NULL);
 }
 
 /* kvtier's logits at every position: the public API keeps only the last
  * position's, so the prompt goes in one kvt_session_decode at a time (the
  * result is that of any chunking, bit for bit: include/kvtier.h). (n, nv)
- * of them, in a context of n_ctx. */
-static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx)
+ * of them, in a context of n_ctx, K and V rows of types tk and tv. */
+static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx,
+                        kvt_row_type tk, kvt_row_type tv)
 {
     kvt_model *m = NULL;
     int rc = kvt_model_open(&m, path);
     if (rc) return rc;
+    if ((rc = kvt_model_set_cache_types(m, tk, tv))) {
+        kvt_model_close(m);
+        return rc;
+    }
     kvt_model_info in;
     kvt_model_info_get(m, &in);
     if (in.n_vocab != nv) {
@@ -488,9 +506,11 @@ static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out,
     return rc;
 }
 
+/* kvtier's logits over the llama vocabulary, its rows f32 (llama.cpp's
+ * cache is F32 beside it: peer_logits) */
 static int kvt_logits(const char *path, const int32_t *tok, int n, float *out)
 {
-    return kvt_logits_v(path, tok, n, out, VOCAB, CTX);
+    return kvt_logits_v(path, tok, n, out, VOCAB, CTX, KVT_ROWS_F32, KVT_ROWS_F32);
 }
 
 /* ---- the comparison ------------------------------------------------------- */
@@ -870,7 +890,7 @@ static double worst_gap(float *const *gap, uint32_t L, size_t n, size_t *count)
 
 /* kvtier forced to llama.cpp's choices (cap), gaps recorded in f. */
 static int kvt_logits_forced(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, const ds4_capture *cap,
-                      kvt_forced *f)
+                             kvt_forced *f, kvt_row_type tk, kvt_row_type tv)
 {
     memset(f, 0, sizeof *f);
     f->n = (size_t)n;
@@ -888,7 +908,7 @@ static int kvt_logits_forced(const char *path, const int32_t *tok, int n, float 
         }
     }
     kvt_force = f;
-    if (!rc) rc = kvt_logits_v(path, tok, n, out, nv, 1024);
+    if (!rc) rc = kvt_logits_v(path, tok, n, out, nv, 1024, tk, tv);
     kvt_force = NULL;
     return rc;
 }
@@ -1012,13 +1032,14 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
          * differed and how close that was (as in the deepseek4 test, with
          * its gap tolerances) */
         ds4_capture cap = {.n = N_FAM, .Eu = FAM_MOE_EU, .L = L};
-        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, false, (any_fn)ds4_capture_cb, &cap)
+        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &PEER_F32, (any_fn)ds4_capture_cb, &cap)
                               : peer_logits(path, tok, N_FAM, want);
         CHECKF(!why, "%s %s: llama.cpp cannot run it: %s", label, ft[k].name, why);
         CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", label, ft[k].name, cap.bad);
         if (ft[k].ftype < 0) memcpy(want_f32, want, (size_t)N_FAM * VOCAB * sizeof *want);
         kvt_forced fz;
-        int rc = moe ? kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz) : kvt_logits(path, tok, N_FAM, got);
+        int rc = moe ? kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz, KVT_ROWS_F32, KVT_ROWS_F32)
+                     : kvt_logits(path, tok, N_FAM, got);
         CHECKF(!rc, "%s %s: kvtier: %s", label, ft[k].name, kvt_errmsg());
         if (moe) {
             size_t ne, nl = 0;
@@ -1119,6 +1140,272 @@ TEST(peer_logits_families)
         rmdir(dir);
     }
     CHECKF(made, "out of memory or mkdtemp failed");
+}
+
+/* ---- the cache types ------------------------------------------------------ *
+ *
+ * peer_logits_cache_types: the synthetic families above (llama 3, qwen2,
+ * qwen3, qwen3moe, gemma3 with its windows, gemma4's two shapes, qwen35),
+ * their F32 files, run by both engines with the same cache types: kvtier's
+ * rows (kvt_model_set_cache_types) and llama.cpp's type_k and type_v, on
+ * the 600-token prompt of the family test (past gemma's 64-token windows
+ * many times over); the logits at every position are compared as there
+ * (max |dlogit| / max |logit|, top-1 where llama.cpp's margin exceeds the
+ * tolerance), llama.cpp's expert choices imposed on the MoE shapes.
+ *
+ * llama.cpp as a user runs it: flash attention on (what its default, auto,
+ * resolves to on a CPU, and what a quantised V requires:
+ * llama_init_from_model refuses q8_0 V without it), with one exception:
+ * LLAMA_ATTN_ROT_DISABLE=1. By default this llama.cpp turns K, Q and V by a
+ * Hadamard rotation (64 - 128 wide) before a quantised cache stores them
+ * and turns the attention output back (llama-kv-cache.cpp attn_rot_k/v,
+ * llama-graph.cpp build_attn): its q8_0 rows are then rows of HK and HV,
+ * not of K and V, a rounding of other vectors with an error of the same
+ * size as the type's own, and no longer the rows kvtier stores (measured
+ * with the rotation on, KVT_PEER_CACHE_ROT=1: ROT_FIGURES).
+ * What is then left between the engines, by cell (llama.cpp's CPU paths in
+ * ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_ext_f16):
+ *
+ *   f16        K and V both f16: the tiled path, which widens the f16 rows
+ *              to f32 and keeps Q, the scores, the softmax and the sums in
+ *              f32, as kvtier does: the order of the sums differs, and where
+ *              the engines' f32 K or V (1e-6 apart) straddle a binary16
+ *              rounding edge one element is a step of 2^-11 apart in the
+ *              rows. Measured F16_FIGURES.
+ *   f16/q8_0   K f16, V q8_0 (a sharp check of q8_0 rows): the one-row path;
+ *              Q is rounded to f16 for the f16 K . Q (2^-11), the V rows are
+ *              widened to f32 and summed in f32. The rows are the same but
+ *              where the engines' f32 V straddle a q8_0 rounding edge (a
+ *              step of amax / 127, relative 1e-6 apart: about 1 element in
+ *              4,000), or where llama.cpp's CPU quantiser (quantize_row_q8_0:
+ *              x * (127 / amax), rounded half to even) and ggml's reference
+ *              one kvtier uses (x * (1 / (amax / 127)), rounded half away)
+ *              part by an ulp at a half; one such step weighs most at the
+ *              first positions, where a row's softmax weight is largest (the
+ *              worst are at positions 1 - 14). Measured F16Q8_FIGURES.
+ *   f16/bf16   the same with bf16 V rows (a step of 2^-8). F16BF16_FIGURES.
+ *   q8_0       K and V q8_0: the one-row path quantises each query row to
+ *              q8_0 too for its integer K . Q (vec_dot_q8_0_q8_0), an error
+ *              of the size of K's own rounding, which kvtier (Q in f32) does
+ *              not make: this cell bounds kvtier's q8_0 K rows only to
+ *              within that noise (measured: kvtier's K rows in f16 or f32
+ *              instead are as close to it), the V rows sharply are
+ *              f16/q8_0's, and a wrong row, offset, scale or ring layout
+ *              moves the logits by far more. Measured Q8_FIGURES.
+ *   bf16       K and V bf16: the one-row path rounds each query to bf16
+ *              (vec_dot_bf16), likewise. BF16_FIGURES.
+ *   f32        not here: llama.cpp's flash attention casts an F32 cache to
+ *              f16, and without it F32 is the families test's cache.
+ *
+ * Each tolerance is about 2x the family's worst measured (cells below, the
+ * measured column printed beside each run's figure). Negative controls on
+ * qwen3, kvtier's rows of other types against llama.cpp's logits: f32 rows
+ * in the f16 cell and f16 V rows in the f16/q8_0 and f16/bf16 cells must
+ * exceed the tolerance; in the q8_0 and bf16 cells kvtier's rows of other
+ * types are printed only (within the query's noise, above). KVT_PEER_CACHE=
+ * a mask of ctypes (1 f32, 2 f16, 4 bf16, 8 q8_0, 16 f16/q8_0, 32
+ * f16/bf16, 64 q8_0/f16) runs those for every family to measure again. */
+static const struct ctype {
+    const char *name;
+    kvt_row_type k, v;  /* kvtier's rows */
+    int gk, gv;         /* llama.cpp's type_k and type_v */
+    bool flash;         /* llama.cpp's flash attention */
+    double tol;         /* measuring (KVT_PEER_CACHE): of max |logit| */
+    double gap;         /* MoE: the worst gap at which kvtier's own expert choice may differ */
+} ctypes[] = {
+    {"f32", KVT_ROWS_F32, KVT_ROWS_F32, GGML_TYPE_F32, GGML_TYPE_F32, false, TOL_F32, 2e-3},
+    {"f16", KVT_ROWS_F16, KVT_ROWS_F16, GGML_TYPE_F16, GGML_TYPE_F16, true, 1e-3, 5e-3},
+    {"bf16", KVT_ROWS_BF16, KVT_ROWS_BF16, GGML_TYPE_BF16, GGML_TYPE_BF16, true, 1e-2, 5e-2},
+    {"q8_0", KVT_ROWS_Q8_0, KVT_ROWS_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, true, 1e-2, 5e-2},
+    {"f16/q8_0", KVT_ROWS_F16, KVT_ROWS_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q8_0, true, 1e-3, 5e-3},
+    {"f16/bf16", KVT_ROWS_F16, KVT_ROWS_BF16, GGML_TYPE_F16, GGML_TYPE_BF16, true, 1e-3, 5e-3},
+    {"q8_0/f16", KVT_ROWS_Q8_0, KVT_ROWS_F16, GGML_TYPE_Q8_0, GGML_TYPE_F16, true, 1e-2, 5e-2},
+};
+enum { CT_F32, CT_F16, CT_BF16, CT_Q8_0, CT_F16_Q8_0, CT_F16_BF16, CT_Q8_0_F16, N_CTYPES };
+
+enum { CF_LLAMA3, CF_QWEN2, CF_QWEN3, CF_QWEN3MOE, CF_GEMMA3, CF_GEMMA4, CF_GEMMA4MOE, CF_QWEN35, N_CFAMS };
+static const fam_spec cache_fams[N_CFAMS] = {{"llama", false, false, HEAD_DIM, true, false, false},
+                                             {"qwen2", true, false, HEAD_DIM, false, false, false},
+                                             {"qwen3", false, true, 128, false, false, false},
+                                             {"qwen3moe", false, true, 128, false, true, false},
+                                             {"gemma3", false, true, HEAD_DIM, false, false, true},
+                                             {"gemma4", .gemma4 = FAM_G4_DENSE},
+                                             {"gemma4", .gemma4 = FAM_G4_MOE},
+                                             {"qwen35", .qwen35 = FAM_Q35_DENSE}};
+
+/* The cells run: every family at f16 and q8_0, qwen3 at the others, with
+ * the controls (kvtier's rows ck, cv; KVT_ROWS_DEFAULT: none): must_fail,
+ * else printed. */
+static const struct cell {
+    int fam, type;
+    double tol, measured;
+    struct { kvt_row_type k, v; bool must_fail; } ctl[2];
+} cells[] = {
+#define NOCTL {{0}}
+    /* f16: tolerance 2 - 3x the family's worst, at least TOL_F32 (gemma's: its F32
+     * tolerance of fam_tols, the GeGLU's binary16 flips) */
+    {CF_LLAMA3, CT_F16, 3e-4, 1.05e-4, NOCTL},
+    {CF_QWEN2, CT_F16, 1e-4, 2.2e-5, NOCTL},
+    {CF_QWEN3, CT_F16, 1e-4, 4.6e-5, {{KVT_ROWS_F32, KVT_ROWS_F32, true}}},
+    {CF_QWEN3MOE, CT_F16, 1e-4, 4.4e-5, NOCTL},
+    {CF_GEMMA3, CT_F16, 1e-3, 3.6e-4, NOCTL},
+    {CF_GEMMA4, CT_F16, 2e-3, 5.6e-4, NOCTL},
+    {CF_GEMMA4MOE, CT_F16, 2e-3, 4.2e-4, NOCTL},
+    {CF_QWEN35, CT_F16, 1e-4, 6.9e-6, NOCTL},
+    /* q8_0: 2x the worst */
+    {CF_LLAMA3, CT_Q8_0, 2.5e-2, 1.23e-2, NOCTL},
+    {CF_QWEN2, CT_Q8_0, 6e-3, 2.8e-3, NOCTL},
+    {CF_QWEN3, CT_Q8_0, 1e-2, 4.9e-3, {{KVT_ROWS_F32, KVT_ROWS_F32, false}, {KVT_ROWS_Q8_0, KVT_ROWS_F16, false}}},
+    {CF_QWEN3MOE, CT_Q8_0, 1e-2, 4.7e-3, NOCTL},
+    {CF_GEMMA3, CT_Q8_0, 2.5e-2, 1.1e-2, NOCTL},
+    {CF_GEMMA4, CT_Q8_0, 2.5e-2, 1.19e-2, NOCTL},
+    {CF_GEMMA4MOE, CT_Q8_0, 2.5e-2, 1.15e-2, NOCTL},
+    {CF_QWEN35, CT_Q8_0, 8e-3, 3.6e-3, NOCTL},
+    /* qwen3's others */
+    {CF_QWEN3, CT_F16_Q8_0, 3e-3, 1.38e-3, {{KVT_ROWS_F16, KVT_ROWS_F16, true}}},
+    {CF_QWEN3, CT_F16_BF16, 1.2e-3, 5.6e-4, {{KVT_ROWS_F16, KVT_ROWS_F16, true}}},
+    {CF_QWEN3, CT_BF16, 3.5e-3, 1.65e-3, {{KVT_ROWS_F32, KVT_ROWS_F32, false}}},
+#undef NOCTL
+};
+
+/* One family's file at one cache type: llama.cpp's logits into want (when
+ * peer), then kvtier's at rows (tk, tv) into got (llama.cpp's expert
+ * choices imposed when moe, *gap the worst at which kvtier's own differed,
+ * -1: none). NULL, or what failed. */
+static const char *cache_logits(const char *path, const int32_t *tok, const struct ctype *ty, bool moe, uint32_t L,
+                                bool peer, kvt_row_type tk, kvt_row_type tv, float *want, float *got, double *gap,
+                                double *t_peer, double *t_kvt)
+{
+    static char why[sizeof peer_err + 256];
+    peer_cache pc = {ty->gk, ty->gv, ty->flash};
+    ds4_capture cap = {.n = N_FAM, .Eu = FAM_MOE_EU, .L = L};
+    double t0 = fx_now();
+    const char *w = NULL;
+    *gap = -1;
+    if (peer || moe)
+        w = peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &pc, moe ? (any_fn)ds4_capture_cb : NULL,
+                           moe ? &cap : NULL);
+    double t1 = fx_now();
+    if (!w && cap.bad) w = "llama.cpp's choice tensors unreadable";
+    if (w) {
+        ds4_capture_free(&cap);
+        snprintf(why, sizeof why, "llama.cpp: %s", w);
+        return why;
+    }
+    int rc;
+    if (moe) {
+        kvt_forced fz;
+        size_t ne;
+        rc = kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz, tk, tv);
+        if (!rc) *gap = worst_gap(fz.ex_gap, L, N_FAM, &ne);
+        forced_free(&fz);
+    } else {
+        rc = kvt_logits_v(path, tok, N_FAM, got, VOCAB, CTX, tk, tv);
+    }
+    ds4_capture_free(&cap);
+    *t_peer += t1 - t0;
+    *t_kvt += fx_now() - t1;
+    if (rc) {
+        snprintf(why, sizeof why, "kvtier: %s", kvt_errmsg());
+        return why;
+    }
+    return NULL;
+}
+
+/* The cells of family fi (cells[], or every type of mask): the number
+ * failed. */
+static int cache_family(const char *dir, const char *vocab, int fi, unsigned mask, float *want, float *got,
+                        double *t_peer, double *t_kvt)
+{
+    const fam_spec *f = &cache_fams[fi];
+    char path[128], label[32];
+    snprintf(label, sizeof label, "%s%s", f->arch, f->rope_freqs ? "3" : f->gemma4 == FAM_G4_MOE ? "-moe" : "");
+    const bool moe = f->moe || f->gemma4 == FAM_G4_MOE || f->qwen35 == FAM_Q35_MOE;
+    const uint32_t L = f->gemma4 ? FAM_G4_LAYERS : f->qwen35 ? FAM_Q35_LAYERS : FAM_LAYERS;
+    snprintf(path, sizeof path, "%s/%s-cache.gguf", dir, label);
+    if (fam_write(path, vocab, SEED, ROPE_BASE, f, false)) {
+        printf("    %s: cannot write the model: %s\n", label, kvt_errmsg());
+        return 1;
+    }
+    int32_t tok[N_FAM];
+    make_prompt(tok, N_FAM, SEED);
+    int failed = 0;
+    struct cell run[N_CTYPES];
+    size_t n_run = 0;
+    for (size_t i = 0; i < sizeof cells / sizeof *cells; i++)
+        if (!mask && cells[i].fam == fi) run[n_run++] = cells[i];
+    for (int k = 0; mask && k < N_CTYPES; k++)
+        if (mask & 1u << k) run[n_run++] = (struct cell){fi, k, ctypes[k].tol, 0, {{0}}};
+    for (size_t i = 0; i < n_run; i++) {
+        const struct cell *ce = &run[i];
+        const struct ctype *ty = &ctypes[ce->type];
+        double gap, tp = *t_peer, tk = *t_kvt;
+        const char *why = cache_logits(path, tok, ty, moe, L, true, ty->k, ty->v, want, got, &gap, t_peer, t_kvt);
+        if (why) {
+            printf("    %s %s: %s  FAIL\n", label, ty->name, why);
+            failed++;
+            continue;
+        }
+        cmp_out c = compare(want, got, N_FAM, ce->tol);
+        bool ok = passes(&c, ce->tol) && gap <= ty->gap;
+        printf("    %-10s %-8s max |dlogit| %.3g of max |logit| %.3g (rms %.2g) at %d, top-1 %d/%d%s; tolerance %.3g "
+               "(measured before: %.2g; %.1f + %.1f s)\n", label, ty->name, c.rel, c.max_abs, c.rms_diff / c.max_abs,
+               c.worst_pos, c.agree, c.confident, ok ? "" : "  FAIL", ce->tol, ce->measured, *t_peer - tp,
+               *t_kvt - tk);
+        if (moe)
+            printf("               own expert choices apart at gaps up to %.2g (tolerance %.2g)\n", gap, ty->gap);
+        failed += !ok;
+        for (int q = 0; q < 2 && ce->ctl[q].k; q++) {
+            /* kvtier's rows of other types against llama.cpp's logits of
+             * these (want is still this cell's) */
+            why = cache_logits(path, tok, ty, false, L, false, ce->ctl[q].k, ce->ctl[q].v, want, got, &gap, t_peer,
+                               t_kvt);
+            if (why) {
+                printf("      control: %s  FAIL\n", why);
+                failed++;
+                continue;
+            }
+            cmp_out b = compare(want, got, N_FAM, ce->tol);
+            bool caught = !passes(&b, ce->tol);
+            printf("      control, kvtier's K %s, V %s: max |dlogit| %.3g (%.2gx the tolerance), rms %.2g, top-1 "
+                   "%d/%d%s\n", kvt_row_type_name(ce->ctl[q].k), kvt_row_type_name(ce->ctl[q].v), b.rel,
+                   b.rel / ce->tol, b.rms_diff / b.max_abs, b.agree, b.confident,
+                   caught ? "" : ce->ctl[q].must_fail ? "  NOT CAUGHT" : " (printed only)");
+            failed += ce->ctl[q].must_fail && !caught;
+        }
+    }
+    unlink(path);
+    return failed;
+}
+
+TEST(peer_logits_cache_types)
+{
+    char vocab_path[1024];
+    const char *bad, *why = llama_peer_ready(vocab_path, sizeof vocab_path, &bad);
+    if (why) SKIP("%s", why);
+    CHECKF(!bad, "%s", bad);
+    const char *em = getenv("KVT_PEER_CACHE"), *rot = getenv("KVT_PEER_CACHE_ROT");
+    unsigned mask = em ? (unsigned)strtoul(em, NULL, 0) & ((1u << N_CTYPES) - 1) : 0;
+    bool rotate = rot && *rot && strcmp(rot, "0");
+    if (rotate) printf("    llama.cpp's rotation of a quantised cache left on\n");
+    else setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1); /* read by llama_init_from_model */
+    char dir[] = "/tmp/kvtier-peercache-XXXXXX";
+    size_t n_log = (size_t)N_FAM * VOCAB;
+    float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float));
+    bool made = want && got && mkdtemp(dir);
+    int failed = 0;
+    double t0 = fx_now(), tp = 0, tk = 0;
+    for (int i = 0; made && i < N_CFAMS; i++) failed += cache_family(dir, vocab_path, i, mask, want, got, &tp, &tk);
+    printf("    %.1f s (llama.cpp %.1f s, kvtier %.1f s)\n", fx_now() - t0, tp, tk);
+    if (!rotate) unsetenv("LLAMA_ATTN_ROT_DISABLE");
+    free(want);
+    free(got);
+    if (made) {
+        kvt_test_clear_dir(dir);
+        rmdir(dir);
+    }
+    CHECKF(made, "out of memory or mkdtemp failed");
+    CHECKF(!failed, "%d cells or controls failed (above)", failed);
 }
 
 /* ---- deepseek4 ------------------------------------------------------------ */
@@ -1293,12 +1580,12 @@ TEST(peer_logits_deepseek4)
             memset(cap.sel, 0, sizeof cap.sel);
             memset(cap.ex, 0, sizeof cap.ex);
             cap.bad = 0;
-            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, true, (any_fn)ds4_capture_cb, &cap);
+            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, &PEER_F16_PLAIN, (any_fn)ds4_capture_cb, &cap);
             CHECKF(!why, "%s %s: %s", sh->preset, ty->name, why);
             CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", sh->preset, ty->name, cap.bad);
             double t1 = fx_now();
             kvt_forced f;
-            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f) == KVT_OK, "%s %s: %s", sh->preset, ty->name,
+            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT) == KVT_OK, "%s %s: %s", sh->preset, ty->name,
                    kvt_errmsg());
             double t2 = fx_now();
             ds4_cmp c = ds4_compare(want, got, sh->n, nv, ty->tol);
@@ -1317,7 +1604,7 @@ TEST(peer_logits_deepseek4)
                                                                       {KVT_DS4_FAULT_YARN, "no YaRN"}};
                 for (size_t q = 0; q < 2; q++) {
                     kvt_ds4_fault = nc[q].fault;
-                    int rc = kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f);
+                    int rc = kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT);
                     kvt_ds4_fault = KVT_DS4_FAULT_NONE;
                     forced_free(&f);
                     CHECK_OK(rc);
