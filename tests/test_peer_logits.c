@@ -1693,8 +1693,10 @@ TEST(peer_logits_cache_types)
  *     convolution's last kernel - 1 inputs, S: the delta rule's state, f32,
  *     one cell for the one sequence) equals kvtier's "recurrent" part as
  *     printed.
- * On the test's own synthetic qwen3 (4 layers, 2 KV heads of 128), gemma3
- * and qwen35, and on the Qwen3-0.6B-shaped file of bench/peers.sh
+ * On the test's own synthetic qwen3 (4 layers, 2 KV heads of 128), gemma3,
+ * gemma4 (its 2 shared layers keep no rows in either engine: 2 + 2 of 6
+ * layers cached) and qwen35, and on the Qwen3-0.6B-shaped file of
+ * bench/peers.sh
  * ($KVT_PEER_CACHE or ~/.cache/kvtier, models/synth-qwen3-0.6b-f16.gguf;
  * left out, saying so, when absent). Negative control: kvtier's plan with
  * q8_0 rows counted as 32 bytes a block (the 2-byte scale left out) against
@@ -1866,8 +1868,8 @@ TEST(peer_logits_plan_bytes)
     CHECKF(!bad, "%s", bad);
     char dir[] = "/tmp/kvtier-peerplan-XXXXXX";
     CHECK(mkdtemp(dir));
-    static const int fams[] = {CF_QWEN3, CF_GEMMA3, CF_QWEN35};
-    char paths[4][160], labels[4][40];
+    static const int fams[] = {CF_QWEN3, CF_GEMMA3, CF_GEMMA4, CF_QWEN35};
+    char paths[5][160], labels[5][40];
     int n = 0;
     for (size_t i = 0; i < sizeof fams / sizeof *fams; i++, n++) {
         const fam_spec *f = &cache_fams[fams[i]];
