@@ -1064,7 +1064,8 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
          * differed and how close that was (as in the deepseek4 test, with
          * its gap tolerances) */
         ds4_capture cap = {.n = N_FAM, .Eu = FAM_MOE_EU, .L = L};
-        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &PEER_F32, (any_fn)ds4_capture_cb, &cap)
+        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &PEER_F32,
+                                               (any_fn)ds4_capture_cb, &cap)
                               : peer_logits(path, tok, N_FAM, want);
         CHECKF(!why, "%s %s: llama.cpp cannot run it: %s", label, ft[k].name, why);
         CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", label, ft[k].name, cap.bad);
@@ -1841,9 +1842,10 @@ static int plan_check(const char *label, const char *path, int ti, bool fault, b
             peer_sizes s3;
             why = peer_cache_sizes(path, PLAN_CTX1, ty->gk, false, &s3);
             if (!quiet || !ok)
-                printf("    %-14s %-4s llama.cpp SWA cache: %u layers, %.2f B a cell (%u cells at swa_full, %u without: "
-                       "%.2f MiB); kvtier's rings %.0f B a row, %llu rows: %llu B%s\n", label, ty->name, a->layers,
-                       d_per, a->cells, why || s3.n != 2 ? 0 : s3.kv[1].cells, why || s3.n != 2 ? 0 : s3.kv[1].mib,
+                printf("    %-14s %-4s llama.cpp SWA cache: %u layers, %.2f B a cell (%u cells at swa_full, %u "
+                       "without: %.2f MiB); kvtier's rings %.0f B a row, %llu rows: %llu B%s\n", label, ty->name,
+                       a->layers, d_per, a->cells, why || s3.n != 2 ? 0 : s3.kv[1].cells,
+                       why || s3.n != 2 ? 0 : s3.kv[1].mib,
                        kv_row, (unsigned long long)W, (unsigned long long)win, ok ? "" : "  DIFFERENT");
             failed += !ok;
         }
@@ -2066,12 +2068,14 @@ TEST(peer_logits_deepseek4)
             memset(cap.sel, 0, sizeof cap.sel);
             memset(cap.ex, 0, sizeof cap.ex);
             cap.bad = 0;
-            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, &PEER_F16_PLAIN, (any_fn)ds4_capture_cb, &cap);
+            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, &PEER_F16_PLAIN, (any_fn)ds4_capture_cb,
+                                 &cap);
             CHECKF(!why, "%s %s: %s", sh->preset, ty->name, why);
             CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", sh->preset, ty->name, cap.bad);
             double t1 = fx_now();
             kvt_forced f;
-            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT) == KVT_OK, "%s %s: %s", sh->preset, ty->name,
+            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT) == KVT_OK,
+                   "%s %s: %s", sh->preset, ty->name,
                    kvt_errmsg());
             double t2 = fx_now();
             ds4_cmp c = ds4_compare(want, got, sh->n, nv, ty->tol);
