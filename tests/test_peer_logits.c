@@ -45,6 +45,18 @@
  *                           KVT_PEER_DS4="preset+overrides;..." measures
  *                           other shapes (f32, 600 tokens).
  *
+ *   peer_logits_cache_types the families' F32 files with both engines' K
+ *                           and V at the same cache types (f16, bf16, q8_0,
+ *                           and f16 K with q8_0 or bf16 V): the logits at
+ *                           every position of 600, and qwen3's stored rows
+ *                           byte for byte; the method and tolerances are at
+ *                           ctypes below.
+ *
+ *   peer_logits_plan_bytes  kvt_model_plan's bytes (full rows, per token,
+ *                           window rings, recurrent state) against the KV
+ *                           cache llama.cpp reports for the same file,
+ *                           context and cache types (f32, f16, bf16, q8_0).
+ *
  * The model: dim 256, 4 layers, 4 heads, 2 KV heads (head dim 64), SwiGLU
  * FFN of 512, context 512, an output matrix of its own (so the quantiser
  * picks its own type for it), and the 32000-token vocabulary of
@@ -61,10 +73,13 @@
  * engines run the same shape, epsilon and RoPE.
  *
  * llama.cpp runs as a user would (n_gpu_layers 0, mmap, its CPU repacking of
- * Q4_0/IQ4_NL/Q4_K for SIMD), with one exception: its KV cache is F32 and
- * flash attention is off, because kvtier keeps f32 K/V rows and a plain
- * softmax; an F16 cache would add an error that has nothing to do with the
- * weight types under test.
+ * Q4_0/IQ4_NL/Q4_K for SIMD), with one exception: in these two tests both
+ * engines keep K and V in f32, llama.cpp's cache F32 with flash attention
+ * off (its flash attention casts an F32 cache to F16: llama-graph.cpp
+ * build_attn_mha) and kvtier's rows f32 (kvt_model_set_cache_types; its
+ * default is f16), so that no rounding of the cache adds an error that has
+ * nothing to do with the weight types under test. The cache types
+ * themselves are peer_logits_cache_types'.
  *
  * The peer is libllama of node-llama-cpp FX_PEER_VERSION's prebuilt
  * linux-x64 CPU build (FX_PEER_BINS; npm ci on first use, fx_peer_ensure),
@@ -84,6 +99,10 @@
 #include "arch/moe.h"
 #include "arch/ds4.h"
 #include "arch/llama.h"
+#include "arch/llama_weights.h"
+#include "arch/arch.h"
+#include "cache/cache.h"
+#include "cache/rows.h"
 #include "kernels/qkernels.h"
 #include "test.h"
 
@@ -177,9 +196,12 @@ typedef struct llama_batch {
 
 #define GGML_TYPE_F32 0
 #define GGML_TYPE_F16 1
+#define GGML_TYPE_Q8_0 8
+#define GGML_TYPE_BF16 30
 #define GGML_TYPE_COUNT 43          /* ggml.h: the last type is Q2_0 = 42 */
 #define LLAMA_SPLIT_MODE_LAYER 1
 #define LLAMA_FLASH_ATTN_TYPE_DISABLED 0
+#define LLAMA_FLASH_ATTN_TYPE_ENABLED 1
 #define LLAMA_FTYPE_MOSTLY_Q8_0 7
 #define GGML_LOG_LEVEL_ERROR 4
 #define GGML_LOG_LEVEL_CONT 5
@@ -211,9 +233,20 @@ static struct {
 static char peer_err[2048];
 static bool peer_err_cont;
 
+/* While peer_info_on, llama.cpp's info lines of its caches (llama_kv_cache*,
+ * llama_memory_recurrent: the sizes it reports) are kept too, up to 8 KB. */
+#define GGML_LOG_LEVEL_INFO 2
+static char peer_info[8192];
+static bool peer_info_on;
+
 static void peer_log(int level, const char *text, void *user)
 {
     (void)user;
+    if (peer_info_on && level == GGML_LOG_LEVEL_INFO && text &&
+        (!strncmp(text, "llama_kv_cache", 14) || !strncmp(text, "llama_memory_recurrent", 22))) {
+        size_t have = strlen(peer_info), n = strlen(text);
+        if (have + n < sizeof peer_info) memcpy(peer_info + have, text, n + 1);
+    }
     bool keep = level == GGML_LOG_LEVEL_ERROR || (level == GGML_LOG_LEVEL_CONT && peer_err_cont);
     if (level != GGML_LOG_LEVEL_CONT) peer_err_cont = level == GGML_LOG_LEVEL_ERROR;
     if (!keep || !text) return;
@@ -380,12 +413,23 @@ static void describe_mix(const char *path, char *buf, size_t len)
 
 /* ---- the two engines ------------------------------------------------------ */
 
-/* llama.cpp's logits at every position of tok[0..n) (out: n * VOCAB); NULL,
- * or what failed. */
+/* llama.cpp's cache: its K and V types (ggml ids) and whether flash
+ * attention is on. */
+typedef struct peer_cache {
+    int type_k, type_v;
+    bool flash;
+} peer_cache;
+/* the F32 cache of the weight-type tests (kvtier at f32 rows): no rounding
+ * of K, V, Q or the softmax weights on either side */
+static const peer_cache PEER_F32 = {GGML_TYPE_F32, GGML_TYPE_F32, false};
+/* llama.cpp's default binary16 cache with flash attention off (deepseek4) */
+static const peer_cache PEER_F16_PLAIN = {GGML_TYPE_F16, GGML_TYPE_F16, false};
+
 /* llama.cpp's logits (n, nv) of tok on the file at path in a context of
- * n_ctx; f16_cache keeps its default binary16 cache, else the cache is F32. */
+ * n_ctx with the cache pc; NULL, or what failed. cb_eval (may be NULL) sees
+ * its graph's tensors. */
 static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
-                                  uint32_t n_ctx, bool f16_cache, any_fn cb_eval, void *cb_data)
+                                  uint32_t n_ctx, const peer_cache *pc, any_fn cb_eval, void *cb_data)
 {
     static char why[sizeof peer_err + 128];
     peer_err[0] = 0;
@@ -411,10 +455,11 @@ static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, f
     cp.n_ctx = n_ctx;
     cp.n_batch = cp.n_ubatch = n_ctx;
     cp.n_threads = cp.n_threads_batch = THREADS;
-    if (!f16_cache) cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.type_k = pc->type_k;
+    cp.type_v = pc->type_v;
     cp.cb_eval = cb_eval;
     cp.cb_eval_user_data = cb_data;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = pc->flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *c = ll.init_from_model(m, cp);
     if (!c) {
         ll.model_free(m);
@@ -451,26 +496,30 @@ static const char *peer_logits_cb(const char *path, const int32_t *tok, int n, f
     return res;
 }
 
-static const char *peer_logits_v(const char *path, const int32_t *tok, int n, float *out, int32_t nv_want,
-                                 uint32_t n_ctx, bool f16_cache)
-{
-    return peer_logits_cb(path, tok, n, out, nv_want, n_ctx, f16_cache, NULL, NULL);
-}
-
+/* llama.cpp's logits over the llama vocabulary, its cache F32 */
 static const char *peer_logits(const char *path, const int32_t *tok, int n, float *out)
 {
-    return peer_logits_v(path, tok, n, out, VOCAB, CTX, false);
+    return peer_logits_cb(path, tok, n, out, VOCAB, CTX, &PEER_F32, NULL, NULL);
 }
+
+/* When set, kvt_logits_v shows it the session after the last token (the
+ * stored rows of peer_logits_cache_types). */
+static void (*kvt_peek)(const kvt_session *s);
 
 /* kvtier's logits at every position: the public API keeps only the last
  * position's, so the prompt goes in one kvt_session_decode at a time (the
  * result is that of any chunking, bit for bit: include/kvtier.h). (n, nv)
- * of them, in a context of n_ctx. */
-static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx)
+ * of them, in a context of n_ctx, K and V rows of types tk and tv. */
+static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, uint32_t n_ctx,
+                        kvt_row_type tk, kvt_row_type tv)
 {
     kvt_model *m = NULL;
     int rc = kvt_model_open(&m, path);
     if (rc) return rc;
+    if ((rc = kvt_model_set_cache_types(m, tk, tv))) {
+        kvt_model_close(m);
+        return rc;
+    }
     kvt_model_info in;
     kvt_model_info_get(m, &in);
     if (in.n_vocab != nv) {
@@ -483,14 +532,17 @@ static int kvt_logits_v(const char *path, const int32_t *tok, int n, float *out,
     for (int i = 0; i < n && !rc; i++)
         if (!(rc = kvt_session_decode(s, tok[i])))
             memcpy(out + (size_t)i * nv, kvt_session_logits(s), (size_t)nv * sizeof(float));
+    if (!rc && kvt_peek) kvt_peek(s);
     kvt_session_free(s);
     kvt_model_close(m);
     return rc;
 }
 
+/* kvtier's logits over the llama vocabulary, its rows f32 (llama.cpp's
+ * cache is F32 beside it: peer_logits) */
 static int kvt_logits(const char *path, const int32_t *tok, int n, float *out)
 {
-    return kvt_logits_v(path, tok, n, out, VOCAB, CTX);
+    return kvt_logits_v(path, tok, n, out, VOCAB, CTX, KVT_ROWS_F32, KVT_ROWS_F32);
 }
 
 /* ---- the comparison ------------------------------------------------------- */
@@ -870,7 +922,7 @@ static double worst_gap(float *const *gap, uint32_t L, size_t n, size_t *count)
 
 /* kvtier forced to llama.cpp's choices (cap), gaps recorded in f. */
 static int kvt_logits_forced(const char *path, const int32_t *tok, int n, float *out, uint32_t nv, const ds4_capture *cap,
-                      kvt_forced *f)
+                             kvt_forced *f, kvt_row_type tk, kvt_row_type tv)
 {
     memset(f, 0, sizeof *f);
     f->n = (size_t)n;
@@ -888,7 +940,7 @@ static int kvt_logits_forced(const char *path, const int32_t *tok, int n, float 
         }
     }
     kvt_force = f;
-    if (!rc) rc = kvt_logits_v(path, tok, n, out, nv, 1024);
+    if (!rc) rc = kvt_logits_v(path, tok, n, out, nv, 1024, tk, tv);
     kvt_force = NULL;
     return rc;
 }
@@ -1012,13 +1064,15 @@ static void family_run(const char *dir, const char *vocab, const fam_spec *f, fl
          * differed and how close that was (as in the deepseek4 test, with
          * its gap tolerances) */
         ds4_capture cap = {.n = N_FAM, .Eu = FAM_MOE_EU, .L = L};
-        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, false, (any_fn)ds4_capture_cb, &cap)
+        const char *why = moe ? peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &PEER_F32,
+                                               (any_fn)ds4_capture_cb, &cap)
                               : peer_logits(path, tok, N_FAM, want);
         CHECKF(!why, "%s %s: llama.cpp cannot run it: %s", label, ft[k].name, why);
         CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", label, ft[k].name, cap.bad);
         if (ft[k].ftype < 0) memcpy(want_f32, want, (size_t)N_FAM * VOCAB * sizeof *want);
         kvt_forced fz;
-        int rc = moe ? kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz) : kvt_logits(path, tok, N_FAM, got);
+        int rc = moe ? kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz, KVT_ROWS_F32, KVT_ROWS_F32)
+                     : kvt_logits(path, tok, N_FAM, got);
         CHECKF(!rc, "%s %s: kvtier: %s", label, ft[k].name, kvt_errmsg());
         if (moe) {
             size_t ne, nl = 0;
@@ -1119,6 +1173,727 @@ TEST(peer_logits_families)
         rmdir(dir);
     }
     CHECKF(made, "out of memory or mkdtemp failed");
+}
+
+/* ---- the cache types ------------------------------------------------------ *
+ *
+ * peer_logits_cache_types: the synthetic families above (llama 3, qwen2,
+ * qwen3, qwen3moe, gemma3 with its windows, gemma4's two shapes, qwen35),
+ * their F32 files, run by both engines with the same cache types: kvtier's
+ * rows (kvt_model_set_cache_types) and llama.cpp's type_k and type_v, on
+ * the 600-token prompt of the family test (past gemma's 64-token windows
+ * many times over); the logits at every position are compared as there
+ * (max |dlogit| / max |logit|, top-1 where llama.cpp's margin exceeds the
+ * tolerance), llama.cpp's expert choices imposed on the MoE shapes.
+ *
+ * llama.cpp as a user runs it: flash attention on (what its default, auto,
+ * resolves to on a CPU, and what a quantised V requires:
+ * llama_init_from_model refuses q8_0 V without it), with one exception:
+ * LLAMA_ATTN_ROT_DISABLE=1. By default this llama.cpp turns K, Q and V by a
+ * Hadamard rotation (64 - 128 wide) before a quantised cache stores them
+ * and turns the attention output back (llama-kv-cache.cpp attn_rot_k/v,
+ * llama-graph.cpp build_attn): its q8_0 rows are then rows of HK and HV,
+ * not of K and V, a rounding of other vectors with an error of the same
+ * size as the type's own, and no longer the rows kvtier stores (measured
+ * with the rotation on, KVT_PEER_ROTATE=1: q8_0 7.7e-3 .. 3.5e-2 of max
+ * |logit| by family where it is 2.8e-3 .. 1.2e-2 without, f16/q8_0 7.7e-3
+ * .. 2.4e-2 where it is 6.4e-4 .. 3.8e-3, and the top-1 apart at up to 14
+ * confident positions of 590).
+ * What is then left between the engines, by cell (llama.cpp's CPU paths in
+ * ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_ext_f16):
+ *
+ *   f16        K and V both f16: the tiled path, which widens the f16 rows
+ *              to f32 and keeps Q, the scores, the softmax and the sums in
+ *              f32, as kvtier does: the order of the sums differs, and where
+ *              the engines' f32 K or V (1e-6 apart) straddle a binary16
+ *              rounding edge one element is a step of 2^-11 apart in the
+ *              rows. Measured 6.9e-6 (qwen35) .. 1.05e-4 (llama 3);
+ *              gemma3 and gemma4 3.6e-4 .. 5.6e-4, as their F32 cache
+ *              (2.2e-4 .. 4.8e-4: the GeGLU's binary16 flips, fam_tols).
+ *   f16/q8_0   K f16, V q8_0 (a sharp check of q8_0 rows): the one-row path;
+ *              Q is rounded to f16 for the f16 K . Q (2^-11), the V rows are
+ *              widened to f32 and summed in f32. The rows are the same but
+ *              where the engines' f32 V straddle a q8_0 rounding edge (a
+ *              step of amax / 127, relative 1e-6 apart: about 1 element in
+ *              4,000), or where llama.cpp's CPU quantiser (quantize_row_q8_0:
+ *              x * (127 / amax), rounded half to even) and ggml's reference
+ *              one kvtier uses (x * (1 / (amax / 127)), rounded half away)
+ *              part by an ulp at a half; one such step weighs most at the
+ *              first positions, where a row's softmax weight is largest (the
+ *              worst are at positions 1 - 14). Measured 6.4e-4 (qwen2) ..
+ *              3.8e-3 (gemma4), qwen3 1.4e-3; with kvtier's V rows f16
+ *              instead 8.5e-3.
+ *   f16/bf16   the same with bf16 V rows (a step of 2^-8). Measured 1.6e-4 .. 1.6e-3,
+ *              qwen3 5.6e-4; with kvtier's V rows f16 instead 2.25e-3.
+ *   q8_0       K and V q8_0: the one-row path quantises each query row to
+ *              q8_0 too for its integer K . Q (vec_dot_q8_0_q8_0), an error
+ *              of the size of K's own rounding, which kvtier (Q in f32) does
+ *              not make: this cell bounds kvtier's q8_0 K rows only to
+ *              within that noise (measured: kvtier's K rows in f16 or f32
+ *              instead are as close to it), the V rows sharply are
+ *              f16/q8_0's, and a wrong row, offset, scale or ring layout
+ *              moves the logits by far more. Measured 2.8e-3 (qwen2) ..
+ *              1.23e-2 (llama 3), qwen3 4.9e-3; with kvtier's rows f32
+ *              instead 9.4e-3, K q8_0 and V f16 8.7e-3; K q8_0 with V f16
+ *              in both engines 3.5e-3 .. 1.3e-2, as far apart as q8_0.
+ *   bf16       K and V bf16: the one-row path rounds each query to bf16
+ *              (vec_dot_bf16), likewise. Measured 5.9e-4 .. 3.9e-3,
+ *              qwen3 1.65e-3; with kvtier's rows f32 instead 2.75e-3.
+ *   f32        not here: llama.cpp's flash attention casts an F32 cache to
+ *              f16, and without it F32 is the families test's cache.
+ *
+ * The rows themselves, in qwen3's cells: llama.cpp's stored K and V rows
+ * and the f32 rows it was given to store (read from its graph's set_rows
+ * nodes), kvtier's stored rows (from its session's cache). kvtier's
+ * rounding (kvt_rows_put) of llama.cpp's f32 rows gives llama.cpp's bytes:
+ * f16 and bf16 every one (of 614,400 elements a run), q8_0 all but 1 or 2
+ * elements by one step, no scale apart (a half, or an ulp from one, rounded
+ * the other way), so at most 1 in 100,000. The engines' own rows of layer
+ * 0 (computed from the embeddings alone, 1e-6 apart in f32): V f16 25 of
+ * 153,600 elements one step apart, q8_0 none, bf16 2, so at most 1 in
+ * 1,000 and none further; K f16 3.1% and bf16 0.6% (the head norm and
+ * RoPE come between, and the engines compute RoPE's angles otherwise: ggml
+ * steps theta by theta_scale where kvtier takes a power), q8_0 52
+ * (3.4e-4), 31 scales of 4,800: at most 10%, 2e-3 and 1 scale in 50. Later layers'
+ * rows differ by what the attention before them did (printed). Control:
+ * kvtier turning adjacent pairs (kvt_llama_fault) in the q8_0 cell: 97% of
+ * layer 0's K elements apart.
+ *
+ * Each tolerance is about 2x the family's worst measured (cells below, the
+ * measured column printed beside each run's figure). Negative controls on
+ * qwen3, kvtier's rows of other types against llama.cpp's logits: f32 rows
+ * in the f16 cell and f16 V rows in the f16/q8_0 and f16/bf16 cells must
+ * exceed the tolerance; in the q8_0 cell kvtier's f32 rows are printed
+ * only (within the query's noise, above: 0.94x). KVT_PEER_CACHE_TYPES= a
+ * mask of ctypes (1 f32, 2 f16, 4 bf16, 8 q8_0, 16 f16/q8_0, 32 f16/bf16,
+ * 64 q8_0/f16) runs those for every family to measure again;
+ * KVT_PEER_CACHE_FAMILY=arch (e.g. qwen3) runs that family's alone. */
+static const struct ctype {
+    const char *name;
+    kvt_row_type k, v;  /* kvtier's rows */
+    int gk, gv;         /* llama.cpp's type_k and type_v */
+    bool flash;         /* llama.cpp's flash attention */
+    double tol;         /* measuring (KVT_PEER_CACHE_TYPES): of max |logit| */
+    double gap;         /* MoE: the worst gap at which kvtier's own expert choice may differ */
+} ctypes[] = {
+    {"f32", KVT_ROWS_F32, KVT_ROWS_F32, GGML_TYPE_F32, GGML_TYPE_F32, false, TOL_F32, 2e-3},
+    {"f16", KVT_ROWS_F16, KVT_ROWS_F16, GGML_TYPE_F16, GGML_TYPE_F16, true, 1e-3, 5e-3},
+    {"bf16", KVT_ROWS_BF16, KVT_ROWS_BF16, GGML_TYPE_BF16, GGML_TYPE_BF16, true, 1e-2, 5e-2},
+    {"q8_0", KVT_ROWS_Q8_0, KVT_ROWS_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, true, 1e-2, 5e-2},
+    {"f16/q8_0", KVT_ROWS_F16, KVT_ROWS_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q8_0, true, 1e-3, 5e-3},
+    {"f16/bf16", KVT_ROWS_F16, KVT_ROWS_BF16, GGML_TYPE_F16, GGML_TYPE_BF16, true, 1e-3, 5e-3},
+    {"q8_0/f16", KVT_ROWS_Q8_0, KVT_ROWS_F16, GGML_TYPE_Q8_0, GGML_TYPE_F16, true, 1e-2, 5e-2},
+};
+enum { CT_F32, CT_F16, CT_BF16, CT_Q8_0, CT_F16_Q8_0, CT_F16_BF16, CT_Q8_0_F16, N_CTYPES };
+
+enum { CF_LLAMA3, CF_QWEN2, CF_QWEN3, CF_QWEN3MOE, CF_GEMMA3, CF_GEMMA4, CF_GEMMA4MOE, CF_QWEN35, N_CFAMS };
+static const fam_spec cache_fams[N_CFAMS] = {{"llama", false, false, HEAD_DIM, true, false, false},
+                                             {"qwen2", true, false, HEAD_DIM, false, false, false},
+                                             {"qwen3", false, true, 128, false, false, false},
+                                             {"qwen3moe", false, true, 128, false, true, false},
+                                             {"gemma3", false, true, HEAD_DIM, false, false, true},
+                                             {"gemma4", .gemma4 = FAM_G4_DENSE},
+                                             {"gemma4", .gemma4 = FAM_G4_MOE},
+                                             {"qwen35", .qwen35 = FAM_Q35_DENSE}};
+
+/* The cells run: every family at f16 and q8_0, qwen3 at the others, with
+ * the controls (kvtier's rows ck, cv; KVT_ROWS_DEFAULT: none): must_fail,
+ * else printed. */
+static const struct cell {
+    int fam, type;
+    double tol, measured;
+    struct { kvt_row_type k, v; bool must_fail; } ctl[2];
+} cells[] = {
+#define NOCTL {{0}}
+    /* f16: tolerance 2 - 3x the family's worst, at least TOL_F32 (gemma's: its F32
+     * tolerance of fam_tols, the GeGLU's binary16 flips) */
+    {CF_LLAMA3, CT_F16, 3e-4, 1.05e-4, NOCTL},
+    {CF_QWEN2, CT_F16, 1e-4, 2.2e-5, NOCTL},
+    {CF_QWEN3, CT_F16, 1e-4, 4.6e-5, {{KVT_ROWS_F32, KVT_ROWS_F32, true}}},
+    {CF_QWEN3MOE, CT_F16, 1e-4, 4.4e-5, NOCTL},
+    {CF_GEMMA3, CT_F16, 1e-3, 3.6e-4, NOCTL},
+    {CF_GEMMA4, CT_F16, 2e-3, 5.6e-4, NOCTL},
+    {CF_GEMMA4MOE, CT_F16, 2e-3, 4.2e-4, NOCTL},
+    {CF_QWEN35, CT_F16, 1e-4, 6.9e-6, NOCTL},
+    /* q8_0: 2x the worst */
+    {CF_LLAMA3, CT_Q8_0, 2.5e-2, 1.23e-2, NOCTL},
+    {CF_QWEN2, CT_Q8_0, 6e-3, 2.8e-3, NOCTL},
+    {CF_QWEN3, CT_Q8_0, 1e-2, 4.9e-3, {{KVT_ROWS_F32, KVT_ROWS_F32, false}}},
+    {CF_QWEN3MOE, CT_Q8_0, 1e-2, 4.7e-3, NOCTL},
+    {CF_GEMMA3, CT_Q8_0, 2.5e-2, 1.1e-2, NOCTL},
+    {CF_GEMMA4, CT_Q8_0, 2.5e-2, 1.19e-2, NOCTL},
+    {CF_GEMMA4MOE, CT_Q8_0, 2.5e-2, 1.15e-2, NOCTL},
+    {CF_QWEN35, CT_Q8_0, 8e-3, 3.6e-3, NOCTL},
+    /* qwen3's others */
+    {CF_QWEN3, CT_F16_Q8_0, 3e-3, 1.38e-3, {{KVT_ROWS_F16, KVT_ROWS_F16, true}}},
+    {CF_QWEN3, CT_F16_BF16, 1.2e-3, 5.6e-4, {{KVT_ROWS_F16, KVT_ROWS_F16, true}}},
+    {CF_QWEN3, CT_BF16, 3.5e-3, 1.65e-3, NOCTL},
+#undef NOCTL
+};
+
+/* The K and V rows both engines stored in one run (qwen3's cells; its
+ * layers are all global, rows of 2 KV heads of 128): llama.cpp's, read
+ * from its graph when each layer's set_rows has run (with the f32 rows it
+ * was given to store), and kvtier's, from its session's cache. */
+enum { RC_LAYERS = FAM_LAYERS, RC_E = FAM_KV_HEADS * 128 };
+typedef struct rows_cap {
+    size_t n;                      /* tokens */
+    int type[2];                   /* ggml types of K and V */
+    uint8_t *peer[2][RC_LAYERS];   /* (n, row bytes) llama.cpp's stored rows */
+    float *src[2][RC_LAYERS];      /* (n, RC_E) the f32 rows it stored */
+    uint8_t *kvt[2][RC_LAYERS];    /* kvtier's */
+    int bad;
+} rows_cap;
+
+static size_t rc_bytes(int type)
+{
+    return type == GGML_TYPE_F32 ? RC_E * 4 : type == GGML_TYPE_Q8_0 ? RC_E / 32 * 34 : RC_E * 2;
+}
+
+#define GGML_TYPE_I64 27
+
+/* cb_eval: the nodes "cache_k_l<il> (view)" / "cache_v_l<il> (view)" that
+ * are set_rows (src[1] the I64 cells), not the views attention reads. */
+static bool rows_cb(struct ggml_tensor_head *t, bool ask, void *ud)
+{
+    rows_cap *c = ud;
+    int v = !strncmp(t->name, "cache_k_l", 9) ? 0 : !strncmp(t->name, "cache_v_l", 9) ? 1 : -1;
+    const struct ggml_tensor_head *s0 = t->src[0], *s1 = t->src[1];
+    bool set_rows = v >= 0 && s0 && s1 && s1->type == GGML_TYPE_I64;
+    if (ask) return set_rows;
+    if (!set_rows) return true;
+    long il = strtol(t->name + 9, NULL, 10);
+    size_t rb = rc_bytes(c->type[v]);
+    if (il < 0 || il >= RC_LAYERS || t->type != c->type[v] || s0->type != GGML_TYPE_F32 || s0->ne[0] != RC_E ||
+        (size_t)s0->ne[1] != c->n || (size_t)s1->ne[0] != c->n || t->nb[1] != rb || !t->data || !s0->data ||
+        !s1->data) {
+        c->bad++;
+        return true;
+    }
+    if (!c->peer[v][il]) c->peer[v][il] = malloc(c->n * rb);
+    if (!c->src[v][il]) c->src[v][il] = malloc(c->n * RC_E * sizeof(float));
+    if (!c->peer[v][il] || !c->src[v][il]) { c->bad++; return true; }
+    for (size_t i = 0; i < c->n; i++) {
+        int64_t cell = ((const int64_t *)s1->data)[i];
+        if (cell < 0 || (size_t)cell >= c->n) { c->bad++; return true; }
+        memcpy(c->peer[v][il] + (size_t)cell * rb, (const char *)t->data + (size_t)cell * t->nb[1], rb);
+        memcpy(c->src[v][il] + (size_t)cell * RC_E, (const char *)s0->data + i * s0->nb[1], RC_E * sizeof(float));
+    }
+    return true;
+}
+
+/* kvtier's session before it is freed (kvt_peek): its stored rows into
+ * rows_peek's capture. */
+static rows_cap *rows_peek;
+
+static void rows_take(const kvt_session *s)
+{
+    rows_cap *c = rows_peek;
+    const kvt_llama_weights *w = s->m->weights;
+    for (int v = 0; v < 2; v++)
+        for (uint32_t l = 0; l < RC_LAYERS; l++) {
+            size_t rb = rc_bytes(c->type[v]);
+            if (w->L != RC_LAYERS || w->kv_at[l] < 0 || w->stream_kv[w->kv_at[l] / 2] != RC_E ||
+                kvt_rows_bytes(v ? w->type_v : w->type_k, RC_E) != rb ||
+                (!c->kvt[v][l] && !(c->kvt[v][l] = malloc(c->n * rb)))) {
+                c->bad++;
+                return;
+            }
+            for (size_t j = 0; j < c->n; j++)
+                memcpy(c->kvt[v][l] + j * rb, kvt_cache_row_ro(s->cache, (size_t)w->kv_at[l] + (size_t)v, j), rb);
+        }
+}
+
+static void rows_free(rows_cap *c)
+{
+    for (int v = 0; v < 2; v++)
+        for (int l = 0; l < RC_LAYERS; l++) {
+            free(c->peer[v][l]);
+            free(c->src[v][l]);
+            free(c->kvt[v][l]);
+        }
+    memset(c->peer, 0, sizeof c->peer);
+    memset(c->src, 0, sizeof c->src);
+    memset(c->kvt, 0, sizeof c->kvt);
+}
+
+/* Two stored rows of type, element by element: *apart elements differ,
+ * *far by more than one step (q8_0: the same scale and one integer apart;
+ * f16, bf16: one unit in the last place), *scales q8_0 blocks whose scales
+ * differ (their elements counted far). */
+typedef struct rows_diff { size_t n, apart, far, scales; } rows_diff;
+
+static void rows_cmp(int type, const uint8_t *a, const uint8_t *b, rows_diff *d)
+{
+    d->n += RC_E;
+    if (type == GGML_TYPE_Q8_0) {
+        for (size_t k = 0; k < RC_E / 32; k++, a += 34, b += 34) {
+            if (a[0] != b[0] || a[1] != b[1]) {
+                d->scales++;
+                for (int j = 0; j < 32; j++) d->apart += a[2 + j] != b[2 + j], d->far += a[2 + j] != b[2 + j];
+                continue;
+            }
+            for (int j = 0; j < 32; j++) {
+                int x = (int8_t)a[2 + j], y = (int8_t)b[2 + j];
+                d->apart += x != y;
+                d->far += abs(x - y) > 1;
+            }
+        }
+        return;
+    }
+    size_t es = type == GGML_TYPE_F32 ? 4 : 2;
+    for (size_t i = 0; i < RC_E; i++, a += es, b += es) {
+        uint32_t x = 0, y = 0;
+        memcpy(&x, a, es);
+        memcpy(&y, b, es);
+        if (x == y) continue;
+        d->apart++;
+        uint32_t sign = es == 4 ? 0x80000000u : 0x8000u;
+        d->far += (x & sign) != (y & sign) || (x > y ? x - y : y - x) > 1;
+    }
+}
+
+/* The rows of one run (rows_cap), K then V: kvtier's quantiser on the f32
+ * rows llama.cpp stored, and kvtier's stored rows, each against llama.cpp's
+ * stored rows. The number of checks failed. */
+static int rows_check(const rows_cap *c, const struct ctype *ty)
+{
+    if (c->bad) {
+        printf("      rows: %d of the captures unreadable  FAIL\n", c->bad);
+        return 1;
+    }
+    int failed = 0;
+    for (int v = 0; v < 2; v++) {
+        rows_diff q = {0}, st[RC_LAYERS] = {{0}};
+        kvt_row_type t = v ? ty->v : ty->k;
+        uint8_t tmp[RC_E * 4];
+        for (int l = 0; l < RC_LAYERS; l++)
+            for (size_t j = 0; c->peer[v][l] && c->kvt[v][l] && j < c->n; j++) {
+                size_t rb = rc_bytes(c->type[v]);
+                kvt_rows_put(t, tmp, c->src[v][l] + j * RC_E, RC_E);
+                rows_cmp(c->type[v], tmp, c->peer[v][l] + j * rb, &q);
+                rows_cmp(c->type[v], c->kvt[v][l] + j * rb, c->peer[v][l] + j * rb, &st[l]);
+            }
+        printf("      %c rows (%s): kvtier's rounding of llama.cpp's f32 rows: %zu of %zu elements apart, %zu by more "
+               "than a step, %zu scales; the engines' stored rows by layer:", v ? 'V' : 'K', kvt_row_type_name(t),
+               q.apart, q.n, q.far, q.scales);
+        for (int l = 0; l < RC_LAYERS; l++)
+            printf(" %zu/%zu/%zu", st[l].apart, st[l].far, st[l].scales);
+        /* the quantiser: llama.cpp's own bytes, but a q8_0 element at a
+         * half (or an ulp from one, its x * (127 / amax) against the
+         * reference's x * (1 / (amax / 127))) */
+        bool same_q = q.n == (size_t)RC_LAYERS * c->n * RC_E && q.far == 0 && q.scales == 0 &&
+                      (t == KVT_ROWS_Q8_0 ? q.apart <= q.n / 100000 : q.apart == 0);
+        /* layer 0's rows: V within a step, a few apart; K apart more
+         * (RoPE's angles: ggml steps theta by theta_scale, kvtier takes a
+         * power, 1e-5 apart at position 600) */
+        double frac = (double)st[0].apart / (double)(st[0].n ? st[0].n : 1);
+        bool same_0 = st[0].n == c->n * RC_E && frac <= (v ? 1e-3 : t == KVT_ROWS_Q8_0 ? 2e-3 : 0.1) &&
+                      (v ? st[0].far == 0 && st[0].scales == 0 : st[0].scales <= st[0].n / 32 / 50);
+        printf("%s\n", same_q && same_0 ? "" : !same_q ? "  FAIL (rounding)" : "  FAIL (layer 0)");
+        failed += !same_q + !same_0;
+    }
+    return failed;
+}
+
+/* One family's file at one cache type: llama.cpp's logits into want (when
+ * peer), then kvtier's at rows (tk, tv) into got (llama.cpp's expert
+ * choices imposed when moe, *gap the worst at which kvtier's own differed,
+ * -1: none). NULL, or what failed. */
+static const char *cache_logits(const char *path, const int32_t *tok, const struct ctype *ty, bool moe, uint32_t L,
+                                bool peer, kvt_row_type tk, kvt_row_type tv, float *want, float *got, double *gap,
+                                double *t_peer, double *t_kvt, rows_cap *rows)
+{
+    static char why[sizeof peer_err + 256];
+    peer_cache pc = {ty->gk, ty->gv, ty->flash};
+    ds4_capture cap = {.n = N_FAM, .Eu = FAM_MOE_EU, .L = L};
+    double t0 = fx_now();
+    const char *w = NULL;
+    *gap = -1;
+    if (peer || moe)
+        w = peer_logits_cb(path, tok, N_FAM, want, VOCAB, CTX, &pc,
+                           moe ? (any_fn)ds4_capture_cb : rows ? (any_fn)rows_cb : NULL,
+                           moe ? (void *)&cap : rows);
+    double t1 = fx_now();
+    if (!w && cap.bad) w = "llama.cpp's choice tensors unreadable";
+    if (w) {
+        ds4_capture_free(&cap);
+        snprintf(why, sizeof why, "llama.cpp: %s", w);
+        return why;
+    }
+    int rc;
+    if (moe) {
+        kvt_forced fz;
+        size_t ne;
+        rc = kvt_logits_forced(path, tok, N_FAM, got, VOCAB, &cap, &fz, tk, tv);
+        if (!rc) *gap = worst_gap(fz.ex_gap, L, N_FAM, &ne);
+        forced_free(&fz);
+    } else {
+        rows_peek = rows;
+        kvt_peek = rows ? rows_take : NULL;
+        rc = kvt_logits_v(path, tok, N_FAM, got, VOCAB, CTX, tk, tv);
+        kvt_peek = NULL;
+    }
+    ds4_capture_free(&cap);
+    *t_peer += t1 - t0;
+    *t_kvt += fx_now() - t1;
+    if (rc) {
+        snprintf(why, sizeof why, "kvtier: %s", kvt_errmsg());
+        return why;
+    }
+    return NULL;
+}
+
+/* The cells of family fi (cells[], or every type of mask): the number
+ * failed. */
+static int cache_family(const char *dir, const char *vocab, int fi, unsigned mask, float *want, float *got,
+                        double *t_peer, double *t_kvt)
+{
+    const fam_spec *f = &cache_fams[fi];
+    char path[128], label[32];
+    snprintf(label, sizeof label, "%s%s", f->arch, f->rope_freqs ? "3" : f->gemma4 == FAM_G4_MOE ? "-moe" : "");
+    const bool moe = f->moe || f->gemma4 == FAM_G4_MOE || f->qwen35 == FAM_Q35_MOE;
+    const uint32_t L = f->gemma4 ? FAM_G4_LAYERS : f->qwen35 ? FAM_Q35_LAYERS : FAM_LAYERS;
+    snprintf(path, sizeof path, "%s/%s-cache.gguf", dir, label);
+    if (fam_write(path, vocab, SEED, ROPE_BASE, f, false)) {
+        printf("    %s: cannot write the model: %s\n", label, kvt_errmsg());
+        return 1;
+    }
+    int32_t tok[N_FAM];
+    make_prompt(tok, N_FAM, SEED);
+    int failed = 0;
+    struct cell run[N_CTYPES];
+    size_t n_run = 0;
+    for (size_t i = 0; i < sizeof cells / sizeof *cells; i++)
+        if (!mask && cells[i].fam == fi) run[n_run++] = cells[i];
+    for (int k = 0; mask && k < N_CTYPES; k++)
+        if (mask & 1u << k) run[n_run++] = (struct cell){fi, k, ctypes[k].tol, 0, {{0}}};
+    for (size_t i = 0; i < n_run; i++) {
+        const struct cell *ce = &run[i];
+        const struct ctype *ty = &ctypes[ce->type];
+        double gap, tp = *t_peer, tk = *t_kvt;
+        rows_cap rc = {.n = N_FAM, .type = {ty->gk, ty->gv}};
+        bool rows = fi == CF_QWEN3 && ce->type != CT_F32;
+        const char *why = cache_logits(path, tok, ty, moe, L, true, ty->k, ty->v, want, got, &gap, t_peer, t_kvt,
+                                       rows ? &rc : NULL);
+        if (why) {
+            printf("    %s %s: %s  FAIL\n", label, ty->name, why);
+            failed++;
+            continue;
+        }
+        cmp_out c = compare(want, got, N_FAM, ce->tol);
+        bool ok = passes(&c, ce->tol) && gap <= ty->gap;
+        printf("    %-10s %-8s max |dlogit| %.3g of max |logit| %.3g (rms %.2g) at %d, top-1 %d/%d%s; tolerance %.3g "
+               "(measured before: %.2g; %.1f + %.1f s)\n", label, ty->name, c.rel, c.max_abs, c.rms_diff / c.max_abs,
+               c.worst_pos, c.agree, c.confident, ok ? "" : "  FAIL", ce->tol, ce->measured, *t_peer - tp,
+               *t_kvt - tk);
+        if (moe)
+            printf("               own expert choices apart at gaps up to %.2g (tolerance %.2g)\n", gap, ty->gap);
+        failed += !ok;
+        if (rows) failed += rows_check(&rc, ty);
+        if (rows && ce->type == CT_Q8_0) {
+            /* the control: kvtier turning adjacent pairs (qwen3 turns
+             * halves), its K rows then not llama.cpp's */
+            kvt_llama_fault = KVT_LLAMA_FAULT_ROPE_PAIRS;
+            why = cache_logits(path, tok, ty, false, L, false, ty->k, ty->v, want, got, &gap, t_peer, t_kvt, &rc);
+            kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+            printf("      control, kvtier turning adjacent pairs:\n");
+            int caught = why ? 0 : rows_check(&rc, ty);
+            printf("      %s\n", caught ? "caught" : "NOT CAUGHT");
+            failed += !caught;
+        }
+        rows_free(&rc);
+        for (int q = 0; q < 2 && ce->ctl[q].k; q++) {
+            /* kvtier's rows of other types against llama.cpp's logits of
+             * these (want is still this cell's) */
+            why = cache_logits(path, tok, ty, false, L, false, ce->ctl[q].k, ce->ctl[q].v, want, got, &gap, t_peer,
+                               t_kvt, NULL);
+            if (why) {
+                printf("      control: %s  FAIL\n", why);
+                failed++;
+                continue;
+            }
+            cmp_out b = compare(want, got, N_FAM, ce->tol);
+            bool caught = !passes(&b, ce->tol);
+            printf("      control, kvtier's K %s, V %s: max |dlogit| %.3g (%.2gx the tolerance), rms %.2g, top-1 "
+                   "%d/%d%s\n", kvt_row_type_name(ce->ctl[q].k), kvt_row_type_name(ce->ctl[q].v), b.rel,
+                   b.rel / ce->tol, b.rms_diff / b.max_abs, b.agree, b.confident,
+                   caught ? "" : ce->ctl[q].must_fail ? "  NOT CAUGHT" : " (printed only)");
+            failed += ce->ctl[q].must_fail && !caught;
+        }
+    }
+    unlink(path);
+    return failed;
+}
+
+TEST(peer_logits_cache_types)
+{
+    char vocab_path[1024];
+    const char *bad, *why = llama_peer_ready(vocab_path, sizeof vocab_path, &bad);
+    if (why) SKIP("%s", why);
+    CHECKF(!bad, "%s", bad);
+    const char *em = getenv("KVT_PEER_CACHE_TYPES"), *rot = getenv("KVT_PEER_ROTATE");
+    unsigned mask = em ? (unsigned)strtoul(em, NULL, 0) & ((1u << N_CTYPES) - 1) : 0;
+    bool rotate = rot && *rot && strcmp(rot, "0");
+    if (rotate) printf("    llama.cpp's rotation of a quantised cache left on\n");
+    else setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1); /* read by llama_init_from_model */
+    char dir[] = "/tmp/kvtier-peercache-XXXXXX";
+    size_t n_log = (size_t)N_FAM * VOCAB;
+    float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float));
+    bool made = want && got && mkdtemp(dir);
+    int failed = 0;
+    double t0 = fx_now(), tp = 0, tk = 0;
+    const char *only = getenv("KVT_PEER_CACHE_FAMILY"); /* one family, by its arch name */
+    for (int i = 0; made && i < N_CFAMS; i++)
+        if (!only || !strcmp(only, cache_fams[i].arch))
+            failed += cache_family(dir, vocab_path, i, mask, want, got, &tp, &tk);
+    printf("    %.1f s (llama.cpp %.1f s, kvtier %.1f s)\n", fx_now() - t0, tp, tk);
+    if (!rotate) unsetenv("LLAMA_ATTN_ROT_DISABLE");
+    free(want);
+    free(got);
+    if (made) {
+        kvt_test_clear_dir(dir);
+        rmdir(dir);
+    }
+    CHECKF(made, "out of memory or mkdtemp failed");
+    CHECKF(!failed, "%d cells or controls failed (above)", failed);
+}
+
+/* ---- the cache's bytes ---------------------------------------------------- *
+ *
+ * peer_logits_plan_bytes: kvt_model_plan's bytes against the cache llama.cpp
+ * makes for the same file, context and cache types. llama.cpp reports its
+ * caches once each when a context is made (llama-kv-cache.cpp): "llama_kv_cache:
+ * size = %7.2f MiB (%6u cells, %3d layers, ...), K (type): %7.2f MiB, V
+ * (type): %7.2f MiB", the sums of ggml_nbytes of its K and V tensors
+ * (kv_size rows of n_embd_k_gqa elements per layer), as a float in MiB to
+ * two decimals; a model with window layers has two (llama_kv_cache_iswa:
+ * "creating non-SWA KV cache" then "creating SWA KV cache", the size in
+ * cells before each). The test reads those lines through the log callback,
+ * from a model loaded with no_alloc (its weights neither read nor
+ * allocated, the cache's tensors laid out and counted but not allocated),
+ * flash attention on (q8_0 V needs it; without it V is stored transposed
+ * in as many bytes). Checked, for each of f32, f16, bf16 and q8_0 (K and V
+ * of the type):
+ *   - at two contexts, 4,096 and 32,768 tokens, llama.cpp's full-attention
+ *     cache (the only one, or the non-SWA one) printed as llama.cpp prints
+ *     it equals kvtier's "full rows" formatted the same way ((float)bytes /
+ *     MiB, %7.2f): the same bytes to within 0.005 MiB;
+ *   - per token: llama.cpp's two sizes apart over the 28,672 tokens between
+ *     them, to within 0.01 MiB / 28,672 = 0.37 B, is kvtier's
+ *     per_token_x1000 / 1000 to the byte;
+ *   - window layers (gemma3): llama.cpp's SWA cache at swa_full (its
+ *     default: every layer keeps every position) at the two contexts gives
+ *     its bytes per position the same way; they equal kvtier's window rings
+ *     per row (the "window" part / the window). What llama.cpp counts
+ *     differs: with swa_full its SWA cache has n_ctx cells, without it
+ *     pad256(window + n_ubatch) (llama-kv-cache-iswa.cpp: room for a batch
+ *     besides the window, printed); kvtier's ring holds the window alone
+ *     (a pass's own rows are in its scratch);
+ *   - recurrent layers (qwen35): llama.cpp's recurrent state (R: the
+ *     convolution's last kernel - 1 inputs, S: the delta rule's state, f32,
+ *     one cell for the one sequence) equals kvtier's "recurrent" part as
+ *     printed.
+ * On the test's own synthetic qwen3 (4 layers, 2 KV heads of 128), gemma3,
+ * gemma4 (its 2 shared layers keep no rows in either engine: 2 + 2 of 6
+ * layers cached) and qwen35, and on the Qwen3-0.6B-shaped file of
+ * bench/peers.sh
+ * ($KVT_PEER_CACHE or ~/.cache/kvtier, models/synth-qwen3-0.6b-f16.gguf;
+ * left out, saying so, when absent). Negative control: kvtier's plan with
+ * q8_0 rows counted as 32 bytes a block (the 2-byte scale left out) against
+ * llama.cpp's q8_0 cache fails both checks. */
+
+/* One cache llama.cpp reported. */
+typedef struct peer_kv {
+    int kind;       /* 0 the only one, 1 non-SWA, 2 SWA */
+    unsigned cells;
+    int layers;
+    double mib, k_mib, v_mib;
+} peer_kv;
+typedef struct peer_sizes {
+    int n;
+    peer_kv kv[2];
+    bool rec;       /* a recurrent state */
+    unsigned rec_cells, rec_rs;
+    double rec_mib, r_mib, s_mib;
+} peer_sizes;
+
+/* The caches llama.cpp makes for the file at path in a context of n_ctx,
+ * K and V of ggml type type: NULL, or what failed. */
+static const char *peer_cache_sizes(const char *path, uint32_t n_ctx, int type, bool swa_full, peer_sizes *out)
+{
+    static char why[sizeof peer_err + 128];
+    memset(out, 0, sizeof *out);
+    peer_err[0] = 0;
+    struct llama_model_params mp = ll.model_default_params();
+    mp.n_gpu_layers = 0;
+    mp.use_extra_bufts = false;
+    mp.no_alloc = true;
+    mp.load_mode = 0; /* LLAMA_LOAD_MODE_NONE: no_alloc maps nothing (llama.cpp's memory-fit pass) */
+    struct llama_model *m = ll.model_load(path, mp);
+    if (!m) {
+        snprintf(why, sizeof why, "llama_model_load_from_file: %s", peer_said());
+        return why;
+    }
+    struct llama_context_params cp = ll.context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = cp.n_ubatch = 512;
+    cp.n_threads = cp.n_threads_batch = THREADS;
+    cp.type_k = cp.type_v = type;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.swa_full = swa_full;
+    peer_info[0] = 0;
+    peer_info_on = true;
+    struct llama_context *c = ll.init_from_model(m, cp);
+    peer_info_on = false;
+    if (!c) {
+        ll.model_free(m);
+        snprintf(why, sizeof why, "llama_init_from_model: %s", peer_said());
+        return why;
+    }
+    ll.free(c);
+    ll.model_free(m);
+    int kind = 0;
+    for (char *line = peer_info, *next; *line; line = next) {
+        char *end = strchr(line, '\n');
+        next = end ? end + 1 : line + strlen(line);
+        if (end) *end = 0;
+        peer_kv k = {.kind = kind};
+        if (strstr(line, "creating non-SWA KV cache")) kind = 1;
+        else if (strstr(line, "creating     SWA KV cache")) kind = 2;
+        else if (sscanf(line, "llama_kv_cache: size = %lf MiB (%u cells, %d layers, %*u/%*u seqs), K (%*[^)]): %lf "
+                              "MiB, V (%*[^)]): %lf MiB", &k.mib, &k.cells, &k.layers, &k.k_mib, &k.v_mib) == 5) {
+            if (out->n == 2) return "llama.cpp reports more than two KV caches";
+            out->kv[out->n++] = k;
+        } else if (sscanf(line, "llama_memory_recurrent: size = %lf MiB (%u cells, %*d layers, %*u seqs %u rs_seq), "
+                                "R (%*[^)]): %lf MiB, S (%*[^)]): %lf MiB", &out->rec_mib, &out->rec_cells,
+                          &out->rec_rs, &out->r_mib, &out->s_mib) == 5) {
+            out->rec = true;
+        }
+    }
+    return out->n ? NULL : "llama.cpp reported no KV cache (its log lines changed?)";
+}
+
+/* bytes in MiB as llama.cpp prints them */
+static double as_printed(uint64_t bytes)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%7.2f", (float)bytes / (1024.0f * 1024.0f));
+    return strtod(b, NULL);
+}
+
+enum { PLAN_CTX1 = 4096, PLAN_CTX2 = 32768 };
+
+/* kvtier's plans of the file at path at PLAN_CTX1 and PLAN_CTX2, rows of
+ * type t. */
+static int plan_of(const char *path, kvt_row_type t, kvt_plan *p1, kvt_plan *p2)
+{
+    kvt_model *m = NULL;
+    int rc = kvt_model_open(&m, path);
+    if (!rc) rc = kvt_model_set_cache_types(m, t, t);
+    if (!rc) rc = kvt_model_plan(m, PLAN_CTX1, p1);
+    if (!rc) rc = kvt_model_plan(m, PLAN_CTX2, p2);
+    kvt_model_close(m);
+    return rc;
+}
+
+/* One file at one row type: the number of checks failed. fault: kvtier's
+ * q8_0 rows counted without their scales (the control). */
+static int plan_check(const char *label, const char *path, int ti, bool fault, bool quiet)
+{
+    const struct ctype *ty = &ctypes[ti];
+    kvt_plan p1, p2;
+    peer_sizes s1, s2;
+    if (plan_of(path, ty->k, &p1, &p2)) {
+        printf("    %s %s: kvtier: %s  FAIL\n", label, ty->name, kvt_errmsg());
+        return 1;
+    }
+    const char *why = peer_cache_sizes(path, PLAN_CTX1, ty->gk, true, &s1);
+    if (!why) why = peer_cache_sizes(path, PLAN_CTX2, ty->gk, true, &s2);
+    if (!why && s1.n != s2.n) why = "llama.cpp's caches differ in number between the contexts";
+    if (why) {
+        printf("    %s %s: llama.cpp: %s  FAIL\n", label, ty->name, why);
+        return 1;
+    }
+    uint64_t full1 = kvt_plan_bytes(&p1, "full rows"), full2 = kvt_plan_bytes(&p2, "full rows");
+    double per = p1.per_token_x1000 / 1000.0;
+    if (fault) { /* a q8_0 block of 34 bytes counted as 32 */
+        full1 = full1 / 34 * 32;
+        full2 = full2 / 34 * 32;
+        per = per / 34 * 32;
+    }
+    int failed = 0;
+    for (int i = 0; i < s1.n; i++) {
+        const peer_kv *a = &s1.kv[i], *b = &s2.kv[i];
+        double d_per = (b->mib - a->mib) * 1048576.0 / (double)(b->cells - a->cells); /* bytes per cell */
+        if (a->kind != 2) {
+            bool ok = a->cells == PLAN_CTX1 && b->cells == PLAN_CTX2 && as_printed(full1) == a->mib &&
+                      as_printed(full2) == b->mib && fabs(d_per - per) < 0.5;
+            if (!quiet || !ok)
+                printf("    %-14s %-4s llama.cpp %s cache: %u layers, %.2f / %.2f MiB at %u / %u cells (K %.2f, V "
+                       "%.2f), %.2f B a token; kvtier's full rows %.2f / %.2f MiB, %.0f B a token%s\n", label,
+                       ty->name, a->kind ? "non-SWA" : "KV", a->layers, a->mib, b->mib, a->cells, b->cells, a->k_mib,
+                       a->v_mib, d_per, as_printed(full1), as_printed(full2), per, ok ? "" : "  DIFFERENT");
+            failed += !ok;
+        } else {
+            uint64_t win = kvt_plan_bytes(&p1, "window"), W = FAM_GEMMA_SWA;
+            double kv_row = (double)win / (double)W;
+            bool ok = fabs(d_per - kv_row) < 0.5 && kvt_plan_bytes(&p2, "window") == win;
+            peer_sizes s3;
+            why = peer_cache_sizes(path, PLAN_CTX1, ty->gk, false, &s3);
+            if (!quiet || !ok)
+                printf("    %-14s %-4s llama.cpp SWA cache: %u layers, %.2f B a cell (%u cells at swa_full, %u "
+                       "without: %.2f MiB); kvtier's rings %.0f B a row, %llu rows: %llu B%s\n", label, ty->name,
+                       a->layers, d_per, a->cells, why || s3.n != 2 ? 0 : s3.kv[1].cells,
+                       why || s3.n != 2 ? 0 : s3.kv[1].mib,
+                       kv_row, (unsigned long long)W, (unsigned long long)win, ok ? "" : "  DIFFERENT");
+            failed += !ok;
+        }
+    }
+    if (s1.rec) { /* one sequence's state, f32 in both */
+        uint64_t rec = kvt_plan_bytes(&p1, "recurrent");
+        bool ok = s1.rec_cells == 1 && s1.rec_rs == 0 && as_printed(rec) == s1.rec_mib;
+        if (!quiet || !ok)
+            printf("    %-14s %-4s llama.cpp recurrent state: %.2f MiB (%u cells, %u rs_seq; R %.2f, S %.2f MiB); "
+                   "kvtier's recurrent part %.2f MiB (%llu B)%s\n", label, ty->name, s1.rec_mib, s1.rec_cells,
+                   s1.rec_rs, s1.r_mib, s1.s_mib, as_printed(rec), (unsigned long long)rec, ok ? "" : "  DIFFERENT");
+        failed += !ok;
+    }
+    return failed;
+}
+
+TEST(peer_logits_plan_bytes)
+{
+    char vocab_path[1024];
+    const char *bad, *why = llama_peer_ready(vocab_path, sizeof vocab_path, &bad);
+    if (why) SKIP("%s", why);
+    CHECKF(!bad, "%s", bad);
+    char dir[] = "/tmp/kvtier-peerplan-XXXXXX";
+    CHECK(mkdtemp(dir));
+    static const int fams[] = {CF_QWEN3, CF_GEMMA3, CF_GEMMA4, CF_QWEN35};
+    char paths[5][160], labels[5][40];
+    int n = 0;
+    for (size_t i = 0; i < sizeof fams / sizeof *fams; i++, n++) {
+        const fam_spec *f = &cache_fams[fams[i]];
+        snprintf(labels[n], sizeof labels[n], "%s", f->arch);
+        snprintf(paths[n], sizeof paths[n], "%s/%s.gguf", dir, f->arch);
+        CHECK_OK(fam_write(paths[n], vocab_path, SEED, ROPE_BASE, f, false));
+    }
+    const char *cache = getenv("KVT_PEER_CACHE"), *home = getenv("HOME");
+    if (cache && *cache) snprintf(paths[n], sizeof paths[n], "%s/models/synth-qwen3-0.6b-f16.gguf", cache);
+    else snprintf(paths[n], sizeof paths[n], "%s/.cache/kvtier/models/synth-qwen3-0.6b-f16.gguf", home ? home : ".");
+    if (access(paths[n], R_OK) == 0) snprintf(labels[n++], sizeof labels[0], "Qwen3-0.6B");
+    else printf("    %s absent (bench/peers.sh writes it): the Qwen3-0.6B shape left out\n", paths[n]);
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        for (int t = CT_F32; t <= CT_Q8_0; t++) failed += plan_check(labels[i], paths[i], t, false, false);
+    /* the control: q8_0 rows without their scales */
+    int caught = plan_check(labels[0], paths[0], CT_Q8_0, true, true);
+    printf("    control, kvtier's q8_0 rows counted without their scales: %d of the checks fail\n", caught);
+    for (size_t i = 0; i < sizeof fams / sizeof *fams; i++) unlink(paths[i]);
+    rmdir(dir);
+    CHECKF(!failed, "%d of kvtier's plans differ from llama.cpp's caches", failed);
+    CHECKF(caught, "q8_0 rows counted without their scales went unnoticed");
 }
 
 /* ---- deepseek4 ------------------------------------------------------------ */
@@ -1293,12 +2068,14 @@ TEST(peer_logits_deepseek4)
             memset(cap.sel, 0, sizeof cap.sel);
             memset(cap.ex, 0, sizeof cap.ex);
             cap.bad = 0;
-            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, true, (any_fn)ds4_capture_cb, &cap);
+            why = peer_logits_cb(path, tok, sh->n, want, (int32_t)nv, NCTX, &PEER_F16_PLAIN, (any_fn)ds4_capture_cb,
+                                 &cap);
             CHECKF(!why, "%s %s: %s", sh->preset, ty->name, why);
             CHECKF(!cap.bad, "%s %s: %d of llama.cpp's choice tensors unreadable", sh->preset, ty->name, cap.bad);
             double t1 = fx_now();
             kvt_forced f;
-            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f) == KVT_OK, "%s %s: %s", sh->preset, ty->name,
+            CHECKF(kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT) == KVT_OK,
+                   "%s %s: %s", sh->preset, ty->name,
                    kvt_errmsg());
             double t2 = fx_now();
             ds4_cmp c = ds4_compare(want, got, sh->n, nv, ty->tol);
@@ -1317,7 +2094,7 @@ TEST(peer_logits_deepseek4)
                                                                       {KVT_DS4_FAULT_YARN, "no YaRN"}};
                 for (size_t q = 0; q < 2; q++) {
                     kvt_ds4_fault = nc[q].fault;
-                    int rc = kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f);
+                    int rc = kvt_logits_forced(path, tok, sh->n, got, nv, &cap, &f, KVT_ROWS_DEFAULT, KVT_ROWS_DEFAULT);
                     kvt_ds4_fault = KVT_DS4_FAULT_NONE;
                     forced_free(&f);
                     CHECK_OK(rc);
