@@ -788,7 +788,7 @@ int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **
  * A store shared with a newer kvtier holds records this build cannot
  * read: kept for the release that wrote them, never removed as damaged.
  * What this build can still check of them is the envelope every version
- * has had (docs/FORMAT.md): a snapshot record's 64-byte header with the
+ * has had (docs/STORE.md, docs/FORMAT.md): a snapshot record's 64-byte header with the
  * section count at 56, its section table (offset, length, XXH3-64 of each
  * section) and the XXH3-64 of header and table after it; a block record's
  * XXH3-64 of everything before its last 8 bytes. The version is inside

@@ -157,8 +157,9 @@ int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **
 #define KVT_DB_NEWER 1
 int kvt_db_newer_snap(const uint8_t *p, size_t len);
 int kvt_db_newer_block(const uint8_t *p, size_t len);
-/* These two and kvt_db_check_block_row return KVT_DB_NEWER for a newer
- * record whose envelope checks out (in: its version only). */
+/* kvt_db_snap_row_agrees, kvt_db_check_snap_row and kvt_db_check_block_row
+ * return KVT_DB_NEWER for a newer record whose envelope checks out and
+ * whose row's size is its length (*in then holds its version only). */
 int kvt_db_snap_row_agrees(sqlite3_stmt *r, int c0, const uint8_t *p, size_t len, kvt_snap_info *in);
 int kvt_db_check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap);
 const char *kvt_db_block_row_sql(const kvt_store *st);
