@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 static void release_freed(kvt_store *st);
 
@@ -782,6 +783,52 @@ int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **
     return KVT_OK;
 }
 
+/* ---- records of a newer format ----
+ *
+ * A store shared with a newer kvtier holds records this build cannot
+ * read: kept for the release that wrote them, never removed as damaged.
+ * What this build can still check of them is the envelope every version
+ * has had (docs/STORE.md, docs/FORMAT.md): a snapshot record's 64-byte header with the
+ * section count at 56, its section table (offset, length, XXH3-64 of each
+ * section) and the XXH3-64 of header and table after it; a block record's
+ * XXH3-64 of everything before its last 8 bytes. The version is inside
+ * what those checksums cover, so a flipped byte that makes a record look
+ * newer fails them: a newer record that fails its envelope (cut short, a
+ * flipped byte) is damaged like any other. */
+
+int kvt_db_newer_snap(const uint8_t *p, size_t len)
+{
+    if (!p || len < 12 || memcmp(p, "KVTSNAP\0", 8) || kvt_rd32(p + 8) <= KVT_SNAP_VERSION_MAX) return KVT_OK;
+    uint32_t v = kvt_rd32(p + 8);
+    if (len < 64 + 8) return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (newer), %zu bytes: shorter than its header", v, len);
+    uint32_t nsec = kvt_rd32(p + 56);
+    if (nsec == 0 || nsec > (len - 64 - 8) / 24)
+        return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (newer): %u sections do not fit %zu bytes", v, nsec, len);
+    size_t hdr = 64 + (size_t)nsec * 24 + 8;
+    if (XXH3_64bits(p, hdr - 8) != kvt_rd64(p + hdr - 8))
+        return kvt_fail(KVT_ECORRUPT, "snapshot: format version %u (newer): header checksum mismatch", v);
+    for (uint32_t i = 0; i < nsec; i++) {
+        const uint8_t *e = p + 64 + (size_t)i * 24;
+        uint64_t so = kvt_rd64(e), sl = kvt_rd64(e + 8);
+        if (so < hdr || so > len || sl > len - so)
+            return kvt_fail(KVT_EFORMAT, "snapshot: format version %u (newer): section %u at %llu+%llu outside %zu bytes", v,
+                            i + 1, (unsigned long long)so, (unsigned long long)sl, len);
+        if (XXH3_64bits(p + so, sl) != kvt_rd64(e + 16))
+            return kvt_fail(KVT_ECORRUPT, "snapshot: format version %u (newer): checksum mismatch in section %u", v, i + 1);
+    }
+    return KVT_DB_NEWER;
+}
+
+int kvt_db_newer_block(const uint8_t *p, size_t len)
+{
+    if (!p || len < 12 || memcmp(p, "KVTBLK\0\0", 8) || kvt_rd32(p + 8) <= KVT_SNAP_VERSION) return KVT_OK;
+    uint32_t v = kvt_rd32(p + 8);
+    if (len < 48 + 8) return kvt_fail(KVT_EFORMAT, "block: format version %u (newer), %zu bytes: shorter than its header", v, len);
+    if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8))
+        return kvt_fail(KVT_ECORRUPT, "block: format version %u (newer): checksum mismatch", v);
+    return KVT_DB_NEWER;
+}
+
 /* A snapshot row (SNAP_COLS from column c0 on) against its record p (len
  * bytes): the record's own checks, and the columns that lookups and the
  * budget read agree with it (a valid record of another snapshot at the
@@ -789,7 +836,15 @@ int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **
 int kvt_db_snap_row_agrees(sqlite3_stmt *r, int c0, const uint8_t *p, size_t len, kvt_snap_info *in)
 {
     if (!p) return kvt_fail(KVT_EFORMAT, "snapshot: empty record");
-    int rc = kvt_snap_parse_raw(p, len, in);
+    int rc = kvt_db_newer_snap(p, len);
+    if (rc) { /* the envelope is all this build reads of it: its version, and its length against its row */
+        memset(in, 0, sizeof *in);
+        in->version = kvt_rd32(p + 8);
+        if (rc == KVT_DB_NEWER && sqlite3_column_int64(r, c0 + 6) != (int64_t)len)
+            return kvt_fail(KVT_EFORMAT, "snapshot: its row disagrees with its record");
+        return rc;
+    }
+    rc = kvt_snap_parse_raw(p, len, in);
     if (rc) return rc;
     size_t tail_n = in->n - (size_t)in->nb * KVT_BLOCK;
     int32_t ids[KVT_BLOCK];
@@ -841,7 +896,11 @@ int kvt_db_check_block_row(kvt_store *st, sqlite3_stmt *r, int c0, uint64_t key,
     }
     uint64_t k;
     if (!p) return kvt_fail(KVT_EFORMAT, "block: empty record");
-    int rc = kvt_snap_block_check(p, len, &k);
+    int rc = kvt_db_newer_block(p, len);
+    if (rc == KVT_DB_NEWER && sqlite3_column_int64(r, c0) != (int64_t)len)
+        return kvt_fail(KVT_EFORMAT, "block: its row disagrees with its record");
+    if (rc) return rc;
+    rc = kvt_snap_block_check(p, len, &k);
     if (rc) return rc;
     if (k != key) return kvt_fail(KVT_EMISMATCH, "block stored under another key");
     if (sqlite3_column_int64(r, c0) != (int64_t)len) return kvt_fail(KVT_EFORMAT, "block: its row disagrees with its record");

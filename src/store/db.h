@@ -147,6 +147,19 @@ void kvt_db_delete_placed(kvt_store *st, const char *sql, int n, const int64_t *
 void kvt_db_coalesce(bloc *v, size_t *n);
 int kvt_db_seg_append(kvt_store *st, const void *p, size_t len, bloc *w);
 int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **buf, size_t *cap, const uint8_t **p, size_t *len);
+/* Records of a format newer than this build reads (a newer kvtier's in a
+ * store it shares): magic right, version past KVT_SNAP_VERSION_MAX (a
+ * snapshot record) or past KVT_SNAP_VERSION (a block record). KVT_DB_NEWER
+ * when the record is one and its envelope (db.c) checks out: kept, never
+ * removed as damaged (the budget still evicts it); a failure when it is one
+ * that fails it (damaged); KVT_OK when it is not one (the usual checks
+ * apply). */
+#define KVT_DB_NEWER 1
+int kvt_db_newer_snap(const uint8_t *p, size_t len);
+int kvt_db_newer_block(const uint8_t *p, size_t len);
+/* kvt_db_snap_row_agrees, kvt_db_check_snap_row and kvt_db_check_block_row
+ * return KVT_DB_NEWER for a newer record whose envelope checks out and
+ * whose row's size is its length (*in then holds its version only). */
 int kvt_db_snap_row_agrees(sqlite3_stmt *r, int c0, const uint8_t *p, size_t len, kvt_snap_info *in);
 int kvt_db_check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap);
 const char *kvt_db_block_row_sql(const kvt_store *st);

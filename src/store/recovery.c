@@ -44,6 +44,30 @@ static bool nd_ok(sqlite3 *nd, int rc, int *err)
  * those copied. Fails only when writing nd fails. */
 static int salvage_rest(kvt_store *st, sqlite3 *nd, int64_t max_used);
 
+/* The keys of a snapshot's blocks in order, as its rows in snap_blocks of
+ * the damaged database name them: true when there are n, idx 0..n-1 (a
+ * read that fails, or a list with a gap, loses the snapshot). */
+typedef struct keylist { int64_t *v; size_t n, cap; } keylist;
+
+static bool newer_keys(kvt_store *st, int64_t id, int64_t n, keylist *out)
+{
+    out->n = 0;
+    if (n < 0 || n > UINT32_MAX) return false;
+    sqlite3_stmt *q = NULL;
+    bool ok = sqlite3_prepare_v2(st->db, "SELECT idx, key FROM snap_blocks WHERE snap = ? ORDER BY idx", -1, &q, NULL) ==
+              SQLITE_OK;
+    if (ok) sqlite3_bind_int64(q, 1, id);
+    int r = SQLITE_DONE;
+    while (ok && (r = sqlite3_step(q)) == SQLITE_ROW) {
+        int grc = 0;
+        KVT_GROW(out->v, &out->cap, out->n + 1, grc);
+        if (grc || sqlite3_column_int64(q, 0) != (int64_t)out->n) ok = false;
+        else out->v[out->n++] = sqlite3_column_int64(q, 1);
+    }
+    sqlite3_finalize(q);
+    return ok && r == SQLITE_DONE && (int64_t)out->n == n;
+}
+
 static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
 {
     idset ids = {0};
@@ -74,6 +98,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
     uint8_t *scratch = NULL, *rscratch = NULL;
     size_t scratch_cap = 0, rscratch_cap = 0;
     int64_t max_used = 0;
+    keylist under = {0};
     for (size_t i = 0; i < ids.n && !err && get && getb; i++) {
         sqlite3_reset(get);
         sqlite3_bind_int64(get, 1, ids.v[i]);
@@ -81,10 +106,17 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         if (r == SQLITE_DONE) continue; /* named by the index only: a row that is gone */
         (*seen)++;
         kvt_snap_info in;
-        if (r != SQLITE_ROW || kvt_db_check_snap_row(st, get, 1, &in, &rscratch, &rscratch_cap) != KVT_OK) continue;
+        int c = r == SQLITE_ROW ? kvt_db_check_snap_row(st, get, 1, &in, &rscratch, &rscratch_cap) : KVT_EIO;
+        if (c != KVT_OK && c != KVT_DB_NEWER) continue;
+        /* the blocks it stands on: its list, or for a record of a newer
+         * format (kept for the kvtier that wrote it) its rows in snap_blocks,
+         * every one of its blocks in order */
+        if (c == KVT_DB_NEWER && !newer_keys(st, ids.v[i], sqlite3_column_int64(get, 5), &under)) continue;
+        in.nb = c == KVT_DB_NEWER ? (uint32_t)under.n : in.nb;
+        const uint8_t *list = c == KVT_DB_NEWER ? NULL : in.sec[6];
         bool whole = true;
         for (uint32_t b = 0; b < in.nb && whole && !err; b++) {
-            int64_t key = (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b);
+            int64_t key = list ? (int64_t)kvt_rd64(list + 8 * (size_t)b) : under.v[b];
             sqlite3_reset(w[0]);
             sqlite3_bind_int64(w[0], 1, key);
             int h = sqlite3_step(w[0]);
@@ -92,7 +124,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
             sqlite3_reset(getb);
             sqlite3_bind_int64(getb, 1, key);
             if (sqlite3_step(getb) != SQLITE_ROW ||
-                kvt_db_check_block_row(st, getb, 0, (uint64_t)key, &scratch, &scratch_cap) != KVT_OK) {
+                kvt_db_check_block_row(st, getb, 0, (uint64_t)key, &scratch, &scratch_cap) < KVT_OK) {
                 whole = false;
                 break;
             }
@@ -108,7 +140,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
         /* a damaged index can let the same prefix in twice: the first stays */
         if (sqlite3_changes(nd) != 1) continue;
         for (uint32_t b = 0; b < in.nb && !err; b++) {
-            int64_t key = (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b);
+            int64_t key = list ? (int64_t)kvt_rd64(list + 8 * (size_t)b) : under.v[b];
             sqlite3_reset(w[3]);
             sqlite3_bind_int64(w[3], 1, ids.v[i]);
             sqlite3_bind_int64(w[3], 2, b);
@@ -123,6 +155,7 @@ static int salvage(kvt_store *st, sqlite3 *nd, size_t *kept, size_t *seen)
     }
     free(scratch);
     free(rscratch);
+    free(under.v);
     sqlite3_finalize(get);
     sqlite3_finalize(getb);
     for (int k = 0; k < 5; k++) sqlite3_finalize(w[k]);

@@ -1084,7 +1084,8 @@ static void quarantine(kvt_store *st, int64_t id, bool has_key, uint64_t key, co
                 size_t cap = 0;
                 if (row) {
                     sqlite3_bind_int64(row, 1, k);
-                    if (kvt_db_step(st, row, "quarantine") == SQLITE_ROW && kvt_db_check_block_row(st, row, 0, key, &buf, &cap) == KVT_OK)
+                    if (kvt_db_step(st, row, "quarantine") == SQLITE_ROW &&
+                        kvt_db_check_block_row(st, row, 0, key, &buf, &cap) >= KVT_OK) /* sound, or a newer kvtier's */
                         has_key = false;
                 }
                 free(buf);
@@ -1158,6 +1159,24 @@ static void record_use(kvt_store *st, int64_t id)
     if (st->sql_rc && !st->quiet) fprintf(stderr, "kvtier: %s (a use of entry %lld not recorded)\n", st->sql_msg, (long long)id);
 }
 
+/* Whether the block row of key holds a record of a newer format whose
+ * envelope checks out (a newer kvtier's, stored under a key this build's
+ * records name too). */
+static bool block_newer(kvt_store *st, uint64_t key)
+{
+    sqlite3_stmt *row = kvt_db_prep(st, kvt_db_block_row_sql(st), NULL);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    bool newer = false;
+    if (row) {
+        sqlite3_bind_int64(row, 1, (int64_t)key);
+        newer = kvt_db_step(st, row, NULL) == SQLITE_ROW && kvt_db_check_block_row(st, row, 0, key, &buf, &cap) == KVT_DB_NEWER;
+    }
+    free(buf);
+    sqlite3_finalize(row);
+    return newer;
+}
+
 static int store_load(kvt_store *st, int64_t id, kvt_session *s)
 {
     sqlite3_stmt *stmt = NULL;
@@ -1185,10 +1204,13 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     uint8_t *rbuf = NULL, *rec = NULL;
     size_t rcap = 0;
     rc = kvt_db_row_record(st, stmt, 8, 7, &rbuf, &rcap, &rp, &len);
-    /* a record of a newer version is skipped below, not blamed on its row */
-    bool future = !rc && len >= 12 && !memcmp(rp, "KVTSNAP", 7) && kvt_rd32(rp + 8) > KVT_SNAP_VERSION_MAX;
+    /* a record of a newer format (a newer kvtier's) is skipped below and
+     * kept; one that fails its envelope is damaged (db.h) */
     kvt_snap_info info;
-    if (!rc && !future) rc = kvt_db_snap_row_agrees(stmt, 1, rp, len, &info);
+    if (!rc) rc = kvt_db_snap_row_agrees(stmt, 1, rp, len, &info);
+    bool future = rc == KVT_DB_NEWER;
+    if (future) rc = kvt_fail(KVT_EFORMAT, "snapshot: format version %u, newer than this build reads (%d): skipped, kept",
+                              info.version, KVT_SNAP_VERSION_MAX);
     /* a record of other row types (the model's cache types differ from the
      * ones it was saved with) is a miss for this model, not damage: it is
      * kept for a model of its types, never converted */
@@ -1201,7 +1223,8 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         kvt_snap_empty(s); /* as a load that failed later leaves it (kvtier.h) */
         free(locs);
         kvt_db_rollback(st);
-        if (rc == KVT_ENOMEM || rc == KVT_EIO || other_rows) { st->misses++; return rc; }
+        if (future && !skipped(st, id)) st->skip[st->n_skip++ % 64] = id;
+        if (rc == KVT_ENOMEM || rc == KVT_EIO || other_rows || future) { st->misses++; return rc; }
         char reason[512];
         snprintf(reason, sizeof reason, "%s", kvt_errmsg());
         quarantine(st, id, false, 0, NULL, reason);
@@ -1235,8 +1258,7 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
         record_use(st, id);
         return KVT_OK;
     }
-    if (rc == KVT_ENOMEM || rc == KVT_ECTX || rc == KVT_EIO || future) {
-        if (future && !skipped(st, id)) st->skip[st->n_skip++ % 64] = id;
+    if (rc == KVT_ENOMEM || rc == KVT_ECTX || rc == KVT_EIO) {
         st->misses++;
         return rc;
     }
@@ -1244,6 +1266,11 @@ static int store_load(kvt_store *st, int64_t id, kvt_session *s)
     snprintf(reason, sizeof reason, "%s", kvt_errmsg());
     /* A block that failed its own checks is the culprit; otherwise the record. */
     bool block_bad = bad_block != UINT32_MAX && strncmp(reason, "snapshot", 8) != 0;
+    if (block_bad && block_newer(st, bad_key)) { /* a newer kvtier's block under this key: a miss, both kept */
+        if (!skipped(st, id)) st->skip[st->n_skip++ % 64] = id;
+        st->misses++;
+        return kvt_fail(rc, "%s (block of a newer format: skipped, kept)", reason);
+    }
     quarantine(st, id, block_bad, bad_key, block_bad && where.seg ? &where : NULL, reason);
     st->misses++;
     return kvt_fail(rc, "%s", reason);
@@ -1302,6 +1329,7 @@ typedef struct badrec { int64_t id; bool block; char why[200]; } badrec;
 
 typedef struct checked {
     size_t records, bad; /* records read (or that could not be read), of them damaged */
+    size_t newer;        /* of them, of a newer format than this build reads: kept */
     badrec *list;        /* (bad of them) */
     bool oom;
 } checked;
@@ -1335,9 +1363,12 @@ static sqlite3_stmt *prep_inspect(kvt_store *st, const char *sql, const char *wh
 /* Check every record: each snapshot the database lists (its row against its
  * record, and the record's checksums), then each block that a sound
  * snapshot stands on or that the blocks table holds. A record SQLite cannot
- * read is damaged, and so is a block missing under a snapshot. Damage that
- * cuts a list short is reported; a failure other than damage ends the
- * check and is its result. */
+ * read is damaged, and so is a block missing under a snapshot. A record of
+ * a newer format whose envelope checks out is counted (o->newer), not
+ * damaged: the blocks a newer snapshot stands on are the ones its rows in
+ * snap_blocks name (this build cannot read its list). Damage that cuts a
+ * list short is reported; a failure other than damage ends the check and
+ * is its result. */
 static int check_records(kvt_store *st, checked *o)
 {
     idset ids = {0}, keys = {0};
@@ -1346,6 +1377,7 @@ static int check_records(kvt_store *st, checked *o)
     char why[512];
     sqlite3_stmt *get = prep_inspect(st, st->has_segs ? "SELECT " SNAP_COLS " FROM snaps WHERE id = ?"
                                                       : "SELECT " SNAP_COLS1 " FROM snaps WHERE id = ?", "snapshot");
+    sqlite3_stmt *under = prep_inspect(st, "SELECT key FROM snap_blocks WHERE snap = ?", "snapshot blocks");
     uint8_t *rscratch = NULL;
     size_t rscratch_cap = 0;
     for (size_t i = 0; i < ids.n && get && !st->sql_rc; i++) {
@@ -1359,13 +1391,23 @@ static int check_records(kvt_store *st, checked *o)
             snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
             if (!kvt_db_forget_damage(st)) break;
             found_bad(st, o, ids.v[i], false, why);
-        } else if (kvt_db_check_snap_row(st, get, 0, &in, &rscratch, &rscratch_cap) != KVT_OK) {
+        } else if ((r = kvt_db_check_snap_row(st, get, 0, &in, &rscratch, &rscratch_cap)) == KVT_DB_NEWER) {
+            o->newer++;
+            if (under) {
+                sqlite3_reset(under);
+                sqlite3_bind_int64(under, 1, ids.v[i]);
+                while (kvt_db_step(st, under, "snapshot blocks") == SQLITE_ROW)
+                    kvt_db_idset_add(&keys, sqlite3_column_int64(under, 0));
+                if (kvt_db_forget_damage(st) && !st->quiet) fprintf(stderr, "kvtier: %s\n", st->sql_msg);
+            }
+        } else if (r != KVT_OK) {
             found_bad(st, o, ids.v[i], false, kvt_errmsg());
         } else {
             for (uint32_t b = 0; b < in.nb; b++) kvt_db_idset_add(&keys, (int64_t)kvt_rd64(in.sec[6] + 8 * (size_t)b));
         }
     }
     sqlite3_finalize(get);
+    sqlite3_finalize(under);
     free(rscratch);
     sqlite3_stmt *all = prep_inspect(st, "SELECT key FROM blocks", "blocks");
     while (kvt_db_step(st, all, "blocks") == SQLITE_ROW) kvt_db_idset_add(&keys, sqlite3_column_int64(all, 0));
@@ -1386,7 +1428,9 @@ static int check_records(kvt_store *st, checked *o)
             snprintf(why, sizeof why, "cannot be read (%s)", st->sql_msg);
             if (!kvt_db_forget_damage(st)) break;
             found_bad(st, o, keys.v[i], true, why);
-        } else if (kvt_db_check_block_row(st, getb, 0, (uint64_t)keys.v[i], &scratch, &scratch_cap) != KVT_OK) {
+        } else if ((r = kvt_db_check_block_row(st, getb, 0, (uint64_t)keys.v[i], &scratch, &scratch_cap)) == KVT_DB_NEWER) {
+            o->newer++;
+        } else if (r != KVT_OK) {
             found_bad(st, o, keys.v[i], true, kvt_errmsg());
         }
     }
@@ -1517,6 +1561,9 @@ static int store_gc(kvt_store *st)
     for (size_t i = 0; i < o.bad && !o.oom && !st->sql_rc; i++)
         quarantine(st, o.list[i].block ? -1 : o.list[i].id, o.list[i].block, (uint64_t)o.list[i].id, NULL, o.list[i].why);
     free(o.list);
+    /* a newer kvtier's records stay (the budget below may still evict them) */
+    if (o.newer && !st->quiet)
+        fprintf(stderr, "kvtier: %zu record%s of a newer format (kept)\n", o.newer, o.newer == 1 ? "" : "s");
     if (st->sql_rc) return kvt_db_sql_status(st);
     if ((rc = kvt_db_begin(st))) return rc;
     enforce_budget(st, -1);
@@ -1549,6 +1596,9 @@ static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
     checked o = {0};
     int rc = check_records(st, &o);
     free(o.list);
+    /* a newer kvtier's records, in a store it shares: not damage */
+    if (!rc && o.newer && !st->quiet)
+        fprintf(stderr, "kvtier: %zu record%s of a newer format (kept)\n", o.newer, o.newer == 1 ? "" : "s");
     /* the running totals against the tables (a store that predates them
      * has none to compare) */
     totals a, b;
@@ -1651,6 +1701,9 @@ static int store_text(kvt_store *st, int64_t id, char **text, size_t *len)
     size_t rcap = 0, rlen = 0;
     const uint8_t *rp = NULL;
     int rc = kvt_db_row_record(st, stmt, 0, 3, &rbuf, &rcap, &rp, &rlen);
+    if (!rc && (rc = kvt_db_newer_snap(rp, rlen)) == KVT_DB_NEWER)
+        rc = kvt_fail(KVT_EUNSUPPORTED, "cache entry %lld is of a newer format (version %u) than this build reads:"
+                      " kept for the kvtier that wrote it", (long long)id, kvt_rd32(rp + 8));
     if (!rc) rc = rp ? kvt_snap_parse_raw(rp, rlen, &in) : kvt_fail(KVT_EFORMAT, "snapshot: empty record");
     if (!rc && !(blk = kvt_db_prep(st, kvt_db_block_row_sql(st), NULL))) rc = kvt_db_sql_status(st);
     uint8_t *scratch = NULL;
