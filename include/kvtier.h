@@ -315,7 +315,9 @@ int kvt_store_gc(kvt_store *st);
 /* Check every record: its checksums, and that its row agrees with it.
  * *checked receives the records examined, *bad those damaged (failing a
  * check, unreadable, or a block missing under a snapshot); each is reported
- * on stderr unless quiet. */
+ * on stderr unless quiet. A record of a newer format than this build reads
+ * whose shared layout checks out (docs/FORMAT.md) counts as checked, not
+ * bad: it is kept for the release that wrote it. */
 int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked);
 /* SQLite's integrity check of the database: *problems receives the number
  * of problems it lists (0: sound; a check that cannot run is one), *report
