@@ -552,7 +552,8 @@ TEST(cli_bad_input)
         {{"model", "new", "--preset", "no-such-preset", "--out", missing}, 1},
         {{"run", "--model", "ds4-tiny", "--prompt", "hello", "--ctx", "3"}, 1},
         {{"run", "--model", have_cut ? cut : garbage, "--prompt", "hi"}, 1},
-        {{"run", "--prompt", "hi", "--kv-cache-align-tokens", "100"}, 2},
+        {{"run", "--prompt", "hi", "--kv-cache-align-tokens", "0"}, 2},
+        {{"run", "--prompt", "hi", "--kv-cache-continued-interval", "100"}, 2},
         {{"run", "--prompt", "hi", "--kv-disk-mb", "0"}, 2},
         {{"cache", "frob"}, 2},
     };
@@ -745,41 +746,55 @@ static bool run_figures(const proc *p, size_t *n, size_t *from_disk, size_t *pre
                        prefilled) == 3;
 }
 
-/* With the default save policy, a second run of a 2,822-token prompt (ds4
- * presets: a token per byte, and BOS) restores all of it from disk but the
- * trim and the part of a block after it: 2,822 - 32 = 2,790, down to the
- * 128-token grid, 2,688 tokens; 134 prefilled again. The policy of the
- * previous release aligned to 2,048 tokens and prefilled 774 again. */
-TEST(cli_restart_reprefills_one_block)
+/* Run a 2,822-token prompt (ds4 presets: a token per byte, and BOS) twice
+ * on an empty store, with `align` as --kv-cache-align-tokens (NULL: the
+ * default): *disk and *pre receive the second run's figures, *same whether
+ * it generates the first run's ids. */
+static bool restart_runs(const char *align, size_t *disk, size_t *pre, bool *same)
 {
-    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
-    char dir[] = "/tmp/kvtier-cli-restart-XXXXXX";
-    CHECK(mkdtemp(dir));
     enum { N = 2822 };
+    char dir[] = "/tmp/kvtier-cli-restart-XXXXXX";
+    if (!mkdtemp(dir)) return false;
     char *prompt = malloc(N);
-    CHECK(prompt);
+    if (!prompt) return false;
     for (int i = 0; i < N - 1; i++) prompt[i] = "abcdefghijklmnopqrstuvwxyz 0123456789.,"[(i * 7 + i / 39) % 39];
     prompt[N - 1] = 0;
     const char *const a[] = {"run", "--model", "ds4-tiny", "--prompt", prompt, "--output", "ids", "--max-tokens", "4",
-                             "--temperature", "0", "--kv-disk-dir", dir, NULL};
+                             "--temperature", "0", "--kv-disk-dir", dir, align ? "--kv-cache-align-tokens" : NULL,
+                             align, NULL};
     proc cold = {0}, warm = {0};
     bool ran = run_cli(&cold, a) && run_cli(&warm, a);
     rm_tree(dir);
     free(prompt);
-    size_t n[2] = {0}, disk[2] = {0}, pre[2] = {0};
+    size_t n[2] = {0}, d0 = 1, p0 = 0;
     bool ok = ran && clean(&cold) && clean(&warm) && cold.status == 0 && warm.status == 0 &&
-              run_figures(&cold, &n[0], &disk[0], &pre[0]) && run_figures(&warm, &n[1], &disk[1], &pre[1]);
-    bool same = ok && same_out(&cold, &warm);
-    if (!ok || !same || pre[1] > 128 + 32) { show(&cold); show(&warm); }
+              run_figures(&cold, &n[0], &d0, &p0) && run_figures(&warm, &n[1], disk, pre) && n[0] == N &&
+              n[1] == N && d0 == 0 && p0 == N;
+    *same = ok && same_out(&cold, &warm);
+    if (!ok || !*same) { show(&cold); show(&warm); }
+    else printf("    --kv-cache-align-tokens %s: the second run restored %zu tokens, prefilled %zu\n",
+                align ? align : "(default)", *disk, *pre);
     proc_free(&cold);
     proc_free(&warm);
-    CHECKF(ran, "could not run %s", kvt_test_bin());
-    CHECK(ok);
-    CHECKF(n[0] == N && n[1] == N, "prompts of %zu and %zu tokens, %d expected", n[0], n[1], N);
-    CHECKF(disk[0] == 0 && pre[0] == N, "the first run: %zu from disk, %zu prefilled", disk[0], pre[0]);
-    CHECKF(pre[1] <= 128 + 32, "the second run prefilled %zu tokens again (%zu from disk): more than a block and the "
-           "trim", pre[1], disk[1]);
-    CHECKF(disk[1] == 2688 && pre[1] == 134, "the second run: %zu from disk, %zu prefilled (2688, 134 expected)",
-           disk[1], pre[1]);
+    return ok;
+}
+
+/* With the default save policy a second run of a 2,822-token prompt
+ * restores all of it from disk but the trim: 2,822 - 32 = 2,790 tokens; 32
+ * prefilled again. With --kv-cache-align-tokens 128 the save stays on the
+ * block grid: 2,790 down to 2,688, 134 prefilled again (the default of the
+ * previous release); 2,048 (the one before) prefilled 774. */
+TEST(cli_restart_reprefills_the_trim)
+{
+    if (!have_bin()) SKIP("%s absent", kvt_test_bin());
+    size_t disk = 0, pre = 0;
+    bool same = false;
+    CHECKF(restart_runs(NULL, &disk, &pre, &same), "the two runs of %s failed", kvt_test_bin());
+    CHECKF(disk == 2790 && pre == 32, "the second run: %zu from disk, %zu prefilled (2790, 32 expected: the trim)",
+           disk, pre);
+    CHECKF(same, "the run restored from disk generates other ids");
+    CHECK(restart_runs("128", &disk, &pre, &same));
+    CHECKF(disk == 2688 && pre == 134, "--kv-cache-align-tokens 128, the second run: %zu from disk, %zu prefilled "
+           "(2688, 134 expected)", disk, pre);
     CHECKF(same, "the run restored from disk generates other ids");
 }

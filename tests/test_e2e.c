@@ -43,9 +43,12 @@
  *                      disk after a restart
  *   e2e_restart_reprefill  ds4-tiny, the default save policy: a 2,821-byte
  *                      completion and chat, a restart, the same requests:
- *                      at most a block and the trim (160 tokens) prefilled;
- *                      after another restart a completion that continues
- *                      the first reuses as much
+ *                      the trim (32 tokens) prefilled again and nothing
+ *                      more; after another restart a completion that
+ *                      continues the first reuses as much
+ *   e2e_restart_reprefill_align  the same with --kv-cache-align-tokens 128:
+ *                      the saves stay on the block grid (2,688 of the
+ *                      completion's 2,822 tokens)
  *   e2e_sigterm_ready  12 rounds: SIGTERM or SIGINT the moment the server
  *                      writes that it is serving; it must exit 0
  *   e2e_queue_full     --parallel 1 --queue 1: concurrent long requests meet
@@ -1332,20 +1335,22 @@ static bool restart_post(e2e *t, const char *api, const char *path, long *prompt
 }
 
 /* With the default save policy a prompt comes back after a restart but for
- * the trim (32 tokens) and the part of a 128-token block after it: the
- * server prefills at most 160 tokens of it again (the previous release's
- * 2,048-token alignment: 774 of the completion's 2,822). */
-static void restart_reprefill(e2e *t)
+ * the trim (32 tokens): the server prefills only those again (at 128, the
+ * previous release's alignment, 134 of the completion's 2,822; at 2,048,
+ * the one before, 774). With align (not NULL: --kv-cache-align-tokens)
+ * the saves stay on its grid: the completion restores `want` tokens. */
+static void restart_reprefill(e2e *t, const char *align, long want)
 {
     char comp[128], chat[128];
     restart_body(t, "comp.json", false, 2821, comp, sizeof comp);
     restart_body(t, "chat.json", true, 2821, chat, sizeof chat);
     long p[2][2], c[2][2]; /* [before, after the restart][completion, chat] */
-    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+#define SERVE "--model", "ds4-tiny", "--kv-disk-dir", t->kv, align ? "--kv-cache-align-tokens" : NULL, align
+    START(t, SERVE);
     CHECK(restart_post(t, "/v1/completions", comp, &p[0][0], &c[0][0]));
     CHECK(restart_post(t, "/v1/chat/completions", chat, &p[0][1], &c[0][1]));
     STOP(t);
-    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    START(t, SERVE);
     CHECK(restart_post(t, "/v1/completions", comp, &p[1][0], &c[1][0]));
     CHECK(restart_post(t, "/v1/chat/completions", chat, &p[1][1], &c[1][1]));
     STOP(t);
@@ -1353,25 +1358,40 @@ static void restart_reprefill(e2e *t)
     char more[128];
     long pm, cm;
     restart_body(t, "more.json", false, 3121, more, sizeof more);
-    START(t, "--model", "ds4-tiny", "--kv-disk-dir", t->kv);
+    START(t, SERVE);
     CHECK(restart_post(t, "/v1/completions", more, &pm, &cm));
     STOP(t);
+#undef SERVE
+    printf("    --kv-cache-align-tokens %s: after a restart completion %ld of %ld cached, chat %ld of %ld; a longer "
+           "completion %ld of %ld\n", align ? align : "(default)", c[1][0], p[1][0], c[1][1], p[1][1], cm, pm);
     CHECKF(pm == p[0][0] + 300 && cm >= c[1][0], "a prompt continuing the saved one: %ld of %ld tokens cached "
            "(%ld before)", cm, pm, c[1][0]);
     const char *what[2] = {"completion", "chat"};
     for (int k = 0; k < 2; k++) {
         CHECKF(p[0][k] >= 2822 && p[1][k] == p[0][k], "%s: prompts of %ld and %ld tokens", what[k], p[0][k], p[1][k]);
         CHECKF(c[0][k] < 128, "%s: %ld tokens cached on an empty server", what[k], c[0][k]);
-        CHECKF(p[1][k] - c[1][k] <= 128 + 32, "%s after a restart: %ld of %ld tokens cached, %ld prefilled again: "
-               "more than a block and the trim", what[k], c[1][k], p[1][k], p[1][k] - c[1][k]);
+        if (!align)
+            CHECKF(p[1][k] - c[1][k] == 32, "%s after a restart: %ld of %ld tokens cached, %ld prefilled again "
+                   "(the trim, 32, expected)", what[k], c[1][k], p[1][k], p[1][k] - c[1][k]);
     }
+    if (align)
+        CHECKF(c[1][0] == want, "--kv-cache-align-tokens %s: the completion after a restart: %ld of %ld tokens "
+               "cached (%ld expected)", align, c[1][0], p[1][0], want);
 }
 
 TEST(e2e_restart_reprefill)
 {
     e2e t;
     if (!e2e_begin(&t, false)) return;
-    restart_reprefill(&t);
+    restart_reprefill(&t, NULL, 0);
+    e2e_end(&t);
+}
+
+TEST(e2e_restart_reprefill_align)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    restart_reprefill(&t, "128", 2688);
     e2e_end(&t);
 }
 

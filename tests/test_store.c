@@ -1418,56 +1418,72 @@ TEST(store_policy_and_lookup_longest)
     rmdir_all(dir);
 }
 
-/* The default policy saves a prompt at align_down(n - 32, 128), where the
- * mark the caller set before the prefill left a checkpoint, off the 2,048
- * grid of the session's other checkpoints; a session that passed that point
- * before it was marked (a RAM hit extending it) saves at the highest aligned
- * point below it that has a checkpoint, here the grid's. */
-TEST(store_policy_cold_on_the_block_grid)
+/* Prefill t[0, N) into a new session of m whose save mark is `mark` (0:
+ * none), save it by p and return where the store holds t (0: on failure). */
+static size_t policy_saved_at(kvt_model *m, kvt_store *st, const kvt_save_policy *p, const int32_t *t, size_t mark)
+{
+    enum { N = 3000 };
+    kvt_session_opts so = {.n_ctx = 4096, .checkpoint_interval = kvt_save_policy_grid(p)};
+    kvt_session *s = NULL;
+    size_t saved = 0, match = 0;
+    int64_t id;
+    if (kvt_session_new(&s, m, &so)) return 0;
+    kvt_session_set_save_mark(s, mark);
+    bool ok = !kvt_session_sync(s, t, N, NULL) && !kvt_store_apply_policy(st, s, p, N, 0, 0, &saved) && saved == 1 &&
+              !kvt_store_lookup(st, m, t, N, &match, &id);
+    kvt_session_free(s);
+    return ok ? match : 0;
+}
+
+/* The default policy saves a prompt right before the trim, at n - 32, where
+ * the mark the caller set before the prefill left a checkpoint, off the
+ * 2,048 grid of the session's other checkpoints: after a restart only the
+ * trim is prefilled again. A session that passed that point before it was
+ * marked (a RAM hit extending it) saves at the highest checkpoint below it,
+ * looked up among the session's few, not stepped down to token by token.
+ * --kv-cache-align-tokens 128 keeps the saves on the block grid, down to
+ * the 2,048 grid's checkpoint when the one below is off it. */
+TEST(store_policy_cold_before_the_trim)
 {
     kvt_model *m = open_named("ds4-tiny");
     CHECK(m);
     char dir[256];
-    tmpdir(dir, sizeof dir, "policy128");
+    tmpdir(dir, sizeof dir, "policytrim");
     enum { N = 3000 };
     int32_t *t = malloc(N * sizeof *t);
     kvt_test_tokens(t, N, 91);
-    kvt_save_policy p = KVT_SAVE_POLICY_DEFAULT;
-    CHECK(p.align_tokens == 128 && p.trim_tokens == 32);
-    kvt_session_opts so = {.n_ctx = 4096, .checkpoint_interval = kvt_save_policy_grid(&p)};
-    CHECK(so.checkpoint_interval == 2048);
-    CHECK(kvt_save_policy_cold(&p, N) == 2944 && kvt_save_policy_cold(&p, 32) == 0);
+    kvt_save_policy p = KVT_SAVE_POLICY_DEFAULT, p128 = p;
+    p128.align_tokens = 128;
+    CHECKF(p.align_tokens == 1 && p.trim_tokens == 32, "the default policy aligns to %u, trims %u (1, 32 expected)",
+           p.align_tokens, p.trim_tokens);
+    CHECK(kvt_save_policy_grid(&p) == 2048);
+    CHECKF(kvt_save_policy_cold(&p, N) == N - 32, "the default cold point of %d tokens: %zu (%d expected)", N,
+           kvt_save_policy_cold(&p, N), N - 32);
+    CHECK(kvt_save_policy_cold(&p, 32) == 0 && kvt_save_policy_cold(&p, 33) == 1);
+    CHECK(kvt_save_policy_cold(&p128, N) == 2944 && kvt_save_policy_cold(&p128, 159) == 0);
     kvt_store *st = NULL;
-    kvt_session *s = NULL, *u = NULL;
     CHECK_OK(kvt_store_open(&st, dir, 0));
-    CHECK_OK(kvt_session_new(&s, m, &so));
-    kvt_save_policy_mark(&p, s, N);
-    CHECK_OK(kvt_session_sync(s, t, N, NULL));
-    size_t saved = 0;
-    CHECK_OK(kvt_store_apply_policy(st, s, &p, N, 0, 0, &saved));
-    CHECK(saved == 1);
-    size_t match = 0;
-    int64_t id;
-    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
-    CHECKF(match == 2944, "the marked prompt saved at %zu (2944 expected)", match);
-    /* unmarked: the grid's checkpoint at 2048 */
-    t[0] ^= 1;
-    CHECK_OK(kvt_session_new(&u, m, &so));
-    CHECK_OK(kvt_session_sync(u, t, N, NULL));
-    CHECK_OK(kvt_store_apply_policy(st, u, &p, N, 0, 0, &saved));
-    CHECK(saved == 1);
-    CHECK_OK(kvt_store_lookup(st, m, t, N, &match, &id));
-    CHECKF(match == 2048, "the unmarked prompt saved at %zu (2048 expected)", match);
-    /* the restored prefix answers as the session did */
+    struct { const kvt_save_policy *p; size_t mark, want; const char *what; } c[] = {
+        {&p, kvt_save_policy_cold(&p, N), N - 32, "default, marked"},
+        {&p, 2900, 2900, "default, passed its cold point (a checkpoint at 2900)"},
+        {&p, 0, 2048, "default, unmarked"},
+        {&p128, kvt_save_policy_cold(&p128, N), 2944, "align 128, marked"},
+        {&p128, 2900, 2048, "align 128, passed its cold point (a checkpoint at 2900, off the grid)"},
+    };
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        t[0] = (int32_t)k + 1;
+        size_t at = policy_saved_at(m, st, c[k].p, t, c[k].mark);
+        CHECKF(at == c[k].want, "%s: saved at %zu (%zu expected)", c[k].what, at, c[k].want);
+    }
+    /* the first prompt comes back but for the trim */
     kvt_session *r = NULL;
-    t[0] ^= 1;
+    kvt_session_opts so = {.n_ctx = 4096, .checkpoint_interval = kvt_save_policy_grid(&p)};
+    t[0] = 1;
     CHECK_OK(kvt_session_new(&r, m, &so));
     size_t got = 0;
     CHECK_OK(kvt_store_restore_prefix(st, r, t, N, &got));
-    CHECK(got == 2944);
+    CHECKF(got == N - 32, "restored %zu tokens (%d expected)", got, N - 32);
     kvt_session_free(r);
-    kvt_session_free(u);
-    kvt_session_free(s);
     kvt_store_close(st);
     free(t);
     kvt_model_close(m);

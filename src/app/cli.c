@@ -193,12 +193,15 @@ static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
     if (!parse_u64(get(o, no, "--kv-disk-mb"), "--kv-disk-mb", 1ull << 30, &mb)) return false;
     for (int i = 0; i < 4; i++)
         if (!parse_u64(get(o, no, names[i]), names[i], 1u << 24, &v[i])) return false;
-    for (int i = 2; i < 4; i++)
-        if (v[i] % 128) {
-            fprintf(stderr, "kvtier: %s must be a multiple of 128 (the cache block), got %llu\n", names[i],
-                    (unsigned long long)v[i]);
-            return false;
-        }
+    if (!v[2]) {
+        fprintf(stderr, "kvtier: --kv-cache-align-tokens must be positive\n");
+        return false;
+    }
+    if (v[3] % 128) {
+        fprintf(stderr, "kvtier: %s must be a multiple of 128 (the cache block), got %llu\n", names[3],
+                (unsigned long long)v[3]);
+        return false;
+    }
     if (mb == 0) { fprintf(stderr, "kvtier: --kv-disk-mb must be positive\n"); return false; }
     d->budget = mb << 20;
     uint64_t free_mb = UINT64_MAX;
@@ -1134,12 +1137,12 @@ static void usage(FILE *f)
           "\n"
           "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
           "  --no-kv-disk  --kv-disk-mb N (4096)  --kv-cache-min-tokens N (512)\n"
-          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (128)\n"
-          "  --kv-cache-continued-interval N (8192)\n"
-          "  a prompt is saved at the largest multiple of the alignment (a multiple of\n"
-          "  128, the cache block) that leaves the trim after it, so a restart prefills\n"
-          "  at most align + trim - 1 of its tokens again; a larger alignment saves\n"
-          "  fewer snapshots\n"
+          "  --kv-cache-trim-tokens N (32)  --kv-cache-align-tokens N (1)\n"
+          "  --kv-cache-continued-interval N (8192, a multiple of 128)\n"
+          "  a prompt is saved at the largest multiple of the alignment that leaves the\n"
+          "  trim after it (by default right before the trim), so a restart prefills\n"
+          "  at most align + trim - 1 of its tokens again (the trim by default); a\n"
+          "  larger alignment (128: the cache block's grid) saves fewer snapshots\n"
           "  --kv-disk-min-free-mb N (5% of the file system, at most 1024): saves evict\n"
           "  least recently used entries to keep this much free on the disk\n"
           "  the directory is made 0700, its files 0600; one that others may write, or\n"

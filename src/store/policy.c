@@ -54,20 +54,36 @@ static int save_one(kvt_store *st, kvt_session *s, size_t at, const char *why, s
     return KVT_OK;
 }
 
+/* The highest point at or below `at` that s can save (its length or a
+ * checkpoint) and that is on the alignment or on the checkpoint grid, 0 if
+ * none: a look at the few checkpoints the session holds (the grid's and up
+ * to three off it), not a walk down the positions, which with alignment 1
+ * would be one per token. */
+static size_t saveable_below(const kvt_save_policy *p, const kvt_session *s, size_t at)
+{
+    if (kvt_snap_can_save(s, at)) return at;
+    size_t grid = kvt_save_policy_grid(p), best = 0;
+    if (s->n < at && (s->n % p->align_tokens == 0 || s->n % grid == 0)) best = s->n;
+    for (size_t i = 0; i < s->n_ckpt; i++) {
+        size_t q = s->ckpt[i].pos;
+        if (q <= at && q > best && (q % p->align_tokens == 0 || q % grid == 0)) best = q;
+    }
+    return best;
+}
+
 /* Save points go in increasing length, so each save can drop the state of
  * the shorter continued snapshots it extends (store.c). st NULL: count the
  * points in *saved, save nothing. */
 static int walk(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n, size_t from_disk, size_t fork_at,
                 size_t *saved, bool *busy)
 {
-    size_t cold[2] = {0, 0}; /* the aligned cold point and the caller's fork point, ascending */
+    size_t cold[2] = {0, 0}; /* the policy's cold point and the caller's fork point, ascending */
     /* The caller marked the cold point, so its prefill left a checkpoint
      * there; a prompt that the session held in part already (a RAM hit)
-     * may have passed it before it was marked: then the aligned point below
-     * it that has one (the grid's, at worst). */
+     * may have passed it before it was marked: then the highest point below
+     * it on the alignment that has one (the grid's, at worst). */
     cold[0] = kvt_save_policy_cold(p, n);
-    while (cold[0] >= p->min_tokens && cold[0] > from_disk && !kvt_snap_can_save(s, cold[0]))
-        cold[0] -= p->align_tokens;
+    if (cold[0]) cold[0] = saveable_below(p, s, cold[0]);
     if (cold[0] < p->min_tokens || cold[0] <= from_disk) cold[0] = 0;
     if (fork_at >= p->min_tokens && fork_at > from_disk && fork_at <= n && fork_at != cold[0]) cold[1] = fork_at;
     if (cold[0] > cold[1]) { size_t t = cold[0]; cold[0] = cold[1]; cold[1] = t; }
