@@ -499,7 +499,9 @@ static void usage(FILE *f)
           "            KV cache bytes and peak RSS (default " KVT_DEFAULT_MODEL ")\n"
           "  snapshot  snapshot and restore of 8192 tokens vs re-prefilling them\n"
           "  store     the disk tier: persist and load a long prefix, lookup, nesting\n"
-          "            (its own table; --csv appends; not included in all)\n"
+          "            (its own table; --csv appends; not included in all); with --model,\n"
+          "            persist and load alone, on that model and its cache types, over the\n"
+          "            first --ctx-list entry's tokens (default 20000)\n"
           "  all       llama, ds4 and snapshot (default)\n"
           "\n"
           "--model replaces the default model of every selected suite. --quick measures\n"
@@ -603,7 +605,7 @@ int kvt_bench_main(int argc, char **argv)
     b.all = b.threads ? b.threads : ncpu();
     if (store) { /* the disk tier's own suite and table (bench_store.c); not part of all */
         print_machine(&b);
-        return kvt_bench_store(csv, quick) ? 1 : 0;
+        return kvt_bench_store(csv, quick, b.model, b.type_k, b.type_v, ctx_list ? (size_t)b.ctx[0] : 0) ? 1 : 0;
     }
     if (csv && !(b.csv = fopen(csv, "w"))) {
         fprintf(stderr, "kvtier: %s: %s\n", csv, strerror(errno));
