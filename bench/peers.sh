@@ -125,8 +125,13 @@ max_thr=0
 for t in $threads; do [ "$t" -gt "$max_thr" ] && max_thr=$t; done
 # measured before and after the cells; the table uses the better of the two
 # (a VM's neighbours can only lower them)
-echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&2
-"$cache/tools/peak" "$max_thr" >"$tmp/peak"
+# (CT_ONLY's rows are ratios only: no peak to relate them to)
+if [ "$ct_only" = 1 ]; then
+    : >"$tmp/peak"
+else
+    echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&2
+    "$cache/tools/peak" "$max_thr" >"$tmp/peak"
+fi
 for f in $types; do "$cache/tools/synth_llama" --sizes "$models/synth-llama-124m-$f.gguf" >"$tmp/sizes-$f.json"; done
 
 cpu=$(bench_cpu)
@@ -255,8 +260,8 @@ while read -r f file thr_list ct test_list <&3; do
                 s1=$(snap)
                 ll=$(best "$ll" "$(llama_cell "$file" "$p" "$g" "$d" "$n" "$ct")")
                 s2=$(snap)
-                o_kv=$(echo "$o_kv $(others "$s0" "$s1")" | awk '{ printf "%.2f\n", $1 > $2 ? $1 : $2 }')
-                o_ll=$(echo "$o_ll $(others "$s1" "$s2")" | awk '{ printf "%.2f\n", $1 > $2 ? $1 : $2 }')
+                o_kv=$(echo "$o_kv $(others "$s0" "$s1")" | awk '{ printf "%.2f\n", ($1 > $2 ? $1 : $2) }')
+                o_ll=$(echo "$o_ll $(others "$s1" "$s2")" | awk '{ printf "%.2f\n", ($1 > $2 ? $1 : $2) }')
             done
             printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$f" "$t" "$n" "$p" "$g" "$d" "$kv" "$ll" \
                 "$o_kv" "$o_ll" >>"$tmp/rows"
@@ -268,7 +273,7 @@ done 3<"$tmp/runs"
 
 # ---- the table ----
 
-"$cache/tools/peak" "$max_thr" >>"$tmp/peak"
+[ "$ct_only" = 1 ] || "$cache/tools/peak" "$max_thr" >>"$tmp/peak"
 sed "s/LOAD_END/$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')/" "$tmp/head"
 # shellcheck disable=SC2086 # one argument per file type
 node - "$tmp" "$csv" $types <<'EOF'
