@@ -31,7 +31,8 @@
 #                       llama-family file at the most threads once per cache
 #                       type, both engines at that type for K and V (kvtier
 #                       -ctk/-ctv; llama-bench -ctk/-ctv, with -fa 1 when V is
-#                       quantised, as llama.cpp needs)
+#                       quantised, as llama.cpp needs); llama-bench takes no
+#                       f32 cache, so an f32 cell is kvtier's alone
 #   CT_ONLY=1           only those cells (the rows go to $KVT_PEER_CACHE/peers-ct.csv)
 #   CT_FILES="q8_0 qwen3-0.6b-q4_k_m"
 #                       the files of those cells (labels as in the table's runs:
@@ -175,7 +176,8 @@ kvtier_cell() { # $1 file, $2 prompt, $3 gen, $4 depth, $5 threads, $6 cache typ
 llama_cell() { # the same arguments
     case ${6:--} in
         -) ct_args= ;;
-        f32 | f16) ct_args="-ctk $6 -ctv $6" ;;
+        f32) echo "refused: llama-bench takes no f32 cache type"; return ;;
+        f16) ct_args="-ctk $6 -ctv $6" ;;
         *) ct_args="-ctk $6 -ctv $6 -fa 1" ;; # a quantised V needs flash attention in llama.cpp
     esac
     # shellcheck disable=SC2086
