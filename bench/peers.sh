@@ -26,6 +26,19 @@
 #   QUICK=1             pp512 and tg128 on F16 at 2 threads only; the rows go to
 #                       $KVT_PEER_CACHE/peers-quick.csv, not bench/peers.csv
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
+#   CACHE_TYPES="f16 q8_0"
+#                       adds the depth cells (pp512@d4096, tg32@d4096) of every
+#                       llama-family file at the most threads once per cache
+#                       type, both engines at that type for K and V (kvtier
+#                       -ctk/-ctv; llama-bench -ctk/-ctv, with -fa 1 when V is
+#                       quantised, as llama.cpp needs); llama-bench takes no
+#                       f32 cache, so an f32 cell is kvtier's alone
+#   CT_ONLY=1           only those cells (the rows go to $KVT_PEER_CACHE/peers-ct.csv)
+#   CT_FILES="q8_0 qwen3-0.6b-q4_k_m"
+#                       the files of those cells (labels as in the table's runs:
+#                       f16 q8_0 q4_k_m qwen3-0.6b-q4_k_m gemma3-1b-q4_k_m; default all)
+#   ROUNDS=N            each cell measured N times, kvtier and llama.cpp in turn,
+#                       each engine's fastest kept (default 1)
 # Needs git, cc, node, npm and flock; cmake (`tools/deps.sh peers`, which
 # installs it when run as root).
 set -eu
@@ -42,6 +55,14 @@ cache=${KVT_PEER_CACHE:-$HOME/.cache/kvtier}
 quick=${QUICK:-0}
 if [ "$quick" = 1 ]; then reps=${REPS:-2}; else reps=${REPS:-5}; fi
 jobs=${JOBS:-2}
+cache_types=${CACHE_TYPES:-}
+ct_only=${CT_ONLY:-0}
+rounds=${ROUNDS:-1}
+case $rounds in '' | *[!0-9]* | 0) echo "peers.sh: ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2 ;; esac
+for ct in $cache_types; do
+    case $ct in f32 | f16 | bf16 | q8_0) ;; *) echo "peers.sh: CACHE_TYPES takes f32, f16, bf16, q8_0, got '$ct'" >&2; exit 2 ;; esac
+done
+[ "$ct_only" = 1 ] && [ -z "$cache_types" ] && { echo "peers.sh: CT_ONLY=1 needs CACHE_TYPES" >&2; exit 2; }
 case $reps in '' | *[!0-9]* | 0) echo "peers.sh: REPS must be a positive integer, got '$reps'" >&2; exit 2 ;; esac
 mkdir -p "$cache/tools" "$cache/models"
 bench_tmp peers
@@ -100,12 +121,18 @@ else
     types="f16 q8_0 q4_k_m" tests="pp512 tg128 pp512@d4096 tg32@d4096" threads="1 2" csv=bench/peers.csv
     ds4_types="f32 q8_0" fam_types="qwen3-0.6b gemma3-1b"
 fi
+[ "$ct_only" = 1 ] && csv=$cache/peers-ct.csv
 max_thr=0
 for t in $threads; do [ "$t" -gt "$max_thr" ] && max_thr=$t; done
 # measured before and after the cells; the table uses the better of the two
 # (a VM's neighbours can only lower them)
-echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&2
-"$cache/tools/peak" "$max_thr" >"$tmp/peak"
+# (CT_ONLY's rows are ratios only: no peak to relate them to)
+if [ "$ct_only" = 1 ]; then
+    : >"$tmp/peak"
+else
+    echo "peers.sh: measuring the FMA peak and the read bandwidth (bench/peak.c)" >&2
+    "$cache/tools/peak" "$max_thr" >"$tmp/peak"
+fi
 for f in $types; do "$cache/tools/synth_llama" --sizes "$models/synth-llama-124m-$f.gguf" >"$tmp/sizes-$f.json"; done
 
 cpu=$(bench_cpu)
@@ -117,15 +144,19 @@ kvt_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "kvtier: $kvt_commit ($bin)"
     echo "llama.cpp: $commit (node-llama-cpp $peer_version), llama-bench defaults otherwise"
     echo "repetitions: $reps per cell and engine, the fastest reported"
+    [ "$rounds" = 1 ] || echo "rounds: $rounds per cell, kvtier and llama.cpp in turn, each engine's fastest kept"
+    [ -z "$cache_types" ] || echo "cache types: $cache_types (K and V alike; llama-bench -fa 1 when V is quantised)"
 } >"$tmp/head"
 
 # ---- the cells: kvtier, then llama.cpp, on the same file ----
 
 # kvtier's result for one cell: tok/s, or "refused: ..." / "failed: ..."
-kvtier_cell() { # $1 file, $2 prompt, $3 gen, $4 depth, $5 threads
+kvtier_cell() { # $1 file, $2 prompt, $3 gen, $4 depth, $5 threads, $6 cache type (-: the default)
     rm -f "$tmp/kv.csv"
+    case ${6:--} in -) ct_args= ;; *) ct_args="-ctk $6 -ctv $6" ;; esac
+    # shellcheck disable=SC2086 # ct_args: none or four words
     if "$bin" bench --suite llama --model "$1" --threads "$5" --prompt "$2" --gen "$3" --depth "$4" \
-        --reps "$reps" --csv "$tmp/kv.csv" >"$tmp/kv.out" 2>"$tmp/kv.err"; then
+        --reps "$reps" $ct_args --csv "$tmp/kv.csv" >"$tmp/kv.out" 2>"$tmp/kv.err"; then
         awk -F, 'NR == 2 { print $8 }' "$tmp/kv.csv"
     else
         st=$?
@@ -142,14 +173,29 @@ kvtier_cell() { # $1 file, $2 prompt, $3 gen, $4 depth, $5 threads
 }
 
 # llama-bench's: the fastest of its repetitions (samples_ts), as kvtier reports
-llama_cell() {
-    if "$lbin/llama-bench" -m "$1" -p "$2" -n "$3" -d "$4" -t "$5" -r "$reps" -o jsonl \
+llama_cell() { # the same arguments
+    case ${6:--} in
+        -) ct_args= ;;
+        f32) echo "refused: llama-bench takes no f32 cache type"; return ;;
+        f16) ct_args="-ctk $6 -ctv $6" ;;
+        *) ct_args="-ctk $6 -ctv $6 -fa 1" ;; # a quantised V needs flash attention in llama.cpp
+    esac
+    # shellcheck disable=SC2086
+    if "$lbin/llama-bench" -m "$1" -p "$2" -n "$3" -d "$4" -t "$5" -r "$reps" $ct_args -o jsonl \
         >"$tmp/ll.out" 2>"$tmp/ll.err"; then
         sed -n 's/.*"samples_ts": \[\([^]]*\)\].*/\1/p' "$tmp/ll.out" | tr ',' '\n' |
             awk 'NF { v = $1 + 0; if (v > m) m = v } END { if (m > 0) printf "%.3f\n", m; else print "failed: no samples" }'
     else
         echo "failed: $(grep -v '^[[:space:]]*$' "$tmp/ll.err" | tail -n 1)"
     fi
+}
+
+# The better of two results of one engine: the larger tok/s; a failure only
+# when both failed (the latest message)
+best() {
+    case $1 in '' | refused:* | failed:*) echo "$2"; return ;; esac
+    case $2 in refused:* | failed:*) echo "$1"; return ;; esac
+    echo "$1 $2" | awk '{ print ($2 + 0 > $1 + 0 ? $2 : $1) }'
 }
 
 # What other processes ran during a cell, in cores: the machine's busy ticks
@@ -164,25 +210,41 @@ others() { # $1 snap before, $2 snap after
         printf "%.2f\n", (o > 0 ? o : 0) }'
 }
 
-# the runs, one a line: label, file, thread counts (comma-separated). The
-# llama's types at every thread count; ds4-mini and the family models
-# (ratios only) at the most threads
+# the runs, one a line: label, file, thread counts (comma-separated), cache
+# type (-: each engine's default), tests (comma-separated). The llama's
+# types at every thread count; ds4-mini and the family models (ratios only)
+# at the most threads; with CACHE_TYPES, the depth cells of the llama-family
+# files again at the most threads, once per type (ratios only)
 : >"$tmp/runs"
 thr_csv=$(echo $threads | tr ' ' ',')
-for f in $types; do echo "$f $models/synth-llama-124m-$f.gguf $thr_csv" >>"$tmp/runs"; done
-for f in $ds4_types; do echo "ds4-mini-$f $models/ds4-mini-$f.gguf $max_thr" >>"$tmp/runs"; done
-for f in $fam_types; do echo "$f-q4_k_m $models/synth-$f-q4_k_m.gguf $max_thr" >>"$tmp/runs"; done
+test_csv=$(echo $tests | tr ' ' ',')
+if [ "$ct_only" != 1 ]; then
+    for f in $types; do echo "$f $models/synth-llama-124m-$f.gguf $thr_csv - $test_csv" >>"$tmp/runs"; done
+    for f in $ds4_types; do echo "ds4-mini-$f $models/ds4-mini-$f.gguf $max_thr - $test_csv" >>"$tmp/runs"; done
+    for f in $fam_types; do echo "$f-q4_k_m $models/synth-$f-q4_k_m.gguf $max_thr - $test_csv" >>"$tmp/runs"; done
+fi
+ct_files=${CT_FILES:-f16 q8_0 q4_k_m qwen3-0.6b-q4_k_m gemma3-1b-q4_k_m}
+for ct in $cache_types; do
+    for f in $ct_files; do
+        case $f in
+            f16 | q8_0 | q4_k_m) file=$models/synth-llama-124m-$f.gguf ;;
+            qwen3-0.6b-q4_k_m | gemma3-1b-q4_k_m) file=$models/synth-$f.gguf ;;
+            *) echo "peers.sh: CT_FILES: no file '$f'" >&2; exit 2 ;;
+        esac
+        echo "$f+ct-$ct $file $max_thr $ct pp512@d4096,tg32@d4096" >>"$tmp/runs"
+    done
+done
 n_cells=0
-while read -r f file thr_list; do
-    for t in $tests; do for n in $(echo "$thr_list" | tr ',' ' '); do n_cells=$((n_cells + 1)); done; done
+while read -r f file thr_list ct test_list; do
+    for t in $(echo "$test_list" | tr ',' ' '); do for n in $(echo "$thr_list" | tr ',' ' '); do n_cells=$((n_cells + 1)); done; done
 done <"$tmp/runs"
 : >"$tmp/rows"
 i=0
 t_start=$(date +%s)
 # (fd 3: the engines must not read the list)
-while read -r f file thr_list <&3; do
+while read -r f file thr_list ct test_list <&3; do
     thr_list=$(echo "$thr_list" | tr ',' ' ')
-    for t in $tests; do
+    for t in $(echo "$test_list" | tr ',' ' '); do
         case $t in
             pp*@d*) p=${t#pp} p=${p%@*} g=0 d=${t#*@d} ;;
             tg*@d*) p=0 g=${t#tg} g=${g%@*} d=${t#*@d} ;;
@@ -191,12 +253,18 @@ while read -r f file thr_list <&3; do
         esac
         for n in $thr_list; do
             i=$((i + 1))
-            s0=$(snap)
-            kv=$(kvtier_cell "$file" "$p" "$g" "$d" "$n")
-            s1=$(snap)
-            ll=$(llama_cell "$file" "$p" "$g" "$d" "$n")
-            s2=$(snap)
-            o_kv=$(others "$s0" "$s1") o_ll=$(others "$s1" "$s2")
+            kv= ll= o_kv=0 o_ll=0
+            r=0
+            while [ "$r" -lt "$rounds" ]; do # kvtier and llama.cpp in turn, each engine's fastest kept
+                r=$((r + 1))
+                s0=$(snap)
+                kv=$(best "$kv" "$(kvtier_cell "$file" "$p" "$g" "$d" "$n" "$ct")")
+                s1=$(snap)
+                ll=$(best "$ll" "$(llama_cell "$file" "$p" "$g" "$d" "$n" "$ct")")
+                s2=$(snap)
+                o_kv=$(echo "$o_kv $(others "$s0" "$s1")" | awk '{ printf "%.2f\n", ($1 > $2 ? $1 : $2) }')
+                o_ll=$(echo "$o_ll $(others "$s1" "$s2")" | awk '{ printf "%.2f\n", ($1 > $2 ? $1 : $2) }')
+            done
             printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$f" "$t" "$n" "$p" "$g" "$d" "$kv" "$ll" \
                 "$o_kv" "$o_ll" >>"$tmp/rows"
             echo "peers.sh: cell $i/$n_cells ($(($(date +%s) - t_start)) s): $f $t $n thread(s):" \
@@ -207,7 +275,7 @@ done 3<"$tmp/runs"
 
 # ---- the table ----
 
-"$cache/tools/peak" "$max_thr" >>"$tmp/peak"
+[ "$ct_only" = 1 ] || "$cache/tools/peak" "$max_thr" >>"$tmp/peak"
 sed "s/LOAD_END/$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')/" "$tmp/head"
 # shellcheck disable=SC2086 # one argument per file type
 node - "$tmp" "$csv" $types <<'EOF'
@@ -226,11 +294,13 @@ const rows = [];
 for (const line of fs.readFileSync(`${tmp}/rows`, 'utf8').split('\n').filter(Boolean)) {
   const [type, test, thr, p, g, d, kv, ll, okv, oll] = line.split('\t');
   const z = sizes[type], P = +p, G = +g, D = +d;
-  if (!z) { // ds4-mini and the family models: ratios only
+  if (!z) { // ds4-mini, the family models and the cache-type cells: ratios only
     const k = num(kv), l = num(ll);
-    const fam = type.match(/^(qwen3-0\.6b|gemma3-1b)-(.*)$/);
-    const label = fam ? `${fam[1]} ${fam[2].toUpperCase()}`
-      : type.replace('ds4-mini-', 'ds4-mini ').toUpperCase().replace('DS4-MINI', 'ds4-mini');
+    const ct = type.match(/^(.*)\+ct-(.*)$/), base = ct ? ct[1] : type;
+    const fam = base.match(/^(qwen3-0\.6b|gemma3-1b)-(.*)$/);
+    const label = (fam ? `${fam[1]} ${fam[2].toUpperCase()}`
+      : names[base] || base.replace('ds4-mini-', 'ds4-mini ').toUpperCase().replace('DS4-MINI', 'ds4-mini')) +
+      (ct ? `, K/V ${ct[2]}` : '');
     rows.push({ type: label, test, thr,
       kv, ll, k, l, ratio: k !== null && l ? k / l : null, unit: '', kr: null, lr: null, pk: null, okv, oll });
     continue;

@@ -255,6 +255,76 @@ TEST(kernels_f16_every_value)
     for (int i = 0; i < N; i++) CHECKF(r1[i] == r2[i], "%a: %#x vs %#x", x[i], r1[i], r2[i]);
 }
 
+/* Typed K and V rows to f32 (kvt_f16_rows_to_f32, kvt_q8_0_rows_to_f32,
+ * what attention reads the cache's rows with): every path gives the bits of
+ * the definition (kvt_f16_to_f32 of each element; d * q of each q8_0 element,
+ * d the block's f16 scale), for rows at an odd stride and byte offset, every
+ * row count up to 5 and lengths that leave each path's tails (16 and 8 lanes,
+ * then single elements; q8_0 in whole blocks). The f16 rows hold random bits
+ * (NaNs, infinities and subnormals included); the q8_0 blocks random finite
+ * scales (subnormal ones included) and every int8 value. */
+TEST(kernels_typed_rows_scalar_equals_simd)
+{
+    uint64_t st = kvt_test_seed("kernels_typed_rows_scalar_equals_simd");
+    enum { NR = 5, MAXN = 256, LDS = 2 * MAXN + 13, LDD = MAXN + 3 };
+    static uint8_t src[1 + NR * LDS];
+    static float got[NR * LDD], want[NR * LDD];
+    const uint8_t *rows = src + 1; /* odd: no alignment to lean on */
+    const size_t n16[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 40, 64, 128, 136, 256};
+    const size_t n8[] = {32, 64, 96, 128, 160, 256};
+    static const char *const path_name[3] = {"simd", "scalar", "avx2"};
+    bool wide = kvt_test_kernel_paths();
+    int checked = 0, paths = 0;
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)kvt_test_rand(&st);
+        for (int sc = 0; sc < 3; sc++) {
+            if (sc == 2 && !wide) continue;
+            paths += !round;
+            bool old = kvt_kernels_force_scalar(sc == 1), old2 = kvt_kernels_force_avx2(sc == 2);
+            for (size_t ni = 0; ni < sizeof n16 / sizeof n16[0]; ni++)
+                for (size_t nr = 0; nr <= NR; nr++) {
+                    size_t n = n16[ni];
+                    memset(got, 0xA5, sizeof got);
+                    memcpy(want, got, sizeof want);
+                    kvt_f16_rows_to_f32(got, LDD, rows, LDS, nr, n);
+                    for (size_t r = 0; r < nr; r++)
+                        for (size_t i = 0; i < n; i++) {
+                            const uint8_t *h = rows + r * LDS + 2 * i;
+                            want[r * LDD + i] = kvt_f16_to_f32((uint16_t)(h[0] | h[1] << 8));
+                        }
+                    CHECKF(!memcmp(got, want, sizeof got), "%s f16 n=%zu rows=%zu", path_name[sc], n, nr);
+                    checked++;
+                }
+            /* q8_0: finite scales (an exponent field short of 31) */
+            uint8_t q8[1 + NR * LDS];
+            memcpy(q8, src, sizeof q8);
+            for (size_t r = 0; r < NR; r++)
+                for (size_t b = 0; b < MAXN / 32; b++) {
+                    uint8_t *d = q8 + 1 + r * LDS + b * 34;
+                    if (((d[1] >> 2) & 0x1f) == 0x1f) d[1] &= 0xbf;
+                }
+            for (size_t ni = 0; ni < sizeof n8 / sizeof n8[0]; ni++)
+                for (size_t nr = 0; nr <= NR; nr++) {
+                    size_t n = n8[ni];
+                    memset(got, 0xA5, sizeof got);
+                    memcpy(want, got, sizeof want);
+                    kvt_q8_0_rows_to_f32(got, LDD, q8 + 1, LDS, nr, n);
+                    for (size_t r = 0; r < nr; r++)
+                        for (size_t i = 0; i < n; i++) {
+                            const uint8_t *b = q8 + 1 + r * LDS + i / 32 * 34;
+                            float d = kvt_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+                            want[r * LDD + i] = d * (float)(int8_t)b[2 + i % 32];
+                        }
+                    CHECKF(!memcmp(got, want, sizeof got), "%s q8_0 n=%zu rows=%zu", path_name[sc], n, nr);
+                    checked++;
+                }
+            kvt_kernels_force_scalar(old);
+            kvt_kernels_force_avx2(old2);
+        }
+    }
+    CHECK(checked == 4 * paths * (14 + 6) * (NR + 1));
+}
+
 /* A matmul's bytes equal one row at a time and do not depend on how many
  * threads split the outputs. The shapes make the pool split for real (it
  * keeps at least 32K multiply-adds per part): 9 rows x 517 inputs give

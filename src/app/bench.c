@@ -48,6 +48,7 @@ typedef struct bench {
     uint32_t prompt, gen, depth;/* --prompt, --gen, --depth (llama suite) */
     bool peer;                  /* any of those three given: the llama-bench form */
     uint32_t reps;              /* --reps, 0: repeat for min_s */
+    kvt_row_type type_k, type_v;/* --cache-type-k, --cache-type-v (-ctk, -ctv) */
     double min_s;               /* minimum measuring time per measurement */
     FILE *csv;
     const char *suite, *model_name; /* of the rows being emitted */
@@ -145,19 +146,27 @@ static void emit(bench *b, const row *r)
         bpt = p.per_token_x1000 / 1000.0;
     }
     uint64_t rss = peak_rss_kib();
+    /* the types the model's rows are in (ds4 keeps its own whatever was asked) */
+    kvt_plan tp = {0};
+    char kv[24] = "-", tk[8] = "", tv[8] = "";
+    if (kvt_model_plan(b->m, 1, &tp) == KVT_OK) {
+        snprintf(tk, sizeof tk, "%s", kvt_row_type_name(tp.type_k));
+        snprintf(tv, sizeof tv, "%s", kvt_row_type_name(tp.type_v));
+        snprintf(kv, sizeof kv, "%s/%s", tk, tv);
+    }
     /* fewer decimals for large values keep the columns aligned */
-    printf("%-8s %-22s %7llu %7llu %3u %9.4f %10.*f %7.*f %-14s %8.1f %11llu %8.1f\n", b->suite,
-           r->test, (unsigned long long)r->ctx, (unsigned long long)r->tokens, r->threads, r->secs,
+    printf("%-8s %-22s %7llu %7llu %3u %-9s %9.4f %10.*f %7.*f %-14s %8.1f %11llu %8.1f\n", b->suite,
+           r->test, (unsigned long long)r->ctx, (unsigned long long)r->tokens, r->threads, kv, r->secs,
            rate < 1e6 ? 1 : 0, rate, ratio < 1e3 ? 2 : 0, ratio, vs, bpt, (unsigned long long)bytes,
            rss / 1024.0);
     fflush(stdout);
     if (b->csv) {
         fprintf(b->csv, "%s,", b->suite);
         csv_field(b->csv, b->model_name);
-        fprintf(b->csv, "%s,%llu,%llu,%u,%.6f,%.3f,%.4f,%s,%.3f,%llu,%llu\n",
+        fprintf(b->csv, "%s,%llu,%llu,%u,%.6f,%.3f,%.4f,%s,%.3f,%llu,%llu,%s,%s\n",
                 r->test, (unsigned long long)r->ctx, (unsigned long long)r->tokens,
                 r->threads, r->secs, rate, ratio, r->base_rate > 0 ? r->vs : "",
-                bpt, (unsigned long long)bytes, (unsigned long long)rss);
+                bpt, (unsigned long long)bytes, (unsigned long long)rss, tk, tv);
         fflush(b->csv);
     }
 }
@@ -300,6 +309,7 @@ static int run_suite(bench *b, const char *suite, const char *dflt, suite_fn bod
     const char *path = b->model ? b->model : dflt, *what = path;
     kvt_model *m = NULL;
     int rc = kvt_model_open(&m, path);
+    if (!rc) rc = kvt_model_set_cache_types(m, b->type_k, b->type_v);
     if (!rc) {
         kvt_model_info info;
         kvt_model_info_get(m, &info);
@@ -308,8 +318,8 @@ static int run_suite(bench *b, const char *suite, const char *dflt, suite_fn bod
         b->m = m;
         printf("\n%s suite: %s (%s, %llu parameters)\n", suite, path, info.arch,
                (unsigned long long)info.n_params);
-        printf("%-8s %-22s %7s %7s %3s %9s %10s %7s %-14s %8s %11s %8s\n", "suite", "test", "ctx",
-               "tokens", "thr", "seconds", "tok/s", "ratio", "vs", "B/tok", "bytes", "RSS MiB");
+        printf("%-8s %-22s %7s %7s %3s %-9s %9s %10s %7s %-14s %8s %11s %8s\n", "suite", "test", "ctx",
+               "tokens", "thr", "K/V", "seconds", "tok/s", "ratio", "vs", "B/tok", "bytes", "RSS MiB");
         rc = body(b, m, &what);
     }
     if (rc && what) fprintf(stderr, "kvtier: %s: %s: %s\n", what, kvt_strerror(rc), kvt_errmsg());
@@ -478,6 +488,7 @@ static void usage(FILE *f)
     fputs("usage: kvtier bench [--model M] [--suite llama|ds4|snapshot|store|all] [--threads N]\n"
           "                    [--ctx-list 2048,32768,131072] [--decode-tokens N] [--csv FILE] [--quick]\n"
           "                    [--prompt N] [--gen N] [--depth N] [--reps N]\n"
+          "                    [--cache-type-k|-ctk T] [--cache-type-v|-ctv T]\n"
           "\n"
           "  llama     prefill of 512 tokens: chunk 256 vs token-by-token, all threads vs 1;\n"
           "            greedy decode at 512: all threads vs 1 (default " LLAMA_MODEL ")\n"
@@ -488,13 +499,17 @@ static void usage(FILE *f)
           "            KV cache bytes and peak RSS (default " KVT_DEFAULT_MODEL ")\n"
           "  snapshot  snapshot and restore of 8192 tokens vs re-prefilling them\n"
           "  store     the disk tier: persist and load a long prefix, lookup, nesting\n"
-          "            (its own table; --csv appends; not included in all)\n"
+          "            (its own table; --csv appends; not included in all); with --model,\n"
+          "            persist and load alone, on that model and its cache types, over the\n"
+          "            first --ctx-list entry's tokens (default 20000)\n"
           "  all       llama, ds4 and snapshot (default)\n"
           "\n"
           "--model replaces the default model of every selected suite. --quick measures\n"
           "for less time and uses --ctx-list 2048,8192 unless one is given. --reps N runs\n"
           "each measurement exactly N times (default: for 2 s, at least 3 times); the\n"
-          "fastest is reported.\n", f);
+          "fastest is reported. --cache-type-k and --cache-type-v (f32, f16, bf16, q8_0;\n"
+          "default f16) are the K and V rows' types, as for run; the K/V column and the\n"
+          "CSV's type_k and type_v say what the rows were (ds4 keeps its own f16).\n", f);
 }
 
 static bool parse_u64(const char *s, const char *what, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -539,9 +554,12 @@ int kvt_bench_main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         if (!strcmp(a, "--quick")) { quick = true; continue; }
+        if (!strcmp(a, "-ctk")) a = "--cache-type-k";
+        if (!strcmp(a, "-ctv")) a = "--cache-type-v";
         if (strcmp(a, "--model") && strcmp(a, "--suite") && strcmp(a, "--threads") &&
             strcmp(a, "--ctx-list") && strcmp(a, "--decode-tokens") && strcmp(a, "--csv") &&
-            strcmp(a, "--prompt") && strcmp(a, "--gen") && strcmp(a, "--depth") && strcmp(a, "--reps")) {
+            strcmp(a, "--prompt") && strcmp(a, "--gen") && strcmp(a, "--depth") && strcmp(a, "--reps") &&
+            strcmp(a, "--cache-type-k") && strcmp(a, "--cache-type-v")) {
             fprintf(stderr, "kvtier: unknown argument '%s'\n", a);
             usage(stderr);
             return 2;
@@ -552,6 +570,12 @@ int kvt_bench_main(int argc, char **argv)
         else if (!strcmp(a, "--suite")) suite = val;
         else if (!strcmp(a, "--csv")) csv = val;
         else if (!strcmp(a, "--ctx-list")) ctx_list = val;
+        else if (!strncmp(a, "--cache-type-", 13)) {
+            if (kvt_row_type_parse(val, a[13] == 'k' ? &b.type_k : &b.type_v)) {
+                fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--threads")) {
             if (!parse_u64(val, "--threads", 0, 256, &v)) return 2;
             b.threads = (uint32_t)v;
@@ -581,7 +605,7 @@ int kvt_bench_main(int argc, char **argv)
     b.all = b.threads ? b.threads : ncpu();
     if (store) { /* the disk tier's own suite and table (bench_store.c); not part of all */
         print_machine(&b);
-        return kvt_bench_store(csv, quick) ? 1 : 0;
+        return kvt_bench_store(csv, quick, b.model, b.type_k, b.type_v, ctx_list ? (size_t)b.ctx[0] : 0) ? 1 : 0;
     }
     if (csv && !(b.csv = fopen(csv, "w"))) {
         fprintf(stderr, "kvtier: %s: %s\n", csv, strerror(errno));
@@ -589,7 +613,7 @@ int kvt_bench_main(int argc, char **argv)
     }
     if (b.csv)
         fputs("suite,model,test,ctx,tokens,threads,seconds,tokens_per_s,ratio,baseline,"
-              "bytes_per_token,bytes,peak_rss_kib\n", b.csv);
+              "bytes_per_token,bytes,peak_rss_kib,type_k,type_v\n", b.csv);
     print_machine(&b);
     int rc = 0;
     if (all || !strcmp(suite, "llama")) {

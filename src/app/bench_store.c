@@ -14,6 +14,11 @@
  *   3. Nested snapshots of one ds4-mini conversation at 2K, 4K, ... 32K
  *      tokens (--quick: ... 8K) against the largest one alone.
  *
+ * With --model (a GGUF), part 1 alone runs on that model, its K and V rows
+ * in the types of --cache-type-k/-v, over the first --ctx-list entry's
+ * tokens (default 20000): what a record of a row type costs on disk and to
+ * load.
+ *
  * Rows go to the table and, with --csv, to a CSV file. Like the rest of
  * bench/, nothing here is asserted: the numbers are for reading.
  */
@@ -41,6 +46,17 @@ static double now(void)
 }
 
 static FILE *csv;
+
+/* The model of part 1: a GGUF path and its cache types, or ds4-mini. */
+static const char *model_path = "ds4-mini";
+static kvt_row_type model_tk, model_tv;
+
+static int open_model(kvt_model **m)
+{
+    int rc = kvt_model_open(m, model_path);
+    if (!rc) rc = kvt_model_set_cache_types(*m, model_tk, model_tv);
+    return rc;
+}
 
 static void row(const char *test, double value, const char *unit, const char *note)
 {
@@ -108,7 +124,7 @@ static double load_in_child(const char *dir, const int32_t *t, size_t n, uint32_
         kvt_store *st = NULL;
         kvt_session *s = NULL;
         kvt_session_opts so = {.n_ctx = ctx};
-        if (!kvt_model_open(&m, "ds4-mini") && !kvt_session_new(&s, m, &so)) {
+        if (!open_model(&m) && !kvt_session_new(&s, m, &so)) {
             double t0 = now(); /* from opening the store: what a restarted process pays */
             size_t r = 0;
             if (!kvt_store_open(&st, dir, 0) && !kvt_store_restore_prefix(st, s, t, n, &r)) {
@@ -213,8 +229,12 @@ static double plain_read(const char *dir, uint64_t bytes, double *cold, double *
     return best;
 }
 
-int kvt_bench_store(const char *csv_path, bool quick)
+int kvt_bench_store(const char *csv_path, bool quick, const char *model, kvt_row_type type_k, kvt_row_type type_v,
+                    size_t n_tokens)
 {
+    model_path = model ? model : "ds4-mini";
+    model_tk = type_k;
+    model_tv = type_v;
     char dir[128];
     snprintf(dir, sizeof dir, "/tmp/kvtier-bench-store-%d", (int)getpid());
     rm_rf(dir);
@@ -223,8 +243,11 @@ int kvt_bench_store(const char *csv_path, bool quick)
         if (!csv) { fprintf(stderr, "bench: %s: %s\n", csv_path, strerror(errno)); return 1; }
         if (fseek(csv, 0, SEEK_END) == 0 && ftell(csv) == 0) fprintf(csv, "suite,test,value,unit,note\n");
     }
-    size_t N = quick ? 16384 : 131072;
-    printf("\n%-44s %16s %-8s %s\n", "store (ds4-mini)", "value", "unit", "note");
+    size_t N = n_tokens ? n_tokens : model ? 20000 : quick ? 16384 : 131072;
+    char title[300];
+    const char *base = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
+    snprintf(title, sizeof title, "store (%s, K/V %s/%s)", base, kvt_row_type_name(type_k), kvt_row_type_name(type_v));
+    printf("\n%-44s %16s %-8s %s\n", title, "value", "unit", "note");
     kvt_model *m = NULL, *tiny = NULL;
     kvt_session *s = NULL;
     kvt_store *st = NULL;
@@ -234,7 +257,7 @@ int kvt_bench_store(const char *csv_path, bool quick)
     double last = now();
     so.progress = progress;
     so.progress_user = &last;
-    if (!t || kvt_model_open(&m, "ds4-mini") || kvt_session_new(&s, m, &so)) goto fail;
+    if (!t || open_model(&m) || kvt_session_new(&s, m, &so)) goto fail;
     /* 1. prefill, persist, load in a fresh process */
     double t0 = now();
     if (kvt_session_sync(s, t, N, NULL)) goto fail;
@@ -255,6 +278,10 @@ int kvt_bench_store(const char *csv_path, bool quick)
     if (kvt_model_plan(m, N, &plan)) goto fail;
     snprintf(note, sizeof note, "the plan's cache rows are %.1f B/token", plan.per_token_x1000 / 1000.0);
     row("persisted bytes per token", (double)bytes / (double)N, "B", note);
+    if (model) { /* part 1 alone: the loads need no session of this process's */
+        kvt_session_free(s);
+        s = NULL;
+    }
     /* The fastest of LOADS fresh processes, warm and cold: a single load on a
      * shared VM is now and then 3 to 5 times its usual time (huge-page
      * allocation, the other core busy), and other work only slows a run. */
@@ -308,6 +335,10 @@ int kvt_bench_store(const char *csv_path, bool quick)
         snprintf(note, sizeof note, "plain read() of %llu B into memory of that size takes %.4f s",
                  (unsigned long long)bytes, rd_whole);
         row("live load throughput / read() into memory", rd_whole / best, "ratio", note);
+    }
+    if (model) { /* done: to the cleanup */
+        ret = 0;
+        goto fail;
     }
     /* 3. nested snapshots, saved as the conversation grows: a cold save at
      * 2K, then continued saves; each drops the state of the one it extends */

@@ -317,7 +317,10 @@ static const float *rows_at(const struct attn_ctx *c, uint32_t part, int v, size
     }
     if (*end > j + KVT_BLOCK) *end = j + KVT_BLOCK;
     float *buf = c->rowbuf + (size_t)part * KVT_BLOCK * hd;
-    for (size_t i = j; i < *end; i++) kvt_rows_get(t, buf + (i - j) * hd, row + (i - j) * rb + h * hb, hd);
+    if (t == KVT_ROWS_F16) kvt_f16_rows_to_f32(buf, hd, row + h * hb, rb, *end - j, hd);
+    else if (t == KVT_ROWS_Q8_0) kvt_q8_0_rows_to_f32(buf, hd, row + h * hb, rb, *end - j, hd);
+    else
+        for (size_t i = j; i < *end; i++) kvt_rows_get(t, buf + (i - j) * hd, row + (i - j) * rb + h * hb, hd);
     *ld = hd;
     return buf;
 }

@@ -40,6 +40,8 @@ struct f32_ops {
     void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*f16_rows)(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
+    void (*q8_rows)(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
     float (*expf1)(float x);
     void (*swiglu)(float *h1, const float *h3, size_t n);
     void (*exp_row)(float *x, size_t n);       /* softmax: x = exp(x - max x) */
@@ -556,6 +558,96 @@ static void f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
 }
+
+/* ---- typed K and V rows to f32 (kvt_f16_rows_to_f32, kvt_q8_0_rows_to_f32) ---- */
+
+#define Q8_0_BLOCK 32
+#define Q8_0_BYTES 34 /* f16 d | 32 x int8 */
+
+/* A binary16 element at p (little-endian, any alignment). */
+static inline uint16_t half_at(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static void f16_rows_scalar(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd)
+        for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
+}
+
+static void q8_rows_scalar(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
+        const uint8_t *b = s;
+        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
+            float d = kvt_f16_to_f32(half_at(b));
+            for (size_t j = 0; j < Q8_0_BLOCK; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
+        }
+    }
+}
+
+#ifdef KVT_HAVE_X86
+__attribute__((target("avx2,fma,f16c"))) static void f16_rows_f16c(float *dst, size_t ldd, const void *src, size_t lds,
+                                                                  size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+        for (; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
+    }
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f"))) static void f16_rows_avx512(float *dst, size_t ldd, const void *src,
+                                                                            size_t lds, size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+        for (; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
+    }
+}
+
+/* d * q per element: the int8 widens exactly to f32, one rounding (none,
+ * in fact: the product is exact), as the scalar path. */
+__attribute__((target("avx2,fma,f16c"))) static void q8_rows_avx2(float *dst, size_t ldd, const void *src, size_t lds,
+                                                                 size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
+        const uint8_t *b = s;
+        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
+            __m256 d = _mm256_set1_ps(kvt_f16_to_f32(half_at(b)));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * g)));
+                _mm256_storeu_ps(dst + i + 8 * g, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f"))) static void q8_rows_avx512(float *dst, size_t ldd, const void *src,
+                                                                           size_t lds, size_t nr, size_t n)
+{
+    const uint8_t *s = src;
+    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
+        const uint8_t *b = s;
+        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
+            __m512 d = _mm512_set1_ps(kvt_f16_to_f32(half_at(b)));
+            __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+            __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
+            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
+        }
+    }
+}
+#endif
 
 static void f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n)
 {
@@ -1423,6 +1515,16 @@ void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->f16_
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n) { ops()->f32_to_f16(dst, src, n); }
 void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->bf16_to_f32(dst, src, n); }
 
+void kvt_f16_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
+{
+    ops()->f16_rows(dst, ldd, src, lds, nr, n);
+}
+
+void kvt_q8_0_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
+{
+    ops()->q8_rows(dst, ldd, src, lds, nr, n);
+}
+
 /* ---- the kernels of each instruction set ---- */
 
 
@@ -1436,6 +1538,8 @@ static const struct f32_ops ops_scalar = {
     .f16_to_f32 = f16_to_f32_scalar,
     .f32_to_f16 = f32_to_f16_scalar,
     .bf16_to_f32 = bf16_scalar,
+    .f16_rows = f16_rows_scalar,
+    .q8_rows = q8_rows_scalar,
     .expf1 = expf1_scalar,
     .swiglu = swiglu_scalar,
     .exp_row = exp_row_scalar,
@@ -1470,6 +1574,8 @@ static const struct f32_ops ops_avx2 = {
     .f16_to_f32 = f16_to_f32_f16c,
     .f32_to_f16 = f32_to_f16_f16c,
     .bf16_to_f32 = bf16_avx2,
+    .f16_rows = f16_rows_f16c,
+    .q8_rows = q8_rows_avx2,
     .expf1 = expf1_fma,
     .swiglu = swiglu_avx2,
     .exp_row = exp_row_avx2,
@@ -1488,6 +1594,8 @@ static const struct f32_ops ops_avx512 = {
     .f16_to_f32 = f16_to_f32_f16c,
     .f32_to_f16 = f32_to_f16_f16c,
     .bf16_to_f32 = bf16_avx2,
+    .f16_rows = f16_rows_avx512,
+    .q8_rows = q8_rows_avx512,
     .expf1 = expf1_fma,
     .swiglu = swiglu_avx512,
     .exp_row = exp_row_avx512,

@@ -53,6 +53,14 @@ void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
 /* bfloat16 rows to f32 (exact). */
 void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n);
+/* nr typed K or V rows to f32, exactly: row r (n elements) from src + r *
+ * lds bytes to dst + r * ldd floats. f16: binary16 rows (the values of
+ * kvt_f16_row_to_f32); q8_0: ggml's blocks of 32 (an f16 scale d, then 32
+ * int8 q), each element d * q (exact in f32: an 11-bit scale times an 8-bit
+ * integer), n a multiple of 32. One call for a run of one KV head's rows in
+ * the cache; the SIMD paths give the scalar path's bits. */
+void kvt_f16_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
+void kvt_q8_0_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
 
 /* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
  * output is the fixed-order dot product above over W's row as f32: a row in
