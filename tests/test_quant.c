@@ -35,6 +35,7 @@
  * is the identity); there the reference is the input itself. Every random
  * test prints its seed; KVT_TEST_SEED repeats it. About 2 s. */
 #include "fixture.h"
+#include "peer_ggml.h"
 #include "format/quant.h"
 #include "test.h"
 #include "base/util.h"
@@ -44,63 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GGML_LIB FX_PEER_BINS "/libggml-base.so"
-#define GGML_TYPE_COUNT 43   /* ggml.h of that llama.cpp: enum ggml_type ends with Q2_0 = 42 */
 #define LONG_ROW 8192        /* elements in the long rows */
 #define CHUNK 4096           /* blocks decoded per comparison */
 
-/* ggml/include/ggml.h (the llama.cpp that node-llama-cpp FX_PEER_VERSION
- * builds: its llama/gitRelease.bundle): struct ggml_type_traits and its
- * function types, fields in that file's order. enum ggml_type is passed as
- * an int. */
-typedef void (*ggml_to_float_t)(const void *x, float *y, int64_t k);
-typedef void (*ggml_from_float_t)(const float *x, void *y, int64_t k);
-struct ggml_type_traits {
-    const char *type_name;
-    int64_t blck_size;
-    int64_t blck_size_interleave; /* interleave elements in blocks */
-    size_t type_size;
-    bool is_quantized;
-    ggml_to_float_t to_float;
-    ggml_from_float_t from_float_ref;
-};
-
-static struct {
-    void *lib;
-    const struct ggml_type_traits *(*traits)(int type);
-    size_t (*quantize_chunk)(int type, const float *src, void *dst, int64_t start, int64_t nrows,
-                             int64_t n_per_row, const float *imatrix);
-} ggml;
-
-/* Load libggml-base.so once (it stays loaded); NULL, or why it cannot be. */
-static const char *ggml_load(void)
-{
-    static char why[600];
-    if (ggml.lib) return NULL;
-    const char *r = fx_peer_skip_reason();
-    if (r) return r;
-    double install_s;
-    if (!fx_peer_ensure(&install_s))
-        return "npm ci --prefix " FX_PEER_DIR " failed (offline?): no libggml-base.so";
-    if (install_s >= 0) printf("    npm ci took %.1f s\n", install_s);
-    void *lib = dlopen(GGML_LIB, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        snprintf(why, sizeof why, "dlopen %s: %s", GGML_LIB, dlerror());
-        return why;
-    }
-    ggml.traits = (const struct ggml_type_traits *(*)(int))dlsym(lib, "ggml_get_type_traits");
-    ggml.quantize_chunk = (size_t (*)(int, const float *, void *, int64_t, int64_t, int64_t,
-                                      const float *))dlsym(lib, "ggml_quantize_chunk");
-    /* the newest type of the declared version: GGML_TYPE_COUNT holds */
-    if (!ggml.traits || !ggml.quantize_chunk || !dlsym(lib, "dequantize_row_q2_0")) {
-        snprintf(why, sizeof why, "%s lacks ggml_get_type_traits, ggml_quantize_chunk or q2_0: not "
-                 "the llama.cpp of node-llama-cpp " FX_PEER_VERSION, GGML_LIB);
-        dlclose(lib);
-        return why;
-    }
-    ggml.lib = lib;
-    return NULL;
-}
 
 /* The supported types, and where each keeps its f16 scales (byte offsets in
  * the block). */

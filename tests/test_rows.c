@@ -49,6 +49,7 @@
  * offline); the others need nothing. Every random test prints its seed;
  * KVT_TEST_SEED repeats it. Under a second. */
 #include "fixture.h"
+#include "peer_ggml.h"
 #include "test.h"
 #include "cache/rows.h"
 #include "format/gguf.h"
@@ -61,52 +62,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GGML_LIB FX_PEER_BINS "/libggml-base.so"
 #define N_RAND 4096 /* random elements per kind of input (a multiple of 32) */
 #define MAXN 32768  /* elements of the largest input */
 
-/* ggml/include/ggml.h of the peer's llama.cpp (as tests/test_quant.c) */
-typedef void (*ggml_to_float_t)(const void *x, float *y, int64_t k);
-struct ggml_type_traits {
-    const char *type_name;
-    int64_t blck_size, blck_size_interleave;
-    size_t type_size;
-    bool is_quantized;
-    ggml_to_float_t to_float;
-    void (*from_float_ref)(const float *x, void *y, int64_t k);
-};
-static struct {
-    void *lib;
-    const struct ggml_type_traits *(*traits)(int type);
-    size_t (*quantize_chunk)(int type, const float *src, void *dst, int64_t start, int64_t nrows,
-                             int64_t n_per_row, const float *imatrix);
-} ggml;
-
-static const char *ggml_load(void)
-{
-    static char why[600];
-    if (ggml.lib) return NULL;
-    const char *r = fx_peer_skip_reason();
-    if (r) return r;
-    double install_s;
-    if (!fx_peer_ensure(&install_s))
-        return "npm ci --prefix " FX_PEER_DIR " failed (offline?): no libggml-base.so";
-    void *lib = dlopen(GGML_LIB, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        snprintf(why, sizeof why, "dlopen %s: %s", GGML_LIB, dlerror());
-        return why;
-    }
-    ggml.traits = (const struct ggml_type_traits *(*)(int))dlsym(lib, "ggml_get_type_traits");
-    ggml.quantize_chunk = (size_t (*)(int, const float *, void *, int64_t, int64_t, int64_t,
-                                      const float *))dlsym(lib, "ggml_quantize_chunk");
-    if (!ggml.traits || !ggml.quantize_chunk) {
-        snprintf(why, sizeof why, "%s lacks ggml_get_type_traits or ggml_quantize_chunk", GGML_LIB);
-        dlclose(lib);
-        return why;
-    }
-    ggml.lib = lib;
-    return NULL;
-}
 
 static const kvt_row_type all_types[] = {KVT_ROWS_F32, KVT_ROWS_F16, KVT_ROWS_BF16, KVT_ROWS_Q8_0};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
