@@ -299,7 +299,11 @@ done:
 
 /* ---- decoding ---- */
 
-int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
+/* The header, section table and checksums of a record; whole: the record
+ * is len bytes (every section checked), else len bytes are a prefix of it
+ * and the sections that end within them are checked and set (at least the
+ * tokens section: KVT_EFORMAT when it does not). */
+static int parse(const uint8_t *p, size_t len, bool whole, kvt_snap_info *out)
 {
     memset(out, 0, sizeof *out);
     if (len < 12 || memcmp(p, REC_MAGIC, 8))
@@ -342,6 +346,7 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     for (int i = 1; i <= nsec; i++) {
         const uint8_t *e = p + HDR_FIXED + (size_t)(i - 1) * SEC_ENTRY;
         uint64_t so = kvt_rd64(e), sl = kvt_rd64(e + 8);
+        if (!whole && i > SEC_TOKENS && so == off && (so > len || sl > len - so)) return KVT_OK;
         if (so != off || so > len || sl > len - so)
             return kvt_fail(KVT_EFORMAT, "snapshot: section %s at %llu+%llu outside %zu bytes", sec_name[i],
                             (unsigned long long)so, (unsigned long long)sl, len);
@@ -354,6 +359,20 @@ int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out)
     if (out->sec_len[SEC_KEYS] != 8 * (size_t)out->nb)
         return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of block keys for %u blocks", out->sec_len[SEC_KEYS], out->nb);
     out->rec_len = off;
+    return KVT_OK;
+}
+
+int kvt_snap_parse_raw(const uint8_t *p, size_t len, kvt_snap_info *out) { return parse(p, len, true, out); }
+
+bool kvt_snap_rows_per_token(const kvt_model *m) { return !m->arch->state_save; }
+
+int kvt_snap_parse_head(const uint8_t *p, size_t len, kvt_snap_info *out)
+{
+    int rc = parse(p, len, false, out);
+    if (rc) return rc;
+    if (out->sec_len[SEC_TOKENS] != 4 * ((size_t)out->n - (size_t)out->nb * KVT_BLOCK))
+        return kvt_fail(KVT_EFORMAT, "snapshot: %zu bytes of ids for a tail of %u tokens", out->sec_len[SEC_TOKENS],
+                        out->n - out->nb * KVT_BLOCK);
     return KVT_OK;
 }
 

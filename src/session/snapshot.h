@@ -65,6 +65,20 @@ typedef struct kvt_snap_info {
 /* Validate a snapshot record's header, section table and checksums
  * (KVT_EFORMAT, KVT_ECORRUPT with a reason), without a model. */
 int kvt_snap_parse_raw(const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Bytes at the head of a snapshot record that hold its header, section
+ * table and tail ids (the tokens section, first: at most 127 ids). */
+#define KVT_SNAP_TAIL_HEAD (64 + 7 * 24 + 8 + 4 * (KVT_BLOCK - 1))
+/* kvt_snap_parse_raw of the first len bytes of a record (at least its
+ * tokens section, e.g. KVT_SNAP_TAIL_HEAD of them, or the whole): header,
+ * its checksum and the sections within len, with their checksums; the
+ * others are left unset. So a store can read a record's tail ids without
+ * reading its rows. */
+int kvt_snap_parse_head(const uint8_t *rec, size_t len, kvt_snap_info *out);
+/* Whether m's cache is rows per token and nothing else (no window, no
+ * recurrent state, no compressed rows): the first k tokens of a record
+ * are a session of k tokens, which a session goes back to by dropping the
+ * rest (kvt_session_sync). */
+bool kvt_snap_rows_per_token(const kvt_model *m);
 /* Check a block record on its own: magic, checksum, version, and that its
  * ids hash to its key. *key (may be NULL) receives the key. */
 int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);

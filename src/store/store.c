@@ -911,7 +911,50 @@ static bool skipped(const kvt_store *st, int64_t id)
     return false;
 }
 
-static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, size_t *match, int64_t *id)
+/* Whether record id's tail ids begin with ids (k of them): read from the
+ * head of its record alone (kvt_snap_parse_head: its header and the tokens
+ * section, checksums included), never its rows. Any failure (a record
+ * damaged, or removed and its place reused since the index was read) is a
+ * no: the load would refuse it anyway. */
+bool kvt_store_tail_ids_fault;
+
+static bool tail_begins(kvt_store *st, int64_t id, uint32_t n_rec, const int32_t *ids, size_t k)
+{
+    if (kvt_store_tail_ids_fault) return true;
+    sqlite3_stmt *stmt = NULL;
+    int64_t args[2] = {KVT_SNAP_TAIL_HEAD, id};
+    if (kvt_db_q(st, &stmt, "SELECT substr(data, 1, ?), rseg, roff, bytes FROM snaps WHERE id = ?", 2, args) !=
+        SQLITE_ROW)
+        return false;
+    uint8_t head[KVT_SNAP_TAIL_HEAD];
+    size_t len = (size_t)sqlite3_column_bytes(stmt, 0);
+    bloc w;
+    bool ok = kvt_db_row_bloc(stmt, 1, 2, 3, &w) && len <= sizeof head;
+    if (ok && w.seg) { /* in a segment: its first bytes */
+        len = w.bytes < sizeof head ? (size_t)w.bytes : sizeof head;
+        struct iovec v = {head, len};
+        ok = kvt_segs_readv(st->segs, w.seg, w.off, &v, 1) == KVT_OK;
+    } else if (ok) {
+        memcpy(head, sqlite3_column_blob(stmt, 0), len);
+    }
+    sqlite3_finalize(stmt);
+    kvt_snap_info in;
+    if (!ok || kvt_snap_parse_head(head, len, &in) != KVT_OK || in.n != n_rec || in.sec_len[1] < 4 * k) return false;
+    for (size_t i = 0; i < k; i++)
+        if (kvt_rd32(in.sec[1] + 4 * i) != (uint32_t)ids[i]) return false;
+    return true;
+}
+
+/* At most this many records longer than a prompt are read for their ids
+ * in one lookup (each a read of KVT_SNAP_TAIL_HEAD bytes). */
+#define LONGER_TRIES 4
+
+/* The longest record of a prefix of tokens (*match tokens, *id; 0 and -1:
+ * none); longer: also one that goes on past them within their last block
+ * (below), for the first lookup of a prompt (a restore that fails to load
+ * it looks again without). */
+static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, size_t n, bool longer, size_t *match,
+                        int64_t *id)
 {
     *match = 0;
     *id = -1;
@@ -933,12 +976,32 @@ static int store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens
         }
         size_t end = lo;
         while (end < st->n_idx && st->idx[end].head == heads[b]) end++;
+        size_t start = b * KVT_BLOCK;
         for (size_t k = end; k-- > lo;) {
             const ientry *e = &st->idx[k];
-            size_t start = b * KVT_BLOCK;
             if (e->n > n || e->n < start || e->n - start >= KVT_BLOCK || e->n == 0 || skipped(st, e->id)) continue;
             if (kvt_snap_tail_hash(heads[b], tokens + start, e->n - start) == e->tail) {
                 *match = e->n;
+                *id = e->id;
+                break;
+            }
+        }
+        /* A record that goes on past the prompt within its last block (the
+         * session saved after the reply, at a shutdown or an eviction)
+         * holds the whole prompt when its first ids are the prompt's: for a
+         * model whose rows are per token (no window, no recurrent state, no
+         * compressed rows), the session goes back to the prompt from it and
+         * computes the prompt's last token again (kvt_session_sync), rather
+         * than prefilling from a shorter record. Its ids are read from the
+         * record (the index's tail hash covers all of them); the shortest
+         * first. */
+        if (!longer || b != nb || *match == n || !kvt_snap_rows_per_token(m)) continue;
+        for (size_t k = lo, tries = 0; k < end && tries < LONGER_TRIES; k++) {
+            const ientry *e = &st->idx[k];
+            if (e->n <= n || e->n - start >= KVT_BLOCK || skipped(st, e->id)) continue;
+            tries++;
+            if (tail_begins(st, e->id, e->n, tokens + start, n - start)) {
+                *match = n;
                 *id = e->id;
                 break;
             }
@@ -1288,12 +1351,16 @@ static int store_restore_prefix(kvt_store *st, kvt_session *s, const int32_t *to
         size_t match = found_match;
         int64_t id = found_id;
         st->sql_rc = 0; /* each attempt stands alone: a removal that failed was reported */
-        int rc = attempt == 0 && found_id >= 0 && found_match ? KVT_OK : store_lookup(st, s->m, tokens, n, &match, &id);
+        int rc = attempt == 0 && found_id >= 0 && found_match ? KVT_OK : store_lookup(st, s->m, tokens, n, attempt == 0, &match, &id);
         if (rc == KVT_OK && (!match || match > s->n_ctx || match > n)) return KVT_OK;
         if (rc == KVT_OK) rc = store_load(st, id, s);
         if (rc == KVT_ENOMEM) return rc;
         if (rc == KVT_OK) {
-            if (kvt_session_len(s) == match && !memcmp(kvt_session_tokens(s), tokens, match * sizeof *tokens)) {
+            /* the record may go on past the prompt (store_lookup): the
+             * session holds it whole, and a sync of the prompt goes back */
+            size_t held = kvt_session_len(s);
+            if ((held == match || (held > match && kvt_snap_rows_per_token(s->m))) &&
+                !memcmp(kvt_session_tokens(s), tokens, match * sizeof *tokens)) {
                 *reused = match;
                 return KVT_OK;
             }
@@ -1795,8 +1862,8 @@ int kvt_store_lookup(kvt_store *st, const kvt_model *m, const int32_t *tokens, s
     *match = 0;
     *id = -1;
     int rc = enter(st, "lookup", false);
-    if (!rc && (rc = store_lookup(st, m, tokens, n, match, id)) && kvt_recovery_retry(st))
-        rc = store_lookup(st, m, tokens, n, match, id);
+    if (!rc && (rc = store_lookup(st, m, tokens, n, true, match, id)) && kvt_recovery_retry(st))
+        rc = store_lookup(st, m, tokens, n, true, match, id);
     return leave(st, rc);
 }
 
@@ -1821,7 +1888,7 @@ int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *token
         if (!rc) {
             sqlite3_busy_timeout(st->db, wait_ms);
             kvt_db_busy_seen = false;
-            rc = store_lookup(st, m, tokens, n, match, id);
+            rc = store_lookup(st, m, tokens, n, true, match, id);
             if (st->db) sqlite3_busy_timeout(st->db, st->busy_ms);
         }
         bool busy = rc && kvt_db_busy_seen;

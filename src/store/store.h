@@ -49,6 +49,10 @@ int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *
  * full disk (the negative control of tests/test_store_hostile.c), and the
  * seconds between two reports of failed saves (60). */
 extern bool kvt_store_room_fault;
+/* Tests: true takes a record longer than a prompt for it without reading
+ * its ids (the negative control of tests/test_store.c's
+ * store_longer_record_*). */
+extern bool kvt_store_tail_ids_fault;
 extern double kvt_store_report_every;
 
 
