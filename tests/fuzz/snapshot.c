@@ -65,6 +65,17 @@ static void load(kvt_model *m, const uint8_t *rec, size_t len, bool try_thin)
     kvt_snap_info in;
     if (kvt_snap_parse_raw(rec, len, &in) == KVT_OK)
         FUZZ_CHECK(in.rec_len <= len && in.rec_len >= 216, "record length %zu of %zu", in.rec_len, len);
+    /* the head a store reads for a record's tail ids: within the bytes
+     * given, and the ids the whole record's */
+    size_t hl = len < KVT_SNAP_TAIL_HEAD ? len : KVT_SNAP_TAIL_HEAD;
+    kvt_snap_info hi;
+    if (kvt_snap_parse_head(rec, hl, &hi) == KVT_OK) {
+        FUZZ_CHECK(hi.sec[1] >= rec && hi.sec_len[1] <= hl && (size_t)(hi.sec[1] - rec) <= hl - hi.sec_len[1],
+                   "tail ids outside the %zu bytes read", hl);
+        if (kvt_snap_parse_raw(rec, len, &in) == KVT_OK)
+            FUZZ_CHECK(hi.n == in.n && hi.sec_len[1] == in.sec_len[1] && !memcmp(hi.sec[1], in.sec[1], in.sec_len[1]),
+                       "the head's ids differ from the record's");
+    }
     int rc = kvt_session_restore(s, rec, len);
     if (rc) {
         FUZZ_CHECK(kvt_session_len(s) == 0, "a refused snapshot (%s) leaves %zu tokens", kvt_errmsg(),
