@@ -481,12 +481,14 @@ static int cmd_run(int argc, char **argv)
     size_t from_disk = 0, saved = 0;
     if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
     double t0 = now_s();
-    if ((rc = kvt_session_sync(s, toks, n, NULL))) { fail(rc, "prefill"); goto out; }
+    size_t kept = 0; /* below from_disk when the record went on past the prompt: its last token again */
+    if ((rc = kvt_session_sync(s, toks, n, &kept))) { fail(rc, "prefill"); goto out; }
     double t_prefill = now_s() - t0;
     if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
+    if (kept > from_disk) kept = from_disk;
     if (store)
         fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
-                from_disk, n - from_disk, t_prefill, saved);
+                kept, n - kept, t_prefill, saved);
     kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
                              .top_k = (uint32_t)top_k, .seed = seed};
     if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
