@@ -163,21 +163,31 @@ bool fx_peer_ensure(double *seconds)
     return ok;
 }
 
-/* fork + execvp argv with stdout + stderr in out; the child's pid, or -1. */
-static pid_t spawn(const char *const *argv, const char *out)
+/* fork + execvp argv with stdout in out and stderr in err (in out too when
+ * err is NULL); the child's pid, or -1. */
+static pid_t spawn(const char *const *argv, const char *out, const char *err)
 {
     fflush(stdout);
     pid_t pid = fork();
     if (pid != 0) return pid;
     int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+    int fe = err ? open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644) : fd;
+    if (fd >= 0) dup2(fd, 1);
+    if (fe >= 0) dup2(fe, 2);
+    if (fd > 2) close(fd);
+    if (fe > 2 && fe != fd) close(fe);
     execvp(argv[0], (char *const *)argv);
     _exit(127);
 }
 
 int fx_run(const char *const *argv, const char *out, double timeout, int *status)
 {
-    pid_t pid = spawn(argv, out);
+    return fx_run_split(argv, out, NULL, timeout, status);
+}
+
+int fx_run_split(const char *const *argv, const char *out, const char *err, double timeout, int *status)
+{
+    pid_t pid = spawn(argv, out, err);
     if (pid < 0) return -1;
     double t0 = fx_now();
     pid_t got = 0;
@@ -216,7 +226,7 @@ bool fx_server_start(fx_server *s, const char *const *args)
         size_t n = 6;
         for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
         argv[n] = NULL;
-        pid_t pid = spawn(argv, s->log);
+        pid_t pid = spawn(argv, s->log, NULL);
         if (pid < 0) return false;
         s->pid = pid;
         double t0 = fx_now();

@@ -79,6 +79,9 @@ bool fx_peer_ensure(double *seconds);
  * and wait up to timeout seconds. 1: it exited, *status holds its wait
  * status; 0: it did not exit in time and was killed; -1: fork failed. */
 int fx_run(const char *const *argv, const char *out, double timeout, int *status);
+/* fx_run with stdout in the file out and stderr in the file err, for a
+ * check of what a command prints on which. */
+int fx_run_split(const char *const *argv, const char *out, const char *err, double timeout, int *status);
 
 /* GET /health answers 200 within 2 s. */
 bool fx_health_ok(const fx_server *s);

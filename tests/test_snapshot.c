@@ -491,7 +491,7 @@ static int store_across(const char *path, bool skip)
             printf("    the f16 record does not load: %s\n", kvt_errmsg());
             bad++;
         }
-        if (kvt_store_verify(st, &nbad, &checked) || nbad) {
+        if (kvt_store_verify(st, &nbad, &checked, NULL) || nbad) {
             printf("    verify: %zu bad of %zu\n", nbad, checked);
             bad++;
         }
