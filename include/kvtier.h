@@ -317,8 +317,9 @@ int kvt_store_gc(kvt_store *st);
  * check, unreadable, or a block missing under a snapshot); each is reported
  * on stderr unless quiet. A record of a newer format than this build reads
  * whose shared layout checks out (docs/FORMAT.md) counts as checked, not
- * bad: it is kept for the release that wrote it. */
-int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked);
+ * bad: it is kept for the release that wrote it, and counted in *newer
+ * (may be NULL). */
+int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked, size_t *newer);
 /* SQLite's integrity check of the database: *problems receives the number
  * of problems it lists (0: sound; a check that cannot run is one), *report
  * (may be NULL; malloc'ed) their text, one a line. */

@@ -5,7 +5,9 @@
  * the test's temp dir, so a failing test can print what the server or the
  * client said; waits poll waitpid(WNOHANG) against a monotonic clock so no
  * child can hang the test run. The llama.cpp peer's install is shared by
- * test_peer.c and test_quant.c. See fixture.h for the interface. */
+ * test_peer.c and test_quant.c; the golden files' write-or-compare by
+ * test_snapshot.c, test_deltanet.c and test_store.c. See fixture.h for the
+ * interface. */
 #include "fixture.h"
 #include "test.h"
 
@@ -161,21 +163,31 @@ bool fx_peer_ensure(double *seconds)
     return ok;
 }
 
-/* fork + execvp argv with stdout + stderr in out; the child's pid, or -1. */
-static pid_t spawn(const char *const *argv, const char *out)
+/* fork + execvp argv with stdout in out and stderr in err (in out too when
+ * err is NULL); the child's pid, or -1. */
+static pid_t spawn(const char *const *argv, const char *out, const char *err)
 {
     fflush(stdout);
     pid_t pid = fork();
     if (pid != 0) return pid;
     int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+    int fe = err ? open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644) : fd;
+    if (fd >= 0) dup2(fd, 1);
+    if (fe >= 0) dup2(fe, 2);
+    if (fd > 2) close(fd);
+    if (fe > 2 && fe != fd) close(fe);
     execvp(argv[0], (char *const *)argv);
     _exit(127);
 }
 
 int fx_run(const char *const *argv, const char *out, double timeout, int *status)
 {
-    pid_t pid = spawn(argv, out);
+    return fx_run_split(argv, out, NULL, timeout, status);
+}
+
+int fx_run_split(const char *const *argv, const char *out, const char *err, double timeout, int *status)
+{
+    pid_t pid = spawn(argv, out, err);
     if (pid < 0) return -1;
     double t0 = fx_now();
     pid_t got = 0;
@@ -214,7 +226,7 @@ bool fx_server_start(fx_server *s, const char *const *args)
         size_t n = 6;
         for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof argv[0]; i++) argv[n++] = args[i];
         argv[n] = NULL;
-        pid_t pid = spawn(argv, s->log);
+        pid_t pid = spawn(argv, s->log, NULL);
         if (pid < 0) return false;
         s->pid = pid;
         double t0 = fx_now();
@@ -271,4 +283,43 @@ void fx_server_kill(fx_server *s)
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
     s->pid = 0;
+}
+
+bool fx_write_file(const char *path, const void *bytes, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(bytes, 1, len, f) == len;
+    if (f) ok &= fclose(f) == 0;
+    if (!ok) printf("    %s: not written: %s\n", path, strerror(errno));
+    return ok;
+}
+
+bool fx_golden_writing(void) { return fx_env_is("KVT_WRITE_GOLDEN", "1"); }
+
+uint8_t *fx_golden(const char *path, const void *bytes, size_t len, bool same, size_t *glen)
+{
+    if (fx_golden_writing()) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) { *slash = 0; mkdir(dir, 0755); }
+        if (!bytes || !fx_write_file(path, bytes, len)) {
+            if (!bytes) printf("    %s: KVT_WRITE_GOLDEN=1 but nothing to write\n", path);
+            return NULL;
+        }
+        printf("    %s: written anew (%zu bytes)\n", path, len);
+    }
+    size_t n = 0;
+    uint8_t *g = (uint8_t *)kvt_test_read_file(path, &n);
+    if (!g) { printf("    %s: missing or unreadable (KVT_WRITE_GOLDEN=1 writes it)\n", path); return NULL; }
+    if (same && (n != len || memcmp(g, bytes, len))) {
+        size_t at = 0;
+        while (at < n && at < len && g[at] == ((const uint8_t *)bytes)[at]) at++;
+        printf("    %s: the encoder no longer writes it: %zu bytes written, %zu in the file, first difference at "
+               "byte %zu\n", path, len, n, at);
+        free(g);
+        return NULL;
+    }
+    if (glen) *glen = n;
+    return g;
 }

@@ -7,7 +7,8 @@
  * fx_server_stop sends SIGTERM the way a service manager does and says
  * whether it exited 0. Around it: a temp dir per test, a child run with a
  * timeout and its output in a file, `npm ci` under a lock, environment
- * switches, and printing a log when a check fails.
+ * switches, printing a log when a check fails, and the golden files the
+ * format tests pin (fx_golden).
  *
  * Nothing here calls CHECK or kvt_test_fail: the functions say what went
  * wrong on stdout and return false, and the test decides what fails. */
@@ -16,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define FX_START_TIMEOUT 30.0   /* seconds until /health answers */
@@ -77,6 +79,9 @@ bool fx_peer_ensure(double *seconds);
  * and wait up to timeout seconds. 1: it exited, *status holds its wait
  * status; 0: it did not exit in time and was killed; -1: fork failed. */
 int fx_run(const char *const *argv, const char *out, double timeout, int *status);
+/* fx_run with stdout in the file out and stderr in the file err, for a
+ * check of what a command prints on which. */
+int fx_run_split(const char *const *argv, const char *out, const char *err, double timeout, int *status);
 
 /* GET /health answers 200 within 2 s. */
 bool fx_health_ok(const fx_server *s);
@@ -93,5 +98,25 @@ bool fx_server_stop(fx_server *s);
 
 /* SIGKILL a server a failed check left running; nothing when none. */
 void fx_server_kill(fx_server *s);
+
+/* Write bytes[0..len) to path (created or truncated); false after saying
+ * why on stdout. */
+bool fx_write_file(const char *path, const void *bytes, size_t len);
+
+/* Golden files (tests/golden/, docs/FORMAT.md): bytes a format version
+ * wrote, which today's encoder must write byte for byte and today's
+ * decoder must load. KVT_WRITE_GOLDEN=1 writes them anew, only when a
+ * format version changes or the model a file holds does:
+ * fx_golden_writing() says whether it is set. */
+bool fx_golden_writing(void);
+
+/* The golden file at path. When fx_golden_writing(), bytes[0..len) are
+ * written to it first (its directory made when missing). Then it is read
+ * and, when same, compared with bytes[0..len). Returns its contents
+ * (malloc'ed, NUL after the last byte, *glen bytes; the caller frees), or
+ * NULL after saying why on stdout: not written, missing, or other bytes
+ * (the sizes and the first offset that differs). bytes may be NULL when
+ * not writing and not same (the caller checks the file its own way). */
+uint8_t *fx_golden(const char *path, const void *bytes, size_t len, bool same, size_t *glen);
 
 #endif

@@ -3,6 +3,7 @@
  * proofs of tests/test_window.c's window rings (fam_state.h) hold for it,
  * and format version 5 is pinned by a golden file. */
 #include "test.h"
+#include "fixture.h"
 #include "arch/model.h"
 #include "arch/llama.h"
 #include "session/snapshot.h"
@@ -95,21 +96,13 @@ TEST(deltanet_snapshot_golden_v5)
     printf("    version %u, %zu bytes; recurrent section %zu, state section %zu\n", in.version, len, in.sec_len[7],
            in.sec_len[4]);
     CHECK(in.version == KVT_SNAP_VERSION_RECURRENT && in.sec_len[7] == kvt_plan_bytes(&p, "recurrent") && in.sec_len[4] == 0);
-    const char *w = getenv("KVT_WRITE_GOLDEN");
-    if (w && !strcmp(w, "1")) {
-        FILE *f = fopen(gpath, "wb");
-        CHECK(f && fwrite(snap, 1, len, f) == len);
-        fclose(f);
-    }
     size_t glen = 0;
-    char *golden = kvt_test_read_file(gpath, &glen);
-    CHECKF(golden, "%s missing", gpath);
-    CHECKF(glen == len && !memcmp(golden, snap, len), "the encoder no longer writes %s (%zu vs %zu bytes)", gpath,
-           len, glen);
-    CHECK_OK(kvt_session_restore(r, (const uint8_t *)golden, glen));
+    uint8_t *golden = fx_golden(gpath, snap, len, true, &glen);
+    CHECKF(golden, "the golden file %s (above)", gpath);
+    CHECK_OK(kvt_session_restore(r, golden, glen));
     CHECKF(kvt_test_digest(r, m) == want, "%s does not restore the state it was made from", gpath);
     kvt_llama_fault = KVT_LLAMA_FAULT_RING;
-    int rc = kvt_session_restore(r, (const uint8_t *)golden, glen);
+    int rc = kvt_session_restore(r, golden, glen);
     kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
     CHECK(rc == KVT_OK);
     CHECKF(kvt_test_digest(r, m) != want, "control: a recurrent state restored wrong went unnoticed");

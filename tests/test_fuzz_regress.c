@@ -4,9 +4,12 @@
  * goes through the same fuzz_<target> function the libFuzzer binary runs,
  * from an exact-size heap copy, so `make asan` replays them under the
  * sanitizers. A property the target checks (FUZZ_CHECK) fails the test
- * with the file's name. Run from the repository root, as `make test` does. */
+ * with the file's name. Run from the repository root, as `make test` does.
+ * fuzz_fix_records checks the targets' record repair on the golden files. */
 #include "test.h"
 #include "fuzz/fuzz.h"
+#include "session/snapshot.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -92,4 +95,56 @@ TEST(fuzz_regress_seeds)
     if (n == 0) SKIP("no tests/fuzz/seeds/ (not run from the repository root?)");
     printf("    %zu inputs under tests/fuzz/seeds/\n", n);
     CHECKF(ok, "a seed breaks a property");
+}
+
+/* The snapshot target repairs what the checksums would refuse
+ * (fuzz_fix_snapshot, fuzz_fix_record) for every section count the format
+ * has: on the golden files of 6 sections (versions 2 and 6, with blocks
+ * inline) and of 7 (version 5, the recurrent section last), an intact
+ * record is left byte for byte as it is, and one with a byte of its last
+ * section and of its last block (when it has one) changed parses again
+ * after the repair, its header checksum where its section count puts it.
+ * Against the repair of 6 sections only, the version 5 record fails both. */
+TEST(fuzz_fix_records)
+{
+    static const struct { const char *path; uint32_t nsec; } g[] = {
+        {"tests/golden/snapshot-v2-ds4-tiny-300.bin", 6},
+        {"tests/golden/snapshot-v6-gemma3-130.bin", 6},
+        {"tests/golden/snapshot-v5-qwen35-5.bin", 7},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof *g; i++) {
+        size_t len = 0;
+        uint8_t *p = (uint8_t *)kvt_test_read_file(g[i].path, &len);
+        CHECKF(p, "%s missing", g[i].path);
+        kvt_snap_info in;
+        CHECK_OK(kvt_snap_parse_raw(p, len, &in));
+        CHECK(in.nsec == g[i].nsec && fuzz_record_header(p, len) == 64 + 24 * (size_t)in.nsec + 8);
+        uint8_t *q = malloc(len);
+        CHECK(q);
+        memcpy(q, p, len);
+        fuzz_fix_snapshot(q, len, 0, 0);
+        CHECKF(!memcmp(p, q, len), "%s: the repair changed an intact record of %u sections", g[i].path, in.nsec);
+        /* a byte of the last section (and of the blocks' rows) changed */
+        q[in.sec[in.nsec] - p + in.sec_len[in.nsec] / 2] ^= 0x5a;
+        if (len - in.rec_len > 600) q[len - 100] ^= 0x5a;
+        CHECK(kvt_snap_parse_raw(q, len, &in) == KVT_ECORRUPT);
+        fuzz_fix_snapshot(q, len, 0, 0);
+        int rc = kvt_snap_parse_raw(q, len, &in);
+        CHECKF(rc == KVT_OK, "%s: a record of %u sections does not parse after the repair: %s", g[i].path,
+               g[i].nsec, kvt_errmsg());
+        size_t off = in.rec_len, nb = 0; /* the blocks after it check out */
+        while (len - off >= KVT_SNAP_BLOCK_HEAD + 8) {
+            size_t bl = KVT_SNAP_BLOCK_HEAD + (size_t)kvt_rd32(q + off + 44) + 8;
+            uint64_t key = 0;
+            CHECK(bl <= len - off);
+            CHECKF(kvt_snap_block_check(q + off, bl, &key) == KVT_OK, "%s: block %zu after the repair: %s", g[i].path,
+                   nb, kvt_errmsg());
+            off += bl;
+            nb++;
+        }
+        CHECK(off == len && nb == in.nb);
+        printf("    %s: %u sections, %zu blocks inline: repaired\n", g[i].path, in.nsec, nb);
+        free(q);
+        free(p);
+    }
 }

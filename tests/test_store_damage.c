@@ -643,7 +643,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
     CHECK_OK(kvt_store_open_inspect(&st, w->dir));
     kvt_store_set_quiet(st, true);
     CHECK_OK(kvt_store_integrity(st, &problems, &report));
-    CHECK_OK(kvt_store_verify(st, &bad, &checked));
+    CHECK_OK(kvt_store_verify(st, &bad, &checked, NULL));
     kvt_store_close(st);
     snprintf(got_lines, sizeof got_lines, "%s", report ? report : "");
     free(report);
@@ -706,7 +706,7 @@ static void one_case(world *w, const char *what, int cls, const uint8_t *db, siz
     CHECK_OK(kvt_store_open_inspect(&st, w->dir));
     kvt_store_set_quiet(st, true);
     CHECK_OK(kvt_store_integrity(st, &problems, NULL));
-    CHECK_OK(kvt_store_verify(st, &bad, &checked));
+    CHECK_OK(kvt_store_verify(st, &bad, &checked, NULL));
     kvt_store_close(st);
     CHECKF(problems == 0 && bad == 0 && checked > 0, "%s: after gc, %zu problems and %zu of %zu records damaged", what,
            problems, bad, checked);

@@ -802,7 +802,7 @@ static int cmd_cache(int argc, char **argv)
     } else if (!strcmp(sub, "verify")) {
         /* SQLite's own check of its pages and indexes, then every record's
          * checksums: each finds damage the other cannot see */
-        size_t problems = 0, bad = 0, checked = 0;
+        size_t problems = 0, bad = 0, checked = 0, newer = 0;
         char *report = NULL;
         if ((rc = kvt_store_integrity(st, &problems, &report))) { ret = fail(rc, "cache verify"); goto out; }
         if (!problems) printf("integrity check: ok\n");
@@ -813,8 +813,9 @@ static int cmd_cache(int argc, char **argv)
             l += len + (l[len] == '\n');
         }
         free(report);
-        if ((rc = kvt_store_verify(st, &bad, &checked))) { ret = fail(rc, "cache verify"); goto out; }
-        printf("checked %zu records: %zu damaged\n", checked, bad);
+        if ((rc = kvt_store_verify(st, &bad, &checked, &newer))) { ret = fail(rc, "cache verify"); goto out; }
+        /* a newer kvtier's records (a store it shares) are kept, not damage */
+        printf("checked %zu records: %zu damaged, %zu of a newer format (kept)\n", checked, bad, newer);
         if (problems || bad) printf("`kvtier cache gc` rebuilds the store from the records that check out\n");
         ret = problems || bad ? 1 : 0;
     } else if (!strcmp(sub, "rm")) {

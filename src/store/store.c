@@ -1658,14 +1658,11 @@ static int store_gc(kvt_store *st)
     return kvt_db_exec(st, "PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
+static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked, size_t *newer)
 {
     checked o = {0};
     int rc = check_records(st, &o);
     free(o.list);
-    /* a newer kvtier's records, in a store it shares: not damage */
-    if (!rc && o.newer && !st->quiet)
-        fprintf(stderr, "kvtier: %zu record%s of a newer format (kept)\n", o.newer, o.newer == 1 ? "" : "s");
     /* the running totals against the tables (a store that predates them
      * has none to compare) */
     totals a, b;
@@ -1678,6 +1675,7 @@ static int store_verify(kvt_store *st, size_t *bad, size_t *n_checked)
     kvt_db_forget_finding(st);
     *bad = o.bad;
     *n_checked = o.records;
+    if (newer) *newer = o.newer; /* a newer kvtier's records, in a store it shares: not damage */
     return rc;
 }
 
@@ -1963,11 +1961,12 @@ int kvt_store_gc(kvt_store *st)
     return leave(st, rc);
 }
 
-int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked)
+int kvt_store_verify(kvt_store *st, size_t *bad, size_t *checked, size_t *newer)
 {
     *bad = *checked = 0;
+    if (newer) *newer = 0;
     int rc = enter(st, "verify", false);
-    if (!rc) rc = store_verify(st, bad, checked);
+    if (!rc) rc = store_verify(st, bad, checked, newer);
     return leave(st, rc);
 }
 

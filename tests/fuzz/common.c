@@ -317,7 +317,7 @@ void fuzz_request(kvt_api api, const uint8_t *data, size_t size)
 
 /* ---- snapshot and block records ------------------------------------------- */
 
-#define REC_HDR 216 /* header, section table and header checksum */
+#define REC_FIXED 64 /* the header before the section table (docs/FORMAT.md) */
 #define BLK_HDR 48
 #define BLK_MIN (BLK_HDR + 512 + 4 + 8)
 
@@ -343,15 +343,32 @@ void fuzz_fix_block(uint8_t *p, size_t len, unsigned mode, size_t rows)
     wr64(p + len - 8, XXH3_64bits(p, len - 8));
 }
 
+/* The section count S at byte 56 when it is one the format has (6, or 7
+ * with the recurrent section: docs/FORMAT.md), else 6 (such a record is
+ * refused for its count whatever its checksums say). */
+static uint32_t rec_sections(const uint8_t *p)
+{
+    uint32_t s = rd32(p + 56);
+    return s == 6 || s == 7 ? s : 6;
+}
+
+size_t fuzz_record_header(const uint8_t *p, size_t len)
+{
+    if (len < REC_FIXED || memcmp(p, "KVTSNAP", 8)) return 0;
+    size_t hdr = REC_FIXED + 24 * (size_t)rec_sections(p) + 8;
+    return len >= hdr ? hdr : 0;
+}
+
 void fuzz_fix_record(uint8_t *p, size_t len)
 {
-    if (len < REC_HDR || memcmp(p, "KVTSNAP", 8)) return;
-    for (int i = 0; i < 6; i++) {
-        uint8_t *e = p + 64 + 24 * i;
+    size_t hdr = fuzz_record_header(p, len);
+    if (!hdr) return;
+    for (uint32_t i = 0, n = rec_sections(p); i < n; i++) {
+        uint8_t *e = p + REC_FIXED + 24 * (size_t)i;
         uint64_t so = rd64(e), sl = rd64(e + 8);
         if (so <= len && sl <= len - so) wr64(e + 16, XXH3_64bits(p + so, sl));
     }
-    wr64(p + REC_HDR - 8, XXH3_64bits(p, REC_HDR - 8));
+    wr64(p + hdr - 8, XXH3_64bits(p, hdr - 8));
 }
 
 /* key0 of the record's chain: kvt_snap_key0 of the fuzz model the record
@@ -373,11 +390,18 @@ static uint64_t key0_of(const uint8_t *p)
 
 void fuzz_fix_snapshot(uint8_t *p, size_t len, unsigned mode, size_t rows)
 {
-    if (len < REC_HDR || memcmp(p, "KVTSNAP", 8)) return;
-    /* the record ends where its last section (the block keys) ends */
-    uint64_t ko = rd64(p + 64 + 24 * 5), kl = rd64(p + 64 + 24 * 5 + 8);
-    if (ko < REC_HDR || ko > len || kl > len - ko) { fuzz_fix_record(p, len); return; }
-    size_t off = (size_t)(ko + kl);
+    size_t hdr = fuzz_record_header(p, len);
+    if (!hdr) return;
+    /* the block keys are section 6; the record ends where its last section
+     * ends (the keys, or the recurrent state after them with 7 sections) */
+    const uint8_t *last = p + REC_FIXED + 24 * ((size_t)rec_sections(p) - 1);
+    uint64_t ko = rd64(p + REC_FIXED + 24 * 5), kl = rd64(p + REC_FIXED + 24 * 5 + 8);
+    uint64_t eo = rd64(last), el = rd64(last + 8);
+    if (ko < hdr || ko > len || kl > len - ko || eo < hdr || eo > len || el > len - eo) {
+        fuzz_fix_record(p, len);
+        return;
+    }
+    size_t off = (size_t)(eo + el);
     uint32_t nb = rd32(p + 36);
     uint64_t prev = key0_of(p);
     uint64_t head = prev;

@@ -84,12 +84,18 @@ int32_t *fuzz_prompt_tokens(const kvt_model *m, const kvt_request *r, size_t *n)
  * its rows `rows` bytes for the model): its checksum and, by mode bits, its
  * key from its ids (FIX_KEY), its payload length (FIX_PAYLOAD) and its text
  * length (FIX_TEXT). A snapshot record: its section checksums and header
- * checksum (fuzz_fix_record); with the blocks inline after it
- * (fuzz_fix_snapshot) also theirs by the same mode, FIX_KEY chaining the
- * blocks' keys from key0 into the record's keys section and head. */
+ * checksum (fuzz_fix_record), for either section count the format has
+ * (6, or 7 with the recurrent section; another count is taken as 6); with
+ * the blocks inline after it (fuzz_fix_snapshot) also theirs by the same
+ * mode, FIX_KEY chaining the blocks' keys from key0 into the record's keys
+ * section and head. */
 enum { FIX_KEY = 1, FIX_PAYLOAD = 2, FIX_TEXT = 4 };
 void fuzz_fix_block(uint8_t *p, size_t len, unsigned mode, size_t rows);
 void fuzz_fix_record(uint8_t *p, size_t len);
+/* The bytes of a snapshot record's header, section table and header
+ * checksum (64 + 24·S + 8) as fuzz_fix_record counts them, or 0 when p
+ * (len bytes) is not that long or not a snapshot record. */
+size_t fuzz_record_header(const uint8_t *p, size_t len);
 void fuzz_fix_snapshot(uint8_t *p, size_t len, unsigned mode, size_t rows);
 
 /* 64-bit FNV-1a, to derive options from an input deterministically. */

@@ -130,7 +130,8 @@ int fuzz_snapshot(const uint8_t *data, size_t size)
     uint8_t *p = malloc(size);
     if (!p) return 0;
     memcpy(p, data, size);
-    unsigned mode = size >= 216 ? p[208] & 7 : 0;
+    size_t hdr = fuzz_record_header(p, size);
+    unsigned mode = hdr ? p[hdr - 8] & 7 : 0;
     fuzz_fix_snapshot(p, size, mode, block_rows(fuzz_session(m, 0)));
     if (memcmp(p, data, size)) load(m, p, size, h % 8 == 1);
     kvt_wbuf thin = {0};
