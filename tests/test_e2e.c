@@ -995,11 +995,10 @@ static void tiers_stories(e2e *t, const char *model)
 #undef STORIES_ARGS
 }
 
-/* gemma3's window layers keep rings, and a restart must find them on
- * disk: the synthetic gemma3 (tests/synth_family.h, a 64-token window on
- * every other layer, with the llama SPM vocabulary of ../shared) through
- * the same cold, RAM and disk phases. */
-TEST(e2e_tiers_gemma3)
+/* Run fn on a synthetic model of the llama family (tests/synth_family.h,
+ * with the llama SPM vocabulary of ../shared: skipped without it) of a
+ * context of ctx tokens, written into the test's directory. */
+static void on_family(const fam_spec *f, uint32_t ctx, void (*fn)(e2e *t, const char *model))
 {
     const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
     if (!vocab) SKIP("../shared/vocab absent");
@@ -1007,11 +1006,19 @@ TEST(e2e_tiers_gemma3)
     snprintf(v, sizeof v, "%s", vocab);
     e2e t;
     if (!e2e_begin(&t, false)) return;
-    snprintf(path, sizeof path, "%s/gemma3.gguf", t.s.dir);
-    const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
-    CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, &g, false));
-    if (!kvt_test_failed()) tiers_stories(&t, path);
+    snprintf(path, sizeof path, "%s/%s.gguf", t.s.dir, f->arch);
+    CHECK_OK(fam_write_ctx(path, v, 5, FAM_ROPE_BASE, f, false, ctx));
+    if (!kvt_test_failed()) fn(&t, path);
     e2e_end(&t);
+}
+
+/* gemma3's window layers keep rings, and a restart must find them on
+ * disk: the synthetic gemma3 (a 64-token window on every other layer)
+ * through the same cold, RAM and disk phases. */
+TEST(e2e_tiers_gemma3)
+{
+    static const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    on_family(&g, FAM_CTX, tiers_stories);
 }
 
 /* Run fn on stories260K from ../shared (skipped without it). */
@@ -1398,21 +1405,14 @@ TEST(e2e_restart_reprefill)
     e2e_end(&t);
 }
 
-/* The synthetic llama (tests/synth_family.h), whose rows are per token:
- * after a restart the shutdown record serves each prompt whole. */
+/* The synthetic llama, whose rows are per token: after a restart the
+ * shutdown record serves each prompt whole. */
+static void restart_reprefill_model(e2e *t, const char *model) { restart_reprefill(t, model, NULL, 0); }
+
 TEST(e2e_restart_reprefill_llama)
 {
-    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
-    if (!vocab) SKIP("../shared/vocab absent");
-    char v[4096], path[256];
-    snprintf(v, sizeof v, "%s", vocab);
-    e2e t;
-    if (!e2e_begin(&t, false)) return;
-    snprintf(path, sizeof path, "%s/llama.gguf", t.s.dir);
-    const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
-    CHECK_OK(fam_write_ctx(path, v, 5, FAM_ROPE_BASE, &f, false, 4096));
-    if (!kvt_test_failed()) restart_reprefill(&t, path, NULL, 0);
-    e2e_end(&t);
+    static const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+    on_family(&f, 4096, restart_reprefill_model);
 }
 
 TEST(e2e_restart_reprefill_align)
