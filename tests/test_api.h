@@ -400,16 +400,16 @@ typedef struct replay_map {
     int hits;
 } replay_map;
 
-static __attribute__((unused)) const char *replay_cb(void *user, const char *id, size_t *len)
+static __attribute__((unused)) bool replay_cb(void *user, const char *id, kvt_wbuf *out)
 {
     replay_map *rm = user;
     for (size_t i = 0; i < rm->n; i++)
         if (!strcmp(rm->calls[i].id, id)) {
             rm->hits++;
-            *len = rm->calls[i].raw_len;
-            return rm->text + rm->calls[i].raw_off;
+            kvt_wbuf_put(out, rm->text + rm->calls[i].raw_off, rm->calls[i].raw_len);
+            return true;
         }
-    return NULL;
+    return false;
 }
 
 /* The next request a client sends after the response j to request body1:

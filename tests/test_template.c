@@ -630,15 +630,15 @@ TEST(template_gemma) { run_families((const fam *const[]){&gemma3, &gemma4}, 2); 
 
 typedef struct q35_replay { const kvt_tool_call *c; size_t n; } q35_replay;
 
-static const char *q35_replay_cb(void *user, const char *id, size_t *len)
+static bool q35_replay_cb(void *user, const char *id, kvt_wbuf *out)
 {
     const q35_replay *q = user;
     for (size_t i = 0; i < q->n; i++)
         if (!strcmp(q->c[i].id, id)) {
-            *len = q->c[i].raw_len;
-            return Q35_REPLY + q->c[i].raw_off;
+            kvt_wbuf_put(out, Q35_REPLY + q->c[i].raw_off, q->c[i].raw_len);
+            return true;
         }
-    return NULL;
+    return false;
 }
 
 /* r2's prompt is r1's, then the sampled reply, then what ends the turn. */

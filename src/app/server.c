@@ -305,18 +305,22 @@ static void remember_calls(server *sv, int tenant, const char *text, const kvt_t
 
 struct replay_ctx { server *sv; int tenant; };
 
-/* Called by the parser with replay_mu held. */
-static const char *replay_lookup(void *user, const char *call_id, size_t *len)
+/* Called by the parser, on the request's own thread: the lock is held for
+ * the copy alone, so requests parse and render side by side. */
+static bool replay_lookup(void *user, const char *call_id, kvt_wbuf *out)
 {
     struct replay_ctx *rc = user;
-    for (size_t i = 0; i < MAX_REPLAY; i++) {
+    bool found = false;
+    pthread_mutex_lock(&rc->sv->replay_mu);
+    for (size_t i = 0; i < MAX_REPLAY && !found; i++) {
         const replay *e = &rc->sv->rp[i];
         if (e->text && e->tenant == rc->tenant && !strcmp(e->id, call_id)) {
-            *len = e->len;
-            return e->text;
+            kvt_wbuf_put(out, e->text, e->len);
+            found = true;
         }
     }
-    return NULL;
+    pthread_mutex_unlock(&rc->sv->replay_mu);
+    return found;
 }
 
 /* The pool's bytes and sessions per tenant, for /metrics. Only the worker
@@ -1123,10 +1127,8 @@ static int parse_job(const call *q, job *j, bool counting, int *status)
     if (counting) add_max_tokens(&cn->body);
     struct replay_ctx rpc = {sv, q->tnt};
     kvt_parse_opts po = {.keep_volatile = sv->o.keep_volatile, .replay = replay_lookup, .replay_user = &rpc};
-    pthread_mutex_lock(&sv->replay_mu);
     int rc = kvt_request_parse_opts(&j->req, q->api, cn->body.p ? (const char *)cn->body.p : "", cn->body.len, sv->m,
                                     &po, status);
-    pthread_mutex_unlock(&sv->replay_mu);
     if (rc) return rc;
     /* By default any model id is served, as llama.cpp's server does: agent
      * clients send their own ids (Claude Code its claude-* names) and

@@ -309,12 +309,7 @@ const char *kvt_tpl_role(int role)
  * not a JSON object, which the template cannot take apart). */
 static void render_call(kvt_wbuf *b, const kvt_turn_call *c, size_t k, kvt_replay_fn replay, void *replay_user)
 {
-    size_t rl = 0;
-    const char *rp = c->id && replay ? replay(replay_user, c->id, &rl) : NULL;
-    if (rp) {
-        kvt_wbuf_put(b, rp, rl);
-        return;
-    }
+    if (c->id && replay && replay(replay_user, c->id, b)) return;
     if (k == 0) kvt_wbuf_puts(b, "\n\n" DS_CALLS_BEGIN "\n");
     kvt_wbuf_puts(b, DS_INVOKE);
     kvt_wbuf_puts(b, c->name);

@@ -90,11 +90,12 @@ void kvt_chat_free(kvt_chat *c);
 
 /* ---- templates ------------------------------------------------------------ */
 
-/* Exact replay: the text the server sampled for the tool call call_id (as
- * kvt_tool_calls_parse delimited it: kvt_tool_call.raw_off/raw_len), or NULL
- * when it has none. *len receives its length. The text must stay valid until
- * the render returns. */
-typedef const char *(*kvt_replay_fn)(void *user, const char *call_id, size_t *len);
+/* Exact replay: append to out a copy of the text the server sampled for the
+ * tool call call_id (as kvt_tool_calls_parse delimited it:
+ * kvt_tool_call.raw_off/raw_len) and return true, or false when it has none
+ * (out unchanged). A copy, so the hook holds its own lock only while it
+ * copies, never through the render. */
+typedef bool (*kvt_replay_fn)(void *user, const char *call_id, kvt_wbuf *out);
 
 typedef struct kvt_tool_call kvt_tool_call;
 

@@ -358,8 +358,11 @@ static bool q35_replay(kvt_wbuf *b, const kvt_chat *ch, const kvt_turn *t, kvt_r
     size_t mark = b->len;
     for (size_t k = 0; k < t->n_calls; k++) {
         const kvt_turn_call *c = &t->calls[k];
-        size_t rl = 0, n = 0, te = 0;
-        const char *rp = c->id && c->argv ? replay(replay_user, c->id, &rl) : NULL;
+        size_t n = 0, te = 0, at = b->len;
+        /* the call's bytes appended, then checked where they lie */
+        bool found = c->id && c->argv && replay(replay_user, c->id, b) && !b->oom;
+        const char *rp = found ? (const char *)b->p + at : NULL;
+        size_t rl = found ? b->len - at : 0;
         kvt_tool_call *got = NULL;
         bool ok = rp && q35_calls(rp, rl, ch->fns, &got, &n, &te) == KVT_OK && n == 1 && te == 0 &&
                   got[0].raw_off == 0 && got[0].raw_len == rl && !strcmp(got[0].name, c->name);
@@ -371,7 +374,6 @@ static bool q35_replay(kvt_wbuf *b, const kvt_chat *ch, const kvt_turn *t, kvt_r
             b->len = mark; /* what this turn's earlier calls wrote */
             return false;
         }
-        kvt_wbuf_put(b, rp, rl);
     }
     return true;
 }

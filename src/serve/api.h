@@ -120,7 +120,7 @@ typedef struct kvt_request {
 } kvt_request;
 
 /* Exact replay (kvt_replay_fn, template.h): called while the request is
- * parsed, so the text it returns must stay valid until the parse returns. */
+ * parsed, from the parsing thread; it appends a copy. */
 typedef struct kvt_parse_opts {
     bool keep_volatile;         /* keep the volatile lines clients inject into system
                                  * text (x-anthropic-billing-header: ...); by default
