@@ -1167,14 +1167,17 @@ TEST(store_load_then_branch)
     kvt_cache *c = kvt_cache_new(2, spec, 16 * KVT_BLOCK, 0);
     CHECK(c);
     CHECK_OK(kvt_cache_reserve(c, 16));
-    CHECK(c->n_arenas == 1 && c->arenas[0].live == 32);
+    kvt_arena *arena = c->streams[0].held[0]->arena;
+    CHECK(arena && arena->live == 32 && c->streams[1].held[15]->arena == arena);
     for (size_t sx = 0; sx < 2; sx++)
         for (size_t r = 0; r < kvt_cache_rows_for(c, sx, 16 * KVT_BLOCK); r++)
             memset(kvt_cache_row(c, sx, r), (int)(r * 7 + sx), spec[sx][0]);
     kvt_cache_truncate(c, 12 * KVT_BLOCK); /* 24 of 32 kept: it stays */
-    CHECK(c->n_arenas == 1 && c->arenas[0].live == 24);
-    kvt_cache_truncate(c, 3 * KVT_BLOCK); /* 6 of 32: they move */
-    CHECK(c->n_arenas == 0);
+    CHECK(c->streams[0].held[11]->arena == arena && arena->live == 24);
+    kvt_cache_truncate(c, 3 * KVT_BLOCK); /* 6 of 32: they move, and the arena goes (not kept as the spare) */
+    for (size_t sx = 0; sx < 2; sx++)
+        for (size_t b = 0; b < 3; b++) CHECK(c->streams[sx].held[b] && !c->streams[sx].held[b]->arena);
+    CHECK(!c->spare);
     for (size_t sx = 0; sx < 2; sx++)
         for (size_t r = 0; r < kvt_cache_rows_for(c, sx, 3 * KVT_BLOCK); r++) {
             const uint8_t *p = kvt_cache_row_ro(c, sx, r);

@@ -11,7 +11,11 @@
 void kvt_session_checkpoint(kvt_session *s);
 void kvt_session_ckpt_clear(kvt_session *s);
 /* Make dst an exact copy of src (same model; dst's context must hold it):
- * rows, state, tokens, logits and checkpoints. */
+ * rows, state, tokens, logits and checkpoints. The rows are shared, not
+ * copied: dst takes a reference to each of src's blocks, and whichever of
+ * the two later writes into a block they share gets its own copy of that
+ * block first (cache.h). src and dst may then be used and freed on
+ * different threads. */
 int kvt_session_clone(kvt_session *dst, const kvt_session *src);
 /* Make later syncs also leave a checkpoint at pos (0: none). */
 void kvt_session_set_mark(kvt_session *s, size_t pos);

@@ -4,13 +4,28 @@
  * addresses by the token prefix it closes, and the unit that compressed
  * layers complete (32 ratio-4 rows or 1 ratio-128 row per 128 tokens). Growing
  * a session never moves existing rows, so readers may hold row pointers for
- * the duration of a forward pass. */
+ * the duration of a forward pass.
+ *
+ * Sharing: every block has a header with an atomic count of the caches
+ * holding it (cache.h). A copy of a session takes references
+ * (kvt_cache_share); the only way to write rows is kvt_cache_row, which
+ * copies a block held by others before handing out a pointer into it, so a
+ * shared block stays exactly as it was when it was shared. The count is
+ * read with acquire order there: a copy let go on another thread has
+ * finished reading the block before this cache writes it. */
 #include "cache/cache.h"
 #include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+int kvt_cache_fault;
+
+#define ROWS_AT KVT_BLOCK_ROWS_AT
+_Static_assert(sizeof(kvt_block) <= ROWS_AT, "a block header fits before its rows");
+
+static uint8_t *own_rows(kvt_block *h) { return (uint8_t *)h + ROWS_AT; }
 
 kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
                          size_t state_bytes)
@@ -33,7 +48,8 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
         st->rows_per_block = spec[s][1];
         st->n_blocks = n_blocks;
         st->blocks = kvt_calloc(n_blocks ? n_blocks : 1, sizeof *st->blocks);
-        if (!st->blocks || !st->rows_per_block || KVT_BLOCK % st->rows_per_block) {
+        st->held = kvt_calloc(n_blocks ? n_blocks : 1, sizeof *st->held);
+        if (!st->blocks || !st->held || !st->rows_per_block || KVT_BLOCK % st->rows_per_block) {
             kvt_cache_free(c);
             return NULL;
         }
@@ -41,27 +57,35 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
     return c;
 }
 
-/* Free one block: its own allocation, or its share of an arena. */
-static void block_free(kvt_cache *c, uint8_t *p)
+/* Let go of one block. The last holder frees it: its own allocation, or
+ * its share of an arena (the arena with its last block; the largest
+ * emptied arena stays with c for its next load when keep says so). c is
+ * the cache letting go, on its own thread. */
+static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
 {
-    if (!p) return;
-    for (size_t i = 0; i < c->n_arenas; i++) {
-        kvt_arena *a = &c->arenas[i];
-        if (p >= a->base && p < a->base + a->bytes) {
-            if (--a->live == 0) {
-                /* the largest emptied arena stays for the next load */
-                if (!c->spare.base || a->bytes > c->spare.bytes) {
-                    free(c->spare.base);
-                    c->spare = (kvt_arena){a->base, a->bytes, 0, 0};
-                } else {
-                    free(a->base);
-                }
-                c->arenas[i] = c->arenas[--c->n_arenas];
-            }
-            return;
-        }
+    if (!h || atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
+    kvt_arena *a = h->arena;
+    if (!a) { free(h); return; }
+    atomic_fetch_sub_explicit(&a->live_bytes, h->bytes, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&a->live, 1, memory_order_acq_rel) != 1) return;
+    if (keep && (!c->spare || a->bytes > c->spare_bytes)) {
+        free(c->spare);
+        c->spare = a->base;
+        c->spare_bytes = a->bytes;
+    } else {
+        free(a->base);
     }
-    free(p);
+    free(a);
+}
+
+static void block_release(kvt_cache *c, kvt_block *h) { block_let_go(c, h, true); }
+
+/* Stream st's block b let go, its slot empty. */
+static void slot_clear(kvt_cache *c, kvt_stream *st, size_t b)
+{
+    block_release(c, st->held[b]);
+    st->held[b] = NULL;
+    st->blocks[b] = NULL;
 }
 
 void kvt_cache_free(kvt_cache *c)
@@ -69,17 +93,34 @@ void kvt_cache_free(kvt_cache *c)
     if (!c) return;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
-        if (!st->blocks) continue;
-        for (size_t b = 0; b < st->n_blocks; b++) block_free(c, st->blocks[b]);
+        for (size_t b = 0; st->blocks && st->held && b < st->n_blocks; b++) slot_clear(c, st, b);
         free(st->blocks);
+        free(st->held);
     }
-    for (size_t i = 0; i < c->n_arenas; i++) free(c->arenas[i].base);
-    free(c->arenas);
-    free(c->spare.base);
+    free(c->spare);
     free(c->streams);
     free(c->state);
     free(c->keys);
     free(c);
+}
+
+/* Give stream st's block b a block of its own: a new zeroed one where there
+ * is none, else a copy of the one it holds (which it lets go; an arena that
+ * empties goes too unless keep). */
+static bool own_block(kvt_cache *c, kvt_stream *st, size_t b, bool keep)
+{
+    size_t bytes = (size_t)st->rows_per_block * st->row_bytes;
+    kvt_block *old = st->held[b];
+    kvt_block *h = old ? kvt_malloc(ROWS_AT + bytes) : kvt_calloc(1, ROWS_AT + bytes);
+    if (!h) return false;
+    atomic_init(&h->refs, 1);
+    h->arena = NULL;
+    h->bytes = bytes;
+    if (old) memcpy(own_rows(h), st->blocks[b], bytes);
+    block_let_go(c, old, keep);
+    st->held[b] = h;
+    st->blocks[b] = own_rows(h);
+    return true;
 }
 
 void *kvt_cache_row(kvt_cache *c, size_t s, size_t r)
@@ -87,11 +128,38 @@ void *kvt_cache_row(kvt_cache *c, size_t s, size_t r)
     kvt_stream *st = &c->streams[s];
     size_t b = r / st->rows_per_block;
     if (b >= st->n_blocks) return NULL;
-    if (!st->blocks[b]) {
-        st->blocks[b] = kvt_calloc(st->rows_per_block, st->row_bytes);
-        if (!st->blocks[b]) return NULL;
-    }
+    kvt_block *h = st->held[b];
+    /* copy-on-write: a block another cache holds is never written */
+    bool shared = h && atomic_load_explicit(&h->refs, memory_order_acquire) > 1 &&
+                  kvt_cache_fault != KVT_CACHE_FAULT_WRITE_SHARED;
+    if ((!h || shared) && !own_block(c, st, b, true)) return NULL;
     return st->blocks[b] + (r % st->rows_per_block) * (size_t)st->row_bytes;
+}
+
+int kvt_cache_share(kvt_cache *dst, const kvt_cache *src, size_t n_tokens)
+{
+    if (dst == src) return KVT_OK;
+    if (dst->n_streams != src->n_streams || n_tokens > dst->max_tokens || n_tokens > src->max_tokens)
+        return kvt_fail(KVT_EINVAL, "share: caches of other shapes, or %zu tokens past one's capacity", n_tokens);
+    for (size_t s = 0; s < src->n_streams; s++)
+        if (dst->streams[s].row_bytes != src->streams[s].row_bytes ||
+            dst->streams[s].rows_per_block != src->streams[s].rows_per_block)
+            return kvt_fail(KVT_EINVAL, "share: stream %zu has rows of another shape", s);
+    for (size_t s = 0; s < src->n_streams; s++) {
+        const kvt_stream *a = &src->streams[s];
+        kvt_stream *d = &dst->streams[s];
+        size_t blocks = (kvt_cache_rows_for(src, s, n_tokens) + a->rows_per_block - 1) / a->rows_per_block;
+        for (size_t b = 0; b < blocks; b++) {
+            kvt_block *h = a->held[b];
+            if (h == d->held[b]) continue;
+            /* src holds it, so it cannot go meanwhile: a relaxed increment */
+            if (h) atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed);
+            block_release(dst, d->held[b]);
+            d->held[b] = h;
+            d->blocks[b] = a->blocks[b];
+        }
+    }
+    return KVT_OK;
 }
 
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
@@ -100,33 +168,22 @@ void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
     if (c->n_keys > n_tokens / KVT_BLOCK) c->n_keys = n_tokens / KVT_BLOCK;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
-        for (size_t b = keep; b < st->n_blocks; b++) { block_free(c, st->blocks[b]); st->blocks[b] = NULL; }
+        for (size_t b = keep; b < st->n_blocks; b++)
+            if (st->held[b]) slot_clear(c, st, b);
     }
-    /* An arena that keeps under a quarter of its blocks gives them their own
-     * allocations and goes, so a long load rolled back to a short prefix
-     * does not hold the memory of the long one. */
-    for (size_t i = 0; i < c->n_arenas;) {
-        kvt_arena *a = &c->arenas[i];
-        if (a->live * 4 >= a->count) { i++; continue; }
-        bool moved = true;
-        for (size_t s = 0; s < c->n_streams && moved; s++) {
-            kvt_stream *st = &c->streams[s];
-            size_t blk = (size_t)st->rows_per_block * st->row_bytes;
-            for (size_t b = 0; b < st->n_blocks && moved; b++) {
-                uint8_t *p = st->blocks[b];
-                if (!p || p < a->base || p >= a->base + a->bytes) continue;
-                uint8_t *q = malloc(blk);
-                if (!q) { moved = false; break; } /* keep the arena: nothing is lost */
-                memcpy(q, p, blk);
-                st->blocks[b] = q;
-                a->live--;
-            }
-        }
-        if (a->live == 0) {
-            free(a->base);
-            c->arenas[i] = c->arenas[--c->n_arenas];
-        } else {
-            i++;
+    /* A block of an arena that keeps under a quarter of its blocks gets an
+     * allocation of its own when this cache alone holds it, so a long load
+     * rolled back to a short prefix does not hold the memory of the long
+     * one. A block other caches hold too stays where it is (moving it would
+     * copy it): the arena goes once they let it go. */
+    for (size_t s = 0; s < c->n_streams; s++) {
+        kvt_stream *st = &c->streams[s];
+        for (size_t b = 0; b < keep && b < st->n_blocks; b++) {
+            kvt_block *h = st->held[b];
+            if (!h || !h->arena || atomic_load_explicit(&h->arena->live, memory_order_relaxed) * 4 >= h->arena->count ||
+                atomic_load_explicit(&h->refs, memory_order_acquire) != 1)
+                continue;
+            own_block(c, st, b, false); /* no memory: it stays in the arena, nothing is lost */
         }
     }
 }
@@ -141,22 +198,25 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
         if (nb > st->n_blocks) return KVT_ENOMEM;
         for (size_t b = 0; b < nb; b++)
             if (st->blocks[b]) return KVT_EINVAL;
-        per_block += (size_t)st->rows_per_block * st->row_bytes;
+        size_t blk = (size_t)st->rows_per_block * st->row_bytes;
+        per_block += blk;
+        count += blk ? nb : 0;
     }
     if (!nb || !per_block) return KVT_OK;
     if (!kvt_mul_ok(nb, per_block, &bytes)) return KVT_ENOMEM;
-    kvt_arena *g = realloc(c->arenas, (c->n_arenas + 1) * sizeof *g);
-    if (!g) return KVT_ENOMEM;
-    c->arenas = g;
+    kvt_arena *a = kvt_calloc(1, sizeof *a + count * sizeof *a->blk);
+    if (!a) return KVT_ENOMEM;
     uint8_t *base = NULL;
-    if (c->spare.base && c->spare.bytes < bytes) { /* too small: given back */
-        free(c->spare.base);
-        c->spare = (kvt_arena){0};
+    if (c->spare && c->spare_bytes < bytes) { /* too small: given back */
+        free(c->spare);
+        c->spare = NULL;
+        c->spare_bytes = 0;
     }
-    if (c->spare.base) { /* pages an earlier load touched */
-        base = c->spare.base;
-        bytes = c->spare.bytes;
-        c->spare = (kvt_arena){0};
+    if (c->spare) { /* pages an earlier load touched */
+        base = c->spare;
+        bytes = c->spare_bytes;
+        c->spare = NULL;
+        c->spare_bytes = 0;
     } else if (bytes >= 2 * HUGE_PAGE) {
         /* A large one on huge-page boundaries, so the kernel may back it
          * with 2 MiB pages (one fault each instead of 512) */
@@ -172,16 +232,27 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
     } else {
         base = malloc(bytes);
     }
-    if (!base) return KVT_ENOMEM;
-    c->arenas[c->n_arenas++] = (kvt_arena){base, bytes, 0, 0};
+    if (!base) { free(a); return KVT_ENOMEM; }
+    a->base = base;
+    a->bytes = bytes;
+    a->count = count;
+    atomic_init(&a->live, count);
+    atomic_init(&a->live_bytes, nb * per_block);
     uint8_t *p = base;
+    size_t k = 0;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
         size_t blk = (size_t)st->rows_per_block * st->row_bytes;
         if (!blk) continue;
-        for (size_t b = 0; b < nb; b++, p += blk, count++) st->blocks[b] = p;
+        for (size_t b = 0; b < nb; b++, p += blk, k++) {
+            kvt_block *h = &a->blk[k];
+            atomic_init(&h->refs, 1);
+            h->arena = a;
+            h->bytes = blk;
+            st->held[b] = h;
+            st->blocks[b] = p;
+        }
     }
-    c->arenas[c->n_arenas - 1].live = c->arenas[c->n_arenas - 1].count = count;
     return KVT_OK;
 }
 
@@ -193,30 +264,42 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
         for (size_t b = 0; b < st->n_blocks; b++)
             if (st->blocks[b]) total += (size_t)st->rows_per_block * st->row_bytes;
     }
-    return total + c->spare.bytes;
+    return total + c->spare_bytes;
+}
+
+/* This cache's part of block h: the memory it stands for (its allocation,
+ * or its part of the arena's in proportion to the bytes of the arena's
+ * blocks still held), divided among the caches that hold it. */
+static double block_part(const kvt_block *h)
+{
+    size_t refs = atomic_load_explicit(&h->refs, memory_order_relaxed);
+    double mem = (double)(ROWS_AT + h->bytes);
+    const kvt_arena *a = h->arena;
+    if (a) {
+        size_t live = atomic_load_explicit(&a->live_bytes, memory_order_relaxed);
+        double whole = (double)a->bytes + (double)(sizeof *a + a->count * sizeof *a->blk);
+        mem = live ? whole * (double)h->bytes / (double)live : (double)h->bytes;
+    }
+    return mem / (double)(refs ? refs : 1);
 }
 
 size_t kvt_cache_bytes_held(const kvt_cache *c)
 {
-    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare.bytes +
+    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare_bytes +
                    (c->max_tokens + KVT_BLOCK - 1) / KVT_BLOCK * sizeof *c->keys;
-    for (size_t i = 0; i < c->n_arenas; i++) total += c->arenas[i].bytes + sizeof *c->arenas;
+    double blocks = 0;
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];
-        total += st->n_blocks * sizeof *st->blocks;
-        for (size_t b = 0; b < st->n_blocks; b++) {
-            const uint8_t *p = st->blocks[b];
-            bool in_arena = false;
-            for (size_t i = 0; p && i < c->n_arenas && !in_arena; i++)
-                in_arena = p >= c->arenas[i].base && p < c->arenas[i].base + c->arenas[i].bytes;
-            if (p && !in_arena) total += (size_t)st->rows_per_block * st->row_bytes;
-        }
+        total += st->n_blocks * (sizeof *st->blocks + sizeof *st->held);
+        for (size_t b = 0; b < st->n_blocks; b++)
+            if (st->held[b]) blocks += block_part(st->held[b]);
     }
-    return total;
+    return total + (size_t)(blocks + 0.5);
 }
 
 void kvt_cache_trim(kvt_cache *c)
 {
-    free(c->spare.base);
-    c->spare = (kvt_arena){0};
+    free(c->spare);
+    c->spare = NULL;
+    c->spare_bytes = 0;
 }

@@ -20,34 +20,54 @@
 #ifndef KVT_CACHE_H
 #define KVT_CACHE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define KVT_BLOCK 128
 
+typedef struct kvt_arena kvt_arena;
+
+/* The rows of one block of one stream, shared by reference between caches.
+ * The last cache to let it go frees it: its own allocation (the rows follow
+ * this header) or its part of an arena. */
+typedef struct kvt_block {
+    atomic_size_t refs;      /* caches holding it; > 1: nobody writes it */
+    kvt_arena *arena;        /* the arena its rows are carved from, NULL: its own allocation */
+    size_t bytes;            /* its rows' bytes: rows_per_block * row_bytes */
+} kvt_block;
+
+/* The rows of a block with its own allocation start this far past its
+ * header (a multiple of 16, as malloc aligns). */
+#define KVT_BLOCK_ROWS_AT 64
+
+/* One allocation holding the blocks of several streams (kvt_cache_reserve):
+ * freed when no cache holds any block in it, whichever cache that is (it
+ * outlives the cache that made it when a copy holds some of its blocks). */
+struct kvt_arena {
+    uint8_t *base;
+    size_t bytes, count;     /* of memory; blocks carved from it */
+    atomic_size_t live;      /* its blocks some cache still holds, of count */
+    atomic_size_t live_bytes;/* their rows' bytes */
+    kvt_block blk[];         /* (count) the headers of its blocks */
+};
+
 typedef struct kvt_stream {
     uint32_t row_bytes;      /* bytes of one row */
     uint32_t rows_per_block; /* rows one 128-token block contributes: divides 128 */
     size_t n_blocks;         /* allocated block slots */
     uint8_t **blocks;        /* (n_blocks) -> (rows_per_block, row_bytes) or NULL */
+    kvt_block **held;        /* (n_blocks) -> the header of blocks[b] (NULL with it) */
 } kvt_stream;
-
-/* One allocation holding the blocks of several streams (kvt_cache_reserve):
- * freed when the last block in it is. */
-typedef struct kvt_arena {
-    uint8_t *base;
-    size_t bytes, live, count; /* live: blocks in it still in use, of count */
-} kvt_arena;
 
 typedef struct kvt_cache {
     size_t n_streams;
     kvt_stream *streams;     /* (n_streams) */
-    kvt_arena *arenas;       /* (n_arenas) */
-    size_t n_arenas;
-    kvt_arena spare;         /* the largest arena emptied (base NULL: none), kept for the
-                                next kvt_cache_reserve: a live session's next load writes
-                                into pages it has touched, not fresh ones */
+    uint8_t *spare;          /* the largest arena this cache emptied (NULL: none), kept for
+                                its next kvt_cache_reserve: a live session's next load
+                                writes into pages it has touched, not fresh ones */
+    size_t spare_bytes;
     size_t max_tokens;       /* capacity in tokens (the context) */
     uint8_t *state;          /* (state_bytes) fixed-size state: window rings, frontiers */
     size_t state_bytes;
@@ -70,10 +90,18 @@ typedef struct kvt_cache {
  * fixed state (zeroed). NULL on failure. */
 kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
                          size_t state_bytes);
+/* Lets go of every block (a block another cache holds stays with it). */
 void kvt_cache_free(kvt_cache *c);
-/* Row r of stream s, allocating its block on first use (NULL: out of memory
- * or r past capacity). */
+/* Row r of stream s for writing: allocates its block on first use, and
+ * gives the cache its own copy of a block another cache holds too before
+ * anything writes it (NULL: out of memory or r past capacity). Every write
+ * of rows goes through here. */
 void *kvt_cache_row(kvt_cache *c, size_t s, size_t r);
+/* Make dst hold src's blocks of tokens [0, n_tokens) by reference (the
+ * blocks dst held there are let go): no row is copied. The caches must be
+ * of the same shape (KVT_EINVAL otherwise); dst's capacity must cover
+ * n_tokens. The state, keys and everything else are the caller's. */
+int kvt_cache_share(kvt_cache *dst, const kvt_cache *src, size_t n_tokens);
 /* Give blocks [0, nb) of every stream their memory in one allocation,
  * uninitialised: the caller (a snapshot load) writes every byte of them
  * before they are used, or truncates them away. The blocks must not exist
@@ -93,17 +121,30 @@ static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_t
 {
     return n_tokens * c->streams[s].rows_per_block / KVT_BLOCK;
 }
-/* Keep tokens [0, n_tokens): free blocks that lie wholly past them. The
- * blocks kept stay put, except those of an arena left under a quarter
- * used: they move to allocations of their own (rows are addressed through
- * the block table, never held across a truncation). */
+/* Keep tokens [0, n_tokens): let go of blocks that lie wholly past them.
+ * The blocks kept stay put, except those of an arena left under a quarter
+ * held (by any cache) that this cache alone holds: they move to
+ * allocations of their own (rows are addressed through the block table,
+ * never held across a truncation). */
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
-/* Bytes held in allocated blocks and in the spare arena. */
+/* Bytes of the blocks the cache holds (each in full, shared or not), its
+ * state and its spare arena. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);
-/* Everything the cache holds: the state, the blocks (the arenas in full,
- * the spare one too), the block tables and the cache itself. */
+/* This cache's part of the RAM the caches hold: the state, the block
+ * tables, the spare arena, the cache itself, and each block it holds
+ * divided by the number of caches that hold it (a block held by 8 caches
+ * counts an eighth in each; a block in an arena counts its part of the
+ * arena, the blocks no cache holds any more included). Summed over every
+ * cache, each block counts once. A cache's figure changes when a cache it
+ * shares blocks with is copied or freed. */
 size_t kvt_cache_bytes_held(const kvt_cache *c);
 /* Give the spare arena back (a cache that waits, not loading). */
 void kvt_cache_trim(kvt_cache *c);
+
+/* For tests: KVT_CACHE_FAULT_WRITE_SHARED makes kvt_cache_row write into a
+ * block other caches hold (no copy-on-write), to show that the tests of
+ * shared blocks catch it. 0: none. */
+enum { KVT_CACHE_FAULT_WRITE_SHARED = 1 };
+extern int kvt_cache_fault;
 
 #endif

@@ -508,21 +508,16 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
 {
     if (dst->m != src->m || dst->n_ctx < src->n)
         return kvt_fail(KVT_EINVAL, "clone: another model or a smaller context");
+    if (dst == src) return KVT_OK;
     kvt_session_ckpt_clear(dst);
     dst->n = 0;
     kvt_cache_truncate(dst->cache, 0);
     const kvt_cache *a = src->cache;
     kvt_cache *b = dst->cache;
-    for (size_t i = 0; i < a->n_streams; i++) {
-        const kvt_stream *st = &a->streams[i];
-        size_t blocks = (kvt_cache_rows_for(a, i, src->n) + st->rows_per_block - 1) / st->rows_per_block;
-        for (size_t k = 0; k < blocks; k++) {
-            if (!st->blocks[k]) continue;
-            void *row = kvt_cache_row(b, i, k * st->rows_per_block);
-            if (!row) { kvt_cache_truncate(b, 0); return kvt_fail(KVT_ENOMEM, "clone"); }
-            memcpy(row, st->blocks[k], (size_t)st->rows_per_block * st->row_bytes);
-        }
-    }
+    /* the rows by reference: no row is copied here; whichever of the two
+     * writes a block they share first copies it (cache.h) */
+    int rc = kvt_cache_share(b, a, src->n);
+    if (rc) return rc;
     memcpy(b->state, a->state, a->state_bytes);
     memcpy(dst->tokens, src->tokens, src->n * sizeof(int32_t));
     memcpy(dst->logits, src->logits, (size_t)src->m->info.n_vocab * sizeof(float));
