@@ -10,9 +10,11 @@
  *
  * The suites here use only the public API (include/kvtier.h), so they measure
  * what an embedding program would get. --suite store hands over to the disk
- * tier's own suite (bench_store.c). */
+ * tier's own suite (bench_store.c), --suite fork to the cost of a copy of a
+ * session (bench_fork.c). */
 #include "app/bench.h"
 #include "app/bench_store.h"
+#include "app/bench_fork.h"
 #include "kvtier.h"
 #include "store/store.h"
 
@@ -485,7 +487,7 @@ out:
 
 static void usage(FILE *f)
 {
-    fputs("usage: kvtier bench [--model M] [--suite llama|ds4|snapshot|store|all] [--threads N]\n"
+    fputs("usage: kvtier bench [--model M] [--suite llama|ds4|snapshot|store|fork|all] [--threads N]\n"
           "                    [--ctx-list 2048,32768,131072] [--decode-tokens N] [--csv FILE] [--quick]\n"
           "                    [--prompt N] [--gen N] [--depth N] [--reps N]\n"
           "                    [--cache-type-k|-ctk T] [--cache-type-v|-ctv T]\n"
@@ -502,6 +504,9 @@ static void usage(FILE *f)
           "            (its own table; --csv appends; not included in all); with --model,\n"
           "            persist and load alone, on that model and its cache types, over the\n"
           "            first --ctx-list entry's tokens (default 20000)\n"
+          "  fork      a copy of a session of the first --ctx-list entry's tokens (default\n"
+          "            20000; its rows filled, not computed): the time of a copy (--reps,\n"
+          "            default 5) and resident memory with 1, 2, 4, 8 and 16 copies (not in all)\n"
           "  all       llama, ds4 and snapshot (default)\n"
           "\n"
           "--model replaces the default model of every selected suite. --quick measures\n"
@@ -591,9 +596,9 @@ int kvt_bench_main(int argc, char **argv)
             b.decode = (uint32_t)v;
         }
     }
-    bool all = !strcmp(suite, "all"), store = !strcmp(suite, "store");
-    if (!all && !store && strcmp(suite, "llama") && strcmp(suite, "ds4") && strcmp(suite, "snapshot")) {
-        fprintf(stderr, "kvtier: --suite must be llama, ds4, snapshot, store or all, got '%s'\n", suite);
+    bool all = !strcmp(suite, "all"), store = !strcmp(suite, "store"), fork = !strcmp(suite, "fork");
+    if (!all && !store && !fork && strcmp(suite, "llama") && strcmp(suite, "ds4") && strcmp(suite, "snapshot")) {
+        fprintf(stderr, "kvtier: --suite must be llama, ds4, snapshot, store, fork or all, got '%s'\n", suite);
         return 2;
     }
     if (!parse_ctx_list(&b, ctx_list ? ctx_list : quick ? "2048,8192" : "2048,32768,131072")) return 2;
@@ -606,6 +611,10 @@ int kvt_bench_main(int argc, char **argv)
     if (store) { /* the disk tier's own suite and table (bench_store.c); not part of all */
         print_machine(&b);
         return kvt_bench_store(csv, quick, b.model, b.type_k, b.type_v, ctx_list ? (size_t)b.ctx[0] : 0) ? 1 : 0;
+    }
+    if (fork) { /* its own lines (bench_fork.c); not part of all */
+        print_machine(&b);
+        return kvt_bench_fork(b.model, b.type_k, b.type_v, ctx_list ? (size_t)b.ctx[0] : 0, b.reps);
     }
     if (csv && !(b.csv = fopen(csv, "w"))) {
         fprintf(stderr, "kvtier: %s: %s\n", csv, strerror(errno));

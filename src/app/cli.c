@@ -1135,7 +1135,7 @@ static void usage(FILE *f)
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
-          "  bench       [--suite llama|ds4|snapshot|all] [--quick] (see bench/README.md)\n"
+          "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"
           "  --version   print the version (kvtier VERSION)\n"
           "\n"
           "disk options: --kv-disk-dir DIR (default $XDG_CACHE_HOME/kvtier or ~/.cache/kvtier)\n"
