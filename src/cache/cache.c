@@ -3,8 +3,9 @@
  * Why blocks and not one array per stream: a block is the unit the disk tier
  * addresses by the token prefix it closes, and the unit that compressed
  * layers complete (32 ratio-4 rows or 1 ratio-128 row per 128 tokens). Growing
- * a session never moves existing rows, so readers may hold row pointers for
- * the duration of a forward pass.
+ * a session moves no rows but those of a block it shares, at its first write
+ * into it (below); so a reader may hold row pointers of a stream until the
+ * next write into that stream (the forward passes fetch them afresh).
  *
  * Sharing: every block has a header with an atomic count of the caches
  * holding it (cache.h). A copy of a session takes references
