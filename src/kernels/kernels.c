@@ -183,20 +183,41 @@ __attribute__((target("avx2,fma"))) static void lanes_sum8_avx2(float *out, cons
 /* Eight elements [i, i + 8) of a row of type T (i a multiple of 8),
  * widened in registers: F16C for f16, a shift for bf16, d * q for q8_0
  * (d widened by F16C, as kvt_f16_to_f32 would: exactly). */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 row8(const int T, const uint8_t *r,
-                                                                                  size_t i)
+#define IS_Q8(T) ((T) == KVT_ROWS_Q8_0 || (T) == ATT_FAULT_Q8)
+
+/* The scale of the q8_0 block that holds element i of row r, in every
+ * lane (F16C widens it as kvt_f16_to_f32 would: exactly); zero for the
+ * other types, which have none. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 scale8(const int T, const uint8_t *r,
+                                                                                    size_t i)
+{
+    if (!IS_Q8(T)) return _mm256_setzero_ps();
+    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(r + i / Q8_0_BLOCK * Q8_0_BYTES))));
+}
+
+/* Eight elements [i, i + 8) of a row of type T (i a multiple of 8),
+ * widened in registers: F16C for f16, a shift for bf16, d * q for q8_0
+ * with d = scale8(T, r, i) (the caller's: one per block it reads). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 row8d(const int T, const uint8_t *r,
+                                                                                   size_t i, __m256 d)
 {
     if (T == KVT_ROWS_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 2 * i)));
     if (T == KVT_ROWS_BF16)
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + 2 * i))), 16));
-    if (T == KVT_ROWS_Q8_0 || T == ATT_FAULT_Q8) {
+    if (IS_Q8(T)) {
         const uint8_t *b = r + i / Q8_0_BLOCK * Q8_0_BYTES;
         __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % Q8_0_BLOCK))));
-        if (T == ATT_FAULT_Q8) return q;
-        return _mm256_mul_ps(_mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(b)))), q);
+        return T == ATT_FAULT_Q8 ? q : _mm256_mul_ps(d, q);
     }
     return _mm256_loadu_ps((const float *)r + i);
+}
+
+/* row8d with the block's scale read for it. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 row8(const int T, const uint8_t *r,
+                                                                                  size_t i)
+{
+    return row8d(T, r, i, scale8(T, r, i));
 }
 
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float dot_avx2_t(const int T, const float *a,
@@ -204,9 +225,10 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float dot_
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), row8(T, b, i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), row8(T, b, i + 8), acc1);
+    for (; i + 16 <= n; i += 16) { /* (i and i + 8 in one q8_0 block) */
+        __m256 d = scale8(T, b, i);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), row8d(T, b, i, d), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), row8d(T, b, i + 8, d), acc1);
     }
     if (i + 8 <= n) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), row8(T, b, i), acc0);
@@ -357,14 +379,15 @@ TGT2 void dots_key4_avx2(const int T, float *out, const float *q, const uint8_t 
     const uint8_t *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
     for (size_t i = 0; i < n; i += 16) {
         __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
-        lo[0] = _mm256_fmadd_ps(q0, row8(T, k0, i), lo[0]);
-        lo[1] = _mm256_fmadd_ps(q0, row8(T, k1, i), lo[1]);
-        lo[2] = _mm256_fmadd_ps(q0, row8(T, k2, i), lo[2]);
-        lo[3] = _mm256_fmadd_ps(q0, row8(T, k3, i), lo[3]);
-        hi[0] = _mm256_fmadd_ps(q1, row8(T, k0, i + 8), hi[0]);
-        hi[1] = _mm256_fmadd_ps(q1, row8(T, k1, i + 8), hi[1]);
-        hi[2] = _mm256_fmadd_ps(q1, row8(T, k2, i + 8), hi[2]);
-        hi[3] = _mm256_fmadd_ps(q1, row8(T, k3, i + 8), hi[3]);
+        __m256 d0 = scale8(T, k0, i), d1 = scale8(T, k1, i), d2 = scale8(T, k2, i), d3 = scale8(T, k3, i);
+        lo[0] = _mm256_fmadd_ps(q0, row8d(T, k0, i, d0), lo[0]);
+        lo[1] = _mm256_fmadd_ps(q0, row8d(T, k1, i, d1), lo[1]);
+        lo[2] = _mm256_fmadd_ps(q0, row8d(T, k2, i, d2), lo[2]);
+        lo[3] = _mm256_fmadd_ps(q0, row8d(T, k3, i, d3), lo[3]);
+        hi[0] = _mm256_fmadd_ps(q1, row8d(T, k0, i + 8, d0), hi[0]);
+        hi[1] = _mm256_fmadd_ps(q1, row8d(T, k1, i + 8, d1), hi[1]);
+        hi[2] = _mm256_fmadd_ps(q1, row8d(T, k2, i + 8, d2), hi[2]);
+        hi[3] = _mm256_fmadd_ps(q1, row8d(T, k3, i + 8, d3), hi[3]);
     }
     _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
 }
@@ -389,7 +412,8 @@ TGT2 void dots_h3k2_avx2(const int T, float *out, size_t ldo, const float *q, si
     const uint8_t *k0 = k, *k1 = k + ldk;
     const float *q0 = q, *q1 = q + ldq, *q2 = q + 2 * ldq;
     for (size_t i = 0; i < n; i += 16) {
-        __m256 ka = row8(T, k0, i), kb = row8(T, k1, i), x;
+        __m256 da = scale8(T, k0, i), db = scale8(T, k1, i);
+        __m256 ka = row8d(T, k0, i, da), kb = row8d(T, k1, i, db), x;
         x = _mm256_loadu_ps(q0 + i);
         lo[0] = _mm256_fmadd_ps(x, ka, lo[0]);
         lo[1] = _mm256_fmadd_ps(x, kb, lo[1]);
@@ -399,7 +423,7 @@ TGT2 void dots_h3k2_avx2(const int T, float *out, size_t ldo, const float *q, si
         x = _mm256_loadu_ps(q2 + i);
         lo[4] = _mm256_fmadd_ps(x, ka, lo[4]);
         lo[5] = _mm256_fmadd_ps(x, kb, lo[5]);
-        ka = row8(T, k0, i + 8), kb = row8(T, k1, i + 8);
+        ka = row8d(T, k0, i + 8, da), kb = row8d(T, k1, i + 8, db);
         x = _mm256_loadu_ps(q0 + i + 8);
         hi[0] = _mm256_fmadd_ps(x, ka, hi[0]);
         hi[1] = _mm256_fmadd_ps(x, kb, hi[1]);
@@ -463,9 +487,10 @@ TGT2 void axpy_rows3h_avx2(const int T, float *y, size_t ldy, const float *a, si
     const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda;
     for (size_t j = 0; j < nk; j++, v += ldv) {
         __m256 b0 = _mm256_set1_ps(a0[j]), b1 = _mm256_set1_ps(a1[j]), b2 = _mm256_set1_ps(a2[j]);
+        __m256 d = scale8(T, v, e0); /* the 32 columns: one q8_0 block */
 #pragma GCC unroll 4
         for (int e = 0; e < 4; e++) {
-            __m256 x = row8(T, v, e0 + 8 * (size_t)e);
+            __m256 x = row8d(T, v, e0 + 8 * (size_t)e, d);
             c0[e] = _mm256_fmadd_ps(b0, x, c0[e]);
             c1[e] = _mm256_fmadd_ps(b1, x, c1[e]);
             c2[e] = _mm256_fmadd_ps(b2, x, c2[e]);
@@ -479,19 +504,23 @@ TGT2 void axpy_rows3h_avx2(const int T, float *y, size_t ldy, const float *a, si
     }
 }
 
-/* Sixteen elements [i, i + 16) of a row of type T (i a multiple of 16),
- * widened in registers as row8 does. */
-TGT5 __m512 row16(const int T, const uint8_t *r, size_t i)
+/* scale8 and row8d sixteen elements at a time (i a multiple of 16). */
+TGT5 __m512 scale16(const int T, const uint8_t *r, size_t i)
+{
+    if (!IS_Q8(T)) return _mm512_setzero_ps();
+    return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(r + i / Q8_0_BLOCK * Q8_0_BYTES))));
+}
+
+TGT5 __m512 row16d(const int T, const uint8_t *r, size_t i, __m512 d)
 {
     if (T == KVT_ROWS_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * i)));
     if (T == KVT_ROWS_BF16)
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 2 * i))), 16));
-    if (T == KVT_ROWS_Q8_0 || T == ATT_FAULT_Q8) {
+    if (IS_Q8(T)) {
         const uint8_t *b = r + i / Q8_0_BLOCK * Q8_0_BYTES;
         __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % Q8_0_BLOCK))));
-        if (T == ATT_FAULT_Q8) return q;
-        return _mm512_mul_ps(_mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(b)))), q);
+        return T == ATT_FAULT_Q8 ? q : _mm512_mul_ps(d, q);
     }
     return _mm512_loadu_ps((const float *)r + i);
 }
@@ -505,12 +534,18 @@ TGT5 void dots_pk4_avx512(const int T, const int H, float *const *out, size_t j,
     __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
         _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __m512 kv[4];
-        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = row16(T, k + (size_t)jj * ldk, i);
-        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
-            __m512 x = _mm512_loadu_ps(q[h] + i);
-            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+    const size_t step = IS_Q8(T) ? Q8_0_BLOCK : 16; /* q8_0: a block, its scale read once */
+    for (size_t i0 = 0; i0 < n; i0 += step) {
+        __m512 d[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) d[jj] = scale16(T, k + (size_t)jj * ldk, i0);
+        _Pragma("GCC unroll 2") for (size_t i = i0; i < i0 + step; i += 16) {
+            __m512 kv[4];
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = row16d(T, k + (size_t)jj * ldk, i, d[jj]);
+            _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+                __m512 x = _mm512_loadu_ps(q[h] + i);
+                _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++)
+                    acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+            }
         }
     }
     __m128 sc = _mm_set1_ps(scale);
@@ -538,8 +573,9 @@ TGT5 void axpy_ph_avx512(const int T, const int H, float *const *y, size_t e0, c
         prefetch_bytes(v + po, pb);
         __m512 b[4];
         _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) b[h] = _mm512_set1_ps(a[h][j]);
+        const __m512 d[2] = {scale16(T, v, e0), scale16(T, v, e0 + 32)}; /* the 64 columns: two q8_0 blocks */
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
-            __m512 x = row16(T, v, e0 + 16 * (size_t)e);
+            __m512 x = row16d(T, v, e0 + 16 * (size_t)e, d[e / 2]);
             _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
         }
     }
