@@ -308,8 +308,9 @@ static const uint8_t *rows_at(const struct attn_ctx *c, int v, size_t h, size_t 
 /* One span of one kind of work (scores, or values mixed: mix) for tokens
  * u .. u + nu - 1 of a group (nu 1 or 2) over positions [ja, je) of a run
  * of rows kr that starts at j0. Two tokens go through the kernels together
- * (each row read once for both), one token's query heads as kvt_dots_rows
- * and kvt_axpys_rows take them. */
+ * (each row read once for both), one token's query heads as
+ * kvt_att_dots_rows and kvt_att_axpys_rows take them, the rows in their
+ * type. */
 struct span {
     const struct attn_ctx *c;
     float *att;

@@ -70,19 +70,20 @@ static inline float reduce16(float *l)
  * dropped (KVT_KERNELS_FAULT_Q8_SCALE). */
 #define ATT_FAULT_Q8 (KVT_ROWS_Q8_0 + 1)
 #define ATT_ROWS (ATT_FAULT_Q8 + 1)
+#define IS_Q8(T) ((T) == KVT_ROWS_Q8_0 || (T) == ATT_FAULT_Q8)
 
 _Atomic int kvt_kernels_fault;
 
 /* Bytes of n elements of a row of type T (n whole blocks for q8_0). */
 static inline size_t row_bytes(const int T, size_t n)
 {
-    return T == KVT_ROWS_F32 ? 4 * n : T == KVT_ROWS_Q8_0 || T == ATT_FAULT_Q8 ? n / Q8_0_BLOCK * Q8_0_BYTES : 2 * n;
+    return T == KVT_ROWS_F32 ? 4 * n : IS_Q8(T) ? n / Q8_0_BLOCK * Q8_0_BYTES : 2 * n;
 }
 
 /* Elements [i, i + m) of a row of type T into x, as f32: q8_0 in whole
  * blocks, through format/quant.c's dequantiser (its one scalar
  * definition). */
-static void widen(const int T, float *x, const uint8_t *r, size_t i, size_t m)
+static inline void widen(const int T, float *x, const uint8_t *r, size_t i, size_t m)
 {
     if (T == KVT_ROWS_Q8_0) {
         kvt_quant_to_f32(KVT_GGML_Q8_0, r + i / Q8_0_BLOCK * Q8_0_BYTES, x, m);
@@ -179,11 +180,6 @@ __attribute__((target("avx2,fma"))) static void lanes_sum8_avx2(float *out, cons
     __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
     _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
-
-/* Eight elements [i, i + 8) of a row of type T (i a multiple of 8),
- * widened in registers: F16C for f16, a shift for bf16, d * q for q8_0
- * (d widened by F16C, as kvt_f16_to_f32 would: exactly). */
-#define IS_Q8(T) ((T) == KVT_ROWS_Q8_0 || (T) == ATT_FAULT_Q8)
 
 /* The scale of the q8_0 block that holds element i of row r, in every
  * lane (F16C widens it as kvt_f16_to_f32 would: exactly); zero for the
