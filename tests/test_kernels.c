@@ -3,6 +3,7 @@
  * matmul's bytes do not depend on the batch size or the thread count. */
 #include "test.h"
 #include "kernels/kernels.h"
+#include "cache/rows.h"
 #include "format/gguf.h"
 #include "kernels/qkernels.h"
 #include "format/quant.h"
@@ -255,74 +256,133 @@ TEST(kernels_f16_every_value)
     for (int i = 0; i < N; i++) CHECKF(r1[i] == r2[i], "%a: %#x vs %#x", x[i], r1[i], r2[i]);
 }
 
-/* Typed K and V rows to f32 (kvt_f16_rows_to_f32, kvt_q8_0_rows_to_f32,
- * what attention reads the cache's rows with): every path gives the bits of
- * the definition (kvt_f16_to_f32 of each element; d * q of each q8_0 element,
- * d the block's f16 scale), for rows at an odd stride and byte offset, every
- * row count up to 5 and lengths that leave each path's tails (16 and 8 lanes,
- * then single elements; q8_0 in whole blocks). The f16 rows hold random bits
- * (NaNs, infinities and subnormals included); the q8_0 blocks random finite
- * scales (subnormal ones included) and every int8 value. */
-TEST(kernels_typed_rows_scalar_equals_simd)
+/* Attention over typed K and V rows (kvt_att_*: f16, bf16 and q8_0 rows
+ * read where they are stored and widened in registers) against the same
+ * f32 kernels on those rows read into f32 first (kvt_rows_get): the same
+ * bits, for the scores (kvt_att_dots_rows, kvt_att_dots_qs) and the mixed
+ * values (kvt_att_axpys_rows, kvt_att_axpys_qs) on every kernel path, with
+ * rows at an odd byte offset and stride, 1 to 5 queries (the SIMD paths
+ * take 3 and 4 heads at a time, then the rest) at odd strides and anywhere
+ * (the _qs pair, in reverse order), 0 to 11 keys (4 and 2 at a time, then
+ * the rest) and lengths that leave each path's tails (f16 and bf16: 1 to
+ * 200, odd ones included; q8_0: whole blocks, 32 to 256). f16 rows hold
+ * random finite bits (subnormals included), q8_0 blocks random quants and
+ * random finite scales (subnormal ones included), bf16 rows random values
+ * over 2^-30 .. 2^30. One (type, path) pass: the count of mismatches of
+ * each kernel in miss[4]. */
+enum { TK_NQ = 5, TK_NK = 11, TK_MAXN = 256, TK_LDS = 2 * TK_MAXN + 13, TK_LDK = TK_MAXN + 3, TK_LDQ = TK_MAXN + 5 };
+
+static size_t typed_vs_f32(kvt_row_type t, uint64_t *st, size_t miss[4], bool quiet)
 {
-    uint64_t st = kvt_test_seed("kernels_typed_rows_scalar_equals_simd");
-    enum { NR = 5, MAXN = 256, LDS = 2 * MAXN + 13, LDD = MAXN + 3 };
-    static uint8_t src[1 + NR * LDS];
-    static float got[NR * LDD], want[NR * LDD];
-    const uint8_t *rows = src + 1; /* odd: no alignment to lean on */
-    const size_t n16[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 40, 64, 128, 136, 256};
-    const size_t n8[] = {32, 64, 96, 128, 160, 256};
-    static const char *const path_name[3] = {"simd", "scalar", "avx2"};
-    bool wide = kvt_test_kernel_paths();
-    int checked = 0, paths = 0;
-    for (int round = 0; round < 4; round++) {
-        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)kvt_test_rand(&st);
-        for (int sc = 0; sc < 3; sc++) {
-            if (sc == 2 && !wide) continue;
-            paths += !round;
-            bool old = kvt_kernels_force_scalar(sc == 1), old2 = kvt_kernels_force_avx2(sc == 2);
-            for (size_t ni = 0; ni < sizeof n16 / sizeof n16[0]; ni++)
-                for (size_t nr = 0; nr <= NR; nr++) {
-                    size_t n = n16[ni];
-                    memset(got, 0xA5, sizeof got);
-                    memcpy(want, got, sizeof want);
-                    kvt_f16_rows_to_f32(got, LDD, rows, LDS, nr, n);
-                    for (size_t r = 0; r < nr; r++)
-                        for (size_t i = 0; i < n; i++) {
-                            const uint8_t *h = rows + r * LDS + 2 * i;
-                            want[r * LDD + i] = kvt_f16_to_f32((uint16_t)(h[0] | h[1] << 8));
-                        }
-                    CHECKF(!memcmp(got, want, sizeof got), "%s f16 n=%zu rows=%zu", path_name[sc], n, nr);
-                    checked++;
-                }
-            /* q8_0: finite scales (an exponent field short of 31) */
-            uint8_t q8[1 + NR * LDS];
-            memcpy(q8, src, sizeof q8);
-            for (size_t r = 0; r < NR; r++)
-                for (size_t b = 0; b < MAXN / 32; b++) {
-                    uint8_t *d = q8 + 1 + r * LDS + b * 34;
-                    if (((d[1] >> 2) & 0x1f) == 0x1f) d[1] &= 0xbf;
-                }
-            for (size_t ni = 0; ni < sizeof n8 / sizeof n8[0]; ni++)
-                for (size_t nr = 0; nr <= NR; nr++) {
-                    size_t n = n8[ni];
-                    memset(got, 0xA5, sizeof got);
-                    memcpy(want, got, sizeof want);
-                    kvt_q8_0_rows_to_f32(got, LDD, q8 + 1, LDS, nr, n);
-                    for (size_t r = 0; r < nr; r++)
-                        for (size_t i = 0; i < n; i++) {
-                            const uint8_t *b = q8 + 1 + r * LDS + i / 32 * 34;
-                            float d = kvt_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-                            want[r * LDD + i] = d * (float)(int8_t)b[2 + i % 32];
-                        }
-                    CHECKF(!memcmp(got, want, sizeof got), "%s q8_0 n=%zu rows=%zu", path_name[sc], n, nr);
-                    checked++;
-                }
-            kvt_kernels_force_scalar(old);
-            kvt_kernels_force_avx2(old2);
+    static uint8_t src[1 + TK_NK * TK_LDS];
+    static float kf[TK_NK * TK_LDK], q[TK_NQ * TK_LDQ], a[TK_NQ * TK_NK], got[TK_NQ * TK_LDQ], want[TK_NQ * TK_LDQ];
+    uint8_t *rows = src + 1; /* odd: no alignment to lean on */
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)kvt_test_rand(st);
+    for (size_t r = 0; r < TK_NK; r++) {
+        uint8_t *row = rows + r * TK_LDS;
+        if (t == KVT_ROWS_F16)
+            for (size_t i = 0; i < TK_MAXN; i++)
+                if ((row[2 * i + 1] & 0x7c) == 0x7c) row[2 * i + 1] &= 0xbf; /* finite */
+        if (t == KVT_ROWS_Q8_0)
+            for (size_t b = 0; b < TK_MAXN / 32; b++)
+                if ((row[b * 34 + 1] & 0x7c) == 0x7c) row[b * 34 + 1] &= 0xbf;
+        if (t == KVT_ROWS_BF16) {
+            float x[TK_MAXN];
+            for (size_t i = 0; i < TK_MAXN; i++) x[i] = frand(st) * ldexpf(1.0f, (int)(kvt_test_rand(st) % 61) - 30);
+            kvt_rows_put(t, row, x, TK_MAXN);
         }
+        kvt_rows_get(t, kf + r * TK_LDK, row, TK_MAXN);
     }
-    CHECK(checked == 4 * paths * (14 + 6) * (NR + 1));
+    for (size_t i = 0; i < TK_NQ * TK_LDQ; i++) q[i] = frand(st);
+    for (size_t i = 0; i < TK_NQ * TK_NK; i++) a[i] = frand(st);
+    const size_t n16[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 40, 64, 72, 96, 128, 136, 200};
+    const size_t n8[] = {32, 64, 96, 128, 160, 192, 256};
+    const size_t *ns = t == KVT_ROWS_Q8_0 ? n8 : n16;
+    size_t nn = t == KVT_ROWS_Q8_0 ? sizeof n8 / sizeof *n8 : sizeof n16 / sizeof *n16, cases = 0;
+    for (size_t ni = 0; ni < nn; ni++)
+        for (size_t nq = 1; nq <= TK_NQ; nq++)
+            for (size_t nk = 0; nk <= TK_NK; nk++, cases++) {
+                size_t n = ns[ni];
+                float *gp[TK_NQ], *wp[TK_NQ];
+                const float *qp[TK_NQ], *ap[TK_NQ];
+                for (size_t u = 0; u < nq; u++) { /* the queries anywhere: in reverse order */
+                    size_t r = nq - 1 - u;
+                    gp[u] = got + r * TK_LDQ, wp[u] = want + r * TK_LDQ, qp[u] = q + r * TK_LDQ, ap[u] = a + r * TK_NK;
+                }
+                for (int kind = 0; kind < 4; kind++) {
+                    bool mix = kind % 2;
+                    for (size_t i = 0; i < TK_NQ * TK_LDQ; i++) got[i] = want[i] = mix ? q[i] : NAN;
+                    switch (kind) {
+                    case 0:
+                        kvt_dots_rows(want, TK_LDQ, q, TK_LDQ, nq, kf, TK_LDK, nk, n, 0.125f);
+                        kvt_att_dots_rows(t, got, TK_LDQ, q, TK_LDQ, nq, rows, TK_LDS, nk, n, 0.125f);
+                        break;
+                    case 1:
+                        kvt_axpys_rows(want, TK_LDQ, a, TK_NK, nq, kf, TK_LDK, nk, n);
+                        kvt_att_axpys_rows(t, got, TK_LDQ, a, TK_NK, nq, rows, TK_LDS, nk, n);
+                        break;
+                    case 2:
+                        kvt_dots_qs(nq, wp, qp, kf, TK_LDK, nk, n, 0.125f);
+                        kvt_att_dots_qs(t, nq, gp, qp, rows, TK_LDS, nk, n, 0.125f);
+                        break;
+                    default:
+                        kvt_axpys_qs(nq, wp, ap, kf, TK_LDK, nk, n);
+                        kvt_att_axpys_qs(t, nq, gp, ap, rows, TK_LDS, nk, n);
+                    }
+                    if (memcmp(got, want, sizeof got) && miss[kind]++ < 2 && !quiet)
+                        printf("    %s n=%zu nq=%zu nk=%zu: %s differ\n", kvt_row_type_name(t), n, nq, nk,
+                               (const char *[]){"dots_rows", "axpys_rows", "dots_qs", "axpys_qs"}[kind]);
+                }
+            }
+    return cases;
+}
+
+static const char *const att_path[3] = {"widest", "scalar", "AVX2"};
+static const char *const att_kind[4] = {"dots_rows", "axpys_rows", "dots_qs", "axpys_qs"};
+
+TEST(kernels_attention_typed_rows_equal_f32)
+{
+    uint64_t st = kvt_test_seed("kernels_attention_typed_rows_equal_f32");
+    bool wide = kvt_test_kernel_paths();
+    const kvt_row_type types[] = {KVT_ROWS_F16, KVT_ROWS_BF16, KVT_ROWS_Q8_0};
+    for (int p = 0; p < 3; p++) {
+        if (p == 2 && !wide) continue;
+        bool old = kvt_kernels_force_scalar(p == 1), old2 = kvt_kernels_force_avx2(p == 2);
+        for (size_t k = 0; k < 3; k++) {
+            size_t miss[4] = {0}, cases = 0;
+            for (int round = 0; round < 2; round++) cases += typed_vs_f32(types[k], &st, miss, false);
+            for (int kind = 0; kind < 4; kind++)
+                CHECKF(!miss[kind], "%s path, %s rows: %s differ from f32's in %zu of %zu cases", att_path[p],
+                       kvt_row_type_name(types[k]), att_kind[kind], miss[kind], cases);
+            if (p == 0) printf("    %s: %zu cases x 4 kernels\n", kvt_row_type_name(types[k]), cases);
+        }
+        kvt_kernels_force_scalar(old);
+        kvt_kernels_force_avx2(old2);
+    }
+}
+
+/* The comparison above catches a kernel that is not the f32 one on the
+ * read rows: q8_0 rows read without their scale (KVT_KERNELS_FAULT_Q8_SCALE)
+ * differ in every kernel on every path. */
+TEST(kernels_attention_typed_rows_control)
+{
+    uint64_t st = kvt_test_seed("kernels_attention_typed_rows_control");
+    bool wide = kvt_test_kernel_paths();
+    for (int p = 0; p < 3; p++) {
+        if (p == 2 && !wide) continue;
+        bool old = kvt_kernels_force_scalar(p == 1), old2 = kvt_kernels_force_avx2(p == 2);
+        size_t miss[4] = {0};
+        kvt_kernels_fault = KVT_KERNELS_FAULT_Q8_SCALE;
+        size_t cases = typed_vs_f32(KVT_ROWS_Q8_0, &st, miss, true);
+        kvt_kernels_fault = 0;
+        for (int kind = 0; kind < 4; kind++)
+            CHECKF(miss[kind] > cases / 2, "%s path: %s without the q8_0 scale passes in %zu of %zu cases",
+                   att_path[p], att_kind[kind], cases - miss[kind], cases);
+        printf("    %s path, q8_0 without its scale: %zu, %zu, %zu, %zu of %zu cases differ\n", att_path[p], miss[0],
+               miss[1], miss[2], miss[3], cases);
+        kvt_kernels_force_scalar(old);
+        kvt_kernels_force_avx2(old2);
+    }
 }
 
 /* A matmul's bytes equal one row at a time and do not depend on how many

@@ -71,8 +71,6 @@ typedef struct llama_work {
     float *pl, *pl0;   /* per-layer embeddings: (ch, L * n_pl) the layers' inputs, the token rows */
     float *pg;         /* (ch, n_pl) a layer's gate */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx): group = query heads per KV head */
-    float *rowbuf;     /* (parts, KVT_BLOCK, hd_max) a run of one head's rows read from their type (rows_at) */
-    size_t hd_max;
     uint8_t *qx;       /* (ch) tokens' activations quantised for the integer matrices (qkernels.h); NULL: none */
     float *qg;         /* qwen35: (ch, 2 QD) each head's queries then its output gate */
     float *sh, *shg;   /* qwen35moe: (ch, D) the shared expert's output, (ch) its gate */
@@ -116,7 +114,7 @@ static int llama_cache_new(kvt_session *s)
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
 
-#define WORK_BUFS 32
+#define WORK_BUFS 31
 
 /* Every allocation of the scratch but k itself and its DeltaNet scratch,
  * WORK_BUFS of them. */
@@ -125,7 +123,7 @@ static void work_bufs(const llama_work *k, void **b)
     void *all[WORK_BUFS] = {k->x, k->xb, k->q, k->att, k->k, k->v, k->h1, k->h3, k->sk, k->sv, k->m2,
                             k->pl, k->pl0, k->pg, k->lg, k->ew, k->mo, k->ex, k->ms.xe, k->ms.eo, k->ms.f1,
                             k->ms.f3, k->ms.rt, k->scores, k->qx, k->qg, k->sh, k->shg, k->tok, k->pos,
-                            k->lgb, k->rowbuf};
+                            k->lgb};
     memcpy(b, all, sizeof all);
 }
 
@@ -159,16 +157,10 @@ static int scores_fit(llama_work *k, size_t parts)
     size_t n;
     if (!kvt_mul_ok(parts * ATT_TOKS * k->group, k->n_ctx, &n) || n > SIZE_MAX / sizeof(float))
         return kvt_fail(KVT_ENOMEM, "attention scores for %zu threads", parts);
-    float *sc = kvt_malloc(n * sizeof(float)), *rb = kvt_malloc(parts * KVT_BLOCK * k->hd_max * sizeof(float));
-    if (!sc || !rb) {
-        free(sc);
-        free(rb);
-        return KVT_ENOMEM;
-    }
+    float *sc = kvt_malloc(n * sizeof(float));
+    if (!sc) return KVT_ENOMEM;
     free(k->scores);
-    free(k->rowbuf);
     k->scores = sc;
-    k->rowbuf = rb;
     k->parts = parts;
     return KVT_OK;
 }
@@ -183,7 +175,6 @@ static int llama_work_new(kvt_session *s)
     for (uint32_t l = 0; l < w->L; l++) {
         size_t gr = w->layers[l].H / w->layers[l].Hkv;
         k->group = gr > k->group ? gr : k->group;
-        k->hd_max = w->layers[l].hd > k->hd_max ? w->layers[l].hd : k->hd_max;
     }
     size_t D = w->D, QD = w->QD, KV = w->KV, F = w->F, ch = k->ch, NP = (size_t)w->n_pl * w->L;
     k->x = kvt_malloc(ch * D * sizeof(float));
@@ -278,73 +269,71 @@ struct attn_ctx {
     float *out;        /* (n, QD) */
     float *scores;     /* (parts, ATT_TOKS, group, n_ctx) */
     size_t n_ctx;
-    float *rowbuf;     /* (parts, KVT_BLOCK, hd) */
 };
 
-/* Rows j .. *end - 1 of KV head h's K (v = 0) or V (v = 1) for attention,
- * as f32 with *ld floats from one to the next. A global layer's rows are
- * its streams' (contiguous within a block); a window layer's positions
- * before the pass are in its ring (contiguous up to the ring's end), its
- * own in the pass's scratch (as f32, already rounded to the row type:
- * rope_range). Rows of another type than f32 are read (exactly) into
- * part's rowbuf, up to a block of them. Only the rows' values reach the
- * result (each score is its own dot product, values are mixed in position
- * order), so where a run ends changes no bit. */
-static const float *rows_at(const struct attn_ctx *c, uint32_t part, int v, size_t h, size_t j, size_t *end,
-                            size_t *ld)
+/* Rows j .. *end - 1 of KV head h's K (v = 0) or V (v = 1) for attention:
+ * the first row's first element, *ld bytes from one row to the next, in
+ * the type *t (the kernels read rows in their type, kernels.h). A global
+ * layer's rows are its streams' (contiguous within a block); a window
+ * layer's positions before the pass are in its ring (contiguous up to the
+ * ring's end), its own in the pass's scratch (f32, already rounded to the
+ * row type: rope_range). Only the rows' values reach the result (each
+ * score is its own dot product, values are mixed in position order), so
+ * where a run ends changes no bit. */
+static const uint8_t *rows_at(const struct attn_ctx *c, int v, size_t h, size_t j, size_t *end, size_t *ld,
+                              kvt_row_type *t)
 {
     const kvt_llama_weights *w = c->w;
     size_t KV = c->ly->KV, W = c->swa, hd = c->ly->hd;
-    kvt_row_type t = v ? w->type_v : w->type_k;
-    size_t rb = kvt_rows_bytes(t, KV), hb = kvt_rows_bytes(t, hd);
-    const uint8_t *row;
     if (c->ring && j >= c->pos0) {
         *end = SIZE_MAX;
-        *ld = KV;
-        return (v ? c->vp : c->kp) + (j - c->pos0) * KV + h * hd;
+        *ld = KV * sizeof(float);
+        *t = KVT_ROWS_F32;
+        return (const uint8_t *)((v ? c->vp : c->kp) + (j - c->pos0) * KV + h * hd);
     }
+    *t = v ? w->type_v : w->type_k;
+    *ld = kvt_rows_bytes(*t, KV);
+    const uint8_t *row;
     if (!c->ring) {
         *end = (j / KVT_BLOCK + 1) * KVT_BLOCK;
         row = kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
     } else {
         size_t slot = j % W;
         *end = j + (W - slot) < c->pos0 ? j + (W - slot) : c->pos0;
-        row = c->ring + (v ? W * kvt_rows_bytes(w->type_k, KV) : 0) + slot * rb;
+        row = c->ring + (v ? W * kvt_rows_bytes(w->type_k, KV) : 0) + slot * *ld;
     }
-    if (t == KVT_ROWS_F32) {
-        *ld = KV;
-        return (const float *)row + h * hd;
-    }
-    if (*end > j + KVT_BLOCK) *end = j + KVT_BLOCK;
-    float *buf = c->rowbuf + (size_t)part * KVT_BLOCK * hd;
-    if (t == KVT_ROWS_F16) kvt_f16_rows_to_f32(buf, hd, row + h * hb, rb, *end - j, hd);
-    else if (t == KVT_ROWS_Q8_0) kvt_q8_0_rows_to_f32(buf, hd, row + h * hb, rb, *end - j, hd);
-    else
-        for (size_t i = j; i < *end; i++) kvt_rows_get(t, buf + (i - j) * hd, row + (i - j) * rb + h * hb, hd);
-    *ld = hd;
-    return buf;
+    return row + h * kvt_rows_bytes(*t, hd);
 }
 
 /* One span of one kind of work (scores, or values mixed: mix) for tokens
  * u .. u + nu - 1 of a group (nu 1 or 2) over positions [ja, je) of a run
  * of rows kr that starts at j0. Two tokens go through the kernels together
- * (each row read once for both), one token's query heads as kvt_dots_rows
- * and kvt_axpys_rows take them. */
-struct span { const struct attn_ctx *c; float *att; size_t ldg, i0, kvh; const float *kr; size_t ld, j0; bool mix; };
+ * (each row read once for both), one token's query heads as
+ * kvt_att_dots_rows and kvt_att_axpys_rows take them, the rows in their
+ * type. */
+struct span {
+    const struct attn_ctx *c;
+    float *att;
+    size_t ldg, i0, kvh;
+    const uint8_t *kr; /* rows_at's run: ld bytes apart, of type t */
+    size_t ld, j0;
+    kvt_row_type t;
+    bool mix;
+};
 
 static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size_t je)
 {
     if (ja >= je) return;
     const struct attn_ctx *c = sp->c;
     const kvt_llama_layer *ly = c->ly;
-    size_t group = ly->H / ly->Hkv, hd = ly->hd, row_f = sp->ld, QD = ly->QD;
+    size_t group = ly->H / ly->Hkv, hd = ly->hd, ld = sp->ld, QD = ly->QD;
     float scale = c->w->scale;
-    const float *rows = sp->kr + (ja - sp->j0) * row_f;
+    const uint8_t *rows = sp->kr + (ja - sp->j0) * ld;
     if (nu == 1) {
         float *sc = sp->att + u * sp->ldg + ja, *o = c->out + (sp->i0 + u) * QD + sp->kvh * group * hd;
-        if (sp->mix) kvt_axpys_rows(o, hd, sc, c->n_ctx, group, rows, row_f, je - ja, hd);
-        else kvt_dots_rows(sc, c->n_ctx, c->q + (sp->i0 + u) * QD + sp->kvh * group * hd, hd, group, rows, row_f,
-                           je - ja, hd, scale);
+        if (sp->mix) kvt_att_axpys_rows(sp->t, o, hd, sc, c->n_ctx, group, rows, ld, je - ja, hd);
+        else kvt_att_dots_rows(sp->t, sc, c->n_ctx, c->q + (sp->i0 + u) * QD + sp->kvh * group * hd, hd, group,
+                               rows, ld, je - ja, hd, scale);
         return;
     }
     float *o[32];
@@ -358,8 +347,8 @@ static void span_run(const struct span *sp, size_t u, size_t nu, size_t ja, size
                 o[nq] = sp->mix ? c->out + at : sc;
                 p[nq] = sp->mix ? sc : c->q + at;
             }
-        if (sp->mix) kvt_axpys_qs(nq, o, p, rows, row_f, je - ja, hd);
-        else kvt_dots_qs(nq, o, p, rows, row_f, je - ja, hd, scale);
+        if (sp->mix) kvt_att_axpys_qs(sp->t, nq, o, p, rows, ld, je - ja, hd);
+        else kvt_att_dots_qs(sp->t, nq, o, p, rows, ld, je - ja, hd, scale);
     }
 }
 
@@ -397,8 +386,9 @@ static void attn_range(void *arg, uint32_t part, size_t b, size_t e)
                 }
             for (size_t j0 = LO(t0), j1; j0 <= t_last; j0 = j1) {
                 size_t ld;
-                const float *kr = rows_at(c, part, mix, kvh, j0, &j1, &ld);
-                struct span sp = {c, att, ldg, i0, kvh, kr, ld, j0, mix};
+                kvt_row_type t;
+                const uint8_t *kr = rows_at(c, mix, kvh, j0, &j1, &ld, &t);
+                struct span sp = {c, att, ldg, i0, kvh, kr, ld, j0, t, mix};
                 for (size_t u = 0; u < nt; u += step) {
                     size_t t = t0 + u, a0 = LO(t) > j0 ? LO(t) : j0, e0 = t + 1 < j1 ? t + 1 : j1;
                     if (step == 1 || u + 1 == nt) { span_run(&sp, u, 1, a0, e0); continue; }
@@ -746,7 +736,7 @@ static int attention(kvt_pool *pool, llama_work *wk, const kvt_llama_weights *w,
          * and its source's rows of the pass */
         const float *kp = (ly->shared ? wk->sk : kk) + off * KV, *vp = (ly->shared ? wk->sv : v) + off * KV;
         struct attn_ctx ac = {w, ly, s->cache, ring ? 0 : (size_t)at, pos0, sn, window, ring, kp, vp,
-                              q + off * ly->QD, att + off * ly->QD, wk->scores, wk->n_ctx, wk->rowbuf};
+                              q + off * ly->QD, att + off * ly->QD, wk->scores, wk->n_ctx};
         /* one (token group, KV head) scores and mixes up to pos0 + sn
          * rows per query head and token: give a thread at least 128K
          * multiply-adds (measured in bench/README.md), so a tiny model's

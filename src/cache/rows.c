@@ -2,6 +2,7 @@
 #include "cache/rows.h"
 #include "base/util.h"
 #include "format/gguf.h"
+#include "format/quant.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -27,14 +28,9 @@ static void q8_put(void *dst, const float *x, size_t n)
     }
 }
 
-static void q8_get(float *dst, const void *src, size_t n)
-{
-    const uint8_t *b = src;
-    for (size_t i = 0; i < n; i += Q8_BLOCK, b += Q8_BYTES) {
-        float d = kvt_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-        for (size_t j = 0; j < Q8_BLOCK; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
-    }
-}
+/* d * q per element: format/quant.c's dequantiser (the one scalar
+ * definition; the attention kernels widen the same way in registers). */
+static void q8_get(float *dst, const void *src, size_t n) { kvt_quant_to_f32(KVT_GGML_Q8_0, src, dst, n); }
 
 static void f32_put(void *dst, const float *x, size_t n) { memcpy(dst, x, n * sizeof(float)); }
 static void f32_get(float *dst, const void *src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -25,23 +25,15 @@
 /* The kernels of one instruction set: one static const row each, at the
  * end of the file. */
 struct mm_ops;
+struct att_ops;
 struct f32_ops {
     float (*dot)(const float *a, const float *b, size_t n);
     void (*axpy)(float *y, float a, const float *x, size_t n);
-    void (*dots_rows)(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
-                      size_t nk, size_t n, float scale);
-    void (*axpys_rows)(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
-                       size_t nk, size_t n);
-    void (*dots_qs)(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
-                    size_t n, float scale);
-    void (*axpys_qs)(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
-                     size_t n);
     size_t qs_shared; /* kvt_qs_shared: for n a multiple of this; 0: never */
     void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
-    void (*f16_rows)(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
-    void (*q8_rows)(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
+    const struct att_ops *att; /* attention, one row per row type (ATT_ROWS of them) */
     float (*expf1)(float x);
     void (*swiglu)(float *h1, const float *h3, size_t n);
     void (*exp_row)(float *x, size_t n);       /* softmax: x = exp(x - max x) */
@@ -62,16 +54,98 @@ static inline float reduce16(float *l)
     return l[0] + l[1];
 }
 
+/* ---- K and V rows in their row type (attention reads them where they are) ----
+ *
+ * A row of n elements of kvtier.h's kvt_row_type, its rows ld bytes apart:
+ * f32, binary16 (f16), bfloat16, or ggml's q8_0 blocks (an f16 scale d,
+ * then 32 int8 q; each element d * q). The kernels widen each element to
+ * f32 where they read it, in registers; every widening is exact (f16 and
+ * bf16 widen exactly, d * q is an 11-bit scale times an 8-bit integer), so
+ * a kernel on typed rows performs the f32 kernel's operations on the values
+ * cache/rows.c's kvt_rows_get gives, in the same order, bit for bit. */
+
+#define Q8_0_BLOCK 32
+#define Q8_0_BYTES 34 /* f16 d | 32 x int8 */
+/* A table row past the types (tests): q8_0 rows read with their scale
+ * dropped (KVT_KERNELS_FAULT_Q8_SCALE). */
+#define ATT_FAULT_Q8 (KVT_ROWS_Q8_0 + 1)
+#define ATT_ROWS (ATT_FAULT_Q8 + 1)
+#define IS_Q8(T) ((T) == KVT_ROWS_Q8_0 || (T) == ATT_FAULT_Q8)
+
+_Atomic int kvt_kernels_fault;
+
+/* Bytes of n elements of a row of type T (n whole blocks for q8_0). */
+static inline size_t row_bytes(const int T, size_t n)
+{
+    return T == KVT_ROWS_F32 ? 4 * n : IS_Q8(T) ? n / Q8_0_BLOCK * Q8_0_BYTES : 2 * n;
+}
+
+/* Elements [i, i + m) of a row of type T into x, as f32: q8_0 in whole
+ * blocks, through format/quant.c's dequantiser (its one scalar
+ * definition). */
+static inline void widen(const int T, float *x, const uint8_t *r, size_t i, size_t m)
+{
+    if (T == KVT_ROWS_Q8_0) {
+        kvt_quant_to_f32(KVT_GGML_Q8_0, r + i / Q8_0_BLOCK * Q8_0_BYTES, x, m);
+        return;
+    }
+    for (size_t e = 0; e < m; e++) {
+        const uint8_t *b = r + (i + e) / Q8_0_BLOCK * Q8_0_BYTES;
+        x[e] = T == KVT_ROWS_F16    ? kvt_f16_to_f32(kvt_rd16(r + 2 * (i + e)))
+               : T == KVT_ROWS_BF16 ? kvt_bf16_to_f32(kvt_rd16(r + 2 * (i + e)))
+               : T == ATT_FAULT_Q8  ? (float)(int8_t)b[2 + (i + e) % Q8_0_BLOCK]
+                                    : ((const float *)r)[i + e];
+    }
+}
+
+/* Element i of a row of type T (the SIMD kernels' single-element tails). */
+static inline float row_at(const int T, const uint8_t *r, size_t i)
+{
+    if (T == KVT_ROWS_F32) return ((const float *)r)[i];
+    float x[Q8_0_BLOCK];
+    if (T != KVT_ROWS_Q8_0) {
+        widen(T, x, r, i, 1);
+        return x[0];
+    }
+    widen(T, x, r, i / Q8_0_BLOCK * Q8_0_BLOCK, Q8_0_BLOCK);
+    return x[i % Q8_0_BLOCK];
+}
+
+#define WIDE 64 /* elements the scalar kernels widen at a time: whole lane sets and q8_0 blocks */
+
+static inline float dot_scalar_t(const int T, const float *a, const uint8_t *r, size_t n)
+{
+    float l[LANES] = {0}, x[WIDE];
+    for (size_t i0 = 0; i0 < n; i0 += WIDE) {
+        size_t m = n - i0 < WIDE ? n - i0 : WIDE;
+        const float *b = x;
+        if (T == KVT_ROWS_F32) b = (const float *)r + i0;
+        else widen(T, x, r, i0, m);
+        for (size_t i = 0; i < m; i++) l[i % LANES] = fmaf(a[i0 + i], b[i], l[i % LANES]);
+    }
+    return reduce16(l);
+}
+
+static inline void axpy_scalar_t(const int T, float *y, float a, const uint8_t *r, size_t n)
+{
+    float x[WIDE];
+    for (size_t i0 = 0; i0 < n; i0 += WIDE) {
+        size_t m = n - i0 < WIDE ? n - i0 : WIDE;
+        const float *b = x;
+        if (T == KVT_ROWS_F32) b = (const float *)r + i0;
+        else widen(T, x, r, i0, m);
+        for (size_t i = 0; i < m; i++) y[i0 + i] = fmaf(a, b[i], y[i0 + i]);
+    }
+}
+
 static float dot_scalar(const float *a, const float *b, size_t n)
 {
-    float l[LANES] = {0};
-    for (size_t i = 0; i < n; i++) l[i % LANES] = fmaf(a[i], b[i], l[i % LANES]);
-    return reduce16(l);
+    return dot_scalar_t(KVT_ROWS_F32, a, (const uint8_t *)b, n);
 }
 
 static void axpy_scalar(float *y, float a, const float *x, size_t n)
 {
-    for (size_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+    axpy_scalar_t(KVT_ROWS_F32, y, a, (const uint8_t *)x, n);
 }
 
 #ifdef KVT_HAVE_X86
@@ -107,24 +181,66 @@ __attribute__((target("avx2,fma"))) static void lanes_sum8_avx2(float *out, cons
     _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, size_t n)
+/* The scale of the q8_0 block that holds element i of row r, in every
+ * lane (F16C widens it as kvt_f16_to_f32 would: exactly); zero for the
+ * other types, which have none. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 scale8(const int T, const uint8_t *r,
+                                                                                    size_t i)
+{
+    if (!IS_Q8(T)) return _mm256_setzero_ps();
+    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(r + i / Q8_0_BLOCK * Q8_0_BYTES))));
+}
+
+/* Eight elements [i, i + 8) of a row of type T (i a multiple of 8),
+ * widened in registers: F16C for f16, a shift for bf16, d * q for q8_0
+ * with d = scale8(T, r, i) (the caller's: one per block it reads). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 row8d(const int T, const uint8_t *r,
+                                                                                   size_t i, __m256 d)
+{
+    if (T == KVT_ROWS_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 2 * i)));
+    if (T == KVT_ROWS_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + 2 * i))), 16));
+    if (IS_Q8(T)) {
+        const uint8_t *b = r + i / Q8_0_BLOCK * Q8_0_BYTES;
+        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % Q8_0_BLOCK))));
+        return T == ATT_FAULT_Q8 ? q : _mm256_mul_ps(d, q);
+    }
+    return _mm256_loadu_ps((const float *)r + i);
+}
+
+/* row8d with the block's scale read for it. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 row8(const int T, const uint8_t *r,
+                                                                                  size_t i)
+{
+    return row8d(T, r, i, scale8(T, r, i));
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline float dot_avx2_t(const int T, const float *a,
+                                                                                      const uint8_t *b, size_t n)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    for (; i + 16 <= n; i += 16) { /* (i and i + 8 in one q8_0 block) */
+        __m256 d = scale8(T, b, i);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), row8d(T, b, i, d), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), row8d(T, b, i + 8, d), acc1);
     }
     if (i + 8 <= n) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), row8(T, b, i), acc0);
         i += 8;
     }
     if (i == n) return reduce16_avx2(acc0, acc1);
     float l[LANES];
     _mm256_storeu_ps(l, acc0);
     _mm256_storeu_ps(l + 8, acc1);
-    for (; i < n; i++) l[i % LANES] = fmaf(a[i], b[i], l[i % LANES]);
+    for (; i < n; i++) l[i % LANES] = fmaf(a[i], row_at(T, b, i), l[i % LANES]);
     return reduce16(l);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float dot_avx2(const float *a, const float *b, size_t n)
+{
+    return dot_avx2_t(KVT_ROWS_F32, a, (const uint8_t *)b, n);
 }
 
 /* l[i % 16] += w[i] * x[i] for i in [0, len): the order of dot_avx2,
@@ -146,13 +262,19 @@ __attribute__((target("avx2,fma"))) static void lanes1_avx2(float *l, const floa
     for (; i < len; i++) l[i % LANES] = fmaf(w[i], x[i], l[i % LANES]);
 }
 
-__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, size_t n)
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void axpy_avx2_t(const int T, float *y, float a,
+                                                                                      const uint8_t *x, size_t n)
 {
     __m256 va = _mm256_set1_ps(a);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, row8(T, x, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, row_at(T, x, i), y[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void axpy_avx2(float *y, float a, const float *x, size_t n)
+{
+    axpy_avx2_t(KVT_ROWS_F32, y, a, (const uint8_t *)x, n);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src, size_t n)
@@ -172,6 +294,53 @@ __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *d
     for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
 }
 #endif
+
+/* ---- attention: scores against K rows, values mixed from V rows ---- */
+
+/* The attention kernels of one instruction set for rows of one type (a
+ * row of its att table, indexed by kvt_row_type): K and V rows ld bytes
+ * apart, read in their type (above). The fallbacks reach the other kernels
+ * of the same row through o. */
+struct att_ops {
+    float (*dot)(const float *a, const uint8_t *r, size_t n);
+    void (*axpy)(float *y, float a, const uint8_t *r, size_t n);
+    void (*dots_rows)(const struct att_ops *o, float *out, size_t ldo, const float *q, size_t ldq, size_t nq,
+                      const uint8_t *k, size_t ldk, size_t nk, size_t n, float scale);
+    void (*axpys_rows)(const struct att_ops *o, float *y, size_t ldy, const float *a, size_t lda, size_t nq,
+                       const uint8_t *v, size_t ldv, size_t nk, size_t n);
+    void (*dots_qs)(const struct att_ops *o, size_t nq, float *const *out, const float *const *q, const uint8_t *k,
+                    size_t ldk, size_t nk, size_t n, float scale);
+    void (*axpys_qs)(const struct att_ops *o, size_t nq, float *const *y, const float *const *a, const uint8_t *v,
+                     size_t ldv, size_t nk, size_t n);
+};
+
+/* The queries one at a time (the SIMD rows' fallbacks, and the scalar
+ * path): each score a dot product, each value an axpy, in key order. */
+static void dots_rows_each(const struct att_ops *o, float *out, size_t ldo, const float *q, size_t ldq, size_t nq,
+                           const uint8_t *k, size_t ldk, size_t nk, size_t n, float scale)
+{
+    for (size_t j = 0; j < nk; j++, k += ldk)
+        for (size_t u = 0; u < nq; u++) out[u * ldo + j] = o->dot(q + u * ldq, k, n) * scale;
+}
+
+static void axpys_rows_each(const struct att_ops *o, float *y, size_t ldy, const float *a, size_t lda, size_t nq,
+                            const uint8_t *v, size_t ldv, size_t nk, size_t n)
+{
+    for (size_t j = 0; j < nk; j++, v += ldv)
+        for (size_t u = 0; u < nq; u++) o->axpy(y + u * ldy, a[u * lda + j], v, n);
+}
+
+static void dots_qs_each(const struct att_ops *o, size_t nq, float *const *out, const float *const *q,
+                         const uint8_t *k, size_t ldk, size_t nk, size_t n, float scale)
+{
+    for (size_t u = 0; u < nq; u++) o->dots_rows(o, out[u], 0, q[u], 0, 1, k, ldk, nk, n, scale);
+}
+
+static void axpys_qs_each(const struct att_ops *o, size_t nq, float *const *y, const float *const *a,
+                          const uint8_t *v, size_t ldv, size_t nk, size_t n)
+{
+    for (size_t u = 0; u < nq; u++) o->axpys_rows(o, y[u], 0, a[u], 0, 1, v, ldv, nk, n);
+}
 
 #ifdef KVT_HAVE_X86
 /* reduce16 of four lane sets at once: d[p] = reduce16 of (lo[p], hi[p]),
@@ -193,34 +362,37 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m128 reduce16
     return _mm_add_ps(_mm_shuffle_ps(lo4, hi4, 0x88), _mm_shuffle_ps(lo4, hi4, 0xdd));
 }
 
+#define TGT2 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define TGT5 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline
+
 /* out[j] = dot(q, k + j * ldk) * scale for four keys, n a multiple of 16:
  * each dot has dot_avx2's two accumulators, all eight in registers; the
  * query is loaded once for the four keys. */
-__attribute__((target("avx2,fma"))) static void dots_key4_avx2(float *out, const float *q, const float *k,
-                                                              size_t ldk, size_t n, float scale)
+TGT2 void dots_key4_avx2(const int T, float *out, const float *q, const uint8_t *k, size_t ldk, size_t n, float scale)
 {
     __m256 lo[4], hi[4];
     for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
-    const float *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
+    const uint8_t *k0 = k, *k1 = k + ldk, *k2 = k + 2 * ldk, *k3 = k + 3 * ldk;
     for (size_t i = 0; i < n; i += 16) {
         __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
-        lo[0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + i), lo[0]);
-        lo[1] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k1 + i), lo[1]);
-        lo[2] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k2 + i), lo[2]);
-        lo[3] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k3 + i), lo[3]);
-        hi[0] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k0 + i + 8), hi[0]);
-        hi[1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1 + i + 8), hi[1]);
-        hi[2] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k2 + i + 8), hi[2]);
-        hi[3] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k3 + i + 8), hi[3]);
+        __m256 d0 = scale8(T, k0, i), d1 = scale8(T, k1, i), d2 = scale8(T, k2, i), d3 = scale8(T, k3, i);
+        lo[0] = _mm256_fmadd_ps(q0, row8d(T, k0, i, d0), lo[0]);
+        lo[1] = _mm256_fmadd_ps(q0, row8d(T, k1, i, d1), lo[1]);
+        lo[2] = _mm256_fmadd_ps(q0, row8d(T, k2, i, d2), lo[2]);
+        lo[3] = _mm256_fmadd_ps(q0, row8d(T, k3, i, d3), lo[3]);
+        hi[0] = _mm256_fmadd_ps(q1, row8d(T, k0, i + 8, d0), hi[0]);
+        hi[1] = _mm256_fmadd_ps(q1, row8d(T, k1, i + 8, d1), hi[1]);
+        hi[2] = _mm256_fmadd_ps(q1, row8d(T, k2, i + 8, d2), hi[2]);
+        hi[3] = _mm256_fmadd_ps(q1, row8d(T, k3, i + 8, d3), hi[3]);
     }
     _mm_storeu_ps(out, _mm_mul_ps(reduce16x4_avx2(lo, hi), _mm_set1_ps(scale)));
 }
 
-/* Prefetch n floats at p (a K or V row some keys ahead: rows ldk apart
+/* Prefetch the nb bytes at p (a K or V row some keys ahead: rows ldk apart
  * defeat the hardware's prefetchers at long context). */
-static inline void prefetch_row(const float *p, size_t n)
+static inline void prefetch_bytes(const uint8_t *p, size_t nb)
 {
-    for (size_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+    for (size_t i = 0; i < nb; i += 64) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
 #define ATT_AHEAD 8 /* keys ahead that the attention kernels prefetch */
@@ -228,14 +400,16 @@ static inline void prefetch_row(const float *p, size_t n)
 /* Three query heads against two keys, n a multiple of 16: the six dots
  * of dot_avx2 side by side (twelve accumulators), each key half loaded
  * once for the three heads; out rows ldo apart. */
-__attribute__((target("avx2,fma"))) static void dots_h3k2_avx2(float *out, size_t ldo, const float *q, size_t ldq,
-                                                              const float *k, size_t ldk, size_t n, float scale)
+TGT2 void dots_h3k2_avx2(const int T, float *out, size_t ldo, const float *q, size_t ldq, const uint8_t *k,
+                         size_t ldk, size_t n, float scale)
 {
     __m256 lo[6], hi[6];
     for (int p = 0; p < 6; p++) lo[p] = hi[p] = _mm256_setzero_ps();
-    const float *k0 = k, *k1 = k + ldk, *q0 = q, *q1 = q + ldq, *q2 = q + 2 * ldq;
+    const uint8_t *k0 = k, *k1 = k + ldk;
+    const float *q0 = q, *q1 = q + ldq, *q2 = q + 2 * ldq;
     for (size_t i = 0; i < n; i += 16) {
-        __m256 ka = _mm256_loadu_ps(k0 + i), kb = _mm256_loadu_ps(k1 + i), x;
+        __m256 da = scale8(T, k0, i), db = scale8(T, k1, i);
+        __m256 ka = row8d(T, k0, i, da), kb = row8d(T, k1, i, db), x;
         x = _mm256_loadu_ps(q0 + i);
         lo[0] = _mm256_fmadd_ps(x, ka, lo[0]);
         lo[1] = _mm256_fmadd_ps(x, kb, lo[1]);
@@ -245,7 +419,7 @@ __attribute__((target("avx2,fma"))) static void dots_h3k2_avx2(float *out, size_
         x = _mm256_loadu_ps(q2 + i);
         lo[4] = _mm256_fmadd_ps(x, ka, lo[4]);
         lo[5] = _mm256_fmadd_ps(x, kb, lo[5]);
-        ka = _mm256_loadu_ps(k0 + i + 8), kb = _mm256_loadu_ps(k1 + i + 8);
+        ka = row8d(T, k0, i + 8, da), kb = row8d(T, k1, i + 8, db);
         x = _mm256_loadu_ps(q0 + i + 8);
         hi[0] = _mm256_fmadd_ps(x, ka, hi[0]);
         hi[1] = _mm256_fmadd_ps(x, kb, hi[1]);
@@ -265,56 +439,39 @@ __attribute__((target("avx2,fma"))) static void dots_h3k2_avx2(float *out, size_
     _mm_storel_pi((__m64 *)(out + 2 * ldo), r2);
 }
 
-/* One query head against nk keys, n a multiple of 16: four keys a call,
- * then dot_avx2 for the last nk % 4. */
-__attribute__((target("avx2,fma"))) static void dots_keys_avx2(float *out, const float *q, const float *k,
-                                                              size_t ldk, size_t nk, size_t n, float scale)
-{
-    size_t j = 0;
-    for (; j + 4 <= nk; j += 4) dots_key4_avx2(out + j, q, k + j * ldk, ldk, n, scale);
-    for (; j < nk; j++) out[j] = dot_avx2(q, k + j * ldk, n) * scale;
-}
-
-/* y[0..W*8) += a_j * v_j for j < nk in order, W a constant: y in W
- * registers across the keys, each element one fma per key as in
+/* y[0..W*8) += a_j * v_j[e0..e0 + W*8) for j < nk in order, W a constant:
+ * y in W registers across the keys, each element one fma per key as in
  * axpy_avx2. */
-#define AXPY_ROWS_AVX2(W)                                                                                      \
-    __attribute__((target("avx2,fma"))) static void axpy_rows##W##_avx2(float *y, const float *a, const float *v, \
-                                                                       size_t ldv, size_t nk)                 \
-    {                                                                                                          \
-        __m256 acc[W];                                                                                         \
-        for (int e = 0; e < W; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);                                       \
-        for (size_t j = 0; j < nk; j++, v += ldv) {                                                            \
-            __m256 va = _mm256_set1_ps(a[j]);                                                                  \
-            for (int e = 0; e < W; e++) acc[e] = _mm256_fmadd_ps(va, _mm256_loadu_ps(v + 8 * e), acc[e]);     \
-        }                                                                                                      \
-        for (int e = 0; e < W; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);                                       \
+TGT2 void axpy_cols_avx2(const int T, const int W, float *y, const float *a, const uint8_t *v, size_t e0,
+                         size_t ldv, size_t nk)
+{
+    __m256 acc[8];
+    for (int e = 0; e < W; e++) acc[e] = _mm256_loadu_ps(y + 8 * e);
+    for (size_t j = 0; j < nk; j++, v += ldv) {
+        __m256 va = _mm256_set1_ps(a[j]);
+        for (int e = 0; e < W; e++) acc[e] = _mm256_fmadd_ps(va, row8(T, v, e0 + 8 * (size_t)e), acc[e]);
     }
-AXPY_ROWS_AVX2(8)
-AXPY_ROWS_AVX2(4)
-AXPY_ROWS_AVX2(2)
-AXPY_ROWS_AVX2(1)
-#undef AXPY_ROWS_AVX2
+    for (int e = 0; e < W; e++) _mm256_storeu_ps(y + 8 * e, acc[e]);
+}
 
 /* y[0..n) += a_j * v_j, n a multiple of 8: columns 64 at a time (then 32,
  * 16, 8), each over every key; the elements are independent, so the
  * split changes no bit. */
-__attribute__((target("avx2,fma"))) static void axpy_rows_avx2(float *y, const float *a, const float *v, size_t ldv,
-                                                              size_t nk, size_t n)
+TGT2 void axpy_rows_avx2(const int T, float *y, const float *a, const uint8_t *v, size_t ldv, size_t nk, size_t n)
 {
     size_t e = 0;
-    for (; e + 64 <= n; e += 64) axpy_rows8_avx2(y + e, a, v + e, ldv, nk);
-    if (e + 32 <= n) { axpy_rows4_avx2(y + e, a, v + e, ldv, nk); e += 32; }
-    if (e + 16 <= n) { axpy_rows2_avx2(y + e, a, v + e, ldv, nk); e += 16; }
-    if (e + 8 <= n) axpy_rows1_avx2(y + e, a, v + e, ldv, nk);
+    for (; e + 64 <= n; e += 64) axpy_cols_avx2(T, 8, y + e, a, v, e, ldv, nk);
+    if (e + 32 <= n) { axpy_cols_avx2(T, 4, y + e, a, v, e, ldv, nk); e += 32; }
+    if (e + 16 <= n) { axpy_cols_avx2(T, 2, y + e, a, v, e, ldv, nk); e += 16; }
+    if (e + 8 <= n) axpy_cols_avx2(T, 1, y + e, a, v, e, ldv, nk);
 }
 
-/* Three query heads at once over 32 columns: y_u[0..32) += a_u[j] * v_j
- * for u < 3, j < nk in order. Twelve accumulator chains (a single head
- * has eight, and each key's fma waits on the last one's), the value row
- * loaded once for the three. */
-__attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_t ldy, const float *a, size_t lda,
-                                                                const float *v, size_t ldv, size_t nk)
+/* Three query heads at once over 32 columns: y_u[0..32) += a_u[j] *
+ * v_j[e0..e0 + 32) for u < 3, j < nk in order. Twelve accumulator chains
+ * (a single head has eight, and each key's fma waits on the last one's),
+ * the value row loaded once for the three. */
+TGT2 void axpy_rows3h_avx2(const int T, float *y, size_t ldy, const float *a, size_t lda, const uint8_t *v, size_t e0,
+                           size_t ldv, size_t nk)
 {
     __m256 c0[4], c1[4], c2[4];
 #pragma GCC unroll 4
@@ -326,9 +483,10 @@ __attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_
     const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda;
     for (size_t j = 0; j < nk; j++, v += ldv) {
         __m256 b0 = _mm256_set1_ps(a0[j]), b1 = _mm256_set1_ps(a1[j]), b2 = _mm256_set1_ps(a2[j]);
+        __m256 d = scale8(T, v, e0); /* the 32 columns: one q8_0 block */
 #pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) {
-            __m256 x = _mm256_loadu_ps(v + 8 * e);
+        for (int e = 0; e < 4; e++) {
+            __m256 x = row8d(T, v, e0 + 8 * (size_t)e, d);
             c0[e] = _mm256_fmadd_ps(b0, x, c0[e]);
             c1[e] = _mm256_fmadd_ps(b1, x, c1[e]);
             c2[e] = _mm256_fmadd_ps(b2, x, c2[e]);
@@ -341,25 +499,49 @@ __attribute__((target("avx2,fma"))) static void axpy_rows3h_avx2(float *y, size_
         _mm256_storeu_ps(y + 2 * ldy + 8 * e, c2[e]);
     }
 }
-#endif
 
-#ifdef KVT_HAVE_X86
+/* scale8 and row8d sixteen elements at a time (i a multiple of 16). */
+TGT5 __m512 scale16(const int T, const uint8_t *r, size_t i)
+{
+    if (!IS_Q8(T)) return _mm512_setzero_ps();
+    return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(kvt_rd16(r + i / Q8_0_BLOCK * Q8_0_BYTES))));
+}
+
+TGT5 __m512 row16d(const int T, const uint8_t *r, size_t i, __m512 d)
+{
+    if (T == KVT_ROWS_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * i)));
+    if (T == KVT_ROWS_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 2 * i))), 16));
+    if (IS_Q8(T)) {
+        const uint8_t *b = r + i / Q8_0_BLOCK * Q8_0_BYTES;
+        __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % Q8_0_BLOCK))));
+        return T == ATT_FAULT_Q8 ? q : _mm512_mul_ps(d, q);
+    }
+    return _mm512_loadu_ps((const float *)r + i);
+}
+
 /* Scores of H (1 to 4) queries against four keys with AVX-512: q[h] (n) and
  * out[h][j..j + 4) for h < H, each (query, key) the same operations (16
  * lanes reduced as the AVX2 path's two halves), whatever H is. */
-__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
-dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n,
-                float scale)
+TGT5 void dots_pk4_avx512(const int T, const int H, float *const *out, size_t j, const float *const *q,
+                          const uint8_t *k, size_t ldk, size_t n, float scale)
 {
     __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
         _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16) {
-        __m512 kv[4];
-        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = _mm512_loadu_ps(k + (size_t)jj * ldk + i);
-        _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
-            __m512 x = _mm512_loadu_ps(q[h] + i);
-            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+    const size_t step = IS_Q8(T) ? Q8_0_BLOCK : 16; /* q8_0: a block, its scale read once */
+    for (size_t i0 = 0; i0 < n; i0 += step) {
+        __m512 d[4];
+        _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) d[jj] = scale16(T, k + (size_t)jj * ldk, i0);
+        _Pragma("GCC unroll 2") for (size_t i = i0; i < i0 + step; i += 16) {
+            __m512 kv[4];
+            _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) kv[jj] = row16d(T, k + (size_t)jj * ldk, i, d[jj]);
+            _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) {
+                __m512 x = _mm512_loadu_ps(q[h] + i);
+                _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++)
+                    acc[h][jj] = _mm512_fmadd_ps(x, kv[jj], acc[h][jj]);
+            }
         }
     }
     __m128 sc = _mm_set1_ps(scale);
@@ -373,20 +555,23 @@ dots_pk4_avx512(const int H, float *const *out, size_t j, const float *const *q,
     }
 }
 
-/* y[h][e0..e0 + 64) += a[h][j] * v_j for H (1 to 4) queries, keys in order
- * (each element its own fma per key, so any width gives the same bits). */
-__attribute__((target("avx2,fma,avx512f,avx512vl"), always_inline)) static inline void
-axpy_ph_avx512(const int H, float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)
+/* y[h][e0..e0 + 64) += a[h][j] * v_j[e0..e0 + 64) for H (1 to 4) queries,
+ * keys in order (each element its own fma per key, so any width gives the
+ * same bits). */
+TGT5 void axpy_ph_avx512(const int T, const int H, float *const *y, size_t e0, const float *const *a,
+                         const uint8_t *v, size_t ldv, size_t nk)
 {
     __m512 c[4][4];
+    const size_t pb = row_bytes(T, 64), po = row_bytes(T, e0) + ATT_AHEAD * ldv;
     _Pragma("GCC unroll 4") for (int h = 0; h < H; h++)
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) c[h][e] = _mm512_loadu_ps(y[h] + e0 + 16 * e);
     for (size_t j = 0; j < nk; j++, v += ldv) {
-        prefetch_row(v + ATT_AHEAD * ldv, 64);
+        prefetch_bytes(v + po, pb);
         __m512 b[4];
         _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) b[h] = _mm512_set1_ps(a[h][j]);
+        const __m512 d[2] = {scale16(T, v, e0), scale16(T, v, e0 + 32)}; /* the 64 columns: two q8_0 blocks */
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
-            __m512 x = _mm512_loadu_ps(v + 16 * e);
+            __m512 x = row16d(T, v, e0 + 16 * (size_t)e, d[e / 2]);
             _Pragma("GCC unroll 4") for (int h = 0; h < H; h++) c[h][e] = _mm512_fmadd_ps(b[h], x, c[h][e]);
         }
     }
@@ -394,154 +579,88 @@ axpy_ph_avx512(const int H, float *const *y, size_t e0, const float *const *a, c
         _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) _mm512_storeu_ps(y[h] + e0 + 16 * e, c[h][e]);
 }
 
-#define ATT_P(H)                                                                                              \
-    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void dots_p##H##k4_avx512(                  \
-        float *const *out, size_t j, const float *const *q, const float *k, size_t ldk, size_t n, float scale) \
-    {                                                                                                         \
-        dots_pk4_avx512(H, out, j, q, k, ldk, n, scale);                                                      \
-    }                                                                                                         \
-    __attribute__((target("avx2,fma,avx512f,avx512vl"))) static void axpy_p##H##h_avx512(                   \
-        float *const *y, size_t e0, const float *const *a, const float *v, size_t ldv, size_t nk)             \
-    {                                                                                                         \
-        axpy_ph_avx512(H, y, e0, a, v, ldv, nk);                                                              \
-    }
-ATT_P(1) ATT_P(2) ATT_P(3) ATT_P(4)
-typedef void (*dots_pk4_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t, float);
-typedef void (*axpy_ph_fn)(float *const *, size_t, const float *const *, const float *, size_t, size_t);
-static const dots_pk4_fn dots_pk4[5] = {NULL, dots_p1k4_avx512, dots_p2k4_avx512, dots_p3k4_avx512, dots_p4k4_avx512};
-static const axpy_ph_fn axpy_ph[5] = {NULL, axpy_p1h_avx512, axpy_p2h_avx512, axpy_p3h_avx512, axpy_p4h_avx512};
-#endif
+typedef void (*dots_pk4_fn)(float *const *, size_t, const float *const *, const uint8_t *, size_t, size_t, float);
+typedef void (*axpy_ph_fn)(float *const *, size_t, const float *const *, const uint8_t *, size_t, size_t);
 
-/* The queries one at a time (the SIMD rows' fallbacks, and the scalar
- * path): kvt_dots_rows and kvt_axpys_rows of each. */
-static void dots_qs_each(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
-                         size_t n, float scale)
-{
-    for (size_t u = 0; u < nq; u++) kvt_dots_rows(out[u], 0, q[u], 0, 1, k, ldk, nk, n, scale);
-}
-
-static void axpys_qs_each(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
-                          size_t n)
-{
-    for (size_t u = 0; u < nq; u++) kvt_axpys_rows(y[u], 0, a[u], 0, 1, v, ldv, nk, n);
-}
-
-/* Each score a dot product, each value an axpy, in key order. */
-static void dots_rows_each(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
-                           size_t nk, size_t n, float scale)
-{
-    for (size_t j = 0; j < nk; j++, k += ldk)
-        for (size_t u = 0; u < nq; u++) out[u * ldo + j] = kvt_dot(q + u * ldq, k, n) * scale;
-}
-
-static void axpys_rows_each(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
-                            size_t nk, size_t n)
-{
-    for (size_t j = 0; j < nk; j++, v += ldv)
-        for (size_t u = 0; u < nq; u++) kvt_axpy(y + u * ldy, a[u * lda + j], v, n);
-}
-
-#ifdef KVT_HAVE_X86
-static void dots_qs_avx512(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk,
-                           size_t n, float scale)
+/* The public kernels of each instruction set, n-generic: the scalar
+ * fallbacks where n leaves a tail the blocked code does not take. */
+TGT2 void dots_rows_avx2_t(const int T, const struct att_ops *o, float *out, size_t ldo, const float *q, size_t ldq,
+                           size_t nq, const uint8_t *k, size_t ldk, size_t nk, size_t n, float scale)
 {
     if (n % 16) {
-        dots_qs_each(nq, out, q, k, ldk, nk, n, scale);
+        dots_rows_each(o, out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
         return;
     }
-    for (size_t u = 0, hs; u < nq; u += hs) {
-        hs = nq - u >= 4 ? 4 : nq - u;
-        size_t j = 0;
-        for (; j + 4 <= nk; j += 4) {
-            for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
-            dots_pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
-        }
-        for (; j < nk; j++)
-            for (size_t h = u; h < u + hs; h++) out[h][j] = dot_avx2(q[h], k + j * ldk, n) * scale;
-    }
-}
-
-static void axpys_qs_avx512(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk,
-                            size_t n)
-{
-    if (n % 64) {
-        axpys_qs_each(nq, y, a, v, ldv, nk, n);
-        return;
-    }
-    for (size_t u = 0, hs; u < nq; u += hs) {
-        hs = nq - u >= 4 ? 4 : nq - u;
-        for (size_t e = 0; e < n; e += 64) axpy_ph[hs](y + u, e, a + u, v + e, ldv, nk);
-    }
-}
-
-static void dots_rows_avx2(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
-                           size_t nk, size_t n, float scale)
-{
-    if (n % 16) {
-        dots_rows_each(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
-        return;
-    }
+    const size_t rb = row_bytes(T, n);
     size_t u = 0;
     for (; u + 3 <= nq; u += 3) {
-        float *o = out + u * ldo;
+        float *ou = out + u * ldo;
         const float *qu = q + u * ldq;
         size_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            prefetch_row(k + (j + ATT_AHEAD) * ldk, n);
-            prefetch_row(k + (j + ATT_AHEAD + 1) * ldk, n);
-            dots_h3k2_avx2(o + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
+            prefetch_bytes(k + (j + ATT_AHEAD) * ldk, rb);
+            prefetch_bytes(k + (j + ATT_AHEAD + 1) * ldk, rb);
+            dots_h3k2_avx2(T, ou + j, ldo, qu, ldq, k + j * ldk, ldk, n, scale);
         }
         for (; j < nk; j++)
-            for (size_t h = 0; h < 3; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+            for (size_t h = 0; h < 3; h++) ou[h * ldo + j] = o->dot(qu + h * ldq, k + j * ldk, n) * scale;
     }
-    for (; u < nq; u++) dots_keys_avx2(out + u * ldo, q + u * ldq, k, ldk, nk, n, scale);
-}
-
-/* Up to four heads at a time. */
-static void dots_rows_avx512(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k,
-                             size_t ldk, size_t nk, size_t n, float scale)
-{
-    if (n % 16) {
-        dots_rows_each(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
-        return;
-    }
-    for (size_t u = 0, hs; u < nq; u += hs) {
-        hs = nq - u >= 4 ? 4 : nq - u;
-        float *o = out + u * ldo;
+    for (; u < nq; u++) { /* one query head: four keys a call, then one at a time */
+        float *ou = out + u * ldo;
         const float *qu = q + u * ldq;
         size_t j = 0;
-        float *op[4];
-        const float *qp[4];
-        for (size_t h = 0; h < hs; h++) op[h] = o + h * ldo, qp[h] = qu + h * ldq;
-        for (; j + 4 <= nk; j += 4) {
-            for (size_t a = 0; a < 4; a++) prefetch_row(k + (j + ATT_AHEAD + a) * ldk, n);
-            dots_pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
-        }
-        for (; j < nk; j++)
-            for (size_t h = 0; h < hs; h++) o[h * ldo + j] = dot_avx2(qu + h * ldq, k + j * ldk, n) * scale;
+        for (; j + 4 <= nk; j += 4) dots_key4_avx2(T, ou + j, qu, k + j * ldk, ldk, n, scale);
+        for (; j < nk; j++) ou[j] = o->dot(qu, k + j * ldk, n) * scale;
     }
 }
 
-static void axpys_rows_avx2(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv,
-                            size_t nk, size_t n)
+TGT2 void axpys_rows_avx2_t(const int T, const struct att_ops *o, float *y, size_t ldy, const float *a, size_t lda,
+                            size_t nq, const uint8_t *v, size_t ldv, size_t nk, size_t n)
 {
     if (n % 8) {
-        axpys_rows_each(y, ldy, a, lda, nq, v, ldv, nk, n);
+        axpys_rows_each(o, y, ldy, a, lda, nq, v, ldv, nk, n);
         return;
     }
     size_t u = 0;
     if (n % 32 == 0)
         for (; u + 3 <= nq; u += 3)
-            for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(y + u * ldy + e, ldy, a + u * lda, lda, v + e, ldv, nk);
-    for (; u < nq; u++) axpy_rows_avx2(y + u * ldy, a + u * lda, v, ldv, nk, n);
+            for (size_t e = 0; e < n; e += 32) axpy_rows3h_avx2(T, y + u * ldy + e, ldy, a + u * lda, lda, v, e, ldv, nk);
+    for (; u < nq; u++) axpy_rows_avx2(T, y + u * ldy, a + u * lda, v, ldv, nk, n);
+}
+
+/* Up to four heads at a time. */
+TGT5 void dots_rows_avx512_t(const int T, const dots_pk4_fn *pk4, const struct att_ops *o, float *out, size_t ldo,
+                             const float *q, size_t ldq, size_t nq, const uint8_t *k, size_t ldk, size_t nk, size_t n,
+                             float scale)
+{
+    if (n % 16) {
+        dots_rows_each(o, out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+        return;
+    }
+    const size_t rb = row_bytes(T, n);
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        float *ou = out + u * ldo;
+        const float *qu = q + u * ldq;
+        size_t j = 0;
+        float *op[4];
+        const float *qp[4];
+        for (size_t h = 0; h < hs; h++) op[h] = ou + h * ldo, qp[h] = qu + h * ldq;
+        for (; j + 4 <= nk; j += 4) {
+            for (size_t b = 0; b < 4; b++) prefetch_bytes(k + (j + ATT_AHEAD + b) * ldk, rb);
+            pk4[hs](op, j, qp, k + j * ldk, ldk, n, scale);
+        }
+        for (; j < nk; j++)
+            for (size_t h = 0; h < hs; h++) ou[h * ldo + j] = o->dot(qu + h * ldq, k + j * ldk, n) * scale;
+    }
 }
 
 /* Up to four heads at a time where n is whole zmm quads, else AVX2's. */
-static void axpys_rows_avx512(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v,
-                              size_t ldv, size_t nk, size_t n)
+TGT5 void axpys_rows_avx512_t(const int T, const axpy_ph_fn *ph, const struct att_ops *o, float *y, size_t ldy,
+                              const float *a, size_t lda, size_t nq, const uint8_t *v, size_t ldv, size_t nk, size_t n)
 {
     if (n % 64) {
-        axpys_rows_avx2(y, ldy, a, lda, nq, v, ldv, nk, n);
+        axpys_rows_avx2_t(T, o, y, ldy, a, lda, nq, v, ldv, nk, n);
         return;
     }
     for (size_t u = 0, hs; u < nq; u += hs) {
@@ -549,105 +668,154 @@ static void axpys_rows_avx512(float *y, size_t ldy, const float *a, size_t lda, 
         float *yp[4];
         const float *ap[4];
         for (size_t h = 0; h < hs; h++) yp[h] = y + (u + h) * ldy, ap[h] = a + (u + h) * lda;
-        for (size_t e = 0; e < n; e += 64) axpy_ph[hs](yp, e, ap, v + e, ldv, nk);
+        for (size_t e = 0; e < n; e += 64) ph[hs](yp, e, ap, v, ldv, nk);
     }
 }
+
+TGT5 void dots_qs_avx512_t(const int T, const dots_pk4_fn *pk4, const struct att_ops *o, size_t nq, float *const *out,
+                           const float *const *q, const uint8_t *k, size_t ldk, size_t nk, size_t n, float scale)
+{
+    if (n % 16) {
+        dots_qs_each(o, nq, out, q, k, ldk, nk, n, scale);
+        return;
+    }
+    const size_t rb = row_bytes(T, n);
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        size_t j = 0;
+        for (; j + 4 <= nk; j += 4) {
+            for (size_t b = 0; b < 4; b++) prefetch_bytes(k + (j + ATT_AHEAD + b) * ldk, rb);
+            pk4[hs](out + u, j, q + u, k + j * ldk, ldk, n, scale);
+        }
+        for (; j < nk; j++)
+            for (size_t h = u; h < u + hs; h++) out[h][j] = o->dot(q[h], k + j * ldk, n) * scale;
+    }
+}
+
+TGT5 void axpys_qs_avx512_t(const int T, const axpy_ph_fn *ph, const struct att_ops *o, size_t nq, float *const *y,
+                            const float *const *a, const uint8_t *v, size_t ldv, size_t nk, size_t n)
+{
+    if (n % 64) {
+        axpys_qs_each(o, nq, y, a, v, ldv, nk, n);
+        return;
+    }
+    for (size_t u = 0, hs; u < nq; u += hs) {
+        hs = nq - u >= 4 ? 4 : nq - u;
+        for (size_t e = 0; e < n; e += 64) ph[hs](y + u, e, a + u, v, ldv, nk);
+    }
+}
+
+/* The functions of one row type T (suffix s) on the SIMD paths: dot and
+ * axpy, the AVX2 kernels, the AVX-512 ones with their per-H tiles. */
+#define ATT_H(s, T, H)                                                                                         \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void dots_p##H##k4_##s(                  \
+        float *const *out, size_t j, const float *const *q, const uint8_t *k, size_t ldk, size_t n, float scale) \
+    {                                                                                                          \
+        dots_pk4_avx512(T, H, out, j, q, k, ldk, n, scale);                                                    \
+    }                                                                                                          \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void axpy_p##H##h_##s(                    \
+        float *const *y, size_t e0, const float *const *a, const uint8_t *v, size_t ldv, size_t nk)            \
+    {                                                                                                          \
+        axpy_ph_avx512(T, H, y, e0, a, v, ldv, nk);                                                            \
+    }
+#define ATT_SIMD(s, T)                                                                                           \
+    __attribute__((target("avx2,fma,f16c"))) static float dot_##s##_avx2(const float *a, const uint8_t *r,      \
+                                                                         size_t n)                              \
+    {                                                                                                            \
+        return dot_avx2_t(T, a, r, n);                                                                           \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c"))) static void axpy_##s##_avx2(float *y, float a, const uint8_t *r,   \
+                                                                         size_t n)                              \
+    {                                                                                                            \
+        axpy_avx2_t(T, y, a, r, n);                                                                              \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c"))) static void dots_rows_##s##_avx2(                                  \
+        const struct att_ops *o, float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const uint8_t *k, \
+        size_t ldk, size_t nk, size_t n, float scale)                                                            \
+    {                                                                                                            \
+        dots_rows_avx2_t(T, o, out, ldo, q, ldq, nq, k, ldk, nk, n, scale);                                      \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c"))) static void axpys_rows_##s##_avx2(                                 \
+        const struct att_ops *o, float *y, size_t ldy, const float *a, size_t lda, size_t nq, const uint8_t *v,   \
+        size_t ldv, size_t nk, size_t n)                                                                         \
+    {                                                                                                            \
+        axpys_rows_avx2_t(T, o, y, ldy, a, lda, nq, v, ldv, nk, n);                                              \
+    }                                                                                                            \
+    ATT_H(s, T, 1) ATT_H(s, T, 2) ATT_H(s, T, 3) ATT_H(s, T, 4)                                                  \
+    static const dots_pk4_fn dots_pk4_##s[5] = {NULL, dots_p1k4_##s, dots_p2k4_##s, dots_p3k4_##s, dots_p4k4_##s}; \
+    static const axpy_ph_fn axpy_ph_##s[5] = {NULL, axpy_p1h_##s, axpy_p2h_##s, axpy_p3h_##s, axpy_p4h_##s};    \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void dots_rows_##s##_avx512(              \
+        const struct att_ops *o, float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const uint8_t *k, \
+        size_t ldk, size_t nk, size_t n, float scale)                                                            \
+    {                                                                                                            \
+        dots_rows_avx512_t(T, dots_pk4_##s, o, out, ldo, q, ldq, nq, k, ldk, nk, n, scale);                      \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void axpys_rows_##s##_avx512(             \
+        const struct att_ops *o, float *y, size_t ldy, const float *a, size_t lda, size_t nq, const uint8_t *v,   \
+        size_t ldv, size_t nk, size_t n)                                                                         \
+    {                                                                                                            \
+        axpys_rows_avx512_t(T, axpy_ph_##s, o, y, ldy, a, lda, nq, v, ldv, nk, n);                               \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void dots_qs_##s##_avx512(                \
+        const struct att_ops *o, size_t nq, float *const *out, const float *const *q, const uint8_t *k,           \
+        size_t ldk, size_t nk, size_t n, float scale)                                                            \
+    {                                                                                                            \
+        dots_qs_avx512_t(T, dots_pk4_##s, o, nq, out, q, k, ldk, nk, n, scale);                                  \
+    }                                                                                                            \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void axpys_qs_##s##_avx512(               \
+        const struct att_ops *o, size_t nq, float *const *y, const float *const *a, const uint8_t *v, size_t ldv, \
+        size_t nk, size_t n)                                                                                     \
+    {                                                                                                            \
+        axpys_qs_avx512_t(T, axpy_ph_##s, o, nq, y, a, v, ldv, nk, n);                                           \
+    }
+ATT_SIMD(f32, KVT_ROWS_F32)
+ATT_SIMD(f16, KVT_ROWS_F16)
+ATT_SIMD(bf16, KVT_ROWS_BF16)
+ATT_SIMD(q8, KVT_ROWS_Q8_0)
+ATT_SIMD(q8fault, ATT_FAULT_Q8)
+#undef ATT_SIMD
+#undef ATT_H
+#undef TGT2
+#undef TGT5
 #endif
+
+/* The scalar path's dot and axpy of each row type. */
+#define ATT_SCALAR(s, T)                                                                                         \
+    static float dot_##s##_scalar(const float *a, const uint8_t *r, size_t n) { return dot_scalar_t(T, a, r, n); } \
+    static void axpy_##s##_scalar(float *y, float a, const uint8_t *r, size_t n) { axpy_scalar_t(T, y, a, r, n); }
+ATT_SCALAR(f32, KVT_ROWS_F32)
+ATT_SCALAR(f16, KVT_ROWS_F16)
+ATT_SCALAR(bf16, KVT_ROWS_BF16)
+ATT_SCALAR(q8, KVT_ROWS_Q8_0)
+ATT_SCALAR(q8fault, ATT_FAULT_Q8)
+#undef ATT_SCALAR
+
+/* Each instruction set's table, one row per row type (KVT_ROWS_DEFAULT
+ * is f16, cache/rows.h). */
+#define ATT_TABLE(ROW)                                                                                         \
+    {                                                                                                          \
+        [KVT_ROWS_DEFAULT] = ROW(f16), [KVT_ROWS_F32] = ROW(f32), [KVT_ROWS_F16] = ROW(f16),                   \
+        [KVT_ROWS_BF16] = ROW(bf16), [KVT_ROWS_Q8_0] = ROW(q8), [ATT_FAULT_Q8] = ROW(q8fault),                \
+    }
+#define ROW_SCALAR(s) {dot_##s##_scalar, axpy_##s##_scalar, dots_rows_each, axpys_rows_each, dots_qs_each, axpys_qs_each}
+static const struct att_ops att_scalar[ATT_ROWS] = ATT_TABLE(ROW_SCALAR);
+#ifdef KVT_HAVE_X86
+#define ROW_AVX2(s) {dot_##s##_avx2, axpy_##s##_avx2, dots_rows_##s##_avx2, axpys_rows_##s##_avx2, dots_qs_each, axpys_qs_each}
+#define ROW_AVX512(s)                                                                                          \
+    {dot_##s##_avx2, axpy_##s##_avx2, dots_rows_##s##_avx512, axpys_rows_##s##_avx512, dots_qs_##s##_avx512,     \
+     axpys_qs_##s##_avx512}
+static const struct att_ops att_avx2[ATT_ROWS] = ATT_TABLE(ROW_AVX2);
+static const struct att_ops att_avx512[ATT_ROWS] = ATT_TABLE(ROW_AVX512);
+#undef ROW_AVX2
+#undef ROW_AVX512
+#endif
+#undef ROW_SCALAR
+#undef ATT_TABLE
 
 static void f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
 }
-
-/* ---- typed K and V rows to f32 (kvt_f16_rows_to_f32, kvt_q8_0_rows_to_f32) ---- */
-
-#define Q8_0_BLOCK 32
-#define Q8_0_BYTES 34 /* f16 d | 32 x int8 */
-
-/* A binary16 element at p (little-endian, any alignment). */
-static inline uint16_t half_at(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
-static void f16_rows_scalar(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd)
-        for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
-}
-
-static void q8_rows_scalar(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
-        const uint8_t *b = s;
-        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
-            float d = kvt_f16_to_f32(half_at(b));
-            for (size_t j = 0; j < Q8_0_BLOCK; j++) dst[i + j] = d * (float)(int8_t)b[2 + j];
-        }
-    }
-}
-
-#ifdef KVT_HAVE_X86
-__attribute__((target("avx2,fma,f16c"))) static void f16_rows_f16c(float *dst, size_t ldd, const void *src, size_t lds,
-                                                                  size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
-        size_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
-        for (; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
-    }
-}
-
-__attribute__((target("avx2,fma,f16c,avx512f"))) static void f16_rows_avx512(float *dst, size_t ldd, const void *src,
-                                                                            size_t lds, size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
-        size_t i = 0;
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
-        for (; i < n; i++) dst[i] = kvt_f16_to_f32(half_at(s + 2 * i));
-    }
-}
-
-/* d * q per element: the int8 widens exactly to f32, one rounding (none,
- * in fact: the product is exact), as the scalar path. */
-__attribute__((target("avx2,fma,f16c"))) static void q8_rows_avx2(float *dst, size_t ldd, const void *src, size_t lds,
-                                                                 size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
-        const uint8_t *b = s;
-        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
-            __m256 d = _mm256_set1_ps(kvt_f16_to_f32(half_at(b)));
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * g)));
-                _mm256_storeu_ps(dst + i + 8 * g, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
-            }
-        }
-    }
-}
-
-__attribute__((target("avx2,fma,f16c,avx512f"))) static void q8_rows_avx512(float *dst, size_t ldd, const void *src,
-                                                                           size_t lds, size_t nr, size_t n)
-{
-    const uint8_t *s = src;
-    for (size_t r = 0; r < nr; r++, s += lds, dst += ldd) {
-        const uint8_t *b = s;
-        for (size_t i = 0; i < n; i += Q8_0_BLOCK, b += Q8_0_BYTES) {
-            __m512 d = _mm512_set1_ps(kvt_f16_to_f32(half_at(b)));
-            __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-            __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
-            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
-            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
-        }
-    }
-}
-#endif
 
 static void f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n)
 {
@@ -1482,27 +1650,63 @@ void kvt_softmax_rows(float *x, size_t ldx, size_t nrows, size_t n)
 float kvt_dot(const float *a, const float *b, size_t n) { return ops()->dot(a, b, n); }
 void kvt_axpy(float *y, float a, const float *x, size_t n) { ops()->axpy(y, a, x, n); }
 
+/* The attention row of type t (the faulty one for tests: kvt_kernels_fault). */
+static const struct att_ops *att_row(kvt_row_type t)
+{
+    if (t == KVT_ROWS_Q8_0 && atomic_load_explicit(&kvt_kernels_fault, memory_order_relaxed) == KVT_KERNELS_FAULT_Q8_SCALE)
+        t = (kvt_row_type)ATT_FAULT_Q8;
+    return &ops()->att[(unsigned)t < ATT_FAULT_Q8 ? t : KVT_ROWS_DEFAULT];
+}
+
+void kvt_att_dots_rows(kvt_row_type t, float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const void *k,
+                       size_t ldk, size_t nk, size_t n, float scale)
+{
+    const struct att_ops *o = att_row(t);
+    o->dots_rows(o, out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+}
+
+void kvt_att_axpys_rows(kvt_row_type t, float *y, size_t ldy, const float *a, size_t lda, size_t nq, const void *v,
+                        size_t ldv, size_t nk, size_t n)
+{
+    const struct att_ops *o = att_row(t);
+    o->axpys_rows(o, y, ldy, a, lda, nq, v, ldv, nk, n);
+}
+
+void kvt_att_dots_qs(kvt_row_type t, size_t nq, float *const *out, const float *const *q, const void *k, size_t ldk,
+                     size_t nk, size_t n, float scale)
+{
+    const struct att_ops *o = att_row(t);
+    o->dots_qs(o, nq, out, q, k, ldk, nk, n, scale);
+}
+
+void kvt_att_axpys_qs(kvt_row_type t, size_t nq, float *const *y, const float *const *a, const void *v, size_t ldv,
+                      size_t nk, size_t n)
+{
+    const struct att_ops *o = att_row(t);
+    o->axpys_qs(o, nq, y, a, v, ldv, nk, n);
+}
+
 void kvt_dots_rows(float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const float *k, size_t ldk,
                    size_t nk, size_t n, float scale)
 {
-    ops()->dots_rows(out, ldo, q, ldq, nq, k, ldk, nk, n, scale);
+    kvt_att_dots_rows(KVT_ROWS_F32, out, ldo, q, ldq, nq, k, ldk * sizeof(float), nk, n, scale);
 }
 
 void kvt_axpys_rows(float *y, size_t ldy, const float *a, size_t lda, size_t nq, const float *v, size_t ldv, size_t nk,
                     size_t n)
 {
-    ops()->axpys_rows(y, ldy, a, lda, nq, v, ldv, nk, n);
+    kvt_att_axpys_rows(KVT_ROWS_F32, y, ldy, a, lda, nq, v, ldv * sizeof(float), nk, n);
 }
 
 void kvt_dots_qs(size_t nq, float *const *out, const float *const *q, const float *k, size_t ldk, size_t nk, size_t n,
                  float scale)
 {
-    ops()->dots_qs(nq, out, q, k, ldk, nk, n, scale);
+    kvt_att_dots_qs(KVT_ROWS_F32, nq, out, q, k, ldk * sizeof(float), nk, n, scale);
 }
 
 void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float *v, size_t ldv, size_t nk, size_t n)
 {
-    ops()->axpys_qs(nq, y, a, v, ldv, nk, n);
+    kvt_att_axpys_qs(KVT_ROWS_F32, nq, y, a, v, ldv * sizeof(float), nk, n);
 }
 
 bool kvt_qs_shared(size_t n)
@@ -1515,31 +1719,16 @@ void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->f16_
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n) { ops()->f32_to_f16(dst, src, n); }
 void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n) { ops()->bf16_to_f32(dst, src, n); }
 
-void kvt_f16_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
-{
-    ops()->f16_rows(dst, ldd, src, lds, nr, n);
-}
-
-void kvt_q8_0_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n)
-{
-    ops()->q8_rows(dst, ldd, src, lds, nr, n);
-}
-
 /* ---- the kernels of each instruction set ---- */
 
 
 static const struct f32_ops ops_scalar = {
     .dot = dot_scalar,
+    .att = att_scalar,
     .axpy = axpy_scalar,
-    .dots_rows = dots_rows_each,
-    .axpys_rows = axpys_rows_each,
-    .dots_qs = dots_qs_each,
-    .axpys_qs = axpys_qs_each,
     .f16_to_f32 = f16_to_f32_scalar,
     .f32_to_f16 = f32_to_f16_scalar,
     .bf16_to_f32 = bf16_scalar,
-    .f16_rows = f16_rows_scalar,
-    .q8_rows = q8_rows_scalar,
     .expf1 = expf1_scalar,
     .swiglu = swiglu_scalar,
     .exp_row = exp_row_scalar,
@@ -1567,15 +1756,10 @@ static const struct mm_ops mm_avx512 = {
 static const struct f32_ops ops_avx2 = {
     .dot = dot_avx2,
     .axpy = axpy_avx2,
-    .dots_rows = dots_rows_avx2,
-    .axpys_rows = axpys_rows_avx2,
-    .dots_qs = dots_qs_each,
-    .axpys_qs = axpys_qs_each,
+    .att = att_avx2,
     .f16_to_f32 = f16_to_f32_f16c,
     .f32_to_f16 = f32_to_f16_f16c,
     .bf16_to_f32 = bf16_avx2,
-    .f16_rows = f16_rows_f16c,
-    .q8_rows = q8_rows_avx2,
     .expf1 = expf1_fma,
     .swiglu = swiglu_avx2,
     .exp_row = exp_row_avx2,
@@ -1586,16 +1770,11 @@ static const struct f32_ops ops_avx2 = {
 static const struct f32_ops ops_avx512 = {
     .dot = dot_avx2,
     .axpy = axpy_avx2,
-    .dots_rows = dots_rows_avx512,
-    .axpys_rows = axpys_rows_avx512,
-    .dots_qs = dots_qs_avx512,
-    .axpys_qs = axpys_qs_avx512,
+    .att = att_avx512,
     .qs_shared = 64,
     .f16_to_f32 = f16_to_f32_f16c,
     .f32_to_f16 = f32_to_f16_f16c,
     .bf16_to_f32 = bf16_avx2,
-    .f16_rows = f16_rows_avx512,
-    .q8_rows = q8_rows_avx512,
     .expf1 = expf1_fma,
     .swiglu = swiglu_avx512,
     .exp_row = exp_row_avx512,

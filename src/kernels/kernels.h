@@ -16,6 +16,7 @@
 #ifndef KVT_KERNELS_H
 #define KVT_KERNELS_H
 
+#include "kvtier.h"
 #include "base/threads.h"
 #include "kernels/cpu.h"
 #include "kernels/wmat.h"
@@ -46,6 +47,25 @@ void kvt_axpys_qs(size_t nq, float *const *y, const float *const *a, const float
  * rows of n floats, so that a caller gains by handing them the queries of
  * more than one token at once (the bits are the same either way). */
 bool kvt_qs_shared(size_t n);
+/* The four above over K or V rows stored in a row type t (kvtier.h; f32,
+ * f16, bf16, q8_0 as ggml's blocks of 32, n then a multiple of 32): k and
+ * v point at the first row's first element, rows ldk / ldv BYTES apart.
+ * Each element is widened to f32 where it is read, in registers, exactly
+ * (cache/rows.h: the values kvt_rows_get gives), so the bits equal those
+ * of the f32 kernels on the rows read into f32 first, on every path. The
+ * f32 kernels above are these with t = KVT_ROWS_F32. */
+void kvt_att_dots_rows(kvt_row_type t, float *out, size_t ldo, const float *q, size_t ldq, size_t nq, const void *k,
+                       size_t ldk, size_t nk, size_t n, float scale);
+void kvt_att_axpys_rows(kvt_row_type t, float *y, size_t ldy, const float *a, size_t lda, size_t nq, const void *v,
+                        size_t ldv, size_t nk, size_t n);
+void kvt_att_dots_qs(kvt_row_type t, size_t nq, float *const *out, const float *const *q, const void *k, size_t ldk,
+                     size_t nk, size_t n, float scale);
+void kvt_att_axpys_qs(kvt_row_type t, size_t nq, float *const *y, const float *const *a, const void *v, size_t ldv,
+                      size_t nk, size_t n);
+/* Faults the tests inject to show their comparisons catch them (0: none;
+ * not to be set while kernels run on other threads). */
+enum { KVT_KERNELS_FAULT_Q8_SCALE = 1 /* the kvt_att_* kernels read q8_0 rows without their scale */ };
+extern _Atomic int kvt_kernels_fault;
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
  * IEEE operations, so the F16C path and the scalar path agree bit for bit. */
@@ -53,15 +73,6 @@ void kvt_f16_row_to_f32(float *dst, const uint16_t *src, size_t n);
 void kvt_f32_row_to_f16(uint16_t *dst, const float *src, size_t n);
 /* bfloat16 rows to f32 (exact). */
 void kvt_bf16_row_to_f32(float *dst, const uint16_t *src, size_t n);
-/* nr typed K or V rows to f32, exactly: row r (n elements) from src + r *
- * lds bytes to dst + r * ldd floats. f16: binary16 rows (the values of
- * kvt_f16_row_to_f32); q8_0: ggml's blocks of 32 (an f16 scale d, then 32
- * int8 q), each element d * q (exact in f32: an 11-bit scale times an 8-bit
- * integer), n a multiple of 32. One call for a run of one KV head's rows in
- * the cache; the SIMD paths give the scalar path's bits. */
-void kvt_f16_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
-void kvt_q8_0_rows_to_f32(float *dst, size_t ldd, const void *src, size_t lds, size_t nr, size_t n);
-
 /* y (n, W->rows) = x (n, W->cols) · W^T, parallel over the rows of W. Each
  * output is the fixed-order dot product above over W's row as f32: a row in
  * another type is dequantised (exactly, src/format/quant.h) 2048 elements at a time
