@@ -171,7 +171,7 @@ int32_t *fuzz_prompt_tokens(const kvt_model *m, const kvt_request *r, size_t *n)
 
 /* The replay hook: sampled bytes for some call ids (any bytes: the
  * rendering copies them as they are), none for the others. */
-static const char *replay(void *user, const char *id, size_t *len)
+static bool replay(void *user, const char *id, kvt_wbuf *out)
 {
     static const char *const texts[] = {
         "", "\n", CB "function" TSEP "f\n```json\n{}\n```" CE, "\xff\xfe\x00x",
@@ -179,13 +179,10 @@ static const char *replay(void *user, const char *id, size_t *len)
     static const size_t lens[] = {0, 1, sizeof(CB "function" TSEP "f\n```json\n{}\n```" CE) - 1, 4};
     (*(int *)user)++;
     uint64_t h = fuzz_hash(id, strlen(id));
-    if (h % 5 == 4) return NULL;
-    if (h % 5 == 3) {
-        *len = strlen(id);
-        return id;
-    }
-    *len = lens[h % 5];
-    return texts[h % 5];
+    if (h % 5 == 4) return false;
+    if (h % 5 == 3) kvt_wbuf_put(out, id, strlen(id));
+    else kvt_wbuf_put(out, texts[h % 5], lens[h % 5]);
+    return true;
 }
 
 static bool prompt_round_trips(const kvt_model *m, const kvt_request *r)
