@@ -262,6 +262,10 @@ TEST(session_clone_ram_counts_once)
         full *= one / ((double)kvt_cache_bytes_allocated(s[0]->cache) - (double)s[0]->cache->state_bytes);
         rows_counted(s, k + 1, &distinct, &held);
         double extra = sum - (double)alone; /* what the k copies add to the budget's count */
+        /* the source's own figure does not move with its copies (a tenant's
+         * RAM figure with its save copies: /metrics) */
+        CHECKF(kvt_session_bytes(s[0]) == alone, "%zu copies moved the source's count from %zu to %zu", k, alone,
+               kvt_session_bytes(s[0]));
         printf("    1 session + %zu copies of %d tokens: rows counted %.2fx one session's (%.0f of %.0f bytes; "
                "in full per copy %.2fx); each copy adds %.0f bytes (%.0f besides rows)\n",
                k, N, held / one, held, one, full / one, extra / (double)k, fixed);

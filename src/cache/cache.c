@@ -64,7 +64,12 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
  * the cache letting go, on its own thread. */
 static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
 {
-    if (!h || atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
+    if (!h) return;
+    /* the block's count goes with it (before the holder count: after it,
+     * another holder may free the block); the next holder to count takes it */
+    uintptr_t me = (uintptr_t)c;
+    atomic_compare_exchange_strong(&h->owner, &me, (uintptr_t)0);
+    if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
     kvt_arena *a = h->arena;
     if (!a) { free(h); return; }
     atomic_fetch_sub_explicit(&a->live_bytes, h->bytes, memory_order_relaxed);
@@ -115,6 +120,7 @@ static bool own_block(kvt_cache *c, kvt_stream *st, size_t b, bool keep)
     kvt_block *h = old ? kvt_malloc(ROWS_AT + bytes) : kvt_calloc(1, ROWS_AT + bytes);
     if (!h) return false;
     atomic_init(&h->refs, 1);
+    atomic_init(&h->owner, (uintptr_t)c);
     h->arena = NULL;
     h->bytes = bytes;
     if (old) memcpy(own_rows(h), st->blocks[b], bytes);
@@ -248,6 +254,7 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
         for (size_t b = 0; b < nb; b++, p += blk, k++) {
             kvt_block *h = &a->blk[k];
             atomic_init(&h->refs, 1);
+            atomic_init(&h->owner, (uintptr_t)c);
             h->arena = a;
             h->bytes = blk;
             st->held[b] = h;
@@ -270,10 +277,15 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
 
 /* This cache's part of block h: the memory it stands for (its allocation,
  * or its part of the arena's in proportion to the bytes of the arena's
- * blocks still held), divided among the caches that hold it. */
-static double block_part(const kvt_block *h)
+ * blocks still held) when the block counts in c, else 0. A block counts in
+ * one of its holders: the cache that made it, and after that one lets it
+ * go, the first holder to count (which takes it here). So a session's
+ * figure does not move when a copy of it (a save's, a fork) comes or goes. */
+static double block_part(const kvt_cache *c, kvt_block *h)
 {
-    size_t refs = atomic_load_explicit(&h->refs, memory_order_relaxed);
+    uintptr_t o = atomic_load_explicit(&h->owner, memory_order_acquire), zero = 0;
+    if (!o && atomic_compare_exchange_strong(&h->owner, &zero, (uintptr_t)c)) o = (uintptr_t)c;
+    if (o != (uintptr_t)c) return 0;
     double mem = (double)(ROWS_AT + h->bytes);
     const kvt_arena *a = h->arena;
     if (a) {
@@ -281,7 +293,7 @@ static double block_part(const kvt_block *h)
         double whole = (double)a->bytes + (double)(sizeof *a + a->count * sizeof *a->blk);
         mem = live ? whole * (double)h->bytes / (double)live : (double)h->bytes;
     }
-    return mem / (double)(refs ? refs : 1);
+    return mem;
 }
 
 size_t kvt_cache_bytes_held(const kvt_cache *c)
@@ -293,7 +305,7 @@ size_t kvt_cache_bytes_held(const kvt_cache *c)
         const kvt_stream *st = &c->streams[s];
         total += st->n_blocks * (sizeof *st->blocks + sizeof *st->held);
         for (size_t b = 0; b < st->n_blocks; b++)
-            if (st->held[b]) blocks += block_part(st->held[b]);
+            if (st->held[b]) blocks += block_part(c, st->held[b]);
     }
     return total + (size_t)(blocks + 0.5);
 }

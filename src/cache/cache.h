@@ -34,6 +34,7 @@ typedef struct kvt_arena kvt_arena;
  * this header) or its part of an arena. */
 typedef struct kvt_block {
     atomic_size_t refs;      /* caches holding it; > 1: nobody writes it */
+    atomic_uintptr_t owner;  /* the cache it counts in (kvt_cache_bytes_held); 0: none yet */
     kvt_arena *arena;        /* the arena its rows are carved from, NULL: its own allocation */
     size_t bytes;            /* its rows' bytes: rows_per_block * row_bytes */
 } kvt_block;
@@ -131,12 +132,13 @@ void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
  * state and its spare arena. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);
 /* This cache's part of the RAM the caches hold: the state, the block
- * tables, the spare arena, the cache itself, and each block it holds
- * divided by the number of caches that hold it (a block held by 8 caches
- * counts an eighth in each; a block in an arena counts its part of the
- * arena, the blocks no cache holds any more included). Summed over every
- * cache, each block counts once. A cache's figure changes when a cache it
- * shares blocks with is copied or freed. */
+ * tables, the spare arena, the cache itself, and the blocks that count in
+ * it: a block counts in full in one of the caches that hold it, the one
+ * that made it, and once that one lets it go, the first other holder to
+ * ask (a block in an arena counts its part of the arena, the blocks no
+ * cache holds any more included). Summed over every cache, each block
+ * counts once; a cache's figure does not move when a copy of it comes or
+ * goes. */
 size_t kvt_cache_bytes_held(const kvt_cache *c);
 /* Give the spare arena back (a cache that waits, not loading). */
 void kvt_cache_trim(kvt_cache *c);
