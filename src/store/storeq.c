@@ -26,7 +26,10 @@
  *     the queue was told to stop.
  *
  * Sessions queued to be saved count against their tenant's RAM share
- * (kvt_storeq_held, read by the tiers' eviction). */
+ * (kvt_storeq_held, read by the tiers' eviction), at what they hold when
+ * asked: a copy queued while its source was live holds next to nothing of
+ * its own (its blocks count in the source), and all of them once the
+ * source lets them go. */
 #include "store/storeq.h"
 #include "arch/model.h"
 #include "store/store.h"
@@ -54,7 +57,7 @@ struct kvt_storeq_job {
     const int32_t *toks;     /* LOAD: (n), borrowed */
     size_t match;            /* LOAD: what the lookup found (match tokens of entry id; */
     int64_t id;              /* id -1: look up) */
-    size_t bytes;            /* SAVE*: counted in held[tenant] */
+    size_t bytes_at_queue;   /* SAVE*: its session's bytes when queued (kvt_storeq_fault_held_at_queue) */
     double next_try, pause;  /* a save that met a lock: when to try again */
     bool done;               /* LOAD: over (under q->mu), got tokens restored */
     size_t got;
@@ -69,7 +72,9 @@ struct kvt_storeq {
     job *head;               /* in the order given */
     bool stopping;
     double stop_at;
-    size_t held[MAX_TENANTS], pending[MAX_TENANTS];
+    job *saving;             /* the save running (unlinked from head), NULL: none */
+    size_t saving_bytes;     /* its session's bytes when it started */
+    size_t pending[MAX_TENANTS];
     double busy_logged;      /* when saves waiting for a lock were last reported */
     kvt_save_policy policy;
     kvt_storeq_hooks h;
@@ -183,13 +188,20 @@ static void run_thread(kvt_storeq *q, bool loads)
             pthread_mutex_lock(&q->mu);
             continue;
         }
-        bool over = run_save(q, j);
-        if (over) kvt_session_free(j->s);
+        size_t bytes = kvt_storeq_fault_held_at_queue ? j->bytes_at_queue : kvt_session_bytes(j->s);
         pthread_mutex_lock(&q->mu);
+        q->saving = j;
+        q->saving_bytes = bytes;
+        pthread_mutex_unlock(&q->mu);
+        bool over = run_save(q, j);
+        pthread_mutex_lock(&q->mu);
+        q->saving = NULL;
         if (over) {
-            q->held[j->tenant] -= j->bytes;
             q->pending[j->tenant]--;
+            pthread_mutex_unlock(&q->mu);
+            kvt_session_free(j->s);
             free(j);
+            pthread_mutex_lock(&q->mu);
         } else { /* back at the front: it keeps its turn among the saves */
             j->next = q->head;
             q->head = j;
@@ -257,7 +269,6 @@ static int push(kvt_storeq *q, job *j)
     job **p = &q->head;
     while (*p) p = &(*p)->next;
     *p = j;
-    q->held[j->tenant] += j->bytes;
     q->pending[j->tenant]++;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
@@ -269,7 +280,7 @@ static job *job_new(kvt_storeq *q, int kind, kvt_store *st, int tenant, kvt_sess
     job *j = kvt_calloc(1, sizeof *j);
     if (!j) return NULL;
     *j = (job){.q = q, .kind = kind, .tenant = tenant, .st = st, .s = s};
-    if (kind != LOAD) j->bytes = kvt_session_bytes(s);
+    if (kind != LOAD) j->bytes_at_queue = kvt_session_bytes(s);
     return j;
 }
 
@@ -318,11 +329,18 @@ bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got)
     return true;
 }
 
+bool kvt_storeq_fault_held_at_queue;
+
 size_t kvt_storeq_held(kvt_storeq *q, int tenant)
 {
-    if (tenant < 0 || tenant >= MAX_TENANTS) return 0;
+    size_t b = 0;
     pthread_mutex_lock(&q->mu);
-    size_t b = q->held[tenant];
+    /* the queued sessions are nobody else's until the saves' thread takes
+     * one (under q->mu): read here as they are now */
+    for (const job *j = q->head; j; j = j->next)
+        if (j->kind != LOAD && j->tenant == tenant)
+            b += kvt_storeq_fault_held_at_queue ? j->bytes_at_queue : kvt_session_bytes(j->s);
+    if (q->saving && q->saving->tenant == tenant) b += q->saving_bytes;
     pthread_mutex_unlock(&q->mu);
     return b;
 }

@@ -56,9 +56,14 @@ int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, co
  * and ld is freed. */
 bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got);
 
-/* Bytes of the sessions queued to be saved for tenant, and the jobs of
- * tenant queued or running (for /metrics). */
+/* Bytes of the sessions queued to be saved for tenant, as they hold them
+ * now (kvt_session_bytes; the one being saved: when its save began), and
+ * the jobs of tenant queued or running (for /metrics). */
 size_t kvt_storeq_held(kvt_storeq *q, int tenant);
+/* Test hook: kvt_storeq_held counts each session at its bytes when it was
+ * queued (a copy queued beside its live source: next to nothing, however
+ * much it holds once the source is gone), to show a test catches it. */
+extern bool kvt_storeq_fault_held_at_queue;
 size_t kvt_storeq_pending(kvt_storeq *q, int tenant);
 
 #endif
