@@ -8,8 +8,10 @@
  *      when the client resent the conversation as text, on the rendered bytes
  *      of the session's exact sampled tokens (only the new suffix is then
  *      tokenized, so a sampled token that the tokenizer would split
- *      differently does not break reuse). Least recently used sessions are
- *      saved to disk (reason evict) and dropped beyond the budget.
+ *      differently does not break reuse); the match on token ids goes
+ *      through an index over the sessions' full blocks. Beyond the budget the least recently used
+ *      session gives back its own tail blocks one by one (saved to disk
+ *      first, reason evict), then goes whole (make_room).
  *   2. Disk: the store (store.c), when it covers more of the prompt.
  *   3. Nothing: a new session, all of it prefilled by the caller.
  *

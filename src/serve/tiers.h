@@ -24,7 +24,7 @@ typedef struct kvt_tier_hooks {
     /* a dropped session was saved to its tenant's store: rc the save's
      * result, created whether a new entry was written */
     void (*saved)(void *user, int tenant, double seconds, int rc, bool created);
-    void (*evicted)(void *user, int tenant);          /* a session left RAM for the budget */
+    void (*evicted)(void *user, int tenant);          /* a session left RAM (whole) for the budget */
     void (*loaded)(void *user, int tenant, double seconds); /* a disk restore was tried */
     void *user;
     /* Take a dropped session s, to be saved to store (reason given) later
@@ -149,9 +149,12 @@ void kvt_tiers_free(kvt_tiers *t);
  * continues a busy one, after at least 256 shared tokens gets a copy (the
  * session stays whole: a busy session is consistent between steps, so
  * copying it is exact); otherwise a new session, restored from the store
- * when it holds a prefix. Making room evicts the tenant's least recently
- * used sessions (saved to store first, reason evict) beyond its share, never
- * a fork's source, a busy session or another tenant's. Sets the checkpoint
+ * when it holds a prefix. Making room beyond the tenant's share takes the
+ * tail blocks no other session holds from its least recently used session,
+ * one 128-token block at a time, then that session whole (saved to store
+ * before it loses anything, reason evict, once); never from a fork's
+ * source, a busy session or another tenant's. The RAM match goes through
+ * the index over the tenant's full blocks (kvt_tier_ix). Sets the checkpoint
  * mark; the chosen session is busy until kvt_tiers_release.
  * KVT_ECTX (nothing changed but *toks) when the prompt, spliced, exceeds
  * n_ctx; KVT_EINVAL when KVT_TIERS_MAX_BUSY sessions are busy already; the error of
