@@ -763,6 +763,8 @@ TEST(tiers_evict_blocks_lru_tail)
     CHECK(holding(t, pa, NSH, 0) == 0 && w.evicted[0] == 1 && in_pool(t, b.s, 0) && holds(b.s, pb, NB));
     CHECKF(kvt_session_bytes(b.s) == b0 + 3 * blk, "B counts %zu bytes, %zu before", kvt_session_bytes(b.s), b0);
     CHECK(kvt_test_digest(b.s, m) == db);
+    printf("    a block %zu bytes; A gave back 1 block, then 2, then went whole: B counts %zu bytes more\n", blk,
+           kvt_session_bytes(b.s) - b0);
     /* the prefix kept is found in RAM: a copy of B, exact */
     t->o.ram_bytes = SIZE_MAX;
     kvt_tier_pick h;

@@ -118,7 +118,7 @@ void kvt_tiers_release(kvt_tiers *t, const kvt_session *s)
     for (size_t i = 0; i < t->n; i++) {
         if (t->pool[i].s != s || !t->pool[i].busy) continue;
         t->pool[i].busy = false;
-        ix_refresh(t, &t->pool[i]); /* its blocks as the request left them */
+        if (!t->pool[i].loading) ix_refresh(t, &t->pool[i]); /* its blocks as the request left them */
         if (kvt_tiers_fault_keep_scratch) continue;
         void *w = kvt_session_park(t->pool[i].s);
         if (w && t->n_spare < KVT_TIERS_MAX_BUSY) t->spare[t->n_spare++] = w;
