@@ -11,6 +11,8 @@
 #include "arch/model.h"
 #include "serve/tiers.h"
 #include "base/util.h"
+#include "cache/cache.h"
+#include "fam_state.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -624,19 +626,21 @@ TEST(tiers_pick_deferred_load_and_hand_off)
     CHECK(!t->pool[0].loading && kvt_tiers_bytes(t, 0) == kvt_session_bytes(q.s));
     CHECK_OK(kvt_session_sync(q.s, own, n, NULL));
     kvt_tiers_release(t, q.s);
-    /* a share it already fills: the next new session evicts it, handed off
-     * whole, and what is handed off still counts */
+    /* a share it already fills: the next new session takes its last blocks
+     * (back to the checkpoint the load left at 600), a copy of the whole
+     * of it handed off to be saved first; it stays, holding the prefix */
     t->o.ram_bytes = kvt_session_bytes(q.s) - 1;
     kvt_session *first = q.s;
     int32_t *b = prompt(100, 9, 100, 9);
     kvt_tier_pick r;
     CHECK_OK(run(t, 0, st, b, 100, &r));
-    CHECK(h.n == 1 && h.s[0] == first && holds(first, a, 700) && t->n == 1 && r.s != first);
-    /* a share the handed-off session alone fills: the pooled one (far
-     * smaller) is evicted too, for the bytes waiting to be saved (and
-     * dropped unsaved: it is below the policy's 512 tokens) */
-    t->o.ram_bytes = h.held;
-    CHECK(kvt_tiers_bytes(t, 0) < h.held);
+    CHECKF(h.n == 1 && holds(h.s[0], a, 700) && h.s[0] != first, "%zu handed off", h.n);
+    CHECKF(in_pool(t, first, 0) && holds(first, a, 600) && t->n == 2 && r.s != first, "first holds %zu, in pool %d, pool %zu",
+           kvt_session_len(first), in_pool(t, first, 0), t->n);
+    /* bytes waiting to be saved count against the share: with as many as
+     * the share, both pooled sessions go (the first not saved again, the
+     * other below the policy's 512 tokens) */
+    t->o.ram_bytes = h.held = kvt_tiers_bytes(t, 0) + 1;
     int32_t *c = prompt(100, 10, 100, 10);
     kvt_tier_pick u;
     CHECK_OK(run(t, 0, st, c, 100, &u));
@@ -649,4 +653,315 @@ TEST(tiers_pick_deferred_load_and_hand_off)
     kvt_store_close(st);
     tiers_close(t, m);
     rmdir_all(dir);
+}
+
+/* ---- eviction at block granularity, and the index over the blocks ----
+ *
+ * On the llama family's synthetic model (rows per token: any point of the
+ * 128-token grid is a cut) and, for the architectures with per-position
+ * state, on the grid's checkpoints. Prompts: A of 684 tokens (5 full
+ * blocks and a partial one); B shares A's first 384 tokens (3 blocks), so
+ * that a copy of A made for B (a fork) shares those blocks with A by
+ * reference and holds 2 blocks of its own. */
+
+enum { NA = 684, NSH = 384, NB = 634 };
+
+/* A pool of one or two tenants on model m (the caller's), its checkpoint
+ * grid `grid` tokens. */
+static kvt_tiers *tiers_on(kvt_model *m, size_t tenants, uint32_t grid, seen *w)
+{
+    kvt_tiers_opts o = {.ram_bytes = SIZE_MAX, .n_tenants = tenants, .n_ctx = CTX, .n_threads = 1,
+                        .policy = KVT_SAVE_POLICY_DEFAULT, .hooks = {saw_save, saw_evict, saw_load, w}};
+    o.policy.continued_interval = grid; /* the grid is gcd(2048, it) */
+    kvt_tiers *t = NULL;
+    return kvt_tiers_new(&t, m, &o) ? NULL : t;
+}
+
+/* Bytes of one block of s's cache (every stream's rows, and each one's
+ * header). */
+static size_t blk_bytes(const kvt_session *s)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < s->cache->n_streams; i++)
+        b += KVT_BLOCK_ROWS_AT + (size_t)s->cache->streams[i].rows_per_block * s->cache->streams[i].row_bytes;
+    return b;
+}
+
+/* Bytes of s's checkpoints past pos. */
+static size_t ckpt_past(const kvt_session *s, size_t pos)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < s->n_ckpt; i++)
+        if (s->ckpt[i].pos > pos) b += s->ckpt[i].state.cap + (size_t)s->m->info.n_vocab * sizeof(float);
+    return b;
+}
+
+/* A new session for a short prompt of its own (seed), which makes room
+ * first. */
+static int trigger(kvt_tiers *t, int tenant, uint64_t seed)
+{
+    int32_t x[40];
+    fam_prompt(x, 40, seed);
+    if (t->m->info.tokenizer && !strcmp(t->m->info.tokenizer, "bytes")) kvt_test_tokens(x, 40, seed);
+    kvt_tier_pick p;
+    return run(t, tenant, NULL, x, 40, &p);
+}
+
+static const fam_spec llama_fam = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+
+/* Over its share, the tenant's least recently used session gives back its
+ * own tail blocks one at a time (the bytes held drop by exactly those
+ * blocks and the checkpoints past the cut) down to the prefix it shares
+ * with another session, which it keeps and which is found; then, as the
+ * LRU with every block shared, it goes whole, its blocks counting in the
+ * other holder from then on (whose bits never moved); a prompt on the kept
+ * prefix is a RAM hit with the bits of a cold run. */
+TEST(tiers_evict_blocks_lru_tail)
+{
+    char dir[] = "/tmp/kvt-tiers-XXXXXX", path[256];
+    kvt_model *m = fam_open(&llama_fam, dir, path, sizeof path);
+    if (!m) return;
+    seen w = {0};
+    kvt_tiers *t = tiers_on(m, 1, 2048, &w);
+    CHECK(t);
+    int32_t pa[NA], pb[NB], ph[NSH + 150];
+    fam_prompt(pa, NA, 31);
+    fam_prompt(pb, NB, 32);
+    memcpy(pb, pa, NSH * sizeof *pb);
+    fam_prompt(ph, NSH + 150, 33);
+    memcpy(ph, pa, NSH * sizeof *ph);
+    kvt_tier_pick a, b;
+    CHECK_OK(run(t, 0, NULL, pa, NA, &a));
+    CHECK_OK(run(t, 0, NULL, pb, NB, &b));
+    CHECK(pick_is(&b, "ram", NSH) && b.forked);
+    CHECK(kvt_tiers_index_entries(t, 0) == NA / KVT_BLOCK + NB / KVT_BLOCK);
+    size_t blk = blk_bytes(a.s), a0 = kvt_session_bytes(a.s), b0 = kvt_session_bytes(b.s);
+    uint64_t db = kvt_test_digest(b.s, m);
+    /* one byte over: A's partial block goes, nothing else */
+    size_t want = blk + ckpt_past(a.s, 640);
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
+    CHECK_OK(trigger(t, 0, 40));
+    CHECKF(in_pool(t, a.s, 0) && kvt_session_len(a.s) == 640, "A holds %zu", kvt_session_len(a.s));
+    CHECKF(a0 - kvt_session_bytes(a.s) == want, "A gave back %zu bytes, its block and checkpoints %zu",
+           a0 - kvt_session_bytes(a.s), want);
+    CHECK(kvt_session_bytes(b.s) == b0 && w.evicted[0] == 0);
+    CHECK(kvt_tiers_index_entries(t, 0) == 640 / KVT_BLOCK + NB / KVT_BLOCK);
+    /* a block and a byte over: two more of A's own blocks go, down to the
+     * prefix it shares with B */
+    size_t a1 = kvt_session_bytes(a.s);
+    want = 2 * blk + ckpt_past(a.s, NSH);
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) - blk - 1;
+    CHECK_OK(trigger(t, 0, 41));
+    CHECKF(in_pool(t, a.s, 0) && holds(a.s, pa, NSH), "A holds %zu", kvt_session_len(a.s));
+    CHECKF(a1 - kvt_session_bytes(a.s) == want, "A gave back %zu bytes, its blocks and checkpoints %zu",
+           a1 - kvt_session_bytes(a.s), want);
+    CHECK(kvt_session_bytes(b.s) == b0 && w.evicted[0] == 0);
+    /* over again: A's last block is B's too, so A goes whole (and B
+     * counts the 3 blocks they shared) */
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
+    CHECK_OK(trigger(t, 0, 42));
+    CHECK(holding(t, pa, NSH, 0) == 0 && w.evicted[0] == 1 && in_pool(t, b.s, 0) && holds(b.s, pb, NB));
+    CHECKF(kvt_session_bytes(b.s) == b0 + 3 * blk, "B counts %zu bytes, %zu before", kvt_session_bytes(b.s), b0);
+    CHECK(kvt_test_digest(b.s, m) == db);
+    printf("    a block %zu bytes; A gave back 1 block, then 2, then went whole: B counts %zu bytes more\n", blk,
+           kvt_session_bytes(b.s) - b0);
+    /* the prefix kept is found in RAM: a copy of B, exact */
+    t->o.ram_bytes = SIZE_MAX;
+    kvt_tier_pick h;
+    CHECK_OK(run(t, 0, NULL, ph, NSH + 150, &h));
+    CHECK(pick_is(&h, "ram", NSH) && h.forked);
+    CHECK(kvt_test_digest(h.s, m) == kvt_test_twin(m, ph, NSH + 150));
+    kvt_tiers_free(t);
+    fam_close(m, dir, path);
+}
+
+/* A session cut at a block's start without a checkpoint there has no
+ * logits for its last token: it says so, and the prompt that ends there,
+ * a RAM hit, computes that token again: the bits of an uninterrupted run.
+ * Negative control: with KVT_SESSION_FAULT_STALE_LOGITS the stale logits
+ * are served, and the same check must refuse them. */
+TEST(tiers_evict_blocks_stale_logits)
+{
+    char dir[] = "/tmp/kvt-tiers-XXXXXX", path[256];
+    kvt_model *m = fam_open(&llama_fam, dir, path, sizeof path);
+    if (!m) return;
+    int32_t pa[NA + 20];
+    fam_prompt(pa, NA + 20, 34);
+    uint64_t want = kvt_test_twin(m, pa, 640), want_more = kvt_test_twin(m, pa, NA + 20);
+    for (int fault = 0; fault < 2; fault++) {
+        seen w = {0};
+        kvt_tiers *t = tiers_on(m, 1, 2048, &w);
+        CHECK(t);
+        kvt_tier_pick a, q;
+        CHECK_OK(run(t, 0, NULL, pa, NA, &a));
+        t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
+        CHECK_OK(trigger(t, 0, 43));
+        CHECK(kvt_session_len(a.s) == 640 && !kvt_session_logits(a.s));
+        t->o.ram_bytes = SIZE_MAX;
+        if (fault) kvt_session_fault = KVT_SESSION_FAULT_STALE_LOGITS;
+        int rc = run(t, 0, NULL, pa, 640, &q);
+        uint64_t got = rc ? 0 : kvt_test_digest(q.s, m); /* with the fault on: it serves the stale logits */
+        kvt_session_fault = KVT_SESSION_FAULT_NONE;
+        CHECK_OK(rc);
+        CHECK(pick_is(&q, "ram", 640) && q.extended && q.s == a.s);
+        if (!fault) {
+            CHECK(got == want);
+            /* and a prompt that goes on from there too */
+            CHECK_OK(run(t, 0, NULL, pa, NA + 20, &q));
+            CHECK(q.s == a.s && kvt_test_digest(q.s, m) == want_more);
+        } else {
+            printf("    negative control, stale logits served after a trim (must be refused):\n");
+            CHECKF(got != want, "control: stale logits went unnoticed");
+        }
+        kvt_tiers_free(t);
+    }
+    fam_close(m, dir, path);
+}
+
+/* A block a busy session (a request running on it) holds is never freed,
+ * nor is the busy session trimmed: the idle LRU session that shares a
+ * prefix with it gives back its own blocks, then goes whole; the busy
+ * session's bits do not move and it runs on exactly. Negative control:
+ * KVT_TIERS_FAULT_TRIM_SHARED (blocks taken as if nobody else held them,
+ * busy sessions' too) must be refused. With KVT_TIERS_TEST_FREE_SHARED=1
+ * in the environment the eviction also frees blocks other caches hold
+ * (KVT_CACHE_FAULT_FREE_SHARED): run so under `make asan`, the busy
+ * session's next read is a use after free that ASan reports (a crash
+ * otherwise: not run by default). */
+TEST(tiers_evict_blocks_never_busy)
+{
+    char dir[] = "/tmp/kvt-tiers-XXXXXX", path[256];
+    kvt_model *m = fam_open(&llama_fam, dir, path, sizeof path);
+    if (!m) return;
+    int32_t pa[NA], pb[NB + 30];
+    fam_prompt(pa, NA, 35);
+    fam_prompt(pb, NB + 30, 36);
+    memcpy(pb, pa, NSH * sizeof *pb);
+    uint64_t want = kvt_test_twin(m, pb, NB + 30);
+    const char *asan = getenv("KVT_TIERS_TEST_FREE_SHARED");
+    for (int fault = 0; fault < 2; fault++) {
+        seen w = {0};
+        kvt_tiers *t = tiers_on(m, 1, 2048, &w);
+        CHECK(t);
+        kvt_tier_pick a, b;
+        CHECK_OK(run(t, 0, NULL, pa, NA, &a));
+        CHECK_OK(run_as(t, 0, NULL, pb, NB, &b, true)); /* B's request runs on */
+        CHECK(b.forked && kvt_tiers_busy(t) == 1);
+        uint64_t db = kvt_test_digest(b.s, m);
+        t->o.ram_bytes = 1;
+        if (fault) kvt_tiers_fault = KVT_TIERS_FAULT_TRIM_SHARED;
+        if (asan && !strcmp(asan, "1")) kvt_cache_fault = KVT_CACHE_FAULT_FREE_SHARED;
+        int rc = trigger(t, 0, 44);
+        kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+        kvt_cache_fault = 0;
+        CHECK_OK(rc);
+        bool ok = in_pool(t, b.s, 0) && holds(b.s, pb, NB) && kvt_test_digest(b.s, m) == db;
+        if (ok) { /* the request goes on: the rest of its tokens */
+            for (size_t i = NB; i < NB + 30 && ok; i++) ok = kvt_session_decode(b.s, pb[i]) == KVT_OK;
+            ok = ok && kvt_test_digest(b.s, m) == want;
+        }
+        if (!fault) {
+            CHECK(ok && w.evicted[0] == 1 && t->n == 2); /* A went; B and the new one */
+        } else {
+            printf("    negative control, eviction taking a busy session's blocks (must be refused):\n");
+            CHECKF(!ok, "control: a busy session trimmed went unnoticed");
+        }
+        kvt_tiers_release(t, b.s);
+        kvt_tiers_free(t);
+    }
+    fam_close(m, dir, path);
+}
+
+/* Tenants never see each other's blocks: a prompt of another tenant's
+ * session is a miss for this one, and eviction over one tenant's share
+ * trims its own sessions only. */
+TEST(tiers_evict_blocks_per_tenant)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 2, SIZE_MAX, &w);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    t->o.policy.continued_interval = 128; /* checkpoints on every block (for new sessions) */
+    int32_t *a = prompt(NA, 37, NA, 37);
+    kvt_tier_pick p0, p1;
+    CHECK_OK(run(t, 0, NULL, a, NA, &p0));
+    CHECK_OK(run(t, 1, NULL, a, NA, &p1));
+    CHECK(pick_is(&p1, "none", 0) && p1.s != p0.s);
+    CHECK(kvt_tiers_index_entries(t, 0) == NA / KVT_BLOCK && kvt_tiers_index_entries(t, 1) == NA / KVT_BLOCK);
+    uint64_t d0 = kvt_test_digest(p0.s, m);
+    /* tenant 1 over its share, tenant 0 far over it too: only tenant 1's
+     * session gives blocks back */
+    t->o.ram_bytes = 2 * (kvt_tiers_bytes(t, 1) - 1);
+    CHECK_OK(trigger(t, 1, 45));
+    CHECK(in_pool(t, p1.s, 1) && kvt_session_len(p1.s) == 640);
+    CHECK(holds(p0.s, a, NA) && kvt_test_digest(p0.s, m) == d0 && w.evicted[0] == 0 && w.evicted[1] == 0);
+    CHECK(kvt_tiers_index_entries(t, 0) == NA / KVT_BLOCK);
+    free(a);
+    tiers_close(t, m);
+}
+
+/* Architectures with per-position state (window rings, recurrent state,
+ * ds4's compressed rows and frontier) are cut at a checkpoint on the grid
+ * (here every 128 tokens): the trimmed session resumes with the bits of
+ * an uninterrupted run, for a prompt that ends at the cut and for one
+ * that goes on. */
+static void resume_exact(kvt_model *m, const int32_t *pa, size_t n)
+{
+    seen w = {0};
+    kvt_tiers *t = tiers_on(m, 1, 128, &w);
+    CHECK(t);
+    kvt_tier_pick a, q;
+    CHECK_OK(run(t, 0, NULL, pa, NA, &a));
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
+    CHECK_OK(trigger(t, 0, 46));
+    CHECKF(in_pool(t, a.s, 0) && kvt_session_len(a.s) == 640, "A holds %zu", kvt_session_len(a.s));
+    t->o.ram_bytes = SIZE_MAX;
+    CHECK_OK(run(t, 0, NULL, pa, 640, &q));
+    CHECK(pick_is(&q, "ram", 640) && q.s == a.s && kvt_test_digest(q.s, m) == kvt_test_twin(m, pa, 640));
+    CHECK_OK(run(t, 0, NULL, pa, n, &q));
+    CHECK(q.s == a.s && kvt_test_digest(q.s, m) == kvt_test_twin(m, pa, n));
+    /* no checkpoint to go back to (the default grid, 2048): the session
+     * goes whole */
+    kvt_tiers_free(t);
+    t = tiers_on(m, 1, 2048, &w);
+    CHECK(t);
+    CHECK_OK(run(t, 0, NULL, pa, NA, &a));
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
+    CHECK_OK(trigger(t, 0, 47));
+    CHECK(holding(t, pa, NA, 0) == 0 && w.evicted[0] == 1);
+    kvt_tiers_free(t);
+}
+
+TEST(tiers_evict_blocks_resume_ds4)
+{
+    kvt_model *m = NULL;
+    if (kvt_model_preset(&m, "ds4-tiny", 7, NULL)) SKIP("ds4-tiny: %s", kvt_errmsg());
+    int32_t *pa = prompt(NA + 100, 38, NA + 100, 38);
+    resume_exact(m, pa, NA + 100);
+    free(pa);
+    kvt_model_close(m);
+}
+
+static void resume_family(const fam_spec *f)
+{
+    char dir[] = "/tmp/kvt-tiers-XXXXXX", path[256];
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
+    if (!m) return;
+    int32_t pa[NA + 100];
+    fam_prompt(pa, NA + 100, 39);
+    printf("    %s\n", f->arch);
+    resume_exact(m, pa, NA + 100);
+    fam_close(m, dir, path);
+}
+
+TEST(tiers_evict_blocks_resume_window)
+{
+    static const fam_spec gemma3 = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    resume_family(&gemma3);
+}
+
+TEST(tiers_evict_blocks_resume_recurrent)
+{
+    static const fam_spec qwen35 = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    resume_family(&qwen35);
 }

@@ -96,6 +96,7 @@ typedef struct metrics {
     uint64_t prompt_tokens, prefilled, generated;
     uint64_t reused_ram, reused_disk, hits_ram, hits_disk, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
+    uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
     hist load, save, prefill;
     hist ttft, itl;               /* time to the first token (from arrival), between tokens */
 } metrics;
@@ -366,6 +367,14 @@ static void tier_evicted(void *user, int t)
     server *sv = user;
     pthread_mutex_lock(&sv->mu);
     sv->tn[t].mx.ram_evictions++;
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static void tier_trimmed(void *user, int t, size_t from, size_t to)
+{
+    server *sv = user;
+    pthread_mutex_lock(&sv->mu);
+    sv->tn[t].mx.ram_blocks_evicted += (from + KVT_BLOCK - 1) / KVT_BLOCK - (to + KVT_BLOCK - 1) / KVT_BLOCK;
     pthread_mutex_unlock(&sv->mu);
 }
 
@@ -1647,6 +1656,8 @@ static char *metrics_text(server *sv, int tnt)
             "tier=\"disk\"", w->ds.snapshots);
     FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
             "tier=\"disk\"", w->ds.evictions);
+    FAMILY("kvtier_ram_blocks_evicted_total", "counter",
+           "128-token blocks that sessions kept in RAM gave back to the budget.", "", w->mx.ram_blocks_evicted);
     FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
     FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store threads.", "",
            w->store_jobs);
@@ -1869,7 +1880,8 @@ int kvt_serve(const kvt_server_opts *opts)
     }
     kvt_tiers_opts to = {.ram_bytes = sv->o.ram_bytes, .n_tenants = sv->n_tn, .n_ctx = sv->o.n_ctx,
                          .n_threads = sv->o.n_threads, .policy = sv->o.policy,
-                         .hooks = {.saved = tier_saved, .evicted = tier_evicted, .loaded = tier_loaded, .user = sv,
+                         .hooks = {.saved = tier_saved, .evicted = tier_evicted, .loaded = tier_loaded,
+                                   .trimmed = tier_trimmed, .user = sv,
                                    .hand_off = tier_hand_off, .held = tier_held},
                          .defer_loads = true};
     if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;

@@ -157,7 +157,10 @@ struct kvt_session {
     void *progress_user;
     int32_t *tokens;         /* (n_ctx) exact ids held */
     size_t n;                /* tokens held */
-    float *logits;           /* (n_vocab) after tokens[n-1] when n > 0 */
+    float *logits;           /* (n_vocab) after tokens[n-1] when n > 0 and not logits_stale */
+    bool logits_stale;       /* logits are not those after tokens[n-1] (a cut without a
+                              * checkpoint there, kvt_session_trim): the next sync
+                              * recomputes the last token, and nothing reads or saves them */
     uint64_t rebuilds;
     kvt_checkpoint *ckpt;      /* (n_ckpt) by increasing pos; architectures with state only */
     size_t n_ckpt, cap_ckpt;

@@ -85,10 +85,31 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path);
  * is loaded (0: the architecture keeps no state to rebuild). */
 size_t kvt_model_replay_tokens(const kvt_model *m, size_t n);
 
+/* Trimming, for the eviction of blocks (tiers.c). kvt_session_resume_at:
+ * the position at or before cut where s resumes exactly (cut itself for
+ * rows per token, kvt_snap_rows_per_token; with a window or recurrent
+ * state, the latest checkpoint at or before cut); s's length when cut is
+ * not below it; 0: none. kvt_session_trim goes back there and lets go of
+ * the blocks wholly past it, and returns the new length (0: none, s
+ * unchanged; or its state could not be restored, s empty). Rows per
+ * token cut where no checkpoint sits have no logits after their last
+ * token: the session says so (logits_stale; kvt_session_logits NULL, no
+ * save at its length), and a sync of a prompt that ends there computes
+ * that token again. */
+size_t kvt_session_resume_at(const kvt_session *s, size_t cut);
+size_t kvt_session_trim(kvt_session *s, size_t cut);
+/* Whether letting go of s's block b (every stream's) frees it: no session
+ * of others[0..n) (s among them or not; NULL entries skipped) holds it.
+ * Holders outside that list (a save's copy in flight) do not count: the
+ * block goes when they are done. */
+bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session *const *others, size_t n);
+
 /* Test hook of session.c, to show a test catches such a bug:
  * KVT_SESSION_FAULT_STEP_MARK makes a batched step (kvt_session_step)
  * leave out the checkpoint at the mark, which a sync of the same tokens
- * keeps. */
-enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK };
+ * keeps; KVT_SESSION_FAULT_STALE_LOGITS makes a session trimmed off its
+ * checkpoints serve its stale logits (kvt_session_trim) as if they were
+ * those after its last token. */
+enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK, KVT_SESSION_FAULT_STALE_LOGITS };
 extern int kvt_session_fault;
 #endif

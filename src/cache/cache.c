@@ -69,6 +69,7 @@ static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
      * another holder may free the block); the next holder to count takes it */
     uintptr_t me = (uintptr_t)c;
     atomic_compare_exchange_strong(&h->owner, &me, (uintptr_t)0);
+    if (kvt_cache_fault == KVT_CACHE_FAULT_FREE_SHARED && !h->arena) { free(h); return; }
     if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
     kvt_arena *a = h->arena;
     if (!a) { free(h); return; }

@@ -145,8 +145,10 @@ void kvt_cache_trim(kvt_cache *c);
 
 /* For tests: KVT_CACHE_FAULT_WRITE_SHARED makes kvt_cache_row write into a
  * block other caches hold (no copy-on-write), to show that the tests of
- * shared blocks catch it. 0: none. */
-enum { KVT_CACHE_FAULT_WRITE_SHARED = 1 };
+ * shared blocks catch it; KVT_CACHE_FAULT_FREE_SHARED makes a cache that
+ * lets go of a block of its own allocation free it whoever else holds it
+ * (a use after free under ASan, tests/test_tiers.c). 0: none. */
+enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2 };
 extern int kvt_cache_fault;
 
 #endif

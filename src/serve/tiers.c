@@ -8,8 +8,10 @@
  *      when the client resent the conversation as text, on the rendered bytes
  *      of the session's exact sampled tokens (only the new suffix is then
  *      tokenized, so a sampled token that the tokenizer would split
- *      differently does not break reuse). Least recently used sessions are
- *      saved to disk (reason evict) and dropped beyond the budget.
+ *      differently does not break reuse); the match on token ids goes
+ *      through an index over the sessions' full blocks. Beyond the budget the least recently used
+ *      session gives back its own tail blocks one by one (saved to disk
+ *      first, reason evict), then goes whole (make_room).
  *   2. Disk: the store (store.c), when it covers more of the prompt.
  *   3. Nothing: a new session, all of it prefilled by the caller.
  *
@@ -24,6 +26,7 @@
 #include "serve/tiers.h"
 #include "arch/model.h"
 #include "store/store.h"
+#include "session/snapshot.h"
 #include "chat/template.h"
 #include "base/util.h"
 
@@ -68,7 +71,11 @@ static void give_back(kvt_tiers *t)
 void kvt_tiers_free(kvt_tiers *t)
 {
     if (!t) return;
-    for (size_t i = 0; i < t->n; i++) kvt_session_free(t->pool[i].s);
+    for (size_t i = 0; i < t->n; i++) {
+        kvt_session_free(t->pool[i].s);
+        free(t->pool[i].ik);
+    }
+    free(t->ix);
     for (size_t i = 0; i < t->n_spare; i++) kvt_session_scratch_free(t->m, t->spare[i]);
     kvt_pool_free(t->threads);
     free(t);
@@ -104,12 +111,14 @@ size_t kvt_tiers_busy(const kvt_tiers *t)
 }
 
 bool kvt_tiers_fault_keep_scratch;
+static void ix_refresh(kvt_tiers *t, kvt_pooled *p);
 
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s)
 {
     for (size_t i = 0; i < t->n; i++) {
         if (t->pool[i].s != s || !t->pool[i].busy) continue;
         t->pool[i].busy = false;
+        if (!t->pool[i].loading) ix_refresh(t, &t->pool[i]); /* its blocks as the request left them */
         if (kvt_tiers_fault_keep_scratch) continue;
         void *w = kvt_session_park(t->pool[i].s);
         if (w && t->n_spare < KVT_TIERS_MAX_BUSY) t->spare[t->n_spare++] = w;
@@ -132,11 +141,127 @@ void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got)
     if (got) { pick->from_disk = pick->reused = got; pick->tier = "disk"; }
 }
 
+/* ---- the index over the blocks in RAM ----
+ *
+ * Every full block of every pooled session, keyed by its chained key (the
+ * disk tier's, kvt_snap_keys: the key of block b covers tokens [0, 128 (b +
+ * 1)), so equal keys mean equal prefixes): key -> (session, block, tenant).
+ * A prompt's longest prefix held in RAM is then the longest run of its
+ * own chained keys found for its tenant, plus what the sessions holding
+ * the last of those blocks share of the partial block after it. Open
+ * addressing with linear probing on the key (already a hash), deletion by
+ * shifting the run back; each session keeps the keys it has entries for
+ * (kvt_pooled.ik), so its entries follow it as it grows, goes back or is
+ * trimmed (ix_refresh), at the cost of its changed blocks only. */
+
+static size_t ix_slot(const kvt_tiers *t, uint64_t key) { return (size_t)(key ^ key >> 32) & (t->ix_cap - 1); }
+
+static bool ix_grow(kvt_tiers *t)
+{
+    size_t cap = t->ix_cap ? 2 * t->ix_cap : 256, old_cap = t->ix_cap;
+    kvt_tier_ix *old = t->ix, *nw = kvt_calloc(cap, sizeof *nw);
+    if (!nw) return false;
+    t->ix = nw;
+    t->ix_cap = cap;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (!old[i].s) continue;
+        size_t j = ix_slot(t, old[i].key);
+        while (nw[j].s) j = (j + 1) & (cap - 1);
+        nw[j] = old[i];
+    }
+    free(old);
+    return true;
+}
+
+static bool ix_add(kvt_tiers *t, uint64_t key, const kvt_session *s, size_t b, int tenant)
+{
+    if (2 * (t->ix_n + 1) > t->ix_cap && !ix_grow(t)) return false;
+    size_t j = ix_slot(t, key);
+    while (t->ix[j].s) j = (j + 1) & (t->ix_cap - 1);
+    t->ix[j] = (kvt_tier_ix){key, s, (uint32_t)b, tenant};
+    t->ix_n++;
+    return true;
+}
+
+static void ix_del(kvt_tiers *t, uint64_t key, const kvt_session *s)
+{
+    if (!t->ix_cap) return;
+    size_t mask = t->ix_cap - 1, i = ix_slot(t, key);
+    while (t->ix[i].s && !(t->ix[i].key == key && t->ix[i].s == s)) i = (i + 1) & mask;
+    if (!t->ix[i].s) return;
+    /* the entries after the hole in its run move back into it unless their
+     * own slot lies cyclically in (hole, entry] */
+    for (size_t j = i;;) {
+        j = (j + 1) & mask;
+        if (!t->ix[j].s) break;
+        size_t k = ix_slot(t, t->ix[j].key);
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;
+        t->ix[i] = t->ix[j];
+        i = j;
+    }
+    t->ix[i] = (kvt_tier_ix){0};
+    t->ix_n--;
+}
+
+/* Bring pooled session p's entries up to the full blocks it holds now: in
+ * O(1) when they did not change (the key of its last full block, which
+ * chains all the others), else from the first block that changed (found
+ * by bisection: the keys chain) on. Out of memory: the blocks left out are
+ * not found in RAM, nothing else. */
+static void ix_refresh(kvt_tiers *t, kvt_pooled *p)
+{
+    kvt_session *s = p->s;
+    size_t nb = kvt_session_len(s) / KVT_BLOCK, cap = (size_t)t->o.n_ctx / KVT_BLOCK + 1;
+    if (nb > cap) nb = cap;
+    if (!p->ik && !(p->ik = kvt_malloc(cap * sizeof *p->ik))) return;
+    const uint64_t *k = nb ? kvt_snap_keys(s, nb) : NULL;
+    if (nb == p->nik && (!nb || k[nb - 1] == p->ik[nb - 1])) return;
+    size_t lo = 0, hi = nb < p->nik ? nb : p->nik;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->ik[mid] == k[mid]) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t b = lo; b < p->nik; b++) ix_del(t, p->ik[b], s);
+    p->nik = lo;
+    for (size_t b = lo; b < nb && ix_add(t, k[b], s, b, p->tenant); b++) {
+        p->ik[b] = k[b];
+        p->nik = b + 1;
+    }
+}
+
+/* Pooled session p leaves the pool: its entries go. */
+static void ix_forget(kvt_tiers *t, kvt_pooled *p)
+{
+    for (size_t b = 0; b < p->nik; b++) ix_del(t, p->ik[b], p->s);
+    free(p->ik);
+    p->ik = NULL;
+    p->nik = 0;
+}
+
+static size_t pool_index(const kvt_tiers *t, const kvt_session *s)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == s) return i;
+    return SIZE_MAX;
+}
+
+size_t kvt_tiers_index_entries(const kvt_tiers *t, int tenant)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < t->ix_cap; i++) k += t->ix[i].s && (tenant < 0 || t->ix[i].tenant == tenant);
+    return k;
+}
+
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
 {
     kvt_session *s = t->pool[i].s;
     const kvt_tier_hooks *h = &t->o.hooks;
-    bool save = store && kvt_session_len(s) >= t->o.policy.min_tokens;
+    /* not again when saved before its first block went (trim_tail), nor
+     * at a length a trim left without logits */
+    bool save = store && !t->pool[i].saved && kvt_session_len(s) >= t->o.policy.min_tokens &&
+                kvt_session_logits(s);
+    ix_forget(t, &t->pool[i]);
     if (save && h->hand_off && h->hand_off(h->user, t->pool[i].tenant, store, s, reason)) {
         t->pool[i] = t->pool[--t->n];
         return;
@@ -242,13 +367,69 @@ static size_t checkpoint_mark(const kvt_model *m, const int32_t *toks, size_t n,
     return mark;
 }
 
+/* Save pooled session i to store (reason evict) before it loses its first
+ * block, when the policy wants it and it was not saved since it last ran:
+ * a copy by reference goes to hooks.hand_off (the session stays), else it
+ * is saved here. */
+static void save_before_trim(kvt_tiers *t, size_t i, kvt_store *store)
+{
+    kvt_pooled *p = &t->pool[i];
+    kvt_session *s = p->s;
+    const kvt_tier_hooks *h = &t->o.hooks;
+    if (!store || p->saved) return;
+    p->saved = true;
+    if (kvt_session_len(s) < t->o.policy.min_tokens || !kvt_session_logits(s)) return;
+    if (h->hand_off) {
+        kvt_session_opts so = {.n_ctx = t->o.n_ctx, .n_threads = t->o.n_threads,
+                               .checkpoint_interval = kvt_save_policy_grid(&t->o.policy)};
+        kvt_session *c = NULL;
+        bool ok = !kvt_session_new_on(&c, t->m, &so, t->threads) && !kvt_session_clone(c, s);
+        if (ok) kvt_session_ckpt_clear(c); /* saved at its length: its state is the cache's own */
+        if (ok && h->hand_off(h->user, p->tenant, store, c, "evict")) return;
+        kvt_session_free(c);
+    }
+    double t0 = kvt_now();
+    bool created = false;
+    int rc = kvt_store_save_new(store, s, kvt_session_len(s), "evict", NULL, &created);
+    if (h->saved) h->saved(h->user, p->tenant, kvt_now() - t0, rc, created);
+}
+
+/* Let go of the last block of pooled session i (the partial one, else its
+ * last full one) when it frees memory: no other pooled session holds it.
+ * Rows per token are cut at the block's start; a session with a window or
+ * recurrent state at its latest checkpoint at or before it (which may let
+ * go of more blocks). Saved first (save_before_trim). false: nothing to
+ * let go of that way (its last block is shared, or no checkpoint to go
+ * back to, or it would be left empty): the session goes whole if at all. */
+static bool trim_tail(kvt_tiers *t, size_t i, kvt_store *store)
+{
+    kvt_session *s = t->pool[i].s;
+    size_t n = kvt_session_len(s);
+    if (!n) return false;
+    size_t last = (n - 1) / KVT_BLOCK, cut = last * KVT_BLOCK;
+    const kvt_session *others[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];
+    for (size_t j = 0; j < t->n; j++) others[j] = t->pool[j].s;
+    if (kvt_tiers_fault != KVT_TIERS_FAULT_TRIM_SHARED && !kvt_session_block_private(s, last, others, t->n))
+        return false;
+    size_t at = kvt_session_resume_at(s, cut);
+    if (!at) return false;
+    save_before_trim(t, i, store);
+    size_t got = kvt_session_trim(s, at);
+    ix_refresh(t, &t->pool[i]);
+    const kvt_tier_hooks *h = &t->o.hooks;
+    if (got && h->trimmed) h->trimmed(h->user, t->pool[i].tenant, n, got);
+    return got > 0;
+}
+
 /* Free the spare scratch while the sessions and it exceed the budget: it
  * counts against the budget too, and goes before any session (making it
- * again costs less than any session's prefill). Then drop the tenant's
- * least recently used sessions, never keep (a fork's source, NULL: none)
- * nor a busy one, until a new session fits in its share (or only those
- * are left: busy sessions may take a tenant past its share until they are
- * released). */
+ * again costs less than any session's prefill). Then, while the tenant is
+ * over its share, take from its least recently used session, never keep
+ * (a fork's source, NULL: none) nor a busy one: its last block when no
+ * other session holds it (trim_tail: block by block on the 128-token
+ * grid, the shared prefix kept), else the session whole; over its count
+ * of sessions, the session whole. Busy sessions may take a tenant past
+ * its share until they are released. */
 static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_session *keep)
 {
     size_t share = t->o.ram_bytes / t->o.n_tenants, slots = KVT_TIERS_MAX_POOL / t->o.n_tenants;
@@ -258,19 +439,94 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
         t->freed += kvt_session_scratch_bytes(t->m, w);
         kvt_session_scratch_free(t->m, w);
     }
+    size_t bytes = kvt_tiers_bytes(t, tenant);
     while (kvt_tiers_count(t, tenant) > (keep ? 1u : 0u) &&
-           (kvt_tiers_count(t, tenant) >= slots ||
-            kvt_tiers_bytes(t, tenant) + (h->held ? h->held(h->user, tenant) : 0) > share)) {
+           (kvt_tiers_count(t, tenant) >= slots || bytes + (h->held ? h->held(h->user, tenant) : 0) > share)) {
+        bool any = kvt_tiers_fault == KVT_TIERS_FAULT_TRIM_SHARED;
         size_t lru = SIZE_MAX;
         for (size_t i = 0; i < t->n; i++)
-            if (t->pool[i].tenant == tenant && t->pool[i].s != keep && !t->pool[i].busy &&
-                (lru == SIZE_MAX || t->pool[i].last_used < t->pool[lru].last_used))
+            if (t->pool[i].tenant == tenant && t->pool[i].s != keep && (!t->pool[i].busy || any) &&
+                !t->pool[i].loading && (lru == SIZE_MAX || t->pool[i].last_used < t->pool[lru].last_used))
                 lru = i;
         if (lru == SIZE_MAX) break;
+        if (kvt_tiers_count(t, tenant) < slots) {
+            /* the session's bytes are all that moves: the block let go
+             * counted in it, and no other pooled session held it */
+            size_t before = kvt_session_bytes(t->pool[lru].s);
+            if (trim_tail(t, lru, store)) {
+                size_t after = kvt_session_bytes(t->pool[lru].s), d = before > after ? before - after : 0;
+                t->freed += d;
+                bytes = bytes > d ? bytes - d : 0;
+                continue;
+            }
+        }
         kvt_tiers_drop(t, lru, store, "evict");
         if (h->evicted) h->evicted(h->user, tenant);
+        bytes = kvt_tiers_bytes(t, tenant); /* blocks it shared count in their other holders now */
     }
     give_back(t);
+}
+
+/* Longest common prefix of toks[0..n) and a session's tokens from token
+ * `from` on (they agree before it). */
+static size_t match_from(const kvt_session *s, const int32_t *toks, size_t n, size_t from)
+{
+    size_t len = kvt_session_len(s);
+    if (len < from) return 0;
+    const int32_t *a = kvt_session_tokens(s);
+    size_t lim = (len < n ? len : n), i = from;
+    while (i < lim && a[i] == toks[i]) i++;
+    return i;
+}
+
+/* The tenant's session holding the longest prefix of toks[0..n) (*best:
+ * its pool index, SIZE_MAX: none) and that prefix's length. Through the
+ * index: the prompt's chained keys probed from its last full block down;
+ * the sessions holding the longest block found (every session of the
+ * tenant when none) are then compared on the tokens after it, and the one
+ * chosen on all the tokens before it too (a key is a hash: rows of
+ * another prefix are never used). Ties go to the first in the pool. */
+static size_t ram_match(kvt_tiers *t, int tenant, const int32_t *toks, size_t n, size_t *best)
+{
+    *best = SIZE_MAX;
+    size_t nb = n / KVT_BLOCK, from = 0, nc = 0;
+    size_t cand[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];
+    uint64_t *kp = nb ? kvt_malloc(nb * sizeof *kp) : NULL;
+    if (kp) {
+        uint64_t key = kvt_snap_key0(t->m);
+        for (size_t b = 0; b < nb; b++) kp[b] = key = kvt_snap_key_next(key, toks + b * KVT_BLOCK);
+    }
+    for (size_t b = kp ? nb : 0; b-- > 0 && !nc && t->ix_cap;) {
+        for (size_t j = ix_slot(t, kp[b]); t->ix[j].s; j = (j + 1) & (t->ix_cap - 1)) {
+            if (t->ix[j].key != kp[b] || t->ix[j].tenant != tenant) continue;
+            size_t i = pool_index(t, t->ix[j].s);
+            if (i != SIZE_MAX && !t->pool[i].loading) cand[nc++] = i;
+        }
+        if (nc) from = (b + 1) * KVT_BLOCK;
+    }
+    free(kp);
+    for (int pass = 0; pass < 2; pass++) {
+        if (!nc) { /* no block matched (or none checked out): every session of the tenant */
+            from = 0;
+            for (size_t i = 0; i < t->n; i++)
+                if (t->pool[i].tenant == tenant && !t->pool[i].loading) cand[nc++] = i;
+        }
+        while (nc) {
+            size_t bi = SIZE_MAX, bc = 0, k = 0;
+            for (size_t c = 0; c < nc; c++) {
+                size_t m = match_from(t->pool[cand[c]].s, toks, n, from);
+                if (m > bc || (m == bc && m && cand[c] < bi)) { bc = m; bi = cand[c]; k = c; }
+            }
+            if (bi == SIZE_MAX) { nc = 0; break; }
+            if (!memcmp(kvt_session_tokens(t->pool[bi].s), toks, from * sizeof *toks)) {
+                *best = bi;
+                return bc - (bc && kvt_tiers_fault == KVT_TIERS_FAULT_PREFIX_SHORT);
+            }
+            cand[k] = cand[--nc]; /* a key that matched other tokens */
+        }
+        if (!from) break;
+    }
+    return 0;
 }
 
 int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
@@ -278,27 +534,28 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
 {
     kvt_model *m = t->m;
     *out = (kvt_tier_pick){.tier = "none"};
-    /* tier 1: RAM. Per session: the common token prefix, or (when the client
-     * resent our output as text) the longer prefix matched on its bytes. */
-    size_t best = SIZE_MAX, reuse = 0;
+    /* tier 1: RAM. The longest prefix on token ids (the index), or (when
+     * the client resent our output as text) a longer one matched on the
+     * bytes of a session's exact tokens. */
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].tenant == tenant && !t->pool[i].loading) ix_refresh(t, &t->pool[i]);
+    size_t best = SIZE_MAX;
+    size_t reuse = ram_match(t, tenant, *toks, *n, &best);
     int32_t *best_alt = NULL;
     size_t best_alt_n = 0;
-    for (size_t i = 0; i < t->n; i++) {
+    for (size_t i = 0; p->len && i < t->n; i++) {
         if (t->pool[i].tenant != tenant || t->pool[i].loading) continue;
         kvt_session *s = t->pool[i].s;
-        size_t c = common_prefix(kvt_session_tokens(s), kvt_session_len(s), *toks, *n);
+        if (kvt_session_len(s) <= reuse) continue; /* cannot match more */
         size_t k = text_match(m, s, p->text, p->len);
         int32_t *alt = NULL;
         size_t na = 0;
-        if (k > c && splice(m, s, k, p->text, p->len, &alt, &na) == KVT_OK) c = k;
-        if (c > reuse) {
-            reuse = c;
+        if (k > reuse && splice(m, s, k, p->text, p->len, &alt, &na) == KVT_OK) {
+            reuse = k;
             best = i;
             free(best_alt);
             best_alt = alt;
             best_alt_n = na;
-        } else {
-            free(alt);
         }
     }
     if (best_alt) { free(*toks); *toks = best_alt; *n = best_alt_n; }
@@ -323,6 +580,7 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
         t->pool[best].last_used = ++t->clock;
         t->pool[best].busy = true;
         t->pool[best].prompt_end = *n;
+        t->pool[best].saved = false;
         lend(t, s);
         *out = (kvt_tier_pick){.s = s, .reused = reuse, .tier = "ram", .extended = true};
     } else {
@@ -340,7 +598,8 @@ int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_
             kvt_session_free(s);
             return kvt_fail(KVT_ENOMEM, "the RAM pool holds %zu sessions", t->n);
         }
-        t->pool[t->n++] = (kvt_pooled){s, ++t->clock, tenant, true, false, *n};
+        t->pool[t->n++] = (kvt_pooled){.s = s, .last_used = ++t->clock, .tenant = tenant, .busy = true,
+                                       .prompt_end = *n};
         lend(t, s);
         *out = (kvt_tier_pick){.s = s, .reused = src ? reuse : 0, .tier = src ? "ram" : "none", .forked = src != NULL};
         if (!src && disk_match && store && t->o.defer_loads) {

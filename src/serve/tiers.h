@@ -24,7 +24,7 @@ typedef struct kvt_tier_hooks {
     /* a dropped session was saved to its tenant's store: rc the save's
      * result, created whether a new entry was written */
     void (*saved)(void *user, int tenant, double seconds, int rc, bool created);
-    void (*evicted)(void *user, int tenant);          /* a session left RAM for the budget */
+    void (*evicted)(void *user, int tenant);          /* a session left RAM (whole) for the budget */
     void (*loaded)(void *user, int tenant, double seconds); /* a disk restore was tried */
     void *user;
     /* Take a dropped session s, to be saved to store (reason given) later
@@ -34,6 +34,9 @@ typedef struct kvt_tier_hooks {
     /* Bytes of the tenant's sessions handed off and not yet saved: they
      * count against its share of the RAM budget until then. */
     size_t (*held)(void *user, int tenant);
+    /* blocks of a session were let go for the budget, the session kept:
+     * it holds `to` tokens of `from` now */
+    void (*trimmed)(void *user, int tenant, size_t from, size_t to);
 } kvt_tier_hooks;
 
 typedef struct kvt_tiers_opts {
@@ -57,7 +60,21 @@ typedef struct kvt_pooled {
     bool loading;              /* a disk restore into it runs on another thread (defer_loads):
                                 * neither read nor counted until kvt_tiers_loaded */
     size_t prompt_end;         /* the length of the last prompt picked for it: past it, its reply */
+    bool saved;                /* saved to the store for the budget (reason evict) since a request
+                                * last ran on it: a later trim or drop does not save it again */
+    uint64_t *ik;              /* (nik) the chained keys of its full blocks, as the index holds them */
+    size_t nik;
 } kvt_pooled;
+
+/* An entry of the index over the full blocks in RAM: the block b of
+ * session s of tenant, whose chained key (kvt_snap_keys, the disk tier's)
+ * is key. s NULL: an empty slot. */
+typedef struct kvt_tier_ix {
+    uint64_t key;
+    const kvt_session *s;
+    uint32_t b;
+    int tenant;
+} kvt_tier_ix;
 
 /* The sessions run on one set of worker threads, and only busy ones hold
  * scratch: a session that is released gives its scratch to the spares,
@@ -77,6 +94,8 @@ typedef struct kvt_tiers {
     void *spare[KVT_TIERS_MAX_BUSY];   /* (n_spare) scratch of released sessions (kvt_session_park) */
     size_t n_spare;
     size_t freed;              /* bytes of sessions dropped since memory was last given back */
+    kvt_tier_ix *ix;           /* (ix_cap, a power of 2; ix_n used) the index: open addressing on key */
+    size_t ix_cap, ix_n;
 } kvt_tiers;
 
 /* The prompt a request brings, beside its tokens: its rendered text (to
@@ -130,9 +149,12 @@ void kvt_tiers_free(kvt_tiers *t);
  * continues a busy one, after at least 256 shared tokens gets a copy (the
  * session stays whole: a busy session is consistent between steps, so
  * copying it is exact); otherwise a new session, restored from the store
- * when it holds a prefix. Making room evicts the tenant's least recently
- * used sessions (saved to store first, reason evict) beyond its share, never
- * a fork's source, a busy session or another tenant's. Sets the checkpoint
+ * when it holds a prefix. Making room beyond the tenant's share takes the
+ * tail blocks no other session holds from its least recently used session,
+ * one 128-token block at a time, then that session whole (saved to store
+ * before it loses anything, reason evict, once); never from a fork's
+ * source, a busy session or another tenant's. The RAM match goes through
+ * the index over the tenant's full blocks (kvt_tier_ix). Sets the checkpoint
  * mark; the chosen session is busy until kvt_tiers_release.
  * KVT_ECTX (nothing changed but *toks) when the prompt, spliced, exceeds
  * n_ctx; KVT_EINVAL when KVT_TIERS_MAX_BUSY sessions are busy already; the error of
@@ -162,6 +184,10 @@ void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason
 /* RAM held by a tenant's sessions (-1: all tenants; sessions loading
  * are not counted), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* Entries of the index over the blocks in RAM: full blocks of a
+ * tenant's sessions (-1: all tenants) as last indexed (kvt_tiers_select
+ * brings them up to date). */
+size_t kvt_tiers_index_entries(const kvt_tiers *t, int tenant);
 /* RAM held by the spare scratch (not any session's). */
 size_t kvt_tiers_spare_bytes(const kvt_tiers *t);
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
@@ -170,8 +196,9 @@ size_t kvt_tiers_busy(const kvt_tiers *t);
 
 /* Test hook, to show a test catches such a bug: KVT_TIERS_FAULT_PREFIX_SHORT
  * makes the common prefix of a prompt and a pooled session one token
- * short. */
-enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT };
+ * short; KVT_TIERS_FAULT_TRIM_SHARED makes the eviction take blocks as
+ * if no other session held them, busy sessions' included. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED };
 extern int kvt_tiers_fault;
 
 #endif

@@ -72,7 +72,7 @@ static void ckpt_push(kvt_session *s, size_t pos, const float *logits, const kvt
 /* Remember the state at s->n. */
 void kvt_session_checkpoint(kvt_session *s)
 {
-    if (s->n == 0) return;
+    if (s->n == 0 || s->logits_stale) return;
     if (s->n_ckpt && s->ckpt[s->n_ckpt - 1].pos == s->n) return;
     bool grid = s->n % s->ckpt_interval == 0;
     size_t off = 0;
@@ -101,11 +101,13 @@ static size_t restore_last(kvt_session *s)
         if (!s->m->arch->state_load || s->m->arch->state_load(s, c->pos, &r) == KVT_OK) {
             memcpy(s->logits, c->logits, (size_t)s->m->info.n_vocab * sizeof(float));
             at = c->pos;
+            s->logits_stale = false;
         } else {
             kvt_session_ckpt_clear(s);
         }
     }
     s->n = at;
+    if (!at) s->logits_stale = false;
     kvt_cache_truncate(s->cache, at);
     return at;
 }
@@ -124,6 +126,7 @@ static size_t rollback_to(kvt_session *s, size_t pos, bool *logits_ok)
     kvt_checkpoint *c = s->n_ckpt ? &s->ckpt[s->n_ckpt - 1] : NULL;
     *logits_ok = pos == 0 || (c && c->pos == pos);
     if (c && c->pos == pos) memcpy(s->logits, c->logits, (size_t)s->m->info.n_vocab * sizeof(float));
+    s->logits_stale = !*logits_ok;
     s->n = pos;
     kvt_cache_truncate(s->cache, pos);
     return pos;
@@ -261,7 +264,10 @@ void kvt_session_set_threads(kvt_session *s, uint32_t n)
     s->n_threads = n;
 }
 
-const float *kvt_session_logits(const kvt_session *s) { return s->n ? s->logits : NULL; }
+const float *kvt_session_logits(const kvt_session *s)
+{
+    return s->n && !(s->logits_stale && kvt_session_fault != KVT_SESSION_FAULT_STALE_LOGITS) ? s->logits : NULL;
+}
 size_t kvt_session_len(const kvt_session *s) { return s->n; }
 const int32_t *kvt_session_tokens(const kvt_session *s) { return s->tokens; }
 uint64_t kvt_session_rebuilds(const kvt_session *s) { return s->rebuilds; }
@@ -285,6 +291,7 @@ static int prefill(kvt_session *s, const int32_t *tokens, size_t n, const uint32
         if (rc) { recover(s, start); return rc; }
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         s->n += c;
+        s->logits_stale = false;
         if (s->n % s->ckpt_interval == 0 || s->n == s->mark || s->n == s->save_mark) kvt_session_checkpoint(s);
         if (s->progress && !s->progress(s->progress_user, s->n - start, n - start))
             return s->n < n ? kvt_fail(KVT_ECANCELED, "prefill canceled at %zu of %zu tokens", s->n, n)
@@ -311,10 +318,15 @@ int kvt_session_sync_prepare(kvt_session *s, const int32_t **tokens, size_t *n, 
             return kvt_fail(KVT_EINVAL, "token %zu: id %d out of range [0, %u)", i, t[i], s->m->info.n_vocab);
     size_t common = 0, lim = nt < s->n ? nt : s->n;
     while (common < lim && s->tokens[common] == t[common]) common++;
-    if (common == nt && nt == s->n) {
+    bool stale = s->logits_stale && kvt_session_fault != KVT_SESSION_FAULT_STALE_LOGITS;
+    if (common == nt && nt == s->n && !stale) {
         *reused = nt;
         return KVT_OK;
     }
+    /* a prompt that ends where a trim left the session, its logits stale:
+     * the last token is computed again (a longer prompt's prefill computes
+     * the logits after its own last token; the rows held are exact) */
+    if (stale && common == nt && nt == s->n) common = s->n - 1;
     if (common < s->n) {
         /* Going back. The prompt may end inside what we hold: then we need
          * the logits after its last token, from a checkpoint right there or
@@ -377,6 +389,7 @@ int kvt_session_decode(kvt_session *s, int32_t token)
     rc = s->m->arch->forward(s, &token, 1, s->n, s->logits, 0);
     if (rc) { recover(s, s->n); return rc; }
     s->tokens[s->n++] = token;
+    s->logits_stale = false;
     if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s); /* the grid, as prefill and a batched step */
     return KVT_OK;
 }
@@ -449,6 +462,7 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         kvt_session *s = st[i].s;
         memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
         s->n += st[i].done;
+        s->logits_stale = false;
         bool mark = (s->n == s->mark || s->n == s->save_mark) && kvt_session_fault != KVT_SESSION_FAULT_STEP_MARK;
         if (s->n % s->ckpt_interval == 0 || mark || (st[i].end && st[i].done == st[i].n))
             kvt_session_checkpoint(s);
@@ -487,6 +501,7 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
         memcpy(s->tokens + s->n, tokens + s->n, c * sizeof(int32_t));
         memcpy(s->logits, lg + (c - 1) * V, V * sizeof(float));
         s->n += c;
+        s->logits_stale = false;
     }
     free(lg);
     if (rc) return rc;
@@ -522,6 +537,7 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
     memcpy(dst->tokens, src->tokens, src->n * sizeof(int32_t));
     memcpy(dst->logits, src->logits, (size_t)src->m->info.n_vocab * sizeof(float));
     dst->n = src->n;
+    dst->logits_stale = src->logits_stale;
     memcpy(b->keys, a->keys, a->n_keys * sizeof *a->keys); /* the same tokens: the same block keys */
     b->n_keys = a->n_keys;
     for (size_t i = 0; i < src->n_ckpt; i++) ckpt_push(dst, src->ckpt[i].pos, src->ckpt[i].logits, &src->ckpt[i].state);
@@ -530,3 +546,37 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
 
 void kvt_session_set_mark(kvt_session *s, size_t pos) { s->mark = pos; }
 void kvt_session_set_save_mark(kvt_session *s, size_t pos) { s->save_mark = pos; }
+
+/* ---- trimming (eviction at block granularity, src/serve/tiers.c) ---- */
+
+size_t kvt_session_resume_at(const kvt_session *s, size_t cut)
+{
+    if (cut >= s->n) return s->n;
+    if (!stateful(s)) return cut;
+    for (size_t i = s->n_ckpt; i-- > 0;)
+        if (s->ckpt[i].pos <= cut) return s->ckpt[i].pos;
+    return 0;
+}
+
+size_t kvt_session_trim(kvt_session *s, size_t cut)
+{
+    size_t at = kvt_session_resume_at(s, cut);
+    if (at >= s->n) return s->n;
+    if (!at) return 0;
+    bool ok;
+    return rollback_to(s, at, &ok);
+}
+
+bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session *const *others, size_t n)
+{
+    for (size_t k = 0; k < s->cache->n_streams; k++) {
+        const kvt_stream *st = &s->cache->streams[k];
+        kvt_block *h = b < st->n_blocks ? st->held[b] : NULL;
+        if (!h || atomic_load_explicit(&h->refs, memory_order_acquire) == 1) continue;
+        for (size_t i = 0; i < n; i++) {
+            const kvt_stream *o = others[i] && others[i] != s ? &others[i]->cache->streams[k] : NULL;
+            if (o && b < o->n_blocks && o->held[b] == h) return false;
+        }
+    }
+    return true;
+}

@@ -127,7 +127,7 @@ static void put_pieces(const kvt_model *m, const int32_t *ids, size_t n, kvt_wbu
 
 static int state_at(kvt_session *s, size_t n, kvt_wbuf *state, const float **logits)
 {
-    if (n == s->n) {
+    if (n == s->n && !s->logits_stale) {
         if (s->m->arch->state_save) s->m->arch->state_save(s, state);
         *logits = s->logits;
         return state->oom ? kvt_fail(KVT_ENOMEM, "snapshot state") : KVT_OK;
@@ -146,7 +146,7 @@ static int state_at(kvt_session *s, size_t n, kvt_wbuf *state, const float **log
 bool kvt_snap_can_save(const kvt_session *s, size_t n)
 {
     if (n == 0 || n > s->n) return false;
-    if (n == s->n) return true;
+    if (n == s->n && !s->logits_stale) return true;
     for (size_t i = 0; i < s->n_ckpt; i++)
         if (s->ckpt[i].pos == n) return true;
     return false;
@@ -499,6 +499,7 @@ static int expect(kvt_session *s, size_t n, size_t *state_len, size_t *rows_len)
 static void reset(kvt_session *s)
 {
     s->n = 0;
+    s->logits_stale = false;
     kvt_cache_truncate(s->cache, 0);
     kvt_session_ckpt_clear(s);
     s->cache->state_check = false;
@@ -853,6 +854,7 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
         }
     }
     s->n = in.n;
+    s->logits_stale = false;
     /* the keys the blocks were checked against are the session's now */
     for (uint32_t b = 0; b < in.nb; b++) s->cache->keys[b] = kvt_rd64(in.sec[SEC_KEYS] + 8 * (size_t)b);
     s->cache->n_keys = in.nb;
