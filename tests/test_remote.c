@@ -14,6 +14,7 @@
 #include "base/util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,4 +205,327 @@ TEST(remote_hit_bit_exact)
     kvt_remote_close(b);
     kvt_model_close(m);
     redis_stop(&r);
+}
+
+/* The keys matching pattern, as strings (the caller frees each and the array). */
+static size_t keys_of(kvt_redis *c, const char *pattern, char ***out)
+{
+    const char *a[2] = {"KEYS", pattern};
+    redisReply *x = cmd(c, 2, a, NULL);
+    *out = NULL;
+    if (!x || x->type != REDIS_REPLY_ARRAY) { if (x) freeReplyObject(x); return 0; }
+    char **v = calloc(x->elements + 1, sizeof *v);
+    for (size_t i = 0; i < x->elements; i++) v[i] = strndup(x->element[i]->str, x->element[i]->len);
+    size_t n = x->elements;
+    freeReplyObject(x);
+    *out = v;
+    return n;
+}
+
+static void keys_free(char **k, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(k[i]);
+    free(k);
+}
+
+static uint8_t *get_value(kvt_redis *c, const char *key, size_t *len)
+{
+    const char *a[2] = {"GET", key};
+    redisReply *x = cmd(c, 2, a, NULL);
+    uint8_t *v = NULL;
+    *len = 0;
+    if (x && x->type == REDIS_REPLY_STRING) {
+        v = malloc(x->len + 1);
+        memcpy(v, x->str, x->len);
+        *len = x->len;
+    }
+    if (x) freeReplyObject(x);
+    return v;
+}
+
+static bool set_value(kvt_redis *c, const char *key, const uint8_t *v, size_t len)
+{
+    const char *a[3] = {"SET", key, (const char *)v};
+    size_t l[3] = {3, strlen(key), len};
+    redisReply *x = cmd(c, 3, a, l);
+    bool ok = x && x->type == REDIS_REPLY_STATUS;
+    if (x) freeReplyObject(x);
+    return ok;
+}
+
+static bool exists(kvt_redis *c, const char *key)
+{
+    const char *a[2] = {"EXISTS", key};
+    redisReply *x = cmd(c, 2, a, NULL);
+    bool e = x && x->type == REDIS_REPLY_INTEGER && x->integer == 1;
+    if (x) freeReplyObject(x);
+    return e;
+}
+
+/* The first key matching pattern other than the MAC and part keys. */
+static char *first_key(kvt_redis *c, const char *pattern)
+{
+    char **k;
+    size_t n = keys_of(c, pattern, &k);
+    char *best = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(k[i], '#') && (!best || strcmp(k[i], best) < 0)) best = k[i];
+    char *out = best ? strdup(best) : NULL;
+    keys_free(k, n);
+    return out;
+}
+
+enum { FLIP, TRUNCATE, SWAP, FOREIGN, N_DAMAGE };
+static const char *damage_name[N_DAMAGE] = {"a bit flip in a block", "a truncated snapshot", "two blocks swapped",
+                                            "a foreign model's records"};
+
+TEST(remote_damaged_values_miss)
+{
+    const char *why = no_redis();
+    if (why) SKIP("%s", why);
+    rsrv r;
+    CHECK(redis_start(&r, NULL));
+    kvt_model *m = tiny(), *other = NULL;
+    CHECK_OK(kvt_model_preset(&other, "ds4-tiny", TINY_SEED + 1, NULL));
+    int32_t t[N];
+    seqb(t, N, 9);
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0), *fo = tier(&r, other, NULL, NULL, 0);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(a && fo && c);
+    for (int d = 0; d < N_DAMAGE; d++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_session *cold = upload_cold(a, 0, m, t, N);
+        CHECK(cold);
+        kvt_remote_stats st0, st1;
+        kvt_remote_stats_get(a, &st0);
+        char *blk = first_key(c, "*:b:*"), *snap = first_key(c, "*:s:*"), *damaged = NULL;
+        CHECK(blk && snap);
+        size_t len = 0, len2 = 0;
+        uint8_t *v = get_value(c, blk, &len);
+        CHECK(v && len > 100);
+        if (d == FLIP) {
+            v[len / 2] ^= 0x10;
+            CHECK(set_value(c, blk, v, len));
+            damaged = blk;
+        } else if (d == TRUNCATE) {
+            free(v);
+            v = get_value(c, snap, &len);
+            CHECK(set_value(c, snap, v, len - 9));
+            damaged = snap;
+        } else if (d == SWAP) {
+            char **k;
+            size_t nk = keys_of(c, "*:b:*", &k);
+            CHECK(nk == 2); /* 300 tokens: two blocks */
+            uint8_t *w0 = get_value(c, k[0], &len), *w1 = get_value(c, k[1], &len2);
+            CHECK(w0 && w1 && set_value(c, k[0], w1, len2) && set_value(c, k[1], w0, len));
+            free(w0);
+            free(w1);
+            free(blk);
+            blk = strdup(k[0]); /* both are bad: either is deleted */
+            keys_free(k, nk);
+            damaged = blk;
+        } else {
+            /* the other model's records of the same tokens, put under this model's keys */
+            kvt_session *o = upload_cold(fo, 0, other, t, N);
+            kvt_session_free(o);
+            /* each of its values in place of this model's of the same kind and block index */
+            char **k;
+            size_t nk = keys_of(c, "*", &k);
+            size_t moved = 0;
+            for (size_t i = 0; i < nk; i++) {
+                if (!strncmp(k[i], snap, 23) || strchr(k[i], '#') || strstr(k[i], ":i:")) continue;
+                size_t l;
+                uint8_t *w = get_value(c, k[i], &l);
+                bool is_blk = strstr(k[i], ":b:") != NULL;
+                for (size_t j = 0; w && j < nk; j++) {
+                    if (strncmp(k[j], snap, 23) || strchr(k[j], '#') || !strstr(k[j], is_blk ? ":b:" : ":s:")) continue;
+                    size_t l2;
+                    uint8_t *mine = get_value(c, k[j], &l2);
+                    if (mine && (!is_blk || kvt_rd32(mine + 12) == kvt_rd32(w + 12))) moved += set_value(c, k[j], w, l);
+                    free(mine);
+                }
+                free(w);
+            }
+            keys_free(k, nk);
+            CHECKF(moved >= 3, "%zu foreign values put in place", moved);
+            damaged = snap;
+        }
+        size_t got = 99;
+        kvt_session *s = fetch(a, 0, m, t, N, &got);
+        CHECKF(got == 0, "%s: a hit of %zu tokens", damage_name[d], got);
+        CHECK(kvt_session_len(s) == 0);
+        kvt_remote_stats_get(a, &st1);
+        CHECKF(st1.bad > st0.bad, "%s: not counted as damage", damage_name[d]);
+        CHECKF(!exists(c, damaged), "%s: %s not deleted", damage_name[d], damaged);
+        /* uploaded anew, the prefix is a hit again, exact */
+        kvt_remote_upload(a, 0, cold, N);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_session_free(s);
+        s = fetch(a, 0, m, t, N, &got);
+        CHECKF(got == N, "%s: after a new upload, a hit of %zu", damage_name[d], got);
+        CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+        printf("    %s: a miss, deleted; uploaded anew, a hit\n", damage_name[d]);
+        kvt_session_free(s);
+        kvt_session_free(cold);
+        free(v);
+        free(blk);
+        free(snap);
+    }
+    kvt_redis_free(c);
+    kvt_remote_close(a);
+    kvt_remote_close(fo);
+    kvt_model_close(other);
+    kvt_model_close(m);
+    redis_stop(&r);
+}
+
+/* A block record with other rows and a checksum made anew: every check but
+ * the HMAC passes. */
+static void plant(uint8_t *v, size_t len)
+{
+    v[len - 8 - 5] ^= 0x40;
+    uint64_t h = XXH3_64bits(v, len - 8);
+    memcpy(v + len - 8, &h, 8);
+}
+
+TEST(remote_secret_refuses_planted)
+{
+    const char *why = no_redis();
+    if (why) SKIP("%s", why);
+    rsrv r;
+    CHECK(redis_start(&r, NULL));
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", r.dir);
+    CHECK(write_file(secret, "fleet secret 1\n"));
+    chmod(secret, 0600);
+    kvt_model *m = tiny();
+    int32_t t[N], u[N];
+    seqb(t, N, 11);
+    seqb(u, N, 12);
+    const char *tenants[2] = {"alice", "bob"};
+    kvt_remote *a = tier(&r, m, secret, tenants, 2), *plain = tier(&r, m, NULL, NULL, 0);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(a && plain && c);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    size_t got;
+    /* bob does not see alice's prefix */
+    kvt_session *s = fetch(a, 1, m, t, N, &got);
+    CHECK(got == 0);
+    kvt_session_free(s);
+    /* a consistent planted block: refused with the secret... */
+    char **k;
+    size_t nk = keys_of(c, "*:b:*", &k);
+    char *blk = NULL;
+    for (size_t i = 0; i < nk && !blk; i++)
+        if (!strchr(k[i], '#')) blk = strdup(k[i]);
+    keys_free(k, nk);
+    CHECK(blk);
+    size_t len;
+    uint8_t *orig = get_value(c, blk, &len), *v = malloc(len);
+    memcpy(v, orig, len);
+    plant(v, len);
+    CHECK(kvt_snap_block_check(v, len, NULL) == KVT_OK);
+    CHECK(set_value(c, blk, v, len));
+    kvt_remote_stats st;
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_stats_get(a, &st);
+    CHECKF(got == 0 && st.bad >= 1, "a planted block with the secret: hit %zu, bad %llu", got,
+           (unsigned long long)st.bad);
+    CHECK(!exists(c, blk));
+    kvt_session_free(s);
+    /* ...and, the negative control, loaded when the HMAC is not checked: a
+     * wrong cache, which the check is what keeps out */
+    CHECK(set_value(c, blk, orig, len));
+    kvt_remote_upload(a, 0, cold, N); /* the index entry the failed load dropped */
+    CHECK(kvt_remote_drain(a, 10));
+    CHECK(set_value(c, blk, v, len));
+    kvt_remote_skip_mac = true;
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_skip_mac = false;
+    CHECKF(got == N, "without the HMAC check the planted block is loaded (got %zu)", got);
+    CHECK(kvt_test_digest(s, m) != kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    /* alice's values copied into bob's namespace: refused (the MAC names the key) */
+    CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_session_free(upload_cold(a, 0, m, t, N));
+    nk = keys_of(c, "*", &k);
+    char alice[96] = "";
+    CHECK(nk > 0);
+    snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[0] + 24, ":") - k[0] + 1), k[0]); /* kvt:r1:KEY0:NS: */
+    kvt_session_free(upload_cold(a, 1, m, u, N)); /* bob's namespace exists */
+    char **k2;
+    size_t nk2 = keys_of(c, "*", &k2);
+    char bob[96] = "";
+    for (size_t i = 0; i < nk2; i++)
+        if (strncmp(k2[i], alice, strlen(alice))) snprintf(bob, sizeof bob, "%.*s", (int)strlen(alice), k2[i]);
+    keys_free(k2, nk2);
+    CHECK(bob[0] && strcmp(bob, alice));
+    for (size_t i = 0; i < nk; i++) {
+        size_t l;
+        uint8_t *w = get_value(c, k[i], &l);
+        char key[300];
+        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        if (w) CHECK(set_value(c, key, w, l));
+        else { /* the index hash */
+            const char *a2[3] = {"COPY", k[i], key};
+            redisReply *x = cmd(c, 3, a2, NULL);
+            if (x) freeReplyObject(x);
+        }
+        free(w);
+    }
+    keys_free(k, nk);
+    s = fetch(a, 1, m, t, N, &got);
+    CHECKF(got == 0, "alice's values copied to bob: a hit of %zu", got);
+    kvt_session_free(s);
+    /* the negative control: without the HMAC check the copy is a hit in bob's namespace */
+    nk = keys_of(c, "*", &k); /* the copy again: the failed load deleted what failed */
+    keys_free(k, nk);
+    kvt_session_free(upload_cold(a, 0, m, t, N));
+    nk = keys_of(c, "*", &k);
+    for (size_t i = 0; i < nk; i++) {
+        if (strncmp(k[i], alice, strlen(alice))) continue;
+        size_t l;
+        uint8_t *w = get_value(c, k[i], &l);
+        char key[300];
+        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        if (w) set_value(c, key, w, l);
+        else {
+            const char *a2[3] = {"COPY", k[i], key};
+            redisReply *x = cmd(c, 3, a2, NULL);
+            if (x) freeReplyObject(x);
+        }
+        free(w);
+    }
+    keys_free(k, nk);
+    kvt_remote_skip_mac = true;
+    s = fetch(a, 1, m, t, N, &got);
+    kvt_remote_skip_mac = false;
+    CHECKF(got == N, "without the HMAC check the copy is a hit (got %zu)", got);
+    kvt_session_free(s);
+    /* tenants without a secret: refused, saying why */
+    kvt_remote_opts o = {.url = r.url, .tenants = tenants, .n_tenants = 2, .keyed_tenants = true, .quiet = true};
+    kvt_remote *bad = NULL;
+    CHECK(kvt_remote_open(&bad, m, &o) == KVT_EINVAL && strstr(kvt_errmsg(), "secret"));
+    free(blk); free(orig); free(v);
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_remote_close(a);
+    kvt_remote_close(plain);
+    kvt_model_close(m);
+    redis_stop(&r);
+}
+
+TEST(remote_url_refusals)
+{
+    kvt_redis_url u;
+    CHECK(kvt_redis_parse_url("redis://h:7000/3", &u) == KVT_OK && u.port == 7000 && u.db == 3 && !strcmp(u.host, "h"));
+    CHECK(kvt_redis_parse_url("redis://kv@[::1]:7001", &u) == KVT_OK && !strcmp(u.host, "::1") && !strcmp(u.user, "kv"));
+    CHECK(kvt_redis_parse_url("redis://host", &u) == KVT_OK && u.port == 6379);
+    CHECK(kvt_redis_parse_url("rediss://host:1", &u) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_redis_parse_url("redis-cluster://a:1,b:2", &u) == KVT_EUNSUPPORTED);
+    CHECK(kvt_redis_parse_url("redis://u:pw@host:1", &u) == KVT_EINVAL && strstr(kvt_errmsg(), "password-file"));
+    CHECK(kvt_redis_parse_url("redis://host:0", &u) == KVT_EINVAL);
+    CHECK(kvt_redis_parse_url("redis://host:1/x", &u) == KVT_EINVAL);
+    CHECK(kvt_redis_parse_url("http://host:1", &u) == KVT_EINVAL);
 }

@@ -437,8 +437,10 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     char name[200];
     for (size_t b = 0; b < nb; b++) {
         block_key(r, tenant, keys[b], name, sizeof name);
-        const char *a[2] = {"EXISTS", name};
-        kvt_redis_append(rd, 2, a, NULL);
+        char mac[210];
+        snprintf(mac, sizeof mac, "%s#mac", name);
+        const char *a[3] = {"EXISTS", name, mac};
+        kvt_redis_append(rd, r->secret_len ? 3 : 2, a, NULL);
     }
     redisReply **rep = NULL;
     size_t nr = 0;
@@ -473,7 +475,7 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         char num[32];
         snprintf(num, sizeof num, " %zu", bl);
         kvt_wbuf_puts(&u->manifest, num);
-        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == 1;
+        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
         if (have) { u->vals.len = before; continue; } /* only its length is needed, for the manifest */
         block_key(r, tenant, keys[b], name, sizeof name);
         kvt_wbuf_put(&names, name, strlen(name) + 1);
@@ -687,10 +689,12 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     breaker_report(r, !rc, rc ? kvt_errmsg() : NULL);
     if (rc) goto out;
     bool missing = false, bad = false;
-    bool *bad_v = kvt_calloc(nv, sizeof *bad_v);
+    bool *bad_v = kvt_calloc(nv, sizeof *bad_v), *gone_v = kvt_calloc(nv, sizeof *gone_v);
+    if (!gone_v) { free(bad_v); bad_v = NULL; }
     for (size_t i = 0; i < nv && bad_v; i++) {
         int a = assemble(r, names[i], c->lens[i], rep + first[i], &vals[i]);
         if (a == 0) missing = true;
+        if (a == 0) gone_v[i] = true; /* what is left of it (parts, MAC) goes, so an upload sends it whole */
         if (a < 0) bad = bad_v[i] = true;
         if (a > 0) *bytes += c->lens[i];
     }
@@ -723,7 +727,7 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
         const char *a[3] = {"HDEL", idx, field};
         kvt_redis_append(rd, 3, a, NULL);
         for (size_t i = 0; bad_v && i < nv; i++)
-            if (bad_v[i]) append_del(r, rd, names[i], c->lens[i]);
+            if (bad_v[i] || gone_v[i]) append_del(r, rd, names[i], c->lens[i]);
         if (kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
         size_t nbad = 0;
         for (size_t i = 0; bad_v && i < nv; i++) nbad += bad_v[i];
@@ -736,6 +740,7 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
                     nbad, c->n);
     }
     free(bad_v);
+    free(gone_v);
 out:
     for (size_t i = 0; vals && i < nv; i++) free(vals[i]);
     free(vals);
