@@ -12,6 +12,7 @@
 #include "store/redis.h"
 #include "store/remote.h"
 #include "base/util.h"
+#include "arch/model.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -114,6 +115,19 @@ static void redis_stop(rsrv *r)
     if (r->dir[0] && system(c)) {}
 }
 
+/* A test on a redis-server of its own (extra: its arguments, NULL-terminated
+ * array or NULL), stopped whatever the body's checks say. */
+#define REDIS_TEST(name, extra)                                             \
+    TEST(name)                                                              \
+    {                                                                       \
+        const char *why_ = no_redis();                                      \
+        if (why_) SKIP("%s", why_);                                         \
+        rsrv r_;                                                            \
+        CHECKF(redis_start(&r_, extra), "redis-server did not start");      \
+        name##_body(&r_);                                                   \
+        redis_stop(&r_);                                                    \
+    }
+
 static bool write_file(const char *path, const char *text)
 {
     return fx_write_file(path, text, strlen(text));
@@ -153,12 +167,9 @@ static kvt_session *fetch(kvt_remote *rt, int tenant, kvt_model *m, const int32_
     return s;
 }
 
-TEST(remote_hit_bit_exact)
+static void remote_hit_bit_exact_body(rsrv *rp)
 {
-    const char *why = no_redis();
-    if (why) SKIP("%s", why);
-    rsrv r;
-    CHECK(redis_start(&r, NULL));
+    rsrv r = *rp;
     kvt_model *m = tiny();
     int32_t t[N + 40];
     seqb(t, N + 40, 5);
@@ -193,7 +204,9 @@ TEST(remote_hit_bit_exact)
     CHECK(got == 0 && kvt_session_len(s2) == 0);
     /* values in parts: the same prefix through 1000-byte parts */
     kvt_remote_part_bytes = 1000;
-    CHECK(cmd_ok(raw(&r, NULL), "FLUSHALL", NULL, NULL));
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(c && cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_redis_free(c);
     kvt_session_free(upload_cold(a, 0, m, t, N));
     kvt_session *s3 = fetch(b, 0, m, t, N, &got);
     kvt_remote_part_bytes = 1u << 20;
@@ -204,8 +217,8 @@ TEST(remote_hit_bit_exact)
     kvt_remote_close(a);
     kvt_remote_close(b);
     kvt_model_close(m);
-    redis_stop(&r);
 }
+REDIS_TEST(remote_hit_bit_exact, NULL)
 
 /* The keys matching pattern, as strings (the caller frees each and the array). */
 static size_t keys_of(kvt_redis *c, const char *pattern, char ***out)
@@ -279,12 +292,9 @@ enum { FLIP, TRUNCATE, SWAP, FOREIGN, N_DAMAGE };
 static const char *damage_name[N_DAMAGE] = {"a bit flip in a block", "a truncated snapshot", "two blocks swapped",
                                             "a foreign model's records"};
 
-TEST(remote_damaged_values_miss)
+static void remote_damaged_values_miss_body(rsrv *rp)
 {
-    const char *why = no_redis();
-    if (why) SKIP("%s", why);
-    rsrv r;
-    CHECK(redis_start(&r, NULL));
+    rsrv r = *rp;
     kvt_model *m = tiny(), *other = NULL;
     CHECK_OK(kvt_model_preset(&other, "ds4-tiny", TINY_SEED + 1, NULL));
     int32_t t[N];
@@ -376,8 +386,8 @@ TEST(remote_damaged_values_miss)
     kvt_remote_close(fo);
     kvt_model_close(other);
     kvt_model_close(m);
-    redis_stop(&r);
 }
+REDIS_TEST(remote_damaged_values_miss, NULL)
 
 /* A block record with other rows and a checksum made anew: every check but
  * the HMAC passes. */
@@ -388,12 +398,9 @@ static void plant(uint8_t *v, size_t len)
     memcpy(v + len - 8, &h, 8);
 }
 
-TEST(remote_secret_refuses_planted)
+static void remote_secret_refuses_planted_body(rsrv *rp)
 {
-    const char *why = no_redis();
-    if (why) SKIP("%s", why);
-    rsrv r;
-    CHECK(redis_start(&r, NULL));
+    rsrv r = *rp;
     char secret[128];
     snprintf(secret, sizeof secret, "%s/secret", r.dir);
     CHECK(write_file(secret, "fleet secret 1\n"));
@@ -513,8 +520,8 @@ TEST(remote_secret_refuses_planted)
     kvt_remote_close(a);
     kvt_remote_close(plain);
     kvt_model_close(m);
-    redis_stop(&r);
 }
+REDIS_TEST(remote_secret_refuses_planted, NULL)
 
 TEST(remote_url_refusals)
 {
@@ -529,3 +536,173 @@ TEST(remote_url_refusals)
     CHECK(kvt_redis_parse_url("redis://host:1/x", &u) == KVT_EINVAL);
     CHECK(kvt_redis_parse_url("http://host:1", &u) == KVT_EINVAL);
 }
+
+static kvt_remote *tier_ms(const rsrv *r, kvt_model *m, const char *password_file, int lookup_ms, int load_ms)
+{
+    kvt_remote_opts o = {.url = r->url, .password_file = password_file, .lookup_ms = lookup_ms, .load_ms = load_ms,
+                         .connect_ms = 200, .quiet = true};
+    kvt_remote *t = NULL;
+    if (kvt_remote_open(&t, m, &o)) printf("    kvt_remote_open: %s\n", kvt_errmsg());
+    return t;
+}
+
+/* A stopped Redis (SIGSTOP) during lookups: each costs its deadline and is
+ * a miss; after three the breaker opens and lookups cost nothing; once
+ * Redis runs again, the probe after the breaker's second finds the prefix. */
+static void remote_stopped_redis_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 21);
+    enum { LOOKUP_MS = 50 };
+    kvt_remote *a = tier_ms(&r, m, NULL, LOOKUP_MS, 500);
+    CHECK(a);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    CHECK(kill(r.pid, SIGSTOP) == 0);
+    kvt_remote_stats st;
+    size_t got;
+    for (int i = 0; i < 3; i++) {
+        double t0 = fx_now();
+        kvt_session *s = fetch(a, 0, m, t, N, &got);
+        double dt = fx_now() - t0;
+        kvt_session_free(s);
+        printf("    lookup %d with Redis stopped: %.1f ms, a miss\n", i + 1, dt * 1e3);
+        /* the deadline plus scheduling slack on a loaded 2-core machine */
+        CHECKF(got == 0 && dt < LOOKUP_MS / 1e3 + 0.5, "lookup %d: %zu tokens in %.3f s", i + 1, got, dt);
+    }
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.breaker == 1 && st.breaker_trips == 1 && st.errors == 3, "breaker %d, trips %llu, errors %llu",
+           st.breaker, (unsigned long long)st.breaker_trips, (unsigned long long)st.errors);
+    double t0 = fx_now();
+    kvt_session *s = fetch(a, 0, m, t, N, &got);
+    double dt = fx_now() - t0;
+    kvt_session_free(s);
+    kvt_remote_stats_get(a, &st);
+    CHECKF(got == 0 && st.errors == 3 && dt < 0.02, "with the breaker open: asked anyway (errors %llu, %.3f s)",
+           (unsigned long long)st.errors, dt);
+    CHECK(kill(r.pid, SIGCONT) == 0);
+    fx_sleep_ms(1100); /* the breaker's first pause, BREAK_MIN */
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_stats_get(a, &st);
+    CHECKF(got == N && st.breaker == 0, "after Redis came back: %zu tokens, breaker %d", got, st.breaker);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    /* the negative control of the time bound: with a 1.5 s deadline, a
+     * lookup of a stopped Redis takes it, past the bound above */
+    kvt_remote *slow = tier_ms(&r, m, NULL, 1500, 500);
+    CHECK(slow);
+    CHECK(kill(r.pid, SIGSTOP) == 0);
+    t0 = fx_now();
+    s = fetch(slow, 0, m, t, N, &got);
+    dt = fx_now() - t0;
+    kill(r.pid, SIGCONT);
+    printf("    the same lookup with a 1500 ms deadline: %.0f ms\n", dt * 1e3);
+    CHECK(got == 0 && dt >= 1.4);
+    kvt_session_free(s);
+    kvt_remote_close(slow);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_stopped_redis, NULL)
+
+/* A wrong password: a miss, nothing uploaded, the reason Redis gave kept;
+ * the right one: a hit. */
+static const char *const with_password[] = {"--requirepass", "right horse", NULL};
+static void remote_wrong_password_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 23);
+    char good[128], bad[128];
+    snprintf(good, sizeof good, "%s/good", r.dir);
+    snprintf(bad, sizeof bad, "%s/bad", r.dir);
+    CHECK(write_file(good, "right horse\n") && write_file(bad, "wrong horse\n"));
+    kvt_remote *w = tier_ms(&r, m, bad, 1000, 2000), *n = tier_ms(&r, m, NULL, 1000, 2000),
+               *g = tier_ms(&r, m, good, 1000, 2000);
+    CHECK(w && n && g);
+    kvt_session *cold = upload_cold(w, 0, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s = fetch(w, 0, m, t, N, &got);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(w, &st);
+    printf("    wrong password: %s\n", st.last_error);
+    CHECK(got == 0 && st.uploads == 0 && st.dropped == 1 && strstr(st.last_error, "authentication refused"));
+    kvt_session_free(s);
+    s = fetch(n, 0, m, t, N, &got);
+    kvt_remote_stats_get(n, &st);
+    printf("    no password: %s\n", st.last_error);
+    CHECK(got == 0 && strstr(st.last_error, "NOAUTH"));
+    kvt_session_free(s);
+    kvt_remote_upload(g, 0, cold, N);
+    CHECK(kvt_remote_drain(g, 10));
+    s = fetch(g, 0, m, t, N, &got);
+    CHECK(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_remote_close(w);
+    kvt_remote_close(n);
+    kvt_remote_close(g);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_wrong_password, with_password)
+
+/* maxmemory far below what is uploaded, allkeys-lru: values are evicted,
+ * so hits get shorter or become misses; never an error, and every hit is
+ * the cold run's state at its length. */
+static const char *const tiny_memory[] = {"--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru", NULL};
+static void remote_maxmemory_lru_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    enum { LONG = 1280, OTHERS = 150 };
+    int32_t t[LONG], u[N];
+    seqb(t, LONG, 31);
+    kvt_remote *a = tier_ms(&r, m, NULL, 1000, 2000);
+    CHECK(a);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    for (size_t at = 256; at <= LONG; at += 256) { /* nested prefixes, sharing blocks */
+        CHECK_OK(kvt_session_sync(s, t, at, NULL));
+        kvt_remote_upload(a, 0, s, at);
+    }
+    kvt_session_free(s);
+    CHECK(kvt_remote_drain(a, 30));
+    size_t got;
+    kvt_session *h = fetch(a, 0, m, t, LONG, &got);
+    CHECKF(got == LONG, "before the others: a hit of %zu", got);
+    kvt_session_free(h);
+    for (int i = 0; i < OTHERS; i++) {
+        seqb(u, N, 100 + (uint64_t)i);
+        kvt_session_free(upload_cold(a, 0, m, u, N));
+    }
+    /* the long prompt and the first others, the least recently used */
+    size_t hits = 0;
+    h = fetch(a, 0, m, t, LONG, &got);
+    printf("    the 1280-token prompt after %d other uploads: a hit of %zu tokens\n", OTHERS, got);
+    CHECKF(got < LONG, "nothing of the long prompt was evicted: maxmemory does not bind");
+    if (got) CHECKF(kvt_test_digest(h, m) == kvt_test_twin(m, t, got), "a hit of %zu tokens differs from a cold run", got);
+    kvt_session_free(h);
+    for (int i = 0; i < OTHERS; i += 10) {
+        seqb(u, N, 100 + (uint64_t)i);
+        h = fetch(a, 0, m, u, N, &got);
+        if (got) {
+            hits++;
+            CHECKF(kvt_test_digest(h, m) == kvt_test_twin(m, u, got), "a hit of %zu tokens differs", got);
+        }
+        kvt_session_free(h);
+    }
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    printf("    %zu of %d other prompts hit; %llu entries found evicted, errors %llu, dropped %llu\n", hits,
+           OTHERS / 10, (unsigned long long)st.stale, (unsigned long long)st.errors, (unsigned long long)st.dropped);
+    CHECKF(st.errors == 0 && st.bad == 0, "errors %llu bad %llu: %s", (unsigned long long)st.errors,
+           (unsigned long long)st.bad, st.last_error);
+    kvt_remote_close(a);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_maxmemory_lru, tiny_memory)

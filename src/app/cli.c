@@ -869,6 +869,7 @@ static int cmd_serve(int argc, char **argv)
                {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
+               {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
                DISK_OPTS, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
@@ -894,6 +895,14 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
         !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
         return 2;
+    uint64_t remote_ms = 20;
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms)) return 2;
+    if (!get(o, no, "--kv-remote") && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
+                                       get(o, no, "--kv-remote-timeout-ms"))) {
+        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file and --kv-remote-timeout-ms need "
+                        "--kv-remote\n");
+        return 2;
+    }
     if (!req_timeout || !per_addr || !max_conns) {
         fprintf(stderr, "kvtier: --request-timeout, --max-conn-per-addr and --max-connections must be at least 1\n");
         return 2;
@@ -1008,6 +1017,8 @@ static int cmd_serve(int argc, char **argv)
         .max_connections = (uint32_t)max_conns,
         .api_keys = keys, .api_key_names = names, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
+        .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
+        .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
     };
     int rc = kvt_serve(&so);
     free(file_text);
@@ -1131,6 +1142,12 @@ static void usage(FILE *f)
           "              request (and its client as long to take some of the answer),\n"
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
+          "              [--kv-remote redis://[USER@]HOST:PORT[/DB] [--kv-remote-password-file F]\n"
+          "              [--kv-remote-secret-file F] [--kv-remote-timeout-ms N (20)]]: a third\n"
+          "              tier in Redis that servers share (needs the disk tier): saves are\n"
+          "              uploaded behind, a new session asks it within N ms (then its load,\n"
+          "              bounded); every value is checked, with the secret by HMAC (required\n"
+          "              with API keys); a failing Redis is a miss, then not asked for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"

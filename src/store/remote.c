@@ -116,6 +116,7 @@ static void breaker_report(kvt_remote *r, bool ok, const char *why)
     } else {
         r->st.errors++;
         r->fails++;
+        snprintf(r->st.last_error, sizeof r->st.last_error, "%s", why ? why : "?");
         if (r->breaker == 2 || (r->breaker == 0 && r->fails >= BREAK_AFTER)) {
             if (r->breaker == 2) r->backoff = r->backoff * 2 > BREAK_MAX ? BREAK_MAX : r->backoff * 2;
             else r->st.breaker_trips++;
@@ -185,6 +186,7 @@ static void check_policy(kvt_remote *r)
     redisReply **rep = NULL;
     size_t n = 0;
     kvt_redis_appendf(r->rd_check, "CONFIG GET maxmemory-policy");
+    kvt_redis_appendf(r->rd_check, "CONFIG GET maxmemory");
     int rc = kvt_redis_exec(r->rd_check, r->o.connect_ms, &rep, &n);
     if (rc) {
         if (!r->o.quiet)
@@ -192,13 +194,21 @@ static void check_policy(kvt_remote *r)
                     kvt_errmsg());
         return;
     }
-    redisReply *x = n ? rep[0] : NULL;
-    if (x && x->type == REDIS_REPLY_ARRAY && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING) {
-        const char *p = x->element[1]->str;
-        if (!r->o.quiet && (!strcmp(p, "noeviction") || !strncmp(p, "volatile-", 9)))
-            fprintf(stderr, "kvtier: warning: remote tier %s has maxmemory-policy %s: once maxmemory is reached "
-                    "it refuses writes (the tier's keys have no expiry); allkeys-lru keeps it a cache\n", r->o.url, p);
+    const char *v[2] = {NULL, NULL};
+    for (size_t i = 0; i < n && i < 2; i++) {
+        redisReply *x = rep[i];
+        if (x->type == REDIS_REPLY_ARRAY && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING)
+            v[i] = x->element[1]->str;
     }
+    if (!r->o.quiet && v[0] && (!strcmp(v[0], "noeviction") || !strncmp(v[0], "volatile-", 9)))
+        fprintf(stderr, "kvtier: warning: remote tier %s has maxmemory-policy %s: once maxmemory is reached it "
+                "refuses writes (the tier's keys have no expiry); allkeys-lru keeps it a cache\n", r->o.url, v[0]);
+    else if (!r->o.quiet && v[1] && !strcmp(v[1], "0"))
+        fprintf(stderr, "kvtier: warning: remote tier %s has no maxmemory: it grows until the machine runs out; "
+                "set maxmemory (with allkeys-lru) as the tier's budget\n", r->o.url);
+    else if (!r->o.quiet && !v[0])
+        fprintf(stderr, "kvtier: remote tier %s: its maxmemory-policy cannot be read (CONFIG refused): "
+                "allkeys-lru keeps it a cache\n", r->o.url);
     kvt_redis_replies_free(rep, n);
 }
 
@@ -403,6 +413,16 @@ static int append_del(kvt_remote *r, kvt_redis *rd, const char *key, size_t len)
     return rc;
 }
 
+/* The first error reply's text (NOAUTH, an ACL refusal, OOM), NULL when
+ * none: the round trip worked, but Redis refused it, which counts as a
+ * failure of the remote (the breaker) rather than of a value. */
+static const char *error_reply(redisReply **rep, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (rep[i]->type == REDIS_REPLY_ERROR) return rep[i]->str;
+    return NULL;
+}
+
 /* ---- uploads ---- */
 
 static void block_key(const kvt_remote *r, int t, uint64_t key, char *out, size_t cap)
@@ -446,8 +466,10 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     size_t nr = 0;
     int rc = kvt_redis_exec(rd, r->o.load_ms, &rep, &nr);
     pthread_mutex_unlock(&r->check_mu);
-    if (rc) {
-        breaker_report(r, false, kvt_errmsg());
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    if (refused) {
+        breaker_report(r, false, refused);
+        kvt_redis_replies_free(rep, nr);
         pthread_mutex_lock(&r->mu);
         r->st.dropped++;
         pthread_mutex_unlock(&r->mu);
@@ -686,8 +708,12 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     size_t nr = 0;
     int ms = (int)((deadline - kvt_now()) * 1000);
     int rc = kvt_redis_exec(rd, ms > 1 ? ms : 1, &rep, &nr);
-    breaker_report(r, !rc, rc ? kvt_errmsg() : NULL);
-    if (rc) goto out;
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    breaker_report(r, !refused, refused);
+    if (refused) {
+        kvt_redis_replies_free(rep, nr);
+        goto out;
+    }
     bool missing = false, bad = false;
     bool *bad_v = kvt_calloc(nv, sizeof *bad_v), *gone_v = kvt_calloc(nv, sizeof *gone_v);
     if (!gone_v) { free(bad_v); bad_v = NULL; }
@@ -754,7 +780,7 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
 {
     *got = 0;
     if (tenant < 0 || (size_t)tenant >= r->n_tenants || n <= have) return;
-    double t0 = kvt_now();
+    double t0 = kvt_now(), t_lookup = 0;
     bool asked = false, hit = false;
     size_t nbp = n / KVT_BLOCK, nb0 = have / KVT_BLOCK, bytes = 0;
     uint64_t *keys = kvt_calloc(nbp + 1, sizeof *keys);
@@ -773,8 +799,10 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
         if (kvt_redis_append(rd, 2, a, NULL)) goto out;
     }
     int rc = kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr);
-    breaker_report(r, !rc, rc ? kvt_errmsg() : NULL);
-    if (rc) goto out;
+    t_lookup = kvt_now() - t0;
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    breaker_report(r, !refused, refused);
+    if (refused) goto out;
     for (size_t i = 0; i < nr; i++) {
         size_t nb = nb0 + i;
         uint64_t head = nb ? keys[nb - 1] : r->key0;
@@ -814,9 +842,9 @@ out:
     free(keys);
     double dt = kvt_now() - t0;
     pthread_mutex_lock(&r->mu);
-    if (hit) { r->st.hits++; r->st.hit_tokens += *got; r->st.load_seconds += dt; }
+    if (hit) { r->st.hits++; r->st.hit_tokens += *got; r->st.load_seconds += dt - t_lookup; }
     else r->st.misses++;
     r->st.bytes_read += bytes;
-    if (asked) r->st.lookup_seconds += dt;
+    if (asked) r->st.lookup_seconds += t_lookup ? t_lookup : dt;
     pthread_mutex_unlock(&r->mu);
 }

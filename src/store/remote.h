@@ -67,6 +67,7 @@ typedef struct kvt_remote_stats {
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
     uint64_t breaker_trips;
     int breaker;                     /* 0 closed, 1 open, 2 half-open (probing) */
+    char last_error[192];            /* the last failure's message ("" none) */
 } kvt_remote_stats;
 void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
 
