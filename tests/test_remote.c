@@ -706,3 +706,103 @@ static void remote_maxmemory_lru_body(rsrv *rp)
     kvt_model_close(m);
 }
 REDIS_TEST(remote_maxmemory_lru, tiny_memory)
+
+/* POST body (a file) to base/path; the body of the answer in out, its
+ * headers in hdr; the HTTP status (-1: no answer). */
+static int post(const char *base, const char *path, const char *body, const char *out, const char *hdr)
+{
+    char c[1024];
+    snprintf(c, sizeof c, "curl -s -o '%s' -D '%s' -w '%%{http_code}' --max-time 60 -H 'content-type: application/json' "
+             "--data-binary @'%s' '%s%s'", out, hdr, body, base, path);
+    FILE *f = popen(c, "r");
+    if (!f) return -1;
+    char code[16] = {0};
+    size_t n = fread(code, 1, sizeof code - 1, f);
+    code[n] = 0;
+    pclose(f);
+    return atoi(code) > 0 ? atoi(code) : -1;
+}
+
+/* From "choices" on: the reply and its logprobs, without the id and time. */
+static char *choices(const char *path)
+{
+    char *s = kvt_test_read_file(path, NULL);
+    char *c = s ? strstr(s, "\"choices\"") : NULL;
+    char *out = c ? strdup(c) : strdup("(no choices)");
+    char *u = strstr(out, "\"usage\"");
+    if (u) *u = 0; /* the cached-token counts differ, by design */
+    free(s);
+    return out;
+}
+
+/* Two servers, one Redis: server A answers a 700-token prompt cold and
+ * uploads it; server B, with an empty disk, restores it from Redis (the
+ * reply says tier remote) and answers with the same tokens and the same
+ * top-5 logprobs as A's cold run; B keeps the hit on its disk. Run against
+ * a build without the remote tier (KVT_BIN=/work/main/build/kvtier), the
+ * server does not start: the flag is unknown. */
+static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
+{
+    rsrv r = *rp;
+    char body[160], out[160], hdr[160], kva[128], kvb[128];
+    snprintf(body, sizeof body, "%s/req.json", pa->dir);
+    snprintf(kva, sizeof kva, "%s/kv", pa->dir);
+    snprintf(kvb, sizeof kvb, "%s/kv", pb->dir);
+    FILE *f = fopen(body, "w");
+    CHECK(f);
+    fputs("{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5,"
+          "\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37], f);
+    fputs("\"}]}", f);
+    fclose(f);
+    const char *args_a[] = {"--model", "ds4-tiny", "--kv-disk-dir", kva, "--kv-remote", r.url,
+                            "--kv-remote-timeout-ms", "1000", NULL};
+    CHECK(fx_server_start(pa, args_a));
+    snprintf(out, sizeof out, "%s/a.out", pa->dir);
+    snprintf(hdr, sizeof hdr, "%s/a.hdr", pa->dir);
+    int code = post(pa->base, "/v1/chat/completions", body, out, hdr);
+    CHECKF(code == 200, "server A: HTTP %d", code);
+    char *cold = choices(out);
+    CHECK(fx_server_stop(pa)); /* its saves, then their uploads */
+    const char *args_b[] = {"--model", "ds4-tiny", "--kv-disk-dir", kvb, "--kv-remote", r.url,
+                            "--kv-remote-timeout-ms", "1000", NULL};
+    CHECK(fx_server_start(pb, args_b));
+    snprintf(out, sizeof out, "%s/b.out", pb->dir);
+    snprintf(hdr, sizeof hdr, "%s/b.hdr", pb->dir);
+    code = post(pb->base, "/v1/chat/completions", body, out, hdr);
+    CHECKF(code == 200, "server B: HTTP %d", code);
+    char *h = kvt_test_read_file(hdr, NULL), *warm = choices(out);
+    printf("    server B: %s", h && strstr(h, "X-KVTier-Cache") ? strstr(h, "X-KVTier-Cache") : "(no cache header)\n");
+    CHECKF(h && strstr(h, "X-KVTier-Cache: remote"), "server B did not hit the remote tier");
+    CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.400s\n%.400s", cold, warm);
+    char mpath[160];
+    snprintf(mpath, sizeof mpath, "%s/metrics", pb->dir);
+    char c2[400];
+    snprintf(c2, sizeof c2, "curl -s --max-time 10 -o '%s' '%s/metrics'", mpath, pb->base);
+    CHECK(system(c2) == 0);
+    char *mx = kvt_test_read_file(mpath, NULL);
+    CHECK(mx && strstr(mx, "kvtier_cache_hits_total{tier=\"remote\"} 1") &&
+          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0"));
+    CHECK(fx_server_stop(pb));
+    /* the hit went to B's disk too */
+    char ls[600], lsout[160];
+    snprintf(lsout, sizeof lsout, "%s/ls.txt", pb->dir);
+    snprintf(ls, sizeof ls, "%s cache ls --kv-disk-dir '%s' > '%s' 2>&1", kvt_test_bin(), kvb, lsout);
+    CHECK(system(ls) == 0);
+    char *lst = kvt_test_read_file(lsout, NULL);
+    CHECKF(lst && strstr(lst, " remote "), "B's disk holds no entry saved from the remote tier:\n%s", lst);
+    free(lst); free(mx); free(h); free(cold); free(warm);
+}
+
+static void remote_serve_two_servers_body(rsrv *rp)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    fx_server a = {0}, b = {0};
+    CHECK(fx_tmpdir_make(&a, "kvtier-remote-a") && fx_tmpdir_make(&b, "kvtier-remote-b"));
+    two_servers(rp, &a, &b);
+    fx_server_kill(&a);
+    fx_server_kill(&b);
+    fx_tmpdir_remove(&a);
+    fx_tmpdir_remove(&b);
+}
+REDIS_TEST(remote_serve_two_servers, NULL)
