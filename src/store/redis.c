@@ -221,6 +221,12 @@ int kvt_redis_appendf(kvt_redis *r, const char *fmt, ...)
     return rc;
 }
 
+void kvt_redis_discard(kvt_redis *r)
+{
+    r->out_len = 0;
+    r->n_cmds = 0;
+}
+
 void kvt_redis_replies_free(redisReply **rep, size_t n)
 {
     if (!rep) return;

@@ -51,6 +51,9 @@ int kvt_redis_appendf(kvt_redis *r, const char *fmt, ...);
  * transport failure: the queue is emptied and the connection closed. */
 int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n);
 void kvt_redis_replies_free(redisReply **replies, size_t n);
+/* Drop the queued commands without sending them (a caller that could not
+ * queue all of a pipeline). */
+void kvt_redis_discard(kvt_redis *r);
 
 /* Whether a connection is open (a connect succeeded and nothing failed
  * since). */

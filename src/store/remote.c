@@ -75,7 +75,8 @@ struct kvt_remote {
     char ns[MAX_TENANTS][96];
     size_t n_tenants;
     kvt_redis *rd_load, *rd_check, *rd_up; /* one connection per thread that uses it */
-    pthread_mutex_t check_mu;
+    pthread_mutex_t check_mu;      /* rd_check: uploads' checks, from any thread */
+    pthread_mutex_t load_mu;       /* rd_load: restores, from any thread */
     pthread_mutex_t mu;            /* the queue, the breaker, the stats */
     pthread_cond_t cv;
     pthread_t thread;
@@ -86,6 +87,7 @@ struct kvt_remote {
     bool probing;
     double open_until, backoff;
     kvt_remote_stats st;
+    double refused_logged;         /* the upload thread's: when a refusal was last reported */
 };
 
 /* ---- the breaker ---- */
@@ -235,6 +237,7 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     r->key0 = kvt_snap_key0(m);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->check_mu, NULL);
+    pthread_mutex_init(&r->load_mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     char pw[1024];
     size_t pl = 0;
@@ -271,6 +274,7 @@ fail:
     OPENSSL_cleanse(r->secret, sizeof r->secret);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->check_mu);
+    pthread_mutex_destroy(&r->load_mu);
     pthread_cond_destroy(&r->cv);
     free(r);
     return rc;
@@ -306,6 +310,7 @@ void kvt_remote_close(kvt_remote *r)
     OPENSSL_cleanse(r->secret, sizeof r->secret);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->check_mu);
+    pthread_mutex_destroy(&r->load_mu);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -559,13 +564,20 @@ static bool send_upload(kvt_remote *r, upload *u)
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(u->vals.len / (50u << 10)); /* 2 s plus 50 MB/s */
-    if (!rc) rc = kvt_redis_exec(rd, ms, &rep, &nr);
+    if (rc) kvt_redis_discard(rd);
+    else rc = kvt_redis_exec(rd, ms, &rep, &nr);
     bool ok = !rc;
-    for (size_t i = 0; ok && i < nr; i++)
-        if (rep[i]->type == REDIS_REPLY_ERROR) {
-            ok = false;
-            if (!r->o.quiet) fprintf(stderr, "kvtier: remote tier %s refused an upload: %s\n", r->o.url, rep[i]->str);
+    const char *refused = rc ? NULL : error_reply(rep, nr);
+    if (refused) {
+        /* OOM under noeviction, an ACL without writes: reads may still
+         * work, so the breaker is left alone; said once a minute */
+        ok = false;
+        double now = kvt_now();
+        if (!r->o.quiet && now - r->refused_logged >= 60) {
+            r->refused_logged = now;
+            fprintf(stderr, "kvtier: remote tier %s refused an upload: %s\n", r->o.url, refused);
         }
+    }
     kvt_redis_replies_free(rep, nr);
     if (rc) breaker_report(r, false, kvt_errmsg());
     else breaker_report(r, true, NULL);
@@ -700,7 +712,10 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     for (size_t i = 0; i < nv; i++) {
         size_t k = 0;
         first[i] = cmds;
-        if (append_get(r, rd, names[i], c->lens[i], &k)) goto out;
+        if (append_get(r, rd, names[i], c->lens[i], &k)) {
+            kvt_redis_discard(rd);
+            goto out;
+        }
         cmds += k;
     }
     first[nv] = cmds;
@@ -790,19 +805,23 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
     size_t nr = 0;
     if (!keys || !breaker_allow(r)) goto out;
     asked = true;
+    pthread_mutex_lock(&r->load_mu);
     for (size_t b = 0; b < nbp; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : r->key0, toks + b * KVT_BLOCK);
     kvt_redis *rd = r->rd_load;
     char idx[160];
     for (size_t nb = nb0; nb <= nbp; nb++) {
         snprintf(idx, sizeof idx, "%si:%016" PRIx64, r->ns[tenant], nb ? keys[nb - 1] : r->key0);
         const char *a[2] = {"HGETALL", idx};
-        if (kvt_redis_append(rd, 2, a, NULL)) goto out;
+        if (kvt_redis_append(rd, 2, a, NULL)) {
+            kvt_redis_discard(rd);
+            goto out_locked;
+        }
     }
     int rc = kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr);
     t_lookup = kvt_now() - t0;
     const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
     breaker_report(r, !refused, refused);
-    if (refused) goto out;
+    if (refused) goto out_locked;
     for (size_t i = 0; i < nr; i++) {
         size_t nb = nb0 + i;
         uint64_t head = nb ? keys[nb - 1] : r->key0;
@@ -835,6 +854,8 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
         if (st == 1) { hit = true; *got = cs[i].n; }
         if (st == -1) break; /* s was emptied: the caller restores it anew */
     }
+out_locked:
+    pthread_mutex_unlock(&r->load_mu);
 out:
     kvt_redis_replies_free(rep, nr);
     for (size_t i = 0; i < nc; i++) free(cs[i].lens);
