@@ -806,3 +806,121 @@ static void remote_serve_two_servers_body(rsrv *rp)
     fx_tmpdir_remove(&b);
 }
 REDIS_TEST(remote_serve_two_servers, NULL)
+
+/* A 700-token chat request body in path, its text from seed. */
+static bool write_request(const char *path, int seed)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return false;
+    fputs("{\"model\":\"m\",\"max_tokens\":2,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[(i * 11 + seed * 7 + i / 37 * seed) % 37], f);
+    fputs("\"}]}", f);
+    return fclose(f) == 0;
+}
+
+static char *metrics_of(const fx_server *s)
+{
+    char path[160], c[400];
+    snprintf(path, sizeof path, "%s/metrics.txt", s->dir);
+    snprintf(c, sizeof c, "curl -s --max-time 10 -o '%s' '%s/metrics'", path, s->base);
+    if (system(c)) return NULL;
+    return kvt_test_read_file(path, NULL);
+}
+
+/* A server whose Redis stops (SIGSTOP): requests still answer, each in
+ * about the time of a cold one plus the lookup's deadline; the breaker
+ * opens, and closes again once Redis runs. */
+static void stopped_server(rsrv *rp, fx_server *s)
+{
+    char req[160], out[160], hdr[160];
+    snprintf(out, sizeof out, "%s/r.out", s->dir);
+    snprintf(hdr, sizeof hdr, "%s/r.hdr", s->dir);
+    snprintf(req, sizeof req, "%s/req.json", s->dir);
+    const char *args[] = {"--model", "ds4-tiny", "--kv-disk-dir", s->dir, "--kv-remote", rp->url,
+                          "--kv-remote-timeout-ms", "50", NULL};
+    CHECK(fx_server_start(s, args));
+    /* cold requests with Redis running: the reference time */
+    double cold = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK(write_request(req, 1 + i));
+        double t0 = fx_now();
+        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        double dt = fx_now() - t0;
+        if (dt > cold) cold = dt;
+    }
+    CHECK(kill(rp->pid, SIGSTOP) == 0);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(write_request(req, 10 + i));
+        double t0 = fx_now();
+        int code = post(s->base, "/v1/chat/completions", req, out, hdr);
+        double dt = fx_now() - t0;
+        if (dt > worst) worst = dt;
+        CHECKF(code == 200, "request %d with Redis stopped: HTTP %d", i, code);
+    }
+    char *mx = metrics_of(s);
+    printf("    cold requests %.0f ms; with Redis stopped at most %.0f ms (deadline 50 ms)\n", cold * 1e3, worst * 1e3);
+    /* slack for a loaded 2-core machine; a lookup without a deadline would hang */
+    CHECKF(worst < cold + 0.05 + 1.0, "a request took %.3f s with Redis stopped (cold %.3f s)", worst, cold);
+    CHECKF(mx && strstr(mx, "kvtier_remote_breaker 1") && strstr(mx, "kvtier_remote_breaker_trips_total 1"),
+           "the breaker did not open:\n%s", mx && strstr(mx, "kvtier_remote_breaker") ? strstr(mx, "kvtier_remote_breaker") : "");
+    free(mx);
+    CHECK(kill(rp->pid, SIGCONT) == 0);
+    /* the breaker's pause, then a request probes: it closes */
+    bool closed = false;
+    for (int i = 0; i < 20 && !closed; i++) {
+        fx_sleep_ms(500);
+        CHECK(write_request(req, 30 + i));
+        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        mx = metrics_of(s);
+        closed = mx && strstr(mx, "kvtier_remote_breaker 0");
+        free(mx);
+    }
+    CHECKF(closed, "the breaker did not close once Redis ran again");
+    CHECK(fx_server_stop(s));
+}
+
+static void remote_serve_stopped_redis_body(rsrv *rp)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-stop"));
+    stopped_server(rp, &s);
+    kill(rp->pid, SIGCONT);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+}
+REDIS_TEST(remote_serve_stopped_redis, NULL)
+
+/* What serve refuses at start, saying why: API keys without a secret, TLS,
+ * a password in the URL, a remote tier without the disk tier, the remote
+ * flags without --kv-remote. */
+TEST(remote_serve_refusals)
+{
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-ref"));
+    char out[160], kv[128];
+    snprintf(out, sizeof out, "%s/out.txt", s.dir);
+    snprintf(kv, sizeof kv, "%s/kv", s.dir);
+    struct { const char *args[12]; int exit; const char *says; } cases[] = {
+        {{"--api-key", "k1", "--kv-remote", "redis://127.0.0.1:1"}, 1, "--kv-remote-secret-file"},
+        {{"--kv-remote", "rediss://127.0.0.1:1"}, 1, "not supported yet"},
+        {{"--kv-remote", "redis://u:pw@127.0.0.1:1"}, 1, "--kv-remote-password-file"},
+        {{"--kv-remote", "redis://127.0.0.1:1", "--no-kv-disk"}, 1, "needs the disk tier"},
+        {{"--kv-remote-secret-file", "/dev/null"}, 2, "need --kv-remote"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *argv[24] = {kvt_test_bin(), "serve", "--model", "ds4-tiny", "--port", "1", "--kv-disk-dir", kv};
+        int a = 8;
+        for (int i = 0; cases[c].args[i]; i++) argv[a++] = cases[c].args[i];
+        argv[a] = NULL;
+        int st = 0;
+        CHECK(fx_run(argv, out, 30, &st) == 1);
+        char *text = kvt_test_read_file(out, NULL);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == cases[c].exit && text && strstr(text, cases[c].says),
+               "case %zu: exit %d, want %d and '%s':\n%s", c, WIFEXITED(st) ? WEXITSTATUS(st) : -1, cases[c].exit,
+               cases[c].says, text);
+        free(text);
+    }
+    fx_tmpdir_remove(&s);
+}
