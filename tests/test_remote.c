@@ -361,7 +361,21 @@ static void remote_damaged_values_miss_body(rsrv *rp)
             damaged = snap;
         }
         size_t got = 99;
-        kvt_session *s = fetch(a, 0, m, t, N, &got);
+        kvt_session *s;
+        if (d == FLIP) {
+            /* the negative control: without the checks of each value, the
+             * load still refuses, but the damaged block is left in place */
+            kvt_remote_skip_value_checks = true;
+            s = fetch(a, 0, m, t, N, &got);
+            kvt_remote_skip_value_checks = false;
+            CHECK(got == 0);
+            CHECKF(exists(c, damaged), "without the checks of each value, the damaged block was deleted anyway");
+            kvt_session_free(s);
+            kvt_remote_upload(a, 0, cold, N); /* the index entry that load dropped */
+            CHECK(kvt_remote_drain(a, 10));
+            kvt_remote_stats_get(a, &st0);
+        }
+        s = fetch(a, 0, m, t, N, &got);
         CHECKF(got == 0, "%s: a hit of %zu tokens", damage_name[d], got);
         CHECK(kvt_session_len(s) == 0);
         kvt_remote_stats_get(a, &st1);

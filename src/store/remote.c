@@ -50,6 +50,7 @@
 #define MAC_LEN 32
 
 bool kvt_remote_skip_mac;
+bool kvt_remote_skip_value_checks;
 size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
 #define PART kvt_remote_part_bytes
 
@@ -741,13 +742,14 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     }
     kvt_redis_replies_free(rep, nr);
     /* each block is the one the prompt's key chain names */
-    for (size_t b = 0; bad_v && !missing && b < c->nb; b++) {
+    for (size_t b = 0; bad_v && !missing && !kvt_remote_skip_value_checks && b < c->nb; b++) {
         uint64_t k = 0;
         if (vals[1 + b] && (kvt_snap_block_check(vals[1 + b], c->lens[1 + b], &k) || k != keys[b]))
             bad = bad_v[1 + b] = true;
     }
     kvt_snap_info in;
-    if (bad_v && !missing && vals[0] && kvt_snap_parse(r->m, vals[0], c->lens[0], &in)) bad = bad_v[0] = true;
+    if (bad_v && !missing && vals[0] && !kvt_remote_skip_value_checks && kvt_snap_parse(r->m, vals[0], c->lens[0], &in))
+        bad = bad_v[0] = true;
     if (bad_v && !missing && !bad) {
         got_blocks g = {vals + 1, c->lens + 1, c->nb};
         if (kvt_snap_load(s, vals[0], c->lens[0], get_block, &g)) {

@@ -74,6 +74,12 @@ void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
 /* Tests: true skips the HMAC check of the values read (the negative control
  * of the planted-record tests). */
 extern bool kvt_remote_skip_mac;
+/* Tests: true skips the checks of each value on its own (a block's
+ * checksum and key, the snapshot record's header) made before the load:
+ * the load still refuses the damage, but blames the snapshot, so a
+ * damaged block shared by other snapshots stays (the negative control of
+ * remote_damaged_values_miss). */
+extern bool kvt_remote_skip_value_checks;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
 /* Tests: wait for the upload queue to be empty, at most timeout seconds;
