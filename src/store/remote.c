@@ -849,7 +849,7 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
             cs[nc++] = (cand){(size_t)len_n, nb, head, th, lens};
         }
     }
-    qsort(cs, nc, sizeof *cs, cmp_cand);
+    if (nc) qsort(cs, nc, sizeof *cs, cmp_cand);
     double deadline = kvt_now() + r->o.load_ms / 1000.0;
     for (size_t i = 0; i < nc && i < MAX_TRIES && !hit && kvt_now() < deadline; i++) {
         int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, &bytes);
