@@ -1002,3 +1002,52 @@ static void remote_killed_redis_body(rsrv *rp)
     if (system(c)) {}
 }
 REDIS_TEST(remote_killed_redis, NULL)
+
+/* An ACL user that may only read (redis://reader@HOST:PORT, its password
+ * from a file): its uploads are refused by Redis (NOPERM), dropped and
+ * counted without opening the breaker; its lookups hit what a writer
+ * uploaded. */
+static void remote_read_only_user_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_redis *c = raw(&r, NULL);
+    const char *acl[] = {"ACL", "SETUSER", "reader", "on", ">read pw", "~*", "+@read", "+@connection"};
+    redisReply *x = c ? cmd(c, 8, acl, NULL) : NULL;
+    CHECKF(x && x->type == REDIS_REPLY_STATUS, "ACL SETUSER: %s", x && x->str ? x->str : "no reply");
+    freeReplyObject(x);
+    kvt_redis_free(c);
+    char pw[128];
+    snprintf(pw, sizeof pw, "%s/reader", r.dir);
+    CHECK(write_file(pw, "read pw\n"));
+    kvt_model *m = tiny();
+    int32_t t[N], u[N];
+    seqb(t, N, 41);
+    seqb(u, N, 42);
+    kvt_remote *w = tier_ms(&r, m, NULL, 1000, 2000);
+    rsrv ro = r;
+    snprintf(ro.url, sizeof ro.url, "redis://reader@127.0.0.1:%d", r.port);
+    kvt_remote *rd = tier_ms(&ro, m, pw, 1000, 2000);
+    CHECK(w && rd);
+    kvt_session *cold = upload_cold(w, 0, m, t, N);
+    CHECK(cold);
+    kvt_session *mine = upload_cold(rd, 0, m, u, N);
+    CHECK(mine);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(rd, &st);
+    printf("    read-only user: %llu uploaded, %llu dropped, breaker %d\n", (unsigned long long)st.uploads,
+           (unsigned long long)st.dropped, st.breaker);
+    CHECK(st.uploads == 0 && st.dropped == 1 && st.breaker == 0 && st.errors == 0);
+    size_t got;
+    kvt_session *s = fetch(rd, 0, m, t, N, &got);
+    CHECK(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    s = fetch(rd, 0, m, u, N, &got);
+    CHECK(got == 0);
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_session_free(mine);
+    kvt_remote_close(w);
+    kvt_remote_close(rd);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_read_only_user, NULL)
