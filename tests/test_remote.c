@@ -15,6 +15,7 @@
 #include "arch/model.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -1051,3 +1052,57 @@ static void remote_read_only_user_body(rsrv *rp)
     kvt_model_close(m);
 }
 REDIS_TEST(remote_read_only_user, NULL)
+
+typedef struct writer { kvt_remote *t; kvt_session *s; } writer;
+
+static void *write_one(void *arg)
+{
+    writer *w = arg;
+    kvt_remote_upload(w->t, 0, w->s, N);
+    return NULL;
+}
+
+/* Two servers upload the same prefix at the same moment (with the secret):
+ * both uploads succeed or one finds the other's, the values are whole
+ * (MSET: a value and its MAC together), and a third server's lookup is a
+ * hit, the cold run's state. */
+static void remote_two_writers_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", r.dir);
+    CHECK(write_file(secret, "fleet secret 2\n"));
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 51);
+    kvt_remote *a = tier(&r, m, secret, NULL, 0), *b = tier(&r, m, secret, NULL, 0), *c = tier(&r, m, secret, NULL, 0);
+    CHECK(a && b && c);
+    writer w[2] = {{a, NULL}, {b, NULL}};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(kvt_session_new(&w[i].s, m, NULL));
+        CHECK_OK(kvt_session_sync(w[i].s, t, N, NULL));
+    }
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, write_one, &w[i]) == 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    CHECK(kvt_remote_drain(a, 10) && kvt_remote_drain(b, 10));
+    kvt_remote_stats sa, sb;
+    kvt_remote_stats_get(a, &sa);
+    kvt_remote_stats_get(b, &sb);
+    printf("    uploads %llu + %llu, dropped %llu + %llu\n", (unsigned long long)sa.uploads,
+           (unsigned long long)sb.uploads, (unsigned long long)sa.dropped, (unsigned long long)sb.dropped);
+    CHECK(sa.dropped + sb.dropped == 0 && sa.uploads + sb.uploads >= 1);
+    size_t got;
+    kvt_session *s = fetch(c, 0, m, t, N, &got);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(c, &st);
+    CHECKF(got == N && st.bad == 0, "a hit of %zu, %llu bad values", got, (unsigned long long)st.bad);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(w[0].s, m));
+    kvt_session_free(s);
+    for (int i = 0; i < 2; i++) kvt_session_free(w[i].s);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(c);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_two_writers, NULL)
