@@ -209,12 +209,14 @@ static void remote_hit_bit_exact_body(rsrv *rp)
     CHECK(got == 0 && kvt_session_len(s2) == 0);
     /* values in parts: the same prefix through 1000-byte parts */
     kvt_remote_part_bytes = 1000;
+    kvt_remote_flush_bytes = 1; /* and each block sent on its own, before the snapshot is queued */
     kvt_redis *c = raw(&r, NULL);
     CHECK(c && cmd_ok(c, "FLUSHALL", NULL, NULL));
     kvt_redis_free(c);
     kvt_session_free(upload_cold(a, 0, m, t, N));
     kvt_session *s3 = fetch(b, 0, m, t, N, &got);
     kvt_remote_part_bytes = 1u << 20;
+    kvt_remote_flush_bytes = 32u << 20;
     CHECKF(got == N, "hit through parts: %zu tokens", got);
     CHECK_OK(kvt_session_sync(s3, t, N + 40, NULL));
     CHECK(kvt_test_digest(s3, m) == kvt_test_digest(cold, m));

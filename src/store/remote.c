@@ -52,6 +52,7 @@
 bool kvt_remote_skip_mac;
 bool kvt_remote_skip_value_checks;
 size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
+size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
 #define PART kvt_remote_part_bytes
 
 typedef struct upload {
@@ -88,7 +89,7 @@ struct kvt_remote {
     bool probing;
     double open_until, backoff;
     kvt_remote_stats st;
-    double refused_logged;         /* the upload thread's: when a refusal was last reported */
+    double refused_logged;         /* when an upload's refusal was last reported (under mu) */
 };
 
 /* ---- the breaker ---- */
@@ -431,6 +432,9 @@ static const char *error_reply(redisReply **rep, size_t n)
 
 /* ---- uploads ---- */
 
+static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uint8_t *vals, const size_t *lens,
+                       size_t n, const char *const *idx, const size_t *idx_len, size_t bytes);
+
 static void block_key(const kvt_remote *r, int t, uint64_t key, char *out, size_t cap)
 {
     snprintf(out, cap, "%sb:%016" PRIx64, r->ns[t], key);
@@ -508,6 +512,21 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         block_key(r, tenant, keys[b], name, sizeof name);
         kvt_wbuf_put(&names, name, strlen(name) + 1);
         u->lens[u->n_vals++] = bl;
+        if (u->vals.len >= kvt_remote_flush_bytes) {
+            /* a long prefix is not held whole: its blocks go now, from this
+             * thread, in pieces; the snapshot and its index entry follow them */
+            pthread_mutex_lock(&r->check_mu);
+            int sent = names.oom ? 0 : send_values(r, r->rd_check, (const char *)names.p, u->vals.p, u->lens,
+                                                   u->n_vals, NULL, NULL, u->vals.len);
+            pthread_mutex_unlock(&r->check_mu);
+            if (sent != 1) { ok = false; break; }
+            pthread_mutex_lock(&r->mu);
+            r->st.bytes_written += u->vals.len;
+            pthread_mutex_unlock(&r->mu);
+            u->vals.len = 0;
+            u->n_vals = 0;
+            names.len = 0;
+        }
     }
     kvt_redis_replies_free(rep, nr);
     size_t before = u->vals.len;
@@ -545,43 +564,54 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     upload_free(u);
 }
 
-/* Send one upload: blocks, then the snapshot, then the index entry, in one
- * pipeline (Redis runs a connection's commands in order, so a connection
- * lost part way never leaves an index entry before its values). */
-static bool send_upload(kvt_remote *r, upload *u)
+/* MSET each of n values (keys NUL-separated, bytes back to back), then,
+ * when idx is given, HSET idx[1..3]: one pipeline (Redis runs a
+ * connection's commands in order, so a connection lost part way never
+ * leaves an index entry before its values). 1 sent, 0 a transport failure
+ * (reported to the breaker), -1 refused by Redis (OOM under noeviction, an
+ * ACL without writes: reads may still work, so the breaker is left alone;
+ * said once a minute). */
+static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uint8_t *vals, const size_t *lens,
+                       size_t n, const char *const *idx, const size_t *idx_len, size_t bytes)
 {
-    kvt_redis *rd = r->rd_up;
-    const char *k = u->keys;
+    const char *k = keys;
     size_t off = 0;
     int rc = KVT_OK;
-    for (size_t i = 0; i < u->n_vals && !rc; i++) {
-        rc = append_set(r, rd, k, u->vals.p + off, u->lens[i]);
-        off += u->lens[i];
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = append_set(r, rd, k, vals + off, lens[i]);
+        off += lens[i];
         k += strlen(k) + 1;
     }
-    const char *a[4] = {"HSET", u->index_key, u->field, (const char *)u->manifest.p};
-    size_t l[4] = {4, strlen(u->index_key), strlen(u->field), u->manifest.len};
-    if (!rc) rc = kvt_redis_append(rd, 4, a, l);
+    if (!rc && idx) rc = kvt_redis_append(rd, 4, idx, idx_len);
     redisReply **rep = NULL;
     size_t nr = 0;
-    int ms = 2000 + (int)(u->vals.len / (50u << 10)); /* 2 s plus 50 MB/s */
+    int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
     if (rc) kvt_redis_discard(rd);
     else rc = kvt_redis_exec(rd, ms, &rep, &nr);
-    bool ok = !rc;
-    const char *refused = rc ? NULL : error_reply(rep, nr);
+    if (rc) {
+        breaker_report(r, false, kvt_errmsg());
+        return 0;
+    }
+    breaker_report(r, true, NULL);
+    const char *refused = error_reply(rep, nr);
     if (refused) {
-        /* OOM under noeviction, an ACL without writes: reads may still
-         * work, so the breaker is left alone; said once a minute */
-        ok = false;
         double now = kvt_now();
-        if (!r->o.quiet && now - r->refused_logged >= 60) {
-            r->refused_logged = now;
-            fprintf(stderr, "kvtier: remote tier %s refused an upload: %s\n", r->o.url, refused);
-        }
+        pthread_mutex_lock(&r->mu);
+        bool say = !r->o.quiet && now - r->refused_logged >= 60;
+        if (say) r->refused_logged = now;
+        pthread_mutex_unlock(&r->mu);
+        if (say) fprintf(stderr, "kvtier: remote tier %s refused an upload: %s\n", r->o.url, refused);
     }
     kvt_redis_replies_free(rep, nr);
-    if (rc) breaker_report(r, false, kvt_errmsg());
-    else breaker_report(r, true, NULL);
+    return refused ? -1 : 1;
+}
+
+/* Send one queued upload: its values, then its index entry. */
+static bool send_upload(kvt_remote *r, upload *u)
+{
+    const char *a[4] = {"HSET", u->index_key, u->field, (const char *)u->manifest.p};
+    size_t l[4] = {4, strlen(u->index_key), strlen(u->field), u->manifest.len};
+    bool ok = send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
     pthread_mutex_lock(&r->mu);
     if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; }
     else r->st.dropped++;
@@ -604,10 +634,10 @@ static void *upload_main(void *arg)
         if (!r->head) r->tail = NULL;
         bool late = r->stopping && kvt_now() - r->stop_at > 1.0;
         pthread_mutex_unlock(&r->mu);
-        bool sent = !late && breaker_allow(r) && send_upload(r, u);
+        bool tried = !late && breaker_allow(r);
+        if (tried) send_upload(r, u); /* counts itself, sent or dropped */
         pthread_mutex_lock(&r->mu);
-        if (!sent && late) r->st.dropped++;
-        else if (!sent && r->breaker) r->st.dropped++; /* refused by the breaker (send_upload counts its own) */
+        if (!tried) r->st.dropped++; /* given up at shutdown, or refused by the breaker */
         r->st.queue_len--;
         r->st.queue_bytes -= u->vals.len;
         pthread_mutex_unlock(&r->mu);

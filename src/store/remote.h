@@ -82,6 +82,10 @@ extern bool kvt_remote_skip_mac;
 extern bool kvt_remote_skip_value_checks;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
+/* The bytes of an upload's blocks past which they are sent at once from
+ * the caller's thread, in pieces, rather than queued (32 MiB): a prefix of
+ * a large model is never held whole. Tests make it small. */
+extern size_t kvt_remote_flush_bytes;
 /* Tests: wait for the upload queue to be empty, at most timeout seconds;
  * true when it is. */
 bool kvt_remote_drain(kvt_remote *r, double timeout);
