@@ -814,6 +814,14 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(system(ls) == 0);
     char *lst = kvt_test_read_file(lsout, NULL);
     CHECKF(lst && strstr(lst, " remote "), "B's disk holds no entry saved from the remote tier:\n%s", lst);
+    /* and what Redis holds, listed */
+    free(lst);
+    snprintf(ls, sizeof ls, "%s cache ls --kv-remote '%s' > '%s' 2>&1", kvt_test_bin(), r.url, lsout);
+    CHECK(system(ls) == 0);
+    lst = kvt_test_read_file(lsout, NULL);
+    printf("    cache ls --kv-remote:\n%s", lst ? lst : "(none)\n");
+    CHECKF(lst && strstr(lst, "kvt:r1:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
+           "cache ls --kv-remote does not list the 672-token entry");
     free(lst); free(mx); free(h); free(cold); free(warm);
 }
 

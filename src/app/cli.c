@@ -4,6 +4,7 @@
  * calls exit(). */
 #include "kvtier.h"
 #include "store/policy.h"
+#include "store/remote.h"
 
 #include <errno.h>
 #include <math.h>
@@ -747,9 +748,25 @@ static int cmd_cache(int argc, char **argv)
         key = (int64_t)k;
         skip = 2;
     }
-    opt o[] = {DISK_OPTS};
+    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    if (get(o, no, "--kv-remote")) {
+        if (strcmp(sub, "ls")) {
+            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls\n", sub);
+            return 2;
+        }
+        kvt_remote_entry *e = NULL;
+        size_t n = 0;
+        int rc = kvt_remote_list(get(o, no, "--kv-remote"), get(o, no, "--kv-remote-password-file"), &e, &n);
+        if (rc) return fail(rc, "cache ls --kv-remote");
+        printf("%-40s %-16s %8s %7s %12s\n", "NAMESPACE (LAYOUT:KEY0:TENANT)", "HEAD", "TOKENS", "BLOCKS", "BYTES");
+        for (size_t i = 0; i < n; i++)
+            printf("%-40s %016llx %8u %7u %12llu\n", e[i].ns, (unsigned long long)e[i].head, e[i].n_tokens,
+                   e[i].n_blocks, (unsigned long long)e[i].bytes);
+        free(e);
+        return 0;
+    }
     disk_cfg d;
     if (!parse_disk(o, no, &d)) return 2;
     kvt_store *st = NULL;
@@ -1150,6 +1167,8 @@ static void usage(FILE *f)
           "              with API keys); a failing Redis is a miss, then not asked for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
+          "  cache ls --kv-remote URL [--kv-remote-password-file F]: what a remote tier\n"
+          "              holds: each snapshot's namespace (model key0, tenant), tokens, bytes\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"

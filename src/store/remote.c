@@ -901,3 +901,80 @@ out:
     if (asked) r->st.lookup_seconds += t_lookup ? t_lookup : dt;
     pthread_mutex_unlock(&r->mu);
 }
+
+/* ---- listing ---- */
+
+/* The entries of one index hash (key "NS:i:HEAD") appended to *out. */
+static int list_hash(const char *key, const redisReply *x, kvt_remote_entry **out, size_t *n, size_t *cap)
+{
+    const char *i = strstr(key, ":i:");
+    if (!i || x->type != REDIS_REPLY_ARRAY) return KVT_OK;
+    kvt_remote_entry e = {0};
+    snprintf(e.ns, sizeof e.ns, "%.*s", (int)(i - key), key);
+    e.head = strtoull(i + 3, NULL, 16);
+    for (size_t k = 0; k + 1 < x->elements; k += 2) {
+        const redisReply *f = x->element[k], *v = x->element[k + 1];
+        if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
+        e.n_tokens = (uint32_t)strtoul(f->str, NULL, 10);
+        e.n_blocks = e.n_tokens / KVT_BLOCK;
+        size_t *lens = parse_manifest(v->str, v->len, e.n_blocks);
+        e.bytes = 0;
+        for (size_t b = 0; lens && b <= e.n_blocks; b++) e.bytes += lens[b];
+        free(lens);
+        int rc = KVT_OK;
+        KVT_GROW(*out, cap, *n + 1, rc);
+        if (rc) return rc;
+        (*out)[(*n)++] = e;
+    }
+    return KVT_OK;
+}
+
+int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    kvt_redis_url u;
+    int rc = kvt_redis_parse_url(url, &u);
+    if (rc) return rc;
+    char pw[1024];
+    size_t pl = 0;
+    if (password_file && (rc = read_secret(password_file, "--kv-remote-password-file", pw, sizeof pw, &pl, false)))
+        return rc;
+    kvt_redis *rd = NULL;
+    rc = kvt_redis_new(&rd, &u, pl ? pw : NULL);
+    OPENSSL_cleanse(pw, sizeof pw);
+    if (rc) return rc;
+    size_t cap = 0;
+    char cursor[32] = "0";
+    do {
+        const char *a[6] = {"SCAN", cursor, "MATCH", "kvt:r1:*:i:*", "COUNT", "1000"};
+        redisReply **rep = NULL, **hr = NULL;
+        size_t nr = 0, nh = 0;
+        if ((rc = kvt_redis_append(rd, 6, a, NULL)) || (rc = kvt_redis_exec(rd, 2000, &rep, &nr))) break;
+        redisReply *x = rep[0];
+        if (x->type == REDIS_REPLY_ERROR) rc = kvt_fail(KVT_EIO, "redis %s: SCAN refused: %s", url, x->str);
+        else if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
+                 x->element[1]->type != REDIS_REPLY_ARRAY)
+            rc = kvt_fail(KVT_EIO, "redis %s: a SCAN reply of an unknown shape", url);
+        if (!rc) {
+            snprintf(cursor, sizeof cursor, "%s", x->element[0]->str);
+            redisReply *keys = x->element[1];
+            for (size_t k = 0; !rc && k < keys->elements; k++) {
+                const char *h[2] = {"HGETALL", keys->element[k]->str};
+                rc = kvt_redis_append(rd, 2, h, NULL);
+            }
+            if (!rc && keys->elements) rc = kvt_redis_exec(rd, 2000, &hr, &nh);
+            for (size_t k = 0; !rc && k < nh && k < keys->elements; k++)
+                rc = list_hash(keys->element[k]->str, hr[k], out, n, &cap);
+        }
+        kvt_redis_replies_free(hr, nh);
+        kvt_redis_replies_free(rep, nr);
+    } while (!rc && strcmp(cursor, "0"));
+    kvt_redis_free(rd);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}

@@ -57,6 +57,17 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at);
 void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t *toks, size_t n, size_t have,
                         size_t *got);
 
+/* What a remote holds, for `kvtier cache ls --kv-remote URL`: every index
+ * entry of every model and tenant (SCAN, then HGETALL, each round trip
+ * within 2 s). *out is malloc'ed (*n entries), in the order found. */
+typedef struct kvt_remote_entry {
+    char ns[64];                /* kvt:r1:KEY0:TENANT */
+    uint64_t head;              /* the key of its last whole block */
+    uint32_t n_tokens, n_blocks;
+    uint64_t bytes;             /* its snapshot record and blocks, as the manifest says */
+} kvt_remote_entry;
+int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n);
+
 typedef struct kvt_remote_stats {
     uint64_t hits, misses, errors;   /* lookups; transport errors and timeouts */
     uint64_t bad;                    /* values that failed a check (deleted) */
