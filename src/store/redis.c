@@ -29,6 +29,7 @@ struct kvt_redis {
     kvt_redis_url u;
     char *password;
     int fd;                  /* -1: not connected */
+    struct addrinfo *addrs;  /* the host resolved once (getaddrinfo has no deadline), kept */
     redisReader *rd;
     char *out;               /* queued commands, formatted */
     size_t out_len, out_cap, n_cmds;
@@ -115,6 +116,7 @@ void kvt_redis_free(kvt_redis *r)
         memset(r->password, 0, strlen(r->password));
         free(r->password);
     }
+    if (r->addrs) freeaddrinfo(r->addrs);
     free(r->out);
     free(r);
 }
@@ -127,15 +129,26 @@ static int ms_left(double deadline)
     return d <= 0 ? 0 : d > 1e9 ? 1000000000 : (int)d + 1;
 }
 
-static int sock_connect(kvt_redis *r, double deadline)
+int kvt_redis_resolve(kvt_redis *r)
 {
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (r->addrs) return KVT_OK;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
     char port[16];
     snprintf(port, sizeof port, "%d", r->u.port);
-    int g = getaddrinfo(r->u.host, port, &hints, &res);
-    if (g) return kvt_fail(KVT_EIO, "redis %s:%d: %s", r->u.host, r->u.port, gai_strerror(g));
+    int g = getaddrinfo(r->u.host, port, &hints, &r->addrs);
+    if (g) {
+        r->addrs = NULL;
+        return kvt_fail(KVT_EIO, "redis %s:%d: %s", r->u.host, r->u.port, gai_strerror(g));
+    }
+    return KVT_OK;
+}
+
+static int sock_connect(kvt_redis *r, double deadline)
+{
+    int grc = kvt_redis_resolve(r);
+    if (grc) return grc;
     int rc = KVT_EIO, err = 0;
-    for (struct addrinfo *a = res; a && r->fd < 0; a = a->ai_next) {
+    for (struct addrinfo *a = r->addrs; a && r->fd < 0; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) { err = errno; continue; }
         int one = 1;
@@ -153,7 +166,6 @@ static int sock_connect(kvt_redis *r, double deadline)
         if (err) { close(fd); continue; }
         r->fd = fd;
     }
-    freeaddrinfo(res);
     if (r->fd < 0) return kvt_fail(rc, "redis %s:%d: connect: %s", r->u.host, r->u.port, strerror(err ? err : EIO));
     if (!(r->rd = redisReaderCreate())) {
         disconnect(r);

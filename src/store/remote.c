@@ -264,6 +264,11 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
         (rc = kvt_redis_new(&r->rd_up, &url, pl ? pw : NULL)))
         goto fail;
     OPENSSL_cleanse(pw, sizeof pw);
+    /* names resolved here, at start, never in a lookup (a failure: the
+     * first connect tries again) */
+    kvt_redis_resolve(r->rd_load);
+    kvt_redis_resolve(r->rd_check);
+    kvt_redis_resolve(r->rd_up);
     check_policy(r);
     if (pthread_create(&r->thread, NULL, upload_main, r)) { rc = kvt_fail(KVT_ENOMEM, "remote tier thread"); goto fail; }
     *out = r;
