@@ -4,6 +4,7 @@
  * calls exit(). */
 #include "kvtier.h"
 #include "store/policy.h"
+#include "store/remote.h"
 
 #include <errno.h>
 #include <math.h>
@@ -747,9 +748,25 @@ static int cmd_cache(int argc, char **argv)
         key = (int64_t)k;
         skip = 2;
     }
-    opt o[] = {DISK_OPTS};
+    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    if (get(o, no, "--kv-remote")) {
+        if (strcmp(sub, "ls")) {
+            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls\n", sub);
+            return 2;
+        }
+        kvt_remote_entry *e = NULL;
+        size_t n = 0;
+        int rc = kvt_remote_list(get(o, no, "--kv-remote"), get(o, no, "--kv-remote-password-file"), &e, &n);
+        if (rc) return fail(rc, "cache ls --kv-remote");
+        printf("%-40s %-16s %8s %7s %12s\n", "NAMESPACE (LAYOUT:KEY0:TENANT)", "HEAD", "TOKENS", "BLOCKS", "BYTES");
+        for (size_t i = 0; i < n; i++)
+            printf("%-40s %016llx %8u %7u %12llu\n", e[i].ns, (unsigned long long)e[i].head, e[i].n_tokens,
+                   e[i].n_blocks, (unsigned long long)e[i].bytes);
+        free(e);
+        return 0;
+    }
     disk_cfg d;
     if (!parse_disk(o, no, &d)) return 2;
     kvt_store *st = NULL;
@@ -869,6 +886,7 @@ static int cmd_serve(int argc, char **argv)
                {"--queue"}, {"--parallel"}, {"--kv-ram-mb"}, {"--api-key"}, {"--api-key-file"}, {"--max-body-mb"},
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
+               {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
                DISK_OPTS, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
@@ -894,6 +912,14 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
         !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
         return 2;
+    uint64_t remote_ms = 20;
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms)) return 2;
+    if (!get(o, no, "--kv-remote") && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
+                                       get(o, no, "--kv-remote-timeout-ms"))) {
+        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file and --kv-remote-timeout-ms need "
+                        "--kv-remote\n");
+        return 2;
+    }
     if (!req_timeout || !per_addr || !max_conns) {
         fprintf(stderr, "kvtier: --request-timeout, --max-conn-per-addr and --max-connections must be at least 1\n");
         return 2;
@@ -1008,6 +1034,8 @@ static int cmd_serve(int argc, char **argv)
         .max_connections = (uint32_t)max_conns,
         .api_keys = keys, .api_key_names = names, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
+        .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
+        .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
     };
     int rc = kvt_serve(&so);
     free(file_text);
@@ -1132,8 +1160,16 @@ static void usage(FILE *f)
           "              request (and its client as long to take some of the answer),\n"
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
+          "              [--kv-remote redis://[USER@]HOST:PORT[/DB] [--kv-remote-password-file F]\n"
+          "              [--kv-remote-secret-file F] [--kv-remote-timeout-ms N (20)]]: a third\n"
+          "              tier in Redis that servers share (needs the disk tier): saves are\n"
+          "              uploaded behind, a new session asks it within N ms (then its load,\n"
+          "              bounded); every value is checked, with the secret by HMAC (required\n"
+          "              with API keys); a failing Redis is a miss, then not asked for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
+          "  cache ls --kv-remote URL [--kv-remote-password-file F]: what a remote tier\n"
+          "              holds: each snapshot's namespace (model key0, tenant), tokens, bytes\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"

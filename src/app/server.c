@@ -45,6 +45,7 @@
 #include "store/store.h"
 #include "store/storedir.h"
 #include "store/storeq.h"
+#include "store/remote.h"
 #include "serve/tiers.h"
 #include "base/util.h"
 
@@ -94,7 +95,7 @@ static void hist_add(hist *h, double v)
 typedef struct metrics {
     uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
     uint64_t prompt_tokens, prefilled, generated;
-    uint64_t reused_ram, reused_disk, hits_ram, hits_disk, misses;
+    uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
     hist load, save, prefill;
@@ -161,6 +162,7 @@ typedef struct server {
     size_t n_tn;
     kvt_tiers *tiers;             /* the RAM pool; the worker's alone */
     kvt_storeq *q;                /* the store threads: saves and disk loads (storeq.h) */
+    kvt_remote *remote;           /* the remote tier (remote.h); NULL: none */
     uint64_t loads_done;          /* disk loads over, for the worker to wake on (server.mu) */
     double skip_logged;           /* when a save skipped for RAM was last reported (the worker's) */
     pthread_mutex_t mu;           /* queue, metrics */
@@ -550,6 +552,7 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     mx->prompt_tokens += n;
     if (!strcmp(tier, "ram")) { mx->hits_ram++; mx->reused_ram += sl->kept; }
     else if (!strcmp(tier, "disk")) { mx->hits_disk++; mx->reused_disk += sl->kept; }
+    else if (!strcmp(tier, "remote")) { mx->hits_remote++; mx->reused_remote += sl->kept; }
     else mx->misses++;
     hist_add(&mx->prefill, kvt_now() - sl->t_start);
     mx->prefilled += kvt_session_len(s) > sl->kept ? kvt_session_len(s) - sl->kept : 0;
@@ -634,11 +637,20 @@ static slot *slot_start(server *sv, job *j)
         return NULL;
     }
     sl->s = sl->pick.s;
+    /* a new session for a prompt long enough to have been saved: the remote
+     * tier may hold it (asked on a store thread, as a disk load) */
+    bool remote = !sl->pick.load && sv->remote && store && !strcmp(sl->pick.tier, "none") &&
+                  sl->n >= sv->o.policy.min_tokens;
+    if (remote) {
+        kvt_tiers_defer(sv->tiers, &sl->pick);
+        sl->pick.load_id = -1;
+    }
     /* the store holds a prefix: the slot waits while a store thread
      * restores it, the other requests step on */
-    if (sl->pick.load && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, sl->pick.load,
-                                          sl->pick.load_id, &sl->load))
+    if ((sl->pick.load || remote) && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, sl->pick.load,
+                                                      sl->pick.load_id, &sl->load))
         return sl;
+    if (remote) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     return slot_ready(sv, sl) ? sl : NULL;
 }
@@ -681,9 +693,11 @@ static size_t step(server *sv, slot **act, size_t na)
     /* the slots whose disk load is over join this step */
     for (size_t i = 0; i < na; i++) {
         size_t got;
-        if (!act[i]->load || !kvt_storeq_load_done(act[i]->load, &got)) continue;
+        bool from_remote = false;
+        if (!act[i]->load || !kvt_storeq_load_done(act[i]->load, &got, &from_remote)) continue;
         act[i]->load = NULL;
         kvt_tiers_loaded(sv->tiers, &act[i]->pick, got);
+        if (got && from_remote) act[i]->pick.tier = "remote";
         if (!slot_ready(sv, act[i])) act[i] = NULL;
     }
     /* one token for every reply, then the prefills */
@@ -1577,6 +1591,58 @@ static void put_val(kvt_wbuf *b, const char *name, const mview *v, const char *e
     kvt_wbuf_put(b, line, strlen(line));
 }
 
+/* The remote tier's families (remote.h's figures). */
+static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
+{
+    kvt_remote_stats st;
+    kvt_remote_stats_get(r, &st);
+    mview none = {0};
+    char line[160];
+    static const struct { const char *name, *type, *help; } f[] = {
+        {"kvtier_remote_lookups_total", "counter", "Remote tier lookups, by result (hit, miss)."},
+        {"kvtier_remote_errors_total", "counter", "Remote tier round trips that failed or timed out (each a miss)."},
+        {"kvtier_remote_bad_values_total", "counter", "Values read from the remote tier that failed a check (deleted)."},
+        {"kvtier_remote_stale_total", "counter", "Remote index entries whose values were gone (evicted), dropped."},
+        {"kvtier_remote_hit_tokens_total", "counter", "Prompt tokens restored from the remote tier."},
+        {"kvtier_remote_bytes_total", "counter", "Bytes moved to and from the remote tier, by direction."},
+        {"kvtier_remote_uploads_total", "counter", "Snapshots uploaded to the remote tier."},
+        {"kvtier_remote_dropped_total", "counter", "Uploads not queued or not sent (queue full, breaker open, errors)."},
+        {"kvtier_remote_upload_queue", "gauge", "Uploads waiting to be sent."},
+        {"kvtier_remote_upload_queue_bytes", "gauge", "Bytes of the uploads waiting to be sent."},
+        {"kvtier_remote_seconds_total", "counter", "Time spent in remote lookups, and in the loads of hits."},
+        {"kvtier_remote_breaker", "gauge", "The circuit breaker: 0 closed, 1 open, 2 half-open (probing)."},
+        {"kvtier_remote_breaker_trips_total", "counter", "Times the circuit breaker opened."},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        put_head(b, f[i].name, f[i].type, f[i].help);
+        switch (i) {
+        case 0:
+            put_val(b, f[i].name, &none, "result=\"hit\"", st.hits);
+            put_val(b, f[i].name, &none, "result=\"miss\"", st.misses);
+            break;
+        case 1: put_val(b, f[i].name, &none, "", st.errors); break;
+        case 2: put_val(b, f[i].name, &none, "", st.bad); break;
+        case 3: put_val(b, f[i].name, &none, "", st.stale); break;
+        case 4: put_val(b, f[i].name, &none, "", st.hit_tokens); break;
+        case 5:
+            put_val(b, f[i].name, &none, "direction=\"read\"", st.bytes_read);
+            put_val(b, f[i].name, &none, "direction=\"written\"", st.bytes_written);
+            break;
+        case 6: put_val(b, f[i].name, &none, "", st.uploads); break;
+        case 7: put_val(b, f[i].name, &none, "", st.dropped); break;
+        case 8: put_val(b, f[i].name, &none, "", st.queue_len); break;
+        case 9: put_val(b, f[i].name, &none, "", st.queue_bytes); break;
+        case 10:
+            snprintf(line, sizeof line, "%s{phase=\"lookup\"} %.6f\n%s{phase=\"hit_load\"} %.6f\n", f[i].name,
+                     st.lookup_seconds, f[i].name, st.load_seconds);
+            kvt_wbuf_put(b, line, strlen(line));
+            break;
+        case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
+        default: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
+        }
+    }
+}
+
 /* The Prometheus text for tenant tnt, its own figures and nothing of any
  * other key's; for KEY_METRICS every tenant's, each series labelled
  * tenant="NAME" (--api-key NAME=KEY, or key1, key2, ... in the order
@@ -1640,13 +1706,23 @@ static char *metrics_text(server *sv, int tnt)
             put_val(&b, name, w, e2, (unsigned long long)(x2));                \
         }                                                                      \
     } while (0)
+#define FAMILY3(name, type, help, e1, x1, e2, x2, e3, x3)                      \
+    do {                                                                       \
+        put_head(&b, name, type, help);                                        \
+        for (size_t k = 0; k < nv; k++) {                                      \
+            const mview *w = &v[k];                                            \
+            put_val(&b, name, w, e1, (unsigned long long)(x1));                \
+            put_val(&b, name, w, e2, (unsigned long long)(x2));                \
+            put_val(&b, name, w, e3, (unsigned long long)(x3));                \
+        }                                                                      \
+    } while (0)
     FAMILY("kvtier_prompt_tokens_total", "counter", "Prompt tokens received.", "", w->mx.prompt_tokens);
     FAMILY("kvtier_prefilled_tokens_total", "counter", "Prompt tokens computed by prefill.", "", w->mx.prefilled);
     FAMILY("kvtier_generated_tokens_total", "counter", "Tokens generated.", "", w->mx.generated);
-    FAMILY2("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
-            w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk);
-    FAMILY2("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
-            "tier=\"disk\"", w->mx.hits_disk);
+    FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
+            w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
+    FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
+            "tier=\"disk\"", w->mx.hits_disk, "tier=\"remote\"", w->mx.hits_remote);
     FAMILY("kvtier_cache_misses_total", "counter", "Requests no tier could serve.", "", w->mx.misses);
     FAMILY2("kvtier_cache_bytes", "gauge", "Bytes held, by tier.", "tier=\"ram\"", w->ram, "tier=\"disk\"",
             w->ds.bytes);
@@ -1668,6 +1744,7 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
 #undef FAMILY
 #undef FAMILY2
+#undef FAMILY3
     put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", v, nv, offsetof(metrics, load));
     put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", v, nv, offsetof(metrics, save));
     put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", v, nv, offsetof(metrics, prefill));
@@ -1684,6 +1761,8 @@ static char *metrics_text(server *sv, int tnt)
         put_head(&b, "kvtier_step_requests_max", "gauge", "The most requests one pass advanced.");
         put_val(&b, "kvtier_step_requests_max", &none, "", steps[2]);
     }
+    /* the remote tier's figures mix every key's lookups: the operator's view, or the one key's */
+    if (sv->remote && (tnt < 0 || sv->n_tn == 1)) remote_metrics(sv->remote, &b);
     if (tnt < 0) {
         mview none = {0};
         put_head(&b, "kvtier_refused_requests_total", "counter",
@@ -1939,6 +2018,18 @@ int kvt_serve(const kvt_server_opts *opts)
     }
     kvt_storeq_hooks qh = {queue_saved, tier_loaded, queue_wake, sv};
     if ((rc = kvt_storeq_new(&sv->q, &sv->o.policy, &qh))) goto out;
+    if (opts->remote_url) {
+        if (!sv->tn[0].store) {
+            rc = kvt_fail(KVT_EINVAL, "--kv-remote needs the disk tier (--kv-disk-dir): a remote hit is kept there");
+            goto out;
+        }
+        kvt_remote_opts ro = {.url = opts->remote_url, .password_file = opts->remote_password_file,
+                              .secret_file = opts->remote_secret_file, .tenants = opts->n_keys ? opts->api_keys : NULL,
+                              .n_tenants = opts->n_keys, .keyed_tenants = opts->n_keys > 0,
+                              .lookup_ms = (int)opts->remote_lookup_ms};
+        if ((rc = kvt_remote_open(&sv->remote, sv->m, &ro))) goto out;
+        kvt_storeq_set_remote(sv->q, sv->remote);
+    }
     for (size_t t = 0; t < sv->n_tn; t++)
         if (sv->tn[t].store) kvt_store_set_busy(sv->tn[t].store, STORE_BUSY_MS);
     if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }
@@ -1953,8 +2044,9 @@ int kvt_serve(const kvt_server_opts *opts)
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
-    fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, %zu requests at once, disk cache %s)\n",
-            sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off");
+    fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, %zu requests at once, disk cache %s%s%s)\n",
+            sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off",
+            sv->remote ? ", remote tier " : "", sv->remote ? opts->remote_url : "");
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
     sigdelset(&wait, SIGTERM);
@@ -1976,6 +2068,7 @@ int kvt_serve(const kvt_server_opts *opts)
 out:
     pool_shutdown(sv);
     kvt_storeq_free(sv->q); /* the queued saves first */
+    kvt_remote_close(sv->remote); /* then their uploads, a second at most */
     kvt_tiers_free(sv->tiers);
     for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);

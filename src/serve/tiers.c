@@ -133,6 +133,12 @@ static void lend(kvt_tiers *t, kvt_session *s)
     if (t->n_spare) kvt_session_lend(s, t->spare[--t->n_spare]);
 }
 
+void kvt_tiers_defer(kvt_tiers *t, kvt_tier_pick *pick)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->pool[i].s == pick->s) t->pool[i].loading = true;
+}
+
 void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got)
 {
     for (size_t i = 0; i < t->n; i++)

@@ -162,6 +162,11 @@ void kvt_tiers_free(kvt_tiers *t);
 int kvt_tiers_select(kvt_tiers *t, int tenant, kvt_store *store, const kvt_tier_prompt *p, int32_t **toks,
                      size_t *n, kvt_tier_pick *out);
 
+/* A new, empty session of pick (tier "none") that the caller restores
+ * from elsewhere (the remote tier): kept out of every other choice, as a
+ * deferred load's is, until kvt_tiers_loaded. */
+void kvt_tiers_defer(kvt_tiers *t, kvt_tier_pick *pick);
+
 /* The deferred restore of pick->load tokens into pick->s is over, got of
  * them restored (0: none): s can be read and counted again, and pick says
  * where the prompt comes from (tier, reused, from_disk). */

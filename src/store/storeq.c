@@ -33,6 +33,8 @@
 #include "store/storeq.h"
 #include "arch/model.h"
 #include "store/store.h"
+#include "store/remote.h"
+#include "arch/arch.h"
 #include "base/util.h"
 
 #include <pthread.h>
@@ -61,6 +63,8 @@ struct kvt_storeq_job {
     double next_try, pause;  /* a save that met a lock: when to try again */
     bool done;               /* LOAD: over (under q->mu), got tokens restored */
     size_t got;
+    bool remote;             /* LOAD: ask the remote tier too (when set); it gave the tokens */
+    bool from_remote;
     struct kvt_storeq_job *next;
 };
 typedef struct kvt_storeq_job job;
@@ -78,11 +82,30 @@ struct kvt_storeq {
     double busy_logged;      /* when saves waiting for a lock were last reported */
     kvt_save_policy policy;
     kvt_storeq_hooks h;
+    kvt_remote *remote;      /* NULL: none */
 };
+
+static const char REMOTE_REASON[] = "remote";
+static job *job_new(kvt_storeq *q, int kind, kvt_store *st, int tenant, kvt_session *s);
+static int push(kvt_storeq *q, job *j);
 
 static bool give_up(kvt_storeq *q, double now)
 {
     return q->stopping && now - q->stop_at > SHUTDOWN_WAIT;
+}
+
+/* After save j committed: hand its points to the remote tier (a record
+ * that came from it is not sent back). */
+static void upload_points(kvt_storeq *q, job *j)
+{
+    if (j->kind == SAVE) {
+        if (j->reason != REMOTE_REASON) kvt_remote_upload(q->remote, j->tenant, j->s, kvt_session_len(j->s));
+        return;
+    }
+    size_t cold = kvt_save_policy_cold(&q->policy, j->n);
+    if (cold >= q->policy.min_tokens && cold > j->from_disk) kvt_remote_upload(q->remote, j->tenant, j->s, cold);
+    if (j->fork_at && j->fork_at != cold && j->fork_at >= q->policy.min_tokens)
+        kvt_remote_upload(q->remote, j->tenant, j->s, j->fork_at);
 }
 
 /* Run save j (q->mu not held); true when it is over, false to try later. */
@@ -117,15 +140,45 @@ static bool run_save(kvt_storeq *q, job *j)
                               : "kvtier: cache store busy (another process holds its lock): a save given up at shutdown\n");
     if (later) return false;
     if (busy && !rc) rc = kvt_fail(KVT_EIO, "cache store busy: save given up");
+    if (!rc && q->remote) upload_points(q, j);
     if (q->h.saved) q->h.saved(q->h.user, j->tenant, now - t0, rc, created);
     return true;
+}
+
+/* A remote hit goes to the local disk too: a copy of the session is queued
+ * to be saved (the scheduler keeps the session itself). */
+static void save_copy(kvt_storeq *q, job *j)
+{
+    kvt_session_opts so = {.n_ctx = j->s->n_ctx, .n_threads = 1};
+    kvt_session *c = NULL;
+    if (kvt_session_new(&c, j->s->m, &so) || kvt_session_clone(c, j->s)) {
+        kvt_session_free(c);
+        return;
+    }
+    job *k = job_new(q, SAVE, j->st, j->tenant, c);
+    if (!k) { kvt_session_free(c); return; }
+    k->reason = REMOTE_REASON;
+    if (push(q, k)) kvt_session_free(c);
 }
 
 static void run_load(kvt_storeq *q, job *j)
 {
     double t0 = kvt_now();
     size_t got = 0;
-    if (kvt_store_restore_found(j->st, j->s, j->toks, j->n, j->match, j->id, &got)) got = 0;
+    if ((j->match || j->id >= 0) && kvt_store_restore_found(j->st, j->s, j->toks, j->n, j->match, j->id, &got))
+        got = 0;
+    if (j->remote && q->remote) {
+        size_t r = 0;
+        kvt_remote_restore(q->remote, j->tenant, j->s, j->toks, j->n, got, &r);
+        if (r > got) {
+            got = r;
+            j->from_remote = true;
+            save_copy(q, j);
+        } else if (got && kvt_session_len(j->s) != got) {
+            /* a remote value failed its checks while loading and emptied s */
+            if (kvt_store_restore_found(j->st, j->s, j->toks, j->n, got, -1, &got)) got = 0;
+        }
+    }
     int tenant = j->tenant;
     if (q->h.loaded) q->h.loaded(q->h.user, tenant, kvt_now() - t0);
     pthread_mutex_lock(&q->mu);
@@ -313,18 +366,20 @@ int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, co
     j->n = n;
     j->match = match;
     j->id = id;
+    j->remote = q->remote != NULL;
     int rc = push(q, j);
     if (!rc) *out = j;
     return rc;
 }
 
-bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got)
+bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got, bool *from_remote)
 {
     pthread_mutex_lock(&ld->q->mu);
     bool done = ld->done;
     pthread_mutex_unlock(&ld->q->mu);
     if (!done) return false;
     *got = ld->got;
+    if (from_remote) *from_remote = ld->from_remote;
     free(ld);
     return true;
 }
@@ -353,3 +408,5 @@ size_t kvt_storeq_pending(kvt_storeq *q, int tenant)
     pthread_mutex_unlock(&q->mu);
     return n;
 }
+
+void kvt_storeq_set_remote(kvt_storeq *q, kvt_remote *r) { q->remote = r; }

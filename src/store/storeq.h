@@ -52,9 +52,17 @@ int kvt_storeq_save_policy(kvt_storeq *q, kvt_store *st, int tenant, kvt_session
  * kvt_storeq_load_done says the load is over. KVT_ENOMEM: not queued. */
 int kvt_storeq_load(kvt_storeq *q, kvt_store *st, int tenant, kvt_session *s, const int32_t *toks, size_t n,
                     size_t match, int64_t id, kvt_storeq_ticket **out);
-/* Whether the load is over: then *got holds the tokens restored (0: none)
- * and ld is freed. */
-bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got);
+/* Whether the load is over: then *got holds the tokens restored (0: none),
+ * *from_remote (may be NULL) whether the remote tier gave them, and ld is
+ * freed. */
+bool kvt_storeq_load_done(kvt_storeq_ticket *ld, size_t *got, bool *from_remote);
+
+/* The remote tier (borrowed; set before the first job, NULL: none): every
+ * load (match 0 and id -1: the remote tier only) also asks it for a longer
+ * prefix, a remote hit is queued to be saved to the load's store, and the
+ * points a save committed are handed to it for upload (remote.h). */
+struct kvt_remote;
+void kvt_storeq_set_remote(kvt_storeq *q, struct kvt_remote *r);
 
 /* Bytes of the sessions queued to be saved for tenant, as they hold them
  * now (kvt_session_bytes; the one being saved: when its save began), and

@@ -1,0 +1,985 @@
+/* The remote tier: the disk tier's records in Redis (see remote.h,
+ * docs/STORE.md "Remote tier", docs/FORMAT.md "Remote tier keys").
+ *
+ * Every key starts with a namespace: "kvt:r1:" (the layout's version),
+ * key0 in hex (the model and tokenizer fingerprints and the row types, the
+ * same value the record keys chain from), and the tenant's name (derived
+ * with the secret, so one tenant cannot name another's keys). Under it:
+ *
+ *   b:KEY                a block record, content addressed by its chained
+ *                        key: shared by every snapshot and server that
+ *                        holds the block
+ *   s:HEAD:N:TAIL        a snapshot record of N tokens whose last whole
+ *                        block has key HEAD and whose tail ids hash to TAIL
+ *   i:HEAD               the index: a hash whose field "N:TAIL" names each
+ *                        snapshot standing on HEAD, its value the manifest
+ *                        "SNAPLEN BLOCKLEN_0 ... BLOCKLEN_nb-1"
+ *   VALUE#P, VALUE#mac   part P >= 1 of a value longer than PART bytes;
+ *                        the HMAC-SHA256 of (key, value) with a secret
+ *
+ * A lookup asks for the index of every block boundary of the prompt in
+ * one pipeline (HGETALL i:key(b)), picks the longest entry whose tail
+ * ids are the prompt's, and fetches its snapshot and blocks in a second
+ * pipeline. The values are the records exactly as the disk store writes
+ * them, so the loader checks them as it checks the disk's: checksums,
+ * fingerprints, the key chain, sizes; a value that fails is deleted. */
+#include "store/remote.h"
+#include "store/redis.h"
+#include "session/snapshot.h"
+#include "cache/cache.h"
+#include "base/util.h"
+
+#include <inttypes.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/core_names.h>
+#include <openssl/params.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define MAX_VALUE (1ull << 31)     /* a manifest naming a longer value is damage */
+#define MAX_TENANTS 64
+#define BREAK_AFTER 3              /* consecutive failures that open the breaker */
+#define BREAK_MIN 1.0              /* seconds it stays open, doubling on a failed probe */
+#define BREAK_MAX 30.0
+#define MAX_TRIES 3                /* index entries tried by one lookup */
+#define MAC_LEN 32
+
+bool kvt_remote_skip_mac;
+bool kvt_remote_skip_value_checks;
+size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
+size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
+#define PART kvt_remote_part_bytes
+
+typedef struct upload {
+    int tenant;
+    char *keys;                    /* the values' keys, NUL-separated, in sending order */
+    kvt_wbuf vals;                 /* their bytes, back to back */
+    size_t *lens;                  /* of each value */
+    size_t n_vals;                 /* blocks first, the snapshot last */
+    char index_key[160], field[64];
+    kvt_wbuf manifest;
+    struct upload *next;
+} upload;
+
+struct kvt_remote {
+    kvt_model *m;
+    kvt_remote_opts o;
+    kvt_redis_url url;
+    char *password;
+    uint8_t secret[256];
+    size_t secret_len;
+    uint64_t key0;
+    char ns[MAX_TENANTS][96];
+    size_t n_tenants;
+    kvt_redis *rd_load, *rd_check, *rd_up; /* one connection per thread that uses it */
+    pthread_mutex_t check_mu;      /* rd_check: uploads' checks, from any thread */
+    pthread_mutex_t load_mu;       /* rd_load: restores, from any thread */
+    pthread_mutex_t mu;            /* the queue, the breaker, the stats */
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool stopping;
+    double stop_at;
+    upload *head, *tail;
+    int breaker, fails;
+    bool probing;
+    double open_until, backoff;
+    kvt_remote_stats st;
+    double refused_logged;         /* when an upload's refusal was last reported (under mu) */
+};
+
+/* ---- the breaker ---- */
+
+static bool breaker_allow(kvt_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool ok = true;
+    if (r->breaker == 1 && kvt_now() >= r->open_until && !r->probing) {
+        r->breaker = 2;
+        r->probing = true;
+    } else if (r->breaker != 0) {
+        ok = false;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+static void breaker_report(kvt_remote *r, bool ok, const char *why)
+{
+    bool opened = false, closed = false;
+    pthread_mutex_lock(&r->mu);
+    if (ok) {
+        closed = r->breaker != 0;
+        r->breaker = 0;
+        r->fails = 0;
+        r->backoff = BREAK_MIN;
+    } else {
+        r->st.errors++;
+        r->fails++;
+        snprintf(r->st.last_error, sizeof r->st.last_error, "%s", why ? why : "?");
+        if (r->breaker == 2 || (r->breaker == 0 && r->fails >= BREAK_AFTER)) {
+            if (r->breaker == 2) r->backoff = r->backoff * 2 > BREAK_MAX ? BREAK_MAX : r->backoff * 2;
+            else r->st.breaker_trips++;
+            opened = r->breaker == 0;
+            r->breaker = 1;
+            r->open_until = kvt_now() + r->backoff;
+        }
+    }
+    r->probing = false;
+    pthread_mutex_unlock(&r->mu);
+    if (r->o.quiet) return;
+    if (opened) fprintf(stderr, "kvtier: remote tier %s failing (%s): not asked for %.0f s, then probed\n", r->o.url,
+                        why ? why : "?", BREAK_MIN);
+    if (closed) fprintf(stderr, "kvtier: remote tier %s answers again\n", r->o.url);
+}
+
+/* ---- keys and MACs ---- */
+
+static void hex_bytes(const uint8_t *p, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) { out[2 * i] = d[p[i] >> 4]; out[2 * i + 1] = d[p[i] & 15]; }
+    out[2 * n] = 0;
+}
+
+static void mac_of(const kvt_remote *r, const char *key, const uint8_t *v, size_t len, uint8_t out[MAC_LEN])
+{
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *c = mac ? EVP_MAC_CTX_new(mac) : NULL;
+    char digest[] = "SHA256";
+    OSSL_PARAM ps[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+    size_t ol = 0;
+    uint8_t zero = 0;
+    if (!c || !EVP_MAC_init(c, r->secret, r->secret_len, ps) || !EVP_MAC_update(c, (const uint8_t *)key, strlen(key)) ||
+        !EVP_MAC_update(c, &zero, 1) || !EVP_MAC_update(c, v, len) || !EVP_MAC_final(c, out, &ol, MAC_LEN) ||
+        ol != MAC_LEN)
+        memset(out, 0, MAC_LEN); /* never matches a stored MAC of real bytes */
+    EVP_MAC_CTX_free(c);
+    EVP_MAC_free(mac);
+}
+
+static int read_secret(const char *path, const char *what, char *out, size_t cap, size_t *len, bool quiet)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_fail(KVT_EIO, "%s %s: cannot open", what, path);
+    struct stat sb;
+    if (!quiet && !fstat(fileno(f), &sb) && (sb.st_mode & 077))
+        fprintf(stderr, "kvtier: warning: %s %s is readable by other users (mode %03o)\n", what, path,
+                (unsigned)(sb.st_mode & 0777));
+    size_t n = fread(out, 1, cap, f);
+    bool more = fgetc(f) != EOF;
+    fclose(f);
+    if (more) return kvt_fail(KVT_EINVAL, "%s %s: longer than %zu bytes", what, path, cap - 1);
+    while (n && (out[n - 1] == '\n' || out[n - 1] == '\r')) n--;
+    if (!n) return kvt_fail(KVT_EINVAL, "%s %s: empty", what, path);
+    out[n] = 0;
+    *len = n;
+    return KVT_OK;
+}
+
+/* ---- open, close ---- */
+
+static void *upload_main(void *arg);
+
+static void check_policy(kvt_remote *r)
+{
+    redisReply **rep = NULL;
+    size_t n = 0;
+    kvt_redis_appendf(r->rd_check, "CONFIG GET maxmemory-policy");
+    kvt_redis_appendf(r->rd_check, "CONFIG GET maxmemory");
+    int rc = kvt_redis_exec(r->rd_check, r->o.connect_ms, &rep, &n);
+    if (rc) {
+        if (!r->o.quiet)
+            fprintf(stderr, "kvtier: remote tier %s does not answer at start (%s): misses until it does\n", r->o.url,
+                    kvt_errmsg());
+        return;
+    }
+    const char *v[2] = {NULL, NULL};
+    for (size_t i = 0; i < n && i < 2; i++) {
+        redisReply *x = rep[i];
+        if (x->type == REDIS_REPLY_ARRAY && x->elements == 2 && x->element[1]->type == REDIS_REPLY_STRING)
+            v[i] = x->element[1]->str;
+    }
+    if (!r->o.quiet && v[0] && (!strcmp(v[0], "noeviction") || !strncmp(v[0], "volatile-", 9)))
+        fprintf(stderr, "kvtier: warning: remote tier %s has maxmemory-policy %s: once maxmemory is reached it "
+                "refuses writes (the tier's keys have no expiry); allkeys-lru keeps it a cache\n", r->o.url, v[0]);
+    else if (!r->o.quiet && v[1] && !strcmp(v[1], "0"))
+        fprintf(stderr, "kvtier: warning: remote tier %s has no maxmemory: it grows until the machine runs out; "
+                "set maxmemory (with allkeys-lru) as the tier's budget\n", r->o.url);
+    else if (!r->o.quiet && !v[0])
+        fprintf(stderr, "kvtier: remote tier %s: its maxmemory-policy cannot be read (CONFIG refused): "
+                "allkeys-lru keeps it a cache\n", r->o.url);
+    kvt_redis_replies_free(rep, n);
+}
+
+int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
+{
+    *out = NULL;
+    kvt_redis_url url;
+    int rc = kvt_redis_parse_url(o->url, &url);
+    if (rc) return rc;
+    if (o->keyed_tenants && !o->secret_file)
+        return kvt_fail(KVT_EINVAL, "the remote tier with API keys needs --kv-remote-secret-file: without a secret "
+                        "every tenant could read and plant another's records in Redis");
+    if (o->n_tenants > MAX_TENANTS) return kvt_fail(KVT_EINVAL, "%zu tenants for the remote tier", o->n_tenants);
+    kvt_remote *r = kvt_calloc(1, sizeof *r);
+    if (!r) return KVT_ENOMEM;
+    r->m = m;
+    r->o = *o;
+    if (!r->o.connect_ms) r->o.connect_ms = 200;
+    if (!r->o.lookup_ms) r->o.lookup_ms = 20;
+    if (!r->o.load_ms) r->o.load_ms = 500;
+    if (!r->o.queue_bytes) r->o.queue_bytes = 256u << 20;
+    r->url = url;
+    r->backoff = BREAK_MIN;
+    r->key0 = kvt_snap_key0(m);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->check_mu, NULL);
+    pthread_mutex_init(&r->load_mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    char pw[1024];
+    size_t pl = 0;
+    if (o->password_file && (rc = read_secret(o->password_file, "--kv-remote-password-file", pw, sizeof pw, &pl,
+                                              o->quiet)))
+        goto fail;
+    if (o->secret_file && (rc = read_secret(o->secret_file, "--kv-remote-secret-file", (char *)r->secret,
+                                            sizeof r->secret, &r->secret_len, o->quiet)))
+        goto fail;
+    r->n_tenants = o->n_tenants ? o->n_tenants : 1;
+    for (size_t t = 0; t < r->n_tenants; t++) {
+        const char *name = o->tenants ? o->tenants[t] : "default";
+        char tn[24] = "open";
+        if (r->secret_len) {
+            uint8_t mac[MAC_LEN];
+            mac_of(r, "kvtier tenant", (const uint8_t *)name, strlen(name), mac);
+            hex_bytes(mac, 8, tn);
+        }
+        snprintf(r->ns[t], sizeof r->ns[t], "kvt:r1:%016" PRIx64 ":%s:", r->key0, tn);
+    }
+    if ((rc = kvt_redis_new(&r->rd_load, &url, pl ? pw : NULL)) || (rc = kvt_redis_new(&r->rd_check, &url, pl ? pw : NULL)) ||
+        (rc = kvt_redis_new(&r->rd_up, &url, pl ? pw : NULL)))
+        goto fail;
+    OPENSSL_cleanse(pw, sizeof pw);
+    /* names resolved here, at start, never in a lookup (a failure: the
+     * first connect tries again) */
+    kvt_redis_resolve(r->rd_load);
+    kvt_redis_resolve(r->rd_check);
+    kvt_redis_resolve(r->rd_up);
+    check_policy(r);
+    if (pthread_create(&r->thread, NULL, upload_main, r)) { rc = kvt_fail(KVT_ENOMEM, "remote tier thread"); goto fail; }
+    *out = r;
+    return KVT_OK;
+fail:
+    OPENSSL_cleanse(pw, sizeof pw);
+    kvt_redis_free(r->rd_load);
+    kvt_redis_free(r->rd_check);
+    kvt_redis_free(r->rd_up);
+    OPENSSL_cleanse(r->secret, sizeof r->secret);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->check_mu);
+    pthread_mutex_destroy(&r->load_mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    return rc;
+}
+
+static void upload_free(upload *u)
+{
+    if (!u) return;
+    free(u->keys);
+    free(u->lens);
+    kvt_wbuf_free(&u->vals);
+    kvt_wbuf_free(&u->manifest);
+    free(u);
+}
+
+void kvt_remote_close(kvt_remote *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stopping = true;
+    r->stop_at = kvt_now();
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->thread, NULL);
+    while (r->head) {
+        upload *u = r->head;
+        r->head = u->next;
+        upload_free(u);
+    }
+    kvt_redis_free(r->rd_load);
+    kvt_redis_free(r->rd_check);
+    kvt_redis_free(r->rd_up);
+    OPENSSL_cleanse(r->secret, sizeof r->secret);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->check_mu);
+    pthread_mutex_destroy(&r->load_mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o)
+{
+    pthread_mutex_lock(&r->mu);
+    *o = r->st;
+    o->breaker = r->breaker;
+    pthread_mutex_unlock(&r->mu);
+}
+
+bool kvt_remote_drain(kvt_remote *r, double timeout)
+{
+    double end = kvt_now() + timeout;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        bool empty = !r->head && !r->st.queue_len;
+        pthread_mutex_unlock(&r->mu);
+        if (empty) return true;
+        if (kvt_now() > end) return false;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- values: append the commands that write, read or delete one ---- */
+
+static size_t n_parts(size_t len) { return len ? (len + PART - 1) / PART : 1; }
+
+static void part_key(char *out, size_t cap, const char *key, size_t p)
+{
+    if (p == 0) snprintf(out, cap, "%s", key);
+    else snprintf(out, cap, "%s#%zu", key, p);
+}
+
+/* MSET of every part (and the MAC): Redis applies it whole. */
+static int append_set(kvt_remote *r, kvt_redis *rd, const char *key, const uint8_t *v, size_t len)
+{
+    size_t np = n_parts(len), argc = 1 + 2 * (np + (r->secret_len ? 1 : 0));
+    const char **argv = kvt_calloc(argc, sizeof *argv);
+    size_t *lens = kvt_calloc(argc, sizeof *lens);
+    char (*names)[200] = kvt_calloc(np + 1, sizeof *names);
+    uint8_t mac[MAC_LEN];
+    int rc = KVT_ENOMEM;
+    if (argv && lens && names) {
+        size_t a = 0;
+        argv[a] = "MSET";
+        lens[a++] = 4;
+        for (size_t p = 0; p < np; p++) {
+            part_key(names[p], sizeof names[p], key, p);
+            argv[a] = names[p];
+            lens[a++] = strlen(names[p]);
+            size_t off = p * PART, l = len - off < PART ? len - off : PART;
+            argv[a] = (const char *)v + off;
+            lens[a++] = l;
+        }
+        if (r->secret_len) {
+            snprintf(names[np], sizeof names[np], "%s#mac", key);
+            mac_of(r, key, v, len, mac);
+            argv[a] = names[np];
+            lens[a++] = strlen(names[np]);
+            argv[a] = (const char *)mac;
+            lens[a++] = MAC_LEN;
+        }
+        rc = kvt_redis_append(rd, (int)a, argv, lens);
+    }
+    free(argv);
+    free(lens);
+    free(names);
+    return rc;
+}
+
+/* GET of every part of a value of len bytes, then its MAC: *cmds of them. */
+static int append_get(kvt_remote *r, kvt_redis *rd, const char *key, size_t len, size_t *cmds)
+{
+    size_t np = n_parts(len);
+    char name[200];
+    int rc = KVT_OK;
+    for (size_t p = 0; p < np && !rc; p++) {
+        part_key(name, sizeof name, key, p);
+        const char *a[2] = {"GET", name};
+        rc = kvt_redis_append(rd, 2, a, NULL);
+    }
+    if (!rc && r->secret_len) {
+        snprintf(name, sizeof name, "%s#mac", key);
+        const char *a[2] = {"GET", name};
+        rc = kvt_redis_append(rd, 2, a, NULL);
+    }
+    *cmds = np + (r->secret_len ? 1 : 0);
+    return rc;
+}
+
+static int append_del(kvt_remote *r, kvt_redis *rd, const char *key, size_t len)
+{
+    size_t np = n_parts(len);
+    char name[200];
+    int rc = KVT_OK;
+    for (size_t p = 0; p <= np && !rc; p++) {
+        if (p == np) snprintf(name, sizeof name, "%s#mac", key);
+        else part_key(name, sizeof name, key, p);
+        const char *a[2] = {"DEL", name};
+        rc = kvt_redis_append(rd, 2, a, NULL);
+    }
+    return rc;
+}
+
+/* The first error reply's text (NOAUTH, an ACL refusal, OOM), NULL when
+ * none: the round trip worked, but Redis refused it, which counts as a
+ * failure of the remote (the breaker) rather than of a value. */
+static const char *error_reply(redisReply **rep, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (rep[i]->type == REDIS_REPLY_ERROR) return rep[i]->str;
+    return NULL;
+}
+
+/* ---- uploads ---- */
+
+static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uint8_t *vals, const size_t *lens,
+                       size_t n, const char *const *idx, const size_t *idx_len, size_t bytes);
+
+static void block_key(const kvt_remote *r, int t, uint64_t key, char *out, size_t cap)
+{
+    snprintf(out, cap, "%sb:%016" PRIx64, r->ns[t], key);
+}
+
+void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
+{
+    if (tenant < 0 || (size_t)tenant >= r->n_tenants || !at || !kvt_snap_can_save(s, at)) return;
+    if (!breaker_allow(r)) {
+        pthread_mutex_lock(&r->mu);
+        r->st.dropped++;
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    size_t nb = at / KVT_BLOCK, tail = at - nb * KVT_BLOCK;
+    const uint64_t *keys = kvt_snap_keys(s, nb);
+    if (nb && !keys) return;
+    uint64_t head = nb ? keys[nb - 1] : r->key0;
+    uint64_t th = kvt_snap_tail_hash(head, kvt_session_tokens(s) + nb * KVT_BLOCK, tail);
+    upload *u = kvt_calloc(1, sizeof *u);
+    if (!u) return;
+    u->tenant = tenant;
+    snprintf(u->index_key, sizeof u->index_key, "%si:%016" PRIx64, r->ns[tenant], head);
+    snprintf(u->field, sizeof u->field, "%zu:%016" PRIx64, at, th);
+    /* what Redis holds already: the index entry, each block (all its parts) */
+    pthread_mutex_lock(&r->check_mu);
+    kvt_redis *rd = r->rd_check;
+    const char *hx[3] = {"HEXISTS", u->index_key, u->field};
+    kvt_redis_append(rd, 3, hx, NULL);
+    char name[200];
+    for (size_t b = 0; b < nb; b++) {
+        block_key(r, tenant, keys[b], name, sizeof name);
+        char mac[210];
+        snprintf(mac, sizeof mac, "%s#mac", name);
+        const char *a[3] = {"EXISTS", name, mac};
+        kvt_redis_append(rd, r->secret_len ? 3 : 2, a, NULL);
+    }
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    int rc = kvt_redis_exec(rd, r->o.load_ms, &rep, &nr);
+    pthread_mutex_unlock(&r->check_mu);
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    if (refused) {
+        breaker_report(r, false, refused);
+        kvt_redis_replies_free(rep, nr);
+        pthread_mutex_lock(&r->mu);
+        r->st.dropped++;
+        pthread_mutex_unlock(&r->mu);
+        upload_free(u);
+        return;
+    }
+    breaker_report(r, true, NULL);
+    if (rep[0]->type == REDIS_REPLY_INTEGER && rep[0]->integer == 1) { /* stored already */
+        kvt_redis_replies_free(rep, nr);
+        upload_free(u);
+        return;
+    }
+    /* encode the missing blocks, then the snapshot record */
+    kvt_wbuf names = {0};
+    size_t cap = nb + 1;
+    u->lens = kvt_calloc(cap, sizeof *u->lens);
+    bool ok = u->lens != NULL;
+    kvt_wbuf_u32(&u->manifest, 0); /* placeholder dropped below: keeps the buffer non-empty */
+    u->manifest.len = 0;
+    for (size_t b = 0; ok && b < nb; b++) {
+        size_t before = u->vals.len;
+        uint64_t k;
+        ok = kvt_snap_block(s, (uint32_t)b, b ? keys[b - 1] : r->key0, &u->vals, &k) == KVT_OK && !u->vals.oom;
+        size_t bl = u->vals.len - before;
+        char num[32];
+        snprintf(num, sizeof num, " %zu", bl);
+        kvt_wbuf_puts(&u->manifest, num);
+        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
+        if (have) { u->vals.len = before; continue; } /* only its length is needed, for the manifest */
+        block_key(r, tenant, keys[b], name, sizeof name);
+        kvt_wbuf_put(&names, name, strlen(name) + 1);
+        u->lens[u->n_vals++] = bl;
+        if (u->vals.len >= kvt_remote_flush_bytes) {
+            /* a long prefix is not held whole: its blocks go now, from this
+             * thread, in pieces; the snapshot and its index entry follow them */
+            pthread_mutex_lock(&r->check_mu);
+            int sent = names.oom ? 0 : send_values(r, r->rd_check, (const char *)names.p, u->vals.p, u->lens,
+                                                   u->n_vals, NULL, NULL, u->vals.len);
+            pthread_mutex_unlock(&r->check_mu);
+            if (sent != 1) { ok = false; break; }
+            pthread_mutex_lock(&r->mu);
+            r->st.bytes_written += u->vals.len;
+            pthread_mutex_unlock(&r->mu);
+            u->vals.len = 0;
+            u->n_vals = 0;
+            names.len = 0;
+        }
+    }
+    kvt_redis_replies_free(rep, nr);
+    size_t before = u->vals.len;
+    ok = ok && kvt_snap_encode(s, at, 0, &u->vals, NULL) == KVT_OK && !u->vals.oom;
+    if (ok) {
+        size_t sl = u->vals.len - before;
+        snprintf(name, sizeof name, "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[tenant], head, at, th);
+        kvt_wbuf_put(&names, name, strlen(name) + 1);
+        u->lens[u->n_vals++] = sl;
+        char num[32];
+        snprintf(num, sizeof num, "%zu", sl);
+        kvt_wbuf rest = u->manifest;
+        u->manifest = (kvt_wbuf){0};
+        kvt_wbuf_puts(&u->manifest, num);
+        kvt_wbuf_put(&u->manifest, rest.p, rest.len);
+        kvt_wbuf_free(&rest);
+        u->keys = (char *)names.p;
+        names.p = NULL;
+        ok = !names.oom && !u->manifest.oom;
+    }
+    kvt_wbuf_free(&names);
+    pthread_mutex_lock(&r->mu);
+    if (ok && r->st.queue_bytes + u->vals.len <= r->o.queue_bytes && !r->stopping) {
+        if (r->tail) r->tail->next = u;
+        else r->head = u;
+        r->tail = u;
+        r->st.queue_len++;
+        r->st.queue_bytes += u->vals.len;
+        pthread_cond_broadcast(&r->cv);
+        u = NULL;
+    } else {
+        r->st.dropped++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    upload_free(u);
+}
+
+/* MSET each of n values (keys NUL-separated, bytes back to back), then,
+ * when idx is given, HSET idx[1..3]: one pipeline (Redis runs a
+ * connection's commands in order, so a connection lost part way never
+ * leaves an index entry before its values). 1 sent, 0 a transport failure
+ * (reported to the breaker), -1 refused by Redis (OOM under noeviction, an
+ * ACL without writes: reads may still work, so the breaker is left alone;
+ * said once a minute). */
+static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uint8_t *vals, const size_t *lens,
+                       size_t n, const char *const *idx, const size_t *idx_len, size_t bytes)
+{
+    const char *k = keys;
+    size_t off = 0;
+    int rc = KVT_OK;
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = append_set(r, rd, k, vals + off, lens[i]);
+        off += lens[i];
+        k += strlen(k) + 1;
+    }
+    if (!rc && idx) rc = kvt_redis_append(rd, 4, idx, idx_len);
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
+    if (rc) kvt_redis_discard(rd);
+    else rc = kvt_redis_exec(rd, ms, &rep, &nr);
+    if (rc) {
+        breaker_report(r, false, kvt_errmsg());
+        return 0;
+    }
+    breaker_report(r, true, NULL);
+    const char *refused = error_reply(rep, nr);
+    if (refused) {
+        double now = kvt_now();
+        pthread_mutex_lock(&r->mu);
+        bool say = !r->o.quiet && now - r->refused_logged >= 60;
+        if (say) r->refused_logged = now;
+        pthread_mutex_unlock(&r->mu);
+        if (say) fprintf(stderr, "kvtier: remote tier %s refused an upload: %s\n", r->o.url, refused);
+    }
+    kvt_redis_replies_free(rep, nr);
+    return refused ? -1 : 1;
+}
+
+/* Send one queued upload: its values, then its index entry. */
+static bool send_upload(kvt_remote *r, upload *u)
+{
+    const char *a[4] = {"HSET", u->index_key, u->field, (const char *)u->manifest.p};
+    size_t l[4] = {4, strlen(u->index_key), strlen(u->field), u->manifest.len};
+    bool ok = send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
+    pthread_mutex_lock(&r->mu);
+    if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; }
+    else r->st.dropped++;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+static void *upload_main(void *arg)
+{
+    kvt_remote *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (!r->head) {
+            if (r->stopping) break;
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        upload *u = r->head;
+        r->head = u->next;
+        if (!r->head) r->tail = NULL;
+        bool late = r->stopping && kvt_now() - r->stop_at > 1.0;
+        pthread_mutex_unlock(&r->mu);
+        bool tried = !late && breaker_allow(r);
+        if (tried) send_upload(r, u); /* counts itself, sent or dropped */
+        pthread_mutex_lock(&r->mu);
+        if (!tried) r->st.dropped++; /* given up at shutdown, or refused by the breaker */
+        r->st.queue_len--;
+        r->st.queue_bytes -= u->vals.len;
+        pthread_mutex_unlock(&r->mu);
+        upload_free(u);
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ---- lookups and loads ---- */
+
+typedef struct cand {
+    size_t n, nb;
+    uint64_t head, tail;
+    size_t *lens;                  /* nb + 1: the snapshot's, then each block's */
+} cand;
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
+}
+
+/* Parse "SNAPLEN BLOCKLEN..." with exactly nb + 1 numbers, each sane. */
+static size_t *parse_manifest(const char *s, size_t len, size_t nb)
+{
+    size_t *out = kvt_calloc(nb + 1, sizeof *out), i = 0;
+    if (!out) return NULL;
+    const char *p = s, *end = s + len;
+    while (p < end && i <= nb) {
+        uint64_t v = 0;
+        size_t dig = 0;
+        while (p < end && *p >= '0' && *p <= '9' && dig < 12) { v = v * 10 + (uint64_t)(*p++ - '0'); dig++; }
+        if (!dig || v == 0 || v > MAX_VALUE || (p < end && *p != ' ')) break;
+        out[i++] = (size_t)v;
+        if (p < end) p++;
+    }
+    if (i != nb + 1 || p != end) { free(out); return NULL; }
+    return out;
+}
+
+typedef struct got_blocks {
+    uint8_t **v;
+    size_t *len;
+    size_t nb;
+} got_blocks;
+
+static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
+{
+    got_blocks *g = user;
+    if (b >= g->nb) return kvt_fail(KVT_ECORRUPT, "remote block %u of %zu", b, g->nb);
+    *p = g->v[b];
+    *len = g->len[b];
+    return KVT_OK;
+}
+
+/* Assemble a value from its replies (parts, then the MAC); 1 ok, 0 missing,
+ * -1 damaged. */
+static int assemble(kvt_remote *r, const char *key, size_t want, redisReply **rep, uint8_t **out)
+{
+    size_t np = n_parts(want), off = 0;
+    *out = NULL;
+    for (size_t p = 0; p < np; p++)
+        if (rep[p]->type == REDIS_REPLY_NIL) return 0;
+    if (r->secret_len && rep[np]->type == REDIS_REPLY_NIL) return 0;
+    uint8_t *v = kvt_malloc(want ? want : 1);
+    if (!v) return 0;
+    for (size_t p = 0; p < np; p++) {
+        size_t l = want - off < PART ? want - off : PART;
+        if (rep[p]->type != REDIS_REPLY_STRING || (size_t)rep[p]->len != l) { free(v); return -1; }
+        memcpy(v + off, rep[p]->str, l);
+        off += l;
+    }
+    if (r->secret_len && !kvt_remote_skip_mac) {
+        uint8_t mac[MAC_LEN];
+        mac_of(r, key, v, want, mac);
+        redisReply *m = rep[np];
+        if (m->type != REDIS_REPLY_STRING || m->len != MAC_LEN || CRYPTO_memcmp(mac, m->str, MAC_LEN)) {
+            free(v);
+            return -1;
+        }
+    }
+    *out = v;
+    return 1;
+}
+
+/* Try one index entry: 1 restored, 0 not (s untouched), -1 not and s
+ * emptied by a load that failed. */
+static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, const uint64_t *keys, cand *c,
+                    double deadline, size_t *bytes)
+{
+    kvt_redis *rd = r->rd_load;
+    size_t nv = c->nb + 1;
+    char (*names)[200] = kvt_calloc(nv, sizeof *names);
+    size_t *first = kvt_calloc(nv + 1, sizeof *first);
+    uint8_t **vals = kvt_calloc(nv, sizeof *vals);
+    int state = 0;
+    if (!names || !first || !vals) goto out;
+    snprintf(names[0], sizeof names[0], "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[t], c->head, c->n, c->tail);
+    for (size_t b = 0; b < c->nb; b++) block_key(r, t, keys[b], names[1 + b], sizeof names[1 + b]);
+    size_t cmds = 0;
+    for (size_t i = 0; i < nv; i++) {
+        size_t k = 0;
+        first[i] = cmds;
+        if (append_get(r, rd, names[i], c->lens[i], &k)) {
+            kvt_redis_discard(rd);
+            goto out;
+        }
+        cmds += k;
+    }
+    first[nv] = cmds;
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    int ms = (int)((deadline - kvt_now()) * 1000);
+    int rc = kvt_redis_exec(rd, ms > 1 ? ms : 1, &rep, &nr);
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    breaker_report(r, !refused, refused);
+    if (refused) {
+        kvt_redis_replies_free(rep, nr);
+        goto out;
+    }
+    bool missing = false, bad = false;
+    bool *bad_v = kvt_calloc(nv, sizeof *bad_v), *gone_v = kvt_calloc(nv, sizeof *gone_v);
+    if (!gone_v) { free(bad_v); bad_v = NULL; }
+    for (size_t i = 0; i < nv && bad_v; i++) {
+        int a = assemble(r, names[i], c->lens[i], rep + first[i], &vals[i]);
+        if (a == 0) missing = true;
+        if (a == 0) gone_v[i] = true; /* what is left of it (parts, MAC) goes, so an upload sends it whole */
+        if (a < 0) bad = bad_v[i] = true;
+        if (a > 0) *bytes += c->lens[i];
+    }
+    kvt_redis_replies_free(rep, nr);
+    /* each block is the one the prompt's key chain names */
+    for (size_t b = 0; bad_v && !missing && !kvt_remote_skip_value_checks && b < c->nb; b++) {
+        uint64_t k = 0;
+        if (vals[1 + b] && (kvt_snap_block_check(vals[1 + b], c->lens[1 + b], &k) || k != keys[b]))
+            bad = bad_v[1 + b] = true;
+    }
+    kvt_snap_info in;
+    if (bad_v && !missing && vals[0] && !kvt_remote_skip_value_checks && kvt_snap_parse(r->m, vals[0], c->lens[0], &in))
+        bad = bad_v[0] = true;
+    if (bad_v && !missing && !bad) {
+        got_blocks g = {vals + 1, c->lens + 1, c->nb};
+        if (kvt_snap_load(s, vals[0], c->lens[0], get_block, &g)) {
+            bad = bad_v[0] = true;
+            state = -1;
+        } else if (kvt_session_len(s) != c->n || memcmp(kvt_session_tokens(s), toks, c->n * sizeof *toks)) {
+            kvt_snap_empty(s);
+            bad = bad_v[0] = true;
+            state = -1;
+        } else {
+            state = 1;
+        }
+    }
+    if (missing || bad) { /* the entry cannot serve: drop it, and the values that failed */
+        char idx[160], field[64];
+        snprintf(idx, sizeof idx, "%si:%016" PRIx64, r->ns[t], c->head);
+        snprintf(field, sizeof field, "%zu:%016" PRIx64, c->n, c->tail);
+        const char *a[3] = {"HDEL", idx, field};
+        kvt_redis_append(rd, 3, a, NULL);
+        for (size_t i = 0; bad_v && i < nv; i++)
+            if (bad_v[i] || gone_v[i]) append_del(r, rd, names[i], c->lens[i]);
+        if (kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
+        size_t nbad = 0;
+        for (size_t i = 0; bad_v && i < nv; i++) nbad += bad_v[i];
+        pthread_mutex_lock(&r->mu);
+        r->st.bad += nbad;
+        if (missing && !bad) r->st.stale++;
+        pthread_mutex_unlock(&r->mu);
+        if (bad && !r->o.quiet)
+            fprintf(stderr, "kvtier: remote tier: %zu value(s) of a %zu-token entry failed their checks: deleted\n",
+                    nbad, c->n);
+    }
+    free(bad_v);
+    free(gone_v);
+out:
+    for (size_t i = 0; vals && i < nv; i++) free(vals[i]);
+    free(vals);
+    free(first);
+    free(names);
+    return state;
+}
+
+void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t *toks, size_t n, size_t have,
+                        size_t *got)
+{
+    *got = 0;
+    if (tenant < 0 || (size_t)tenant >= r->n_tenants || n <= have) return;
+    double t0 = kvt_now(), t_lookup = 0;
+    bool asked = false, hit = false;
+    size_t nbp = n / KVT_BLOCK, nb0 = have / KVT_BLOCK, bytes = 0;
+    uint64_t *keys = kvt_calloc(nbp + 1, sizeof *keys);
+    cand *cs = NULL;
+    size_t nc = 0, cc = 0;
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    if (!keys || !breaker_allow(r)) goto out;
+    asked = true;
+    pthread_mutex_lock(&r->load_mu);
+    for (size_t b = 0; b < nbp; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : r->key0, toks + b * KVT_BLOCK);
+    kvt_redis *rd = r->rd_load;
+    char idx[160];
+    for (size_t nb = nb0; nb <= nbp; nb++) {
+        snprintf(idx, sizeof idx, "%si:%016" PRIx64, r->ns[tenant], nb ? keys[nb - 1] : r->key0);
+        const char *a[2] = {"HGETALL", idx};
+        if (kvt_redis_append(rd, 2, a, NULL)) {
+            kvt_redis_discard(rd);
+            goto out_locked;
+        }
+    }
+    int rc = kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr);
+    t_lookup = kvt_now() - t0;
+    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
+    breaker_report(r, !refused, refused);
+    if (refused) goto out_locked;
+    for (size_t i = 0; i < nr; i++) {
+        size_t nb = nb0 + i;
+        uint64_t head = nb ? keys[nb - 1] : r->key0;
+        redisReply *x = rep[i];
+        if (x->type != REDIS_REPLY_ARRAY) continue;
+        for (size_t e = 0; e + 1 < x->elements; e += 2) {
+            redisReply *f = x->element[e], *v = x->element[e + 1];
+            if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || f->len > 40) continue;
+            char fs[48];
+            memcpy(fs, f->str, f->len);
+            fs[f->len] = 0;
+            unsigned long long len_n, th;
+            int used = 0;
+            if (sscanf(fs, "%llu:%16llx%n", &len_n, &th, &used) != 2 || (size_t)used != f->len) continue;
+            if (len_n <= have || len_n > n || len_n / KVT_BLOCK != nb) continue;
+            size_t tail = (size_t)len_n - nb * KVT_BLOCK;
+            if (kvt_snap_tail_hash(head, toks + nb * KVT_BLOCK, tail) != th) continue;
+            size_t *lens = parse_manifest(v->str, v->len, nb);
+            if (!lens) continue;
+            int grc = KVT_OK;
+            KVT_GROW(cs, &cc, nc + 1, grc);
+            if (grc) { free(lens); continue; }
+            cs[nc++] = (cand){(size_t)len_n, nb, head, th, lens};
+        }
+    }
+    if (nc) qsort(cs, nc, sizeof *cs, cmp_cand);
+    double deadline = kvt_now() + r->o.load_ms / 1000.0;
+    for (size_t i = 0; i < nc && i < MAX_TRIES && !hit && kvt_now() < deadline; i++) {
+        int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, &bytes);
+        if (st == 1) { hit = true; *got = cs[i].n; }
+        if (st == -1) break; /* s was emptied: the caller restores it anew */
+    }
+out_locked:
+    pthread_mutex_unlock(&r->load_mu);
+out:
+    kvt_redis_replies_free(rep, nr);
+    for (size_t i = 0; i < nc; i++) free(cs[i].lens);
+    free(cs);
+    free(keys);
+    double dt = kvt_now() - t0;
+    pthread_mutex_lock(&r->mu);
+    if (hit) { r->st.hits++; r->st.hit_tokens += *got; r->st.load_seconds += dt - t_lookup; }
+    else r->st.misses++;
+    r->st.bytes_read += bytes;
+    if (asked) r->st.lookup_seconds += t_lookup ? t_lookup : dt;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- listing ---- */
+
+/* The entries of one index hash (key "NS:i:HEAD") appended to *out. */
+static int list_hash(const char *key, const redisReply *x, kvt_remote_entry **out, size_t *n, size_t *cap)
+{
+    const char *i = strstr(key, ":i:");
+    if (!i || x->type != REDIS_REPLY_ARRAY) return KVT_OK;
+    kvt_remote_entry e = {0};
+    snprintf(e.ns, sizeof e.ns, "%.*s", (int)(i - key), key);
+    e.head = strtoull(i + 3, NULL, 16);
+    for (size_t k = 0; k + 1 < x->elements; k += 2) {
+        const redisReply *f = x->element[k], *v = x->element[k + 1];
+        if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
+        e.n_tokens = (uint32_t)strtoul(f->str, NULL, 10);
+        e.n_blocks = e.n_tokens / KVT_BLOCK;
+        size_t *lens = parse_manifest(v->str, v->len, e.n_blocks);
+        e.bytes = 0;
+        for (size_t b = 0; lens && b <= e.n_blocks; b++) e.bytes += lens[b];
+        free(lens);
+        int rc = KVT_OK;
+        KVT_GROW(*out, cap, *n + 1, rc);
+        if (rc) return rc;
+        (*out)[(*n)++] = e;
+    }
+    return KVT_OK;
+}
+
+int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    kvt_redis_url u;
+    int rc = kvt_redis_parse_url(url, &u);
+    if (rc) return rc;
+    char pw[1024];
+    size_t pl = 0;
+    if (password_file && (rc = read_secret(password_file, "--kv-remote-password-file", pw, sizeof pw, &pl, false)))
+        return rc;
+    kvt_redis *rd = NULL;
+    rc = kvt_redis_new(&rd, &u, pl ? pw : NULL);
+    OPENSSL_cleanse(pw, sizeof pw);
+    if (rc) return rc;
+    size_t cap = 0;
+    char cursor[32] = "0";
+    do {
+        const char *a[6] = {"SCAN", cursor, "MATCH", "kvt:r1:*:i:*", "COUNT", "1000"};
+        redisReply **rep = NULL, **hr = NULL;
+        size_t nr = 0, nh = 0;
+        if ((rc = kvt_redis_append(rd, 6, a, NULL)) || (rc = kvt_redis_exec(rd, 2000, &rep, &nr))) break;
+        redisReply *x = rep[0];
+        if (x->type == REDIS_REPLY_ERROR) rc = kvt_fail(KVT_EIO, "redis %s: SCAN refused: %s", url, x->str);
+        else if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
+                 x->element[1]->type != REDIS_REPLY_ARRAY)
+            rc = kvt_fail(KVT_EIO, "redis %s: a SCAN reply of an unknown shape", url);
+        if (!rc) {
+            snprintf(cursor, sizeof cursor, "%s", x->element[0]->str);
+            redisReply *keys = x->element[1];
+            for (size_t k = 0; !rc && k < keys->elements; k++) {
+                const char *h[2] = {"HGETALL", keys->element[k]->str};
+                rc = kvt_redis_append(rd, 2, h, NULL);
+            }
+            if (!rc && keys->elements) rc = kvt_redis_exec(rd, 2000, &hr, &nh);
+            for (size_t k = 0; !rc && k < nh && k < keys->elements; k++)
+                rc = list_hash(keys->element[k]->str, hr[k], out, n, &cap);
+        }
+        kvt_redis_replies_free(hr, nh);
+        kvt_redis_replies_free(rep, nr);
+    } while (!rc && strcmp(cursor, "0"));
+    kvt_redis_free(rd);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}

@@ -1,0 +1,104 @@
+/* The remote tier (remote.c): the disk tier's records shared through Redis
+ * by every server of a fleet, so that a prefix one server computed is a hit
+ * on the others (docs/STORE.md "Remote tier", docs/FORMAT.md "Remote
+ * tier keys").
+ *
+ * Uploads are write-behind: the saves' thread hands over the records of a
+ * save that committed (kvt_remote_upload encodes them), and a thread of the
+ * tier's own sends what Redis lacks, from a bounded queue. Loads run on the
+ * store's loads thread (kvt_remote_restore): two pipelined round trips, each
+ * with a deadline, every value checked before anything of it is used; a
+ * timeout or an error is a miss, and a circuit breaker stops asking a
+ * remote that keeps failing. */
+#ifndef KVT_REMOTE_H
+#define KVT_REMOTE_H
+
+#include "kvtier.h"
+
+typedef struct kvt_remote kvt_remote;
+
+typedef struct kvt_remote_opts {
+    const char *url;            /* redis://[user@]host:port[/db] */
+    const char *password_file;  /* NULL: no AUTH */
+    const char *secret_file;    /* NULL: no HMAC (refused with tenants) */
+    const char *const *tenants; /* n_tenants names (API keys' names); NULL: one tenant, "default" */
+    size_t n_tenants;
+    bool keyed_tenants;         /* the tenants are API keys: a secret is required */
+    int connect_ms;             /* deadline of a connect (0: 200) */
+    int lookup_ms;              /* deadline of the index round trip (0: 20) */
+    int load_ms;                /* deadline of the values' round trip (0: 500) */
+    size_t queue_bytes;         /* upload queue (0: 256 MiB); more is dropped, counted */
+    bool quiet;                 /* no warnings on stderr (tests) */
+} kvt_remote_opts;
+
+/* A tier for model m (borrowed: it must outlive the tier); reads the
+ * password and secret files (KVT_EIO naming the file), checks the URL,
+ * refuses tenants without a secret (KVT_EINVAL saying why), and asks
+ * Redis once for its maxmemory-policy (a warning on stderr when the policy
+ * would refuse writes; an unreachable Redis is not an error: the breaker
+ * handles it). Starts the upload thread. */
+int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o);
+/* Stop: the uploads still queued are sent for at most a second, the rest
+ * dropped; NULL is a no-op. */
+void kvt_remote_close(kvt_remote *r);
+
+/* Queue for upload the records of s at `at` tokens (a point the session
+ * can be saved at, kvt_snap_can_save) for tenant: they are encoded here
+ * (the caller's thread, s unchanged), sent later. Not queued (counted as
+ * dropped) when the queue is full or the breaker is open. */
+void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at);
+
+/* Restore into s (empty, or holding `have` tokens of toks) the longest
+ * prefix of toks[0..n) longer than `have` that the remote holds for
+ * tenant: *got its length, 0 for a miss (s untouched then, unless a value
+ * failed its checks during the restore, when s is left empty and *got is
+ * 0: the caller's session must then be re-synced). Never fails: every
+ * error is a miss, counted. */
+void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t *toks, size_t n, size_t have,
+                        size_t *got);
+
+/* What a remote holds, for `kvtier cache ls --kv-remote URL`: every index
+ * entry of every model and tenant (SCAN, then HGETALL, each round trip
+ * within 2 s). *out is malloc'ed (*n entries), in the order found. */
+typedef struct kvt_remote_entry {
+    char ns[64];                /* kvt:r1:KEY0:TENANT */
+    uint64_t head;              /* the key of its last whole block */
+    uint32_t n_tokens, n_blocks;
+    uint64_t bytes;             /* its snapshot record and blocks, as the manifest says */
+} kvt_remote_entry;
+int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n);
+
+typedef struct kvt_remote_stats {
+    uint64_t hits, misses, errors;   /* lookups; transport errors and timeouts */
+    uint64_t bad;                    /* values that failed a check (deleted) */
+    uint64_t stale;                  /* index entries whose values were gone (evicted), deleted */
+    uint64_t hit_tokens, bytes_read, bytes_written;
+    uint64_t uploads, dropped;       /* snapshots sent; not queued or given up */
+    uint64_t queue_len, queue_bytes; /* waiting to be sent */
+    double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
+    uint64_t breaker_trips;
+    int breaker;                     /* 0 closed, 1 open, 2 half-open (probing) */
+    char last_error[192];            /* the last failure's message ("" none) */
+} kvt_remote_stats;
+void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
+
+/* Tests: true skips the HMAC check of the values read (the negative control
+ * of the planted-record tests). */
+extern bool kvt_remote_skip_mac;
+/* Tests: true skips the checks of each value on its own (a block's
+ * checksum and key, the snapshot record's header) made before the load:
+ * the load still refuses the damage, but blames the snapshot, so a
+ * damaged block shared by other snapshots stays (the negative control of
+ * remote_damaged_values_miss). */
+extern bool kvt_remote_skip_value_checks;
+/* The bytes of a value's part (1 MiB); tests make it small to have parts. */
+extern size_t kvt_remote_part_bytes;
+/* The bytes of an upload's blocks past which they are sent at once from
+ * the caller's thread, in pieces, rather than queued (32 MiB): a prefix of
+ * a large model is never held whole. Tests make it small. */
+extern size_t kvt_remote_flush_bytes;
+/* Tests: wait for the upload queue to be empty, at most timeout seconds;
+ * true when it is. */
+bool kvt_remote_drain(kvt_remote *r, double timeout);
+
+#endif

@@ -1,0 +1,1118 @@
+/* The remote tier (src/store/remote.c, src/store/redis.c) against a real
+ * redis-server each test starts on a free port: a second session with
+ * nothing local hits what the first uploaded, bit for bit; damaged, swapped,
+ * truncated, foreign and cross-tenant values are misses, deleted; a
+ * consistent planted block is refused by the HMAC (and loads without it: the
+ * negative control); a stopped Redis costs a lookup its deadline and opens
+ * the breaker, which recovers; a wrong password is a miss with a reason; a
+ * tiny maxmemory with allkeys-lru gives shorter hits, never errors. */
+#include "test.h"
+#include "fixture.h"
+#include "ds4_tiny.h"
+#include "store/redis.h"
+#include "store/remote.h"
+#include "base/util.h"
+#include "arch/model.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+typedef struct rsrv {
+    pid_t pid;
+    int port;
+    char url[64], dir[64], log[96];
+} rsrv;
+
+static const char *no_redis(void)
+{
+    if (system("command -v redis-server >/dev/null 2>&1"))
+        return "redis-server absent (Debian's redis-server, tools/debian-packages)";
+    return NULL;
+}
+
+static kvt_redis *raw(const rsrv *r, const char *password)
+{
+    kvt_redis_url u;
+    kvt_redis *c = NULL;
+    if (kvt_redis_parse_url(r->url, &u) || kvt_redis_new(&c, &u, password)) return NULL;
+    return c;
+}
+
+/* One command and its reply (the caller frees); NULL on a transport failure. */
+static redisReply *cmd(kvt_redis *c, int argc, const char *const *argv, const size_t *lens)
+{
+    redisReply **rep = NULL;
+    size_t n = 0;
+    if (kvt_redis_append(c, argc, argv, lens) || kvt_redis_exec(c, 2000, &rep, &n) || n != 1) return NULL;
+    redisReply *x = rep[0];
+    free(rep);
+    return x;
+}
+
+static bool cmd_ok(kvt_redis *c, const char *a0, const char *a1, const char *a2)
+{
+    const char *a[3] = {a0, a1, a2};
+    redisReply *x = cmd(c, a2 ? 3 : a1 ? 2 : 1, a, NULL);
+    bool ok = x && x->type != REDIS_REPLY_ERROR;
+    if (x) freeReplyObject(x);
+    return ok;
+}
+
+/* redis-server on a free port, no persistence, extra args appended. */
+static bool redis_start_on(rsrv *r, const char *const *extra, int port_again);
+static bool redis_start(rsrv *r, const char *const *extra) { return redis_start_on(r, extra, 0); }
+
+/* port_again: the port of a Redis that was killed, to start anew on it. */
+static bool redis_start_on(rsrv *r, const char *const *extra, int port_again)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "/tmp/kvtier-redis-XXXXXX");
+    if (!mkdtemp(r->dir)) return false;
+    snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
+    r->port = port_again ? port_again : fx_free_port();
+    snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+    char port[16];
+    snprintf(port, sizeof port, "%d", r->port);
+    const char *argv[40] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                            "--dir", r->dir};
+    int a = 11;
+    for (int i = 0; extra && extra[i] && a < 38; i++) argv[a++] = extra[i];
+    argv[a] = NULL;
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    r->pid = pid;
+    const char *pw = NULL;
+    for (int i = 0; extra && extra[i]; i++)
+        if (!strcmp(extra[i], "--requirepass") && extra[i + 1]) pw = extra[i + 1];
+    for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
+        kvt_redis *c = raw(r, pw);
+        bool up = c && cmd_ok(c, "PING", NULL, NULL);
+        kvt_redis_free(c);
+        if (up) return true;
+    }
+    fx_print_file("redis-server log", r->log);
+    return false;
+}
+
+static void redis_stop(rsrv *r)
+{
+    if (r->pid > 0) {
+        kill(r->pid, SIGCONT);
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    r->pid = 0;
+    char c[128];
+    snprintf(c, sizeof c, "rm -rf '%s'", r->dir);
+    if (r->dir[0] && system(c)) {}
+}
+
+/* A test on a redis-server of its own (extra: its arguments, NULL-terminated
+ * array or NULL), stopped whatever the body's checks say. */
+#define REDIS_TEST(name, extra)                                             \
+    TEST(name)                                                              \
+    {                                                                       \
+        const char *why_ = no_redis();                                      \
+        if (why_) SKIP("%s", why_);                                         \
+        rsrv r_;                                                            \
+        CHECKF(redis_start(&r_, extra), "redis-server did not start");      \
+        name##_body(&r_);                                                   \
+        redis_stop(&r_);                                                    \
+    }
+
+static bool write_file(const char *path, const char *text)
+{
+    return fx_write_file(path, text, strlen(text));
+}
+
+/* A tier on r for model m, the tests' deadlines (generous: a loaded CI
+ * machine must not turn a hit into a timeout). */
+static kvt_remote *tier(const rsrv *r, kvt_model *m, const char *secret_file, const char *const *tenants,
+                        size_t n_tenants)
+{
+    kvt_remote_opts o = {.url = r->url, .secret_file = secret_file, .tenants = tenants, .n_tenants = n_tenants,
+                         .keyed_tenants = tenants != NULL, .lookup_ms = 1000, .load_ms = 2000, .quiet = true};
+    kvt_remote *t = NULL;
+    if (kvt_remote_open(&t, m, &o)) printf("    kvt_remote_open: %s\n", kvt_errmsg());
+    return t;
+}
+
+enum { N = 300 };
+
+/* A session of t[0..n) run cold (the reference) and uploaded at n. */
+static kvt_session *upload_cold(kvt_remote *rt, int tenant, kvt_model *m, const int32_t *t, size_t n)
+{
+    kvt_session *s = NULL;
+    if (kvt_session_new(&s, m, NULL) || kvt_session_sync(s, t, n, NULL)) return NULL;
+    kvt_remote_upload(rt, tenant, s, n);
+    if (!kvt_remote_drain(rt, 10)) printf("    the upload queue did not drain\n");
+    return s;
+}
+
+/* Restore t[0..n) from the tier into a fresh session; *got its length. */
+static kvt_session *fetch(kvt_remote *rt, int tenant, kvt_model *m, const int32_t *t, size_t n, size_t *got)
+{
+    kvt_session *s = NULL;
+    *got = 0;
+    if (kvt_session_new(&s, m, NULL)) return NULL;
+    kvt_remote_restore(rt, tenant, s, t, n, 0, got);
+    return s;
+}
+
+static void remote_hit_bit_exact_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N + 40];
+    seqb(t, N + 40, 5);
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0), *b = tier(&r, m, NULL, NULL, 0);
+    CHECK(a && b);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.uploads == 1 && st.dropped == 0, "uploads %llu dropped %llu", (unsigned long long)st.uploads,
+           (unsigned long long)st.dropped);
+    /* server B: the same prompt, and a longer one, hit the 300 tokens A saved */
+    size_t got = 0;
+    kvt_session *s = fetch(b, 0, m, t, N + 40, &got);
+    CHECKF(got == N, "hit of %zu tokens, want %d", got, N);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    CHECK_OK(kvt_session_sync(s, t, N + 40, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, N + 40, NULL));
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_remote_stats_get(b, &st);
+    CHECK(st.hits == 1 && st.bad == 0 && st.bytes_read > 0);
+    /* a second upload of the same prefix sends nothing */
+    kvt_remote_upload(b, 0, s, N);
+    CHECK(kvt_remote_drain(b, 10));
+    kvt_remote_stats_get(b, &st);
+    CHECK(st.uploads == 0);
+    /* another prompt on the same first block: a miss, no error */
+    int32_t u[N];
+    memcpy(u, t, sizeof u);
+    u[200] ^= 1;
+    kvt_session *s2 = fetch(b, 0, m, u, N, &got);
+    CHECK(got == 0 && kvt_session_len(s2) == 0);
+    /* values in parts: the same prefix through 1000-byte parts */
+    kvt_remote_part_bytes = 1000;
+    kvt_remote_flush_bytes = 1; /* and each block sent on its own, before the snapshot is queued */
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(c && cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_redis_free(c);
+    kvt_session_free(upload_cold(a, 0, m, t, N));
+    kvt_session *s3 = fetch(b, 0, m, t, N, &got);
+    kvt_remote_part_bytes = 1u << 20;
+    kvt_remote_flush_bytes = 32u << 20;
+    CHECKF(got == N, "hit through parts: %zu tokens", got);
+    CHECK_OK(kvt_session_sync(s3, t, N + 40, NULL));
+    CHECK(kvt_test_digest(s3, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s); kvt_session_free(s2); kvt_session_free(s3); kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_hit_bit_exact, NULL)
+
+/* The keys matching pattern, as strings (the caller frees each and the array). */
+static size_t keys_of(kvt_redis *c, const char *pattern, char ***out)
+{
+    const char *a[2] = {"KEYS", pattern};
+    redisReply *x = cmd(c, 2, a, NULL);
+    *out = NULL;
+    if (!x || x->type != REDIS_REPLY_ARRAY) { if (x) freeReplyObject(x); return 0; }
+    char **v = calloc(x->elements + 1, sizeof *v);
+    for (size_t i = 0; i < x->elements; i++) v[i] = strndup(x->element[i]->str, x->element[i]->len);
+    size_t n = x->elements;
+    freeReplyObject(x);
+    *out = v;
+    return n;
+}
+
+static void keys_free(char **k, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(k[i]);
+    free(k);
+}
+
+static uint8_t *get_value(kvt_redis *c, const char *key, size_t *len)
+{
+    const char *a[2] = {"GET", key};
+    redisReply *x = cmd(c, 2, a, NULL);
+    uint8_t *v = NULL;
+    *len = 0;
+    if (x && x->type == REDIS_REPLY_STRING) {
+        v = malloc(x->len + 1);
+        memcpy(v, x->str, x->len);
+        *len = x->len;
+    }
+    if (x) freeReplyObject(x);
+    return v;
+}
+
+static bool set_value(kvt_redis *c, const char *key, const uint8_t *v, size_t len)
+{
+    const char *a[3] = {"SET", key, (const char *)v};
+    size_t l[3] = {3, strlen(key), len};
+    redisReply *x = cmd(c, 3, a, l);
+    bool ok = x && x->type == REDIS_REPLY_STATUS;
+    if (x) freeReplyObject(x);
+    return ok;
+}
+
+static bool exists(kvt_redis *c, const char *key)
+{
+    const char *a[2] = {"EXISTS", key};
+    redisReply *x = cmd(c, 2, a, NULL);
+    bool e = x && x->type == REDIS_REPLY_INTEGER && x->integer == 1;
+    if (x) freeReplyObject(x);
+    return e;
+}
+
+/* The first key matching pattern other than the MAC and part keys. */
+static char *first_key(kvt_redis *c, const char *pattern)
+{
+    char **k;
+    size_t n = keys_of(c, pattern, &k);
+    char *best = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(k[i], '#') && (!best || strcmp(k[i], best) < 0)) best = k[i];
+    char *out = best ? strdup(best) : NULL;
+    keys_free(k, n);
+    return out;
+}
+
+enum { FLIP, TRUNCATE, SWAP, FOREIGN, N_DAMAGE };
+static const char *damage_name[N_DAMAGE] = {"a bit flip in a block", "a truncated snapshot", "two blocks swapped",
+                                            "a foreign model's records"};
+
+static void remote_damaged_values_miss_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny(), *other = NULL;
+    CHECK_OK(kvt_model_preset(&other, "ds4-tiny", TINY_SEED + 1, NULL));
+    int32_t t[N];
+    seqb(t, N, 9);
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0), *fo = tier(&r, other, NULL, NULL, 0);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(a && fo && c);
+    for (int d = 0; d < N_DAMAGE; d++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_session *cold = upload_cold(a, 0, m, t, N);
+        CHECK(cold);
+        kvt_remote_stats st0, st1;
+        kvt_remote_stats_get(a, &st0);
+        char *blk = first_key(c, "*:b:*"), *snap = first_key(c, "*:s:*"), *damaged = NULL;
+        CHECK(blk && snap);
+        size_t len = 0, len2 = 0;
+        uint8_t *v = get_value(c, blk, &len);
+        CHECK(v && len > 100);
+        if (d == FLIP) {
+            v[len / 2] ^= 0x10;
+            CHECK(set_value(c, blk, v, len));
+            damaged = blk;
+        } else if (d == TRUNCATE) {
+            free(v);
+            v = get_value(c, snap, &len);
+            CHECK(set_value(c, snap, v, len - 9));
+            damaged = snap;
+        } else if (d == SWAP) {
+            char **k;
+            size_t nk = keys_of(c, "*:b:*", &k);
+            CHECK(nk == 2); /* 300 tokens: two blocks */
+            uint8_t *w0 = get_value(c, k[0], &len), *w1 = get_value(c, k[1], &len2);
+            CHECK(w0 && w1 && set_value(c, k[0], w1, len2) && set_value(c, k[1], w0, len));
+            free(w0);
+            free(w1);
+            free(blk);
+            blk = strdup(k[0]); /* both are bad: either is deleted */
+            keys_free(k, nk);
+            damaged = blk;
+        } else {
+            /* the other model's records of the same tokens, put under this model's keys */
+            kvt_session *o = upload_cold(fo, 0, other, t, N);
+            kvt_session_free(o);
+            /* each of its values in place of this model's of the same kind and block index */
+            char **k;
+            size_t nk = keys_of(c, "*", &k);
+            size_t moved = 0;
+            for (size_t i = 0; i < nk; i++) {
+                if (!strncmp(k[i], snap, 23) || strchr(k[i], '#') || strstr(k[i], ":i:")) continue;
+                size_t l;
+                uint8_t *w = get_value(c, k[i], &l);
+                bool is_blk = strstr(k[i], ":b:") != NULL;
+                for (size_t j = 0; w && j < nk; j++) {
+                    if (strncmp(k[j], snap, 23) || strchr(k[j], '#') || !strstr(k[j], is_blk ? ":b:" : ":s:")) continue;
+                    size_t l2;
+                    uint8_t *mine = get_value(c, k[j], &l2);
+                    if (mine && (!is_blk || kvt_rd32(mine + 12) == kvt_rd32(w + 12))) moved += set_value(c, k[j], w, l);
+                    free(mine);
+                }
+                free(w);
+            }
+            keys_free(k, nk);
+            CHECKF(moved >= 3, "%zu foreign values put in place", moved);
+            damaged = snap;
+        }
+        size_t got = 99;
+        kvt_session *s;
+        if (d == FLIP) {
+            /* the negative control: without the checks of each value, the
+             * load still refuses, but the damaged block is left in place */
+            kvt_remote_skip_value_checks = true;
+            s = fetch(a, 0, m, t, N, &got);
+            kvt_remote_skip_value_checks = false;
+            CHECK(got == 0);
+            CHECKF(exists(c, damaged), "without the checks of each value, the damaged block was deleted anyway");
+            kvt_session_free(s);
+            kvt_remote_upload(a, 0, cold, N); /* the index entry that load dropped */
+            CHECK(kvt_remote_drain(a, 10));
+            kvt_remote_stats_get(a, &st0);
+        }
+        s = fetch(a, 0, m, t, N, &got);
+        CHECKF(got == 0, "%s: a hit of %zu tokens", damage_name[d], got);
+        CHECK(kvt_session_len(s) == 0);
+        kvt_remote_stats_get(a, &st1);
+        CHECKF(st1.bad > st0.bad, "%s: not counted as damage", damage_name[d]);
+        CHECKF(!exists(c, damaged), "%s: %s not deleted", damage_name[d], damaged);
+        /* uploaded anew, the prefix is a hit again, exact */
+        kvt_remote_upload(a, 0, cold, N);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_session_free(s);
+        s = fetch(a, 0, m, t, N, &got);
+        CHECKF(got == N, "%s: after a new upload, a hit of %zu", damage_name[d], got);
+        CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+        printf("    %s: a miss, deleted; uploaded anew, a hit\n", damage_name[d]);
+        kvt_session_free(s);
+        kvt_session_free(cold);
+        free(v);
+        free(blk);
+        free(snap);
+    }
+    kvt_redis_free(c);
+    kvt_remote_close(a);
+    kvt_remote_close(fo);
+    kvt_model_close(other);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_damaged_values_miss, NULL)
+
+/* A block record with other rows and a checksum made anew: every check but
+ * the HMAC passes. */
+static void plant(uint8_t *v, size_t len)
+{
+    v[len - 8 - 5] ^= 0x40;
+    uint64_t h = XXH3_64bits(v, len - 8);
+    memcpy(v + len - 8, &h, 8);
+}
+
+static void remote_secret_refuses_planted_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", r.dir);
+    CHECK(write_file(secret, "fleet secret 1\n"));
+    chmod(secret, 0600);
+    kvt_model *m = tiny();
+    int32_t t[N], u[N];
+    seqb(t, N, 11);
+    seqb(u, N, 12);
+    const char *tenants[2] = {"alice", "bob"};
+    kvt_remote *a = tier(&r, m, secret, tenants, 2), *plain = tier(&r, m, NULL, NULL, 0);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(a && plain && c);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    size_t got;
+    /* bob does not see alice's prefix */
+    kvt_session *s = fetch(a, 1, m, t, N, &got);
+    CHECK(got == 0);
+    kvt_session_free(s);
+    /* a consistent planted block: refused with the secret... */
+    char **k;
+    size_t nk = keys_of(c, "*:b:*", &k);
+    char *blk = NULL;
+    for (size_t i = 0; i < nk && !blk; i++)
+        if (!strchr(k[i], '#')) blk = strdup(k[i]);
+    keys_free(k, nk);
+    CHECK(blk);
+    size_t len;
+    uint8_t *orig = get_value(c, blk, &len), *v = malloc(len);
+    memcpy(v, orig, len);
+    plant(v, len);
+    CHECK(kvt_snap_block_check(v, len, NULL) == KVT_OK);
+    CHECK(set_value(c, blk, v, len));
+    kvt_remote_stats st;
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_stats_get(a, &st);
+    CHECKF(got == 0 && st.bad >= 1, "a planted block with the secret: hit %zu, bad %llu", got,
+           (unsigned long long)st.bad);
+    CHECK(!exists(c, blk));
+    kvt_session_free(s);
+    /* ...and, the negative control, loaded when the HMAC is not checked: a
+     * wrong cache, which the check is what keeps out */
+    CHECK(set_value(c, blk, orig, len));
+    kvt_remote_upload(a, 0, cold, N); /* the index entry the failed load dropped */
+    CHECK(kvt_remote_drain(a, 10));
+    CHECK(set_value(c, blk, v, len));
+    kvt_remote_skip_mac = true;
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_skip_mac = false;
+    CHECKF(got == N, "without the HMAC check the planted block is loaded (got %zu)", got);
+    CHECK(kvt_test_digest(s, m) != kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    /* alice's values copied into bob's namespace: refused (the MAC names the key) */
+    CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_session_free(upload_cold(a, 0, m, t, N));
+    nk = keys_of(c, "*", &k);
+    char alice[96] = "";
+    CHECK(nk > 0);
+    snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[0] + 24, ":") - k[0] + 1), k[0]); /* kvt:r1:KEY0:NS: */
+    kvt_session_free(upload_cold(a, 1, m, u, N)); /* bob's namespace exists */
+    char **k2;
+    size_t nk2 = keys_of(c, "*", &k2);
+    char bob[96] = "";
+    for (size_t i = 0; i < nk2; i++)
+        if (strncmp(k2[i], alice, strlen(alice))) snprintf(bob, sizeof bob, "%.*s", (int)strlen(alice), k2[i]);
+    keys_free(k2, nk2);
+    CHECK(bob[0] && strcmp(bob, alice));
+    for (size_t i = 0; i < nk; i++) {
+        size_t l;
+        uint8_t *w = get_value(c, k[i], &l);
+        char key[300];
+        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        if (w) CHECK(set_value(c, key, w, l));
+        else { /* the index hash */
+            const char *a2[3] = {"COPY", k[i], key};
+            redisReply *x = cmd(c, 3, a2, NULL);
+            if (x) freeReplyObject(x);
+        }
+        free(w);
+    }
+    keys_free(k, nk);
+    s = fetch(a, 1, m, t, N, &got);
+    CHECKF(got == 0, "alice's values copied to bob: a hit of %zu", got);
+    kvt_session_free(s);
+    /* the negative control: without the HMAC check the copy is a hit in bob's namespace */
+    nk = keys_of(c, "*", &k); /* the copy again: the failed load deleted what failed */
+    keys_free(k, nk);
+    kvt_session_free(upload_cold(a, 0, m, t, N));
+    nk = keys_of(c, "*", &k);
+    for (size_t i = 0; i < nk; i++) {
+        if (strncmp(k[i], alice, strlen(alice))) continue;
+        size_t l;
+        uint8_t *w = get_value(c, k[i], &l);
+        char key[300];
+        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        if (w) set_value(c, key, w, l);
+        else {
+            const char *a2[3] = {"COPY", k[i], key};
+            redisReply *x = cmd(c, 3, a2, NULL);
+            if (x) freeReplyObject(x);
+        }
+        free(w);
+    }
+    keys_free(k, nk);
+    kvt_remote_skip_mac = true;
+    s = fetch(a, 1, m, t, N, &got);
+    kvt_remote_skip_mac = false;
+    CHECKF(got == N, "without the HMAC check the copy is a hit (got %zu)", got);
+    kvt_session_free(s);
+    /* tenants without a secret: refused, saying why */
+    kvt_remote_opts o = {.url = r.url, .tenants = tenants, .n_tenants = 2, .keyed_tenants = true, .quiet = true};
+    kvt_remote *bad = NULL;
+    CHECK(kvt_remote_open(&bad, m, &o) == KVT_EINVAL && strstr(kvt_errmsg(), "secret"));
+    free(blk); free(orig); free(v);
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_remote_close(a);
+    kvt_remote_close(plain);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_secret_refuses_planted, NULL)
+
+TEST(remote_url_refusals)
+{
+    kvt_redis_url u;
+    CHECK(kvt_redis_parse_url("redis://h:7000/3", &u) == KVT_OK && u.port == 7000 && u.db == 3 && !strcmp(u.host, "h"));
+    CHECK(kvt_redis_parse_url("redis://kv@[::1]:7001", &u) == KVT_OK && !strcmp(u.host, "::1") && !strcmp(u.user, "kv"));
+    CHECK(kvt_redis_parse_url("redis://host", &u) == KVT_OK && u.port == 6379);
+    CHECK(kvt_redis_parse_url("rediss://host:1", &u) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_redis_parse_url("redis-cluster://a:1,b:2", &u) == KVT_EUNSUPPORTED);
+    CHECK(kvt_redis_parse_url("redis://u:pw@host:1", &u) == KVT_EINVAL && strstr(kvt_errmsg(), "password-file"));
+    CHECK(kvt_redis_parse_url("redis://host:0", &u) == KVT_EINVAL);
+    CHECK(kvt_redis_parse_url("redis://host:1/x", &u) == KVT_EINVAL);
+    CHECK(kvt_redis_parse_url("http://host:1", &u) == KVT_EINVAL);
+}
+
+static kvt_remote *tier_ms(const rsrv *r, kvt_model *m, const char *password_file, int lookup_ms, int load_ms)
+{
+    kvt_remote_opts o = {.url = r->url, .password_file = password_file, .lookup_ms = lookup_ms, .load_ms = load_ms,
+                         .connect_ms = 200, .quiet = true};
+    kvt_remote *t = NULL;
+    if (kvt_remote_open(&t, m, &o)) printf("    kvt_remote_open: %s\n", kvt_errmsg());
+    return t;
+}
+
+/* A stopped Redis (SIGSTOP) during lookups: each costs its deadline and is
+ * a miss; after three the breaker opens and lookups cost nothing; once
+ * Redis runs again, the probe after the breaker's second finds the prefix. */
+static void remote_stopped_redis_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 21);
+    enum { LOOKUP_MS = 50 };
+    kvt_remote *a = tier_ms(&r, m, NULL, LOOKUP_MS, 500);
+    CHECK(a);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    CHECK(kill(r.pid, SIGSTOP) == 0);
+    kvt_remote_stats st;
+    size_t got;
+    for (int i = 0; i < 3; i++) {
+        double t0 = fx_now();
+        kvt_session *s = fetch(a, 0, m, t, N, &got);
+        double dt = fx_now() - t0;
+        kvt_session_free(s);
+        printf("    lookup %d with Redis stopped: %.1f ms, a miss\n", i + 1, dt * 1e3);
+        /* the deadline plus scheduling slack on a loaded 2-core machine */
+        CHECKF(got == 0 && dt < LOOKUP_MS / 1e3 + 0.5, "lookup %d: %zu tokens in %.3f s", i + 1, got, dt);
+    }
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.breaker == 1 && st.breaker_trips == 1 && st.errors == 3, "breaker %d, trips %llu, errors %llu",
+           st.breaker, (unsigned long long)st.breaker_trips, (unsigned long long)st.errors);
+    double t0 = fx_now();
+    kvt_session *s = fetch(a, 0, m, t, N, &got);
+    double dt = fx_now() - t0;
+    kvt_session_free(s);
+    kvt_remote_stats_get(a, &st);
+    /* not asked: no new error, and far less than a deadline (printed) */
+    printf("    with the breaker open: %.2f ms\n", dt * 1e3);
+    CHECKF(got == 0 && st.errors == 3 && st.misses == 4, "with the breaker open: asked anyway (errors %llu)",
+           (unsigned long long)st.errors);
+    CHECK(kill(r.pid, SIGCONT) == 0);
+    fx_sleep_ms(1100); /* the breaker's first pause, BREAK_MIN */
+    s = fetch(a, 0, m, t, N, &got);
+    kvt_remote_stats_get(a, &st);
+    CHECKF(got == N && st.breaker == 0, "after Redis came back: %zu tokens, breaker %d", got, st.breaker);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    /* the negative control of the time bound: with a 1.5 s deadline, a
+     * lookup of a stopped Redis takes it, past the bound above */
+    kvt_remote *slow = tier_ms(&r, m, NULL, 1500, 500);
+    CHECK(slow);
+    CHECK(kill(r.pid, SIGSTOP) == 0);
+    t0 = fx_now();
+    s = fetch(slow, 0, m, t, N, &got);
+    dt = fx_now() - t0;
+    kill(r.pid, SIGCONT);
+    printf("    the same lookup with a 1500 ms deadline: %.0f ms\n", dt * 1e3);
+    CHECK(got == 0 && dt >= 1.4);
+    kvt_session_free(s);
+    kvt_remote_close(slow);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_stopped_redis, NULL)
+
+/* A wrong password: a miss, nothing uploaded, the reason Redis gave kept;
+ * the right one: a hit. */
+static const char *const with_password[] = {"--requirepass", "right horse", NULL};
+static void remote_wrong_password_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 23);
+    char good[128], bad[128];
+    snprintf(good, sizeof good, "%s/good", r.dir);
+    snprintf(bad, sizeof bad, "%s/bad", r.dir);
+    CHECK(write_file(good, "right horse\n") && write_file(bad, "wrong horse\n"));
+    kvt_remote *w = tier_ms(&r, m, bad, 1000, 2000), *n = tier_ms(&r, m, NULL, 1000, 2000),
+               *g = tier_ms(&r, m, good, 1000, 2000);
+    CHECK(w && n && g);
+    kvt_session *cold = upload_cold(w, 0, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s = fetch(w, 0, m, t, N, &got);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(w, &st);
+    printf("    wrong password: %s\n", st.last_error);
+    CHECK(got == 0 && st.uploads == 0 && st.dropped == 1 && strstr(st.last_error, "authentication refused"));
+    kvt_session_free(s);
+    s = fetch(n, 0, m, t, N, &got);
+    kvt_remote_stats_get(n, &st);
+    printf("    no password: %s\n", st.last_error);
+    CHECK(got == 0 && strstr(st.last_error, "NOAUTH"));
+    kvt_session_free(s);
+    kvt_remote_upload(g, 0, cold, N);
+    CHECK(kvt_remote_drain(g, 10));
+    s = fetch(g, 0, m, t, N, &got);
+    CHECK(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_remote_close(w);
+    kvt_remote_close(n);
+    kvt_remote_close(g);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_wrong_password, with_password)
+
+/* maxmemory far below what is uploaded, allkeys-lru: values are evicted,
+ * so hits get shorter or become misses; never an error, and every hit is
+ * the cold run's state at its length. */
+static const char *const tiny_memory[] = {"--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru", NULL};
+static void remote_maxmemory_lru_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    enum { LONG = 1280, OTHERS = 150 };
+    int32_t t[LONG], u[N];
+    seqb(t, LONG, 31);
+    kvt_remote *a = tier_ms(&r, m, NULL, 1000, 2000);
+    CHECK(a);
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, NULL));
+    for (size_t at = 256; at <= LONG; at += 256) { /* nested prefixes, sharing blocks */
+        CHECK_OK(kvt_session_sync(s, t, at, NULL));
+        kvt_remote_upload(a, 0, s, at);
+    }
+    kvt_session_free(s);
+    CHECK(kvt_remote_drain(a, 30));
+    size_t got;
+    kvt_session *h = fetch(a, 0, m, t, LONG, &got);
+    CHECKF(got == LONG, "before the others: a hit of %zu", got);
+    kvt_session_free(h);
+    for (int i = 0; i < OTHERS; i++) {
+        seqb(u, N, 100 + (uint64_t)i);
+        kvt_session_free(upload_cold(a, 0, m, u, N));
+    }
+    /* the long prompt and the first others, the least recently used */
+    size_t hits = 0;
+    h = fetch(a, 0, m, t, LONG, &got);
+    printf("    the 1280-token prompt after %d other uploads: a hit of %zu tokens\n", OTHERS, got);
+    CHECKF(got < LONG, "nothing of the long prompt was evicted: maxmemory does not bind");
+    if (got) CHECKF(kvt_test_digest(h, m) == kvt_test_twin(m, t, got), "a hit of %zu tokens differs from a cold run", got);
+    kvt_session_free(h);
+    for (int i = 0; i < OTHERS; i += 10) {
+        seqb(u, N, 100 + (uint64_t)i);
+        h = fetch(a, 0, m, u, N, &got);
+        if (got) {
+            hits++;
+            CHECKF(kvt_test_digest(h, m) == kvt_test_twin(m, u, got), "a hit of %zu tokens differs", got);
+        }
+        kvt_session_free(h);
+    }
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    printf("    %zu of %d other prompts hit; %llu entries found evicted, errors %llu, dropped %llu\n", hits,
+           OTHERS / 10, (unsigned long long)st.stale, (unsigned long long)st.errors, (unsigned long long)st.dropped);
+    CHECKF(st.errors == 0 && st.bad == 0, "errors %llu bad %llu: %s", (unsigned long long)st.errors,
+           (unsigned long long)st.bad, st.last_error);
+    kvt_remote_close(a);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_maxmemory_lru, tiny_memory)
+
+/* POST body (a file) to base/path; the body of the answer in out, its
+ * headers in hdr; the HTTP status (-1: no answer). */
+static int post(const char *base, const char *path, const char *body, const char *out, const char *hdr)
+{
+    char c[1024];
+    snprintf(c, sizeof c, "curl -s -o '%s' -D '%s' -w '%%{http_code}' --max-time 60 -H 'content-type: application/json' "
+             "--data-binary @'%s' '%s%s'", out, hdr, body, base, path);
+    FILE *f = popen(c, "r");
+    if (!f) return -1;
+    char code[16] = {0};
+    size_t n = fread(code, 1, sizeof code - 1, f);
+    code[n] = 0;
+    pclose(f);
+    return atoi(code) > 0 ? atoi(code) : -1;
+}
+
+/* From "choices" on: the reply and its logprobs, without the id and time. */
+static char *choices(const char *path)
+{
+    char *s = kvt_test_read_file(path, NULL);
+    char *c = s ? strstr(s, "\"choices\"") : NULL;
+    char *out = c ? strdup(c) : strdup("(no choices)");
+    char *u = strstr(out, "\"usage\"");
+    if (u) *u = 0; /* the cached-token counts differ, by design */
+    free(s);
+    return out;
+}
+
+/* Two servers, one Redis: server A answers a 700-token prompt cold and
+ * uploads it; server B, with an empty disk, restores it from Redis (the
+ * reply says tier remote) and answers with the same tokens and the same
+ * top-5 logprobs as A's cold run; B keeps the hit on its disk. Run against
+ * a build without the remote tier (KVT_BIN=/work/main/build/kvtier), the
+ * server does not start: the flag is unknown. */
+static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
+{
+    rsrv r = *rp;
+    char body[160], out[160], hdr[160], kva[128], kvb[128];
+    snprintf(body, sizeof body, "%s/req.json", pa->dir);
+    snprintf(kva, sizeof kva, "%s/kv", pa->dir);
+    snprintf(kvb, sizeof kvb, "%s/kv", pb->dir);
+    FILE *f = fopen(body, "w");
+    CHECK(f);
+    fputs("{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5,"
+          "\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37], f);
+    fputs("\"}]}", f);
+    fclose(f);
+    const char *args_a[] = {"--model", "ds4-tiny", "--kv-disk-dir", kva, "--kv-remote", r.url,
+                            "--kv-remote-timeout-ms", "1000", NULL};
+    CHECK(fx_server_start(pa, args_a));
+    snprintf(out, sizeof out, "%s/a.out", pa->dir);
+    snprintf(hdr, sizeof hdr, "%s/a.hdr", pa->dir);
+    int code = post(pa->base, "/v1/chat/completions", body, out, hdr);
+    CHECKF(code == 200, "server A: HTTP %d", code);
+    char *cold = choices(out);
+    CHECK(fx_server_stop(pa)); /* its saves, then their uploads */
+    const char *args_b[] = {"--model", "ds4-tiny", "--kv-disk-dir", kvb, "--kv-remote", r.url,
+                            "--kv-remote-timeout-ms", "1000", NULL};
+    CHECK(fx_server_start(pb, args_b));
+    snprintf(out, sizeof out, "%s/b.out", pb->dir);
+    snprintf(hdr, sizeof hdr, "%s/b.hdr", pb->dir);
+    code = post(pb->base, "/v1/chat/completions", body, out, hdr);
+    CHECKF(code == 200, "server B: HTTP %d", code);
+    char *h = kvt_test_read_file(hdr, NULL), *warm = choices(out);
+    printf("    server B: %s", h && strstr(h, "X-KVTier-Cache") ? strstr(h, "X-KVTier-Cache") : "(no cache header)\n");
+    CHECKF(h && strstr(h, "X-KVTier-Cache: remote"), "server B did not hit the remote tier");
+    CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.400s\n%.400s", cold, warm);
+    char mpath[160];
+    snprintf(mpath, sizeof mpath, "%s/metrics", pb->dir);
+    char c2[400];
+    snprintf(c2, sizeof c2, "curl -s --max-time 10 -o '%s' '%s/metrics'", mpath, pb->base);
+    CHECK(system(c2) == 0);
+    char *mx = kvt_test_read_file(mpath, NULL);
+    CHECK(mx && strstr(mx, "kvtier_cache_hits_total{tier=\"remote\"} 1") &&
+          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0"));
+    CHECK(fx_server_stop(pb));
+    /* the hit went to B's disk too */
+    char ls[600], lsout[160];
+    snprintf(lsout, sizeof lsout, "%s/ls.txt", pb->dir);
+    snprintf(ls, sizeof ls, "%s cache ls --kv-disk-dir '%s' > '%s' 2>&1", kvt_test_bin(), kvb, lsout);
+    CHECK(system(ls) == 0);
+    char *lst = kvt_test_read_file(lsout, NULL);
+    CHECKF(lst && strstr(lst, " remote "), "B's disk holds no entry saved from the remote tier:\n%s", lst);
+    /* and what Redis holds, listed */
+    free(lst);
+    snprintf(ls, sizeof ls, "%s cache ls --kv-remote '%s' > '%s' 2>&1", kvt_test_bin(), r.url, lsout);
+    CHECK(system(ls) == 0);
+    lst = kvt_test_read_file(lsout, NULL);
+    printf("    cache ls --kv-remote:\n%s", lst ? lst : "(none)\n");
+    CHECKF(lst && strstr(lst, "kvt:r1:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
+           "cache ls --kv-remote does not list the 672-token entry");
+    free(lst); free(mx); free(h); free(cold); free(warm);
+}
+
+static void remote_serve_two_servers_body(rsrv *rp)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    fx_server a = {0}, b = {0};
+    CHECK(fx_tmpdir_make(&a, "kvtier-remote-a") && fx_tmpdir_make(&b, "kvtier-remote-b"));
+    two_servers(rp, &a, &b);
+    fx_server_kill(&a);
+    fx_server_kill(&b);
+    fx_tmpdir_remove(&a);
+    fx_tmpdir_remove(&b);
+}
+REDIS_TEST(remote_serve_two_servers, NULL)
+
+/* A 700-token chat request body in path, its text from seed. */
+static bool write_request(const char *path, int seed)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return false;
+    fputs("{\"model\":\"m\",\"max_tokens\":2,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[(i * 11 + seed * 7 + i / 37 * seed) % 37], f);
+    fputs("\"}]}", f);
+    return fclose(f) == 0;
+}
+
+static char *metrics_of(const fx_server *s)
+{
+    char path[160], c[400];
+    snprintf(path, sizeof path, "%s/metrics.txt", s->dir);
+    snprintf(c, sizeof c, "curl -s --max-time 10 -o '%s' '%s/metrics'", path, s->base);
+    if (system(c)) return NULL;
+    return kvt_test_read_file(path, NULL);
+}
+
+/* A server whose Redis stops (SIGSTOP): requests still answer, each in
+ * about the time of a cold one plus the lookup's deadline; the breaker
+ * opens, and closes again once Redis runs. */
+static void stopped_server(rsrv *rp, fx_server *s)
+{
+    char req[160], out[160], hdr[160];
+    snprintf(out, sizeof out, "%s/r.out", s->dir);
+    snprintf(hdr, sizeof hdr, "%s/r.hdr", s->dir);
+    snprintf(req, sizeof req, "%s/req.json", s->dir);
+    const char *args[] = {"--model", "ds4-tiny", "--kv-disk-dir", s->dir, "--kv-remote", rp->url,
+                          "--kv-remote-timeout-ms", "50", NULL};
+    CHECK(fx_server_start(s, args));
+    /* cold requests with Redis running: the reference time */
+    double cold = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK(write_request(req, 1 + i));
+        double t0 = fx_now();
+        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        double dt = fx_now() - t0;
+        if (dt > cold) cold = dt;
+    }
+    CHECK(kill(rp->pid, SIGSTOP) == 0);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(write_request(req, 10 + i));
+        double t0 = fx_now();
+        int code = post(s->base, "/v1/chat/completions", req, out, hdr);
+        double dt = fx_now() - t0;
+        if (dt > worst) worst = dt;
+        CHECKF(code == 200, "request %d with Redis stopped: HTTP %d", i, code);
+    }
+    char *mx = metrics_of(s);
+    printf("    cold requests %.0f ms; with Redis stopped at most %.0f ms (deadline 50 ms)\n", cold * 1e3, worst * 1e3);
+    /* slack for a loaded 2-core machine; a lookup without a deadline would hang */
+    CHECKF(worst < cold + 0.05 + 1.0, "a request took %.3f s with Redis stopped (cold %.3f s)", worst, cold);
+    CHECKF(mx && strstr(mx, "kvtier_remote_breaker 1") && strstr(mx, "kvtier_remote_breaker_trips_total 1"),
+           "the breaker did not open:\n%s", mx && strstr(mx, "kvtier_remote_breaker") ? strstr(mx, "kvtier_remote_breaker") : "");
+    free(mx);
+    CHECK(kill(rp->pid, SIGCONT) == 0);
+    /* the breaker's pause, then a request probes: it closes */
+    bool closed = false;
+    for (int i = 0; i < 20 && !closed; i++) {
+        fx_sleep_ms(500);
+        CHECK(write_request(req, 30 + i));
+        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        mx = metrics_of(s);
+        closed = mx && strstr(mx, "kvtier_remote_breaker 0");
+        free(mx);
+    }
+    CHECKF(closed, "the breaker did not close once Redis ran again");
+    CHECK(fx_server_stop(s));
+}
+
+static void remote_serve_stopped_redis_body(rsrv *rp)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-stop"));
+    stopped_server(rp, &s);
+    kill(rp->pid, SIGCONT);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+}
+REDIS_TEST(remote_serve_stopped_redis, NULL)
+
+/* What serve refuses at start, saying why: API keys without a secret, TLS,
+ * a password in the URL, a remote tier without the disk tier, the remote
+ * flags without --kv-remote. */
+TEST(remote_serve_refusals)
+{
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-ref"));
+    char out[160], kv[128];
+    snprintf(out, sizeof out, "%s/out.txt", s.dir);
+    snprintf(kv, sizeof kv, "%s/kv", s.dir);
+    struct { const char *args[12]; int exit; const char *says; } cases[] = {
+        {{"--api-key", "k1", "--kv-remote", "redis://127.0.0.1:1"}, 1, "--kv-remote-secret-file"},
+        {{"--kv-remote", "rediss://127.0.0.1:1"}, 1, "not supported yet"},
+        {{"--kv-remote", "redis://u:pw@127.0.0.1:1"}, 1, "--kv-remote-password-file"},
+        {{"--kv-remote", "redis://127.0.0.1:1", "--no-kv-disk"}, 1, "needs the disk tier"},
+        {{"--kv-remote-secret-file", "/dev/null"}, 2, "need --kv-remote"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *argv[24] = {kvt_test_bin(), "serve", "--model", "ds4-tiny", "--port", "1", "--kv-disk-dir", kv};
+        int a = 8;
+        for (int i = 0; cases[c].args[i]; i++) argv[a++] = cases[c].args[i];
+        argv[a] = NULL;
+        int st = 0;
+        CHECK(fx_run(argv, out, 30, &st) == 1);
+        char *text = kvt_test_read_file(out, NULL);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == cases[c].exit && text && strstr(text, cases[c].says),
+               "case %zu: exit %d, want %d and '%s':\n%s", c, WIFEXITED(st) ? WEXITSTATUS(st) : -1, cases[c].exit,
+               cases[c].says, text);
+        free(text);
+    }
+    fx_tmpdir_remove(&s);
+}
+
+/* Redis killed (SIGKILL) while uploads are queued: they are dropped or
+ * refused, lookups miss, nothing hangs; a new, empty Redis on the same port
+ * is used again once the breaker lets a probe through, and a prefix
+ * uploaded to it is a hit. */
+static void remote_killed_redis_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    enum { K = 12 };
+    int32_t t[K][N];
+    kvt_remote *a = tier_ms(&r, m, NULL, 100, 500);
+    CHECK(a);
+    kvt_session *ss[K];
+    for (int i = 0; i < K; i++) {
+        seqb(t[i], N, 200 + (uint64_t)i);
+        ss[i] = NULL;
+        CHECK_OK(kvt_session_new(&ss[i], m, NULL));
+        CHECK_OK(kvt_session_sync(ss[i], t[i], N, NULL));
+    }
+    double t0 = fx_now();
+    for (int i = 0; i < K; i++) {
+        kvt_remote_upload(a, 0, ss[i], N);
+        if (i == K / 2) { kill(rp->pid, SIGKILL); waitpid(rp->pid, NULL, 0); rp->pid = 0; }
+    }
+    CHECK(kvt_remote_drain(a, 10));
+    size_t got;
+    kvt_session *s = fetch(a, 0, m, t[0], N, &got);
+    kvt_session_free(s);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    printf("    Redis killed after %d of %d uploads: %llu sent, %llu dropped, in %.0f ms; breaker %d\n", K / 2 + 1, K,
+           (unsigned long long)st.uploads, (unsigned long long)st.dropped, (fx_now() - t0) * 1e3, st.breaker);
+    CHECK(got == 0 && st.uploads + st.dropped == K && st.dropped >= K / 2 - 1);
+    /* a new Redis on the port: empty; after the breaker's pause a probe gets through */
+    rsrv r2;
+    CHECK(redis_start_on(&r2, NULL, r.port));
+    *rp = r2; /* stopped by the wrapper */
+    fx_sleep_ms(1100);
+    bool hit = false;
+    for (int tries = 0; tries < 40 && !hit; tries++) {
+        kvt_remote_upload(a, 0, ss[1], N);
+        CHECK(kvt_remote_drain(a, 10));
+        s = fetch(a, 0, m, t[1], N, &got);
+        hit = got == N && kvt_test_digest(s, m) == kvt_test_digest(ss[1], m);
+        kvt_session_free(s);
+        if (!hit) fx_sleep_ms(250);
+    }
+    kvt_remote_stats_get(a, &st);
+    CHECKF(hit && st.breaker == 0, "no hit on the new Redis (breaker %d, %s)", st.breaker, st.last_error);
+    for (int i = 0; i < K; i++) kvt_session_free(ss[i]);
+    kvt_remote_close(a);
+    kvt_model_close(m);
+    char c[128];
+    snprintf(c, sizeof c, "rm -rf '%s'", r.dir);
+    if (system(c)) {}
+}
+REDIS_TEST(remote_killed_redis, NULL)
+
+/* An ACL user that may only read (redis://reader@HOST:PORT, its password
+ * from a file): its uploads are refused by Redis (NOPERM), dropped and
+ * counted without opening the breaker; its lookups hit what a writer
+ * uploaded. */
+static void remote_read_only_user_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_redis *c = raw(&r, NULL);
+    const char *acl[] = {"ACL", "SETUSER", "reader", "on", ">read pw", "~*", "+@read", "+@connection"};
+    redisReply *x = c ? cmd(c, 8, acl, NULL) : NULL;
+    CHECKF(x && x->type == REDIS_REPLY_STATUS, "ACL SETUSER: %s", x && x->str ? x->str : "no reply");
+    freeReplyObject(x);
+    kvt_redis_free(c);
+    char pw[128];
+    snprintf(pw, sizeof pw, "%s/reader", r.dir);
+    CHECK(write_file(pw, "read pw\n"));
+    kvt_model *m = tiny();
+    int32_t t[N], u[N];
+    seqb(t, N, 41);
+    seqb(u, N, 42);
+    kvt_remote *w = tier_ms(&r, m, NULL, 1000, 2000);
+    rsrv ro = r;
+    snprintf(ro.url, sizeof ro.url, "redis://reader@127.0.0.1:%d", r.port);
+    kvt_remote *rd = tier_ms(&ro, m, pw, 1000, 2000);
+    CHECK(w && rd);
+    kvt_session *cold = upload_cold(w, 0, m, t, N);
+    CHECK(cold);
+    kvt_session *mine = upload_cold(rd, 0, m, u, N);
+    CHECK(mine);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(rd, &st);
+    printf("    read-only user: %llu uploaded, %llu dropped, breaker %d\n", (unsigned long long)st.uploads,
+           (unsigned long long)st.dropped, st.breaker);
+    CHECK(st.uploads == 0 && st.dropped == 1 && st.breaker == 0 && st.errors == 0);
+    size_t got;
+    kvt_session *s = fetch(rd, 0, m, t, N, &got);
+    CHECK(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    s = fetch(rd, 0, m, u, N, &got);
+    CHECK(got == 0);
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_session_free(mine);
+    kvt_remote_close(w);
+    kvt_remote_close(rd);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_read_only_user, NULL)
+
+typedef struct writer { kvt_remote *t; kvt_session *s; } writer;
+
+static void *write_one(void *arg)
+{
+    writer *w = arg;
+    kvt_remote_upload(w->t, 0, w->s, N);
+    return NULL;
+}
+
+/* Two servers upload the same prefix at the same moment (with the secret):
+ * both uploads succeed or one finds the other's, the values are whole
+ * (MSET: a value and its MAC together), and a third server's lookup is a
+ * hit, the cold run's state. */
+static void remote_two_writers_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", r.dir);
+    CHECK(write_file(secret, "fleet secret 2\n"));
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 51);
+    kvt_remote *a = tier(&r, m, secret, NULL, 0), *b = tier(&r, m, secret, NULL, 0), *c = tier(&r, m, secret, NULL, 0);
+    CHECK(a && b && c);
+    writer w[2] = {{a, NULL}, {b, NULL}};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(kvt_session_new(&w[i].s, m, NULL));
+        CHECK_OK(kvt_session_sync(w[i].s, t, N, NULL));
+    }
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, write_one, &w[i]) == 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    CHECK(kvt_remote_drain(a, 10) && kvt_remote_drain(b, 10));
+    kvt_remote_stats sa, sb;
+    kvt_remote_stats_get(a, &sa);
+    kvt_remote_stats_get(b, &sb);
+    printf("    uploads %llu + %llu, dropped %llu + %llu\n", (unsigned long long)sa.uploads,
+           (unsigned long long)sb.uploads, (unsigned long long)sa.dropped, (unsigned long long)sb.dropped);
+    CHECK(sa.dropped + sb.dropped == 0 && sa.uploads + sb.uploads >= 1);
+    size_t got;
+    kvt_session *s = fetch(c, 0, m, t, N, &got);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(c, &st);
+    CHECKF(got == N && st.bad == 0, "a hit of %zu, %llu bad values", got, (unsigned long long)st.bad);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(w[0].s, m));
+    kvt_session_free(s);
+    for (int i = 0; i < 2; i++) kvt_session_free(w[i].s);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(c);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_two_writers, NULL)
