@@ -89,9 +89,11 @@
  * (its llama/gitRelease.bundle), and their layout is checked against the
  * defaults the library returns. Skips, saying why, when the peer or the
  * vocabulary cannot be had; KVT_PEER=0 skips it too. Run from the
- * repository root. About 30 s of CPU on 2 threads (llama.cpp's IQ4
- * quantiser takes 4-5 s of it per type); its temp files, up to 75 MB each,
- * go in /tmp. */
+ * repository root. peer_logits_every_type: about 30 s of CPU on 2 threads
+ * for the 13 types to IQ4_XS (llama.cpp's IQ4 quantiser takes 4-5 s of it
+ * per type), and about 160 s more for the 8 low-bit mixes, most of it
+ * llama.cpp's quantisers (measured 249 s in all on a machine at load 8 -
+ * 10); its temp files, up to 75 MB each, go in /tmp. */
 #include "fixture.h"
 #include "synth_family.h"
 #include "format/gguf.h"

@@ -1384,27 +1384,48 @@ static size_t lb_bytes(uint32_t t)
     return b;
 }
 
+/* Sign bits s (bit j: byte j negative) as 8 bytes of -1 (0xff) or +1: s
+ * copied to every byte, byte j keeping bit j; a byte then is nonzero iff
+ * its bit was set (adding 0x7f sets its top bit, no carry out of a byte). */
+static inline uint64_t lb_signs(uint8_t s)
+{
+    uint64_t b = ((uint64_t)s * 0x0101010101010101ull) & 0x8040201008040201ull;
+    uint64_t nz = ((b + 0x7f7f7f7f7f7f7f7full) | b) & 0x8080808080808080ull;
+    return (nz >> 7) * 0xfe | 0x0101010101010101ull;
+}
+
 /* 8 grid magnitudes and the sign bits s (bit j: element j negative). */
 static inline void lb_put8(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
 {
+    uint64_t sg = lb_signs(s);
     memcpy(u->mag + at, grid, 8);
-    for (int j = 0; j < 8; j++) u->sgn[at + j] = (int8_t)(s >> j & 1 ? -1 : 1);
+    memcpy(u->sgn + at, &sg, 8);
 }
 
 static inline void lb_put4(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
 {
+    uint64_t sg = lb_signs(s);
     memcpy(u->mag + at, grid, 4);
-    for (int j = 0; j < 4; j++) u->sgn[at + j] = (int8_t)(s >> j & 1 ? -1 : 1);
+    memcpy(u->sgn + at, &sg, 4);
 }
 
-/* 8 IQ1 values 8 g + delta (delta -1 or +1). */
+#define LB_ONES 0x0101010101010101ull
+
+/* 8 IQ1 values 8 g + delta (g in -1, 0, 1; delta -1 or +1), a byte each in
+ * u64 lanes: N marks g = -1, P g = 1; with delta +1 the magnitudes are 7,
+ * 1, 9 (negative for g = -1), with delta -1 9, 1, 7 (negative unless g =
+ * 1). */
 static inline void lb_put_iq1(lb_sb *u, int at, const int8_t *grid, bool neg)
 {
-    for (int j = 0; j < 8; j++) {
-        int v = 8 * grid[j] + (neg ? -1 : 1);
-        u->mag[at + j] = (uint8_t)(v < 0 ? -v : v);
-        u->sgn[at + j] = (int8_t)(v < 0 ? -1 : 1);
-    }
+    uint64_t g, n, p, mag, m;
+    memcpy(&g, grid, 8);
+    n = (g >> 7) & LB_ONES;
+    p = (g & LB_ONES) ^ n;
+    mag = neg ? LB_ONES + 8 * n + 6 * p : LB_ONES + 6 * n + 8 * p;
+    m = neg ? p ^ LB_ONES : n;
+    m = m * 0xfe | LB_ONES;
+    memcpy(u->mag + at, &mag, 8);
+    memcpy(u->sgn + at, &m, 8);
 }
 
 static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
@@ -1416,14 +1437,17 @@ static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
         u->d = kvt_f16_to_f32(kvt_rd16(w + 80));
         u->dmin = kvt_f16_to_f32(kvt_rd16(w + 82));
         for (int g = 0; g < 16; g++) u->sc[g] = (int16_t)(w[g] & 15), u->mn[g] = (int16_t)(w[g] >> 4);
+        memset(u->sgn, 1, QKK);
+        /* element 128 h + 32 r + 16 k + l: bits 2r of qs[32 h + 16 k + l],
+         * 8 bytes of qs a u64 */
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 2; k++)
-                    for (int l = 0; l < 16; l++) {
-                        int i = 128 * h + 32 * r + 16 * k + l;
-                        u->mag[i] = (uint8_t)((w[16 + 32 * h + 16 * k + l] >> 2 * r) & 3);
-                        u->sgn[i] = 1;
-                    }
+                for (int j = 0; j < 32; j += 8) {
+                    uint64_t q;
+                    memcpy(&q, w + 16 + 32 * h + j, 8);
+                    q = (q >> 2 * r) & (3 * LB_ONES);
+                    memcpy(u->mag + 128 * h + 32 * r + j, &q, 8);
+                }
         return;
     case KVT_GGML_Q3_K: {
         const uint8_t *s = w + 96;
@@ -1431,15 +1455,23 @@ static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
         for (int i = 0; i < 16; i++)
             u->sc[i] = (int16_t)((((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32);
         if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) u->sc[5] += 1; /* tests */
+        /* element 128 h + 32 r + j: low bits 2r of qs[32 h + j], the third
+         * bit 4h + r of hmask[j]; a clear one makes q = low - 4 (magnitude
+         * 4 - low, negative). 8 elements a u64. */
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 2; k++)
-                    for (int l = 0; l < 16; l++) {
-                        int i = 128 * h + 32 * r + 16 * k + l;
-                        int v = ((w[32 + 32 * h + 16 * k + l] >> 2 * r) & 3) - ((w[16 * k + l] >> (4 * h + r) & 1) ? 0 : 4);
-                        u->mag[i] = (uint8_t)(v < 0 ? -v : v);
-                        u->sgn[i] = (int8_t)(v < 0 ? -1 : 1);
-                    }
+                for (int j = 0; j < 32; j += 8) {
+                    uint64_t lo, hm, clear, mask, mag, sg;
+                    memcpy(&lo, w + 32 + 32 * h + j, 8);
+                    memcpy(&hm, w + j, 8);
+                    lo = (lo >> 2 * r) & (3 * LB_ONES);
+                    clear = ((hm >> (4 * h + r)) & LB_ONES) ^ LB_ONES;
+                    mask = clear * 0xff;
+                    mag = (lo & ~mask) | ((4 * LB_ONES - lo) & mask);
+                    sg = clear * 0xfe | LB_ONES;
+                    memcpy(u->mag + 128 * h + 32 * r + j, &mag, 8);
+                    memcpy(u->sgn + 128 * h + 32 * r + j, &sg, 8);
+                }
         return;
     }
     case KVT_GGML_IQ2_XXS:
@@ -1550,27 +1582,45 @@ static void lb_ints_scalar(const lb_sb *u, const kact *a, size_t b, int32_t *isu
 }
 
 #ifdef KVT_HAVE_X86
-__attribute__((target("avx2"))) static void lb_ints_avx2(const lb_sb *u, const kact *a, size_t b, int32_t *isum,
-                                                          int32_t *msum)
+/* lb_ints_scalar for T tokens at once (T a constant after inlining): each
+ * 32 of the weights loaded once, against every token. */
+__attribute__((target("avx2"), always_inline)) static inline void lb_ints_avx2(const int T, const lb_sb *u,
+                                                                              const kact *a, size_t b,
+                                                                              int32_t *isum, int32_t *msum)
 {
-    const int8_t *q = a->q + QKK * b;
-    __m256i acc = _mm256_setzero_si256();
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
     for (int k = 0; k < 8; k++) {
         __m256i m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
         __m256i s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
-        __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + 32 * k)), s);
         __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), s);
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
     }
-    __m256i bs = _mm256_loadu_si256((const __m256i *)(a->bs + 16 * b));
-    __m256i mv = _mm256_madd_epi16(bs, _mm256_loadu_si256((const __m256i *)u->mn));
-    *isum = hsum_i32(acc);
-    *msum = hsum_i32(mv);
+    __m256i mn = _mm256_loadu_si256((const __m256i *)u->mn);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(acc[t]);
+        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mn));
+    }
+}
+
+__attribute__((target("avx2"))) static void lb_ints_avx2_8(const lb_sb *u, const kact *a, size_t b, int32_t *is,
+                                                            int32_t *ms)
+{
+    lb_ints_avx2(8, u, a, b, is, ms);
+}
+
+__attribute__((target("avx2"))) static void lb_ints_avx2_1(const lb_sb *u, const kact *a, size_t b, int32_t *is,
+                                                            int32_t *ms)
+{
+    lb_ints_avx2(1, u, a, b, is, ms);
 }
 #endif
 
 /* The most tokens whose accumulators a row keeps at once. */
-#define LB_T 16
+#define LB_T 64
 
 struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
 
@@ -1590,16 +1640,19 @@ static void lb_range(void *arg, size_t o0, size_t o1)
             for (size_t k = 0; k < T; k++) a[k] = kact_at(c->qx, t0 + k, W->cols);
             for (size_t b = 0; b < nsb; b++) {
                 lb_unpack(ty, row + b * bytes, &u);
-                for (size_t k = 0; k < T; k++) {
-                    int32_t is, ms;
+                int32_t is[LB_T], ms[LB_T];
+                size_t k = 0;
 #ifdef KVT_HAVE_X86
-                    if (c->simd) lb_ints_avx2(&u, a + k, b, &is, &ms);
-                    else
+                if (c->simd) {
+                    for (; k + 8 <= T; k += 8) lb_ints_avx2_8(&u, a + k, b, is + k, ms + k);
+                    for (; k < T; k++) lb_ints_avx2_1(&u, a + k, b, is + k, ms + k);
+                }
 #endif
-                        lb_ints_scalar(&u, a + k, b, &is, &ms);
+                for (; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
+                for (k = 0; k < T; k++) {
                     float dx = a[k].d[b];
-                    acc[k] = fmaf(u.d * dx, (float)is, acc[k]);
-                    if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms, acc[k]);
+                    acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
+                    if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
                 }
             }
             for (size_t k = 0; k < T; k++) c->y[(t0 + k) * W->rows + o] = acc[k];
