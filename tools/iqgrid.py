@@ -58,6 +58,19 @@ def main():
     for i in range(0, 128, 16):
         out.append("    " + ", ".join(str(v) for v in signs[i:i + 16]) + ",")
     out.append("};")
+    out.append("")
+    out.append("/* Derived (not format data): sign byte s as 8 bytes, byte j -1 (0xff) when")
+    out.append(" * bit j of s is set, else +1; the kernels' sign vectors. */")
+    out.append("const uint64_t kvt_iqgrid_sign8[256] = {")
+    words = []
+    for v in range(256):
+        w = 0
+        for j in range(8):
+            w |= (0xff if v >> j & 1 else 0x01) << (8 * j)
+        words.append("0x%016xull" % w)
+    for i in range(0, 256, 4):
+        out.append("    " + ", ".join(words[i:i + 4]) + ",")
+    out.append("};")
     print("\n".join(out))
 
 

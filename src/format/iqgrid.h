@@ -21,5 +21,8 @@ extern const uint8_t kvt_iqgrid_iq3xxs[256][4];
 extern const uint8_t kvt_iqgrid_iq3s[512][4];
 extern const int8_t kvt_iqgrid_iq1s[2048][8];
 extern const uint8_t kvt_iqgrid_ksigns[128];
+/* Derived from nothing but the bits (not format data): sign byte s as 8
+ * bytes of -1 (bit j set) or +1, byte j for bit j, little-endian. */
+extern const uint64_t kvt_iqgrid_sign8[256];
 
 #endif

@@ -1384,15 +1384,8 @@ static size_t lb_bytes(uint32_t t)
     return b;
 }
 
-/* Sign bits s (bit j: byte j negative) as 8 bytes of -1 (0xff) or +1: s
- * copied to every byte, byte j keeping bit j; a byte then is nonzero iff
- * its bit was set (adding 0x7f sets its top bit, no carry out of a byte). */
-static inline uint64_t lb_signs(uint8_t s)
-{
-    uint64_t b = ((uint64_t)s * 0x0101010101010101ull) & 0x8040201008040201ull;
-    uint64_t nz = ((b + 0x7f7f7f7f7f7f7f7full) | b) & 0x8080808080808080ull;
-    return (nz >> 7) * 0xfe | 0x0101010101010101ull;
-}
+/* Sign bits s (bit j: byte j negative) as 8 bytes of -1 (0xff) or +1. */
+static inline uint64_t lb_signs(uint8_t s) { return kvt_iqgrid_sign8[s]; }
 
 /* 8 grid magnitudes and the sign bits s (bit j: element j negative). */
 static inline void lb_put8(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
@@ -1417,15 +1410,26 @@ static inline void lb_put4(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
  * 1). */
 static inline void lb_put_iq1(lb_sb *u, int at, const int8_t *grid, bool neg)
 {
-    uint64_t g, n, p, mag, m;
+    uint64_t g, n, p, mag, m, sel = -(uint64_t)neg; /* a select, not a branch: delta's sign is data */
     memcpy(&g, grid, 8);
     n = (g >> 7) & LB_ONES;
     p = (g & LB_ONES) ^ n;
-    mag = neg ? LB_ONES + 8 * n + 6 * p : LB_ONES + 6 * n + 8 * p;
-    m = neg ? p ^ LB_ONES : n;
+    mag = LB_ONES + 6 * n + 8 * p;
+    mag ^= (mag ^ (LB_ONES + 8 * n + 6 * p)) & sel;
+    m = n ^ ((n ^ (p ^ LB_ONES)) & sel);
     m = m * 0xfe | LB_ONES;
     memcpy(u->mag + at, &mag, 8);
     memcpy(u->sgn + at, &m, 8);
+}
+
+/* Q3_K's sixteen 6-bit scales (minus 32) from its 12 bytes: scale i's low
+ * 4 bits the nibble i / 8 of byte i % 8, its high 2 bits bits 2 (i / 4) of
+ * byte 8 + i % 4. */
+static inline void q3k_scales(const uint8_t *s, int16_t *sc)
+{
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int16_t)((((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32);
+    if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) sc[5] += 1; /* tests */
 }
 
 static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
@@ -1450,11 +1454,8 @@ static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
                 }
         return;
     case KVT_GGML_Q3_K: {
-        const uint8_t *s = w + 96;
         u->d = kvt_f16_to_f32(kvt_rd16(w + 108));
-        for (int i = 0; i < 16; i++)
-            u->sc[i] = (int16_t)((((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32);
-        if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) u->sc[5] += 1; /* tests */
+        q3k_scales(w + 96, u->sc);
         /* element 128 h + 32 r + j: low bits 2r of qs[32 h + j], the third
          * bit 4h + r of hmask[j]; a clear one makes q = low - 4 (magnitude
          * 4 - low, negative). 8 elements a u64. */
@@ -1606,6 +1607,90 @@ __attribute__((target("avx2"), always_inline)) static inline void lb_ints_avx2(c
     }
 }
 
+/* Q2_K (the routed experts' down matrices of the DeepSeek-V4-Flash files)
+ * and Q3_K (below) without the unpacked copy: each 32 of the weights (chunk k = 4h + r: bits
+ * 2r of qs[32h .. 32h + 32), sub-blocks 2k and 2k + 1) shifted and masked
+ * in a register, then lb_ints_avx2's integer sums. Twice as fast in
+ * decode; the i-quants' grid gathers gain nothing this way (measured: the
+ * same for IQ2_XXS in decode, slower in prefill, where the unpacked copy
+ * serves 64 tokens). */
+__attribute__((target("avx2"), always_inline)) static inline void q2k_fused_avx2(const int T, const uint8_t *w,
+                                                                                const kact *a, size_t b,
+                                                                                int32_t *isum, int32_t *msum)
+{
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        int h = k / 4, r = k % 4;
+        __m256i m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
+                                     _mm256_set1_epi8(3));
+        __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    /* the mins: the high nibbles of scales[16], as int16 */
+    __m256i mv = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w),
+                                                                   _mm_set1_epi8((char)0xf0)), 4));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(acc[t]);
+        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv));
+    }
+}
+
+/* Q3_K the same way: chunk k = 4h + r has its low bits 2r of qs[32h ..
+ * 32h + 32) and the third bit 4h + r of hmask[0 .. 32), a clear bit
+ * subtracting 4; the signed q in -4 .. 3 goes to maddubs as |q| against x
+ * with q's sign. */
+__attribute__((target("avx2"), always_inline)) static inline void q3k_fused_avx2(const int T, const uint8_t *w,
+                                                                                const kact *a, size_t b,
+                                                                                int32_t *isum)
+{
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    int16_t sc16[16];
+    q3k_scales(w + 96, sc16);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
+    for (int k = 0; k < 8; k++) {
+        int h = k / 4, r = k % 4;
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r),
+                                      _mm256_set1_epi8(3));
+        __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << (4 * h + r)))),
+                                          _mm256_setzero_si256());
+        __m256i v = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        __m256i m = _mm256_abs_epi8(v);
+        __m256i sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), v);
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+}
+
+__attribute__((target("avx2"))) static void q3k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q3k_fused_avx2(8, w, a, b, is);
+    memset(ms, 0, 8 * sizeof *ms);
+}
+
+__attribute__((target("avx2"))) static void q3k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q3k_fused_avx2(1, w, a, b, is);
+    *ms = 0;
+}
+
+__attribute__((target("avx2"))) static void q2k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q2k_fused_avx2(8, w, a, b, is, ms);
+}
+
+__attribute__((target("avx2"))) static void q2k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q2k_fused_avx2(1, w, a, b, is, ms);
+}
+
 __attribute__((target("avx2"))) static void lb_ints_avx2_8(const lb_sb *u, const kact *a, size_t b, int32_t *is,
                                                             int32_t *ms)
 {
@@ -1639,9 +1724,19 @@ static void lb_range(void *arg, size_t o0, size_t o1)
             float acc[LB_T] = {0};
             for (size_t k = 0; k < T; k++) a[k] = kact_at(c->qx, t0 + k, W->cols);
             for (size_t b = 0; b < nsb; b++) {
-                lb_unpack(ty, row + b * bytes, &u);
                 int32_t is[LB_T], ms[LB_T];
                 size_t k = 0;
+#ifdef KVT_HAVE_X86
+                if (c->simd && (ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K)) {
+                    const uint8_t *w = row + b * bytes;
+                    bool q2 = ty == KVT_GGML_Q2_K;
+                    for (; k + 8 <= T; k += 8) (q2 ? q2k_fused8 : q3k_fused8)(w, a + k, b, is + k, ms + k);
+                    for (; k < T; k++) (q2 ? q2k_fused1 : q3k_fused1)(w, a + k, b, is + k, ms + k);
+                    u.d = kvt_f16_to_f32(kvt_rd16(q2 ? w + 80 : w + 108));
+                    u.dmin = q2 ? kvt_f16_to_f32(kvt_rd16(w + 82)) : 0;
+                }
+#endif
+                if (k < T) lb_unpack(ty, row + b * bytes, &u);
 #ifdef KVT_HAVE_X86
                 if (c->simd) {
                     for (; k + 8 <= T; k += 8) lb_ints_avx2_8(&u, a + k, b, is + k, ms + k);
