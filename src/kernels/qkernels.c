@@ -4,7 +4,8 @@
  * blocks (each the f16-rounded amax / 127, as ggml stores it), then
  * nb * 32 int8 values, round(x / d) with ties to even, in [-127, 127].
  *
- * For the 256-element types (Q4_K, Q5_K, Q6_K, IQ4_XS), per token: the f32 scales of its nsb
+ * For the 256-element types (Q2_K .. Q6_K, IQ4_XS and the IQ1/IQ2/IQ3
+ * types), per token: the f32 scales of its nsb
  * superblocks of 256 (1 / iscale, iscale = -127 / the value of largest
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
