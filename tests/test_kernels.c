@@ -538,7 +538,8 @@ TEST(kernels_matmul_float_types)
  * its scale words, iq1m_set_d). */
 static size_t d_at(uint32_t type)
 {
-    return type == KVT_GGML_Q6_K ? 208 : type == KVT_GGML_Q2_K ? 80 : type == KVT_GGML_Q3_K ? 108 : 0;
+    return type == KVT_GGML_Q6_K ? 208 : type == KVT_GGML_Q2_K ? 80 : type == KVT_GGML_Q3_K ? 108
+         : type == KVT_GGML_TQ1_0 ? 52 : type == KVT_GGML_TQ2_0 ? 64 : 0;
 }
 
 static uint16_t iq1m_d(const uint8_t *q)
@@ -580,7 +581,8 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
 }
 
 /* The integer kernels (qkernels.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
- * MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS): scalar and SIMD give the same bits, a
+ * MXFP4, Q2_K to Q6_K, IQ4_XS, the IQ1/IQ2/IQ3 types, TQ1_0, TQ2_0):
+ * scalar and SIMD give the same bits, a
  * token's outputs do not depend on the batch or the threads, and each output
  * is within the activations' rounding of the exact dot product of the
  * dequantised weights with x: the per-token quantisation moves element i by
@@ -595,7 +597,8 @@ TEST(kernels_integer_types)
                               KVT_GGML_Q5_1, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4, KVT_GGML_Q4_K,
                               KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS, KVT_GGML_Q2_K,
                               KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
-                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M};
+                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
+                              KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
     enum { DI = 768, DO = 13, NB = 13 }; /* tokens: K-quant rows take 8, 4 and 1 at a time */
     uint64_t st = kvt_test_seed("kernels_integer_types");
     bool wide = kvt_test_kernel_paths();
@@ -675,7 +678,7 @@ TEST(kernels_integer_types)
     }
 }
 
-/* The low-bit types' kernels (Q2_K, Q3_K, the i-quants) against the exact
+/* The low-bit types' kernels (Q2_K, Q3_K, the i-quants, TQ1_0, TQ2_0) against the exact
  * dot product of the dequantised weights (kvt_quant_to_f32, itself ggml's
  * to_float bit for bit) with the token's own Q8_K activations as the
  * kernel read them from qx (d_x * q_i): the kernel's integers are exact, so
@@ -688,7 +691,8 @@ TEST(kernels_integer_types)
 TEST(kernels_lowbit_exact)
 {
     const uint32_t types[] = {KVT_GGML_Q2_K, KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
-                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M};
+                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
+                              KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
     enum { DI = 1024, DO = 7, NB = 13 };
     uint64_t st = kvt_test_seed("kernels_lowbit_exact");
     bool wide = kvt_test_kernel_paths();

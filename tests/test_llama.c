@@ -632,6 +632,7 @@ static const struct { uint32_t type; int f16_at[2]; int e8m0_at; } scale_fields[
     {KVT_GGML_IQ2_XS, {0, -1}, -1},  {KVT_GGML_IQ2_S, {0, -1}, -1},   {KVT_GGML_IQ3_XXS, {0, -1}, -1},
     {KVT_GGML_IQ3_S, {0, -1}, -1},   {KVT_GGML_IQ1_S, {0, -1}, -1},
     {KVT_GGML_IQ1_M, {-1, -1}, -1}, /* its f16 d: the top nibbles of the scale words at 48..55 */
+    {KVT_GGML_TQ1_0, {52, -1}, -1},  {KVT_GGML_TQ2_0, {64, -1}, -1},
 };
 
 /* A random (rows, cols) matrix of type k of scale_fields: random bytes with

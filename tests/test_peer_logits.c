@@ -91,9 +91,9 @@
  * vocabulary cannot be had; KVT_PEER=0 skips it too. Run from the
  * repository root. peer_logits_every_type: about 30 s of CPU on 2 threads
  * for the 13 types to IQ4_XS (llama.cpp's IQ4 quantiser takes 4-5 s of it
- * per type), and about 160 s more for the 8 low-bit mixes, most of it
- * llama.cpp's quantisers (measured 249 s in all on a machine at load 8 -
- * 10); its temp files, up to 75 MB each, go in /tmp. */
+ * per type), and about 200 s more for the 10 low-bit types and mixes, most
+ * of it llama.cpp's quantisers (measured 308 s in all on a machine at load
+ * 8 - 10); its temp files, up to 75 MB each, go in /tmp. */
 #include "fixture.h"
 #include "synth_family.h"
 #include "format/gguf.h"
@@ -755,6 +755,9 @@ static const struct ptype {
     {"iq2_xxs", 19, 4.5e-2, false, 2.1e-2}, {"iq2_xs", 20, 4.5e-2, false, 2.2e-2},
     {"iq2_m", 29, 3.5e-2, false, 1.7e-2},   {"iq3_xxs", 23, 3.5e-2, false, 1.7e-2},
     {"iq1_s", 24, 5e-2, false, 2.5e-2},     {"iq1_m", 31, 4.5e-2, false, 2.2e-2},
+    /* the ternary types (the same values t - 1 in both: the same logits),
+     * one seed: 1.9e-2, 2x rounded up */
+    {"tq1_0", 36, 4e-2, false, 1.9e-2},     {"tq2_0", 37, 4e-2, false, 1.9e-2},
 };
 #define N_TYPES (sizeof types / sizeof types[0])
 

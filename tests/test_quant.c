@@ -86,7 +86,9 @@ static const struct qcase {
     {18, 1, {0}},       /* iq3_xxs: d */
     {21, 1, {0}},       /* iq3_s: d */
     {19, 1, {0}},       /* iq1_s: d */
-    {29, 0, {0}},       /* iq1_m: d is the top nibbles of its 4 scale words (iq1m_d_blocks) */
+    {29, 0, {0}},       /* iq1_m: d is the top nibbles of its 4 scale words (its own case below) */
+    {34, 1, {52}},      /* tq1_0: d, at the end */
+    {35, 1, {64}},      /* tq2_0: d, at the end */
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -332,7 +334,7 @@ TEST(quant_table)
         {23, "iq4_xs", 256, 136}, {30, "bf16", 1, 2}, {39, "mxfp4", 32, 17},
         {10, "q2_K", 256, 84}, {11, "q3_K", 256, 110}, {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74},
         {22, "iq2_s", 256, 82}, {18, "iq3_xxs", 256, 98}, {21, "iq3_s", 256, 110}, {19, "iq1_s", 256, 50},
-        {29, "iq1_m", 256, 56},
+        {29, "iq1_m", 256, 56}, {34, "tq1_0", 256, 54}, {35, "tq2_0", 256, 66},
     };
     size_t n_supported = 0;
     for (uint32_t t = 0; t < 256; t++) n_supported += kvt_quant_block(t, NULL, NULL);
@@ -345,17 +347,17 @@ TEST(quant_table)
         CHECK(kvt_quant_row_bytes(want[i].type, 3 * e) == 3 * b);
         CHECK(e == 1 || kvt_quant_row_bytes(want[i].type, 3 * e + 1) == 0);
     }
-    CHECK(!strcmp(kvt_quant_name(34), "tq1_0") && !kvt_quant_block(34, NULL, NULL));
+    CHECK(!strcmp(kvt_quant_name(41), "q1_0") && !kvt_quant_block(41, NULL, NULL));
     CHECK(!strcmp(kvt_quant_name(40), "nvfp4") && !kvt_quant_block(40, NULL, NULL));
     CHECK(kvt_quant_name(4) == NULL && kvt_quant_name(31) == NULL && kvt_quant_name(43) == NULL);
     CHECK(kvt_quant_name(UINT32_MAX) == NULL && !kvt_quant_block(UINT32_MAX, NULL, NULL));
-    CHECK(kvt_quant_row_bytes(34, 256) == 0);
+    CHECK(kvt_quant_row_bytes(41, 256) == 0);
     CHECK(kvt_quant_row_bytes(0, 1ull << 62) == 0);                 /* overflows size_t */
     CHECK(kvt_quant_row_bytes(1, 1ull << 63) == 0);
 
     uint8_t blk[144] = {0x00, 0x3c};
     float out[256];
-    CHECK(kvt_quant_to_f32(34, blk, out, 256) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "tq1_0"));
+    CHECK(kvt_quant_to_f32(41, blk, out, 256) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "q1_0"));
     CHECK(kvt_quant_to_f32(999, blk, out, 256) == KVT_EUNSUPPORTED);
     CHECK(kvt_quant_to_f32(12, blk, out, 255) == KVT_EINVAL);
     CHECK(kvt_quant_to_f32(12, NULL, out, 256) == KVT_EINVAL);

@@ -496,6 +496,42 @@ static inline void iq1_m_block(const uint8_t *b, float *y)
 }
 BLOCKS(iq1_m, QK_K, 56)
 
+/* The ternary types: values (t - 1) * d, t in 0, 1, 2. */
+
+/* tq1_0's trit n (0..4) of byte q, as ggml reads it: the byte is a
+ * fixed-point fraction of 3^5, so multiplying by 3^n (mod 256) brings trit
+ * n to the top and * 3 >> 8 takes it. */
+static inline int tq1_trit(uint8_t q, int n)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    return ((uint16_t)(uint8_t)(q * pow3[n]) * 3) >> 8;
+}
+
+/* tq1_0: qs[48] | qh[4] | f16 d. Elements 0..159: trit n of qs[m] is
+ * element 32n + m (m < 32); 160..239: trit n of qs[32 + m] is 160 + 16n + m
+ * (m < 16); 240..255: trit n (< 4) of qh[j] is 240 + 4n + j. */
+static inline void tq1_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 52);
+    for (int n = 0; n < 5; n++)
+        for (int m = 0; m < 32; m++) y[32 * n + m] = (float)(tq1_trit(b[m], n) - 1) * d;
+    for (int n = 0; n < 5; n++)
+        for (int m = 0; m < 16; m++) y[160 + 16 * n + m] = (float)(tq1_trit(b[32 + m], n) - 1) * d;
+    for (int n = 0; n < 4; n++)
+        for (int j = 0; j < 4; j++) y[240 + 4 * n + j] = (float)(tq1_trit(b[48 + j], n) - 1) * d;
+}
+BLOCKS(tq1_0, QK_K, 54)
+
+/* tq2_0: qs[64] | f16 d. Bits 2l of qs[32h + m] are element 128h + 32l + m. */
+static inline void tq2_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 64);
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 4; l++)
+            for (int m = 0; m < 32; m++) y[128 * h + 32 * l + m] = (float)(((b[32 * h + m] >> 2 * l) & 3) - 1) * d;
+}
+BLOCKS(tq2_0, QK_K, 66)
+
 /* ---- plain floats: a block is one element -------------------------------- */
 
 static void deq_f32(const uint8_t *b, float *y, size_t n) { memcpy(y, b, n * sizeof *y); }
@@ -552,8 +588,8 @@ static const qtype types[] = {
     [28] = {"f64"},
     [29] = {"iq1_m", QK_K, 56, deq_iq1_m},
     [30] = {"bf16", 1, 2, deq_bf16},
-    [34] = {"tq1_0"},
-    [35] = {"tq2_0"},
+    [34] = {"tq1_0", QK_K, 54, deq_tq1_0},
+    [35] = {"tq2_0", QK_K, 66, deq_tq2_0},
     [39] = {"mxfp4", QK, 17, deq_mxfp4},
     [40] = {"nvfp4"},
     [41] = {"q1_0"},

@@ -29,6 +29,8 @@
  *   iq4_xs 23  256 / 136  f16 d | u16 scales_h | 4 B scales_l | 128 B
  *   iq1_m  29  256 /  56  32 B grid idx | 16 B qh | 4 x u16 scales (d in their top nibbles)
  *   bf16   30    1 /   2  the high half of a binary32
+ *   tq1_0  34  256 /  54  48 B 5 trits a byte | 4 B 4 trits a byte | f16 d   x = d * (t - 1)
+ *   tq2_0  35  256 /  66  64 B 2-bit t | f16 d                   x = d * (t - 1)
  *   mxfp4  39   32 /  17  u8 E8M0 e | 16 B nibbles   x = 2^(e-127) * E2M1(q)
  *
  * In the 32-element types byte j's low nibble is element j and its high
@@ -40,6 +42,9 @@
  * i-quants pick groups of 8 (IQ3: 4) values from a codebook, the grids of
  * format/iqgrid.h, with sign bits (IQ2, IQ3: 7 stored, the eighth making
  * their count even) or a +-1/8 delta (IQ1), and a scale per 32 (or 16).
+ * The ternary tq types hold t in 0..2 (value t - 1): tq2_0 2 bits each,
+ * tq1_0 5 (qh: 4) base-3 digits a byte, the byte a fraction of 3^5 whose
+ * digit n comes to the top when multiplied by 3^n (quant.c).
  * mxfp4's E8M0 is decoded as ggml does: ggml keeps the scale
  * halved and the E2M1 elements doubled, so e = 0 and 1 become the f32
  * subnormals 2^-128 and 2^-127 (exact, never flushed), and e = 255, NaN in

@@ -4,8 +4,8 @@
  * blocks (each the f16-rounded amax / 127, as ggml stores it), then
  * nb * 32 int8 values, round(x / d) with ties to even, in [-127, 127].
  *
- * For the 256-element types (Q2_K .. Q6_K, IQ4_XS and the IQ1/IQ2/IQ3
- * types), per token: the f32 scales of its nsb
+ * For the 256-element types (Q2_K .. Q6_K, IQ4_XS, the IQ1/IQ2/IQ3 and
+ * the TQ types), per token: the f32 scales of its nsb
  * superblocks of 256 (1 / iscale, iscale = -127 / the value of largest
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
@@ -1353,6 +1353,7 @@ QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
  *   IQ3_XXS  d / 4          sc 2 ls + 1
  *   IQ3_S    d              sc 2 ls + 1
  *   IQ1_*    d / 8          sc 2 s + 1; sgn * mag = 8 g +- 1 (dl (g +- 1/8))
+ *   TQ1_0, TQ2_0  d         sc 1; sgn * mag = t - 1
  * The dot product against a token's Q8_K superblock is then the exact
  * integer isum = sum_g sc[g] sum_16 sgn mag q (and msum = sum_g mn[g]
  * bsum[g]), |isum| < 2^31 for every type (at most 256 * 62 * 127 * 31),
@@ -1375,7 +1376,7 @@ static bool lb_type(uint32_t t)
 {
     return t == KVT_GGML_Q2_K || t == KVT_GGML_Q3_K || t == KVT_GGML_IQ2_XXS || t == KVT_GGML_IQ2_XS ||
            t == KVT_GGML_IQ2_S || t == KVT_GGML_IQ3_XXS || t == KVT_GGML_IQ3_S || t == KVT_GGML_IQ1_S ||
-           t == KVT_GGML_IQ1_M;
+           t == KVT_GGML_IQ1_M || t == KVT_GGML_TQ1_0 || t == KVT_GGML_TQ2_0;
 }
 
 static size_t lb_bytes(uint32_t t)
@@ -1546,6 +1547,30 @@ static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
                 lb_put_iq1(u, 32 * i + 8 * l, kvt_iqgrid_iq1s[w[2 + 4 * i + l] | ((qh >> 3 * l) & 7) << 8], qh & 0x8000);
         }
         return;
+    case KVT_GGML_TQ1_0:
+    case KVT_GGML_TQ2_0: {
+        /* t - 1 in -1 .. 1, one scale for all: magnitude |t - 1|, its sign */
+        static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+        int8_t v[QKK];
+        if (t == KVT_GGML_TQ2_0) {
+            u->d = kvt_f16_to_f32(kvt_rd16(w + 64));
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 4; l++)
+                    for (int m = 0; m < 32; m++) v[128 * h + 32 * l + m] = (int8_t)(((w[32 * h + m] >> 2 * l) & 3) - 1);
+        } else {
+            u->d = kvt_f16_to_f32(kvt_rd16(w + 52));
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 32; m++) v[32 * n + m] = (int8_t)((((uint8_t)(w[m] * pow3[n]) * 3) >> 8) - 1);
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 16; m++)
+                    v[160 + 16 * n + m] = (int8_t)((((uint8_t)(w[32 + m] * pow3[n]) * 3) >> 8) - 1);
+            for (int n = 0; n < 4; n++)
+                for (int j = 0; j < 4; j++) v[240 + 4 * n + j] = (int8_t)((((uint8_t)(w[48 + j] * pow3[n]) * 3) >> 8) - 1);
+        }
+        for (int i = 0; i < QKK; i++) u->mag[i] = (uint8_t)(v[i] < 0 ? -v[i] : v[i]), u->sgn[i] = v[i] < 0 ? -1 : 1;
+        for (int g = 0; g < 16; g++) u->sc[g] = 1;
+        return;
+    }
     case KVT_GGML_IQ1_M: {
         const uint8_t *sc = w + 48;
         uint16_t s[4];

@@ -1,7 +1,7 @@
 /* Integer kernels for quantised weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * IQ4_NL and MXFP4 (blocks of 32), Q4_K, Q5_K, Q6_K and IQ4_XS (superblocks
  * of 256), and the low-bit superblocks Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S,
- * IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (qkernels.c: unpacked to integer
+ * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0 and TQ2_0 (qkernels.c: unpacked to integer
  * magnitudes, signs and scales, then the same integer scheme). A matmul over weights of such a type first quantises each
  * token's activations on its own (as llama.cpp does: Q8_0 blocks of 32 for
  * the 32-element weight types, the int8 values of llama.cpp's Q8_1 for Q4_1
