@@ -375,7 +375,7 @@ TEST(gguf_writer_rejects)
           KVT_EINVAL);
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 2, (uint64_t[]){4, 0}, f, 0) == KVT_EINVAL);
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_Q8_0, 1, (uint64_t[]){16}, f, 17) == KVT_EINVAL);
-    CHECK(kvt_gguf_writer_add_tensor(w, "t", 10, 1, (uint64_t[]){256}, f, 84) == KVT_EUNSUPPORTED); /* q2_K */
+    CHECK(kvt_gguf_writer_add_tensor(w, "t", 40, 1, (uint64_t[]){256}, f, 84) == KVT_EUNSUPPORTED); /* nvfp4 */
     CHECK_OK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 1, (uint64_t[]){4}, f, 16));
     CHECK(kvt_gguf_writer_add_tensor(w, "t", KVT_GGML_F32, 1, (uint64_t[]){4}, f, 16) == KVT_EINVAL);
     kvt_gguf_writer_free(w);
@@ -428,9 +428,9 @@ TEST(gguf_dequant)
     CHECK(out[0] == -64.0f && out[31] == 60.0f && out[32] == 0x1.fcp-18f);
     CHECK(kvt_gguf_tensor_to_f32(kvt_gguf_find_tensor(g, "q"), out, 63) == KVT_EINVAL);
     kvt_gguf_tensor fake = *kvt_gguf_find_tensor(g, "q");
-    fake.type = 10; /* q2_K */
+    fake.type = 40; /* nvfp4 */
     CHECK(kvt_gguf_tensor_to_f32(&fake, out, 64) == KVT_EUNSUPPORTED);
-    CHECK(strstr(kvt_errmsg(), "q2_K"));
+    CHECK(strstr(kvt_errmsg(), "nvfp4"));
     kvt_gguf_close(g);
     free(buf);
 
@@ -441,7 +441,7 @@ TEST(gguf_dequant)
     CHECK(kvt_ggml_type_size(KVT_GGML_Q8_0, 33) == 0);
     CHECK(kvt_ggml_type_size(KVT_GGML_Q4_K, 256) == 144);
     CHECK(kvt_ggml_type_size(KVT_GGML_Q4_K, 128) == 0);
-    CHECK(kvt_ggml_type_size(10, 256) == 0); /* q2_K: not supported */
+    CHECK(kvt_ggml_type_size(40, 256) == 0); /* nvfp4: not supported */
     CHECK(kvt_ggml_type_size(KVT_GGML_F32, 1ull << 62) == 0);
     CHECK(!strcmp(kvt_ggml_type_name(KVT_GGML_Q8_0), "q8_0"));
     CHECK(!strcmp(kvt_ggml_type_name(KVT_GGML_BF16), "bf16"));
@@ -730,9 +730,9 @@ TEST(gguf_hostile_headers)
     b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){16}, KVT_GGML_Q8_0, 0);
     b_pad(&b, 32); for (int i = 0; i < 16; i++) b_u32(&b, 0);
     expect(&b, KVT_EFORMAT, "q8_0 row not whole blocks");
-    b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){256}, 10, 0);
+    b_hdr(&b, 3, 1, 0); b_tensor(&b, "t", 1, (uint64_t[]){256}, 40, 0);
     b_pad(&b, 32); for (int i = 0; i < 64; i++) b_u32(&b, 0);
-    expect(&b, KVT_EUNSUPPORTED, "tensor type q2_K");
+    expect(&b, KVT_EUNSUPPORTED, "tensor type nvfp4");
     b_hdr(&b, 3, 2, 0); b_tensor(&b, "t", 1, ne1, KVT_GGML_F32, 0);
     b_tensor(&b, "t", 1, ne1, KVT_GGML_F32, 32);
     b_pad(&b, 32); for (int i = 0; i < 16; i++) b_u32(&b, 0);

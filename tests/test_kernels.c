@@ -534,6 +534,26 @@ TEST(kernels_matmul_float_types)
     kvt_pool_free(p);
 }
 
+/* Where a block keeps its f16 super-scale d (iq1_m: in the top nibbles of
+ * its scale words, iq1m_set_d). */
+static size_t d_at(uint32_t type)
+{
+    return type == KVT_GGML_Q6_K ? 208 : type == KVT_GGML_Q2_K ? 80 : type == KVT_GGML_Q3_K ? 108
+         : type == KVT_GGML_TQ1_0 ? 52 : type == KVT_GGML_TQ2_0 ? 64 : 0;
+}
+
+static uint16_t iq1m_d(const uint8_t *q)
+{
+    uint16_t d = 0;
+    for (int w = 0; w < 4; w++) d |= (uint16_t)((q[49 + 2 * w] >> 4) << 4 * w);
+    return d;
+}
+
+static void iq1m_set_d(uint8_t *q, uint16_t d)
+{
+    for (int w = 0; w < 4; w++) q[49 + 2 * w] = (uint8_t)((q[49 + 2 * w] & 0x0f) | ((d >> 4 * w) & 15) << 4);
+}
+
 /* Random blocks of an integer weight type with sane f16 scales; Q4_1 and
  * Q5_1 get a negative minimum of up to the block's range, as ggml's is. */
 static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uint64_t *st)
@@ -546,10 +566,12 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
         for (size_t j = 0; j < bytes; j++) q[j] = (uint8_t)kvt_test_rand(st);
         uint16_t d = kvt_f32_to_f16(0.01f + 0.02f * fabsf(frand(st)));
         uint16_t m = kvt_f32_to_f16(0.005f * fabsf(frand(st)));
-        size_t at = type == KVT_GGML_Q6_K ? 208 : 0;
+        size_t at = d_at(type);
         if (type == KVT_GGML_MXFP4) { q[0] = (uint8_t)(120 + kvt_test_rand(st) % 4); continue; }
+        if (type == KVT_GGML_IQ1_M) { iq1m_set_d(q, d); continue; }
         q[at] = (uint8_t)d, q[at + 1] = (uint8_t)(d >> 8);
         if (type == KVT_GGML_Q4_K || type == KVT_GGML_Q5_K) q[2] = (uint8_t)m, q[3] = (uint8_t)(m >> 8);
+        if (type == KVT_GGML_Q2_K) q[82] = (uint8_t)m, q[83] = (uint8_t)(m >> 8);
         if (type == KVT_GGML_Q4_1 || type == KVT_GGML_Q5_1) {
             float dv = kvt_f16_to_f32(d), qmax = type == KVT_GGML_Q4_1 ? 15.0f : 31.0f;
             m = kvt_f32_to_f16(-dv * qmax * fabsf(frand(st)));
@@ -559,7 +581,8 @@ static void rand_blocks(uint32_t type, uint8_t *p, size_t rows, size_t cols, uin
 }
 
 /* The integer kernels (qkernels.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
- * MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS): scalar and SIMD give the same bits, a
+ * MXFP4, Q2_K to Q6_K, IQ4_XS, the IQ1/IQ2/IQ3 types, TQ1_0, TQ2_0):
+ * scalar and SIMD give the same bits, a
  * token's outputs do not depend on the batch or the threads, and each output
  * is within the activations' rounding of the exact dot product of the
  * dequantised weights with x: the per-token quantisation moves element i by
@@ -572,7 +595,10 @@ TEST(kernels_integer_types)
 {
     const uint32_t types[] = {KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_Q4_1, KVT_GGML_Q5_0,
                               KVT_GGML_Q5_1, KVT_GGML_IQ4_NL, KVT_GGML_MXFP4, KVT_GGML_Q4_K,
-                              KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS};
+                              KVT_GGML_Q5_K, KVT_GGML_Q6_K, KVT_GGML_IQ4_XS, KVT_GGML_Q2_K,
+                              KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
+                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
+                              KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
     enum { DI = 768, DO = 13, NB = 13 }; /* tokens: K-quant rows take 8, 4 and 1 at a time */
     uint64_t st = kvt_test_seed("kernels_integer_types");
     bool wide = kvt_test_kernel_paths();
@@ -605,18 +631,20 @@ TEST(kernels_integer_types)
         CHECKF(!memcmp(y1, y2, sizeof(float) * NB * DO), "%s: 3 threads differ", kvt_quant_name(type));
         /* the control's outputs: row 0's block scales doubled (f16 exponent + 1) */
         float *yc = malloc(sizeof(float) * NB * DO);
-        size_t bbytes, belems, at = type == KVT_GGML_Q6_K ? 208 : 0;
+        size_t bbytes, belems, at = d_at(type);
         kvt_quant_block(type, &belems, &bbytes);
         /* f16: exponent + 1 (bit 2 of the high byte); E8M0: + 1 */
         size_t hi = type == KVT_GGML_MXFP4 ? 0 : at + 1;
         uint8_t step = type == KVT_GGML_MXFP4 ? 1 : 4;
         bool mins = type == KVT_GGML_Q4_1 || type == KVT_GGML_Q5_1; /* the minimum's high byte: 3 */
         for (size_t b = 0; b < DI / belems; b++) {
+            if (type == KVT_GGML_IQ1_M) { iq1m_set_d(W + b * bbytes, (uint16_t)(iq1m_d(W + b * bbytes) + 0x400)); continue; }
             W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] + step);
             if (mins) W[b * bbytes + 3] = (uint8_t)(W[b * bbytes + 3] + step);
         }
         kvt_matmul_w(NULL, yc, &m, x, NB, qx);
         for (size_t b = 0; b < DI / belems; b++) {
+            if (type == KVT_GGML_IQ1_M) { iq1m_set_d(W + b * bbytes, (uint16_t)(iq1m_d(W + b * bbytes) - 0x400)); continue; }
             W[b * bbytes + hi] = (uint8_t)(W[b * bbytes + hi] - step);
             if (mins) W[b * bbytes + 3] = (uint8_t)(W[b * bbytes + 3] - step);
         }
@@ -647,6 +675,80 @@ TEST(kernels_integer_types)
         /* outputs near 0 stay inside; the large ones must not */
         CHECKF(n_ctl >= 1, "%s: doubled scales stay inside the bound", kvt_quant_name(type));
         free(W), free(qx), free(x), free(wf), free(y1), free(y2), free(yc);
+    }
+}
+
+/* The low-bit types' kernels (Q2_K, Q3_K, the i-quants, TQ1_0, TQ2_0) against the exact
+ * dot product of the dequantised weights (kvt_quant_to_f32, itself ggml's
+ * to_float bit for bit) with the token's own Q8_K activations as the
+ * kernel read them from qx (d_x * q_i): the kernel's integers are exact, so
+ * only its float steps round (per superblock d_w * d_x, the integer sum to
+ * f32, one fma; Q2_K a second), and |y - ref| <= 2^-20 sum |w_i d_x q_i|.
+ * On every path (scalar, AVX2, AVX-512), 1 and 13 tokens. Negative
+ * controls (kvt_q_fault, the kernels alone): iq2_xxs with grid entry 78
+ * read for index 77 (every block of row 0 uses 77 in its first group) and
+ * q3_K with its sixth scale one more put row 0's outputs outside. */
+TEST(kernels_lowbit_exact)
+{
+    const uint32_t types[] = {KVT_GGML_Q2_K, KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
+                              KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
+                              KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
+    enum { DI = 1024, DO = 7, NB = 13 };
+    uint64_t st = kvt_test_seed("kernels_lowbit_exact");
+    bool wide = kvt_test_kernel_paths();
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t type = types[k];
+        size_t row = kvt_quant_row_bytes(type, DI), bbytes = row / (DI / 256), nsb = DI / 256;
+        uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
+        float *x = malloc(sizeof(float) * NB * DI), *wf = malloc(sizeof(float) * DO * DI), *y = malloc(sizeof(float) * NB * DO);
+        CHECK(W && qx && x && wf && y);
+        rand_blocks(type, W, DO, DI, &st);
+        if (type == KVT_GGML_IQ2_XXS)
+            for (size_t b = 0; b < nsb; b++) W[b * bbytes + 2] = 77; /* row 0: index 77 in every block */
+        for (int i = 0; i < NB * DI; i++) x[i] = frand(&st) * (i % 97 == 0 ? 8.0f : 1.0f);
+        CHECK_OK(kvt_quant_to_f32(type, W, wf, (size_t)DO * DI));
+        kvt_wmat m = {W, type, DO, DI, row};
+        size_t stride = kvt_q_act_bytes(type, 1, DI);
+        for (int run = 0; run < 5; run++) {
+            /* 0 widest, 1 AVX2, 2 scalar, 3 one token at a time, 4 the control */
+            bool fault = run == 4 && (type == KVT_GGML_IQ2_XXS || type == KVT_GGML_Q3_K);
+            if (run == 4 && !fault) break;
+            if (run == 1 && !wide) continue;
+            bool o1 = kvt_kernels_force_avx2(run == 1), o2 = kvt_kernels_force_scalar(run == 2);
+            kvt_q_fault = fault ? (type == KVT_GGML_Q3_K ? KVT_QUANT_FAULT_SCALE : KVT_QUANT_FAULT_GRID) : 0;
+            if (run == 3)
+                for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y + i * DO, &m, x + i * DI, 1, qx + i * stride);
+            else kvt_matmul_w(NULL, y, &m, x, NB, qx);
+            kvt_q_fault = 0;
+            kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
+            size_t n_bad = 0, n_row0 = 0;
+            double worst = 0;
+            for (int i = 0; i < NB; i++) {
+                const uint8_t *a = qx + (size_t)i * stride;
+                const float *dx = (const float *)a;
+                const int8_t *q = (const int8_t *)(a + nsb * (sizeof(float) + 16 * sizeof(int16_t)));
+                for (int o = 0; o < DO; o++) {
+                    double ref = 0, mag = 0;
+                    for (size_t e = 0; e < DI; e++) {
+                        double t = (double)wf[o * DI + e] * ((double)dx[e / 256] * q[e]);
+                        ref += t, mag += fabs(t);
+                    }
+                    double err = fabs(y[i * DO + o] - ref), bound = mag * 0x1p-20 + 1e-30;
+                    worst = fmax(worst, err / bound);
+                    if (err > bound) { n_bad++; n_row0 += o == 0; }
+                }
+            }
+            if (!fault) {
+                CHECKF(n_bad == 0, "%s, run %d: %zu outputs off the exact sum (worst %.2f of the bound)",
+                       kvt_quant_name(type), run, n_bad, worst);
+                if (run == 0) printf("    %s: worst error %.3f of its bound\n", kvt_quant_name(type), worst);
+            } else {
+                printf("    %s control: %zu of row 0's %d outputs outside, %zu others\n", kvt_quant_name(type), n_row0, NB,
+                       n_bad - n_row0);
+                CHECKF(n_row0 >= NB - 1, "%s: the injected fault stays inside the bound", kvt_quant_name(type));
+            }
+        }
+        free(W), free(qx), free(x), free(wf), free(y);
     }
 }
 

@@ -628,6 +628,11 @@ static const struct { uint32_t type; int f16_at[2]; int e8m0_at; } scale_fields[
     {KVT_GGML_Q5_1, {0, 2}, -1},     {KVT_GGML_Q4_K, {0, 2}, -1},     {KVT_GGML_Q5_K, {0, 2}, -1},
     {KVT_GGML_Q6_K, {208, -1}, -1},  {KVT_GGML_IQ4_NL, {0, -1}, -1},  {KVT_GGML_IQ4_XS, {0, -1}, -1},
     {KVT_GGML_MXFP4, {-1, -1}, 0},
+    {KVT_GGML_Q2_K, {80, 82}, -1},   {KVT_GGML_Q3_K, {108, -1}, -1},  {KVT_GGML_IQ2_XXS, {0, -1}, -1},
+    {KVT_GGML_IQ2_XS, {0, -1}, -1},  {KVT_GGML_IQ2_S, {0, -1}, -1},   {KVT_GGML_IQ3_XXS, {0, -1}, -1},
+    {KVT_GGML_IQ3_S, {0, -1}, -1},   {KVT_GGML_IQ1_S, {0, -1}, -1},
+    {KVT_GGML_IQ1_M, {-1, -1}, -1}, /* its f16 d: the top nibbles of the scale words at 48..55 */
+    {KVT_GGML_TQ1_0, {52, -1}, -1},  {KVT_GGML_TQ2_0, {64, -1}, -1},
 };
 
 /* A random (rows, cols) matrix of type k of scale_fields: random bytes with
@@ -652,6 +657,10 @@ static void rand_matrix(size_t k, uint8_t *p, size_t rows, size_t cols, uint64_t
             if (scale_fields[k].f16_at[f] >= 0)
                 put16(q + scale_fields[k].f16_at[f], kvt_f32_to_f16((float)(1 + kvt_test_rand(st) % 100) * 2e-5f));
         if (scale_fields[k].e8m0_at >= 0) q[scale_fields[k].e8m0_at] = (uint8_t)(116 + kvt_test_rand(st) % 4);
+        if (type == KVT_GGML_IQ1_M) {
+            uint16_t d = kvt_f32_to_f16((float)(1 + kvt_test_rand(st) % 100) * 2e-5f);
+            for (int w = 0; w < 4; w++) q[49 + 2 * w] = (uint8_t)((q[49 + 2 * w] & 0x0f) | ((d >> 4 * w) & 15) << 4);
+        }
     }
 }
 

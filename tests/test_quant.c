@@ -27,13 +27,21 @@
  *                      would let through); and ggml's choice of NaN in q4_1's
  *                      d*q + m when d and m are both NaN (the product's) is
  *                      not the other one.
+ *   quant_iq_codebooks every entry of the i-quant grids and of the sign
+ *                      table (format/iqgrid.h) in a block built to select
+ *                      it, against ggml; controls: one wrong grid entry
+ *                      (iq2_xxs) and one off-by-one scale (q3_K), injected
+ *                      with kvt_quant_fault, are found.
+ * The importance matrix ggml requires for iq2_xxs, iq2_xs and iq1_s (and
+ * iq1_m, which uses one when given) is random positive weights.
  *
  * The peer is libggml-base.so of node-llama-cpp's prebuilt linux-x64 CPU
  * build (FX_PEER_BINS), dlopen()ed: the install tests/test_peer.c uses (npm
  * ci on first use, fx_peer_ensure). The ggml tests skip, saying why, when it
  * cannot be had; KVT_PEER=0 skips them too. ggml has no to_float for f32 (it
  * is the identity); there the reference is the input itself. Every random
- * test prints its seed; KVT_TEST_SEED repeats it. About 2 s. */
+ * test prints its seed; KVT_TEST_SEED repeats it. About 10 s, most of it
+ * ggml's one-time set-up of its iq1_s and iq2 quantisers' search tables. */
 #include "fixture.h"
 #include "peer_ggml.h"
 #include "format/quant.h"
@@ -70,6 +78,17 @@ static const struct qcase {
     {20, 1, {0}},       /* iq4_nl: d */
     {23, 1, {0}},       /* iq4_xs: d */
     {39, 0, {0}},       /* mxfp4: an E8M0 byte, not an f16 */
+    {10, 2, {80, 82}},  /* q2_K: d, dmin, at the end */
+    {11, 1, {108}},     /* q3_K: d, at the end */
+    {16, 1, {0}},       /* iq2_xxs: d */
+    {17, 1, {0}},       /* iq2_xs: d */
+    {22, 1, {0}},       /* iq2_s: d */
+    {18, 1, {0}},       /* iq3_xxs: d */
+    {21, 1, {0}},       /* iq3_s: d */
+    {19, 1, {0}},       /* iq1_s: d */
+    {29, 0, {0}},       /* iq1_m: d is the top nibbles of its 4 scale words (its own case below) */
+    {34, 1, {52}},      /* tq1_0: d, at the end */
+    {35, 1, {64}},      /* tq2_0: d, at the end */
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -171,6 +190,8 @@ static float sample(int dist, float scale, uint64_t *rng)
     return kvt_test_rand(rng) % 8 == 0 ? scale * u : 0.0f;
 }
 
+static bool needs_imatrix(uint32_t type) { return type == 16 || type == 17 || type == 19 || type == 29; }
+
 static bool quantised_rows(cmp *c, uint64_t *rng, uint64_t *n_blocks)
 {
     static const float scales[] = {1e-7f, 1e-3f, 1.0f, 1e3f, 1e5f};
@@ -185,8 +206,19 @@ static bool quantised_rows(cmp *c, uint64_t *rng, uint64_t *n_blocks)
                 uint8_t *q = malloc(nrows * row_bytes);
                 if (!x || !q) { free(x); free(q); printf("    out of memory\n"); return false; }
                 for (size_t i = 0; i < n; i++) x[i] = sample(dist, scales[s], rng);
+                /* the i-quants below 3 bits need an importance matrix (ggml
+                 * asserts one for iq2_xxs, iq2_xs, iq1_s): positive weights
+                 * per column, as llama-imatrix makes */
+                float *imat = NULL;
+                if (needs_imatrix(c->type)) {
+                    imat = malloc(n_per_row * sizeof *imat);
+                    if (!imat) { free(x); free(q); printf("    out of memory\n"); return false; }
+                    for (size_t i = 0; i < n_per_row; i++)
+                        imat[i] = 0.01f + (float)(kvt_test_rand(rng) >> 40) * 0x1p-24f;
+                }
                 size_t wrote = ggml.quantize_chunk((int)c->type, x, q, 0, (int64_t)nrows,
-                                                   (int64_t)n_per_row, NULL);
+                                                   (int64_t)n_per_row, imat);
+                free(imat);
                 char what[96];
                 snprintf(what, sizeof what, "ggml-quantised, distribution %d, scale %g, rows of %zu",
                          dist, scales[s], n_per_row);
@@ -254,6 +286,20 @@ static bool random_blocks(cmp *c, const struct qcase *qc, uint64_t *rng)
         }
         ok = same_as_ggml(c, buf, 256 * 16, "E8M0 exponents 0..255");
     }
+    /* iq1_m: every f16 pattern as its super-scale (the top nibble of each
+     * of its 4 scale words at bytes 48..55, first word lowest) */
+    if (ok && c->type == 29) {
+        for (uint32_t h0 = 0; ok && h0 < 65536; h0 += CHUNK) {
+            fill_random(buf, CHUNK * c->bytes, rng);
+            for (uint32_t k = 0; k < CHUNK; k++) {
+                uint8_t *sc = buf + k * c->bytes + 48;
+                for (int w = 0; w < 4; w++)
+                    sc[2 * w + 1] = (uint8_t)((sc[2 * w + 1] & 0x0f) | (((h0 + k) >> 4 * w) & 15) << 4);
+            }
+            snprintf(what, sizeof what, "iq1_m super-scale = 0x%04x..0x%04x", h0, h0 + CHUNK - 1);
+            ok = same_as_ggml(c, buf, CHUNK, what);
+        }
+    }
     /* f16 and bf16: every 16-bit pattern */
     if (ok && c->elems == 1 && c->bytes == 2) {
         for (uint32_t h0 = 0; ok && h0 < 65536; h0 += CHUNK) {
@@ -286,6 +332,9 @@ TEST(quant_table)
         {6, "q5_0", 32, 22}, {7, "q5_1", 32, 24}, {8, "q8_0", 32, 34}, {12, "q4_K", 256, 144},
         {13, "q5_K", 256, 176}, {14, "q6_K", 256, 210}, {20, "iq4_nl", 32, 18},
         {23, "iq4_xs", 256, 136}, {30, "bf16", 1, 2}, {39, "mxfp4", 32, 17},
+        {10, "q2_K", 256, 84}, {11, "q3_K", 256, 110}, {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74},
+        {22, "iq2_s", 256, 82}, {18, "iq3_xxs", 256, 98}, {21, "iq3_s", 256, 110}, {19, "iq1_s", 256, 50},
+        {29, "iq1_m", 256, 56}, {34, "tq1_0", 256, 54}, {35, "tq2_0", 256, 66},
     };
     size_t n_supported = 0;
     for (uint32_t t = 0; t < 256; t++) n_supported += kvt_quant_block(t, NULL, NULL);
@@ -298,17 +347,17 @@ TEST(quant_table)
         CHECK(kvt_quant_row_bytes(want[i].type, 3 * e) == 3 * b);
         CHECK(e == 1 || kvt_quant_row_bytes(want[i].type, 3 * e + 1) == 0);
     }
-    CHECK(!strcmp(kvt_quant_name(10), "q2_K") && !kvt_quant_block(10, NULL, NULL));
+    CHECK(!strcmp(kvt_quant_name(41), "q1_0") && !kvt_quant_block(41, NULL, NULL));
     CHECK(!strcmp(kvt_quant_name(40), "nvfp4") && !kvt_quant_block(40, NULL, NULL));
     CHECK(kvt_quant_name(4) == NULL && kvt_quant_name(31) == NULL && kvt_quant_name(43) == NULL);
     CHECK(kvt_quant_name(UINT32_MAX) == NULL && !kvt_quant_block(UINT32_MAX, NULL, NULL));
-    CHECK(kvt_quant_row_bytes(10, 256) == 0);
+    CHECK(kvt_quant_row_bytes(41, 256) == 0);
     CHECK(kvt_quant_row_bytes(0, 1ull << 62) == 0);                 /* overflows size_t */
     CHECK(kvt_quant_row_bytes(1, 1ull << 63) == 0);
 
     uint8_t blk[144] = {0x00, 0x3c};
     float out[256];
-    CHECK(kvt_quant_to_f32(10, blk, out, 256) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "q2_K"));
+    CHECK(kvt_quant_to_f32(41, blk, out, 256) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "q1_0"));
     CHECK(kvt_quant_to_f32(999, blk, out, 256) == KVT_EUNSUPPORTED);
     CHECK(kvt_quant_to_f32(12, blk, out, 255) == KVT_EINVAL);
     CHECK(kvt_quant_to_f32(12, NULL, out, 256) == KVT_EINVAL);
@@ -363,11 +412,12 @@ TEST(quant_ggml_exact)
         CHECK(kvt_quant_block(qc->type, &c.elems, &c.bytes));
         CHECKF(tr->to_float || qc->type == 0, "%s: ggml has no to_float", c.name);
         uint64_t n_quantised = 0;
+        double t1 = fx_now();
         bool ok = quantised_rows(&c, &rng, &n_quantised) && random_blocks(&c, qc, &rng);
         if (ok)
-            printf("    %-6s %7llu blocks equal (%llu quantised by ggml, %llu of bytes)\n", c.name,
+            printf("    %-7s %7llu blocks equal (%llu quantised by ggml, %llu of bytes), %.1f s\n", c.name,
                    (unsigned long long)c.blocks, (unsigned long long)n_quantised,
-                   (unsigned long long)(c.blocks - n_quantised));
+                   (unsigned long long)(c.blocks - n_quantised), fx_now() - t1);
         else
             n_failed++;
     }
@@ -434,4 +484,105 @@ TEST(quant_ggml_control)
     CHECK_OK(kvt_quant_to_f32(3, q41, g41, 32));
     CHECKF(bits(w41[0]) == 0xffc00000, "ggml: q4_1 inf * 0 + NaN gives %08x", bits(w41[0]));
     CHECK(first_diff(w41, g41, 32) == SIZE_MAX);
+}
+
+/* ---- the i-quant codebooks ------------------------------------------------ */
+
+/* Put grid index idx in slot k of an i-quant block (a group of 8 values;
+ * for iq3, a half-group of 4). Slots per block: iq3 64, the others 32. */
+static void set_index(uint32_t type, uint8_t *b, int k, unsigned idx)
+{
+    int i = k / 4, l = k % 4;
+    switch (type) {
+    case 16: b[2 + 8 * i + l] = (uint8_t)idx; break;                          /* iq2_xxs */
+    case 17: b[2 + 2 * k] = (uint8_t)idx, b[3 + 2 * k] = (uint8_t)((b[3 + 2 * k] & 0xfe) | idx >> 8); break;
+    case 22:                                                                    /* iq2_s */
+        b[2 + k] = (uint8_t)idx;
+        b[66 + i] = (uint8_t)((b[66 + i] & ~(3 << 2 * l)) | (idx >> 8) << 2 * l);
+        break;
+    case 18: b[2 + k] = (uint8_t)idx; break;                                  /* iq3_xxs: 64 slots */
+    case 21:                                                                    /* iq3_s: 64 slots */
+        b[2 + k] = (uint8_t)idx;
+        b[66 + k / 8] = (uint8_t)((b[66 + k / 8] & ~(1 << k % 8)) | (idx >> 8) << k % 8);
+        break;
+    case 19: {                                                                  /* iq1_s */
+        b[2 + k] = (uint8_t)idx;
+        uint16_t qh = kvt_rd16(b + 34 + 2 * i);
+        qh = (uint16_t)((qh & ~(7u << 3 * l)) | (idx >> 8) << 3 * l);
+        b[34 + 2 * i] = (uint8_t)qh, b[35 + 2 * i] = (uint8_t)(qh >> 8);
+        break;
+    }
+    case 29: {                                                                  /* iq1_m */
+        b[k] = (uint8_t)idx;
+        uint8_t *h = b + 32 + 2 * i + l / 2;
+        *h = (uint8_t)((*h & ~(7 << 4 * (l % 2))) | (idx >> 8) << 4 * (l % 2));
+        break;
+    }
+    }
+}
+
+/* Every entry of each codebook (quant.c's grids, format/iqgrid.h, and the
+ * sign table) in a block built to select it, decoded by kvtier and by
+ * ggml: the same bytes. The rest of each block is random, its f16 d 1.0
+ * (iq1_m: 1.0 in its scale nibbles). Negative controls: with
+ * KVT_QUANT_FAULT_GRID (iq2_xxs reads entry 78 for 77) and
+ * KVT_QUANT_FAULT_SCALE (q3_K's sixth scale one more) the comparison finds
+ * the difference. */
+TEST(quant_iq_codebooks)
+{
+    const char *why = ggml_load();
+    if (why) SKIP("%s", why);
+    uint64_t rng = kvt_test_seed("quant_iq_codebooks");
+    static const struct { uint32_t type; unsigned entries; int slots; } books[] = {
+        {16, 256, 32}, {17, 512, 32}, {22, 1024, 32}, {18, 256, 64}, {21, 512, 64}, {19, 2048, 32}, {29, 2048, 32},
+    };
+    for (size_t t = 0; t < sizeof books / sizeof *books; t++) {
+        uint32_t type = books[t].type;
+        cmp c = {.type = type, .name = kvt_quant_name(type), .to_float = ggml.traits((int)type)->to_float};
+        CHECK(kvt_quant_block(type, &c.elems, &c.bytes));
+        size_t nb = books[t].entries / (unsigned)books[t].slots;
+        uint8_t *buf = malloc(nb * c.bytes);
+        CHECK(buf != NULL);
+        fill_random(buf, nb * c.bytes, &rng);
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = buf + b * c.bytes;
+            if (type == 29) /* d = 0x3c00 */
+                for (int w = 0; w < 4; w++) blk[49 + 2 * w] = (uint8_t)((blk[49 + 2 * w] & 0x0f) | ((0x3c00 >> 4 * w) & 15) << 4);
+            else blk[0] = 0x00, blk[1] = 0x3c;
+            for (int k = 0; k < books[t].slots; k++) set_index(type, blk, k, (unsigned)(b * (size_t)books[t].slots + (size_t)k));
+        }
+        CHECKF(same_as_ggml(&c, buf, nb, "every codebook entry"), "%s: a codebook entry differs", c.name);
+        printf("    %-7s %4u grid entries equal\n", c.name, books[t].entries);
+        if (type == 16) { /* the control: one wrong entry */
+            kvt_quant_fault = KVT_QUANT_FAULT_GRID;
+            CHECKF(!same_as_ggml(&c, buf, nb, "control: entry 77 read as 78 (expected to differ)"),
+                   "iq2_xxs: a wrong grid entry went unnoticed");
+            kvt_quant_fault = KVT_QUANT_FAULT_NONE;
+        }
+        free(buf);
+    }
+    /* the sign table: iq2_xxs's 7-bit sign fields, all 128 values in 32 blocks */
+    cmp c = {.type = 16, .name = "iq2_xxs", .elems = 256, .bytes = 66, .to_float = ggml.traits(16)->to_float};
+    uint8_t buf[32 * 66];
+    fill_random(buf, sizeof buf, &rng);
+    for (int b = 0; b < 32; b++) {
+        uint8_t *blk = buf + 66 * b;
+        blk[0] = 0x00, blk[1] = 0x3c;
+        for (int i = 0; i < 8; i++) {
+            uint32_t aux = kvt_rd32(blk + 2 + 8 * i + 4) & 0xf0000000u;
+            for (int l = 0; l < 4; l++) aux |= (uint32_t)((4 * b + l + 32 * (i % 4)) % 128) << 7 * l;
+            for (int j = 0; j < 4; j++) blk[2 + 8 * i + 4 + j] = (uint8_t)(aux >> 8 * j);
+        }
+    }
+    CHECKF(same_as_ggml(&c, buf, 32, "every sign byte"), "a sign table entry differs");
+    /* the control: one off-by-one scale in q3_K */
+    cmp c3 = {.type = 11, .name = "q3_K", .elems = 256, .bytes = 110, .to_float = ggml.traits(11)->to_float};
+    uint8_t q3[4 * 110];
+    fill_random(q3, sizeof q3, &rng);
+    for (int b = 0; b < 4; b++) q3[110 * b + 108] = 0x00, q3[110 * b + 109] = 0x3c;
+    CHECK(same_as_ggml(&c3, q3, 4, "q3_K"));
+    kvt_quant_fault = KVT_QUANT_FAULT_SCALE;
+    CHECKF(!same_as_ggml(&c3, q3, 4, "control: q3_K scale 5 one more (expected to differ)"),
+           "q3_K: an off-by-one scale went unnoticed");
+    kvt_quant_fault = KVT_QUANT_FAULT_NONE;
 }

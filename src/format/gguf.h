@@ -1,6 +1,8 @@
 /* GGUF v2/v3 reader and writer (the subset kvtier needs: every metadata type
  * including nested arrays; the tensor types of src/format/quant.h: F32, F16, BF16,
- * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4).
+ * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M,
+ * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0,
+ * MXFP4).
  *
  * Reader: kvt_gguf_open maps the file read-only and validates the whole header
  * before returning: every count, string length, array length, dimension and
@@ -29,9 +31,12 @@ enum kvt_gguf_type {
  * and layouts in src/format/quant.h. */
 enum kvt_ggml_type {
     KVT_GGML_F32 = 0, KVT_GGML_F16 = 1, KVT_GGML_Q4_0 = 2, KVT_GGML_Q4_1 = 3,
-    KVT_GGML_Q5_0 = 6, KVT_GGML_Q5_1 = 7, KVT_GGML_Q8_0 = 8, KVT_GGML_Q4_K = 12,
-    KVT_GGML_Q5_K = 13, KVT_GGML_Q6_K = 14, KVT_GGML_IQ4_NL = 20, KVT_GGML_IQ4_XS = 23,
-    KVT_GGML_BF16 = 30, KVT_GGML_MXFP4 = 39,
+    KVT_GGML_Q5_0 = 6, KVT_GGML_Q5_1 = 7, KVT_GGML_Q8_0 = 8, KVT_GGML_Q2_K = 10,
+    KVT_GGML_Q3_K = 11, KVT_GGML_Q4_K = 12, KVT_GGML_Q5_K = 13, KVT_GGML_Q6_K = 14,
+    KVT_GGML_IQ2_XXS = 16, KVT_GGML_IQ2_XS = 17, KVT_GGML_IQ3_XXS = 18, KVT_GGML_IQ1_S = 19,
+    KVT_GGML_IQ4_NL = 20, KVT_GGML_IQ3_S = 21, KVT_GGML_IQ2_S = 22, KVT_GGML_IQ4_XS = 23,
+    KVT_GGML_IQ1_M = 29, KVT_GGML_BF16 = 30, KVT_GGML_TQ1_0 = 34, KVT_GGML_TQ2_0 = 35,
+    KVT_GGML_MXFP4 = 39,
 };
 
 /* One metadata value. Scalars live in the union (integers widened, floats as

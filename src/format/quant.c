@@ -22,6 +22,7 @@
 #include "format/quant.h"
 #include "kvtier.h"
 #include "base/util.h"
+#include "format/iqgrid.h"
 
 #include <math.h>
 
@@ -273,6 +274,264 @@ static inline void iq4_xs_block(const uint8_t *b, float *y)
 }
 BLOCKS(iq4_xs, QK_K, 136)
 
+/* ---- the low-bit super-blocks: q2_K, q3_K and the i-quants ---------------- */
+
+int kvt_quant_fault;
+
+/* q2_K: scales[16] | qs[64] | f16 d | f16 dmin. Sixteen sub-blocks of 16:
+ * scales[i]'s low nibble is sub-block i's scale, its high nibble its min;
+ * the 2-bit quants of sub-block 8h + 2r + k (h = 0, 1 halves of 128; r =
+ * 0..3 the bit pair; k = 0, 1) are bits 2r, 2r + 1 of qs[32h + 16k + l],
+ * l = 0..15. A value is (d * scale) * q - (dmin * min). */
+static inline void q2_K_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    const uint8_t *sc = b;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *q = b + 16 + 32 * h;
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 2; k++, y += 16) {
+                uint8_t s = sc[8 * h + 2 * r + k];
+                float dl = d * (float)(s & 15), ml = dmin * (float)(s >> 4);
+                for (int l = 0; l < 16; l++) y[l] = dl * (float)((q[16 * k + l] >> 2 * r) & 3) - ml;
+            }
+    }
+}
+BLOCKS(q2_K, QK_K, 84)
+
+/* q3_K's sixteen 6-bit scales from its 12 bytes: scale i's low 4 bits are
+ * the nibble i / 8 of byte i % 8, its high 2 bits bits 2 (i / 4) of byte
+ * 8 + i % 4; stored plus 32. */
+static inline void q3_K_scales(const uint8_t *s, int *sc)
+{
+    for (int i = 0; i < 16; i++)
+        sc[i] = (((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32;
+    if (kvt_quant_fault == KVT_QUANT_FAULT_SCALE) sc[5] += 1; /* tests */
+}
+
+/* q3_K: hmask[32] | qs[64] | scales[12] | f16 d. The 2 low bits of an
+ * element are placed as q2_K's (qs[32h + 16k + l], bits 2r, 2r + 1); its
+ * third bit is bit 4h + r of hmask[16k + l], and a clear bit subtracts 4:
+ * q in -4 .. 3, the value (d * scale) * q. */
+static inline void q3_K_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 108);
+    int sc[16];
+    q3_K_scales(b + 96, sc);
+    const uint8_t *hm = b;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *q = b + 32 + 32 * h;
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 2; k++, y += 16) {
+                float dl = d * (float)sc[8 * h + 2 * r + k];
+                for (int l = 0; l < 16; l++) {
+                    int v = ((q[16 * k + l] >> 2 * r) & 3) - ((hm[16 * k + l] >> (4 * h + r) & 1) ? 0 : 4);
+                    y[l] = dl * (float)v;
+                }
+            }
+    }
+}
+BLOCKS(q3_K, QK_K, 110)
+
+/* One group of 8 values of an IQ2 type: (db * grid[j]) * (+-1), the sign
+ * bit j of s. Multiplying by -1, not negating, keeps a NaN's sign as
+ * ggml's mulss does. */
+static inline void iq2_group(float db, const uint8_t *grid, uint8_t s, float *y)
+{
+    for (int j = 0; j < 8; j++) y[j] = db * (float)grid[j] * (s >> j & 1 ? -1.f : 1.f);
+}
+
+/* An IQ2 sub-scale: d * (0.5 + ls) * 0.25, left to right as ggml. */
+static inline float iq2_db(float d, unsigned ls) { return d * (0.5f + (float)ls) * 0.25f; }
+
+/* iq2_xxs: f16 d | 8 x (u32 grid, u32 aux) per 32. The grid word's bytes
+ * are 4 indices into the 256-entry grid (8 values each); aux's 4 x 7 low
+ * bits are sign indices (kvt_iqgrid_ksigns) and its top 4 bits the
+ * scale ls of the 32: d * (0.5 + ls) / 4. */
+static inline void iq2_xxs_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *g = b + 2 + 8 * i;
+        uint32_t aux = kvt_rd32(g + 4);
+        float db = iq2_db(d, aux >> 28);
+        for (int l = 0; l < 4; l++, y += 8) {
+            const uint8_t *grid = kvt_iqgrid_iq2xxs[g[l]];
+            if (kvt_quant_fault == KVT_QUANT_FAULT_GRID && g[l] == 77) grid = kvt_iqgrid_iq2xxs[78]; /* tests */
+            iq2_group(db, grid, kvt_iqgrid_ksigns[(aux >> 7 * l) & 127], y);
+        }
+    }
+}
+BLOCKS(iq2_xxs, QK_K, 66)
+
+/* iq2_xs: f16 d | u16 qs[32] | scales[8]. qs[l]'s low 9 bits index the
+ * 512-entry grid, its top 7 a sign byte; scales[i]'s nibbles are the
+ * scales of the two halves of 16 of the 32 i. */
+static inline void iq2_xs_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int i = 0; i < 8; i++) {
+        uint8_t s = b[66 + i];
+        float db[2] = {iq2_db(d, s & 15), iq2_db(d, s >> 4)};
+        for (int l = 0; l < 4; l++, y += 8) {
+            uint16_t q = kvt_rd16(b + 2 + 2 * (4 * i + l));
+            iq2_group(db[l / 2], kvt_iqgrid_iq2xs[q & 511], kvt_iqgrid_ksigns[q >> 9], y);
+        }
+    }
+}
+BLOCKS(iq2_xs, QK_K, 74)
+
+/* iq2_s: f16 d | qs[32] | signs[32] | qh[8] | scales[8]. Group l of 32 i
+ * indexes the 1024-entry grid with qs[4i + l] and bits 2l, 2l + 1 of
+ * qh[i] as bits 8, 9; signs[4i + l] holds its 8 sign bits as they are;
+ * scales as iq2_xs. */
+static inline void iq2_s_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    const uint8_t *qs = b + 2, *sg = b + 34, *qh = b + 66, *sc = b + 74;
+    for (int i = 0; i < 8; i++) {
+        float db[2] = {iq2_db(d, sc[i] & 15), iq2_db(d, sc[i] >> 4)};
+        for (int l = 0; l < 4; l++, y += 8)
+            iq2_group(db[l / 2], kvt_iqgrid_iq2s[qs[4 * i + l] | ((qh[i] >> 2 * l) & 3) << 8], sg[4 * i + l], y);
+    }
+}
+BLOCKS(iq2_s, QK_K, 82)
+
+/* One group of 8 values of an IQ3 type from two grid entries of 4. */
+static inline void iq3_group(float db, const uint8_t *g1, const uint8_t *g2, uint8_t s, float *y)
+{
+    for (int j = 0; j < 4; j++) {
+        y[j] = db * (float)g1[j] * (s >> j & 1 ? -1.f : 1.f);
+        y[j + 4] = db * (float)g2[j] * (s >> (j + 4) & 1 ? -1.f : 1.f);
+    }
+}
+
+/* iq3_xxs: f16 d | qs[64] | u32 aux[8]. The 32 i has the 8 grid indices
+ * qs[8i ..] (256-entry grid of 4 values), and aux[i] as iq2_xxs's: four
+ * 7-bit sign indices and a 4-bit scale, d * (0.5 + ls) / 2. */
+static inline void iq3_xxs_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *qs = b + 2 + 8 * i;
+        uint32_t aux = kvt_rd32(b + 66 + 4 * i);
+        float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++, y += 8)
+            iq3_group(db, kvt_iqgrid_iq3xxs[qs[2 * l]], kvt_iqgrid_iq3xxs[qs[2 * l + 1]],
+                      kvt_iqgrid_ksigns[(aux >> 7 * l) & 127], y);
+    }
+}
+BLOCKS(iq3_xxs, QK_K, 98)
+
+/* iq3_s: f16 d | qs[64] | qh[8] | signs[32] | scales[4]. The 32 i has
+ * grid indices qs[8i + k] with bit k of qh[i] as bit 8 (512 entries of
+ * 4), sign bytes signs[4i ..] as they are, and the scale nibble i % 2 of
+ * scales[i / 2]: d * (1 + 2 ls). */
+static inline void iq3_s_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    const uint8_t *qs = b + 2, *qh = b + 66, *sg = b + 74, *sc = b + 106;
+    for (int i = 0; i < 8; i++) {
+        float db = d * (float)(1 + 2 * ((sc[i / 2] >> 4 * (i % 2)) & 15));
+        for (int l = 0; l < 4; l++, y += 8) {
+            int k = 8 * i + 2 * l;
+            iq3_group(db, kvt_iqgrid_iq3s[qs[k] | ((qh[i] >> 2 * l) & 1) << 8],
+                      kvt_iqgrid_iq3s[qs[k + 1] | ((qh[i] >> (2 * l + 1)) & 1) << 8], sg[4 * i + l], y);
+        }
+    }
+}
+BLOCKS(iq3_s, QK_K, 110)
+
+/* One group of 8 values of an IQ1 type: dl * (grid[j] + delta), delta
+ * -1/8 or +1/8. */
+static inline void iq1_group(float dl, const int8_t *grid, bool neg, float *y)
+{
+    float delta = neg ? -0.125f : 0.125f;
+    for (int j = 0; j < 8; j++) y[j] = dl * ((float)grid[j] + delta);
+}
+
+/* iq1_s: f16 d | qs[32] | u16 qh[8]. The 32 i: group l's 11-bit index
+ * into the 2048-entry grid is qs[4i + l] with bits 3l .. 3l + 2 of qh[i]
+ * above it; qh[i]'s bits 12..14 are the scale s (d * (2s + 1)), bit 15
+ * the delta's sign. */
+static inline void iq1_s_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int i = 0; i < 8; i++) {
+        uint16_t qh = kvt_rd16(b + 34 + 2 * i);
+        float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+        for (int l = 0; l < 4; l++, y += 8)
+            iq1_group(dl, kvt_iqgrid_iq1s[b[2 + 4 * i + l] | ((qh >> 3 * l) & 7) << 8], qh & 0x8000, y);
+    }
+}
+BLOCKS(iq1_s, QK_K, 50)
+
+/* iq1_m's f16 super-scale: the top nibbles of its four u16 scale words,
+ * first word lowest. */
+static inline uint16_t iq1_m_d(const uint8_t *sc)
+{
+    uint16_t s[4];
+    for (int k = 0; k < 4; k++) s[k] = kvt_rd16(sc + 2 * k);
+    return (uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) | (s[3] & 0xf000));
+}
+
+/* iq1_m: qs[32] | qh[16] | u16 scales[4] (no separate d). The 32 i:
+ * group l's index is qs[4i + l] with bits 4 (l % 2) .. + 2 of qh[2i + l /
+ * 2] above it, bit 4 (l % 2) + 3 the delta's sign; the 3-bit scales of
+ * its halves of 16 are bits 6 (i % 2) and 6 (i % 2) + 3 of word i / 2:
+ * d * (2s + 1). */
+static inline void iq1_m_block(const uint8_t *b, float *y)
+{
+    const uint8_t *qs = b, *qh = b + 32, *sc = b + 48;
+    float d = kvt_f16_to_f32(iq1_m_d(sc));
+    for (int i = 0; i < 8; i++) {
+        uint16_t w = kvt_rd16(sc + 2 * (i / 2));
+        float dl[2] = {d * (float)(2 * ((w >> (6 * (i % 2))) & 7) + 1),
+                       d * (float)(2 * ((w >> (6 * (i % 2) + 3)) & 7) + 1)};
+        for (int l = 0; l < 4; l++, y += 8) {
+            uint8_t h = qh[2 * i + l / 2] >> 4 * (l % 2);
+            iq1_group(dl[l / 2], kvt_iqgrid_iq1s[qs[4 * i + l] | (h & 7) << 8], h & 8, y);
+        }
+    }
+}
+BLOCKS(iq1_m, QK_K, 56)
+
+/* The ternary types: values (t - 1) * d, t in 0, 1, 2. */
+
+/* tq1_0's trit n (0..4) of byte q, as ggml reads it: the byte is a
+ * fixed-point fraction of 3^5, so multiplying by 3^n (mod 256) brings trit
+ * n to the top and * 3 >> 8 takes it. */
+static inline int tq1_trit(uint8_t q, int n)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    return ((uint16_t)(uint8_t)(q * pow3[n]) * 3) >> 8;
+}
+
+/* tq1_0: qs[48] | qh[4] | f16 d. Elements 0..159: trit n of qs[m] is
+ * element 32n + m (m < 32); 160..239: trit n of qs[32 + m] is 160 + 16n + m
+ * (m < 16); 240..255: trit n (< 4) of qh[j] is 240 + 4n + j. */
+static inline void tq1_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 52);
+    for (int n = 0; n < 5; n++)
+        for (int m = 0; m < 32; m++) y[32 * n + m] = (float)(tq1_trit(b[m], n) - 1) * d;
+    for (int n = 0; n < 5; n++)
+        for (int m = 0; m < 16; m++) y[160 + 16 * n + m] = (float)(tq1_trit(b[32 + m], n) - 1) * d;
+    for (int n = 0; n < 4; n++)
+        for (int j = 0; j < 4; j++) y[240 + 4 * n + j] = (float)(tq1_trit(b[48 + j], n) - 1) * d;
+}
+BLOCKS(tq1_0, QK_K, 54)
+
+/* tq2_0: qs[64] | f16 d. Bits 2l of qs[32h + m] are element 128h + 32l + m. */
+static inline void tq2_0_block(const uint8_t *b, float *y)
+{
+    float d = f16_at(b + 64);
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 4; l++)
+            for (int m = 0; m < 32; m++) y[128 * h + 32 * l + m] = (float)(((b[32 * h + m] >> 2 * l) & 3) - 1) * d;
+}
+BLOCKS(tq2_0, QK_K, 66)
+
 /* ---- plain floats: a block is one element -------------------------------- */
 
 static void deq_f32(const uint8_t *b, float *y, size_t n) { memcpy(y, b, n * sizeof *y); }
@@ -308,29 +567,29 @@ static const qtype types[] = {
     [7] = {"q5_1", QK, 24, deq_q5_1},
     [8] = {"q8_0", QK, 34, deq_q8_0},
     [9] = {"q8_1"},
-    [10] = {"q2_K"},
-    [11] = {"q3_K"},
+    [10] = {"q2_K", QK_K, 84, deq_q2_K},
+    [11] = {"q3_K", QK_K, 110, deq_q3_K},
     [12] = {"q4_K", QK_K, 144, deq_q4_K},
     [13] = {"q5_K", QK_K, 176, deq_q5_K},
     [14] = {"q6_K", QK_K, 210, deq_q6_K},
     [15] = {"q8_K"},
-    [16] = {"iq2_xxs"},
-    [17] = {"iq2_xs"},
-    [18] = {"iq3_xxs"},
-    [19] = {"iq1_s"},
+    [16] = {"iq2_xxs", QK_K, 66, deq_iq2_xxs},
+    [17] = {"iq2_xs", QK_K, 74, deq_iq2_xs},
+    [18] = {"iq3_xxs", QK_K, 98, deq_iq3_xxs},
+    [19] = {"iq1_s", QK_K, 50, deq_iq1_s},
     [20] = {"iq4_nl", QK, 18, deq_iq4_nl},
-    [21] = {"iq3_s"},
-    [22] = {"iq2_s"},
+    [21] = {"iq3_s", QK_K, 110, deq_iq3_s},
+    [22] = {"iq2_s", QK_K, 82, deq_iq2_s},
     [23] = {"iq4_xs", QK_K, 136, deq_iq4_xs},
     [24] = {"i8"},
     [25] = {"i16"},
     [26] = {"i32"},
     [27] = {"i64"},
     [28] = {"f64"},
-    [29] = {"iq1_m"},
+    [29] = {"iq1_m", QK_K, 56, deq_iq1_m},
     [30] = {"bf16", 1, 2, deq_bf16},
-    [34] = {"tq1_0"},
-    [35] = {"tq2_0"},
+    [34] = {"tq1_0", QK_K, 54, deq_tq1_0},
+    [35] = {"tq2_0", QK_K, 66, deq_tq2_0},
     [39] = {"mxfp4", QK, 17, deq_mxfp4},
     [40] = {"nvfp4"},
     [41] = {"q1_0"},

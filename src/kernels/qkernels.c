@@ -4,7 +4,8 @@
  * blocks (each the f16-rounded amax / 127, as ggml stores it), then
  * nb * 32 int8 values, round(x / d) with ties to even, in [-127, 127].
  *
- * For the 256-element types (Q4_K, Q5_K, Q6_K, IQ4_XS), per token: the f32 scales of its nsb
+ * For the 256-element types (Q2_K .. Q6_K, IQ4_XS, the IQ1/IQ2/IQ3 and
+ * the TQ types), per token: the f32 scales of its nsb
  * superblocks of 256 (1 / iscale, iscale = -127 / the value of largest
  * magnitude, as ggml's Q8_K), then nsb * 16 int16 sums of 16 values, then
  * nsb * 256 int8 values.
@@ -34,6 +35,8 @@
  * through it and tests no CPU feature itself. */
 #include "kernels/qkernels.h"
 #include "format/gguf.h"
+#include "format/iqgrid.h"
+#include "format/quant.h"
 #include "kernels/cpu.h"
 #include "base/util.h"
 
@@ -83,11 +86,16 @@ static bool k_type(uint32_t wtype)
     return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q5_K || wtype == KVT_GGML_Q6_K || wtype == KVT_GGML_IQ4_XS;
 }
 
+static bool lb_type(uint32_t t);
+
 bool kvt_q_supported(uint32_t wtype)
 {
-    return b32_type(wtype) || k_type(wtype);
+    return b32_type(wtype) || k_type(wtype) || lb_type(wtype);
 }
 
+
+/* The types whose activations are Q8_K superblocks (the others': Q8_0). */
+static bool q8k_act(uint32_t wtype) { return k_type(wtype) || lb_type(wtype); }
 
 static size_t act_stride(size_t cols) { return cols / QK * (sizeof(float) + QK); }
 static size_t act_stride_k(size_t cols) { return cols / QKK * (sizeof(float) + 16 * sizeof(int16_t) + QKK); }
@@ -95,8 +103,8 @@ static size_t act_stride_k(size_t cols) { return cols / QKK * (sizeof(float) + 1
 size_t kvt_q_act_bytes(uint32_t wtype, size_t n, size_t cols)
 {
     size_t b;
-    if (!kvt_q_supported(wtype) || cols % (k_type(wtype) ? QKK : QK) ||
-        !kvt_mul_ok(n, k_type(wtype) ? act_stride_k(cols) : act_stride(cols), &b))
+    if (!kvt_q_supported(wtype) || cols % (q8k_act(wtype) ? QKK : QK) ||
+        !kvt_mul_ok(n, q8k_act(wtype) ? act_stride_k(cols) : act_stride(cols), &b))
         return 0;
     return b;
 }
@@ -1332,6 +1340,447 @@ QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
 
 #endif
 
+/* ---- the low-bit types: Q2_K, Q3_K and the i-quants ----
+ *
+ * Each superblock of 256 is first unpacked (lb_unpack, shared by every
+ * path) into 256 magnitudes (u8, at most 62), their signs (+1 / -1), a
+ * scale per 16 (int16; Q2_K also a min per 16) and the float factor d of
+ * the superblock, such that element i is d * sc[i / 16] * sgn[i] * mag[i]
+ * (Q2_K: minus dmin * mn[i / 16]) exactly as quant.c dequantises it:
+ *   Q2_K     d, dmin        sc, mn the nibbles; mag the 2-bit q
+ *   Q3_K     d              sc the 6-bit scale - 32; sgn * mag the q in -4 .. 3
+ *   IQ2_*    d / 8          sc 2 ls + 1 (d (0.5 + ls) / 4 = d / 8 (2 ls + 1))
+ *   IQ3_XXS  d / 4          sc 2 ls + 1
+ *   IQ3_S    d              sc 2 ls + 1
+ *   IQ1_*    d / 8          sc 2 s + 1; sgn * mag = 8 g +- 1 (dl (g +- 1/8))
+ *   TQ1_0, TQ2_0  d         sc 1; sgn * mag = t - 1
+ * The dot product against a token's Q8_K superblock is then the exact
+ * integer isum = sum_g sc[g] sum_16 sgn mag q (and msum = sum_g mn[g]
+ * bsum[g]), |isum| < 2^31 for every type (at most 256 * 62 * 127 * 31),
+ * and acc = fma(d * d_x, isum, acc) (Q2_K then acc = fma(-(dmin * d_x),
+ * msum, acc)) per superblock in increasing order, as for the other
+ * K-quants. The AVX2 path differs only in how it sums the integers
+ * (maddubs of the magnitudes against the signed activations: |pair| <=
+ * 2 * 62 * 127, no saturation), so it gives the same bits. */
+
+int kvt_q_fault;
+
+typedef struct lb_sb {
+    uint8_t mag[QKK];
+    int8_t sgn[QKK];
+    int16_t sc[16], mn[16];
+    float d, dmin;
+} lb_sb;
+
+static bool lb_type(uint32_t t)
+{
+    return t == KVT_GGML_Q2_K || t == KVT_GGML_Q3_K || t == KVT_GGML_IQ2_XXS || t == KVT_GGML_IQ2_XS ||
+           t == KVT_GGML_IQ2_S || t == KVT_GGML_IQ3_XXS || t == KVT_GGML_IQ3_S || t == KVT_GGML_IQ1_S ||
+           t == KVT_GGML_IQ1_M || t == KVT_GGML_TQ1_0 || t == KVT_GGML_TQ2_0;
+}
+
+static size_t lb_bytes(uint32_t t)
+{
+    size_t b = 0;
+    kvt_quant_block(t, NULL, &b);
+    return b;
+}
+
+/* Sign bits s (bit j: byte j negative) as 8 bytes of -1 (0xff) or +1. */
+static inline uint64_t lb_signs(uint8_t s) { return kvt_iqgrid_sign8[s]; }
+
+/* 8 grid magnitudes and the sign bits s (bit j: element j negative). */
+static inline void lb_put8(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
+{
+    uint64_t sg = lb_signs(s);
+    memcpy(u->mag + at, grid, 8);
+    memcpy(u->sgn + at, &sg, 8);
+}
+
+static inline void lb_put4(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
+{
+    uint64_t sg = lb_signs(s);
+    memcpy(u->mag + at, grid, 4);
+    memcpy(u->sgn + at, &sg, 4);
+}
+
+#define LB_ONES 0x0101010101010101ull
+
+/* 8 IQ1 values 8 g + delta (g in -1, 0, 1; delta -1 or +1), a byte each in
+ * u64 lanes: N marks g = -1, P g = 1; with delta +1 the magnitudes are 7,
+ * 1, 9 (negative for g = -1), with delta -1 9, 1, 7 (negative unless g =
+ * 1). */
+static inline void lb_put_iq1(lb_sb *u, int at, const int8_t *grid, bool neg)
+{
+    uint64_t g, n, p, mag, m, sel = -(uint64_t)neg; /* a select, not a branch: delta's sign is data */
+    memcpy(&g, grid, 8);
+    n = (g >> 7) & LB_ONES;
+    p = (g & LB_ONES) ^ n;
+    mag = LB_ONES + 6 * n + 8 * p;
+    mag ^= (mag ^ (LB_ONES + 8 * n + 6 * p)) & sel;
+    m = n ^ ((n ^ (p ^ LB_ONES)) & sel);
+    m = m * 0xfe | LB_ONES;
+    memcpy(u->mag + at, &mag, 8);
+    memcpy(u->sgn + at, &m, 8);
+}
+
+/* Q3_K's sixteen 6-bit scales (minus 32) from its 12 bytes: scale i's low
+ * 4 bits the nibble i / 8 of byte i % 8, its high 2 bits bits 2 (i / 4) of
+ * byte 8 + i % 4. */
+static inline void q3k_scales(const uint8_t *s, int16_t *sc)
+{
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int16_t)((((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32);
+    if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) sc[5] += 1; /* tests */
+}
+
+static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
+{
+    memset(u->mn, 0, sizeof u->mn);
+    u->dmin = 0;
+    switch (t) {
+    case KVT_GGML_Q2_K:
+        u->d = kvt_f16_to_f32(kvt_rd16(w + 80));
+        u->dmin = kvt_f16_to_f32(kvt_rd16(w + 82));
+        for (int g = 0; g < 16; g++) u->sc[g] = (int16_t)(w[g] & 15), u->mn[g] = (int16_t)(w[g] >> 4);
+        memset(u->sgn, 1, QKK);
+        /* element 128 h + 32 r + 16 k + l: bits 2r of qs[32 h + 16 k + l],
+         * 8 bytes of qs a u64 */
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 32; j += 8) {
+                    uint64_t q;
+                    memcpy(&q, w + 16 + 32 * h + j, 8);
+                    q = (q >> 2 * r) & (3 * LB_ONES);
+                    memcpy(u->mag + 128 * h + 32 * r + j, &q, 8);
+                }
+        return;
+    case KVT_GGML_Q3_K: {
+        u->d = kvt_f16_to_f32(kvt_rd16(w + 108));
+        q3k_scales(w + 96, u->sc);
+        /* element 128 h + 32 r + j: low bits 2r of qs[32 h + j], the third
+         * bit 4h + r of hmask[j]; a clear one makes q = low - 4 (magnitude
+         * 4 - low, negative). 8 elements a u64. */
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 32; j += 8) {
+                    uint64_t lo, hm, clear, mask, mag, sg;
+                    memcpy(&lo, w + 32 + 32 * h + j, 8);
+                    memcpy(&hm, w + j, 8);
+                    lo = (lo >> 2 * r) & (3 * LB_ONES);
+                    clear = ((hm >> (4 * h + r)) & LB_ONES) ^ LB_ONES;
+                    mask = clear * 0xff;
+                    mag = (lo & ~mask) | ((4 * LB_ONES - lo) & mask);
+                    sg = clear * 0xfe | LB_ONES;
+                    memcpy(u->mag + 128 * h + 32 * r + j, &mag, 8);
+                    memcpy(u->sgn + 128 * h + 32 * r + j, &sg, 8);
+                }
+        return;
+    }
+    case KVT_GGML_IQ2_XXS:
+        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
+        for (int i = 0; i < 8; i++) {
+            const uint8_t *g = w + 2 + 8 * i;
+            uint32_t aux = kvt_rd32(g + 4);
+            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * (aux >> 28) + 1);
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *grid = kvt_iqgrid_iq2xxs[g[l]];
+                if (kvt_q_fault == KVT_QUANT_FAULT_GRID && g[l] == 77) grid = kvt_iqgrid_iq2xxs[78]; /* tests */
+                lb_put8(u, 32 * i + 8 * l, grid, kvt_iqgrid_ksigns[(aux >> 7 * l) & 127]);
+            }
+        }
+        return;
+    case KVT_GGML_IQ2_XS:
+        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
+        for (int i = 0; i < 8; i++) {
+            u->sc[2 * i] = (int16_t)(2 * (w[66 + i] & 15) + 1);
+            u->sc[2 * i + 1] = (int16_t)(2 * (w[66 + i] >> 4) + 1);
+            for (int l = 0; l < 4; l++) {
+                uint16_t q = kvt_rd16(w + 2 + 2 * (4 * i + l));
+                lb_put8(u, 32 * i + 8 * l, kvt_iqgrid_iq2xs[q & 511], kvt_iqgrid_ksigns[q >> 9]);
+            }
+        }
+        return;
+    case KVT_GGML_IQ2_S:
+        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
+        for (int i = 0; i < 8; i++) {
+            u->sc[2 * i] = (int16_t)(2 * (w[74 + i] & 15) + 1);
+            u->sc[2 * i + 1] = (int16_t)(2 * (w[74 + i] >> 4) + 1);
+            for (int l = 0; l < 4; l++)
+                lb_put8(u, 32 * i + 8 * l, kvt_iqgrid_iq2s[w[2 + 4 * i + l] | ((w[66 + i] >> 2 * l) & 3) << 8],
+                        w[34 + 4 * i + l]);
+        }
+        return;
+    case KVT_GGML_IQ3_XXS:
+        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.25f;
+        for (int i = 0; i < 8; i++) {
+            const uint8_t *qs = w + 2 + 8 * i;
+            uint32_t aux = kvt_rd32(w + 66 + 4 * i);
+            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * (aux >> 28) + 1);
+            for (int l = 0; l < 4; l++) {
+                uint8_t s = kvt_iqgrid_ksigns[(aux >> 7 * l) & 127];
+                lb_put4(u, 32 * i + 8 * l, kvt_iqgrid_iq3xxs[qs[2 * l]], s);
+                lb_put4(u, 32 * i + 8 * l + 4, kvt_iqgrid_iq3xxs[qs[2 * l + 1]], (uint8_t)(s >> 4));
+            }
+        }
+        return;
+    case KVT_GGML_IQ3_S:
+        u->d = kvt_f16_to_f32(kvt_rd16(w));
+        for (int i = 0; i < 8; i++) {
+            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * ((w[106 + i / 2] >> 4 * (i % 2)) & 15) + 1);
+            uint8_t qh = w[66 + i];
+            for (int l = 0; l < 4; l++) {
+                int k = 8 * i + 2 * l;
+                uint8_t s = w[74 + 4 * i + l];
+                lb_put4(u, 32 * i + 8 * l, kvt_iqgrid_iq3s[w[2 + k] | ((qh >> 2 * l) & 1) << 8], s);
+                lb_put4(u, 32 * i + 8 * l + 4, kvt_iqgrid_iq3s[w[3 + k] | ((qh >> (2 * l + 1)) & 1) << 8],
+                        (uint8_t)(s >> 4));
+            }
+        }
+        return;
+    case KVT_GGML_IQ1_S:
+        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
+        for (int i = 0; i < 8; i++) {
+            uint16_t qh = kvt_rd16(w + 34 + 2 * i);
+            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * ((qh >> 12) & 7) + 1);
+            for (int l = 0; l < 4; l++)
+                lb_put_iq1(u, 32 * i + 8 * l, kvt_iqgrid_iq1s[w[2 + 4 * i + l] | ((qh >> 3 * l) & 7) << 8], qh & 0x8000);
+        }
+        return;
+    case KVT_GGML_TQ1_0:
+    case KVT_GGML_TQ2_0: {
+        /* t - 1 in -1 .. 1, one scale for all: magnitude |t - 1|, its sign */
+        static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+        int8_t v[QKK];
+        if (t == KVT_GGML_TQ2_0) {
+            u->d = kvt_f16_to_f32(kvt_rd16(w + 64));
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 4; l++)
+                    for (int m = 0; m < 32; m++) v[128 * h + 32 * l + m] = (int8_t)(((w[32 * h + m] >> 2 * l) & 3) - 1);
+        } else {
+            u->d = kvt_f16_to_f32(kvt_rd16(w + 52));
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 32; m++) v[32 * n + m] = (int8_t)((((uint8_t)(w[m] * pow3[n]) * 3) >> 8) - 1);
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 16; m++)
+                    v[160 + 16 * n + m] = (int8_t)((((uint8_t)(w[32 + m] * pow3[n]) * 3) >> 8) - 1);
+            for (int n = 0; n < 4; n++)
+                for (int j = 0; j < 4; j++) v[240 + 4 * n + j] = (int8_t)((((uint8_t)(w[48 + j] * pow3[n]) * 3) >> 8) - 1);
+        }
+        for (int i = 0; i < QKK; i++) u->mag[i] = (uint8_t)(v[i] < 0 ? -v[i] : v[i]), u->sgn[i] = v[i] < 0 ? -1 : 1;
+        for (int g = 0; g < 16; g++) u->sc[g] = 1;
+        return;
+    }
+    case KVT_GGML_IQ1_M: {
+        const uint8_t *sc = w + 48;
+        uint16_t s[4];
+        for (int k = 0; k < 4; k++) s[k] = kvt_rd16(sc + 2 * k);
+        u->d = kvt_f16_to_f32((uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) |
+                                         (s[3] & 0xf000))) * 0.125f;
+        for (int i = 0; i < 8; i++) {
+            uint16_t wd = s[i / 2];
+            u->sc[2 * i] = (int16_t)(2 * ((wd >> (6 * (i % 2))) & 7) + 1);
+            u->sc[2 * i + 1] = (int16_t)(2 * ((wd >> (6 * (i % 2) + 3)) & 7) + 1);
+            for (int l = 0; l < 4; l++) {
+                uint8_t h = (uint8_t)(w[32 + 2 * i + l / 2] >> 4 * (l % 2));
+                lb_put_iq1(u, 32 * i + 8 * l, kvt_iqgrid_iq1s[w[4 * i + l] | (h & 7) << 8], h & 8);
+            }
+        }
+        return;
+    }
+    }
+}
+
+/* An unpacked superblock against token a's superblock b: the scaled sum
+ * and the min sum (both exact integers). */
+static void lb_ints_scalar(const lb_sb *u, const kact *a, size_t b, int32_t *isum, int32_t *msum)
+{
+    const int8_t *q = a->q + QKK * b;
+    const int16_t *bs = a->bs + 16 * b;
+    int32_t is = 0, ms = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) s += u->sgn[16 * g + l] * u->mag[16 * g + l] * q[16 * g + l];
+        is += u->sc[g] * s;
+        ms += u->mn[g] * bs[g];
+    }
+    *isum = is;
+    *msum = ms;
+}
+
+#ifdef KVT_HAVE_X86
+/* lb_ints_scalar for T tokens at once (T a constant after inlining): each
+ * 32 of the weights loaded once, against every token. */
+__attribute__((target("avx2"), always_inline)) static inline void lb_ints_avx2(const int T, const lb_sb *u,
+                                                                              const kact *a, size_t b,
+                                                                              int32_t *isum, int32_t *msum)
+{
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
+        __m256i s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
+        __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), s);
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    __m256i mn = _mm256_loadu_si256((const __m256i *)u->mn);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(acc[t]);
+        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mn));
+    }
+}
+
+/* Q2_K (the routed experts' down matrices of the DeepSeek-V4-Flash files)
+ * and Q3_K (below) without the unpacked copy: each 32 of the weights (chunk k = 4h + r: bits
+ * 2r of qs[32h .. 32h + 32), sub-blocks 2k and 2k + 1) shifted and masked
+ * in a register, then lb_ints_avx2's integer sums. Twice as fast in
+ * decode; the i-quants' grid gathers gain nothing this way (measured: the
+ * same for IQ2_XXS in decode, slower in prefill, where the unpacked copy
+ * serves 64 tokens). */
+__attribute__((target("avx2"), always_inline)) static inline void q2k_fused_avx2(const int T, const uint8_t *w,
+                                                                                const kact *a, size_t b,
+                                                                                int32_t *isum, int32_t *msum)
+{
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        int h = k / 4, r = k % 4;
+        __m256i m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
+                                     _mm256_set1_epi8(3));
+        __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    /* the mins: the high nibbles of scales[16], as int16 */
+    __m256i mv = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w),
+                                                                   _mm_set1_epi8((char)0xf0)), 4));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        isum[t] = hsum_i32(acc[t]);
+        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv));
+    }
+}
+
+/* Q3_K the same way: chunk k = 4h + r has its low bits 2r of qs[32h ..
+ * 32h + 32) and the third bit 4h + r of hmask[0 .. 32), a clear bit
+ * subtracting 4; the signed q in -4 .. 3 goes to maddubs as |q| against x
+ * with q's sign. */
+__attribute__((target("avx2"), always_inline)) static inline void q3k_fused_avx2(const int T, const uint8_t *w,
+                                                                                const kact *a, size_t b,
+                                                                                int32_t *isum)
+{
+    __m256i acc[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    int16_t sc16[16];
+    q3k_scales(w + 96, sc16);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
+    for (int k = 0; k < 8; k++) {
+        int h = k / 4, r = k % 4;
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r),
+                                      _mm256_set1_epi8(3));
+        __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << (4 * h + r)))),
+                                          _mm256_setzero_si256());
+        __m256i v = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        __m256i m = _mm256_abs_epi8(v);
+        __m256i sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), v);
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+}
+
+__attribute__((target("avx2"))) static void q3k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q3k_fused_avx2(8, w, a, b, is);
+    memset(ms, 0, 8 * sizeof *ms);
+}
+
+__attribute__((target("avx2"))) static void q3k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q3k_fused_avx2(1, w, a, b, is);
+    *ms = 0;
+}
+
+__attribute__((target("avx2"))) static void q2k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q2k_fused_avx2(8, w, a, b, is, ms);
+}
+
+__attribute__((target("avx2"))) static void q2k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
+{
+    q2k_fused_avx2(1, w, a, b, is, ms);
+}
+
+__attribute__((target("avx2"))) static void lb_ints_avx2_8(const lb_sb *u, const kact *a, size_t b, int32_t *is,
+                                                            int32_t *ms)
+{
+    lb_ints_avx2(8, u, a, b, is, ms);
+}
+
+__attribute__((target("avx2"))) static void lb_ints_avx2_1(const lb_sb *u, const kact *a, size_t b, int32_t *is,
+                                                            int32_t *ms)
+{
+    lb_ints_avx2(1, u, a, b, is, ms);
+}
+#endif
+
+/* The most tokens whose accumulators a row keeps at once. */
+#define LB_T 64
+
+struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+
+static void lb_range(void *arg, size_t o0, size_t o1)
+{
+    const struct lb_ctx *c = arg;
+    const kvt_wmat *W = c->W;
+    uint32_t ty = W->type;
+    size_t nsb = W->cols / QKK, bytes = lb_bytes(ty);
+    lb_sb u;
+    for (size_t o = o0; o < o1; o++) {
+        const uint8_t *row = W->data + o * W->row_bytes;
+        for (size_t t0 = 0; t0 < c->n; t0 += LB_T) {
+            size_t T = c->n - t0 < LB_T ? c->n - t0 : LB_T;
+            kact a[LB_T];
+            float acc[LB_T] = {0};
+            for (size_t k = 0; k < T; k++) a[k] = kact_at(c->qx, t0 + k, W->cols);
+            for (size_t b = 0; b < nsb; b++) {
+                int32_t is[LB_T], ms[LB_T];
+                size_t k = 0;
+#ifdef KVT_HAVE_X86
+                if (c->simd && (ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K)) {
+                    const uint8_t *w = row + b * bytes;
+                    bool q2 = ty == KVT_GGML_Q2_K;
+                    for (; k + 8 <= T; k += 8) (q2 ? q2k_fused8 : q3k_fused8)(w, a + k, b, is + k, ms + k);
+                    for (; k < T; k++) (q2 ? q2k_fused1 : q3k_fused1)(w, a + k, b, is + k, ms + k);
+                    u.d = kvt_f16_to_f32(kvt_rd16(q2 ? w + 80 : w + 108));
+                    u.dmin = q2 ? kvt_f16_to_f32(kvt_rd16(w + 82)) : 0;
+                }
+#endif
+                if (k < T) lb_unpack(ty, row + b * bytes, &u);
+#ifdef KVT_HAVE_X86
+                if (c->simd) {
+                    for (; k + 8 <= T; k += 8) lb_ints_avx2_8(&u, a + k, b, is + k, ms + k);
+                    for (; k < T; k++) lb_ints_avx2_1(&u, a + k, b, is + k, ms + k);
+                }
+#endif
+                for (; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
+                for (k = 0; k < T; k++) {
+                    float dx = a[k].d[b];
+                    acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
+                    if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
+                }
+            }
+            for (size_t k = 0; k < T; k++) c->y[(t0 + k) * W->rows + o] = acc[k];
+        }
+    }
+}
+
 struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct qk_ops *qk; };
 
 /* Row o against tokens [t, t + T): the fixed float order per superblock. */
@@ -1524,7 +1973,7 @@ static void qm_range(void *arg, size_t o0, size_t o1)
 
 bool kvt_q_same_act(uint32_t a, uint32_t b)
 {
-    return kvt_q_supported(a) && kvt_q_supported(b) && k_type(a) == k_type(b);
+    return kvt_q_supported(a) && kvt_q_supported(b) && q8k_act(a) == q8k_act(b);
 }
 
 void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, const uint8_t *qx)
@@ -1532,6 +1981,11 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
     const struct q_ops *k = ops();
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
+    if (lb_type(W->type)) {
+        struct lb_ctx c = {y, W, qx, n, k->qk != NULL};
+        kvt_pool_for(pool, W->rows, min, lb_range, &c);
+        return;
+    }
     if (k_type(W->type)) {
         struct qk_ctx c = {y, W, qx, n, k->qk};
 #ifdef KVT_HAVE_X86
@@ -1550,7 +2004,7 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
 void kvt_q_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, const float *x, size_t n, uint8_t *qx)
 {
     struct qa_ctx a = {x, qx, W->cols, ops()};
-    if (k_type(W->type)) kvt_pool_for(pool, n, 16, quant_k_range, &a);
+    if (q8k_act(W->type)) kvt_pool_for(pool, n, 16, quant_k_range, &a);
     else kvt_pool_for(pool, n, 64, quant_range, &a);
     kvt_q_matmul_quantised(pool, y, W, n, qx);
 }
