@@ -1,0 +1,47 @@
+/* Drafters for speculative decoding. Prompt lookup (n-gram) drafting:
+ * replies that repeat what the conversation holds (a file read back with a
+ * change, a diff, tool arguments, a story's names) continue as the same
+ * tokens continued before, so the tokens after the latest earlier
+ * occurrence of the context's last few tokens are a good guess, had with
+ * no model at all. */
+#include "serve/draft.h"
+#include "base/util.h"
+
+#include <string.h>
+
+int kvt_draft_parse(const char *name, kvt_draft_kind *out)
+{
+    if (!strcmp(name, "ngram")) *out = KVT_DRAFT_NGRAM;
+    else if (!strcmp(name, "none")) *out = KVT_DRAFT_NONE;
+    else if (!strcmp(name, "model") || !strcmp(name, "mtp"))
+        return kvt_fail(KVT_EUNSUPPORTED, "--draft %s is not supported yet (ngram or none)", name);
+    else
+        return kvt_fail(KVT_EINVAL, "--draft must be ngram, model, mtp or none, not '%s'", name);
+    return KVT_OK;
+}
+
+const char *kvt_draft_name(kvt_draft_kind k)
+{
+    return k == KVT_DRAFT_NGRAM ? "ngram" : k == KVT_DRAFT_MODEL ? "model" : k == KVT_DRAFT_MTP ? "mtp" : "none";
+}
+
+/* Token i of the context ctx[0..n) + last. */
+static inline int32_t at(const int32_t *ctx, size_t n, int32_t last, size_t i) { return i < n ? ctx[i] : last; }
+
+size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out)
+{
+    size_t N = n + 1;
+    for (size_t len = 3; len >= 1; len--) {
+        if (N < len + 1) continue;
+        /* the match ends before the context's last token: it is followed by one at least */
+        for (size_t j = N - len; j-- > 0;) {
+            size_t k = 0;
+            while (k < len && at(ctx, n, last, j + k) == at(ctx, n, last, N - len + k)) k++;
+            if (k < len) continue;
+            size_t got = 0;
+            for (size_t i = j + len; i < N && got < max; i++) out[got++] = at(ctx, n, last, i);
+            return got;
+        }
+    }
+    return 0;
+}

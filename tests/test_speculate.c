@@ -1,0 +1,300 @@
+/* Speculative decoding (src/serve/draft.c, the pass loop of
+ * src/serve/generate.c, kvt_session_keep in src/session/session.c):
+ *
+ *   speculate_ngram          the n-gram drafter proposes what followed the
+ *                            latest earlier match of the last 3 tokens
+ *                            (else 2, else 1), up to max, and nothing
+ *                            without a match.
+ *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
+ *   speculate_llama          the llama family's full rows (llama)
+ *   speculate_gemma3         window rings (gemma3)
+ *   speculate_qwen35         recurrent state (qwen35)
+ *                            each: a prompt that repeats a block of tokens,
+ *                            replied to greedily and sampled (seeded,
+ *                            temperature, top-k), alone (kvt_generate_run)
+ *                            and two replies batched in one pass per step
+ *                            (kvt_session_step, as the server's scheduler):
+ *                            with --draft ngram the response (text, every
+ *                            token's log-probability and alternatives), the
+ *                            session's tokens and its digest (logits and
+ *                            cache bytes) equal plain decoding's, drafts
+ *                            were accepted (the check sees speculation at
+ *                            work) and rejected ones rolled back. Control:
+ *                            with KVT_SESSION_FAULT_KEEP_ONE_MORE (a
+ *                            rollback that keeps one token too many) the
+ *                            same comparison fails. */
+#include "test.h"
+#include "fam_state.h"
+#include "serve/api.h"
+#include "serve/draft.h"
+#include "serve/generate.h"
+#include "arch/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+TEST(speculate_ngram)
+{
+    int32_t out[8];
+    const int32_t a[] = {5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6};
+    /* context a + 7: "6 7" last matched at 5..6 (3-gram "5 6 7" at 0..2 is the longest) */
+    size_t n = kvt_draft_ngram(a, 11, 7, 8, out);
+    CHECKF(n == 8 && out[0] == 8 && out[1] == 1 && out[7] == 6, "3-gram: %zu drafts, first %d", n, n ? out[0] : -1);
+    n = kvt_draft_ngram(a, 11, 7, 2, out);
+    CHECK(n == 2 && out[0] == 8 && out[1] == 1);
+    /* context b + 4: "9 4" at 1..2 (no 3-gram), followed by 3 9 4 */
+    const int32_t b[] = {1, 9, 4, 3, 9};
+    n = kvt_draft_ngram(b, 5, 4, 8, out);
+    CHECKF(n == 3 && out[0] == 3 && out[2] == 4, "2-gram: %zu drafts", n);
+    /* context b + 3: only the 1-gram "3" at 3, followed by 9 3 */
+    n = kvt_draft_ngram(b, 5, 3, 8, out);
+    CHECKF(n == 2 && out[0] == 9 && out[1] == 3, "1-gram: %zu drafts", n);
+    n = kvt_draft_ngram(b, 5, 12, 8, out);
+    CHECK(n == 0);
+    n = kvt_draft_ngram(b, 0, 12, 8, out);
+    CHECK(n == 0);
+    kvt_draft_kind k;
+    CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
+    CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
+    CHECK(kvt_draft_parse("model", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED);
+    CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
+}
+
+/* One reply's outcome. */
+typedef struct outcome {
+    char *body;
+    uint64_t digest;
+    int32_t *toks;
+    size_t n;
+    kvt_usage u;
+} outcome;
+
+static void outcome_free(outcome *o)
+{
+    free(o->body);
+    free(o->toks);
+    memset(o, 0, sizeof *o);
+}
+
+typedef struct setting {
+    const char *what;
+    float temperature;
+    uint32_t top_k;
+} setting;
+
+static const setting settings[] = {{"greedy", 0, 0}, {"sampled", 0.7f, 3}};
+
+static kvt_request request(const setting *st, uint32_t max_new)
+{
+    return (kvt_request){.api = KVT_API_COMPLETIONS, .max_tokens = max_new, .temperature = st->temperature,
+                         .top_p = 1, .top_k = st->top_k, .seed = 7, .has_seed = true, .logprobs = true,
+                         .top_logprobs = 2};
+}
+
+enum { MAX_NEW = 48, BATCH = 2 };
+
+/* k replies of prompt p[i] (n tokens each), with draft d, batched in one
+ * pass per step when k > 1 (the server's scheduler), alone otherwise. */
+static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const setting *st, kvt_draft_kind d,
+                    outcome *o)
+{
+    kvt_session *s[BATCH] = {0};
+    kvt_request r[BATCH];
+    kvt_gen g[BATCH];
+    kvt_gen_run *R[BATCH] = {0};
+    kvt_gen_out out = {0};
+    bool ok = true, live[BATCH] = {0};
+    kvt_session_opts so = {.n_ctx = (uint32_t)n + MAX_NEW + 8, .n_threads = 1};
+    for (size_t i = 0; i < k && ok; i++) {
+        memset(&o[i], 0, sizeof o[i]);
+        r[i] = request(st, MAX_NEW);
+        ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
+        g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
+                         .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
+    }
+    if (ok && k == 1) {
+        o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
+    } else if (ok) {
+        for (size_t i = 0; i < k && ok; i++) ok = (R[i] = kvt_gen_start(&g[i], &o[i].u, &out)) != NULL, live[i] = ok;
+        for (size_t left = k; ok && left;) {
+            kvt_step stp[BATCH];
+            size_t who[BATCH], j = 0;
+            for (size_t i = 0; i < k; i++) {
+                kvt_gen_pass ps;
+                if (!live[i]) continue;
+                if (!kvt_gen_next_pass(R[i], &ps)) {
+                    o[i].body = kvt_gen_finish(R[i]);
+                    R[i] = NULL;
+                    live[i] = false;
+                    left--;
+                    continue;
+                }
+                stp[j] = (kvt_step){s[i], ps.tok, ps.n, false, 0, ps.rows, ps.save};
+                who[j++] = i;
+            }
+            if (!j) break;
+            size_t budget = 0;
+            for (size_t i = 0; i < j; i++) budget += stp[i].n;
+            int rc = kvt_session_step(stp, j, budget);
+            for (size_t i = 0; i < j; i++)
+                if (!kvt_gen_took_pass(R[who[i]], rc, stp[i].done)) {
+                    o[who[i]].body = kvt_gen_finish(R[who[i]]);
+                    R[who[i]] = NULL;
+                    live[who[i]] = false;
+                    left--;
+                }
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        if (R[i]) o[i].body = kvt_gen_finish(R[i]);
+        if (s[i] && ok) {
+            o[i].digest = kvt_test_digest(s[i], m);
+            o[i].n = kvt_session_len(s[i]);
+            o[i].toks = malloc(o[i].n * sizeof(int32_t) + 1);
+            if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
+        }
+        ok = ok && o[i].body && o[i].toks;
+        kvt_session_free(s[i]);
+    }
+    return ok;
+}
+
+static bool same(const outcome *a, const outcome *b)
+{
+    return a->body && b->body && !strcmp(a->body, b->body) && a->digest == b->digest && a->n == b->n &&
+           !memcmp(a->toks, b->toks, a->n * sizeof(int32_t)) && a->u.completion_tokens == b->u.completion_tokens;
+}
+
+/* BOS, then a block of `blk` tokens from seed repeated to n tokens. */
+static void repeating_prompt(int32_t *t, size_t n, size_t blk, uint64_t seed, int32_t lo, int32_t span)
+{
+    t[0] = 1;
+    int32_t b[64];
+    for (size_t i = 0; i < blk; i++) b[i] = lo + (int32_t)(kvt_test_rand(&seed) % (uint64_t)span);
+    for (size_t i = 1; i < n; i++) t[i] = b[(i - 1) % blk];
+}
+
+enum { PROMPT = 97 };
+
+/* The plain runs' tokens (prompt and reply) of the prompts in a test: a
+ * drafter that knows them drafts the reply, every third pass with its
+ * second draft wrong, so drafts are accepted and rejected on any model. */
+static const int32_t *known[BATCH];
+static size_t n_known[BATCH];
+
+static size_t knowing(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out)
+{
+    for (size_t b = 0; b < BATCH; b++) {
+        if (!known[b] || n_known[b] <= n || memcmp(known[b], ctx, PROMPT * sizeof *ctx) || known[b][n] != last) continue;
+        size_t got = 0;
+        for (size_t i = n + 1; i < n_known[b] && got < max; i++) out[got++] = known[b][i];
+        if (n % 3 == 0 && got > 1) out[1] ^= 1;
+        return got;
+    }
+    return 0;
+}
+
+/* Every setting, alone and batched: speculation changes nothing; with the
+ * fault it does. bos: the tokenizer's BOS id; the prompts' other tokens
+ * are blocks of ids in [lo, lo + span) repeated; ngram_hits: the model
+ * repeats them enough that n-gram drafts must be accepted (a synthetic
+ * model may never say what its prompt holds: the knowing drafter still
+ * exercises acceptance there). */
+static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32_t lo, int32_t span, bool ngram_hits)
+{
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, lo, span);
+    repeating_prompt(pb, PROMPT, 17, 12, lo, span);
+    pa[0] = pb[0] = bos;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted[2] = {0}, drafted[2] = {0}, rejected[2] = {0};
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH];
+            CHECKF(replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain), "%s %s: a reply failed: %s", what, st->what,
+                   kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                known[i] = plain[i].toks;
+                n_known[i] = plain[i].n;
+            }
+            /* the n-gram drafter, then one that knows the reply */
+            for (int oracle = 0; oracle < 2; oracle++) {
+                outcome spec[BATCH], bad[BATCH];
+                kvt_gen_test_drafter = oracle ? knowing : NULL;
+                bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, spec);
+                kvt_session_fault = KVT_SESSION_FAULT_KEEP_ONE_MORE;
+                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, bad);
+                kvt_session_fault = KVT_SESSION_FAULT_NONE;
+                kvt_gen_test_drafter = NULL;
+                CHECKF(ran, "%s %s: a reply failed: %s", what, st->what, kvt_errmsg());
+                for (size_t i = 0; i < k; i++) {
+                    bool eq = same(&plain[i], &spec[i]), eq_bad = same(&plain[i], &bad[i]);
+                    printf("    %s %s %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: "
+                           "%s; control %s\n",
+                           what, st->what, k > 1 ? "batched" : "alone", oracle ? "knowing" : "ngram", i,
+                           spec[i].u.completion_tokens, spec[i].u.passes, plain[i].u.passes, spec[i].u.drafted,
+                           spec[i].u.accepted, eq ? "same" : "DIFFERENT", eq_bad ? "same" : "differs");
+                    CHECKF(eq, "%s %s: speculation changed the reply or the session", what, st->what);
+                    /* the control bites where a draft was rejected */
+                    if (spec[i].u.accepted < spec[i].u.drafted) {
+                        rejected[oracle]++;
+                        CHECKF(!eq_bad, "%s %s: the off-by-one rollback went unseen", what, st->what);
+                    }
+                    accepted[oracle] += spec[i].u.accepted;
+                    drafted[oracle] += spec[i].u.drafted;
+                    outcome_free(&spec[i]);
+                    outcome_free(&bad[i]);
+                }
+            }
+            for (size_t i = 0; i < k; i++) {
+                CHECKF(plain[i].u.drafted == 0 && plain[i].u.passes >= plain[i].u.completion_tokens,
+                       "plain decoding: %u passes for %u tokens", plain[i].u.passes, plain[i].u.completion_tokens);
+                outcome_free(&plain[i]);
+            }
+        }
+    }
+    printf("    %s: n-gram drafts %u of %u accepted; knowing drafts %u of %u\n", what, accepted[0], drafted[0],
+           accepted[1], drafted[1]);
+    CHECKF(accepted[1] > 0 && rejected[1] > 0, "%s: %u of %u known drafts accepted, %u replies with a rejection: "
+           "both must be exercised", what, accepted[1], drafted[1], rejected[1]);
+    CHECKF(!ngram_hits || accepted[0] > 0, "%s: no n-gram draft accepted on a repeating prompt", what);
+}
+
+TEST(speculate_ds4)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    speculation_exact(m, "ds4-tiny", in.bos >= 0 ? in.bos : 256, 32, 90, true);
+    kvt_model_close(m);
+}
+
+static void family(const fam_spec *f, bool ngram_hits)
+{
+    char dir[] = "/tmp/kvt-spec-XXXXXX", path[256];
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
+    if (!m) return;
+    speculation_exact(m, f->arch, 1, 3, 2000, ngram_hits);
+    fam_close(m, dir, path);
+}
+
+TEST(speculate_llama)
+{
+    static const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+    family(&f, true);
+}
+
+TEST(speculate_gemma3)
+{
+    static const fam_spec f = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    family(&f, true);
+}
+
+TEST(speculate_qwen35)
+{
+    static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    family(&f, false);
+}
