@@ -3,8 +3,9 @@
  *
  *   speculate_ngram          the n-gram drafter proposes what followed the
  *                            latest earlier match of the last 3 tokens
- *                            (else 2, else 1), up to max, and nothing
- *                            without a match.
+ *                            (else 2, else 1), up to max, repeating with
+ *                            the match's period past the context's end,
+ *                            and nothing without a match; --draft parses.
  *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
  *   speculate_llama          the llama family's full rows (llama)
  *   speculate_gemma3         window rings (gemma3)
@@ -42,13 +43,18 @@ TEST(speculate_ngram)
     CHECKF(n == 8 && out[0] == 8 && out[1] == 1 && out[7] == 6, "3-gram: %zu drafts, first %d", n, n ? out[0] : -1);
     n = kvt_draft_ngram(a, 11, 7, 2, out);
     CHECK(n == 2 && out[0] == 8 && out[1] == 1);
-    /* context b + 4: "9 4" at 1..2 (no 3-gram), followed by 3 9 4 */
+    /* context b + 4: "9 4" 3 tokens back (no 3-gram), followed by 3 9 4,
+     * then the same again */
     const int32_t b[] = {1, 9, 4, 3, 9};
     n = kvt_draft_ngram(b, 5, 4, 8, out);
-    CHECKF(n == 3 && out[0] == 3 && out[2] == 4, "2-gram: %zu drafts", n);
-    /* context b + 3: only the 1-gram "3" at 3, followed by 9 3 */
+    CHECKF(n == 8 && out[0] == 3 && out[2] == 4 && out[3] == 3 && out[7] == 9, "2-gram: %zu drafts", n);
+    /* context b + 3: only the 1-gram "3", 2 back: 9 3 9 3 ... */
     n = kvt_draft_ngram(b, 5, 3, 8, out);
-    CHECKF(n == 2 && out[0] == 9 && out[1] == 3, "1-gram: %zu drafts", n);
+    CHECKF(n == 8 && out[0] == 9 && out[1] == 3 && out[6] == 9 && out[7] == 3, "1-gram: %zu drafts", n);
+    /* a token over and over */
+    const int32_t c[] = {1, 5, 5};
+    n = kvt_draft_ngram(c, 3, 5, 4, out);
+    CHECKF(n == 4 && out[0] == 5 && out[3] == 5, "a repeated token: %zu drafts", n);
     n = kvt_draft_ngram(b, 5, 12, 8, out);
     CHECK(n == 0);
     n = kvt_draft_ngram(b, 0, 12, 8, out);

@@ -4,6 +4,7 @@
 
 #include "kvtier.h"
 #include "store/policy.h"
+#include "serve/draft.h"
 
 #define KVT_SERVE_MAX_PARALLEL 16  /* KVT_TIERS_MAX_BUSY */
 
@@ -39,6 +40,8 @@ typedef struct kvt_server_opts {
                                * echoed back */
     bool keep_volatile;       /* keep volatile lines (billing headers) in prompts */
     kvt_save_policy policy;
+    kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */
+    uint32_t draft_max;       /* tokens drafted at most a pass (--draft-max; 0: the default) */
     void (*ready)(void *user); /* called once listening */
     void *ready_user;
 } kvt_server_opts;

@@ -3,7 +3,9 @@
  * change, a diff, tool arguments, a story's names) continue as the same
  * tokens continued before, so the tokens after the latest earlier
  * occurrence of the context's last few tokens are a good guess, had with
- * no model at all. */
+ * no model at all. Where the continuation reaches the context's end (a
+ * match p tokens back, p short), the draft goes on repeating it with
+ * period p: a token said over and over, a line repeated. */
 #include "serve/draft.h"
 #include "base/util.h"
 
@@ -38,10 +40,40 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
             size_t k = 0;
             while (k < len && at(ctx, n, last, j + k) == at(ctx, n, last, N - len + k)) k++;
             if (k < len) continue;
-            size_t got = 0;
-            for (size_t i = j + len; i < N && got < max; i++) out[got++] = at(ctx, n, last, i);
+            /* what followed, and past the context's end the same again:
+             * the tokens repeat with the period p the match shows */
+            size_t p = N - len - j, got = 0;
+            for (; got < max; got++) out[got] = got < p ? at(ctx, n, last, N - p + got) : out[got - p];
             return got;
         }
     }
     return 0;
+}
+
+void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max) { *t = (kvt_draft_tune){max, max, 0, 0}; }
+
+size_t kvt_draft_tune_len(kvt_draft_tune *t)
+{
+    if (t->skip) {
+        t->skip--;
+        return 0;
+    }
+    return t->len;
+}
+
+void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept)
+{
+    if (!drafted) return;
+    if (kept == drafted) {
+        t->len = 2 * t->len < t->max ? 2 * t->len : t->max;
+        t->misses = 0;
+        return;
+    }
+    t->len = kept + 1 < t->max ? (uint32_t)kept + 1 : t->max;
+    if (kept) {
+        t->misses = 0;
+        return;
+    }
+    t->skip = 1u << (t->misses < 4 ? t->misses : 4);
+    t->misses++;
 }

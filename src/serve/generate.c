@@ -171,6 +171,7 @@ struct kvt_gen_run {
      * drafts), where it began, the logits of its rows, the state before it */
     int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
     size_t pass_n, pos0;
+    kvt_draft_tune tune;
     float *rows;
     kvt_wbuf save;
 };
@@ -195,6 +196,7 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     if (R->g.draft_max == 0) R->g.draft_max = KVT_DRAFT_MAX_DEFAULT;
     if (R->g.draft_max > KVT_DRAFT_MAX_LIMIT) R->g.draft_max = KVT_DRAFT_MAX_LIMIT;
     if (R->g.draft != KVT_DRAFT_NGRAM) R->g.draft = KVT_DRAFT_NONE;
+    kvt_draft_tune_init(&R->tune, R->g.draft_max);
     /* no room for the rows: plain decoding, the same reply */
     if (R->g.draft && !(R->rows = malloc((size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float))))
         R->g.draft = KVT_DRAFT_NONE;
@@ -251,7 +253,7 @@ bool kvt_gen_next_pass(kvt_gen_run *R, kvt_gen_pass *p)
     if (g->draft != KVT_DRAFT_NGRAM || R->eos) return true;
     /* drafts only where plain decoding could go on: within max_new (the
      * sampled token is one more) and the context */
-    size_t lim = g->draft_max, c = R->u->completion_tokens + 1;
+    size_t lim = kvt_draft_tune_len(&R->tune), c = R->u->completion_tokens + 1;
     lim = g->max_new > c ? (lim < g->max_new - c ? lim : g->max_new - c) : 0;
     size_t ctx = g->n_ctx < s->n_ctx ? g->n_ctx : s->n_ctx;
     lim = ctx > R->pos0 + 1 ? (lim < ctx - R->pos0 - 1 ? lim : ctx - R->pos0 - 1) : 0;
@@ -326,6 +328,7 @@ bool kvt_gen_took_pass(kvt_gen_run *R, int rc, size_t done)
     /* each draft is kept only when it is what plain decoding samples there */
     for (int32_t t; more && keep < done; keep++, u->accepted++, more = kvt_gen_took(R, 0))
         if (!next_from(R, R->rows + (keep - 1) * V, R->pos0 + keep, &t) || t != R->pass[keep]) break;
+    kvt_draft_tune_after(&R->tune, done - 1, keep - 1);
     if (kvt_session_keep(R->g.s, R->pos0, R->pass, done, keep, R->rows, &R->save)) return !(R->done = true);
     return more && !R->done;
 }
