@@ -23,9 +23,27 @@
  *                            work) and rejected ones rolled back. Control:
  *                            with KVT_SESSION_FAULT_KEEP_ONE_MORE (a
  *                            rollback that keeps one token too many) the
- *                            same comparison fails. */
+ *                            same comparison fails.
+ *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
+ *                            2: completions with repeating prompts, greedy
+ *                            and seeded sampling with logprobs, two at once
+ *                            (batched in one pass per step) and one alone,
+ *                            give the same bodies (but id and created) with
+ *                            --draft ngram as with --draft none, and
+ *                            /metrics counts the drafts, at least one
+ *                            accepted, and fewer passes than tokens. On a
+ *                            build without speculation (main before it)
+ *                            the server refuses --draft: the test fails.
+ *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
+ *                            --draft ngram equal --draft none's, greedy and
+ *                            sampled, drafts accepted in the greedy one;
+ *                            --draft model and mtp are refused (exit 2, "not
+ *                            supported yet"), --draft x and --draft-max 65
+ *                            are usage errors. On main (no --draft) it
+ *                            fails. */
 #include "test.h"
 #include "fam_state.h"
+#include "fixture.h"
 #include "serve/api.h"
 #include "serve/draft.h"
 #include "serve/generate.h"
@@ -33,6 +51,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 TEST(speculate_ngram)
 {
@@ -303,4 +323,168 @@ TEST(speculate_qwen35)
 {
     static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
     family(&f, false);
+}
+
+/* ---- through the server ---- */
+
+enum { N_REQ = 3 };
+static const char *const bodies[N_REQ] = {
+    "{\"prompt\":\"abcabcabcabcabcabcabc\",\"max_tokens\":64,\"temperature\":0,\"logprobs\":2}",
+    "{\"prompt\":\"1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3\",\"max_tokens\":64,\"temperature\":0.7,\"top_k\":3,"
+    "\"seed\":5,\"logprobs\":2}",
+    "{\"prompt\":\"1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3\",\"max_tokens\":64,\"temperature\":0,\"logprobs\":2}",
+};
+
+/* The value of a /metrics line "name value" in text; -1 when absent. */
+static long metric_in(const char *text, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = text ? strstr(text, key) : NULL;
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Remove the value after the first key (up to the character end) from
+ * text. */
+static void cut_field(char *text, const char *key, char end)
+{
+    char *p = strstr(text, key);
+    if (!p) return;
+    p += strlen(key);
+    char *q = strchr(p, end);
+    if (q) memmove(p, q, strlen(q) + 1);
+}
+
+/* The response bodies with --draft d (malloc'ed, without id and created;
+ * NULL each when it failed) and the server's /metrics text. */
+static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
+{
+    const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
+                                "--draft", d, NULL};
+    if (!fx_server_start(sv, args)) return false;
+    char cmd[4096], path[N_REQ][160], mpath[160];
+    for (int i = 0; i < N_REQ; i++) {
+        char bp[160];
+        snprintf(bp, sizeof bp, "%s/body-%d.json", sv->dir, i);
+        snprintf(path[i], sizeof path[i], "%s/out-%s-%d.json", sv->dir, d, i);
+        if (!fx_write_file(bp, bodies[i], strlen(bodies[i]))) return false;
+    }
+    snprintf(mpath, sizeof mpath, "%s/metrics-%s.txt", sv->dir, d);
+    /* the first two at once (one pass per step for both), then the third alone */
+    snprintf(cmd, sizeof cmd,
+             "u=%s/v1/completions; h='Content-Type: application/json'; "
+             "curl -sf -H \"$h\" -d @%s/body-0.json -o %s $u & curl -sf -H \"$h\" -d @%s/body-1.json -o %s $u & "
+             "wait && curl -sf -H \"$h\" -d @%s/body-2.json -o %s $u && curl -sf -o %s %s/metrics",
+             sv->base, sv->dir, path[0], sv->dir, path[1], sv->dir, path[2], mpath, sv->base);
+    const char *const argv[] = {"/bin/sh", "-c", cmd, NULL};
+    char log[160];
+    snprintf(log, sizeof log, "%s/curl-%s.log", sv->dir, d);
+    int st = 0, rc = fx_run(argv, log, 60, &st);
+    bool ok = fx_server_stop(sv) && rc == 1 && st == 0;
+    if (!ok) {
+        printf("    --draft %s: the requests exited %d (status %d)\n", d, rc, st);
+        fx_print_file("curl", log);
+        fx_print_file("server", sv->log);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        out[i] = ok ? kvt_test_read_file(path[i], NULL) : NULL;
+        if (out[i]) { /* the body but its id and time (its text need not be UTF-8: compared as bytes) */
+            cut_field(out[i], "\"id\":\"", '"');
+            cut_field(out[i], "\"created\":", ',');
+        }
+        ok = ok && out[i] && strstr(out[i], "\"choices\"");
+    }
+    *metrics = kvt_test_read_file(mpath, NULL);
+    return ok && *metrics;
+}
+
+TEST(speculate_server)
+{
+    fx_server sv = {0};
+    CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *mp = NULL, *ms = NULL;
+    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms);
+    if (!ran) fx_server_kill(&sv);
+    bool same_all = ran;
+    for (int i = 0; i < N_REQ && ran; i++) {
+        bool eq = !strcmp(plain[i], spec[i]);
+        printf("    request %d: %s\n", i, eq ? "the same body" : "DIFFERENT");
+        if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
+        same_all = same_all && eq;
+    }
+    long gen = metric_in(ms, "kvtier_generated_tokens_total"), passes = metric_in(ms, "kvtier_decode_passes_total"),
+         drafted = metric_in(ms, "kvtier_draft_tokens_total"), acc = metric_in(ms, "kvtier_draft_accepted_tokens_total"),
+         drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
+    printf("    --draft ngram: %ld tokens in %ld passes, %ld drafted, %ld accepted; --draft none: %ld drafted\n", gen,
+           passes, drafted, acc, drafted0);
+    for (int i = 0; i < N_REQ; i++) {
+        free(plain[i]);
+        free(spec[i]);
+    }
+    free(mp);
+    free(ms);
+    fx_tmpdir_remove(&sv);
+    CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
+    CHECK(same_all);
+    CHECKF(drafted0 == 0 && drafted > 0 && acc > 0 && acc <= drafted && passes > 0 && passes < gen + N_REQ,
+           "the /metrics counts of speculation");
+}
+
+/* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
+ * (malloc'ed). */
+static int run_cli(const char *const *args, char **out, char **err)
+{
+    const char *argv[32] = {kvt_test_bin(), "run", "--model", "ds4-tiny", "--no-kv-disk", "--threads", "1"};
+    size_t n = 7;
+    for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof *argv; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    char po[] = "/tmp/kvt-spec-out-XXXXXX", pe[] = "/tmp/kvt-spec-err-XXXXXX";
+    int fo = mkstemp(po), fe = mkstemp(pe), st = -1;
+    if (fo >= 0) close(fo);
+    if (fe >= 0) close(fe);
+    int rc = fx_run_split(argv, po, pe, 60, &st);
+    *out = kvt_test_read_file(po, NULL);
+    *err = kvt_test_read_file(pe, NULL);
+    unlink(po);
+    unlink(pe);
+    return rc == 1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(speculate_run)
+{
+    static const char *const temps[] = {"0", "0.7"};
+    static const char *const drafts[] = {"none", "ngram"};
+    for (int t = 0; t < 2; t++) {
+        char *out[2], *err[2];
+        int st[2];
+        for (int d = 0; d < 2; d++) {
+            const char *const a[] = {"--prompt", "abcabcabcabcabcabcabc", "--output", "ids", "--max-tokens", "64",
+                                     "--temperature", temps[t], "--top-k", "3", "--seed", "5", "--draft", drafts[d],
+                                     NULL};
+            st[d] = run_cli(a, &out[d], &err[d]);
+        }
+        const char *acc = err[1] ? strstr(err[1], " drafted, ") : NULL;
+        long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
+        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
+        printf("    temperature %s: %s; %s", temps[t], eq ? "the same ids" : "DIFFERENT", err[1] ? err[1] : "\n");
+        for (int d = 0; d < 2; d++) {
+            free(out[d]);
+            free(err[d]);
+        }
+        CHECKF(eq, "run --draft ngram changed the reply (or a run failed: %d %d)", st[0], st[1]);
+        CHECKF(t || accepted > 0, "no draft accepted on a repeating prompt");
+    }
+    static const struct { const char *opt, *val, *says; } bad[] = {
+        {"--draft", "model", "not supported yet"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val, NULL};
+        char *out, *err;
+        int st = run_cli(a, &out, &err);
+        bool ok = st == 2 && err && strstr(err, bad[i].says);
+        if (!ok) printf("    %s %s: exit %d: %s", bad[i].opt, bad[i].val, st, err ? err : "");
+        free(out);
+        free(err);
+        CHECKF(ok, "run %s %s: want exit 2 naming it", bad[i].opt, bad[i].val);
+    }
 }
