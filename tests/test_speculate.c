@@ -3,7 +3,8 @@
  *
  *   speculate_ngram          the n-gram drafter proposes what followed the
  *                            latest earlier match of the last 3 tokens
- *                            (else 2, else 1), up to max, repeating with
+ *                            (else 2; a single token is no match), up to
+ *                            max, repeating with
  *                            the match's period past the context's end,
  *                            and nothing without a match; --draft parses.
  *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
@@ -68,9 +69,13 @@ TEST(speculate_ngram)
     const int32_t b[] = {1, 9, 4, 3, 9};
     n = kvt_draft_ngram(b, 5, 4, 8, out);
     CHECKF(n == 8 && out[0] == 3 && out[2] == 4 && out[3] == 3 && out[7] == 9, "2-gram: %zu drafts", n);
-    /* context b + 3: only the 1-gram "3", 2 back: 9 3 9 3 ... */
+    /* context b + 3: only the 1-gram "3": no draft */
     n = kvt_draft_ngram(b, 5, 3, 8, out);
-    CHECKF(n == 8 && out[0] == 9 && out[1] == 3 && out[6] == 9 && out[7] == 3, "1-gram: %zu drafts", n);
+    CHECKF(n == 0, "1-gram: %zu drafts", n);
+    /* context d + 9: "3 9" 2 back (a 2-gram): 3 9 3 9 ... */
+    const int32_t d[] = {1, 3, 9, 3};
+    n = kvt_draft_ngram(d, 4, 9, 8, out);
+    CHECKF(n == 8 && out[0] == 3 && out[1] == 9 && out[6] == 3 && out[7] == 9, "2-gram, period 2: %zu drafts", n);
     /* a token over and over */
     const int32_t c[] = {1, 5, 5};
     n = kvt_draft_ngram(c, 3, 5, 4, out);

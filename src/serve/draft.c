@@ -11,6 +11,13 @@
 
 #include <string.h>
 
+/* The suffix lengths matched, longest first. A single token's latest
+ * occurrence drafts poorly: on stories260K's free text 1-gram matches
+ * brought 131 drafts and 42 kept where 2..3 brought 114 and 54, and
+ * fewer passes. */
+#define NGRAM_MAX 3
+#define NGRAM_MIN 2
+
 int kvt_draft_parse(const char *name, kvt_draft_kind *out)
 {
     if (!strcmp(name, "ngram")) *out = KVT_DRAFT_NGRAM;
@@ -33,7 +40,7 @@ static inline int32_t at(const int32_t *ctx, size_t n, int32_t last, size_t i) {
 size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out)
 {
     size_t N = n + 1;
-    for (size_t len = 3; len >= 1; len--) {
+    for (size_t len = NGRAM_MAX; len >= NGRAM_MIN; len--) {
         if (N < len + 1) continue;
         /* the match ends before the context's last token: it is followed by one at least */
         for (size_t j = N - len; j-- > 0;) {

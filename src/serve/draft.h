@@ -30,7 +30,7 @@ int kvt_draft_parse(const char *name, kvt_draft_kind *out);
 const char *kvt_draft_name(kvt_draft_kind k);
 
 /* Prompt lookup: the context is ctx[0..n) followed by last. Find the
- * latest earlier occurrence of its last 3 tokens (else 2, else 1), p
+ * latest earlier occurrence of its last 3 tokens (else 2), p
  * tokens before the context's end, and propose the tokens that followed
  * it there, up to max of them, into out; past the context's end they
  * repeat with period p (the tokens p back). Returns how many (0: no
