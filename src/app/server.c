@@ -1956,6 +1956,9 @@ int kvt_serve(const kvt_server_opts *opts)
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, %zu requests at once, disk cache %s)\n",
             sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off");
+    if (sv->o.draft)
+        fprintf(stderr, "kvtier: speculative decoding: --draft %s, up to %u tokens drafted a pass\n",
+                kvt_draft_name(sv->o.draft), sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT);
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
     sigdelset(&wait, SIGTERM);

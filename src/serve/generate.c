@@ -11,6 +11,7 @@
 #include "arch/model.h"
 #include "base/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,8 +199,11 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     if (R->g.draft != KVT_DRAFT_NGRAM) R->g.draft = KVT_DRAFT_NONE;
     kvt_draft_tune_init(&R->tune, R->g.draft_max);
     /* no room for the rows: plain decoding, the same reply */
-    if (R->g.draft && !(R->rows = malloc((size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float))))
+    size_t rows = (size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float);
+    if (R->g.draft && !(R->rows = malloc(rows))) {
+        fprintf(stderr, "kvtier: speculative decoding off for a reply: no memory for its %zu bytes of logits\n", rows);
         R->g.draft = KVT_DRAFT_NONE;
+    }
     if (g->stream) emit(out, kvt_stream_begin(r, g->id, g->model_name, u, g->created));
     return R;
 }
