@@ -246,9 +246,9 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
             outcome plain[BATCH];
             CHECKF(replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain), "%s %s: a reply failed: %s", what, st->what,
                    kvt_errmsg());
-            for (size_t i = 0; i < k; i++) {
-                known[i] = plain[i].toks;
-                n_known[i] = plain[i].n;
+            for (size_t i = 0; i < BATCH; i++) {
+                known[i] = i < k ? plain[i].toks : NULL;
+                n_known[i] = i < k ? plain[i].n : 0;
             }
             /* the n-gram drafter, then one that knows the reply */
             for (int oracle = 0; oracle < 2; oracle++) {
@@ -283,6 +283,7 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
                 CHECKF(plain[i].u.drafted == 0 && plain[i].u.passes >= plain[i].u.completion_tokens,
                        "plain decoding: %u passes for %u tokens", plain[i].u.passes, plain[i].u.completion_tokens);
                 outcome_free(&plain[i]);
+                known[i] = NULL;
             }
         }
     }
