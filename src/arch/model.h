@@ -63,7 +63,7 @@ typedef struct kvt_step {
      * receives the logits of every token taken (done * n_vocab floats,
      * room for n), and save the fixed state before the step, for
      * kvt_session_keep to roll back to (architectures with state only). */
-    float *rows;
+    float *rows;                 /* (n, n_vocab) */
     kvt_wbuf *save;
 } kvt_step;
 /* Advance k distinct sessions of one model by one forward pass over all

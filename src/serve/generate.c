@@ -6,7 +6,15 @@
  * that could still become a stop sequence or the start of a tool call; in
  * thinking mode the reasoning goes out as reasoning pieces and the answer
  * as text. The events go through the caller's emit callback, so the loop
- * does not know where they go (the server's job buffer, a test's list). */
+ * does not know where they go (the server's job buffer, a test's list).
+ *
+ * Speculative decoding (kvt_gen_next_pass / kvt_gen_took_pass): the
+ * sampled token goes through the model together with tokens a drafter
+ * guessed would follow it, and each guess is then sampled against as a
+ * token of its own would be (the same logits, the draw of its position):
+ * the guesses plain decoding would have made are taken, the session is
+ * rolled back after the first it would not. The reply is plain decoding's,
+ * in fewer passes. */
 #include "serve/generate.h"
 #include "arch/model.h"
 #include "base/util.h"
@@ -173,7 +181,7 @@ struct kvt_gen_run {
     int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
     size_t pass_n, pos0;
     kvt_draft_tune tune;
-    float *rows;
+    float *rows;                /* (1 + draft_max, n_vocab) */
     kvt_wbuf save;
 };
 

@@ -468,6 +468,15 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
     return KVT_OK;
 }
 
+/* ---- verify passes (speculative decoding) ----
+ *
+ * A pass of a sampled token and drafts after it, then a rollback to the
+ * drafts kept. Rows of the llama family without state are per token:
+ * truncating them is exact. Window rings, ds4's window and frontiers and
+ * recurrent state are overwritten by the pass; the pass saved them first,
+ * so the rollback loads them and runs the kept tokens again, which gives
+ * the same bits as running them the first time (no chunk schedule changes
+ * any). */
 int kvt_session_verify(kvt_session *s, const int32_t *tok, size_t n, float *rows, kvt_wbuf *save, size_t *done)
 {
     kvt_step st = {s, tok, n, false, 0, rows, save};
