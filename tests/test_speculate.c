@@ -24,7 +24,8 @@
  *                            work) and rejected ones rolled back. Control:
  *                            with KVT_SESSION_FAULT_KEEP_ONE_MORE (a
  *                            rollback that keeps one token too many) the
- *                            same comparison fails.
+ *                            same comparison fails. And a reply that runs
+ *                            into the context's end mid-draft is the same.
  *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
  *                            2: completions with repeating prompts, greedy
  *                            and seeded sampling with logprobs, two at once
@@ -125,6 +126,10 @@ static kvt_request request(const setting *st, uint32_t max_new)
 
 enum { MAX_NEW = 48, BATCH = 2 };
 
+/* Tokens the sessions have room for after the prompt (0: the reply's and
+ * more): less ends the reply at the context, in the middle of a pass. */
+static size_t ctx_room;
+
 /* k replies of prompt p[i] (n tokens each), with draft d, batched in one
  * pass per step when k > 1 (the server's scheduler), alone otherwise. */
 static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const setting *st, kvt_draft_kind d,
@@ -136,7 +141,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
     kvt_gen_run *R[BATCH] = {0};
     kvt_gen_out out = {0};
     bool ok = true, live[BATCH] = {0};
-    kvt_session_opts so = {.n_ctx = (uint32_t)n + MAX_NEW + 8, .n_threads = 1};
+    kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
     for (size_t i = 0; i < k && ok; i++) {
         memset(&o[i], 0, sizeof o[i]);
         r[i] = request(st, MAX_NEW);
@@ -292,6 +297,29 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
     CHECKF(accepted[1] > 0 && rejected[1] > 0, "%s: %u of %u known drafts accepted, %u replies with a rejection: "
            "both must be exercised", what, accepted[1], drafted[1], rejected[1]);
     CHECKF(!ngram_hits || accepted[0] > 0, "%s: no n-gram draft accepted on a repeating prompt", what);
+    /* a reply that ends at the context: drafts stop short of it */
+    outcome plain, spec;
+    kvt_gen_test_drafter = NULL;
+    ctx_room = 21;
+    bool ran = replies(m, ps, PROMPT, 1, &settings[0], KVT_DRAFT_NONE, &plain);
+    kvt_gen_test_drafter = knowing;
+    for (size_t i = 0; ran && i < BATCH; i++) {
+        known[i] = i ? NULL : plain.toks;
+        n_known[i] = i ? 0 : plain.n;
+    }
+    ran = ran && replies(m, ps, PROMPT, 1, &settings[0], KVT_DRAFT_NGRAM, &spec);
+    kvt_gen_test_drafter = NULL;
+    ctx_room = 0;
+    known[0] = NULL;
+    bool eq = ran && same(&plain, &spec);
+    printf("    %s at the context's end: %u tokens, %u passes (plain %u), %u drafted, %u accepted: %s\n", what,
+           spec.u.completion_tokens, spec.u.passes, plain.u.passes, spec.u.drafted, spec.u.accepted,
+           eq ? "same" : "DIFFERENT");
+    bool short_reply = ran && plain.n == PROMPT + 21;
+    outcome_free(&plain);
+    outcome_free(&spec);
+    CHECKF(ran && eq, "%s: a reply that ends at the context differs with drafts", what);
+    CHECKF(short_reply, "%s: the reply did not run to the context's end", what);
 }
 
 TEST(speculate_ds4)
