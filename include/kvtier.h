@@ -360,7 +360,14 @@ typedef struct kvt_sampler_opts {
 typedef struct kvt_sampler kvt_sampler;
 int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts);
 void kvt_sampler_free(kvt_sampler *s);
-/* A token id from n_vocab logits (read, not kept); -1 when out of memory. */
+/* A token id from n_vocab logits (read, not kept) with the draw of
+ * position pos (0: a reply's first token): the draw is output pos + 1 of
+ * splitmix64 from the seed, a pure function of (seed, pos), so sampling a
+ * position again, or the positions in another order, gives the same ids.
+ * -1 when out of memory. */
+int32_t kvt_sampler_sample_at(kvt_sampler *s, const float *logits, uint32_t n_vocab, uint64_t pos);
+/* The same at the next position: 0 for the sampler's first call, then one
+ * more each call. */
 int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t n_vocab);
 
 #ifdef __cplusplus

@@ -57,6 +57,11 @@
  *                      inside batches of up to 8 random others on a fresh
  *                      server (--parallel 8): the same text, tokens and
  *                      logprobs to the bit (tests/e2e/batch.mjs)
+ *   e2e_batch_draft_ds4, e2e_batch_draft_stories  the same, alone on a
+ *                      server with --draft none, batched on one with
+ *                      --draft ngram: speculation inside the batches
+ *                      changes no bit (on main, without --draft, the
+ *                      server does not start)
  *   e2e_batch_cancel_fair  ds4-mini: clients that hang up mid-prefill and
  *                      mid-reply free their slots; with two keys and
  *                      --parallel 1 one key's burst does not hold the
@@ -1515,6 +1520,39 @@ TEST(e2e_batch_same_ds4)
 }
 
 TEST(e2e_batch_same_stories) { on_stories(batch_same); }
+
+/* The same with speculative decoding: the requests alone on a server that
+ * drafts nothing, then inside batches on one that drafts (--draft ngram):
+ * the same bits (drafts and prefills of several requests in one pass). */
+static void batch_same_draft(e2e *t, const char *model)
+{
+    char state[128];
+    snprintf(state, sizeof state, "%s/batch.json", t->s.dir);
+    START(t, "--model", model, "--no-kv-disk", "--parallel", "8", "--draft", "none");
+    NODE(t, 300, "batch.mjs", "alone", state);
+    STOP(t);
+    if (kvt_test_failed()) return;
+    START(t, "--model", model, "--no-kv-disk", "--parallel", "8", "--draft", "ngram");
+    NODE(t, 300, "batch.mjs", "batched", state);
+    CHECKF(curl(t, "%s/metrics", t->s.base) == 200, "GET /metrics");
+    char *m = curl_file(t, "out");
+    const char *d = strstr(m, "\nkvtier_draft_tokens_total "), *a = strstr(m, "\nkvtier_draft_accepted_tokens_total ");
+    long drafted = d ? strtol(d + 27, NULL, 10) : -1, accepted = a ? strtol(a + 36, NULL, 10) : -1;
+    free(m);
+    printf("    %s, batched with --draft ngram: %ld tokens drafted, %ld accepted\n", model, drafted, accepted);
+    CHECKF(drafted > 0, "no token drafted: the check saw no speculation");
+    STOP(t);
+}
+
+TEST(e2e_batch_draft_ds4)
+{
+    e2e t;
+    if (!e2e_begin(&t, false)) return;
+    batch_same_draft(&t, "ds4-tiny");
+    e2e_end(&t);
+}
+
+TEST(e2e_batch_draft_stories) { on_stories(batch_same_draft); }
 
 /* Clients that hang up free their slots; a burst of one key's requests
  * does not hold another key's behind all of it (ds4-mini: its prefills

@@ -7,8 +7,9 @@
  *                       candidates ordered by logit, then id; the first
  *                       top_k of them (0: all); softmax at the temperature;
  *                       the shortest head whose probability reaches top_p;
- *                       one uniform from xoshiro256** seeded by splitmix64
- *                       over that head's mass, by its cumulative sums. Six
+ *                       the uniform of position i, output i + 1 of
+ *                       splitmix64 from the seed, over that head's mass,
+ *                       by its cumulative sums. Six
  *                       settings (temperature 0.3 to 2, top-k off, 1, 5 and
  *                       50, top-p off, 0.5 and 0.9) over 1,000 logits with
  *                       ties, 2,000 draws each. Control: the same check
@@ -21,7 +22,8 @@
  *                       check that does not depend on the generator's
  *                       sequence. Control: the probabilities at another
  *                       temperature (0.8 for 1) fail it.
- *   sampler_seeds       one seed gives one sequence; another seed another. */
+ *   sampler_seeds       one seed gives one sequence; another seed another.
+ *   sampler_positions   a position's draw depends on (seed, position) only. */
 #include "test.h"
 
 #include <math.h>
@@ -30,32 +32,24 @@
 
 /* ---- the reference ---- */
 
-typedef struct ref_rng { uint64_t s[4]; } ref_rng;
+typedef struct ref_rng { uint64_t seed, pos; } ref_rng;
 
-/* splitmix64 outputs seed the four words (Vigna's recommendation) */
 static void ref_seed(ref_rng *r, uint64_t seed)
 {
-    for (int i = 0; i < 4; i++) {
-        seed += 0x9e3779b97f4a7c15ull;
-        uint64_t z = seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        r->s[i] = z ^ (z >> 31);
-    }
+    r->seed = seed;
+    r->pos = 0;
 }
 
-/* xoshiro256** 1.0 (Blackman and Vigna) */
+/* the draw of position pos: output pos + 1 of splitmix64 (Steele, Lea and
+ * Flood) from the seed, stepped here one output at a time */
 static uint64_t ref_next(ref_rng *r)
 {
-    uint64_t *s = r->s, x = s[1] * 5;
-    uint64_t out = ((x << 7) | (x >> 57)) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = (s[3] << 45) | (s[3] >> 19);
-    return out;
+    uint64_t z = r->seed;
+    for (uint64_t i = 0; i <= r->pos; i++) z += 0x9e3779b97f4a7c15ull;
+    r->pos++;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
 typedef struct ref_dist {
@@ -248,4 +242,33 @@ TEST(sampler_seeds)
     kvt_sampler_free(s);
     CHECK(!memcmp(a, b, sizeof a));
     CHECK(memcmp(a, c, sizeof a) != 0);
+}
+
+/* The draw of a position is a function of (seed, position) alone: positions
+ * sampled in reverse, or one again, give the ids of a run in order (what a
+ * verify pass of speculative decoding relies on). Control: the same
+ * positions from another seed differ. */
+TEST(sampler_positions)
+{
+    float lg[V];
+    logits(lg, 5);
+    enum { N = 200 };
+    int32_t fwd[N], rev[N], other[N];
+    kvt_sampler_opts o = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 40, .seed = 17};
+    kvt_sampler *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(kvt_sampler_new(&a, &o));
+    CHECK_OK(kvt_sampler_new(&b, &o));
+    o.seed = 18;
+    CHECK_OK(kvt_sampler_new(&c, &o));
+    for (int i = 0; i < N; i++) fwd[i] = kvt_sampler_sample(a, lg, V);
+    for (int i = N; i-- > 0;) rev[i] = kvt_sampler_sample_at(b, lg, V, (uint64_t)i);
+    int again = kvt_sampler_sample_at(b, lg, V, 7);
+    size_t diff = 0;
+    for (int i = 0; i < N; i++) diff += (other[i] = kvt_sampler_sample_at(c, lg, V, (uint64_t)i)) != fwd[i];
+    kvt_sampler_free(a);
+    kvt_sampler_free(b);
+    kvt_sampler_free(c);
+    CHECK(!memcmp(fwd, rev, sizeof fwd) && again == fwd[7]);
+    printf("    control: another seed differs at %zu of %d positions\n", diff, N);
+    CHECK(diff > N / 2);
 }

@@ -5,6 +5,8 @@
 #include "kvtier.h"
 #include "store/policy.h"
 #include "store/remote.h"
+#include "arch/model.h"
+#include "serve/draft.h"
 
 #include <errno.h>
 #include <math.h>
@@ -97,6 +99,25 @@ static int fail(int rc, const char *what)
 
 /* --cache-type-k and --cache-type-v (-ctk, -ctv): the K and V rows' types */
 #define CACHE_OPTS {"--cache-type-k"}, {"--cache-type-v"}
+#define DRAFT_OPTS {"--draft"}, {"--draft-max"}
+
+/* --draft ngram|model|mtp|none (model and mtp: not supported yet) and
+ * --draft-max N. */
+static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max)
+{
+    *kind = KVT_DRAFT_DEFAULT;
+    *max = KVT_DRAFT_MAX_DEFAULT;
+    const char *d = get(o, no, "--draft");
+    if (d && kvt_draft_parse(d, kind)) {
+        fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
+        return false;
+    }
+    uint64_t m = KVT_DRAFT_MAX_DEFAULT;
+    if (!parse_u64(get(o, no, "--draft-max"), "--draft-max", KVT_DRAFT_MAX_LIMIT, &m)) return false;
+    if (!m) *kind = KVT_DRAFT_NONE; /* drafting nothing is no drafting */
+    *max = (uint32_t)m;
+    return true;
+}
 
 static bool parse_cache_types(const opt *o, size_t no, kvt_row_type *k, kvt_row_type *v)
 {
@@ -413,7 +434,8 @@ static int cmd_run(int argc, char **argv)
 {
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
-               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS, CACHE_OPTS};
+               {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS, CACHE_OPTS,
+               DRAFT_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -434,6 +456,9 @@ static int cmd_run(int argc, char **argv)
         return 2;
     }
     bool ids_out = output && !strcmp(output, "ids");
+    kvt_draft_kind draft;
+    uint32_t draft_max;
+    if (!parse_draft(o, no, &draft, &draft_max)) return 2;
     if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
     if (get(o, no, "--demo") && !max_tokens) {
         fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
@@ -464,6 +489,8 @@ static int cmd_run(int argc, char **argv)
     kvt_sampler *smp = NULL;
     kvt_store *store = NULL;
     int32_t *gen = NULL;
+    float *rows = NULL;
+    kvt_wbuf save = {0};
     int ret = 1, rc;
     if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
     if (n == 0) {
@@ -495,27 +522,68 @@ static int cmd_run(int argc, char **argv)
     if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
     gen = malloc((max_tokens ? max_tokens : 1) * sizeof *gen);
     if (!gen) { fprintf(stderr, "kvtier: out of memory\n"); goto out; }
-    size_t ng = 0;
+    if (draft && !(rows = malloc((size_t)(1 + draft_max) * info.n_vocab * sizeof *rows))) draft = KVT_DRAFT_NONE;
+    size_t ng = 0, passes = 0, drafted = 0, accepted = 0;
     bool first = true;
+    kvt_draft_tune tune;
+    kvt_draft_tune_init(&tune, draft_max);
+    double t_dec = now_s();
+    int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
+    /* Token ng is sampled with the draw of position ng, from the session's
+     * logits or, for a draft, from its row of the verify pass: a draft is
+     * kept only when it is that token (and one plain decoding would run:
+     * not the last, not EOS), so the reply is the same with or without. */
     while (ng < max_tokens) {
-        int32_t t = kvt_sampler_sample(smp, kvt_session_logits(s), info.n_vocab);
+        int32_t t = kvt_sampler_sample_at(smp, kvt_session_logits(s), info.n_vocab, ng);
         if (t < 0) { fprintf(stderr, "kvtier: sampling failed\n"); goto out; }
-        if (t == info.eos || t == info.bos) break;
-        gen[ng++] = t;
-        if (!ids_out) {
-            const char *piece;
-            size_t len;
-            if (kvt_token_piece(m, t, &piece, &len) == KVT_OK) {
-                /* A SentencePiece continuation right after BOS carries the dummy-prefix space. */
-                if (first && n == 1 && len && piece[0] == ' ') { piece++; len--; }
-                fwrite(piece, 1, len, stdout);
-                fflush(stdout);
+        size_t keep = 0, done = 1;
+        for (pass[0] = t;;) {
+            if (t == info.eos || t == info.bos) break;
+            gen[ng++] = t;
+            keep++;
+            if (!ids_out) {
+                const char *piece;
+                size_t len;
+                if (kvt_token_piece(m, t, &piece, &len) == KVT_OK) {
+                    /* A SentencePiece continuation right after BOS carries the dummy-prefix space. */
+                    if (first && n == 1 && len && piece[0] == ' ') { piece++; len--; }
+                    fwrite(piece, 1, len, stdout);
+                    fflush(stdout);
+                }
             }
+            first = false;
+            if (keep == 1) { /* the sampled token: draft after it, run them */
+                if (ng == max_tokens) break;
+                size_t pos = kvt_session_len(s), lim = max_tokens - ng - 1; /* the last token is never run */
+                size_t want = draft ? kvt_draft_tune_len(&tune) : 0;
+                if (lim > want) lim = want;
+                if (pos + 1 + lim > s->n_ctx) lim = s->n_ctx > pos + 1 ? s->n_ctx - pos - 1 : 0;
+                size_t d = draft && lim ? kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1) : 0;
+                passes++;
+                if (!d) {
+                    if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
+                    break;
+                }
+                drafted += d;
+                if ((rc = kvt_session_verify(s, pass, 1 + d, rows, &save, &done))) { fail(rc, "decode"); goto out; }
+            }
+            if (keep == done) break;
+            t = kvt_sampler_sample_at(smp, rows + (keep - 1) * info.n_vocab, info.n_vocab, ng);
+            if (t < 0) { fprintf(stderr, "kvtier: sampling failed\n"); goto out; }
+            if (t != pass[keep] || t == info.eos || t == info.bos) break;
+            accepted++;
         }
-        first = false;
-        if (ng == max_tokens) break;
-        if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
+        if (done > 1) kvt_draft_tune_after(&tune, done - 1, keep - 1);
+        if (keep == 0 || ng == max_tokens) break;
+        if (done > 1 && (rc = kvt_session_keep(s, kvt_session_len(s) - done, pass, done, keep, rows, &save))) {
+            fail(rc, "decode");
+            goto out;
+        }
     }
+    t_dec = now_s() - t_dec;
+    if (get(o, no, "--draft"))
+        fprintf(stderr, "kvtier: draft %s: %zu tokens in %zu passes, %.1f tok/s; %zu drafted, %zu accepted\n",
+                kvt_draft_name(draft), ng, passes, t_dec > 0 ? ng / t_dec : 0.0, drafted, accepted);
     if (ids_out) {
         for (size_t i = 0; i < ng; i++) printf(i ? " %d" : "%d", gen[i]);
     }
@@ -525,6 +593,8 @@ static int cmd_run(int argc, char **argv)
     ret = 0;
 out:
     free(gen);
+    free(rows);
+    kvt_wbuf_free(&save);
     free(toks);
     kvt_store_close(store);
     kvt_sampler_free(smp);
@@ -887,7 +957,7 @@ static int cmd_serve(int argc, char **argv)
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
-               DISK_OPTS, CACHE_OPTS};
+               DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -1021,7 +1091,10 @@ static int cmd_serve(int argc, char **argv)
             return 2;
         }
     kvt_row_type type_k, type_v;
-    if (!parse_cache_types(o, no, &type_k, &type_v)) return 2;
+    if (!parse_cache_types(o, no, &type_k, &type_v)) { free(file_text); return 2; }
+    kvt_draft_kind draft;
+    uint32_t draft_max;
+    if (!parse_draft(o, no, &draft, &draft_max)) { free(file_text); return 2; }
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .type_k = type_k, .type_v = type_v,
@@ -1036,6 +1109,7 @@ static int cmd_serve(int argc, char **argv)
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
         .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
         .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
+        .draft = draft, .draft_max = draft_max,
     };
     int rc = kvt_serve(&so);
     free(file_text);
@@ -1127,7 +1201,8 @@ static void usage(FILE *f)
           "\n"
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
-          "              [--threads N] [--ctx N] [--rolling] [--kv-save] [cache types] [disk options]\n"
+          "              [--threads N] [--ctx N] [--rolling] [--kv-save] [draft options] [cache types]\n"
+          "              [disk options]\n"
           "  run --demo  [run's options]: the cache at work (make run): a prompt of 4,224 tokens\n"
           "              (or --prompt) cold, a second turn on it from RAM, then the prompt in\n"
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
@@ -1146,7 +1221,8 @@ static void usage(FILE *f)
           "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--request-timeout S (30)] [--max-conn-per-addr N (256)]\n"
           "              [--max-connections N (4096)]\n"
-          "              [--strict-model] [--keep-volatile-lines] [cache types] [disk options]\n"
+          "              [--strict-model] [--keep-volatile-lines] [draft options] [cache types]\n"
+          "              [disk options]\n"
           "              each API key is its own cache namespace with an equal share of\n"
           "              --kv-ram-mb and --kv-disk-mb, and reads its own /metrics; the\n"
           "              metrics key reads every key's, labelled tenant=\"NAME\" (NAME: a letter,\n"
@@ -1172,6 +1248,8 @@ static void usage(FILE *f)
           "              holds: each snapshot's namespace (model key0, tenant), tokens, bytes\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
+          "  draft options --draft ngram|none (none; model, mtp: not supported yet), --draft-max N\n"
+          "              (8, at most 64): speculative decoding, the same output (see Speculative decoding)\n"
           "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"
           "  --version   print the version (kvtier VERSION)\n"
           "\n"

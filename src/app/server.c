@@ -95,6 +95,7 @@ static void hist_add(hist *h, double v)
 typedef struct metrics {
     uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
     uint64_t prompt_tokens, prefilled, generated;
+    uint64_t decode_passes, drafted, accepted; /* speculative decoding: passes of replies, drafts, kept */
     uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
@@ -474,7 +475,7 @@ typedef struct slot {
     double t_queued, t_start, t_tok, t_note;
     bool generating, first_done;
     bool counted;                 /* in the active counts (count_active) */
-    int32_t tok;                  /* this step's token, when generating */
+    kvt_gen_pass pass;            /* this step's tokens, when generating: the sampled one, the drafts */
     char id[48];
     kvt_usage u;
     kvt_gen g;
@@ -581,7 +582,8 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     sl->g = (kvt_gen){.m = sv->m, .s = s, .r = r, .id = sl->id,
                       .model_name = r->model && *r->model ? r->model : sv->model_id, .created = (long)time(NULL),
                       .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
-                      .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock};
+                      .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock,
+                      .draft = sv->o.draft, .draft_max = sv->o.draft_max};
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
     if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {
@@ -599,7 +601,11 @@ static void slot_reply_done(server *sv, slot *sl)
     char *body = kvt_gen_finish(sl->run);
     sl->run = NULL;
     pthread_mutex_lock(&sv->mu);
-    sv->tn[sl->j->tenant].mx.generated += sl->u.completion_tokens;
+    metrics *mx = &sv->tn[sl->j->tenant].mx;
+    mx->generated += sl->u.completion_tokens;
+    mx->decode_passes += sl->u.passes;
+    mx->drafted += sl->u.drafted;
+    mx->accepted += sl->u.accepted;
     pthread_mutex_unlock(&sv->mu);
     slot_end(sv, sl, 200, body);
 }
@@ -701,15 +707,16 @@ static size_t step(server *sv, slot **act, size_t na)
         if (!slot_ready(sv, act[i])) act[i] = NULL;
     }
     /* one token for every reply, then the prefills */
-    size_t n_dec = 0;
+    size_t n_dec = 0, dec_toks = 0;
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < na; i++) {
             slot *sl = act[i];
             if (!sl || sl->load || sl->generating != (pass == 0)) continue;
             if (sl->generating) {
-                if (!kvt_gen_next(sl->run, &sl->tok)) { slot_reply_done(sv, sl); act[i] = NULL; continue; }
-                st[k] = (kvt_step){sl->s, &sl->tok, 1, false, 0};
+                if (!kvt_gen_next_pass(sl->run, &sl->pass)) { slot_reply_done(sv, sl); act[i] = NULL; continue; }
+                st[k] = (kvt_step){sl->s, sl->pass.tok, sl->pass.n, false, 0, sl->pass.rows, sl->pass.save};
                 n_dec++;
+                dec_toks += sl->pass.n;
             } else {
                 if (job_canceled(sl->j)) { slot_prefilled(sv, sl, KVT_ECANCELED); act[i] = NULL; continue; }
                 size_t at = kvt_session_len(sl->s);
@@ -731,10 +738,10 @@ static size_t step(server *sv, slot **act, size_t na)
         }
     /* While replies are being generated a pass takes fewer prefill tokens,
      * so each of their tokens waits for a short pass, not a whole chunk */
-    size_t budget = n_dec ? n_dec + PREFILL_BESIDE_DECODE : 0;
+    size_t budget = n_dec ? dec_toks + PREFILL_BESIDE_DECODE : 0;
     int rcs[KVT_TIERS_MAX_BUSY] = {0};
     if (k && kvt_session_step(st, k, budget)) /* then each alone, to find which one failed */
-        for (size_t i = 0; i < k; i++) rcs[i] = kvt_session_step(&st[i], 1, 0);
+        for (size_t i = 0; i < k; i++) rcs[i] = kvt_session_step(&st[i], 1, st[i].rows ? st[i].n : 0);
     pthread_mutex_lock(&sv->mu);
     sv->steps += k > 0;
     sv->step_reqs += k;
@@ -748,7 +755,7 @@ static size_t step(server *sv, slot **act, size_t na)
         metrics *mx = &sv->tn[sl->j->tenant].mx;
         if (sl->generating) {
             uint32_t had = sl->u.completion_tokens;
-            bool more = kvt_gen_took(sl->run, rcs[i]);
+            bool more = kvt_gen_took_pass(sl->run, rcs[i], st[i].done);
             if (sl->u.completion_tokens > had) { /* a token of the reply */
                 pthread_mutex_lock(&sv->mu);
                 if (!sl->first_done) hist_add(&mx->ttft, now - sl->t_queued);
@@ -1719,6 +1726,12 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY("kvtier_prompt_tokens_total", "counter", "Prompt tokens received.", "", w->mx.prompt_tokens);
     FAMILY("kvtier_prefilled_tokens_total", "counter", "Prompt tokens computed by prefill.", "", w->mx.prefilled);
     FAMILY("kvtier_generated_tokens_total", "counter", "Tokens generated.", "", w->mx.generated);
+    FAMILY("kvtier_decode_passes_total", "counter",
+           "Forward passes of replies (speculative decoding: a pass may take several tokens).", "",
+           w->mx.decode_passes);
+    FAMILY("kvtier_draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", "", w->mx.drafted);
+    FAMILY("kvtier_draft_accepted_tokens_total", "counter",
+           "Drafted tokens accepted (each the token plain decoding samples there).", "", w->mx.accepted);
     FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
             w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
     FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
@@ -2047,6 +2060,9 @@ int kvt_serve(const kvt_server_opts *opts)
     fprintf(stderr, "kvtier: serving %s on http://%s:%u (context %u, %zu requests at once, disk cache %s%s%s)\n",
             sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off",
             sv->remote ? ", remote tier " : "", sv->remote ? opts->remote_url : "");
+    if (sv->o.draft)
+        fprintf(stderr, "kvtier: speculative decoding: --draft %s, up to %u tokens drafted a pass\n",
+                kvt_draft_name(sv->o.draft), sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT);
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
     sigdelset(&wait, SIGTERM);

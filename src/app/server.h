@@ -4,6 +4,7 @@
 
 #include "kvtier.h"
 #include "store/policy.h"
+#include "serve/draft.h"
 
 #define KVT_SERVE_MAX_PARALLEL 16  /* KVT_TIERS_MAX_BUSY */
 
@@ -43,6 +44,8 @@ typedef struct kvt_server_opts {
     const char *remote_password_file; /* NULL: no AUTH */
     const char *remote_secret_file;   /* NULL: no HMAC (refused with API keys) */
     uint32_t remote_lookup_ms;        /* deadline of a remote lookup (0: 20) */
+    kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */
+    uint32_t draft_max;       /* tokens drafted at most a pass (--draft-max; 0: the default) */
     void (*ready)(void *user); /* called once listening */
     void *ready_user;
 } kvt_server_opts;

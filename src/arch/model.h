@@ -59,6 +59,12 @@ typedef struct kvt_step {
     size_t n;
     bool end;
     size_t done;                 /* out: tokens taken */
+    /* A verify pass (speculative decoding), both NULL otherwise: rows
+     * receives the logits of every token taken (done * n_vocab floats,
+     * room for n), and save the fixed state before the step, for
+     * kvt_session_keep to roll back to (architectures with state only). */
+    float *rows;                 /* (n, n_vocab) */
+    kvt_wbuf *save;
 } kvt_step;
 /* Advance k distinct sessions of one model by one forward pass over all
  * their tokens (at most max_tokens in all, 0: the first session's chunk;
@@ -69,6 +75,20 @@ typedef struct kvt_step {
  * decode). KVT_EINVAL: a token out of range, a session twice or full,
  * another model. */
 int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens);
+/* After a verify pass of `ran` tokens tok[0..ran) from pos0 (a step with
+ * rows and save, or kvt_session_verify): keep the first `keep` of them
+ * (1..ran) and roll the rest back exactly, so that the session holds what
+ * decoding tok[0..keep) one at a time would have left: rows truncated,
+ * logits those of row keep - 1, checkpoints past the end dropped; an
+ * architecture with fixed state (window rings, ds4's frontiers, recurrent
+ * state) goes back to the state saved before the pass and runs the kept
+ * tokens again (chunking changes no bit). */
+int kvt_session_keep(kvt_session *s, size_t pos0, const int32_t *tok, size_t ran, size_t keep, const float *rows,
+                     const kvt_wbuf *save);
+/* A verify pass of one session: kvt_session_step of tok[0..n) with rows
+ * and save; *done the tokens taken. */
+int kvt_session_verify(kvt_session *s, const int32_t *tok, size_t n, float *rows, kvt_wbuf *save, size_t *done);
+
 /* The first part of kvt_session_sync: validate the prompt (*tokens, *n:
  * in rolling mode its last n_ctx tokens) and go back to the longest
  * restorable prefix of it; *reused is what s holds of it after. The rest,
@@ -109,7 +129,10 @@ bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session
  * leave out the checkpoint at the mark, which a sync of the same tokens
  * keeps; KVT_SESSION_FAULT_STALE_LOGITS makes a session trimmed off its
  * checkpoints serve its stale logits (kvt_session_trim) as if they were
- * those after its last token. */
-enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK, KVT_SESSION_FAULT_STALE_LOGITS };
+ * those after its last token; KVT_SESSION_FAULT_KEEP_ONE_MORE makes
+ * kvt_session_keep keep one token more than asked when it rolls back (an
+ * off-by-one rollback). */
+enum { KVT_SESSION_FAULT_NONE, KVT_SESSION_FAULT_STEP_MARK, KVT_SESSION_FAULT_STALE_LOGITS,
+       KVT_SESSION_FAULT_KEEP_ONE_MORE };
 extern int kvt_session_fault;
 #endif

@@ -174,6 +174,8 @@ typedef struct kvt_usage {
     uint32_t reasoning_tokens; /* completion tokens of the reasoning (thinking mode), the
                                 * one that completes </think> included; part of
                                 * completion_tokens (clamped to it) */
+    uint32_t passes;          /* decoding passes of the reply (speculative decoding: fewer than tokens) */
+    uint32_t drafted, accepted; /* tokens drafted, and of them accepted (kept) */
 } kvt_usage;
 
 /* ---- log-probabilities ---------------------------------------------------- *

@@ -6,11 +6,20 @@
  * that could still become a stop sequence or the start of a tool call; in
  * thinking mode the reasoning goes out as reasoning pieces and the answer
  * as text. The events go through the caller's emit callback, so the loop
- * does not know where they go (the server's job buffer, a test's list). */
+ * does not know where they go (the server's job buffer, a test's list).
+ *
+ * Speculative decoding (kvt_gen_next_pass / kvt_gen_took_pass): the
+ * sampled token goes through the model together with tokens a drafter
+ * guessed would follow it, and each guess is then sampled against as a
+ * token of its own would be (the same logits, the draw of its position):
+ * the guesses plain decoding would have made are taken, the session is
+ * rolled back after the first it would not. The reply is plain decoding's,
+ * in fewer passes. */
 #include "serve/generate.h"
 #include "arch/model.h"
 #include "base/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,6 +176,13 @@ struct kvt_gen_run {
     double t_lp;                /* its log-probability and its alternatives' */
     int32_t top_id[KVT_API_MAX_TOP_LOGPROBS];
     double top_lp[KVT_API_MAX_TOP_LOGPROBS];
+    /* speculative decoding: the pass's tokens (the sampled one, then the
+     * drafts), where it began, the logits of its rows, the state before it */
+    int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
+    size_t pass_n, pos0;
+    kvt_draft_tune tune;
+    float *rows;                /* (1 + draft_max, n_vocab) */
+    kvt_wbuf save;
 };
 
 kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
@@ -186,11 +202,24 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     R->lp = (lp_rec){.n_top = r->logprobs ? r->top_logprobs : 0};
     if (R->lp.n_top > KVT_API_MAX_TOP_LOGPROBS) R->lp.n_top = KVT_API_MAX_TOP_LOGPROBS; /* the arrays above */
     if (R->lp.n_top > g->m->info.n_vocab) R->lp.n_top = g->m->info.n_vocab;
+    if (R->g.draft_max == 0) R->g.draft_max = KVT_DRAFT_MAX_DEFAULT;
+    if (R->g.draft_max > KVT_DRAFT_MAX_LIMIT) R->g.draft_max = KVT_DRAFT_MAX_LIMIT;
+    if (R->g.draft != KVT_DRAFT_NGRAM) R->g.draft = KVT_DRAFT_NONE;
+    kvt_draft_tune_init(&R->tune, R->g.draft_max);
+    /* no room for the rows: plain decoding, the same reply */
+    size_t rows = (size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float);
+    if (R->g.draft && !(R->rows = malloc(rows))) {
+        fprintf(stderr, "kvtier: speculative decoding off for a reply: no memory for its %zu bytes of logits\n", rows);
+        R->g.draft = KVT_DRAFT_NONE;
+    }
     if (g->stream) emit(out, kvt_stream_begin(r, g->id, g->model_name, u, g->created));
     return R;
 }
 
-bool kvt_gen_next(kvt_gen_run *R, int32_t *tok)
+/* The next token from logits, the session then holding len tokens: as
+ * kvt_gen_next, whose logits are the session's. The draw is that of the
+ * token's position in the reply (the tokens taken before it). */
+static bool next_from(kvt_gen_run *R, const float *logits, size_t len, int32_t *tok)
 {
     const kvt_gen *g = &R->g;
     kvt_request *r = g->r;
@@ -200,8 +229,7 @@ bool kvt_gen_next(kvt_gen_run *R, int32_t *tok)
         R->finish = "stop";
         return !(R->done = true);
     }
-    const float *logits = kvt_session_logits(g->s);
-    int32_t t = kvt_sampler_sample(R->smp, logits, m->info.n_vocab);
+    int32_t t = kvt_sampler_sample_at(R->smp, logits, m->info.n_vocab, R->u->completion_tokens);
     /* from the raw logits, before temperature and top-p: the model's
      * distribution, which is what OpenAI reports */
     R->t_lp = 0;
@@ -211,11 +239,44 @@ bool kvt_gen_next(kvt_gen_run *R, int32_t *tok)
     for (size_t k = 0; k < R->tt.n_end; k++) eos |= t == R->tt.end[k];
     R->eos = eos;
     R->t = t;
-    if (kvt_session_len(g->s) >= g->n_ctx) {
+    if (len >= g->n_ctx) {
         R->finish = "context";
         return !(R->done = true);
     }
     *tok = t; /* run it even when it ends the reply: the session's timeline stays complete */
+    return true;
+}
+
+size_t (*kvt_gen_test_drafter)(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out);
+
+bool kvt_gen_next(kvt_gen_run *R, int32_t *tok)
+{
+    R->pass_n = 1;
+    return next_from(R, kvt_session_logits(R->g.s), kvt_session_len(R->g.s), tok);
+}
+
+bool kvt_gen_next_pass(kvt_gen_run *R, kvt_gen_pass *p)
+{
+    const kvt_gen *g = &R->g;
+    kvt_session *s = g->s;
+    *p = (kvt_gen_pass){R->pass, 1, NULL, NULL};
+    if (!kvt_gen_next(R, &R->pass[0])) return false;
+    R->pos0 = kvt_session_len(s);
+    if (g->draft != KVT_DRAFT_NGRAM || R->eos) return true;
+    /* drafts only where plain decoding could go on: within max_new (the
+     * sampled token is one more) and the context */
+    size_t lim = kvt_draft_tune_len(&R->tune), c = R->u->completion_tokens + 1;
+    lim = g->max_new > c ? (lim < g->max_new - c ? lim : g->max_new - c) : 0;
+    size_t ctx = g->n_ctx < s->n_ctx ? g->n_ctx : s->n_ctx;
+    lim = ctx > R->pos0 + 1 ? (lim < ctx - R->pos0 - 1 ? lim : ctx - R->pos0 - 1) : 0;
+    size_t d = !lim ? 0
+               : kvt_gen_test_drafter ? kvt_gen_test_drafter(kvt_session_tokens(s), R->pos0, R->pass[0], lim, R->pass + 1)
+                                      : kvt_draft_ngram(kvt_session_tokens(s), R->pos0, R->pass[0], lim, R->pass + 1);
+    R->pass_n = p->n = 1 + d;
+    if (d) {
+        p->rows = R->rows;
+        p->save = &R->save;
+    }
     return true;
 }
 
@@ -268,6 +329,22 @@ bool kvt_gen_took(kvt_gen_run *R, int rc)
     return true;
 }
 
+bool kvt_gen_took_pass(kvt_gen_run *R, int rc, size_t done)
+{
+    kvt_usage *u = R->u;
+    if (!rc) u->passes++;
+    if (rc || R->pass_n == 1) return kvt_gen_took(R, rc);
+    u->drafted += (uint32_t)(R->pass_n - 1);
+    size_t V = R->g.m->info.n_vocab, keep = 1;
+    bool more = kvt_gen_took(R, 0);
+    /* each draft is kept only when it is what plain decoding samples there */
+    for (int32_t t; more && keep < done; keep++, u->accepted++, more = kvt_gen_took(R, 0))
+        if (!next_from(R, R->rows + (keep - 1) * V, R->pos0 + keep, &t) || t != R->pass[keep]) break;
+    kvt_draft_tune_after(&R->tune, done - 1, keep - 1);
+    if (kvt_session_keep(R->g.s, R->pos0, R->pass, done, keep, R->rows, &R->save)) return !(R->done = true);
+    return more && !R->done;
+}
+
 char *kvt_gen_finish(kvt_gen_run *R)
 {
     if (!R) return NULL;
@@ -316,6 +393,8 @@ char *kvt_gen_finish(kvt_gen_run *R)
     kvt_wbuf_free(&R->lp.top);
     kvt_wbuf_free(text);
     kvt_sampler_free(R->smp);
+    free(R->rows);
+    kvt_wbuf_free(&R->save);
     free(R);
     return body;
 }
@@ -324,7 +403,10 @@ char *kvt_generate_run(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *out)
 {
     kvt_gen_run *R = kvt_gen_start(g, u, out);
     if (!R) return NULL;
-    for (int32_t t; kvt_gen_next(R, &t);)
-        if (!kvt_gen_took(R, kvt_session_decode(g->s, t))) break;
+    for (kvt_gen_pass p; kvt_gen_next_pass(R, &p);) {
+        size_t done = 1;
+        int rc = p.n == 1 ? kvt_session_decode(g->s, p.tok[0]) : kvt_session_verify(g->s, p.tok, p.n, p.rows, p.save, &done);
+        if (!kvt_gen_took_pass(R, rc, done)) break;
+    }
     return kvt_gen_finish(R);
 }

@@ -1,6 +1,10 @@
 /* Token sampling: greedy (argmax, lowest id on ties) or temperature with
- * optional top-k and top-p, driven by a seeded xoshiro256** generator so a
- * given seed reproduces a run. */
+ * optional top-k and top-p. The uniform draw of the token at position p of
+ * a reply is a pure function of (seed, p): output p + 1 of a splitmix64
+ * generator started at the seed (splitmix64 is a counter hashed, so any
+ * output is had without the ones before it). A reply is then the same
+ * whether its tokens were sampled one at a time or verified several in a
+ * pass (speculative decoding), and a given seed reproduces a run. */
 #include "base/util.h"
 
 #include <math.h>
@@ -8,18 +12,18 @@
 
 struct kvt_sampler {
     kvt_sampler_opts o;
-    uint64_t st[4];
+    uint64_t next;          /* the position kvt_sampler_sample draws at */
     struct cand { float logit; int32_t id; } *cand;
     uint32_t cap;
 };
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next64(uint64_t *s)
+/* Output pos + 1 of splitmix64 from seed. */
+static uint64_t draw64(uint64_t seed, uint64_t pos)
 {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
-    return r;
+    uint64_t x = seed + (pos + 1) * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
 }
 
 int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts)
@@ -28,14 +32,6 @@ int kvt_sampler_new(kvt_sampler **out, const kvt_sampler_opts *opts)
     if (!s) return KVT_ENOMEM;
     s->o = *opts;
     if (!(s->o.top_p > 0 && s->o.top_p <= 1)) s->o.top_p = 1;
-    uint64_t z = opts->seed;
-    for (int i = 0; i < 4; i++) { /* splitmix64 seeding */
-        z += 0x9e3779b97f4a7c15ull;
-        uint64_t x = z;
-        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-        s->st[i] = x ^ (x >> 31);
-    }
     *out = s;
     return KVT_OK;
 }
@@ -55,6 +51,11 @@ static int cmp_cand(const void *a, const void *b)
 }
 
 int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t V)
+{
+    return kvt_sampler_sample_at(s, logits, V, s->next++);
+}
+
+int32_t kvt_sampler_sample_at(kvt_sampler *s, const float *logits, uint32_t V, uint64_t pos)
 {
     if (!(s->o.temperature > 0)) {
         uint32_t best = 0;
@@ -82,7 +83,7 @@ int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t V)
     }
     double mass = 0;
     for (uint32_t i = 0; i < keep; i++) mass += p[i];
-    double u = (double)(next64(s->st) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    double u = (double)(draw64(s->o.seed, pos) >> 11) * (1.0 / 9007199254740992.0) * mass;
     int32_t id = s->cand[keep - 1].id;
     for (uint32_t i = 0; i < keep; i++) {
         if (u < p[i]) { id = s->cand[i].id; break; }

@@ -441,8 +441,18 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
     }
     kvt_seg segs[64], *seg = k <= 64 ? segs : kvt_malloc(k * sizeof *seg);
     if (!seg) return KVT_ENOMEM;
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; i < k; i++) {
         seg[i] = (kvt_seg){st[i].s, st[i].tok, st[i].done, st[i].s->n, st[i].s->logits, st[i].done - 1};
+        if (st[i].rows) {
+            seg[i].logits = st[i].rows;
+            seg[i].lfrom = 0;
+        }
+        if (st[i].save && stateful(st[i].s)) {
+            st[i].save->len = 0;
+            st[i].save->oom = false;
+            m->arch->state_save(st[i].s, st[i].save);
+        }
+    }
     int rc = KVT_OK;
     if (m->arch->forward_batch) {
         rc = m->arch->forward_batch(seg, k);
@@ -460,6 +470,8 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
     }
     for (size_t i = 0; i < k; i++) {
         kvt_session *s = st[i].s;
+        if (st[i].rows)
+            memcpy(s->logits, st[i].rows + (st[i].done - 1) * (size_t)m->info.n_vocab, m->info.n_vocab * sizeof(float));
         memcpy(s->tokens + s->n, st[i].tok, st[i].done * sizeof(int32_t));
         s->n += st[i].done;
         s->logits_stale = false;
@@ -467,6 +479,52 @@ int kvt_session_step(kvt_step *st, size_t k, size_t max_tokens)
         if (s->n % s->ckpt_interval == 0 || mark || (st[i].end && st[i].done == st[i].n))
             kvt_session_checkpoint(s);
     }
+    return KVT_OK;
+}
+
+/* ---- verify passes (speculative decoding) ----
+ *
+ * A pass of a sampled token and drafts after it, then a rollback to the
+ * drafts kept. Rows of the llama family without state are per token:
+ * truncating them is exact. Window rings, ds4's window and frontiers and
+ * recurrent state are overwritten by the pass; the pass saved them first,
+ * so the rollback loads them and runs the kept tokens again, which gives
+ * the same bits as running them the first time (no chunk schedule changes
+ * any). */
+int kvt_session_verify(kvt_session *s, const int32_t *tok, size_t n, float *rows, kvt_wbuf *save, size_t *done)
+{
+    kvt_step st = {s, tok, n, false, 0, rows, save};
+    int rc = kvt_session_step(&st, 1, n);
+    *done = st.done;
+    return rc;
+}
+
+int kvt_session_keep(kvt_session *s, size_t pos0, const int32_t *tok, size_t ran, size_t keep, const float *rows,
+                     const kvt_wbuf *save)
+{
+    if (keep < 1 || keep > ran || pos0 + ran != s->n)
+        return kvt_fail(KVT_EINVAL, "keep %zu of a pass of %zu tokens from %zu (the session holds %zu)", keep, ran,
+                        pos0, s->n);
+    if (keep == ran) return KVT_OK;
+    if (kvt_session_fault == KVT_SESSION_FAULT_KEEP_ONE_MORE) keep++; /* tests: an off-by-one rollback */
+    size_t V = s->m->info.n_vocab, end = pos0 + keep;
+    ckpt_drop_after(s, end);
+    if (!stateful(s)) {
+        s->n = end;
+        kvt_cache_truncate(s->cache, end);
+        memcpy(s->logits, rows + (keep - 1) * V, V * sizeof(float));
+        return KVT_OK;
+    }
+    /* the state before the pass, then the kept tokens again */
+    kvt_rbuf r = {save ? save->p : NULL, save ? save->len : 0, 0};
+    s->n = pos0;
+    kvt_cache_truncate(s->cache, pos0);
+    int rc = save && !save->oom ? s->m->arch->state_load(s, pos0, &r)
+                                : kvt_fail(KVT_ENOMEM, "no state saved before the verify pass");
+    if (!rc) rc = s->m->arch->forward(s, tok, keep, pos0, s->logits, keep - 1);
+    if (rc) { recover(s, pos0); return rc; }
+    s->n = end;
+    if (s->n % s->ckpt_interval == 0) kvt_session_checkpoint(s);
     return KVT_OK;
 }
 

@@ -1,0 +1,524 @@
+/* Speculative decoding (src/serve/draft.c, the pass loop of
+ * src/serve/generate.c, kvt_session_keep in src/session/session.c):
+ *
+ *   speculate_ngram          the n-gram drafter proposes what followed the
+ *                            latest earlier match of the last 3 tokens
+ *                            (else 2; a single token is no match), up to
+ *                            max, repeating with
+ *                            the match's period past the context's end,
+ *                            and nothing without a match; --draft parses.
+ *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
+ *   speculate_llama          the llama family's full rows (llama)
+ *   speculate_gemma3         window rings (gemma3)
+ *   speculate_qwen35         recurrent state (qwen35)
+ *                            each: a prompt that repeats a block of tokens,
+ *                            replied to greedily and sampled (seeded,
+ *                            temperature, top-k), alone (kvt_generate_run)
+ *                            and two replies batched in one pass per step
+ *                            (kvt_session_step, as the server's scheduler):
+ *                            with --draft ngram the response (text, every
+ *                            token's log-probability and alternatives), the
+ *                            session's tokens and its digest (logits and
+ *                            cache bytes) equal plain decoding's, drafts
+ *                            were accepted (the check sees speculation at
+ *                            work) and rejected ones rolled back. Control:
+ *                            with KVT_SESSION_FAULT_KEEP_ONE_MORE (a
+ *                            rollback that keeps one token too many) the
+ *                            same comparison fails. And a reply that runs
+ *                            into the context's end mid-draft is the same.
+ *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
+ *                            2: completions with repeating prompts, greedy
+ *                            and seeded sampling with logprobs, two at once
+ *                            (batched in one pass per step) and one alone,
+ *                            give the same bodies (but id and created) with
+ *                            --draft ngram as with --draft none, and
+ *                            /metrics counts the drafts, at least one
+ *                            accepted, and fewer passes than tokens. On a
+ *                            build without speculation (main before it)
+ *                            the server refuses --draft: the test fails.
+ *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
+ *                            --draft ngram equal --draft none's, greedy and
+ *                            sampled, drafts accepted in the greedy one;
+ *                            --draft model and mtp are refused (exit 2, "not
+ *                            supported yet"), --draft x and --draft-max 65
+ *                            are usage errors. On main (no --draft) it
+ *                            fails. */
+#include "test.h"
+#include "fam_state.h"
+#include "fixture.h"
+#include "serve/api.h"
+#include "serve/draft.h"
+#include "serve/generate.h"
+#include "arch/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+TEST(speculate_ngram)
+{
+    int32_t out[8];
+    const int32_t a[] = {5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6};
+    /* context a + 7: "6 7" last matched at 5..6 (3-gram "5 6 7" at 0..2 is the longest) */
+    size_t n = kvt_draft_ngram(a, 11, 7, 8, out);
+    CHECKF(n == 8 && out[0] == 8 && out[1] == 1 && out[7] == 6, "3-gram: %zu drafts, first %d", n, n ? out[0] : -1);
+    n = kvt_draft_ngram(a, 11, 7, 2, out);
+    CHECK(n == 2 && out[0] == 8 && out[1] == 1);
+    /* context b + 4: "9 4" 3 tokens back (no 3-gram), followed by 3 9 4,
+     * then the same again */
+    const int32_t b[] = {1, 9, 4, 3, 9};
+    n = kvt_draft_ngram(b, 5, 4, 8, out);
+    CHECKF(n == 8 && out[0] == 3 && out[2] == 4 && out[3] == 3 && out[7] == 9, "2-gram: %zu drafts", n);
+    /* context b + 3: only the 1-gram "3": no draft */
+    n = kvt_draft_ngram(b, 5, 3, 8, out);
+    CHECKF(n == 0, "1-gram: %zu drafts", n);
+    /* context d + 9: "3 9" 2 back (a 2-gram): 3 9 3 9 ... */
+    const int32_t d[] = {1, 3, 9, 3};
+    n = kvt_draft_ngram(d, 4, 9, 8, out);
+    CHECKF(n == 8 && out[0] == 3 && out[1] == 9 && out[6] == 3 && out[7] == 9, "2-gram, period 2: %zu drafts", n);
+    /* a token over and over */
+    const int32_t c[] = {1, 5, 5};
+    n = kvt_draft_ngram(c, 3, 5, 4, out);
+    CHECKF(n == 4 && out[0] == 5 && out[3] == 5, "a repeated token: %zu drafts", n);
+    n = kvt_draft_ngram(b, 5, 12, 8, out);
+    CHECK(n == 0);
+    n = kvt_draft_ngram(b, 0, 12, 8, out);
+    CHECK(n == 0);
+    kvt_draft_kind k;
+    CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
+    CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
+    CHECK(kvt_draft_parse("model", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED);
+    CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
+}
+
+/* One reply's outcome. */
+typedef struct outcome {
+    char *body;
+    uint64_t digest;
+    int32_t *toks;
+    size_t n;
+    kvt_usage u;
+} outcome;
+
+static void outcome_free(outcome *o)
+{
+    free(o->body);
+    free(o->toks);
+    memset(o, 0, sizeof *o);
+}
+
+typedef struct setting {
+    const char *what;
+    float temperature;
+    uint32_t top_k;
+} setting;
+
+static const setting settings[] = {{"greedy", 0, 0}, {"sampled", 0.7f, 3}};
+
+static kvt_request request(const setting *st, uint32_t max_new)
+{
+    return (kvt_request){.api = KVT_API_COMPLETIONS, .max_tokens = max_new, .temperature = st->temperature,
+                         .top_p = 1, .top_k = st->top_k, .seed = 7, .has_seed = true, .logprobs = true,
+                         .top_logprobs = 2};
+}
+
+enum { MAX_NEW = 48, BATCH = 2 };
+
+/* Tokens the sessions have room for after the prompt (0: the reply's and
+ * more): less ends the reply at the context, in the middle of a pass. */
+static size_t ctx_room;
+
+/* k replies of prompt p[i] (n tokens each), with draft d, batched in one
+ * pass per step when k > 1 (the server's scheduler), alone otherwise. */
+static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const setting *st, kvt_draft_kind d,
+                    outcome *o)
+{
+    kvt_session *s[BATCH] = {0};
+    kvt_request r[BATCH];
+    kvt_gen g[BATCH];
+    kvt_gen_run *R[BATCH] = {0};
+    kvt_gen_out out = {0};
+    bool ok = true, live[BATCH] = {0};
+    kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
+    for (size_t i = 0; i < k && ok; i++) {
+        memset(&o[i], 0, sizeof o[i]);
+        r[i] = request(st, MAX_NEW);
+        ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
+        g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
+                         .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
+    }
+    if (ok && k == 1) {
+        o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
+    } else if (ok) {
+        for (size_t i = 0; i < k && ok; i++) ok = (R[i] = kvt_gen_start(&g[i], &o[i].u, &out)) != NULL, live[i] = ok;
+        for (size_t left = k; ok && left;) {
+            kvt_step stp[BATCH];
+            size_t who[BATCH], j = 0;
+            for (size_t i = 0; i < k; i++) {
+                kvt_gen_pass ps;
+                if (!live[i]) continue;
+                if (!kvt_gen_next_pass(R[i], &ps)) {
+                    o[i].body = kvt_gen_finish(R[i]);
+                    R[i] = NULL;
+                    live[i] = false;
+                    left--;
+                    continue;
+                }
+                stp[j] = (kvt_step){s[i], ps.tok, ps.n, false, 0, ps.rows, ps.save};
+                who[j++] = i;
+            }
+            if (!j) break;
+            size_t budget = 0;
+            for (size_t i = 0; i < j; i++) budget += stp[i].n;
+            int rc = kvt_session_step(stp, j, budget);
+            for (size_t i = 0; i < j; i++)
+                if (!kvt_gen_took_pass(R[who[i]], rc, stp[i].done)) {
+                    o[who[i]].body = kvt_gen_finish(R[who[i]]);
+                    R[who[i]] = NULL;
+                    live[who[i]] = false;
+                    left--;
+                }
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        if (R[i]) o[i].body = kvt_gen_finish(R[i]);
+        if (s[i] && ok) {
+            o[i].digest = kvt_test_digest(s[i], m);
+            o[i].n = kvt_session_len(s[i]);
+            o[i].toks = malloc(o[i].n * sizeof(int32_t) + 1);
+            if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
+        }
+        ok = ok && o[i].body && o[i].toks;
+        kvt_session_free(s[i]);
+    }
+    return ok;
+}
+
+static bool same(const outcome *a, const outcome *b)
+{
+    return a->body && b->body && !strcmp(a->body, b->body) && a->digest == b->digest && a->n == b->n &&
+           !memcmp(a->toks, b->toks, a->n * sizeof(int32_t)) && a->u.completion_tokens == b->u.completion_tokens;
+}
+
+/* BOS, then a block of `blk` tokens from seed repeated to n tokens. */
+static void repeating_prompt(int32_t *t, size_t n, size_t blk, uint64_t seed, int32_t lo, int32_t span)
+{
+    t[0] = 1;
+    int32_t b[64];
+    for (size_t i = 0; i < blk; i++) b[i] = lo + (int32_t)(kvt_test_rand(&seed) % (uint64_t)span);
+    for (size_t i = 1; i < n; i++) t[i] = b[(i - 1) % blk];
+}
+
+enum { PROMPT = 97 };
+
+/* The plain runs' tokens (prompt and reply) of the prompts in a test: a
+ * drafter that knows them drafts the reply, every third pass with its
+ * second draft wrong, so drafts are accepted and rejected on any model. */
+static const int32_t *known[BATCH];
+static size_t n_known[BATCH];
+
+static size_t knowing(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out)
+{
+    for (size_t b = 0; b < BATCH; b++) {
+        if (!known[b] || n_known[b] <= n || memcmp(known[b], ctx, PROMPT * sizeof *ctx) || known[b][n] != last) continue;
+        size_t got = 0;
+        for (size_t i = n + 1; i < n_known[b] && got < max; i++) out[got++] = known[b][i];
+        if (n % 3 == 0 && got > 1) out[1] ^= 1;
+        return got;
+    }
+    return 0;
+}
+
+/* Every setting, alone and batched: speculation changes nothing; with the
+ * fault it does. bos: the tokenizer's BOS id; the prompts' other tokens
+ * are blocks of ids in [lo, lo + span) repeated; ngram_hits: the model
+ * repeats them enough that n-gram drafts must be accepted (a synthetic
+ * model may never say what its prompt holds: the knowing drafter still
+ * exercises acceptance there). */
+static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32_t lo, int32_t span, bool ngram_hits)
+{
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, lo, span);
+    repeating_prompt(pb, PROMPT, 17, 12, lo, span);
+    pa[0] = pb[0] = bos;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted[2] = {0}, drafted[2] = {0}, rejected[2] = {0};
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH];
+            CHECKF(replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain), "%s %s: a reply failed: %s", what, st->what,
+                   kvt_errmsg());
+            for (size_t i = 0; i < BATCH; i++) {
+                known[i] = i < k ? plain[i].toks : NULL;
+                n_known[i] = i < k ? plain[i].n : 0;
+            }
+            /* the n-gram drafter, then one that knows the reply */
+            for (int oracle = 0; oracle < 2; oracle++) {
+                outcome spec[BATCH], bad[BATCH];
+                kvt_gen_test_drafter = oracle ? knowing : NULL;
+                bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, spec);
+                kvt_session_fault = KVT_SESSION_FAULT_KEEP_ONE_MORE;
+                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, bad);
+                kvt_session_fault = KVT_SESSION_FAULT_NONE;
+                kvt_gen_test_drafter = NULL;
+                CHECKF(ran, "%s %s: a reply failed: %s", what, st->what, kvt_errmsg());
+                for (size_t i = 0; i < k; i++) {
+                    bool eq = same(&plain[i], &spec[i]), eq_bad = same(&plain[i], &bad[i]);
+                    printf("    %s %s %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: "
+                           "%s; control %s\n",
+                           what, st->what, k > 1 ? "batched" : "alone", oracle ? "knowing" : "ngram", i,
+                           spec[i].u.completion_tokens, spec[i].u.passes, plain[i].u.passes, spec[i].u.drafted,
+                           spec[i].u.accepted, eq ? "same" : "DIFFERENT", eq_bad ? "same" : "differs");
+                    CHECKF(eq, "%s %s: speculation changed the reply or the session", what, st->what);
+                    /* the control bites where a draft was rejected */
+                    if (spec[i].u.accepted < spec[i].u.drafted) {
+                        rejected[oracle]++;
+                        CHECKF(!eq_bad, "%s %s: the off-by-one rollback went unseen", what, st->what);
+                    }
+                    accepted[oracle] += spec[i].u.accepted;
+                    drafted[oracle] += spec[i].u.drafted;
+                    outcome_free(&spec[i]);
+                    outcome_free(&bad[i]);
+                }
+            }
+            for (size_t i = 0; i < k; i++) {
+                CHECKF(plain[i].u.drafted == 0 && plain[i].u.passes >= plain[i].u.completion_tokens,
+                       "plain decoding: %u passes for %u tokens", plain[i].u.passes, plain[i].u.completion_tokens);
+                outcome_free(&plain[i]);
+                known[i] = NULL;
+            }
+        }
+    }
+    printf("    %s: n-gram drafts %u of %u accepted; knowing drafts %u of %u\n", what, accepted[0], drafted[0],
+           accepted[1], drafted[1]);
+    CHECKF(accepted[1] > 0 && rejected[1] > 0, "%s: %u of %u known drafts accepted, %u replies with a rejection: "
+           "both must be exercised", what, accepted[1], drafted[1], rejected[1]);
+    CHECKF(!ngram_hits || accepted[0] > 0, "%s: no n-gram draft accepted on a repeating prompt", what);
+    /* a reply that ends at the context: drafts stop short of it */
+    outcome plain, spec;
+    kvt_gen_test_drafter = NULL;
+    ctx_room = 21;
+    bool ran = replies(m, ps, PROMPT, 1, &settings[0], KVT_DRAFT_NONE, &plain);
+    kvt_gen_test_drafter = knowing;
+    for (size_t i = 0; ran && i < BATCH; i++) {
+        known[i] = i ? NULL : plain.toks;
+        n_known[i] = i ? 0 : plain.n;
+    }
+    ran = ran && replies(m, ps, PROMPT, 1, &settings[0], KVT_DRAFT_NGRAM, &spec);
+    kvt_gen_test_drafter = NULL;
+    ctx_room = 0;
+    known[0] = NULL;
+    bool eq = ran && same(&plain, &spec);
+    printf("    %s at the context's end: %u tokens, %u passes (plain %u), %u drafted, %u accepted: %s\n", what,
+           spec.u.completion_tokens, spec.u.passes, plain.u.passes, spec.u.drafted, spec.u.accepted,
+           eq ? "same" : "DIFFERENT");
+    bool short_reply = ran && plain.n == PROMPT + 21;
+    outcome_free(&plain);
+    outcome_free(&spec);
+    CHECKF(ran && eq, "%s: a reply that ends at the context differs with drafts", what);
+    CHECKF(short_reply, "%s: the reply did not run to the context's end", what);
+}
+
+TEST(speculate_ds4)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    speculation_exact(m, "ds4-tiny", in.bos >= 0 ? in.bos : 256, 32, 90, true);
+    kvt_model_close(m);
+}
+
+static void family(const fam_spec *f, bool ngram_hits)
+{
+    char dir[] = "/tmp/kvt-spec-XXXXXX", path[256];
+    kvt_model *m = fam_open(f, dir, path, sizeof path);
+    if (!m) return;
+    speculation_exact(m, f->arch, 1, 3, 2000, ngram_hits);
+    fam_close(m, dir, path);
+}
+
+TEST(speculate_llama)
+{
+    static const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+    family(&f, true);
+}
+
+TEST(speculate_gemma3)
+{
+    static const fam_spec f = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    family(&f, true);
+}
+
+TEST(speculate_qwen35)
+{
+    static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    family(&f, false);
+}
+
+/* ---- through the server ---- */
+
+enum { N_REQ = 3 };
+static const char *const bodies[N_REQ] = {
+    "{\"prompt\":\"abcabcabcabcabcabcabc\",\"max_tokens\":64,\"temperature\":0,\"logprobs\":2}",
+    "{\"prompt\":\"1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3\",\"max_tokens\":64,\"temperature\":0.7,\"top_k\":3,"
+    "\"seed\":5,\"logprobs\":2}",
+    "{\"prompt\":\"1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3\",\"max_tokens\":64,\"temperature\":0,\"logprobs\":2}",
+};
+
+/* The value of a /metrics line "name value" in text; -1 when absent. */
+static long metric_in(const char *text, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = text ? strstr(text, key) : NULL;
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Remove the value after the first key (up to the character end) from
+ * text. */
+static void cut_field(char *text, const char *key, char end)
+{
+    char *p = strstr(text, key);
+    if (!p) return;
+    p += strlen(key);
+    char *q = strchr(p, end);
+    if (q) memmove(p, q, strlen(q) + 1);
+}
+
+/* The response bodies with --draft d (malloc'ed, without id and created;
+ * NULL each when it failed) and the server's /metrics text. */
+static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
+{
+    const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
+                                "--draft", d, NULL};
+    if (!fx_server_start(sv, args)) return false;
+    char cmd[4096], path[N_REQ][160], mpath[160];
+    for (int i = 0; i < N_REQ; i++) {
+        char bp[160];
+        snprintf(bp, sizeof bp, "%s/body-%d.json", sv->dir, i);
+        snprintf(path[i], sizeof path[i], "%s/out-%s-%d.json", sv->dir, d, i);
+        if (!fx_write_file(bp, bodies[i], strlen(bodies[i]))) return false;
+    }
+    snprintf(mpath, sizeof mpath, "%s/metrics-%s.txt", sv->dir, d);
+    /* the first two at once (one pass per step for both), then the third alone */
+    snprintf(cmd, sizeof cmd,
+             "u=%s/v1/completions; h='Content-Type: application/json'; "
+             "curl -sf -H \"$h\" -d @%s/body-0.json -o %s $u & curl -sf -H \"$h\" -d @%s/body-1.json -o %s $u & "
+             "wait && curl -sf -H \"$h\" -d @%s/body-2.json -o %s $u && curl -sf -o %s %s/metrics",
+             sv->base, sv->dir, path[0], sv->dir, path[1], sv->dir, path[2], mpath, sv->base);
+    const char *const argv[] = {"/bin/sh", "-c", cmd, NULL};
+    char log[160];
+    snprintf(log, sizeof log, "%s/curl-%s.log", sv->dir, d);
+    int st = 0, rc = fx_run(argv, log, 60, &st);
+    bool ok = fx_server_stop(sv) && rc == 1 && st == 0;
+    if (!ok) {
+        printf("    --draft %s: the requests exited %d (status %d)\n", d, rc, st);
+        fx_print_file("curl", log);
+        fx_print_file("server", sv->log);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        out[i] = ok ? kvt_test_read_file(path[i], NULL) : NULL;
+        if (out[i]) { /* the body but its id and time (its text need not be UTF-8: compared as bytes) */
+            cut_field(out[i], "\"id\":\"", '"');
+            cut_field(out[i], "\"created\":", ',');
+        }
+        ok = ok && out[i] && strstr(out[i], "\"choices\"");
+    }
+    *metrics = kvt_test_read_file(mpath, NULL);
+    return ok && *metrics;
+}
+
+TEST(speculate_server)
+{
+    fx_server sv = {0};
+    CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *mp = NULL, *ms = NULL;
+    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms);
+    if (!ran) fx_server_kill(&sv);
+    bool same_all = ran;
+    for (int i = 0; i < N_REQ && ran; i++) {
+        bool eq = !strcmp(plain[i], spec[i]);
+        printf("    request %d: %s\n", i, eq ? "the same body" : "DIFFERENT");
+        if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
+        same_all = same_all && eq;
+    }
+    long gen = metric_in(ms, "kvtier_generated_tokens_total"), passes = metric_in(ms, "kvtier_decode_passes_total"),
+         drafted = metric_in(ms, "kvtier_draft_tokens_total"), acc = metric_in(ms, "kvtier_draft_accepted_tokens_total"),
+         drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
+    printf("    --draft ngram: %ld tokens in %ld passes, %ld drafted, %ld accepted; --draft none: %ld drafted\n", gen,
+           passes, drafted, acc, drafted0);
+    for (int i = 0; i < N_REQ; i++) {
+        free(plain[i]);
+        free(spec[i]);
+    }
+    free(mp);
+    free(ms);
+    fx_tmpdir_remove(&sv);
+    CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
+    CHECK(same_all);
+    CHECKF(drafted0 == 0 && drafted > 0 && acc > 0 && acc <= drafted && passes > 0 && passes < gen + N_REQ,
+           "the /metrics counts of speculation");
+}
+
+/* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
+ * (malloc'ed). */
+static int run_cli(const char *const *args, char **out, char **err)
+{
+    const char *argv[32] = {kvt_test_bin(), "run", "--model", "ds4-tiny", "--no-kv-disk", "--threads", "1"};
+    size_t n = 7;
+    for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof *argv; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    char po[] = "/tmp/kvt-spec-out-XXXXXX", pe[] = "/tmp/kvt-spec-err-XXXXXX";
+    int fo = mkstemp(po), fe = mkstemp(pe), st = -1;
+    if (fo >= 0) close(fo);
+    if (fe >= 0) close(fe);
+    int rc = fx_run_split(argv, po, pe, 60, &st);
+    *out = kvt_test_read_file(po, NULL);
+    *err = kvt_test_read_file(pe, NULL);
+    unlink(po);
+    unlink(pe);
+    return rc == 1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(speculate_run)
+{
+    static const char *const temps[] = {"0", "0.7"};
+    static const char *const drafts[] = {"none", "ngram"};
+    for (int t = 0; t < 2; t++) {
+        char *out[2], *err[2];
+        int st[2];
+        for (int d = 0; d < 2; d++) {
+            const char *const a[] = {"--prompt", "abcabcabcabcabcabcabc", "--output", "ids", "--max-tokens", "64",
+                                     "--temperature", temps[t], "--top-k", "3", "--seed", "5", "--draft", drafts[d],
+                                     NULL};
+            st[d] = run_cli(a, &out[d], &err[d]);
+        }
+        const char *acc = err[1] ? strstr(err[1], " drafted, ") : NULL;
+        long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
+        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
+        printf("    temperature %s: %s; %s", temps[t], eq ? "the same ids" : "DIFFERENT", err[1] ? err[1] : "\n");
+        for (int d = 0; d < 2; d++) {
+            free(out[d]);
+            free(err[d]);
+        }
+        CHECKF(eq, "run --draft ngram changed the reply (or a run failed: %d %d)", st[0], st[1]);
+        CHECKF(t || accepted > 0, "no draft accepted on a repeating prompt");
+    }
+    static const struct { const char *opt, *val, *says; } bad[] = {
+        {"--draft", "model", "not supported yet"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val, NULL};
+        char *out, *err;
+        int st = run_cli(a, &out, &err);
+        bool ok = st == 2 && err && strstr(err, bad[i].says);
+        if (!ok) printf("    %s %s: exit %d: %s", bad[i].opt, bad[i].val, st, err ? err : "");
+        free(out);
+        free(err);
+        CHECKF(ok, "run %s %s: want exit 2 naming it", bad[i].opt, bad[i].val);
+    }
+}
