@@ -17,6 +17,8 @@
 #include "base/util.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -1975,4 +1977,59 @@ TEST(store_longer_record_gemma3)
 {
     static const fam_spec g = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
     longer_record(&g, false);
+}
+
+/* ---- the figures without waiting for a save ---- */
+
+struct stats_call { kvt_store *st; kvt_store_stats o; bool stale, done; int rc; };
+
+static void *stats_try_thread(void *arg)
+{
+    struct stats_call *c = arg;
+    c->rc = kvt_store_stats_try(c->st, &c->o, 5, &c->stale);
+    __atomic_store_n(&c->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* /metrics reads a store's figures with kvt_store_stats_try: while another
+ * thread holds the store (a save, for seconds), it answers at once with
+ * the figures read last; with kvt_store_fault_stats_wait it waits for the
+ * store, as kvt_store_stats_get does (every scrape then held an HTTP
+ * thread for the save's time: streams stalled behind them). */
+TEST(store_stats_try_does_not_wait)
+{
+    char dir[256];
+    tmpdir(dir, sizeof dir, "stats");
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 12345678));
+    if (!st) return;
+    kvt_store_stats got;
+    CHECK_OK(kvt_store_stats_get(st, &got));
+    CHECK(got.budget == 12345678);
+    for (int fault = 0; fault <= 1; fault++) {
+        kvt_store_fault_stats_wait = fault;
+        struct stats_call c = {.st = st};
+        kvt_store_hold(st, true);
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, stats_try_thread, &c) == 0);
+        double t0 = kvt_now();
+        while (!__atomic_load_n(&c.done, __ATOMIC_ACQUIRE) && kvt_now() - t0 < 2.0) usleep(1000);
+        bool answered = __atomic_load_n(&c.done, __ATOMIC_ACQUIRE);
+        kvt_store_hold(st, false);
+        pthread_join(th, NULL);
+        kvt_store_fault_stats_wait = false;
+        if (!fault) {
+            CHECKF(answered, "kvt_store_stats_try waited for the store held by another thread");
+            CHECK(c.rc == KVT_OK && c.stale && c.o.budget == got.budget && c.o.snapshots == got.snapshots);
+        } else {
+            CHECKF(!answered, "the control (waiting for the store) answered while the store was held");
+            CHECK(c.rc == KVT_OK && !c.stale && c.o.budget == got.budget);
+        }
+    }
+    /* free: a fresh read */
+    bool stale = true;
+    CHECK_OK(kvt_store_stats_try(st, &got, 5, &stale));
+    CHECK(!stale && got.budget == 12345678);
+    kvt_store_close(st);
+    rmdir_all(dir);
 }

@@ -74,6 +74,7 @@
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
 #define STREAM_MAX_UNSENT (1u << 20) /* bytes a stream buffers for a client that does not read */
 #define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
+#define METRICS_STORE_WAIT_MS 5 /* /metrics waits this long for a store a save holds (then: its last figures) */
 #define STORE_BUSY_MS 200    /* the store threads' writes wait this long for another process's lock,
                               * then retries later (storeq.c) */
 
@@ -1668,7 +1669,12 @@ static char *metrics_text(server *sv, int tnt)
             v[k].store_jobs = kvt_storeq_pending(sv->q, (int)(first + k));
             v[k].store_held = kvt_storeq_held(sv->q, (int)(first + k));
         }
-        if (tt->store && kvt_store_stats_get(tt->store, &v[k].ds) != KVT_OK) memset(&v[k].ds, 0, sizeof v[k].ds);
+        /* a save holds the store for seconds: the figures it last had then
+         * (a scrape must not hold an HTTP thread, nor many scrapes all of
+         * them, while it runs) */
+        bool stale;
+        if (tt->store && kvt_store_stats_try(tt->store, &v[k].ds, METRICS_STORE_WAIT_MS, &stale) != KVT_OK)
+            memset(&v[k].ds, 0, sizeof v[k].ds);
         v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
         if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->label);
     }

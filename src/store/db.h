@@ -46,6 +46,8 @@ struct kvt_store {
                                 metrics reader share a store */
     int busy_ms;             /* SQLite's busy timeout: how long a write waits for another
                                 process's lock (kvt_store_set_busy) */
+    pthread_mutex_t last_mu; /* last_stats: read without mu (kvt_store_stats_try) */
+    kvt_store_stats last_stats; /* the figures kvt_store_stats_get read last */
     _Atomic uint64_t skipped_lookups; /* lookups that found the store busy (kvt_store_lookup_try) */
     _Atomic int64_t skip_logged_ms;   /* since the last report, made at this kvt_now() (0: none) */
     sqlite3 *db;             /* NULL when a damaged database could not be replaced */

@@ -165,6 +165,7 @@ static int store_open(kvt_store **out, const char *dir, uint64_t budget, bool in
     kvt_store *st = kvt_calloc(1, sizeof *st);
     if (!st) return KVT_ENOMEM;
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->last_mu, NULL);
     st->busy_ms = 30000;
     st->budget = budget ? budget : DEFAULT_BUDGET;
     st->min_free = KVT_STORE_MIN_FREE_DEFAULT;
@@ -233,6 +234,7 @@ void kvt_store_close(kvt_store *st)
     free(st->dir);
     free(st->path);
     pthread_mutex_destroy(&st->mu);
+    pthread_mutex_destroy(&st->last_mu);
     free(st);
 }
 
@@ -1979,12 +1981,52 @@ int kvt_store_integrity(kvt_store *st, size_t *problems, char **report)
     return leave(st, rc);
 }
 
+/* The figures, under st->mu; kept for kvt_store_stats_try. */
+static int stats_locked(kvt_store *st, kvt_store_stats *o)
+{
+    int rc = enter_locked(st, "stats", false);
+    if (!rc && (rc = store_stats_get(st, o)) && kvt_recovery_retry(st)) rc = store_stats_get(st, o);
+    if (!rc) {
+        pthread_mutex_lock(&st->last_mu);
+        st->last_stats = *o;
+        pthread_mutex_unlock(&st->last_mu);
+    }
+    return leave(st, rc);
+}
+
 int kvt_store_stats_get(kvt_store *st, kvt_store_stats *o)
 {
     memset(o, 0, sizeof *o);
-    int rc = enter(st, "stats", false);
-    if (!rc && (rc = store_stats_get(st, o)) && kvt_recovery_retry(st)) rc = store_stats_get(st, o);
-    return leave(st, rc);
+    pthread_mutex_lock(&st->mu);
+    return stats_locked(st, o);
+}
+
+int kvt_store_stats_try(kvt_store *st, kvt_store_stats *o, int wait_ms, bool *stale)
+{
+    memset(o, 0, sizeof *o);
+    *stale = false;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)wait_ms * 1000000L;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    if (!kvt_store_fault_stats_wait && pthread_mutex_timedlock(&st->mu, &dl) != 0) {
+        *stale = true;
+        pthread_mutex_lock(&st->last_mu);
+        *o = st->last_stats;
+        pthread_mutex_unlock(&st->last_mu);
+        return KVT_OK;
+    }
+    if (kvt_store_fault_stats_wait) pthread_mutex_lock(&st->mu);
+    return stats_locked(st, o);
+}
+
+bool kvt_store_fault_stats_wait;
+
+void kvt_store_hold(kvt_store *st, bool on)
+{
+    if (on) pthread_mutex_lock(&st->mu);
+    else pthread_mutex_unlock(&st->mu);
 }
 
 int kvt_store_list(kvt_store *st, kvt_store_entry **out, size_t *n)

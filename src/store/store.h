@@ -28,6 +28,16 @@ int kvt_store_lookup_try(kvt_store *st, const kvt_model *m, const int32_t *token
 int kvt_store_restore_found(kvt_store *st, kvt_session *s, const int32_t *tokens, size_t n, size_t match, int64_t id,
                             size_t *reused);
 
+/* kvt_store_stats_get for a reader that must not wait (the server's
+ * /metrics: a save holds the store for seconds, and every scrape would
+ * hold an HTTP thread that long): when another thread holds the store for
+ * more than wait_ms, the figures the last read found (*stale set; zero
+ * before any). */
+int kvt_store_stats_try(kvt_store *st, kvt_store_stats *o, int wait_ms, bool *stale);
+/* Test hook: kvt_store_stats_try waits for the store as
+ * kvt_store_stats_get does, to show a test catches it. */
+extern bool kvt_store_fault_stats_wait;
+
 /* How long the store's operations wait for another process's lock before
  * they fail (SQLite's busy timeout; 30,000 ms unless set). */
 void kvt_store_set_busy(kvt_store *st, int ms);

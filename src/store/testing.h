@@ -9,4 +9,8 @@
  * databases. */
 void kvt_store_set_quiet(kvt_store *st, bool quiet);
 
+/* Hold the store (on) as a long save does, until released (off), from the
+ * same thread. */
+void kvt_store_hold(kvt_store *st, bool on);
+
 #endif
