@@ -6,6 +6,8 @@
 #include "store/policy.h"
 #include "store/remote.h"
 #include "arch/model.h"
+#include "arch/memory.h"
+#include "format/gguf.h"
 #include "serve/draft.h"
 
 #include <errno.h>
@@ -687,35 +689,85 @@ static int cmd_detokenize(int argc, char **argv)
     return 0;
 }
 
+/* What a run at the context asked needs in memory (kvt_model_memory). */
+static void print_memory(const kvt_memory *mm)
+{
+    char line[1024];
+    size_t at = 0;
+    for (uint32_t t = 0; t < KVT_MEMORY_TYPES; t++)
+        if (mm->mapped_type[t] && at < sizeof line)
+            at += (size_t)snprintf(line + at, sizeof line - at, "%s%s %llu", at ? ", " : "", kvt_ggml_type_name(t),
+                                   (unsigned long long)mm->mapped_type[t]);
+    if (!mm->n_tensors)
+        printf("mapped        none (a preset: its weights are made in memory)\n");
+    else
+        printf("mapped        %llu B (%.2f GiB, read-only from the file; %llu tensors: %s)\n",
+           (unsigned long long)mm->mapped, mm->mapped / 1073741824.0, (unsigned long long)mm->n_tensors, line);
+    at = 0;
+    line[0] = 0;
+    for (size_t i = 0; i < mm->kv.n_parts && at < sizeof line; i++)
+        at += (size_t)snprintf(line + at, sizeof line - at, "%s%s %llu", i ? ", " : "", mm->kv.part[i].name,
+                               (unsigned long long)mm->kv.part[i].bytes);
+    printf("kv cache      %llu B at %llu tokens (%s)\n", (unsigned long long)mm->kv.total,
+           (unsigned long long)mm->ctx, line);
+    if (mm->scratch_known)
+        printf("scratch       %llu B (one session's, measured)\n", (unsigned long long)mm->scratch);
+    else
+        printf("scratch       not known from the header alone (run sizes it from the weights)\n");
+    printf("session       %llu B (token ids and logits)\n", (unsigned long long)mm->arrays);
+    printf("resident      %llu B (%.2f GiB: kv cache + scratch + session%s), next to %llu B mapped\n",
+           (unsigned long long)mm->resident, mm->resident / 1073741824.0, mm->scratch_known ? "" : ", scratch left out",
+           (unsigned long long)mm->mapped);
+    if (!mm->available)
+        printf("available     unknown (no MemAvailable in /proc/meminfo)\n");
+    else if (mm->mapped > mm->available)
+        printf("available     %llu B: the mapped weights are larger than available memory: pages stream from "
+               "the file, slowly\n", (unsigned long long)mm->available);
+    else
+        printf("available     %llu B: the mapped weights fit\n", (unsigned long long)mm->available);
+}
+
 static int cmd_info(int argc, char **argv)
 {
-    opt o[] = {{"--model"}};
-    { int pr_ = parse_opts(argc, argv, o, 1); if (pr_) return pr_ < 0 ? 2 : 0; }
+    opt o[] = {{"--model"}, {"--ctx"}, CACHE_OPTS};
+    size_t no = sizeof o / sizeof o[0];
+    { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    uint64_t ctx = 0;
+    kvt_row_type tk, tv;
+    if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) || !parse_cache_types(o, no, &tk, &tv)) return 2;
     kvt_model *m = NULL;
     kvt_model_info i;
+    kvt_memory mm;
     char detail[512];
-    const char *path = get(o, 1, "--model");
+    const char *path = get(o, no, "--model");
     int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
     if (dr == KVT_OK) {
         /* described from its header alone: a 160 GB file answers at once */
+        if ((dr = kvt_model_memory(path, NULL, ctx, &mm))) return fail(dr, "info");
         printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
         printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
                i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
         printf("context       %u (training)\nvocabulary    %u\ndetails       %s\n"
                "weights       not read (from the header alone; run, serve and perplexity load them)\n",
                i.n_ctx_train, i.n_vocab, detail);
+        print_memory(&mm);
         return 0;
     }
     if (dr != KVT_ENOENT) return fail(dr, "info");
-    int r = open_model(path, NULL, 0, &m);
+    int r = open_model(path, o, no, &m);
     if (r) return r;
     kvt_model_info_get(m, &i);
+    if ((r = kvt_model_memory(path, m, ctx, &mm))) {
+        kvt_model_close(m);
+        return fail(r, "info");
+    }
     printf("architecture  %s\nname          %s\nparameters    %llu\n", i.arch, i.name,
            (unsigned long long)i.n_params);
     printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nffn           %u\n",
            i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
     printf("context       %u (training)\nvocabulary    %u\ntokenizer     %s (bos %d, eos %d, add_bos %s)\n",
            i.n_ctx_train, i.n_vocab, i.tokenizer, i.bos, i.eos, i.add_bos ? "yes" : "no");
+    print_memory(&mm);
     kvt_model_close(m);
     return 0;
 }
@@ -1208,7 +1260,10 @@ static void usage(FILE *f)
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
           "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
           "  detokenize  [--model M] --ids \"ID ID ...\"\n"
-          "  info        [--model M]\n"
+          "  info        [--model M] [--ctx N] [cache types]: the shape, and what a run needs in\n"
+          "              memory: weights mapped from the file (by type), the KV cache at the context\n"
+          "              (default: the model's), a session's scratch, the resident estimate, and\n"
+          "              whether the mapped weights exceed available memory\n"
           "  perplexity  [--model M] --file F [--threads N] [--ctx N] [cache types]\n"
           "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"

@@ -1,0 +1,76 @@
+/* What a run of a model needs in memory (memory.h). */
+#include "arch/memory.h"
+#include "arch/model.h"
+#include "format/gguf.h"
+#include "base/util.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int kvt_memory_fault;
+
+uint64_t kvt_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return kb > UINT64_MAX / 1024 ? 0 : kb * 1024;
+}
+
+/* The tensor data a file's header declares, by type (no data read). */
+static int mapped_bytes(const char *path, kvt_memory *out)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (rc) return rc;
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        if (t->type >= KVT_MEMORY_TYPES) {
+            kvt_gguf_close(g);
+            return kvt_fail(KVT_EFORMAT, "%s: tensor %zu has type %u, past the types kvtier reads", path, i, t->type);
+        }
+        out->mapped += t->n_bytes;
+        out->mapped_type[t->type] += t->n_bytes;
+        out->n_tensors++;
+    }
+    kvt_gguf_close(g);
+    return KVT_OK;
+}
+
+int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, kvt_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!m && !path) return kvt_fail(KVT_EINVAL, "memory: neither a model nor a file");
+    int rc;
+    kvt_model_info i;
+    if (m) {
+        kvt_model_info_get(m, &i);
+        out->ctx = ctx ? ctx : i.n_ctx_train;
+        if ((rc = kvt_model_plan(m, out->ctx, &out->kv))) return rc;
+        /* the scratch a session of that context makes, measured */
+        kvt_session *s = NULL;
+        kvt_session_opts so = {.n_ctx = (uint32_t)out->ctx, .n_threads = 1};
+        if (out->ctx > (1u << 24)) return kvt_fail(KVT_EINVAL, "context of %llu tokens is out of range",
+                                                   (unsigned long long)out->ctx);
+        if ((rc = kvt_session_new(&s, m, &so))) return rc;
+        out->scratch = kvt_session_scratch_bytes(m, s->work);
+        out->scratch_known = true;
+        kvt_session_free(s);
+    } else {
+        if ((rc = kvt_model_describe(path, 0, &i, NULL, 0, NULL))) return rc;
+        out->ctx = ctx ? ctx : i.n_ctx_train;
+        if ((rc = kvt_model_describe(path, out->ctx, &i, NULL, 0, &out->kv))) return rc;
+    }
+    out->arrays = out->ctx * sizeof(int32_t) + (uint64_t)i.n_vocab * sizeof(float);
+    if (path && access(path, R_OK) == 0 && (rc = mapped_bytes(path, out))) return rc;
+    if (kvt_memory_fault == KVT_MEMORY_FAULT_DROP_PART && out->kv.n_parts > 1)
+        out->kv.total -= out->kv.part[1].bytes; /* tests: one entry class left out of the sum */
+    out->resident = out->kv.total + out->scratch + out->arrays;
+    out->available = kvt_mem_available();
+    return KVT_OK;
+}

@@ -1,0 +1,47 @@
+/* What a run of a model needs in memory (kvtier info): the tensor data
+ * mapped read-only from the file, the KV cache at a context (the
+ * architecture's plan, the same one its sessions' caches are sized by), a
+ * session's scratch and arrays, and the machine's available memory. Not
+ * part of the public API. */
+#ifndef KVT_MEMORY_H
+#define KVT_MEMORY_H
+
+#include "kvtier.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KVT_MEMORY_TYPES 64 /* ggml type ids counted (every type kvtier reads is below) */
+
+typedef struct kvt_memory {
+    uint64_t ctx;                        /* the context the figures are at */
+    uint64_t mapped;                     /* tensor data in the file (0: no file, a preset) */
+    uint64_t mapped_type[KVT_MEMORY_TYPES]; /* of it, by ggml type */
+    uint64_t n_tensors;
+    kvt_plan kv;                         /* the KV cache at ctx tokens */
+    bool scratch_known;                  /* false: described from the header alone */
+    uint64_t scratch;                    /* one session's scratch (kvt_session_scratch_bytes) */
+    uint64_t arrays;                     /* one session's token ids and logits */
+    uint64_t resident;                   /* kv.total + scratch + arrays */
+    uint64_t available;                  /* MemAvailable (0: unknown) */
+} kvt_memory;
+
+/* The figures for a run at ctx tokens (0: the context a session takes by
+ * default, the model's training context). m: the model opened from path
+ * (its cache types set), whose plan is asked and whose scratch is measured
+ * by making a session of that context (its cache blocks are made only when
+ * rows are written: none are); m NULL: path is described from its header
+ * alone (kvt_model_describe), no tensor data read, and the scratch is not
+ * known. path NULL or a preset: nothing mapped. */
+int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, kvt_memory *out);
+
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+uint64_t kvt_mem_available(void);
+
+/* For tests: KVT_MEMORY_FAULT_DROP_PART leaves the plan's second part
+ * (ds4: the compressed rows) out of the KV total, to show that the tests
+ * of the figures catch a class missing from the sum. 0: none. */
+enum { KVT_MEMORY_FAULT_DROP_PART = 1 };
+extern int kvt_memory_fault;
+
+#endif
