@@ -9,6 +9,7 @@
  * length), a truncated header and a plain (non-header) open all fail
  * cleanly, and a plan with one layer's ratio changed differs. */
 #include "format/gguf.h"
+#include "arch/memory.h"
 #include "test.h"
 
 #include <stdio.h>
@@ -26,10 +27,16 @@ static int ratio_of(int l) { return l < 2 ? 0 : (l % 2 == 0 ? 4 : 128); }
 
 typedef struct damage { int n_ratios, bad_layer, bad_ratio, hc, value_length; } damage;
 
+/* The tensor data the last header written declares: in all, and in MXFP4
+ * (the routed experts). */
+static uint64_t declared, declared_mx;
+
 static int tensor(kvt_gguf_writer *w, const char *name, uint32_t type, uint32_t nd, uint64_t a, uint64_t b,
                   uint64_t c)
 {
     uint64_t ne[3] = {a, b, c}, n = a * b * c;
+    declared += kvt_ggml_type_size(type, n);
+    if (type == KVT_GGML_MXFP4) declared_mx += kvt_ggml_type_size(type, n);
     return kvt_gguf_writer_add_tensor(w, name, type, nd, ne, NULL, kvt_ggml_type_size(type, n));
 }
 
@@ -37,6 +44,7 @@ static int write_header(const char *path, damage dm)
 {
     kvt_gguf_writer *w = kvt_gguf_writer_new();
     if (!w) return KVT_ENOMEM;
+    declared = declared_mx = 0;
     int rc = kvt_gguf_writer_set_str(w, "general.architecture", "deepseek4");
     struct { const char *k; uint32_t v; } u[] = {
         {"block_count", L}, {"context_length", CTX}, {"embedding_length", D}, {"attention.head_count", H},
@@ -169,6 +177,20 @@ static bool same_plan(const kvt_plan *a, const kvt_plan *b)
     return a->fixed == b->fixed && a->total == b->total && a->per_token_x1000 == b->per_token_x1000;
 }
 
+/* info's figures at CTX (a) and 2 CTX (b) against the header written and
+ * the plan expected at CTX: the mapped bytes are the tensor data the header
+ * declares, the KV total is every class's sum and the plan's, the growing
+ * part doubles with the context, and the resident estimate adds up. */
+static bool memory_ok(const kvt_memory *a, const kvt_memory *b, const kvt_plan *want)
+{
+    uint64_t parts = 0;
+    for (size_t i = 0; i < a->kv.n_parts; i++) parts += a->kv.part[i].bytes;
+    return a->ctx == CTX && b->ctx == 2 * CTX && a->mapped == declared && a->mapped_type[KVT_GGML_MXFP4] == declared_mx &&
+           a->n_tensors > 1000 && a->kv.total == want->total && parts == a->kv.total && b->kv.total > a->kv.total &&
+           b->kv.total - b->kv.fixed == 2 * (a->kv.total - a->kv.fixed) && !a->scratch_known &&
+           a->resident == a->kv.total + a->scratch + a->arrays && a->arrays == CTX * 4 + V * 4;
+}
+
 static char *run_out(const char *args)
 {
     char cmd[512];
@@ -219,6 +241,23 @@ TEST(deepseek4_header_flash_shape)
     printf("    plan at %llu tokens: %llu bytes (%.1f per token)\n", CTX, (unsigned long long)p.total,
            p.per_token_x1000 / 1000.0);
 
+    /* what a run needs in memory, from the header alone */
+    kvt_memory mm, mm2;
+    CHECKF(kvt_model_memory(path, NULL, CTX, &mm) == KVT_OK, "%s", kvt_errmsg());
+    CHECKF(kvt_model_memory(path, NULL, 2 * CTX, &mm2) == KVT_OK, "%s", kvt_errmsg());
+    CHECKF(memory_ok(&mm, &mm2, &want), "mapped %llu of %llu declared, kv %llu (want %llu), at 2x %llu",
+           (unsigned long long)mm.mapped, (unsigned long long)declared, (unsigned long long)mm.kv.total,
+           (unsigned long long)want.total, (unsigned long long)mm2.kv.total);
+    printf("    info: %llu B mapped (%llu MXFP4), kv %llu B at %llu tokens, %llu B at %llu\n",
+           (unsigned long long)mm.mapped, (unsigned long long)mm.mapped_type[KVT_GGML_MXFP4],
+           (unsigned long long)mm.kv.total, CTX, (unsigned long long)mm2.kv.total, 2 * CTX);
+    /* the check sees a class left out of the KV sum */
+    kvt_memory_fault = KVT_MEMORY_FAULT_DROP_PART;
+    kvt_memory bad1, bad2;
+    int fr = kvt_model_memory(path, NULL, CTX, &bad1) | kvt_model_memory(path, NULL, 2 * CTX, &bad2);
+    kvt_memory_fault = 0;
+    CHECK(fr == KVT_OK && !memory_ok(&bad1, &bad2, &want));
+
     /* a plain open wants the weights' bytes in the file */
     kvt_model *m = NULL;
     CHECK(kvt_model_open(&m, path) == KVT_EFORMAT && m == NULL);
@@ -239,6 +278,23 @@ TEST(deepseek4_header_flash_shape)
         snprintf(line, sizeof line, "%20llu B", (unsigned long long)want.total);
         CHECKF(o && strstr(o, line), "plan output: %.400s", o ? o : "(none)");
         free(o);
+        /* info prints the same figures; the weights exceed this machine */
+        for (int k = 1; k <= 2; k++) {
+            const kvt_memory *x = k == 1 ? &mm : &mm2;
+            snprintf(args, sizeof args, "info --model %s --ctx %llu", path, k * CTX);
+            o = run_out(args);
+            char want_l[3][128];
+            snprintf(want_l[0], sizeof want_l[0], "mapped        %llu B", (unsigned long long)x->mapped);
+            snprintf(want_l[1], sizeof want_l[1], "kv cache      %llu B at %llu tokens", (unsigned long long)x->kv.total,
+                     k * CTX);
+            snprintf(want_l[2], sizeof want_l[2], "resident      %llu B", (unsigned long long)x->resident);
+            for (int j = 0; j < 3; j++) CHECKF(o && strstr(o, want_l[j]), "no '%s' in: %.1200s", want_l[j], o ? o : "");
+            CHECK(strstr(o, "mxfp4 ") || strstr(o, "MXFP4 "));
+            uint64_t avail = kvt_mem_available();
+            if (avail && x->mapped > avail + (1ull << 30))
+                CHECKF(strstr(o, "larger than available memory: pages stream from the file, slowly"), "%.1200s", o);
+            free(o);
+        }
     }
 
     /* truncated inside the header: every cut is a clean format error */
