@@ -243,8 +243,8 @@ TEST(deepseek4_header_flash_shape)
 
     /* what a run needs in memory, from the header alone */
     kvt_memory mm, mm2;
-    CHECKF(kvt_model_memory(path, NULL, CTX, &mm) == KVT_OK, "%s", kvt_errmsg());
-    CHECKF(kvt_model_memory(path, NULL, 2 * CTX, &mm2) == KVT_OK, "%s", kvt_errmsg());
+    CHECKF(kvt_model_memory(path, NULL, CTX, 0, &mm) == KVT_OK, "%s", kvt_errmsg());
+    CHECKF(kvt_model_memory(path, NULL, 2 * CTX, 0, &mm2) == KVT_OK, "%s", kvt_errmsg());
     CHECKF(memory_ok(&mm, &mm2, &want), "mapped %llu of %llu declared, kv %llu (want %llu), at 2x %llu",
            (unsigned long long)mm.mapped, (unsigned long long)declared, (unsigned long long)mm.kv.total,
            (unsigned long long)want.total, (unsigned long long)mm2.kv.total);
@@ -254,7 +254,7 @@ TEST(deepseek4_header_flash_shape)
     /* the check sees a class left out of the KV sum */
     kvt_memory_fault = KVT_MEMORY_FAULT_DROP_PART;
     kvt_memory bad1, bad2;
-    int fr = kvt_model_memory(path, NULL, CTX, &bad1) | kvt_model_memory(path, NULL, 2 * CTX, &bad2);
+    int fr = kvt_model_memory(path, NULL, CTX, 0, &bad1) | kvt_model_memory(path, NULL, 2 * CTX, 0, &bad2);
     kvt_memory_fault = 0;
     CHECK(fr == KVT_OK && !memory_ok(&bad1, &bad2, &want));
 

@@ -724,17 +724,19 @@ static void print_memory(const kvt_memory *mm)
         printf("available     %llu B: the mapped weights are larger than available memory: pages stream from "
                "the file, slowly\n", (unsigned long long)mm->available);
     else
-        printf("available     %llu B: the mapped weights fit\n", (unsigned long long)mm->available);
+        printf("available     the mapped weights fit in available memory\n");
 }
 
 static int cmd_info(int argc, char **argv)
 {
-    opt o[] = {{"--model"}, {"--ctx"}, CACHE_OPTS};
+    opt o[] = {{"--model"}, {"--ctx"}, {"--threads"}, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
-    uint64_t ctx = 0;
+    uint64_t ctx = 0, threads = 0;
     kvt_row_type tk, tv;
-    if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) || !parse_cache_types(o, no, &tk, &tv)) return 2;
+    if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
+        !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) || !parse_cache_types(o, no, &tk, &tv))
+        return 2;
     kvt_model *m = NULL;
     kvt_model_info i;
     kvt_memory mm;
@@ -743,7 +745,7 @@ static int cmd_info(int argc, char **argv)
     int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
     if (dr == KVT_OK) {
         /* described from its header alone: a 160 GB file answers at once */
-        if ((dr = kvt_model_memory(path, NULL, ctx, &mm))) return fail(dr, "info");
+        if ((dr = kvt_model_memory(path, NULL, ctx, 0, &mm))) return fail(dr, "info");
         printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
         printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
                i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
@@ -757,7 +759,7 @@ static int cmd_info(int argc, char **argv)
     int r = open_model(path, o, no, &m);
     if (r) return r;
     kvt_model_info_get(m, &i);
-    if ((r = kvt_model_memory(path, m, ctx, &mm))) {
+    if ((r = kvt_model_memory(path, m, ctx, (uint32_t)threads, &mm))) {
         kvt_model_close(m);
         return fail(r, "info");
     }
@@ -1260,7 +1262,7 @@ static void usage(FILE *f)
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
           "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
           "  detokenize  [--model M] --ids \"ID ID ...\"\n"
-          "  info        [--model M] [--ctx N] [cache types]: the shape, and what a run needs in\n"
+          "  info        [--model M] [--ctx N] [--threads N] [cache types]: the shape, and what a run needs in\n"
           "              memory: weights mapped from the file (by type), the KV cache at the context\n"
           "              (default: the model's), a session's scratch, the resident estimate, and\n"
           "              whether the mapped weights exceed available memory\n"

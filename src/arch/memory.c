@@ -42,7 +42,7 @@ static int mapped_bytes(const char *path, kvt_memory *out)
     return KVT_OK;
 }
 
-int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, kvt_memory *out)
+int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t threads, kvt_memory *out)
 {
     memset(out, 0, sizeof *out);
     if (!m && !path) return kvt_fail(KVT_EINVAL, "memory: neither a model nor a file");
@@ -54,7 +54,7 @@ int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, kvt_memory *o
         if ((rc = kvt_model_plan(m, out->ctx, &out->kv))) return rc;
         /* the scratch a session of that context makes, measured */
         kvt_session *s = NULL;
-        kvt_session_opts so = {.n_ctx = (uint32_t)out->ctx, .n_threads = 1};
+        kvt_session_opts so = {.n_ctx = (uint32_t)out->ctx, .n_threads = threads};
         if (out->ctx > (1u << 24)) return kvt_fail(KVT_EINVAL, "context of %llu tokens is out of range",
                                                    (unsigned long long)out->ctx);
         if ((rc = kvt_session_new(&s, m, &so))) return rc;

@@ -29,11 +29,12 @@ typedef struct kvt_memory {
 /* The figures for a run at ctx tokens (0: the context a session takes by
  * default, the model's training context). m: the model opened from path
  * (its cache types set), whose plan is asked and whose scratch is measured
- * by making a session of that context (its cache blocks are made only when
+ * by making a session of that context and threads (0: a session's default;
+ * the scratch has a part per thread) (its cache blocks are made only when
  * rows are written: none are); m NULL: path is described from its header
  * alone (kvt_model_describe), no tensor data read, and the scratch is not
  * known. path NULL or a preset: nothing mapped. */
-int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, kvt_memory *out);
+int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t threads, kvt_memory *out);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
 uint64_t kvt_mem_available(void);
