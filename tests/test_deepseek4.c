@@ -10,6 +10,7 @@
  * cleanly, and a plan with one layer's ratio changed differs. */
 #include "format/gguf.h"
 #include "arch/memory.h"
+#include "arch/model.h"
 #include "test.h"
 
 #include <stdio.h>
@@ -187,7 +188,8 @@ static bool memory_ok(const kvt_memory *a, const kvt_memory *b, const kvt_plan *
     for (size_t i = 0; i < a->kv.n_parts; i++) parts += a->kv.part[i].bytes;
     return a->ctx == CTX && b->ctx == 2 * CTX && a->mapped == declared && a->mapped_type[KVT_GGML_MXFP4] == declared_mx &&
            a->n_tensors > 1000 && a->kv.total == want->total && parts == a->kv.total && b->kv.total > a->kv.total &&
-           b->kv.total - b->kv.fixed == 2 * (a->kv.total - a->kv.fixed) && !a->scratch_known &&
+           b->kv.total - b->kv.fixed == 2 * (a->kv.total - a->kv.fixed) && a->scratch_known && !a->scratch_measured &&
+           a->scratch > (1u << 20) && b->scratch >= a->scratch &&
            a->resident == a->kv.total + a->scratch + a->arrays && a->arrays == CTX * 4 + V * 4;
 }
 
@@ -320,6 +322,37 @@ TEST(deepseek4_header_flash_shape)
         int rc = kvt_model_describe(path, CTX, &in, NULL, 0, &p);
         CHECKF(rc == KVT_EFORMAT && strstr(kvt_errmsg(), why[i]), "damage %zu: %d (%s)", i, rc, kvt_errmsg());
     }
+    unlink(path);
+}
+
+/* The scratch sized from a header is the scratch a session makes: a ds4
+ * file's estimate against the scratch of a session of the model opened from
+ * it, at several contexts (within the allocator's rounding, 1%). */
+TEST(deepseek4_scratch_estimate_is_sessions)
+{
+    char path[] = "/tmp/kvt-dsest-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    kvt_model *m = NULL;
+    CHECKF(kvt_model_preset(&m, "ds4-tiny", 1, NULL) == KVT_OK && kvt_model_save(m, path) == KVT_OK, "%s",
+           kvt_errmsg());
+    kvt_model_close(m);
+    m = NULL;
+    CHECKF(kvt_model_open(&m, path) == KVT_OK, "%s", kvt_errmsg());
+    for (uint32_t ctx = 1024; ctx <= 16384; ctx *= 4) {
+        kvt_session *s = NULL;
+        kvt_session_opts so = {.n_ctx = ctx, .n_threads = 2};
+        CHECKF(kvt_session_new(&s, m, &so) == KVT_OK, "%s", kvt_errmsg());
+        uint64_t have = kvt_session_scratch_bytes(m, s->work), est = 0;
+        kvt_session_free(s);
+        CHECKF(kvt_model_scratch_estimate(path, ctx, 2, &est) == KVT_OK, "%s", kvt_errmsg());
+        printf("    ctx %u: scratch %llu B, from the header %llu B\n", ctx, (unsigned long long)have,
+               (unsigned long long)est);
+        CHECKF(est <= have && have - est <= have / 100, "ctx %u: %llu B made, %llu B estimated", ctx,
+               (unsigned long long)have, (unsigned long long)est);
+    }
+    kvt_model_close(m);
     unlink(path);
 }
 

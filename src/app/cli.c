@@ -711,7 +711,8 @@ static void print_memory(const kvt_memory *mm)
     printf("kv cache      %llu B at %llu tokens (%s)\n", (unsigned long long)mm->kv.total,
            (unsigned long long)mm->ctx, line);
     if (mm->scratch_known)
-        printf("scratch       %llu B (one session's, measured)\n", (unsigned long long)mm->scratch);
+        printf("scratch       %llu B (one session's, %s)\n", (unsigned long long)mm->scratch,
+               mm->scratch_measured ? "measured" : "sized from the header");
     else
         printf("scratch       not known from the header alone (run sizes it from the weights)\n");
     printf("session       %llu B (token ids and logits)\n", (unsigned long long)mm->arrays);

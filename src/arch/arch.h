@@ -44,6 +44,10 @@ typedef struct kvt_arch {
      * tensors for that. */
     int (*describe)(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
                     kvt_plan *plan);
+    /* The bytes of the scratch work_new makes for a session of ctx tokens
+     * on parts threads (the default chunk), from the GGUF's header alone.
+     * NULL: not known without the weights. */
+    int (*work_estimate)(const kvt_gguf *g, uint64_t ctx, uint32_t parts, uint64_t *bytes);
     /* ---- built-in presets (synthetic weights); NULL: none ---- */
     /* Whether name is one of its presets (or a shape variant of one). */
     bool (*is_preset)(const char *name);

@@ -1113,6 +1113,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
 }
 
 #define WORK_BUFS 35
+#define WB_KEYS 30 /* keys, sc, isc, heap: the per-part buffers, in work_bufs' order */
 
 /* Every allocation of the scratch but k itself, WORK_BUFS of them. */
 static void work_bufs(const ds4_work *k, void **b)
@@ -1143,14 +1144,19 @@ static size_t ds4_work_bytes(const void *p)
     return n;
 }
 
+static void work_sizes(const ds4_config *c, size_t ch, size_t n_ctx, size_t parts, size_t qb, size_t *sz,
+                       size_t *maxc4, size_t *nk);
+
 /* The per-part scratch for the pool's parts (again when the pool grew). */
 static int parts_fit(ds4_work *k, const ds4_config *c, size_t parts)
 {
     if (k->parts >= parts) return KVT_OK;
-    float *keys = kvt_malloc(parts * k->nk * c->Dh * sizeof(float));
-    float *sc = kvt_malloc(parts * k->nk * sizeof(float));
-    float *isc = k->sel ? kvt_malloc(parts * (k->maxc4 + 1) * sizeof(float)) : NULL;
-    cand *heap = k->sel ? kvt_malloc(parts * ((size_t)c->K + 1) * sizeof(cand)) : NULL;
+    size_t sz[WORK_BUFS], m4, nk;
+    work_sizes(c, k->ch, k->n_ctx, parts, 0, sz, &m4, &nk);
+    float *keys = kvt_malloc(sz[WB_KEYS]);
+    float *sc = kvt_malloc(sz[WB_KEYS + 1]);
+    float *isc = k->sel ? kvt_malloc(sz[WB_KEYS + 2]) : NULL;
+    cand *heap = k->sel ? kvt_malloc(sz[WB_KEYS + 3]) : NULL;
     if (!keys || !sc || (k->sel && (!isc || !heap))) {
         free(keys); free(sc); free(isc); free(heap);
         return kvt_fail(KVT_ENOMEM, "ds4 attention scratch for %zu threads", parts);
@@ -1163,84 +1169,88 @@ static int parts_fit(ds4_work *k, const ds4_config *c, size_t parts)
 
 #define MAX_PASS 256 /* tokens of one pass through the layers */
 
-static int ds4_work_new(kvt_session *s)
+/* The bytes of each of a scratch's buffers (in work_bufs' order; 0: none)
+ * for chunk ch, context n_ctx, parts of the pool and qb bytes of quantised
+ * activations, with the scratch's maxc4 and nk: the one sizing ds4_work_new
+ * allocates by and kvt_arch.work_estimate reports. Every size is bounded by
+ * finish_config's limits and n_ctx <= 2^24: none overflows a 64-bit size_t. */
+static void work_sizes(const ds4_config *c, size_t ch, size_t n_ctx, size_t parts, size_t qb, size_t *sz,
+                       size_t *maxc4, size_t *nk)
 {
-    const ds4_config *c = &((const ds4_weights *)s->m->weights)->c;
-    ds4_work *k = kvt_calloc(1, sizeof *k);
-    if (!k) return KVT_ENOMEM;
-    /* every size below is bounded by finish_config's limits and n_ctx <= 2^24:
-     * none overflows a 64-bit size_t */
-    size_t ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS, n_ctx = s->n_ctx;
     size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
     size_t E = c->E, Eu = c->Eu, F = (size_t)c->Fe * (c->Es > Eu ? c->Es : Eu); /* the shared, or one expert's rows */
     size_t wide = Dh > Di ? Dh : Di, CW = 2 * wide, K = c->K;
     size_t OG = HD / c->og + 2 * (size_t)c->og * c->orank; /* a group's inputs, the low-rank outputs, one group's */
     size_t TW = D > HD ? D : HD;
     if (TW < HC_MIX) TW = HC_MIX;
-    k->ch = ch;
-    k->n_ctx = n_ctx;
-    size_t nc = 0; /* compressed rows one position attends to at most */
+    size_t nc = 0, m4 = 0; /* compressed rows one position attends to at most */
     for (uint32_t l = 0; l < c->L; l++) {
         size_t r = c->ratio[l], m = r ? n_ctx / r : 0;
         if (r == 4 && m > K) m = K;
-        if (r == 4) k->maxc4 = n_ctx / 4;
+        if (r == 4) m4 = n_ctx / 4;
         nc = m > nc ? m : nc;
     }
-    k->nk = nc + c->W;
-    k->x = kvt_malloc(ch * HC * D * sizeof(float));
-    k->xn = kvt_malloc(ch * HC * D * sizeof(float));
-    k->mix = kvt_malloc(ch * HC_MIX * sizeof(float));
-    k->hc = kvt_malloc(ch * HC_MIX * sizeof(float));
-    k->h = kvt_malloc(ch * D * sizeof(float));
-    k->qr = kvt_malloc(ch * Rq * sizeof(float));
-    k->q = kvt_malloc(ch * HD * sizeof(float));
-    k->kv = kvt_malloc(ch * Dh * sizeof(float));
-    k->rows = kvt_malloc(ch * Dh * 2);
-    k->ckv = kvt_malloc(ch * CW * sizeof(float));
-    k->csc = kvt_malloc(ch * CW * sizeof(float));
-    k->iq = kvt_malloc(ch * Hi * Di * sizeof(float));
-    k->iw = kvt_malloc(ch * Hi * sizeof(float));
-    k->att = kvt_malloc(ch * HD * sizeof(float));
-    k->og = kvt_malloc(ch * OG * sizeof(float));
-    k->f1 = kvt_malloc(ch * F * sizeof(float));
-    k->f3 = kvt_malloc(ch * F * sizeof(float));
-    k->lg = kvt_malloc(ch * E * sizeof(float));
-    k->ex = kvt_malloc(ch * Eu * sizeof(uint32_t));
-    k->ew = kvt_malloc(ch * Eu * sizeof(float));
-    k->eo = kvt_malloc(ch * Eu * D * sizeof(float));
-    k->rt = kvt_malloc(ch * Eu * sizeof(uint32_t));
-    k->xe = kvt_malloc(ch * Eu * D * sizeof(float));
-    k->tmp = kvt_malloc(ch * TW * sizeof(float));
-    k->p = kvt_malloc(wide * sizeof(float));
-    k->chk = kvt_malloc(wide * 2);
-    k->nsel = kvt_malloc(ch * sizeof(uint32_t));
-    /* the integer kernels' activations: at most ch tokens through any matrix */
+    size_t nkk = nc + c->W, f = sizeof(float);
+    bool sel = m4 > K;
+    /* the dots of index_select's slices: slice * Hi * maxc floats, where
+     * slice = clamp(2^22 / (Hi * maxc), 1, n) with maxc <= maxc4 and n <= ch */
+    size_t all = ch * Hi * m4, one = Hi * m4, big = one > (1u << 22) ? one : (1u << 22);
+    size_t v[WORK_BUFS] = {
+        ch * HC * D * f, ch * HC * D * f, ch * HC_MIX * f, ch * HC_MIX * f, ch * D * f, ch * Rq * f, ch * HD * f,
+        ch * Dh * f, ch * Dh * 2, ch * CW * f, ch * CW * f, ch * Hi * Di * f, ch * Hi * f, ch * HD * f, ch * OG * f,
+        ch * F * f, ch * F * f, ch * E * f, ch * Eu * sizeof(uint32_t), ch * Eu * f, ch * Eu * D * f,
+        ch * Eu * sizeof(uint32_t), ch * Eu * D * f, ch * TW * f, wide * f, wide * 2,
+        sel ? ch * K * sizeof(uint32_t) : 0, ch * sizeof(uint32_t), sel ? m4 * Di * f : 0,
+        sel ? (all < big ? all : big) * f : 0, parts * nkk * Dh * f, parts * nkk * f,
+        sel ? parts * (m4 + 1) * f : 0, sel ? parts * ((size_t)K + 1) * sizeof(cand) : 0, qb};
+    memcpy(sz, v, sizeof v);
+    *maxc4 = m4;
+    *nk = nkk;
+}
+
+/* The largest activations the integer kernels quantise: at most ch tokens
+ * through any matrix of the model. */
+static size_t work_qbytes(const ds4_weights *w, size_t ch, int *rc)
+{
     size_t qb = 0;
-    {
-        const ds4_weights *w = s->m->weights;
-        tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
-        if (!t) { ds4_work_free(k); return KVT_ENOMEM; }
-        size_t n = ds4_tensors((ds4_weights *)w, t);
-        for (size_t i = 0; i < n; i++) {
-            size_t b = t[i].mat ? kvt_q_act_bytes(t[i].mat->type, ch, t[i].mat->cols) : 0;
-            qb = b > qb ? b : qb;
-        }
-        free(t);
+    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+    if (!t) { *rc = KVT_ENOMEM; return 0; }
+    size_t n = ds4_tensors((ds4_weights *)w, t);
+    for (size_t i = 0; i < n; i++) {
+        size_t b = t[i].mat ? kvt_q_act_bytes(t[i].mat->type, ch, t[i].mat->cols) : 0;
+        qb = b > qb ? b : qb;
     }
-    if (qb && !(k->qx = kvt_malloc(qb))) { ds4_work_free(k); return KVT_ENOMEM; }
-    bool ok = k->x && k->xn && k->mix && k->hc && k->h && k->qr && k->q && k->kv && k->rows && k->ckv && k->csc &&
-              k->iq && k->iw && k->att && k->og && k->f1 && k->f3 && k->lg && k->ex && k->ew && k->eo && k->rt &&
-              k->xe && k->tmp && k->p && k->chk && k->nsel;
-    if (ok && k->maxc4 > K) {
-        /* the dots of index_select's slices: slice * Hi * maxc floats, where
-         * slice = clamp(2^22 / (Hi * maxc), 1, n) with maxc <= maxc4 and n <= ch */
-        size_t all = ch * Hi * k->maxc4, one = Hi * k->maxc4, big = one > (1u << 22) ? one : (1u << 22);
-        k->sel = kvt_malloc(ch * K * sizeof(uint32_t));
-        k->kI = kvt_malloc(k->maxc4 * Di * sizeof(float));
-        k->dots = kvt_malloc((all < big ? all : big) * sizeof(float));
-        ok = k->sel && k->kI && k->dots;
-    }
-    int rc = ok ? parts_fit(k, c, kvt_pool_size(s->pool)) : KVT_ENOMEM;
+    free(t);
+    *rc = KVT_OK;
+    return qb;
+}
+
+static int ds4_work_new(kvt_session *s)
+{
+    const ds4_weights *w = s->m->weights;
+    const ds4_config *c = &w->c;
+    size_t ch = s->chunk < MAX_PASS ? (s->chunk ? s->chunk : 1) : MAX_PASS, n_ctx = s->n_ctx;
+    int rc;
+    size_t qb = work_qbytes(w, ch, &rc);
+    if (rc) return rc;
+    ds4_work *k = kvt_calloc(1, sizeof *k);
+    if (!k) return KVT_ENOMEM;
+    k->ch = ch;
+    k->n_ctx = n_ctx;
+    size_t sz[WORK_BUFS];
+    /* the per-part buffers come from parts_fit, which sizes them again as the pool grows */
+    work_sizes(c, ch, n_ctx, 0, qb, sz, &k->maxc4, &k->nk);
+    void **dst[WORK_BUFS] = {
+        (void **)&k->x, (void **)&k->xn, (void **)&k->mix, (void **)&k->hc, (void **)&k->h, (void **)&k->qr,
+        (void **)&k->q, (void **)&k->kv, (void **)&k->rows, (void **)&k->ckv, (void **)&k->csc, (void **)&k->iq,
+        (void **)&k->iw, (void **)&k->att, (void **)&k->og, (void **)&k->f1, (void **)&k->f3, (void **)&k->lg,
+        (void **)&k->ex, (void **)&k->ew, (void **)&k->eo, (void **)&k->rt, (void **)&k->xe, (void **)&k->tmp,
+        (void **)&k->p, (void **)&k->chk, (void **)&k->sel, (void **)&k->nsel, (void **)&k->kI, (void **)&k->dots,
+        (void **)&k->keys, (void **)&k->sc, (void **)&k->isc, (void **)&k->heap, (void **)&k->qx};
+    bool ok = true;
+    for (size_t i = 0; i < WORK_BUFS && ok; i++)
+        if (sz[i] && !(*dst[i] = kvt_malloc(sz[i]))) ok = false;
+    rc = ok ? parts_fit(k, c, kvt_pool_size(s->pool)) : KVT_ENOMEM;
     if (rc) {
         ds4_work_free(k);
         return rc == KVT_ENOMEM ? kvt_fail(KVT_ENOMEM, "ds4 scratch for %zu tokens of a %zu-token context", ch, n_ctx)
@@ -1691,6 +1701,36 @@ static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, c
     return KVT_OK;
 }
 
+/* The scratch ds4_work_new makes for a session of ctx tokens, the default
+ * chunk (MAX_PASS) and parts threads, from the header alone: the same
+ * sizes (work_sizes), the quantised activations from the header's matrix
+ * types (a file's types are kept as they are), without the allocator's
+ * rounding. */
+static int ds4_work_estimate(const kvt_gguf *g, uint64_t ctx, uint32_t parts, uint64_t *bytes)
+{
+    ds4_weights *w = kvt_calloc(1, sizeof *w);
+    if (!w) return KVT_ENOMEM;
+    int rc = read_config(g, &w->c);
+    if (!rc) rc = finish_config(w);
+    ds4_config c = w->c;
+    free(w);
+    if (rc) return rc;
+    if (ctx == 0 || ctx > (1u << 24)) return kvt_fail(KVT_EINVAL, "context of %llu tokens is out of range",
+                                                      (unsigned long long)ctx);
+    size_t qb = 0;
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        size_t b = t->n_dims >= 2 ? kvt_q_act_bytes(t->type, MAX_PASS, t->ne[0]) : 0;
+        qb = b > qb ? b : qb;
+    }
+    size_t sz[WORK_BUFS], m4, nk;
+    work_sizes(&c, MAX_PASS, ctx, parts ? parts : 1, qb, sz, &m4, &nk);
+    uint64_t n = sizeof(ds4_work);
+    for (size_t i = 0; i < WORK_BUFS; i++) n += sz[i];
+    *bytes = n;
+    return KVT_OK;
+}
+
 static int ds4_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
 {
     ds4_config c;
@@ -1725,6 +1765,7 @@ const kvt_arch kvt_arch_ds4 = {
     .handles = ds4_handles,
     .load = ds4_load,
     .describe = ds4_describe,
+    .work_estimate = ds4_work_estimate,
     .is_preset = ds4_is_preset,
     .presets = "ds4-tiny, ds4-mini",
     .preset = ds4_preset,

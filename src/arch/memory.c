@@ -59,12 +59,19 @@ int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t thre
                                                    (unsigned long long)out->ctx);
         if ((rc = kvt_session_new(&s, m, &so))) return rc;
         out->scratch = kvt_session_scratch_bytes(m, s->work);
-        out->scratch_known = true;
+        out->scratch_known = out->scratch_measured = true;
         kvt_session_free(s);
     } else {
         if ((rc = kvt_model_describe(path, 0, &i, NULL, 0, NULL))) return rc;
         out->ctx = ctx ? ctx : i.n_ctx_train;
         if ((rc = kvt_model_describe(path, out->ctx, &i, NULL, 0, &out->kv))) return rc;
+        /* the scratch work_new would make, sized from the header; a pool of
+         * threads, or of every online core as a session's default */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t parts = threads ? threads : cores > 0 ? (uint32_t)cores : 1;
+        rc = kvt_model_scratch_estimate(path, out->ctx, parts, &out->scratch);
+        if (rc && rc != KVT_ENOENT) return rc;
+        out->scratch_known = rc == KVT_OK;
     }
     out->arrays = out->ctx * sizeof(int32_t) + (uint64_t)i.n_vocab * sizeof(float);
     if (path && access(path, R_OK) == 0 && (rc = mapped_bytes(path, out))) return rc;

@@ -19,8 +19,10 @@ typedef struct kvt_memory {
     uint64_t mapped_type[KVT_MEMORY_TYPES]; /* of it, by ggml type */
     uint64_t n_tensors;
     kvt_plan kv;                         /* the KV cache at ctx tokens */
-    bool scratch_known;                  /* false: described from the header alone */
-    uint64_t scratch;                    /* one session's scratch (kvt_session_scratch_bytes) */
+    bool scratch_known;                  /* false: not known from the header alone */
+    bool scratch_measured;               /* on a session (else sized from the header) */
+    uint64_t scratch;                    /* one session's scratch (kvt_session_scratch_bytes, or
+                                            kvt_model_scratch_estimate from the header) */
     uint64_t arrays;                     /* one session's token ids and logits */
     uint64_t resident;                   /* kv.total + scratch + arrays */
     uint64_t available;                  /* MemAvailable (0: unknown) */
@@ -32,8 +34,9 @@ typedef struct kvt_memory {
  * by making a session of that context and threads (0: a session's default;
  * the scratch has a part per thread) (its cache blocks are made only when
  * rows are written: none are); m NULL: path is described from its header
- * alone (kvt_model_describe), no tensor data read, and the scratch is not
- * known. path NULL or a preset: nothing mapped. */
+ * alone (kvt_model_describe), no tensor data read, and the scratch is
+ * sized from it (kvt_model_scratch_estimate; not known when its
+ * architecture needs the weights for that). path NULL or a preset: nothing mapped. */
 int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t threads, kvt_memory *out);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */

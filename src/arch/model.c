@@ -173,6 +173,18 @@ int kvt_model_describe(const char *path, uint64_t ctx, kvt_model_info *info, cha
     return KVT_OK;
 }
 
+int kvt_model_scratch_estimate(const char *path, uint64_t ctx, uint32_t parts, uint64_t *bytes)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (rc) return rc;
+    const kvt_arch *row = arch_of(g);
+    rc = row && row->work_estimate ? row->work_estimate(g, ctx, parts, bytes)
+                                   : kvt_fail(KVT_ENOENT, "%s: scratch not known from the header alone", path);
+    kvt_gguf_close(g);
+    return rc;
+}
+
 int kvt_model_open(kvt_model **out, const char *path)
 {
     *out = NULL;

@@ -45,6 +45,10 @@ void *kvt_session_park(kvt_session *s);
 void kvt_session_lend(kvt_session *s, void *work);
 void kvt_session_scratch_free(const kvt_model *m, void *work);
 size_t kvt_session_scratch_bytes(const kvt_model *m, const void *work);
+/* The scratch a session of ctx tokens on parts threads would make, from a
+ * GGUF's header alone (kvt_arch.work_estimate); KVT_ENOENT when its
+ * architecture needs the weights for that. */
+int kvt_model_scratch_estimate(const char *path, uint64_t ctx, uint32_t parts, uint64_t *bytes);
 
 /* One session's share of a batched step (kvt_session_step): append up to n
  * tokens tok[0..n) at s->n. The step may take fewer (done): it never
