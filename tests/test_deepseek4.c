@@ -9,7 +9,7 @@
  * length), a truncated header and a plain (non-header) open all fail
  * cleanly, and a plan with one layer's ratio changed differs. */
 #include "format/gguf.h"
-#include "arch/memory.h"
+#include "session/memory.h"
 #include "arch/model.h"
 #include "test.h"
 

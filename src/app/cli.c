@@ -6,7 +6,7 @@
 #include "store/policy.h"
 #include "store/remote.h"
 #include "arch/model.h"
-#include "arch/memory.h"
+#include "session/memory.h"
 #include "format/gguf.h"
 #include "serve/draft.h"
 

@@ -1,5 +1,5 @@
 /* What a run of a model needs in memory (memory.h). */
-#include "arch/memory.h"
+#include "session/memory.h"
 #include "arch/model.h"
 #include "format/gguf.h"
 #include "base/util.h"
