@@ -1668,16 +1668,24 @@ static void plan_config(const ds4_config *c, uint64_t ctx, kvt_plan *out)
 
 /* ---- ds4 files (general.architecture deepseek4), header only ---- */
 
-static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
-                        kvt_plan *plan)
+/* The configuration a file's header gives, with the loader's reading and
+ * checks, without the weights. */
+static int header_config(const kvt_gguf *g, ds4_config *c)
 {
-    /* the loader's reading and checks, without the weights */
     ds4_weights *w = kvt_calloc(1, sizeof *w);
     if (!w) return KVT_ENOMEM;
     int rc = read_config(g, &w->c);
     if (!rc) rc = finish_config(w);
-    ds4_config c = w->c;
+    *c = w->c;
     free(w);
+    return rc;
+}
+
+static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, char *detail, size_t dlen,
+                        kvt_plan *plan)
+{
+    ds4_config c;
+    int rc = header_config(g, &c);
     if (rc) return rc;
     uint32_t count[3] = {0};
     for (uint32_t l = 0; l < c.L; l++) count[c.ratio[l] == 0 ? 0 : c.ratio[l] == 4 ? 1 : 2]++;
@@ -1708,12 +1716,8 @@ static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, c
  * rounding. */
 static int ds4_work_estimate(const kvt_gguf *g, uint64_t ctx, uint32_t parts, uint64_t *bytes)
 {
-    ds4_weights *w = kvt_calloc(1, sizeof *w);
-    if (!w) return KVT_ENOMEM;
-    int rc = read_config(g, &w->c);
-    if (!rc) rc = finish_config(w);
-    ds4_config c = w->c;
-    free(w);
+    ds4_config c;
+    int rc = header_config(g, &c);
     if (rc) return rc;
     if (ctx == 0 || ctx > (1u << 24)) return kvt_fail(KVT_EINVAL, "context of %llu tokens is out of range",
                                                       (unsigned long long)ctx);
