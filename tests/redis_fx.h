@@ -6,6 +6,7 @@
 #define KVT_TEST_REDIS_FX_H
 
 #include "fixture.h"
+#include "test.h"
 #include "store/redis.h"
 #include "base/util.h"
 
@@ -117,3 +118,77 @@ static __attribute__((unused)) void rfx_stop(rfx *r)
 }
 
 #endif
+
+/* ---- two servers through a remote tier ---- */
+
+/* POST the file body to base/path: the answer's body in out, its headers
+ * in hdr; the HTTP status (-1: no answer). */
+static __attribute__((unused)) int rfx_post(const char *base, const char *path, const char *body, const char *out,
+                                            const char *hdr)
+{
+    char c[1024];
+    snprintf(c, sizeof c, "curl -s -o '%s' -D '%s' -w '%%{http_code}' --max-time 60 -H 'content-type: application/json' "
+             "--data-binary @'%s' '%s%s'", out, hdr, body, base, path);
+    FILE *f = popen(c, "r");
+    if (!f) return -1;
+    char code[16] = {0};
+    size_t n = fread(code, 1, sizeof code - 1, f);
+    code[n] = 0;
+    pclose(f);
+    return atoi(code) > 0 ? atoi(code) : -1;
+}
+
+/* From "choices" on: the reply and its logprobs, without the usage (its
+ * cached-token counts differ by design). */
+static __attribute__((unused)) char *rfx_choices(const char *path)
+{
+    char *s = kvt_test_read_file(path, NULL);
+    char *c = s ? strstr(s, "\"choices\"") : NULL;
+    char *out = c ? strdup(c) : strdup("(no choices)");
+    char *u = strstr(out, "\"usage\"");
+    if (u) *u = 0;
+    free(s);
+    return out;
+}
+
+/* One request of a 700-character prompt to a server started with remote
+ * (the --kv-remote flags) and an empty disk of its own: the reply's
+ * choices (*reply, malloc'ed), its X-KVTier-Cache header line (*cache);
+ * its log in *log (malloc'ed) when log is given. false when the server
+ * did not start or answer 200. */
+static __attribute__((unused)) bool rfx_serve_once(const char *name, const char *const *remote, char **reply,
+                                                   char *cache, size_t cap, char **log)
+{
+    fx_server s = {0};
+    *reply = NULL;
+    cache[0] = 0;
+    if (!fx_tmpdir_make(&s, name)) return false;
+    char body[160], out[160], hdr[160], kv[128];
+    snprintf(body, sizeof body, "%s/req.json", s.dir);
+    snprintf(out, sizeof out, "%s/out.json", s.dir);
+    snprintf(hdr, sizeof hdr, "%s/out.hdr", s.dir);
+    snprintf(kv, sizeof kv, "%s/kv", s.dir);
+    FILE *f = fopen(body, "w");
+    if (!f) return false;
+    fputs("{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5,"
+          "\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37], f);
+    fputs("\"}]}", f);
+    fclose(f);
+    const char *args[32] = {"--model", "ds4-tiny", "--kv-disk-dir", kv, "--kv-remote-timeout-ms", "1000"};
+    int a = 6;
+    for (int i = 0; remote[i] && a < 31; i++) args[a++] = remote[i];
+    args[a] = NULL;
+    bool ok = fx_server_start(&s, args);
+    int code = ok ? rfx_post(s.base, "/v1/chat/completions", body, out, hdr) : -1;
+    ok = ok && fx_server_stop(&s) && code == 200; /* stopped: its saves, then their uploads, are done */
+    if (code != 200) printf("    %s: HTTP %d\n", name, code);
+    *reply = rfx_choices(out);
+    char *h = kvt_test_read_file(hdr, NULL), *line = h ? strstr(h, "X-KVTier-Cache: ") : NULL;
+    if (line) snprintf(cache, cap, "%.*s", (int)strcspn(line, "\r\n"), line);
+    free(h);
+    if (log) *log = kvt_test_read_file(s.log, NULL);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+    return ok;
+}

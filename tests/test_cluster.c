@@ -368,3 +368,19 @@ CLUSTER_TEST(cluster_master_killed)
     kvt_remote_close(b);
     kvt_model_close(m);
 }
+
+/* Through kvtier serve: server A answers a prompt cold on the cluster;
+ * server B, with an empty disk, answers it from the remote tier with A's
+ * reply and top-5 logprobs. */
+CLUSTER_TEST(cluster_serve_two_servers)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    const char *remote[] = {"--kv-remote", c->url, NULL};
+    char *cold = NULL, *warm = NULL, ca[96], cb[96];
+    CHECK(rfx_serve_once("kvtier-cluster-a", remote, &cold, ca, sizeof ca, NULL));
+    CHECK(rfx_serve_once("kvtier-cluster-b", remote, &warm, cb, sizeof cb, NULL));
+    printf("    A: %s; B: %s\n", ca, cb);
+    CHECKF(strstr(cb, "remote"), "server B did not hit the remote tier on the cluster: %s", cb);
+    CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.300s\n%.300s", cold, warm);
+    free(cold); free(warm);
+}

@@ -347,3 +347,34 @@ TLS_TEST(tls_stopped_server_deadline)
     kvt_model_close(m);
     rfx_stop(&r);
 }
+
+/* Through kvtier serve: server A answers a prompt cold over rediss:// and
+ * uploads it; server B, with an empty disk, answers it from the remote
+ * tier (X-KVTier-Cache: remote) with A's reply and top-5 logprobs; server
+ * C, given another CA, answers it too (200, prefilled, the same reply),
+ * its log naming the refused certificate. Run against a build without TLS
+ * (KVT_BIN=/work/main/build/kvtier) server A does not start. */
+TLS_TEST(tls_serve_two_servers)
+{
+    const char *why = redis_without_tls(c);
+    if (why) SKIP("%s", why);
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    rfx r;
+    char url[96];
+    CHECKF(tls_start(&r, c, c->srv, c->srv_key, "no", url, sizeof url), "redis-server with TLS did not start");
+    const char *good[] = {"--kv-remote", url, "--kv-remote-ca", c->ca, NULL};
+    const char *bad[] = {"--kv-remote", url, "--kv-remote-ca", c->ca2, NULL};
+    char *cold = NULL, *warm = NULL, *refused = NULL, *log = NULL, ca[96], cb[96], cc[96];
+    CHECK(rfx_serve_once("kvtier-tls-a", good, &cold, ca, sizeof ca, NULL));
+    CHECK(rfx_serve_once("kvtier-tls-b", good, &warm, cb, sizeof cb, NULL));
+    CHECK(rfx_serve_once("kvtier-tls-c", bad, &refused, cc, sizeof cc, &log));
+    printf("    A: %s; B: %s; C (another CA): %s\n", ca, cb, cc);
+    CHECKF(strstr(cb, "remote"), "server B did not hit the remote tier over TLS: %s", cb);
+    CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.300s\n%.300s", cold, warm);
+    CHECKF(!strstr(cc, "remote") && !strcmp(cold, refused), "server C: %s\n%.300s", cc, refused);
+    const char *say = log ? strstr(log, "certificate is refused") : NULL;
+    printf("    C's log: %.*s\n", say ? (int)strcspn(say, "\n") : 4, say ? say : "none");
+    CHECK(say);
+    free(cold); free(warm); free(refused); free(log);
+    rfx_stop(&r);
+}
