@@ -8,7 +8,10 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
@@ -100,6 +103,42 @@ SSL *kvt_tls_open(kvt_tls *t, int fd, const char *host)
     return s;
 }
 
+/* OpenSSL writes to the socket with write(), not send(MSG_NOSIGNAL): a
+ * server that closed the connection would raise SIGPIPE, which kills a
+ * process that does not ignore it (the CLI, the tests). So SIGPIPE is
+ * blocked on this thread around each call, and one it raised is taken
+ * before it is unblocked. */
+typedef struct nopipe {
+    sigset_t old;
+    bool was_pending;
+} nopipe;
+
+static void nopipe_begin(nopipe *n)
+{
+    sigset_t pipe, pend;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&pend);
+    sigpending(&pend);
+    n->was_pending = sigismember(&pend, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &n->old);
+}
+
+static void nopipe_end(nopipe *n)
+{
+    sigset_t pipe, pend;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&pend);
+    if (!n->was_pending && !sigpending(&pend) && sigismember(&pend, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        int e = errno;
+        sigtimedwait(&pipe, NULL, &zero);
+        errno = e;
+    }
+    pthread_sigmask(SIG_SETMASK, &n->old, NULL);
+}
+
 /* What a failed call wants: 0 would block (*events set), -1 an error. */
 static int want(SSL *s, int ret, short *events, const char *what)
 {
@@ -121,7 +160,10 @@ int kvt_tls_handshake(SSL *s, short *events)
 {
     ERR_clear_error();
     errno = 0;
+    nopipe np;
+    nopipe_begin(&np);
     int r = SSL_connect(s);
+    nopipe_end(&np);
     if (r == 1) return 1;
     return want(s, r, events, "handshake") ? KVT_EIO : 0;
 }
@@ -130,7 +172,10 @@ ssize_t kvt_tls_read(SSL *s, void *buf, size_t len, short *events)
 {
     ERR_clear_error();
     errno = 0;
+    nopipe np;
+    nopipe_begin(&np);
     int n = SSL_read(s, buf, len > 1 << 30 ? 1 << 30 : (int)len);
+    nopipe_end(&np);
     if (n > 0) return n;
     return want(s, n, events, "read");
 }
@@ -139,7 +184,10 @@ ssize_t kvt_tls_write(SSL *s, const void *buf, size_t len, short *events)
 {
     ERR_clear_error();
     errno = 0;
+    nopipe np;
+    nopipe_begin(&np);
     int n = SSL_write(s, buf, len > 1 << 30 ? 1 << 30 : (int)len);
+    nopipe_end(&np);
     if (n > 0) return n;
     return want(s, n, events, "write");
 }
