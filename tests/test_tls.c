@@ -412,6 +412,18 @@ TLS_TEST(tls_serve_two_servers)
     const char *say = log ? strstr(log, "certificate is refused") : NULL;
     printf("    C's log: %.*s\n", say ? (int)strcspn(say, "\n") : 4, say ? say : "none");
     CHECK(say);
+    /* cache ls over TLS lists the entry A uploaded */
+    char ls[600], lsout[] = "/tmp/kvtier-tls-ls-XXXXXX";
+    int fd = mkstemp(lsout);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    snprintf(ls, sizeof ls, "%s cache ls --kv-remote '%s' --kv-remote-ca '%s' > '%s' 2>&1", kvt_test_bin(), url, c->ca,
+             lsout);
+    int st = system(ls);
+    char *lst = kvt_test_read_file(lsout, NULL);
+    unlink(lsout);
+    CHECKF(st == 0 && lst && strstr(lst, ":open ") && strstr(lst, " 672 "), "cache ls over TLS:\n%s", lst);
+    free(lst);
     free(cold); free(warm); free(refused); free(log);
     rfx_stop(&r);
 }
