@@ -203,7 +203,11 @@ static int refresh(kvt_cluster *c, int prefer, double deadline)
         n->q = ask;
         n->q_len = sizeof ask - 1;
         n->q_n = 1;
-        if (kvt_conn_run(&n, 1, deadline)) {
+        /* half the time left, all of it for the last: a stopped node (its
+         * kernel still accepts connections) does not take the whole
+         * deadline from the nodes after it */
+        double now = kvt_now(), until = i + 1 < k ? now + (deadline - now) / 2 : deadline;
+        if (kvt_conn_run(&n, 1, until)) {
             snprintf(err, sizeof err, "%s", n->err);
             continue;
         }
