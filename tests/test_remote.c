@@ -412,6 +412,15 @@ REDIS_TEST(remote_damaged_values_miss, NULL)
 
 /* A block record with other rows and a checksum made anew: every check but
  * the HMAC passes. */
+/* key with namespace `from` replaced by `to` (wherever it is: a part's
+ * or a MAC's name starts with its hash tag's '{'). */
+static void in_ns(const char *key, const char *from, const char *to, char *out, size_t cap)
+{
+    const char *at = strstr(key, from);
+    if (!at) { snprintf(out, cap, "%s", key); return; }
+    snprintf(out, cap, "%.*s%s%s", (int)(at - key), key, to, at + strlen(from));
+}
+
 static void plant(uint8_t *v, size_t len)
 {
     v[len - 8 - 5] ^= 0x40;
@@ -480,20 +489,23 @@ static void remote_secret_refuses_planted_body(rsrv *rp)
     nk = keys_of(c, "*", &k);
     char alice[96] = "";
     CHECK(nk > 0);
-    snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[0] + 24, ":") - k[0] + 1), k[0]); /* kvt:r1:KEY0:NS: */
+    for (size_t i = 0; i < nk && !alice[0]; i++) /* parts and MACs start with '{' (their hash tag) */
+        if (k[i][0] != '{')
+            snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[i] + 24, ":") - k[i] + 1), k[i]); /* kvt:r1:KEY0:NS: */
     kvt_session_free(upload_cold(a, 1, m, u, N)); /* bob's namespace exists */
     char **k2;
     size_t nk2 = keys_of(c, "*", &k2);
     char bob[96] = "";
     for (size_t i = 0; i < nk2; i++)
-        if (strncmp(k2[i], alice, strlen(alice))) snprintf(bob, sizeof bob, "%.*s", (int)strlen(alice), k2[i]);
+        if (k2[i][0] != '{' && strncmp(k2[i], alice, strlen(alice)))
+            snprintf(bob, sizeof bob, "%.*s", (int)strlen(alice), k2[i]);
     keys_free(k2, nk2);
     CHECK(bob[0] && strcmp(bob, alice));
     for (size_t i = 0; i < nk; i++) {
         size_t l;
         uint8_t *w = get_value(c, k[i], &l);
         char key[300];
-        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        in_ns(k[i], alice, bob, key, sizeof key);
         if (w) CHECK(set_value(c, key, w, l));
         else { /* the index hash */
             const char *a2[3] = {"COPY", k[i], key};
@@ -512,11 +524,11 @@ static void remote_secret_refuses_planted_body(rsrv *rp)
     kvt_session_free(upload_cold(a, 0, m, t, N));
     nk = keys_of(c, "*", &k);
     for (size_t i = 0; i < nk; i++) {
-        if (strncmp(k[i], alice, strlen(alice))) continue;
+        if (!strstr(k[i], alice)) continue;
         size_t l;
         uint8_t *w = get_value(c, k[i], &l);
         char key[300];
-        snprintf(key, sizeof key, "%s%s", bob, k[i] + strlen(alice));
+        in_ns(k[i], alice, bob, key, sizeof key);
         if (w) set_value(c, key, w, l);
         else {
             const char *a2[3] = {"COPY", k[i], key};
@@ -550,8 +562,21 @@ TEST(remote_url_refusals)
     CHECK(kvt_redis_parse_url("redis://h:7000/3", &u) == KVT_OK && u.port == 7000 && u.db == 3 && !strcmp(u.host, "h"));
     CHECK(kvt_redis_parse_url("redis://kv@[::1]:7001", &u) == KVT_OK && !strcmp(u.host, "::1") && !strcmp(u.user, "kv"));
     CHECK(kvt_redis_parse_url("redis://host", &u) == KVT_OK && u.port == 6379);
-    CHECK(kvt_redis_parse_url("rediss://host:1", &u) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
-    CHECK(kvt_redis_parse_url("redis-cluster://a:1,b:2", &u) == KVT_EUNSUPPORTED);
+    CHECK(kvt_redis_parse_url("rediss://kv@host:1/2", &u) == KVT_OK && u.tls && !u.cluster && u.port == 1 && u.db == 2 &&
+          !strcmp(u.user, "kv"));
+    CHECK(kvt_redis_parse_url("redis-cluster://a:1,[::1]:2,c", &u) == KVT_OK && u.cluster && u.n_seeds == 3 &&
+          !strcmp(u.seeds[1], "::1") && u.seed_ports[1] == 2 && u.seed_ports[2] == 6379 && !strcmp(u.host, "a"));
+    CHECK(kvt_redis_parse_url("redis-cluster://a:1/1", &u) == KVT_EINVAL && strstr(kvt_errmsg(), "one database"));
+    CHECK(kvt_redis_parse_url("redis-cluster://a:1,,b:2", &u) == KVT_EINVAL);
+    CHECK(kvt_redis_parse_url("redis-cluster://", &u) == KVT_EINVAL);
+    /* TLS files without TLS: refused, never a silent plain connection */
+    kvt_redis *c = NULL;
+    CHECK(kvt_redis_parse_url("redis://host:1", &u) == KVT_OK);
+    u.ca = "/etc/hostname";
+    CHECK(kvt_redis_new(&c, &u, NULL) == KVT_EINVAL && strstr(kvt_errmsg(), "rediss://") && !c);
+    CHECK(kvt_redis_parse_url("rediss://host:1", &u) == KVT_OK);
+    u.ca = "/nonexistent/ca.pem";
+    CHECK(kvt_redis_new(&c, &u, NULL) == KVT_EIO && strstr(kvt_errmsg(), "/nonexistent/ca.pem") && !c);
     CHECK(kvt_redis_parse_url("redis://u:pw@host:1", &u) == KVT_EINVAL && strstr(kvt_errmsg(), "password-file"));
     CHECK(kvt_redis_parse_url("redis://host:0", &u) == KVT_EINVAL);
     CHECK(kvt_redis_parse_url("redis://host:1/x", &u) == KVT_EINVAL);
@@ -935,7 +960,10 @@ TEST(remote_serve_refusals)
     snprintf(kv, sizeof kv, "%s/kv", s.dir);
     struct { const char *args[12]; int exit; const char *says; } cases[] = {
         {{"--api-key", "k1", "--kv-remote", "redis://127.0.0.1:1"}, 1, "--kv-remote-secret-file"},
-        {{"--kv-remote", "rediss://127.0.0.1:1"}, 1, "not supported yet"},
+        {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-ca", "/nonexistent/ca.pem"}, 1, "/nonexistent/ca.pem"},
+        {{"--kv-remote", "redis://127.0.0.1:1", "--kv-remote-ca", "/etc/hostname"}, 1, "need a rediss:// URL"},
+        {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-cert", "/etc/hostname"}, 1, "go together"},
+        {{"--kv-remote-ca", "/etc/hostname"}, 2, "need --kv-remote"},
         {{"--kv-remote", "redis://u:pw@127.0.0.1:1"}, 1, "--kv-remote-password-file"},
         {{"--kv-remote", "redis://127.0.0.1:1", "--no-kv-disk"}, 1, "needs the disk tier"},
         {{"--kv-remote-secret-file", "/dev/null"}, 2, "need --kv-remote"},

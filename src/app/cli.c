@@ -188,6 +188,11 @@ static bool progress_bar(void *user, size_t done, size_t total)
     {"--kv-cache-min-tokens"}, {"--kv-cache-trim-tokens"}, {"--kv-cache-align-tokens"}, \
     {"--kv-cache-continued-interval"}
 
+/* rediss:// (TLS): the CA the server's certificate must chain to, and the
+ * client's certificate and key for a server that asks for one; wherever
+ * --kv-remote is taken */
+#define REMOTE_TLS_OPTS {"--kv-remote-ca"}, {"--kv-remote-cert"}, {"--kv-remote-key"}
+
 typedef struct disk_cfg {
     bool on;
     char dir[4096];
@@ -873,7 +878,7 @@ static int cmd_cache(int argc, char **argv)
         key = (int64_t)k;
         skip = 2;
     }
-    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}};
+    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, REMOTE_TLS_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     if (get(o, no, "--kv-remote")) {
@@ -883,7 +888,10 @@ static int cmd_cache(int argc, char **argv)
         }
         kvt_remote_entry *e = NULL;
         size_t n = 0;
-        int rc = kvt_remote_list(get(o, no, "--kv-remote"), get(o, no, "--kv-remote-password-file"), &e, &n);
+        kvt_remote_opts ro = {.url = get(o, no, "--kv-remote"), .password_file = get(o, no, "--kv-remote-password-file"),
+                              .tls_ca = get(o, no, "--kv-remote-ca"), .tls_cert = get(o, no, "--kv-remote-cert"),
+                              .tls_key = get(o, no, "--kv-remote-key")};
+        int rc = kvt_remote_list(&ro, &e, &n);
         if (rc) return fail(rc, "cache ls --kv-remote");
         printf("%-40s %-16s %8s %7s %12s\n", "NAMESPACE (LAYOUT:KEY0:TENANT)", "HEAD", "TOKENS", "BLOCKS", "BYTES");
         for (size_t i = 0; i < n; i++)
@@ -1012,7 +1020,7 @@ static int cmd_serve(int argc, char **argv)
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
-               DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
+               REMOTE_TLS_OPTS, DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -1040,9 +1048,10 @@ static int cmd_serve(int argc, char **argv)
     uint64_t remote_ms = 20;
     if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms)) return 2;
     if (!get(o, no, "--kv-remote") && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
-                                       get(o, no, "--kv-remote-timeout-ms"))) {
-        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file and --kv-remote-timeout-ms need "
-                        "--kv-remote\n");
+                                       get(o, no, "--kv-remote-timeout-ms") || get(o, no, "--kv-remote-ca") ||
+                                       get(o, no, "--kv-remote-cert") || get(o, no, "--kv-remote-key"))) {
+        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file, --kv-remote-timeout-ms, "
+                        "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need --kv-remote\n");
         return 2;
     }
     if (!req_timeout || !per_addr || !max_conns) {
@@ -1163,7 +1172,9 @@ static int cmd_serve(int argc, char **argv)
         .api_keys = keys, .api_key_names = names, .n_keys = n_keys, .metrics_key = mkey, .strict_model = get(o, no, "--strict-model") != NULL,
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
         .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
-        .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
+        .remote_secret_file = get(o, no, "--kv-remote-secret-file"),
+        .remote_tls_ca = get(o, no, "--kv-remote-ca"), .remote_tls_cert = get(o, no, "--kv-remote-cert"),
+        .remote_tls_key = get(o, no, "--kv-remote-key"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
         .draft = draft, .draft_max = draft_max,
     };
     int rc = kvt_serve(&so);
@@ -1294,16 +1305,22 @@ static void usage(FILE *f)
           "              request (and its client as long to take some of the answer),\n"
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
-          "              [--kv-remote redis://[USER@]HOST:PORT[/DB] [--kv-remote-password-file F]\n"
-          "              [--kv-remote-secret-file F] [--kv-remote-timeout-ms N (20)]]: a third\n"
-          "              tier in Redis that servers share (needs the disk tier): saves are\n"
+          "              [--kv-remote URL [--kv-remote-password-file F] [--kv-remote-secret-file F]\n"
+          "              [--kv-remote-timeout-ms N (20)] [--kv-remote-ca F] [--kv-remote-cert F\n"
+          "              --kv-remote-key F]]: a third tier in Redis that servers share (needs\n"
+          "              the disk tier); URL redis://[USER@]HOST:PORT[/DB], rediss://... (TLS:\n"
+          "              the server's certificate checked against --kv-remote-ca, else the\n"
+          "              system's CAs, and against HOST; -cert/-key: a client certificate) or\n"
+          "              redis-cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster); saves are\n"
           "              uploaded behind, a new session asks it within N ms (then its load,\n"
           "              bounded); every value is checked, with the secret by HMAC (required\n"
           "              with API keys); a failing Redis is a miss, then not asked for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
-          "  cache ls --kv-remote URL [--kv-remote-password-file F]: what a remote tier\n"
-          "              holds: each snapshot's namespace (model key0, tenant), tokens, bytes\n"
+          "  cache ls --kv-remote URL [--kv-remote-password-file F] [--kv-remote-ca F]\n"
+          "              [--kv-remote-cert F --kv-remote-key F]: what a remote tier holds\n"
+          "              (every master of a cluster): each snapshot's namespace (model key0,\n"
+          "              tenant), tokens, bytes\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  draft options --draft ngram|none (none; model, mtp: not supported yet), --draft-max N\n"

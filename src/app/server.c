@@ -2043,6 +2043,8 @@ int kvt_serve(const kvt_server_opts *opts)
             goto out;
         }
         kvt_remote_opts ro = {.url = opts->remote_url, .password_file = opts->remote_password_file,
+                              .tls_ca = opts->remote_tls_ca, .tls_cert = opts->remote_tls_cert,
+                              .tls_key = opts->remote_tls_key,
                               .secret_file = opts->remote_secret_file, .tenants = opts->n_keys ? opts->api_keys : NULL,
                               .n_tenants = opts->n_keys, .keyed_tenants = opts->n_keys > 0,
                               .lookup_ms = (int)opts->remote_lookup_ms};

@@ -40,8 +40,9 @@ typedef struct kvt_server_opts {
                                * echoed back */
     bool keep_volatile;       /* keep volatile lines (billing headers) in prompts */
     kvt_save_policy policy;
-    const char *remote_url;   /* NULL: no remote tier; else redis://[user@]host:port[/db] (remote.h) */
+    const char *remote_url;   /* NULL: no remote tier; else redis://, rediss:// or redis-cluster:// (redis.h) */
     const char *remote_password_file; /* NULL: no AUTH */
+    const char *remote_tls_ca, *remote_tls_cert, *remote_tls_key; /* rediss:// (remote.h); NULL: none */
     const char *remote_secret_file;   /* NULL: no HMAC (refused with API keys) */
     uint32_t remote_lookup_ms;        /* deadline of a remote lookup (0: 20) */
     kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */

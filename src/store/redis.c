@@ -1,51 +1,74 @@
 /* A Redis client with deadlines (see redis.h).
  *
- * hiredis 0.14 offers a blocking context whose timeout is set once per
- * connection, and an async context that needs an event loop. The remote
- * tier needs neither: it makes a few pipelined round trips, each of which
- * must end by a deadline of a few milliseconds whatever the server does (a
- * stopped server must cost a lookup its deadline, not a hang). So this file
- * owns the socket (non-blocking, poll with the time left), formats commands
- * with redisFormatCommandArgv and parses replies with hiredis's
- * redisReader. Writing and reading overlap: a long pipeline is read while
- * it is still being sent, so neither side blocks on a full buffer. */
+ * The remote tier makes a few pipelined round trips, each of which must
+ * end by a deadline of a few milliseconds whatever the server does (a
+ * stopped server must cost a lookup its deadline, not a hang). This file
+ * owns the URL, the queue of formatted commands (redisFormatCommandArgv)
+ * and the choice of transport: one connection (conn.c, plain or TLS) or a
+ * cluster's masters (cluster.c); the replies are hiredis's. */
 #include "store/redis.h"
+#include "store/cluster.h"
+#include "store/conn.h"
+#include "store/tls.h"
 #include "base/util.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 struct kvt_redis {
     kvt_redis_url u;
     char *password;
-    int fd;                  /* -1: not connected */
-    struct addrinfo *addrs;  /* the host resolved once (getaddrinfo has no deadline), kept */
-    redisReader *rd;
+    kvt_conn_auth auth;
+    kvt_tls *tls;
+    kvt_conn conn;           /* redis://, rediss:// */
+    kvt_cluster *cl;         /* redis-cluster:// */
     char *out;               /* queued commands, formatted */
     size_t out_len, out_cap, n_cmds;
+    size_t *offs, offs_cap;  /* where each queued command starts in out (n_cmds + 1 used) */
+    size_t *bars, n_bars, bars_cap; /* barriers: command indices */
 };
+
+/* host:port (host may be [v6]) in s[0..end): false with the reason. */
+static int parse_hostport(const char *url, const char *s, const char *end, char *host, int *port)
+{
+    const char *hs = s, *he, *p;
+    if (*s == '[') {
+        hs = s + 1;
+        he = memchr(hs, ']', (size_t)(end - hs));
+        if (!he) return kvt_fail(KVT_EINVAL, "remote tier %s: '[' without ']'", url);
+        p = he + 1;
+    } else {
+        he = memchr(s, ':', (size_t)(end - s));
+        if (!he) he = end;
+        p = he;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= 256) return kvt_fail(KVT_EINVAL, "remote tier %s: no host", url);
+    memcpy(host, hs, hl);
+    host[hl] = 0;
+    if (p < end) {
+        if (*p != ':') return kvt_fail(KVT_EINVAL, "remote tier %s: junk after the host", url);
+        char *e;
+        long v = strtol(p + 1, &e, 10);
+        if (e != end || v < 1 || v > 65535) return kvt_fail(KVT_EINVAL, "remote tier %s: bad port", url);
+        *port = (int)v;
+    }
+    return KVT_OK;
+}
 
 int kvt_redis_parse_url(const char *url, kvt_redis_url *out)
 {
     memset(out, 0, sizeof *out);
     out->port = 6379;
-    if (!strncmp(url, "rediss://", 9))
-        return kvt_fail(KVT_EUNSUPPORTED, "remote tier %s: TLS (rediss://) is not supported yet", url);
-    if (!strncmp(url, "redis-cluster://", 16))
-        return kvt_fail(KVT_EUNSUPPORTED, "remote tier %s: Redis Cluster (redis-cluster://) is not supported yet", url);
-    if (strncmp(url, "redis://", 8))
-        return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://", url);
-    const char *p = url + 8, *at = strchr(p, '@'), *slash = strchr(p, '/');
+    const char *p;
+    if (!strncmp(url, "redis://", 8)) p = url + 8;
+    else if (!strncmp(url, "rediss://", 9)) p = url + 9, out->tls = true;
+    else if (!strncmp(url, "redis-cluster://", 16)) p = url + 16, out->cluster = true;
+    else return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://, rediss:// or redis-cluster://",
+                         url);
+    const char *at = strchr(p, '@'), *slash = strchr(p, '/');
     if (at && (!slash || at < slash)) {
         size_t ul = (size_t)(at - p);
         if (memchr(p, ':', ul))
@@ -55,27 +78,26 @@ int kvt_redis_parse_url(const char *url, kvt_redis_url *out)
         memcpy(out->user, p, ul);
         p = at + 1;
     }
-    const char *end = slash ? slash : p + strlen(p), *hs = p, *he;
-    if (*p == '[') {
-        hs = p + 1;
-        he = memchr(hs, ']', (size_t)(end - hs));
-        if (!he) return kvt_fail(KVT_EINVAL, "remote tier %s: '[' without ']'", url);
-        p = he + 1;
-    } else {
-        he = memchr(p, ':', (size_t)(end - p));
-        if (!he) he = end;
-        p = he;
+    const char *end = slash ? slash : p + strlen(p);
+    if (out->cluster) {
+        if (slash) return kvt_fail(KVT_EINVAL, "remote tier %s: a Redis Cluster has one database: no /DB", url);
+        while (p < end) {
+            const char *comma = memchr(p, ',', (size_t)(end - p)), *e = comma ? comma : end;
+            if (out->n_seeds == KVT_REDIS_MAX_SEEDS)
+                return kvt_fail(KVT_EINVAL, "remote tier %s: more than %d nodes", url, KVT_REDIS_MAX_SEEDS);
+            out->seed_ports[out->n_seeds] = 6379;
+            int rc = parse_hostport(url, p, e, out->seeds[out->n_seeds], &out->seed_ports[out->n_seeds]);
+            if (rc) return rc;
+            out->n_seeds++;
+            p = comma ? comma + 1 : end;
+        }
+        if (!out->n_seeds) return kvt_fail(KVT_EINVAL, "remote tier %s: no host", url);
+        memcpy(out->host, out->seeds[0], sizeof out->host);
+        out->port = out->seed_ports[0];
+        return KVT_OK;
     }
-    size_t hl = (size_t)(he - hs);
-    if (hl == 0 || hl >= sizeof out->host) return kvt_fail(KVT_EINVAL, "remote tier %s: no host", url);
-    memcpy(out->host, hs, hl);
-    if (p < end) {
-        if (*p != ':') return kvt_fail(KVT_EINVAL, "remote tier %s: junk after the host", url);
-        char *e;
-        long port = strtol(p + 1, &e, 10);
-        if (e != end || port < 1 || port > 65535) return kvt_fail(KVT_EINVAL, "remote tier %s: bad port", url);
-        out->port = (int)port;
-    }
+    int rc = parse_hostport(url, p, end, out->host, &out->port);
+    if (rc) return rc;
     if (slash && slash[1]) {
         char *e;
         long db = strtol(slash + 1, &e, 10);
@@ -88,93 +110,75 @@ int kvt_redis_parse_url(const char *url, kvt_redis_url *out)
 int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password)
 {
     *out = NULL;
+    if ((u->ca || u->cert || u->key) && !u->tls)
+        return kvt_fail(KVT_EINVAL, "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need a rediss:// URL "
+                        "(TLS); %s://%s:%d would be plain TCP", u->cluster ? "redis-cluster" : "redis", u->host,
+                        u->port);
     kvt_redis *r = kvt_calloc(1, sizeof *r);
     if (!r) return KVT_ENOMEM;
     r->u = *u;
-    r->fd = -1;
-    if (password && !(r->password = kvt_strndup(password, strlen(password)))) {
-        free(r);
-        return KVT_ENOMEM;
+    r->u.ca = r->u.cert = r->u.key = NULL; /* borrowed: read below, not kept */
+    int rc = KVT_OK;
+    if (password && !(r->password = kvt_strndup(password, strlen(password)))) rc = KVT_ENOMEM;
+    if (!rc && u->tls) rc = kvt_tls_new(&r->tls, u->ca, u->cert, u->key);
+    r->auth = (kvt_conn_auth){.user = r->u.user, .password = r->password, .db = r->u.db, .tls = r->tls};
+    kvt_conn_init(&r->conn, u->host, u->port, &r->auth);
+    if (!rc && u->cluster) {
+        char hosts[KVT_REDIS_MAX_SEEDS][256];
+        memcpy(hosts, u->seeds, sizeof hosts);
+        rc = kvt_cluster_new(&r->cl, (const char(*)[256])hosts, u->seed_ports, u->n_seeds, &r->auth);
+    }
+    if (rc) {
+        kvt_redis_free(r);
+        return rc;
     }
     *out = r;
     return KVT_OK;
 }
 
-static void disconnect(kvt_redis *r)
-{
-    if (r->fd >= 0) close(r->fd);
-    r->fd = -1;
-    if (r->rd) redisReaderFree(r->rd);
-    r->rd = NULL;
-}
-
 void kvt_redis_free(kvt_redis *r)
 {
     if (!r) return;
-    disconnect(r);
+    kvt_conn_close(&r->conn);
+    kvt_cluster_free(r->cl);
+    kvt_tls_free(r->tls);
     if (r->password) {
         memset(r->password, 0, strlen(r->password));
         free(r->password);
     }
-    if (r->addrs) freeaddrinfo(r->addrs);
     free(r->out);
+    free(r->offs);
+    free(r->bars);
     free(r);
 }
 
-bool kvt_redis_connected(const kvt_redis *r) { return r->fd >= 0; }
+bool kvt_redis_connected(const kvt_redis *r) { return r->cl ? kvt_cluster_connected(r->cl) : r->conn.fd >= 0; }
 
-static int ms_left(double deadline)
-{
-    double d = (deadline - kvt_now()) * 1000.0;
-    return d <= 0 ? 0 : d > 1e9 ? 1000000000 : (int)d + 1;
-}
+int kvt_redis_resolve(kvt_redis *r) { return r->cl ? kvt_cluster_resolve(r->cl) : kvt_conn_resolve(&r->conn); }
 
-int kvt_redis_resolve(kvt_redis *r)
+/* Queue n formatted bytes as one command. */
+static int put(kvt_redis *r, const char *cmd, size_t n)
 {
-    if (r->addrs) return KVT_OK;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
-    char port[16];
-    snprintf(port, sizeof port, "%d", r->u.port);
-    int g = getaddrinfo(r->u.host, port, &hints, &r->addrs);
-    if (g) {
-        r->addrs = NULL;
-        return kvt_fail(KVT_EIO, "redis %s:%d: %s", r->u.host, r->u.port, gai_strerror(g));
+    int rc = KVT_OK;
+    KVT_GROW(r->offs, &r->offs_cap, r->n_cmds + 2, rc);
+    if (rc) return rc;
+    if (r->out_len + n > r->out_cap) {
+        size_t c = r->out_cap ? r->out_cap : 4096;
+        while (c < r->out_len + n) c *= 2;
+        char *p = realloc(r->out, c);
+        if (!p) return kvt_fail(KVT_ENOMEM, "redis pipeline of %zu bytes", c);
+        r->out = p;
+        r->out_cap = c;
     }
+    r->offs[r->n_cmds] = r->out_len;
+    memcpy(r->out + r->out_len, cmd, n);
+    r->out_len += n;
+    r->n_cmds++;
+    r->offs[r->n_cmds] = r->out_len;
     return KVT_OK;
 }
 
-static int sock_connect(kvt_redis *r, double deadline)
-{
-    int grc = kvt_redis_resolve(r);
-    if (grc) return grc;
-    int rc = KVT_EIO, err = 0;
-    for (struct addrinfo *a = r->addrs; a && r->fd < 0; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) { err = errno; continue; }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (connect(fd, a->ai_addr, a->ai_addrlen) && errno != EINPROGRESS) {
-            err = errno;
-            close(fd);
-            continue;
-        }
-        struct pollfd pf = {fd, POLLOUT, 0};
-        int pr = poll(&pf, 1, ms_left(deadline));
-        socklen_t sl = sizeof err;
-        if (pr <= 0) err = pr == 0 ? ETIMEDOUT : errno;
-        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl)) err = errno;
-        if (err) { close(fd); continue; }
-        r->fd = fd;
-    }
-    if (r->fd < 0) return kvt_fail(rc, "redis %s:%d: connect: %s", r->u.host, r->u.port, strerror(err ? err : EIO));
-    if (!(r->rd = redisReaderCreate())) {
-        disconnect(r);
-        return KVT_ENOMEM;
-    }
-    return KVT_OK;
-}
-
-static int put_cmd(char **buf, size_t *len, size_t *cap, int argc, const char *const *argv, const size_t *lens)
+int kvt_redis_append(kvt_redis *r, int argc, const char *const *argv, const size_t *lens)
 {
     size_t l[16];
     if (!lens) {
@@ -185,26 +189,8 @@ static int put_cmd(char **buf, size_t *len, size_t *cap, int argc, const char *c
     char *cmd = NULL;
     int n = redisFormatCommandArgv(&cmd, argc, (const char **)argv, lens);
     if (n < 0 || !cmd) return kvt_fail(KVT_ENOMEM, "redis command");
-    int rc = KVT_OK;
-    if (*len + (size_t)n > *cap) {
-        size_t c = *cap ? *cap : 4096;
-        while (c < *len + (size_t)n) c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p) rc = kvt_fail(KVT_ENOMEM, "redis pipeline of %zu bytes", c);
-        else { *buf = p; *cap = c; }
-    }
-    if (!rc) {
-        memcpy(*buf + *len, cmd, (size_t)n);
-        *len += (size_t)n;
-    }
+    int rc = put(r, cmd, (size_t)n);
     redisFreeCommand(cmd);
-    return rc;
-}
-
-int kvt_redis_append(kvt_redis *r, int argc, const char *const *argv, const size_t *lens)
-{
-    int rc = put_cmd(&r->out, &r->out_len, &r->out_cap, argc, argv, lens);
-    if (!rc) r->n_cmds++;
     return rc;
 }
 
@@ -216,20 +202,16 @@ int kvt_redis_appendf(kvt_redis *r, const char *fmt, ...)
     int n = redisvFormatCommand(&cmd, fmt, ap);
     va_end(ap);
     if (n < 0 || !cmd) return kvt_fail(KVT_ENOMEM, "redis command");
-    int rc = KVT_OK;
-    if (r->out_len + (size_t)n > r->out_cap) {
-        size_t c = r->out_cap ? r->out_cap : 4096;
-        while (c < r->out_len + (size_t)n) c *= 2;
-        char *p = realloc(r->out, c);
-        if (!p) rc = kvt_fail(KVT_ENOMEM, "redis pipeline");
-        else { r->out = p; r->out_cap = c; }
-    }
-    if (!rc) {
-        memcpy(r->out + r->out_len, cmd, (size_t)n);
-        r->out_len += (size_t)n;
-        r->n_cmds++;
-    }
+    int rc = put(r, cmd, (size_t)n);
     free(cmd);
+    return rc;
+}
+
+int kvt_redis_barrier(kvt_redis *r)
+{
+    int rc = KVT_OK;
+    KVT_GROW(r->bars, &r->bars_cap, r->n_bars + 1, rc);
+    if (!rc) r->bars[r->n_bars++] = r->n_cmds;
     return rc;
 }
 
@@ -237,6 +219,7 @@ void kvt_redis_discard(kvt_redis *r)
 {
     r->out_len = 0;
     r->n_cmds = 0;
+    r->n_bars = 0;
 }
 
 void kvt_redis_replies_free(redisReply **rep, size_t n)
@@ -247,75 +230,6 @@ void kvt_redis_replies_free(redisReply **rep, size_t n)
     free(rep);
 }
 
-/* Send buf[0..len) and read want replies into rep, by the deadline. */
-static int round_trip(kvt_redis *r, const char *buf, size_t len, redisReply **rep, size_t want, double deadline)
-{
-    size_t sent = 0, got = 0;
-    char in[65536];
-    while (got < want) {
-        struct pollfd pf = {r->fd, (short)(POLLIN | (sent < len ? POLLOUT : 0)), 0};
-        int left = ms_left(deadline);
-        if (left == 0) return kvt_fail(KVT_EIO, "redis %s:%d: timed out (%zu of %zu replies)", r->u.host, r->u.port,
-                                       got, want);
-        int pr = poll(&pf, 1, left);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) return kvt_fail(KVT_EIO, "redis: poll: %s", strerror(errno));
-        if (pr == 0) continue; /* the deadline check above ends it */
-        if (pf.revents & POLLOUT && sent < len) {
-            ssize_t w = send(r->fd, buf + sent, len - sent, MSG_NOSIGNAL);
-            if (w < 0 && errno != EAGAIN && errno != EINTR)
-                return kvt_fail(KVT_EIO, "redis %s:%d: send: %s", r->u.host, r->u.port, strerror(errno));
-            if (w > 0) sent += (size_t)w;
-        }
-        if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
-            ssize_t k = recv(r->fd, in, sizeof in, 0);
-            if (k == 0) return kvt_fail(KVT_EIO, "redis %s:%d: connection closed", r->u.host, r->u.port);
-            if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return kvt_fail(KVT_EIO, "redis %s:%d: recv: %s", r->u.host, r->u.port, strerror(errno));
-            if (k > 0 && redisReaderFeed(r->rd, in, (size_t)k) != REDIS_OK)
-                return kvt_fail(KVT_EIO, "redis: %s", r->rd->errstr);
-            while (got < want) {
-                void *reply = NULL;
-                if (redisReaderGetReply(r->rd, &reply) != REDIS_OK)
-                    return kvt_fail(KVT_EIO, "redis: a reply that does not parse: %s", r->rd->errstr);
-                if (!reply) break;
-                rep[got++] = reply;
-            }
-        }
-    }
-    return KVT_OK;
-}
-
-/* AUTH and SELECT on a new connection. */
-static int handshake(kvt_redis *r, double deadline)
-{
-    char *buf = NULL;
-    size_t len = 0, cap = 0, want = 0;
-    int rc = KVT_OK;
-    if (r->password) {
-        const char *a[3] = {"AUTH", r->u.user[0] ? r->u.user : r->password, r->password};
-        rc = put_cmd(&buf, &len, &cap, r->u.user[0] ? 3 : 2, a, NULL);
-        want++;
-    }
-    char db[16];
-    snprintf(db, sizeof db, "%d", r->u.db);
-    if (!rc && r->u.db > 0) {
-        const char *a[2] = {"SELECT", db};
-        rc = put_cmd(&buf, &len, &cap, 2, a, NULL);
-        want++;
-    }
-    redisReply *rep[2] = {0};
-    if (!rc && want) rc = round_trip(r, buf, len, rep, want, deadline);
-    for (size_t i = 0; !rc && i < want; i++)
-        if (rep[i]->type == REDIS_REPLY_ERROR)
-            rc = kvt_fail(KVT_EIO, "redis %s:%d: %s refused: %s", r->u.host, r->u.port,
-                          i == 0 && r->password ? "authentication" : "SELECT", rep[i]->str);
-    for (size_t i = 0; i < want; i++)
-        if (rep[i]) freeReplyObject(rep[i]);
-    free(buf);
-    return rc;
-}
-
 int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n)
 {
     *replies = NULL;
@@ -324,14 +238,21 @@ int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *
     size_t want = r->n_cmds;
     int rc = KVT_OK;
     redisReply **rep = NULL;
-    if (r->fd < 0 && !(rc = sock_connect(r, deadline)) && (rc = handshake(r, deadline))) disconnect(r);
-    if (!rc && want && !(rep = kvt_calloc(want, sizeof *rep))) rc = KVT_ENOMEM;
-    if (!rc && want) rc = round_trip(r, r->out, r->out_len, rep, want, deadline);
-    r->out_len = 0;
-    r->n_cmds = 0;
+    if (r->cl) {
+        if (want && !(rep = kvt_calloc(want, sizeof *rep))) rc = KVT_ENOMEM;
+        if (!rc) rc = kvt_cluster_exec(r->cl, r->out, r->offs, want, r->bars, r->n_bars, deadline, rep);
+    } else {
+        kvt_conn *c = &r->conn;
+        c->q = r->out;
+        c->q_len = r->out_len;
+        c->q_n = want;
+        if (kvt_conn_run(&c, 1, deadline)) rc = kvt_fail(c->rc, "%s", c->err);
+        rep = c->rep;
+        c->rep = NULL;
+    }
+    kvt_redis_discard(r);
     if (rc) {
         kvt_redis_replies_free(rep, want);
-        disconnect(r);
         return rc;
     }
     *replies = rep;

@@ -1,10 +1,16 @@
 /* A small Redis client for the remote tier (redis.c): hiredis 0.14's reply
- * parser (redisReader) over a non-blocking socket of our own, so that the
- * connect and every round trip have a deadline (poll), which hiredis 0.14's
- * blocking context does not give per request. Commands are pipelined: a
- * caller appends several and reads all their replies in one round trip.
+ * parser (redisReader) over non-blocking sockets of our own (conn.h), so
+ * that the connect and every round trip have a deadline (poll), which
+ * hiredis 0.14's blocking context does not give per request. Commands are
+ * pipelined: a caller appends several and reads all their replies in one
+ * round trip.
  *
- * One connection is used by one thread at a time. A transport failure
+ * Three kinds of remote, one interface: redis:// (one server, plain TCP),
+ * rediss:// (one server over TLS, tls.h) and redis-cluster:// (a Redis
+ * Cluster, cluster.h: each command goes to the master of its key's slot,
+ * the masters of one pipeline asked at once).
+ *
+ * One client is used by one thread at a time. A transport failure
  * (timeout, reset, a reply that does not parse) closes the connection: the
  * replies still in flight cannot be matched to their commands any more;
  * the next round trip connects again. */
@@ -15,24 +21,38 @@
 #include <hiredis/hiredis.h>
 #include <stddef.h>
 
+#define KVT_REDIS_MAX_SEEDS 16
+
 typedef struct kvt_redis_url {
     char host[256];
     int port;          /* 6379 unless given */
     char user[128];    /* empty: AUTH with the password only (the default user) */
     int db;            /* SELECT db when > 0 */
+    bool tls;          /* rediss:// */
+    bool cluster;      /* redis-cluster://: host:port is seeds[0] */
+    size_t n_seeds;    /* a cluster's nodes given in the URL */
+    char seeds[KVT_REDIS_MAX_SEEDS][256];
+    int seed_ports[KVT_REDIS_MAX_SEEDS];
+    /* TLS files (rediss:// only; borrowed, read by kvt_redis_new): the CA
+     * the server's certificate must chain to (NULL: the system's CAs), the
+     * client's certificate and key (both or neither) */
+    const char *ca, *cert, *key;
 } kvt_redis_url;
 
-/* Parse redis://[user@]host:port[/db] (host may be [v6addr]). rediss://
- * (TLS) and redis-cluster:// are recognised and refused as not supported
- * yet (KVT_EUNSUPPORTED); anything else is KVT_EINVAL naming what is wrong.
- * A password in the URL is refused: it belongs in a file. */
+/* Parse redis://[user@]host:port[/db], rediss://[user@]host:port[/db]
+ * (TLS) or redis-cluster://[user@]host:port[,host:port...] (the cluster's
+ * nodes to ask for its slot map; no /db, a cluster has one database);
+ * a host may be [v6addr]. Anything else is KVT_EINVAL naming what is
+ * wrong. A password in the URL is refused: it belongs in a file. */
 int kvt_redis_parse_url(const char *url, kvt_redis_url *out);
 
 typedef struct kvt_redis kvt_redis;
 
 /* A client for u (copied); password (copied, may be NULL) is sent with
- * AUTH after each connect, then SELECT. Nothing is connected yet: the
- * first round trip connects, within its own deadline. */
+ * AUTH after each connect, then SELECT. The TLS files are read now
+ * (KVT_EIO naming the file; KVT_EINVAL when they are given without
+ * rediss://). Nothing is connected yet: the first round trip connects,
+ * within its own deadline. */
 int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password);
 void kvt_redis_free(kvt_redis *r);
 
@@ -47,6 +67,13 @@ int kvt_redis_append(kvt_redis *r, int argc, const char *const *argv, const size
 /* Printf-style append, arguments split by spaces; %s and %b as hiredis's
  * redisFormatCommand reads them. */
 int kvt_redis_appendf(kvt_redis *r, const char *fmt, ...);
+
+/* Commands queued after a barrier are sent once every command queued
+ * before it has its reply. One server runs a connection's commands in
+ * order anyway; on a cluster the nodes do not wait for each other, and
+ * the barrier is what keeps "values, then the index entry that names
+ * them" in that order. */
+int kvt_redis_barrier(kvt_redis *r);
 
 /* Send every queued command and read one reply for each, connecting first
  * when needed, all within timeout_ms. *replies (malloc'ed, *n of them, in

@@ -14,8 +14,13 @@
  *   i:HEAD               the index: a hash whose field "N:TAIL" names each
  *                        snapshot standing on HEAD, its value the manifest
  *                        "SNAPLEN BLOCKLEN_0 ... BLOCKLEN_nb-1"
- *   VALUE#P, VALUE#mac   part P >= 1 of a value longer than PART bytes;
- *                        the HMAC-SHA256 of (key, value) with a secret
+ *   {VALUE}#P            part P >= 1 of a value longer than PART bytes
+ *   {VALUE}#mac          the HMAC-SHA256 of (key, value) with a secret
+ *
+ * The braces are a Redis Cluster hash tag: a value's parts and MAC hash
+ * to the value's own slot, so the MSET that writes them all stays one
+ * atomic command on a cluster too (and EXISTS of a value and its MAC one
+ * command).
  *
  * A lookup asks for the index of every block boundary of the prompt in
  * one pipeline (HGETALL i:key(b)), picks the longest entry whose tail
@@ -222,6 +227,9 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     kvt_redis_url url;
     int rc = kvt_redis_parse_url(o->url, &url);
     if (rc) return rc;
+    url.ca = o->tls_ca;
+    url.cert = o->tls_cert;
+    url.key = o->tls_key;
     if (o->keyed_tenants && !o->secret_file)
         return kvt_fail(KVT_EINVAL, "the remote tier with API keys needs --kv-remote-secret-file: without a secret "
                         "every tenant could read and plant another's records in Redis");
@@ -351,8 +359,10 @@ static size_t n_parts(size_t len) { return len ? (len + PART - 1) / PART : 1; }
 static void part_key(char *out, size_t cap, const char *key, size_t p)
 {
     if (p == 0) snprintf(out, cap, "%s", key);
-    else snprintf(out, cap, "%s#%zu", key, p);
+    else snprintf(out, cap, "{%s}#%zu", key, p);
 }
+
+static void mac_key(char *out, size_t cap, const char *key) { snprintf(out, cap, "{%s}#mac", key); }
 
 /* MSET of every part (and the MAC): Redis applies it whole. */
 static int append_set(kvt_remote *r, kvt_redis *rd, const char *key, const uint8_t *v, size_t len)
@@ -376,7 +386,7 @@ static int append_set(kvt_remote *r, kvt_redis *rd, const char *key, const uint8
             lens[a++] = l;
         }
         if (r->secret_len) {
-            snprintf(names[np], sizeof names[np], "%s#mac", key);
+            mac_key(names[np], sizeof names[np], key);
             mac_of(r, key, v, len, mac);
             argv[a] = names[np];
             lens[a++] = strlen(names[np]);
@@ -403,7 +413,7 @@ static int append_get(kvt_remote *r, kvt_redis *rd, const char *key, size_t len,
         rc = kvt_redis_append(rd, 2, a, NULL);
     }
     if (!rc && r->secret_len) {
-        snprintf(name, sizeof name, "%s#mac", key);
+        mac_key(name, sizeof name, key);
         const char *a[2] = {"GET", name};
         rc = kvt_redis_append(rd, 2, a, NULL);
     }
@@ -417,7 +427,7 @@ static int append_del(kvt_remote *r, kvt_redis *rd, const char *key, size_t len)
     char name[200];
     int rc = KVT_OK;
     for (size_t p = 0; p <= np && !rc; p++) {
-        if (p == np) snprintf(name, sizeof name, "%s#mac", key);
+        if (p == np) mac_key(name, sizeof name, key);
         else part_key(name, sizeof name, key, p);
         const char *a[2] = {"DEL", name};
         rc = kvt_redis_append(rd, 2, a, NULL);
@@ -473,7 +483,7 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     for (size_t b = 0; b < nb; b++) {
         block_key(r, tenant, keys[b], name, sizeof name);
         char mac[210];
-        snprintf(mac, sizeof mac, "%s#mac", name);
+        mac_key(mac, sizeof mac, name);
         const char *a[3] = {"EXISTS", name, mac};
         kvt_redis_append(rd, r->secret_len ? 3 : 2, a, NULL);
     }
@@ -587,7 +597,9 @@ static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uin
         off += lens[i];
         k += strlen(k) + 1;
     }
-    if (!rc && idx) rc = kvt_redis_append(rd, 4, idx, idx_len);
+    /* the index entry once its values are all stored (on a cluster they are
+     * on other nodes, which do not wait for each other) */
+    if (!rc && idx && !(rc = kvt_redis_barrier(rd))) rc = kvt_redis_append(rd, 4, idx, idx_len);
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
@@ -934,13 +946,17 @@ static int list_hash(const char *key, const redisReply *x, kvt_remote_entry **ou
     return KVT_OK;
 }
 
-int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n)
+int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
+    const char *url = o->url, *password_file = o->password_file;
     kvt_redis_url u;
     int rc = kvt_redis_parse_url(url, &u);
     if (rc) return rc;
+    u.ca = o->tls_ca;
+    u.cert = o->tls_cert;
+    u.key = o->tls_key;
     char pw[1024];
     size_t pl = 0;
     if (password_file && (rc = read_secret(password_file, "--kv-remote-password-file", pw, sizeof pw, &pl, false)))

@@ -18,8 +18,10 @@
 typedef struct kvt_remote kvt_remote;
 
 typedef struct kvt_remote_opts {
-    const char *url;            /* redis://[user@]host:port[/db] */
+    const char *url;            /* redis://, rediss:// or redis-cluster:// (redis.h) */
     const char *password_file;  /* NULL: no AUTH */
+    const char *tls_ca;         /* rediss://: the CA the server's certificate chains to (NULL: the system's) */
+    const char *tls_cert, *tls_key; /* rediss://: the client's certificate and key (both or neither) */
     const char *secret_file;    /* NULL: no HMAC (refused with tenants) */
     const char *const *tenants; /* n_tenants names (API keys' names); NULL: one tenant, "default" */
     size_t n_tenants;
@@ -59,14 +61,16 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
 
 /* What a remote holds, for `kvtier cache ls --kv-remote URL`: every index
  * entry of every model and tenant (SCAN, then HGETALL, each round trip
- * within 2 s). *out is malloc'ed (*n entries), in the order found. */
+ * within 2 s; on a cluster, SCAN walks every master). o: the URL, the
+ * password file and the TLS files; the rest is unused. *out is malloc'ed
+ * (*n entries), in the order found. */
 typedef struct kvt_remote_entry {
     char ns[64];                /* kvt:r1:KEY0:TENANT */
     uint64_t head;              /* the key of its last whole block */
     uint32_t n_tokens, n_blocks;
     uint64_t bytes;             /* its snapshot record and blocks, as the manifest says */
 } kvt_remote_entry;
-int kvt_remote_list(const char *url, const char *password_file, kvt_remote_entry **out, size_t *n);
+int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n);
 
 typedef struct kvt_remote_stats {
     uint64_t hits, misses, errors;   /* lookups; transport errors and timeouts */

@@ -1,0 +1,56 @@
+/* Redis Cluster routing for the Redis client (cluster.c): the slot map
+ * read with CLUSTER SLOTS, each command sent to the master that serves its
+ * key's slot (CRC16 of the key, or of its {hash tag}), one connection per
+ * master (conn.h), the nodes of a pipeline asked at once. MOVED is
+ * followed once (the map read again, the command sent to the new owner),
+ * ASK with ASKING on the node named, TRYAGAIN (a multi-key command during
+ * a migration) after a short wait, all within the caller's deadline.
+ *
+ * Every command the remote tier sends names one key first, or several
+ * keys of one slot (a value, its parts and its MAC share a hash tag:
+ * docs/FORMAT.md "Remote tier keys"). Commands without a key go to the
+ * master of slot 0, except SCAN, which walks every master in turn behind
+ * a cursor of its own ("NODE-CURSOR"). */
+#ifndef KVT_CLUSTER_H
+#define KVT_CLUSTER_H
+
+#include "kvtier.h"
+#include "store/conn.h"
+
+#define KVT_CLUSTER_SLOTS 16384
+#define KVT_CLUSTER_MAX_SEEDS 16
+
+typedef struct kvt_cluster kvt_cluster;
+
+/* A cluster known by its seeds (hosts[i]:ports[i], copied); nothing is
+ * connected yet. auth is borrowed (it outlives the cluster). */
+int kvt_cluster_new(kvt_cluster **out, const char (*hosts)[256], const int *ports, size_t n,
+                    const kvt_conn_auth *auth);
+void kvt_cluster_free(kvt_cluster *c);
+/* Resolve the seeds' names now (the first failure, KVT_EIO; the others
+ * are still resolved). */
+int kvt_cluster_resolve(kvt_cluster *c);
+/* Whether some master has an open connection. */
+bool kvt_cluster_connected(const kvt_cluster *c);
+
+/* Run the n commands of cmds (formatted, back to back; command i is
+ * cmds[offs[i]..offs[i+1])) by deadline, each on the master of its slot;
+ * rep[i] its reply (the caller frees), in command order. barriers[0..nb)
+ * (ascending command indices): the commands from a barrier on are sent
+ * once every command before it has its reply. KVT_EIO naming the node
+ * when a node's round trip fails (its connection closed, the map read
+ * again by the next call), or when a slot has no master. */
+int kvt_cluster_exec(kvt_cluster *c, const char *cmds, const size_t *offs, size_t n, const size_t *barriers,
+                     size_t nb, double deadline, redisReply **rep);
+
+/* The slot of a key (Redis's keyHashSlot: CRC16/XMODEM of the key, or of
+ * the first non-empty {tag} in it, modulo 16384). */
+unsigned kvt_cluster_slot(const char *key, size_t len);
+
+/* Tests: KVT_CLUSTER_FAULT_NO_MOVED hands MOVED replies to the caller
+ * instead of following them, KVT_CLUSTER_FAULT_NO_ASK the same for ASK
+ * (the negative controls of the migration test). */
+enum { KVT_CLUSTER_FAULT_NO_MOVED = 1, KVT_CLUSTER_FAULT_NO_ASK = 2 };
+extern int kvt_cluster_fault;
+
+#endif

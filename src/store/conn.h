@@ -1,0 +1,70 @@
+/* Connections to Redis servers with deadlines (conn.c): a non-blocking
+ * socket each, plain or TLS (tls.h), replies parsed by hiredis 0.14's
+ * redisReader, and one poll loop that runs the round trips of several
+ * connections at once (a cluster's nodes), so that a pipeline spread over
+ * three nodes costs the slowest node's round trip, not the sum.
+ *
+ * A connection connects on its first round trip: TCP, the TLS handshake,
+ * then AUTH and SELECT sent in front of the first commands (no round trip
+ * of their own). Any failure (timeout, reset, refused authentication, a
+ * reply that does not parse) closes the connection: replies still in
+ * flight cannot be matched to their commands any more. */
+#ifndef KVT_CONN_H
+#define KVT_CONN_H
+
+#include "kvtier.h"
+#include "store/tls.h"
+#include <hiredis/hiredis.h>
+#include <netdb.h>
+
+/* What every connection of a client sends after connecting (borrowed: it
+ * outlives the connections). */
+typedef struct kvt_conn_auth {
+    const char *user;        /* NULL or "": AUTH with the password only */
+    const char *password;    /* NULL: no AUTH */
+    int db;                  /* SELECT when > 0 */
+    kvt_tls *tls;            /* NULL: plain TCP */
+} kvt_conn_auth;
+
+typedef struct kvt_conn {
+    char host[256];
+    int port;
+    const kvt_conn_auth *auth;
+    struct addrinfo *addrs;  /* the host resolved once (getaddrinfo has no deadline), kept */
+    int fd;                  /* -1: not connected */
+    SSL *ssl;
+    redisReader *rd;
+    /* a round trip: the caller sets q (q_n commands, q_len bytes, borrowed)
+     * before kvt_conn_run; rep (q_n replies, malloc'ed, the caller takes
+     * them) and rc (KVT_OK, or the failure, err its message) after */
+    const char *q;
+    size_t q_len, q_n;
+    redisReply **rep;
+    int rc;
+    char err[224];
+    /* conn.c's own state during a round trip */
+    struct addrinfo *ai;
+    int phase, sys_err;
+    short ev;
+    char *hs;                /* AUTH and SELECT, formatted */
+    size_t hs_len, hs_n, sent, got;
+    redisReply *hs_rep[2];
+} kvt_conn;
+
+/* An unconnected connection to host:port (host copied, NUL-terminated,
+ * shorter than 256 bytes). */
+void kvt_conn_init(kvt_conn *c, const char *host, int port, const kvt_conn_auth *auth);
+/* Disconnect and free what c holds; c can connect again after. */
+void kvt_conn_close(kvt_conn *c);
+/* Resolve the host now (KVT_EIO when it does not), so no round trip does. */
+int kvt_conn_resolve(kvt_conn *c);
+/* Drop the connection (not the resolved addresses). */
+void kvt_conn_disconnect(kvt_conn *c);
+
+/* The round trips of cs[0..n) at once, by deadline (kvt_now() seconds):
+ * each connects when needed, sends its q and reads q_n replies. Returns
+ * how many failed (each with its rc and err, closed); the replies of the
+ * others are theirs. */
+size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline);
+
+#endif

@@ -1,0 +1,194 @@
+/* redis-server processes for the tests of the Redis client's transports
+ * (tests/test_tls.c, tests/test_cluster.c): started with the arguments a
+ * test gives, on ports from fx_free_port(), in a temporary directory, and
+ * waited for with the client under test; killed whatever the checks say. */
+#ifndef KVT_TEST_REDIS_FX_H
+#define KVT_TEST_REDIS_FX_H
+
+#include "fixture.h"
+#include "test.h"
+#include "store/redis.h"
+#include "base/util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct rfx {
+    pid_t pid;
+    int port;
+    char dir[64], log[96];
+} rfx;
+
+static __attribute__((unused)) const char *rfx_absent(void)
+{
+    if (system("command -v redis-server >/dev/null 2>&1"))
+        return "redis-server absent (Debian's redis-server, tools/debian-packages)";
+    return NULL;
+}
+
+/* One command on c; true when it is answered without an error reply
+ * (*out, when given, the reply: the caller frees it). */
+static __attribute__((unused)) bool rfx_cmd(kvt_redis *c, redisReply **out, int argc, const char *const *argv)
+{
+    redisReply **rep = NULL;
+    size_t n = 0;
+    if (out) *out = NULL;
+    if (kvt_redis_append(c, argc, argv, NULL) || kvt_redis_exec(c, 5000, &rep, &n) || n != 1) return false;
+    bool ok = rep[0]->type != REDIS_REPLY_ERROR;
+    if (out) { *out = rep[0]; free(rep); }
+    else kvt_redis_replies_free(rep, n);
+    return ok;
+}
+
+/* A client for url (ca: the TLS CA, NULL for none). */
+static __attribute__((unused)) kvt_redis *rfx_client(const char *url, const char *ca)
+{
+    kvt_redis_url u;
+    kvt_redis *c = NULL;
+    if (kvt_redis_parse_url(url, &u)) return NULL;
+    u.ca = ca;
+    if (kvt_redis_new(&c, &u, NULL)) return NULL;
+    return c;
+}
+
+/* redis-server with args (NULL-terminated) in a directory of its own, r->port
+ * given by the caller (0: a free one, passed as --port unless args name
+ * the port themselves: then `port` is only remembered). Waits until a
+ * client for probe (its TLS files too) answers PING; false (the log
+ * printed) if not in 10 s. */
+static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *const *args, bool args_set_port,
+                                              const kvt_redis_url *probe)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "/tmp/kvtier-rfx-XXXXXX");
+    if (!mkdtemp(r->dir)) return false;
+    snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
+    r->port = port ? port : fx_free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", r->port);
+    const char *argv[48] = {"redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r->dir};
+    int a = 9;
+    if (!args_set_port) { argv[a++] = "--port"; argv[a++] = ps; }
+    for (int i = 0; args && args[i] && a < 46; i++) argv[a++] = args[i];
+    argv[a] = NULL;
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    r->pid = pid;
+    for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
+        kvt_redis *c = NULL;
+        const char *ping[1] = {"PING"};
+        bool up = !kvt_redis_new(&c, probe, NULL) && rfx_cmd(c, NULL, 1, ping);
+        kvt_redis_free(c);
+        if (up) return true;
+        int st;
+        if (waitpid(r->pid, &st, WNOHANG) == r->pid) { r->pid = 0; break; }
+    }
+    fx_print_file("redis-server log", r->log);
+    return false;
+}
+
+static __attribute__((unused)) void rfx_kill(rfx *r)
+{
+    if (r->pid > 0) {
+        kill(r->pid, SIGCONT);
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    r->pid = 0;
+}
+
+static __attribute__((unused)) void rfx_stop(rfx *r)
+{
+    rfx_kill(r);
+    char c[128];
+    snprintf(c, sizeof c, "rm -rf '%s'", r->dir);
+    if (r->dir[0] && system(c)) {}
+    r->dir[0] = 0;
+}
+
+#endif
+
+/* ---- two servers through a remote tier ---- */
+
+/* POST the file body to base/path: the answer's body in out, its headers
+ * in hdr; the HTTP status (-1: no answer). */
+static __attribute__((unused)) int rfx_post(const char *base, const char *path, const char *body, const char *out,
+                                            const char *hdr)
+{
+    char c[1024];
+    snprintf(c, sizeof c, "curl -s -o '%s' -D '%s' -w '%%{http_code}' --max-time 60 -H 'content-type: application/json' "
+             "--data-binary @'%s' '%s%s'", out, hdr, body, base, path);
+    FILE *f = popen(c, "r");
+    if (!f) return -1;
+    char code[16] = {0};
+    size_t n = fread(code, 1, sizeof code - 1, f);
+    code[n] = 0;
+    pclose(f);
+    return atoi(code) > 0 ? atoi(code) : -1;
+}
+
+/* From "choices" on: the reply and its logprobs, without the usage (its
+ * cached-token counts differ by design). */
+static __attribute__((unused)) char *rfx_choices(const char *path)
+{
+    char *s = kvt_test_read_file(path, NULL);
+    char *c = s ? strstr(s, "\"choices\"") : NULL;
+    char *out = c ? strdup(c) : strdup("(no choices)");
+    char *u = strstr(out, "\"usage\"");
+    if (u) *u = 0;
+    free(s);
+    return out;
+}
+
+/* One request of a 700-character prompt to a server started with remote
+ * (the --kv-remote flags) and an empty disk of its own: the reply's
+ * choices (*reply, malloc'ed), its X-KVTier-Cache header line (*cache);
+ * its log in *log (malloc'ed) when log is given. false when the server
+ * did not start or answer 200. */
+static __attribute__((unused)) bool rfx_serve_once(const char *name, const char *const *remote, char **reply,
+                                                   char *cache, size_t cap, char **log)
+{
+    fx_server s = {0};
+    *reply = NULL;
+    cache[0] = 0;
+    if (!fx_tmpdir_make(&s, name)) return false;
+    char body[160], out[160], hdr[160], kv[128];
+    snprintf(body, sizeof body, "%s/req.json", s.dir);
+    snprintf(out, sizeof out, "%s/out.json", s.dir);
+    snprintf(hdr, sizeof hdr, "%s/out.hdr", s.dir);
+    snprintf(kv, sizeof kv, "%s/kv", s.dir);
+    FILE *f = fopen(body, "w");
+    if (!f) return false;
+    fputs("{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5,"
+          "\"messages\":[{\"role\":\"user\",\"content\":\"", f);
+    for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37], f);
+    fputs("\"}]}", f);
+    fclose(f);
+    const char *args[32] = {"--model", "ds4-tiny", "--kv-disk-dir", kv, "--kv-remote-timeout-ms", "1000"};
+    int a = 6;
+    for (int i = 0; remote[i] && a < 31; i++) args[a++] = remote[i];
+    args[a] = NULL;
+    bool ok = fx_server_start(&s, args);
+    int code = ok ? rfx_post(s.base, "/v1/chat/completions", body, out, hdr) : -1;
+    ok = ok && fx_server_stop(&s) && code == 200; /* stopped: its saves, then their uploads, are done */
+    if (code != 200) printf("    %s: HTTP %d\n", name, code);
+    *reply = rfx_choices(out);
+    char *h = kvt_test_read_file(hdr, NULL), *line = h ? strstr(h, "X-KVTier-Cache: ") : NULL;
+    if (line) snprintf(cache, cap, "%.*s", (int)strcspn(line, "\r\n"), line);
+    free(h);
+    if (log) *log = kvt_test_read_file(s.log, NULL);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+    return ok;
+}

@@ -1,0 +1,404 @@
+/* redis-cluster:// (src/store/cluster.c) against a real 3-master Redis
+ * Cluster each test starts (3 redis-server --cluster-enabled yes in
+ * temporary directories, joined by redis-cli --cluster create): a second
+ * tier with nothing of its own hits what the first uploaded, bit for bit,
+ * its keys spread over the masters; a slot migration in the middle (ASK,
+ * then MOVED once it is done) is followed, and is a miss with following
+ * faulted away (the negative controls); a killed master costs lookups
+ * their deadline, opens the breaker, never hangs. */
+#include "test.h"
+#include "fixture.h"
+#include "ds4_tiny.h"
+#include "redis_fx.h"
+#include "store/cluster.h"
+#include "store/remote.h"
+#include "arch/model.h"
+
+#include <signal.h>
+
+enum { NODES = 3, N = 300 };
+
+typedef struct cluster {
+    rfx n[NODES];
+    char url[200];
+} cluster;
+
+static kvt_redis *node_client(const cluster *c, int i)
+{
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", c->n[i].port);
+    return rfx_client(url, NULL);
+}
+
+/* A reply's text (status or string) of one command on node i; "" when none. */
+static bool node_cmd(const cluster *c, int i, char *out, size_t cap, int argc, const char *const *argv)
+{
+    kvt_redis *k = node_client(c, i);
+    redisReply *x = NULL;
+    bool ok = k && rfx_cmd(k, &x, argc, argv);
+    if (out) snprintf(out, cap, "%s", x && x->str ? x->str : "");
+    if (!ok && x && x->str) printf("    node %d: %s: %s\n", i, argv[0], x->str);
+    if (x) freeReplyObject(x);
+    kvt_redis_free(k);
+    return ok;
+}
+
+static void cluster_stop(cluster *c)
+{
+    for (int i = 0; i < NODES; i++) rfx_stop(&c->n[i]);
+}
+
+static bool cluster_start(cluster *c)
+{
+    memset(c, 0, sizeof *c);
+    int len = snprintf(c->url, sizeof c->url, "redis-cluster://");
+    char create[600];
+    int cl = snprintf(create, sizeof create, "redis-cli --cluster create");
+    for (int i = 0; i < NODES; i++) {
+        int port = fx_free_port(), bus = fx_free_port();
+        char bs[16];
+        snprintf(bs, sizeof bs, "%d", bus);
+        const char *args[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
+                              "--cluster-node-timeout", "2000", NULL};
+        char url[64];
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+        kvt_redis_url u;
+        if (kvt_redis_parse_url(url, &u) || !rfx_start(&c->n[i], port, args, false, &u)) { cluster_stop(c); return false; }
+        len += snprintf(c->url + len, sizeof c->url - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", port);
+        cl += snprintf(create + cl, sizeof create - (size_t)cl, " 127.0.0.1:%d", port);
+    }
+    snprintf(create + cl, sizeof create - (size_t)cl, " --cluster-yes >'%s/create.log' 2>&1", c->n[0].dir);
+    if (system(create)) {
+        char log[128];
+        snprintf(log, sizeof log, "%s/create.log", c->n[0].dir);
+        fx_print_file("redis-cli --cluster create", log);
+        cluster_stop(c);
+        return false;
+    }
+    for (double end = fx_now() + 20; fx_now() < end; fx_sleep_ms(50)) {
+        int ok = 0;
+        for (int i = 0; i < NODES; i++) {
+            char info[2048];
+            const char *a[2] = {"CLUSTER", "INFO"};
+            if (node_cmd(c, i, info, sizeof info, 2, a) && strstr(info, "cluster_state:ok")) ok++;
+        }
+        if (ok == NODES) return true;
+    }
+    printf("    the cluster did not reach cluster_state:ok\n");
+    cluster_stop(c);
+    return false;
+}
+
+#define CLUSTER_TEST(name)                                                  \
+    static void name##_body(cluster *c);                                    \
+    TEST(name)                                                              \
+    {                                                                       \
+        const char *why_ = rfx_absent();                                    \
+        if (why_) SKIP("%s", why_);                                         \
+        if (system("command -v redis-cli >/dev/null 2>&1"))                 \
+            SKIP("redis-cli absent (Debian's redis-tools, with redis-server)"); \
+        cluster c_;                                                         \
+        CHECKF(cluster_start(&c_), "the 3-master cluster did not start");   \
+        name##_body(&c_);                                                   \
+        cluster_stop(&c_);                                                  \
+    }                                                                       \
+    static void name##_body(cluster *c)
+
+static kvt_remote *tier_on(const char *url, kvt_model *m, const char *secret_file, int lookup_ms, int load_ms)
+{
+    kvt_remote_opts o = {.url = url, .secret_file = secret_file, .lookup_ms = lookup_ms, .load_ms = load_ms,
+                         .connect_ms = lookup_ms, .quiet = true};
+    kvt_remote *t = NULL;
+    if (kvt_remote_open(&t, m, &o)) printf("    kvt_remote_open: %s\n", kvt_errmsg());
+    return t;
+}
+
+static kvt_session *cold_upload(kvt_remote *rt, kvt_model *m, const int32_t *t, size_t n)
+{
+    kvt_session *s = NULL;
+    if (kvt_session_new(&s, m, NULL) || kvt_session_sync(s, t, n, NULL)) return NULL;
+    kvt_remote_upload(rt, 0, s, n);
+    if (!kvt_remote_drain(rt, 10)) printf("    the upload queue did not drain\n");
+    return s;
+}
+
+/* Restore t[0..n) into a new session: *got the hit's length; *dt its time. */
+static kvt_session *restore(kvt_remote *rt, kvt_model *m, const int32_t *t, size_t n, size_t *got, double *dt)
+{
+    kvt_session *s = NULL;
+    *got = 0;
+    if (kvt_session_new(&s, m, NULL)) return NULL;
+    double t0 = fx_now();
+    kvt_remote_restore(rt, 0, s, t, n, 0, got);
+    if (dt) *dt = fx_now() - t0;
+    return s;
+}
+
+static long long dbsize(const cluster *c, int i)
+{
+    char out[32];
+    kvt_redis *k = node_client(c, i);
+    redisReply *x = NULL;
+    const char *a[1] = {"DBSIZE"};
+    long long n = k && rfx_cmd(k, &x, 1, a) && x->type == REDIS_REPLY_INTEGER ? x->integer : -1;
+    (void)out;
+    if (x) freeReplyObject(x);
+    kvt_redis_free(k);
+    return n;
+}
+
+/* The node holding the first key matching pattern (not a part or a MAC):
+ * its index, the key in key. -1 when none does. */
+static int find_key(const cluster *c, const char *pattern, char *key, size_t cap)
+{
+    for (int i = 0; i < NODES; i++) {
+        kvt_redis *k = node_client(c, i);
+        redisReply *x = NULL;
+        const char *a[2] = {"KEYS", pattern};
+        bool ok = k && rfx_cmd(k, &x, 2, a) && x->type == REDIS_REPLY_ARRAY;
+        int found = -1;
+        for (size_t e = 0; ok && e < x->elements && found < 0; e++)
+            if (x->element[e]->str[0] != '{') {
+                snprintf(key, cap, "%s", x->element[e]->str);
+                found = i;
+            }
+        if (x) freeReplyObject(x);
+        kvt_redis_free(k);
+        if (found >= 0) return found;
+    }
+    return -1;
+}
+
+/* Server B with nothing of its own hits what A uploaded, bit for bit,
+ * with a secret (each value's MAC beside it) and values in parts (the
+ * hash tag keeps each value's MSET on one slot); the keys are spread over
+ * the masters; cache ls over the cluster (SCAN on every master) lists the
+ * entry. A plain redis:// tier on one of the masters misses (the keys on
+ * the others answer MOVED): the routing is what makes the hit. */
+CLUSTER_TEST(cluster_hit_bit_exact)
+{
+    kvt_model *m = tiny();
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", c->n[0].dir);
+    CHECK(fx_write_file(secret, "a fleet's shared secret\n", 24));
+    size_t part = kvt_remote_part_bytes;
+    kvt_remote_part_bytes = 4096; /* values in parts */
+    int32_t t[N + 40];
+    seqb(t, N + 40, 31);
+    kvt_remote *a = tier_on(c->url, m, secret, 1000, 2000), *b = tier_on(c->url, m, secret, 1000, 2000);
+    CHECK(a && b);
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.uploads == 1 && st.errors == 0 && st.dropped == 0, "uploads %llu errors %llu dropped %llu (%s)",
+           (unsigned long long)st.uploads, (unsigned long long)st.errors, (unsigned long long)st.dropped,
+           st.last_error);
+    size_t got;
+    double dt;
+    kvt_session *s = restore(b, m, t, N + 40, &got, &dt);
+    kvt_remote_stats_get(b, &st);
+    CHECKF(got == N, "a hit of %zu tokens over the cluster, want %d (%s)", got, N, st.last_error);
+    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    CHECK_OK(kvt_session_sync(s, t, N + 40, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, N + 40, NULL));
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    int holding = 0;
+    long long keys[NODES];
+    for (int i = 0; i < NODES; i++) holding += (keys[i] = dbsize(c, i)) > 0;
+    printf("    keys on the masters: %lld %lld %lld; the hit in %.1f ms (%.0f KB)\n", keys[0], keys[1], keys[2],
+           dt * 1000, st.bytes_read / 1024.0);
+    CHECK(holding >= 2);
+    kvt_remote_opts lo = {.url = c->url};
+    kvt_remote_entry *e = NULL;
+    size_t ne = 0;
+    CHECK_OK(kvt_remote_list(&lo, &e, &ne));
+    CHECKF(ne == 1 && e[0].n_tokens == N, "cache ls over the cluster: %zu entries", ne);
+    free(e);
+    /* the control: one master as a plain Redis */
+    char plain[64];
+    snprintf(plain, sizeof plain, "redis://127.0.0.1:%d", c->n[0].port);
+    kvt_remote *p = tier_on(plain, m, secret, 1000, 2000);
+    s = p ? restore(p, m, t, N, &got, NULL) : NULL;
+    kvt_remote_stats_get(p, &st);
+    printf("    one master as plain redis://: %s\n", st.last_error);
+    CHECKF(got == 0 && strstr(st.last_error, "MOVED"), "one master as plain Redis: a hit of %zu", got);
+    kvt_session_free(s);
+    kvt_remote_part_bytes = part;
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(p);
+    kvt_model_close(m);
+}
+
+/* One command on node i, false (said) on an error. */
+static bool on(const cluster *c, int i, int argc, const char *const *argv)
+{
+    return node_cmd(c, i, NULL, 0, argc, argv);
+}
+
+/* The slot of the snapshot record moves from its master to another in the
+ * middle of the lookups: with the record MIGRATEd and the slot still
+ * MIGRATING, a tier follows ASK (ASKING on the new master) and hits; once
+ * the slot is the new master's (SETSLOT NODE), a tier whose map still
+ * names the old one follows MOVED (the map read again) and hits. With
+ * ASK, then MOVED, not followed (kvt_cluster_fault), the same lookups are
+ * misses: the negative controls. */
+CLUSTER_TEST(cluster_migration_followed)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 32);
+    kvt_remote *a = tier_on(c->url, m, NULL, 1000, 2000), *b = tier_on(c->url, m, NULL, 1000, 2000),
+               *x = tier_on(c->url, m, NULL, 1000, 2000);
+    CHECK(a && b && x);
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s;
+    /* b and x read the map and hit before the migration */
+    s = restore(b, m, t, N, &got, NULL);
+    CHECK(got == N);
+    kvt_session_free(s);
+    s = restore(x, m, t, N, &got, NULL);
+    CHECK(got == N);
+    kvt_session_free(s);
+    char snap[200];
+    int src = find_key(c, "*:s:*", snap, sizeof snap), dst = (src + 1) % NODES;
+    CHECK(src >= 0);
+    unsigned slot = kvt_cluster_slot(snap, strlen(snap));
+    char src_id[64], dst_id[64], slot_s[16], dst_port[16];
+    snprintf(slot_s, sizeof slot_s, "%u", slot);
+    snprintf(dst_port, sizeof dst_port, "%d", c->n[dst].port);
+    const char *myid[2] = {"CLUSTER", "MYID"};
+    CHECK(node_cmd(c, src, src_id, sizeof src_id, 2, myid) && node_cmd(c, dst, dst_id, sizeof dst_id, 2, myid));
+    printf("    slot %u (the snapshot record's) moves from master %d to master %d\n", slot, src, dst);
+    const char *imp[5] = {"CLUSTER", "SETSLOT", slot_s, "IMPORTING", src_id};
+    const char *mig[5] = {"CLUSTER", "SETSLOT", slot_s, "MIGRATING", dst_id};
+    const char *mv[9] = {"MIGRATE", "127.0.0.1", dst_port, "", "0", "5000", "KEYS", snap, NULL};
+    CHECK(on(c, dst, 5, imp) && on(c, src, 5, mig) && on(c, src, 8, mv));
+    /* in the middle: the record is on dst, the slot still src's: ASK */
+    kvt_cluster_fault = KVT_CLUSTER_FAULT_NO_ASK;
+    s = restore(x, m, t, N, &got, NULL);
+    kvt_cluster_fault = 0;
+    kvt_remote_stats st;
+    kvt_remote_stats_get(x, &st);
+    printf("    mid-migration, ASK not followed: a hit of %zu (%s)\n", got, st.last_error);
+    CHECKF(got == 0 && strstr(st.last_error, "ASK"), "the control: ASK not followed, yet a hit of %zu", got);
+    kvt_session_free(s);
+    s = restore(b, m, t, N, &got, NULL);
+    kvt_remote_stats_get(b, &st);
+    CHECKF(got == N, "mid-migration: a hit of %zu, want %d (%s)", got, N, st.last_error);
+    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    /* done: the rest of the slot's keys moved, the slot dst's everywhere */
+    const char *gk[4] = {"CLUSTER", "GETKEYSINSLOT", slot_s, "1000"};
+    kvt_redis *k = node_client(c, src);
+    redisReply *rest = NULL;
+    CHECK(k && rfx_cmd(k, &rest, 4, gk) && rest->type == REDIS_REPLY_ARRAY);
+    for (size_t i = 0; rest && i < rest->elements; i++) {
+        const char *mv2[8] = {"MIGRATE", "127.0.0.1", dst_port, "", "0", "5000", "KEYS", rest->element[i]->str};
+        CHECK(on(c, src, 8, mv2));
+    }
+    if (rest) freeReplyObject(rest);
+    kvt_redis_free(k);
+    const char *own[5] = {"CLUSTER", "SETSLOT", slot_s, "NODE", dst_id};
+    for (int i = 0; i < NODES; i++) CHECK(on(c, (dst + i) % NODES, 5, own));
+    kvt_cluster_fault = KVT_CLUSTER_FAULT_NO_MOVED;
+    s = restore(x, m, t, N, &got, NULL);
+    kvt_cluster_fault = 0;
+    kvt_remote_stats_get(x, &st);
+    printf("    migrated, MOVED not followed: a hit of %zu (%s)\n", got, st.last_error);
+    CHECKF(got == 0 && strstr(st.last_error, "MOVED"), "the control: MOVED not followed, yet a hit of %zu", got);
+    kvt_session_free(s);
+    s = restore(b, m, t, N, &got, NULL);
+    kvt_remote_stats_get(b, &st);
+    CHECKF(got == N, "migrated: a hit of %zu, want %d (%s)", got, N, st.last_error);
+    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(x);
+    kvt_model_close(m);
+}
+
+/* A master stopped (SIGSTOP) under the tier: a lookup ends by its
+ * deadline, a miss. Then killed (SIGKILL): every lookup answers by its
+ * deadline (a miss), the breaker opens after three failures and then
+ * answers at once; uploads are dropped, nothing hangs. */
+CLUSTER_TEST(cluster_master_killed)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 33);
+    kvt_remote *a = tier_on(c->url, m, NULL, 200, 500), *b = tier_on(c->url, m, NULL, 200, 500);
+    CHECK(a && b);
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s = restore(b, m, t, N, &got, NULL);
+    CHECK(got == N);
+    kvt_session_free(s);
+    char snap[200];
+    int victim = find_key(c, "*:s:*", snap, sizeof snap);
+    CHECK(victim >= 0);
+    /* stopped first (SIGSTOP): the master accepts connections in the kernel
+     * but answers nothing; a lookup ends by its deadline */
+    kill(c->n[victim].pid, SIGSTOP);
+    kvt_remote *d = tier_on(c->url, m, NULL, 200, 500);
+    double dt_stopped = 0;
+    s = d ? restore(d, m, t, N, &got, &dt_stopped) : NULL;
+    kvt_remote_stats sd;
+    kvt_remote_stats_get(d, &sd);
+    printf("    master %d stopped: a lookup with a 200 ms deadline %.0f ms, a miss (%s)\n", victim, dt_stopped * 1000,
+           sd.last_error);
+    /* 200 ms to read the map and look up; 2 s is the margin of a loaded CI machine */
+    CHECKF(got == 0 && dt_stopped >= 0.15 && dt_stopped < 2.0 && strstr(sd.last_error, "timed out"),
+           "stopped master: a hit of %zu in %.0f ms (%s)", got, dt_stopped * 1000, sd.last_error);
+    kvt_session_free(s);
+    kvt_remote_close(d);
+    rfx_kill(&c->n[victim]); /* SIGCONT, SIGKILL */
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double dt;
+        s = restore(b, m, t, N, &got, &dt);
+        if (dt > worst) worst = dt;
+        CHECKF(got == 0, "lookup %d with a master killed: a hit of %zu", i, got);
+        kvt_session_free(s);
+    }
+    double t0 = fx_now();
+    kvt_remote_upload(a, 0, cold, N);
+    kvt_remote_drain(a, 10);
+    double up = fx_now() - t0;
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    printf("    master %d killed: 6 lookups, the slowest %.0f ms (deadlines 200 + 500 ms); breaker %d after %llu "
+           "errors (%s); an upload %.0f ms\n", victim, worst * 1000, st.breaker, (unsigned long long)st.errors,
+           st.last_error, up * 1000);
+    /* 700 ms of deadlines; 2 s is the margin of a loaded CI machine */
+    CHECK(worst < 2.0 && up < 3.0);
+    CHECK(st.breaker == 1 && st.breaker_trips == 1 && st.misses == 6);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+
+/* Through kvtier serve: server A answers a prompt cold on the cluster;
+ * server B, with an empty disk, answers it from the remote tier with A's
+ * reply and top-5 logprobs. */
+CLUSTER_TEST(cluster_serve_two_servers)
+{
+    if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
+    const char *remote[] = {"--kv-remote", c->url, NULL};
+    char *cold = NULL, *warm = NULL, ca[96], cb[96];
+    CHECK(rfx_serve_once("kvtier-cluster-a", remote, &cold, ca, sizeof ca, NULL));
+    CHECK(rfx_serve_once("kvtier-cluster-b", remote, &warm, cb, sizeof cb, NULL));
+    printf("    A: %s; B: %s\n", ca, cb);
+    CHECKF(strstr(cb, "remote"), "server B did not hit the remote tier on the cluster: %s", cb);
+    CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.300s\n%.300s", cold, warm);
+    free(cold); free(warm);
+}
