@@ -101,22 +101,33 @@ static int fail(int rc, const char *what)
 
 /* --cache-type-k and --cache-type-v (-ctk, -ctv): the K and V rows' types */
 #define CACHE_OPTS {"--cache-type-k"}, {"--cache-type-v"}
-#define DRAFT_OPTS {"--draft"}, {"--draft-max"}
+#define DRAFT_OPTS {"--draft"}, {"--draft-max"}, {"--model-draft"}
 
-/* --draft ngram|model|mtp|none (model and mtp: not supported yet) and
- * --draft-max N. */
-static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max)
+/* --draft ngram|model|mtp|none (mtp: not supported yet), --model-draft
+ * FILE (the draft model: --draft model, which it implies) and --draft-max
+ * N. */
+static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max, const char **file)
 {
     *kind = KVT_DRAFT_DEFAULT;
     *max = KVT_DRAFT_MAX_DEFAULT;
     const char *d = get(o, no, "--draft");
+    *file = get(o, no, "--model-draft");
     if (d && kvt_draft_parse(d, kind)) {
         fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
         return false;
     }
+    if (!d && *file) *kind = KVT_DRAFT_MODEL;
+    if (*kind == KVT_DRAFT_MODEL && !*file) {
+        fprintf(stderr, "kvtier: --draft model needs --model-draft FILE (the draft model)\n");
+        return false;
+    }
+    if (*kind != KVT_DRAFT_MODEL && *file) {
+        fprintf(stderr, "kvtier: --model-draft goes with --draft model, not --draft %s\n", d);
+        return false;
+    }
     uint64_t m = KVT_DRAFT_MAX_DEFAULT;
     if (!parse_u64(get(o, no, "--draft-max"), "--draft-max", KVT_DRAFT_MAX_LIMIT, &m)) return false;
-    if (!m) *kind = KVT_DRAFT_NONE; /* drafting nothing is no drafting */
+    if (!m) *kind = KVT_DRAFT_NONE, *file = NULL; /* drafting nothing is no drafting */
     *max = (uint32_t)m;
     return true;
 }
@@ -460,7 +471,8 @@ static int cmd_run(int argc, char **argv)
     bool ids_out = output && !strcmp(output, "ids");
     kvt_draft_kind draft;
     uint32_t draft_max;
-    if (!parse_draft(o, no, &draft, &draft_max)) return 2;
+    const char *draft_file;
+    if (!parse_draft(o, no, &draft, &draft_max, &draft_file)) return 2;
     if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
     if (get(o, no, "--demo") && !max_tokens) {
         fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
@@ -493,6 +505,8 @@ static int cmd_run(int argc, char **argv)
     int32_t *gen = NULL;
     float *rows = NULL;
     kvt_wbuf save = {0};
+    kvt_model *dmodel = NULL;
+    kvt_draft_model *dm = NULL;
     int ret = 1, rc;
     if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
     if (n == 0) {
@@ -506,6 +520,12 @@ static int cmd_run(int argc, char **argv)
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    if (draft == KVT_DRAFT_MODEL) { /* its session on the model's threads: the two never run at once */
+        kvt_session_opts dso = {.n_ctx = s->n_ctx, .n_threads = (uint32_t)threads};
+        if ((ret = open_model(draft_file, o, no, &dmodel))) goto out;
+        ret = 1;
+        if ((rc = kvt_draft_model_new(&dm, m, dmodel, &dso, s->pool))) { fail(rc, draft_file); ret = 2; goto out; }
+    }
     kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
     size_t from_disk = 0, saved = 0;
@@ -560,7 +580,9 @@ static int cmd_run(int argc, char **argv)
                 size_t want = draft ? kvt_draft_tune_len(&tune) : 0;
                 if (lim > want) lim = want;
                 if (pos + 1 + lim > s->n_ctx) lim = s->n_ctx > pos + 1 ? s->n_ctx - pos - 1 : 0;
-                size_t d = draft && lim ? kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1) : 0;
+                size_t d = !draft || !lim ? 0
+                           : dm       ? kvt_draft_model_propose(dm, kvt_session_tokens(s), pos, t, lim, pass + 1)
+                                      : kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1);
                 passes++;
                 if (!d) {
                     if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
@@ -583,7 +605,7 @@ static int cmd_run(int argc, char **argv)
         }
     }
     t_dec = now_s() - t_dec;
-    if (get(o, no, "--draft"))
+    if (get(o, no, "--draft") || draft_file)
         fprintf(stderr, "kvtier: draft %s: %zu tokens in %zu passes, %.1f tok/s; %zu drafted, %zu accepted\n",
                 kvt_draft_name(draft), ng, passes, t_dec > 0 ? ng / t_dec : 0.0, drafted, accepted);
     if (ids_out) {
@@ -597,6 +619,8 @@ out:
     free(gen);
     free(rows);
     kvt_wbuf_free(&save);
+    kvt_draft_model_free(dm);
+    kvt_model_close(dmodel);
     free(toks);
     kvt_store_close(store);
     kvt_sampler_free(smp);
@@ -1149,7 +1173,8 @@ static int cmd_serve(int argc, char **argv)
     if (!parse_cache_types(o, no, &type_k, &type_v)) { free(file_text); return 2; }
     kvt_draft_kind draft;
     uint32_t draft_max;
-    if (!parse_draft(o, no, &draft, &draft_max)) { free(file_text); return 2; }
+    const char *draft_file;
+    if (!parse_draft(o, no, &draft, &draft_max, &draft_file)) { free(file_text); return 2; }
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .type_k = type_k, .type_v = type_v,
@@ -1164,7 +1189,7 @@ static int cmd_serve(int argc, char **argv)
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
         .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
         .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
-        .draft = draft, .draft_max = draft_max,
+        .draft = draft, .draft_max = draft_max, .model_draft = draft_file,
     };
     int rc = kvt_serve(&so);
     free(file_text);
