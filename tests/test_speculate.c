@@ -88,8 +88,8 @@ TEST(speculate_ngram)
     kvt_draft_kind k;
     CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
     CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
-    CHECK(kvt_draft_parse("model", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
-    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED);
+    CHECK(kvt_draft_parse("model", &k) == KVT_OK && k == KVT_DRAFT_MODEL);
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
     CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
 }
 
@@ -100,6 +100,7 @@ typedef struct outcome {
     int32_t *toks;
     size_t n;
     kvt_usage u;
+    bool draft_exact;           /* --draft model: the draft session equals a fresh one synced to toks */
 } outcome;
 
 static void outcome_free(outcome *o)
@@ -129,6 +130,21 @@ enum { MAX_NEW = 48, BATCH = 2 };
 /* Tokens the sessions have room for after the prompt (0: the reply's and
  * more): less ends the reply at the context, in the middle of a pass. */
 static size_t ctx_room;
+/* KVT_DRAFT_MODEL's draft model. */
+static kvt_model *draft_m;
+
+/* The draft session of dm, brought to the reply's tokens, equals a
+ * session of the draft model synced to them: logits and cache bytes. */
+static bool draft_session_exact(kvt_draft_model *dm, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    kvt_session *f = NULL;
+    bool ok = kvt_draft_model_follow(dm, toks, n) == KVT_OK && kvt_session_new(&f, draft_m, so) == KVT_OK &&
+              kvt_session_sync(f, toks, n, NULL) == KVT_OK &&
+              kvt_session_len(kvt_draft_model_session(dm)) == n &&
+              kvt_test_digest(kvt_draft_model_session(dm), draft_m) == kvt_test_digest(f, draft_m);
+    kvt_session_free(f);
+    return ok;
+}
 
 /* k replies of prompt p[i] (n tokens each), with draft d, batched in one
  * pass per step when k > 1 (the server's scheduler), alone otherwise. */
@@ -139,6 +155,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
     kvt_request r[BATCH];
     kvt_gen g[BATCH];
     kvt_gen_run *R[BATCH] = {0};
+    kvt_draft_model *dm[BATCH] = {0};
     kvt_gen_out out = {0};
     bool ok = true, live[BATCH] = {0};
     kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
@@ -148,6 +165,8 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
         g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
                          .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
+        if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &so, NULL) == KVT_OK;
+        g[i].dm = dm[i];
     }
     if (ok && k == 1) {
         o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
@@ -189,7 +208,10 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
             o[i].n = kvt_session_len(s[i]);
             o[i].toks = malloc(o[i].n * sizeof(int32_t) + 1);
             if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
+            if (o[i].toks && dm[i])
+                o[i].draft_exact = !kvt_draft_model_failed(dm[i]) && draft_session_exact(dm[i], o[i].toks, o[i].n, &so);
         }
+        kvt_draft_model_free(dm[i]);
         ok = ok && o[i].body && o[i].toks;
         kvt_session_free(s[i]);
     }
@@ -320,6 +342,90 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
     outcome_free(&spec);
     CHECKF(ran && eq, "%s: a reply that ends at the context differs with drafts", what);
     CHECKF(short_reply, "%s: the reply did not run to the context's end", what);
+}
+
+/* The draft model dmodel drafting for m, every setting, alone and
+ * batched: the replies, log-probabilities and sessions are plain
+ * decoding's, and the draft session ends equal to a fresh session of the
+ * draft model synced to the reply's tokens. Controls: a draft session
+ * rolled back to the state one token late (KVT_DRAFT_FAULT_SAVE_LATE)
+ * ends unequal in some reply; accepting a pass's first draft though it
+ * was rejected (KVT_DRAFT_FAULT_ACCEPT_FIRST) changes every reply whose
+ * first draft plain decoding would not have made. Returns the drafts
+ * accepted. */
+static uint32_t speculation_model(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos, int32_t lo,
+                                  int32_t span)
+{
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, lo, span);
+    repeating_prompt(pb, PROMPT, 17, 12, lo, span);
+    pa[0] = pb[0] = bos;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted = 0, drafted = 0, late_seen = 0, rollbacks = 0;
+    draft_m = dmodel;
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH], spec[BATCH], late[BATCH], acc[BATCH];
+            bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, spec);
+            kvt_draft_fault = KVT_DRAFT_FAULT_SAVE_LATE;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, late);
+            kvt_draft_fault = KVT_DRAFT_FAULT_ACCEPT_FIRST;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, acc);
+            kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+            CHECKF(ran, "%s %s: a reply failed: %s", what, st->what, kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                bool eq = same(&plain[i], &spec[i]), eq_acc = same(&plain[i], &acc[i]);
+                printf("    %s %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: %s, "
+                       "draft session %s; controls: save late %s, accept first %s\n",
+                       what, st->what, k > 1 ? "batched" : "alone", i, spec[i].u.completion_tokens, spec[i].u.passes,
+                       plain[i].u.passes, spec[i].u.drafted, spec[i].u.accepted, eq ? "same" : "DIFFERENT",
+                       spec[i].draft_exact ? "exact" : "NOT EXACT", late[i].draft_exact ? "unseen" : "seen",
+                       eq_acc ? "unseen" : "seen");
+                CHECKF(eq, "%s %s: --draft model changed the reply or the session", what, st->what);
+                CHECKF(spec[i].draft_exact, "%s %s: the draft session is not the draft model's", what, st->what);
+                CHECKF(spec[i].u.drafted > 0, "%s %s: nothing drafted", what, st->what);
+                /* the first pass's drafts all rejected: the control keeps one */
+                if (spec[i].u.accepted == 0)
+                    CHECKF(!eq_acc, "%s %s: a rejected draft accepted went unseen", what, st->what);
+                rollbacks += spec[i].u.accepted < spec[i].u.drafted;
+                late_seen += !late[i].draft_exact;
+                accepted += spec[i].u.accepted;
+                drafted += spec[i].u.drafted;
+                outcome_free(&plain[i]);
+                outcome_free(&spec[i]);
+                outcome_free(&late[i]);
+                outcome_free(&acc[i]);
+            }
+        }
+    }
+    draft_m = NULL;
+    printf("    %s: %u of %u drafts accepted; %u replies rolled the draft session back, the late save seen in %u\n",
+           what, accepted, drafted, rollbacks, late_seen);
+    CHECKF(rollbacks > 0 && late_seen > 0, "%s: the draft session's rollback must be exercised and its control bite",
+           what);
+    return accepted;
+}
+
+/* Two models with the same vocabulary: ds4-tiny drafting for itself
+ * (another copy of the same weights: the greedy drafts are all accepted)
+ * and a narrower ds4-tiny (D=32) of other weights drafting for it. */
+TEST(speculate_model_ds4)
+{
+    kvt_model *m = NULL, *same_w = NULL, *narrow = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&same_w, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&narrow, "ds4-tiny+D=32", 3, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t bos = in.bos >= 0 ? in.bos : 256;
+    uint32_t acc = speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90);
+    CHECKF(acc > 0, "ds4-tiny drafting for itself: no draft accepted");
+    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90);
+    kvt_model_close(narrow);
+    kvt_model_close(same_w);
+    kvt_model_close(m);
 }
 
 TEST(speculate_ds4)
