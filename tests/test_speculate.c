@@ -1,4 +1,4 @@
-/* Speculative decoding (src/serve/draft.c, the pass loop of
+/* Speculative decoding (src/serve/draft.c, src/serve/draft_model.c, the pass loop of
  * src/serve/generate.c, kvt_session_keep in src/session/session.c):
  *
  *   speculate_ngram          the n-gram drafter proposes what followed the
@@ -26,6 +26,22 @@
  *                            rollback that keeps one token too many) the
  *                            same comparison fails. And a reply that runs
  *                            into the context's end mid-draft is the same.
+ *   speculate_model_ds4      --draft model: ds4-tiny drafted for by another
+ *                            copy of itself (greedy drafts all accepted,
+ *                            sampled ones partly) and by a narrower
+ *                            ds4-tiny+D=32 of other weights (same
+ *                            vocabulary; its drafts rejected): greedy and
+ *                            sampled, alone and batched, the response, the
+ *                            session's tokens and digest equal plain
+ *                            decoding's, and the draft session, brought to
+ *                            the reply's tokens, equals a fresh session of
+ *                            the draft model synced to them (logits and
+ *                            cache bytes). Controls: the draft session's
+ *                            state saved one token late before each pass
+ *                            (KVT_DRAFT_FAULT_SAVE_LATE, an off-by-one
+ *                            rollback) leaves it unequal; a rejected first
+ *                            draft accepted (KVT_DRAFT_FAULT_ACCEPT_FIRST)
+ *                            changes the reply.
  *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
  *                            2: completions with repeating prompts, greedy
  *                            and seeded sampling with logprobs, two at once
@@ -33,16 +49,23 @@
  *                            give the same bodies (but id and created) with
  *                            --draft ngram as with --draft none, and
  *                            /metrics counts the drafts, at least one
- *                            accepted, and fewer passes than tokens. On a
+ *                            accepted, and fewer passes than tokens; the
+ *                            same with --draft model --model-draft
+ *                            ds4-tiny, its drafts counted under
+ *                            drafter="model". On a
  *                            build without speculation (main before it)
  *                            the server refuses --draft: the test fails.
  *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
  *                            --draft ngram equal --draft none's, greedy and
  *                            sampled, drafts accepted in the greedy one;
- *                            --draft model and mtp are refused (exit 2, "not
- *                            supported yet"), --draft x and --draft-max 65
- *                            are usage errors. On main (no --draft) it
- *                            fails. */
+ *                            so are --draft model --model-draft ds4-tiny's;
+ *                            a draft model whose vocabulary differs at one
+ *                            token is refused (exit 2) naming the token;
+ *                            --draft mtp is refused ("not supported yet"),
+ *                            --draft model without --model-draft,
+ *                            --model-draft with --draft ngram, --draft x
+ *                            and --draft-max 65 are usage errors. On main
+ *                            (no --draft model) it fails. */
 #include "test.h"
 #include "fam_state.h"
 #include "fixture.h"
@@ -351,10 +374,10 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
  * rolled back to the state one token late (KVT_DRAFT_FAULT_SAVE_LATE)
  * ends unequal in some reply; accepting a pass's first draft though it
  * was rejected (KVT_DRAFT_FAULT_ACCEPT_FIRST) changes every reply whose
- * first draft plain decoding would not have made. Returns the drafts
+ * first draft plain decoding would not have made. *acc_out: the drafts
  * accepted. */
-static uint32_t speculation_model(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos, int32_t lo,
-                                  int32_t span)
+static void speculation_model(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos, int32_t lo,
+                              int32_t span, uint32_t *acc_out)
 {
     int32_t pa[PROMPT], pb[PROMPT];
     repeating_prompt(pa, PROMPT, 24, 11, lo, span);
@@ -362,6 +385,7 @@ static uint32_t speculation_model(kvt_model *m, kvt_model *dmodel, const char *w
     pa[0] = pb[0] = bos;
     int32_t *ps[BATCH] = {pa, pb};
     uint32_t accepted = 0, drafted = 0, late_seen = 0, rollbacks = 0;
+    *acc_out = 0;
     draft_m = dmodel;
     for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
         const setting *st = &settings[si];
@@ -401,11 +425,11 @@ static uint32_t speculation_model(kvt_model *m, kvt_model *dmodel, const char *w
         }
     }
     draft_m = NULL;
+    *acc_out = accepted;
     printf("    %s: %u of %u drafts accepted; %u replies rolled the draft session back, the late save seen in %u\n",
            what, accepted, drafted, rollbacks, late_seen);
     CHECKF(rollbacks > 0 && late_seen > 0, "%s: the draft session's rollback must be exercised and its control bite",
            what);
-    return accepted;
 }
 
 /* Two models with the same vocabulary: ds4-tiny drafting for itself
@@ -420,9 +444,10 @@ TEST(speculate_model_ds4)
     kvt_model_info in;
     kvt_model_info_get(m, &in);
     int32_t bos = in.bos >= 0 ? in.bos : 256;
-    uint32_t acc = speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90);
+    uint32_t acc = 0, acc_narrow = 0;
+    speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90, &acc);
     CHECKF(acc > 0, "ds4-tiny drafting for itself: no draft accepted");
-    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90);
+    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90, &acc_narrow);
     kvt_model_close(narrow);
     kvt_model_close(same_w);
     kvt_model_close(m);
@@ -499,8 +524,9 @@ static void cut_field(char *text, const char *key, char end)
  * NULL each when it failed) and the server's /metrics text. */
 static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
 {
+    /* --draft model: ds4-tiny's weights again as the draft model */
     const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
-                                "--draft", d, NULL};
+                                "--draft", d, strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
     if (!fx_server_start(sv, args)) return false;
     char cmd[4096], path[N_REQ][160], mpath[160];
     for (int i = 0; i < N_REQ; i++) {
@@ -542,16 +568,28 @@ TEST(speculate_server)
 {
     fx_server sv = {0};
     CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
-    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *mp = NULL, *ms = NULL;
-    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms);
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *mp = NULL, *ms = NULL, *md = NULL;
+    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms) &&
+               serve_replies(&sv, "model", dmod, &md);
     if (!ran) fx_server_kill(&sv);
     bool same_all = ran;
     for (int i = 0; i < N_REQ && ran; i++) {
-        bool eq = !strcmp(plain[i], spec[i]);
-        printf("    request %d: %s\n", i, eq ? "the same body" : "DIFFERENT");
+        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]);
+        printf("    request %d: ngram %s, model %s\n", i, eq ? "the same body" : "DIFFERENT",
+               eq_m ? "the same body" : "DIFFERENT");
         if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
-        same_all = same_all && eq;
+        if (!eq_m) printf("      none:  %.300s\n      model: %.300s\n", plain[i], dmod[i]);
+        same_all = same_all && eq && eq_m;
     }
+    /* by drafter: the model's drafts counted as the model's */
+    long m_dr = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"model\"}"),
+         m_acc = metric_in(md, "kvtier_drafter_accepted_tokens_total{drafter=\"model\"}"),
+         m_ng = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"ngram\"}"),
+         m_all = metric_in(md, "kvtier_draft_tokens_total"),
+         n_dr = metric_in(ms, "kvtier_drafter_tokens_total{drafter=\"ngram\"}"),
+         m_gen = metric_in(md, "kvtier_generated_tokens_total"), m_passes = metric_in(md, "kvtier_decode_passes_total");
+    printf("    --draft model: %ld tokens in %ld passes, %ld drafted (%ld counted as n-gram), %ld accepted\n", m_gen,
+           m_passes, m_dr, m_ng, m_acc);
     long gen = metric_in(ms, "kvtier_generated_tokens_total"), passes = metric_in(ms, "kvtier_decode_passes_total"),
          drafted = metric_in(ms, "kvtier_draft_tokens_total"), acc = metric_in(ms, "kvtier_draft_accepted_tokens_total"),
          drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
@@ -560,14 +598,19 @@ TEST(speculate_server)
     for (int i = 0; i < N_REQ; i++) {
         free(plain[i]);
         free(spec[i]);
+        free(dmod[i]);
     }
     free(mp);
     free(ms);
+    free(md);
     fx_tmpdir_remove(&sv);
     CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
     CHECK(same_all);
     CHECKF(drafted0 == 0 && drafted > 0 && acc > 0 && acc <= drafted && passes > 0 && passes < gen + N_REQ,
            "the /metrics counts of speculation");
+    CHECKF(m_dr > 0 && m_dr == m_all && m_ng == 0 && m_acc > 0 && m_acc <= m_dr && n_dr == drafted &&
+           m_passes < m_gen,
+           "the /metrics counts of the draft model (by drafter)");
 }
 
 /* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
@@ -593,32 +636,64 @@ static int run_cli(const char *const *args, char **out, char **err)
 TEST(speculate_run)
 {
     static const char *const temps[] = {"0", "0.7"};
-    static const char *const drafts[] = {"none", "ngram"};
+    /* the draft model: ds4-tiny's weights again (its greedy drafts are
+     * accepted), as a separate model with a session of its own */
+    static const char *const drafts[] = {"none", "ngram", "model"};
     for (int t = 0; t < 2; t++) {
-        char *out[2], *err[2];
-        int st[2];
-        for (int d = 0; d < 2; d++) {
+        char *out[3], *err[3];
+        int st[3];
+        for (int d = 0; d < 3; d++) {
             const char *const a[] = {"--prompt", "abcabcabcabcabcabcabc", "--output", "ids", "--max-tokens", "64",
                                      "--temperature", temps[t], "--top-k", "3", "--seed", "5", "--draft", drafts[d],
-                                     NULL};
+                                     d == 2 ? "--model-draft" : NULL, "ds4-tiny", NULL};
             st[d] = run_cli(a, &out[d], &err[d]);
         }
-        const char *acc = err[1] ? strstr(err[1], " drafted, ") : NULL;
-        long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
-        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
-        printf("    temperature %s: %s; %s", temps[t], eq ? "the same ids" : "DIFFERENT", err[1] ? err[1] : "\n");
-        for (int d = 0; d < 2; d++) {
+        for (int d = 1; d < 3; d++) {
+            const char *acc = err[d] ? strstr(err[d], " drafted, ") : NULL;
+            long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
+            bool eq = st[0] == 0 && st[d] == 0 && out[0] && out[d] && !strcmp(out[0], out[d]);
+            printf("    --draft %s, temperature %s: %s; %s", drafts[d], temps[t], eq ? "the same ids" : "DIFFERENT",
+                   err[d] ? err[d] : "\n");
+            CHECKF(eq, "run --draft %s changed the reply (or a run failed: %d %d)", drafts[d], st[0], st[d]);
+            CHECKF(t || accepted > 0, "--draft %s: no draft accepted on a repeating prompt", drafts[d]);
+        }
+        for (int d = 0; d < 3; d++) {
             free(out[d]);
             free(err[d]);
         }
-        CHECKF(eq, "run --draft ngram changed the reply (or a run failed: %d %d)", st[0], st[1]);
-        CHECKF(t || accepted > 0, "no draft accepted on a repeating prompt");
+    }
+    /* a draft model whose vocabulary differs at one token: ds4-tiny's
+     * file with "<think>" spelt "<thonk>" (as long: the file stays whole) */
+    char dir[] = "/tmp/kvt-spec-vocab-XXXXXX", file[128] = "";
+    if (mkdtemp(dir)) {
+        snprintf(file, sizeof file, "%s/other.gguf", dir);
+        const char *const w[] = {kvt_test_bin(), "model", "new", "--preset", "ds4-tiny", "--out", file, NULL};
+        int wst = -1;
+        size_t len = 0;
+        char *g = fx_run(w, "/dev/null", 60, &wst) == 1 && wst == 0 ? kvt_test_read_file(file, &len) : NULL;
+        char *at = g ? memmem(g, len, "<think>", 7) : NULL;
+        if (at) memcpy(at, "<thonk>", 7);
+        bool ok = at && fx_write_file(file, g, len);
+        free(g);
+        CHECKF(ok, "writing a draft model of another vocabulary");
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "4", "--draft", "model", "--model-draft", file, NULL};
+        char *out, *err;
+        int st = run_cli(a, &out, &err);
+        ok = st == 2 && err && strstr(err, "vocabulary differs") && strstr(err, "<think>") && strstr(err, "<thonk>");
+        printf("    a draft model of another vocabulary: exit %d: %s", st, err ? err : "\n");
+        free(out);
+        free(err);
+        unlink(file);
+        rmdir(dir);
+        CHECKF(ok, "run --model-draft of another vocabulary: want exit 2 naming the token");
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
-        {"--draft", "model", "not supported yet"}, {"--draft", "mtp", "not supported yet"},
-        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"}};
+        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"},
+        {"--model-draft", "ds4-tiny", "goes with --draft model"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val, NULL};
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val,
+                                 i == 4 ? "--draft" : NULL, "ngram", NULL};
         char *out, *err;
         int st = run_cli(a, &out, &err);
         bool ok = st == 2 && err && strstr(err, bad[i].says);
