@@ -42,6 +42,13 @@
  *                            rollback) leaves it unequal; a rejected first
  *                            draft accepted (KVT_DRAFT_FAULT_ACCEPT_FIRST)
  *                            changes the reply.
+ *   speculate_model_llama    the same with each family's synthetic model
+ *   speculate_model_gemma3   drafting for another copy of itself: the
+ *   speculate_model_qwen35   draft session's rollback through full rows,
+ *                            window rings and recurrent state (the late
+ *                            save is no fault for llama's full rows, which
+ *                            are only truncated: its control is not
+ *                            required to bite there).
  *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
  *                            2: completions with repeating prompts, greedy
  *                            and seeded sampling with logprobs, two at once
@@ -374,10 +381,12 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
  * rolled back to the state one token late (KVT_DRAFT_FAULT_SAVE_LATE)
  * ends unequal in some reply; accepting a pass's first draft though it
  * was rejected (KVT_DRAFT_FAULT_ACCEPT_FIRST) changes every reply whose
- * first draft plain decoding would not have made. *acc_out: the drafts
- * accepted. */
+ * first draft plain decoding would not have made. state_bites: the draft
+ * model has state a rollback restores (not the llama family's full rows,
+ * which are only truncated, where saving late is no fault). *acc_out: the
+ * drafts accepted. */
 static void speculation_model(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos, int32_t lo,
-                              int32_t span, uint32_t *acc_out)
+                              int32_t span, bool state_bites, uint32_t *acc_out)
 {
     int32_t pa[PROMPT], pb[PROMPT];
     repeating_prompt(pa, PROMPT, 24, 11, lo, span);
@@ -428,8 +437,8 @@ static void speculation_model(kvt_model *m, kvt_model *dmodel, const char *what,
     *acc_out = accepted;
     printf("    %s: %u of %u drafts accepted; %u replies rolled the draft session back, the late save seen in %u\n",
            what, accepted, drafted, rollbacks, late_seen);
-    CHECKF(rollbacks > 0 && late_seen > 0, "%s: the draft session's rollback must be exercised and its control bite",
-           what);
+    CHECKF(rollbacks > 0, "%s: the draft session's rollback must be exercised", what);
+    CHECKF(!state_bites || late_seen > 0, "%s: the draft session's state saved late went unseen", what);
 }
 
 /* Two models with the same vocabulary: ds4-tiny drafting for itself
@@ -445,12 +454,47 @@ TEST(speculate_model_ds4)
     kvt_model_info_get(m, &in);
     int32_t bos = in.bos >= 0 ? in.bos : 256;
     uint32_t acc = 0, acc_narrow = 0;
-    speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90, &acc);
+    speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90, true, &acc);
     CHECKF(acc > 0, "ds4-tiny drafting for itself: no draft accepted");
-    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90, &acc_narrow);
+    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90, true, &acc_narrow);
     kvt_model_close(narrow);
     kvt_model_close(same_w);
     kvt_model_close(m);
+}
+
+/* A family's synthetic model drafting for another copy of itself (the
+ * file opened twice): greedy drafts accepted, sampled ones partly, the
+ * draft session rolled back through the family's own state. */
+static void family_drafts_itself(const fam_spec *f, bool state_bites)
+{
+    char dir[] = "/tmp/kvt-spec-XXXXXX", path[256], what[64];
+    kvt_model *m = fam_open(f, dir, path, sizeof path), *d = NULL;
+    if (!m) return;
+    snprintf(what, sizeof what, "%s by itself", f->arch);
+    uint32_t acc = 0;
+    if (kvt_model_open(&d, path) == KVT_OK) speculation_model(m, d, what, 1, 3, 2000, state_bites, &acc);
+    else kvt_test_fail(__FILE__, __LINE__, "loading %s again: %s", path, kvt_errmsg());
+    kvt_model_close(d);
+    fam_close(m, dir, path);
+    CHECKF(acc > 0, "%s: no draft accepted", what);
+}
+
+TEST(speculate_model_llama)
+{
+    static const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+    family_drafts_itself(&f, false);
+}
+
+TEST(speculate_model_gemma3)
+{
+    static const fam_spec f = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    family_drafts_itself(&f, true);
+}
+
+TEST(speculate_model_qwen35)
+{
+    static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    family_drafts_itself(&f, true);
 }
 
 TEST(speculate_ds4)
