@@ -396,6 +396,7 @@ static void speculation_model(kvt_model *m, kvt_model *dmodel, const char *what,
     uint32_t accepted = 0, drafted = 0, late_seen = 0, rollbacks = 0;
     *acc_out = 0;
     draft_m = dmodel;
+    CHECKF(kvt_draft_vocab_check(m, dmodel) == KVT_OK, "%s: %s", what, kvt_errmsg());
     for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
         const setting *st = &settings[si];
         for (size_t k = 1; k <= BATCH; k++) {

@@ -524,7 +524,8 @@ static int cmd_run(int argc, char **argv)
         kvt_session_opts dso = {.n_ctx = s->n_ctx, .n_threads = (uint32_t)threads};
         if ((ret = open_model(draft_file, o, no, &dmodel))) goto out;
         ret = 1;
-        if ((rc = kvt_draft_model_new(&dm, m, dmodel, &dso, s->pool))) { fail(rc, draft_file); ret = 2; goto out; }
+        if ((rc = kvt_draft_vocab_check(m, dmodel))) { fail(rc, draft_file); ret = 2; goto out; }
+        if ((rc = kvt_draft_model_new(&dm, m, dmodel, &dso, s->pool))) { fail(rc, draft_file); goto out; }
     }
     kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
@@ -533,6 +534,9 @@ static int cmd_run(int argc, char **argv)
     double t0 = now_s();
     size_t kept = 0; /* below from_disk when the record went on past the prompt: its last token again */
     if ((rc = kvt_session_sync(s, toks, n, &kept))) { fail(rc, "prefill"); goto out; }
+    /* the draft model's prefill with the model's (a failure: no drafts, as in a pass) */
+    if (dm && (rc = kvt_draft_model_follow(dm, toks, n)))
+        fprintf(stderr, "kvtier: the draft model's prefill failed: %s\n", kvt_errmsg());
     double t_prefill = now_s() - t0;
     if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
     if (kept > from_disk) kept = from_disk;

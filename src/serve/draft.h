@@ -71,8 +71,9 @@ int kvt_draft_vocab_check(const kvt_model *target, const kvt_model *draft);
 typedef struct kvt_draft_model kvt_draft_model;
 /* A drafter on model `draft` (borrowed, must outlive it) for replies of
  * `target`, its session of opts->n_ctx tokens on pool (borrowed; NULL: a
- * pool of its own of opts->n_threads). Checks the vocabularies first
- * (kvt_draft_vocab_check). Free with kvt_draft_model_free (accepts NULL). */
+ * pool of its own of opts->n_threads). The caller has checked the
+ * vocabularies once (kvt_draft_vocab_check: a server makes a drafter per
+ * reply). Free with kvt_draft_model_free (accepts NULL). */
 int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_model *draft,
                         const kvt_session_opts *opts, kvt_pool *pool);
 void kvt_draft_model_free(kvt_draft_model *d);

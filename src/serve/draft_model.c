@@ -36,7 +36,8 @@ struct kvt_draft_model {
      * each, the state before it */
     int32_t tok[KVT_DRAFT_MAX_LIMIT];
     size_t pos0, ran;
-    float *rows;                /* (KVT_DRAFT_MAX_LIMIT, V) */
+    float *rows;                /* (cap, V): grown to the longest pass asked for */
+    size_t cap;
     kvt_wbuf save;
     bool failed;
 };
@@ -87,8 +88,7 @@ int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_mode
                         const kvt_session_opts *opts, kvt_pool *pool)
 {
     *out = NULL;
-    int rc = kvt_draft_vocab_check(target, draft);
-    if (rc) return rc;
+    int rc = KVT_OK;
     kvt_draft_model *d = kvt_calloc(1, sizeof *d);
     if (!d) return KVT_ENOMEM;
     d->target = target;
@@ -98,10 +98,9 @@ int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_mode
     kvt_session_opts so = *opts;
     so.progress = NULL;
     so.progress_user = NULL;
-    if (!(d->rows = kvt_malloc((size_t)KVT_DRAFT_MAX_LIMIT * d->V * sizeof(float))) ||
-        (rc = pool ? kvt_session_new_on(&d->s, draft, &so, pool) : kvt_session_new(&d->s, draft, &so))) {
+    if ((rc = pool ? kvt_session_new_on(&d->s, draft, &so, pool) : kvt_session_new(&d->s, draft, &so))) {
         kvt_draft_model_free(d);
-        return rc ? rc : KVT_ENOMEM;
+        return rc;
     }
     *out = d;
     return KVT_OK;
@@ -174,6 +173,11 @@ size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n,
     if (!rc) rc = kvt_draft_model_follow(d, ctx, n);
     /* the pass: last, then every guess but the final one */
     if (!rc && n + max > s->n_ctx) max = s->n_ctx > n ? s->n_ctx - n : 0;
+    if (!rc && max > d->cap) { /* the rows of the pass: (max, V) */
+        float *r = realloc(d->rows, max * (size_t)d->V * sizeof(float));
+        if (r) d->rows = r, d->cap = max;
+        else rc = kvt_fail(KVT_ENOMEM, "no memory for %zu rows of the draft model's logits", max);
+    }
     size_t got = 0;
     if (!rc && max) {
         d->pos0 = n;
