@@ -195,7 +195,11 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
         g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
                          .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
-        if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &so, NULL) == KVT_OK;
+        /* the draft session prefills in chunks of 40: the prompt comes in
+         * over the first passes, one chunk a pass, before any draft */
+        kvt_session_opts dso = so;
+        dso.chunk = 40;
+        if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &dso, NULL) == KVT_OK;
         g[i].dm = dm[i];
     }
     if (ok && k == 1) {

@@ -81,7 +81,8 @@ void kvt_draft_model_free(kvt_draft_model *d);
  * last; propose up to max tokens, the draft model's greedy continuation.
  * The draft session first follows the context: the previous pass rolled
  * back to the drafts the context kept, then any tokens it lacks run (a
- * whole prompt the first time). Returns 0 when max is 0 or the drafter
+ * prompt the first time: more than a chunk of them run a chunk a call,
+ * with no drafts until the last). Returns 0 when max is 0 or the drafter
  * failed (it is then off for good, with the reason on stderr). */
 size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n, int32_t last, size_t max,
                                int32_t *out);

@@ -14,7 +14,7 @@
  * the draft model synced to the same tokens would be, bit for bit, and
  * its guesses are the draft model's own. Whatever it lacks of the context
  * (the prompt, the last draft of a pass that kept them all) runs as a
- * prefill; anything else (a context that went another way) goes through
+ * prefill, a chunk of it a pass at most; anything else (a context that went another way) goes through
  * kvt_session_sync, which reuses the longest common prefix. */
 #include "serve/draft.h"
 #include "arch/model.h"
@@ -170,7 +170,12 @@ size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n,
     if (max > KVT_DRAFT_MAX_LIMIT) max = KVT_DRAFT_MAX_LIMIT;
     kvt_session *s = d->s;
     int rc = settle(d, ctx, n, last);
-    if (!rc) rc = kvt_draft_model_follow(d, ctx, n);
+    /* a long way behind (a prompt the server's reply starts from): one
+     * chunk of it a pass and no drafts until it is in, so a long prompt's
+     * draft prefill never holds the other requests' steps for long */
+    size_t want = s->n < n && n - s->n > s->chunk ? s->n + s->chunk : n;
+    if (!rc) rc = kvt_draft_model_follow(d, ctx, want);
+    if (!rc && want < n) return 0;
     /* the pass: last, then every guess but the final one */
     if (!rc && n + max > s->n_ctx) max = s->n_ctx > n ? s->n_ctx - n : 0;
     if (!rc && max > d->cap) { /* the rows of the pass: (max, V) */
