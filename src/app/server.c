@@ -589,9 +589,11 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
                       .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
                       .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock,
                       .draft = sv->o.draft, .draft_max = sv->o.draft_max};
-    /* The draft model's session is made for the reply and follows the
-     * prompt on the first pass (a prefill of the draft model): it is not
-     * kept with the model's session or saved. No session: no drafts. */
+    /* The draft model's session is made for the reply and takes in the
+     * prompt over its first passes, a chunk a pass (the draft model is
+     * small: its prefill costs a fraction of the model's that a cache hit
+     * saves): it is not kept in the tiers or saved (docs/API.md). No
+     * session: no drafts. */
     if (sv->dmodel) {
         kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
         if (kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads))
