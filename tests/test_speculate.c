@@ -67,7 +67,8 @@
  *                            sampled, drafts accepted in the greedy one;
  *                            so are --draft model --model-draft ds4-tiny's;
  *                            a draft model whose vocabulary differs at one
- *                            token is refused (exit 2) naming the token;
+ *                            token is refused (exit 2) naming the token,
+ *                            and serve refuses to start with it;
  *                            --draft mtp is refused ("not supported yet"),
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
@@ -732,9 +733,24 @@ TEST(speculate_run)
         printf("    a draft model of another vocabulary: exit %d: %s", st, err ? err : "\n");
         free(out);
         free(err);
+        CHECKF(ok, "run --model-draft of another vocabulary: want exit 2 naming the token");
+        /* serve refuses to start with it */
+        char port[16], po[] = "/tmp/kvt-spec-serve-XXXXXX";
+        snprintf(port, sizeof port, "%d", fx_free_port());
+        const char *const sa[] = {kvt_test_bin(), "serve", "--model", "ds4-tiny", "--no-kv-disk", "--port", port,
+                                  "--draft", "model", "--model-draft", file, NULL};
+        int fd = mkstemp(po), sst = -1;
+        if (fd >= 0) close(fd);
+        int rc = fx_run(sa, po, 60, &sst);
+        char *log = kvt_test_read_file(po, NULL);
+        ok = rc == 1 && WIFEXITED(sst) && WEXITSTATUS(sst) != 0 && log && strstr(log, "vocabulary differs") &&
+             strstr(log, "token 260");
+        printf("    serve with it: %s", log ? log : "(no output)\n");
+        free(log);
+        unlink(po);
         unlink(file);
         rmdir(dir);
-        CHECKF(ok, "run --model-draft of another vocabulary: want exit 2 naming the token");
+        CHECKF(ok, "serve --model-draft of another vocabulary: want a refusal naming the token");
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
         {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "not supported yet"},
