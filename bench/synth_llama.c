@@ -73,6 +73,9 @@ static const shape shapes[] = {
     {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, true, true, false, 1000000.0f, NULL},
     {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, true, true, true, 1000000.0f, NULL},
     {"qwen3.5-0.8b", "qwen35", 1024, 24, 8, 2, 256, 3584, 262144, true, true, false, 10000000.0f, &qwen35_08b},
+    /* a draft model for qwen3-0.6b (bench/draft.sh): its vocabulary, 2
+     * layers of 256 */
+    {"qwen3-tiny", "qwen3", 256, 2, 4, 2, 64, 768, 40960, true, true, false, 1000000.0f, NULL},
 };
 #define Q35_INTERVAL 4
 #define Q35_SIGMA_QK 0.08
@@ -484,7 +487,7 @@ int main(int argc, char **argv)
         argv += 2;
     }
     if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
-    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b] VOCAB.gguf OUT.gguf\n"
+    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b|qwen3-tiny] VOCAB.gguf OUT.gguf\n"
                     "       synth_llama --sizes FILE.gguf\n");
     return 2;
 }

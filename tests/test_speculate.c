@@ -1,4 +1,4 @@
-/* Speculative decoding (src/serve/draft.c, the pass loop of
+/* Speculative decoding (src/serve/draft.c, src/serve/draft_model.c, the pass loop of
  * src/serve/generate.c, kvt_session_keep in src/session/session.c):
  *
  *   speculate_ngram          the n-gram drafter proposes what followed the
@@ -26,6 +26,29 @@
  *                            rollback that keeps one token too many) the
  *                            same comparison fails. And a reply that runs
  *                            into the context's end mid-draft is the same.
+ *   speculate_model_ds4      --draft model: ds4-tiny drafted for by another
+ *                            copy of itself (greedy drafts all accepted,
+ *                            sampled ones partly) and by a narrower
+ *                            ds4-tiny+D=32 of other weights (same
+ *                            vocabulary; its drafts rejected): greedy and
+ *                            sampled, alone and batched, the response, the
+ *                            session's tokens and digest equal plain
+ *                            decoding's, and the draft session, brought to
+ *                            the reply's tokens, equals a fresh session of
+ *                            the draft model synced to them (logits and
+ *                            cache bytes). Controls: the draft session's
+ *                            state saved one token late before each pass
+ *                            (KVT_DRAFT_FAULT_SAVE_LATE, an off-by-one
+ *                            rollback) leaves it unequal; a rejected first
+ *                            draft accepted (KVT_DRAFT_FAULT_ACCEPT_FIRST)
+ *                            changes the reply.
+ *   speculate_model_llama    the same with each family's synthetic model
+ *   speculate_model_gemma3   drafting for another copy of itself: the
+ *   speculate_model_qwen35   draft session's rollback through full rows,
+ *                            window rings and recurrent state (the late
+ *                            save is no fault for llama's full rows, which
+ *                            are only truncated: its control is not
+ *                            required to bite there).
  *   speculate_server         `kvtier serve` (KVT_BIN) on ds4-tiny, --parallel
  *                            2: completions with repeating prompts, greedy
  *                            and seeded sampling with logprobs, two at once
@@ -33,16 +56,24 @@
  *                            give the same bodies (but id and created) with
  *                            --draft ngram as with --draft none, and
  *                            /metrics counts the drafts, at least one
- *                            accepted, and fewer passes than tokens. On a
+ *                            accepted, and fewer passes than tokens; the
+ *                            same with --draft model --model-draft
+ *                            ds4-tiny, its drafts counted under
+ *                            drafter="model". On a
  *                            build without speculation (main before it)
  *                            the server refuses --draft: the test fails.
  *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
  *                            --draft ngram equal --draft none's, greedy and
  *                            sampled, drafts accepted in the greedy one;
- *                            --draft model and mtp are refused (exit 2, "not
- *                            supported yet"), --draft x and --draft-max 65
- *                            are usage errors. On main (no --draft) it
- *                            fails. */
+ *                            so are --draft model --model-draft ds4-tiny's;
+ *                            a draft model whose vocabulary differs at one
+ *                            token is refused (exit 2) naming the token,
+ *                            and serve refuses to start with it;
+ *                            --draft mtp is refused ("not supported yet"),
+ *                            --draft model without --model-draft,
+ *                            --model-draft with --draft ngram, --draft x
+ *                            and --draft-max 65 are usage errors. On main
+ *                            (no --draft model) it fails. */
 #include "test.h"
 #include "fam_state.h"
 #include "fixture.h"
@@ -88,8 +119,8 @@ TEST(speculate_ngram)
     kvt_draft_kind k;
     CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
     CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
-    CHECK(kvt_draft_parse("model", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
-    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED);
+    CHECK(kvt_draft_parse("model", &k) == KVT_OK && k == KVT_DRAFT_MODEL);
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
     CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
 }
 
@@ -100,6 +131,7 @@ typedef struct outcome {
     int32_t *toks;
     size_t n;
     kvt_usage u;
+    bool draft_exact;           /* --draft model: the draft session equals a fresh one synced to toks */
 } outcome;
 
 static void outcome_free(outcome *o)
@@ -129,6 +161,21 @@ enum { MAX_NEW = 48, BATCH = 2 };
 /* Tokens the sessions have room for after the prompt (0: the reply's and
  * more): less ends the reply at the context, in the middle of a pass. */
 static size_t ctx_room;
+/* KVT_DRAFT_MODEL's draft model. */
+static kvt_model *draft_m;
+
+/* The draft session of dm, brought to the reply's tokens, equals a
+ * session of the draft model synced to them: logits and cache bytes. */
+static bool draft_session_exact(kvt_draft_model *dm, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    kvt_session *f = NULL;
+    bool ok = kvt_draft_model_follow(dm, toks, n) == KVT_OK && kvt_session_new(&f, draft_m, so) == KVT_OK &&
+              kvt_session_sync(f, toks, n, NULL) == KVT_OK &&
+              kvt_session_len(kvt_draft_model_session(dm)) == n &&
+              kvt_test_digest(kvt_draft_model_session(dm), draft_m) == kvt_test_digest(f, draft_m);
+    kvt_session_free(f);
+    return ok;
+}
 
 /* k replies of prompt p[i] (n tokens each), with draft d, batched in one
  * pass per step when k > 1 (the server's scheduler), alone otherwise. */
@@ -139,6 +186,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
     kvt_request r[BATCH];
     kvt_gen g[BATCH];
     kvt_gen_run *R[BATCH] = {0};
+    kvt_draft_model *dm[BATCH] = {0};
     kvt_gen_out out = {0};
     bool ok = true, live[BATCH] = {0};
     kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
@@ -148,6 +196,12 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
         g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
                          .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
+        /* the draft session prefills in chunks of 40: the prompt comes in
+         * over the first passes, one chunk a pass, before any draft */
+        kvt_session_opts dso = so;
+        dso.chunk = 40;
+        if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &dso, NULL) == KVT_OK;
+        g[i].dm = dm[i];
     }
     if (ok && k == 1) {
         o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
@@ -189,7 +243,10 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
             o[i].n = kvt_session_len(s[i]);
             o[i].toks = malloc(o[i].n * sizeof(int32_t) + 1);
             if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
+            if (o[i].toks && dm[i])
+                o[i].draft_exact = !kvt_draft_model_failed(dm[i]) && draft_session_exact(dm[i], o[i].toks, o[i].n, &so);
         }
+        kvt_draft_model_free(dm[i]);
         ok = ok && o[i].body && o[i].toks;
         kvt_session_free(s[i]);
     }
@@ -322,6 +379,130 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
     CHECKF(short_reply, "%s: the reply did not run to the context's end", what);
 }
 
+/* The draft model dmodel drafting for m, every setting, alone and
+ * batched: the replies, log-probabilities and sessions are plain
+ * decoding's, and the draft session ends equal to a fresh session of the
+ * draft model synced to the reply's tokens. Controls: a draft session
+ * rolled back to the state one token late (KVT_DRAFT_FAULT_SAVE_LATE)
+ * ends unequal in some reply; accepting a pass's first draft though it
+ * was rejected (KVT_DRAFT_FAULT_ACCEPT_FIRST) changes every reply whose
+ * first draft plain decoding would not have made. state_bites: the draft
+ * model has state a rollback restores (not the llama family's full rows,
+ * which are only truncated, where saving late is no fault). *acc_out: the
+ * drafts accepted. */
+static void speculation_model(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos, int32_t lo,
+                              int32_t span, bool state_bites, uint32_t *acc_out)
+{
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, lo, span);
+    repeating_prompt(pb, PROMPT, 17, 12, lo, span);
+    pa[0] = pb[0] = bos;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted = 0, drafted = 0, late_seen = 0, rollbacks = 0;
+    *acc_out = 0;
+    draft_m = dmodel;
+    CHECKF(kvt_draft_vocab_check(m, dmodel) == KVT_OK, "%s: %s", what, kvt_errmsg());
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH], spec[BATCH], late[BATCH], acc[BATCH];
+            bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, spec);
+            kvt_draft_fault = KVT_DRAFT_FAULT_SAVE_LATE;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, late);
+            kvt_draft_fault = KVT_DRAFT_FAULT_ACCEPT_FIRST;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MODEL, acc);
+            kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+            CHECKF(ran, "%s %s: a reply failed: %s", what, st->what, kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                bool eq = same(&plain[i], &spec[i]), eq_acc = same(&plain[i], &acc[i]);
+                printf("    %s %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: %s, "
+                       "draft session %s; controls: save late %s, accept first %s\n",
+                       what, st->what, k > 1 ? "batched" : "alone", i, spec[i].u.completion_tokens, spec[i].u.passes,
+                       plain[i].u.passes, spec[i].u.drafted, spec[i].u.accepted, eq ? "same" : "DIFFERENT",
+                       spec[i].draft_exact ? "exact" : "NOT EXACT", late[i].draft_exact ? "unseen" : "seen",
+                       eq_acc ? "unseen" : "seen");
+                CHECKF(eq, "%s %s: --draft model changed the reply or the session", what, st->what);
+                CHECKF(spec[i].draft_exact, "%s %s: the draft session is not the draft model's", what, st->what);
+                CHECKF(spec[i].u.drafted > 0, "%s %s: nothing drafted", what, st->what);
+                /* the first pass's drafts all rejected: the control keeps one */
+                if (spec[i].u.accepted == 0)
+                    CHECKF(!eq_acc, "%s %s: a rejected draft accepted went unseen", what, st->what);
+                rollbacks += spec[i].u.accepted < spec[i].u.drafted;
+                late_seen += !late[i].draft_exact;
+                accepted += spec[i].u.accepted;
+                drafted += spec[i].u.drafted;
+                outcome_free(&plain[i]);
+                outcome_free(&spec[i]);
+                outcome_free(&late[i]);
+                outcome_free(&acc[i]);
+            }
+        }
+    }
+    draft_m = NULL;
+    *acc_out = accepted;
+    printf("    %s: %u of %u drafts accepted; %u replies rolled the draft session back, the late save seen in %u\n",
+           what, accepted, drafted, rollbacks, late_seen);
+    CHECKF(rollbacks > 0, "%s: the draft session's rollback must be exercised", what);
+    CHECKF(!state_bites || late_seen > 0, "%s: the draft session's state saved late went unseen", what);
+}
+
+/* Two models with the same vocabulary: ds4-tiny drafting for itself
+ * (another copy of the same weights: the greedy drafts are all accepted)
+ * and a narrower ds4-tiny (D=32) of other weights drafting for it. */
+TEST(speculate_model_ds4)
+{
+    kvt_model *m = NULL, *same_w = NULL, *narrow = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&same_w, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&narrow, "ds4-tiny+D=32", 3, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t bos = in.bos >= 0 ? in.bos : 256;
+    uint32_t acc = 0, acc_narrow = 0;
+    speculation_model(m, same_w, "ds4-tiny by itself", bos, 32, 90, true, &acc);
+    CHECKF(acc > 0, "ds4-tiny drafting for itself: no draft accepted");
+    speculation_model(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos, 32, 90, true, &acc_narrow);
+    kvt_model_close(narrow);
+    kvt_model_close(same_w);
+    kvt_model_close(m);
+}
+
+/* A family's synthetic model drafting for another copy of itself (the
+ * file opened twice): greedy drafts accepted, sampled ones partly, the
+ * draft session rolled back through the family's own state. */
+static void family_drafts_itself(const fam_spec *f, bool state_bites)
+{
+    char dir[] = "/tmp/kvt-spec-XXXXXX", path[256], what[64];
+    kvt_model *m = fam_open(f, dir, path, sizeof path), *d = NULL;
+    if (!m) return;
+    snprintf(what, sizeof what, "%s by itself", f->arch);
+    uint32_t acc = 0;
+    if (kvt_model_open(&d, path) == KVT_OK) speculation_model(m, d, what, 1, 3, 2000, state_bites, &acc);
+    else kvt_test_fail(__FILE__, __LINE__, "loading %s again: %s", path, kvt_errmsg());
+    kvt_model_close(d);
+    fam_close(m, dir, path);
+    CHECKF(acc > 0, "%s: no draft accepted", what);
+}
+
+TEST(speculate_model_llama)
+{
+    static const fam_spec f = {"llama", false, false, FAM_HEAD_DIM, false, false, false};
+    family_drafts_itself(&f, false);
+}
+
+TEST(speculate_model_gemma3)
+{
+    static const fam_spec f = {"gemma3", false, true, FAM_HEAD_DIM, false, false, true};
+    family_drafts_itself(&f, true);
+}
+
+TEST(speculate_model_qwen35)
+{
+    static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
+    family_drafts_itself(&f, true);
+}
+
 TEST(speculate_ds4)
 {
     kvt_model *m = NULL;
@@ -393,8 +574,9 @@ static void cut_field(char *text, const char *key, char end)
  * NULL each when it failed) and the server's /metrics text. */
 static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
 {
+    /* --draft model: ds4-tiny's weights again as the draft model */
     const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
-                                "--draft", d, NULL};
+                                "--draft", d, strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
     if (!fx_server_start(sv, args)) return false;
     char cmd[4096], path[N_REQ][160], mpath[160];
     for (int i = 0; i < N_REQ; i++) {
@@ -436,16 +618,28 @@ TEST(speculate_server)
 {
     fx_server sv = {0};
     CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
-    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *mp = NULL, *ms = NULL;
-    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms);
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *mp = NULL, *ms = NULL, *md = NULL;
+    bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms) &&
+               serve_replies(&sv, "model", dmod, &md);
     if (!ran) fx_server_kill(&sv);
     bool same_all = ran;
     for (int i = 0; i < N_REQ && ran; i++) {
-        bool eq = !strcmp(plain[i], spec[i]);
-        printf("    request %d: %s\n", i, eq ? "the same body" : "DIFFERENT");
+        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]);
+        printf("    request %d: ngram %s, model %s\n", i, eq ? "the same body" : "DIFFERENT",
+               eq_m ? "the same body" : "DIFFERENT");
         if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
-        same_all = same_all && eq;
+        if (!eq_m) printf("      none:  %.300s\n      model: %.300s\n", plain[i], dmod[i]);
+        same_all = same_all && eq && eq_m;
     }
+    /* by drafter: the model's drafts counted as the model's */
+    long m_dr = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"model\"}"),
+         m_acc = metric_in(md, "kvtier_drafter_accepted_tokens_total{drafter=\"model\"}"),
+         m_ng = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"ngram\"}"),
+         m_all = metric_in(md, "kvtier_draft_tokens_total"),
+         n_dr = metric_in(ms, "kvtier_drafter_tokens_total{drafter=\"ngram\"}"),
+         m_gen = metric_in(md, "kvtier_generated_tokens_total"), m_passes = metric_in(md, "kvtier_decode_passes_total");
+    printf("    --draft model: %ld tokens in %ld passes, %ld drafted (%ld counted as n-gram), %ld accepted\n", m_gen,
+           m_passes, m_dr, m_ng, m_acc);
     long gen = metric_in(ms, "kvtier_generated_tokens_total"), passes = metric_in(ms, "kvtier_decode_passes_total"),
          drafted = metric_in(ms, "kvtier_draft_tokens_total"), acc = metric_in(ms, "kvtier_draft_accepted_tokens_total"),
          drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
@@ -454,14 +648,19 @@ TEST(speculate_server)
     for (int i = 0; i < N_REQ; i++) {
         free(plain[i]);
         free(spec[i]);
+        free(dmod[i]);
     }
     free(mp);
     free(ms);
+    free(md);
     fx_tmpdir_remove(&sv);
     CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
     CHECK(same_all);
     CHECKF(drafted0 == 0 && drafted > 0 && acc > 0 && acc <= drafted && passes > 0 && passes < gen + N_REQ,
            "the /metrics counts of speculation");
+    CHECKF(m_dr > 0 && m_dr == m_all && m_ng == 0 && m_acc > 0 && m_acc <= m_dr && n_dr == drafted &&
+           m_passes < m_gen,
+           "the /metrics counts of the draft model (by drafter)");
 }
 
 /* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
@@ -487,32 +686,79 @@ static int run_cli(const char *const *args, char **out, char **err)
 TEST(speculate_run)
 {
     static const char *const temps[] = {"0", "0.7"};
-    static const char *const drafts[] = {"none", "ngram"};
+    /* the draft model: ds4-tiny's weights again (its greedy drafts are
+     * accepted), as a separate model with a session of its own */
+    static const char *const drafts[] = {"none", "ngram", "model"};
     for (int t = 0; t < 2; t++) {
-        char *out[2], *err[2];
-        int st[2];
-        for (int d = 0; d < 2; d++) {
+        char *out[3], *err[3];
+        int st[3];
+        for (int d = 0; d < 3; d++) {
             const char *const a[] = {"--prompt", "abcabcabcabcabcabcabc", "--output", "ids", "--max-tokens", "64",
                                      "--temperature", temps[t], "--top-k", "3", "--seed", "5", "--draft", drafts[d],
-                                     NULL};
+                                     d == 2 ? "--model-draft" : NULL, "ds4-tiny", NULL};
             st[d] = run_cli(a, &out[d], &err[d]);
         }
-        const char *acc = err[1] ? strstr(err[1], " drafted, ") : NULL;
-        long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
-        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
-        printf("    temperature %s: %s; %s", temps[t], eq ? "the same ids" : "DIFFERENT", err[1] ? err[1] : "\n");
-        for (int d = 0; d < 2; d++) {
+        for (int d = 1; d < 3; d++) {
+            const char *acc = err[d] ? strstr(err[d], " drafted, ") : NULL;
+            long accepted = acc ? strtol(acc + 10, NULL, 10) : -1;
+            bool eq = st[0] == 0 && st[d] == 0 && out[0] && out[d] && !strcmp(out[0], out[d]);
+            printf("    --draft %s, temperature %s: %s; %s", drafts[d], temps[t], eq ? "the same ids" : "DIFFERENT",
+                   err[d] ? err[d] : "\n");
+            CHECKF(eq, "run --draft %s changed the reply (or a run failed: %d %d)", drafts[d], st[0], st[d]);
+            CHECKF(t || accepted > 0, "--draft %s: no draft accepted on a repeating prompt", drafts[d]);
+        }
+        for (int d = 0; d < 3; d++) {
             free(out[d]);
             free(err[d]);
         }
-        CHECKF(eq, "run --draft ngram changed the reply (or a run failed: %d %d)", st[0], st[1]);
-        CHECKF(t || accepted > 0, "no draft accepted on a repeating prompt");
+    }
+    /* a draft model whose vocabulary differs at one token: ds4-tiny's
+     * file with "<think>" spelt "<thonk>" (as long: the file stays whole) */
+    char dir[] = "/tmp/kvt-spec-vocab-XXXXXX", file[128] = "";
+    if (mkdtemp(dir)) {
+        snprintf(file, sizeof file, "%s/other.gguf", dir);
+        const char *const w[] = {kvt_test_bin(), "model", "new", "--preset", "ds4-tiny", "--out", file, NULL};
+        int wst = -1;
+        size_t len = 0;
+        char *g = fx_run(w, "/dev/null", 60, &wst) == 1 && wst == 0 ? kvt_test_read_file(file, &len) : NULL;
+        char *at = g ? memmem(g, len, "<think>", 7) : NULL;
+        if (at) memcpy(at, "<thonk>", 7);
+        bool ok = at && fx_write_file(file, g, len);
+        free(g);
+        CHECKF(ok, "writing a draft model of another vocabulary");
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "4", "--draft", "model", "--model-draft", file, NULL};
+        char *out, *err;
+        int st = run_cli(a, &out, &err);
+        ok = st == 2 && err && strstr(err, "vocabulary differs") && strstr(err, "<think>") && strstr(err, "<thonk>");
+        printf("    a draft model of another vocabulary: exit %d: %s", st, err ? err : "\n");
+        free(out);
+        free(err);
+        CHECKF(ok, "run --model-draft of another vocabulary: want exit 2 naming the token");
+        /* serve refuses to start with it */
+        char port[16], po[] = "/tmp/kvt-spec-serve-XXXXXX";
+        snprintf(port, sizeof port, "%d", fx_free_port());
+        const char *const sa[] = {kvt_test_bin(), "serve", "--model", "ds4-tiny", "--no-kv-disk", "--port", port,
+                                  "--draft", "model", "--model-draft", file, NULL};
+        int fd = mkstemp(po), sst = -1;
+        if (fd >= 0) close(fd);
+        int rc = fx_run(sa, po, 60, &sst);
+        char *log = kvt_test_read_file(po, NULL);
+        ok = rc == 1 && WIFEXITED(sst) && WEXITSTATUS(sst) != 0 && log && strstr(log, "vocabulary differs") &&
+             strstr(log, "token 260");
+        printf("    serve with it: %s", log ? log : "(no output)\n");
+        free(log);
+        unlink(po);
+        unlink(file);
+        rmdir(dir);
+        CHECKF(ok, "serve --model-draft of another vocabulary: want a refusal naming the token");
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
-        {"--draft", "model", "not supported yet"}, {"--draft", "mtp", "not supported yet"},
-        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"}};
+        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"},
+        {"--model-draft", "ds4-tiny", "goes with --draft model"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val, NULL};
+        const char *const a[] = {"--prompt", "a", "--max-tokens", "1", bad[i].opt, bad[i].val,
+                                 i == 4 ? "--draft" : NULL, "ngram", NULL};
         char *out, *err;
         int st = run_cli(a, &out, &err);
         bool ok = st == 2 && err && strstr(err, bad[i].says);

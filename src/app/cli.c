@@ -101,22 +101,33 @@ static int fail(int rc, const char *what)
 
 /* --cache-type-k and --cache-type-v (-ctk, -ctv): the K and V rows' types */
 #define CACHE_OPTS {"--cache-type-k"}, {"--cache-type-v"}
-#define DRAFT_OPTS {"--draft"}, {"--draft-max"}
+#define DRAFT_OPTS {"--draft"}, {"--draft-max"}, {"--model-draft"}
 
-/* --draft ngram|model|mtp|none (model and mtp: not supported yet) and
- * --draft-max N. */
-static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max)
+/* --draft ngram|model|mtp|none (mtp: not supported yet), --model-draft
+ * FILE (the draft model: --draft model, which it implies) and --draft-max
+ * N. */
+static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max, const char **file)
 {
     *kind = KVT_DRAFT_DEFAULT;
     *max = KVT_DRAFT_MAX_DEFAULT;
     const char *d = get(o, no, "--draft");
+    *file = get(o, no, "--model-draft");
     if (d && kvt_draft_parse(d, kind)) {
         fprintf(stderr, "kvtier: %s\n", kvt_errmsg());
         return false;
     }
+    if (!d && *file) *kind = KVT_DRAFT_MODEL;
+    if (*kind == KVT_DRAFT_MODEL && !*file) {
+        fprintf(stderr, "kvtier: --draft model needs --model-draft FILE (the draft model)\n");
+        return false;
+    }
+    if (*kind != KVT_DRAFT_MODEL && *file) {
+        fprintf(stderr, "kvtier: --model-draft goes with --draft model, not --draft %s\n", d);
+        return false;
+    }
     uint64_t m = KVT_DRAFT_MAX_DEFAULT;
     if (!parse_u64(get(o, no, "--draft-max"), "--draft-max", KVT_DRAFT_MAX_LIMIT, &m)) return false;
-    if (!m) *kind = KVT_DRAFT_NONE; /* drafting nothing is no drafting */
+    if (!m) *kind = KVT_DRAFT_NONE, *file = NULL; /* drafting nothing is no drafting */
     *max = (uint32_t)m;
     return true;
 }
@@ -465,7 +476,8 @@ static int cmd_run(int argc, char **argv)
     bool ids_out = output && !strcmp(output, "ids");
     kvt_draft_kind draft;
     uint32_t draft_max;
-    if (!parse_draft(o, no, &draft, &draft_max)) return 2;
+    const char *draft_file;
+    if (!parse_draft(o, no, &draft, &draft_max, &draft_file)) return 2;
     if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
     if (get(o, no, "--demo") && !max_tokens) {
         fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
@@ -498,6 +510,8 @@ static int cmd_run(int argc, char **argv)
     int32_t *gen = NULL;
     float *rows = NULL;
     kvt_wbuf save = {0};
+    kvt_model *dmodel = NULL;
+    kvt_draft_model *dm = NULL;
     int ret = 1, rc;
     if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
     if (n == 0) {
@@ -511,6 +525,13 @@ static int cmd_run(int argc, char **argv)
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    if (draft == KVT_DRAFT_MODEL) { /* its session on the model's threads: the two never run at once */
+        kvt_session_opts dso = {.n_ctx = s->n_ctx, .n_threads = (uint32_t)threads};
+        if ((ret = open_model(draft_file, o, no, &dmodel))) goto out;
+        ret = 1;
+        if ((rc = kvt_draft_vocab_check(m, dmodel))) { fail(rc, draft_file); ret = 2; goto out; }
+        if ((rc = kvt_draft_model_new(&dm, m, dmodel, &dso, s->pool))) { fail(rc, draft_file); goto out; }
+    }
     kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
     size_t from_disk = 0, saved = 0;
@@ -518,6 +539,9 @@ static int cmd_run(int argc, char **argv)
     double t0 = now_s();
     size_t kept = 0; /* below from_disk when the record went on past the prompt: its last token again */
     if ((rc = kvt_session_sync(s, toks, n, &kept))) { fail(rc, "prefill"); goto out; }
+    /* the draft model's prefill with the model's (a failure: no drafts, as in a pass) */
+    if (dm && (rc = kvt_draft_model_follow(dm, toks, n)))
+        fprintf(stderr, "kvtier: the draft model's prefill failed: %s\n", kvt_errmsg());
     double t_prefill = now_s() - t0;
     if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
     if (kept > from_disk) kept = from_disk;
@@ -565,7 +589,9 @@ static int cmd_run(int argc, char **argv)
                 size_t want = draft ? kvt_draft_tune_len(&tune) : 0;
                 if (lim > want) lim = want;
                 if (pos + 1 + lim > s->n_ctx) lim = s->n_ctx > pos + 1 ? s->n_ctx - pos - 1 : 0;
-                size_t d = draft && lim ? kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1) : 0;
+                size_t d = !draft || !lim ? 0
+                           : dm       ? kvt_draft_model_propose(dm, kvt_session_tokens(s), pos, t, lim, pass + 1)
+                                      : kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1);
                 passes++;
                 if (!d) {
                     if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
@@ -588,7 +614,7 @@ static int cmd_run(int argc, char **argv)
         }
     }
     t_dec = now_s() - t_dec;
-    if (get(o, no, "--draft"))
+    if (get(o, no, "--draft") || draft_file)
         fprintf(stderr, "kvtier: draft %s: %zu tokens in %zu passes, %.1f tok/s; %zu drafted, %zu accepted\n",
                 kvt_draft_name(draft), ng, passes, t_dec > 0 ? ng / t_dec : 0.0, drafted, accepted);
     if (ids_out) {
@@ -602,6 +628,8 @@ out:
     free(gen);
     free(rows);
     kvt_wbuf_free(&save);
+    kvt_draft_model_free(dm);
+    kvt_model_close(dmodel);
     free(toks);
     kvt_store_close(store);
     kvt_sampler_free(smp);
@@ -1158,7 +1186,8 @@ static int cmd_serve(int argc, char **argv)
     if (!parse_cache_types(o, no, &type_k, &type_v)) { free(file_text); return 2; }
     kvt_draft_kind draft;
     uint32_t draft_max;
-    if (!parse_draft(o, no, &draft, &draft_max)) { free(file_text); return 2; }
+    const char *draft_file;
+    if (!parse_draft(o, no, &draft, &draft_max, &draft_file)) { free(file_text); return 2; }
     kvt_server_opts so = {
         .model = get(o, no, "--model"), .model_id = get(o, no, "--model-id"),
         .type_k = type_k, .type_v = type_v,
@@ -1175,7 +1204,7 @@ static int cmd_serve(int argc, char **argv)
         .remote_secret_file = get(o, no, "--kv-remote-secret-file"),
         .remote_tls_ca = get(o, no, "--kv-remote-ca"), .remote_tls_cert = get(o, no, "--kv-remote-cert"),
         .remote_tls_key = get(o, no, "--kv-remote-key"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
-        .draft = draft, .draft_max = draft_max,
+        .draft = draft, .draft_max = draft_max, .model_draft = draft_file,
     };
     int rc = kvt_serve(&so);
     free(file_text);
@@ -1323,8 +1352,10 @@ static void usage(FILE *f)
           "              tenant), tokens, bytes\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
-          "  draft options --draft ngram|none (none; model, mtp: not supported yet), --draft-max N\n"
-          "              (8, at most 64): speculative decoding, the same output (see Speculative decoding)\n"
+          "  draft options --draft ngram|model|none (none; mtp: not supported yet), --draft-max N\n"
+          "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
+          "              implies --draft model): speculative decoding, the same output\n"
+          "              (see Speculative decoding)\n"
           "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"
           "  --version   print the version (kvtier VERSION)\n"
           "\n"

@@ -97,6 +97,7 @@ typedef struct metrics {
     uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
     uint64_t prompt_tokens, prefilled, generated;
     uint64_t decode_passes, drafted, accepted; /* speculative decoding: passes of replies, drafts, kept */
+    uint64_t drafted_by[2], accepted_by[2];    /* the same by drafter: [0] n-gram, [1] the draft model */
     uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
@@ -159,6 +160,7 @@ typedef struct server {
     replay rp[MAX_REPLAY];
     size_t rp_next;
     kvt_model *m;
+    kvt_model *dmodel;            /* --draft model: the draft model (its sessions: each slot's drafter) */
     char model_id[128];
     tenant tn[MAX_TENANTS];
     size_t n_tn;
@@ -483,6 +485,7 @@ typedef struct slot {
     struct gen_ctx gc;
     kvt_gen_out out;
     kvt_gen_run *run;
+    kvt_draft_model *dm;          /* --draft model: the draft session, made for the reply */
 } slot;
 
 static char *error_body(const job *j, int status, const char *msg)
@@ -502,6 +505,7 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
     }
     job_done(sv, sl->j, status, body);
     job_unref(sl->j);
+    kvt_draft_model_free(sl->dm);
     free(sl->toks);
     free(sl);
 }
@@ -585,6 +589,17 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
                       .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
                       .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock,
                       .draft = sv->o.draft, .draft_max = sv->o.draft_max};
+    /* The draft model's session is made for the reply and takes in the
+     * prompt over its first passes, a chunk a pass (the draft model is
+     * small: its prefill costs a fraction of the model's that a cache hit
+     * saves): it is not kept in the tiers or saved (docs/API.md). No
+     * session: no drafts. */
+    if (sv->dmodel) {
+        kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
+        if (kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads))
+            fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
+        sl->g.dm = sl->dm;
+    }
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
     if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {
@@ -607,6 +622,10 @@ static void slot_reply_done(server *sv, slot *sl)
     mx->decode_passes += sl->u.passes;
     mx->drafted += sl->u.drafted;
     mx->accepted += sl->u.accepted;
+    if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL) {
+        mx->drafted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.drafted;
+        mx->accepted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.accepted;
+    }
     pthread_mutex_unlock(&sv->mu);
     slot_end(sv, sl, 200, body);
 }
@@ -1738,6 +1757,10 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY("kvtier_draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", "", w->mx.drafted);
     FAMILY("kvtier_draft_accepted_tokens_total", "counter",
            "Drafted tokens accepted (each the token plain decoding samples there).", "", w->mx.accepted);
+    FAMILY2("kvtier_drafter_tokens_total", "counter", "Tokens drafted, by drafter.", "drafter=\"ngram\"",
+            w->mx.drafted_by[0], "drafter=\"model\"", w->mx.drafted_by[1]);
+    FAMILY2("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
+            "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1]);
     FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
             w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
     FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
@@ -1970,6 +1993,15 @@ int kvt_serve(const kvt_server_opts *opts)
         (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
         goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
+    if (sv->o.draft == KVT_DRAFT_MODEL &&
+        ((rc = kvt_model_open(&sv->dmodel, opts->model_draft)) ||
+         (rc = kvt_model_set_cache_types(sv->dmodel, opts->type_k, opts->type_v)) ||
+         (rc = kvt_draft_vocab_check(sv->m, sv->dmodel)))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+        rc = kvt_fail(rc, "--model-draft %s: %s", opts->model_draft ? opts->model_draft : "(none)", msg);
+        goto out;
+    }
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
     sv->n_tn = opts->n_keys ? opts->n_keys : 1;
     if (sv->n_tn > MAX_TENANTS) {
@@ -2069,8 +2101,9 @@ int kvt_serve(const kvt_server_opts *opts)
             sv->model_id, opts->host, opts->port, sv->o.n_ctx, sv->parallel, sv->tn[0].store ? opts->disk_dir : "off",
             sv->remote ? ", remote tier " : "", sv->remote ? opts->remote_url : "");
     if (sv->o.draft)
-        fprintf(stderr, "kvtier: speculative decoding: --draft %s, up to %u tokens drafted a pass\n",
-                kvt_draft_name(sv->o.draft), sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT);
+        fprintf(stderr, "kvtier: speculative decoding: --draft %s%s%s, up to %u tokens drafted a pass\n",
+                kvt_draft_name(sv->o.draft), sv->dmodel ? " " : "", sv->dmodel ? opts->model_draft : "",
+                sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT);
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */
     sigdelset(&wait, SIGTERM);
@@ -2096,6 +2129,7 @@ out:
     kvt_tiers_free(sv->tiers);
     for (size_t t = 0; t < sv->n_tn; t++) kvt_store_close(sv->tn[t].store);
     kvt_model_close(sv->m);
+    kvt_model_close(sv->dmodel);
     for (size_t i = 0; i < MAX_REPLAY; i++) free(sv->rp[i].text);
     pthread_mutex_destroy(&sv->mu);
     pthread_mutex_destroy(&sv->replay_mu);

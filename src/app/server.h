@@ -47,6 +47,7 @@ typedef struct kvt_server_opts {
     uint32_t remote_lookup_ms;        /* deadline of a remote lookup (0: 20) */
     kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */
     uint32_t draft_max;       /* tokens drafted at most a pass (--draft-max; 0: the default) */
+    const char *model_draft;  /* KVT_DRAFT_MODEL: the draft model's file (--model-draft) */
     void (*ready)(void *user); /* called once listening */
     void *ready_user;
 } kvt_server_opts;

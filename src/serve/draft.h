@@ -9,10 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvtier.h"
+#include "base/threads.h"
+
 typedef enum kvt_draft_kind {
     KVT_DRAFT_NONE = 0,
     KVT_DRAFT_NGRAM,        /* prompt lookup: the session's own tokens */
-    KVT_DRAFT_MODEL,        /* a draft model (not supported yet) */
+    KVT_DRAFT_MODEL,        /* a draft model sharing the tokenizer (--model-draft) */
     KVT_DRAFT_MTP,          /* the model's MTP layers (not supported yet) */
 } kvt_draft_kind;
 
@@ -24,8 +27,8 @@ typedef enum kvt_draft_kind {
 #define KVT_DRAFT_MAX_LIMIT 64
 
 /* "ngram", "none", "model", "mtp" to a kind: KVT_OK, KVT_EUNSUPPORTED
- * for "model" and "mtp" (not supported yet), KVT_EINVAL naming the
- * accepted ones for anything else. */
+ * for "mtp" (not supported yet), KVT_EINVAL naming the accepted ones for
+ * anything else. */
 int kvt_draft_parse(const char *name, kvt_draft_kind *out);
 const char *kvt_draft_name(kvt_draft_kind k);
 
@@ -50,5 +53,53 @@ void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max);
 size_t kvt_draft_tune_len(kvt_draft_tune *t);
 /* A pass drafted `drafted` tokens and kept `kept` of them. */
 void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept);
+
+/* ---- the draft model (draft_model.c) ----
+ *
+ * A smaller model with the same vocabulary proposes the next tokens
+ * greedily from a session of its own, which follows the tokens the
+ * model accepted: the pass that drafted them is rolled back to the ones
+ * kept exactly as a verify pass is (kvt_session_keep, the state saved
+ * before the pass), so the draft session always equals a session of the
+ * draft model synced to the same tokens. */
+
+/* KVT_OK when the two models' vocabularies are equal token by token (the
+ * same count, every id the same bytes); else KVT_EMISMATCH naming the first
+ * id that differs. */
+int kvt_draft_vocab_check(const kvt_model *target, const kvt_model *draft);
+
+typedef struct kvt_draft_model kvt_draft_model;
+/* A drafter on model `draft` (borrowed, must outlive it) for replies of
+ * `target`, its session of opts->n_ctx tokens on pool (borrowed; NULL: a
+ * pool of its own of opts->n_threads). The caller has checked the
+ * vocabularies once (kvt_draft_vocab_check: a server makes a drafter per
+ * reply). Free with kvt_draft_model_free (accepts NULL). */
+int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_model *draft,
+                        const kvt_session_opts *opts, kvt_pool *pool);
+void kvt_draft_model_free(kvt_draft_model *d);
+/* Same contract as kvt_draft_ngram: the context is ctx[0..n) followed by
+ * last; propose up to max tokens, the draft model's greedy continuation.
+ * The draft session first follows the context: the previous pass rolled
+ * back to the drafts the context kept, then any tokens it lacks run (a
+ * prompt the first time: more than a chunk of them run a chunk a call,
+ * with no drafts until the last). Returns 0 when max is 0 or the drafter
+ * failed (it is then off for good, with the reason on stderr). */
+size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n, int32_t last, size_t max,
+                               int32_t *out);
+/* Make the draft session hold exactly ctx[0..n) (as propose does first).
+ * For tests: the session then equals a draft-model session synced to ctx. */
+int kvt_draft_model_follow(kvt_draft_model *d, const int32_t *ctx, size_t n);
+/* The draft session (borrowed), and whether the drafter is off after an error. */
+kvt_session *kvt_draft_model_session(const kvt_draft_model *d);
+bool kvt_draft_model_failed(const kvt_draft_model *d);
+
+/* Test hooks (draft_model.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
+ * session's state one token late before a pass (an off-by-one rollback
+ * of the draft session: its tokens right, its state not);
+ * KVT_DRAFT_FAULT_ACCEPT_FIRST makes the generation loop (generate.c,
+ * and run) accept a pass's first draft even when plain decoding samples
+ * another token there. */
+enum { KVT_DRAFT_FAULT_NONE, KVT_DRAFT_FAULT_SAVE_LATE, KVT_DRAFT_FAULT_ACCEPT_FIRST };
+extern int kvt_draft_fault;
 
 #endif

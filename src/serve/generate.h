@@ -36,6 +36,7 @@ typedef struct kvt_gen {
     uint64_t seed;             /* the sampler's, unless the request has one */
     kvt_draft_kind draft;      /* speculative decoding's drafter (KVT_DRAFT_NONE: a token a pass) */
     uint32_t draft_max;        /* tokens drafted at most a pass (0: KVT_DRAFT_MAX_DEFAULT) */
+    kvt_draft_model *dm;       /* KVT_DRAFT_MODEL's drafter, following s (NULL: no drafts) */
 } kvt_gen;
 
 /* Generate g's reply, u the usage so far (prompt and cache figures): counts
@@ -78,7 +79,7 @@ typedef struct kvt_gen_pass {
     kvt_wbuf *save;            /* the state before the pass (n > 1), the run's */
 } kvt_gen_pass;
 bool kvt_gen_next_pass(kvt_gen_run *R, kvt_gen_pass *p);
-/* Test hook: when set, the n-gram drafter's replacement (same contract as
+/* Test hook: when set, the drafter's replacement (same contract as
  * kvt_draft_ngram), so a test can draft what it knows the reply to be,
  * right or deliberately wrong, on a model that rarely repeats itself. */
 extern size_t (*kvt_gen_test_drafter)(const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out);
