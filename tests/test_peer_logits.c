@@ -487,7 +487,21 @@ static bool peer_quantize(const char *src, const char *path, int ftype)
     uint64_t h;
     if (!quant_cache_dir(dir, sizeof dir) || !file_digest(src, &h)) return peer_quantize_now(src, path, ftype);
     snprintf(cached, sizeof cached, "%s/%016llx-%d.gguf", dir, (unsigned long long)h, ftype);
-    if (access(cached, R_OK) == 0 && copy_file(cached, path)) return true;
+    if (access(cached, R_OK) == 0 && copy_file(cached, path)) {
+        /* a file of another ftype under the key would test that type in
+         * this one's place: refused, and the entry removed */
+        uint32_t ft = 0;
+        kvt_gguf *g = NULL;
+        bool ok = !kvt_gguf_open_header(&g, path) && !kvt_gguf_get_u32(g, "general.file_type", &ft) &&
+                  ft == (uint32_t)ftype;
+        kvt_gguf_close(g);
+        if (ok) return true;
+        snprintf(peer_err, sizeof peer_err, "the cached %s is not a file of ftype %d (general.file_type %u): removed",
+                 cached, ftype, ft);
+        unlink(cached);
+        unlink(path);
+        return false;
+    }
     if (!peer_quantize_now(src, path, ftype)) return false;
     /* written whole under another name, then renamed: a run stopped midway
      * or one beside it never leaves a part of a file under the key */
