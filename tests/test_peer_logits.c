@@ -96,7 +96,8 @@
  * 8 - 10); its temp files, up to 75 MB each, go in /tmp. The quantised
  * files are kept (quant_cache_dir): on a machine that has them the test
  * measured 217 s against 492 s making them (quantising 3.7 s against
- * 271 s; load 15, one run each). */
+ * 271 s; load 15, one run each), and peer_logits_families 575 s against
+ * 812 s (load 17 - 20). */
 #include "fixture.h"
 #include "synth_family.h"
 #include "format/gguf.h"
