@@ -247,6 +247,20 @@ char *kvt_test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The slowest first; ties by name, so that two runs list alike. */
+static int by_time(const void *a, const void *b)
+{
+    const struct { const char *name; double ms; } *x = a, *y = b;
+    return x->ms < y->ms ? 1 : x->ms > y->ms ? -1 : strcmp(x->name, y->name);
+}
+
 /* In CI (CI=true in the environment, as .ci/run sets it) the machine is
  * set up to run every suite: a skip for anything that set-up provides
  * (../shared, the npm packages, the repository root) means a suite did not
@@ -269,6 +283,12 @@ int main(int argc, char **argv)
         return 0;
     }
     const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
+    /* KVT_TEST_TIMES=1: each test's wall time on the line after its result,
+     * and the slowest 20 listed before the summary */
+    const char *tt = getenv("KVT_TEST_TIMES");
+    const bool times = tt && *tt && strcmp(tt, "0");
+    static struct { const char *name; double ms; } took[512];
+    int n_took = 0;
     int passed = 0, failed = 0, skipped = 0, n_why = 0;
     static struct { const char *name; char why[sizeof cur_why]; bool failed; } whys[512];
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -276,7 +296,9 @@ int main(int argc, char **argv)
         if (!SELECTED(i)) continue;
         cur_failed = cur_skipped = cur_env = 0;
         cur_why[0] = 0;
+        double t0 = now_ms();
         tests[i].fn();
+        double ms = now_ms() - t0;
         bool ci_fail = !cur_failed && cur_skipped && in_ci && !cur_env;
         if (cur_skipped && !cur_failed) {
             whys[n_why].name = tests[i].name;
@@ -289,6 +311,19 @@ int main(int argc, char **argv)
         }
         else if (cur_skipped) { skipped++; printf("skip %s\n", tests[i].name); }
         else { passed++; printf("ok   %s\n", tests[i].name); }
+        if (times) {
+            printf("  %.0f ms\n", ms);
+            took[n_took].name = tests[i].name;
+            took[n_took++].ms = ms;
+        }
+    }
+    if (times && n_took) {
+        qsort(took, (size_t)n_took, sizeof took[0], by_time);
+        double all = 0;
+        for (int k = 0; k < n_took; k++) all += took[k].ms;
+        printf("slowest (of %d tests, %.1f s in all):\n", n_took, all / 1e3);
+        for (int k = 0; k < n_took && k < 20; k++)
+            printf("  %8.1f s  %s\n", took[k].ms / 1e3, took[k].name);
     }
     if (n_why) printf("skips%s:\n", in_ci ? " (CI=true: each one not the machine's hardware or limits fails)" : "");
     for (int k = 0; k < n_why; k++)

@@ -93,7 +93,11 @@
  * for the 13 types to IQ4_XS (llama.cpp's IQ4 quantiser takes 4-5 s of it
  * per type), and about 200 s more for the 10 low-bit types and mixes, most
  * of it llama.cpp's quantisers (measured 308 s in all on a machine at load
- * 8 - 10); its temp files, up to 75 MB each, go in /tmp. */
+ * 8 - 10); its temp files, up to 75 MB each, go in /tmp. The quantised
+ * files are kept (quant_cache_dir): on a machine that has them the test
+ * measured 217 s against 492 s making them (quantising 3.7 s against
+ * 271 s; load 15, one run each), and peer_logits_families 575 s against
+ * 812 s (load 17 - 20). */
 #include "fixture.h"
 #include "synth_family.h"
 #include "format/gguf.h"
@@ -109,7 +113,11 @@
 #include "test.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -402,7 +410,108 @@ static void imatrix_free(struct llama_model_imatrix_data *im, kvt_gguf *g)
     kvt_gguf_close(g);
 }
 
+/* XXH3-64 of a file's bytes into *h: false when it cannot be read. */
+static bool file_digest(const char *path, uint64_t *h)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    XXH3_state_t *st = XXH3_createState();
+    static char buf[1 << 16];
+    size_t n;
+    bool ok = st && XXH3_64bits_reset(st) == XXH_OK;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = XXH3_64bits_update(st, buf, n) == XXH_OK;
+    ok = ok && !ferror(f);
+    if (ok) *h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    fclose(f);
+    return ok;
+}
+
+static bool copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    static char buf[1 << 16];
+    size_t n;
+    bool ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    if (in) fclose(in);
+    if (out && fclose(out)) ok = false;
+    if (!ok && out) unlink(to);
+    return ok;
+}
+
+/* The quantised files' cache: llama_model_quantize is most of these tests'
+ * time (the low-bit types' quantisers take 4 - 30 s a file on 2 threads)
+ * and gives the same bytes for the same source, ftype and library, so a
+ * file is made once and kept in $KVT_PEER_CACHE (or ~/.cache/kvtier)
+ * /quantised/<libllama's digest>/<source's digest>-<ftype>.gguf: a second
+ * run on the machine, and a second test of the same run, copy it. Another
+ * libllama build (another FX_PEER_VERSION) or another source file (the
+ * synthetic writer changed, another KVT_PEER_LOGITS_SEED) is another key.
+ * KVT_PEER_QUANT_CACHE=0 quantises every file afresh. The dir (false:
+ * no cache) into dir. */
+static bool quant_cache_dir(char *dir, size_t len)
+{
+    static int state; /* 0 not yet known, 1 usable, -1 not */
+    static char d[1024];
+    const char *off = getenv("KVT_PEER_QUANT_CACHE");
+    if (off && !strcmp(off, "0")) return false;
+    if (!state) {
+        uint64_t lib;
+        const char *cache = getenv("KVT_PEER_CACHE"), *home = getenv("HOME");
+        char root[900];
+        if (cache && *cache) snprintf(root, sizeof root, "%s", cache);
+        else snprintf(root, sizeof root, "%s/.cache/kvtier", home ? home : ".");
+        state = -1;
+        if (file_digest(LIB_LLAMA, &lib)) {
+            char q[960];
+            snprintf(q, sizeof q, "%s/quantised", root);
+            snprintf(d, sizeof d, "%s/%016llx", q, (unsigned long long)lib);
+            mkdir(root, 0755);
+            mkdir(q, 0755);
+            if ((mkdir(d, 0755) == 0 || errno == EEXIST) && access(d, W_OK) == 0) state = 1;
+        }
+        if (state < 0) printf("    no cache of quantised files (%s/quantised/... not writable): each is made afresh\n", root);
+    }
+    if (state < 0) return false;
+    snprintf(dir, len, "%s", d);
+    return true;
+}
+
+static bool peer_quantize_now(const char *src, const char *path, int ftype);
+
+/* peer_quantize_now through the cache (quant_cache_dir). */
 static bool peer_quantize(const char *src, const char *path, int ftype)
+{
+    char dir[1024], cached[1100], tmp[1200];
+    uint64_t h;
+    if (!quant_cache_dir(dir, sizeof dir) || !file_digest(src, &h)) return peer_quantize_now(src, path, ftype);
+    snprintf(cached, sizeof cached, "%s/%016llx-%d.gguf", dir, (unsigned long long)h, ftype);
+    if (access(cached, R_OK) == 0 && copy_file(cached, path)) {
+        /* a file of another ftype under the key would test that type in
+         * this one's place: refused, and the entry removed */
+        uint32_t ft = 0;
+        kvt_gguf *g = NULL;
+        bool ok = !kvt_gguf_open_header(&g, path) && !kvt_gguf_get_u32(g, "general.file_type", &ft) &&
+                  ft == (uint32_t)ftype;
+        kvt_gguf_close(g);
+        if (ok) return true;
+        snprintf(peer_err, sizeof peer_err, "the cached %s is not a file of ftype %d (general.file_type %u): removed",
+                 cached, ftype, ft);
+        unlink(cached);
+        unlink(path);
+        return false;
+    }
+    if (!peer_quantize_now(src, path, ftype)) return false;
+    /* written whole under another name, then renamed: a run stopped midway
+     * or one beside it never leaves a part of a file under the key */
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", cached, (int)getpid());
+    if (copy_file(path, tmp) && rename(tmp, cached)) unlink(tmp);
+    return true;
+}
+
+static bool peer_quantize_now(const char *src, const char *path, int ftype)
 {
     llama_model_quantize_params qp = ll.quantize_default_params();
     qp.ftype = ftype;

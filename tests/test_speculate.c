@@ -24,7 +24,9 @@
  *                            work) and rejected ones rolled back. Control:
  *                            with KVT_SESSION_FAULT_KEEP_ONE_MORE (a
  *                            rollback that keeps one token too many) the
- *                            same comparison fails. And a reply that runs
+ *                            same comparison fails (run with the drafter
+ *                            that knows the reply: its drafts are
+ *                            rejected by design). And a reply that runs
  *                            into the context's end mid-draft is the same.
  *   speculate_model_ds4      --draft model: ds4-tiny drafted for by another
  *                            copy of itself (greedy drafts all accepted,
@@ -312,28 +314,34 @@ static void speculation_exact(kvt_model *m, const char *what, int32_t bos, int32
                 known[i] = i < k ? plain[i].toks : NULL;
                 n_known[i] = i < k ? plain[i].n : 0;
             }
-            /* the n-gram drafter, then one that knows the reply */
+            /* the n-gram drafter, then one that knows the reply; the
+             * control (a rollback that keeps one token too many) with the
+             * knowing one, whose drafts are rejected by design: the same
+             * comparison and the same rollback as the n-gram drafter's,
+             * which a control of its own would repeat (a fifth of the
+             * test's time) */
             for (int oracle = 0; oracle < 2; oracle++) {
-                outcome spec[BATCH], bad[BATCH];
+                outcome spec[BATCH], bad[BATCH] = {0};
                 kvt_gen_test_drafter = oracle ? knowing : NULL;
                 bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, spec);
                 kvt_session_fault = KVT_SESSION_FAULT_KEEP_ONE_MORE;
-                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, bad);
+                ran = ran && (!oracle || replies(m, ps, PROMPT, k, st, KVT_DRAFT_NGRAM, bad));
                 kvt_session_fault = KVT_SESSION_FAULT_NONE;
                 kvt_gen_test_drafter = NULL;
                 CHECKF(ran, "%s %s: a reply failed: %s", what, st->what, kvt_errmsg());
                 for (size_t i = 0; i < k; i++) {
-                    bool eq = same(&plain[i], &spec[i]), eq_bad = same(&plain[i], &bad[i]);
+                    bool eq = same(&plain[i], &spec[i]), eq_bad = oracle && same(&plain[i], &bad[i]);
                     printf("    %s %s %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: "
-                           "%s; control %s\n",
+                           "%s%s%s\n",
                            what, st->what, k > 1 ? "batched" : "alone", oracle ? "knowing" : "ngram", i,
                            spec[i].u.completion_tokens, spec[i].u.passes, plain[i].u.passes, spec[i].u.drafted,
-                           spec[i].u.accepted, eq ? "same" : "DIFFERENT", eq_bad ? "same" : "differs");
+                           spec[i].u.accepted, eq ? "same" : "DIFFERENT", oracle ? "; control " : "",
+                           oracle ? (eq_bad ? "same" : "differs") : "");
                     CHECKF(eq, "%s %s: speculation changed the reply or the session", what, st->what);
                     /* the control bites where a draft was rejected */
                     if (spec[i].u.accepted < spec[i].u.drafted) {
                         rejected[oracle]++;
-                        CHECKF(!eq_bad, "%s %s: the off-by-one rollback went unseen", what, st->what);
+                        CHECKF(!oracle || !eq_bad, "%s %s: the off-by-one rollback went unseen", what, st->what);
                     }
                     accepted[oracle] += spec[i].u.accepted;
                     drafted[oracle] += spec[i].u.drafted;

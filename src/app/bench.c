@@ -17,6 +17,7 @@
 #include "app/bench_fork.h"
 #include "kvtier.h"
 #include "store/store.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -86,14 +87,8 @@ static uint32_t ncpu(void)
 /* Peak resident set of this process in KiB (VmHWM), 0 when unknown. */
 static uint64_t peak_rss_kib(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
-    fclose(f);
-    return kib;
+    uint64_t kib = 0;
+    return kvt_proc_kib("/proc/self/status", "VmHWM", &kib) ? kib : 0;
 }
 
 static void print_machine(const bench *b)

@@ -50,13 +50,8 @@ static double rss_mib(void)
 
 static double mem_available_mib(void)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    if (f) fclose(f);
-    return kib / 1024.0;
+    uint64_t kib = 0;
+    return kvt_proc_kib("/proc/meminfo", "MemAvailable", &kib) ? (double)kib / 1024.0 : -1; /* unknown: below any need */
 }
 
 /* s holds tokens t[0..n): rows filled with a byte pattern, the checkpoints

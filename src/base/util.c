@@ -143,6 +143,26 @@ double kvt_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+bool kvt_proc_kib(const char *path, const char *field, uint64_t *kib)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[256];
+    size_t n = strlen(field);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long long v;
+        char unit[4];
+        if (strncmp(line, field, n) || line[n] != ':') continue;
+        if (sscanf(line + n + 1, " %llu %3s", &v, unit) == 2 && !strcmp(unit, "kB")) {
+            *kib = v;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 int kvt_fill_random(uint8_t *p, size_t n)
 {
     while (n) {

@@ -40,6 +40,11 @@ uint16_t kvt_f32_to_bf16(float f);
 /* Monotonic seconds. */
 double kvt_now(void);
 
+/* The "<field>: <n> kB" line of a /proc file (/proc/meminfo's MemAvailable,
+ * /proc/self/status's VmHWM), in KiB into *kib: false when the file or the
+ * field is absent, or its figure does not parse. */
+bool kvt_proc_kib(const char *path, const char *field, uint64_t *kib);
+
 /* n random bytes from the kernel (getrandom); KVT_EIO when it cannot give them. */
 int kvt_fill_random(uint8_t *p, size_t n);
 

@@ -12,13 +12,8 @@ int kvt_memory_fault;
 
 uint64_t kvt_mem_available(void)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
+    uint64_t kb = 0;
+    if (!kvt_proc_kib("/proc/meminfo", "MemAvailable", &kb)) return 0;
     return kb > UINT64_MAX / 1024 ? 0 : kb * 1024;
 }
 

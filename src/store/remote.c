@@ -221,6 +221,36 @@ static void check_policy(kvt_remote *r)
     kvt_redis_replies_free(rep, n);
 }
 
+static void upload_free(upload *u)
+{
+    if (!u) return;
+    free(u->keys);
+    free(u->lens);
+    kvt_wbuf_free(&u->vals);
+    kvt_wbuf_free(&u->manifest);
+    free(u);
+}
+
+/* Everything a tier holds but its upload thread (stopped or never
+ * started): the queued uploads, the connections, the secret, the locks. */
+static void teardown(kvt_remote *r)
+{
+    while (r->head) {
+        upload *u = r->head;
+        r->head = u->next;
+        upload_free(u);
+    }
+    kvt_redis_free(r->rd_load);
+    kvt_redis_free(r->rd_check);
+    kvt_redis_free(r->rd_up);
+    OPENSSL_cleanse(r->secret, sizeof r->secret);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->check_mu);
+    pthread_mutex_destroy(&r->load_mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
 int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
 {
     *out = NULL;
@@ -283,26 +313,8 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     return KVT_OK;
 fail:
     OPENSSL_cleanse(pw, sizeof pw);
-    kvt_redis_free(r->rd_load);
-    kvt_redis_free(r->rd_check);
-    kvt_redis_free(r->rd_up);
-    OPENSSL_cleanse(r->secret, sizeof r->secret);
-    pthread_mutex_destroy(&r->mu);
-    pthread_mutex_destroy(&r->check_mu);
-    pthread_mutex_destroy(&r->load_mu);
-    pthread_cond_destroy(&r->cv);
-    free(r);
+    teardown(r);
     return rc;
-}
-
-static void upload_free(upload *u)
-{
-    if (!u) return;
-    free(u->keys);
-    free(u->lens);
-    kvt_wbuf_free(&u->vals);
-    kvt_wbuf_free(&u->manifest);
-    free(u);
 }
 
 void kvt_remote_close(kvt_remote *r)
@@ -314,20 +326,7 @@ void kvt_remote_close(kvt_remote *r)
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
-    while (r->head) {
-        upload *u = r->head;
-        r->head = u->next;
-        upload_free(u);
-    }
-    kvt_redis_free(r->rd_load);
-    kvt_redis_free(r->rd_check);
-    kvt_redis_free(r->rd_up);
-    OPENSSL_cleanse(r->secret, sizeof r->secret);
-    pthread_mutex_destroy(&r->mu);
-    pthread_mutex_destroy(&r->check_mu);
-    pthread_mutex_destroy(&r->load_mu);
-    pthread_cond_destroy(&r->cv);
-    free(r);
+    teardown(r);
 }
 
 void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o)
