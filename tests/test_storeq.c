@@ -30,6 +30,7 @@
 #include "synth_family.h"
 #include "test.h"
 #include "arch/model.h"
+#include "store/store.h"
 #include "store/storeq.h"
 #include "base/util.h"
 
