@@ -149,6 +149,8 @@ static int open_model(const char *path, const opt *o, size_t no, kvt_model **m)
 {
     kvt_row_type tk = KVT_ROWS_DEFAULT, tv = KVT_ROWS_DEFAULT;
     if (o && !parse_cache_types(o, no, &tk, &tv)) return 2;
+    char note[256];
+    if (kvt_model_memory_note(path, note, sizeof note)) fprintf(stderr, "kvtier: %s: %s\n", path, note);
     int rc = kvt_model_open(m, path);
     if (!rc) rc = kvt_model_set_cache_types(*m, tk, tv);
     if (rc) {
@@ -725,6 +727,7 @@ static int cmd_detokenize(int argc, char **argv)
 /* What a run at the context asked needs in memory (kvt_model_memory). */
 static void print_memory(const kvt_memory *mm)
 {
+    char note[256];
     char line[1024];
     size_t at = 0;
     for (uint32_t t = 0; t < KVT_MEMORY_TYPES; t++)
@@ -754,9 +757,8 @@ static void print_memory(const kvt_memory *mm)
            (unsigned long long)mm->mapped);
     if (!mm->available)
         printf("available     unknown (no MemAvailable in /proc/meminfo)\n");
-    else if (mm->mapped > mm->available)
-        printf("available     %llu B: the mapped weights are larger than available memory: pages stream from "
-               "the file, slowly\n", (unsigned long long)mm->available);
+    else if (kvt_memory_note(mm, note, sizeof note))
+        printf("available     %llu B: %s\n", (unsigned long long)mm->available, note);
     else
         printf("available     the mapped weights fit in available memory\n");
 }

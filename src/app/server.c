@@ -41,6 +41,7 @@
 #include "serve/generate.h"
 #include "arch/model.h"
 #include "app/server.h"
+#include "session/memory.h"
 #include "session/snapshot.h"
 #include "store/store.h"
 #include "store/storedir.h"
@@ -1989,6 +1990,8 @@ int kvt_serve(const kvt_server_opts *opts)
     pthread_cond_init(&sv->cv, NULL);
     sv->started = (long)time(NULL);
     if ((rc = kvt_fill_random(sv->secret, sizeof sv->secret))) goto out;
+    char note[256];
+    if (kvt_model_memory_note(opts->model, note, sizeof note)) fprintf(stderr, "kvtier: %s: %s\n", opts->model, note);
     if ((rc = kvt_model_open(&sv->m, opts->model)) ||
         (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
         goto out;

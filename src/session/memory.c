@@ -76,3 +76,23 @@ int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t thre
     out->available = kvt_mem_available();
     return KVT_OK;
 }
+
+bool kvt_memory_note(const kvt_memory *mm, char *buf, size_t n)
+{
+    if (n) buf[0] = 0;
+    if (!mm->available || mm->mapped <= mm->available) return false;
+    snprintf(buf, n,
+             "the weights (%.2f GiB, mapped read-only) are larger than the available memory (%.2f GiB): "
+             "the run goes on with their pages read from the file as they are needed, slowly",
+             mm->mapped / 1073741824.0, mm->available / 1073741824.0);
+    return true;
+}
+
+bool kvt_model_memory_note(const char *path, char *buf, size_t n)
+{
+    if (n) buf[0] = 0;
+    kvt_memory mm;
+    if (!path || access(path, R_OK) != 0) return false;
+    if (kvt_model_memory(path, NULL, 0, 0, &mm)) return false; /* opening it says why */
+    return kvt_memory_note(&mm, buf, n);
+}

@@ -9,6 +9,7 @@
 #include "kvtier.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVT_MEMORY_TYPES 64 /* ggml type ids counted (every type kvtier reads is below) */
@@ -38,6 +39,17 @@ typedef struct kvt_memory {
  * sized from it (kvt_model_scratch_estimate; not known when its
  * architecture needs the weights for that). path NULL or a preset: nothing mapped. */
 int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t threads, kvt_memory *out);
+
+/* The line run, serve and info print when the mapped weights are larger
+ * than the available memory: the run goes on, its pages read from the file
+ * as they are needed, slowly. Written into buf (n bytes); false, and buf
+ * empty, when the weights fit or the available memory is unknown. */
+bool kvt_memory_note(const kvt_memory *mm, char *buf, size_t n);
+
+/* The same from a file's header alone, at the model's training context:
+ * what run and serve say at start. False when path is not a file
+ * (a preset) or its header cannot be read (opening it says why). */
+bool kvt_model_memory_note(const char *path, char *buf, size_t n);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
 uint64_t kvt_mem_available(void);
