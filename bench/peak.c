@@ -6,11 +6,19 @@
  *   fma T GFLOPS   independent AVX2 FMAs: 12 chains of 8-wide fmadd per thread
  *                  (enough to cover the FMA latency on two FMA ports), 2 FLOPs
  *                  a lane; the best of 5 runs of about 0.3 s
+ *   fma512 T GFLOPS
+ *                  the same with 16-wide AVX-512 fmadd (zmm), when the CPU has
+ *                  AVX-512F and the OS saves its state; left out otherwise.
+ *                  A CPU with full-width 512-bit FMA units (Zen 5, Intel's
+ *                  server cores with two 512-bit ports) reads about twice
+ *                  fma; one that splits them in two 256-bit halves (Zen 4)
+ *                  about the same
  *   read T GBS     a sum of 64-bit integers over a 1 GiB buffer (each thread
  *                  its share), 256-bit loads; bytes read / wall time, the best
  *                  of 5 passes after one that faults the pages in
  * GFLOPS and GBS are 1e9 per second. Built by bench/peers.sh with
- * -O2 -mavx2 -mfma, not by the Makefile. */
+ * -O2 -mavx2 -mfma (the 512-bit loop has its own target attribute), not
+ * by the Makefile. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -60,6 +68,40 @@ static void *fma_loop(void *arg)
     return NULL;
 }
 
+/* fma_loop in 512-bit registers: twelve chains of 16-wide fmadd. */
+__attribute__((target("avx512f"))) static void *fma512_loop(void *arg)
+{
+    work *w = arg;
+    const __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4),
+           a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8),
+           a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
+    for (long i = 0; i < w->iters; i++) {
+        a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c); a2 = _mm512_fmadd_ps(a2, m, c);
+        a3 = _mm512_fmadd_ps(a3, m, c); a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
+        a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c); a8 = _mm512_fmadd_ps(a8, m, c);
+        a9 = _mm512_fmadd_ps(a9, m, c); a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    w->sink = _mm512_reduce_add_ps(s);
+    return NULL;
+}
+
+/* AVX-512F from cpuid, with the OS saving the opmask and zmm state (XCR0
+ * bits 1, 2, 5, 6, 7). */
+static int have_avx512(void)
+{
+    unsigned a, b, c, d, lo, hi;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!(c >> 27 & 1)) return 0; /* OSXSAVE */
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6) != 0xe6) return 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return b >> 16 & 1;
+}
+
 static void *read_loop(void *arg)
 {
     work *w = arg;
@@ -99,16 +141,19 @@ int main(int argc, char **argv)
     double t = run(fma_loop, w, 1);
     long iters = (long)(w[0].iters * (0.3 / (t > 1e-6 ? t : 1e-6)));
     if (iters < 1) iters = 1;
-    for (int n = 1; n <= max; n++) {
-        double best = 1e30;
-        for (int r = 0; r < RUNS; r++) {
-            for (int i = 0; i < n; i++) w[i].iters = iters;
-            double dt = run(fma_loop, w, n);
-            if (dt < best) best = dt;
+    int wide = have_avx512();
+    for (int n = 1; n <= max; n++)
+        for (int z = 0; z <= wide; z++) { /* 256-bit, then 512-bit (half the trips: the same time at twice the rate) */
+            long it = z ? iters / 2 : iters;
+            double best = 1e30;
+            for (int r = 0; r < RUNS; r++) {
+                for (int i = 0; i < n; i++) w[i].iters = it;
+                double dt = run(z ? fma512_loop : fma_loop, w, n);
+                if (dt < best) best = dt;
+            }
+            printf("%s %d %.2f\n", z ? "fma512" : "fma", n, (double)it * CHAINS * (z ? 16 : 8) * 2 * n / best / 1e9);
+            fflush(stdout);
         }
-        printf("fma %d %.2f\n", n, (double)iters * CHAINS * 8 * 2 * n / best / 1e9);
-        fflush(stdout);
-    }
     __m256i *buf = aligned_alloc(64, BUF_BYTES);
     if (!buf) { fprintf(stderr, "peak: cannot allocate 1 GiB\n"); return 1; }
     memset(buf, 0x5a, BUF_BYTES);

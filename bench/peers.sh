@@ -15,7 +15,10 @@
 # kinds at the most threads only, all in the cache dir too. For each file, test (pp512, tg128,
 # pp512 at depth 4096, tg32 at depth 4096) and thread count (1, 2), kvtier
 # measures its cell, then llama-bench the same one. bench/peak.c measures the
-# FMA peak and the read bandwidth that the table relates the speeds to. The
+# FMA peak (256-bit, and 512-bit where the CPU has AVX-512F) and the read
+# bandwidth that the table relates the speeds to. A native llama.cpp build
+# that dies of SIGILL (AMX on a VM without the tile state) is replaced by one
+# without AMX (bench/peer_llama.sh); the header says which build ran. The
 # table goes to stdout, the same rows to bench/peers.csv. Method and results:
 # bench/PEERS.md.
 #
@@ -112,6 +115,8 @@ if [ ! -f "$ds4_f32" ]; then
     "$bin" model new --preset ds4-mini --vocab "$src/models/ggml-vocab-deepseek-llm.gguf" --out "$ds4_f32" >&2
 fi
 bench_quantize "$ds4_f32" "$models/ds4-mini-q8_0.gguf" Q8_0
+# a native build that dies of SIGILL (AMX) is replaced by one without AMX
+peer_check "$models/synth-llama-124m-q4_k_m.gguf"
 
 # ---- the machine ----
 
@@ -143,6 +148,7 @@ kvt_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "cpu: $cpu, $(nproc 2>/dev/null || echo '?') cores online; load average $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?') at the start, LOAD_END at the end"
     echo "kvtier: $kvt_commit ($bin)"
     echo "llama.cpp: $commit (node-llama-cpp $peer_version), llama-bench defaults otherwise"
+    echo "llama.cpp build: $peer_build"
     echo "repetitions: $reps per cell and engine, the fastest reported"
     [ "$rounds" = 1 ] || echo "rounds: $rounds per cell, kvtier and llama.cpp in turn, each engine's fastest kept"
     [ -z "$cache_types" ] || echo "cache types: $cache_types (K and V alike; llama-bench -fa 1 when V is quantised)"
@@ -333,6 +339,9 @@ const q = (s) => (/[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s);
 const lim = (pre, unit) => Object.keys(peak).filter((k) => k.startsWith(pre)).map((k) =>
   `${peak[k].toFixed(1)} ${unit} on ${k.slice(pre.length)} thread(s) (before / after: ${seen[k].join(' / ')})`).join(', ');
 console.log(`FMA peak: ${lim('fma/', 'GFLOP/s')}`);
+if (Object.keys(peak).some((k) => k.startsWith('fma512/')))
+  console.log(`512-bit FMA peak: ${lim('fma512/', 'GFLOP/s')} (the % of peak columns are of the 256-bit one)`);
+else console.log('512-bit FMA peak: none (no AVX-512F)');
 console.log(`read bandwidth: ${lim('read/', 'GB/s')}`);
 console.log('');
 console.log('| file | test | threads | kvtier tok/s | llama.cpp tok/s | kvtier / llama.cpp | kvtier (% of peak) | llama.cpp (% of peak) | unit | other load, cores |');

@@ -55,6 +55,7 @@ f16=$cache/models/synth-llama-124m-f16.gguf
 q4=$cache/models/synth-llama-124m-q4_k_m.gguf
 [ -f "$f16" ] || "$cache/tools/synth_llama" "$src/models/ggml-vocab-llama-spm.gguf" "$f16" >&2
 bench_quantize "$f16" "$q4" Q4_K_M
+peer_check "$q4" # a native build that dies of SIGILL: one without AMX
 
 bench_tmp serve-batch
 bench_port

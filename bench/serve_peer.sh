@@ -53,6 +53,7 @@ if [ ! -f "$model" ]; then
     [ -f "$f16" ] || "$cache/tools/synth_llama" --shape "$shp" "$src/models/ggml-vocab-qwen35.gguf" "$f16" >&2
     bench_quantize "$f16" "$model" Q4_K_M
 fi
+peer_check "$model" # a native build that dies of SIGILL: one without AMX
 # llama.cpp renders with the model family's own template (the file, like
 # the vocabulary it was made from, has none); kvtier chooses the same one
 # by architecture (src/chat/template_qwen.c)

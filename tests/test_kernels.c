@@ -441,8 +441,8 @@ TEST(kernels_matmul_batch_and_threads)
     CHECK(one == 1);
 }
 
-/* Float weights (F16 read in place by the prefill tiles, BF16 converted a
- * segment at a time, F32): every output is kvt_dot of the row as f32, on
+/* Float weights (F16 and BF16 read in place by the SIMD tiles, converted
+ * to f32 a segment at a time by the scalar path, F32): every output is kvt_dot of the row as f32, on
  * every path, one token at a time, in a prefill whose last token block is
  * a single token, and on 3 threads with the tokens split. The shapes take
  * each way through: d_in 5 (no vector at all), 517 (a 5-element tail:
@@ -532,6 +532,56 @@ TEST(kernels_matmul_float_types)
             free(W), free(wf), free(x), free(y1), free(y2);
         }
     kvt_pool_free(p);
+}
+
+/* Negative control of kernels_matmul_float_types' comparison on the
+ * AVX-512 tile (F16, BF16 and F32 weights, 512-bit fused multiply-adds):
+ * with KVT_KERNELS_FAULT_ZMM_ORDER the tile adds lane 3's elements in
+ * reverse order (the same products, one lane's order changed, nothing
+ * else). The
+ * comparison with kvt_dot must then find outputs that differ, and only on
+ * the AVX-512 path: AVX2 and scalar keep the bits. Skips without AVX-512. */
+TEST(kernels_matmul_zmm_order_control)
+{
+    enum { DI = 768, DO = 24, NB = 6 };
+    bool wide = kvt_test_kernel_paths();
+    if (!wide) SKIP_ENV("the AVX-512 tile does not run on this CPU (no AVX-512 F, BW, VL)");
+    const uint32_t types[] = {KVT_GGML_F16, KVT_GGML_BF16, KVT_GGML_F32};
+    uint64_t st = kvt_test_seed("kernels_matmul_zmm_order_control");
+    for (size_t ty = 0; ty < 3; ty++) {
+        uint32_t type = types[ty];
+        size_t es = type == KVT_GGML_F32 ? 4 : 2;
+        uint8_t *W = malloc(es * DO * DI);
+        float *wf = malloc(sizeof(float) * DO * DI), *x = malloc(sizeof(float) * NB * DI);
+        float *y = malloc(sizeof(float) * NB * DO);
+        CHECK(W && wf && x && y);
+        for (size_t i = 0; i < DO * DI; i++) {
+            float v = frand(&st);
+            if (type == KVT_GGML_F16) ((uint16_t *)W)[i] = kvt_f32_to_f16(v), wf[i] = kvt_f16_to_f32(kvt_f32_to_f16(v));
+            else if (type == KVT_GGML_BF16) ((uint16_t *)W)[i] = kvt_f32_to_bf16(v), wf[i] = kvt_bf16_to_f32(kvt_f32_to_bf16(v));
+            else ((float *)W)[i] = wf[i] = v;
+        }
+        for (size_t i = 0; i < NB * DI; i++) x[i] = frand(&st);
+        kvt_wmat m = {W, type, DO, DI, es * DI, NULL};
+        const char *tn = kvt_quant_name(type);
+        size_t bad[3];
+        for (int path = 0; path < 3; path++) {
+            bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
+            kvt_kernels_fault = KVT_KERNELS_FAULT_ZMM_ORDER;
+            kvt_matmul_w(NULL, y, &m, x, NB, NULL);
+            kvt_kernels_fault = 0;
+            bad[path] = not_dot(wf, x, y, NB, DO, DI);
+            kvt_kernels_force_scalar(old);
+            kvt_kernels_force_avx2(old2);
+        }
+        printf("    %s: with the fault, %zu of %d outputs of the AVX-512 path differ from kvt_dot (AVX2 %zu, scalar %zu)\n",
+               tn, bad[0], NB * DO, bad[2], bad[1]);
+        CHECKF(bad[0] > 0, "%s: one lane's order changed in the AVX-512 tile, and no output differs", tn);
+        CHECKF(bad[1] == 0 && bad[2] == 0, "%s: the fault reached the scalar (%zu) or AVX2 (%zu) path", tn, bad[1], bad[2]);
+        kvt_matmul_w(NULL, y, &m, x, NB, NULL);
+        CHECKF(not_dot(wf, x, y, NB, DO, DI) == 0, "%s: without the fault the AVX-512 path is not kvt_dot", tn);
+        free(W), free(wf), free(x), free(y);
+    }
 }
 
 /* Where a block keeps its f16 super-scale d (iq1_m: in the top nibbles of

@@ -15,6 +15,7 @@
 #include "app/bench.h"
 #include "app/bench_store.h"
 #include "app/bench_fork.h"
+#include "kernels/cpu.h"
 #include "kvtier.h"
 #include "store/store.h"
 #include "base/util.h"
@@ -113,8 +114,9 @@ static void print_machine(const bench *b)
         fclose(f);
     }
     printf("cpu: %s, %u cores online, cpu flags: avx2 %s, fma %s, f16c %s; threads: %u; "
-           "load average %.2f\n", model, ncpu(), strstr(flags, " avx2 ") ? "yes" : "no",
-           strstr(flags, " fma ") ? "yes" : "no", strstr(flags, " f16c ") ? "yes" : "no", b->all, load);
+           "load average %.2f; kernels: %s\n", model, ncpu(), strstr(flags, " avx2 ") ? "yes" : "no",
+           strstr(flags, " fma ") ? "yes" : "no", strstr(flags, " f16c ") ? "yes" : "no", b->all, load,
+           kvt_cpu_isa_name());
 }
 
 /* ---- output ---- */

@@ -1375,7 +1375,9 @@ static void usage(FILE *f)
           "  of another user, is refused\n"
           "\n"
           "--model takes a GGUF path or a preset name (ds4-tiny, ds4-mini); without it\n"
-          "the built-in " KVT_DEFAULT_MODEL " is used.\n", f);
+          "the built-in " KVT_DEFAULT_MODEL " is used.\n"
+          "KVT_ISA=scalar|avx2|avx512 in the environment caps the kernels' instruction set\n"
+          "(default: the CPU's widest; every one gives the same bits).\n", f);
 }
 
 int main(int argc, char **argv)

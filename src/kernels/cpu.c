@@ -3,6 +3,8 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -34,9 +36,22 @@ static kvt_isa detect_isa(void)
 static kvt_isa detect_isa(void) { return KVT_ISA_SCALAR; }
 #endif
 
+/* KVT_ISA (scalar, avx2 or avx512) caps the choice at that instruction
+ * set: a benchmark compares the paths on one machine, every path giving
+ * the same bits. It never raises the choice above what the CPU has; any
+ * other value is ignored. */
+static kvt_isa env_cap(kvt_isa isa)
+{
+    const char *e = getenv("KVT_ISA");
+    static const char *const names[KVT_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+    for (int i = 0; e && i < KVT_ISA_COUNT; i++)
+        if (!strcmp(e, names[i])) return (kvt_isa)i < isa ? (kvt_isa)i : isa;
+    return isa;
+}
+
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static kvt_isa detected;
-static void detect(void) { detected = detect_isa(); }
+static void detect(void) { detected = env_cap(detect_isa()); }
 
 /* The choice: -1 until the first call; written under lock, read without. */
 atomic_int kvt_cpu_chosen = -1;
@@ -76,3 +91,9 @@ bool kvt_kernels_force_scalar(bool on) { return force(&forced_scalar, on); }
 bool kvt_kernels_force_avx2(bool on) { return force(&forced_avx2, on); }
 bool kvt_kernels_simd(void) { return kvt_cpu_isa() >= KVT_ISA_AVX2; }
 bool kvt_kernels_avx512(void) { return kvt_cpu_isa() == KVT_ISA_AVX512; }
+
+const char *kvt_cpu_isa_name(void)
+{
+    static const char *const names[KVT_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+    return names[kvt_cpu_isa()];
+}

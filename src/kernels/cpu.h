@@ -35,6 +35,11 @@ static inline kvt_isa kvt_cpu_isa(void)
     return isa >= 0 ? (kvt_isa)isa : kvt_cpu_choose();
 }
 
+/* The instruction set in use as KVT_ISA spells it: "scalar", "avx2",
+ * "avx512". The environment variable KVT_ISA, read at the first choice,
+ * caps the choice at the set it names (benchmarks compare the paths). */
+const char *kvt_cpu_isa_name(void);
+
 /* Force the scalar kernels (tests); returns the previous setting. */
 bool kvt_kernels_force_scalar(bool on);
 /* True when the AVX2/FMA kernels (or the AVX-512 ones) are in use. */

@@ -841,7 +841,7 @@ static void bf16_scalar(float *dst, const uint16_t *src, size_t n)
 }
 
 #define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
-#define SEG16 1024 /* elements of a binary16 row a sweep reads in place (8 rows: 16 KiB, in L1) */
+#define SEG16 1024 /* elements of an f16 or bf16 row a sweep reads in place (8 rows: 16 KiB, in L1) */
 #define TOKS 96   /* tokens whose lanes one sweep over a segment carries */
 #define TR 8      /* weight rows of a sweep: one 8-row tile (AVX-512) or two of 4 */
 #define TT 3      /* tokens of a tile */
@@ -853,8 +853,12 @@ static void bf16_scalar(float *dst, const uint16_t *src, size_t n)
  * dot_avx2 / dot_scalar. */
 typedef float lanes_t[LANES];
 
+/* The weight types the SIMD tiles read in place: f32, binary16 (F16C) and
+ * bfloat16 (a shift), each widened to f32 exactly in registers. */
+enum { WT_F32, WT_F16, WT_BF16, WT_N };
+
 /* A tile of rows x tokens over a segment (lanes_run); tables of them are
- * indexed [f16][T]. */
+ * indexed [wt][T]. */
 typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
                         bool fresh, float *y, size_t ldy);
 
@@ -862,45 +866,61 @@ typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x
 struct mm_ops {
     const tile_fn (*tile4)[TT + 1]; /* 4 rows x 1..3 tokens */
     const tile_fn (*tile8)[TT + 1]; /* 8 rows x 1..3 tokens, or NULL */
-    /* one row against one token: f32 lanes carried across calls, and a
-     * binary16 row read in place */
-    void (*lanes1)(float *l, const float *w, const float *x, size_t len);
-    void (*row1_f16)(float *l, const uint16_t *w, const float *x, size_t len, bool fresh);
+    /* one row of type wt against one token, read in place; fresh: the
+     * lanes start at zero (l is not read), else carried across calls */
+    void (*row1[WT_N])(float *l, const void *w, const float *x, size_t len, bool fresh);
     float (*lanes_sum)(const float *l);                    /* reduce16 */
     void (*lanes_sum8)(float *out, const float *l, size_t ld); /* reduce16 of eight lane sets */
 };
 
 #ifdef KVT_HAVE_X86
-/* Eight weights from w[i..i+8): f32, or binary16 converted in registers
- * (F16C is exact). */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 wload(const int f16, const void *w, size_t i)
+/* Eight weights from w[i..i+8) of type wt, widened in registers (F16C and
+ * the bfloat16 shift are exact). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 wload(const int wt, const void *w, size_t i)
 {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)))
-               : _mm256_loadu_ps((const float *)w + i);
+    if (wt == WT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    if (wt == WT_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), 16));
+    return _mm256_loadu_ps((const float *)w + i);
 }
 
-static inline float wscalar(const int f16, const void *w, size_t i)
+/* Sixteen of them, for the AVX-512 tile. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline __m512 wload16(const int wt,
+                                                                                                     const void *w,
+                                                                                                     size_t i)
 {
-    return f16 ? kvt_f16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+    if (wt == WT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+    if (wt == WT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16));
+    return _mm512_loadu_ps((const float *)w + i);
+}
+
+static inline float wscalar(const int wt, const void *w, size_t i)
+{
+    if (wt == WT_F16) return kvt_f16_to_f32(((const uint16_t *)w)[i]);
+    if (wt == WT_BF16) return kvt_bf16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
 }
 
 /* Elements [j, len) of an R-row x T-token tile one at a time, each into
  * lane j % 16: the tiles' single-element tail. */
-static inline void tile_tail(const int R, const int T, const int f16, lanes_t (*L)[TOKS], const void *const *w,
+static inline void tile_tail(const int R, const int T, const int wt, lanes_t (*L)[TOKS], const void *const *w,
                              const float *x, size_t ldx, size_t j, size_t len)
 {
     for (; j < len; j++)
         for (int r = 0; r < R; r++)
             for (int t = 0; t < T; t++)
-                L[r][t][j % LANES] = fmaf(wscalar(f16, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
+                L[r][t][j % LANES] = fmaf(wscalar(wt, w[r], j), x[t * ldx + j], L[r][t][j % LANES]);
 }
 
 /* One half (lanes h*8 .. h*8+7) of a 4-row x T-token tile (T <= 3) over w[r][0, len):
  * elements i with i % 16 in that half, i < full (a multiple of 16) plus, for
  * the low half, the 8 at full when tail8. Twelve accumulators, three token
  * vectors and one weight vector: AVX2's sixteen registers (tile8_zmm is
- * the AVX-512 tile). Weights f32, or binary16 when f16. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int f16, const int T,
+ * the AVX-512 tile). Weights of type wt. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_half(const int wt, const int T,
                                                                               lanes_t (*L)[TOKS],
                                                                               const void *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
@@ -918,7 +938,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
          * L3, cost 5 to 25 % once the token blocks kept x in L2) */
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            __m256 wv = wload(f16, w[r], i);
+            __m256 wv = wload(wt, w[r], i);
             _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
         }
     }
@@ -938,7 +958,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 /* fresh: the lanes start at zero (the first segment) instead of from L.
  * y: the row's last segment, len a multiple of 8: the tile's outputs are
  * written to y[t * ldy + r] instead of its lanes to L. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int f16, const int T,
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_rows4(const int wt, const int T,
                                                                                lanes_t (*L)[TOKS],
                                                                                const void *const *w, const float *x,
                                                                                size_t ldx, size_t len, bool fresh,
@@ -946,29 +966,34 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(f16, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
-    tile_half(f16, T, L, w, x, ldx, full, false, 1, fresh, y, ldy);
-    tile_tail(4, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+    tile_half(wt, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
+    tile_half(wt, T, L, w, x, ldx, full, false, 1, fresh, y, ldy);
+    tile_tail(4, T, wt, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
 /* One function per weight type and token count (the last tile of a sweep
  * takes the one or two tokens left), each compiled with its constants;
- * tbl[f16][T]. */
-#define TILE_FN(name, tgt, tile, f16, T)                                                                          \
+ * tbl[wt][T]. */
+#define TILE_FN(name, tgt, tile, wt, T)                                                                           \
     __attribute__((target(tgt))) static void name(lanes_t (*L)[TOKS], const void *const *w, const float *x,      \
                                                   size_t ldx, size_t len, bool fresh, float *y, size_t ldy)       \
     {                                                                                                             \
-        tile(f16, T, L, w, x, ldx, len, fresh, y, ldy);                                                           \
+        tile(wt, T, L, w, x, ldx, len, fresh, y, ldy);                                                            \
     }
 #define TILE_FNS(tbl, tgt, tile)                                                                                  \
-    TILE_FN(tbl##_f32_t1, tgt, tile, 0, 1)                                                                        \
-    TILE_FN(tbl##_f32_t2, tgt, tile, 0, 2)                                                                        \
-    TILE_FN(tbl##_f32_t3, tgt, tile, 0, 3)                                                                        \
-    TILE_FN(tbl##_f16_t1, tgt, tile, 1, 1)                                                                        \
-    TILE_FN(tbl##_f16_t2, tgt, tile, 1, 2)                                                                        \
-    TILE_FN(tbl##_f16_t3, tgt, tile, 1, 3)                                                                        \
-    static const tile_fn tbl##_fns[2][TT + 1] = {{NULL, tbl##_f32_t1, tbl##_f32_t2, tbl##_f32_t3},              \
-                                                 {NULL, tbl##_f16_t1, tbl##_f16_t2, tbl##_f16_t3}};
+    TILE_FN(tbl##_f32_t1, tgt, tile, WT_F32, 1)                                                                   \
+    TILE_FN(tbl##_f32_t2, tgt, tile, WT_F32, 2)                                                                   \
+    TILE_FN(tbl##_f32_t3, tgt, tile, WT_F32, 3)                                                                   \
+    TILE_FN(tbl##_f16_t1, tgt, tile, WT_F16, 1)                                                                   \
+    TILE_FN(tbl##_f16_t2, tgt, tile, WT_F16, 2)                                                                   \
+    TILE_FN(tbl##_f16_t3, tgt, tile, WT_F16, 3)                                                                   \
+    TILE_FN(tbl##_bf16_t1, tgt, tile, WT_BF16, 1)                                                                 \
+    TILE_FN(tbl##_bf16_t2, tgt, tile, WT_BF16, 2)                                                                 \
+    TILE_FN(tbl##_bf16_t3, tgt, tile, WT_BF16, 3)                                                                 \
+    static const tile_fn tbl##_fns[WT_N][TT + 1] = {                                                              \
+        [WT_F32] = {NULL, tbl##_f32_t1, tbl##_f32_t2, tbl##_f32_t3},                                              \
+        [WT_F16] = {NULL, tbl##_f16_t1, tbl##_f16_t2, tbl##_f16_t3},                                              \
+        [WT_BF16] = {NULL, tbl##_bf16_t1, tbl##_bf16_t2, tbl##_bf16_t3}};
 TILE_FNS(tile4, "avx2,fma,f16c", tile_rows4)
 
 /* An 8-row x 3-token tile with AVX-512: each (row, token) keeps its 16
@@ -976,9 +1001,23 @@ TILE_FNS(tile4, "avx2,fma,f16c", tile_rows4)
  * three token vectors, one weight vector of the thirty-two registers). Each
  * lane sees the same fused multiply-adds in the same order as tile_half's,
  * so the bits are those of the AVX2 tiles; the 8 at full (tail8) go to
- * lanes 0..7 under a mask. Weights f32, or binary16 when f16. */
+ * lanes 0..7 under a mask. Weights of type wt (f32, f16, bf16). */
+/* Elements [i, i + 16) of the 8-row tile into the lanes of mask m. */
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
-tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx,
+tile8_step(const int wt, const int T, __m512 (*a)[TT], const void *const *w, const float *x, size_t ldx, size_t i,
+           __mmask16 m)
+{
+    __m512 v[TT];
+    _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+        __m512 wv = wload16(wt, w[r], i);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+            a[r][t] = m == 0xFFFF ? _mm512_fmadd_ps(wv, v[t], a[r][t]) : _mm512_mask3_fmadd_ps(wv, v[t], a[r][t], m);
+    }
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
+tile8_zmm(const int wt, const int T, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx,
           size_t len, bool fresh, float *y, size_t ldy)
 {
     size_t full = len / 16 * 16;
@@ -987,21 +1026,18 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             a[r][t] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(L[r][t]);
-    for (size_t i = 0; i < full; i += 16) {
-        __m512 v[TT];
-        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
-        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-            __m512 wv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w[r] + i)))
-                            : _mm512_loadu_ps((const float *)w[r] + i);
-            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm512_fmadd_ps(wv, v[t], a[r][t]);
-        }
-    }
+    if (atomic_load_explicit(&kvt_kernels_fault, memory_order_relaxed) == KVT_KERNELS_FAULT_ZMM_ORDER) {
+        /* the tests' fault: lane 3 takes its elements in reverse order */
+        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFF7);
+        for (size_t i = full; i >= 16; i -= 16) tile8_step(wt, T, a, w, x, ldx, i - 16, 0x0008);
+    } else
+        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFFF);
     if (tail8) {
         __m512 v[TT];
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
             v[t] = _mm512_zextps256_ps512(_mm256_loadu_ps(x + (size_t)t * ldx + full));
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-            __m512 wv = _mm512_zextps256_ps512(wload(f16, w[r], full));
+            __m512 wv = _mm512_zextps256_ps512(wload(wt, w[r], full));
             _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
                 a[r][t] = _mm512_mask3_fmadd_ps(wv, v[t], a[r][t], 0x00FF);
         }
@@ -1020,25 +1056,26 @@ tile8_zmm(const int f16, const int T, lanes_t (*L)[TOKS], const void *const *w, 
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) _mm512_storeu_ps(L[r][t], a[r][t]);
-    tile_tail(8, T, f16, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
+    tile_tail(8, T, wt, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
 TILE_FNS(tile8, "avx2,fma,f16c,avx512f,avx512vl", tile8_zmm)
 #undef TILE_FNS
 #undef TILE_FN
 
-/* One binary16 row against one token, converted in registers (F16C is
- * exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
+/* One binary16 or bfloat16 row against one token, widened in registers
+ * (exact): the order of dot_avx2. fresh: the lanes start at zero (l is not
  * read). */
-__attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, const uint16_t *w, const float *x,
-                                                                  size_t len, bool fresh)
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void row1_avx2_t(const int wt, float *l,
+                                                                                     const void *wv, const float *x,
+                                                                                     size_t len, bool fresh)
 {
+    const uint16_t *w = wv;
     __m256 a = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l), b = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(l + 8);
     size_t i = 0;
 #define ROW1_STEP(k)                                                                                                 \
-    a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k)))), _mm256_loadu_ps(x + (k)), a);   \
-    b = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (k) + 8))), _mm256_loadu_ps(x + (k) + 8), \
-                        b)
+    a = _mm256_fmadd_ps(wload(wt, w, (k)), _mm256_loadu_ps(x + (k)), a);                                             \
+    b = _mm256_fmadd_ps(wload(wt, w, (k) + 8), _mm256_loadu_ps(x + (k) + 8), b)
     for (; i + 32 <= len; i += 32) { /* a line of weights a step */
         _mm_prefetch((const char *)(w + i) + KVT_PF_AHEAD, _MM_HINT_T0);
         ROW1_STEP(i);
@@ -1053,19 +1090,38 @@ __attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, con
     _mm256_storeu_ps(l + 8, b);
     if (i == len) return;
     float t[16];
-    f16_to_f32_f16c(t, w + i, len - i);
+    for (size_t j = i; j < len; j++) t[j - i] = wscalar(wt, w, j);
     lanes1_avx2(l, t, x + i, len - i); /* the tail (an 8 and single elements) as dot_avx2 takes it */
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void row1_f16_avx2(float *l, const void *w, const float *x, size_t len,
+                                                                  bool fresh)
+{
+    row1_avx2_t(WT_F16, l, w, x, len, fresh);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void row1_bf16_avx2(float *l, const void *w, const float *x, size_t len,
+                                                                   bool fresh)
+{
+    row1_avx2_t(WT_BF16, l, w, x, len, fresh);
+}
+
+/* An f32 row: lanes1_avx2, from zero when fresh. */
+static void row1_f32_avx2(float *l, const void *w, const float *x, size_t len, bool fresh)
+{
+    if (fresh) memset(l, 0, sizeof(lanes_t));
+    lanes1_avx2(l, w, x, len);
 }
 #endif
 
 /* Rows [0, nr) x tokens [0, nt) of the lanes over w[r][0, len) and the
- * tokens' x (ldx apart); w f32, or binary16 read in place when f16 (the
- * SIMD kernels only).
+ * tokens' x (ldx apart); w f32, or binary16 or bfloat16 read in place as
+ * wt says (the SIMD kernels only).
  * fresh: the first segment, whose lanes start at zero (L is not read).
  * y (the last segment, len a multiple of 8): the 3-token tiles write their
  * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
  * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
-static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t nr, const float *x, size_t ldx,
+static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, int wt, size_t nr, const float *x, size_t ldx,
                       size_t nt, size_t len, const struct mm_ops *mm, bool fresh, float *y, size_t ldy, size_t *done_r,
                       size_t *done_t)
 {
@@ -1077,7 +1133,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
             for (size_t t = 0; t < nt; t += TT) { /* the last tile takes what is left */
                 float *yt = y ? y + t * ldy : NULL;
                 int T = nt - t < TT ? (int)(nt - t) : TT;
-                mm->tile8[f16][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
+                mm->tile8[wt][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
             }
             r = 8;
             tt = nt;
@@ -1086,7 +1142,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
                 for (size_t t = 0; t < nt; t += TT) {
                     float *yt = y ? y + t * ldy + r : NULL;
                     int T = nt - t < TT ? (int)(nt - t) : TT;
-                    mm->tile4[f16][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                    mm->tile4[wt][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
                 }
             if (r) tt = nt;
         }
@@ -1094,14 +1150,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, bool f16, size_t
         /* the rest a row and a token at a time: rows [r, nr) of every
          * token, the rows before of the tokens past the tiles' */
         for (size_t q = 0; q < nr; q++)
-            for (size_t u = q < r ? tt : 0; u < nt; u++) {
-                if (f16) {
-                    mm->row1_f16(L[q][u], w[q], x + u * ldx, len, fresh);
-                    continue;
-                }
-                if (fresh) memset(L[q][u], 0, sizeof(lanes_t));
-                mm->lanes1(L[q][u], w[q], x + u * ldx, len);
-            }
+            for (size_t u = q < r ? tt : 0; u < nt; u++) mm->row1[wt](L[q][u], w[q], x + u * ldx, len, fresh);
         return;
     }
 #undef LT
@@ -1127,12 +1176,13 @@ static void mm_range(void *arg, size_t o0, size_t o1)
     if (!f32) kvt_quant_block(W->type, &blk, &blk_bytes);
     static _Thread_local float wseg[TR][SEG] __attribute__((aligned(32)));
     static _Thread_local lanes_t lanes[TR][TOKS];
-    /* f32 rows are read in place, and F16 ones by the SIMD kernels (a
-     * segment of SEG16); the other types are converted to f32 a segment of
-     * SEG at a time */
+    /* f32 rows are read in place, and F16 and BF16 ones by the SIMD
+     * kernels (a segment of SEG16); the other types are converted to f32 a
+     * segment of SEG at a time */
     const struct mm_ops *mm = c->mm;
-    bool in_place = f32 || (mm && W->type == KVT_GGML_F16), f16 = in_place && !f32;
-    size_t seg = f16 ? SEG16 : SEG;
+    bool in_place = f32 || (mm && (W->type == KVT_GGML_F16 || W->type == KVT_GGML_BF16));
+    int wt = !in_place || f32 ? WT_F32 : W->type == KVT_GGML_F16 ? WT_F16 : WT_BF16;
+    size_t seg = wt != WT_F32 ? SEG16 : SEG;
     /* tokens of a block: their x (tb x d_in floats) stays in L2 while
      * every row of the range runs over it */
     size_t tb = d_in ? XBLK / (d_in * sizeof(float)) / TT * TT : TOKS;
@@ -1149,10 +1199,8 @@ static void mm_range(void *arg, size_t o0, size_t o1)
              * apart), on their way while the tiles run */
             if (mm)
                 for (size_t t = 0; t < nt; t++) __builtin_prefetch(c->y + (t0 + t) * d_out + o, 0, 3);
-            if (mm && (W->type == KVT_GGML_F16 || f32) && nt < TT) {
-                if (f32)
-                    for (size_t r = 0; r < nr; r++) memset(lanes[r], 0, nt * sizeof(lanes_t));
-                /* decode: each row whole (binary16 straight into
+            if (mm && in_place && nt < TT) {
+                /* decode: each row whole (binary16 or bfloat16 straight into
                  * registers), one row after the other. One stream through
                  * memory: rows read four side by side, or in segments,
                  * ran at a third of the read bandwidth (8.5 against 19 to
@@ -1161,8 +1209,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     const uint8_t *row = W->data + (o + r) * W->row_bytes;
                     for (size_t t = 0; t < nt; t++) {
                         const float *xt = c->x + (t0 + t) * d_in;
-                        if (f32) mm->lanes1(lanes[r][t], (const float *)row, xt, d_in);
-                        else mm->row1_f16(lanes[r][t], (const uint16_t *)row, xt, d_in, true);
+                        mm->row1[wt](lanes[r][t], row, xt, d_in, true);
                     }
                 }
             } else
@@ -1178,7 +1225,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                     if (!in_place) w[r] = wseg[r];
                 }
                 bool last = k + len == d_in && len % 8 == 0;
-                lanes_run(lanes, w, f16, nr, c->x + t0 * d_in + k, d_in, nt, len, mm, k == 0,
+                lanes_run(lanes, w, wt, nr, c->x + t0 * d_in + k, d_in, nt, len, mm, k == 0,
                           last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
             }
             /* the outputs the tiles did not write, token by token: a
@@ -1738,8 +1785,7 @@ static const struct f32_ops ops_scalar = {
 #ifdef KVT_HAVE_X86
 static const struct mm_ops mm_avx2 = {
     .tile4 = tile4_fns,
-    .lanes1 = lanes1_avx2,
-    .row1_f16 = row1_f16_avx2,
+    .row1 = {row1_f32_avx2, row1_f16_avx2, row1_bf16_avx2},
     .lanes_sum = lanes_sum_avx2,
     .lanes_sum8 = lanes_sum8_avx2,
 };
@@ -1747,8 +1793,7 @@ static const struct mm_ops mm_avx2 = {
 static const struct mm_ops mm_avx512 = {
     .tile4 = tile4_fns,
     .tile8 = tile8_fns,
-    .lanes1 = lanes1_avx2,
-    .row1_f16 = row1_f16_avx2,
+    .row1 = {row1_f32_avx2, row1_f16_avx2, row1_bf16_avx2},
     .lanes_sum = lanes_sum_avx2,
     .lanes_sum8 = lanes_sum8_avx2,
 };

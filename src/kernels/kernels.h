@@ -64,7 +64,10 @@ void kvt_att_axpys_qs(kvt_row_type t, size_t nq, float *const *y, const float *c
                       size_t nk, size_t n);
 /* Faults the tests inject to show their comparisons catch them (0: none;
  * not to be set while kernels run on other threads). */
-enum { KVT_KERNELS_FAULT_Q8_SCALE = 1 /* the kvt_att_* kernels read q8_0 rows without their scale */ };
+enum {
+    KVT_KERNELS_FAULT_Q8_SCALE = 1, /* the kvt_att_* kernels read q8_0 rows without their scale */
+    KVT_KERNELS_FAULT_ZMM_ORDER,    /* the AVX-512 matmul tile adds lane 3's elements in reverse order */
+};
 extern _Atomic int kvt_kernels_fault;
 
 /* binary16 rows <-> f32 (round to nearest even). Conversions are exact
