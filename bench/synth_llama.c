@@ -4,6 +4,8 @@
  *                                     default llama-124m)
  *   synth_llama --sizes FILE.gguf     print a llama GGUF's shape, parameter
  *                                     count and tensor bytes as one JSON line
+ *   synth_llama --imatrix FILE.gguf OUT.dat  an importance matrix of ones
+ *                                     for FILE's matrices (below)
  *
  * The model: dim 768, 12 layers, 12 heads, 4 KV heads (head dim 64), SwiGLU
  * FFN of 2048, vocabulary 32000, context 8192, an output matrix of its own:
@@ -474,9 +476,52 @@ static int sizes(const char *path)
     return 0;
 }
 
+/* ---- --imatrix ---- */
+
+/* An importance matrix of ones for every matrix of the model at path, in
+ * llama-imatrix's legacy file format (tools/imatrix of the llama.cpp tree,
+ * read by llama-quantize --imatrix: the entry count, then per entry its
+ * name's length and bytes, the call count and the value count, the
+ * values; int32 and f32 little-endian): ne[0] * ne[2] values per tensor
+ * (a column weight per input, per expert). IQ2_XXS, IQ2_XS, IQ1_S and
+ * IQ1_M files need one (llama-quantize has no flag to go without); with
+ * every weight 1 the quantiser's search is unweighted, as from a flat
+ * activation distribution. */
+static int imatrix(const char *path, const char *out)
+{
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open_header(&g, path);
+    if (rc) return die(path, rc);
+    FILE *f = fopen(out, "wb");
+    if (!f) {
+        kvt_gguf_close(g);
+        fprintf(stderr, "synth_llama: %s: cannot write\n", out);
+        return 1;
+    }
+    int32_t n = 0;
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) n += kvt_gguf_tensor_at(g, i)->n_dims >= 2;
+    fwrite(&n, 4, 1, f);
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        if (t->n_dims < 2) continue;
+        int32_t len = (int32_t)strlen(t->name), ncall = 1, nval = (int32_t)(t->ne[0] * t->ne[2]);
+        fwrite(&len, 4, 1, f);
+        fwrite(t->name, 1, (size_t)len, f);
+        fwrite(&ncall, 4, 1, f);
+        fwrite(&nval, 4, 1, f);
+        for (int32_t j = 0; j < nval; j++) {
+            float one = 1.0f;
+            fwrite(&one, 4, 1, f);
+        }
+    }
+    kvt_gguf_close(g);
+    return fclose(f) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--sizes")) return sizes(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--imatrix")) return imatrix(argv[2], argv[3]);
     const shape *sh = &shapes[0];
     if (argc == 5 && !strcmp(argv[1], "--shape")) {
         sh = NULL;
@@ -488,6 +533,7 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
     fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b|qwen3-tiny] VOCAB.gguf OUT.gguf\n"
-                    "       synth_llama --sizes FILE.gguf\n");
+                    "       synth_llama --sizes FILE.gguf\n"
+                    "       synth_llama --imatrix FILE.gguf OUT.dat\n");
     return 2;
 }

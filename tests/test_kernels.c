@@ -737,7 +737,10 @@ TEST(kernels_integer_types)
  * On every path (scalar, AVX2, AVX-512), 1 and 13 tokens. Negative
  * controls (kvt_q_fault, the kernels alone): iq2_xxs with grid entry 78
  * read for index 77 (every block of row 0 uses 77 in its first group) and
- * q3_K with its sixth scale one more put row 0's outputs outside. */
+ * q3_K with its sixth scale one more put row 0's outputs outside (both
+ * in the kernels that build the weights in registers: the SIMD paths read
+ * iq2_xxs's codebook through the faulted copy, q3_K's scales through
+ * q3k_scales). */
 TEST(kernels_lowbit_exact)
 {
     const uint32_t types[] = {KVT_GGML_Q2_K, KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,

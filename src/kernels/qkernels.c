@@ -282,12 +282,16 @@ typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *
 typedef void (*qk_rows4_fn)(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out);
 typedef void (*p4_fn)(const uint8_t *x, size_t nsb, const kact *a, float *out, size_t ldo);
 struct q6k_x4;
+struct lb_grid;
+typedef void (*lb_row_fn)(uint32_t ty, const uint8_t *row, size_t nsb, size_t bytes, const kact *a, size_t T,
+                          float *out, const struct lb_grid *grid);
 typedef void (*q6x4_fn)(const struct q6k_x4 *x, size_t nsb, const kact *a, float *out, size_t ldo);
 struct qk_ops {
     qk_row_fn row[4][3];  /* [kq][8, 4, 1 tokens] */
     qk_rows4_fn rows4[4]; /* [kq]: decode, four adjacent rows a call */
     p4_fn p4[2][3];       /* packed Q4_K, Q5_K [q5][8, 4, 1 tokens]; [q5][0] NULL: four at most */
     q6x4_fn q6x4[2];      /* four Q6_K rows packed on the stack against [8, 4] tokens */
+    lb_row_fn lb;         /* the low-bit types: one row against up to LB_T tokens */
 };
 
 static int kq(uint32_t ty)
@@ -1608,132 +1612,209 @@ static void lb_ints_scalar(const lb_sb *u, const kact *a, size_t b, int32_t *isu
     *msum = ms;
 }
 
-#ifdef KVT_HAVE_X86
-/* lb_ints_scalar for T tokens at once (T a constant after inlining): each
- * 32 of the weights loaded once, against every token. */
-__attribute__((target("avx2"), always_inline)) static inline void lb_ints_avx2(const int T, const lb_sb *u,
-                                                                              const kact *a, size_t b,
-                                                                              int32_t *isum, int32_t *msum)
-{
-    __m256i acc[8];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        __m256i m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
-        __m256i s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
-        __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), s);
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
-        }
-    }
-    __m256i mn = _mm256_loadu_si256((const __m256i *)u->mn);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        isum[t] = hsum_i32(acc[t]);
-        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mn));
-    }
-}
+/* The iq2_xxs codebook the kernels read: the format's, or (kvt_q_fault
+ * KVT_QUANT_FAULT_GRID, tests) a copy with entry 78 at 77, so that the
+ * fused kernels below show the fault too. */
+struct lb_grid { uint8_t iq2xxs[256][8]; };
 
-/* Q2_K (the routed experts' down matrices of the DeepSeek-V4-Flash files)
- * and Q3_K (below) without the unpacked copy: each 32 of the weights (chunk k = 4h + r: bits
- * 2r of qs[32h .. 32h + 32), sub-blocks 2k and 2k + 1) shifted and masked
- * in a register, then lb_ints_avx2's integer sums. Twice as fast in
- * decode; the i-quants' grid gathers gain nothing this way (measured: the
- * same for IQ2_XXS in decode, slower in prefill, where the unpacked copy
- * serves 64 tokens). */
-__attribute__((target("avx2"), always_inline)) static inline void q2k_fused_avx2(const int T, const uint8_t *w,
-                                                                                const kact *a, size_t b,
-                                                                                int32_t *isum, int32_t *msum)
+static const struct lb_grid *lb_grid_for(void)
 {
-    __m256i acc[8];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        int h = k / 4, r = k % 4;
-        __m256i m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
-                                     _mm256_set1_epi8(3));
-        __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
-        }
-    }
-    /* the mins: the high nibbles of scales[16], as int16 */
-    __m256i mv = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w),
-                                                                   _mm_set1_epi8((char)0xf0)), 4));
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        isum[t] = hsum_i32(acc[t]);
-        msum[t] = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv));
-    }
+    static struct lb_grid faulty;
+    if (kvt_q_fault != KVT_QUANT_FAULT_GRID) return (const struct lb_grid *)kvt_iqgrid_iq2xxs;
+    memcpy(faulty.iq2xxs, kvt_iqgrid_iq2xxs, sizeof faulty.iq2xxs); /* tests only, before the threads start */
+    memcpy(faulty.iq2xxs[77], kvt_iqgrid_iq2xxs[78], 8);
+    return &faulty;
 }
-
-/* Q3_K the same way: chunk k = 4h + r has its low bits 2r of qs[32h ..
- * 32h + 32) and the third bit 4h + r of hmask[0 .. 32), a clear bit
- * subtracting 4; the signed q in -4 .. 3 goes to maddubs as |q| against x
- * with q's sign. */
-__attribute__((target("avx2"), always_inline)) static inline void q3k_fused_avx2(const int T, const uint8_t *w,
-                                                                                const kact *a, size_t b,
-                                                                                int32_t *isum)
-{
-    __m256i acc[8];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    int16_t sc16[16];
-    q3k_scales(w + 96, sc16);
-    const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
-    for (int k = 0; k < 8; k++) {
-        int h = k / 4, r = k % 4;
-        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r),
-                                      _mm256_set1_epi8(3));
-        __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << (4 * h + r)))),
-                                          _mm256_setzero_si256());
-        __m256i v = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
-        __m256i m = _mm256_abs_epi8(v);
-        __m256i sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k)), v);
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
-        }
-    }
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
-}
-
-__attribute__((target("avx2"))) static void q3k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
-{
-    q3k_fused_avx2(8, w, a, b, is);
-    memset(ms, 0, 8 * sizeof *ms);
-}
-
-__attribute__((target("avx2"))) static void q3k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
-{
-    q3k_fused_avx2(1, w, a, b, is);
-    *ms = 0;
-}
-
-__attribute__((target("avx2"))) static void q2k_fused8(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
-{
-    q2k_fused_avx2(8, w, a, b, is, ms);
-}
-
-__attribute__((target("avx2"))) static void q2k_fused1(const uint8_t *w, const kact *a, size_t b, int32_t *is, int32_t *ms)
-{
-    q2k_fused_avx2(1, w, a, b, is, ms);
-}
-
-__attribute__((target("avx2"))) static void lb_ints_avx2_8(const lb_sb *u, const kact *a, size_t b, int32_t *is,
-                                                            int32_t *ms)
-{
-    lb_ints_avx2(8, u, a, b, is, ms);
-}
-
-__attribute__((target("avx2"))) static void lb_ints_avx2_1(const lb_sb *u, const kact *a, size_t b, int32_t *is,
-                                                            int32_t *ms)
-{
-    lb_ints_avx2(1, u, a, b, is, ms);
-}
-#endif
 
 /* The most tokens whose accumulators a row keeps at once. */
 #define LB_T 64
 
-struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; bool simd; };
+#ifdef KVT_HAVE_X86
+/* Lane t of the result: the sum of v[t]'s eight lanes (exact). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i lb_sum8(const __m256i *v)
+{
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+/* The integer sums of one superblock against T tokens, as eight int32
+ * lanes per token whose total is lb_ints_scalar's isum (and, Q2_K only,
+ * msum): from the unpacked copy u for every type but Q2_K, Q3_K and
+ * IQ2_XXS, which build each 32 of the weights in a register from the block
+ * w itself (Q2_K: bits 2r of qs[32h ..]; Q3_K: those and the third bit
+ * 4h + r of hmask, a clear one subtracting 4; IQ2_XXS: four codebook
+ * entries and four sign bytes). Magnitudes go to maddubs against the
+ * activations with the weights' signs (|pair| <= 2 * 62 * 127: no
+ * saturation), then madd with the scales. */
+__attribute__((target("avx2"), always_inline)) static inline void lb_vec_avx2(const uint32_t ty, const int T,
+                                                                             const uint8_t *w, const lb_sb *u,
+                                                                             const struct lb_grid *grid,
+                                                                             const kact *a, size_t b, __m256i *is,
+                                                                             __m256i *ms)
+{
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
+    int16_t sc16[16];
+    if (ty == KVT_GGML_Q3_K) q3k_scales(w + 96, sc16);
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        int h = k / 4, r = k % 4;
+        __m256i m, s = _mm256_set1_epi8(1), sc;
+        if (ty == KVT_GGML_Q2_K) {
+            m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
+                                 _mm256_set1_epi8(3));
+            sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
+        } else if (ty == KVT_GGML_Q3_K) {
+            __m256i lo = _mm256_and_si256(
+                _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r), _mm256_set1_epi8(3));
+            __m256i clear = _mm256_cmpeq_epi8(
+                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)w), _mm256_set1_epi8((char)(1 << (4 * h + r)))),
+                _mm256_setzero_si256());
+            s = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+            m = _mm256_abs_epi8(s);
+            sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
+        } else if (ty == KVT_GGML_IQ2_XXS) {
+            const uint8_t *g = w + 2 + 8 * k;
+            uint32_t aux = kvt_rd32(g + 4);
+            m = _mm256_set_epi64x((long long)kvt_rd64(grid->iq2xxs[g[3]]), (long long)kvt_rd64(grid->iq2xxs[g[2]]),
+                                  (long long)kvt_rd64(grid->iq2xxs[g[1]]), (long long)kvt_rd64(grid->iq2xxs[g[0]]));
+            s = _mm256_set_epi64x((long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 21) & 127]),
+                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 14) & 127]),
+                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 7) & 127]),
+                                  (long long)lb_signs(kvt_iqgrid_ksigns[aux & 127]));
+            sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+        } else {
+            m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
+            s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
+            sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
+            if (ty != KVT_GGML_Q2_K) x = _mm256_sign_epi8(x, s);
+            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
+        }
+    }
+    if (ty == KVT_GGML_Q2_K) {
+        /* the mins: the high nibbles of scales[16], as int16 */
+        __m256i mv = _mm256_cvtepu8_epi16(
+            _mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8((char)0xf0)), 4));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+            ms[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv);
+    }
+}
+
+/* A superblock's float factors: d (as lb_unpack's u->d) and Q2_K's dmin. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline float lb_d(const uint32_t ty, const uint8_t *w,
+                                                                            const lb_sb *u, float *dmin)
+{
+    if (ty == KVT_GGML_Q2_K) {
+        *dmin = _cvtsh_ss(kvt_rd16(w + 82));
+        return _cvtsh_ss(kvt_rd16(w + 80));
+    }
+    *dmin = 0;
+    if (ty == KVT_GGML_Q3_K) return _cvtsh_ss(kvt_rd16(w + 108));
+    if (ty == KVT_GGML_IQ2_XXS) return _cvtsh_ss(kvt_rd16(w)) * 0.125f;
+    return u->d;
+}
+
+static inline bool lb_fused(uint32_t ty)
+{
+    return ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS;
+}
+
+/* One row of type (ty: the same for the fused types, 0 for the others)
+ * against T <= LB_T tokens: out[t] = lb_range's scalar sum, bit
+ * for bit (the float steps per superblock in increasing order, each a
+ * single fma). One token (decode): eight superblocks' integer sums at a
+ * time, reduced to one vector (lb_sum8), then the fmas in order. More:
+ * eight tokens a vector lane each, their fmas side by side (each lane the
+ * scalar's fma of its token); the rest one at a time. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_row_avx2(const uint32_t ty,
+                                                                                      uint32_t type,
+                                                                                      const uint8_t *row, size_t nsb,
+                                                                                      size_t bytes, const kact *a,
+                                                                                      size_t T, float *out,
+                                                                                      const struct lb_grid *grid)
+{
+    lb_sb u;
+    u.d = u.dmin = 0;
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    if (T == 1) {
+        float acc = 0;
+        for (size_t b0 = 0; b0 < nsb; b0 += 8) {
+            size_t nb = nsb - b0 < 8 ? nsb - b0 : 8;
+            __m256i is[8], ms[8];
+            float d[8], dm[8];
+            for (size_t j = 0; j < 8; j++) {
+                if (j >= nb) {
+                    is[j] = ms[j] = _mm256_setzero_si256();
+                    continue;
+                }
+                const uint8_t *w = row + (b0 + j) * bytes;
+                _mm_prefetch((const char *)w + KVT_PF_AHEAD, _MM_HINT_T0);
+                if (!lb_fused(ty)) lb_unpack(type, w, &u);
+                lb_vec_avx2(ty, 1, w, &u, grid, a, b0 + j, is + j, ms + j);
+                d[j] = lb_d(ty, w, &u, dm + j);
+            }
+            int32_t isum[8], msum[8];
+            _mm256_storeu_si256((__m256i *)isum, lb_sum8(is));
+            if (q2) _mm256_storeu_si256((__m256i *)msum, lb_sum8(ms));
+            for (size_t j = 0; j < nb; j++) {
+                float dx = a->d[b0 + j];
+                acc = fmaf(d[j] * dx, (float)isum[j], acc);
+                if (q2) acc = fmaf(-(dm[j] * dx), (float)msum[j], acc);
+            }
+        }
+        *out = acc;
+        return;
+    }
+    size_t G = T / 8, R = T % 8;
+    __m256 acc[LB_T / 8];
+    float acc1[8] = {0};
+    for (size_t g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *w = row + b * bytes;
+        if (!lb_fused(ty)) lb_unpack(type, w, &u);
+        float dmin, d = lb_d(ty, w, &u, &dmin);
+        for (size_t g = 0; g < G; g++) {
+            const kact *ag = a + 8 * g;
+            __m256i is[8], ms[8];
+            lb_vec_avx2(ty, 8, w, &u, grid, ag, b, is, ms);
+            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
+                                      ag[1].d[b], ag[0].d[b]);
+            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx), _mm256_cvtepi32_ps(lb_sum8(is)), acc[g]);
+            if (q2)
+                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
+                                          acc[g]);
+        }
+        for (size_t r = 0; r < R; r++) {
+            const kact *ar = a + 8 * G + r;
+            __m256i is, ms;
+            lb_vec_avx2(ty, 1, w, &u, grid, ar, b, &is, &ms);
+            float dx = ar->d[b];
+            acc1[r] = fmaf(d * dx, (float)hsum_i32(is), acc1[r]);
+            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc1[r]);
+        }
+    }
+    for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
+    for (size_t r = 0; r < R; r++) out[8 * G + r] = acc1[r];
+}
+
+/* The AVX2 row: the three fused types each compiled for its own, the
+ * others through the unpacked copy. */
+__attribute__((target("avx2,fma,f16c"))) static void lb_row_avx2_fn(uint32_t ty, const uint8_t *row, size_t nsb,
+                                                                   size_t bytes, const kact *a, size_t T, float *out,
+                                                                   const struct lb_grid *grid)
+{
+    switch (ty) {
+    case KVT_GGML_Q2_K: lb_row_avx2(KVT_GGML_Q2_K, ty, row, nsb, bytes, a, T, out, grid); return;
+    case KVT_GGML_Q3_K: lb_row_avx2(KVT_GGML_Q3_K, ty, row, nsb, bytes, a, T, out, grid); return;
+    case KVT_GGML_IQ2_XXS: lb_row_avx2(KVT_GGML_IQ2_XXS, ty, row, nsb, bytes, a, T, out, grid); return;
+    default: lb_row_avx2(0, ty, row, nsb, bytes, a, T, out, grid); return;
+    }
+}
+#endif
+
+struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; lb_row_fn row; const struct lb_grid *grid; };
 
 static void lb_range(void *arg, size_t o0, size_t o1)
 {
@@ -1749,31 +1830,18 @@ static void lb_range(void *arg, size_t o0, size_t o1)
             kact a[LB_T];
             float acc[LB_T] = {0};
             for (size_t k = 0; k < T; k++) a[k] = kact_at(c->qx, t0 + k, W->cols);
-            for (size_t b = 0; b < nsb; b++) {
-                int32_t is[LB_T], ms[LB_T];
-                size_t k = 0;
-#ifdef KVT_HAVE_X86
-                if (c->simd && (ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K)) {
-                    const uint8_t *w = row + b * bytes;
-                    bool q2 = ty == KVT_GGML_Q2_K;
-                    for (; k + 8 <= T; k += 8) (q2 ? q2k_fused8 : q3k_fused8)(w, a + k, b, is + k, ms + k);
-                    for (; k < T; k++) (q2 ? q2k_fused1 : q3k_fused1)(w, a + k, b, is + k, ms + k);
-                    u.d = kvt_f16_to_f32(kvt_rd16(q2 ? w + 80 : w + 108));
-                    u.dmin = q2 ? kvt_f16_to_f32(kvt_rd16(w + 82)) : 0;
-                }
-#endif
-                if (k < T) lb_unpack(ty, row + b * bytes, &u);
-#ifdef KVT_HAVE_X86
-                if (c->simd) {
-                    for (; k + 8 <= T; k += 8) lb_ints_avx2_8(&u, a + k, b, is + k, ms + k);
-                    for (; k < T; k++) lb_ints_avx2_1(&u, a + k, b, is + k, ms + k);
-                }
-#endif
-                for (; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
-                for (k = 0; k < T; k++) {
-                    float dx = a[k].d[b];
-                    acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
-                    if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
+            if (c->row) {
+                c->row(ty, row, nsb, bytes, a, T, acc, c->grid);
+            } else {
+                for (size_t b = 0; b < nsb; b++) {
+                    int32_t is[LB_T], ms[LB_T];
+                    lb_unpack(ty, row + b * bytes, &u);
+                    for (size_t k = 0; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
+                    for (size_t k = 0; k < T; k++) {
+                        float dx = a[k].d[b];
+                        acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
+                        if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
+                    }
                 }
             }
             for (size_t k = 0; k < T; k++) c->y[(t0 + k) * W->rows + o] = acc[k];
@@ -1982,7 +2050,7 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
     if (lb_type(W->type)) {
-        struct lb_ctx c = {y, W, qx, n, k->qk != NULL};
+        struct lb_ctx c = {y, W, qx, n, k->qk ? k->qk->lb : NULL, lb_grid_for()};
         kvt_pool_for(pool, W->rows, min, lb_range, &c);
         return;
     }
@@ -2023,6 +2091,7 @@ static const struct qk_ops qk_avx2 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4, iq4xs_rows4},
     .p4 = {{NULL, q4k_p4_t4, q4k_p4_t1}, {NULL, q5k_p4_t4, q5k_p4_t1}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+    .lb = lb_row_avx2_fn,
 };
 
 /* AVX-512: Q6_K decode in zmm, eight packed tokens a call, the one-token
@@ -2033,6 +2102,7 @@ static const struct qk_ops qk_avx512 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4_zmm, iq4xs_rows4},
     .p4 = {{q4k_p4_t8, q4k_p4_t4, q4k_p4_t1z}, {q5k_p4_t8, q5k_p4_t4, q5k_p4_t1z}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+    .lb = lb_row_avx2_fn,
 };
 
 static const struct q_ops ops_avx2 = {

@@ -54,8 +54,9 @@ size_t kvt_q_pack_bytes(const kvt_wmat *W);
 void kvt_q_pack(const kvt_wmat *W, uint8_t *dst);
 
 /* Tests only: format/quant.h's KVT_QUANT_FAULT_GRID or _SCALE in the
- * kernels' unpacking of iq2_xxs and q3_K (not in kvt_quant_to_f32), so a
- * kernel test can show it finds one wrong codebook entry or scale. */
+ * kernels' reading of iq2_xxs and q3_K, every path (not in
+ * kvt_quant_to_f32), so a kernel test can show it finds one wrong codebook
+ * entry or scale. Set it only while no matmul runs. */
 extern int kvt_q_fault;
 
 #endif
