@@ -631,6 +631,97 @@ static void remote_stopped_redis_body(rsrv *rp)
 }
 REDIS_TEST(remote_stopped_redis, NULL)
 
+/* A load's deadline is the prefill it would save: with Redis stopped
+ * after the lookup answered (SIGSTOP before the values' round trip), the
+ * time to first token (the restore, a miss, then the prefill) stays within
+ * that deadline plus a prefill, where the fixed 500 ms bound of before
+ * (kvt_remote_fault_fixed_deadline, the negative control) does not; with
+ * Redis running a scaled deadline is a hit. The deadline's arithmetic: a
+ * measured rate gives a prefill's time back. */
+static void stop_redis(void *arg) { kill(*(pid_t *)arg, SIGSTOP); }
+
+/* A fresh session of t[0..n) from the tier, then prefilled to n: the
+ * seconds to its first token (its logits), *prefill the prefill's part. */
+static double ttft(kvt_remote *rt, kvt_model *m, const int32_t *t, size_t n, size_t *got, double *prefill)
+{
+    double t0 = fx_now();
+    kvt_session *s = fetch(rt, 0, m, t, n, got);
+    double t1 = fx_now();
+    if (!s || kvt_session_sync(s, t, n, NULL)) printf("    the prefill failed: %s\n", kvt_errmsg());
+    double t2 = fx_now();
+    kvt_session_free(s);
+    if (prefill) *prefill = t2 - t1;
+    return t2 - t0;
+}
+
+static void remote_load_deadline_bounded_by_prefill_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 23);
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0);
+    CHECK(a);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    /* a server whose prefill runs at 5,000 tokens/s: a load of 300 tokens
+     * has 60 ms */
+    kvt_remote_opts o = {.url = r.url, .lookup_ms = 1000, .prefill_tps = 5000, .quiet = true};
+    kvt_remote *b = NULL;
+    CHECK_OK(kvt_remote_open(&b, m, &o));
+    double deadline = kvt_remote_load_deadline(b, 0, N);
+    CHECKF(deadline > 0.059 && deadline < 0.061, "deadline %.3f s", deadline);
+    /* with Redis running a scaled deadline is a hit (500 tokens/s: 600 ms,
+     * room for a loaded machine) */
+    kvt_remote_opts ok_o = o;
+    ok_o.prefill_tps = 500;
+    kvt_remote *ok = NULL;
+    CHECK_OK(kvt_remote_open(&ok, m, &ok_o));
+    size_t got = 0;
+    double hit = ttft(ok, m, t, N, &got, NULL);
+    kvt_remote_close(ok);
+    printf("    Redis running: a hit of %zu tokens, first token after %.1f ms\n", got, hit * 1e3);
+    CHECKF(got == N, "with Redis running the 600 ms deadline gave %zu tokens", got);
+    pid_t pid = r.pid;
+    kvt_remote_before_load = stop_redis;
+    kvt_remote_before_load_arg = &pid;
+    double prefill = 0, stopped = ttft(b, m, t, N, &got, &prefill);
+    kill(r.pid, SIGCONT);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    double bound = deadline + prefill + 0.2; /* slack for a loaded 2-core machine */
+    printf("    Redis stopped mid-load: first token after %.1f ms (deadline %.0f ms + its prefill %.1f ms)\n",
+           stopped * 1e3, deadline * 1e3, prefill * 1e3);
+    CHECKF(got == 0 && st.abandoned == 1, "stopped mid-load: %zu tokens, %llu abandoned", got,
+           (unsigned long long)st.abandoned);
+    CHECKF(stopped <= bound, "time to first token %.3f s past deadline + prefill + slack %.3f s", stopped, bound);
+    /* the negative control: the fixed bound of before costs a miss 500 ms */
+    kvt_remote_fault_fixed_deadline = true;
+    double fixed = ttft(b, m, t, N, &got, &prefill);
+    kill(r.pid, SIGCONT);
+    kvt_remote_fault_fixed_deadline = false;
+    kvt_remote_before_load = NULL;
+    bound = deadline + prefill + 0.2;
+    printf("    the same with the fixed 500 ms bound: %.1f ms (its prefill %.1f ms)\n", fixed * 1e3, prefill * 1e3);
+    CHECKF(got == 0 && fixed > bound, "the fixed bound: %.3f s, within %.3f s", fixed, bound);
+    /* the arithmetic: a measured prefill of 0..1000 in 2 s gives 2 s back
+     * for it, less for its first half (attention grows with the position) */
+    kvt_remote_opts om = {.url = r.url, .quiet = true};
+    kvt_remote *c = NULL;
+    CHECK_OK(kvt_remote_open(&c, m, &om));
+    kvt_remote_note_prefill(c, 0, 1000, 2.0);
+    double d = kvt_remote_load_deadline(c, 0, 1000), h = kvt_remote_load_deadline(c, 0, 500);
+    CHECKF(d > 1.999 && d < 2.001 && h < 1.0 && h > 0.1, "measured: %.3f s for 1000, %.3f s for 500", d, h);
+    kvt_remote_note_prefill(c, 0, 100, 10.0); /* too short to be measured */
+    CHECK(kvt_remote_load_deadline(c, 0, 1000) == d);
+    kvt_remote_close(c);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_load_deadline_bounded_by_prefill, NULL)
+
 /* A wrong password: a miss, nothing uploaded, the reason Redis gave kept;
  * the right one: a hit. */
 static const char *const with_password[] = {"--requirepass", "right horse", NULL};

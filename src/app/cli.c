@@ -1012,7 +1012,7 @@ static int cmd_serve(int argc, char **argv)
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
-               DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
+               {"--kv-remote-prefill-tps"}, DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -1037,12 +1037,14 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
         !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
         return 2;
-    uint64_t remote_ms = 20;
-    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms)) return 2;
+    uint64_t remote_ms = 20, remote_tps = 0;
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms) ||
+        !parse_u64(get(o, no, "--kv-remote-prefill-tps"), "--kv-remote-prefill-tps", 1u << 30, &remote_tps))
+        return 2;
     if (!get(o, no, "--kv-remote") && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
-                                       get(o, no, "--kv-remote-timeout-ms"))) {
-        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file and --kv-remote-timeout-ms need "
-                        "--kv-remote\n");
+                                       get(o, no, "--kv-remote-timeout-ms") || get(o, no, "--kv-remote-prefill-tps"))) {
+        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file, --kv-remote-timeout-ms and "
+                        "--kv-remote-prefill-tps need --kv-remote\n");
         return 2;
     }
     if (!req_timeout || !per_addr || !max_conns) {
@@ -1164,6 +1166,7 @@ static int cmd_serve(int argc, char **argv)
         .keep_volatile = get(o, no, "--keep-volatile-lines") != NULL, .policy = disk.policy,
         .remote_url = get(o, no, "--kv-remote"), .remote_password_file = get(o, no, "--kv-remote-password-file"),
         .remote_secret_file = get(o, no, "--kv-remote-secret-file"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
+        .remote_prefill_tps = (double)remote_tps,
         .draft = draft, .draft_max = draft_max,
     };
     int rc = kvt_serve(&so);
@@ -1295,11 +1298,14 @@ static void usage(FILE *f)
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
           "              [--kv-remote redis://[USER@]HOST:PORT[/DB] [--kv-remote-password-file F]\n"
-          "              [--kv-remote-secret-file F] [--kv-remote-timeout-ms N (20)]]: a third\n"
-          "              tier in Redis that servers share (needs the disk tier): saves are\n"
-          "              uploaded behind, a new session asks it within N ms (then its load,\n"
-          "              bounded); every value is checked, with the secret by HMAC (required\n"
-          "              with API keys); a failing Redis is a miss, then not asked for a while\n"
+          "              [--kv-remote-secret-file F] [--kv-remote-timeout-ms N (20)]\n"
+          "              [--kv-remote-prefill-tps N (measured)]]: a third tier in Redis that\n"
+          "              servers share (needs the disk tier): saves are uploaded behind, a\n"
+          "              new session asks it within N ms, then loads for at most the time a\n"
+          "              prefill of the tokens it saves takes (at the prefill rate measured,\n"
+          "              or N tokens/s); every value is checked, with the secret by HMAC\n"
+          "              (required with API keys); a failing Redis is a miss, then not asked\n"
+          "              for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  cache ls --kv-remote URL [--kv-remote-password-file F]: what a remote tier\n"
