@@ -878,8 +878,10 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECKF(code == 200, "server A: HTTP %d", code);
     char *cold = choices(out);
     CHECK(fx_server_stop(pa)); /* its saves, then their uploads */
+    /* a slow prefill rate: the load's deadline (672 tokens at 50 a
+     * second) is generous on a loaded machine */
     const char *args_b[] = {"--model", "ds4-tiny", "--kv-disk-dir", kvb, "--kv-remote", r.url,
-                            "--kv-remote-timeout-ms", "1000", NULL};
+                            "--kv-remote-timeout-ms", "1000", "--kv-remote-prefill-tps", "50", NULL};
     CHECK(fx_server_start(pb, args_b));
     snprintf(out, sizeof out, "%s/b.out", pb->dir);
     snprintf(hdr, sizeof hdr, "%s/b.hdr", pb->dir);
@@ -1207,3 +1209,89 @@ static void remote_two_writers_body(rsrv *rp)
     kvt_model_close(m);
 }
 REDIS_TEST(remote_two_writers, NULL)
+
+/* `kvtier run --kv-remote`: a run with an empty disk hits what another
+ * run uploaded (the same reply, and the hit kept on its disk); `kvtier
+ * cache verify --kv-remote` finds the entry good, then a bit flipped in a
+ * block in Redis (exit 1, the entry named), and with --delete deletes the
+ * entry and the block, after which a run is a miss that prefills (the same
+ * reply). The binary of a build without these fails the first check
+ * (KVT_BIN=<that binary>: run refuses --kv-remote). */
+static bool run_cli(const char *const *argv, const char *out, const char *err, int want, const char *says_out,
+                    const char *says_err)
+{
+    int st = 0;
+    if (fx_run_split(argv, out, err, 120, &st) != 1) { printf("    %s %s: did not finish\n", argv[1], argv[2]); return false; }
+    char *o = kvt_test_read_file(out, NULL), *e = kvt_test_read_file(err, NULL);
+    bool ok = WIFEXITED(st) && WEXITSTATUS(st) == want && o && e && (!says_out || strstr(o, says_out)) &&
+              (!says_err || strstr(e, says_err));
+    if (!ok)
+        printf("    %s %s: exit %d (want %d), wanted '%s' / '%s' in:\n%s\n%s\n", argv[1], argv[2],
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1, want, says_out ? says_out : "", says_err ? says_err : "",
+               o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    return ok;
+}
+
+static void remote_run_and_verify_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-run"));
+    char prompt[701], out[160], err[160], kva[128], kvb[128], kvc[128];
+    for (int i = 0; i < 700; i++) prompt[i] = "abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37];
+    prompt[700] = 0;
+    snprintf(out, sizeof out, "%s/out.txt", s.dir);
+    snprintf(err, sizeof err, "%s/err.txt", s.dir);
+    snprintf(kva, sizeof kva, "%s/a", s.dir);
+    snprintf(kvb, sizeof kvb, "%s/b", s.dir);
+    snprintf(kvc, sizeof kvc, "%s/c", s.dir);
+    const char *bin = kvt_test_bin();
+#define RUN(dir, ...) {bin, "run", "--model", "ds4-tiny", "--prompt", prompt, "--max-tokens", "6", "--output", "ids", \
+                       "--kv-disk-dir", dir, __VA_ARGS__, NULL}
+    const char *run_a[] = RUN(kva, "--kv-remote", r.url);
+    CHECK(run_cli(run_a, out, err, 0, NULL, "1 snapshot uploaded"));
+    char *cold = kvt_test_read_file(out, NULL);
+    CHECK(cold && *cold);
+    /* an empty disk: the remote's prefix, the same reply, kept on the disk */
+    const char *run_b[] = RUN(kvb, "--kv-remote", r.url, "--kv-remote-prefill-tps", "50");
+    CHECK(run_cli(run_b, out, err, 0, cold, "from the remote cache"));
+    const char *run_b2[] = RUN(kvb, "--kv-cache-min-tokens", "512");
+    CHECK(run_cli(run_b2, out, err, 0, cold, "from the disk cache"));
+    char *b2 = kvt_test_read_file(err, NULL);
+    CHECKF(b2 && !strstr(b2, " 0 from the disk cache"), "the remote hit was not kept on the disk:\n%s", b2);
+    free(b2);
+    /* verify: good */
+    const char *verify[] = {bin, "cache", "verify", "--kv-remote", r.url, "--model", "ds4-tiny", NULL};
+    CHECK(run_cli(verify, out, err, 0, "1 entries of this model: 1 good, 0 bad", NULL));
+    /* a bit flipped in a block: found, named, kept until --delete */
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(c);
+    char *blk = first_key(c, "*:b:*");
+    size_t len = 0;
+    uint8_t *v = blk ? get_value(c, blk, &len) : NULL;
+    CHECK(v && len > 100);
+    v[len / 2] ^= 0x10;
+    CHECK(set_value(c, blk, v, len));
+    free(v);
+    CHECK(run_cli(verify, out, err, 1, "1 bad", NULL));
+    char *vo = kvt_test_read_file(out, NULL);
+    printf("    cache verify --kv-remote, a bit flipped in a block:\n%s", vo ? vo : "");
+    CHECKF(vo && strstr(vo, "block") && strstr(vo, "--delete deletes them"), "verify does not name the block");
+    free(vo);
+    CHECK(exists(c, blk));
+    const char *verify_del[] = {bin, "cache", "verify", "--kv-remote", r.url, "--model", "ds4-tiny", "--delete", NULL};
+    CHECK(run_cli(verify_del, out, err, 1, "deleted", NULL));
+    CHECK(!exists(c, blk));
+    CHECK(run_cli(verify, out, err, 0, "0 entries of this model", NULL));
+    /* the entry is gone: a run with an empty disk prefills, the same reply */
+    const char *run_c[] = RUN(kvc, "--kv-remote", r.url, "--kv-remote-prefill-tps", "50");
+    CHECK(run_cli(run_c, out, err, 0, cold, " 0 from the disk cache"));
+#undef RUN
+    free(blk);
+    free(cold);
+    kvt_redis_free(c);
+    fx_tmpdir_remove(&s);
+}
+REDIS_TEST(remote_run_and_verify, NULL)

@@ -437,7 +437,8 @@ static int cmd_run(int argc, char **argv)
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
                {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS, CACHE_OPTS,
-               DRAFT_OPTS};
+               DRAFT_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"},
+               {"--kv-remote-timeout-ms"}, {"--kv-remote-prefill-tps"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -461,6 +462,21 @@ static int cmd_run(int argc, char **argv)
     kvt_draft_kind draft;
     uint32_t draft_max;
     if (!parse_draft(o, no, &draft, &draft_max)) return 2;
+    uint64_t remote_ms = 0, remote_tps = 0;
+    const char *remote_url = get(o, no, "--kv-remote");
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms) ||
+        !parse_u64(get(o, no, "--kv-remote-prefill-tps"), "--kv-remote-prefill-tps", 1u << 30, &remote_tps))
+        return 2;
+    if (!remote_url && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
+                        get(o, no, "--kv-remote-timeout-ms") || get(o, no, "--kv-remote-prefill-tps"))) {
+        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file, --kv-remote-timeout-ms and "
+                        "--kv-remote-prefill-tps need --kv-remote\n");
+        return 2;
+    }
+    if (remote_url && (!disk.on || get(o, no, "--demo"))) {
+        fprintf(stderr, "kvtier: --kv-remote needs the disk tier (a remote hit is kept there), and not --demo\n");
+        return 2;
+    }
     if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
     if (get(o, no, "--demo") && !max_tokens) {
         fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
@@ -490,6 +506,7 @@ static int cmd_run(int argc, char **argv)
     kvt_session *s = NULL;
     kvt_sampler *smp = NULL;
     kvt_store *store = NULL;
+    kvt_remote *remote = NULL;
     int32_t *gen = NULL;
     float *rows = NULL;
     kvt_wbuf save = {0};
@@ -508,17 +525,38 @@ static int cmd_run(int argc, char **argv)
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
     kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
-    size_t from_disk = 0, saved = 0;
+    size_t from_disk = 0, saved = 0, from_remote = 0;
     if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
+    /* the remote tier, as serve asks it: after the disk, for a longer
+     * prefix; a hit is saved to the disk too */
+    if (store && remote_url) {
+        kvt_remote_opts ro = {.url = remote_url, .password_file = get(o, no, "--kv-remote-password-file"),
+                              .secret_file = get(o, no, "--kv-remote-secret-file"), .lookup_ms = (int)remote_ms,
+                              .prefill_tps = (double)remote_tps};
+        if ((rc = kvt_remote_open(&remote, m, &ro))) { fail(rc, "--kv-remote"); goto out; }
+        if (n >= disk.policy.min_tokens) kvt_remote_restore(remote, 0, s, toks, n, from_disk, &from_remote);
+        if (from_remote) {
+            from_disk = from_remote;
+            if ((rc = kvt_store_save(store, s, from_remote, "remote", NULL)))
+                fprintf(stderr, "kvtier: the remote hit was not saved to the disk cache: %s\n", kvt_errmsg());
+        } else if (kvt_session_len(s) < from_disk) {
+            from_disk = 0; /* a remote value failed while loading and emptied the session: prefilled whole */
+        }
+    }
     double t0 = now_s();
     size_t kept = 0; /* below from_disk when the record went on past the prompt: its last token again */
     if ((rc = kvt_session_sync(s, toks, n, &kept))) { fail(rc, "prefill"); goto out; }
     double t_prefill = now_s() - t0;
     if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
     if (kept > from_disk) kept = from_disk;
+    if (remote) { /* what the policy saved, uploaded behind (a remote hit is not sent back) */
+        kvt_remote_note_prefill(remote, kept, n, t_prefill);
+        size_t cold = kvt_save_policy_cold(&disk.policy, n);
+        if (saved && cold >= disk.policy.min_tokens && cold > from_remote) kvt_remote_upload(remote, 0, s, cold);
+    }
     if (store)
-        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
-                kept, n - kept, t_prefill, saved);
+        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the %s cache, %zu prefilled in %.2f s; %zu saved\n", n,
+                kept, from_remote ? "remote" : "disk", n - kept, t_prefill, saved);
     kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
                              .top_k = (uint32_t)top_k, .seed = seed};
     if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
@@ -592,12 +630,23 @@ static int cmd_run(int argc, char **argv)
     putchar('\n');
     if (store && get(o, no, "--kv-save") && (rc = kvt_store_save(store, s, kvt_session_len(s), "manual", NULL)))
         fprintf(stderr, "kvtier: manual save failed: %s\n", kvt_errmsg());
+    else if (remote && get(o, no, "--kv-save")) kvt_remote_upload(remote, 0, s, kvt_session_len(s));
+    if (remote) { /* the uploads finish before the process ends (a minute at most) */
+        if (!kvt_remote_drain(remote, 60)) fprintf(stderr, "kvtier: remote tier: uploads still queued after 60 s: dropped\n");
+        kvt_remote_stats rs;
+        kvt_remote_stats_get(remote, &rs);
+        fprintf(stderr, "kvtier: remote tier: %llu tokens read (%llu B), %llu snapshot%s uploaded (%llu B)%s%s\n",
+                (unsigned long long)rs.hit_tokens, (unsigned long long)rs.bytes_read, (unsigned long long)rs.uploads,
+                rs.uploads == 1 ? "" : "s", (unsigned long long)rs.bytes_written, rs.last_error[0] ? "; last error: " : "",
+                rs.last_error);
+    }
     ret = 0;
 out:
     free(gen);
     free(rows);
     kvt_wbuf_free(&save);
     free(toks);
+    kvt_remote_close(remote);
     kvt_store_close(store);
     kvt_sampler_free(smp);
     kvt_session_free(s);
@@ -855,6 +904,39 @@ static int cmd_model(int argc, char **argv)
     return 0;
 }
 
+static void verify_line(void *user, const char *ns, uint64_t head, size_t tokens, const char *problem)
+{
+    if (problem) printf("%-40s %016llx %8zu  %s\n", ns, (unsigned long long)head, tokens, problem);
+    else if (*(bool *)user) printf("%-40s %016llx %8zu  ok\n", ns, (unsigned long long)head, tokens);
+}
+
+/* `cache verify --kv-remote URL --model M`: every entry a remote holds for
+ * the model (every tenant's), read and checked as a hit is; the bad ones
+ * listed (deleted with --delete). Exit 1 when one is bad. */
+static int remote_verify(const opt *o, size_t no)
+{
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), o, no, &m);
+    if (r) return r;
+    kvt_remote_opts ro = {.url = get(o, no, "--kv-remote"), .password_file = get(o, no, "--kv-remote-password-file"),
+                          .secret_file = get(o, no, "--kv-remote-secret-file"), .quiet = true};
+    kvt_remote *rt = NULL;
+    int rc = kvt_remote_open(&rt, m, &ro);
+    if (rc) { kvt_model_close(m); return fail(rc, "cache verify --kv-remote"); }
+    bool del = get(o, no, "--delete") != NULL, all = false;
+    kvt_remote_verify_stats st;
+    printf("%-40s %-16s %8s  %s\n", "NAMESPACE (LAYOUT:KEY0:TENANT)", "HEAD", "TOKENS", "PROBLEM");
+    rc = kvt_remote_verify(rt, del, verify_line, &all, &st);
+    kvt_remote_close(rt);
+    kvt_model_close(m);
+    if (rc) return fail(rc, "cache verify --kv-remote");
+    printf("%llu entries of this model: %llu good, %llu bad, %llu with a value evicted%s%s\n",
+           (unsigned long long)st.entries, (unsigned long long)st.good, (unsigned long long)st.bad,
+           (unsigned long long)st.gone, st.bad + st.gone ? (del ? "; deleted" : "; --delete deletes them") : "",
+           ro.secret_file ? "" : " (MACs not checked: no --kv-remote-secret-file)");
+    return st.bad ? 1 : 0;
+}
+
 static int cmd_cache(int argc, char **argv)
 {
     const char *sub = argc > 0 ? argv[0] : "";
@@ -873,12 +955,19 @@ static int cmd_cache(int argc, char **argv)
         key = (int64_t)k;
         skip = 2;
     }
-    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}};
+    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--model"},
+               {"--delete", NULL, true}, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    if (get(o, no, "--kv-remote") && !strcmp(sub, "verify")) return remote_verify(o, no);
+    if (get(o, no, "--delete") || get(o, no, "--kv-remote-secret-file") || get(o, no, "--model")) {
+        fprintf(stderr, "kvtier: --delete, --kv-remote-secret-file and --model go with cache verify --kv-remote\n");
+        return 2;
+    }
     if (get(o, no, "--kv-remote")) {
         if (strcmp(sub, "ls")) {
-            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls\n", sub);
+            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls and cache "
+                            "verify\n", sub);
             return 2;
         }
         kvt_remote_entry *e = NULL;
@@ -1260,7 +1349,9 @@ static void usage(FILE *f)
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling] [--kv-save] [draft options] [cache types]\n"
-          "              [disk options]\n"
+          "              [disk options] [--kv-remote URL and serve's --kv-remote-* options]:\n"
+          "              with --kv-remote, the remote tier as serve has it: asked after the\n"
+          "              disk (a hit kept on the disk), what the run saves uploaded before exit\n"
           "  run --demo  [run's options]: the cache at work (make run): a prompt of 4,224 tokens\n"
           "              (or --prompt) cold, a second turn on it from RAM, then the prompt in\n"
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
@@ -1310,6 +1401,10 @@ static void usage(FILE *f)
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  cache ls --kv-remote URL [--kv-remote-password-file F]: what a remote tier\n"
           "              holds: each snapshot's namespace (model key0, tenant), tokens, bytes\n"
+          "  cache verify --kv-remote URL [--model M] [--kv-remote-password-file F]\n"
+          "              [--kv-remote-secret-file F] [--delete]: read every entry the remote\n"
+          "              holds for the model (every tenant's) and check it as a hit is; list\n"
+          "              the bad ones (exit 1), deleted with --delete\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  draft options --draft ngram|none (none; model, mtp: not supported yet), --draft-max N\n"

@@ -50,6 +50,8 @@
 #define MAC_LEN 32
 #define EST_FLOPS 1e12             /* FLOP/s of prefill assumed until one is measured: a fast */
                                    /* server's, so the deadline is shorter than a prefill, not longer */
+#define MIN_LOAD 0.02              /* a deadline from FLOPs is at least this: a small model's FLOPs say */
+                                   /* little of its prefill's time, which its overheads make */
 #define MIN_MEASURED 256
 #define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */           /* prefills of fewer tokens are not measured */
 
@@ -374,7 +376,8 @@ double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n)
     pthread_mutex_lock(&r->mu);
     double rate = r->rate;
     pthread_mutex_unlock(&r->mu);
-    return prefill_flops(r, have, n) / rate;
+    double d = prefill_flops(r, have, n) / rate;
+    return d > MIN_LOAD ? d : MIN_LOAD;
 }
 
 bool kvt_remote_drain(kvt_remote *r, double timeout)

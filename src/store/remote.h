@@ -70,7 +70,8 @@ void kvt_remote_note_prefill(kvt_remote *r, size_t from, size_t to, double secon
  * n, in seconds from the start of its lookup: the time a prefill of those
  * positions takes (its FLOPs, 2 a parameter a token and 4 a layer, head
  * and head dimension a position attended, at the measured rate, or 10^12
- * FLOP/s before one is measured), or (n - have) / opts.prefill_tps, or
+ * FLOP/s before one is measured; at least 20 ms), or (n - have) /
+ * opts.prefill_tps, or
  * opts.load_ms when set. A remote slower than this is abandoned and the
  * request prefills: a miss costs at most this plus the prefill. */
 double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n);
