@@ -692,8 +692,8 @@ static void remote_load_deadline_bounded_by_prefill_body(rsrv *rp)
     double bound = deadline + prefill + 0.2; /* slack for a loaded 2-core machine */
     printf("    Redis stopped mid-load: first token after %.1f ms (deadline %.0f ms + its prefill %.1f ms)\n",
            stopped * 1e3, deadline * 1e3, prefill * 1e3);
-    CHECKF(got == 0 && st.abandoned == 1, "stopped mid-load: %zu tokens, %llu abandoned", got,
-           (unsigned long long)st.abandoned);
+    CHECKF(got == 0 && st.abandoned == 1, "stopped mid-load: %zu tokens, %llu abandoned, %llu errors (%s)", got,
+           (unsigned long long)st.abandoned, (unsigned long long)st.errors, st.last_error);
     CHECKF(stopped <= bound, "time to first token %.3f s past deadline + prefill + slack %.3f s", stopped, bound);
     /* the negative control: the fixed bound of before costs a miss 500 ms */
     kvt_remote_fault_fixed_deadline = true;

@@ -52,8 +52,8 @@
                                    /* server's, so the deadline is shorter than a prefill, not longer */
 #define MIN_LOAD 0.02              /* a deadline from FLOPs is at least this: a small model's FLOPs say */
                                    /* little of its prefill's time, which its overheads make */
-#define MIN_MEASURED 256
-#define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */           /* prefills of fewer tokens are not measured */
+#define MIN_MEASURED 256           /* prefills of fewer tokens are not measured */
+#define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */
 
 bool kvt_remote_skip_mac;
 bool kvt_remote_skip_value_checks;
@@ -244,8 +244,8 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     r->o = *o;
     if (!r->o.connect_ms) r->o.connect_ms = 200;
     if (!r->o.lookup_ms) r->o.lookup_ms = 20;
-    /* a load's deadline: the prefill it saves, at the rate given, or an
-     * estimate (2 FLOPs a parameter a token at EST_FLOPS) until measured */
+    /* a load's deadline: the prefill it saves, its FLOPs (prefill_flops)
+     * at EST_FLOPS until a prefill is measured (kvt_remote_note_prefill) */
     kvt_model_info mi;
     kvt_model_info_get(m, &mi);
     r->w_flops = 2.0 * (double)(mi.n_params ? mi.n_params : 1);
@@ -811,7 +811,7 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     int rc = kvt_redis_exec(rd, ms > 1 ? ms : 1, &rep, &nr);
     const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
     breaker_report(r, !refused, refused);
-    if (rc && kvt_now() >= deadline) { /* slower than the prefill it would save */
+    if (rc && (strstr(kvt_errmsg(), "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
         pthread_mutex_lock(&r->mu);
         r->st.abandoned++;
         pthread_mutex_unlock(&r->mu);
