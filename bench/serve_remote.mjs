@@ -5,7 +5,8 @@
 //
 // Starts a redis-server of its own on a free port (no persistence,
 // maxmemory 16 GB with allkeys-lru), then three kvtier servers one after
-// another, each on PORT with --threads 2 and --parallel 1:
+// another, each on PORT with --threads 2 and --parallel 1 (the two with
+// the remote tier with --kv-remote-timeout-ms 1000):
 //   A  an empty disk, --kv-remote: an agent prompt (a system prompt of WORDS
 //      words and a short user message, chat completions, max_tokens 1),
 //      prefilled cold; its save committed and uploaded before A stops;
@@ -71,7 +72,9 @@ try {
     if (i > 100) throw new Error('redis-server did not come up');
     await sleep(100);
   }
-  const remote = ['--kv-remote', url, ...extra];
+  // a lookup of a 20,000-token prompt is 154 HGETALLs in one pipeline:
+  // 20 ms (the default) is too short with Redis on 2 busy cores
+  const remote = ['--kv-remote', url, '--kv-remote-timeout-ms', '1000', ...extra];
   // A: cold, saved, uploaded
   p = await start('kvtier', bin, model, +port, ctx, join(dir, 'a'), remote);
   const cold = await ask(+port, 'chat', body);
