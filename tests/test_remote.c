@@ -656,6 +656,97 @@ static void remote_stopped_redis_body(rsrv *rp)
 }
 REDIS_TEST(remote_stopped_redis, NULL)
 
+/* A load's deadline is the prefill it would save: with Redis stopped
+ * after the lookup answered (SIGSTOP before the values' round trip), the
+ * time to first token (the restore, a miss, then the prefill) stays within
+ * that deadline plus a prefill, where the fixed 500 ms bound of before
+ * (kvt_remote_fault_fixed_deadline, the negative control) does not; with
+ * Redis running a scaled deadline is a hit. The deadline's arithmetic: a
+ * measured rate gives a prefill's time back. */
+static void stop_redis(void *arg) { kill(*(pid_t *)arg, SIGSTOP); }
+
+/* A fresh session of t[0..n) from the tier, then prefilled to n: the
+ * seconds to its first token (its logits), *prefill the prefill's part. */
+static double ttft(kvt_remote *rt, kvt_model *m, const int32_t *t, size_t n, size_t *got, double *prefill)
+{
+    double t0 = fx_now();
+    kvt_session *s = fetch(rt, 0, m, t, n, got);
+    double t1 = fx_now();
+    if (!s || kvt_session_sync(s, t, n, NULL)) printf("    the prefill failed: %s\n", kvt_errmsg());
+    double t2 = fx_now();
+    kvt_session_free(s);
+    if (prefill) *prefill = t2 - t1;
+    return t2 - t0;
+}
+
+static void remote_load_deadline_bounded_by_prefill_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 23);
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0);
+    CHECK(a);
+    kvt_session *cold = upload_cold(a, 0, m, t, N);
+    CHECK(cold);
+    /* a server whose prefill runs at 5,000 tokens/s: a load of 300 tokens
+     * has 60 ms */
+    kvt_remote_opts o = {.url = r.url, .lookup_ms = 1000, .prefill_tps = 5000, .quiet = true};
+    kvt_remote *b = NULL;
+    CHECK_OK(kvt_remote_open(&b, m, &o));
+    double deadline = kvt_remote_load_deadline(b, 0, N);
+    CHECKF(deadline > 0.059 && deadline < 0.061, "deadline %.3f s", deadline);
+    /* with Redis running a scaled deadline is a hit (500 tokens/s: 600 ms,
+     * room for a loaded machine) */
+    kvt_remote_opts ok_o = o;
+    ok_o.prefill_tps = 500;
+    kvt_remote *ok = NULL;
+    CHECK_OK(kvt_remote_open(&ok, m, &ok_o));
+    size_t got = 0;
+    double hit = ttft(ok, m, t, N, &got, NULL);
+    kvt_remote_close(ok);
+    printf("    Redis running: a hit of %zu tokens, first token after %.1f ms\n", got, hit * 1e3);
+    CHECKF(got == N, "with Redis running the 600 ms deadline gave %zu tokens", got);
+    pid_t pid = r.pid;
+    kvt_remote_before_load = stop_redis;
+    kvt_remote_before_load_arg = &pid;
+    double prefill = 0, stopped = ttft(b, m, t, N, &got, &prefill);
+    kill(r.pid, SIGCONT);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    double bound = deadline + prefill + 0.2; /* slack for a loaded 2-core machine */
+    printf("    Redis stopped mid-load: first token after %.1f ms (deadline %.0f ms + its prefill %.1f ms)\n",
+           stopped * 1e3, deadline * 1e3, prefill * 1e3);
+    CHECKF(got == 0 && st.abandoned == 1, "stopped mid-load: %zu tokens, %llu abandoned, %llu errors (%s)", got,
+           (unsigned long long)st.abandoned, (unsigned long long)st.errors, st.last_error);
+    CHECKF(stopped <= bound, "time to first token %.3f s past deadline + prefill + slack %.3f s", stopped, bound);
+    /* the negative control: the fixed bound of before costs a miss 500 ms */
+    kvt_remote_fault_fixed_deadline = true;
+    double fixed = ttft(b, m, t, N, &got, &prefill);
+    kill(r.pid, SIGCONT);
+    kvt_remote_fault_fixed_deadline = false;
+    kvt_remote_before_load = NULL;
+    bound = deadline + prefill + 0.2;
+    printf("    the same with the fixed 500 ms bound: %.1f ms (its prefill %.1f ms)\n", fixed * 1e3, prefill * 1e3);
+    CHECKF(got == 0 && fixed > bound, "the fixed bound: %.3f s, within %.3f s", fixed, bound);
+    /* the arithmetic: a measured prefill of 0..1000 in 2 s gives 2 s back
+     * for it, less for its first half (attention grows with the position) */
+    kvt_remote_opts om = {.url = r.url, .quiet = true};
+    kvt_remote *c = NULL;
+    CHECK_OK(kvt_remote_open(&c, m, &om));
+    kvt_remote_note_prefill(c, 0, 1000, 2.0);
+    double d = kvt_remote_load_deadline(c, 0, 1000), h = kvt_remote_load_deadline(c, 0, 500);
+    CHECKF(d > 1.999 && d < 2.001 && h < 1.0 && h > 0.1, "measured: %.3f s for 1000, %.3f s for 500", d, h);
+    kvt_remote_note_prefill(c, 0, 100, 10.0); /* too short to be measured */
+    CHECK(kvt_remote_load_deadline(c, 0, 1000) == d);
+    kvt_remote_close(c);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_load_deadline_bounded_by_prefill, NULL)
+
 /* A wrong password: a miss, nothing uploaded, the reason Redis gave kept;
  * the right one: a hit. */
 static const char *const with_password[] = {"--requirepass", "right horse", NULL};
@@ -812,8 +903,10 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECKF(code == 200, "server A: HTTP %d", code);
     char *cold = choices(out);
     CHECK(fx_server_stop(pa)); /* its saves, then their uploads */
+    /* a slow prefill rate: the load's deadline (672 tokens at 50 a
+     * second) is generous on a loaded machine */
     const char *args_b[] = {"--model", "ds4-tiny", "--kv-disk-dir", kvb, "--kv-remote", r.url,
-                            "--kv-remote-timeout-ms", "1000", NULL};
+                            "--kv-remote-timeout-ms", "1000", "--kv-remote-prefill-tps", "50", NULL};
     CHECK(fx_server_start(pb, args_b));
     snprintf(out, sizeof out, "%s/b.out", pb->dir);
     snprintf(hdr, sizeof hdr, "%s/b.hdr", pb->dir);
@@ -1149,3 +1242,89 @@ static void remote_two_writers_body(rsrv *rp)
     kvt_model_close(m);
 }
 REDIS_TEST(remote_two_writers, NULL)
+
+/* `kvtier run --kv-remote`: a run with an empty disk hits what another
+ * run uploaded (the same reply, and the hit kept on its disk); `kvtier
+ * cache verify --kv-remote` finds the entry good, then a bit flipped in a
+ * block in Redis (exit 1, the entry named), and with --delete deletes the
+ * entry and the block, after which a run is a miss that prefills (the same
+ * reply). The binary of a build without these fails the first check
+ * (KVT_BIN=<that binary>: run refuses --kv-remote). */
+static bool run_cli(const char *const *argv, const char *out, const char *err, int want, const char *says_out,
+                    const char *says_err)
+{
+    int st = 0;
+    if (fx_run_split(argv, out, err, 120, &st) != 1) { printf("    %s %s: did not finish\n", argv[1], argv[2]); return false; }
+    char *o = kvt_test_read_file(out, NULL), *e = kvt_test_read_file(err, NULL);
+    bool ok = WIFEXITED(st) && WEXITSTATUS(st) == want && o && e && (!says_out || strstr(o, says_out)) &&
+              (!says_err || strstr(e, says_err));
+    if (!ok)
+        printf("    %s %s: exit %d (want %d), wanted '%s' / '%s' in:\n%s\n%s\n", argv[1], argv[2],
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1, want, says_out ? says_out : "", says_err ? says_err : "",
+               o ? o : "", e ? e : "");
+    free(o);
+    free(e);
+    return ok;
+}
+
+static void remote_run_and_verify_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    fx_server s = {0};
+    CHECK(fx_tmpdir_make(&s, "kvtier-remote-run"));
+    char prompt[701], out[160], err[160], kva[128], kvb[128], kvc[128];
+    for (int i = 0; i < 700; i++) prompt[i] = "abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37];
+    prompt[700] = 0;
+    snprintf(out, sizeof out, "%s/out.txt", s.dir);
+    snprintf(err, sizeof err, "%s/err.txt", s.dir);
+    snprintf(kva, sizeof kva, "%s/a", s.dir);
+    snprintf(kvb, sizeof kvb, "%s/b", s.dir);
+    snprintf(kvc, sizeof kvc, "%s/c", s.dir);
+    const char *bin = kvt_test_bin();
+#define RUN(dir, ...) {bin, "run", "--model", "ds4-tiny", "--prompt", prompt, "--max-tokens", "6", "--output", "ids", \
+                       "--kv-disk-dir", dir, __VA_ARGS__, NULL}
+    const char *run_a[] = RUN(kva, "--kv-remote", r.url);
+    CHECK(run_cli(run_a, out, err, 0, NULL, "1 snapshot uploaded"));
+    char *cold = kvt_test_read_file(out, NULL);
+    CHECK(cold && *cold);
+    /* an empty disk: the remote's prefix, the same reply, kept on the disk */
+    const char *run_b[] = RUN(kvb, "--kv-remote", r.url, "--kv-remote-prefill-tps", "50");
+    CHECK(run_cli(run_b, out, err, 0, cold, "from the remote cache"));
+    const char *run_b2[] = RUN(kvb, "--kv-cache-min-tokens", "512");
+    CHECK(run_cli(run_b2, out, err, 0, cold, "from the disk cache"));
+    char *b2 = kvt_test_read_file(err, NULL);
+    CHECKF(b2 && !strstr(b2, " 0 from the disk cache"), "the remote hit was not kept on the disk:\n%s", b2);
+    free(b2);
+    /* verify: good */
+    const char *verify[] = {bin, "cache", "verify", "--kv-remote", r.url, "--model", "ds4-tiny", NULL};
+    CHECK(run_cli(verify, out, err, 0, "1 entries of this model: 1 good, 0 bad", NULL));
+    /* a bit flipped in a block: found, named, kept until --delete */
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(c);
+    char *blk = first_key(c, "*:b:*");
+    size_t len = 0;
+    uint8_t *v = blk ? get_value(c, blk, &len) : NULL;
+    CHECK(v && len > 100);
+    v[len / 2] ^= 0x10;
+    CHECK(set_value(c, blk, v, len));
+    free(v);
+    CHECK(run_cli(verify, out, err, 1, "1 bad", NULL));
+    char *vo = kvt_test_read_file(out, NULL);
+    printf("    cache verify --kv-remote, a bit flipped in a block:\n%s", vo ? vo : "");
+    CHECKF(vo && strstr(vo, "block") && strstr(vo, "--delete deletes them"), "verify does not name the block");
+    free(vo);
+    CHECK(exists(c, blk));
+    const char *verify_del[] = {bin, "cache", "verify", "--kv-remote", r.url, "--model", "ds4-tiny", "--delete", NULL};
+    CHECK(run_cli(verify_del, out, err, 1, "deleted", NULL));
+    CHECK(!exists(c, blk));
+    CHECK(run_cli(verify, out, err, 0, "0 entries of this model", NULL));
+    /* the entry is gone: a run with an empty disk prefills, the same reply */
+    const char *run_c[] = RUN(kvc, "--kv-remote", r.url, "--kv-remote-prefill-tps", "50");
+    CHECK(run_cli(run_c, out, err, 0, cold, " 0 from the disk cache"));
+#undef RUN
+    free(blk);
+    free(cold);
+    kvt_redis_free(c);
+    fx_tmpdir_remove(&s);
+}
+REDIS_TEST(remote_run_and_verify, NULL)

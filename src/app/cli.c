@@ -205,6 +205,20 @@ static bool progress_bar(void *user, size_t done, size_t total)
  * client's certificate and key for a server that asks for one; wherever
  * --kv-remote is taken */
 #define REMOTE_TLS_OPTS {"--kv-remote-ca"}, {"--kv-remote-cert"}, {"--kv-remote-key"}
+#define REMOTE_NEEDS_URL                                                                               \
+    "--kv-remote-password-file, --kv-remote-secret-file, --kv-remote-timeout-ms, --kv-remote-prefill-tps, "  \
+    "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need --kv-remote"
+
+/* Whether any option that goes with --kv-remote is given. */
+static bool remote_opt_given(const opt *o, size_t no)
+{
+    static const char *const names[] = {"--kv-remote-password-file", "--kv-remote-secret-file",
+                                        "--kv-remote-timeout-ms", "--kv-remote-prefill-tps", "--kv-remote-ca",
+                                        "--kv-remote-cert", "--kv-remote-key"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (get(o, no, names[i])) return true;
+    return false;
+}
 
 typedef struct disk_cfg {
     bool on;
@@ -455,7 +469,8 @@ static int cmd_run(int argc, char **argv)
     opt o[] = {{"--model"}, {"--prompt"}, {"--max-tokens"}, {"--temperature"}, {"--seed"},
                {"--top-p"}, {"--top-k"}, {"--output"}, {"--threads"}, {"--ctx"},
                {"--rolling", NULL, true}, {"--kv-save", NULL, true}, {"--demo", NULL, true}, DISK_OPTS, CACHE_OPTS,
-               DRAFT_OPTS};
+               DRAFT_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"},
+               {"--kv-remote-timeout-ms"}, {"--kv-remote-prefill-tps"}, REMOTE_TLS_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -480,6 +495,19 @@ static int cmd_run(int argc, char **argv)
     uint32_t draft_max;
     const char *draft_file;
     if (!parse_draft(o, no, &draft, &draft_max, &draft_file)) return 2;
+    uint64_t remote_ms = 0, remote_tps = 0;
+    const char *remote_url = get(o, no, "--kv-remote");
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms) ||
+        !parse_u64(get(o, no, "--kv-remote-prefill-tps"), "--kv-remote-prefill-tps", 1u << 30, &remote_tps))
+        return 2;
+    if (!remote_url && remote_opt_given(o, no)) {
+        fprintf(stderr, "kvtier: %s\n", REMOTE_NEEDS_URL);
+        return 2;
+    }
+    if (remote_url && (!disk.on || get(o, no, "--demo"))) {
+        fprintf(stderr, "kvtier: --kv-remote needs the disk tier (a remote hit is kept there), and not --demo\n");
+        return 2;
+    }
     if (get(o, no, "--demo") && !get(o, no, "--max-tokens")) max_tokens = 32;
     if (get(o, no, "--demo") && !max_tokens) {
         fprintf(stderr, "kvtier: --demo needs --max-tokens of at least 1\n");
@@ -509,6 +537,7 @@ static int cmd_run(int argc, char **argv)
     kvt_session *s = NULL;
     kvt_sampler *smp = NULL;
     kvt_store *store = NULL;
+    kvt_remote *remote = NULL;
     int32_t *gen = NULL;
     float *rows = NULL;
     kvt_wbuf save = {0};
@@ -536,8 +565,25 @@ static int cmd_run(int argc, char **argv)
     }
     kvt_save_policy_mark(&disk.policy, s, n); /* a checkpoint where the policy saves */
     store = open_disk(&disk);
-    size_t from_disk = 0, saved = 0;
+    size_t from_disk = 0, saved = 0, from_remote = 0;
     if (store && (rc = kvt_store_restore_prefix(store, s, toks, n, &from_disk))) { fail(rc, "disk cache"); goto out; }
+    /* the remote tier, as serve asks it: after the disk, for a longer
+     * prefix; a hit is saved to the disk too */
+    if (store && remote_url) {
+        kvt_remote_opts ro = {.url = remote_url, .password_file = get(o, no, "--kv-remote-password-file"),
+                              .secret_file = get(o, no, "--kv-remote-secret-file"), .lookup_ms = (int)remote_ms,
+                              .prefill_tps = (double)remote_tps, .tls_ca = get(o, no, "--kv-remote-ca"),
+                              .tls_cert = get(o, no, "--kv-remote-cert"), .tls_key = get(o, no, "--kv-remote-key")};
+        if ((rc = kvt_remote_open(&remote, m, &ro))) { fail(rc, "--kv-remote"); goto out; }
+        if (n >= disk.policy.min_tokens) kvt_remote_restore(remote, 0, s, toks, n, from_disk, &from_remote);
+        if (from_remote) {
+            from_disk = from_remote;
+            if ((rc = kvt_store_save(store, s, from_remote, "remote", NULL)))
+                fprintf(stderr, "kvtier: the remote hit was not saved to the disk cache: %s\n", kvt_errmsg());
+        } else if (kvt_session_len(s) < from_disk) {
+            from_disk = 0; /* a remote value failed while loading and emptied the session: prefilled whole */
+        }
+    }
     double t0 = now_s();
     size_t kept = 0; /* below from_disk when the record went on past the prompt: its last token again */
     if ((rc = kvt_session_sync(s, toks, n, &kept))) { fail(rc, "prefill"); goto out; }
@@ -547,9 +593,14 @@ static int cmd_run(int argc, char **argv)
     double t_prefill = now_s() - t0;
     if ((rc = kvt_store_apply_policy(store, s, &disk.policy, n, from_disk, 0, &saved))) { fail(rc, "disk cache"); goto out; }
     if (kept > from_disk) kept = from_disk;
+    if (remote) { /* what the policy saved, uploaded behind (a remote hit is not sent back) */
+        kvt_remote_note_prefill(remote, kept, n, t_prefill);
+        size_t cold = kvt_save_policy_cold(&disk.policy, n);
+        if (saved && cold >= disk.policy.min_tokens && cold > from_remote) kvt_remote_upload(remote, 0, s, cold);
+    }
     if (store)
-        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the disk cache, %zu prefilled in %.2f s; %zu saved\n", n,
-                kept, n - kept, t_prefill, saved);
+        fprintf(stderr, "kvtier: prompt %zu tokens: %zu from the %s cache, %zu prefilled in %.2f s; %zu saved\n", n,
+                kept, from_remote ? "remote" : "disk", n - kept, t_prefill, saved);
     kvt_sampler_opts sopt = {.temperature = (float)temp, .top_p = (float)top_p,
                              .top_k = (uint32_t)top_k, .seed = seed};
     if ((rc = kvt_sampler_new(&smp, &sopt))) { fail(rc, "sampler"); goto out; }
@@ -625,6 +676,16 @@ static int cmd_run(int argc, char **argv)
     putchar('\n');
     if (store && get(o, no, "--kv-save") && (rc = kvt_store_save(store, s, kvt_session_len(s), "manual", NULL)))
         fprintf(stderr, "kvtier: manual save failed: %s\n", kvt_errmsg());
+    else if (remote && get(o, no, "--kv-save")) kvt_remote_upload(remote, 0, s, kvt_session_len(s));
+    if (remote) { /* the uploads finish before the process ends (a minute at most) */
+        if (!kvt_remote_drain(remote, 60)) fprintf(stderr, "kvtier: remote tier: uploads still queued after 60 s: dropped\n");
+        kvt_remote_stats rs;
+        kvt_remote_stats_get(remote, &rs);
+        fprintf(stderr, "kvtier: remote tier: %llu tokens read (%llu B), %llu snapshot%s uploaded (%llu B)%s%s\n",
+                (unsigned long long)rs.hit_tokens, (unsigned long long)rs.bytes_read, (unsigned long long)rs.uploads,
+                rs.uploads == 1 ? "" : "s", (unsigned long long)rs.bytes_written, rs.last_error[0] ? "; last error: " : "",
+                rs.last_error);
+    }
     ret = 0;
 out:
     free(gen);
@@ -633,6 +694,7 @@ out:
     kvt_draft_model_free(dm);
     kvt_model_close(dmodel);
     free(toks);
+    kvt_remote_close(remote);
     kvt_store_close(store);
     kvt_sampler_free(smp);
     kvt_session_free(s);
@@ -890,6 +952,41 @@ static int cmd_model(int argc, char **argv)
     return 0;
 }
 
+static void verify_line(void *user, const char *ns, uint64_t head, size_t tokens, const char *problem)
+{
+    if (problem) printf("%-40s %016llx %8zu  %s\n", ns, (unsigned long long)head, tokens, problem);
+    else if (*(bool *)user) printf("%-40s %016llx %8zu  ok\n", ns, (unsigned long long)head, tokens);
+}
+
+/* `cache verify --kv-remote URL --model M`: every entry a remote holds for
+ * the model (every tenant's), read and checked as a hit is; the bad ones
+ * listed (deleted with --delete). Exit 1 when one is bad. */
+static int remote_verify(const opt *o, size_t no)
+{
+    kvt_model *m = NULL;
+    int r = open_model(get(o, no, "--model"), o, no, &m);
+    if (r) return r;
+    kvt_remote_opts ro = {.url = get(o, no, "--kv-remote"), .password_file = get(o, no, "--kv-remote-password-file"),
+                          .secret_file = get(o, no, "--kv-remote-secret-file"), .quiet = true,
+                          .tls_ca = get(o, no, "--kv-remote-ca"), .tls_cert = get(o, no, "--kv-remote-cert"),
+                          .tls_key = get(o, no, "--kv-remote-key")};
+    kvt_remote *rt = NULL;
+    int rc = kvt_remote_open(&rt, m, &ro);
+    if (rc) { kvt_model_close(m); return fail(rc, "cache verify --kv-remote"); }
+    bool del = get(o, no, "--delete") != NULL, all = false;
+    kvt_remote_verify_stats st;
+    printf("%-40s %-16s %8s  %s\n", "NAMESPACE (LAYOUT:KEY0:TENANT)", "HEAD", "TOKENS", "PROBLEM");
+    rc = kvt_remote_verify(rt, del, verify_line, &all, &st);
+    kvt_remote_close(rt);
+    kvt_model_close(m);
+    if (rc) return fail(rc, "cache verify --kv-remote");
+    printf("%llu entries of this model: %llu good, %llu bad, %llu with a value evicted%s%s\n",
+           (unsigned long long)st.entries, (unsigned long long)st.good, (unsigned long long)st.bad,
+           (unsigned long long)st.gone, st.bad + st.gone ? (del ? "; deleted" : "; --delete deletes them") : "",
+           ro.secret_file ? "" : " (MACs not checked: no --kv-remote-secret-file)");
+    return st.bad ? 1 : 0;
+}
+
 static int cmd_cache(int argc, char **argv)
 {
     const char *sub = argc > 0 ? argv[0] : "";
@@ -908,12 +1005,19 @@ static int cmd_cache(int argc, char **argv)
         key = (int64_t)k;
         skip = 2;
     }
-    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, REMOTE_TLS_OPTS};
+    opt o[] = {DISK_OPTS, {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--model"},
+               {"--delete", NULL, true}, REMOTE_TLS_OPTS, CACHE_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - skip, argv + skip, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
+    if (get(o, no, "--kv-remote") && !strcmp(sub, "verify")) return remote_verify(o, no);
+    if (get(o, no, "--delete") || get(o, no, "--kv-remote-secret-file") || get(o, no, "--model")) {
+        fprintf(stderr, "kvtier: --delete, --kv-remote-secret-file and --model go with cache verify --kv-remote\n");
+        return 2;
+    }
     if (get(o, no, "--kv-remote")) {
         if (strcmp(sub, "ls")) {
-            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls\n", sub);
+            fprintf(stderr, "kvtier: cache %s works on the disk tier; --kv-remote goes with cache ls and cache "
+                            "verify\n", sub);
             return 2;
         }
         kvt_remote_entry *e = NULL;
@@ -1050,7 +1154,7 @@ static int cmd_serve(int argc, char **argv)
                {"--request-timeout"}, {"--max-conn-per-addr"}, {"--max-connections"},
                {"--metrics-key"}, {"--metrics-key-file"}, {"--strict-model", NULL, true}, {"--any-model", NULL, true}, {"--keep-volatile-lines", NULL, true},
                {"--kv-remote"}, {"--kv-remote-password-file"}, {"--kv-remote-secret-file"}, {"--kv-remote-timeout-ms"},
-               REMOTE_TLS_OPTS, DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
+               {"--kv-remote-prefill-tps"}, REMOTE_TLS_OPTS, DISK_OPTS, CACHE_OPTS, DRAFT_OPTS};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     disk_cfg disk;
@@ -1075,13 +1179,12 @@ static int cmd_serve(int argc, char **argv)
         !parse_u64(get(o, no, "--max-conn-per-addr"), "--max-conn-per-addr", 1u << 20, &per_addr) ||
         !parse_u64(get(o, no, "--max-connections"), "--max-connections", 1u << 20, &max_conns))
         return 2;
-    uint64_t remote_ms = 20;
-    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms)) return 2;
-    if (!get(o, no, "--kv-remote") && (get(o, no, "--kv-remote-password-file") || get(o, no, "--kv-remote-secret-file") ||
-                                       get(o, no, "--kv-remote-timeout-ms") || get(o, no, "--kv-remote-ca") ||
-                                       get(o, no, "--kv-remote-cert") || get(o, no, "--kv-remote-key"))) {
-        fprintf(stderr, "kvtier: --kv-remote-password-file, --kv-remote-secret-file, --kv-remote-timeout-ms, "
-                        "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need --kv-remote\n");
+    uint64_t remote_ms = 20, remote_tps = 0;
+    if (!parse_u64(get(o, no, "--kv-remote-timeout-ms"), "--kv-remote-timeout-ms", 60000, &remote_ms) ||
+        !parse_u64(get(o, no, "--kv-remote-prefill-tps"), "--kv-remote-prefill-tps", 1u << 30, &remote_tps))
+        return 2;
+    if (!get(o, no, "--kv-remote") && remote_opt_given(o, no)) {
+        fprintf(stderr, "kvtier: %s\n", REMOTE_NEEDS_URL);
         return 2;
     }
     if (!req_timeout || !per_addr || !max_conns) {
@@ -1206,6 +1309,7 @@ static int cmd_serve(int argc, char **argv)
         .remote_secret_file = get(o, no, "--kv-remote-secret-file"),
         .remote_tls_ca = get(o, no, "--kv-remote-ca"), .remote_tls_cert = get(o, no, "--kv-remote-cert"),
         .remote_tls_key = get(o, no, "--kv-remote-key"), .remote_lookup_ms = (uint32_t)(remote_ms ? remote_ms : 1),
+        .remote_prefill_tps = (double)remote_tps,
         .draft = draft, .draft_max = draft_max, .model_draft = draft_file,
     };
     int rc = kvt_serve(&so);
@@ -1299,7 +1403,9 @@ static void usage(FILE *f)
           "  run         [--model M] --prompt TEXT [--max-tokens N] [--temperature T]\n"
           "              [--seed S] [--top-p P] [--top-k K] [--output text|ids]\n"
           "              [--threads N] [--ctx N] [--rolling] [--kv-save] [draft options] [cache types]\n"
-          "              [disk options]\n"
+          "              [disk options] [--kv-remote URL and serve's --kv-remote-* options]:\n"
+          "              with --kv-remote, the remote tier as serve has it: asked after the\n"
+          "              disk (a hit kept on the disk), what the run saves uploaded before exit\n"
           "  run --demo  [run's options]: the cache at work (make run): a prompt of 4,224 tokens\n"
           "              (or --prompt) cold, a second turn on it from RAM, then the prompt in\n"
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
@@ -1337,21 +1443,28 @@ static void usage(FILE *f)
           "              at most --max-conn-per-addr come from one address, and\n"
           "              past --max-connections new ones are answered 503\n"
           "              [--kv-remote URL [--kv-remote-password-file F] [--kv-remote-secret-file F]\n"
-          "              [--kv-remote-timeout-ms N (20)] [--kv-remote-ca F] [--kv-remote-cert F\n"
-          "              --kv-remote-key F]]: a third tier in Redis that servers share (needs\n"
-          "              the disk tier); URL redis://[USER@]HOST:PORT[/DB], rediss://... (TLS:\n"
-          "              the server's certificate checked against --kv-remote-ca, else the\n"
-          "              system's CAs, and against HOST; -cert/-key: a client certificate) or\n"
+          "              [--kv-remote-timeout-ms N (20)] [--kv-remote-prefill-tps N (measured)]\n"
+          "              [--kv-remote-ca F] [--kv-remote-cert F --kv-remote-key F]]: a third tier\n"
+          "              in Redis that servers share (needs the disk tier); URL\n"
+          "              redis://[USER@]HOST:PORT[/DB], rediss://... (TLS: the server's\n"
+          "              certificate checked against --kv-remote-ca, else the system's CAs,\n"
+          "              and against HOST; -cert/-key: a client certificate) or\n"
           "              redis-cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster); saves are\n"
-          "              uploaded behind, a new session asks it within N ms (then its load,\n"
-          "              bounded); every value is checked, with the secret by HMAC (required\n"
-          "              with API keys); a failing Redis is a miss, then not asked for a while\n"
+          "              uploaded behind, a new session asks it within N ms, then loads for at\n"
+          "              most the time a prefill of the tokens it saves takes (at the prefill\n"
+          "              rate measured, or N tokens/s); every value is checked, with the secret\n"
+          "              by HMAC (required with API keys); a failing Redis is a miss, then not\n"
+          "              asked for a while\n"
           "  cache       ls|show KEY|verify|rm KEY|gc|stats [--kv-disk-dir DIR]\n"
           "              [--kv-disk-mb N] [--kv-disk-min-free-mb N] (gc evicts to both)\n"
           "  cache ls --kv-remote URL [--kv-remote-password-file F] [--kv-remote-ca F]\n"
           "              [--kv-remote-cert F --kv-remote-key F]: what a remote tier holds\n"
           "              (every master of a cluster): each snapshot's namespace (model key0,\n"
           "              tenant), tokens, bytes\n"
+          "  cache verify --kv-remote URL [--model M] [--kv-remote-password-file F]\n"
+          "              [--kv-remote-secret-file F] [TLS files as ls] [--delete]: read every\n"
+          "              entry the remote holds for the model (every tenant's) and check it as\n"
+          "              a hit is; list the bad ones (exit 1), deleted with --delete\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  draft options --draft ngram|model|none (none; mtp: not supported yet), --draft-max N\n"

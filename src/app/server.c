@@ -477,6 +477,7 @@ typedef struct slot {
     kvt_storeq_ticket *load;      /* a disk load of the session in progress: the slot waits */
     size_t kept;                  /* prompt tokens the session held before the prefill */
     double t_queued, t_start, t_tok, t_note;
+    double t_ready;               /* when the prefill began (after any load) */
     bool generating, first_done;
     bool counted;                 /* in the active counts (count_active) */
     kvt_gen_pass pass;            /* this step's tokens, when generating: the sampled one, the drafts */
@@ -562,9 +563,13 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     else if (!strcmp(tier, "remote")) { mx->hits_remote++; mx->reused_remote += sl->kept; }
     else mx->misses++;
     hist_add(&mx->prefill, kvt_now() - sl->t_start);
-    mx->prefilled += kvt_session_len(s) > sl->kept ? kvt_session_len(s) - sl->kept : 0;
+    size_t computed = kvt_session_len(s) > sl->kept ? kvt_session_len(s) - sl->kept : 0;
+    mx->prefilled += computed;
     if (rc == KVT_ECANCELED) mx->canceled++;
     pthread_mutex_unlock(&sv->mu);
+    /* this machine's prefill rate under its load: what a remote load's
+     * deadline is scaled by */
+    if (sv->remote && !rc) kvt_remote_note_prefill(sv->remote, sl->kept, sl->kept + computed, kvt_now() - sl->t_ready);
     j->reused = sl->u.cached_tokens;
     /* a conversation's first request also saves where its last user turn
      * begins: new conversations on the same prompt fork there, after a
@@ -690,6 +695,7 @@ static bool slot_ready(server *sv, slot *sl)
     job *j = sl->j;
     const int32_t *t = sl->toks;
     size_t n = sl->n;
+    sl->t_ready = kvt_now();
     int rc = kvt_session_sync_prepare(sl->s, &t, &n, &sl->kept);
     if (rc) {
         int status = rc == KVT_ECTX ? 400 : 500;
@@ -1640,6 +1646,8 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
         {"kvtier_remote_seconds_total", "counter", "Time spent in remote lookups, and in the loads of hits."},
         {"kvtier_remote_breaker", "gauge", "The circuit breaker: 0 closed, 1 open, 2 half-open (probing)."},
         {"kvtier_remote_breaker_trips_total", "counter", "Times the circuit breaker opened."},
+        {"kvtier_remote_abandoned_total", "counter",
+         "Remote loads given up at their deadline (slower than the prefill they would save)."},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         put_head(b, f[i].name, f[i].type, f[i].help);
@@ -1666,7 +1674,8 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
             kvt_wbuf_put(b, line, strlen(line));
             break;
         case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
-        default: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
+        case 12: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
+        default: put_val(b, f[i].name, &none, "", st.abandoned); break;
         }
     }
 }
@@ -2082,7 +2091,7 @@ int kvt_serve(const kvt_server_opts *opts)
                               .tls_key = opts->remote_tls_key,
                               .secret_file = opts->remote_secret_file, .tenants = opts->n_keys ? opts->api_keys : NULL,
                               .n_tenants = opts->n_keys, .keyed_tenants = opts->n_keys > 0,
-                              .lookup_ms = (int)opts->remote_lookup_ms};
+                              .lookup_ms = (int)opts->remote_lookup_ms, .prefill_tps = opts->remote_prefill_tps};
         if ((rc = kvt_remote_open(&sv->remote, sv->m, &ro))) goto out;
         kvt_storeq_set_remote(sv->q, sv->remote);
     }

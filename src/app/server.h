@@ -45,6 +45,7 @@ typedef struct kvt_server_opts {
     const char *remote_tls_ca, *remote_tls_cert, *remote_tls_key; /* rediss:// (remote.h); NULL: none */
     const char *remote_secret_file;   /* NULL: no HMAC (refused with API keys) */
     uint32_t remote_lookup_ms;        /* deadline of a remote lookup (0: 20) */
+    double remote_prefill_tps;        /* prefill rate a remote load's deadline is scaled by (0: measured) */
     kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */
     uint32_t draft_max;       /* tokens drafted at most a pass (--draft-max; 0: the default) */
     const char *model_draft;  /* KVT_DRAFT_MODEL: the draft model's file (--model-draft) */

@@ -53,9 +53,18 @@
 #define BREAK_MAX 30.0
 #define MAX_TRIES 3                /* index entries tried by one lookup */
 #define MAC_LEN 32
+#define EST_FLOPS 1e12             /* FLOP/s of prefill assumed until one is measured: a fast */
+                                   /* server's, so the deadline is shorter than a prefill, not longer */
+#define MIN_LOAD 0.02              /* a deadline from FLOPs is at least this: a small model's FLOPs say */
+                                   /* little of its prefill's time, which its overheads make */
+#define MIN_MEASURED 256           /* prefills of fewer tokens are not measured */
+#define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */
 
 bool kvt_remote_skip_mac;
 bool kvt_remote_skip_value_checks;
+bool kvt_remote_fault_fixed_deadline;
+void (*kvt_remote_before_load)(void *arg);
+void *kvt_remote_before_load_arg;
 size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
 size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
 #define PART kvt_remote_part_bytes
@@ -95,6 +104,9 @@ struct kvt_remote {
     double open_until, backoff;
     kvt_remote_stats st;
     double refused_logged;         /* when an upload's refusal was last reported (under mu) */
+    double w_flops, a_flops;       /* a prefill's FLOPs: 2 a parameter a token, 4 a_flops a token a position */
+    double rate;                   /* FLOP/s of prefill: EST_FLOPS, or measured (under mu) */
+    bool measured;                 /* rate is an average of measured prefills (under mu) */
 };
 
 /* ---- the breaker ---- */
@@ -270,7 +282,13 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     r->o = *o;
     if (!r->o.connect_ms) r->o.connect_ms = 200;
     if (!r->o.lookup_ms) r->o.lookup_ms = 20;
-    if (!r->o.load_ms) r->o.load_ms = 500;
+    /* a load's deadline: the prefill it saves, its FLOPs (prefill_flops)
+     * at EST_FLOPS until a prefill is measured (kvt_remote_note_prefill) */
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    r->w_flops = 2.0 * (double)(mi.n_params ? mi.n_params : 1);
+    r->a_flops = (double)mi.n_layer * mi.n_head * mi.head_dim;
+    r->rate = EST_FLOPS;
     if (!r->o.queue_bytes) r->o.queue_bytes = 256u << 20;
     r->url = url;
     r->backoff = BREAK_MIN;
@@ -335,6 +353,38 @@ void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o)
     *o = r->st;
     o->breaker = r->breaker;
     pthread_mutex_unlock(&r->mu);
+}
+
+/* The FLOPs of a prefill of positions [a, b): the weights' 2 a parameter
+ * a token, and attention's 4 a layer, head and dimension a position
+ * attended (scores and values), summed: 2 A (b^2 - a^2). */
+static double prefill_flops(const kvt_remote *r, size_t a, size_t b)
+{
+    double x = (double)a, y = (double)b;
+    return r->w_flops * (y - x) + 2.0 * r->a_flops * (y * y - x * x);
+}
+
+void kvt_remote_note_prefill(kvt_remote *r, size_t from, size_t to, double seconds)
+{
+    if (!r || r->o.prefill_tps > 0 || to < from + MIN_MEASURED || !(seconds > 0)) return;
+    double rate = prefill_flops(r, from, to) / seconds;
+    pthread_mutex_lock(&r->mu);
+    r->rate = r->measured ? 0.75 * r->rate + 0.25 * rate : rate;
+    r->measured = true;
+    pthread_mutex_unlock(&r->mu);
+}
+
+double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n)
+{
+    if (kvt_remote_fault_fixed_deadline) return 0.5;
+    if (r->o.load_ms) return r->o.load_ms / 1000.0;
+    if (n <= have) return 0;
+    if (r->o.prefill_tps > 0) return (double)(n - have) / r->o.prefill_tps;
+    pthread_mutex_lock(&r->mu);
+    double rate = r->rate;
+    pthread_mutex_unlock(&r->mu);
+    double d = prefill_flops(r, have, n) / rate;
+    return d > MIN_LOAD ? d : MIN_LOAD;
 }
 
 bool kvt_remote_drain(kvt_remote *r, double timeout)
@@ -488,7 +538,7 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     }
     redisReply **rep = NULL;
     size_t nr = 0;
-    int rc = kvt_redis_exec(rd, r->o.load_ms, &rep, &nr);
+    int rc = kvt_redis_exec(rd, CHECK_MS, &rep, &nr);
     pthread_mutex_unlock(&r->check_mu);
     const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
     if (refused) {
@@ -772,6 +822,11 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     int rc = kvt_redis_exec(rd, ms > 1 ? ms : 1, &rep, &nr);
     const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
     breaker_report(r, !refused, refused);
+    if (rc && (strstr(kvt_errmsg(), "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
+        pthread_mutex_lock(&r->mu);
+        r->st.abandoned++;
+        pthread_mutex_unlock(&r->mu);
+    }
     if (refused) {
         kvt_redis_replies_free(rep, nr);
         goto out;
@@ -896,8 +951,20 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
         }
     }
     if (nc) qsort(cs, nc, sizeof *cs, cmp_cand);
-    double deadline = kvt_now() + r->o.load_ms / 1000.0;
-    for (size_t i = 0; i < nc && i < MAX_TRIES && !hit && kvt_now() < deadline; i++) {
+    if (nc && kvt_remote_before_load) kvt_remote_before_load(kvt_remote_before_load_arg);
+    /* each entry's load ends by the time a prefill of the tokens it saves
+     * would take, counted from the lookup's start: a slow remote is
+     * abandoned before it costs more than the prefill (a fixed load_ms
+     * counts from the lookup's end) */
+    for (size_t i = 0; i < nc && i < MAX_TRIES && !hit; i++) {
+        bool fixed = r->o.load_ms || kvt_remote_fault_fixed_deadline;
+        double deadline = (fixed ? t0 + t_lookup : t0) + kvt_remote_load_deadline(r, have, cs[i].n);
+        if (kvt_now() >= deadline) { /* a shorter entry's deadline is earlier still */
+            pthread_mutex_lock(&r->mu);
+            r->st.abandoned++;
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
         int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, &bytes);
         if (st == 1) { hit = true; *got = cs[i].n; }
         if (st == -1) break; /* s was emptied: the caller restores it anew */
@@ -996,5 +1063,197 @@ int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
         *out = NULL;
         *n = 0;
     }
+    return rc;
+}
+
+/* ---- verifying what a remote holds ---- */
+
+typedef struct verify_src {
+    kvt_remote *r;
+    const char *ns;                /* "kvt:r1:KEY0:TENANT:" */
+    const size_t *lens;            /* the manifest: snapshot, then each block */
+    uint8_t *cur;                  /* the block the load is reading (freed at the next) */
+    int64_t bad_block, gone_block; /* -1: none */
+} verify_src;
+
+/* Read one value (its parts and MAC) within 2 s: 1 read (*out), 0 gone,
+ * -1 damaged (its length or MAC), -2 a transport failure. */
+static int read_value(kvt_remote *r, const char *key, size_t len, uint8_t **out)
+{
+    size_t k = 0;
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    *out = NULL;
+    if (append_get(r, r->rd_check, key, len, &k)) { kvt_redis_discard(r->rd_check); return -2; }
+    if (kvt_redis_exec(r->rd_check, 2000, &rep, &nr) || nr != k || error_reply(rep, nr)) {
+        kvt_redis_replies_free(rep, nr);
+        return -2;
+    }
+    int a = assemble(r, key, len, rep, out);
+    kvt_redis_replies_free(rep, nr);
+    return a;
+}
+
+static int verify_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
+{
+    verify_src *v = user;
+    free(v->cur);
+    v->cur = NULL;
+    char name[200];
+    snprintf(name, sizeof name, "%sb:%016" PRIx64, v->ns, key);
+    int a = read_value(v->r, name, v->lens[1 + b], &v->cur);
+    if (a == 0) v->gone_block = b;
+    if (a == -1) v->bad_block = b;
+    if (a < 1) return kvt_fail(a == -2 ? KVT_EIO : KVT_ECORRUPT, "block %u (%s): %s", b, name,
+                               a == 0 ? "gone" : a == -1 ? "its length or MAC" : "not read");
+    uint64_t k = 0;
+    if (kvt_snap_block_check(v->cur, v->lens[1 + b], &k) || k != key) {
+        v->bad_block = b;
+        return kvt_fail(KVT_ECORRUPT, "block %u (%s): its checksum or key", b, name);
+    }
+    *p = v->cur;
+    *len = v->lens[1 + b];
+    return KVT_OK;
+}
+
+/* Check one index entry (NS, HEAD, field "N:TAIL", manifest) as a hit
+ * would be checked: its snapshot record (MAC, header, fingerprints, row
+ * types, checksums, that it stands on HEAD), then each block as the load
+ * reads it (MAC, checksum, its key in the record's chain), the load's own
+ * checks, and the restored ids hashed back to HEAD and TAIL. *why names
+ * the failure; the values that failed are deleted with del. 1 good, 0 gone
+ * (evicted), -1 bad, -2 a transport failure. */
+static int verify_entry(kvt_remote *r, const char *ns, uint64_t head, const char *field, const char *man, size_t man_len,
+                        bool del, char *why, size_t wcap)
+{
+    unsigned long long n_ll = 0, th = 0;
+    int used = 0;
+    *why = 0;
+    if (sscanf(field, "%llu:%16llx%n", &n_ll, &th, &used) != 2 || (size_t)used != strlen(field) || n_ll > (1u << 30)) {
+        snprintf(why, wcap, "an index field of an unknown shape");
+        return -1;
+    }
+    size_t n = (size_t)n_ll, nb = n / KVT_BLOCK;
+    size_t *lens = parse_manifest(man, man_len, nb);
+    char snap[200];
+    snprintf(snap, sizeof snap, "%ss:%016" PRIx64 ":%zu:%016llx", ns, head, n, th);
+    verify_src v = {r, ns, lens, NULL, -1, -1};
+    uint8_t *rec = NULL;
+    kvt_session *s = NULL;
+    kvt_snap_info in;
+    memset(&in, 0, sizeof in);
+    int res = -1;
+    bool bad_snap = false;
+    if (!lens) { snprintf(why, wcap, "a manifest of an unknown shape"); goto done; }
+    int a = read_value(r, snap, lens[0], &rec);
+    if (a == -2) { snprintf(why, wcap, "%s", kvt_errmsg()); res = -2; goto done; }
+    if (a == 0) { snprintf(why, wcap, "its snapshot record is gone (evicted)"); res = 0; goto done; }
+    if (a < 0 || kvt_snap_parse(r->m, rec, lens[0], &in) || in.n != n || in.head != head) {
+        snprintf(why, wcap, "its snapshot record: %s", a < 0 ? "its length or MAC" : kvt_errmsg());
+        bad_snap = true;
+        goto done;
+    }
+    kvt_session_opts so = {.n_ctx = (uint32_t)(n + 1)};
+    if (kvt_session_new(&s, r->m, &so)) { snprintf(why, wcap, "a session: %s", kvt_errmsg()); res = -2; goto done; }
+    int rc = kvt_snap_load(s, rec, lens[0], verify_block, &v);
+    if (rc && v.gone_block >= 0) {
+        snprintf(why, wcap, "block %lld is gone (evicted)", (long long)v.gone_block);
+        res = 0;
+        goto done;
+    }
+    if (rc == KVT_EIO) { snprintf(why, wcap, "%s", kvt_errmsg()); res = -2; goto done; }
+    if (rc) {
+        snprintf(why, wcap, "%s", kvt_errmsg());
+        bad_snap = v.bad_block < 0;
+        goto done;
+    }
+    /* the ids restored are the ones the index names: their chain ends at
+     * HEAD, their tail hashes to TAIL */
+    const int32_t *ids = kvt_session_tokens(s);
+    uint64_t k = r->key0;
+    for (size_t b = 0; b < nb; b++) k = kvt_snap_key_next(k, ids + b * KVT_BLOCK);
+    if (kvt_session_len(s) != n || k != head || kvt_snap_tail_hash(head, ids + nb * KVT_BLOCK, n - nb * KVT_BLOCK) != th) {
+        snprintf(why, wcap, "the ids restored are not the ones its keys name");
+        bad_snap = true;
+        goto done;
+    }
+    res = 1;
+done:
+    if (res < 1 && res != -2 && del) { /* as a hit does: the entry, and the values that failed */
+        char idx[160];
+        snprintf(idx, sizeof idx, "%si:%016" PRIx64, ns, head);
+        const char *d[3] = {"HDEL", idx, field};
+        kvt_redis_append(r->rd_check, 3, d, NULL);
+        if (bad_snap || (res == 0 && v.gone_block < 0)) append_del(r, r->rd_check, snap, lens ? lens[0] : 1);
+        if (v.bad_block >= 0 || v.gone_block >= 0) {
+            char name[200];
+            const uint8_t *keys = in.sec[6]; /* the block keys: the record parsed before any block was read */
+            int64_t b = v.bad_block >= 0 ? v.bad_block : v.gone_block;
+            if (keys && (size_t)b < nb) {
+                snprintf(name, sizeof name, "%sb:%016" PRIx64, ns, kvt_rd64(keys + 8 * (size_t)b));
+                append_del(r, r->rd_check, name, lens[1 + b]);
+            }
+        }
+        redisReply **rep = NULL;
+        size_t nr = 0;
+        if (kvt_redis_exec(r->rd_check, 2000, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
+    }
+    kvt_session_free(s);
+    free(v.cur);
+    free(rec);
+    free(lens);
+    return res;
+}
+
+int kvt_remote_verify(kvt_remote *r, bool del, kvt_remote_verify_fn each, void *user, kvt_remote_verify_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    char pattern[96];
+    snprintf(pattern, sizeof pattern, "kvt:r1:%016" PRIx64 ":*:i:*", r->key0);
+    char cursor[32] = "0";
+    int rc = KVT_OK;
+    pthread_mutex_lock(&r->check_mu);
+    do {
+        const char *a[6] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+        redisReply **rep = NULL;
+        size_t nr = 0;
+        if ((rc = kvt_redis_append(r->rd_check, 6, a, NULL)) || (rc = kvt_redis_exec(r->rd_check, 2000, &rep, &nr)))
+            break;
+        redisReply *x = rep[0];
+        if (x->type == REDIS_REPLY_ERROR) rc = kvt_fail(KVT_EIO, "redis %s: SCAN refused: %s", r->o.url, x->str);
+        else if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
+                 x->element[1]->type != REDIS_REPLY_ARRAY)
+            rc = kvt_fail(KVT_EIO, "redis %s: a SCAN reply of an unknown shape", r->o.url);
+        if (!rc) snprintf(cursor, sizeof cursor, "%s", x->element[0]->str);
+        for (size_t k = 0; !rc && k < x->element[1]->elements; k++) {
+            const char *key = x->element[1]->element[k]->str, *i = strstr(key, ":i:");
+            if (!i || (size_t)(i - key) + 1 > 95) continue;
+            char ns[96];
+            snprintf(ns, sizeof ns, "%.*s:", (int)(i - key), key);
+            uint64_t head = strtoull(i + 3, NULL, 16);
+            const char *h[2] = {"HGETALL", key};
+            redisReply **hr = NULL;
+            size_t nh = 0;
+            if ((rc = kvt_redis_append(r->rd_check, 2, h, NULL)) || (rc = kvt_redis_exec(r->rd_check, 2000, &hr, &nh)))
+                break;
+            redisReply *y = hr[0];
+            for (size_t e = 0; y->type == REDIS_REPLY_ARRAY && e + 1 < y->elements; e += 2) {
+                redisReply *f = y->element[e], *m = y->element[e + 1];
+                if (f->type != REDIS_REPLY_STRING || m->type != REDIS_REPLY_STRING || f->len > 40) continue;
+                char field[48], why[256];
+                snprintf(field, sizeof field, "%.*s", (int)f->len, f->str);
+                int res = verify_entry(r, ns, head, field, m->str, m->len, del, why, sizeof why);
+                if (res == -2) { rc = kvt_fail(KVT_EIO, "redis %s: %s", r->o.url, why); break; }
+                out->entries++;
+                if (res == 1) out->good++;
+                else if (res == 0) out->gone++;
+                else out->bad++;
+                if (each) each(user, ns, head, (size_t)strtoull(field, NULL, 10), res == 1 ? NULL : why);
+            }
+            kvt_redis_replies_free(hr, nh);
+        }
+        kvt_redis_replies_free(rep, nr);
+    } while (!rc && strcmp(cursor, "0"));
+    pthread_mutex_unlock(&r->check_mu);
     return rc;
 }

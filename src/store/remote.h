@@ -28,7 +28,10 @@ typedef struct kvt_remote_opts {
     bool keyed_tenants;         /* the tenants are API keys: a secret is required */
     int connect_ms;             /* deadline of a connect (0: 200) */
     int lookup_ms;              /* deadline of the index round trip (0: 20) */
-    int load_ms;                /* deadline of the values' round trip (0: 500) */
+    int load_ms;                /* a fixed deadline of a load (0: scaled by the prefill it saves) */
+    double prefill_tps;         /* tokens a second this machine prefills the model at, fixed
+                                 * (0: the FLOPs of the prefill at a rate measured by
+                                 * kvt_remote_note_prefill, kvt_remote_load_deadline) */
     size_t queue_bytes;         /* upload queue (0: 256 MiB); more is dropped, counted */
     bool quiet;                 /* no warnings on stderr (tests) */
 } kvt_remote_opts;
@@ -59,6 +62,22 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at);
 void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t *toks, size_t n, size_t have,
                         size_t *got);
 
+/* A prefill of positions [from, to) took `seconds` (the server's measure
+ * of this model on this machine, under its load): its FLOPs over seconds
+ * is the rate a load's deadline is scaled by, unless opts.prefill_tps
+ * fixed one. An average over the last few prefills; prefills of fewer
+ * than 256 tokens are ignored. */
+void kvt_remote_note_prefill(kvt_remote *r, size_t from, size_t to, double seconds);
+/* The deadline of a load that would bring a session from `have` tokens to
+ * n, in seconds from the start of its lookup: the time a prefill of those
+ * positions takes (its FLOPs, 2 a parameter a token and 4 a layer, head
+ * and head dimension a position attended, at the measured rate, or 10^12
+ * FLOP/s before one is measured; at least 20 ms), or (n - have) /
+ * opts.prefill_tps, or
+ * opts.load_ms when set. A remote slower than this is abandoned and the
+ * request prefills: a miss costs at most this plus the prefill. */
+double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n);
+
 /* What a remote holds, for `kvtier cache ls --kv-remote URL`: every index
  * entry of every model and tenant (SCAN, then HGETALL, each round trip
  * within 2 s; on a cluster, SCAN walks every master). o: the URL, the
@@ -72,8 +91,21 @@ typedef struct kvt_remote_entry {
 } kvt_remote_entry;
 int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n);
 
+/* `kvtier cache verify --kv-remote URL`: every index entry of r's model
+ * (every tenant's) read and checked as a hit is (remote.c, verify_entry),
+ * one value at a time (each round trip within 2 s); each(user, ns, head,
+ * tokens, problem) is called for each entry, problem NULL when it is good.
+ * del: the entries that fail, and their values that failed, are deleted
+ * (as a lookup that meets them does). KVT_EIO when Redis fails. */
+typedef struct kvt_remote_verify_stats {
+    uint64_t entries, good, bad, gone;  /* gone: a value evicted */
+} kvt_remote_verify_stats;
+typedef void (*kvt_remote_verify_fn)(void *user, const char *ns, uint64_t head, size_t tokens, const char *problem);
+int kvt_remote_verify(kvt_remote *r, bool del, kvt_remote_verify_fn each, void *user, kvt_remote_verify_stats *out);
+
 typedef struct kvt_remote_stats {
     uint64_t hits, misses, errors;   /* lookups; transport errors and timeouts */
+    uint64_t abandoned;              /* loads given up at their deadline (slower than the prefill they save) */
     uint64_t bad;                    /* values that failed a check (deleted) */
     uint64_t stale;                  /* index entries whose values were gone (evicted), deleted */
     uint64_t hit_tokens, bytes_read, bytes_written;
@@ -95,6 +127,14 @@ extern bool kvt_remote_skip_mac;
  * damaged block shared by other snapshots stays (the negative control of
  * remote_damaged_values_miss). */
 extern bool kvt_remote_skip_value_checks;
+/* Tests: called (with kvt_remote_before_load_arg) between a lookup that
+ * found entries and the round trip that loads one (to stop Redis there). */
+extern void (*kvt_remote_before_load)(void *arg);
+extern void *kvt_remote_before_load_arg;
+/* Tests: true gives every load the fixed 500 ms deadline the tier had
+ * before it was scaled by the prefill saved (the negative control of
+ * remote_load_deadline_bounded_by_prefill). */
+extern bool kvt_remote_fault_fixed_deadline;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
 /* The bytes of an upload's blocks past which they are sent at once from
