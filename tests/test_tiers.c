@@ -687,6 +687,18 @@ static size_t blk_bytes(const kvt_session *s)
     return b;
 }
 
+/* Bytes of s's last block (every stream's own rows, and each one's
+ * header): the pages its tokens reach. */
+static size_t tail_bytes(const kvt_session *s)
+{
+    size_t b = 0, last = (kvt_session_len(s) - 1) / KVT_BLOCK;
+    for (size_t i = 0; i < s->cache->n_streams; i++) {
+        const kvt_block *h = s->cache->streams[i].held[last];
+        if (h) b += KVT_BLOCK_ROWS_AT + h->bytes;
+    }
+    return b;
+}
+
 /* Bytes of s's checkpoints past pos. */
 static size_t ckpt_past(const kvt_session *s, size_t pos)
 {
@@ -737,8 +749,11 @@ TEST(tiers_evict_blocks_lru_tail)
     CHECK(kvt_tiers_index_entries(t, 0) == NA / KVT_BLOCK + NB / KVT_BLOCK);
     size_t blk = blk_bytes(a.s), a0 = kvt_session_bytes(a.s), b0 = kvt_session_bytes(b.s);
     uint64_t db = kvt_test_digest(b.s, m);
-    /* one byte over: A's partial block goes, nothing else */
-    size_t want = blk + ckpt_past(a.s, 640);
+    /* one byte over: A's partial block goes, nothing else (its 44 tokens'
+     * 3 pages of 16, not a block of 128) */
+    size_t tail = tail_bytes(a.s), want = tail + ckpt_past(a.s, 640);
+    CHECKF(tail == blk - 5 * (blk - KVT_BLOCK_ROWS_AT * a.s->cache->n_streams) / 8, "A's partial block: %zu bytes, a block %zu",
+           tail, blk);
     t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
     CHECK_OK(trigger(t, 0, 40));
     CHECKF(in_pool(t, a.s, 0) && kvt_session_len(a.s) == 640, "A holds %zu", kvt_session_len(a.s));
