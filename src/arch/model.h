@@ -26,6 +26,14 @@ void kvt_session_set_save_mark(kvt_session *s, size_t pos);
  * token and logit arrays, scratch (while it has some) and the session
  * itself. */
 size_t kvt_session_bytes(const kvt_session *s);
+/* kvt_session_bytes by kind, summing to it: rows of whole blocks and of
+ * pages (kvt_cache_bytes_parts: what counts in this session), its
+ * checkpoints (logits and state), the rest (token and logit arrays, block
+ * tables, the cache's state) and its scratch. */
+typedef struct kvt_session_parts {
+    size_t rows_whole, rows_pages, checkpoints, other, scratch;
+} kvt_session_parts;
+void kvt_session_bytes_parts(const kvt_session *s, kvt_session_parts *out);
 
 /* Sessions for a pool of them (tiers.c). kvt_session_new_on makes a
  * session as kvt_session_new does, except that it runs on pool (borrowed:

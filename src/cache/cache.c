@@ -162,6 +162,10 @@ static bool own_pages(kvt_cache *c, kvt_stream *st, size_t b, size_t lo, size_t 
     kvt_block *h = st->held[b];
     size_t pb = page_bytes(st), ppb = st->pages_per_block;
     uint8_t **pg = st->pages + b * ppb;
+    if (kvt_cache_fault == KVT_CACHE_FAULT_WHOLE_BLOCKS) {
+        lo = 0;
+        hi = ppb;
+    }
     bool alone = h && atomic_load_explicit(&h->refs, memory_order_acquire) == 1;
     if (alone) {
         if (h->from < lo) lo = h->from;
@@ -389,18 +393,26 @@ static double block_part(const kvt_cache *c, kvt_block *h)
     return mem;
 }
 
-size_t kvt_cache_bytes_held(const kvt_cache *c)
+void kvt_cache_bytes_parts(const kvt_cache *c, kvt_cache_parts *out)
 {
-    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare_bytes +
+    size_t other = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare_bytes +
                    (c->max_tokens + KVT_BLOCK - 1) / KVT_BLOCK * sizeof *c->keys;
-    double blocks = 0;
+    double whole = 0, pages = 0;
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];
-        total += st->n_blocks * (st->pages_per_block * sizeof *st->pages + sizeof *st->held);
+        other += st->n_blocks * (st->pages_per_block * sizeof *st->pages + sizeof *st->held);
         for (size_t b = 0; b < st->n_blocks; b++)
-            for (kvt_block *h = st->held[b]; h; h = h->base) blocks += block_part(c, h);
+            for (kvt_block *h = st->held[b]; h; h = h->base)
+                *(h->n_pages == st->pages_per_block ? &whole : &pages) += block_part(c, h);
     }
-    return total + (size_t)(blocks + 0.5);
+    *out = (kvt_cache_parts){(size_t)(whole + 0.5), (size_t)(pages + 0.5), other};
+}
+
+size_t kvt_cache_bytes_held(const kvt_cache *c)
+{
+    kvt_cache_parts p;
+    kvt_cache_bytes_parts(c, &p);
+    return p.whole + p.pages + p.other;
 }
 
 void kvt_cache_trim(kvt_cache *c)

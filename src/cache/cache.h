@@ -178,6 +178,14 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c);
  * counts once; a cache's figure does not move when a copy of it comes or
  * goes. */
 size_t kvt_cache_bytes_held(const kvt_cache *c);
+/* kvt_cache_bytes_held by kind: the blocks that count in c with every
+ * page (whole: a full block), those with fewer (pages: a partial block's
+ * own pages, a page copied from a shared block), and the rest (tables,
+ * state, keys, spare arena). The three sum to kvt_cache_bytes_held. */
+typedef struct kvt_cache_parts {
+    size_t whole, pages, other;
+} kvt_cache_parts;
+void kvt_cache_bytes_parts(const kvt_cache *c, kvt_cache_parts *out);
 /* Give the spare arena back (a cache that waits, not loading). */
 void kvt_cache_trim(kvt_cache *c);
 
@@ -185,8 +193,12 @@ void kvt_cache_trim(kvt_cache *c);
  * block other caches hold (no copy-on-write), to show that the tests of
  * shared blocks catch it; KVT_CACHE_FAULT_FREE_SHARED makes a cache that
  * lets go of a block of its own allocation free it whoever else holds it
- * (a use after free under ASan, tests/test_tiers.c). 0: none. */
-enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2 };
+ * (a use after free under ASan, tests/test_tiers.c);
+ * KVT_CACHE_FAULT_WHOLE_BLOCKS makes every block a writer owns a whole
+ * one (all its pages, a shared one copied whole: the cache before pages),
+ * to show that tests/test_tiers.c's count of a conversation's own bytes
+ * catches it. 0: none. */
+enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2, KVT_CACHE_FAULT_WHOLE_BLOCKS = 3 };
 extern int kvt_cache_fault;
 
 #endif
