@@ -131,7 +131,8 @@ size_t kvt_model_replay_tokens(const kvt_model *m, size_t n);
 size_t kvt_session_resume_at(const kvt_session *s, size_t cut);
 size_t kvt_session_trim(kvt_session *s, size_t cut);
 /* Whether letting go of s's block b (every stream's) frees it: no session
- * of others[0..n) (s among them or not; NULL entries skipped) holds it.
+ * of others[0..n) (s among them or not; NULL entries skipped) holds it nor
+ * reads it as the base of a block it holds.
  * Holders outside that list (a save's copy in flight) do not count: the
  * block goes when they are done. */
 bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session *const *others, size_t n);

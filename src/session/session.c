@@ -646,7 +646,9 @@ bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session
         if (!h || atomic_load_explicit(&h->refs, memory_order_acquire) == 1) continue;
         for (size_t i = 0; i < n; i++) {
             const kvt_stream *o = others[i] && others[i] != s ? &others[i]->cache->streams[k] : NULL;
-            if (o && b < o->n_blocks && o->held[b] == h) return false;
+            /* held, or read as the base of a block it holds (a page it copied) */
+            for (const kvt_block *x = o && b < o->n_blocks ? o->held[b] : NULL; x; x = x->base)
+                if (x == h) return false;
         }
     }
     return true;
