@@ -39,14 +39,15 @@ unsigned long kvt_test_allocs(void) { return atomic_load(&allocs); }
 void kvt_test_fail_alloc(long k) { atomic_store(&fail_in, k); }
 unsigned long kvt_test_failed_allocs(void) { return atomic_load(&failed); }
 
-/* Blocks the session's cache holds, over all streams (each one allocation
- * when kvt_cache_row first touches it). */
+/* Pages the session's cache holds rows of its own for, over all streams
+ * (each one allocation, a malloc or a realloc, when kvt_cache_row first
+ * touches it). */
 static size_t cache_blocks(const kvt_session *s)
 {
     size_t n = 0;
     for (size_t i = 0; i < s->cache->n_streams; i++) {
         const kvt_stream *st = &s->cache->streams[i];
-        for (size_t b = 0; b < st->n_blocks; b++) n += st->blocks[b] != NULL;
+        for (size_t b = 0; b < st->n_blocks; b++) n += st->held[b] ? st->held[b]->n_pages : 0;
     }
     return n;
 }

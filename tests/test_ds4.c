@@ -22,10 +22,10 @@
 static size_t nonzero_rows(const kvt_stream *st)
 {
     size_t n = 0;
-    for (size_t b = 0; b < st->n_blocks; b++) {
-        if (!st->blocks[b]) continue;
-        for (size_t r = 0; r < st->rows_per_block; r++) {
-            const uint8_t *row = st->blocks[b] + r * st->row_bytes;
+    for (size_t p = 0; p < st->n_blocks * st->pages_per_block; p++) {
+        if (!st->pages[p]) continue;
+        for (size_t r = 0; r < st->page_rows; r++) {
+            const uint8_t *row = st->pages[p] + r * st->row_bytes;
             for (size_t k = 0; k < st->row_bytes; k++)
                 if (row[k]) { n++; break; }
         }

@@ -687,6 +687,18 @@ static size_t blk_bytes(const kvt_session *s)
     return b;
 }
 
+/* Bytes of s's last block (every stream's own rows, and each one's
+ * header): the pages its tokens reach. */
+static size_t tail_bytes(const kvt_session *s)
+{
+    size_t b = 0, last = (kvt_session_len(s) - 1) / KVT_BLOCK;
+    for (size_t i = 0; i < s->cache->n_streams; i++) {
+        const kvt_block *h = s->cache->streams[i].held[last];
+        if (h) b += KVT_BLOCK_ROWS_AT + h->bytes;
+    }
+    return b;
+}
+
 /* Bytes of s's checkpoints past pos. */
 static size_t ckpt_past(const kvt_session *s, size_t pos)
 {
@@ -737,8 +749,11 @@ TEST(tiers_evict_blocks_lru_tail)
     CHECK(kvt_tiers_index_entries(t, 0) == NA / KVT_BLOCK + NB / KVT_BLOCK);
     size_t blk = blk_bytes(a.s), a0 = kvt_session_bytes(a.s), b0 = kvt_session_bytes(b.s);
     uint64_t db = kvt_test_digest(b.s, m);
-    /* one byte over: A's partial block goes, nothing else */
-    size_t want = blk + ckpt_past(a.s, 640);
+    /* one byte over: A's partial block goes, nothing else (its 44 tokens'
+     * 3 pages of 16, not a block of 128) */
+    size_t tail = tail_bytes(a.s), want = tail + ckpt_past(a.s, 640);
+    CHECKF(tail == blk - 5 * (blk - KVT_BLOCK_ROWS_AT * a.s->cache->n_streams) / 8, "A's partial block: %zu bytes, a block %zu",
+           tail, blk);
     t->o.ram_bytes = kvt_tiers_bytes(t, 0) - 1;
     CHECK_OK(trigger(t, 0, 40));
     CHECKF(in_pool(t, a.s, 0) && kvt_session_len(a.s) == 640, "A holds %zu", kvt_session_len(a.s));
@@ -964,4 +979,81 @@ TEST(tiers_evict_blocks_resume_recurrent)
 {
     static const fam_spec qwen35 = {"qwen35", .qwen35 = FAM_Q35_DENSE};
     resume_family(&qwen35);
+}
+
+/* Conversations on one system prompt, as the server runs them (a fork of
+ * the first at the prompt's end, then the conversation's own tokens): what
+ * each holds of its own, by kind (kvt_session_bytes_parts). The prompt ends
+ * inside a block (700 = 5 x 128 + 60, page 3 of 16 tokens; the fork is at
+ * 700 or a token or two past it, as the seeds' tokens agree); each of the
+ * other conversations owns exactly the pages its 30 tokens reach, 3 (rows
+ * 60-89 of block 5: the page it copies from the shared block and 2 of its
+ * own), and no whole block, and gives the bits of a cold run. false when
+ * not (the reason printed): with KVT_CACHE_FAULT_WHOLE_BLOCKS (whole-block
+ * copies, the cache before pages) it must be. */
+enum { CONV_SYS = 700, CONV_OWN = 30, CONV_N = 6 };
+static bool conversations_own_pages(kvt_model *m, bool fault)
+{
+    seen w = {0};
+    kvt_tiers *t = tiers_on(m, 1, 2048, &w);
+    if (!t) return false;
+    kvt_cache_fault = fault ? KVT_CACHE_FAULT_WHOLE_BLOCKS : 0;
+    bool ok = true;
+    double sum = 0, one = 0;
+    const kvt_session *first = NULL;
+    int32_t p[CONV_SYS + CONV_OWN];
+    fam_prompt(p, CONV_SYS, 50);
+    for (int i = 0; i < CONV_N && ok; i++) {
+        fam_prompt(p + CONV_SYS, CONV_OWN, 60 + (uint64_t)i);
+        kvt_tier_pick k;
+        if (run(t, 0, NULL, p, CONV_SYS + CONV_OWN, &k) || (i && !(k.forked && pick_is(&k, "ram", k.reused) && k.reused >= CONV_SYS && k.reused < 704))) {
+            ok = false;
+            break;
+        }
+        const kvt_cache *c = k.s->cache;
+        size_t want = 0;
+        for (size_t s = 0; s < c->n_streams; s++)
+            want += KVT_BLOCK_ROWS_AT + 3 * (size_t)c->streams[s].page_rows * c->streams[s].row_bytes;
+        kvt_session_parts q;
+        kvt_session_bytes_parts(k.s, &q);
+        sum += (double)kvt_session_bytes(k.s);
+        if (!i) {
+            one = (double)kvt_session_bytes(k.s);
+            first = k.s;
+        }
+        printf("    conversation %d%s: rows of whole blocks %zu, of pages %zu, checkpoints %zu, other %zu, scratch %zu "
+               "bytes\n", i + 1, fault ? " (whole blocks)" : "", q.rows_whole, q.rows_pages, q.checkpoints, q.other,
+               q.scratch);
+        if (i && (q.rows_whole || q.rows_pages != want)) {
+            printf("    conversation %d owns rows of %zu bytes in whole blocks and %zu in pages; 3 pages are %zu\n", i + 1,
+                   q.rows_whole, q.rows_pages, want);
+            ok = false;
+        }
+        if (kvt_test_digest(k.s, m) != kvt_test_twin(m, p, CONV_SYS + CONV_OWN)) {
+            printf("    conversation %d differs from a cold run\n", i + 1);
+            ok = false;
+        }
+    }
+    printf("    %d conversations: %.3fx one's bytes\n", CONV_N, sum / one);
+    /* the first one's partial block is the others' base: cutting it would
+     * free nothing (make_room drops the session whole instead) */
+    const kvt_session *all[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];
+    for (size_t i = 0; i < t->n; i++) all[i] = t->pool[i].s;
+    if (ok && !fault && kvt_session_block_private(first, CONV_SYS / KVT_BLOCK, all, t->n)) {
+        printf("    the first conversation's partial block, the others' base, counts as its own\n");
+        ok = false;
+    }
+    kvt_cache_fault = 0;
+    kvt_tiers_free(t);
+    return ok;
+}
+
+TEST(tiers_share_conversation_pages)
+{
+    char dir[] = "/tmp/kvt-tiers-XXXXXX", path[256];
+    kvt_model *m = fam_open(&llama_fam, dir, path, sizeof path);
+    if (!m) return;
+    CHECK(conversations_own_pages(m, false));
+    CHECK(!conversations_own_pages(m, true));
+    fam_close(m, dir, path);
 }

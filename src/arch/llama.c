@@ -274,7 +274,7 @@ struct attn_ctx {
 /* Rows j .. *end - 1 of KV head h's K (v = 0) or V (v = 1) for attention:
  * the first row's first element, *ld bytes from one row to the next, in
  * the type *t (the kernels read rows in their type, kernels.h). A global
- * layer's rows are its streams' (contiguous within a block); a window
+ * layer's rows are its streams' (contiguous within a page of the cache); a window
  * layer's positions before the pass are in its ring (contiguous up to the
  * ring's end), its own in the pass's scratch (f32, already rounded to the
  * row type: rope_range). Only the rows' values reach the result (each
@@ -295,7 +295,7 @@ static const uint8_t *rows_at(const struct attn_ctx *c, int v, size_t h, size_t 
     *ld = kvt_rows_bytes(*t, KV);
     const uint8_t *row;
     if (!c->ring) {
-        *end = (j / KVT_BLOCK + 1) * KVT_BLOCK;
+        *end = kvt_cache_run_end(c->cache, c->stream + (size_t)v, j);
         row = kvt_cache_row_ro(c->cache, c->stream + (size_t)v, j);
     } else {
         size_t slot = j % W;

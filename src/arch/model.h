@@ -26,6 +26,14 @@ void kvt_session_set_save_mark(kvt_session *s, size_t pos);
  * token and logit arrays, scratch (while it has some) and the session
  * itself. */
 size_t kvt_session_bytes(const kvt_session *s);
+/* kvt_session_bytes by kind, summing to it: rows of whole blocks and of
+ * pages (kvt_cache_bytes_parts: what counts in this session), its
+ * checkpoints (logits and state), the rest (token and logit arrays, block
+ * tables, the cache's state) and its scratch. */
+typedef struct kvt_session_parts {
+    size_t rows_whole, rows_pages, checkpoints, other, scratch;
+} kvt_session_parts;
+void kvt_session_bytes_parts(const kvt_session *s, kvt_session_parts *out);
 
 /* Sessions for a pool of them (tiers.c). kvt_session_new_on makes a
  * session as kvt_session_new does, except that it runs on pool (borrowed:
@@ -123,7 +131,8 @@ size_t kvt_model_replay_tokens(const kvt_model *m, size_t n);
 size_t kvt_session_resume_at(const kvt_session *s, size_t cut);
 size_t kvt_session_trim(kvt_session *s, size_t cut);
 /* Whether letting go of s's block b (every stream's) frees it: no session
- * of others[0..n) (s among them or not; NULL entries skipped) holds it.
+ * of others[0..n) (s among them or not; NULL entries skipped) holds it nor
+ * reads it as the base of a block it holds.
  * Holders outside that list (a save's copy in flight) do not count: the
  * block goes when they are done. */
 bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session *const *others, size_t n);

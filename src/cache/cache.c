@@ -9,11 +9,23 @@
  *
  * Sharing: every block has a header with an atomic count of the caches
  * holding it (cache.h). A copy of a session takes references
- * (kvt_cache_share); the only way to write rows is kvt_cache_row, which
- * copies a block held by others before handing out a pointer into it, so a
- * shared block stays exactly as it was when it was shared. The count is
- * read with acquire order there: a copy let go on another thread has
- * finished reading the block before this cache writes it. */
+ * (kvt_cache_share); the only ways to write rows are kvt_cache_row and
+ * kvt_cache_block, which copy what they write of a block held by others
+ * before handing out a pointer into it, so a shared block stays exactly as
+ * it was when it was shared. The count is read with acquire order there: a
+ * copy let go on another thread has finished reading the block before this
+ * cache writes it.
+ *
+ * Pages: each stream's table points at every page (KVT_PAGE tokens) of
+ * every block, so a read is one lookup whichever block the page's rows are
+ * in. A block's own rows cover a run of its pages; a write past them grows
+ * the run (realloc: the block is this cache's alone), and a write into a
+ * block others hold makes a new block of that one page whose base is the
+ * shared block (held by reference, so its rows stay while the table points
+ * into them). So a conversation that starts inside a shared prompt's last
+ * block holds one page of that block and the pages of its own tokens, not
+ * two whole blocks: on the Qwen3-0.6B shape 16 tokens are 1.75 MiB, a block
+ * 14 MiB. */
 #include "cache/cache.h"
 #include "base/util.h"
 
@@ -27,6 +39,8 @@ int kvt_cache_fault;
 _Static_assert(sizeof(kvt_block) <= ROWS_AT, "a block header fits before its rows");
 
 static uint8_t *own_rows(kvt_block *h) { return (uint8_t *)h + ROWS_AT; }
+
+static size_t page_bytes(const kvt_stream *st) { return (size_t)st->page_rows * st->row_bytes; }
 
 kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max_tokens,
                          size_t state_bytes)
@@ -48,9 +62,11 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
         st->row_bytes = spec[s][0];
         st->rows_per_block = spec[s][1];
         st->n_blocks = n_blocks;
-        st->blocks = kvt_calloc(n_blocks ? n_blocks : 1, sizeof *st->blocks);
+        st->page_rows = st->rows_per_block * KVT_PAGE / KVT_BLOCK ? st->rows_per_block * KVT_PAGE / KVT_BLOCK : 1;
+        st->pages_per_block = st->rows_per_block / st->page_rows;
+        st->pages = kvt_calloc(n_blocks ? n_blocks * st->pages_per_block : 1, sizeof *st->pages);
         st->held = kvt_calloc(n_blocks ? n_blocks : 1, sizeof *st->held);
-        if (!st->blocks || !st->held || !st->rows_per_block || KVT_BLOCK % st->rows_per_block) {
+        if (!st->pages || !st->held || !st->rows_per_block || KVT_BLOCK % st->rows_per_block) {
             kvt_cache_free(c);
             return NULL;
         }
@@ -58,21 +74,21 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
     return c;
 }
 
-/* Let go of one block. The last holder frees it: its own allocation, or
- * its share of an arena (the arena with its last block; the largest
- * emptied arena stays with c for its next load when keep says so). c is
- * the cache letting go, on its own thread. */
-static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
+/* Drop one reference to h. The last holder frees it: its own allocation,
+ * or its share of an arena (the arena with its last block; the largest
+ * emptied arena stays with c for its next load when keep says so), and
+ * then drops its reference to its base. */
+static void block_unref(kvt_cache *c, kvt_block *h, bool keep)
 {
     if (!h) return;
-    /* the block's count goes with it (before the holder count: after it,
-     * another holder may free the block); the next holder to count takes it */
-    uintptr_t me = (uintptr_t)c;
-    atomic_compare_exchange_strong(&h->owner, &me, (uintptr_t)0);
-    if (kvt_cache_fault == KVT_CACHE_FAULT_FREE_SHARED && !h->arena) { free(h); return; }
     if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
+    kvt_block *base = h->base;
     kvt_arena *a = h->arena;
-    if (!a) { free(h); return; }
+    if (!a) {
+        free(h);
+        block_unref(c, base, keep);
+        return;
+    }
     atomic_fetch_sub_explicit(&a->live_bytes, h->bytes, memory_order_relaxed);
     if (atomic_fetch_sub_explicit(&a->live, 1, memory_order_acq_rel) != 1) return;
     if (keep && (!c->spare || a->bytes > c->spare_bytes)) {
@@ -83,6 +99,24 @@ static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
         free(a->base);
     }
     free(a);
+    block_unref(c, base, keep);
+}
+
+/* Let go of one block that c holds. c is the cache letting go, on its own
+ * thread. */
+static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
+{
+    if (!h) return;
+    /* the count of the block and of the bases it reads goes with it (before
+     * the holder count: after it, another holder may free the block); the
+     * next holder to count takes it. c reaches a base through this block
+     * only: every block it reaches is at the same place in the same stream. */
+    for (kvt_block *x = h; x; x = x->base) {
+        uintptr_t me = (uintptr_t)c;
+        atomic_compare_exchange_strong(&x->owner, &me, (uintptr_t)0);
+    }
+    if (kvt_cache_fault == KVT_CACHE_FAULT_FREE_SHARED && !h->arena) { free(h); return; }
+    block_unref(c, h, keep);
 }
 
 static void block_release(kvt_cache *c, kvt_block *h) { block_let_go(c, h, true); }
@@ -92,7 +126,7 @@ static void slot_clear(kvt_cache *c, kvt_stream *st, size_t b)
 {
     block_release(c, st->held[b]);
     st->held[b] = NULL;
-    st->blocks[b] = NULL;
+    for (size_t k = 0; k < st->pages_per_block; k++) st->pages[b * st->pages_per_block + k] = NULL;
 }
 
 void kvt_cache_free(kvt_cache *c)
@@ -100,8 +134,8 @@ void kvt_cache_free(kvt_cache *c)
     if (!c) return;
     for (size_t s = 0; s < c->n_streams; s++) {
         kvt_stream *st = &c->streams[s];
-        for (size_t b = 0; st->blocks && st->held && b < st->n_blocks; b++) slot_clear(c, st, b);
-        free(st->blocks);
+        for (size_t b = 0; st->pages && st->held && b < st->n_blocks; b++) slot_clear(c, st, b);
+        free(st->pages);
         free(st->held);
     }
     free(c->spare);
@@ -111,23 +145,68 @@ void kvt_cache_free(kvt_cache *c)
     free(c);
 }
 
-/* Give stream st's block b a block of its own: a new zeroed one where there
- * is none, else a copy of the one it holds (which it lets go; an arena that
- * empties goes too unless keep). */
-static bool own_block(kvt_cache *c, kvt_stream *st, size_t b, bool keep)
+/* Give stream st's block b its own rows for pages [lo, hi) of it, the
+ * rows it reads now kept (a page not written yet: zeros). The block held
+ * there now (h) goes on as follows:
+ *   - c alone holds it: the new block's own pages are h's and [lo, hi)
+ *     (in place when they only grow past h's: realloc), its base h's;
+ *   - others hold it too: the new block owns [lo, hi) only and reads the
+ *     pages before them from h, its base (c's reference moves there); the
+ *     pages after them are not c's any more (nothing read them: the rows
+ *     past a session's tokens are never read);
+ *   - none: a new block of [lo, hi).
+ * An arena's block that empties goes too unless keep. false: no memory,
+ * nothing changed. */
+static bool own_pages(kvt_cache *c, kvt_stream *st, size_t b, size_t lo, size_t hi, bool keep)
 {
-    size_t bytes = (size_t)st->rows_per_block * st->row_bytes;
-    kvt_block *old = st->held[b];
-    kvt_block *h = old ? kvt_malloc(ROWS_AT + bytes) : kvt_calloc(1, ROWS_AT + bytes);
-    if (!h) return false;
-    atomic_init(&h->refs, 1);
-    atomic_init(&h->owner, (uintptr_t)c);
-    h->arena = NULL;
-    h->bytes = bytes;
-    if (old) memcpy(own_rows(h), st->blocks[b], bytes);
-    block_let_go(c, old, keep);
-    st->held[b] = h;
-    st->blocks[b] = own_rows(h);
+    kvt_block *h = st->held[b];
+    size_t pb = page_bytes(st), ppb = st->pages_per_block;
+    uint8_t **pg = st->pages + b * ppb;
+    if (kvt_cache_fault == KVT_CACHE_FAULT_WHOLE_BLOCKS) {
+        lo = 0;
+        hi = ppb;
+    }
+    bool alone = h && atomic_load_explicit(&h->refs, memory_order_acquire) == 1;
+    if (alone) {
+        if (h->from < lo) lo = h->from;
+        if (h->from + h->n_pages > hi) hi = h->from + h->n_pages;
+    }
+    size_t bytes = (hi - lo) * pb;
+    if (alone && !h->arena && lo == h->from) { /* grows past its own pages: in place */
+        kvt_block *n = realloc(h, ROWS_AT + bytes);
+        if (!n) return false;
+        memset(own_rows(n) + n->bytes, 0, bytes - n->bytes);
+        n->n_pages = (uint32_t)(hi - lo);
+        n->bytes = bytes;
+        st->held[b] = n;
+        for (size_t k = lo; k < hi; k++) pg[k] = own_rows(n) + (k - lo) * pb;
+        return true;
+    }
+    kvt_block *n = kvt_malloc(ROWS_AT + bytes);
+    if (!n) return false;
+    atomic_init(&n->refs, 1);
+    atomic_init(&n->owner, (uintptr_t)c);
+    n->arena = NULL;
+    n->from = (uint32_t)lo;
+    n->n_pages = (uint32_t)(hi - lo);
+    n->bytes = bytes;
+    for (size_t k = lo; k < hi; k++) {
+        if (pg[k]) memcpy(own_rows(n) + (k - lo) * pb, pg[k], pb);
+        else memset(own_rows(n) + (k - lo) * pb, 0, pb);
+    }
+    n->base = NULL;
+    if (alone) { /* h goes; its base (which serves [0, lo) as it served [0, h->from)) is n's now */
+        if (lo) n->base = h->base;
+        else block_unref(c, h->base, keep);
+        h->base = NULL;
+        block_let_go(c, h, keep);
+    } else if (h && lo) { /* c's reference to h is n's */
+        n->base = h;
+    } else {
+        block_let_go(c, h, keep);
+    }
+    st->held[b] = n;
+    for (size_t k = lo; k < ppb; k++) pg[k] = k < hi ? own_rows(n) + (k - lo) * pb : NULL;
     return true;
 }
 
@@ -136,12 +215,25 @@ void *kvt_cache_row(kvt_cache *c, size_t s, size_t r)
     kvt_stream *st = &c->streams[s];
     size_t b = r / st->rows_per_block;
     if (b >= st->n_blocks) return NULL;
+    size_t q = r % st->rows_per_block / st->page_rows;
     kvt_block *h = st->held[b];
     /* copy-on-write: a block another cache holds is never written */
     bool shared = h && atomic_load_explicit(&h->refs, memory_order_acquire) > 1 &&
                   kvt_cache_fault != KVT_CACHE_FAULT_WRITE_SHARED;
-    if ((!h || shared) && !own_block(c, st, b, true)) return NULL;
-    return st->blocks[b] + (r % st->rows_per_block) * (size_t)st->row_bytes;
+    bool mine = h && !shared && q >= h->from && q < (size_t)h->from + h->n_pages;
+    if (!mine && !own_pages(c, st, b, q, q + 1, true)) return NULL;
+    return st->pages[r / st->page_rows] + (r % st->page_rows) * (size_t)st->row_bytes;
+}
+
+void *kvt_cache_block(kvt_cache *c, size_t s, size_t b)
+{
+    kvt_stream *st = &c->streams[s];
+    if (b >= st->n_blocks) return NULL;
+    kvt_block *h = st->held[b];
+    bool whole = h && h->from == 0 && h->n_pages == st->pages_per_block &&
+                 atomic_load_explicit(&h->refs, memory_order_acquire) == 1;
+    if (!whole && !own_pages(c, st, b, 0, st->pages_per_block, true)) return NULL;
+    return st->pages[b * st->pages_per_block];
 }
 
 int kvt_cache_share(kvt_cache *dst, const kvt_cache *src, size_t n_tokens)
@@ -164,7 +256,8 @@ int kvt_cache_share(kvt_cache *dst, const kvt_cache *src, size_t n_tokens)
             if (h) atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed);
             block_release(dst, d->held[b]);
             d->held[b] = h;
-            d->blocks[b] = a->blocks[b];
+            memcpy(d->pages + b * d->pages_per_block, a->pages + b * a->pages_per_block,
+                   a->pages_per_block * sizeof *d->pages);
         }
     }
     return KVT_OK;
@@ -191,7 +284,7 @@ void kvt_cache_truncate(kvt_cache *c, size_t n_tokens)
             if (!h || !h->arena || atomic_load_explicit(&h->arena->live, memory_order_relaxed) * 4 >= h->arena->count ||
                 atomic_load_explicit(&h->refs, memory_order_acquire) != 1)
                 continue;
-            own_block(c, st, b, false); /* no memory: it stays in the arena, nothing is lost */
+            own_pages(c, st, b, 0, st->pages_per_block, false); /* no memory: it stays in the arena, nothing is lost */
         }
     }
 }
@@ -205,7 +298,7 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
         const kvt_stream *st = &c->streams[s];
         if (nb > st->n_blocks) return KVT_ENOMEM;
         for (size_t b = 0; b < nb; b++)
-            if (st->blocks[b]) return KVT_EINVAL;
+            if (st->held[b]) return KVT_EINVAL;
         size_t blk = (size_t)st->rows_per_block * st->row_bytes;
         per_block += blk;
         count += blk ? nb : 0;
@@ -257,9 +350,12 @@ int kvt_cache_reserve(kvt_cache *c, size_t nb)
             atomic_init(&h->refs, 1);
             atomic_init(&h->owner, (uintptr_t)c);
             h->arena = a;
+            h->base = NULL;
+            h->from = 0;
+            h->n_pages = st->pages_per_block;
             h->bytes = blk;
             st->held[b] = h;
-            st->blocks[b] = p;
+            for (size_t k = 0; k < st->pages_per_block; k++) st->pages[b * st->pages_per_block + k] = p + k * page_bytes(st);
         }
     }
     return KVT_OK;
@@ -271,7 +367,7 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];
         for (size_t b = 0; b < st->n_blocks; b++)
-            if (st->blocks[b]) total += (size_t)st->rows_per_block * st->row_bytes;
+            for (const kvt_block *h = st->held[b]; h; h = h->base) total += h->bytes;
     }
     return total + c->spare_bytes;
 }
@@ -297,18 +393,26 @@ static double block_part(const kvt_cache *c, kvt_block *h)
     return mem;
 }
 
-size_t kvt_cache_bytes_held(const kvt_cache *c)
+void kvt_cache_bytes_parts(const kvt_cache *c, kvt_cache_parts *out)
 {
-    size_t total = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare_bytes +
+    size_t other = sizeof *c + c->state_bytes + c->n_streams * sizeof *c->streams + c->spare_bytes +
                    (c->max_tokens + KVT_BLOCK - 1) / KVT_BLOCK * sizeof *c->keys;
-    double blocks = 0;
+    double whole = 0, pages = 0;
     for (size_t s = 0; s < c->n_streams; s++) {
         const kvt_stream *st = &c->streams[s];
-        total += st->n_blocks * (sizeof *st->blocks + sizeof *st->held);
+        other += st->n_blocks * (st->pages_per_block * sizeof *st->pages + sizeof *st->held);
         for (size_t b = 0; b < st->n_blocks; b++)
-            if (st->held[b]) blocks += block_part(c, st->held[b]);
+            for (kvt_block *h = st->held[b]; h; h = h->base)
+                *(h->n_pages == st->pages_per_block ? &whole : &pages) += block_part(c, h);
     }
-    return total + (size_t)(blocks + 0.5);
+    *out = (kvt_cache_parts){(size_t)(whole + 0.5), (size_t)(pages + 0.5), other};
+}
+
+size_t kvt_cache_bytes_held(const kvt_cache *c)
+{
+    kvt_cache_parts p;
+    kvt_cache_bytes_parts(c, &p);
+    return p.whole + p.pages + p.other;
 }
 
 void kvt_cache_trim(kvt_cache *c)

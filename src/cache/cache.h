@@ -9,6 +9,16 @@
  * snapshot load makes for all the blocks it restores), so whole blocks can
  * be addressed, shared and persisted by the token prefix they cover.
  *
+ * Inside a block, rows are addressed in pages of KVT_PAGE tokens (16 rows
+ * of a stream with 128 rows per block; a stream with fewer rows per block
+ * than that has one page per block). A block a session writes has rows of
+ * its own for the pages it wrote only, and grows a page at a time: a
+ * session's partial last block holds the pages its tokens reach, not 128
+ * tokens' worth. A session that writes into a block it shares (its own
+ * turn starting inside a shared prompt's last block) copies the page it
+ * writes, not the block: its new block reads the pages before that one
+ * from the shared block, which it holds as its base.
+ *
  * Next to the streams, a cache holds a fixed-size state area whose size does
  * not depend on the context: ds4's sliding-window ring and the frontier (the
  * pooling inputs of compressed blocks not yet complete).
@@ -26,17 +36,23 @@
 #include <stdint.h>
 
 #define KVT_BLOCK 128
+#define KVT_PAGE 16  /* tokens per page: the step a block's own rows grow by */
 
 typedef struct kvt_arena kvt_arena;
 
 /* The rows of one block of one stream, shared by reference between caches.
  * The last cache to let it go frees it: its own allocation (the rows follow
- * this header) or its part of an arena. */
+ * this header) or its part of an arena. Its own rows are those of pages
+ * [from, from + n_pages) of the block; the pages before them are read from
+ * base (when from > 0 and they were written), the pages after them are not
+ * written yet. */
 typedef struct kvt_block {
-    atomic_size_t refs;      /* caches holding it; > 1: nobody writes it */
+    atomic_size_t refs;      /* caches and blocks (as base) holding it; > 1: nobody writes it */
     atomic_uintptr_t owner;  /* the cache it counts in (kvt_cache_bytes_held); 0: none yet */
     kvt_arena *arena;        /* the arena its rows are carved from, NULL: its own allocation */
-    size_t bytes;            /* its rows' bytes: rows_per_block * row_bytes */
+    struct kvt_block *base;  /* the block pages [0, from) are read from, held by reference; NULL: none */
+    uint32_t from, n_pages;  /* its own pages: [from, from + n_pages) */
+    size_t bytes;            /* its own rows' bytes: n_pages pages */
 } kvt_block;
 
 /* The rows of a block with its own allocation start this far past its
@@ -57,9 +73,11 @@ struct kvt_arena {
 typedef struct kvt_stream {
     uint32_t row_bytes;      /* bytes of one row */
     uint32_t rows_per_block; /* rows one 128-token block contributes: divides 128 */
+    uint32_t page_rows;      /* rows of one page: rows_per_block * KVT_PAGE / 128, at least 1 */
+    uint32_t pages_per_block;/* rows_per_block / page_rows */
     size_t n_blocks;         /* allocated block slots */
-    uint8_t **blocks;        /* (n_blocks) -> (rows_per_block, row_bytes) or NULL */
-    kvt_block **held;        /* (n_blocks) -> the header of blocks[b] (NULL with it) */
+    uint8_t **pages;         /* (n_blocks * pages_per_block) -> (page_rows, row_bytes) or NULL */
+    kvt_block **held;        /* (n_blocks) -> the block whose pages these are (NULL: none) */
 } kvt_stream;
 
 typedef struct kvt_cache {
@@ -93,11 +111,24 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
                          size_t state_bytes);
 /* Lets go of every block (a block another cache holds stays with it). */
 void kvt_cache_free(kvt_cache *c);
-/* Row r of stream s for writing: allocates its block on first use, and
- * gives the cache its own copy of a block another cache holds too before
- * anything writes it (NULL: out of memory or r past capacity). Every write
- * of rows goes through here. */
+/* Row r of stream s for writing: allocates its page on first use (the
+ * block's own rows grow by a page), and gives the cache its own copy of a
+ * page of a block another cache holds too before anything writes it (NULL:
+ * out of memory or r past capacity). Every write of rows goes through here
+ * or kvt_cache_block. */
 void *kvt_cache_row(kvt_cache *c, size_t s, size_t r);
+/* Block b of stream s whole for writing: its rows_per_block rows in one
+ * piece, its own (NULL: out of memory or b past capacity). */
+void *kvt_cache_block(kvt_cache *c, size_t s, size_t b);
+/* Block b of stream s whole for reading when its rows are in one piece (a
+ * block of its own with every page: kvt_cache_reserve's, a full block),
+ * else NULL. */
+static inline const void *kvt_cache_block_ro(const kvt_cache *c, size_t s, size_t b)
+{
+    const kvt_stream *st = &c->streams[s];
+    const kvt_block *h = b < st->n_blocks ? st->held[b] : NULL;
+    return h && h->from == 0 && h->n_pages == st->pages_per_block ? st->pages[b * st->pages_per_block] : NULL;
+}
 /* Make dst hold src's blocks of tokens [0, n_tokens) by reference (the
  * blocks dst held there are let go): no row is copied. The caches must be
  * of the same shape (KVT_EINVAL otherwise); dst's capacity must cover
@@ -111,11 +142,18 @@ int kvt_cache_share(kvt_cache *dst, const kvt_cache *src, size_t n_tokens);
  * them). Blocks freed later go one by one as before; the allocation goes
  * with the last of them. KVT_ENOMEM, or KVT_OK. */
 int kvt_cache_reserve(kvt_cache *c, size_t nb);
-/* Row r of stream s for reading; the block must exist. */
+/* Row r of stream s for reading; the row must have been written. */
 static inline const void *kvt_cache_row_ro(const kvt_cache *c, size_t s, size_t r)
 {
     const kvt_stream *st = &c->streams[s];
-    return st->blocks[r / st->rows_per_block] + (r % st->rows_per_block) * (size_t)st->row_bytes;
+    return st->pages[r / st->page_rows] + (r % st->page_rows) * (size_t)st->row_bytes;
+}
+/* The first row past row r of stream s that does not follow it in memory
+ * (rows are contiguous within a page). */
+static inline size_t kvt_cache_run_end(const kvt_cache *c, size_t s, size_t r)
+{
+    const kvt_stream *st = &c->streams[s];
+    return (r / st->page_rows + 1) * st->page_rows;
 }
 /* Rows of stream s that cover tokens [0, n_tokens). */
 static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_tokens)
@@ -128,8 +166,8 @@ static inline size_t kvt_cache_rows_for(const kvt_cache *c, size_t s, size_t n_t
  * allocations of their own (rows are addressed through the block table,
  * never held across a truncation). */
 void kvt_cache_truncate(kvt_cache *c, size_t n_tokens);
-/* Bytes of the blocks the cache holds (each in full, shared or not), its
- * state and its spare arena. */
+/* Bytes of the rows the cache holds (of its blocks and their bases, shared
+ * or not), its state and its spare arena. */
 size_t kvt_cache_bytes_allocated(const kvt_cache *c);
 /* This cache's part of the RAM the caches hold: the state, the block
  * tables, the spare arena, the cache itself, and the blocks that count in
@@ -140,6 +178,14 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c);
  * counts once; a cache's figure does not move when a copy of it comes or
  * goes. */
 size_t kvt_cache_bytes_held(const kvt_cache *c);
+/* kvt_cache_bytes_held by kind: the blocks that count in c with every
+ * page (whole: a full block), those with fewer (pages: a partial block's
+ * own pages, a page copied from a shared block), and the rest (tables,
+ * state, keys, spare arena). The three sum to kvt_cache_bytes_held. */
+typedef struct kvt_cache_parts {
+    size_t whole, pages, other;
+} kvt_cache_parts;
+void kvt_cache_bytes_parts(const kvt_cache *c, kvt_cache_parts *out);
 /* Give the spare arena back (a cache that waits, not loading). */
 void kvt_cache_trim(kvt_cache *c);
 
@@ -147,8 +193,12 @@ void kvt_cache_trim(kvt_cache *c);
  * block other caches hold (no copy-on-write), to show that the tests of
  * shared blocks catch it; KVT_CACHE_FAULT_FREE_SHARED makes a cache that
  * lets go of a block of its own allocation free it whoever else holds it
- * (a use after free under ASan, tests/test_tiers.c). 0: none. */
-enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2 };
+ * (a use after free under ASan, tests/test_tiers.c);
+ * KVT_CACHE_FAULT_WHOLE_BLOCKS makes every block a writer owns a whole
+ * one (all its pages, a shared one copied whole: the cache before pages),
+ * to show that tests/test_tiers.c's count of a conversation's own bytes
+ * catches it. 0: none. */
+enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2, KVT_CACHE_FAULT_WHOLE_BLOCKS = 3 };
 extern int kvt_cache_fault;
 
 #endif

@@ -456,13 +456,13 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
                 lru = i;
         if (lru == SIZE_MAX) break;
         if (kvt_tiers_count(t, tenant) < slots) {
-            /* the session's bytes are all that moves: the block let go
-             * counted in it, and no other pooled session held it */
+            /* counted again: the block let go may have read a base that
+             * counted in this session and counts in another holder now */
             size_t before = kvt_session_bytes(t->pool[lru].s);
             if (trim_tail(t, lru, store)) {
-                size_t after = kvt_session_bytes(t->pool[lru].s), d = before > after ? before - after : 0;
-                t->freed += d;
-                bytes = bytes > d ? bytes - d : 0;
+                size_t after = kvt_session_bytes(t->pool[lru].s);
+                t->freed += before > after ? before - after : 0;
+                bytes = kvt_tiers_bytes(t, tenant);
                 continue;
             }
         }

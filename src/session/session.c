@@ -568,13 +568,26 @@ int kvt_session_nll(kvt_session *s, const int32_t *tokens, size_t n, double *sum
     return KVT_OK;
 }
 
+void kvt_session_bytes_parts(const kvt_session *s, kvt_session_parts *out)
+{
+    size_t V = s->m->info.n_vocab, ck = 0;
+    kvt_cache_parts c;
+    kvt_cache_bytes_parts(s->cache, &c);
+    for (size_t i = 0; i < s->n_ckpt; i++) ck += s->ckpt[i].state.cap + V * sizeof(float);
+    *out = (kvt_session_parts){
+        .rows_whole = c.whole,
+        .rows_pages = c.pages,
+        .checkpoints = ck + s->cap_ckpt * sizeof *s->ckpt,
+        .other = sizeof *s + c.other + (size_t)s->n_ctx * sizeof(int32_t) + V * sizeof(float),
+        .scratch = kvt_session_scratch_bytes(s->m, s->work),
+    };
+}
+
 size_t kvt_session_bytes(const kvt_session *s)
 {
-    size_t V = s->m->info.n_vocab;
-    size_t b = sizeof *s + kvt_cache_bytes_held(s->cache) + (size_t)s->n_ctx * sizeof(int32_t) + V * sizeof(float);
-    b += s->cap_ckpt * sizeof *s->ckpt;
-    for (size_t i = 0; i < s->n_ckpt; i++) b += s->ckpt[i].state.cap + V * sizeof(float);
-    return b + kvt_session_scratch_bytes(s->m, s->work);
+    kvt_session_parts p;
+    kvt_session_bytes_parts(s, &p);
+    return p.rows_whole + p.rows_pages + p.checkpoints + p.other + p.scratch;
 }
 
 int kvt_session_clone(kvt_session *dst, const kvt_session *src)
@@ -633,7 +646,9 @@ bool kvt_session_block_private(const kvt_session *s, size_t b, const kvt_session
         if (!h || atomic_load_explicit(&h->refs, memory_order_acquire) == 1) continue;
         for (size_t i = 0; i < n; i++) {
             const kvt_stream *o = others[i] && others[i] != s ? &others[i]->cache->streams[k] : NULL;
-            if (o && b < o->n_blocks && o->held[b] == h) return false;
+            /* held, or read as the base of a block it holds (a page it copied) */
+            for (const kvt_block *x = o && b < o->n_blocks ? o->held[b] : NULL; x; x = x->base)
+                if (x == h) return false;
         }
     }
     return true;

@@ -515,13 +515,12 @@ static size_t block_rows_len(const kvt_cache *c)
     return n;
 }
 
-/* Where block b's rows of stream i are: the block exists (kvt_cache_reserve
- * made it), or NULL. Reads the block table only, so the reader thread may
- * call it while the checker loads other blocks. */
+/* Where block b's rows of stream i are: the block exists whole
+ * (kvt_cache_reserve made it), or NULL. Reads the block table only, so the
+ * reader thread may call it while the checker loads other blocks. */
 static void *block_dst(const kvt_cache *c, size_t i, uint32_t b)
 {
-    const kvt_stream *st = &c->streams[i];
-    return b < st->n_blocks ? st->blocks[b] : NULL;
+    return (void *)kvt_cache_block_ro(c, i, b);
 }
 
 /* The places block b's rows are read into in place (false: a block without
@@ -585,10 +584,9 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
     if (in_place) return KVT_OK;
     const uint8_t *rows = p + head;
     for (size_t i = 0; i < c->n_streams; i++) {
-        /* a block's rows of one stream are one allocation (cache.h) */
         const kvt_stream *st = &c->streams[i];
         size_t bytes = (size_t)st->rows_per_block * st->row_bytes;
-        void *dst = kvt_cache_row(s->cache, i, (size_t)b * st->rows_per_block);
+        void *dst = kvt_cache_block(s->cache, i, b);
         if (!dst) return kvt_fail(KVT_ENOMEM, "block %u rows", b);
         memcpy(dst, rows, bytes);
         rows += bytes;
