@@ -21,6 +21,13 @@
  *                  kvt_storeq_fault_held_at_queue (the count taken when
  *                  queued) it stays next to nothing, and the test says so
  *
+ *   storeq_save_writes_idle  ds4-tiny, in process: the saves' thread
+ *                  writes a save's segments at SCHED_IDLE (the policy the
+ *                  kernel reports for the writing thread, sched_getscheduler,
+ *                  at each piece written), and a save on another thread at
+ *                  its own policy; with kvt_storeq_fault_no_idle the saves'
+ *                  thread writes at its own policy too, and the test says so
+ *
  * The first two fail on a build whose scheduler saves in line (KVT_BIN of a tree
  * before the store thread): the short requests wait for the lock, the
  * streams stop for every save. They need curl (and node for the second),
@@ -32,9 +39,12 @@
 #include "arch/model.h"
 #include "store/store.h"
 #include "store/storeq.h"
+#include "base/threads.h"
 #include "base/util.h"
+#include "store/segments.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -317,4 +327,72 @@ TEST(storeq_held_follows_copies)
     held_copy(1, &before, &after, &rows);
     kvt_storeq_fault_held_at_queue = false;
     CHECKF(after == before, "with the count taken when queued, the copy went from %zu to %zu", before, after);
+}
+
+/* ---- the saves' thread writes at idle priority ---- */
+
+/* *seen: the policy of the thread that wrote a save of a 1,000-token
+ * session: the saves' thread of a queue (queued), or this thread (in
+ * line); -1 when nothing was written. */
+static void save_write_policy(bool queued, int *seen)
+{
+    *seen = -1;
+    kvt_model *m = tiny();
+    CHECK(m);
+    char dir[] = "/tmp/kvtier-storeq-idle-XXXXXX";
+    CHECK(mkdtemp(dir));
+    kvt_store *st = NULL;
+    kvt_storeq *q = NULL;
+    kvt_session *a = NULL;
+    enum { N = 1000 };
+    int32_t t[N];
+    seqb(t, N, 9);
+    kvt_save_policy pol = KVT_SAVE_POLICY_DEFAULT;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    CHECK_OK(kvt_session_new(&a, m, NULL));
+    CHECK_OK(kvt_session_sync(a, t, N, NULL));
+    kvt_segs_probe = true;
+    kvt_segs_seen_policy = -1;
+    if (queued) {
+        CHECK_OK(kvt_storeq_new(&q, &pol, &(kvt_storeq_hooks){0}));
+        CHECK_OK(kvt_storeq_save(q, st, 0, a, "manual"));
+        a = NULL;
+        /* done before the queue is told to stop (a shutdown writes at the
+         * thread's own priority) */
+        for (double t0 = kvt_now(); kvt_storeq_pending(q, 0) && kvt_now() - t0 < 60;) usleep(10000);
+        CHECK(kvt_storeq_pending(q, 0) == 0);
+        kvt_storeq_free(q);
+    } else {
+        CHECK_OK(kvt_store_save(st, a, N, "manual", NULL));
+    }
+    *seen = kvt_segs_seen_policy;
+    kvt_segs_probe = false;
+    kvt_session_free(a);
+    kvt_store_stats ss;
+    CHECK_OK(kvt_store_stats_get(st, &ss));
+    CHECK(ss.snapshots == 1);
+    kvt_store_close(st);
+    kvt_model_close(m);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+TEST(storeq_save_writes_idle)
+{
+    if (!kvt_thread_idle_ok()) SKIP("this process cannot move a thread back out of SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE 0)");
+    int before = sched_getscheduler(0);
+    int queued, in_line;
+    save_write_policy(true, &queued);
+    save_write_policy(false, &in_line);
+    printf("    segment writes: policy %d on the saves' thread, %d in line (SCHED_IDLE is %d)\n", queued, in_line,
+           SCHED_IDLE);
+    CHECKF(queued == SCHED_IDLE, "the saves' thread wrote at policy %d, not SCHED_IDLE", queued);
+    CHECKF(in_line == before, "a save on the caller's thread wrote at policy %d, not its own %d", in_line, before);
+    CHECK(sched_getscheduler(0) == before);
+    /* negative control: without the idle writes, the check above fails */
+    kvt_storeq_fault_no_idle = true;
+    save_write_policy(true, &queued);
+    kvt_storeq_fault_no_idle = false;
+    CHECKF(queued == before, "negative control: the saves' thread wrote at policy %d", queued);
 }

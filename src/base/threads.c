@@ -33,6 +33,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -280,4 +281,47 @@ uint32_t kvt_pool_for(kvt_pool *p, size_t n, size_t min_per_range, kvt_range_fn 
 uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_range, kvt_part_fn fn, void *ctx)
 {
     return pool_run(p, n, min_per_range, NULL, fn, ctx);
+}
+
+/* ---- a thread's CPU policy for background work ---- */
+
+static void *idle_probe(void *arg)
+{
+    struct sched_param sp = {0};
+    bool *ok = arg;
+    *ok = sched_setscheduler(0, SCHED_IDLE, &sp) == 0 && sched_setscheduler(0, SCHED_OTHER, &sp) == 0;
+    return NULL;
+}
+
+static bool idle_can;
+static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
+
+static void idle_probe_once(void)
+{
+    pthread_t t;
+    bool ok = false;
+    if (pthread_create(&t, NULL, idle_probe, &ok) == 0 && pthread_join(t, NULL) == 0) idle_can = ok;
+}
+
+bool kvt_thread_idle_ok(void)
+{
+    pthread_once(&idle_once, idle_probe_once);
+    return idle_can;
+}
+
+bool kvt_thread_idle(bool on, int *was)
+{
+    struct sched_param sp = {0};
+    if (on) {
+        *was = -1; /* nothing to give back */
+        int now = sched_getscheduler(0);
+        if (now == SCHED_IDLE) return true;
+        if ((now != SCHED_OTHER && now != SCHED_BATCH) || !kvt_thread_idle_ok()) return false;
+        *was = now;
+        return sched_setscheduler(0, SCHED_IDLE, &sp) == 0;
+    }
+    if (*was < 0) return sched_getscheduler(0) != SCHED_IDLE;
+    if (sched_setscheduler(0, *was, &sp) != 0) return false;
+    *was = -1;
+    return true;
 }

@@ -6,6 +6,7 @@
 #ifndef KVT_THREADS_H
 #define KVT_THREADS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,19 @@ uint32_t kvt_pool_for_part(kvt_pool *p, size_t n, size_t min_per_range, kvt_part
  * (1: unsplit), so tests can show that a split happened. */
 uint32_t kvt_pool_last_parts(const kvt_pool *p);
 uint32_t kvt_ncpu(void);
+
+/* The calling thread's CPU policy for work nobody waits on (a save's
+ * writes): kvt_thread_idle(true, &was) moves it to SCHED_IDLE, where it runs
+ * only on a core no other thread wants, and kvt_thread_idle(false, &was)
+ * gives it back the policy it had (was: what the first call saw, -1 when
+ * it changed nothing: then the second does nothing). Moving a
+ * thread back out of SCHED_IDLE takes CAP_SYS_NICE or an RLIMIT_NICE that
+ * allows the thread's nice value: kvt_thread_idle_ok says, once a process,
+ * whether it can be done here (tried on a thread of its own that then
+ * ends), and kvt_thread_idle does nothing without it, nor for a thread
+ * under a real-time policy. True when the thread is now as asked. */
+bool kvt_thread_idle_ok(void);
+bool kvt_thread_idle(bool on, int *was);
 
 /* Tests: KVT_POOL_FAULT_STATIC splits a job into one range a thread, range
  * k on thread k (a thread that lost its core holds up the whole job);

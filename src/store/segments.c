@@ -1,13 +1,16 @@
 /* Segment files of the disk tier (segments.h). */
 #include "store/segments.h"
 #include "kvtier.h"
+#include "base/threads.h"
 #include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,14 @@
 /* The unix VFS writes at most 128 KiB - 1 bytes a call (it keeps only the
  * low 17 bits of a write's length): larger ones go in pieces. */
 #define PIECE 65536
+/* Writeback in steps: once a segment holds WB_STEP bytes written and not
+ * yet on their way to the disk, the writer starts their writeback
+ * (sync_file_range), then waits for the step before (docs/STORE.md,
+ * "Writes that leave the steps alone"). */
+#define WB_STEP (8u << 20)
+/* A background writer's test (kvt_segs_background) is asked again after
+ * this many bytes (a multiple of PIECE). */
+#define IDLE_CHECK (1u << 20)
 
 typedef struct seg_file {
     uint32_t seg;          /* 0: a free slot */
@@ -25,6 +36,9 @@ typedef struct seg_file {
     bool dirty;            /* written since its last sync */
     int readers;           /* kvt_segs_readv calls reading it now: not closed */
     uint64_t used;         /* last use, to close the oldest */
+    bool wb;               /* wb_from and wb_wait hold (since the first write) */
+    uint64_t wb_from;      /* written bytes from here on: writeback not started */
+    uint64_t wb_wait;      /* from here to wb_from: started, not waited for */
 } seg_file;
 
 struct kvt_segs {
@@ -198,6 +212,42 @@ int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size)
     return KVT_OK;
 }
 
+_Atomic uint64_t kvt_segs_wb_steps;
+bool kvt_segs_fault_no_wb;
+bool kvt_segs_probe;
+_Atomic int kvt_segs_seen_policy = -1;
+
+static _Thread_local bool (*bg_test)(void *);
+static _Thread_local void *bg_arg;
+
+void kvt_segs_background(bool (*test)(void *), void *arg)
+{
+    bg_test = test;
+    bg_arg = arg;
+}
+
+/* Start the writeback of what seg holds written up to end in steps of
+ * WB_STEP, and wait for all but the latest step: a save keeps at most two
+ * steps dirty or in flight, and the sync before its commit finds little
+ * left. Best effort: the sync is what makes them durable. */
+static void writeback(kvt_segs *g, seg_file *s, uint64_t off, uint64_t end)
+{
+    if (kvt_segs_fault_no_wb || own_fd(g, s) < 0) return;
+    if (!s->wb || off < s->wb_wait || off > s->wb_from + WB_STEP) { /* a first write, or not an append */
+        s->wb = true;
+        s->wb_from = s->wb_wait = off / 4096 * 4096;
+    }
+    while (end - s->wb_from >= WB_STEP) {
+        if (sync_file_range(s->fd, (off_t)s->wb_from, WB_STEP, SYNC_FILE_RANGE_WRITE) == 0) kvt_segs_wb_steps++;
+        s->wb_from += WB_STEP;
+        if (s->wb_from - s->wb_wait > WB_STEP) {
+            sync_file_range(s->fd, (off_t)s->wb_wait, (off_t)(s->wb_from - WB_STEP - s->wb_wait),
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+            s->wb_wait = s->wb_from - WB_STEP;
+        }
+    }
+}
+
 int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len)
 {
     if (len > INT32_MAX || off > (uint64_t)INT64_MAX - len) return kvt_fail(KVT_EINVAL, "segment write of %zu bytes", len);
@@ -209,15 +259,27 @@ int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_
     seg_file *s = get(g, seg, true, &rc);
     if (!s) return rc;
     s->dirty = true;
+    /* a background writer's pieces run at idle priority while its test
+     * says so: the system calls hold no lock of this process's */
+    bool idle = false;
+    int was = -1;
     for (size_t done = 0; done < len;) {
+        if (bg_test && done % IDLE_CHECK == 0) {
+            bool want = bg_test(bg_arg);
+            if (want != idle && kvt_thread_idle(want, &was)) idle = want;
+        }
+        if (kvt_segs_probe) kvt_segs_seen_policy = sched_getscheduler(0);
         size_t k = len - done < PIECE ? len - done : PIECE;
         int r = s->f->pMethods->xWrite(s->f, (const uint8_t *)p + done, (int)k, (sqlite3_int64)(off + done));
         if (r != SQLITE_OK) {
+            if (idle) kvt_thread_idle(false, &was);
             if ((r & 0xff) == SQLITE_FULL) g->full = true;
             return kvt_fail(KVT_EIO, "cache store: segment %u: %s", seg, (r & 0xff) == SQLITE_FULL ? "disk full" : "write error");
         }
         done += k;
     }
+    writeback(g, s, off, off + len);
+    if (idle) kvt_thread_idle(false, &was);
     return KVT_OK;
 }
 
@@ -248,6 +310,7 @@ int kvt_segs_truncate(kvt_segs *g, uint32_t seg, uint64_t size)
     int r = s->f->pMethods->xTruncate(s->f, (sqlite3_int64)size);
     if (r != SQLITE_OK) return kvt_fail(KVT_EIO, "cache store: segment %u: truncate failed (SQLite error %d)", seg, r);
     s->dirty = true;
+    s->wb = false;
     return KVT_OK;
 }
 

@@ -13,11 +13,15 @@
  * shim that models a disk (tests/test_store_power.c) sees them as it sees
  * the database's. Reads and the punching of holes use a descriptor of the
  * segment's own: the VFS reads into one buffer a call, and a load reads a
- * block's pieces into the session's rows with one. Callers serialise
- * writers (the database's write lock). */
+ * block's pieces into the session's rows with one. That descriptor also
+ * starts the writeback of what a writer appends, every 8 MiB
+ * (sync_file_range): only when bytes reach the disk changes, not what the
+ * sync before a commit makes durable. Callers serialise writers (the
+ * database's write lock). */
 #ifndef KVT_SEGMENTS_H
 #define KVT_SEGMENTS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -59,6 +63,20 @@ int kvt_segs_truncate(kvt_segs *g, uint32_t seg, uint64_t size);
 void kvt_segs_release(kvt_segs *g, uint32_t seg, uint64_t off, uint64_t len);
 /* Delete seg. */
 int kvt_segs_remove(kvt_segs *g, uint32_t seg);
+/* This thread's writes are background work while test(arg) says so
+ * (asked before each MiB): they run at SCHED_IDLE (kvt_thread_idle), on a
+ * core no other thread wants. test runs at that priority: it must take no
+ * lock. NULL: never (the default of every thread). */
+void kvt_segs_background(bool (*test)(void *), void *arg);
+/* Tests: writeback steps started (sync_file_range calls that succeeded);
+ * kvt_segs_fault_no_wb leaves the writeback to the kernel and the sync, as
+ * before the steps. With kvt_segs_probe set, every piece written records
+ * the writing thread's policy (sched_getscheduler) in
+ * kvt_segs_seen_policy. */
+extern _Atomic uint64_t kvt_segs_wb_steps;
+extern bool kvt_segs_fault_no_wb;
+extern bool kvt_segs_probe;
+extern _Atomic int kvt_segs_seen_policy;
 /* Tests: writes that would take the segments past `bytes` in all fail as on
  * a full disk (0: no cap). */
 void kvt_segs_cap(kvt_segs *g, uint64_t bytes);

@@ -14,10 +14,16 @@
  *     until it is done (the request waits in a loading state, the others
  *     keep stepping), then the scheduler is woken (hooks.wake);
  *   - loads never queue behind saves: a request waits on each load,
- *     nobody on a save. (The saves' thread keeps the process's CPU
- *     priority: at a lower one it was preempted while holding locks the
+ *     nobody on a save. The saves' thread keeps the process's CPU
+ *     priority (at a lower one it was preempted while holding locks the
  *     scheduler takes, malloc's arena among them, and stalled the steps
- *     for 100 to 500 ms on a loaded machine.)
+ *     for 100 to 500 ms on a loaded machine), except inside the system
+ *     calls that write its segments, which hold no lock of the process:
+ *     there it runs at SCHED_IDLE (kvt_segs_background) while nothing
+ *     else waits for the queue (no load queued or running, no other save
+ *     queued, no shutdown), so the page cache copies and writeback it
+ *     starts take only the cores the steps leave. Anything waiting, a
+ *     shutdown or a backlog of saves puts it back at its priority.
  *   - a save that meets another process's lock is tried again later, the
  *     pause doubling from PAUSE_MIN to PAUSE_MAX, the loads and other
  *     saves going on meanwhile (the store's own busy timeout is short in a
@@ -35,9 +41,12 @@
 #include "store/store.h"
 #include "store/remote.h"
 #include "arch/arch.h"
+#include "base/threads.h"
 #include "base/util.h"
+#include "store/segments.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -83,9 +92,26 @@ struct kvt_storeq {
     kvt_save_policy policy;
     kvt_storeq_hooks h;
     kvt_remote *remote;      /* NULL: none */
+    bool loading;            /* a load runs */
+    _Atomic bool quiet;      /* nothing waits: no job queued, no load running, not stopping */
 };
 
 static const char REMOTE_REASON[] = "remote";
+bool kvt_storeq_fault_no_idle;
+
+/* After a change to the jobs: whether nothing waits (under q->mu). */
+static void note_quiet(kvt_storeq *q)
+{
+    atomic_store(&q->quiet, !q->head && !q->loading && !q->stopping);
+}
+
+/* The saves' thread's writes are background work while nothing waits
+ * (kvt_segs_background: asked at idle priority, so no lock). */
+static bool writes_idle(void *arg)
+{
+    kvt_storeq *q = arg;
+    return atomic_load(&q->quiet);
+}
 static job *job_new(kvt_storeq *q, int kind, kvt_store *st, int tenant, kvt_session *s);
 static int push(kvt_storeq *q, job *j);
 
@@ -185,6 +211,8 @@ static void run_load(kvt_storeq *q, job *j)
     j->got = got;
     j->done = true; /* j is the scheduler's to free from here on */
     q->pending[tenant]--;
+    q->loading = false;
+    note_quiet(q);
     pthread_mutex_unlock(&q->mu);
     if (q->h.wake) q->h.wake(q->h.user);
 }
@@ -235,6 +263,8 @@ static void run_thread(kvt_storeq *q, bool loads)
             }
             continue;
         }
+        if (j->kind == LOAD) q->loading = true;
+        note_quiet(q);
         pthread_mutex_unlock(&q->mu);
         if (j->kind == LOAD) {
             run_load(q, j);
@@ -258,13 +288,19 @@ static void run_thread(kvt_storeq *q, bool loads)
         } else { /* back at the front: it keeps its turn among the saves */
             j->next = q->head;
             q->head = j;
+            note_quiet(q);
         }
     }
     pthread_mutex_unlock(&q->mu);
 }
 
 static void *load_main(void *arg) { run_thread(arg, true); return NULL; }
-static void *save_main(void *arg) { run_thread(arg, false); return NULL; }
+static void *save_main(void *arg)
+{
+    if (!kvt_storeq_fault_no_idle && kvt_thread_idle_ok()) kvt_segs_background(writes_idle, arg);
+    run_thread(arg, false);
+    return NULL;
+}
 
 int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_storeq_hooks *h)
 {
@@ -275,6 +311,7 @@ int kvt_storeq_new(kvt_storeq **out, const kvt_save_policy *policy, const kvt_st
     pthread_cond_init(&q->cv, NULL);
     q->policy = *policy;
     if (h) q->h = *h;
+    note_quiet(q);
     if (pthread_create(&q->loader, NULL, load_main, q)) {
         pthread_mutex_destroy(&q->mu);
         pthread_cond_destroy(&q->cv);
@@ -302,6 +339,7 @@ void kvt_storeq_free(kvt_storeq *q)
     pthread_mutex_lock(&q->mu);
     q->stopping = true;
     q->stop_at = kvt_now();
+    note_quiet(q);
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     pthread_join(q->loader, NULL);
@@ -323,6 +361,7 @@ static int push(kvt_storeq *q, job *j)
     while (*p) p = &(*p)->next;
     *p = j;
     q->pending[j->tenant]++;
+    note_quiet(q);
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     return KVT_OK;

@@ -3,8 +3,9 @@
  * lock of a store.
  *
  * Two threads per server run the jobs of every tenant's store: one the
- * loads (a request waits on each), one the saves (nobody waits on them),
- * each in the order given. A save
+ * loads (a request waits on each), one the saves (nobody waits on them:
+ * its segment writes run at SCHED_IDLE while no other job waits), each in
+ * the order given. A save
  * that fails on another process's lock (SQLite busy) is tried again later,
  * with a growing pause, while loads go on. */
 #ifndef KVT_STOREQ_H
@@ -72,6 +73,9 @@ size_t kvt_storeq_held(kvt_storeq *q, int tenant);
  * queued (a copy queued beside its live source: next to nothing, however
  * much it holds once the source is gone), to show a test catches it. */
 extern bool kvt_storeq_fault_held_at_queue;
+/* Test hook: queues made while it is set write their saves at the
+ * process's priority throughout (as before the idle writes). */
+extern bool kvt_storeq_fault_no_idle;
 size_t kvt_storeq_pending(kvt_storeq *q, int tenant);
 
 #endif
