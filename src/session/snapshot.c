@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #define REC_MAGIC "KVTSNAP\0"
@@ -164,9 +165,19 @@ const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb)
     return c->keys;
 }
 
-int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key)
+size_t kvt_snap_block_runs_max(const kvt_session *s)
 {
     const kvt_cache *c = s->cache;
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_streams; i++) n += c->streams[i].rows_per_block; /* a run has one row at least */
+    return n;
+}
+
+int kvt_snap_block_parts(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *head, uint64_t *key,
+                         struct iovec *runs, size_t *n_runs)
+{
+    const kvt_cache *c = s->cache;
+    *n_runs = 0;
     if ((size_t)(b + 1) * KVT_BLOCK > s->n) return kvt_fail(KVT_EINVAL, "block %u is not complete", b);
     const int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
     /* the session's key when it has it and prev is the key it follows */
@@ -175,27 +186,62 @@ int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *ou
     kvt_wbuf text = {0};
     put_pieces(s->m, ids, KVT_BLOCK, &text);
     if (text.oom) { kvt_wbuf_free(&text); return kvt_fail(KVT_ENOMEM, "block text"); }
-    size_t start = out->len, payload = 4 * KVT_BLOCK + 4 + text.len;
+    size_t payload = 4 * KVT_BLOCK + 4 + text.len;
     for (size_t i = 0; i < c->n_streams; i++) payload += (size_t)c->streams[i].rows_per_block * c->streams[i].row_bytes;
-    kvt_wbuf_put(out, BLK_MAGIC, 8);
-    kvt_wbuf_u32(out, KVT_SNAP_VERSION);
-    kvt_wbuf_u32(out, b);
-    kvt_wbuf_u64(out, s->m->fingerprint);
-    kvt_wbuf_u64(out, *key);
-    kvt_wbuf_u64(out, prev);
-    kvt_wbuf_u32(out, (uint32_t)c->n_streams);
-    kvt_wbuf_u32(out, (uint32_t)payload);
-    for (size_t i = 0; i < KVT_BLOCK; i++) kvt_wbuf_u32(out, (uint32_t)ids[i]);
-    kvt_wbuf_u32(out, (uint32_t)text.len);
-    kvt_wbuf_put(out, text.p, text.len);
+    kvt_wbuf_put(head, BLK_MAGIC, 8);
+    kvt_wbuf_u32(head, KVT_SNAP_VERSION);
+    kvt_wbuf_u32(head, b);
+    kvt_wbuf_u64(head, s->m->fingerprint);
+    kvt_wbuf_u64(head, *key);
+    kvt_wbuf_u64(head, prev);
+    kvt_wbuf_u32(head, (uint32_t)c->n_streams);
+    kvt_wbuf_u32(head, (uint32_t)payload);
+    for (size_t i = 0; i < KVT_BLOCK; i++) kvt_wbuf_u32(head, (uint32_t)ids[i]);
+    kvt_wbuf_u32(head, (uint32_t)text.len);
+    kvt_wbuf_put(head, text.p, text.len);
     kvt_wbuf_free(&text);
+    if (head->oom) return kvt_fail(KVT_ENOMEM, "block record");
+    /* the rows where they lie: a run per page (rows are contiguous within one) */
+    size_t k = 0;
     for (size_t i = 0; i < c->n_streams; i++) {
         const kvt_stream *st = &c->streams[i];
-        size_t r0 = (size_t)b * st->rows_per_block;
-        for (size_t r = 0; r < st->rows_per_block; r++) kvt_wbuf_put(out, kvt_cache_row_ro(c, i, r0 + r), st->row_bytes);
+        size_t r0 = (size_t)b * st->rows_per_block, r1 = r0 + st->rows_per_block;
+        for (size_t r = r0; r < r1;) {
+            size_t e = kvt_cache_run_end(c, i, r);
+            if (e > r1) e = r1;
+            const uint8_t *p = kvt_cache_row_ro(c, i, r);
+            size_t len = (e - r) * (size_t)st->row_bytes;
+            if (k && (const uint8_t *)runs[k - 1].iov_base + runs[k - 1].iov_len == p) runs[k - 1].iov_len += len;
+            else runs[k++] = (struct iovec){(void *)p, len};
+            r = e;
+        }
     }
-    if (!out->oom) kvt_wbuf_u64(out, XXH3_64bits(out->p + start, out->len - start));
-    return out->oom ? kvt_fail(KVT_ENOMEM, "block record") : KVT_OK;
+    *n_runs = k;
+    return KVT_OK;
+}
+
+uint64_t kvt_snap_block_sum(const kvt_wbuf *head, size_t from, const struct iovec *runs, size_t n_runs)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, head->p + from, head->len - from);
+    for (size_t i = 0; i < n_runs; i++) XXH3_64bits_update(&st, runs[i].iov_base, runs[i].iov_len);
+    return XXH3_64bits_digest(&st);
+}
+
+int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key)
+{
+    size_t start = out->len, n;
+    struct iovec *runs = kvt_calloc(kvt_snap_block_runs_max(s) + 1, sizeof *runs);
+    if (!runs) return KVT_ENOMEM;
+    int rc = kvt_snap_block_parts(s, b, prev, out, key, runs, &n);
+    if (!rc) {
+        for (size_t i = 0; i < n; i++) kvt_wbuf_put(out, runs[i].iov_base, runs[i].iov_len);
+        if (!out->oom) kvt_wbuf_u64(out, XXH3_64bits(out->p + start, out->len - start));
+        if (out->oom) rc = kvt_fail(KVT_ENOMEM, "block record");
+    }
+    free(runs);
+    return rc;
 }
 
 /* Append a snapshot record: header, section table, header checksum, then

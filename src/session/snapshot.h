@@ -49,6 +49,19 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
 int kvt_snap_without_state(const uint8_t *rec, size_t len, kvt_wbuf *out);
 /* Append block record b (prev: key of block b - 1, or key0); *key gets its key. */
 int kvt_snap_block(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *out, uint64_t *key);
+/* The same record in pieces, for a writer that sends the rows from where
+ * they lie instead of copying them: the bytes before the rows are appended
+ * to head; runs[] (room for kvt_snap_block_runs_max entries) receives the
+ * rows in record order, *n_runs how many; the record ends with the 8 bytes
+ * (little-endian) of kvt_snap_block_sum over head's bytes from the record's
+ * start and the runs. The runs point into the session's rows: valid while
+ * it is neither changed nor freed. */
+int kvt_snap_block_parts(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wbuf *head, uint64_t *key,
+                         struct iovec *runs, size_t *n_runs);
+size_t kvt_snap_block_runs_max(const kvt_session *s);
+/* The checksum that ends a block record: XXH3-64 of head's bytes from
+ * `from` on, then of the runs. */
+uint64_t kvt_snap_block_sum(const kvt_wbuf *head, size_t from, const struct iovec *runs, size_t n_runs);
 
 typedef struct kvt_snap_info {
     uint32_t version, flags, n, nb, n_vocab, n_streams;

@@ -742,7 +742,8 @@ static int open_segment(kvt_store *st, uint32_t *seg, uint64_t *end)
 /* Append a record to the current segment inside a write transaction; *w
  * receives its place. commit syncs the segment first; rollback cuts it
  * back. */
-int kvt_db_seg_append(kvt_store *st, const void *p, size_t len, bloc *w)
+int kvt_db_seg_appendv(kvt_store *st, const struct iovec *iov, int n, void (*seen)(void *, const void *, size_t),
+                       void *arg, bloc *w)
 {
     int rc;
     if (!st->seg_open) {
@@ -751,13 +752,21 @@ int kvt_db_seg_append(kvt_store *st, const void *p, size_t len, bloc *w)
         st->seg_cut_at = st->seg_end;
     }
     st->seg_wrote = true;
-    if ((rc = kvt_segs_write(st->segs, st->seg_cur, st->seg_end, p, len))) {
+    if ((rc = kvt_segs_writev(st->segs, st->seg_cur, st->seg_end, iov, n, seen, arg))) {
         if (kvt_segs_took_full(st->segs)) st->full = true;
         return rc;
     }
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += iov[i].iov_len;
     *w = (bloc){st->seg_cur, st->seg_end, len};
     st->seg_end += len;
     return KVT_OK;
+}
+
+int kvt_db_seg_append(kvt_store *st, const void *p, size_t len, bloc *w)
+{
+    struct iovec v = {(void *)p, len};
+    return kvt_db_seg_appendv(st, &v, 1, NULL, NULL, w);
 }
 
 /* The record of a snapshot row whose data, rseg, roff and bytes columns

@@ -148,6 +148,10 @@ int kvt_db_read_bloc_into(kvt_store *st, const bloc *w, const kvt_block_rows *ro
 void kvt_db_delete_placed(kvt_store *st, const char *sql, int n, const int64_t *args);
 void kvt_db_coalesce(bloc *v, size_t *n);
 int kvt_db_seg_append(kvt_store *st, const void *p, size_t len, bloc *w);
+/* The same from n pieces, one place for all of them (kvt_segs_writev:
+ * seen is given each piece as it is written). */
+int kvt_db_seg_appendv(kvt_store *st, const struct iovec *iov, int n, void (*seen)(void *, const void *, size_t),
+                       void *arg, bloc *w);
 int kvt_db_row_record(kvt_store *st, sqlite3_stmt *r, int cd, int cb, uint8_t **buf, size_t *cap, const uint8_t **p, size_t *len);
 /* Records of a format newer than this build reads (a newer kvtier's in a
  * store it shares): magic right, version past KVT_SNAP_VERSION_MAX (a

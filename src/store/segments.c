@@ -248,9 +248,15 @@ static void writeback(kvt_segs *g, seg_file *s, uint64_t off, uint64_t end)
     }
 }
 
-int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len)
+int kvt_segs_writev(kvt_segs *g, uint32_t seg, uint64_t off, const struct iovec *iov, int n,
+                    void (*seen)(void *, const void *, size_t), void *arg)
 {
-    if (len > INT32_MAX || off > (uint64_t)INT64_MAX - len) return kvt_fail(KVT_EINVAL, "segment write of %zu bytes", len);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len > INT32_MAX - len) return kvt_fail(KVT_EINVAL, "segment write of more than %d bytes", INT32_MAX);
+        len += iov[i].iov_len;
+    }
+    if (off > (uint64_t)INT64_MAX - len) return kvt_fail(KVT_EINVAL, "segment write of %zu bytes", len);
     if (g->cap && off + len > g->cap) {
         g->full = true;
         return kvt_fail(KVT_EIO, "cache store: disk full (segment %u)", seg);
@@ -259,28 +265,44 @@ int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_
     seg_file *s = get(g, seg, true, &rc);
     if (!s) return rc;
     s->dirty = true;
-    /* a background writer's pieces run at idle priority while its test
-     * says so: the system calls hold no lock of this process's */
+    /* a background writer's pieces (and what seen does with them) run at
+     * idle priority while its test says so: neither holds a lock of this
+     * process's */
     bool idle = false;
     int was = -1;
-    for (size_t done = 0; done < len;) {
-        if (bg_test && done % IDLE_CHECK == 0) {
-            bool want = bg_test(bg_arg);
-            if (want != idle && kvt_thread_idle(want, &was)) idle = want;
+    size_t done = 0, next_check = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        for (size_t at = 0; at < iov[i].iov_len;) {
+            if (bg_test && done >= next_check) {
+                bool want = bg_test(bg_arg);
+                if (want != idle && kvt_thread_idle(want, &was)) idle = want;
+                next_check = done + IDLE_CHECK;
+            }
+            if (kvt_segs_probe) kvt_segs_seen_policy = sched_getscheduler(0);
+            size_t k = iov[i].iov_len - at < PIECE ? iov[i].iov_len - at : PIECE;
+            if (seen) seen(arg, p + at, k);
+            int r = s->f->pMethods->xWrite(s->f, p + at, (int)k, (sqlite3_int64)(off + done));
+            if (r != SQLITE_OK) {
+                if (idle) kvt_thread_idle(false, &was);
+                if ((r & 0xff) == SQLITE_FULL) g->full = true;
+                return kvt_fail(KVT_EIO, "cache store: segment %u: %s", seg,
+                                (r & 0xff) == SQLITE_FULL ? "disk full" : "write error");
+            }
+            at += k;
+            done += k;
         }
-        if (kvt_segs_probe) kvt_segs_seen_policy = sched_getscheduler(0);
-        size_t k = len - done < PIECE ? len - done : PIECE;
-        int r = s->f->pMethods->xWrite(s->f, (const uint8_t *)p + done, (int)k, (sqlite3_int64)(off + done));
-        if (r != SQLITE_OK) {
-            if (idle) kvt_thread_idle(false, &was);
-            if ((r & 0xff) == SQLITE_FULL) g->full = true;
-            return kvt_fail(KVT_EIO, "cache store: segment %u: %s", seg, (r & 0xff) == SQLITE_FULL ? "disk full" : "write error");
-        }
-        done += k;
     }
     writeback(g, s, off, off + len);
     if (idle) kvt_thread_idle(false, &was);
     return KVT_OK;
+}
+
+int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len)
+{
+    if (len > INT32_MAX) return kvt_fail(KVT_EINVAL, "segment write of %zu bytes", len);
+    struct iovec v = {(void *)p, len};
+    return kvt_segs_writev(g, seg, off, &v, 1, NULL, NULL);
 }
 
 bool kvt_segs_took_full(kvt_segs *g)

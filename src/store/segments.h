@@ -50,6 +50,12 @@ int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size);
 /* Write len bytes at off of seg (created when missing). KVT_EIO on failure,
  * "disk full" in its message when the disk (or the cap, kvt_segs_cap) is. */
 int kvt_segs_write(kvt_segs *g, uint32_t seg, uint64_t off, const void *p, size_t len);
+/* The same from the n pieces of iov, in order (a save writes a block's rows
+ * from where they lie); seen (may be NULL) is given each piece just before
+ * it is written, at the priority of the write (kvt_segs_background): it
+ * must take no lock. */
+int kvt_segs_writev(kvt_segs *g, uint32_t seg, uint64_t off, const struct iovec *iov, int n,
+                    void (*seen)(void *, const void *, size_t), void *arg);
 /* Whether a write failed for lack of room (a full disk, or the cap) since
  * the last call; clears it. */
 bool kvt_segs_took_full(kvt_segs *g);

@@ -68,6 +68,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <time.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 static bool fs_room(const kvt_store *st, uint64_t *avail, uint64_t *reserve);
 static uint64_t wal_headroom(const kvt_store *st);
@@ -558,7 +560,8 @@ typedef struct save_job {
     const uint64_t *keys;    /* (nb) the session's block keys (kvt_snap_keys) */
     int64_t head, tail;      /* the entry's identity: the last block's key, the tail's hash */
     kvt_wbuf rec;            /* the snapshot record (encoded once the save must write) */
-    kvt_wbuf blk;            /* a block record (the one being written) */
+    kvt_wbuf blk;            /* a block record's bytes before its rows (the one being written) */
+    struct iovec *runs;      /* its rows where they lie, and its checksum (kvt_snap_block_parts) */
     kvt_wbuf locs;           /* the places of the blocks (snaps.locs) */
     char preview[64];
     uint64_t need;           /* bytes the save may write, at most */
@@ -653,8 +656,13 @@ static int save_encode(kvt_store *st, save_job *j)
     j->need = j->rec.len + ROOM_SLACK + wal_headroom(st);
     if (j->nb) {
         uint64_t key;
-        if ((rc = kvt_snap_block(j->s, 0, kvt_snap_key0(j->s->m), &j->blk, &key))) return rc;
-        j->need += (uint64_t)j->nb * (j->blk.len + 2048); /* the text of a block varies */
+        size_t n;
+        if (!(j->runs = kvt_calloc(kvt_snap_block_runs_max(j->s) + 2, sizeof *j->runs))) return KVT_ENOMEM;
+        j->blk.len = 0;
+        if ((rc = kvt_snap_block_parts(j->s, 0, kvt_snap_key0(j->s->m), &j->blk, &key, j->runs + 1, &n))) return rc;
+        uint64_t bytes = j->blk.len + 8;
+        for (size_t i = 1; i <= n; i++) bytes += j->runs[i].iov_len;
+        j->need += (uint64_t)j->nb * (bytes + 2048); /* the text of a block varies */
     }
     return KVT_OK;
 }
@@ -676,21 +684,39 @@ static bool block_moved(kvt_store *st, sqlite3_stmt *r, uint64_t key, bloc *w)
            kvt_segs_read(st->segs, w->seg, w->off + w->bytes - sizeof end, end, sizeof end);
 }
 
+static void sum_piece(void *arg, const void *p, size_t len) { XXH3_64bits_update(arg, p, len); }
+
 /* Write block b (its key follows prev) to the segment and its row: a new
- * row, or (again) the row of a block stored already, moved to it. */
+ * row, or (again) the row of a block stored already, moved to it. The
+ * rows go from the session's pages to the file, never copied on the way;
+ * the checksum is taken as they are written, at the writes' priority
+ * (kvt_segs_background), then written after them. */
 static int write_block(kvt_store *st, save_job *j, size_t b, uint64_t prev, bool again, bloc *w)
 {
     uint64_t key;
+    size_t n;
+    if (!j->runs && !(j->runs = kvt_calloc(kvt_snap_block_runs_max(j->s) + 2, sizeof *j->runs))) return KVT_ENOMEM;
     j->blk.len = 0;
-    int rc = kvt_snap_block(j->s, (uint32_t)b, prev, &j->blk, &key);
-    if (!rc) rc = kvt_db_seg_append(st, j->blk.p, j->blk.len, w);
+    int rc = kvt_snap_block_parts(j->s, (uint32_t)b, prev, &j->blk, &key, j->runs + 1, &n);
     if (rc) return rc;
+    XXH3_state_t sum;
+    XXH3_64bits_reset(&sum);
+    j->runs[0] = (struct iovec){j->blk.p, j->blk.len};
+    bloc tail;
+    uint8_t le[8];
+    if (!(rc = kvt_db_seg_appendv(st, j->runs, (int)n + 1, sum_piece, &sum, w))) {
+        uint64_t h = XXH3_64bits_digest(&sum);
+        for (int i = 0; i < 8; i++) le[i] = (uint8_t)(h >> (8 * i));
+        rc = kvt_db_seg_append(st, le, sizeof le, &tail);
+    }
+    if (rc) return rc;
+    w->bytes += sizeof le;
     sqlite3_stmt *ins = kvt_db_prep(st, again ? "UPDATE blocks SET bytes = ?2, data = X'', seg = ?3, off = ?4 WHERE key = ?1"
                                               : "INSERT INTO blocks(key, refs, bytes, data, seg, off) VALUES(?, 0, ?, X'', ?, ?)",
                                     "save block");
     if (ins) {
         sqlite3_bind_int64(ins, 1, (int64_t)j->keys[b]);
-        sqlite3_bind_int64(ins, 2, (int64_t)j->blk.len);
+        sqlite3_bind_int64(ins, 2, (int64_t)w->bytes);
         sqlite3_bind_int64(ins, 3, w->seg);
         sqlite3_bind_int64(ins, 4, (int64_t)w->off);
         kvt_db_step(st, ins, "save block");
@@ -863,6 +889,7 @@ static int store_save(kvt_store *st, kvt_session *s, size_t n, const char *reaso
 out:
     kvt_wbuf_free(&j.rec);
     kvt_wbuf_free(&j.blk);
+    free(j.runs);
     kvt_wbuf_free(&j.locs);
     return rc;
 }
