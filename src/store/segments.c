@@ -215,6 +215,7 @@ int kvt_segs_size(kvt_segs *g, uint32_t seg, uint64_t *size)
 _Atomic uint64_t kvt_segs_wb_steps;
 bool kvt_segs_fault_no_wb;
 bool kvt_segs_probe;
+void (*kvt_segs_probe_piece)(const void *p, size_t len);
 _Atomic int kvt_segs_seen_policy = -1;
 
 static _Thread_local bool (*bg_test)(void *);
@@ -279,8 +280,11 @@ int kvt_segs_writev(kvt_segs *g, uint32_t seg, uint64_t off, const struct iovec 
                 if (want != idle && kvt_thread_idle(want, &was)) idle = want;
                 next_check = done + IDLE_CHECK;
             }
-            if (kvt_segs_probe) kvt_segs_seen_policy = sched_getscheduler(0);
             size_t k = iov[i].iov_len - at < PIECE ? iov[i].iov_len - at : PIECE;
+            if (kvt_segs_probe) {
+                kvt_segs_seen_policy = sched_getscheduler(0);
+                if (kvt_segs_probe_piece) kvt_segs_probe_piece(p + at, k);
+            }
             if (seen) seen(arg, p + at, k);
             int r = s->f->pMethods->xWrite(s->f, p + at, (int)k, (sqlite3_int64)(off + done));
             if (r != SQLITE_OK) {

@@ -78,11 +78,13 @@ void kvt_segs_background(bool (*test)(void *), void *arg);
  * kvt_segs_fault_no_wb leaves the writeback to the kernel and the sync, as
  * before the steps. With kvt_segs_probe set, every piece written records
  * the writing thread's policy (sched_getscheduler) in
- * kvt_segs_seen_policy. */
+ * kvt_segs_seen_policy, and is shown to kvt_segs_probe_piece when set
+ * (where its bytes came from). */
 extern _Atomic uint64_t kvt_segs_wb_steps;
 extern bool kvt_segs_fault_no_wb;
 extern bool kvt_segs_probe;
 extern _Atomic int kvt_segs_seen_policy;
+extern void (*kvt_segs_probe_piece)(const void *p, size_t len);
 /* Tests: writes that would take the segments past `bytes` in all fail as on
  * a full disk (0: no cap). */
 void kvt_segs_cap(kvt_segs *g, uint64_t bytes);

@@ -37,6 +37,9 @@ int kvt_store_stats_try(kvt_store *st, kvt_store_stats *o, int wait_ms, bool *st
 /* Test hook: kvt_store_stats_try waits for the store as
  * kvt_store_stats_get does, to show a test catches it. */
 extern bool kvt_store_fault_stats_wait;
+/* Test hook: a save copies each block's record whole before writing it
+ * (kvt_snap_block), instead of writing the rows from where they lie. */
+extern bool kvt_store_fault_copy_rows;
 
 /* How long the store's operations wait for another process's lock before
  * they fail (SQLite's busy timeout; 30,000 ms unless set). */
