@@ -93,9 +93,11 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     return 0;
 }
 
+void fx_rm_tree(const char *dir) { nftw(dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS); }
+
 void fx_tmpdir_remove(fx_server *s)
 {
-    if (s->dir[0]) nftw(s->dir, rm_entry, 32, FTW_DEPTH | FTW_PHYS);
+    if (s->dir[0]) fx_rm_tree(s->dir);
 }
 
 bool fx_npm_ci(const char *dir, const char *name, const char *what)

@@ -50,6 +50,8 @@ int fx_free_port(void);
  * fx_tmpdir_remove removes it and everything below it. */
 bool fx_tmpdir_make(fx_server *s, const char *name);
 void fx_tmpdir_remove(fx_server *s);
+/* Remove dir and everything below it (links not followed). */
+void fx_rm_tree(const char *dir);
 
 /* `npm ci --prefix DIR`, its log in a temp file /tmp/NAME-npm-XXXXXX that is
  * printed when npm fails; what names the packages in the progress line.

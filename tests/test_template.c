@@ -612,7 +612,7 @@ static void run_families(const fam *const *fams, size_t nf)
     }
     for (size_t i = 0; i < total; i++) json_decref(want[i]);
     free(want);
-    rmdir(dir);
+    fx_rm_tree(dir); /* the rendered templates and the model made of each */
 }
 
 TEST(template_deepseek_v4) { run_families((const fam *const[]){&deepseek}, 1); }
