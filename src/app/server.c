@@ -144,6 +144,7 @@ typedef struct tenant {
                                * "key<i>", nothing of the key itself */
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
+    size_t draft_ram;         /* the draft sessions' bytes reserved in the pool, likewise */
     size_t queued;            /* jobs waiting (server.mu) */
     size_t active;            /* requests the scheduler runs (server.mu) */
     uint64_t admitted;        /* when the scheduler last started one of its jobs (server.admissions) */
@@ -162,6 +163,7 @@ typedef struct server {
     size_t rp_next;
     kvt_model *m;
     kvt_model *dmodel;            /* --draft model: the draft model (its sessions: each slot's drafter) */
+    size_t dscratch;              /* a draft session's scratch (measured at start) */
     char model_id[128];
     tenant tn[MAX_TENANTS];
     size_t n_tn;
@@ -336,15 +338,17 @@ static bool replay_lookup(void *user, const char *call_id, kvt_wbuf *out)
  * when a job finishes. */
 static void pool_publish(server *sv)
 {
-    size_t ram[MAX_TENANTS], n[MAX_TENANTS];
+    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS];
     for (size_t t = 0; t < sv->n_tn; t++) {
         ram[t] = kvt_tiers_bytes(sv->tiers, (int)t);
+        dr[t] = kvt_tiers_reserved(sv->tiers, (int)t);
         n[t] = kvt_tiers_count(sv->tiers, (int)t);
     }
     pthread_mutex_lock(&sv->mu);
     for (size_t t = 0; t < sv->n_tn; t++) {
         sv->tn[t].ram = ram[t];
         sv->tn[t].ram_entries = n[t];
+        sv->tn[t].draft_ram = dr[t];
     }
     pthread_mutex_unlock(&sv->mu);
 }
@@ -488,6 +492,8 @@ typedef struct slot {
     kvt_gen_out out;
     kvt_gen_run *run;
     kvt_draft_model *dm;          /* --draft model: the draft session, made for the reply */
+    size_t dm_held;               /* its bytes reserved in the tenant's RAM share (kvt_tiers_reserve;
+                                   * 0: no draft session for this reply) */
 } slot;
 
 static char *error_body(const job *j, int status, const char *msg)
@@ -505,7 +511,16 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
         sv->active--;
         pthread_mutex_unlock(&sv->mu);
     }
+    size_t dm_now = sl->dm ? kvt_draft_model_bytes(sl->dm) : 0;
+    if (dm_now > sl->dm_held) { /* grew past its reservation */
+        kvt_tiers_reserve(sv->tiers, sl->j->tenant, dm_now - sl->dm_held);
+        sl->dm_held = dm_now;
+    }
     job_done(sv, sl->j, status, body);
+    if (sl->dm_held) {
+        kvt_tiers_unreserve(sv->tiers, sl->j->tenant, sl->dm_held);
+        pool_publish(sv);
+    }
     job_unref(sl->j);
     kvt_draft_model_free(sl->dm);
     free(sl->toks);
@@ -600,7 +615,7 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
      * small: its prefill costs a fraction of the model's that a cache hit
      * saves): it is not kept in the tiers or saved (docs/API.md). No
      * session: no drafts. */
-    if (sv->dmodel) {
+    if (sl->dm_held) {
         kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
         if (kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads))
             fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
@@ -662,6 +677,18 @@ static slot *slot_start(server *sv, job *j)
     kvt_request *r = &j->req;
     kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
     kvt_store *store = sv->tn[j->tenant].store;
+    /* The reply's draft session counts against the tenant's RAM share from
+     * the start, at what it may come to hold, so the pool makes room for
+     * it as for any session; one larger than the share drafts nothing. */
+    if (sv->dmodel) {
+        uint32_t dmax = sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT;
+        size_t share = sv->o.ram_bytes / sv->n_tn, max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
+        size_t need = kvt_draft_model_reserve(sv->dmodel, sv->o.n_ctx, sl->n + max_new, dmax, sv->dscratch);
+        if (need <= share) kvt_tiers_reserve(sv->tiers, j->tenant, sl->dm_held = need);
+        else
+            fprintf(stderr, "kvtier: the draft model is off for a reply: its session would hold up to %zu bytes, "
+                    "more than the RAM share of %zu (--kv-ram-mb)\n", need, share);
+    }
     int rc = kvt_tiers_select(sv->tiers, j->tenant, store, &tp, &sl->toks, &sl->n, &sl->pick);
     if (rc) {
         if (sl->n > sv->o.n_ctx) slot_end(sv, sl, 400, ctx_error(j->api, sl->n, sv->o.n_ctx, j->stream));
@@ -1573,6 +1600,7 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
+    size_t draft_ram;
     size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
     uint64_t ram_budget;
     char lbl[64];               /* tenant="NAME" or "" */
@@ -1713,6 +1741,7 @@ static char *metrics_text(server *sv, int tnt)
         v[k].mx = tt->mx;
         v[k].ram = tt->ram;
         v[k].ram_entries = tt->ram_entries;
+        v[k].draft_ram = tt->draft_ram;
         v[k].queued = tt->queued;
         v[k].active = tt->active;
     }
@@ -1791,6 +1820,9 @@ static char *metrics_text(server *sv, int tnt)
            w->store_jobs);
     FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
            "", w->store_held);
+    FAMILY("kvtier_draft_session_bytes", "gauge",
+           "RAM reserved for the draft model's sessions of replies in progress (counted in the RAM budget).", "",
+           w->draft_ram);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
@@ -2013,6 +2045,11 @@ int kvt_serve(const kvt_server_opts *opts)
         snprintf(msg, sizeof msg, "%s", kvt_errmsg());
         rc = kvt_fail(rc, "--model-draft %s: %s", opts->model_draft ? opts->model_draft : "(none)", msg);
         goto out;
+    }
+    if (sv->dmodel) { /* a draft session's scratch, which its reservation counts */
+        kvt_memory mm;
+        if ((rc = kvt_model_memory(NULL, sv->dmodel, sv->o.n_ctx, 1, &mm))) goto out;
+        sv->dscratch = (size_t)mm.scratch;
     }
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
     sv->n_tn = opts->n_keys ? opts->n_keys : 1;

@@ -92,6 +92,16 @@ int kvt_draft_model_follow(kvt_draft_model *d, const int32_t *ctx, size_t n);
 /* The draft session (borrowed), and whether the drafter is off after an error. */
 kvt_session *kvt_draft_model_session(const kvt_draft_model *d);
 bool kvt_draft_model_failed(const kvt_draft_model *d);
+/* The RAM a drafter holds now: its session (rows, checkpoints, arrays,
+ * scratch), its rows of logits and its saved state. */
+size_t kvt_draft_model_bytes(const kvt_draft_model *d);
+/* The RAM a drafter of model draft may come to hold over a reply that
+ * ends at `tokens` tokens (prompt and reply) on sessions of n_ctx: the
+ * cache's plan at that length, the session's arrays, draft_max rows of
+ * logits and `scratch` (a draft session's scratch, measured once). What
+ * the server reserves in the RAM budget when a reply starts. */
+size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t tokens, uint32_t draft_max,
+                               size_t scratch);
 
 /* Test hooks (draft_model.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
  * session's state one token late before a pass (an off-by-one rollback
