@@ -179,6 +179,21 @@ static bool draft_session_exact(kvt_draft_model *dm, const int32_t *toks, size_t
     return ok;
 }
 
+/* The MTP drafter mt, brought to the reply's tokens, holds the window a
+ * drafter on a session of m synced to them in one pass holds: the same
+ * rows, each made from the model's hidden state (none from a draft's). */
+static bool mtp_exact(kvt_draft_mtp *mt, kvt_model *m, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    kvt_session *f = NULL;
+    kvt_draft_mtp *fm = NULL;
+    bool ok = kvt_draft_mtp_follow(mt, toks, n) == KVT_OK && kvt_session_new(&f, m, so) == KVT_OK &&
+              kvt_session_sync(f, toks, n, NULL) == KVT_OK && kvt_draft_mtp_new(&fm, f) == KVT_OK &&
+              kvt_draft_mtp_follow(fm, toks, n) == KVT_OK && kvt_draft_mtp_digest(mt, n) == kvt_draft_mtp_digest(fm, n);
+    kvt_draft_mtp_free(fm);
+    kvt_session_free(f);
+    return ok;
+}
+
 /* k replies of prompt p[i] (n tokens each), with draft d, batched in one
  * pass per step when k > 1 (the server's scheduler), alone otherwise. */
 static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const setting *st, kvt_draft_kind d,
@@ -189,6 +204,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
     kvt_gen g[BATCH];
     kvt_gen_run *R[BATCH] = {0};
     kvt_draft_model *dm[BATCH] = {0};
+    kvt_draft_mtp *mt[BATCH] = {0};
     kvt_gen_out out = {0};
     bool ok = true, live[BATCH] = {0};
     kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
@@ -203,7 +219,9 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         kvt_session_opts dso = so;
         dso.chunk = 40;
         if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &dso, NULL) == KVT_OK;
+        if (ok && d == KVT_DRAFT_MTP) ok = kvt_draft_mtp_new(&mt[i], s[i]) == KVT_OK;
         g[i].dm = dm[i];
+        g[i].mtp = mt[i];
     }
     if (ok && k == 1) {
         o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
@@ -247,8 +265,11 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
             if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
             if (o[i].toks && dm[i])
                 o[i].draft_exact = !kvt_draft_model_failed(dm[i]) && draft_session_exact(dm[i], o[i].toks, o[i].n, &so);
+            if (o[i].toks && mt[i])
+                o[i].draft_exact = !kvt_draft_mtp_failed(mt[i]) && mtp_exact(mt[i], m, o[i].toks, o[i].n, &so);
         }
         kvt_draft_model_free(dm[i]);
+        kvt_draft_mtp_free(mt[i]);
         ok = ok && o[i].body && o[i].toks;
         kvt_session_free(s[i]);
     }
@@ -509,6 +530,93 @@ TEST(speculate_model_qwen35)
 {
     static const fam_spec f = {"qwen35", .qwen35 = FAM_Q35_DENSE};
     family_drafts_itself(&f, true);
+}
+
+/* --draft mtp: ds4-tiny with an MTP layer (ds4-tiny+mtp=1: the model's
+ * weights are ds4-tiny's, the layer's come after them), greedy and
+ * sampled, alone and batched: the response, the session's tokens and
+ * digest equal plain decoding's, which equal ds4-tiny's without the layer,
+ * and the layer's window, brought to the reply's tokens, is the one a
+ * drafter on a session synced to them in one pass holds. Control:
+ * KVT_DRAFT_FAULT_MTP_KEEP (a pass's first chained row kept as verified:
+ * an off-by-one rollback of the window) leaves some window unequal. And
+ * ds4-tiny without the layer is refused. */
+TEST(speculate_mtp_ds4)
+{
+    kvt_model *m = NULL, *base = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny+mtp=1", 7, NULL));
+    CHECK_OK(kvt_model_preset(&base, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_draft_mtp_check(m, "ds4-tiny+mtp=1"));
+    CHECK(kvt_draft_mtp_check(base, "ds4-tiny") == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "no MTP"));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
+    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
+    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted = 0, drafted = 0, rolled = 0, kept_seen = 0;
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH], trunk[BATCH], spec[BATCH], know[BATCH], bad[BATCH];
+            bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+            ran = ran && replies(base, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
+            /* the layer's guesses replaced by the knowing drafter's (the
+             * layer still runs its chain each pass): drafts accepted and
+             * rejected, the window rolled back through both */
+            for (size_t i = 0; ran && i < BATCH; i++) {
+                known[i] = i < k ? plain[i].toks : NULL;
+                n_known[i] = i < k ? plain[i].n : 0;
+            }
+            kvt_gen_test_drafter = knowing;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
+            kvt_draft_fault = KVT_DRAFT_FAULT_MTP_KEEP;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
+            kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+            kvt_gen_test_drafter = NULL;
+            for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+            CHECKF(ran, "mtp %s: a reply failed: %s", st->what, kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                bool eq = same(&plain[i], &spec[i]), eq_know = same(&plain[i], &know[i]),
+                     eq_bad = same(&plain[i], &bad[i]);
+                printf("    mtp %s %s reply %zu with the knowing drafter: %u passes, %u drafted, %u accepted: %s, "
+                       "window %s\n", st->what, k > 1 ? "batched" : "alone", i, know[i].u.passes, know[i].u.drafted,
+                       know[i].u.accepted, eq_know ? "same" : "DIFFERENT", know[i].draft_exact ? "exact" : "NOT EXACT");
+                CHECKF(eq_know && know[i].draft_exact, "mtp %s: with accepted drafts, the reply or the window differs",
+                       st->what);
+                CHECKF(know[i].u.accepted > 0, "mtp %s: no draft accepted with the knowing drafter", st->what);
+                bool eq_trunk = plain[i].body && trunk[i].body && !strcmp(plain[i].body, trunk[i].body);
+                printf("    mtp %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: %s, "
+                       "window %s; without the layer %s; control: reply %s, window %s\n",
+                       st->what, k > 1 ? "batched" : "alone", i, spec[i].u.completion_tokens, spec[i].u.passes,
+                       plain[i].u.passes, spec[i].u.drafted, spec[i].u.accepted, eq ? "same" : "DIFFERENT",
+                       spec[i].draft_exact ? "exact" : "NOT EXACT", eq_trunk ? "same" : "DIFFERENT",
+                       eq_bad ? "same" : "differs", bad[i].draft_exact ? "exact" : "unequal");
+                CHECKF(eq, "mtp %s: --draft mtp changed the reply or the session", st->what);
+                CHECKF(eq_trunk, "mtp %s: the MTP layer changed plain decoding", st->what);
+                CHECKF(spec[i].draft_exact, "mtp %s: the MTP window is not the verified tokens'", st->what);
+                CHECKF(spec[i].u.drafted > 0, "mtp %s: nothing drafted", st->what);
+                CHECKF(eq_bad, "mtp %s: the window's fault changed the reply (it may change drafts only)", st->what);
+                kept_seen += !bad[i].draft_exact;
+                rolled += spec[i].u.accepted < spec[i].u.drafted && know[i].u.accepted < know[i].u.drafted;
+                accepted += spec[i].u.accepted;
+                drafted += spec[i].u.drafted;
+                outcome_free(&plain[i]);
+                outcome_free(&trunk[i]);
+                outcome_free(&spec[i]);
+                outcome_free(&know[i]);
+                outcome_free(&bad[i]);
+            }
+        }
+    }
+    printf("    mtp: %u of %u drafts accepted; %u replies rolled back; the kept draft row seen in %u\n", accepted,
+           drafted, rolled, kept_seen);
+    CHECKF(rolled > 0, "mtp: the rollback must be exercised");
+    CHECKF(kept_seen > 0, "mtp: the off-by-one rollback of the window went unseen");
+    kvt_model_close(base);
+    kvt_model_close(m);
 }
 
 TEST(speculate_ds4)
