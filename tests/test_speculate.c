@@ -122,7 +122,7 @@ TEST(speculate_ngram)
     CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
     CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
     CHECK(kvt_draft_parse("model", &k) == KVT_OK && k == KVT_DRAFT_MODEL);
-    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_OK && k == KVT_DRAFT_MTP);
     CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
 }
 
@@ -690,9 +690,13 @@ static void cut_field(char *text, const char *key, char end)
  * NULL each when it failed) and the server's /metrics text. */
 static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
 {
-    /* --draft model: ds4-tiny's weights again as the draft model */
-    const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
-                                "--draft", d, strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
+    /* --draft model: ds4-tiny's weights again as the draft model; --draft
+     * mtp: ds4-tiny with an MTP layer (the same weights before it), served
+     * under ds4-tiny's name */
+    bool mtp = !strcmp(d, "mtp");
+    const char *const args[] = {"--model", mtp ? "ds4-tiny+mtp=1" : "ds4-tiny", "--model-id", "ds4-tiny", "--no-kv-disk",
+                                "--parallel", "2", "--threads", "1", "--draft", d,
+                                strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
     if (!fx_server_start(sv, args)) return false;
     char cmd[4096], path[N_REQ][160], mpath[160];
     for (int i = 0; i < N_REQ; i++) {
@@ -734,18 +738,20 @@ TEST(speculate_server)
 {
     fx_server sv = {0};
     CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
-    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *mp = NULL, *ms = NULL, *md = NULL;
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *dmtp[N_REQ] = {0}, *mp = NULL, *ms = NULL,
+         *md = NULL, *mm = NULL;
     bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms) &&
-               serve_replies(&sv, "model", dmod, &md);
+               serve_replies(&sv, "model", dmod, &md) && serve_replies(&sv, "mtp", dmtp, &mm);
     if (!ran) fx_server_kill(&sv);
     bool same_all = ran;
     for (int i = 0; i < N_REQ && ran; i++) {
-        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]);
-        printf("    request %d: ngram %s, model %s\n", i, eq ? "the same body" : "DIFFERENT",
-               eq_m ? "the same body" : "DIFFERENT");
+        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]), eq_t = !strcmp(plain[i], dmtp[i]);
+        printf("    request %d: ngram %s, model %s, mtp %s\n", i, eq ? "the same body" : "DIFFERENT",
+               eq_m ? "the same body" : "DIFFERENT", eq_t ? "the same body" : "DIFFERENT");
         if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
         if (!eq_m) printf("      none:  %.300s\n      model: %.300s\n", plain[i], dmod[i]);
-        same_all = same_all && eq && eq_m;
+        if (!eq_t) printf("      none:  %.300s\n      mtp:   %.300s\n", plain[i], dmtp[i]);
+        same_all = same_all && eq && eq_m && eq_t;
     }
     /* by drafter: the model's drafts counted as the model's */
     long m_dr = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"model\"}"),
@@ -761,14 +767,19 @@ TEST(speculate_server)
          drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
     printf("    --draft ngram: %ld tokens in %ld passes, %ld drafted, %ld accepted; --draft none: %ld drafted\n", gen,
            passes, drafted, acc, drafted0);
+    long t_dr = metric_in(mm, "kvtier_draft_tokens_total"), t_acc = metric_in(mm, "kvtier_draft_accepted_tokens_total"),
+         t_mtp = metric_in(mm, "kvtier_drafter_tokens_total{drafter=\"mtp\"}");
+    printf("    --draft mtp: %ld drafted (%ld counted under drafter=\"mtp\"), %ld accepted\n", t_dr, t_mtp, t_acc);
     for (int i = 0; i < N_REQ; i++) {
         free(plain[i]);
         free(spec[i]);
         free(dmod[i]);
+        free(dmtp[i]);
     }
     free(mp);
     free(ms);
     free(md);
+    free(mm);
     fx_tmpdir_remove(&sv);
     CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
     CHECK(same_all);
@@ -777,6 +788,7 @@ TEST(speculate_server)
     CHECKF(m_dr > 0 && m_dr == m_all && m_ng == 0 && m_acc > 0 && m_acc <= m_dr && n_dr == drafted &&
            m_passes < m_gen,
            "the /metrics counts of the draft model (by drafter)");
+    CHECKF(t_dr > 0 && t_mtp == t_dr && t_acc >= 0 && t_acc <= t_dr, "the /metrics counts of the MTP drafter");
 }
 
 /* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
@@ -869,7 +881,7 @@ TEST(speculate_run)
         CHECKF(ok, "serve --model-draft of another vocabulary: want a refusal naming the token");
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
-        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "no MTP (nextn) layer"},
         {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"},
         {"--model-draft", "ds4-tiny", "goes with --draft model"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

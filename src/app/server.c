@@ -98,7 +98,7 @@ typedef struct metrics {
     uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
     uint64_t prompt_tokens, prefilled, generated;
     uint64_t decode_passes, drafted, accepted; /* speculative decoding: passes of replies, drafts, kept */
-    uint64_t drafted_by[2], accepted_by[2];    /* the same by drafter: [0] n-gram, [1] the draft model */
+    uint64_t drafted_by[3], accepted_by[3];    /* the same by drafter: [0] n-gram, [1] the draft model, [2] MTP */
     uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
@@ -492,6 +492,7 @@ typedef struct slot {
     kvt_gen_out out;
     kvt_gen_run *run;
     kvt_draft_model *dm;          /* --draft model: the draft session, made for the reply */
+    kvt_draft_mtp *mtp;           /* --draft mtp: the MTP drafter, on s */
     size_t dm_held;               /* its bytes reserved in the tenant's RAM share (kvt_tiers_reserve;
                                    * 0: no draft session for this reply) */
 } slot;
@@ -523,6 +524,7 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
     }
     job_unref(sl->j);
     kvt_draft_model_free(sl->dm);
+    kvt_draft_mtp_free(sl->mtp);
     free(sl->toks);
     free(sl);
 }
@@ -621,6 +623,9 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
             fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
         sl->g.dm = sl->dm;
     }
+    if (sv->o.draft == KVT_DRAFT_MTP && kvt_draft_mtp_new(&sl->mtp, s)) /* a window of rows: not counted */
+        fprintf(stderr, "kvtier: the MTP drafter is off for a reply: %s\n", kvt_errmsg());
+    sl->g.mtp = sl->mtp;
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
     if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {
@@ -643,9 +648,10 @@ static void slot_reply_done(server *sv, slot *sl)
     mx->decode_passes += sl->u.passes;
     mx->drafted += sl->u.drafted;
     mx->accepted += sl->u.accepted;
-    if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL) {
-        mx->drafted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.drafted;
-        mx->accepted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.accepted;
+    if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL || sv->o.draft == KVT_DRAFT_MTP) {
+        int by = sv->o.draft == KVT_DRAFT_MODEL ? 1 : sv->o.draft == KVT_DRAFT_MTP ? 2 : 0;
+        mx->drafted_by[by] += sl->u.drafted;
+        mx->accepted_by[by] += sl->u.accepted;
     }
     pthread_mutex_unlock(&sv->mu);
     slot_end(sv, sl, 200, body);
@@ -1796,10 +1802,11 @@ static char *metrics_text(server *sv, int tnt)
     FAMILY("kvtier_draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", "", w->mx.drafted);
     FAMILY("kvtier_draft_accepted_tokens_total", "counter",
            "Drafted tokens accepted (each the token plain decoding samples there).", "", w->mx.accepted);
-    FAMILY2("kvtier_drafter_tokens_total", "counter", "Tokens drafted, by drafter.", "drafter=\"ngram\"",
-            w->mx.drafted_by[0], "drafter=\"model\"", w->mx.drafted_by[1]);
-    FAMILY2("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
-            "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1]);
+    FAMILY3("kvtier_drafter_tokens_total", "counter", "Tokens drafted, by drafter.", "drafter=\"ngram\"",
+            w->mx.drafted_by[0], "drafter=\"model\"", w->mx.drafted_by[1], "drafter=\"mtp\"", w->mx.drafted_by[2]);
+    FAMILY3("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
+            "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1], "drafter=\"mtp\"",
+            w->mx.accepted_by[2]);
     FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
             w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
     FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
@@ -2046,6 +2053,8 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(rc, "--model-draft %s: %s", opts->model_draft ? opts->model_draft : "(none)", msg);
         goto out;
     }
+    if (sv->o.draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(sv->m, opts->model ? opts->model : sv->m->info.name)))
+        goto out;
     if (sv->dmodel) { /* a draft session's scratch, which its reservation counts */
         kvt_memory mm;
         if ((rc = kvt_model_memory(NULL, sv->dmodel, sv->o.n_ctx, 1, &mm))) goto out;
