@@ -623,8 +623,13 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
             fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
         sl->g.dm = sl->dm;
     }
-    if (sv->o.draft == KVT_DRAFT_MTP && kvt_draft_mtp_new(&sl->mtp, s)) /* a window of rows: not counted */
+    /* the MTP drafter's windows (rows, hidden states) count in the share too */
+    if (sv->o.draft == KVT_DRAFT_MTP && kvt_draft_mtp_new(&sl->mtp, s))
         fprintf(stderr, "kvtier: the MTP drafter is off for a reply: %s\n", kvt_errmsg());
+    if (sl->mtp) {
+        kvt_tiers_reserve(sv->tiers, j->tenant, kvt_draft_mtp_bytes(sl->mtp));
+        sl->dm_held += kvt_draft_mtp_bytes(sl->mtp);
+    }
     sl->g.mtp = sl->mtp;
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};

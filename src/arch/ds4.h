@@ -36,11 +36,13 @@ size_t kvt_ds4_mtp_ring_bytes(const kvt_model *m);
  * pass ran pos with the tokens s holds (s's scratch keeps it until the next
  * pass or MTP step): KVT_OK, else KVT_ENOENT (no message). */
 int kvt_ds4_hidden(const kvt_session *s, size_t pos, float *out);
-/* The MTP layer at position pos on s's scratch: hidden state hin (the
- * model's at pos, or the previous MTP step's hout), tok the token at pos + 1.
- * Writes the layer's row of pos into ring; row_only: nothing else (the row
- * depends on hin and tok alone). Otherwise the layer's output streams into
- * hout and the logits of the token at pos + 2 into logits (n_vocab). */
+/* The MTP layer on s's scratch for the token tok at position pos (its
+ * RoPE position and row, as llama.cpp's MTP batches place it) and the
+ * hidden state hin of pos - 1 (the model's, or the previous MTP step's
+ * hout). Writes the layer's row of pos into ring; row_only: nothing else
+ * (the row depends on hin and tok alone). Otherwise the layer's output
+ * streams into hout and the logits of the token at pos + 1 into logits
+ * (n_vocab). */
 int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only,
                      float *hout, float *logits);
 /* Write a ds4 model (config, weights, tokenizer) as GGUF

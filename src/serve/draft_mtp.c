@@ -3,9 +3,11 @@
  * the model verifies them in one pass (generate.c, run in cli.c) as it
  * verifies n-gram drafts.
  *
- * The MTP layer at position p reads the model's hidden state there (its
- * final streams) and the embedding of the token at p + 1, and predicts the
- * token at p + 2. Its attention reads a window ring of its own rows; a
+ * The MTP layer reads the model's hidden state at p (its final streams)
+ * and the embedding of the token at p + 1, and predicts the token at
+ * p + 2; it runs at the position of that token, p + 1, as llama.cpp's MTP
+ * batches do (its RoPE and window: the pair of p holds row p + 1 of the
+ * ring). Its attention reads a window ring of its own rows; a
  * row depends on the layer's two inputs at its position alone. The first
  * guess of a pass is the layer at n - 1 (the model's hidden state of the
  * last token the session holds, the token just sampled); each further
@@ -39,8 +41,8 @@ enum { ROW_NONE, ROW_VERIFIED, ROW_DRAFT, ROW_NO_HIDDEN };
 struct kvt_draft_mtp {
     kvt_session *s;             /* the model's session (borrowed) */
     size_t W, hf, rb, V;        /* window rows, floats of a hidden state, bytes of a row, logits */
-    uint16_t *ring;             /* (W rows) the layer's window, position p at p mod W */
-    int64_t *rpos;              /* (W) the position each row holds (-1: none) */
+    uint16_t *ring;             /* (W rows) the layer's window, the pair of p at (p + 1) mod W */
+    int64_t *rpos;              /* (W) the pair (its p) each row holds (-1: none) */
     uint8_t *rkind;             /* (W) ROW_* */
     float *hid;                 /* (W + 1, hf) the model's hidden states, position p at p mod (W + 1) */
     int64_t *hpos;              /* (W + 1) */
@@ -130,11 +132,11 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
     /* every row of the window but the last token's (whose next token is
      * not known yet), from the model's hidden states */
     for (size_t p = n > d->W ? n - d->W : 0; p + 1 < n; p++) {
-        size_t k = p % d->W;
+        size_t k = (p + 1) % d->W;
         const float *h = hidden_at(d, p);
         if (d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_VERIFIED) continue;
         if (!h && d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_NO_HIDDEN) continue;
-        int rc = kvt_ds4_mtp_step(s, d->ring, h ? h : d->zero, ctx[p + 1], p, true, NULL, NULL);
+        int rc = kvt_ds4_mtp_step(s, d->ring, h ? h : d->zero, ctx[p + 1], p + 1, true, NULL, NULL);
         if (rc) return rc;
         d->rpos[k] = (int64_t)p;
         d->rkind[k] = h ? ROW_VERIFIED : ROW_NO_HIDDEN;
@@ -162,8 +164,8 @@ size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int
     bool have = h != NULL;
     if (h) memcpy(d->h, h, d->hf * sizeof(float));
     for (size_t i = 0; !rc && i < max; i++) {
-        size_t p = n - 1 + i, k = p % d->W;
-        rc = kvt_ds4_mtp_step(d->s, d->ring, i || have ? d->h : d->zero, i ? out[i - 1] : last, p, false, d->hout,
+        size_t p = n - 1 + i, k = (p + 1) % d->W;
+        rc = kvt_ds4_mtp_step(d->s, d->ring, i || have ? d->h : d->zero, i ? out[i - 1] : last, p + 1, false, d->hout,
                               d->logits);
         if (rc) break;
         d->rpos[k] = (int64_t)p;
@@ -186,7 +188,7 @@ uint64_t kvt_draft_mtp_digest(const kvt_draft_mtp *d, size_t n)
     if (!st) return 0;
     XXH3_64bits_reset(st);
     for (size_t p = n > d->W ? n - d->W : 0; p + 1 < n; p++) {
-        size_t k = p % d->W;
+        size_t k = (p + 1) % d->W;
         uint8_t kind = d->rpos[k] == (int64_t)p ? d->rkind[k] : ROW_NONE;
         XXH3_64bits_update(st, &kind, 1);
         if (kind != ROW_NONE) XXH3_64bits_update(st, (const uint8_t *)d->ring + k * d->rb, d->rb);
