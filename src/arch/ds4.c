@@ -994,6 +994,7 @@ typedef struct ds4_work {
 typedef struct fwd {
     kvt_session *s;
     const kvt_cache *cache;    /* the window rings' (the session's, or the MTP drafter's ring) */
+    size_t w_first;            /* the window's first position with a row (the MTP layer's: 1) */
     const ds4_weights *w;
     const ds4_layer *ly;
     ds4_work *wk;
@@ -1120,6 +1121,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
         for (size_t k = 0; k < nsel; k++)
             from_f16(keys + nk++ * Dh, kvt_cache_row_ro(cache, ly->s_comp, sel ? sel[k] : k), Dh);
         size_t w0 = t + 1 > c->W ? t + 1 - c->W : 0;
+        if (w0 < f->w_first) w0 = f->w_first;
         if (kvt_ds4_fault == KVT_DS4_FAULT_MASK && w0 < t) w0++; /* tests: an off-by-one window */
         for (size_t p = w0; p <= t; p++) {
             const uint16_t *row = p >= f->pos0 ? f->rows + (p - f->pos0) * Dh : win_row(cache, ly, c, p);
@@ -1500,7 +1502,9 @@ static int layer_run(kvt_session *s, ds4_work *wk, const kvt_cache *cache, uint3
         float isc = 1.0f / sqrtf((float)(Di * Hi));
         for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
     }
-    fwd fa = {s, cache, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
+    /* the MTP layer has no row at position 0 (its first pair is the
+     * hidden state of 0 with the token at 1, at position 1) */
+    fwd fa = {s, cache, l < c->L ? 0 : 1, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
     fa.maxc = r ? (p0 + nn) / r : 0;
     if (r == 4 && fa.maxc > c->K) index_select(&fa);
     kvt_pool_for_part(s->pool, nn, 1, attn_range, &fa);
@@ -1630,7 +1634,7 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
     if (s->m->arch != &kvt_arch_ds4 || !c->nextn) return kvt_fail(KVT_EUNSUPPORTED, "the model has no MTP layer");
     if (!wk || wk->ch < HC) return kvt_fail(KVT_EINVAL, "MTP: the session has no scratch of %d tokens", HC);
     if (tok < 0 || (uint32_t)tok >= c->V) return kvt_fail(KVT_EINVAL, "MTP: token id %d out of range [0, %u)", tok, c->V);
-    if (pos >= wk->n_ctx) return kvt_fail(KVT_ECTX, "MTP: position %zu past the context", pos);
+    if (pos >= wk->n_ctx || pos == 0) return kvt_fail(KVT_ECTX, "MTP: position %zu outside [1, %zu)", pos, wk->n_ctx);
     int rc = parts_fit(wk, c, kvt_pool_size(s->pool));
     if (rc) return rc;
     wk->tap_s = NULL; /* the streams are the MTP's from here */
