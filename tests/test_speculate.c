@@ -44,6 +44,20 @@
  *                            rollback) leaves it unequal; a rejected first
  *                            draft accepted (KVT_DRAFT_FAULT_ACCEPT_FIRST)
  *                            changes the reply.
+ *   speculate_mtp_ds4        --draft mtp: ds4-tiny+mtp=1 (ds4-tiny's weights
+ *                            and an MTP layer after them), greedy and
+ *                            sampled, alone and batched, with the layer's
+ *                            own guesses and with the knowing drafter's in
+ *                            their place (the layer still running): the
+ *                            response, tokens and digest equal plain
+ *                            decoding's, which equal ds4-tiny's; the
+ *                            layer's window, brought to the reply's
+ *                            tokens, equals one made on a session synced
+ *                            to them in one pass. Control:
+ *                            KVT_DRAFT_FAULT_MTP_KEEP (a pass's first
+ *                            chained row kept as verified, an off-by-one
+ *                            rollback of the window) leaves it unequal;
+ *                            ds4-tiny without the layer is refused.
  *   speculate_model_llama    the same with each family's synthetic model
  *   speculate_model_gemma3   drafting for another copy of itself: the
  *   speculate_model_qwen35   draft session's rollback through full rows,
@@ -61,7 +75,9 @@
  *                            accepted, and fewer passes than tokens; the
  *                            same with --draft model --model-draft
  *                            ds4-tiny, its drafts counted under
- *                            drafter="model". On a
+ *                            drafter="model"; and with --draft mtp on
+ *                            ds4-tiny+mtp=1 served as ds4-tiny, under
+ *                            drafter="mtp". On a
  *                            build without speculation (main before it)
  *                            the server refuses --draft: the test fails.
  *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
@@ -71,7 +87,8 @@
  *                            a draft model whose vocabulary differs at one
  *                            token is refused (exit 2) naming the token,
  *                            and serve refuses to start with it;
- *                            --draft mtp is refused ("not supported yet"),
+ *                            --draft mtp on ds4-tiny is refused (no MTP
+ *                            layer),
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
  *                            and --draft-max 65 are usage errors. On main
