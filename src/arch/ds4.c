@@ -1630,13 +1630,13 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
-    ds4_work *wk = s->work;
     if (s->m->arch != &kvt_arch_ds4 || !c->nextn) return kvt_fail(KVT_EUNSUPPORTED, "the model has no MTP layer");
+    ds4_work *wk = s->work;
+    int rc;
     if (!wk || wk->ch < HC) return kvt_fail(KVT_EINVAL, "MTP: the session has no scratch of %d tokens", HC);
     if (tok < 0 || (uint32_t)tok >= c->V) return kvt_fail(KVT_EINVAL, "MTP: token id %d out of range [0, %u)", tok, c->V);
     if (pos >= wk->n_ctx || pos == 0) return kvt_fail(KVT_ECTX, "MTP: position %zu outside [1, %zu)", pos, wk->n_ctx);
-    int rc = parts_fit(wk, c, kvt_pool_size(s->pool));
-    if (rc) return rc;
+    if ((rc = parts_fit(wk, c, kvt_pool_size(s->pool)))) return rc;
     wk->tap_s = NULL; /* the streams are the MTP's from here */
     const ds4_layer *ly = &w->layers[c->L];
     size_t D = c->D;

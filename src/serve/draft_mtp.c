@@ -122,6 +122,10 @@ static const float *hidden_at(const kvt_draft_mtp *d, size_t p)
 int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
 {
     kvt_session *s = d->s;
+    /* a session that has not run yet (a prompt the cache held whole) gets
+     * its scratch now: the layer runs on it */
+    int rc = kvt_session_work(s);
+    if (rc) return rc;
     /* the hidden states the model's last pass left, of the positions the
      * window reads (before any MTP step: it reuses the scratch) */
     for (size_t p = n > d->W + 1 ? n - d->W - 1 : 0; p < n; p++) {
@@ -136,7 +140,7 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
         const float *h = hidden_at(d, p);
         if (d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_VERIFIED) continue;
         if (!h && d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_NO_HIDDEN) continue;
-        int rc = kvt_ds4_mtp_step(s, d->ring, h ? h : d->zero, ctx[p + 1], p + 1, true, NULL, NULL);
+        rc = kvt_ds4_mtp_step(s, d->ring, h ? h : d->zero, ctx[p + 1], p + 1, true, NULL, NULL);
         if (rc) return rc;
         d->rpos[k] = (int64_t)p;
         d->rkind[k] = h ? ROW_VERIFIED : ROW_NO_HIDDEN;
