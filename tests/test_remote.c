@@ -491,7 +491,7 @@ static void remote_secret_refuses_planted_body(rsrv *rp)
     CHECK(nk > 0);
     for (size_t i = 0; i < nk && !alice[0]; i++) /* parts and MACs start with '{' (their hash tag) */
         if (k[i][0] != '{')
-            snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[i] + 24, ":") - k[i] + 1), k[i]); /* kvt:r1:KEY0:NS: */
+            snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[i] + 24, ":") - k[i] + 1), k[i]); /* kvt:r2:KEY0:NS: */
     kvt_session_free(upload_cold(a, 1, m, u, N)); /* bob's namespace exists */
     char **k2;
     size_t nk2 = keys_of(c, "*", &k2);
@@ -938,7 +938,7 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(system(ls) == 0);
     lst = kvt_test_read_file(lsout, NULL);
     printf("    cache ls --kv-remote:\n%s", lst ? lst : "(none)\n");
-    CHECKF(lst && strstr(lst, "kvt:r1:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
+    CHECKF(lst && strstr(lst, "kvt:r2:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
            "cache ls --kv-remote does not list the 672-token entry");
     free(lst); free(mx); free(h); free(cold); free(warm);
 }

@@ -1,7 +1,9 @@
 /* The remote tier: the disk tier's records in Redis (see remote.h,
  * docs/STORE.md "Remote tier", docs/FORMAT.md "Remote tier keys").
  *
- * Every key starts with a namespace: "kvt:r1:" (the layout's version),
+ * Every key starts with a namespace: "kvt:r2:" (the layout's version:
+ * r1 was the layout before values had their {hash tag}; a server of
+ * another layout never reads these keys as its own),
  * key0 in hex (the model and tokenizer fingerprints and the row types, the
  * same value the record keys chain from), and the tenant's name (derived
  * with the secret, so one tenant cannot name another's keys). Under it:
@@ -58,6 +60,7 @@
 #define MIN_LOAD 0.02              /* a deadline from FLOPs is at least this: a small model's FLOPs say */
                                    /* little of its prefill's time, which its overheads make */
 #define MIN_MEASURED 256           /* prefills of fewer tokens are not measured */
+#define LAYOUT "kvt:r2:"            /* the key layout's version (docs/FORMAT.md "Remote tier keys") */
 #define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */
 
 bool kvt_remote_skip_mac;
@@ -314,7 +317,7 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
             mac_of(r, "kvtier tenant", (const uint8_t *)name, strlen(name), mac);
             hex_bytes(mac, 8, tn);
         }
-        snprintf(r->ns[t], sizeof r->ns[t], "kvt:r1:%016" PRIx64 ":%s:", r->key0, tn);
+        snprintf(r->ns[t], sizeof r->ns[t], LAYOUT "%016" PRIx64 ":%s:", r->key0, tn);
     }
     if ((rc = kvt_redis_new(&r->rd_load, &url, pl ? pw : NULL)) || (rc = kvt_redis_new(&r->rd_check, &url, pl ? pw : NULL)) ||
         (rc = kvt_redis_new(&r->rd_up, &url, pl ? pw : NULL)))
@@ -1034,7 +1037,7 @@ int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
     size_t cap = 0;
     char cursor[32] = "0";
     do {
-        const char *a[6] = {"SCAN", cursor, "MATCH", "kvt:r1:*:i:*", "COUNT", "1000"};
+        const char *a[6] = {"SCAN", cursor, "MATCH", LAYOUT "*:i:*", "COUNT", "1000"};
         redisReply **rep = NULL, **hr = NULL;
         size_t nr = 0, nh = 0;
         if ((rc = kvt_redis_append(rd, 6, a, NULL)) || (rc = kvt_redis_exec(rd, 2000, &rep, &nr))) break;
@@ -1070,7 +1073,7 @@ int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
 
 typedef struct verify_src {
     kvt_remote *r;
-    const char *ns;                /* "kvt:r1:KEY0:TENANT:" */
+    const char *ns;                /* "kvt:r2:KEY0:TENANT:" */
     const size_t *lens;            /* the manifest: snapshot, then each block */
     uint8_t *cur;                  /* the block the load is reading (freed at the next) */
     int64_t bad_block, gone_block; /* -1: none */
@@ -1209,7 +1212,7 @@ int kvt_remote_verify(kvt_remote *r, bool del, kvt_remote_verify_fn each, void *
 {
     memset(out, 0, sizeof *out);
     char pattern[96];
-    snprintf(pattern, sizeof pattern, "kvt:r1:%016" PRIx64 ":*:i:*", r->key0);
+    snprintf(pattern, sizeof pattern, LAYOUT "%016" PRIx64 ":*:i:*", r->key0);
     char cursor[32] = "0";
     int rc = KVT_OK;
     pthread_mutex_lock(&r->check_mu);

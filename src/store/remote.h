@@ -84,7 +84,7 @@ double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n);
  * password file and the TLS files; the rest is unused. *out is malloc'ed
  * (*n entries), in the order found. */
 typedef struct kvt_remote_entry {
-    char ns[64];                /* kvt:r1:KEY0:TENANT */
+    char ns[64];                /* kvt:r2:KEY0:TENANT */
     uint64_t head;              /* the key of its last whole block */
     uint32_t n_tokens, n_blocks;
     uint64_t bytes;             /* its snapshot record and blocks, as the manifest says */
