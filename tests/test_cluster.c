@@ -13,7 +13,9 @@
 #include "store/cluster.h"
 #include "store/remote.h"
 #include "arch/model.h"
+#include "session/snapshot.h"
 
+#include <inttypes.h>
 #include <signal.h>
 
 enum { NODES = 3, N = 300 };
@@ -58,8 +60,10 @@ static bool cluster_start(cluster *c)
         int port = fx_free_port(), bus = fx_free_port();
         char bs[16];
         snprintf(bs, sizeof bs, "%d", bus);
+        /* a master lost without a replica costs its own shard only: the
+         * others go on serving their slots (docs/STORE.md "Remote tier") */
         const char *args[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
-                              "--cluster-node-timeout", "2000", NULL};
+                              "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no", NULL};
         char url[64];
         snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
         kvt_redis_url u;
@@ -384,6 +388,158 @@ CLUSTER_TEST(cluster_master_killed)
     kvt_session_free(cold);
     kvt_remote_close(a);
     kvt_remote_close(b);
+    kvt_model_close(m);
+}
+
+/* owner[slot]: the node (index in c->n) serving each slot, from CLUSTER
+ * SLOTS; *first the first slot of each node. */
+static bool slot_owners(const cluster *c, int *owner, int *first)
+{
+    kvt_redis *k = node_client(c, 0);
+    redisReply *x = NULL;
+    const char *a[2] = {"CLUSTER", "SLOTS"};
+    bool ok = k && rfx_cmd(k, &x, 2, a) && x->type == REDIS_REPLY_ARRAY;
+    for (int i = 0; i < NODES; i++) first[i] = KVT_CLUSTER_SLOTS;
+    for (size_t s = 0; s < KVT_CLUSTER_SLOTS; s++) owner[s] = -1;
+    for (size_t e = 0; ok && e < x->elements; e++) {
+        redisReply *r = x->element[e], *m = r->element[2];
+        int node = -1;
+        for (int i = 0; i < NODES; i++)
+            if (c->n[i].port == m->element[1]->integer) node = i;
+        for (long long s = r->element[0]->integer; node >= 0 && s <= r->element[1]->integer; s++) owner[s] = node;
+        if (node >= 0 && r->element[0]->integer < first[node]) first[node] = (int)r->element[0]->integer;
+    }
+    if (x) freeReplyObject(x);
+    kvt_redis_free(k);
+    return ok;
+}
+
+static int owner_of(const int *owner, const char *key) { return owner[kvt_cluster_slot(key, strlen(key))]; }
+
+enum { LONG = 5 * 128 };
+
+/* For prompt t[0..LONG) saved at every block boundary, and master v lost:
+ * the longest entry none of whose keys (index, snapshot, blocks) is on v
+ * (0: none), and whether v holds an index key a lookup of t asks. */
+static size_t reachable(const int *owner, const char *ns, uint64_t key0, const int32_t *t, int v, bool *asks_v)
+{
+    uint64_t keys[LONG / 128];
+    char name[200];
+    size_t best = 0;
+    *asks_v = false;
+    for (size_t b = 0; b < LONG / 128; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : key0, t + b * 128);
+    for (size_t nb = 0; nb <= LONG / 128; nb++) {
+        uint64_t head = nb ? keys[nb - 1] : key0;
+        snprintf(name, sizeof name, "%si:%016" PRIx64, ns, head);
+        bool on_v = owner_of(owner, name) == v;
+        *asks_v |= on_v;
+        if (!nb) continue;
+        snprintf(name, sizeof name, "%ss:%016" PRIx64 ":%zu:%016" PRIx64, ns, head, nb * 128,
+                 kvt_snap_tail_hash(head, t + nb * 128, 0));
+        on_v |= owner_of(owner, name) == v;
+        for (size_t b = 0; b < nb && !on_v; b++) {
+            snprintf(name, sizeof name, "%sb:%016" PRIx64, ns, keys[b]);
+            on_v = owner_of(owner, name) == v;
+        }
+        if (!on_v) best = nb * 128;
+    }
+    return best;
+}
+
+/* A breaker per master: a prompt saved at each of its five block
+ * boundaries, one master killed (the cluster goes on serving the other
+ * slots: cluster-require-full-coverage no). The seed and the master are
+ * chosen so that the lost master holds an index key every lookup asks
+ * and a value of the longest entry, and some shorter entry lies wholly on
+ * the others: each of six lookups is then that shorter hit, bit for bit
+ * with a cold run of it, while the lost master's breaker alone opens.
+ * The negative control: one breaker for the whole tier
+ * (kvt_remote_fault_one_breaker, a failure of one master failing the
+ * round trip) misses every lookup. */
+CLUSTER_TEST(cluster_shard_breaker)
+{
+    kvt_model *m = tiny();
+    int owner[KVT_CLUSTER_SLOTS], first[NODES];
+    CHECK(slot_owners(c, owner, first));
+    char ns[96];
+    snprintf(ns, sizeof ns, "kvt:r2:%016" PRIx64 ":open:", kvt_snap_key0(m));
+    int32_t t[LONG];
+    size_t want = 0;
+    int v = -1;
+    uint64_t seed;
+    for (seed = 40; seed < 200 && v < 0; seed++) {
+        seqb(t, LONG, seed);
+        for (int i = 0; i < NODES && v < 0; i++) {
+            bool asks;
+            size_t r = reachable(owner, ns, kvt_snap_key0(m), t, i, &asks);
+            if (asks && r > 0 && r < LONG) { v = i; want = r; }
+        }
+    }
+    CHECKF(v >= 0, "no seed gives a lost master a shorter hit");
+    int shard = 0; /* the lost master's shard: its place in the order of first slots */
+    for (int i = 0; i < NODES; i++) shard += first[i] < first[v];
+    printf("    seed %" PRIu64 ": master %d (shard %d) lost, the longest entry the others hold %zu of %d tokens\n",
+           seed - 1, v, shard, want, LONG);
+    kvt_remote *a = tier_on(c->url, m, NULL, 1000, 2000);
+    CHECK(a);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    for (size_t at = 128; at <= LONG; at += 128) {
+        CHECK_OK(kvt_session_sync(cold, t, at, NULL));
+        kvt_remote_upload(a, 0, cold, at);
+        CHECK(kvt_remote_drain(a, 10));
+    }
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.uploads == LONG / 128 && st.dropped == 0, "uploads %llu dropped %llu (%s)",
+           (unsigned long long)st.uploads, (unsigned long long)st.dropped, st.last_error);
+    kvt_session *ref = NULL; /* a cold run of the hit's tokens */
+    CHECK_OK(kvt_session_new(&ref, m, NULL));
+    CHECK_OK(kvt_session_sync(ref, t, want, NULL));
+    kvt_remote *b = tier_on(c->url, m, NULL, 300, 2000);
+    size_t got;
+    kvt_session *s = restore(b, m, t, LONG, &got, NULL);
+    CHECKF(got == LONG, "before the loss: a hit of %zu", got);
+    kvt_session_free(s);
+    rfx_kill(&c->n[v]);
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double dt;
+        s = restore(b, m, t, LONG, &got, &dt);
+        if (dt > worst) worst = dt;
+        kvt_remote_stats_get(b, &st);
+        CHECKF(got == want, "lookup %d with master %d lost: a hit of %zu, want %zu (%s)", i, v, got, want,
+               st.last_error);
+        CHECK(s && (got != want || kvt_test_digest(s, m) == kvt_test_digest(ref, m)));
+        kvt_session_free(s);
+    }
+    kvt_remote_stats_get(b, &st);
+    int open = 0;
+    for (size_t i = 0; i < st.n_shards; i++) open += st.shard_breaker[i] != 0;
+    printf("    6 lookups: hits of %zu tokens, the slowest %.0f ms; breakers %d %d %d (%s)\n", want, worst * 1000,
+           st.shard_breaker[0], st.shard_breaker[1], st.shard_breaker[2], st.last_error);
+    CHECKF(st.n_shards == NODES && open == 1 && st.shard_breaker[shard] == 1 && st.breaker_trips == 1,
+           "%zu shards, %d breakers open, shard %d's %d, trips %llu", st.n_shards, open, shard,
+           st.shard_breaker[shard], (unsigned long long)st.breaker_trips);
+    CHECK(worst < 2.0); /* 300 ms lookups; 2 s is the margin of a loaded CI machine */
+    /* the control: one breaker for the tier, a master's failure the round trip's */
+    kvt_remote_fault_one_breaker = true;
+    kvt_remote *one = tier_on(c->url, m, NULL, 300, 2000);
+    size_t hits = 0;
+    for (int i = 0; one && i < 6; i++) {
+        s = restore(one, m, t, LONG, &got, NULL);
+        hits += got > 0;
+        kvt_session_free(s);
+    }
+    kvt_remote_stats_get(one, &st);
+    kvt_remote_fault_one_breaker = false;
+    printf("    the control, one breaker: %zu hits of 6, breaker %d (%s)\n", hits, st.breaker, st.last_error);
+    CHECKF(one && hits == 0 && st.breaker == 1, "one breaker: %zu hits", hits);
+    kvt_session_free(ref);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(one);
     kvt_model_close(m);
 }
 

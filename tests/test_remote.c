@@ -923,7 +923,8 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(system(c2) == 0);
     char *mx = kvt_test_read_file(mpath, NULL);
     CHECK(mx && strstr(mx, "kvtier_cache_hits_total{tier=\"remote\"} 1") &&
-          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0"));
+          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0") &&
+          strstr(mx, "kvtier_remote_shard_breaker{shard=\"0\"} 0\n") && !strstr(mx, "shard=\"1\""));
     CHECK(fx_server_stop(pb));
     /* the hit went to B's disk too */
     char ls[600], lsout[160];

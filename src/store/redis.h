@@ -18,6 +18,7 @@
 #define KVT_REDIS_H
 
 #include "kvtier.h"
+#include "store/cluster.h"
 #include <hiredis/hiredis.h>
 #include <stddef.h>
 
@@ -83,6 +84,21 @@ int kvt_redis_barrier(kvt_redis *r);
  * transport failure: the queue is emptied and the connection closed. */
 int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n);
 void kvt_redis_replies_free(redisReply **replies, size_t n);
+
+/* kvt_redis_exec, one shard's failure its own (a cluster's masters,
+ * cluster.h's kvt_shards; one server is shard 0): the commands bound
+ * for the shards sh->skip names are not sent, and those of a shard whose
+ * round trip fails get no reply; their replies are NULL, the others'
+ * stand (*n is every command's count). Commands after a barrier are not
+ * sent when one before it has no reply. sh says which shards were asked,
+ * failed (sh->why) or answered an error reply (sh->refusal). KVT_OK
+ * unless memory runs out: a cluster whose map cannot be read fails every
+ * shard known. */
+int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisReply ***replies, size_t *n);
+/* The shard of a key, -1 when not known yet (a cluster's map is read by
+ * the first round trip); the shards known (1 until then). */
+int kvt_redis_shard_of(const kvt_redis *r, const char *key, size_t len);
+size_t kvt_redis_n_shards(const kvt_redis *r);
 /* Drop the queued commands without sending them (a caller that could not
  * queue all of a pipeline). */
 void kvt_redis_discard(kvt_redis *r);

@@ -17,6 +17,8 @@
 
 typedef struct kvt_remote kvt_remote;
 
+#define KVT_REMOTE_MAX_SHARDS 64   /* a cluster's masters, each with a breaker of its own */
+
 typedef struct kvt_remote_opts {
     const char *url;            /* redis://, rediss:// or redis-cluster:// (redis.h) */
     const char *password_file;  /* NULL: no AUTH */
@@ -112,8 +114,10 @@ typedef struct kvt_remote_stats {
     uint64_t uploads, dropped;       /* snapshots sent; not queued or given up */
     uint64_t queue_len, queue_bytes; /* waiting to be sent */
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
-    uint64_t breaker_trips;
-    int breaker;                     /* 0 closed, 1 open, 2 half-open (probing) */
+    uint64_t breaker_trips;          /* every shard's */
+    int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
+    size_t n_shards;                 /* a cluster's masters known (1: one server) */
+    int shard_breaker[KVT_REMOTE_MAX_SHARDS]; /* each shard's, [0..n_shards): masters in the order of their first slot */
     char last_error[192];            /* the last failure's message ("" none) */
 } kvt_remote_stats;
 void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
@@ -131,6 +135,10 @@ extern bool kvt_remote_skip_value_checks;
  * found entries and the round trip that loads one (to stop Redis there). */
 extern void (*kvt_remote_before_load)(void *arg);
 extern void *kvt_remote_before_load_arg;
+/* Tests: one breaker for every shard of a cluster, and a shard's failure
+ * the whole round trip's, as the tier was before it had a breaker per
+ * master (the negative control of cluster_shard_breaker). */
+extern bool kvt_remote_fault_one_breaker;
 /* Tests: true gives every load the fixed 500 ms deadline the tier had
  * before it was scaled by the prefill saved (the negative control of
  * remote_load_deadline_bounded_by_prefill). */
