@@ -11,6 +11,7 @@
 #include "ds4_tiny.h"
 #include "redis_fx.h"
 #include "store/cluster.h"
+#include "store/conn.h"
 #include "store/remote.h"
 #include "arch/model.h"
 #include "session/snapshot.h"
@@ -22,14 +23,15 @@ enum { NODES = 3, N = 300 };
 
 typedef struct cluster {
     rfx n[NODES];
-    char url[200];
+    char url[400];
+    const char *ca;      /* a TLS cluster's CA (its nodes on TLS ports only); NULL plain */
 } cluster;
 
 static kvt_redis *node_client(const cluster *c, int i)
 {
     char url[64];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", c->n[i].port);
-    return rfx_client(url, NULL);
+    snprintf(url, sizeof url, "%s://127.0.0.1:%d", c->ca ? "rediss" : "redis", c->n[i].port);
+    return rfx_client(url, c->ca);
 }
 
 /* A reply's text (status or string) of one command on node i; "" when none. */
@@ -50,25 +52,44 @@ static void cluster_stop(cluster *c)
     for (int i = 0; i < NODES; i++) rfx_stop(&c->n[i]);
 }
 
-static bool cluster_start(cluster *c)
+/* 3 masters with extra (NULL-terminated, or NULL) as each node's further
+ * arguments; tls: the nodes' certificate, key and CA (the cluster bus
+ * and the clients on TLS, no plain port), NULL a plain cluster. The URL
+ * names the nodes by address (url_host "127.0.0.1") or by name. */
+static bool cluster_start_with(cluster *c, const char *const *extra, const char *const tls[3], const char *url_host)
 {
     memset(c, 0, sizeof *c);
-    int len = snprintf(c->url, sizeof c->url, "redis-cluster://");
-    char create[600];
-    int cl = snprintf(create, sizeof create, "redis-cli --cluster create");
+    c->ca = tls ? tls[2] : NULL;
+    int len = snprintf(c->url, sizeof c->url, "%s://", tls ? "rediss-cluster" : "redis-cluster");
+    char create[1200];
+    int cl = snprintf(create, sizeof create, "redis-cli");
+    if (tls) cl += snprintf(create + cl, sizeof create - (size_t)cl, " --tls --cacert '%s'", tls[2]);
+    cl += snprintf(create + cl, sizeof create - (size_t)cl, " --cluster create");
     for (int i = 0; i < NODES; i++) {
         int port = fx_free_port(), bus = fx_free_port();
-        char bs[16];
+        char bs[16], ps[16];
         snprintf(bs, sizeof bs, "%d", bus);
+        snprintf(ps, sizeof ps, "%d", port);
         /* a master lost without a replica costs its own shard only: the
          * others go on serving their slots (docs/STORE.md "Remote tier") */
-        const char *args[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
-                              "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no", NULL};
+        const char *args[40] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
+                                "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"};
+        int a = 10;
+        if (tls) {
+            const char *t[] = {"--port", "0", "--tls-port", ps, "--tls-cluster", "yes", "--tls-replication", "yes",
+                               "--tls-cert-file", tls[0], "--tls-key-file", tls[1], "--tls-ca-cert-file", tls[2],
+                               "--tls-auth-clients", "no"};
+            for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) args[a++] = t[k];
+        }
+        for (int k = 0; extra && extra[k] && a < 39; k++) args[a++] = extra[k];
+        args[a] = NULL;
         char url[64];
-        snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+        snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls ? "rediss" : "redis", port);
         kvt_redis_url u;
-        if (kvt_redis_parse_url(url, &u) || !rfx_start(&c->n[i], port, args, false, &u)) { cluster_stop(c); return false; }
-        len += snprintf(c->url + len, sizeof c->url - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", port);
+        if (kvt_redis_parse_url(url, &u)) { cluster_stop(c); return false; }
+        u.ca = c->ca;
+        if (!rfx_start(&c->n[i], port, args, tls != NULL, &u)) { cluster_stop(c); return false; }
+        len += snprintf(c->url + len, sizeof c->url - (size_t)len, "%s%s:%d", i ? "," : "", url_host, port);
         cl += snprintf(create + cl, sizeof create - (size_t)cl, " 127.0.0.1:%d", port);
     }
     snprintf(create + cl, sizeof create - (size_t)cl, " --cluster-yes >'%s/create.log' 2>&1", c->n[0].dir);
@@ -93,14 +114,21 @@ static bool cluster_start(cluster *c)
     return false;
 }
 
-#define CLUSTER_TEST(name)                                                  \
-    static void name##_body(cluster *c);                                    \
-    TEST(name)                                                              \
-    {                                                                       \
+static bool cluster_start(cluster *c) { return cluster_start_with(c, NULL, NULL, "127.0.0.1"); }
+
+#define CLUSTER_NEEDS()                                                     \
+    do {                                                                    \
         const char *why_ = rfx_absent();                                    \
         if (why_) SKIP("%s", why_);                                         \
         if (system("command -v redis-cli >/dev/null 2>&1"))                 \
             SKIP("redis-cli absent (Debian's redis-tools, with redis-server)"); \
+    } while (0)
+
+#define CLUSTER_TEST(name)                                                  \
+    static void name##_body(cluster *c);                                    \
+    TEST(name)                                                              \
+    {                                                                       \
+        CLUSTER_NEEDS();                                                    \
         cluster c_;                                                         \
         CHECKF(cluster_start(&c_), "the 3-master cluster did not start");   \
         name##_body(&c_);                                                   \
@@ -541,6 +569,96 @@ CLUSTER_TEST(cluster_shard_breaker)
     kvt_remote_close(b);
     kvt_remote_close(one);
     kvt_model_close(m);
+}
+
+/* Host names under the deadline. The nodes announce the name localhost
+ * (cluster-announce-hostname, cluster-preferred-endpoint-type hostname),
+ * so CLUSTER SLOTS names them by it, as the URL does: a second tier hits
+ * what the first uploaded, bit for bit. A tier whose URL names the nodes
+ * by address meets the names in the map only, at its first lookup: with a
+ * resolver that does not answer for a second (KVT_RESOLV_FAULT_HANG), the
+ * lookup with a 200 ms deadline ends by it, a miss saying so, and the
+ * resolution goes on: a lookup after it answered hits. The negative
+ * control: resolved on the caller's thread (KVT_RESOLV_FAULT_BLOCKING, as
+ * before), the same first lookup takes the resolver's second. */
+static void names_body(cluster *c)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 34);
+    const char *slots[2] = {"CLUSTER", "SLOTS"};
+    kvt_redis *k = node_client(c, 0);
+    redisReply *x = NULL;
+    CHECK(k && rfx_cmd(k, &x, 2, slots) && x->type == REDIS_REPLY_ARRAY && x->elements > 0);
+    const char *host = x->element[0]->element[2]->element[0]->str;
+    printf("    CLUSTER SLOTS names the nodes '%s'; the URL %s\n", host, c->url);
+    bool named = !strcmp(host, "localhost");
+    freeReplyObject(x);
+    kvt_redis_free(k);
+    CHECK(named);
+    kvt_remote *a = tier_on(c->url, m, NULL, 1000, 2000), *b = tier_on(c->url, m, NULL, 1000, 2000);
+    CHECK(a && b);
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s = restore(b, m, t, N, &got, NULL);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    CHECKF(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m), "by name: a hit of %zu (%s)", got,
+           st.last_error);
+    kvt_session_free(s);
+    char by_addr[200];
+    int len = snprintf(by_addr, sizeof by_addr, "redis-cluster://");
+    for (int i = 0; i < NODES; i++)
+        len += snprintf(by_addr + len, sizeof by_addr - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", c->n[i].port);
+    /* a resolver that does not answer: the lookup ends by its deadline */
+    kvt_conn_fault = KVT_RESOLV_FAULT_HANG;
+    double t0 = fx_now(), dt_open, dt = 0;
+    kvt_remote *h = tier_on(by_addr, m, NULL, 200, 500);
+    dt_open = fx_now() - t0;
+    s = h ? restore(h, m, t, N, &got, &dt) : NULL;
+    kvt_remote_stats_get(h, &st);
+    printf("    the resolver hangs 1 s: open %.0f ms, a lookup with a 200 ms deadline %.0f ms, a hit of %zu (%s)\n",
+           dt_open * 1000, dt * 1000, got, st.last_error);
+    /* 200 ms; 0.8 s is the margin of a loaded CI machine, under the 1 s hang */
+    CHECKF(h && got == 0 && dt < 0.8 && strstr(st.last_error, "resolving the name: timed out"),
+           "a hanging resolver: %.0f ms, a hit of %zu (%s)", dt * 1000, got, st.last_error);
+    kvt_session_free(s);
+    fx_sleep_ms(1300); /* the resolver answers; its addresses wait for the next round trip */
+    kvt_conn_fault = 0;
+    for (int i = 0; i < 6 && got != N; i++) { /* the breaker of a shard that failed may wait its second */
+        s = restore(h, m, t, N, &got, NULL);
+        kvt_session_free(s);
+        if (got != N) fx_sleep_ms(300);
+    }
+    kvt_remote_stats_get(h, &st);
+    CHECKF(got == N, "after the resolver answered: a hit of %zu (%s)", got, st.last_error);
+    kvt_remote_close(h);
+    /* the control: resolved on the caller's thread, the lookup waits the resolver out */
+    kvt_conn_fault = KVT_RESOLV_FAULT_HANG | KVT_RESOLV_FAULT_BLOCKING;
+    h = tier_on(by_addr, m, NULL, 200, 500);
+    s = h ? restore(h, m, t, N, &got, &dt) : NULL;
+    kvt_conn_fault = 0;
+    printf("    the control, resolved on the caller's thread: a lookup %.0f ms\n", dt * 1000);
+    CHECKF(dt >= 0.9, "the control: the blocking resolution took %.0f ms", dt * 1000);
+    kvt_session_free(s);
+    kvt_remote_close(h);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+
+TEST(cluster_host_names_by_deadline)
+{
+    CLUSTER_NEEDS();
+    cluster c;
+    const char *names[] = {"--cluster-announce-hostname", "localhost", "--cluster-preferred-endpoint-type", "hostname",
+                           NULL};
+    CHECKF(cluster_start_with(&c, names, NULL, "localhost"), "the 3-master cluster did not start");
+    names_body(&c);
+    kvt_conn_fault = 0;
+    cluster_stop(&c);
 }
 
 /* Through kvtier serve: server A answers a prompt cold on the cluster;

@@ -146,11 +146,11 @@ void kvt_cluster_free(kvt_cluster *c)
     free(c);
 }
 
-int kvt_cluster_resolve(kvt_cluster *c)
+int kvt_cluster_resolve(kvt_cluster *c, double deadline)
 {
     int rc = KVT_OK;
     for (size_t i = 0; i < c->n_seeds; i++) {
-        int r = kvt_conn_resolve(&c->nodes[i]->c);
+        int r = kvt_conn_resolve(&c->nodes[i]->c, deadline);
         if (r && !rc) rc = r;
     }
     return rc;

@@ -43,9 +43,11 @@ typedef struct kvt_cluster kvt_cluster;
 int kvt_cluster_new(kvt_cluster **out, const char (*hosts)[256], const int *ports, size_t n,
                     const kvt_conn_auth *auth);
 void kvt_cluster_free(kvt_cluster *c);
-/* Resolve the seeds' names now (the first failure, KVT_EIO; the others
- * are still resolved). */
-int kvt_cluster_resolve(kvt_cluster *c);
+/* Resolve the seeds' names by deadline (kvt_conn_resolve; the first
+ * failure, KVT_EIO; the others are still resolved). The nodes the map
+ * names are resolved by the round trips that first ask them, within
+ * their deadlines. */
+int kvt_cluster_resolve(kvt_cluster *c, double deadline);
 /* Whether some master has an open connection. */
 bool kvt_cluster_connected(const kvt_cluster *c);
 

@@ -154,7 +154,11 @@ void kvt_redis_free(kvt_redis *r)
 
 bool kvt_redis_connected(const kvt_redis *r) { return r->cl ? kvt_cluster_connected(r->cl) : r->conn.fd >= 0; }
 
-int kvt_redis_resolve(kvt_redis *r) { return r->cl ? kvt_cluster_resolve(r->cl) : kvt_conn_resolve(&r->conn); }
+int kvt_redis_resolve(kvt_redis *r, int timeout_ms)
+{
+    double deadline = kvt_now() + timeout_ms / 1000.0;
+    return r->cl ? kvt_cluster_resolve(r->cl, deadline) : kvt_conn_resolve(&r->conn, deadline);
+}
 
 /* Queue n formatted bytes as one command. */
 static int put(kvt_redis *r, const char *cmd, size_t n)

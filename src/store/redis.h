@@ -57,10 +57,11 @@ typedef struct kvt_redis kvt_redis;
 int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password);
 void kvt_redis_free(kvt_redis *r);
 
-/* Resolve the host (getaddrinfo, which has no deadline) now, so that no
- * round trip does: the addresses are kept for every connect after. Done
- * by the first connect otherwise. KVT_EIO when the name does not resolve. */
-int kvt_redis_resolve(kvt_redis *r);
+/* Resolve the host (a cluster's seeds) within timeout_ms, so that no round
+ * trip has to: the addresses are kept for every connect after. Done by
+ * the first connect otherwise, within its deadline (conn.h). KVT_EIO when
+ * the name does not resolve, or not in time (it goes on resolving). */
+int kvt_redis_resolve(kvt_redis *r, int timeout_ms);
 
 /* Queue one command (argv[i] of lens[i] bytes; lens NULL: NUL-terminated
  * strings). KVT_ENOMEM only; the command is sent by kvt_redis_exec. */

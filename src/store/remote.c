@@ -429,11 +429,15 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
         (rc = kvt_redis_new(&r->rd_up, &url, pl ? pw : NULL)))
         goto fail;
     OPENSSL_cleanse(pw, sizeof pw);
-    /* names resolved here, at start, never in a lookup (a failure: the
-     * first connect tries again) */
-    kvt_redis_resolve(r->rd_load);
-    kvt_redis_resolve(r->rd_check);
-    kvt_redis_resolve(r->rd_up);
+    /* names resolved here, at start, within the connect deadline (one
+     * not resolved by then: the first round trips wait for it within
+     * their own deadlines, conn.h) */
+    double until = kvt_now() + r->o.connect_ms / 1000.0;
+    kvt_redis *rds[3] = {r->rd_load, r->rd_check, r->rd_up};
+    for (int i = 0; i < 3; i++) {
+        int left = (int)((until - kvt_now()) * 1000);
+        kvt_redis_resolve(rds[i], left > 0 ? left : 0);
+    }
     check_policy(r);
     if (pthread_create(&r->thread, NULL, upload_main, r)) { rc = kvt_fail(KVT_ENOMEM, "remote tier thread"); goto fail; }
     *out = r;
