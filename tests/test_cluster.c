@@ -13,6 +13,7 @@
 #include "store/cluster.h"
 #include "store/conn.h"
 #include "store/remote.h"
+#include "store/tls.h"
 #include "arch/model.h"
 #include "session/snapshot.h"
 
@@ -659,6 +660,76 @@ TEST(cluster_host_names_by_deadline)
     names_body(&c);
     kvt_conn_fault = 0;
     cluster_stop(&c);
+}
+
+/* rediss-cluster://: 3 masters on TLS ports only, the cluster bus on TLS
+ * too (tls-cluster yes), each node serving the test CA's certificate for
+ * 127.0.0.1: a second tier hits what the first uploaded, bit for bit, its
+ * keys spread over the masters (each connection verified). A tier given
+ * another CA misses, saying why; with the chain check faulted away
+ * (KVT_TLS_FAULT_NO_CHAIN) it hits: the negative control. */
+static void tls_body(cluster *c, const certs *ct)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 35);
+    kvt_remote_opts o = {.url = c->url, .tls_ca = ct->ca, .lookup_ms = 1000, .load_ms = 2000, .connect_ms = 1000,
+                         .quiet = true};
+    kvt_remote *a = NULL, *b = NULL, *bad = NULL;
+    CHECK_OK(kvt_remote_open(&a, m, &o));
+    CHECK_OK(kvt_remote_open(&b, m, &o));
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    double dt;
+    kvt_session *s = restore(b, m, t, N, &got, &dt);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    int holding = 0;
+    for (int i = 0; i < NODES; i++) holding += dbsize(c, i) > 0;
+    printf("    %s: a hit of %zu in %.1f ms, keys on %d masters, %zu shards (%s)\n", c->url, got, dt * 1000, holding,
+           st.n_shards, st.last_error);
+    CHECKF(got == N && st.n_shards == NODES && holding >= 2, "a hit of %zu over the TLS cluster", got);
+    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    o.tls_ca = ct->ca2;
+    CHECK_OK(kvt_remote_open(&bad, m, &o));
+    s = restore(bad, m, t, N, &got, NULL);
+    kvt_remote_stats_get(bad, &st);
+    printf("    another CA: a hit of %zu (%s)\n", got, st.last_error);
+    CHECKF(got == 0 && strstr(st.last_error, "certificate"), "another CA: a hit of %zu (%s)", got, st.last_error);
+    kvt_session_free(s);
+    kvt_remote_close(bad);
+    bad = NULL;
+    kvt_tls_fault = KVT_TLS_FAULT_NO_CHAIN;
+    int rc = kvt_remote_open(&bad, m, &o);
+    s = rc ? NULL : restore(bad, m, t, N, &got, NULL);
+    kvt_tls_fault = 0;
+    CHECKF(!rc && got == N, "the control: without the chain check another CA's tier hits (got %zu)", got);
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(bad);
+    kvt_model_close(m);
+}
+
+TEST(cluster_tls_hit_bit_exact)
+{
+    CLUSTER_NEEDS();
+    const char *why = no_tls_tools();
+    if (!why) why = redis_without_tls();
+    if (why) SKIP("%s", why);
+    certs ct;
+    CHECKF(make_certs(&ct), "the test certificates were not made");
+    cluster c;
+    const char *tls[3] = {ct.srv, ct.srv_key, ct.ca};
+    bool up = cluster_start_with(&c, NULL, tls, "127.0.0.1");
+    if (up) tls_body(&c, &ct);
+    else kvt_test_fail(__FILE__, __LINE__, "the 3-master TLS cluster did not start");
+    kvt_tls_fault = 0;
+    if (up) cluster_stop(&c);
+    certs_remove(&ct);
 }
 
 /* Through kvtier serve: server A answers a prompt cold on the cluster;

@@ -1060,7 +1060,7 @@ TEST(remote_serve_refusals)
     struct { const char *args[12]; int exit; const char *says; } cases[] = {
         {{"--api-key", "k1", "--kv-remote", "redis://127.0.0.1:1"}, 1, "--kv-remote-secret-file"},
         {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-ca", "/nonexistent/ca.pem"}, 1, "/nonexistent/ca.pem"},
-        {{"--kv-remote", "redis://127.0.0.1:1", "--kv-remote-ca", "/etc/hostname"}, 1, "need a rediss:// URL"},
+        {{"--kv-remote", "redis://127.0.0.1:1", "--kv-remote-ca", "/etc/hostname"}, 1, "need a rediss:// or rediss-cluster:// URL"},
         {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-cert", "/etc/hostname"}, 1, "go together"},
         {{"--kv-remote-ca", "/etc/hostname"}, 2, "need --kv-remote"},
         {{"--kv-remote", "redis://u:pw@127.0.0.1:1"}, 1, "--kv-remote-password-file"},

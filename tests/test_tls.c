@@ -18,60 +18,6 @@
 
 #include <signal.h>
 
-typedef struct certs {
-    char dir[64];
-    char ca[96], ca2[96], srv[96], srv_key[96], other[96], other_key[96], cli[96], cli_key[96];
-} certs;
-
-static const char *no_tls_tools(void)
-{
-    const char *why = rfx_absent();
-    if (why) return why;
-    if (system("command -v openssl >/dev/null 2>&1")) return "the openssl command is absent (it makes the certificates)";
-    return NULL;
-}
-
-/* A CA (ca.crt), another CA (ca2.crt), and certificates signed by the
- * first: srv (127.0.0.1, localhost), other (other.example only), cli (a
- * client's). EC P-256 keys: quick to make. */
-static bool make_certs(certs *c)
-{
-    snprintf(c->dir, sizeof c->dir, "/tmp/kvtier-tls-XXXXXX");
-    if (!mkdtemp(c->dir)) return false;
-    char cmd[3000];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "
-             "openssl req -x509 $K -keyout ca.key -out ca.crt -days 2 -subj /CN=kvtier-test-ca && "
-             "openssl req -x509 $K -keyout ca2.key -out ca2.crt -days 2 -subj /CN=kvtier-test-ca && "
-             "for n in srv other cli; do openssl req $K -keyout $n.key -out $n.csr -subj /CN=$n || exit 1; done && "
-             "echo 'subjectAltName=IP:127.0.0.1,DNS:localhost' > srv.ext && "
-             "echo 'subjectAltName=DNS:other.example' > other.ext && "
-             "echo 'extendedKeyUsage=clientAuth' > cli.ext && "
-             "for n in srv other cli; do openssl x509 -req -in $n.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
-             "-out $n.crt -days 2 -extfile $n.ext || exit 1; done",
-             c->dir);
-    char full[3200];
-    snprintf(full, sizeof full, "(%s) >'%s/openssl.log' 2>&1", cmd, c->dir);
-    if (system(full)) {
-        char log[128];
-        snprintf(log, sizeof log, "%s/openssl.log", c->dir);
-        fx_print_file("openssl", log);
-        return false;
-    }
-#define P(f, name) snprintf(c->f, sizeof c->f, "%s/" name, c->dir)
-    P(ca, "ca.crt"); P(ca2, "ca2.crt"); P(srv, "srv.crt"); P(srv_key, "srv.key");
-    P(other, "other.crt"); P(other_key, "other.key"); P(cli, "cli.crt"); P(cli_key, "cli.key");
-#undef P
-    return true;
-}
-
-static void certs_remove(certs *c)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    if (c->dir[0] && system(cmd)) {}
-}
-
 /* redis-server on TLS only (--port 0), serving cert/key, its clients'
  * certificates checked against the test CA as `clients` says (no,
  * optional, yes). */
@@ -146,21 +92,11 @@ static kvt_session *restore(kvt_remote *rt, kvt_model *m, const int32_t *t, size
     }                                                                       \
     static void name##_body(certs *c)
 
-/* Debian's redis-server is built with TLS (BUILD_TLS=yes: it links
- * libssl); a build without it refuses --tls-port at start. */
-static const char *redis_without_tls(const certs *c)
-{
-    (void)c;
-    if (system("ldd \"$(command -v redis-server)\" 2>/dev/null | grep -q libssl"))
-        return "this redis-server is built without TLS (it does not link libssl: --tls-port would be refused)";
-    return NULL;
-}
-
 /* The right CA: a second tier (another server's) hits what the first
  * uploaded, by address and by name, bit for bit with the cold run. */
 TLS_TEST(tls_good_ca_hits)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96], by_name[96];
@@ -233,7 +169,7 @@ TLS_TEST(tls_good_ca_hits)
  * hits. */
 TLS_TEST(tls_bad_ca_misses)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -277,7 +213,7 @@ TLS_TEST(tls_bad_ca_misses)
  * negative control). */
 TLS_TEST(tls_wrong_name_misses)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -318,7 +254,7 @@ TLS_TEST(tls_wrong_name_misses)
  * without one, and serves one with --kv-remote-cert/--kv-remote-key. */
 TLS_TEST(tls_client_certificate)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -355,7 +291,7 @@ TLS_TEST(tls_client_certificate)
  * never answers the handshake: the lookup ends by its deadline, a miss. */
 TLS_TEST(tls_stopped_server_deadline)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -393,7 +329,7 @@ TLS_TEST(tls_stopped_server_deadline)
  * (KVT_BIN=/work/main/build/kvtier) server A does not start. */
 TLS_TEST(tls_serve_two_servers)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
     rfx r;

@@ -66,8 +66,9 @@ int kvt_redis_parse_url(const char *url, kvt_redis_url *out)
     if (!strncmp(url, "redis://", 8)) p = url + 8;
     else if (!strncmp(url, "rediss://", 9)) p = url + 9, out->tls = true;
     else if (!strncmp(url, "redis-cluster://", 16)) p = url + 16, out->cluster = true;
-    else return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://, rediss:// or redis-cluster://",
-                         url);
+    else if (!strncmp(url, "rediss-cluster://", 17)) p = url + 17, out->cluster = out->tls = true;
+    else return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://, rediss://, redis-cluster:// "
+                         "or rediss-cluster://", url);
     const char *at = strchr(p, '@'), *slash = strchr(p, '/');
     if (at && (!slash || at < slash)) {
         size_t ul = (size_t)(at - p);
@@ -111,9 +112,9 @@ int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password)
 {
     *out = NULL;
     if ((u->ca || u->cert || u->key) && !u->tls)
-        return kvt_fail(KVT_EINVAL, "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need a rediss:// URL "
-                        "(TLS); %s://%s:%d would be plain TCP", u->cluster ? "redis-cluster" : "redis", u->host,
-                        u->port);
+        return kvt_fail(KVT_EINVAL, "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need a rediss:// or "
+                        "rediss-cluster:// URL (TLS); %s://%s:%d would be plain TCP",
+                        u->cluster ? "redis-cluster" : "redis", u->host, u->port);
     kvt_redis *r = kvt_calloc(1, sizeof *r);
     if (!r) return KVT_ENOMEM;
     r->u = *u;

@@ -5,10 +5,11 @@
  * pipelined: a caller appends several and reads all their replies in one
  * round trip.
  *
- * Three kinds of remote, one interface: redis:// (one server, plain TCP),
- * rediss:// (one server over TLS, tls.h) and redis-cluster:// (a Redis
+ * Four kinds of remote, one interface: redis:// (one server, plain TCP),
+ * rediss:// (one server over TLS, tls.h), redis-cluster:// (a Redis
  * Cluster, cluster.h: each command goes to the master of its key's slot,
- * the masters of one pipeline asked at once).
+ * the masters of one pipeline asked at once) and rediss-cluster:// (a
+ * cluster over TLS: every master's connection verified as rediss://'s).
  *
  * One client is used by one thread at a time. A transport failure
  * (timeout, reset, a reply that does not parse) closes the connection: the
@@ -29,8 +30,8 @@ typedef struct kvt_redis_url {
     int port;          /* 6379 unless given */
     char user[128];    /* empty: AUTH with the password only (the default user) */
     int db;            /* SELECT db when > 0 */
-    bool tls;          /* rediss:// */
-    bool cluster;      /* redis-cluster://: host:port is seeds[0] */
+    bool tls;          /* rediss://, rediss-cluster:// */
+    bool cluster;      /* redis-cluster://, rediss-cluster://: host:port is seeds[0] */
     size_t n_seeds;    /* a cluster's nodes given in the URL */
     char seeds[KVT_REDIS_MAX_SEEDS][256];
     int seed_ports[KVT_REDIS_MAX_SEEDS];
@@ -41,8 +42,9 @@ typedef struct kvt_redis_url {
 } kvt_redis_url;
 
 /* Parse redis://[user@]host:port[/db], rediss://[user@]host:port[/db]
- * (TLS) or redis-cluster://[user@]host:port[,host:port...] (the cluster's
- * nodes to ask for its slot map; no /db, a cluster has one database);
+ * (TLS), redis-cluster://[user@]host:port[,host:port...] (the cluster's
+ * nodes to ask for its slot map; no /db, a cluster has one database) or
+ * rediss-cluster://... (the same over TLS);
  * a host may be [v6addr]. Anything else is KVT_EINVAL naming what is
  * wrong. A password in the URL is refused: it belongs in a file. */
 int kvt_redis_parse_url(const char *url, kvt_redis_url *out);

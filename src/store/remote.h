@@ -20,10 +20,10 @@ typedef struct kvt_remote kvt_remote;
 #define KVT_REMOTE_MAX_SHARDS 64   /* a cluster's masters, each with a breaker of its own */
 
 typedef struct kvt_remote_opts {
-    const char *url;            /* redis://, rediss:// or redis-cluster:// (redis.h) */
+    const char *url;            /* redis://, rediss://, redis-cluster:// or rediss-cluster:// (redis.h) */
     const char *password_file;  /* NULL: no AUTH */
-    const char *tls_ca;         /* rediss://: the CA the server's certificate chains to (NULL: the system's) */
-    const char *tls_cert, *tls_key; /* rediss://: the client's certificate and key (both or neither) */
+    const char *tls_ca;         /* TLS: the CA the server's certificate chains to (NULL: the system's) */
+    const char *tls_cert, *tls_key; /* TLS: the client's certificate and key (both or neither) */
     const char *secret_file;    /* NULL: no HMAC (refused with tenants) */
     const char *const *tenants; /* n_tenants names (API keys' names); NULL: one tenant, "default" */
     size_t n_tenants;
