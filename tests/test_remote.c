@@ -1329,3 +1329,66 @@ static void remote_run_and_verify_body(rsrv *rp)
     fx_tmpdir_remove(&s);
 }
 REDIS_TEST(remote_run_and_verify, NULL)
+
+/* Two save points of one prompt (the prompt's end at 384 tokens, the
+ * reply's at 640: storeq's upload_points), queued before either is sent
+ * (kvt_remote_hold_uploads): the second sends only the blocks the first
+ * does not carry, so the values written are the 5 blocks and 2 snapshot
+ * records, each once; a second server then hits all 640 tokens bit for
+ * bit (the second entry's index names blocks the first upload stored).
+ * Run with kvt_remote_fault_resend_queued (the tier before it looked in
+ * its queue: the negative control), the 3 shared blocks are sent twice:
+ * 10 values, and the bytes say by how much. */
+static void two_points(rsrv *r, kvt_model *m, kvt_session *at384, kvt_session *cold, bool fault, kvt_remote_stats *st)
+{
+    kvt_redis *c = raw(r, NULL);
+    if (c) cmd_ok(c, "FLUSHALL", NULL, NULL);
+    kvt_redis_free(c);
+    kvt_remote_fault_resend_queued = fault;
+    kvt_remote *a = tier(r, m, NULL, NULL, 0);
+    memset(st, 0, sizeof *st);
+    if (!a) return;
+    kvt_remote_hold_uploads = true;
+    kvt_remote_upload(a, 0, at384, 384);
+    kvt_remote_upload(a, 0, cold, 640);
+    kvt_remote_hold_uploads = false;
+    kvt_remote_drain(a, 10);
+    kvt_remote_stats_get(a, st);
+    kvt_remote_fault_resend_queued = false;
+    kvt_remote_close(a);
+}
+
+static void remote_no_double_upload_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[640];
+    seqb(t, 640, 36);
+    kvt_session *cold = NULL, *at384 = NULL; /* the session at each point */
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, 640, NULL));
+    CHECK_OK(kvt_session_new(&at384, m, NULL));
+    CHECK_OK(kvt_session_sync(at384, t, 384, NULL));
+    kvt_remote_stats once, twice;
+    two_points(&r, m, at384, cold, true, &twice);
+    two_points(&r, m, at384, cold, false, &once);
+    printf("    two save points queued at once: %llu values, %llu bytes written; with the queued blocks sent again "
+           "(the control): %llu values, %llu bytes\n", (unsigned long long)once.values_written,
+           (unsigned long long)once.bytes_written, (unsigned long long)twice.values_written,
+           (unsigned long long)twice.bytes_written);
+    CHECKF(once.uploads == 2 && once.dropped == 0 && once.values_written == 7, "uploads %llu dropped %llu values %llu",
+           (unsigned long long)once.uploads, (unsigned long long)once.dropped, (unsigned long long)once.values_written);
+    CHECKF(twice.uploads == 2 && twice.values_written == 10 && twice.bytes_written > once.bytes_written,
+           "the control: %llu values", (unsigned long long)twice.values_written);
+    kvt_remote *b = tier(&r, m, NULL, NULL, 0);
+    size_t got = 0;
+    kvt_session *s = b ? fetch(b, 0, m, t, 640, &got) : NULL;
+    CHECKF(got == 640, "the second point: a hit of %zu", got);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    kvt_remote_close(b);
+    kvt_session_free(cold);
+    kvt_session_free(at384);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_no_double_upload, NULL)

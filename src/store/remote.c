@@ -91,6 +91,10 @@ typedef struct upload {
     size_t n_vals;                 /* blocks first, the snapshot last */
     char index_key[160], field[64];
     kvt_wbuf manifest;
+    uint64_t *bkeys;               /* the block keys among the values, in order */
+    size_t *blens, n_bkeys;        /* and their lengths */
+    uint64_t seq;                  /* its place in the queue (1, 2, ...) */
+    uint64_t dep;                  /* the first queued upload it counts on for blocks (0 none) */
     struct upload *next;
 } upload;
 
@@ -113,6 +117,8 @@ struct kvt_remote {
     bool stopping;
     double stop_at;
     upload *head, *tail;
+    upload *sending;               /* taken from the queue, being sent (under mu) */
+    uint64_t seq, failed_seq;      /* the last upload queued; the last one that was not sent (under mu) */
     breaker br[KVT_REMOTE_MAX_SHARDS]; /* one a shard: a cluster's master each (under mu) */
     size_t n_shards;               /* the most shards a round trip knew (under mu) */
     kvt_remote_stats st;
@@ -346,6 +352,8 @@ static void upload_free(upload *u)
     if (!u) return;
     free(u->keys);
     free(u->lens);
+    free(u->bkeys);
+    free(u->blens);
     kvt_wbuf_free(&u->vals);
     kvt_wbuf_free(&u->manifest);
     free(u);
@@ -622,6 +630,46 @@ static void block_key(const kvt_remote *r, int t, uint64_t key, char *out, size_
     snprintf(out, cap, "%sb:%016" PRIx64, r->ns[t], key);
 }
 
+/* A block another upload of the queue carries already. */
+typedef struct pending {
+    uint64_t key, seq;
+    size_t len;
+} pending;
+
+static int cmp_pending(const void *a, const void *b)
+{
+    const pending *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* The blocks of tenant's uploads queued or being sent, sorted by key:
+ * *n of them (malloc'ed; NULL when none, or out of memory: then nothing
+ * is skipped). */
+static pending *pending_blocks(kvt_remote *r, int tenant, size_t *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&r->mu);
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (upload *u = pass ? r->head : r->sending; u; u = pass ? u->next : NULL)
+            if (u->tenant == tenant) total += u->n_bkeys;
+    pending *p = total ? kvt_malloc(total * sizeof *p) : NULL;
+    for (int pass = 0; p && pass < 2; pass++)
+        for (upload *u = pass ? r->head : r->sending; u; u = pass ? u->next : NULL)
+            for (size_t i = 0; u->tenant == tenant && i < u->n_bkeys; i++)
+                p[(*n)++] = (pending){u->bkeys[i], u->seq, u->blens[i]};
+    pthread_mutex_unlock(&r->mu);
+    if (*n) qsort(p, *n, sizeof *p, cmp_pending);
+    return p;
+}
+
+/* Tests: true sends again the blocks an upload still queued carries (the
+ * tier before it looked in its queue: the negative control of
+ * remote_no_double_upload); kvt_remote_hold_uploads keeps the upload
+ * thread from sending while it is true. */
+bool kvt_remote_fault_resend_queued;
+volatile bool kvt_remote_hold_uploads;
+
 void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
 {
     if (tenant < 0 || (size_t)tenant >= r->n_tenants || !at || !kvt_snap_can_save(s, at)) return;
@@ -669,14 +717,30 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         upload_free(u);
         return;
     }
-    /* encode the missing blocks, then the snapshot record */
+    /* encode the missing blocks, then the snapshot record: not those an
+     * upload still queued carries (a save's two points, the prompt's end
+     * and the reply's, share their blocks): this one is sent after it,
+     * and dropped if it was not sent */
+    size_t np = 0;
+    pending *pend = kvt_remote_fault_resend_queued ? NULL : pending_blocks(r, tenant, &np);
     kvt_wbuf names = {0};
     size_t cap = nb + 1;
     u->lens = kvt_calloc(cap, sizeof *u->lens);
-    bool ok = u->lens != NULL;
+    u->bkeys = kvt_calloc(cap, sizeof *u->bkeys);
+    u->blens = kvt_calloc(cap, sizeof *u->blens);
+    bool ok = u->lens && u->bkeys && u->blens;
     kvt_wbuf_u32(&u->manifest, 0); /* placeholder dropped below: keeps the buffer non-empty */
     u->manifest.len = 0;
     for (size_t b = 0; ok && b < nb; b++) {
+        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
+        pending want = {keys[b], 0, 0}, *q = np && !have ? bsearch(&want, pend, np, sizeof *pend, cmp_pending) : NULL;
+        if (q) { /* queued already: its length for the manifest, nothing to send */
+            char num[32];
+            snprintf(num, sizeof num, " %zu", q->len);
+            kvt_wbuf_puts(&u->manifest, num);
+            if (!u->dep || q->seq < u->dep) u->dep = q->seq;
+            continue;
+        }
         size_t before = u->vals.len;
         uint64_t k;
         ok = kvt_snap_block(s, (uint32_t)b, b ? keys[b - 1] : r->key0, &u->vals, &k) == KVT_OK && !u->vals.oom;
@@ -684,11 +748,12 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         char num[32];
         snprintf(num, sizeof num, " %zu", bl);
         kvt_wbuf_puts(&u->manifest, num);
-        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
         if (have) { u->vals.len = before; continue; } /* only its length is needed, for the manifest */
         block_key(r, tenant, keys[b], name, sizeof name);
         kvt_wbuf_put(&names, name, strlen(name) + 1);
         u->lens[u->n_vals++] = bl;
+        u->bkeys[u->n_bkeys] = keys[b];
+        u->blens[u->n_bkeys++] = bl;
         if (u->vals.len >= kvt_remote_flush_bytes) {
             /* a long prefix is not held whole: its blocks go now, from this
              * thread, in pieces; the snapshot and its index entry follow them */
@@ -699,13 +764,16 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
             if (sent != 1) { ok = false; break; }
             pthread_mutex_lock(&r->mu);
             r->st.bytes_written += u->vals.len;
+            r->st.values_written += u->n_vals;
             pthread_mutex_unlock(&r->mu);
             u->vals.len = 0;
             u->n_vals = 0;
+            u->n_bkeys = 0; /* stored now: not pending */
             names.len = 0;
         }
     }
     kvt_redis_replies_free(rep, nr);
+    free(pend);
     size_t before = u->vals.len;
     ok = ok && kvt_snap_encode(s, at, 0, &u->vals, NULL) == KVT_OK && !u->vals.oom;
     if (ok) {
@@ -730,6 +798,7 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         if (r->tail) r->tail->next = u;
         else r->head = u;
         r->tail = u;
+        u->seq = ++r->seq;
         r->st.queue_len++;
         r->st.queue_bytes += u->vals.len;
         pthread_cond_broadcast(&r->cv);
@@ -790,10 +859,16 @@ static bool send_upload(kvt_remote *r, upload *u)
 {
     const char *a[4] = {"HSET", u->index_key, u->field, (const char *)u->manifest.p};
     size_t l[4] = {4, strlen(u->index_key), strlen(u->field), u->manifest.len};
-    bool ok = send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
     pthread_mutex_lock(&r->mu);
-    if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; }
-    else r->st.dropped++;
+    /* an upload it counts on for blocks was not sent: its index entry would
+     * name values Redis lacks (failures come in queue order, so one at or
+     * after that upload may be it) */
+    bool orphan = u->dep && r->failed_seq >= u->dep;
+    pthread_mutex_unlock(&r->mu);
+    bool ok = !orphan && send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
+    pthread_mutex_lock(&r->mu);
+    if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; r->st.values_written += u->n_vals; }
+    else { r->st.dropped++; r->failed_seq = u->seq; }
     pthread_mutex_unlock(&r->mu);
     return ok;
 }
@@ -808,15 +883,24 @@ static void *upload_main(void *arg)
             pthread_cond_wait(&r->cv, &r->mu);
             continue;
         }
+        if (kvt_remote_hold_uploads && !r->stopping) { /* tests */
+            pthread_mutex_unlock(&r->mu);
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         upload *u = r->head;
         r->head = u->next;
         if (!r->head) r->tail = NULL;
+        r->sending = u;
         bool late = r->stopping && kvt_now() - r->stop_at > 1.0;
         pthread_mutex_unlock(&r->mu);
         bool tried = !late;
         if (tried) send_upload(r, u); /* counts itself, sent or dropped */
         pthread_mutex_lock(&r->mu);
-        if (!tried) r->st.dropped++; /* given up at shutdown */
+        if (!tried) { r->st.dropped++; r->failed_seq = u->seq; } /* given up at shutdown */
+        r->sending = NULL;
         r->st.queue_len--;
         r->st.queue_bytes -= u->vals.len;
         pthread_mutex_unlock(&r->mu);

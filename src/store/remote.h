@@ -111,6 +111,7 @@ typedef struct kvt_remote_stats {
     uint64_t bad;                    /* values that failed a check (deleted) */
     uint64_t stale;                  /* index entries whose values were gone (evicted), deleted */
     uint64_t hit_tokens, bytes_read, bytes_written;
+    uint64_t values_written;         /* values (blocks, snapshots) sent */
     uint64_t uploads, dropped;       /* snapshots sent; not queued or given up */
     uint64_t queue_len, queue_bytes; /* waiting to be sent */
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
@@ -139,6 +140,12 @@ extern void *kvt_remote_before_load_arg;
  * the whole round trip's, as the tier was before it had a breaker per
  * master (the negative control of cluster_shard_breaker). */
 extern bool kvt_remote_fault_one_breaker;
+/* Tests: true sends again the blocks an upload still queued carries, as
+ * the tier did before it looked in its queue (the negative control of
+ * remote_no_double_upload); kvt_remote_hold_uploads (true) keeps the
+ * upload thread from taking an upload off the queue. */
+extern bool kvt_remote_fault_resend_queued;
+extern volatile bool kvt_remote_hold_uploads;
 /* Tests: true gives every load the fixed 500 ms deadline the tier had
  * before it was scaled by the prefill saved (the negative control of
  * remote_load_deadline_bounded_by_prefill). */
