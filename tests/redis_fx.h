@@ -1,7 +1,8 @@
-/* redis-server processes for the tests of the Redis client's transports
- * (tests/test_tls.c, tests/test_cluster.c): started with the arguments a
- * test gives, on ports from fx_free_port(), in a temporary directory, and
- * waited for with the client under test; killed whatever the checks say. */
+/* redis-server processes for the tests of the remote tier and the Redis
+ * client's transports (tests/test_remote.c, tests/test_tls.c,
+ * tests/test_cluster.c): started with the arguments a test gives, on
+ * ports from fx_free_port(), in a temporary directory, and waited for with
+ * the client under test; killed whatever the checks say. */
 #ifndef KVT_TEST_REDIS_FX_H
 #define KVT_TEST_REDIS_FX_H
 
@@ -21,6 +22,7 @@
 typedef struct rfx {
     pid_t pid;
     int port;
+    char url[64];      /* redis://127.0.0.1:PORT */
     char dir[64], log[96];
 } rfx;
 
@@ -58,9 +60,10 @@ static __attribute__((unused)) kvt_redis *rfx_client(const char *url, const char
 
 /* redis-server with args (NULL-terminated) in a directory of its own, r->port
  * given by the caller (0: a free one, passed as --port unless args name
- * the port themselves: then `port` is only remembered). Waits until a
- * client for probe (its TLS files too) answers PING; false (the log
- * printed) if not in 10 s. */
+ * the port themselves: then `port` is only remembered; a port given again
+ * starts a Redis anew where one was killed). Waits until a client for
+ * probe (its TLS files too; NULL: r->url) answers PING, with the
+ * --requirepass of args; false (the log printed) if not in 10 s. */
 static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *const *args, bool args_set_port,
                                               const kvt_redis_url *probe)
 {
@@ -69,6 +72,13 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
     if (!mkdtemp(r->dir)) return false;
     snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
     r->port = port ? port : fx_free_port();
+    snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+    kvt_redis_url plain;
+    if (!probe && kvt_redis_parse_url(r->url, &plain)) return false;
+    if (!probe) probe = &plain;
+    const char *pw = NULL;
+    for (int i = 0; args && args[i]; i++)
+        if (!strcmp(args[i], "--requirepass") && args[i + 1]) pw = args[i + 1];
     char ps[16];
     snprintf(ps, sizeof ps, "%d", r->port);
     const char *argv[48] = {"redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r->dir};
@@ -88,7 +98,7 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
     for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
         kvt_redis *c = NULL;
         const char *ping[1] = {"PING"};
-        bool up = !kvt_redis_new(&c, probe, NULL) && rfx_cmd(c, NULL, 1, ping);
+        bool up = !kvt_redis_new(&c, probe, pw) && rfx_cmd(c, NULL, 1, ping);
         kvt_redis_free(c);
         if (up) return true;
         int st;
