@@ -175,11 +175,11 @@ static void report_locked(kvt_remote *r, size_t s, bool ok, const char *why, boo
     b->probing = false;
 }
 
-static void say_breaker(kvt_remote *r, size_t s, bool opened, bool closed, const char *why)
+static void say_breaker(kvt_remote *r, size_t s, bool multi, bool opened, bool closed, const char *why)
 {
     if (r->o.quiet || (!opened && !closed)) return;
     char shard[32] = "";
-    if (r->n_shards > 1 && !kvt_remote_fault_one_breaker) snprintf(shard, sizeof shard, " (shard %zu)", s);
+    if (multi && !kvt_remote_fault_one_breaker) snprintf(shard, sizeof shard, " (shard %zu)", s);
     if (opened) fprintf(stderr, "kvtier: remote tier %s%s failing (%s): not asked for %.0f s, then probed\n", r->o.url,
                         shard, why ? why : "?", BREAK_MIN);
     if (closed) fprintf(stderr, "kvtier: remote tier %s%s answers again\n", r->o.url, shard);
@@ -227,8 +227,9 @@ static void settle(kvt_remote *r, kvt_shards *sh, const bool *down, bool refusal
             continue;
         }
         report_locked(r, s, !bad, bad ? (one ? why : sh->failed[s] ? sh->why : sh->refusal) : NULL, &opened, &closed);
+        bool multi = r->n_shards > 1;
         pthread_mutex_unlock(&r->mu);
-        say_breaker(r, s, opened, closed, bad ? (one ? why : sh->failed[s] ? sh->why : sh->refusal) : NULL);
+        say_breaker(r, s, multi, opened, closed, bad ? (one ? why : sh->failed[s] ? sh->why : sh->refusal) : NULL);
         pthread_mutex_lock(&r->mu);
     }
     pthread_mutex_unlock(&r->mu);
