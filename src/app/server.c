@@ -1687,6 +1687,8 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
         {"kvtier_remote_breaker_trips_total", "counter", "Times the circuit breaker opened."},
         {"kvtier_remote_abandoned_total", "counter",
          "Remote loads given up at their deadline (slower than the prefill they would save)."},
+        {"kvtier_remote_shard_breaker", "gauge",
+         "Each shard's circuit breaker (a cluster's masters by the order of their first slot; shard 0 one server)."},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         put_head(b, f[i].name, f[i].type, f[i].help);
@@ -1714,7 +1716,14 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
             break;
         case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
         case 12: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
-        default: put_val(b, f[i].name, &none, "", st.abandoned); break;
+        case 13: put_val(b, f[i].name, &none, "", st.abandoned); break;
+        default:
+            for (size_t k = 0; k < st.n_shards; k++) {
+                char shard[32];
+                snprintf(shard, sizeof shard, "shard=\"%zu\"", k);
+                put_val(b, f[i].name, &none, shard, (unsigned long long)st.shard_breaker[k]);
+            }
+            break;
         }
     }
 }
