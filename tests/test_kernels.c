@@ -6,6 +6,7 @@
 #include "cache/rows.h"
 #include "format/gguf.h"
 #include "kernels/qkernels.h"
+#include "kernels/qlowbit.h"
 #include "format/quant.h"
 #include "base/threads.h"
 #include "base/util.h"
