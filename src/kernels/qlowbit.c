@@ -33,10 +33,16 @@ struct lb_grid;
 /* One row against T <= LB_T tokens (a), out[t] (the SIMD paths). */
 typedef void (*lb_row_fn)(uint32_t ty, const uint8_t *row, size_t nsb, size_t bytes, const kact *a, size_t T,
                           float *out, const struct lb_grid *grid);
+/* Four rows (row_bytes apart) against one token, out[0 .. 3] (decode). */
+typedef void (*lb_rows4_fn)(uint32_t ty, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes,
+                            const kact *a, float *out, const struct lb_grid *grid);
 /* The kernels of one instruction set; NULL: the scalar loops. */
 struct lb_ops {
-    lb_row_fn row;
+    lb_row_fn row;     /* one row against up to LB_T tokens */
+    lb_rows4_fn rows4; /* decode: four rows a call; NULL: row */
 };
+/* Below this many tokens a matmul runs rows4 per token (decode). */
+#define LB_ROWS4_BELOW 4
 static const struct lb_ops *ops(void);
 
 #ifdef KVT_HAVE_X86
@@ -343,15 +349,67 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i lb_sum8(con
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
 }
 
+/* The weights of 32 k of a superblock, for maddubs: their magnitudes m,
+ * their signs s (+1 / -1 bytes, for sign_epi8 on the activations; Q2_K's
+ * all +1, unused) and the two groups' scales sc (int16, group 2 k in the
+ * low 128-bit lane); sc16 holds Q3_K's sixteen scales (q3k_scales). Built
+ * in registers from the block w itself for Q2_K (bits 2r of qs[32h ..]),
+ * Q3_K (those and the third bit 4h + r of hmask, a clear one subtracting
+ * 4) and IQ2_XXS (four codebook entries and four sign bytes); from the
+ * unpacked copy u for the others. */
+__attribute__((target("avx2"), always_inline)) static inline void lbv_weights(const uint32_t ty, const uint8_t *w,
+                                                                             const lb_sb *u,
+                                                                             const struct lb_grid *grid,
+                                                                             const int16_t *sc16, int k, __m256i *m,
+                                                                             __m256i *s, __m256i *sc)
+{
+    int h = k / 4, r = k % 4;
+    *s = _mm256_set1_epi8(1);
+    if (ty == KVT_GGML_Q2_K) {
+        *m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
+                              _mm256_set1_epi8(3));
+        *sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
+    } else if (ty == KVT_GGML_Q3_K) {
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r),
+                                      _mm256_set1_epi8(3));
+        __m256i clear = _mm256_cmpeq_epi8(
+            _mm256_and_si256(_mm256_loadu_si256((const __m256i *)w), _mm256_set1_epi8((char)(1 << (4 * h + r)))),
+            _mm256_setzero_si256());
+        *s = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        *m = _mm256_abs_epi8(*s);
+        *sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
+    } else if (ty == KVT_GGML_IQ2_XXS) {
+        const uint8_t *g = w + 2 + 8 * k;
+        uint32_t aux = kvt_rd32(g + 4);
+        *m = _mm256_set_epi64x((long long)kvt_rd64(grid->iq2xxs[g[3]]), (long long)kvt_rd64(grid->iq2xxs[g[2]]),
+                               (long long)kvt_rd64(grid->iq2xxs[g[1]]), (long long)kvt_rd64(grid->iq2xxs[g[0]]));
+        *s = _mm256_set_epi64x((long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 21) & 127]),
+                               (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 14) & 127]),
+                               (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 7) & 127]),
+                               (long long)lb_signs(kvt_iqgrid_ksigns[aux & 127]));
+        *sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+    } else {
+        *m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
+        *s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
+        *sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
+    }
+}
+
+/* Q2_K's min sum of superblock b against a token, as eight int32 lanes
+ * (the high nibbles of scales[16] against the token's 16-sums). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i lbv_mins(const uint8_t *w, const kact *a,
+                                                                             size_t b)
+{
+    __m256i mv = _mm256_cvtepu8_epi16(
+        _mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8((char)0xf0)), 4));
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->bs + 16 * b)), mv);
+}
+
 /* The integer sums of one superblock against T tokens, as eight int32
  * lanes per token whose total is lb_ints_scalar's isum (and, Q2_K only,
- * msum): from the unpacked copy u for every type but Q2_K, Q3_K and
- * IQ2_XXS, which build each 32 of the weights in a register from the block
- * w itself (Q2_K: bits 2r of qs[32h ..]; Q3_K: those and the third bit
- * 4h + r of hmask, a clear one subtracting 4; IQ2_XXS: four codebook
- * entries and four sign bytes). Magnitudes go to maddubs against the
- * activations with the weights' signs (|pair| <= 2 * 62 * 127: no
- * saturation), then madd with the scales. */
+ * msum). Magnitudes go to maddubs against the activations with the
+ * weights' signs (|pair| <= 2 * 62 * 127: no saturation), then madd with
+ * the scales. */
 __attribute__((target("avx2"), always_inline)) static inline void lb_vec_avx2(const uint32_t ty, const int T,
                                                                              const uint8_t *w, const lb_sb *u,
                                                                              const struct lb_grid *grid,
@@ -362,49 +420,15 @@ __attribute__((target("avx2"), always_inline)) static inline void lb_vec_avx2(co
     int16_t sc16[16];
     if (ty == KVT_GGML_Q3_K) q3k_scales(w + 96, sc16);
     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        int h = k / 4, r = k % 4;
-        __m256i m, s = _mm256_set1_epi8(1), sc;
-        if (ty == KVT_GGML_Q2_K) {
-            m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
-                                 _mm256_set1_epi8(3));
-            sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
-        } else if (ty == KVT_GGML_Q3_K) {
-            __m256i lo = _mm256_and_si256(
-                _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r), _mm256_set1_epi8(3));
-            __m256i clear = _mm256_cmpeq_epi8(
-                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)w), _mm256_set1_epi8((char)(1 << (4 * h + r)))),
-                _mm256_setzero_si256());
-            s = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
-            m = _mm256_abs_epi8(s);
-            sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
-        } else if (ty == KVT_GGML_IQ2_XXS) {
-            const uint8_t *g = w + 2 + 8 * k;
-            uint32_t aux = kvt_rd32(g + 4);
-            m = _mm256_set_epi64x((long long)kvt_rd64(grid->iq2xxs[g[3]]), (long long)kvt_rd64(grid->iq2xxs[g[2]]),
-                                  (long long)kvt_rd64(grid->iq2xxs[g[1]]), (long long)kvt_rd64(grid->iq2xxs[g[0]]));
-            s = _mm256_set_epi64x((long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 21) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 14) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 7) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[aux & 127]));
-            sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
-        } else {
-            m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
-            s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
-            sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
-        }
+        __m256i m, s, sc;
+        lbv_weights(ty, w, u, grid, sc16, k, &m, &s, &sc);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
             if (ty != KVT_GGML_Q2_K) x = _mm256_sign_epi8(x, s);
             is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
         }
     }
-    if (ty == KVT_GGML_Q2_K) {
-        /* the mins: the high nibbles of scales[16], as int16 */
-        __m256i mv = _mm256_cvtepu8_epi16(
-            _mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8((char)0xf0)), 4));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-            ms[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv);
-    }
+    if (ty == KVT_GGML_Q2_K) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) ms[t] = lbv_mins(w, a + t, b);
 }
 
 /* A superblock's float factors: d (as lb_unpack's u->d) and Q2_K's dmin. */
@@ -443,6 +467,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
     lb_sb u;
     u.d = u.dmin = 0;
     const bool q2 = ty == KVT_GGML_Q2_K;
+    const __m256i bump = _mm256_set_epi32(0, 0, 0, 0, kvt_q_fault == KVT_QUANT_FAULT_LANE, 0, 0, 0); /* tests: token 3 */
     if (T == 1) {
         float acc = 0;
         for (size_t b0 = 0; b0 < nsb; b0 += 8) {
@@ -486,7 +511,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
             lb_vec_avx2(ty, 8, w, &u, grid, ag, b, is, ms);
             __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
                                       ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx), _mm256_cvtepi32_ps(lb_sum8(is)), acc[g]);
+            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
             if (q2)
                 acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
                                           acc[g]);
@@ -504,6 +530,80 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
     for (size_t r = 0; r < R; r++) out[8 * G + r] = acc1[r];
 }
 
+/* How far the four-row decode kernels prefetch (in bytes: a later row's
+ * superblock): at least the next four rows, and KVT_PF_AHEAD on in each
+ * row's stream (qkernels.c's four-row kernels do the same). */
+static inline size_t rows4_ahead(size_t row_bytes)
+{
+    return row_bytes * (row_bytes * 4 >= KVT_PF_AHEAD ? 4 : (KVT_PF_AHEAD + row_bytes - 1) / row_bytes);
+}
+
+/* Four rows (row_bytes apart) against one token, for decode: each 32 of
+ * the token's activations loaded once for the four rows, each row's
+ * weights built in registers; the rows' integer sums reduced together and
+ * each lane of acc4 a row's float chain (the scalar's fmas, four rows side
+ * by side). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_rows4_avx2(
+    const uint32_t ty, uint32_t type, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes, const kact *a,
+    float *out, const struct lb_grid *grid)
+{
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    const size_t ahead = rows4_ahead(row_bytes);
+    const __m128i bump = _mm_set_epi32(0, 0, kvt_q_fault == KVT_QUANT_FAULT_LANE, 0); /* tests: row 1 */
+    __m128 acc4 = _mm_setzero_ps();
+    lb_sb u[4];
+    for (int r = 0; r < 4; r++) u[r].d = u[r].dmin = 0;
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *wr[4];
+        __m256i acc[4];
+        float d[4], dm[4] = {0};
+        int16_t sc16[4][16];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *w = wr[r] = row + (size_t)r * row_bytes + b * bytes;
+            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + ahead + off), _MM_HINT_T0);
+            if (!lb_fused(ty)) lb_unpack(type, w, u + r);
+            if (ty == KVT_GGML_Q3_K) q3k_scales(w + 96, sc16[r]);
+            d[r] = lb_d(ty, w, u + r, dm + r);
+            acc[r] = _mm256_setzero_si256();
+        }
+        const int8_t *q = a->q + QKK * b;
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * k));
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                __m256i m, s, sc;
+                lbv_weights(ty, wr[r], u + r, grid, sc16[r], k, &m, &s, &sc);
+                __m256i xs = ty == KVT_GGML_Q2_K ? x : _mm256_sign_epi8(x, s);
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(m, xs), sc));
+            }
+        }
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+        __m128i is = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), bump);
+        __m128 dx = _mm_set1_ps(a->d[b]);
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(d), dx), _mm_cvtepi32_ps(is), acc4);
+        if (q2) {
+            __m256i mh = _mm256_hadd_epi32(_mm256_hadd_epi32(lbv_mins(wr[0], a, b), lbv_mins(wr[1], a, b)),
+                                           _mm256_hadd_epi32(lbv_mins(wr[2], a, b), lbv_mins(wr[3], a, b)));
+            __m128i ms = _mm_add_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+            __m128 ndm = _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dm), dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
+            acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
+        }
+    }
+    _mm_storeu_ps(out, acc4);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void lb_rows4_avx2_fn(uint32_t ty, const uint8_t *row,
+                                                                     size_t row_bytes, size_t nsb, size_t bytes,
+                                                                     const kact *a, float *out,
+                                                                     const struct lb_grid *grid)
+{
+    switch (ty) {
+    case KVT_GGML_Q2_K: lb_rows4_avx2(KVT_GGML_Q2_K, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    case KVT_GGML_Q3_K: lb_rows4_avx2(KVT_GGML_Q3_K, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    case KVT_GGML_IQ2_XXS: lb_rows4_avx2(KVT_GGML_IQ2_XXS, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    default: lb_rows4_avx2(0, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    }
+}
+
 /* The AVX2 row: the three fused types each compiled for its own, the
  * others through the unpacked copy. */
 __attribute__((target("avx2,fma,f16c"))) static void lb_row_avx2_fn(uint32_t ty, const uint8_t *row, size_t nsb,
@@ -517,9 +617,237 @@ __attribute__((target("avx2,fma,f16c"))) static void lb_row_avx2_fn(uint32_t ty,
     default: lb_row_avx2(0, ty, row, nsb, bytes, a, T, out, grid); return;
     }
 }
+/* ---- AVX-512BW ----
+ *
+ * The same integers in 512-bit vectors: vector j of a superblock holds its
+ * elements 64 j .. 64 j + 63, so 128-bit lane l is group 4 j + l (one
+ * scale). The weights' signs are a 64-bit mask (AVX-512 has no sign_epi8):
+ * the activations they cover are negated (0 - x; |x| <= 127, so the same
+ * integers as sign_epi8). Q2_K: the 32 bytes of qs[32 h ..] broadcast to
+ * both halves, shifted by 2 r and 2 r + 2; Q3_K: the same with hmask's
+ * bits 4 h + r and 4 h + r + 1; IQ2_XXS: eight codebook entries and eight
+ * sign bytes (two of its 32s); the other types from lb_unpack's copy. */
+#define LB_ZMM __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"), always_inline)) static inline
+
+/* A superblock's 16 scales as int16 in a vector (words 0 .. 15), for
+ * lbz_scale's picks. */
+LB_ZMM __m512i lbz_scales(const uint32_t ty, const uint8_t *w, const lb_sb *u)
+{
+    __m256i s;
+    if (ty == KVT_GGML_Q2_K) {
+        s = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8(15)));
+    } else if (ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS) {
+        int16_t sc[16];
+        if (ty == KVT_GGML_Q3_K) {
+            q3k_scales(w + 96, sc);
+        } else {
+            for (int k = 0; k < 8; k++) sc[2 * k] = sc[2 * k + 1] = (int16_t)(2 * (kvt_rd32(w + 6 + 8 * k) >> 28) + 1);
+        }
+        s = _mm256_loadu_si256((const __m256i *)sc);
+    } else {
+        s = _mm256_loadu_si256((const __m256i *)u->sc);
+    }
+    return _mm512_castsi256_si512(s);
+}
+
+/* Vector j's scales: lane l's eight words the scale of group 4 j + l. */
+LB_ZMM __m512i lbz_scale(__m512i s16, int j)
+{
+    const __m512i idx = _mm512_add_epi16(_mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
+                                                          0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll,
+                                                          0, 0),
+                                         _mm512_set1_epi16((short)(4 * j)));
+    return _mm512_permutexvar_epi16(idx, s16);
+}
+
+/* Vector j's magnitudes (u8) and the mask of its negative weights. */
+LB_ZMM __m512i lbz_weights(const uint32_t ty, const uint8_t *w, const lb_sb *u, const struct lb_grid *grid, int j,
+                           __mmask64 *neg)
+{
+    const int h = j / 2, r = 2 * (j % 2);
+    if (ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K) {
+        const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * r)), _mm256_set1_epi16((short)(2 * r + 2)), 1);
+        __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + (ty == KVT_GGML_Q2_K ? 16 : 32) + 32 * h)));
+        __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
+        if (ty == KVT_GGML_Q2_K) {
+            *neg = 0;
+            return lo;
+        }
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h + r))),
+                                               _mm256_set1_epi8((char)(1 << (4 * h + r + 1))), 1);
+        __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w));
+        __mmask64 clear = _mm512_testn_epi8_mask(hm, bit); /* q = lo - 4 < 0: magnitude 4 - lo */
+        *neg = clear;
+        return _mm512_mask_sub_epi8(lo, clear, _mm512_set1_epi8(4), lo);
+    }
+    if (ty == KVT_GGML_IQ2_XXS) {
+        const uint8_t *g0 = w + 2 + 16 * j, *g1 = g0 + 8;
+        uint32_t a0 = kvt_rd32(g0 + 4), a1 = kvt_rd32(g1 + 4);
+        uint64_t s = 0;
+        for (int l = 0; l < 4; l++)
+            s |= (uint64_t)kvt_iqgrid_ksigns[(a0 >> 7 * l) & 127] << 8 * l |
+                 (uint64_t)kvt_iqgrid_ksigns[(a1 >> 7 * l) & 127] << (32 + 8 * l);
+        *neg = s;
+        return _mm512_set_epi64((long long)kvt_rd64(grid->iq2xxs[g1[3]]), (long long)kvt_rd64(grid->iq2xxs[g1[2]]),
+                                (long long)kvt_rd64(grid->iq2xxs[g1[1]]), (long long)kvt_rd64(grid->iq2xxs[g1[0]]),
+                                (long long)kvt_rd64(grid->iq2xxs[g0[3]]), (long long)kvt_rd64(grid->iq2xxs[g0[2]]),
+                                (long long)kvt_rd64(grid->iq2xxs[g0[1]]), (long long)kvt_rd64(grid->iq2xxs[g0[0]]));
+    }
+    *neg = _mm512_movepi8_mask(_mm512_loadu_si512((const void *)(u->sgn + 64 * j)));
+    return _mm512_loadu_si512((const void *)(u->mag + 64 * j));
+}
+
+/* acc + vector j's integers against activations x (64 int8). */
+LB_ZMM __m512i lbz_dot(__m512i acc, __m512i m, __mmask64 neg, __m512i sc, __m512i x)
+{
+    x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(m, x), sc));
+}
+
+/* A zmm's sixteen int32 lanes folded to eight (exact). */
+LB_ZMM __m256i lbz_fold(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* Four rows (row_bytes apart) against one token, for decode: each
+ * superblock's activations loaded once for the four rows, each row's
+ * weights built in registers; the rows' integer sums reduced together and
+ * each lane of acc4 a row's float chain (the scalar's fmas, four rows side
+ * by side). */
+LB_ZMM void lb_rows4_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, size_t row_bytes, size_t nsb,
+                         size_t bytes, const kact *a, float *out, const struct lb_grid *grid)
+{
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    const size_t ahead = rows4_ahead(row_bytes);
+    const __m128i bump = _mm_set_epi32(0, 0, kvt_q_fault == KVT_QUANT_FAULT_LANE, 0); /* tests: row 1 */
+    __m128 acc4 = _mm_setzero_ps();
+    lb_sb u[4];
+    for (int r = 0; r < 4; r++) u[r].d = u[r].dmin = 0;
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *wr[4];
+        __m512i s16[4], acc[4];
+        float d[4], dm[4] = {0};
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *w = wr[r] = row + (size_t)r * row_bytes + b * bytes;
+            for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + ahead + off), _MM_HINT_T0);
+            if (!lb_fused(ty)) lb_unpack(type, w, u + r);
+            s16[r] = lbz_scales(ty, w, u + r);
+            d[r] = lb_d(ty, w, u + r, dm + r);
+            acc[r] = _mm512_setzero_si512();
+        }
+        const int8_t *q = a->q + QKK * b;
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            __m512i x = _mm512_loadu_si512((const void *)(q + 64 * j));
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                __mmask64 neg;
+                __m512i m = lbz_weights(ty, wr[r], u + r, grid, j, &neg);
+                acc[r] = lbz_dot(acc[r], m, neg, lbz_scale(s16[r], j), x);
+            }
+        }
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(lbz_fold(acc[0]), lbz_fold(acc[1])),
+                                      _mm256_hadd_epi32(lbz_fold(acc[2]), lbz_fold(acc[3])));
+        __m128i is = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), bump);
+        __m128 dx = _mm_set1_ps(a->d[b]);
+        acc4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(d), dx), _mm_cvtepi32_ps(is), acc4);
+        if (q2) {
+            __m256i mh = _mm256_hadd_epi32(_mm256_hadd_epi32(lbv_mins(wr[0], a, b), lbv_mins(wr[1], a, b)),
+                                           _mm256_hadd_epi32(lbv_mins(wr[2], a, b), lbv_mins(wr[3], a, b)));
+            __m128i ms = _mm_add_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+            __m128 ndm = _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dm), dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
+            acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
+        }
+    }
+    _mm_storeu_ps(out, acc4);
+}
+
+/* One row against T <= LB_T tokens (prefill), as lb_row_avx2: each
+ * superblock's weights built once into registers, then eight tokens a
+ * vector lane each, the rest one at a time. */
+LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, size_t nsb, size_t bytes, const kact *a,
+                       size_t T, float *out, const struct lb_grid *grid)
+{
+    lb_sb u;
+    u.d = u.dmin = 0;
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    const __m256i bump = _mm256_set_epi32(0, 0, 0, 0, kvt_q_fault == KVT_QUANT_FAULT_LANE, 0, 0, 0); /* tests: token 3 */
+    size_t G = T / 8, R = T % 8;
+    __m256 acc[LB_T / 8];
+    float acc1[8] = {0};
+    for (size_t g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (size_t b = 0; b < nsb; b++) {
+        const uint8_t *w = row + b * bytes;
+        if (!lb_fused(ty)) lb_unpack(type, w, &u);
+        float dmin, d = lb_d(ty, w, &u, &dmin);
+        __m512i s16 = lbz_scales(ty, w, &u), m[4], sc[4];
+        __mmask64 neg[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            m[j] = lbz_weights(ty, w, &u, grid, j, neg + j);
+            sc[j] = lbz_scale(s16, j);
+        }
+        for (size_t g = 0; g < G; g++) {
+            const kact *ag = a + 8 * g;
+            __m256i is[8], ms[8];
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) {
+                const int8_t *q = ag[t].q + QKK * b;
+                __m512i v = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                    v = lbz_dot(v, m[j], neg[j], sc[j], _mm512_loadu_si512((const void *)(q + 64 * j)));
+                is[t] = lbz_fold(v);
+                if (q2) ms[t] = lbv_mins(w, ag + t, b);
+            }
+            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
+                                      ag[1].d[b], ag[0].d[b]);
+            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
+            if (q2)
+                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
+                                          acc[g]);
+        }
+        for (size_t r = 0; r < R; r++) {
+            const kact *ar = a + 8 * G + r;
+            const int8_t *q = ar->q + QKK * b;
+            __m512i v = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+                v = lbz_dot(v, m[j], neg[j], sc[j], _mm512_loadu_si512((const void *)(q + 64 * j)));
+            float dx = ar->d[b];
+            acc1[r] = fmaf(d * dx, (float)hsum_i32(lbz_fold(v)), acc1[r]);
+            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(lbv_mins(w, ar, b)), acc1[r]);
+        }
+    }
+    for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
+    for (size_t r = 0; r < R; r++) out[8 * G + r] = acc1[r];
+}
+
+/* The AVX-512 kernels: the three fused types each compiled for its own,
+ * the others through the unpacked copy. */
+#define LB_ZMM_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"))) static
+LB_ZMM_FN void lb_row_zmm_fn(uint32_t ty, const uint8_t *row, size_t nsb, size_t bytes, const kact *a, size_t T,
+                             float *out, const struct lb_grid *grid)
+{
+    switch (ty) {
+    case KVT_GGML_Q2_K: lb_row_zmm(KVT_GGML_Q2_K, ty, row, nsb, bytes, a, T, out, grid); return;
+    case KVT_GGML_Q3_K: lb_row_zmm(KVT_GGML_Q3_K, ty, row, nsb, bytes, a, T, out, grid); return;
+    case KVT_GGML_IQ2_XXS: lb_row_zmm(KVT_GGML_IQ2_XXS, ty, row, nsb, bytes, a, T, out, grid); return;
+    default: lb_row_zmm(0, ty, row, nsb, bytes, a, T, out, grid); return;
+    }
+}
+
+LB_ZMM_FN void lb_rows4_zmm_fn(uint32_t ty, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes,
+                               const kact *a, float *out, const struct lb_grid *grid)
+{
+    switch (ty) {
+    case KVT_GGML_Q2_K: lb_rows4_zmm(KVT_GGML_Q2_K, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    case KVT_GGML_Q3_K: lb_rows4_zmm(KVT_GGML_Q3_K, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    case KVT_GGML_IQ2_XXS: lb_rows4_zmm(KVT_GGML_IQ2_XXS, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    default: lb_rows4_zmm(0, ty, row, row_bytes, nsb, bytes, a, out, grid); return;
+    }
+}
+#undef LB_ZMM_FN
+#undef LB_ZMM
 #endif
 
-struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; lb_row_fn row; const struct lb_grid *grid; };
+struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct lb_ops *k; const struct lb_grid *grid; };
 
 static void lb_range(void *arg, size_t o0, size_t o1)
 {
@@ -528,6 +856,16 @@ static void lb_range(void *arg, size_t o0, size_t o1)
     uint32_t ty = W->type;
     size_t nsb = W->cols / QKK, bytes = lb_bytes(ty);
     lb_sb u;
+    if (c->k->rows4 && c->n < LB_ROWS4_BELOW) {
+        /* decode, and the few tokens of batched decodes: four rows a call,
+         * each token's activations loaded once for the four */
+        for (; o0 + 4 <= o1; o0 += 4)
+            for (size_t t = 0; t < c->n; t++) {
+                kact a = kvt_q8k_at(c->qx, t, W->cols);
+                c->k->rows4(ty, W->data + o0 * W->row_bytes, W->row_bytes, nsb, bytes, &a, c->y + t * W->rows + o0,
+                            c->grid);
+            }
+    }
     for (size_t o = o0; o < o1; o++) {
         const uint8_t *row = W->data + o * W->row_bytes;
         for (size_t t0 = 0; t0 < c->n; t0 += LB_T) {
@@ -535,8 +873,8 @@ static void lb_range(void *arg, size_t o0, size_t o1)
             kact a[LB_T];
             float acc[LB_T] = {0};
             for (size_t k = 0; k < T; k++) a[k] = kvt_q8k_at(c->qx, t0 + k, W->cols);
-            if (c->row) {
-                c->row(ty, row, nsb, bytes, a, T, acc, c->grid);
+            if (c->k->row) {
+                c->k->row(ty, row, nsb, bytes, a, T, acc, c->grid);
             } else {
                 for (size_t b = 0; b < nsb; b++) {
                     int32_t is[LB_T], ms[LB_T];
@@ -560,7 +898,7 @@ void kvt_qlowbit_matmul(kvt_pool *pool, float *y, const kvt_wmat *W, size_t n, c
 {
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
-    struct lb_ctx c = {y, W, qx, n, ops()->row, lb_grid_for()};
+    struct lb_ctx c = {y, W, qx, n, ops(), lb_grid_for()};
     kvt_pool_for(pool, W->rows, min, lb_range, &c);
 }
 
@@ -571,10 +909,13 @@ static const struct lb_ops ops_scalar = {0};
 #ifdef KVT_HAVE_X86
 static const struct lb_ops ops_avx2 = {
     .row = lb_row_avx2_fn,
+    .rows4 = lb_rows4_avx2_fn,
 };
 
+/* AVX-512: every type in zmm, four rows a call in decode. */
 static const struct lb_ops ops_avx512 = {
-    .row = lb_row_avx2_fn,
+    .row = lb_row_zmm_fn,
+    .rows4 = lb_rows4_zmm_fn,
 };
 #endif
 
