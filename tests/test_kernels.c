@@ -745,7 +745,7 @@ TEST(kernels_integer_types)
  * its sixth scale one more put row 0's outputs outside (both in the
  * kernels that build the weights in registers: the SIMD paths read
  * iq2_xxs's codebook through the faulted copy, q3_K's scales through
- * q3k_scales); KVT_QUANT_FAULT_LANE (one lane of a SIMD tile one off in
+ * q3k_scales or its vector form); KVT_QUANT_FAULT_LANE (one lane of a SIMD tile one off in
  * its integer sum) makes the bit comparison fail on every SIMD path, in
  * decode (row 1 of a tile) and in prefill (token 3 of a vector). */
 TEST(kernels_lowbit_exact)

@@ -629,34 +629,45 @@ __attribute__((target("avx2,fma,f16c"))) static void lb_row_avx2_fn(uint32_t ty,
  * sign bytes (two of its 32s); the other types from lb_unpack's copy. */
 #define LB_ZMM __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw"), always_inline)) static inline
 
-/* A superblock's 16 scales as int16 in a vector (words 0 .. 15), for
- * lbz_scale's picks. */
+/* A superblock's 16 scales as int16 in a vector, for lbz_scale's picks:
+ * words 0 .. 15 (IQ2_XXS: 2 (aux >> 28) + 1 in the low word of every odd
+ * u32 of its 64 bytes of qs, aux k at word 4 k + 2, the other words
+ * unused). Q3_K: q3k_scales in vectors (low nibbles of bytes 0 .. 7 then
+ * their high ones; the high 2 bits from the u32 of bytes 8 .. 11 shifted by
+ * 0, 2, 4, 6), with the tests' KVT_QUANT_FAULT_SCALE as there. */
 LB_ZMM __m512i lbz_scales(const uint32_t ty, const uint8_t *w, const lb_sb *u)
 {
     __m256i s;
     if (ty == KVT_GGML_Q2_K) {
         s = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8(15)));
-    } else if (ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS) {
-        int16_t sc[16];
-        if (ty == KVT_GGML_Q3_K) {
-            q3k_scales(w + 96, sc);
-        } else {
-            for (int k = 0; k < 8; k++) sc[2 * k] = sc[2 * k + 1] = (int16_t)(2 * (kvt_rd32(w + 6 + 8 * k) >> 28) + 1);
-        }
-        s = _mm256_loadu_si256((const __m256i *)sc);
+    } else if (ty == KVT_GGML_Q3_K) {
+        const __m128i m4 = _mm_set1_epi8(15);
+        __m128i q = _mm_loadl_epi64((const __m128i *)(w + 96));
+        __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+        __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)kvt_rd32(w + 104)), _mm_set_epi32(6, 4, 2, 0)),
+                                   _mm_set1_epi8(3));
+        s = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
+        if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) s = _mm256_add_epi16(s, _mm256_setr_epi16(0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)); /* tests */
+    } else if (ty == KVT_GGML_IQ2_XXS) {
+        __m512i a = _mm512_srli_epi32(_mm512_loadu_si512((const void *)(w + 2)), 28);
+        return _mm512_add_epi32(_mm512_add_epi32(a, a), _mm512_set1_epi32(1));
     } else {
         s = _mm256_loadu_si256((const __m256i *)u->sc);
     }
     return _mm512_castsi256_si512(s);
 }
 
-/* Vector j's scales: lane l's eight words the scale of group 4 j + l. */
-LB_ZMM __m512i lbz_scale(__m512i s16, int j)
+/* Vector j's scales: lane l's eight words the scale of group 4 j + l
+ * (IQ2_XXS: of aux 2 j + l / 2, lbz_scales). */
+LB_ZMM __m512i lbz_scale(const uint32_t ty, __m512i s16, int j)
 {
-    const __m512i idx = _mm512_add_epi16(_mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
-                                                          0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll,
-                                                          0, 0),
-                                         _mm512_set1_epi16((short)(4 * j)));
+    const bool xxs = ty == KVT_GGML_IQ2_XXS;
+    const __m512i idx = _mm512_add_epi16(
+        xxs ? _mm512_set_epi64(0x0006000600060006ll, 0x0006000600060006ll, 0x0006000600060006ll, 0x0006000600060006ll,
+                               0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll)
+            : _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll, 0x0002000200020002ll,
+                               0x0001000100010001ll, 0x0001000100010001ll, 0, 0),
+        _mm512_set1_epi16((short)((xxs ? 8 : 4) * j)));
     return _mm512_permutexvar_epi16(idx, s16);
 }
 
@@ -681,13 +692,21 @@ LB_ZMM __m512i lbz_weights(const uint32_t ty, const uint8_t *w, const lb_sb *u, 
         return _mm512_mask_sub_epi8(lo, clear, _mm512_set1_epi8(4), lo);
     }
     if (ty == KVT_GGML_IQ2_XXS) {
+        /* the eight sign bytes ksigns[v] = v | parity(v) << 7 of the 7-bit
+         * fields v computed side by side and packed to the mask (table
+         * lookups in general registers cost a third more time); the eight
+         * codebook entries loaded one by one (a gather was slower) */
         const uint8_t *g0 = w + 2 + 16 * j, *g1 = g0 + 8;
         uint32_t a0 = kvt_rd32(g0 + 4), a1 = kvt_rd32(g1 + 4);
-        uint64_t s = 0;
-        for (int l = 0; l < 4; l++)
-            s |= (uint64_t)kvt_iqgrid_ksigns[(a0 >> 7 * l) & 127] << 8 * l |
-                 (uint64_t)kvt_iqgrid_ksigns[(a1 >> 7 * l) & 127] << (32 + 8 * l);
-        *neg = s;
+        __m256i v = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_inserti128_si256(_mm256_set1_epi32((int)a0), _mm_set1_epi32((int)a1), 1),
+                              _mm256_set_epi32(21, 14, 7, 0, 21, 14, 7, 0)),
+            _mm256_set1_epi32(127));
+        __m256i p = _mm256_xor_si256(v, _mm256_srli_epi32(v, 4));
+        p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+        p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+        __m256i sb = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(1)), 7));
+        *neg = (__mmask64)_mm_cvtsi128_si64(_mm256_cvtepi32_epi8(sb));
         return _mm512_set_epi64((long long)kvt_rd64(grid->iq2xxs[g1[3]]), (long long)kvt_rd64(grid->iq2xxs[g1[2]]),
                                 (long long)kvt_rd64(grid->iq2xxs[g1[1]]), (long long)kvt_rd64(grid->iq2xxs[g1[0]]),
                                 (long long)kvt_rd64(grid->iq2xxs[g0[3]]), (long long)kvt_rd64(grid->iq2xxs[g0[2]]),
@@ -742,7 +761,7 @@ LB_ZMM void lb_rows4_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, s
             _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
                 __mmask64 neg;
                 __m512i m = lbz_weights(ty, wr[r], u + r, grid, j, &neg);
-                acc[r] = lbz_dot(acc[r], m, neg, lbz_scale(s16[r], j), x);
+                acc[r] = lbz_dot(acc[r], m, neg, lbz_scale(ty, s16[r], j), x);
             }
         }
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(lbz_fold(acc[0]), lbz_fold(acc[1])),
@@ -783,7 +802,7 @@ LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, siz
         __mmask64 neg[4];
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             m[j] = lbz_weights(ty, w, &u, grid, j, neg + j);
-            sc[j] = lbz_scale(s16, j);
+            sc[j] = lbz_scale(ty, s16, j);
         }
         for (size_t g = 0; g < G; g++) {
             const kact *ag = a + 8 * g;
