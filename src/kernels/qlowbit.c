@@ -647,7 +647,8 @@ LB_ZMM __m512i lbz_scales(const uint32_t ty, const uint8_t *w, const lb_sb *u)
         __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)kvt_rd32(w + 104)), _mm_set_epi32(6, 4, 2, 0)),
                                    _mm_set1_epi8(3));
         s = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
-        if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) s = _mm256_add_epi16(s, _mm256_setr_epi16(0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)); /* tests */
+        if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) /* tests: the sixth scale one more */
+            s = _mm256_add_epi16(s, _mm256_setr_epi16(0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     } else if (ty == KVT_GGML_IQ2_XXS) {
         __m512i a = _mm512_srli_epi32(_mm512_loadu_si512((const void *)(w + 2)), 28);
         return _mm512_add_epi32(_mm512_add_epi32(a, a), _mm512_set1_epi32(1));
