@@ -339,6 +339,8 @@ static const struct lb_grid *lb_grid_for(void)
 
 /* The most tokens whose accumulators a row keeps at once. */
 #define LB_T 64
+/* The rows whose outputs lb_range keeps before it writes them, token by token. */
+#define LB_OB 8
 
 #ifdef KVT_HAVE_X86
 /* Lane t of the result: the sum of v[t]'s eight lanes (exact). */
@@ -886,28 +888,40 @@ static void lb_range(void *arg, size_t o0, size_t o1)
                             c->grid);
             }
     }
-    for (size_t o = o0; o < o1; o++) {
-        const uint8_t *row = W->data + o * W->row_bytes;
+    /* LB_OB rows at a time against each block of up to LB_T tokens: the
+     * block's activations found once for the rows, and each token's
+     * outputs written LB_OB side by side (one at a time, the stores a
+     * row apart touched a cache line each: a fifth of a prefill's time) */
+    for (size_t ob = o0; ob < o1; ob += LB_OB) {
+        size_t R = o1 - ob < LB_OB ? o1 - ob : LB_OB;
         for (size_t t0 = 0; t0 < c->n; t0 += LB_T) {
             size_t T = c->n - t0 < LB_T ? c->n - t0 : LB_T;
             kact a[LB_T];
-            float acc[LB_T] = {0};
+            float acc[LB_OB][LB_T]; /* (row, token) */
             for (size_t k = 0; k < T; k++) a[k] = kvt_q8k_at(c->qx, t0 + k, W->cols);
-            if (c->k->row) {
-                c->k->row(ty, row, nsb, bytes, a, T, acc, c->grid);
-            } else {
+            for (size_t r = 0; r < R; r++) {
+                const uint8_t *row = W->data + (ob + r) * W->row_bytes;
+                float *out = acc[r];
+                if (c->k->row) {
+                    c->k->row(ty, row, nsb, bytes, a, T, out, c->grid); /* writes out[0 .. T) */
+                    continue;
+                }
+                for (size_t k = 0; k < T; k++) out[k] = 0;
                 for (size_t b = 0; b < nsb; b++) {
                     int32_t is[LB_T], ms[LB_T];
                     lb_unpack(ty, row + b * bytes, &u);
                     for (size_t k = 0; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
                     for (size_t k = 0; k < T; k++) {
                         float dx = a[k].d[b];
-                        acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
-                        if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
+                        out[k] = fmaf(u.d * dx, (float)is[k], out[k]);
+                        if (ty == KVT_GGML_Q2_K) out[k] = fmaf(-(u.dmin * dx), (float)ms[k], out[k]);
                     }
                 }
             }
-            for (size_t k = 0; k < T; k++) c->y[(t0 + k) * W->rows + o] = acc[k];
+            for (size_t k = 0; k < T; k++) {
+                float *y = c->y + (t0 + k) * W->rows + ob;
+                for (size_t r = 0; r < R; r++) y[r] = acc[r][k];
+            }
         }
     }
 }
