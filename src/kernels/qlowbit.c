@@ -74,9 +74,20 @@ __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
  * bsum[g]), |isum| < 2^31 for every type (at most 256 * 62 * 127 * 31),
  * and acc = fma(d * d_x, isum, acc) (Q2_K then acc = fma(-(dmin * d_x),
  * msum, acc)) per superblock in increasing order, as for the other
- * K-quants. The AVX2 path differs only in how it sums the integers
- * (maddubs of the magnitudes against the signed activations: |pair| <=
- * 2 * 62 * 127, no saturation), so it gives the same bits. */
+ * K-quants. The AVX2 and AVX-512 paths differ only in how they sum the
+ * integers (maddubs of the magnitudes against the signed activations:
+ * |pair| <= 2 * 62 * 127, no saturation) and in how many rows and tokens
+ * share a load (prefill: a row's superblock built once for up to LB_T
+ * tokens; decode: four rows against a token), so they give the same bits.
+ *
+ * Where the time goes (AVX-512, 64 tokens): the maddubs/madd/add steps
+ * (and the signs' subtraction) per 64 weights and token, then per
+ * superblock and token the sum of 16 lanes and one fma; weights offset by
+ * 64 (the signs moved to a 16-sum correction) and a table of the tokens'
+ * scales measured no faster. llama.cpp's i-quant prefill instead
+ * decodes eight rows to int8 panels and multiplies them with VNNI
+ * (vpdpbusd), which the AVX-512 row here does not assume; that is the
+ * next step for prefill. */
 
 int kvt_q_fault;
 
