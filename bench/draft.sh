@@ -14,9 +14,12 @@
 # accepted drafts come from its stderr line, and the ids of every run must
 # equal plain decoding's (the script fails otherwise). The table goes to
 # stdout: per prompt and drafter the median tok/s, the ratio to plain,
-# passes, and the acceptance rate. Method and results: README.md,
-# Speculative decoding.
+# passes, and the acceptance rate. Then the same on ds4-tiny and ds4-mini
+# with an MTP layer (the presets ds4-tiny+mtp=1, ds4-mini+mtp=1: the
+# model's weights are the preset's, the layer's random), --draft none,
+# ngram and mtp. Method and results: README.md, Speculative decoding.
 #
+#   SETS="qwen3 ds4"    which tables (default both)
 #   KVT_PEER_CACHE=DIR  models and tools (default ~/.cache/kvtier)
 #   THREADS=N           decode threads (default 1)
 #   REPS=N              rounds (default 3)
@@ -35,11 +38,12 @@ reps=${REPS:-3}
 max=${MAX_TOKENS:-128}
 models=$cache/models
 
+sets=${SETS:-qwen3 ds4}
 vocab=$(ls "$cache"/llama.cpp-*/models/ggml-vocab-qwen2.gguf 2>/dev/null | head -n 1)
 model=$models/synth-qwen3-0.6b-q4_k_m.gguf
 [ -f "$model" ] || model=$models/synth-qwen3-0.6b-f16.gguf
 draft=$models/synth-qwen3-tiny-f16.gguf
-if [ ! -f "$model" ] || [ ! -f "$draft" ]; then
+if case " $sets " in *" qwen3 "*) true ;; *) false ;; esac && { [ ! -f "$model" ] || [ ! -f "$draft" ]; }; then
     [ -n "$vocab" ] || { echo "$me: no ggml-vocab-qwen2.gguf under $cache (run bench/peers.sh once)" >&2; exit 2; }
     bench_synth_llama
     [ -f "$model" ] || "$cache/tools/synth_llama" --shape qwen3-0.6b "$vocab" "$model" >&2
@@ -72,7 +76,7 @@ Here is the file with the change:
 free="Once upon a time, in a small village at the edge of a great forest, there lived a girl who"
 
 # one run: prints "tok/s passes drafted accepted" and keeps the ids in $tmp/$3.ids
-one() { # $1 prompt, $2 drafter, $3 tag
+one() { # $1 prompt, $2 drafter, $3 tag ($model: the model)
     set -- "$1" "$2" "$3"
     extra=
     [ "$2" = model ] && extra="--model-draft $draft"
@@ -83,26 +87,43 @@ one() { # $1 prompt, $2 drafter, $3 tag
         "$tmp/$3.err"
 }
 
-echo "# $(bench_cpu), $threads thread(s), $max greedy tokens, $reps rounds alternating; model $(basename "$model"), draft $(basename "$draft")"
-printf '%-6s %-6s %8s %6s %7s %9s %9s\n' prompt draft tok/s x_plain passes drafted accepted
-for p in copy free; do
-    eval "text=\$$p"
-    : >"$tmp/$p.rows"
-    for r in $(seq 1 "$reps"); do
-        for d in none ngram model; do
-            line=$(one "$text" "$d" "$p-$d")
-            [ -n "$line" ] || { echo "$me: no figures from --draft $d" >&2; cat "$tmp/$p-$d.err" >&2; exit 1; }
-            cmp -s "$tmp/$p-$d.ids" "$tmp/$p-none.ids" ||
-                { echo "$me: --draft $d changed the reply ($p, round $r)" >&2; exit 1; }
-            echo "$d $line" >>"$tmp/$p.rows"
+# the table of one model: drafters $1 (none first)
+table() {
+    drafters=$1
+    printf '%-6s %-6s %8s %6s %7s %9s %9s\n' prompt draft tok/s x_plain passes drafted accepted
+    for p in copy free; do
+        eval "text=\$$p"
+        : >"$tmp/$p.rows"
+        for r in $(seq 1 "$reps"); do
+            for d in $drafters; do
+                line=$(one "$text" "$d" "$p-$d")
+                [ -n "$line" ] || { echo "$me: no figures from --draft $d" >&2; cat "$tmp/$p-$d.err" >&2; exit 1; }
+                cmp -s "$tmp/$p-$d.ids" "$tmp/$p-none.ids" ||
+                    { echo "$me: --draft $d changed the reply ($p, round $r)" >&2; exit 1; }
+                echo "$d $line" >>"$tmp/$p.rows"
+            done
+        done
+        for d in $drafters; do
+            awk -v d="$d" '$1 == d { print $2 }' "$tmp/$p.rows" | sort -n >"$tmp/s"
+            med=$(awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' "$tmp/s")
+            [ "$d" = none ] && base=$med
+            awk -v d="$d" -v p="$p" -v med="$med" -v base="$base" '$1 == d { pa = $3; dr += $4; ac += $5; n++ }
+                END { printf "%-6s %-6s %8.1f %6.2fx %7d %9d %8.0f%%\n", p, d, med, med / base, pa, dr / n, dr ? 100 * ac / dr : 0 }' \
+                "$tmp/$p.rows"
         done
     done
-    for d in none ngram model; do
-        awk -v d="$d" '$1 == d { print $2 }' "$tmp/$p.rows" | sort -n >"$tmp/s"
-        med=$(awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' "$tmp/s")
-        [ "$d" = none ] && base=$med
-        awk -v d="$d" -v p="$p" -v med="$med" -v base="$base" '$1 == d { pa = $3; dr += $4; ac += $5; n++ }
-            END { printf "%-6s %-6s %8.1f %6.2fx %7d %9d %8.0f%%\n", p, d, med, med / base, pa, dr / n, dr ? 100 * ac / dr : 0 }' \
-            "$tmp/$p.rows"
-    done
+}
+
+for set in $sets; do
+    case $set in
+    qwen3)
+        echo "# $(bench_cpu), load $(cut -d' ' -f1-3 /proc/loadavg), $threads thread(s), $max greedy tokens, $reps rounds alternating; model $(basename "$model"), draft $(basename "$draft")"
+        table "none ngram model" ;;
+    ds4)
+        for model in ds4-tiny+mtp=1 ds4-mini+mtp=1; do
+            echo "# $(bench_cpu), load $(cut -d' ' -f1-3 /proc/loadavg), $threads thread(s), $max greedy tokens, $reps rounds alternating; model $model (its MTP layer drafts)"
+            table "none ngram mtp"
+        done ;;
+    *) echo "$me: SETS takes qwen3 and ds4, not '$set'" >&2; exit 2 ;;
+    esac
 done

@@ -1,7 +1,8 @@
-/* redis-server processes for the tests of the Redis client's transports
- * (tests/test_tls.c, tests/test_cluster.c): started with the arguments a
- * test gives, on ports from fx_free_port(), in a temporary directory, and
- * waited for with the client under test; killed whatever the checks say. */
+/* redis-server processes for the tests of the remote tier and the Redis
+ * client's transports (tests/test_remote.c, tests/test_tls.c,
+ * tests/test_cluster.c): started with the arguments a test gives, on
+ * ports from fx_free_port(), in a temporary directory, and waited for with
+ * the client under test; killed whatever the checks say. */
 #ifndef KVT_TEST_REDIS_FX_H
 #define KVT_TEST_REDIS_FX_H
 
@@ -21,6 +22,7 @@
 typedef struct rfx {
     pid_t pid;
     int port;
+    char url[64];      /* redis://127.0.0.1:PORT */
     char dir[64], log[96];
 } rfx;
 
@@ -58,17 +60,27 @@ static __attribute__((unused)) kvt_redis *rfx_client(const char *url, const char
 
 /* redis-server with args (NULL-terminated) in a directory of its own, r->port
  * given by the caller (0: a free one, passed as --port unless args name
- * the port themselves: then `port` is only remembered). Waits until a
- * client for probe (its TLS files too) answers PING; false (the log
- * printed) if not in 10 s. */
+ * the port themselves: then `port` is only remembered; a port given again
+ * starts a Redis anew where one was killed). Waits until a client for
+ * probe (its TLS files too; NULL: r->url) answers PING, with the
+ * --requirepass of args; false (the log printed) if not in 10 s. */
 static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *const *args, bool args_set_port,
                                               const kvt_redis_url *probe)
 {
     memset(r, 0, sizeof *r);
     snprintf(r->dir, sizeof r->dir, "/tmp/kvtier-rfx-XXXXXX");
     if (!mkdtemp(r->dir)) return false;
-    snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
+    char dir[sizeof r->dir];
+    memcpy(dir, r->dir, sizeof dir);
+    snprintf(r->log, sizeof r->log, "%s/redis.log", dir);
     r->port = port ? port : fx_free_port();
+    snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+    kvt_redis_url plain;
+    if (!probe && kvt_redis_parse_url(r->url, &plain)) return false;
+    if (!probe) probe = &plain;
+    const char *pw = NULL;
+    for (int i = 0; args && args[i]; i++)
+        if (!strcmp(args[i], "--requirepass") && args[i + 1]) pw = args[i + 1];
     char ps[16];
     snprintf(ps, sizeof ps, "%d", r->port);
     const char *argv[48] = {"redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r->dir};
@@ -88,7 +100,7 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
     for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
         kvt_redis *c = NULL;
         const char *ping[1] = {"PING"};
-        bool up = !kvt_redis_new(&c, probe, NULL) && rfx_cmd(c, NULL, 1, ping);
+        bool up = !kvt_redis_new(&c, probe, pw) && rfx_cmd(c, NULL, 1, ping);
         kvt_redis_free(c);
         if (up) return true;
         int st;
@@ -117,7 +129,6 @@ static __attribute__((unused)) void rfx_stop(rfx *r)
     r->dir[0] = 0;
 }
 
-#endif
 
 /* ---- two servers through a remote tier ---- */
 
@@ -175,8 +186,13 @@ static __attribute__((unused)) bool rfx_serve_once(const char *name, const char 
     for (int i = 0; i < 700; i++) fputc("abcdefghijklmnopqrstuvwxyz 0123456789"[i * 11 % 37], f);
     fputs("\"}]}", f);
     fclose(f);
-    const char *args[32] = {"--model", "ds4-tiny", "--kv-disk-dir", kv, "--kv-remote-timeout-ms", "1000"};
-    int a = 6;
+    /* a load's deadline from a prefill rate of 50 tokens/s (13 s), not
+     * from the FLOPs of ds4-tiny's prefill (20 ms, counted from the
+     * lookup's start, which connects to every master first): a slow CI
+     * machine, or a sanitizer build, must not turn the hit into a miss */
+    const char *args[32] = {"--model", "ds4-tiny", "--kv-disk-dir", kv, "--kv-remote-timeout-ms", "1000",
+                            "--kv-remote-prefill-tps", "50"};
+    int a = 8;
     for (int i = 0; remote[i] && a < 31; i++) args[a++] = remote[i];
     args[a] = NULL;
     bool ok = fx_server_start(&s, args);
@@ -192,3 +208,70 @@ static __attribute__((unused)) bool rfx_serve_once(const char *name, const char 
     fx_tmpdir_remove(&s);
     return ok;
 }
+
+/* ---- certificates for TLS (tests/test_tls.c, tests/test_cluster.c) ---- */
+
+typedef struct certs {
+    char dir[64];
+    char ca[96], ca2[96], srv[96], srv_key[96], other[96], other_key[96], cli[96], cli_key[96];
+} certs;
+
+static __attribute__((unused)) const char *no_tls_tools(void)
+{
+    const char *why = rfx_absent();
+    if (why) return why;
+    if (system("command -v openssl >/dev/null 2>&1")) return "the openssl command is absent (it makes the certificates)";
+    return NULL;
+}
+
+/* A CA (ca.crt), another CA (ca2.crt), and certificates signed by the
+ * first: srv (127.0.0.1, localhost), other (other.example only), cli (a
+ * client's). EC P-256 keys: quick to make. */
+static __attribute__((unused)) bool make_certs(certs *c)
+{
+    snprintf(c->dir, sizeof c->dir, "/tmp/kvtier-tls-XXXXXX");
+    if (!mkdtemp(c->dir)) return false;
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "
+             "openssl req -x509 $K -keyout ca.key -out ca.crt -days 2 -subj /CN=kvtier-test-ca && "
+             "openssl req -x509 $K -keyout ca2.key -out ca2.crt -days 2 -subj /CN=kvtier-test-ca && "
+             "for n in srv other cli; do openssl req $K -keyout $n.key -out $n.csr -subj /CN=$n || exit 1; done && "
+             "echo 'subjectAltName=IP:127.0.0.1,DNS:localhost' > srv.ext && "
+             "echo 'subjectAltName=DNS:other.example' > other.ext && "
+             "echo 'extendedKeyUsage=clientAuth' > cli.ext && "
+             "for n in srv other cli; do openssl x509 -req -in $n.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+             "-out $n.crt -days 2 -extfile $n.ext || exit 1; done",
+             c->dir);
+    char full[3200];
+    snprintf(full, sizeof full, "(%s) >'%s/openssl.log' 2>&1", cmd, c->dir);
+    if (system(full)) {
+        char log[128];
+        snprintf(log, sizeof log, "%s/openssl.log", c->dir);
+        fx_print_file("openssl", log);
+        return false;
+    }
+#define P(f, name) snprintf(c->f, sizeof c->f, "%s/" name, c->dir)
+    P(ca, "ca.crt"); P(ca2, "ca2.crt"); P(srv, "srv.crt"); P(srv_key, "srv.key");
+    P(other, "other.crt"); P(other_key, "other.key"); P(cli, "cli.crt"); P(cli_key, "cli.key");
+#undef P
+    return true;
+}
+
+static __attribute__((unused)) void certs_remove(certs *c)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
+    if (c->dir[0] && system(cmd)) {}
+}
+
+/* Debian's redis-server is built with TLS (BUILD_TLS=yes: it links
+ * libssl); a build without it refuses --tls-port at start. */
+static __attribute__((unused)) const char *redis_without_tls(void)
+{
+    if (system("ldd \"$(command -v redis-server)\" 2>/dev/null | grep -q libssl"))
+        return "this redis-server is built without TLS (it does not link libssl: --tls-port would be refused)";
+    return NULL;
+}
+
+#endif

@@ -11,23 +11,28 @@
 #include "ds4_tiny.h"
 #include "redis_fx.h"
 #include "store/cluster.h"
+#include "store/conn.h"
 #include "store/remote.h"
+#include "store/tls.h"
 #include "arch/model.h"
+#include "session/snapshot.h"
 
+#include <inttypes.h>
 #include <signal.h>
 
 enum { NODES = 3, N = 300 };
 
 typedef struct cluster {
     rfx n[NODES];
-    char url[200];
+    char url[400];
+    const char *ca;      /* a TLS cluster's CA (its nodes on TLS ports only); NULL plain */
 } cluster;
 
 static kvt_redis *node_client(const cluster *c, int i)
 {
     char url[64];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", c->n[i].port);
-    return rfx_client(url, NULL);
+    snprintf(url, sizeof url, "%s://127.0.0.1:%d", c->ca ? "rediss" : "redis", c->n[i].port);
+    return rfx_client(url, c->ca);
 }
 
 /* A reply's text (status or string) of one command on node i; "" when none. */
@@ -48,23 +53,44 @@ static void cluster_stop(cluster *c)
     for (int i = 0; i < NODES; i++) rfx_stop(&c->n[i]);
 }
 
-static bool cluster_start(cluster *c)
+/* 3 masters with extra (NULL-terminated, or NULL) as each node's further
+ * arguments; tls: the nodes' certificate, key and CA (the cluster bus
+ * and the clients on TLS, no plain port), NULL a plain cluster. The URL
+ * names the nodes by address (url_host "127.0.0.1") or by name. */
+static bool cluster_start_with(cluster *c, const char *const *extra, const char *const tls[3], const char *url_host)
 {
     memset(c, 0, sizeof *c);
-    int len = snprintf(c->url, sizeof c->url, "redis-cluster://");
-    char create[600];
-    int cl = snprintf(create, sizeof create, "redis-cli --cluster create");
+    c->ca = tls ? tls[2] : NULL;
+    int len = snprintf(c->url, sizeof c->url, "%s://", tls ? "rediss-cluster" : "redis-cluster");
+    char create[1200];
+    int cl = snprintf(create, sizeof create, "redis-cli");
+    if (tls) cl += snprintf(create + cl, sizeof create - (size_t)cl, " --tls --cacert '%s'", tls[2]);
+    cl += snprintf(create + cl, sizeof create - (size_t)cl, " --cluster create");
     for (int i = 0; i < NODES; i++) {
         int port = fx_free_port(), bus = fx_free_port();
-        char bs[16];
+        char bs[16], ps[16];
         snprintf(bs, sizeof bs, "%d", bus);
-        const char *args[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
-                              "--cluster-node-timeout", "2000", NULL};
+        snprintf(ps, sizeof ps, "%d", port);
+        /* a master lost without a replica costs its own shard only: the
+         * others go on serving their slots (docs/STORE.md "Remote tier") */
+        const char *args[40] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bs,
+                                "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"};
+        int a = 10;
+        if (tls) {
+            const char *t[] = {"--port", "0", "--tls-port", ps, "--tls-cluster", "yes", "--tls-replication", "yes",
+                               "--tls-cert-file", tls[0], "--tls-key-file", tls[1], "--tls-ca-cert-file", tls[2],
+                               "--tls-auth-clients", "no"};
+            for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) args[a++] = t[k];
+        }
+        for (int k = 0; extra && extra[k] && a < 39; k++) args[a++] = extra[k];
+        args[a] = NULL;
         char url[64];
-        snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+        snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls ? "rediss" : "redis", port);
         kvt_redis_url u;
-        if (kvt_redis_parse_url(url, &u) || !rfx_start(&c->n[i], port, args, false, &u)) { cluster_stop(c); return false; }
-        len += snprintf(c->url + len, sizeof c->url - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", port);
+        if (kvt_redis_parse_url(url, &u)) { cluster_stop(c); return false; }
+        u.ca = c->ca;
+        if (!rfx_start(&c->n[i], port, args, tls != NULL, &u)) { cluster_stop(c); return false; }
+        len += snprintf(c->url + len, sizeof c->url - (size_t)len, "%s%s:%d", i ? "," : "", url_host, port);
         cl += snprintf(create + cl, sizeof create - (size_t)cl, " 127.0.0.1:%d", port);
     }
     snprintf(create + cl, sizeof create - (size_t)cl, " --cluster-yes >'%s/create.log' 2>&1", c->n[0].dir);
@@ -89,14 +115,21 @@ static bool cluster_start(cluster *c)
     return false;
 }
 
-#define CLUSTER_TEST(name)                                                  \
-    static void name##_body(cluster *c);                                    \
-    TEST(name)                                                              \
-    {                                                                       \
+static bool cluster_start(cluster *c) { return cluster_start_with(c, NULL, NULL, "127.0.0.1"); }
+
+#define CLUSTER_NEEDS()                                                     \
+    do {                                                                    \
         const char *why_ = rfx_absent();                                    \
         if (why_) SKIP("%s", why_);                                         \
         if (system("command -v redis-cli >/dev/null 2>&1"))                 \
             SKIP("redis-cli absent (Debian's redis-tools, with redis-server)"); \
+    } while (0)
+
+#define CLUSTER_TEST(name)                                                  \
+    static void name##_body(cluster *c);                                    \
+    TEST(name)                                                              \
+    {                                                                       \
+        CLUSTER_NEEDS();                                                    \
         cluster c_;                                                         \
         CHECKF(cluster_start(&c_), "the 3-master cluster did not start");   \
         name##_body(&c_);                                                   \
@@ -385,6 +418,318 @@ CLUSTER_TEST(cluster_master_killed)
     kvt_remote_close(a);
     kvt_remote_close(b);
     kvt_model_close(m);
+}
+
+/* owner[slot]: the node (index in c->n) serving each slot, from CLUSTER
+ * SLOTS; *first the first slot of each node. */
+static bool slot_owners(const cluster *c, int *owner, int *first)
+{
+    kvt_redis *k = node_client(c, 0);
+    redisReply *x = NULL;
+    const char *a[2] = {"CLUSTER", "SLOTS"};
+    bool ok = k && rfx_cmd(k, &x, 2, a) && x->type == REDIS_REPLY_ARRAY;
+    for (int i = 0; i < NODES; i++) first[i] = KVT_CLUSTER_SLOTS;
+    for (size_t s = 0; s < KVT_CLUSTER_SLOTS; s++) owner[s] = -1;
+    for (size_t e = 0; ok && e < x->elements; e++) {
+        redisReply *r = x->element[e], *m = r->element[2];
+        int node = -1;
+        for (int i = 0; i < NODES; i++)
+            if (c->n[i].port == m->element[1]->integer) node = i;
+        for (long long s = r->element[0]->integer; node >= 0 && s <= r->element[1]->integer; s++) owner[s] = node;
+        if (node >= 0 && r->element[0]->integer < first[node]) first[node] = (int)r->element[0]->integer;
+    }
+    if (x) freeReplyObject(x);
+    kvt_redis_free(k);
+    return ok;
+}
+
+static int owner_of(const int *owner, const char *key) { return owner[kvt_cluster_slot(key, strlen(key))]; }
+
+enum { LONG = 5 * 128 };
+
+/* For prompt t[0..LONG) saved at every block boundary, and master v lost:
+ * the longest entry none of whose keys (index, snapshot, blocks) is on v
+ * (0: none), and whether v holds an index key a lookup of t asks. */
+static size_t reachable(const int *owner, const char *ns, uint64_t key0, const int32_t *t, int v, bool *asks_v)
+{
+    uint64_t keys[LONG / 128];
+    char name[200];
+    size_t best = 0;
+    *asks_v = false;
+    for (size_t b = 0; b < LONG / 128; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : key0, t + b * 128);
+    for (size_t nb = 0; nb <= LONG / 128; nb++) {
+        uint64_t head = nb ? keys[nb - 1] : key0;
+        snprintf(name, sizeof name, "%si:%016" PRIx64, ns, head);
+        bool on_v = owner_of(owner, name) == v;
+        *asks_v |= on_v;
+        if (!nb) continue;
+        snprintf(name, sizeof name, "%ss:%016" PRIx64 ":%zu:%016" PRIx64, ns, head, nb * 128,
+                 kvt_snap_tail_hash(head, t + nb * 128, 0));
+        on_v |= owner_of(owner, name) == v;
+        for (size_t b = 0; b < nb && !on_v; b++) {
+            snprintf(name, sizeof name, "%sb:%016" PRIx64, ns, keys[b]);
+            on_v = owner_of(owner, name) == v;
+        }
+        if (!on_v) best = nb * 128;
+    }
+    return best;
+}
+
+/* A breaker per master: a prompt saved at each of its five block
+ * boundaries, one master killed (the cluster goes on serving the other
+ * slots: cluster-require-full-coverage no). The seed and the master are
+ * chosen so that the lost master holds an index key every lookup asks
+ * and a value of the longest entry, and some shorter entry lies wholly on
+ * the others: each of six lookups is then that shorter hit, bit for bit
+ * with a cold run of it, while the lost master's breaker alone opens.
+ * The negative control: one breaker for the whole tier
+ * (kvt_remote_fault_one_breaker, a failure of one master failing the
+ * round trip) misses every lookup. */
+CLUSTER_TEST(cluster_shard_breaker)
+{
+    kvt_model *m = tiny();
+    int owner[KVT_CLUSTER_SLOTS], first[NODES];
+    CHECK(slot_owners(c, owner, first));
+    char ns[96];
+    snprintf(ns, sizeof ns, "kvt:r2:%016" PRIx64 ":open:", kvt_snap_key0(m));
+    int32_t t[LONG];
+    size_t want = 0;
+    int v = -1;
+    uint64_t seed;
+    for (seed = 40; seed < 200 && v < 0; seed++) {
+        seqb(t, LONG, seed);
+        for (int i = 0; i < NODES && v < 0; i++) {
+            bool asks;
+            size_t r = reachable(owner, ns, kvt_snap_key0(m), t, i, &asks);
+            if (asks && r > 0 && r < LONG) { v = i; want = r; }
+        }
+    }
+    CHECKF(v >= 0, "no seed gives a lost master a shorter hit");
+    int shard = 0; /* the lost master's shard: its place in the order of first slots */
+    for (int i = 0; i < NODES; i++) shard += first[i] < first[v];
+    printf("    seed %" PRIu64 ": master %d (shard %d) lost, the longest entry the others hold %zu of %d tokens\n",
+           seed - 1, v, shard, want, LONG);
+    kvt_remote *a = tier_on(c->url, m, NULL, 1000, 2000);
+    CHECK(a);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    for (size_t at = 128; at <= LONG; at += 128) {
+        CHECK_OK(kvt_session_sync(cold, t, at, NULL));
+        kvt_remote_upload(a, 0, cold, at);
+        CHECK(kvt_remote_drain(a, 10));
+    }
+    kvt_remote_stats st;
+    kvt_remote_stats_get(a, &st);
+    CHECKF(st.uploads == LONG / 128 && st.dropped == 0, "uploads %llu dropped %llu (%s)",
+           (unsigned long long)st.uploads, (unsigned long long)st.dropped, st.last_error);
+    kvt_session *ref = NULL; /* a cold run of the hit's tokens */
+    CHECK_OK(kvt_session_new(&ref, m, NULL));
+    CHECK_OK(kvt_session_sync(ref, t, want, NULL));
+    kvt_remote *b = tier_on(c->url, m, NULL, 300, 2000);
+    size_t got;
+    kvt_session *s = restore(b, m, t, LONG, &got, NULL);
+    CHECKF(got == LONG, "before the loss: a hit of %zu", got);
+    kvt_session_free(s);
+    rfx_kill(&c->n[v]);
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double dt;
+        s = restore(b, m, t, LONG, &got, &dt);
+        if (dt > worst) worst = dt;
+        kvt_remote_stats_get(b, &st);
+        CHECKF(got == want, "lookup %d with master %d lost: a hit of %zu, want %zu (%s)", i, v, got, want,
+               st.last_error);
+        CHECK(s && (got != want || kvt_test_digest(s, m) == kvt_test_digest(ref, m)));
+        kvt_session_free(s);
+    }
+    kvt_remote_stats_get(b, &st);
+    int open = 0;
+    for (size_t i = 0; i < st.n_shards; i++) open += st.shard_breaker[i] != 0;
+    printf("    6 lookups: hits of %zu tokens, the slowest %.0f ms; breakers %d %d %d (%s)\n", want, worst * 1000,
+           st.shard_breaker[0], st.shard_breaker[1], st.shard_breaker[2], st.last_error);
+    CHECKF(st.n_shards == NODES && open == 1 && st.shard_breaker[shard] == 1 && st.breaker_trips == 1,
+           "%zu shards, %d breakers open, shard %d's %d, trips %llu", st.n_shards, open, shard,
+           st.shard_breaker[shard], (unsigned long long)st.breaker_trips);
+    CHECK(worst < 2.0); /* 300 ms lookups; 2 s is the margin of a loaded CI machine */
+    /* the control: one breaker for the tier, a master's failure the round trip's */
+    kvt_remote_fault_one_breaker = true;
+    kvt_remote *one = tier_on(c->url, m, NULL, 300, 2000);
+    size_t hits = 0;
+    for (int i = 0; one && i < 6; i++) {
+        s = restore(one, m, t, LONG, &got, NULL);
+        hits += got > 0;
+        kvt_session_free(s);
+    }
+    kvt_remote_stats_get(one, &st);
+    kvt_remote_fault_one_breaker = false;
+    printf("    the control, one breaker: %zu hits of 6, breaker %d (%s)\n", hits, st.breaker, st.last_error);
+    CHECKF(one && hits == 0 && st.breaker == 1, "one breaker: %zu hits", hits);
+    kvt_session_free(ref);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(one);
+    kvt_model_close(m);
+}
+
+/* Host names under the deadline. The nodes announce the name localhost
+ * (cluster-announce-hostname, cluster-preferred-endpoint-type hostname),
+ * so CLUSTER SLOTS names them by it, as the URL does: a second tier hits
+ * what the first uploaded, bit for bit. A tier whose URL names the nodes
+ * by address meets the names in the map only, at its first lookup: with a
+ * resolver that does not answer for a second (KVT_RESOLV_FAULT_HANG), the
+ * lookup with a 200 ms deadline ends by it, a miss saying so, and the
+ * resolution goes on: a lookup after it answered hits. The negative
+ * control: resolved on the caller's thread (KVT_RESOLV_FAULT_BLOCKING, as
+ * before), the same first lookup takes the resolver's second. */
+static void names_body(cluster *c)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 34);
+    const char *slots[2] = {"CLUSTER", "SLOTS"};
+    kvt_redis *k = node_client(c, 0);
+    redisReply *x = NULL;
+    CHECK(k && rfx_cmd(k, &x, 2, slots) && x->type == REDIS_REPLY_ARRAY && x->elements > 0);
+    const char *host = x->element[0]->element[2]->element[0]->str;
+    printf("    CLUSTER SLOTS names the nodes '%s'; the URL %s\n", host, c->url);
+    bool named = !strcmp(host, "localhost");
+    freeReplyObject(x);
+    kvt_redis_free(k);
+    CHECK(named);
+    kvt_remote *a = tier_on(c->url, m, NULL, 1000, 2000), *b = tier_on(c->url, m, NULL, 1000, 2000);
+    CHECK(a && b);
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    kvt_session *s = restore(b, m, t, N, &got, NULL);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    CHECKF(got == N && kvt_test_digest(s, m) == kvt_test_digest(cold, m), "by name: a hit of %zu (%s)", got,
+           st.last_error);
+    kvt_session_free(s);
+    char by_addr[200];
+    int len = snprintf(by_addr, sizeof by_addr, "redis-cluster://");
+    for (int i = 0; i < NODES; i++)
+        len += snprintf(by_addr + len, sizeof by_addr - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", c->n[i].port);
+    /* a resolver that does not answer: the lookup ends by its deadline */
+    kvt_conn_fault = KVT_RESOLV_FAULT_HANG;
+    double t0 = fx_now(), dt_open, dt = 0;
+    kvt_remote *h = tier_on(by_addr, m, NULL, 200, 500);
+    dt_open = fx_now() - t0;
+    s = h ? restore(h, m, t, N, &got, &dt) : NULL;
+    kvt_remote_stats_get(h, &st);
+    printf("    the resolver hangs 1 s: open %.0f ms, a lookup with a 200 ms deadline %.0f ms, a hit of %zu (%s)\n",
+           dt_open * 1000, dt * 1000, got, st.last_error);
+    /* 200 ms; 0.8 s is the margin of a loaded CI machine, under the 1 s hang */
+    CHECKF(h && got == 0 && dt < 0.8 && strstr(st.last_error, "resolving the name: timed out"),
+           "a hanging resolver: %.0f ms, a hit of %zu (%s)", dt * 1000, got, st.last_error);
+    kvt_session_free(s);
+    fx_sleep_ms(1300); /* the resolver answers; its addresses wait for the next round trip */
+    kvt_conn_fault = 0;
+    for (int i = 0; i < 6 && got != N; i++) { /* the breaker of a shard that failed may wait its second */
+        s = restore(h, m, t, N, &got, NULL);
+        kvt_session_free(s);
+        if (got != N) fx_sleep_ms(300);
+    }
+    kvt_remote_stats_get(h, &st);
+    CHECKF(got == N, "after the resolver answered: a hit of %zu (%s)", got, st.last_error);
+    kvt_remote_close(h);
+    /* the control: resolved on the caller's thread, the lookup waits the resolver out */
+    kvt_conn_fault = KVT_RESOLV_FAULT_HANG | KVT_RESOLV_FAULT_BLOCKING;
+    h = tier_on(by_addr, m, NULL, 200, 500);
+    s = h ? restore(h, m, t, N, &got, &dt) : NULL;
+    kvt_conn_fault = 0;
+    printf("    the control, resolved on the caller's thread: a lookup %.0f ms\n", dt * 1000);
+    CHECKF(dt >= 0.9, "the control: the blocking resolution took %.0f ms", dt * 1000);
+    kvt_session_free(s);
+    kvt_remote_close(h);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_model_close(m);
+}
+
+TEST(cluster_host_names_by_deadline)
+{
+    CLUSTER_NEEDS();
+    cluster c;
+    const char *names[] = {"--cluster-announce-hostname", "localhost", "--cluster-preferred-endpoint-type", "hostname",
+                           NULL};
+    CHECKF(cluster_start_with(&c, names, NULL, "localhost"), "the 3-master cluster did not start");
+    names_body(&c);
+    kvt_conn_fault = 0;
+    cluster_stop(&c);
+}
+
+/* rediss-cluster://: 3 masters on TLS ports only, the cluster bus on TLS
+ * too (tls-cluster yes), each node serving the test CA's certificate for
+ * 127.0.0.1: a second tier hits what the first uploaded, bit for bit, its
+ * keys spread over the masters (each connection verified). A tier given
+ * another CA misses, saying why; with the chain check faulted away
+ * (KVT_TLS_FAULT_NO_CHAIN) it hits: the negative control. */
+static void tls_body(cluster *c, const certs *ct)
+{
+    kvt_model *m = tiny();
+    int32_t t[N];
+    seqb(t, N, 35);
+    kvt_remote_opts o = {.url = c->url, .tls_ca = ct->ca, .lookup_ms = 1000, .load_ms = 2000, .connect_ms = 1000,
+                         .quiet = true};
+    kvt_remote *a = NULL, *b = NULL, *bad = NULL;
+    CHECK_OK(kvt_remote_open(&a, m, &o));
+    CHECK_OK(kvt_remote_open(&b, m, &o));
+    kvt_session *cold = cold_upload(a, m, t, N);
+    CHECK(cold);
+    size_t got;
+    double dt;
+    kvt_session *s = restore(b, m, t, N, &got, &dt);
+    kvt_remote_stats st;
+    kvt_remote_stats_get(b, &st);
+    int holding = 0;
+    for (int i = 0; i < NODES; i++) holding += dbsize(c, i) > 0;
+    printf("    %s: a hit of %zu in %.1f ms, keys on %d masters, %zu shards (%s)\n", c->url, got, dt * 1000, holding,
+           st.n_shards, st.last_error);
+    CHECKF(got == N && st.n_shards == NODES && holding >= 2, "a hit of %zu over the TLS cluster", got);
+    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    o.tls_ca = ct->ca2;
+    CHECK_OK(kvt_remote_open(&bad, m, &o));
+    s = restore(bad, m, t, N, &got, NULL);
+    kvt_remote_stats_get(bad, &st);
+    printf("    another CA: a hit of %zu (%s)\n", got, st.last_error);
+    CHECKF(got == 0 && strstr(st.last_error, "certificate"), "another CA: a hit of %zu (%s)", got, st.last_error);
+    kvt_session_free(s);
+    kvt_remote_close(bad);
+    bad = NULL;
+    kvt_tls_fault = KVT_TLS_FAULT_NO_CHAIN;
+    int rc = kvt_remote_open(&bad, m, &o);
+    s = rc ? NULL : restore(bad, m, t, N, &got, NULL);
+    kvt_tls_fault = 0;
+    CHECKF(!rc && got == N, "the control: without the chain check another CA's tier hits (got %zu)", got);
+    kvt_session_free(s);
+    kvt_session_free(cold);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+    kvt_remote_close(bad);
+    kvt_model_close(m);
+}
+
+TEST(cluster_tls_hit_bit_exact)
+{
+    CLUSTER_NEEDS();
+    const char *why = no_tls_tools();
+    if (!why) why = redis_without_tls();
+    if (why) SKIP("%s", why);
+    certs ct;
+    CHECKF(make_certs(&ct), "the test certificates were not made");
+    cluster c;
+    const char *tls[3] = {ct.srv, ct.srv_key, ct.ca};
+    bool up = cluster_start_with(&c, NULL, tls, "127.0.0.1");
+    if (up) tls_body(&c, &ct);
+    else kvt_test_fail(__FILE__, __LINE__, "the 3-master TLS cluster did not start");
+    kvt_tls_fault = 0;
+    if (up) cluster_stop(&c);
+    certs_remove(&ct);
 }
 
 /* Through kvtier serve: server A answers a prompt cold on the cluster;

@@ -6,6 +6,7 @@
 #include "cache/rows.h"
 #include "format/gguf.h"
 #include "kernels/qkernels.h"
+#include "kernels/qlowbit.h"
 #include "format/quant.h"
 #include "base/threads.h"
 #include "base/util.h"
@@ -734,27 +735,39 @@ TEST(kernels_integer_types)
  * kernel read them from qx (d_x * q_i): the kernel's integers are exact, so
  * only its float steps round (per superblock d_w * d_x, the integer sum to
  * f32, one fma; Q2_K a second), and |y - ref| <= 2^-20 sum |w_i d_x q_i|.
- * On every path (scalar, AVX2, AVX-512), 1 and 13 tokens. Negative
- * controls (kvt_q_fault, the kernels alone): iq2_xxs with grid entry 78
- * read for index 77 (every block of row 0 uses 77 in its first group) and
- * q3_K with its sixth scale one more put row 0's outputs outside (both
- * in the kernels that build the weights in registers: the SIMD paths read
+ * Then the bits: every path (AVX-512, AVX2, scalar) and every tile gives
+ * the scalar path's bits: 1, 2 and 3 tokens (the four-row decode tiles,
+ * DO = 11 rows: two tiles and three rows alone), 4, 8, 13 and 75 tokens
+ * (eight-token vectors, the rest one at a time, past LB_T = 64), one token
+ * a call, and 3 threads (ranges that cut the tiles). Negative controls
+ * (kvt_q_fault, the kernels alone): iq2_xxs with grid entry 78 read for
+ * index 77 (every block of row 0 uses 77 in its first group) and q3_K with
+ * its sixth scale one more put row 0's outputs outside (both in the
+ * kernels that build the weights in registers: the SIMD paths read
  * iq2_xxs's codebook through the faulted copy, q3_K's scales through
- * q3k_scales). */
+ * q3k_scales or its vector form); KVT_QUANT_FAULT_LANE (one lane of a SIMD tile one off in
+ * its integer sum) makes the bit comparison fail on every SIMD path, in
+ * decode (row 1 of a tile) and in prefill (token 3 of a vector). */
 TEST(kernels_lowbit_exact)
 {
     const uint32_t types[] = {KVT_GGML_Q2_K, KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
                               KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
                               KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
-    enum { DI = 1024, DO = 7, NB = 13 };
+    enum { DI = 1024, DO = 11, NB = 75 };
+    static const int widths[] = {1, 2, 3, 4, 8, 13, NB};
+    static const char *const path[3] = {"AVX-512", "AVX2", "scalar"};
     uint64_t st = kvt_test_seed("kernels_lowbit_exact");
     bool wide = kvt_test_kernel_paths();
+    bool simd = kvt_kernels_simd();
+    kvt_pool *pool = kvt_pool_new(3);
+    CHECK(pool != NULL);
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         uint32_t type = types[k];
         size_t row = kvt_quant_row_bytes(type, DI), bbytes = row / (DI / 256), nsb = DI / 256;
         uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
         float *x = malloc(sizeof(float) * NB * DI), *wf = malloc(sizeof(float) * DO * DI), *y = malloc(sizeof(float) * NB * DO);
-        CHECK(W && qx && x && wf && y);
+        float *ys = malloc(sizeof(float) * NB * DO);
+        CHECK(W && qx && x && wf && y && ys);
         rand_blocks(type, W, DO, DI, &st);
         if (type == KVT_GGML_IQ2_XXS)
             for (size_t b = 0; b < nsb; b++) W[b * bbytes + 2] = 77; /* row 0: index 77 in every block */
@@ -762,18 +775,18 @@ TEST(kernels_lowbit_exact)
         CHECK_OK(kvt_quant_to_f32(type, W, wf, (size_t)DO * DI));
         kvt_wmat m = {W, type, DO, DI, row};
         size_t stride = kvt_q_act_bytes(type, 1, DI);
-        for (int run = 0; run < 5; run++) {
-            /* 0 widest, 1 AVX2, 2 scalar, 3 one token at a time, 4 the control */
-            bool fault = run == 4 && (type == KVT_GGML_IQ2_XXS || type == KVT_GGML_Q3_K);
-            if (run == 4 && !fault) break;
+        bool os = kvt_kernels_force_scalar(true);
+        kvt_matmul_w(NULL, ys, &m, x, NB, qx); /* the scalar bits every other run must give */
+        kvt_kernels_force_scalar(os);
+        for (int run = 0; run < 4; run++) {
+            /* 0 widest, 1 AVX2, 2 scalar, 3 the GRID / SCALE control (widest) */
+            bool fault = run == 3 && (type == KVT_GGML_IQ2_XXS || type == KVT_GGML_Q3_K);
+            if (run == 3 && !fault) break;
             if (run == 1 && !wide) continue;
             bool o1 = kvt_kernels_force_avx2(run == 1), o2 = kvt_kernels_force_scalar(run == 2);
             kvt_q_fault = fault ? (type == KVT_GGML_Q3_K ? KVT_QUANT_FAULT_SCALE : KVT_QUANT_FAULT_GRID) : 0;
-            if (run == 3)
-                for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y + i * DO, &m, x + i * DI, 1, qx + i * stride);
-            else kvt_matmul_w(NULL, y, &m, x, NB, qx);
+            kvt_matmul_w(NULL, y, &m, x, NB, qx);
             kvt_q_fault = 0;
-            kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
             size_t n_bad = 0, n_row0 = 0;
             double worst = 0;
             for (int i = 0; i < NB; i++) {
@@ -791,18 +804,49 @@ TEST(kernels_lowbit_exact)
                     if (err > bound) { n_bad++; n_row0 += o == 0; }
                 }
             }
-            if (!fault) {
-                CHECKF(n_bad == 0, "%s, run %d: %zu outputs off the exact sum (worst %.2f of the bound)",
-                       kvt_quant_name(type), run, n_bad, worst);
-                if (run == 0) printf("    %s: worst error %.3f of its bound\n", kvt_quant_name(type), worst);
-            } else {
+            if (fault) {
+                kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
                 printf("    %s control: %zu of row 0's %d outputs outside, %zu others\n", kvt_quant_name(type), n_row0, NB,
                        n_bad - n_row0);
                 CHECKF(n_row0 >= NB - 1, "%s: the injected fault stays inside the bound", kvt_quant_name(type));
+                continue;
             }
+            CHECKF(n_bad == 0, "%s, %s: %zu outputs off the exact sum (worst %.2f of the bound)",
+                   kvt_quant_name(type), path[run], n_bad, worst);
+            if (run == 0) printf("    %s: worst error %.3f of its bound\n", kvt_quant_name(type), worst);
+            /* the bits: each tile width, one token a call, 3 threads */
+            size_t n_diff = 0;
+            for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+                kvt_matmul_w(NULL, y, &m, x, (size_t)widths[wi], qx);
+                n_diff += memcmp(y, ys, sizeof(float) * DO * (size_t)widths[wi]) != 0;
+            }
+            for (int i = 0; i < NB; i++) kvt_matmul_w(NULL, y + i * DO, &m, x + i * DI, 1, qx);
+            n_diff += memcmp(y, ys, sizeof(float) * NB * DO) != 0;
+            kvt_matmul_w(pool, y, &m, x, NB, qx);
+            n_diff += memcmp(y, ys, sizeof(float) * NB * DO) != 0;
+            kvt_matmul_w(pool, y, &m, x, 1, qx);
+            n_diff += memcmp(y, ys, sizeof(float) * DO) != 0;
+            CHECKF(n_diff == 0, "%s, %s: %zu of 10 runs differ from the scalar bits", kvt_quant_name(type), path[run],
+                   n_diff);
+            /* the control: one lane one off, in decode and in prefill */
+            bool lanes = (run == 0 && simd) || run == 1;
+            if (lanes) {
+                kvt_q_fault = KVT_QUANT_FAULT_LANE;
+                kvt_matmul_w(NULL, y, &m, x, 1, qx);
+                bool dec = memcmp(y, ys, sizeof(float) * DO) != 0;
+                kvt_matmul_w(NULL, y, &m, x, NB, qx);
+                bool pre = memcmp(y, ys, sizeof(float) * DO * NB) != 0;
+                kvt_q_fault = 0;
+                if (k == 0) printf("    lane control, %s: decode %s, prefill %s\n", path[run], dec ? "differs" : "SAME",
+                                   pre ? "differs" : "SAME");
+                CHECKF(dec && pre, "%s, %s: one lane one off keeps the scalar bits (decode %d, prefill %d)",
+                       kvt_quant_name(type), path[run], dec, pre);
+            }
+            kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
         }
-        free(W), free(qx), free(x), free(wf), free(y);
+        free(W), free(qx), free(x), free(wf), free(y), free(ys);
     }
+    kvt_pool_free(pool);
 }
 
 /* Q4_K and Q5_K matrices packed four rows at a time (kvt_q_pack, as a model

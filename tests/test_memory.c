@@ -14,14 +14,32 @@
  *                  of the ready server's plus one per connection (the
  *                  sessions share the server's worker threads).
  *
+ *   memory_draft_bound  the same server with --draft model --model-draft
+ *                  ds4-tiny, --kv-ram-mb 6, --parallel 1: 30 distinct
+ *                  prompts of 600 tokens one after the other (max_tokens
+ *                  32). After each reply, /metrics's RAM bytes plus what a
+ *                  draft session is reserved (kvt_draft_model_reserve:
+ *                  its cache at the reply's end, checkpoints, arrays,
+ *                  rows of logits, scratch; computed here as the server
+ *                  does) stay within the budget plus one session's bytes
+ *                  (the reply's own session grows after its select made
+ *                  room); kvtier_draft_session_bytes is 0 after the last
+ *                  (the reservations given back).
+ *
  * Skipped for a sanitizer build (KVT_BIN's path names asan), whose RSS
  * is not the server's.
  *
- * Negative control: built from d5ab4de (a thread pool and scratch per
+ * Negative controls: built from d5ab4de (a thread pool and scratch per
  * pooled session), KVT_BIN=that/kvtier ./build/kvtier-tests memory_ram_bound
- * fails all three checks. */
+ * fails all three checks; KVT_BIN=/work/main/build/kvtier (draft sessions
+ * outside the budget) fails memory_draft_bound's bound from the 11th reply
+ * (and its /metrics lacks the draft gauge). The tiers' own count of a
+ * reservation has an in-process control, tiers_reserve_counts_in_share. */
 #include "fixture.h"
 #include "test.h"
+#include "arch/model.h"
+#include "serve/draft.h"
+#include "session/memory.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -134,19 +152,23 @@ static void *client(void *arg)
     return NULL;
 }
 
-/* kvtier_cache_bytes{tier="ram"} from /metrics; -1 when not found. */
-static long long ram_reported(int port)
+/* The value of the /metrics line "name value"; -1 when not found. */
+static long long metric(int port, const char *name)
 {
     static const char req[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    char *resp = NULL;
+    char *resp = NULL, key[128];
     long long v = -1;
+    snprintf(key, sizeof key, "\n%s ", name);
     if (http(port, req, sizeof req - 1, &resp) == 200) {
-        const char *p = strstr(resp, "\nkvtier_cache_bytes{tier=\"ram\"} ");
-        if (p) v = atoll(strchr(p, '}') + 2);
+        const char *p = strstr(resp, key);
+        if (p) v = atoll(p + strlen(key));
     }
     free(resp);
     return v;
 }
+
+/* kvtier_cache_bytes{tier="ram"} from /metrics; -1 when not found. */
+static long long ram_reported(int port) { return metric(port, "kvtier_cache_bytes{tier=\"ram\"}"); }
 
 TEST(memory_ram_bound)
 {
@@ -209,4 +231,72 @@ TEST(memory_ram_bound)
     if (peak_th > ready_th + CONNS + THREAD_SLACK || after_th > ready_th + THREAD_SLACK)
         kvt_test_fail(__FILE__, __LINE__, "threads: %ld ready, %ld at the highest, %ld after (worker threads per "
                       "session?)", ready_th, peak_th, after_th);
+}
+
+#define DRAFT_PROMPTS 30
+#define DRAFT_PROMPT_BYTES 600
+#define DRAFT_MAX_NEW 32
+#define DRAFT_BUDGET_MIB 6
+
+/* The draft model's sessions count against --kv-ram-mb (issue 46). */
+TEST(memory_draft_bound)
+{
+    /* what the server reserves for a reply's draft session: ds4-tiny's
+     * plan at the reply's end (BOS, the prompt, the reply), its scratch
+     * at the default context, the default --draft-max */
+    kvt_model *dm = NULL;
+    kvt_memory mm;
+    CHECK_OK(kvt_model_preset(&dm, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_memory(NULL, dm, dm->info.n_ctx_train, 1, &mm));
+    long long reserve = (long long)kvt_draft_model_reserve(dm, dm->info.n_ctx_train,
+                                                           1 + DRAFT_PROMPT_BYTES + DRAFT_MAX_NEW,
+                                                           KVT_DRAFT_MAX_DEFAULT, (size_t)mm.scratch);
+    kvt_model_close(dm);
+    fx_server s = {0};
+    CHECKF(fx_tmpdir_make(&s, "kvtier-draft-ram"), "mkdtemp: %s", strerror(errno));
+    char mib[16];
+    snprintf(mib, sizeof mib, "%d", DRAFT_BUDGET_MIB);
+    const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--kv-ram-mb", mib, "--parallel", "1",
+                                "--threads", "1", "--draft", "model", "--model-draft", "ds4-tiny", NULL};
+    if (!fx_server_start(&s, args)) {
+        fx_tmpdir_remove(&s);
+        CHECKF(false, "kvtier serve did not come up");
+    }
+    long long budget = (long long)DRAFT_BUDGET_MIB << 20, one = -1, worst = 0;
+    int failed = 0, over_at = 0;
+    char req[2048], body[DRAFT_PROMPT_BYTES + 128], text[DRAFT_PROMPT_BYTES + 1];
+    for (int i = 0; i < DRAFT_PROMPTS; i++) {
+        uint64_t st = 0x51ed27aa1c3b9f01ull * (uint64_t)(i + 1);
+        int k = snprintf(text, sizeof text, "%d ", i);
+        for (; k < DRAFT_PROMPT_BYTES; k++) text[k] = "abcdefghijklmnopqrstuvwxyz "[kvt_test_rand(&st) % 27];
+        text[DRAFT_PROMPT_BYTES] = 0;
+        int bl = snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", text,
+                          DRAFT_MAX_NEW);
+        int rl = snprintf(req, sizeof req,
+                          "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Connection: close\r\nContent-Length: %d\r\n\r\n%s", bl, body);
+        failed += http(s.port, req, (size_t)rl, NULL) != 200;
+        long long ram = ram_reported(s.port);
+        if (i == 0) one = ram; /* the first reply's session alone */
+        long long over = ram + reserve - budget;
+        if (over > worst) worst = over;
+        if (over > one && !over_at) over_at = i + 1;
+    }
+    fx_sleep_ms(100);
+    long long draft_after = metric(s.port, "kvtier_draft_session_bytes");
+    bool stopped = fx_server_stop(&s);
+    printf("    a reply's draft session reserved %.2f MiB, one session %.0f KiB; the pool and the reservation at "
+           "most %.0f KiB over the %d MiB budget%s; /metrics's draft bytes %lld after the last\n",
+           reserve / 1048576.0, one / 1024.0, worst / 1024.0, DRAFT_BUDGET_MIB,
+           over_at ? " (more than a session: from reply" : "", draft_after);
+    if (over_at) printf("    ... %d on)\n", over_at);
+    if (failed || !stopped) fx_print_file("server log", s.log);
+    fx_server_kill(&s);
+    fx_tmpdir_remove(&s);
+    CHECKF(!failed, "%d of %d requests failed", failed, DRAFT_PROMPTS);
+    CHECKF(one > 0, "no kvtier_cache_bytes{tier=\"ram\"} in /metrics");
+    CHECKF(stopped, "kvtier serve did not exit 0 within %.0f s of SIGTERM", FX_STOP_TIMEOUT);
+    CHECKF(!over_at, "the pool and the draft sessions exceed the RAM budget by more than the reply's own session "
+           "(%lld bytes over, a session %lld): the draft sessions are not counted", worst, one);
+    CHECKF(draft_after == 0, "kvtier_draft_session_bytes: %lld with no reply running (want 0)", draft_after);
 }

@@ -9,6 +9,7 @@
 #include "test.h"
 #include "fixture.h"
 #include "ds4_tiny.h"
+#include "redis_fx.h"
 #include "store/redis.h"
 #include "store/remote.h"
 #include "base/util.h"
@@ -24,18 +25,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-typedef struct rsrv {
-    pid_t pid;
-    int port;
-    char url[64], dir[64], log[96];
-} rsrv;
-
-static const char *no_redis(void)
-{
-    if (system("command -v redis-server >/dev/null 2>&1"))
-        return "redis-server absent (Debian's redis-server, tools/debian-packages)";
-    return NULL;
-}
+typedef rfx rsrv; /* tests/redis_fx.h */
 
 static kvt_redis *raw(const rsrv *r, const char *password)
 {
@@ -65,67 +55,21 @@ static bool cmd_ok(kvt_redis *c, const char *a0, const char *a1, const char *a2)
     return ok;
 }
 
-/* redis-server on a free port, no persistence, extra args appended. */
-static bool redis_start_on(rsrv *r, const char *const *extra, int port_again);
-static bool redis_start(rsrv *r, const char *const *extra) { return redis_start_on(r, extra, 0); }
-
-/* port_again: the port of a Redis that was killed, to start anew on it. */
+/* redis-server on a free port, no persistence, extra args appended;
+ * port_again: the port of a Redis that was killed, to start anew on it. */
 static bool redis_start_on(rsrv *r, const char *const *extra, int port_again)
 {
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "/tmp/kvtier-redis-XXXXXX");
-    if (!mkdtemp(r->dir)) return false;
-    snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
-    r->port = port_again ? port_again : fx_free_port();
-    snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
-    char port[16];
-    snprintf(port, sizeof port, "%d", r->port);
-    const char *argv[40] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                            "--dir", r->dir};
-    int a = 11;
-    for (int i = 0; extra && extra[i] && a < 38; i++) argv[a++] = extra[i];
-    argv[a] = NULL;
-    pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
-        execvp("redis-server", (char *const *)argv);
-        _exit(127);
-    }
-    r->pid = pid;
-    const char *pw = NULL;
-    for (int i = 0; extra && extra[i]; i++)
-        if (!strcmp(extra[i], "--requirepass") && extra[i + 1]) pw = extra[i + 1];
-    for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
-        kvt_redis *c = raw(r, pw);
-        bool up = c && cmd_ok(c, "PING", NULL, NULL);
-        kvt_redis_free(c);
-        if (up) return true;
-    }
-    fx_print_file("redis-server log", r->log);
-    return false;
+    return rfx_start(r, port_again, extra, false, NULL);
 }
-
-static void redis_stop(rsrv *r)
-{
-    if (r->pid > 0) {
-        kill(r->pid, SIGCONT);
-        kill(r->pid, SIGKILL);
-        waitpid(r->pid, NULL, 0);
-    }
-    r->pid = 0;
-    char c[128];
-    snprintf(c, sizeof c, "rm -rf '%s'", r->dir);
-    if (r->dir[0] && system(c)) {}
-}
+static bool redis_start(rsrv *r, const char *const *extra) { return redis_start_on(r, extra, 0); }
+static void redis_stop(rsrv *r) { rfx_stop(r); }
 
 /* A test on a redis-server of its own (extra: its arguments, NULL-terminated
  * array or NULL), stopped whatever the body's checks say. */
 #define REDIS_TEST(name, extra)                                             \
     TEST(name)                                                              \
     {                                                                       \
-        const char *why_ = no_redis();                                      \
+        const char *why_ = rfx_absent();                                    \
         if (why_) SKIP("%s", why_);                                         \
         rsrv r_;                                                            \
         CHECKF(redis_start(&r_, extra), "redis-server did not start");      \
@@ -491,7 +435,7 @@ static void remote_secret_refuses_planted_body(rsrv *rp)
     CHECK(nk > 0);
     for (size_t i = 0; i < nk && !alice[0]; i++) /* parts and MACs start with '{' (their hash tag) */
         if (k[i][0] != '{')
-            snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[i] + 24, ":") - k[i] + 1), k[i]); /* kvt:r1:KEY0:NS: */
+            snprintf(alice, sizeof alice, "%.*s", (int)(strstr(k[i] + 24, ":") - k[i] + 1), k[i]); /* kvt:r2:KEY0:NS: */
     kvt_session_free(upload_cold(a, 1, m, u, N)); /* bob's namespace exists */
     char **k2;
     size_t nk2 = keys_of(c, "*", &k2);
@@ -846,34 +790,6 @@ static void remote_maxmemory_lru_body(rsrv *rp)
 }
 REDIS_TEST(remote_maxmemory_lru, tiny_memory)
 
-/* POST body (a file) to base/path; the body of the answer in out, its
- * headers in hdr; the HTTP status (-1: no answer). */
-static int post(const char *base, const char *path, const char *body, const char *out, const char *hdr)
-{
-    char c[1024];
-    snprintf(c, sizeof c, "curl -s -o '%s' -D '%s' -w '%%{http_code}' --max-time 60 -H 'content-type: application/json' "
-             "--data-binary @'%s' '%s%s'", out, hdr, body, base, path);
-    FILE *f = popen(c, "r");
-    if (!f) return -1;
-    char code[16] = {0};
-    size_t n = fread(code, 1, sizeof code - 1, f);
-    code[n] = 0;
-    pclose(f);
-    return atoi(code) > 0 ? atoi(code) : -1;
-}
-
-/* From "choices" on: the reply and its logprobs, without the id and time. */
-static char *choices(const char *path)
-{
-    char *s = kvt_test_read_file(path, NULL);
-    char *c = s ? strstr(s, "\"choices\"") : NULL;
-    char *out = c ? strdup(c) : strdup("(no choices)");
-    char *u = strstr(out, "\"usage\"");
-    if (u) *u = 0; /* the cached-token counts differ, by design */
-    free(s);
-    return out;
-}
-
 /* Two servers, one Redis: server A answers a 700-token prompt cold and
  * uploads it; server B, with an empty disk, restores it from Redis (the
  * reply says tier remote) and answers with the same tokens and the same
@@ -899,9 +815,9 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(fx_server_start(pa, args_a));
     snprintf(out, sizeof out, "%s/a.out", pa->dir);
     snprintf(hdr, sizeof hdr, "%s/a.hdr", pa->dir);
-    int code = post(pa->base, "/v1/chat/completions", body, out, hdr);
+    int code = rfx_post(pa->base, "/v1/chat/completions", body, out, hdr);
     CHECKF(code == 200, "server A: HTTP %d", code);
-    char *cold = choices(out);
+    char *cold = rfx_choices(out);
     CHECK(fx_server_stop(pa)); /* its saves, then their uploads */
     /* a slow prefill rate: the load's deadline (672 tokens at 50 a
      * second) is generous on a loaded machine */
@@ -910,9 +826,9 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(fx_server_start(pb, args_b));
     snprintf(out, sizeof out, "%s/b.out", pb->dir);
     snprintf(hdr, sizeof hdr, "%s/b.hdr", pb->dir);
-    code = post(pb->base, "/v1/chat/completions", body, out, hdr);
+    code = rfx_post(pb->base, "/v1/chat/completions", body, out, hdr);
     CHECKF(code == 200, "server B: HTTP %d", code);
-    char *h = kvt_test_read_file(hdr, NULL), *warm = choices(out);
+    char *h = kvt_test_read_file(hdr, NULL), *warm = rfx_choices(out);
     printf("    server B: %s", h && strstr(h, "X-KVTier-Cache") ? strstr(h, "X-KVTier-Cache") : "(no cache header)\n");
     CHECKF(h && strstr(h, "X-KVTier-Cache: remote"), "server B did not hit the remote tier");
     CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.400s\n%.400s", cold, warm);
@@ -923,7 +839,8 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(system(c2) == 0);
     char *mx = kvt_test_read_file(mpath, NULL);
     CHECK(mx && strstr(mx, "kvtier_cache_hits_total{tier=\"remote\"} 1") &&
-          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0"));
+          strstr(mx, "kvtier_remote_lookups_total{result=\"hit\"} 1") && strstr(mx, "kvtier_remote_breaker 0") &&
+          strstr(mx, "kvtier_remote_shard_breaker{shard=\"0\"} 0\n") && !strstr(mx, "shard=\"1\""));
     CHECK(fx_server_stop(pb));
     /* the hit went to B's disk too */
     char ls[600], lsout[160];
@@ -938,7 +855,7 @@ static void two_servers(rsrv *rp, fx_server *pa, fx_server *pb)
     CHECK(system(ls) == 0);
     lst = kvt_test_read_file(lsout, NULL);
     printf("    cache ls --kv-remote:\n%s", lst ? lst : "(none)\n");
-    CHECKF(lst && strstr(lst, "kvt:r1:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
+    CHECKF(lst && strstr(lst, "kvt:r2:") && strstr(lst, ":open ") && strstr(lst, " 672 "),
            "cache ls --kv-remote does not list the 672-token entry");
     free(lst); free(mx); free(h); free(cold); free(warm);
 }
@@ -993,7 +910,7 @@ static void stopped_server(rsrv *rp, fx_server *s)
     for (int i = 0; i < 2; i++) {
         CHECK(write_request(req, 1 + i));
         double t0 = fx_now();
-        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        CHECK(rfx_post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
         double dt = fx_now() - t0;
         if (dt > cold) cold = dt;
     }
@@ -1002,7 +919,7 @@ static void stopped_server(rsrv *rp, fx_server *s)
     for (int i = 0; i < 4; i++) {
         CHECK(write_request(req, 10 + i));
         double t0 = fx_now();
-        int code = post(s->base, "/v1/chat/completions", req, out, hdr);
+        int code = rfx_post(s->base, "/v1/chat/completions", req, out, hdr);
         double dt = fx_now() - t0;
         if (dt > worst) worst = dt;
         CHECKF(code == 200, "request %d with Redis stopped: HTTP %d", i, code);
@@ -1025,7 +942,7 @@ static void stopped_server(rsrv *rp, fx_server *s)
     for (int i = 0; i < 20 && !closed; i++) {
         fx_sleep_ms(500);
         CHECK(write_request(req, 30 + i));
-        CHECK(post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
+        CHECK(rfx_post(s->base, "/v1/chat/completions", req, out, hdr) == 200);
         mx = metrics_of(s);
         closed = mx && strstr(mx, "kvtier_remote_breaker 0");
         free(mx);
@@ -1059,7 +976,7 @@ TEST(remote_serve_refusals)
     struct { const char *args[12]; int exit; const char *says; } cases[] = {
         {{"--api-key", "k1", "--kv-remote", "redis://127.0.0.1:1"}, 1, "--kv-remote-secret-file"},
         {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-ca", "/nonexistent/ca.pem"}, 1, "/nonexistent/ca.pem"},
-        {{"--kv-remote", "redis://127.0.0.1:1", "--kv-remote-ca", "/etc/hostname"}, 1, "need a rediss:// URL"},
+        {{"--kv-remote", "redis://127.0.0.1:1", "--kv-remote-ca", "/etc/hostname"}, 1, "need a rediss:// or rediss-cluster:// URL"},
         {{"--kv-remote", "rediss://127.0.0.1:1", "--kv-remote-cert", "/etc/hostname"}, 1, "go together"},
         {{"--kv-remote-ca", "/etc/hostname"}, 2, "need --kv-remote"},
         {{"--kv-remote", "redis://u:pw@127.0.0.1:1"}, 1, "--kv-remote-password-file"},
@@ -1328,3 +1245,66 @@ static void remote_run_and_verify_body(rsrv *rp)
     fx_tmpdir_remove(&s);
 }
 REDIS_TEST(remote_run_and_verify, NULL)
+
+/* Two save points of one prompt (the prompt's end at 384 tokens, the
+ * reply's at 640: storeq's upload_points), queued before either is sent
+ * (kvt_remote_hold_uploads): the second sends only the blocks the first
+ * does not carry, so the values written are the 5 blocks and 2 snapshot
+ * records, each once; a second server then hits all 640 tokens bit for
+ * bit (the second entry's index names blocks the first upload stored).
+ * Run with kvt_remote_fault_resend_queued (the tier before it looked in
+ * its queue: the negative control), the 3 shared blocks are sent twice:
+ * 10 values, and the bytes say by how much. */
+static void two_points(rsrv *r, kvt_model *m, kvt_session *at384, kvt_session *cold, bool fault, kvt_remote_stats *st)
+{
+    kvt_redis *c = raw(r, NULL);
+    if (c) cmd_ok(c, "FLUSHALL", NULL, NULL);
+    kvt_redis_free(c);
+    kvt_remote_fault_resend_queued = fault;
+    kvt_remote *a = tier(r, m, NULL, NULL, 0);
+    memset(st, 0, sizeof *st);
+    if (!a) return;
+    kvt_remote_hold_uploads = true;
+    kvt_remote_upload(a, 0, at384, 384);
+    kvt_remote_upload(a, 0, cold, 640);
+    kvt_remote_hold_uploads = false;
+    kvt_remote_drain(a, 10);
+    kvt_remote_stats_get(a, st);
+    kvt_remote_fault_resend_queued = false;
+    kvt_remote_close(a);
+}
+
+static void remote_no_double_upload_body(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[640];
+    seqb(t, 640, 36);
+    kvt_session *cold = NULL, *at384 = NULL; /* the session at each point */
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, 640, NULL));
+    CHECK_OK(kvt_session_new(&at384, m, NULL));
+    CHECK_OK(kvt_session_sync(at384, t, 384, NULL));
+    kvt_remote_stats once, twice;
+    two_points(&r, m, at384, cold, true, &twice);
+    two_points(&r, m, at384, cold, false, &once);
+    printf("    two save points queued at once: %llu values, %llu bytes written; with the queued blocks sent again "
+           "(the control): %llu values, %llu bytes\n", (unsigned long long)once.values_written,
+           (unsigned long long)once.bytes_written, (unsigned long long)twice.values_written,
+           (unsigned long long)twice.bytes_written);
+    CHECKF(once.uploads == 2 && once.dropped == 0 && once.values_written == 7, "uploads %llu dropped %llu values %llu",
+           (unsigned long long)once.uploads, (unsigned long long)once.dropped, (unsigned long long)once.values_written);
+    CHECKF(twice.uploads == 2 && twice.values_written == 10 && twice.bytes_written > once.bytes_written,
+           "the control: %llu values", (unsigned long long)twice.values_written);
+    kvt_remote *b = tier(&r, m, NULL, NULL, 0);
+    size_t got = 0;
+    kvt_session *s = b ? fetch(b, 0, m, t, 640, &got) : NULL;
+    CHECKF(got == 640, "the second point: a hit of %zu", got);
+    CHECK(kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_session_free(s);
+    kvt_remote_close(b);
+    kvt_session_free(cold);
+    kvt_session_free(at384);
+    kvt_model_close(m);
+}
+REDIS_TEST(remote_no_double_upload, NULL)

@@ -23,8 +23,16 @@
  *                       sequence. Control: the probabilities at another
  *                       temperature (0.8 for 1) fail it.
  *   sampler_seeds       one seed gives one sequence; another seed another.
- *   sampler_positions   a position's draw depends on (seed, position) only. */
+ *   sampler_positions   a position's draw depends on (seed, position) only.
+ *   sampler_sort_vocab  over a 32,000-token vocabulary with ties, -0 and +0
+ *                       and large values, the draws equal those of the
+ *                       candidates ordered by a comparison sort (the order
+ *                       the reference defines), draw for draw, and -0 ties
+ *                       +0 (the lower id first). Control: the sampler's
+ *                       fault switch orders -0 after +0, which fails it. */
 #include "test.h"
+#include "serve/sampler.h"
+#include "base/util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -271,4 +279,107 @@ TEST(sampler_positions)
     CHECK(!memcmp(fwd, rev, sizeof fwd) && again == fwd[7]);
     printf("    control: another seed differs at %zu of %d positions\n", diff, N);
     CHECK(diff > N / 2);
+}
+
+/* ---- the order over a whole vocabulary ---- */
+
+struct vcand { float logit; int32_t id; };
+
+static int vcmp(const void *a, const void *b)
+{
+    const struct vcand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The sampler's arithmetic (sampler.c) on candidates ordered by qsort and
+ * the comparison the reference defines: what each draw must equal. */
+static int32_t sorted_draw(struct vcand *c, const float *lg, uint32_t n_vocab, const setting *o, uint64_t seed,
+                           uint64_t pos, double *p)
+{
+    for (uint32_t i = 0; i < n_vocab; i++) c[i] = (struct vcand){lg[i], (int32_t)i};
+    qsort(c, n_vocab, sizeof *c, vcmp);
+    uint32_t n = o->top_k && o->top_k < n_vocab ? o->top_k : n_vocab;
+    double mx = c[0].logit, z = 0;
+    for (uint32_t i = 0; i < n; i++) { p[i] = exp((c[i].logit - mx) / o->T); z += p[i]; }
+    uint32_t keep = n;
+    double cum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += p[i] / z;
+        if (cum >= o->top_p) { keep = i + 1; break; }
+    }
+    double mass = 0;
+    for (uint32_t i = 0; i < keep; i++) mass += p[i];
+    ref_rng r = {seed, pos};
+    double u = (double)(ref_next(&r) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    int32_t id = c[keep - 1].id;
+    for (uint32_t i = 0; i < keep; i++) {
+        if (u < p[i]) { id = c[i].id; break; }
+        u -= p[i];
+    }
+    return id;
+}
+
+/* Draws at n positions that differ from sorted_draw's, with each side's
+ * time per draw (ms). */
+static uint32_t vocab_mismatches(const float *lg, uint32_t n_vocab, const setting *o, uint32_t n, double *ms_new,
+                                 double *ms_sort)
+{
+    struct vcand *c = malloc(n_vocab * sizeof *c);
+    double *p = malloc(n_vocab * sizeof *p);
+    kvt_sampler *s = NULL;
+    kvt_sampler_opts so = {.temperature = o->T, .top_p = o->top_p, .top_k = o->top_k, .seed = 77};
+    if (!c || !p || kvt_sampler_new(&s, &so)) { free(c); free(p); return n; }
+    uint32_t bad = 0;
+    double t_new = 0, t_sort = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double t0 = kvt_now();
+        int32_t got = kvt_sampler_sample_at(s, lg, n_vocab, i);
+        double t1 = kvt_now();
+        bad += got != sorted_draw(c, lg, n_vocab, o, 77, i, p);
+        t_new += t1 - t0;
+        t_sort += kvt_now() - t1;
+    }
+    *ms_new = t_new * 1e3 / n;
+    *ms_sort = t_sort * 1e3 / n;
+    kvt_sampler_free(s);
+    free(c);
+    free(p);
+    return bad;
+}
+
+TEST(sampler_sort_vocab)
+{
+    enum { NV = 32000, N = 100 };
+    float *lg = malloc(NV * sizeof *lg);
+    CHECK(lg != NULL);
+    if (!lg) return;
+    uint64_t seed = kvt_test_seed("sampler_sort_vocab");
+    for (uint32_t i = 0; i < NV; i++) {
+        double u = (double)(kvt_test_rand(&seed) >> 11) / 9007199254740992.0;
+        lg[i] = (float)(u * 12 - 6);
+        if (i % 211 == 0) lg[i] += 9;
+        if (i % 13 == 0) lg[i] = (float)(int)lg[i]; /* ties, and zeros */
+        if (i % 26 == 0 && lg[i] == 0) lg[i] = -0.0f;
+    }
+    for (uint32_t i = 0; i + 1 < NV; i += 16) lg[i + 1] = lg[i];
+    static const setting vs[] = {{1.0f, 0, 1.0f}, {0.8f, 40, 0.95f}, {1.5f, 0, 0.9f}, {0.2f, 0, 1.0f}};
+    double ms_new = 0, ms_sort = 0;
+    for (size_t k = 0; k < sizeof vs / sizeof *vs; k++) {
+        uint32_t bad = vocab_mismatches(lg, NV, &vs[k], N, &ms_new, &ms_sort);
+        printf("    T %.1f top_k %u top_p %.2f: %u of %d draws differ; %.3f ms a draw (a comparison sort's: %.3f)\n",
+               (double)vs[k].T, vs[k].top_k, (double)vs[k].top_p, bad, N, ms_new, ms_sort);
+        CHECK(bad == 0);
+    }
+    /* -0 ties +0: the lower id first, whichever sign it has */
+    float z[4] = {-1.0f, 0.0f, -0.0f, -3.0f}, zn[4] = {-1.0f, -0.0f, 0.0f, -3.0f};
+    setting one = {1.0f, 1, 1.0f};
+    uint32_t zbad = vocab_mismatches(z, 4, &one, 4, &ms_new, &ms_sort) + vocab_mismatches(zn, 4, &one, 4, &ms_new, &ms_sort);
+    kvt_sampler_fault = KVT_SAMPLER_FAULT_SIGNED_ZERO;
+    uint32_t fault = vocab_mismatches(z, 4, &one, 4, &ms_new, &ms_sort) + vocab_mismatches(zn, 4, &one, 4, &ms_new, &ms_sort);
+    kvt_sampler_fault = 0;
+    printf("    -0 and +0: %u of 8 draws differ; negative control (-0 after +0): %u\n", zbad, fault);
+    CHECK(zbad == 0);
+    CHECKF(fault > 0, "negative control: ordering -0 after +0 went unseen");
+    free(lg);
 }

@@ -44,6 +44,20 @@
  *                            rollback) leaves it unequal; a rejected first
  *                            draft accepted (KVT_DRAFT_FAULT_ACCEPT_FIRST)
  *                            changes the reply.
+ *   speculate_mtp_ds4        --draft mtp: ds4-tiny+mtp=1 (ds4-tiny's weights
+ *                            and an MTP layer after them), greedy and
+ *                            sampled, alone and batched, with the layer's
+ *                            own guesses and with the knowing drafter's in
+ *                            their place (the layer still running): the
+ *                            response, tokens and digest equal plain
+ *                            decoding's, which equal ds4-tiny's; the
+ *                            layer's window, brought to the reply's
+ *                            tokens, equals one made on a session synced
+ *                            to them in one pass. Control:
+ *                            KVT_DRAFT_FAULT_MTP_KEEP (a pass's first
+ *                            chained row kept as verified, an off-by-one
+ *                            rollback of the window) leaves it unequal;
+ *                            ds4-tiny without the layer is refused.
  *   speculate_model_llama    the same with each family's synthetic model
  *   speculate_model_gemma3   drafting for another copy of itself: the
  *   speculate_model_qwen35   draft session's rollback through full rows,
@@ -61,7 +75,9 @@
  *                            accepted, and fewer passes than tokens; the
  *                            same with --draft model --model-draft
  *                            ds4-tiny, its drafts counted under
- *                            drafter="model". On a
+ *                            drafter="model"; and with --draft mtp on
+ *                            ds4-tiny+mtp=1 served as ds4-tiny, under
+ *                            drafter="mtp". On a
  *                            build without speculation (main before it)
  *                            the server refuses --draft: the test fails.
  *   speculate_run            `kvtier run` (KVT_BIN) on ds4-tiny: the ids of
@@ -71,7 +87,8 @@
  *                            a draft model whose vocabulary differs at one
  *                            token is refused (exit 2) naming the token,
  *                            and serve refuses to start with it;
- *                            --draft mtp is refused ("not supported yet"),
+ *                            --draft mtp on ds4-tiny is refused (no MTP
+ *                            layer),
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
  *                            and --draft-max 65 are usage errors. On main
@@ -122,7 +139,7 @@ TEST(speculate_ngram)
     CHECK(kvt_draft_parse("ngram", &k) == KVT_OK && k == KVT_DRAFT_NGRAM);
     CHECK(kvt_draft_parse("none", &k) == KVT_OK && k == KVT_DRAFT_NONE);
     CHECK(kvt_draft_parse("model", &k) == KVT_OK && k == KVT_DRAFT_MODEL);
-    CHECK(kvt_draft_parse("mtp", &k) == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "not supported yet"));
+    CHECK(kvt_draft_parse("mtp", &k) == KVT_OK && k == KVT_DRAFT_MTP);
     CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
 }
 
@@ -179,6 +196,21 @@ static bool draft_session_exact(kvt_draft_model *dm, const int32_t *toks, size_t
     return ok;
 }
 
+/* The MTP drafter mt, brought to the reply's tokens, holds the window a
+ * drafter on a session of m synced to them in one pass holds: the same
+ * rows, each made from the model's hidden state (none from a draft's). */
+static bool mtp_exact(kvt_draft_mtp *mt, kvt_model *m, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    kvt_session *f = NULL;
+    kvt_draft_mtp *fm = NULL;
+    bool ok = kvt_draft_mtp_follow(mt, toks, n) == KVT_OK && kvt_session_new(&f, m, so) == KVT_OK &&
+              kvt_session_sync(f, toks, n, NULL) == KVT_OK && kvt_draft_mtp_new(&fm, f) == KVT_OK &&
+              kvt_draft_mtp_follow(fm, toks, n) == KVT_OK && kvt_draft_mtp_digest(mt, n) == kvt_draft_mtp_digest(fm, n);
+    kvt_draft_mtp_free(fm);
+    kvt_session_free(f);
+    return ok;
+}
+
 /* k replies of prompt p[i] (n tokens each), with draft d, batched in one
  * pass per step when k > 1 (the server's scheduler), alone otherwise. */
 static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const setting *st, kvt_draft_kind d,
@@ -189,6 +221,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
     kvt_gen g[BATCH];
     kvt_gen_run *R[BATCH] = {0};
     kvt_draft_model *dm[BATCH] = {0};
+    kvt_draft_mtp *mt[BATCH] = {0};
     kvt_gen_out out = {0};
     bool ok = true, live[BATCH] = {0};
     kvt_session_opts so = {.n_ctx = (uint32_t)(n + (ctx_room ? ctx_room : MAX_NEW + 8)), .n_threads = 1};
@@ -203,7 +236,9 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         kvt_session_opts dso = so;
         dso.chunk = 40;
         if (ok && d == KVT_DRAFT_MODEL) ok = kvt_draft_model_new(&dm[i], m, draft_m, &dso, NULL) == KVT_OK;
+        if (ok && d == KVT_DRAFT_MTP) ok = kvt_draft_mtp_new(&mt[i], s[i]) == KVT_OK;
         g[i].dm = dm[i];
+        g[i].mtp = mt[i];
     }
     if (ok && k == 1) {
         o[0].body = kvt_generate_run(&g[0], &o[0].u, &out);
@@ -247,8 +282,11 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
             if (o[i].toks) memcpy(o[i].toks, kvt_session_tokens(s[i]), o[i].n * sizeof(int32_t));
             if (o[i].toks && dm[i])
                 o[i].draft_exact = !kvt_draft_model_failed(dm[i]) && draft_session_exact(dm[i], o[i].toks, o[i].n, &so);
+            if (o[i].toks && mt[i])
+                o[i].draft_exact = !kvt_draft_mtp_failed(mt[i]) && mtp_exact(mt[i], m, o[i].toks, o[i].n, &so);
         }
         kvt_draft_model_free(dm[i]);
+        kvt_draft_mtp_free(mt[i]);
         ok = ok && o[i].body && o[i].toks;
         kvt_session_free(s[i]);
     }
@@ -511,6 +549,93 @@ TEST(speculate_model_qwen35)
     family_drafts_itself(&f, true);
 }
 
+/* --draft mtp: ds4-tiny with an MTP layer (ds4-tiny+mtp=1: the model's
+ * weights are ds4-tiny's, the layer's come after them), greedy and
+ * sampled, alone and batched: the response, the session's tokens and
+ * digest equal plain decoding's, which equal ds4-tiny's without the layer,
+ * and the layer's window, brought to the reply's tokens, is the one a
+ * drafter on a session synced to them in one pass holds. Control:
+ * KVT_DRAFT_FAULT_MTP_KEEP (a pass's first chained row kept as verified:
+ * an off-by-one rollback of the window) leaves some window unequal. And
+ * ds4-tiny without the layer is refused. */
+TEST(speculate_mtp_ds4)
+{
+    kvt_model *m = NULL, *base = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny+mtp=1", 7, NULL));
+    CHECK_OK(kvt_model_preset(&base, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_draft_mtp_check(m, "ds4-tiny+mtp=1"));
+    CHECK(kvt_draft_mtp_check(base, "ds4-tiny") == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "no MTP"));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
+    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
+    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    int32_t *ps[BATCH] = {pa, pb};
+    uint32_t accepted = 0, drafted = 0, rolled = 0, kept_seen = 0;
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH], trunk[BATCH], spec[BATCH], know[BATCH], bad[BATCH];
+            bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+            ran = ran && replies(base, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
+            /* the layer's guesses replaced by the knowing drafter's (the
+             * layer still runs its chain each pass): drafts accepted and
+             * rejected, the window rolled back through both */
+            for (size_t i = 0; ran && i < BATCH; i++) {
+                known[i] = i < k ? plain[i].toks : NULL;
+                n_known[i] = i < k ? plain[i].n : 0;
+            }
+            kvt_gen_test_drafter = knowing;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
+            kvt_draft_fault = KVT_DRAFT_FAULT_MTP_KEEP;
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
+            kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+            kvt_gen_test_drafter = NULL;
+            for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+            CHECKF(ran, "mtp %s: a reply failed: %s", st->what, kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                bool eq = same(&plain[i], &spec[i]), eq_know = same(&plain[i], &know[i]),
+                     eq_bad = same(&plain[i], &bad[i]);
+                printf("    mtp %s %s reply %zu with the knowing drafter: %u passes, %u drafted, %u accepted: %s, "
+                       "window %s\n", st->what, k > 1 ? "batched" : "alone", i, know[i].u.passes, know[i].u.drafted,
+                       know[i].u.accepted, eq_know ? "same" : "DIFFERENT", know[i].draft_exact ? "exact" : "NOT EXACT");
+                CHECKF(eq_know && know[i].draft_exact, "mtp %s: with accepted drafts, the reply or the window differs",
+                       st->what);
+                CHECKF(know[i].u.accepted > 0, "mtp %s: no draft accepted with the knowing drafter", st->what);
+                bool eq_trunk = plain[i].body && trunk[i].body && !strcmp(plain[i].body, trunk[i].body);
+                printf("    mtp %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: %s, "
+                       "window %s; without the layer %s; control: reply %s, window %s\n",
+                       st->what, k > 1 ? "batched" : "alone", i, spec[i].u.completion_tokens, spec[i].u.passes,
+                       plain[i].u.passes, spec[i].u.drafted, spec[i].u.accepted, eq ? "same" : "DIFFERENT",
+                       spec[i].draft_exact ? "exact" : "NOT EXACT", eq_trunk ? "same" : "DIFFERENT",
+                       eq_bad ? "same" : "differs", bad[i].draft_exact ? "exact" : "unequal");
+                CHECKF(eq, "mtp %s: --draft mtp changed the reply or the session", st->what);
+                CHECKF(eq_trunk, "mtp %s: the MTP layer changed plain decoding", st->what);
+                CHECKF(spec[i].draft_exact, "mtp %s: the MTP window is not the verified tokens'", st->what);
+                CHECKF(spec[i].u.drafted > 0, "mtp %s: nothing drafted", st->what);
+                CHECKF(eq_bad, "mtp %s: the window's fault changed the reply (it may change drafts only)", st->what);
+                kept_seen += !bad[i].draft_exact;
+                rolled += spec[i].u.accepted < spec[i].u.drafted && know[i].u.accepted < know[i].u.drafted;
+                accepted += spec[i].u.accepted;
+                drafted += spec[i].u.drafted;
+                outcome_free(&plain[i]);
+                outcome_free(&trunk[i]);
+                outcome_free(&spec[i]);
+                outcome_free(&know[i]);
+                outcome_free(&bad[i]);
+            }
+        }
+    }
+    printf("    mtp: %u of %u drafts accepted; %u replies rolled back; the kept draft row seen in %u\n", accepted,
+           drafted, rolled, kept_seen);
+    CHECKF(rolled > 0, "mtp: the rollback must be exercised");
+    CHECKF(kept_seen > 0, "mtp: the off-by-one rollback of the window went unseen");
+    kvt_model_close(base);
+    kvt_model_close(m);
+}
+
 TEST(speculate_ds4)
 {
     kvt_model *m = NULL;
@@ -582,9 +707,13 @@ static void cut_field(char *text, const char *key, char end)
  * NULL each when it failed) and the server's /metrics text. */
 static bool serve_replies(fx_server *sv, const char *d, char **out, char **metrics)
 {
-    /* --draft model: ds4-tiny's weights again as the draft model */
-    const char *const args[] = {"--model", "ds4-tiny", "--no-kv-disk", "--parallel", "2", "--threads", "1",
-                                "--draft", d, strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
+    /* --draft model: ds4-tiny's weights again as the draft model; --draft
+     * mtp: ds4-tiny with an MTP layer (the same weights before it), served
+     * under ds4-tiny's name */
+    bool mtp = !strcmp(d, "mtp");
+    const char *const args[] = {"--model", mtp ? "ds4-tiny+mtp=1" : "ds4-tiny", "--model-id", "ds4-tiny", "--no-kv-disk",
+                                "--parallel", "2", "--threads", "1", "--draft", d,
+                                strcmp(d, "model") ? NULL : "--model-draft", "ds4-tiny", NULL};
     if (!fx_server_start(sv, args)) return false;
     char cmd[4096], path[N_REQ][160], mpath[160];
     for (int i = 0; i < N_REQ; i++) {
@@ -626,18 +755,20 @@ TEST(speculate_server)
 {
     fx_server sv = {0};
     CHECKF(fx_tmpdir_make(&sv, "spec"), "mkdtemp");
-    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *mp = NULL, *ms = NULL, *md = NULL;
+    char *plain[N_REQ] = {0}, *spec[N_REQ] = {0}, *dmod[N_REQ] = {0}, *dmtp[N_REQ] = {0}, *mp = NULL, *ms = NULL,
+         *md = NULL, *mm = NULL;
     bool ran = serve_replies(&sv, "none", plain, &mp) && serve_replies(&sv, "ngram", spec, &ms) &&
-               serve_replies(&sv, "model", dmod, &md);
+               serve_replies(&sv, "model", dmod, &md) && serve_replies(&sv, "mtp", dmtp, &mm);
     if (!ran) fx_server_kill(&sv);
     bool same_all = ran;
     for (int i = 0; i < N_REQ && ran; i++) {
-        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]);
-        printf("    request %d: ngram %s, model %s\n", i, eq ? "the same body" : "DIFFERENT",
-               eq_m ? "the same body" : "DIFFERENT");
+        bool eq = !strcmp(plain[i], spec[i]), eq_m = !strcmp(plain[i], dmod[i]), eq_t = !strcmp(plain[i], dmtp[i]);
+        printf("    request %d: ngram %s, model %s, mtp %s\n", i, eq ? "the same body" : "DIFFERENT",
+               eq_m ? "the same body" : "DIFFERENT", eq_t ? "the same body" : "DIFFERENT");
         if (!eq) printf("      none:  %.300s\n      ngram: %.300s\n", plain[i], spec[i]);
         if (!eq_m) printf("      none:  %.300s\n      model: %.300s\n", plain[i], dmod[i]);
-        same_all = same_all && eq && eq_m;
+        if (!eq_t) printf("      none:  %.300s\n      mtp:   %.300s\n", plain[i], dmtp[i]);
+        same_all = same_all && eq && eq_m && eq_t;
     }
     /* by drafter: the model's drafts counted as the model's */
     long m_dr = metric_in(md, "kvtier_drafter_tokens_total{drafter=\"model\"}"),
@@ -653,14 +784,19 @@ TEST(speculate_server)
          drafted0 = metric_in(mp, "kvtier_draft_tokens_total");
     printf("    --draft ngram: %ld tokens in %ld passes, %ld drafted, %ld accepted; --draft none: %ld drafted\n", gen,
            passes, drafted, acc, drafted0);
+    long t_dr = metric_in(mm, "kvtier_draft_tokens_total"), t_acc = metric_in(mm, "kvtier_draft_accepted_tokens_total"),
+         t_mtp = metric_in(mm, "kvtier_drafter_tokens_total{drafter=\"mtp\"}");
+    printf("    --draft mtp: %ld drafted (%ld counted under drafter=\"mtp\"), %ld accepted\n", t_dr, t_mtp, t_acc);
     for (int i = 0; i < N_REQ; i++) {
         free(plain[i]);
         free(spec[i]);
         free(dmod[i]);
+        free(dmtp[i]);
     }
     free(mp);
     free(ms);
     free(md);
+    free(mm);
     fx_tmpdir_remove(&sv);
     CHECKF(ran, "the servers or their requests failed (a build without --draft refuses it)");
     CHECK(same_all);
@@ -669,6 +805,7 @@ TEST(speculate_server)
     CHECKF(m_dr > 0 && m_dr == m_all && m_ng == 0 && m_acc > 0 && m_acc <= m_dr && n_dr == drafted &&
            m_passes < m_gen,
            "the /metrics counts of the draft model (by drafter)");
+    CHECKF(t_dr > 0 && t_mtp == t_dr && t_acc >= 0 && t_acc <= t_dr, "the /metrics counts of the MTP drafter");
 }
 
 /* `kvtier run args` on ds4-tiny: its exit status, stdout and stderr
@@ -761,7 +898,7 @@ TEST(speculate_run)
         CHECKF(ok, "serve --model-draft of another vocabulary: want a refusal naming the token");
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
-        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "not supported yet"},
+        {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "no MTP (nextn) layer"},
         {"--draft", "x", "--draft must be"}, {"--draft-max", "65", "--draft-max"},
         {"--model-draft", "ds4-tiny", "goes with --draft model"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -241,3 +241,51 @@ TEST(threads_pool_two_callers)
            atomic_load(&h.elsewhere));
     CHECK(same);
 }
+
+/* A late yield (another thread took the core) stops the pool's spinning
+ * only when late yields take more than a quarter of 20 ms: one alone is a
+ * thread that ran and blocked again, as the server's HTTP thread and its
+ * client do at every token of a stream. The yields are the test's: the
+ * late ones take 0.4 ms (CROWDED_NS is 0.25 ms), twenty of them in a row
+ * (8 ms) stop the spinning. */
+static _Atomic int yields, late_from, late_n;
+
+static void test_yield(void)
+{
+    int k = atomic_fetch_add(&yields, 1);
+    if (k >= late_from && k < late_from + late_n)
+        for (int64_t t0 = now_ns(); now_ns() - t0 < 400000;) {}
+}
+
+/* Whether a fresh pool of 2 still spins once its worker has spun out (128
+ * yields, then it sleeps), its yields from the 5th on late `n` in a row. */
+static bool spins_after_late(int n)
+{
+    atomic_store(&yields, 0);
+    atomic_store(&late_from, 4);
+    atomic_store(&late_n, n);
+    kvt_pool_test_yield = test_yield;
+    kvt_pool *p = kvt_pool_new(2);
+    if (!p) { kvt_pool_test_yield = NULL; return false; }
+    /* past the late ones, then the rest of its spin (CALM_NS, 200 ms, is
+     * far longer than these waits) */
+    for (int i = 0; i < 1000 && atomic_load(&yields) < 4 + n && kvt_pool_spinning(p); i++) usleep(1000);
+    if (kvt_pool_spinning(p)) usleep(20000);
+    bool spinning = kvt_pool_spinning(p);
+    kvt_pool_free(p);
+    kvt_pool_test_yield = NULL;
+    return spinning;
+}
+
+TEST(threads_pool_one_late_yield)
+{
+    bool one = spins_after_late(1), two = spins_after_late(2), many = spins_after_late(20);
+    kvt_pool_fault = KVT_POOL_FAULT_CALM_AT_ONCE;
+    bool one_fault = spins_after_late(1);
+    kvt_pool_fault = 0;
+    printf("    spinning after 0.4 ms late yields: one %s, two %s, twenty %s; negative control (one is enough): %s\n",
+           one ? "yes" : "no", two ? "yes" : "no", many ? "yes" : "no", one_fault ? "yes" : "no");
+    CHECKF(one && two, "one or two late yields stopped the pool's spinning");
+    CHECKF(!many, "twenty late yields in a row (8 of 20 ms) did not stop the pool's spinning");
+    CHECKF(!one_fault, "negative control: with the old rule one late yield still left the pool spinning");
+}

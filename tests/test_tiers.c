@@ -352,6 +352,62 @@ TEST(tiers_pick_evict_lru_within_share)
     rmdir_all(dir);
 }
 
+/* Bytes a tenant holds outside the pool (a reply's draft session,
+ * kvt_tiers_reserve) count against its share: a select makes room for
+ * them as for sessions, and a reservation given back frees the room.
+ * The pool alone keeps within what the share leaves: the select after a
+ * reservation of two sessions' bytes drops the two least recently used.
+ * Negative control: KVT_TIERS_FAULT_UNRESERVED (the reservation left out
+ * of the budget) drops none, and the same bound fails. */
+static bool reserve_bound(bool fault, size_t *dropped, size_t *over)
+{
+    seen w = {0};
+    kvt_model *m;
+    kvt_tiers *t = tiers_open(&m, 1, SIZE_MAX, &w);
+    if (!t) return false;
+    int32_t *p[5];
+    kvt_tier_pick pk;
+    bool ok = true;
+    for (size_t i = 0; i < 5; i++) ok = (p[i] = prompt(300, 60 + i, 300, 60 + i)) && ok;
+    for (size_t i = 0; ok && i < 4; i++) ok = run(t, 0, NULL, p[i], 300, &pk) == KVT_OK;
+    size_t one = ok ? kvt_session_bytes(pk.s) : 0;
+    /* a share that holds the four sessions, a reservation of two */
+    t->o.ram_bytes = kvt_tiers_bytes(t, 0) + one / 2;
+    kvt_tiers_reserve(t, 0, 2 * one);
+    kvt_tiers_fault = fault ? KVT_TIERS_FAULT_UNRESERVED : KVT_TIERS_FAULT_NONE;
+    /* the fifth prompt's session is new (empty at select) */
+    int32_t *own = ok ? malloc(300 * sizeof *own) : NULL;
+    size_t n = 300;
+    if (own) memcpy(own, p[4], 300 * sizeof *own);
+    kvt_tier_prompt tp = {.text = "", .len = 0, .fork_at = SIZE_MAX};
+    ok = ok && own && kvt_tiers_select(t, 0, NULL, &tp, &own, &n, &pk) == KVT_OK;
+    kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+    size_t held = kvt_tiers_bytes(t, 0) + kvt_tiers_reserved(t, 0);
+    *dropped = (size_t)w.evicted[0];
+    *over = held > t->o.ram_bytes ? held - t->o.ram_bytes : 0;
+    printf("    %s: a session %zu bytes, share %zu; after the select the pool %zu + reserved %zu, %zu sessions "
+           "dropped\n", fault ? "control (reservation uncounted)" : "counted", one, t->o.ram_bytes,
+           kvt_tiers_bytes(t, 0), kvt_tiers_reserved(t, 0), *dropped);
+    if (ok) kvt_tiers_release(t, pk.s);
+    /* given back: the reservation is gone, the room stays */
+    kvt_tiers_unreserve(t, 0, 2 * one);
+    ok = ok && kvt_tiers_reserved(t, 0) == 0 && kvt_tiers_reserved(t, -1) == 0;
+    free(own);
+    for (size_t i = 0; i < 5; i++) free(p[i]);
+    tiers_close(t, m);
+    return ok;
+}
+
+TEST(tiers_reserve_counts_in_share)
+{
+    size_t dropped = 0, over = 0, c_dropped = 0, c_over = 0;
+    CHECKF(reserve_bound(false, &dropped, &over), "ds4-tiny's pool: %s", kvt_errmsg());
+    CHECKF(over == 0 && dropped == 2, "the pool and the reservation exceed the share by %zu bytes (%zu dropped)",
+           over, dropped);
+    CHECK(reserve_bound(true, &c_dropped, &c_over));
+    CHECKF(c_over > 0 && c_dropped == 0, "the control: the reservation uncounted went unseen");
+}
+
 TEST(tiers_pick_evict_spares_fork_source)
 {
     seen w = {0};

@@ -18,60 +18,6 @@
 
 #include <signal.h>
 
-typedef struct certs {
-    char dir[64];
-    char ca[96], ca2[96], srv[96], srv_key[96], other[96], other_key[96], cli[96], cli_key[96];
-} certs;
-
-static const char *no_tls_tools(void)
-{
-    const char *why = rfx_absent();
-    if (why) return why;
-    if (system("command -v openssl >/dev/null 2>&1")) return "the openssl command is absent (it makes the certificates)";
-    return NULL;
-}
-
-/* A CA (ca.crt), another CA (ca2.crt), and certificates signed by the
- * first: srv (127.0.0.1, localhost), other (other.example only), cli (a
- * client's). EC P-256 keys: quick to make. */
-static bool make_certs(certs *c)
-{
-    snprintf(c->dir, sizeof c->dir, "/tmp/kvtier-tls-XXXXXX");
-    if (!mkdtemp(c->dir)) return false;
-    char cmd[3000];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "
-             "openssl req -x509 $K -keyout ca.key -out ca.crt -days 2 -subj /CN=kvtier-test-ca && "
-             "openssl req -x509 $K -keyout ca2.key -out ca2.crt -days 2 -subj /CN=kvtier-test-ca && "
-             "for n in srv other cli; do openssl req $K -keyout $n.key -out $n.csr -subj /CN=$n || exit 1; done && "
-             "echo 'subjectAltName=IP:127.0.0.1,DNS:localhost' > srv.ext && "
-             "echo 'subjectAltName=DNS:other.example' > other.ext && "
-             "echo 'extendedKeyUsage=clientAuth' > cli.ext && "
-             "for n in srv other cli; do openssl x509 -req -in $n.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
-             "-out $n.crt -days 2 -extfile $n.ext || exit 1; done",
-             c->dir);
-    char full[3200];
-    snprintf(full, sizeof full, "(%s) >'%s/openssl.log' 2>&1", cmd, c->dir);
-    if (system(full)) {
-        char log[128];
-        snprintf(log, sizeof log, "%s/openssl.log", c->dir);
-        fx_print_file("openssl", log);
-        return false;
-    }
-#define P(f, name) snprintf(c->f, sizeof c->f, "%s/" name, c->dir)
-    P(ca, "ca.crt"); P(ca2, "ca2.crt"); P(srv, "srv.crt"); P(srv_key, "srv.key");
-    P(other, "other.crt"); P(other_key, "other.key"); P(cli, "cli.crt"); P(cli_key, "cli.key");
-#undef P
-    return true;
-}
-
-static void certs_remove(certs *c)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    if (c->dir[0] && system(cmd)) {}
-}
-
 /* redis-server on TLS only (--port 0), serving cert/key, its clients'
  * certificates checked against the test CA as `clients` says (no,
  * optional, yes). */
@@ -146,21 +92,11 @@ static kvt_session *restore(kvt_remote *rt, kvt_model *m, const int32_t *t, size
     }                                                                       \
     static void name##_body(certs *c)
 
-/* Debian's redis-server is built with TLS (BUILD_TLS=yes: it links
- * libssl); a build without it refuses --tls-port at start. */
-static const char *redis_without_tls(const certs *c)
-{
-    (void)c;
-    if (system("ldd \"$(command -v redis-server)\" 2>/dev/null | grep -q libssl"))
-        return "this redis-server is built without TLS (it does not link libssl: --tls-port would be refused)";
-    return NULL;
-}
-
 /* The right CA: a second tier (another server's) hits what the first
  * uploaded, by address and by name, bit for bit with the cold run. */
 TLS_TEST(tls_good_ca_hits)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96], by_name[96];
@@ -227,98 +163,87 @@ TLS_TEST(tls_good_ca_hits)
     rfx_stop(&r);
 }
 
-/* Another CA: the handshake refuses the server's certificate, the lookup
- * is a miss saying so, the prompt is prefilled to the cold run's state.
- * The negative control: with the chain check faulted away, the same tier
- * hits. */
-TLS_TEST(tls_bad_ca_misses)
-{
-    const char *why = redis_without_tls(c);
-    if (why) SKIP("%s", why);
-    rfx r;
-    char url[96];
-    CHECKF(tls_start(&r, c, c->srv, c->srv_key, "no", url, sizeof url), "redis-server with TLS did not start");
-    kvt_model *m = tiny();
-    int32_t t[N];
-    seqb(t, N, 22);
-    kvt_remote *a = tls_tier(m, url, c->ca, NULL, NULL, 1000), *bad = tls_tier(m, url, c->ca2, NULL, NULL, 1000);
-    CHECK(a && bad);
-    kvt_session *cold = cold_upload(a, m, t, N);
-    CHECK(cold);
-    size_t got;
-    kvt_session *s = restore(bad, m, t, N, &got);
-    kvt_remote_stats st;
-    kvt_remote_stats_get(bad, &st);
-    printf("    another CA: %s\n", st.last_error);
-    CHECKF(got == 0 && st.misses == 1 && st.errors == 1 && strstr(st.last_error, "certificate"),
-           "another CA: a hit of %zu, errors %llu, '%s'", got, (unsigned long long)st.errors, st.last_error);
-    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m)); /* prefilled */
-    kvt_session_free(s);
-    /* its upload is refused too: nothing of it is sent */
-    kvt_remote_upload(bad, 0, cold, N);
-    kvt_remote_stats_get(bad, &st);
-    CHECK(st.uploads == 0 && st.dropped == 1);
-    kvt_remote_close(bad);
-    kvt_tls_fault = KVT_TLS_FAULT_NO_CHAIN;
-    bad = tls_tier(m, url, c->ca2, NULL, NULL, 1000);
-    s = bad ? restore(bad, m, t, N, &got) : NULL;
-    kvt_tls_fault = 0;
-    CHECKF(got == N, "the control: without the chain check another CA's tier hits (got %zu)", got);
-    kvt_session_free(s);
-    kvt_session_free(cold);
-    kvt_remote_close(a);
-    kvt_remote_close(bad);
-    kvt_model_close(m);
-    rfx_stop(&r);
-}
+/* A certificate the tier refuses, one row each: the server's chain to
+ * another CA than the one given, and a certificate of the right CA for
+ * another name than the host connected to. Each is refused by the
+ * handshake: the lookup is a miss naming the check, its errors count
+ * one, the prompt is prefilled to the cold run's state, and an upload is
+ * dropped unsent. The negative control of each row: with its check
+ * faulted away (kvt_tls_fault), the same tier hits. */
+typedef struct refusal {
+    const char *what;
+    bool other_cert;     /* the server serves other.example's certificate, else 127.0.0.1's */
+    bool other_ca;       /* the tier is given the second CA */
+    int upload_fault;    /* what the uploading tier needs to get in */
+    int control;         /* the check faulted away */
+    const char *says;    /* in the lookup's error */
+} refusal;
 
-/* A certificate of the right CA for another name: refused by the host
- * check (a miss naming it); with the check faulted away, a hit (the
- * negative control). */
-TLS_TEST(tls_wrong_name_misses)
+static const refusal refusals[] = {
+    {"another CA", false, true, 0, KVT_TLS_FAULT_NO_CHAIN, "certificate"},
+    {"a certificate for other.example at 127.0.0.1", true, false, KVT_TLS_FAULT_NO_HOST, KVT_TLS_FAULT_NO_HOST,
+     "mismatch"},
+};
+
+static void refused_row(const certs *c, const refusal *f, uint64_t seed)
 {
-    const char *why = redis_without_tls(c);
-    if (why) SKIP("%s", why);
     rfx r;
     char url[96];
-    CHECKF(tls_start(&r, c, c->other, c->other_key, "no", url, sizeof url), "redis-server with TLS did not start");
+    CHECKF(tls_start(&r, c, f->other_cert ? c->other : c->srv, f->other_cert ? c->other_key : c->srv_key, "no", url,
+                     sizeof url),
+           "%s: redis-server with TLS did not start", f->what);
     kvt_model *m = tiny();
     int32_t t[N];
-    seqb(t, N, 23);
-    kvt_tls_fault = KVT_TLS_FAULT_NO_HOST; /* the upload goes in by the fault */
+    seqb(t, N, seed);
+    kvt_tls_fault = f->upload_fault;
     kvt_remote *a = tls_tier(m, url, c->ca, NULL, NULL, 1000);
     kvt_session *cold = a ? cold_upload(a, m, t, N) : NULL;
     kvt_tls_fault = 0;
-    CHECK(cold);
-    kvt_remote *b = tls_tier(m, url, c->ca, NULL, NULL, 1000);
-    size_t got;
-    kvt_session *s = restore(b, m, t, N, &got);
-    kvt_remote_stats st;
-    kvt_remote_stats_get(b, &st);
-    printf("    a certificate for other.example at 127.0.0.1: %s\n", st.last_error);
-    CHECKF(got == 0 && st.errors == 1 && strstr(st.last_error, "mismatch"), "another name: a hit of %zu, '%s'", got,
-           st.last_error);
-    CHECK(s && kvt_test_digest(s, m) == kvt_test_digest(cold, m));
+    kvt_remote *bad = tls_tier(m, url, f->other_ca ? c->ca2 : c->ca, NULL, NULL, 1000);
+    size_t got = 0;
+    kvt_session *s = cold && bad ? restore(bad, m, t, N, &got) : NULL;
+    kvt_remote_stats st = {0};
+    if (bad) kvt_remote_stats_get(bad, &st);
+    printf("    %s: %s\n", f->what, st.last_error);
+    bool refused = cold && bad && got == 0 && st.misses == 1 && st.errors == 1 && strstr(st.last_error, f->says);
+    bool prefilled = s && kvt_test_digest(s, m) == kvt_test_digest(cold, m);
     kvt_session_free(s);
-    kvt_remote_close(b);
-    kvt_tls_fault = KVT_TLS_FAULT_NO_HOST;
-    b = tls_tier(m, url, c->ca, NULL, NULL, 1000);
-    s = b ? restore(b, m, t, N, &got) : NULL;
+    s = NULL;
+    if (bad) kvt_remote_stats_get(bad, &st);
+    uint64_t dropped = st.dropped;
+    if (refused) kvt_remote_upload(bad, 0, cold, N); /* its upload is refused too: nothing of it is sent */
+    if (bad) kvt_remote_stats_get(bad, &st);
+    bool no_upload = st.uploads == 0 && st.dropped == dropped + 1;
+    kvt_remote_close(bad);
+    kvt_tls_fault = f->control;
+    bad = tls_tier(m, url, f->other_ca ? c->ca2 : c->ca, NULL, NULL, 1000);
+    size_t ctl = 0;
+    s = bad && cold ? restore(bad, m, t, N, &ctl) : NULL;
     kvt_tls_fault = 0;
-    CHECKF(got == N, "the control: without the host check the tier hits (got %zu)", got);
     kvt_session_free(s);
     kvt_session_free(cold);
     kvt_remote_close(a);
-    kvt_remote_close(b);
+    kvt_remote_close(bad);
     kvt_model_close(m);
     rfx_stop(&r);
+    CHECKF(refused && prefilled && no_upload, "%s: a hit of %zu, errors %llu, '%s'; prefilled %d, upload refused %d",
+           f->what, got, (unsigned long long)st.errors, st.last_error, prefilled, no_upload);
+    CHECKF(ctl == N, "the control of %s: with the check faulted away the tier hits (got %zu)", f->what, ctl);
+}
+
+TLS_TEST(tls_refused_certificates_miss)
+{
+    const char *why = redis_without_tls();
+    if (why) SKIP("%s", why);
+    for (size_t i = 0; i < sizeof refusals / sizeof refusals[0] && !kvt_test_failed(); i++)
+        refused_row(c, &refusals[i], 22 + i);
 }
 
 /* Mutual TLS: a server that asks for a client certificate refuses a tier
  * without one, and serves one with --kv-remote-cert/--kv-remote-key. */
 TLS_TEST(tls_client_certificate)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -355,7 +280,7 @@ TLS_TEST(tls_client_certificate)
  * never answers the handshake: the lookup ends by its deadline, a miss. */
 TLS_TEST(tls_stopped_server_deadline)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     rfx r;
     char url[96];
@@ -393,7 +318,7 @@ TLS_TEST(tls_stopped_server_deadline)
  * (KVT_BIN=/work/main/build/kvtier) server A does not start. */
 TLS_TEST(tls_serve_two_servers)
 {
-    const char *why = redis_without_tls(c);
+    const char *why = redis_without_tls();
     if (why) SKIP("%s", why);
     if (system("command -v curl >/dev/null 2>&1")) SKIP("curl is not on PATH");
     rfx r;

@@ -103,7 +103,7 @@ static int fail(int rc, const char *what)
 #define CACHE_OPTS {"--cache-type-k"}, {"--cache-type-v"}
 #define DRAFT_OPTS {"--draft"}, {"--draft-max"}, {"--model-draft"}
 
-/* --draft ngram|model|mtp|none (mtp: not supported yet), --model-draft
+/* --draft ngram|model|mtp|none (mtp: the model's MTP layer), --model-draft
  * FILE (the draft model: --draft model, which it implies) and --draft-max
  * N. */
 static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max, const char **file)
@@ -543,6 +543,7 @@ static int cmd_run(int argc, char **argv)
     kvt_wbuf save = {0};
     kvt_model *dmodel = NULL;
     kvt_draft_model *dm = NULL;
+    kvt_draft_mtp *mtp = NULL;
     int ret = 1, rc;
     if ((rc = kvt_tokenize(m, prompt, strlen(prompt), -1, false, &toks, &n))) { fail(rc, "tokenize"); goto out; }
     if (n == 0) {
@@ -556,6 +557,12 @@ static int cmd_run(int argc, char **argv)
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
+        fail(rc, "run");
+        ret = 2;
+        goto out;
+    }
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_new(&mtp, s))) { fail(rc, "--draft mtp"); goto out; }
     if (draft == KVT_DRAFT_MODEL) { /* its session on the model's threads: the two never run at once */
         kvt_session_opts dso = {.n_ctx = s->n_ctx, .n_threads = (uint32_t)threads};
         if ((ret = open_model(draft_file, o, no, &dmodel))) goto out;
@@ -642,9 +649,12 @@ static int cmd_run(int argc, char **argv)
                 size_t want = draft ? kvt_draft_tune_len(&tune) : 0;
                 if (lim > want) lim = want;
                 if (pos + 1 + lim > s->n_ctx) lim = s->n_ctx > pos + 1 ? s->n_ctx - pos - 1 : 0;
-                size_t d = !draft || !lim ? 0
-                           : dm       ? kvt_draft_model_propose(dm, kvt_session_tokens(s), pos, t, lim, pass + 1)
-                                      : kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1);
+                /* the MTP layer every pass: it takes the model's hidden states */
+                size_t d = !draft  ? 0
+                           : mtp   ? kvt_draft_mtp_propose(mtp, kvt_session_tokens(s), pos, t, lim, pass + 1)
+                           : !lim  ? 0
+                           : dm    ? kvt_draft_model_propose(dm, kvt_session_tokens(s), pos, t, lim, pass + 1)
+                                   : kvt_draft_ngram(kvt_session_tokens(s), pos, t, lim, pass + 1);
                 passes++;
                 if (!d) {
                     if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
@@ -692,6 +702,7 @@ out:
     free(rows);
     kvt_wbuf_free(&save);
     kvt_draft_model_free(dm);
+    kvt_draft_mtp_free(mtp);
     kvt_model_close(dmodel);
     free(toks);
     kvt_remote_close(remote);
@@ -1421,8 +1432,8 @@ static void usage(FILE *f)
           "              --layers L --kv-heads H --head-dim D [--bytes B]] [cache types]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"
-          "              [--kv-ram-mb N (2048): the RAM pool's bound, scratch included;\n"
-          "              over it, least recently used unshared blocks go first]\n"
+          "              [--kv-ram-mb N (2048): the RAM pool's bound, scratch and draft\n"
+          "              sessions included; over it, least recently used unshared blocks go first]\n"
           "              [--api-key [NAME=]K ... | --api-key-file F | $KVTIER_API_KEY] [--max-body-mb N (32)]\n"
           "              [--metrics-key K | --metrics-key-file F]\n"
           "              [--request-timeout S (30)] [--max-conn-per-addr N (256)]\n"
@@ -1449,7 +1460,8 @@ static void usage(FILE *f)
           "              redis://[USER@]HOST:PORT[/DB], rediss://... (TLS: the server's\n"
           "              certificate checked against --kv-remote-ca, else the system's CAs,\n"
           "              and against HOST; -cert/-key: a client certificate) or\n"
-          "              redis-cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster); saves are\n"
+          "              redis-cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster, a breaker\n"
+          "              per master; rediss-cluster://... over TLS, as rediss://); saves are\n"
           "              uploaded behind, a new session asks it within N ms, then loads for at\n"
           "              most the time a prefill of the tokens it saves takes (at the prefill\n"
           "              rate measured, or N tokens/s); every value is checked, with the secret\n"
@@ -1467,7 +1479,8 @@ static void usage(FILE *f)
           "              a hit is; list the bad ones (exit 1), deleted with --delete\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
-          "  draft options --draft ngram|model|none (none; mtp: not supported yet), --draft-max N\n"
+          "  draft options --draft ngram|model|mtp|none (none; mtp: a DeepSeek-V4 file's MTP layer),\n"
+          "              --draft-max N\n"
           "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
           "              implies --draft model): speculative decoding, the same output\n"
           "              (see Speculative decoding)\n"

@@ -40,7 +40,7 @@
 #include "serve/api.h"
 #include "serve/generate.h"
 #include "arch/model.h"
-#include "app/server.h"
+#include "app/server_int.h"
 #include "session/memory.h"
 #include "session/snapshot.h"
 #include "store/store.h"
@@ -75,116 +75,11 @@
 #define KEEPALIVE 2          /* seconds between SSE comments while waiting */
 #define STREAM_MAX_UNSENT (1u << 20) /* bytes a stream buffers for a client that does not read */
 #define PREFILL_BESIDE_DECODE 128 /* prompt tokens in a pass that also decodes (else a session chunk) */
-#define METRICS_STORE_WAIT_MS 5 /* /metrics waits this long for a store a save holds (then: its last figures) */
 #define STORE_BUSY_MS 200    /* the store threads' writes wait this long for another process's lock,
                               * then retries later (storeq.c) */
 
-/* ---- metrics ---- */
-
-static const double hist_bounds[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60};
-#define N_BOUNDS (sizeof hist_bounds / sizeof hist_bounds[0])
-typedef struct hist { uint64_t bucket[N_BOUNDS + 1]; double sum; uint64_t count; } hist;
-
-static void hist_add(hist *h, double v)
-{
-    size_t i = 0;
-    while (i < N_BOUNDS && v > hist_bounds[i]) i++;
-    h->bucket[i]++;
-    h->sum += v;
-    h->count++;
-}
-
-typedef struct metrics {
-    uint64_t requests[5][6];      /* endpoint x status class (2xx..5xx, 429 separately) */
-    uint64_t prompt_tokens, prefilled, generated;
-    uint64_t decode_passes, drafted, accepted; /* speculative decoding: passes of replies, drafts, kept */
-    uint64_t drafted_by[2], accepted_by[2];    /* the same by drafter: [0] n-gram, [1] the draft model */
-    uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
-    uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
-    uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
-    hist load, save, prefill;
-    hist ttft, itl;               /* time to the first token (from arrival), between tokens */
-} metrics;
-
-/* ---- jobs ---- */
-
-typedef struct job {
-    pthread_mutex_t mu;
-    int refs;                     /* handler/response + worker */
-    kvt_request req;
-    kvt_api api;
-    bool stream, done, canceled;
-    int status;                   /* HTTP status when done */
-    char *body;                   /* non-streaming: the full response */
-    kvt_wbuf out;                 /* streaming: SSE bytes not yet sent from out.p + sent */
-    size_t sent;
-    struct MHD_Connection *c;     /* the request's connection, resumed when there is news */
-    bool suspended;               /* c waits for this job, suspended (j->mu) */
-    bool ping;                    /* streaming: a keepalive comment is due */
-    bool overflow;                /* streaming: more than STREAM_MAX_UNSENT bytes unsent */
-    double t_sent;                /* streaming: when the reader last gave bytes, or bytes became pending */
-    char tier[16];
-    size_t reused;
-    int tenant;
-    int32_t *toks;                /* the prompt's tokens (tokenized by the handler) */
-    size_t n_toks;
-    double t_queued;              /* when it joined the queue */
-    struct job *next;
-} job;
-
-/* One cache namespace per API key: its own RAM share, its own disk store
- * (an equal share of the disk budget) and its own metrics, so no key can
- * hit, time or evict another key's entries or read its figures. */
-typedef struct tenant {
-    const char *key;          /* NULL: the open server's only tenant */
-    uint8_t digest[16];       /* key_digest(key) */
-    kvt_store *store;
-    char dir[4200];
-    char label[40];           /* the operator view's label: the key's NAME (--api-key NAME=KEY) or
-                               * "key<i>", nothing of the key itself */
-    metrics mx;               /* under server.mu */
-    size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
-    size_t queued;            /* jobs waiting (server.mu) */
-    size_t active;            /* requests the scheduler runs (server.mu) */
-    uint64_t admitted;        /* when the scheduler last started one of its jobs (server.admissions) */
-} tenant;
-#define MAX_TENANTS 32
-
-/* Exact text of sampled tool calls by call id, so a replayed call renders
- * byte for byte as it was sampled (per tenant, bounded, oldest first out). */
-#define MAX_REPLAY 4096
-typedef struct replay { int tenant; char id[48]; char *text; size_t len; } replay;
-
-typedef struct server {
-    kvt_server_opts o;
-    pthread_mutex_t replay_mu;
-    replay rp[MAX_REPLAY];
-    size_t rp_next;
-    kvt_model *m;
-    kvt_model *dmodel;            /* --draft model: the draft model (its sessions: each slot's drafter) */
-    char model_id[128];
-    tenant tn[MAX_TENANTS];
-    size_t n_tn;
-    kvt_tiers *tiers;             /* the RAM pool; the worker's alone */
-    kvt_storeq *q;                /* the store threads: saves and disk loads (storeq.h) */
-    kvt_remote *remote;           /* the remote tier (remote.h); NULL: none */
-    uint64_t loads_done;          /* disk loads over, for the worker to wake on (server.mu) */
-    double skip_logged;           /* when a save skipped for RAM was last reported (the worker's) */
-    pthread_mutex_t mu;           /* queue, metrics */
-    pthread_cond_t cv;
-    job *head, *tail;
-    size_t queued;
-    size_t parallel, active;      /* requests run at once: at most, now */
-    uint64_t admissions;          /* jobs the scheduler started (server.mu) */
-    uint64_t steps, step_reqs, step_max; /* forward passes, requests in them, the most in one (server.mu) */
-    bool stopping;
-    pthread_t worker;
-    uint64_t refused;             /* requests of no tenant: 401s, metrics-key 403s (server.mu) */
-    uint8_t secret[192];          /* random per process: the key digests' secret */
-    uint8_t metrics_digest[16];
-    bool has_metrics_key;
-    long started;
-} server;
+/* The jobs, tenants and server types are in server_int.h; the /metrics
+ * text in server_metrics.c. */
 
 static job *job_new(void)
 {
@@ -336,15 +231,17 @@ static bool replay_lookup(void *user, const char *call_id, kvt_wbuf *out)
  * when a job finishes. */
 static void pool_publish(server *sv)
 {
-    size_t ram[MAX_TENANTS], n[MAX_TENANTS];
+    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS];
     for (size_t t = 0; t < sv->n_tn; t++) {
         ram[t] = kvt_tiers_bytes(sv->tiers, (int)t);
+        dr[t] = kvt_tiers_reserved(sv->tiers, (int)t);
         n[t] = kvt_tiers_count(sv->tiers, (int)t);
     }
     pthread_mutex_lock(&sv->mu);
     for (size_t t = 0; t < sv->n_tn; t++) {
         sv->tn[t].ram = ram[t];
         sv->tn[t].ram_entries = n[t];
+        sv->tn[t].draft_ram = dr[t];
     }
     pthread_mutex_unlock(&sv->mu);
 }
@@ -363,7 +260,7 @@ static void tier_saved(void *user, int t, double seconds, int rc, bool created)
     server *sv = user;
     metrics *mx = &sv->tn[t].mx;
     pthread_mutex_lock(&sv->mu);
-    hist_add(&mx->save, seconds);
+    kvt_server_hist_add(&mx->save, seconds);
     if (rc) mx->disk_save_errors++;
     else if (created) mx->disk_saves++;
     pthread_mutex_unlock(&sv->mu);
@@ -389,7 +286,7 @@ static void tier_loaded(void *user, int t, double seconds)
 {
     server *sv = user;
     pthread_mutex_lock(&sv->mu);
-    hist_add(&sv->tn[t].mx.load, seconds);
+    kvt_server_hist_add(&sv->tn[t].mx.load, seconds);
     pthread_mutex_unlock(&sv->mu);
 }
 
@@ -399,7 +296,7 @@ static void queue_saved(void *user, int t, double seconds, int rc, size_t create
     server *sv = user;
     metrics *mx = &sv->tn[t].mx;
     pthread_mutex_lock(&sv->mu);
-    if (created || rc) hist_add(&mx->save, seconds);
+    if (created || rc) kvt_server_hist_add(&mx->save, seconds);
     if (rc) mx->disk_save_errors++;
     mx->disk_saves += created;
     pthread_mutex_unlock(&sv->mu);
@@ -488,6 +385,9 @@ typedef struct slot {
     kvt_gen_out out;
     kvt_gen_run *run;
     kvt_draft_model *dm;          /* --draft model: the draft session, made for the reply */
+    kvt_draft_mtp *mtp;           /* --draft mtp: the MTP drafter, on s */
+    size_t dm_held;               /* its bytes reserved in the tenant's RAM share (kvt_tiers_reserve;
+                                   * 0: no draft session for this reply) */
 } slot;
 
 static char *error_body(const job *j, int status, const char *msg)
@@ -505,9 +405,19 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
         sv->active--;
         pthread_mutex_unlock(&sv->mu);
     }
+    size_t dm_now = sl->dm ? kvt_draft_model_bytes(sl->dm) : 0;
+    if (dm_now > sl->dm_held) { /* grew past its reservation */
+        kvt_tiers_reserve(sv->tiers, sl->j->tenant, dm_now - sl->dm_held);
+        sl->dm_held = dm_now;
+    }
     job_done(sv, sl->j, status, body);
+    if (sl->dm_held) {
+        kvt_tiers_unreserve(sv->tiers, sl->j->tenant, sl->dm_held);
+        pool_publish(sv);
+    }
     job_unref(sl->j);
     kvt_draft_model_free(sl->dm);
+    kvt_draft_mtp_free(sl->mtp);
     free(sl->toks);
     free(sl);
 }
@@ -562,7 +472,7 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
     else if (!strcmp(tier, "disk")) { mx->hits_disk++; mx->reused_disk += sl->kept; }
     else if (!strcmp(tier, "remote")) { mx->hits_remote++; mx->reused_remote += sl->kept; }
     else mx->misses++;
-    hist_add(&mx->prefill, kvt_now() - sl->t_start);
+    kvt_server_hist_add(&mx->prefill, kvt_now() - sl->t_start);
     size_t computed = kvt_session_len(s) > sl->kept ? kvt_session_len(s) - sl->kept : 0;
     mx->prefilled += computed;
     if (rc == KVT_ECANCELED) mx->canceled++;
@@ -600,12 +510,20 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
      * small: its prefill costs a fraction of the model's that a cache hit
      * saves): it is not kept in the tiers or saved (docs/API.md). No
      * session: no drafts. */
-    if (sv->dmodel) {
+    if (sl->dm_held) {
         kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
         if (kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads))
             fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
         sl->g.dm = sl->dm;
     }
+    /* the MTP drafter's windows (rows, hidden states) count in the share too */
+    if (sv->o.draft == KVT_DRAFT_MTP && kvt_draft_mtp_new(&sl->mtp, s))
+        fprintf(stderr, "kvtier: the MTP drafter is off for a reply: %s\n", kvt_errmsg());
+    if (sl->mtp) {
+        kvt_tiers_reserve(sv->tiers, j->tenant, kvt_draft_mtp_bytes(sl->mtp));
+        sl->dm_held += kvt_draft_mtp_bytes(sl->mtp);
+    }
+    sl->g.mtp = sl->mtp;
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
     if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {
@@ -628,9 +546,10 @@ static void slot_reply_done(server *sv, slot *sl)
     mx->decode_passes += sl->u.passes;
     mx->drafted += sl->u.drafted;
     mx->accepted += sl->u.accepted;
-    if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL) {
-        mx->drafted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.drafted;
-        mx->accepted_by[sv->o.draft == KVT_DRAFT_MODEL] += sl->u.accepted;
+    if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL || sv->o.draft == KVT_DRAFT_MTP) {
+        int by = sv->o.draft == KVT_DRAFT_MODEL ? 1 : sv->o.draft == KVT_DRAFT_MTP ? 2 : 0;
+        mx->drafted_by[by] += sl->u.drafted;
+        mx->accepted_by[by] += sl->u.accepted;
     }
     pthread_mutex_unlock(&sv->mu);
     slot_end(sv, sl, 200, body);
@@ -662,6 +581,18 @@ static slot *slot_start(server *sv, job *j)
     kvt_request *r = &j->req;
     kvt_tier_prompt tp = {r->prompt, r->prompt_len, r->prompt_has_bos, r->prompt_special, r->fork_at, r->opening};
     kvt_store *store = sv->tn[j->tenant].store;
+    /* The reply's draft session counts against the tenant's RAM share from
+     * the start, at what it may come to hold, so the pool makes room for
+     * it as for any session; one larger than the share drafts nothing. */
+    if (sv->dmodel) {
+        uint32_t dmax = sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT;
+        size_t share = sv->o.ram_bytes / sv->n_tn, max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens;
+        size_t need = kvt_draft_model_reserve(sv->dmodel, sv->o.n_ctx, sl->n + max_new, dmax, sv->dscratch);
+        if (need <= share) kvt_tiers_reserve(sv->tiers, j->tenant, sl->dm_held = need);
+        else
+            fprintf(stderr, "kvtier: the draft model is off for a reply: its session would hold up to %zu bytes, "
+                    "more than the RAM share of %zu (--kv-ram-mb)\n", need, share);
+    }
     int rc = kvt_tiers_select(sv->tiers, j->tenant, store, &tp, &sl->toks, &sl->n, &sl->pick);
     if (rc) {
         if (sl->n > sv->o.n_ctx) slot_end(sv, sl, 400, ctx_error(j->api, sl->n, sv->o.n_ctx, j->stream));
@@ -785,8 +716,8 @@ static size_t step(server *sv, slot **act, size_t na)
             bool more = kvt_gen_took_pass(sl->run, rcs[i], st[i].done);
             if (sl->u.completion_tokens > had) { /* a token of the reply */
                 pthread_mutex_lock(&sv->mu);
-                if (!sl->first_done) hist_add(&mx->ttft, now - sl->t_queued);
-                else hist_add(&mx->itl, now - sl->t_tok);
+                if (!sl->first_done) kvt_server_hist_add(&mx->ttft, now - sl->t_queued);
+                else kvt_server_hist_add(&mx->itl, now - sl->t_tok);
                 pthread_mutex_unlock(&sv->mu);
                 sl->first_done = true;
                 sl->t_tok = now;
@@ -1048,7 +979,6 @@ static unsigned same_digest(const uint8_t a[16], const uint8_t b[16])
     return 1u & (((unsigned)d - 1u) >> 8);
 }
 
-#define KEY_METRICS (-2) /* authorized(): the --metrics-key */
 
 /* The tenant a request belongs to, KEY_METRICS for the metrics key, or -1
  * when its key is missing or wrong. Every configured key is compared, and
@@ -1073,7 +1003,6 @@ static int authorized(server *sv, struct MHD_Connection *c)
     return found;
 }
 
-static char *metrics_text(server *sv, int tnt);
 
 /* Give a JSON object body a max_tokens of 1 when it has none. */
 static void add_max_tokens(kvt_wbuf *body)
@@ -1114,7 +1043,7 @@ static enum MHD_Result head_root(const call *q) { return send_text(q->c, 200, "t
 /* /metrics: a key's own figures; the metrics key's, every key's */
 static enum MHD_Result get_metrics(const call *q)
 {
-    char *t = metrics_text(q->sv, q->tnt);
+    char *t = kvt_server_metrics_text(q->sv, q->tnt);
     enum MHD_Result r = send_text(q->c, 200, "text/plain; version=0.0.4", t ? t : "", NULL, NULL);
     free(t);
     return r;
@@ -1565,268 +1494,6 @@ static void *ticker_main(void *arg)
     return NULL;
 }
 
-/* ---- metrics text ---- */
-
-/* One tenant's figures, copied for printing; lbl is the label that names
- * it in the operator view ("" in a key's own view). */
-typedef struct mview {
-    metrics mx;
-    kvt_store_stats ds;
-    size_t ram, ram_entries, queued, active;
-    size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
-    uint64_t ram_budget;
-    char lbl[64];               /* tenant="NAME" or "" */
-} mview;
-
-/* "{tenant=\"NAME\",extra}", "{extra}", or "" when both are empty. */
-static const char *labels(char *out, size_t cap, const mview *v, const char *extra)
-{
-    const char *sep = v->lbl[0] && extra[0] ? "," : "";
-    if (!v->lbl[0] && !extra[0]) out[0] = 0;
-    else snprintf(out, cap, "{%s%s%s}", v->lbl, sep, extra);
-    return out;
-}
-
-static void put_hist(kvt_wbuf *b, const char *name, const char *help, const mview *v, size_t nv, size_t off)
-{
-    char line[320], l[128], ex[32];
-    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    kvt_wbuf_put(b, line, strlen(line));
-    for (size_t k = 0; k < nv; k++) {
-        const hist *h = (const hist *)((const char *)&v[k].mx + off);
-        uint64_t cum = 0;
-        for (size_t i = 0; i <= N_BOUNDS; i++) {
-            cum += h->bucket[i];
-            if (i < N_BOUNDS) snprintf(ex, sizeof ex, "le=\"%g\"", hist_bounds[i]);
-            else snprintf(ex, sizeof ex, "le=\"+Inf\"");
-            snprintf(line, sizeof line, "%s_bucket%s %llu\n", name, labels(l, sizeof l, &v[k], ex),
-                     (unsigned long long)cum);
-            kvt_wbuf_put(b, line, strlen(line));
-        }
-        labels(l, sizeof l, &v[k], "");
-        snprintf(line, sizeof line, "%s_sum%s %.6f\n%s_count%s %llu\n", name, l, h->sum, name, l,
-                 (unsigned long long)h->count);
-        kvt_wbuf_put(b, line, strlen(line));
-    }
-}
-
-/* A family's HELP and TYPE lines. */
-static void put_head(kvt_wbuf *b, const char *name, const char *type, const char *help)
-{
-    char line[320];
-    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-    kvt_wbuf_put(b, line, strlen(line));
-}
-
-static void put_val(kvt_wbuf *b, const char *name, const mview *v, const char *extra, unsigned long long x)
-{
-    char line[320], l[128];
-    snprintf(line, sizeof line, "%s%s %llu\n", name, labels(l, sizeof l, v, extra), x);
-    kvt_wbuf_put(b, line, strlen(line));
-}
-
-/* The remote tier's families (remote.h's figures). */
-static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
-{
-    kvt_remote_stats st;
-    kvt_remote_stats_get(r, &st);
-    mview none = {0};
-    char line[160];
-    static const struct { const char *name, *type, *help; } f[] = {
-        {"kvtier_remote_lookups_total", "counter", "Remote tier lookups, by result (hit, miss)."},
-        {"kvtier_remote_errors_total", "counter", "Remote tier round trips that failed or timed out (each a miss)."},
-        {"kvtier_remote_bad_values_total", "counter", "Values read from the remote tier that failed a check (deleted)."},
-        {"kvtier_remote_stale_total", "counter", "Remote index entries whose values were gone (evicted), dropped."},
-        {"kvtier_remote_hit_tokens_total", "counter", "Prompt tokens restored from the remote tier."},
-        {"kvtier_remote_bytes_total", "counter", "Bytes moved to and from the remote tier, by direction."},
-        {"kvtier_remote_uploads_total", "counter", "Snapshots uploaded to the remote tier."},
-        {"kvtier_remote_dropped_total", "counter", "Uploads not queued or not sent (queue full, breaker open, errors)."},
-        {"kvtier_remote_upload_queue", "gauge", "Uploads waiting to be sent."},
-        {"kvtier_remote_upload_queue_bytes", "gauge", "Bytes of the uploads waiting to be sent."},
-        {"kvtier_remote_seconds_total", "counter", "Time spent in remote lookups, and in the loads of hits."},
-        {"kvtier_remote_breaker", "gauge", "The circuit breaker: 0 closed, 1 open, 2 half-open (probing)."},
-        {"kvtier_remote_breaker_trips_total", "counter", "Times the circuit breaker opened."},
-        {"kvtier_remote_abandoned_total", "counter",
-         "Remote loads given up at their deadline (slower than the prefill they would save)."},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        put_head(b, f[i].name, f[i].type, f[i].help);
-        switch (i) {
-        case 0:
-            put_val(b, f[i].name, &none, "result=\"hit\"", st.hits);
-            put_val(b, f[i].name, &none, "result=\"miss\"", st.misses);
-            break;
-        case 1: put_val(b, f[i].name, &none, "", st.errors); break;
-        case 2: put_val(b, f[i].name, &none, "", st.bad); break;
-        case 3: put_val(b, f[i].name, &none, "", st.stale); break;
-        case 4: put_val(b, f[i].name, &none, "", st.hit_tokens); break;
-        case 5:
-            put_val(b, f[i].name, &none, "direction=\"read\"", st.bytes_read);
-            put_val(b, f[i].name, &none, "direction=\"written\"", st.bytes_written);
-            break;
-        case 6: put_val(b, f[i].name, &none, "", st.uploads); break;
-        case 7: put_val(b, f[i].name, &none, "", st.dropped); break;
-        case 8: put_val(b, f[i].name, &none, "", st.queue_len); break;
-        case 9: put_val(b, f[i].name, &none, "", st.queue_bytes); break;
-        case 10:
-            snprintf(line, sizeof line, "%s{phase=\"lookup\"} %.6f\n%s{phase=\"hit_load\"} %.6f\n", f[i].name,
-                     st.lookup_seconds, f[i].name, st.load_seconds);
-            kvt_wbuf_put(b, line, strlen(line));
-            break;
-        case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
-        case 12: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
-        default: put_val(b, f[i].name, &none, "", st.abandoned); break;
-        }
-    }
-}
-
-/* The Prometheus text for tenant tnt, its own figures and nothing of any
- * other key's; for KEY_METRICS every tenant's, each series labelled
- * tenant="NAME" (--api-key NAME=KEY, or key1, key2, ... in the order
- * the keys were given: nothing derived from a key), and the requests
- * that belong to no tenant. */
-static char *metrics_text(server *sv, int tnt)
-{
-    size_t first = tnt >= 0 ? (size_t)tnt : 0, nv = tnt >= 0 ? 1 : sv->n_tn;
-    mview *v = kvt_calloc(nv, sizeof *v);
-    if (!v) return NULL;
-    for (size_t k = 0; k < nv; k++) {
-        const tenant *tt = &sv->tn[first + k];
-        /* the queue first: when it is empty, the figures read after it
-         * count every save it held */
-        if (sv->q) {
-            v[k].store_jobs = kvt_storeq_pending(sv->q, (int)(first + k));
-            v[k].store_held = kvt_storeq_held(sv->q, (int)(first + k));
-        }
-        /* a save holds the store for seconds: the figures it last had then
-         * (a scrape must not hold an HTTP thread, nor many scrapes all of
-         * them, while it runs) */
-        bool stale;
-        if (tt->store && kvt_store_stats_try(tt->store, &v[k].ds, METRICS_STORE_WAIT_MS, &stale) != KVT_OK)
-            memset(&v[k].ds, 0, sizeof v[k].ds);
-        v[k].ram_budget = sv->o.ram_bytes / sv->n_tn;
-        if (tnt < 0) snprintf(v[k].lbl, sizeof v[k].lbl, "tenant=\"%s\"", tt->label);
-    }
-    pthread_mutex_lock(&sv->mu);
-    for (size_t k = 0; k < nv; k++) {
-        const tenant *tt = &sv->tn[first + k];
-        v[k].mx = tt->mx;
-        v[k].ram = tt->ram;
-        v[k].ram_entries = tt->ram_entries;
-        v[k].queued = tt->queued;
-        v[k].active = tt->active;
-    }
-    uint64_t refused = sv->refused, steps[3] = {sv->steps, sv->step_reqs, sv->step_max};
-    pthread_mutex_unlock(&sv->mu);
-
-    kvt_wbuf b = {0};
-    static const char *eps[] = {"chat_completions", "completions", "messages", "other", "responses"};
-    static const char *cls[] = {"2xx", "3xx", "4xx", "5xx", "5xx", "429"};
-    char ex[96];
-    put_head(&b, "kvtier_requests_total", "counter", "HTTP requests by endpoint and status class.");
-    for (size_t k = 0; k < nv; k++)
-        for (int e = 0; e < 5; e++)
-            for (int c = 0; c < 6; c++)
-                if (v[k].mx.requests[e][c]) {
-                    snprintf(ex, sizeof ex, "endpoint=\"%s\",status=\"%s\"", eps[e], cls[c]);
-                    put_val(&b, "kvtier_requests_total", &v[k], ex, v[k].mx.requests[e][c]);
-                }
-#define FAMILY(name, type, help, extra, expr)                                  \
-    do {                                                                       \
-        put_head(&b, name, type, help);                                        \
-        for (size_t k = 0; k < nv; k++) {                                      \
-            const mview *w = &v[k];                                            \
-            put_val(&b, name, w, extra, (unsigned long long)(expr));           \
-        }                                                                      \
-    } while (0)
-#define FAMILY2(name, type, help, e1, x1, e2, x2)                              \
-    do {                                                                       \
-        put_head(&b, name, type, help);                                        \
-        for (size_t k = 0; k < nv; k++) {                                      \
-            const mview *w = &v[k];                                            \
-            put_val(&b, name, w, e1, (unsigned long long)(x1));                \
-            put_val(&b, name, w, e2, (unsigned long long)(x2));                \
-        }                                                                      \
-    } while (0)
-#define FAMILY3(name, type, help, e1, x1, e2, x2, e3, x3)                      \
-    do {                                                                       \
-        put_head(&b, name, type, help);                                        \
-        for (size_t k = 0; k < nv; k++) {                                      \
-            const mview *w = &v[k];                                            \
-            put_val(&b, name, w, e1, (unsigned long long)(x1));                \
-            put_val(&b, name, w, e2, (unsigned long long)(x2));                \
-            put_val(&b, name, w, e3, (unsigned long long)(x3));                \
-        }                                                                      \
-    } while (0)
-    FAMILY("kvtier_prompt_tokens_total", "counter", "Prompt tokens received.", "", w->mx.prompt_tokens);
-    FAMILY("kvtier_prefilled_tokens_total", "counter", "Prompt tokens computed by prefill.", "", w->mx.prefilled);
-    FAMILY("kvtier_generated_tokens_total", "counter", "Tokens generated.", "", w->mx.generated);
-    FAMILY("kvtier_decode_passes_total", "counter",
-           "Forward passes of replies (speculative decoding: a pass may take several tokens).", "",
-           w->mx.decode_passes);
-    FAMILY("kvtier_draft_tokens_total", "counter", "Tokens drafted for speculative decoding.", "", w->mx.drafted);
-    FAMILY("kvtier_draft_accepted_tokens_total", "counter",
-           "Drafted tokens accepted (each the token plain decoding samples there).", "", w->mx.accepted);
-    FAMILY2("kvtier_drafter_tokens_total", "counter", "Tokens drafted, by drafter.", "drafter=\"ngram\"",
-            w->mx.drafted_by[0], "drafter=\"model\"", w->mx.drafted_by[1]);
-    FAMILY2("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
-            "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1]);
-    FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
-            w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
-    FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
-            "tier=\"disk\"", w->mx.hits_disk, "tier=\"remote\"", w->mx.hits_remote);
-    FAMILY("kvtier_cache_misses_total", "counter", "Requests no tier could serve.", "", w->mx.misses);
-    FAMILY2("kvtier_cache_bytes", "gauge", "Bytes held, by tier.", "tier=\"ram\"", w->ram, "tier=\"disk\"",
-            w->ds.bytes);
-    FAMILY2("kvtier_cache_budget_bytes", "gauge", "Bytes a tier may hold (a key's share with several keys).",
-            "tier=\"ram\"", w->ram_budget, "tier=\"disk\"", w->ds.budget);
-    FAMILY2("kvtier_cache_entries", "gauge", "Entries held, by tier.", "tier=\"ram\"", w->ram_entries,
-            "tier=\"disk\"", w->ds.snapshots);
-    FAMILY2("kvtier_cache_evictions_total", "counter", "Evictions, by tier.", "tier=\"ram\"", w->mx.ram_evictions,
-            "tier=\"disk\"", w->ds.evictions);
-    FAMILY("kvtier_ram_blocks_evicted_total", "counter",
-           "128-token blocks that sessions kept in RAM gave back to the budget.", "", w->mx.ram_blocks_evicted);
-    FAMILY("kvtier_disk_saves_total", "counter", "Snapshots written.", "", w->mx.disk_saves);
-    FAMILY("kvtier_disk_queue", "gauge", "Disk saves and loads queued or running on the store threads.", "",
-           w->store_jobs);
-    FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
-           "", w->store_held);
-    FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
-    FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
-    FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);
-#undef FAMILY
-#undef FAMILY2
-#undef FAMILY3
-    put_hist(&b, "kvtier_load_seconds", "Time to restore a prefix from disk.", v, nv, offsetof(metrics, load));
-    put_hist(&b, "kvtier_save_seconds", "Time to save snapshots.", v, nv, offsetof(metrics, save));
-    put_hist(&b, "kvtier_prefill_seconds", "Time to prefill a prompt.", v, nv, offsetof(metrics, prefill));
-    put_hist(&b, "kvtier_time_to_first_token_seconds", "Time from a request's arrival to its first token.", v, nv,
-             offsetof(metrics, ttft));
-    put_hist(&b, "kvtier_inter_token_seconds", "Time between two tokens of a reply.", v, nv, offsetof(metrics, itl));
-    /* the passes mix every key's requests: the operator's view, or the one key's */
-    if (tnt < 0 || sv->n_tn == 1) {
-        mview none = {0};
-        put_head(&b, "kvtier_steps_total", "counter", "Forward passes of the scheduler.");
-        put_val(&b, "kvtier_steps_total", &none, "", steps[0]);
-        put_head(&b, "kvtier_step_requests_total", "counter", "Requests advanced by those passes, summed.");
-        put_val(&b, "kvtier_step_requests_total", &none, "", steps[1]);
-        put_head(&b, "kvtier_step_requests_max", "gauge", "The most requests one pass advanced.");
-        put_val(&b, "kvtier_step_requests_max", &none, "", steps[2]);
-    }
-    /* the remote tier's figures mix every key's lookups: the operator's view, or the one key's */
-    if (sv->remote && (tnt < 0 || sv->n_tn == 1)) remote_metrics(sv->remote, &b);
-    if (tnt < 0) {
-        mview none = {0};
-        put_head(&b, "kvtier_refused_requests_total", "counter",
-                 "Requests of no key: a missing or wrong key, or the metrics key on another endpoint.");
-        put_val(&b, "kvtier_refused_requests_total", &none, "", refused);
-    }
-    free(v);
-    kvt_wbuf_put(&b, "", 1);
-    if (b.oom) { kvt_wbuf_free(&b); return NULL; }
-    return (char *)b.p;
-}
-
 /* ---- lifecycle ---- */
 
 /* libmicrohttpd's messages, minus the ones every client that goes away
@@ -2013,6 +1680,13 @@ int kvt_serve(const kvt_server_opts *opts)
         snprintf(msg, sizeof msg, "%s", kvt_errmsg());
         rc = kvt_fail(rc, "--model-draft %s: %s", opts->model_draft ? opts->model_draft : "(none)", msg);
         goto out;
+    }
+    if (sv->o.draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(sv->m, opts->model ? opts->model : sv->m->info.name)))
+        goto out;
+    if (sv->dmodel) { /* a draft session's scratch, which its reservation counts */
+        kvt_memory mm;
+        if ((rc = kvt_model_memory(NULL, sv->dmodel, sv->o.n_ctx, 1, &mm))) goto out;
+        sv->dscratch = (size_t)mm.scratch;
     }
     snprintf(sv->model_id, sizeof sv->model_id, "%s", opts->model_id ? opts->model_id : sv->m->info.name);
     sv->n_tn = opts->n_keys ? opts->n_keys : 1;

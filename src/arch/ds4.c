@@ -89,6 +89,8 @@ typedef struct ds4_layer {
     int32_t *tid2eid;               /* (V, Eu) when hash-routed */
     kvt_wmat gate_x, up_x, down_x;  /* (E*Fe, D), (E*Fe, D), (E*D, Fe): expert e's rows e*Fe.. (e*D..) */
     kvt_wmat gate_s, up_s, down_s;  /* (Es*Fe, D) x2, (D, Es*Fe) */
+    kvt_wmat eh;                    /* the MTP layer's (D, 2D): [embedding, hidden] to the streams */
+    float *enorm, *hnorm;           /* (D) x2, the MTP layer's */
     /* cache geometry */
     int s_comp, s_idx;              /* stream ids (-1: none) */
     size_t off_win, off_cf, off_if; /* state offsets: window ring, frontiers */
@@ -134,7 +136,7 @@ static bool apply_overrides(ds4_config *c, const char *s)
 #define U(name, field) {name, offsetof(ds4_config, field)}
         U("D", D), U("L", L), U("H", H), U("Dh", Dh), U("Dr", Dr), U("Rq", Rq), U("W", W), U("Hi", Hi),
         U("Di", Di), U("K", K), U("ctx", ctx), U("E", E), U("Eu", Eu), U("Es", Es), U("Fe", Fe),
-        U("hash", n_hash), U("og", og), U("orank", orank), U("iters", iters),
+        U("hash", n_hash), U("og", og), U("orank", orank), U("iters", iters), U("mtp", nextn),
 #undef U
     };
     while (*s) {
@@ -200,6 +202,7 @@ static bool preset_config(const char *name, ds4_config *c)
             c->clamp_exp[l] = c->clamp_sh[l] = c->clamp_exp[0];
             if (!strstr(plus, "ratios=")) c->ratio[l] = l < 2 ? 0 : (l % 2 == 0 ? 4 : 128);
         }
+        if (c->L < MAX_LAYERS) c->clamp_exp[c->L] = c->clamp_sh[c->L] = c->clamp_exp[0]; /* the MTP layer's */
         return true;
     }
     if (!strcmp(name, "ds4-tiny")) {
@@ -236,7 +239,7 @@ typedef struct tdesc {
     int32_t **islot;            /* the I32 routing table */
 } tdesc;
 
-#define MAX_TENSORS (8 + MAX_LAYERS * 34)
+#define MAX_TENSORS (8 + MAX_LAYERS * 37)
 
 static size_t tcount(const tdesc *t) { return (size_t)(t->ne[0] * t->ne[1] * t->ne[2]); }
 
@@ -260,10 +263,12 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
     ADD("output_hc_base.weight", 1, HC, 1, 1, INIT_SMALL, &w->hch_base);
     ADD("output_hc_scale.weight", 1, 1, 1, 1, INIT_ONE, &w->hch_scale);
     /* a config refused for its layer count has no layers to walk (ds4_free) */
-    uint32_t L = c->L <= MAX_LAYERS ? c->L : 0;
-    for (uint32_t l = 0; l < L; l++) {
+    uint32_t L = c->L + c->nextn <= MAX_LAYERS ? c->L : 0, nx = L ? c->nextn : 0;
+    /* the MTP (nextn) layer after the model's: a layer of raw attention,
+     * routed by its scores, and its projection of [embedding, hidden] */
+    for (uint32_t l = 0; l < L + nx; l++) {
         ds4_layer *ly = &w->layers[l];
-        uint32_t r = c->ratio[l], cw = (r == 4 ? 2 : 1) * c->Dh;
+        uint32_t r = l < L ? c->ratio[l] : 0, cw = (r == 4 ? 2 : 1) * c->Dh;
         uint64_t Fs = (uint64_t)c->Fe * c->Es;
         ADDL("attn_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->attn_norm);
         ADDL("attn_sinks.weight", 1, c->H, 1, 1, INIT_ZERO, &ly->sinks);
@@ -308,6 +313,11 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
         ADDLM("ffn_gate_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->gate_s);
         ADDLM("ffn_down_shexp.weight", 2, Fs, D, 1, INIT_MAT, &ly->down_s);
         ADDLM("ffn_up_shexp.weight", 2, D, Fs, 1, INIT_MAT, &ly->up_s);
+        if (l >= L) {
+            ADDLM("nextn.eh_proj.weight", 2, 2 * D, D, 1, INIT_MAT, &ly->eh);
+            ADDL("nextn.enorm.weight", 1, D, 1, 1, INIT_ONE, &ly->enorm);
+            ADDL("nextn.hnorm.weight", 1, D, 1, 1, INIT_ONE, &ly->hnorm);
+        }
     }
 #undef ADDLM
 #undef ADDM
@@ -343,10 +353,10 @@ static int finish_config(ds4_weights *w)
         c->Eu > c->E || c->Eu > 64 || !c->Fe || c->Fe > 1u << 20 || c->Es > 64 || !c->og || c->H % c->og ||
         !c->orank || c->orank > 65536 || c->n_hash > c->L || !c->iters || c->iters > 1000 || !(c->eps > 0) ||
         !(c->hc_eps >= 0) || !(c->base > 0) || !(c->cbase > 0) || !(c->wscale >= 0) ||
-        !(c->yarn_factor >= 0) || c->yarn_factor > 1e6f)
+        !(c->yarn_factor >= 0) || c->yarn_factor > 1e6f || c->nextn > 1 || c->L + c->nextn > MAX_LAYERS)
         return kvt_fail(KVT_EFORMAT,
-                        "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u experts %u used %u groups %u)",
-                        c->D, c->L, c->H, c->Dh, c->Dr, c->E, c->Eu, c->og);
+                        "ds4: inconsistent configuration (D=%u L=%u H=%u Dh=%u Dr=%u experts %u used %u groups %u, "
+                        "%u MTP layers: at most 1)", c->D, c->L, c->H, c->Dh, c->Dr, c->E, c->Eu, c->og, c->nextn);
     /* the indexer's keys and queries turn by the largest power-of-two
      * Hadamard from 64 up that divides Di (llama.cpp's rule) */
     if (c->Di % 64)
@@ -383,6 +393,13 @@ static int finish_config(ds4_weights *w)
             ly->off_if = off;
             off += 8 * 4 * (size_t)c->Di * 4;
         }
+    }
+    /* the MTP layer: raw attention over a window ring of its own (the
+     * drafter's, not the session's state) */
+    if (c->nextn) {
+        c->ratio[c->L] = 0;
+        w->layers[c->L].s_comp = w->layers[c->L].s_idx = -1;
+        w->layers[c->L].off_win = 0;
     }
     w->n_streams = ns;
     w->state_bytes = off;
@@ -613,6 +630,13 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
     if ((rc = dsv4_f32_arr(g, "swiglu_clamp_exp", c->L, c->clamp_exp, true, zero)) ||
         (rc = dsv4_f32_arr(g, "swiglu_clamp_shexp", c->L, c->clamp_sh, false, c->clamp_exp)))
         return rc;
+    if (c->nextn) { /* the MTP layer's: its entry when the arrays have one, else the last layer's */
+        float e[MAX_LAYERS + 1], sh[MAX_LAYERS + 1];
+        bool has = dsv4_f32_arr(g, "swiglu_clamp_exp", c->L + 1, e, true, zero) == KVT_OK &&
+                   dsv4_f32_arr(g, "swiglu_clamp_shexp", c->L + 1, sh, false, e) == KVT_OK;
+        c->clamp_exp[c->L] = has ? e[c->L] : c->clamp_exp[c->L - 1];
+        c->clamp_sh[c->L] = has ? sh[c->L] : c->clamp_sh[c->L - 1];
+    }
     /* llama.cpp's reading: the type defaults to linear, a missing factor
      * is no scaling, and only compressed layers scale */
     const char *st = "linear";
@@ -722,9 +746,6 @@ static int ds4_load(kvt_model *m, const kvt_gguf *g)
                               w->layers[l].tid2eid[i], c->E);
                 goto fail;
             }
-    if (c->nextn)
-        fprintf(stderr, "kvtier: deepseek4: skipping %u multi-token prediction layer(s) (not used for decoding)\n",
-                c->nextn);
     m->weights = w;
     fill_info(m, w);
     return KVT_OK;
@@ -740,21 +761,23 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     const ds4_config *c = &w->c;
     kvt_gguf_writer *gw = kvt_gguf_writer_new();
     tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
-    kvt_gguf_val *ra = kvt_calloc(c->L, sizeof *ra), *ce = kvt_calloc(c->L, sizeof *ce),
-                 *cs = kvt_calloc(c->L, sizeof *cs);
+    uint32_t n_all = c->L + c->nextn; /* the MTP layer after the model's */
+    kvt_gguf_val *ra = kvt_calloc(n_all, sizeof *ra), *ce = kvt_calloc(n_all, sizeof *ce),
+                 *cs = kvt_calloc(n_all, sizeof *cs);
     int rc = KVT_ENOMEM;
     if (!gw || !t || !ra || !ce || !cs) goto done;
-    for (uint32_t l = 0; l < c->L; l++) {
+    for (uint32_t l = 0; l < n_all; l++) {
         ra[l] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = c->ratio[l]};
         ce[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->clamp_exp[l]};
         cs[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->clamp_sh[l]};
     }
-    kvt_gguf_val rv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = c->L, .v.arr = ra};
-    kvt_gguf_val cev = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = c->L, .v.arr = ce};
-    kvt_gguf_val csv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = c->L, .v.arr = cs};
+    kvt_gguf_val rv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = n_all, .v.arr = ra};
+    kvt_gguf_val cev = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = n_all, .v.arr = ce};
+    kvt_gguf_val csv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = n_all, .v.arr = cs};
     kvt_gguf_val seed = {.type = KVT_GGUF_U64, .v.u = w->seed};
     struct { const char *k; uint32_t v; } u[] = {
-        {"context_length", c->ctx}, {"embedding_length", c->D}, {"block_count", c->L},
+        {"context_length", c->ctx}, {"embedding_length", c->D}, {"block_count", n_all},
+        {"nextn_predict_layers", c->nextn},
         {"attention.head_count", c->H}, {"attention.head_count_kv", 1}, {"attention.key_length", c->Dh},
         {"attention.value_length", c->Dh}, {"rope.dimension_count", c->Dr}, {"attention.q_lora_rank", c->Rq},
         {"attention.sliding_window", c->W}, {"expert_feed_forward_length", c->Fe}, {"expert_count", c->E},
@@ -961,10 +984,17 @@ typedef struct ds4_work {
     float *sc;         /* (parts, nk) */
     float *isc;        /* (parts, maxc4 + 1) when sel */
     cand *heap;        /* (parts, K + 1) when sel */
+    /* the tap: x holds the final streams of the tokens tap_tok (tap_n of
+     * them, from tap_pos0) of session tap_s's last pass (NULL: none) */
+    const kvt_session *tap_s;
+    size_t tap_pos0, tap_n;
+    int32_t *tap_tok;  /* (ch) */
 } ds4_work;
 
 typedef struct fwd {
     kvt_session *s;
+    const kvt_cache *cache;    /* the window rings' (the session's, or the MTP drafter's ring) */
+    size_t w_first;            /* the window's first position with a row (the MTP layer's: 1) */
     const ds4_weights *w;
     const ds4_layer *ly;
     ds4_work *wk;
@@ -1077,7 +1107,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
     fwd *f = arg;
     const ds4_config *c = &f->w->c;
     const ds4_layer *ly = f->ly;
-    const kvt_cache *cache = f->s->cache;
+    const kvt_cache *cache = f->cache;
     ds4_work *wk = f->wk;
     uint32_t r = c->ratio[f->l];
     size_t Dh = c->Dh, H = c->H;
@@ -1091,6 +1121,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
         for (size_t k = 0; k < nsel; k++)
             from_f16(keys + nk++ * Dh, kvt_cache_row_ro(cache, ly->s_comp, sel ? sel[k] : k), Dh);
         size_t w0 = t + 1 > c->W ? t + 1 - c->W : 0;
+        if (w0 < f->w_first) w0 = f->w_first;
         if (kvt_ds4_fault == KVT_DS4_FAULT_MASK && w0 < t) w0++; /* tests: an off-by-one window */
         for (size_t p = w0; p <= t; p++) {
             const uint16_t *row = p >= f->pos0 ? f->rows + (p - f->pos0) * Dh : win_row(cache, ly, c, p);
@@ -1112,7 +1143,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
     }
 }
 
-#define WORK_BUFS 35
+#define WORK_BUFS 36
 #define WB_KEYS 30 /* keys, sc, isc, heap: the per-part buffers, in work_bufs' order */
 
 /* Every allocation of the scratch but k itself, WORK_BUFS of them. */
@@ -1120,7 +1151,8 @@ static void work_bufs(const ds4_work *k, void **b)
 {
     void *all[WORK_BUFS] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq,
                             k->iw, k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp,
-                            k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx};
+                            k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx,
+                            k->tap_tok};
     memcpy(b, all, sizeof all);
 }
 
@@ -1202,7 +1234,7 @@ static void work_sizes(const ds4_config *c, size_t ch, size_t n_ctx, size_t part
         ch * Eu * sizeof(uint32_t), ch * Eu * D * f, ch * TW * f, wide * f, wide * 2,
         sel ? ch * K * sizeof(uint32_t) : 0, ch * sizeof(uint32_t), sel ? m4 * Di * f : 0,
         sel ? (all < big ? all : big) * f : 0, parts * nkk * Dh * f, parts * nkk * f,
-        sel ? parts * (m4 + 1) * f : 0, sel ? parts * ((size_t)K + 1) * sizeof(cand) : 0, qb};
+        sel ? parts * (m4 + 1) * f : 0, sel ? parts * ((size_t)K + 1) * sizeof(cand) : 0, qb, ch * sizeof(int32_t)};
     memcpy(sz, v, sizeof v);
     *maxc4 = m4;
     *nk = nkk;
@@ -1246,7 +1278,8 @@ static int ds4_work_new(kvt_session *s)
         (void **)&k->iw, (void **)&k->att, (void **)&k->og, (void **)&k->f1, (void **)&k->f3, (void **)&k->lg,
         (void **)&k->ex, (void **)&k->ew, (void **)&k->eo, (void **)&k->rt, (void **)&k->xe, (void **)&k->tmp,
         (void **)&k->p, (void **)&k->chk, (void **)&k->sel, (void **)&k->nsel, (void **)&k->kI, (void **)&k->dots,
-        (void **)&k->keys, (void **)&k->sc, (void **)&k->isc, (void **)&k->heap, (void **)&k->qx};
+        (void **)&k->keys, (void **)&k->sc, (void **)&k->isc, (void **)&k->heap, (void **)&k->qx,
+        (void **)&k->tap_tok};
     bool ok = true;
     for (size_t i = 0; i < WORK_BUFS && ok; i++)
         if (sz[i] && !(*dst[i] = kvt_malloc(sz[i]))) ok = false;
@@ -1386,22 +1419,149 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
     kvt_moe_run(s->pool, &m, h, n, wk->ex, wk->ew, &sc, out);
 }
 
+/* Layer l over the streams xl of nn tokens tok at positions p0.. (the
+ * window rows in cache's state; the compressed rows in the session's).
+ * lead, replay, replay_from: forward_pass's replay (a replay recomputes
+ * and compares the compressed rows it can make exact). row_only: stop once
+ * the window ring holds the tokens' raw rows (the MTP layer's rows of
+ * positions already verified: the streams are left as they are). */
+static int layer_run(kvt_session *s, ds4_work *wk, const kvt_cache *cache, uint32_t l, float *xl, const int32_t *tok,
+                     size_t nn, size_t p0, bool replay, size_t replay_from, size_t lead, bool row_only)
+{
+    const ds4_weights *w = s->m->weights;
+    const ds4_config *c = &w->c;
+    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
+    size_t og = c->og, orank = c->orank, gd = HD / og;
+    float *h = wk->h, *qr = wk->qr, *q = wk->q, *kv = wk->kv, *ckv = wk->ckv, *csc = wk->csc;
+    float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *tmp = wk->tmp, *p = wk->p;
+    uint16_t *rows = wk->rows, *chk = wk->chk;
+    const ds4_layer *ly = &w->layers[l];
+    uint32_t r = c->ratio[l];
+    float base = r ? c->cbase : c->base;
+    const kvt_yarn *yarn = r && kvt_ds4_fault != KVT_DS4_FAULT_YARN ? &w->yarn : NULL; /* tests: plain RoPE */
+    hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
+    for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
+    /* raw rows: key and value at once */
+    kvt_matmul_w(s->pool, kv, &ly->wkv, h, nn, wk->qx);
+    for (size_t i = 0; i < nn; i++) {
+        float *k = kv + i * Dh;
+        kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
+        kvt_rope_ext(k + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
+        to_f16(rows + i * Dh, k, Dh);
+    }
+    if (row_only) {
+        for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
+            memcpy(win_row(cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
+        return KVT_OK;
+    }
+    /* queries */
+    kvt_matmul_w(s->pool, tmp, &ly->wqa, h, nn, wk->qx);
+    for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
+    kvt_matmul_w(s->pool, q, &ly->wqb, qr, nn, wk->qx);
+    for (size_t i = 0; i < nn; i++)
+        for (size_t hh = 0; hh < c->H; hh++) {
+            float *qh = q + (i * c->H + hh) * Dh;
+            kvt_rmsnorm(qh, qh, NULL, Dh, c->eps);
+            kvt_rope_ext(qh + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
+        }
+    /* compressors: pool in position order, emit rows as blocks complete */
+    for (int pass = 0; pass < (r == 4 ? 2 : r ? 1 : 0); pass++) {
+        bool idx = pass == 1;
+        size_t d = idx ? Di : Dh, cw = (r == 4 ? 2 : 1) * d, off = idx ? ly->off_if : ly->off_cf;
+        int stream = idx ? ly->s_idx : ly->s_comp;
+        const kvt_wmat *wkv_c = idx ? &ly->i_kv : &ly->c_kv, *wg_c = idx ? &ly->i_gate : &ly->c_gate;
+        kvt_matmul_w(s->pool, ckv, wkv_c, h, nn, wk->qx);
+        kvt_matmul_w_next(s->pool, csc, wg_c, wkv_c, h, nn, wk->qx);
+        const float *ape = idx ? ly->i_ape : ly->c_ape;
+        for (size_t i = 0; i < nn; i++) {
+            size_t t = p0 + i;
+            float *sl = front_slot(s->cache, off, r, cw, t);
+            memcpy(sl, ckv + i * cw, cw * sizeof(float));
+            for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
+            if ((t + 1) % r) continue;
+            size_t row = (t + 1) / r - 1;
+            uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
+            if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
+            if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row)))
+                return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
+            emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, c->Dr, c->cbase, &w->yarn,
+                     idx ? w->hd_idx : 0, p, out);
+            if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2))
+                return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
+        }
+    }
+    if (r == 4) {
+        kvt_matmul_w(s->pool, iq, &ly->i_qb, qr, nn, wk->qx);
+        for (size_t i = 0; i < nn; i++)
+            for (size_t hh = 0; hh < Hi; hh++) {
+                float *v = iq + (i * Hi + hh) * Di;
+                kvt_rope_ext(v + Di - c->Dr, c->Dr, p0 + i, c->cbase, &w->yarn, 1.0f);
+                for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
+            }
+        kvt_matmul_w(s->pool, iw, &ly->i_proj, h, nn, wk->qx);
+        float isc = 1.0f / sqrtf((float)(Di * Hi));
+        for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
+    }
+    /* the MTP layer has no row at position 0 (its first pair is the
+     * hidden state of 0 with the token at 1, at position 1) */
+    fwd fa = {s, cache, l < c->L ? 0 : 1, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
+    fa.maxc = r ? (p0 + nn) / r : 0;
+    if (r == 4 && fa.maxc > c->K) index_select(&fa);
+    kvt_pool_for_part(s->pool, nn, 1, attn_range, &fa);
+    /* only now does the ring take this chunk's rows */
+    for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
+        memcpy(win_row(cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
+    /* grouped low-rank output: group g's heads through rows g*orank.. of wo_a */
+    float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
+    for (size_t g = 0; g < og; g++) {
+        for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
+        kvt_wmat wa = kvt_wmat_rows(&ly->woa, g * orank, orank);
+        kvt_matmul_w(s->pool, go, &wa, xg, nn, wk->qx);
+        for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
+    }
+    kvt_matmul_w(s->pool, tmp, &ly->wob, oa, nn, wk->qx);
+    hc_post(wk, c, xl, nn, tmp);
+    /* feed-forward */
+    hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
+    for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->ffn_norm, D, c->eps);
+    moe(s, wk, w, l, tok, h, nn, p0, tmp);
+    hc_post(wk, c, xl, nn, tmp);
+    return KVT_OK;
+}
+
+/* The output head over nl tokens' streams xs: the streams collapsed by the
+ * head's mixes, normed, through the output matrix into logits (nl, V). */
+static void head_run(kvt_session *s, ds4_work *wk, const float *xs, size_t nl, float *logits)
+{
+    const ds4_weights *w = s->m->weights;
+    const ds4_config *c = &w->c;
+    size_t D = c->D;
+    float *h = wk->h;
+    hc_mixes(s, wk, c, xs, nl, w->hch_fn, HC);
+    for (size_t i = 0; i < nl; i++)
+        for (size_t k = 0; k < HC; k++)
+            wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * w->hch_scale[0] + w->hch_base[k]) + c->hc_eps;
+    hc_collapse(xs, nl, D, wk->mix, HC, h);
+    for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, w->out_norm, D, c->eps);
+    kvt_matmul_w(s->pool, logits, &w->out, h, nl, wk->qx);
+}
+
 /* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
  * pass. Otherwise the pass is part of a replay that started at replay_from
  * over a cache whose stream rows are already complete (see ds4_state_rebuild):
  * the compressed rows are not written, and each one whose inputs the replay
- * has already made exact is recomputed and must equal the stored row. */
+ * has already made exact is recomputed and must equal the stored row. A
+ * normal pass leaves its tokens' final streams in wk->x (the tap: what the
+ * MTP layer reads, kvt_ds4_hidden). */
 static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
                         size_t lfrom, size_t replay_from)
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
-    size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
-    size_t W4 = (size_t)HC * D, og = c->og, orank = c->orank, gd = HD / og;
-    float *x = wk->x, *h = wk->h, *qr = wk->qr, *q = wk->q, *kv = wk->kv, *ckv = wk->ckv, *csc = wk->csc;
-    float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *tmp = wk->tmp, *p = wk->p;
-    uint16_t *rows = wk->rows, *chk = wk->chk;
+    size_t D = c->D, W4 = (size_t)HC * D;
+    float *x = wk->x;
     bool replay = replay_from != SIZE_MAX;
+    wk->tap_s = NULL;
     for (size_t i = 0; i < n; i++) {
         if (tok[i] < 0 || (uint32_t)tok[i] >= c->V)
             return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
@@ -1416,104 +1576,89 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
         size_t skip = 0, lead = replay ? replay_from + (size_t)l * (c->W - 1) : 0;
         if (replay && replay_from && lead > pos0) skip = lead - pos0 < n ? lead - pos0 : n;
         if (skip == n) continue;
-        const size_t nn = n - skip, p0 = pos0 + skip;
-        float *xl = x + skip * W4;
-        const ds4_layer *ly = &w->layers[l];
-        uint32_t r = c->ratio[l];
-        float base = r ? c->cbase : c->base;
-        const kvt_yarn *yarn = r && kvt_ds4_fault != KVT_DS4_FAULT_YARN ? &w->yarn : NULL; /* tests: plain RoPE */
-        hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
-        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
-        /* queries */
-        kvt_matmul_w(s->pool, tmp, &ly->wqa, h, nn, wk->qx);
-        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
-        kvt_matmul_w(s->pool, q, &ly->wqb, qr, nn, wk->qx);
-        for (size_t i = 0; i < nn; i++)
-            for (size_t hh = 0; hh < c->H; hh++) {
-                float *qh = q + (i * c->H + hh) * Dh;
-                kvt_rmsnorm(qh, qh, NULL, Dh, c->eps);
-                kvt_rope_ext(qh + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
-            }
-        /* raw rows: key and value at once */
-        kvt_matmul_w(s->pool, kv, &ly->wkv, h, nn, wk->qx);
-        for (size_t i = 0; i < nn; i++) {
-            float *k = kv + i * Dh;
-            kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
-            kvt_rope_ext(k + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
-            to_f16(rows + i * Dh, k, Dh);
-        }
-        /* compressors: pool in position order, emit rows as blocks complete */
-        for (int pass = 0; pass < (r == 4 ? 2 : r ? 1 : 0); pass++) {
-            bool idx = pass == 1;
-            size_t d = idx ? Di : Dh, cw = (r == 4 ? 2 : 1) * d, off = idx ? ly->off_if : ly->off_cf;
-            int stream = idx ? ly->s_idx : ly->s_comp;
-            const kvt_wmat *wkv_c = idx ? &ly->i_kv : &ly->c_kv, *wg_c = idx ? &ly->i_gate : &ly->c_gate;
-            kvt_matmul_w(s->pool, ckv, wkv_c, h, nn, wk->qx);
-            kvt_matmul_w_next(s->pool, csc, wg_c, wkv_c, h, nn, wk->qx);
-            const float *ape = idx ? ly->i_ape : ly->c_ape;
-            for (size_t i = 0; i < nn; i++) {
-                size_t t = p0 + i;
-                float *sl = front_slot(s->cache, off, r, cw, t);
-                memcpy(sl, ckv + i * cw, cw * sizeof(float));
-                for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
-                if ((t + 1) % r) continue;
-                size_t row = (t + 1) / r - 1;
-                uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
-                if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
-                if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row)))
-                    return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
-                emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, c->Dr, c->cbase, &w->yarn,
-                         idx ? w->hd_idx : 0, p, out);
-                if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2))
-                    return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
-            }
-        }
-        if (r == 4) {
-            kvt_matmul_w(s->pool, iq, &ly->i_qb, qr, nn, wk->qx);
-            for (size_t i = 0; i < nn; i++)
-                for (size_t hh = 0; hh < Hi; hh++) {
-                    float *v = iq + (i * Hi + hh) * Di;
-                    kvt_rope_ext(v + Di - c->Dr, c->Dr, p0 + i, c->cbase, &w->yarn, 1.0f);
-                    for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
-                }
-            kvt_matmul_w(s->pool, iw, &ly->i_proj, h, nn, wk->qx);
-            float isc = 1.0f / sqrtf((float)(Di * Hi));
-            for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
-        }
-        fwd fa = {s, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
-        fa.maxc = r ? (p0 + nn) / r : 0;
-        if (r == 4 && fa.maxc > c->K) index_select(&fa);
-        kvt_pool_for_part(s->pool, nn, 1, attn_range, &fa);
-        /* only now does the ring take this chunk's rows */
-        for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
-            memcpy(win_row(s->cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
-        /* grouped low-rank output: group g's heads through rows g*orank.. of wo_a */
-        float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
-        for (size_t g = 0; g < og; g++) {
-            for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
-            kvt_wmat wa = kvt_wmat_rows(&ly->woa, g * orank, orank);
-            kvt_matmul_w(s->pool, go, &wa, xg, nn, wk->qx);
-            for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
-        }
-        kvt_matmul_w(s->pool, tmp, &ly->wob, oa, nn, wk->qx);
-        hc_post(wk, c, xl, nn, tmp);
-        /* feed-forward */
-        hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
-        for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->ffn_norm, D, c->eps);
-        moe(s, wk, w, l, tok + skip, h, nn, p0, tmp);
-        hc_post(wk, c, xl, nn, tmp);
+        int rc = layer_run(s, wk, s->cache, l, x + skip * W4, tok + skip, n - skip, pos0 + skip, replay, replay_from,
+                           lead, false);
+        if (rc) return rc;
     }
-    if (lfrom < n) {
-        size_t nl = n - lfrom;
-        const float *xs = x + lfrom * W4;
-        hc_mixes(s, wk, c, xs, nl, w->hch_fn, HC);
-        for (size_t i = 0; i < nl; i++)
-            for (size_t k = 0; k < HC; k++)
-                wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * w->hch_scale[0] + w->hch_base[k]) + c->hc_eps;
-        hc_collapse(xs, nl, D, wk->mix, HC, h);
-        for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, w->out_norm, D, c->eps);
-        kvt_matmul_w(s->pool, logits, &w->out, h, nl, wk->qx);
+    if (lfrom < n) head_run(s, wk, x + lfrom * W4, n - lfrom, logits);
+    if (!replay) {
+        wk->tap_s = s;
+        wk->tap_pos0 = pos0;
+        wk->tap_n = n;
+        memcpy(wk->tap_tok, tok, n * sizeof *tok);
     }
+    return KVT_OK;
+}
+
+/* ---- the MTP (nextn) layer ----
+ *
+ * As llama.cpp's deepseek4 MTP graph: the position's hidden streams h (the
+ * model's final streams, before the output head) and the next token's
+ * embedding e are normed (hnorm per stream, enorm), each stream becomes
+ * eh_proj [e, h], and the streams go through a layer of raw attention over
+ * a window ring of its own and a routed feed-forward, then the model's
+ * output head. */
+
+uint32_t kvt_ds4_mtp_layers(const kvt_model *m)
+{
+    return m->arch == &kvt_arch_ds4 ? ((const ds4_weights *)m->weights)->c.nextn : 0;
+}
+
+size_t kvt_ds4_hidden_floats(const kvt_model *m) { return (size_t)HC * ((const ds4_weights *)m->weights)->c.D; }
+
+size_t kvt_ds4_mtp_window(const kvt_model *m) { return ((const ds4_weights *)m->weights)->c.W; }
+
+size_t kvt_ds4_mtp_ring_bytes(const kvt_model *m)
+{
+    const ds4_config *c = &((const ds4_weights *)m->weights)->c;
+    return (size_t)c->W * c->Dh * 2;
+}
+
+int kvt_ds4_hidden(const kvt_session *s, size_t pos, float *out)
+{
+    const ds4_work *wk = s->work;
+    if (!wk || wk->tap_s != s || pos < wk->tap_pos0 || pos >= wk->tap_pos0 + wk->tap_n || pos >= s->n ||
+        memcmp(wk->tap_tok, s->tokens + wk->tap_pos0, (pos + 1 - wk->tap_pos0) * sizeof(int32_t)))
+        return KVT_ENOENT;
+    size_t W4 = kvt_ds4_hidden_floats(s->m);
+    memcpy(out, wk->x + (pos - wk->tap_pos0) * W4, W4 * sizeof(float));
+    return KVT_OK;
+}
+
+int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only,
+                     float *hout, float *logits)
+{
+    const ds4_weights *w = s->m->weights;
+    const ds4_config *c = &w->c;
+    if (s->m->arch != &kvt_arch_ds4 || !c->nextn) return kvt_fail(KVT_EUNSUPPORTED, "the model has no MTP layer");
+    ds4_work *wk = s->work;
+    int rc;
+    if (!wk || wk->ch < HC) return kvt_fail(KVT_EINVAL, "MTP: the session has no scratch of %d tokens", HC);
+    if (tok < 0 || (uint32_t)tok >= c->V) return kvt_fail(KVT_EINVAL, "MTP: token id %d out of range [0, %u)", tok, c->V);
+    if (pos >= wk->n_ctx || pos == 0) return kvt_fail(KVT_ECTX, "MTP: position %zu outside [1, %zu)", pos, wk->n_ctx);
+    if ((rc = parts_fit(wk, c, kvt_pool_size(s->pool)))) return rc;
+    wk->tap_s = NULL; /* the streams are the MTP's from here */
+    const ds4_layer *ly = &w->layers[c->L];
+    size_t D = c->D;
+    float *cat = kvt_malloc(2 * HC * D * sizeof(float));
+    if (!cat) return KVT_ENOMEM;
+    const kvt_wmat *te = &w->tok_embd;
+    kvt_quant_to_f32(te->type, te->data + (size_t)tok * te->row_bytes, cat, D);
+    kvt_rmsnorm(cat, cat, ly->enorm, D, c->eps);
+    for (size_t k = 0; k < HC; k++) {
+        if (k) memcpy(cat + k * 2 * D, cat, D * sizeof(float));
+        kvt_rmsnorm(cat + k * 2 * D + D, hin + k * D, ly->hnorm, D, c->eps);
+    }
+    kvt_matmul_w(s->pool, wk->x, &ly->eh, cat, HC, wk->qx); /* the token's HC streams */
+    free(cat);
+    kvt_cache ring_cache;
+    memset(&ring_cache, 0, sizeof ring_cache);
+    ring_cache.state = (uint8_t *)ring;
+    ring_cache.state_bytes = kvt_ds4_mtp_ring_bytes(s->m);
+    rc = layer_run(s, wk, &ring_cache, c->L, wk->x, &tok, 1, pos, false, SIZE_MAX, 0, row_only);
+    if (rc || row_only) return rc;
+    memcpy(hout, wk->x, (size_t)HC * D * sizeof(float));
+    head_run(s, wk, wk->x, 1, logits);
     return KVT_OK;
 }
 

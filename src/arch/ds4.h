@@ -7,6 +7,10 @@
 
 #include "arch/arch.h"
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 extern const kvt_arch kvt_arch_ds4;
 
 /* Indices of the k best scores (ties: lower index), sorted ascending;
@@ -18,6 +22,29 @@ extern int kvt_ds4_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on
  * load (kvt_arch_ds4.replay_tokens). */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
+/* The MTP (nextn) layer (DeepSeek-V4's multi-token prediction, one layer
+ * after the model's, as llama.cpp's deepseek4 MTP graph runs it):
+ * kvt_ds4_mtp_layers is the model's count (0 or 1; 0 for another
+ * architecture). A position's hidden state is its final hyper-connection
+ * streams (kvt_ds4_hidden_floats floats); the layer's window ring holds
+ * kvt_ds4_mtp_window rows, position p at row p mod W (kvt_ds4_mtp_ring_bytes). */
+uint32_t kvt_ds4_mtp_layers(const kvt_model *m);
+size_t kvt_ds4_hidden_floats(const kvt_model *m);
+size_t kvt_ds4_mtp_window(const kvt_model *m);
+size_t kvt_ds4_mtp_ring_bytes(const kvt_model *m);
+/* The hidden state of position pos from s's last forward pass, when that
+ * pass ran pos with the tokens s holds (s's scratch keeps it until the next
+ * pass or MTP step): KVT_OK, else KVT_ENOENT (no message). */
+int kvt_ds4_hidden(const kvt_session *s, size_t pos, float *out);
+/* The MTP layer on s's scratch for the token tok at position pos (its
+ * RoPE position and row, as llama.cpp's MTP batches place it) and the
+ * hidden state hin of pos - 1 (the model's, or the previous MTP step's
+ * hout). Writes the layer's row of pos into ring; row_only: nothing else
+ * (the row depends on hin and tok alone). Otherwise the layer's output
+ * streams into hout and the logits of the token at pos + 1 into logits
+ * (n_vocab). */
+int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only,
+                     float *hout, float *logits);
 /* Write a ds4 model (config, weights, tokenizer) as GGUF
  * (kvt_arch_ds4.write_gguf). */
 int kvt_ds4_write_gguf(const kvt_model *m, const char *path);

@@ -23,6 +23,14 @@
  * finds no new job within SPIN polls, and a caller whose ranges are not
  * done within as many, sleep on the condition variables as before; a job
  * is announced on the condition variable only when a worker sleeps.
+ * A yield that comes back late says another thread took the core; the
+ * pool stops spinning for a while (CALM_NS) only when such yields lose
+ * more than a quarter of the time in a window of 20 ms (a crowded
+ * machine's time slices, a few ms each, get there in two). One alone is a
+ * thread that ran a moment and blocked again, as the server's HTTP thread
+ * and its client do at every token of a stream: a pool that stopped
+ * spinning for it paid a wake-up per job for the next CALM_NS, about as
+ * slow as one thread.
  *
  * A pool may be shared (the server's sessions run on one): its workers
  * take one job at a time, and a caller that finds them on another
@@ -40,7 +48,9 @@
 #include <unistd.h>
 
 #define SPIN 4096        /* polls, a yield of the CPU every 32 */
-#define CROWDED_NS 250000 /* a yield that took longer: other threads want the core */
+#define CROWDED_NS 250000 /* a yield that took longer: other threads wanted the core */
+#define CROWD_WINDOW_NS 20000000 /* the time such yields lost is summed over windows this long */
+#define CROWD_SHARE 4    /* more than 1/CROWD_SHARE of a window lost: the cores are crowded */
 #define CALM_NS 200000000 /* then no spinning for this long */
 #define PER_THREAD 4     /* ranges a thread, at most (each at least min_per_thread long) */
 #define MAX_RANGES 0xffffu
@@ -75,6 +85,7 @@ struct kvt_pool {
      * a whole time slice. A yield that comes back late shows it; then the
      * pool sleeps at once for CALM_NS. */
     _Atomic int64_t no_spin_until;
+    _Atomic int64_t win_start, win_lost; /* the late yields' window, and the time they lost in it */
     bool caller_sleeps;  /* the caller waits on done (under mu) */
     /* current job, written before the claim word publishes it */
     kvt_range_fn fn;
@@ -125,6 +136,21 @@ static void claim_and_run(kvt_pool *p, uint32_t gen, uint32_t part)
     }
 }
 
+void (*kvt_pool_test_yield)(void);
+
+/* A yield of the CPU that came back late (t: before it, u: after it):
+ * whether the cores are crowded now, by the time late yields lost in the
+ * window they fall in. */
+static bool crowded(kvt_pool *p, int64_t t, int64_t u)
+{
+    if (kvt_pool_fault == KVT_POOL_FAULT_CALM_AT_ONCE) return true;
+    if (u - atomic_load(&p->win_start) > CROWD_WINDOW_NS) { /* a new window (two threads may both start it) */
+        atomic_store(&p->win_start, t);
+        atomic_store(&p->win_lost, 0);
+    }
+    return (atomic_fetch_add(&p->win_lost, u - t) + (u - t)) * CROWD_SHARE > CROWD_WINDOW_NS;
+}
+
 /* One poll of a spin (i: its index): false when the pool must not spin. */
 static bool spin_poll(kvt_pool *p, int i)
 {
@@ -134,14 +160,17 @@ static bool spin_poll(kvt_pool *p, int i)
     if (i % 32 != 31) return true;
     int64_t t = now_ns();
     if (t < atomic_load(&p->no_spin_until)) return false;
-    sched_yield();
+    if (kvt_pool_test_yield) kvt_pool_test_yield();
+    else sched_yield();
     int64_t u = now_ns();
-    if (u - t > CROWDED_NS) {
+    if (u - t > CROWDED_NS && crowded(p, t, u)) {
         atomic_store(&p->no_spin_until, u + CALM_NS);
         return false;
     }
     return true;
 }
+
+bool kvt_pool_spinning(const kvt_pool *p) { return p && now_ns() >= atomic_load(&p->no_spin_until); }
 
 struct worker_arg { kvt_pool *p; uint32_t k; };
 

@@ -50,10 +50,18 @@ uint32_t kvt_ncpu(void);
 bool kvt_thread_idle_ok(void);
 bool kvt_thread_idle(bool on, int *was);
 
+/* Whether p's threads spin while they wait now (false for a while after
+ * their yields of the CPU came back late for more than a quarter of 20 ms:
+ * the cores are crowded). */
+bool kvt_pool_spinning(const kvt_pool *p);
+
 /* Tests: KVT_POOL_FAULT_STATIC splits a job into one range a thread, range
  * k on thread k (a thread that lost its core holds up the whole job);
- * KVT_POOL_FAULT_SHARED_PART tells every range it is part 0. */
-enum { KVT_POOL_FAULT_STATIC = 1, KVT_POOL_FAULT_SHARED_PART };
+ * KVT_POOL_FAULT_SHARED_PART tells every range it is part 0;
+ * KVT_POOL_FAULT_CALM_AT_ONCE stops the spinning at the first late yield. */
+enum { KVT_POOL_FAULT_STATIC = 1, KVT_POOL_FAULT_SHARED_PART, KVT_POOL_FAULT_CALM_AT_ONCE };
 extern int kvt_pool_fault;
+/* Tests: called instead of sched_yield() while a thread spins, when set. */
+extern void (*kvt_pool_test_yield)(void);
 
 #endif

@@ -79,9 +79,12 @@ int kvt_quant_to_f32(uint32_t type, const void *src, float *dst, size_t n);
 /* Tests only: KVT_QUANT_FAULT_GRID makes iq2_xxs read grid entry 78 for
  * index 77, KVT_QUANT_FAULT_SCALE adds one to q3_K's sixth scale, in
  * kvt_quant_to_f32 (kvt_quant_fault) or in the integer kernels
- * (kernels/qkernels.h kvt_q_fault), so the tests can show they catch one
- * wrong codebook entry and one off-by-one scale. */
-enum { KVT_QUANT_FAULT_NONE, KVT_QUANT_FAULT_GRID, KVT_QUANT_FAULT_SCALE };
+ * (kernels/qlowbit.h kvt_q_fault), so the tests can show they catch one
+ * wrong codebook entry and one off-by-one scale. KVT_QUANT_FAULT_LANE (the
+ * low-bit SIMD kernels only) adds one to one lane's integer sum of a
+ * superblock: row 1 of a four-row decode tile, token 3 of an eight-token
+ * prefill vector, so a test can show it compares every tile's bits. */
+enum { KVT_QUANT_FAULT_NONE, KVT_QUANT_FAULT_GRID, KVT_QUANT_FAULT_SCALE, KVT_QUANT_FAULT_LANE };
 extern int kvt_quant_fault;
 
 #endif

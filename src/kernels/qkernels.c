@@ -32,12 +32,16 @@
  *
  * Each instruction set has one static const row of kernels (struct q_ops,
  * at the end of the file), chosen by kernels/cpu.h; the code below calls
- * through it and tests no CPU feature itself. */
+ * through it and tests no CPU feature itself. The low-bit types (Q2_K,
+ * Q3_K, the i-quants, TQ1_0, TQ2_0) take the Q8_K activations quantised
+ * here and run in qlowbit.c. */
 #include "kernels/qkernels.h"
 #include "format/gguf.h"
 #include "format/iqgrid.h"
 #include "format/quant.h"
 #include "kernels/cpu.h"
+#include "kernels/q8k.h"
+#include "kernels/qlowbit.h"
 #include "base/util.h"
 
 #include <math.h>
@@ -50,7 +54,7 @@
 
 #define QK 32
 
-#define QKK 256
+#define QKK KVT_Q8K_N
 #define KT 8 /* the most tokens a K-quant row takes at once (prefill) */
 #define Q4K_BYTES 144
 #define Q6K_BYTES 210
@@ -86,19 +90,17 @@ static bool k_type(uint32_t wtype)
     return wtype == KVT_GGML_Q4_K || wtype == KVT_GGML_Q5_K || wtype == KVT_GGML_Q6_K || wtype == KVT_GGML_IQ4_XS;
 }
 
-static bool lb_type(uint32_t t);
-
 bool kvt_q_supported(uint32_t wtype)
 {
-    return b32_type(wtype) || k_type(wtype) || lb_type(wtype);
+    return b32_type(wtype) || k_type(wtype) || kvt_qlowbit_supported(wtype);
 }
 
 
 /* The types whose activations are Q8_K superblocks (the others': Q8_0). */
-static bool q8k_act(uint32_t wtype) { return k_type(wtype) || lb_type(wtype); }
+static bool q8k_act(uint32_t wtype) { return k_type(wtype) || kvt_qlowbit_supported(wtype); }
 
 static size_t act_stride(size_t cols) { return cols / QK * (sizeof(float) + QK); }
-static size_t act_stride_k(size_t cols) { return cols / QKK * (sizeof(float) + 16 * sizeof(int16_t) + QKK); }
+static size_t act_stride_k(size_t cols) { return kvt_q8k_stride(cols); }
 
 size_t kvt_q_act_bytes(uint32_t wtype, size_t n, size_t cols)
 {
@@ -274,7 +276,7 @@ static void quant_k_range(void *arg, size_t t0, size_t t1)
 }
 
 /* A token's Q8_K activations. */
-typedef struct kact { const float *d; const int16_t *bs; const int8_t *q; } kact;
+typedef kvt_q8k kact;
 
 /* The K-quant SIMD kernels (kernels of one row against T tokens, of four
  * rows, of four packed rows), by type: Q4_K, Q5_K, Q6_K, IQ4_XS (kq). */
@@ -282,16 +284,12 @@ typedef void (*qk_row_fn)(const uint8_t *row, size_t nsb, const kact *a, float *
 typedef void (*qk_rows4_fn)(const uint8_t *row, size_t row_bytes, size_t nsb, const kact *a, float *out);
 typedef void (*p4_fn)(const uint8_t *x, size_t nsb, const kact *a, float *out, size_t ldo);
 struct q6k_x4;
-struct lb_grid;
-typedef void (*lb_row_fn)(uint32_t ty, const uint8_t *row, size_t nsb, size_t bytes, const kact *a, size_t T,
-                          float *out, const struct lb_grid *grid);
 typedef void (*q6x4_fn)(const struct q6k_x4 *x, size_t nsb, const kact *a, float *out, size_t ldo);
 struct qk_ops {
     qk_row_fn row[4][3];  /* [kq][8, 4, 1 tokens] */
     qk_rows4_fn rows4[4]; /* [kq]: decode, four adjacent rows a call */
     p4_fn p4[2][3];       /* packed Q4_K, Q5_K [q5][8, 4, 1 tokens]; [q5][0] NULL: four at most */
     q6x4_fn q6x4[2];      /* four Q6_K rows packed on the stack against [8, 4] tokens */
-    lb_row_fn lb;         /* the low-bit types: one row against up to LB_T tokens */
 };
 
 static int kq(uint32_t ty)
@@ -299,13 +297,7 @@ static int kq(uint32_t ty)
     return ty == KVT_GGML_Q4_K ? 0 : ty == KVT_GGML_Q5_K ? 1 : ty == KVT_GGML_Q6_K ? 2 : 3;
 }
 
-static kact kact_at(const uint8_t *qx, size_t t, size_t cols)
-{
-    size_t nsb = cols / QKK;
-    const uint8_t *base = qx + t * act_stride_k(cols);
-    return (kact){(const float *)base, (const int16_t *)(base + nsb * sizeof(float)),
-                  (const int8_t *)(base + nsb * (sizeof(float) + 16 * sizeof(int16_t)))};
-}
+static kact kact_at(const uint8_t *qx, size_t t, size_t cols) { return kvt_q8k_at(qx, t, cols); }
 
 /* ggml's get_scale_min_k4: sub-block i's 6-bit scale and min. */
 static inline void k4_scale_min(const uint8_t *s, int i, int *sc, int *mn)
@@ -1344,511 +1336,6 @@ QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
 
 #endif
 
-/* ---- the low-bit types: Q2_K, Q3_K and the i-quants ----
- *
- * Each superblock of 256 is first unpacked (lb_unpack, shared by every
- * path) into 256 magnitudes (u8, at most 62), their signs (+1 / -1), a
- * scale per 16 (int16; Q2_K also a min per 16) and the float factor d of
- * the superblock, such that element i is d * sc[i / 16] * sgn[i] * mag[i]
- * (Q2_K: minus dmin * mn[i / 16]) exactly as quant.c dequantises it:
- *   Q2_K     d, dmin        sc, mn the nibbles; mag the 2-bit q
- *   Q3_K     d              sc the 6-bit scale - 32; sgn * mag the q in -4 .. 3
- *   IQ2_*    d / 8          sc 2 ls + 1 (d (0.5 + ls) / 4 = d / 8 (2 ls + 1))
- *   IQ3_XXS  d / 4          sc 2 ls + 1
- *   IQ3_S    d              sc 2 ls + 1
- *   IQ1_*    d / 8          sc 2 s + 1; sgn * mag = 8 g +- 1 (dl (g +- 1/8))
- *   TQ1_0, TQ2_0  d         sc 1; sgn * mag = t - 1
- * The dot product against a token's Q8_K superblock is then the exact
- * integer isum = sum_g sc[g] sum_16 sgn mag q (and msum = sum_g mn[g]
- * bsum[g]), |isum| < 2^31 for every type (at most 256 * 62 * 127 * 31),
- * and acc = fma(d * d_x, isum, acc) (Q2_K then acc = fma(-(dmin * d_x),
- * msum, acc)) per superblock in increasing order, as for the other
- * K-quants. The AVX2 path differs only in how it sums the integers
- * (maddubs of the magnitudes against the signed activations: |pair| <=
- * 2 * 62 * 127, no saturation), so it gives the same bits. */
-
-int kvt_q_fault;
-
-typedef struct lb_sb {
-    uint8_t mag[QKK];
-    int8_t sgn[QKK];
-    int16_t sc[16], mn[16];
-    float d, dmin;
-} lb_sb;
-
-static bool lb_type(uint32_t t)
-{
-    return t == KVT_GGML_Q2_K || t == KVT_GGML_Q3_K || t == KVT_GGML_IQ2_XXS || t == KVT_GGML_IQ2_XS ||
-           t == KVT_GGML_IQ2_S || t == KVT_GGML_IQ3_XXS || t == KVT_GGML_IQ3_S || t == KVT_GGML_IQ1_S ||
-           t == KVT_GGML_IQ1_M || t == KVT_GGML_TQ1_0 || t == KVT_GGML_TQ2_0;
-}
-
-static size_t lb_bytes(uint32_t t)
-{
-    size_t b = 0;
-    kvt_quant_block(t, NULL, &b);
-    return b;
-}
-
-/* Sign bits s (bit j: byte j negative) as 8 bytes of -1 (0xff) or +1. */
-static inline uint64_t lb_signs(uint8_t s) { return kvt_iqgrid_sign8[s]; }
-
-/* 8 grid magnitudes and the sign bits s (bit j: element j negative). */
-static inline void lb_put8(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
-{
-    uint64_t sg = lb_signs(s);
-    memcpy(u->mag + at, grid, 8);
-    memcpy(u->sgn + at, &sg, 8);
-}
-
-static inline void lb_put4(lb_sb *u, int at, const uint8_t *grid, uint8_t s)
-{
-    uint64_t sg = lb_signs(s);
-    memcpy(u->mag + at, grid, 4);
-    memcpy(u->sgn + at, &sg, 4);
-}
-
-#define LB_ONES 0x0101010101010101ull
-
-/* 8 IQ1 values 8 g + delta (g in -1, 0, 1; delta -1 or +1), a byte each in
- * u64 lanes: N marks g = -1, P g = 1; with delta +1 the magnitudes are 7,
- * 1, 9 (negative for g = -1), with delta -1 9, 1, 7 (negative unless g =
- * 1). */
-static inline void lb_put_iq1(lb_sb *u, int at, const int8_t *grid, bool neg)
-{
-    uint64_t g, n, p, mag, m, sel = -(uint64_t)neg; /* a select, not a branch: delta's sign is data */
-    memcpy(&g, grid, 8);
-    n = (g >> 7) & LB_ONES;
-    p = (g & LB_ONES) ^ n;
-    mag = LB_ONES + 6 * n + 8 * p;
-    mag ^= (mag ^ (LB_ONES + 8 * n + 6 * p)) & sel;
-    m = n ^ ((n ^ (p ^ LB_ONES)) & sel);
-    m = m * 0xfe | LB_ONES;
-    memcpy(u->mag + at, &mag, 8);
-    memcpy(u->sgn + at, &m, 8);
-}
-
-/* Q3_K's sixteen 6-bit scales (minus 32) from its 12 bytes: scale i's low
- * 4 bits the nibble i / 8 of byte i % 8, its high 2 bits bits 2 (i / 4) of
- * byte 8 + i % 4. */
-static inline void q3k_scales(const uint8_t *s, int16_t *sc)
-{
-    for (int i = 0; i < 16; i++)
-        sc[i] = (int16_t)((((s[i % 8] >> 4 * (i / 8)) & 15) | ((s[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32);
-    if (kvt_q_fault == KVT_QUANT_FAULT_SCALE) sc[5] += 1; /* tests */
-}
-
-static void lb_unpack(uint32_t t, const uint8_t *w, lb_sb *u)
-{
-    memset(u->mn, 0, sizeof u->mn);
-    u->dmin = 0;
-    switch (t) {
-    case KVT_GGML_Q2_K:
-        u->d = kvt_f16_to_f32(kvt_rd16(w + 80));
-        u->dmin = kvt_f16_to_f32(kvt_rd16(w + 82));
-        for (int g = 0; g < 16; g++) u->sc[g] = (int16_t)(w[g] & 15), u->mn[g] = (int16_t)(w[g] >> 4);
-        memset(u->sgn, 1, QKK);
-        /* element 128 h + 32 r + 16 k + l: bits 2r of qs[32 h + 16 k + l],
-         * 8 bytes of qs a u64 */
-        for (int h = 0; h < 2; h++)
-            for (int r = 0; r < 4; r++)
-                for (int j = 0; j < 32; j += 8) {
-                    uint64_t q;
-                    memcpy(&q, w + 16 + 32 * h + j, 8);
-                    q = (q >> 2 * r) & (3 * LB_ONES);
-                    memcpy(u->mag + 128 * h + 32 * r + j, &q, 8);
-                }
-        return;
-    case KVT_GGML_Q3_K: {
-        u->d = kvt_f16_to_f32(kvt_rd16(w + 108));
-        q3k_scales(w + 96, u->sc);
-        /* element 128 h + 32 r + j: low bits 2r of qs[32 h + j], the third
-         * bit 4h + r of hmask[j]; a clear one makes q = low - 4 (magnitude
-         * 4 - low, negative). 8 elements a u64. */
-        for (int h = 0; h < 2; h++)
-            for (int r = 0; r < 4; r++)
-                for (int j = 0; j < 32; j += 8) {
-                    uint64_t lo, hm, clear, mask, mag, sg;
-                    memcpy(&lo, w + 32 + 32 * h + j, 8);
-                    memcpy(&hm, w + j, 8);
-                    lo = (lo >> 2 * r) & (3 * LB_ONES);
-                    clear = ((hm >> (4 * h + r)) & LB_ONES) ^ LB_ONES;
-                    mask = clear * 0xff;
-                    mag = (lo & ~mask) | ((4 * LB_ONES - lo) & mask);
-                    sg = clear * 0xfe | LB_ONES;
-                    memcpy(u->mag + 128 * h + 32 * r + j, &mag, 8);
-                    memcpy(u->sgn + 128 * h + 32 * r + j, &sg, 8);
-                }
-        return;
-    }
-    case KVT_GGML_IQ2_XXS:
-        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
-        for (int i = 0; i < 8; i++) {
-            const uint8_t *g = w + 2 + 8 * i;
-            uint32_t aux = kvt_rd32(g + 4);
-            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * (aux >> 28) + 1);
-            for (int l = 0; l < 4; l++) {
-                const uint8_t *grid = kvt_iqgrid_iq2xxs[g[l]];
-                if (kvt_q_fault == KVT_QUANT_FAULT_GRID && g[l] == 77) grid = kvt_iqgrid_iq2xxs[78]; /* tests */
-                lb_put8(u, 32 * i + 8 * l, grid, kvt_iqgrid_ksigns[(aux >> 7 * l) & 127]);
-            }
-        }
-        return;
-    case KVT_GGML_IQ2_XS:
-        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
-        for (int i = 0; i < 8; i++) {
-            u->sc[2 * i] = (int16_t)(2 * (w[66 + i] & 15) + 1);
-            u->sc[2 * i + 1] = (int16_t)(2 * (w[66 + i] >> 4) + 1);
-            for (int l = 0; l < 4; l++) {
-                uint16_t q = kvt_rd16(w + 2 + 2 * (4 * i + l));
-                lb_put8(u, 32 * i + 8 * l, kvt_iqgrid_iq2xs[q & 511], kvt_iqgrid_ksigns[q >> 9]);
-            }
-        }
-        return;
-    case KVT_GGML_IQ2_S:
-        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
-        for (int i = 0; i < 8; i++) {
-            u->sc[2 * i] = (int16_t)(2 * (w[74 + i] & 15) + 1);
-            u->sc[2 * i + 1] = (int16_t)(2 * (w[74 + i] >> 4) + 1);
-            for (int l = 0; l < 4; l++)
-                lb_put8(u, 32 * i + 8 * l, kvt_iqgrid_iq2s[w[2 + 4 * i + l] | ((w[66 + i] >> 2 * l) & 3) << 8],
-                        w[34 + 4 * i + l]);
-        }
-        return;
-    case KVT_GGML_IQ3_XXS:
-        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.25f;
-        for (int i = 0; i < 8; i++) {
-            const uint8_t *qs = w + 2 + 8 * i;
-            uint32_t aux = kvt_rd32(w + 66 + 4 * i);
-            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * (aux >> 28) + 1);
-            for (int l = 0; l < 4; l++) {
-                uint8_t s = kvt_iqgrid_ksigns[(aux >> 7 * l) & 127];
-                lb_put4(u, 32 * i + 8 * l, kvt_iqgrid_iq3xxs[qs[2 * l]], s);
-                lb_put4(u, 32 * i + 8 * l + 4, kvt_iqgrid_iq3xxs[qs[2 * l + 1]], (uint8_t)(s >> 4));
-            }
-        }
-        return;
-    case KVT_GGML_IQ3_S:
-        u->d = kvt_f16_to_f32(kvt_rd16(w));
-        for (int i = 0; i < 8; i++) {
-            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * ((w[106 + i / 2] >> 4 * (i % 2)) & 15) + 1);
-            uint8_t qh = w[66 + i];
-            for (int l = 0; l < 4; l++) {
-                int k = 8 * i + 2 * l;
-                uint8_t s = w[74 + 4 * i + l];
-                lb_put4(u, 32 * i + 8 * l, kvt_iqgrid_iq3s[w[2 + k] | ((qh >> 2 * l) & 1) << 8], s);
-                lb_put4(u, 32 * i + 8 * l + 4, kvt_iqgrid_iq3s[w[3 + k] | ((qh >> (2 * l + 1)) & 1) << 8],
-                        (uint8_t)(s >> 4));
-            }
-        }
-        return;
-    case KVT_GGML_IQ1_S:
-        u->d = kvt_f16_to_f32(kvt_rd16(w)) * 0.125f;
-        for (int i = 0; i < 8; i++) {
-            uint16_t qh = kvt_rd16(w + 34 + 2 * i);
-            u->sc[2 * i] = u->sc[2 * i + 1] = (int16_t)(2 * ((qh >> 12) & 7) + 1);
-            for (int l = 0; l < 4; l++)
-                lb_put_iq1(u, 32 * i + 8 * l, kvt_iqgrid_iq1s[w[2 + 4 * i + l] | ((qh >> 3 * l) & 7) << 8], qh & 0x8000);
-        }
-        return;
-    case KVT_GGML_TQ1_0:
-    case KVT_GGML_TQ2_0: {
-        /* t - 1 in -1 .. 1, one scale for all: magnitude |t - 1|, its sign */
-        static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-        int8_t v[QKK];
-        if (t == KVT_GGML_TQ2_0) {
-            u->d = kvt_f16_to_f32(kvt_rd16(w + 64));
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 4; l++)
-                    for (int m = 0; m < 32; m++) v[128 * h + 32 * l + m] = (int8_t)(((w[32 * h + m] >> 2 * l) & 3) - 1);
-        } else {
-            u->d = kvt_f16_to_f32(kvt_rd16(w + 52));
-            for (int n = 0; n < 5; n++)
-                for (int m = 0; m < 32; m++) v[32 * n + m] = (int8_t)((((uint8_t)(w[m] * pow3[n]) * 3) >> 8) - 1);
-            for (int n = 0; n < 5; n++)
-                for (int m = 0; m < 16; m++)
-                    v[160 + 16 * n + m] = (int8_t)((((uint8_t)(w[32 + m] * pow3[n]) * 3) >> 8) - 1);
-            for (int n = 0; n < 4; n++)
-                for (int j = 0; j < 4; j++) v[240 + 4 * n + j] = (int8_t)((((uint8_t)(w[48 + j] * pow3[n]) * 3) >> 8) - 1);
-        }
-        for (int i = 0; i < QKK; i++) u->mag[i] = (uint8_t)(v[i] < 0 ? -v[i] : v[i]), u->sgn[i] = v[i] < 0 ? -1 : 1;
-        for (int g = 0; g < 16; g++) u->sc[g] = 1;
-        return;
-    }
-    case KVT_GGML_IQ1_M: {
-        const uint8_t *sc = w + 48;
-        uint16_t s[4];
-        for (int k = 0; k < 4; k++) s[k] = kvt_rd16(sc + 2 * k);
-        u->d = kvt_f16_to_f32((uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) |
-                                         (s[3] & 0xf000))) * 0.125f;
-        for (int i = 0; i < 8; i++) {
-            uint16_t wd = s[i / 2];
-            u->sc[2 * i] = (int16_t)(2 * ((wd >> (6 * (i % 2))) & 7) + 1);
-            u->sc[2 * i + 1] = (int16_t)(2 * ((wd >> (6 * (i % 2) + 3)) & 7) + 1);
-            for (int l = 0; l < 4; l++) {
-                uint8_t h = (uint8_t)(w[32 + 2 * i + l / 2] >> 4 * (l % 2));
-                lb_put_iq1(u, 32 * i + 8 * l, kvt_iqgrid_iq1s[w[4 * i + l] | (h & 7) << 8], h & 8);
-            }
-        }
-        return;
-    }
-    }
-}
-
-/* An unpacked superblock against token a's superblock b: the scaled sum
- * and the min sum (both exact integers). */
-static void lb_ints_scalar(const lb_sb *u, const kact *a, size_t b, int32_t *isum, int32_t *msum)
-{
-    const int8_t *q = a->q + QKK * b;
-    const int16_t *bs = a->bs + 16 * b;
-    int32_t is = 0, ms = 0;
-    for (int g = 0; g < 16; g++) {
-        int32_t s = 0;
-        for (int l = 0; l < 16; l++) s += u->sgn[16 * g + l] * u->mag[16 * g + l] * q[16 * g + l];
-        is += u->sc[g] * s;
-        ms += u->mn[g] * bs[g];
-    }
-    *isum = is;
-    *msum = ms;
-}
-
-/* The iq2_xxs codebook the kernels read: the format's, or (kvt_q_fault
- * KVT_QUANT_FAULT_GRID, tests) a copy with entry 78 at 77, so that the
- * fused kernels below show the fault too. */
-struct lb_grid { uint8_t iq2xxs[256][8]; };
-
-static const struct lb_grid *lb_grid_for(void)
-{
-    static struct lb_grid faulty;
-    if (kvt_q_fault != KVT_QUANT_FAULT_GRID) return (const struct lb_grid *)kvt_iqgrid_iq2xxs;
-    memcpy(faulty.iq2xxs, kvt_iqgrid_iq2xxs, sizeof faulty.iq2xxs); /* tests only, before the threads start */
-    memcpy(faulty.iq2xxs[77], kvt_iqgrid_iq2xxs[78], 8);
-    return &faulty;
-}
-
-/* The most tokens whose accumulators a row keeps at once. */
-#define LB_T 64
-
-#ifdef KVT_HAVE_X86
-/* Lane t of the result: the sum of v[t]'s eight lanes (exact). */
-__attribute__((target("avx2"), always_inline)) static inline __m256i lb_sum8(const __m256i *v)
-{
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
-}
-
-/* The integer sums of one superblock against T tokens, as eight int32
- * lanes per token whose total is lb_ints_scalar's isum (and, Q2_K only,
- * msum): from the unpacked copy u for every type but Q2_K, Q3_K and
- * IQ2_XXS, which build each 32 of the weights in a register from the block
- * w itself (Q2_K: bits 2r of qs[32h ..]; Q3_K: those and the third bit
- * 4h + r of hmask, a clear one subtracting 4; IQ2_XXS: four codebook
- * entries and four sign bytes). Magnitudes go to maddubs against the
- * activations with the weights' signs (|pair| <= 2 * 62 * 127: no
- * saturation), then madd with the scales. */
-__attribute__((target("avx2"), always_inline)) static inline void lb_vec_avx2(const uint32_t ty, const int T,
-                                                                             const uint8_t *w, const lb_sb *u,
-                                                                             const struct lb_grid *grid,
-                                                                             const kact *a, size_t b, __m256i *is,
-                                                                             __m256i *ms)
-{
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) is[t] = _mm256_setzero_si256();
-    int16_t sc16[16];
-    if (ty == KVT_GGML_Q3_K) q3k_scales(w + 96, sc16);
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        int h = k / 4, r = k % 4;
-        __m256i m, s = _mm256_set1_epi8(1), sc;
-        if (ty == KVT_GGML_Q2_K) {
-            m = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)), 2 * r),
-                                 _mm256_set1_epi8(3));
-            sc = _mm256_set_m128i(_mm_set1_epi16((short)(w[2 * k + 1] & 15)), _mm_set1_epi16((short)(w[2 * k] & 15)));
-        } else if (ty == KVT_GGML_Q3_K) {
-            __m256i lo = _mm256_and_si256(
-                _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h)), 2 * r), _mm256_set1_epi8(3));
-            __m256i clear = _mm256_cmpeq_epi8(
-                _mm256_and_si256(_mm256_loadu_si256((const __m256i *)w), _mm256_set1_epi8((char)(1 << (4 * h + r)))),
-                _mm256_setzero_si256());
-            s = _mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
-            m = _mm256_abs_epi8(s);
-            sc = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
-        } else if (ty == KVT_GGML_IQ2_XXS) {
-            const uint8_t *g = w + 2 + 8 * k;
-            uint32_t aux = kvt_rd32(g + 4);
-            m = _mm256_set_epi64x((long long)kvt_rd64(grid->iq2xxs[g[3]]), (long long)kvt_rd64(grid->iq2xxs[g[2]]),
-                                  (long long)kvt_rd64(grid->iq2xxs[g[1]]), (long long)kvt_rd64(grid->iq2xxs[g[0]]));
-            s = _mm256_set_epi64x((long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 21) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 14) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[(aux >> 7) & 127]),
-                                  (long long)lb_signs(kvt_iqgrid_ksigns[aux & 127]));
-            sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
-        } else {
-            m = _mm256_loadu_si256((const __m256i *)(u->mag + 32 * k));
-            s = _mm256_loadu_si256((const __m256i *)(u->sgn + 32 * k));
-            sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * k + 1]), _mm_set1_epi16(u->sc[2 * k]));
-        }
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a[t].q + QKK * b + 32 * k));
-            if (ty != KVT_GGML_Q2_K) x = _mm256_sign_epi8(x, s);
-            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), sc));
-        }
-    }
-    if (ty == KVT_GGML_Q2_K) {
-        /* the mins: the high nibbles of scales[16], as int16 */
-        __m256i mv = _mm256_cvtepu8_epi16(
-            _mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8((char)0xf0)), 4));
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-            ms[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[t].bs + 16 * b)), mv);
-    }
-}
-
-/* A superblock's float factors: d (as lb_unpack's u->d) and Q2_K's dmin. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline float lb_d(const uint32_t ty, const uint8_t *w,
-                                                                            const lb_sb *u, float *dmin)
-{
-    if (ty == KVT_GGML_Q2_K) {
-        *dmin = _cvtsh_ss(kvt_rd16(w + 82));
-        return _cvtsh_ss(kvt_rd16(w + 80));
-    }
-    *dmin = 0;
-    if (ty == KVT_GGML_Q3_K) return _cvtsh_ss(kvt_rd16(w + 108));
-    if (ty == KVT_GGML_IQ2_XXS) return _cvtsh_ss(kvt_rd16(w)) * 0.125f;
-    return u->d;
-}
-
-static inline bool lb_fused(uint32_t ty)
-{
-    return ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS;
-}
-
-/* One row of type (ty: the same for the fused types, 0 for the others)
- * against T <= LB_T tokens: out[t] = lb_range's scalar sum, bit
- * for bit (the float steps per superblock in increasing order, each a
- * single fma). One token (decode): eight superblocks' integer sums at a
- * time, reduced to one vector (lb_sum8), then the fmas in order. More:
- * eight tokens a vector lane each, their fmas side by side (each lane the
- * scalar's fma of its token); the rest one at a time. */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_row_avx2(const uint32_t ty,
-                                                                                      uint32_t type,
-                                                                                      const uint8_t *row, size_t nsb,
-                                                                                      size_t bytes, const kact *a,
-                                                                                      size_t T, float *out,
-                                                                                      const struct lb_grid *grid)
-{
-    lb_sb u;
-    u.d = u.dmin = 0;
-    const bool q2 = ty == KVT_GGML_Q2_K;
-    if (T == 1) {
-        float acc = 0;
-        for (size_t b0 = 0; b0 < nsb; b0 += 8) {
-            size_t nb = nsb - b0 < 8 ? nsb - b0 : 8;
-            __m256i is[8], ms[8];
-            float d[8], dm[8];
-            for (size_t j = 0; j < 8; j++) {
-                if (j >= nb) {
-                    is[j] = ms[j] = _mm256_setzero_si256();
-                    continue;
-                }
-                const uint8_t *w = row + (b0 + j) * bytes;
-                _mm_prefetch((const char *)w + KVT_PF_AHEAD, _MM_HINT_T0);
-                if (!lb_fused(ty)) lb_unpack(type, w, &u);
-                lb_vec_avx2(ty, 1, w, &u, grid, a, b0 + j, is + j, ms + j);
-                d[j] = lb_d(ty, w, &u, dm + j);
-            }
-            int32_t isum[8], msum[8];
-            _mm256_storeu_si256((__m256i *)isum, lb_sum8(is));
-            if (q2) _mm256_storeu_si256((__m256i *)msum, lb_sum8(ms));
-            for (size_t j = 0; j < nb; j++) {
-                float dx = a->d[b0 + j];
-                acc = fmaf(d[j] * dx, (float)isum[j], acc);
-                if (q2) acc = fmaf(-(dm[j] * dx), (float)msum[j], acc);
-            }
-        }
-        *out = acc;
-        return;
-    }
-    size_t G = T / 8, R = T % 8;
-    __m256 acc[LB_T / 8];
-    float acc1[8] = {0};
-    for (size_t g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-    for (size_t b = 0; b < nsb; b++) {
-        const uint8_t *w = row + b * bytes;
-        if (!lb_fused(ty)) lb_unpack(type, w, &u);
-        float dmin, d = lb_d(ty, w, &u, &dmin);
-        for (size_t g = 0; g < G; g++) {
-            const kact *ag = a + 8 * g;
-            __m256i is[8], ms[8];
-            lb_vec_avx2(ty, 8, w, &u, grid, ag, b, is, ms);
-            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
-                                      ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx), _mm256_cvtepi32_ps(lb_sum8(is)), acc[g]);
-            if (q2)
-                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
-                                          acc[g]);
-        }
-        for (size_t r = 0; r < R; r++) {
-            const kact *ar = a + 8 * G + r;
-            __m256i is, ms;
-            lb_vec_avx2(ty, 1, w, &u, grid, ar, b, &is, &ms);
-            float dx = ar->d[b];
-            acc1[r] = fmaf(d * dx, (float)hsum_i32(is), acc1[r]);
-            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc1[r]);
-        }
-    }
-    for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
-    for (size_t r = 0; r < R; r++) out[8 * G + r] = acc1[r];
-}
-
-/* The AVX2 row: the three fused types each compiled for its own, the
- * others through the unpacked copy. */
-__attribute__((target("avx2,fma,f16c"))) static void lb_row_avx2_fn(uint32_t ty, const uint8_t *row, size_t nsb,
-                                                                   size_t bytes, const kact *a, size_t T, float *out,
-                                                                   const struct lb_grid *grid)
-{
-    switch (ty) {
-    case KVT_GGML_Q2_K: lb_row_avx2(KVT_GGML_Q2_K, ty, row, nsb, bytes, a, T, out, grid); return;
-    case KVT_GGML_Q3_K: lb_row_avx2(KVT_GGML_Q3_K, ty, row, nsb, bytes, a, T, out, grid); return;
-    case KVT_GGML_IQ2_XXS: lb_row_avx2(KVT_GGML_IQ2_XXS, ty, row, nsb, bytes, a, T, out, grid); return;
-    default: lb_row_avx2(0, ty, row, nsb, bytes, a, T, out, grid); return;
-    }
-}
-#endif
-
-struct lb_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; lb_row_fn row; const struct lb_grid *grid; };
-
-static void lb_range(void *arg, size_t o0, size_t o1)
-{
-    const struct lb_ctx *c = arg;
-    const kvt_wmat *W = c->W;
-    uint32_t ty = W->type;
-    size_t nsb = W->cols / QKK, bytes = lb_bytes(ty);
-    lb_sb u;
-    for (size_t o = o0; o < o1; o++) {
-        const uint8_t *row = W->data + o * W->row_bytes;
-        for (size_t t0 = 0; t0 < c->n; t0 += LB_T) {
-            size_t T = c->n - t0 < LB_T ? c->n - t0 : LB_T;
-            kact a[LB_T];
-            float acc[LB_T] = {0};
-            for (size_t k = 0; k < T; k++) a[k] = kact_at(c->qx, t0 + k, W->cols);
-            if (c->row) {
-                c->row(ty, row, nsb, bytes, a, T, acc, c->grid);
-            } else {
-                for (size_t b = 0; b < nsb; b++) {
-                    int32_t is[LB_T], ms[LB_T];
-                    lb_unpack(ty, row + b * bytes, &u);
-                    for (size_t k = 0; k < T; k++) lb_ints_scalar(&u, a + k, b, is + k, ms + k);
-                    for (size_t k = 0; k < T; k++) {
-                        float dx = a[k].d[b];
-                        acc[k] = fmaf(u.d * dx, (float)is[k], acc[k]);
-                        if (ty == KVT_GGML_Q2_K) acc[k] = fmaf(-(u.dmin * dx), (float)ms[k], acc[k]);
-                    }
-                }
-            }
-            for (size_t k = 0; k < T; k++) c->y[(t0 + k) * W->rows + o] = acc[k];
-        }
-    }
-}
-
 struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct qk_ops *qk; };
 
 /* Row o against tokens [t, t + T): the fixed float order per superblock. */
@@ -2049,9 +1536,8 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
     const struct q_ops *k = ops();
     size_t per_out = n * W->cols;
     size_t min = per_out ? (32768 + per_out - 1) / per_out : W->rows;
-    if (lb_type(W->type)) {
-        struct lb_ctx c = {y, W, qx, n, k->qk ? k->qk->lb : NULL, lb_grid_for()};
-        kvt_pool_for(pool, W->rows, min, lb_range, &c);
+    if (kvt_qlowbit_supported(W->type)) {
+        kvt_qlowbit_matmul(pool, y, W, n, qx);
         return;
     }
     if (k_type(W->type)) {
@@ -2091,7 +1577,6 @@ static const struct qk_ops qk_avx2 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4, iq4xs_rows4},
     .p4 = {{NULL, q4k_p4_t4, q4k_p4_t1}, {NULL, q5k_p4_t4, q5k_p4_t1}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
-    .lb = lb_row_avx2_fn,
 };
 
 /* AVX-512: Q6_K decode in zmm, eight packed tokens a call, the one-token
@@ -2102,7 +1587,6 @@ static const struct qk_ops qk_avx512 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4_zmm, iq4xs_rows4},
     .p4 = {{q4k_p4_t8, q4k_p4_t4, q4k_p4_t1z}, {q5k_p4_t8, q5k_p4_t4, q5k_p4_t1z}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
-    .lb = lb_row_avx2_fn,
 };
 
 static const struct q_ops ops_avx2 = {

@@ -1,8 +1,9 @@
 /* Integer kernels for quantised weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * IQ4_NL and MXFP4 (blocks of 32), Q4_K, Q5_K, Q6_K and IQ4_XS (superblocks
  * of 256), and the low-bit superblocks Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S,
- * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0 and TQ2_0 (qkernels.c: unpacked to integer
- * magnitudes, signs and scales, then the same integer scheme). A matmul over weights of such a type first quantises each
+ * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0 and TQ2_0 (their kernels in qlowbit.c,
+ * kernels/qlowbit.h: unpacked to integer magnitudes, signs and scales, then
+ * the same integer scheme). A matmul over weights of such a type first quantises each
  * token's activations on its own (as llama.cpp does: Q8_0 blocks of 32 for
  * the 32-element weight types, the int8 values of llama.cpp's Q8_1 for Q4_1
  * and Q5_1 too), then every output is a dot product of integer blocks:
@@ -52,11 +53,5 @@ void kvt_q_matmul_quantised(kvt_pool *pool, float *y, const kvt_wmat *W, size_t 
  * bit (the scalar path still reads W->data). */
 size_t kvt_q_pack_bytes(const kvt_wmat *W);
 void kvt_q_pack(const kvt_wmat *W, uint8_t *dst);
-
-/* Tests only: format/quant.h's KVT_QUANT_FAULT_GRID or _SCALE in the
- * kernels' reading of iq2_xxs and q3_K, every path (not in
- * kvt_quant_to_f32), so a kernel test can show it finds one wrong codebook
- * entry or scale. Set it only while no matmul runs. */
-extern int kvt_q_fault;
 
 #endif

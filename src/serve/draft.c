@@ -23,8 +23,7 @@ int kvt_draft_parse(const char *name, kvt_draft_kind *out)
     if (!strcmp(name, "ngram")) *out = KVT_DRAFT_NGRAM;
     else if (!strcmp(name, "none")) *out = KVT_DRAFT_NONE;
     else if (!strcmp(name, "model")) *out = KVT_DRAFT_MODEL;
-    else if (!strcmp(name, "mtp"))
-        return kvt_fail(KVT_EUNSUPPORTED, "--draft %s is not supported yet (ngram, model or none)", name);
+    else if (!strcmp(name, "mtp")) *out = KVT_DRAFT_MTP;
     else
         return kvt_fail(KVT_EINVAL, "--draft must be ngram, model, mtp or none, not '%s'", name);
     return KVT_OK;

@@ -16,7 +16,7 @@ typedef enum kvt_draft_kind {
     KVT_DRAFT_NONE = 0,
     KVT_DRAFT_NGRAM,        /* prompt lookup: the session's own tokens */
     KVT_DRAFT_MODEL,        /* a draft model sharing the tokenizer (--model-draft) */
-    KVT_DRAFT_MTP,          /* the model's MTP layers (not supported yet) */
+    KVT_DRAFT_MTP,          /* the model's MTP (nextn) layer (DeepSeek-V4) */
 } kvt_draft_kind;
 
 /* The drafter unless --draft says otherwise. */
@@ -26,9 +26,8 @@ typedef enum kvt_draft_kind {
 /* The longest --draft-max (the verify pass's rows are held per reply). */
 #define KVT_DRAFT_MAX_LIMIT 64
 
-/* "ngram", "none", "model", "mtp" to a kind: KVT_OK, KVT_EUNSUPPORTED
- * for "mtp" (not supported yet), KVT_EINVAL naming the accepted ones for
- * anything else. */
+/* "ngram", "none", "model", "mtp" to a kind: KVT_OK, KVT_EINVAL naming
+ * the accepted ones for anything else. */
 int kvt_draft_parse(const char *name, kvt_draft_kind *out);
 const char *kvt_draft_name(kvt_draft_kind k);
 
@@ -92,14 +91,59 @@ int kvt_draft_model_follow(kvt_draft_model *d, const int32_t *ctx, size_t n);
 /* The draft session (borrowed), and whether the drafter is off after an error. */
 kvt_session *kvt_draft_model_session(const kvt_draft_model *d);
 bool kvt_draft_model_failed(const kvt_draft_model *d);
+/* The RAM a drafter holds now: its session (rows, checkpoints, arrays,
+ * scratch), its rows of logits and its saved state. */
+size_t kvt_draft_model_bytes(const kvt_draft_model *d);
+/* The RAM a drafter of model draft may come to hold over a reply that
+ * ends at `tokens` tokens (prompt and reply) on sessions of n_ctx: the
+ * cache's plan at that length, the session's arrays, draft_max rows of
+ * logits and `scratch` (a draft session's scratch, measured once). What
+ * the server reserves in the RAM budget when a reply starts. */
+size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t tokens, uint32_t draft_max,
+                               size_t scratch);
+
+/* ---- the MTP layer (draft_mtp.c) ----
+ *
+ * DeepSeek-V4's multi-token prediction layer, run on the model's session:
+ * its guesses chain from the model's hidden state of the last token, and
+ * its window of rows is rewritten from the model's hidden states of the
+ * verified positions before each pass (the rollback of its cache). */
+
+/* KVT_OK when m has an MTP layer; else KVT_EUNSUPPORTED saying that what
+ * (the model's file or name) has none. */
+int kvt_draft_mtp_check(const kvt_model *m, const char *what);
+typedef struct kvt_draft_mtp kvt_draft_mtp;
+/* A drafter on the model's session s (borrowed: its scratch holds the
+ * hidden states the layer reads, and runs the layer between passes). Free
+ * with kvt_draft_mtp_free (accepts NULL). */
+int kvt_draft_mtp_new(kvt_draft_mtp **out, kvt_session *s);
+void kvt_draft_mtp_free(kvt_draft_mtp *d);
+/* Same contract as kvt_draft_ngram, called every pass (max 0 too: the
+ * drafter takes the hidden states of the model's last pass then, which
+ * its window needs); the session holds ctx[0..n). Returns 0 when max is 0
+ * or the drafter failed (it is then off for good, the reason on stderr). */
+size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int32_t last, size_t max,
+                             int32_t *out);
+/* Bring the layer's window to the rows of ctx[0..n) (the last token's
+ * excepted: its next token is not known), as propose does first; and the
+ * digest of those rows (with how each was made). For tests: a drafter
+ * that followed a reply equals one made on a session synced to its tokens
+ * in one pass. */
+int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n);
+uint64_t kvt_draft_mtp_digest(const kvt_draft_mtp *d, size_t n);
+bool kvt_draft_mtp_failed(const kvt_draft_mtp *d);
+/* The RAM it holds (a window of rows and of hidden states). */
+size_t kvt_draft_mtp_bytes(const kvt_draft_mtp *d);
 
 /* Test hooks (draft_model.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
  * session's state one token late before a pass (an off-by-one rollback
  * of the draft session: its tokens right, its state not);
  * KVT_DRAFT_FAULT_ACCEPT_FIRST makes the generation loop (generate.c,
  * and run) accept a pass's first draft even when plain decoding samples
- * another token there. */
-enum { KVT_DRAFT_FAULT_NONE, KVT_DRAFT_FAULT_SAVE_LATE, KVT_DRAFT_FAULT_ACCEPT_FIRST };
+ * another token there; KVT_DRAFT_FAULT_MTP_KEEP keeps the row of a pass's
+ * first chained MTP guess as if the model had verified it (an off-by-one
+ * rollback of the MTP layer's window: one draft row too many survives). */
+enum { KVT_DRAFT_FAULT_NONE, KVT_DRAFT_FAULT_SAVE_LATE, KVT_DRAFT_FAULT_ACCEPT_FIRST, KVT_DRAFT_FAULT_MTP_KEEP };
 extern int kvt_draft_fault;
 
 #endif

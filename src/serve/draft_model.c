@@ -118,6 +118,25 @@ void kvt_draft_model_free(kvt_draft_model *d)
 kvt_session *kvt_draft_model_session(const kvt_draft_model *d) { return d->s; }
 bool kvt_draft_model_failed(const kvt_draft_model *d) { return d->failed; }
 
+size_t kvt_draft_model_bytes(const kvt_draft_model *d)
+{
+    return sizeof *d + kvt_session_bytes(d->s) + d->cap * (size_t)d->V * sizeof(float) + d->save.cap;
+}
+
+size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t tokens, uint32_t draft_max,
+                               size_t scratch)
+{
+    kvt_plan p = {0};
+    if (tokens > n_ctx) tokens = n_ctx;
+    size_t V = draft->info.n_vocab, cache = kvt_model_plan(draft, tokens, &p) == KVT_OK ? (size_t)p.total : 0;
+    /* checkpoints (session.c): one on each 2048-token grid point and at
+     * most three off it, each the state (the plan's fixed parts) and a
+     * row of logits; the state saved before a pass is one more */
+    size_t ckpts = 4 + tokens / 2048, state = (size_t)p.fixed + V * sizeof(float);
+    return sizeof(kvt_draft_model) + cache + (ckpts + 1) * state + (size_t)n_ctx * sizeof(int32_t) +
+           (2 + (size_t)draft_max) * V * sizeof(float) + scratch;
+}
+
 /* The pass in flight is over: keep the tokens of it the context (ctx[0..n)
  * then last) holds, as kvt_session_keep keeps a verify pass's. None kept
  * (a context that went another way): left to follow. */

@@ -204,7 +204,9 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     if (R->lp.n_top > g->m->info.n_vocab) R->lp.n_top = g->m->info.n_vocab;
     if (R->g.draft_max == 0) R->g.draft_max = KVT_DRAFT_MAX_DEFAULT;
     if (R->g.draft_max > KVT_DRAFT_MAX_LIMIT) R->g.draft_max = KVT_DRAFT_MAX_LIMIT;
-    if (R->g.draft != KVT_DRAFT_NGRAM && !(R->g.draft == KVT_DRAFT_MODEL && R->g.dm)) R->g.draft = KVT_DRAFT_NONE;
+    if (R->g.draft != KVT_DRAFT_NGRAM && !(R->g.draft == KVT_DRAFT_MODEL && R->g.dm) &&
+        !(R->g.draft == KVT_DRAFT_MTP && R->g.mtp))
+        R->g.draft = KVT_DRAFT_NONE;
     kvt_draft_tune_init(&R->tune, R->g.draft_max);
     /* no room for the rows: plain decoding, the same reply */
     size_t rows = (size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float);
@@ -270,10 +272,16 @@ bool kvt_gen_next_pass(kvt_gen_run *R, kvt_gen_pass *p)
     size_t ctx = g->n_ctx < s->n_ctx ? g->n_ctx : s->n_ctx;
     lim = ctx > R->pos0 + 1 ? (lim < ctx - R->pos0 - 1 ? lim : ctx - R->pos0 - 1) : 0;
     const int32_t *toks = kvt_session_tokens(s);
-    size_t d = !lim                        ? 0
-               : kvt_gen_test_drafter        ? kvt_gen_test_drafter(toks, R->pos0, R->pass[0], lim, R->pass + 1)
-               : g->draft == KVT_DRAFT_MODEL ? kvt_draft_model_propose(g->dm, toks, R->pos0, R->pass[0], lim, R->pass + 1)
-                                             : kvt_draft_ngram(toks, R->pos0, R->pass[0], lim, R->pass + 1);
+    /* the MTP drafter every pass: it takes the model's hidden states of
+     * the pass before, which its window needs, even when it drafts none
+     * (under the test hook too, which then replaces its guesses) */
+    size_t d = g->draft == KVT_DRAFT_MTP ? kvt_draft_mtp_propose(g->mtp, toks, R->pos0, R->pass[0], lim, R->pass + 1)
+               : 0;
+    if (kvt_gen_test_drafter || g->draft != KVT_DRAFT_MTP)
+        d = !lim                        ? 0
+            : kvt_gen_test_drafter        ? kvt_gen_test_drafter(toks, R->pos0, R->pass[0], lim, R->pass + 1)
+            : g->draft == KVT_DRAFT_MODEL ? kvt_draft_model_propose(g->dm, toks, R->pos0, R->pass[0], lim, R->pass + 1)
+                                          : kvt_draft_ngram(toks, R->pos0, R->pass[0], lim, R->pass + 1);
     R->pass_n = p->n = 1 + d;
     if (d) {
         p->rows = R->rows;

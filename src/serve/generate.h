@@ -37,6 +37,7 @@ typedef struct kvt_gen {
     kvt_draft_kind draft;      /* speculative decoding's drafter (KVT_DRAFT_NONE: a token a pass) */
     uint32_t draft_max;        /* tokens drafted at most a pass (0: KVT_DRAFT_MAX_DEFAULT) */
     kvt_draft_model *dm;       /* KVT_DRAFT_MODEL's drafter, following s (NULL: no drafts) */
+    kvt_draft_mtp *mtp;        /* KVT_DRAFT_MTP's drafter, on s (NULL: no drafts) */
 } kvt_gen;
 
 /* Generate g's reply, u the usage so far (prompt and cache figures): counts

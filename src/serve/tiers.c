@@ -96,6 +96,27 @@ size_t kvt_tiers_spare_bytes(const kvt_tiers *t)
     return b;
 }
 
+void kvt_tiers_reserve(kvt_tiers *t, int tenant, size_t bytes) { t->reserved[tenant] += bytes; }
+
+void kvt_tiers_unreserve(kvt_tiers *t, int tenant, size_t bytes)
+{
+    t->reserved[tenant] -= bytes < t->reserved[tenant] ? bytes : t->reserved[tenant];
+}
+
+size_t kvt_tiers_reserved(const kvt_tiers *t, int tenant)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < t->o.n_tenants; i++)
+        if (tenant < 0 || (size_t)tenant == i) b += t->reserved[i];
+    return b;
+}
+
+/* What counts against the budget beside the sessions: the reservations. */
+static size_t reserved_counted(const kvt_tiers *t, int tenant)
+{
+    return kvt_tiers_fault == KVT_TIERS_FAULT_UNRESERVED ? 0 : kvt_tiers_reserved(t, tenant); /* tests */
+}
+
 size_t kvt_tiers_count(const kvt_tiers *t, int tenant)
 {
     size_t n = 0;
@@ -427,10 +448,11 @@ static bool trim_tail(kvt_tiers *t, size_t i, kvt_store *store)
     return got > 0;
 }
 
-/* Free the spare scratch while the sessions and it exceed the budget: it
- * counts against the budget too, and goes before any session (making it
- * again costs less than any session's prefill). Then, while the tenant is
- * over its share, take from its least recently used session, never keep
+/* Free the spare scratch while the sessions, the reservations and it
+ * exceed the budget: it counts against the budget too, and goes before any
+ * session (making it again costs less than any session's prefill). Then,
+ * while the tenant's sessions, reservations (kvt_tiers_reserve) and saves
+ * queued (hooks.held) are over its share, take from its least recently used session, never keep
  * (a fork's source, NULL: none) nor a busy one: its last block when no
  * other session holds it (trim_tail: block by block on the 128-token
  * grid, the shared prefix kept), else the session whole; over its count
@@ -440,14 +462,15 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
 {
     size_t share = t->o.ram_bytes / t->o.n_tenants, slots = KVT_TIERS_MAX_POOL / t->o.n_tenants;
     const kvt_tier_hooks *h = &t->o.hooks;
-    while (t->n_spare && kvt_tiers_bytes(t, -1) + kvt_tiers_spare_bytes(t) > t->o.ram_bytes) {
+    while (t->n_spare && kvt_tiers_bytes(t, -1) + kvt_tiers_spare_bytes(t) + reserved_counted(t, -1) > t->o.ram_bytes) {
         void *w = t->spare[--t->n_spare];
         t->freed += kvt_session_scratch_bytes(t->m, w);
         kvt_session_scratch_free(t->m, w);
     }
-    size_t bytes = kvt_tiers_bytes(t, tenant);
+    size_t bytes = kvt_tiers_bytes(t, tenant), outside = reserved_counted(t, tenant);
     while (kvt_tiers_count(t, tenant) > (keep ? 1u : 0u) &&
-           (kvt_tiers_count(t, tenant) >= slots || bytes + (h->held ? h->held(h->user, tenant) : 0) > share)) {
+           (kvt_tiers_count(t, tenant) >= slots ||
+            bytes + outside + (h->held ? h->held(h->user, tenant) : 0) > share)) {
         bool any = kvt_tiers_fault == KVT_TIERS_FAULT_TRIM_SHARED;
         size_t lru = SIZE_MAX;
         for (size_t i = 0; i < t->n; i++)

@@ -96,6 +96,7 @@ typedef struct kvt_tiers {
     size_t freed;              /* bytes of sessions dropped since memory was last given back */
     kvt_tier_ix *ix;           /* (ix_cap, a power of 2; ix_n used) the index: open addressing on key */
     size_t ix_cap, ix_n;
+    size_t reserved[KVT_TIERS_MAX_POOL]; /* per tenant: bytes held outside the pool (kvt_tiers_reserve) */
 } kvt_tiers;
 
 /* The prompt a request brings, beside its tokens: its rendered text (to
@@ -199,11 +200,21 @@ size_t kvt_tiers_count(const kvt_tiers *t, int tenant);
 /* Sessions busy, across tenants. */
 size_t kvt_tiers_busy(const kvt_tiers *t);
 
+/* RAM a tenant's requests hold outside the pool (the draft model's
+ * sessions of its replies in progress) counts against its share as its
+ * pooled sessions do: a select makes room for it (make_room) as for them.
+ * kvt_tiers_reserve adds bytes, kvt_tiers_unreserve takes back what was
+ * added; kvt_tiers_reserved is the tenant's sum (-1: every tenant's). */
+void kvt_tiers_reserve(kvt_tiers *t, int tenant, size_t bytes);
+void kvt_tiers_unreserve(kvt_tiers *t, int tenant, size_t bytes);
+size_t kvt_tiers_reserved(const kvt_tiers *t, int tenant);
+
 /* Test hook, to show a test catches such a bug: KVT_TIERS_FAULT_PREFIX_SHORT
  * makes the common prefix of a prompt and a pooled session one token
  * short; KVT_TIERS_FAULT_TRIM_SHARED makes the eviction take blocks as
- * if no other session held them, busy sessions' included. */
-enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED };
+ * if no other session held them, busy sessions' included;
+ * KVT_TIERS_FAULT_UNRESERVED leaves the reserved bytes out of the budget. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED, KVT_TIERS_FAULT_UNRESERVED };
 extern int kvt_tiers_fault;
 
 #endif

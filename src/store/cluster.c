@@ -20,7 +20,7 @@
 
 #define NONE 0xffff
 #define ROUNDS 4
-#define MAX_NODES 64
+#define MAX_NODES KVT_CLUSTER_MAX_SHARDS
 
 int kvt_cluster_fault;
 
@@ -36,6 +36,8 @@ struct kvt_cluster {
     node *nodes[MAX_NODES];
     size_t n_nodes, n_seeds; /* the seeds are nodes[0..n_seeds) */
     uint16_t slot[KVT_CLUSTER_SLOTS];
+    int16_t rank[MAX_NODES]; /* a master's shard: its place in the order of first slots; -1 not a master */
+    size_t n_masters;
     bool have_map, stale;
 };
 
@@ -121,6 +123,7 @@ int kvt_cluster_new(kvt_cluster **out, const char (*hosts)[256], const int *port
     if (!c) return KVT_ENOMEM;
     c->auth = auth;
     for (size_t i = 0; i < KVT_CLUSTER_SLOTS; i++) c->slot[i] = NONE;
+    for (size_t i = 0; i < MAX_NODES; i++) c->rank[i] = -1;
     for (size_t i = 0; i < n; i++)
         if (node_of(c, hosts[i], ports[i]) < 0) {
             kvt_cluster_free(c);
@@ -143,11 +146,11 @@ void kvt_cluster_free(kvt_cluster *c)
     free(c);
 }
 
-int kvt_cluster_resolve(kvt_cluster *c)
+int kvt_cluster_resolve(kvt_cluster *c, double deadline)
 {
     int rc = KVT_OK;
     for (size_t i = 0; i < c->n_seeds; i++) {
-        int r = kvt_conn_resolve(&c->nodes[i]->c);
+        int r = kvt_conn_resolve(&c->nodes[i]->c, deadline);
         if (r && !rc) rc = r;
     }
     return rc;
@@ -187,6 +190,8 @@ static bool parse_slots(kvt_cluster *c, const redisReply *x, int from)
     return true;
 }
 
+static void rank_masters(kvt_cluster *c);
+
 /* Read the map (CLUSTER SLOTS) from the first node that answers: prefer
  * first, then the nodes connected, then the rest. */
 static int refresh(kvt_cluster *c, int prefer, double deadline)
@@ -222,6 +227,7 @@ static int refresh(kvt_cluster *c, int prefer, double deadline)
         if (ok) {
             c->have_map = true;
             c->stale = false;
+            rank_masters(c);
             return KVT_OK;
         }
     }
@@ -243,6 +249,24 @@ static size_t masters(const kvt_cluster *c, int *out)
     }
     return n;
 }
+
+/* Number the masters (c->rank) in the order of their first slot. */
+static void rank_masters(kvt_cluster *c)
+{
+    int ms[MAX_NODES];
+    for (size_t i = 0; i < MAX_NODES; i++) c->rank[i] = -1;
+    c->n_masters = masters(c, ms);
+    for (size_t i = 0; i < c->n_masters; i++) c->rank[ms[i]] = (int16_t)i;
+}
+
+int kvt_cluster_shard_of(const kvt_cluster *c, const char *key, size_t len)
+{
+    if (!c->have_map) return -1;
+    uint16_t k = c->slot[kvt_cluster_slot(key, len)];
+    return k == NONE ? -1 : c->rank[k];
+}
+
+size_t kvt_cluster_n_shards(const kvt_cluster *c) { return c->have_map ? c->n_masters : 0; }
 
 /* SCAN "M-C" (master M, its cursor C; "0" starts at master 0) made into
  * SCAN C for master M. *node the master; the rewritten command in *cmd
@@ -294,8 +318,8 @@ static void scan_reply(const kvt_cluster *c, redisReply *x, size_t mi)
 
 typedef struct pend {
     size_t i;           /* the command */
-    int node, moved;
-    bool asking, scan;
+    int node, moved, shard;
+    bool asking, scan, gone; /* gone: no reply (its shard skipped or failed) */
     size_t scan_m;
     redisReply *last;   /* the last redirect, the result if it is not followed */
 } pend;
@@ -325,13 +349,15 @@ static int redirect_node(kvt_cluster *c, const char *s, unsigned *slot)
     return port > 0 && port < 65536 ? node_of(c, host, port) : -1;
 }
 
+/* The commands [from, to): *partial when one of them has no reply (its
+ * shard skipped, or its master's round trip failed). */
 static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_t from, size_t to, double deadline,
-                     redisReply **rep)
+                     kvt_shards *sh, redisReply **rep, bool *partial)
 {
     size_t np = to - from;
     pend *ps = kvt_calloc(np ? np : 1, sizeof *ps);
     if (!ps) return KVT_ENOMEM;
-    for (size_t k = 0; k < np; k++) ps[k] = (pend){.i = from + k, .node = -1};
+    for (size_t k = 0; k < np; k++) ps[k] = (pend){.i = from + k, .node = -1, .shard = -1};
     int rc = KVT_OK, prefer = -1;
     size_t left = np;
     for (int round = 0; left && !rc && round < ROUNDS; round++) {
@@ -340,7 +366,7 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
         for (size_t i = 0; i < c->n_nodes; i++) { c->nodes[i]->q.len = 0; c->nodes[i]->n_who = 0; }
         for (size_t k = 0; k < np && !rc; k++) {
             pend *p = &ps[k];
-            if (rep[p->i]) continue;
+            if (rep[p->i] || p->gone) continue;
             const char *cmd = cmds + offs[p->i];
             size_t len = offs[p->i + 1] - offs[p->i];
             char *scan = NULL;
@@ -360,6 +386,16 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
                     break;
                 }
             }
+            /* a command's shard is its slot's master's when first routed: a
+             * redirect's node answers for that shard */
+            if (p->shard < 0) p->shard = c->rank[p->node] >= 0 ? c->rank[p->node] : 0;
+            if (sh->skip[p->shard]) {
+                free(scan);
+                p->gone = true;
+                left--;
+                continue;
+            }
+            sh->asked[p->shard] = true;
             node *n = c->nodes[p->node];
             static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
             if (p->asking) rc = push(n, asking, sizeof asking - 1, SIZE_MAX);
@@ -377,20 +413,23 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
             n->c.q_n = n->n_who;
             run[nr++] = &n->c;
         }
-        if (kvt_conn_run(run, nr, deadline)) {
-            for (size_t i = 0; i < nr; i++) {
-                if (!rc && run[i]->rc) rc = kvt_fail(KVT_EIO, "%s", run[i]->err);
-                for (size_t k = 0; run[i]->rep && k < run[i]->q_n; k++) freeReplyObject(run[i]->rep[k]);
-                free(run[i]->rep);
-                run[i]->rep = NULL;
-            }
-            c->stale = true; /* a node gone: a replica may have taken its slots */
-            break;
-        }
-        bool tryagain = false;
+        kvt_conn_run(run, nr, deadline);
+        bool tryagain = false, rerank = false;
         prefer = -1;
         for (size_t i = 0; i < nr; i++) {
             node *n = (node *)run[i]; /* c is node's first member */
+            if (n->c.rc) { /* this master failed: its commands have no reply; the others' stand */
+                if (!sh->why[0]) snprintf(sh->why, sizeof sh->why, "%s", n->c.err);
+                for (size_t k = 0; k < n->n_who; k++) {
+                    if (n->who[k] == SIZE_MAX) continue;
+                    pend *p = &ps[n->who[k]];
+                    sh->failed[p->shard] = true;
+                    p->gone = true;
+                    left--;
+                }
+                c->stale = true; /* a node gone: a replica may have taken its slots */
+                continue;
+            }
             for (size_t k = 0; k < n->n_who; k++) {
                 redisReply *x = n->c.rep[k];
                 if (n->who[k] == SIZE_MAX) { freeReplyObject(x); continue; }
@@ -404,7 +443,7 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
                     p->asking = false;
                     p->node = to_node;
                     c->slot[slot] = (uint16_t)to_node;
-                    c->stale = true;
+                    c->stale = rerank = true;
                     prefer = to_node;
                 } else if (err && !strncmp(x->str, "ASK ", 4) && !(kvt_cluster_fault & KVT_CLUSTER_FAULT_NO_ASK) &&
                            (to_node = redirect_node(c, x->str, &slot)) >= 0) {
@@ -426,6 +465,7 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
             free(n->c.rep);
             n->c.rep = NULL;
         }
+        if (rerank) rank_masters(c);
         if (tryagain && left) { /* a migration moving a multi-key command's keys: a moment */
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, NULL);
@@ -434,24 +474,33 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
     /* redirects not followed (a second MOVED, rounds used up): the
      * redirect is the command's reply, an error the caller sees */
     for (size_t k = 0; k < np; k++) {
-        if (!rc && !rep[ps[k].i]) rep[ps[k].i] = ps[k].last, ps[k].last = NULL;
-        freeReplyObject(ps[k].last);
+        pend *p = &ps[k];
+        if (!rc && !rep[p->i] && !p->gone) rep[p->i] = p->last, p->last = NULL;
+        freeReplyObject(p->last);
+        redisReply *x = rep[p->i];
+        if (!rc && !x) *partial = true;
+        if (!rc && x && x->type == REDIS_REPLY_ERROR && p->shard >= 0) {
+            if (!sh->refused[p->shard] && !sh->refusal[0]) snprintf(sh->refusal, sizeof sh->refusal, "%s", x->str);
+            sh->refused[p->shard] = true;
+        }
     }
     free(ps);
     return rc;
 }
 
 int kvt_cluster_exec(kvt_cluster *c, const char *cmds, const size_t *offs, size_t n, const size_t *barriers,
-                     size_t nb, double deadline, redisReply **rep)
+                     size_t nb, double deadline, kvt_shards *sh, redisReply **rep)
 {
     size_t from = 0;
     int rc = KVT_OK;
-    for (size_t b = 0; b <= nb && !rc; b++) {
+    bool partial = false;
+    for (size_t b = 0; b <= nb && !rc && !partial; b++) {
         size_t to = b < nb ? barriers[b] : n;
         if (to > n) to = n;
-        if (to > from || (n == 0 && b == nb)) rc = run_phase(c, cmds, offs, from, to, deadline, rep);
+        if (to > from || (n == 0 && b == nb)) rc = run_phase(c, cmds, offs, from, to, deadline, sh, rep, &partial);
         if (to > from) from = to;
     }
+    sh->n = c->have_map && c->n_masters ? c->n_masters : 1;
     if (rc)
         for (size_t i = 0; i < n; i++) {
             if (rep[i]) freeReplyObject(rep[i]);

@@ -19,6 +19,22 @@
 
 #define KVT_CLUSTER_SLOTS 16384
 #define KVT_CLUSTER_MAX_SEEDS 16
+#define KVT_CLUSTER_MAX_SHARDS 64 /* the masters a client knows (its nodes, seeds and replicas named in redirects too) */
+
+/* A round trip's outcome by shard: a cluster's masters numbered in the
+ * order of their first slot (a replica that takes over a master's slots
+ * takes its number too), or shard 0, the one server. The caller sets
+ * skip (the commands bound for those shards are not sent); the rest is
+ * the outcome. */
+typedef struct kvt_shards {
+    bool skip[KVT_CLUSTER_MAX_SHARDS];     /* in: not asked (their replies NULL) */
+    bool asked[KVT_CLUSTER_MAX_SHARDS];    /* sent a command */
+    bool failed[KVT_CLUSTER_MAX_SHARDS];   /* the round trip failed (timed out, refused, reset): replies NULL */
+    bool refused[KVT_CLUSTER_MAX_SHARDS];  /* answered an error reply (NOAUTH, an ACL, OOM, CLUSTERDOWN) */
+    size_t n;                              /* shards known (1 before a cluster's map is read) */
+    char refusal[160];                     /* the first error reply's text */
+    char why[224];                         /* the first failure's message */
+} kvt_shards;
 
 typedef struct kvt_cluster kvt_cluster;
 
@@ -27,9 +43,11 @@ typedef struct kvt_cluster kvt_cluster;
 int kvt_cluster_new(kvt_cluster **out, const char (*hosts)[256], const int *ports, size_t n,
                     const kvt_conn_auth *auth);
 void kvt_cluster_free(kvt_cluster *c);
-/* Resolve the seeds' names now (the first failure, KVT_EIO; the others
- * are still resolved). */
-int kvt_cluster_resolve(kvt_cluster *c);
+/* Resolve the seeds' names by deadline (kvt_conn_resolve; the first
+ * failure, KVT_EIO; the others are still resolved). The nodes the map
+ * names are resolved by the round trips that first ask them, within
+ * their deadlines. */
+int kvt_cluster_resolve(kvt_cluster *c, double deadline);
 /* Whether some master has an open connection. */
 bool kvt_cluster_connected(const kvt_cluster *c);
 
@@ -37,11 +55,19 @@ bool kvt_cluster_connected(const kvt_cluster *c);
  * cmds[offs[i]..offs[i+1])) by deadline, each on the master of its slot;
  * rep[i] its reply (the caller frees), in command order. barriers[0..nb)
  * (ascending command indices): the commands from a barrier on are sent
- * once every command before it has its reply. KVT_EIO naming the node
- * when a node's round trip fails (its connection closed, the map read
- * again by the next call), or when a slot has no master. */
+ * once every command before it has its reply, and not at all when one of
+ * those has none. A master whose round trip fails (its connection
+ * closed, the map read again by the next call) or whose shard sh->skip
+ * names leaves its commands' replies NULL, marked in sh; the other
+ * masters' replies are theirs. KVT_EIO when no slot map can be read, or
+ * a slot has no master (no replies then). */
 int kvt_cluster_exec(kvt_cluster *c, const char *cmds, const size_t *offs, size_t n, const size_t *barriers,
-                     size_t nb, double deadline, redisReply **rep);
+                     size_t nb, double deadline, kvt_shards *sh, redisReply **rep);
+
+/* The shard of a key (-1 before the map is read, or when its slot has no
+ * master), and the shards known (0 before the map is read). */
+int kvt_cluster_shard_of(const kvt_cluster *c, const char *key, size_t len);
+size_t kvt_cluster_n_shards(const kvt_cluster *c);
 
 /* The slot of a key (Redis's keyHashSlot: CRC16/XMODEM of the key, or of
  * the first non-empty {tag} in it, modulo 16384). */

@@ -11,6 +11,9 @@
 #include "base/util.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -21,7 +24,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum { PH_CONNECT, PH_WAIT_TCP, PH_TLS, PH_IO, PH_DONE };
+enum { PH_RESOLVE, PH_CONNECT, PH_WAIT_TCP, PH_TLS, PH_IO, PH_DONE };
+
+int kvt_conn_fault;
+
+typedef struct resolve_job resolve_job;
+static void job_drop(resolve_job *j);
 
 #define TLS_CHUNK 16384 /* a record's worth: a write that would block is repeated with the same bytes */
 
@@ -47,24 +55,143 @@ void kvt_conn_disconnect(kvt_conn *c)
 void kvt_conn_close(kvt_conn *c)
 {
     kvt_conn_disconnect(c);
+    if (c->rj) job_drop(c->rj); /* a thread still resolving frees it when done */
+    c->rj = NULL;
     if (c->addrs) freeaddrinfo(c->addrs);
     c->addrs = NULL;
     free(c->hs);
     c->hs = NULL;
 }
 
-int kvt_conn_resolve(kvt_conn *c)
+/* ---- names resolved by a deadline ----
+ *
+ * getaddrinfo blocks for as long as the resolver takes (a DNS server that
+ * does not answer: timeout x attempts x servers, 10 s and more). A name is
+ * resolved on a detached thread of its own, which signals an eventfd the
+ * round trip polls with its sockets; a round trip that ends first leaves
+ * the job running, and the next one waits for it. The job is freed by
+ * whichever of the thread and the connection lets go of it last. Chosen
+ * over c-ares (libc-ares-dev) so that a name resolves as it does for every
+ * other program on the machine (nsswitch: /etc/hosts, systemd-resolved,
+ * a container's resolver), and over getaddrinfo_a, which runs the same
+ * blocking call on glibc's threads without a way to inject the hang the
+ * tests need. */
+struct resolve_job {
+    pthread_mutex_t mu;
+    int refs, efd, gai;
+    bool done;
+    struct addrinfo *addrs;
+    char host[256], port[16];
+};
+
+static void job_drop(resolve_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    if (j->addrs) freeaddrinfo(j->addrs);
+    close(j->efd);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static void *resolve_main(void *arg)
+{
+    resolve_job *j = arg;
+    if (kvt_conn_fault & KVT_RESOLV_FAULT_HANG) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int g = getaddrinfo(j->host, j->port, &hints, &ai);
+    pthread_mutex_lock(&j->mu);
+    j->gai = g;
+    j->addrs = g ? NULL : ai;
+    j->done = true;
+    pthread_mutex_unlock(&j->mu);
+    uint64_t one = 1;
+    if (write(j->efd, &one, sizeof one) != sizeof one) {} /* the poll sees it, or the flag does */
+    job_drop(j);
+    return NULL;
+}
+
+/* Start resolving c's host: KVT_OK resolved (c->addrs), 1 under way on
+ * a thread (c->rj), KVT_EIO (the message set) when it cannot be. */
+static int resolve_start(kvt_conn *c)
 {
     if (c->addrs) return KVT_OK;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+    if (c->rj) return 1;
     char port[16];
     snprintf(port, sizeof port, "%d", c->port);
-    int g = getaddrinfo(c->host, port, &hints, &c->addrs);
-    if (g) {
-        c->addrs = NULL;
-        return kvt_fail(KVT_EIO, "redis %s:%d: %s", c->host, c->port, gai_strerror(g));
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST};
+    if (!getaddrinfo(c->host, port, &hints, &c->addrs)) return KVT_OK; /* an address: no resolver asked */
+    c->addrs = NULL;
+    if (kvt_conn_fault & KVT_RESOLV_FAULT_BLOCKING) { /* the control: no deadline */
+        if (kvt_conn_fault & KVT_RESOLV_FAULT_HANG) {
+            struct timespec ts = {1, 0};
+            nanosleep(&ts, NULL);
+        }
+        struct addrinfo h = {.ai_socktype = SOCK_STREAM};
+        int g = getaddrinfo(c->host, port, &h, &c->addrs);
+        if (g) c->addrs = NULL;
+        return g ? kvt_fail(KVT_EIO, "redis %s:%d: %s", c->host, c->port, gai_strerror(g)) : KVT_OK;
     }
+    resolve_job *j = kvt_calloc(1, sizeof *j);
+    if (!j) return kvt_fail(KVT_EIO, "redis %s:%d: no memory to resolve it", c->host, c->port);
+    snprintf(j->host, sizeof j->host, "%s", c->host);
+    snprintf(j->port, sizeof j->port, "%s", port);
+    j->refs = 2;
+    pthread_mutex_init(&j->mu, NULL);
+    j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_attr_t at;
+    pthread_t t;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    bool ok = j->efd >= 0 && !pthread_create(&t, &at, resolve_main, j);
+    pthread_attr_destroy(&at);
+    if (!ok) {
+        if (j->efd >= 0) close(j->efd);
+        pthread_mutex_destroy(&j->mu);
+        free(j);
+        return kvt_fail(KVT_EIO, "redis %s:%d: cannot start resolving it", c->host, c->port);
+    }
+    c->rj = j;
+    return 1;
+}
+
+/* Whether c's resolution is over: KVT_OK resolved, 1 not yet, KVT_EIO the
+ * name does not resolve (the message set; the next round trip asks anew). */
+static int resolve_poll(kvt_conn *c)
+{
+    resolve_job *j = c->rj;
+    if (!j) return c->addrs ? KVT_OK : KVT_EIO;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    int g = j->gai;
+    if (done) {
+        c->addrs = j->addrs;
+        j->addrs = NULL;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (!done) return 1;
+    c->rj = NULL;
+    job_drop(j);
+    if (g) return kvt_fail(KVT_EIO, "redis %s:%d: %s", c->host, c->port, gai_strerror(g));
     return KVT_OK;
+}
+
+int kvt_conn_resolve(kvt_conn *c, double deadline)
+{
+    int r = resolve_start(c);
+    while (r == 1) {
+        double left = deadline - kvt_now();
+        if (left <= 0) return kvt_fail(KVT_EIO, "redis %s:%d: resolving the name: timed out", c->host, c->port);
+        struct pollfd pf = {c->rj->efd, POLLIN, 0};
+        poll(&pf, 1, (int)(left * 1000) + 1);
+        r = resolve_poll(c);
+    }
+    return r;
 }
 
 static int ms_left(double deadline)
@@ -144,6 +271,14 @@ static void step(kvt_conn *c, short revents)
     char in[65536];
     for (;;) {
         switch (c->phase) {
+        case PH_RESOLVE: {
+            int r = resolve_poll(c);
+            if (r == 1) { c->ev = POLLIN; return; }
+            if (r) { fail(c, "%s", ""); snprintf(c->err, sizeof c->err, "%s", kvt_errmsg()); return; }
+            c->ai = c->addrs;
+            c->phase = PH_CONNECT;
+            continue;
+        }
         case PH_CONNECT: {
             if (!c->ai) { fail(c, "connect: %s", strerror(c->sys_err ? c->sys_err : EIO)); return; }
             struct addrinfo *a = c->ai;
@@ -252,7 +387,8 @@ static void step(kvt_conn *c, short revents)
 
 static void timed_out(kvt_conn *c)
 {
-    if (c->phase == PH_CONNECT || c->phase == PH_WAIT_TCP) fail(c, "connect: timed out");
+    if (c->phase == PH_RESOLVE) fail(c, "resolving the name: timed out");
+    else if (c->phase == PH_CONNECT || c->phase == PH_WAIT_TCP) fail(c, "connect: timed out");
     else if (c->phase == PH_TLS) fail(c, "TLS handshake: timed out");
     else fail(c, "timed out (%zu of %zu replies)", c->got > c->hs_n ? c->got - c->hs_n : 0, c->q_n);
 }
@@ -275,17 +411,16 @@ size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline)
         c->phase = PH_IO;
         if (c->q_n && !c->rep) { fail(c, "no memory for %zu replies", c->q_n); continue; }
         if (c->fd < 0) {
-            if (kvt_conn_resolve(c)) {
+            if (handshake_cmds(c)) { fail(c, "no memory"); continue; }
+            c->sys_err = 0;
+            c->phase = PH_RESOLVE; /* at once for an address, or one resolved before */
+            if (resolve_start(c) < 0) {
                 char why[224];
                 snprintf(why, sizeof why, "%s", kvt_errmsg());
                 fail(c, "%s", "");
                 snprintf(c->err, sizeof c->err, "%s", why); /* it names the host already */
                 continue;
             }
-            if (handshake_cmds(c)) { fail(c, "no memory"); continue; }
-            c->ai = c->addrs;
-            c->sys_err = 0;
-            c->phase = PH_CONNECT;
         }
         step(c, 0);
     }
@@ -295,7 +430,8 @@ size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline)
         for (size_t i = 0; i < n; i++)
             if (cs[i]->phase != PH_DONE) {
                 act[k] = cs[i];
-                pf[k++] = (struct pollfd){cs[i]->fd, cs[i]->ev ? cs[i]->ev : POLLIN, 0};
+                pf[k++] = (struct pollfd){cs[i]->phase == PH_RESOLVE ? cs[i]->rj->efd : cs[i]->fd,
+                                          cs[i]->ev ? cs[i]->ev : POLLIN, 0};
             }
         if (!k) break;
         int left = ms_left(deadline);

@@ -30,7 +30,8 @@ typedef struct kvt_conn {
     char host[256];
     int port;
     const kvt_conn_auth *auth;
-    struct addrinfo *addrs;  /* the host resolved once (getaddrinfo has no deadline), kept */
+    struct addrinfo *addrs;  /* the host resolved once, kept */
+    struct resolve_job *rj;  /* a name being resolved on a thread of its own (conn.c), NULL none */
     int fd;                  /* -1: not connected */
     SSL *ssl;
     redisReader *rd;
@@ -56,8 +57,13 @@ typedef struct kvt_conn {
 void kvt_conn_init(kvt_conn *c, const char *host, int port, const kvt_conn_auth *auth);
 /* Disconnect and free what c holds; c can connect again after. */
 void kvt_conn_close(kvt_conn *c);
-/* Resolve the host now (KVT_EIO when it does not), so no round trip does. */
-int kvt_conn_resolve(kvt_conn *c);
+/* Resolve the host by deadline (kvt_now() seconds), so no round trip has
+ * to: an address literal at once, a name on a thread of its own
+ * (getaddrinfo has no deadline; the system's resolver, /etc/hosts and
+ * nsswitch as every other program on the machine sees them). KVT_EIO when
+ * the name does not resolve, or not by the deadline: the resolution then
+ * goes on, and the next round trip waits for it within its own deadline. */
+int kvt_conn_resolve(kvt_conn *c, double deadline);
 /* Drop the connection (not the resolved addresses). */
 void kvt_conn_disconnect(kvt_conn *c);
 
@@ -66,5 +72,12 @@ void kvt_conn_disconnect(kvt_conn *c);
  * how many failed (each with its rc and err, closed); the replies of the
  * others are theirs. */
 size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline);
+
+/* Tests: KVT_RESOLV_FAULT_HANG makes the resolution of a name (not of an
+ * address literal) sleep 1 s first, a resolver that does not answer;
+ * KVT_RESOLV_FAULT_BLOCKING resolves on the caller's thread, as before
+ * resolutions had a deadline (the negative control). */
+enum { KVT_RESOLV_FAULT_HANG = 1, KVT_RESOLV_FAULT_BLOCKING = 2 };
+extern int kvt_conn_fault;
 
 #endif

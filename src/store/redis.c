@@ -66,8 +66,9 @@ int kvt_redis_parse_url(const char *url, kvt_redis_url *out)
     if (!strncmp(url, "redis://", 8)) p = url + 8;
     else if (!strncmp(url, "rediss://", 9)) p = url + 9, out->tls = true;
     else if (!strncmp(url, "redis-cluster://", 16)) p = url + 16, out->cluster = true;
-    else return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://, rediss:// or redis-cluster://",
-                         url);
+    else if (!strncmp(url, "rediss-cluster://", 17)) p = url + 17, out->cluster = out->tls = true;
+    else return kvt_fail(KVT_EINVAL, "remote tier %s: the URL must start with redis://, rediss://, redis-cluster:// "
+                         "or rediss-cluster://", url);
     const char *at = strchr(p, '@'), *slash = strchr(p, '/');
     if (at && (!slash || at < slash)) {
         size_t ul = (size_t)(at - p);
@@ -111,9 +112,9 @@ int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password)
 {
     *out = NULL;
     if ((u->ca || u->cert || u->key) && !u->tls)
-        return kvt_fail(KVT_EINVAL, "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need a rediss:// URL "
-                        "(TLS); %s://%s:%d would be plain TCP", u->cluster ? "redis-cluster" : "redis", u->host,
-                        u->port);
+        return kvt_fail(KVT_EINVAL, "--kv-remote-ca, --kv-remote-cert and --kv-remote-key need a rediss:// or "
+                        "rediss-cluster:// URL (TLS); %s://%s:%d would be plain TCP",
+                        u->cluster ? "redis-cluster" : "redis", u->host, u->port);
     kvt_redis *r = kvt_calloc(1, sizeof *r);
     if (!r) return KVT_ENOMEM;
     r->u = *u;
@@ -154,7 +155,11 @@ void kvt_redis_free(kvt_redis *r)
 
 bool kvt_redis_connected(const kvt_redis *r) { return r->cl ? kvt_cluster_connected(r->cl) : r->conn.fd >= 0; }
 
-int kvt_redis_resolve(kvt_redis *r) { return r->cl ? kvt_cluster_resolve(r->cl) : kvt_conn_resolve(&r->conn); }
+int kvt_redis_resolve(kvt_redis *r, int timeout_ms)
+{
+    double deadline = kvt_now() + timeout_ms / 1000.0;
+    return r->cl ? kvt_cluster_resolve(r->cl, deadline) : kvt_conn_resolve(&r->conn, deadline);
+}
 
 /* Queue n formatted bytes as one command. */
 static int put(kvt_redis *r, const char *cmd, size_t n)
@@ -230,32 +235,87 @@ void kvt_redis_replies_free(redisReply **rep, size_t n)
     free(rep);
 }
 
-int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n)
+int kvt_redis_shard_of(const kvt_redis *r, const char *key, size_t len)
+{
+    return r->cl ? kvt_cluster_shard_of(r->cl, key, len) : 0;
+}
+
+size_t kvt_redis_n_shards(const kvt_redis *r)
+{
+    size_t n = r->cl ? kvt_cluster_n_shards(r->cl) : 1;
+    return n ? n : 1;
+}
+
+int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisReply ***replies, size_t *n)
 {
     *replies = NULL;
     *n = 0;
+    memset(sh->asked, 0, sizeof sh->asked);
+    memset(sh->failed, 0, sizeof sh->failed);
+    memset(sh->refused, 0, sizeof sh->refused);
+    sh->refusal[0] = sh->why[0] = 0;
     double deadline = kvt_now() + timeout_ms / 1000.0;
     size_t want = r->n_cmds;
-    int rc = KVT_OK;
-    redisReply **rep = NULL;
+    redisReply **rep = want ? kvt_calloc(want, sizeof *rep) : NULL;
+    if (want && !rep) {
+        kvt_redis_discard(r);
+        return KVT_ENOMEM;
+    }
     if (r->cl) {
-        if (want && !(rep = kvt_calloc(want, sizeof *rep))) rc = KVT_ENOMEM;
-        if (!rc) rc = kvt_cluster_exec(r->cl, r->out, r->offs, want, r->bars, r->n_bars, deadline, rep);
+        int rc = kvt_cluster_exec(r->cl, r->out, r->offs, want, r->bars, r->n_bars, deadline, sh, rep);
+        if (rc == KVT_ENOMEM) {
+            kvt_redis_discard(r);
+            free(rep);
+            return rc;
+        }
+        if (rc) { /* no map: every shard known failed */
+            snprintf(sh->why, sizeof sh->why, "%s", kvt_errmsg());
+            for (size_t s = 0; s < sh->n; s++) sh->failed[s] = sh->asked[s] = !sh->skip[s];
+        }
     } else {
-        kvt_conn *c = &r->conn;
-        c->q = r->out;
-        c->q_len = r->out_len;
-        c->q_n = want;
-        if (kvt_conn_run(&c, 1, deadline)) rc = kvt_fail(c->rc, "%s", c->err);
-        rep = c->rep;
-        c->rep = NULL;
+        sh->n = 1;
+        if (!sh->skip[0] && want) {
+            kvt_conn *c = &r->conn;
+            c->q = r->out;
+            c->q_len = r->out_len;
+            c->q_n = want;
+            sh->asked[0] = true;
+            free(rep);
+            if (kvt_conn_run(&c, 1, deadline)) {
+                sh->failed[0] = true;
+                snprintf(sh->why, sizeof sh->why, "%s", c->err);
+                rep = want ? kvt_calloc(want, sizeof *rep) : NULL;
+                if (!rep) { kvt_redis_discard(r); return KVT_ENOMEM; }
+            } else {
+                rep = c->rep;
+            }
+            c->rep = NULL;
+            for (size_t i = 0; i < want; i++)
+                if (rep[i] && rep[i]->type == REDIS_REPLY_ERROR) {
+                    if (!sh->refused[0]) snprintf(sh->refusal, sizeof sh->refusal, "%s", rep[i]->str);
+                    sh->refused[0] = true;
+                }
+        }
     }
     kvt_redis_discard(r);
-    if (rc) {
-        kvt_redis_replies_free(rep, want);
-        return rc;
-    }
+    if (sh->why[0]) kvt_fail(KVT_EIO, "%s", sh->why);
     *replies = rep;
     *n = want;
+    return KVT_OK;
+}
+
+int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n)
+{
+    kvt_shards sh;
+    memset(&sh, 0, sizeof sh);
+    int rc = kvt_redis_exec_shards(r, timeout_ms, &sh, replies, n);
+    if (rc) return rc;
+    for (size_t i = 0; i < *n; i++)
+        if (!(*replies)[i]) { /* a shard failed, or a command after a barrier was not sent for it */
+            kvt_redis_replies_free(*replies, *n);
+            *replies = NULL;
+            *n = 0;
+            return kvt_fail(KVT_EIO, "%s", sh.why[0] ? sh.why : "redis: a command without a reply");
+        }
     return KVT_OK;
 }

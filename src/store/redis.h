@@ -5,10 +5,11 @@
  * pipelined: a caller appends several and reads all their replies in one
  * round trip.
  *
- * Three kinds of remote, one interface: redis:// (one server, plain TCP),
- * rediss:// (one server over TLS, tls.h) and redis-cluster:// (a Redis
+ * Four kinds of remote, one interface: redis:// (one server, plain TCP),
+ * rediss:// (one server over TLS, tls.h), redis-cluster:// (a Redis
  * Cluster, cluster.h: each command goes to the master of its key's slot,
- * the masters of one pipeline asked at once).
+ * the masters of one pipeline asked at once) and rediss-cluster:// (a
+ * cluster over TLS: every master's connection verified as rediss://'s).
  *
  * One client is used by one thread at a time. A transport failure
  * (timeout, reset, a reply that does not parse) closes the connection: the
@@ -18,6 +19,7 @@
 #define KVT_REDIS_H
 
 #include "kvtier.h"
+#include "store/cluster.h"
 #include <hiredis/hiredis.h>
 #include <stddef.h>
 
@@ -28,8 +30,8 @@ typedef struct kvt_redis_url {
     int port;          /* 6379 unless given */
     char user[128];    /* empty: AUTH with the password only (the default user) */
     int db;            /* SELECT db when > 0 */
-    bool tls;          /* rediss:// */
-    bool cluster;      /* redis-cluster://: host:port is seeds[0] */
+    bool tls;          /* rediss://, rediss-cluster:// */
+    bool cluster;      /* redis-cluster://, rediss-cluster://: host:port is seeds[0] */
     size_t n_seeds;    /* a cluster's nodes given in the URL */
     char seeds[KVT_REDIS_MAX_SEEDS][256];
     int seed_ports[KVT_REDIS_MAX_SEEDS];
@@ -40,8 +42,9 @@ typedef struct kvt_redis_url {
 } kvt_redis_url;
 
 /* Parse redis://[user@]host:port[/db], rediss://[user@]host:port[/db]
- * (TLS) or redis-cluster://[user@]host:port[,host:port...] (the cluster's
- * nodes to ask for its slot map; no /db, a cluster has one database);
+ * (TLS), redis-cluster://[user@]host:port[,host:port...] (the cluster's
+ * nodes to ask for its slot map; no /db, a cluster has one database) or
+ * rediss-cluster://... (the same over TLS);
  * a host may be [v6addr]. Anything else is KVT_EINVAL naming what is
  * wrong. A password in the URL is refused: it belongs in a file. */
 int kvt_redis_parse_url(const char *url, kvt_redis_url *out);
@@ -56,10 +59,11 @@ typedef struct kvt_redis kvt_redis;
 int kvt_redis_new(kvt_redis **out, const kvt_redis_url *u, const char *password);
 void kvt_redis_free(kvt_redis *r);
 
-/* Resolve the host (getaddrinfo, which has no deadline) now, so that no
- * round trip does: the addresses are kept for every connect after. Done
- * by the first connect otherwise. KVT_EIO when the name does not resolve. */
-int kvt_redis_resolve(kvt_redis *r);
+/* Resolve the host (a cluster's seeds) within timeout_ms, so that no round
+ * trip has to: the addresses are kept for every connect after. Done by
+ * the first connect otherwise, within its deadline (conn.h). KVT_EIO when
+ * the name does not resolve, or not in time (it goes on resolving). */
+int kvt_redis_resolve(kvt_redis *r, int timeout_ms);
 
 /* Queue one command (argv[i] of lens[i] bytes; lens NULL: NUL-terminated
  * strings). KVT_ENOMEM only; the command is sent by kvt_redis_exec. */
@@ -83,6 +87,21 @@ int kvt_redis_barrier(kvt_redis *r);
  * transport failure: the queue is emptied and the connection closed. */
 int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n);
 void kvt_redis_replies_free(redisReply **replies, size_t n);
+
+/* kvt_redis_exec, one shard's failure its own (a cluster's masters,
+ * cluster.h's kvt_shards; one server is shard 0): the commands bound
+ * for the shards sh->skip names are not sent, and those of a shard whose
+ * round trip fails get no reply; their replies are NULL, the others'
+ * stand (*n is every command's count). Commands after a barrier are not
+ * sent when one before it has no reply. sh says which shards were asked,
+ * failed (sh->why) or answered an error reply (sh->refusal). KVT_OK
+ * unless memory runs out: a cluster whose map cannot be read fails every
+ * shard known. */
+int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisReply ***replies, size_t *n);
+/* The shard of a key, -1 when not known yet (a cluster's map is read by
+ * the first round trip); the shards known (1 until then). */
+int kvt_redis_shard_of(const kvt_redis *r, const char *key, size_t len);
+size_t kvt_redis_n_shards(const kvt_redis *r);
 /* Drop the queued commands without sending them (a caller that could not
  * queue all of a pipeline). */
 void kvt_redis_discard(kvt_redis *r);

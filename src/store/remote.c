@@ -1,7 +1,9 @@
 /* The remote tier: the disk tier's records in Redis (see remote.h,
  * docs/STORE.md "Remote tier", docs/FORMAT.md "Remote tier keys").
  *
- * Every key starts with a namespace: "kvt:r1:" (the layout's version),
+ * Every key starts with a namespace: "kvt:r2:" (the layout's version:
+ * r1 was the layout before values had their {hash tag}; a server of
+ * another layout never reads these keys as its own),
  * key0 in hex (the model and tokenizer fingerprints and the row types, the
  * same value the record keys chain from), and the tenant's name (derived
  * with the secret, so one tenant cannot name another's keys). Under it:
@@ -58,6 +60,7 @@
 #define MIN_LOAD 0.02              /* a deadline from FLOPs is at least this: a small model's FLOPs say */
                                    /* little of its prefill's time, which its overheads make */
 #define MIN_MEASURED 256           /* prefills of fewer tokens are not measured */
+#define LAYOUT "kvt:r2:"            /* the key layout's version (docs/FORMAT.md "Remote tier keys") */
 #define CHECK_MS 500               /* deadline of an upload's round trip asking what Redis has */
 
 bool kvt_remote_skip_mac;
@@ -69,6 +72,17 @@ size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
 size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
 #define PART kvt_remote_part_bytes
 
+_Static_assert(KVT_REMOTE_MAX_SHARDS == KVT_CLUSTER_MAX_SHARDS, "a breaker for each shard a client knows");
+
+/* A circuit breaker: closed (0), open (1: not asked until open_until),
+ * half-open (2: one probe in flight, whose result closes or reopens it
+ * for twice as long). */
+typedef struct breaker {
+    int state, fails;
+    bool probing;
+    double open_until, backoff;
+} breaker;
+
 typedef struct upload {
     int tenant;
     char *keys;                    /* the values' keys, NUL-separated, in sending order */
@@ -77,6 +91,10 @@ typedef struct upload {
     size_t n_vals;                 /* blocks first, the snapshot last */
     char index_key[160], field[64];
     kvt_wbuf manifest;
+    uint64_t *bkeys;               /* the block keys among the values, in order */
+    size_t *blens, n_bkeys;        /* and their lengths */
+    uint64_t seq;                  /* its place in the queue (1, 2, ...) */
+    uint64_t dep;                  /* the first queued upload it counts on for blocks (0 none) */
     struct upload *next;
 } upload;
 
@@ -93,15 +111,16 @@ struct kvt_remote {
     kvt_redis *rd_load, *rd_check, *rd_up; /* one connection per thread that uses it */
     pthread_mutex_t check_mu;      /* rd_check: uploads' checks, from any thread */
     pthread_mutex_t load_mu;       /* rd_load: restores, from any thread */
-    pthread_mutex_t mu;            /* the queue, the breaker, the stats */
+    pthread_mutex_t mu;            /* the queue, the breakers, the stats */
     pthread_cond_t cv;
     pthread_t thread;
     bool stopping;
     double stop_at;
     upload *head, *tail;
-    int breaker, fails;
-    bool probing;
-    double open_until, backoff;
+    upload *sending;               /* taken from the queue, being sent (under mu) */
+    uint64_t seq, failed_seq;      /* the last upload queued; the last one that was not sent (under mu) */
+    breaker br[KVT_REMOTE_MAX_SHARDS]; /* one a shard: a cluster's master each (under mu) */
+    size_t n_shards;               /* the most shards a round trip knew (under mu) */
     kvt_remote_stats st;
     double refused_logged;         /* when an upload's refusal was last reported (under mu) */
     double w_flops, a_flops;       /* a prefill's FLOPs: 2 a parameter a token, 4 a_flops a token a position */
@@ -109,49 +128,145 @@ struct kvt_remote {
     bool measured;                 /* rate is an average of measured prefills (under mu) */
 };
 
-/* ---- the breaker ---- */
+/* ---- the breakers ---- */
 
-static bool breaker_allow(kvt_remote *r)
+/* One breaker a shard (a cluster's master): a master that fails stops
+ * being asked, its keys are missing to the lookups, while the healthy
+ * masters serve theirs. kvt_remote_fault_one_breaker: the tier as it was
+ * before, one breaker for every shard, a shard's failure the whole round
+ * trip's. */
+bool kvt_remote_fault_one_breaker;
+
+static breaker *brk(kvt_remote *r, size_t s) { return &r->br[kvt_remote_fault_one_breaker ? 0 : s]; }
+
+/* Under mu: whether shard s may be asked (an open breaker past its time
+ * lets one probe through, half-open). */
+static bool allow_locked(kvt_remote *r, size_t s)
 {
-    pthread_mutex_lock(&r->mu);
-    bool ok = true;
-    if (r->breaker == 1 && kvt_now() >= r->open_until && !r->probing) {
-        r->breaker = 2;
-        r->probing = true;
-    } else if (r->breaker != 0) {
-        ok = false;
+    breaker *b = brk(r, s);
+    if (b->state == 1 && kvt_now() >= b->open_until && !b->probing) {
+        b->state = 2;
+        b->probing = true;
+        return true;
     }
-    pthread_mutex_unlock(&r->mu);
-    return ok;
+    return b->state == 0;
 }
 
-static void breaker_report(kvt_remote *r, bool ok, const char *why)
+static void report_locked(kvt_remote *r, size_t s, bool ok, const char *why, bool *opened, bool *closed)
 {
-    bool opened = false, closed = false;
-    pthread_mutex_lock(&r->mu);
+    breaker *b = brk(r, s);
     if (ok) {
-        closed = r->breaker != 0;
-        r->breaker = 0;
-        r->fails = 0;
-        r->backoff = BREAK_MIN;
+        *closed = b->state != 0;
+        b->state = 0;
+        b->fails = 0;
+        b->backoff = BREAK_MIN;
     } else {
         r->st.errors++;
-        r->fails++;
-        snprintf(r->st.last_error, sizeof r->st.last_error, "%s", why ? why : "?");
-        if (r->breaker == 2 || (r->breaker == 0 && r->fails >= BREAK_AFTER)) {
-            if (r->breaker == 2) r->backoff = r->backoff * 2 > BREAK_MAX ? BREAK_MAX : r->backoff * 2;
+        b->fails++;
+        snprintf(r->st.last_error, sizeof r->st.last_error, "%.191s", why ? why : "?");
+        if (b->state == 2 || (b->state == 0 && b->fails >= BREAK_AFTER)) {
+            if (b->state == 2) b->backoff = b->backoff * 2 > BREAK_MAX ? BREAK_MAX : b->backoff * 2;
             else r->st.breaker_trips++;
-            opened = r->breaker == 0;
-            r->breaker = 1;
-            r->open_until = kvt_now() + r->backoff;
+            *opened = b->state == 0;
+            b->state = 1;
+            b->open_until = kvt_now() + b->backoff;
         }
     }
-    r->probing = false;
+    b->probing = false;
+}
+
+static void say_breaker(kvt_remote *r, size_t s, bool multi, bool opened, bool closed, const char *why)
+{
+    if (r->o.quiet || (!opened && !closed)) return;
+    char shard[32] = "";
+    if (multi && !kvt_remote_fault_one_breaker) snprintf(shard, sizeof shard, " (shard %zu)", s);
+    if (opened) fprintf(stderr, "kvtier: remote tier %s%s failing (%s): not asked for %.0f s, then probed\n", r->o.url,
+                        shard, why ? why : "?", BREAK_MIN);
+    if (closed) fprintf(stderr, "kvtier: remote tier %s%s answers again\n", r->o.url, shard);
+}
+
+/* The shards whose breakers are not closed: sh->skip (and down[], when
+ * given, skipped too: shards a lookup saw fail). */
+static void gate(kvt_remote *r, kvt_shards *sh, const bool *down)
+{
+    memset(sh, 0, sizeof *sh);
+    pthread_mutex_lock(&r->mu);
+    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
+        if (down && down[s]) sh->skip[s] = true;
+        else if (kvt_remote_fault_one_breaker && s) sh->skip[s] = sh->skip[0];
+        else sh->skip[s] = !allow_locked(r, s);
+    }
     pthread_mutex_unlock(&r->mu);
-    if (r->o.quiet) return;
-    if (opened) fprintf(stderr, "kvtier: remote tier %s failing (%s): not asked for %.0f s, then probed\n", r->o.url,
-                        why ? why : "?", BREAK_MIN);
-    if (closed) fprintf(stderr, "kvtier: remote tier %s answers again\n", r->o.url);
+}
+
+/* After a round trip: each shard asked reports to its breaker (a failure,
+ * or an error reply when refusals count); a probe let through but not
+ * sent is given back. */
+static void settle(kvt_remote *r, kvt_shards *sh, const bool *down, bool refusals_fail)
+{
+    bool any_asked = false, any_bad = false;
+    const char *why = NULL;
+    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
+        bool bad = sh->failed[s] || (refusals_fail && sh->refused[s]);
+        any_asked |= sh->asked[s];
+        any_bad |= bad;
+        if (bad && !why) why = sh->failed[s] ? sh->why : sh->refusal;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (sh->n > r->n_shards) r->n_shards = sh->n < KVT_REMOTE_MAX_SHARDS ? sh->n : KVT_REMOTE_MAX_SHARDS;
+    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
+        bool opened = false, closed = false;
+        bool one = kvt_remote_fault_one_breaker;
+        if (one && s) break;
+        bool asked = one ? any_asked : sh->asked[s];
+        bool bad = one ? any_bad : sh->failed[s] || (refusals_fail && sh->refused[s]);
+        if ((down && down[s] && !one) || (sh->skip[s] && !asked)) continue;
+        if (!asked) { /* let through, not asked: a probe unused */
+            breaker *b = brk(r, s);
+            if (b->state == 2 && b->probing) { b->state = 1; b->probing = false; }
+            continue;
+        }
+        report_locked(r, s, !bad, bad ? (one ? why : sh->failed[s] ? sh->why : sh->refusal) : NULL, &opened, &closed);
+        bool multi = r->n_shards > 1;
+        pthread_mutex_unlock(&r->mu);
+        say_breaker(r, s, multi, opened, closed, bad ? (one ? why : sh->failed[s] ? sh->why : sh->refusal) : NULL);
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* One round trip of rd's queued commands by ms, the shards whose
+ * breakers are open (or down[] names) skipped: replies NULL for those and
+ * for the shards that fail (kvt_redis_exec_shards), every breaker asked
+ * told. With kvt_remote_fault_one_breaker a shard's failure is the whole
+ * round trip's: no reply stands. Only KVT_ENOMEM fails. */
+static int round_trip(kvt_remote *r, kvt_redis *rd, int ms, const bool *down, bool refusals_fail, kvt_shards *sh,
+                      redisReply ***rep, size_t *nr)
+{
+    gate(r, sh, down);
+    int rc = kvt_redis_exec_shards(rd, ms, sh, rep, nr);
+    if (rc) {
+        memset(sh->asked, 0, sizeof sh->asked);
+        settle(r, sh, down, refusals_fail);
+        return rc;
+    }
+    bool failed = false;
+    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) failed |= sh->failed[s];
+    if (kvt_remote_fault_one_breaker && failed)
+        for (size_t i = 0; i < *nr; i++) {
+            if ((*rep)[i]) freeReplyObject((*rep)[i]);
+            (*rep)[i] = NULL;
+        }
+    settle(r, sh, down, refusals_fail);
+    return KVT_OK;
+}
+
+/* Whether every reply of a round trip came back (none skipped or failed). */
+static bool all_replies(redisReply **rep, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!rep[i]) return false;
+    return true;
 }
 
 /* ---- keys and MACs ---- */
@@ -238,6 +353,8 @@ static void upload_free(upload *u)
     if (!u) return;
     free(u->keys);
     free(u->lens);
+    free(u->bkeys);
+    free(u->blens);
     kvt_wbuf_free(&u->vals);
     kvt_wbuf_free(&u->manifest);
     free(u);
@@ -291,7 +408,8 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     r->rate = EST_FLOPS;
     if (!r->o.queue_bytes) r->o.queue_bytes = 256u << 20;
     r->url = url;
-    r->backoff = BREAK_MIN;
+    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) r->br[i].backoff = BREAK_MIN;
+    r->n_shards = 1;
     r->key0 = kvt_snap_key0(m);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->check_mu, NULL);
@@ -314,17 +432,21 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
             mac_of(r, "kvtier tenant", (const uint8_t *)name, strlen(name), mac);
             hex_bytes(mac, 8, tn);
         }
-        snprintf(r->ns[t], sizeof r->ns[t], "kvt:r1:%016" PRIx64 ":%s:", r->key0, tn);
+        snprintf(r->ns[t], sizeof r->ns[t], LAYOUT "%016" PRIx64 ":%s:", r->key0, tn);
     }
     if ((rc = kvt_redis_new(&r->rd_load, &url, pl ? pw : NULL)) || (rc = kvt_redis_new(&r->rd_check, &url, pl ? pw : NULL)) ||
         (rc = kvt_redis_new(&r->rd_up, &url, pl ? pw : NULL)))
         goto fail;
     OPENSSL_cleanse(pw, sizeof pw);
-    /* names resolved here, at start, never in a lookup (a failure: the
-     * first connect tries again) */
-    kvt_redis_resolve(r->rd_load);
-    kvt_redis_resolve(r->rd_check);
-    kvt_redis_resolve(r->rd_up);
+    /* names resolved here, at start, within the connect deadline (one
+     * not resolved by then: the first round trips wait for it within
+     * their own deadlines, conn.h) */
+    double until = kvt_now() + r->o.connect_ms / 1000.0;
+    kvt_redis *rds[3] = {r->rd_load, r->rd_check, r->rd_up};
+    for (int i = 0; i < 3; i++) {
+        int left = (int)((until - kvt_now()) * 1000);
+        kvt_redis_resolve(rds[i], left > 0 ? left : 0);
+    }
     check_policy(r);
     if (pthread_create(&r->thread, NULL, upload_main, r)) { rc = kvt_fail(KVT_ENOMEM, "remote tier thread"); goto fail; }
     *out = r;
@@ -351,7 +473,12 @@ void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o)
 {
     pthread_mutex_lock(&r->mu);
     *o = r->st;
-    o->breaker = r->breaker;
+    o->n_shards = kvt_remote_fault_one_breaker ? 1 : r->n_shards;
+    o->breaker = 0;
+    for (size_t i = 0; i < o->n_shards; i++) {
+        o->shard_breaker[i] = r->br[i].state;
+        if (r->br[i].state == 1 || (r->br[i].state == 2 && o->breaker == 0)) o->breaker = r->br[i].state;
+    }
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -490,7 +617,7 @@ static int append_del(kvt_remote *r, kvt_redis *rd, const char *key, size_t len)
 static const char *error_reply(redisReply **rep, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (rep[i]->type == REDIS_REPLY_ERROR) return rep[i]->str;
+        if (rep[i] && rep[i]->type == REDIS_REPLY_ERROR) return rep[i]->str;
     return NULL;
 }
 
@@ -504,15 +631,49 @@ static void block_key(const kvt_remote *r, int t, uint64_t key, char *out, size_
     snprintf(out, cap, "%sb:%016" PRIx64, r->ns[t], key);
 }
 
+/* A block another upload of the queue carries already. */
+typedef struct pending {
+    uint64_t key, seq;
+    size_t len;
+} pending;
+
+static int cmp_pending(const void *a, const void *b)
+{
+    const pending *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* The blocks of tenant's uploads queued or being sent, sorted by key:
+ * *n of them (malloc'ed; NULL when none, or out of memory: then nothing
+ * is skipped). */
+static pending *pending_blocks(kvt_remote *r, int tenant, size_t *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&r->mu);
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (upload *u = pass ? r->head : r->sending; u; u = pass ? u->next : NULL)
+            if (u->tenant == tenant) total += u->n_bkeys;
+    pending *p = total ? kvt_malloc(total * sizeof *p) : NULL;
+    for (int pass = 0; p && pass < 2; pass++)
+        for (upload *u = pass ? r->head : r->sending; u; u = pass ? u->next : NULL)
+            for (size_t i = 0; u->tenant == tenant && i < u->n_bkeys; i++)
+                p[(*n)++] = (pending){u->bkeys[i], u->seq, u->blens[i]};
+    pthread_mutex_unlock(&r->mu);
+    if (*n) qsort(p, *n, sizeof *p, cmp_pending);
+    return p;
+}
+
+/* Tests: true sends again the blocks an upload still queued carries (the
+ * tier before it looked in its queue: the negative control of
+ * remote_no_double_upload); kvt_remote_hold_uploads keeps the upload
+ * thread from sending while it is true. */
+bool kvt_remote_fault_resend_queued;
+volatile bool kvt_remote_hold_uploads;
+
 void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
 {
     if (tenant < 0 || (size_t)tenant >= r->n_tenants || !at || !kvt_snap_can_save(s, at)) return;
-    if (!breaker_allow(r)) {
-        pthread_mutex_lock(&r->mu);
-        r->st.dropped++;
-        pthread_mutex_unlock(&r->mu);
-        return;
-    }
     size_t nb = at / KVT_BLOCK, tail = at - nb * KVT_BLOCK;
     const uint64_t *keys = kvt_snap_keys(s, nb);
     if (nb && !keys) return;
@@ -538,11 +699,13 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     }
     redisReply **rep = NULL;
     size_t nr = 0;
-    int rc = kvt_redis_exec(rd, CHECK_MS, &rep, &nr);
+    kvt_shards sh;
+    /* a shard whose breaker is open (or that fails now) holds some of what
+     * the entry needs: not sent, as the index must never name a value
+     * that is not stored */
+    int rc = round_trip(r, rd, CHECK_MS, NULL, true, &sh, &rep, &nr);
     pthread_mutex_unlock(&r->check_mu);
-    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
-    if (refused) {
-        breaker_report(r, false, refused);
+    if (rc || !all_replies(rep, nr) || error_reply(rep, nr)) {
         kvt_redis_replies_free(rep, nr);
         pthread_mutex_lock(&r->mu);
         r->st.dropped++;
@@ -550,20 +713,35 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         upload_free(u);
         return;
     }
-    breaker_report(r, true, NULL);
     if (rep[0]->type == REDIS_REPLY_INTEGER && rep[0]->integer == 1) { /* stored already */
         kvt_redis_replies_free(rep, nr);
         upload_free(u);
         return;
     }
-    /* encode the missing blocks, then the snapshot record */
+    /* encode the missing blocks, then the snapshot record: not those an
+     * upload still queued carries (a save's two points, the prompt's end
+     * and the reply's, share their blocks): this one is sent after it,
+     * and dropped if it was not sent */
+    size_t np = 0;
+    pending *pend = kvt_remote_fault_resend_queued ? NULL : pending_blocks(r, tenant, &np);
     kvt_wbuf names = {0};
     size_t cap = nb + 1;
     u->lens = kvt_calloc(cap, sizeof *u->lens);
-    bool ok = u->lens != NULL;
+    u->bkeys = kvt_calloc(cap, sizeof *u->bkeys);
+    u->blens = kvt_calloc(cap, sizeof *u->blens);
+    bool ok = u->lens && u->bkeys && u->blens;
     kvt_wbuf_u32(&u->manifest, 0); /* placeholder dropped below: keeps the buffer non-empty */
     u->manifest.len = 0;
     for (size_t b = 0; ok && b < nb; b++) {
+        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
+        pending want = {keys[b], 0, 0}, *q = np && !have ? bsearch(&want, pend, np, sizeof *pend, cmp_pending) : NULL;
+        if (q) { /* queued already: its length for the manifest, nothing to send */
+            char num[32];
+            snprintf(num, sizeof num, " %zu", q->len);
+            kvt_wbuf_puts(&u->manifest, num);
+            if (!u->dep || q->seq < u->dep) u->dep = q->seq;
+            continue;
+        }
         size_t before = u->vals.len;
         uint64_t k;
         ok = kvt_snap_block(s, (uint32_t)b, b ? keys[b - 1] : r->key0, &u->vals, &k) == KVT_OK && !u->vals.oom;
@@ -571,11 +749,12 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         char num[32];
         snprintf(num, sizeof num, " %zu", bl);
         kvt_wbuf_puts(&u->manifest, num);
-        bool have = rep[1 + b]->type == REDIS_REPLY_INTEGER && rep[1 + b]->integer == (r->secret_len ? 2 : 1);
         if (have) { u->vals.len = before; continue; } /* only its length is needed, for the manifest */
         block_key(r, tenant, keys[b], name, sizeof name);
         kvt_wbuf_put(&names, name, strlen(name) + 1);
         u->lens[u->n_vals++] = bl;
+        u->bkeys[u->n_bkeys] = keys[b];
+        u->blens[u->n_bkeys++] = bl;
         if (u->vals.len >= kvt_remote_flush_bytes) {
             /* a long prefix is not held whole: its blocks go now, from this
              * thread, in pieces; the snapshot and its index entry follow them */
@@ -586,13 +765,16 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
             if (sent != 1) { ok = false; break; }
             pthread_mutex_lock(&r->mu);
             r->st.bytes_written += u->vals.len;
+            r->st.values_written += u->n_vals;
             pthread_mutex_unlock(&r->mu);
             u->vals.len = 0;
             u->n_vals = 0;
+            u->n_bkeys = 0; /* stored now: not pending */
             names.len = 0;
         }
     }
     kvt_redis_replies_free(rep, nr);
+    free(pend);
     size_t before = u->vals.len;
     ok = ok && kvt_snap_encode(s, at, 0, &u->vals, NULL) == KVT_OK && !u->vals.oom;
     if (ok) {
@@ -617,6 +799,7 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
         if (r->tail) r->tail->next = u;
         else r->head = u;
         r->tail = u;
+        u->seq = ++r->seq;
         r->st.queue_len++;
         r->st.queue_bytes += u->vals.len;
         pthread_cond_broadcast(&r->cv);
@@ -652,13 +835,13 @@ static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uin
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
+    kvt_shards sh;
     if (rc) kvt_redis_discard(rd);
-    else rc = kvt_redis_exec(rd, ms, &rep, &nr);
-    if (rc) {
-        breaker_report(r, false, kvt_errmsg());
+    else rc = round_trip(r, rd, ms, NULL, false, &sh, &rep, &nr);
+    if (rc || !all_replies(rep, nr)) { /* a shard failed or is open: the index entry was not sent */
+        kvt_redis_replies_free(rep, nr);
         return 0;
     }
-    breaker_report(r, true, NULL);
     const char *refused = error_reply(rep, nr);
     if (refused) {
         double now = kvt_now();
@@ -677,10 +860,16 @@ static bool send_upload(kvt_remote *r, upload *u)
 {
     const char *a[4] = {"HSET", u->index_key, u->field, (const char *)u->manifest.p};
     size_t l[4] = {4, strlen(u->index_key), strlen(u->field), u->manifest.len};
-    bool ok = send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
     pthread_mutex_lock(&r->mu);
-    if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; }
-    else r->st.dropped++;
+    /* an upload it counts on for blocks was not sent: its index entry would
+     * name values Redis lacks (failures come in queue order, so one at or
+     * after that upload may be it) */
+    bool orphan = u->dep && r->failed_seq >= u->dep;
+    pthread_mutex_unlock(&r->mu);
+    bool ok = !orphan && send_values(r, r->rd_up, u->keys, u->vals.p, u->lens, u->n_vals, a, l, u->vals.len) == 1;
+    pthread_mutex_lock(&r->mu);
+    if (ok) { r->st.uploads++; r->st.bytes_written += u->vals.len; r->st.values_written += u->n_vals; }
+    else { r->st.dropped++; r->failed_seq = u->seq; }
     pthread_mutex_unlock(&r->mu);
     return ok;
 }
@@ -695,15 +884,24 @@ static void *upload_main(void *arg)
             pthread_cond_wait(&r->cv, &r->mu);
             continue;
         }
+        if (kvt_remote_hold_uploads && !r->stopping) { /* tests */
+            pthread_mutex_unlock(&r->mu);
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         upload *u = r->head;
         r->head = u->next;
         if (!r->head) r->tail = NULL;
+        r->sending = u;
         bool late = r->stopping && kvt_now() - r->stop_at > 1.0;
         pthread_mutex_unlock(&r->mu);
-        bool tried = !late && breaker_allow(r);
+        bool tried = !late;
         if (tried) send_upload(r, u); /* counts itself, sent or dropped */
         pthread_mutex_lock(&r->mu);
-        if (!tried) r->st.dropped++; /* given up at shutdown, or refused by the breaker */
+        if (!tried) { r->st.dropped++; r->failed_seq = u->seq; } /* given up at shutdown */
+        r->sending = NULL;
         r->st.queue_len--;
         r->st.queue_bytes -= u->vals.len;
         pthread_mutex_unlock(&r->mu);
@@ -792,9 +990,11 @@ static int assemble(kvt_remote *r, const char *key, size_t want, redisReply **re
 }
 
 /* Try one index entry: 1 restored, 0 not (s untouched), -1 not and s
- * emptied by a load that failed. */
+ * emptied by a load that failed, 2 not tried: a value of it is on a
+ * shard down[] names (its breaker open, or failed in this lookup), or on
+ * one that fails now (added to down[]). */
 static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, const uint64_t *keys, cand *c,
-                    double deadline, size_t *bytes)
+                    double deadline, bool *down, size_t *bytes)
 {
     kvt_redis *rd = r->rd_load;
     size_t nv = c->nb + 1;
@@ -805,6 +1005,11 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     if (!names || !first || !vals) goto out;
     snprintf(names[0], sizeof names[0], "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[t], c->head, c->n, c->tail);
     for (size_t b = 0; b < c->nb; b++) block_key(r, t, keys[b], names[1 + b], sizeof names[1 + b]);
+    for (size_t i = 0; i < nv && state == 0; i++) {
+        int sh = kvt_redis_shard_of(rd, names[i], strlen(names[i]));
+        if (sh >= 0 && down[sh]) state = 2;
+    }
+    if (state) goto out;
     size_t cmds = 0;
     for (size_t i = 0; i < nv; i++) {
         size_t k = 0;
@@ -819,16 +1024,21 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = (int)((deadline - kvt_now()) * 1000);
-    int rc = kvt_redis_exec(rd, ms > 1 ? ms : 1, &rep, &nr);
-    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
-    breaker_report(r, !refused, refused);
-    if (rc && (strstr(kvt_errmsg(), "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
+    kvt_shards sh;
+    if (round_trip(r, rd, ms > 1 ? ms : 1, down, true, &sh, &rep, &nr)) goto out;
+    bool failed = false;
+    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) {
+        failed |= sh.failed[i];
+        if (sh.failed[i] || sh.refused[i]) down[i] = true;
+    }
+    if (failed && (strstr(sh.why, "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
         pthread_mutex_lock(&r->mu);
         r->st.abandoned++;
         pthread_mutex_unlock(&r->mu);
     }
-    if (refused) {
+    if (!all_replies(rep, nr) || error_reply(rep, nr)) { /* not gone: out of reach, the entry stays */
         kvt_redis_replies_free(rep, nr);
+        if (!failed) state = 2; /* a shard this lookup had not seen down: another entry may do */
         goto out;
     }
     bool missing = false, bad = false;
@@ -872,7 +1082,7 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
         kvt_redis_append(rd, 3, a, NULL);
         for (size_t i = 0; bad_v && i < nv; i++)
             if (bad_v[i] || gone_v[i]) append_del(r, rd, names[i], c->lens[i]);
-        if (kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
+        if (round_trip(r, rd, r->o.lookup_ms, down, true, &sh, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
         size_t nbad = 0;
         for (size_t i = 0; bad_v && i < nv; i++) nbad += bad_v[i];
         pthread_mutex_lock(&r->mu);
@@ -906,8 +1116,8 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
     size_t nc = 0, cc = 0;
     redisReply **rep = NULL;
     size_t nr = 0;
-    if (!keys || !breaker_allow(r)) goto out;
-    asked = true;
+    bool down[KVT_REMOTE_MAX_SHARDS];
+    if (!keys) goto out;
     pthread_mutex_lock(&r->load_mu);
     for (size_t b = 0; b < nbp; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : r->key0, toks + b * KVT_BLOCK);
     kvt_redis *rd = r->rd_load;
@@ -920,16 +1130,22 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
             goto out_locked;
         }
     }
-    int rc = kvt_redis_exec(rd, r->o.lookup_ms, &rep, &nr);
+    /* the index of every boundary at once: the shards whose breakers are
+     * open are not asked, and those and the ones that fail now hold no
+     * entry for this lookup; the others' entries stand */
+    kvt_shards sh;
+    int rc = round_trip(r, rd, r->o.lookup_ms, NULL, true, &sh, &rep, &nr);
     t_lookup = kvt_now() - t0;
-    const char *refused = rc ? kvt_errmsg() : error_reply(rep, nr);
-    breaker_report(r, !refused, refused);
-    if (refused) goto out_locked;
+    if (rc) goto out_locked;
+    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) {
+        asked |= sh.asked[i];
+        down[i] = sh.skip[i] || sh.failed[i] || sh.refused[i];
+    }
     for (size_t i = 0; i < nr; i++) {
         size_t nb = nb0 + i;
         uint64_t head = nb ? keys[nb - 1] : r->key0;
         redisReply *x = rep[i];
-        if (x->type != REDIS_REPLY_ARRAY) continue;
+        if (!x || x->type != REDIS_REPLY_ARRAY) continue;
         for (size_t e = 0; e + 1 < x->elements; e += 2) {
             redisReply *f = x->element[e], *v = x->element[e + 1];
             if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || f->len > 40) continue;
@@ -956,7 +1172,7 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
      * would take, counted from the lookup's start: a slow remote is
      * abandoned before it costs more than the prefill (a fixed load_ms
      * counts from the lookup's end) */
-    for (size_t i = 0; i < nc && i < MAX_TRIES && !hit; i++) {
+    for (size_t i = 0, tries = 0; i < nc && tries < MAX_TRIES && !hit; i++) {
         bool fixed = r->o.load_ms || kvt_remote_fault_fixed_deadline;
         double deadline = (fixed ? t0 + t_lookup : t0) + kvt_remote_load_deadline(r, have, cs[i].n);
         if (kvt_now() >= deadline) { /* a shorter entry's deadline is earlier still */
@@ -965,7 +1181,8 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
             pthread_mutex_unlock(&r->mu);
             break;
         }
-        int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, &bytes);
+        int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, down, &bytes);
+        if (st != 2) tries++; /* an entry out of reach costs no round trip */
         if (st == 1) { hit = true; *got = cs[i].n; }
         if (st == -1) break; /* s was emptied: the caller restores it anew */
     }
@@ -1034,7 +1251,7 @@ int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
     size_t cap = 0;
     char cursor[32] = "0";
     do {
-        const char *a[6] = {"SCAN", cursor, "MATCH", "kvt:r1:*:i:*", "COUNT", "1000"};
+        const char *a[6] = {"SCAN", cursor, "MATCH", LAYOUT "*:i:*", "COUNT", "1000"};
         redisReply **rep = NULL, **hr = NULL;
         size_t nr = 0, nh = 0;
         if ((rc = kvt_redis_append(rd, 6, a, NULL)) || (rc = kvt_redis_exec(rd, 2000, &rep, &nr))) break;
@@ -1070,7 +1287,7 @@ int kvt_remote_list(const kvt_remote_opts *o, kvt_remote_entry **out, size_t *n)
 
 typedef struct verify_src {
     kvt_remote *r;
-    const char *ns;                /* "kvt:r1:KEY0:TENANT:" */
+    const char *ns;                /* "kvt:r2:KEY0:TENANT:" */
     const size_t *lens;            /* the manifest: snapshot, then each block */
     uint8_t *cur;                  /* the block the load is reading (freed at the next) */
     int64_t bad_block, gone_block; /* -1: none */
@@ -1209,7 +1426,7 @@ int kvt_remote_verify(kvt_remote *r, bool del, kvt_remote_verify_fn each, void *
 {
     memset(out, 0, sizeof *out);
     char pattern[96];
-    snprintf(pattern, sizeof pattern, "kvt:r1:%016" PRIx64 ":*:i:*", r->key0);
+    snprintf(pattern, sizeof pattern, LAYOUT "%016" PRIx64 ":*:i:*", r->key0);
     char cursor[32] = "0";
     int rc = KVT_OK;
     pthread_mutex_lock(&r->check_mu);

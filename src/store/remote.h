@@ -17,11 +17,13 @@
 
 typedef struct kvt_remote kvt_remote;
 
+#define KVT_REMOTE_MAX_SHARDS 64   /* a cluster's masters, each with a breaker of its own */
+
 typedef struct kvt_remote_opts {
-    const char *url;            /* redis://, rediss:// or redis-cluster:// (redis.h) */
+    const char *url;            /* redis://, rediss://, redis-cluster:// or rediss-cluster:// (redis.h) */
     const char *password_file;  /* NULL: no AUTH */
-    const char *tls_ca;         /* rediss://: the CA the server's certificate chains to (NULL: the system's) */
-    const char *tls_cert, *tls_key; /* rediss://: the client's certificate and key (both or neither) */
+    const char *tls_ca;         /* TLS: the CA the server's certificate chains to (NULL: the system's) */
+    const char *tls_cert, *tls_key; /* TLS: the client's certificate and key (both or neither) */
     const char *secret_file;    /* NULL: no HMAC (refused with tenants) */
     const char *const *tenants; /* n_tenants names (API keys' names); NULL: one tenant, "default" */
     size_t n_tenants;
@@ -84,7 +86,7 @@ double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n);
  * password file and the TLS files; the rest is unused. *out is malloc'ed
  * (*n entries), in the order found. */
 typedef struct kvt_remote_entry {
-    char ns[64];                /* kvt:r1:KEY0:TENANT */
+    char ns[64];                /* kvt:r2:KEY0:TENANT */
     uint64_t head;              /* the key of its last whole block */
     uint32_t n_tokens, n_blocks;
     uint64_t bytes;             /* its snapshot record and blocks, as the manifest says */
@@ -109,11 +111,14 @@ typedef struct kvt_remote_stats {
     uint64_t bad;                    /* values that failed a check (deleted) */
     uint64_t stale;                  /* index entries whose values were gone (evicted), deleted */
     uint64_t hit_tokens, bytes_read, bytes_written;
+    uint64_t values_written;         /* values (blocks, snapshots) sent */
     uint64_t uploads, dropped;       /* snapshots sent; not queued or given up */
     uint64_t queue_len, queue_bytes; /* waiting to be sent */
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
-    uint64_t breaker_trips;
-    int breaker;                     /* 0 closed, 1 open, 2 half-open (probing) */
+    uint64_t breaker_trips;          /* every shard's */
+    int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
+    size_t n_shards;                 /* a cluster's masters known (1: one server) */
+    int shard_breaker[KVT_REMOTE_MAX_SHARDS]; /* each shard's, [0..n_shards): masters in the order of their first slot */
     char last_error[192];            /* the last failure's message ("" none) */
 } kvt_remote_stats;
 void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
@@ -131,6 +136,16 @@ extern bool kvt_remote_skip_value_checks;
  * found entries and the round trip that loads one (to stop Redis there). */
 extern void (*kvt_remote_before_load)(void *arg);
 extern void *kvt_remote_before_load_arg;
+/* Tests: one breaker for every shard of a cluster, and a shard's failure
+ * the whole round trip's, as the tier was before it had a breaker per
+ * master (the negative control of cluster_shard_breaker). */
+extern bool kvt_remote_fault_one_breaker;
+/* Tests: true sends again the blocks an upload still queued carries, as
+ * the tier did before it looked in its queue (the negative control of
+ * remote_no_double_upload); kvt_remote_hold_uploads (true) keeps the
+ * upload thread from taking an upload off the queue. */
+extern bool kvt_remote_fault_resend_queued;
+extern volatile bool kvt_remote_hold_uploads;
 /* Tests: true gives every load the fixed 500 ms deadline the tier had
  * before it was scaled by the prefill saved (the negative control of
  * remote_load_deadline_bounded_by_prefill). */

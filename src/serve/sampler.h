@@ -1,0 +1,10 @@
+/* The sampler's test switch (sampler.c; its API is in kvtier.h). */
+#ifndef KVT_SAMPLER_H
+#define KVT_SAMPLER_H
+
+/* Tests: KVT_SAMPLER_FAULT_SIGNED_ZERO orders a logit of -0 after one of
+ * +0 instead of tying them (the lowest id first). */
+enum { KVT_SAMPLER_FAULT_SIGNED_ZERO = 1 };
+extern int kvt_sampler_fault;
+
+#endif
