@@ -14,7 +14,7 @@
  */
 #include "store/evict.h"
 #include "store/segments.h"
-#include "store/store.h"
+#include "store/testing.h"
 #include "base/util.h"
 
 #include <stdio.h>

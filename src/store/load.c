@@ -11,7 +11,6 @@
 #include "store/lookup.h"
 #include "store/recovery.h"
 #include "store/segments.h"
-#include "store/store.h"
 #include "arch/model.h"
 #include "base/util.h"
 

@@ -9,7 +9,7 @@
  * when its head matches. See lookup.h.
  */
 #include "store/lookup.h"
-#include "store/store.h"
+#include "store/testing.h"
 #include "arch/model.h"
 #include "base/util.h"
 

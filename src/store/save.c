@@ -10,7 +10,7 @@
 #include "store/evict.h"
 #include "store/lookup.h"
 #include "store/segments.h"
-#include "store/store.h"
+#include "store/testing.h"
 #include "arch/model.h"
 #include "base/util.h"
 
