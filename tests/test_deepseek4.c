@@ -326,6 +326,20 @@ TEST(deepseek4_header_flash_shape)
     CHECK(!kvt_memory_note(&t, note, sizeof note) && !note[0]);
     t.available = 0;
     CHECK(!kvt_memory_note(&t, note, sizeof note) && !note[0]);
+    /* from the header alone (the mapped bytes and MemAvailable, no plan or
+     * scratch): the same note as from the whole figures, when the
+     * available memory is known and a GiB or more away from the weights */
+    uint64_t avail = kvt_mem_available();
+    if (avail && (mm.mapped > avail + (1ull << 30) || mm.mapped + (1ull << 30) < avail)) {
+        char full[256], gib[32];
+        kvt_memory at = mm;
+        at.available = avail;
+        bool want_note = kvt_memory_note(&at, full, sizeof full);
+        snprintf(gib, sizeof gib, "(%.2f GiB,", mm.mapped / 1073741824.0);
+        CHECKF(kvt_model_memory_note(path, note, sizeof note) == want_note &&
+                   (!want_note || strstr(note, gib)),
+               "want %s (%s): '%s'", want_note ? "a note" : "none", gib, note);
+    }
 
     /* truncated inside the header: every cut is a clean format error */
     f = fopen(path, "rb");

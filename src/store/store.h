@@ -55,15 +55,4 @@ int kvt_store_set_synchronous(kvt_store *st, bool on);
  * the other fields zero). Tests: the two agree after every commit. */
 int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted);
 
-/* Tests: true skips keeping free space before a save and the retry after a
- * full disk (the negative control of tests/test_store_hostile.c), and the
- * seconds between two reports of failed saves (60). */
-extern bool kvt_store_room_fault;
-/* Tests: true takes a record longer than a prompt for it without reading
- * its ids (the negative control of tests/test_store.c's
- * store_longer_record_*). */
-extern bool kvt_store_tail_ids_fault;
-extern double kvt_store_report_every;
-
-
 #endif
