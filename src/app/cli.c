@@ -929,16 +929,27 @@ out:
 static int cmd_model(int argc, char **argv)
 {
     if (argc < 1 || strcmp(argv[0], "new")) {
-        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n");
+        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] "
+                        "[--type f32|f16|q8_0] --out FILE.gguf\n");
         return 2;
     }
-    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}};
+    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}, {"--type"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - 1, argv + 1, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t seed = KVT_DEFAULT_SEED;
     if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
     const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
     if (!preset || !out) { fprintf(stderr, "kvtier: --preset and --out are required\n"); return 2; }
+    if (get(o, no, "--type")) { /* tensor by tensor, without the model in memory */
+        int rc = kvt_model_write_preset(preset, seed, get(o, no, "--vocab"), get(o, no, "--type"), out);
+        if (rc) return fail(rc, out);
+        kvt_model_info i;
+        char detail[512];
+        if ((rc = kvt_model_describe(out, 0, &i, detail, sizeof detail, NULL))) return fail(rc, out);
+        printf("wrote %s: %s, %llu parameters, matrices %s, vocabulary %u, seed %llu\n", out, preset,
+               (unsigned long long)i.n_params, get(o, no, "--type"), i.n_vocab, (unsigned long long)seed);
+        return 0;
+    }
     kvt_model *m = NULL;
     int rc = kvt_model_preset(&m, preset, seed, get(o, no, "--vocab"));
     if (rc) return fail(rc, preset);
