@@ -589,9 +589,61 @@ static int dsv4_f32_arr(const kvt_gguf *g, const char *key, uint32_t L, float *v
         for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.f;
         return KVT_OK;
     }
-    if (a->type != KVT_GGUF_ARR || a->elem_type != KVT_GGUF_F32 || a->n < L)
+    if (a->type == KVT_GGUF_F64) { /* ds4.c's reader takes f64 as well */
+        for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.f;
+        return KVT_OK;
+    }
+    if (a->type != KVT_GGUF_ARR || (a->elem_type != KVT_GGUF_F32 && a->elem_type != KVT_GGUF_F64) || a->n < L)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not a float or %u floats", k, L);
     for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.arr[l].v.f;
+    return KVT_OK;
+}
+
+/* The two writers of deepseek4 files: llama.cpp's converter and ds4.c's
+ * own quantiser (antirez/ds4, gguf-tools/deepseek4-quantize.c, which copies
+ * a template file's metadata and tensor order) use the same tensor names,
+ * the same merged 3-D expert tensors and the same keys; ds4.c's reader
+ * (ds4.c, config_validate_model) also requires keys llama.cpp's deepseek4
+ * loader does not read. Each is checked here against what kvtier computes
+ * with, so a file that says otherwise is refused rather than misread. */
+enum key_check { KEY_VOCAB, KEY_EQUALS, KEY_AT_MOST };
+static const struct {
+    const char *key;
+    enum key_check check;
+    double want;
+    const char *why;
+} layout_keys[] = {
+    {"vocab_size", KEY_VOCAB, 0, "the tokenizer's length"},
+    {"rope.scaling.yarn_beta_fast", KEY_EQUALS, 32, "YaRN's fast correction (llama.cpp's deepseek4: 32)"},
+    {"rope.scaling.yarn_beta_slow", KEY_EQUALS, 1, "YaRN's slow correction (llama.cpp's deepseek4: 1)"},
+    {"expert_group_count", KEY_AT_MOST, 1, "expert groups (kvtier routes without groups)"},
+    {"expert_group_used_count", KEY_AT_MOST, 1, "expert groups used (kvtier routes without groups)"},
+};
+
+/* The keys of layout_keys a file has, against c (V known). */
+static int check_layout_keys(const kvt_gguf *g, const ds4_config *c)
+{
+    for (size_t i = 0; i < sizeof layout_keys / sizeof layout_keys[0]; i++) {
+        char k[96];
+        key_name(k, sizeof k, layout_keys[i].key);
+        const kvt_gguf_val *v = kvt_gguf_get(g, k);
+        if (!v) continue;
+        double x;
+        if (v->type == KVT_GGUF_F32 || v->type == KVT_GGUF_F64) x = v->v.f;
+        else if (v->type == KVT_GGUF_U8 || v->type == KVT_GGUF_U16 || v->type == KVT_GGUF_U32 || v->type == KVT_GGUF_U64)
+            x = (double)v->v.u;
+        else if (v->type == KVT_GGUF_I8 || v->type == KVT_GGUF_I16 || v->type == KVT_GGUF_I32 || v->type == KVT_GGUF_I64)
+            x = (double)v->v.i;
+        else
+            return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not a number", k);
+        double want = layout_keys[i].check == KEY_VOCAB ? (double)c->V : layout_keys[i].want;
+        bool ok = layout_keys[i].check == KEY_AT_MOST ? x <= want : x == want;
+        if (!ok)
+            return kvt_fail(layout_keys[i].check == KEY_VOCAB ? KVT_EFORMAT : KVT_EUNSUPPORTED,
+                            "deepseek4: %s is %g, %s %g (%s)", k, x,
+                            layout_keys[i].check == KEY_AT_MOST ? "kvtier computes with at most" : "kvtier computes with",
+                            want, layout_keys[i].why);
+    }
     return KVT_OK;
 }
 
@@ -690,7 +742,7 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
     if (emb && emb->n_dims == 2 && emb->ne[1] != c->V)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %u tokens, an embedding of %llu rows", c->V,
                         (unsigned long long)emb->ne[1]);
-    return KVT_OK;
+    return check_layout_keys(g, c);
 }
 
 /* A tensor exactly as the table has it, converted to f32. */
