@@ -7,13 +7,19 @@
 # output groups and hyper-connections; 2 layers, ratio 4 then 128, the first
 # hash-routed), written by `kvtier model new --type q8_0` with the tokenizer
 # of the llama.cpp clone's models/ggml-vocab-deepseek-llm.gguf (so that
-# llama-bench loads it), then made by llama-quantize (--allow-requantize,
-# an importance matrix of ones from bench/synth_llama.c --imatrix, which
-# IQ2_XXS needs) into the two mixes ds4.c ships Flash in: a Q8_0 trunk with
-# the routed experts in IQ2_XXS (gate, up) and Q2_K (down), and with Q4_K
-# routed experts (--tensor-type ffn_*_exps=...). All in the cache dir: the
-# Q8_0 source is 14.9 GB, the mixes 4.8 and 8.7 GB; the script stops when
-# making a missing one would leave less than 25 GB free.
+# llama-bench loads it), then in the two mixes ds4.c ships Flash in: a Q8_0
+# trunk with the routed experts in IQ2_XXS (gate, up) and Q2_K (down), and
+# with Q4_K routed experts. By default the mixes' experts are random blocks
+# of those types (bench/synth_llama.c --experts, half a minute): a kernel's
+# speed does not depend on the bits it multiplies, and llama-quantize needs
+# hours for them on 2 shared cores (IQ2_XXS's grid search; Q4_K with an
+# importance matrix took over 4 minutes of a loaded machine for the first
+# of six expert tensors). QUANTIZE=llama makes them with llama-quantize
+# instead (--allow-requantize, --tensor-type ffn_*_exps=..., an importance
+# matrix of ones from bench/synth_llama.c --imatrix, which IQ2_XXS needs).
+# All in the cache dir: the Q8_0 source is 14.9 GB, the mixes 4.8 and 8.5
+# GB; the script stops when making a missing one would leave less than 25
+# GB free.
 #
 # The cells: prefill of 512 and 4,096 tokens (pp512, pp4096) and a decode
 # of 32 tokens (tg32), at 1 and 2 threads, kvtier (`bench --suite llama`)
@@ -30,6 +36,7 @@
 #   CELLS="pp512 pp4096 tg32"
 #   THREADS="1 2"
 #   JOBS=N              parallel jobs of a llama.cpp build (default 2)
+#   QUANTIZE=llama      the mixes by llama-quantize (default: random blocks)
 set -eu
 me=flash.sh
 # shellcheck source=bench/lib.sh
@@ -71,27 +78,28 @@ bench_synth_llama
 imatrix=$models/ds4-flash-bench.imatrix.dat
 [ -f "$imatrix" ] || "$cache/tools/synth_llama" --imatrix "$src_q8" "$imatrix" >&2
 
-# $1 output, $2.. llama-quantize's options; through a .part file, log beside it
+# $1 output, $2 gate/up type, $3 down type: by llama-quantize through a
+# .part file (its log beside it), or random blocks (synth_llama --experts)
 mix() {
-    out=$1
-    shift
-    [ -f "$out" ] && return 0
-    echo "$me: llama-quantize: $out" >&2
-    "$lbin/llama-quantize" --allow-requantize --imatrix "$imatrix" "$@" "$src_q8" "${out%.gguf}.part.gguf" Q8_0 \
-        >"${out%.gguf}.log" 2>&1 ||
-        { tail -n 20 "${out%.gguf}.log" >&2; echo "$me: llama-quantize of $out failed" >&2; exit 1; }
-    mv "${out%.gguf}.part.gguf" "$out"
+    [ -f "$1" ] && return 0
+    if [ "${QUANTIZE:-}" = llama ]; then
+        echo "$me: llama-quantize: $1" >&2
+        "$lbin/llama-quantize" --allow-requantize --imatrix "$imatrix" --tensor-type "ffn_gate_exps=$2" \
+            --tensor-type "ffn_up_exps=$2" --tensor-type "ffn_down_exps=$3" "$src_q8" "${1%.gguf}.part.gguf" Q8_0 \
+            >"${1%.gguf}.log" 2>&1 ||
+            { tail -n 20 "${1%.gguf}.log" >&2; echo "$me: llama-quantize of $1 failed" >&2; exit 1; }
+        mv "${1%.gguf}.part.gguf" "$1"
+    else
+        echo "$me: random $2/$3 expert blocks: $1" >&2
+        "$cache/tools/synth_llama" --experts "$src_q8" "$1" "$2" "$3" >&2
+    fi
 }
 f_iq2=$models/ds4-flash-bench-iq2xxs-q2k.gguf
 f_q4k=$models/ds4-flash-bench-q4k.gguf
 for f in $files; do
     case $f in
-        iq2) room_for "$f_iq2" 5
-             mix "$f_iq2" --tensor-type ffn_gate_exps=iq2_xxs --tensor-type ffn_up_exps=iq2_xxs \
-                 --tensor-type ffn_down_exps=q2_K ;;
-        q4k) room_for "$f_q4k" 9
-             mix "$f_q4k" --tensor-type ffn_gate_exps=q4_K --tensor-type ffn_up_exps=q4_K \
-                 --tensor-type ffn_down_exps=q4_K ;;
+        iq2) room_for "$f_iq2" 5; mix "$f_iq2" iq2_xxs q2_K ;;
+        q4k) room_for "$f_q4k" 9; mix "$f_q4k" q4_K q4_K ;;
         *) echo "$me: FILES: iq2 or q4k, not $f" >&2; exit 2 ;;
     esac
 done
@@ -130,6 +138,7 @@ printf '%-12s %-7s %3s %12s %6s %12s %6s %7s %s\n' file cell thr kvtier load lla
 for f in $files; do
     case $f in iq2) file=$f_iq2 rt='iq2_xxs|q2_K' ;; q4k) file=$f_q4k rt='q4_K' ;; esac
     bytes=$(read_bytes "$file" "$rt")
+    cat "$file" >/dev/null # into the page cache before either engine runs
     for c in $cells; do
         case $c in
             pp*) p=${c#pp} n=0 ;;
@@ -143,7 +152,7 @@ for f in $files; do
                 kv=$(awk -F, 'NR == 2 { print $8 }' "$tmp/kv.csv")
             else kv=failed; tail -n 3 "$tmp/kv.err" >&2; fi
             lb=$(load)
-            if "$lbin/llama-bench" -m "$file" -p "$p" -n "$n" -t "$t" -r "$reps" -o jsonl >"$tmp/ll.out" 2>"$tmp/ll.err"; then
+            if "$lbin/llama-bench" -m "$file" -p "$p" -n "$n" -t "$t" -r "$reps" --no-warmup -o jsonl >"$tmp/ll.out" 2>"$tmp/ll.err"; then
                 ll=$(sed -n 's/.*"samples_ts": \[\([^]]*\)\].*/\1/p' "$tmp/ll.out" | tr ',' '\n' |
                      awk 'NF { v = $1 + 0; if (v > m) m = v } END { printf "%.3f\n", m }')
             else ll=failed; tail -n 3 "$tmp/ll.err" >&2; fi
