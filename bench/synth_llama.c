@@ -6,6 +6,10 @@
  *                                     count and tensor bytes as one JSON line
  *   synth_llama --imatrix FILE.gguf OUT.dat  an importance matrix of ones
  *                                     for FILE's matrices (below)
+ *   synth_llama --experts FILE.gguf OUT.gguf GATE_UP DOWN
+ *                                     FILE with its routed experts
+ *                                     (*_exps) as random blocks of the
+ *                                     types named (below)
  *
  * The model: dim 768, 12 layers, 12 heads, 4 KV heads (head dim 64), SwiGLU
  * FFN of 2048, vocabulary 32000, context 8192, an output matrix of its own:
@@ -30,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The shapes it writes: the llama above, and the two small models of the
  * families people run on a CPU with coding agents, their real dimensions
@@ -518,10 +523,106 @@ static int imatrix(const char *path, const char *out)
     return fclose(f) ? 1 : 0;
 }
 
+/* ---- --experts ---- */
+
+/* FILE (a GGUF kvtier reads: the ds4-flash-bench file in Q8_0) copied to
+ * OUT with its routed expert tensors (names ending in _exps.weight) stored
+ * as GATE_UP (gate and up) and DOWN (down): iq2_xxs, q2_K or q4_K blocks
+ * of random bits whose f16 scales are 2^-12 (values of a few 1e-2 at
+ * most), every other key and tensor byte for byte. For a speed benchmark
+ * of the layout and types ds4.c ships Flash in: llama-quantize makes the
+ * same types from the Q8_0 weights, at about 10^6 values a second for
+ * IQ2_XXS on one core (the grid search), which is hours for the 8.6
+ * billion values of two Flash layers' gate and up experts; a kernel's speed
+ * does not depend on the bits it multiplies. */
+static uint32_t type_id(const char *name)
+{
+    static const struct { const char *n; uint32_t id; } t[] = {
+        {"iq2_xxs", KVT_GGML_IQ2_XXS}, {"q2_K", KVT_GGML_Q2_K}, {"q4_K", KVT_GGML_Q4_K}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(name, t[i].n)) return t[i].id;
+    return UINT32_MAX;
+}
+
+/* nb random blocks of type into p, their f16 scale fields 2^-12 */
+static void random_blocks(uint32_t type, uint8_t *p, size_t nb)
+{
+    size_t bs = kvt_ggml_type_size(type, 256);
+    static const size_t f16_at[][3] = {{0, SIZE_MAX}, {80, 82, SIZE_MAX}, {0, 2, SIZE_MAX}};
+    const size_t *at = f16_at[type == KVT_GGML_IQ2_XXS ? 0 : type == KVT_GGML_Q2_K ? 1 : 2];
+    for (size_t b = 0; b < nb; b++, p += bs) {
+        for (size_t i = 0; i < bs; i += 8) {
+            uint64_t r = splitmix64();
+            memcpy(p + i, &r, bs - i < 8 ? bs - i : 8);
+        }
+        for (size_t k = 0; at[k] != SIZE_MAX; k++) p[at[k]] = 0x00, p[at[k] + 1] = 0x0c; /* f16 0x0c00 = 2^-12 */
+    }
+}
+
+static int experts(const char *path, const char *out, const char *gu_name, const char *dn_name)
+{
+    uint32_t gu = type_id(gu_name), dn = type_id(dn_name);
+    if (gu == UINT32_MAX || dn == UINT32_MAX) {
+        fprintf(stderr, "synth_llama: --experts types: iq2_xxs, q2_K or q4_K\n");
+        return 2;
+    }
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, path);
+    if (rc) return die(path, rc);
+    kvt_gguf_writer *w = kvt_gguf_writer_new();
+    size_t nt = kvt_gguf_n_tensors(g);
+    uint32_t *ty = calloc(nt, sizeof *ty);
+    if (!w || !ty) return die("out of memory", KVT_ENOMEM);
+    for (size_t i = 0; i < kvt_gguf_n_kv(g) && !rc; i++) rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
+    for (size_t i = 0; i < nt && !rc; i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        const char *e = strstr(t->name, "_exps.weight");
+        ty[i] = t->type;
+        if (e && !e[12]) ty[i] = strstr(t->name, "ffn_down_exps") ? dn : gu;
+        uint64_t bytes = kvt_ggml_type_size(ty[i], t->n_elem);
+        if (!bytes) { fprintf(stderr, "synth_llama: %s: %s does not fit\n", t->name, kvt_ggml_type_name(ty[i])); return 1; }
+        rc = kvt_gguf_writer_add_tensor(w, t->name, ty[i], t->n_dims, t->ne, NULL, bytes);
+    }
+    char part[4096];
+    snprintf(part, sizeof part, "%s.part", out);
+    if (rc || (rc = kvt_gguf_writer_write(w, part))) return die(part, rc);
+    FILE *f = fopen(part, "ab");
+    if (!f) { fprintf(stderr, "synth_llama: %s: cannot append\n", part); return 1; }
+    size_t cap = (size_t)1 << 24;
+    uint8_t *buf = malloc(cap), zero[64] = {0};
+    uint32_t a = kvt_gguf_alignment(g);
+    bool ok = buf && a <= sizeof zero;
+    for (size_t i = 0; i < nt && ok; i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        uint64_t bytes = kvt_ggml_type_size(ty[i], t->n_elem);
+        if (ty[i] == t->type) {
+            ok = fwrite(t->data, 1, bytes, f) == bytes;
+        } else {
+            size_t bs = kvt_ggml_type_size(ty[i], 256), per = cap / bs;
+            for (uint64_t left = bytes / bs; left && ok; ) {
+                size_t k = left < per ? (size_t)left : per;
+                random_blocks(ty[i], buf, k);
+                ok = fwrite(buf, bs, k, f) == k;
+                left -= k;
+            }
+        }
+        size_t pad = (size_t)((a - bytes % a) % a);
+        ok = ok && fwrite(zero, 1, pad, f) == pad;
+    }
+    ok = fclose(f) == 0 && ok;
+    free(buf);
+    free(ty);
+    kvt_gguf_writer_free(w);
+    kvt_gguf_close(g);
+    if (!ok || rename(part, out)) { fprintf(stderr, "synth_llama: %s: cannot write\n", out); unlink(part); return 1; }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--sizes")) return sizes(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "--imatrix")) return imatrix(argv[2], argv[3]);
+    if (argc == 6 && !strcmp(argv[1], "--experts")) return experts(argv[2], argv[3], argv[4], argv[5]);
     const shape *sh = &shapes[0];
     if (argc == 5 && !strcmp(argv[1], "--shape")) {
         sh = NULL;
@@ -534,6 +635,7 @@ int main(int argc, char **argv)
     if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
     fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b|qwen3-tiny] VOCAB.gguf OUT.gguf\n"
                     "       synth_llama --sizes FILE.gguf\n"
-                    "       synth_llama --imatrix FILE.gguf OUT.dat\n");
+                    "       synth_llama --imatrix FILE.gguf OUT.dat\n"
+                    "       synth_llama --experts FILE.gguf OUT.gguf GATE_UP DOWN\n");
     return 2;
 }

@@ -98,6 +98,13 @@ int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const c
  * kvt_model_open loads back bit-identically. deepseek4 models only (the ds4
  * presets and deepseek4 GGUFs): KVT_EINVAL for a llama-family model. */
 int kvt_model_save(const kvt_model *m, const char *path);
+/* Write a preset's model with synthetic weights from seed (the same values
+ * kvt_model_preset draws) straight to a GGUF file, tensor by tensor, with
+ * the projection matrices stored as type ("f32", "f16" or "q8_0"): for
+ * presets too large to build in memory (ds4-flash-bench). With "f32" the
+ * file equals kvt_model_save's of the same preset. deepseek4 presets only. */
+int kvt_model_write_preset(const char *preset, uint64_t seed, const char *vocab_gguf, const char *type,
+                           const char *path);
 /* Hashes identifying the weights (with config) and the tokenizer. */
 uint64_t kvt_model_fingerprint(const kvt_model *m);
 uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m);

@@ -586,3 +586,47 @@ TEST(quant_iq_codebooks)
            "q3_K: an off-by-one scale went unnoticed");
     kvt_quant_fault = KVT_QUANT_FAULT_NONE;
 }
+
+/* kvt_quant_from_f32 (the writer of `model new --type`) against ggml's own
+ * reference quantisers (from_float_ref) for f16 and q8_0: the same bytes on
+ * values of every scale, zeros and halfway cases included. Control: a block
+ * nudged by one unit after quantising differs (the comparison sees a byte). */
+TEST(quant_from_f32_is_ggmls)
+{
+    const char *why = ggml_load();
+    if (why) SKIP("%s", why);
+    enum { N = 32 * 4096 };
+    float *x = malloc(N * sizeof *x);
+    uint8_t *a = malloc(N * 2 + 64), *b = malloc(N * 2 + 64);
+    CHECK(x && a && b);
+    uint64_t rng = kvt_test_seed("quant_from_f32_is_ggmls");
+    for (size_t i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+        int blk = (int)(i / 32) % 8;
+        /* blocks of scales 1e-8 .. 1e4, an all-zero block, one of halves */
+        x[i] = blk == 6 ? 0.0f : blk == 7 ? (float)((int)(u * 64) - 32) * 0.5f
+                                          : (float)((2 * u - 1) * pow(10.0, blk * 2 - 8));
+    }
+    static const uint32_t types[] = {1, 8}; /* f16, q8_0 */
+    for (size_t k = 0; k < 2; k++) {
+        const struct ggml_type_traits *tr = ggml.traits((int)types[k]);
+        CHECKF(tr && tr->from_float_ref, "ggml has no from_float_ref for %s", kvt_quant_name(types[k]));
+        size_t bytes = kvt_quant_row_bytes(types[k], N);
+        CHECK(kvt_quant_from_f32(types[k], x, a, N) == KVT_OK);
+        tr->from_float_ref(x, b, N);
+        size_t diff = 0;
+        for (size_t i = 0; i < bytes; i++) diff += a[i] != b[i];
+        printf("    %s: %zu values, %zu bytes, %zu differ\n", kvt_quant_name(types[k]), (size_t)N, bytes, diff);
+        CHECKF(diff == 0, "%s: %zu of %zu bytes differ from ggml's", kvt_quant_name(types[k]), diff, bytes);
+        a[bytes / 2] ^= 1;
+        diff = 0;
+        for (size_t i = 0; i < bytes; i++) diff += a[i] != b[i];
+        CHECK(diff == 1);
+    }
+    CHECK(kvt_quant_from_f32(8, x, a, 31) == KVT_EINVAL);
+    CHECK(kvt_quant_from_f32(12, x, a, 256) == KVT_EUNSUPPORTED);
+    free(x);
+    free(a);
+    free(b);
+}

@@ -940,16 +940,27 @@ out:
 static int cmd_model(int argc, char **argv)
 {
     if (argc < 1 || strcmp(argv[0], "new")) {
-        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n");
+        fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] "
+                        "[--type f32|f16|q8_0] --out FILE.gguf\n");
         return 2;
     }
-    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}};
+    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}, {"--type"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - 1, argv + 1, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t seed = KVT_DEFAULT_SEED;
     if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
     const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
     if (!preset || !out) { fprintf(stderr, "kvtier: --preset and --out are required\n"); return 2; }
+    if (get(o, no, "--type")) { /* tensor by tensor, without the model in memory */
+        int rc = kvt_model_write_preset(preset, seed, get(o, no, "--vocab"), get(o, no, "--type"), out);
+        if (rc) return fail(rc, out);
+        kvt_model_info i;
+        char detail[512];
+        if ((rc = kvt_model_describe(out, 0, &i, detail, sizeof detail, NULL))) return fail(rc, out);
+        printf("wrote %s: %s, %llu parameters, matrices %s, vocabulary %u, seed %llu\n", out, preset,
+               (unsigned long long)i.n_params, get(o, no, "--type"), i.n_vocab, (unsigned long long)seed);
+        return 0;
+    }
     kvt_model *m = NULL;
     int rc = kvt_model_preset(&m, preset, seed, get(o, no, "--vocab"));
     if (rc) return fail(rc, preset);
@@ -1427,8 +1438,9 @@ static void usage(FILE *f)
           "              (default: the model's), a session's scratch, the resident estimate, and\n"
           "              whether the mapped weights exceed available memory\n"
           "  perplexity  [--model M] --file F [--threads N] [--ctx N] [cache types]\n"
-          "  model new   --preset ds4-tiny|ds4-mini [--seed S] [--vocab VOCAB.gguf] --out FILE.gguf\n"
-          "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash |\n"
+          "  model new   --preset ds4-tiny|ds4-mini|ds4-flash-bench [--seed S] [--vocab VOCAB.gguf]\n"
+          "              [--type f32|f16|q8_0] --out FILE.gguf\n"
+          "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash-bench|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]] [cache types]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
           "              [--threads N] [--max-tokens N (1024)] [--parallel N] [--queue N (8)]\n"

@@ -62,6 +62,10 @@ typedef struct kvt_arch {
     /* Write the model (config, weights, tokenizer) as GGUF that load reads
      * back bit-identically. NULL: the row cannot. */
     int (*write_gguf)(const kvt_model *m, const char *path);
+    /* Write a preset with its synthetic weights straight to a GGUF file,
+     * matrices stored as type (a ggml type id). NULL: the row cannot. */
+    int (*write_preset)(const char *preset, uint64_t seed, const kvt_tokenizer *tok, uint32_t type,
+                        const char *path);
     /* Tokens a snapshot of n tokens stored without its state replays when
      * it is loaded (state_rebuild). NULL: none. */
     size_t (*replay_tokens)(const kvt_model *m, size_t n);

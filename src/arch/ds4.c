@@ -41,10 +41,12 @@
 #include "format/quant.h"
 #include "base/util.h"
 
+#include <errno.h>
 #include <malloc.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,6 +214,12 @@ static bool preset_config(const char *name, ds4_config *c)
         *c = (ds4_config){.D = 256, .L = 8, .H = 8, .Dh = 128, .Dr = 16, .Rq = 128, .W = 128, .Hi = 4, .Di = 64,
                           .K = 64, .ctx = 131072, .E = 16, .Eu = 4, .Es = 1, .Fe = 128, .n_hash = 2, .og = 4,
                           .orank = 64};
+    } else if (!strcmp(name, "ds4-flash-bench")) {
+        /* Flash's widths with two layers (ratio 4 then 128, the first
+         * hash-routed): written by `model new --type`, for benchmarks */
+        *c = (ds4_config){.D = 4096, .L = 2, .H = 64, .Dh = 512, .Dr = 64, .Rq = 1024, .W = 128, .Hi = 64,
+                          .Di = 128, .K = 512, .ctx = 1048576, .E = 256, .Eu = 6, .Es = 1, .Fe = 2048,
+                          .n_hash = 1, .og = 8, .orank = 1024};
     } else if (!strcmp(name, "ds4-flash")) {
         *c = (ds4_config){.V = 129280, .D = 4096, .L = 43, .H = 64, .Dh = 512, .Dr = 64, .Rq = 1024, .W = 128,
                           .Hi = 64, .Di = 128, .K = 512, .ctx = 1048576, .E = 256, .Eu = 6, .Es = 1, .Fe = 2048,
@@ -220,8 +228,10 @@ static bool preset_config(const char *name, ds4_config *c)
         return false;
     }
     set_layout(c);
-    if (!strcmp(name, "ds4-flash"))
+    bool flash = !strncmp(name, "ds4-flash", 9);
+    if (flash)
         for (uint32_t l = 0; l < c->L; l++) c->clamp_exp[l] = c->clamp_sh[l] = 10.0f;
+    if (!strcmp(name, "ds4-flash-bench")) c->ratio[0] = 4, c->ratio[1] = 128;
     return true;
 }
 
@@ -406,6 +416,18 @@ static int finish_config(ds4_weights *w)
     return KVT_OK;
 }
 
+/* Parameters of a configuration (its tensors' elements). */
+static uint64_t config_params(ds4_weights *w)
+{
+    uint64_t np = 0;
+    tdesc *t = malloc(MAX_TENSORS * sizeof *t);
+    if (!t) return 0;
+    size_t n = ds4_tensors(w, t);
+    for (size_t i = 0; i < n; i++) np += tcount(&t[i]);
+    free(t);
+    return np;
+}
+
 static void fill_info(kvt_model *m, const ds4_weights *w)
 {
     const ds4_config *c = &w->c;
@@ -419,14 +441,7 @@ static void fill_info(kvt_model *m, const ds4_weights *w)
     in->n_head_kv = 1;
     in->head_dim = c->Dh;
     in->n_ff = c->Fe;
-    uint64_t np = 0;
-    tdesc *t = malloc(MAX_TENSORS * sizeof *t);
-    if (t) {
-        size_t n = ds4_tensors((ds4_weights *)w, t);
-        for (size_t i = 0; i < n; i++) np += tcount(&t[i]);
-        free(t);
-    }
-    in->n_params = np;
+    in->n_params = config_params((ds4_weights *)w);
     m->arch = &kvt_arch_ds4;
 }
 
@@ -447,6 +462,39 @@ static int own_mat(ds4_weights *w, const tdesc *d, float *p)
     return KVT_OK;
 }
 
+/* The routing table of d (each token's Eu distinct experts: draws mod E,
+ * repeats redrawn) from the stream st into p. */
+static void draw_route(const tdesc *d, uint32_t E, uint64_t *st, int32_t *p)
+{
+    uint32_t Eu = (uint32_t)d->ne[0];
+    for (size_t v = 0; v < d->ne[1]; v++)
+        for (uint32_t j = 0; j < Eu; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(splitmix(st) % E);
+                dup = false;
+                for (uint32_t k = 0; k < j; k++) dup |= p[v * Eu + k] == e;
+            } while (dup);
+            p[v * Eu + j] = e;
+        }
+}
+
+/* The next n values of tensor d from the stream st into p, in storage
+ * order: a tensor drawn in pieces gets the values it gets drawn at once. */
+static void draw_values(const tdesc *d, uint64_t *st, float *p, size_t n)
+{
+    double scale = d->init == INIT_MAT ? 1.0 / sqrt((double)d->ne[0]) : d->init == INIT_SMALL ? 0.02 : 1.0;
+    for (size_t j = 0; j < n; j++) {
+        if (d->init == INIT_ONE) p[j] = 1.0f;
+        else if (d->init == INIT_ZERO) p[j] = 0.0f;
+        else {
+            double u = (double)(splitmix(st) >> 11) * (1.0 / 9007199254740992.0);
+            p[j] = (float)((2.0 * u - 1.0) * scale);
+        }
+    }
+}
+
 static int generate(ds4_weights *w)
 {
     tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
@@ -456,42 +504,25 @@ static int generate(ds4_weights *w)
     for (size_t i = 0; i < n; i++) {
         size_t cnt = tcount(&t[i]);
         if (t[i].init == INIT_ROUTE) {
-            /* each token's Eu distinct experts: draws mod E, repeats redrawn */
-            uint32_t Eu = (uint32_t)t[i].ne[0], E = w->c.E;
             int32_t *p = kvt_malloc(cnt * sizeof(int32_t));
             if (!p) { free(t); return KVT_ENOMEM; }
             *t[i].islot = p;
-            for (size_t v = 0; v < t[i].ne[1]; v++)
-                for (uint32_t j = 0; j < Eu; j++) {
-                    int32_t e;
-                    bool dup;
-                    do {
-                        e = (int32_t)(splitmix(&st) % E);
-                        dup = false;
-                        for (uint32_t k = 0; k < j; k++) dup |= p[v * Eu + k] == e;
-                    } while (dup);
-                    p[v * Eu + j] = e;
-                }
+            draw_route(&t[i], w->c.E, &st, p);
             continue;
         }
         float *p = kvt_malloc(cnt * sizeof(float));
         if (!p) { free(t); return KVT_ENOMEM; }
         if (!t[i].mat) *t[i].slot = p;
         else if (own_mat(w, &t[i], p)) { free(p); free(t); return KVT_ENOMEM; }
-        double scale = t[i].init == INIT_MAT ? 1.0 / sqrt((double)t[i].ne[0])
-                     : t[i].init == INIT_SMALL ? 0.02 : 1.0;
-        for (size_t j = 0; j < cnt; j++) {
-            if (t[i].init == INIT_ONE) p[j] = 1.0f;
-            else if (t[i].init == INIT_ZERO) p[j] = 0.0f;
-            else {
-                double u = (double)(splitmix(&st) >> 11) * (1.0 / 9007199254740992.0);
-                p[j] = (float)((2.0 * u - 1.0) * scale);
-            }
-        }
+        draw_values(&t[i], &st, p, cnt);
     }
     free(t);
     return KVT_OK;
 }
+
+/* Presets whose weights in f32 exceed this are written to a file by
+ * kvt_ds4_write_preset instead of built in memory. */
+#define PRESET_MAX_F32 (4ull << 30)
 
 static int ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_tokenizer *tok)
 {
@@ -504,6 +535,11 @@ static int ds4_preset(kvt_model *m, const char *preset, uint64_t seed, kvt_token
     w->c.V = kvt_tokenizer_n_vocab(tok);
     w->seed = seed;
     int rc = finish_config(w);
+    if (!rc && config_params(w) * 4 > PRESET_MAX_F32)
+        rc = kvt_fail(KVT_EUNSUPPORTED,
+                      "ds4: preset '%s' has %llu parameters, %.1f GiB in f32: too large to build in memory; "
+                      "write it with `kvtier model new --preset %s --type q8_0 --out FILE` and open the file",
+                      preset, (unsigned long long)config_params(w), config_params(w) * 4.0 / (1u << 30), preset);
     if (!rc) rc = generate(w);
     if (rc) { ds4_free(w); return rc; }
     m->weights = w;
@@ -570,9 +606,61 @@ static int dsv4_f32_arr(const kvt_gguf *g, const char *key, uint32_t L, float *v
         for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.f;
         return KVT_OK;
     }
-    if (a->type != KVT_GGUF_ARR || a->elem_type != KVT_GGUF_F32 || a->n < L)
+    if (a->type == KVT_GGUF_F64) { /* ds4.c's reader takes f64 as well */
+        for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.f;
+        return KVT_OK;
+    }
+    if (a->type != KVT_GGUF_ARR || (a->elem_type != KVT_GGUF_F32 && a->elem_type != KVT_GGUF_F64) || a->n < L)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not a float or %u floats", k, L);
     for (uint32_t l = 0; l < L; l++) v[l] = (float)a->v.arr[l].v.f;
+    return KVT_OK;
+}
+
+/* The two writers of deepseek4 files: llama.cpp's converter and ds4.c's
+ * own quantiser (antirez/ds4, gguf-tools/deepseek4-quantize.c, which copies
+ * a template file's metadata and tensor order) use the same tensor names,
+ * the same merged 3-D expert tensors and the same keys; ds4.c's reader
+ * (ds4.c, config_validate_model) also requires keys llama.cpp's deepseek4
+ * loader does not read. Each is checked here against what kvtier computes
+ * with, so a file that says otherwise is refused rather than misread. */
+enum key_check { KEY_VOCAB, KEY_EQUALS, KEY_AT_MOST };
+static const struct {
+    const char *key;
+    enum key_check check;
+    double want;
+    const char *why;
+} layout_keys[] = {
+    {"vocab_size", KEY_VOCAB, 0, "the tokenizer's length"},
+    {"rope.scaling.yarn_beta_fast", KEY_EQUALS, 32, "YaRN's fast correction (llama.cpp's deepseek4: 32)"},
+    {"rope.scaling.yarn_beta_slow", KEY_EQUALS, 1, "YaRN's slow correction (llama.cpp's deepseek4: 1)"},
+    {"expert_group_count", KEY_AT_MOST, 1, "expert groups (kvtier routes without groups)"},
+    {"expert_group_used_count", KEY_AT_MOST, 1, "expert groups used (kvtier routes without groups)"},
+};
+
+/* The keys of layout_keys a file has, against c (V known). */
+static int check_layout_keys(const kvt_gguf *g, const ds4_config *c)
+{
+    for (size_t i = 0; i < sizeof layout_keys / sizeof layout_keys[0]; i++) {
+        char k[96];
+        key_name(k, sizeof k, layout_keys[i].key);
+        const kvt_gguf_val *v = kvt_gguf_get(g, k);
+        if (!v) continue;
+        double x;
+        if (v->type == KVT_GGUF_F32 || v->type == KVT_GGUF_F64) x = v->v.f;
+        else if (v->type == KVT_GGUF_U8 || v->type == KVT_GGUF_U16 || v->type == KVT_GGUF_U32 || v->type == KVT_GGUF_U64)
+            x = (double)v->v.u;
+        else if (v->type == KVT_GGUF_I8 || v->type == KVT_GGUF_I16 || v->type == KVT_GGUF_I32 || v->type == KVT_GGUF_I64)
+            x = (double)v->v.i;
+        else
+            return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not a number", k);
+        double want = layout_keys[i].check == KEY_VOCAB ? (double)c->V : layout_keys[i].want;
+        bool ok = layout_keys[i].check == KEY_AT_MOST ? x <= want : x == want;
+        if (!ok)
+            return kvt_fail(layout_keys[i].check == KEY_VOCAB ? KVT_EFORMAT : KVT_EUNSUPPORTED,
+                            "deepseek4: %s is %g, %s %g (%s)", k, x,
+                            layout_keys[i].check == KEY_AT_MOST ? "kvtier computes with at most" : "kvtier computes with",
+                            want, layout_keys[i].why);
+    }
     return KVT_OK;
 }
 
@@ -678,7 +766,7 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
     if (emb && emb->n_dims == 2 && emb->ne[1] != c->V)
         return kvt_fail(KVT_EFORMAT, "deepseek4: %u tokens, an embedding of %llu rows", c->V,
                         (unsigned long long)emb->ne[1]);
-    return KVT_OK;
+    return check_layout_keys(g, c);
 }
 
 /* A tensor exactly as the table has it, converted to f32. */
@@ -754,18 +842,16 @@ fail:
     return rc;
 }
 
-int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
+/* The metadata of a deepseek4 file of configuration c (llama.cpp's keys,
+ * docs/ds4.md) with the tokenizer, into gw. */
+static int write_meta(kvt_gguf_writer *gw, const ds4_config *c, const char *name, uint64_t seed_v,
+                      const kvt_tokenizer *tok)
 {
-    if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
-    ds4_weights *w = m->weights;
-    const ds4_config *c = &w->c;
-    kvt_gguf_writer *gw = kvt_gguf_writer_new();
-    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
     uint32_t n_all = c->L + c->nextn; /* the MTP layer after the model's */
     kvt_gguf_val *ra = kvt_calloc(n_all, sizeof *ra), *ce = kvt_calloc(n_all, sizeof *ce),
                  *cs = kvt_calloc(n_all, sizeof *cs);
     int rc = KVT_ENOMEM;
-    if (!gw || !t || !ra || !ce || !cs) goto done;
+    if (!ra || !ce || !cs) goto done;
     for (uint32_t l = 0; l < n_all; l++) {
         ra[l] = (kvt_gguf_val){.type = KVT_GGUF_I32, .v.i = c->ratio[l]};
         ce[l] = (kvt_gguf_val){.type = KVT_GGUF_F32, .v.f = c->clamp_exp[l]};
@@ -774,7 +860,7 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     kvt_gguf_val rv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_I32, .n = n_all, .v.arr = ra};
     kvt_gguf_val cev = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = n_all, .v.arr = ce};
     kvt_gguf_val csv = {.type = KVT_GGUF_ARR, .elem_type = KVT_GGUF_F32, .n = n_all, .v.arr = cs};
-    kvt_gguf_val seed = {.type = KVT_GGUF_U64, .v.u = w->seed};
+    kvt_gguf_val seed = {.type = KVT_GGUF_U64, .v.u = seed_v};
     struct { const char *k; uint32_t v; } u[] = {
         {"context_length", c->ctx}, {"embedding_length", c->D}, {"block_count", n_all},
         {"nextn_predict_layers", c->nextn},
@@ -795,7 +881,7 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     };
     char k[96];
     if ((rc = kvt_gguf_writer_set_str(gw, "general.architecture", "deepseek4")) ||
-        (rc = kvt_gguf_writer_set_str(gw, "general.name", m->info.name)) ||
+        (rc = kvt_gguf_writer_set_str(gw, "general.name", name)) ||
         (rc = kvt_gguf_writer_set(gw, "kvtier.seed", &seed)))
         goto done;
     for (size_t i = 0; i < sizeof u / sizeof u[0] && !rc; i++) {
@@ -811,9 +897,25 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
                                       c->scaling == SCALE_YARN ? "yarn" : c->scaling == SCALE_LINEAR ? "linear" : "none")) ||
         (rc = kvt_gguf_writer_set(gw, "deepseek4.attention.compress_ratios", &rv)) ||
         (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_exp", &cev)) ||
-        (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_shexp", &csv)) ||
-        (rc = kvt_tokenizer_to_gguf(m->tok, gw)))
+        (rc = kvt_gguf_writer_set(gw, "deepseek4.swiglu_clamp_shexp", &csv)))
         goto done;
+    rc = kvt_tokenizer_to_gguf(tok, gw);
+done:
+    free(ra);
+    free(ce);
+    free(cs);
+    return rc;
+}
+
+int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
+{
+    if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
+    ds4_weights *w = m->weights;
+    const ds4_config *c = &w->c;
+    kvt_gguf_writer *gw = kvt_gguf_writer_new();
+    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+    int rc = KVT_ENOMEM;
+    if (!gw || !t || (rc = write_meta(gw, c, m->info.name, w->seed, m->tok))) goto done;
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
         bool route = t[i].init == INIT_ROUTE;
@@ -825,10 +927,99 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     }
     if (!rc) rc = kvt_gguf_writer_write(gw, path);
 done:
-    free(ra);
-    free(ce);
-    free(cs);
     free(t);
+    kvt_gguf_writer_free(gw);
+    return rc;
+}
+
+/* Append tensor d's values, drawn from st and stored as type, to f, then
+ * the zeros up to the file's alignment (32). Rows at a time: an expert
+ * tensor of Flash's shape is 2^31 values. */
+static int stream_tensor(FILE *f, const tdesc *d, uint32_t type, uint32_t E, uint64_t *st, float *buf,
+                         uint8_t *qbuf, size_t chunk)
+{
+    size_t cnt = tcount(d), bytes;
+    if (d->init == INIT_ROUTE) {
+        int32_t *p = kvt_malloc(cnt * sizeof *p);
+        if (!p) return KVT_ENOMEM;
+        draw_route(d, E, st, p);
+        bool ok = fwrite(p, 4, cnt, f) == cnt;
+        free(p);
+        if (!ok) return kvt_fail(KVT_EIO, "ds4: cannot write %s", d->name);
+        bytes = cnt * 4;
+    } else {
+        size_t row = (size_t)d->ne[0], step = chunk / row * row;
+        if (!step) step = row; /* chunk is at least one row: checked by the caller */
+        bytes = kvt_ggml_type_size(type, cnt);
+        for (size_t at = 0; at < cnt; at += step) {
+            size_t k = cnt - at < step ? cnt - at : step, qb = kvt_ggml_type_size(type, k);
+            draw_values(d, st, buf, k);
+            int rc = kvt_quant_from_f32(type, buf, qbuf, k);
+            if (rc) return rc;
+            if (fwrite(qbuf, 1, qb, f) != qb) return kvt_fail(KVT_EIO, "ds4: cannot write %s", d->name);
+        }
+    }
+    static const uint8_t zero[32];
+    size_t pad = (32 - bytes % 32) % 32;
+    return fwrite(zero, 1, pad, f) == pad ? KVT_OK : kvt_fail(KVT_EIO, "ds4: cannot write %s", d->name);
+}
+
+int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer *tok, uint32_t type,
+                         const char *path)
+{
+    if (type != KVT_GGML_F32 && type != KVT_GGML_F16 && type != KVT_GGML_Q8_0)
+        return kvt_fail(KVT_EUNSUPPORTED, "ds4: synthetic weights are written as f32, f16 or q8_0");
+    ds4_weights *w = kvt_calloc(1, sizeof *w);
+    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+    kvt_gguf_writer *gw = kvt_gguf_writer_new();
+    size_t tlen = strlen(path) + 32, chunk = (size_t)1 << 20;
+    char *tmp = kvt_malloc(tlen);
+    float *buf = NULL;
+    uint8_t *qbuf = NULL;
+    FILE *f = NULL;
+    int rc = KVT_ENOMEM;
+    if (!w || !t || !gw || !tmp) goto done;
+    if (!preset_config(preset, &w->c)) {
+        rc = kvt_fail(KVT_ENOENT, "no ds4 preset '%s'", preset);
+        goto done;
+    }
+    w->c.V = kvt_tokenizer_n_vocab(tok);
+    w->seed = seed;
+    if ((rc = finish_config(w)) || (rc = write_meta(gw, &w->c, preset, seed, tok))) goto done;
+    size_t n = ds4_tensors(w, t);
+    for (size_t i = 0; i < n && !rc; i++) {
+        uint32_t ty = t[i].init == INIT_ROUTE ? GGML_I32 : t[i].mat ? type : KVT_GGML_F32;
+        size_t bytes = kvt_ggml_type_size(ty, tcount(&t[i]));
+        if (t[i].ne[0] > chunk) chunk = (size_t)t[i].ne[0];
+        if (!bytes || (ty == KVT_GGML_Q8_0 && t[i].ne[0] % 32))
+            rc = kvt_fail(KVT_EUNSUPPORTED, "ds4: %s of width %llu cannot be stored as %s", t[i].name,
+                          (unsigned long long)t[i].ne[0], kvt_quant_name(ty));
+        else
+            rc = kvt_gguf_writer_add_tensor(gw, t[i].name, ty, t[i].nd, t[i].ne, NULL, bytes);
+    }
+    /* the header alone, then the tensors appended in the order it lists
+     * them, each padded to the alignment as the writer pads them */
+    snprintf(tmp, tlen, "%s.part.%ld", path, (long)getpid());
+    if (rc || (rc = kvt_gguf_writer_write(gw, tmp))) goto done;
+    buf = kvt_malloc(chunk * sizeof *buf);
+    qbuf = kvt_malloc(chunk * 4);
+    if (!buf || !qbuf) { rc = KVT_ENOMEM; goto done; }
+    if (!(f = fopen(tmp, "ab"))) { rc = kvt_fail(KVT_EIO, "ds4: cannot append to %s: %s", tmp, strerror(errno)); goto done; }
+    uint64_t st = seed;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = stream_tensor(f, &t[i], t[i].init == INIT_ROUTE ? GGML_I32 : t[i].mat ? type : KVT_GGML_F32, w->c.E,
+                           &st, buf, qbuf, chunk);
+    if (!rc && (fflush(f) || fsync(fileno(f)))) rc = kvt_fail(KVT_EIO, "ds4: cannot write %s: %s", tmp, strerror(errno));
+    if (fclose(f) && !rc) rc = kvt_fail(KVT_EIO, "ds4: cannot close %s", tmp);
+    f = NULL;
+    if (!rc && rename(tmp, path)) rc = kvt_fail(KVT_EIO, "ds4: cannot rename %s to %s: %s", tmp, path, strerror(errno));
+done:
+    if (rc && tmp) unlink(tmp);
+    free(buf);
+    free(qbuf);
+    free(tmp);
+    free(t);
+    free(w);
     kvt_gguf_writer_free(gw);
     return rc;
 }
@@ -1899,7 +2090,7 @@ static int ds4_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
 static bool ds4_is_preset(const char *name)
 {
     return !strcmp(name, "ds4-tiny") || !strcmp(name, "ds4-mini") || !strncmp(name, "ds4-tiny+", 9) ||
-           !strncmp(name, "ds4-mini+", 9);
+           !strncmp(name, "ds4-mini+", 9) || !strcmp(name, "ds4-flash-bench") || !strncmp(name, "ds4-flash-bench+", 16);
 }
 
 static bool ds4_handles(const kvt_gguf *g)
@@ -1920,6 +2111,7 @@ const kvt_arch kvt_arch_ds4 = {
     .preset = ds4_preset,
     .plan_preset = ds4_plan_preset,
     .write_gguf = kvt_ds4_write_gguf,
+    .write_preset = kvt_ds4_write_preset,
     .replay_tokens = kvt_ds4_replay_tokens,
     .plan = ds4_plan,
     .cache_new = ds4_cache_new,

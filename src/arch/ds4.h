@@ -48,5 +48,13 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
 /* Write a ds4 model (config, weights, tokenizer) as GGUF
  * (kvt_arch_ds4.write_gguf). */
 int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
+/* Write a ds4 preset (also one too large to build in memory, such as
+ * ds4-flash-bench) with its synthetic weights from seed and the tokenizer
+ * tok as GGUF, streaming: the projection matrices stored as type (f32, f16
+ * or q8_0, ggml's reference quantisers), the rest as the in-memory writer
+ * stores it. With f32 the file equals kvt_ds4_write_gguf's of the same
+ * preset byte for byte. Written to path.part.PID and renamed into place. */
+int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer *tok, uint32_t type,
+                         const char *path);
 
 #endif

@@ -75,6 +75,40 @@ static int finish(kvt_model *m)
     return tokenizer_fingerprint(m);
 }
 
+/* A preset's tokenizer: a vocabulary GGUF's, or the byte tokenizer. */
+static int preset_tokenizer(const char *vocab_gguf, kvt_tokenizer **tok)
+{
+    if (!vocab_gguf) return kvt_tokenizer_new_bytes(tok);
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, vocab_gguf);
+    if (rc) return rc;
+    rc = kvt_tokenizer_from_gguf(tok, g);
+    kvt_gguf_close(g);
+    return rc;
+}
+
+int kvt_model_write_preset(const char *preset, uint64_t seed, const char *vocab_gguf, const char *type,
+                           const char *path)
+{
+    const kvt_arch *arch = preset ? preset_arch(preset) : NULL;
+    if (!arch || !arch->write_preset)
+        return kvt_fail(KVT_ENOENT, "no preset '%s' that can be written tensor by tensor (the ds4 presets)",
+                        preset ? preset : "");
+    static const struct { const char *name; uint32_t id; } types[] = {
+        {"f32", KVT_GGML_F32}, {"f16", KVT_GGML_F16}, {"q8_0", KVT_GGML_Q8_0}};
+    uint32_t id = UINT32_MAX;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (type && !strcmp(type, types[i].name)) id = types[i].id;
+    if (id == UINT32_MAX)
+        return kvt_fail(KVT_EINVAL, "type '%s': synthetic weights are written as f32, f16 or q8_0", type ? type : "");
+    kvt_tokenizer *tok = NULL;
+    int rc = preset_tokenizer(vocab_gguf, &tok);
+    if (rc) return rc;
+    rc = arch->write_preset(preset, seed, tok, id, path);
+    kvt_tokenizer_free(tok);
+    return rc;
+}
+
 int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const char *vocab_gguf)
 {
     *out = NULL;
@@ -88,15 +122,7 @@ int kvt_model_preset(kvt_model **out, const char *preset, uint64_t seed, const c
         return kvt_fail(KVT_ENOENT, "no preset '%s' (%s)", preset ? preset : "", names);
     }
     kvt_tokenizer *tok = NULL;
-    int rc;
-    if (vocab_gguf) {
-        kvt_gguf *g = NULL;
-        if ((rc = kvt_gguf_open(&g, vocab_gguf))) return rc;
-        rc = kvt_tokenizer_from_gguf(&tok, g);
-        kvt_gguf_close(g);
-    } else {
-        rc = kvt_tokenizer_new_bytes(&tok);
-    }
+    int rc = preset_tokenizer(vocab_gguf, &tok);
     if (rc) return rc;
     kvt_model *m = kvt_calloc(1, sizeof *m);
     if (!m) { kvt_tokenizer_free(tok); return KVT_ENOMEM; }

@@ -77,29 +77,32 @@ kvt_cache *kvt_cache_new(size_t n_streams, const uint32_t (*spec)[2], size_t max
 /* Drop one reference to h. The last holder frees it: its own allocation,
  * or its share of an arena (the arena with its last block; the largest
  * emptied arena stays with c for its next load when keep says so), and
- * then drops its reference to its base. */
+ * then drops its reference to its base, and so on down the chain. A loop,
+ * not a call per base: forks of forks that each write into the block they
+ * share make a chain as long as the forks are many, and a recursion that
+ * deep would overflow a thread's stack (tests/test_cache.c). */
 static void block_unref(kvt_cache *c, kvt_block *h, bool keep)
 {
-    if (!h) return;
-    if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
-    kvt_block *base = h->base;
-    kvt_arena *a = h->arena;
-    if (!a) {
-        free(h);
-        block_unref(c, base, keep);
-        return;
+    while (h && atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) == 1) {
+        kvt_block *base = h->base;
+        kvt_arena *a = h->arena;
+        if (!a) {
+            free(h);
+        } else {
+            atomic_fetch_sub_explicit(&a->live_bytes, h->bytes, memory_order_relaxed);
+            if (atomic_fetch_sub_explicit(&a->live, 1, memory_order_acq_rel) == 1) {
+                if (keep && (!c->spare || a->bytes > c->spare_bytes)) {
+                    free(c->spare);
+                    c->spare = a->base;
+                    c->spare_bytes = a->bytes;
+                } else {
+                    free(a->base);
+                }
+                free(a);
+            }
+        }
+        h = base;
     }
-    atomic_fetch_sub_explicit(&a->live_bytes, h->bytes, memory_order_relaxed);
-    if (atomic_fetch_sub_explicit(&a->live, 1, memory_order_acq_rel) != 1) return;
-    if (keep && (!c->spare || a->bytes > c->spare_bytes)) {
-        free(c->spare);
-        c->spare = a->base;
-        c->spare_bytes = a->bytes;
-    } else {
-        free(a->base);
-    }
-    free(a);
-    block_unref(c, base, keep);
 }
 
 /* Let go of one block that c holds. c is the cache letting go, on its own

@@ -25,6 +25,7 @@
 #include "format/iqgrid.h"
 
 #include <math.h>
+#include <string.h>
 
 #define QK 32       /* elements in a q4_0 / q4_1 / q5_0 / q5_1 / q8_0 / iq4_nl / mxfp4 block */
 #define QK_K 256    /* elements in a K-quant and iq4_xs super-block */
@@ -637,4 +638,38 @@ int kvt_quant_to_f32(uint32_t type, const void *src, float *dst, size_t n)
     if (n && (!src || !dst)) return kvt_fail(KVT_EINVAL, "quant: to_f32: NULL argument");
     if (n) t->deq(src, dst, n / t->elems);
     return KVT_OK;
+}
+
+/* ggml's reference quantisers (quantize_row_q8_0_ref, the f16 and f32
+ * copies): what a file writer needs to store synthetic weights compactly. */
+int kvt_quant_from_f32(uint32_t type, const float *src, void *dst, size_t n)
+{
+    if (n && (!src || !dst)) return kvt_fail(KVT_EINVAL, "quant: from_f32: NULL argument");
+    uint8_t *o = dst;
+    switch (type) {
+    case 0: /* f32 */
+        if (n) memcpy(o, src, n * 4); /* little-endian hosts only, as the reader */
+        return KVT_OK;
+    case 1: /* f16 */
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = kvt_f32_to_f16(src[i]);
+            o[2 * i] = (uint8_t)h, o[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+        return KVT_OK;
+    case 8: /* q8_0 */
+        if (n % 32) return kvt_fail(KVT_EINVAL, "quant: %zu q8_0 values are not whole blocks of 32", n);
+        for (size_t b = 0; b < n / 32; b++, o += 34) {
+            const float *x = src + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+            const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+            uint16_t h = kvt_f32_to_f16(d);
+            o[0] = (uint8_t)h, o[1] = (uint8_t)(h >> 8);
+            for (int j = 0; j < 32; j++) o[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+        }
+        return KVT_OK;
+    default:
+        return kvt_fail(KVT_EUNSUPPORTED, "quant: cannot quantise to type %s (%u) (f32, f16, q8_0)",
+                        kvt_quant_name(type) ? kvt_quant_name(type) : "unknown", type);
+    }
 }

@@ -75,6 +75,11 @@ const char *kvt_quant_name(uint32_t type);
  * an unsupported type, KVT_EINVAL when n is not whole blocks or a pointer is
  * NULL (n > 0); nothing is written then. */
 int kvt_quant_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+/* Quantise n f32 values to type as ggml's reference quantisers do
+ * (quantize_row_q8_0_ref; f16 rounded to nearest even): F32, F16 and Q8_0
+ * only (KVT_EUNSUPPORTED otherwise); dst receives kvt_quant_row_bytes(type,
+ * n) bytes. KVT_EINVAL when n is not whole blocks. */
+int kvt_quant_from_f32(uint32_t type, const float *src, void *dst, size_t n);
 
 /* Tests only: KVT_QUANT_FAULT_GRID makes iq2_xxs read grid entry 78 for
  * index 77, KVT_QUANT_FAULT_SCALE adds one to q3_K's sixth scale, in

@@ -551,6 +551,27 @@ static inline size_t rows4_ahead(size_t row_bytes)
     return row_bytes * (row_bytes * 4 >= KVT_PF_AHEAD ? 4 : (KVT_PF_AHEAD + row_bytes - 1) / row_bytes);
 }
 
+/* The end of superblock b of four rows (lb_rows4_avx2, lb_rows4_zmm): h
+ * holds the rows' integer sums in pairs of lanes; each row's sum (bump
+ * added: tests) times its scale d and the token's, and Q2_K's mins times
+ * -(dmin * the token's scale), into the row's lane of acc4. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m128 lb_rows4_block_end(
+    __m128 acc4, __m256i h, __m128i bump, const float d[4], const float dm[4], bool q2, const uint8_t *const wr[4],
+    const kact *a, size_t b)
+{
+    __m128i is = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), bump);
+    __m128 dx = _mm_set1_ps(a->d[b]);
+    acc4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(d), dx), _mm_cvtepi32_ps(is), acc4);
+    if (q2) {
+        __m256i mh = _mm256_hadd_epi32(_mm256_hadd_epi32(lbv_mins(wr[0], a, b), lbv_mins(wr[1], a, b)),
+                                       _mm256_hadd_epi32(lbv_mins(wr[2], a, b), lbv_mins(wr[3], a, b)));
+        __m128i ms = _mm_add_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+        __m128 ndm = _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dm), dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
+        acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
+    }
+    return acc4;
+}
+
 /* Four rows (row_bytes apart) against one token, for decode: each 32 of
  * the token's activations loaded once for the four rows, each row's
  * weights built in registers; the rows' integer sums reduced together and
@@ -590,16 +611,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
             }
         }
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
-        __m128i is = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), bump);
-        __m128 dx = _mm_set1_ps(a->d[b]);
-        acc4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(d), dx), _mm_cvtepi32_ps(is), acc4);
-        if (q2) {
-            __m256i mh = _mm256_hadd_epi32(_mm256_hadd_epi32(lbv_mins(wr[0], a, b), lbv_mins(wr[1], a, b)),
-                                           _mm256_hadd_epi32(lbv_mins(wr[2], a, b), lbv_mins(wr[3], a, b)));
-            __m128i ms = _mm_add_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
-            __m128 ndm = _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dm), dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
-            acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
-        }
+        acc4 = lb_rows4_block_end(acc4, h, bump, d, dm, q2, wr, a, b);
     }
     _mm_storeu_ps(out, acc4);
 }
@@ -780,16 +792,7 @@ LB_ZMM void lb_rows4_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, s
         }
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(lbz_fold(acc[0]), lbz_fold(acc[1])),
                                       _mm256_hadd_epi32(lbz_fold(acc[2]), lbz_fold(acc[3])));
-        __m128i is = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)), bump);
-        __m128 dx = _mm_set1_ps(a->d[b]);
-        acc4 = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(d), dx), _mm_cvtepi32_ps(is), acc4);
-        if (q2) {
-            __m256i mh = _mm256_hadd_epi32(_mm256_hadd_epi32(lbv_mins(wr[0], a, b), lbv_mins(wr[1], a, b)),
-                                           _mm256_hadd_epi32(lbv_mins(wr[2], a, b), lbv_mins(wr[3], a, b)));
-            __m128i ms = _mm_add_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
-            __m128 ndm = _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dm), dx), _mm_set1_ps(-0.0f)); /* -(dmin * dx) */
-            acc4 = _mm_fmadd_ps(ndm, _mm_cvtepi32_ps(ms), acc4);
-        }
+        acc4 = lb_rows4_block_end(acc4, h, bump, d, dm, q2, wr, a, b);
     }
     _mm_storeu_ps(out, acc4);
 }

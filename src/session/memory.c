@@ -88,11 +88,15 @@ bool kvt_memory_note(const kvt_memory *mm, char *buf, size_t n)
     return true;
 }
 
+/* The note needs the two figures it compares only: the available memory
+ * (read first: unknown, nothing else is read) and the tensor data the
+ * header declares; not the plan, the scratch or the arrays. */
 bool kvt_model_memory_note(const char *path, char *buf, size_t n)
 {
     if (n) buf[0] = 0;
-    kvt_memory mm;
     if (!path || access(path, R_OK) != 0) return false;
-    if (kvt_model_memory(path, NULL, 0, 0, &mm)) return false; /* opening it says why */
+    kvt_memory mm = {.available = kvt_mem_available()};
+    if (!mm.available) return false;
+    if (mapped_bytes(path, &mm)) return false; /* opening it says why */
     return kvt_memory_note(&mm, buf, n);
 }

@@ -46,9 +46,11 @@ int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t thre
  * empty, when the weights fit or the available memory is unknown. */
 bool kvt_memory_note(const kvt_memory *mm, char *buf, size_t n);
 
-/* The same from a file's header alone, at the model's training context:
- * what run and serve say at start. False when path is not a file
- * (a preset) or its header cannot be read (opening it says why). */
+/* The same from a file's header alone (its tensor data, as mapped, and
+ * MemAvailable; nothing else of kvt_model_memory is computed): what run,
+ * serve and bench say at start. False when path is not a file (a preset),
+ * the available memory is unknown or the header cannot be read (opening it
+ * says why). */
 bool kvt_model_memory_note(const char *path, char *buf, size_t n);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */

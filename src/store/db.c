@@ -926,3 +926,52 @@ void kvt_db_index_remove(kvt_store *st, int64_t id)
             return;
         }
 }
+
+/* ---- the running totals (schema_totals) ---- */
+
+static const char *totals_sum =
+    "SELECT (SELECT COALESCE(SUM(bytes), 0) FROM snaps) + (SELECT COALESCE(SUM(bytes), 0) FROM blocks),"
+    " (SELECT COUNT(*) FROM snaps), (SELECT COUNT(*) FROM blocks), (SELECT COUNT(*) FROM snap_blocks)";
+
+static bool read_totals(kvt_store *st, const char *sql, kvt_db_totals *t)
+{
+    memset(t, 0, sizeof *t);
+    sqlite3_stmt *stmt = NULL;
+    if (kvt_db_q(st, &stmt, sql, 0, NULL) != SQLITE_ROW) return false;
+    *t = (kvt_db_totals){sqlite3_column_int64(stmt, 0), sqlite3_column_int64(stmt, 1), sqlite3_column_int64(stmt, 2),
+                  sqlite3_column_int64(stmt, 3)};
+    sqlite3_finalize(stmt);
+    return true;
+}
+
+bool kvt_db_has_totals(kvt_store *st)
+{
+    return kvt_db_q_int(st, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'totals'", 0, NULL, 0) == 1;
+}
+
+bool kvt_db_totals_recorded(kvt_store *st, kvt_db_totals *t)
+{
+    return read_totals(st, "SELECT bytes, snaps, blocks, refs FROM totals", t);
+}
+
+bool kvt_db_totals_counted(kvt_store *st, kvt_db_totals *t) { return read_totals(st, totals_sum, t); }
+
+void kvt_db_totals_get(kvt_store *st, kvt_db_totals *t)
+{
+    if (st->inspect && !st->sql_rc && !kvt_db_has_totals(st)) kvt_db_totals_counted(st, t);
+    else kvt_db_totals_recorded(st, t);
+}
+
+bool kvt_db_totals_resync(kvt_store *st, kvt_db_totals *was, kvt_db_totals *now)
+{
+    kvt_db_totals a, b;
+    kvt_db_totals_recorded(st, &a);
+    if (!kvt_db_totals_counted(st, &b)) return false;
+    if (was) *was = a;
+    if (now) *now = b;
+    if (!memcmp(&a, &b, sizeof a)) return false;
+    kvt_db_q(st, NULL, "DELETE FROM totals", 0, NULL);
+    int64_t v[4] = {b.bytes, b.snaps, b.blocks, b.refs};
+    kvt_db_q(st, NULL, "INSERT INTO totals(one, bytes, snaps, blocks, refs) VALUES(1, ?, ?, ?, ?)", 4, v);
+    return true;
+}

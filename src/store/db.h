@@ -1,12 +1,13 @@
-/* Inside the disk tier (store.c, recovery.c): the store's state, its
+/* Inside the disk tier (store.c and the files of its operations,
+ * recovery.c): the store's state, its
  * SQLite connection and the records it names. Not for use outside
  * src/store/; the public API is kvtier.h, the store's hooks store.h.
  *
  * db.c owns the connection (open, schema, follow a file another process
  * replaced), the SQLite calls and their failure rule, write transactions
  * and what they leave on commit (index removals, freed segment ranges,
- * counters), the places of records in segment files (segments.h) and the
- * checks of a row against its record. Each function's note is at its
+ * counters), the places of records in segment files (segments.h), the
+ * checks of a row against its record and the running totals. Each function's note is at its
  * definition in db.c. */
 #ifndef KVT_STORE_DB_H
 #define KVT_STORE_DB_H
@@ -170,5 +171,26 @@ int kvt_db_snap_row_agrees(sqlite3_stmt *r, int c0, const uint8_t *p, size_t len
 int kvt_db_check_snap_row(kvt_store *st, sqlite3_stmt *r, int c0, kvt_snap_info *in, uint8_t **buf, size_t *cap);
 const char *kvt_db_block_row_sql(const kvt_store *st);
 int kvt_db_check_block_row(kvt_store *st, sqlite3_stmt *r, int c0, uint64_t key, uint8_t **buf, size_t *cap);
+
+/* The running totals (the schema's totals row, kept by triggers): the
+ * bytes of every record, the snapshots, the blocks and the references of
+ * snapshots to blocks. */
+typedef struct kvt_db_totals { int64_t bytes, snaps, blocks, refs; } kvt_db_totals;
+/* As recorded in the totals row, and as the tables add up to (false, and
+ * *t zero, when they cannot be read). */
+bool kvt_db_totals_recorded(kvt_store *st, kvt_db_totals *t);
+bool kvt_db_totals_counted(kvt_store *st, kvt_db_totals *t);
+/* Whether the database has the totals row (a store made before it, opened
+ * to inspect, lacks it). */
+bool kvt_db_has_totals(kvt_store *st);
+/* The recorded totals, or in a store opened to inspect that predates
+ * them, the same added up. */
+void kvt_db_totals_get(kvt_store *st, kvt_db_totals *t);
+/* Set the totals to what the tables add up to (inside a write
+ * transaction); true when they differed. Only damage makes them differ: a
+ * damaged row's size read back as another number when it is removed. gc
+ * and the removal of a damaged entry (quarantine) call this; *was and
+ * *now (may be NULL) receive both. */
+bool kvt_db_totals_resync(kvt_store *st, kvt_db_totals *was, kvt_db_totals *now);
 
 #endif

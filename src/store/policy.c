@@ -72,7 +72,7 @@ static size_t saveable_below(const kvt_save_policy *p, const kvt_session *s, siz
 }
 
 /* Save points go in increasing length, so each save can drop the state of
- * the shorter continued snapshots it extends (store.c). st NULL: count the
+ * the shorter continued snapshots it extends (save.c). st NULL: count the
  * points in *saved, save nothing. */
 static int walk(kvt_store *st, kvt_session *s, const kvt_save_policy *p, size_t n, size_t from_disk, size_t fork_at,
                 size_t *saved, bool *busy)

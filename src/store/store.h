@@ -37,9 +37,6 @@ int kvt_store_stats_try(kvt_store *st, kvt_store_stats *o, int wait_ms, bool *st
 /* Test hook: kvt_store_stats_try waits for the store as
  * kvt_store_stats_get does, to show a test catches it. */
 extern bool kvt_store_fault_stats_wait;
-/* Test hook: a save copies each block's record whole before writing it
- * (kvt_snap_block), instead of writing the rows from where they lie. */
-extern bool kvt_store_fault_copy_rows;
 
 /* How long the store's operations wait for another process's lock before
  * they fail (SQLite's busy timeout; 30,000 ms unless set). */
@@ -57,16 +54,5 @@ int kvt_store_set_synchronous(kvt_store *st, bool on);
  * the tables add up to (snapshots, blocks, block_refs and bytes of each;
  * the other fields zero). Tests: the two agree after every commit. */
 int kvt_store_totals(kvt_store *st, kvt_store_stats *recorded, kvt_store_stats *counted);
-
-/* Tests: true skips keeping free space before a save and the retry after a
- * full disk (the negative control of tests/test_store_hostile.c), and the
- * seconds between two reports of failed saves (60). */
-extern bool kvt_store_room_fault;
-/* Tests: true takes a record longer than a prompt for it without reading
- * its ids (the negative control of tests/test_store.c's
- * store_longer_record_*). */
-extern bool kvt_store_tail_ids_fault;
-extern double kvt_store_report_every;
-
 
 #endif
