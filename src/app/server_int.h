@@ -4,7 +4,7 @@
 #ifndef KVT_SERVER_INT_H
 #define KVT_SERVER_INT_H
 
-#include "app/server.h"
+#include "app/server_opts.h"
 #include "serve/api.h"
 #include "store/remote.h"
 #include "store/store.h"

@@ -28,6 +28,27 @@ typedef struct kvt_seg {
     size_t lfrom;
 } kvt_seg;
 
+/* An architecture's multi-token prediction layer (DeepSeek-V4's nextn, as
+ * llama.cpp's MTP graph runs it), for the MTP drafter (serve/draft_mtp.c).
+ * layers: the model's count (0 or 1). A position's hidden state is
+ * hidden_floats floats; the layer's window ring holds window rows,
+ * position p at row p mod window, ring_bytes in all. hidden: the hidden
+ * state of position pos from s's last forward pass, when that pass ran pos
+ * with the tokens s holds (KVT_OK, else KVT_ENOENT, no message). step: the
+ * layer for token tok at position pos and the hidden state hin of pos - 1
+ * (the model's, or the previous step's hout); writes the layer's row of
+ * pos into ring; row_only: nothing else; otherwise its output hidden state
+ * into hout and the logits of the token at pos + 1 into logits. */
+typedef struct kvt_mtp_ops {
+    uint32_t (*layers)(const kvt_model *m);
+    size_t (*hidden_floats)(const kvt_model *m);
+    size_t (*window)(const kvt_model *m);
+    size_t (*ring_bytes)(const kvt_model *m);
+    int (*hidden)(const kvt_session *s, size_t pos, float *out);
+    int (*step)(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only, float *hout,
+                float *logits);
+} kvt_mtp_ops;
+
 /* What an architecture provides: one row per architecture file, all of
  * them in kvt_arches (arches.c). The model layer (model.c) reaches an
  * architecture only through its row. */
@@ -119,6 +140,9 @@ typedef struct kvt_arch {
     int (*work_new)(kvt_session *s);
     void (*work_free)(void *work);
     size_t (*work_bytes)(const void *work);
+    /* ---- drafting ---- */
+    /* The MTP layer's operations; NULL: the architecture has none. */
+    const kvt_mtp_ops *mtp;
 } kvt_arch;
 
 struct kvt_model {

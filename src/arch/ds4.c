@@ -2100,6 +2100,15 @@ static bool ds4_handles(const kvt_gguf *g)
     return kvt_gguf_get_str(g, "general.architecture", &a, &n) == KVT_OK && n == 9 && !memcmp(a, "deepseek4", 9);
 }
 
+static const kvt_mtp_ops ds4_mtp = {
+    .layers = kvt_ds4_mtp_layers,
+    .hidden_floats = kvt_ds4_hidden_floats,
+    .window = kvt_ds4_mtp_window,
+    .ring_bytes = kvt_ds4_mtp_ring_bytes,
+    .hidden = kvt_ds4_hidden,
+    .step = kvt_ds4_mtp_step,
+};
+
 const kvt_arch kvt_arch_ds4 = {
     .name = "ds4",
     .handles = ds4_handles,
@@ -2124,4 +2133,5 @@ const kvt_arch kvt_arch_ds4 = {
     .work_new = ds4_work_new,
     .work_free = ds4_work_free,
     .work_bytes = ds4_work_bytes,
+    .mtp = &ds4_mtp,
 };

@@ -1,5 +1,5 @@
 /* The MTP drafter: DeepSeek-V4's multi-token prediction layer (the file's
- * nextn layer, run by ds4.c) guesses the tokens after the sampled one, and
+ * nextn layer, run by its architecture's row: kvt_arch.mtp) guesses the tokens after the sampled one, and
  * the model verifies them in one pass (generate.c, run in cli.c) as it
  * verifies n-gram drafts.
  *
@@ -18,7 +18,7 @@
  * positions (those read the model's hidden states, which the verify pass
  * computes): they are marked as drafts, and the next pass, once the model
  * ran the kept tokens, writes every row of the window again from the
- * model's hidden states of the kept positions (kvt_ds4_hidden: the
+ * model's hidden states of the kept positions (kvt_mtp_ops.hidden: the
  * session's last forward pass, which is the verify pass or the rollback's
  * replay of the kept tokens). So the ring holds, before each pass's
  * guesses, exactly the rows a run of the layer over the verified tokens
@@ -27,7 +27,6 @@
  * the prefill's last pass, by more than the window) gets a row from a zero
  * hidden state, marked as such. */
 #include "serve/draft.h"
-#include "arch/ds4.h"
 #include "arch/model.h"
 #include "base/util.h"
 
@@ -53,7 +52,7 @@ struct kvt_draft_mtp {
 
 int kvt_draft_mtp_check(const kvt_model *m, const char *what)
 {
-    if (kvt_ds4_mtp_layers(m) >= 1) return KVT_OK;
+    if (m->arch->mtp && m->arch->mtp->layers(m) >= 1) return KVT_OK;
     return kvt_fail(KVT_EUNSUPPORTED, "--draft mtp: %s has no MTP (nextn) layer; it needs a DeepSeek-V4 file "
                     "with one (deepseek4.nextn_predict_layers and blk.N.nextn.* tensors)", what ? what : "the model");
 }
@@ -66,9 +65,10 @@ int kvt_draft_mtp_new(kvt_draft_mtp **out, kvt_session *s)
     kvt_draft_mtp *d = kvt_calloc(1, sizeof *d);
     if (!d) return KVT_ENOMEM;
     d->s = s;
-    d->W = kvt_ds4_mtp_window(s->m);
-    d->hf = kvt_ds4_hidden_floats(s->m);
-    d->rb = kvt_ds4_mtp_ring_bytes(s->m) / d->W;
+    const kvt_mtp_ops *o = s->m->arch->mtp;
+    d->W = o->window(s->m);
+    d->hf = o->hidden_floats(s->m);
+    d->rb = o->ring_bytes(s->m) / d->W;
     d->V = s->m->info.n_vocab;
     d->ring = kvt_calloc(d->W, d->rb);
     d->rpos = kvt_malloc(d->W * sizeof *d->rpos);
@@ -131,7 +131,7 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
     for (size_t p = n > d->W + 1 ? n - d->W - 1 : 0; p < n; p++) {
         size_t k = p % (d->W + 1);
         if (d->hpos[k] == (int64_t)p) continue;
-        if (kvt_ds4_hidden(s, p, d->hid + k * d->hf) == KVT_OK) d->hpos[k] = (int64_t)p;
+        if (s->m->arch->mtp->hidden(s, p, d->hid + k * d->hf) == KVT_OK) d->hpos[k] = (int64_t)p;
     }
     /* every row of the window but the last token's (whose next token is
      * not known yet), from the model's hidden states */
@@ -140,7 +140,7 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
         const float *h = hidden_at(d, p);
         if (d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_VERIFIED) continue;
         if (!h && d->rpos[k] == (int64_t)p && d->rkind[k] == ROW_NO_HIDDEN) continue;
-        rc = kvt_ds4_mtp_step(s, d->ring, h ? h : d->zero, ctx[p + 1], p + 1, true, NULL, NULL);
+        rc = s->m->arch->mtp->step(s, d->ring, h ? h : d->zero, ctx[p + 1], p + 1, true, NULL, NULL);
         if (rc) return rc;
         d->rpos[k] = (int64_t)p;
         d->rkind[k] = h ? ROW_VERIFIED : ROW_NO_HIDDEN;
@@ -169,8 +169,8 @@ size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int
     if (h) memcpy(d->h, h, d->hf * sizeof(float));
     for (size_t i = 0; !rc && i < max; i++) {
         size_t p = n - 1 + i, k = (p + 1) % d->W;
-        rc = kvt_ds4_mtp_step(d->s, d->ring, i || have ? d->h : d->zero, i ? out[i - 1] : last, p + 1, false, d->hout,
-                              d->logits);
+        rc = d->s->m->arch->mtp->step(d->s, d->ring, i || have ? d->h : d->zero, i ? out[i - 1] : last, p + 1, false,
+                                      d->hout, d->logits);
         if (rc) break;
         d->rpos[k] = (int64_t)p;
         d->rkind[k] = i == 0 ? (have ? ROW_VERIFIED : ROW_NO_HIDDEN) : ROW_DRAFT;
