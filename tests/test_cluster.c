@@ -10,6 +10,7 @@
 #include "fixture.h"
 #include "ds4_tiny.h"
 #include "redis_fx.h"
+#include "cluster_fx.h"
 #include "store/cluster.h"
 #include "store/conn.h"
 #include "store/remote.h"
@@ -543,13 +544,15 @@ CLUSTER_TEST(cluster_shard_breaker)
         kvt_session_free(s);
     }
     kvt_remote_stats_get(b, &st);
-    int open = 0;
-    for (size_t i = 0; i < st.n_shards; i++) open += st.shard_breaker[i] != 0;
+    int br[NODES] = {0}, open = 0;
+    size_t nbr = kvt_remote_shard_breakers(b, br, NODES);
+    for (size_t i = 0; i < nbr && i < NODES; i++) open += br[i] != 0;
     printf("    6 lookups: hits of %zu tokens, the slowest %.0f ms; breakers %d %d %d (%s)\n", want, worst * 1000,
-           st.shard_breaker[0], st.shard_breaker[1], st.shard_breaker[2], st.last_error);
-    CHECKF(st.n_shards == NODES && open == 1 && st.shard_breaker[shard] == 1 && st.breaker_trips == 1,
-           "%zu shards, %d breakers open, shard %d's %d, trips %llu", st.n_shards, open, shard,
-           st.shard_breaker[shard], (unsigned long long)st.breaker_trips);
+           br[0], br[1], br[2], st.last_error);
+    CHECKF(st.n_shards == NODES && nbr == NODES && open == 1 && st.shards_open == 1 && br[shard] == 1 &&
+               st.breaker_trips == 1,
+           "%zu shards, %d breakers open, shard %d's %d, trips %llu", st.n_shards, open, shard, br[shard],
+           (unsigned long long)st.breaker_trips);
     CHECK(worst < 2.0); /* 300 ms lookups; 2 s is the margin of a loaded CI machine */
     /* the control: one breaker for the tier, a master's failure the round trip's */
     kvt_remote_fault_one_breaker = true;
@@ -746,4 +749,250 @@ CLUSTER_TEST(cluster_serve_two_servers)
     CHECKF(strstr(cb, "remote"), "server B did not hit the remote tier on the cluster: %s", cb);
     CHECKF(!strcmp(cold, warm), "server B's reply differs from A's cold run:\n%.300s\n%.300s", cold, warm);
     free(cold); free(warm);
+}
+
+/* ---- clusters larger than the old 64-node table (a fake, cluster_fx.h) ---- */
+
+enum { BIG = 1024 };
+
+/* The first 64 masters one slot each, the other 960 the rest: every
+ * shard past the old table's 64 holds slots, and the most keys. */
+static void big_first(unsigned *first)
+{
+    for (unsigned i = 0; i < 64; i++) first[i] = i;
+    for (unsigned i = 64; i < BIG; i++) first[i] = 64 + (i - 64) * (KVT_CLUSTER_SLOTS - 64) / (BIG - 64);
+    first[BIG] = KVT_CLUSTER_SLOTS;
+}
+
+#define BIG_START(f)                                                         \
+    do {                                                                     \
+        unsigned first_[BIG + 1];                                            \
+        big_first(first_);                                                   \
+        if (!cfx_start(f, BIG, first_)) {                                    \
+            cfx_stop(f);                                                     \
+            SKIP_ENV("%d listening sockets on 127.0.X.Y cannot be had", BIG); \
+        }                                                                    \
+    } while (0)
+
+/* n SETs (value "v<i>" for key "key:<i>:<seed>"), then n GETs, each in one
+ * pipeline over the cluster: true when every reply is right (*why says
+ * which is not). */
+static bool big_round(kvt_redis *k, size_t n, char *why, size_t cap)
+{
+    char key[48], val[32];
+    redisReply **rep = NULL;
+    size_t nr = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            snprintf(key, sizeof key, "key:%zu:{%zu}", i, i * 7919);
+            snprintf(val, sizeof val, "v%zu", i);
+            const char *set[3] = {"SET", key, val}, *get[2] = {"GET", key};
+            kvt_redis_append(k, pass ? 2 : 3, pass ? get : set, NULL);
+        }
+        if (kvt_redis_exec(k, 20000, &rep, &nr) || nr != n) {
+            snprintf(why, cap, "%s: %s", pass ? "GET" : "SET", kvt_errmsg());
+            return false;
+        }
+        for (size_t i = 0; i < n; i++) {
+            snprintf(val, sizeof val, "v%zu", i);
+            redisReply *x = rep[i];
+            bool ok = pass ? x->type == REDIS_REPLY_STRING && !strcmp(x->str, val)
+                           : x->type == REDIS_REPLY_STATUS && !strcmp(x->str, "OK");
+            if (!ok) {
+                snprintf(why, cap, "%s %zu: reply %d '%s'", pass ? "GET" : "SET", i, x->type, x->str ? x->str : "");
+                kvt_redis_replies_free(rep, nr);
+                return false;
+            }
+        }
+        kvt_redis_replies_free(rep, nr);
+    }
+    return true;
+}
+
+/* 1,024 masters (and a replica each in the map: 2,048 nodes named), more
+ * than the 64 the node table held: 6,000 keys SET and read back in one
+ * pipeline each, every command on its slot's master at once (no MOVED
+ * met, 950 masters and more asked), each key's shard the rank of its
+ * master; the client knows the 1,024 shards. The negative control: the
+ * table back at 64 nodes (KVT_CLUSTER_FAULT_64_NODES) reads no map and
+ * fails the round trip, saying so. */
+TEST(cluster_large_routes)
+{
+    cfx f;
+    BIG_START(&f);
+    char url[96], why[300] = "";
+    cfx_url(&f, url, sizeof url);
+    kvt_redis *k = rfx_client(url, NULL);
+    CHECK(k);
+    enum { KEYS = 6000 };
+    double t0 = fx_now();
+    bool ok = big_round(k, KEYS, why, sizeof why);
+    double dt = fx_now() - t0;
+    size_t asked = 0, wrong = 0;
+    unsigned long sets = 0;
+    for (size_t i = 0; i < BIG; i++) { asked += f.sets[i] > 0; sets += f.sets[i]; }
+    char key[48];
+    for (size_t i = 0; i < KEYS; i++) {
+        snprintf(key, sizeof key, "key:%zu:{%zu}", i, i * 7919);
+        wrong += kvt_redis_shard_of(k, key, strlen(key)) != cfx_owner(&f, kvt_cluster_slot(key, strlen(key)));
+    }
+    printf("    %d masters: %d keys set and read in %.0f ms (under load), %zu masters asked, %lu MOVED, %zu shards, "
+           "%zu keys on the wrong shard\n", BIG, KEYS, dt * 1000, asked, (unsigned long)atomic_load(&f.moved),
+           kvt_redis_n_shards(k), wrong);
+    CHECKF(ok, "%s", why);
+    CHECK(sets == KEYS && asked >= 950 && atomic_load(&f.moved) == 0 && wrong == 0);
+    CHECK(kvt_redis_n_shards(k) == BIG);
+    kvt_redis_free(k);
+    /* the control: the table of 64 nodes */
+    kvt_cluster_fault = KVT_CLUSTER_FAULT_64_NODES;
+    k = rfx_client(url, NULL);
+    why[0] = 0;
+    ok = k && big_round(k, 10, why, sizeof why);
+    kvt_cluster_fault = 0;
+    printf("    the control, 64 nodes: %s\n", why);
+    CHECKF(k && !ok && strstr(why, "more than the client takes (64)"), "the control: 64 nodes routed (%s)", why);
+    kvt_redis_free(k);
+    cfx_stop(&f);
+}
+
+/* A breaker a shard, past the 64th: a remote tier over the 1,024
+ * masters, the master holding the index key every lookup of a prompt asks
+ * first killed: four lookups miss, its breaker alone opens (the shard of
+ * its place in the order of first slots), the 1,023 others closed. */
+TEST(cluster_large_shard_breaker)
+{
+    cfx f;
+    BIG_START(&f);
+    char url[96];
+    cfx_url(&f, url, sizeof url);
+    kvt_model *m = tiny();
+    char idx[160];
+    snprintf(idx, sizeof idx, "kvt:r2:%016" PRIx64 ":open:i:%016" PRIx64, kvt_snap_key0(m), kvt_snap_key0(m));
+    int victim = cfx_owner(&f, kvt_cluster_slot(idx, strlen(idx)));
+    kvt_remote *t = tier_on(url, m, NULL, 2000, 2000);
+    CHECK(t);
+    int32_t toks[N];
+    seqb(toks, N, 36);
+    size_t got;
+    kvt_session *s = restore(t, m, toks, N, &got, NULL); /* the map read, every shard closed */
+    kvt_session_free(s);
+    atomic_store(&f.dead, victim);
+    fx_sleep_ms(100);
+    for (int i = 0; i < 4; i++) {
+        s = restore(t, m, toks, N, &got, NULL);
+        kvt_session_free(s);
+    }
+    kvt_remote_stats st;
+    kvt_remote_stats_get(t, &st);
+    int *br = calloc(BIG, sizeof *br);
+    CHECK(br);
+    size_t n = kvt_remote_shard_breakers(t, br, BIG), open = 0;
+    for (size_t i = 0; i < n && i < BIG; i++) open += br[i] != 0;
+    printf("    master %d (shard %d) killed: %zu shards, %zu breakers open, shard %d's %d, trips %llu (%s)\n", victim,
+           victim, n, open, victim, br[victim], (unsigned long long)st.breaker_trips, st.last_error);
+    CHECK(victim >= 64);
+    CHECKF(n == BIG && st.n_shards == BIG && open == 1 && st.shards_open == 1 && br[victim] == 1 &&
+               st.breaker_trips == 1,
+           "%zu shards, %zu open", n, open);
+    free(br);
+    kvt_remote_close(t);
+    kvt_model_close(m);
+    cfx_stop(&f);
+}
+
+/* A hostile CLUSTER SLOTS reply is refused, the round trip a clean
+ * failure saying why, within its deadline, its memory bounded: array
+ * headers of millions of elements (refused by the reader before it
+ * allocates), nesting past hiredis's 7 levels, more ranges than slots,
+ * slots out of range, reversed or named twice, bad ports and hosts,
+ * 16,384 masters each on a host of its own (with the seed, one node more
+ * than the table takes), elements of the wrong type. The positive
+ * control: the same fake with its own map routes. */
+TEST(cluster_hostile_slots_refused)
+{
+    cfx f;
+    unsigned first[3] = {0, 8192, KVT_CLUSTER_SLOTS};
+    if (!cfx_start(&f, 2, first)) { cfx_stop(&f); SKIP_ENV("no listening socket on 127.0.X.Y"); }
+    char url[96];
+    cfx_url(&f, url, sizeof url);
+    char ep[64];
+    snprintf(ep, sizeof ep, "*2\r\n$%zu\r\n%s\r\n:%d\r\n", strlen(f.host[0]), f.host[0], f.port[0]);
+    kvt_wbuf many = {0}, wide = {0}, nodes = {0}, nest = {0};
+    kvt_wbuf_put(&many, "*16385\r\n", 8);
+    for (int i = 0; i < 16385; i++) {
+        char r[128];
+        int l = snprintf(r, sizeof r, "*3\r\n:%d\r\n:%d\r\n%s", i % 16384, i % 16384, ep);
+        kvt_wbuf_put(&many, r, (size_t)l);
+    }
+    kvt_wbuf_put(&nodes, "*16384\r\n", 8);
+    for (int i = 0; i < 16384; i++) {
+        char r[128], h[32];
+        snprintf(h, sizeof h, "10.9.%d.%d", i / 200, i % 200);
+        int l = snprintf(r, sizeof r, "*3\r\n:%d\r\n:%d\r\n*2\r\n$%zu\r\n%s\r\n:7000\r\n", i, i, strlen(h), h);
+        kvt_wbuf_put(&nodes, r, (size_t)l);
+    }
+    char host300[400] = "", r300[600];
+    memset(host300, 'h', 300);
+    snprintf(r300, sizeof r300, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$300\r\n%s\r\n:7000\r\n", host300);
+    kvt_wbuf_put(&wide, "*3000000\r\n", 10);
+    for (int i = 0; i < 1000; i++) kvt_wbuf_put(&wide, "*3\r\n:0\r\n:0\r\n*0\r\n", 17);
+    for (int i = 0; i < 9; i++) kvt_wbuf_put(&nest, "*1\r\n", 4);
+    kvt_wbuf_put(&nest, ":1\r\n", 4);
+    char out_of_range[160], negative[160], reversed[160], twice[256], port0[160], port_big[160];
+    snprintf(out_of_range, sizeof out_of_range, "*1\r\n*3\r\n:0\r\n:16384\r\n%s", ep);
+    snprintf(negative, sizeof negative, "*1\r\n*3\r\n:-1\r\n:16383\r\n%s", ep);
+    snprintf(reversed, sizeof reversed, "*1\r\n*3\r\n:9\r\n:3\r\n%s", ep);
+    snprintf(twice, sizeof twice, "*2\r\n*3\r\n:0\r\n:100\r\n%s*3\r\n:50\r\n:16383\r\n%s", ep, ep);
+    snprintf(port0, sizeof port0, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:0\r\n");
+    snprintf(port_big, sizeof port_big, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:70000\r\n");
+    struct { const char *name, *p; size_t len; const char *says; } cases[] = {
+        {"an array of 3,000,000 ranges", (char *)wide.p, wide.len, "does not parse"},
+        {"an array of 2,000,000,000", "*2000000000\r\n", 0, "does not parse"},
+        {"nesting 9 deep", (char *)nest.p, nest.len, "nested"},
+        {"16,385 ranges", (char *)many.p, many.len, "16385 slot ranges"},
+        {"16,384 masters on hosts of their own", (char *)nodes.p, nodes.len, "more than the client takes"},
+        {"slot 16384", out_of_range, strlen(out_of_range), "slots 0-16384"},
+        {"slot -1", negative, strlen(negative), "slots -1-16383"},
+        {"slots 9-3", reversed, strlen(reversed), "slots 9-3"},
+        {"a slot named twice", twice, strlen(twice), "named twice"},
+        {"port 0", port0, strlen(port0), "bad endpoint"},
+        {"port 70000", port_big, strlen(port_big), "bad endpoint"},
+        {"a 300-byte host", r300, strlen(r300), "bad endpoint"},
+        {"a range that is a string", "*1\r\n$3\r\nabc\r\n", 0, "unknown shape"},
+        {"a master that is a number", "*1\r\n*3\r\n:0\r\n:16383\r\n:5\r\n", 0, "unknown shape"},
+        {"an empty map", "*0\r\n", 0, "unknown shape"},
+        {"an error", "-ERR This instance has cluster support disabled\r\n", 0, "cluster support disabled"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        f.slots_reply = cases[i].p;
+        f.slots_len = cases[i].len ? cases[i].len : strlen(cases[i].p);
+        fx_sleep_ms(30); /* the fake's thread reads it at its next command */
+        kvt_redis *k = rfx_client(url, NULL);
+        CHECK(k);
+        redisReply **rep = NULL;
+        size_t n = 0;
+        const char *get[2] = {"GET", "x"};
+        kvt_redis_append(k, 2, get, NULL);
+        double t0 = fx_now();
+        int rc = kvt_redis_exec(k, 1000, &rep, &n);
+        double dt = fx_now() - t0;
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", rc ? kvt_errmsg() : "");
+        printf("    %s: %s in %.0f ms\n", cases[i].name, msg, dt * 1000);
+        CHECKF(rc == KVT_EIO && !rep && strstr(msg, cases[i].says), "%s: rc %d (%s)", cases[i].name, rc, msg);
+        CHECK(dt < 1.5); /* 1 s deadline; a refused map ends sooner */
+        kvt_redis_free(k);
+    }
+    /* the positive control: the fake's own map */
+    f.slots_reply = NULL;
+    fx_sleep_ms(30);
+    kvt_redis *k = rfx_client(url, NULL);
+    char why[300] = "";
+    CHECKF(k && big_round(k, 50, why, sizeof why), "the fake's own map: %s", why);
+    kvt_redis_free(k);
+    kvt_wbuf_free(&many);
+    kvt_wbuf_free(&wide);
+    kvt_wbuf_free(&nodes);
+    kvt_wbuf_free(&nest);
+    cfx_stop(&f);
 }

@@ -134,13 +134,18 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
         case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
         case 12: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
         case 13: put_val(b, f[i].name, &none, "", st.abandoned); break;
-        default:
-            for (size_t k = 0; k < st.n_shards; k++) {
+        default: {
+            /* a cluster's masters, as many as it has (a thousand and more) */
+            int *br = kvt_calloc(st.n_shards ? st.n_shards : 1, sizeof *br);
+            size_t n = br ? kvt_remote_shard_breakers(r, br, st.n_shards) : 0;
+            for (size_t k = 0; k < n && k < st.n_shards; k++) {
                 char shard[32];
                 snprintf(shard, sizeof shard, "shard=\"%zu\"", k);
-                put_val(b, f[i].name, &none, shard, (unsigned long long)st.shard_breaker[k]);
+                put_val(b, f[i].name, &none, shard, (unsigned long long)br[k]);
             }
+            free(br);
             break;
+        }
         }
     }
 }

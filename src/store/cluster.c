@@ -2,7 +2,12 @@
  *
  * The map is one byte pair per slot naming a node of c->nodes (masters
  * only: reads and writes both go to masters, so a replica's lag never
- * shows as a miss). A command's slot is read from the formatted command
+ * shows as a miss). The node table grows with the map (a cluster of a
+ * thousand nodes and more), to KVT_CLUSTER_MAX_NODES: a CLUSTER SLOTS
+ * reply is checked whole (its ranges' count, slots, shapes, a slot named
+ * twice) before a node of it is added, and the reader refuses an array
+ * longer than conn.c's bound before allocating it, so a hostile reply
+ * costs a refused map, never unbounded memory. A command's slot is read from the formatted command
  * itself (its first argument after the name), so the callers queue
  * commands exactly as for one server. A round over the nodes runs their
  * pipelines at once; the replies that redirect (MOVED, ASK, TRYAGAIN) are
@@ -20,7 +25,7 @@
 
 #define NONE 0xffff
 #define ROUNDS 4
-#define MAX_NODES KVT_CLUSTER_MAX_SHARDS
+#define OLD_MAX_NODES 64 /* the fixed table's size before it grew (KVT_CLUSTER_FAULT_64_NODES) */
 
 int kvt_cluster_fault;
 
@@ -29,17 +34,59 @@ typedef struct node {
     kvt_wbuf q;          /* this round's commands */
     size_t *who;         /* for each, the pending command it answers (SIZE_MAX: ASKING's reply) */
     size_t n_who, cap_who;
+    int rank;            /* a master's shard: its place in the order of first slots; -1 not a master */
 } node;
 
 struct kvt_cluster {
     const kvt_conn_auth *auth;
-    node *nodes[MAX_NODES];
-    size_t n_nodes, n_seeds; /* the seeds are nodes[0..n_seeds) */
-    uint16_t slot[KVT_CLUSTER_SLOTS];
-    int16_t rank[MAX_NODES]; /* a master's shard: its place in the order of first slots; -1 not a master */
+    node **nodes;            /* [cap_nodes], n_nodes used; the seeds are nodes[0..n_seeds) */
+    size_t n_nodes, cap_nodes, n_seeds;
+    uint32_t *by_addr;       /* [cap_by_addr] open addressing over host:port: node index + 1, 0 empty */
+    size_t cap_by_addr;
+    int *ms;                 /* [cap_nodes] the masters (node indices) in the order of their first slot */
     size_t n_masters;
+    uint16_t slot[KVT_CLUSTER_SLOTS];
     bool have_map, stale;
 };
+
+/* ---- shards ---- */
+
+int kvt_shards_grow(kvt_shards *sh, size_t n)
+{
+    if (n <= sh->cap) return KVT_OK;
+    if (n > KVT_CLUSTER_MAX_NODES) return kvt_fail(KVT_EINVAL, "redis cluster: %zu shards", n);
+    size_t cap = sh->cap ? sh->cap : 4;
+    while (cap < n) cap *= 2;
+    bool **arr[4] = {&sh->skip, &sh->asked, &sh->failed, &sh->refused};
+    for (int a = 0; a < 4; a++) {
+        bool *p = realloc(*arr[a], cap * sizeof *p);
+        if (!p) return kvt_fail(KVT_ENOMEM, "redis cluster: %zu shards", n);
+        memset(p + sh->cap, 0, (cap - sh->cap) * sizeof *p);
+        *arr[a] = p; /* grown one by one: each keeps cap entries, the old ones as they were */
+    }
+    sh->cap = cap;
+    return KVT_OK;
+}
+
+void kvt_shards_clear(kvt_shards *sh)
+{
+    if (sh->cap) {
+        memset(sh->asked, 0, sh->cap * sizeof *sh->asked);
+        memset(sh->failed, 0, sh->cap * sizeof *sh->failed);
+        memset(sh->refused, 0, sh->cap * sizeof *sh->refused);
+    }
+    sh->refusal[0] = sh->why[0] = 0;
+}
+
+void kvt_shards_free(kvt_shards *sh)
+{
+    if (!sh) return;
+    free(sh->skip);
+    free(sh->asked);
+    free(sh->failed);
+    free(sh->refused);
+    memset(sh, 0, sizeof *sh);
+}
 
 /* ---- slots ---- */
 
@@ -103,15 +150,66 @@ static int cmd_slot(const char *cmd, size_t len)
 
 /* ---- nodes and the map ---- */
 
+static size_t addr_hash(const char *host, int port)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)port; /* FNV-1a */
+    for (const char *p = host; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* Where host:port is in c->by_addr, or the empty entry it would take. */
+static size_t addr_slot(const kvt_cluster *c, const char *host, int port)
+{
+    size_t mask = c->cap_by_addr - 1, i = addr_hash(host, port) & mask;
+    for (;; i = (i + 1) & mask) {
+        uint32_t k = c->by_addr[i];
+        if (!k) return i;
+        const kvt_conn *n = &c->nodes[k - 1]->c;
+        if (n->port == port && !strcmp(n->host, host)) return i;
+    }
+}
+
+/* Room for one node more: the table, the masters' order and the index
+ * by address (kept at most half full) doubled when full. */
+static bool nodes_room(kvt_cluster *c)
+{
+    if (c->n_nodes < c->cap_nodes) return true;
+    size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 8;
+    if (cap > KVT_CLUSTER_MAX_NODES) cap = KVT_CLUSTER_MAX_NODES;
+    if (cap <= c->n_nodes) return false;
+    node **nodes = realloc(c->nodes, cap * sizeof *nodes);
+    if (!nodes) return false;
+    c->nodes = nodes;
+    int *ms = realloc(c->ms, cap * sizeof *ms);
+    if (!ms) return false;
+    c->ms = ms;
+    uint32_t *ix = kvt_calloc(cap * 2, sizeof *ix), *old = c->by_addr;
+    if (!ix) return false;
+    c->by_addr = ix;
+    c->cap_by_addr = cap * 2;
+    for (size_t i = 0; i < c->n_nodes; i++) c->by_addr[addr_slot(c, c->nodes[i]->c.host, c->nodes[i]->c.port)] = (uint32_t)i + 1;
+    free(old);
+    c->cap_nodes = cap;
+    return true;
+}
+
+/* The node host:port, added when new: -1 when the table is full
+ * (KVT_CLUSTER_MAX_NODES), memory runs out, or the name is too long. */
 static int node_of(kvt_cluster *c, const char *host, int port)
 {
-    for (size_t i = 0; i < c->n_nodes; i++)
-        if (c->nodes[i]->c.port == port && !strcmp(c->nodes[i]->c.host, host)) return (int)i;
-    if (c->n_nodes == MAX_NODES || strlen(host) >= 256) return -1;
+    if (strlen(host) >= 256) return -1;
+    if (c->cap_by_addr) {
+        uint32_t k = c->by_addr[addr_slot(c, host, port)];
+        if (k) return (int)k - 1;
+    }
+    if ((kvt_cluster_fault & KVT_CLUSTER_FAULT_64_NODES) && c->n_nodes >= OLD_MAX_NODES) return -1;
+    if (!nodes_room(c)) return -1;
     node *n = kvt_calloc(1, sizeof *n);
     if (!n) return -1;
     kvt_conn_init(&n->c, host, port, c->auth);
+    n->rank = -1;
     c->nodes[c->n_nodes] = n;
+    c->by_addr[addr_slot(c, host, port)] = (uint32_t)c->n_nodes + 1;
     return (int)c->n_nodes++;
 }
 
@@ -123,7 +221,6 @@ int kvt_cluster_new(kvt_cluster **out, const char (*hosts)[256], const int *port
     if (!c) return KVT_ENOMEM;
     c->auth = auth;
     for (size_t i = 0; i < KVT_CLUSTER_SLOTS; i++) c->slot[i] = NONE;
-    for (size_t i = 0; i < MAX_NODES; i++) c->rank[i] = -1;
     for (size_t i = 0; i < n; i++)
         if (node_of(c, hosts[i], ports[i]) < 0) {
             kvt_cluster_free(c);
@@ -143,6 +240,9 @@ void kvt_cluster_free(kvt_cluster *c)
         free(c->nodes[i]->who);
         free(c->nodes[i]);
     }
+    free(c->nodes);
+    free(c->ms);
+    free(c->by_addr);
     free(c);
 }
 
@@ -163,31 +263,78 @@ bool kvt_cluster_connected(const kvt_cluster *c)
     return false;
 }
 
-/* The map from a CLUSTER SLOTS reply that node `from` gave. */
-static bool parse_slots(kvt_cluster *c, const redisReply *x, int from)
+/* The map from a CLUSTER SLOTS reply that node `from` gave: false (why
+ * said in why) for a reply of another shape, more ranges than slots, a
+ * slot out of range or named twice, a bad endpoint, or more nodes than
+ * the table takes. The whole reply is checked before a node is added. */
+static bool parse_slots(kvt_cluster *c, const redisReply *x, int from, char *why, size_t cap)
 {
-    if (x->type != REDIS_REPLY_ARRAY || !x->elements) return false;
-    uint16_t map[KVT_CLUSTER_SLOTS];
+    if (x->type != REDIS_REPLY_ARRAY || !x->elements) {
+        snprintf(why, cap, "%s", x->type == REDIS_REPLY_ERROR ? x->str : "a reply of an unknown shape");
+        return false;
+    }
+    /* the ranges are disjoint and not empty: no more of them than slots */
+    if (x->elements > KVT_CLUSTER_SLOTS) {
+        snprintf(why, cap, "%zu slot ranges, more than the %d slots", x->elements, KVT_CLUSTER_SLOTS);
+        return false;
+    }
+    uint16_t *map = kvt_malloc(KVT_CLUSTER_SLOTS * sizeof *map);
+    if (!map) { snprintf(why, cap, "no memory for a map"); return false; }
     for (size_t i = 0; i < KVT_CLUSTER_SLOTS; i++) map[i] = NONE;
-    for (size_t e = 0; e < x->elements; e++) {
+    bool ok = true;
+    for (size_t e = 0; e < x->elements && ok; e++) { /* checked: shapes, slots, endpoints (map[]: named) */
         const redisReply *r = x->element[e];
-        if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 || r->element[0]->type != REDIS_REPLY_INTEGER ||
-            r->element[1]->type != REDIS_REPLY_INTEGER || r->element[2]->type != REDIS_REPLY_ARRAY)
-            return false;
+        ok = r->type == REDIS_REPLY_ARRAY && r->elements >= 3 && r->element[0]->type == REDIS_REPLY_INTEGER &&
+             r->element[1]->type == REDIS_REPLY_INTEGER && r->element[2]->type == REDIS_REPLY_ARRAY;
+        if (!ok) { snprintf(why, cap, "slot range %zu: a reply of an unknown shape", e); break; }
         long long lo = r->element[0]->integer, hi = r->element[1]->integer;
         const redisReply *m = r->element[2];
-        if (lo < 0 || hi >= KVT_CLUSTER_SLOTS || lo > hi || m->elements < 2 || m->element[0]->type != REDIS_REPLY_STRING ||
-            m->element[1]->type != REDIS_REPLY_INTEGER || m->element[1]->integer < 1 || m->element[1]->integer > 65535)
-            return false;
+        if (lo < 0 || hi >= KVT_CLUSTER_SLOTS || lo > hi) {
+            snprintf(why, cap, "slot range %zu: slots %lld-%lld", e, lo, hi);
+            ok = false;
+            break;
+        }
+        if (m->elements < 2 || m->element[0]->type != REDIS_REPLY_STRING || m->element[0]->len >= 256 ||
+            m->element[1]->type != REDIS_REPLY_INTEGER || m->element[1]->integer < 1 || m->element[1]->integer > 65535) {
+            snprintf(why, cap, "slot range %zu: a bad endpoint", e);
+            ok = false;
+            break;
+        }
+        for (long long s = lo; s <= hi && ok; s++) {
+            if (map[s] != NONE) {
+                snprintf(why, cap, "slot %lld named twice", s);
+                ok = false;
+            }
+            map[s] = 0;
+        }
+    }
+    size_t n0 = c->n_nodes;
+    for (size_t e = 0; e < x->elements && ok; e++) {
+        const redisReply *r = x->element[e], *m = r->element[2];
         /* an empty or "?" endpoint: the node's address is the one we asked */
         const char *host = m->element[0]->str;
         if (!host[0] || !strcmp(host, "?")) host = c->nodes[from]->c.host;
         int k = node_of(c, host, (int)m->element[1]->integer);
-        if (k < 0) return false;
-        for (long long s = lo; s <= hi; s++) map[s] = (uint16_t)k;
+        if (k < 0) {
+            snprintf(why, cap, "%zu nodes or more: more than the client takes (%d), or no memory", c->n_nodes + 1,
+                     kvt_cluster_fault & KVT_CLUSTER_FAULT_64_NODES ? OLD_MAX_NODES : KVT_CLUSTER_MAX_NODES);
+            ok = false;
+            break;
+        }
+        for (long long s = r->element[0]->integer; s <= r->element[1]->integer; s++) map[s] = (uint16_t)k;
     }
-    memcpy(c->slot, map, sizeof map);
-    return true;
+    if (ok) memcpy(c->slot, map, KVT_CLUSTER_SLOTS * sizeof *map);
+    else if (c->n_nodes > n0) { /* the nodes a refused map added go (none is connected, or in the map) */
+        for (size_t i = n0; i < c->n_nodes; i++) {
+            kvt_conn_close(&c->nodes[i]->c);
+            free(c->nodes[i]);
+        }
+        c->n_nodes = n0;
+        memset(c->by_addr, 0, c->cap_by_addr * sizeof *c->by_addr);
+        for (size_t i = 0; i < n0; i++) c->by_addr[addr_slot(c, c->nodes[i]->c.host, c->nodes[i]->c.port)] = (uint32_t)i + 1;
+    }
+    free(map);
+    return ok;
 }
 
 static void rank_masters(kvt_cluster *c);
@@ -197,7 +344,9 @@ static void rank_masters(kvt_cluster *c);
 static int refresh(kvt_cluster *c, int prefer, double deadline)
 {
     static const char ask[] = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
-    int order[MAX_NODES], k = 0;
+    /* a copy: the nodes a map names are added to the table as it is read */
+    int *order = kvt_malloc((c->n_nodes ? c->n_nodes : 1) * sizeof *order), k = 0;
+    if (!order) return kvt_fail(KVT_ENOMEM, "redis cluster: no memory to read the map");
     if (prefer >= 0) order[k++] = prefer;
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < c->n_nodes; i++)
@@ -219,51 +368,44 @@ static int refresh(kvt_cluster *c, int prefer, double deadline)
         redisReply *x = n->rep[0];
         free(n->rep);
         n->rep = NULL;
-        bool ok = parse_slots(c, x, order[i]);
-        if (!ok)
-            snprintf(err, sizeof err, "redis %s:%d: CLUSTER SLOTS: %s", n->host, n->port,
-                     x->type == REDIS_REPLY_ERROR ? x->str : "a reply of an unknown shape");
+        char why[200];
+        bool ok = parse_slots(c, x, order[i], why, sizeof why);
+        if (!ok) snprintf(err, sizeof err, "redis %s:%d: CLUSTER SLOTS: %s", n->host, n->port, why);
         freeReplyObject(x);
         if (ok) {
             c->have_map = true;
             c->stale = false;
             rank_masters(c);
+            free(order);
             return KVT_OK;
         }
     }
+    free(order);
     return kvt_fail(KVT_EIO, "redis cluster: no slot map: %s", err);
 }
 
 /* ---- SCAN over every master ---- */
 
-/* The masters in the order of their first slot. */
-static size_t masters(const kvt_cluster *c, int *out)
+/* Number the masters (each node's rank, c->ms) in the order of their
+ * first slot. */
+static void rank_masters(kvt_cluster *c)
 {
+    for (size_t i = 0; i < c->n_nodes; i++) c->nodes[i]->rank = -1;
     size_t n = 0;
     for (size_t s = 0; s < KVT_CLUSTER_SLOTS; s++) {
         int k = c->slot[s];
-        if (k == NONE) continue;
-        bool seen = false;
-        for (size_t i = 0; i < n && !seen; i++) seen = out[i] == k;
-        if (!seen) out[n++] = k;
+        if (k == NONE || c->nodes[k]->rank >= 0) continue;
+        c->nodes[k]->rank = (int)n;
+        c->ms[n++] = k;
     }
-    return n;
-}
-
-/* Number the masters (c->rank) in the order of their first slot. */
-static void rank_masters(kvt_cluster *c)
-{
-    int ms[MAX_NODES];
-    for (size_t i = 0; i < MAX_NODES; i++) c->rank[i] = -1;
-    c->n_masters = masters(c, ms);
-    for (size_t i = 0; i < c->n_masters; i++) c->rank[ms[i]] = (int16_t)i;
+    c->n_masters = n;
 }
 
 int kvt_cluster_shard_of(const kvt_cluster *c, const char *key, size_t len)
 {
     if (!c->have_map) return -1;
     uint16_t k = c->slot[kvt_cluster_slot(key, len)];
-    return k == NONE ? -1 : c->rank[k];
+    return k == NONE ? -1 : c->nodes[k]->rank;
 }
 
 size_t kvt_cluster_n_shards(const kvt_cluster *c) { return c->have_map ? c->n_masters : 0; }
@@ -273,8 +415,8 @@ size_t kvt_cluster_n_shards(const kvt_cluster *c) { return c->have_map ? c->n_ma
  * (malloc'ed, *len). */
 static int scan_cmd(const kvt_cluster *c, const char *p, size_t len, int *node, size_t *m_i, char **cmd, int *clen)
 {
-    int ms[MAX_NODES];
-    size_t nm = masters(c, ms);
+    const int *ms = c->ms;
+    size_t nm = c->n_masters;
     const char *argv[16];
     size_t lens[16], argc = strtoul(p + 1, NULL, 10);
     if (argc < 2 || argc > 16 || !nm) return kvt_fail(KVT_EINVAL, "redis cluster: a SCAN it cannot route");
@@ -299,8 +441,7 @@ static int scan_cmd(const kvt_cluster *c, const char *p, size_t len, int *node, 
 static void scan_reply(const kvt_cluster *c, redisReply *x, size_t mi)
 {
     if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING) return;
-    int ms[MAX_NODES];
-    size_t nm = masters(c, ms);
+    size_t nm = c->n_masters;
     redisReply *cur = x->element[0];
     char buf[64];
     bool done = !strcmp(cur->str, "0");
@@ -361,8 +502,10 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
     int rc = KVT_OK, prefer = -1;
     size_t left = np;
     for (int round = 0; left && !rc && round < ROUNDS; round++) {
-        if ((!c->have_map || c->stale) && (rc = refresh(c, prefer, deadline)) && !c->have_map) break;
-        rc = KVT_OK;
+        if ((!c->have_map || c->stale) && (rc = refresh(c, prefer, deadline)) && (!c->have_map || rc == KVT_ENOMEM))
+            break;
+        /* a shard for every master the map names */
+        if ((rc = kvt_shards_grow(sh, c->n_masters ? c->n_masters : 1))) break;
         for (size_t i = 0; i < c->n_nodes; i++) { c->nodes[i]->q.len = 0; c->nodes[i]->n_who = 0; }
         for (size_t k = 0; k < np && !rc; k++) {
             pend *p = &ps[k];
@@ -388,7 +531,7 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
             }
             /* a command's shard is its slot's master's when first routed: a
              * redirect's node answers for that shard */
-            if (p->shard < 0) p->shard = c->rank[p->node] >= 0 ? c->rank[p->node] : 0;
+            if (p->shard < 0) p->shard = c->nodes[p->node]->rank >= 0 ? c->nodes[p->node]->rank : 0;
             if (sh->skip[p->shard]) {
                 free(scan);
                 p->gone = true;
@@ -403,7 +546,9 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
             free(scan);
         }
         if (rc) break;
-        kvt_conn *run[MAX_NODES];
+        /* this round's nodes (a redirect below may add nodes to the table) */
+        kvt_conn **run = kvt_malloc(c->n_nodes * sizeof *run);
+        if (!run) { rc = kvt_fail(KVT_ENOMEM, "redis cluster: a round"); break; }
         size_t nr = 0;
         for (size_t i = 0; i < c->n_nodes; i++) {
             node *n = c->nodes[i];
@@ -465,6 +610,7 @@ static int run_phase(kvt_cluster *c, const char *cmds, const size_t *offs, size_
             free(n->c.rep);
             n->c.rep = NULL;
         }
+        free(run);
         if (rerank) rank_masters(c);
         if (tryagain && left) { /* a migration moving a multi-key command's keys: a moment */
             struct timespec ts = {0, 2000000};
@@ -501,6 +647,8 @@ int kvt_cluster_exec(kvt_cluster *c, const char *cmds, const size_t *offs, size_
         if (to > from) from = to;
     }
     sh->n = c->have_map && c->n_masters ? c->n_masters : 1;
+    int grc = kvt_shards_grow(sh, sh->n);
+    if (grc) rc = KVT_ENOMEM;
     if (rc)
         for (size_t i = 0; i < n; i++) {
             if (rep[i]) freeReplyObject(rep[i]);

@@ -19,22 +19,36 @@
 
 #define KVT_CLUSTER_SLOTS 16384
 #define KVT_CLUSTER_MAX_SEEDS 16
-#define KVT_CLUSTER_MAX_SHARDS 64 /* the masters a client knows (its nodes, seeds and replicas named in redirects too) */
+/* The nodes a client knows (its seeds, the masters CLUSTER SLOTS names,
+ * the nodes redirects name): a table that grows with the cluster, up to
+ * Redis Cluster's own ceiling, one master a slot. A map naming more is
+ * refused. */
+#define KVT_CLUSTER_MAX_NODES KVT_CLUSTER_SLOTS
 
 /* A round trip's outcome by shard: a cluster's masters numbered in the
  * order of their first slot (a replica that takes over a master's slots
  * takes its number too), or shard 0, the one server. The caller sets
  * skip (the commands bound for those shards are not sent); the rest is
- * the outcome. */
+ * the outcome. The four arrays have cap entries each (malloc'ed, grown by
+ * kvt_shards_grow: the exec grows them to the shards it knows); a
+ * kvt_shards starts zeroed and ends with kvt_shards_free. */
 typedef struct kvt_shards {
-    bool skip[KVT_CLUSTER_MAX_SHARDS];     /* in: not asked (their replies NULL) */
-    bool asked[KVT_CLUSTER_MAX_SHARDS];    /* sent a command */
-    bool failed[KVT_CLUSTER_MAX_SHARDS];   /* the round trip failed (timed out, refused, reset): replies NULL */
-    bool refused[KVT_CLUSTER_MAX_SHARDS];  /* answered an error reply (NOAUTH, an ACL, OOM, CLUSTERDOWN) */
-    size_t n;                              /* shards known (1 before a cluster's map is read) */
-    char refusal[160];                     /* the first error reply's text */
-    char why[224];                         /* the first failure's message */
+    bool *skip;        /* in: not asked (their replies NULL) */
+    bool *asked;       /* sent a command */
+    bool *failed;      /* the round trip failed (timed out, refused, reset): replies NULL */
+    bool *refused;     /* answered an error reply (NOAUTH, an ACL, OOM, CLUSTERDOWN) */
+    size_t cap;        /* entries of each array */
+    size_t n;          /* shards known (1 before a cluster's map is read) */
+    char refusal[160]; /* the first error reply's text */
+    char why[224];     /* the first failure's message */
 } kvt_shards;
+
+/* Make sh's arrays hold at least n shards (the new entries false):
+ * KVT_ENOMEM (sh unchanged), or n > KVT_CLUSTER_MAX_NODES (KVT_EINVAL). */
+int kvt_shards_grow(kvt_shards *sh, size_t n);
+/* Clear the outcome (asked, failed, refused, the messages), skip kept. */
+void kvt_shards_clear(kvt_shards *sh);
+void kvt_shards_free(kvt_shards *sh);
 
 typedef struct kvt_cluster kvt_cluster;
 
@@ -75,8 +89,10 @@ unsigned kvt_cluster_slot(const char *key, size_t len);
 
 /* Tests: KVT_CLUSTER_FAULT_NO_MOVED hands MOVED replies to the caller
  * instead of following them, KVT_CLUSTER_FAULT_NO_ASK the same for ASK
- * (the negative controls of the migration test). */
-enum { KVT_CLUSTER_FAULT_NO_MOVED = 1, KVT_CLUSTER_FAULT_NO_ASK = 2 };
+ * (the negative controls of the migration test);
+ * KVT_CLUSTER_FAULT_64_NODES gives the node table the fixed 64 entries it
+ * had before it grew (the negative control of the large cluster test). */
+enum { KVT_CLUSTER_FAULT_NO_MOVED = 1, KVT_CLUSTER_FAULT_NO_ASK = 2, KVT_CLUSTER_FAULT_64_NODES = 4 };
 extern int kvt_cluster_fault;
 
 #endif

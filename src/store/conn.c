@@ -32,6 +32,48 @@ typedef struct resolve_job resolve_job;
 static void job_drop(resolve_job *j);
 
 #define TLS_CHUNK 16384 /* a record's worth: a write that would block is repeated with the same bytes */
+#define POLL_STACK 64   /* connections a round trip polls from the stack; more from the heap */
+
+/* ---- a reader whose arrays are bounded ----
+ *
+ * hiredis 0.14's reader allocates an array's element pointers as soon as
+ * it reads the array's header ("*2000000000"), before any element has
+ * come, and has no bound of its own: the array functions are wrapped so
+ * that a header naming more than KVT_CONN_MAX_ELEMENTS is refused (the
+ * reader's "Out of memory", a reply that does not parse: the connection
+ * closes). Nesting is bounded by hiredis itself (7 levels). */
+static redisReplyObjectFunctions bounded_fn;
+static void *(*default_array)(const redisReadTask *, int);
+static pthread_once_t bounded_once = PTHREAD_ONCE_INIT;
+static bool bounded_ok;
+
+static void *bounded_array(const redisReadTask *t, int elements)
+{
+    if (elements > KVT_CONN_MAX_ELEMENTS) return NULL;
+    return default_array(t, elements);
+}
+
+/* hiredis's own functions (one static table, the same for every reader),
+ * with createArray wrapped. */
+static void bounded_init(void)
+{
+    redisReader *r = redisReaderCreate();
+    if (!r) return;
+    bounded_fn = *r->fn;
+    default_array = r->fn->createArray;
+    bounded_fn.createArray = bounded_array;
+    bounded_ok = default_array != NULL;
+    redisReaderFree(r);
+}
+
+static redisReader *reader_new(void)
+{
+    pthread_once(&bounded_once, bounded_init);
+    if (!bounded_ok) return NULL;
+    redisReader *r = redisReaderCreate();
+    if (r) r->fn = &bounded_fn;
+    return r;
+}
 
 void kvt_conn_init(kvt_conn *c, const char *host, int port, const kvt_conn_auth *auth)
 {
@@ -256,7 +298,7 @@ static int handshake_cmds(kvt_conn *c)
 
 static void start_tls_or_io(kvt_conn *c)
 {
-    if (!(c->rd = redisReaderCreate())) { fail(c, "no memory for a reader"); return; }
+    if (!(c->rd = reader_new())) { fail(c, "no memory for a reader"); return; }
     if (c->auth && c->auth->tls) {
         if (!(c->ssl = kvt_tls_open(c->auth->tls, c->fd, c->host))) { fail(c, "%s", kvt_errmsg()); return; }
         c->phase = PH_TLS;
@@ -341,7 +383,8 @@ static void step(kvt_conn *c, short revents)
             while (c->got < want) {
                 void *reply = NULL;
                 if (redisReaderGetReply(c->rd, &reply) != REDIS_OK) {
-                    fail(c, "a reply that does not parse: %s", c->rd->errstr);
+                    fail(c, "a reply that does not parse: %s%s", c->rd->errstr,
+                         strstr(c->rd->errstr, "memory") ? " (or an array longer than the client takes)" : "");
                     return;
                 }
                 if (reply) {
@@ -395,11 +438,21 @@ static void timed_out(kvt_conn *c)
 
 size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline)
 {
-    struct pollfd pf[64];
+    struct pollfd pf_stack[POLL_STACK], *pf = pf_stack;
+    kvt_conn *act_stack[POLL_STACK], **act = act_stack;
     size_t failed = 0;
-    if (n > 64) {
-        for (size_t i = 0; i < n; i++) { cs[i]->rc = KVT_EINVAL; snprintf(cs[i]->err, sizeof cs[i]->err, "redis: %zu connections in one round trip", n); }
-        return n;
+    if (n > POLL_STACK) { /* a cluster's many masters */
+        pf = kvt_malloc(n * sizeof *pf);
+        act = kvt_malloc(n * sizeof *act);
+        if (!pf || !act) {
+            if (pf != pf_stack) free(pf);
+            free(act == act_stack ? NULL : act);
+            for (size_t i = 0; i < n; i++) {
+                cs[i]->rc = KVT_ENOMEM;
+                snprintf(cs[i]->err, sizeof cs[i]->err, "redis: no memory for %zu connections in one round trip", n);
+            }
+            return n;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         kvt_conn *c = cs[i];
@@ -426,7 +479,6 @@ size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline)
     }
     for (;;) {
         size_t k = 0;
-        kvt_conn *act[64];
         for (size_t i = 0; i < n; i++)
             if (cs[i]->phase != PH_DONE) {
                 act[k] = cs[i];
@@ -448,5 +500,7 @@ size_t kvt_conn_run(kvt_conn *const *cs, size_t n, double deadline)
             if (pf[i].revents) step(act[i], pf[i].revents);
     }
     for (size_t i = 0; i < n; i++) failed += cs[i]->rc != KVT_OK;
+    if (pf != pf_stack) free(pf);
+    if (act != act_stack) free(act);
     return failed;
 }

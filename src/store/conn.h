@@ -67,6 +67,11 @@ int kvt_conn_resolve(kvt_conn *c, double deadline);
 /* Drop the connection (not the resolved addresses). */
 void kvt_conn_disconnect(kvt_conn *c);
 
+/* The most elements an array of a reply may have: its header is refused
+ * before the reader allocates anything for it (conn.c). A cluster's map
+ * has at most 16,384 slot ranges; the tier's own replies are far shorter. */
+#define KVT_CONN_MAX_ELEMENTS (1 << 20)
+
 /* The round trips of cs[0..n) at once, by deadline (kvt_now() seconds):
  * each connects when needed, sends its q and reads q_n replies. Returns
  * how many failed (each with its rc and err, closed); the replies of the

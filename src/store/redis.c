@@ -250,10 +250,11 @@ int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisRep
 {
     *replies = NULL;
     *n = 0;
-    memset(sh->asked, 0, sizeof sh->asked);
-    memset(sh->failed, 0, sizeof sh->failed);
-    memset(sh->refused, 0, sizeof sh->refused);
-    sh->refusal[0] = sh->why[0] = 0;
+    if (kvt_shards_grow(sh, 1)) {
+        kvt_redis_discard(r);
+        return KVT_ENOMEM;
+    }
+    kvt_shards_clear(sh);
     double deadline = kvt_now() + timeout_ms / 1000.0;
     size_t want = r->n_cmds;
     redisReply **rep = want ? kvt_calloc(want, sizeof *rep) : NULL;
@@ -306,16 +307,15 @@ int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisRep
 
 int kvt_redis_exec(kvt_redis *r, int timeout_ms, redisReply ***replies, size_t *n)
 {
-    kvt_shards sh;
-    memset(&sh, 0, sizeof sh);
+    kvt_shards sh = {0};
     int rc = kvt_redis_exec_shards(r, timeout_ms, &sh, replies, n);
-    if (rc) return rc;
-    for (size_t i = 0; i < *n; i++)
+    for (size_t i = 0; !rc && i < *n; i++)
         if (!(*replies)[i]) { /* a shard failed, or a command after a barrier was not sent for it */
             kvt_redis_replies_free(*replies, *n);
             *replies = NULL;
             *n = 0;
-            return kvt_fail(KVT_EIO, "%s", sh.why[0] ? sh.why : "redis: a command without a reply");
+            rc = kvt_fail(KVT_EIO, "%s", sh.why[0] ? sh.why : "redis: a command without a reply");
         }
-    return KVT_OK;
+    kvt_shards_free(&sh);
+    return rc;
 }

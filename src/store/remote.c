@@ -72,8 +72,6 @@ size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
 size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
 #define PART kvt_remote_part_bytes
 
-_Static_assert(KVT_REMOTE_MAX_SHARDS == KVT_CLUSTER_MAX_SHARDS, "a breaker for each shard a client knows");
-
 /* A circuit breaker: closed (0), open (1: not asked until open_until),
  * half-open (2: one probe in flight, whose result closes or reopens it
  * for twice as long). */
@@ -119,7 +117,8 @@ struct kvt_remote {
     upload *head, *tail;
     upload *sending;               /* taken from the queue, being sent (under mu) */
     uint64_t seq, failed_seq;      /* the last upload queued; the last one that was not sent (under mu) */
-    breaker br[KVT_REMOTE_MAX_SHARDS]; /* one a shard: a cluster's master each (under mu) */
+    breaker *br;                   /* [n_br] one a shard: a cluster's master each, grown with the */
+    size_t n_br;                   /* shards the round trips meet (under mu) */
     size_t n_shards;               /* the most shards a round trip knew (under mu) */
     kvt_remote_stats st;
     double refused_logged;         /* when an upload's refusal was last reported (under mu) */
@@ -138,6 +137,43 @@ struct kvt_remote {
 bool kvt_remote_fault_one_breaker;
 
 static breaker *brk(kvt_remote *r, size_t s) { return &r->br[kvt_remote_fault_one_breaker ? 0 : s]; }
+
+/* Under mu: a breaker for each of shards [0, n) (new ones closed); false
+ * when memory runs out (the shards past n_br then count as closed, never
+ * reported). */
+static bool breakers_grow(kvt_remote *r, size_t n)
+{
+    if (n <= r->n_br) return true;
+    breaker *b = realloc(r->br, n * sizeof *b);
+    if (!b) return false;
+    for (size_t i = r->n_br; i < n; i++) b[i] = (breaker){.backoff = BREAK_MIN};
+    r->br = b;
+    r->n_br = n;
+    return true;
+}
+
+/* The shards a lookup saw fail or skipped (their breakers open): the
+ * entries with a value on one are out of its reach. Grows with the
+ * shards the lookup's round trips meet. */
+typedef struct downset {
+    bool *v;
+    size_t n;
+} downset;
+
+static bool is_down(const downset *d, size_t s) { return d && s < d->n && d->v[s]; }
+
+static void mark_down(downset *d, size_t s)
+{
+    if (s >= d->n) {
+        size_t n = s + 1 > 2 * d->n ? s + 1 : 2 * d->n;
+        bool *v = realloc(d->v, n * sizeof *v);
+        if (!v) return; /* not marked: the shard is asked again, and fails again */
+        memset(v + d->n, 0, (n - d->n) * sizeof *v);
+        d->v = v;
+        d->n = n;
+    }
+    d->v[s] = true;
+}
 
 /* Under mu: whether shard s may be asked (an open breaker past its time
  * lets one probe through, half-open). */
@@ -185,42 +221,54 @@ static void say_breaker(kvt_remote *r, size_t s, bool multi, bool opened, bool c
     if (closed) fprintf(stderr, "kvtier: remote tier %s%s answers again\n", r->o.url, shard);
 }
 
-/* The shards whose breakers are not closed: sh->skip (and down[], when
- * given, skipped too: shards a lookup saw fail). */
-static void gate(kvt_remote *r, kvt_shards *sh, const bool *down)
+/* The shards whose breakers are not closed: sh->skip (and down, when
+ * given, skipped too: shards a lookup saw fail). sh (zeroed, or a
+ * round trip's before) keeps its arrays; the shards no breaker knows yet
+ * are asked. KVT_ENOMEM when its arrays cannot hold the shards known. */
+static int gate(kvt_remote *r, kvt_shards *sh, const downset *down)
 {
-    memset(sh, 0, sizeof *sh);
     pthread_mutex_lock(&r->mu);
-    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
-        if (down && down[s]) sh->skip[s] = true;
-        else if (kvt_remote_fault_one_breaker && s) sh->skip[s] = sh->skip[0];
-        else sh->skip[s] = !allow_locked(r, s);
+    size_t n = r->n_br > 1 ? r->n_br : 1;
+    if (down && down->n > n) n = down->n;
+    int rc = kvt_shards_grow(sh, n);
+    if (!rc) {
+        kvt_shards_clear(sh);
+        sh->n = 0;
+        memset(sh->skip, 0, sh->cap * sizeof *sh->skip);
+        for (size_t s = 0; s < sh->cap; s++) {
+            if (is_down(down, s)) sh->skip[s] = true;
+            else if (kvt_remote_fault_one_breaker && s) sh->skip[s] = sh->skip[0];
+            else if (s < r->n_br) sh->skip[s] = !allow_locked(r, s);
+        }
     }
     pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 /* After a round trip: each shard asked reports to its breaker (a failure,
  * or an error reply when refusals count); a probe let through but not
  * sent is given back. */
-static void settle(kvt_remote *r, kvt_shards *sh, const bool *down, bool refusals_fail)
+static void settle(kvt_remote *r, kvt_shards *sh, const downset *down, bool refusals_fail)
 {
     bool any_asked = false, any_bad = false;
     const char *why = NULL;
-    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
+    for (size_t s = 0; s < sh->cap; s++) {
         bool bad = sh->failed[s] || (refusals_fail && sh->refused[s]);
         any_asked |= sh->asked[s];
         any_bad |= bad;
         if (bad && !why) why = sh->failed[s] ? sh->why : sh->refusal;
     }
     pthread_mutex_lock(&r->mu);
-    if (sh->n > r->n_shards) r->n_shards = sh->n < KVT_REMOTE_MAX_SHARDS ? sh->n : KVT_REMOTE_MAX_SHARDS;
-    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) {
+    if (sh->n > r->n_shards) r->n_shards = sh->n;
+    /* a breaker for every shard the round trip met */
+    size_t nb = breakers_grow(r, sh->cap) ? sh->cap : r->n_br;
+    for (size_t s = 0; s < nb; s++) {
         bool opened = false, closed = false;
         bool one = kvt_remote_fault_one_breaker;
         if (one && s) break;
         bool asked = one ? any_asked : sh->asked[s];
         bool bad = one ? any_bad : sh->failed[s] || (refusals_fail && sh->refused[s]);
-        if ((down && down[s] && !one) || (sh->skip[s] && !asked)) continue;
+        if ((is_down(down, s) && !one) || (sh->skip[s] && !asked)) continue;
         if (!asked) { /* let through, not asked: a probe unused */
             breaker *b = brk(r, s);
             if (b->state == 2 && b->probing) { b->state = 1; b->probing = false; }
@@ -240,18 +288,23 @@ static void settle(kvt_remote *r, kvt_shards *sh, const bool *down, bool refusal
  * for the shards that fail (kvt_redis_exec_shards), every breaker asked
  * told. With kvt_remote_fault_one_breaker a shard's failure is the whole
  * round trip's: no reply stands. Only KVT_ENOMEM fails. */
-static int round_trip(kvt_remote *r, kvt_redis *rd, int ms, const bool *down, bool refusals_fail, kvt_shards *sh,
+static int round_trip(kvt_remote *r, kvt_redis *rd, int ms, const downset *down, bool refusals_fail, kvt_shards *sh,
                       redisReply ***rep, size_t *nr)
 {
-    gate(r, sh, down);
+    *rep = NULL;
+    *nr = 0;
+    if (gate(r, sh, down)) {
+        kvt_redis_discard(rd);
+        return KVT_ENOMEM;
+    }
     int rc = kvt_redis_exec_shards(rd, ms, sh, rep, nr);
     if (rc) {
-        memset(sh->asked, 0, sizeof sh->asked);
+        if (sh->cap) memset(sh->asked, 0, sh->cap * sizeof *sh->asked);
         settle(r, sh, down, refusals_fail);
         return rc;
     }
     bool failed = false;
-    for (size_t s = 0; s < KVT_REMOTE_MAX_SHARDS; s++) failed |= sh->failed[s];
+    for (size_t s = 0; s < sh->cap; s++) failed |= sh->failed[s];
     if (kvt_remote_fault_one_breaker && failed)
         for (size_t i = 0; i < *nr; i++) {
             if ((*rep)[i]) freeReplyObject((*rep)[i]);
@@ -373,6 +426,7 @@ static void teardown(kvt_remote *r)
     kvt_redis_free(r->rd_check);
     kvt_redis_free(r->rd_up);
     OPENSSL_cleanse(r->secret, sizeof r->secret);
+    free(r->br);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->check_mu);
     pthread_mutex_destroy(&r->load_mu);
@@ -408,7 +462,6 @@ int kvt_remote_open(kvt_remote **out, kvt_model *m, const kvt_remote_opts *o)
     r->rate = EST_FLOPS;
     if (!r->o.queue_bytes) r->o.queue_bytes = 256u << 20;
     r->url = url;
-    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) r->br[i].backoff = BREAK_MIN;
     r->n_shards = 1;
     r->key0 = kvt_snap_key0(m);
     pthread_mutex_init(&r->mu, NULL);
@@ -475,11 +528,21 @@ void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o)
     *o = r->st;
     o->n_shards = kvt_remote_fault_one_breaker ? 1 : r->n_shards;
     o->breaker = 0;
-    for (size_t i = 0; i < o->n_shards; i++) {
-        o->shard_breaker[i] = r->br[i].state;
+    o->shards_open = 0;
+    for (size_t i = 0; i < o->n_shards && i < r->n_br; i++) {
         if (r->br[i].state == 1 || (r->br[i].state == 2 && o->breaker == 0)) o->breaker = r->br[i].state;
+        o->shards_open += r->br[i].state != 0;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+size_t kvt_remote_shard_breakers(kvt_remote *r, int *out, size_t cap)
+{
+    pthread_mutex_lock(&r->mu);
+    size_t n = kvt_remote_fault_one_breaker ? 1 : r->n_shards;
+    for (size_t i = 0; i < n && i < cap; i++) out[i] = i < r->n_br ? r->br[i].state : 0;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 /* The FLOPs of a prefill of positions [a, b): the weights' 2 a parameter
@@ -699,11 +762,12 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at)
     }
     redisReply **rep = NULL;
     size_t nr = 0;
-    kvt_shards sh;
+    kvt_shards sh = {0};
     /* a shard whose breaker is open (or that fails now) holds some of what
      * the entry needs: not sent, as the index must never name a value
      * that is not stored */
     int rc = round_trip(r, rd, CHECK_MS, NULL, true, &sh, &rep, &nr);
+    kvt_shards_free(&sh);
     pthread_mutex_unlock(&r->check_mu);
     if (rc || !all_replies(rep, nr) || error_reply(rep, nr)) {
         kvt_redis_replies_free(rep, nr);
@@ -835,9 +899,10 @@ static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uin
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
-    kvt_shards sh;
+    kvt_shards sh = {0};
     if (rc) kvt_redis_discard(rd);
     else rc = round_trip(r, rd, ms, NULL, false, &sh, &rep, &nr);
+    kvt_shards_free(&sh);
     if (rc || !all_replies(rep, nr)) { /* a shard failed or is open: the index entry was not sent */
         kvt_redis_replies_free(rep, nr);
         return 0;
@@ -994,9 +1059,10 @@ static int assemble(kvt_remote *r, const char *key, size_t want, redisReply **re
  * shard down[] names (its breaker open, or failed in this lookup), or on
  * one that fails now (added to down[]). */
 static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, const uint64_t *keys, cand *c,
-                    double deadline, bool *down, size_t *bytes)
+                    double deadline, downset *down, size_t *bytes)
 {
     kvt_redis *rd = r->rd_load;
+    kvt_shards sh = {0};
     size_t nv = c->nb + 1;
     char (*names)[200] = kvt_calloc(nv, sizeof *names);
     size_t *first = kvt_calloc(nv + 1, sizeof *first);
@@ -1006,8 +1072,8 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     snprintf(names[0], sizeof names[0], "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[t], c->head, c->n, c->tail);
     for (size_t b = 0; b < c->nb; b++) block_key(r, t, keys[b], names[1 + b], sizeof names[1 + b]);
     for (size_t i = 0; i < nv && state == 0; i++) {
-        int sh = kvt_redis_shard_of(rd, names[i], strlen(names[i]));
-        if (sh >= 0 && down[sh]) state = 2;
+        int k = kvt_redis_shard_of(rd, names[i], strlen(names[i]));
+        if (k >= 0 && is_down(down, (size_t)k)) state = 2;
     }
     if (state) goto out;
     size_t cmds = 0;
@@ -1024,12 +1090,11 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = (int)((deadline - kvt_now()) * 1000);
-    kvt_shards sh;
     if (round_trip(r, rd, ms > 1 ? ms : 1, down, true, &sh, &rep, &nr)) goto out;
     bool failed = false;
-    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) {
+    for (size_t i = 0; i < sh.cap; i++) {
         failed |= sh.failed[i];
-        if (sh.failed[i] || sh.refused[i]) down[i] = true;
+        if (sh.failed[i] || sh.refused[i]) mark_down(down, i);
     }
     if (failed && (strstr(sh.why, "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
         pthread_mutex_lock(&r->mu);
@@ -1096,6 +1161,7 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
     free(bad_v);
     free(gone_v);
 out:
+    kvt_shards_free(&sh);
     for (size_t i = 0; vals && i < nv; i++) free(vals[i]);
     free(vals);
     free(first);
@@ -1116,7 +1182,8 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
     size_t nc = 0, cc = 0;
     redisReply **rep = NULL;
     size_t nr = 0;
-    bool down[KVT_REMOTE_MAX_SHARDS];
+    downset down = {0};
+    kvt_shards sh = {0};
     if (!keys) goto out;
     pthread_mutex_lock(&r->load_mu);
     for (size_t b = 0; b < nbp; b++) keys[b] = kvt_snap_key_next(b ? keys[b - 1] : r->key0, toks + b * KVT_BLOCK);
@@ -1133,13 +1200,12 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
     /* the index of every boundary at once: the shards whose breakers are
      * open are not asked, and those and the ones that fail now hold no
      * entry for this lookup; the others' entries stand */
-    kvt_shards sh;
     int rc = round_trip(r, rd, r->o.lookup_ms, NULL, true, &sh, &rep, &nr);
     t_lookup = kvt_now() - t0;
     if (rc) goto out_locked;
-    for (size_t i = 0; i < KVT_REMOTE_MAX_SHARDS; i++) {
+    for (size_t i = 0; i < sh.cap; i++) {
         asked |= sh.asked[i];
-        down[i] = sh.skip[i] || sh.failed[i] || sh.refused[i];
+        if (sh.skip[i] || sh.failed[i] || sh.refused[i]) mark_down(&down, i);
     }
     for (size_t i = 0; i < nr; i++) {
         size_t nb = nb0 + i;
@@ -1181,7 +1247,7 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
             pthread_mutex_unlock(&r->mu);
             break;
         }
-        int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, down, &bytes);
+        int st = try_cand(r, tenant, s, toks, keys, &cs[i], deadline, &down, &bytes);
         if (st != 2) tries++; /* an entry out of reach costs no round trip */
         if (st == 1) { hit = true; *got = cs[i].n; }
         if (st == -1) break; /* s was emptied: the caller restores it anew */
@@ -1189,6 +1255,8 @@ void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t
 out_locked:
     pthread_mutex_unlock(&r->load_mu);
 out:
+    kvt_shards_free(&sh);
+    free(down.v);
     kvt_redis_replies_free(rep, nr);
     for (size_t i = 0; i < nc; i++) free(cs[i].lens);
     free(cs);

@@ -17,8 +17,6 @@
 
 typedef struct kvt_remote kvt_remote;
 
-#define KVT_REMOTE_MAX_SHARDS 64   /* a cluster's masters, each with a breaker of its own */
-
 typedef struct kvt_remote_opts {
     const char *url;            /* redis://, rediss://, redis-cluster:// or rediss-cluster:// (redis.h) */
     const char *password_file;  /* NULL: no AUTH */
@@ -117,11 +115,16 @@ typedef struct kvt_remote_stats {
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
     uint64_t breaker_trips;          /* every shard's */
     int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
-    size_t n_shards;                 /* a cluster's masters known (1: one server) */
-    int shard_breaker[KVT_REMOTE_MAX_SHARDS]; /* each shard's, [0..n_shards): masters in the order of their first slot */
+    size_t n_shards;                 /* a cluster's masters known (1: one server), each with a breaker */
+    size_t shards_open;              /* shards whose breakers are not closed */
     char last_error[192];            /* the last failure's message ("" none) */
 } kvt_remote_stats;
 void kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *o);
+/* Each shard's breaker (0 closed, 1 open, 2 half-open) into out[0..cap):
+ * a cluster's masters in the order of their first slot (as many as the
+ * cluster has: kvt_remote_stats.n_shards when read). Returns the shards
+ * known, which may be more than cap. */
+size_t kvt_remote_shard_breakers(kvt_remote *r, int *out, size_t cap);
 
 /* Tests: true skips the HMAC check of the values read (the negative control
  * of the planted-record tests). */
