@@ -5,7 +5,9 @@
  * its keys spread over the masters; a slot migration in the middle (ASK,
  * then MOVED once it is done) is followed, and is a miss with following
  * faulted away (the negative controls); a killed master costs lookups
- * their deadline, opens the breaker, never hangs. */
+ * their deadline, opens the breaker, never hangs. Clusters larger than
+ * can be started here (1,024 masters) and hostile slot maps run on a
+ * fake cluster in the test process (cluster_fx.h). */
 #include "test.h"
 #include "fixture.h"
 #include "ds4_tiny.h"
