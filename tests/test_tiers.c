@@ -711,6 +711,71 @@ TEST(tiers_pick_deferred_load_and_hand_off)
     rmdir_all(dir);
 }
 
+/* The RAM budget holds with saves queued: sessions parked with two spare
+ * scratch sets, bytes handed off and not yet saved (hooks.held, the
+ * server's kvt_storeq_held) as many as the spares', and a budget the
+ * sessions and the queued saves fill. A new prompt's make_room must bring
+ * sessions + queued saves + spare scratch (a spare the new session takes
+ * counted among them) within the budget: it frees both spares, evicting
+ * nothing (the new session makes its own scratch when it runs, as
+ * tiers_pool_shared_scratch has it). The negative control
+ * (KVT_TIERS_FAULT_SPARES_UNHELD: the spares freed while sessions,
+ * reservations and spares alone exceed the budget, as before) keeps both
+ * spares: the budget exceeded by both. Returns the bytes over the budget
+ * (0 within), and the sessions handed off in *evicted. */
+static size_t queued_spares_over(bool fault, size_t *evicted, size_t *scratch)
+{
+    kvt_model *m = NULL;
+    if (kvt_model_preset(&m, "ds4-tiny", 7, NULL)) return SIZE_MAX;
+    handed h = {0};
+    kvt_tiers_opts o = {.ram_bytes = SIZE_MAX, .n_tenants = 1, .n_ctx = CTX, .n_threads = 1,
+                        .policy = KVT_SAVE_POLICY_DEFAULT,
+                        .hooks = {.hand_off = take, .held = held_bytes, .user = &h}};
+    kvt_tiers *t = NULL;
+    size_t over = SIZE_MAX;
+    int32_t *a = prompt(400, 40, 400, 40), *b = prompt(400, 41, 400, 41), *c = prompt(300, 42, 300, 42);
+    if (kvt_tiers_new(&t, m, &o) || !a || !b || !c || !two_at_once(t, a, b, 400) || !parked_clean(t, 2)) goto out;
+    size_t sess = kvt_tiers_bytes(t, -1), spares = kvt_tiers_spare_bytes(t);
+    *scratch = spares / 2;
+    h.held = spares; /* saves queued: sessions evicted before, not yet written */
+    t->o.ram_bytes = sess + h.held;
+    void *spare[2] = {t->spare[0], t->spare[1]};
+    kvt_tiers_fault = fault ? KVT_TIERS_FAULT_SPARES_UNHELD : KVT_TIERS_FAULT_NONE;
+    kvt_tier_pick p;
+    int rc = run_as(t, 0, NULL, c, 300, &p, true);
+    kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+    if (rc) goto out;
+    /* what make_room left: the other sessions, the spares (the one the new
+     * session took among them), the saves queued */
+    size_t others = kvt_tiers_bytes(t, -1) - kvt_session_bytes(p.s);
+    bool lent = p.s->work && (p.s->work == spare[0] || p.s->work == spare[1]);
+    size_t took = lent ? kvt_session_scratch_bytes(m, p.s->work) : 0;
+    size_t total = others + kvt_tiers_spare_bytes(t) + took + h.held;
+    printf("    %s: budget %zu; sessions %zu + saves queued %zu + spares %zu (%zu left, %d taken) = %zu\n",
+           fault ? "the control, spares checked without the queued saves" : "spares checked with the queued saves",
+           t->o.ram_bytes, others, h.held, kvt_tiers_spare_bytes(t) + took, t->n_spare, lent, total);
+    over = total > t->o.ram_bytes ? total - t->o.ram_bytes : 0;
+    *evicted = h.n;
+    kvt_tiers_release(t, p.s);
+out:
+    for (size_t i = 0; i < h.n; i++) kvt_session_free(h.s[i]);
+    free(a);
+    free(b);
+    free(c);
+    tiers_close(t, m);
+    return over;
+}
+
+TEST(tiers_budget_holds_with_saves_queued)
+{
+    size_t evicted = 0, scratch = 0, over = queued_spares_over(false, &evicted, &scratch);
+    if (over == SIZE_MAX && kvt_test_failed()) return;
+    CHECKF(over == 0 && evicted == 0, "%zu bytes over the budget, %zu sessions evicted", over, evicted);
+    size_t c_evicted = 0, c_over = queued_spares_over(true, &c_evicted, &scratch);
+    printf("    a spare scratch set: %zu bytes; the control %zu bytes over\n", scratch, c_over);
+    CHECKF(c_over != SIZE_MAX && c_over > 0 && c_evicted == 0, "the control: %zu bytes over the budget", c_over);
+}
+
 /* ---- eviction at block granularity, and the index over the blocks ----
  *
  * On the llama family's synthetic model (rows per token: any point of the

@@ -448,9 +448,20 @@ static bool trim_tail(kvt_tiers *t, size_t i, kvt_store *store)
     return got > 0;
 }
 
-/* Free the spare scratch while the sessions, the reservations and it
- * exceed the budget: it counts against the budget too, and goes before any
- * session (making it again costs less than any session's prefill). Then,
+/* The saves queued (hooks.held) of every tenant: sessions handed off and
+ * not yet written, RAM until then. */
+static size_t held_all(const kvt_tiers *t)
+{
+    const kvt_tier_hooks *h = &t->o.hooks;
+    size_t b = 0;
+    for (size_t i = 0; h->held && i < t->o.n_tenants; i++) b += h->held(h->user, (int)i);
+    return b;
+}
+
+/* Free the spare scratch while the sessions, the reservations, the saves
+ * queued and it exceed the budget: it counts against the budget too, and
+ * goes before any session (making it again costs less than any session's
+ * prefill). Then,
  * while the tenant's sessions, reservations (kvt_tiers_reserve) and saves
  * queued (hooks.held) are over its share, take from its least recently used session, never keep
  * (a fork's source, NULL: none) nor a busy one: its last block when no
@@ -462,7 +473,11 @@ static void make_room(kvt_tiers *t, int tenant, kvt_store *store, const kvt_sess
 {
     size_t share = t->o.ram_bytes / t->o.n_tenants, slots = KVT_TIERS_MAX_POOL / t->o.n_tenants;
     const kvt_tier_hooks *h = &t->o.hooks;
-    while (t->n_spare && kvt_tiers_bytes(t, -1) + kvt_tiers_spare_bytes(t) + reserved_counted(t, -1) > t->o.ram_bytes) {
+    /* KVT_TIERS_FAULT_SPARES_UNHELD (tests): the queued saves left out, as
+     * before, and the spares kept past the budget by as much as they hold */
+    size_t queued = kvt_tiers_fault == KVT_TIERS_FAULT_SPARES_UNHELD ? 0 : held_all(t);
+    while (t->n_spare &&
+           kvt_tiers_bytes(t, -1) + kvt_tiers_spare_bytes(t) + reserved_counted(t, -1) + queued > t->o.ram_bytes) {
         void *w = t->spare[--t->n_spare];
         t->freed += kvt_session_scratch_bytes(t->m, w);
         kvt_session_scratch_free(t->m, w);

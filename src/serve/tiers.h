@@ -213,8 +213,12 @@ size_t kvt_tiers_reserved(const kvt_tiers *t, int tenant);
  * makes the common prefix of a prompt and a pooled session one token
  * short; KVT_TIERS_FAULT_TRIM_SHARED makes the eviction take blocks as
  * if no other session held them, busy sessions' included;
- * KVT_TIERS_FAULT_UNRESERVED leaves the reserved bytes out of the budget. */
-enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED, KVT_TIERS_FAULT_UNRESERVED };
+ * KVT_TIERS_FAULT_UNRESERVED leaves the reserved bytes out of the budget;
+ * KVT_TIERS_FAULT_SPARES_UNHELD frees the spare scratch while the
+ * sessions, reservations and spares exceed the budget, the saves queued
+ * (hooks.held) left out, as before they counted there. */
+enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED, KVT_TIERS_FAULT_UNRESERVED,
+       KVT_TIERS_FAULT_SPARES_UNHELD };
 extern int kvt_tiers_fault;
 
 #endif
