@@ -3,7 +3,8 @@
  * command-line pattern, prints "ok"/"FAIL"/"skip" per test and closes with
  * the skips' reasons and "N passed, N failed[, N skipped]". CHECK* return
  * from the test function on failure, so use them in the test body (or in
- * void helpers). */
+ * void helpers), and register what the test must not leave behind with the
+ * cleanup list (kvt_test_defer and the rest, below). */
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
