@@ -23,7 +23,7 @@ kvt_model *fam_open(const fam_spec *f, char *dir, char *path, size_t cap)
     if (!vocab) { kvt_test_skip("../shared/vocab absent"); return NULL; }
     char v[1024];
     snprintf(v, sizeof v, "%s", vocab);
-    if (!mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
+    if (!kvt_test_mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
     snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
     kvt_model *m = NULL;
     int rc = fam_write(path, v, 5, FAM_ROPE_BASE, f, false);
@@ -92,7 +92,7 @@ kvt_model *fam_reopen(const char *path, fam_rows r)
 static bool disk_exact(kvt_model *m, const int32_t *t, size_t n, size_t k, uint64_t want)
 {
     char dir[] = "/tmp/kvtier-famstore-XXXXXX", cmd[96];
-    if (!mkdtemp(dir)) return false;
+    if (!kvt_test_mkdtemp(dir)) return false;
     kvt_store *st = NULL;
     kvt_session *a = NULL, *b = NULL;
     size_t reused = 0;

@@ -79,7 +79,7 @@ int fx_free_port(void)
 bool fx_tmpdir_make(fx_server *s, const char *name)
 {
     snprintf(s->dir, sizeof s->dir, "/tmp/%s-XXXXXX", name);
-    if (mkdtemp(s->dir)) return true;
+    if (kvt_test_mkdtemp(s->dir)) return true; /* removed after the test whatever happens */
     int err = errno;
     s->dir[0] = 0; /* nothing for fx_tmpdir_remove to remove */
     errno = err;
@@ -182,6 +182,13 @@ static pid_t spawn(const char *const *argv, const char *out, const char *err)
     _exit(127);
 }
 
+pid_t fx_spawn(const char *const *argv, const char *out)
+{
+    pid_t pid = spawn(argv, out, NULL);
+    kvt_test_defer_pid(pid);
+    return pid;
+}
+
 int fx_run(const char *const *argv, const char *out, double timeout, int *status)
 {
     return fx_run_split(argv, out, NULL, timeout, status);
@@ -231,11 +238,13 @@ bool fx_server_start(fx_server *s, const char *const *args)
         pid_t pid = spawn(argv, s->log, NULL);
         if (pid < 0) return false;
         s->pid = pid;
+        kvt_test_defer_pid(pid); /* killed after the test when a check left it running */
         double t0 = fx_now();
         while (fx_now() - t0 < FX_START_TIMEOUT) {
             int st;
             if (waitpid(pid, &st, WNOHANG) == pid) {
                 s->pid = 0;
+                kvt_test_forget_pid(pid);
                 char *log = kvt_test_read_file(s->log, NULL);
                 bool port_taken = log && strstr(log, "cannot listen");
                 free(log);
@@ -275,6 +284,7 @@ bool fx_server_stop(fx_server *s)
                WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? WTERMSIG(st) : -1);
     }
     if (!ok) fx_print_file("server log", s->log);
+    kvt_test_forget_pid(s->pid);
     s->pid = 0;
     return ok;
 }
@@ -284,6 +294,7 @@ void fx_server_kill(fx_server *s)
     if (!s->pid) return;
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
+    kvt_test_forget_pid(s->pid);
     s->pid = 0;
 }
 

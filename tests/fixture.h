@@ -47,7 +47,8 @@ void fx_print_file(const char *what, const char *path);
 int fx_free_port(void);
 
 /* Make s->dir a fresh /tmp/NAME-XXXXXX; false (errno set) on failure.
- * fx_tmpdir_remove removes it and everything below it. */
+ * fx_tmpdir_remove removes it and everything below it; the runner removes
+ * it after the test in any case (kvt_test_defer_dir). */
 bool fx_tmpdir_make(fx_server *s, const char *name);
 void fx_tmpdir_remove(fx_server *s);
 /* Remove dir and everything below it (links not followed). */
@@ -81,6 +82,11 @@ bool fx_peer_ensure(double *seconds);
  * and wait up to timeout seconds. 1: it exited, *status holds its wait
  * status; 0: it did not exit in time and was killed; -1: fork failed. */
 int fx_run(const char *const *argv, const char *out, double timeout, int *status);
+/* Start argv (looked up on PATH) in the background with stdout + stderr in
+ * the file out; its pid (-1: fork failed). The runner kills it after the
+ * test when it still runs (kvt_test_defer_pid); a test that reaps it
+ * itself calls kvt_test_forget_pid. */
+pid_t fx_spawn(const char *const *argv, const char *out);
 /* fx_run with stdout in the file out and stderr in the file err, for a
  * check of what a command prints on which. */
 int fx_run_split(const char *const *argv, const char *out, const char *err, double timeout, int *status);
@@ -90,7 +96,8 @@ bool fx_health_ok(const fx_server *s);
 
 /* Start `KVT_BIN serve --host 127.0.0.1 --port P args...` (args
  * NULL-terminated) and wait until /health answers, at most
- * FX_START_TIMEOUT. A port taken between fx_free_port() and the bind is
+ * FX_START_TIMEOUT. The runner kills a server still running after the
+ * test (a check that failed before fx_server_stop). A port taken between fx_free_port() and the bind is
  * retried on another one. On failure the server log is printed. */
 bool fx_server_start(fx_server *s, const char *const *args);
 

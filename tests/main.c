@@ -8,7 +8,12 @@
 #include <string.h>
 #include <time.h>
 #include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -66,6 +71,148 @@ void kvt_test_skip_env(const char *fmt, ...)
 }
 
 int kvt_test_failed(void) { return cur_failed; }
+
+/* ---- the cleanup list (test.h) ---- */
+
+static struct deferred { kvt_test_cleanup_fn fn; void *arg; } *deferred;
+static size_t n_deferred, cap_deferred;
+bool kvt_test_fault_no_cleanup;
+
+void kvt_test_defer(kvt_test_cleanup_fn fn, void *arg)
+{
+    if (n_deferred == cap_deferred) {
+        size_t cap = cap_deferred ? 2 * cap_deferred : 32;
+        struct deferred *d = realloc(deferred, cap * sizeof *d);
+        if (!d) { /* nothing registered: say so, and do it now rather than never */
+            kvt_test_fail(__FILE__, __LINE__, "the cleanup list: no memory (done now)");
+            fn(arg);
+            return;
+        }
+        deferred = d;
+        cap_deferred = cap;
+    }
+    deferred[n_deferred++] = (struct deferred){fn, arg};
+}
+
+/* Take arg's entries (of fn, or any when fn is NULL) off the list, running
+ * them when run. */
+static void take(kvt_test_cleanup_fn fn, void *arg, bool run)
+{
+    for (size_t i = n_deferred; i-- > 0;) {
+        if (deferred[i].arg != arg || (fn && deferred[i].fn != fn)) continue;
+        struct deferred d = deferred[i];
+        memmove(deferred + i, deferred + i + 1, (n_deferred - i - 1) * sizeof *deferred);
+        n_deferred--;
+        if (run) d.fn(d.arg);
+    }
+}
+
+void kvt_test_release(void *arg) { take(NULL, arg, true); }
+void kvt_test_forget(void *arg) { take(NULL, arg, false); }
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st; (void)flag; (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void rm_dir(void *arg)
+{
+    nftw(arg, rm_entry, 32, FTW_DEPTH | FTW_PHYS); /* links not followed */
+    free(arg);
+}
+
+void kvt_test_defer_dir(const char *dir)
+{
+    /* only what a test makes: a slip (an empty path, "/") removes nothing */
+    if (!dir || strncmp(dir, "/tmp/", 5) || !dir[5] || strstr(dir, "/..")) {
+        kvt_test_fail(__FILE__, __LINE__, "the cleanup list takes directories under /tmp/ only, not %s",
+                      dir ? dir : "(null)");
+        return;
+    }
+    char *copy = strdup(dir);
+    if (copy) kvt_test_defer(rm_dir, copy);
+}
+
+void kvt_test_forget_dir(const char *dir)
+{
+    for (size_t i = n_deferred; i-- > 0;)
+        if (deferred[i].fn == rm_dir && !strcmp(deferred[i].arg, dir)) {
+            free(deferred[i].arg);
+            memmove(deferred + i, deferred + i + 1, (n_deferred - i - 1) * sizeof *deferred);
+            n_deferred--;
+        }
+}
+
+char *kvt_test_mkdtemp(char *tmpl)
+{
+    char *d = mkdtemp(tmpl);
+    if (d) kvt_test_defer_dir(d);
+    return d;
+}
+
+/* Kill the child when it is still one of ours and running (a pid the test
+ * reaped already may name another process by now: waitpid says whether it
+ * is still our child). */
+static void reap(void *arg)
+{
+    pid_t pid = (pid_t)(intptr_t)arg;
+    if (waitpid(pid, NULL, WNOHANG) != 0) return; /* exited (reaped now) or not ours */
+    kill(pid, SIGCONT);
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+}
+
+void kvt_test_defer_pid(int pid)
+{
+    if (pid > 0) kvt_test_defer(reap, (void *)(intptr_t)pid);
+}
+
+void kvt_test_forget_pid(int pid) { take(reap, (void *)(intptr_t)pid, false); }
+
+static void free_session(void *p) { kvt_session_free(p); }
+static void close_model(void *p) { kvt_model_close(p); }
+void kvt_test_defer_free(void *p) { if (p) kvt_test_defer(free, p); }
+void kvt_test_defer_session(kvt_session *s) { if (s) kvt_test_defer(free_session, s); }
+void kvt_test_defer_model(kvt_model *m) { if (m) kvt_test_defer(close_model, m); }
+
+/* After a test: its list, last registered first (an entry may register
+ * more: they run too). */
+static void run_deferred(void)
+{
+    if (kvt_test_fault_no_cleanup) n_deferred = 0;
+    while (n_deferred) {
+        struct deferred d = deferred[--n_deferred];
+        d.fn(d.arg);
+    }
+}
+
+/* One test, as the runner runs it: fresh state, the test, its cleanup. */
+static void run_one(kvt_test_fn fn)
+{
+    cur_failed = cur_skipped = cur_env = 0;
+    cur_why[0] = 0;
+    n_deferred = 0;
+    fn();
+    run_deferred();
+}
+
+int kvt_test_run_child(kvt_test_fn fn)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        run_one(fn);
+        fflush(stdout);
+        _exit(cur_failed ? 1 : 0);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) <= 1 ? WEXITSTATUS(st) : -1;
+}
 
 /* Whether file is tests/test_<stem>.c (any directory before it). */
 static bool file_is(const char *file, const char *stem)
@@ -294,10 +441,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < n_tests; i++) {
         if (!SELECTED(i)) continue;
-        cur_failed = cur_skipped = cur_env = 0;
-        cur_why[0] = 0;
         double t0 = now_ms();
-        tests[i].fn();
+        run_one(tests[i].fn);
         double ms = now_ms() - t0;
         bool ci_fail = !cur_failed && cur_skipped && in_ci && !cur_env;
         if (cur_skipped && !cur_failed) {

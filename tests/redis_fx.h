@@ -2,7 +2,8 @@
  * client's transports (tests/test_remote.c, tests/test_tls.c,
  * tests/test_cluster.c): started with the arguments a test gives, on
  * ports from fx_free_port(), in a temporary directory, and waited for with
- * the client under test; killed whatever the checks say. */
+ * the client under test; killed, and their directories removed, whatever
+ * the checks say (the runner's cleanup list, test.h). */
 #ifndef KVT_TEST_REDIS_FX_H
 #define KVT_TEST_REDIS_FX_H
 
@@ -69,7 +70,7 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
 {
     memset(r, 0, sizeof *r);
     snprintf(r->dir, sizeof r->dir, "/tmp/kvtier-rfx-XXXXXX");
-    if (!mkdtemp(r->dir)) return false;
+    if (!kvt_test_mkdtemp(r->dir)) return false; /* removed after the test whatever happens */
     char dir[sizeof r->dir];
     memcpy(dir, r->dir, sizeof dir);
     snprintf(r->log, sizeof r->log, "%s/redis.log", dir);
@@ -97,6 +98,7 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
         _exit(127);
     }
     r->pid = pid;
+    kvt_test_defer_pid(pid); /* killed after the test when a check left it running */
     for (double end = fx_now() + 10; fx_now() < end; fx_sleep_ms(20)) {
         kvt_redis *c = NULL;
         const char *ping[1] = {"PING"};
@@ -104,7 +106,7 @@ static __attribute__((unused)) bool rfx_start(rfx *r, int port, const char *cons
         kvt_redis_free(c);
         if (up) return true;
         int st;
-        if (waitpid(r->pid, &st, WNOHANG) == r->pid) { r->pid = 0; break; }
+        if (waitpid(r->pid, &st, WNOHANG) == r->pid) { kvt_test_forget_pid(r->pid); r->pid = 0; break; }
     }
     fx_print_file("redis-server log", r->log);
     return false;
@@ -116,6 +118,7 @@ static __attribute__((unused)) void rfx_kill(rfx *r)
         kill(r->pid, SIGCONT);
         kill(r->pid, SIGKILL);
         waitpid(r->pid, NULL, 0);
+        kvt_test_forget_pid(r->pid);
     }
     r->pid = 0;
 }
@@ -230,7 +233,7 @@ static __attribute__((unused)) const char *no_tls_tools(void)
 static __attribute__((unused)) bool make_certs(certs *c)
 {
     snprintf(c->dir, sizeof c->dir, "/tmp/kvtier-tls-XXXXXX");
-    if (!mkdtemp(c->dir)) return false;
+    if (!kvt_test_mkdtemp(c->dir)) return false;
     char cmd[3000];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "

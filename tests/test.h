@@ -3,7 +3,8 @@
  * command-line pattern, prints "ok"/"FAIL"/"skip" per test and closes with
  * the skips' reasons and "N passed, N failed[, N skipped]". CHECK* return
  * from the test function on failure, so use them in the test body (or in
- * void helpers). */
+ * void helpers), and register what the test must not leave behind with the
+ * cleanup list (kvt_test_defer and the rest, below). */
 #ifndef KVT_TEST_H
 #define KVT_TEST_H
 
@@ -30,6 +31,48 @@ void kvt_test_fail(const char *file, int line, const char *fmt, ...)
 void kvt_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kvt_test_skip_env(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int kvt_test_failed(void); /* current test has failed */
+
+/* The cleanup list. CHECK returns from the test at the first failure, so
+ * what a test frees or removes at its end is left behind when a check
+ * fails before it. What a test registers here the runner undoes after the
+ * test, last registered first, whatever happened: so a failing test leaves
+ * no /tmp/kvtier-* directory, child process or allocation behind. The
+ * fixtures register their own (fx_tmpdir_make, fx_server_start,
+ * redis_fx.h's servers and certificates, kvt_test_mkdtemp); a test
+ * registers what it makes itself.
+ *   kvt_test_defer      fn(arg) after the test;
+ *   kvt_test_release    run now, and forget, the entries of arg (a test
+ *                       that frees in the middle: no double free after);
+ *   kvt_test_forget     forget the entries of arg without running them;
+ *   kvt_test_defer_dir  dir (copied; under /tmp/ only) and everything
+ *                       below it removed after the test, when still there;
+ *                       kvt_test_forget_dir for one that outlives the test
+ *                       (a cache shared by the tests, removed at exit);
+ *   kvt_test_defer_pid  the child pid SIGKILLed and reaped after the test
+ *                       when it is still this process's unreaped child;
+ *                       kvt_test_forget_pid once the test reaped it;
+ *   kvt_test_mkdtemp    mkdtemp(tmpl) and kvt_test_defer_dir of it.
+ * The helpers for the engine's objects take NULL (nothing registered). */
+typedef void (*kvt_test_cleanup_fn)(void *arg);
+void kvt_test_defer(kvt_test_cleanup_fn fn, void *arg);
+void kvt_test_release(void *arg);
+void kvt_test_forget(void *arg);
+void kvt_test_defer_dir(const char *dir);
+void kvt_test_forget_dir(const char *dir);
+void kvt_test_defer_pid(int pid);
+void kvt_test_forget_pid(int pid);
+char *kvt_test_mkdtemp(char *tmpl);
+void kvt_test_defer_free(void *p);               /* free(p) */
+void kvt_test_defer_session(kvt_session *s);     /* kvt_session_free(s) */
+void kvt_test_defer_model(kvt_model *m);         /* kvt_model_close(m) */
+/* Run fn in a forked child the way the runner runs a test (its state
+ * fresh, fn, then its cleanup list) and wait for it: 1 when it failed,
+ * 0 when it passed, -1 when the child could not be made or did not exit
+ * normally. Its output goes to this process's stdout. */
+int kvt_test_run_child(kvt_test_fn fn);
+/* Fault switch (tests/test_runner.c): the runner drops the cleanup list
+ * after a test without running it, as before there was one. */
+extern bool kvt_test_fault_no_cleanup;
 
 /* Path of a file under ../shared (or $KVT_SHARED); NULL when absent. The
  * returned string is static per call site use: copy it if you keep two. */

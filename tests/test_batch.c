@@ -230,7 +230,7 @@ static kvt_model *synth(const fam_spec *f, char *dir, char *path, size_t cap)
     if (!vocab) { kvt_test_skip("../shared/vocab absent"); return NULL; }
     char v[1024];
     snprintf(v, sizeof v, "%s", vocab);
-    if (!mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
+    if (!kvt_test_mkdtemp(dir)) { kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno)); return NULL; }
     snprintf(path, cap, "%s/%s.gguf", dir, f->arch);
     kvt_model *m = NULL;
     int rc = fam_write(path, v, 9, FAM_ROPE_BASE, f, false);

@@ -52,7 +52,7 @@ TEST(build_missing_packages_named)
     size_t n_pc = read_packages(pc, 64, true);
     CHECKF(n_pc >= 5, "%s lists %zu pkg-config checked packages", PKG_LIST, n_pc);
     char dir[] = "/tmp/kvtier-build-XXXXXX", empty[] = "/tmp/kvtier-pc-XXXXXX";
-    CHECK(mkdtemp(dir) && mkdtemp(empty));
+    CHECK(kvt_test_mkdtemp(dir) && kvt_test_mkdtemp(empty));
     char cmd[1024], *out = NULL;
     /* KVT_DEPS_INSTALL=0: never call apt-get, as when not root. */
     snprintf(cmd, sizeof cmd,
@@ -130,7 +130,7 @@ TEST(build_goal_packages)
     free(copy);
     free(mk);
     char dir[] = "/tmp/kvtier-deps-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     char path[128], cmd[512], *out[3] = {NULL, NULL, NULL};
     snprintf(path, sizeof path, "%s/debian-packages", dir);
     FILE *f = fopen(path, "w");
@@ -206,7 +206,7 @@ TEST(build_module_graph)
     CHECKF(clean, "tools/modgraph.sh %s exited %d: an arrow points up or a cycle (above)", build, st);
 
     char dir[] = "/tmp/kvtier-modgraph-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     snprintf(cmd, sizeof cmd,
              "cd %s && mkdir -p src/base src/app build/obj/base build/obj/app && "
              "printf 'int up(void);\\nint low(void) { return up(); }\\n' >src/base/low.c && "

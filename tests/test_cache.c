@@ -7,7 +7,10 @@
  * same block adds a link each time, so the chain is as long as the forks
  * are many. Letting go of its top frees the whole chain; the tests run
  * that release on a thread with a 64 KiB stack, where a release that took a
- * call per base overflows the stack long before the end. */
+ * call per base overflows the stack long before the end. A let-go walks
+ * only the run of blocks that count in the cache (kvt_cache_bytes_held),
+ * so n forks of forks cost n links, not n^2: cache_fork_chain_linear
+ * counts them (kvt_cache_links_walked). */
 #include "test.h"
 #include "cache/cache.h"
 
@@ -25,6 +28,8 @@ static void *free_cache(void *c)
     kvt_cache_free(c);
     return NULL;
 }
+
+static void free_cache_void(void *c) { kvt_cache_free(c); } /* for the cleanup list */
 
 static int add_tls(struct dl_phdr_info *info, size_t size, void *sum)
 {
@@ -98,6 +103,80 @@ TEST(cache_fork_chain_release)
     CHECKF(refs(bottom) == 1, "the first block held %zu times after the release", refs(bottom));
     CHECK(*(const uint32_t *)kvt_cache_row_ro(first, 0, 0) == 7);
     kvt_cache_free(first);
+}
+
+/* n forks of forks, as cache_fork_chain_release makes them (each fork
+ * reads its own figure, kvt_cache_bytes_held, so that it takes the blocks
+ * its freed parents left), then the last one freed: *links the links its
+ * let-gos visited (kvt_cache_links_walked), *held what the last fork
+ * counts of the blocks before its release (kvt_cache_bytes_parts: the
+ * chain's blocks but the first cache's), *expect the bytes of those
+ * blocks. */
+static void fork_chain_walk(uint32_t n, unsigned long *links, size_t *held, size_t *expect)
+{
+    *links = 0;
+    *held = *expect = 0;
+    kvt_cache *first = kvt_cache_new(1, spec, KVT_BLOCK, 0);
+    CHECK(first != NULL);
+    kvt_test_defer(free_cache_void, first);
+    uint32_t *w = kvt_cache_row(first, 0, 0);
+    CHECK(w != NULL);
+    *w = 7;
+    CHECK(kvt_cache_row(first, 0, 16) != NULL);
+    unsigned long l0 = kvt_cache_links_walked();
+    kvt_cache *prev = first;
+    for (uint32_t i = 1; i <= n; i++) {
+        kvt_cache *c = kvt_cache_new(1, spec, KVT_BLOCK, 0);
+        CHECK(c != NULL);
+        kvt_test_defer(free_cache_void, c);
+        CHECK_OK(kvt_cache_share(c, prev, 32));
+        CHECK((w = kvt_cache_row(c, 0, 16)) != NULL);
+        *w = i;
+        (void)kvt_cache_bytes_held(c);
+        if (prev != first) kvt_test_release(prev);
+        prev = c;
+    }
+    const kvt_block *top = prev->streams[0].held[0], *bottom = first->streams[0].held[0];
+    CHECKF(chain_length(top) == n + 1, "a chain of %zu blocks after %u forks", chain_length(top), n);
+    for (const kvt_block *h = top; h != bottom; h = h->base) *expect += KVT_BLOCK_ROWS_AT + h->bytes;
+    kvt_cache_parts p;
+    kvt_cache_bytes_parts(prev, &p);
+    *held = p.whole + p.pages;
+    CHECK(*(const uint32_t *)kvt_cache_row_ro(prev, 0, 0) == 7);
+    kvt_test_release(prev);
+    *links = kvt_cache_links_walked() - l0;
+    CHECKF(refs(bottom) == 1, "the first block held %zu times after the release", refs(bottom));
+    kvt_test_release(first);
+}
+
+/* 20,000 forks of forks built and released: the links the let-gos visit
+ * (a count, not a time) stay under a few per fork, and the last fork
+ * counts every block of the chain its parents left (the accounting the
+ * bounded walk keeps). With KVT_CACHE_FAULT_FULL_WALK (every let-go walks
+ * its whole chain, as before) the count is quadratic, and the test says
+ * so (the fault's run, at 20,000, walks 200 million links: a few
+ * seconds). */
+TEST(cache_fork_chain_linear)
+{
+    enum { FORKS = 20000 };
+    unsigned long links;
+    size_t held, expect;
+    fork_chain_walk(FORKS, &links, &held, &expect);
+    if (kvt_test_failed()) return;
+    printf("    %d forks of forks: %lu links visited by the let-gos (%.2f a fork); the last fork counts %zu bytes "
+           "of blocks, the chain's are %zu\n", FORKS, links, (double)links / FORKS, held, expect);
+    CHECKF(links <= 4ul * FORKS, "%lu links visited for %d forks: not linear", links, FORKS);
+    CHECKF(held == expect, "the last fork counts %zu bytes of blocks, not the %zu of the chain its parents left",
+           held, expect);
+    /* negative control: the full walk */
+    kvt_cache_fault = KVT_CACHE_FAULT_FULL_WALK;
+    fork_chain_walk(FORKS, &links, &held, &expect);
+    kvt_cache_fault = 0;
+    if (kvt_test_failed()) return;
+    printf("    with KVT_CACHE_FAULT_FULL_WALK: %lu links (%.0f a fork)\n", links, (double)links / FORKS);
+    CHECKF(links >= (unsigned long)FORKS * FORKS / 4, "with the full walk %lu links for %d forks: the count "
+           "cannot tell a quadratic walk from a linear one", links, FORKS);
+    CHECKF(held == expect, "with the full walk the last fork counts %zu bytes, not %zu", held, expect);
 }
 
 /* A block of its own allocation owning page `from` (from 0: pages 0 and

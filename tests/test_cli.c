@@ -546,7 +546,7 @@ TEST(cli_cache_budget_flags)
 {
     if (!have_bin()) SKIP("%s absent", kvt_test_bin());
     char dir[] = "/tmp/kvtier-cli-budget-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     proc p;
     const char *const gc[] = {"cache", "gc", "--kv-disk-dir", dir, "--kv-disk-mb", "2", "--kv-disk-min-free-mb", "0", NULL};
     CHECK(run_cli(&p, gc));
@@ -681,7 +681,7 @@ TEST(cli_disk_cache_round_trip)
 {
     if (!have_bin()) SKIP("%s absent", kvt_test_bin());
     char dir[] = "/tmp/kvtier-cli-disk-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     char prompt[400] = "";
     for (int i = 0; i < 7; i++) strcat(prompt, "The quick brown fox jumps over the lazy dog. ");
     /* 316 tokens with BOS: a cold save at 256 with a 128-token grid. */
@@ -821,7 +821,7 @@ static bool restart_runs(const char *align, size_t *disk, size_t *pre, bool *sam
 {
     enum { N = 2822 };
     char dir[] = "/tmp/kvtier-cli-restart-XXXXXX";
-    if (!mkdtemp(dir)) return false;
+    if (!kvt_test_mkdtemp(dir)) return false;
     char *prompt = malloc(N);
     if (!prompt) return false;
     for (int i = 0; i < N - 1; i++) prompt[i] = "abcdefghijklmnopqrstuvwxyz 0123456789.,"[(i * 7 + i / 39) % 39];

@@ -581,7 +581,7 @@ TEST(ds4_load_refuses_huge_topk)
     kvt_model *m = tiny();
     CHECK(m);
     char dir[] = "/tmp/kvtier-topk-XXXXXX", path[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/tiny.gguf", dir);
     CHECK_OK(kvt_ds4_write_gguf(m, path));
     kvt_model_close(m);

@@ -826,7 +826,7 @@ TEST(gguf_kquant_sizes)
 TEST(gguf_write_file)
 {
     char dir[] = "/tmp/kvt-gguf-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     char path[256], bad[300];
     snprintf(path, sizeof path, "%s/model.gguf", dir);
     snprintf(bad, sizeof bad, "%s/missing/model.gguf", dir);

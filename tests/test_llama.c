@@ -550,7 +550,7 @@ TEST(llama_weights_in_place_every_type)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-wtype-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     enum { N = 300 };
     int32_t t[N];
     seq(t, N, 11);
@@ -740,7 +740,7 @@ TEST(llama_every_type_invariance)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-alltypes-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     enum { N = 200 };
     int32_t t[N];
     seq(t, N, 5);
@@ -857,7 +857,7 @@ TEST(llama_ds4_every_allocation_failure)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-nomem-XXXXXX", path[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/q4k.gguf", dir);
     size_t k4 = 0, runs = 0;
     while (scale_fields[k4].type != KVT_GGML_Q4_K) k4++;
@@ -881,7 +881,7 @@ TEST(llama_attention_grouped_heads_invariance)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-attn3-XXXXXX", path[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/f16.gguf", dir);
     enum { N = 300 };
     int32_t t[N];
@@ -1032,7 +1032,7 @@ TEST(llama_family_invariance)
     char vpath[1024];
     snprintf(vpath, sizeof vpath, "%s", vocab);
     char dir[] = "/tmp/kvtier-family-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     bool wide = kvt_test_kernel_paths();
     static const struct { fam_spec f; int fault; const char *what; bool unrounded; } fams[] = {
         {{"llama", false, false, FAM_HEAD_DIM, true, false, false}, 0, NULL, false},
@@ -1105,7 +1105,7 @@ TEST(llama_forward_allocates_no_scratch)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-alloc-XXXXXX", path[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     enum { N = 501 };
     int32_t t[N];
@@ -1166,7 +1166,7 @@ TEST(llama_gemma4_format)
     if (!vocab) SKIP("../shared absent");
     char vpath[1024], dir[] = "/tmp/kvtier-g4fmt-XXXXXX", src[96], dst[96];
     snprintf(vpath, sizeof vpath, "%s", vocab);
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(src, sizeof src, "%s/g4.gguf", dir);
     snprintf(dst, sizeof dst, "%s/edit.gguf", dir);
     const fam_spec f = {"gemma4", .gemma4 = FAM_G4_MOE};
@@ -1253,7 +1253,7 @@ TEST(llama_batch_q4k)
     const char *p = kvt_test_shared(STORIES);
     if (!p) SKIP("../shared absent");
     char dir[] = "/tmp/kvtier-batchq-XXXXXX", path[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     size_t k = 0;
     while (scale_fields[k].type != KVT_GGML_Q4_K) k++;

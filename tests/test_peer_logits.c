@@ -1043,7 +1043,7 @@ TEST(peer_logits_every_type)
     r.want = malloc(n_log * sizeof(float));
     r.got = malloc(n_log * sizeof(float));
     r.want_f32 = malloc(n_log * sizeof(float));
-    bool made = r.want && r.got && r.want_f32 && mkdtemp(r.dir);
+    bool made = r.want && r.got && r.want_f32 && kvt_test_mkdtemp(r.dir);
     if (made) run_all(&r);
     free(r.want);
     free(r.got);
@@ -1365,7 +1365,7 @@ TEST(peer_logits_families)
     size_t n_log = (size_t)N_FAM * VOCAB;
     float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float)),
           *want_f32 = malloc(n_log * sizeof(float));
-    bool made = want && got && want_f32 && mkdtemp(dir);
+    bool made = want && got && want_f32 && kvt_test_mkdtemp(dir);
     static const fam_spec fams[] = {{"llama", false, false, HEAD_DIM, true, false, false},
                                     {"qwen2", true, false, HEAD_DIM, false, false, false},
                                     {"qwen3", false, true, 128, false, false, false},
@@ -1854,7 +1854,7 @@ TEST(peer_logits_cache_types)
     char dir[] = "/tmp/kvtier-peercache-XXXXXX";
     size_t n_log = (size_t)N_FAM * VOCAB;
     float *want = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float));
-    bool made = want && got && mkdtemp(dir);
+    bool made = want && got && kvt_test_mkdtemp(dir);
     int failed = 0;
     double t0 = fx_now(), tp = 0, tk = 0;
     const char *only = getenv("KVT_PEER_CACHE_FAMILY"); /* one family, by its arch name */
@@ -2083,7 +2083,7 @@ TEST(peer_logits_plan_bytes)
     if (why) SKIP("%s", why);
     CHECKF(!bad, "%s", bad);
     char dir[] = "/tmp/kvtier-peerplan-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     static const int fams[] = {CF_QWEN3, CF_GEMMA3, CF_GEMMA4, CF_QWEN35};
     char paths[5][160], labels[5][40];
     int n = 0;
@@ -2231,7 +2231,7 @@ TEST(peer_logits_deepseek4)
     CHECKF(!bad, "%s", bad);
     enum { NMAX = 1000, NCTX = 1024 };
     char dir[] = "/tmp/kvtier-peer-ds4-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     uint32_t nvmax = 102400 + 16;
     int32_t *tok = malloc(NMAX * sizeof *tok);
     float *want = malloc((size_t)NMAX * nvmax * sizeof(float)), *got = malloc((size_t)NMAX * nvmax * sizeof(float));
@@ -2424,7 +2424,7 @@ TEST(peer_logits_deepseek4_lowbit)
     enum { N = 600 };
     const char *shape = "ds4-tiny+D=256,Fe=256";
     char dir[] = "/tmp/kvtier-peer-ds4lb-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     char src[128], path[128];
     snprintf(src, sizeof src, "%s/f32.gguf", dir);
     kvt_model *m = NULL;

@@ -444,7 +444,7 @@ static int store_across(const char *path, bool skip)
     int32_t t[N];
     fam_prompt(t, N, 31);
     char dir[] = "/tmp/kvtier-rows-store-XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    if (!kvt_test_mkdtemp(dir)) return 1;
     kvt_model *f16 = open_typed(path, KVT_ROWS_F16, KVT_ROWS_F16);
     kvt_model *other[2] = {open_typed(path, KVT_ROWS_Q8_0, KVT_ROWS_Q8_0), open_typed(path, KVT_ROWS_F32, KVT_ROWS_F32)};
     kvt_store *st = NULL;

@@ -860,7 +860,7 @@ TEST(speculate_run)
     /* a draft model whose vocabulary differs at one token: ds4-tiny's
      * file with "<think>" spelt "<thonk>" (as long: the file stays whole) */
     char dir[] = "/tmp/kvt-spec-vocab-XXXXXX", file[128] = "";
-    if (mkdtemp(dir)) {
+    if (kvt_test_mkdtemp(dir)) {
         snprintf(file, sizeof file, "%s/other.gguf", dir);
         const char *const w[] = {kvt_test_bin(), "model", "new", "--preset", "ds4-tiny", "--out", file, NULL};
         int wst = -1;

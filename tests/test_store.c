@@ -141,7 +141,7 @@ static void persist_family(const fam_spec *f, const size_t (*at)[2])
     if (!vocab) SKIP("../shared/vocab absent");
     char v[1024], dir[] = "/tmp/kvtier-store-fam-XXXXXX", path[96];
     snprintf(v, sizeof v, "%s", vocab);
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
     snprintf(path, sizeof path, "%s/%s.gguf", dir, f->arch);
     CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, f, false));
     for (size_t i = 0; i < 3 && !kvt_test_failed(); i++) persist_round_trip(path, at[i][0], at[i][1]);
@@ -1895,7 +1895,7 @@ static void longer_record(const fam_spec *f, bool per_token)
     if (!vocab) SKIP("../shared/vocab absent");
     char v[1024], mdir[] = "/tmp/kvtier-longer-XXXXXX", path[256], dir[256];
     snprintf(v, sizeof v, "%s", vocab);
-    CHECK(mkdtemp(mdir) != NULL);
+    CHECK(kvt_test_mkdtemp(mdir) != NULL);
     snprintf(path, sizeof path, "%s/%s.gguf", mdir, f->arch);
     CHECK_OK(fam_write(path, v, 5, FAM_ROPE_BASE, f, false));
     kvt_model *m = NULL;

@@ -56,7 +56,7 @@ static void rm_rf(const char *dir)
 static bool scratch(char *out, size_t cap, const char *tag)
 {
     snprintf(out, cap, "/tmp/kvtier-hostile-%s-XXXXXX", tag);
-    return mkdtemp(out) && chmod(out, 0755) == 0;
+    return kvt_test_mkdtemp(out) && chmod(out, 0755) == 0;
 }
 
 static int mode_of(const char *path)

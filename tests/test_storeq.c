@@ -6,12 +6,18 @@
  *                  while a request's save meets the lock; short requests
  *                  answer within 1 s each meanwhile, and the save is
  *                  committed once the lock is released
- *   storeq_save_itl  the synthetic llama (tests/synth_family.h, heads
- *                  of 128: 8 KB of cache rows per token): two streams'
- *                  times between tokens while three other keys' sessions
- *                  of 3,600 tokens (29 MB) are evicted and saved; the 99th
- *                  percentile is at most three times the median
- *                  (tests/e2e/storeq.mjs)
+ *   storeq_steps_never_wait  ds4-tiny: a reply of 400 tokens decodes
+ *                  while three other prompts are prefilled and saved (the
+ *                  save policy's copies); once the saves are committed the
+ *                  server's kvtier_steps_waited_on_store_total (rounds of
+ *                  the scheduler that entered a store's blocking lock:
+ *                  kvt_store_mark_stepper) is 0. A count, not a time: it
+ *                  holds on a loaded machine. With KVT_FAULT_SAVES_INLINE=1
+ *                  in the server's environment (kvt_storeq_fault_inline:
+ *                  the saves on the scheduler) it counts one at least per
+ *                  save, and the test says so. The times between tokens
+ *                  while sessions are saved are measured in bench/
+ *                  (bench/storeq.sh, bench/SERVE.md)
  *
  *   storeq_held_follows_copies  ds4-tiny, in process: a copy of a
  *                  session (its blocks by reference) queued to be saved
@@ -30,11 +36,10 @@
  *
  * The first two fail on a build whose scheduler saves in line (KVT_BIN of a tree
  * before the store thread): the short requests wait for the lock, the
- * streams stop for every save. They need curl (and node for the second),
- * and skip without them. */
+ * scheduler enters the store for every save. They need curl, and skip
+ * without it. */
 #include "ds4_tiny.h"
 #include "fixture.h"
-#include "synth_family.h"
 #include "test.h"
 #include "arch/model.h"
 #include "store/store.h"
@@ -56,12 +61,10 @@
 #define HOLD 30        /* seconds the other process holds the store's write lock */
 #define SHORT_MAX 1.0  /* seconds a short request may take meanwhile */
 
-static const char *skip_reason(bool node)
+static const char *skip_reason(void)
 {
     if (fx_env_is("KVT_E2E", "0")) return "KVT_E2E=0";
     if (system("command -v curl >/dev/null 2>&1") != 0) return "curl is not on PATH";
-    if (node && system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
-    if (node && access("tests/e2e/package.json", R_OK) != 0) return "run from the repository root";
     if (access(kvt_test_bin(), X_OK) != 0) return "the kvtier binary is not built";
     return NULL;
 }
@@ -70,7 +73,7 @@ static const char *skip_reason(bool node)
  * ("CODE SECONDS") is read by req_end. */
 static FILE *req_start(const fx_server *s, const char *body_file)
 {
-    char cmd[512];
+    char cmd[768];
     snprintf(cmd, sizeof cmd,
              "curl -s -o /dev/null -w '%%{http_code} %%{time_total}' --max-time 120 "
              "-H 'content-type: application/json' --data-binary @%s %s/v1/completions",
@@ -194,7 +197,7 @@ static void locked_store(fx_server *s)
 
 TEST(storeq_locked_store)
 {
-    const char *why = skip_reason(false);
+    const char *why = skip_reason();
     if (why) SKIP("%s", why);
     fx_server s = {0};
     CHECKF(fx_tmpdir_make(&s, "kvtier-storeq"), "mkdtemp: %s", strerror(errno));
@@ -203,62 +206,100 @@ TEST(storeq_locked_store)
     fx_tmpdir_remove(&s);
 }
 
-/* ---- times between tokens while sessions are saved ---- */
+/* ---- no step waits on a save ---- */
 
-#define ITL_KEYS 32 /* two pooled sessions per key: a third evicts */
-#define ITL_CTX 4096
-
-static void save_itl(fx_server *s, const char *model)
+/* The value of metric `name` (a line "name VALUE") on the server's
+ * /metrics; -1 when unreadable. */
+static long metric(const fx_server *s, const char *name)
 {
-    char kv[128], keyfile[128];
-    snprintf(kv, sizeof kv, "%s/kv", s->dir);
-    snprintf(keyfile, sizeof keyfile, "%s/keys", s->dir);
-    FILE *f = fopen(keyfile, "w");
-    CHECK(f);
-    for (int i = 0; i < ITL_KEYS; i++) fprintf(f, "k%02d\n", i);
-    CHECK(fclose(f) == 0);
-    /* nothing saved at the end of a prefill (the aligned point is past the
-     * context): each long session is saved whole when it is evicted */
-    const char *args[] = {"--model", model, "--kv-disk-dir", kv, "--parallel", "4", "--threads", "1",
-                          "--api-key-file", keyfile,
-                          "--kv-cache-align-tokens", "8192", "--kv-cache-continued-interval", "8192", NULL};
-    CHECKF(fx_server_start(s, args), "kvtier serve did not come up");
-    char nk[8], out[128];
-    snprintf(nk, sizeof nk, "%d", ITL_KEYS);
-    snprintf(out, sizeof out, "%s/storeq.out", s->dir);
-    const char *argv[] = {"node", "tests/e2e/storeq.mjs", s->base, nk, NULL};
-    int st = 0;
-    int ran = fx_run(argv, out, 300, &st);
-    bool ok = ran == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    fx_print_file("storeq.mjs", out);
-    if (!ok) fx_print_file("server log", s->log);
-    CHECKF(ok, "node tests/e2e/storeq.mjs failed (see above)");
-    CHECKF(fx_server_stop(s), "kvtier serve did not exit 0 after SIGTERM");
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 %s/metrics | sed -n 's/^%s //p'", s->base, name);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    long v = -1;
+    if (fscanf(f, "%ld", &v) != 1) v = -1;
+    pclose(f);
+    return v;
 }
 
-TEST(storeq_save_itl)
+#define SAVERS 3 /* prompts whose saves run while a reply decodes */
+
+/* A server of ds4-tiny whose save policy saves a 600-token prompt at 512
+ * tokens: one reply of 400 tokens decodes while SAVERS other prompts are
+ * prefilled and saved (the policy's copies), then the saves are waited
+ * for. *waited: kvtier_steps_waited_on_store_total then, *saves
+ * kvtier_disk_saves_total, *steps kvtier_steps_total (-1: unread). With
+ * inline, the server runs with KVT_FAULT_SAVES_INLINE=1 (the saves on its
+ * scheduler). */
+static void saves_beside_decode(bool inline_saves, long *waited, long *saves, long *steps)
 {
-    const char *why = skip_reason(true);
-    if (why) SKIP("%s", why);
-    const char *vocab = kvt_test_shared("vocab/ggml-vocab-llama-spm.gguf");
-    if (!vocab) SKIP("../shared/vocab absent");
-    char v[4096], path[256];
-    snprintf(v, sizeof v, "%s", vocab);
+    *waited = *saves = *steps = -1;
     fx_server s = {0};
     CHECKF(fx_tmpdir_make(&s, "kvtier-storeq"), "mkdtemp: %s", strerror(errno));
-    snprintf(path, sizeof path, "%s/llama.gguf", s.dir);
-    /* heads of 128: 8 KB of cache rows per token, a 3,600-token session
-     * 29 MB to save */
-    const fam_spec llama = {"llama", false, false, 128, false, false, false};
-    if (fam_write_ctx(path, v, 5, FAM_ROPE_BASE, &llama, false, ITL_CTX) != 0)
-        kvt_test_fail(__FILE__, __LINE__, "writing the synthetic llama");
-    else
-        save_itl(&s, path);
-    fx_server_kill(&s);
-    fx_tmpdir_remove(&s);
+    char kv[128], dec_body[128], body[SAVERS][128];
+    snprintf(kv, sizeof kv, "%s/kv", s.dir);
+    snprintf(dec_body, sizeof dec_body, "%s/decode.json", s.dir);
+    FILE *f = fopen(dec_body, "w");
+    CHECK(f);
+    fprintf(f, "{\"prompt\":\"a reply that decodes\",\"max_tokens\":400,\"temperature\":0,\"ignore_eos\":true}");
+    CHECK(fclose(f) == 0);
+    for (int i = 0; i < SAVERS; i++) {
+        snprintf(body[i], sizeof body[i], "%s/save%d.json", s.dir, i);
+        char head[16];
+        snprintf(head, sizeof head, "p%d ", i); /* a prompt of its own: a save of its own */
+        CHECK(write_body(body[i], head, 600, 1));
+    }
+    const char *args[] = {"--model", "ds4-tiny", "--kv-disk-dir", kv, "--kv-cache-min-tokens", "128",
+                          "--kv-cache-align-tokens", "128", "--parallel", "4", NULL};
+    if (inline_saves) setenv("KVT_FAULT_SAVES_INLINE", "1", 1);
+    bool up = fx_server_start(&s, args);
+    unsetenv("KVT_FAULT_SAVES_INLINE");
+    CHECKF(up, "kvtier serve did not come up");
+    FILE *dr = req_start(&s, dec_body);
+    fx_sleep_ms(100);
+    for (int i = 0; i < SAVERS; i++) {
+        double sec;
+        int code = req_end(req_start(&s, body[i]), &sec);
+        CHECKF(code == 200, "prompt %d: HTTP %d", i, code);
+    }
+    double dsec;
+    int dcode = req_end(dr, &dsec);
+    CHECKF(dcode == 200, "the decoding request: HTTP %d", dcode);
+    /* the saves commit after their responses: wait for them */
+    for (double t0 = fx_now(); fx_now() - t0 < 30 && (*saves = metric(&s, "kvtier_disk_saves_total")) < SAVERS;)
+        fx_sleep_ms(100);
+    *waited = metric(&s, "kvtier_steps_waited_on_store_total");
+    *steps = metric(&s, "kvtier_steps_total");
+    printf("    %s: %ld steps, %ld saves committed, %ld rounds of the scheduler waited on the store (decode %.2f s)\n",
+           inline_saves ? "saves in line (KVT_FAULT_SAVES_INLINE=1)" : "saves on the store thread", *steps, *saves,
+           *waited, dsec);
+    CHECKF(fx_server_stop(&s), "kvtier serve did not exit 0 after SIGTERM");
 }
 
+TEST(storeq_steps_never_wait)
+{
+    const char *why = skip_reason();
+    if (why) SKIP("%s", why);
+    long waited, saves, steps;
+    saves_beside_decode(false, &waited, &saves, &steps);
+    if (kvt_test_failed()) return;
+    CHECKF(saves >= SAVERS, "%ld saves committed, not %d: the test saw no saves to wait on", saves, SAVERS);
+    CHECKF(steps > 0, "kvtier_steps_total %ld", steps);
+    CHECKF(waited == 0, "%ld rounds of the scheduler waited on the store (a save or a load ran on it)", waited);
+    /* negative control: saves run on the scheduler are counted */
+    saves_beside_decode(true, &waited, &saves, &steps);
+    if (kvt_test_failed()) return;
+    CHECKF(saves >= SAVERS && waited >= SAVERS, "with the saves in line the scheduler waited %ld times for %ld saves: "
+           "the count cannot tell a step that waits from one that does not", waited, saves);
+}
 /* ---- what a queued save holds ---- */
+
+/* For the cleanup list (test.h): what a failed check leaves is let go
+ * after the test. */
+static void close_store(void *p) { kvt_store_close(p); }
+static void free_queue(void *p) { kvt_storeq_free(p); }
+static void close_db(void *p) { sqlite3_close(p); } /* an open transaction rolls back */
+static void probe_off(void *p) { (void)p; kvt_segs_probe = false; }
 
 /* Queue a copy of a 1,000-token session to be saved into a locked store,
  * free the source, and wait (up to wait_s) for kvt_storeq_held to count
@@ -269,9 +310,9 @@ static void held_copy(double wait_s, size_t *before, size_t *after, size_t *rows
 {
     kvt_model *m = tiny();
     CHECK(m);
-    if (!m) return;
+    kvt_test_defer_model(m);
     char dir[] = "/tmp/kvtier-storeq-held-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     kvt_store *st = NULL;
     kvt_storeq *q = NULL;
     kvt_session *a = NULL, *c = NULL;
@@ -283,19 +324,27 @@ static void held_copy(double wait_s, size_t *before, size_t *after, size_t *rows
     seqb(t, N, 5);
     kvt_save_policy pol = KVT_SAVE_POLICY_DEFAULT;
     CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_test_defer(close_store, st);
     kvt_store_set_busy(st, 20);
     CHECK(sqlite3_open(path, &db) == SQLITE_OK);
+    kvt_test_defer(close_db, db);
     CHECK(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK);
     CHECK_OK(kvt_storeq_new(&q, &pol, &(kvt_storeq_hooks){0}));
+    kvt_test_defer(free_queue, q); /* after the lock's release (last registered, first run) */
     CHECK_OK(kvt_session_new(&a, m, NULL));
+    kvt_test_defer_session(a);
     CHECK_OK(kvt_session_new(&c, m, NULL));
+    kvt_test_defer_session(c);
     CHECK_OK(kvt_session_sync(a, t, N, NULL));
     CHECK_OK(kvt_session_clone(c, a));
     *rows = kvt_cache_bytes_held(a->cache) - kvt_cache_bytes_held(c->cache);
-    CHECK_OK(kvt_storeq_save(q, st, 0, c, "manual"));
+    kvt_test_forget(c); /* the queue's once queued */
+    int rc = kvt_storeq_save(q, st, 0, c, "manual");
+    if (rc) kvt_test_defer_session(c);
+    CHECK_OK(rc);
     c = NULL;
     *before = kvt_storeq_held(q, 0);
-    kvt_session_free(a);
+    kvt_test_release(a);
     double t0 = kvt_now();
     do {
         *after = kvt_storeq_held(q, 0);
@@ -304,10 +353,10 @@ static void held_copy(double wait_s, size_t *before, size_t *after, size_t *rows
     } while (kvt_now() - t0 < wait_s);
     CHECK(kvt_storeq_held(q, 1) == 0);
     CHECK(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL) == SQLITE_OK);
-    sqlite3_close(db);
-    kvt_storeq_free(q); /* the save runs now */
-    kvt_store_close(st);
-    kvt_model_close(m);
+    kvt_test_release(db);
+    kvt_test_release(q); /* the save runs now */
+    kvt_test_release(st);
+    kvt_test_release(m);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
@@ -339,8 +388,9 @@ static void save_write_policy(bool queued, int *seen)
     *seen = -1;
     kvt_model *m = tiny();
     CHECK(m);
+    kvt_test_defer_model(m);
     char dir[] = "/tmp/kvtier-storeq-idle-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     kvt_store *st = NULL;
     kvt_storeq *q = NULL;
     kvt_session *a = NULL;
@@ -349,30 +399,37 @@ static void save_write_policy(bool queued, int *seen)
     seqb(t, N, 9);
     kvt_save_policy pol = KVT_SAVE_POLICY_DEFAULT;
     CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_test_defer(close_store, st);
     CHECK_OK(kvt_session_new(&a, m, NULL));
+    kvt_test_defer_session(a);
     CHECK_OK(kvt_session_sync(a, t, N, NULL));
     kvt_segs_probe = true;
+    kvt_test_defer(probe_off, &kvt_segs_probe);
     kvt_segs_seen_policy = -1;
     if (queued) {
         CHECK_OK(kvt_storeq_new(&q, &pol, &(kvt_storeq_hooks){0}));
-        CHECK_OK(kvt_storeq_save(q, st, 0, a, "manual"));
+        kvt_test_defer(free_queue, q);
+        kvt_test_forget(a); /* the queue's once queued */
+        int rc = kvt_storeq_save(q, st, 0, a, "manual");
+        if (rc) kvt_test_defer_session(a);
+        CHECK_OK(rc);
         a = NULL;
         /* done before the queue is told to stop (a shutdown writes at the
          * thread's own priority) */
         for (double t0 = kvt_now(); kvt_storeq_pending(q, 0) && kvt_now() - t0 < 60;) usleep(10000);
         CHECK(kvt_storeq_pending(q, 0) == 0);
-        kvt_storeq_free(q);
+        kvt_test_release(q);
     } else {
         CHECK_OK(kvt_store_save(st, a, N, "manual", NULL));
     }
     *seen = kvt_segs_seen_policy;
-    kvt_segs_probe = false;
-    kvt_session_free(a);
+    kvt_test_release(&kvt_segs_probe); /* off */
+    kvt_test_release(a);
     kvt_store_stats ss;
     CHECK_OK(kvt_store_stats_get(st, &ss));
     CHECK(ss.snapshots == 1);
-    kvt_store_close(st);
-    kvt_model_close(m);
+    kvt_test_release(st);
+    kvt_test_release(m);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);

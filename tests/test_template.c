@@ -506,7 +506,7 @@ static void run_families(const fam *const *fams, size_t nf)
     for (size_t k = 0; k < nf; k++)
         if (!fams[k]->preset && !vocab) SKIP("../shared/" VOCAB " not found");
     char dir[] = "/tmp/kvt-tpl-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
 
     /* per family, mode and case, the N_V variants */
     json_t *ctxs = json_array();
@@ -663,7 +663,7 @@ TEST(template_qwen35_typed_roundtrip)
     const char *vocab = kvt_test_shared(VOCAB);
     if (!vocab) SKIP("../shared/" VOCAB " not found");
     char dir[] = "/tmp/kvt-q35-XXXXXX", gguf[64];
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
     kvt_model *m = model_with_template(vocab, Q35_PICK, gguf);
     rmdir(dir);

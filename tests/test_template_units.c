@@ -103,7 +103,7 @@ TEST(template_units_pick_bundle)
     if (access(BUNDLE, R_OK) != 0 && (!fx_peer_ensure(&secs) || access(BUNDLE, R_OK) != 0))
         SKIP("no " BUNDLE " (offline?)");
     char dir[] = "/tmp/kvt-pick-XXXXXX";
-    CHECK(mkdtemp(dir));
+    CHECK(kvt_test_mkdtemp(dir));
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "git clone -q --bare %s %s/r.git && git --git-dir %s/r.git archive HEAD models/templates | tar -x -C %s",

@@ -106,6 +106,7 @@ static void bundle_clone(void)
         snprintf(bundle_why, sizeof bundle_why, "mkdtemp: %s", strerror(errno));
         return;
     }
+    kvt_test_forget_dir(bundle_tmp.dir); /* the tests share it: removed at exit */
     atexit(bundle_cleanup);
     snprintf(repo, sizeof repo, "%s/r.git", bundle_tmp.dir);
     snprintf(log, sizeof log, "%s/clone.log", bundle_tmp.dir);

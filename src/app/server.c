@@ -26,7 +26,10 @@
  * the job's output buffer. The scheduler never waits on the disk: saves and
  * disk loads run on the store threads (storeq.c), a request whose prefix is
  * loading waits out of the steps, and a lookup that cannot get the store
- * within a few ms is a miss.
+ * within a few ms is a miss. The scheduler's thread counts every round in
+ * which it entered the store's blocking lock all the same
+ * (kvt_store_mark_stepper): kvtier_steps_waited_on_store_total, 0 unless
+ * a save or a load runs on it (tests/test_storeq.c).
  *
  * With several API keys every key is a tenant with its own cache namespace:
  * sessions of one key are never candidates for another's requests, each key
@@ -780,8 +783,13 @@ static void *worker_main(void *arg)
     slot *act[KVT_TIERS_MAX_BUSY];
     size_t na = 0;
     uint64_t loads_seen = 0;
+    kvt_store_mark_stepper(true);
+    unsigned long waits = kvt_store_stepper_waits();
     for (;;) {
+        unsigned long w = kvt_store_stepper_waits();
         pthread_mutex_lock(&sv->mu);
+        sv->steps_waited += w != waits; /* the round before this one */
+        waits = w;
         count_active(sv, act, na);
         pthread_cond_broadcast(&sv->cv);
         /* wait for a job, or (when every active slot waits on a disk load)
@@ -1754,6 +1762,9 @@ int kvt_serve(const kvt_server_opts *opts)
         goto out;
     }
     kvt_storeq_hooks qh = {queue_saved, tier_loaded, queue_wake, sv};
+    /* tests/test_storeq.c's negative control: saves on the scheduler */
+    const char *inl = getenv("KVT_FAULT_SAVES_INLINE");
+    kvt_storeq_fault_inline = inl && !strcmp(inl, "1");
     if ((rc = kvt_storeq_new(&sv->q, &sv->o.policy, &qh))) goto out;
     if (opts->remote_url) {
         if (!sv->tn[0].store) {

@@ -112,6 +112,8 @@ typedef struct server {
     size_t parallel, active;      /* requests run at once: at most, now */
     uint64_t admissions;          /* jobs the scheduler started (server.mu) */
     uint64_t steps, step_reqs, step_max; /* forward passes, requests in them, the most in one (server.mu) */
+    uint64_t steps_waited;        /* scheduler rounds (a step, an admission) that entered the store's
+                                     blocking lock: waited on a save or a load (server.mu; 0 by design) */
     bool stopping;
     pthread_t worker;
     uint64_t refused;             /* requests of no tenant: 401s, metrics-key 403s (server.mu) */

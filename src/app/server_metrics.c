@@ -187,7 +187,7 @@ char *kvt_server_metrics_text(server *sv, int tnt)
         v[k].queued = tt->queued;
         v[k].active = tt->active;
     }
-    uint64_t refused = sv->refused, steps[3] = {sv->steps, sv->step_reqs, sv->step_max};
+    uint64_t refused = sv->refused, steps[4] = {sv->steps, sv->step_reqs, sv->step_max, sv->steps_waited};
     pthread_mutex_unlock(&sv->mu);
 
     kvt_wbuf b = {0};
@@ -287,6 +287,9 @@ char *kvt_server_metrics_text(server *sv, int tnt)
         put_val(&b, "kvtier_step_requests_total", &none, "", steps[1]);
         put_head(&b, "kvtier_step_requests_max", "gauge", "The most requests one pass advanced.");
         put_val(&b, "kvtier_step_requests_max", &none, "", steps[2]);
+        put_head(&b, "kvtier_steps_waited_on_store_total", "counter",
+                 "Scheduler rounds that waited on the disk store (a save or load run on the scheduler; 0 by design).");
+        put_val(&b, "kvtier_steps_waited_on_store_total", &none, "", steps[3]);
     }
     /* the remote tier's figures mix every key's lookups: the operator's view, or the one key's */
     if (sv->remote && (tnt < 0 || sv->n_tn == 1)) remote_metrics(sv->remote, &b);

@@ -34,6 +34,9 @@
 #include <sys/mman.h>
 
 int kvt_cache_fault;
+static _Thread_local unsigned long links_walked; /* kvt_cache_links_walked */
+
+unsigned long kvt_cache_links_walked(void) { return links_walked; }
 
 #define ROWS_AT KVT_BLOCK_ROWS_AT
 _Static_assert(sizeof(kvt_block) <= ROWS_AT, "a block header fits before its rows");
@@ -110,13 +113,22 @@ static void block_unref(kvt_cache *c, kvt_block *h, bool keep)
 static void block_let_go(kvt_cache *c, kvt_block *h, bool keep)
 {
     if (!h) return;
-    /* the count of the block and of the bases it reads goes with it (before
+    /* The count of the block and of the bases it reads goes with it (before
      * the holder count: after it, another holder may free the block); the
      * next holder to count takes it. c reaches a base through this block
-     * only: every block it reaches is at the same place in the same stream. */
+     * only: every block it reaches is at the same place in the same stream.
+     * The blocks that count in c are a run from the top of each chain it
+     * holds: it makes a block on top of its chain, and takes one (block_part)
+     * only below blocks that count in it. So the first block of the chain
+     * that is not c's ends the run: a fork of a fork of ... lets go in the
+     * length of its own run, not of the whole chain, and n forks of forks
+     * cost n, not n^2 (tests/test_cache.c). */
     for (kvt_block *x = h; x; x = x->base) {
         uintptr_t me = (uintptr_t)c;
-        atomic_compare_exchange_strong(&x->owner, &me, (uintptr_t)0);
+        links_walked++;
+        if (!atomic_compare_exchange_strong(&x->owner, &me, (uintptr_t)0) &&
+            kvt_cache_fault != KVT_CACHE_FAULT_FULL_WALK)
+            break;
     }
     if (kvt_cache_fault == KVT_CACHE_FAULT_FREE_SHARED && !h->arena) { free(h); return; }
     block_unref(c, h, keep);
@@ -200,7 +212,7 @@ static bool own_pages(kvt_cache *c, kvt_stream *st, size_t b, size_t lo, size_t 
     n->base = NULL;
     if (alone) { /* h goes; its base (which serves [0, lo) as it served [0, h->from)) is n's now */
         if (lo) n->base = h->base;
-        else block_unref(c, h->base, keep);
+        else block_let_go(c, h->base, keep); /* its count too: c reaches it no more */
         h->base = NULL;
         block_let_go(c, h, keep);
     } else if (h && lo) { /* c's reference to h is n's */
@@ -377,15 +389,18 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c)
 
 /* This cache's part of block h: the memory it stands for (its allocation,
  * or its part of the arena's in proportion to the bytes of the arena's
- * blocks still held) when the block counts in c, else 0. A block counts in
+ * blocks still held) when the block counts in c, else -1. A block counts in
  * one of its holders: the cache that made it, and after that one lets it
- * go, the first holder to count (which takes it here). So a session's
- * figure does not move when a copy of it (a save's, a fork) comes or goes. */
+ * go, the first holder to count that reaches it through blocks that count
+ * in it (which takes it here; the caller asks down a chain only while the
+ * blocks count in c). So a session's figure does not move when a copy of
+ * it (a save's, a fork) comes or goes, and the blocks that count in a
+ * cache are a run from the top of each of its chains (block_let_go). */
 static double block_part(const kvt_cache *c, kvt_block *h)
 {
     uintptr_t o = atomic_load_explicit(&h->owner, memory_order_acquire), zero = 0;
     if (!o && atomic_compare_exchange_strong(&h->owner, &zero, (uintptr_t)c)) o = (uintptr_t)c;
-    if (o != (uintptr_t)c) return 0;
+    if (o != (uintptr_t)c) return -1;
     double mem = (double)(ROWS_AT + h->bytes);
     const kvt_arena *a = h->arena;
     if (a) {
@@ -405,8 +420,11 @@ void kvt_cache_bytes_parts(const kvt_cache *c, kvt_cache_parts *out)
         const kvt_stream *st = &c->streams[s];
         other += st->n_blocks * (st->pages_per_block * sizeof *st->pages + sizeof *st->held);
         for (size_t b = 0; b < st->n_blocks; b++)
-            for (kvt_block *h = st->held[b]; h; h = h->base)
-                *(h->n_pages == st->pages_per_block ? &whole : &pages) += block_part(c, h);
+            for (kvt_block *h = st->held[b]; h; h = h->base) {
+                double part = block_part(c, h);
+                if (part < 0) break; /* the run of c's blocks ends: none below is c's */
+                *(h->n_pages == st->pages_per_block ? &whole : &pages) += part;
+            }
     }
     *out = (kvt_cache_parts){(size_t)(whole + 0.5), (size_t)(pages + 0.5), other};
 }

@@ -173,7 +173,7 @@ size_t kvt_cache_bytes_allocated(const kvt_cache *c);
  * tables, the spare arena, the cache itself, and the blocks that count in
  * it: a block counts in full in one of the caches that hold it, the one
  * that made it, and once that one lets it go, the first other holder to
- * ask (a block in an arena counts its part of the arena, the blocks no
+ * ask that reaches it through blocks that count in it (a block in an arena counts its part of the arena, the blocks no
  * cache holds any more included). Summed over every cache, each block
  * counts once; a cache's figure does not move when a copy of it comes or
  * goes. */
@@ -197,8 +197,15 @@ void kvt_cache_trim(kvt_cache *c);
  * KVT_CACHE_FAULT_WHOLE_BLOCKS makes every block a writer owns a whole
  * one (all its pages, a shared one copied whole: the cache before pages),
  * to show that tests/test_tiers.c's count of a conversation's own bytes
- * catches it. 0: none. */
-enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2, KVT_CACHE_FAULT_WHOLE_BLOCKS = 3 };
+ * catches it; KVT_CACHE_FAULT_FULL_WALK makes a let-go walk the whole
+ * chain of bases (as before it stopped where the blocks counting in the
+ * cache end), to show that tests/test_cache.c's count of the links catches
+ * it. 0: none. */
+enum { KVT_CACHE_FAULT_WRITE_SHARED = 1, KVT_CACHE_FAULT_FREE_SHARED = 2, KVT_CACHE_FAULT_WHOLE_BLOCKS = 3,
+       KVT_CACHE_FAULT_FULL_WALK = 4 };
 extern int kvt_cache_fault;
+/* Tests: the links (blocks of a chain of bases) the calling thread's
+ * let-gos of blocks have visited so far. */
+unsigned long kvt_cache_links_walked(void);
 
 #endif

@@ -168,8 +168,15 @@ static int enter_locked(kvt_store *st, const char *name, bool writes)
     return rc;
 }
 
+static _Thread_local bool stepper;          /* kvt_store_mark_stepper */
+static _Thread_local unsigned long stepper_waits;
+
+void kvt_store_mark_stepper(bool on) { stepper = on; }
+unsigned long kvt_store_stepper_waits(void) { return stepper_waits; }
+
 static int enter(kvt_store *st, const char *name, bool writes)
 {
+    if (stepper) stepper_waits++; /* a step that may wait on the disk tier */
     pthread_mutex_lock(&st->mu);
     return enter_locked(st, name, writes);
 }

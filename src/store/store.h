@@ -47,6 +47,17 @@ void kvt_store_set_busy(kvt_store *st, int ms);
  * such a failure is worth trying again later. */
 bool kvt_store_busy_seen(bool clear);
 
+/* The thread that steps sessions (the server's scheduler) marks itself
+ * (on: true): from then on every store operation it enters with the
+ * store's blocking lock (a save, a load, an unbounded lookup: each may
+ * wait seconds on another thread's save or another process's lock) counts
+ * in kvt_store_stepper_waits, the calling thread's count. The bounded
+ * kvt_store_lookup_try and kvt_store_stats_try do not count: they give up
+ * instead of waiting. So the server can count the steps that waited on
+ * the disk tier, and a test can show there are none (tests/test_storeq.c). */
+void kvt_store_mark_stepper(bool on);
+unsigned long kvt_store_stepper_waits(void);
+
 /* Commit without waiting for the disk (populating a benchmark store only). */
 int kvt_store_set_synchronous(kvt_store *st, bool on);
 

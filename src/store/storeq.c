@@ -97,7 +97,7 @@ struct kvt_storeq {
 };
 
 static const char REMOTE_REASON[] = "remote";
-bool kvt_storeq_fault_no_idle;
+bool kvt_storeq_fault_no_idle, kvt_storeq_fault_inline;
 
 /* After a change to the jobs: whether nothing waits (under q->mu). */
 static void note_quiet(kvt_storeq *q)
@@ -355,6 +355,11 @@ static int push(kvt_storeq *q, job *j)
         int t = j->tenant;
         free(j);
         return kvt_fail(KVT_EINVAL, "tenant %d of the store queue", t);
+    }
+    if (kvt_storeq_fault_inline && j->kind != LOAD && run_save(q, j)) { /* the fault: on the caller's thread */
+        kvt_session_free(j->s);
+        free(j);
+        return KVT_OK;
     }
     pthread_mutex_lock(&q->mu);
     job **p = &q->head;

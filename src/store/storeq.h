@@ -76,6 +76,12 @@ extern bool kvt_storeq_fault_held_at_queue;
 /* Test hook: queues made while it is set write their saves at the
  * process's priority throughout (as before the idle writes). */
 extern bool kvt_storeq_fault_no_idle;
+/* Test hook: kvt_storeq_save and kvt_storeq_save_policy run the save on
+ * the caller's thread before they return (as the scheduler saved before
+ * the store thread); a save that meets another process's lock is queued
+ * as usual. The server sets it when KVT_FAULT_SAVES_INLINE=1 is in its
+ * environment (tests/test_storeq.c: the steps then wait on the store). */
+extern bool kvt_storeq_fault_inline;
 size_t kvt_storeq_pending(kvt_storeq *q, int tenant);
 
 #endif

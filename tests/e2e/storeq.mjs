@@ -1,5 +1,5 @@
 // Times between tokens while other requests' sessions are saved
-// (tests/test_storeq.c storeq_save_itl).
+// (bench/storeq.sh starts the server and runs it; bench/SERVE.md).
 //
 // Usage: node storeq.mjs BASE_URL KEYS
 //   KEYS API keys k00..k(KEYS-1) of a server started with them (32 keys: two
