@@ -44,6 +44,17 @@ struct f32_ops {
 /* The row of the instruction set in use (kvt_cpu_isa). */
 static const struct f32_ops *ops(void);
 
+/* A binary16 or bfloat16 element of a row that may lie at an odd address
+ * (rows of any type packed one after another: cache/rows.c), read and
+ * written without an unaligned uint16_t access. */
+static inline uint16_t ld16(const uint16_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline void st16(uint16_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
 /* Fixed reduction tree over the 16 lanes. */
 static inline float reduce16(float *l)
 {
@@ -282,7 +293,7 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_to_f32_f16c(float *dst,
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32(ld16(src + i));
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src, size_t n)
@@ -291,7 +302,7 @@ __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *d
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+    for (; i < n; i++) st16(dst + i, kvt_f32_to_f16(src[i]));
 }
 #endif
 
@@ -814,12 +825,12 @@ static const struct att_ops att_avx512[ATT_ROWS] = ATT_TABLE(ROW_AVX512);
 
 static void f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(ld16(src + i));
 }
 
 static void f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+    for (size_t i = 0; i < n; i++) st16(dst + i, kvt_f32_to_f16(src[i]));
 }
 
 /* bf16 -> f32 is a shift: exact on either path. */
@@ -831,13 +842,13 @@ __attribute__((target("avx2"))) static void bf16_avx2(float *dst, const uint16_t
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
         _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(v, 16));
     }
-    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(ld16(src + i));
 }
 #endif
 
 static void bf16_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(ld16(src + i));
 }
 
 #define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
