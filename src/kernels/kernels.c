@@ -1231,11 +1231,12 @@ static void mm_range(void *arg, size_t o0, size_t o1)
              * follow in time (rows of 768 F16 are 24 lines), so the first
              * token tile of each segment prefetches the same segment of the
              * next eight rows, pf bytes on, a line per row as it reaches
-             * it. Without it a batched decode step (2 to 8 tokens) read the
-             * weights at 6 to 15 GB/s, waiting on each line (perf: the
-             * stalls on the tiles' vcvtph2ps loads); with it the 32000 x
-             * 768 F16 output matrix took 1.6 to 2.1x less time at 3 to 8
-             * tokens (1 thread, CPU time) */
+             * it. Without it a batched decode step (2 to 8 tokens, 1
+             * thread) read the weights at 9.5 to 17 GB/s against 27 for
+             * one token, waiting on each line (perf: the stalls on the
+             * tiles' vcvtph2ps loads); with it the 32000 x 768 F16 output
+             * matrix took 1.35 to 1.7x less CPU time at 3 to 8 tokens
+             * (bench/SERVE.md, "The batched step on F16") */
             size_t pf = in_place && o + 2 * TR <= o1 ? TR * W->row_bytes : 0;
             if (mm && in_place && nt == 1) {
                 /* decode: each row whole (binary16 or bfloat16 straight into
