@@ -56,10 +56,11 @@ bench_cleanup() {
     [ -z "$tmp" ] || rm -rf "$tmp"
 }
 
-# $port: a loopback port free now (node asks the kernel for one); $base:
-# its URL.
+# $port: PORT from the environment (a machine that gives each user a range
+# of ports), else a loopback port free now (node asks the kernel for one);
+# $base: its URL.
 bench_port() {
-    port=$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
+    port=${PORT:-$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')}
     base=http://127.0.0.1:$port
 }
 

@@ -30,6 +30,7 @@
 #   PEER_ARGS="..."     extra llama-server arguments (default: -nr on a CPU
 #                       with AMX, as bench/serve_peer.sh)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
+#   PORT=N              the servers' port (default: a free one)
 set -eu
 me=serve_batch.sh
 # shellcheck source=bench/lib.sh

@@ -35,7 +35,7 @@ depth=${DEPTH:-64}
 model=${MODEL:-$HOME/.cache/kvtier/models/synth-llama-124m-f16.gguf}
 [ -f "$model" ] || { echo "$me: $model not found (bench/peers.sh makes it)" >&2; exit 2; }
 bench_tmp serve-decode
-if [ -n "${PORT:-}" ]; then port=$PORT; base=http://127.0.0.1:$port; else bench_port; fi
+bench_port
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 echo "cpu: $(bench_cpu), $(nproc 2>/dev/null || echo '?') cores, $threads threads; $(basename "$model"); $tokens tokens; bench from $depth; server best of $runs"

@@ -541,7 +541,11 @@ TEST(kernels_matmul_float_types)
  * reverse order (the same products, one lane's order changed, nothing
  * else). The
  * comparison with kvt_dot must then find outputs that differ, and only on
- * the AVX-512 path: AVX2 and scalar keep the bits. Skips without AVX-512. */
+ * the AVX-512 path: AVX2 and scalar keep the bits. Skips without AVX-512.
+ * At 6 tokens (two 3-token tiles) and at 2, which a batched decode step of
+ * two sequences gives: two tokens run on the 8-row tile too (not the
+ * one-row decode kernel, which is AVX2's on every path), so the fault must
+ * show there as well. */
 TEST(kernels_matmul_zmm_order_control)
 {
     enum { DI = 768, DO = 24, NB = 6 };
@@ -565,22 +569,27 @@ TEST(kernels_matmul_zmm_order_control)
         for (size_t i = 0; i < NB * DI; i++) x[i] = frand(&st);
         kvt_wmat m = {W, type, DO, DI, es * DI, NULL};
         const char *tn = kvt_quant_name(type);
-        size_t bad[3];
-        for (int path = 0; path < 3; path++) {
-            bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
-            kvt_kernels_fault = KVT_KERNELS_FAULT_ZMM_ORDER;
-            kvt_matmul_w(NULL, y, &m, x, NB, NULL);
-            kvt_kernels_fault = 0;
-            bad[path] = not_dot(wf, x, y, NB, DO, DI);
-            kvt_kernels_force_scalar(old);
-            kvt_kernels_force_avx2(old2);
+        for (size_t k = 0; k < 2; k++) {
+            size_t nb = k ? 2 : NB, bad[3];
+            for (int path = 0; path < 3; path++) {
+                bool old = kvt_kernels_force_scalar(path == 1), old2 = kvt_kernels_force_avx2(path == 2);
+                kvt_kernels_fault = KVT_KERNELS_FAULT_ZMM_ORDER;
+                kvt_matmul_w(NULL, y, &m, x, nb, NULL);
+                kvt_kernels_fault = 0;
+                bad[path] = not_dot(wf, x, y, nb, DO, DI);
+                kvt_kernels_force_scalar(old);
+                kvt_kernels_force_avx2(old2);
+            }
+            printf("    %s, %zu tokens: with the fault, %zu of %zu outputs of the AVX-512 path differ from kvt_dot "
+                   "(AVX2 %zu, scalar %zu)\n", tn, nb, bad[0], nb * DO, bad[2], bad[1]);
+            CHECKF(bad[0] > 0, "%s, %zu tokens: one lane's order changed in the AVX-512 tile, and no output differs", tn,
+                   nb);
+            CHECKF(bad[1] == 0 && bad[2] == 0, "%s, %zu tokens: the fault reached the scalar (%zu) or AVX2 (%zu) path", tn,
+                   nb, bad[1], bad[2]);
+            kvt_matmul_w(NULL, y, &m, x, nb, NULL);
+            CHECKF(not_dot(wf, x, y, nb, DO, DI) == 0, "%s, %zu tokens: without the fault the AVX-512 path is not kvt_dot",
+                   tn, nb);
         }
-        printf("    %s: with the fault, %zu of %d outputs of the AVX-512 path differ from kvt_dot (AVX2 %zu, scalar %zu)\n",
-               tn, bad[0], NB * DO, bad[2], bad[1]);
-        CHECKF(bad[0] > 0, "%s: one lane's order changed in the AVX-512 tile, and no output differs", tn);
-        CHECKF(bad[1] == 0 && bad[2] == 0, "%s: the fault reached the scalar (%zu) or AVX2 (%zu) path", tn, bad[1], bad[2]);
-        kvt_matmul_w(NULL, y, &m, x, NB, NULL);
-        CHECKF(not_dot(wf, x, y, NB, DO, DI) == 0, "%s: without the fault the AVX-512 path is not kvt_dot", tn);
         free(W), free(wf), free(x), free(y);
     }
 }

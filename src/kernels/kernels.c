@@ -44,6 +44,17 @@ struct f32_ops {
 /* The row of the instruction set in use (kvt_cpu_isa). */
 static const struct f32_ops *ops(void);
 
+/* A binary16 or bfloat16 element of a row that may lie at an odd address
+ * (rows of any type packed one after another: cache/rows.c), read and
+ * written without an unaligned uint16_t access. */
+static inline uint16_t ld16(const uint16_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline void st16(uint16_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
 /* Fixed reduction tree over the 16 lanes. */
 static inline float reduce16(float *l)
 {
@@ -282,7 +293,7 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_to_f32_f16c(float *dst,
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32(ld16(src + i));
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src, size_t n)
@@ -291,7 +302,7 @@ __attribute__((target("avx2,fma,f16c"))) static void f32_to_f16_f16c(uint16_t *d
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+    for (; i < n; i++) st16(dst + i, kvt_f32_to_f16(src[i]));
 }
 #endif
 
@@ -814,12 +825,12 @@ static const struct att_ops att_avx512[ATT_ROWS] = ATT_TABLE(ROW_AVX512);
 
 static void f16_to_f32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32(ld16(src + i));
 }
 
 static void f32_to_f16_scalar(uint16_t *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_f32_to_f16(src[i]);
+    for (size_t i = 0; i < n; i++) st16(dst + i, kvt_f32_to_f16(src[i]));
 }
 
 /* bf16 -> f32 is a shift: exact on either path. */
@@ -831,13 +842,13 @@ __attribute__((target("avx2"))) static void bf16_avx2(float *dst, const uint16_t
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
         _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(v, 16));
     }
-    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = kvt_bf16_to_f32(ld16(src + i));
 }
 #endif
 
 static void bf16_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvt_bf16_to_f32(ld16(src + i));
 }
 
 #define SEG 512  /* elements of a weight row dequantised at a time: whole blocks of every type */
@@ -860,7 +871,7 @@ enum { WT_F32, WT_F16, WT_BF16, WT_N };
 /* A tile of rows x tokens over a segment (lanes_run); tables of them are
  * indexed [wt][T]. */
 typedef void (*tile_fn)(lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx, size_t len,
-                        bool fresh, float *y, size_t ldy);
+                        bool fresh, float *y, size_t ldy, size_t pf);
 
 /* The SIMD matmul kernels of an instruction set (none: the scalar loops). */
 struct mm_ops {
@@ -924,7 +935,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
                                                                               lanes_t (*L)[TOKS],
                                                                               const void *const *w, const float *x,
                                                                               size_t ldx, size_t full, bool tail8,
-                                                                              int h, bool fresh, float *y, size_t ldy)
+                                                                              int h, bool fresh, float *y, size_t ldy,
+                                                                              size_t pf)
 {
     enum { R = 4 };
     __m256 a[R][TT];
@@ -937,6 +949,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
         /* (a prefetch of the next tile's lines here, while x came from
          * L3, cost 5 to 25 % once the token blocks kept x in L2) */
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm256_loadu_ps(x + (size_t)t * ldx + i);
+        if (pf) /* the rows read next, pf bytes on: the line this step's elements lie in (tile8_step) */
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                _mm_prefetch((const char *)w[r] + i * (wt == WT_F32 ? 4 : 2) + pf, _MM_HINT_T0);
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             __m256 wv = wload(wt, w[r], i);
             _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[r][t] = _mm256_fmadd_ps(wv, v[t], a[r][t]);
@@ -962,12 +977,13 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
                                                                                lanes_t (*L)[TOKS],
                                                                                const void *const *w, const float *x,
                                                                                size_t ldx, size_t len, bool fresh,
-                                                                               float *y, size_t ldy)
+                                                                               float *y, size_t ldy, size_t pf)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
-    tile_half(wt, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0);
-    tile_half(wt, T, L, w, x, ldx, full, false, 1, fresh, y, ldy);
+    /* the low half's steps (16 elements apart) reach every line of the rows */
+    tile_half(wt, T, L, w, x, ldx, full, tail8, 0, fresh, NULL, 0, pf);
+    tile_half(wt, T, L, w, x, ldx, full, false, 1, fresh, y, ldy, 0);
     tile_tail(4, T, wt, L, w, x, ldx, full + (tail8 ? 8 : 0), len);
 }
 
@@ -976,9 +992,10 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_
  * tbl[wt][T]. */
 #define TILE_FN(name, tgt, tile, wt, T)                                                                           \
     __attribute__((target(tgt))) static void name(lanes_t (*L)[TOKS], const void *const *w, const float *x,      \
-                                                  size_t ldx, size_t len, bool fresh, float *y, size_t ldy)       \
+                                                  size_t ldx, size_t len, bool fresh, float *y, size_t ldy,       \
+                                                  size_t pf)                                                      \
     {                                                                                                             \
-        tile(wt, T, L, w, x, ldx, len, fresh, y, ldy);                                                            \
+        tile(wt, T, L, w, x, ldx, len, fresh, y, ldy, pf);                                                        \
     }
 #define TILE_FNS(tbl, tgt, tile)                                                                                  \
     TILE_FN(tbl##_f32_t1, tgt, tile, WT_F32, 1)                                                                   \
@@ -1005,8 +1022,14 @@ TILE_FNS(tile4, "avx2,fma,f16c", tile_rows4)
 /* Elements [i, i + 16) of the 8-row tile into the lanes of mask m. */
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
 tile8_step(const int wt, const int T, __m512 (*a)[TT], const void *const *w, const float *x, size_t ldx, size_t i,
-           __mmask16 m)
+           __mmask16 m, size_t pf)
 {
+    if (pf && wt == WT_F32) /* the line of each row pf bytes on that this step reaches: the rows read next */
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+            _mm_prefetch((const char *)w[r] + i * 4 + pf, _MM_HINT_T0);
+    else if (pf) /* 16 elements of binary16 are half a line: four rows a step, in turn */
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+            _mm_prefetch((const char *)w[(i / 16 & 1) * 4 + r] + i * 2 + pf, _MM_HINT_T0);
     __m512 v[TT];
     _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) v[t] = _mm512_loadu_ps(x + (size_t)t * ldx + i);
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
@@ -1018,7 +1041,7 @@ tile8_step(const int wt, const int T, __m512 (*a)[TT], const void *const *w, con
 
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) static inline void
 tile8_zmm(const int wt, const int T, lanes_t (*L)[TOKS], const void *const *w, const float *x, size_t ldx,
-          size_t len, bool fresh, float *y, size_t ldy)
+          size_t len, bool fresh, float *y, size_t ldy, size_t pf)
 {
     size_t full = len / 16 * 16;
     bool tail8 = len - full >= 8;
@@ -1028,10 +1051,12 @@ tile8_zmm(const int wt, const int T, lanes_t (*L)[TOKS], const void *const *w, c
             a[r][t] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(L[r][t]);
     if (atomic_load_explicit(&kvt_kernels_fault, memory_order_relaxed) == KVT_KERNELS_FAULT_ZMM_ORDER) {
         /* the tests' fault: lane 3 takes its elements in reverse order */
-        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFF7);
-        for (size_t i = full; i >= 16; i -= 16) tile8_step(wt, T, a, w, x, ldx, i - 16, 0x0008);
-    } else
-        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFFF);
+        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFF7, pf);
+        for (size_t i = full; i >= 16; i -= 16) tile8_step(wt, T, a, w, x, ldx, i - 16, 0x0008, 0);
+    } else if (pf)
+        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFFF, pf);
+    else
+        for (size_t i = 0; i < full; i += 16) tile8_step(wt, T, a, w, x, ldx, i, 0xFFFF, 0);
     if (tail8) {
         __m512 v[TT];
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
@@ -1120,10 +1145,12 @@ static void row1_f32_avx2(float *l, const void *w, const float *x, size_t len, b
  * fresh: the first segment, whose lanes start at zero (L is not read).
  * y (the last segment, len a multiple of 8): the 3-token tiles write their
  * outputs to y (tokens ldy apart) and *done_r x *done_t say which: rows
- * [0, done_r) of tokens [0, done_t); the others' lanes are left in L. */
+ * [0, done_r) of tokens [0, done_t); the others' lanes are left in L.
+ * pf (0: none): the first token tile prefetches each row's lines pf bytes
+ * on (the rows read next); no bit depends on it. */
 static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, int wt, size_t nr, const float *x, size_t ldx,
                       size_t nt, size_t len, const struct mm_ops *mm, bool fresh, float *y, size_t ldy, size_t *done_r,
-                      size_t *done_t)
+                      size_t *done_t, size_t pf)
 {
     *done_r = *done_t = 0;
 #define LT(r, t) ((lanes_t(*)[TOKS])(&L[r][t]))
@@ -1133,7 +1160,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, int wt, size_t n
             for (size_t t = 0; t < nt; t += TT) { /* the last tile takes what is left */
                 float *yt = y ? y + t * ldy : NULL;
                 int T = nt - t < TT ? (int)(nt - t) : TT;
-                mm->tile8[wt][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy);
+                mm->tile8[wt][T](LT(0, t), w, x + t * ldx, ldx, len, fresh, yt, ldy, t ? 0 : pf);
             }
             r = 8;
             tt = nt;
@@ -1142,7 +1169,7 @@ static void lanes_run(lanes_t (*L)[TOKS], const void *const *w, int wt, size_t n
                 for (size_t t = 0; t < nt; t += TT) {
                     float *yt = y ? y + t * ldy + r : NULL;
                     int T = nt - t < TT ? (int)(nt - t) : TT;
-                    mm->tile4[wt][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy);
+                    mm->tile4[wt][T](LT(r, t), w + r, x + t * ldx, ldx, len, fresh, yt, ldy, t ? 0 : pf);
                 }
             if (r) tt = nt;
         }
@@ -1199,19 +1226,29 @@ static void mm_range(void *arg, size_t o0, size_t o1)
              * apart), on their way while the tiles run */
             if (mm)
                 for (size_t t = 0; t < nt; t++) __builtin_prefetch(c->y + (t0 + t) * d_out + o, 0, 3);
-            if (mm && in_place && nt < TT) {
+            /* the tiles read the rows in place, eight (AVX-512) or four
+             * side by side: streams the hardware's prefetchers do not
+             * follow in time (rows of 768 F16 are 24 lines), so the first
+             * token tile of each segment prefetches the same segment of the
+             * next eight rows, pf bytes on, a line per row as it reaches
+             * it. Without it a batched decode step (2 to 8 tokens, 1
+             * thread) read the weights at 9.5 to 17 GB/s against 27 for
+             * one token, waiting on each line (perf: the stalls on the
+             * tiles' vcvtph2ps loads); with it the 32000 x 768 F16 output
+             * matrix took 1.35 to 1.7x less CPU time at 3 to 8 tokens
+             * (bench/SERVE.md, "The batched step on F16") */
+            size_t pf = in_place && o + 2 * TR <= o1 ? TR * W->row_bytes : 0;
+            if (mm && in_place && nt == 1) {
                 /* decode: each row whole (binary16 or bfloat16 straight into
                  * registers), one row after the other. One stream through
                  * memory: rows read four side by side, or in segments,
                  * ran at a third of the read bandwidth (8.5 against 19 to
-                 * 24 GB/s on a 2048 x 768 F16 matrix out of the cache). */
-                for (size_t r = 0; r < nr; r++) {
-                    const uint8_t *row = W->data + (o + r) * W->row_bytes;
-                    for (size_t t = 0; t < nt; t++) {
-                        const float *xt = c->x + (t0 + t) * d_in;
-                        mm->row1[wt](lanes[r][t], row, xt, d_in, true);
-                    }
-                }
+                 * 24 GB/s on a 2048 x 768 F16 matrix out of the cache).
+                 * Two tokens go to the tiles: the row kernel's two chains a
+                 * token (latency-bound) made a 2-token step cost twice a
+                 * 1-token one, where the tiles with pf take 1.2x. */
+                for (size_t r = 0; r < nr; r++)
+                    mm->row1[wt](lanes[r][0], W->data + (o + r) * W->row_bytes, c->x + t0 * d_in, d_in, true);
             } else
             for (size_t k = 0; k < d_in; k += seg) {
                 size_t len = d_in - k < seg ? d_in - k : seg;
@@ -1226,7 +1263,7 @@ static void mm_range(void *arg, size_t o0, size_t o1)
                 }
                 bool last = k + len == d_in && len % 8 == 0;
                 lanes_run(lanes, w, wt, nr, c->x + t0 * d_in + k, d_in, nt, len, mm, k == 0,
-                          last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t);
+                          last ? c->y + t0 * d_out + o : NULL, d_out, &done_r, &done_t, pf);
             }
             /* the outputs the tiles did not write, token by token: a
              * token's outputs are adjacent in y */
