@@ -474,6 +474,34 @@ static inline bool lb_fused(uint32_t ty)
     return ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS;
 }
 
+/* The float steps of superblock b for eight tokens ag[0 .. 7] of one row,
+ * a lane each (lb_row_avx2 and lb_row_zmm share them): is[t] and (Q2_K)
+ * ms[t] hold token t's integer sums in eight lanes; acc + d * dx * isum
+ * (bump added: tests), then - dmin * dx * msum, each the scalar's fma. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 lb_end8(__m256 acc, const __m256i *is,
+                                                                               const __m256i *ms, __m256i bump,
+                                                                               float d, float dmin, bool q2,
+                                                                               const kact *ag, size_t b)
+{
+    __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b], ag[1].d[b],
+                              ag[0].d[b]);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)),
+                          acc);
+    if (q2) acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)), acc);
+    return acc;
+}
+
+/* The same for one token a (its sums in eight lanes of is, ms). */
+__attribute__((target("avx2,fma"), always_inline)) static inline float lb_end1(float acc, __m256i is, __m256i ms,
+                                                                              float d, float dmin, bool q2,
+                                                                              const kact *a, size_t b)
+{
+    float dx = a->d[b];
+    acc = fmaf(d * dx, (float)hsum_i32(is), acc);
+    if (q2) acc = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc);
+    return acc;
+}
+
 /* One row of type (ty: the same for the fused types, 0 for the others)
  * against T <= LB_T tokens: out[t] = lb_range's scalar sum, bit
  * for bit (the float steps per superblock in increasing order, each a
@@ -533,21 +561,13 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
             const kact *ag = a + 8 * g;
             __m256i is[8], ms[8];
             lb_vec_avx2(ty, 8, w, &u, grid, ag, b, is, ms);
-            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
-                                      ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
-            if (q2)
-                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
-                                          acc[g]);
+            acc[g] = lb_end8(acc[g], is, ms, bump, d, dmin, q2, ag, b);
         }
         for (size_t r = 0; r < R; r++) {
             const kact *ar = a + 8 * G + r;
-            __m256i is, ms;
+            __m256i is, ms = _mm256_setzero_si256();
             lb_vec_avx2(ty, 1, w, &u, grid, ar, b, &is, &ms);
-            float dx = ar->d[b];
-            acc1[r] = fmaf(d * dx, (float)hsum_i32(is), acc1[r]);
-            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc1[r]);
+            acc1[r] = lb_end1(acc1[r], is, ms, d, dmin, q2, ar, b);
         }
     }
     for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
@@ -843,13 +863,7 @@ LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, siz
                 is[t] = lbz_fold(v);
                 if (q2) ms[t] = lbv_mins(w, ag + t, b);
             }
-            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
-                                      ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
-            if (q2)
-                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
-                                          acc[g]);
+            acc[g] = lb_end8(acc[g], is, ms, bump, d, dmin, q2, ag, b);
         }
         for (size_t r = 0; r < R; r++) {
             const kact *ar = a + 8 * G + r;
@@ -857,9 +871,8 @@ LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, siz
             __m512i v = _mm512_setzero_si512();
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
                 v = lbz_dot(v, m[j], neg[j], sc[j], _mm512_loadu_si512((const void *)(q + 64 * j)));
-            float dx = ar->d[b];
-            acc1[r] = fmaf(d * dx, (float)hsum_i32(lbz_fold(v)), acc1[r]);
-            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(lbv_mins(w, ar, b)), acc1[r]);
+            acc1[r] = lb_end1(acc1[r], lbz_fold(v), q2 ? lbv_mins(w, ar, b) : _mm256_setzero_si256(), d, dmin, q2, ar,
+                              b);
         }
     }
     for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
