@@ -97,8 +97,8 @@ __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
  * scales measured no faster. With AVX-512 VNNI a prefill of at least
  * LB_TILE_FROM tokens instead decodes 16 rows' superblock once into int8
  * panels and multiplies them with vpdpbusd (lb_tile_vnni, below): the dot
- * product alone per token, about four times less work, the panel's build
- * about ten tokens' worth. */
+ * product alone per token, about a third of the instructions, the panel's
+ * build about ten tokens' worth. */
 
 int kvt_q_fault;
 
@@ -918,7 +918,9 @@ LB_ZMM_FN void lb_rows4_zmm_fn(uint32_t ty, const uint8_t *row, size_t row_bytes
  * -LB_OFF * sc[g] * bsum[g] for each group g of the token (its Q8_K sums
  * of 16), two groups a vpdpwssd (pr[k], lane r: the int16 pair -LB_OFF
  * sc[2 k], -LB_OFF sc[2 k + 1]; Q2_K's pair is its mins, whose sum is
- * msum). Every step is an exact integer sum, so the lane of row r ends at
+ * msum). Every step is an exact integer sum (a group's offset sum is at
+ * most 16 * 126 * 127 in size, times a scale of at most 32, sixteen groups
+ * plus the correction: far inside int32), so the lane of row r ends at
  * lb_ints_scalar's isum; the float steps are the scalar's, sixteen rows a
  * vector, and a token's sixteen outputs are stored side by side. The
  * weights of the panel's rows are built as lb_row_zmm builds them, then
