@@ -744,11 +744,13 @@ TEST(kernels_integer_types)
  * kernel read them from qx (d_x * q_i): the kernel's integers are exact, so
  * only its float steps round (per superblock d_w * d_x, the integer sum to
  * f32, one fma; Q2_K a second), and |y - ref| <= 2^-20 sum |w_i d_x q_i|.
- * Then the bits: every path (AVX-512, AVX2, scalar) and every tile gives
- * the scalar path's bits: 1, 2 and 3 tokens (the four-row decode tiles,
- * DO = 11 rows: two tiles and three rows alone), 4, 8, 13 and 75 tokens
- * (eight-token vectors, the rest one at a time, past LB_T = 64), one token
- * a call, and 3 threads (ranges that cut the tiles). Negative controls
+ * Then the bits: every path (AVX-512 with VNNI where the CPU has it,
+ * AVX-512 without VNNI, AVX2, scalar) and every tile gives the scalar
+ * path's bits: 1, 2 and 3 tokens (the four-row decode tiles, DO = 53 rows:
+ * thirteen tiles and one row alone), 4, 8, 13 and 75 tokens (eight-token
+ * vectors, the rest one at a time, past LB_T = 64; with VNNI the prefill's
+ * 16-row panels, three and five rows alone, and 8, 4 and 1 tokens a step),
+ * one token a call, and 3 threads (ranges that cut the tiles). Negative controls
  * (kvt_q_fault, the kernels alone): iq2_xxs with grid entry 78 read for
  * index 77 (every block of row 0 uses 77 in its first group) and q3_K with
  * its sixth scale one more put row 0's outputs outside (both in the
@@ -756,18 +758,23 @@ TEST(kernels_integer_types)
  * iq2_xxs's codebook through the faulted copy, q3_K's scales through
  * q3k_scales or its vector form); KVT_QUANT_FAULT_LANE (one lane of a SIMD tile one off in
  * its integer sum) makes the bit comparison fail on every SIMD path, in
- * decode (row 1 of a tile) and in prefill (token 3 of a vector). */
+ * decode (row 1 of a tile) and in prefill (token 3 of a vector; row 5 of
+ * a VNNI panel). */
 TEST(kernels_lowbit_exact)
 {
     const uint32_t types[] = {KVT_GGML_Q2_K, KVT_GGML_Q3_K, KVT_GGML_IQ2_XXS, KVT_GGML_IQ2_XS, KVT_GGML_IQ2_S,
                               KVT_GGML_IQ3_XXS, KVT_GGML_IQ3_S, KVT_GGML_IQ1_S, KVT_GGML_IQ1_M,
                               KVT_GGML_TQ1_0, KVT_GGML_TQ2_0};
-    enum { DI = 1024, DO = 11, NB = 75 };
+    enum { DI = 1024, DO = 53, NB = 75 };
     static const int widths[] = {1, 2, 3, 4, 8, 13, NB};
-    static const char *const path[3] = {"AVX-512", "AVX2", "scalar"};
     uint64_t st = kvt_test_seed("kernels_lowbit_exact");
     bool wide = kvt_test_kernel_paths();
-    bool simd = kvt_kernels_simd();
+    bool simd = kvt_kernels_simd(), vnni = kvt_cpu_vnni();
+    const char *const path[4] = {vnni ? "AVX-512 VNNI" : wide ? "AVX-512" : "widest", "AVX2", "scalar",
+                                 "AVX-512 without VNNI"};
+    if (wide && !vnni)
+        kvt_test_skip_env("the AVX-512-without-VNNI case: this CPU has no AVX-512 VNNI, so it would repeat the widest "
+                          "path");
     kvt_pool *pool = kvt_pool_new(3);
     CHECK(pool != NULL);
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -787,12 +794,14 @@ TEST(kernels_lowbit_exact)
         bool os = kvt_kernels_force_scalar(true);
         kvt_matmul_w(NULL, ys, &m, x, NB, qx); /* the scalar bits every other run must give */
         kvt_kernels_force_scalar(os);
-        for (int run = 0; run < 4; run++) {
-            /* 0 widest, 1 AVX2, 2 scalar, 3 the GRID / SCALE control (widest) */
-            bool fault = run == 3 && (type == KVT_GGML_IQ2_XXS || type == KVT_GGML_Q3_K);
-            if (run == 3 && !fault) break;
+        for (int run = 0; run < 5; run++) {
+            /* 0 widest, 1 AVX2, 2 scalar, 3 AVX-512 without VNNI, 4 the GRID / SCALE control (widest) */
+            bool fault = run == 4 && (type == KVT_GGML_IQ2_XXS || type == KVT_GGML_Q3_K);
+            if (run == 4 && !fault) break;
             if (run == 1 && !wide) continue;
+            if (run == 3 && !vnni) continue;
             bool o1 = kvt_kernels_force_avx2(run == 1), o2 = kvt_kernels_force_scalar(run == 2);
+            bool o3 = kvt_kernels_force_novnni(run == 3);
             kvt_q_fault = fault ? (type == KVT_GGML_Q3_K ? KVT_QUANT_FAULT_SCALE : KVT_QUANT_FAULT_GRID) : 0;
             kvt_matmul_w(NULL, y, &m, x, NB, qx);
             kvt_q_fault = 0;
@@ -814,7 +823,7 @@ TEST(kernels_lowbit_exact)
                 }
             }
             if (fault) {
-                kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
+                kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2), kvt_kernels_force_novnni(o3);
                 printf("    %s control: %zu of row 0's %d outputs outside, %zu others\n", kvt_quant_name(type), n_row0, NB,
                        n_bad - n_row0);
                 CHECKF(n_row0 >= NB - 1, "%s: the injected fault stays inside the bound", kvt_quant_name(type));
@@ -838,20 +847,21 @@ TEST(kernels_lowbit_exact)
             CHECKF(n_diff == 0, "%s, %s: %zu of 10 runs differ from the scalar bits", kvt_quant_name(type), path[run],
                    n_diff);
             /* the control: one lane one off, in decode and in prefill */
-            bool lanes = (run == 0 && simd) || run == 1;
+            bool lanes = (run == 0 && simd) || run == 1 || run == 3;
             if (lanes) {
                 kvt_q_fault = KVT_QUANT_FAULT_LANE;
                 kvt_matmul_w(NULL, y, &m, x, 1, qx);
                 bool dec = memcmp(y, ys, sizeof(float) * DO) != 0;
                 kvt_matmul_w(NULL, y, &m, x, NB, qx);
-                bool pre = memcmp(y, ys, sizeof(float) * DO * NB) != 0;
+                bool pre = false; /* row 5: inside a VNNI panel, in every path's prefill tile */
+                for (int i = 0; i < NB; i++) pre |= memcmp(y + i * DO + 5, ys + i * DO + 5, sizeof(float)) != 0;
                 kvt_q_fault = 0;
                 if (k == 0) printf("    lane control, %s: decode %s, prefill %s\n", path[run], dec ? "differs" : "SAME",
                                    pre ? "differs" : "SAME");
                 CHECKF(dec && pre, "%s, %s: one lane one off keeps the scalar bits (decode %d, prefill %d)",
                        kvt_quant_name(type), path[run], dec, pre);
             }
-            kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2);
+            kvt_kernels_force_avx2(o1), kvt_kernels_force_scalar(o2), kvt_kernels_force_novnni(o3);
         }
         free(W), free(qx), free(x), free(wf), free(y), free(ys);
     }

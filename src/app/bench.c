@@ -31,6 +31,7 @@
 #define LLAMA_MODEL "../shared/models/stories260K.gguf"
 #define LLAMA_PROMPT 512   /* prompt tokens of the llama suite */
 #define LLAMA_CHUNK 256
+#define PEER_CHUNK 512   /* the llama-bench form's chunk: llama-bench's default micro-batch (-ub 512) */
 #define SNAP_TOKENS 8192   /* tokens held by the snapshot suite's session */
 #define MAX_CTX 16         /* entries of --ctx-list */
 #define MAX_REPS 1000
@@ -334,7 +335,7 @@ static int llama_peer_body(bench *b, kvt_model *m, const char **what)
     size_t d = b->depth, n = d + (b->prompt > b->gen ? b->prompt : b->gen);
     int32_t *t = make_tokens(m, n);
     if (!t) return KVT_ENOMEM;
-    kvt_session_opts so = {.n_ctx = (uint32_t)n, .n_threads = b->threads, .chunk = LLAMA_CHUNK};
+    kvt_session_opts so = {.n_ctx = (uint32_t)n, .n_threads = b->threads, .chunk = PEER_CHUNK};
     job j = {.t = t};
     double secs;
     int rc;
@@ -345,7 +346,7 @@ static int llama_peer_body(bench *b, kvt_model *m, const char **what)
         j.from = d;
         j.n = d + b->prompt;
         if ((rc = best_of(b, run_prefill, &j, &secs))) goto out;
-        emit(b, &(row){"prefill chunk 256", j.n, b->prompt, b->all, secs, 0, NULL});
+        emit(b, &(row){"prefill chunk 512", j.n, b->prompt, b->all, secs, 0, NULL});
     }
     *what = "decode";
     if (b->gen) {
@@ -492,8 +493,9 @@ static void usage(FILE *f)
           "  llama     prefill of 512 tokens: chunk 256 vs token-by-token, all threads vs 1;\n"
           "            greedy decode at 512: all threads vs 1 (default " LLAMA_MODEL ")\n"
           "            with --prompt/--gen/--depth, as llama-bench -p/-n/-d: a prefill of\n"
-          "            --prompt tokens after --depth cached ones (prefilled untimed), a decode\n"
-          "            of --gen tokens from frontier --depth; --threads only (0: no such row)\n"
+          "            --prompt tokens after --depth cached ones (prefilled untimed) in chunks\n"
+          "            of 512 (llama-bench's -ub), a decode of --gen tokens from frontier\n"
+          "            --depth; --threads only (0: no such row)\n"
           "  ds4       prefill and decode at each context of --ctx-list, relative to the first;\n"
           "            KV cache bytes and peak RSS (default " KVT_DEFAULT_MODEL ")\n"
           "  snapshot  snapshot and restore of 8192 tokens vs re-prefilling them\n"

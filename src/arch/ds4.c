@@ -1390,7 +1390,15 @@ static int parts_fit(ds4_work *k, const ds4_config *c, size_t parts)
     return KVT_OK;
 }
 
-#define MAX_PASS 256 /* tokens of one pass through the layers */
+/* Tokens of one pass through the layers at most: the session's chunk, up to
+ * this. A pass routes each token to Eu of E experts and runs each expert
+ * once over its tokens, so a longer pass gives each expert more tokens a
+ * matmul (Flash: about 6 of 256 per 256 tokens, 12 per 512), where the
+ * low-bit kernels' panels pay (kernels/qlowbit.c, LB_TILE_FROM). */
+#define MAX_PASS 512
+/* The pass of a session with the default chunk (session.c: 256), which
+ * info's estimate of the scratch assumes. */
+#define DEFAULT_PASS 256
 
 /* The bytes of each of a scratch's buffers (in work_bufs' order; 0: none)
  * for chunk ch, context n_ctx, parts of the pool and qb bytes of quantised
@@ -2046,7 +2054,7 @@ static int ds4_describe(const kvt_gguf *g, uint64_t ctx, kvt_model_info *info, c
 }
 
 /* The scratch ds4_work_new makes for a session of ctx tokens, the default
- * chunk (MAX_PASS) and parts threads, from the header alone: the same
+ * chunk (DEFAULT_PASS) and parts threads, from the header alone: the same
  * sizes (work_sizes), the quantised activations from the header's matrix
  * types (a file's types are kept as they are), without the allocator's
  * rounding. */
@@ -2060,11 +2068,11 @@ static int ds4_work_estimate(const kvt_gguf *g, uint64_t ctx, uint32_t parts, ui
     size_t qb = 0;
     for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
         const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
-        size_t b = t->n_dims >= 2 ? kvt_q_act_bytes(t->type, MAX_PASS, t->ne[0]) : 0;
+        size_t b = t->n_dims >= 2 ? kvt_q_act_bytes(t->type, DEFAULT_PASS, t->ne[0]) : 0;
         qb = b > qb ? b : qb;
     }
     size_t sz[WORK_BUFS], m4, nk;
-    work_sizes(&c, MAX_PASS, ctx, parts ? parts : 1, qb, sz, &m4, &nk);
+    work_sizes(&c, DEFAULT_PASS, ctx, parts ? parts : 1, qb, sz, &m4, &nk);
     uint64_t n = sizeof(ds4_work);
     for (size_t i = 0; i < WORK_BUFS; i++) n += sz[i];
     *bytes = n;

@@ -32,8 +32,16 @@ static kvt_isa detect_isa(void)
     if (!(b >> 16 & 1) || !(b >> 30 & 1) || !(b >> 31 & 1) || !os_saves(0xe6)) return KVT_ISA_AVX2;
     return KVT_ISA_AVX512;
 }
+
+/* AVX-512 VNNI: cpuid leaf 7, ecx bit 11 (asked only once AVX-512 is in). */
+static bool detect_vnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1);
+}
 #else
 static kvt_isa detect_isa(void) { return KVT_ISA_SCALAR; }
+static bool detect_vnni(void) { return false; }
 #endif
 
 /* KVT_ISA (scalar, avx2 or avx512) caps the choice at that instruction
@@ -51,12 +59,19 @@ static kvt_isa env_cap(kvt_isa isa)
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static kvt_isa detected;
-static void detect(void) { detected = env_cap(detect_isa()); }
+static bool detected_vnni;
+static void detect(void)
+{
+    const char *e = getenv("KVT_VNNI");
+    detected = env_cap(detect_isa());
+    detected_vnni = detected == KVT_ISA_AVX512 && detect_vnni() && !(e && !strcmp(e, "0"));
+}
 
 /* The choice: -1 until the first call; written under lock, read without. */
 atomic_int kvt_cpu_chosen = -1;
+static atomic_bool vnni_chosen;
 static pthread_mutex_t choose_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool forced_scalar, forced_avx2; /* under choose_lock */
+static bool forced_scalar, forced_avx2, forced_novnni; /* under choose_lock */
 
 /* Sets kvt_cpu_chosen from the CPU and the switches; choose_lock held. */
 static kvt_isa choose(void)
@@ -65,6 +80,7 @@ static kvt_isa choose(void)
     kvt_isa isa = detected;
     if (forced_avx2 && isa > KVT_ISA_AVX2) isa = KVT_ISA_AVX2;
     if (forced_scalar) isa = KVT_ISA_SCALAR;
+    atomic_store_explicit(&vnni_chosen, isa == KVT_ISA_AVX512 && detected_vnni && !forced_novnni, memory_order_relaxed);
     atomic_store_explicit(&kvt_cpu_chosen, (int)isa, memory_order_release);
     return isa;
 }
@@ -91,6 +107,13 @@ bool kvt_kernels_force_scalar(bool on) { return force(&forced_scalar, on); }
 bool kvt_kernels_force_avx2(bool on) { return force(&forced_avx2, on); }
 bool kvt_kernels_simd(void) { return kvt_cpu_isa() >= KVT_ISA_AVX2; }
 bool kvt_kernels_avx512(void) { return kvt_cpu_isa() == KVT_ISA_AVX512; }
+bool kvt_kernels_force_novnni(bool on) { return force(&forced_novnni, on); }
+
+bool kvt_cpu_vnni(void)
+{
+    kvt_cpu_isa(); /* the choice made (an acquire: vnni_chosen was stored before it) */
+    return atomic_load_explicit(&vnni_chosen, memory_order_relaxed);
+}
 
 const char *kvt_cpu_isa_name(void)
 {

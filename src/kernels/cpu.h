@@ -49,6 +49,14 @@ bool kvt_kernels_simd(void);
 bool kvt_kernels_force_avx2(bool on);
 /* True when the AVX-512 kernels are in use. */
 bool kvt_kernels_avx512(void);
+/* True when the AVX-512 kernels are in use and the CPU has AVX-512 VNNI
+ * (vpdpbusd, vpdpwssd), which the low-bit prefill's panels use. Cleared by
+ * the switch below or by the environment variable KVT_VNNI=0 (benchmarks
+ * compare the two); one atomic load. */
+bool kvt_cpu_vnni(void);
+/* Keep the AVX-512 kernels but not their VNNI ones (tests): the same bits.
+ * Returns the previous setting. */
+bool kvt_kernels_force_novnni(bool on);
 
 /* How far ahead of itself a decode kernel prefetches its weight stream
  * (rows read one after the other, or packed), in bytes. The hardware's

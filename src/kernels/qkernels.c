@@ -1338,43 +1338,54 @@ QK_ROW(iq4xs_row1, KVT_GGML_IQ4_XS, 1)
 
 struct qk_ctx { float *y; const kvt_wmat *W; const uint8_t *qx; size_t n; const struct qk_ops *qk; };
 
-/* Row o against tokens [t, t + T): the fixed float order per superblock. */
-static void qk_outputs(const struct qk_ctx *c, size_t o, size_t t, int T)
+/* The rows qk_outputs keeps before it writes them, token by token. */
+#define QK_OB 8
+
+/* Rows [o, o + R) (R <= QK_OB) against tokens [t, t + T): each row's
+ * fixed float order per superblock, as one row alone; then each token's R
+ * outputs written side by side (one row at a time, the stores a row apart
+ * touched a cache line each, what cost the low-bit prefill a fifth of its
+ * time before it did the same). */
+static void qk_outputs(const struct qk_ctx *c, size_t o, size_t R, size_t t, int T)
 {
     const kvt_wmat *W = c->W;
     uint32_t ty = W->type;
     bool q4 = ty == KVT_GGML_Q4_K, q5 = ty == KVT_GGML_Q5_K, q6 = ty == KVT_GGML_Q6_K, mins = q4 || q5;
     size_t nsb = W->cols / QKK, bytes = q4 ? Q4K_BYTES : q5 ? Q5K_BYTES : q6 ? Q6K_BYTES : IQ4XS_BYTES;
-    const uint8_t *row = W->data + o * W->row_bytes;
     kact a[KT];
-    float acc[KT] = {0};
+    float acc[QK_OB][KT] = {{0}}; /* (row, token) */
     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
-    if (c->qk) {
-        const qk_row_fn *f = c->qk->row[kq(ty)];
-        if (T == KT) f[0](row, nsb, a, acc);
-        else if (T == 4) f[1](row, nsb, a, acc);
-        else
-            for (int k = 0; k < T; k++) f[2](row, nsb, a + k, acc + k);
-        for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
-        return;
-    }
-    for (size_t b = 0; b < nsb; b++) {
-        const uint8_t *w = row + b * bytes;
-        int32_t is[KT], ms[KT] = {0};
-        for (int k = 0; k < T; k++) {
-            if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
-            else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
-            else is[k] = iq4xs_int_scalar(w, a + k, b);
+    for (size_t r = 0; r < R; r++) {
+        const uint8_t *row = W->data + (o + r) * W->row_bytes;
+        if (c->qk) {
+            const qk_row_fn *f = c->qk->row[kq(ty)];
+            if (T == KT) f[0](row, nsb, a, acc[r]);
+            else if (T == 4) f[1](row, nsb, a, acc[r]);
+            else
+                for (int k = 0; k < T; k++) f[2](row, nsb, a + k, acc[r] + k);
+            continue;
         }
-        float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
-        float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
-        for (int k = 0; k < T; k++) {
-            float dx = a[k].d[b];
-            acc[k] = fmaf(d * dx, (float)is[k], acc[k]);
-            if (mins) acc[k] = fmaf(-(dmin * dx), (float)ms[k], acc[k]);
+        for (size_t b = 0; b < nsb; b++) {
+            const uint8_t *w = row + b * bytes;
+            int32_t is[KT], ms[KT] = {0};
+            for (int k = 0; k < T; k++) {
+                if (mins) q4k_ints_scalar(q5, w, a + k, b, is + k, ms + k);
+                else if (q6) is[k] = q6k_int_scalar(w, a + k, b);
+                else is[k] = iq4xs_int_scalar(w, a + k, b);
+            }
+            float d = kvt_f16_to_f32(kvt_rd16(q6 ? w + 208 : w));
+            float dmin = mins ? kvt_f16_to_f32(kvt_rd16(w + 2)) : 0;
+            for (int k = 0; k < T; k++) {
+                float dx = a[k].d[b];
+                acc[r][k] = fmaf(d * dx, (float)is[k], acc[r][k]);
+                if (mins) acc[r][k] = fmaf(-(dmin * dx), (float)ms[k], acc[r][k]);
+            }
         }
     }
-    for (int k = 0; k < T; k++) c->y[(t + (size_t)k) * W->rows + o] = acc[k];
+    for (int k = 0; k < T; k++) {
+        float *y = c->y + (t + (size_t)k) * W->rows + o;
+        for (size_t r = 0; r < R; r++) y[r] = acc[r][k];
+    }
 }
 
 #ifdef KVT_HAVE_X86
@@ -1445,17 +1456,18 @@ static void qk_range(void *arg, size_t o0, size_t o1)
                     for (int k = 0; k < T; k++) a[k] = kact_at(c->qx, t + (size_t)k, W->cols);
                     c->qk->q6x4[T == 8 ? 0 : 1](x.k6, nsb, a, c->y + t * W->rows + o0, W->rows);
                 }
-            for (size_t r = 0; r < 4; r++)
-                for (size_t u = t; u < c->n; u++) qk_outputs(c, o0 + r, u, 1);
+            for (size_t u = t; u < c->n; u++) qk_outputs(c, o0, 4, u, 1);
         }
     }
 #endif
-    for (size_t o = o0; o < o1; o++)
+    for (size_t o = o0; o < o1; o += QK_OB) {
+        size_t R = o1 - o < QK_OB ? o1 - o : QK_OB;
         for (size_t t = 0; t < c->n;) {
             int T = c->n - t >= KT ? KT : c->n - t >= 4 ? 4 : 1;
-            qk_outputs(c, o, t, T);
+            qk_outputs(c, o, R, t, T);
             t += (size_t)T;
         }
+    }
 }
 
 size_t kvt_q_pack_bytes(const kvt_wmat *W)

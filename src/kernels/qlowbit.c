@@ -36,13 +36,23 @@ typedef void (*lb_row_fn)(uint32_t ty, const uint8_t *row, size_t nsb, size_t by
 /* Four rows (row_bytes apart) against one token, out[0 .. 3] (decode). */
 typedef void (*lb_rows4_fn)(uint32_t ty, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes,
                             const kact *a, float *out, const struct lb_grid *grid);
+/* LB_PR rows (row_bytes apart) against T <= LB_T tokens (a), y[t * ldy + r]
+ * (prefill). */
+typedef void (*lb_tile_fn)(uint32_t ty, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes, const kact *a,
+                           size_t T, float *y, size_t ldy, const struct lb_grid *grid);
 /* The kernels of one instruction set; NULL: the scalar loops. */
 struct lb_ops {
     lb_row_fn row;     /* one row against up to LB_T tokens */
     lb_rows4_fn rows4; /* decode: four rows a call; NULL: row */
+    lb_tile_fn tile;   /* prefill: LB_PR rows a call (then row for the rest); NULL: row */
 };
 /* Below this many tokens a matmul runs rows4 per token (decode). */
 #define LB_ROWS4_BELOW 4
+/* From this many tokens a matmul runs tile where there is one (VNNI): its
+ * panels cost about as much to build as ten tokens' dot products in row
+ * (IQ2_XXS 2048 x 4096, 1 thread: 8 tokens 1.14 ms against 0.90, 10 even,
+ * 12 1.32 against 1.56, 64 3.2 against 11.6). */
+#define LB_TILE_FROM 11
 static const struct lb_ops *ops(void);
 
 #ifdef KVT_HAVE_X86
@@ -84,10 +94,11 @@ __attribute__((target("avx2"))) static inline int32_t hsum_i32(__m256i v)
  * (and the signs' subtraction) per 64 weights and token, then per
  * superblock and token the sum of 16 lanes and one fma; weights offset by
  * 64 (the signs moved to a 16-sum correction) and a table of the tokens'
- * scales measured no faster. llama.cpp's i-quant prefill instead
- * decodes eight rows to int8 panels and multiplies them with VNNI
- * (vpdpbusd), which the AVX-512 row here does not assume; that is the
- * next step for prefill. */
+ * scales measured no faster. With AVX-512 VNNI a prefill of at least
+ * LB_TILE_FROM tokens instead decodes 16 rows' superblock once into int8
+ * panels and multiplies them with vpdpbusd (lb_tile_vnni, below): the dot
+ * product alone per token, about a third of the instructions, the panel's
+ * build about ten tokens' worth. */
 
 int kvt_q_fault;
 
@@ -463,6 +474,34 @@ static inline bool lb_fused(uint32_t ty)
     return ty == KVT_GGML_Q2_K || ty == KVT_GGML_Q3_K || ty == KVT_GGML_IQ2_XXS;
 }
 
+/* The float steps of superblock b for eight tokens ag[0 .. 7] of one row,
+ * a lane each (lb_row_avx2 and lb_row_zmm share them): is[t] and (Q2_K)
+ * ms[t] hold token t's integer sums in eight lanes; acc + d * dx * isum
+ * (bump added: tests), then - dmin * dx * msum, each the scalar's fma. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 lb_end8(__m256 acc, const __m256i *is,
+                                                                               const __m256i *ms, __m256i bump,
+                                                                               float d, float dmin, bool q2,
+                                                                               const kact *ag, size_t b)
+{
+    __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b], ag[1].d[b],
+                              ag[0].d[b]);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)),
+                          acc);
+    if (q2) acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)), acc);
+    return acc;
+}
+
+/* The same for one token a (its sums in eight lanes of is, ms). */
+__attribute__((target("avx2,fma"), always_inline)) static inline float lb_end1(float acc, __m256i is, __m256i ms,
+                                                                              float d, float dmin, bool q2,
+                                                                              const kact *a, size_t b)
+{
+    float dx = a->d[b];
+    acc = fmaf(d * dx, (float)hsum_i32(is), acc);
+    if (q2) acc = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc);
+    return acc;
+}
+
 /* One row of type (ty: the same for the fused types, 0 for the others)
  * against T <= LB_T tokens: out[t] = lb_range's scalar sum, bit
  * for bit (the float steps per superblock in increasing order, each a
@@ -522,21 +561,13 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void lb_ro
             const kact *ag = a + 8 * g;
             __m256i is[8], ms[8];
             lb_vec_avx2(ty, 8, w, &u, grid, ag, b, is, ms);
-            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
-                                      ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
-            if (q2)
-                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
-                                          acc[g]);
+            acc[g] = lb_end8(acc[g], is, ms, bump, d, dmin, q2, ag, b);
         }
         for (size_t r = 0; r < R; r++) {
             const kact *ar = a + 8 * G + r;
-            __m256i is, ms;
+            __m256i is, ms = _mm256_setzero_si256();
             lb_vec_avx2(ty, 1, w, &u, grid, ar, b, &is, &ms);
-            float dx = ar->d[b];
-            acc1[r] = fmaf(d * dx, (float)hsum_i32(is), acc1[r]);
-            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(ms), acc1[r]);
+            acc1[r] = lb_end1(acc1[r], is, ms, d, dmin, q2, ar, b);
         }
     }
     for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
@@ -832,13 +863,7 @@ LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, siz
                 is[t] = lbz_fold(v);
                 if (q2) ms[t] = lbv_mins(w, ag + t, b);
             }
-            __m256 dx = _mm256_set_ps(ag[7].d[b], ag[6].d[b], ag[5].d[b], ag[4].d[b], ag[3].d[b], ag[2].d[b],
-                                      ag[1].d[b], ag[0].d[b]);
-            acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(lb_sum8(is), bump)), acc[g]);
-            if (q2)
-                acc[g] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dx), _mm256_cvtepi32_ps(lb_sum8(ms)),
-                                          acc[g]);
+            acc[g] = lb_end8(acc[g], is, ms, bump, d, dmin, q2, ag, b);
         }
         for (size_t r = 0; r < R; r++) {
             const kact *ar = a + 8 * G + r;
@@ -846,9 +871,8 @@ LB_ZMM void lb_row_zmm(const uint32_t ty, uint32_t type, const uint8_t *row, siz
             __m512i v = _mm512_setzero_si512();
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
                 v = lbz_dot(v, m[j], neg[j], sc[j], _mm512_loadu_si512((const void *)(q + 64 * j)));
-            float dx = ar->d[b];
-            acc1[r] = fmaf(d * dx, (float)hsum_i32(lbz_fold(v)), acc1[r]);
-            if (q2) acc1[r] = fmaf(-(dmin * dx), (float)hsum_i32(lbv_mins(w, ar, b)), acc1[r]);
+            acc1[r] = lb_end1(acc1[r], lbz_fold(v), q2 ? lbv_mins(w, ar, b) : _mm256_setzero_si256(), d, dmin, q2, ar,
+                              b);
         }
     }
     for (size_t g = 0; g < G; g++) _mm256_storeu_ps(out + 8 * g, acc[g]);
@@ -880,6 +904,192 @@ LB_ZMM_FN void lb_rows4_zmm_fn(uint32_t ty, const uint8_t *row, size_t row_bytes
     }
 }
 #undef LB_ZMM_FN
+
+/* ---- AVX-512 VNNI: the prefill's int8 panels ----
+ *
+ * For LB_PR = 16 rows at once, each superblock is decoded once into a
+ * panel (lb_panel) whose vectors hold one int32 lane per row: w[c], lane r,
+ * the four weights 4 c .. 4 c + 3 of row r as unsigned bytes (the signed
+ * weight plus LB_OFF: every type's weights lie in -62 .. 62; Q2_K's, 0 ..
+ * 3, stay as they are), so that one vpdpbusd against the token's four
+ * activations 4 c .. 4 c + 3 (broadcast) adds those four products to each
+ * row's lane. Per group of 16 (four such steps) the lanes are multiplied
+ * by the rows' scales (vpmulld) and added; the offset comes back out as
+ * -LB_OFF * sc[g] * bsum[g] for each group g of the token (its Q8_K sums
+ * of 16), two groups a vpdpwssd (pr[k], lane r: the int16 pair -LB_OFF
+ * sc[2 k], -LB_OFF sc[2 k + 1]; Q2_K's pair is its mins, whose sum is
+ * msum). Every step is an exact integer sum (a group's offset sum is at
+ * most 16 * 126 * 127 in size, times a scale of at most 32, sixteen groups
+ * plus the correction: far inside int32), so the lane of row r ends at
+ * lb_ints_scalar's isum; the float steps are the scalar's, sixteen rows a
+ * vector, and a token's sixteen outputs are stored side by side. The
+ * weights of the panel's rows are built as lb_row_zmm builds them, then
+ * transposed (lbp_transpose); per token the work left is the dot product:
+ * 64 vpdpbusd, 16 vpmulld and 8 vpdpwssd for 16 rows, where lb_row_zmm
+ * spends about 20 instructions per row. */
+#define LB_PR 16
+#define LB_OFF 64
+#define LB_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"), always_inline)) static inline
+
+struct lb_panel {
+    __m512i w[64]; /* (chunk of 4 weights, row), unsigned: weight + LB_OFF (Q2_K: weight) */
+    __m512i sc[16]; /* (group, row) int32 scales */
+    __m512i pr[8]; /* (pair of groups, row) int16 pairs: -LB_OFF * scales (Q2_K: mins) */
+    float d[LB_PR], dm[LB_PR]; /* (row) */
+};
+
+/* r[i] lane j becomes r[j] lane i (a 16 x 16 transpose of int32). */
+LB_VNNI void lbp_transpose(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* A superblock's sixteen scales as int32 lanes (lb_unpack's sc), and the
+ * pairs lbp_tokens adds with the token's sums of 16: -LB_OFF * sc (Q2_K:
+ * its mins, lb_unpack's mn) as int16 in the low 256 bits. In vectors for
+ * the fused types (no scalar stores read back as a vector). */
+LB_VNNI __m512i lbp_scales(const uint32_t ty, const uint8_t *w, const lb_sb *u, __m512i *pairs)
+{
+    __m512i sc;
+    if (ty == KVT_GGML_Q2_K) {
+        __m128i s = _mm_loadu_si128((const __m128i *)w);
+        *pairs = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(15))));
+        return _mm512_cvtepu8_epi32(_mm_and_si128(s, _mm_set1_epi8(15)));
+    }
+    if (ty == KVT_GGML_IQ2_XXS) {
+        /* aux k (bits 28 .. 31: its scale) the odd u32 2 k + 1 of qs */
+        __m512i a = _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15),
+                                             _mm512_srli_epi32(_mm512_loadu_si512((const void *)(w + 2)), 28));
+        sc = _mm512_add_epi32(_mm512_add_epi32(a, a), _mm512_set1_epi32(1));
+    } else if (ty == KVT_GGML_Q3_K) {
+        sc = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(lbz_scales(ty, w, u)));
+    } else {
+        sc = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)u->sc));
+    }
+    *pairs = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_mullo_epi32(sc, _mm512_set1_epi32(-LB_OFF))));
+    return sc;
+}
+
+/* Panel p of superblock b of the LB_PR rows at row (row_bytes apart). */
+LB_VNNI void lbp_build(const uint32_t ty, uint32_t type, const uint8_t *row, size_t row_bytes, size_t b, size_t bytes,
+                       const struct lb_grid *grid, lb_sb *u, struct lb_panel *p)
+{
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    const uint8_t *wr[LB_PR];
+    __m512i v[LB_PR], e[LB_PR];
+    for (int r = 0; r < LB_PR; r++) {
+        const uint8_t *w = wr[r] = row + (size_t)r * row_bytes + b * bytes;
+        /* the same superblock of the next panel's rows (the next 16 rows) */
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(w + LB_PR * row_bytes + off), _MM_HINT_T0);
+        if (!lb_fused(ty)) lb_unpack(type, w, u + r);
+        v[r] = lbp_scales(ty, w, u + r, e + r);
+        p->d[r] = lb_d(ty, w, u + r, p->dm + r);
+    }
+    lbp_transpose(v);
+    for (int g = 0; g < 16; g++) p->sc[g] = v[g];
+    lbp_transpose(e);
+    for (int k = 0; k < 8; k++) p->pr[k] = e[k];
+    for (int j = 0; j < 4; j++) {
+        for (int r = 0; r < LB_PR; r++) {
+            __mmask64 neg;
+            __m512i m = lbz_weights(ty, wr[r], u + r, grid, j, &neg);
+            v[r] = q2 ? m
+                      : _mm512_mask_sub_epi8(_mm512_add_epi8(m, _mm512_set1_epi8(LB_OFF)), neg,
+                                             _mm512_set1_epi8(LB_OFF), m);
+        }
+        lbp_transpose(v);
+        for (int c = 0; c < 16; c++) p->w[16 * j + c] = v[c];
+    }
+}
+
+/* NT tokens (a) against panel p of superblock b, into their outputs F[t]
+ * (lane r: row r). bump: the tests' fault (one row's sum one more). */
+LB_VNNI void lbp_tokens(const bool q2, const int NT, const struct lb_panel *p, const kact *a, size_t b, __m512 *F,
+                        __m512i bump)
+{
+    __m512i is[8], ms[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) is[t] = ms[t] = _mm512_setzero_si512();
+    for (int g = 0; g < 16; g++) {
+        const __m512i w0 = p->w[4 * g], w1 = p->w[4 * g + 1], w2 = p->w[4 * g + 2], w3 = p->w[4 * g + 3];
+        const __m512i sc = p->sc[g];
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+            const uint8_t *x = (const uint8_t *)(a[t].q + QKK * b + 16 * g);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_set1_epi32((int)kvt_rd32(x)));
+            s = _mm512_dpbusd_epi32(s, w1, _mm512_set1_epi32((int)kvt_rd32(x + 4)));
+            s = _mm512_dpbusd_epi32(s, w2, _mm512_set1_epi32((int)kvt_rd32(x + 8)));
+            s = _mm512_dpbusd_epi32(s, w3, _mm512_set1_epi32((int)kvt_rd32(x + 12)));
+            is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(s, sc));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        const __m512i pr = p->pr[k];
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+            __m512i bs = _mm512_set1_epi32((int)kvt_rd32((const uint8_t *)(a[t].bs + 16 * b + 2 * k)));
+            if (q2) ms[t] = _mm512_dpwssd_epi32(ms[t], pr, bs);
+            else is[t] = _mm512_dpwssd_epi32(is[t], pr, bs);
+        }
+    }
+    const __m512 d = _mm512_loadu_ps(p->d), dm = _mm512_loadu_ps(p->dm);
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+        __m512 dx = _mm512_set1_ps(a[t].d[b]);
+        F[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(is[t], bump)), F[t]);
+        if (q2) F[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(ms[t]), F[t]);
+    }
+}
+
+/* LB_PR rows (row_bytes apart) against T <= LB_T tokens: y[t * ldy + r]. */
+LB_VNNI void lb_tile_vnni(const uint32_t ty, uint32_t type, const uint8_t *row, size_t row_bytes, size_t nsb,
+                          size_t bytes, const kact *a, size_t T, float *y, size_t ldy, const struct lb_grid *grid)
+{
+    const bool q2 = ty == KVT_GGML_Q2_K;
+    const __m512i bump = _mm512_maskz_set1_epi32(kvt_q_fault == KVT_QUANT_FAULT_LANE ? 1 << 5 : 0, 1); /* tests: row 5 */
+    struct lb_panel p;
+    lb_sb u[lb_fused(ty) ? 1 : LB_PR];
+    __m512 F[LB_T];
+    for (size_t t = 0; t < T; t++) F[t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nsb; b++) {
+        lbp_build(ty, type, row, row_bytes, b, bytes, grid, u, &p);
+        size_t t = 0;
+        for (; t + 8 <= T; t += 8) lbp_tokens(q2, 8, &p, a + t, b, F + t, bump);
+        for (; t + 4 <= T; t += 4) lbp_tokens(q2, 4, &p, a + t, b, F + t, bump);
+        for (; t < T; t++) lbp_tokens(q2, 1, &p, a + t, b, F + t, bump);
+    }
+    for (size_t t = 0; t < T; t++) _mm512_storeu_ps(y + t * ldy, F[t]);
+}
+
+#define LB_VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) static
+LB_VNNI_FN void lb_tile_vnni_fn(uint32_t ty, const uint8_t *row, size_t row_bytes, size_t nsb, size_t bytes,
+                                const kact *a, size_t T, float *y, size_t ldy, const struct lb_grid *grid)
+{
+    switch (ty) {
+    case KVT_GGML_Q2_K: lb_tile_vnni(KVT_GGML_Q2_K, ty, row, row_bytes, nsb, bytes, a, T, y, ldy, grid); return;
+    case KVT_GGML_Q3_K: lb_tile_vnni(KVT_GGML_Q3_K, ty, row, row_bytes, nsb, bytes, a, T, y, ldy, grid); return;
+    case KVT_GGML_IQ2_XXS: lb_tile_vnni(KVT_GGML_IQ2_XXS, ty, row, row_bytes, nsb, bytes, a, T, y, ldy, grid); return;
+    default: lb_tile_vnni(0, ty, row, row_bytes, nsb, bytes, a, T, y, ldy, grid); return;
+    }
+}
+#undef LB_VNNI_FN
+#undef LB_VNNI
 #undef LB_ZMM
 #endif
 
@@ -901,6 +1111,22 @@ static void lb_range(void *arg, size_t o0, size_t o1)
                 c->k->rows4(ty, W->data + o0 * W->row_bytes, W->row_bytes, nsb, bytes, &a, c->y + t * W->rows + o0,
                             c->grid);
             }
+    }
+    if (c->k->tile && c->n >= LB_TILE_FROM && o0 + LB_PR <= o1) {
+        /* prefill: LB_PR rows a call, each superblock of theirs decoded
+         * once for each block of up to LB_T tokens; the blocks outside, so
+         * that a block's activations stay in the cache while the rows pass
+         * (the other way round, 256 tokens took twice the time a token) */
+        size_t o = o0;
+        for (size_t t0 = 0; t0 < c->n; t0 += LB_T) {
+            size_t T = c->n - t0 < LB_T ? c->n - t0 : LB_T;
+            kact a[LB_T];
+            for (size_t k = 0; k < T; k++) a[k] = kvt_q8k_at(c->qx, t0 + k, W->cols);
+            for (o = o0; o + LB_PR <= o1; o += LB_PR)
+                c->k->tile(ty, W->data + o * W->row_bytes, W->row_bytes, nsb, bytes, a, T, c->y + t0 * W->rows + o,
+                           W->rows, c->grid);
+        }
+        o0 = o;
     }
     /* LB_OB rows at a time against each block of up to LB_T tokens: the
      * block's activations found once for the rows, and each token's
@@ -975,4 +1201,19 @@ static const struct lb_ops *const isa_ops[KVT_ISA_COUNT] = {
 #endif
 };
 
-static const struct lb_ops *ops(void) { return isa_ops[kvt_cpu_isa()]; }
+#ifdef KVT_HAVE_X86
+/* AVX-512 with VNNI: the prefill's int8 panels. */
+static const struct lb_ops ops_avx512_vnni = {
+    .row = lb_row_zmm_fn,
+    .rows4 = lb_rows4_zmm_fn,
+    .tile = lb_tile_vnni_fn,
+};
+#endif
+
+static const struct lb_ops *ops(void)
+{
+#ifdef KVT_HAVE_X86
+    if (kvt_cpu_vnni()) return &ops_avx512_vnni;
+#endif
+    return isa_ops[kvt_cpu_isa()];
+}
