@@ -58,6 +58,21 @@
  *                            chained row kept as verified, an off-by-one
  *                            rollback of the window) leaves it unequal;
  *                            ds4-tiny without the layer is refused.
+ *   speculate_mtp_file_ds4   --draft mtp --model-draft FILE: ds4-tiny+mtp=1's
+ *                            layer written as ds4.c's separate file
+ *                            (mtp.0.*) and attached to ds4-tiny: two chained
+ *                            steps of the layer give the in-file layer's
+ *                            logits, streams and rows bit for bit; replies
+ *                            give the same response, digest, drafted and
+ *                            accepted counts, plain decoding's; the file's
+ *                            own head norm is the one used (doubled: the
+ *                            logits double exactly). Control:
+ *                            KVT_DS4_FAULT_MTP_BIND (e_proj and h_proj
+ *                            swapped) makes the layer's bits differ.
+ *                            Refused naming the problem, the model left
+ *                            as it was: another shape (the tensor named),
+ *                            a truncated file, a foreign architecture, a
+ *                            model with its own layer.
  *   speculate_model_llama    the same with each family's synthetic model
  *   speculate_model_gemma3   drafting for another copy of itself: the
  *   speculate_model_qwen35   draft session's rollback through full rows,
@@ -88,7 +103,10 @@
  *                            token is refused (exit 2) naming the token,
  *                            and serve refuses to start with it;
  *                            --draft mtp on ds4-tiny is refused (no MTP
- *                            layer),
+ *                            layer), and with --model-draft FILE (ds4.c's
+ *                            file from model new --mtp-out) it drafts and
+ *                            gives --draft none's ids (a model with its
+ *                            own layer refuses the file, exit 2),
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
  *                            and --draft-max 65 are usage errors. On main
@@ -100,6 +118,7 @@
 #include "serve/draft.h"
 #include "serve/generate.h"
 #include "arch/model.h"
+#include "arch/ds4.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -636,6 +655,186 @@ TEST(speculate_mtp_ds4)
     kvt_model_close(m);
 }
 
+/* The MTP layer of m on toks (n tokens, n <= a pass): on a session synced
+ * to them, the layer's step for the last token from the model's hidden
+ * state of the one before it, then a second step chained on the first's
+ * output and best guess (a draft's second guess): both steps' logits and
+ * output streams, and the ring of rows they wrote, into out (NULL: the
+ * step failed). */
+static float *mtp_layer_out(kvt_model *m, const int32_t *toks, size_t n, size_t *len)
+{
+    const kvt_mtp_ops *o = m->arch->mtp;
+    size_t V = m->info.n_vocab, hf = o->hidden_floats(m), rb = o->ring_bytes(m);
+    *len = 2 * (V + hf) * sizeof(float) + rb;
+    float *out = calloc(1, *len), *h = malloc(hf * sizeof *h);
+    kvt_session *s = NULL;
+    kvt_session_opts so = {.n_ctx = (uint32_t)n + 8, .n_threads = 1};
+    bool ok = out && h && kvt_session_new(&s, m, &so) == KVT_OK && kvt_session_sync(s, toks, n, NULL) == KVT_OK &&
+              o->hidden(s, n - 2, h) == KVT_OK;
+    uint16_t *ring = (uint16_t *)(void *)(out + 2 * (V + hf));
+    ok = ok && o->step(s, ring, h, toks[n - 1], n - 1, false, out + V, out) == KVT_OK;
+    int32_t best = 0;
+    for (size_t v = 1; ok && v < V; v++) best = out[v] > out[best] ? (int32_t)v : best;
+    ok = ok && o->step(s, ring, out + V, best, n, false, out + 2 * V + hf, out + V + hf) == KVT_OK;
+    kvt_session_free(s);
+    free(h);
+    if (!ok) free(out);
+    return ok ? out : NULL;
+}
+
+/* An attach of path to a fresh ds4-tiny refused with rc, its message
+ * holding says, the model left without a layer. */
+static bool attach_refused(const char *path, int rc_want, const char *says, const char *what)
+{
+    kvt_model *b = NULL;
+    if (kvt_model_preset(&b, "ds4-tiny", 7, NULL)) return false;
+    int rc = kvt_draft_mtp_attach(b, path);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+    bool ok = rc == rc_want && strstr(msg, says) && kvt_draft_mtp_check(b, "ds4-tiny") == KVT_EUNSUPPORTED;
+    printf("    %s: %s (%d): %s\n", what, ok ? "refused" : "NOT AS WANTED", rc, msg);
+    kvt_model_close(b);
+    return ok;
+}
+
+/* --draft mtp --model-draft FILE: ds4-tiny+mtp=1's layer written as ds4.c's
+ * separate file (mtp.0.*, eh_proj as e_proj and h_proj) and attached to
+ * ds4-tiny (the same weights without the layer): the layer's logits,
+ * output streams and rows of two chained steps equal the in-file layer's
+ * bit for bit, and replies (greedy and sampled, alone and batched) give
+ * the same response, tokens, digest, drafted and accepted counts, equal to
+ * plain decoding's. Control: KVT_DS4_FAULT_MTP_BIND (e_proj and h_proj
+ * bound to each other's place) makes the layer's outputs differ. Refused
+ * cleanly, naming the problem, the model left as it was: a layer of
+ * another shape (Fe), a truncated file, a foreign architecture, a model
+ * that has its own layer; after a refusal a right file still attaches. */
+TEST(speculate_mtp_file_ds4)
+{
+    kvt_model *m = NULL, *sep = NULL, *bad = NULL, *other = NULL;
+    char dir[] = "/tmp/kvt-spec-mtp-XXXXXX", file[128], path[128];
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/mtp.gguf", dir);
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny+mtp=1", 7, NULL));
+    CHECK_OK(kvt_draft_mtp_write(m, file));
+    /* refusals first: each on a fresh ds4-tiny, which must stay without a layer */
+    CHECK_OK(kvt_model_preset(&other, "ds4-tiny+mtp=1,Fe=64", 7, NULL));
+    snprintf(path, sizeof path, "%s/fe64.gguf", dir);
+    CHECK_OK(kvt_draft_mtp_write(other, path));
+    kvt_model_close(other);
+    CHECKF(attach_refused(path, KVT_EFORMAT, "mtp.0.ffn_gate_exps.weight has shape", "a layer of another shape"),
+           "a layer of another shape: want a refusal naming the tensor");
+    size_t len = 0;
+    char *bytes = kvt_test_read_file(file, &len);
+    CHECK(bytes && len > 4096);
+    snprintf(path, sizeof path, "%s/trunc.gguf", dir);
+    CHECK(fx_write_file(path, bytes, len / 2));
+    CHECKF(attach_refused(path, KVT_EFORMAT, "run past the end", "a truncated file"),
+           "a truncated file: want a refusal");
+    char *arch = memmem(bytes, len, "deepseek4", 9); /* general.architecture's value, as long */
+    CHECK(arch != NULL);
+    memcpy(arch, "deepseek3", 9);
+    snprintf(path, sizeof path, "%s/foreign.gguf", dir);
+    CHECK(fx_write_file(path, bytes, len));
+    free(bytes);
+    CHECKF(attach_refused(path, KVT_EFORMAT, "not a deepseek4 file", "a foreign architecture"),
+           "a foreign architecture: want a refusal");
+    CHECK(kvt_draft_mtp_attach(m, file) == KVT_EINVAL && strstr(kvt_errmsg(), "its own MTP layer"));
+    /* the file attached to ds4-tiny after a refusal of another shape */
+    CHECK_OK(kvt_model_preset(&sep, "ds4-tiny", 7, NULL));
+    snprintf(path, sizeof path, "%s/fe64.gguf", dir);
+    CHECK(kvt_draft_mtp_attach(sep, path) == KVT_EFORMAT);
+    CHECK_OK(kvt_draft_mtp_attach(sep, file));
+    CHECK_OK(kvt_draft_mtp_check(sep, "ds4-tiny with ds4.c's file"));
+    CHECK_OK(kvt_model_preset(&bad, "ds4-tiny", 7, NULL));
+    kvt_ds4_fault = KVT_DS4_FAULT_MTP_BIND;
+    int brc = kvt_draft_mtp_attach(bad, file);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECK_OK(brc);
+    /* the layer's outputs, bit for bit */
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
+    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
+    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    size_t la = 0, lb = 0, lc = 0;
+    float *a = mtp_layer_out(m, pa, 40, &la), *b = mtp_layer_out(sep, pa, 40, &lb), *c = mtp_layer_out(bad, pa, 40, &lc);
+    CHECKF(a && b && c && la == lb && lb == lc, "the MTP layer's steps failed: %s", kvt_errmsg());
+    bool eq = !memcmp(a, b, la), eq_bad = !memcmp(a, c, la);
+    printf("    the layer's two chained steps (logits, streams, rows): from ds4.c's file %s; control (e_proj and "
+           "h_proj swapped) %s\n", eq ? "the same bits" : "DIFFERENT", eq_bad ? "THE SAME" : "differs");
+    free(a);
+    free(b);
+    free(c);
+    CHECKF(eq, "the layer from ds4.c's file computes other bits than the same layer inside the model file");
+    CHECKF(!eq_bad, "control: the swapped binding went unseen");
+    /* the layer's own head norm (ds4.c's mtp.0.norm, llama.cpp's
+     * shared_head_norm) is the one used: doubled in the file, the layer's
+     * logits double exactly (a power of two scales every product and sum
+     * exactly) while its streams and rows stay the same */
+    size_t flen = 0;
+    char *fb = kvt_test_read_file(file, &flen);
+    kvt_gguf *g = NULL;
+    CHECK(fb && kvt_gguf_open_mem(&g, fb, flen) == KVT_OK);
+    const kvt_gguf_tensor *nt = kvt_gguf_find_tensor(g, "mtp.0.norm.weight");
+    CHECK(nt && nt->type == KVT_GGML_F32 && nt->data);
+    float *nw = (float *)(void *)(fb + ((const char *)nt->data - fb));
+    for (size_t i = 0; i < nt->ne[0]; i++) nw[i] *= 2;
+    kvt_gguf_close(g);
+    snprintf(path, sizeof path, "%s/norm2.gguf", dir);
+    CHECK(fx_write_file(path, fb, flen));
+    free(fb);
+    kvt_model *n2 = NULL;
+    CHECK_OK(kvt_model_preset(&n2, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_draft_mtp_attach(n2, path));
+    size_t V = in.n_vocab, hf = m->arch->mtp->hidden_floats(m), ln = 0;
+    a = mtp_layer_out(m, pa, 40, &la);
+    float *d2 = mtp_layer_out(n2, pa, 40, &ln);
+    CHECK(a && d2 && ln == la);
+    bool doubled = true, differs = false;
+    for (size_t v = 0; v < V; v++) doubled &= d2[v] == 2 * a[v], differs |= d2[v] != a[v];
+    bool streams = !memcmp(a + V, d2 + V, hf * sizeof(float));
+    printf("    the file's head norm doubled: the first step's logits %s, its streams %s\n",
+           doubled && differs ? "doubled exactly" : "NOT DOUBLED", streams ? "the same" : "DIFFERENT");
+    free(a);
+    free(d2);
+    kvt_model_close(n2);
+    CHECKF(doubled && differs && streams, "the layer's own head norm is not the one its logits use");
+    /* the drafters in replies */
+    int32_t *ps[BATCH] = {pa, pb};
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        for (size_t k = 1; k <= BATCH; k++) {
+            outcome plain[BATCH], in_file[BATCH], from_ds4c[BATCH];
+            bool ran = replies(sep, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, in_file);
+            ran = ran && replies(sep, ps, PROMPT, k, st, KVT_DRAFT_MTP, from_ds4c);
+            CHECKF(ran, "mtp file %s: a reply failed: %s", st->what, kvt_errmsg());
+            for (size_t i = 0; i < k; i++) {
+                bool same_counts = in_file[i].u.drafted == from_ds4c[i].u.drafted &&
+                                   in_file[i].u.accepted == from_ds4c[i].u.accepted &&
+                                   in_file[i].u.passes == from_ds4c[i].u.passes;
+                bool eq_in = same(&in_file[i], &from_ds4c[i]), eq_plain = same(&plain[i], &from_ds4c[i]);
+                printf("    mtp file %s %s reply %zu: %u drafted, %u accepted, %u passes (in the model file: %u, %u, "
+                       "%u): %s, %s plain decoding, window %s\n", st->what, k > 1 ? "batched" : "alone", i,
+                       from_ds4c[i].u.drafted, from_ds4c[i].u.accepted, from_ds4c[i].u.passes, in_file[i].u.drafted,
+                       in_file[i].u.accepted, in_file[i].u.passes, eq_in ? "the same reply" : "DIFFERENT",
+                       eq_plain ? "as" : "NOT AS", from_ds4c[i].draft_exact ? "exact" : "NOT EXACT");
+                CHECKF(eq_in && same_counts, "mtp file %s: the reply or the counts differ from the in-file layer's",
+                       st->what);
+                CHECKF(eq_plain && from_ds4c[i].draft_exact, "mtp file %s: not plain decoding's reply", st->what);
+                CHECKF(from_ds4c[i].u.drafted > 0, "mtp file %s: nothing drafted", st->what);
+                outcome_free(&plain[i]);
+                outcome_free(&in_file[i]);
+                outcome_free(&from_ds4c[i]);
+            }
+        }
+    }
+    kvt_model_close(bad);
+    kvt_model_close(sep);
+    kvt_model_close(m);
+}
+
 TEST(speculate_ds4)
 {
     kvt_model *m = NULL;
@@ -896,6 +1095,48 @@ TEST(speculate_run)
         unlink(file);
         rmdir(dir);
         CHECKF(ok, "serve --model-draft of another vocabulary: want a refusal naming the token");
+    }
+    /* ds4.c's separate MTP file (model new --mtp-out) for ds4-tiny: the
+     * ids of --draft none, drafts made */
+    char mdir[] = "/tmp/kvt-spec-mtpf-XXXXXX", mf[128], mm[128];
+    if (kvt_test_mkdtemp(mdir)) {
+        snprintf(mf, sizeof mf, "%s/mtp.gguf", mdir);
+        snprintf(mm, sizeof mm, "%s/model.gguf", mdir);
+        const char *const w[] = {kvt_test_bin(), "model", "new", "--preset", "ds4-tiny+mtp=1", "--out", mm,
+                                 "--mtp-out", mf, NULL};
+        int wst = -1;
+        CHECKF(fx_run(w, "/dev/null", 60, &wst) == 1 && wst == 0, "model new --mtp-out failed");
+        char *out[2], *err[2];
+        int st[2];
+        for (int d = 0; d < 2; d++) {
+            const char *const a[] = {"--prompt", "abcabcabcabcabcabcabc", "--output", "ids", "--max-tokens", "64",
+                                     "--draft", d ? "mtp" : "none", d ? "--model-draft" : NULL, mf, NULL};
+            st[d] = run_cli(a, &out[d], &err[d]);
+        }
+        const char *dr = err[1] ? strstr(err[1], " passes, ") : NULL;
+        dr = dr ? strstr(dr, "; ") : NULL;
+        long drafted = dr ? strtol(dr + 2, NULL, 10) : -1;
+        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
+        printf("    --draft mtp --model-draft (ds4.c's file): %s; %s", eq ? "the same ids" : "DIFFERENT",
+               err[1] ? err[1] : "\n");
+        for (int d = 0; d < 2; d++) {
+            free(out[d]);
+            free(err[d]);
+        }
+        CHECKF(eq && drafted > 0, "run --draft mtp --model-draft: want plain decoding's ids and drafts made");
+        /* the model file that has its own layer refuses a second one */
+        const char *const a2[] = {"--prompt", "a", "--max-tokens", "1", "--model", mm, "--draft", "mtp",
+                                  "--model-draft", mf, NULL};
+        char *o2, *e2;
+        int s2 = run_cli(a2, &o2, &e2);
+        bool ok = s2 == 2 && e2 && strstr(e2, "its own MTP layer already");
+        printf("    the same with a model that has the layer: exit %d: %s", s2, e2 ? e2 : "\n");
+        free(o2);
+        free(e2);
+        CHECKF(ok, "run --draft mtp --model-draft on a model with the layer: want exit 2");
+        unlink(mf);
+        unlink(mm);
+        rmdir(mdir);
     }
     static const struct { const char *opt, *val, *says; } bad[] = {
         {"--draft", "model", "needs --model-draft"}, {"--draft", "mtp", "no MTP (nextn) layer"},

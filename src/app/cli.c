@@ -104,7 +104,8 @@ static int fail(int rc, const char *what)
 #define DRAFT_OPTS {"--draft"}, {"--draft-max"}, {"--model-draft"}
 
 /* --draft ngram|model|mtp|none (mtp: the model's MTP layer), --model-draft
- * FILE (the draft model: --draft model, which it implies) and --draft-max
+ * FILE (the draft model: --draft model, which it implies; with --draft mtp,
+ * ds4.c's separate MTP file for a model without the layer) and --draft-max
  * N. */
 static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t *max, const char **file)
 {
@@ -121,8 +122,8 @@ static bool parse_draft(const opt *o, size_t no, kvt_draft_kind *kind, uint32_t 
         fprintf(stderr, "kvtier: --draft model needs --model-draft FILE (the draft model)\n");
         return false;
     }
-    if (*kind != KVT_DRAFT_MODEL && *file) {
-        fprintf(stderr, "kvtier: --model-draft goes with --draft model, not --draft %s\n", d);
+    if (*kind != KVT_DRAFT_MODEL && *kind != KVT_DRAFT_MTP && *file) {
+        fprintf(stderr, "kvtier: --model-draft goes with --draft model or mtp, not --draft %s\n", d);
         return false;
     }
     uint64_t m = KVT_DRAFT_MAX_DEFAULT;
@@ -556,6 +557,12 @@ static int cmd_run(int argc, char **argv)
                            .rolling = get(o, no, "--rolling") != NULL,
                            .checkpoint_interval = kvt_save_policy_grid(&disk.policy),
                            .progress = progress_bar, .progress_user = &pr};
+    /* ds4.c's separate MTP file: before the session, whose scratch fits every matrix */
+    if (draft == KVT_DRAFT_MTP && draft_file && (rc = kvt_draft_mtp_attach(m, draft_file))) {
+        fail(rc, "run");
+        ret = 2;
+        goto out;
+    }
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
     if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
         fail(rc, "run");
@@ -941,16 +948,21 @@ static int cmd_model(int argc, char **argv)
 {
     if (argc < 1 || strcmp(argv[0], "new")) {
         fprintf(stderr, "kvtier: usage: kvtier model new --preset NAME [--seed S] [--vocab VOCAB.gguf] "
-                        "[--type f32|f16|q8_0] --out FILE.gguf\n");
+                        "[--type f32|f16|q8_0] --out FILE.gguf [--mtp-out MTP.gguf]\n");
         return 2;
     }
-    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}, {"--type"}};
+    opt o[] = {{"--preset"}, {"--seed"}, {"--vocab"}, {"--out"}, {"--type"}, {"--mtp-out"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc - 1, argv + 1, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t seed = KVT_DEFAULT_SEED;
     if (!parse_u64(get(o, no, "--seed"), "--seed", UINT64_MAX >> 1, &seed)) return 2;
     const char *preset = get(o, no, "--preset"), *out = get(o, no, "--out");
     if (!preset || !out) { fprintf(stderr, "kvtier: --preset and --out are required\n"); return 2; }
+    const char *mtp_out = get(o, no, "--mtp-out");
+    if (get(o, no, "--type") && mtp_out) {
+        fprintf(stderr, "kvtier: --mtp-out goes with a model built in memory, not --type\n");
+        return 2;
+    }
     if (get(o, no, "--type")) { /* tensor by tensor, without the model in memory */
         int rc = kvt_model_write_preset(preset, seed, get(o, no, "--vocab"), get(o, no, "--type"), out);
         if (rc) return fail(rc, out);
@@ -966,6 +978,8 @@ static int cmd_model(int argc, char **argv)
     if (rc) return fail(rc, preset);
     rc = kvt_model_save(m, out);
     if (rc) { kvt_model_close(m); return fail(rc, out); }
+    /* the MTP layer again, as ds4.c's separate file (--draft mtp --model-draft) */
+    if (mtp_out && (rc = kvt_draft_mtp_write(m, mtp_out))) { kvt_model_close(m); return fail(rc, mtp_out); }
     kvt_model_info i;
     kvt_model_info_get(m, &i);
     printf("wrote %s: %s, %llu parameters, vocabulary %u (%s), seed %llu\n", out, i.name,
@@ -1439,7 +1453,8 @@ static void usage(FILE *f)
           "              whether the mapped weights exceed available memory\n"
           "  perplexity  [--model M] --file F [--threads N] [--ctx N] [cache types]\n"
           "  model new   --preset ds4-tiny|ds4-mini|ds4-flash-bench [--seed S] [--vocab VOCAB.gguf]\n"
-          "              [--type f32|f16|q8_0] --out FILE.gguf\n"
+          "              [--type f32|f16|q8_0] --out FILE.gguf [--mtp-out MTP.gguf] (a preset\n"
+          "              with +mtp=1: its MTP layer also as ds4.c's separate file)\n"
           "  plan        --ctx N [--model M | --preset ds4-tiny|ds4-mini|ds4-flash-bench|ds4-flash |\n"
           "              --layers L --kv-heads H --head-dim D [--bytes B]] [cache types]\n"
           "  serve       [--model M] [--model-id ID] [--host 127.0.0.1] [--port 8000] [--ctx N]\n"
@@ -1494,7 +1509,9 @@ static void usage(FILE *f)
           "  draft options --draft ngram|model|mtp|none (none; mtp: a DeepSeek-V4 file's MTP layer),\n"
           "              --draft-max N\n"
           "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
-          "              implies --draft model): speculative decoding, the same output\n"
+          "              implies --draft model; with --draft mtp: ds4.c's separate MTP file\n"
+          "              of mtp.0.* tensors, for a model without the layer): speculative\n"
+          "              decoding, the same output\n"
           "              (see Speculative decoding)\n"
           "  bench       [--suite llama|ds4|snapshot|store|fork|all] [--quick] (see bench/README.md)\n"
           "  --version   print the version (kvtier VERSION)\n"

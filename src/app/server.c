@@ -1689,6 +1689,8 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(rc, "--model-draft %s: %s", opts->model_draft ? opts->model_draft : "(none)", msg);
         goto out;
     }
+    if (sv->o.draft == KVT_DRAFT_MTP && opts->model_draft && (rc = kvt_draft_mtp_attach(sv->m, opts->model_draft)))
+        goto out; /* ds4.c's separate MTP file, before any session */
     if (sv->o.draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(sv->m, opts->model ? opts->model : sv->m->info.name)))
         goto out;
     if (sv->dmodel) { /* a draft session's scratch, which its reservation counts */
@@ -1799,7 +1801,7 @@ int kvt_serve(const kvt_server_opts *opts)
             sv->remote ? ", remote tier " : "", sv->remote ? opts->remote_url : "");
     if (sv->o.draft)
         fprintf(stderr, "kvtier: speculative decoding: --draft %s%s%s, up to %u tokens drafted a pass\n",
-                kvt_draft_name(sv->o.draft), sv->dmodel ? " " : "", sv->dmodel ? opts->model_draft : "",
+                kvt_draft_name(sv->o.draft), opts->model_draft ? " " : "", opts->model_draft ? opts->model_draft : "",
                 sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT);
     if (opts->ready) opts->ready(opts->ready_user);
     sigset_t wait = old_mask;  /* the caller's mask, with the two let through */

@@ -49,7 +49,7 @@ typedef struct kvt_server_opts {
     double remote_prefill_tps;        /* prefill rate a remote load's deadline is scaled by (0: measured) */
     kvt_draft_kind draft;     /* speculative decoding's drafter (--draft) */
     uint32_t draft_max;       /* tokens drafted at most a pass (--draft-max; 0: the default) */
-    const char *model_draft;  /* KVT_DRAFT_MODEL: the draft model's file (--model-draft) */
+    const char *model_draft;  /* --model-draft: KVT_DRAFT_MODEL: the draft model's file; KVT_DRAFT_MTP: ds4.c's MTP file */
     void (*ready)(void *user); /* called once listening */
     void *ready_user;
 } kvt_server_opts;

@@ -38,7 +38,10 @@ typedef struct kvt_seg {
  * layer for token tok at position pos and the hidden state hin of pos - 1
  * (the model's, or the previous step's hout); writes the layer's row of
  * pos into ring; row_only: nothing else; otherwise its output hidden state
- * into hout and the logits of the token at pos + 1 into logits. */
+ * into hout and the logits of the token at pos + 1 into logits. attach:
+ * the layer from a separate file g into m, a model without one (on
+ * success m owns g; on failure m is unchanged). write_file: m's layer as
+ * that separate file, at path. */
 typedef struct kvt_mtp_ops {
     uint32_t (*layers)(const kvt_model *m);
     size_t (*hidden_floats)(const kvt_model *m);
@@ -47,6 +50,8 @@ typedef struct kvt_mtp_ops {
     int (*hidden)(const kvt_session *s, size_t pos, float *out);
     int (*step)(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only, float *hout,
                 float *logits);
+    int (*attach)(kvt_model *m, kvt_gguf *g);
+    int (*write_file)(const kvt_model *m, const char *path);
 } kvt_mtp_ops;
 
 /* What an architecture provides: one row per architecture file, all of

@@ -93,6 +93,12 @@ typedef struct ds4_layer {
     kvt_wmat gate_s, up_s, down_s;  /* (Es*Fe, D) x2, (D, Es*Fe) */
     kvt_wmat eh;                    /* the MTP layer's (D, 2D): [embedding, hidden] to the streams */
     float *enorm, *hnorm;           /* (D) x2, the MTP layer's */
+    /* the MTP layer's optional own embedding and head (NULL data: the
+     * model's): token rows, head norm, output, and (ds4.c's file) the
+     * head's stream mixes */
+    kvt_wmat emb, head;             /* (V, D) x2 */
+    float *head_norm;               /* (D) */
+    float *hh_fn, *hh_base, *hh_scale; /* (4, 4D), (4), (1) */
     /* cache geometry */
     int s_comp, s_idx;              /* stream ids (-1: none) */
     size_t off_win, off_cf, off_if; /* state offsets: window ring, frontiers */
@@ -107,6 +113,7 @@ typedef struct ds4_weights {
     float **own;                            /* (n_own) the matrices' owned f32 arrays */
     size_t n_own;
     ds4_layer layers[MAX_LAYERS];
+    kvt_gguf *mtp_file;                     /* a separate MTP file the layer borrows from (kvt_ds4_mtp_attach) */
     kvt_yarn yarn;                          /* compressed layers' RoPE */
     size_t n_streams, state_bytes, hd_idx;  /* hd_idx: the indexer's Hadamard order */
 } ds4_weights;
@@ -247,11 +254,21 @@ typedef struct tdesc {
     float **slot;               /* f32 tensors */
     kvt_wmat *mat;              /* matrices (ne[0] columns, ne[1] * ne[2] rows) */
     int32_t **islot;            /* the I32 routing table */
+    uint8_t opt;                /* OPT_*: whether a file must have it */
 } tdesc;
+
+/* OPT_FILE: optional in either layout (llama.cpp's optional nextn
+ * tensors); OPT_DS4C: read from ds4.c's separate MTP file only (llama.cpp's
+ * layout has no such tensor: the model's is used). Optional tensors are
+ * neither drawn nor written by the presets. */
+enum { OPT_NO, OPT_FILE, OPT_DS4C };
 
 #define MAX_TENSORS (8 + MAX_LAYERS * 37)
 
 static size_t tcount(const tdesc *t) { return (size_t)(t->ne[0] * t->ne[1] * t->ne[2]); }
+
+/* An optional tensor the weights do not have. */
+static bool absent(const tdesc *t) { return t->opt && (t->mat ? !t->mat->data : !*t->slot); }
 
 static size_t ds4_tensors(ds4_weights *w, tdesc *t)
 {
@@ -327,6 +344,18 @@ static size_t ds4_tensors(ds4_weights *w, tdesc *t)
             ADDLM("nextn.eh_proj.weight", 2, 2 * D, D, 1, INIT_MAT, &ly->eh);
             ADDL("nextn.enorm.weight", 1, D, 1, 1, INIT_ONE, &ly->enorm);
             ADDL("nextn.hnorm.weight", 1, D, 1, 1, INIT_ONE, &ly->hnorm);
+            ADDLM("nextn.embed_tokens.weight", 2, D, c->V, 1, INIT_EMBED, &ly->emb);
+            t[n - 1].opt = OPT_FILE;
+            ADDL("nextn.shared_head_norm.weight", 1, D, 1, 1, INIT_ONE, &ly->head_norm);
+            t[n - 1].opt = OPT_FILE;
+            ADDLM("nextn.shared_head_head.weight", 2, D, c->V, 1, INIT_MAT, &ly->head);
+            t[n - 1].opt = OPT_FILE;
+            ADDL("nextn.hc_head_fn.weight", 2, HC * D, HC, 1, INIT_MAT, &ly->hh_fn);
+            t[n - 1].opt = OPT_DS4C;
+            ADDL("nextn.hc_head_base.weight", 1, HC, 1, 1, INIT_SMALL, &ly->hh_base);
+            t[n - 1].opt = OPT_DS4C;
+            ADDL("nextn.hc_head_scale.weight", 1, 1, 1, 1, INIT_ONE, &ly->hh_scale);
+            t[n - 1].opt = OPT_DS4C;
         }
     }
 #undef ADDLM
@@ -349,6 +378,7 @@ static void ds4_free(void *p)
     }
     for (size_t i = 0; i < w->n_own; i++) free(w->own[i]);
     free(w->own);
+    kvt_gguf_close(w->mtp_file); /* after the weights that point into it */
     free(w);
 }
 
@@ -423,7 +453,7 @@ static uint64_t config_params(ds4_weights *w)
     tdesc *t = malloc(MAX_TENSORS * sizeof *t);
     if (!t) return 0;
     size_t n = ds4_tensors(w, t);
-    for (size_t i = 0; i < n; i++) np += tcount(&t[i]);
+    for (size_t i = 0; i < n; i++) np += absent(&t[i]) ? 0 : tcount(&t[i]);
     free(t);
     return np;
 }
@@ -503,6 +533,7 @@ static int generate(ds4_weights *w)
     uint64_t st = w->seed;
     for (size_t i = 0; i < n; i++) {
         size_t cnt = tcount(&t[i]);
+        if (t[i].opt) continue; /* the presets have none */
         if (t[i].init == INIT_ROUTE) {
             int32_t *p = kvt_malloc(cnt * sizeof(int32_t));
             if (!p) { free(t); return KVT_ENOMEM; }
@@ -769,22 +800,24 @@ static int read_config(const kvt_gguf *g, ds4_config *c)
     return check_layout_keys(g, c);
 }
 
-/* A tensor exactly as the table has it, converted to f32. */
-static int load_tensor(ds4_weights *w, const kvt_gguf *g, const tdesc *d)
+/* Tensor d of the table from g, where g names it name: exactly the
+ * table's shape, in place or converted to f32. */
+static int load_named(ds4_weights *w, const kvt_gguf *g, const tdesc *d, const char *name)
 {
-    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, d->name);
-    if (!t) return kvt_fail(KVT_EFORMAT, "deepseek4: missing tensor %s", d->name);
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t && d->opt) return KVT_OK; /* the model's stands in */
+    if (!t) return kvt_fail(KVT_EFORMAT, "deepseek4: missing tensor %s", name);
     bool shape = t->n_dims == d->nd;
     for (uint32_t i = 0; i < 3; i++) shape &= t->ne[i] == (i < d->nd ? d->ne[i] : 1);
     if (!shape)
         return kvt_fail(KVT_EFORMAT, "deepseek4: tensor %s has shape (%llu, %llu, %llu), expected (%llu, %llu, %llu)",
-                        d->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                        name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                         (unsigned long long)t->ne[2], (unsigned long long)d->ne[0], (unsigned long long)d->ne[1],
                         (unsigned long long)d->ne[2]);
     size_t n = tcount(d);
     if (d->init == INIT_ROUTE) {
         if (t->type != GGML_I32 || t->n_bytes != n * 4 || !t->data)
-            return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not an I32 table", d->name);
+            return kvt_fail(KVT_EFORMAT, "deepseek4: %s is not an I32 table", name);
         int32_t *p = kvt_malloc(n * sizeof *p);
         if (!p) return KVT_ENOMEM;
         memcpy(p, t->data, n * 4);
@@ -807,6 +840,12 @@ static int load_tensor(ds4_weights *w, const kvt_gguf *g, const tdesc *d)
     else if (!rc) *d->slot = p;
     if (rc) free(p);
     return rc;
+}
+
+/* A tensor of the model's file (one ds4.c's file alone has: not there). */
+static int load_tensor(ds4_weights *w, const kvt_gguf *g, const tdesc *d)
+{
+    return d->opt == OPT_DS4C ? KVT_OK : load_named(w, g, d, d->name);
 }
 
 static int ds4_load(kvt_model *m, const kvt_gguf *g)
@@ -918,6 +957,7 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     if (!gw || !t || (rc = write_meta(gw, c, m->info.name, w->seed, m->tok))) goto done;
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
+        if (absent(&t[i]) || t[i].opt == OPT_DS4C) continue; /* llama.cpp's layout has no place for the latter */
         bool route = t[i].init == INIT_ROUTE;
         const kvt_wmat *mt = t[i].mat;
         const void *data = mt ? (const void *)mt->data : route ? (const void *)*t[i].islot : (const void *)*t[i].slot;
@@ -988,6 +1028,7 @@ int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer 
     if ((rc = finish_config(w)) || (rc = write_meta(gw, &w->c, preset, seed, tok))) goto done;
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
+        if (t[i].opt) continue; /* the presets have none */
         uint32_t ty = t[i].init == INIT_ROUTE ? GGML_I32 : t[i].mat ? type : KVT_GGML_F32;
         size_t bytes = kvt_ggml_type_size(ty, tcount(&t[i]));
         if (t[i].ne[0] > chunk) chunk = (size_t)t[i].ne[0];
@@ -1007,7 +1048,7 @@ int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer 
     if (!(f = fopen(tmp, "ab"))) { rc = kvt_fail(KVT_EIO, "ds4: cannot append to %s: %s", tmp, strerror(errno)); goto done; }
     uint64_t st = seed;
     for (size_t i = 0; i < n && !rc; i++)
-        rc = stream_tensor(f, &t[i], t[i].init == INIT_ROUTE ? GGML_I32 : t[i].mat ? type : KVT_GGML_F32, w->c.E,
+        if (!t[i].opt) rc = stream_tensor(f, &t[i], t[i].init == INIT_ROUTE ? GGML_I32 : t[i].mat ? type : KVT_GGML_F32, w->c.E,
                            &st, buf, qbuf, chunk);
     if (!rc && (fflush(f) || fsync(fileno(f)))) rc = kvt_fail(KVT_EIO, "ds4: cannot write %s: %s", tmp, strerror(errno));
     if (fclose(f) && !rc) rc = kvt_fail(KVT_EIO, "ds4: cannot close %s", tmp);
@@ -1045,6 +1086,7 @@ static uint64_t ds4_fingerprint(const void *p)
         size_t n = ds4_tensors((ds4_weights *)w, t);
         for (size_t i = 0; i < n; i++) {
             const kvt_wmat *mt = t[i].mat;
+            if (absent(&t[i])) continue;
             if (mt) kvt_tensor_hash(st, mt);
             else XXH3_64bits_update(st, t[i].slot ? (const void *)*t[i].slot : (const void *)*t[i].islot,
                                     tcount(&t[i]) * 4);
@@ -1730,19 +1772,26 @@ static int layer_run(kvt_session *s, ds4_work *wk, const kvt_cache *cache, uint3
 
 /* The output head over nl tokens' streams xs: the streams collapsed by the
  * head's mixes, normed, through the output matrix into logits (nl, V). */
-static void head_run(kvt_session *s, ds4_work *wk, const float *xs, size_t nl, float *logits)
+/* The output head: the model's, or for the MTP layer (ly) its own parts
+ * where it has them. */
+static void head_run(kvt_session *s, ds4_work *wk, const float *xs, size_t nl, float *logits, const ds4_layer *ly)
 {
     const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
     size_t D = c->D;
     float *h = wk->h;
-    hc_mixes(s, wk, c, xs, nl, w->hch_fn, HC);
+    bool own = ly && ly->hh_fn && ly->hh_base && ly->hh_scale;
+    const float *fn = own ? ly->hh_fn : w->hch_fn, *base = own ? ly->hh_base : w->hch_base;
+    const float *scale = own ? ly->hh_scale : w->hch_scale;
+    const float *norm = ly && ly->head_norm ? ly->head_norm : w->out_norm;
+    const kvt_wmat *out = ly && ly->head.data ? &ly->head : &w->out;
+    hc_mixes(s, wk, c, xs, nl, fn, HC);
     for (size_t i = 0; i < nl; i++)
         for (size_t k = 0; k < HC; k++)
-            wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * w->hch_scale[0] + w->hch_base[k]) + c->hc_eps;
+            wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * scale[0] + base[k]) + c->hc_eps;
     hc_collapse(xs, nl, D, wk->mix, HC, h);
-    for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, w->out_norm, D, c->eps);
-    kvt_matmul_w(s->pool, logits, &w->out, h, nl, wk->qx);
+    for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, norm, D, c->eps);
+    kvt_matmul_w(s->pool, logits, out, h, nl, wk->qx);
 }
 
 /* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
@@ -1779,7 +1828,7 @@ static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t
                            lead, false);
         if (rc) return rc;
     }
-    if (lfrom < n) head_run(s, wk, x + lfrom * W4, n - lfrom, logits);
+    if (lfrom < n) head_run(s, wk, x + lfrom * W4, n - lfrom, logits, NULL);
     if (!replay) {
         wk->tap_s = s;
         wk->tap_pos0 = pos0;
@@ -1841,7 +1890,7 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
     size_t D = c->D;
     float *cat = kvt_malloc(2 * HC * D * sizeof(float));
     if (!cat) return KVT_ENOMEM;
-    const kvt_wmat *te = &w->tok_embd;
+    const kvt_wmat *te = ly->emb.data ? &ly->emb : &w->tok_embd; /* as llama.cpp: its own rows when it has them */
     kvt_quant_to_f32(te->type, te->data + (size_t)tok * te->row_bytes, cat, D);
     kvt_rmsnorm(cat, cat, ly->enorm, D, c->eps);
     for (size_t k = 0; k < HC; k++) {
@@ -1857,8 +1906,198 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
     rc = layer_run(s, wk, &ring_cache, c->L, wk->x, &tok, 1, pos, false, SIZE_MAX, 0, row_only);
     if (rc || row_only) return rc;
     memcpy(hout, wk->x, (size_t)HC * D * sizeof(float));
-    head_run(s, wk, wk->x, 1, logits);
+    head_run(s, wk, wk->x, 1, logits, ly);
     return KVT_OK;
+}
+
+/* ---- ds4.c's separate MTP file ----
+ *
+ * ds4.c ships the MTP layer as a GGUF of its own (given with --mtp): the
+ * layer's tensors named mtp.0.<suffix>. The layer's block tensors have
+ * llama.cpp's suffixes (blk.<L>.<suffix>); the rest differ, one row each
+ * here: the projection of [embedding, hidden] is two matrices, e_proj and
+ * h_proj, where llama.cpp has their concatenation eh_proj (row r of eh_proj
+ * is row r of e_proj then row r of h_proj); norm is llama.cpp's
+ * shared_head_norm; hc_head_* are the layer's own head mixes (llama.cpp's
+ * layout has none: it uses the model's output_hc_*). embed_tokens and
+ * shared_head_head have no ds4.c name (ds4.c uses the model's). */
+static const struct { const char *llama, *ds4c; } mtp_names[] = {
+    {"nextn.eh_proj.weight", NULL}, /* e_proj.weight and h_proj.weight */
+    {"nextn.enorm.weight", "enorm.weight"},
+    {"nextn.hnorm.weight", "hnorm.weight"},
+    {"nextn.shared_head_norm.weight", "norm.weight"},
+    {"nextn.hc_head_fn.weight", "hc_head_fn.weight"},
+    {"nextn.hc_head_base.weight", "hc_head_base.weight"},
+    {"nextn.hc_head_scale.weight", "hc_head_scale.weight"},
+    {"nextn.embed_tokens.weight", ""}, /* "": none */
+    {"nextn.shared_head_head.weight", ""},
+};
+
+/* The ds4.c name of the MTP layer's table entry whose llama.cpp suffix is
+ * sfx, into out (NULL: eh_proj, the split pair; "": none). */
+static const char *ds4c_name(const char *sfx, char *out, size_t n)
+{
+    for (size_t i = 0; i < sizeof mtp_names / sizeof mtp_names[0]; i++)
+        if (!strcmp(sfx, mtp_names[i].llama)) {
+            if (!mtp_names[i].ds4c || !*mtp_names[i].ds4c) return mtp_names[i].ds4c;
+            snprintf(out, n, "mtp.0.%s", mtp_names[i].ds4c);
+            return out;
+        }
+    snprintf(out, n, "mtp.0.%s", sfx);
+    return out;
+}
+
+/* eh_proj (D rows of 2D) from ds4.c's e_proj and h_proj ((D, D) each, one
+ * type): each row the two rows' bytes, in place of one matrix, so the layer
+ * computes exactly as with llama.cpp's eh_proj of the same values. A type
+ * kvtier only dequantises is concatenated in f32. */
+static int load_eh(ds4_weights *w, const kvt_gguf *g, ds4_layer *ly)
+{
+    size_t D = w->c.D;
+    const kvt_gguf_tensor *e = kvt_gguf_find_tensor(g, "mtp.0.e_proj.weight"),
+                          *h = kvt_gguf_find_tensor(g, "mtp.0.h_proj.weight");
+    if (!e || !h) return kvt_fail(KVT_EFORMAT, "deepseek4 MTP file: missing tensor mtp.0.%s_proj.weight", e ? "h" : "e");
+    if (kvt_ds4_fault == KVT_DS4_FAULT_MTP_BIND) { /* tests: the two halves bound to each other's place */
+        const kvt_gguf_tensor *x = e;
+        e = h, h = x;
+    }
+    const kvt_gguf_tensor *p[2] = {e, h};
+    for (int k = 0; k < 2; k++)
+        if (p[k]->n_dims != 2 || p[k]->ne[0] != D || p[k]->ne[1] != D || !p[k]->data)
+            return kvt_fail(KVT_EFORMAT, "deepseek4 MTP file: tensor mtp.0.%s_proj.weight has shape (%llu, %llu), "
+                            "expected (%zu, %zu)", k ? "h" : "e", (unsigned long long)p[k]->ne[0],
+                            (unsigned long long)p[k]->ne[1], D, D);
+    if (e->type != h->type)
+        return kvt_fail(KVT_EFORMAT, "deepseek4 MTP file: mtp.0.e_proj.weight and mtp.0.h_proj.weight differ in type");
+    size_t rb = kvt_quant_row_bytes(e->type, D);
+    if (rb && kvt_quant_row_bytes(e->type, 2 * D) == 2 * rb && e->n_bytes == rb * D && h->n_bytes == rb * D) {
+        uint8_t *b = kvt_malloc(2 * rb * D);
+        if (!b) return KVT_ENOMEM;
+        for (size_t r = 0; r < D; r++) {
+            memcpy(b + r * 2 * rb, e->data + r * rb, rb);
+            memcpy(b + r * 2 * rb + rb, h->data + r * rb, rb);
+        }
+        w->own[w->n_own++] = (float *)(void *)b; /* freed as bytes */
+        ly->eh = (kvt_wmat){b, e->type, D, 2 * D, 2 * rb, NULL};
+        return KVT_OK;
+    }
+    float *f = kvt_malloc(2 * D * D * sizeof *f), *t = kvt_malloc(D * D * sizeof *t);
+    int rc = f && t ? KVT_OK : KVT_ENOMEM;
+    for (int k = 0; k < 2 && !rc; k++) {
+        rc = kvt_gguf_tensor_to_f32(p[k], t, D * D);
+        for (size_t r = 0; r < D && !rc; r++) memcpy(f + r * 2 * D + k * D, t + r * D, D * sizeof *f);
+    }
+    free(t);
+    if (rc) { free(f); return rc; }
+    w->own[w->n_own++] = f;
+    ly->eh = kvt_wmat_f32(f, D, 2 * D);
+    return KVT_OK;
+}
+
+int kvt_ds4_mtp_attach(kvt_model *m, kvt_gguf *g)
+{
+    if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EUNSUPPORTED, "an MTP file goes with a deepseek4 model");
+    ds4_weights *w = m->weights;
+    ds4_config *c = &w->c;
+    const char *a;
+    size_t an;
+    if (kvt_gguf_get_str(g, "general.architecture", &a, &an) != KVT_OK || an != 9 || memcmp(a, "deepseek4", 9))
+        return kvt_fail(KVT_EFORMAT, "the MTP file is not a deepseek4 file (general.architecture '%.*s')",
+                        kvt_gguf_get_str(g, "general.architecture", &a, &an) == KVT_OK ? (int)(an > 32 ? 32 : an) : 0,
+                        kvt_gguf_get_str(g, "general.architecture", &a, &an) == KVT_OK ? a : "");
+    if (c->nextn) return kvt_fail(KVT_EINVAL, "the model has its MTP layer already (blk.%u.nextn.*)", c->L);
+    if (c->L + 1 > MAX_LAYERS) return kvt_fail(KVT_EUNSUPPORTED, "ds4: %u layers and an MTP layer", c->L);
+    if (!w->own && !(w->own = kvt_calloc(MAX_TENSORS, sizeof *w->own))) return KVT_ENOMEM;
+    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+    if (!t) return KVT_ENOMEM;
+    c->nextn = 1;
+    c->clamp_exp[c->L] = c->clamp_exp[c->L - 1]; /* as a model file without the layer's entry */
+    c->clamp_sh[c->L] = c->clamp_sh[c->L - 1];
+    int rc = finish_config(w);
+    size_t n = rc ? 0 : ds4_tensors(w, t), first = n;
+    char pre[24], nm[80];
+    snprintf(pre, sizeof pre, "blk.%u.", c->L);
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (strncmp(t[i].name, pre, strlen(pre))) continue;
+        if (first == n) first = i;
+        const char *x = ds4c_name(t[i].name + strlen(pre), nm, sizeof nm);
+        if (!x) rc = load_eh(w, g, &w->layers[c->L]);
+        else if (*x) rc = load_named(w, g, &t[i], x);
+    }
+    if (rc) { /* the model as it was: the layer's copies freed, its matrices with the model */
+        for (size_t i = first; i < n; i++)
+            if (!t[i].mat && t[i].slot) free(*t[i].slot);
+        memset(&w->layers[c->L], 0, sizeof w->layers[c->L]);
+        c->nextn = 0;
+        finish_config(w);
+    } else {
+        w->mtp_file = g;
+    }
+    free(t);
+    return rc;
+}
+
+int kvt_ds4_mtp_write_ds4c(const kvt_model *m, const char *path)
+{
+    if (m->arch != &kvt_arch_ds4 || !((const ds4_weights *)m->weights)->c.nextn)
+        return kvt_fail(KVT_EINVAL, "not a ds4 model with an MTP layer");
+    ds4_weights *w = m->weights;
+    const ds4_config *c = &w->c;
+    const ds4_layer *ly = &w->layers[c->L];
+    kvt_gguf_writer *gw = kvt_gguf_writer_new();
+    tdesc *t = kvt_malloc(MAX_TENSORS * sizeof *t);
+    int rc = KVT_ENOMEM;
+    if (!gw || !t) goto done;
+    if ((rc = kvt_gguf_writer_set_str(gw, "general.architecture", "deepseek4")) ||
+        (rc = kvt_gguf_writer_set_str(gw, "general.name", "mtp")))
+        goto done;
+    size_t n = ds4_tensors(w, t);
+    char pre[24], nm[80];
+    snprintf(pre, sizeof pre, "blk.%u.", c->L);
+    /* the head's parts ds4.c's file always has: the model's where the layer has none */
+    const float *hh[3] = {ly->hh_fn ? ly->hh_fn : w->hch_fn, ly->hh_base ? ly->hh_base : w->hch_base,
+                          ly->hh_scale ? ly->hh_scale : w->hch_scale};
+    for (size_t i = 0; i < n && !rc; i++) {
+        const char *sfx = t[i].name + strlen(pre);
+        if (strncmp(t[i].name, pre, strlen(pre))) continue;
+        const char *x = ds4c_name(sfx, nm, sizeof nm);
+        if (!x) { /* eh_proj as its halves: each row's first and second D columns */
+            size_t hb = ly->eh.row_bytes / 2;
+            uint64_t ne[3] = {c->D, c->D, 1};
+            if (kvt_quant_row_bytes(ly->eh.type, c->D) != hb) {
+                rc = kvt_fail(KVT_EUNSUPPORTED, "ds4: eh_proj's rows do not split in two");
+                break;
+            }
+            for (int k = 0; k < 2 && !rc; k++) {
+                uint8_t *b = kvt_malloc(hb * c->D);
+                if (!b) { rc = KVT_ENOMEM; break; }
+                for (size_t r = 0; r < c->D; r++) memcpy(b + r * hb, ly->eh.data + r * ly->eh.row_bytes + k * hb, hb);
+                rc = kvt_gguf_writer_add_tensor(gw, k ? "mtp.0.h_proj.weight" : "mtp.0.e_proj.weight", ly->eh.type, 2,
+                                                ne, b, hb * c->D);
+                free(b);
+            }
+            continue;
+        }
+        if (!*x) continue;
+        const float *v = NULL;
+        if (t[i].opt == OPT_DS4C)
+            v = !strcmp(sfx, "nextn.hc_head_fn.weight") ? hh[0] : !strcmp(sfx, "nextn.hc_head_base.weight") ? hh[1] : hh[2];
+        else if (!strcmp(sfx, "nextn.shared_head_norm.weight"))
+            v = ly->head_norm ? ly->head_norm : w->out_norm;
+        if (absent(&t[i]) && !v) continue;
+        bool route = t[i].init == INIT_ROUTE;
+        const kvt_wmat *mt = t[i].mat;
+        const void *data = v ? (const void *)v : mt ? (const void *)mt->data : route ? (const void *)*t[i].islot
+                                                                                   : (const void *)*t[i].slot;
+        uint32_t type = mt ? mt->type : route ? GGML_I32 : KVT_GGML_F32;
+        rc = kvt_gguf_writer_add_tensor(gw, x, type, t[i].nd, t[i].ne, data,
+                                        mt ? mt->rows * mt->row_bytes : tcount(&t[i]) * 4);
+    }
+    if (!rc) rc = kvt_gguf_writer_write(gw, path);
+done:
+    free(t);
+    kvt_gguf_writer_free(gw);
+    return rc;
 }
 
 /* Tokens [pos0, pos0 + n) in passes of at most wk->ch (see forward_pass). */
@@ -2115,6 +2354,8 @@ static const kvt_mtp_ops ds4_mtp = {
     .ring_bytes = kvt_ds4_mtp_ring_bytes,
     .hidden = kvt_ds4_hidden,
     .step = kvt_ds4_mtp_step,
+    .attach = kvt_ds4_mtp_attach,
+    .write_file = kvt_ds4_mtp_write_ds4c,
 };
 
 const kvt_arch kvt_arch_ds4 = {

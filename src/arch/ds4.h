@@ -17,7 +17,8 @@ extern const kvt_arch kvt_arch_ds4;
  * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
 /* Fault injection for the tests that must prove they catch such bugs. */
-enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN };
+enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN,
+       KVT_DS4_FAULT_MTP_BIND /* a separate MTP file's e_proj and h_proj bound to each other's place */ };
 extern int kvt_ds4_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on
  * load (kvt_arch_ds4.replay_tokens). */
@@ -45,6 +46,16 @@ int kvt_ds4_hidden(const kvt_session *s, size_t pos, float *out);
  * (n_vocab). */
 int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only,
                      float *hout, float *logits);
+/* The MTP layer from ds4.c's separate file g (mtp.0.* tensors, docs/ds4.md
+ * "ds4.c's files") into m, a model without one (kvt_mtp_ops.attach): every
+ * tensor's shape checked against m's. On success m owns g (closed with m);
+ * on failure m is as it was and the caller closes g. */
+int kvt_ds4_mtp_attach(kvt_model *m, kvt_gguf *g);
+/* Write the MTP layer of m (a ds4 model with one) as ds4.c's separate file:
+ * its mtp.0.* names, eh_proj as e_proj and h_proj, the head's mixes and
+ * norm the layer's own or else the model's (tests: the same layer both
+ * ways). */
+int kvt_ds4_mtp_write_ds4c(const kvt_model *m, const char *path);
 /* Write a ds4 model (config, weights, tokenizer) as GGUF
  * (kvt_arch_ds4.write_gguf). */
 int kvt_ds4_write_gguf(const kvt_model *m, const char *path);

@@ -112,6 +112,14 @@ size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t to
 /* KVT_OK when m has an MTP layer; else KVT_EUNSUPPORTED saying that what
  * (the model's file or name) has none. */
 int kvt_draft_mtp_check(const kvt_model *m, const char *what);
+/* The MTP layer from path, ds4.c's separate MTP file (mtp.0.* tensors,
+ * given to ds4.c with --mtp), into m, a DeepSeek-V4 model without one:
+ * --draft mtp --model-draft FILE. Before any session of m exists. Every
+ * tensor is checked against m's shape; a file that does not fit is
+ * refused naming the tensor, and m is left as it was. */
+int kvt_draft_mtp_attach(kvt_model *m, const char *path);
+/* m's MTP layer as that separate file, at path (`model new --mtp-out`). */
+int kvt_draft_mtp_write(const kvt_model *m, const char *path);
 typedef struct kvt_draft_mtp kvt_draft_mtp;
 /* A drafter on the model's session s (borrowed: its scratch holds the
  * hidden states the layer reads, and runs the layer between passes). Free

@@ -57,6 +57,30 @@ int kvt_draft_mtp_check(const kvt_model *m, const char *what)
                     "with one (deepseek4.nextn_predict_layers and blk.N.nextn.* tensors)", what ? what : "the model");
 }
 
+int kvt_draft_mtp_attach(kvt_model *m, const char *path)
+{
+    if (!m->arch->mtp || !m->arch->mtp->attach)
+        return kvt_fail(KVT_EUNSUPPORTED, "--draft mtp --model-draft %s: the model's architecture has no MTP layer",
+                        path);
+    if (m->arch->mtp->layers(m))
+        return kvt_fail(KVT_EINVAL, "--draft mtp --model-draft %s: the model has its own MTP layer already", path);
+    kvt_gguf *g = NULL;
+    int rc = kvt_gguf_open(&g, path);
+    if (!rc && (rc = m->arch->mtp->attach(m, g))) kvt_gguf_close(g);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", kvt_errmsg());
+        return kvt_fail(rc, "--draft mtp --model-draft %s: %s", path, msg);
+    }
+    return KVT_OK;
+}
+
+int kvt_draft_mtp_write(const kvt_model *m, const char *path)
+{
+    int rc = kvt_draft_mtp_check(m, m->info.name);
+    return rc ? rc : m->arch->mtp->write_file(m, path);
+}
+
 int kvt_draft_mtp_new(kvt_draft_mtp **out, kvt_session *s)
 {
     *out = NULL;
