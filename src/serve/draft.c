@@ -20,6 +20,11 @@
 
 /* Timed passes of each kind before the tuning compares them. */
 #define TUNE_MIN 4
+/* How much slower a token of passes with drafts must come than one of
+ * passes without before the drafts count as losing: the means are of a
+ * noisy clock, and a false loss stops drafts that pay for 4 to 128
+ * passes. */
+#define TUNE_MARGIN 1.2
 
 int kvt_draft_parse(const char *name, kvt_draft_kind *out)
 {
@@ -90,7 +95,7 @@ static void mean_add(double *m, uint32_t *n, double v)
 static bool drafts_lose(const kvt_draft_tune *t)
 {
     if (kvt_draft_fault == KVT_DRAFT_FAULT_NO_COST) return false; /* tests */
-    return t->n_plain >= TUNE_MIN && t->n_draft >= TUNE_MIN && t->draft_s > t->plain_s;
+    return t->n_plain >= TUNE_MIN && t->n_draft >= TUNE_MIN && t->draft_s > TUNE_MARGIN * t->plain_s;
 }
 
 void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept, double secs)

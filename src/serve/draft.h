@@ -60,7 +60,8 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
  * propose and fewer than 4 such passes were timed, the next ones draft
  * nothing to time them (drafts that are all kept always pay, and ask for
  * none). Once each mean has 4 passes behind it, a pass with drafts
- * while the second mean is above the first counts as a loss, whether it
+ * while the second mean is above the first by a fifth (the clock is
+ * noisy, and a false loss stops drafts that pay) counts as a loss, whether it
  * kept some or none: the next 4, 8 ... 128 passes draft nothing (one
  * more step each loss in a row) and the next drafts are no longer than
  * the loss kept plus one; a pass with drafts that wins ends the streak
