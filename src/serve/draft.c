@@ -11,6 +11,8 @@
 
 #include <string.h>
 
+int kvt_draft_fault; /* the drafters' test hooks (draft.h), here at the bottom of their files */
+
 /* The suffix lengths matched, longest first. A single token's latest
  * occurrence drafts poorly: on stories260K's free text 1-gram matches
  * brought 131 drafts and 42 kept where 2..3 brought 114 and 54, and

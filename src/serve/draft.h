@@ -163,7 +163,7 @@ bool kvt_draft_mtp_failed(const kvt_draft_mtp *d);
 /* The RAM it holds (a window of rows and of hidden states). */
 size_t kvt_draft_mtp_bytes(const kvt_draft_mtp *d);
 
-/* Test hooks (draft_model.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
+/* Test hooks (defined in draft.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
  * session's state one token late before a pass (an off-by-one rollback
  * of the draft session: its tokens right, its state not);
  * KVT_DRAFT_FAULT_ACCEPT_FIRST makes the generation loop (generate.c,
