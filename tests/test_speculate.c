@@ -7,6 +7,16 @@
  *                            max, repeating with
  *                            the match's period past the context's end,
  *                            and nothing without a match; --draft parses.
+ *   speculate_tune           the drafts' tuning given each pass's time:
+ *                            on a simulated model whose passes cost about
+ *                            what their tokens do (stories260K) with half
+ *                            the drafts kept, a reply costs at most 3%
+ *                            more than plain decoding; with cheap extra
+ *                            tokens the same drafts are kept and pay;
+ *                            drafts all kept never stop to time a pass
+ *                            without. Control: KVT_DRAFT_FAULT_NO_COST
+ *                            (the tuning blind to cost, as untimed passes
+ *                            are) loses more than 3% there.
  *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
  *   speculate_llama          the llama family's full rows (llama)
  *   speculate_gemma3         window rings (gemma3)
@@ -160,6 +170,56 @@ TEST(speculate_ngram)
     CHECK(kvt_draft_parse("model", &k) == KVT_OK && k == KVT_DRAFT_MODEL);
     CHECK(kvt_draft_parse("mtp", &k) == KVT_OK && k == KVT_DRAFT_MTP);
     CHECK(kvt_draft_parse("x", &k) == KVT_EINVAL);
+}
+
+/* A reply of `tokens` tokens decoded under the drafts' tuning by a
+ * drafter that keeps the first half of what it drafts (all of it when
+ * `all`), each pass costing cost(k) = a + b k seconds for k tokens (the
+ * clock the tuner is given): returns the reply's seconds, and the passes
+ * without drafts in *plain. */
+static double tune_sim(double a, double b, bool all, bool timed, size_t tokens, size_t *plain)
+{
+    kvt_draft_tune t;
+    kvt_draft_tune_init(&t, 8);
+    double secs = 0;
+    *plain = 0;
+    for (size_t got = 0; got < tokens;) {
+        size_t d = kvt_draft_tune_len(&t), kept = all ? d : d / 2;
+        double c = a + b * (double)(1 + d);
+        secs += c;
+        got += 1 + kept;
+        *plain += !d;
+        kvt_draft_tune_after(&t, d, kept, timed ? c : -1);
+    }
+    return secs;
+}
+
+TEST(speculate_tune)
+{
+    /* a model bound by arithmetic (stories260K: a pass of k tokens costs
+     * about 0.25 + 0.75 k of one) whose drafts are half kept: drafting
+     * loses, and the tuning, timing the passes, loses at most 3% to
+     * plain decoding (2000 tokens: 2000 s) */
+    size_t plain, plain_nc;
+    double lose = tune_sim(0.25, 0.75, false, true, 2000, &plain);
+    CHECKF(lose <= 2000 * 1.03, "half-kept drafts, passes cost their tokens: %.0f s against 2000 plain", lose);
+    /* control: the tuning blind to the cost keeps drafting and loses more */
+    kvt_draft_fault = KVT_DRAFT_FAULT_NO_COST;
+    double blind = tune_sim(0.25, 0.75, false, true, 2000, &plain_nc);
+    kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+    CHECKF(blind > 2000 * 1.03, "control: the tuning blind to cost should lose more than 3%%, %.0f s", blind);
+    /* untimed passes (secs < 0) leave the tuning blind to cost */
+    double untimed = tune_sim(0.25, 0.75, false, false, 2000, &plain_nc);
+    CHECKF(untimed > 2000 * 1.03, "untimed: %.0f s", untimed);
+    /* a model whose weights stream from memory (a pass of k tokens costs
+     * 0.95 + 0.05 k): the same drafts pay, and the tuning keeps them */
+    double win = tune_sim(0.95, 0.05, false, true, 2000, &plain);
+    CHECKF(win < 2000 * 0.7, "half-kept drafts, cheap extra tokens: %.0f s against 2000 plain", win);
+    /* drafts all kept ask for no pass without drafts to time */
+    double copy = tune_sim(0.25, 0.75, true, true, 2000, &plain);
+    CHECKF(plain == 0 && copy < 2000, "all kept: %zu passes without drafts, %.0f s", plain, copy);
+    printf("    2000 tokens, plain 2000 s; arithmetic-bound %.0f s (blind %.0f s), "
+            "memory-bound %.0f s, all kept %.0f s\n", lose, blind, win, copy);
 }
 
 /* One reply's outcome. */

@@ -625,7 +625,7 @@ static int cmd_run(int argc, char **argv)
     bool first = true;
     kvt_draft_tune tune;
     kvt_draft_tune_init(&tune, draft_max);
-    double t_dec = now_s();
+    double t_dec = now_s(), t_pass = t_dec;
     int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
     /* Token ng is sampled with the draw of position ng, from the session's
      * logits or, for a draft, from its row of the verify pass: a draft is
@@ -652,6 +652,7 @@ static int cmd_run(int argc, char **argv)
             first = false;
             if (keep == 1) { /* the sampled token: draft after it, run them */
                 if (ng == max_tokens) break;
+                t_pass = now_s();
                 size_t pos = kvt_session_len(s), lim = max_tokens - ng - 1; /* the last token is never run */
                 size_t want = draft ? kvt_draft_tune_len(&tune) : 0;
                 if (lim > want) lim = want;
@@ -665,6 +666,7 @@ static int cmd_run(int argc, char **argv)
                 passes++;
                 if (!d) {
                     if ((rc = kvt_session_decode(s, t))) { fail(rc, "decode"); goto out; }
+                    if (draft) kvt_draft_tune_after(&tune, 0, 0, now_s() - t_pass);
                     break;
                 }
                 drafted += d;
@@ -676,12 +678,12 @@ static int cmd_run(int argc, char **argv)
             if (t != pass[keep] || t == info.eos || t == info.bos) break;
             accepted++;
         }
-        if (done > 1) kvt_draft_tune_after(&tune, done - 1, keep - 1);
         if (keep == 0 || ng == max_tokens) break;
         if (done > 1 && (rc = kvt_session_keep(s, kvt_session_len(s) - done, pass, done, keep, rows, &save))) {
             fail(rc, "decode");
             goto out;
         }
+        if (done > 1) kvt_draft_tune_after(&tune, done - 1, keep - 1, now_s() - t_pass);
     }
     t_dec = now_s() - t_dec;
     if (get(o, no, "--draft") || draft_file)

@@ -11,12 +11,22 @@
 
 #include <string.h>
 
+int kvt_draft_fault; /* the drafters' test hooks (draft.h), here at the bottom of their files */
+
 /* The suffix lengths matched, longest first. A single token's latest
  * occurrence drafts poorly: on stories260K's free text 1-gram matches
  * brought 131 drafts and 42 kept where 2..3 brought 114 and 54, and
  * fewer passes. */
 #define NGRAM_MAX 3
 #define NGRAM_MIN 2
+
+/* Timed passes of each kind before the tuning compares them. */
+#define TUNE_MIN 4
+/* How much slower a token of passes with drafts must come than one of
+ * passes without before the drafts count as losing: the means are of a
+ * noisy clock, and a false loss stops drafts that pay for 4 to 128
+ * passes. */
+#define TUNE_MARGIN 1.2
 
 int kvt_draft_parse(const char *name, kvt_draft_kind *out)
 {
@@ -57,7 +67,7 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
     return 0;
 }
 
-void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max) { *t = (kvt_draft_tune){max, max, 0, 0}; }
+void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max) { *t = (kvt_draft_tune){.len = max, .max = max}; }
 
 size_t kvt_draft_tune_len(kvt_draft_tune *t)
 {
@@ -65,18 +75,52 @@ size_t kvt_draft_tune_len(kvt_draft_tune *t)
         t->skip--;
         return 0;
     }
+    /* drafts that keep only part need a measure of passes without them */
+    if (t->partial && t->n_draft >= TUNE_MIN && t->n_plain < TUNE_MIN) return 0;
     return t->len;
 }
 
-void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept)
+/* A running mean: the first value, then each new one an eighth of it,
+ * cut to twice the mean first: on a shared machine a pass the scheduler
+ * preempted takes many times its cost, and one such pass would otherwise
+ * decide for many. */
+static void mean_add(double *m, uint32_t *n, double v)
 {
-    if (!drafted) return;
-    if (kept == drafted) {
-        t->len = 2 * t->len < t->max ? 2 * t->len : t->max;
-        t->misses = 0;
+    if (*n && v > 2 * *m) v = 2 * *m;
+    *m = *n ? *m + (v - *m) / 8 : v;
+    if (*n < UINT32_MAX) (*n)++;
+}
+
+/* The passes measured say a pass with drafts yields its tokens more
+ * slowly than passes without (both means have TUNE_MIN passes behind
+ * them). */
+static bool drafts_lose(const kvt_draft_tune *t)
+{
+    if (kvt_draft_fault == KVT_DRAFT_FAULT_NO_COST) return false; /* tests */
+    return t->n_plain >= TUNE_MIN && t->n_draft >= TUNE_MIN && t->draft_s > TUNE_MARGIN * t->plain_s;
+}
+
+void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept, double secs)
+{
+    if (!drafted) {
+        if (secs >= 0) mean_add(&t->plain_s, &t->n_plain, secs);
         return;
     }
-    t->len = kept + 1 < t->max ? (uint32_t)kept + 1 : t->max;
+    if (secs >= 0) mean_add(&t->draft_s, &t->n_draft, secs / (double)(kept + 1));
+    t->partial = kept < drafted;
+    bool all = kept == drafted;
+    t->len = all && 2 * t->len < t->max ? 2 * t->len : !all && kept + 1 < t->max ? (uint32_t)kept + 1 : t->max;
+    /* drafts that do not pay for their passes (missed or kept): draft
+     * again only rarely and few, which bounds what finding that out
+     * again costs (a pass every 129 at most, once the losses run to 6 in
+     * a row) */
+    if (drafts_lose(t)) {
+        if (kept + 1 < t->len) t->len = (uint32_t)kept + 1;
+        t->skip = 4u << (t->losses < 5 ? t->losses : 5);
+        t->losses++;
+        return;
+    }
+    t->losses = 0;
     if (kept) {
         t->misses = 0;
         return;

@@ -43,15 +43,43 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
  * kept doubles the next one's length (up to max); one that kept a of
  * them drafts a + 1 next; a pass that kept none also makes the next
  * 1, 2, 4 ... 16 passes (one more step each such pass in a row) draft
- * nothing, so text the drafts miss costs few wasted rows. */
+ * nothing, so text the drafts miss costs few wasted rows.
+ *
+ * And from what passes cost: kept drafts pay only where a pass of k
+ * tokens costs much less than k passes of one, which holds for a model
+ * whose weights stream from memory and not for one small enough to be
+ * bound by arithmetic (stories260K: a pass of 8 tokens costs 6 of one),
+ * nor for a draft model whose guesses cost their own passes. So the
+ * caller gives each pass's wall time (the drafting, the pass, the
+ * rollback) and the tuner keeps two running means (each new pass an
+ * eighth of the mean, cut to twice the mean: a preempted pass counts
+ * little): seconds per pass without drafts, and seconds per
+ * token a pass with drafts yielded (its kept drafts and the sampled
+ * token). Passes without drafts come from the back-off above and from
+ * drafts that find nothing; when drafts keep only part of what they
+ * propose and fewer than 4 such passes were timed, the next ones draft
+ * nothing to time them (drafts that are all kept always pay, and ask for
+ * none). Once each mean has 4 passes behind it, a pass with drafts
+ * while the second mean is above the first by a fifth (the clock is
+ * noisy, and a false loss stops drafts that pay) counts as a loss, whether it
+ * kept some or none: the next 4, 8 ... 128 passes draft nothing (one
+ * more step each loss in a row) and the next drafts are no longer than
+ * the loss kept plus one; a pass with drafts that wins ends the streak
+ * (and the back-off for misses above applies again). The
+ * drafts never change a reply: only its passes depend on the clock. */
 typedef struct kvt_draft_tune {
-    uint32_t len, max, skip, misses;
+    uint32_t len, max, skip, misses, losses;
+    uint32_t n_plain, n_draft; /* passes behind each mean */
+    bool partial;              /* the last pass with drafts kept only part of them */
+    double plain_s, draft_s;   /* s per pass without drafts; s per token yielded by a pass with drafts */
 } kvt_draft_tune;
 void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max);
 /* Tokens to draft in the next pass (0: none this pass). */
 size_t kvt_draft_tune_len(kvt_draft_tune *t);
-/* A pass drafted `drafted` tokens and kept `kept` of them. */
-void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept);
+/* A pass drafted `drafted` tokens (0: a pass without drafts) and kept
+ * `kept` of them, in secs seconds of wall time (negative: not timed; the
+ * means are left alone). */
+void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept, double secs);
 
 /* ---- the draft model (draft_model.c) ----
  *
@@ -143,15 +171,23 @@ bool kvt_draft_mtp_failed(const kvt_draft_mtp *d);
 /* The RAM it holds (a window of rows and of hidden states). */
 size_t kvt_draft_mtp_bytes(const kvt_draft_mtp *d);
 
-/* Test hooks (draft_model.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
+/* Test hooks (defined in draft.c): KVT_DRAFT_FAULT_SAVE_LATE saves the draft
  * session's state one token late before a pass (an off-by-one rollback
  * of the draft session: its tokens right, its state not);
  * KVT_DRAFT_FAULT_ACCEPT_FIRST makes the generation loop (generate.c,
  * and run) accept a pass's first draft even when plain decoding samples
  * another token there; KVT_DRAFT_FAULT_MTP_KEEP keeps the row of a pass's
  * first chained MTP guess as if the model had verified it (an off-by-one
- * rollback of the MTP layer's window: one draft row too many survives). */
-enum { KVT_DRAFT_FAULT_NONE, KVT_DRAFT_FAULT_SAVE_LATE, KVT_DRAFT_FAULT_ACCEPT_FIRST, KVT_DRAFT_FAULT_MTP_KEEP };
+ * rollback of the MTP layer's window: one draft row too many survives);
+ * KVT_DRAFT_FAULT_NO_COST makes the drafts' tuning (draft.c) ignore what
+ * passes cost, as it did before it timed them. */
+enum {
+    KVT_DRAFT_FAULT_NONE,
+    KVT_DRAFT_FAULT_SAVE_LATE,
+    KVT_DRAFT_FAULT_ACCEPT_FIRST,
+    KVT_DRAFT_FAULT_MTP_KEEP,
+    KVT_DRAFT_FAULT_NO_COST,
+};
 extern int kvt_draft_fault;
 
 #endif

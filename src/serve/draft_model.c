@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvt_draft_fault;
-
 struct kvt_draft_model {
     const kvt_model *target;
     kvt_model *m;

@@ -181,6 +181,7 @@ struct kvt_gen_run {
     int32_t pass[1 + KVT_DRAFT_MAX_LIMIT];
     size_t pass_n, pos0;
     kvt_draft_tune tune;
+    double t_pass;              /* when the pass's drafting began (kvt_now), for the tuning */
     float *rows;                /* (1 + draft_max, n_vocab) */
     kvt_wbuf save;
 };
@@ -263,6 +264,7 @@ bool kvt_gen_next_pass(kvt_gen_run *R, kvt_gen_pass *p)
     kvt_session *s = g->s;
     *p = (kvt_gen_pass){R->pass, 1, NULL, NULL};
     if (!kvt_gen_next(R, &R->pass[0])) return false;
+    R->t_pass = kvt_now(); /* a pass's time: its drafting, its forward pass (the step's), its rollback */
     R->pos0 = kvt_session_len(s);
     if (g->draft == KVT_DRAFT_NONE || R->eos) return true;
     /* drafts only where plain decoding could go on: within max_new (the
@@ -343,6 +345,8 @@ bool kvt_gen_took_pass(kvt_gen_run *R, int rc, size_t done)
 {
     kvt_usage *u = R->u;
     if (!rc) u->passes++;
+    if (!rc && R->pass_n == 1 && R->g.draft != KVT_DRAFT_NONE)
+        kvt_draft_tune_after(&R->tune, 0, 0, kvt_now() - R->t_pass);
     if (rc || R->pass_n == 1) return kvt_gen_took(R, rc);
     u->drafted += (uint32_t)(R->pass_n - 1);
     size_t V = R->g.m->info.n_vocab, keep = 1;
@@ -354,8 +358,8 @@ bool kvt_gen_took_pass(kvt_gen_run *R, int rc, size_t done)
             t = R->t = R->pass[keep];
         if (t != R->pass[keep]) break;
     }
-    kvt_draft_tune_after(&R->tune, done - 1, keep - 1);
     if (kvt_session_keep(R->g.s, R->pos0, R->pass, done, keep, R->rows, &R->save)) return !(R->done = true);
+    kvt_draft_tune_after(&R->tune, done - 1, keep - 1, kvt_now() - R->t_pass);
     return more && !R->done;
 }
 
