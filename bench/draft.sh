@@ -51,29 +51,7 @@ if case " $sets " in *" qwen3 "*) true ;; *) false ;; esac && { [ ! -f "$model" 
 fi
 
 bench_tmp draft
-copy="Repeat the following file exactly, but rename the function parse_opts to parse_options.
-
-static int parse_opts(int argc, char **argv, opt *o, size_t no)
-{
-    for (int i = 2; i < argc; i++) {
-        opt *f = find(o, no, argv[i]);
-        if (!f) {
-            fprintf(stderr, \"kvtier: unknown argument '%s'\\\\n\", argv[i]);
-            return -1;
-        }
-        if (f->flag) { f->val = \"1\"; continue; }
-        if (i + 1 == argc) {
-            fprintf(stderr, \"kvtier: %s needs a value\\\\n\", argv[i]);
-            return -1;
-        }
-        f->val = argv[++i];
-    }
-    return 0;
-}
-
-Here is the file with the change:
-"
-free="Once upon a time, in a small village at the edge of a great forest, there lived a girl who"
+. "$(dirname "$0")/draft_prompts.sh"
 
 # one run: prints "tok/s passes drafted accepted" and keeps the ids in $tmp/$3.ids
 one() { # $1 prompt, $2 drafter, $3 tag ($model: the model)

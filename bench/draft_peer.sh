@@ -109,29 +109,9 @@ base=http://127.0.0.1:$port
 # has a context of 512: its copy-heavy prompt is a short story told once
 # and begun again, which the model goes on repeating; its free text the
 # start of a story.
-qwen3_copy="Repeat the following file exactly, but rename the function parse_opts to parse_options.
-
-static int parse_opts(int argc, char **argv, opt *o, size_t no)
-{
-    for (int i = 2; i < argc; i++) {
-        opt *f = find(o, no, argv[i]);
-        if (!f) {
-            fprintf(stderr, \"kvtier: unknown argument '%s'\\\\n\", argv[i]);
-            return -1;
-        }
-        if (f->flag) { f->val = \"1\"; continue; }
-        if (i + 1 == argc) {
-            fprintf(stderr, \"kvtier: %s needs a value\\\\n\", argv[i]);
-            return -1;
-        }
-        f->val = argv[++i];
-    }
-    return 0;
-}
-
-Here is the file with the change:
-"
-qwen3_free="Once upon a time, in a small village at the edge of a great forest, there lived a girl who"
+. "$(dirname "$0")/draft_prompts.sh"
+qwen3_copy=$copy
+qwen3_free=$free
 stories_copy="Lily and Ben went to the park. They saw a big red ball. Lily said, \"Let's play with the ball!\" Ben kicked the ball and it went up high. They laughed and played all day. Then they went home and ate cake.
 
 Lily and Ben went to the park. They saw a big red ball."

@@ -946,6 +946,18 @@ done:
     return rc;
 }
 
+/* Tensor d added to gw under name, its data v when given (f32 values),
+ * else its matrix's or vector's own. */
+static int add_tensor(kvt_gguf_writer *gw, const char *name, const tdesc *d, const float *v)
+{
+    bool route = d->init == INIT_ROUTE;
+    const kvt_wmat *mt = d->mat;
+    const void *data = v ? (const void *)v : mt ? (const void *)mt->data : route ? (const void *)*d->islot
+                                                                               : (const void *)*d->slot;
+    uint32_t type = mt ? mt->type : route ? GGML_I32 : KVT_GGML_F32;
+    return kvt_gguf_writer_add_tensor(gw, name, type, d->nd, d->ne, data, mt ? mt->rows * mt->row_bytes : tcount(d) * 4);
+}
+
 int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
 {
     if (m->arch != &kvt_arch_ds4) return kvt_fail(KVT_EINVAL, "not a ds4 model");
@@ -958,12 +970,7 @@ int kvt_ds4_write_gguf(const kvt_model *m, const char *path)
     size_t n = ds4_tensors(w, t);
     for (size_t i = 0; i < n && !rc; i++) {
         if (absent(&t[i]) || t[i].opt == OPT_DS4C) continue; /* llama.cpp's layout has no place for the latter */
-        bool route = t[i].init == INIT_ROUTE;
-        const kvt_wmat *mt = t[i].mat;
-        const void *data = mt ? (const void *)mt->data : route ? (const void *)*t[i].islot : (const void *)*t[i].slot;
-        uint32_t type = mt ? mt->type : route ? GGML_I32 : KVT_GGML_F32;
-        rc = kvt_gguf_writer_add_tensor(gw, t[i].name, type, t[i].nd, t[i].ne, data,
-                                        mt ? mt->rows * mt->row_bytes : tcount(&t[i]) * 4);
+        rc = add_tensor(gw, t[i].name, &t[i], NULL);
     }
     if (!rc) rc = kvt_gguf_writer_write(gw, path);
 done:
@@ -2085,13 +2092,7 @@ int kvt_ds4_mtp_write_ds4c(const kvt_model *m, const char *path)
         else if (!strcmp(sfx, "nextn.shared_head_norm.weight"))
             v = ly->head_norm ? ly->head_norm : w->out_norm;
         if (absent(&t[i]) && !v) continue;
-        bool route = t[i].init == INIT_ROUTE;
-        const kvt_wmat *mt = t[i].mat;
-        const void *data = v ? (const void *)v : mt ? (const void *)mt->data : route ? (const void *)*t[i].islot
-                                                                                   : (const void *)*t[i].slot;
-        uint32_t type = mt ? mt->type : route ? GGML_I32 : KVT_GGML_F32;
-        rc = kvt_gguf_writer_add_tensor(gw, x, type, t[i].nd, t[i].ne, data,
-                                        mt ? mt->rows * mt->row_bytes : tcount(&t[i]) * 4);
+        rc = add_tensor(gw, x, &t[i], v);
     }
     if (!rc) rc = kvt_gguf_writer_write(gw, path);
 done:
