@@ -637,6 +637,16 @@ TEST(speculate_model_qwen35)
  * KVT_DRAFT_FAULT_MTP_KEEP (a pass's first chained row kept as verified:
  * an off-by-one rollback of the window) leaves some window unequal. And
  * ds4-tiny without the layer is refused. */
+/* The MTP tests' two prompts (PROMPT tokens each, m's BOS first). */
+static void mtp_prompts(const kvt_model *m, int32_t *pa, int32_t *pb)
+{
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
+    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
+    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+}
+
 TEST(speculate_mtp_ds4)
 {
     kvt_model *m = NULL, *base = NULL;
@@ -644,12 +654,8 @@ TEST(speculate_mtp_ds4)
     CHECK_OK(kvt_model_preset(&base, "ds4-tiny", 7, NULL));
     CHECK_OK(kvt_draft_mtp_check(m, "ds4-tiny+mtp=1"));
     CHECK(kvt_draft_mtp_check(base, "ds4-tiny") == KVT_EUNSUPPORTED && strstr(kvt_errmsg(), "no MTP"));
-    kvt_model_info in;
-    kvt_model_info_get(m, &in);
     int32_t pa[PROMPT], pb[PROMPT];
-    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
-    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
-    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    mtp_prompts(m, pa, pb);
     int32_t *ps[BATCH] = {pa, pb};
     uint32_t accepted = 0, drafted = 0, rolled = 0, kept_seen = 0;
     for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
@@ -811,12 +817,8 @@ TEST(speculate_mtp_file_ds4)
     kvt_ds4_fault = KVT_DS4_FAULT_NONE;
     CHECK_OK(brc);
     /* the layer's outputs, bit for bit */
-    kvt_model_info in;
-    kvt_model_info_get(m, &in);
     int32_t pa[PROMPT], pb[PROMPT];
-    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
-    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
-    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    mtp_prompts(m, pa, pb);
     size_t la = 0, lb = 0, lc = 0;
     float *a = mtp_layer_out(m, pa, 40, &la), *b = mtp_layer_out(sep, pa, 40, &lb), *c = mtp_layer_out(bad, pa, 40, &lc);
     CHECKF(a && b && c && la == lb && lb == lc, "the MTP layer's steps failed: %s", kvt_errmsg());
@@ -847,6 +849,8 @@ TEST(speculate_mtp_file_ds4)
     kvt_model *n2 = NULL;
     CHECK_OK(kvt_model_preset(&n2, "ds4-tiny", 7, NULL));
     CHECK_OK(kvt_draft_mtp_attach(n2, path));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
     size_t V = in.n_vocab, hf = m->arch->mtp->hidden_floats(m), ln = 0;
     a = mtp_layer_out(m, pa, 40, &la);
     float *d2 = mtp_layer_out(n2, pa, 40, &ln);

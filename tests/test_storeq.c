@@ -104,11 +104,12 @@ static bool write_body(const char *path, const char *prompt_head, int n, int max
     return fclose(f) == 0;
 }
 
-/* kvtier_disk_saves_total of the server's /metrics (-1: unreadable). */
-static long saves_total(const fx_server *s)
+/* The value of metric `name` (a line "name VALUE") on the server's
+ * /metrics; -1 when unreadable. */
+static long metric(const fx_server *s, const char *name)
 {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 %s/metrics | sed -n 's/^kvtier_disk_saves_total //p'", s->base);
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 %s/metrics | sed -n 's/^%s //p'", s->base, name);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     long v = -1;
@@ -116,6 +117,9 @@ static long saves_total(const fx_server *s)
     pclose(f);
     return v;
 }
+
+/* kvtier_disk_saves_total of the server's /metrics (-1: unreadable). */
+static long saves_total(const fx_server *s) { return metric(s, "kvtier_disk_saves_total"); }
 
 /* The other process: BEGIN IMMEDIATE on db, a byte on fd once it holds
  * the lock, HOLD seconds, ROLLBACK. */
@@ -208,19 +212,6 @@ TEST(storeq_locked_store)
 
 /* ---- no step waits on a save ---- */
 
-/* The value of metric `name` (a line "name VALUE") on the server's
- * /metrics; -1 when unreadable. */
-static long metric(const fx_server *s, const char *name)
-{
-    char cmd[320];
-    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 %s/metrics | sed -n 's/^%s //p'", s->base, name);
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    long v = -1;
-    if (fscanf(f, "%ld", &v) != 1) v = -1;
-    pclose(f);
-    return v;
-}
 
 #define SAVERS 3 /* prompts whose saves run while a reply decodes */
 
