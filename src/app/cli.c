@@ -1508,7 +1508,7 @@ static void usage(FILE *f)
           "              a hit is; list the bad ones (exit 1), deleted with --delete\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
-          "  draft options --draft ngram|model|mtp|none (none; mtp: a DeepSeek-V4 file's MTP layer),\n"
+          "  draft options --draft ngram|model|mtp|none (ngram; mtp: a DeepSeek-V4 file's MTP layer),\n"
           "              --draft-max N\n"
           "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
           "              implies --draft model; with --draft mtp: ds4.c's separate MTP file\n"

@@ -391,6 +391,7 @@ typedef struct slot {
     kvt_draft_mtp *mtp;           /* --draft mtp: the MTP drafter, on s */
     size_t dm_held;               /* its bytes reserved in the tenant's RAM share (kvt_tiers_reserve;
                                    * 0: no draft session for this reply) */
+    size_t rows_held;             /* the verify passes' logits rows (any drafter), reserved the same way */
 } slot;
 
 static char *error_body(const job *j, int status, const char *msg)
@@ -414,8 +415,8 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
         sl->dm_held = dm_now;
     }
     job_done(sv, sl->j, status, body);
-    if (sl->dm_held) {
-        kvt_tiers_unreserve(sv->tiers, sl->j->tenant, sl->dm_held);
+    if (sl->dm_held || sl->rows_held) {
+        kvt_tiers_unreserve(sv->tiers, sl->j->tenant, sl->dm_held + sl->rows_held);
         pool_publish(sv);
     }
     job_unref(sl->j);
@@ -527,6 +528,13 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
         sl->dm_held += kvt_draft_mtp_bytes(sl->mtp);
     }
     sl->g.mtp = sl->mtp;
+    /* a drafting reply holds the logits of a verify pass's rows
+     * (kvt_gen_start): in the share as well */
+    if (sv->o.draft) {
+        uint32_t dmax = sv->o.draft_max ? sv->o.draft_max : KVT_DRAFT_MAX_DEFAULT;
+        sl->rows_held = (size_t)(1 + dmax) * sv->m->info.n_vocab * sizeof(float);
+        kvt_tiers_reserve(sv->tiers, j->tenant, sl->rows_held);
+    }
     sl->gc = (struct gen_ctx){sv, j};
     sl->out = (kvt_gen_out){gen_emit, gen_canceled, gen_calls, &sl->gc};
     if (!(sl->run = kvt_gen_start(&sl->g, &sl->u, &sl->out))) {

@@ -264,7 +264,8 @@ char *kvt_server_metrics_text(server *sv, int tnt)
     FAMILY("kvtier_disk_queue_bytes", "gauge", "RAM held by sessions queued to be saved (counted in the RAM budget).",
            "", w->store_held);
     FAMILY("kvtier_draft_session_bytes", "gauge",
-           "RAM reserved for the draft model's sessions of replies in progress (counted in the RAM budget).", "",
+           "RAM reserved for drafting by replies in progress: draft model sessions, MTP windows, verify rows (counted "
+           "in the RAM budget).", "",
            w->draft_ram);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);

@@ -19,8 +19,10 @@ typedef enum kvt_draft_kind {
     KVT_DRAFT_MTP,          /* the model's MTP (nextn) layer (DeepSeek-V4) */
 } kvt_draft_kind;
 
-/* The drafter unless --draft says otherwise. */
-#define KVT_DRAFT_DEFAULT KVT_DRAFT_NONE
+/* The drafter unless --draft says otherwise: prompt lookup, which never
+ * changes a reply and measured best (bench/SERVE.md, "Speculative decoding
+ * beside llama.cpp's server"). */
+#define KVT_DRAFT_DEFAULT KVT_DRAFT_NGRAM
 /* Tokens drafted at most per pass unless --draft-max says otherwise. */
 #define KVT_DRAFT_MAX_DEFAULT 8
 /* The longest --draft-max (the verify pass's rows are held per reply). */
