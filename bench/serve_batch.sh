@@ -31,6 +31,8 @@
 #                       with AMX, as bench/serve_peer.sh)
 #   JOBS=N              parallel jobs of the llama.cpp build (default 2)
 #   PORT=N              the servers' port (default: a free one)
+#   DRAFT=KIND          kvtier's --draft (default none: both engines decode
+#                       plainly, as llama-server does by default)
 set -eu
 me=serve_batch.sh
 # shellcheck source=bench/lib.sh
@@ -64,7 +66,7 @@ bench_port
 start() { # $1: kvtier|llama, $2: model, $3: requests at once, $4: context per request
     if [ "$1" = kvtier ]; then
         "$bin" serve --model "$2" --port "$port" --ctx "$4" --threads "$threads" --no-kv-disk --parallel "$3" \
-            >>"$tmp/server.log" 2>&1 &
+            --draft "${DRAFT:-none}" >>"$tmp/server.log" 2>&1 &
     else
         # shellcheck disable=SC2086
         # the file says a context of 8192, which llama.cpp's slots do not exceed
