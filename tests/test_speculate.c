@@ -17,6 +17,15 @@
  *                            without. Control: KVT_DRAFT_FAULT_NO_COST
  *                            (the tuning blind to cost, as untimed passes
  *                            are) loses more than 3% there.
+ *   speculate_auto           --draft auto (the default) is ngram for the
+ *                            dense models whose cache is rows alone
+ *                            (llama, qwen3) and none, with its reason,
+ *                            for routed experts (qwen3moe) and for fixed
+ *                            state (gemma3's windows, qwen35's recurrent
+ *                            state, ds4-tiny). Control:
+ *                            KVT_DRAFT_FAULT_AUTO_NGRAM (ngram for every
+ *                            model) gives ngram where none is due, and the
+ *                            test says so.
  *   speculate_ds4            ds4-tiny (window, frontiers, compressed rows)
  *   speculate_llama          the llama family's full rows (llama)
  *   speculate_gemma3         window rings (gemma3)
@@ -608,6 +617,55 @@ static void family_drafts_itself(const fam_spec *f, bool state_bites)
     kvt_model_close(d);
     fam_close(m, dir, path);
     CHECKF(acc > 0, "%s: no draft accepted", what);
+}
+
+/* --draft auto on each kind of model: how many models got another kind
+ * than due (each named when report). */
+static int auto_wrong(bool report)
+{
+    static const struct { fam_spec f; kvt_draft_kind want; } cases[] = {
+        {{"llama", false, false, FAM_HEAD_DIM, false, false, false}, KVT_DRAFT_NGRAM},
+        {{"qwen3", false, true, FAM_HEAD_DIM, false, false, false}, KVT_DRAFT_NGRAM},
+        {{"qwen3moe", false, true, FAM_HEAD_DIM, false, true, false}, KVT_DRAFT_NONE},
+        {{"gemma3", false, true, FAM_HEAD_DIM, false, false, true}, KVT_DRAFT_NONE},
+        {{"qwen35", .qwen35 = FAM_Q35_DENSE}, KVT_DRAFT_NONE},
+    };
+    int wrong = 0;
+    for (size_t i = 0; i <= sizeof cases / sizeof *cases; i++) {
+        char dir[] = "/tmp/kvt-spec-XXXXXX", path[256];
+        bool ds4 = i == sizeof cases / sizeof *cases;
+        kvt_model *m = NULL;
+        if (ds4 && kvt_model_preset(&m, "ds4-tiny", 7, NULL)) m = NULL;
+        else if (!ds4) m = fam_open(&cases[i].f, dir, path, sizeof path);
+        if (!m) {
+            kvt_test_fail(__FILE__, __LINE__, "opening case %zu: %s", i, kvt_errmsg());
+            return wrong + 1;
+        }
+        const char *why = NULL;
+        kvt_draft_kind k = kvt_draft_auto(m, &why), want = ds4 ? KVT_DRAFT_NONE : cases[i].want;
+        if (report) printf("    %s: --draft auto is %s%s%s\n", ds4 ? "ds4-tiny" : cases[i].f.arch, kvt_draft_name(k),
+                           why ? ": " : "", why ? why : "");
+        if (k != want || (k == KVT_DRAFT_NONE) != (why != NULL)) {
+            wrong++;
+            if (report)
+                kvt_test_fail(__FILE__, __LINE__, "%s: --draft auto is %s, not %s", ds4 ? "ds4-tiny" : cases[i].f.arch,
+                              kvt_draft_name(k), kvt_draft_name(want));
+        }
+        if (ds4) kvt_model_close(m);
+        else fam_close(m, dir, path);
+    }
+    return wrong;
+}
+
+TEST(speculate_auto)
+{
+    CHECKF(kvt_draft_parse("auto", &(kvt_draft_kind){0}) == KVT_OK, "--draft auto does not parse");
+    CHECK(auto_wrong(true) == 0);
+    kvt_draft_fault = KVT_DRAFT_FAULT_AUTO_NGRAM;
+    int w = auto_wrong(false);
+    kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+    printf("    with KVT_DRAFT_FAULT_AUTO_NGRAM: %d models drafted where none is due\n", w);
+    CHECKF(w == 4, "KVT_DRAFT_FAULT_AUTO_NGRAM (ngram for every model) went unseen: %d of 4 models wrong", w);
 }
 
 TEST(speculate_model_llama)

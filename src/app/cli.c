@@ -521,6 +521,7 @@ static int cmd_run(int argc, char **argv)
     if (r) return r;
     kvt_model_info info;
     kvt_model_info_get(m, &info);
+    if (draft == KVT_DRAFT_AUTO) draft = kvt_draft_auto(m, NULL);
     if (get(o, no, "--demo")) {
         const char *mname = get(o, no, "--model") ? get(o, no, "--model") : KVT_DEFAULT_MODEL;
         kvt_session_opts dso = {.n_ctx = (uint32_t)ctx, .n_threads = (uint32_t)threads,
@@ -1508,7 +1509,8 @@ static void usage(FILE *f)
           "              a hit is; list the bad ones (exit 1), deleted with --delete\n"
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
-          "  draft options --draft ngram|model|mtp|none (ngram; mtp: a DeepSeek-V4 file's MTP layer),\n"
+          "  draft options --draft auto|ngram|model|mtp|none (auto: ngram for a dense model whose cache is\n"
+          "              rows alone, else none; mtp: a DeepSeek-V4 file's MTP layer),\n"
           "              --draft-max N\n"
           "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
           "              implies --draft model; with --draft mtp: ds4.c's separate MTP file\n"

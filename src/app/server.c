@@ -1688,6 +1688,11 @@ int kvt_serve(const kvt_server_opts *opts)
         (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
         goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
+    if (sv->o.draft == KVT_DRAFT_AUTO) {
+        const char *why = NULL;
+        sv->o.draft = kvt_draft_auto(sv->m, &why);
+        if (why) fprintf(stderr, "kvtier: speculative decoding off for this model (--draft ngram turns it on): %s\n", why);
+    }
     if (sv->o.draft == KVT_DRAFT_MODEL &&
         ((rc = kvt_model_open(&sv->dmodel, opts->model_draft)) ||
          (rc = kvt_model_set_cache_types(sv->dmodel, opts->type_k, opts->type_v)) ||

@@ -116,6 +116,9 @@ typedef struct kvt_arch {
      * every row on its own). On failure each session is as after a failed
      * forward. NULL: the segments run one after another. */
     int (*forward_batch)(const kvt_seg *seg, size_t k);
+    /* Whether m's tokens go through routed experts (a pass of several
+     * tokens then reads several tokens' experts). NULL: never. */
+    bool (*routed)(const kvt_model *m);
     /* Append the fixed state (window, frontier) for the s->n held tokens in
      * logical order: only entries valid at s->n, oldest first. The
      * recurrent layers' state (plan.recurrent bytes, the same at every n)

@@ -1030,6 +1030,14 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
     return KVT_OK;
 }
 
+static bool llama_routed(const kvt_model *m)
+{
+    const kvt_llama_weights *w = m->weights;
+    bool r = w->fam->moe;
+    for (uint32_t l = 0; l < w->L && !r; l++) r = w->layers[l].gate_inp != NULL;
+    return r;
+}
+
 static int llama_cache_types(const kvt_model *m, kvt_row_type type_k, kvt_row_type type_v)
 {
     return kvt_llama_weights_rows(m->weights, type_k, type_v, true);
@@ -1038,7 +1046,7 @@ static int llama_cache_types(const kvt_model *m, kvt_row_type type_k, kvt_row_ty
 #define LLAMA_OPS                                                                 \
     .handles = kvt_llama_weights_handles, .load = llama_load,                                 \
     .cache_types = llama_cache_types, .cache_new = llama_cache_new, .forward = llama_forward, .forward_batch = llama_forward_batch, \
-    .fingerprint = kvt_llama_weights_fingerprint, \
+    .fingerprint = kvt_llama_weights_fingerprint, .routed = llama_routed, \
     .weights_pack = kvt_llama_weights_pack, .weights_free = kvt_llama_weights_free, .plan = llama_plan,   \
     .work_new = llama_work_new, .work_free = llama_work_free, .work_bytes = llama_work_bytes
 

@@ -7,6 +7,7 @@
  * match p tokens back, p short), the draft goes on repeating it with
  * period p: a token said over and over, a line repeated. */
 #include "serve/draft.h"
+#include "arch/arch.h"
 #include "base/util.h"
 
 #include <string.h>
@@ -34,14 +35,28 @@ int kvt_draft_parse(const char *name, kvt_draft_kind *out)
     else if (!strcmp(name, "none")) *out = KVT_DRAFT_NONE;
     else if (!strcmp(name, "model")) *out = KVT_DRAFT_MODEL;
     else if (!strcmp(name, "mtp")) *out = KVT_DRAFT_MTP;
+    else if (!strcmp(name, "auto")) *out = KVT_DRAFT_AUTO;
     else
-        return kvt_fail(KVT_EINVAL, "--draft must be ngram, model, mtp or none, not '%s'", name);
+        return kvt_fail(KVT_EINVAL, "--draft must be ngram, model, mtp, auto or none, not '%s'", name);
     return KVT_OK;
 }
 
 const char *kvt_draft_name(kvt_draft_kind k)
 {
-    return k == KVT_DRAFT_NGRAM ? "ngram" : k == KVT_DRAFT_MODEL ? "model" : k == KVT_DRAFT_MTP ? "mtp" : "none";
+    return k == KVT_DRAFT_NGRAM ? "ngram" : k == KVT_DRAFT_MODEL ? "model" : k == KVT_DRAFT_MTP ? "mtp"
+           : k == KVT_DRAFT_AUTO ? "auto" : "none";
+}
+
+kvt_draft_kind kvt_draft_auto(const kvt_model *m, const char **why)
+{
+    const char *w = !m->arch ? "the model has a tokenizer only"
+                    : m->arch->state_save ? "a rejected draft restores the model's fixed state and runs the kept "
+                                            "tokens again"
+                    : m->arch->routed && m->arch->routed(m) ? "a pass of several tokens reads several tokens' experts"
+                                                            : NULL;
+    if (kvt_draft_fault == KVT_DRAFT_FAULT_AUTO_NGRAM) w = NULL; /* tests */
+    if (why) *why = w;
+    return w ? KVT_DRAFT_NONE : KVT_DRAFT_NGRAM;
 }
 
 /* Token i of the context ctx[0..n) + last. */

@@ -205,6 +205,7 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     if (R->lp.n_top > g->m->info.n_vocab) R->lp.n_top = g->m->info.n_vocab;
     if (R->g.draft_max == 0) R->g.draft_max = KVT_DRAFT_MAX_DEFAULT;
     if (R->g.draft_max > KVT_DRAFT_MAX_LIMIT) R->g.draft_max = KVT_DRAFT_MAX_LIMIT;
+    if (R->g.draft == KVT_DRAFT_AUTO) R->g.draft = kvt_draft_auto(g->m, NULL);
     if (R->g.draft != KVT_DRAFT_NGRAM && !(R->g.draft == KVT_DRAFT_MODEL && R->g.dm) &&
         !(R->g.draft == KVT_DRAFT_MTP && R->g.mtp))
         R->g.draft = KVT_DRAFT_NONE;
