@@ -1133,6 +1133,9 @@ int kvt_ds4_mtp_write_ds4c(const kvt_model *m, const char *path)
     return kvt_ds4_weights_mtp_write(m, path);
 }
 
+/* The separate MTP file the layer borrows from (kvt_mtp_ops.file). */
+static const kvt_gguf *ds4_mtp_file(const kvt_model *m) { return ((const ds4_weights *)m->weights)->mtp_file; }
+
 static const kvt_mtp_ops ds4_mtp = {
     .layers = kvt_ds4_mtp_layers,
     .hidden_floats = kvt_ds4_hidden_floats,
@@ -1142,6 +1145,7 @@ static const kvt_mtp_ops ds4_mtp = {
     .step = kvt_ds4_mtp_step,
     .attach = kvt_ds4_mtp_attach,
     .write_file = kvt_ds4_mtp_write_ds4c,
+    .file = ds4_mtp_file,
 };
 
 const kvt_arch kvt_arch_ds4 = {
