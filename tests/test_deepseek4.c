@@ -374,7 +374,7 @@ TEST(deepseek4_header_flash_shape)
         at.available = avail;
         bool want_note = kvt_memory_note(&at, full, sizeof full);
         snprintf(gib, sizeof gib, "(%.2f GiB,", mm.mapped / 1073741824.0);
-        CHECKF(kvt_model_memory_note(path, note, sizeof note) == want_note &&
+        CHECKF(kvt_model_memory_note(path, NULL, note, sizeof note) == want_note &&
                    (!want_note || strstr(note, gib)),
                "want %s (%s): '%s'", want_note ? "a note" : "none", gib, note);
     }

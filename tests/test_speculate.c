@@ -92,6 +92,20 @@
  *                            as it was: another shape (the tensor named),
  *                            a truncated file, a foreign architecture, a
  *                            model with its own layer.
+ *   speculate_mtp_file_memory  the attached file is mapped with the model,
+ *                            and counted so: after attaching it to
+ *                            ds4-tiny opened from a GGUF, the model's
+ *                            mapped bytes (kvt_model_memory: `info`, the
+ *                            memory note) grow by the tensor data the
+ *                            file's header declares, type by type; the
+ *                            count from the paths alone (info of a header,
+ *                            the note at start) is the same; with the
+ *                            available memory between the two, the note
+ *                            says the weights no longer fit; `kvtier info
+ *                            --draft mtp --model-draft FILE` prints it.
+ *                            Control: KVT_MEMORY_FAULT_NO_MTP (the count
+ *                            before the file was counted) leaves mapped
+ *                            as it was: the checks fail.
  *   speculate_model_llama    the same with each family's synthetic model
  *   speculate_model_gemma3   drafting for another copy of itself: the
  *   speculate_model_qwen35   draft session's rollback through full rows,
@@ -138,6 +152,7 @@
 #include "serve/generate.h"
 #include "arch/model.h"
 #include "arch/ds4.h"
+#include "session/memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -955,6 +970,107 @@ TEST(speculate_mtp_file_ds4)
     kvt_model_close(bad);
     kvt_model_close(sep);
     kvt_model_close(m);
+}
+
+/* Whether after counts the MTP file on top of before: mapped grown by its
+ * declared tensor data (want, by type want_type, nt tensors), and that
+ * much of it the MTP file's. */
+static bool mtp_counted(const kvt_memory *before, const kvt_memory *after, uint64_t want, const uint64_t *want_type,
+                        size_t nt)
+{
+    bool types = true;
+    for (size_t t = 0; t < KVT_MEMORY_TYPES; t++) types &= after->mapped_type[t] == before->mapped_type[t] + want_type[t];
+    return after->mapped == before->mapped + want && after->mapped_mtp == want && before->mapped_mtp == 0 && types &&
+           after->n_tensors == before->n_tensors + nt;
+}
+
+/* The attached MTP file counts in the model's memory as the model's file
+ * does (see the list at the top). */
+TEST(speculate_mtp_file_memory)
+{
+    char dir[] = "/tmp/kvt-spec-mtpmem-XXXXXX", file[128], path[128];
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/mtp.gguf", dir);
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    kvt_model *w = NULL, *m = NULL;
+    CHECK_OK(kvt_model_preset(&w, "ds4-tiny+mtp=1", 7, NULL));
+    CHECK_OK(kvt_draft_mtp_write(w, file));
+    kvt_model_close(w);
+    CHECK_OK(kvt_model_preset(&w, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_save(w, path));
+    kvt_model_close(w);
+    /* the tensor data the MTP file's header declares */
+    kvt_gguf *g = NULL;
+    CHECK_OK(kvt_gguf_open_header(&g, file));
+    uint64_t want = 0, want_type[KVT_MEMORY_TYPES] = {0};
+    size_t nt = kvt_gguf_n_tensors(g);
+    for (size_t i = 0; i < nt; i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        want += t->n_bytes;
+        if (t->type < KVT_MEMORY_TYPES) want_type[t->type] += t->n_bytes;
+    }
+    kvt_gguf_close(g);
+    CHECK(want > 0 && nt > 0);
+    /* the model opened from its file, before and after the attach */
+    kvt_memory before, after, fault, hb, ha, hf;
+    CHECK_OK(kvt_model_open(&m, path));
+    CHECK_OK(kvt_model_memory(path, m, 256, 1, &before));
+    CHECK_OK(kvt_draft_mtp_attach(m, file));
+    CHECK_OK(kvt_model_memory(path, m, 256, 1, &after));
+    /* from the paths alone (info of a header; the note at start) */
+    CHECK_OK(kvt_model_memory(path, NULL, 256, 1, &hb));
+    ha = hb;
+    CHECK_OK(kvt_memory_add_mtp(&ha, file));
+    kvt_memory_fault = KVT_MEMORY_FAULT_NO_MTP;
+    int frc = kvt_model_memory(path, m, 256, 1, &fault);
+    hf = hb;
+    frc |= kvt_memory_add_mtp(&hf, file);
+    kvt_memory_fault = 0;
+    CHECK_OK(frc);
+    bool model = mtp_counted(&before, &after, want, want_type, nt), header = mtp_counted(&hb, &ha, want, want_type, nt);
+    bool same = before.mapped > 0 && hb.mapped == before.mapped && ha.mapped == after.mapped;
+    bool ctl = !mtp_counted(&before, &fault, want, want_type, nt) && !mtp_counted(&hb, &hf, want, want_type, nt);
+    printf("    mapped: %llu B, with the MTP file attached %llu B (its header: %llu B in %zu tensors): %s; from the "
+           "paths %llu B, %llu B: %s; control (the file left out): %llu B, %s\n",
+           (unsigned long long)before.mapped, (unsigned long long)after.mapped, (unsigned long long)want, nt,
+           model ? "counted" : "NOT COUNTED", (unsigned long long)hb.mapped, (unsigned long long)ha.mapped,
+           header && same ? "the same" : "DIFFERENT", (unsigned long long)fault.mapped, ctl ? "caught" : "NOT CAUGHT");
+    CHECKF(model, "the attached MTP file is not counted in the model's mapped bytes");
+    CHECKF(header && same, "the count from the paths differs from the model's");
+    CHECKF(ctl, "control: the MTP file left out of the count went unseen");
+    /* the note: with the available memory between the two counts, the
+     * weights fit without the file and not with it */
+    char note[256];
+    kvt_memory na = after, nb = before, nf = fault;
+    na.available = nb.available = nf.available = before.mapped + want / 2;
+    bool says = kvt_memory_note(&na, note, sizeof note), quiet = !kvt_memory_note(&nb, note, sizeof note),
+         ctl_note = !kvt_memory_note(&nf, note, sizeof note);
+    CHECKF(says && quiet, "the memory note leaves the MTP file out");
+    CHECKF(ctl_note, "control: the note left the file out and still said so");
+    kvt_model_close(m);
+    /* `kvtier info --draft mtp --model-draft FILE` (from the header) */
+    char out[160];
+    snprintf(out, sizeof out, "%s/info.txt", dir);
+    const char *const a[] = {kvt_test_bin(), "info", "--model", path, "--ctx", "256", "--draft", "mtp",
+                             "--model-draft", file, NULL};
+    int st = -1;
+    char *txt = fx_run(a, out, 60, &st) == 1 && st == 0 ? kvt_test_read_file(out, NULL) : NULL;
+    char line[160];
+    snprintf(line, sizeof line, "mapped        %llu B (", (unsigned long long)after.mapped);
+    char of[96];
+    snprintf(of, sizeof of, "; %llu B of it from the MTP file;", (unsigned long long)want);
+    bool printed = txt && strstr(txt, line) && strstr(txt, of);
+    if (!printed) printf("    info: exit %d: %s", st, txt ? txt : "(no output)\n");
+    free(txt);
+    const char *const b[] = {kvt_test_bin(), "info", "--model", path, "--draft", "ngram", NULL};
+    st = -1;
+    bool refused = fx_run(b, out, 60, &st) == 1 && WIFEXITED(st) && WEXITSTATUS(st) == 2;
+    unlink(out);
+    unlink(file);
+    unlink(path);
+    rmdir(dir);
+    CHECKF(printed, "info --draft mtp --model-draft: want the mapped line with the MTP file's bytes");
+    CHECKF(refused, "info --draft ngram: want a usage error");
 }
 
 TEST(speculate_ds4)

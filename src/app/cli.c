@@ -144,6 +144,14 @@ static bool parse_cache_types(const opt *o, size_t no, kvt_row_type *k, kvt_row_
     return true;
 }
 
+/* ds4.c's separate MTP file of o (--draft mtp --model-draft FILE), which
+ * is mapped with the model; NULL: none. */
+static const char *mtp_file(const opt *o, size_t no)
+{
+    const char *d = get(o, no, "--draft");
+    return d && !strcmp(d, "mtp") ? get(o, no, "--model-draft") : NULL;
+}
+
 /* A GGUF path or a preset name (NULL is the built-in default model), its
  * cache types from o (NULL: the defaults). */
 static int open_model(const char *path, const opt *o, size_t no, kvt_model **m)
@@ -151,7 +159,8 @@ static int open_model(const char *path, const opt *o, size_t no, kvt_model **m)
     kvt_row_type tk = KVT_ROWS_DEFAULT, tv = KVT_ROWS_DEFAULT;
     if (o && !parse_cache_types(o, no, &tk, &tv)) return 2;
     char note[256];
-    if (kvt_model_memory_note(path, note, sizeof note)) fprintf(stderr, "kvtier: %s: %s\n", path, note);
+    if (kvt_model_memory_note(path, mtp_file(o, no), note, sizeof note))
+        fprintf(stderr, "kvtier: %s: %s\n", path, note);
     int rc = kvt_model_open(m, path);
     if (!rc) rc = kvt_model_set_cache_types(*m, tk, tv);
     if (rc) {
@@ -819,9 +828,13 @@ static void print_memory(const kvt_memory *mm)
                                    (unsigned long long)mm->mapped_type[t]);
     if (!mm->n_tensors)
         printf("mapped        none (a preset: its weights are made in memory)\n");
-    else
+    else if (!mm->mapped_mtp)
         printf("mapped        %llu B (%.2f GiB, read-only from the file; %llu tensors: %s)\n",
            (unsigned long long)mm->mapped, mm->mapped / 1073741824.0, (unsigned long long)mm->n_tensors, line);
+    else
+        printf("mapped        %llu B (%.2f GiB, read-only; %llu B of it from the MTP file; %llu tensors: %s)\n",
+               (unsigned long long)mm->mapped, mm->mapped / 1073741824.0,
+               (unsigned long long)mm->mapped_mtp, (unsigned long long)mm->n_tensors, line);
     at = 0;
     line[0] = 0;
     for (size_t i = 0; i < mm->kv.n_parts && at < sizeof line; i++)
@@ -848,7 +861,7 @@ static void print_memory(const kvt_memory *mm)
 
 static int cmd_info(int argc, char **argv)
 {
-    opt o[] = {{"--model"}, {"--ctx"}, {"--threads"}, CACHE_OPTS};
+    opt o[] = {{"--model"}, {"--ctx"}, {"--threads"}, CACHE_OPTS, {"--draft"}, {"--model-draft"}};
     size_t no = sizeof o / sizeof o[0];
     { int pr_ = parse_opts(argc, argv, o, no); if (pr_) return pr_ < 0 ? 2 : 0; }
     uint64_t ctx = 0, threads = 0;
@@ -856,6 +869,12 @@ static int cmd_info(int argc, char **argv)
     if (!parse_u64(get(o, no, "--ctx"), "--ctx", 1u << 24, &ctx) ||
         !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) || !parse_cache_types(o, no, &tk, &tv))
         return 2;
+    /* ds4.c's separate MTP file, mapped with the model as run and serve map it */
+    const char *mtp = mtp_file(o, no);
+    if ((get(o, no, "--draft") || get(o, no, "--model-draft")) && !mtp) {
+        fprintf(stderr, "kvtier: info takes --draft mtp --model-draft FILE (ds4.c's separate MTP file) only\n");
+        return 2;
+    }
     kvt_model *m = NULL;
     kvt_model_info i;
     kvt_memory mm;
@@ -864,7 +883,8 @@ static int cmd_info(int argc, char **argv)
     int dr = path ? kvt_model_describe(path, 0, &i, detail, sizeof detail, NULL) : KVT_ENOENT;
     if (dr == KVT_OK) {
         /* described from its header alone: a 160 GB file answers at once */
-        if ((dr = kvt_model_memory(path, NULL, ctx, 0, &mm))) return fail(dr, "info");
+        if ((dr = kvt_model_memory(path, NULL, ctx, 0, &mm)) || (mtp && (dr = kvt_memory_add_mtp(&mm, mtp))))
+            return fail(dr, "info");
         printf("architecture  %s\nparameters    %llu\n", i.arch, (unsigned long long)i.n_params);
         printf("embedding     %u\nlayers        %u\nheads         %u (kv %u, head dim %u)\nexpert ffn    %u\n",
                i.n_embd, i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
@@ -878,7 +898,7 @@ static int cmd_info(int argc, char **argv)
     int r = open_model(path, o, no, &m);
     if (r) return r;
     kvt_model_info_get(m, &i);
-    if ((r = kvt_model_memory(path, m, ctx, (uint32_t)threads, &mm))) {
+    if ((r = kvt_model_memory(path, m, ctx, (uint32_t)threads, &mm)) || (mtp && (r = kvt_memory_add_mtp(&mm, mtp)))) {
         kvt_model_close(m);
         return fail(r, "info");
     }
@@ -1450,10 +1470,11 @@ static void usage(FILE *f)
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
           "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
           "  detokenize  [--model M] --ids \"ID ID ...\"\n"
-          "  info        [--model M] [--ctx N] [--threads N] [cache types]: the shape, and what a run needs in\n"
-          "              memory: weights mapped from the file (by type), the KV cache at the context\n"
-          "              (default: the model's), a session's scratch, the resident estimate, and\n"
-          "              whether the mapped weights exceed available memory\n"
+          "  info        [--model M] [--ctx N] [--threads N] [cache types] [--draft mtp --model-draft FILE]:\n"
+          "              the shape, and what a run needs in memory: weights mapped from the file (by\n"
+          "              type; and from ds4.c's separate MTP file when given), the KV cache at the\n"
+          "              context (default: the model's), a session's scratch, the resident estimate,\n"
+          "              and whether the mapped weights exceed available memory\n"
           "  perplexity  [--model M] --file F [--threads N] [--ctx N] [cache types]\n"
           "  model new   --preset ds4-tiny|ds4-mini|ds4-flash-bench [--seed S] [--vocab VOCAB.gguf]\n"
           "              [--type f32|f16|q8_0] --out FILE.gguf [--mtp-out MTP.gguf] (a preset\n"

@@ -1683,7 +1683,8 @@ int kvt_serve(const kvt_server_opts *opts)
     sv->started = (long)time(NULL);
     if ((rc = kvt_fill_random(sv->secret, sizeof sv->secret))) goto out;
     char note[256];
-    if (kvt_model_memory_note(opts->model, note, sizeof note)) fprintf(stderr, "kvtier: %s: %s\n", opts->model, note);
+    if (kvt_model_memory_note(opts->model, opts->draft == KVT_DRAFT_MTP ? opts->model_draft : NULL, note, sizeof note))
+        fprintf(stderr, "kvtier: %s: %s\n", opts->model, note);
     if ((rc = kvt_model_open(&sv->m, opts->model)) ||
         (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
         goto out;

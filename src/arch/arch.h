@@ -41,7 +41,9 @@ typedef struct kvt_seg {
  * into hout and the logits of the token at pos + 1 into logits. attach:
  * the layer from a separate file g into m, a model without one (on
  * success m owns g; on failure m is unchanged). write_file: m's layer as
- * that separate file, at path. */
+ * that separate file, at path. file: the file attach gave m (borrowed: m
+ * keeps it mapped until it is closed), NULL: none; its tensor data counts
+ * in the model's memory as the model's file does (session/memory.c). */
 typedef struct kvt_mtp_ops {
     uint32_t (*layers)(const kvt_model *m);
     size_t (*hidden_floats)(const kvt_model *m);
@@ -52,6 +54,7 @@ typedef struct kvt_mtp_ops {
                 float *logits);
     int (*attach)(kvt_model *m, kvt_gguf *g);
     int (*write_file)(const kvt_model *m, const char *path);
+    const kvt_gguf *(*file)(const kvt_model *m);
 } kvt_mtp_ops;
 
 /* What an architecture provides: one row per architecture file, all of

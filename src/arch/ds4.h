@@ -1,11 +1,12 @@
-/* The ds4 architecture (ds4.c): DeepSeek-V4 as llama.cpp runs it, from a
- * GGUF whose general.architecture is "deepseek4" or from a built-in preset
- * (docs/ds4.md). The model layer reaches it through kvt_arch_ds4 alone;
+/* The ds4 architecture (ds4.c; its weights ds4_weights.c): DeepSeek-V4 as
+ * llama.cpp runs it, from a GGUF whose general.architecture is "deepseek4"
+ * or from a built-in preset (docs/ds4.md). The model layer reaches it through kvt_arch_ds4 alone;
  * the rest is for its tests. Not part of the public API. */
 #ifndef KVT_DS4_H
 #define KVT_DS4_H
 
 #include "arch/arch.h"
+#include "arch/ds4_weights.h" /* the test hooks, kvt_ds4_write_preset */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,10 +17,6 @@ extern const kvt_arch kvt_arch_ds4;
 /* Indices of the k best scores (ties: lower index), sorted ascending;
  * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
-/* Fault injection for the tests that must prove they catch such bugs. */
-enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN,
-       KVT_DS4_FAULT_MTP_BIND /* a separate MTP file's e_proj and h_proj bound to each other's place */ };
-extern int kvt_ds4_fault;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on
  * load (kvt_arch_ds4.replay_tokens). */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
@@ -59,13 +56,5 @@ int kvt_ds4_mtp_write_ds4c(const kvt_model *m, const char *path);
 /* Write a ds4 model (config, weights, tokenizer) as GGUF
  * (kvt_arch_ds4.write_gguf). */
 int kvt_ds4_write_gguf(const kvt_model *m, const char *path);
-/* Write a ds4 preset (also one too large to build in memory, such as
- * ds4-flash-bench) with its synthetic weights from seed and the tokenizer
- * tok as GGUF, streaming: the projection matrices stored as type (f32, f16
- * or q8_0, ggml's reference quantisers), the rest as the in-memory writer
- * stores it. With f32 the file equals kvt_ds4_write_gguf's of the same
- * preset byte for byte. Written to path.part.PID and renamed into place. */
-int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer *tok, uint32_t type,
-                         const char *path);
 
 #endif

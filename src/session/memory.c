@@ -17,25 +17,39 @@ uint64_t kvt_mem_available(void)
     return kb > UINT64_MAX / 1024 ? 0 : kb * 1024;
 }
 
+/* The tensor data g (named path) declares, by type, added to out's counts
+ * (all or, on an error, none of it); mtp: into mapped_mtp too. */
+static int count_tensors(const kvt_gguf *g, const char *path, bool mtp, kvt_memory *out)
+{
+    if (mtp && kvt_memory_fault == KVT_MEMORY_FAULT_NO_MTP) return KVT_OK; /* tests: the MTP file left out */
+    kvt_memory add = {0};
+    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        if (t->type >= KVT_MEMORY_TYPES)
+            return kvt_fail(KVT_EFORMAT, "%s: tensor %zu has type %u, past the types kvtier reads", path, i, t->type);
+        add.mapped += t->n_bytes;
+        add.mapped_type[t->type] += t->n_bytes;
+        add.n_tensors++;
+    }
+    out->mapped += add.mapped;
+    if (mtp) out->mapped_mtp += add.mapped;
+    for (size_t k = 0; k < KVT_MEMORY_TYPES; k++) out->mapped_type[k] += add.mapped_type[k];
+    out->n_tensors += add.n_tensors;
+    return KVT_OK;
+}
+
 /* The tensor data a file's header declares, by type (no data read). */
-static int mapped_bytes(const char *path, kvt_memory *out)
+static int mapped_bytes(const char *path, bool mtp, kvt_memory *out)
 {
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open_header(&g, path);
     if (rc) return rc;
-    for (size_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
-        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
-        if (t->type >= KVT_MEMORY_TYPES) {
-            kvt_gguf_close(g);
-            return kvt_fail(KVT_EFORMAT, "%s: tensor %zu has type %u, past the types kvtier reads", path, i, t->type);
-        }
-        out->mapped += t->n_bytes;
-        out->mapped_type[t->type] += t->n_bytes;
-        out->n_tensors++;
-    }
+    rc = count_tensors(g, path, mtp, out);
     kvt_gguf_close(g);
-    return KVT_OK;
+    return rc;
 }
+
+int kvt_memory_add_mtp(kvt_memory *out, const char *mtp_path) { return mapped_bytes(mtp_path, true, out); }
 
 int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t threads, kvt_memory *out)
 {
@@ -69,7 +83,10 @@ int kvt_model_memory(const char *path, kvt_model *m, uint64_t ctx, uint32_t thre
         out->scratch_known = rc == KVT_OK;
     }
     out->arrays = out->ctx * sizeof(int32_t) + (uint64_t)i.n_vocab * sizeof(float);
-    if (path && access(path, R_OK) == 0 && (rc = mapped_bytes(path, out))) return rc;
+    if (path && access(path, R_OK) == 0 && (rc = mapped_bytes(path, false, out))) return rc;
+    /* a separate MTP file attached to the model is mapped as its file is */
+    const kvt_gguf *mf = m && m->arch && m->arch->mtp && m->arch->mtp->file ? m->arch->mtp->file(m) : NULL;
+    if (mf && (rc = count_tensors(mf, "the MTP file", true, out))) return rc;
     if (kvt_memory_fault == KVT_MEMORY_FAULT_DROP_PART && out->kv.n_parts > 1)
         out->kv.total -= out->kv.part[1].bytes; /* tests: one entry class left out of the sum */
     out->resident = out->kv.total + out->scratch + out->arrays;
@@ -91,12 +108,13 @@ bool kvt_memory_note(const kvt_memory *mm, char *buf, size_t n)
 /* The note needs the two figures it compares only: the available memory
  * (read first: unknown, nothing else is read) and the tensor data the
  * header declares; not the plan, the scratch or the arrays. */
-bool kvt_model_memory_note(const char *path, char *buf, size_t n)
+bool kvt_model_memory_note(const char *path, const char *mtp_path, char *buf, size_t n)
 {
     if (n) buf[0] = 0;
     if (!path || access(path, R_OK) != 0) return false;
     kvt_memory mm = {.available = kvt_mem_available()};
     if (!mm.available) return false;
-    if (mapped_bytes(path, &mm)) return false; /* opening it says why */
+    if (mapped_bytes(path, false, &mm)) return false; /* opening it says why */
+    if (mtp_path && access(mtp_path, R_OK) == 0) mapped_bytes(mtp_path, true, &mm); /* an error: attaching says why */
     return kvt_memory_note(&mm, buf, n);
 }
