@@ -14,10 +14,12 @@
 //   B  another empty disk, --kv-remote: the same prompt, a remote hit.
 // One JSON line: each time to first token, the tokens each reused, the
 // bytes B read from Redis (kvtier_remote_bytes_total) and what A wrote, the
-// remote load's time, Redis's used memory, and whether the three replies
-// (greedy) agree. EXTRA arguments go to every server.
+// remote load's time, the most bytes of values B's restore held at once
+// (kvtier_remote_load_peak_bytes), the peak resident set (VmHWM) of A' and
+// B, Redis's used memory, and whether the three replies (greedy) agree.
+// EXTRA arguments go to every server.
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, openSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -45,6 +47,11 @@ function redis(port, line) {
     });
     c.write(line + '\r\n');
   });
+}
+
+// A process's peak resident set in kB (VmHWM), null when it cannot be read.
+function hwm(p) {
+  try { return +/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${p.pid}/status`, 'utf8'))[1]; } catch { return null; }
 }
 
 async function metrics(port) {
@@ -91,11 +98,13 @@ try {
   // A': the disk hit
   p = await start('kvtier', bin, model, +port, ctx, join(dir, 'a'), extra);
   const disk = await ask(+port, 'chat', body);
+  const disk_hwm = hwm(p);
   await stop(p);
   // B: an empty disk, the remote hit
   p = await start('kvtier', bin, model, +port, ctx, join(dir, 'b'), remote);
   const hit = await ask(+port, 'chat', body);
   const mb = await metrics(+port);
+  const remote_hwm = hwm(p);
   await stop(p);
   p = null;
   const mem = /used_memory:(\d+)/.exec(await redis(rport, 'INFO memory'));
@@ -107,6 +116,7 @@ try {
     remote_bytes_per_token: Math.round(mb['kvtier_remote_bytes_total{direction="read"}'] / hit.cached),
     remote_load_s: +mb['kvtier_remote_seconds_total{phase="hit_load"}'].toFixed(3),
     remote_lookup_s: +mb['kvtier_remote_seconds_total{phase="lookup"}'].toFixed(4),
+    remote_load_peak_bytes: mb['kvtier_remote_load_peak_bytes'], disk_hwm_kb: disk_hwm, remote_hwm_kb: remote_hwm,
     uploaded_bytes: ma['kvtier_remote_bytes_total{direction="written"}'],
     redis_used_memory: mem ? +mem[1] : null,
     remote_abandoned: mb['kvtier_remote_abandoned_total'], remote_errors: mb['kvtier_remote_errors_total'],

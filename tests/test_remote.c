@@ -5,7 +5,11 @@
  * consistent planted block is refused by the HMAC (and loads without it: the
  * negative control); a stopped Redis costs a lookup its deadline and opens
  * the breaker, which recovers; a wrong password is a miss with a reason; a
- * tiny maxmemory with allkeys-lru gives shorter hits, never errors. */
+ * tiny maxmemory with allkeys-lru gives shorter hits, never errors; a hit
+ * read in windows holds at most its snapshot record and a window of values
+ * (the whole entry when fetched in one round trip: the negative control),
+ * and a block damaged or gone in a later window leaves the session empty,
+ * a miss, the entry deleted. */
 #include "test.h"
 #include "fixture.h"
 #include "ds4_tiny.h"
@@ -1308,3 +1312,245 @@ static void remote_no_double_upload_body(rsrv *rp)
     kvt_model_close(m);
 }
 REDIS_TEST(remote_no_double_upload, NULL)
+
+/* The one index entry's manifest in Redis: *snap the snapshot record's
+ * bytes, *largest and *sum of its blocks'; returns the blocks' count. */
+static size_t manifest_of(kvt_redis *c, size_t *snap, size_t *largest, size_t *sum)
+{
+    char *idx = first_key(c, "*:i:*");
+    const char *a[2] = {"HGETALL", idx};
+    redisReply *x = idx ? cmd(c, 2, a, NULL) : NULL;
+    size_t nb = 0;
+    *snap = *largest = *sum = 0;
+    if (x && x->type == REDIS_REPLY_ARRAY && x->elements == 2) {
+        char *p = x->element[1]->str, *end;
+        *snap = strtoull(p, &end, 10);
+        for (p = end; *p; p = end) {
+            size_t l = strtoull(p, &end, 10);
+            if (end == p) break;
+            nb++;
+            *sum += l;
+            if (l > *largest) *largest = l;
+        }
+    }
+    if (x) freeReplyObject(x);
+    free(idx);
+    return nb;
+}
+
+enum { LONG = 1300 }; /* 10 blocks and a 20-token tail */
+
+/* A hit of 10 blocks read in windows of two blocks (kvt_remote_window_bytes
+ * set to two blocks' bytes), its values whole and then in parts of 1000
+ * bytes (the rows copied from the parts straight into the session): bit
+ * for bit the cold run's state, and the most bytes of values the restore
+ * held at once (kvt_remote_stats.load_peak_bytes) within the bound,
+ * the snapshot record (and a part beside it while a record in parts is
+ * joined) and one window. The negative control: every block in one round
+ * trip (kvt_remote_fault_one_trip, the tier before windows) holds the
+ * entry whole, past the bound, and the test sees it. */
+static void in_windows(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[LONG];
+    seqb(t, LONG, 21);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(m && c);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
+    uint64_t want = kvt_test_digest(cold, m);
+    for (int parts = 0; parts < 2; parts++) {
+        kvt_remote_part_bytes = parts ? 1000 : 1u << 20;
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_remote *a = tier(&r, m, NULL, NULL, 0);
+        CHECK(a);
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_remote_close(a);
+        size_t snap, largest, sum, nb = manifest_of(c, &snap, &largest, &sum);
+        CHECKF(nb == LONG / 128 && largest > 0, "a manifest of %zu blocks", nb);
+        size_t window = 2 * largest, bound = snap + (parts && snap > 1000 ? 1000 : 0) + window;
+        for (int fault = 0; fault < 2; fault++) {
+            kvt_remote_window_bytes = window;
+            kvt_remote_fault_one_trip = fault;
+            kvt_remote *b = tier(&r, m, NULL, NULL, 0);
+            CHECK(b);
+            size_t got = 0;
+            kvt_session *s = fetch(b, 0, m, t, LONG, &got);
+            kvt_remote_fault_one_trip = false;
+            kvt_remote_window_bytes = 8u << 20;
+            kvt_remote_stats st;
+            kvt_remote_stats_get(b, &st);
+            printf("    %s, %s: a hit of %zu tokens; %zu blocks of %zu B at most (%zu B in all), snapshot %zu B: "
+                   "at most %llu B held at once (bound %zu B)\n", parts ? "parts of 1000 B" : "whole values",
+                   fault ? "one round trip (the control)" : "windows of 2 blocks", got, nb, largest, sum, snap,
+                   (unsigned long long)st.load_peak_bytes, bound);
+            CHECKF(got == LONG, "a hit of %zu tokens", got);
+            CHECK(kvt_test_digest(s, m) == want);
+            CHECK(st.hits == 1 && st.bad == 0 && st.bytes_read == snap + sum);
+            if (!fault) CHECKF(st.load_peak_bytes <= bound && st.load_peak_bytes >= snap + largest,
+                               "held %llu B at once, bound %zu", (unsigned long long)st.load_peak_bytes, bound);
+            else CHECKF(st.load_peak_bytes > bound && st.load_peak_bytes >= snap + sum,
+                        "the control held %llu B at once: not past the bound %zu", (unsigned long long)st.load_peak_bytes,
+                        bound);
+            /* the restored session goes on as the cold one does */
+            CHECK_OK(kvt_session_sync(s, t, LONG, NULL));
+            kvt_session_free(s);
+            kvt_remote_close(b);
+        }
+    }
+    kvt_remote_part_bytes = 1u << 20;
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_model_close(m);
+}
+/* The tier's test switches as they were, whatever a failed check left. */
+static void switches_reset(void)
+{
+    kvt_remote_part_bytes = 1u << 20;
+    kvt_remote_window_bytes = 8u << 20;
+    kvt_remote_fault_one_trip = kvt_remote_skip_value_checks = kvt_remote_skip_mac = false;
+}
+
+static void remote_restore_in_windows_body(rsrv *rp)
+{
+    in_windows(rp);
+    switches_reset();
+}
+REDIS_TEST(remote_restore_in_windows, NULL)
+
+/* The block of index b among the keys "*:b:*" (read from its header). */
+static char *block_named(kvt_redis *c, uint32_t b)
+{
+    char **k;
+    size_t nk = keys_of(c, "*:b:*", &k);
+    char *out = NULL;
+    for (size_t i = 0; i < nk && !out; i++) {
+        if (strchr(k[i], '#')) continue;
+        size_t len = 0;
+        uint8_t *v = get_value(c, k[i], &len);
+        if (v && len >= 16 && kvt_rd32(v + 12) == b) out = strdup(k[i]);
+        free(v);
+    }
+    keys_free(k, nk);
+    return out;
+}
+
+static size_t index_entries(kvt_redis *c)
+{
+    char **k;
+    size_t nk = keys_of(c, "*:i:*", &k);
+    keys_free(k, nk);
+    return nk;
+}
+
+/* A block damaged, or gone, in a later window than the first (windows of
+ * one block, values in parts of 1000 bytes, with and without a secret):
+ * the load had begun in a session that held 256 of the prompt's tokens, so
+ * the session ends empty and *got is 0; the entry and the failed value
+ * (every part) are deleted and counted (bad, or stale for the gone one),
+ * the good blocks stay; the session prefilled from empty reaches the cold
+ * run's state bit for bit, and the prefix uploaded anew is a hit. The
+ * negative control: the checks of each value skipped (and the MAC) the
+ * load still refuses the damage, but blames the snapshot record: the
+ * damaged block stays. */
+static void later_window_damage(rsrv *rp)
+{
+    rsrv r = *rp;
+    char secret[128];
+    snprintf(secret, sizeof secret, "%s/secret", r.dir);
+    CHECK(write_file(secret, "fleet secret 2\n"));
+    chmod(secret, 0600);
+    kvt_model *m = tiny();
+    int32_t t[LONG];
+    seqb(t, LONG, 22);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(m && c);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
+    uint64_t want = kvt_test_digest(cold, m);
+    kvt_remote_part_bytes = 1000;
+    for (int keyed = 0; keyed < 2; keyed++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_remote *a = tier(&r, m, keyed ? secret : NULL, NULL, 0);
+        CHECK(a);
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_remote_window_bytes = 1; /* a block a window */
+        for (int gone = 0; gone < 2; gone++) {
+            char *blk = block_named(c, gone ? 8 : 6), *first = block_named(c, 0), part[300];
+            CHECK(blk && first);
+            snprintf(part, sizeof part, "{%s}#2", blk);
+            size_t len = 0;
+            uint8_t *v = get_value(c, part, &len);
+            CHECK(v && len == 1000);
+            kvt_session *s = NULL;
+            size_t got = 99;
+            CHECK_OK(kvt_session_new(&s, m, NULL));
+            if (!gone) {
+                v[len / 2] ^= 0x10;
+                CHECK(set_value(c, part, v, len));
+                /* the control: without the checks of each value the damage is found by the load, blamed on
+                 * the snapshot record: the block stays */
+                kvt_remote_skip_value_checks = kvt_remote_skip_mac = true;
+                kvt_remote_restore(a, 0, s, t, LONG, 0, &got);
+                kvt_remote_skip_value_checks = kvt_remote_skip_mac = false;
+                CHECK(got == 0 && kvt_session_len(s) == 0);
+                CHECKF(exists(c, part), "without the checks of each value, the damaged block was deleted anyway");
+                kvt_remote_upload(a, 0, cold, LONG); /* the index entry that load dropped */
+                CHECK(kvt_remote_drain(a, 10));
+            } else {
+                const char *d[2] = {"DEL", part};
+                redisReply *x = cmd(c, 2, d, NULL);
+                CHECK(x && x->type == REDIS_REPLY_INTEGER && x->integer == 1);
+                if (x) freeReplyObject(x);
+            }
+            kvt_remote_stats st0, st1;
+            kvt_remote_stats_get(a, &st0);
+            CHECK(index_entries(c) == 1);
+            CHECK_OK(kvt_session_sync(s, t, 256, NULL)); /* the session holds a prefix */
+            got = 99;
+            kvt_remote_restore(a, 0, s, t, LONG, 256, &got);
+            kvt_remote_stats_get(a, &st1);
+            printf("    %s, block %d %s: a hit of %zu, the session left with %zu tokens; bad %llu, stale %llu\n",
+                   keyed ? "a secret" : "no secret", gone ? 8 : 6, gone ? "gone" : "damaged", got,
+                   kvt_session_len(s), (unsigned long long)(st1.bad - st0.bad),
+                   (unsigned long long)(st1.stale - st0.stale));
+            CHECK(got == 0 && kvt_session_len(s) == 0);
+            CHECK(st1.misses == st0.misses + 1);
+            if (gone) CHECK(st1.stale == st0.stale + 1 && st1.bad == st0.bad);
+            else CHECK(st1.bad == st0.bad + 1);
+            CHECKF(!exists(c, blk) && !exists(c, part), "the %s block was not deleted", gone ? "gone" : "damaged");
+            CHECK(index_entries(c) == 0);
+            CHECK(exists(c, first)); /* the good blocks stay */
+            CHECK_OK(kvt_session_sync(s, t, LONG, NULL)); /* prefilled from empty */
+            CHECK(kvt_test_digest(s, m) == want);
+            kvt_session_free(s);
+            /* uploaded anew: a hit again, exact */
+            kvt_remote_upload(a, 0, cold, LONG);
+            CHECK(kvt_remote_drain(a, 10));
+            s = fetch(a, 0, m, t, LONG, &got);
+            CHECKF(got == LONG, "after a new upload, a hit of %zu", got);
+            CHECK(kvt_test_digest(s, m) == want);
+            kvt_session_free(s);
+            free(v);
+            free(blk);
+            free(first);
+        }
+        kvt_remote_window_bytes = 8u << 20;
+        kvt_remote_close(a);
+    }
+    kvt_remote_part_bytes = 1u << 20;
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_model_close(m);
+}
+static void remote_later_window_damage_body(rsrv *rp)
+{
+    later_window_damage(rp);
+    switches_reset();
+}
+REDIS_TEST(remote_later_window_damage, NULL)

@@ -710,8 +710,10 @@ static int cmd_run(int argc, char **argv)
         if (!kvt_remote_drain(remote, 60)) fprintf(stderr, "kvtier: remote tier: uploads still queued after 60 s: dropped\n");
         kvt_remote_stats rs;
         kvt_remote_stats_get(remote, &rs);
-        fprintf(stderr, "kvtier: remote tier: %llu tokens read (%llu B), %llu snapshot%s uploaded (%llu B)%s%s\n",
-                (unsigned long long)rs.hit_tokens, (unsigned long long)rs.bytes_read, (unsigned long long)rs.uploads,
+        fprintf(stderr, "kvtier: remote tier: %llu tokens read (%llu B in %.3f s, at most %llu B held at once), "
+                "%llu snapshot%s uploaded (%llu B)%s%s\n",
+                (unsigned long long)rs.hit_tokens, (unsigned long long)rs.bytes_read, rs.load_seconds,
+                (unsigned long long)rs.load_peak_bytes, (unsigned long long)rs.uploads,
                 rs.uploads == 1 ? "" : "s", (unsigned long long)rs.bytes_written, rs.last_error[0] ? "; last error: " : "",
                 rs.last_error);
     }

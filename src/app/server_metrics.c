@@ -104,6 +104,8 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
         {"kvtier_remote_breaker_trips_total", "counter", "Times the circuit breaker opened."},
         {"kvtier_remote_abandoned_total", "counter",
          "Remote loads given up at their deadline (slower than the prefill they would save)."},
+        {"kvtier_remote_load_peak_bytes", "gauge",
+         "The most bytes of values one remote restore held at once (its snapshot record and a window of blocks)."},
         {"kvtier_remote_shard_breaker", "gauge",
          "Each shard's circuit breaker (a cluster's masters by the order of their first slot; shard 0 one server)."},
     };
@@ -134,6 +136,7 @@ static void remote_metrics(kvt_remote *r, kvt_wbuf *b)
         case 11: put_val(b, f[i].name, &none, "", (unsigned long long)st.breaker); break;
         case 12: put_val(b, f[i].name, &none, "", st.breaker_trips); break;
         case 13: put_val(b, f[i].name, &none, "", st.abandoned); break;
+        case 14: put_val(b, f[i].name, &none, "", st.load_peak_bytes); break;
         default: {
             /* a cluster's masters, as many as it has (a thousand and more) */
             int *br = kvt_calloc(st.n_shards ? st.n_shards : 1, sizeof *br);

@@ -485,11 +485,14 @@ int kvt_snap_without_state(const uint8_t *p, size_t len, kvt_wbuf *out)
     return out->oom ? kvt_fail(KVT_ENOMEM, "snapshot record") : KVT_OK;
 }
 
-int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
+/* The checks of kvt_snap_block_check past its length: p holds at least
+ * the record's header, ids and text length (BLOCK_FIXED bytes); sum is the
+ * XXH3-64 of its first len - 8 bytes, stored the 8 it ends with. */
+#define BLOCK_FIXED (BLK_HDR + 4 * KVT_BLOCK + 4)
+static int block_check_head(const uint8_t *p, size_t len, uint64_t sum, uint64_t stored, uint64_t *key)
 {
-    if (len < BLK_HDR + 4 * KVT_BLOCK + 8 || memcmp(p, BLK_MAGIC, 8))
-        return kvt_fail(KVT_EFORMAT, "block: %zu bytes or bad magic", len);
-    if (XXH3_64bits(p, len - 8) != kvt_rd64(p + len - 8)) return kvt_fail(KVT_ECORRUPT, "block: checksum mismatch");
+    if (memcmp(p, BLK_MAGIC, 8)) return kvt_fail(KVT_EFORMAT, "block: %zu bytes or bad magic", len);
+    if (sum != stored) return kvt_fail(KVT_ECORRUPT, "block: checksum mismatch");
     if (kvt_rd32(p + 8) != KVT_SNAP_VERSION) return kvt_fail(KVT_EFORMAT, "block: format version %u", kvt_rd32(p + 8));
     if ((size_t)kvt_rd32(p + 44) != len - BLK_HDR - 8) return kvt_fail(KVT_EFORMAT, "block: payload length");
     if (kvt_rd32(p + BLK_HDR + 4 * KVT_BLOCK) > len - BLK_HDR - 4 * KVT_BLOCK - 12)
@@ -500,6 +503,36 @@ int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
         return kvt_fail(KVT_EMISMATCH, "block: ids do not hash to its key");
     if (key) *key = kvt_rd64(p + 24);
     return KVT_OK;
+}
+
+int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key)
+{
+    if (len < BLK_HDR + 4 * KVT_BLOCK + 8 || memcmp(p, BLK_MAGIC, 8))
+        return kvt_fail(KVT_EFORMAT, "block: %zu bytes or bad magic", len);
+    return block_check_head(p, len, XXH3_64bits(p, len - 8), kvt_rd64(p + len - 8), key);
+}
+
+int kvt_snap_block_check_parts(const struct iovec *parts, size_t n, size_t len, uint64_t *key)
+{
+    if (len < BLK_HDR + 4 * KVT_BLOCK + 8) return kvt_fail(KVT_EFORMAT, "block: %zu bytes or bad magic", len);
+    /* one pass over the parts: the head and the stored sum gathered, the
+     * rest hashed where it lies */
+    uint8_t head[BLOCK_FIXED], tail[8];
+    XXH3_state_t h;
+    XXH3_64bits_reset(&h);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *p = parts[i].iov_base;
+        size_t l = parts[i].iov_len;
+        if (l > len - off) return kvt_fail(KVT_EFORMAT, "block: parts longer than its %zu bytes", len);
+        if (off < BLOCK_FIXED) memcpy(head + off, p, l < BLOCK_FIXED - off ? l : BLOCK_FIXED - off);
+        size_t body = off < len - 8 ? (l < len - 8 - off ? l : len - 8 - off) : 0; /* bytes of it before the sum */
+        XXH3_64bits_update(&h, p, body);
+        for (size_t k = body; k < l; k++) tail[off + k - (len - 8)] = p[k];
+        off += l;
+    }
+    if (off != len) return kvt_fail(KVT_EFORMAT, "block: parts of %zu bytes, %zu expected", off, len);
+    return block_check_head(head, len, XXH3_64bits_digest(&h), kvt_rd64(tail), key);
 }
 
 bool kvt_snap_block_names(const uint8_t *p, uint64_t key, size_t len)

@@ -95,6 +95,10 @@ bool kvt_snap_rows_per_token(const kvt_model *m);
 /* Check a block record on its own: magic, checksum, version, and that its
  * ids hash to its key. *key (may be NULL) receives the key. */
 int kvt_snap_block_check(const uint8_t *p, size_t len, uint64_t *key);
+/* The same checks of a record of len bytes that lies in pieces, parts[0..n)
+ * in order (a value read in parts), without joining them: what it says of
+ * the record is what kvt_snap_block_check says of the joined bytes. */
+int kvt_snap_block_check_parts(const struct iovec *parts, size_t n, size_t len, uint64_t *key);
 /* Bytes at the head of a block record that kvt_snap_block_names reads. */
 #define KVT_SNAP_BLOCK_HEAD 48
 /* Whether the first KVT_SNAP_BLOCK_HEAD bytes of a record (its header, not

@@ -26,10 +26,12 @@
  *
  * A lookup asks for the index of every block boundary of the prompt in
  * one pipeline (HGETALL i:key(b)), picks the longest entry whose tail
- * ids are the prompt's, and fetches its snapshot and blocks in a second
- * pipeline. The values are the records exactly as the disk store writes
- * them, so the loader checks them as it checks the disk's: checksums,
- * fingerprints, the key chain, sizes; a value that fails is deleted. */
+ * ids are the prompt's, and fetches its snapshot and blocks in windows of
+ * bounded bytes, a pipeline each, releasing each window before the next
+ * (kvt_remote_window_bytes). The values are the records exactly as the
+ * disk store writes them, so the loader checks them as it checks the
+ * disk's: checksums, fingerprints, the key chain, sizes; a value that
+ * fails is deleted. */
 #include "store/remote.h"
 #include "store/redis.h"
 #include "session/snapshot.h"
@@ -46,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #define MAX_VALUE (1ull << 31)     /* a manifest naming a longer value is damage */
@@ -331,7 +334,9 @@ static void hex_bytes(const uint8_t *p, size_t n, char *out)
     out[2 * n] = 0;
 }
 
-static void mac_of(const kvt_remote *r, const char *key, const uint8_t *v, size_t len, uint8_t out[MAC_LEN])
+/* The HMAC of (key, value), the value in pieces v[0..n) as it lies (a
+ * value's parts as they arrive: nothing joined). */
+static void mac_of_parts(const kvt_remote *r, const char *key, const struct iovec *v, size_t n, uint8_t out[MAC_LEN])
 {
     EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     EVP_MAC_CTX *c = mac ? EVP_MAC_CTX_new(mac) : NULL;
@@ -339,12 +344,19 @@ static void mac_of(const kvt_remote *r, const char *key, const uint8_t *v, size_
     OSSL_PARAM ps[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
     size_t ol = 0;
     uint8_t zero = 0;
-    if (!c || !EVP_MAC_init(c, r->secret, r->secret_len, ps) || !EVP_MAC_update(c, (const uint8_t *)key, strlen(key)) ||
-        !EVP_MAC_update(c, &zero, 1) || !EVP_MAC_update(c, v, len) || !EVP_MAC_final(c, out, &ol, MAC_LEN) ||
-        ol != MAC_LEN)
+    bool ok = c && EVP_MAC_init(c, r->secret, r->secret_len, ps) &&
+              EVP_MAC_update(c, (const uint8_t *)key, strlen(key)) && EVP_MAC_update(c, &zero, 1);
+    for (size_t i = 0; ok && i < n; i++) ok = EVP_MAC_update(c, v[i].iov_base, v[i].iov_len);
+    if (!ok || !EVP_MAC_final(c, out, &ol, MAC_LEN) || ol != MAC_LEN)
         memset(out, 0, MAC_LEN); /* never matches a stored MAC of real bytes */
     EVP_MAC_CTX_free(c);
     EVP_MAC_free(mac);
+}
+
+static void mac_of(const kvt_remote *r, const char *key, const uint8_t *v, size_t len, uint8_t out[MAC_LEN])
+{
+    struct iovec one = {(void *)v, len};
+    mac_of_parts(r, key, &one, 1, out);
 }
 
 static int read_secret(const char *path, const char *what, char *out, size_t cap, size_t *len, bool quiet)
@@ -1009,135 +1021,361 @@ static size_t *parse_manifest(const char *s, size_t len, size_t nb)
     return out;
 }
 
-typedef struct got_blocks {
-    uint8_t **v;
-    size_t *len;
-    size_t nb;
-} got_blocks;
-
-static int get_block(void *user, uint32_t b, uint64_t key, const uint8_t **p, size_t *len)
-{
-    got_blocks *g = user;
-    if (b >= g->nb) return kvt_fail(KVT_ECORRUPT, "remote block %u of %zu", b, g->nb);
-    *p = g->v[b];
-    *len = g->len[b];
-    return KVT_OK;
-}
-
-/* Assemble a value from its replies (parts, then the MAC); 1 ok, 0 missing,
- * -1 damaged. */
-static int assemble(kvt_remote *r, const char *key, size_t want, redisReply **rep, uint8_t **out)
+/* The parts of a value of want bytes in its replies (its parts, then its
+ * MAC), checked where they lie: each part's length, and the HMAC with a
+ * secret. parts (n_parts(want) entries) receives them, pointing into the
+ * replies. 1 good, 0 missing (a part or the MAC gone: evicted), -1
+ * damaged. */
+static int value_parts(kvt_remote *r, const char *key, size_t want, redisReply **rep, struct iovec *parts)
 {
     size_t np = n_parts(want), off = 0;
-    *out = NULL;
     for (size_t p = 0; p < np; p++)
         if (rep[p]->type == REDIS_REPLY_NIL) return 0;
     if (r->secret_len && rep[np]->type == REDIS_REPLY_NIL) return 0;
-    uint8_t *v = kvt_malloc(want ? want : 1);
-    if (!v) return 0;
     for (size_t p = 0; p < np; p++) {
         size_t l = want - off < PART ? want - off : PART;
-        if (rep[p]->type != REDIS_REPLY_STRING || (size_t)rep[p]->len != l) { free(v); return -1; }
-        memcpy(v + off, rep[p]->str, l);
+        if (rep[p]->type != REDIS_REPLY_STRING || (size_t)rep[p]->len != l) return -1;
+        parts[p] = (struct iovec){rep[p]->str, l};
         off += l;
     }
     if (r->secret_len && !kvt_remote_skip_mac) {
         uint8_t mac[MAC_LEN];
-        mac_of(r, key, v, want, mac);
+        mac_of_parts(r, key, parts, np, mac);
         redisReply *m = rep[np];
-        if (m->type != REDIS_REPLY_STRING || m->len != MAC_LEN || CRYPTO_memcmp(mac, m->str, MAC_LEN)) {
-            free(v);
+        if (m->type != REDIS_REPLY_STRING || m->len != MAC_LEN || CRYPTO_memcmp(mac, m->str, MAC_LEN)) return -1;
+    }
+    return 1;
+}
+
+/* Copy len bytes of the value parts[0..n) hold, from its offset from on, to dst. */
+static void copy_range(const struct iovec *parts, size_t n, size_t from, uint8_t *dst, size_t len)
+{
+    size_t off = 0;
+    for (size_t i = 0; i < n && len; i++) {
+        size_t l = parts[i].iov_len;
+        if (from < off + l) {
+            size_t at = from - off, k = l - at < len ? l - at : len;
+            memcpy(dst, (const uint8_t *)parts[i].iov_base + at, k);
+            dst += k;
+            from += k;
+            len -= k;
+        }
+        off += l;
+    }
+}
+
+/* A value joined from its replies (parts, then the MAC), checked as
+ * value_parts checks it; 1 ok (*out malloc'ed), 0 missing, -1 damaged. */
+static int assemble(kvt_remote *r, const char *key, size_t want, redisReply **rep, uint8_t **out)
+{
+    size_t np = n_parts(want);
+    struct iovec *parts = kvt_calloc(np, sizeof *parts);
+    *out = NULL;
+    if (!parts) return 0;
+    int a = value_parts(r, key, want, rep, parts);
+    if (a == 1 && (*out = kvt_malloc(want ? want : 1))) copy_range(parts, np, 0, *out, want);
+    else if (a == 1) a = 0;
+    free(parts);
+    return a;
+}
+
+/* ---- a restore, window by window ----
+ *
+ * A hit's blocks are fetched in windows of kvt_remote_window_bytes, in
+ * order, each one pipelined round trip, and each window's values are
+ * released before the next is fetched: a restore holds its snapshot record
+ * and one window of values, never the entry whole beside the session
+ * (--kv-ram-mb is the session's budget; an entry of a long prompt is
+ * gigabytes). The loader reads each block through window_read: the rows
+ * are copied from the replies' parts straight into the session's rows, the
+ * one copy a restore needs. 8 MiB: a few blocks of a small model, one of a
+ * large one (a block is never split: a window holds at least one), and
+ * enough bytes in flight that a round trip's latency is a small part of
+ * the window's transfer. */
+size_t kvt_remote_window_bytes = 8u << 20;
+bool kvt_remote_fault_one_trip;
+
+enum { FAIL_NONE, FAIL_VALUES, FAIL_REACH };
+
+/* One index entry's restore (try_cand). Values are numbered as the
+ * manifest lists them: 0 the snapshot record, 1 + b block b. */
+typedef struct restore {
+    kvt_remote *r;
+    kvt_redis *rd;
+    const cand *c;
+    const uint64_t *keys;          /* the prompt's chained keys: block b's is keys[b] */
+    char (*names)[200];            /* [nv] each value's key */
+    size_t nv;
+    double deadline;
+    downset *down;
+    kvt_shards *sh;
+    size_t *bytes;                 /* values read and checked (the stats) */
+    redisReply **rep;              /* the window's replies: values [v0, v1) */
+    size_t nr, v0, v1, win_bytes;  /* win_bytes: its values' bytes still in rep */
+    size_t *first;                 /* [nv + 1]: value i's first reply in rep */
+    struct iovec *parts;           /* a value's parts (parts_cap entries) */
+    size_t parts_cap;
+    redisReply *snap_rep;          /* the snapshot record: its reply when it is one part, */
+    uint8_t *snap_copy;            /* or its parts joined */
+    const uint8_t *rec;            /* NULL until it is held */
+    size_t held, peak;             /* value bytes held now, and at most */
+    bool *bad_v, *gone_v;          /* [nv] values that failed a check; values gone */
+    int fail;                      /* FAIL_*: why the last fetch failed */
+    bool shard_failed;             /* a shard failed (not only skipped) in a fetch */
+} restore;
+
+static void held_add(restore *rs, size_t n)
+{
+    rs->held += n;
+    if (rs->held > rs->peak) rs->peak = rs->held;
+}
+
+/* The end of the window of blocks from value v on: the blocks whose bytes
+ * fit in kvt_remote_window_bytes, at least one (every one left with
+ * kvt_remote_fault_one_trip, the fetch all at once as the tier had it). */
+static size_t window_end(const restore *rs, size_t v)
+{
+    size_t e = v, sum = 0;
+    while (e < rs->nv && (e == v || kvt_remote_fault_one_trip || sum + rs->c->lens[e] <= kvt_remote_window_bytes))
+        sum += rs->c->lens[e++];
+    return e;
+}
+
+static struct iovec *parts_for(restore *rs, size_t np)
+{
+    if (np > rs->parts_cap) {
+        struct iovec *p = realloc(rs->parts, np * sizeof *p);
+        if (!p) return NULL;
+        rs->parts = p;
+        rs->parts_cap = np;
+    }
+    return rs->parts;
+}
+
+static void window_free(restore *rs)
+{
+    kvt_redis_replies_free(rs->rep, rs->nr);
+    rs->rep = NULL;
+    rs->nr = rs->v0 = rs->v1 = 0;
+    rs->held -= rs->win_bytes;
+    rs->win_bytes = 0;
+}
+
+static void snap_free(restore *rs)
+{
+    if (!rs->rec) return;
+    if (rs->snap_rep) freeReplyObject(rs->snap_rep);
+    free(rs->snap_copy);
+    rs->snap_rep = NULL;
+    rs->snap_copy = NULL;
+    rs->rec = NULL;
+    rs->held -= rs->c->lens[0];
+}
+
+/* Fetch values [v0, v1) in one round trip (the breakers, down[] and the
+ * deadline as every round trip of the tier), then check each where it
+ * lies: its parts' lengths, its MAC, and a block's record
+ * (kvt_snap_block_check_parts) and key, the prompt's chained key at its
+ * index. 1 every value good, its replies held in rs->rep; 0 a value gone
+ * or damaged (every value of the window is checked: each that failed is
+ * marked in gone_v or bad_v); -1 out of reach: a shard skipped, failed or
+ * refusing (nothing marked: the entry is not at fault). */
+static int fetch(restore *rs, size_t v0, size_t v1)
+{
+    kvt_remote *r = rs->r;
+    size_t cmds = 0;
+    rs->fail = FAIL_REACH;
+    for (size_t i = v0; i < v1; i++) {
+        size_t k = 0;
+        rs->first[i] = cmds;
+        if (append_get(r, rs->rd, rs->names[i], rs->c->lens[i], &k)) {
+            kvt_redis_discard(rs->rd);
             return -1;
         }
+        cmds += k;
     }
-    *out = v;
-    return 1;
+    int ms = (int)((rs->deadline - kvt_now()) * 1000);
+    if (round_trip(r, rs->rd, ms > 1 ? ms : 1, rs->down, true, rs->sh, &rs->rep, &rs->nr)) return -1;
+    bool failed = false;
+    for (size_t i = 0; i < rs->sh->cap; i++) {
+        failed |= rs->sh->failed[i];
+        if (rs->sh->failed[i] || rs->sh->refused[i]) mark_down(rs->down, i);
+    }
+    rs->shard_failed |= failed;
+    if (failed && (strstr(rs->sh->why, "timed out") || kvt_now() >= rs->deadline)) { /* slower than the prefill it saves */
+        pthread_mutex_lock(&r->mu);
+        r->st.abandoned++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (rs->nr != cmds || !all_replies(rs->rep, rs->nr) || error_reply(rs->rep, rs->nr)) {
+        window_free(rs);
+        return -1;
+    }
+    rs->v0 = v0;
+    rs->v1 = v1;
+    for (size_t i = v0; i < v1; i++) rs->win_bytes += rs->c->lens[i];
+    held_add(rs, rs->win_bytes);
+    bool ok = true;
+    for (size_t i = v0; i < v1; i++) {
+        size_t len = rs->c->lens[i], np = n_parts(len);
+        struct iovec *parts = parts_for(rs, np);
+        if (!parts) return -1;
+        int a = value_parts(r, rs->names[i], len, rs->rep + rs->first[i], parts);
+        if (a == 0) rs->gone_v[i] = true; /* what is left of it (parts, MAC) goes, so an upload sends it whole */
+        if (a < 0) rs->bad_v[i] = true;
+        if (a > 0) *rs->bytes += len;
+        uint64_t k = 0;
+        if (a > 0 && i > 0 && !kvt_remote_skip_value_checks &&
+            (kvt_snap_block_check_parts(parts, np, len, &k) || k != rs->keys[i - 1]))
+            rs->bad_v[i] = true;
+        ok &= a > 0 && !rs->bad_v[i];
+    }
+    rs->fail = ok ? FAIL_NONE : FAIL_VALUES;
+    return ok ? 1 : 0;
+}
+
+/* kvt_block_read_fn of a restore: block b from the window held, the next
+ * window fetched (and the one before released) when b is past it; the
+ * loader asks for the blocks in order. The record's rows are copied from
+ * the replies' parts straight into the session's rows, the rest of it
+ * into buf. Block b's record was checked whole by fetch. */
+static int window_read(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
+                       size_t *cap, size_t *len, bool *in_place)
+{
+    restore *rs = user;
+    size_t v = 1 + (size_t)b;
+    (void)key; /* the record's chain: the loader checks the block against it */
+    *in_place = false;
+    if (v >= rs->nv) return kvt_fail(KVT_ECORRUPT, "remote block %u of %zu", b, rs->nv - 1);
+    if (v < rs->v0 || v >= rs->v1) {
+        window_free(rs);
+        int f = fetch(rs, v, window_end(rs, v));
+        if (f < 1)
+            return kvt_fail(f < 0 ? KVT_EIO : KVT_ECORRUPT, "remote blocks from %u (%s): %s", b, rs->names[v],
+                            f < 0 ? "out of reach" : "a value gone or damaged");
+    }
+    size_t l = rs->c->lens[v], np = n_parts(l);
+    struct iovec *parts = parts_for(rs, np);
+    if (!parts) return kvt_fail(KVT_ENOMEM, "remote block %u", b);
+    redisReply **rep = rs->rep + rs->first[v];
+    for (size_t p = 0; p < np; p++) parts[p] = (struct iovec){rep[p]->str, (size_t)rep[p]->len};
+    bool place = rows && l >= rows->bytes + 8;
+    size_t want = place ? l - rows->bytes : l;
+    if (want > *cap) {
+        uint8_t *nb = realloc(*buf, want);
+        if (!nb) return kvt_fail(KVT_ENOMEM, "remote block %u: %zu bytes", b, want);
+        *buf = nb;
+        *cap = want;
+    }
+    if (place) { /* the bytes before the rows, the rows, the checksum */
+        size_t head = l - 8 - rows->bytes, off = head;
+        copy_range(parts, np, 0, *buf, head);
+        for (int k = 0; k < rows->n; k++) {
+            copy_range(parts, np, off, rows->iov[k].iov_base, rows->iov[k].iov_len);
+            off += rows->iov[k].iov_len;
+        }
+        copy_range(parts, np, off, *buf + head, 8);
+    } else {
+        copy_range(parts, np, 0, *buf, l);
+    }
+    *len = l;
+    *in_place = place;
+    return KVT_OK;
 }
 
 /* Try one index entry: 1 restored, 0 not (s untouched), -1 not and s
  * emptied by a load that failed, 2 not tried: a value of it is on a
  * shard down[] names (its breaker open, or failed in this lookup), or on
- * one that fails now (added to down[]). */
+ * one that fails now (added to down[]).
+ *
+ * The snapshot record and the first window of blocks come in one round
+ * trip and are checked before the load starts, so a value gone or damaged
+ * there leaves s untouched (the next entry may serve); the record is then
+ * the loader's, and each further window is fetched as the loader reaches
+ * it: a value that fails there, or a window out of reach, leaves s
+ * emptied (-1: the caller prefills). */
 static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, const uint64_t *keys, cand *c,
                     double deadline, downset *down, size_t *bytes)
 {
     kvt_redis *rd = r->rd_load;
     kvt_shards sh = {0};
     size_t nv = c->nb + 1;
-    char (*names)[200] = kvt_calloc(nv, sizeof *names);
-    size_t *first = kvt_calloc(nv + 1, sizeof *first);
-    uint8_t **vals = kvt_calloc(nv, sizeof *vals);
+    restore rs = {.r = r, .rd = rd, .c = c, .keys = keys, .nv = nv, .deadline = deadline, .down = down, .sh = &sh,
+                  .bytes = bytes};
+    rs.names = kvt_calloc(nv, sizeof *rs.names);
+    rs.first = kvt_calloc(nv + 1, sizeof *rs.first);
+    rs.bad_v = kvt_calloc(nv, sizeof *rs.bad_v);
+    rs.gone_v = kvt_calloc(nv, sizeof *rs.gone_v);
     int state = 0;
-    if (!names || !first || !vals) goto out;
-    snprintf(names[0], sizeof names[0], "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[t], c->head, c->n, c->tail);
-    for (size_t b = 0; b < c->nb; b++) block_key(r, t, keys[b], names[1 + b], sizeof names[1 + b]);
+    if (!rs.names || !rs.first || !rs.bad_v || !rs.gone_v) goto out;
+    snprintf(rs.names[0], sizeof rs.names[0], "%ss:%016" PRIx64 ":%zu:%016" PRIx64, r->ns[t], c->head, c->n, c->tail);
+    for (size_t b = 0; b < c->nb; b++) block_key(r, t, keys[b], rs.names[1 + b], sizeof rs.names[1 + b]);
     for (size_t i = 0; i < nv && state == 0; i++) {
-        int k = kvt_redis_shard_of(rd, names[i], strlen(names[i]));
+        int k = kvt_redis_shard_of(rd, rs.names[i], strlen(rs.names[i]));
         if (k >= 0 && is_down(down, (size_t)k)) state = 2;
     }
     if (state) goto out;
-    size_t cmds = 0;
-    for (size_t i = 0; i < nv; i++) {
-        size_t k = 0;
-        first[i] = cmds;
-        if (append_get(r, rd, names[i], c->lens[i], &k)) {
-            kvt_redis_discard(rd);
-            goto out;
-        }
-        cmds += k;
-    }
-    first[nv] = cmds;
-    redisReply **rep = NULL;
-    size_t nr = 0;
-    int ms = (int)((deadline - kvt_now()) * 1000);
-    if (round_trip(r, rd, ms > 1 ? ms : 1, down, true, &sh, &rep, &nr)) goto out;
-    bool failed = false;
-    for (size_t i = 0; i < sh.cap; i++) {
-        failed |= sh.failed[i];
-        if (sh.failed[i] || sh.refused[i]) mark_down(down, i);
-    }
-    if (failed && (strstr(sh.why, "timed out") || kvt_now() >= deadline)) { /* slower than the prefill it saves */
-        pthread_mutex_lock(&r->mu);
-        r->st.abandoned++;
-        pthread_mutex_unlock(&r->mu);
-    }
-    if (!all_replies(rep, nr) || error_reply(rep, nr)) { /* not gone: out of reach, the entry stays */
-        kvt_redis_replies_free(rep, nr);
-        if (!failed) state = 2; /* a shard this lookup had not seen down: another entry may do */
+    int f = fetch(&rs, 0, window_end(&rs, 1));
+    if (f < 0) { /* not gone: out of reach, the entry stays */
+        if (!rs.shard_failed) state = 2; /* a shard this lookup had not seen down: another entry may do */
         goto out;
     }
-    bool missing = false, bad = false;
-    bool *bad_v = kvt_calloc(nv, sizeof *bad_v), *gone_v = kvt_calloc(nv, sizeof *gone_v);
-    if (!gone_v) { free(bad_v); bad_v = NULL; }
-    for (size_t i = 0; i < nv && bad_v; i++) {
-        int a = assemble(r, names[i], c->lens[i], rep + first[i], &vals[i]);
-        if (a == 0) missing = true;
-        if (a == 0) gone_v[i] = true; /* what is left of it (parts, MAC) goes, so an upload sends it whole */
-        if (a < 0) bad = bad_v[i] = true;
-        if (a > 0) *bytes += c->lens[i];
+    /* the record whole (its reply, or its parts joined, each freed once
+     * copied) and checked, even when a block of the window failed: a
+     * damaged record is named and deleted with them */
+    if (!rs.gone_v[0] && !rs.bad_v[0]) {
+        size_t np = n_parts(c->lens[0]);
+        redisReply **sr = rs.rep + rs.first[0];
+        if (np == 1) {
+            rs.snap_rep = sr[0];
+            sr[0] = NULL;
+            rs.rec = (const uint8_t *)rs.snap_rep->str;
+        } else {
+            if (!(rs.snap_copy = kvt_malloc(c->lens[0]))) goto out;
+            if (rs.held + PART > rs.peak) rs.peak = rs.held + PART; /* a part beside the record while joined */
+            for (size_t p = 0, off = 0; p < np; p++) {
+                memcpy(rs.snap_copy + off, sr[p]->str, sr[p]->len);
+                off += sr[p]->len;
+                freeReplyObject(sr[p]);
+                sr[p] = NULL;
+            }
+            rs.rec = rs.snap_copy;
+        }
+        rs.win_bytes -= c->lens[0]; /* held as the record now, past the windows */
+        kvt_snap_info in;
+        if (!kvt_remote_skip_value_checks &&
+            (kvt_snap_parse(r->m, rs.rec, c->lens[0], &in) || in.n != c->n || in.head != c->head))
+            rs.bad_v[0] = true;
     }
-    kvt_redis_replies_free(rep, nr);
-    /* each block is the one the prompt's key chain names */
-    for (size_t b = 0; bad_v && !missing && !kvt_remote_skip_value_checks && b < c->nb; b++) {
-        uint64_t k = 0;
-        if (vals[1 + b] && (kvt_snap_block_check(vals[1 + b], c->lens[1 + b], &k) || k != keys[b]))
-            bad = bad_v[1 + b] = true;
-    }
-    kvt_snap_info in;
-    if (bad_v && !missing && vals[0] && !kvt_remote_skip_value_checks && kvt_snap_parse(r->m, vals[0], c->lens[0], &in))
-        bad = bad_v[0] = true;
-    if (bad_v && !missing && !bad) {
-        got_blocks g = {vals + 1, c->lens + 1, c->nb};
-        if (kvt_snap_load(s, vals[0], c->lens[0], get_block, &g)) {
-            bad = bad_v[0] = true;
+    if (f > 0 && !rs.bad_v[0]) {
+        bool rebuild = false;
+        uint32_t bad_block = UINT32_MAX;
+        uint64_t bad_key = 0;
+        int rc = kvt_snap_load_read_start(s, rs.rec, c->lens[0], window_read, false, &rs, &rebuild, &bad_block,
+                                          &bad_key);
+        window_free(&rs);
+        snap_free(&rs); /* before a replay, which needs neither */
+        if (!rc) rc = kvt_snap_load_finish(s, rebuild);
+        if (rc) {
+            /* a value a window found gone or damaged is marked already;
+             * a window out of reach, or memory, is not the entry's fault;
+             * anything else is the loader refusing what the record says */
             state = -1;
+            if (rs.fail == FAIL_NONE && rc != KVT_ENOMEM && rc != KVT_ECTX) rs.bad_v[0] = true;
         } else if (kvt_session_len(s) != c->n || memcmp(kvt_session_tokens(s), toks, c->n * sizeof *toks)) {
             kvt_snap_empty(s);
-            bad = bad_v[0] = true;
+            rs.bad_v[0] = true;
             state = -1;
         } else {
             state = 1;
         }
+    }
+    bool missing = false, bad = false;
+    size_t nbad = 0;
+    for (size_t i = 0; i < nv; i++) {
+        missing |= rs.gone_v[i];
+        bad |= rs.bad_v[i];
+        nbad += rs.bad_v[i];
     }
     if (missing || bad) { /* the entry cannot serve: drop it, and the values that failed */
         char idx[160], field[64];
@@ -1145,11 +1383,11 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
         snprintf(field, sizeof field, "%zu:%016" PRIx64, c->n, c->tail);
         const char *a[3] = {"HDEL", idx, field};
         kvt_redis_append(rd, 3, a, NULL);
-        for (size_t i = 0; bad_v && i < nv; i++)
-            if (bad_v[i] || gone_v[i]) append_del(r, rd, names[i], c->lens[i]);
+        for (size_t i = 0; i < nv; i++)
+            if (rs.bad_v[i] || rs.gone_v[i]) append_del(r, rd, rs.names[i], c->lens[i]);
+        redisReply **rep = NULL;
+        size_t nr = 0;
         if (round_trip(r, rd, r->o.lookup_ms, down, true, &sh, &rep, &nr) == KVT_OK) kvt_redis_replies_free(rep, nr);
-        size_t nbad = 0;
-        for (size_t i = 0; bad_v && i < nv; i++) nbad += bad_v[i];
         pthread_mutex_lock(&r->mu);
         r->st.bad += nbad;
         if (missing && !bad) r->st.stale++;
@@ -1158,14 +1396,18 @@ static int try_cand(kvt_remote *r, int t, kvt_session *s, const int32_t *toks, c
             fprintf(stderr, "kvtier: remote tier: %zu value(s) of a %zu-token entry failed their checks: deleted\n",
                     nbad, c->n);
     }
-    free(bad_v);
-    free(gone_v);
 out:
+    window_free(&rs);
+    snap_free(&rs);
+    pthread_mutex_lock(&r->mu);
+    if (rs.peak > r->st.load_peak_bytes) r->st.load_peak_bytes = rs.peak;
+    pthread_mutex_unlock(&r->mu);
     kvt_shards_free(&sh);
-    for (size_t i = 0; vals && i < nv; i++) free(vals[i]);
-    free(vals);
-    free(first);
-    free(names);
+    free(rs.parts);
+    free(rs.names);
+    free(rs.first);
+    free(rs.bad_v);
+    free(rs.gone_v);
     return state;
 }
 

@@ -6,10 +6,12 @@
  * Uploads are write-behind: the saves' thread hands over the records of a
  * save that committed (kvt_remote_upload encodes them), and a thread of the
  * tier's own sends what Redis lacks, from a bounded queue. Loads run on the
- * store's loads thread (kvt_remote_restore): two pipelined round trips, each
- * with a deadline, every value checked before anything of it is used; a
- * timeout or an error is a miss, and a circuit breaker stops asking a
- * remote that keeps failing. */
+ * store's loads thread (kvt_remote_restore): one pipelined round trip for
+ * the index, then the entry's values in windows of bounded bytes, one round
+ * trip each (so a restore never holds the entry whole beside the session),
+ * every round trip with a deadline, every value checked before anything of
+ * it is used; a timeout or an error is a miss, and a circuit breaker stops
+ * asking a remote that keeps failing. */
 #ifndef KVT_REMOTE_H
 #define KVT_REMOTE_H
 
@@ -55,10 +57,11 @@ void kvt_remote_upload(kvt_remote *r, int tenant, kvt_session *s, size_t at);
 
 /* Restore into s (empty, or holding `have` tokens of toks) the longest
  * prefix of toks[0..n) longer than `have` that the remote holds for
- * tenant: *got its length, 0 for a miss (s untouched then, unless a value
- * failed its checks during the restore, when s is left empty and *got is
- * 0: the caller's session must then be re-synced). Never fails: every
- * error is a miss, counted. */
+ * tenant: *got its length, 0 for a miss (s untouched then, unless the
+ * load had begun: a value that failed its checks, or a window of blocks
+ * past the first out of reach, leaves s empty and *got 0: the caller's
+ * session must then be re-synced). Never fails: every error is a miss,
+ * counted. */
 void kvt_remote_restore(kvt_remote *r, int tenant, kvt_session *s, const int32_t *toks, size_t n, size_t have,
                         size_t *got);
 
@@ -113,6 +116,8 @@ typedef struct kvt_remote_stats {
     uint64_t uploads, dropped;       /* snapshots sent; not queued or given up */
     uint64_t queue_len, queue_bytes; /* waiting to be sent */
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
+    uint64_t load_peak_bytes;        /* the most bytes of values one restore held at once (its snapshot
+                                      * record and a window of blocks), over the tier's restores */
     uint64_t breaker_trips;          /* every shard's */
     int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
     size_t n_shards;                 /* a cluster's masters known (1: one server), each with a breaker */
@@ -153,6 +158,17 @@ extern volatile bool kvt_remote_hold_uploads;
  * before it was scaled by the prefill saved (the negative control of
  * remote_load_deadline_bounded_by_prefill). */
 extern bool kvt_remote_fault_fixed_deadline;
+/* The bytes of blocks one round trip of a restore fetches (8 MiB): a
+ * window holds the next blocks while their bytes fit, and at least one, so
+ * a restore holds at most its snapshot record (and one part beside it
+ * while a record in parts is joined) and max(this, its largest block) of
+ * values at once (kvt_remote_stats.load_peak_bytes). Tests make it small
+ * to have windows. */
+extern size_t kvt_remote_window_bytes;
+/* Tests: true fetches every block of a restore in one round trip, as the
+ * tier did before windows (the negative control of
+ * remote_restore_in_windows: the bytes held pass the bound). */
+extern bool kvt_remote_fault_one_trip;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
 /* The bytes of an upload's blocks past which they are sent at once from
