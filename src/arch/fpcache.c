@@ -41,6 +41,7 @@ static const char entry_magic[8] = {'K', 'V', 'T', 'F', 'P', 'R', 'N', 'T'};
 #define FP_DEFINITION "kvt_arch.fingerprint 1: ds4_fingerprint, kvt_llama_weights_fingerprint"
 
 int64_t kvt_fpcache_settle_ns = 2000000000;
+const char *kvt_fpcache_dir_for_tests;
 int kvt_fpcache_fault;
 
 static uint64_t definition(void) { return XXH3_64bits(FP_DEFINITION, sizeof FP_DEFINITION - 1); }
@@ -63,7 +64,8 @@ bool kvt_fpcache_default_dir(char *out, size_t cap)
 {
     const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     int n;
-    if (x && *x) n = snprintf(out, cap, "%s/kvtier/fingerprints", x);
+    if (kvt_fpcache_dir_for_tests) n = snprintf(out, cap, "%s", kvt_fpcache_dir_for_tests);
+    else if (x && *x) n = snprintf(out, cap, "%s/kvtier/fingerprints", x);
     else if (home && *home) n = snprintf(out, cap, "%s/.cache/kvtier/fingerprints", home);
     else return false;
     return n > 0 && (size_t)n < cap;

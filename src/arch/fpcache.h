@@ -47,6 +47,9 @@ int kvt_fpcache_put(const char *dir, const kvt_fp_id *id, uint64_t fp);
  * written in place with its mtime restored then gets the stale
  * fingerprint). */
 extern int64_t kvt_fpcache_settle_ns;
+/* Non-NULL: the directory kvt_fpcache_default_dir gives (the test runner's
+ * own, so that a run of the tests leaves no entry in the user's). */
+extern const char *kvt_fpcache_dir_for_tests;
 enum { KVT_FPCACHE_FAULT_NONE, KVT_FPCACHE_FAULT_SIZE_MTIME };
 extern int kvt_fpcache_fault;
 
