@@ -1,6 +1,7 @@
 /* Test runner: see test.h. */
 #include "test.h"
 #include "arch/model.h"
+#include "arch/fpcache.h"
 #include "session/snapshot.h"
 
 #include <stdarg.h>
@@ -196,6 +197,19 @@ static void run_one(kvt_test_fn fn)
     n_deferred = 0;
     fn();
     run_deferred();
+}
+
+/* The default directory of the fingerprint cache for the models the tests
+ * open (src/arch/fpcache.h): the runner's own, removed at its exit (not a
+ * forked child's), so that a run leaves nothing in the user's
+ * ~/.cache/kvtier. */
+static char fp_dir[64];
+static pid_t fp_owner;
+static void fp_dir_remove(void)
+{
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", fp_dir);
+    if (getpid() == fp_owner && system(cmd)) fprintf(stderr, "kvtier-tests: could not remove %s\n", fp_dir);
 }
 
 int kvt_test_run_child(kvt_test_fn fn)
@@ -428,6 +442,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < n_tests; i++)
             if (SELECTED(i)) printf("%s %s\n", tests[i].name, tests[i].file);
         return 0;
+    }
+    snprintf(fp_dir, sizeof fp_dir, "/tmp/kvtier-fingerprints-XXXXXX");
+    if (mkdtemp(fp_dir)) {
+        fp_owner = getpid();
+        atexit(fp_dir_remove);
+        kvt_fpcache_dir_for_tests = fp_dir;
     }
     const bool in_ci = ci && (!strcmp(ci, "true") || !strcmp(ci, "1"));
     /* KVT_TEST_TIMES=1: each test's wall time on the line after its result,

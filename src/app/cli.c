@@ -277,6 +277,17 @@ static bool parse_disk(const opt *o, size_t no, disk_cfg *d)
     return true;
 }
 
+/* The model's fingerprint cache goes in the disk store's directory
+ * (DIR/fingerprints; docs/FORMAT.md), which the default resolves the same
+ * way; without the disk tier, the default's. */
+static int fingerprints_in(kvt_model *m, const disk_cfg *d)
+{
+    char dir[sizeof d->dir + 16];
+    if (!d->on) return KVT_OK;
+    snprintf(dir, sizeof dir, "%s/fingerprints", d->dir);
+    return kvt_model_set_fingerprint_dir(m, dir);
+}
+
 /* Open the store; a store that cannot be opened is reported and skipped. */
 static kvt_store *open_disk(const disk_cfg *d)
 {
@@ -528,6 +539,7 @@ static int cmd_run(int argc, char **argv)
     kvt_model *m = NULL;
     int r = open_model(get(o, no, "--model"), o, no, &m);
     if (r) return r;
+    if ((r = fingerprints_in(m, &disk))) { kvt_model_close(m); return fail(r, "model"); }
     kvt_model_info info;
     kvt_model_info_get(m, &info);
     if (draft == KVT_DRAFT_AUTO) draft = kvt_draft_auto(m, NULL);

@@ -1685,8 +1685,11 @@ int kvt_serve(const kvt_server_opts *opts)
     char note[256];
     if (kvt_model_memory_note(opts->model, opts->draft == KVT_DRAFT_MTP ? opts->model_draft : NULL, note, sizeof note))
         fprintf(stderr, "kvtier: %s: %s\n", opts->model, note);
+    char fpdir[4200]; /* the fingerprint cache: in the disk store's directory (docs/FORMAT.md) */
+    if (opts->disk_dir) snprintf(fpdir, sizeof fpdir, "%s/fingerprints", opts->disk_dir);
     if ((rc = kvt_model_open(&sv->m, opts->model)) ||
-        (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)))
+        (rc = kvt_model_set_cache_types(sv->m, opts->type_k, opts->type_v)) ||
+        (opts->disk_dir && (rc = kvt_model_set_fingerprint_dir(sv->m, fpdir))))
         goto out;
     if (!sv->o.n_ctx) sv->o.n_ctx = sv->m->info.n_ctx_train;
     if (sv->o.draft == KVT_DRAFT_AUTO) {

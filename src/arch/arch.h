@@ -134,11 +134,16 @@ typedef struct kvt_arch {
      * state); KVT_ECORRUPT when the rebuilt state disagrees with them.
      * NULL: the architecture cannot (it has no state to rebuild). */
     int (*state_rebuild)(kvt_session *s);
-    /* Hash over the architecture config and every weight. */
+    /* Hash over the architecture config and every weight, of the model as
+     * loaded (before an MTP layer is attached). Called on the first use of
+     * the fingerprint (kvt_model_fingerprint), after weights_pack: it reads
+     * the weights as the file stores them, never the packed copies. A
+     * change to what it hashes bumps FP_DEFINITION (fpcache.c). */
     uint64_t (*fingerprint)(const void *w);
-    /* After the fingerprint: rearrange weights for the kernels (copies
-     * that replace the file's pages, which kvt_gguf_release may drop; g
-     * is the file the weights borrow from). NULL: nothing to do. */
+    /* Rearrange weights for the kernels (copies that replace the file's
+     * pages, which kvt_gguf_release may drop: they stay readable, and the
+     * fingerprint reads them back from the file; g is the file the weights
+     * borrow from). NULL: nothing to do. */
     int (*weights_pack)(void *w, const kvt_gguf *g);
     void (*weights_free)(void *w);
     /* The KV cache plan for a context of ctx tokens. */
@@ -158,7 +163,13 @@ typedef struct kvt_arch {
 
 struct kvt_model {
     kvt_model_info info;
-    uint64_t fingerprint;      /* model: config + weights */
+    /* The model's fingerprint (config + weights: kvt_arch.fingerprint), made
+     * on first use, from the fingerprint cache (fpcache.h) or by hashing
+     * every weight: read it with kvt_model_fingerprint (model.c), never here. */
+    uint64_t fp_value;
+    _Atomic int fp_state;      /* 0: not yet, 1: being made, 2: fp_value holds it */
+    struct kvt_fp_id *fp_id;   /* the file's identity at open (fpcache.h); NULL: a preset, a buffer */
+    char *fp_dir;              /* the fingerprint cache's directory; NULL: kvt_fpcache_default_dir */
     uint64_t tok_fingerprint;  /* tokenizer: vocabulary, scores, merges, specials */
     char *name;
     char *chat_template;     /* tokenizer.chat_template, NULL: none (info.chat_template) */

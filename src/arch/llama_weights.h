@@ -124,7 +124,7 @@ bool kvt_llama_weights_handles(const kvt_gguf *g);
  * and parameter count in *info. */
 int kvt_llama_weights_load(kvt_llama_weights **out, const kvt_gguf *g, kvt_model_info *info);
 void kvt_llama_weights_free(void *w);
-/* After the fingerprint: each matrix packed for the integer kernels where
+/* Each matrix packed for the integer kernels where
  * they read it faster (kvt_arch.weights_pack). */
 int kvt_llama_weights_pack(void *w, const kvt_gguf *g);
 /* Hash over the configuration and every weight (kvt_arch.fingerprint). */

@@ -1,19 +1,25 @@
 /* Opening a model: map the GGUF, pick the architecture from
  * general.architecture, let it load its weights, and build the tokenizer.
  * An architecture may use tensors in place (kvt_model_tensor_mat): the model
- * then keeps the mapping open (m->file) until it is closed. */
+ * then keeps the mapping open (m->file) until it is closed.
+ *
+ * The model's fingerprint (every weight hashed) is made when first asked
+ * for (kvt_model_fingerprint), not at open: only the cache's tiers key
+ * entries by it, and hashing reads the whole file (seconds for 8 GB, minutes
+ * for a file larger than the memory). A file's fingerprint is remembered
+ * across starts (fpcache.c). */
 #include "arch/model.h"
+#include "arch/fpcache.h"
 #include "cache/rows.h"
 #include "base/util.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-
-
-
+_Atomic uint64_t kvt_model_fingerprint_runs;
 
 /* The row that runs g (by its general.architecture), NULL: none. */
 static const kvt_arch *arch_of(const kvt_gguf *g)
@@ -71,8 +77,7 @@ static int finish(kvt_model *m)
 {
     fill_tokenizer_info(m);
     if (m->arch->cache_types) m->type_k = m->type_v = kvt_rows_resolve(KVT_ROWS_DEFAULT);
-    m->fingerprint = m->arch->fingerprint(m->weights);
-    return tokenizer_fingerprint(m);
+    return tokenizer_fingerprint(m); /* the model's own: kvt_model_fingerprint, when asked */
 }
 
 /* A preset's tokenizer: a vocabulary GGUF's, or the byte tokenizer. */
@@ -155,6 +160,11 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path)
     else rc = kvt_fail(KVT_EUNSUPPORTED, "%s: architecture '%.*s' is not supported", path,
                        (int)(arch_len > 64 ? 64 : arch_len), arch);
     if (rc) goto fail;
+    kvt_fp_id id;
+    if (kvt_fpcache_id(g, &id)) { /* the file as it is now, for the fingerprint cache */
+        if (!(m->fp_id = kvt_malloc(sizeof id))) { rc = KVT_ENOMEM; goto fail; }
+        *m->fp_id = id;
+    }
     const char *nm;
     size_t nl;
     if (kvt_gguf_get_str(g, "general.name", &nm, &nl) == KVT_OK) m->name = kvt_strndup(nm, nl);
@@ -265,6 +275,8 @@ void kvt_model_close(kvt_model *m)
     if (m->arch && m->arch->weights_free) m->arch->weights_free(m->weights);
     kvt_tokenizer_free(m->tok);
     kvt_gguf_close(m->file);
+    free(m->fp_id);
+    free(m->fp_dir);
     free(m->chat_template);
     free(m->name);
     free(m);
@@ -278,7 +290,56 @@ int kvt_model_save(const kvt_model *m, const char *path)
     return m->arch->write_gguf(m, path);
 }
 
-uint64_t kvt_model_fingerprint(const kvt_model *m) { return m->fingerprint; }
+/* The fingerprint: the cache's entry for the file when it has a valid one,
+ * else every weight hashed (and remembered for the next start). */
+static uint64_t make_fingerprint(const kvt_model *m)
+{
+    if (!m->arch) return 0; /* a tokenizer only: no weights */
+    char def[4096];
+    const char *dir = m->fp_dir ? m->fp_dir : kvt_fpcache_default_dir(def, sizeof def) ? def : NULL;
+    uint64_t fp;
+    if (m->fp_id && kvt_fpcache_get(dir, m->fp_id, &fp)) return fp;
+    atomic_fetch_add(&kvt_model_fingerprint_runs, 1);
+    fp = m->arch->fingerprint(m->weights);
+    if (m->fp_id && fp && dir) kvt_fpcache_put(dir, m->fp_id, fp); /* 0: the hash failed (memory) */
+    return fp;
+}
+
+/* One thread makes it, the others that ask meanwhile wait for it (one
+ * lock for every model: it is held only to change a model's state, never
+ * while hashing, so models hash at the same time). */
+static pthread_mutex_t fp_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fp_made = PTHREAD_COND_INITIALIZER;
+enum { FP_NOT_YET, FP_MAKING, FP_KNOWN };
+
+uint64_t kvt_model_fingerprint(const kvt_model *cm)
+{
+    kvt_model *m = (kvt_model *)cm; /* the value is made once, on first use */
+    if (atomic_load_explicit(&m->fp_state, memory_order_acquire) == FP_KNOWN) return m->fp_value;
+    pthread_mutex_lock(&fp_lock);
+    while (atomic_load(&m->fp_state) == FP_MAKING) pthread_cond_wait(&fp_made, &fp_lock);
+    if (atomic_load(&m->fp_state) == FP_NOT_YET) {
+        atomic_store(&m->fp_state, FP_MAKING);
+        pthread_mutex_unlock(&fp_lock);
+        uint64_t fp = make_fingerprint(m);
+        pthread_mutex_lock(&fp_lock);
+        m->fp_value = fp;
+        atomic_store_explicit(&m->fp_state, FP_KNOWN, memory_order_release);
+        pthread_cond_broadcast(&fp_made);
+    }
+    pthread_mutex_unlock(&fp_lock);
+    return m->fp_value;
+}
+
+int kvt_model_set_fingerprint_dir(kvt_model *m, const char *dir)
+{
+    char *d = dir ? kvt_strndup(dir, strlen(dir)) : NULL;
+    if (dir && !d) return KVT_ENOMEM;
+    free(m->fp_dir);
+    m->fp_dir = d;
+    return KVT_OK;
+}
+
 uint64_t kvt_model_tokenizer_fingerprint(const kvt_model *m) { return m->tok_fingerprint; }
 
 int kvt_model_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)

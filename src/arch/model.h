@@ -116,6 +116,13 @@ int kvt_model_from_gguf(kvt_model **out, const kvt_gguf *g, const char *path);
 /* Tokens a snapshot of n tokens stored without its state replays when it
  * is loaded (0: the architecture keeps no state to rebuild). */
 size_t kvt_model_replay_tokens(const kvt_model *m, size_t n);
+/* The directory of the fingerprint cache's entries for m (fpcache.h;
+ * copied; NULL: kvt_fpcache_default_dir): the app gives the disk store's
+ * DIR/fingerprints. Before the fingerprint's first use. */
+int kvt_model_set_fingerprint_dir(kvt_model *m, const char *dir);
+/* Test hook: how many times a model's weights were hashed for its
+ * fingerprint (kvt_model_fingerprint's misses of the cache). */
+extern _Atomic uint64_t kvt_model_fingerprint_runs;
 
 /* Trimming, for the eviction of blocks (tiers.c). kvt_session_resume_at:
  * the position at or before cut where s resumes exactly (cut itself for

@@ -6,6 +6,7 @@
 #include "format/quant.h"
 #include "base/util.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <xxhash.h>
 
@@ -53,10 +54,13 @@ int kvt_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t n
     return KVT_OK;
 }
 
+_Atomic uint64_t kvt_tensor_hashed_bytes;
+
 void kvt_tensor_hash(struct XXH3_state_s *st, const kvt_wmat *m)
 {
     if (m->type != KVT_GGML_F32) XXH3_64bits_update(st, &m->type, sizeof m->type);
     XXH3_64bits_update(st, m->data, m->rows * m->row_bytes);
+    atomic_fetch_add_explicit(&kvt_tensor_hashed_bytes, m->rows * m->row_bytes, memory_order_relaxed);
 }
 
 int kvt_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,

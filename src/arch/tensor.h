@@ -18,6 +18,8 @@ int kvt_tensor_mat(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t n
  * its type id first. st is an XXH3_state_t. */
 struct XXH3_state_s;
 void kvt_tensor_hash(struct XXH3_state_s *st, const kvt_wmat *m);
+/* Test hook: the matrix bytes kvt_tensor_hash has hashed, in all. */
+extern _Atomic uint64_t kvt_tensor_hashed_bytes;
 /* The same for a 3-D tensor (ne0, ne1, ne2): ne1 * ne2 rows (a mixture's
  * experts, expert e's rows e * ne1 ..). */
 int kvt_tensor_mat3(const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,

@@ -222,6 +222,9 @@ struct kvt_gguf {
     name_index tensor_index;
     size_t data_off;         /* file offset of the data section */
     bool header_only;        /* kvt_gguf_open_header: tensors' bytes need not be in the file */
+    bool from_file;          /* opened from a file: st and seen below */
+    struct stat st;          /* fstat of the descriptor that was mapped */
+    struct timespec seen;    /* CLOCK_REALTIME just before that fstat */
 };
 
 /* Only array storage is owned; recurse only where elements are arrays so that
@@ -587,6 +590,8 @@ static int open_file(kvt_gguf **out, const char *path, bool header_only)
         return kvt_fail(errno == ENOENT ? KVT_ENOENT : KVT_EIO, "gguf '%s': cannot open: %s",
                         path, strerror(errno));
     struct stat st;
+    struct timespec seen;
+    clock_gettime(CLOCK_REALTIME, &seen);
     if (fstat(fd, &st)) {
         int e = errno;
         close(fd);
@@ -604,7 +609,11 @@ static int open_file(kvt_gguf **out, const char *path, bool header_only)
     close(fd); /* the mapping keeps the file alive */
     if (map == MAP_FAILED) return kvt_fail(KVT_EIO, "gguf '%s': cannot map: %s", path, strerror(e));
     int rc = open_buf(out, map, len, map, header_only);
-    return rc ? prefix_msg(rc, path) : KVT_OK;
+    if (rc) return prefix_msg(rc, path);
+    (*out)->from_file = true;
+    (*out)->st = st;
+    (*out)->seen = seen;
+    return KVT_OK;
 }
 
 int kvt_gguf_open(kvt_gguf **out, const char *path) { return open_file(out, path, false); }
@@ -612,6 +621,20 @@ int kvt_gguf_open_header(kvt_gguf **out, const char *path) { return open_file(ou
 
 uint32_t kvt_gguf_version(const kvt_gguf *g) { return g ? g->version : 0; }
 uint32_t kvt_gguf_alignment(const kvt_gguf *g) { return g ? g->alignment : 0; }
+
+bool kvt_gguf_file_stat(const kvt_gguf *g, struct stat *st, struct timespec *seen)
+{
+    if (!g || !g->from_file) return false;
+    *st = g->st;
+    *seen = g->seen;
+    return true;
+}
+
+const void *kvt_gguf_header_bytes(const kvt_gguf *g, size_t *len)
+{
+    *len = g ? (g->data_off < g->len ? g->data_off : g->len) : 0;
+    return g ? g->base : NULL;
+}
 size_t kvt_gguf_n_kv(const kvt_gguf *g) { return g ? g->n_kv : 0; }
 size_t kvt_gguf_n_tensors(const kvt_gguf *g) { return g ? g->n_tensors : 0; }
 

@@ -20,6 +20,9 @@
 
 #include "kvtier.h"
 
+#include <sys/stat.h>
+#include <time.h>
+
 enum kvt_gguf_type {
     KVT_GGUF_U8 = 0, KVT_GGUF_I8 = 1, KVT_GGUF_U16 = 2, KVT_GGUF_I16 = 3,
     KVT_GGUF_U32 = 4, KVT_GGUF_I32 = 5, KVT_GGUF_F32 = 6, KVT_GGUF_BOOL = 7,
@@ -85,6 +88,15 @@ void kvt_gguf_release(const kvt_gguf *g, const void *p, size_t n);
 
 uint32_t kvt_gguf_version(const kvt_gguf *g);
 uint32_t kvt_gguf_alignment(const kvt_gguf *g);
+/* What kvt_gguf_open saw of the file: the fstat of the descriptor it
+ * mapped, and the time (CLOCK_REALTIME) taken just before that fstat (a
+ * change to the file after it has a ctime at or after that time, give or
+ * take the clock's tick). false, nothing written: not opened from a file
+ * (kvt_gguf_open_mem). */
+bool kvt_gguf_file_stat(const kvt_gguf *g, struct stat *st, struct timespec *seen);
+/* The header's bytes: the file's first *len bytes, up to the data section
+ * (metadata, tensor records, padding). Borrowed, valid until close. */
+const void *kvt_gguf_header_bytes(const kvt_gguf *g, size_t *len);
 
 size_t kvt_gguf_n_kv(const kvt_gguf *g);
 const char *kvt_gguf_key(const kvt_gguf *g, size_t i);          /* NUL-terminated */

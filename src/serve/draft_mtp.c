@@ -64,6 +64,9 @@ int kvt_draft_mtp_attach(kvt_model *m, const char *path)
                         path);
     if (m->arch->mtp->layers(m))
         return kvt_fail(KVT_EINVAL, "--draft mtp --model-draft %s: the model has its own MTP layer already", path);
+    /* the fingerprint is the model's as opened: made (or read from its
+     * cache) before the layer's weights join the ones it would hash */
+    (void)kvt_model_fingerprint(m);
     kvt_gguf *g = NULL;
     int rc = kvt_gguf_open(&g, path);
     if (!rc && (rc = m->arch->mtp->attach(m, g))) kvt_gguf_close(g);

@@ -85,7 +85,7 @@ uint64_t kvt_snap_key0(const kvt_model *m)
     /* rows rounded to a cache type: the types (ggml's ids) too, so that a
      * record of other types is a miss; f32 rows keep the key they have
      * always had */
-    uint64_t seed[3] = {m->fingerprint, m->tok_fingerprint,
+    uint64_t seed[3] = {kvt_model_fingerprint(m), m->tok_fingerprint,
                         kvt_rows_ggml(m->type_k) | (uint64_t)kvt_rows_ggml(m->type_v) << 32};
     return XXH3_64bits(seed, kvt_model_rows_rounded(m) ? sizeof seed : 2 * sizeof seed[0]);
 }
@@ -191,7 +191,7 @@ int kvt_snap_block_parts(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wb
     kvt_wbuf_put(head, BLK_MAGIC, 8);
     kvt_wbuf_u32(head, KVT_SNAP_VERSION);
     kvt_wbuf_u32(head, b);
-    kvt_wbuf_u64(head, s->m->fingerprint);
+    kvt_wbuf_u64(head, kvt_model_fingerprint(s->m));
     kvt_wbuf_u64(head, *key);
     kvt_wbuf_u64(head, prev);
     kvt_wbuf_u32(head, (uint32_t)c->n_streams);
@@ -315,7 +315,7 @@ int kvt_snap_encode(kvt_session *s, size_t n, uint32_t flags, kvt_wbuf *rec, uin
     }
     for (size_t b = 0; b < nb; b++) kvt_wbuf_u64(&sec[SEC_KEYS], keys[b]);
     kvt_wbuf mid = {0}; /* header bytes 16..56 */
-    kvt_wbuf_u64(&mid, m->fingerprint);
+    kvt_wbuf_u64(&mid, kvt_model_fingerprint(m));
     kvt_wbuf_u64(&mid, m->tok_fingerprint);
     kvt_wbuf_u32(&mid, (uint32_t)n);
     kvt_wbuf_u32(&mid, (uint32_t)nb);
@@ -426,7 +426,7 @@ int kvt_snap_parse(const kvt_model *m, const uint8_t *p, size_t len, kvt_snap_in
 {
     int rc = kvt_snap_parse_raw(p, len, out);
     if (rc) return rc;
-    if (out->model != m->fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
+    if (out->model != kvt_model_fingerprint(m)) return kvt_fail(KVT_EMISMATCH, "snapshot: made by another model");
     if (out->tok != m->tok_fingerprint) return kvt_fail(KVT_EMISMATCH, "snapshot: made with another tokenizer");
     if (out->n_vocab != m->info.n_vocab) return kvt_fail(KVT_EFORMAT, "snapshot: vocabulary size differs");
     return kvt_snap_rows_check(m, out);
@@ -647,7 +647,7 @@ static int load_block(kvt_session *s, uint32_t b, uint64_t prev, uint64_t key, c
         sum = XXH3_64bits(p, len - 8);
     }
     if (sum != kvt_rd64(p + (in_place ? head : len - 8))) return kvt_fail(KVT_ECORRUPT, "block %u: checksum mismatch", b);
-    if (kvt_rd32(p + 8) != KVT_SNAP_VERSION || kvt_rd32(p + 12) != b || kvt_rd64(p + 16) != s->m->fingerprint ||
+    if (kvt_rd32(p + 8) != KVT_SNAP_VERSION || kvt_rd32(p + 12) != b || kvt_rd64(p + 16) != kvt_model_fingerprint(s->m) ||
         kvt_rd64(p + 24) != key || kvt_rd64(p + 32) != prev || kvt_rd32(p + 40) != c->n_streams ||
         kvt_rd32(p + 44) != payload)
         return kvt_fail(KVT_EMISMATCH, "block %u: header does not match the snapshot", b);

@@ -348,7 +348,7 @@ static int64_t insert_snap(kvt_store *st, const save_job *j, int64_t t, const bl
                                     "save snapshot");
     if (!ins) return -1;
     double now = kvt_db_now_unix();
-    sqlite3_bind_int64(ins, 1, (int64_t)j->s->m->fingerprint);
+    sqlite3_bind_int64(ins, 1, (int64_t)kvt_model_fingerprint(j->s->m));
     sqlite3_bind_int64(ins, 2, j->head);
     sqlite3_bind_int64(ins, 3, (int64_t)j->n);
     sqlite3_bind_int64(ins, 4, j->tail);

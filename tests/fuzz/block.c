@@ -105,7 +105,7 @@ int fuzz_block(const uint8_t *data, size_t size)
         uint32_t b = 0, ns = (uint32_t)fuzz_session(m, 0)->cache->n_streams;
         uint64_t key0 = kvt_snap_key0(m);
         memcpy(p + 12, &b, 4);
-        memcpy(p + 16, &m->fingerprint, 8);
+        memcpy(p + 16, &(uint64_t){kvt_model_fingerprint(m)}, 8);
         memcpy(p + 32, &key0, 8);
         memcpy(p + 40, &ns, 4);
     }

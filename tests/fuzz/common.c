@@ -379,7 +379,7 @@ static uint64_t key0_of(const uint8_t *p)
     uint64_t model = rd64(p + 16);
     kvt_model *known[2] = {fuzz_ds4(7), fuzz_stories()};
     for (int i = 0; i < 2; i++)
-        if (known[i] && known[i]->fingerprint == model && known[i]->tok_fingerprint == rd64(p + 24))
+        if (known[i] && kvt_model_fingerprint(known[i]) == model && known[i]->tok_fingerprint == rd64(p + 24))
             return kvt_snap_key0(known[i]);
     uint64_t seed[3] = {model, rd64(p + 24), p[60] | (uint64_t)p[61] << 32};
     return XXH3_64bits(seed, rd32(p + 8) == KVT_SNAP_VERSION_TYPED ? sizeof seed : 2 * sizeof seed[0]);

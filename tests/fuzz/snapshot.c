@@ -122,7 +122,7 @@ int fuzz_snapshot(const uint8_t *data, size_t size)
         return 0;
     }
     kvt_model *m = fuzz_ds4(7), *st = fuzz_stories();
-    if (st && size >= 24 && !memcmp(data + 16, &st->fingerprint, 8)) m = st;
+    if (st && size >= 24 && !memcmp(data + 16, &(uint64_t){kvt_model_fingerprint(st)}, 8)) m = st;
     uint64_t h = fuzz_hash(data, size);
     /* as it is */
     load(m, data, size, h % 8 == 0);
