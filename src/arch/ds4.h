@@ -18,8 +18,13 @@ extern const kvt_arch kvt_arch_ds4;
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
 /* Fault injection for the tests that must prove they catch such bugs. */
 enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN,
-       KVT_DS4_FAULT_MTP_BIND /* a separate MTP file's e_proj and h_proj bound to each other's place */ };
+       KVT_DS4_FAULT_MTP_BIND, /* a separate MTP file's e_proj and h_proj bound to each other's place */
+       KVT_DS4_FAULT_BATCH_POS /* a batched pass's later segments rotated as if they went on from the one
+                                * before them in the pass */ };
 extern int kvt_ds4_fault;
+/* Passes that ran several sessions' segments together (forward_batch), for
+ * the tests that must know the batched pass ran, not the fallback. */
+extern _Atomic size_t kvt_ds4_batch_passes;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on
  * load (kvt_arch_ds4.replay_tokens). */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);
