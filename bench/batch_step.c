@@ -7,12 +7,17 @@
  * server's, kvt_session_new_on) each prefill a 32-token prompt of their
  * own, then STEPS steps of kvt_session_step advance all k by one greedy
  * token each: one line per k with the step's time (median and best),
- * tokens/s, and the weights' bytes read per step over the best step's time
- * (the model's matrices once a step, as the step must read them).
+ * tokens/s, and for a llama-family model the weights' bytes read per step
+ * over the best step's time (the model's matrices once a step, as the step
+ * must read them). Then, for k > 1, the same k sessions stepped one after
+ * another (a kvt_session_step of each in turn: what a model without a
+ * batched pass does), the same line with "seq", and the ratio. Any model
+ * kvt_model_open takes (a GGUF, a ds4 preset).
  *
- * --mm times kvt_matmul_w alone on each distinct matrix shape of the
- * model's first layer and its output matrix, for 1 to 8 tokens: the best
- * of REPS (default 50) calls, its GB/s of weights and its GFLOP/s.
+ * --mm (llama-family models) times kvt_matmul_w alone on each distinct
+ * matrix shape of the model's first layer and its output matrix, for 1 to
+ * 8 tokens: the best of REPS (default 50) calls, its GB/s of weights and
+ * its GFLOP/s.
  *
  * Built by hand against the library (it uses src/ headers):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -o /tmp/batch_step bench/batch_step.c \
@@ -54,7 +59,9 @@ static int32_t argmax(const float *l, size_t n)
     return (int32_t)b;
 }
 
-static int steps_run(kvt_model *m, kvt_pool *pool, size_t k, size_t steps, double wbytes)
+/* k sessions' steps, together (one kvt_session_step) or one after another
+ * (seq); *tps: the median step's tokens/s. */
+static int steps_run(kvt_model *m, kvt_pool *pool, size_t k, size_t steps, double wbytes, bool seq, double *tps)
 {
     kvt_session *s[8] = {0};
     kvt_step st[8];
@@ -77,14 +84,20 @@ static int steps_run(kvt_model *m, kvt_pool *pool, size_t k, size_t steps, doubl
             st[i] = (kvt_step){.s = s[i], .tok = &tok[i], .n = 1};
         }
         double t0 = now();
-        rc = kvt_session_step(st, k, 0);
+        if (seq)
+            for (size_t i = 0; i < k && !rc; i++) rc = kvt_session_step(&st[i], 1, 0);
+        else
+            rc = kvt_session_step(st, k, 0);
         t[n] = now() - t0;
     }
     if (!rc) {
         qsort(t, steps, sizeof *t, cmpd);
         double med = t[steps / 2], best = t[0];
-        printf("k %zu  step ms median %7.2f best %7.2f  tok/s %7.1f (best %7.1f)  weights GB/s (best) %6.1f\n", k,
-               med * 1e3, best * 1e3, k / med, k / best, wbytes / best * 1e-9);
+        *tps = k / med;
+        printf("k %zu%s  step ms median %7.2f best %7.2f  tok/s %7.1f (best %7.1f)", k, seq ? " seq" : "", med * 1e3,
+               best * 1e3, k / med, k / best);
+        if (wbytes > 0) printf("  weights GB/s (best) %6.1f", wbytes / best * 1e-9);
+        printf("\n");
     }
     for (size_t i = 0; i < k; i++) kvt_session_free(s[i]);
     free(t);
@@ -142,8 +155,14 @@ int main(int argc, char **argv)
         return 1;
     }
     kvt_pool *pool = kvt_pool_new(threads);
-    const kvt_llama_weights *w = m->weights;
-    if (mm) {
+    kvt_model_info info;
+    kvt_model_info_get(m, &info);
+    bool llama = strcmp(info.arch, "deepseek4") != 0;
+    const kvt_llama_weights *w = llama ? m->weights : NULL;
+    if (mm && !llama) {
+        fputs("batch_step: --mm takes a llama-family model\n", stderr);
+        rc = KVT_EINVAL;
+    } else if (mm) {
         const kvt_llama_layer *ly = &w->layers[0];
         mm_run(pool, &ly->wq, "wq", steps);
         mm_run(pool, &ly->wk, "wk", steps);
@@ -151,12 +170,16 @@ int main(int argc, char **argv)
         mm_run(pool, &ly->w2, "w2", steps);
         mm_run(pool, &w->out, "output", steps > 10 ? steps / 5 : steps);
     } else {
-        double wb = weight_bytes(w);
-        printf("weights read a step: %.1f MB, %u threads\n", wb * 1e-6, threads);
+        double wb = w ? weight_bytes(w) : 0;
+        if (w) printf("weights read a step: %.1f MB, %u threads\n", wb * 1e-6, threads);
+        else printf("%s (%s), %u threads\n", info.name, info.arch, threads);
         for (const char *c = counts; *c && !rc;) {
             size_t k = (size_t)strtoul(c, (char **)&c, 10);
+            double tb = 0, ts = 0;
             if (*c == ',') c++;
-            if (k >= 1 && k <= 8) rc = steps_run(m, pool, k, steps, wb);
+            if (k >= 1 && k <= 8) rc = steps_run(m, pool, k, steps, wb, false, &tb);
+            if (!rc && k >= 2 && k <= 8 && !(rc = steps_run(m, pool, k, steps, wb, true, &ts)))
+                printf("k %zu  together / one after another: %.2fx\n", k, tb / ts);
         }
         if (rc) fprintf(stderr, "batch_step: %s\n", kvt_strerror(rc));
     }

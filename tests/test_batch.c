@@ -18,8 +18,23 @@
  *                        per token of a batch)
  *   batch_family         llama 3 (rope_freqs), qwen2 (biases), qwen3 (head
  *                        norms)
- *   batch_ds4            ds4-tiny (no batched pass: its segments run one
- *                        after another, with the same results)
+ *   batch_ds4            ds4-tiny (hash-routed and compressed layers,
+ *                        the indexer's selection)
+ *   batch_ds4_segments   ds4's batched pass (kvt_arch.forward_batch) case
+ *                        by case: 1 to 4 segments of different lengths and
+ *                        positions (across a 128-token compression block,
+ *                        around the window, decode steps beside prefill
+ *                        chunks), each segment's logits of every row, cache
+ *                        and checkpoints, session length and MTP hidden
+ *                        state equal to the session stepped alone, that the
+ *                        batched pass ran (a batch over the scratch's pass
+ *                        runs one after another), 1 and 3 threads; ds4-tiny
+ *                        with an MTP layer, a wider ds4-tiny stored as
+ *                        q8_0 (integer kernels) and ds4-mini
+ *   batch_ds4_fault_detected  its control: later segments rotated as if
+ *                        they went on from the one before them in the pass
+ *                        (KVT_DS4_FAULT_BATCH_POS) must be caught in every
+ *                        batched pass of two or more
  *   llama_batch_q4k      (tests/test_llama.c) a Q4_K llama: quantised
  *                        activations and integer dot products
  *   batch_fault_detected the negative control: a batched pass that gives
@@ -41,6 +56,7 @@
 #include "test.h"
 #include "arch/model.h"
 #include "arch/llama.h"
+#include "arch/ds4.h"
 #include "synth_family.h"
 
 #include <errno.h>
@@ -325,6 +341,166 @@ TEST(batch_ds4)
     int good = kvt_test_batch_invariance(m, "ds4-tiny", 4, kvt_test_seed("batch_ds4"));
     kvt_model_close(m);
     CHECK(good == 4);
+}
+
+/* A batch of ds4_batch_segments: segment g holds pos tokens, then takes n
+ * more in the step (rows: the logits of every one of them). */
+typedef struct dseg { size_t pos, n; bool rows; } dseg;
+typedef struct dcase { size_t k; dseg g[4]; } dcase;
+
+static const dcase ds4_cases[] = {
+    {1, {{0, 40, true}}},
+    {2, {{120, 16, true}, {37, 1, false}}},                          /* across block 128; a decode step */
+    {3, {{0, 130, false}, {250, 1, true}, {14, 5, true}}},           /* a prefill chunk beside decode */
+    {4, {{127, 2, true}, {300, 1, false}, {60, 30, true}, {255, 3, false}}},
+    {4, {{5, 1, false}, {9, 1, false}, {140, 1, false}, {511, 1, true}}}, /* decode steps only */
+    {2, {{0, 200, false}, {64, 100, true}}},                         /* over the pass: one after another */
+};
+
+/* One case on m with threads threads: each segment stepped alone, then all
+ * of them in one step, in twin sessions. Returns whether every segment got
+ * the same bits; *batched: whether the step ran one batched pass. */
+static bool ds4_case(kvt_model *m, uint32_t threads, const dcase *dc, uint64_t seed, bool *batched)
+{
+    kvt_model_info mi;
+    kvt_model_info_get(m, &mi);
+    size_t V = mi.n_vocab, hf = kvt_ds4_mtp_layers(m) ? kvt_ds4_hidden_floats(m) : 0, total = 0;
+    kvt_session_opts so = {.n_ctx = 1024, .n_threads = threads};
+    kvt_session *a[4] = {0}, *b[4] = {0};
+    int32_t *t[4] = {0};
+    float *ra[4] = {0}, *rb[4] = {0}, *ha = hf ? malloc(2 * hf * sizeof(float)) : NULL, *hb = ha ? ha + hf : NULL;
+    kvt_step st[4];
+    bool ok = !hf || ha;
+    for (size_t g = 0; g < dc->k && ok; g++) {
+        const dseg *sg = &dc->g[g];
+        total += sg->n;
+        ok = (t[g] = malloc((sg->pos + sg->n) * sizeof(int32_t))) && !kvt_session_new(&a[g], m, &so) &&
+             !kvt_session_new(&b[g], m, &so);
+        if (ok && sg->rows)
+            ok = (ra[g] = malloc(sg->n * V * sizeof(float))) && (rb[g] = malloc(sg->n * V * sizeof(float)));
+        if (!ok) break;
+        kvt_test_tokens(t[g], sg->pos + sg->n, seed + g);
+        ok = !sg->pos ||
+             (!kvt_session_sync(a[g], t[g], sg->pos, NULL) && !kvt_session_sync(b[g], t[g], sg->pos, NULL));
+        kvt_step one = {a[g], t[g] + sg->pos, sg->n, false, 0, ra[g], NULL};
+        ok = ok && !kvt_session_step(&one, 1, sg->n) && one.done == sg->n;
+        st[g] = (kvt_step){b[g], t[g] + sg->pos, sg->n, false, 0, rb[g], NULL};
+    }
+    if (!ok) printf("    sessions alone: %s\n", kvt_errmsg());
+    size_t before = kvt_ds4_batch_passes;
+    if (ok && kvt_session_step(st, dc->k, total)) {
+        printf("    step of %zu: %s\n", dc->k, kvt_errmsg());
+        ok = false;
+    }
+    *batched = kvt_ds4_batch_passes == before + 1;
+    for (size_t g = 0; g < dc->k && ok; g++) {
+        const dseg *sg = &dc->g[g];
+        size_t end = sg->pos + sg->n;
+        bool same = st[g].done == sg->n && kvt_session_len(b[g]) == end && kvt_session_len(a[g]) == end &&
+                    kvt_test_digest_ckpt(a[g], m) == kvt_test_digest_ckpt(b[g], m) &&
+                    (!sg->rows || !memcmp(ra[g], rb[g], sg->n * V * sizeof(float)));
+        if (same && hf) /* the MTP layer's input: the tap of the session's last pass */
+            same = !kvt_ds4_hidden(a[g], end - 1, ha) && !kvt_ds4_hidden(b[g], end - 1, hb) &&
+                   !memcmp(ha, hb, hf * sizeof(float));
+        if (!same) printf("    segment %zu (%zu tokens at %zu) of %zu differs\n", g, sg->n, sg->pos, dc->k);
+        ok = same;
+    }
+    for (size_t g = 0; g < dc->k; g++) {
+        kvt_session_free(a[g]);
+        kvt_session_free(b[g]);
+        free(t[g]);
+        free(ra[g]);
+        free(rb[g]);
+    }
+    free(ha);
+    return ok;
+}
+
+/* Every case on m at 1 and 3 threads: how many were bit-identical, and
+ * how many of those with two or more segments in one pass differed
+ * (*caught), for the control. */
+static size_t ds4_cases_run(kvt_model *m, const char *what, uint64_t seed, size_t *caught)
+{
+    size_t good = 0, ran = 0;
+    *caught = 0;
+    for (uint32_t th = 1; th <= 3; th += 2)
+        for (size_t c = 0; c < sizeof ds4_cases / sizeof ds4_cases[0]; c++, ran++) {
+            const dcase *dc = &ds4_cases[c];
+            size_t total = 0;
+            for (size_t g = 0; g < dc->k; g++) total += dc->g[g].n;
+            bool batched = false, same = ds4_case(m, th, dc, seed + 16 * c, &batched);
+            bool want = dc->k > 1 && total <= 256; /* the sessions' pass: the default chunk */
+            if (batched != want) {
+                printf("    %s case %zu, %u threads: %s\n", what, c, th,
+                       want ? "no batched pass" : "batched over the pass");
+                same = false;
+            }
+            if (!same) printf("    %s case %zu, %u threads: differs\n", what, c, th);
+            good += same;
+            *caught += !same && want;
+        }
+    printf("    %s: %zu of %zu cases bit-identical alone and batched\n", what, good, ran);
+    return good;
+}
+
+/* The models of the ds4 cases: ds4-tiny with an MTP layer, a wider
+ * ds4-tiny as a q8_0 file (the integer kernels), ds4-mini; NULL when it
+ * cannot be had (the test fails). */
+static kvt_model *ds4_model(int which, char *dir)
+{
+    kvt_model *m = NULL;
+    int rc;
+    if (which == 1) {
+        char path[96];
+        if (!kvt_test_mkdtemp(dir)) {
+            kvt_test_fail(__FILE__, __LINE__, "mkdtemp %s: %s", dir, strerror(errno));
+            return NULL;
+        }
+        snprintf(path, sizeof path, "%s/tiny-q8_0.gguf", dir);
+        rc = kvt_model_write_preset("ds4-tiny+D=128,Fe=64", 7, NULL, "q8_0", path);
+        if (!rc) rc = kvt_model_open(&m, path);
+    } else {
+        rc = kvt_model_preset(&m, which ? "ds4-mini" : "ds4-tiny+mtp=1", 7, NULL);
+    }
+    if (rc) kvt_test_fail(__FILE__, __LINE__, "ds4 model %d: %s: %s", which, kvt_strerror(rc), kvt_errmsg());
+    kvt_test_defer_model(m);
+    return m;
+}
+
+static const char *const ds4_names[] = {"ds4-tiny+mtp=1", "ds4-tiny+D=128,Fe=64 q8_0", "ds4-mini"};
+
+TEST(batch_ds4_segments)
+{
+    uint64_t seed = kvt_test_seed("batch_ds4_segments");
+    size_t n = sizeof ds4_cases / sizeof ds4_cases[0], caught;
+    for (int w = 0; w < 3; w++) {
+        char dir[] = "/tmp/kvtier-batch-XXXXXX";
+        kvt_model *m = ds4_model(w, dir);
+        if (!m) return;
+        size_t good = ds4_cases_run(m, ds4_names[w], seed, &caught);
+        CHECKF(good == 2 * n, "%s: %zu of %zu cases differ", ds4_names[w], 2 * n - good, 2 * n);
+    }
+}
+
+/* The control: later segments rotated as if they went on from the one
+ * before them. Every batched case must be caught (no case's segment starts
+ * where the one before it ends); a case run one after another is not
+ * affected. */
+TEST(batch_ds4_fault_detected)
+{
+    char dir[] = "/tmp/kvtier-batch-XXXXXX";
+    kvt_model *m = ds4_model(0, dir);
+    if (!m) return;
+    size_t caught, want = 0;
+    for (size_t c = 0; c < sizeof ds4_cases / sizeof ds4_cases[0]; c++) {
+        size_t total = 0;
+        for (size_t g = 0; g < ds4_cases[c].k; g++) total += ds4_cases[c].g[g].n;
+        want += 2 * (ds4_cases[c].k > 1 && total <= 256);
+    }
+    kvt_ds4_fault = KVT_DS4_FAULT_BATCH_POS;
+    ds4_cases_run(m, "ds4-tiny+mtp=1 with the fault", 99, &caught);
+    kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+    CHECKF(caught == want, "%zu of %zu batched cases caught", caught, want);
 }
 
 /* The negative control: a batched pass that turns every segment's tokens

@@ -77,6 +77,13 @@
  *                            chained row kept as verified, an off-by-one
  *                            rollback of the window) leaves it unequal;
  *                            ds4-tiny without the layer is refused.
+ *   speculate_mtp_ds4_batched  --draft mtp, two requests whose verify
+ *                            passes share ds4's batched pass: each reply,
+ *                            with its logprobs, tokens, digest, passes,
+ *                            drafts and acceptances, equals the request
+ *                            alone. Control: KVT_DS4_FAULT_BATCH_POS (the
+ *                            second segment rotated as if it went on from
+ *                            the first) changes the second reply only.
  *   speculate_mtp_file_ds4   --draft mtp --model-draft FILE: ds4-tiny+mtp=1's
  *                            layer written as ds4.c's separate file
  *                            (mtp.0.*) and attached to ds4-tiny: two chained
@@ -792,6 +799,56 @@ TEST(speculate_mtp_ds4)
     CHECKF(kept_seen > 0, "mtp: the off-by-one rollback of the window went unseen");
     kvt_model_close(base);
     kvt_model_close(m);
+}
+
+/* --draft mtp, two requests whose verify passes share ds4's batched pass
+ * (kvt_arch.forward_batch; the pass leaves each session's hidden states in
+ * its own scratch for its drafter): greedy and sampled, each reply
+ * (response with its logprobs, tokens, cache digest) and its drafter's
+ * passes, drafts and acceptances equal the request's run alone, and its
+ * layer's window is the verified tokens'. Control: the second request's
+ * segment rotated as if it went on from the first's
+ * (KVT_DS4_FAULT_BATCH_POS) changes its reply. */
+TEST(speculate_mtp_ds4_batched)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny+mtp=1", 7, NULL));
+    kvt_test_defer_model(m);
+    int32_t pa[PROMPT], pb[PROMPT];
+    mtp_prompts(m, pa, pb);
+    int32_t *ps[BATCH] = {pa, pb}, *second[1] = {pb};
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        outcome alone[BATCH], both[BATCH], bad[BATCH];
+        bool ran = replies(m, ps, PROMPT, 1, st, KVT_DRAFT_MTP, &alone[0]) &&
+                   replies(m, second, PROMPT, 1, st, KVT_DRAFT_MTP, &alone[1]);
+        size_t before = kvt_ds4_batch_passes;
+        ran = ran && replies(m, ps, PROMPT, BATCH, st, KVT_DRAFT_MTP, both);
+        size_t passes = kvt_ds4_batch_passes - before;
+        kvt_ds4_fault = KVT_DS4_FAULT_BATCH_POS;
+        ran = ran && replies(m, ps, PROMPT, BATCH, st, KVT_DRAFT_MTP, bad);
+        kvt_ds4_fault = KVT_DS4_FAULT_NONE;
+        CHECKF(ran, "mtp %s: a reply failed: %s", st->what, kvt_errmsg());
+        CHECKF(passes > 0, "mtp %s: the two requests never shared a batched pass", st->what);
+        for (size_t i = 0; i < BATCH; i++) {
+            bool eq = same(&alone[i], &both[i]) && alone[i].u.passes == both[i].u.passes &&
+                      alone[i].u.drafted == both[i].u.drafted && alone[i].u.accepted == both[i].u.accepted;
+            printf("    mtp %s reply %zu, %zu batched passes: %u passes, %u drafted, %u accepted (alone %u, %u, %u): "
+                   "%s, window %s; control %s\n", st->what, i, passes, both[i].u.passes, both[i].u.drafted,
+                   both[i].u.accepted, alone[i].u.passes, alone[i].u.drafted, alone[i].u.accepted,
+                   eq ? "same" : "DIFFERENT", both[i].draft_exact ? "exact" : "NOT EXACT",
+                   same(&alone[i], &bad[i]) ? "same" : "differs");
+            CHECKF(eq, "mtp %s: reply %zu batched differs from alone", st->what, i);
+            CHECKF(both[i].draft_exact, "mtp %s: reply %zu's MTP window is not the verified tokens'", st->what, i);
+        }
+        CHECKF(same(&alone[0], &bad[0]), "mtp %s: the fault changed the first segment", st->what);
+        CHECKF(!same(&alone[1], &bad[1]), "mtp %s: the second segment's wrong positions went unnoticed", st->what);
+        for (size_t i = 0; i < BATCH; i++) {
+            outcome_free(&alone[i]);
+            outcome_free(&both[i]);
+            outcome_free(&bad[i]);
+        }
+    }
 }
 
 /* The MTP layer of m on toks (n tokens, n <= a pass): on a session synced

@@ -27,7 +27,9 @@
  * chunk's attention, reading rows of the chunk from the chunk's own buffer, so
  * chunk size never changes what a position sees. Experts run per token on
  * the rows routed to them; each output is a fixed-order dot product, so
- * which other tokens share a pass changes nothing.
+ * which other tokens share a pass changes nothing: a batched pass
+ * (forward_batch) runs several sessions' tokens through every matrix at
+ * once, and what touches a session's state per segment on its own cache.
  *
  * The model's files are ds4_weights.c's: the configuration (presets, GGUF
  * metadata), the tensor table, the synthetic weights, the GGUF writers and
@@ -178,9 +180,14 @@ typedef struct ds4_work {
     const kvt_session *tap_s;
     size_t tap_pos0, tap_n;
     int32_t *tap_tok;  /* (ch) */
+    int32_t *tok;      /* (ch) the pass's token ids, its segments' one after another */
+    size_t *pos;       /* (ch) their RoPE positions */
+    float *lgb;        /* (lgb_rows, V) a batched pass's logits, before each segment takes its own; made on demand */
+    size_t lgb_rows;
 } ds4_work;
 
 typedef struct fwd {
+    kvt_pool *pool;
     kvt_session *s;
     const kvt_cache *cache;    /* the window rings' (the session's, or the MTP drafter's ring) */
     size_t w_first;            /* the window's first position with a row (the MTP layer's: 1) */
@@ -239,6 +246,8 @@ size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void 
     return k;
 }
 
+_Atomic size_t kvt_ds4_batch_passes;
+
 /* Indexer top-k for tokens [i_base + j0, i_base + j1) from precomputed dots:
  * score_c = sum_h wI_h * relu(qI_h · kI_c), heads in order. */
 static void select_range(void *arg, uint32_t part, size_t j0, size_t j1)
@@ -282,10 +291,10 @@ static void index_select(fwd *f)
     for (size_t k = 0; k < maxc; k++) from_f16(wk->kI + k * Di, kvt_cache_row_ro(f->s->cache, f->ly->s_idx, k), Di);
     for (size_t i0 = 0; i0 < f->n; i0 += slice) {
         size_t ns = f->n - i0 < slice ? f->n - i0 : slice;
-        kvt_matmul(f->s->pool, wk->dots, wk->kI, f->iq + i0 * Hi * Di, ns * Hi, Di, maxc);
+        kvt_matmul(f->pool, wk->dots, wk->kI, f->iq + i0 * Hi * Di, ns * Hi, Di, maxc);
         f->dots = wk->dots;
         f->i_base = i0;
-        kvt_pool_for_part(f->s->pool, ns, 1, select_range, f);
+        kvt_pool_for_part(f->pool, ns, 1, select_range, f);
     }
 }
 
@@ -330,7 +339,7 @@ static void attn_range(void *arg, uint32_t part, size_t i0, size_t i1)
     }
 }
 
-#define WORK_BUFS 36
+#define WORK_BUFS 39
 #define WB_KEYS 30 /* keys, sc, isc, heap: the per-part buffers, in work_bufs' order */
 
 /* Every allocation of the scratch but k itself, WORK_BUFS of them. */
@@ -339,7 +348,7 @@ static void work_bufs(const ds4_work *k, void **b)
     void *all[WORK_BUFS] = {k->x, k->xn, k->mix, k->hc, k->h, k->qr, k->q, k->kv, k->rows, k->ckv, k->csc, k->iq,
                             k->iw, k->att, k->og, k->f1, k->f3, k->lg, k->ex, k->ew, k->eo, k->rt, k->xe, k->tmp,
                             k->p, k->chk, k->sel, k->nsel, k->kI, k->dots, k->keys, k->sc, k->isc, k->heap, k->qx,
-                            k->tap_tok};
+                            k->tap_tok, k->tok, k->pos, k->lgb};
     memcpy(b, all, sizeof all);
 }
 
@@ -429,7 +438,8 @@ static void work_sizes(const ds4_config *c, size_t ch, size_t n_ctx, size_t part
         ch * Eu * sizeof(uint32_t), ch * Eu * D * f, ch * TW * f, wide * f, wide * 2,
         sel ? ch * K * sizeof(uint32_t) : 0, ch * sizeof(uint32_t), sel ? m4 * Di * f : 0,
         sel ? (all < big ? all : big) * f : 0, parts * nkk * Dh * f, parts * nkk * f,
-        sel ? parts * (m4 + 1) * f : 0, sel ? parts * ((size_t)K + 1) * sizeof(cand) : 0, qb, ch * sizeof(int32_t)};
+        sel ? parts * (m4 + 1) * f : 0, sel ? parts * ((size_t)K + 1) * sizeof(cand) : 0, qb, ch * sizeof(int32_t),
+        ch * sizeof(int32_t), ch * sizeof(size_t), 0};
     memcpy(sz, v, sizeof v);
     *maxc4 = m4;
     *nk = nkk;
@@ -474,7 +484,7 @@ static int ds4_work_new(kvt_session *s)
         (void **)&k->ex, (void **)&k->ew, (void **)&k->eo, (void **)&k->rt, (void **)&k->xe, (void **)&k->tmp,
         (void **)&k->p, (void **)&k->chk, (void **)&k->sel, (void **)&k->nsel, (void **)&k->kI, (void **)&k->dots,
         (void **)&k->keys, (void **)&k->sc, (void **)&k->isc, (void **)&k->heap, (void **)&k->qx,
-        (void **)&k->tap_tok};
+        (void **)&k->tap_tok, (void **)&k->tok, (void **)&k->pos, (void **)&k->lgb};
     bool ok = true;
     for (size_t i = 0; i < WORK_BUFS && ok; i++)
         if (sz[i] && !(*dst[i] = kvt_malloc(sz[i]))) ok = false;
@@ -518,12 +528,12 @@ static void sinkhorn(float *cb, uint32_t iters, float eps)
 
 /* The mixes of n tokens' streams x (n, 4, D) through fn (out, 4D): each
  * token's streams normed as one vector of 4D. */
-static void hc_mixes(kvt_session *s, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
+static void hc_mixes(kvt_pool *pool, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
                      size_t out)
 {
     size_t W4 = (size_t)HC * c->D;
     for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->xn + i * W4, x + i * W4, NULL, W4, c->eps);
-    kvt_matmul(s->pool, wk->mix, fn, wk->xn, n, W4, out);
+    kvt_matmul(pool, wk->mix, fn, wk->xn, n, W4, out);
 }
 
 /* Collapse each token's streams with weights pre (stride apart) into h (n, D). */
@@ -542,10 +552,10 @@ static void hc_collapse(const float *x, size_t n, size_t D, const float *pre, si
 
 /* A sublayer's input: the hyper-connection coefficients of every token into
  * wk->hc, then the collapsed streams into h. */
-static void hc_pre(kvt_session *s, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
+static void hc_pre(kvt_pool *pool, ds4_work *wk, const ds4_config *c, const float *x, size_t n, const float *fn,
                    const float *base, const float *scale, float *h)
 {
-    hc_mixes(s, wk, c, x, n, fn, HC_MIX);
+    hc_mixes(pool, wk, c, x, n, fn, HC_MIX);
     for (size_t i = 0; i < n; i++) {
         const float *m = wk->mix + i * HC_MIX;
         float *k = wk->hc + i * HC_MIX;
@@ -575,16 +585,17 @@ static void hc_post(ds4_work *wk, const ds4_config *c, float *x, size_t n, const
     memcpy(x, wk->xn, n * HC * D * sizeof(float));
 }
 
-/* SwiGLU with llama.cpp's clamp for limit > 1e-6: silu(min(g, L)) * clamp(u, -L, L). */
-/* The feed-forward of n tokens h (n, D) with ids tok into out (n, D): the
- * routed experts, weighted, plus the shared experts. */
-static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const float *h,
-                size_t n, size_t pos0, float *out)
+/* The feed-forward of n tokens h (n, D) with ids tok at positions pos into
+ * out (n, D): the routed experts, weighted, plus the shared experts. Every
+ * matrix runs over all n tokens (of one session or of several), the
+ * experts each over the tokens routed to it. */
+static void moe(kvt_pool *pool, ds4_work *wk, const ds4_weights *w, uint32_t l, const int32_t *tok, const size_t *pos,
+                const float *h, size_t n, float *out)
 {
     const ds4_config *c = &w->c;
     const ds4_layer *ly = &w->layers[l];
     size_t D = c->D, E = c->E, Eu = c->Eu, Fe = c->Fe, Fs = (size_t)c->Fe * c->Es;
-    kvt_matmul(s->pool, wk->lg, ly->gate_inp, h, n, D, E);
+    kvt_matmul(pool, wk->lg, ly->gate_inp, h, n, D, E);
     for (size_t i = 0; i < n; i++) {
         float *p = wk->lg + i * E, *wt = wk->ew + i * Eu;
         uint32_t *ex = wk->ex + i * Eu;
@@ -597,36 +608,41 @@ static void moe(kvt_session *s, ds4_work *wk, const ds4_weights *w, uint32_t l, 
             kvt_moe_select(sc, E, Eu, ex);
         }
         const kvt_forced *fz = kvt_force;
-        if (fz && pos0 + i < fz->n && fz->Eu == Eu && fz->ex[l])
-            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos0 + i, ex, Eu, l < c->n_hash ? NULL : sc, E, false);
+        if (fz && pos[i] < fz->n && fz->Eu == Eu && fz->ex[l])
+            kvt_moe_force_choice(fz->ex[l], fz->ex_gap[l], pos[i], ex, Eu, l < c->n_hash ? NULL : sc, E, false);
         for (size_t j = 0; j < Eu; j++) wt[j] = p[ex[j]];
         if (c->wnorm) kvt_moe_normalise(wt, Eu);
         if (c->wscale != 0.0f && c->wscale != 1.0f) /* llama.cpp: 0 is "no scale" too */
             for (size_t j = 0; j < Eu; j++) wt[j] *= c->wscale;
     }
     /* the shared experts, then the routed ones added to them */
-    kvt_matmul_w(s->pool, wk->f1, &ly->gate_s, h, n, wk->qx);
-    kvt_matmul_w_next(s->pool, wk->f3, &ly->up_s, &ly->gate_s, h, n, wk->qx);
+    kvt_matmul_w(pool, wk->f1, &ly->gate_s, h, n, wk->qx);
+    kvt_matmul_w_next(pool, wk->f3, &ly->up_s, &ly->gate_s, h, n, wk->qx);
     kvt_moe_swiglu(wk->f1, wk->f3, n * Fs, c->clamp_sh[l]);
-    kvt_matmul_w(s->pool, out, &ly->down_s, wk->f1, n, wk->qx);
+    kvt_matmul_w(pool, out, &ly->down_s, wk->f1, n, wk->qx);
     kvt_moe m = {&ly->gate_x, &ly->up_x, &ly->down_x, E, Eu, Fe, D, c->clamp_exp[l]};
     kvt_moe_scratch sc = {wk->xe, wk->eo, wk->f1, wk->f3, wk->rt, wk->qx};
-    kvt_moe_run(s->pool, &m, h, n, wk->ex, wk->ew, &sc, out);
+    kvt_moe_run(pool, &m, h, n, wk->ex, wk->ew, &sc, out);
 }
 
-/* Layer l over the streams xl of nn tokens tok at positions p0.. (the
- * window rows in cache's state; the compressed rows in the session's).
- * lead, replay, replay_from: forward_pass's replay (a replay recomputes
- * and compares the compressed rows it can make exact). row_only: stop once
- * the window ring holds the tokens' raw rows (the MTP layer's rows of
- * positions already verified: the streams are left as they are). */
-static int layer_run(kvt_session *s, ds4_work *wk, const kvt_cache *cache, uint32_t l, float *xl, const int32_t *tok,
-                     size_t nn, size_t p0, bool replay, size_t replay_from, size_t lead, bool row_only)
+/* Layer l over the streams xl of k segments' tokens one after another (nn
+ * in all, ids tok, RoPE positions pos): matrix products and per-token steps
+ * over all of them; what reads or writes a session's state (frontiers,
+ * compressed rows, the indexer's selection, attention, the window ring in
+ * win, or each session's cache when win is NULL) per segment on its own.
+ * lead, replay, replay_from: forward_pass's replay of one segment (it
+ * recomputes and compares the compressed rows it can make exact).
+ * row_only: stop once the window ring holds the tokens' raw rows (the MTP
+ * layer's rows of positions already verified: the streams are left). */
+static int layer_run(kvt_pool *pool, ds4_work *wk, const kvt_seg *sg, size_t k, const kvt_cache *win, uint32_t l,
+                     float *xl, const int32_t *tok, const size_t *pos, bool replay, size_t replay_from, size_t lead,
+                     bool row_only)
 {
-    const ds4_weights *w = s->m->weights;
+    const ds4_weights *w = sg[0].s->m->weights;
     const ds4_config *c = &w->c;
     size_t D = c->D, Dh = c->Dh, HD = (size_t)c->H * c->Dh, Rq = c->Rq, Di = c->Di, Hi = c->Hi;
-    size_t og = c->og, orank = c->orank, gd = HD / og;
+    size_t og = c->og, orank = c->orank, gd = HD / og, nn = 0;
+    for (size_t g = 0; g < k; g++) nn += sg[g].n;
     float *h = wk->h, *qr = wk->qr, *q = wk->q, *kv = wk->kv, *ckv = wk->ckv, *csc = wk->csc;
     float *iq = wk->iq, *iw = wk->iw, *att = wk->att, *tmp = wk->tmp, *p = wk->p;
     uint16_t *rows = wk->rows, *chk = wk->chk;
@@ -634,161 +650,217 @@ static int layer_run(kvt_session *s, ds4_work *wk, const kvt_cache *cache, uint3
     uint32_t r = c->ratio[l];
     float base = r ? c->cbase : c->base;
     const kvt_yarn *yarn = r && kvt_ds4_fault != KVT_DS4_FAULT_YARN ? &w->yarn : NULL; /* tests: plain RoPE */
-    hc_pre(s, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
+    hc_pre(pool, wk, c, xl, nn, ly->hca_fn, ly->hca_base, ly->hca_scale, h);
     for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->attn_norm, D, c->eps);
     /* raw rows: key and value at once */
-    kvt_matmul_w(s->pool, kv, &ly->wkv, h, nn, wk->qx);
+    kvt_matmul_w(pool, kv, &ly->wkv, h, nn, wk->qx);
     for (size_t i = 0; i < nn; i++) {
-        float *k = kv + i * Dh;
-        kvt_rmsnorm(k, k, ly->kv_norm, Dh, c->eps);
-        kvt_rope_ext(k + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
-        to_f16(rows + i * Dh, k, Dh);
+        float *kr = kv + i * Dh;
+        kvt_rmsnorm(kr, kr, ly->kv_norm, Dh, c->eps);
+        kvt_rope_ext(kr + Dh - c->Dr, c->Dr, pos[i], base, yarn, 1.0f);
+        to_f16(rows + i * Dh, kr, Dh);
     }
     if (row_only) {
-        for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
-            memcpy(win_row(cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
+        for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+            for (size_t i = sg[g].n > c->W ? sg[g].n - c->W : 0; i < sg[g].n; i++)
+                memcpy(win_row(win ? win : sg[g].s->cache, ly, c, sg[g].pos0 + i), rows + (off + i) * Dh, Dh * 2);
         return KVT_OK;
     }
     /* queries */
-    kvt_matmul_w(s->pool, tmp, &ly->wqa, h, nn, wk->qx);
+    kvt_matmul_w(pool, tmp, &ly->wqa, h, nn, wk->qx);
     for (size_t i = 0; i < nn; i++) kvt_rmsnorm(qr + i * Rq, tmp + i * Rq, ly->q_norm, Rq, c->eps);
-    kvt_matmul_w(s->pool, q, &ly->wqb, qr, nn, wk->qx);
+    kvt_matmul_w(pool, q, &ly->wqb, qr, nn, wk->qx);
     for (size_t i = 0; i < nn; i++)
         for (size_t hh = 0; hh < c->H; hh++) {
             float *qh = q + (i * c->H + hh) * Dh;
             kvt_rmsnorm(qh, qh, NULL, Dh, c->eps);
-            kvt_rope_ext(qh + Dh - c->Dr, c->Dr, p0 + i, base, yarn, 1.0f);
+            kvt_rope_ext(qh + Dh - c->Dr, c->Dr, pos[i], base, yarn, 1.0f);
         }
-    /* compressors: pool in position order, emit rows as blocks complete */
+    /* compressors: each segment pooled in position order into its own
+     * session's frontier, rows emitted as blocks complete */
     for (int pass = 0; pass < (r == 4 ? 2 : r ? 1 : 0); pass++) {
         bool idx = pass == 1;
         size_t d = idx ? Di : Dh, cw = (r == 4 ? 2 : 1) * d, off = idx ? ly->off_if : ly->off_cf;
         int stream = idx ? ly->s_idx : ly->s_comp;
         const kvt_wmat *wkv_c = idx ? &ly->i_kv : &ly->c_kv, *wg_c = idx ? &ly->i_gate : &ly->c_gate;
-        kvt_matmul_w(s->pool, ckv, wkv_c, h, nn, wk->qx);
-        kvt_matmul_w_next(s->pool, csc, wg_c, wkv_c, h, nn, wk->qx);
+        kvt_matmul_w(pool, ckv, wkv_c, h, nn, wk->qx);
+        kvt_matmul_w_next(pool, csc, wg_c, wkv_c, h, nn, wk->qx);
         const float *ape = idx ? ly->i_ape : ly->c_ape;
-        for (size_t i = 0; i < nn; i++) {
-            size_t t = p0 + i;
-            float *sl = front_slot(s->cache, off, r, cw, t);
-            memcpy(sl, ckv + i * cw, cw * sizeof(float));
-            for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
-            if ((t + 1) % r) continue;
-            size_t row = (t + 1) / r - 1;
-            uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
-            if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
-            if (!replay && !(out = kvt_cache_row(s->cache, (size_t)stream, row)))
-                return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
-            emit_row(s->cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, c->Dr, c->cbase, &w->yarn,
-                     idx ? w->hd_idx : 0, p, out);
-            if (replay && memcmp(chk, kvt_cache_row_ro(s->cache, (size_t)stream, row), d * 2))
-                return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
+        for (size_t g = 0, o = 0; g < k; o += sg[g++].n) {
+            kvt_cache *cache = sg[g].s->cache;
+            for (size_t i = o; i < o + sg[g].n; i++) {
+                size_t t = sg[g].pos0 + (i - o);
+                float *sl = front_slot(cache, off, r, cw, t);
+                memcpy(sl, ckv + i * cw, cw * sizeof(float));
+                for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
+                if ((t + 1) % r) continue;
+                size_t row = (t + 1) / r - 1;
+                uint16_t *out = chk; /* a replay recomputes rows its exact region pools, to compare */
+                if (replay && replay_from && (r == 4 && row > 0 ? row * r - 4 : row * r) < lead) continue;
+                if (!replay && !(out = kvt_cache_row(cache, (size_t)stream, row)))
+                    return kvt_fail(KVT_ENOMEM, "ds4: compressed row for token %zu", t);
+                emit_row(cache, off, r, d, t, idx ? ly->i_norm : ly->c_norm, c->eps, c->Dr, c->cbase, &w->yarn,
+                         idx ? w->hd_idx : 0, p, out);
+                if (replay && memcmp(chk, kvt_cache_row_ro(cache, (size_t)stream, row), d * 2))
+                    return kvt_fail(KVT_ECORRUPT, "ds4 replay: layer %u row %zu differs from the stored row", l, row);
+            }
         }
     }
     if (r == 4) {
-        kvt_matmul_w(s->pool, iq, &ly->i_qb, qr, nn, wk->qx);
+        kvt_matmul_w(pool, iq, &ly->i_qb, qr, nn, wk->qx);
         for (size_t i = 0; i < nn; i++)
             for (size_t hh = 0; hh < Hi; hh++) {
                 float *v = iq + (i * Hi + hh) * Di;
-                kvt_rope_ext(v + Di - c->Dr, c->Dr, p0 + i, c->cbase, &w->yarn, 1.0f);
+                kvt_rope_ext(v + Di - c->Dr, c->Dr, pos[i], c->cbase, &w->yarn, 1.0f);
                 for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
             }
-        kvt_matmul_w(s->pool, iw, &ly->i_proj, h, nn, wk->qx);
+        kvt_matmul_w(pool, iw, &ly->i_proj, h, nn, wk->qx);
         float isc = 1.0f / sqrtf((float)(Di * Hi));
         for (size_t j = 0; j < nn * Hi; j++) iw[j] *= isc;
     }
-    /* the MTP layer has no row at position 0 (its first pair is the
-     * hidden state of 0 with the token at 1, at position 1) */
-    fwd fa = {s, cache, l < c->L ? 0 : 1, w, ly, wk, l, nn, p0, q, rows, iq, iw, att};
-    fa.maxc = r ? (p0 + nn) / r : 0;
-    if (r == 4 && fa.maxc > c->K) index_select(&fa);
-    kvt_pool_for_part(s->pool, nn, 1, attn_range, &fa);
-    /* only now does the ring take this chunk's rows */
-    for (size_t i = nn > c->W ? nn - c->W : 0; i < nn; i++)
-        memcpy(win_row(cache, ly, c, p0 + i), rows + i * Dh, Dh * 2);
+    /* attention, each segment over its own session's rows; only after it
+     * does the segment's ring take its rows. The MTP layer has no row at
+     * position 0 (its first pair is the hidden state of 0 with the token
+     * at 1, at position 1). */
+    for (size_t g = 0, o = 0; g < k; o += sg[g++].n) {
+        const kvt_cache *wc = win ? win : sg[g].s->cache;
+        size_t n = sg[g].n, p0 = sg[g].pos0;
+        fwd fa = {pool, sg[g].s, wc, l < c->L ? 0 : 1, w, ly, wk, l, n, p0, q + o * HD, rows + o * Dh,
+                  iq + o * Hi * Di, iw + o * Hi, att + o * HD};
+        fa.maxc = r ? (p0 + n) / r : 0;
+        if (r == 4 && fa.maxc > c->K) index_select(&fa);
+        kvt_pool_for_part(pool, n, 1, attn_range, &fa);
+        for (size_t i = n > c->W ? n - c->W : 0; i < n; i++)
+            memcpy(win_row(wc, ly, c, p0 + i), rows + (o + i) * Dh, Dh * 2);
+    }
     /* grouped low-rank output: group g's heads through rows g*orank.. of wo_a */
     float *xg = wk->og, *oa = xg + nn * gd, *go = oa + nn * og * orank;
     for (size_t g = 0; g < og; g++) {
         for (size_t i = 0; i < nn; i++) memcpy(xg + i * gd, att + i * HD + g * gd, gd * sizeof(float));
         kvt_wmat wa = kvt_wmat_rows(&ly->woa, g * orank, orank);
-        kvt_matmul_w(s->pool, go, &wa, xg, nn, wk->qx);
+        kvt_matmul_w(pool, go, &wa, xg, nn, wk->qx);
         for (size_t i = 0; i < nn; i++) memcpy(oa + (i * og + g) * orank, go + i * orank, orank * sizeof(float));
     }
-    kvt_matmul_w(s->pool, tmp, &ly->wob, oa, nn, wk->qx);
+    kvt_matmul_w(pool, tmp, &ly->wob, oa, nn, wk->qx);
     hc_post(wk, c, xl, nn, tmp);
     /* feed-forward */
-    hc_pre(s, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
+    hc_pre(pool, wk, c, xl, nn, ly->hcf_fn, ly->hcf_base, ly->hcf_scale, h);
     for (size_t i = 0; i < nn; i++) kvt_rmsnorm(h + i * D, h + i * D, ly->ffn_norm, D, c->eps);
-    moe(s, wk, w, l, tok, h, nn, p0, tmp);
+    moe(pool, wk, w, l, tok, pos, h, nn, tmp);
     hc_post(wk, c, xl, nn, tmp);
     return KVT_OK;
 }
 
-/* The output head over nl tokens' streams xs: the streams collapsed by the
- * head's mixes, normed, through the output matrix into logits (nl, V). */
-/* The output head: the model's, or for the MTP layer (ly) its own parts
- * where it has them. */
-static void head_run(kvt_session *s, ds4_work *wk, const float *xs, size_t nl, float *logits, const ds4_layer *ly)
+/* The output head over nl tokens' streams, xs's rows ri[0..nl) (NULL: its
+ * first nl): the streams collapsed by the head's mixes, normed, through the
+ * output matrix into logits (nl, V). The head is the model's, or for the
+ * MTP layer (ly) its own parts where it has them. */
+static void head_run(kvt_pool *pool, const ds4_weights *w, ds4_work *wk, const float *xs, size_t nl,
+                     const uint32_t *ri, float *logits, const ds4_layer *ly)
 {
-    const ds4_weights *w = s->m->weights;
     const ds4_config *c = &w->c;
-    size_t D = c->D;
+    size_t D = c->D, W4 = (size_t)HC * D;
     float *h = wk->h;
     bool own = ly && ly->hh_fn && ly->hh_base && ly->hh_scale;
     const float *fn = own ? ly->hh_fn : w->hch_fn, *base = own ? ly->hh_base : w->hch_base;
     const float *scale = own ? ly->hh_scale : w->hch_scale;
     const float *norm = ly && ly->head_norm ? ly->head_norm : w->out_norm;
     const kvt_wmat *out = ly && ly->head.data ? &ly->head : &w->out;
-    hc_mixes(s, wk, c, xs, nl, fn, HC);
-    for (size_t i = 0; i < nl; i++)
+    /* hc_mixes and hc_collapse, row by row from where each row is */
+    for (size_t i = 0; i < nl; i++) kvt_rmsnorm(wk->xn + i * W4, xs + (ri ? ri[i] : i) * W4, NULL, W4, c->eps);
+    kvt_matmul(pool, wk->mix, fn, wk->xn, nl, W4, HC);
+    for (size_t i = 0; i < nl; i++) {
         for (size_t k = 0; k < HC; k++)
             wk->mix[i * HC + k] = sigm(wk->mix[i * HC + k] * scale[0] + base[k]) + c->hc_eps;
-    hc_collapse(xs, nl, D, wk->mix, HC, h);
-    for (size_t i = 0; i < nl; i++) kvt_rmsnorm(h + i * D, h + i * D, norm, D, c->eps);
-    kvt_matmul_w(s->pool, logits, out, h, nl, wk->qx);
+        hc_collapse(xs + (ri ? ri[i] : i) * W4, 1, D, wk->mix + i * HC, HC, h + i * D);
+        kvt_rmsnorm(h + i * D, h + i * D, norm, D, c->eps);
+    }
+    kvt_matmul_w(pool, logits, out, h, nl, wk->qx);
 }
 
-/* One pass of at most wk->ch tokens. replay_from is SIZE_MAX for a normal
- * pass. Otherwise the pass is part of a replay that started at replay_from
- * over a cache whose stream rows are already complete (see ds4_state_rebuild):
+/* A batched pass's logits: the nl rows of the segments that want them
+ * through the head at once (into wk->lgb, which ds4_forward_batch sized),
+ * then each segment's into its own buffer. */
+static void batch_logits(kvt_pool *pool, const ds4_weights *w, ds4_work *wk, const kvt_seg *sg, size_t k, size_t nl)
+{
+    size_t V = w->c.V;
+    uint32_t *ri = wk->rt; /* (ch * Eu) free after the layers */
+    size_t r = 0;
+    for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+        for (size_t i = sg[g].logits ? sg[g].lfrom : sg[g].n; i < sg[g].n; i++) ri[r++] = (uint32_t)(off + i);
+    head_run(pool, w, wk, wk->x, nl, ri, wk->lgb, NULL);
+    r = 0;
+    for (size_t g = 0; g < k; g++) {
+        if (!sg[g].logits || sg[g].lfrom >= sg[g].n) continue;
+        size_t m = sg[g].n - sg[g].lfrom;
+        memcpy(sg[g].logits, wk->lgb + r * V, m * V * sizeof(float));
+        r += m;
+    }
+}
+
+/* Session s's tap (kvt_ds4_hidden) in its own scratch: the final streams x
+ * of its n tokens tok from pos0, their last ones where its scratch holds
+ * fewer (a batched pass ran them in the first session's scratch). */
+static void tap_set(const kvt_session *s, const float *x, const int32_t *tok, size_t n, size_t pos0)
+{
+    ds4_work *o = s->work;
+    if (!o) return;
+    size_t W4 = kvt_ds4_hidden_floats(s->m), keep = n < o->ch ? n : o->ch, skip = n - keep;
+    if (o->x != x) memcpy(o->x, x + skip * W4, keep * W4 * sizeof(float));
+    memcpy(o->tap_tok, tok + skip, keep * sizeof *tok);
+    o->tap_s = s;
+    o->tap_pos0 = pos0 + skip;
+    o->tap_n = keep;
+}
+
+/* One pass of the k segments' tokens (at most wk->ch in all) on the
+ * scratch wk; every segment's results are those of a pass of it alone (see
+ * layer_run). replay_from is SIZE_MAX for a normal pass. Otherwise the pass
+ * (of one segment) is part of a replay that started at replay_from over a
+ * cache whose stream rows are already complete (see ds4_state_rebuild):
  * the compressed rows are not written, and each one whose inputs the replay
  * has already made exact is recomputed and must equal the stored row. A
- * normal pass leaves its tokens' final streams in wk->x (the tap: what the
- * MTP layer reads, kvt_ds4_hidden). */
-static int forward_pass(kvt_session *s, ds4_work *wk, const int32_t *tok, size_t n, size_t pos0, float *logits,
-                        size_t lfrom, size_t replay_from)
+ * normal pass leaves each segment's final streams in its session's scratch
+ * (the tap: what the MTP layer reads, kvt_ds4_hidden). */
+static int forward_pass(kvt_pool *pool, ds4_work *wk, const kvt_seg *sg, size_t k, size_t replay_from)
 {
-    const ds4_weights *w = s->m->weights;
+    const ds4_weights *w = sg[0].s->m->weights;
     const ds4_config *c = &w->c;
-    size_t D = c->D, W4 = (size_t)HC * D;
+    size_t D = c->D, W4 = (size_t)HC * D, n = 0, nl = 0;
     float *x = wk->x;
     bool replay = replay_from != SIZE_MAX;
     wk->tap_s = NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (tok[i] < 0 || (uint32_t)tok[i] >= c->V)
-            return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", tok[i], c->V);
-        const kvt_wmat *te = &w->tok_embd;
-        kvt_quant_to_f32(te->type, te->data + (size_t)tok[i] * te->row_bytes, x + i * W4, D);
-        for (size_t k = 1; k < HC; k++) memcpy(x + i * W4 + k * D, x + i * W4, D * sizeof(float));
+    for (size_t g = 0; g < k; g++) {
+        for (size_t i = 0; i < sg[g].n; i++, n++) {
+            int32_t t = sg[g].tok[i];
+            if (t < 0 || (uint32_t)t >= c->V) return kvt_fail(KVT_EINVAL, "token id %d out of range [0, %u)", t, c->V);
+            wk->tok[n] = t;
+            bool fault = kvt_ds4_fault == KVT_DS4_FAULT_BATCH_POS && g > 0; /* tests: the one before's positions on */
+            wk->pos[n] = (fault ? sg[g - 1].pos0 + sg[g - 1].n : sg[g].pos0) + i;
+            const kvt_wmat *te = &w->tok_embd;
+            kvt_quant_to_f32(te->type, te->data + (size_t)t * te->row_bytes, x + n * W4, D);
+            for (size_t j = 1; j < HC; j++) memcpy(x + n * W4 + j * D, x + n * W4, D * sizeof(float));
+        }
+        nl += sg[g].logits && sg[g].lfrom < sg[g].n ? sg[g].n - sg[g].lfrom : 0;
     }
     for (uint32_t l = 0; l < c->L; l++) {
         /* A replay skips the positions whose values at this layer cannot
          * reach what it keeps (see replay_start): they start exact at
          * replay_from + l(W-1). */
         size_t skip = 0, lead = replay ? replay_from + (size_t)l * (c->W - 1) : 0;
-        if (replay && replay_from && lead > pos0) skip = lead - pos0 < n ? lead - pos0 : n;
+        if (replay && replay_from && lead > sg[0].pos0) skip = lead - sg[0].pos0 < n ? lead - sg[0].pos0 : n;
         if (skip == n) continue;
-        int rc = layer_run(s, wk, s->cache, l, x + skip * W4, tok + skip, n - skip, pos0 + skip, replay, replay_from,
-                           lead, false);
+        kvt_seg one = {sg[0].s, sg[0].tok + skip, sg[0].n - skip, sg[0].pos0 + skip, NULL, SIZE_MAX};
+        int rc = layer_run(pool, wk, skip ? &one : sg, k, NULL, l, x + skip * W4, wk->tok + skip, wk->pos + skip,
+                           replay, replay_from, lead, false);
         if (rc) return rc;
     }
-    if (lfrom < n) head_run(s, wk, x + lfrom * W4, n - lfrom, logits, NULL);
-    if (!replay) {
-        wk->tap_s = s;
-        wk->tap_pos0 = pos0;
-        wk->tap_n = n;
-        memcpy(wk->tap_tok, tok, n * sizeof *tok);
-    }
+    if (k == 1 && sg[0].lfrom < n)
+        head_run(pool, w, wk, x + sg[0].lfrom * W4, n - sg[0].lfrom, NULL, sg[0].logits, NULL);
+    if (k > 1 && nl) batch_logits(pool, w, wk, sg, k, nl);
+    if (replay) return KVT_OK;
+    for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+        tap_set(sg[g].s, x + off * W4, sg[g].tok, sg[g].n, sg[g].pos0);
     return KVT_OK;
 }
 
@@ -857,10 +929,13 @@ int kvt_ds4_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t t
     memset(&ring_cache, 0, sizeof ring_cache);
     ring_cache.state = (uint8_t *)ring;
     ring_cache.state_bytes = kvt_ds4_mtp_ring_bytes(s->m);
-    rc = layer_run(s, wk, &ring_cache, c->L, wk->x, &tok, 1, pos, false, SIZE_MAX, 0, row_only);
+    kvt_seg one = {s, &tok, 1, pos, NULL, 1};
+    wk->tok[0] = tok;
+    wk->pos[0] = pos;
+    rc = layer_run(s->pool, wk, &one, 1, &ring_cache, c->L, wk->x, wk->tok, wk->pos, false, SIZE_MAX, 0, row_only);
     if (rc || row_only) return rc;
     memcpy(hout, wk->x, (size_t)HC * D * sizeof(float));
-    head_run(s, wk, wk->x, 1, logits, ly);
+    head_run(s->pool, w, wk, wk->x, 1, NULL, logits, ly);
     return KVT_OK;
 }
 
@@ -879,7 +954,8 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
         float *lg = NULL;
         if (logits && lf < m) lg = logits + (done + lf - lfrom) * V;
         else lf = m;
-        rc = forward_pass(s, wk, tok + done, m, pos0 + done, lg, lf, replay_from);
+        kvt_seg one = {s, tok + done, m, pos0 + done, lg, lf};
+        rc = forward_pass(s->pool, wk, &one, 1, replay_from);
         done += m;
     }
     return rc;
@@ -888,6 +964,43 @@ static int forward_chunk(kvt_session *s, const int32_t *tok, size_t n, size_t po
 static int ds4_forward(kvt_session *s, const int32_t *tok, size_t n, size_t pos0, float *logits, size_t lfrom)
 {
     return forward_chunk(s, tok, n, pos0, logits, lfrom, SIZE_MAX);
+}
+
+/* Segments of at most the first session's pass (wk->ch tokens) in all go
+ * through one pass on its scratch (the others' contexts no larger than
+ * its, which sizes the attention's and the indexer's scratch); a longer
+ * batch runs as forwards one after another. */
+static int ds4_forward_batch(const kvt_seg *sg, size_t k)
+{
+    ds4_work *wk = k ? sg[0].s->work : NULL;
+    size_t total = 0, nl = 0, V = k ? sg[0].s->m->info.n_vocab : 0;
+    bool one = k > 1 && wk;
+    for (size_t g = 0; g < k && one; g++) {
+        one = sg[g].n && sg[g].s->m == sg[0].s->m && sg[g].s->n_ctx <= wk->n_ctx && (!g || sg[g].s->work != wk);
+        total += sg[g].n;
+        nl += sg[g].logits && sg[g].lfrom < sg[g].n ? sg[g].n - sg[g].lfrom : 0;
+    }
+    int rc = KVT_OK;
+    if (!one || total > wk->ch) {
+        for (size_t g = 0; g < k && !rc; g++)
+            rc = ds4_forward(sg[g].s, sg[g].tok, sg[g].n, sg[g].pos0, sg[g].logits, sg[g].lfrom);
+        return rc;
+    }
+    if (wk->lgb_rows < nl) { /* the logits' rows, before any session changes */
+        float *p = kvt_malloc(nl * V * sizeof(float));
+        if (!p) return kvt_fail(KVT_ENOMEM, "ds4: logits of %zu rows", nl);
+        free(wk->lgb);
+        wk->lgb = p;
+        wk->lgb_rows = nl;
+    }
+    kvt_pool *pool = sg[0].s->pool;
+    rc = parts_fit(wk, &((const ds4_weights *)sg[0].s->m->weights)->c, kvt_pool_size(pool));
+    for (size_t g = 0; g < k && !rc; g++)
+        if (sg[g].pos0 + sg[g].n > sg[g].s->n_ctx)
+            rc = kvt_fail(KVT_ECTX, "tokens up to %zu exceed the context", sg[g].pos0 + sg[g].n);
+    if (!rc) rc = forward_pass(pool, wk, sg, k, SIZE_MAX);
+    if (!rc) kvt_ds4_batch_passes++;
+    return rc;
 }
 
 /* Where a replay that ends at n must start so that everything it leaves is
@@ -1148,6 +1261,13 @@ static const kvt_mtp_ops ds4_mtp = {
     .file = ds4_mtp_file,
 };
 
+/* Every DeepSeek-V4 layer routes its tokens to experts. */
+static bool ds4_routed(const kvt_model *m)
+{
+    (void)m;
+    return true;
+}
+
 const kvt_arch kvt_arch_ds4 = {
     .name = "ds4",
     .handles = ds4_handles,
@@ -1164,6 +1284,8 @@ const kvt_arch kvt_arch_ds4 = {
     .plan = ds4_plan,
     .cache_new = ds4_cache_new,
     .forward = ds4_forward,
+    .forward_batch = ds4_forward_batch,
+    .routed = ds4_routed,
     .state_save = ds4_state_save,
     .state_load = ds4_state_load,
     .state_rebuild = ds4_state_rebuild,

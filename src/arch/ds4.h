@@ -17,6 +17,9 @@ extern const kvt_arch kvt_arch_ds4;
 /* Indices of the k best scores (ties: lower index), sorted ascending;
  * scratch holds k + 1 (score, index) pairs. Returns min(n, k). */
 size_t kvt_ds4_topk(const float *score, size_t n, size_t k, uint32_t *sel, void *scratch);
+/* Passes that ran several sessions' segments together (forward_batch), for
+ * the tests that must know the batched pass ran, not the fallback. */
+extern _Atomic size_t kvt_ds4_batch_passes;
 /* Tokens a ds4 snapshot of n tokens stored without its state replays on
  * load (kvt_arch_ds4.replay_tokens). */
 size_t kvt_ds4_replay_tokens(const kvt_model *m, size_t n);

@@ -140,7 +140,9 @@ int kvt_ds4_write_preset(const char *preset, uint64_t seed, const kvt_tokenizer 
 
 /* Fault injection for the tests that must prove they catch such bugs. */
 enum { KVT_DS4_FAULT_NONE, KVT_DS4_FAULT_MASK, KVT_DS4_FAULT_FRONTIER, KVT_DS4_FAULT_REPLAY, KVT_DS4_FAULT_YARN,
-       KVT_DS4_FAULT_MTP_BIND /* a separate MTP file's e_proj and h_proj bound to each other's place */ };
+       KVT_DS4_FAULT_MTP_BIND, /* a separate MTP file's e_proj and h_proj bound to each other's place */
+       KVT_DS4_FAULT_BATCH_POS /* a batched pass's later segments rotated as if they went on from the one
+                                * before them in the pass */ };
 extern int kvt_ds4_fault;
 
 #endif
