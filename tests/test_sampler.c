@@ -24,6 +24,14 @@
  *                       temperature (0.8 for 1) fail it.
  *   sampler_seeds       one seed gives one sequence; another seed another.
  *   sampler_positions   a position's draw depends on (seed, position) only.
+ *   sampler_greedy_lanes greedy's search in independent lanes gives the id
+ *                       of the loop `if (x[i] > x[best]) best = i` from 0,
+ *                       over 3,000 vectors of 1 to 70 logits and 200 of
+ *                       32,000 (sizes that end inside and outside a lane
+ *                       group), with ties of the largest, -0 and +0, NaNs
+ *                       (also at id 0, which the loop keeps) and
+ *                       infinities. Control: the fault switch that takes
+ *                       the last of equal largest logits fails it.
  *   sampler_sort_vocab  over a 32,000-token vocabulary with ties, -0 and +0
  *                       and large values, the draws equal those of the
  *                       candidates ordered by a comparison sort (the order
@@ -159,6 +167,69 @@ TEST(sampler_greedy)
         CHECKF(got[0] == want && got[1] == want && got[2] == want, "temperature %g: %d %d %d, want %d",
                (double)temps[k], got[0], got[1], got[2], want);
     }
+}
+
+/* Logits for the greedy test: small integers (ties), with -0, NaN and
+ * infinities sprinkled in, and now and then the largest repeated. */
+static void greedy_logits(float *x, uint32_t n, uint64_t *seed)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t r = kvt_test_rand(seed);
+        float v = (float)((int)(r % 17) - 8);
+        switch ((r >> 8) % 64) {
+        case 0: v = NAN; break;
+        case 1: v = INFINITY; break;
+        case 2: v = -INFINITY; break;
+        case 3: case 4: v = -0.0f; break;
+        case 5: v = 0.0f; break;
+        }
+        x[i] = v;
+    }
+    uint64_t r = kvt_test_rand(seed);
+    if (n > 2 && r % 3 == 0) { /* the largest twice, at two random places */
+        float mx = -INFINITY;
+        for (uint32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        x[(r >> 8) % n] = mx + 1;
+        x[(r >> 24) % n] = mx + 1;
+    }
+    if ((r >> 40) % 50 == 0) x[0] = NAN;
+}
+
+/* Vectors whose greedy id differs from the loop's, out of n (the first
+ * mismatch printed). */
+static uint32_t greedy_mismatches(uint64_t seed, uint32_t n, uint32_t n_min, uint32_t n_max, float *x)
+{
+    kvt_sampler *s = NULL;
+    kvt_sampler_opts o = {.temperature = 0, .seed = 1};
+    if (kvt_sampler_new(&s, &o)) return n;
+    uint32_t bad = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t len = n_min + (uint32_t)(kvt_test_rand(&seed) % (n_max - n_min + 1));
+        greedy_logits(x, len, &seed);
+        uint32_t want = 0;
+        for (uint32_t i = 1; i < len; i++) if (x[i] > x[want]) want = i;
+        int32_t got = kvt_sampler_sample(s, x, len);
+        if (got != (int32_t)want && !bad++) printf("    %u logits: id %d, the loop's %u\n", len, got, want);
+    }
+    kvt_sampler_free(s);
+    return bad;
+}
+
+TEST(sampler_greedy_lanes)
+{
+    enum { NV = 32000 };
+    float *x = malloc(NV * sizeof *x);
+    CHECK(x != NULL);
+    if (!x) return;
+    uint64_t seed = kvt_test_seed("sampler_greedy_lanes");
+    uint32_t bad = greedy_mismatches(seed, 3000, 1, 70, x) + greedy_mismatches(seed + 1, 200, NV - 40, NV, x);
+    kvt_sampler_fault = KVT_SAMPLER_FAULT_GREEDY_LAST;
+    uint32_t fault = greedy_mismatches(seed, 3000, 1, 70, x);
+    kvt_sampler_fault = 0;
+    printf("    %u of 3,200 vectors differ; negative control (the last of equal largest): %u of 3,000\n", bad, fault);
+    CHECK(bad == 0);
+    CHECKF(fault > 0, "negative control: taking the last of equal largest logits went unseen");
+    free(x);
 }
 
 TEST(sampler_reference)

@@ -3,8 +3,9 @@
 #define KVT_SAMPLER_H
 
 /* Tests: KVT_SAMPLER_FAULT_SIGNED_ZERO orders a logit of -0 after one of
- * +0 instead of tying them (the lowest id first). */
-enum { KVT_SAMPLER_FAULT_SIGNED_ZERO = 1 };
+ * +0 instead of tying them (the lowest id first); KVT_SAMPLER_FAULT_GREEDY_LAST
+ * makes greedy sampling take the highest id among equal largest logits. */
+enum { KVT_SAMPLER_FAULT_SIGNED_ZERO = 1, KVT_SAMPLER_FAULT_GREEDY_LAST };
 extern int kvt_sampler_fault;
 
 #endif
