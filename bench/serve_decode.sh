@@ -20,6 +20,8 @@
 #   MODEL=FILE  the model (default ~/.cache/kvtier/models/synth-llama-124m-f16.gguf,
 #               which bench/peers.sh or bench/serve_batch.sh make)
 #   PORT=N      the server's port (default: a free one)
+#   DRAFT=KIND  the server's --draft (default none: the bench's loop does
+#               not draft)
 set -eu
 me=serve_decode.sh
 # shellcheck source=bench/lib.sh
@@ -49,7 +51,7 @@ while [ "$r" -le "$rounds" ]; do
     printf '%-6s %-7s %10s %6s\n' "$r" bench "$b" "$l"
     l=$(load)
     "$bin" serve --model "$model" --port "$port" --ctx 4096 --threads "$threads" --no-kv-disk --parallel 1 \
-        >>"$tmp/server.log" 2>&1 &
+        --draft "${DRAFT:-none}" >>"$tmp/server.log" 2>&1 &
     pid=$!
     bench_wait_up kvtier
     s=0

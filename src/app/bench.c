@@ -246,19 +246,17 @@ static int run_decode(bench *b, job *j, double *secs)
 {
     kvt_model_info info;
     kvt_model_info_get(b->m, &info);
-    int rc = kvt_session_sync(j->s, j->t, j->n, NULL);
+    kvt_sampler *greedy = NULL; /* the server's greedy choice (lowest id on ties) */
+    int rc = kvt_sampler_new(&greedy, &(kvt_sampler_opts){.temperature = 0, .top_p = 1});
+    if (!rc) rc = kvt_session_sync(j->s, j->t, j->n, NULL);
     double t0 = now();
     int32_t best = j->t[0]; /* from frontier 0 the first token is the prompt's first */
     for (uint32_t k = 0; k < j->decode && !rc; k++) {
-        if (k || j->n) {
-            const float *lg = kvt_session_logits(j->s);
-            best = 0;
-            for (uint32_t i = 1; i < info.n_vocab; i++)
-                if (lg[i] > lg[best]) best = (int32_t)i; /* lowest id on ties */
-        }
+        if (k || j->n) best = kvt_sampler_sample(greedy, kvt_session_logits(j->s), info.n_vocab);
         rc = kvt_session_decode(j->s, best);
     }
     *secs = now() - t0;
+    kvt_sampler_free(greedy);
     return rc;
 }
 

@@ -17,6 +17,7 @@
  * prefill, a chunk of it a pass at most; anything else (a context that went another way) goes through
  * kvt_session_sync, which reuses the longest common prefix. */
 #include "serve/draft.h"
+#include "serve/sampler.h"
 #include "arch/model.h"
 #include "base/util.h"
 
@@ -156,14 +157,6 @@ int kvt_draft_model_follow(kvt_draft_model *d, const int32_t *ctx, size_t n)
     return kvt_session_sync(s, ctx, n, NULL);
 }
 
-static int32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return (int32_t)b;
-}
-
 /* One token of the pass (the i-th) through the draft session, its logits
  * into row i; the first saves the state before it. */
 static int run_one(kvt_draft_model *d, size_t i)
@@ -207,7 +200,7 @@ size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n,
         for (size_t i = 0; !rc; i++) {
             if ((rc = run_one(d, i))) break;
             d->ran = i + 1;
-            out[got++] = argmax(d->rows + i * (size_t)d->V, d->n_ids);
+            out[got++] = (int32_t)kvt_sampler_greedy(d->rows + i * (size_t)d->V, d->n_ids);
             if (got == max) break;
             d->tok[i + 1] = out[i];
         }

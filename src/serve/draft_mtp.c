@@ -27,6 +27,7 @@
  * the prefill's last pass, by more than the window) gets a row from a zero
  * hidden state, marked as such. */
 #include "serve/draft.h"
+#include "serve/sampler.h"
 #include "arch/model.h"
 #include "base/util.h"
 
@@ -175,14 +176,6 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
     return KVT_OK;
 }
 
-static int32_t argmax(const float *l, size_t n)
-{
-    size_t b = 0;
-    for (size_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return (int32_t)b;
-}
-
 size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int32_t last, size_t max, int32_t *out)
 {
     if (d->failed || !n) return 0;
@@ -202,7 +195,7 @@ size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int
         d->rpos[k] = (int64_t)p;
         d->rkind[k] = i == 0 ? (have ? ROW_VERIFIED : ROW_NO_HIDDEN) : ROW_DRAFT;
         if (i == 1 && kvt_draft_fault == KVT_DRAFT_FAULT_MTP_KEEP) d->rkind[k] = ROW_VERIFIED; /* tests */
-        out[got++] = argmax(d->logits, d->V);
+        out[got++] = (int32_t)kvt_sampler_greedy(d->logits, (uint32_t)d->V);
         memcpy(d->h, d->hout, d->hf * sizeof(float));
     }
     if (rc) {

@@ -112,7 +112,7 @@ int32_t kvt_sampler_sample(kvt_sampler *s, const float *logits, uint32_t V)
  * skips NaNs as the loop does), then its first occurrence: the same id, in
  * 11.5 us. */
 #define LANES 16
-static uint32_t greedy(const float *x, uint32_t V)
+uint32_t kvt_sampler_greedy(const float *x, uint32_t V)
 {
     if (V < 2 || isnan(x[0])) return 0;
     float m[LANES];
@@ -133,7 +133,7 @@ static uint32_t greedy(const float *x, uint32_t V)
 
 int32_t kvt_sampler_sample_at(kvt_sampler *s, const float *logits, uint32_t V, uint64_t pos)
 {
-    if (!(s->o.temperature > 0)) return (int32_t)greedy(logits, V);
+    if (!(s->o.temperature > 0)) return (int32_t)kvt_sampler_greedy(logits, V);
     if (s->cap < V) {
         free(s->cand);
         free(s->tmp);
