@@ -376,13 +376,19 @@ static void plant(uint8_t *v, size_t len)
     memcpy(v + len - 8, &h, 8);
 }
 
+/* The fleet's secret file in r's directory (mode 0600) with text: its
+ * path into out. */
+static bool secret_file(const rsrv *r, const char *text, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/secret", r->dir);
+    return write_file(out, text) && chmod(out, 0600) == 0;
+}
+
 static void remote_secret_refuses_planted_body(rsrv *rp)
 {
     rsrv r = *rp;
     char secret[128];
-    snprintf(secret, sizeof secret, "%s/secret", r.dir);
-    CHECK(write_file(secret, "fleet secret 1\n"));
-    chmod(secret, 0600);
+    CHECK(secret_file(&r, "fleet secret 1\n", secret, sizeof secret));
     kvt_model *m = tiny();
     int32_t t[N], u[N];
     seqb(t, N, 11);
@@ -1127,8 +1133,7 @@ static void remote_two_writers_body(rsrv *rp)
 {
     rsrv r = *rp;
     char secret[128];
-    snprintf(secret, sizeof secret, "%s/secret", r.dir);
-    CHECK(write_file(secret, "fleet secret 2\n"));
+    CHECK(secret_file(&r, "fleet secret 2\n", secret, sizeof secret));
     kvt_model *m = tiny();
     int32_t t[N];
     seqb(t, N, 51);
@@ -1460,9 +1465,7 @@ static void later_window_damage(rsrv *rp)
 {
     rsrv r = *rp;
     char secret[128];
-    snprintf(secret, sizeof secret, "%s/secret", r.dir);
-    CHECK(write_file(secret, "fleet secret 2\n"));
-    chmod(secret, 0600);
+    CHECK(secret_file(&r, "fleet secret 2\n", secret, sizeof secret));
     kvt_model *m = tiny();
     int32_t t[LONG];
     seqb(t, LONG, 22);
