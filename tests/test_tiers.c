@@ -742,14 +742,23 @@ static size_t queued_spares_over(bool fault, size_t *evicted, size_t *scratch)
     void *spare[2] = {t->spare[0], t->spare[1]};
     kvt_tiers_fault = fault ? KVT_TIERS_FAULT_SPARES_UNHELD : KVT_TIERS_FAULT_NONE;
     kvt_tier_pick p;
-    int rc = run_as(t, 0, NULL, c, 300, &p, true);
+    int32_t *own = malloc(300 * sizeof *own);
+    size_t n = 300;
+    int rc = own ? KVT_OK : KVT_ENOMEM;
+    if (!rc) memcpy(own, c, 300 * sizeof *own);
+    if (!rc) rc = kvt_tiers_select(t, 0, NULL, &(kvt_tier_prompt){.text = "", .fork_at = SIZE_MAX}, &own, &n, &p);
     kvt_tiers_fault = KVT_TIERS_FAULT_NONE;
+    /* a new session has no scratch until it runs: any it holds now is a
+     * spare lent to it (asked before it runs: the scratch it makes then may
+     * come at a freed spare's address) */
+    bool lent = !rc && p.s->work && (p.s->work == spare[0] || p.s->work == spare[1]);
+    size_t took = lent ? kvt_session_scratch_bytes(m, p.s->work) : 0;
+    if (!rc) rc = kvt_session_sync(p.s, own, n, NULL);
+    free(own);
     if (rc) goto out;
     /* what make_room left: the other sessions, the spares (the one the new
      * session took among them), the saves queued */
     size_t others = kvt_tiers_bytes(t, -1) - kvt_session_bytes(p.s);
-    bool lent = p.s->work && (p.s->work == spare[0] || p.s->work == spare[1]);
-    size_t took = lent ? kvt_session_scratch_bytes(m, p.s->work) : 0;
     size_t total = others + kvt_tiers_spare_bytes(t) + took + h.held;
     printf("    %s: budget %zu; sessions %zu + saves queued %zu + spares %zu (%zu left, %d taken) = %zu\n",
            fault ? "the control, spares checked without the queued saves" : "spares checked with the queued saves",
