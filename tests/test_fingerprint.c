@@ -447,3 +447,44 @@ TEST(fingerprint_llama_file)
     CHECK(fp_of(x.b, x.cache, &runs, &bytes) == want && runs == 1 && bytes > 0);
     CHECK(fp_of(x.b, x.cache, &runs, &bytes) == want && runs == 0 && bytes == 0);
 }
+
+/* The entry's bytes are pinned by a golden file per version
+ * (tests/golden/fpcache-v1.bin, docs/FORMAT.md "Fingerprint cache files"):
+ * today's writer must produce it byte for byte for a fixed identity, and
+ * today's reader must take it back to the same fingerprint (and miss it for
+ * an identity one nanosecond of ctime away). KVT_WRITE_GOLDEN=1 rewrites it
+ * (only when the entry's version changes). */
+TEST(fingerprint_golden_v1)
+{
+    char dir[] = "/tmp/kvt-fpgold-XXXXXX";
+    CHECK(kvt_test_mkdtemp(dir));
+    const kvt_fp_id id = {.dev = 0x801, .ino = 1234567, .size = 1537900, .mtime_s = 1764979200, .mtime_ns = 123456789,
+                          .ctime_s = 1764979201, .ctime_ns = 987654321, .seen_s = 1764990000, .seen_ns = 0,
+                          .header_len = 4096, .header_hash = 0x0123456789abcdefull};
+    const uint64_t fp = 0xfedcba9876543210ull;
+    CHECK_OK(kvt_fpcache_put(dir, &id, fp));
+    /* the one entry the put wrote */
+    char cmd[160], name[64] = {0}, path[160];
+    snprintf(cmd, sizeof cmd, "ls %s", dir);
+    FILE *f = popen(cmd, "r");
+    CHECK(f && fgets(name, sizeof name, f));
+    pclose(f);
+    name[strcspn(name, "\n")] = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t len = 0, glen = 0;
+    char *e = kvt_test_read_file(path, &len);
+    CHECK(e);
+    uint8_t *golden = fx_golden("tests/golden/fpcache-v1.bin", e, len, true, &glen);
+    free(e);
+    CHECKF(golden, "the golden file tests/golden/fpcache-v1.bin (above)");
+    /* the golden bytes in place of the entry: read back */
+    FILE *w = fopen(path, "wb");
+    CHECK(w && fwrite(golden, 1, glen, w) == glen && fclose(w) == 0);
+    free(golden);
+    uint64_t got = 0;
+    CHECKF(kvt_fpcache_get(dir, &id, &got) && got == fp, "the golden entry read back: %016llx",
+           (unsigned long long)got);
+    kvt_fp_id other = id;
+    other.ctime_ns++;
+    CHECKF(!kvt_fpcache_get(dir, &other, &got), "the golden entry matched another ctime");
+}
