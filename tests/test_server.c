@@ -34,6 +34,14 @@
  *                      reach their end once their clients read, exit 0
  *   server_active_after_answer  a request has left kvtier_active_requests
  *                      when its answer arrives (another in a long prefill)
+ *   server_no_store_no_fingerprint  ds4-tiny written to a file, --no-kv-disk:
+ *                      a 200-token prompt served twice (the second a RAM
+ *                      hit) leaves no entry in the fingerprint cache
+ *                      ($XDG_CACHE_HOME/kvtier/fingerprints): the server
+ *                      never hashed every weight; with
+ *                      KVT_FAULT_PROCESS_SEED_FINGERPRINTED=1 in its
+ *                      environment (the RAM index keyed by the records'
+ *                      chain, as before) it leaves one, and the test says so
  *
  * The whole file takes 20 to 30 s on 2 cores (about 80 s in the sanitizer
  * build, with a shorter prompt for the long prefill). server_idle_load
@@ -814,5 +822,71 @@ TEST(server_hangup_quiet)
     world w;
     if (!begin(&w, "kvtier-listen")) return;
     hangup_quiet(&w);
+    end(&w);
+}
+
+/* A 200-token prompt (ds4-tiny's tokenizer: a byte a token, after BOS)
+ * served twice by a server on model (no disk tier), XDG_CACHE_HOME xdg;
+ * fault: KVT_FAULT_PROCESS_SEED_FINGERPRINTED=1 in its environment. *hits:
+ * its RAM hits; *entries: the files left in its fingerprint cache. */
+static void serve_twice(world *w, const char *model, const char *xdg, bool fault, long *hits, int *entries)
+{
+    *hits = -1;
+    *entries = -1;
+    char *old = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    if (fault) setenv("KVT_FAULT_PROCESS_SEED_FINGERPRINTED", "1", 1);
+    const char *const args[] = {"--model", model, "--no-kv-disk", NULL};
+    bool up = fx_server_start(&w->s, args);
+    unsetenv("KVT_FAULT_PROCESS_SEED_FINGERPRINTED");
+    if (old) setenv("XDG_CACHE_HOME", old, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(old);
+    CHECKF(up, "kvtier serve did not come up");
+    char text[201], body[512], out[65536];
+    for (int i = 0; i < 199; i++) text[i] = (char)('a' + (i * 7 + i / 26) % 26);
+    text[199] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":2,\"temperature\":0}", text);
+    for (int i = 0; i < 2; i++)
+        CHECKF(exchange("127.0.0.1", w->s.port, post("/v1/completions", body), out, sizeof out, 30, NULL) > 0 &&
+                   !strncmp(out, "HTTP/1.1 200", 12),
+               "request %d: %.300s", i + 1, out);
+    *hits = metric(w->s.port, "kvtier_cache_hits_total{tier=\"ram\"}");
+    STOP(w);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls -A %s/kvtier/fingerprints 2>/dev/null | wc -l", xdg);
+    FILE *p = popen(cmd, "r");
+    if (p && fscanf(p, "%d", entries) != 1) *entries = -1;
+    if (p) pclose(p);
+}
+
+static void no_fingerprint(world *w)
+{
+    char model[128], xdg[2][128];
+    snprintf(model, sizeof model, "%s/tiny.gguf", w->s.dir);
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    int rc = kvt_model_save(m, model);
+    kvt_model_close(m);
+    CHECK_OK(rc);
+    fx_sleep_ms(2200); /* a file written in the last 2 s is not remembered (docs/FORMAT.md) */
+    for (int fault = 0; fault < 2; fault++) {
+        snprintf(xdg[fault], sizeof xdg[fault], "%s/xdg%d", w->s.dir, fault);
+        long hits;
+        int entries;
+        serve_twice(w, model, xdg[fault], fault, &hits, &entries);
+        printf("    %s: %ld RAM hit, %d fingerprint cache entries\n",
+               fault ? "negative control, KVT_FAULT_PROCESS_SEED_FINGERPRINTED=1" : "--no-kv-disk", hits, entries);
+        CHECKF(hits == 1, "the second request was not a RAM hit (%ld)", hits);
+        if (!fault) CHECKF(entries == 0, "the server made the fingerprint (%d entries)", entries);
+        else CHECKF(entries == 1, "control: the fingerprinted seed left %d entries, not 1", entries);
+    }
+}
+
+TEST(server_no_store_no_fingerprint)
+{
+    world w;
+    if (!begin(&w, "kvtier-listen")) return;
+    no_fingerprint(&w);
     end(&w);
 }

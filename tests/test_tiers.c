@@ -1187,3 +1187,135 @@ TEST(tiers_share_conversation_pages)
     CHECK(!conversations_own_pages(m, true));
     fam_close(m, dir, path);
 }
+
+/* ---- the index's key scope (kvt_tiers_opts.keys, snapshot.h) ---- */
+
+/* A pool of ds4-tiny (seed 7) keying its index in scope. */
+static kvt_tiers *tiers_open_keys(kvt_model **m, kvt_key_scope keys)
+{
+    *m = NULL;
+    if (kvt_model_preset(m, "ds4-tiny", 7, NULL)) return NULL;
+    kvt_tiers_opts o = {.ram_bytes = SIZE_MAX, .n_tenants = 1, .n_ctx = CTX, .n_threads = 1,
+                        .policy = KVT_SAVE_POLICY_DEFAULT, .keys = keys};
+    kvt_tiers *t = NULL;
+    if (kvt_tiers_new(&t, *m, &o)) { kvt_model_close(*m); *m = NULL; }
+    return t;
+}
+
+/* The index holds block 0 of s under key. */
+static bool indexed(const kvt_tiers *t, const kvt_session *s, uint64_t key)
+{
+    for (size_t i = 0; i < t->ix_cap; i++)
+        if (t->ix[i].s == s && t->ix[i].b == 0) return t->ix[i].key == key;
+    return false;
+}
+
+/* The model's fingerprint was made (kvt_model_fingerprint's state). */
+static bool fingerprint_made(const kvt_model *m) { return atomic_load(&m->fp_state) != 0; }
+
+/* A pool without a store (KVT_KEYS_PROCESS, as the server makes it
+ * without a disk or remote tier) serves a 200-token prompt twice, the
+ * second from RAM through its index, and the model's fingerprint is never
+ * made: every weight would be read for keys that never leave the process.
+ * The index holds the block under the process chain's key, the one the
+ * prompt's lookup makes. Negative control: KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED
+ * (the process chain seeded by the fingerprint, as every chain was) makes
+ * the fingerprint on the same two requests, and the test says so. */
+TEST(tiers_keys_process_no_fingerprint)
+{
+    int32_t *a = prompt(200, 11, 200, 11);
+    CHECK(a);
+    for (int fault = 0; fault < 2; fault++) {
+        kvt_model *m;
+        kvt_tiers *t = tiers_open_keys(&m, KVT_KEYS_PROCESS);
+        if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+        uint64_t runs = kvt_model_fingerprint_runs;
+        kvt_snap_fault = fault ? KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED : KVT_SNAP_FAULT_NONE;
+        kvt_tier_pick p, q;
+        int rc = run(t, 0, NULL, a, 200, &p);
+        if (!rc) rc = run(t, 0, NULL, a, 200, &q);
+        bool made = fingerprint_made(m);
+        uint64_t key = kvt_snap_key_next(kvt_snap_key0_in(m, KVT_KEYS_PROCESS), a);
+        kvt_snap_fault = KVT_SNAP_FAULT_NONE;
+        CHECK_OK(rc);
+        CHECK(pick_is(&p, "none", 0) && pick_is(&q, "ram", 200) && q.s == p.s);
+        CHECK(kvt_tiers_index_entries(t, 0) == 1 && indexed(t, q.s, key));
+        if (!fault) {
+            printf("    without a store: fingerprint made %s, %llu hashes of the weights\n", made ? "yes" : "no",
+                   (unsigned long long)(kvt_model_fingerprint_runs - runs));
+            CHECK(!made && kvt_model_fingerprint_runs == runs);
+            /* and the process chain is not the records' */
+            CHECK(key != kvt_snap_key_next(kvt_snap_key0(m), a));
+        } else {
+            printf("    negative control, the process chain seeded by the fingerprint (must be caught):\n");
+            CHECKF(made, "control: the old seed went unnoticed");
+        }
+        tiers_close(t, m);
+    }
+    free(a);
+}
+
+/* What leaves the process keeps the records' chain, whatever scope the
+ * session's keys were made in: a pool with a store (the default scope)
+ * indexes the records' keys, which its saves and the store's lookup use,
+ * as before; a session of a process-scope pool saved to a store and
+ * handed out as a RAM snapshot carries the records' keys (it loads into
+ * another session of the model, and the store finds it), and the pool
+ * still finds it in RAM afterwards (its index keys made again). */
+TEST(tiers_keys_records_when_leaving)
+{
+    int32_t *a = prompt(300, 12, 300, 12);
+    CHECK(a);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "keys");
+    kvt_store *st = NULL;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_model *m;
+    kvt_tiers *t = tiers_open_keys(&m, KVT_KEYS_RECORDS);
+    if (!t) SKIP("ds4-tiny: %s", kvt_errmsg());
+    uint64_t rkey = kvt_snap_key_next(kvt_snap_key0(m), a);
+    kvt_tier_pick p, q;
+    CHECK_OK(run(t, 0, st, a, 200, &p));
+    CHECK_OK(run(t, 0, st, a, 200, &q));
+    CHECK(pick_is(&q, "ram", 200) && indexed(t, q.s, rkey));
+    CHECK_OK(kvt_store_save(st, q.s, 200, "manual", NULL));
+    size_t match = 0;
+    int64_t id = -1;
+    CHECK_OK(kvt_store_lookup(st, m, a, 300, &match, &id));
+    CHECK(match == 200);
+    tiers_close(t, m);
+
+    t = tiers_open_keys(&m, KVT_KEYS_PROCESS);
+    CHECK(t);
+    uint64_t pkey = kvt_snap_key_next(kvt_snap_key0_in(m, KVT_KEYS_PROCESS), a);
+    CHECK_OK(run(t, 0, NULL, a, 300, &p));
+    CHECK_OK(run(t, 0, NULL, a, 300, &q)); /* the session's keys made in the process scope */
+    CHECK(pick_is(&q, "ram", 300) && q.s == p.s && indexed(t, p.s, pkey) && !fingerprint_made(m));
+    rkey = kvt_snap_key_next(kvt_snap_key0(m), a); /* makes the fingerprint */
+    kvt_wbuf blk = {0};
+    uint64_t bkey = 0;
+    CHECK_OK(kvt_snap_block(p.s, 0, kvt_snap_key0(m), &blk, &bkey));
+    CHECK(bkey == rkey && kvt_snap_block_check(blk.p, blk.len, &bkey) == KVT_OK && bkey == rkey);
+    kvt_wbuf_free(&blk);
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    CHECK_OK(kvt_session_snapshot(p.s, &snap, &len));
+    kvt_snap_info in;
+    CHECK_OK(kvt_snap_parse(m, snap, len, &in));
+    CHECK(in.nb == 2 && kvt_rd64(in.sec[6] /* block keys */) == rkey && kvt_rd64(in.sec[6] + 8) == kvt_snap_key_next(rkey, a + 128));
+    kvt_session *s = NULL;
+    CHECK_OK(kvt_session_new(&s, m, &(kvt_session_opts){.n_ctx = CTX, .n_threads = 1}));
+    CHECK_OK(kvt_session_restore(s, snap, len));
+    CHECK(holds(s, a, 300));
+    kvt_session_free(s);
+    free(snap);
+    CHECK_OK(kvt_store_save(st, p.s, 300, "manual", NULL));
+    CHECK_OK(kvt_store_lookup(st, m, a, 300, &match, &id));
+    CHECK(match == 300);
+    CHECK_OK(run(t, 0, NULL, a, 300, &q));
+    CHECK(pick_is(&q, "ram", 300) && q.s == p.s && indexed(t, q.s, pkey));
+    tiers_close(t, m);
+    kvt_store_close(st);
+    rmdir_all(dir);
+    free(a);
+}

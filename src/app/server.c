@@ -1721,13 +1721,6 @@ int kvt_serve(const kvt_server_opts *opts)
         rc = kvt_fail(KVT_EINVAL, "at most %d API keys", MAX_TENANTS);
         goto out;
     }
-    kvt_tiers_opts to = {.ram_bytes = sv->o.ram_bytes, .n_tenants = sv->n_tn, .n_ctx = sv->o.n_ctx,
-                         .n_threads = sv->o.n_threads, .policy = sv->o.policy,
-                         .hooks = {.saved = tier_saved, .evicted = tier_evicted, .loaded = tier_loaded,
-                                   .trimmed = tier_trimmed, .user = sv,
-                                   .hand_off = tier_hand_off, .held = tier_held},
-                         .defer_loads = true};
-    if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;
     if ((rc = parallel_default(sv))) goto out;
     if (opts->metrics_key) {
         key_digest(sv, opts->metrics_key, sv->metrics_digest);
@@ -1799,6 +1792,24 @@ int kvt_serve(const kvt_server_opts *opts)
         if ((rc = kvt_remote_open(&sv->remote, sv->m, &ro))) goto out;
         kvt_storeq_set_remote(sv->q, sv->remote);
     }
+    /* the RAM index keys blocks by the records' chain when a session can
+     * be saved or looked up (a store; the remote tier needs one), else by
+     * one that never leaves the process and needs no fingerprint of every
+     * weight (the first prompt of a whole block would read the whole file) */
+    bool any_store = false;
+    /* tests/test_server.c's negative control: the process chain seeded by
+     * the fingerprint, as every chain was */
+    const char *seed = getenv("KVT_FAULT_PROCESS_SEED_FINGERPRINTED");
+    kvt_snap_fault = seed && !strcmp(seed, "1") ? KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED : KVT_SNAP_FAULT_NONE;
+    for (size_t t = 0; t < sv->n_tn; t++) any_store |= sv->tn[t].store != NULL;
+    kvt_tiers_opts to = {.ram_bytes = sv->o.ram_bytes, .n_tenants = sv->n_tn, .n_ctx = sv->o.n_ctx,
+                         .n_threads = sv->o.n_threads, .policy = sv->o.policy,
+                         .hooks = {.saved = tier_saved, .evicted = tier_evicted, .loaded = tier_loaded,
+                                   .trimmed = tier_trimmed, .user = sv,
+                                   .hand_off = tier_hand_off, .held = tier_held},
+                         .defer_loads = true,
+                         .keys = any_store || sv->remote ? KVT_KEYS_RECORDS : KVT_KEYS_PROCESS};
+    if ((rc = kvt_tiers_new(&sv->tiers, sv->m, &to))) goto out;
     for (size_t t = 0; t < sv->n_tn; t++)
         if (sv->tn[t].store) kvt_store_set_busy(sv->tn[t].store, STORE_BUSY_MS);
     if (pthread_create(&sv->worker, NULL, worker_main, sv)) { rc = kvt_fail(KVT_ENOMEM, "worker thread"); goto out; }

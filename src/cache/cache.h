@@ -103,6 +103,7 @@ typedef struct kvt_cache {
      * longer holds. */
     uint64_t *keys;          /* (max_tokens / KVT_BLOCK) */
     size_t n_keys;
+    int key_scope;           /* the chain they are of (kvt_key_scope, snapshot.h; 0: the records') */
 } kvt_cache;
 
 /* spec[i] = {row_bytes, rows_per_block} for each stream, plus state_bytes of

@@ -170,9 +170,13 @@ void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got)
 
 /* ---- the index over the blocks in RAM ----
  *
- * Every full block of every pooled session, keyed by its chained key (the
- * disk tier's, kvt_snap_keys: the key of block b covers tokens [0, 128 (b +
- * 1)), so equal keys mean equal prefixes): key -> (session, block, tenant).
+ * Every full block of every pooled session, keyed by its chained key
+ * (kvt_snap_keys_in: the key of block b covers tokens [0, 128 (b + 1)), so
+ * equal keys mean equal prefixes): key -> (session, block, tenant). The
+ * chain is of the pool's scope (kvt_tiers_opts.keys): the disk tier's when
+ * there is one, so that a save or a lookup finds the session's keys made;
+ * else one seeded without the model's fingerprint, whose first use would
+ * read every weight for keys that never leave the process.
  * A prompt's longest prefix held in RAM is then the longest run of its
  * own chained keys found for its tenant, plus what the sessions holding
  * the last of those blocks share of the partial block after it. Open
@@ -241,7 +245,7 @@ static void ix_refresh(kvt_tiers *t, kvt_pooled *p)
     size_t nb = kvt_session_len(s) / KVT_BLOCK, cap = (size_t)t->o.n_ctx / KVT_BLOCK + 1;
     if (nb > cap) nb = cap;
     if (!p->ik && !(p->ik = kvt_malloc(cap * sizeof *p->ik))) return;
-    const uint64_t *k = nb ? kvt_snap_keys(s, nb) : NULL;
+    const uint64_t *k = nb ? kvt_snap_keys_in(s, nb, t->o.keys) : NULL;
     if (nb == p->nik && (!nb || k[nb - 1] == p->ik[nb - 1])) return;
     size_t lo = 0, hi = nb < p->nik ? nb : p->nik;
     while (lo < hi) {
@@ -537,7 +541,7 @@ static size_t ram_match(kvt_tiers *t, int tenant, const int32_t *toks, size_t n,
     size_t cand[KVT_TIERS_MAX_POOL + KVT_TIERS_MAX_BUSY];
     uint64_t *kp = nb ? kvt_malloc(nb * sizeof *kp) : NULL;
     if (kp) {
-        uint64_t key = kvt_snap_key0(t->m);
+        uint64_t key = kvt_snap_key0_in(t->m, t->o.keys);
         for (size_t b = 0; b < nb; b++) kp[b] = key = kvt_snap_key_next(key, toks + b * KVT_BLOCK);
     }
     for (size_t b = kp ? nb : 0; b-- > 0 && !nc && t->ix_cap;) {

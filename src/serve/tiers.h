@@ -13,6 +13,7 @@
 
 #include "kvtier.h"
 #include "store/policy.h"
+#include "session/snapshot.h"
 #include "base/threads.h"
 
 #define KVT_TIERS_MAX_POOL 64   /* sessions in RAM, across tenants */
@@ -47,6 +48,10 @@ typedef struct kvt_tiers_opts {
     kvt_tier_hooks hooks;
     bool defer_loads;          /* a disk restore is the caller's (kvt_tier_pick.load), not done in
                                 * kvt_tiers_select */
+    kvt_key_scope keys;        /* the chain the index keys blocks by (snapshot.h): the records'
+                                * (0) when a session can reach the disk or remote tier, whose keys
+                                * it shares; KVT_KEYS_PROCESS when nothing pooled ever leaves the
+                                * process (no store to any select): no model fingerprint made */
 } kvt_tiers_opts;
 
 /* A live session, its tenant and when a request last ran on it (the
@@ -67,8 +72,8 @@ typedef struct kvt_pooled {
 } kvt_pooled;
 
 /* An entry of the index over the full blocks in RAM: the block b of
- * session s of tenant, whose chained key (kvt_snap_keys, the disk tier's)
- * is key. s NULL: an empty slot. */
+ * session s of tenant, whose chained key (kvt_snap_keys_in, in the pool's
+ * scope: kvt_tiers_opts.keys) is key. s NULL: an empty slot. */
 typedef struct kvt_tier_ix {
     uint64_t key;
     const kvt_session *s;

@@ -611,6 +611,7 @@ int kvt_session_clone(kvt_session *dst, const kvt_session *src)
     dst->logits_stale = src->logits_stale;
     memcpy(b->keys, a->keys, a->n_keys * sizeof *a->keys); /* the same tokens: the same block keys */
     b->n_keys = a->n_keys;
+    b->key_scope = a->key_scope;
     for (size_t i = 0; i < src->n_ckpt; i++) ckpt_push(dst, src->ckpt[i].pos, src->ckpt[i].logits, &src->ckpt[i].state);
     return KVT_OK;
 }

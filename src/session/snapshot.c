@@ -90,6 +90,21 @@ uint64_t kvt_snap_key0(const kvt_model *m)
     return XXH3_64bits(seed, kvt_model_rows_rounded(m) ? sizeof seed : 2 * sizeof seed[0]);
 }
 
+int kvt_snap_fault;
+
+/* "KVTPROC" as a u64: the process scope's seed hashes 32 bytes that start
+ * with it, the records' 16 or 24 bytes of fingerprints */
+#define PROCESS_TAG 0x00434f525054564bull
+
+uint64_t kvt_snap_key0_in(const kvt_model *m, kvt_key_scope scope)
+{
+    if (scope == KVT_KEYS_RECORDS || kvt_snap_fault == KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED)
+        return kvt_snap_key0(m);
+    uint64_t seed[4] = {PROCESS_TAG, (uint64_t)(uintptr_t)m, m->tok_fingerprint,
+                        kvt_rows_ggml(m->type_k) | (uint64_t)kvt_rows_ggml(m->type_v) << 32};
+    return XXH3_64bits(seed, sizeof seed);
+}
+
 _Atomic uint64_t kvt_snap_key_steps;
 
 uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids)
@@ -155,11 +170,17 @@ bool kvt_snap_can_save(const kvt_session *s, size_t n)
 
 /* ---- encoding ---- */
 
-const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb)
+const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb) { return kvt_snap_keys_in(s, nb, KVT_KEYS_RECORDS); }
+
+const uint64_t *kvt_snap_keys_in(kvt_session *s, size_t nb, kvt_key_scope scope)
 {
     kvt_cache *c = s->cache;
     if (nb * KVT_BLOCK > s->n) return NULL;
-    uint64_t key = c->n_keys ? c->keys[c->n_keys - 1] : kvt_snap_key0(s->m);
+    if (c->key_scope != (int)scope) { /* the other scope's chain: none of it holds here */
+        c->key_scope = (int)scope;
+        c->n_keys = 0;
+    }
+    uint64_t key = c->n_keys ? c->keys[c->n_keys - 1] : kvt_snap_key0_in(s->m, scope);
     for (size_t b = c->n_keys; b < nb; b++) c->keys[b] = key = kvt_snap_key_next(key, s->tokens + b * KVT_BLOCK);
     if (nb > c->n_keys) c->n_keys = nb;
     return c->keys;
@@ -180,9 +201,11 @@ int kvt_snap_block_parts(const kvt_session *s, uint32_t b, uint64_t prev, kvt_wb
     *n_runs = 0;
     if ((size_t)(b + 1) * KVT_BLOCK > s->n) return kvt_fail(KVT_EINVAL, "block %u is not complete", b);
     const int32_t *ids = s->tokens + (size_t)b * KVT_BLOCK;
-    /* the session's key when it has it and prev is the key it follows */
-    *key = b < c->n_keys && prev == (b ? c->keys[b - 1] : kvt_snap_key0(s->m)) ? c->keys[b]
-                                                                               : kvt_snap_key_next(prev, ids);
+    /* the session's key when it has it (of the records' chain) and prev is
+     * the key it follows */
+    *key = c->key_scope == KVT_KEYS_RECORDS && b < c->n_keys && prev == (b ? c->keys[b - 1] : kvt_snap_key0(s->m))
+               ? c->keys[b]
+               : kvt_snap_key_next(prev, ids);
     kvt_wbuf text = {0};
     put_pieces(s->m, ids, KVT_BLOCK, &text);
     if (text.oom) { kvt_wbuf_free(&text); return kvt_fail(KVT_ENOMEM, "block text"); }
@@ -935,6 +958,7 @@ static int load_start(kvt_session *s, const uint8_t *rec, size_t len, struct blo
     /* the keys the blocks were checked against are the session's now */
     for (uint32_t b = 0; b < in.nb; b++) s->cache->keys[b] = kvt_rd64(in.sec[SEC_KEYS] + 8 * (size_t)b);
     s->cache->n_keys = in.nb;
+    s->cache->key_scope = KVT_KEYS_RECORDS;
     *rebuild = replay;
     s->cache->state_check = replay && digest;
     if (s->cache->state_check) s->cache->state_digest = kvt_rd64(in.sec[SEC_STATE]);

@@ -22,6 +22,24 @@
 /* Chained block keys: key0 from the model and tokenizer fingerprints, then
  * one step per 128 token ids. tail_hash covers ids after the last block. */
 uint64_t kvt_snap_key0(const kvt_model *m);
+/* The scope a chain of block keys is made for; its seed is
+ * kvt_snap_key0_in(m, scope), and the rest of the chain the same steps.
+ *   KVT_KEYS_RECORDS  the keys of records (the disk tier, the remote tier, a
+ *                     RAM snapshot handed out): seeded by kvt_snap_key0, so
+ *                     equal prefixes of equal models have equal keys in
+ *                     every process. Its first use makes the model's
+ *                     fingerprint (every weight read, unless remembered:
+ *                     fpcache.h).
+ *   KVT_KEYS_PROCESS  keys that never leave the process (the RAM index of a
+ *                     pool with neither a disk nor a remote tier): seeded
+ *                     by the model's address, tokenizer fingerprint and
+ *                     row types, so making them reads no weight. Unique
+ *                     among the live models of the process; never written
+ *                     anywhere, and equal to no record's but by a 64-bit
+ *                     collision (which the RAM match's token comparison
+ *                     catches). */
+typedef enum { KVT_KEYS_RECORDS, KVT_KEYS_PROCESS } kvt_key_scope;
+uint64_t kvt_snap_key0_in(const kvt_model *m, kvt_key_scope scope);
 uint64_t kvt_snap_key_next(uint64_t prev, const int32_t *ids);
 /* Tests: the blocks kvt_snap_key_next has hashed (what a save, a lookup
  * or a load costs in key steps). */
@@ -29,9 +47,18 @@ extern _Atomic uint64_t kvt_snap_key_steps;
 uint64_t kvt_snap_tail_hash(uint64_t head, const int32_t *ids, size_t n);
 
 /* The chained keys of s's first nb blocks (nb * 128 <= its length; NULL
- * otherwise): kept on the session's cache (kvt_cache.keys), computed once
- * for the tokens it holds; valid until the session next changes. */
+ * otherwise) in the records' scope: kept on the session's cache
+ * (kvt_cache.keys), computed once for the tokens it holds; valid until the
+ * session next changes or its keys are asked in another scope. */
 const uint64_t *kvt_snap_keys(kvt_session *s, size_t nb);
+/* The same in scope: the cache keeps one scope's chain; asked in the
+ * other, it is made again from that scope's seed. */
+const uint64_t *kvt_snap_keys_in(kvt_session *s, size_t nb, kvt_key_scope scope);
+/* Test hook, to show a test catches it: KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED
+ * seeds the process scope's chains as the records' (kvt_snap_key0: the
+ * model's fingerprint made), as every chain was before there were scopes. */
+enum { KVT_SNAP_FAULT_NONE, KVT_SNAP_FAULT_PROCESS_SEED_FINGERPRINTED };
+extern int kvt_snap_fault;
 
 /* True when the state at n tokens can be saved: n is the session's length
  * or one of its checkpoints. */
