@@ -488,3 +488,125 @@ TEST(fingerprint_golden_v1)
     other.ctime_ns++;
     CHECKF(!kvt_fpcache_get(dir, &other, &got), "the golden entry matched another ctime");
 }
+
+/* ---- the bound on the cache's entries ---- */
+
+/* A regular file of 112 bytes at dir/name, 0600, its mtime mtime (s). */
+static bool plant(const char *dir, const char *name, int64_t mtime)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    uint8_t e[112] = {0};
+    bool ok = fd >= 0 && write(fd, e, sizeof e) == (ssize_t)sizeof e;
+    if (fd >= 0 && close(fd)) ok = false;
+    struct timespec ts[2] = {{(time_t)mtime, 0}, {(time_t)mtime, 0}};
+    return ok && !utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW);
+}
+
+/* What lstat says of dir/name (name NULL: of dir): 'f' a regular file,
+ * 'l' a link, 0 nothing. */
+static char kind(const char *dir, const char *name)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof path, "%s%s%s", dir, name ? "/" : "", name ? name : "");
+    if (lstat(path, &st)) return 0;
+    return S_ISLNK(st.st_mode) ? 'l' : S_ISREG(st.st_mode) ? 'f' : '?';
+}
+
+/* The entry's name of an identity, as fpcache.c makes it. */
+static void entry_of(const kvt_fp_id *id, char *out, size_t cap)
+{
+    uint64_t k[2] = {id->dev, id->ino};
+    snprintf(out, cap, "fp-%016llx", (unsigned long long)XXH3_64bits(k, sizeof k));
+}
+
+static void planted_name(size_t i, char *out, size_t cap) { snprintf(out, cap, "fp-%016llx", 0x1000ull + i); }
+
+/* The directory after the put of fingerprint_cache_bounded: what it must
+ * hold, each miss printed. */
+static bool bounded_ok(const char *dir, const char *a, const char *b, const char *target)
+{
+    size_t n = KVT_FPCACHE_MAX_ENTRIES;
+    bool ok = true;
+    char name[32];
+    size_t kept = 0, gone_old = 0;
+    for (size_t i = 0; i < n + 5; i++) {
+        planted_name(i, name, sizeof name);
+        bool here = kind(dir, name) == 'f';
+        kept += here;
+        if (i < 7 && !here) gone_old++;
+        if (i >= 7 && !here) { printf("    %s (planted %zu, among the newest) removed\n", name, i); ok = false; }
+    }
+    if (gone_old != 7) { printf("    %zu of the 7 oldest removed\n", gone_old); ok = false; }
+    if (kind(dir, a) != 'f') { printf("    the entry just used (the oldest written) removed\n"); ok = false; }
+    if (kind(dir, b) != 'f') { printf("    the entry just written removed\n"); ok = false; }
+    if (kind(dir, "fp-00000000000000ff") != 'l' || kind(target, NULL) != 'f') {
+        printf("    the planted link or its target removed\n");
+        ok = false;
+    }
+    if (kind(dir, "notes.txt") != 'f' || kind(dir, "fp-0000000000000001.tmp-1-0") != 'f') {
+        printf("    a foreign file removed\n");
+        ok = false;
+    }
+    size_t entries = kept + (kind(dir, a) == 'f') + (kind(dir, b) == 'f');
+    printf("    %zu entries left of %zu (bound %zu)\n", entries, n + 7, n);
+    return ok && entries == n;
+}
+
+/* The cache keeps KVT_FPCACHE_MAX_ENTRIES entries: a directory with N + 5
+ * entries (mtimes a second apart), an older entry just used (a hit, which
+ * sets its mtime), a link named as an entry to a file outside, and two
+ * foreign files (one a writer's temporary name) gets a put: N entries
+ * are left, the 7 least recently used gone, the one just used and the one
+ * just written kept, the link, its target and the foreign files left
+ * alone. Negative controls: KVT_FPCACHE_FAULT_TRIM_ANY (every name
+ * counted and removed, links by their targets' mtime) removes the link
+ * and the foreign files; KVT_FPCACHE_FAULT_NO_TOUCH (a hit leaves the
+ * mtime) removes the entry just used; the test says so for each. */
+TEST(fingerprint_cache_bounded)
+{
+    char base[] = "/tmp/kvt-fpbound-XXXXXX";
+    CHECK(kvt_test_mkdtemp(base));
+    kvt_test_defer(fault_off, NULL);
+    const int faults[] = {KVT_FPCACHE_FAULT_NONE, KVT_FPCACHE_FAULT_TRIM_ANY, KVT_FPCACHE_FAULT_NO_TOUCH};
+    const char *what[] = {"", "KVT_FPCACHE_FAULT_TRIM_ANY", "KVT_FPCACHE_FAULT_NO_TOUCH"};
+    int64_t now = (int64_t)time(NULL), t0 = now - 1000000;
+    for (int c = 0; c < 3; c++) {
+        char dir[96], target[96], path[160], a[32], b[32];
+        snprintf(dir, sizeof dir, "%s/fp%d", base, c);
+        snprintf(target, sizeof target, "%s/target%d", base, c);
+        CHECK(mkdir(dir, 0700) == 0);
+        kvt_fp_id ia = {.dev = 1, .ino = 1, .size = 100, .ctime_s = 1000, .seen_s = now, .header_len = 1},
+                  ib = {.dev = 1, .ino = 2, .size = 100, .ctime_s = 1000, .seen_s = now, .header_len = 1};
+        entry_of(&ia, a, sizeof a);
+        entry_of(&ib, b, sizeof b);
+        /* a: written first and oldest of all, then used */
+        CHECK_OK(kvt_fpcache_put(dir, &ia, 0xaaaa));
+        snprintf(path, sizeof path, "%s/%s", dir, a);
+        struct timespec old[2] = {{(time_t)(t0 - 100), 0}, {(time_t)(t0 - 100), 0}};
+        CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
+        char name[32];
+        for (size_t i = 0; i < KVT_FPCACHE_MAX_ENTRIES + 5; i++) {
+            planted_name(i, name, sizeof name);
+            CHECK(plant(dir, name, t0 + (int64_t)i));
+        }
+        CHECK(plant(dir, "notes.txt", t0 - 50) && plant(dir, "fp-0000000000000001.tmp-1-0", t0 - 50));
+        CHECK(plant(base, strrchr(target, '/') + 1, t0 - 50));
+        snprintf(path, sizeof path, "%s/fp-00000000000000ff", dir);
+        CHECK(symlink(target, path) == 0);
+        kvt_fpcache_fault = faults[c];
+        uint64_t got = 0;
+        bool hit = kvt_fpcache_get(dir, &ia, &got);
+        int rc = kvt_fpcache_put(dir, &ib, 0xbbbb);
+        kvt_fpcache_fault = KVT_FPCACHE_FAULT_NONE;
+        CHECK(hit && got == 0xaaaa);
+        CHECK_OK(rc);
+        if (c) printf("    negative control, %s (must be caught):\n", what[c]);
+        bool ok = bounded_ok(dir, a, b, target);
+        if (!c) CHECKF(ok, "the bound");
+        else CHECKF(!ok, "control: %s went unnoticed", what[c]);
+        if (!c) CHECK(kvt_fpcache_get(dir, &ib, &got) && got == 0xbbbb);
+    }
+}

@@ -12,10 +12,16 @@
  * version, the fingerprint definition, a checksum) and it is read only as a
  * regular, private file of the user's, never through a link. A miss costs
  * one hash, as every start paid before. The format is docs/FORMAT.md's
- * "Fingerprint cache files". */
+ * "Fingerprint cache files".
+ *
+ * One entry per model file ever opened would grow without end: a put
+ * keeps the directory to KVT_FPCACHE_MAX_ENTRIES, removing the entries
+ * used least recently (a hit sets the entry's mtime). Removing an entry
+ * another process is about to read costs that process one hash. */
 #include "arch/fpcache.h"
 #include "base/util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -125,19 +131,88 @@ bool kvt_fpcache_get(const char *dir, const kvt_fp_id *id, uint64_t *fp)
               sb.st_size == ENTRY_BYTES;
     /* read one byte more than an entry: a file grown since the fstat is refused too */
     ssize_t n = ok ? pread(fd, e, sizeof e, 0) : -1;
-    close(fd);
     if (n != ENTRY_BYTES || memcmp(e, entry_magic, 8) || kvt_rd32(e + 8) != ENTRY_VERSION || kvt_rd32(e + 12) ||
-        kvt_rd64(e + 104) != XXH3_64bits(e, 104))
+        kvt_rd64(e + 104) != XXH3_64bits(e, 104)) {
+        close(fd);
         return false;
+    }
     uint64_t got = kvt_rd64(e + 96);
     encode(want, id, got);
     if (kvt_fpcache_fault == KVT_FPCACHE_FAULT_SIZE_MTIME) { /* the negative control: size and mtime alone */
-        if (memcmp(e + 40, want + 40, 24)) return false;
-    } else if (memcmp(e, want, ENTRY_BYTES)) {
-        return false;
+        ok = !memcmp(e + 40, want + 40, 24);
+    } else {
+        ok = !memcmp(e, want, ENTRY_BYTES);
     }
-    *fp = got;
+    /* used now: the trim of a put removes the least recently used first
+     * (the owner may set the times of a file it only reads) */
+    if (ok && kvt_fpcache_fault != KVT_FPCACHE_FAULT_NO_TOUCH) (void)futimens(fd, NULL);
+    close(fd);
+    if (ok) *fp = got;
+    return ok;
+}
+
+/* An entry's name: "fp-" and 16 lowercase hex digits (entry_name), nothing
+ * else (a temporary file has a suffix). */
+static bool is_entry_name(const char *n)
+{
+    if (strncmp(n, "fp-", 3) || strlen(n) != 19) return false;
+    for (const char *c = n + 3; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'))) return false;
     return true;
+}
+
+typedef struct aged { char name[20]; int64_t s, ns; } aged;
+
+/* Newest first; equal times by name, so the order is total. */
+static int newer_first(const void *pa, const void *pb)
+{
+    const aged *a = pa, *b = pb;
+    if (a->s != b->s) return a->s > b->s ? -1 : 1;
+    if (a->ns != b->ns) return a->ns > b->ns ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+/* Keep the directory's entries to KVT_FPCACHE_MAX_ENTRIES: the least
+ * recently used past them are removed. Only regular files named as
+ * entries count, as lstat sees them (a link, even to an entry, and every
+ * other name are left alone); a name another process removed or replaced
+ * meanwhile is skipped or removed as found (a miss for whoever wanted
+ * it). Out of memory: nothing removed. */
+static void trim(int dfd)
+{
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    bool any = kvt_fpcache_fault == KVT_FPCACHE_FAULT_TRIM_ANY; /* tests: the negative control */
+    aged *v = NULL;
+    size_t n = 0, cap = 0;
+    bool oom = false;
+    struct dirent *de;
+    while (!oom && (de = readdir(d))) {
+        if (any ? de->d_name[0] == '.' || strlen(de->d_name) >= sizeof v->name : !is_entry_name(de->d_name)) continue;
+        struct stat st;
+        if (fstatat(dfd, de->d_name, &st, any ? 0 : AT_SYMLINK_NOFOLLOW) || (!any && !S_ISREG(st.st_mode))) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 2 * KVT_FPCACHE_MAX_ENTRIES;
+            aged *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) { oom = true; break; }
+            v = nv;
+            cap = nc;
+        }
+        snprintf(v[n].name, sizeof v[n].name, "%s", de->d_name);
+        v[n].s = (int64_t)st.st_mtim.tv_sec;
+        v[n].ns = (int64_t)st.st_mtim.tv_nsec;
+        n++;
+    }
+    closedir(d);
+    if (!oom && n > KVT_FPCACHE_MAX_ENTRIES) {
+        qsort(v, n, sizeof *v, newer_first);
+        for (size_t i = KVT_FPCACHE_MAX_ENTRIES; i < n; i++) (void)unlinkat(dfd, v[i].name, 0); /* ENOENT: gone already */
+    }
+    free(v);
 }
 
 /* mkdir -p, 0700 for what it makes. */
@@ -182,6 +257,7 @@ int kvt_fpcache_put(const char *dir, const kvt_fp_id *id, uint64_t fp)
         if (ok && !renameat(dfd, tmp, dfd, name)) {
             fsync(dfd);
             rc = KVT_OK;
+            trim(dfd);
         } else {
             unlinkat(dfd, tmp, 0);
         }
