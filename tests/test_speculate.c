@@ -160,7 +160,12 @@
 #include "arch/model.h"
 #include "arch/ds4.h"
 #include "session/memory.h"
+#include "session/snapshot.h"
+#include "store/store.h"
+#include "store/testing.h"
 
+#include <fcntl.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -1448,4 +1453,226 @@ TEST(speculate_run)
         free(err);
         CHECKF(ok, "run %s %s: want exit 2 naming it", bad[i].opt, bad[i].val);
     }
+}
+
+/* ---- the draft session kept from reply to reply ---- */
+
+enum { KEPT_CTX = 1024, KEPT_PROMPT = 300, KEPT_MORE = 70 };
+
+/* A released draft session holds a prefix of toks[0..n) (at least one
+ * token) and equals a draft-model session synced to that prefix. */
+static bool released_exact(kvt_session *d, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    size_t L = d ? kvt_session_len(d) : 0;
+    if (!L || L > n || memcmp(kvt_session_tokens(d), toks, L * sizeof *toks)) return false;
+    kvt_session *f = NULL;
+    bool ok = kvt_session_new(&f, draft_m, so) == KVT_OK && kvt_session_sync(f, toks, L, NULL) == KVT_OK &&
+              kvt_test_digest(d, draft_m) == kvt_test_digest(f, draft_m);
+    kvt_session_free(f);
+    return ok;
+}
+
+/* A greedy reply of m to p[0..n) on a new session: plain (draft false) or
+ * drafted for by draft_m from the draft session *ds (taken; NULL: a new
+ * one). *ds is then the draft session the drafter gives back
+ * (kvt_draft_model_release), o->draft_exact whether it is the draft
+ * model's (released_exact), *prefilled the tokens it ran to follow. */
+static bool kept_turn(kvt_model *m, const int32_t *p, size_t n, bool draft, kvt_session **ds, outcome *o,
+                      size_t *prefilled)
+{
+    memset(o, 0, sizeof *o);
+    kvt_session_opts so = {.n_ctx = KEPT_CTX, .n_threads = 1}, dso = so;
+    dso.chunk = 40;
+    kvt_session *s = NULL;
+    kvt_draft_model *dm = NULL;
+    kvt_request r = request(&settings[0], MAX_NEW);
+    bool ok = kvt_session_new(&s, m, &so) == KVT_OK && kvt_session_sync(s, p, n, NULL) == KVT_OK;
+    if (ok && draft)
+        ok = (*ds ? kvt_draft_model_adopt(&dm, m, draft_m, *ds) : kvt_draft_model_new(&dm, m, draft_m, &dso, NULL)) ==
+             KVT_OK;
+    if (ok && draft) *ds = NULL;
+    kvt_gen g = {.m = m, .s = s, .r = &r, .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW, .n_ctx = KEPT_CTX,
+                 .seed = 1, .draft = draft ? KVT_DRAFT_MODEL : KVT_DRAFT_NONE, .draft_max = 6, .dm = dm};
+    kvt_gen_out out = {0};
+    if (ok) ok = (o->body = kvt_generate_run(&g, &o->u, &out)) != NULL;
+    if (ok) {
+        o->digest = kvt_test_digest(s, m);
+        o->n = kvt_session_len(s);
+        ok = (o->toks = malloc(o->n * sizeof(int32_t) + 1)) != NULL;
+        if (ok) memcpy(o->toks, kvt_session_tokens(s), o->n * sizeof(int32_t));
+    }
+    if (ok && dm) {
+        *prefilled = kvt_draft_model_prefilled(dm);
+        *ds = kvt_draft_model_release(dm, o->toks, o->n);
+        o->draft_exact = released_exact(*ds, o->toks, o->n, &so);
+    }
+    kvt_draft_model_free(dm);
+    kvt_session_free(s);
+    return ok;
+}
+
+/* Flip a byte in the middle of store entry id's record (in its segment). */
+static bool damage_record(const char *dir, int64_t id)
+{
+    char path[300], sql[160];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    snprintf(sql, sizeof sql, "SELECT COALESCE(rseg, 0), COALESCE(roff, 0), bytes FROM snaps WHERE id = %lld",
+             (long long)id);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t seg = 0, off = 0, bytes = 0;
+    if (sqlite3_open(path, &db) == SQLITE_OK && sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        seg = sqlite3_column_int64(st, 0);
+        off = sqlite3_column_int64(st, 1);
+        bytes = sqlite3_column_int64(st, 2);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    if (!seg || bytes <= 0) return false;
+    snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
+    int fd = open(path, O_RDWR);
+    uint8_t b = 0;
+    off_t at = (off_t)(off + bytes / 2);
+    bool ok = fd >= 0 && pread(fd, &b, 1, at) == 1 && (b ^= 0x10, pwrite(fd, &b, 1, at) == 1);
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* A conversation's second turn extends its first reply (an agent resending
+ * the conversation): its draft session, kept from the first reply
+ * (kvt_draft_model_release, then kvt_draft_model_adopt), runs only the
+ * tokens after what it holds; restored from a store it does the same; a
+ * damaged record in the store is a clean miss. Each time the reply, its
+ * logprobs and the model session's digest equal plain decoding's and the
+ * draft session given back equals a fresh draft-model session synced to
+ * its tokens. Control: KVT_DRAFT_FAULT_ADOPT_LONG (an adopted session one
+ * token longer than the context kept so) fails that comparison. */
+static void kept_pair(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos)
+{
+    draft_m = dmodel;
+    int32_t p1[KEPT_PROMPT];
+    repeating_prompt(p1, KEPT_PROMPT, 29, 21, 32, 90);
+    p1[0] = bos;
+    outcome a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0};
+    kvt_session *ds = NULL, *spare = NULL, *fresh = NULL;
+    size_t pf1 = 0, pf2 = 0, pf3 = 0, pf4 = 0, pf5 = 0, unused = 0;
+    /* turn 1: plain and drafted from a new draft session */
+    bool ran = kept_turn(m, p1, KEPT_PROMPT, false, NULL, &a, &unused) && kept_turn(m, p1, KEPT_PROMPT, true, &ds, &b, &pf1);
+    CHECKF(ran && ds, "%s: the first turn failed: %s", what, kvt_errmsg());
+    CHECKF(same(&a, &b) && b.draft_exact, "%s: the first turn: the reply or the draft session given back differs",
+           what);
+    size_t L1 = kvt_session_len(ds);
+    /* turn 2: the first turn's tokens and more */
+    size_t n2 = b.n + KEPT_MORE;
+    int32_t *p2 = malloc(n2 * sizeof *p2);
+    CHECK(p2);
+    memcpy(p2, b.toks, b.n * sizeof *p2);
+    repeating_prompt(p2 + b.n - 1, KEPT_MORE + 1, 13, 22, 32, 90);
+    p2[b.n - 1] = b.toks[b.n - 1];
+    kvt_session_opts so = {.n_ctx = KEPT_CTX, .n_threads = 1};
+    /* a copy of the kept session for the store */
+    CHECK_OK(kvt_session_new(&spare, dmodel, &so));
+    CHECK_OK(kvt_session_clone(spare, ds));
+    outcome plain2 = {0};
+    ran = kept_turn(m, p2, n2, false, NULL, &plain2, &unused) && kept_turn(m, p2, n2, true, &ds, &c, &pf2) &&
+          kept_turn(m, p2, n2, true, &fresh, &d, &pf3);
+    CHECKF(ran, "%s: the second turn failed: %s", what, kvt_errmsg());
+    printf("    %s: turn 1 %zu prompt tokens, the draft session ran %zu, kept %zu; turn 2 %zu prompt tokens: kept "
+           "session ran %zu (%u passes), a new one %zu; %u drafted, %u accepted\n",
+           what, (size_t)KEPT_PROMPT, pf1, L1, n2, pf2, c.u.passes, pf3, c.u.drafted, c.u.accepted);
+    CHECKF(same(&plain2, &c) && c.draft_exact, "%s: turn 2 on the kept draft session: the reply or the draft session differs", what);
+    CHECKF(same(&plain2, &d) && d.draft_exact, "%s: turn 2 on a new draft session differs", what);
+    CHECKF(pf2 <= n2 - L1 + c.u.passes && pf2 < L1, "%s: the kept draft session ran %zu tokens: want at most the %zu "
+           "it lacked and one a pass (%u)", what, pf2, n2 - L1, c.u.passes);
+    CHECKF(pf3 >= n2, "%s: a new draft session ran %zu tokens of %zu", what, pf3, n2);
+    CHECKF(c.u.drafted > 0, "%s: turn 2 drafted nothing", what);
+    /* the store: the kept session saved as the draft model's record, found
+     * by the draft model's key chain only */
+    char dir[] = "/tmp/kvt-spec-kept-XXXXXX";
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
+    kvt_store *st = NULL;
+    int64_t id = -1;
+    size_t match_m = 1, match_d = 0, got = 0;
+    int64_t fid = -1;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_store_save(st, spare, kvt_session_len(spare), "draft", &id));
+    CHECK_OK(kvt_store_lookup(st, m, p2, n2, &match_m, &fid));
+    CHECK_OK(kvt_store_lookup(st, dmodel, p2, n2, &match_d, &fid));
+    kvt_session *restored = NULL;
+    CHECK_OK(kvt_session_new(&restored, dmodel, &so));
+    CHECK_OK(kvt_store_restore_found(st, restored, p2, n2, match_d, fid, &got));
+    kvt_store_close(st);
+    ran = kept_turn(m, p2, n2, true, &restored, &e, &pf4);
+    printf("    %s: the store holds the draft session's %zu tokens: the model's lookup finds %zu, the draft model's "
+           "%zu, restored %zu; turn 2 from it ran %zu\n", what, kvt_session_len(spare), match_m, match_d, got, pf4);
+    /* (a draft model of the model's own weights has the model's key chain:
+     * its record is the model's as well, rightly) */
+    bool own = kvt_snap_key0(m) != kvt_snap_key0(dmodel);
+    CHECKF((match_m == 0) == own && match_d > 0 && got > 0, "%s: the draft record is not the draft model's alone",
+           what);
+    CHECKF(ran && same(&plain2, &e) && e.draft_exact && pf4 <= n2 - got + e.u.passes,
+           "%s: turn 2 on the restored draft session", what);
+    /* damaged: a clean miss, then the reply as from a new session */
+    CHECK(damage_record(dir, id));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    kvt_session *missed = NULL;
+    got = 1;
+    match_d = 0;
+    CHECK_OK(kvt_session_new(&missed, dmodel, &so));
+    kvt_store_lookup(st, dmodel, p2, n2, &match_d, &fid);
+    int rrc = kvt_store_restore_found(st, missed, p2, n2, match_d, fid, &got);
+    kvt_store_close(st);
+    bool clean = got == 0 && kvt_session_len(missed) == 0;
+    ran = kept_turn(m, p2, n2, true, &missed, &f, &pf5);
+    printf("    %s: the record damaged: restore rc %d, %zu tokens, the session %s; turn 2 ran %zu\n", what, rrc, got,
+           clean ? "empty" : "NOT EMPTY", pf5);
+    CHECKF(clean, "%s: a damaged draft record restored something", what);
+    CHECKF(ran && same(&plain2, &f) && f.draft_exact && pf5 >= n2, "%s: turn 2 after the damaged record", what);
+    fx_rm_tree(dir);
+    /* control: an adopted session one token longer than the context */
+    size_t L2 = kvt_session_len(ds);
+    bool clean_ok = false, fault_ok = true;
+    for (int fault = 0; fault < 2; fault++) {
+        kvt_session *cp = NULL;
+        kvt_draft_model *dm = NULL;
+        CHECK_OK(kvt_session_new(&cp, dmodel, &so));
+        CHECK_OK(kvt_session_clone(cp, ds));
+        CHECK_OK(kvt_draft_model_adopt(&dm, m, dmodel, cp));
+        kvt_draft_fault = fault ? KVT_DRAFT_FAULT_ADOPT_LONG : KVT_DRAFT_FAULT_NONE;
+        bool ex = draft_session_exact(dm, kvt_session_tokens(ds), L2 - 1, &so);
+        kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+        if (fault) fault_ok = ex;
+        else clean_ok = ex;
+        kvt_draft_model_free(dm);
+    }
+    printf("    %s: an adopted session one token long synced: %s; control (kept so): %s\n", what,
+           clean_ok ? "exact" : "NOT EXACT", fault_ok ? "unseen" : "seen");
+    CHECKF(clean_ok, "%s: an adopted session brought back one token is not the draft model's", what);
+    CHECKF(!fault_ok, "%s: control: the adopted session left one token long went unseen", what);
+    kvt_session_free(ds);
+    kvt_session_free(spare);
+    kvt_session_free(fresh);
+    free(p2);
+    outcome *all[] = {&a, &b, &c, &d, &e, &f, &plain2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) outcome_free(all[i]);
+    draft_m = NULL;
+}
+
+TEST(speculate_model_kept)
+{
+    kvt_model *m = NULL, *same_w = NULL, *narrow = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&same_w, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&narrow, "ds4-tiny+D=32", 3, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t bos = in.bos >= 0 ? in.bos : 256;
+    kept_pair(m, same_w, "ds4-tiny by itself", bos);
+    kept_pair(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos);
+    kvt_model_close(narrow);
+    kvt_model_close(same_w);
+    kvt_model_close(m);
 }
