@@ -150,7 +150,27 @@
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
  *                            and --draft-max 65 are usage errors. On main
- *                            (no --draft model) it fails. */
+ *                            (no --draft model) it fails.
+ *   speculate_model_kept     the draft session kept from reply to reply
+ *                            (ds4-tiny by itself and by ds4-tiny+D=32): a
+ *                            second turn extending the first reply, on the
+ *                            session the first gave back (release, adopt),
+ *                            runs only the tokens it lacks and one a pass;
+ *                            saved to a store it is found by the draft
+ *                            model's key chain and restored gives the same;
+ *                            a damaged record is a clean miss; each time
+ *                            the reply, logprobs and digest are plain
+ *                            decoding's and the session given back equals a
+ *                            fresh synced one. Control:
+ *                            KVT_DRAFT_FAULT_ADOPT_LONG (an adopted session
+ *                            one token long left so) fails that comparison.
+ *   speculate_server_kept    the same through `kvtier serve` on stories260K:
+ *                            the second turn's draft session kept in RAM
+ *                            (from="ram"), then after a restart restored
+ *                            from the disk store (from="store"), then with
+ *                            every record damaged a clean miss, then under
+ *                            --kv-ram-mb 2 dropped (counted); the replies
+ *                            (text, logprobs) are --draft none's. */
 #include "test.h"
 #include "fam_state.h"
 #include "fixture.h"
@@ -161,10 +181,12 @@
 #include "arch/ds4.h"
 #include "session/memory.h"
 #include "session/snapshot.h"
+#include "base/util.h"
 #include "store/store.h"
 #include "store/testing.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1675,4 +1697,222 @@ TEST(speculate_model_kept)
     kvt_model_close(narrow);
     kvt_model_close(same_w);
     kvt_model_close(m);
+}
+
+/* ---- the draft session kept, through the server ---- */
+
+#define STORIES "../shared/models/stories260K.gguf"
+
+/* POST the completion of prompt (max_tokens max, greedy, logprobs) to sv;
+ * the response body (malloc'ed; NULL on failure), file tag k. */
+static char *kept_post(fx_server *sv, const char *prompt, int max, int k)
+{
+    json_t *j = json_pack("{s:s,s:i,s:i,s:i}", "prompt", prompt, "max_tokens", max, "temperature", 0, "logprobs", 2);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    char bp[160], rp[160], log[160], url[128];
+    snprintf(bp, sizeof bp, "%s/kb-%d.json", sv->dir, k);
+    snprintf(rp, sizeof rp, "%s/kr-%d.json", sv->dir, k);
+    snprintf(log, sizeof log, "%s/kc-%d.log", sv->dir, k);
+    snprintf(url, sizeof url, "%s/v1/completions", sv->base);
+    char at[170];
+    snprintf(at, sizeof at, "@%s", bp);
+    bool ok = body && fx_write_file(bp, body, strlen(body));
+    free(body);
+    const char *const argv[] = {"curl", "-sf", "-H", "Content-Type: application/json", "-d", at, "-o", rp, url, NULL};
+    int st = 0;
+    ok = ok && fx_run(argv, log, 60, &st) == 1 && st == 0;
+    return ok ? kvt_test_read_file(rp, NULL) : NULL;
+}
+
+/* sv's /metrics (malloc'ed), once the worker published the reply's end. */
+static char *kept_metrics(fx_server *sv, int k)
+{
+    char mp[160], log[160], url[128];
+    snprintf(mp, sizeof mp, "%s/km-%d.txt", sv->dir, k);
+    snprintf(log, sizeof log, "%s/kmc-%d.log", sv->dir, k);
+    snprintf(url, sizeof url, "%s/metrics", sv->base);
+    fx_sleep_ms(150);
+    const char *const argv[] = {"curl", "-sf", "-o", mp, url, NULL};
+    int st = 0;
+    return fx_run(argv, log, 30, &st) == 1 && st == 0 ? kvt_test_read_file(mp, NULL) : NULL;
+}
+
+/* A response's text and usage figure (prompt_tokens, ...; -1: none). */
+static char *kept_text(const char *resp)
+{
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    char *o = t ? kvt_strndup(t, strlen(t)) : NULL;
+    json_decref(j);
+    return o;
+}
+
+static long kept_usage(const char *resp, const char *what)
+{
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    json_t *v = json_object_get(json_object_get(j, "usage"), what);
+    long n = json_is_integer(v) ? (long)json_integer_value(v) : -1;
+    json_decref(j);
+    return n;
+}
+
+/* What a server did over a conversation's turns. */
+typedef struct kept_run {
+    char *body[2];            /* the turns' responses up to their usage (turn 1: NULL when not run) */
+    char *text1;              /* turn 1's reply text */
+    long from[3];             /* kvtier_draft_sessions_total: none, ram, store (at the end) */
+    long pf_turn2;            /* draft tokens run during turn 2 */
+    long dropped, prompt1, total1, prompt2, completion2;
+} kept_run;
+
+static void kept_free(kept_run *r)
+{
+    free(r->body[0]);
+    free(r->body[1]);
+    free(r->text1);
+    memset(r, 0, sizeof *r);
+}
+
+/* The conversation on a server started with args: turn 1 (prompt p1, 40
+ * tokens) unless text1 is given (its reply text from another run), then
+ * turn 2 (p1, the reply, " Then"; max2 tokens). The server is stopped. */
+static bool kept_turns(fx_server *sv, const char *const *args, const char *p1, const char *text1, int max2,
+                       kept_run *o)
+{
+    memset(o, 0, sizeof *o);
+    if (!fx_server_start(sv, args)) return false;
+    char *m0 = NULL, *m1 = NULL;
+    bool ok = true;
+    if (!text1) {
+        ok = (o->body[0] = kept_post(sv, p1, 40, 1)) != NULL && (o->text1 = kept_text(o->body[0])) != NULL;
+        o->prompt1 = kept_usage(o->body[0], "prompt_tokens");
+        o->total1 = kept_usage(o->body[0], "total_tokens");
+    } else {
+        o->text1 = kvt_strndup(text1, strlen(text1));
+    }
+    ok = ok && (m0 = kept_metrics(sv, 0)) != NULL;
+    size_t n1 = strlen(p1), nt = o->text1 ? strlen(o->text1) : 0;
+    char *p2 = malloc(n1 + nt + 8);
+    if (ok && p2) snprintf(p2, n1 + nt + 8, "%s%s Then", p1, o->text1);
+    ok = ok && p2 && (o->body[1] = kept_post(sv, p2, max2, 2)) != NULL && (m1 = kept_metrics(sv, 1)) != NULL;
+    free(p2);
+    if (ok) {
+        o->from[0] = metric_in(m1, "kvtier_draft_sessions_total{from=\"none\"}");
+        o->from[1] = metric_in(m1, "kvtier_draft_sessions_total{from=\"ram\"}");
+        o->from[2] = metric_in(m1, "kvtier_draft_sessions_total{from=\"store\"}");
+        o->pf_turn2 = metric_in(m1, "kvtier_draft_prefilled_tokens_total") -
+                      metric_in(m0, "kvtier_draft_prefilled_tokens_total");
+        o->dropped = metric_in(m1, "kvtier_draft_sessions_dropped_total");
+        o->prompt2 = kept_usage(o->body[1], "prompt_tokens");
+        o->completion2 = kept_usage(o->body[1], "completion_tokens");
+    }
+    for (int i = 0; i < 2; i++) { /* the reply: its choices (its usage says where the prompt came from) */
+        char *u = o->body[i] ? strstr(o->body[i], ",\"usage\":") : NULL;
+        if (u) *u = 0;
+        if (o->body[i]) {
+            cut_field(o->body[i], "\"id\":\"", '"');
+            cut_field(o->body[i], "\"created\":", ',');
+        }
+    }
+    free(m0);
+    free(m1);
+    bool stopped = fx_server_stop(sv);
+    if (!ok || !stopped) fx_print_file("server", sv->log);
+    return ok && stopped;
+}
+
+/* Every record of a store damaged (a byte flipped in each, in its
+ * segment); how many. */
+static int damage_all(const char *dir)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t ids[256];
+    int n = 0, done = 0;
+    if (sqlite3_open(path, &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT id FROM snaps", -1, &st, NULL) == SQLITE_OK)
+        while (n < 256 && sqlite3_step(st) == SQLITE_ROW) ids[n++] = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    for (int i = 0; i < n; i++) done += damage_record(dir, ids[i]);
+    return done;
+}
+
+/* `kvtier serve --draft model` on stories260K drafting for itself (its
+ * replies are text, so the second turn resent as text extends the first
+ * reply's exact tokens), with --draft none's replies as the reference:
+ *   - two turns, the second extending the first reply: the second turn's
+ *     draft session is the first one's, kept with the pooled session
+ *     (from="ram"), and runs only the tokens it lacks (and one a pass),
+ *     none of the shared prefix; the bodies (text, logprobs) are plain
+ *     decoding's;
+ *   - restarted on the same disk store: the second turn's draft session is
+ *     restored from the store (from="store"), the same guarantees;
+ *   - every record of that store damaged: a clean miss (a new draft
+ *     session, the whole prompt run), the same body;
+ *   - --kv-ram-mb 2 and a long second reply: the companion does not fit
+ *     at the reply's end and is dropped (counted), the body the same.
+ * (The exactness of the draft session itself, and its control, are
+ * speculate_model_kept's; the model and its draft being one file here,
+ * their records are one model's.) */
+TEST(speculate_server_kept)
+{
+    if (access(STORIES, R_OK)) SKIP(STORIES " not found");
+    fx_server sv = {0};
+    CHECKF(fx_tmpdir_make(&sv, "spec-kept"), "mkdtemp");
+    char store[128], p1[2048] = "";
+    snprintf(store, sizeof store, "%s/store", sv.dir);
+    for (int i = 0; i < 20; i++) /* past the store's 512 tokens */
+        strcat(p1, "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ");
+    const char *const plain[] = {"--model", STORIES, "--no-kv-disk", "--parallel", "1", "--threads", "1",
+                                 "--draft", "none", NULL};
+    const char *const kept[] = {"--model", STORIES, "--kv-disk-dir", store, "--parallel", "1", "--threads", "1",
+                                "--draft", "model", "--model-draft", STORIES, NULL};
+    const char *const tight[] = {"--model", STORIES, "--no-kv-disk", "--kv-ram-mb", "2", "--parallel", "1",
+                                 "--threads", "1", "--draft", "model", "--model-draft", STORIES, NULL};
+    kept_run a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0};
+    bool ran = kept_turns(&sv, plain, p1, NULL, 40, &a) && kept_turns(&sv, kept, p1, NULL, 40, &b);
+    CHECKF(ran, "the servers or their requests failed");
+    bool same1 = !strcmp(a.body[0], b.body[0]) && !strcmp(a.body[1], b.body[1]);
+    printf("    two turns: %ld then %ld prompt tokens; turn 2's draft session from ram %ld, ran %ld tokens (%ld new, "
+           "%ld generated); bodies %s\n", b.prompt1, b.prompt2, b.from[1], b.pf_turn2, b.prompt2 - b.total1,
+           b.completion2, same1 ? "the same" : "DIFFERENT");
+    CHECKF(same1, "--draft model with the draft session kept changed a body");
+    CHECKF(b.from[0] == 1 && b.from[1] == 1 && b.prompt2 > b.total1, "turn 2's draft session: want the kept one");
+    CHECKF(b.pf_turn2 <= b.prompt2 - b.total1 + b.completion2 && b.pf_turn2 < b.prompt1,
+           "turn 2's draft session ran %ld tokens: the shared prefix again", b.pf_turn2);
+    /* restarted on the store */
+    ran = kept_turns(&sv, kept, p1, b.text1, 40, &c);
+    CHECKF(ran, "the restarted server failed");
+    printf("    restarted: turn 2's draft session from the store %ld, ran %ld tokens; body %s\n", c.from[2],
+           c.pf_turn2, !strcmp(a.body[1], c.body[1]) ? "the same" : "DIFFERENT");
+    if (strcmp(a.body[1], c.body[1])) printf("      plain:     %.600s\n      restarted: %.600s\n", a.body[1], c.body[1]);
+    CHECKF(!strcmp(a.body[1], c.body[1]), "the restarted server changed turn 2's reply");
+    CHECKF(c.from[2] == 1 && c.pf_turn2 < b.prompt1, "turn 2 after a restart: want the draft session from the store");
+    /* every record damaged: clean misses */
+    int damaged = damage_all(store);
+    ran = kept_turns(&sv, kept, p1, b.text1, 40, &d);
+    CHECKF(ran, "the server on the damaged store failed");
+    printf("    %d records damaged: turn 2's draft session new %ld, from the store %ld, ran %ld tokens; body %s\n",
+           damaged, d.from[0], d.from[2], d.pf_turn2, !strcmp(a.body[1], d.body[1]) ? "the same" : "DIFFERENT");
+    CHECKF(damaged > 0 && !strcmp(a.body[1], d.body[1]), "the damaged store changed turn 2's body");
+    CHECKF(d.from[0] == 1 && d.from[2] == 0 && d.pf_turn2 >= d.prompt2, "a damaged draft record: want a clean miss");
+    /* a tight budget: the companion of a long reply does not fit */
+    ran = kept_turns(&sv, plain, p1, NULL, 1500, &e) && kept_turns(&sv, tight, p1, NULL, 1500, &f);
+    CHECKF(ran, "the tight servers failed");
+    bool same_t = !strcmp(e.body[0], f.body[0]) && !strcmp(e.body[1], f.body[1]);
+    printf("    --kv-ram-mb 2, a %ld-token second reply: draft sessions dropped %ld; bodies %s\n", f.completion2,
+           f.dropped, same_t ? "the same" : "DIFFERENT");
+    CHECKF(same_t, "the tight budget changed a body");
+    CHECKF(f.dropped >= 1, "the companion that does not fit: want it dropped");
+    kept_free(&a);
+    kept_free(&b);
+    kept_free(&c);
+    kept_free(&d);
+    kept_free(&e);
+    kept_free(&f);
+    fx_tmpdir_remove(&sv);
 }

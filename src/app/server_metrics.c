@@ -246,6 +246,16 @@ char *kvt_server_metrics_text(server *sv, int tnt)
     FAMILY3("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
             "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1], "drafter=\"mtp\"",
             w->mx.accepted_by[2]);
+    FAMILY3("kvtier_draft_sessions_total", "counter",
+            "Draft model sessions replies began on: new, kept in RAM with the model's session, restored from the "
+            "store.", "from=\"none\"", w->mx.draft_from[0], "from=\"ram\"", w->mx.draft_from[1], "from=\"store\"",
+            w->mx.draft_from[2]);
+    FAMILY("kvtier_draft_prefilled_tokens_total", "counter",
+           "Tokens the draft model's sessions ran to follow their replies' contexts (drafts not counted).", "",
+           w->mx.draft_prefilled);
+    FAMILY("kvtier_draft_sessions_dropped_total", "counter",
+           "Draft model sessions dropped at a reply's end: no room for them in the RAM share.", "",
+           w->mx.draft_dropped);
     FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
             w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
     FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
