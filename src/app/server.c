@@ -234,9 +234,10 @@ static bool replay_lookup(void *user, const char *call_id, kvt_wbuf *out)
  * when a job finishes. */
 static void pool_publish(server *sv)
 {
-    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS];
+    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS], dk[MAX_TENANTS];
     for (size_t t = 0; t < sv->n_tn; t++) {
         ram[t] = kvt_tiers_bytes(sv->tiers, (int)t);
+        dk[t] = kvt_tiers_draft_bytes(sv->tiers, (int)t);
         dr[t] = kvt_tiers_reserved(sv->tiers, (int)t);
         n[t] = kvt_tiers_count(sv->tiers, (int)t);
     }
@@ -245,6 +246,7 @@ static void pool_publish(server *sv)
         sv->tn[t].ram = ram[t];
         sv->tn[t].ram_entries = n[t];
         sv->tn[t].draft_ram = dr[t];
+        sv->tn[t].draft_kept = dk[t];
     }
     pthread_mutex_unlock(&sv->mu);
 }

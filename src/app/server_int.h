@@ -82,6 +82,7 @@ typedef struct tenant {
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
     size_t draft_ram;         /* the draft sessions' bytes reserved in the pool, likewise */
+    size_t draft_kept;        /* the companions' bytes (in ram), likewise */
     size_t queued;            /* jobs waiting (server.mu) */
     size_t active;            /* requests the scheduler runs (server.mu) */
     uint64_t admitted;        /* when the scheduler last started one of its jobs (server.admissions) */

@@ -28,7 +28,7 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
-    size_t draft_ram;
+    size_t draft_ram, draft_kept;
     size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
     uint64_t ram_budget;
     char lbl[64];               /* tenant="NAME" or "" */
@@ -187,6 +187,7 @@ char *kvt_server_metrics_text(server *sv, int tnt)
         v[k].ram = tt->ram;
         v[k].ram_entries = tt->ram_entries;
         v[k].draft_ram = tt->draft_ram;
+        v[k].draft_kept = tt->draft_kept;
         v[k].queued = tt->queued;
         v[k].active = tt->active;
     }
@@ -280,6 +281,9 @@ char *kvt_server_metrics_text(server *sv, int tnt)
            "RAM reserved for drafting by replies in progress: draft model sessions, MTP windows, verify rows (counted "
            "in the RAM budget).", "",
            w->draft_ram);
+    FAMILY("kvtier_draft_kept_bytes", "gauge",
+           "RAM held by draft model sessions kept with their pooled sessions (part of kvtier_cache_bytes{tier=\"ram\"}).",
+           "", w->draft_kept);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);

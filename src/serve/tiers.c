@@ -93,6 +93,14 @@ size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant)
     return b;
 }
 
+size_t kvt_tiers_draft_bytes(const kvt_tiers *t, int tenant)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if ((tenant < 0 || t->pool[i].tenant == tenant) && t->pool[i].draft) b += kvt_session_bytes(t->pool[i].draft);
+    return b;
+}
+
 size_t kvt_tiers_spare_bytes(const kvt_tiers *t)
 {
     size_t b = 0;

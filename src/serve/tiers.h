@@ -204,6 +204,8 @@ void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason
 /* RAM held by a tenant's sessions and their companions (-1: all tenants;
  * sessions loading are not counted), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* Of those, the companions' (the draft model's sessions kept). */
+size_t kvt_tiers_draft_bytes(const kvt_tiers *t, int tenant);
 /* Entries of the index over the blocks in RAM: full blocks of a
  * tenant's sessions (-1: all tenants) as last indexed (kvt_tiers_select
  * brings them up to date). */
