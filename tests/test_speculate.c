@@ -1654,6 +1654,31 @@ static void kept_pair(kvt_model *m, kvt_model *dmodel, const char *what, int32_t
     CHECKF(clean, "%s: a damaged draft record restored something", what);
     CHECKF(ran && same(&plain2, &f) && f.draft_exact && pf5 >= n2, "%s: turn 2 after the damaged record", what);
     fx_rm_tree(dir);
+    /* a resend that leaves the kept session inside the first reply (the
+     * reply resent otherwise): it goes back (to its checkpoint before the
+     * divergence when it has fixed state), a chunk a pass from there */
+    {
+        size_t n3 = b.n - 10 + KEPT_MORE;
+        int32_t *p3 = malloc(n3 * sizeof *p3);
+        CHECK(p3);
+        memcpy(p3, b.toks, (b.n - 10) * sizeof *p3);
+        repeating_prompt(p3 + b.n - 11, KEPT_MORE + 1, 11, 23, 32, 90);
+        p3[b.n - 11] = b.toks[b.n - 11];
+        kvt_session *cp = NULL;
+        outcome plain3 = {0}, g = {0};
+        size_t pf6 = 0;
+        CHECK_OK(kvt_session_new(&cp, dmodel, &so));
+        CHECK_OK(kvt_session_clone(cp, spare));
+        ran = kept_turn(m, p3, n3, false, NULL, &plain3, &unused) && kept_turn(m, p3, n3, true, &cp, &g, &pf6);
+        printf("    %s: the kept session of %zu tokens, a resend that leaves the reply at %zu: it ran %zu; reply %s, "
+               "draft session %s\n", what, L1, b.n - 10, pf6, ran && same(&plain3, &g) ? "the same" : "DIFFERENT",
+               g.draft_exact ? "exact" : "NOT EXACT");
+        CHECKF(ran && same(&plain3, &g) && g.draft_exact, "%s: a resend that leaves the kept session", what);
+        kvt_session_free(cp);
+        outcome_free(&plain3);
+        outcome_free(&g);
+        free(p3);
+    }
     /* control: an adopted session one token longer than the context */
     size_t L2 = kvt_session_len(ds);
     bool clean_ok = false, fault_ok = true;

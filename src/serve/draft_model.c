@@ -238,6 +238,10 @@ size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n,
      * draft prefill never holds the other requests' steps for long */
     size_t c = 0, lim = s->n < n ? s->n : n;   /* what it holds of the context */
     while (c < lim && s->tokens[c] == ctx[c]) c++;
+    /* a session that went another way (one kept from an earlier reply)
+     * resumes at c, or with fixed state at its checkpoint before c: the
+     * chunk counts from there */
+    if (c < s->n) c = kvt_session_resume_at(s, c);
     size_t want = n - c > s->chunk ? c + s->chunk : n;
     if (!rc) rc = kvt_draft_model_follow(d, ctx, want);
     if (!rc && want < n) return 0;
