@@ -1702,6 +1702,8 @@ static void kept_pair(kvt_model *m, kvt_model *dmodel, const char *what, int32_t
     kvt_session_free(ds);
     kvt_session_free(spare);
     kvt_session_free(fresh);
+    kvt_session_free(restored);
+    kvt_session_free(missed);
     free(p2);
     outcome *all[] = {&a, &b, &c, &d, &e, &f, &plain2};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) outcome_free(all[i]);

@@ -1225,6 +1225,7 @@ TEST(tiers_draft_companion)
     /* one companion a session */
     CHECK_OK(kvt_session_new(&d2, dm, &so));
     CHECK(!kvt_tiers_keep_draft(t, p.s, d2));
+    kvt_session_free(d2);
     /* the next request on the session takes it */
     CHECK_OK(run_as(t, 0, NULL, a, 860, &q, true));
     CHECK(q.extended && q.s == p.s);
