@@ -150,7 +150,27 @@
  *                            --draft model without --model-draft,
  *                            --model-draft with --draft ngram, --draft x
  *                            and --draft-max 65 are usage errors. On main
- *                            (no --draft model) it fails. */
+ *                            (no --draft model) it fails.
+ *   speculate_model_kept     the draft session kept from reply to reply
+ *                            (ds4-tiny by itself and by ds4-tiny+D=32): a
+ *                            second turn extending the first reply, on the
+ *                            session the first gave back (release, adopt),
+ *                            runs only the tokens it lacks and one a pass;
+ *                            saved to a store it is found by the draft
+ *                            model's key chain and restored gives the same;
+ *                            a damaged record is a clean miss; each time
+ *                            the reply, logprobs and digest are plain
+ *                            decoding's and the session given back equals a
+ *                            fresh synced one. Control:
+ *                            KVT_DRAFT_FAULT_ADOPT_LONG (an adopted session
+ *                            one token long left so) fails that comparison.
+ *   speculate_server_kept    the same through `kvtier serve` on stories260K:
+ *                            the second turn's draft session kept in RAM
+ *                            (from="ram"), then after a restart restored
+ *                            from the disk store (from="store"), then with
+ *                            every record damaged a clean miss, then under
+ *                            --kv-ram-mb 2 dropped (counted); the replies
+ *                            (text, logprobs) are --draft none's. */
 #include "test.h"
 #include "fam_state.h"
 #include "fixture.h"
@@ -160,7 +180,14 @@
 #include "arch/model.h"
 #include "arch/ds4.h"
 #include "session/memory.h"
+#include "session/snapshot.h"
+#include "base/util.h"
+#include "store/store.h"
+#include "store/testing.h"
 
+#include <fcntl.h>
+#include <jansson.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -1448,4 +1475,471 @@ TEST(speculate_run)
         free(err);
         CHECKF(ok, "run %s %s: want exit 2 naming it", bad[i].opt, bad[i].val);
     }
+}
+
+/* ---- the draft session kept from reply to reply ---- */
+
+enum { KEPT_CTX = 1024, KEPT_PROMPT = 300, KEPT_MORE = 70 };
+
+/* A released draft session holds a prefix of toks[0..n) (at least one
+ * token) and equals a draft-model session synced to that prefix. */
+static bool released_exact(kvt_session *d, const int32_t *toks, size_t n, const kvt_session_opts *so)
+{
+    size_t L = d ? kvt_session_len(d) : 0;
+    if (!L || L > n || memcmp(kvt_session_tokens(d), toks, L * sizeof *toks)) return false;
+    kvt_session *f = NULL;
+    bool ok = kvt_session_new(&f, draft_m, so) == KVT_OK && kvt_session_sync(f, toks, L, NULL) == KVT_OK &&
+              kvt_test_digest(d, draft_m) == kvt_test_digest(f, draft_m);
+    kvt_session_free(f);
+    return ok;
+}
+
+/* A greedy reply of m to p[0..n) on a new session: plain (draft false) or
+ * drafted for by draft_m from the draft session *ds (taken; NULL: a new
+ * one). *ds is then the draft session the drafter gives back
+ * (kvt_draft_model_release), o->draft_exact whether it is the draft
+ * model's (released_exact), *prefilled the tokens it ran to follow. */
+static bool kept_turn(kvt_model *m, const int32_t *p, size_t n, bool draft, kvt_session **ds, outcome *o,
+                      size_t *prefilled)
+{
+    memset(o, 0, sizeof *o);
+    kvt_session_opts so = {.n_ctx = KEPT_CTX, .n_threads = 1}, dso = so;
+    dso.chunk = 40;
+    kvt_session *s = NULL;
+    kvt_draft_model *dm = NULL;
+    kvt_request r = request(&settings[0], MAX_NEW);
+    bool ok = kvt_session_new(&s, m, &so) == KVT_OK && kvt_session_sync(s, p, n, NULL) == KVT_OK;
+    if (ok && draft)
+        ok = (*ds ? kvt_draft_model_adopt(&dm, m, draft_m, *ds) : kvt_draft_model_new(&dm, m, draft_m, &dso, NULL)) ==
+             KVT_OK;
+    if (ok && draft) *ds = NULL;
+    kvt_gen g = {.m = m, .s = s, .r = &r, .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW, .n_ctx = KEPT_CTX,
+                 .seed = 1, .draft = draft ? KVT_DRAFT_MODEL : KVT_DRAFT_NONE, .draft_max = 6, .dm = dm};
+    kvt_gen_out out = {0};
+    if (ok) ok = (o->body = kvt_generate_run(&g, &o->u, &out)) != NULL;
+    if (ok) {
+        o->digest = kvt_test_digest(s, m);
+        o->n = kvt_session_len(s);
+        ok = (o->toks = malloc(o->n * sizeof(int32_t) + 1)) != NULL;
+        if (ok) memcpy(o->toks, kvt_session_tokens(s), o->n * sizeof(int32_t));
+    }
+    if (ok && dm) {
+        *prefilled = kvt_draft_model_prefilled(dm);
+        *ds = kvt_draft_model_release(dm, o->toks, o->n);
+        o->draft_exact = released_exact(*ds, o->toks, o->n, &so);
+    }
+    kvt_draft_model_free(dm);
+    kvt_session_free(s);
+    return ok;
+}
+
+/* Flip a byte in the middle of store entry id's record (in its segment). */
+static bool damage_record(const char *dir, int64_t id)
+{
+    char path[300], sql[160];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    snprintf(sql, sizeof sql, "SELECT COALESCE(rseg, 0), COALESCE(roff, 0), bytes FROM snaps WHERE id = %lld",
+             (long long)id);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t seg = 0, off = 0, bytes = 0;
+    if (sqlite3_open(path, &db) == SQLITE_OK && sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        seg = sqlite3_column_int64(st, 0);
+        off = sqlite3_column_int64(st, 1);
+        bytes = sqlite3_column_int64(st, 2);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    if (!seg || bytes <= 0) return false;
+    snprintf(path, sizeof path, "%s/kvtier.db-seg%lld", dir, (long long)seg);
+    int fd = open(path, O_RDWR);
+    uint8_t b = 0;
+    off_t at = (off_t)(off + bytes / 2);
+    bool ok = fd >= 0 && pread(fd, &b, 1, at) == 1 && (b ^= 0x10, pwrite(fd, &b, 1, at) == 1);
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* A conversation's second turn extends its first reply (an agent resending
+ * the conversation): its draft session, kept from the first reply
+ * (kvt_draft_model_release, then kvt_draft_model_adopt), runs only the
+ * tokens after what it holds; restored from a store it does the same; a
+ * damaged record in the store is a clean miss. Each time the reply, its
+ * logprobs and the model session's digest equal plain decoding's and the
+ * draft session given back equals a fresh draft-model session synced to
+ * its tokens. Control: KVT_DRAFT_FAULT_ADOPT_LONG (an adopted session one
+ * token longer than the context kept so) fails that comparison. */
+static void kept_pair(kvt_model *m, kvt_model *dmodel, const char *what, int32_t bos)
+{
+    draft_m = dmodel;
+    int32_t p1[KEPT_PROMPT];
+    repeating_prompt(p1, KEPT_PROMPT, 29, 21, 32, 90);
+    p1[0] = bos;
+    outcome a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0};
+    kvt_session *ds = NULL, *spare = NULL, *fresh = NULL;
+    size_t pf1 = 0, pf2 = 0, pf3 = 0, pf4 = 0, pf5 = 0, unused = 0;
+    /* turn 1: plain and drafted from a new draft session */
+    bool ran = kept_turn(m, p1, KEPT_PROMPT, false, NULL, &a, &unused) && kept_turn(m, p1, KEPT_PROMPT, true, &ds, &b, &pf1);
+    CHECKF(ran && ds, "%s: the first turn failed: %s", what, kvt_errmsg());
+    CHECKF(same(&a, &b) && b.draft_exact, "%s: the first turn: the reply or the draft session given back differs",
+           what);
+    size_t L1 = kvt_session_len(ds);
+    /* turn 2: the first turn's tokens and more */
+    size_t n2 = b.n + KEPT_MORE;
+    int32_t *p2 = malloc(n2 * sizeof *p2);
+    CHECK(p2);
+    memcpy(p2, b.toks, b.n * sizeof *p2);
+    repeating_prompt(p2 + b.n - 1, KEPT_MORE + 1, 13, 22, 32, 90);
+    p2[b.n - 1] = b.toks[b.n - 1];
+    kvt_session_opts so = {.n_ctx = KEPT_CTX, .n_threads = 1};
+    /* a copy of the kept session for the store */
+    CHECK_OK(kvt_session_new(&spare, dmodel, &so));
+    CHECK_OK(kvt_session_clone(spare, ds));
+    outcome plain2 = {0};
+    ran = kept_turn(m, p2, n2, false, NULL, &plain2, &unused) && kept_turn(m, p2, n2, true, &ds, &c, &pf2) &&
+          kept_turn(m, p2, n2, true, &fresh, &d, &pf3);
+    CHECKF(ran, "%s: the second turn failed: %s", what, kvt_errmsg());
+    printf("    %s: turn 1 %zu prompt tokens, the draft session ran %zu, kept %zu; turn 2 %zu prompt tokens: kept "
+           "session ran %zu (%u passes), a new one %zu; %u drafted, %u accepted\n",
+           what, (size_t)KEPT_PROMPT, pf1, L1, n2, pf2, c.u.passes, pf3, c.u.drafted, c.u.accepted);
+    CHECKF(same(&plain2, &c) && c.draft_exact, "%s: turn 2 on the kept draft session: the reply or the draft session differs", what);
+    CHECKF(same(&plain2, &d) && d.draft_exact, "%s: turn 2 on a new draft session differs", what);
+    CHECKF(pf2 <= n2 - L1 + c.u.passes && pf2 < L1, "%s: the kept draft session ran %zu tokens: want at most the %zu "
+           "it lacked and one a pass (%u)", what, pf2, n2 - L1, c.u.passes);
+    CHECKF(pf3 >= n2, "%s: a new draft session ran %zu tokens of %zu", what, pf3, n2);
+    CHECKF(c.u.drafted > 0, "%s: turn 2 drafted nothing", what);
+    /* the store: the kept session saved as the draft model's record, found
+     * by the draft model's key chain only */
+    char dir[] = "/tmp/kvt-spec-kept-XXXXXX";
+    CHECK(kvt_test_mkdtemp(dir) != NULL);
+    kvt_store *st = NULL;
+    int64_t id = -1;
+    size_t match_m = 1, match_d = 0, got = 0;
+    int64_t fid = -1;
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    CHECK_OK(kvt_store_save(st, spare, kvt_session_len(spare), "draft", &id));
+    CHECK_OK(kvt_store_lookup(st, m, p2, n2, &match_m, &fid));
+    CHECK_OK(kvt_store_lookup(st, dmodel, p2, n2, &match_d, &fid));
+    kvt_session *restored = NULL;
+    CHECK_OK(kvt_session_new(&restored, dmodel, &so));
+    CHECK_OK(kvt_store_restore_found(st, restored, p2, n2, match_d, fid, &got));
+    kvt_store_close(st);
+    ran = kept_turn(m, p2, n2, true, &restored, &e, &pf4);
+    printf("    %s: the store holds the draft session's %zu tokens: the model's lookup finds %zu, the draft model's "
+           "%zu, restored %zu; turn 2 from it ran %zu\n", what, kvt_session_len(spare), match_m, match_d, got, pf4);
+    /* (a draft model of the model's own weights has the model's key chain:
+     * its record is the model's as well, rightly) */
+    bool own = kvt_snap_key0(m) != kvt_snap_key0(dmodel);
+    CHECKF((match_m == 0) == own && match_d > 0 && got > 0, "%s: the draft record is not the draft model's alone",
+           what);
+    CHECKF(ran && same(&plain2, &e) && e.draft_exact && pf4 <= n2 - got + e.u.passes,
+           "%s: turn 2 on the restored draft session", what);
+    /* damaged: a clean miss, then the reply as from a new session */
+    CHECK(damage_record(dir, id));
+    CHECK_OK(kvt_store_open(&st, dir, 0));
+    kvt_store_set_quiet(st, true);
+    kvt_session *missed = NULL;
+    got = 1;
+    match_d = 0;
+    CHECK_OK(kvt_session_new(&missed, dmodel, &so));
+    kvt_store_lookup(st, dmodel, p2, n2, &match_d, &fid);
+    int rrc = kvt_store_restore_found(st, missed, p2, n2, match_d, fid, &got);
+    kvt_store_close(st);
+    bool clean = got == 0 && kvt_session_len(missed) == 0;
+    ran = kept_turn(m, p2, n2, true, &missed, &f, &pf5);
+    printf("    %s: the record damaged: restore rc %d, %zu tokens, the session %s; turn 2 ran %zu\n", what, rrc, got,
+           clean ? "empty" : "NOT EMPTY", pf5);
+    CHECKF(clean, "%s: a damaged draft record restored something", what);
+    CHECKF(ran && same(&plain2, &f) && f.draft_exact && pf5 >= n2, "%s: turn 2 after the damaged record", what);
+    fx_rm_tree(dir);
+    /* a resend that leaves the kept session inside the first reply (the
+     * reply resent otherwise): it goes back (to its checkpoint before the
+     * divergence when it has fixed state), a chunk a pass from there */
+    {
+        size_t n3 = b.n - 10 + KEPT_MORE;
+        int32_t *p3 = malloc(n3 * sizeof *p3);
+        CHECK(p3);
+        memcpy(p3, b.toks, (b.n - 10) * sizeof *p3);
+        repeating_prompt(p3 + b.n - 11, KEPT_MORE + 1, 11, 23, 32, 90);
+        p3[b.n - 11] = b.toks[b.n - 11];
+        kvt_session *cp = NULL;
+        outcome plain3 = {0}, g = {0};
+        size_t pf6 = 0;
+        CHECK_OK(kvt_session_new(&cp, dmodel, &so));
+        CHECK_OK(kvt_session_clone(cp, spare));
+        ran = kept_turn(m, p3, n3, false, NULL, &plain3, &unused) && kept_turn(m, p3, n3, true, &cp, &g, &pf6);
+        printf("    %s: the kept session of %zu tokens, a resend that leaves the reply at %zu: it ran %zu; reply %s, "
+               "draft session %s\n", what, L1, b.n - 10, pf6, ran && same(&plain3, &g) ? "the same" : "DIFFERENT",
+               g.draft_exact ? "exact" : "NOT EXACT");
+        CHECKF(ran && same(&plain3, &g) && g.draft_exact, "%s: a resend that leaves the kept session", what);
+        kvt_session_free(cp);
+        outcome_free(&plain3);
+        outcome_free(&g);
+        free(p3);
+    }
+    /* control: an adopted session one token longer than the context */
+    size_t L2 = kvt_session_len(ds);
+    bool clean_ok = false, fault_ok = true;
+    for (int fault = 0; fault < 2; fault++) {
+        kvt_session *cp = NULL;
+        kvt_draft_model *dm = NULL;
+        CHECK_OK(kvt_session_new(&cp, dmodel, &so));
+        CHECK_OK(kvt_session_clone(cp, ds));
+        CHECK_OK(kvt_draft_model_adopt(&dm, m, dmodel, cp));
+        kvt_draft_fault = fault ? KVT_DRAFT_FAULT_ADOPT_LONG : KVT_DRAFT_FAULT_NONE;
+        bool ex = draft_session_exact(dm, kvt_session_tokens(ds), L2 - 1, &so);
+        kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+        if (fault) fault_ok = ex;
+        else clean_ok = ex;
+        kvt_draft_model_free(dm);
+    }
+    printf("    %s: an adopted session one token long synced: %s; control (kept so): %s\n", what,
+           clean_ok ? "exact" : "NOT EXACT", fault_ok ? "unseen" : "seen");
+    CHECKF(clean_ok, "%s: an adopted session brought back one token is not the draft model's", what);
+    CHECKF(!fault_ok, "%s: control: the adopted session left one token long went unseen", what);
+    kvt_session_free(ds);
+    kvt_session_free(spare);
+    kvt_session_free(fresh);
+    kvt_session_free(restored);
+    kvt_session_free(missed);
+    free(p2);
+    outcome *all[] = {&a, &b, &c, &d, &e, &f, &plain2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) outcome_free(all[i]);
+    draft_m = NULL;
+}
+
+TEST(speculate_model_kept)
+{
+    kvt_model *m = NULL, *same_w = NULL, *narrow = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&same_w, "ds4-tiny", 7, NULL));
+    CHECK_OK(kvt_model_preset(&narrow, "ds4-tiny+D=32", 3, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t bos = in.bos >= 0 ? in.bos : 256;
+    kept_pair(m, same_w, "ds4-tiny by itself", bos);
+    kept_pair(m, narrow, "ds4-tiny by ds4-tiny+D=32", bos);
+    kvt_model_close(narrow);
+    kvt_model_close(same_w);
+    kvt_model_close(m);
+}
+
+/* ---- the draft session kept, through the server ---- */
+
+#define STORIES "../shared/models/stories260K.gguf"
+
+/* POST the completion of prompt (max_tokens max, greedy, logprobs) to sv;
+ * the response body (malloc'ed; NULL on failure), file tag k. */
+static char *kept_post(fx_server *sv, const char *prompt, int max, int k)
+{
+    json_t *j = json_pack("{s:s,s:i,s:i,s:i}", "prompt", prompt, "max_tokens", max, "temperature", 0, "logprobs", 2);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    char bp[160], rp[160], log[160], url[128];
+    snprintf(bp, sizeof bp, "%s/kb-%d.json", sv->dir, k);
+    snprintf(rp, sizeof rp, "%s/kr-%d.json", sv->dir, k);
+    snprintf(log, sizeof log, "%s/kc-%d.log", sv->dir, k);
+    snprintf(url, sizeof url, "%s/v1/completions", sv->base);
+    char at[170];
+    snprintf(at, sizeof at, "@%s", bp);
+    bool ok = body && fx_write_file(bp, body, strlen(body));
+    free(body);
+    const char *const argv[] = {"curl", "-sf", "-H", "Content-Type: application/json", "-d", at, "-o", rp, url, NULL};
+    int st = 0;
+    ok = ok && fx_run(argv, log, 60, &st) == 1 && st == 0;
+    return ok ? kvt_test_read_file(rp, NULL) : NULL;
+}
+
+/* sv's /metrics (malloc'ed), once the worker published the reply's end. */
+static char *kept_metrics(fx_server *sv, int k)
+{
+    char mp[160], log[160], url[128];
+    snprintf(mp, sizeof mp, "%s/km-%d.txt", sv->dir, k);
+    snprintf(log, sizeof log, "%s/kmc-%d.log", sv->dir, k);
+    snprintf(url, sizeof url, "%s/metrics", sv->base);
+    fx_sleep_ms(150);
+    const char *const argv[] = {"curl", "-sf", "-o", mp, url, NULL};
+    int st = 0;
+    return fx_run(argv, log, 30, &st) == 1 && st == 0 ? kvt_test_read_file(mp, NULL) : NULL;
+}
+
+/* A response's text and usage figure (prompt_tokens, ...; -1: none). */
+static char *kept_text(const char *resp)
+{
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    char *o = t ? kvt_strndup(t, strlen(t)) : NULL;
+    json_decref(j);
+    return o;
+}
+
+static long kept_usage(const char *resp, const char *what)
+{
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    json_t *v = json_object_get(json_object_get(j, "usage"), what);
+    long n = json_is_integer(v) ? (long)json_integer_value(v) : -1;
+    json_decref(j);
+    return n;
+}
+
+/* What a server did over a conversation's turns. */
+typedef struct kept_run {
+    char *body[2];            /* the turns' responses up to their usage (turn 1: NULL when not run) */
+    char *text1;              /* turn 1's reply text */
+    long from[3];             /* kvtier_draft_sessions_total: none, ram, store (at the end) */
+    long pf_turn2;            /* draft tokens run during turn 2 */
+    long dropped, prompt1, total1, prompt2, completion2;
+} kept_run;
+
+static void kept_free(kept_run *r)
+{
+    free(r->body[0]);
+    free(r->body[1]);
+    free(r->text1);
+    memset(r, 0, sizeof *r);
+}
+
+/* The conversation on a server started with args: turn 1 (prompt p1, 40
+ * tokens) unless text1 is given (its reply text from another run), then
+ * turn 2 (p1, the reply, " Then"; max2 tokens). The server is stopped. */
+static bool kept_turns(fx_server *sv, const char *const *args, const char *p1, const char *text1, int max2,
+                       kept_run *o)
+{
+    memset(o, 0, sizeof *o);
+    if (!fx_server_start(sv, args)) return false;
+    char *m0 = NULL, *m1 = NULL;
+    bool ok = true;
+    if (!text1) {
+        ok = (o->body[0] = kept_post(sv, p1, 40, 1)) != NULL && (o->text1 = kept_text(o->body[0])) != NULL;
+        o->prompt1 = kept_usage(o->body[0], "prompt_tokens");
+        o->total1 = kept_usage(o->body[0], "total_tokens");
+    } else {
+        o->text1 = kvt_strndup(text1, strlen(text1));
+    }
+    ok = ok && (m0 = kept_metrics(sv, 0)) != NULL;
+    size_t n1 = strlen(p1), nt = o->text1 ? strlen(o->text1) : 0;
+    char *p2 = malloc(n1 + nt + 8);
+    if (ok && p2) snprintf(p2, n1 + nt + 8, "%s%s Then", p1, o->text1);
+    ok = ok && p2 && (o->body[1] = kept_post(sv, p2, max2, 2)) != NULL && (m1 = kept_metrics(sv, 1)) != NULL;
+    free(p2);
+    if (ok) {
+        o->from[0] = metric_in(m1, "kvtier_draft_sessions_total{from=\"none\"}");
+        o->from[1] = metric_in(m1, "kvtier_draft_sessions_total{from=\"ram\"}");
+        o->from[2] = metric_in(m1, "kvtier_draft_sessions_total{from=\"store\"}");
+        o->pf_turn2 = metric_in(m1, "kvtier_draft_prefilled_tokens_total") -
+                      metric_in(m0, "kvtier_draft_prefilled_tokens_total");
+        o->dropped = metric_in(m1, "kvtier_draft_sessions_dropped_total");
+        o->prompt2 = kept_usage(o->body[1], "prompt_tokens");
+        o->completion2 = kept_usage(o->body[1], "completion_tokens");
+    }
+    for (int i = 0; i < 2; i++) { /* the reply: its choices (its usage says where the prompt came from) */
+        char *u = o->body[i] ? strstr(o->body[i], ",\"usage\":") : NULL;
+        if (u) *u = 0;
+        if (o->body[i]) {
+            cut_field(o->body[i], "\"id\":\"", '"');
+            cut_field(o->body[i], "\"created\":", ',');
+        }
+    }
+    free(m0);
+    free(m1);
+    bool stopped = fx_server_stop(sv);
+    if (!ok || !stopped) fx_print_file("server", sv->log);
+    return ok && stopped;
+}
+
+/* Every record of a store damaged (a byte flipped in each, in its
+ * segment); how many. */
+static int damage_all(const char *dir)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvtier.db", dir);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t ids[256];
+    int n = 0, done = 0;
+    if (sqlite3_open(path, &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT id FROM snaps", -1, &st, NULL) == SQLITE_OK)
+        while (n < 256 && sqlite3_step(st) == SQLITE_ROW) ids[n++] = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    for (int i = 0; i < n; i++) done += damage_record(dir, ids[i]);
+    return done;
+}
+
+/* `kvtier serve --draft model` on stories260K drafting for itself (its
+ * replies are text, so the second turn resent as text extends the first
+ * reply's exact tokens), with --draft none's replies as the reference:
+ *   - two turns, the second extending the first reply: the second turn's
+ *     draft session is the first one's, kept with the pooled session
+ *     (from="ram"), and runs only the tokens it lacks (and one a pass),
+ *     none of the shared prefix; the bodies (text, logprobs) are plain
+ *     decoding's;
+ *   - restarted on the same disk store: the second turn's draft session is
+ *     restored from the store (from="store"), the same guarantees;
+ *   - every record of that store damaged: a clean miss (a new draft
+ *     session, the whole prompt run), the same body;
+ *   - --kv-ram-mb 2 and a long second reply: the companion does not fit
+ *     at the reply's end and is dropped (counted), the body the same.
+ * (The exactness of the draft session itself, and its control, are
+ * speculate_model_kept's; the model and its draft being one file here,
+ * their records are one model's.) */
+TEST(speculate_server_kept)
+{
+    if (access(STORIES, R_OK)) SKIP(STORIES " not found");
+    fx_server sv = {0};
+    CHECKF(fx_tmpdir_make(&sv, "spec-kept"), "mkdtemp");
+    char store[128], p1[2048] = "";
+    snprintf(store, sizeof store, "%s/store", sv.dir);
+    for (int i = 0; i < 20; i++) /* past the store's 512 tokens */
+        strcat(p1, "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ");
+    const char *const plain[] = {"--model", STORIES, "--no-kv-disk", "--parallel", "1", "--threads", "1",
+                                 "--draft", "none", NULL};
+    const char *const kept[] = {"--model", STORIES, "--kv-disk-dir", store, "--parallel", "1", "--threads", "1",
+                                "--draft", "model", "--model-draft", STORIES, NULL};
+    const char *const tight[] = {"--model", STORIES, "--no-kv-disk", "--kv-ram-mb", "2", "--parallel", "1",
+                                 "--threads", "1", "--draft", "model", "--model-draft", STORIES, NULL};
+    kept_run a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0};
+    bool ran = kept_turns(&sv, plain, p1, NULL, 40, &a) && kept_turns(&sv, kept, p1, NULL, 40, &b);
+    CHECKF(ran, "the servers or their requests failed");
+    bool same1 = !strcmp(a.body[0], b.body[0]) && !strcmp(a.body[1], b.body[1]);
+    printf("    two turns: %ld then %ld prompt tokens; turn 2's draft session from ram %ld, ran %ld tokens (%ld new, "
+           "%ld generated); bodies %s\n", b.prompt1, b.prompt2, b.from[1], b.pf_turn2, b.prompt2 - b.total1,
+           b.completion2, same1 ? "the same" : "DIFFERENT");
+    CHECKF(same1, "--draft model with the draft session kept changed a body");
+    CHECKF(b.from[0] == 1 && b.from[1] == 1 && b.prompt2 > b.total1, "turn 2's draft session: want the kept one");
+    CHECKF(b.pf_turn2 <= b.prompt2 - b.total1 + b.completion2 && b.pf_turn2 < b.prompt1,
+           "turn 2's draft session ran %ld tokens: the shared prefix again", b.pf_turn2);
+    /* restarted on the store */
+    ran = kept_turns(&sv, kept, p1, b.text1, 40, &c);
+    CHECKF(ran, "the restarted server failed");
+    printf("    restarted: turn 2's draft session from the store %ld, ran %ld tokens; body %s\n", c.from[2],
+           c.pf_turn2, !strcmp(a.body[1], c.body[1]) ? "the same" : "DIFFERENT");
+    if (strcmp(a.body[1], c.body[1])) printf("      plain:     %.600s\n      restarted: %.600s\n", a.body[1], c.body[1]);
+    CHECKF(!strcmp(a.body[1], c.body[1]), "the restarted server changed turn 2's reply");
+    CHECKF(c.from[2] == 1 && c.pf_turn2 < b.prompt1, "turn 2 after a restart: want the draft session from the store");
+    /* every record damaged: clean misses */
+    int damaged = damage_all(store);
+    ran = kept_turns(&sv, kept, p1, b.text1, 40, &d);
+    CHECKF(ran, "the server on the damaged store failed");
+    printf("    %d records damaged: turn 2's draft session new %ld, from the store %ld, ran %ld tokens; body %s\n",
+           damaged, d.from[0], d.from[2], d.pf_turn2, !strcmp(a.body[1], d.body[1]) ? "the same" : "DIFFERENT");
+    CHECKF(damaged > 0 && !strcmp(a.body[1], d.body[1]), "the damaged store changed turn 2's body");
+    CHECKF(d.from[0] == 1 && d.from[2] == 0 && d.pf_turn2 >= d.prompt2, "a damaged draft record: want a clean miss");
+    /* a tight budget: the companion of a long reply does not fit */
+    ran = kept_turns(&sv, plain, p1, NULL, 1500, &e) && kept_turns(&sv, tight, p1, NULL, 1500, &f);
+    CHECKF(ran, "the tight servers failed");
+    bool same_t = !strcmp(e.body[0], f.body[0]) && !strcmp(e.body[1], f.body[1]);
+    printf("    --kv-ram-mb 2, a %ld-token second reply: draft sessions dropped %ld; bodies %s\n", f.completion2,
+           f.dropped, same_t ? "the same" : "DIFFERENT");
+    CHECKF(same_t, "the tight budget changed a body");
+    CHECKF(f.dropped >= 1, "the companion that does not fit: want it dropped");
+    kept_free(&a);
+    kept_free(&b);
+    kept_free(&c);
+    kept_free(&d);
+    kept_free(&e);
+    kept_free(&f);
+    fx_tmpdir_remove(&sv);
 }

@@ -234,9 +234,10 @@ static bool replay_lookup(void *user, const char *call_id, kvt_wbuf *out)
  * when a job finishes. */
 static void pool_publish(server *sv)
 {
-    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS];
+    size_t ram[MAX_TENANTS], n[MAX_TENANTS], dr[MAX_TENANTS], dk[MAX_TENANTS];
     for (size_t t = 0; t < sv->n_tn; t++) {
         ram[t] = kvt_tiers_bytes(sv->tiers, (int)t);
+        dk[t] = kvt_tiers_draft_bytes(sv->tiers, (int)t);
         dr[t] = kvt_tiers_reserved(sv->tiers, (int)t);
         n[t] = kvt_tiers_count(sv->tiers, (int)t);
     }
@@ -245,6 +246,7 @@ static void pool_publish(server *sv)
         sv->tn[t].ram = ram[t];
         sv->tn[t].ram_entries = n[t];
         sv->tn[t].draft_ram = dr[t];
+        sv->tn[t].draft_kept = dk[t];
     }
     pthread_mutex_unlock(&sv->mu);
 }
@@ -387,7 +389,12 @@ typedef struct slot {
     struct gen_ctx gc;
     kvt_gen_out out;
     kvt_gen_run *run;
-    kvt_draft_model *dm;          /* --draft model: the draft session, made for the reply */
+    kvt_draft_model *dm;          /* --draft model: the drafter, on dsess or a new session */
+    kvt_session *dsess;           /* the draft session the reply begins on (taken by dm when made):
+                                   * the pooled session's companion, or one a store load fills */
+    kvt_storeq_ticket *dload;     /* that load, in progress: dm held (no drafts) until it is over */
+    int dfrom;                    /* where dsess came from: 0 new, 1 RAM, 2 the store (metrics.draft_from) */
+    bool saved;                   /* a copy of s was handed to the store per the policy */
     kvt_draft_mtp *mtp;           /* --draft mtp: the MTP drafter, on s */
     size_t dm_held;               /* its bytes reserved in the tenant's RAM share (kvt_tiers_reserve;
                                    * 0: no draft session for this reply) */
@@ -397,6 +404,43 @@ typedef struct slot {
 static char *error_body(const job *j, int status, const char *msg)
 {
     return j->stream ? kvt_stream_error(j->api, status, msg) : kvt_error_json(j->api, status, msg);
+}
+
+/* The reply's draft session stays with its pooled session as its companion
+ * (kvt_tiers_keep_draft), rolled back to the tokens the reply kept, when
+ * it fits the tenant's share (after the reply's reservation went back);
+ * else it is dropped. When a copy of the model's session went to the store
+ * per the policy, a copy of the companion follows it (reason "draft"). */
+static void draft_keep(server *sv, slot *sl)
+{
+    if (sl->dload) { /* its restore is on a store thread: over soon (the draft model is small) */
+        size_t got;
+        while (!kvt_storeq_load_done(sl->dload, &got, NULL)) nanosleep(&(struct timespec){0, 1000000L}, NULL);
+        sl->dload = NULL;
+        if (sl->dm) kvt_draft_model_hold(sl->dm, false);
+    }
+    kvt_session *d = sl->dm && sl->s ? kvt_draft_model_release(sl->dm, kvt_session_tokens(sl->s), kvt_session_len(sl->s))
+                                     : sl->dsess;
+    sl->dsess = NULL;
+    if (!d) return;
+    if (!sl->s || !kvt_tiers_keep_draft(sv->tiers, sl->s, d)) {
+        kvt_session_free(d);
+        if (sl->s) {
+            pthread_mutex_lock(&sv->mu);
+            sv->tn[sl->j->tenant].mx.draft_dropped++;
+            pthread_mutex_unlock(&sv->mu);
+        }
+        return;
+    }
+    kvt_store *store = sv->tn[sl->j->tenant].store;
+    if (!store || !sl->saved || kvt_session_len(d) < sv->o.policy.min_tokens || !kvt_session_logits(d)) return;
+    kvt_session_opts so = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
+    kvt_session *c = NULL;
+    if (kvt_session_new_on(&c, sv->dmodel, &so, sv->tiers->threads) || kvt_session_clone(c, d) ||
+        kvt_storeq_save(sv->q, store, sl->j->tenant, c, "draft")) {
+        fprintf(stderr, "kvtier: cache: a save of a draft session skipped: %s\n", kvt_errmsg());
+        kvt_session_free(c);
+    }
 }
 
 /* The slot's request is over: answer it, give its session back to the pool. */
@@ -417,6 +461,7 @@ static void slot_end(server *sv, slot *sl, int status, char *body)
     job_done(sv, sl->j, status, body);
     if (sl->dm_held || sl->rows_held) {
         kvt_tiers_unreserve(sv->tiers, sl->j->tenant, sl->dm_held + sl->rows_held);
+        draft_keep(sv, sl);
         pool_publish(sv);
     }
     job_unref(sl->j);
@@ -489,7 +534,8 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
      * begins: new conversations on the same prompt fork there, after a
      * restart too. The tokens the saves write are reported with the
      * response, as the save is handed on (it commits after). */
-    if (store && save_copy(sv, j->tenant, store, s, sl->pick.from_disk, sl->pick.opening ? sl->pick.mark : 0) && !rc) {
+    if (store && (sl->saved = save_copy(sv, j->tenant, store, s, sl->pick.from_disk,
+                                         sl->pick.opening ? sl->pick.mark : 0)) && !rc) {
         size_t cold = kvt_save_policy_cold(&sv->o.policy, n);
         kvt_usage *u = &sl->u;
         if (cold > u->cached_tokens) u->created_tokens = (uint32_t)(cold - u->cached_tokens);
@@ -509,15 +555,18 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
                       .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
                       .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock,
                       .draft = sv->o.draft, .draft_max = sv->o.draft_max};
-    /* The draft model's session is made for the reply and takes in the
-     * prompt over its first passes, a chunk a pass (the draft model is
-     * small: its prefill costs a fraction of the model's that a cache hit
-     * saves): it is not kept in the tiers or saved (docs/API.md). No
-     * session: no drafts. */
+    /* The draft model's session: the one draft_begin found (the pooled
+     * session's companion, or one the store restores into: held until its
+     * load is over), else a new one. It catches up with the prompt over
+     * the first passes, a chunk a pass, from the longest prefix it holds
+     * (docs/API.md). No session: no drafts. */
     if (sl->dm_held) {
         kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
-        if (kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads))
-            fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
+        int drc = sl->dsess ? kvt_draft_model_adopt(&sl->dm, sv->m, sv->dmodel, sl->dsess)
+                            : kvt_draft_model_new(&sl->dm, sv->m, sv->dmodel, &dso, sv->tiers->threads);
+        if (drc) fprintf(stderr, "kvtier: the draft model is off for a reply: %s\n", kvt_errmsg());
+        if (!drc) sl->dsess = NULL; /* the drafter's */
+        if (sl->dm && sl->dload) kvt_draft_model_hold(sl->dm, true);
         sl->g.dm = sl->dm;
     }
     /* the MTP drafter's windows (rows, hidden states) count in the share too */
@@ -557,6 +606,10 @@ static void slot_reply_done(server *sv, slot *sl)
     mx->decode_passes += sl->u.passes;
     mx->drafted += sl->u.drafted;
     mx->accepted += sl->u.accepted;
+    if (sl->dm) {
+        mx->draft_from[sl->dfrom]++;
+        mx->draft_prefilled += kvt_draft_model_prefilled(sl->dm);
+    }
     if (sv->o.draft == KVT_DRAFT_NGRAM || sv->o.draft == KVT_DRAFT_MODEL || sv->o.draft == KVT_DRAFT_MTP) {
         int by = sv->o.draft == KVT_DRAFT_MODEL ? 1 : sv->o.draft == KVT_DRAFT_MTP ? 2 : 0;
         mx->drafted_by[by] += sl->u.drafted;
@@ -567,6 +620,36 @@ static void slot_reply_done(server *sv, slot *sl)
 }
 
 static bool slot_ready(server *sv, slot *sl);
+
+#define DRAFT_LOOKUP_MS 5 /* a store busy for longer: the draft session starts new */
+
+/* The draft session a reply begins on: the companion of the pooled session
+ * it extends (RAM); else, when the model's own prefix comes from a store
+ * thread (waits), a new one that the store thread then restores the draft
+ * model's longest record for the prompt into (looked up there, the remote
+ * tier asked too), queued after the model's load so that it never delays
+ * it; else, when the store holds such a record (a bounded lookup here), the
+ * same; else none (a new one when the reply starts). */
+static void draft_begin(server *sv, slot *sl, kvt_store *store, bool waits)
+{
+    if (sl->pick.extended && (sl->dsess = kvt_tiers_take_draft(sv->tiers, sl->s))) {
+        sl->dfrom = 1;
+        return;
+    }
+    size_t match = 0;
+    int64_t id = -1;
+    if (!store) return;
+    if (waits) match = sl->n; /* id -1: the store thread looks the prompt up */
+    else if (kvt_store_lookup_try(store, sv->dmodel, sl->toks, sl->n, DRAFT_LOOKUP_MS, &match, &id) || !match)
+        return;
+    kvt_session_opts dso = {.n_ctx = sv->o.n_ctx, .n_threads = 1};
+    if (kvt_session_new_on(&sl->dsess, sv->dmodel, &dso, sv->tiers->threads) ||
+        kvt_storeq_load(sv->q, store, sl->j->tenant, sl->dsess, sl->toks, sl->n, match, id, &sl->dload)) {
+        kvt_session_free(sl->dsess);
+        sl->dsess = NULL;
+        sl->dload = NULL;
+    }
+}
 
 /* A queued job becomes active: the tiers pick its session, which goes back
  * to the longest prefix of the prompt it can restore. NULL: the job was
@@ -621,9 +704,10 @@ static slot *slot_start(server *sv, job *j)
     }
     /* the store holds a prefix: the slot waits while a store thread
      * restores it, the other requests step on */
-    if ((sl->pick.load || remote) && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n, sl->pick.load,
-                                                      sl->pick.load_id, &sl->load))
-        return sl;
+    bool waits = (sl->pick.load || remote) && !kvt_storeq_load(sv->q, store, j->tenant, sl->s, sl->toks, sl->n,
+                                                               sl->pick.load, sl->pick.load_id, &sl->load);
+    if (sl->dm_held) draft_begin(sv, sl, store, waits);
+    if (waits) return sl;
     if (remote) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     if (sl->pick.load) kvt_tiers_loaded(sv->tiers, &sl->pick, 0);
     return slot_ready(sv, sl) ? sl : NULL;
@@ -674,6 +758,14 @@ static size_t step(server *sv, slot **act, size_t na)
         kvt_tiers_loaded(sv->tiers, &act[i]->pick, got);
         if (got && from_remote) act[i]->pick.tier = "remote";
         if (!slot_ready(sv, act[i])) act[i] = NULL;
+    }
+    /* the draft sessions whose restore is over: drafts from now on */
+    for (size_t i = 0; i < na; i++) {
+        size_t got;
+        if (!act[i] || !act[i]->dload || !kvt_storeq_load_done(act[i]->dload, &got, NULL)) continue;
+        act[i]->dload = NULL;
+        if (got) act[i]->dfrom = 2;
+        if (act[i]->dm) kvt_draft_model_hold(act[i]->dm, false);
     }
     /* one token for every reply, then the prefills */
     size_t n_dec = 0, dec_toks = 0;

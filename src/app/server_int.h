@@ -32,6 +32,10 @@ typedef struct metrics {
     uint64_t prompt_tokens, prefilled, generated;
     uint64_t decode_passes, drafted, accepted; /* speculative decoding: passes of replies, drafts, kept */
     uint64_t drafted_by[3], accepted_by[3];    /* the same by drafter: [0] n-gram, [1] the draft model, [2] MTP */
+    uint64_t draft_from[3];       /* replies' draft model sessions: [0] new, [1] the pooled session's
+                                   * companion (RAM), [2] restored from the store (disk, remote) */
+    uint64_t draft_prefilled;     /* tokens the draft sessions ran to follow their contexts */
+    uint64_t draft_dropped;       /* draft sessions not kept at a reply's end: no room in the share */
     uint64_t reused_ram, reused_disk, reused_remote, hits_ram, hits_disk, hits_remote, misses;
     uint64_t ram_evictions, disk_saves, disk_save_errors, canceled;
     uint64_t ram_blocks_evicted;  /* 128-token blocks sessions kept in RAM gave back to the budget */
@@ -78,6 +82,7 @@ typedef struct tenant {
     metrics mx;               /* under server.mu */
     size_t ram, ram_entries;  /* the pool's bytes and sessions, published by the worker (server.mu) */
     size_t draft_ram;         /* the draft sessions' bytes reserved in the pool, likewise */
+    size_t draft_kept;        /* the companions' bytes (in ram), likewise */
     size_t queued;            /* jobs waiting (server.mu) */
     size_t active;            /* requests the scheduler runs (server.mu) */
     uint64_t admitted;        /* when the scheduler last started one of its jobs (server.admissions) */

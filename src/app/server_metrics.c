@@ -28,7 +28,7 @@ typedef struct mview {
     metrics mx;
     kvt_store_stats ds;
     size_t ram, ram_entries, queued, active;
-    size_t draft_ram;
+    size_t draft_ram, draft_kept;
     size_t store_jobs, store_held;  /* the store threads' queue (storeq.h) */
     uint64_t ram_budget;
     char lbl[64];               /* tenant="NAME" or "" */
@@ -187,6 +187,7 @@ char *kvt_server_metrics_text(server *sv, int tnt)
         v[k].ram = tt->ram;
         v[k].ram_entries = tt->ram_entries;
         v[k].draft_ram = tt->draft_ram;
+        v[k].draft_kept = tt->draft_kept;
         v[k].queued = tt->queued;
         v[k].active = tt->active;
     }
@@ -246,6 +247,16 @@ char *kvt_server_metrics_text(server *sv, int tnt)
     FAMILY3("kvtier_drafter_accepted_tokens_total", "counter", "Drafted tokens accepted, by drafter.",
             "drafter=\"ngram\"", w->mx.accepted_by[0], "drafter=\"model\"", w->mx.accepted_by[1], "drafter=\"mtp\"",
             w->mx.accepted_by[2]);
+    FAMILY3("kvtier_draft_sessions_total", "counter",
+            "Draft model sessions replies began on: new, kept in RAM with the model's session, restored from the "
+            "store.", "from=\"none\"", w->mx.draft_from[0], "from=\"ram\"", w->mx.draft_from[1], "from=\"store\"",
+            w->mx.draft_from[2]);
+    FAMILY("kvtier_draft_prefilled_tokens_total", "counter",
+           "Tokens the draft model's sessions ran to follow their replies' contexts (drafts not counted).", "",
+           w->mx.draft_prefilled);
+    FAMILY("kvtier_draft_sessions_dropped_total", "counter",
+           "Draft model sessions dropped at a reply's end: no room for them in the RAM share.", "",
+           w->mx.draft_dropped);
     FAMILY3("kvtier_reused_tokens_total", "counter", "Prompt tokens reused, by tier.", "tier=\"ram\"",
             w->mx.reused_ram, "tier=\"disk\"", w->mx.reused_disk, "tier=\"remote\"", w->mx.reused_remote);
     FAMILY3("kvtier_cache_hits_total", "counter", "Requests served from a tier.", "tier=\"ram\"", w->mx.hits_ram,
@@ -270,6 +281,9 @@ char *kvt_server_metrics_text(server *sv, int tnt)
            "RAM reserved for drafting by replies in progress: draft model sessions, MTP windows, verify rows (counted "
            "in the RAM budget).", "",
            w->draft_ram);
+    FAMILY("kvtier_draft_kept_bytes", "gauge",
+           "RAM held by draft model sessions kept with their pooled sessions (part of kvtier_cache_bytes{tier=\"ram\"}).",
+           "", w->draft_kept);
     FAMILY("kvtier_canceled_total", "counter", "Prefills stopped because the client went away.", "", w->mx.canceled);
     FAMILY("kvtier_queue_depth", "gauge", "Jobs waiting for a slot.", "", w->queued);
     FAMILY("kvtier_active_requests", "gauge", "Requests the scheduler runs now.", "", w->active);

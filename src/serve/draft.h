@@ -119,6 +119,23 @@ typedef struct kvt_draft_model kvt_draft_model;
 int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_model *draft,
                         const kvt_session_opts *opts, kvt_pool *pool);
 void kvt_draft_model_free(kvt_draft_model *d);
+/* A drafter as kvt_draft_model_new's, on session s of model draft (taken:
+ * the drafter frees it) holding whatever it holds: the first follow brings
+ * it to the context as kvt_session_sync does (the longest common prefix
+ * kept), so the contract below holds from any start. KVT_EINVAL: s is of
+ * another model (s is still the caller's). */
+int kvt_draft_model_adopt(kvt_draft_model **out, const kvt_model *target, kvt_model *draft, kvt_session *s);
+/* The reply is over, the model's session holding ctx[0..n): the draft
+ * session, rolled back to the tokens of its last pass that ctx kept, goes
+ * to the caller (the drafter keeps the rest until freed). NULL: none to
+ * give (the drafter failed, its session held, or the rollback failed). */
+kvt_session *kvt_draft_model_release(kvt_draft_model *d, const int32_t *ctx, size_t n);
+/* While on: no drafts, the session untouched (a restore into it runs on
+ * another thread). */
+void kvt_draft_model_hold(kvt_draft_model *d, bool on);
+/* Tokens the draft session ran to follow the context (the prompt, the
+ * tokens of a pass it lacked), drafts not counted. */
+size_t kvt_draft_model_prefilled(const kvt_draft_model *d);
 /* Same contract as kvt_draft_ngram: the context is ctx[0..n) followed by
  * last; propose up to max tokens, the draft model's greedy continuation.
  * The draft session first follows the context: the previous pass rolled
@@ -196,7 +213,9 @@ size_t kvt_draft_mtp_bytes(const kvt_draft_mtp *d);
  * rollback of the MTP layer's window: one draft row too many survives);
  * KVT_DRAFT_FAULT_NO_COST makes the drafts' tuning (draft.c) ignore what
  * passes cost, as it did before it timed them; KVT_DRAFT_FAULT_AUTO_NGRAM
- * makes --draft auto choose ngram for every model. */
+ * makes --draft auto choose ngram for every model;
+ * KVT_DRAFT_FAULT_ADOPT_LONG leaves an adopted draft session that holds the
+ * context and one token more as it is (not synced: one token too long). */
 enum {
     KVT_DRAFT_FAULT_NONE,
     KVT_DRAFT_FAULT_SAVE_LATE,
@@ -204,6 +223,7 @@ enum {
     KVT_DRAFT_FAULT_MTP_KEEP,
     KVT_DRAFT_FAULT_NO_COST,
     KVT_DRAFT_FAULT_AUTO_NGRAM,
+    KVT_DRAFT_FAULT_ADOPT_LONG,
 };
 extern int kvt_draft_fault;
 

@@ -15,7 +15,15 @@
  * its guesses are the draft model's own. Whatever it lacks of the context
  * (the prompt, the last draft of a pass that kept them all) runs as a
  * prefill, a chunk of it a pass at most; anything else (a context that went another way) goes through
- * kvt_session_sync, which reuses the longest common prefix. */
+ * kvt_session_sync, which reuses the longest common prefix.
+ *
+ * A drafter may also start from a session it is given (kvt_draft_model_adopt:
+ * the one a server kept from the conversation's previous reply, or restored
+ * from its store) and give its session back when the reply ends
+ * (kvt_draft_model_release, rolled back to the tokens the reply kept): the
+ * first follow then brings that session to the context as kvt_session_sync
+ * does (the longest common prefix kept, the rest run a chunk a pass), so the
+ * contract holds whatever the session held. */
 #include "serve/draft.h"
 #include "serve/sampler.h"
 #include "arch/model.h"
@@ -39,6 +47,9 @@ struct kvt_draft_model {
     size_t cap;
     kvt_wbuf save;
     bool failed;
+    bool held;                  /* its session is being restored elsewhere: no drafts, not touched */
+    bool adopted;               /* its session was given, not made */
+    size_t prefilled;           /* tokens its session ran to follow the context (not drafts) */
 };
 
 /* A token's bytes for a message: printable ASCII as is, others as \xNN,
@@ -83,17 +94,26 @@ int kvt_draft_vocab_check(const kvt_model *target, const kvt_model *draft)
     return KVT_OK;
 }
 
+static int settle(kvt_draft_model *d, const int32_t *ctx, size_t n, int32_t last);
+
+static kvt_draft_model *drafter(const kvt_model *target, kvt_model *draft)
+{
+    kvt_draft_model *d = kvt_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->target = target;
+    d->m = draft;
+    d->V = draft->info.n_vocab;
+    d->n_ids = target->info.n_vocab < d->V ? target->info.n_vocab : d->V;
+    return d;
+}
+
 int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_model *draft,
                         const kvt_session_opts *opts, kvt_pool *pool)
 {
     *out = NULL;
     int rc = KVT_OK;
-    kvt_draft_model *d = kvt_calloc(1, sizeof *d);
+    kvt_draft_model *d = drafter(target, draft);
     if (!d) return KVT_ENOMEM;
-    d->target = target;
-    d->m = draft;
-    d->V = draft->info.n_vocab;
-    d->n_ids = target->info.n_vocab < d->V ? target->info.n_vocab : d->V;
     kvt_session_opts so = *opts;
     so.progress = NULL;
     so.progress_user = NULL;
@@ -104,6 +124,32 @@ int kvt_draft_model_new(kvt_draft_model **out, const kvt_model *target, kvt_mode
     *out = d;
     return KVT_OK;
 }
+
+int kvt_draft_model_adopt(kvt_draft_model **out, const kvt_model *target, kvt_model *draft, kvt_session *s)
+{
+    *out = NULL;
+    if (s->m != draft) return kvt_fail(KVT_EINVAL, "a session of another model given to the draft model");
+    kvt_draft_model *d = drafter(target, draft);
+    if (!d) return KVT_ENOMEM;
+    d->s = s;
+    d->adopted = true;
+    *out = d;
+    return KVT_OK;
+}
+
+kvt_session *kvt_draft_model_release(kvt_draft_model *d, const int32_t *ctx, size_t n)
+{
+    if (!d || !d->s || d->held || d->failed) return NULL;
+    int rc = n ? settle(d, ctx, n - 1, ctx[n - 1]) : KVT_OK;
+    d->ran = 0;
+    if (rc) return NULL;
+    kvt_session *s = d->s;
+    d->s = NULL;
+    return s;
+}
+
+void kvt_draft_model_hold(kvt_draft_model *d, bool on) { d->held = on; }
+size_t kvt_draft_model_prefilled(const kvt_draft_model *d) { return d->prefilled; }
 
 void kvt_draft_model_free(kvt_draft_model *d)
 {
@@ -119,7 +165,7 @@ bool kvt_draft_model_failed(const kvt_draft_model *d) { return d->failed; }
 
 size_t kvt_draft_model_bytes(const kvt_draft_model *d)
 {
-    return sizeof *d + kvt_session_bytes(d->s) + d->cap * (size_t)d->V * sizeof(float) + d->save.cap;
+    return sizeof *d + (d->s ? kvt_session_bytes(d->s) : 0) + d->cap * (size_t)d->V * sizeof(float) + d->save.cap;
 }
 
 size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t tokens, uint32_t draft_max,
@@ -154,7 +200,14 @@ int kvt_draft_model_follow(kvt_draft_model *d, const int32_t *ctx, size_t n)
     kvt_session *s = d->s;
     /* the usual case, after settle: the session holds the context already */
     if (s->n == n && !s->logits_stale && (!n || !memcmp(s->tokens, ctx, n * sizeof *ctx))) return KVT_OK;
-    return kvt_session_sync(s, ctx, n, NULL);
+    /* tests: an adopted session one token longer than the context kept so */
+    if (kvt_draft_fault == KVT_DRAFT_FAULT_ADOPT_LONG && d->adopted && s->n == n + 1 &&
+        (!n || !memcmp(s->tokens, ctx, n * sizeof *ctx)))
+        return KVT_OK;
+    size_t kept = 0;
+    int rc = kvt_session_sync(s, ctx, n, &kept);
+    if (!rc && n > kept) d->prefilled += n - kept;
+    return rc;
 }
 
 /* One token of the pass (the i-th) through the draft session, its logits
@@ -176,14 +229,20 @@ static int run_one(kvt_draft_model *d, size_t i)
 size_t kvt_draft_model_propose(kvt_draft_model *d, const int32_t *ctx, size_t n, int32_t last, size_t max,
                                int32_t *out)
 {
-    if (d->failed || !max) return 0;
+    if (d->failed || d->held || !max) return 0;
     if (max > KVT_DRAFT_MAX_LIMIT) max = KVT_DRAFT_MAX_LIMIT;
     kvt_session *s = d->s;
     int rc = settle(d, ctx, n, last);
     /* a long way behind (a prompt the server's reply starts from): one
      * chunk of it a pass and no drafts until it is in, so a long prompt's
      * draft prefill never holds the other requests' steps for long */
-    size_t want = s->n < n && n - s->n > s->chunk ? s->n + s->chunk : n;
+    size_t c = 0, lim = s->n < n ? s->n : n;   /* what it holds of the context */
+    while (c < lim && s->tokens[c] == ctx[c]) c++;
+    /* a session that went another way (one kept from an earlier reply)
+     * resumes at c, or with fixed state at its checkpoint before c: the
+     * chunk counts from there */
+    if (c < s->n) c = kvt_session_resume_at(s, c);
+    size_t want = n - c > s->chunk ? c + s->chunk : n;
     if (!rc) rc = kvt_draft_model_follow(d, ctx, want);
     if (!rc && want < n) return 0;
     /* the pass: last, then every guess but the final one */

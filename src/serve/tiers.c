@@ -73,6 +73,7 @@ void kvt_tiers_free(kvt_tiers *t)
     if (!t) return;
     for (size_t i = 0; i < t->n; i++) {
         kvt_session_free(t->pool[i].s);
+        kvt_session_free(t->pool[i].draft);
         free(t->pool[i].ik);
     }
     free(t->ix);
@@ -85,7 +86,18 @@ size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant)
 {
     size_t b = 0;
     for (size_t i = 0; i < t->n; i++)
-        if ((tenant < 0 || t->pool[i].tenant == tenant) && !t->pool[i].loading) b += kvt_session_bytes(t->pool[i].s);
+        if ((tenant < 0 || t->pool[i].tenant == tenant) && !t->pool[i].loading)
+            b += kvt_session_bytes(t->pool[i].s) +
+                 (t->pool[i].draft && kvt_tiers_fault != KVT_TIERS_FAULT_DRAFT_UNCOUNTED /* tests */
+                      ? kvt_session_bytes(t->pool[i].draft) : 0);
+    return b;
+}
+
+size_t kvt_tiers_draft_bytes(const kvt_tiers *t, int tenant)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if ((tenant < 0 || t->pool[i].tenant == tenant) && t->pool[i].draft) b += kvt_session_bytes(t->pool[i].draft);
     return b;
 }
 
@@ -284,28 +296,69 @@ size_t kvt_tiers_index_entries(const kvt_tiers *t, int tenant)
     return k;
 }
 
-void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
+/* Save session s (the pool's no longer) to store per the policy with
+ * reason, or hand it off to be saved, then free it. */
+static void save_free(kvt_tiers *t, int tenant, kvt_session *s, kvt_store *store, const char *reason)
 {
-    kvt_session *s = t->pool[i].s;
     const kvt_tier_hooks *h = &t->o.hooks;
-    /* not again when saved before its first block went (trim_tail), nor
-     * at a length a trim left without logits */
-    bool save = store && !t->pool[i].saved && kvt_session_len(s) >= t->o.policy.min_tokens &&
-                kvt_session_logits(s);
-    ix_forget(t, &t->pool[i]);
-    if (save && h->hand_off && h->hand_off(h->user, t->pool[i].tenant, store, s, reason)) {
-        t->pool[i] = t->pool[--t->n];
-        return;
-    }
+    bool save = store && kvt_session_len(s) >= t->o.policy.min_tokens && kvt_session_logits(s);
+    if (save && h->hand_off && h->hand_off(h->user, tenant, store, s, reason)) return;
     if (save) {
         double t0 = kvt_now();
         bool created = false;
         int rc = kvt_store_save_new(store, s, kvt_session_len(s), reason, NULL, &created);
-        if (h->saved) h->saved(h->user, t->pool[i].tenant, kvt_now() - t0, rc, created);
+        if (h->saved) h->saved(h->user, tenant, kvt_now() - t0, rc, created);
     }
     t->freed += kvt_session_bytes(s);
     kvt_session_free(s);
+}
+
+/* Pooled session i's companion goes: saved (reason given) and freed. */
+static void drop_draft(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
+{
+    kvt_session *d = t->pool[i].draft;
+    t->pool[i].draft = NULL;
+    if (d) save_free(t, t->pool[i].tenant, d, store, reason);
+}
+
+void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason)
+{
+    kvt_session *s = t->pool[i].s;
+    int tenant = t->pool[i].tenant;
+    /* not again when saved before its first block went (trim_tail), nor
+     * at a length a trim left without logits */
+    bool saved = t->pool[i].saved;
+    ix_forget(t, &t->pool[i]);
+    kvt_session *d = t->pool[i].draft;
     t->pool[i] = t->pool[--t->n];
+    save_free(t, tenant, s, saved ? NULL : store, reason);
+    if (d) save_free(t, tenant, d, store, reason);
+}
+
+kvt_session *kvt_tiers_take_draft(kvt_tiers *t, const kvt_session *s)
+{
+    size_t i = pool_index(t, s);
+    if (i == SIZE_MAX) return NULL;
+    kvt_session *d = t->pool[i].draft;
+    t->pool[i].draft = NULL;
+    return d;
+}
+
+static size_t held_one(const kvt_tiers *t, int tenant);
+
+bool kvt_tiers_keep_draft(kvt_tiers *t, const kvt_session *s, kvt_session *d)
+{
+    size_t i = pool_index(t, s);
+    if (i == SIZE_MAX || t->pool[i].draft || t->pool[i].loading) return false;
+    /* parked: its scratch (the draft model's, no spare of the pool's) freed */
+    void *w = kvt_session_park(d);
+    if (w) kvt_session_scratch_free(d->m, w);
+    int tenant = t->pool[i].tenant;
+    size_t share = t->o.ram_bytes / t->o.n_tenants;
+    if (kvt_tiers_bytes(t, tenant) + kvt_session_bytes(d) + reserved_counted(t, tenant) + held_one(t, tenant) > share)
+        return false;
+    t->pool[i].draft = d;
+    return true;
 }
 
 /* Longest prefix of a session's exact tokens whose rendered bytes start the
@@ -434,6 +487,10 @@ static void save_before_trim(kvt_tiers *t, size_t i, kvt_store *store)
  * back to, or it would be left empty): the session goes whole if at all. */
 static bool trim_tail(kvt_tiers *t, size_t i, kvt_store *store)
 {
+    if (t->pool[i].draft) { /* its companion first: the draft model's prefill costs less than the model's */
+        drop_draft(t, i, store, "evict");
+        return true;
+    }
     kvt_session *s = t->pool[i].s;
     size_t n = kvt_session_len(s);
     if (!n) return false;
@@ -450,6 +507,12 @@ static bool trim_tail(kvt_tiers *t, size_t i, kvt_store *store)
     const kvt_tier_hooks *h = &t->o.hooks;
     if (got && h->trimmed) h->trimmed(h->user, t->pool[i].tenant, n, got);
     return got > 0;
+}
+
+static size_t held_one(const kvt_tiers *t, int tenant)
+{
+    const kvt_tier_hooks *h = &t->o.hooks;
+    return h->held ? h->held(h->user, tenant) : 0;
 }
 
 /* The saves queued (hooks.held) of every tenant: sessions handed off and

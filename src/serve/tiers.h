@@ -69,6 +69,9 @@ typedef struct kvt_pooled {
                                 * last ran on it: a later trim or drop does not save it again */
     uint64_t *ik;              /* (nik) the chained keys of its full blocks, as the index holds them */
     size_t nik;
+    kvt_session *draft;        /* its companion (NULL: none): the draft model's session of the last
+                                * reply on s (kvt_tiers_keep_draft), counted in its bytes, saved,
+                                * dropped and evicted with it; out with the request while s is busy */
 } kvt_pooled;
 
 /* An entry of the index over the full blocks in RAM: the block b of
@@ -182,19 +185,32 @@ void kvt_tiers_loaded(kvt_tiers *t, kvt_tier_pick *pick, size_t got);
  * or evicted for others again. */
 void kvt_tiers_release(kvt_tiers *t, const kvt_session *s);
 
+/* The draft model's session of a reply that ran on pooled session s, kept
+ * as s's companion (taken: parked, its scratch freed) when the tenant's
+ * sessions, reservations and saves queued stay within its share with it;
+ * false (d still the caller's, to free): no such session, one already, or
+ * it does not fit. Call after the reply's reservations are given back. */
+bool kvt_tiers_keep_draft(kvt_tiers *t, const kvt_session *s, kvt_session *d);
+/* Take pooled session s's companion (NULL: none) for a request on s: the
+ * caller's from then on, out of s's bytes. */
+kvt_session *kvt_tiers_take_draft(kvt_tiers *t, const kvt_session *s);
+
 /* Test hook, to show a test catches it: a released session keeps its
  * scratch (as every pooled session did before they shared it). */
 extern bool kvt_tiers_fault_keep_scratch;
 
 /* Drop pooled session i (not busy): save it to store first (NULL: no save) when it
  * holds at least policy.min_tokens, with the reason given ("evict",
- * "shutdown"), then free it; or hand it to hooks.hand_off to do both. The
- * last session takes index i. */
+ * "shutdown"), then free it; or hand it to hooks.hand_off to do both. Its
+ * companion goes the same way (a record of the draft model: its own key
+ * chain), after it. The last session takes index i. */
 void kvt_tiers_drop(kvt_tiers *t, size_t i, kvt_store *store, const char *reason);
 
-/* RAM held by a tenant's sessions (-1: all tenants; sessions loading
- * are not counted), and their count. */
+/* RAM held by a tenant's sessions and their companions (-1: all tenants;
+ * sessions loading are not counted), and their count. */
 size_t kvt_tiers_bytes(const kvt_tiers *t, int tenant);
+/* Of those, the companions' (the draft model's sessions kept). */
+size_t kvt_tiers_draft_bytes(const kvt_tiers *t, int tenant);
 /* Entries of the index over the blocks in RAM: full blocks of a
  * tenant's sessions (-1: all tenants) as last indexed (kvt_tiers_select
  * brings them up to date). */
@@ -221,9 +237,11 @@ size_t kvt_tiers_reserved(const kvt_tiers *t, int tenant);
  * KVT_TIERS_FAULT_UNRESERVED leaves the reserved bytes out of the budget;
  * KVT_TIERS_FAULT_SPARES_UNHELD frees the spare scratch while the
  * sessions, reservations and spares exceed the budget, the saves queued
- * (hooks.held) left out, as before they counted there. */
+ * (hooks.held) left out, as before they counted there;
+ * KVT_TIERS_FAULT_DRAFT_UNCOUNTED leaves the companions out of
+ * kvt_tiers_bytes (and so out of the budget). */
 enum { KVT_TIERS_FAULT_NONE, KVT_TIERS_FAULT_PREFIX_SHORT, KVT_TIERS_FAULT_TRIM_SHARED, KVT_TIERS_FAULT_UNRESERVED,
-       KVT_TIERS_FAULT_SPARES_UNHELD };
+       KVT_TIERS_FAULT_SPARES_UNHELD, KVT_TIERS_FAULT_DRAFT_UNCOUNTED };
 extern int kvt_tiers_fault;
 
 #endif
