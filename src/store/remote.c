@@ -68,6 +68,7 @@
 
 bool kvt_remote_skip_mac;
 bool kvt_remote_skip_value_checks;
+bool kvt_remote_fault_skip_block_check;
 bool kvt_remote_fault_fixed_deadline;
 void (*kvt_remote_before_load)(void *arg);
 void *kvt_remote_before_load_arg;
@@ -1120,6 +1121,7 @@ typedef struct restore {
     const uint8_t *rec;            /* NULL until it is held */
     size_t held, peak;             /* value bytes held now, and at most */
     bool *bad_v, *gone_v;          /* [nv] values that failed a check; values gone */
+    bool checked;                  /* the window's blocks were checked by fetch (kvt_snap_block_check_parts) */
     int fail;                      /* FAIL_*: why the last fetch failed */
     bool shard_failed;             /* a shard failed (not only skipped) in a fetch */
 } restore;
@@ -1216,6 +1218,11 @@ static int fetch(restore *rs, size_t v0, size_t v1)
     for (size_t i = v0; i < v1; i++) rs->win_bytes += rs->c->lens[i];
     held_add(rs, rs->win_bytes);
     bool ok = true;
+    /* the blocks' one check: window_read tells the loader so, and it does
+     * not hash them again (kvt_remote_fault_skip_block_check: the check
+     * skipped, the blocks still said checked, the negative control) */
+    bool check = !kvt_remote_skip_value_checks && !kvt_remote_fault_skip_block_check;
+    rs->checked = !kvt_remote_skip_value_checks;
     for (size_t i = v0; i < v1; i++) {
         size_t len = rs->c->lens[i], np = n_parts(len);
         struct iovec *parts = parts_for(rs, np);
@@ -1225,8 +1232,7 @@ static int fetch(restore *rs, size_t v0, size_t v1)
         if (a < 0) rs->bad_v[i] = true;
         if (a > 0) *rs->bytes += len;
         uint64_t k = 0;
-        if (a > 0 && i > 0 && !kvt_remote_skip_value_checks &&
-            (kvt_snap_block_check_parts(parts, np, len, &k) || k != rs->keys[i - 1]))
+        if (a > 0 && i > 0 && check && (kvt_snap_block_check_parts(parts, np, len, &k) || k != rs->keys[i - 1]))
             rs->bad_v[i] = true;
         ok &= a > 0 && !rs->bad_v[i];
     }
@@ -1238,14 +1244,17 @@ static int fetch(restore *rs, size_t v0, size_t v1)
  * window fetched (and the one before released) when b is past it; the
  * loader asks for the blocks in order. The record's rows are copied from
  * the replies' parts straight into the session's rows, the rest of it
- * into buf. Block b's record was checked whole by fetch. */
+ * into buf. Block b's record was checked whole by fetch, where it lies in
+ * the replies these bytes are copied from (not read from Redis again):
+ * *checked, and the loader does not hash it a second time. */
 static int window_read(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
-                       size_t *cap, size_t *len, bool *in_place)
+                       size_t *cap, size_t *len, bool *in_place, bool *checked)
 {
     restore *rs = user;
     size_t v = 1 + (size_t)b;
     (void)key; /* the record's chain: the loader checks the block against it */
     *in_place = false;
+    *checked = false;
     if (v >= rs->nv) return kvt_fail(KVT_ECORRUPT, "remote block %u of %zu", b, rs->nv - 1);
     if (v < rs->v0 || v >= rs->v1) {
         window_free(rs);
@@ -1280,6 +1289,7 @@ static int window_read(void *user, uint32_t b, uint64_t key, const kvt_block_row
     }
     *len = l;
     *in_place = place;
+    *checked = rs->checked;
     return KVT_OK;
 }
 

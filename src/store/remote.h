@@ -140,6 +140,12 @@ extern bool kvt_remote_skip_mac;
  * damaged block shared by other snapshots stays (the negative control of
  * remote_damaged_values_miss). */
 extern bool kvt_remote_skip_value_checks;
+/* Tests: true skips a restore's one check of each block (its checksum and
+ * key, where it lies in the replies) but still hands the blocks to the
+ * loader as checked, so nothing hashes them: the negative control that
+ * shows this check is what keeps a flipped byte out of the session
+ * (remote_later_window_damage). */
+extern bool kvt_remote_fault_skip_block_check;
 /* Tests: called (with kvt_remote_before_load_arg) between a lookup that
  * found entries and the round trip that loads one (to stop Redis there). */
 extern void (*kvt_remote_before_load)(void *arg);
