@@ -165,7 +165,7 @@ static void remote_hit_bit_exact_body(rsrv *rp)
     kvt_session_free(upload_cold(a, 0, m, t, N));
     kvt_session *s3 = fetch(b, 0, m, t, N, &got);
     kvt_remote_part_bytes = 1u << 20;
-    kvt_remote_flush_bytes = 32u << 20;
+    kvt_remote_flush_bytes = 8u << 20;
     CHECKF(got == N, "hit through parts: %zu tokens", got);
     CHECK_OK(kvt_session_sync(s3, t, N + 40, NULL));
     CHECK(kvt_test_digest(s3, m) == kvt_test_digest(cold, m));
@@ -1441,6 +1441,9 @@ static void switches_reset(void)
     kvt_remote_window_bytes = 8u << 20;
     kvt_remote_fault_one_trip = kvt_remote_skip_value_checks = kvt_remote_skip_mac = false;
     kvt_remote_fault_skip_block_check = kvt_snap_fault_hash_checked = false;
+    kvt_remote_flush_bytes = 8u << 20;
+    kvt_redis_keep_bytes = 1u << 20;
+    kvt_redis_fault_keep_queue = false;
 }
 
 static void remote_restore_in_windows_body(rsrv *rp)
@@ -1449,6 +1452,92 @@ static void remote_restore_in_windows_body(rsrv *rp)
     switches_reset();
 }
 REDIS_TEST(remote_restore_in_windows, NULL)
+
+/* An upload of 10 blocks (1,300 tokens) sent in windows of two blocks
+ * (kvt_remote_flush_bytes), the connections' queues kept up to 4 KiB
+ * (kvt_redis_keep_bytes): the most it held at once
+ * (kvt_remote_stats.upload_peak_bytes: its values and the pipeline
+ * formatted from them) is within twice a window and the larger of a block
+ * and the snapshot record, and once sent the tier's connections keep at
+ * most 4 KiB each (kvt_remote_send_buffers); another tier hits it bit for
+ * bit. Two negative controls, one change each: every queue kept whole
+ * (kvt_redis_fault_keep_queue, the client before) keeps the window's
+ * pipeline allocated after the upload; the upload in one piece (the
+ * window past its size, as 32 MiB pieces were for an entry under 32 MiB)
+ * holds the entry twice, past the bound. */
+static void upload_windows(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[LONG];
+    seqb(t, LONG, 24);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(m && c);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
+    uint64_t want = kvt_test_digest(cold, m);
+    CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0);
+    CHECK(a);
+    kvt_remote_upload(a, 0, cold, LONG);
+    CHECK(kvt_remote_drain(a, 10));
+    kvt_remote_close(a);
+    size_t snap, largest, sum, nb = manifest_of(c, &snap, &largest, &sum);
+    CHECKF(nb == LONG / 128 && largest > 0, "a manifest of %zu blocks", nb);
+    size_t window = 2 * largest, keep = 4096, bound = 2 * (window + (largest > snap ? largest : snap)) + 4096;
+    static const char *const how[3] = {"windows of 2 blocks", "queues kept (the control)", "one piece (the control)"};
+    for (int k = 0; k < 3; k++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_remote_flush_bytes = k == 2 ? SIZE_MAX : window;
+        kvt_redis_keep_bytes = keep;
+        kvt_redis_fault_keep_queue = k == 1;
+        a = tier(&r, m, NULL, NULL, 0);
+        CHECK(a);
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_remote_stats st;
+        kvt_remote_stats_get(a, &st);
+        size_t kept = kvt_remote_send_buffers(a);
+        kvt_remote_close(a);
+        kvt_remote_flush_bytes = 8u << 20;
+        kvt_redis_keep_bytes = 1u << 20;
+        kvt_redis_fault_keep_queue = false;
+        printf("    %s: %llu B written (entry %zu B); at most %llu B held at once (bound %zu B); %zu B of queues "
+               "kept after\n", how[k], (unsigned long long)st.bytes_written, snap + sum,
+               (unsigned long long)st.upload_peak_bytes, bound, kept);
+        CHECK(st.uploads == 1 && st.dropped == 0 && st.bytes_written == snap + sum);
+        if (k == 0) {
+            CHECKF(st.upload_peak_bytes <= bound && st.upload_peak_bytes >= 2 * window,
+                   "held %llu B at once, bound %zu", (unsigned long long)st.upload_peak_bytes, bound);
+            CHECKF(kept <= 3 * keep, "%zu B of queues kept after the upload", kept);
+        } else if (k == 1) {
+            CHECKF(kept > 3 * keep && kept >= 2 * window, "the control kept %zu B of queues: no more than the bound",
+                   kept);
+        } else {
+            CHECKF(st.upload_peak_bytes > bound && st.upload_peak_bytes >= 2 * (snap + sum),
+                   "the control held %llu B at once: not past the bound %zu", (unsigned long long)st.upload_peak_bytes,
+                   bound);
+        }
+        /* what was sent is the entry: another tier hits it, bit for bit */
+        kvt_remote *b = tier(&r, m, NULL, NULL, 0);
+        size_t got = 0;
+        kvt_session *s = fetch(b, 0, m, t, LONG, &got);
+        CHECKF(got == LONG && kvt_test_digest(s, m) == want, "%s: a hit of %zu", how[k], got);
+        kvt_session_free(s);
+        kvt_remote_close(b);
+    }
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_model_close(m);
+}
+
+static void remote_upload_in_windows_body(rsrv *rp)
+{
+    upload_windows(rp);
+    switches_reset();
+}
+REDIS_TEST(remote_upload_in_windows, NULL)
 
 /* The block of index b among the keys "*:b:*" (read from its header). */
 static char *block_named(kvt_redis *c, uint32_t b)

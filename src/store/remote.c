@@ -73,7 +73,7 @@ bool kvt_remote_fault_fixed_deadline;
 void (*kvt_remote_before_load)(void *arg);
 void *kvt_remote_before_load_arg;
 size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
-size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
+size_t kvt_remote_flush_bytes = 8u << 20; /* blocks of one upload sent from the saves' thread in windows of this */
 #define PART kvt_remote_part_bytes
 
 /* A circuit breaker: closed (0), open (1: not asked until open_until),
@@ -590,6 +590,20 @@ double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n)
     return d > MIN_LOAD ? d : MIN_LOAD;
 }
 
+size_t kvt_remote_send_buffers(kvt_remote *r)
+{
+    pthread_mutex_lock(&r->check_mu);
+    size_t n = kvt_redis_queue_bytes(r->rd_check);
+    pthread_mutex_unlock(&r->check_mu);
+    pthread_mutex_lock(&r->load_mu);
+    n += kvt_redis_queue_bytes(r->rd_load);
+    pthread_mutex_unlock(&r->load_mu);
+    pthread_mutex_lock(&r->mu); /* the upload thread's: read between its uploads */
+    n += kvt_redis_queue_bytes(r->rd_up);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 bool kvt_remote_drain(kvt_remote *r, double timeout)
 {
     double end = kvt_now() + timeout;
@@ -909,6 +923,12 @@ static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uin
     /* the index entry once its values are all stored (on a cluster they are
      * on other nodes, which do not wait for each other) */
     if (!rc && idx && !(rc = kvt_redis_barrier(rd))) rc = kvt_redis_append(rd, 4, idx, idx_len);
+    /* the most an upload holds: its values and the pipeline formatted
+     * from them (kvt_remote_stats.upload_peak_bytes) */
+    size_t held = bytes + kvt_redis_queued(rd);
+    pthread_mutex_lock(&r->mu);
+    if (held > r->st.upload_peak_bytes) r->st.upload_peak_bytes = held;
+    pthread_mutex_unlock(&r->mu);
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */

@@ -118,6 +118,9 @@ typedef struct kvt_remote_stats {
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
     uint64_t load_peak_bytes;        /* the most bytes of values one restore held at once (its snapshot
                                       * record and a window of blocks), over the tier's restores */
+    uint64_t upload_peak_bytes;      /* the most bytes one upload held at once, at a round trip: the values
+                                      * it sends and their pipeline formatted from them (kvt_remote_flush_bytes
+                                      * and a block, or its last blocks and its snapshot record, each twice) */
     uint64_t breaker_trips;          /* every shard's */
     int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
     size_t n_shards;                 /* a cluster's masters known (1: one server), each with a breaker */
@@ -178,9 +181,15 @@ extern bool kvt_remote_fault_one_trip;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
 /* The bytes of an upload's blocks past which they are sent at once from
- * the caller's thread, in pieces, rather than queued (32 MiB): a prefix of
- * a large model is never held whole. Tests make it small. */
+ * the caller's thread, a window at a time, rather than queued (8 MiB, the
+ * restore's window): a prefix of a large model is never held whole; an
+ * upload holds at most a window and a block of values and their pipeline
+ * (kvt_remote_stats.upload_peak_bytes), and the connection frees the
+ * pipeline once sent (kvt_redis_keep_bytes). Tests make it small. */
 extern size_t kvt_remote_flush_bytes;
+/* Tests, after kvt_remote_drain: the bytes the tier's connections keep
+ * allocated for command queues between round trips. */
+size_t kvt_remote_send_buffers(kvt_remote *r);
 /* Tests: wait for the upload queue to be empty, at most timeout seconds;
  * true when it is. */
 bool kvt_remote_drain(kvt_remote *r, double timeout);
