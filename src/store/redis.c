@@ -232,18 +232,19 @@ void kvt_redis_discard(kvt_redis *r)
     r->n_cmds = 0;
     r->n_bars = 0;
     if (kvt_redis_fault_keep_queue) return;
-    if (r->out_cap > kvt_redis_keep_bytes) {
+    bool freed = r->out_cap > kvt_redis_keep_bytes;
+    if (freed) {
         free(r->out);
         r->out = NULL;
         r->out_cap = 0;
-#ifdef __GLIBC__
-        /* glibc keeps up to twice its mmap threshold (which grows to the
-         * size of the last mmapped block freed, up to 32 MiB) of free heap
-         * resident: the freed pipeline would stay in the resident set */
-        malloc_trim(0);
-#endif
     }
-    if (r->cl) kvt_cluster_trim(r->cl, kvt_redis_keep_bytes);
+    if (r->cl && kvt_cluster_trim(r->cl, kvt_redis_keep_bytes)) freed = true;
+#ifdef __GLIBC__
+    /* glibc keeps up to twice its mmap threshold (which grows to the size
+     * of the last mmapped block freed, up to 32 MiB) of free heap
+     * resident: the freed pipeline would stay in the resident set */
+    if (freed) malloc_trim(0);
+#endif
 }
 
 size_t kvt_redis_queued(const kvt_redis *r) { return r->out_len; }
