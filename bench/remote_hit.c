@@ -14,6 +14,8 @@
  * save prints the upload's time, the process's peak resident set over it
  * (VmHWM, reset after the prefill through /proc/self/clear_refs) and its
  * resident set before and after (VmRSS), in kB.
+ * With REMOTE_HIT_SECRET=FILE in the environment the tier has that secret
+ * (--kv-remote-secret-file: each value's HMAC written and checked).
  * Built against a build's library, so two builds read the same entry:
  *
  *   cc -O2 -Iinclude -Isrc $(pkg-config --cflags hiredis) bench/remote_hit.c \
@@ -66,7 +68,8 @@ int main(int argc, char **argv)
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         t[i] = (int32_t)(3 + (x >> 33) % (mi.n_vocab - 3));
     }
-    kvt_remote_opts o = {.url = argv[2], .lookup_ms = 5000, .load_ms = 60000, .quiet = true};
+    kvt_remote_opts o = {.url = argv[2], .secret_file = getenv("REMOTE_HIT_SECRET"), .lookup_ms = 5000,
+                         .load_ms = 60000, .quiet = true};
     kvt_remote *r = NULL;
     if (kvt_remote_open(&r, m, &o)) { fprintf(stderr, "%s: %s\n", argv[2], kvt_errmsg()); return 1; }
     kvt_session_opts so = {.n_ctx = (uint32_t)n + 16, .n_threads = 2};
