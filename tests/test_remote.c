@@ -16,6 +16,7 @@
 #include "redis_fx.h"
 #include "store/redis.h"
 #include "store/remote.h"
+#include "session/snapshot.h"
 #include "base/util.h"
 #include "arch/model.h"
 
@@ -164,7 +165,7 @@ static void remote_hit_bit_exact_body(rsrv *rp)
     kvt_session_free(upload_cold(a, 0, m, t, N));
     kvt_session *s3 = fetch(b, 0, m, t, N, &got);
     kvt_remote_part_bytes = 1u << 20;
-    kvt_remote_flush_bytes = 32u << 20;
+    kvt_remote_flush_bytes = 8u << 20;
     CHECKF(got == N, "hit through parts: %zu tokens", got);
     CHECK_OK(kvt_session_sync(s3, t, N + 40, NULL));
     CHECK(kvt_test_digest(s3, m) == kvt_test_digest(cold, m));
@@ -1353,7 +1354,11 @@ enum { LONG = 1300 }; /* 10 blocks and a 20-token tail */
  * the snapshot record (and a part beside it while a record in parts is
  * joined) and one window. The negative control: every block in one round
  * trip (kvt_remote_fault_one_trip, the tier before windows) holds the
- * entry whole, past the bound, and the test sees it. */
+ * entry whole, past the bound, and the test sees it. Each block's bytes
+ * are hashed once on the hit (kvt_snap_block_hashed: the window's check,
+ * not the loader's again); the control, the loader hashing the blocks
+ * their reader checked (kvt_snap_fault_hash_checked, as it did before),
+ * hashes them twice, and the count sees it. */
 static void in_windows(rsrv *rp)
 {
     rsrv r = *rp;
@@ -1383,7 +1388,9 @@ static void in_windows(rsrv *rp)
             kvt_remote *b = tier(&r, m, NULL, NULL, 0);
             CHECK(b);
             size_t got = 0;
+            uint64_t h0 = atomic_load(&kvt_snap_block_hashed);
             kvt_session *s = fetch(b, 0, m, t, LONG, &got);
+            uint64_t hashed = atomic_load(&kvt_snap_block_hashed) - h0, once = sum - 8 * nb;
             kvt_remote_fault_one_trip = false;
             kvt_remote_window_bytes = 8u << 20;
             kvt_remote_stats st;
@@ -1400,6 +1407,22 @@ static void in_windows(rsrv *rp)
             else CHECKF(st.load_peak_bytes > bound && st.load_peak_bytes >= snap + sum,
                         "the control held %llu B at once: not past the bound %zu", (unsigned long long)st.load_peak_bytes,
                         bound);
+            /* each block's bytes (all but the checksum they end with) hashed once */
+            CHECKF(hashed == once, "the hit hashed %llu B of blocks, %llu B once each", (unsigned long long)hashed,
+                   (unsigned long long)once);
+            if (!fault) { /* the control: the loader hashes the checked blocks again */
+                kvt_snap_fault_hash_checked = true;
+                h0 = atomic_load(&kvt_snap_block_hashed);
+                kvt_session *s2 = fetch(b, 0, m, t, LONG, &got);
+                uint64_t twice = atomic_load(&kvt_snap_block_hashed) - h0;
+                kvt_snap_fault_hash_checked = false;
+                printf("    hashed by the block checks: %llu B (%llu B of blocks); the control %llu B\n",
+                       (unsigned long long)hashed, (unsigned long long)once, (unsigned long long)twice);
+                CHECK(got == LONG && kvt_test_digest(s2, m) == want);
+                CHECKF(twice == 2 * once && twice != hashed, "the control hashed %llu B: the count does not see it",
+                       (unsigned long long)twice);
+                kvt_session_free(s2);
+            }
             /* the restored session goes on as the cold one does */
             CHECK_OK(kvt_session_sync(s, t, LONG, NULL));
             kvt_session_free(s);
@@ -1417,6 +1440,10 @@ static void switches_reset(void)
     kvt_remote_part_bytes = 1u << 20;
     kvt_remote_window_bytes = 8u << 20;
     kvt_remote_fault_one_trip = kvt_remote_skip_value_checks = kvt_remote_skip_mac = false;
+    kvt_remote_fault_skip_block_check = kvt_snap_fault_hash_checked = false;
+    kvt_remote_flush_bytes = 8u << 20;
+    kvt_redis_keep_bytes = 1u << 20;
+    kvt_redis_fault_keep_queue = false;
 }
 
 static void remote_restore_in_windows_body(rsrv *rp)
@@ -1425,6 +1452,92 @@ static void remote_restore_in_windows_body(rsrv *rp)
     switches_reset();
 }
 REDIS_TEST(remote_restore_in_windows, NULL)
+
+/* An upload of 10 blocks (1,300 tokens) sent in windows of two blocks
+ * (kvt_remote_flush_bytes), the connections' queues kept up to 4 KiB
+ * (kvt_redis_keep_bytes): the most it held at once
+ * (kvt_remote_stats.upload_peak_bytes: its values and the pipeline
+ * formatted from them) is within twice a window and the larger of a block
+ * and the snapshot record, and once sent the tier's connections keep at
+ * most 4 KiB each (kvt_remote_send_buffers); another tier hits it bit for
+ * bit. Two negative controls, one change each: every queue kept whole
+ * (kvt_redis_fault_keep_queue, the client before) keeps the window's
+ * pipeline allocated after the upload; the upload in one piece (the
+ * window past its size, as 32 MiB pieces were for an entry under 32 MiB)
+ * holds the entry twice, past the bound. */
+static void upload_windows(rsrv *rp)
+{
+    rsrv r = *rp;
+    kvt_model *m = tiny();
+    int32_t t[LONG];
+    seqb(t, LONG, 24);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(m && c);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
+    uint64_t want = kvt_test_digest(cold, m);
+    CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+    kvt_remote *a = tier(&r, m, NULL, NULL, 0);
+    CHECK(a);
+    kvt_remote_upload(a, 0, cold, LONG);
+    CHECK(kvt_remote_drain(a, 10));
+    kvt_remote_close(a);
+    size_t snap, largest, sum, nb = manifest_of(c, &snap, &largest, &sum);
+    CHECKF(nb == LONG / 128 && largest > 0, "a manifest of %zu blocks", nb);
+    size_t window = 2 * largest, keep = 4096, bound = 2 * (window + (largest > snap ? largest : snap)) + 4096;
+    static const char *const how[3] = {"windows of 2 blocks", "queues kept (the control)", "one piece (the control)"};
+    for (int k = 0; k < 3; k++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_remote_flush_bytes = k == 2 ? SIZE_MAX : window;
+        kvt_redis_keep_bytes = keep;
+        kvt_redis_fault_keep_queue = k == 1;
+        a = tier(&r, m, NULL, NULL, 0);
+        CHECK(a);
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        kvt_remote_stats st;
+        kvt_remote_stats_get(a, &st);
+        size_t kept = kvt_remote_send_buffers(a);
+        kvt_remote_close(a);
+        kvt_remote_flush_bytes = 8u << 20;
+        kvt_redis_keep_bytes = 1u << 20;
+        kvt_redis_fault_keep_queue = false;
+        printf("    %s: %llu B written (entry %zu B); at most %llu B held at once (bound %zu B); %zu B of queues "
+               "kept after\n", how[k], (unsigned long long)st.bytes_written, snap + sum,
+               (unsigned long long)st.upload_peak_bytes, bound, kept);
+        CHECK(st.uploads == 1 && st.dropped == 0 && st.bytes_written == snap + sum);
+        if (k == 0) {
+            CHECKF(st.upload_peak_bytes <= bound && st.upload_peak_bytes >= 2 * window,
+                   "held %llu B at once, bound %zu", (unsigned long long)st.upload_peak_bytes, bound);
+            CHECKF(kept <= 3 * keep, "%zu B of queues kept after the upload", kept);
+        } else if (k == 1) {
+            CHECKF(kept > 3 * keep && kept >= 2 * window, "the control kept %zu B of queues: no more than the bound",
+                   kept);
+        } else {
+            CHECKF(st.upload_peak_bytes > bound && st.upload_peak_bytes >= 2 * (snap + sum),
+                   "the control held %llu B at once: not past the bound %zu", (unsigned long long)st.upload_peak_bytes,
+                   bound);
+        }
+        /* what was sent is the entry: another tier hits it, bit for bit */
+        kvt_remote *b = tier(&r, m, NULL, NULL, 0);
+        size_t got = 0;
+        kvt_session *s = fetch(b, 0, m, t, LONG, &got);
+        CHECKF(got == LONG && kvt_test_digest(s, m) == want, "%s: a hit of %zu", how[k], got);
+        kvt_session_free(s);
+        kvt_remote_close(b);
+    }
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_model_close(m);
+}
+
+static void remote_upload_in_windows_body(rsrv *rp)
+{
+    upload_windows(rp);
+    switches_reset();
+}
+REDIS_TEST(remote_upload_in_windows, NULL)
 
 /* The block of index b among the keys "*:b:*" (read from its header). */
 static char *block_named(kvt_redis *c, uint32_t b)
@@ -1551,9 +1664,119 @@ static void later_window_damage(rsrv *rp)
     kvt_redis_free(c);
     kvt_model_close(m);
 }
+/* A byte flipped in each part of block b in turn (parts of 1000 bytes, a
+ * block a window): each a clean miss, counted bad, the damaged block
+ * deleted; a block of the first window (b 0) is found before the load
+ * starts, so the session keeps the 256 tokens it held; one of a later
+ * window (b 6) leaves it empty. The negative control: the restore's one
+ * check of each block skipped (kvt_remote_fault_skip_block_check, and the
+ * HMAC with a secret), the blocks still said checked: a flip in the rows
+ * is loaded, a hit of other bits, which the test sees. keyed: the tier has
+ * a secret. */
+static void flip_sweep(kvt_redis *c, kvt_remote *a, kvt_model *m, const int32_t *t, kvt_session *cold, uint64_t want,
+                       uint32_t b, bool keyed)
+{
+    char *blk = block_named(c, b);
+    CHECK(blk);
+    size_t l0 = 0;
+    uint8_t *p0 = get_value(c, blk, &l0);
+    CHECK(p0 && l0 == 1000);
+    size_t len = kvt_rd32(p0 + 44) + 56, text = kvt_rd32(p0 + 48 + 4 * 128);
+    size_t rows0 = 48 + 4 * 128 + 4 + text, rows1 = len - 8, np = (len + 999) / 1000, rows_parts = 0, wrong = 0;
+    free(p0);
+    for (size_t p = 0; p < np; p++) {
+        char part[300];
+        if (p) snprintf(part, sizeof part, "{%s}#%zu", blk, p);
+        else snprintf(part, sizeof part, "%s", blk);
+        size_t pl = 0;
+        uint8_t *v = get_value(c, part, &pl);
+        CHECK(v && pl == (p + 1 < np ? 1000 : len - 1000 * p));
+        size_t at = pl / 2, off = 1000 * p + at;
+        bool in_rows = off >= rows0 && off < rows1;
+        v[at] ^= 0x10;
+        CHECK(set_value(c, part, v, pl));
+        kvt_remote_stats st0, st1;
+        kvt_remote_stats_get(a, &st0);
+        kvt_session *s = NULL;
+        size_t got = 99;
+        CHECK_OK(kvt_session_new(&s, m, NULL));
+        CHECK_OK(kvt_session_sync(s, t, 256, NULL));
+        kvt_remote_restore(a, 0, s, t, LONG, 256, &got);
+        kvt_remote_stats_get(a, &st1);
+        CHECKF(got == 0 && kvt_session_len(s) == (b ? 0 : 256) && st1.bad == st0.bad + 1,
+               "block %u, a byte flipped at %zu (part %zu): a hit of %zu, the session left with %zu tokens, bad +%llu",
+               b, off, p, got, kvt_session_len(s), (unsigned long long)(st1.bad - st0.bad));
+        CHECKF(!exists(c, part) && index_entries(c) == 0, "block %u part %zu: the damage was not deleted", b, p);
+        kvt_session_free(s);
+        /* the control: the same flip with the one check skipped */
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        CHECK(set_value(c, part, v, pl));
+        kvt_remote_fault_skip_block_check = true;
+        kvt_remote_skip_mac = keyed;
+        s = fetch(a, 0, m, t, LONG, &got);
+        kvt_remote_fault_skip_block_check = kvt_remote_skip_mac = false;
+        if (in_rows) {
+            rows_parts++;
+            wrong += got == LONG && kvt_test_digest(s, m) != want;
+        }
+        kvt_session_free(s);
+        v[at] ^= 0x10; /* the block as it was, and the entry again if the control's load dropped it */
+        CHECK(set_value(c, part, v, pl));
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        CHECK(index_entries(c) == 1);
+        free(v);
+    }
+    printf("    %s, block %u: a byte flipped in each of its %zu parts: each a miss, deleted; the control loaded "
+           "%zu of the %zu flips in its rows\n", keyed ? "a secret" : "no secret", b, np, wrong, rows_parts);
+    CHECK(rows_parts > 0);
+    CHECKF(wrong == rows_parts, "the control loaded %zu of %zu flips in the rows: the check is not the one that "
+           "keeps them out", wrong, rows_parts);
+    /* a hit again, exact */
+    size_t got = 0;
+    kvt_session *s = fetch(a, 0, m, t, LONG, &got);
+    CHECK(got == LONG && kvt_test_digest(s, m) == want);
+    kvt_session_free(s);
+    free(blk);
+}
+
+static void flips(rsrv *rp)
+{
+    rsrv r = *rp;
+    char secret[128];
+    CHECK(secret_file(&r, "fleet secret 3\n", secret, sizeof secret));
+    kvt_model *m = tiny();
+    int32_t t[LONG];
+    seqb(t, LONG, 23);
+    kvt_redis *c = raw(&r, NULL);
+    CHECK(m && c);
+    kvt_session *cold = NULL;
+    CHECK_OK(kvt_session_new(&cold, m, NULL));
+    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
+    uint64_t want = kvt_test_digest(cold, m);
+    kvt_remote_part_bytes = 1000;
+    kvt_remote_window_bytes = 1; /* a block a window */
+    for (int keyed = 0; keyed < 2; keyed++) {
+        CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
+        kvt_remote *a = tier(&r, m, keyed ? secret : NULL, NULL, 0);
+        CHECK(a);
+        kvt_remote_upload(a, 0, cold, LONG);
+        CHECK(kvt_remote_drain(a, 10));
+        flip_sweep(c, a, m, t, cold, want, 0, keyed);
+        flip_sweep(c, a, m, t, cold, want, 6, keyed);
+        kvt_remote_close(a);
+    }
+    kvt_session_free(cold);
+    kvt_redis_free(c);
+    kvt_model_close(m);
+}
+
 static void remote_later_window_damage_body(rsrv *rp)
 {
     later_window_damage(rp);
+    switches_reset();
+    flips(rp);
     switches_reset();
 }
 REDIS_TEST(remote_later_window_damage, NULL)

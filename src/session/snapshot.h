@@ -171,9 +171,26 @@ typedef struct kvt_block_rows {
  * straight into rows->iov and the rest of it, in order, into *buf (so *buf
  * holds *len - rows->bytes bytes), and set *in_place. Called from the
  * thread that calls kvt_snap_load_read_start, and with concurrent set from
- * one other thread of the session's pool as well. */
+ * one other thread of the session's pool as well.
+ *
+ * *checked (false on entry): the reader sets it when it has checked the
+ * record itself, kvt_snap_block_check or kvt_snap_block_check_parts over
+ * the very bytes it hands over (its XXH3-64 and its ids against the key in
+ * its header), copied from where they were checked, never read again from
+ * their source in between. The loader then does not hash the record again
+ * (each block's bytes are hashed once on a load); it still checks
+ * everything else it relies on: magic, version, length, block index,
+ * fingerprint, key and the key before it, ids, text length. */
 typedef int (*kvt_block_read_fn)(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
-                                 size_t *cap, size_t *len, bool *in_place);
+                                 size_t *cap, size_t *len, bool *in_place, bool *checked);
+/* Tests: the bytes the block checks have hashed (kvt_snap_block_check,
+ * kvt_snap_block_check_parts, a load's check of a block): what a load
+ * costs in hashing. */
+extern _Atomic uint64_t kvt_snap_block_hashed;
+/* Tests: true makes a load hash again a block its reader reports checked,
+ * as loads did before *checked (the negative control of the count of bytes
+ * hashed by a remote hit). */
+extern bool kvt_snap_fault_hash_checked;
 /* kvt_snap_load_start with blocks read by read. concurrent: read may be
  * called from two threads at once (for different blocks); then, on a
  * session whose pool has two threads or more, the pool's threads share the

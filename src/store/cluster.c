@@ -410,6 +410,24 @@ int kvt_cluster_shard_of(const kvt_cluster *c, const char *key, size_t len)
 
 size_t kvt_cluster_n_shards(const kvt_cluster *c) { return c->have_map ? c->n_masters : 0; }
 
+size_t kvt_cluster_trim(kvt_cluster *c, size_t keep)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i]->q.cap > keep) {
+            n += c->nodes[i]->q.cap;
+            kvt_wbuf_free(&c->nodes[i]->q);
+        }
+    return n;
+}
+
+size_t kvt_cluster_queue_bytes(const kvt_cluster *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_nodes; i++) n += c->nodes[i]->q.cap;
+    return n;
+}
+
 /* SCAN "M-C" (master M, its cursor C; "0" starts at master 0) made into
  * SCAN C for master M. *node the master; the rewritten command in *cmd
  * (malloc'ed, *len). */

@@ -82,6 +82,11 @@ int kvt_cluster_exec(kvt_cluster *c, const char *cmds, const size_t *offs, size_
  * master), and the shards known (0 before the map is read). */
 int kvt_cluster_shard_of(const kvt_cluster *c, const char *key, size_t len);
 size_t kvt_cluster_n_shards(const kvt_cluster *c);
+/* Free each node's command queue whose allocation passed keep bytes (the
+ * queues are spent between round trips): the bytes freed. Then the bytes
+ * the queues hold. */
+size_t kvt_cluster_trim(kvt_cluster *c, size_t keep);
+size_t kvt_cluster_queue_bytes(const kvt_cluster *c);
 
 /* The slot of a key (Redis's keyHashSlot: CRC16/XMODEM of the key, or of
  * the first non-empty {tag} in it, modulo 16384). */

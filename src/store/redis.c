@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 struct kvt_redis {
     kvt_redis_url u;
@@ -220,12 +223,33 @@ int kvt_redis_barrier(kvt_redis *r)
     return rc;
 }
 
+size_t kvt_redis_keep_bytes = 1u << 20;
+bool kvt_redis_fault_keep_queue;
+
 void kvt_redis_discard(kvt_redis *r)
 {
     r->out_len = 0;
     r->n_cmds = 0;
     r->n_bars = 0;
+    if (kvt_redis_fault_keep_queue) return;
+    bool freed = r->out_cap > kvt_redis_keep_bytes;
+    if (freed) {
+        free(r->out);
+        r->out = NULL;
+        r->out_cap = 0;
+    }
+    if (r->cl && kvt_cluster_trim(r->cl, kvt_redis_keep_bytes)) freed = true;
+#ifdef __GLIBC__
+    /* glibc keeps up to twice its mmap threshold (which grows to the size
+     * of the last mmapped block freed, up to 32 MiB) of free heap
+     * resident: the freed pipeline would stay in the resident set */
+    if (freed) malloc_trim(0);
+#endif
 }
+
+size_t kvt_redis_queued(const kvt_redis *r) { return r->out_len; }
+
+size_t kvt_redis_queue_bytes(const kvt_redis *r) { return r->out_cap + (r->cl ? kvt_cluster_queue_bytes(r->cl) : 0); }
 
 void kvt_redis_replies_free(redisReply **rep, size_t n)
 {

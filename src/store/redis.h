@@ -103,8 +103,22 @@ int kvt_redis_exec_shards(kvt_redis *r, int timeout_ms, kvt_shards *sh, redisRep
 int kvt_redis_shard_of(const kvt_redis *r, const char *key, size_t len);
 size_t kvt_redis_n_shards(const kvt_redis *r);
 /* Drop the queued commands without sending them (a caller that could not
- * queue all of a pipeline). */
+ * queue all of a pipeline). A round trip empties the queue the same way.
+ * An emptied queue (and, on a cluster, each node's) whose allocation grew
+ * past kvt_redis_keep_bytes is freed: a large upload's pipeline does not
+ * stay allocated on the connection after it is sent. */
 void kvt_redis_discard(kvt_redis *r);
+/* The bytes a command queue keeps allocated once emptied (1 MiB): what
+ * lookups and restores' GETs need; the values of an upload pass it. */
+extern size_t kvt_redis_keep_bytes;
+/* Tests: true keeps every queue's allocation, as the client did before
+ * (the negative control of remote_upload_in_windows). */
+extern bool kvt_redis_fault_keep_queue;
+/* The bytes of the commands queued now (formatted). */
+size_t kvt_redis_queued(const kvt_redis *r);
+/* The bytes the client holds allocated for command queues: its own and,
+ * on a cluster, each node's. */
+size_t kvt_redis_queue_bytes(const kvt_redis *r);
 
 /* Whether a connection is open (a connect succeeded and nothing failed
  * since). */

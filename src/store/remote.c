@@ -68,11 +68,12 @@
 
 bool kvt_remote_skip_mac;
 bool kvt_remote_skip_value_checks;
+bool kvt_remote_fault_skip_block_check;
 bool kvt_remote_fault_fixed_deadline;
 void (*kvt_remote_before_load)(void *arg);
 void *kvt_remote_before_load_arg;
 size_t kvt_remote_part_bytes = 1u << 20; /* bytes of a value's part */
-size_t kvt_remote_flush_bytes = 32u << 20; /* blocks of one upload sent from the saves' thread in pieces of this */
+size_t kvt_remote_flush_bytes = 8u << 20; /* blocks of one upload sent from the saves' thread in windows of this */
 #define PART kvt_remote_part_bytes
 
 /* A circuit breaker: closed (0), open (1: not asked until open_until),
@@ -589,6 +590,20 @@ double kvt_remote_load_deadline(kvt_remote *r, size_t have, size_t n)
     return d > MIN_LOAD ? d : MIN_LOAD;
 }
 
+size_t kvt_remote_send_buffers(kvt_remote *r)
+{
+    pthread_mutex_lock(&r->check_mu);
+    size_t n = kvt_redis_queue_bytes(r->rd_check);
+    pthread_mutex_unlock(&r->check_mu);
+    pthread_mutex_lock(&r->load_mu);
+    n += kvt_redis_queue_bytes(r->rd_load);
+    pthread_mutex_unlock(&r->load_mu);
+    pthread_mutex_lock(&r->mu); /* the upload thread's: read between its uploads */
+    n += kvt_redis_queue_bytes(r->rd_up);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 bool kvt_remote_drain(kvt_remote *r, double timeout)
 {
     double end = kvt_now() + timeout;
@@ -908,6 +923,12 @@ static int send_values(kvt_remote *r, kvt_redis *rd, const char *keys, const uin
     /* the index entry once its values are all stored (on a cluster they are
      * on other nodes, which do not wait for each other) */
     if (!rc && idx && !(rc = kvt_redis_barrier(rd))) rc = kvt_redis_append(rd, 4, idx, idx_len);
+    /* the most an upload holds: its values and the pipeline formatted
+     * from them (kvt_remote_stats.upload_peak_bytes) */
+    size_t held = bytes + kvt_redis_queued(rd);
+    pthread_mutex_lock(&r->mu);
+    if (held > r->st.upload_peak_bytes) r->st.upload_peak_bytes = held;
+    pthread_mutex_unlock(&r->mu);
     redisReply **rep = NULL;
     size_t nr = 0;
     int ms = 2000 + (int)(bytes / (50u << 10)); /* 2 s plus 50 MB/s */
@@ -1120,6 +1141,7 @@ typedef struct restore {
     const uint8_t *rec;            /* NULL until it is held */
     size_t held, peak;             /* value bytes held now, and at most */
     bool *bad_v, *gone_v;          /* [nv] values that failed a check; values gone */
+    bool checked;                  /* the window's blocks were checked by fetch (kvt_snap_block_check_parts) */
     int fail;                      /* FAIL_*: why the last fetch failed */
     bool shard_failed;             /* a shard failed (not only skipped) in a fetch */
 } restore;
@@ -1216,6 +1238,11 @@ static int fetch(restore *rs, size_t v0, size_t v1)
     for (size_t i = v0; i < v1; i++) rs->win_bytes += rs->c->lens[i];
     held_add(rs, rs->win_bytes);
     bool ok = true;
+    /* the blocks' one check: window_read tells the loader so, and it does
+     * not hash them again (kvt_remote_fault_skip_block_check: the check
+     * skipped, the blocks still said checked, the negative control) */
+    bool check = !kvt_remote_skip_value_checks && !kvt_remote_fault_skip_block_check;
+    rs->checked = !kvt_remote_skip_value_checks;
     for (size_t i = v0; i < v1; i++) {
         size_t len = rs->c->lens[i], np = n_parts(len);
         struct iovec *parts = parts_for(rs, np);
@@ -1225,8 +1252,7 @@ static int fetch(restore *rs, size_t v0, size_t v1)
         if (a < 0) rs->bad_v[i] = true;
         if (a > 0) *rs->bytes += len;
         uint64_t k = 0;
-        if (a > 0 && i > 0 && !kvt_remote_skip_value_checks &&
-            (kvt_snap_block_check_parts(parts, np, len, &k) || k != rs->keys[i - 1]))
+        if (a > 0 && i > 0 && check && (kvt_snap_block_check_parts(parts, np, len, &k) || k != rs->keys[i - 1]))
             rs->bad_v[i] = true;
         ok &= a > 0 && !rs->bad_v[i];
     }
@@ -1238,14 +1264,17 @@ static int fetch(restore *rs, size_t v0, size_t v1)
  * window fetched (and the one before released) when b is past it; the
  * loader asks for the blocks in order. The record's rows are copied from
  * the replies' parts straight into the session's rows, the rest of it
- * into buf. Block b's record was checked whole by fetch. */
+ * into buf. Block b's record was checked whole by fetch, where it lies in
+ * the replies these bytes are copied from (not read from Redis again):
+ * *checked, and the loader does not hash it a second time. */
 static int window_read(void *user, uint32_t b, uint64_t key, const kvt_block_rows *rows, uint8_t **buf,
-                       size_t *cap, size_t *len, bool *in_place)
+                       size_t *cap, size_t *len, bool *in_place, bool *checked)
 {
     restore *rs = user;
     size_t v = 1 + (size_t)b;
     (void)key; /* the record's chain: the loader checks the block against it */
     *in_place = false;
+    *checked = false;
     if (v >= rs->nv) return kvt_fail(KVT_ECORRUPT, "remote block %u of %zu", b, rs->nv - 1);
     if (v < rs->v0 || v >= rs->v1) {
         window_free(rs);
@@ -1280,6 +1309,7 @@ static int window_read(void *user, uint32_t b, uint64_t key, const kvt_block_row
     }
     *len = l;
     *in_place = place;
+    *checked = rs->checked;
     return KVT_OK;
 }
 

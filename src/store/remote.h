@@ -118,6 +118,9 @@ typedef struct kvt_remote_stats {
     double lookup_seconds, load_seconds; /* sums, over lookups and over hits */
     uint64_t load_peak_bytes;        /* the most bytes of values one restore held at once (its snapshot
                                       * record and a window of blocks), over the tier's restores */
+    uint64_t upload_peak_bytes;      /* the most bytes one upload held at once, at a round trip: the values
+                                      * it sends and their pipeline formatted from them (kvt_remote_flush_bytes
+                                      * and a block, or its last blocks and its snapshot record, each twice) */
     uint64_t breaker_trips;          /* every shard's */
     int breaker;                     /* the worst shard's: 0 closed, 1 open, 2 half-open (probing) */
     size_t n_shards;                 /* a cluster's masters known (1: one server), each with a breaker */
@@ -140,6 +143,12 @@ extern bool kvt_remote_skip_mac;
  * damaged block shared by other snapshots stays (the negative control of
  * remote_damaged_values_miss). */
 extern bool kvt_remote_skip_value_checks;
+/* Tests: true skips a restore's one check of each block (its checksum and
+ * key, where it lies in the replies) but still hands the blocks to the
+ * loader as checked, so nothing hashes them: the negative control that
+ * shows this check is what keeps a flipped byte out of the session
+ * (remote_later_window_damage). */
+extern bool kvt_remote_fault_skip_block_check;
 /* Tests: called (with kvt_remote_before_load_arg) between a lookup that
  * found entries and the round trip that loads one (to stop Redis there). */
 extern void (*kvt_remote_before_load)(void *arg);
@@ -172,9 +181,15 @@ extern bool kvt_remote_fault_one_trip;
 /* The bytes of a value's part (1 MiB); tests make it small to have parts. */
 extern size_t kvt_remote_part_bytes;
 /* The bytes of an upload's blocks past which they are sent at once from
- * the caller's thread, in pieces, rather than queued (32 MiB): a prefix of
- * a large model is never held whole. Tests make it small. */
+ * the caller's thread, a window at a time, rather than queued (8 MiB, the
+ * restore's window): a prefix of a large model is never held whole; an
+ * upload holds at most a window and a block of values and their pipeline
+ * (kvt_remote_stats.upload_peak_bytes), and the connection frees the
+ * pipeline once sent (kvt_redis_keep_bytes). Tests make it small. */
 extern size_t kvt_remote_flush_bytes;
+/* Tests, after kvt_remote_drain: the bytes the tier's connections keep
+ * allocated for command queues between round trips. */
+size_t kvt_remote_send_buffers(kvt_remote *r);
 /* Tests: wait for the upload queue to be empty, at most timeout seconds;
  * true when it is. */
 bool kvt_remote_drain(kvt_remote *r, double timeout);
