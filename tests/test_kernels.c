@@ -930,6 +930,72 @@ TEST(kernels_kquant_packed)
     }
 }
 
+/* The SIMD packer of four Q4_K or Q5_K rows (what a prefill chunk packs on
+ * the stack for a matrix without a packed copy, and kvt_q_pack at load)
+ * writes the bytes of the scalar p4_pack: kvt_q_pack's output compared
+ * byte for byte, widest path and AVX2 against the scalar path's, over rows
+ * of random bytes (every bit of the 6-bit scales and mins), and matmuls of
+ * 4 to 13 tokens (the stack's packing) bit-equal to the scalar path's. The
+ * control: KVT_QUANT_FAULT_PACK (two rows' first 8 bytes swapped per
+ * superblock in the SIMD packer) is seen by both comparisons. */
+TEST(kernels_kquant_pack_bytes)
+{
+    const uint32_t types[] = {KVT_GGML_Q4_K, KVT_GGML_Q5_K};
+    enum { DI = 1280, DO = 12, NB = 13 };
+    uint64_t st = kvt_test_seed("kernels_kquant_pack_bytes");
+    bool wide = kvt_test_kernel_paths(), simd = kvt_kernels_simd();
+    if (!simd) {
+        kvt_test_skip_env("no SIMD kernels here: the packer compared is the scalar one");
+        return;
+    }
+    for (size_t k = 0; k < 2; k++) {
+        uint32_t type = types[k];
+        size_t row = kvt_quant_row_bytes(type, DI);
+        uint8_t *W = malloc(row * DO), *qx = malloc(kvt_q_act_bytes(type, NB, DI));
+        float *x = malloc(sizeof(float) * NB * DI), *y1 = malloc(sizeof(float) * NB * DO),
+              *y2 = malloc(sizeof(float) * NB * DO);
+        CHECK(W && qx && x && y1 && y2);
+        rand_blocks(type, W, DO, DI, &st);
+        for (int i = 0; i < NB * DI; i++) x[i] = frand(&st) * (i % 97 == 0 ? 8.0f : 1.0f);
+        kvt_wmat m = {W, type, DO, DI, row, NULL};
+        size_t pb = kvt_q_pack_bytes(&m);
+        uint8_t *ref = malloc(pb), *pk = malloc(pb);
+        CHECK(pb > 0 && ref && pk);
+        bool old = kvt_kernels_force_scalar(true);
+        kvt_q_pack(&m, ref);
+        kvt_matmul_w(NULL, y1, &m, x, NB, qx);
+        kvt_kernels_force_scalar(old);
+        for (int run = 0; run < 2 + wide; run++) {
+            /* 0 widest, 1 AVX2 (when it is not the widest), last: the control */
+            bool fault = run == 1 + wide;
+            bool o2 = kvt_kernels_force_avx2(run == 1 && wide);
+            kvt_q_fault = fault ? KVT_QUANT_FAULT_PACK : 0;
+            memset(pk, 0, pb);
+            kvt_q_pack(&m, pk);
+            bool same = !memcmp(pk, ref, pb);
+            size_t n_diff = 0;
+            for (size_t n = 4; n <= NB; n++) {
+                kvt_matmul_w(NULL, y2, &m, x, n, qx);
+                n_diff += memcmp(y1, y2, sizeof(float) * n * DO) != 0;
+            }
+            kvt_q_fault = 0;
+            kvt_kernels_force_avx2(o2);
+            if (fault) {
+                printf("    %s control: packed bytes %s, %zu of %d matmuls differ\n", kvt_quant_name(type),
+                       same ? "SAME" : "differ", n_diff, NB - 3);
+                CHECKF(!same && n_diff == NB - 3, "%s: the packer's fault is not seen (bytes same %d, %zu matmuls differ)",
+                       kvt_quant_name(type), same, n_diff);
+                continue;
+            }
+            CHECKF(same, "%s, %s: the SIMD packer's bytes differ from p4_pack's", kvt_quant_name(type),
+                   run ? "AVX2" : "widest");
+            CHECKF(n_diff == 0, "%s, %s: %zu of %d matmuls of 4 to %d tokens differ from the scalar bits",
+                   kvt_quant_name(type), run ? "AVX2" : "widest", n_diff, NB - 3, NB);
+        }
+        free(W), free(qx), free(x), free(y1), free(y2), free(ref), free(pk);
+    }
+}
+
 /* The four-row prefill kernels add maddubs pairs in int16 before their
  * madd: Q4_K/Q5_K four of them (at most 8 * 31 * 127 = 31496 in magnitude),
  * Q6_K two (4 * 63 * 127 = 32004). Every weight at its largest (scales, mins

@@ -688,8 +688,9 @@ static int layer_run(kvt_pool *pool, ds4_work *wk, const kvt_seg *sg, size_t k, 
         const float *ape = idx ? ly->i_ape : ly->c_ape;
         for (size_t g = 0, o = 0; g < k; o += sg[g++].n) {
             kvt_cache *cache = sg[g].s->cache;
-            for (size_t i = o; i < o + sg[g].n; i++) {
-                size_t t = sg[g].pos0 + (i - o);
+            size_t end = o + sg[g].n, p0 = sg[g].pos0; /* locals: the memcpy below could reach sg, as far as C knows */
+            for (size_t i = o; i < end; i++) {
+                size_t t = p0 + (i - o);
                 float *sl = front_slot(cache, off, r, cw, t);
                 memcpy(sl, ckv + i * cw, cw * sizeof(float));
                 for (size_t j = 0; j < cw; j++) sl[cw + j] = csc[i * cw + j] + ape[(t % r) * cw + j];
@@ -708,11 +709,12 @@ static int layer_run(kvt_pool *pool, ds4_work *wk, const kvt_seg *sg, size_t k, 
     }
     if (r == 4) {
         kvt_matmul_w(pool, iq, &ly->i_qb, qr, nn, wk->qx);
+        size_t hd = w->hd_idx;
         for (size_t i = 0; i < nn; i++)
             for (size_t hh = 0; hh < Hi; hh++) {
                 float *v = iq + (i * Hi + hh) * Di;
                 kvt_rope_ext(v + Di - c->Dr, c->Dr, pos[i], c->cbase, &w->yarn, 1.0f);
-                for (size_t j = 0; j < Di; j += w->hd_idx) kvt_hadamard(v + j, w->hd_idx);
+                for (size_t j = 0; j < Di; j += hd) kvt_hadamard(v + j, hd);
             }
         kvt_matmul_w(pool, iw, &ly->i_proj, h, nn, wk->qx);
         float isc = 1.0f / sqrtf((float)(Di * Hi));

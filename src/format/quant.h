@@ -88,8 +88,10 @@ int kvt_quant_from_f32(uint32_t type, const float *src, void *dst, size_t n);
  * wrong codebook entry and one off-by-one scale. KVT_QUANT_FAULT_LANE (the
  * low-bit SIMD kernels only) adds one to one lane's integer sum of a
  * superblock: row 1 of a four-row decode tile, token 3 of an eight-token
- * prefill vector, so a test can show it compares every tile's bits. */
-enum { KVT_QUANT_FAULT_NONE, KVT_QUANT_FAULT_GRID, KVT_QUANT_FAULT_SCALE, KVT_QUANT_FAULT_LANE };
+ * prefill vector, so a test can show it compares every tile's bits.
+ * KVT_QUANT_FAULT_PACK (kernels/qkernels.c's SIMD packer of four Q4_K or
+ * Q5_K rows only) swaps two rows' first 8 values' bytes in each superblock. */
+enum { KVT_QUANT_FAULT_NONE, KVT_QUANT_FAULT_GRID, KVT_QUANT_FAULT_SCALE, KVT_QUANT_FAULT_LANE, KVT_QUANT_FAULT_PACK };
 extern int kvt_quant_fault;
 
 #endif

@@ -290,6 +290,8 @@ struct qk_ops {
     qk_rows4_fn rows4[4]; /* [kq]: decode, four adjacent rows a call */
     p4_fn p4[2][3];       /* packed Q4_K, Q5_K [q5][8, 4, 1 tokens]; [q5][0] NULL: four at most */
     q6x4_fn q6x4[2];      /* four Q6_K rows packed on the stack against [8, 4] tokens */
+    /* four Q4_K or Q5_K rows into a p4 group (p4_pack's bytes) */
+    void (*pack)(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb, uint8_t *x);
 };
 
 static int kq(uint32_t ty)
@@ -1029,6 +1031,58 @@ static void p4_pack(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb, u
         }
 }
 
+/* Quads i = 0..3 (8 bytes each) of four rows' 32 bytes a[r] to four
+ * vectors o[i] = [row 0's quad i, row 1's, row 2's, row 3's]: a 4x4
+ * transpose of 64-bit lanes. */
+__attribute__((target("avx2"), always_inline)) static inline void quads4(const uint8_t *const a[4], size_t at,
+                                                                        uint8_t *o)
+{
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)(a[0] + at)), a1 = _mm256_loadu_si256((const __m256i *)(a[1] + at));
+    __m256i a2 = _mm256_loadu_si256((const __m256i *)(a[2] + at)), a3 = _mm256_loadu_si256((const __m256i *)(a[3] + at));
+    __m256i t0 = _mm256_unpacklo_epi64(a0, a1), t1 = _mm256_unpackhi_epi64(a0, a1); /* [0.q0 1.q0 | 0.q2 1.q2], q1/q3 */
+    __m256i t2 = _mm256_unpacklo_epi64(a2, a3), t3 = _mm256_unpackhi_epi64(a2, a3); /* rows 2, 3 the same */
+    _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(t0, t2, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(t1, t3, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 64), _mm256_permute2x128_si256(t0, t2, 0x31));
+    _mm256_storeu_si256((__m256i *)(o + 96), _mm256_permute2x128_si256(t1, t3, 0x31));
+}
+
+/* p4_pack's bytes with vector moves: the values' 8-byte quads as a 4x4
+ * transpose per 32 bytes, the four rows' scales unpacked eight at a time
+ * and interleaved by byte. A move of bytes only, so the same bytes as
+ * p4_pack (the tests compare them); a prefill chunk of a matrix without a
+ * packed copy (ds4's routed experts) spent as long packing as multiplying
+ * with the scalar one. kvt_q_fault == KVT_QUANT_FAULT_PACK (tests) swaps
+ * rows 0 and 1 of the first quad of each superblock. */
+__attribute__((target("avx2"))) static void p4_pack_avx2(bool q5, const uint8_t *row, size_t row_bytes, size_t nsb,
+                                                          uint8_t *x)
+{
+    const size_t bytes = q5 ? Q5K_BYTES : Q4K_BYTES, qs_at = q5 ? 48 : 16, sc_at = p4_sc_at(q5);
+    const bool fault = kvt_q_fault == KVT_QUANT_FAULT_PACK;
+    for (size_t b = 0; b < nsb; b++, x += p4_bytes(q5)) {
+        const uint8_t *w[4];
+        uint8_t sc[4][8], mn[4][8];
+        for (int r = 0; r < 4; r++) w[r] = row + (size_t)r * row_bytes + b * bytes;
+        for (int k = 0; k < 4; k++) quads4(w, qs_at + 32 * (size_t)k, x + 128 * k);
+        if (q5) quads4(w, 16, x + P4_QH);
+        for (int r = 0; r < 4; r++) {
+            k4_scales_mins(w[r] + 4, sc[r], mn[r]);
+            memcpy(x + sc_at + 32 + 8 * r, mn[r], 8);
+            memcpy(x + sc_at + 64 + 2 * r, w[r], 2);
+            memcpy(x + sc_at + 72 + 2 * r, w[r] + 2, 2);
+        }
+        /* sc [j][r]: bytes of rows 0, 1 and 2, 3 interleaved, then their pairs */
+        __m128i u01 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)sc[0]), _mm_loadl_epi64((const __m128i *)sc[1]));
+        __m128i u23 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)sc[2]), _mm_loadl_epi64((const __m128i *)sc[3]));
+        _mm_storeu_si128((__m128i *)(x + sc_at), _mm_unpacklo_epi16(u01, u23));
+        _mm_storeu_si128((__m128i *)(x + sc_at + 16), _mm_unpackhi_epi16(u01, u23));
+        if (fault) {
+            uint8_t t[8];
+            memcpy(t, x, 8), memcpy(x, x + 8, 8), memcpy(x + 8, t, 8);
+        }
+    }
+}
+
 /* Row r's eight int32 lanes of m[r], summed, side by side: [m0 m1 m2 m3]. */
 __attribute__((target("avx2"), always_inline)) static inline __m128i sum4x8(__m256i m0, __m256i m1, __m256i m2,
                                                                           __m256i m3)
@@ -1444,7 +1498,7 @@ static void qk_range(void *arg, size_t o0, size_t o1)
         for (; o0 + 4 <= o1; o0 += 4) {
             const uint8_t *rows = W->data + o0 * W->row_bytes;
             if (!q6) {
-                p4_pack(q5, rows, W->row_bytes, nsb, x.k4);
+                c->qk->pack(q5, rows, W->row_bytes, nsb, x.k4);
                 p4_tokens(c, x.k4, o0);
                 continue;
             }
@@ -1488,7 +1542,9 @@ void kvt_q_pack(const kvt_wmat *W, uint8_t *dst)
     if (!kvt_q_pack_bytes(W)) return; /* nothing to pack */
     bool q5 = W->type == KVT_GGML_Q5_K;
     size_t nsb = W->cols / QKK, stride = nsb * p4_bytes(q5);
-    for (size_t g = 0; g < W->rows / 4; g++) p4_pack(q5, W->data + 4 * g * W->row_bytes, W->row_bytes, nsb, dst + g * stride);
+    const struct qk_ops *qk = ops()->qk; /* the scalar path (no qk) packs with the reference p4_pack */
+    for (size_t g = 0; g < W->rows / 4; g++)
+        (qk ? qk->pack : p4_pack)(q5, W->data + 4 * g * W->row_bytes, W->row_bytes, nsb, dst + g * stride);
 #else
     (void)W, (void)dst;
 #endif
@@ -1589,6 +1645,7 @@ static const struct qk_ops qk_avx2 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4, iq4xs_rows4},
     .p4 = {{NULL, q4k_p4_t4, q4k_p4_t1}, {NULL, q5k_p4_t4, q5k_p4_t1}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+    .pack = p4_pack_avx2,
 };
 
 /* AVX-512: Q6_K decode in zmm, eight packed tokens a call, the one-token
@@ -1599,6 +1656,7 @@ static const struct qk_ops qk_avx512 = {
     .rows4 = {q4k_rows4, q5k_rows4, q6k_rows4_zmm, iq4xs_rows4},
     .p4 = {{q4k_p4_t8, q4k_p4_t4, q4k_p4_t1z}, {q5k_p4_t8, q5k_p4_t4, q5k_p4_t1z}},
     .q6x4 = {q6k_x4_t8, q6k_x4_t4},
+    .pack = p4_pack_avx2,
 };
 
 static const struct q_ops ops_avx2 = {
