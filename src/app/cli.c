@@ -585,6 +585,13 @@ static int cmd_run(int argc, char **argv)
         ret = 2;
         goto out;
     }
+    /* the layer's check, and (Qwen 3.5) its rows kept by the session: before it */
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
+        fail(rc, "run");
+        ret = 2;
+        goto out;
+    }
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_prepare(m))) { fail(rc, "--draft mtp"); goto out; }
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
     if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
         fail(rc, "run");
