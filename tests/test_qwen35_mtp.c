@@ -31,8 +31,15 @@
  *                         10x that leaves room for another ISA's kernels).
  *                         Control: the reference with [h, e] concatenated
  *                         in the other order, or each row's h one position
- *                         late, is far outside it. */
+ *                         late, is far outside it.
+ *   qwen35_mtp_cli        `kvtier run --draft mtp` on the file gives the ids
+ *                         of `--draft none` (greedy and sampled) and says
+ *                         what it drafted; `kvtier info --draft mtp` lists
+ *                         the "mtp rows" in the plan, `info` alone not; on
+ *                         the file without the layer --draft mtp is refused
+ *                         (exit 2, naming it). */
 #include "test.h"
+#include "fixture.h"
 #include "arch/model.h"
 #include "arch/llama.h"
 #include "arch/llama_weights.h"
@@ -44,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const fam_spec q35[2] = {{"qwen35", .qwen35 = FAM_Q35_DENSE, .mtp = true},
@@ -425,5 +433,74 @@ TEST(qwen35_mtp_reference)
     kvt_session_free(s);
     kvt_gguf_close(g);
     kvt_model_close(m);
+    rm_dir(dir);
+}
+
+/* kvtier with args (argv[0] added), stdout and stderr read back: the exit
+ * status (-1: it did not exit). */
+static int cli(const char *const *args, char **out, char **err)
+{
+    const char *argv[32] = {kvt_test_bin()};
+    size_t n = 1;
+    for (size_t i = 0; args[i] && n + 1 < sizeof argv / sizeof *argv; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    char po[] = "/tmp/kvt-q35cli-out-XXXXXX", pe[] = "/tmp/kvt-q35cli-err-XXXXXX";
+    int fo = mkstemp(po), fe = mkstemp(pe), st = -1;
+    if (fo >= 0) close(fo);
+    if (fe >= 0) close(fe);
+    int rc = fx_run_split(argv, po, pe, 120, &st);
+    *out = kvt_test_read_file(po, NULL);
+    *err = kvt_test_read_file(pe, NULL);
+    unlink(po);
+    unlink(pe);
+    return rc == 1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(qwen35_mtp_cli)
+{
+    char dir[] = "/tmp/kvt-q35mtp-XXXXXX", path[256], plain[256];
+    if (!kvt_test_mkdtemp(dir)) { CHECKF(0, "mkdtemp: %s", strerror(errno)); return; }
+    if (!write_q35(&q35[0], true, dir, path, sizeof path) || !write_q35(&q35[0], false, dir, plain, sizeof plain)) {
+        rm_dir(dir);
+        return;
+    }
+    static const char *const temps[] = {"0", "0.7"};
+    for (int t = 0; t < 2; t++) {
+        char *out[2], *err[2];
+        int st[2];
+        for (int d = 0; d < 2; d++) {
+            const char *const a[] = {"run", "--model", path, "--no-kv-disk", "--threads", "1", "--prompt",
+                                     "one two three one two three one two three", "--output", "ids", "--max-tokens",
+                                     "24", "--temperature", temps[t], "--top-k", "3", "--seed", "5", "--draft",
+                                     d ? "mtp" : "none", NULL};
+            st[d] = cli(a, &out[d], &err[d]);
+        }
+        bool eq = st[0] == 0 && st[1] == 0 && out[0] && out[1] && !strcmp(out[0], out[1]);
+        printf("    run --draft mtp, temperature %s: %s; %s", temps[t], eq ? "the ids of --draft none" : "DIFFERENT",
+               err[1] ? err[1] : "\n");
+        CHECKF(eq, "run --draft mtp changed the reply (or a run failed: %d %d)", st[0], st[1]);
+        CHECKF(err[1] && strstr(err[1], " drafted"), "run --draft mtp: no line on what it drafted");
+        for (int d = 0; d < 2; d++) {
+            free(out[d]);
+            free(err[d]);
+        }
+    }
+    char *o1 = NULL, *e1 = NULL, *o2 = NULL, *e2 = NULL, *o3 = NULL, *e3 = NULL;
+    const char *const i1[] = {"info", "--model", path, "--ctx", "512", "--draft", "mtp", NULL};
+    const char *const i2[] = {"info", "--model", path, "--ctx", "512", NULL};
+    const char *const r3[] = {"run", "--model", plain, "--no-kv-disk", "--prompt", "a", "--max-tokens", "2",
+                              "--draft", "mtp", NULL};
+    int s1 = cli(i1, &o1, &e1), s2 = cli(i2, &o2, &e2), s3 = cli(r3, &o3, &e3);
+    bool listed = s1 == 0 && o1 && strstr(o1, "mtp rows 262144"), unlisted = s2 == 0 && o2 && !strstr(o2, "mtp rows");
+    printf("    info --draft mtp lists the rows: %s; info alone: %s; --draft mtp without the layer: exit %d: %s",
+           listed ? "yes" : "NO", unlisted ? "not" : "LISTED", s3, e3 ? e3 : "\n");
+    CHECKF(listed && unlisted, "info: the plan's mtp rows (exit %d, %d)", s1, s2);
+    CHECKF(s3 == 2 && e3 && strstr(e3, "no MTP"), "run --draft mtp on a file without the layer: want exit 2");
+    free(o1);
+    free(e1);
+    free(o2);
+    free(e2);
+    free(o3);
+    free(e3);
     rm_dir(dir);
 }

@@ -35,6 +35,7 @@
 #include "kernels/kernels.h"
 #include "arch/llama.h"
 #include "arch/llama_weights.h"
+#include "arch/llama_mtp.h"
 #include "arch/moe.h"
 #include "cache/rows.h"
 #include "kernels/qkernels.h"
@@ -99,16 +100,6 @@ static int llama_load(kvt_model *m, const kvt_gguf *g)
 static float *rec_state(const kvt_session *s, const kvt_llama_weights *w, size_t l)
 {
     return (float *)(s->cache->state + w->rec_at + (size_t)w->rec_ix[l] * kvt_gdn_state_bytes(&w->gdn));
-}
-
-/* The MTP layer's K stream when sessions keep its rows (V: the next), after
- * the global layers'. */
-static size_t mtp_stream(const kvt_llama_weights *w) { return 2 * w->n_global; }
-
-/* The last position's h_nextn (D floats), the state's last bytes (mtp_rows). */
-static float *mtp_pending(const kvt_session *s, const kvt_llama_weights *w)
-{
-    return (float *)(s->cache->state + kvt_llama_weights_state_bytes(w) - (size_t)w->D * sizeof(float));
 }
 
 static int llama_cache_new(kvt_session *s)
@@ -878,50 +869,7 @@ static void pass_logits(kvt_pool *pool, llama_work *wk, const kvt_llama_weights 
         }
 }
 
-/* ---- the MTP (nextn) layer: qwen35's ----
- *
- * As llama.cpp's qwen35 MTP graph: the row of position q pairs the token at
- * q with the model's h_nextn of q - 1 (output_norm of its final residual;
- * zeros before position 0): x = eh_proj [enorm(embedding), hnorm(h)], then
- * a gated full-attention layer over the layer's own K and V of every
- * position up to q, its FFN, and the head norm: the h_nextn that chains the
- * next step, whose projection by the head gives the logits of the token at
- * q + 1. With mtp_rows (kvt_model_set_mtp_rows) a session keeps the layer's
- * K and V of every position it holds in a stream pair of its own, written
- * by each forward pass (mtp_rows_pass), and the last position's h_nextn in
- * its state: snapshots, rollbacks, the disk store carry them as any rows
- * and state. A row needs only eh_proj, the norms, K and V. The drafter's
- * steps (llama_mtp_step) read those rows for the positions the session
- * holds and a ring of their own chained guesses' rows for the ones after. */
-
-/* A pass's chained draft rows: more than the drafter's most guesses a pass
- * (KVT_DRAFT_MAX_LIMIT, 64, serve/draft.h), position p at row p mod it. */
-#define MTP_RING 65
-
-/* The layer's input of a token and the h_nextn before it: [enorm(its
- * embedding), hnorm(h)] into cat (2D). */
-static void mtp_input(const kvt_llama_weights *w, float *cat, int32_t tok, const float *h)
-{
-    size_t D = w->D;
-    const kvt_wmat *te = w->mtp_embd.data ? &w->mtp_embd : &w->tok_embd; /* as llama.cpp: its own rows if any */
-    kvt_quant_to_f32(te->type, te->data + (size_t)tok * te->row_bytes, cat, D);
-    kvt_rmsnorm(cat, cat, w->enorm, D, w->eps);
-    kvt_rmsnorm(cat + D, h, w->hnorm, D, w->eps);
-}
-
-/* A token's queries (nq heads; 0: none) and K (head norms, RoPE at pos),
- * then K and V rounded to the rows' types, as the main layers'. */
-static void mtp_qkv(const kvt_llama_weights *w, float *q, size_t nq, float *k, float *v, size_t pos)
-{
-    const kvt_llama_layer *ly = w->mtp;
-    size_t hd = ly->hd;
-    for (size_t h = 0; h < nq; h++) kvt_rmsnorm(q + h * hd, q + h * hd, ly->qn, hd, w->eps);
-    for (size_t h = 0; h < ly->Hkv; h++) kvt_rmsnorm(k + h * hd, k + h * hd, ly->kn, hd, w->eps);
-    kvt_rope_heads(nq ? q : k, nq ? nq : ly->Hkv, nq ? k : NULL, nq ? ly->Hkv : 0, hd, ly->n_rot, pos, ly->base,
-                   ly->ff, w->fam->neox);
-    kvt_rows_round(w->type_k, k, ly->KV);
-    kvt_rows_round(w->type_v, v, ly->KV);
-}
+/* ---- the MTP (nextn) layer: qwen35's (its math: llama_mtp.c) ---- */
 
 /* After a pass (wk->x: its tokens' final residuals), with mtp_rows: each
  * token's h_nextn, then the MTP layer's K and V of each position from its
@@ -933,12 +881,12 @@ static int mtp_rows_pass(kvt_pool *pool, llama_work *wk, const kvt_llama_weights
                          size_t n)
 {
     const kvt_llama_layer *ly = w->mtp;
-    size_t D = w->D, KV = ly->KV, st = mtp_stream(w);
+    size_t D = w->D, KV = ly->KV, st = kvt_llama_mtp_stream(w);
     for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->hn + i * D, wk->x + i * D, w->out_norm, D, w->eps);
     for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
         for (size_t i = 0; i < sg[g].n; i++) {
-            const float *h = i ? wk->hn + (off + i - 1) * D : mtp_pending(sg[g].s, w);
-            mtp_input(w, wk->cat + (off + i) * 2 * D, wk->tok[off + i], h);
+            const float *h = i ? wk->hn + (off + i - 1) * D : kvt_llama_mtp_pending(sg[g].s, w);
+            kvt_llama_mtp_input(w, wk->cat + (off + i) * 2 * D, wk->tok[off + i], h);
         }
     kvt_matmul_w(pool, wk->x, &w->eh, wk->cat, n, wk->qx);
     for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->xb + i * D, wk->x + i * D, ly->attn_norm, D, w->eps);
@@ -948,13 +896,13 @@ static int mtp_rows_pass(kvt_pool *pool, llama_work *wk, const kvt_llama_weights
         kvt_session *s = sg[g].s;
         for (size_t i = 0; i < sg[g].n; i++) {
             float *kk = wk->k + (off + i) * KV, *v = wk->v + (off + i) * KV;
-            mtp_qkv(w, NULL, 0, kk, v, sg[g].pos0 + i);
+            kvt_llama_mtp_qkv(w, NULL, 0, kk, v, sg[g].pos0 + i);
             void *kr = kvt_cache_row(s->cache, st, sg[g].pos0 + i), *vr = kvt_cache_row(s->cache, st + 1, sg[g].pos0 + i);
             if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", sg[g].pos0 + i);
             kvt_rows_put(w->type_k, kr, kk, KV);
             kvt_rows_put(w->type_v, vr, v, KV);
         }
-        memcpy(mtp_pending(s, w), wk->hn + (off + sg[g].n - 1) * D, D * sizeof(float));
+        memcpy(kvt_llama_mtp_pending(s, w), wk->hn + (off + sg[g].n - 1) * D, D * sizeof(float));
     }
     return KVT_OK;
 }
@@ -1113,11 +1061,11 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
         uint8_t *st = s->cache->state + w->rec_at;
         float keep[w->mtp_rows && kvt_llama_fault == KVT_LLAMA_FAULT_MTP_PENDING ? w->D : 1];
         if (w->mtp_rows && kvt_llama_fault == KVT_LLAMA_FAULT_MTP_PENDING) /* tests: h_nextn forgotten */
-            memcpy(keep, mtp_pending(s, w), sizeof keep);
+            memcpy(keep, kvt_llama_mtp_pending(s, w), sizeof keep);
         if (!kvt_rbuf_get(rb, st, kvt_llama_weights_state_bytes(w) - w->rec_at))
             return kvt_fail(KVT_EFORMAT, "%s state: the DeltaNet layers' states are truncated", w->fam->name);
         if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ((float *)st)[0] += 1.0f;
-        if (w->mtp_rows && kvt_llama_fault == KVT_LLAMA_FAULT_MTP_PENDING) memcpy(mtp_pending(s, w), keep, sizeof keep);
+        if (w->mtp_rows && kvt_llama_fault == KVT_LLAMA_FAULT_MTP_PENDING) memcpy(kvt_llama_mtp_pending(s, w), keep, sizeof keep);
     }
     return KVT_OK;
 }
@@ -1182,14 +1130,14 @@ static size_t llama_mtp_hidden_floats(const kvt_model *m) { return ((const kvt_l
 static size_t llama_mtp_window(const kvt_model *m)
 {
     (void)m;
-    return MTP_RING;
+    return KVT_LLAMA_MTP_RING;
 }
 
 static size_t llama_mtp_ring_bytes(const kvt_model *m)
 {
     const kvt_llama_weights *w = m->weights;
     size_t KV = w->mtp ? w->mtp->KV : 0;
-    return MTP_RING * (kvt_rows_bytes(w->type_k, KV) + kvt_rows_bytes(w->type_v, KV));
+    return KVT_LLAMA_MTP_RING * (kvt_rows_bytes(w->type_k, KV) + kvt_rows_bytes(w->type_v, KV));
 }
 
 /* The h_nextn of the session's last position, which its state keeps. */
@@ -1197,42 +1145,8 @@ static int llama_mtp_hidden(const kvt_session *s, size_t pos, float *out)
 {
     const kvt_llama_weights *w = s->m->weights;
     if (!w->mtp_rows || !s->cache || pos + 1 != s->n) return KVT_ENOENT;
-    memcpy(out, mtp_pending(s, w), (size_t)w->D * sizeof(float));
+    memcpy(out, kvt_llama_mtp_pending(s, w), (size_t)w->D * sizeof(float));
     return KVT_OK;
-}
-
-/* The MTP layer's attention of one token (queries q, its row at pos in the
- * ring already) over the rows of positions 0..pos: the session's stream
- * below s->n, the ring from there; gated; into out (QD). */
-static void mtp_attend(const kvt_session *s, const kvt_llama_weights *w, const uint8_t *ring, const float *q,
-                       const float *gate, size_t pos, float *sc, float *out)
-{
-    const kvt_llama_layer *ly = w->mtp;
-    size_t hd = ly->hd, group = ly->H / ly->Hkv, st = mtp_stream(w);
-    size_t rk = kvt_rows_bytes(w->type_k, ly->KV), rv = kvt_rows_bytes(w->type_v, ly->KV);
-    size_t hk = kvt_rows_bytes(w->type_k, hd), hv = kvt_rows_bytes(w->type_v, hd);
-    float row[1024]; /* a head (hd <= 1024: llama_weights.c) */
-    for (size_t h = 0; h < ly->H; h++) {
-        size_t kvh = h / group;
-        const float *qh = q + h * hd;
-        float mx = -INFINITY, z = 0;
-        for (size_t j = 0; j <= pos; j++) {
-            const uint8_t *r = j < s->n ? kvt_cache_row_ro(s->cache, st, j) : ring + j % MTP_RING * (rk + rv);
-            kvt_rows_get(w->type_k, row, r + kvh * hk, hd);
-            sc[j] = kvt_dot(qh, row, hd) * w->scale;
-            mx = sc[j] > mx ? sc[j] : mx;
-        }
-        for (size_t j = 0; j <= pos; j++) z += sc[j] = kvt_expf(sc[j] - mx);
-        float *o = out + h * hd;
-        memset(o, 0, hd * sizeof(float));
-        for (size_t j = 0; j <= pos; j++) {
-            const uint8_t *r = j < s->n ? kvt_cache_row_ro(s->cache, st + 1, j) : ring + j % MTP_RING * (rk + rv) + rk;
-            kvt_rows_get(w->type_v, row, r + kvh * hv, hd);
-            float p = sc[j] / z;
-            for (size_t e = 0; e < hd; e++) o[e] += p * row[e];
-        }
-        for (size_t e = 0; e < hd; e++) o[e] *= 1.0f / (1.0f + kvt_expf(-gate[h * 2 * hd + e]));
-    }
 }
 
 /* One step of the layer for token tok at position pos (>= s->n: a draft's)
@@ -1253,20 +1167,20 @@ static int llama_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int3
     kvt_pool *pool = s->pool;
     size_t D = w->D, hd = ly->hd, KV = ly->KV;
     float *x = wk->x, *xb = wk->xb, *q = wk->q;
-    mtp_input(w, wk->cat, tok, hin);
+    kvt_llama_mtp_input(w, wk->cat, tok, hin);
     kvt_matmul_w(pool, x, &w->eh, wk->cat, 1, wk->qx);
     kvt_rmsnorm(xb, x, ly->attn_norm, D, w->eps);
     kvt_matmul_w(pool, wk->qg, &ly->wq, xb, 1, wk->qx);
     kvt_matmul_w(pool, wk->k, &ly->wk, xb, 1, wk->qx);
     kvt_matmul_w(pool, wk->v, &ly->wv, xb, 1, wk->qx);
     for (size_t h = 0; h < ly->H; h++) memcpy(q + h * hd, wk->qg + h * 2 * hd, hd * sizeof(float));
-    mtp_qkv(w, q, ly->H, wk->k, wk->v, pos);
+    kvt_llama_mtp_qkv(w, q, ly->H, wk->k, wk->v, pos);
     size_t rk = kvt_rows_bytes(w->type_k, KV);
-    uint8_t *row = (uint8_t *)ring + pos % MTP_RING * (rk + kvt_rows_bytes(w->type_v, KV));
+    uint8_t *row = (uint8_t *)ring + pos % KVT_LLAMA_MTP_RING * (rk + kvt_rows_bytes(w->type_v, KV));
     kvt_rows_put(w->type_k, row, wk->k, KV);
     kvt_rows_put(w->type_v, row + rk, wk->v, KV);
     if (row_only) return KVT_OK;
-    mtp_attend(s, w, (const uint8_t *)ring, q, wk->qg + hd, pos, wk->scores, wk->att);
+    kvt_llama_mtp_attend(s, w, (const uint8_t *)ring, q, wk->qg + hd, pos, wk->scores, wk->att);
     kvt_matmul_w(pool, xb, &ly->wo, wk->att, 1, wk->qx);
     for (size_t j = 0; j < D; j++) x[j] += xb[j];
     kvt_rmsnorm(xb, x, ly->ffn_norm, D, w->eps);
