@@ -6,7 +6,9 @@
  *                         kept: the same logits, cache bytes and plan as
  *                         the file without it, qwen35 and qwen35moe; the
  *                         switch is refused once a session exists and for
- *                         a model without the layer.
+ *                         a model without the layer. A file claiming two
+ *                         MTP layers, or missing nextn.eh_proj, is refused
+ *                         cleanly (KVT_EUNSUPPORTED, KVT_EFORMAT).
  *   qwen35_mtp_rows       rows kept: the plan lists "mtp rows"; logits and
  *                         cache bytes (rows and state) equal under chunks of
  *                         1, 7 and 256, on 1 and 2 threads, and batched with
@@ -106,6 +108,32 @@ static uint64_t run_with(kvt_model *m, const int32_t *t, size_t n, uint32_t chun
     return d;
 }
 
+/* The file at path with the first `from` (n bytes) after `after` replaced
+ * by `to`, written as out: opened, the error. */
+static int patched_open(const char *path, const char *out, const char *after, const void *from, const void *to,
+                        size_t n)
+{
+    size_t len = 0;
+    char *f = kvt_test_read_file(path, &len);
+    char *k = f ? memmem(f, len, after, strlen(after)) : NULL;
+    char *at = k ? memmem(k, len - (size_t)(k - f), from, n) : NULL;
+    int rc = KVT_EIO;
+    if (at) {
+        memcpy(at, to, n);
+        FILE *o = fopen(out, "wb");
+        if (o && fwrite(f, 1, len, o) == len && !fclose(o)) {
+            kvt_model *m = NULL;
+            rc = kvt_model_open(&m, out);
+            kvt_model_close(m);
+        } else if (o) {
+            fclose(o);
+        }
+        unlink(out);
+    }
+    free(f);
+    return rc;
+}
+
 TEST(qwen35_mtp_off)
 {
     for (int i = 0; i < 2; i++) {
@@ -136,6 +164,15 @@ TEST(qwen35_mtp_off)
             CHECK_OK(kvt_session_new(&s, with, NULL));
             CHECK(kvt_model_set_mtp_rows(with, true) == KVT_EINVAL && !kvt_model_mtp_rows(with));
             kvt_session_free(s);
+            /* damaged files: two MTP layers claimed, eh_proj missing */
+            char bad[300];
+            snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+            uint32_t one = 1, two = 2;
+            int r2 = patched_open(pa, bad, "nextn_predict_layers", &one, &two, 4);
+            int r3 = patched_open(pa, bad, "blk.8.nextn.", "eh_proj", "eh_proX", 7);
+            printf("    %s: two MTP layers claimed: %s; eh_proj missing: %s (%s)\n", q35[i].arch, kvt_strerror(r2),
+                   kvt_strerror(r3), kvt_errmsg());
+            CHECKF(r2 == KVT_EUNSUPPORTED && r3 == KVT_EFORMAT, "%s: damaged MTP files: %d, %d", q35[i].arch, r2, r3);
         }
         kvt_model_close(with);
         kvt_model_close(without);

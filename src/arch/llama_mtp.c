@@ -74,7 +74,8 @@ void kvt_llama_mtp_attend(const kvt_session *s, const kvt_llama_weights *w, cons
         float *o = out + h * hd;
         memset(o, 0, hd * sizeof(float));
         for (size_t j = 0; j <= pos; j++) {
-            const uint8_t *r = j < s->n ? kvt_cache_row_ro(s->cache, st + 1, j) : ring + j % KVT_LLAMA_MTP_RING * (rk + rv) + rk;
+            const uint8_t *r =
+                j < s->n ? kvt_cache_row_ro(s->cache, st + 1, j) : ring + j % KVT_LLAMA_MTP_RING * (rk + rv) + rk;
             kvt_rows_get(w->type_v, row, r + kvh * hv, hd);
             float p = sc[j] / z;
             for (size_t e = 0; e < hd; e++) o[e] += p * row[e];

@@ -570,7 +570,8 @@ static int load_settings(const kvt_gguf *g, kvt_llama_weights *w, load_shape *sh
      * the model's layers are the ones before it */
     if (f->deltanet && (rc = opt_u32(g, w, "nextn_predict_layers", 0, &sh->nextn))) return rc;
     if (sh->nextn > 1)
-        return kvt_fail(KVT_EUNSUPPORTED, "%s: nextn_predict_layers %u: one MTP layer is supported", f->name, sh->nextn);
+        return kvt_fail(KVT_EUNSUPPORTED, "%s: nextn_predict_layers %u: one MTP layer is supported", f->name,
+                        sh->nextn);
     if (sh->nextn && w->L < 2)
         return kvt_fail(KVT_EFORMAT, "%s: block_count %u leaves no layer before the MTP layer", f->name, w->L);
     w->L -= sh->nextn;
