@@ -1,4 +1,4 @@
-/* Qwen 3.5's MTP (nextn) layer (src/arch/llama.c, "the MTP (nextn) layer"),
+/* Qwen 3.5's MTP (nextn) layer (src/arch/llama_mtp.c, the passes of src/arch/llama.c),
  * its rows kept by the session (kvt_model_set_mtp_rows):
  *
  *   qwen35_mtp_off        a file with the layer (synth_family.h, mtp: its
