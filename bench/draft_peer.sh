@@ -4,7 +4,11 @@
 #
 # Two files: ../shared/models/stories260K.gguf (a real model) and the
 # synthetic Qwen3-0.6B in Q4_K_M of bench/draft.sh (made here, as there,
-# when missing; llama-quantize writes the Q4_K_M). Draft models: for
+# when missing; llama-quantize writes the Q4_K_M). A third, asked for with
+# FILES=qwen35: bench/synth_llama.c's qwen3.5-0.8b-mtp in F16 (Qwen3.5-0.8B's
+# shape with an MTP layer, random weights: its MTP layer drafts poorly by
+# nature), on which the settings are kvtier --draft none and mtp and
+# llama.cpp --spec-type none and draft-mtp (unless KVT_SETS, LLAMA_SETS). Draft models: for
 # Qwen3-0.6B the synthetic qwen3-tiny of bench/draft.sh (2 layers of 256,
 # the same vocabulary, random weights: it drafts poorly by nature); for
 # stories260K there is no smaller real model of its vocabulary here, so it
@@ -50,7 +54,7 @@
 #
 #   KVT_PEER_CACHE=DIR  clone, build, models (default ~/.cache/kvtier; the
 #                       llama.cpp build is bench/peer_llama.sh's)
-#   FILES="stories qwen3"  which files (default both)
+#   FILES="stories qwen3"  which files (default these two; qwen35 the third)
 #   THREADS=N           both servers' threads (default 2)
 #   REPS=N              rounds (default 3)
 #   MAX_TOKENS=N        tokens a request (default 128)
@@ -85,6 +89,14 @@ stories=$root/../shared/models/stories260K.gguf
 qwen_f16=$cache/models/synth-qwen3-0.6b-f16.gguf
 qwen=$cache/models/synth-qwen3-0.6b-q4_k_m.gguf
 qwen_draft=$cache/models/synth-qwen3-tiny-f16.gguf
+q35=$cache/models/synth-qwen3.5-0.8b-mtp-f16.gguf
+case " $files " in *" qwen35 "*)
+    if [ ! -f "$q35" ]; then
+        bench_synth_llama
+        "$cache/tools/synth_llama" --shape qwen3.5-0.8b-mtp "$src/models/ggml-vocab-qwen35.gguf" "$q35" >&2
+    fi
+    peer_check "$q35" ;;
+esac
 case " $files " in *" qwen3 "*)
     if [ ! -f "$qwen" ] || [ ! -f "$qwen_draft" ]; then
         bench_synth_llama
@@ -112,6 +124,8 @@ base=http://127.0.0.1:$port
 . "$(dirname "$0")/draft_prompts.sh"
 qwen3_copy=$copy
 qwen3_free=$free
+qwen35_copy=$copy
+qwen35_free=$free
 stories_copy="Lily and Ben went to the park. They saw a big red ball. Lily said, \"Let's play with the ball!\" Ben kicked the ball and it went up high. They laughed and played all day. Then they went home and ate cake.
 
 Lily and Ben went to the park. They saw a big red ball."
@@ -185,7 +199,7 @@ metric() { # $1 counter name: its value on kvtier's /metrics
 # go to $tmp/rows, each reply's text to $tmp/<file>-<engine>-<setting>-<prompt>.txt
 round() { # $1 file tag, $2 model, $3 draft, $4 ctx, $5 round
     for e in kvtier llama; do
-        [ $e = kvtier ] && sets=$kvt_sets || sets=$llama_sets
+        [ $e = kvtier ] && sets=$ksets || sets=$lsets
         for s in $sets; do
             start $e "$s" "$2" "$3" "$4"
             ask "Hello" 4 >/dev/null || { tail -n 20 "$tmp/server.log" >&2; exit 1; }
@@ -217,12 +231,14 @@ round() { # $1 file tag, $2 model, $3 draft, $4 ctx, $5 round
 }
 
 for f in $files; do
+    ksets=$kvt_sets lsets=$llama_sets
     case $f in
     stories) model=$stories draft=$stories ctx=512 ;;
     qwen3) model=$qwen draft=$qwen_draft ctx=2048 ;;
-    *) echo "$me: FILES takes stories and qwen3, not '$f'" >&2; exit 2 ;;
+    qwen35) model=$q35 draft=$q35 ctx=2048 ksets=${KVT_SETS:-none mtp} lsets=${LLAMA_SETS:-none draft-mtp} ;;
+    *) echo "$me: FILES takes stories, qwen3 and qwen35, not '$f'" >&2; exit 2 ;;
     esac
-    echo "$me: $f: $reps rounds of kvtier ($kvt_sets) and llama.cpp ($llama_sets)" >&2
+    echo "$me: $f: $reps rounds of kvtier ($ksets) and llama.cpp ($lsets)" >&2
     for r in $(seq 1 "$reps"); do round "$f" "$model" "$draft" "$ctx" "$r"; done
 done
 

@@ -68,18 +68,27 @@ typedef struct shape {
     const struct q35_shape *q35; /* qwen35's own, or NULL */
 } shape;
 
-/* qwen35's RoPE dims, DeltaNet conv kernel, head length, K and V heads */
+/* qwen35's RoPE dims, DeltaNet conv kernel, head length, K and V heads;
+ * mtp: an MTP (nextn) layer after the 24 */
 typedef struct q35_shape {
     uint32_t rot, conv, state, hk, hv;
+    bool mtp;
 } q35_shape;
 
-static const q35_shape qwen35_08b = {64, 4, 128, 16, 16};
+static const q35_shape qwen35_08b = {64, 4, 128, 16, 16, false};
+static const q35_shape qwen35_08b_mtp = {64, 4, 128, 16, 16, true};
 
 static const shape shapes[] = {
     {"llama-124m", "llama", 768, 12, 12, 4, 64, 2048, 8192, false, false, false, 10000.0f, NULL},
     {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 40960, true, true, false, 1000000.0f, NULL},
     {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 32768, true, true, true, 1000000.0f, NULL},
     {"qwen3.5-0.8b", "qwen35", 1024, 24, 8, 2, 256, 3584, 262144, true, true, false, 10000000.0f, &qwen35_08b},
+    /* the same with an MTP layer as llama.cpp's converter writes Qwen 3.5's
+     * (bench/draft_peer.sh's --draft mtp cell): block 24 a full-attention
+     * layer with its FFN, nextn.eh_proj (2D -> D), enorm, hnorm,
+     * shared_head_norm; nextn_predict_layers 1, block_count 25; its
+     * tensors drawn after the model's, which are those of qwen3.5-0.8b */
+    {"qwen3.5-0.8b-mtp", "qwen35", 1024, 24, 8, 2, 256, 3584, 262144, true, true, false, 10000000.0f, &qwen35_08b_mtp},
     /* a draft model for qwen3-0.6b (bench/draft.sh): its vocabulary, 2
      * layers of 256 */
     {"qwen3-tiny", "qwen3", 256, 2, 4, 2, 64, 768, 40960, true, true, false, 1000000.0f, NULL},
@@ -189,11 +198,12 @@ static int write_q35(kvt_gguf_writer *w, const shape *sh, uint64_t V)
     const q35_shape *q = sh->q35;
     const uint64_t D = sh->D, QD = (uint64_t)sh->H * sh->hd, KVD = (uint64_t)sh->Hkv * sh->hd,
                    KD = (uint64_t)q->hk * q->state, VD = (uint64_t)q->hv * q->state, CONV = 2 * KD + VD;
-    int32_t recr[64];
+    int32_t recr[65];
+    const uint32_t L = sh->L + q->mtp; /* block_count: the MTP layer's block too */
     const int32_t sections[4] = {11, 11, 10, 0}; /* the converter's default: 32 pairs = rot / 2 */
     if (sh->L > 64 || q->hv > 64 || sections[0] + sections[1] + sections[2] != (int32_t)q->rot / 2)
         return KVT_EINVAL;
-    for (uint32_t l = 0; l < sh->L; l++) recr[l] = (l + 1) % Q35_INTERVAL != 0;
+    for (uint32_t l = 0; l < L; l++) recr[l] = l < sh->L && (l + 1) % Q35_INTERVAL != 0;
     char k[96];
     int rc;
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", sh->arch, suffix), k)
@@ -205,7 +215,8 @@ static int write_q35(kvt_gguf_writer *w, const shape *sh, uint64_t V)
         (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.time_step_rank"), q->hv)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.inner_size"), (uint32_t)VD)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("full_attention_interval"), Q35_INTERVAL)) ||
-        (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, sh->L, KVT_GGUF_BOOL)))
+        (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, L, KVT_GGUF_BOOL)) ||
+        (q->mtp && (rc = kvt_gguf_writer_set_u32(w, KEY("nextn_predict_layers"), 1))))
         return rc;
 #undef KEY
     float a[64];
@@ -245,6 +256,28 @@ static int write_q35(kvt_gguf_writer *w, const shape *sh, uint64_t V)
 #undef NM
     }
     if ((rc = add_f32(w, "output_norm.weight", D, 1, 1.0, Q35_SIGMA_NORM))) return rc;
+    if (q->mtp) {
+        char nm[64];
+        uint32_t l = sh->L;
+#define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix), nm)
+        if ((rc = add_f32(w, NM("attn_norm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_f32(w, NM("post_attention_norm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_matrix_s(w, NM("attn_q.weight"), D, 2 * QD, Q35_SIGMA_QK)) ||
+            (rc = add_matrix_s(w, NM("attn_k.weight"), D, KVD, Q35_SIGMA_QK)) ||
+            (rc = add_matrix(w, NM("attn_v.weight"), D, KVD)) ||
+            (rc = add_matrix(w, NM("attn_output.weight"), QD, D)) ||
+            (rc = add_f32(w, NM("attn_q_norm.weight"), sh->hd, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_f32(w, NM("attn_k_norm.weight"), sh->hd, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_matrix(w, NM("ffn_gate.weight"), D, sh->F)) ||
+            (rc = add_matrix(w, NM("ffn_up.weight"), D, sh->F)) ||
+            (rc = add_matrix(w, NM("ffn_down.weight"), sh->F, D)) ||
+            (rc = add_matrix(w, NM("nextn.eh_proj.weight"), 2 * D, D)) ||
+            (rc = add_f32(w, NM("nextn.enorm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_f32(w, NM("nextn.hnorm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)) ||
+            (rc = add_f32(w, NM("nextn.shared_head_norm.weight"), D, 1, 1.0, Q35_SIGMA_NORM)))
+            return rc;
+#undef NM
+    }
     return sh->tied ? KVT_OK : add_matrix(w, "output.weight", D, V);
 }
 
@@ -271,7 +304,7 @@ static int write_model(const shape *sh, const char *vocab_path, const char *out)
         (rc = kvt_gguf_writer_set_u32(w, "general.file_type", 1)) || /* mostly f16 */
         (rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), sh->ctx)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), sh->D)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), sh->L)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), sh->L + (sh->q35 && sh->q35->mtp))) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), sh->F)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), sh->H)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), sh->Hkv)) ||
@@ -633,7 +666,7 @@ int main(int argc, char **argv)
         argv += 2;
     }
     if (argc == 3 && argv[1][0] != '-') return write_model(sh, argv[1], argv[2]);
-    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b|qwen3-tiny] VOCAB.gguf OUT.gguf\n"
+    fprintf(stderr, "usage: synth_llama [--shape llama-124m|qwen3-0.6b|gemma3-1b|qwen3.5-0.8b|qwen3.5-0.8b-mtp|qwen3-tiny] VOCAB.gguf OUT.gguf\n"
                     "       synth_llama --sizes FILE.gguf\n"
                     "       synth_llama --imatrix FILE.gguf OUT.dat\n"
                     "       synth_llama --experts FILE.gguf OUT.gguf GATE_UP DOWN\n");

@@ -200,20 +200,21 @@ static int set_arr_i32(kvt_gguf_writer *w, const char *key, const int32_t *v, in
 /* The synthetic Qwen 3.5 of synth_family.h (kind FAM_Q35_DENSE or _MOE) with
  * a vocabulary of V and a context of ctx. */
 static int q35_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t seed, float rope_base, bool neutral,
-                     uint64_t V, uint32_t ctx)
+                     uint64_t V, uint32_t ctx, bool mtp)
 {
     enum { L = FAM_Q35_LAYERS, HD = FAM_Q35_HEAD_DIM, QD = FAM_HEADS * HD, KVD = FAM_KV_HEADS * HD,
            S = FAM_Q35_STATE, HK = FAM_Q35_HK, HV = FAM_Q35_HV, KD = HK * S, VD = HV * S, CONV = 2 * KD + VD };
     const bool moe = kind == FAM_Q35_MOE;
-    uint32_t recr[L];
+    uint32_t recr[L + 1];
     for (int l = 0; l < L; l++) recr[l] = (l + 1) % FAM_Q35_INTERVAL != 0;
+    recr[L] = 0; /* the MTP layer (mtp) */
     static const int32_t sections[4] = {3, 3, 2, 0}; /* pairs: 8 = FAM_Q35_ROT / 2 */
     char k[96];
     int rc;
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", arch, suffix), k)
     if ((rc = kvt_gguf_writer_set_u32(w, KEY("context_length"), ctx)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("embedding_length"), FAM_DIM)) ||
-        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), L)) ||
+        (rc = kvt_gguf_writer_set_u32(w, KEY("block_count"), L + mtp)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("feed_forward_length"), moe ? FAM_Q35_SHEXP : FAM_FFN)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count"), FAM_HEADS)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), FAM_KV_HEADS)) ||
@@ -230,7 +231,8 @@ static int q35_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t se
         (rc = kvt_gguf_writer_set_u32(w, KEY("ssm.inner_size"), VD)) ||
         (rc = kvt_gguf_writer_set_u32(w, KEY("full_attention_interval"), FAM_Q35_INTERVAL)))
         return rc;
-    if (!moe && (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, L, true))) return rc;
+    if (!moe && (rc = set_arr(w, KEY("attention.recurrent_layers"), recr, L + mtp, true))) return rc;
+    if (mtp && (rc = kvt_gguf_writer_set_u32(w, KEY("nextn_predict_layers"), 1))) return rc;
     if (moe && ((rc = kvt_gguf_writer_set_u32(w, KEY("expert_count"), FAM_MOE_E)) ||
                 (rc = kvt_gguf_writer_set_u32(w, KEY("expert_used_count"), FAM_MOE_EU)) ||
                 (rc = kvt_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), FAM_MOE_F)) ||
@@ -245,7 +247,7 @@ static int q35_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t se
         (rc = add_vec(w, "output_norm.weight", FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
         (rc = add_tensor(w, "output.weight", FAM_DIM, V, FAM_SIGMA, &rng)))
         return rc;
-    for (int l = 0; l < L && !rc; l++) {
+    for (int l = 0; l < L + mtp && !rc; l++) {
         char name[64];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
         if ((rc = add_vec(w, NAME("attn_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
@@ -290,6 +292,12 @@ static int q35_write(kvt_gguf_writer *w, const char *arch, int kind, uint64_t se
                    (rc = add_tensor(w, NAME("ffn_up_shexp.weight"), FAM_DIM, FAM_Q35_SHEXP, FAM_SIGMA, &rng)) ||
                    (rc = add_tensor(w, NAME("ffn_down_shexp.weight"), FAM_Q35_SHEXP, FAM_DIM, FAM_SIGMA, &rng)))
             break;
+        if (l == L && ((rc = add_tensor(w, NAME("nextn.eh_proj.weight"), 2 * FAM_DIM, FAM_DIM, FAM_SIGMA, &rng)) ||
+                       (rc = add_vec(w, NAME("nextn.enorm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                       (rc = add_vec(w, NAME("nextn.hnorm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false, &rng)) ||
+                       (rc = add_vec(w, NAME("nextn.shared_head_norm.weight"), FAM_DIM, 1.0, FAM_SIGMA_NORM, false,
+                                     &rng))))
+            break;
 #undef NAME
     }
     return rc;
@@ -328,7 +336,7 @@ int fam_write_ctx(const char *path, const char *vocab, uint64_t seed, float rope
                 if (!strncmp(kvt_gguf_key(g, i), "tokenizer.", 10))
                     rc = kvt_gguf_writer_set(w, kvt_gguf_key(g, i), kvt_gguf_val_at(g, i));
         if (!rc)
-            rc = f->qwen35 ? q35_write(w, f->arch, f->qwen35, seed, rope_base, neutral, V, ctx)
+            rc = f->qwen35 ? q35_write(w, f->arch, f->qwen35, seed, rope_base, neutral, V, ctx, f->mtp)
                            : g4_write(w, f->arch, f->gemma4, seed, rope_base, neutral);
         if (!rc) rc = kvt_gguf_writer_write(w, path);
         kvt_gguf_writer_free(w);

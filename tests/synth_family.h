@@ -46,6 +46,7 @@ typedef struct fam_spec {
     int gemma4;     /* FAM_G4_DENSE or FAM_G4_MOE: the gemma4 below (the fields above unused); 0: none */
     int qwen35;     /* FAM_Q35_DENSE (qwen35) or FAM_Q35_MOE (qwen35moe): the Qwen 3.5 below (the fields
                      * above unused); 0: none */
+    bool mtp;       /* qwen35: an MTP (nextn) layer after the model's, as below */
 } fam_spec;
 
 /* gemma4 (src/arch/llama.c), FAM_G4_LAYERS layers, window and global in turn
@@ -150,7 +151,16 @@ enum { FAM_G4_DENSE = 1, FAM_G4_MOE = 2, FAM_G4_LAYERS = 6, FAM_G4_SHARED = 2, F
  * |logit| (by 1.1 at 100 - 199); the neutral file's logits differ from the
  * file's by 1.0 - 1.3 of max |logit| over the first 16 to 600 positions.
  * neutral (the control): ssm_a written as 0 (no decay), every draw the
- * same. */
+ * same.
+ * mtp: an MTP (nextn) layer as llama.cpp's converter writes Qwen 3.5's:
+ * nextn_predict_layers 1, block_count FAM_Q35_LAYERS + 1 (the layer is
+ * block 8), attention.recurrent_layers one entry longer (false for it);
+ * block 8 holds a full-attention layer's tensors (as above, its FFN the
+ * family's) and nextn.eh_proj (2D -> D, N(0, FAM_SIGMA): its output of sd
+ * about 0.45, normed by attn_norm), nextn.enorm, nextn.hnorm and
+ * nextn.shared_head_norm (1 + N(0, FAM_SIGMA_NORM)); no embed_tokens or
+ * shared_head_head (the model's are used). Its tensors are drawn after
+ * every other, so the model's are those of the file without it. */
 enum { FAM_Q35_DENSE = 1, FAM_Q35_MOE = 2, FAM_Q35_LAYERS = 8, FAM_Q35_INTERVAL = 4, FAM_Q35_HEAD_DIM = 64,
        FAM_Q35_ROT = 16, FAM_Q35_CONV = 4, FAM_Q35_STATE = 64, FAM_Q35_HK = 2, FAM_Q35_HV = 4,
        FAM_Q35_SHEXP = 256 };

@@ -179,6 +179,8 @@
 #include "serve/generate.h"
 #include "arch/model.h"
 #include "arch/ds4.h"
+#include "arch/llama.h"
+#include "arch/llama_weights.h"
 #include "session/memory.h"
 #include "session/snapshot.h"
 #include "base/util.h"
@@ -875,6 +877,147 @@ TEST(speculate_mtp_ds4_batched)
             outcome_free(&both[i]);
             outcome_free(&bad[i]);
         }
+    }
+}
+
+/* A greedy reply of m continued from a snapshot: the session synced to
+ * toks[0..k) (a plain reply's prompt and its first tokens), snapshotted,
+ * restored into a new session, and the reply's rest generated there with
+ * --draft mtp (the drafter on the restored session, the layer's hidden
+ * input from its state): o receives that session's tokens and digest. */
+static bool mtp_restored(kvt_model *m, const int32_t *toks, size_t k, outcome *o)
+{
+    kvt_session_opts so = {.n_ctx = (uint32_t)(PROMPT + MAX_NEW + 8), .n_threads = 1};
+    kvt_session *a = NULL, *b = NULL;
+    kvt_draft_mtp *mt = NULL;
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    memset(o, 0, sizeof *o);
+    kvt_request r = request(&settings[0], (uint32_t)(MAX_NEW - (k - PROMPT)));
+    bool ok = !kvt_session_new(&a, m, &so) && !kvt_session_sync(a, toks, k, NULL) &&
+              !kvt_session_snapshot(a, &snap, &len) && !kvt_session_new(&b, m, &so) &&
+              !kvt_session_restore(b, snap, len) && !kvt_draft_mtp_new(&mt, b);
+    if (ok) {
+        kvt_gen g = {.m = m, .s = b, .r = &r, .id = "cmpl-1", .model_name = "m", .max_new = r.max_tokens,
+                     .n_ctx = so.n_ctx, .seed = 1, .draft = KVT_DRAFT_MTP, .draft_max = 6, .mtp = mt};
+        kvt_gen_out out = {0};
+        o->body = kvt_generate_run(&g, &o->u, &out);
+        o->n = kvt_session_len(b);
+        o->digest = kvt_test_digest(b, m);
+        o->toks = malloc(o->n * sizeof(int32_t) + 1);
+        if (o->toks) memcpy(o->toks, kvt_session_tokens(b), o->n * sizeof(int32_t));
+        ok = o->body && o->toks;
+    }
+    kvt_draft_mtp_free(mt);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    free(snap);
+    return ok;
+}
+
+/* --draft mtp on Qwen 3.5 (synth_family.h with its MTP layer; the rows kept
+ * by the session, kvt_model_set_mtp_rows): qwen35 and qwen35moe, greedy and
+ * sampled, alone and batched, with the layer's guesses and with the
+ * knowing drafter's (drafts accepted and rejected, the session rolled
+ * back): the response with its logprobs, the tokens and the cache digest
+ * (the layer's rows and the h_nextn in the state included) equal plain
+ * decoding's with the rows kept, whose response equals the model's without
+ * them. A greedy reply snapshotted 20 tokens in, restored and continued
+ * with --draft mtp ends with the same tokens and digest. Control:
+ * KVT_LLAMA_FAULT_MTP_PENDING (the h_nextn not restored with the state
+ * before the rollback's replay) changes the digest of a rolled-back reply,
+ * and the test says so. */
+TEST(speculate_mtp_qwen35)
+{
+    static const fam_spec fs[2] = {{"qwen35", .qwen35 = FAM_Q35_DENSE, .mtp = true},
+                                   {"qwen35moe", .qwen35 = FAM_Q35_MOE, .mtp = true}};
+    for (int fi = 0; fi < 2; fi++) {
+        char dir[] = "/tmp/kvt-spec-XXXXXX", path[256];
+        kvt_model *off = fam_open(&fs[fi], dir, path, sizeof path), *m = NULL;
+        if (!off) return;
+        if (kvt_model_open(&m, path) || kvt_model_set_mtp_rows(m, true)) {
+            CHECKF(0, "%s: %s", fs[fi].arch, kvt_errmsg());
+            kvt_model_close(m);
+            fam_close(off, dir, path);
+            return;
+        }
+        CHECK(kvt_draft_mtp_prepare(off) == KVT_OK); /* no session yet: it turns the rows on */
+        CHECK(kvt_model_mtp_rows(off) && kvt_model_set_mtp_rows(off, false) == KVT_OK);
+        int32_t pa[PROMPT], pb[PROMPT];
+        mtp_prompts(m, pa, pb);
+        int32_t *ps[BATCH] = {pa, pb};
+        uint32_t accepted = 0, drafted = 0, rolled = 0, seen = 0;
+        for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+            const setting *st = &settings[si];
+            for (size_t k = 1; k <= BATCH; k++) {
+                outcome plain[BATCH], trunk[BATCH], spec[BATCH], know[BATCH], bad[BATCH];
+                bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+                ran = ran && replies(off, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
+                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
+                for (size_t i = 0; ran && i < BATCH; i++) {
+                    known[i] = i < k ? plain[i].toks : NULL;
+                    n_known[i] = i < k ? plain[i].n : 0;
+                }
+                kvt_gen_test_drafter = knowing;
+                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
+                kvt_llama_fault = KVT_LLAMA_FAULT_MTP_PENDING;
+                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
+                kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
+                kvt_gen_test_drafter = NULL;
+                for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+                CHECKF(ran, "%s mtp %s: a reply failed: %s", fs[fi].arch, st->what, kvt_errmsg());
+                for (size_t i = 0; ran && i < k; i++) {
+                    bool eq = same(&plain[i], &spec[i]), eq_know = same(&plain[i], &know[i]),
+                         eq_trunk = plain[i].body && trunk[i].body && !strcmp(plain[i].body, trunk[i].body),
+                         eq_bad = same(&plain[i], &bad[i]);
+                    printf("    %s mtp %s %s reply %zu: %u tokens in %u passes (plain %u), %u drafted, %u accepted: "
+                           "%s; knowing drafter %u of %u accepted: %s; without the rows %s; control %s\n",
+                           fs[fi].arch, st->what, k > 1 ? "batched" : "alone", i, spec[i].u.completion_tokens,
+                           spec[i].u.passes, plain[i].u.passes, spec[i].u.drafted, spec[i].u.accepted,
+                           eq ? "same" : "DIFFERENT", know[i].u.accepted, know[i].u.drafted,
+                           eq_know ? "same" : "DIFFERENT", eq_trunk ? "same" : "DIFFERENT",
+                           eq_bad ? "same" : "differs");
+                    CHECKF(eq, "%s mtp %s: --draft mtp changed the reply or the session", fs[fi].arch, st->what);
+                    CHECKF(eq_know, "%s mtp %s: with drafts accepted and rejected the reply or the session differs",
+                           fs[fi].arch, st->what);
+                    CHECKF(eq_trunk, "%s mtp %s: the kept rows changed plain decoding", fs[fi].arch, st->what);
+                    CHECKF(spec[i].u.drafted > 0, "%s mtp %s: nothing drafted", fs[fi].arch, st->what);
+                    CHECKF(know[i].u.accepted > 0 && know[i].u.accepted < know[i].u.drafted,
+                           "%s mtp %s: the knowing drafter's drafts were not both kept and rolled back", fs[fi].arch,
+                           st->what);
+                    seen += !eq_bad;
+                    rolled += know[i].u.accepted < know[i].u.drafted;
+                    accepted += spec[i].u.accepted;
+                    drafted += spec[i].u.drafted;
+                }
+                for (size_t i = 0; i < k; i++) {
+                    outcome_free(&plain[i]);
+                    outcome_free(&trunk[i]);
+                    outcome_free(&spec[i]);
+                    outcome_free(&know[i]);
+                    outcome_free(&bad[i]);
+                }
+            }
+        }
+        /* snapshot mid-reply, restored, continued with --draft mtp */
+        outcome plain[1], cont;
+        int32_t *one[1] = {pa};
+        bool ran = replies(m, one, PROMPT, 1, &settings[0], KVT_DRAFT_NONE, plain) &&
+                   mtp_restored(m, plain[0].toks, PROMPT + 20, &cont);
+        bool eq = ran && cont.n == plain[0].n && cont.digest == plain[0].digest &&
+                  !memcmp(cont.toks, plain[0].toks, cont.n * sizeof(int32_t));
+        printf("    %s: restored 20 tokens into the reply and continued with --draft mtp: %u drafted, %u accepted: "
+               "%s\n", fs[fi].arch, cont.u.drafted, cont.u.accepted, eq ? "same" : "DIFFERENT");
+        CHECKF(eq, "%s: the reply continued from a snapshot differs: %s", fs[fi].arch, ran ? "" : kvt_errmsg());
+        CHECKF(!ran || cont.u.drafted > 0, "%s: nothing drafted after the restore", fs[fi].arch);
+        outcome_free(&plain[0]);
+        outcome_free(&cont);
+        printf("    %s mtp: %u of %u drafts accepted; %u replies rolled back; the h_nextn fault seen in %u\n",
+               fs[fi].arch, accepted, drafted, rolled, seen);
+        CHECKF(rolled > 0, "%s mtp: the rollback must be exercised", fs[fi].arch);
+        CHECKF(seen > 0, "%s mtp: the h_nextn left out of the rollback went unseen", fs[fi].arch);
+        kvt_model_close(m);
+        fam_close(off, dir, path);
     }
 }
 

@@ -585,6 +585,13 @@ static int cmd_run(int argc, char **argv)
         ret = 2;
         goto out;
     }
+    /* the layer's check, and (Qwen 3.5) its rows kept by the session: before it */
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
+        fail(rc, "run");
+        ret = 2;
+        goto out;
+    }
+    if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_prepare(m))) { fail(rc, "--draft mtp"); goto out; }
     if ((rc = kvt_session_new(&s, m, &so))) { fail(rc, "session"); goto out; }
     if (draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(m, get(o, no, "--model") ? get(o, no, "--model") : info.name))) {
         fail(rc, "run");
@@ -884,9 +891,12 @@ static int cmd_info(int argc, char **argv)
         !parse_u64(get(o, no, "--threads"), "--threads", 256, &threads) || !parse_cache_types(o, no, &tk, &tv))
         return 2;
     /* ds4.c's separate MTP file, mapped with the model as run and serve map it */
-    const char *mtp = mtp_file(o, no);
-    if ((get(o, no, "--draft") || get(o, no, "--model-draft")) && !mtp) {
-        fprintf(stderr, "kvtier: info takes --draft mtp --model-draft FILE (ds4.c's separate MTP file) only\n");
+    const char *mtp = mtp_file(o, no), *dk = get(o, no, "--draft");
+    /* --draft mtp alone: the cache as run and serve make it for the file's
+     * own layer (Qwen 3.5: with the layer's rows) */
+    bool mtp_rows = dk && !strcmp(dk, "mtp") && !get(o, no, "--model-draft");
+    if ((dk || get(o, no, "--model-draft")) && !mtp && !mtp_rows) {
+        fprintf(stderr, "kvtier: info takes --draft mtp [--model-draft FILE (ds4.c's separate MTP file)] only\n");
         return 2;
     }
     kvt_model *m = NULL;
@@ -911,6 +921,11 @@ static int cmd_info(int argc, char **argv)
     if (dr != KVT_ENOENT) return fail(dr, "info");
     int r = open_model(path, o, no, &m);
     if (r) return r;
+    if (mtp_rows && (r = kvt_draft_mtp_prepare(m))) {
+        kvt_model_close(m);
+        fail(r, "info");
+        return 2;
+    }
     kvt_model_info_get(m, &i);
     if ((r = kvt_model_memory(path, m, ctx, (uint32_t)threads, &mm)) || (mtp && (r = kvt_memory_add_mtp(&mm, mtp)))) {
         kvt_model_close(m);
@@ -1484,7 +1499,7 @@ static void usage(FILE *f)
           "              a new session from disk; the replies (--max-tokens 32) only with --output\n"
           "  tokenize    [--model M] --text TEXT [--no-bos] [--special]\n"
           "  detokenize  [--model M] --ids \"ID ID ...\"\n"
-          "  info        [--model M] [--ctx N] [--threads N] [cache types] [--draft mtp --model-draft FILE]:\n"
+          "  info        [--model M] [--ctx N] [--threads N] [cache types] [--draft mtp [--model-draft FILE]]:\n"
           "              the shape, and what a run needs in memory: weights mapped from the file (by\n"
           "              type; and from ds4.c's separate MTP file when given), the KV cache at the\n"
           "              context (default: the model's), a session's scratch, the resident estimate,\n"
@@ -1545,7 +1560,7 @@ static void usage(FILE *f)
           "  cache types --cache-type-k T (-ctk T), --cache-type-v T (-ctv T): how K and V rows are\n"
           "              kept: f16 (default, as llama.cpp), q8_0, bf16 or f32 (DeepSeek-V4: its own f16)\n"
           "  draft options --draft auto|ngram|model|mtp|none (auto: ngram for a dense model whose cache is\n"
-          "              rows alone, else none; mtp: a DeepSeek-V4 file's MTP layer),\n"
+          "              rows alone, else none; mtp: a DeepSeek-V4 or Qwen 3.5 file's MTP layer),\n"
           "              --draft-max N\n"
           "              (8, at most 64), --model-draft FILE (the draft model, same vocabulary;\n"
           "              implies --draft model; with --draft mtp: ds4.c's separate MTP file\n"

@@ -1802,6 +1802,7 @@ int kvt_serve(const kvt_server_opts *opts)
         goto out; /* ds4.c's separate MTP file, before any session */
     if (sv->o.draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_check(sv->m, opts->model ? opts->model : sv->m->info.name)))
         goto out;
+    if (sv->o.draft == KVT_DRAFT_MTP && (rc = kvt_draft_mtp_prepare(sv->m))) goto out; /* Qwen 3.5: rows kept */
     if (sv->dmodel) { /* a draft session's scratch, which its reservation counts */
         kvt_memory mm;
         if ((rc = kvt_model_memory(NULL, sv->dmodel, sv->o.n_ctx, 1, &mm))) goto out;

@@ -28,8 +28,9 @@ typedef struct kvt_seg {
     size_t lfrom;
 } kvt_seg;
 
-/* An architecture's multi-token prediction layer (DeepSeek-V4's nextn, as
- * llama.cpp's MTP graph runs it), for the MTP drafter (serve/draft_mtp.c).
+/* An architecture's multi-token prediction layer (DeepSeek-V4's nextn and
+ * Qwen 3.5's, as llama.cpp's MTP graphs run them), for the MTP drafter
+ * (serve/draft_mtp.c).
  * layers: the model's count (0 or 1). A position's hidden state is
  * hidden_floats floats; the layer's window ring holds window rows,
  * position p at row p mod window, ring_bytes in all. hidden: the hidden
@@ -43,7 +44,16 @@ typedef struct kvt_seg {
  * success m owns g; on failure m is unchanged). write_file: m's layer as
  * that separate file, at path. file: the file attach gave m (borrowed: m
  * keeps it mapped until it is closed), NULL: none; its tensor data counts
- * in the model's memory as the model's file does (session/memory.c). */
+ * in the model's memory as the model's file does (session/memory.c).
+ * keep_rows: whether m's sessions keep the layer's rows of every position
+ * they hold, written by their forward passes (set before the first
+ * session: kvt_model_set_mtp_rows), and rows_kept reads it; then hidden
+ * gives the state's h of the last position s holds alone, the ring holds
+ * only a pass's chained guesses, and step reads the session's rows below
+ * s->n and the ring from there (no window to rewrite: a rollback of the
+ * session is one of the layer's rows). NULL: the drafter keeps the layer's
+ * window itself (DeepSeek-V4). attach, write_file, file: NULL when the
+ * architecture has no separate MTP file. */
 typedef struct kvt_mtp_ops {
     uint32_t (*layers)(const kvt_model *m);
     size_t (*hidden_floats)(const kvt_model *m);
@@ -55,6 +65,8 @@ typedef struct kvt_mtp_ops {
     int (*attach)(kvt_model *m, kvt_gguf *g);
     int (*write_file)(const kvt_model *m, const char *path);
     const kvt_gguf *(*file)(const kvt_model *m);
+    int (*keep_rows)(kvt_model *m, bool on);
+    bool (*rows_kept)(const kvt_model *m);
 } kvt_mtp_ops;
 
 /* What an architecture provides: one row per architecture file, all of

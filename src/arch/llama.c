@@ -35,6 +35,7 @@
 #include "kernels/kernels.h"
 #include "arch/llama.h"
 #include "arch/llama_weights.h"
+#include "arch/llama_mtp.h"
 #include "arch/moe.h"
 #include "cache/rows.h"
 #include "kernels/qkernels.h"
@@ -79,9 +80,10 @@ typedef struct llama_work {
     size_t *pos;       /* (ch) their positions */
     float *lgb;        /* (lgb_rows, V) a batched pass's logits, before they go to their segments */
     size_t lgb_rows;
+    float *hn, *cat;   /* the MTP layer: (ch, D) the tokens' h_nextn, (ch, 2D) its inputs (else NULL) */
 } llama_work;
 
-static const kvt_arch arch_llama_window;
+static const kvt_arch arch_llama_window, arch_llama_mtp;
 
 static int llama_load(kvt_model *m, const kvt_gguf *g)
 {
@@ -89,8 +91,9 @@ static int llama_load(kvt_model *m, const kvt_gguf *g)
     int rc = kvt_llama_weights_load(&w, g, &m->info);
     if (rc) return rc;
     m->weights = w;
-    /* window rings or DeltaNet layers: a state the session keeps */
-    m->arch = w->n_ring || w->n_rec ? &arch_llama_window : &kvt_arch_llama;
+    /* window rings or DeltaNet layers: a state the session keeps; an MTP
+     * layer (qwen35, which has that state): its operations too */
+    m->arch = w->mtp && w->n_rec ? &arch_llama_mtp : w->n_ring || w->n_rec ? &arch_llama_window : &kvt_arch_llama;
     return KVT_OK;
 }
 
@@ -102,11 +105,12 @@ static float *rec_state(const kvt_session *s, const kvt_llama_weights *w, size_t
 static int llama_cache_new(kvt_session *s)
 {
     const kvt_llama_weights *w = s->m->weights;
-    size_t n = 2 * w->n_global;
+    size_t n = 2 * w->n_global + (w->mtp_rows ? 2 : 0);
     uint32_t (*spec)[2] = kvt_calloc(n ? n : 1, sizeof *spec);
     if (!spec) return KVT_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        spec[i][0] = (uint32_t)kvt_rows_bytes(i % 2 ? w->type_v : w->type_k, w->stream_kv[i / 2]);
+        uint32_t kv = i / 2 < w->n_global ? w->stream_kv[i / 2] : w->mtp->KV;
+        spec[i][0] = (uint32_t)kvt_rows_bytes(i % 2 ? w->type_v : w->type_k, kv);
         spec[i][1] = KVT_BLOCK;
     }
     s->cache = kvt_cache_new(n, (const uint32_t (*)[2])spec, s->n_ctx, kvt_llama_weights_state_bytes(w));
@@ -114,7 +118,7 @@ static int llama_cache_new(kvt_session *s)
     return s->cache ? KVT_OK : KVT_ENOMEM;
 }
 
-#define WORK_BUFS 31
+#define WORK_BUFS 33
 
 /* Every allocation of the scratch but k itself and its DeltaNet scratch,
  * WORK_BUFS of them. */
@@ -123,7 +127,7 @@ static void work_bufs(const llama_work *k, void **b)
     void *all[WORK_BUFS] = {k->x, k->xb, k->q, k->att, k->k, k->v, k->h1, k->h3, k->sk, k->sv, k->m2,
                             k->pl, k->pl0, k->pg, k->lg, k->ew, k->mo, k->ex, k->ms.xe, k->ms.eo, k->ms.f1,
                             k->ms.f3, k->ms.rt, k->scores, k->qx, k->qg, k->sh, k->shg, k->tok, k->pos,
-                            k->lgb};
+                            k->lgb, k->hn, k->cat};
     memcpy(b, all, sizeof all);
 }
 
@@ -223,10 +227,23 @@ static int llama_work_new(kvt_session *s)
             mok = mok && k->sh && k->shg;
         }
     }
-    /* the largest quantised activations any matrix needs */
+    if (w->mtp) {
+        k->hn = kvt_malloc(ch * D * sizeof(float));
+        k->cat = kvt_malloc(ch * 2 * D * sizeof(float));
+        mok = mok && k->hn && k->cat;
+    }
+    /* the largest quantised activations any matrix needs (the MTP layer's
+     * too: its eh_proj reads 2D) */
     size_t qb = kvt_q_act_bytes(w->tok_embd.type, 0, 0);
-    for (uint32_t l = 0; l <= w->L; l++) {
-        const kvt_llama_layer *ly = &w->layers[l < w->L ? l : 0];
+    for (uint32_t l = 0; l <= w->L + (w->mtp != NULL); l++) {
+        const kvt_llama_layer *ly = l < w->L ? &w->layers[l] : l > w->L ? w->mtp : &w->layers[0];
+        if (l > w->L) {
+            const kvt_wmat *mm[2] = {&w->eh, &w->mtp_head};
+            for (int i = 0; i < 2; i++) {
+                size_t b = mm[i]->rows ? kvt_q_act_bytes(mm[i]->type, ch, mm[i]->cols) : 0;
+                qb = b > qb ? b : qb;
+            }
+        }
         const kvt_wmat *m[20] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2,
                                  &ly->gate_x, &ly->up_x, &ly->down_x, &ly->inp_gate, &ly->proj,
                                  &ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out,
@@ -852,6 +869,45 @@ static void pass_logits(kvt_pool *pool, llama_work *wk, const kvt_llama_weights 
         }
 }
 
+/* ---- the MTP (nextn) layer: qwen35's (its math: llama_mtp.c) ---- */
+
+/* After a pass (wk->x: its tokens' final residuals), with mtp_rows: each
+ * token's h_nextn, then the MTP layer's K and V of each position from its
+ * token and the h_nextn of the position before (a segment's first: the one
+ * its session keeps), into the session's stream; the last h_nextn kept.
+ * Per-token steps and products whose rows are their own: the same bytes
+ * whatever the chunks, threads or segments beside. */
+static int mtp_rows_pass(kvt_pool *pool, llama_work *wk, const kvt_llama_weights *w, const kvt_seg *sg, size_t k,
+                         size_t n)
+{
+    const kvt_llama_layer *ly = w->mtp;
+    size_t D = w->D, KV = ly->KV, st = kvt_llama_mtp_stream(w);
+    for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->hn + i * D, wk->x + i * D, w->out_norm, D, w->eps);
+    for (size_t g = 0, off = 0; g < k; off += sg[g++].n)
+        for (size_t i = 0; i < sg[g].n; i++) {
+            const float *h = i ? wk->hn + (off + i - 1) * D : kvt_llama_mtp_pending(sg[g].s, w);
+            kvt_llama_mtp_input(w, wk->cat + (off + i) * 2 * D, wk->tok[off + i], h);
+        }
+    kvt_matmul_w(pool, wk->x, &w->eh, wk->cat, n, wk->qx);
+    for (size_t i = 0; i < n; i++) kvt_rmsnorm(wk->xb + i * D, wk->x + i * D, ly->attn_norm, D, w->eps);
+    kvt_matmul_w(pool, wk->k, &ly->wk, wk->xb, n, wk->qx);
+    kvt_matmul_w(pool, wk->v, &ly->wv, wk->xb, n, wk->qx);
+    for (size_t g = 0, off = 0; g < k; off += sg[g++].n) {
+        kvt_session *s = sg[g].s;
+        for (size_t i = 0; i < sg[g].n; i++) {
+            float *kk = wk->k + (off + i) * KV, *v = wk->v + (off + i) * KV;
+            kvt_llama_mtp_qkv(w, NULL, 0, kk, v, sg[g].pos0 + i);
+            size_t p = sg[g].pos0 + i;
+            void *kr = kvt_cache_row(s->cache, st, p), *vr = kvt_cache_row(s->cache, st + 1, p);
+            if (!kr || !vr) return kvt_fail(KVT_ENOMEM, "cache row %zu", p);
+            kvt_rows_put(w->type_k, kr, kk, KV);
+            kvt_rows_put(w->type_v, vr, v, KV);
+        }
+        memcpy(kvt_llama_mtp_pending(s, w), wk->hn + (off + sg[g].n - 1) * D, D * sizeof(float));
+    }
+    return KVT_OK;
+}
+
 /* A pass over k segments (kvt_seg) of distinct sessions, their tokens one
  * after another in the scratch, at most ch in all. Every step on a token
  * on its own and every matrix product runs over all the pass's tokens
@@ -902,7 +958,7 @@ static int llama_pass(llama_work *wk, const kvt_seg *sg, size_t k)
         pending = false;
     }
     pass_logits(pool, wk, w, sg, k, n, nl, lgb, pending);
-    return KVT_OK;
+    return w->mtp_rows ? mtp_rows_pass(pool, wk, w, sg, k, n) : KVT_OK;
 }
 
 /* Before a forward of s from pos0: the scores fit the pool, the tokens the
@@ -1004,8 +1060,14 @@ static int llama_state_load(kvt_session *s, size_t n, kvt_rbuf *rb)
     }
     if (w->n_rec) {
         uint8_t *st = s->cache->state + w->rec_at;
-        if (!kvt_rbuf_get(rb, st, kvt_llama_weights_state_bytes(w) - w->rec_at))
-            return kvt_fail(KVT_EFORMAT, "%s state: the DeltaNet layers' states are truncated", w->fam->name);
+        /* tests: the MTP layer's h_nextn forgotten (left as it was) */
+        bool forget = w->mtp_rows && kvt_llama_fault == KVT_LLAMA_FAULT_MTP_PENDING;
+        float *keep = forget ? kvt_malloc((size_t)w->D * sizeof(float)) : NULL;
+        if (keep) memcpy(keep, kvt_llama_mtp_pending(s, w), (size_t)w->D * sizeof(float));
+        bool got = kvt_rbuf_get(rb, st, kvt_llama_weights_state_bytes(w) - w->rec_at);
+        if (got && keep) memcpy(kvt_llama_mtp_pending(s, w), keep, (size_t)w->D * sizeof(float));
+        free(keep);
+        if (!got) return kvt_fail(KVT_EFORMAT, "%s state: the DeltaNet layers' states are truncated", w->fam->name);
         if (kvt_llama_fault == KVT_LLAMA_FAULT_RING && n) ((float *)st)[0] += 1.0f;
     }
     return KVT_OK;
@@ -1023,8 +1085,12 @@ static int llama_plan(const kvt_model *m, uint64_t ctx, kvt_plan *out)
         row += kvt_rows_bytes(w->type_k, w->stream_kv[i]) + kvt_rows_bytes(w->type_v, w->stream_kv[i]);
     kvt_plan_add(out, "window", w->ring_at[w->n_ring], true);
     kvt_plan_add(out, "full rows", ctx * row, false);
+    /* the MTP layer's rows (mtp_rows); its h_nextn is the state's last, in
+     * the recurrent part a snapshot stores as its own */
+    uint64_t mrow = w->mtp_rows ? kvt_rows_bytes(w->type_k, w->mtp->KV) + kvt_rows_bytes(w->type_v, w->mtp->KV) : 0;
+    if (mrow) kvt_plan_add(out, "mtp rows", ctx * mrow, false);
     if (w->n_rec) kvt_plan_add(out, "recurrent", kvt_llama_weights_state_bytes(w) - w->rec_at, true);
-    out->per_token_x1000 = 1000ull * row;
+    out->per_token_x1000 = 1000ull * (row + mrow);
     out->type_k = w->type_k;
     out->type_v = w->type_v;
     return KVT_OK;
@@ -1056,6 +1122,109 @@ static const kvt_arch arch_llama_window = {
     LLAMA_OPS,
     .state_save = llama_state_save,
     .state_load = llama_state_load,
+};
+
+/* ---- the MTP layer's operations (kvt_mtp_ops) ---- */
+
+static uint32_t llama_mtp_layers(const kvt_model *m) { return ((const kvt_llama_weights *)m->weights)->mtp ? 1 : 0; }
+
+static size_t llama_mtp_hidden_floats(const kvt_model *m) { return ((const kvt_llama_weights *)m->weights)->D; }
+
+static size_t llama_mtp_window(const kvt_model *m)
+{
+    (void)m;
+    return KVT_LLAMA_MTP_RING;
+}
+
+static size_t llama_mtp_ring_bytes(const kvt_model *m)
+{
+    const kvt_llama_weights *w = m->weights;
+    size_t KV = w->mtp ? w->mtp->KV : 0;
+    return KVT_LLAMA_MTP_RING * (kvt_rows_bytes(w->type_k, KV) + kvt_rows_bytes(w->type_v, KV));
+}
+
+/* The h_nextn of the session's last position, which its state keeps. */
+static int llama_mtp_hidden(const kvt_session *s, size_t pos, float *out)
+{
+    const kvt_llama_weights *w = s->m->weights;
+    if (!w->mtp_rows || !s->cache || pos + 1 != s->n) return KVT_ENOENT;
+    memcpy(out, kvt_llama_mtp_pending(s, w), (size_t)w->D * sizeof(float));
+    return KVT_OK;
+}
+
+/* One step of the layer for token tok at position pos (>= s->n: a draft's)
+ * and h_nextn hin of pos - 1: its row into the ring; unless row_only, its
+ * h_nextn into hout and the logits of the token at pos + 1. */
+static int llama_mtp_step(kvt_session *s, uint16_t *ring, const float *hin, int32_t tok, size_t pos, bool row_only,
+                          float *hout, float *logits)
+{
+    const kvt_llama_weights *w = s->m->weights;
+    const kvt_llama_layer *ly = w->mtp;
+    llama_work *wk = s->work;
+    if (!ly || !w->mtp_rows)
+        return kvt_fail(KVT_EUNSUPPORTED, "the model keeps no MTP rows (kvt_model_set_mtp_rows before its sessions)");
+    if (!wk) return kvt_fail(KVT_EINVAL, "MTP: the session has no scratch");
+    if (tok < 0 || (uint32_t)tok >= w->V)
+        return kvt_fail(KVT_EINVAL, "MTP: token id %d out of range [0, %u)", tok, w->V);
+    if (pos >= wk->n_ctx || pos < s->n)
+        return kvt_fail(KVT_ECTX, "MTP: position %zu outside [%zu, %zu)", pos, s->n, wk->n_ctx);
+    kvt_pool *pool = s->pool;
+    size_t D = w->D, hd = ly->hd, KV = ly->KV;
+    float *x = wk->x, *xb = wk->xb, *q = wk->q;
+    wk->tok[0] = tok; /* as a pass of one token would have them (the routers' test hooks read pos) */
+    wk->pos[0] = pos;
+    kvt_llama_mtp_input(w, wk->cat, tok, hin);
+    kvt_matmul_w(pool, x, &w->eh, wk->cat, 1, wk->qx);
+    kvt_rmsnorm(xb, x, ly->attn_norm, D, w->eps);
+    kvt_matmul_w(pool, wk->qg, &ly->wq, xb, 1, wk->qx);
+    kvt_matmul_w(pool, wk->k, &ly->wk, xb, 1, wk->qx);
+    kvt_matmul_w(pool, wk->v, &ly->wv, xb, 1, wk->qx);
+    for (size_t h = 0; h < ly->H; h++) memcpy(q + h * hd, wk->qg + h * 2 * hd, hd * sizeof(float));
+    kvt_llama_mtp_qkv(w, q, ly->H, wk->k, wk->v, pos);
+    size_t rk = kvt_rows_bytes(w->type_k, KV);
+    uint8_t *row = (uint8_t *)ring + pos % KVT_LLAMA_MTP_RING * (rk + kvt_rows_bytes(w->type_v, KV));
+    kvt_rows_put(w->type_k, row, wk->k, KV);
+    kvt_rows_put(w->type_v, row + rk, wk->v, KV);
+    if (row_only) return KVT_OK;
+    kvt_llama_mtp_attend(s, w, (const uint8_t *)ring, q, wk->qg + hd, pos, wk->scores, wk->att);
+    kvt_matmul_w(pool, xb, &ly->wo, wk->att, 1, wk->qx);
+    for (size_t j = 0; j < D; j++) x[j] += xb[j];
+    kvt_rmsnorm(xb, x, ly->ffn_norm, D, w->eps);
+    ffn(pool, wk, w, w->L, 1); /* layers[L]: the MTP layer's own FFN */
+    for (size_t j = 0; j < D; j++) x[j] += xb[j];
+    kvt_rmsnorm(hout, x, w->mtp_norm ? w->mtp_norm : w->out_norm, D, w->eps);
+    kvt_matmul_w(pool, logits, w->mtp_head.data ? &w->mtp_head : &w->out, hout, 1, wk->qx);
+    return KVT_OK;
+}
+
+static int llama_mtp_keep_rows(kvt_model *m, bool on)
+{
+    kvt_llama_weights *w = m->weights;
+    if (!w->mtp) return kvt_fail(KVT_EUNSUPPORTED, "the model has no MTP layer");
+    w->mtp_rows = on;
+    return KVT_OK;
+}
+
+static bool llama_mtp_rows_kept(const kvt_model *m) { return ((const kvt_llama_weights *)m->weights)->mtp_rows; }
+
+static const kvt_mtp_ops llama_mtp = {
+    .layers = llama_mtp_layers,
+    .hidden_floats = llama_mtp_hidden_floats,
+    .window = llama_mtp_window,
+    .ring_bytes = llama_mtp_ring_bytes,
+    .hidden = llama_mtp_hidden,
+    .step = llama_mtp_step,
+    .keep_rows = llama_mtp_keep_rows,
+    .rows_kept = llama_mtp_rows_kept,
+};
+
+/* qwen35 with its MTP layer: the DeltaNet state and the layer. */
+static const kvt_arch arch_llama_mtp = {
+    .name = "llama",
+    LLAMA_OPS,
+    .state_save = llama_state_save,
+    .state_load = llama_state_load,
+    .mtp = &llama_mtp,
 };
 
 const kvt_arch kvt_arch_llama = {

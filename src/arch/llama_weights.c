@@ -91,29 +91,32 @@ static const kvt_llama_family families[] = {
 };
 
 /* The matrices of layer l (l == L: the output head and the per-layer
- * embeddings' projection), n of them. */
-#define LAYER_MATS 17
+ * embeddings' projection; l == L + 1: the MTP layer's, with its eh_proj
+ * and head), n of them. Every index up to mats_end(w) - 1. */
+#define LAYER_MATS 19
 static size_t layer_mats(kvt_llama_weights *w, uint32_t l, kvt_wmat **m)
 {
     if (l == w->L) { m[0] = &w->out; m[1] = &w->ple_proj; return 2; }
-    kvt_llama_layer *ly = &w->layers[l];
+    kvt_llama_layer *ly = l > w->L ? w->mtp : &w->layers[l];
     kvt_wmat *all[LAYER_MATS] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w3, &ly->w2, &ly->inp_gate,
                                  &ly->proj, &ly->gdn.qkv, &ly->gdn.gate, &ly->gdn.beta, &ly->gdn.alpha, &ly->gdn.out,
-                                 &ly->sh_gate, &ly->sh_up, &ly->sh_down};
+                                 &ly->sh_gate, &ly->sh_up, &ly->sh_down, &w->eh, &w->mtp_head};
     memcpy(m, all, sizeof all);
-    return LAYER_MATS;
+    return l > w->L ? LAYER_MATS : LAYER_MATS - 2;
 }
+
+static uint32_t mats_end(const kvt_llama_weights *w) { return w->L + (w->mtp ? 2 : 1); }
 
 void kvt_llama_weights_free(void *p)
 {
     kvt_llama_weights *w = p;
     if (!w) return;
     if (w->layers) {
-        for (uint32_t l = 0; l <= w->L; l++) { /* the packed copies (kvt_llama_weights_pack), the head's too */
+        for (uint32_t l = 0; l < mats_end(w); l++) { /* the packed copies (kvt_llama_weights_pack), the head's too */
             kvt_wmat *m[LAYER_MATS];
             for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) free((void *)m[i]->pk);
         }
-        for (uint32_t l = 0; l < w->L; l++) {
+        for (uint32_t l = 0; l < w->L + (w->mtp != NULL); l++) {
             kvt_llama_layer *ly = &w->layers[l];
             void *v[] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->qn, ly->kn, ly->gate_inp,
                          ly->post_attn, ly->post_ffn, ly->out_scale, ly->gate_inp_s, ly->down_s, ly->pre_ffn2,
@@ -124,6 +127,9 @@ void kvt_llama_weights_free(void *p)
         free(w->layers);
     }
     free(w->out_norm);
+    free(w->enorm);
+    free(w->hnorm);
+    free(w->mtp_norm);
     free(w->rope_ff);
     free(w->ple_norm);
     free(w->is_swa);
@@ -142,7 +148,7 @@ void kvt_llama_weights_free(void *p)
 int kvt_llama_weights_pack(void *p, const kvt_gguf *g)
 {
     kvt_llama_weights *w = p;
-    for (uint32_t l = 0; l <= w->L; l++) {
+    for (uint32_t l = 0; l < mats_end(w); l++) {
         kvt_wmat *m[LAYER_MATS];
         for (size_t i = 0, n = layer_mats(w, l, m); i < n; i++) {
             size_t bytes = kvt_q_pack_bytes(m[i]);
@@ -512,7 +518,7 @@ int kvt_llama_weights_rows(kvt_llama_weights *w, kvt_row_type type_k, kvt_row_ty
 {
     /* attention reads a head's part of a row on its own: a block may not
      * straddle two heads */
-    for (uint32_t l = 0; l < w->L; l++) {
+    for (uint32_t l = 0; l < w->L + (w->mtp != NULL); l++) { /* the MTP layer's rows too */
         const kvt_llama_layer *ly = &w->layers[l];
         if (ly->recr || ly->shared) continue;
         for (int v = 0; v < 2; v++)
@@ -534,7 +540,8 @@ int kvt_llama_weights_rows(kvt_llama_weights *w, kvt_row_type type_k, kvt_row_ty
 /* The fixed state's bytes: the rings, then the DeltaNet layers' states. */
 size_t kvt_llama_weights_state_bytes(const kvt_llama_weights *w)
 {
-    return w->rec_at + w->n_rec * (w->n_rec ? kvt_gdn_state_bytes(&w->gdn) : 0);
+    return w->rec_at + w->n_rec * (w->n_rec ? kvt_gdn_state_bytes(&w->gdn) : 0) +
+           (w->mtp_rows ? (size_t)w->D * sizeof(float) : 0);
 }
 
 
@@ -545,6 +552,7 @@ typedef struct load_shape {
     uint32_t ctx;
     uint32_t *Hs, *Hkvs, *Fs;  /* (L) x3 head counts, KV head counts, FFN lengths */
     uint32_t hd_swa, rot_swa, shared;
+    uint32_t nextn;            /* qwen35: nextn_predict_layers, the MTP layers after the model's (0 or 1) */
 } load_shape;
 
 /* The model's settings: its shape, norms, RoPE, experts and each
@@ -558,6 +566,15 @@ static int load_settings(const kvt_gguf *g, kvt_llama_weights *w, load_shape *sh
         return rc;
     if (!w->D || w->D > 65536 || !w->L || w->L > 1024 || sh->ctx == 0)
         return kvt_fail(KVT_EFORMAT, "%s: inconsistent shape D=%u L=%u ctx=%u", f->name, w->D, w->L, sh->ctx);
+    /* qwen35's MTP layer: block_count counts it (llama.cpp's n_layer_all),
+     * the model's layers are the ones before it */
+    if (f->deltanet && (rc = opt_u32(g, w, "nextn_predict_layers", 0, &sh->nextn))) return rc;
+    if (sh->nextn > 1)
+        return kvt_fail(KVT_EUNSUPPORTED, "%s: nextn_predict_layers %u: one MTP layer is supported", f->name,
+                        sh->nextn);
+    if (sh->nextn && w->L < 2)
+        return kvt_fail(KVT_EFORMAT, "%s: block_count %u leaves no layer before the MTP layer", f->name, w->L);
+    w->L -= sh->nextn;
     /* head counts, KV head counts (default: the head counts), FFN lengths */
     if (!(sh->Hs = kvt_calloc(3 * (size_t)w->L, sizeof *sh->Hs))) return KVT_ENOMEM;
     sh->Hkvs = sh->Hs + w->L;
@@ -751,6 +768,34 @@ static int load_layer(const kvt_gguf *g, kvt_llama_weights *w, uint32_t l)
     return f->ple || f->layer_experts ? layer_extras(g, w, l) : KVT_OK;
 }
 
+/* qwen35's MTP layer (block L): a full-attention layer of the model's
+ * shape, as llama.cpp's load_block_mtp, and its nextn.* tensors. */
+static int load_mtp(const kvt_gguf *g, kvt_llama_weights *w)
+{
+    uint32_t L = w->L;
+    kvt_llama_layer *ly = &w->layers[L];
+    *ly = (kvt_llama_layer){.H = w->H, .Hkv = w->Hkv, .hd = w->hd, .QD = w->H * w->hd, .KV = w->Hkv * w->hd,
+                            .F = w->layers[0].F, .n_rot = w->n_rot, .base = w->rope_base};
+    w->mtp = ly;
+    int rc = load_layer(g, w, L);
+    if (rc) return rc;
+    uint64_t D = w->D;
+    char nm[96];
+#define NM(s) (snprintf(nm, sizeof nm, "blk.%u.nextn.%s", L, s), nm)
+    if ((rc = kvt_tensor_mat(g, NM("eh_proj.weight"), 2 * D, D, &w->eh)) ||
+        (rc = kvt_tensor_f32(g, NM("enorm.weight"), D, 1, &w->enorm)) ||
+        (rc = kvt_tensor_f32(g, NM("hnorm.weight"), D, 1, &w->hnorm)))
+        return rc;
+    if (kvt_gguf_find_tensor(g, NM("embed_tokens.weight")) && (rc = kvt_tensor_mat(g, nm, D, w->V, &w->mtp_embd)))
+        return rc;
+    if (kvt_gguf_find_tensor(g, NM("shared_head_head.weight")) && (rc = kvt_tensor_mat(g, nm, D, w->V, &w->mtp_head)))
+        return rc;
+    if (kvt_gguf_find_tensor(g, NM("shared_head_norm.weight")) && (rc = kvt_tensor_f32(g, nm, D, 1, &w->mtp_norm)))
+        return rc;
+#undef NM
+    return KVT_OK;
+}
+
 /* The parameters: every matrix and vector the model computes with (as the
  * families counted them when they came: gemma3's post norms are left out). */
 static uint64_t count_params(const kvt_llama_weights *w)
@@ -789,13 +834,14 @@ int kvt_llama_weights_load(kvt_llama_weights **out, const kvt_gguf *g, kvt_model
         return kvt_fail(KVT_EFORMAT, "llama: general.architecture is not of the llama family");
     }
     if ((rc = load_settings(g, w, &sh))) goto fail;
-    if (!(w->layers = kvt_calloc(w->L, sizeof *w->layers))) { rc = KVT_ENOMEM; goto fail; }
+    if (!(w->layers = kvt_calloc(w->L + sh.nextn, sizeof *w->layers))) { rc = KVT_ENOMEM; goto fail; }
     w->n_kv = w->L - sh.shared;
     if ((w->fam->deltanet && (rc = hybrid_hparams(g, w))) || (rc = layer_shapes(w, &sh)) ||
         (rc = load_globals(g, w)))
         goto fail;
     for (uint32_t l = 0; l < w->L; l++)
         if ((rc = load_layer(g, w, l))) goto fail;
+    if (sh.nextn && (rc = load_mtp(g, w))) goto fail;
     if ((rc = llama_layout(w))) goto fail;
     free(sh.Hs);
     *out = w;
@@ -870,6 +916,16 @@ static void hybrid_hash(XXH3_state_t *st, const kvt_llama_weights *w)
             hash_vec(st, ly->sh_inp, w->D);
         }
     }
+    if (!w->mtp) return; /* a file without the MTP layer hashes as before it was read */
+    const kvt_llama_layer *ly = w->mtp;
+    XXH3_64bits_update(st, "nextn", 5);
+    kvt_wmat *m[LAYER_MATS];
+    for (size_t i = 0, n = layer_mats((kvt_llama_weights *)w, w->L + 1, m); i < n; i++) kvt_tensor_hash(st, m[i]);
+    kvt_tensor_hash(st, &w->mtp_embd);
+    const float *v[] = {ly->attn_norm, ly->ffn_norm, ly->qn, ly->kn, ly->sh_inp, w->enorm, w->hnorm, w->mtp_norm};
+    size_t len[] = {w->D, w->D, ly->hd, ly->hd, w->D, w->D, w->D, w->D};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) hash_vec(st, v[i], len[i]);
+    if (ly->gate_inp) XXH3_64bits_update(st, ly->gate_inp, (size_t)w->E * w->D * 4);
 }
 
 uint64_t kvt_llama_weights_fingerprint(const void *p)

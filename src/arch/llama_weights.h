@@ -116,6 +116,18 @@ typedef struct kvt_llama_weights {
     size_t rec_at;     /* the state offset of the first (after the rings) */
     uint32_t Fs;       /* the shared expert's length (0: none) */
     float moe_scale;   /* expert_weights_scale (0 or 1: none) */
+    /* qwen35's MTP (nextn) layer, the file's block L of L + nextn_predict_layers (1): a gated
+     * full-attention layer of the model's shape (layers[L]) run on eh_proj [enorm(embedding of the
+     * token at q), hnorm(h_nextn of q - 1)], where h_nextn is output_norm of a position's final
+     * residual; NULL: the file has none */
+    kvt_llama_layer *mtp;
+    kvt_wmat eh;       /* (D, 2D) nextn.eh_proj */
+    float *enorm, *hnorm; /* (D) x2 nextn.enorm, nextn.hnorm */
+    kvt_wmat mtp_embd; /* (V, D) nextn.embed_tokens; data NULL: tok_embd */
+    kvt_wmat mtp_head; /* (V, D) nextn.shared_head_head; data NULL: out */
+    float *mtp_norm;   /* (D) nextn.shared_head_norm; NULL: out_norm */
+    bool mtp_rows;     /* sessions keep the layer's K and V rows of every position (a stream pair after the
+                        * global layers') and the last position's h_nextn (D floats, the state's last) */
 } kvt_llama_weights;
 
 /* Whether general.architecture is one of the families. */
@@ -134,7 +146,7 @@ uint64_t kvt_llama_weights_fingerprint(const void *w);
  * rings laid out for them (ring_at, rec_at). */
 int kvt_llama_weights_rows(kvt_llama_weights *w, kvt_row_type type_k, kvt_row_type type_v, bool set);
 /* The fixed state's bytes: the window rings, then the DeltaNet layers'
- * states (at rec_at). */
+ * states (at rec_at), then with mtp_rows the last position's h_nextn. */
 size_t kvt_llama_weights_state_bytes(const kvt_llama_weights *w);
 
 /* Test hooks of the llama family, to show a test catches such bugs:
@@ -161,11 +173,14 @@ size_t kvt_llama_weights_state_bytes(const kvt_llama_weights *w);
  * ones; KVT_LLAMA_FAULT_RING_TYPES loads a window ring's rows with K's and
  * V's row types crossed (the rows' sizes and the V ring's start), as the
  * state was saved with them right (only K and V types that differ show
- * it). */
+ * it); KVT_LLAMA_FAULT_MTP_PENDING: state_load leaves the MTP layer's
+ * h_nextn as it was (a rollback or restore that forgets it: the next row
+ * pairs its token with another position's hidden state). */
 enum { KVT_LLAMA_FAULT_NONE, KVT_LLAMA_FAULT_ROPE_PAIRS, KVT_LLAMA_FAULT_MOE_WEIGHTS, KVT_LLAMA_FAULT_NO_WINDOW,
        KVT_LLAMA_FAULT_RING, KVT_LLAMA_FAULT_OWN_KV, KVT_LLAMA_FAULT_NO_PLE, KVT_LLAMA_FAULT_V_NORM_WEIGHT,
        KVT_LLAMA_FAULT_GDN_GROUPED, KVT_LLAMA_FAULT_BATCH_POS, KVT_LLAMA_FAULT_WINDOW_CHUNK,
-       KVT_LLAMA_FAULT_SOURCE_RING_EARLY, KVT_LLAMA_FAULT_ROWS_UNROUNDED, KVT_LLAMA_FAULT_RING_TYPES };
+       KVT_LLAMA_FAULT_SOURCE_RING_EARLY, KVT_LLAMA_FAULT_ROWS_UNROUNDED, KVT_LLAMA_FAULT_RING_TYPES,
+       KVT_LLAMA_FAULT_MTP_PENDING };
 extern int kvt_llama_fault;
 
 #endif

@@ -364,6 +364,22 @@ int kvt_model_set_cache_types(kvt_model *m, kvt_row_type type_k, kvt_row_type ty
     return KVT_OK;
 }
 
+int kvt_model_set_mtp_rows(kvt_model *m, bool on)
+{
+    const kvt_mtp_ops *o = m->arch ? m->arch->mtp : NULL;
+    if (!o || !o->keep_rows || !o->layers(m))
+        return kvt_fail(KVT_EUNSUPPORTED, "model '%s' has no MTP layer whose rows its sessions keep", m->name);
+    if (atomic_load(&m->sessions_made))
+        return kvt_fail(KVT_EINVAL, "model '%s': the MTP rows are kept or not from before its first session", m->name);
+    return o->keep_rows(m, on);
+}
+
+bool kvt_model_mtp_rows(const kvt_model *m)
+{
+    const kvt_mtp_ops *o = m->arch ? m->arch->mtp : NULL;
+    return o && o->rows_kept && o->rows_kept(m);
+}
+
 int kvt_plan_preset(const char *preset, uint64_t ctx, kvt_plan *out)
 {
     /* the first row that knows the name; else the last row's message */

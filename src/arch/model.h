@@ -120,6 +120,15 @@ size_t kvt_model_replay_tokens(const kvt_model *m, size_t n);
  * copied; NULL: kvt_fpcache_default_dir): the app gives the disk store's
  * DIR/fingerprints. Before the fingerprint's first use. */
 int kvt_model_set_fingerprint_dir(kvt_model *m, const char *dir);
+/* Whether m's sessions keep its MTP layer's rows of every position they
+ * hold and the hidden state the next one reads (Qwen 3.5's layer, for
+ * --draft mtp: kvt_mtp_ops.keep_rows), in their cache, snapshots and
+ * records (whose keys then differ: kvt_snap_key0). Before m's first session
+ * (KVT_EINVAL after); KVT_EUNSUPPORTED when m has no layer whose rows its
+ * sessions can keep. Off by default: m's cache is then what it is without
+ * the layer. */
+int kvt_model_set_mtp_rows(kvt_model *m, bool on);
+bool kvt_model_mtp_rows(const kvt_model *m);
 /* Test hook: how many times a model's weights were hashed for its
  * fingerprint (kvt_model_fingerprint's misses of the cache). */
 extern _Atomic uint64_t kvt_model_fingerprint_runs;

@@ -164,14 +164,21 @@ size_t kvt_draft_model_reserve(const kvt_model *draft, uint32_t n_ctx, size_t to
 
 /* ---- the MTP layer (draft_mtp.c) ----
  *
- * DeepSeek-V4's multi-token prediction layer, run on the model's session:
- * its guesses chain from the model's hidden state of the last token, and
- * its window of rows is rewritten from the model's hidden states of the
- * verified positions before each pass (the rollback of its cache). */
+ * DeepSeek-V4's and Qwen 3.5's multi-token prediction layer, run on the
+ * model's session: its guesses chain from the model's hidden state of the
+ * last token. DeepSeek-V4's window of rows is rewritten from the model's
+ * hidden states of the verified positions before each pass (the rollback
+ * of its cache); Qwen 3.5's rows of the verified positions are the
+ * session's own (kvt_draft_mtp_prepare). */
 
 /* KVT_OK when m has an MTP layer; else KVT_EUNSUPPORTED saying that what
  * (the model's file or name) has none. */
 int kvt_draft_mtp_check(const kvt_model *m, const char *what);
+/* Before m's first session, for --draft mtp: KVT_OK when m has an MTP
+ * layer (else as kvt_draft_mtp_check), its sessions then keeping the rows
+ * the layer needs where its architecture keeps them in the session (Qwen
+ * 3.5: kvt_model_set_mtp_rows). */
+int kvt_draft_mtp_prepare(kvt_model *m);
 /* The MTP layer from path, ds4.c's separate MTP file (mtp.0.* tensors,
  * given to ds4.c with --mtp), into m, a DeepSeek-V4 model without one:
  * --draft mtp --model-draft FILE. Before any session of m exists. Every

@@ -1,5 +1,6 @@
-/* The MTP drafter: DeepSeek-V4's multi-token prediction layer (the file's
- * nextn layer, run by its architecture's row: kvt_arch.mtp) guesses the tokens after the sampled one, and
+/* The MTP drafter: DeepSeek-V4's and Qwen 3.5's multi-token prediction
+ * layer (the file's nextn layer, run by its architecture's row:
+ * kvt_arch.mtp) guesses the tokens after the sampled one, and
  * the model verifies them in one pass (generate.c, run in cli.c) as it
  * verifies n-gram drafts.
  *
@@ -25,7 +26,15 @@
  * would hold: the rollback of the layer's cache is that rewrite. A
  * position whose hidden state the drafter never saw (a prompt longer than
  * the prefill's last pass, by more than the window) gets a row from a zero
- * hidden state, marked as such. */
+ * hidden state, marked as such.
+ *
+ * Qwen 3.5's layer attends to its rows of every earlier position, not a
+ * window: there the session keeps the verified rows itself
+ * (kvt_mtp_ops.keep_rows, kvt_model_set_mtp_rows), written by every forward
+ * pass with the model's hidden states, and the h of its last position in
+ * its state. Nothing is rewritten here: the ring holds a pass's chained
+ * guesses' rows alone, the session's rollback is the layer's, and a session
+ * restored from a snapshot drafts from its first pass. */
 #include "serve/draft.h"
 #include "serve/sampler.h"
 #include "arch/model.h"
@@ -49,13 +58,21 @@ struct kvt_draft_mtp {
     float *h, *hout, *zero;     /* (hf) each */
     float *logits;              /* (V) */
     bool failed;
+    bool kept;                  /* the session keeps the verified rows (kvt_mtp_ops.rows_kept) */
 };
 
 int kvt_draft_mtp_check(const kvt_model *m, const char *what)
 {
     if (m->arch->mtp && m->arch->mtp->layers(m) >= 1) return KVT_OK;
-    return kvt_fail(KVT_EUNSUPPORTED, "--draft mtp: %s has no MTP (nextn) layer; it needs a DeepSeek-V4 file "
-                    "with one (deepseek4.nextn_predict_layers and blk.N.nextn.* tensors)", what ? what : "the model");
+    return kvt_fail(KVT_EUNSUPPORTED, "--draft mtp: %s has no MTP (nextn) layer; it needs a DeepSeek-V4 or Qwen 3.5 "
+                    "file with one (ARCH.nextn_predict_layers and blk.N.nextn.* tensors)", what ? what : "the model");
+}
+
+int kvt_draft_mtp_prepare(kvt_model *m)
+{
+    int rc = kvt_draft_mtp_check(m, m->info.name);
+    if (rc || !m->arch->mtp->keep_rows) return rc;
+    return kvt_model_set_mtp_rows(m, true);
 }
 
 int kvt_draft_mtp_attach(kvt_model *m, const char *path)
@@ -82,6 +99,8 @@ int kvt_draft_mtp_attach(kvt_model *m, const char *path)
 int kvt_draft_mtp_write(const kvt_model *m, const char *path)
 {
     int rc = kvt_draft_mtp_check(m, m->info.name);
+    if (!rc && !m->arch->mtp->write_file)
+        return kvt_fail(KVT_EUNSUPPORTED, "%s: its MTP layer has no separate file format", m->info.name);
     return rc ? rc : m->arch->mtp->write_file(m, path);
 }
 
@@ -90,10 +109,14 @@ int kvt_draft_mtp_new(kvt_draft_mtp **out, kvt_session *s)
     *out = NULL;
     int rc = kvt_draft_mtp_check(s->m, s->m->info.name);
     if (rc) return rc;
+    const kvt_mtp_ops *o = s->m->arch->mtp;
+    if (o->keep_rows && !o->rows_kept(s->m))
+        return kvt_fail(KVT_EINVAL, "--draft mtp: %s's sessions keep no MTP rows (kvt_model_set_mtp_rows before its "
+                        "first session)", s->m->info.name);
     kvt_draft_mtp *d = kvt_calloc(1, sizeof *d);
     if (!d) return KVT_ENOMEM;
     d->s = s;
-    const kvt_mtp_ops *o = s->m->arch->mtp;
+    d->kept = o->keep_rows != NULL;
     d->W = o->window(s->m);
     d->hf = o->hidden_floats(s->m);
     d->rb = o->ring_bytes(s->m) / d->W;
@@ -153,7 +176,7 @@ int kvt_draft_mtp_follow(kvt_draft_mtp *d, const int32_t *ctx, size_t n)
     /* a session that has not run yet (a prompt the cache held whole) gets
      * its scratch now: the layer runs on it */
     int rc = kvt_session_work(s);
-    if (rc) return rc;
+    if (rc || d->kept) return rc; /* the session holds the verified rows */
     /* the hidden states the model's last pass left, of the positions the
      * window reads (before any MTP step: it reuses the scratch) */
     for (size_t p = n > d->W + 1 ? n - d->W - 1 : 0; p < n; p++) {
@@ -184,9 +207,10 @@ size_t kvt_draft_mtp_propose(kvt_draft_mtp *d, const int32_t *ctx, size_t n, int
     size_t got = 0;
     /* the first guess: the layer at n - 1 on the model's hidden state there
      * and the sampled token; then each on the one before */
-    const float *h = hidden_at(d, n - 1);
+    const float *h = d->kept ? NULL : hidden_at(d, n - 1);
     bool have = h != NULL;
     if (h) memcpy(d->h, h, d->hf * sizeof(float));
+    if (d->kept && !rc) have = d->s->m->arch->mtp->hidden(d->s, n - 1, d->h) == KVT_OK;
     for (size_t i = 0; !rc && i < max; i++) {
         size_t p = n - 1 + i, k = (p + 1) % d->W;
         rc = d->s->m->arch->mtp->step(d->s, d->ring, i || have ? d->h : d->zero, i ? out[i - 1] : last, p + 1, false,
@@ -211,7 +235,7 @@ uint64_t kvt_draft_mtp_digest(const kvt_draft_mtp *d, size_t n)
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
     XXH3_64bits_reset(st);
-    for (size_t p = n > d->W ? n - d->W : 0; p + 1 < n; p++) {
+    for (size_t p = n > d->W ? n - d->W : 0; p + 1 < n && !d->kept; p++) { /* kept: the session's */
         size_t k = (p + 1) % d->W;
         uint8_t kind = d->rpos[k] == (int64_t)p ? d->rkind[k] : ROW_NONE;
         XXH3_64bits_update(st, &kind, 1);

@@ -87,7 +87,10 @@ uint64_t kvt_snap_key0(const kvt_model *m)
      * always had */
     uint64_t seed[3] = {kvt_model_fingerprint(m), m->tok_fingerprint,
                         kvt_rows_ggml(m->type_k) | (uint64_t)kvt_rows_ggml(m->type_v) << 32};
-    return XXH3_64bits(seed, kvt_model_rows_rounded(m) ? sizeof seed : 2 * sizeof seed[0]);
+    uint64_t k = XXH3_64bits(seed, kvt_model_rows_rounded(m) ? sizeof seed : 2 * sizeof seed[0]);
+    /* the MTP layer's rows kept (kvt_model_set_mtp_rows): another layout,
+     * so a record with them and one without never meet (a miss) */
+    return kvt_model_mtp_rows(m) ? XXH3_64bits_withSeed("kvtier mtp rows", 15, k) : k;
 }
 
 int kvt_snap_fault;
