@@ -44,7 +44,7 @@ static const char entry_magic[8] = {'K', 'V', 'T', 'F', 'P', 'R', 'N', 'T'};
 /* The fingerprint's definition: bump FP_DEFINITION whenever any row's
  * kvt_arch.fingerprint changes what it hashes (the golden files of
  * docs/FORMAT.md then change too): entries of the old definition miss. */
-#define FP_DEFINITION "kvt_arch.fingerprint 1: XXH3-64 of each row's configuration and weights"
+#define FP_DEFINITION "kvt_arch.fingerprint 2: XXH3-64 of each row's configuration and weights (Qwen 3.5's MTP layer apart)"
 
 int64_t kvt_fpcache_settle_ns = 2000000000;
 const char *kvt_fpcache_dir_for_tests;
