@@ -1574,20 +1574,52 @@ static size_t index_entries(kvt_redis *c)
  * negative control: the checks of each value skipped (and the MAC) the
  * load still refuses the damage, but blames the snapshot record: the
  * damaged block stays. */
+/* What the damage tests start from: ds4-tiny, a tier secret's file,
+ * LONG tokens from seed, a raw connection, the cold session of those
+ * tokens and its digest. Check ok: all of it made. */
+typedef struct damage_fx {
+    char secret[128];
+    kvt_model *m;
+    int32_t t[LONG];
+    kvt_redis *c;
+    kvt_session *cold;
+    uint64_t want;
+    bool ok;
+} damage_fx;
+
+static void damage_fx_open(damage_fx *f, rsrv *r, const char *secret_text, int seed)
+{
+    *f = (damage_fx){0};
+    CHECK(secret_file(r, secret_text, f->secret, sizeof f->secret));
+    f->m = tiny();
+    seqb(f->t, LONG, seed);
+    f->c = raw(r, NULL);
+    CHECK(f->m && f->c);
+    CHECK_OK(kvt_session_new(&f->cold, f->m, NULL));
+    CHECK_OK(kvt_session_sync(f->cold, f->t, LONG, NULL));
+    f->want = kvt_test_digest(f->cold, f->m);
+    f->ok = true;
+}
+
+static void damage_fx_close(damage_fx *f)
+{
+    kvt_session_free(f->cold);
+    kvt_redis_free(f->c);
+    kvt_model_close(f->m);
+}
+
 static void later_window_damage(rsrv *rp)
 {
     rsrv r = *rp;
-    char secret[128];
-    CHECK(secret_file(&r, "fleet secret 2\n", secret, sizeof secret));
-    kvt_model *m = tiny();
-    int32_t t[LONG];
-    seqb(t, LONG, 22);
-    kvt_redis *c = raw(&r, NULL);
-    CHECK(m && c);
-    kvt_session *cold = NULL;
-    CHECK_OK(kvt_session_new(&cold, m, NULL));
-    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
-    uint64_t want = kvt_test_digest(cold, m);
+    damage_fx f;
+    damage_fx_open(&f, &r, "fleet secret 2\n", 22);
+    if (!f.ok) { damage_fx_close(&f); return; }
+    kvt_model *m = f.m;
+    const int32_t *t = f.t;
+    kvt_redis *c = f.c;
+    kvt_session *cold = f.cold;
+    uint64_t want = f.want;
+    const char *secret = f.secret;
     kvt_remote_part_bytes = 1000;
     for (int keyed = 0; keyed < 2; keyed++) {
         CHECK(cmd_ok(c, "FLUSHALL", NULL, NULL));
@@ -1660,9 +1692,7 @@ static void later_window_damage(rsrv *rp)
         kvt_remote_close(a);
     }
     kvt_remote_part_bytes = 1u << 20;
-    kvt_session_free(cold);
-    kvt_redis_free(c);
-    kvt_model_close(m);
+    damage_fx_close(&f);
 }
 /* A byte flipped in each part of block b in turn (parts of 1000 bytes, a
  * block a window): each a clean miss, counted bad, the damaged block
@@ -1744,17 +1774,15 @@ static void flip_sweep(kvt_redis *c, kvt_remote *a, kvt_model *m, const int32_t 
 static void flips(rsrv *rp)
 {
     rsrv r = *rp;
-    char secret[128];
-    CHECK(secret_file(&r, "fleet secret 3\n", secret, sizeof secret));
-    kvt_model *m = tiny();
-    int32_t t[LONG];
-    seqb(t, LONG, 23);
-    kvt_redis *c = raw(&r, NULL);
-    CHECK(m && c);
-    kvt_session *cold = NULL;
-    CHECK_OK(kvt_session_new(&cold, m, NULL));
-    CHECK_OK(kvt_session_sync(cold, t, LONG, NULL));
-    uint64_t want = kvt_test_digest(cold, m);
+    damage_fx f;
+    damage_fx_open(&f, &r, "fleet secret 3\n", 23);
+    if (!f.ok) { damage_fx_close(&f); return; }
+    kvt_model *m = f.m;
+    const int32_t *t = f.t;
+    kvt_redis *c = f.c;
+    kvt_session *cold = f.cold;
+    uint64_t want = f.want;
+    const char *secret = f.secret;
     kvt_remote_part_bytes = 1000;
     kvt_remote_window_bytes = 1; /* a block a window */
     for (int keyed = 0; keyed < 2; keyed++) {
@@ -1767,9 +1795,7 @@ static void flips(rsrv *rp)
         flip_sweep(c, a, m, t, cold, want, 6, keyed);
         kvt_remote_close(a);
     }
-    kvt_session_free(cold);
-    kvt_redis_free(c);
-    kvt_model_close(m);
+    damage_fx_close(&f);
 }
 
 static void remote_later_window_damage_body(rsrv *rp)

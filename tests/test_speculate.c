@@ -737,15 +737,39 @@ TEST(speculate_model_qwen35)
     family_drafts_itself(&f, true);
 }
 
-/* --draft mtp: ds4-tiny with an MTP layer (ds4-tiny+mtp=1: the model's
- * weights are ds4-tiny's, the layer's come after them), greedy and
- * sampled, alone and batched: the response, the session's tokens and
- * digest equal plain decoding's, which equal ds4-tiny's without the layer,
- * and the layer's window, brought to the reply's tokens, is the one a
- * drafter on a session synced to them in one pass holds. Control:
- * KVT_DRAFT_FAULT_MTP_KEEP (a pass's first chained row kept as verified:
- * an off-by-one rollback of the window) leaves some window unequal. And
- * ds4-tiny without the layer is refused. */
+/* The five runs of an MTP test on prompts ps (k of them, setting st):
+ * plain decoding on m and on base (the model without the layer, or with
+ * its rows off), --draft mtp on m, the same with the layer's guesses
+ * replaced by the knowing drafter's (the layer still runs its chain each
+ * pass: drafts accepted and rejected, its rows rolled back through both),
+ * and that again with fault(true) in force (the test's negative control).
+ * False when a run failed. */
+static bool mtp_runs(kvt_model *m, kvt_model *base, int32_t *const *ps, size_t k, const setting *st,
+                     void (*fault)(bool on), outcome *plain, outcome *trunk, outcome *spec, outcome *know,
+                     outcome *bad)
+{
+    bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
+    ran = ran && replies(base, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
+    ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
+    for (size_t i = 0; ran && i < BATCH; i++) {
+        known[i] = i < k ? plain[i].toks : NULL;
+        n_known[i] = i < k ? plain[i].n : 0;
+    }
+    kvt_gen_test_drafter = knowing;
+    ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
+    fault(true);
+    ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
+    fault(false);
+    kvt_gen_test_drafter = NULL;
+    for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+    return ran;
+}
+
+/* ds4's control: the row of a pass's first chained guess kept as verified. */
+static void ds4_keep_fault(bool on) { kvt_draft_fault = on ? KVT_DRAFT_FAULT_MTP_KEEP : KVT_DRAFT_FAULT_NONE; }
+/* Qwen 3.5's: the layer's hidden input not restored with the state. */
+static void pending_fault(bool on) { kvt_llama_fault = on ? KVT_LLAMA_FAULT_MTP_PENDING : KVT_LLAMA_FAULT_NONE; }
+
 /* The MTP tests' two prompts (PROMPT tokens each, m's BOS first). */
 static void mtp_prompts(const kvt_model *m, int32_t *pa, int32_t *pb)
 {
@@ -756,6 +780,15 @@ static void mtp_prompts(const kvt_model *m, int32_t *pa, int32_t *pb)
     pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
 }
 
+/* --draft mtp: ds4-tiny with an MTP layer (ds4-tiny+mtp=1: the model's
+ * weights are ds4-tiny's, the layer's come after them), greedy and
+ * sampled, alone and batched: the response, the session's tokens and
+ * digest equal plain decoding's, which equal ds4-tiny's without the layer,
+ * and the layer's window, brought to the reply's tokens, is the one a
+ * drafter on a session synced to them in one pass holds. Control:
+ * KVT_DRAFT_FAULT_MTP_KEEP (a pass's first chained row kept as verified:
+ * an off-by-one rollback of the window) leaves some window unequal. And
+ * ds4-tiny without the layer is refused. */
 TEST(speculate_mtp_ds4)
 {
     kvt_model *m = NULL, *base = NULL;
@@ -771,23 +804,7 @@ TEST(speculate_mtp_ds4)
         const setting *st = &settings[si];
         for (size_t k = 1; k <= BATCH; k++) {
             outcome plain[BATCH], trunk[BATCH], spec[BATCH], know[BATCH], bad[BATCH];
-            bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
-            ran = ran && replies(base, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
-            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
-            /* the layer's guesses replaced by the knowing drafter's (the
-             * layer still runs its chain each pass): drafts accepted and
-             * rejected, the window rolled back through both */
-            for (size_t i = 0; ran && i < BATCH; i++) {
-                known[i] = i < k ? plain[i].toks : NULL;
-                n_known[i] = i < k ? plain[i].n : 0;
-            }
-            kvt_gen_test_drafter = knowing;
-            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
-            kvt_draft_fault = KVT_DRAFT_FAULT_MTP_KEEP;
-            ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
-            kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
-            kvt_gen_test_drafter = NULL;
-            for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+            bool ran = mtp_runs(m, base, ps, k, st, ds4_keep_fault, plain, trunk, spec, know, bad);
             CHECKF(ran, "mtp %s: a reply failed: %s", st->what, kvt_errmsg());
             for (size_t i = 0; i < k; i++) {
                 bool eq = same(&plain[i], &spec[i]), eq_know = same(&plain[i], &know[i]),
@@ -951,20 +968,7 @@ TEST(speculate_mtp_qwen35)
             const setting *st = &settings[si];
             for (size_t k = 1; k <= BATCH; k++) {
                 outcome plain[BATCH], trunk[BATCH], spec[BATCH], know[BATCH], bad[BATCH];
-                bool ran = replies(m, ps, PROMPT, k, st, KVT_DRAFT_NONE, plain);
-                ran = ran && replies(off, ps, PROMPT, k, st, KVT_DRAFT_NONE, trunk);
-                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, spec);
-                for (size_t i = 0; ran && i < BATCH; i++) {
-                    known[i] = i < k ? plain[i].toks : NULL;
-                    n_known[i] = i < k ? plain[i].n : 0;
-                }
-                kvt_gen_test_drafter = knowing;
-                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, know);
-                kvt_llama_fault = KVT_LLAMA_FAULT_MTP_PENDING;
-                ran = ran && replies(m, ps, PROMPT, k, st, KVT_DRAFT_MTP, bad);
-                kvt_llama_fault = KVT_LLAMA_FAULT_NONE;
-                kvt_gen_test_drafter = NULL;
-                for (size_t i = 0; i < BATCH; i++) known[i] = NULL;
+                bool ran = mtp_runs(m, off, ps, k, st, pending_fault, plain, trunk, spec, know, bad);
                 CHECKF(ran, "%s mtp %s: a reply failed: %s", fs[fi].arch, st->what, kvt_errmsg());
                 for (size_t i = 0; ran && i < k; i++) {
                     bool eq = same(&plain[i], &spec[i]), eq_know = same(&plain[i], &know[i]),
