@@ -42,8 +42,9 @@ const char *kvt_draft_name(kvt_draft_kind k);
  * draft). KVT_DRAFT_NONE elsewhere, with *why (may be NULL) saying why
  * (static text). On DeepSeek-V4's ds4-mini a copy-heavy reply of 37
  * tokens, 27% of its n-gram drafts kept, took 0.79x plain decoding's
- * speed: the per-reply tuning below needs more passes than that to learn
- * what drafts cost. */
+ * speed: the tuning below needs more passes than that to learn what
+ * drafts cost, which a server's later replies inherit (kvt_gen.learned)
+ * but `run`'s single reply does not. */
 kvt_draft_kind kvt_draft_auto(const struct kvt_model *m, const char **why);
 
 /* Prompt lookup: the context is ctx[0..n) followed by last. Find the
