@@ -162,7 +162,10 @@ void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept, double
      * again only rarely and few, which bounds what finding that out
      * again costs (a pass every 129 or fewer, once the losses run to 6
      * in a row) */
-    if (drafts_lose(t)) {
+    /* in a losing streak a probe that kept nothing extends it: a pass
+     * that yields one token cannot beat a plain pass, and within the
+     * margin it is only the clock's noise */
+    if (drafts_lose(t) || (t->losses && !kept)) {
         if (kept + 1 < t->len) t->len = (uint32_t)kept + 1;
         t->skip = 4u << (t->losses < TUNE_STALE ? t->losses : TUNE_STALE);
         /* a long streak: probes far enough apart that their extra time
