@@ -31,8 +31,10 @@
  *                            without drafts; KVT_DRAFT_FAULT_STALE_MEAN
  *                            (a probe an eighth of the old mean) misses N.
  *   speculate_learned        replies starting from a record (alone,
- *                            batched, deep in a losing streak) equal
- *                            plain decoding; control: the record ignored
+ *                            batched, deep in a losing streak; the tuning
+ *                            blind to the clock, so what each drafts is
+ *                            fixed) equal plain decoding and draft as the
+ *                            record says; control: the record ignored
  *                            (KVT_DRAFT_FAULT_FRESH) drafts where the
  *                            streak says none.
  *   speculate_auto           --draft auto (the default) is ngram for the
@@ -1442,7 +1444,8 @@ TEST(speculate_ds4)
 
 /* Replies that start from what earlier ones learned (a server's record,
  * kvt_gen.learned): ds4-tiny, greedy and sampled, with the knowing
- * drafter (drafts accepted and rejected): a reply fills the record, the
+ * drafter (drafts accepted and rejected; KVT_DRAFT_FAULT_NO_COST, so
+ * that no clock decides what is drafted): a reply fills the record, the
  * next ones (alone, and two batched from the same record) start from it
  * and equal plain decoding (response, tokens, digest). A record deep in a
  * losing streak (1000 passes to skip) makes the next reply draft
@@ -1467,6 +1470,9 @@ TEST(speculate_learned)
         kvt_draft_tune rec = {0};
         learned_rec = &rec;
         kvt_gen_test_drafter = knowing;
+        /* the tuning blind to the clock (no timing in a test): what it
+         * drafts follows from the counts and the record alone */
+        kvt_draft_fault = KVT_DRAFT_FAULT_NO_COST;
         ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &first);
         bool filled = rec.max == 6 && rec.n_draft > 0;
         kvt_draft_tune after_first = rec;
@@ -1476,6 +1482,7 @@ TEST(speculate_learned)
         rec = after_first;
         rec.skip = 1000, rec.losses = 6;
         ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &off);
+        kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
         rec = after_first;
         rec.skip = 1000, rec.losses = 6;
         kvt_draft_fault = KVT_DRAFT_FAULT_FRESH;
