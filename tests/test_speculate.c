@@ -17,6 +17,26 @@
  *                            without. Control: KVT_DRAFT_FAULT_NO_COST
  *                            (the tuning blind to cost, as untimed passes
  *                            are) loses more than 3% there.
+ *   speculate_tune_replies   the tuning across one server's replies (a
+ *                            record each starts from and hands back, a
+ *                            fake clock): replies whose drafts all miss
+ *                            where a rejection costs a pass draft in at
+ *                            most 2% of passes after the first 3; paying
+ *                            drafts (half kept) draft in every pass of
+ *                            later replies, the first included; drafts
+ *                            that turn from losing to paying are on again
+ *                            within N = 130 passes. Controls:
+ *                            KVT_DRAFT_FAULT_FRESH (each reply fresh)
+ *                            drafts in more than 2% and times passes
+ *                            without drafts; KVT_DRAFT_FAULT_STALE_MEAN
+ *                            (a probe an eighth of the old mean) misses N.
+ *   speculate_learned        replies starting from a record (alone,
+ *                            batched, deep in a losing streak; the tuning
+ *                            blind to the clock, so what each drafts is
+ *                            fixed) equal plain decoding and draft as the
+ *                            record says; control: the record ignored
+ *                            (KVT_DRAFT_FAULT_FRESH) drafts where the
+ *                            streak says none.
  *   speculate_auto           --draft auto (the default) is ngram for the
  *                            dense models whose cache is rows alone
  *                            (llama, qwen3) and none, with its reason,
@@ -282,6 +302,115 @@ TEST(speculate_tune)
             "memory-bound %.0f s, all kept %.0f s\n", lose, blind, win, copy);
 }
 
+/* A pass's cost on the fake clock (plain passes cost 1): a model whose
+ * rejected drafts are costly to undo (fixed state restored, the kept
+ * tokens run again: Qwen 3.5's MTP layer on a file whose guesses all
+ * miss) or one whose extra tokens are cheap (weights streamed from
+ * memory). */
+static double cost_undo(size_t d, size_t kept) { return d ? 2.0 + 0.1 * (double)d + 0.2 * (double)kept : 1.0; }
+static double cost_cheap(size_t d, size_t kept) { return 1.0 + 0.05 * (double)d; }
+/* Rejections that cost little (a rollback that is a truncation) but drafts
+ * a pass's first 8 too many: losses at first, then 1-token probes within
+ * the margin. */
+static double cost_near(size_t d, size_t kept) { return d ? 1.1 + 0.02 * (double)d + (d > 4 ? 0.3 : 0) : 1.0; }
+
+typedef struct reply_sim {
+    size_t passes, drafting, plain_in_reply; /* passes, of which with drafts, without */
+    size_t first_drafts;                     /* the reply's first pass drafted */
+    size_t gap_to_on;                        /* passes from the reply's start to drafts on for good (0: never) */
+} reply_sim;
+
+/* One reply of `tokens` tokens under the tuning, the tuning starting from
+ * rec (a server's record; handed back at the end), a drafter whose drafts
+ * are kept in the fraction keep (0: all rejected, 1: all kept, else half),
+ * each pass timed by the fake clock cost(). */
+static reply_sim tune_reply(kvt_draft_tune *rec, size_t tokens, double keep, double (*cost)(size_t, size_t))
+{
+    kvt_draft_tune t;
+    kvt_draft_tune_resume(&t, rec, 8);
+    reply_sim r = {0};
+    size_t run = 0; /* passes with drafts in a row */
+    for (size_t got = 0; got < tokens; r.passes++) {
+        size_t d = kvt_draft_tune_len(&t), kept = keep >= 1 ? d : keep > 0 ? d / 2 : 0;
+        if (!r.passes) r.first_drafts = d > 0;
+        r.drafting += d > 0;
+        r.plain_in_reply += !d;
+        run = d ? run + 1 : 0;
+        if (run == 8 && !r.gap_to_on) r.gap_to_on = r.passes - 7;
+        got += 1 + kept;
+        kvt_draft_tune_after(&t, d, kept, cost(d, kept));
+    }
+    kvt_draft_tune_keep(rec, &t);
+    return r;
+}
+
+/* Replies 4..n of 64 tokens each whose drafts all miss on a model where a
+ * rejected draft costs a pass and more: the share of passes with drafts. */
+static double losing_share(size_t n, kvt_draft_tune *rec, double (*cost)(size_t, size_t))
+{
+    size_t drafting = 0, passes = 0;
+    for (size_t i = 0; i < n; i++) {
+        reply_sim r = tune_reply(rec, 64, 0, cost);
+        if (i >= 3) drafting += r.drafting, passes += r.passes;
+    }
+    return (double)drafting / (double)passes;
+}
+
+TEST(speculate_tune_replies)
+{
+    /* drafts that always fail, 40 replies of one server: after the first
+     * 3, at most 2% of passes draft (each reply alone: a reply is over
+     * before its tuning has learned) */
+    kvt_draft_tune rec = {0}, near = {0};
+    double share = losing_share(40, &rec, cost_undo), share_near = losing_share(40, &near, cost_near);
+    kvt_draft_fault = KVT_DRAFT_FAULT_FRESH;
+    kvt_draft_tune fresh = {0};
+    double share_fresh = losing_share(40, &fresh, cost_undo);
+    kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+    printf("    drafts all missing, replies 4..40 of 64 tokens: %.2f%% of passes draft (rejections cheap, "
+           "probes within the margin: %.2f%%; control, each reply fresh: %.2f%%)\n", 100 * share,
+           100 * share_near, 100 * share_fresh);
+    CHECKF(share <= 0.02 && share_near <= 0.02, "losing drafts: %.2f%% (%.2f%%) of passes still draft",
+           100 * share, 100 * share_near);
+    CHECKF(share_fresh > 0.02, "control: replies that start fresh should draft in more than 2%% of passes, %.2f%%",
+           100 * share_fresh);
+    /* drafts that pay (half kept, cheap extra tokens): after the first
+     * reply, every pass of every reply drafts, the first included (a
+     * reply alone stops drafting for passes to time without) */
+    kvt_draft_tune pay = {0};
+    size_t plain_later = 0, first_all = 1;
+    for (size_t i = 0; i < 10; i++) {
+        reply_sim r = tune_reply(&pay, 64, 0.5, cost_cheap);
+        if (i) plain_later += r.plain_in_reply, first_all &= r.first_drafts;
+    }
+    kvt_draft_fault = KVT_DRAFT_FAULT_FRESH;
+    kvt_draft_tune pay_f = {0};
+    size_t plain_fresh = 0;
+    for (size_t i = 0; i < 10; i++) {
+        reply_sim r = tune_reply(&pay_f, 64, 0.5, cost_cheap);
+        if (i) plain_fresh += r.plain_in_reply;
+    }
+    kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+    printf("    paying drafts, replies 2..10: %zu passes without drafts, every first pass drafts: %s (control, "
+           "each reply fresh: %zu passes without)\n", plain_later, first_all ? "yes" : "NO", plain_fresh);
+    CHECKF(plain_later == 0 && first_all, "paying drafts: %zu passes without drafts in later replies", plain_later);
+    CHECKF(plain_fresh > 0, "control: fresh replies should time passes without drafts");
+    /* from losing to paying: after the 40 losing replies the drafts
+     * begin to pay; the next probe finds it (probes at most 129 passes
+     * apart at this cost: N = 130) and drafts stay on */
+    enum { N = 130 };
+    kvt_draft_tune flip = rec, flip_c = rec;
+    reply_sim on = tune_reply(&flip, 400, 1, cost_cheap);
+    kvt_draft_fault = KVT_DRAFT_FAULT_STALE_MEAN;
+    reply_sim on_c = tune_reply(&flip_c, 400, 1, cost_cheap);
+    kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+    printf("    losing, then paying: drafts on for good after %zu passes (N = %d; control, the probe an "
+           "eighth of the old mean: %zu)\n", on.gap_to_on, N, on_c.gap_to_on);
+    CHECKF(on.gap_to_on > 0 && on.gap_to_on <= N, "paying drafts found again after %zu passes", on.gap_to_on);
+    CHECKF(on_c.gap_to_on == 0 || on_c.gap_to_on > N, "control: the stale mean found them after %zu passes",
+           on_c.gap_to_on);
+}
+
 /* One reply's outcome. */
 typedef struct outcome {
     char *body;
@@ -321,6 +450,9 @@ enum { MAX_NEW = 48, BATCH = 2 };
 static size_t ctx_room;
 /* KVT_DRAFT_MODEL's draft model. */
 static kvt_model *draft_m;
+/* What earlier replies learned (kvt_gen.learned, as a server's record);
+ * NULL: each reply learns alone. */
+static kvt_draft_tune *learned_rec;
 
 /* The draft session of dm, brought to the reply's tokens, equals a
  * session of the draft model synced to them: logits and cache bytes. */
@@ -369,7 +501,7 @@ static bool replies(kvt_model *m, int32_t *const *p, size_t n, size_t k, const s
         r[i] = request(st, MAX_NEW);
         ok = kvt_session_new(&s[i], m, &so) == KVT_OK && kvt_session_sync(s[i], p[i], n, NULL) == KVT_OK;
         g[i] = (kvt_gen){.m = m, .s = s[i], .r = &r[i], .id = "cmpl-1", .model_name = "m", .max_new = MAX_NEW,
-                         .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6};
+                         .n_ctx = so.n_ctx, .seed = 1, .draft = d, .draft_max = 6, .learned = learned_rec};
         /* the draft session prefills in chunks of 40: the prompt comes in
          * over the first passes, one chunk a pass, before any draft */
         kvt_session_opts dso = so;
@@ -1311,6 +1443,82 @@ TEST(speculate_ds4)
     kvt_model_info in;
     kvt_model_info_get(m, &in);
     speculation_exact(m, "ds4-tiny", in.bos >= 0 ? in.bos : 256, 32, 90, true);
+    kvt_model_close(m);
+}
+
+/* Replies that start from what earlier ones learned (a server's record,
+ * kvt_gen.learned): ds4-tiny, greedy and sampled, with the knowing
+ * drafter (drafts accepted and rejected; KVT_DRAFT_FAULT_NO_COST, so
+ * that no clock decides what is drafted): a reply fills the record, the
+ * next ones (alone, and two batched from the same record) start from it
+ * and equal plain decoding (response, tokens, digest). A record deep in a
+ * losing streak (1000 passes to skip) makes the next reply draft
+ * nothing, still plain decoding's reply. Control: KVT_DRAFT_FAULT_FRESH
+ * (the record ignored) drafts in that reply, and the test sees it. */
+TEST(speculate_learned)
+{
+    kvt_model *m = NULL;
+    CHECK_OK(kvt_model_preset(&m, "ds4-tiny", 7, NULL));
+    kvt_model_info in;
+    kvt_model_info_get(m, &in);
+    int32_t pa[PROMPT], pb[PROMPT];
+    repeating_prompt(pa, PROMPT, 24, 11, 32, 90);
+    repeating_prompt(pb, PROMPT, 17, 12, 32, 90);
+    pa[0] = pb[0] = in.bos >= 0 ? in.bos : 256;
+    int32_t *ps[BATCH] = {pa, pb};
+    for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+        const setting *st = &settings[si];
+        outcome plain[BATCH], first, second, both[BATCH], off, off_c;
+        bool ran = replies(m, ps, PROMPT, BATCH, st, KVT_DRAFT_NONE, plain);
+        for (size_t i = 0; ran && i < BATCH; i++) known[i] = plain[i].toks, n_known[i] = plain[i].n;
+        kvt_draft_tune rec = {0};
+        learned_rec = &rec;
+        kvt_gen_test_drafter = knowing;
+        /* the tuning blind to the clock (no timing in a test): what it
+         * drafts follows from the counts and the record alone */
+        kvt_draft_fault = KVT_DRAFT_FAULT_NO_COST;
+        ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &first);
+        bool filled = rec.max == 6 && rec.n_draft > 0;
+        kvt_draft_tune after_first = rec;
+        ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &second);
+        rec = after_first;
+        ran = ran && replies(m, ps, PROMPT, BATCH, st, KVT_DRAFT_NGRAM, both);
+        rec = after_first;
+        rec.skip = 1000, rec.losses = 6;
+        ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &off);
+        kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+        rec = after_first;
+        rec.skip = 1000, rec.losses = 6;
+        kvt_draft_fault = KVT_DRAFT_FAULT_FRESH;
+        ran = ran && replies(m, ps, PROMPT, 1, st, KVT_DRAFT_NGRAM, &off_c);
+        kvt_draft_fault = KVT_DRAFT_FAULT_NONE;
+        kvt_gen_test_drafter = NULL;
+        learned_rec = NULL;
+        CHECKF(ran, "%s: a reply failed: %s", st->what, kvt_errmsg());
+        bool eq2 = same(&plain[0], &second), eqb = same(&plain[0], &both[0]) && same(&plain[1], &both[1]),
+             eqo = same(&plain[0], &off), eqf = same(&plain[0], &first);
+        printf("    ds4-tiny %s: first reply %u drafted, %u accepted (%s); the record: %u timed passes with drafts, "
+               "%u without; the second from it %u drafted, %u accepted: %s; two batched from it: %s; from a "
+               "losing streak: %u drafted, %s (control, the record ignored: %u drafted)\n",
+               st->what, first.u.drafted, first.u.accepted, eqf ? "same" : "DIFFERENT", after_first.n_draft,
+               after_first.n_plain, second.u.drafted, second.u.accepted, eq2 ? "same" : "DIFFERENT",
+               eqb ? "same" : "DIFFERENT", off.u.drafted, eqo ? "same" : "DIFFERENT", off_c.u.drafted);
+        CHECKF(filled, "%s: the first reply left nothing in the record", st->what);
+        CHECKF(eqf && eq2 && eqb && eqo, "%s: a reply from the record differs from plain decoding", st->what);
+        CHECKF(second.u.drafted > 0 && second.u.accepted > 0 && second.u.accepted < second.u.drafted,
+               "%s: the second reply must draft, accept and reject", st->what);
+        CHECKF(off.u.drafted == 0, "%s: a reply from a record in a losing streak drafted %u", st->what, off.u.drafted);
+        CHECKF(off_c.u.drafted > 0, "%s: control: the record ignored went unseen", st->what);
+        for (size_t i = 0; i < BATCH; i++) {
+            outcome_free(&plain[i]);
+            outcome_free(&both[i]);
+            known[i] = NULL;
+        }
+        outcome_free(&first);
+        outcome_free(&second);
+        outcome_free(&off);
+        outcome_free(&off_c);
+    }
     kvt_model_close(m);
 }
 

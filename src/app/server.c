@@ -554,7 +554,7 @@ static bool slot_prefilled(server *sv, slot *sl, int rc)
                       .model_name = r->model && *r->model ? r->model : sv->model_id, .created = (long)time(NULL),
                       .stream = j->stream, .max_new = r->max_tokens ? r->max_tokens : sv->o.max_tokens,
                       .n_ctx = sv->o.n_ctx, .seed = (uint64_t)time(NULL) ^ sv->tiers->clock,
-                      .draft = sv->o.draft, .draft_max = sv->o.draft_max};
+                      .draft = sv->o.draft, .draft_max = sv->o.draft_max, .learned = &sv->learned};
     /* The draft model's session: the one draft_begin found (the pooled
      * session's companion, or one the store restores into: held until its
      * load is over), else a new one. It catches up with the prompt over

@@ -102,6 +102,8 @@ typedef struct server {
     kvt_model *m;
     kvt_model *dmodel;            /* --draft model: the draft model (its sessions: each slot's drafter) */
     size_t dscratch;              /* a draft session's scratch (measured at start) */
+    kvt_draft_tune learned;       /* what replies learned of the drafter (--draft): each reply's
+                                   * tuning starts from it and hands it back; the worker's alone */
     char model_id[128];
     tenant tn[MAX_TENANTS];
     size_t n_tn;

@@ -28,6 +28,19 @@ int kvt_draft_fault; /* the drafters' test hooks (draft.h), here at the bottom o
  * noisy clock, and a false loss stops drafts that pay for 4 to 128
  * passes. */
 #define TUNE_MARGIN 1.2
+/* A streak of this many losses: drafts have been off for 64 passes and
+ * more, so what the draft mean says is old. The next pass with drafts (a
+ * probe) is judged on its own time: the mean restarts from it, so a
+ * conversation whose drafts begin to pay turns them on at the first
+ * probe, not after the eighths of many. */
+#define TUNE_STALE 5
+/* What the probes of a long losing streak may cost: a probe's extra time
+ * over the passes it replaces is at most this share of the passes
+ * between probes (1%: the drafts' losses within the 3% of issue 46 with
+ * room for the clock's noise), and probes come at most every TUNE_GAP_MAX
+ * passes (so paying drafts are found again within that many). */
+#define TUNE_PROBE_SHARE 0.01
+#define TUNE_GAP_MAX 1024u
 
 int kvt_draft_parse(const char *name, kvt_draft_kind *out)
 {
@@ -84,6 +97,23 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
 
 void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max) { *t = (kvt_draft_tune){.len = max, .max = max}; }
 
+void kvt_draft_tune_resume(kvt_draft_tune *t, const kvt_draft_tune *rec, uint32_t max)
+{
+    if (!rec || !rec->max || kvt_draft_fault == KVT_DRAFT_FAULT_FRESH) { /* nothing learned yet (or tests) */
+        kvt_draft_tune_init(t, max);
+        return;
+    }
+    *t = *rec;
+    t->max = max;
+    if (t->len > max) t->len = max;
+    if (!t->len) t->len = 1;
+}
+
+void kvt_draft_tune_keep(kvt_draft_tune *rec, const kvt_draft_tune *t)
+{
+    if (rec && t) *rec = *t;
+}
+
 size_t kvt_draft_tune_len(kvt_draft_tune *t)
 {
     if (t->skip) {
@@ -121,18 +151,32 @@ void kvt_draft_tune_after(kvt_draft_tune *t, size_t drafted, size_t kept, double
         if (secs >= 0) mean_add(&t->plain_s, &t->n_plain, secs);
         return;
     }
-    if (secs >= 0) mean_add(&t->draft_s, &t->n_draft, secs / (double)(kept + 1));
+    if (secs >= 0 && t->losses >= TUNE_STALE && t->n_draft && kvt_draft_fault != KVT_DRAFT_FAULT_STALE_MEAN)
+        t->draft_s = secs / (double)(kept + 1); /* a probe after a long pause: judged on its own */
+    else if (secs >= 0)
+        mean_add(&t->draft_s, &t->n_draft, secs / (double)(kept + 1));
     t->partial = kept < drafted;
     bool all = kept == drafted;
     t->len = all && 2 * t->len < t->max ? 2 * t->len : !all && kept + 1 < t->max ? (uint32_t)kept + 1 : t->max;
     /* drafts that do not pay for their passes (missed or kept): draft
      * again only rarely and few, which bounds what finding that out
-     * again costs (a pass every 129 at most, once the losses run to 6 in
-     * a row) */
-    if (drafts_lose(t)) {
+     * again costs (a pass every 129 or fewer, once the losses run to 6
+     * in a row) */
+    /* in a losing streak a probe that kept nothing extends it: a pass
+     * that yields one token cannot beat a plain pass, and within the
+     * margin it is only the clock's noise */
+    if (drafts_lose(t) || (t->losses && !kept)) {
         if (kept + 1 < t->len) t->len = (uint32_t)kept + 1;
-        t->skip = 4u << (t->losses < 5 ? t->losses : 5);
-        t->losses++;
+        t->skip = 4u << (t->losses < TUNE_STALE ? t->losses : TUNE_STALE);
+        /* a long streak: probes far enough apart that their extra time
+         * (what a pass with drafts costs over the plain passes of its
+         * tokens) stays within TUNE_PROBE_SHARE of the passes between */
+        if (t->losses >= TUNE_STALE && t->plain_s > 0) {
+            double extra = (t->draft_s - t->plain_s) * (double)(kept + 1) / t->plain_s / TUNE_PROBE_SHARE;
+            uint32_t gap = extra >= TUNE_GAP_MAX ? TUNE_GAP_MAX : extra > t->skip ? (uint32_t)extra : t->skip;
+            t->skip = gap;
+        }
+        if (t->losses < UINT32_MAX) t->losses++;
         return;
     }
     t->losses = 0;

@@ -42,8 +42,9 @@ const char *kvt_draft_name(kvt_draft_kind k);
  * draft). KVT_DRAFT_NONE elsewhere, with *why (may be NULL) saying why
  * (static text). On DeepSeek-V4's ds4-mini a copy-heavy reply of 37
  * tokens, 27% of its n-gram drafts kept, took 0.79x plain decoding's
- * speed: the per-reply tuning below needs more passes than that to learn
- * what drafts cost. */
+ * speed: the tuning below needs more passes than that to learn what
+ * drafts cost, which a server's later replies inherit (kvt_gen.learned)
+ * but `run`'s single reply does not. */
 kvt_draft_kind kvt_draft_auto(const struct kvt_model *m, const char **why);
 
 /* Prompt lookup: the context is ctx[0..n) followed by last. Find the
@@ -81,7 +82,24 @@ size_t kvt_draft_ngram(const int32_t *ctx, size_t n, int32_t last, size_t max, i
  * more step each loss in a row) and the next drafts are no longer than
  * the loss kept plus one; a pass with drafts that wins ends the streak
  * (and the back-off for misses above applies again). The
- * drafts never change a reply: only its passes depend on the clock. */
+ * drafts never change a reply: only its passes depend on the clock.
+ *
+ * A reply is short next to what this learning takes (4 timed passes of
+ * each kind, then losses 4, 8 ... passes apart), so a server keeps what
+ * its replies learned: one record per drafter of the served model
+ * (kvt_gen.learned), owned by the scheduler's thread. A reply's tuning
+ * starts from it (kvt_draft_tune_resume: the means already timed, a
+ * back-off or a losing streak carried on) and gives back what it learned
+ * when it ends (kvt_draft_tune_keep); replies that overlap each keep
+ * their own tuning meanwhile, and the last to end is what the next
+ * starts from. One server's replies then tune as one long reply would.
+ * Stale knowledge: once losses run to 5 in a row (drafts off for 64
+ * passes and more), a pass with drafts (a probe) is judged on its own
+ * time, the mean restarting from it, so drafts that begin to pay are
+ * on again after one probe; and the probes come 128 passes apart or
+ * further, as far as keeps a probe's extra time within 1% of the passes
+ * between (at most 1024 passes apart: paying drafts are found again
+ * within that many passes). `run` (one reply) starts from nothing. */
 typedef struct kvt_draft_tune {
     uint32_t len, max, skip, misses, losses;
     uint32_t n_plain, n_draft; /* passes behind each mean */
@@ -89,6 +107,12 @@ typedef struct kvt_draft_tune {
     double plain_s, draft_s;   /* s per pass without drafts; s per token yielded by a pass with drafts */
 } kvt_draft_tune;
 void kvt_draft_tune_init(kvt_draft_tune *t, uint32_t max);
+/* t starts from what earlier replies learned: the record rec (NULL, or
+ * zeroed: nothing learned yet; then as kvt_draft_tune_init), its length
+ * cut to max. */
+void kvt_draft_tune_resume(kvt_draft_tune *t, const kvt_draft_tune *rec, uint32_t max);
+/* A reply's tuning t gives back what it learned: rec becomes t. */
+void kvt_draft_tune_keep(kvt_draft_tune *rec, const kvt_draft_tune *t);
 /* Tokens to draft in the next pass (0: none this pass). */
 size_t kvt_draft_tune_len(kvt_draft_tune *t);
 /* A pass drafted `drafted` tokens (0: a pass without drafts) and kept
@@ -222,7 +246,11 @@ size_t kvt_draft_mtp_bytes(const kvt_draft_mtp *d);
  * passes cost, as it did before it timed them; KVT_DRAFT_FAULT_AUTO_NGRAM
  * makes --draft auto choose ngram for every model;
  * KVT_DRAFT_FAULT_ADOPT_LONG leaves an adopted draft session that holds the
- * context and one token more as it is (not synced: one token too long). */
+ * context and one token more as it is (not synced: one token too long);
+ * KVT_DRAFT_FAULT_FRESH makes kvt_draft_tune_resume ignore the record
+ * (each reply starts from nothing, as before replies shared it);
+ * KVT_DRAFT_FAULT_STALE_MEAN makes a probe after a long losing streak
+ * count an eighth of the old mean, as any pass does. */
 enum {
     KVT_DRAFT_FAULT_NONE,
     KVT_DRAFT_FAULT_SAVE_LATE,
@@ -231,6 +259,8 @@ enum {
     KVT_DRAFT_FAULT_NO_COST,
     KVT_DRAFT_FAULT_AUTO_NGRAM,
     KVT_DRAFT_FAULT_ADOPT_LONG,
+    KVT_DRAFT_FAULT_FRESH,
+    KVT_DRAFT_FAULT_STALE_MEAN,
 };
 extern int kvt_draft_fault;
 

@@ -209,7 +209,7 @@ kvt_gen_run *kvt_gen_start(const kvt_gen *g, kvt_usage *u, const kvt_gen_out *ou
     if (R->g.draft != KVT_DRAFT_NGRAM && !(R->g.draft == KVT_DRAFT_MODEL && R->g.dm) &&
         !(R->g.draft == KVT_DRAFT_MTP && R->g.mtp))
         R->g.draft = KVT_DRAFT_NONE;
-    kvt_draft_tune_init(&R->tune, R->g.draft_max);
+    kvt_draft_tune_resume(&R->tune, R->g.learned, R->g.draft_max);
     /* no room for the rows: plain decoding, the same reply */
     size_t rows = (size_t)(1 + R->g.draft_max) * g->m->info.n_vocab * sizeof(float);
     if (R->g.draft && !(R->rows = malloc(rows))) {
@@ -407,6 +407,9 @@ char *kvt_gen_finish(kvt_gen_run *R)
         body = kvt_response_json_lp(r, id, model_name, tp, upto, calls, n_calls, R->finish, R->stop_hit, u, created,
                                     &all);
     }
+    /* what the tuning learned, for the next reply (a reply that drafted
+     * nothing, its drafter off, leaves the record as it was) */
+    if (g->learned && g->draft != KVT_DRAFT_NONE) kvt_draft_tune_keep(g->learned, &R->tune);
     kvt_tool_calls_free(calls, n_calls);
     kvt_wbuf_free(&R->lp.tok);
     kvt_wbuf_free(&R->lp.top);

@@ -38,6 +38,10 @@ typedef struct kvt_gen {
     uint32_t draft_max;        /* tokens drafted at most a pass (0: KVT_DRAFT_MAX_DEFAULT) */
     kvt_draft_model *dm;       /* KVT_DRAFT_MODEL's drafter, following s (NULL: no drafts) */
     kvt_draft_mtp *mtp;        /* KVT_DRAFT_MTP's drafter, on s (NULL: no drafts) */
+    kvt_draft_tune *learned;   /* what earlier replies learned of the drafter (a server's record,
+                                * kvt_draft_tune_resume): read by kvt_gen_start, written by
+                                * kvt_gen_finish, so both on the thread that owns it; NULL: the
+                                * reply learns alone */
 } kvt_gen;
 
 /* Generate g's reply, u the usage so far (prompt and cache figures): counts
